@@ -1,0 +1,281 @@
+"""Python clients for the inferd sockets.
+
+Each client object owns one ZeroMQ socket and is meant for one thread (ZeroMQ
+sockets are not thread-safe): give every thread its own client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from inferd_client import protocol
+from inferd_client.endpoints import default_endpoints
+from inferd_client.errors import MalformedReply, RemoteError, RequestTimeout
+from inferd_client.protocol import ProtocolError
+
+
+class _RequestChannel:
+    """A DEALER that sends ``[header, *frames]`` and waits for the reply with the same id.
+
+    Replies to ids this channel no longer waits for (late answers to a request
+    that timed out and was retried) are discarded and counted, never returned
+    for a newer request.
+    """
+
+    def __init__(self, endpoint: str, context: zmq.Context[Any] | None, timeout: float) -> None:
+        self._context = context or zmq.Context.instance()
+        self._socket: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
+        self._socket.connect(endpoint)
+        self.endpoint = endpoint
+        self.timeout = timeout
+        # A random 24-bit prefix keeps ids from different client objects apart
+        # in daemon logs; the counter makes them unique within this client.
+        prefix = int.from_bytes(os.urandom(3), "little") << 40
+        self._ids = itertools.count(prefix + 1)
+        self.discarded_replies = 0
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def request(
+        self,
+        header: dict[str, Any],
+        frames: Sequence[Any] = (),
+        *,
+        timeout: float | None = None,
+        retries: int = 0,
+    ) -> tuple[dict[str, Any], list[zmq.Frame]]:
+        """Send and wait; on timeout resend under a fresh id up to ``retries`` times."""
+        wait = self.timeout if timeout is None else timeout
+        for _attempt in range(retries + 1):
+            request_id = self.next_id()
+            header["id"] = request_id
+            parts: list[Any] = [protocol.pack(header), *frames]
+            try:
+                self._socket.send_multipart(
+                    parts, copy=False if any(_is_large(p) for p in frames) else True
+                )
+            except zmq.Again:
+                continue
+            reply = self._await(request_id, time.monotonic() + wait)
+            if reply is not None:
+                return reply
+        raise RequestTimeout(
+            f"no reply from {self.endpoint} within {wait:.3f}s after {retries + 1} attempt(s)"
+        )
+
+    def _await(
+        self, request_id: int, give_up_at: float
+    ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
+        while True:
+            remaining_ms = int((give_up_at - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not self._socket.poll(remaining_ms, zmq.POLLIN):
+                return None
+            parts = self._socket.recv_multipart(copy=False)
+            try:
+                header = protocol.unpack_header(parts[0].buffer)
+            except ProtocolError as exc:
+                raise MalformedReply(str(exc)) from None
+            if header.get("id") != request_id:
+                self.discarded_replies += 1
+                continue
+            return header, list(parts[1:])
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+
+def _is_large(part: Any) -> bool:
+    return isinstance(part, np.ndarray) and part.nbytes >= protocol.ZERO_COPY_THRESHOLD_BYTES
+
+
+def _raise_if_error(header: Mapping[str, Any]) -> None:
+    if header.get("ok") is True:
+        return
+    error = header.get("error")
+    if not isinstance(error, dict):
+        raise MalformedReply(f"reply is neither ok nor an error: {header!r}")
+    raise RemoteError(str(error.get("code")), str(error.get("message")))
+
+
+class InferenceClient:
+    """Send tensors to a model and get tensors back.
+
+    >>> with InferenceClient() as client:
+    ...     outputs = client.infer("demo", {"image": image})
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        timeout: float = 5.0,
+        retries: int = 0,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self._channel = _RequestChannel(endpoint or default_endpoints().infer, context, timeout)
+        self._retries = retries
+        self.last_reply: dict[str, Any] = {}
+
+    @property
+    def discarded_replies(self) -> int:
+        return self._channel.discarded_replies
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        timeout: float | None = None,
+        deadline_ms: int | None = None,
+        retries: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run ``model`` on ``inputs``; returns read-only output arrays by name.
+
+        Raises ``RemoteError`` with the daemon's code, or ``RequestTimeout``.
+        The reply header (runtime label, fallback flag, latency) is kept in
+        ``last_reply``.
+        """
+        descriptors, frames = protocol.encode_tensors(inputs)
+        header: dict[str, Any] = {
+            "v": protocol.PROTOCOL_VERSION,
+            "op": "infer",
+            "model": model,
+            "inputs": descriptors,
+        }
+        if deadline_ms is not None:
+            header["deadline_ms"] = deadline_ms
+        reply, reply_frames = self._channel.request(
+            header, frames, timeout=timeout,
+            retries=self._retries if retries is None else retries,
+        )
+        self.last_reply = reply
+        _raise_if_error(reply)
+        return decode_outputs(reply, reply_frames)
+
+    def describe(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Models served on this socket with their input and output specs."""
+        reply, _ = self._channel.request(
+            {"v": protocol.PROTOCOL_VERSION, "op": "describe"}, timeout=timeout
+        )
+        _raise_if_error(reply)
+        return dict(reply["result"])
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def decode_outputs(reply: Mapping[str, Any], frames: Sequence[zmq.Frame]) -> dict[str, np.ndarray]:
+    descriptors = reply.get("outputs")
+    if not isinstance(descriptors, list) or len(descriptors) != len(frames):
+        raise MalformedReply(
+            f"reply describes {len(descriptors) if isinstance(descriptors, list) else 'no'} "
+            f"outputs but carries {len(frames)} frames"
+        )
+    outputs: dict[str, np.ndarray] = {}
+    try:
+        for index, (descriptor, frame) in enumerate(zip(descriptors, frames, strict=True)):
+            name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+            outputs[name] = protocol.frame_to_array(name, dtype, shape, frame.buffer)
+    except ProtocolError as exc:
+        raise MalformedReply(str(exc)) from None
+    return outputs
+
+
+class OperatorClient:
+    """Operator operations on the control socket (``status``, ``health``, ...)."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        timeout: float = 5.0,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self._channel = _RequestChannel(endpoint or default_endpoints().control, context, timeout)
+
+    def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:
+        header = {"v": protocol.PROTOCOL_VERSION, "op": op, **arguments}
+        reply, _ = self._channel.request(header, timeout=timeout)
+        _raise_if_error(reply)
+        return dict(reply["result"])
+
+    def status(self) -> dict[str, Any]:
+        return self.call("status")
+
+    def health(self) -> dict[str, Any]:
+        return self.call("health")
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> OperatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EventSubscriber:
+    """Receive ``(topic, payload)`` events from the daemon's PUB socket.
+
+    PUB/SUB joins asynchronously: events published before the subscription
+    reached the daemon are not delivered (ZeroMQ's slow-joiner behaviour).
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        topics: Sequence[str] = (),
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        for topic in topics or ("",):
+            self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._socket.connect(endpoint or default_endpoints().events)
+
+    def receive(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
+        """Next event, or None after ``timeout`` seconds (None waits forever)."""
+        wait_ms = None if timeout is None else int(timeout * 1000)
+        if not self._socket.poll(wait_ms, zmq.POLLIN):
+            return None
+        parts = self._socket.recv_multipart()
+        if len(parts) != 2:
+            raise MalformedReply(f"event has {len(parts)} frames; expected [topic, payload]")
+        payload = msgpack.unpackb(parts[1], raw=False)
+        if not isinstance(payload, dict):
+            raise MalformedReply("event payload is not a map")
+        return parts[0].decode(), payload
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        while True:
+            event = self.receive()
+            if event is not None:
+                yield event
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+    def __enter__(self) -> EventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,202 @@
+"""The wire contract shared by the daemon and its clients.
+
+A message is a ZeroMQ multipart message ``[header, tensor_0, tensor_1, ...]``:
+``header`` is a msgpack map and every following frame is the raw,
+C-contiguous, little-endian bytes of one tensor, in the order the header's
+``inputs`` (request) or ``outputs`` (reply) list describes them.  The JSON
+Schemas under ``schemas/bus/`` are the normative description for non-Python
+clients; this module is the one Python implementation both sides use.
+
+Only pyzmq-free, numpy + msgpack code lives here, so the daemon can import it
+without pulling in the client's sockets.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+#: Frames below this size are copied by pyzmq anyway (``zmq.COPY_THRESHOLD``);
+#: above it we send with ``copy=False`` so the tensor bytes are not duplicated.
+ZERO_COPY_THRESHOLD_BYTES = 64 * 1024
+
+#: Upper bound for a header frame; a header describes tensors, it never holds them.
+MAX_HEADER_BYTES = 64 * 1024
+
+#: numpy dtype names accepted on the wire.  Anything else (object, void,
+#: datetime, big-endian, complex) is refused before a buffer is interpreted.
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    {"bool", "int8", "uint8", "int16", "uint16", "int32", "int64", "float16", "float32", "float64"}
+)
+
+#: Longest accepted request id string; ids are correlation tokens, not payload.
+MAX_ID_CHARS = 128
+
+
+class Code(enum.StrEnum):
+    """Error codes carried in ``error.code`` (gRPC status names)."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    UNAVAILABLE = "UNAVAILABLE"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    CANCELLED = "CANCELLED"
+    INTERNAL = "INTERNAL"
+
+
+class ProtocolError(Exception):
+    """A message that breaks the wire contract; carries the reply code."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+RequestId = int | str
+
+
+def pack(header: Mapping[str, Any]) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack_header(frame: bytes | memoryview, max_bytes: int = MAX_HEADER_BYTES) -> dict[str, Any]:
+    """Decode a header frame, refusing anything that is not a bounded msgpack map."""
+    if len(frame) == 0:
+        raise ProtocolError(Code.INVALID_ARGUMENT, "header frame is empty")
+    if len(frame) > max_bytes:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"header frame is {len(frame)} bytes; the limit is {max_bytes}"
+        )
+    try:
+        # unpackb bounds every str/bin/array/map length by len(frame), and
+        # strict_map_key refuses non-string keys (hash-flooding guard).
+        header = msgpack.unpackb(bytes(frame), raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ProtocolError(Code.INVALID_ARGUMENT, f"header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"header must be a msgpack map, got {type(header).__name__}"
+        )
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"unsupported protocol version {version!r}; this peer speaks v={PROTOCOL_VERSION}",
+        )
+    return header
+
+
+def request_id_of(header: Mapping[str, Any]) -> RequestId | None:
+    """The header's id if it is well formed, else None (so errors can still be correlated)."""
+    value = header.get("id")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and 0 <= value < 2**64:
+        return value
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS:
+        return value
+    return None
+
+
+def require_request_id(header: Mapping[str, Any]) -> RequestId:
+    request_id = request_id_of(header)
+    if request_id is None:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"'id' must be an unsigned 64-bit integer or a string of 1..{MAX_ID_CHARS} characters",
+        )
+    return request_id
+
+
+def tensor_descriptor(name: str, array: np.ndarray) -> dict[str, Any]:
+    return {"name": name, "dtype": array.dtype.name, "shape": list(array.shape)}
+
+
+def wire_array(name: str, array: np.ndarray) -> np.ndarray:
+    """Return ``array`` as a C-contiguous little-endian array of an allowed dtype."""
+    if array.dtype.name not in ALLOWED_DTYPES:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"tensor {name!r}: dtype {array.dtype} is not sendable; allowed: {sorted(ALLOWED_DTYPES)}",
+        )
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array)
+
+
+def encode_tensors(
+    tensors: Mapping[str, np.ndarray],
+) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Descriptors for the header plus the arrays to send as frames, in order."""
+    descriptors: list[dict[str, Any]] = []
+    frames: list[np.ndarray] = []
+    for name, array in tensors.items():
+        prepared = wire_array(name, np.asarray(array))
+        descriptors.append(tensor_descriptor(name, prepared))
+        frames.append(prepared)
+    return descriptors, frames
+
+
+def parse_descriptor(index: int, descriptor: Any) -> tuple[str, np.dtype[Any], tuple[int, ...]]:
+    """Validate one ``{name, dtype, shape}`` entry; returns typed values."""
+    where = f"tensor #{index}"
+    if not isinstance(descriptor, dict):
+        raise ProtocolError(Code.INVALID_ARGUMENT, f"{where}: descriptor must be a map")
+    name = descriptor.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(Code.INVALID_ARGUMENT, f"{where}: 'name' must be a non-empty string")
+    where = f"tensor {name!r}"
+    dtype_name = descriptor.get("dtype")
+    if not isinstance(dtype_name, str) or dtype_name not in ALLOWED_DTYPES:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: dtype {dtype_name!r} is not allowed; allowed: {sorted(ALLOWED_DTYPES)}",
+        )
+    shape = descriptor.get("shape")
+    if not isinstance(shape, list) or len(shape) > 16:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"{where}: 'shape' must be a list of at most 16 dimensions"
+        )
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape):
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"{where}: shape {shape!r} must hold non-negative integers"
+        )
+    return name, np.dtype(dtype_name).newbyteorder("<"), tuple(shape)
+
+
+def frame_to_array(
+    name: str, dtype: np.dtype[Any], shape: Sequence[int], buffer: bytes | memoryview
+) -> np.ndarray:
+    """View a received frame as an array without copying; checks the byte length first."""
+    expected = math.prod(shape) * dtype.itemsize
+    if len(buffer) != expected:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"tensor {name!r}: frame holds {len(buffer)} bytes but shape {list(shape)} "
+            f"of {dtype.name} needs {expected}",
+        )
+    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    # Over inproc a received frame aliases the sender's memory: never let a
+    # consumer write through it.
+    array.flags.writeable = False
+    return array
+
+
+def error_header(request_id: RequestId | None, code: Code, message: str) -> dict[str, Any]:
+    return {
+        "v": PROTOCOL_VERSION,
+        "id": request_id,
+        "ok": False,
+        "error": {"code": str(code), "message": message},
+    }

@@ -1,0 +1,105 @@
+"""``inferd`` command line: run the daemon, write demo models, check configs."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from inferd.errors import ConfigError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inferd", description="onboard inference daemon")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="serve the configured models in the foreground")
+    run.add_argument("--config", type=Path, help="TOML config (default: the embedded demo config)")
+
+    demo = commands.add_parser("demo-model", help="write a deterministic demo ONNX model")
+    demo.add_argument("path", type=Path)
+    demo.add_argument("--kind", choices=("features", "identity"), default="features")
+
+    check = commands.add_parser("check-config", help="validate a config and print it resolved")
+    check.add_argument("config", type=Path)
+
+    args = parser.parse_args(argv)
+    if args.command == "demo-model":
+        return _demo_model(args.path, args.kind)
+    if args.command == "check-config":
+        return _check_config(args.config)
+    return _run(args.config)
+
+
+def _demo_model(path: Path, kind: str) -> int:
+    from inferd.demo_model import write_demo_model, write_identity_model
+
+    (write_identity_model if kind == "identity" else write_demo_model)(path)
+    print(path)
+    return EXIT_OK
+
+
+def _check_config(path: Path) -> int:
+    from inferd import config
+
+    try:
+        loaded = config.load(path)
+    except ConfigError as exc:
+        print(f"inferd: invalid config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(loaded)
+    return EXIT_OK
+
+
+def _run(config_path: Path | None) -> int:
+    from inferd import config as config_module
+    from inferd.demo_model import write_demo_model
+    from inferd.service.daemon import Daemon, DaemonAlreadyRunningError
+    from inferd.service.logging import configure_logging
+
+    try:
+        if config_path is None:
+            config = config_module.embedded_default()
+            demo_path = config.models[0].path
+            if not demo_path.exists():
+                write_demo_model(demo_path)
+        else:
+            config = config_module.load(config_path)
+    except ConfigError as exc:
+        print(f"inferd: invalid config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(config.daemon.log_level, config.daemon.log_format)
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    daemon = Daemon(config)
+    try:
+        daemon.start()
+    except (DaemonAlreadyRunningError, OSError, TimeoutError) as exc:
+        print(f"inferd: cannot start: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:  # e.g. zmq.ZMQError on bind
+        print(f"inferd: cannot start: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    while not stop.is_set() and not daemon.wait_ready(timeout=0.2):
+        pass
+    stop.wait()
+    daemon.stop()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""TOML configuration -> frozen, validated dataclasses.
+
+Every key is checked at load time: unknown keys, wrong types and out-of-range
+values raise ``ConfigError`` naming the key, so a typo never silently falls
+back to a default on a vehicle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from inferd_client.endpoints import MAX_IPC_PATH_BYTES, default_endpoints, default_runtime_dir
+
+from inferd.errors import ConfigError
+from inferd.types import PrecisionMode
+
+RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
+QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")
+LOG_FORMATS: tuple[str, ...] = ("console", "json")
+LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
+DEFAULT_MODEL_NAME = "demo"
+
+QueuePolicy = Literal["fifo", "latest"]
+
+
+def default_state_dir() -> Path:
+    """``$INFERD_STATE_DIR``, systemd's ``$STATE_DIRECTORY``, ``$XDG_STATE_HOME/inferd``,
+    else ``~/.local/state/inferd``."""
+    for variable in ("INFERD_STATE_DIR", "STATE_DIRECTORY"):
+        value = os.environ.get(variable)
+        if value:
+            return Path(value.split(":")[0])
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "inferd"
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    state_dir: Path
+    runtime_dir: Path
+    log_level: str = "info"
+    log_format: str = "console"
+    health_interval_s: float = 1.0
+    shutdown_drain_ms: int = 2000
+    shutdown_linger_ms: int = 250
+
+    def __post_init__(self) -> None:
+        _one_of("daemon.log_level", self.log_level, LOG_LEVELS)
+        _one_of("daemon.log_format", self.log_format, LOG_FORMATS)
+        _positive("daemon.health_interval_s", self.health_interval_s)
+        _non_negative("daemon.shutdown_drain_ms", self.shutdown_drain_ms)
+        _non_negative("daemon.shutdown_linger_ms", self.shutdown_linger_ms)
+
+
+@dataclass(frozen=True)
+class BusConfig:
+    infer_endpoint: str
+    control_endpoint: str
+    events_endpoint: str
+    max_message_bytes: int = 256 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    max_frames: int = 64
+
+    def __post_init__(self) -> None:
+        for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
+            _endpoint(f"bus.{key}", getattr(self, key))
+        endpoints = [self.infer_endpoint, self.control_endpoint, self.events_endpoint]
+        if len(set(endpoints)) != 3:
+            raise ConfigError("bus: infer, control and events endpoints must all differ")
+        _positive("bus.max_message_bytes", self.max_message_bytes)
+        _positive("bus.max_header_bytes", self.max_header_bytes)
+        _positive("bus.max_frames", self.max_frames)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Settings shared by the runtime strategies (``[runtime]``)."""
+
+    #: Per-strategy build flags: a strategy not listed is never imported.
+    enabled: tuple[str, ...] = RUNTIME_LABELS
+    gpu_memory_budget_bytes: int = 4 * 1024**3
+    ort_trt_cache_dir: Path = Path("ort_trt_cache")
+    ort_disallow_cpu_fallback: bool = False
+    ort_intra_op_threads: int = 0
+    device_id: int = 0
+
+    def __post_init__(self) -> None:
+        for label in self.enabled:
+            _one_of("runtime.enabled", label, RUNTIME_LABELS)
+        _positive("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes)
+        if str(self.ort_trt_cache_dir).strip() in ("", "."):
+            raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty path")
+        _non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
+        _non_negative("runtime.device_id", self.device_id)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    path: Path
+    runtime: str = "onnx_trt_ep"
+    precision: PrecisionMode = PrecisionMode.FP32
+    queue_capacity: int = 64
+    queue_policy: QueuePolicy = "fifo"
+    default_deadline_ms: int = 0
+    staged_engines: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"models[{self.name!r}]"
+        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"{where}.name must be non-empty letters, digits, '-' or '_'")
+        _one_of(f"{where}.runtime", self.runtime, RUNTIME_LABELS)
+        _one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
+        _positive(f"{where}.queue_capacity", self.queue_capacity)
+        _non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
+
+
+@dataclass(frozen=True)
+class Config:
+    daemon: DaemonConfig
+    bus: BusConfig
+    runtime: RuntimeConfig
+    models: tuple[ModelConfig, ...]
+    source: str = field(default="<embedded default>", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("config needs at least one [[models]] entry")
+        names = [model.name for model in self.models]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ConfigError(f"models: duplicate model names {duplicates}")
+        for model in self.models:
+            if model.runtime not in self.runtime.enabled and "onnx_trt_ep" not in self.runtime.enabled:
+                raise ConfigError(
+                    f"models[{model.name!r}].runtime {model.runtime!r} is disabled by "
+                    "runtime.enabled and no fallback runtime is enabled"
+                )
+
+    def fingerprint(self) -> str:
+        """Stable hash of the effective configuration (for logs and the FDR)."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
+
+def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key} must be positive, got {value}")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{key} must be zero or positive, got {value}")
+
+
+def _endpoint(key: str, value: str) -> None:
+    if value.startswith("ipc://"):
+        path = value.removeprefix("ipc://")
+        if not path or path.startswith("@"):
+            raise ConfigError(
+                f"{key}: {value!r}: ipc endpoints must be filesystem paths (abstract sockets "
+                "have no permissions)"
+            )
+        if len(path.encode()) > MAX_IPC_PATH_BYTES:
+            raise ConfigError(
+                f"{key}: ipc path is {len(path.encode())} bytes; Unix sockets allow "
+                f"{MAX_IPC_PATH_BYTES}"
+            )
+    elif not value.startswith("tcp://"):
+        raise ConfigError(f"{key}: {value!r} must start with ipc:// or tcp://")
+
+
+T = TypeVar("T")
+
+
+class _Table:
+    """Reads one TOML table, type-checks each key and rejects unknown ones."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where} must be a table")
+        self._data: dict[str, Any] = dict(data)
+        self._where = where
+
+    def take(self, key: str, kind: type[T], default: T) -> T:
+        if key not in self._data:
+            return default
+        value = self._data.pop(key)
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise ConfigError(
+                f"{self._where}.{key} must be {kind.__name__}, got {type(value).__name__} {value!r}"
+            )
+        return value  # type: ignore[no-any-return]
+
+    def take_required(self, key: str, kind: type[T]) -> T:
+        if key not in self._data:
+            raise ConfigError(f"{self._where}.{key} is required")
+        return self.take(key, kind, None)  # type: ignore[arg-type]
+
+    def take_strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self.take(key, list, list(default))
+        if not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{self._where}.{key} must be a list of strings")
+        return tuple(value)
+
+    def finish(self) -> None:
+        if self._data:
+            raise ConfigError(f"{self._where}: unknown key(s) {sorted(self._data)}")
+
+
+def _resolve(base: Path, value: str) -> Path:
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else base / path
+
+
+def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Config:
+    """Build a Config from parsed TOML; relative paths resolve against ``base_dir``
+    (the config file's directory) or, for state files, the state dir."""
+    top = _Table(data, "config")
+    daemon_table = _Table(top.take("daemon", dict, {}), "daemon")
+    state_dir = _resolve(base_dir, daemon_table.take("state_dir", str, str(default_state_dir())))
+    runtime_dir = _resolve(
+        base_dir, daemon_table.take("runtime_dir", str, str(default_runtime_dir()))
+    )
+    daemon = DaemonConfig(
+        state_dir=state_dir,
+        runtime_dir=runtime_dir,
+        log_level=daemon_table.take("log_level", str, "info"),
+        log_format=daemon_table.take("log_format", str, "console"),
+        health_interval_s=daemon_table.take("health_interval_s", float, 1.0),
+        shutdown_drain_ms=daemon_table.take("shutdown_drain_ms", int, 2000),
+        shutdown_linger_ms=daemon_table.take("shutdown_linger_ms", int, 250),
+    )
+    daemon_table.finish()
+
+    endpoints = default_endpoints(runtime_dir)
+    bus_table = _Table(top.take("bus", dict, {}), "bus")
+    bus = BusConfig(
+        infer_endpoint=bus_table.take("infer_endpoint", str, endpoints.infer),
+        control_endpoint=bus_table.take("control_endpoint", str, endpoints.control),
+        events_endpoint=bus_table.take("events_endpoint", str, endpoints.events),
+        max_message_bytes=bus_table.take("max_message_bytes", int, 256 * 1024 * 1024),
+        max_header_bytes=bus_table.take("max_header_bytes", int, 64 * 1024),
+        max_frames=bus_table.take("max_frames", int, 64),
+    )
+    bus_table.finish()
+
+    runtime_table = _Table(top.take("runtime", dict, {}), "runtime")
+    cache_dir = runtime_table.take("ort_trt_cache_dir", str, "ort_trt_cache")
+    if not cache_dir.strip():
+        raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty string")
+    runtime = RuntimeConfig(
+        enabled=runtime_table.take_strings("enabled", RUNTIME_LABELS),
+        gpu_memory_budget_bytes=runtime_table.take("gpu_memory_budget_bytes", int, 4 * 1024**3),
+        ort_trt_cache_dir=_resolve(state_dir, cache_dir),
+        ort_disallow_cpu_fallback=runtime_table.take("ort_disallow_cpu_fallback", bool, False),
+        ort_intra_op_threads=runtime_table.take("ort_intra_op_threads", int, 0),
+        device_id=runtime_table.take("device_id", int, 0),
+    )
+    runtime_table.finish()
+
+    models_data = top.take("models", list, [])
+    models = tuple(
+        _model(_Table(item, f"models[{index}]"), base_dir) for index, item in enumerate(models_data)
+    )
+    top.finish()
+    return Config(daemon=daemon, bus=bus, runtime=runtime, models=models, source=source)
+
+
+def _model(table: _Table, base_dir: Path) -> ModelConfig:
+    name = table.take_required("name", str)
+    precision = table.take("precision", str, "fp32")
+    try:
+        precision_mode = PrecisionMode(precision)
+    except ValueError:
+        raise ConfigError(
+            f"models[{name!r}].precision: {precision!r} is not one of "
+            f"{[mode.value for mode in PrecisionMode]}"
+        ) from None
+    model = ModelConfig(
+        name=name,
+        path=_resolve(base_dir, table.take_required("path", str)),
+        runtime=table.take("runtime", str, "onnx_trt_ep"),
+        precision=precision_mode,
+        queue_capacity=table.take("queue_capacity", int, 64),
+        queue_policy=table.take("queue_policy", str, "fifo"),  # type: ignore[arg-type]
+        default_deadline_ms=table.take("default_deadline_ms", int, 0),
+        staged_engines=tuple(
+            _resolve(base_dir, item) for item in table.take_strings("staged_engines", ())
+        ),
+    )
+    table.finish()
+    return model
+
+
+def load(path: Path) -> Config:
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return from_mapping(data, source=str(path), base_dir=path.resolve().parent)
+
+
+def embedded_default() -> Config:
+    """What ``inferd run`` serves without ``--config``: the demo model in the
+    per-user state dir, ``ipc://`` sockets in the per-user runtime dir."""
+    state_dir = default_state_dir()
+    return from_mapping(
+        {"models": [{"name": DEFAULT_MODEL_NAME, "path": str(state_dir / "models" / "demo.onnx")}]},
+        source="<embedded default>",
+        base_dir=state_dir,
+    )

@@ -1,0 +1,286 @@
+"""ONNX Runtime strategy (label ``onnx_trt_ep``): the degraded-latency fallback.
+
+Sessions ask for ``[TensorRT EP, CUDA EP, CPU EP]`` filtered to what this ONNX
+Runtime build offers.  ORT silently drops an EP it cannot create, so the
+runtime reads the providers the session really registered and refuses a CPU-only
+session when ``runtime.ort_disallow_cpu_fallback`` is set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from inferd.config import RuntimeConfig
+from inferd.digest import sha256_file
+from inferd.errors import (
+    EngineBuildError,
+    EngineDeserializeError,
+    InferenceError,
+    OutOfMemoryError,
+)
+from inferd.types import (
+    Alert,
+    AlertSink,
+    BuildConfig,
+    EngineCacheEntry,
+    EngineHandle,
+    PrecisionMode,
+    TensorSpec,
+    ThermalState,
+)
+
+LABEL = "onnx_trt_ep"
+TRT_EP = "TensorrtExecutionProvider"
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+PREFERRED_PROVIDERS: tuple[str, ...] = (TRT_EP, CUDA_EP, CPU_EP)
+FALLBACK_EVENT = "c7.fallback_to_onnx_trt_ep"
+CPU_FALLBACK_EVENT = "c7.cpu_fallback"
+
+#: ONNX type strings -> numpy dtype names (the wire's dtype vocabulary).
+_ONNX_TO_NUMPY: dict[str, str] = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16",
+    "tensor(uint16)": "uint16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(bool)": "bool",
+}
+
+log = structlog.get_logger("inferd.runtime.onnx_trt_ep")
+
+
+def create(
+    config: RuntimeConfig,
+    *,
+    is_fallback: bool,
+    alert: AlertSink,
+    thermal: Callable[[], ThermalState],
+) -> OnnxTrtEpRuntime:
+    return OnnxTrtEpRuntime(config, is_fallback=is_fallback, alert=alert, thermal=thermal)
+
+
+@dataclass
+class _Resident:
+    session: Any
+    output_names: list[str]
+    fallback_announced: bool = False
+
+
+def _build_provider_args(
+    config: RuntimeConfig, cache_dir: Path, model_sha256: str, precision: PrecisionMode
+) -> dict[str, dict[str, str]]:
+    """Provider options by EP name.  The only place that names TRT EP option keys."""
+    return {
+        TRT_EP: {
+            "device_id": str(config.device_id),
+            "trt_max_workspace_size": str(config.gpu_memory_budget_bytes // 4),
+            "trt_fp16_enable": str(precision in (PrecisionMode.FP16, PrecisionMode.MIXED)),
+            "trt_int8_enable": str(precision in (PrecisionMode.INT8, PrecisionMode.MIXED)),
+            "trt_engine_cache_enable": "True",
+            "trt_engine_cache_path": str(cache_dir),
+            # Keyed by content, not file name: two models called model.onnx with
+            # different weights must never share an engine (onnxruntime #6455).
+            "trt_engine_cache_prefix": f"inferd_{model_sha256[:16]}",
+            "trt_timing_cache_enable": "True",
+            "trt_timing_cache_path": str(cache_dir),
+        },
+        CUDA_EP: {"device_id": str(config.device_id)},
+        CPU_EP: {},
+    }
+
+
+def _stage_engine(source: Path, cache_dir: Path) -> Path:
+    """Place a prebuilt engine in the TRT EP cache: symlink, else an atomic copy."""
+    if not source.is_file():
+        raise EngineDeserializeError(f"staged engine {source} does not exist")
+    target = cache_dir / source.name
+    if target.exists() and os.path.samefile(target, source):
+        return target
+    temporary = cache_dir / f".{source.name}.staging"
+    temporary.unlink(missing_ok=True)
+    try:
+        os.symlink(source.resolve(), temporary)
+    except OSError:
+        shutil.copy2(source, temporary)
+    os.replace(temporary, target)
+    return target
+
+
+def _spec(node: Any) -> TensorSpec:
+    dtype = _ONNX_TO_NUMPY.get(node.type)
+    if dtype is None:
+        raise EngineDeserializeError(f"tensor {node.name!r} has unsupported type {node.type}")
+    shape = tuple(dim if isinstance(dim, int) and dim >= 0 else None for dim in node.shape)
+    return TensorSpec(name=node.name, dtype=dtype, shape=shape)
+
+
+def _warm_up_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+    return {
+        spec.name: np.zeros(tuple(1 if dim is None else dim for dim in spec.shape), spec.dtype)
+        for spec in specs
+    }
+
+
+class OnnxTrtEpRuntime:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        *,
+        is_fallback: bool = False,
+        alert: AlertSink,
+        thermal: Callable[[], ThermalState],
+    ) -> None:
+        import onnxruntime  # heavy: imported only when this strategy is composed
+
+        self._ort = onnxruntime
+        self._config = config
+        self._is_fallback = is_fallback
+        self._alert = alert
+        self._thermal = thermal
+        self._residents: dict[int, _Resident] = {}
+        self._handle_ids = itertools.count(1)
+
+    def current_runtime_label(self) -> str:
+        return LABEL
+
+    def thermal_state(self) -> ThermalState:
+        return self._thermal()
+
+    def compile_engine(self, model_path: Path, build_config: BuildConfig) -> EngineCacheEntry:
+        """No build step: ORT compiles on session creation, so the entry is the ``.onnx``."""
+        if not model_path.is_file():
+            raise EngineBuildError(f"model file {model_path} does not exist")
+        return EngineCacheEntry(
+            runtime_label=LABEL,
+            artifact_path=model_path,
+            model_path=model_path,
+            model_sha256=sha256_file(model_path),
+            build_config=build_config,
+        )
+
+    def requested_providers(self) -> list[str]:
+        available = set(self._ort.get_available_providers())
+        return [name for name in PREFERRED_PROVIDERS if name in available]
+
+    def deserialize_engine(self, entry: EngineCacheEntry) -> EngineHandle:
+        ort = self._ort
+        cache_dir = self._config.ort_trt_cache_dir / entry.model_sha256[:16]
+        requested = self.requested_providers()
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            for engine in entry.staged_engines:
+                _stage_engine(engine, cache_dir)
+        except OSError as exc:
+            raise EngineDeserializeError(f"cannot prepare TRT EP cache {cache_dir}: {exc}") from exc
+        all_options = _build_provider_args(
+            self._config, cache_dir, entry.model_sha256, entry.build_config.precision
+        )
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if self._config.ort_intra_op_threads:
+            options.intra_op_num_threads = self._config.ort_intra_op_threads
+        try:
+            session = ort.InferenceSession(
+                str(entry.artifact_path),
+                sess_options=options,
+                providers=requested,
+                provider_options=[all_options[name] for name in requested],
+            )
+        except Exception as exc:  # ORT raises its own pybind exception types
+            raise EngineDeserializeError(
+                f"onnxruntime could not load {entry.artifact_path}: {exc}"
+            ) from exc
+        # ORT's Python wrapper otherwise retries a failing EP on CPU behind our back.
+        session.disable_fallback()
+        active = tuple(session.get_providers())
+        if active == (CPU_EP,):
+            self._on_cpu_only(entry, requested, session)
+        inputs = tuple(_spec(node) for node in session.get_inputs())
+        outputs = tuple(_spec(node) for node in session.get_outputs())
+        output_names = [spec.name for spec in outputs]
+        try:
+            session.run(output_names, _warm_up_inputs(inputs))
+        except Exception as exc:
+            raise EngineDeserializeError(f"warm-up run of {entry.model_path} failed: {exc}") from exc
+        handle = EngineHandle(
+            handle_id=next(self._handle_ids),
+            runtime_label=LABEL,
+            model_sha256=entry.model_sha256,
+            inputs=inputs,
+            outputs=outputs,
+            active_providers=active,
+            is_fallback=self._is_fallback,
+        )
+        self._residents[handle.handle_id] = _Resident(session=session, output_names=output_names)
+        log.info(
+            "engine_loaded",
+            model=str(entry.model_path),
+            model_sha256=entry.model_sha256[:16],
+            active_providers=list(active),
+            fallback=self._is_fallback,
+        )
+        return handle
+
+    def _on_cpu_only(self, entry: EngineCacheEntry, requested: list[str], session: Any) -> None:
+        gpu_requested = [name for name in requested if name != CPU_EP]
+        if self._config.ort_disallow_cpu_fallback:
+            del session
+            raise EngineDeserializeError(
+                f"{entry.model_path}: the session resolved to CPUExecutionProvider only "
+                f"(requested {requested}) and runtime.ort_disallow_cpu_fallback is set"
+            )
+        if gpu_requested:
+            message = f"{entry.model_path}: {gpu_requested} could not be created; serving on CPU"
+            log.warning(CPU_FALLBACK_EVENT, model=str(entry.model_path), requested=requested)
+            self._alert(Alert("WARNING", CPU_FALLBACK_EVENT, message, {"requested": requested}))
+        else:
+            log.info("cpu_only_onnxruntime", available=self._ort.get_available_providers())
+
+    def infer(self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        resident = self._residents.get(handle.handle_id)
+        if resident is None:
+            raise InferenceError(f"engine handle {handle.handle_id} has been released")
+        if self._is_fallback and not resident.fallback_announced:
+            resident.fallback_announced = True
+            self._announce_fallback(handle)
+        try:
+            values = resident.session.run(resident.output_names, dict(inputs))
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"host memory exhausted during inference: {exc}") from exc
+        except Exception as exc:
+            if "Failed to allocate memory" in str(exc):
+                raise OutOfMemoryError(f"onnxruntime could not allocate: {exc}") from exc
+            raise InferenceError(f"onnxruntime run failed: {exc}") from exc
+        return dict(zip(resident.output_names, values, strict=True))
+
+    def _announce_fallback(self, handle: EngineHandle) -> None:
+        fields = {
+            "model_sha256": handle.model_sha256,
+            "active_providers": list(handle.active_providers),
+        }
+        log.warning(FALLBACK_EVENT, **fields)
+        self._alert(
+            Alert(
+                "WARNING",
+                FALLBACK_EVENT,
+                "serving on ONNX Runtime (degraded latency): the configured runtime is unavailable",
+                fields,
+            )
+        )
+
+    def release_engine(self, handle: EngineHandle) -> None:
+        self._residents.pop(handle.handle_id, None)

@@ -1,0 +1,1 @@
+"""The supervisor: composes runtimes, bus, queues and lifecycle (the composition root)."""

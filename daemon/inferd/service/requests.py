@@ -1,0 +1,156 @@
+"""Admission of requests on the bus thread: the service's ``RequestHandler``.
+
+Decides, before anything reaches a runtime, whether a request is served,
+queued, superseded or refused, and owes every admitted request exactly one
+reply: from the engine worker, or from here when its deadline passes, a newer
+request supersedes it or the daemon shuts down.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from inferd_client import protocol
+from inferd_client.protocol import Code, ProtocolError
+
+from inferd.bus.codec import Request, deadline_ms_of, validate_inputs
+from inferd.bus.server import Reply
+from inferd.service.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
+from inferd.service.slot import ModelSlot
+
+INFER_OPS = ("infer", "describe")
+
+ControlOp = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
+    header = {"v": protocol.PROTOCOL_VERSION, "id": request.request_id, "ok": True, "result": result}
+    return Reply(request.envelope, header)
+
+
+def job_error(job: Job, code: Code, message: str) -> Reply:
+    return Reply(job.envelope, protocol.error_header(job.request_id, code, message))
+
+
+class RequestRouter:
+    def __init__(
+        self,
+        slots: Mapping[str, ModelSlot],
+        scheduler: Scheduler,
+        control_ops: Mapping[str, ControlOp],
+    ) -> None:
+        self._slots = slots
+        self._scheduler = scheduler
+        self._control_ops = control_ops
+        self._owed: list[Reply] = []
+        self._owed_lock = threading.Lock()
+        self.accepting = True
+
+    # -- RequestHandler -------------------------------------------------
+    def handle_infer(self, request: Request) -> Reply | None:
+        if request.op == "describe":
+            return ok_reply(request, {"models": [s.describe_io() for s in self._slots.values()]})
+        if request.op != "infer":
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"unknown op {request.op!r} on the infer socket; it serves {list(INFER_OPS)}",
+            )
+        model = request.header.get("model")
+        if not isinstance(model, str):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'model' must be a string")
+        slot = self._slots.get(model)
+        if slot is None:
+            raise ProtocolError(
+                Code.NOT_FOUND, f"no model named {model!r}; served: {sorted(self._slots)}"
+            )
+        slot.stats.received()
+        try:
+            self._admit(request, slot)
+        except ProtocolError as exc:
+            slot.stats.answered(str(exc.code))
+            raise
+        return None
+
+    def _admit(self, request: Request, slot: ModelSlot) -> None:
+        if not self.accepting:
+            raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+        handle = slot.handle
+        if slot.state != "serving" or handle is None:
+            raise ProtocolError(
+                Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"
+            )
+        deadline_ms = deadline_ms_of(request.header, slot.config.default_deadline_ms)
+        inputs = validate_inputs(request.header, request.tensors, handle.inputs)
+        now_ns = time.monotonic_ns()
+        assert request.request_id is not None  # check_request guarantees it
+        job = Job(
+            envelope=request.envelope,
+            request_id=request.request_id,
+            model=slot.name,
+            inputs=inputs,
+            received_ns=now_ns,
+            deadline_ns=now_ns + deadline_ms * 1_000_000 if deadline_ms else None,
+            frames=request.tensors,
+        )
+        try:
+            superseded = self._scheduler.submit(job)
+        except QueueFullError:
+            raise ProtocolError(
+                Code.RESOURCE_EXHAUSTED,
+                f"queue of model {slot.name!r} is full ({slot.config.queue_capacity} requests)",
+            ) from None
+        except SchedulerClosedError:
+            raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down") from None
+        if superseded is not None:
+            slot.stats.answered(str(Code.CANCELLED))
+            self._owe([job_error(
+                superseded, Code.CANCELLED,
+                "superseded: a newer request from the same client arrived (queue_policy=latest)",
+            )])
+
+    def handle_control(self, request: Request) -> Reply:
+        operation = self._control_ops.get(request.op)
+        if operation is None:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"unknown control op {request.op!r}; known: {sorted(self._control_ops)}",
+            )
+        return ok_reply(request, operation(request.header))
+
+    def due_replies(self, now_ns: int) -> list[Reply]:
+        due: list[Reply] = []
+        next_deadline = self._scheduler.next_deadline_ns()
+        if next_deadline is not None and next_deadline <= now_ns:
+            for job in self._scheduler.expire(now_ns):
+                waited_us = (now_ns - job.received_ns) // 1000
+                self._slots[job.model].stats.answered(str(Code.DEADLINE_EXCEEDED))
+                due.append(job_error(
+                    job, Code.DEADLINE_EXCEEDED,
+                    f"deadline passed after {waited_us} us in the queue of model {job.model!r}",
+                ))
+        if self._owed:
+            with self._owed_lock:
+                due += self._owed
+                self._owed = []
+        return due
+
+    def next_wakeup_ns(self) -> int | None:
+        if self._owed:
+            return time.monotonic_ns()
+        return self._scheduler.next_deadline_ns()
+
+    # -- called from other threads -------------------------------------
+    def fail(self, jobs: Iterable[Job], code: Code, message: str) -> None:
+        """Answer jobs that will never run (e.g. at shutdown); sent by the bus thread."""
+        replies = []
+        for job in jobs:
+            self._slots[job.model].stats.answered(str(code))
+            replies.append(job_error(job, code, message))
+        self._owe(replies)
+
+    def _owe(self, replies: list[Reply]) -> None:
+        with self._owed_lock:
+            self._owed += replies

@@ -1,0 +1,162 @@
+"""Per-model bounded request queues feeding one engine worker.
+
+Thread-safe: the bus thread submits and expires, the engine worker takes.
+Deadlines are swept by the bus thread as they fall due, so a request whose
+deadline passes while it waits behind a long inference is answered
+``DEADLINE_EXCEEDED`` at once rather than when it would finally be dequeued
+(the failure mode of Triton's queue timeouts, server #7512).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from inferd_client.protocol import RequestId
+
+from inferd.config import QueuePolicy
+
+
+@dataclass
+class Job:
+    envelope: list[bytes]
+    request_id: RequestId
+    model: str
+    inputs: dict[str, np.ndarray]
+    received_ns: int
+    deadline_ns: int | None
+    #: Keeps the received frames alive while ``inputs`` view their memory.
+    frames: Any = field(default=None, repr=False)
+
+    @property
+    def client(self) -> bytes:
+        return self.envelope[0]
+
+
+class QueueFullError(Exception):
+    pass
+
+
+class SchedulerClosedError(Exception):
+    pass
+
+
+@dataclass
+class _ModelQueue:
+    capacity: int
+    policy: QueuePolicy
+    jobs: deque[Job] = field(default_factory=deque)
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._queues: dict[str, _ModelQueue] = {}
+        self._names: list[str] = []
+        self._next = 0
+        self._closed = False
+        self._in_flight = 0
+
+    def add_model(self, name: str, capacity: int, policy: QueuePolicy) -> None:
+        with self._condition:
+            self._queues[name] = _ModelQueue(capacity, policy)
+            self._names.append(name)
+
+    def submit(self, job: Job) -> Job | None:
+        """Queue ``job``; returns the job it superseded under the ``latest`` policy.
+
+        Raises ``QueueFullError`` (nothing changes) or ``SchedulerClosedError``.
+        """
+        with self._condition:
+            if self._closed:
+                raise SchedulerClosedError
+            model_queue = self._queues[job.model]
+            superseded = None
+            if model_queue.policy == "latest":
+                superseded = next((j for j in model_queue.jobs if j.client == job.client), None)
+                if superseded is not None:
+                    model_queue.jobs.remove(superseded)
+            if len(model_queue.jobs) >= model_queue.capacity:
+                raise QueueFullError
+            model_queue.jobs.append(job)
+            self._condition.notify()
+            return superseded
+
+    def take(self, timeout: float | None = None) -> Job | None:
+        """Next job, round-robin across models; None on timeout.
+
+        Raises ``SchedulerClosedError`` once closed.
+        """
+        with self._condition:
+            while True:
+                if self._closed:
+                    raise SchedulerClosedError
+                job = self._pop_round_robin()
+                if job is not None:
+                    self._in_flight += 1
+                    return job
+                if not self._condition.wait(timeout):
+                    return None
+
+    def _pop_round_robin(self) -> Job | None:
+        count = len(self._names)
+        for offset in range(count):
+            index = (self._next + offset) % count
+            jobs = self._queues[self._names[index]].jobs
+            if jobs:
+                self._next = (index + 1) % count
+                return jobs.popleft()
+        return None
+
+    def task_done(self) -> None:
+        with self._condition:
+            self._in_flight -= 1
+            self._condition.notify_all()
+
+    def expire(self, now_ns: int) -> list[Job]:
+        """Remove and return every queued job whose deadline has passed."""
+        expired: list[Job] = []
+        with self._condition:
+            for model_queue in self._queues.values():
+                if any(_expired(job, now_ns) for job in model_queue.jobs):
+                    expired += [job for job in model_queue.jobs if _expired(job, now_ns)]
+                    model_queue.jobs = deque(j for j in model_queue.jobs if not _expired(j, now_ns))
+        return expired
+
+    def next_deadline_ns(self) -> int | None:
+        with self._condition:
+            deadlines = [job.deadline_ns for job in self._all_jobs() if job.deadline_ns is not None]
+        return min(deadlines) if deadlines else None
+
+    def _all_jobs(self) -> Iterator[Job]:
+        for model_queue in self._queues.values():
+            yield from model_queue.jobs
+
+    def depth(self, name: str) -> int:
+        with self._condition:
+            return len(self._queues[name].jobs)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is queued or running; True if that happened in time."""
+        with self._condition:
+            return self._condition.wait_for(
+                lambda: self._in_flight == 0 and not any(True for _ in self._all_jobs()), timeout
+            )
+
+    def close(self) -> list[Job]:
+        """Refuse further work, wake the worker and return what was still queued."""
+        with self._condition:
+            self._closed = True
+            remaining = list(self._all_jobs())
+            for model_queue in self._queues.values():
+                model_queue.jobs.clear()
+            self._condition.notify_all()
+            return remaining
+
+
+def _expired(job: Job, now_ns: int) -> bool:
+    return job.deadline_ns is not None and job.deadline_ns <= now_ns

@@ -1,0 +1,118 @@
+"""A model slot: one configured model, its runtime and resident engine, and failover.
+
+Activation runs on the engine-worker thread (all runtime calls do).  Other
+threads only read the slot's published fields, each replaced atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from inferd.config import ModelConfig, RuntimeConfig
+from inferd.errors import InferdError, RuntimeNotAvailableError
+from inferd.runtime import InferenceRuntime, build_inference_runtime
+from inferd.service.stats import ModelStats
+from inferd.types import Alert, AlertSink, BuildConfig, EngineHandle, EventSink, ThermalState
+
+FALLBACK_LABEL = "onnx_trt_ep"
+
+log = structlog.get_logger("inferd.slot")
+
+
+class ModelSlot:
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.state = "loading"
+        self.runtime: InferenceRuntime | None = None
+        self.handle: EngineHandle | None = None
+        self.last_error: str | None = None
+        self.stats = ModelStats()
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.handle is not None and self.handle.is_fallback
+
+    def activate(
+        self,
+        runtime_config: RuntimeConfig,
+        *,
+        alert: AlertSink,
+        events: EventSink,
+        thermal: Callable[[], ThermalState],
+    ) -> None:
+        """Bring the configured runtime up; fail over to ``onnx_trt_ep`` if it cannot serve."""
+        label = self.config.runtime
+        try:
+            self._load(label, runtime_config, False, alert, thermal)
+        except (RuntimeNotAvailableError, InferdError) as exc:
+            reason = str(exc)
+            if label == FALLBACK_LABEL:
+                self._fail(reason, alert, events)
+                return
+            log.warning("runtime_unavailable_failing_over", model=self.name, runtime=label, reason=reason)
+            try:
+                self._load(FALLBACK_LABEL, runtime_config, True, alert, thermal)
+            except (RuntimeNotAvailableError, InferdError) as fallback_exc:
+                self._fail(f"{reason}; fallback failed: {fallback_exc}", alert, events)
+                return
+            self.last_error = reason
+        self.state = "serving"
+        events("runtime", self.describe_runtime())
+
+    def _load(
+        self,
+        label: str,
+        runtime_config: RuntimeConfig,
+        is_fallback: bool,
+        alert: AlertSink,
+        thermal: Callable[[], ThermalState],
+    ) -> None:
+        runtime = build_inference_runtime(
+            label, runtime_config, is_fallback=is_fallback, alert=alert, thermal=thermal
+        )
+        entry = runtime.compile_engine(
+            self.config.path, BuildConfig(precision=self.config.precision)
+        )
+        entry = dataclasses.replace(entry, staged_engines=self.config.staged_engines)
+        handle = runtime.deserialize_engine(entry)
+        self.runtime, self.handle = runtime, handle
+
+    def _fail(self, reason: str, alert: AlertSink, events: EventSink) -> None:
+        self.state = "failed"
+        self.last_error = reason
+        log.error("model_unavailable", model=self.name, reason=reason)
+        alert(Alert("ERROR", "c7.model_unavailable", f"model {self.name!r} cannot serve: {reason}",
+                    {"model": self.name}))
+        events("runtime", self.describe_runtime())
+
+    def release(self) -> None:
+        if self.runtime is not None and self.handle is not None:
+            self.runtime.release_engine(self.handle)
+        self.state = "released"
+        self.handle = None
+
+    def describe_runtime(self) -> dict[str, Any]:
+        handle = self.handle
+        return {
+            "model": self.name,
+            "state": self.state,
+            "configured_runtime": self.config.runtime,
+            "runtime": handle.runtime_label if handle else None,
+            "fallback": self.is_fallback,
+            "active_providers": list(handle.active_providers) if handle else [],
+            "reason": self.last_error,
+        }
+
+    def describe_io(self) -> dict[str, Any]:
+        handle = self.handle
+        return {
+            "name": self.name,
+            "state": self.state,
+            "inputs": [spec.as_wire() for spec in handle.inputs] if handle else [],
+            "outputs": [spec.as_wire() for spec in handle.outputs] if handle else [],
+        }

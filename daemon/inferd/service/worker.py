@@ -1,0 +1,109 @@
+"""The engine worker: the only thread that calls runtimes (and so touches the
+CUDA context, stream and resident engines)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import zmq
+from inferd_client import protocol
+from inferd_client.protocol import Code
+
+from inferd.bus.server import REPLIES_ENDPOINT
+from inferd.errors import InferdError, OutOfMemoryError
+from inferd.service.scheduler import Job, Scheduler, SchedulerClosedError
+from inferd.service.slot import ModelSlot
+
+#: The worker wakes at least this often so its liveness beat stays fresh while idle.
+_BEAT_INTERVAL_S = 0.5
+
+log = structlog.get_logger("inferd.worker")
+
+
+class EngineWorker(threading.Thread):
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        scheduler: Scheduler,
+        slots: dict[str, ModelSlot],
+        *,
+        activate: Callable[[ModelSlot], None],
+    ) -> None:
+        super().__init__(name="inferd-engine-worker", daemon=True)
+        self._context = context
+        self._scheduler = scheduler
+        self._slots = slots
+        self._activate = activate
+        self.activated = threading.Event()
+        self.last_beat_ns = time.monotonic_ns()
+
+    def run(self) -> None:
+        replies = self._context.socket(zmq.PUSH)
+        replies.setsockopt(zmq.SNDHWM, 100_000)
+        replies.connect(REPLIES_ENDPOINT)
+        try:
+            for slot in self._slots.values():
+                self._activate(slot)
+            self.activated.set()
+            while True:
+                try:
+                    job = self._scheduler.take(timeout=_BEAT_INTERVAL_S)
+                except SchedulerClosedError:
+                    return
+                self.last_beat_ns = time.monotonic_ns()
+                if job is None:
+                    continue
+                try:
+                    replies.send_multipart(self._run(job), copy=False)
+                finally:
+                    self._scheduler.task_done()
+        finally:
+            self.activated.set()
+            for slot in self._slots.values():
+                slot.release()
+            replies.close(linger=-1)
+
+    def _run(self, job: Job) -> list[Any]:
+        slot = self._slots[job.model]
+        started_ns = time.monotonic_ns()
+        if job.deadline_ns is not None and started_ns >= job.deadline_ns:
+            return self._error(job, slot, Code.DEADLINE_EXCEEDED,
+                               f"deadline passed after {(started_ns - job.received_ns) // 1000} us "
+                               "in the queue")
+        runtime, handle = slot.runtime, slot.handle
+        if runtime is None or handle is None:
+            return self._error(job, slot, Code.UNAVAILABLE, f"model {job.model!r} is {slot.state}")
+        try:
+            outputs = runtime.infer(handle, job.inputs)
+        except OutOfMemoryError as exc:
+            return self._error(job, slot, Code.RESOURCE_EXHAUSTED, str(exc))
+        except InferdError as exc:
+            log.error("inference_failed", model=job.model, error=str(exc))
+            return self._error(job, slot, Code.INTERNAL, str(exc))
+        except Exception as exc:
+            log.exception("inference_crashed", model=job.model)
+            return self._error(job, slot, Code.INTERNAL, f"unexpected {type(exc).__name__}: {exc}")
+        finished_ns = time.monotonic_ns()
+        descriptors, frames = protocol.encode_tensors(outputs)
+        header = {
+            "v": protocol.PROTOCOL_VERSION,
+            "id": job.request_id,
+            "ok": True,
+            "model": job.model,
+            "runtime": handle.runtime_label,
+            "fallback": handle.is_fallback,
+            "latency_us": (finished_ns - started_ns) // 1000,
+            "queue_us": (started_ns - job.received_ns) // 1000,
+            "outputs": descriptors,
+        }
+        late = job.deadline_ns is not None and finished_ns > job.deadline_ns
+        slot.stats.answered("OK", (finished_ns - job.received_ns) // 1000, late=late)
+        return [*job.envelope, protocol.pack(header), *frames]
+
+    def _error(self, job: Job, slot: ModelSlot, code: Code, message: str) -> list[Any]:
+        slot.stats.answered(str(code))
+        return [*job.envelope, protocol.pack(protocol.error_header(job.request_id, code, message))]
