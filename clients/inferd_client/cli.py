@@ -1,0 +1,192 @@
+"""``inferctl``: talk to a running inferd from a shell.
+
+Human-readable output by default; ``--json`` prints one JSON document per
+result for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
+from inferd_client.endpoints import default_endpoints
+from inferd_client.errors import ClientError, RemoteError
+
+EXIT_OK = 0
+EXIT_REMOTE_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = default_endpoints()
+    parser = argparse.ArgumentParser(prog="inferctl", description="inferd command line client")
+    parser.add_argument("--infer-endpoint", default=defaults.infer)
+    parser.add_argument("--control-endpoint", default=defaults.control)
+    parser.add_argument("--events-endpoint", default=defaults.events)
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    infer = commands.add_parser("infer", help="run one inference")
+    infer.add_argument("--model", required=True)
+    source = infer.add_mutually_exclusive_group(required=True)
+    source.add_argument("--random", action="store_true", help="random inputs from the model spec")
+    source.add_argument("--npy", action="append", metavar="NAME=FILE.npy",
+                        help="an input from a .npy file; repeat for each input")
+    infer.add_argument("--seed", type=int, default=0, help="seed for --random")
+    infer.add_argument("--deadline-ms", type=int)
+    infer.add_argument("--save", type=Path, help="write outputs to this .npz file")
+
+    commands.add_parser("models", help="models and their input/output specs")
+    commands.add_parser("status", help="daemon, model and bus status")
+    commands.add_parser("health", help="liveness and readiness summary")
+    events = commands.add_parser("events", help="print published events")
+    events.add_argument("--topic", action="append", default=[], help="repeatable; default all")
+    events.add_argument("--count", type=int, default=0, help="stop after N events (0: forever)")
+
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except RemoteError as exc:
+        _emit_error(args, exc.code, exc.message)
+        return EXIT_REMOTE_ERROR
+    except ClientError as exc:
+        _emit_error(args, "UNREACHABLE", str(exc))
+        return EXIT_UNREACHABLE
+    except (OSError, ValueError) as exc:
+        _emit_error(args, "USAGE", str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "infer":
+        return _infer(args)
+    if args.command == "models":
+        with InferenceClient(args.infer_endpoint, timeout=args.timeout) as client:
+            _emit(args, client.describe())
+        return EXIT_OK
+    if args.command in ("status", "health"):
+        with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+            _emit(args, operator.call(args.command))
+        return EXIT_OK
+    return _events(args)
+
+
+def _infer(args: argparse.Namespace) -> int:
+    with InferenceClient(args.infer_endpoint, timeout=args.timeout) as client:
+        if args.random:
+            inputs = _random_inputs(client.describe(), args.model, args.seed)
+        else:
+            inputs = _load_npy(args.npy)
+        outputs = client.infer(args.model, inputs, deadline_ms=args.deadline_ms)
+        reply = client.last_reply
+    if args.save:
+        np.savez(args.save, **outputs)
+    summary = {
+        "model": args.model,
+        "runtime": reply.get("runtime"),
+        "fallback": reply.get("fallback"),
+        "latency_us": reply.get("latency_us"),
+        "inputs": {name: _describe_array(array) for name, array in inputs.items()},
+        "outputs": {name: _describe_array(array) for name, array in outputs.items()},
+    }
+    _emit(args, summary)
+    return EXIT_OK
+
+
+def _random_inputs(described: dict[str, Any], model: str, seed: int) -> dict[str, np.ndarray]:
+    specs = {entry["name"]: entry for entry in described.get("models", [])}
+    if model not in specs:
+        raise RemoteError("NOT_FOUND", f"no model named {model!r}; served: {sorted(specs)}")
+    rng = np.random.default_rng(seed)
+    inputs: dict[str, np.ndarray] = {}
+    for spec in specs[model]["inputs"]:
+        shape = tuple(1 if dim is None else dim for dim in spec["shape"])
+        dtype = np.dtype(spec["dtype"])
+        if dtype.kind == "f":
+            inputs[spec["name"]] = rng.random(shape, dtype=np.float64).astype(dtype)
+        elif dtype.kind == "b":
+            inputs[spec["name"]] = rng.random(shape) < 0.5
+        else:
+            info = np.iinfo(dtype)
+            low, high = max(info.min, -128), min(info.max, 127)
+            inputs[spec["name"]] = rng.integers(low, high, shape, dtype=dtype, endpoint=True)
+    return inputs
+
+
+def _load_npy(items: list[str]) -> dict[str, np.ndarray]:
+    inputs: dict[str, np.ndarray] = {}
+    for item in items:
+        name, separator, path = item.partition("=")
+        if not separator or not name or not path:
+            raise ValueError(f"--npy takes NAME=FILE.npy, got {item!r}")
+        # allow_pickle=False: loading an .npy file never executes code.
+        inputs[name] = np.load(path, allow_pickle=False)
+    return inputs
+
+
+def _describe_array(array: np.ndarray) -> dict[str, Any]:
+    contiguous = np.ascontiguousarray(array)
+    return {
+        "dtype": array.dtype.name,
+        "shape": list(array.shape),
+        "sha256": hashlib.sha256(contiguous.tobytes()).hexdigest(),
+        "min": float(array.min()) if array.size else None,
+        "max": float(array.max()) if array.size else None,
+        "mean": float(array.mean()) if array.size else None,
+    }
+
+
+def _events(args: argparse.Namespace) -> int:
+    received = 0
+    with EventSubscriber(args.events_endpoint, topics=args.topic) as subscriber:
+        for topic, payload in subscriber:
+            _emit(args, {"topic": topic, **payload} if args.json else {topic: payload})
+            received += 1
+            if args.count and received >= args.count:
+                return EXIT_OK
+    return EXIT_OK
+
+
+def _emit(args: argparse.Namespace, document: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(document, sort_keys=True), flush=True)
+    else:
+        _print_human(document)
+
+
+def _print_human(document: dict[str, Any], indent: int = 0) -> None:
+    pad = "  " * indent
+    for key, value in document.items():
+        if isinstance(value, dict) and value:
+            print(f"{pad}{key}:")
+            _print_human(value, indent + 1)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            print(f"{pad}{key}:")
+            for item in value:
+                _print_human(item, indent + 1)
+                print(f"{pad}  -")
+        else:
+            print(f"{pad}{key}: {value}")
+    sys.stdout.flush()
+
+
+def _emit_error(args: argparse.Namespace, code: str, message: str) -> None:
+    if args.json:
+        print(json.dumps({"ok": False, "error": {"code": code, "message": message}}))
+    else:
+        print(f"inferctl: {code}: {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Shared fixtures: model files and a real daemon subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from inferd_client import OperatorClient
+from inferd_client.errors import ClientError
+
+from inferd.demo_model import write_demo_model, write_identity_model
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ifd-models-"))
+    write_demo_model(path / "demo.onnx")
+    write_identity_model(path / "identity.onnx")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def demo_model(model_dir: Path) -> Path:
+    return model_dir / "demo.onnx"
+
+
+@pytest.fixture(scope="session")
+def identity_model(model_dir: Path) -> Path:
+    return model_dir / "identity.onnx"
+
+
+def write_slow_model(path: Path, matmuls: int = 6, size: int = 512) -> Path:
+    """A model that takes tens of milliseconds on this CPU: chained MatMuls.
+
+    Used to build queues deterministically (deadline and back-pressure tests).
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.eye(size, dtype=np.float32)
+    nodes, previous = [], "x"
+    for index in range(matmuls):
+        output = "y" if index == matmuls - 1 else f"h{index}"
+        nodes.append(helper.make_node("MatMul", [previous, "w"], [output]))
+        previous = output
+    graph = helper.make_graph(
+        nodes, "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@dataclass
+class DaemonProcess:
+    """A real ``inferd run`` subprocess on ipc:// endpoints in a private temp dir."""
+
+    process: subprocess.Popen[str]
+    workdir: Path
+    infer: str
+    control: str
+    events: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return str(value)
+
+
+def render_config(workdir: Path, models: list[dict[str, object]], **sections: dict[str, object]) -> str:
+    """TOML for a daemon in ``workdir``; ``sections`` override daemon/bus/runtime keys."""
+    daemon = {"state_dir": str(workdir / "state"), "runtime_dir": str(workdir / "run"),
+              "health_interval_s": 0.2, "log_level": "debug", **sections.get("daemon", {})}
+    bus = {
+        "infer_endpoint": f"ipc://{workdir}/run/infer.sock",
+        "control_endpoint": f"ipc://{workdir}/run/control.sock",
+        "events_endpoint": f"ipc://{workdir}/run/events.sock",
+        **sections.get("bus", {}),
+    }
+    runtime = {"ort_intra_op_threads": 1, **sections.get("runtime", {})}
+    lines: list[str] = []
+    for name, table in (("daemon", daemon), ("bus", bus), ("runtime", runtime)):
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+    for model in models:
+        lines.append("[[models]]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in model.items()]
+    return "\n".join(lines) + "\n"
+
+
+def start_daemon(config_text: str, workdir: Path, *, ready_timeout: float = 30) -> DaemonProcess:
+    config_path = workdir / "inferd.toml"
+    config_path.write_text(config_text)
+    log_path = workdir / "inferd.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "inferd.cli", "run", "--config", str(config_path)],
+            stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+        )
+    daemon = DaemonProcess(
+        process, workdir,
+        infer=f"ipc://{workdir}/run/infer.sock",
+        control=f"ipc://{workdir}/run/control.sock",
+        events=f"ipc://{workdir}/run/events.sock",
+        log_path=log_path,
+    )
+    deadline = time.monotonic() + ready_timeout
+    with OperatorClient(daemon.control, timeout=0.5) as operator:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"inferd exited with {process.returncode}:\n{daemon.log()}")
+            try:
+                if operator.health()["state"] != "starting":
+                    return daemon
+            except ClientError:
+                pass
+            time.sleep(0.1)
+    daemon.stop(signal.SIGKILL)
+    raise RuntimeError(f"inferd did not become ready:\n{daemon.log()}")
+
+
+DaemonFactory = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
+    """``daemon_factory(models=[...], runtime={...}, ...)`` starts a daemon and stops it after
+    the test; defaults to the demo model under the name ``demo``."""
+    started: list[DaemonProcess] = []
+    workdirs: list[Path] = []
+
+    def factory(models: list[dict[str, object]] | None = None, **sections: dict[str, object]
+                ) -> DaemonProcess:
+        workdir = Path(tempfile.mkdtemp(prefix="ifd-"))  # short: ipc paths max 107 bytes
+        workdirs.append(workdir)
+        text = render_config(workdir, models or [{"name": "demo", "path": str(demo_model)}],
+                             **sections)
+        daemon = start_daemon(text, workdir)
+        started.append(daemon)
+        return daemon
+
+    yield factory
+    for daemon in started:
+        if daemon.process.poll() is None:
+            try:
+                daemon.stop(timeout=20)
+            except subprocess.TimeoutExpired:
+                daemon.process.kill()
+                daemon.process.wait()
+    for workdir in workdirs:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
+    return daemon_factory()
