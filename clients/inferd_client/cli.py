@@ -39,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     infer.add_argument("--model", required=True)
     source = infer.add_mutually_exclusive_group(required=True)
     source.add_argument("--random", action="store_true", help="random inputs from the model spec")
-    source.add_argument("--npy", action="append", metavar="NAME=FILE.npy",
-                        help="an input from a .npy file; repeat for each input")
+    source.add_argument(
+        "--npy",
+        action="append",
+        metavar="NAME=FILE.npy",
+        help="an input from a .npy file; repeat for each input",
+    )
     infer.add_argument("--seed", type=int, default=0, help="seed for --random")
     infer.add_argument("--deadline-ms", type=int)
     infer.add_argument("--save", type=Path, help="write outputs to this .npz file")
@@ -91,7 +95,7 @@ def _infer(args: argparse.Namespace) -> int:
         outputs = client.infer(args.model, inputs, deadline_ms=args.deadline_ms)
         reply = client.last_reply
     if args.save:
-        np.savez(args.save, **outputs)
+        np.savez(args.save, **outputs)  # type: ignore[arg-type]
     summary = {
         "model": args.model,
         "runtime": reply.get("runtime"),

@@ -62,9 +62,7 @@ class _RequestChannel:
             header["id"] = request_id
             parts: list[Any] = [protocol.pack(header), *frames]
             try:
-                self._socket.send_multipart(
-                    parts, copy=False if any(_is_large(p) for p in frames) else True
-                )
+                self._socket.send_multipart(parts, copy=not any(_is_large(p) for p in frames))
             except zmq.Again:
                 continue
             reply = self._await(request_id, time.monotonic() + wait)
@@ -156,7 +154,9 @@ class InferenceClient:
         if deadline_ms is not None:
             header["deadline_ms"] = deadline_ms
         reply, reply_frames = self._channel.request(
-            header, frames, timeout=timeout,
+            header,
+            frames,
+            timeout=timeout,
             retries=self._retries if retries is None else retries,
         )
         self.last_reply = reply

@@ -128,7 +128,8 @@ def wire_array(name: str, array: np.ndarray) -> np.ndarray:
     if array.dtype.name not in ALLOWED_DTYPES:
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
-            f"tensor {name!r}: dtype {array.dtype} is not sendable; allowed: {sorted(ALLOWED_DTYPES)}",
+            f"tensor {name!r}: dtype {array.dtype} is not sendable; "
+            f"allowed: {sorted(ALLOWED_DTYPES)}",
         )
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from inferd_client.endpoints import MAX_IPC_PATH_BYTES, default_endpoints, default_runtime_dir
-
 from inferd.errors import ConfigError
 from inferd.types import PrecisionMode
+from inferd_client.endpoints import MAX_IPC_PATH_BYTES, default_endpoints, default_runtime_dir
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
 QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")
@@ -138,7 +137,10 @@ class Config:
         if duplicates:
             raise ConfigError(f"models: duplicate model names {duplicates}")
         for model in self.models:
-            if model.runtime not in self.runtime.enabled and "onnx_trt_ep" not in self.runtime.enabled:
+            if (
+                model.runtime not in self.runtime.enabled
+                and "onnx_trt_ep" not in self.runtime.enabled
+            ):
                 raise ConfigError(
                     f"models[{model.name!r}].runtime {model.runtime!r} is disabled by "
                     "runtime.enabled and no fallback runtime is enabled"
@@ -196,20 +198,26 @@ class _Table:
     def take(self, key: str, kind: type[T], default: T) -> T:
         if key not in self._data:
             return default
-        value = self._data.pop(key)
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return self._convert(key, self._data.pop(key), kind)
+
+    def take_required(self, key: str, kind: type[T]) -> T:
+        if key not in self._data:
+            raise ConfigError(f"{self._where}.{key} is required")
+        return self._convert(key, self._data.pop(key), kind)
+
+    def _convert(self, key: str, value: Any, kind: type[T]) -> T:
+        # bool is an int subclass in Python; TOML keeps them apart, so do we.
+        if isinstance(value, bool) and kind is not bool:
+            ok = False
+        elif kind is float and isinstance(value, int):
             value, ok = float(value), True
+        else:
+            ok = isinstance(value, kind)
         if not ok:
             raise ConfigError(
                 f"{self._where}.{key} must be {kind.__name__}, got {type(value).__name__} {value!r}"
             )
         return value  # type: ignore[no-any-return]
-
-    def take_required(self, key: str, kind: type[T]) -> T:
-        if key not in self._data:
-            raise ConfigError(f"{self._where}.{key} is required")
-        return self.take(key, kind, None)  # type: ignore[arg-type]
 
     def take_strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self.take(key, list, list(default))

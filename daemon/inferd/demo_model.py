@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 DEMO_SEED = 20261130
 DEMO_INPUT = "image"
@@ -24,16 +28,18 @@ _OPSET = 17
 _IR_VERSION = 8
 
 
-def _save_atomically(model: object, path: Path) -> Path:
+def _save_atomically(model: onnx.ModelProto, path: Path) -> Path:
     import onnx
 
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    descriptor, temp_name = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
     try:
         os.fchmod(descriptor, 0o644)
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(model.SerializeToString())  # type: ignore[attr-defined]
+            handle.write(model.SerializeToString())
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_name, path)
@@ -43,9 +49,11 @@ def _save_atomically(model: object, path: Path) -> Path:
     return path
 
 
-def build_demo_model() -> object:
-    """Conv+Relu feature extractor: ``image`` f32[1,3,224,224] -> ``descriptors`` f32[1,256,28,28]."""
-    import onnx
+def build_demo_model() -> onnx.ModelProto:
+    """Conv+Relu feature extractor.
+
+    ``image`` f32[1,3,224,224] -> ``descriptors`` f32[1,256,28,28].
+    """
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(DEMO_SEED)
@@ -88,11 +96,11 @@ def build_demo_model() -> object:
     return model
 
 
-def build_identity_model() -> object:
+def build_identity_model() -> onnx.ModelProto:
     """``input`` f32[batch,3,224,224] -> ``output`` (same bytes); batch is dynamic."""
     from onnx import TensorProto, helper
 
-    shape = ["batch", 3, 224, 224]
+    shape: list[str | int | None] = ["batch", 3, 224, 224]
     graph = helper.make_graph(
         [helper.make_node("Identity", ["input"], ["output"])],
         "inferd_identity",

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from inferd_client import protocol
-from inferd_client.protocol import Code, ProtocolError, RequestId
 
 from inferd.types import TensorSpec
+from inferd_client import protocol
+from inferd_client.protocol import Code, ProtocolError, RequestId
 
 MAX_DEADLINE_MS = 3_600_000
 
@@ -72,7 +72,8 @@ def check_request(request: Request, limits: Limits) -> None:
     if len(request.tensors) > limits.max_frames:
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
-            f"message carries {len(request.tensors)} tensor frames; the limit is {limits.max_frames}",
+            f"message carries {len(request.tensors)} tensor frames; "
+            f"the limit is {limits.max_frames}",
         )
     total = sum(len(buffer) for buffer in request.tensors)
     if total > limits.max_message_bytes:

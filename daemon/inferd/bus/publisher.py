@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 import zmq
+
 from inferd_client import protocol
 
 TOPICS: frozenset[str] = frozenset({"thermal", "runtime", "build", "alert", "health"})

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 import structlog
 import zmq
-from inferd_client import protocol
-from inferd_client.protocol import Code, ProtocolError
 
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
+from inferd_client import protocol
+from inferd_client.protocol import Code, ProtocolError
 
 REPLIES_ENDPOINT = "inproc://inferd-replies"
 _MAX_POLL_MS = 50
@@ -51,8 +51,7 @@ class RequestHandler(Protocol):
         """Admit a request (return None: its reply arrives on the replies socket) or refuse it."""
         ...
 
-    def handle_control(self, request: Request) -> Reply:
-        ...
+    def handle_control(self, request: Request) -> Reply: ...
 
     def due_replies(self, now_ns: int) -> list[Reply]:
         """Replies owed now: expired deadlines, superseded and shutdown-failed requests."""
@@ -125,7 +124,7 @@ class BusServer(threading.Thread):
         return infer, control, replies
 
     def _router(self, name: str) -> zmq.Socket[Any]:
-        sock = self._context.socket(zmq.ROUTER)
+        sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
         # Refuse oversize frames at the transport (the peer is disconnected);
         # the codec checks the whole message again.
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_message_bytes)

@@ -35,7 +35,9 @@ def build_inference_runtime(
 ) -> InferenceRuntime:
     """Build the strategy named ``label``; raises ``RuntimeNotAvailableError``."""
     if label not in RUNTIME_LABELS:
-        raise RuntimeNotAvailableError(label, f"unknown runtime label; known: {list(RUNTIME_LABELS)}")
+        raise RuntimeNotAvailableError(
+            label, f"unknown runtime label; known: {list(RUNTIME_LABELS)}"
+        )
     if label not in config.enabled:
         raise RuntimeNotAvailableError(label, "disabled by runtime.enabled")
     module = importlib.import_module(_STRATEGY_MODULES[label])

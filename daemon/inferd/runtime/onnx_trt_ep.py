@@ -215,7 +215,9 @@ class OnnxTrtEpRuntime:
         try:
             session.run(output_names, _warm_up_inputs(inputs))
         except Exception as exc:
-            raise EngineDeserializeError(f"warm-up run of {entry.model_path} failed: {exc}") from exc
+            raise EngineDeserializeError(
+                f"warm-up run of {entry.model_path} failed: {exc}"
+            ) from exc
         handle = EngineHandle(
             handle_id=next(self._handle_ids),
             runtime_label=LABEL,
@@ -250,7 +252,9 @@ class OnnxTrtEpRuntime:
         else:
             log.info("cpu_only_onnxruntime", available=self._ort.get_available_providers())
 
-    def infer(self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(
+        self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         resident = self._residents.get(handle.handle_id)
         if resident is None:
             raise InferenceError(f"engine handle {handle.handle_id} has been released")

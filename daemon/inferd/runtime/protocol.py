@@ -28,7 +28,9 @@ class InferenceRuntime(Protocol):
         """Make ``entry`` resident and warmed up; the handle is ready to ``infer``."""
         ...
 
-    def infer(self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(
+        self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         """Run one request; inputs are already validated against ``handle.inputs``."""
         ...
 
@@ -40,5 +42,4 @@ class InferenceRuntime(Protocol):
         """The latest thermal snapshot (never blocks on telemetry)."""
         ...
 
-    def current_runtime_label(self) -> str:
-        ...
+    def current_runtime_label(self) -> str: ...

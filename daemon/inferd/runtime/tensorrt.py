@@ -28,5 +28,7 @@ def create(
     try:
         import tensorrt  # noqa: F401
     except ImportError as exc:
-        raise RuntimeNotAvailableError(LABEL, f"the tensorrt package cannot be imported ({exc})") from None
+        raise RuntimeNotAvailableError(
+            LABEL, f"the tensorrt package cannot be imported ({exc})"
+        ) from None
     raise RuntimeNotAvailableError(LABEL, "the TensorRT-direct strategy is not in this build yet")

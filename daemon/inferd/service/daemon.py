@@ -11,7 +11,6 @@ from typing import Any
 
 import structlog
 import zmq
-from inferd_client.protocol import Code
 
 import inferd
 from inferd.bus.codec import Limits
@@ -23,12 +22,19 @@ from inferd.service.scheduler import Scheduler
 from inferd.service.slot import ModelSlot
 from inferd.service.worker import EngineWorker
 from inferd.types import Alert, ThermalState
+from inferd_client.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
 
 _LOG_METHOD_BY_LEVEL = {
-    "EMERGENCY": "critical", "ALERT": "critical", "CRITICAL": "critical", "ERROR": "error",
-    "WARNING": "warning", "NOTICE": "info", "INFO": "info", "DEBUG": "debug",
+    "EMERGENCY": "critical",
+    "ALERT": "critical",
+    "CRITICAL": "critical",
+    "ERROR": "error",
+    "WARNING": "warning",
+    "NOTICE": "info",
+    "INFO": "info",
+    "DEBUG": "debug",
 }
 
 
@@ -69,14 +75,21 @@ class Daemon:
             handler=self.router,
             linger_ms=config.daemon.shutdown_linger_ms,
         )
-        self.worker = EngineWorker(self._context, self.scheduler, self.slots, activate=self._activate)
+        self.worker = EngineWorker(
+            self._context, self.scheduler, self.slots, activate=self._activate
+        )
 
     # -- lifecycle --------------------------------------------------------
     def start(self) -> None:
         """Bind the sockets and start every thread; models load on the worker."""
         self._take_instance_lock()
-        log.info("daemon_starting", version=inferd.__version__, config=self.config.source,
-                 config_fingerprint=self.config.fingerprint(), pid=os.getpid())
+        log.info(
+            "daemon_starting",
+            version=inferd.__version__,
+            config=self.config.source,
+            config_fingerprint=self.config.fingerprint(),
+            pid=os.getpid(),
+        )
         self.publisher.start()
         self.publisher.wait_bound(timeout=10)
         self.bus.start()
@@ -89,8 +102,11 @@ class Daemon:
             return False
         if self.state == "starting":
             self.state = self._serving_state()
-            log.info("daemon_ready", state=self.state,
-                     models={name: slot.describe_runtime() for name, slot in self.slots.items()})
+            log.info(
+                "daemon_ready",
+                state=self.state,
+                models={name: slot.describe_runtime() for name, slot in self.slots.items()},
+            )
         return True
 
     def stop(self) -> None:
@@ -113,8 +129,12 @@ class Daemon:
         self.publisher.join(timeout=10)
         if self.worker.is_alive() or self.bus.is_alive() or self.publisher.is_alive():
             # A thread still holds a socket: terminating the context would hang.
-            log.error("threads_did_not_stop", worker=self.worker.is_alive(),
-                      bus=self.bus.is_alive(), publisher=self.publisher.is_alive())
+            log.error(
+                "threads_did_not_stop",
+                worker=self.worker.is_alive(),
+                bus=self.bus.is_alive(),
+                publisher=self.publisher.is_alive(),
+            )
         else:
             self._context.term()
         self._release_instance_lock()
@@ -125,8 +145,11 @@ class Daemon:
         # in the runtime dir turns a second instance into a clear error.
         runtime_dir = self.config.daemon.runtime_dir
         runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        for endpoint in (self.config.bus.infer_endpoint, self.config.bus.control_endpoint,
-                         self.config.bus.events_endpoint):
+        for endpoint in (
+            self.config.bus.infer_endpoint,
+            self.config.bus.control_endpoint,
+            self.config.bus.events_endpoint,
+        ):
             if endpoint.startswith("ipc://"):
                 Path(endpoint.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
         lock_path = runtime_dir / "inferd.lock"
@@ -160,10 +183,15 @@ class Daemon:
         getattr(log, _LOG_METHOD_BY_LEVEL[alert.level])(
             "alert", alert_code=alert.code, alert_message=alert.message, **dict(alert.fields)
         )
-        self.publisher.publish("alert", {
-            "level": alert.level, "code": alert.code, "message": alert.message,
-            "fields": dict(alert.fields),
-        })
+        self.publisher.publish(
+            "alert",
+            {
+                "level": alert.level,
+                "code": alert.code,
+                "message": alert.message,
+                "fields": dict(alert.fields),
+            },
+        )
 
     def _serving_state(self) -> str:
         if all(slot.state == "serving" and not slot.is_fallback for slot in self.slots.values()):
@@ -200,13 +228,15 @@ class Daemon:
     def status(self, _header: dict[str, Any]) -> dict[str, Any]:
         models = []
         for name, slot in self.slots.items():
-            models.append({
-                **slot.describe_runtime(),
-                "queue_depth": self.scheduler.depth(name),
-                "queue_capacity": slot.config.queue_capacity,
-                "queue_policy": slot.config.queue_policy,
-                **slot.stats.snapshot(),
-            })
+            models.append(
+                {
+                    **slot.describe_runtime(),
+                    "queue_depth": self.scheduler.depth(name),
+                    "queue_capacity": slot.config.queue_capacity,
+                    "queue_policy": slot.config.queue_policy,
+                    **slot.stats.snapshot(),
+                }
+            )
         return {
             "daemon": {
                 "version": inferd.__version__,

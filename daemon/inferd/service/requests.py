@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from inferd_client import protocol
-from inferd_client.protocol import Code, ProtocolError
-
 from inferd.bus.codec import Request, deadline_ms_of, validate_inputs
 from inferd.bus.server import Reply
 from inferd.service.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
 from inferd.service.slot import ModelSlot
+from inferd_client import protocol
+from inferd_client.protocol import Code, ProtocolError
 
 INFER_OPS = ("infer", "describe")
 
@@ -27,7 +26,12 @@ ControlOp = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
-    header = {"v": protocol.PROTOCOL_VERSION, "id": request.request_id, "ok": True, "result": result}
+    header = {
+        "v": protocol.PROTOCOL_VERSION,
+        "id": request.request_id,
+        "ok": True,
+        "result": result,
+    }
     return Reply(request.envelope, header)
 
 
@@ -106,10 +110,16 @@ class RequestRouter:
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down") from None
         if superseded is not None:
             slot.stats.answered(str(Code.CANCELLED))
-            self._owe([job_error(
-                superseded, Code.CANCELLED,
-                "superseded: a newer request from the same client arrived (queue_policy=latest)",
-            )])
+            self._owe(
+                [
+                    job_error(
+                        superseded,
+                        Code.CANCELLED,
+                        "superseded: a newer request from the same client arrived "
+                        "(queue_policy=latest)",
+                    )
+                ]
+            )
 
     def handle_control(self, request: Request) -> Reply:
         operation = self._control_ops.get(request.op)
@@ -127,10 +137,13 @@ class RequestRouter:
             for job in self._scheduler.expire(now_ns):
                 waited_us = (now_ns - job.received_ns) // 1000
                 self._slots[job.model].stats.answered(str(Code.DEADLINE_EXCEEDED))
-                due.append(job_error(
-                    job, Code.DEADLINE_EXCEEDED,
-                    f"deadline passed after {waited_us} us in the queue of model {job.model!r}",
-                ))
+                due.append(
+                    job_error(
+                        job,
+                        Code.DEADLINE_EXCEEDED,
+                        f"deadline passed after {waited_us} us in the queue of model {job.model!r}",
+                    )
+                )
         if self._owed:
             with self._owed_lock:
                 due += self._owed

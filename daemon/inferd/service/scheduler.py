@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from inferd_client.protocol import RequestId
 
 from inferd.config import QueuePolicy
+from inferd_client.protocol import RequestId
 
 
 @dataclass

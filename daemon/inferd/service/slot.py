@@ -54,7 +54,9 @@ class ModelSlot:
             if label == FALLBACK_LABEL:
                 self._fail(reason, alert, events)
                 return
-            log.warning("runtime_unavailable_failing_over", model=self.name, runtime=label, reason=reason)
+            log.warning(
+                "runtime_unavailable_failing_over", model=self.name, runtime=label, reason=reason
+            )
             try:
                 self._load(FALLBACK_LABEL, runtime_config, True, alert, thermal)
             except (RuntimeNotAvailableError, InferdError) as fallback_exc:
@@ -86,8 +88,14 @@ class ModelSlot:
         self.state = "failed"
         self.last_error = reason
         log.error("model_unavailable", model=self.name, reason=reason)
-        alert(Alert("ERROR", "c7.model_unavailable", f"model {self.name!r} cannot serve: {reason}",
-                    {"model": self.name}))
+        alert(
+            Alert(
+                "ERROR",
+                "c7.model_unavailable",
+                f"model {self.name!r} cannot serve: {reason}",
+                {"model": self.name},
+            )
+        )
         events("runtime", self.describe_runtime())
 
     def release(self) -> None:

@@ -10,13 +10,13 @@ from typing import Any
 
 import structlog
 import zmq
-from inferd_client import protocol
-from inferd_client.protocol import Code
 
 from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import InferdError, OutOfMemoryError
 from inferd.service.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.service.slot import ModelSlot
+from inferd_client import protocol
+from inferd_client.protocol import Code
 
 #: The worker wakes at least this often so its liveness beat stays fresh while idle.
 _BEAT_INTERVAL_S = 0.5
@@ -71,9 +71,12 @@ class EngineWorker(threading.Thread):
         slot = self._slots[job.model]
         started_ns = time.monotonic_ns()
         if job.deadline_ns is not None and started_ns >= job.deadline_ns:
-            return self._error(job, slot, Code.DEADLINE_EXCEEDED,
-                               f"deadline passed after {(started_ns - job.received_ns) // 1000} us "
-                               "in the queue")
+            return self._error(
+                job,
+                slot,
+                Code.DEADLINE_EXCEEDED,
+                f"deadline passed after {(started_ns - job.received_ns) // 1000} us in the queue",
+            )
         runtime, handle = slot.runtime, slot.handle
         if runtime is None or handle is None:
             return self._error(job, slot, Code.UNAVAILABLE, f"model {job.model!r} is {slot.state}")
