@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from inferd_client import OperatorClient
-from inferd_client.errors import ClientError
 
 from inferd.demo_model import write_demo_model, write_identity_model
+from inferd_client import OperatorClient
+from inferd_client.errors import ClientError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,8 @@ def write_slow_model(path: Path, matmuls: int = 6, size: int = 512) -> Path:
         nodes.append(helper.make_node("MatMul", [previous, "w"], [output]))
         previous = output
     graph = helper.make_graph(
-        nodes, "slow",
+        nodes,
+        "slow",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
         [numpy_helper.from_array(weight, "w")],
@@ -98,10 +99,17 @@ def _toml_value(value: object) -> str:
     return str(value)
 
 
-def render_config(workdir: Path, models: list[dict[str, object]], **sections: dict[str, object]) -> str:
+def render_config(
+    workdir: Path, models: list[dict[str, object]], **sections: dict[str, object]
+) -> str:
     """TOML for a daemon in ``workdir``; ``sections`` override daemon/bus/runtime keys."""
-    daemon = {"state_dir": str(workdir / "state"), "runtime_dir": str(workdir / "run"),
-              "health_interval_s": 0.2, "log_level": "debug", **sections.get("daemon", {})}
+    daemon = {
+        "state_dir": str(workdir / "state"),
+        "runtime_dir": str(workdir / "run"),
+        "health_interval_s": 0.2,
+        "log_level": "debug",
+        **sections.get("daemon", {}),
+    }
     bus = {
         "infer_endpoint": f"ipc://{workdir}/run/infer.sock",
         "control_endpoint": f"ipc://{workdir}/run/control.sock",
@@ -127,10 +135,15 @@ def start_daemon(config_text: str, workdir: Path, *, ready_timeout: float = 30) 
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "inferd.cli", "run", "--config", str(config_path)],
-            stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO,
         )
     daemon = DaemonProcess(
-        process, workdir,
+        process,
+        workdir,
         infer=f"ipc://{workdir}/run/infer.sock",
         control=f"ipc://{workdir}/run/control.sock",
         events=f"ipc://{workdir}/run/events.sock",
@@ -161,12 +174,14 @@ def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
     started: list[DaemonProcess] = []
     workdirs: list[Path] = []
 
-    def factory(models: list[dict[str, object]] | None = None, **sections: dict[str, object]
-                ) -> DaemonProcess:
+    def factory(
+        models: list[dict[str, object]] | None = None, **sections: dict[str, object]
+    ) -> DaemonProcess:
         workdir = Path(tempfile.mkdtemp(prefix="ifd-"))  # short: ipc paths max 107 bytes
         workdirs.append(workdir)
-        text = render_config(workdir, models or [{"name": "demo", "path": str(demo_model)}],
-                             **sections)
+        text = render_config(
+            workdir, models or [{"name": "demo", "path": str(demo_model)}], **sections
+        )
         daemon = start_daemon(text, workdir)
         started.append(daemon)
         return daemon

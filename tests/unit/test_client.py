@@ -1,0 +1,111 @@
+"""Client request/reply correlation against a scripted ROUTER peer."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from inferd_client import InferenceClient, RemoteError, RequestTimeout
+from inferd_client.client import decode_outputs
+from inferd_client.errors import MalformedReply
+
+Script = Callable[[zmq.Socket[Any], list[bytes]], None]
+
+
+@pytest.fixture
+def server(tmp_path: Any) -> Iterator[Callable[[Script], str]]:
+    """Run a ROUTER in a thread that answers each request with ``script``."""
+    context = zmq.Context.instance()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def start(script: Script) -> str:
+        endpoint = f"ipc://{tmp_path}/s.sock"
+        sock = context.socket(zmq.ROUTER)
+        sock.bind(endpoint)
+
+        def loop() -> None:
+            while not stop.is_set():
+                if sock.poll(50):
+                    script(sock, sock.recv_multipart())
+            sock.close(linger=0)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        threads.append(thread)
+        return endpoint
+
+    yield start
+    stop.set()
+    for thread in threads:
+        thread.join(2)
+
+
+def reply_to(frames: list[bytes], request_id: Any, *tensors: np.ndarray) -> list[bytes]:
+    outputs = [
+        {"name": f"out{i}", "dtype": t.dtype.name, "shape": list(t.shape)}
+        for i, t in enumerate(tensors)
+    ]
+    header = {"v": 1, "id": request_id, "ok": True, "outputs": outputs}
+    return [frames[0], msgpack.packb(header), *(t.tobytes() for t in tensors)]
+
+
+def test_late_reply_to_an_old_id_is_discarded_not_returned(server: Callable[[Script], str]) -> None:
+    seen: list[int] = []
+
+    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        request_id = msgpack.unpackb(frames[1])["id"]
+        seen.append(request_id)
+        if len(seen) == 1:
+            return  # first attempt: stay silent until the client retries
+        # Answer the stale id first, then the live one with different data.
+        sock.send_multipart(reply_to(frames, seen[0], np.full(2, 1.0, np.float32)))
+        sock.send_multipart(reply_to(frames, request_id, np.full(2, 2.0, np.float32)))
+
+    endpoint = server(script)
+    with InferenceClient(endpoint, timeout=0.3, retries=1) as client:
+        outputs = client.infer("m", {"x": np.zeros(2, np.float32)})
+        assert seen[0] != seen[1]
+        np.testing.assert_array_equal(outputs["out0"], [2.0, 2.0])
+        assert client.discarded_replies == 1
+
+
+def test_timeout_without_retries_raises(server: Callable[[Script], str]) -> None:
+    endpoint = server(lambda sock, frames: None)
+    with InferenceClient(endpoint, timeout=0.1) as client:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout, match="1 attempt"):
+            client.infer("m", {"x": np.zeros(2, np.float32)})
+        assert time.monotonic() - started < 1.0
+
+
+def test_error_replies_raise_remote_error_with_code(server: Callable[[Script], str]) -> None:
+    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        request_id = msgpack.unpackb(frames[1])["id"]
+        error = {"code": "NOT_FOUND", "message": "no model named 'm'"}
+        sock.send_multipart(
+            [frames[0], msgpack.packb({"v": 1, "id": request_id, "ok": False, "error": error})]
+        )
+
+    with InferenceClient(server(script), timeout=1) as client, pytest.raises(RemoteError) as caught:
+        client.infer("m", {"x": np.zeros(2, np.float32)})
+    assert caught.value.code == "NOT_FOUND"
+
+
+def test_reply_frames_must_match_descriptors() -> None:
+    class Frame:
+        def __init__(self, data: bytes) -> None:
+            self.buffer = memoryview(data)
+
+    header = {"outputs": [{"name": "y", "dtype": "float32", "shape": [2]}]}
+    with pytest.raises(MalformedReply, match="carries 0 frames"):
+        decode_outputs(header, [])
+    with pytest.raises(MalformedReply, match="needs 8"):
+        decode_outputs(header, [Frame(b"1234")])  # type: ignore[list-item]

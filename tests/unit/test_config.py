@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferd import config
+from inferd.errors import ConfigError
+from inferd.types import PrecisionMode
+
+
+def load_text(tmp_path: Path, text: str) -> config.Config:
+    path = tmp_path / "inferd.toml"
+    path.write_text(text)
+    return config.load(path)
+
+
+MINIMAL = """
+[[models]]
+name = "demo"
+path = "models/demo.onnx"
+"""
+
+
+def test_minimal_config_fills_defaults_and_resolves_paths(tmp_path: Path) -> None:
+    loaded = load_text(tmp_path, MINIMAL)
+    model = loaded.models[0]
+    assert model.path == tmp_path / "models" / "demo.onnx"
+    assert model.runtime == "onnx_trt_ep"
+    assert model.precision is PrecisionMode.FP32
+    assert model.queue_policy == "fifo"
+    assert loaded.runtime.gpu_memory_budget_bytes == 4 * 1024**3
+    assert loaded.bus.infer_endpoint.startswith("ipc://")
+    assert loaded.runtime.ort_trt_cache_dir.is_absolute()
+
+
+def test_full_config_round_trips_every_key(tmp_path: Path) -> None:
+    loaded = load_text(
+        tmp_path,
+        """
+[daemon]
+state_dir = "/var/lib/inferd"
+runtime_dir = "/run/inferd"
+log_level = "debug"
+log_format = "json"
+health_interval_s = 2
+shutdown_drain_ms = 500
+shutdown_linger_ms = 100
+
+[bus]
+infer_endpoint = "tcp://127.0.0.1:5555"
+control_endpoint = "ipc:///run/inferd/control.sock"
+events_endpoint = "ipc:///run/inferd/events.sock"
+max_message_bytes = 1048576
+max_header_bytes = 4096
+max_frames = 8
+
+[runtime]
+enabled = ["onnx_trt_ep"]
+gpu_memory_budget_bytes = 1073741824
+ort_trt_cache_dir = "trt"
+ort_disallow_cpu_fallback = true
+ort_intra_op_threads = 2
+
+[[models]]
+name = "vo-net"
+path = "/opt/models/vo.onnx"
+runtime = "tensorrt"
+precision = "fp16"
+queue_capacity = 4
+queue_policy = "latest"
+default_deadline_ms = 40
+""",
+    )
+    assert loaded.daemon.health_interval_s == 2.0
+    assert loaded.daemon.log_format == "json"
+    assert loaded.bus.max_frames == 8
+    assert loaded.runtime.enabled == ("onnx_trt_ep",)
+    assert loaded.runtime.ort_trt_cache_dir == Path("/var/lib/inferd/trt")
+    assert loaded.runtime.ort_disallow_cpu_fallback is True
+    (model,) = loaded.models
+    assert (model.name, model.runtime, model.precision) == (
+        "vo-net",
+        "tensorrt",
+        PrecisionMode.FP16,
+    )
+    assert (model.queue_capacity, model.queue_policy, model.default_deadline_ms) == (
+        4,
+        "latest",
+        40,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (MINIMAL + "\n[bogus]\nx = 1\n", "unknown key(s) ['bogus']"),
+        ("[daemon]\nlog_levle = 'info'\n" + MINIMAL, "daemon: unknown key(s) ['log_levle']"),
+        (MINIMAL + "runtime = 'tensorrtx'\n", "runtime: 'tensorrtx' is not one of"),
+        (MINIMAL + "queue_policy = 'lifo'\n", "queue_policy: 'lifo' is not one of"),
+        (MINIMAL + "precision = 'fp8'\n", "precision: 'fp8' is not one of"),
+        (MINIMAL + "queue_capacity = 0\n", "queue_capacity must be positive"),
+        (MINIMAL + "queue_capacity = true\n", "queue_capacity must be int, got bool"),
+        (MINIMAL + "queue_capacity = '4'\n", "queue_capacity must be int, got str"),
+        (MINIMAL + "colour = 'red'\n", "models[0]: unknown key(s) ['colour']"),
+        (
+            "[runtime]\nort_trt_cache_dir = ''\n" + MINIMAL,
+            "ort_trt_cache_dir must name a directory",
+        ),
+        ("[runtime]\ngpu_memory_budget_bytes = 0\n" + MINIMAL, "gpu_memory_budget_bytes must be"),
+        ("[runtime]\ngpu_memory_budget_bytes = -5\n" + MINIMAL, "must be positive, got -5"),
+        ("[runtime]\nenabled = ['cuda']\n" + MINIMAL, "runtime.enabled: 'cuda' is not one of"),
+        ("[runtime]\nenabled = [1]\n" + MINIMAL, "enabled must be a list of strings"),
+        ("[runtime]\nenabled = ['tensorrt']\n" + MINIMAL, "no fallback runtime is enabled"),
+        ("[daemon]\nhealth_interval_s = 0\n" + MINIMAL, "health_interval_s must be positive"),
+        ("[daemon]\nlog_level = 'loud'\n" + MINIMAL, "log_level: 'loud' is not one of"),
+        ("[bus]\nmax_frames = 0\n" + MINIMAL, "bus.max_frames must be positive"),
+        ("[bus]\ninfer_endpoint = 'udp://x'\n" + MINIMAL, "must start with ipc:// or tcp://"),
+        ("[bus]\ninfer_endpoint = 'ipc://@abstract'\n" + MINIMAL, "abstract sockets"),
+        (
+            "[bus]\ninfer_endpoint = 'ipc:///" + "x" * 120 + "'\n" + MINIMAL,
+            "Unix sockets allow 107",
+        ),
+        (
+            "[bus]\ninfer_endpoint = 'ipc:///a'\ncontrol_endpoint = 'ipc:///a'\n" + MINIMAL,
+            "must all differ",
+        ),
+        ("", "at least one [[models]]"),
+        ("[[models]]\nname = 'x'\n", "models[0].path is required"),
+        ("[[models]]\npath = 'x'\n", "models[0].name is required"),
+        ("[[models]]\nname = 'a b'\npath = 'x'\n", "letters, digits"),
+        (MINIMAL + MINIMAL, "duplicate model names ['demo']"),
+        ("models = 3\n", "config.models must be list"),
+        ("this is = not toml [", "invalid TOML"),
+    ],
+)
+def test_invalid_configs_are_refused_with_a_precise_message(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_text(tmp_path, text)
+    assert message in str(caught.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        config.load(tmp_path / "absent.toml")
+
+
+def test_config_is_frozen(tmp_path: Path) -> None:
+    loaded = load_text(tmp_path, MINIMAL)
+    with pytest.raises(AttributeError):
+        loaded.models[0].queue_capacity = 9  # type: ignore[misc]
+
+
+def test_embedded_default_serves_demo_from_per_user_dirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFERD_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("INFERD_RUNTIME_DIR", str(tmp_path / "run"))
+    default = config.embedded_default()
+    assert [model.name for model in default.models] == ["demo"]
+    assert default.models[0].path == tmp_path / "state" / "models" / "demo.onnx"
+    assert default.bus.infer_endpoint == f"ipc://{tmp_path}/run/infer.sock"
+    assert default.bus.events_endpoint == f"ipc://{tmp_path}/run/events.sock"
+
+
+def test_default_dirs_follow_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in (
+        "INFERD_STATE_DIR",
+        "STATE_DIRECTORY",
+        "INFERD_RUNTIME_DIR",
+        "RUNTIME_DIRECTORY",
+    ):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xs"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xr"))
+    default = config.embedded_default()
+    assert default.daemon.state_dir == tmp_path / "xs" / "inferd"
+    assert default.daemon.runtime_dir == tmp_path / "xr" / "inferd"
+
+
+def test_fingerprint_changes_with_content(tmp_path: Path) -> None:
+    first = load_text(tmp_path, MINIMAL).fingerprint()
+    second = load_text(tmp_path, MINIMAL + "queue_capacity = 3\n").fingerprint()
+    assert first != second
+    assert first == load_text(tmp_path, MINIMAL).fingerprint()

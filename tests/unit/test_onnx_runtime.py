@@ -1,0 +1,225 @@
+"""The onnx_trt_ep strategy against real ONNX Runtime (CPU provider here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from inferd.config import RuntimeConfig
+from inferd.demo_model import build_demo_model, write_demo_model
+from inferd.errors import EngineBuildError, EngineDeserializeError, InferenceError
+from inferd.runtime.onnx_trt_ep import (
+    CPU_EP,
+    CUDA_EP,
+    TRT_EP,
+    OnnxTrtEpRuntime,
+    _build_provider_args,
+)
+from inferd.types import Alert, BuildConfig, EngineCacheEntry, PrecisionMode, ThermalState
+
+
+class Alerts(list[Alert]):
+    def __call__(self, alert: Alert) -> None:
+        self.append(alert)
+
+
+def make_runtime(
+    tmp_path: Path, alerts: Alerts | None = None, *, is_fallback: bool = False, **overrides: object
+) -> OnnxTrtEpRuntime:
+    config = RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache", **overrides)  # type: ignore[arg-type]
+    return OnnxTrtEpRuntime(
+        config,
+        is_fallback=is_fallback,
+        alert=alerts if alerts is not None else Alerts(),
+        thermal=ThermalState.unavailable,
+    )
+
+
+def load(runtime: OnnxTrtEpRuntime, model: Path, **entry_changes: object):  # type: ignore[no-untyped-def]
+    entry = runtime.compile_engine(model, BuildConfig())
+    if entry_changes:
+        import dataclasses
+
+        entry = dataclasses.replace(entry, **entry_changes)  # type: ignore[arg-type]
+    return runtime.deserialize_engine(entry)
+
+
+def test_compile_is_a_no_op_pointing_at_the_onnx(tmp_path: Path, demo_model: Path) -> None:
+    runtime = make_runtime(tmp_path)
+    entry = runtime.compile_engine(demo_model, BuildConfig(precision=PrecisionMode.FP16))
+    assert entry.artifact_path == demo_model and entry.model_path == demo_model
+    assert entry.runtime_label == "onnx_trt_ep"
+    assert len(entry.model_sha256) == 64
+    assert entry.build_config.precision is PrecisionMode.FP16
+    with pytest.raises(EngineBuildError, match="does not exist"):
+        runtime.compile_engine(tmp_path / "absent.onnx", BuildConfig())
+
+
+def test_deserialize_reports_io_specs_and_active_providers(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    runtime = make_runtime(tmp_path)
+    handle = load(runtime, demo_model)
+    assert [s.as_wire() for s in handle.inputs] == [
+        {"name": "image", "dtype": "float32", "shape": [1, 3, 224, 224]}
+    ]
+    assert [s.as_wire() for s in handle.outputs] == [
+        {"name": "descriptors", "dtype": "float32", "shape": [1, 256, 28, 28]}
+    ]
+    assert handle.active_providers == (CPU_EP,)
+    assert handle.is_fallback is False
+    assert runtime.requested_providers() == [
+        p for p in (TRT_EP, CUDA_EP, CPU_EP) if p in ort.get_available_providers()
+    ]
+
+
+def test_dynamic_dimensions_are_none(tmp_path: Path, identity_model: Path) -> None:
+    handle = load(make_runtime(tmp_path), identity_model)
+    assert handle.inputs[0].shape == (None, 3, 224, 224)
+
+
+def test_infer_matches_plain_onnxruntime(tmp_path: Path, demo_model: Path) -> None:
+    runtime = make_runtime(tmp_path)
+    handle = load(runtime, demo_model)
+    image = np.random.default_rng(1).random((1, 3, 224, 224), dtype=np.float32)
+    expected = ort.InferenceSession(str(demo_model), providers=[CPU_EP]).run(None, {"image": image})
+    outputs = runtime.infer(handle, {"image": image})
+    np.testing.assert_allclose(outputs["descriptors"], expected[0], rtol=1e-5, atol=1e-6)
+
+
+def test_session_errors_are_rewrapped(tmp_path: Path, demo_model: Path) -> None:
+    runtime = make_runtime(tmp_path)
+    handle = load(runtime, demo_model)
+    with pytest.raises(InferenceError, match="onnxruntime run failed"):
+        runtime.infer(handle, {"image": np.zeros((1, 3, 8, 8), np.float32)})
+
+
+def test_release_is_idempotent_and_released_handles_refuse(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    runtime = make_runtime(tmp_path)
+    handle = load(runtime, demo_model)
+    runtime.release_engine(handle)
+    runtime.release_engine(handle)
+    with pytest.raises(InferenceError, match="released"):
+        runtime.infer(handle, {"image": np.zeros((1, 3, 224, 224), np.float32)})
+
+
+def test_disallowed_cpu_fallback_refuses_a_cpu_only_session(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    runtime = make_runtime(tmp_path, ort_disallow_cpu_fallback=True)
+    with pytest.raises(EngineDeserializeError, match="CPUExecutionProvider only"):
+        load(runtime, demo_model)
+
+
+def test_gpu_provider_that_cannot_be_created_raises_a_cpu_fallback_alert(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ORT drops an EP it cannot create without an error; the runtime must notice
+    from the session's *active* providers, not the requested list."""
+    alerts = Alerts()
+    runtime = make_runtime(tmp_path, alerts)
+    monkeypatch.setattr(runtime, "requested_providers", lambda: [CUDA_EP, CPU_EP])
+    handle = load(runtime, demo_model)
+    assert handle.active_providers == (CPU_EP,)
+    assert [a.code for a in alerts] == ["c7.cpu_fallback"]
+
+
+def test_fallback_runtime_alerts_once_per_activation(tmp_path: Path, demo_model: Path) -> None:
+    alerts = Alerts()
+    runtime = make_runtime(tmp_path, alerts, is_fallback=True)
+    handle = load(runtime, demo_model)
+    assert handle.is_fallback
+    image = np.zeros((1, 3, 224, 224), np.float32)
+    for _ in range(3):
+        runtime.infer(handle, {"image": image})
+    assert [a.code for a in alerts] == ["c7.fallback_to_onnx_trt_ep"]
+    assert alerts[0].level == "WARNING"
+    second = load(runtime, demo_model)
+    runtime.infer(second, {"image": image})
+    runtime.infer(second, {"image": image})
+    assert len(alerts) == 2
+
+
+def test_caches_are_keyed_by_content_not_file_name(tmp_path: Path) -> None:
+    """Two files called model.onnx whose weights differ must never share an engine."""
+    first = write_demo_model(tmp_path / "a" / "model.onnx")
+    model = build_demo_model()
+    second_path = tmp_path / "b" / "model.onnx"
+    second_path.parent.mkdir()
+    weights = np.frombuffer(model.graph.initializer[0].raw_data, np.float32).copy()
+    weights[0] += 1.0
+    model.graph.initializer[0].raw_data = weights.tobytes()
+    second_path.write_bytes(model.SerializeToString())
+    runtime = make_runtime(tmp_path)
+    handles = [load(runtime, first), load(runtime, second_path)]
+    assert handles[0].model_sha256 != handles[1].model_sha256
+    cache_dirs = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert cache_dirs == sorted(h.model_sha256[:16] for h in handles)
+    config = RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache")
+    prefixes = {
+        _build_provider_args(config, tmp_path, h.model_sha256, PrecisionMode.FP32)[TRT_EP][
+            "trt_engine_cache_prefix"
+        ]
+        for h in handles
+    }
+    assert len(prefixes) == 2
+
+
+def test_provider_args_cap_workspace_and_follow_precision(tmp_path: Path) -> None:
+    config = RuntimeConfig(ort_trt_cache_dir=tmp_path, gpu_memory_budget_bytes=8 * 1024**3)
+    args = _build_provider_args(config, tmp_path / "c", "ab" * 32, PrecisionMode.MIXED)
+    trt = args[TRT_EP]
+    assert trt["trt_max_workspace_size"] == str(2 * 1024**3)
+    assert (trt["trt_fp16_enable"], trt["trt_int8_enable"]) == ("True", "True")
+    assert trt["trt_engine_cache_path"] == trt["trt_timing_cache_path"] == str(tmp_path / "c")
+    fp16 = _build_provider_args(config, tmp_path, "ab" * 32, PrecisionMode.FP16)[TRT_EP]
+    assert (fp16["trt_fp16_enable"], fp16["trt_int8_enable"]) == ("True", "False")
+
+
+def test_staged_engines_are_symlinked_into_the_cache(tmp_path: Path, demo_model: Path) -> None:
+    engine = tmp_path / "prebuilt" / "inferd_x_sm87.engine"
+    engine.parent.mkdir()
+    engine.write_bytes(b"engine bytes")
+    runtime = make_runtime(tmp_path)
+    handle = load(runtime, demo_model, staged_engines=(engine,))
+    staged = tmp_path / "cache" / handle.model_sha256[:16] / engine.name
+    assert staged.is_symlink() and staged.read_bytes() == b"engine bytes"
+    load(runtime, demo_model, staged_engines=(engine,))  # restaging is harmless
+    assert staged.is_symlink()
+
+
+def test_staging_copies_when_symlinks_fail(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = tmp_path / "e.engine"
+    engine.write_bytes(b"engine")
+
+    def no_symlinks(*_args: object) -> None:
+        raise OSError("symlinks not supported")
+
+    monkeypatch.setattr(os, "symlink", no_symlinks)
+    handle = load(make_runtime(tmp_path), demo_model, staged_engines=(engine,))
+    staged = tmp_path / "cache" / handle.model_sha256[:16] / "e.engine"
+    assert not staged.is_symlink() and staged.read_bytes() == b"engine"
+
+
+def test_missing_staged_engine_and_corrupt_model_fail_to_deserialize(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    runtime = make_runtime(tmp_path)
+    with pytest.raises(EngineDeserializeError, match="does not exist"):
+        load(runtime, demo_model, staged_engines=(tmp_path / "absent.engine",))
+    corrupt = tmp_path / "corrupt.onnx"
+    shutil.copy(demo_model, corrupt)
+    corrupt.write_bytes(corrupt.read_bytes()[:1000])
+    with pytest.raises(EngineDeserializeError, match="could not load"):
+        runtime.deserialize_engine(
+            EngineCacheEntry("onnx_trt_ep", corrupt, corrupt, "0" * 64, BuildConfig())
+        )

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from inferd.service.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
+
+
+def job(
+    model: str = "a", client: bytes = b"c1", request_id: int = 1, deadline_ns: int | None = None
+) -> Job:
+    return Job(
+        envelope=[client],
+        request_id=request_id,
+        model=model,
+        inputs={},
+        received_ns=time.monotonic_ns(),
+        deadline_ns=deadline_ns,
+    )
+
+
+def scheduler(policy: str = "fifo", capacity: int = 3) -> Scheduler:
+    s = Scheduler()
+    s.add_model("a", capacity, policy)  # type: ignore[arg-type]
+    s.add_model("b", capacity, "fifo")
+    return s
+
+
+def test_fifo_order_and_capacity() -> None:
+    s = scheduler(capacity=2)
+    s.submit(job(request_id=1))
+    s.submit(job(request_id=2))
+    with pytest.raises(QueueFullError):
+        s.submit(job(request_id=3))
+    assert s.depth("a") == 2
+    taken = [s.take(0), s.take(0)]
+    assert [j.request_id for j in taken if j] == [1, 2]
+    assert s.take(0) is None
+
+
+def test_round_robin_across_models() -> None:
+    s = scheduler()
+    for i in range(3):
+        s.submit(job("a", request_id=i))
+    s.submit(job("b", request_id=100))
+    order = [s.take(0).model for _ in range(4)]  # type: ignore[union-attr]
+    assert order[:2] == ["a", "b"]
+
+
+def test_latest_policy_supersedes_only_the_same_client() -> None:
+    s = scheduler(policy="latest")
+    assert s.submit(job(client=b"c1", request_id=1)) is None
+    assert s.submit(job(client=b"c2", request_id=2)) is None
+    superseded = s.submit(job(client=b"c1", request_id=3))
+    assert superseded is not None and superseded.request_id == 1
+    assert [s.take(0).request_id for _ in range(2)] == [2, 3]  # type: ignore[union-attr]
+
+
+def test_latest_policy_frees_room_before_the_capacity_check() -> None:
+    s = scheduler(policy="latest", capacity=1)
+    s.submit(job(client=b"c1", request_id=1))
+    assert s.submit(job(client=b"c1", request_id=2)) is not None
+    with pytest.raises(QueueFullError):
+        s.submit(job(client=b"c2", request_id=3))
+
+
+def test_expire_removes_only_due_jobs_and_reports_next_deadline() -> None:
+    s = scheduler()
+    now = time.monotonic_ns()
+    s.submit(job(request_id=1, deadline_ns=now - 1))
+    s.submit(job(request_id=2, deadline_ns=now + 10**9))
+    s.submit(job(request_id=3))
+    assert s.next_deadline_ns() == now - 1
+    assert [j.request_id for j in s.expire(now)] == [1]
+    assert s.next_deadline_ns() == now + 10**9
+    assert s.depth("a") == 2
+
+
+def test_take_blocks_until_submit_and_close_wakes_the_worker() -> None:
+    s = scheduler()
+    got: list[object] = []
+
+    def worker() -> None:
+        try:
+            while True:
+                item = s.take(timeout=5)
+                if item is not None:
+                    got.append(item.request_id)
+                    s.task_done()
+        except SchedulerClosedError:
+            got.append("closed")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    s.submit(job(request_id=42))
+    assert s.wait_idle(5)
+    s.submit(job(request_id=43))
+    s.submit(job(request_id=44))
+    leftovers = s.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert got[0] == 42 and got[-1] == "closed"
+    assert sorted(
+        [*[g for g in got if isinstance(g, int)], *[j.request_id for j in leftovers]]
+    ) == [42, 43, 44]
+    with pytest.raises(SchedulerClosedError):
+        s.submit(job())
