@@ -1,0 +1,155 @@
+"""The command-line path a newcomer takes: `inferd run` on the embedded default,
+then `inferctl` from another process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from inferd_client.cli import _random_inputs
+from tests.conftest import REPO, DaemonProcess
+
+
+def inferctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inferd_client.cli", "--timeout", "5", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def default_daemon() -> Iterator[tuple[dict[str, str], Path]]:
+    """`inferd run` with no --config, in private per-user dirs."""
+    work = Path(tempfile.mkdtemp(prefix="ifd-cli-"))
+    env = {
+        **os.environ,
+        "INFERD_STATE_DIR": str(work / "state"),
+        "INFERD_RUNTIME_DIR": str(work / "run"),
+    }
+    log = (work / "inferd.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "inferd.cli", "run"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 30
+    while inferctl(env, "--timeout", "0.5", "health").returncode != 0:
+        assert process.poll() is None, (work / "inferd.log").read_text()
+        assert time.monotonic() < deadline, "daemon never became healthy"
+        time.sleep(0.2)
+    yield env, work
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=20) == 0
+    log.close()
+
+
+def test_embedded_default_serves_the_demo_model_identically_to_ort(
+    default_daemon: tuple[dict[str, str], Path],
+) -> None:
+    env, work = default_daemon
+    model_path = work / "state" / "models" / "demo.onnx"
+    assert model_path.is_file(), "inferd run must write the bundled demo model"
+
+    result = inferctl(env, "--json", "infer", "--model", "demo", "--random", "--seed", "11")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["runtime"] == "onnx_trt_ep" and summary["fallback"] is False
+
+    described = json.loads(inferctl(env, "--json", "models").stdout)
+    inputs = _random_inputs(described, "demo", 11)
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, inputs)
+    assert summary["inputs"]["image"]["sha256"] == hashlib.sha256(inputs["image"]).hexdigest()
+    assert summary["outputs"]["descriptors"]["sha256"] == hashlib.sha256(expected).hexdigest()
+
+
+def test_inferctl_human_output_status_and_saved_outputs(
+    default_daemon: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    env, _ = default_daemon
+    saved = tmp_path / "out.npz"
+    result = inferctl(env, "infer", "--model", "demo", "--random", "--save", str(saved))
+    assert result.returncode == 0, result.stderr
+    assert "descriptors:" in result.stdout and "sha256:" in result.stdout
+    with np.load(saved) as outputs:
+        assert outputs["descriptors"].shape == (1, 256, 28, 28)
+
+    status = json.loads(inferctl(env, "--json", "status").stdout)
+    (model,) = status["models"]
+    assert model["responses"]["OK"] >= 1 and model["active_providers"] == ["CPUExecutionProvider"]
+
+
+def test_inferctl_npy_inputs_and_error_exit_codes(
+    default_daemon: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    env, _ = default_daemon
+    image = tmp_path / "image.npy"
+    np.save(image, np.ones((1, 3, 224, 224), np.float32))
+    assert inferctl(env, "infer", "--model", "demo", "--npy", f"image={image}").returncode == 0
+
+    wrong = tmp_path / "wrong.npy"
+    np.save(wrong, np.ones((1, 3, 224, 224), np.float64))
+    result = inferctl(env, "--json", "infer", "--model", "demo", "--npy", f"image={wrong}")
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["error"]["code"] == "INVALID_ARGUMENT"
+
+    result = inferctl(env, "infer", "--model", "nope", "--npy", f"image={image}")
+    assert result.returncode == 1 and "NOT_FOUND" in result.stderr
+
+    result = inferctl(env, "infer", "--model", "demo", "--npy", str(image))
+    assert result.returncode == 2 and "NAME=FILE.npy" in result.stderr
+
+    pickled = tmp_path / "obj.npy"
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    result = inferctl(env, "infer", "--model", "demo", "--npy", f"image={pickled}")
+    assert result.returncode == 2 and "pickle" in result.stderr.lower()
+
+
+def test_inferctl_reports_an_unreachable_daemon(tmp_path: Path) -> None:
+    env = {**os.environ, "INFERD_RUNTIME_DIR": str(tmp_path)}
+    result = inferctl(env, "--timeout", "0.3", "status")
+    assert result.returncode == 3 and "UNREACHABLE" in result.stderr
+
+
+def test_inferctl_events_prints_health(daemon: DaemonProcess) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferd_client.cli",
+            "--events-endpoint",
+            daemon.events,
+            "--json",
+            "events",
+            "--topic",
+            "health",
+            "--count",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["topic"] for e in events] == ["health", "health"]
+    assert events[0]["state"] in ("serving", "degraded")
