@@ -70,8 +70,13 @@ def pack(header: Mapping[str, Any]) -> bytes:
     return msgpack.packb(header, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def unpack_header(frame: bytes | memoryview, max_bytes: int = MAX_HEADER_BYTES) -> dict[str, Any]:
-    """Decode a header frame, refusing anything that is not a bounded msgpack map."""
+def unpack_header(
+    frame: bytes | memoryview, max_bytes: int = MAX_HEADER_BYTES, *, check_version: bool = True
+) -> dict[str, Any]:
+    """Decode a header frame, refusing anything that is not a bounded msgpack map.
+
+    With ``check_version=False`` the caller checks ``v`` later with
+    ``require_version`` (the daemon does, so that it can still echo the id)."""
     if len(frame) == 0:
         raise ProtocolError(Code.INVALID_ARGUMENT, "header frame is empty")
     if len(frame) > max_bytes:
@@ -88,13 +93,18 @@ def unpack_header(frame: bytes | memoryview, max_bytes: int = MAX_HEADER_BYTES) 
         raise ProtocolError(
             Code.INVALID_ARGUMENT, f"header must be a msgpack map, got {type(header).__name__}"
         )
+    if check_version:
+        require_version(header)
+    return header
+
+
+def require_version(header: Mapping[str, Any]) -> None:
     version = header.get("v")
-    if version != PROTOCOL_VERSION:
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
             f"unsupported protocol version {version!r}; this peer speaks v={PROTOCOL_VERSION}",
         )
-    return header
 
 
 def request_id_of(header: Mapping[str, Any]) -> RequestId | None:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-from inferd_client import InferenceClient
 
+from inferd_client import InferenceClient
 from tests.conftest import DaemonProcess
 
 

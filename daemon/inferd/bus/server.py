@@ -18,6 +18,7 @@ import structlog
 import zmq
 
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
+from inferd.bus.multipart import readable, recv_frames, send_frames
 from inferd_client import protocol
 from inferd_client.protocol import Code, ProtocolError
 
@@ -141,16 +142,21 @@ class BusServer(threading.Thread):
         for sock in (infer, control, replies):
             poller.register(sock, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll(self._poll_timeout_ms()))
+            # Read the stop flag *before* polling: whatever was queued before
+            # stop() (the worker's last replies, the shutdown failures) is then
+            # seen by this pass, so the loop never exits with a reply unsent.
+            stopping = self._stop_requested.is_set()
+            ready = dict(poller.poll(0 if stopping else self._poll_timeout_ms()))
             if replies in ready:
                 self._forward_replies(replies, infer)
             if infer in ready:
                 self._serve(infer, "infer", self._handler.handle_infer)
             if control in ready:
                 self._serve(control, "control", self._handler.handle_control)
-            for reply in self._handler.due_replies(time.monotonic_ns()):
+            due = self._handler.due_replies(time.monotonic_ns())
+            for reply in due:
                 self._send(infer, reply.parts())
-            if self._stop_requested.is_set() and not ready:
+            if stopping and not ready and not due:
                 return
 
     def _poll_timeout_ms(self) -> int:
@@ -160,17 +166,23 @@ class BusServer(threading.Thread):
         return max(0, min(_MAX_POLL_MS, -(-(wakeup - time.monotonic_ns()) // 1_000_000)))
 
     def _forward_replies(self, replies: zmq.Socket[Any], infer: zmq.Socket[Any]) -> None:
-        for _ in range(_BATCH):
+        for index in range(_BATCH):
+            # The poller said the first message is there; asking EVENTS for the
+            # next ones is cheaper than ending every batch on a zmq.Again.
+            if index and not readable(replies):
+                return
             try:
-                parts = replies.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = recv_frames(replies, zmq.NOBLOCK)
             except zmq.Again:
                 return
             self._send(infer, parts)
 
     def _serve(self, sock: zmq.Socket[Any], name: str, handle: Any) -> None:
-        for _ in range(_BATCH):
+        for index in range(_BATCH):
+            if index and not readable(sock):
+                return
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(sock, zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.counters.by_socket[name] += 1
@@ -199,7 +211,7 @@ class BusServer(threading.Thread):
 
     def _send(self, sock: zmq.Socket[Any], parts: list[Any]) -> None:
         try:
-            sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+            send_frames(sock, parts, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             # EHOSTUNREACH: the client is gone; EAGAIN: it stopped reading.
             # Never block the bus for one peer, but never lose a reply silently.

@@ -60,6 +60,9 @@ class Scheduler:
         self._next = 0
         self._closed = False
         self._in_flight = 0
+        #: Queued jobs that carry a deadline; lets ``next_deadline_ns`` skip the
+        #: lock and the scan on the bus thread's every loop when there are none.
+        self._with_deadline = 0
 
     def add_model(self, name: str, capacity: int, policy: QueuePolicy) -> None:
         with self._condition:
@@ -80,9 +83,12 @@ class Scheduler:
                 superseded = next((j for j in model_queue.jobs if j.client == job.client), None)
                 if superseded is not None:
                     model_queue.jobs.remove(superseded)
+                    self._forget(superseded)
             if len(model_queue.jobs) >= model_queue.capacity:
                 raise QueueFullError
             model_queue.jobs.append(job)
+            if job.deadline_ns is not None:
+                self._with_deadline += 1
             self._condition.notify()
             return superseded
 
@@ -109,8 +115,15 @@ class Scheduler:
             jobs = self._queues[self._names[index]].jobs
             if jobs:
                 self._next = (index + 1) % count
-                return jobs.popleft()
+                job = jobs.popleft()
+                self._forget(job)
+                return job
         return None
+
+    def _forget(self, job: Job) -> None:
+        """Account for ``job`` leaving a queue (call with the condition held)."""
+        if job.deadline_ns is not None:
+            self._with_deadline -= 1
 
     def task_done(self) -> None:
         with self._condition:
@@ -125,9 +138,15 @@ class Scheduler:
                 if any(_expired(job, now_ns) for job in model_queue.jobs):
                     expired += [job for job in model_queue.jobs if _expired(job, now_ns)]
                     model_queue.jobs = deque(j for j in model_queue.jobs if not _expired(j, now_ns))
+            self._with_deadline -= len(expired)
         return expired
 
     def next_deadline_ns(self) -> int | None:
+        # Without a lock: an int read is atomic, jobs with deadlines are only
+        # added on the calling (bus) thread, and a count that is stale because
+        # the worker just took one only sends us down the exact path below.
+        if not self._with_deadline:
+            return None
         with self._condition:
             deadlines = [job.deadline_ns for job in self._all_jobs() if job.deadline_ns is not None]
         return min(deadlines) if deadlines else None
@@ -154,6 +173,7 @@ class Scheduler:
             remaining = list(self._all_jobs())
             for model_queue in self._queues.values():
                 model_queue.jobs.clear()
+            self._with_deadline = 0
             self._condition.notify_all()
             return remaining
 

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 import zmq
 
+from inferd.bus.multipart import send_frames
 from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import InferdError, OutOfMemoryError
 from inferd.service.scheduler import Job, Scheduler, SchedulerClosedError
@@ -58,7 +59,7 @@ class EngineWorker(threading.Thread):
                 if job is None:
                     continue
                 try:
-                    replies.send_multipart(self._run(job), copy=False)
+                    send_frames(replies, self._run(job))
                 finally:
                     self._scheduler.task_done()
         finally:
