@@ -19,6 +19,7 @@ import zmq
 from inferd_client import protocol
 from inferd_client.endpoints import default_endpoints
 from inferd_client.errors import MalformedReply, RemoteError, RequestTimeout
+from inferd_client.multipart import recv_frames, send_frames
 from inferd_client.protocol import ProtocolError
 
 
@@ -36,6 +37,8 @@ class _RequestChannel:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
         self._socket.connect(endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
         self.endpoint = endpoint
         self.timeout = timeout
         # A random 24-bit prefix keeps ids from different client objects apart
@@ -60,9 +63,8 @@ class _RequestChannel:
         for _attempt in range(retries + 1):
             request_id = self.next_id()
             header["id"] = request_id
-            parts: list[Any] = [protocol.pack(header), *frames]
             try:
-                self._socket.send_multipart(parts, copy=not any(_is_large(p) for p in frames))
+                send_frames(self._socket, [protocol.pack(header), *frames])
             except zmq.Again:
                 continue
             reply = self._await(request_id, time.monotonic() + wait)
@@ -77,9 +79,9 @@ class _RequestChannel:
     ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
         while True:
             remaining_ms = int((give_up_at - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or not self._socket.poll(remaining_ms, zmq.POLLIN):
+            if remaining_ms <= 0 or not self._poller.poll(remaining_ms):
                 return None
-            parts = self._socket.recv_multipart(copy=False)
+            parts = recv_frames(self._socket)
             try:
                 header = protocol.unpack_header(parts[0].buffer)
             except ProtocolError as exc:
@@ -91,10 +93,6 @@ class _RequestChannel:
 
     def close(self) -> None:
         self._socket.close(linger=0)
-
-
-def _is_large(part: Any) -> bool:
-    return isinstance(part, np.ndarray) and part.nbytes >= protocol.ZERO_COPY_THRESHOLD_BYTES
 
 
 def _raise_if_error(header: Mapping[str, Any]) -> None:

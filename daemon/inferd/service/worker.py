@@ -11,12 +11,12 @@ from typing import Any
 import structlog
 import zmq
 
-from inferd.bus.multipart import send_frames
 from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import InferdError, OutOfMemoryError
 from inferd.service.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.service.slot import ModelSlot
 from inferd_client import protocol
+from inferd_client.multipart import send_frames
 from inferd_client.protocol import Code
 
 #: The worker wakes at least this often so its liveness beat stays fresh while idle.

@@ -2,11 +2,11 @@
 
 pyzmq's ``recv_multipart(copy=False)`` asks ``getsockopt(RCVMORE)`` after
 every part and ``send_multipart`` walks the parts once more to type-check them
-before sending; on the daemon's hot path (three multipart messages per
-request) that Python-level overhead is measurable next to the transport
+before sending; on the request path (the client's two and the daemon's three multipart
+messages per request) that Python-level overhead is measurable next to the transport
 itself (bench/rtt.py, bench/README.md).  These helpers do the same socket
 operations with ``copy=False`` semantics: a received frame knows whether more
-parts follow, and the parts the daemon sends are always ``bytes``,
+parts follow, and the parts both sides send are always ``bytes``,
 ``zmq.Frame`` or contiguous numpy arrays.
 """
 
