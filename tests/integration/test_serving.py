@@ -282,6 +282,7 @@ def test_tensorrt_model_fails_over_to_onnx_with_one_alert(
     assert len(fallback_alerts) == 1, events
     assert fallback_alerts[0]["level"] == "WARNING"
     assert "onnx" in fallback_alerts[0]["message"].lower()
+    assert fallback_alerts[0]["fields"]["model"] == "identity"
 
     with OperatorClient(daemon.control) as operator:
         status = operator.status()

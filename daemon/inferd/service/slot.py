@@ -47,6 +47,7 @@ class ModelSlot:
     ) -> None:
         """Bring the configured runtime up; fail over to ``onnx_trt_ep`` if it cannot serve."""
         label = self.config.runtime
+        alert = self._naming_model(alert)
         try:
             self._load(label, runtime_config, False, alert, thermal)
         except (RuntimeNotAvailableError, InferdError) as exc:
@@ -65,6 +66,15 @@ class ModelSlot:
             self.last_error = reason
         self.state = "serving"
         events("runtime", self.describe_runtime())
+
+    def _naming_model(self, alert: AlertSink) -> AlertSink:
+        """Runtimes know engines, not model names: every alert they raise for
+        this slot names the model so an operator can tell which one degraded."""
+
+        def named(raised: Alert) -> None:
+            alert(dataclasses.replace(raised, fields={"model": self.name, **raised.fields}))
+
+        return named
 
     def _load(
         self,
@@ -88,14 +98,7 @@ class ModelSlot:
         self.state = "failed"
         self.last_error = reason
         log.error("model_unavailable", model=self.name, reason=reason)
-        alert(
-            Alert(
-                "ERROR",
-                "c7.model_unavailable",
-                f"model {self.name!r} cannot serve: {reason}",
-                {"model": self.name},
-            )
-        )
+        alert(Alert("ERROR", "c7.model_unavailable", f"model {self.name!r} cannot serve: {reason}"))
         events("runtime", self.describe_runtime())
 
     def release(self) -> None:
