@@ -121,12 +121,93 @@ class ModelConfig:
         _non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
 
 
+ALERT_HOOKS: tuple[str, ...] = ("pub", "fdr", "mavlink")
+THERMAL_SOURCES: tuple[str, ...] = ("jtop", "nvml", "sysfs")
+
+
+@dataclass(frozen=True)
+class FdrConfig:
+    """Flight data recorder (``[fdr]``)."""
+
+    directory: Path
+    enabled: bool = True
+    fsync_interval_ms: int = 100
+    segment_max_bytes: int = 8 * 1024 * 1024
+    max_total_bytes: int = 256 * 1024 * 1024
+    queue_capacity: int = 4096
+
+    def __post_init__(self) -> None:
+        _positive("fdr.fsync_interval_ms", self.fsync_interval_ms)
+        _positive("fdr.segment_max_bytes", self.segment_max_bytes)
+        _positive("fdr.queue_capacity", self.queue_capacity)
+        if self.max_total_bytes < 2 * self.segment_max_bytes:
+            raise ConfigError(
+                f"fdr.max_total_bytes ({self.max_total_bytes}) must hold at least two segments "
+                f"of fdr.segment_max_bytes ({self.segment_max_bytes})"
+            )
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    """Ground-station alert hooks (``[alerts]``)."""
+
+    hooks: tuple[str, ...] = ("pub", "fdr")
+    #: Minimum seconds between two alerts with the same code; repeats inside
+    #: the window are counted and reported with the next one that goes out.
+    rate_limit_s: float = 10.0
+    mavlink_endpoint: str = "udpout:127.0.0.1:14550"
+    mavlink_source_system: int = 1
+    #: MAV_COMP_ID_ONBOARD_COMPUTER
+    mavlink_source_component: int = 191
+
+    def __post_init__(self) -> None:
+        for hook in self.hooks:
+            _one_of("alerts.hooks", hook, ALERT_HOOKS)
+        _non_negative("alerts.rate_limit_s", self.rate_limit_s)
+        if not self.mavlink_endpoint.startswith(("udpout:", "udpin:", "tcp:", "udp:")):
+            raise ConfigError(
+                f"alerts.mavlink_endpoint: {self.mavlink_endpoint!r} must be a pymavlink "
+                "connection string such as 'udpout:192.168.1.10:14550'"
+            )
+        if not 1 <= self.mavlink_source_system <= 255:
+            raise ConfigError("alerts.mavlink_source_system must be 1..255")
+        if not 0 <= self.mavlink_source_component <= 255:
+            raise ConfigError("alerts.mavlink_source_component must be 0..255")
+
+
+@dataclass(frozen=True)
+class ThermalConfig:
+    """Thermal telemetry (``[thermal]``)."""
+
+    sources: tuple[str, ...] = THERMAL_SOURCES
+    poll_hz: float = 1.0
+    sysfs_root: Path = Path("/sys/class/thermal")
+    #: Zone ``type`` names, matched by name and never by zone number.
+    cpu_zones: tuple[str, ...] = ("cpu-thermal", "CPU-therm", "x86_pkg_temp")
+    gpu_zones: tuple[str, ...] = ("gpu-thermal", "GPU-therm")
+    #: Throttle threshold when the source reports no throttle bits; default:
+    #: the zone's lowest ``passive`` trip point.
+    throttle_enter_c: float | None = None
+    hysteresis_c: float = 5.0
+    nvml_device_index: int = 0
+
+    def __post_init__(self) -> None:
+        for source in self.sources:
+            _one_of("thermal.sources", source, THERMAL_SOURCES)
+        _positive("thermal.poll_hz", self.poll_hz)
+        _non_negative("thermal.hysteresis_c", self.hysteresis_c)
+        _non_negative("thermal.nvml_device_index", self.nvml_device_index)
+
+
 @dataclass(frozen=True)
 class Config:
     daemon: DaemonConfig
     bus: BusConfig
     runtime: RuntimeConfig
     models: tuple[ModelConfig, ...]
+    fdr: FdrConfig
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    thermal: ThermalConfig = field(default_factory=ThermalConfig)
     source: str = field(default="<embedded default>", compare=False)
 
     def __post_init__(self) -> None:
@@ -281,12 +362,66 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
     )
     runtime_table.finish()
 
+    fdr_table = _Table(top.take("fdr", dict, {}), "fdr")
+    fdr = FdrConfig(
+        directory=_resolve(state_dir, fdr_table.take("directory", str, "fdr")),
+        enabled=fdr_table.take("enabled", bool, True),
+        fsync_interval_ms=fdr_table.take("fsync_interval_ms", int, 100),
+        segment_max_bytes=fdr_table.take("segment_max_bytes", int, 8 * 1024 * 1024),
+        max_total_bytes=fdr_table.take("max_total_bytes", int, 256 * 1024 * 1024),
+        queue_capacity=fdr_table.take("queue_capacity", int, 4096),
+    )
+    fdr_table.finish()
+
+    alerts_table = _Table(top.take("alerts", dict, {}), "alerts")
+    alert_defaults = AlertsConfig()
+    alerts = AlertsConfig(
+        hooks=alerts_table.take_strings("hooks", alert_defaults.hooks),
+        rate_limit_s=alerts_table.take("rate_limit_s", float, alert_defaults.rate_limit_s),
+        mavlink_endpoint=alerts_table.take(
+            "mavlink_endpoint", str, alert_defaults.mavlink_endpoint
+        ),
+        mavlink_source_system=alerts_table.take(
+            "mavlink_source_system", int, alert_defaults.mavlink_source_system
+        ),
+        mavlink_source_component=alerts_table.take(
+            "mavlink_source_component", int, alert_defaults.mavlink_source_component
+        ),
+    )
+    alerts_table.finish()
+    if "fdr" in alerts.hooks and not fdr.enabled:
+        raise ConfigError("alerts.hooks includes 'fdr' but fdr.enabled is false")
+
+    thermal_table = _Table(top.take("thermal", dict, {}), "thermal")
+    thermal_defaults = ThermalConfig()
+    enter_c = thermal_table.take("throttle_enter_c", float, -1.0)
+    thermal = ThermalConfig(
+        sources=thermal_table.take_strings("sources", thermal_defaults.sources),
+        poll_hz=thermal_table.take("poll_hz", float, thermal_defaults.poll_hz),
+        sysfs_root=Path(thermal_table.take("sysfs_root", str, str(thermal_defaults.sysfs_root))),
+        cpu_zones=thermal_table.take_strings("cpu_zones", thermal_defaults.cpu_zones),
+        gpu_zones=thermal_table.take_strings("gpu_zones", thermal_defaults.gpu_zones),
+        throttle_enter_c=None if enter_c == -1.0 else enter_c,
+        hysteresis_c=thermal_table.take("hysteresis_c", float, thermal_defaults.hysteresis_c),
+        nvml_device_index=thermal_table.take("nvml_device_index", int, runtime.device_id),
+    )
+    thermal_table.finish()
+
     models_data = top.take("models", list, [])
     models = tuple(
         _model(_Table(item, f"models[{index}]"), base_dir) for index, item in enumerate(models_data)
     )
     top.finish()
-    return Config(daemon=daemon, bus=bus, runtime=runtime, models=models, source=source)
+    return Config(
+        daemon=daemon,
+        bus=bus,
+        runtime=runtime,
+        models=models,
+        fdr=fdr,
+        alerts=alerts,
+        thermal=thermal,
+        source=source,
+    )
 
 
 def _model(table: _Table, base_dir: Path) -> ModelConfig:

@@ -130,3 +130,8 @@ AlertSink = Callable[[Alert], None]
 
 #: Components publish events (topic, payload) through this; the service owns the PUB socket.
 EventSink = Callable[[str, Mapping[str, Any]], None]
+
+#: Components write flight-data-recorder records through this: ``record(kind,
+#: payload)``.  It validates the payload against the kind's required keys
+#: (raising ``ValueError`` on a programming error) and never blocks.
+RecordSink = Callable[[str, Mapping[str, Any]], None]
