@@ -30,7 +30,21 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("check-config", help="validate a config and print it resolved")
     check.add_argument("config", type=Path)
 
+    fdr = commands.add_parser("fdr", help="read the flight data recorder")
+    fdr_commands = fdr.add_subparsers(dest="fdr_command", required=True)
+    for name, help_text in (("dump", "print records"), ("verify", "check every segment")):
+        sub = fdr_commands.add_parser(name, help=help_text)
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument("--dir", type=Path, help="recorder directory")
+        where.add_argument("--config", type=Path, help="take fdr.directory from this config")
+        sub.add_argument("--json", action="store_true", help="one JSON document per line")
+        if name == "dump":
+            sub.add_argument("--kind", action="append", default=[], help="repeatable")
+            sub.add_argument("--since", help="15m, 2h, ISO-8601 or epoch seconds")
+
     args = parser.parse_args(argv)
+    if args.command == "fdr":
+        return _fdr(args)
     if args.command == "demo-model":
         return _demo_model(args.path, args.kind)
     if args.command == "check-config":
@@ -44,6 +58,29 @@ def _demo_model(path: Path, kind: str) -> int:
     (write_identity_model if kind == "identity" else write_demo_model)(path)
     print(path)
     return EXIT_OK
+
+
+def _fdr(args: argparse.Namespace) -> int:
+    from inferd import config as config_module
+    from inferd.fdr import tool
+
+    try:
+        if args.dir is not None:
+            directory = args.dir
+        elif args.config is not None:
+            directory = config_module.load(args.config).fdr.directory
+        else:
+            directory = config_module.embedded_default().fdr.directory
+        if not directory.is_dir():
+            print(f"inferd: no recorder directory at {directory}", file=sys.stderr)
+            return EXIT_USAGE
+        if args.fdr_command == "verify":
+            return tool.verify(directory, as_json=args.json)
+        since = tool.parse_since(args.since) if args.since else None
+        return tool.dump(directory, kinds=args.kind, since_wall_ns=since, as_json=args.json)
+    except (ConfigError, ValueError) as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _check_config(path: Path) -> int:

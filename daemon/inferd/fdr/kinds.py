@@ -1,0 +1,124 @@
+"""The registry of record kinds: required payload keys, schema version and
+whether a kind is critical (made durable at once instead of at the next group
+commit).  ``schemas/fdr/<kind>.json`` describes each payload for tools."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class RecordPayloadError(ValueError):
+    """A component tried to record an unknown kind or an incomplete payload
+    (a programming error: raised in the caller, never written)."""
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    name: str
+    required: frozenset[str]
+    critical: bool
+    description: str
+    schema_version: int = 1
+
+
+def _kind(name: str, required: set[str], *, critical: bool, description: str) -> RecordKind:
+    return RecordKind(name, frozenset(required), critical, description)
+
+
+KINDS: dict[str, RecordKind] = {
+    kind.name: kind
+    for kind in (
+        _kind(
+            "c7.fallback_to_onnx_trt_ep",
+            {"model", "configured_runtime", "reason", "active_providers"},
+            critical=True,
+            description="A model could not serve on its configured runtime and now "
+            "serves on ONNX Runtime.",
+        ),
+        _kind(
+            "c7.cpu_fallback",
+            {"model", "requested", "active"},
+            critical=True,
+            description="ONNX Runtime could not create the GPU providers it asked for "
+            "and runs on CPU.",
+        ),
+        _kind(
+            "c7.thermal_transition",
+            {
+                "throttle_active",
+                "previous",
+                "cpu_temp_c",
+                "gpu_temp_c",
+                "threshold_c",
+                "source",
+                "reason",
+            },
+            critical=True,
+            description="Thermal throttling started or stopped.",
+        ),
+        _kind(
+            "c7.runtime_switch",
+            {"model", "from_runtime", "to_runtime", "requested_by", "outcome", "reason"},
+            critical=True,
+            description="A model's runtime was switched (or a switch was refused).",
+        ),
+        _kind(
+            "c7.engine_refused",
+            {"engine", "step", "reason"},
+            critical=True,
+            description="The engine trust gate refused an engine file.",
+        ),
+        _kind(
+            "c7.engine_build",
+            {"model", "outcome", "duration_s"},
+            critical=True,
+            description="An engine build finished, failed or was cancelled.",
+        ),
+        _kind(
+            "c7.daemon_lifecycle",
+            {"event", "version", "config_fingerprint", "pid"},
+            critical=True,
+            description="The daemon started, became ready or stopped.",
+        ),
+        _kind(
+            "c7.deadline_miss",
+            {"model", "count", "window_s"},
+            critical=False,
+            description="Rate-limited summary: requests of a model answered "
+            "DEADLINE_EXCEEDED during the window.",
+        ),
+        _kind(
+            "c7.alert",
+            {"level", "code", "message", "fields", "suppressed"},
+            critical=True,
+            description="An alert raised to the ground station hooks.",
+        ),
+        _kind(
+            "c7.fdr_retention",
+            {"deleted_segments", "deleted_bytes", "max_total_bytes"},
+            critical=False,
+            description="The recorder deleted its oldest segments to stay under its size cap.",
+        ),
+        _kind(
+            "c7.fdr_dropped",
+            {"dropped", "reason"},
+            critical=True,
+            description="Records were lost (queue full or a write failed) before this one.",
+        ),
+    )
+}
+
+
+def validate(kind: str, payload: Mapping[str, Any]) -> RecordKind:
+    """The registered kind, after checking that ``payload`` has its required keys."""
+    registered = KINDS.get(kind)
+    if registered is None:
+        raise RecordPayloadError(f"unknown FDR record kind {kind!r}; known: {sorted(KINDS)}")
+    if not isinstance(payload, Mapping) or not all(isinstance(key, str) for key in payload):
+        raise RecordPayloadError(f"{kind}: payload must be a map with string keys")
+    missing = sorted(registered.required - payload.keys())
+    if missing:
+        raise RecordPayloadError(f"{kind}: payload misses required key(s) {missing}")
+    return registered

@@ -1,0 +1,210 @@
+"""Read recorder segments back, in order, surviving crashes and corruption.
+
+* A frame cut off by the end of its file (the writer died mid-write) is a
+  *torn tail*: reading that segment stops there cleanly.
+* A frame whose sync marker, length, CRC or body is wrong is *corruption*:
+  the reader scans forward for the next sync marker whose frame checks out,
+  and reports the bytes it skipped.  Only the damaged records are lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from inferd.fdr.framing import (
+    FRAME_HEADER,
+    MAX_BODY_BYTES,
+    SEGMENT_HEADER,
+    SYNC,
+    crc32c,
+    decode_segment_header,
+    segment_index,
+)
+
+_BODY_KEYS = ("kind", "schema_version", "seq", "wall_ns", "mono_ns", "boot_id", "payload")
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: str
+    schema_version: int
+    seq: int
+    wall_ns: int
+    mono_ns: int
+    boot_id: str
+    payload: dict[str, Any]
+    segment: str
+    offset: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in (*_BODY_KEYS, "segment", "offset")}
+
+
+@dataclass(frozen=True)
+class Damage:
+    segment: str
+    offset: int
+    length: int
+    reason: str
+
+
+@dataclass
+class ReadReport:
+    """What a read found besides records."""
+
+    segments: int = 0
+    records: int = 0
+    torn_tails: list[Damage] = field(default_factory=list)
+    corrupt: list[Damage] = field(default_factory=list)
+    unreadable_segments: list[Damage] = field(default_factory=list)
+
+    @property
+    def skipped_bytes(self) -> int:
+        return sum(d.length for d in (*self.torn_tails, *self.corrupt, *self.unreadable_segments))
+
+    @property
+    def is_corrupt(self) -> bool:
+        """Damage other than torn tails (which a crash leaves behind legitimately)."""
+        return bool(self.corrupt or self.unreadable_segments)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "segments": self.segments,
+            "records": self.records,
+            "skipped_bytes": self.skipped_bytes,
+            "torn_tails": [d.__dict__ for d in self.torn_tails],
+            "corrupt": [d.__dict__ for d in self.corrupt],
+            "unreadable_segments": [d.__dict__ for d in self.unreadable_segments],
+        }
+
+
+def list_segments(directory: Path) -> list[Path]:
+    """Segment files in write order (by their index)."""
+    if not directory.is_dir():
+        return []
+    indexed = [(segment_index(p.name), p) for p in directory.iterdir() if p.is_file()]
+    return [path for index, path in sorted((i, p) for i, p in indexed if i is not None)]
+
+
+def read_records(
+    directory: Path,
+    report: ReadReport | None = None,
+    *,
+    kinds: Iterable[str] = (),
+    since_wall_ns: int | None = None,
+) -> Iterator[Record]:
+    """Every intact record of every segment, in order; damage goes to ``report``."""
+    report = report if report is not None else ReadReport()
+    wanted = set(kinds)
+    for path in list_segments(directory):
+        for record in read_segment(path, report):
+            if wanted and record.kind not in wanted:
+                continue
+            if since_wall_ns is not None and record.wall_ns < since_wall_ns:
+                continue
+            yield record
+
+
+def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:
+    report.segments += 1
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        report.unreadable_segments.append(Damage(path.name, 0, 0, f"cannot read: {exc}"))
+        return
+    try:
+        decode_segment_header(data)
+    except ValueError as exc:
+        if len(data) < SEGMENT_HEADER.size:
+            # Created but never fully written: the writer died right after open.
+            report.torn_tails.append(Damage(path.name, 0, len(data), str(exc)))
+            return
+        report.corrupt.append(Damage(path.name, 0, SEGMENT_HEADER.size, str(exc)))
+    yield from _frames(path.name, data, SEGMENT_HEADER.size, report)
+
+
+def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator[Record]:
+    end = len(data)
+    while offset < end:
+        outcome = _frame_at(name, data, offset)
+        if isinstance(outcome, Record):
+            report.records += 1
+            yield outcome
+            offset += FRAME_HEADER.size + _body_length(data, offset)
+            continue
+        resync = _next_good_frame(name, data, offset + 1)
+        if resync is not None:
+            # Something valid follows, so this was damage, not the end of writing
+            # (a damaged length field can also point past the end of the file).
+            reason = "length runs into later records" if outcome == "torn" else outcome
+            report.corrupt.append(Damage(name, offset, resync - offset, reason))
+            offset = resync
+            continue
+        damage = Damage(name, offset, end - offset, outcome)
+        if outcome == "torn" or _starts_plausible_frame(data, offset):
+            report.torn_tails.append(Damage(name, offset, end - offset, "incomplete frame at end"))
+        else:
+            report.corrupt.append(damage)
+        return
+
+
+def _body_length(data: bytes, offset: int) -> int:
+    return int(FRAME_HEADER.unpack_from(data, offset)[1])
+
+
+def _frame_at(name: str, data: bytes, offset: int) -> Record | str:
+    """The record at ``offset``, ``"torn"`` if the file ends inside a plausible
+    frame, or a reason string for corruption."""
+    if len(data) - offset < FRAME_HEADER.size:
+        return "torn" if SYNC.startswith(data[offset : offset + 4][: len(SYNC)]) else "bad sync"
+    sync, length, checksum = FRAME_HEADER.unpack_from(data, offset)
+    if sync != SYNC:
+        return "bad sync marker"
+    if length > MAX_BODY_BYTES:
+        return f"implausible length {length}"
+    start = offset + FRAME_HEADER.size
+    if start + length > len(data):
+        return "torn"
+    body = data[start : start + length]
+    if crc32c(body) != checksum:
+        return "CRC mismatch"
+    record = _decode(name, offset, body)
+    return record if record is not None else "undecodable body"
+
+
+def _decode(name: str, offset: int, body: bytes) -> Record | None:
+    try:
+        fields = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None
+    if not isinstance(fields, dict) or not all(key in fields for key in _BODY_KEYS):
+        return None
+    if not isinstance(fields["payload"], dict):
+        return None
+    return Record(**{key: fields[key] for key in _BODY_KEYS}, segment=name, offset=offset)
+
+
+def _next_good_frame(name: str, data: bytes, start: int) -> int | None:
+    """Offset of the next sync marker that starts a valid frame."""
+    position = data.find(SYNC, start)
+    while position != -1:
+        if isinstance(_frame_at(name, data, position), Record):
+            return position
+        position = data.find(SYNC, position + 1)
+    return None
+
+
+def _starts_plausible_frame(data: bytes, offset: int) -> bool:
+    """Whether the bytes from ``offset`` to the end look like one frame cut short."""
+    tail = data[offset:]
+    if len(tail) < FRAME_HEADER.size:
+        return SYNC.startswith(tail[: len(SYNC)])
+    sync, length, _ = FRAME_HEADER.unpack_from(tail)
+    return bool(
+        sync == SYNC and length <= MAX_BODY_BYTES and FRAME_HEADER.size + length > len(tail)
+    )
