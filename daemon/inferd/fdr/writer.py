@@ -220,13 +220,13 @@ class FlightRecorder:
             for pending in [report, *records] if report else records:
                 frame = self._frame(pending)
                 header_only = segment.size <= framing.SEGMENT_HEADER.size
+                retention = None
                 if segment.size + len(frame) > self._config.segment_max_bytes and not header_only:
-                    segment = self._rotate()
-                _write_all(segment.fd, frame)
-                segment.size += len(frame)
-                self.bytes_written += len(frame)
-                self.records_written += 1
+                    segment, retention = self._rotate()
+                self._append(segment, frame)
                 written += 1
+                if retention is not None:
+                    self._append(segment, self._frame(retention))
         except OSError as exc:
             self._fail(exc, "write")
             if report is not None and written == 0:
@@ -236,6 +236,12 @@ class FlightRecorder:
             self._drop(lost, f"write failed: {exc.strerror or exc}")
             return False
         return True
+
+    def _append(self, segment: _Segment, frame: bytes) -> None:
+        _write_all(segment.fd, frame)
+        segment.size += len(frame)
+        self.bytes_written += len(frame)
+        self.records_written += 1
 
     def _drop_report(self) -> _Pending:
         with self._lock:
@@ -300,28 +306,24 @@ class FlightRecorder:
         self._segment = _Segment(index, path, fd, len(header))
         return self._segment
 
-    def _rotate(self) -> _Segment:
+    def _rotate(self) -> tuple[_Segment, _Pending | None]:
+        """Close the full segment, apply the size cap, open the next one; returns
+        the retention record to write if segments were deleted."""
         self._close_segment()
         deleted = self._enforce_size_cap()
         segment = self._open_segment()
-        if deleted:
-            names, size = deleted
-            retention = _Pending(
-                kinds.KINDS["c7.fdr_retention"],
-                {
-                    "deleted_segments": names,
-                    "deleted_bytes": size,
-                    "max_total_bytes": self._config.max_total_bytes,
-                },
-                self._wall_clock(),
-                self._mono_clock(),
-            )
-            frame = self._frame(retention)
-            _write_all(segment.fd, frame)
-            segment.size += len(frame)
-            self.bytes_written += len(frame)
-            self.records_written += 1
-        return segment
+        if not deleted:
+            return segment, None
+        names, size = deleted
+        payload = {
+            "deleted_segments": names,
+            "deleted_bytes": size,
+            "max_total_bytes": self._config.max_total_bytes,
+        }
+        retention = _Pending(
+            kinds.KINDS["c7.fdr_retention"], payload, self._wall_clock(), self._mono_clock()
+        )
+        return segment, retention
 
     def _enforce_size_cap(self) -> tuple[list[str], int] | None:
         """Delete the oldest closed segments until the next one fits under the cap."""
