@@ -133,7 +133,8 @@ def _run(config_path: Path | None) -> int:
         return EXIT_FAILURE
     while not stop.is_set() and not daemon.wait_ready(timeout=0.2):
         pass
-    stop.wait()
+    while not stop.wait(0.5):
+        daemon.housekeeping()
     daemon.stop()
     return EXIT_OK
 

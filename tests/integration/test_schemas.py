@@ -33,7 +33,7 @@ from referencing.jsonschema import DRAFT202012
 from inferd.bus.codec import MAX_DEADLINE_MS
 from inferd.bus.publisher import TOPICS, EventPublisher
 from inferd.config import QUEUE_POLICIES, RUNTIME_LABELS, ModelConfig, RuntimeConfig
-from inferd.service.slot import ModelSlot
+from inferd.service.slot import ModelSlot, Sinks
 from inferd.types import AlertLevel, ThermalState
 from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RequestTimeout, protocol
 from tests.conftest import (
@@ -64,6 +64,8 @@ SCHEMA_FILES = frozenset(
         "event_health.json",
         "event_runtime.json",
         "event_alert.json",
+        "event_thermal.json",
+        "thermal_reply.json",
     }
 )
 REPLY_TIMEOUT_S = 20.0
@@ -202,6 +204,7 @@ EVENT_SCHEMAS = {
     "health": "event_health.json",
     "runtime": "event_runtime.json",
     "alert": "event_alert.json",
+    "thermal": "event_thermal.json",
 }
 
 
@@ -531,6 +534,14 @@ def test_control_replies(served: DaemonProcess) -> None:
     assert frames == []
     assert health["result"]["models"]["broken"]["runtime"] is None
 
+    header = {"v": 1, "id": "t", "op": "thermal"}
+    assert_valid("control_request.json", header)
+    thermal, frames = call(served.control, header)
+    assert_valid("thermal_reply.json", thermal)
+    assert_valid("thermal_reply.json#/$defs/ok", thermal)
+    assert frames == [] and thermal["result"]["running"] is True
+    assert status["result"]["fdr"]["enabled"] is True
+
     refused, frames = call(served.control, {"v": 1, "id": 5, "op": "describe"})
     assert_valid("status_reply.json", refused)
     assert_valid("error_reply.json", refused)
@@ -635,9 +646,12 @@ def test_runtime_event_published_in_process(identity_model: Path, tmp_path: Path
         for slot in slots:
             slot.activate(
                 runtime_config,
-                alert=lambda _alert: None,
-                events=publisher.publish,
-                thermal=ThermalState.unavailable,
+                Sinks(
+                    alert=lambda _alert: None,
+                    events=publisher.publish,
+                    record=lambda _kind, _payload: None,
+                    thermal=ThermalState.unavailable,
+                ),
             )
         give_up_at = time.monotonic() + REPLY_TIMEOUT_S
         while len(received) < len(slots) and time.monotonic() < give_up_at:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from inferd.config import RUNTIME_LABELS, RuntimeConfig
 from inferd.errors import RuntimeNotAvailableError
 from inferd.runtime.protocol import InferenceRuntime
-from inferd.types import AlertSink, ThermalState
+from inferd.types import AlertSink, RecordSink, ThermalState
 
 _STRATEGY_MODULES: dict[str, str] = {
     "onnx_trt_ep": "inferd.runtime.onnx_trt_ep",
@@ -25,12 +25,17 @@ def _no_alerts(_alert: object) -> None:
     return None
 
 
+def _no_records(_kind: str, _payload: object) -> None:
+    return None
+
+
 def build_inference_runtime(
     label: str,
     config: RuntimeConfig,
     *,
     is_fallback: bool = False,
     alert: AlertSink = _no_alerts,
+    record: RecordSink = _no_records,
     thermal: Callable[[], ThermalState] = ThermalState.unavailable,
 ) -> InferenceRuntime:
     """Build the strategy named ``label``; raises ``RuntimeNotAvailableError``."""
@@ -42,4 +47,4 @@ def build_inference_runtime(
         raise RuntimeNotAvailableError(label, "disabled by runtime.enabled")
     module = importlib.import_module(_STRATEGY_MODULES[label])
     create: Callable[..., InferenceRuntime] = module.create
-    return create(config, is_fallback=is_fallback, alert=alert, thermal=thermal)
+    return create(config, is_fallback=is_fallback, alert=alert, record=record, thermal=thermal)

@@ -34,6 +34,7 @@ from inferd.types import (
     EngineCacheEntry,
     EngineHandle,
     PrecisionMode,
+    RecordSink,
     TensorSpec,
     ThermalState,
 )
@@ -68,9 +69,12 @@ def create(
     *,
     is_fallback: bool,
     alert: AlertSink,
+    record: RecordSink,
     thermal: Callable[[], ThermalState],
 ) -> OnnxTrtEpRuntime:
-    return OnnxTrtEpRuntime(config, is_fallback=is_fallback, alert=alert, thermal=thermal)
+    return OnnxTrtEpRuntime(
+        config, is_fallback=is_fallback, alert=alert, record=record, thermal=thermal
+    )
 
 
 @dataclass
@@ -143,6 +147,7 @@ class OnnxTrtEpRuntime:
         is_fallback: bool = False,
         alert: AlertSink,
         thermal: Callable[[], ThermalState],
+        record: RecordSink | None = None,
     ) -> None:
         import onnxruntime  # heavy: imported only when this strategy is composed
 
@@ -150,6 +155,7 @@ class OnnxTrtEpRuntime:
         self._config = config
         self._is_fallback = is_fallback
         self._alert = alert
+        self._record: RecordSink = record or (lambda _kind, _payload: None)
         self._thermal = thermal
         self._residents: dict[int, _Resident] = {}
         self._handle_ids = itertools.count(1)
@@ -248,6 +254,10 @@ class OnnxTrtEpRuntime:
         if gpu_requested:
             message = f"{entry.model_path}: {gpu_requested} could not be created; serving on CPU"
             log.warning(CPU_FALLBACK_EVENT, model=str(entry.model_path), requested=requested)
+            self._record(
+                CPU_FALLBACK_EVENT,
+                {"model": entry.model_path.stem, "requested": requested, "active": [CPU_EP]},
+            )
             self._alert(Alert("WARNING", CPU_FALLBACK_EVENT, message, {"requested": requested}))
         else:
             log.info("cpu_only_onnxruntime", available=self._ort.get_available_providers())

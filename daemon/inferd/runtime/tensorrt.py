@@ -13,7 +13,7 @@ from collections.abc import Callable
 from inferd.config import RuntimeConfig
 from inferd.errors import RuntimeNotAvailableError
 from inferd.runtime.protocol import InferenceRuntime
-from inferd.types import AlertSink, ThermalState
+from inferd.types import AlertSink, RecordSink, ThermalState
 
 LABEL = "tensorrt"
 
@@ -23,6 +23,7 @@ def create(
     *,
     is_fallback: bool,
     alert: AlertSink,
+    record: RecordSink,
     thermal: Callable[[], ThermalState],
 ) -> InferenceRuntime:
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,29 +14,22 @@ import structlog
 import zmq
 
 import inferd
+from inferd.alerts.dispatcher import AlertDispatcher
+from inferd.alerts.factory import build_alert_hooks
 from inferd.bus.codec import Limits
 from inferd.bus.publisher import EventPublisher
 from inferd.bus.server import BusServer
 from inferd.config import Config
+from inferd.fdr.writer import FlightRecorder
+from inferd.service.deadline_misses import DeadlineMissReporter
 from inferd.service.requests import RequestRouter
 from inferd.service.scheduler import Scheduler
-from inferd.service.slot import ModelSlot
+from inferd.service.slot import ModelSlot, Sinks
 from inferd.service.worker import EngineWorker
-from inferd.types import Alert, ThermalState
+from inferd.thermal.monitor import ThermalMonitor
 from inferd_client.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
-
-_LOG_METHOD_BY_LEVEL = {
-    "EMERGENCY": "critical",
-    "ALERT": "critical",
-    "CRITICAL": "critical",
-    "ERROR": "error",
-    "WARNING": "warning",
-    "NOTICE": "info",
-    "INFO": "info",
-    "DEBUG": "debug",
-}
 
 
 class DaemonAlreadyRunningError(RuntimeError):
@@ -49,6 +43,7 @@ class Daemon:
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
         self._lock_fd: int | None = None
+        self._recorder_error: str | None = None if config.fdr.enabled else "disabled by fdr.enabled"
         self.scheduler = Scheduler()
         self.slots: dict[str, ModelSlot] = {}
         for model in config.models:
@@ -60,8 +55,31 @@ class Daemon:
             health=self.health,
             health_interval_s=config.daemon.health_interval_s,
         )
+        self.recorder = FlightRecorder(config.fdr) if config.fdr.enabled else None
+        self._refused_hooks: dict[str, str] = {}
+        self.alerts = AlertDispatcher(
+            build_alert_hooks(
+                config.alerts,
+                events=self.publisher.publish,
+                record=self._record if self.recorder else None,
+                on_refused=self._refused_hooks.__setitem__,
+            ),
+            rate_limit_s=config.alerts.rate_limit_s,
+        )
+        self.thermal = ThermalMonitor(
+            config.thermal, events=self.publisher.publish, record=self._record
+        )
+        self.deadline_misses = DeadlineMissReporter(self.slots, self._record)
+        self._sinks = Sinks(
+            alert=self.alerts,
+            events=self.publisher.publish,
+            record=self._record,
+            thermal=self.thermal.snapshot,
+        )
         self.router = RequestRouter(
-            self.slots, self.scheduler, {"status": self.status, "health": self._health_op}
+            self.slots,
+            self.scheduler,
+            {"status": self.status, "health": self._health_op, "thermal": self._thermal_op},
         )
         self.bus = BusServer(
             self._context,
@@ -76,7 +94,11 @@ class Daemon:
             linger_ms=config.daemon.shutdown_linger_ms,
         )
         self.worker = EngineWorker(
-            self._context, self.scheduler, self.slots, activate=self._activate
+            self._context,
+            self.scheduler,
+            self.slots,
+            activate=self._activate,
+            thermal_summary=self._thermal_summary,
         )
 
     # -- lifecycle --------------------------------------------------------
@@ -90,10 +112,13 @@ class Daemon:
             config_fingerprint=self.config.fingerprint(),
             pid=os.getpid(),
         )
+        self._start_recorder()
+        self._lifecycle("start")
         self.publisher.start()
         self.publisher.wait_bound(timeout=10)
         self.bus.start()
         self.bus.wait_bound(timeout=10)
+        self.thermal.start()
         self.worker.start()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
@@ -102,6 +127,7 @@ class Daemon:
             return False
         if self.state == "starting":
             self.state = self._serving_state()
+            self._lifecycle("ready")
             log.info(
                 "daemon_ready",
                 state=self.state,
@@ -125,8 +151,14 @@ class Daemon:
         self.worker.join(timeout=drain_s + 10)
         self.bus.stop()
         self.bus.join(timeout=10)
+        self.thermal.stop()
+        self.deadline_misses.flush()
+        self._lifecycle("stop")
+        self.alerts.close()
         self.publisher.stop()
         self.publisher.join(timeout=10)
+        if self.recorder is not None:
+            self.recorder.stop()
         if self.worker.is_alive() or self.bus.is_alive() or self.publisher.is_alive():
             # A thread still holds a socket: terminating the context would hang.
             log.error(
@@ -170,28 +202,48 @@ class Daemon:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    # -- wiring -------------------------------------------------------------
-    def _activate(self, slot: ModelSlot) -> None:
-        slot.activate(
-            self.config.runtime,
-            alert=self._alert,
-            events=self.publisher.publish,
-            thermal=ThermalState.unavailable,
-        )
+    def housekeeping(self) -> None:
+        """Periodic work of the main thread (called about twice a second)."""
+        self.deadline_misses.tick()
+        self.alerts.flush()  # report repeats held back by the rate limit once it allows
 
-    def _alert(self, alert: Alert) -> None:
-        getattr(log, _LOG_METHOD_BY_LEVEL[alert.level])(
-            "alert", alert_code=alert.code, alert_message=alert.message, **dict(alert.fields)
-        )
-        self.publisher.publish(
-            "alert",
+    # -- wiring -------------------------------------------------------------
+    def _start_recorder(self) -> None:
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.start()
+        except OSError as exc:
+            # Losing the recorder must not ground the vehicle's perception: serve
+            # without it, say so in status, the log and (below) an alert.
+            self._recorder_error = f"cannot start the flight data recorder: {exc}"
+            log.error("fdr_unavailable", error=str(exc), directory=str(self.config.fdr.directory))
+            self.recorder = None
+
+    def _record(self, kind: str, payload: Mapping[str, Any]) -> None:
+        if self.recorder is not None:
+            self.recorder.record(kind, payload)
+
+    def _lifecycle(self, event: str) -> None:
+        self._record(
+            "c7.daemon_lifecycle",
             {
-                "level": alert.level,
-                "code": alert.code,
-                "message": alert.message,
-                "fields": dict(alert.fields),
+                "event": event,
+                "version": inferd.__version__,
+                "config_fingerprint": self.config.fingerprint(),
+                "pid": os.getpid(),
+                "state": self.state,
             },
         )
+
+    def _activate(self, slot: ModelSlot) -> None:
+        slot.activate(self.config.runtime, self._sinks)
+
+    def _thermal_summary(self) -> str:
+        state = self.thermal.snapshot()
+        if not state.is_telemetry_available:
+            return "unknown"
+        return "throttling" if state.thermal_throttle_active else "nominal"
 
     def _serving_state(self) -> str:
         if all(slot.state == "serving" and not slot.is_fallback for slot in self.slots.values()):
@@ -206,6 +258,7 @@ class Daemon:
         return {
             "state": self.state,
             "uptime_s": self.uptime_s(),
+            "thermal": self._thermal_summary(),
             "threads": {
                 "engine_worker": self.worker.is_alive(),
                 "bus": self.bus.is_alive(),
@@ -224,6 +277,9 @@ class Daemon:
 
     def _health_op(self, _header: dict[str, Any]) -> dict[str, Any]:
         return self.health()
+
+    def _thermal_op(self, _header: dict[str, Any]) -> dict[str, Any]:
+        return self.thermal.describe()
 
     def status(self, _header: dict[str, Any]) -> dict[str, Any]:
         models = []
@@ -247,6 +303,9 @@ class Daemon:
                 "config_fingerprint": self.config.fingerprint(),
             },
             "models": models,
+            "fdr": self._recorder_status(),
+            "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
+            "thermal": self.thermal.describe(),
             "bus": {
                 "malformed": self.bus.counters.malformed,
                 "unroutable_replies": self.bus.counters.unroutable_replies,
@@ -254,3 +313,8 @@ class Daemon:
                 "events_dropped": self.publisher.dropped,
             },
         }
+
+    def _recorder_status(self) -> dict[str, Any]:
+        if self.recorder is not None:
+            return {"enabled": True, **self.recorder.status()}
+        return {"enabled": False, "error": self._recorder_error}

@@ -7,7 +7,8 @@ threads only read the slot's published fields, each replaced atomically.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -16,11 +17,29 @@ from inferd.config import ModelConfig, RuntimeConfig
 from inferd.errors import InferdError, RuntimeNotAvailableError
 from inferd.runtime import InferenceRuntime, build_inference_runtime
 from inferd.service.stats import ModelStats
-from inferd.types import Alert, AlertSink, BuildConfig, EngineHandle, EventSink, ThermalState
+from inferd.types import (
+    Alert,
+    AlertSink,
+    BuildConfig,
+    EngineHandle,
+    EventSink,
+    RecordSink,
+    ThermalState,
+)
 
 FALLBACK_LABEL = "onnx_trt_ep"
 
 log = structlog.get_logger("inferd.slot")
+
+
+@dataclass(frozen=True)
+class Sinks:
+    """Where a slot's runtime sends what it has to say."""
+
+    alert: AlertSink
+    events: EventSink
+    record: RecordSink
+    thermal: Callable[[], ThermalState]
 
 
 class ModelSlot:
@@ -37,55 +56,61 @@ class ModelSlot:
     def is_fallback(self) -> bool:
         return self.handle is not None and self.handle.is_fallback
 
-    def activate(
-        self,
-        runtime_config: RuntimeConfig,
-        *,
-        alert: AlertSink,
-        events: EventSink,
-        thermal: Callable[[], ThermalState],
-    ) -> None:
+    def activate(self, runtime_config: RuntimeConfig, sinks: Sinks) -> None:
         """Bring the configured runtime up; fail over to ``onnx_trt_ep`` if it cannot serve."""
         label = self.config.runtime
-        alert = self._naming_model(alert)
+        sinks = self._naming_model(sinks)
         try:
-            self._load(label, runtime_config, False, alert, thermal)
+            self._load(label, runtime_config, False, sinks)
         except (RuntimeNotAvailableError, InferdError) as exc:
             reason = str(exc)
             if label == FALLBACK_LABEL:
-                self._fail(reason, alert, events)
+                self._fail(reason, sinks)
                 return
             log.warning(
                 "runtime_unavailable_failing_over", model=self.name, runtime=label, reason=reason
             )
             try:
-                self._load(FALLBACK_LABEL, runtime_config, True, alert, thermal)
+                self._load(FALLBACK_LABEL, runtime_config, True, sinks)
             except (RuntimeNotAvailableError, InferdError) as fallback_exc:
-                self._fail(f"{reason}; fallback failed: {fallback_exc}", alert, events)
+                self._fail(f"{reason}; fallback failed: {fallback_exc}", sinks)
                 return
             self.last_error = reason
+            assert self.handle is not None
+            sinks.record(
+                "c7.fallback_to_onnx_trt_ep",
+                {
+                    "model": self.name,
+                    "configured_runtime": label,
+                    "reason": reason,
+                    "active_providers": list(self.handle.active_providers),
+                },
+            )
         self.state = "serving"
-        events("runtime", self.describe_runtime())
+        sinks.events("runtime", self.describe_runtime())
 
-    def _naming_model(self, alert: AlertSink) -> AlertSink:
-        """Runtimes know engines, not model names: every alert they raise for
-        this slot names the model so an operator can tell which one degraded."""
+    def _naming_model(self, sinks: Sinks) -> Sinks:
+        """Runtimes know engines, not model names: every alert and record they
+        raise for this slot names the model so an operator can tell which one degraded."""
 
-        def named(raised: Alert) -> None:
-            alert(dataclasses.replace(raised, fields={"model": self.name, **raised.fields}))
+        def alert(raised: Alert) -> None:
+            sinks.alert(dataclasses.replace(raised, fields={"model": self.name, **raised.fields}))
 
-        return named
+        def record(kind: str, payload: Mapping[str, Any]) -> None:
+            sinks.record(kind, {**payload, "model": self.name})
+
+        return dataclasses.replace(sinks, alert=alert, record=record)
 
     def _load(
-        self,
-        label: str,
-        runtime_config: RuntimeConfig,
-        is_fallback: bool,
-        alert: AlertSink,
-        thermal: Callable[[], ThermalState],
+        self, label: str, runtime_config: RuntimeConfig, is_fallback: bool, sinks: Sinks
     ) -> None:
         runtime = build_inference_runtime(
-            label, runtime_config, is_fallback=is_fallback, alert=alert, thermal=thermal
+            label,
+            runtime_config,
+            is_fallback=is_fallback,
+            alert=sinks.alert,
+            record=sinks.record,
+            thermal=sinks.thermal,
         )
         entry = runtime.compile_engine(
             self.config.path, BuildConfig(precision=self.config.precision)
@@ -94,12 +119,14 @@ class ModelSlot:
         handle = runtime.deserialize_engine(entry)
         self.runtime, self.handle = runtime, handle
 
-    def _fail(self, reason: str, alert: AlertSink, events: EventSink) -> None:
+    def _fail(self, reason: str, sinks: Sinks) -> None:
         self.state = "failed"
         self.last_error = reason
         log.error("model_unavailable", model=self.name, reason=reason)
-        alert(Alert("ERROR", "c7.model_unavailable", f"model {self.name!r} cannot serve: {reason}"))
-        events("runtime", self.describe_runtime())
+        sinks.alert(
+            Alert("ERROR", "c7.model_unavailable", f"model {self.name!r} cannot serve: {reason}")
+        )
+        sinks.events("runtime", self.describe_runtime())
 
     def release(self) -> None:
         if self.runtime is not None and self.handle is not None:

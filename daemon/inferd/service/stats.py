@@ -32,6 +32,11 @@ class ModelStats:
             if late:
                 self._late_results += 1
 
+    def count(self, code: str) -> int:
+        """Replies answered with ``code`` so far."""
+        with self._lock:
+            return self._responses[code]
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             latencies = np.fromiter(self._latencies_us, dtype=np.int64)

@@ -33,12 +33,14 @@ class EngineWorker(threading.Thread):
         slots: dict[str, ModelSlot],
         *,
         activate: Callable[[ModelSlot], None],
+        thermal_summary: Callable[[], str] = lambda: "unknown",
     ) -> None:
         super().__init__(name="inferd-engine-worker", daemon=True)
         self._context = context
         self._scheduler = scheduler
         self._slots = slots
         self._activate = activate
+        self._thermal_summary = thermal_summary
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
 
@@ -102,6 +104,8 @@ class EngineWorker(threading.Thread):
             "fallback": handle.is_fallback,
             "latency_us": (finished_ns - started_ns) // 1000,
             "queue_us": (started_ns - job.received_ns) // 1000,
+            # Lets a client see degradation without subscribing to events.
+            "thermal": self._thermal_summary(),
             "outputs": descriptors,
         }
         late = job.deadline_ns is not None and finished_ns > job.deadline_ns

@@ -1,0 +1,282 @@
+"""Fans alerts out to the hooks, with per-(code, model) rate limiting.
+
+Rate limit: the first alert of a key ``(code, fields["model"])`` goes out and
+opens a window of ``rate_limit_s``; repeats inside the window are held back
+and counted; the first one after the window goes out carrying the count
+(``fields["suppressed"]``, present only when > 0) and opens a new window.
+``flush()`` sends the last held-back repeat of each key whose window has
+passed, so a burst that stops is still reported; ``close()`` does so for every
+key.  Every raised alert is thus either delivered or counted in one that is:
+``raised == sent + suppressed + dropped_after_close`` in ``status()``.
+
+Logging: each delivered alert is logged once at its level (EMERGENCY, ALERT,
+CRITICAL -> critical; ERROR -> error; WARNING -> warning; NOTICE, INFO ->
+info; DEBUG -> debug) as ``alert`` with ``alert_level``, ``alert_code``,
+``alert_message``, ``alert_fields``; a held-back repeat is logged at debug as
+``alert_suppressed`` (a repeating fault must not flood the journal either);
+an alert raised after ``close()`` is logged at its level with ``delivered=False``.
+
+Isolation: a hook that raises is counted and logged at ERROR at most once per
+window per hook; the caller and the other hooks never notice.  No lock is held
+while hooks run, so a hook may itself raise an alert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+
+from inferd.alerts.hooks import SUPPRESSED_FIELD
+from inferd.alerts.levels import LEVELS, log_method
+from inferd.alerts.protocol import AlertHook
+from inferd.types import Alert
+
+log = structlog.get_logger("inferd.alerts")
+
+_Key = tuple[str, Hashable]
+
+
+@dataclasses.dataclass
+class _Window:
+    opened_at: float
+    #: Repeats held back since the last delivery of this key.
+    pending: int = 0
+    #: The newest held-back repeat: what ``flush`` sends.
+    last: Alert | None = None
+
+
+@dataclasses.dataclass
+class _HookState:
+    name: str
+    hook: AlertHook
+    sent: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    error_logged_at: float | None = None
+    failures_since_log: int = 0
+
+
+class AlertDispatcher:
+    """An ``AlertSink`` (``dispatcher(alert)``) that never raises."""
+
+    def __init__(
+        self,
+        hooks: Sequence[AlertHook],
+        *,
+        rate_limit_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate_limit_s < 0:
+            raise ValueError(f"rate_limit_s must be zero or positive, got {rate_limit_s}")
+        self.rate_limit_s = rate_limit_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._windows: dict[_Key, _Window] = {}
+        self._hooks: list[_HookState] = []
+        names: set[str] = set()
+        for hook in hooks:
+            base = str(getattr(hook, "name", type(hook).__name__))
+            name, index = base, 2
+            while name in names:
+                name, index = f"{base}#{index}", index + 1
+            names.add(name)
+            self._hooks.append(_HookState(name, hook))
+        self._raised = 0
+        self._sent = 0
+        self._suppressed = 0
+        self._dropped = 0
+        self._closing = False
+        self._closed = False
+
+    @property
+    def hook_names(self) -> tuple[str, ...]:
+        return tuple(state.name for state in self._hooks)
+
+    # -- AlertSink ----------------------------------------------------------
+    def __call__(self, alert: Alert) -> None:
+        try:
+            self._dispatch(alert)
+        except Exception:  # never break the component that raised the alert
+            log.exception("alert_dispatch_failed", alert_code=getattr(alert, "code", None))
+
+    def _dispatch(self, alert: Alert) -> None:
+        alert = _normalised(alert)
+        key = _key(alert)
+        now = self._clock()
+        with self._lock:
+            self._raised += 1
+            if self._closed:
+                self._dropped += 1
+                closed, deliver, suppressed = True, False, 0
+            else:
+                closed = False
+                window = self._windows.get(key)
+                if window is not None and now - window.opened_at < self.rate_limit_s:
+                    window.pending += 1
+                    window.last = alert
+                    self._suppressed += 1
+                    deliver, suppressed = False, window.pending
+                else:
+                    suppressed = window.pending if window is not None else 0
+                    self._windows[key] = _Window(opened_at=now)
+                    self._sent += 1
+                    deliver = True
+        if deliver:
+            self._deliver(alert, suppressed)
+        elif closed:
+            _log_alert(alert, dict(alert.fields), delivered=False)
+        else:
+            log.debug(
+                "alert_suppressed",
+                alert_code=alert.code,
+                alert_level=alert.level,
+                model=key[1],
+                pending=suppressed,
+            )
+
+    # -- maintenance --------------------------------------------------------
+    def flush(self) -> int:
+        """Send the newest held-back repeat of every key whose window has
+        passed (with the count of the others); returns how many were sent.
+        Call it periodically (e.g. on the health tick)."""
+        return self._flush(force=False)
+
+    def close(self) -> None:
+        """Flush every held-back repeat regardless of its window, then close
+        the hooks.  Later alerts are logged but not delivered."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        self._flush(force=True)
+        with self._lock:
+            self._closed = True
+        for state in self._hooks:
+            try:
+                state.hook.close()
+            except Exception as exc:
+                log.error("alert_hook_close_failed", hook=state.name, error=repr(exc))
+
+    def _flush(self, *, force: bool) -> int:
+        now = self._clock()
+        due: list[tuple[Alert, int]] = []
+        with self._lock:
+            if self._closed:
+                return 0
+            for key, window in self._windows.items():
+                if window.last is None:
+                    continue
+                if force or now - window.opened_at >= self.rate_limit_s:
+                    due.append((window.last, window.pending - 1))
+                    self._windows[key] = _Window(opened_at=now)
+                    self._sent += 1
+                    self._suppressed -= 1
+            # A key quiet for a whole window needs no state.
+            for key in [
+                key
+                for key, window in self._windows.items()
+                if window.last is None and now - window.opened_at >= self.rate_limit_s
+            ]:
+                del self._windows[key]
+        for alert, suppressed in due:
+            self._deliver(alert, suppressed)
+        return len(due)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "raised": self._raised,
+                "sent": self._sent,
+                "suppressed": self._suppressed,
+                "dropped_after_close": self._dropped,
+                "pending": sum(window.pending for window in self._windows.values()),
+                "rate_limit_s": self.rate_limit_s,
+                "closed": self._closed,
+                "hooks": {
+                    state.name: {
+                        "sent": state.sent,
+                        "failures": state.failures,
+                        "last_error": state.last_error,
+                    }
+                    for state in self._hooks
+                },
+            }
+
+    # -- delivery -----------------------------------------------------------
+    def _deliver(self, alert: Alert, suppressed: int) -> None:
+        fields: dict[str, Any] = dict(alert.fields)
+        if suppressed > 0:
+            fields[SUPPRESSED_FIELD] = suppressed
+        _log_alert(alert, fields, delivered=True)
+        view = MappingProxyType(fields)
+        for state in self._hooks:
+            try:
+                state.hook.alert(alert.level, alert.code, alert.message, view)
+            except Exception as exc:
+                self._hook_failed(state, alert, exc)
+            else:
+                with self._lock:
+                    state.sent += 1
+
+    def _hook_failed(self, state: _HookState, alert: Alert, exc: Exception) -> None:
+        now = self._clock()
+        with self._lock:
+            state.failures += 1
+            state.failures_since_log += 1
+            state.last_error = repr(exc)
+            if (
+                self.rate_limit_s > 0
+                and state.error_logged_at is not None
+                and now - state.error_logged_at < self.rate_limit_s
+            ):
+                return
+            state.error_logged_at = now
+            failures, state.failures_since_log = state.failures_since_log, 0
+        log.error(
+            "alert_hook_failed",
+            hook=state.name,
+            alert_code=alert.code,
+            error=repr(exc),
+            failures_since_last_log=failures,
+            failures_total=state.failures,
+            exc_info=exc,
+        )
+
+
+def _log_alert(alert: Alert, fields: dict[str, Any], *, delivered: bool) -> None:
+    extra = {} if delivered else {"delivered": False}
+    getattr(log, log_method(alert.level))(
+        "alert",
+        alert_level=alert.level,
+        alert_code=alert.code,
+        alert_message=alert.message,
+        alert_fields=fields,
+        **extra,
+    )
+
+
+def _key(alert: Alert) -> _Key:
+    model: Hashable = alert.fields.get("model")
+    try:
+        hash(model)
+    except TypeError:
+        model = repr(model)
+    return (alert.code, model)
+
+
+def _normalised(alert: Alert) -> Alert:
+    """Unknown levels become ERROR (the alert is not lost); a raiser's own
+    ``suppressed`` field is dropped (the key is the dispatcher's)."""
+    changes: dict[str, Any] = {}
+    if alert.level not in LEVELS:
+        log.error("alert_invalid_level", alert_code=alert.code, alert_level=alert.level)
+        changes["level"] = "ERROR"
+    if SUPPRESSED_FIELD in alert.fields:
+        changes["fields"] = {k: v for k, v in alert.fields.items() if k != SUPPRESSED_FIELD}
+    return dataclasses.replace(alert, **changes) if changes else alert

@@ -1,0 +1,151 @@
+"""jetson-stats (``jtop``): temperatures and the GPU clock, read from the
+``jtop.service`` daemon.
+
+``jtop`` names a sensor after its thermal zone ``type`` cut at the first ``-``
+(else ``_``): ``cpu-thermal`` → ``cpu``.  The configured zone names are mapped
+the same way.  jtop reports no throttle signal and no trip points, so the
+passive trip points are read from sysfs when no threshold is configured.
+``jtop`` is imported inside ``open_jtop`` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from inferd.config import ThermalConfig
+from inferd.errors import TelemetryUnavailableError
+from inferd.thermal.reading import ThermalReading
+from inferd.thermal.sysfs_source import OFFLINE_BELOW_C, passive_trip_c
+
+#: jtop's update interval is shared by every client of the service; never ask
+#: it for more than this.
+_MIN_INTERVAL_S = 0.5
+
+log = structlog.get_logger("inferd.thermal")
+
+
+def jtop_sensor_name(zone_type: str) -> str:
+    """The name jtop gives the thermal zone of type ``zone_type``."""
+    return zone_type.split("-")[0] if "-" in zone_type else zone_type.split("_")[0]
+
+
+def _sensor_names(zone_types: Sequence[str]) -> tuple[str, ...]:
+    names: list[str] = []
+    for zone_type in zone_types:
+        name = jtop_sensor_name(zone_type)
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _temperature(sensors: Mapping[str, Any], names: Sequence[str]) -> float | None:
+    by_lower = {str(key).lower(): value for key, value in sensors.items()}
+    for name in names:
+        entry = sensors.get(name, by_lower.get(name.lower()))
+        if entry is None:
+            continue
+        if isinstance(entry, Mapping):
+            if not entry.get("online", True):
+                continue
+            entry = entry.get("temp")
+        if isinstance(entry, bool) or not isinstance(entry, int | float):
+            continue
+        temp = float(entry)
+        if temp >= OFFLINE_BELOW_C:  # jtop reports an offline sensor as -256
+            return temp
+    return None
+
+
+class JtopSource:
+    name = "jtop"
+
+    def __init__(
+        self,
+        jetson: Any,
+        *,
+        cpu_names: tuple[str, ...],
+        gpu_names: tuple[str, ...],
+        trip_point_c: float | None,
+    ) -> None:
+        self._jetson = jetson
+        self._closed = False
+        self.cpu_names = cpu_names
+        self.gpu_names = gpu_names
+        self.trip_point_c = trip_point_c
+
+    def read(self) -> ThermalReading:
+        try:
+            # spin=True: do not block for fresh data; re-raises the reader
+            # thread's error (e.g. "Lost connection with jtop server").
+            running = self._jetson.ok(spin=True)
+            sensors = self._jetson.temperature
+        except Exception as exc:
+            raise TelemetryUnavailableError(f"jtop: {exc}") from exc
+        if not running:
+            raise TelemetryUnavailableError("jtop: the client is no longer running")
+        if not isinstance(sensors, Mapping):
+            raise TelemetryUnavailableError(f"jtop: temperature is a {type(sensors).__name__}")
+        cpu = _temperature(sensors, self.cpu_names)
+        gpu = _temperature(sensors, self.gpu_names)
+        if cpu is None and gpu is None:
+            raise TelemetryUnavailableError(
+                f"jtop: no online sensor named {[*self.cpu_names, *self.gpu_names]} "
+                f"(has {sorted(map(str, sensors))})"
+            )
+        return ThermalReading(
+            cpu_temp_c=cpu,
+            gpu_temp_c=gpu,
+            clock_mhz=self._gpu_clock_mhz(),
+            trip_point_c=self.trip_point_c,
+        )
+
+    def _gpu_clock_mhz(self) -> float | None:
+        try:
+            for gpu in self._jetson.gpu.values():
+                current = gpu["freq"]["cur"]  # kHz
+                if isinstance(current, int | float) and not isinstance(current, bool):
+                    return float(current) / 1000.0
+        except Exception:
+            return None
+        return None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._jetson.close()
+        except Exception as exc:
+            log.warning("thermal_jtop_close_failed", error=str(exc))
+
+
+def open_jtop(config: ThermalConfig) -> JtopSource:
+    try:
+        from jtop import JtopException, jtop
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        raise TelemetryUnavailableError(f"jtop: jetson-stats is not importable: {exc}") from exc
+    jetson = jtop(interval=max(_MIN_INTERVAL_S, 1.0 / config.poll_hz))
+    try:
+        jetson.start()  # connects to jtop.service and waits for the first data
+    except JtopException as exc:
+        _close_quietly(jetson)
+        raise TelemetryUnavailableError(f"jtop: service: {exc}") from exc
+    except Exception as exc:
+        _close_quietly(jetson)
+        raise TelemetryUnavailableError(f"jtop: start failed: {type(exc).__name__}: {exc}") from exc
+    trip = passive_trip_c(config) if config.throttle_enter_c is None else None
+    return JtopSource(
+        jetson,
+        cpu_names=_sensor_names(config.cpu_zones),
+        gpu_names=_sensor_names(config.gpu_zones),
+        trip_point_c=trip,
+    )
+
+
+def _close_quietly(jetson: Any) -> None:
+    with contextlib.suppress(Exception):
+        jetson.close()

@@ -1,0 +1,354 @@
+"""The thermal monitor: one thread polling the selected source at ``poll_hz``.
+
+It keeps an immutable ``ThermalState`` snapshot (replaced by a single
+attribute assignment, so ``snapshot()`` needs no lock and does no I/O),
+decides throttle transitions with hysteresis, writes each transition to the
+flight data recorder and publishes a ``thermal`` event at every poll.  Sinks
+are plain callables; a failing sink is logged and never stops the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from inferd.config import ThermalConfig
+from inferd.errors import TelemetryUnavailableError
+from inferd.thermal.reading import ThermalReading, ThermalSource
+from inferd.thermal.selection import SourceSelection, open_source
+from inferd.thermal.throttle import ThrottleDecision, ThrottleTracker
+from inferd.types import EventSink, RecordSink, ThermalState
+
+#: Event topic and FDR record kind.
+THERMAL_TOPIC = "thermal"
+TRANSITION_RECORD_KIND = "c7.thermal_transition"
+THREAD_NAME = "inferd-thermal"
+
+_NS_PER_S = 1_000_000_000
+
+
+def _discard(_name: str, _payload: Mapping[str, Any]) -> None:
+    return None
+
+
+class _RateLimit:
+    """Allows one event per ``interval_ns`` and counts what it held back."""
+
+    def __init__(self, interval_ns: int) -> None:
+        self._interval_ns = interval_ns
+        self._last_ns: int | None = None
+        self.suppressed = 0
+
+    def allow(self, now_ns: int) -> bool:
+        if self._last_ns is not None and now_ns - self._last_ns < self._interval_ns:
+            self.suppressed += 1
+            return False
+        self._last_ns = now_ns
+        return True
+
+    def take_suppressed(self) -> int:
+        count, self.suppressed = self.suppressed, 0
+        return count
+
+
+class ThermalMonitor:
+    """Polls thermal telemetry on thread ``inferd-thermal``.
+
+    ``clock`` stamps ``measured_at_ns`` and drives the log rate limits, the
+    re-probe interval and snapshot staleness (default ``time.monotonic_ns``).
+    ``opener`` chooses the source (default: ``open_source``, config order).
+    ``_poll_once`` runs one poll synchronously; do not call it while the
+    thread runs.
+    """
+
+    def __init__(
+        self,
+        config: ThermalConfig,
+        *,
+        events: EventSink = _discard,
+        record: RecordSink = _discard,
+        clock: Callable[[], int] = time.monotonic_ns,
+        opener: Callable[[ThermalConfig], SourceSelection] = open_source,
+        warn_interval_s: float = 60.0,
+        reprobe_interval_s: float = 60.0,
+        stale_after_s: float | None = None,
+    ) -> None:
+        self._config = config
+        self._events = events
+        self._record = record
+        self._clock = clock
+        self._opener = opener
+        self._period_s = 1.0 / config.poll_hz
+        self._reprobe_ns = int(reprobe_interval_s * _NS_PER_S)
+        if stale_after_s is None:
+            # A poll may block a while (a source re-probe connects to jtop);
+            # past this the snapshot no longer claims to be telemetry.
+            stale_after_s = max(3.0 * self._period_s, 5.0)
+        self._stale_ns = int(stale_after_s * _NS_PER_S)
+        self._tracker = ThrottleTracker(config.throttle_enter_c, config.hysteresis_c)
+        self._log = structlog.get_logger("inferd.thermal")
+        self._unavailable_warn = _RateLimit(int(warn_interval_s * _NS_PER_S))
+        self._sink_error_log = _RateLimit(int(warn_interval_s * _NS_PER_S))
+
+        self._source: ThermalSource | None = None
+        self._skipped: tuple[tuple[str, str], ...] = ()
+        self._last_probe_ns: int | None = None
+        self._failing_since_ns: int | None = None
+        self._warned_unavailable = False
+        self._polls = 0
+        self._errors = 0
+        self._consecutive_errors = 0
+        self._transitions = 0
+        self._sink_errors = 0
+        self._last_error: str | None = None
+        self._last_reading: dict[str, Any] | None = None
+
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Replaced whole, never mutated: readers need no lock.
+        self._state = ThermalState.unavailable()
+        self._description: dict[str, Any] = self._describe_now(None)
+
+    # -- what other threads call ------------------------------------------------
+
+    def snapshot(self) -> ThermalState:
+        """The latest state; unavailable when no poll succeeded recently."""
+        state = self._state
+        if state.is_telemetry_available and self._clock() - state.measured_at_ns > self._stale_ns:
+            return ThermalState.unavailable(state.measured_at_ns)
+        return state
+
+    def describe(self) -> dict[str, Any]:
+        """Status for ``inferd status``: source, availability, throttle, last reading, counters."""
+        description = dict(self._description)
+        thread = self._thread
+        description["running"] = thread is not None and thread.is_alive()
+        return description
+
+    @property
+    def source_name(self) -> str | None:
+        source = self._source
+        return source.name if source is not None else None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("thermal monitor already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop polling, join the thread and close the source.  False if the
+        thread did not finish within ``timeout`` (the source is then left open)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                self._log.error("thermal_monitor_stop_timeout", timeout_s=timeout)
+                return False
+        self._thread = None
+        self._close_source()
+        self._last_probe_ns = None  # a later start() probes at once
+        self._failing_since_ns = None
+        self._state = ThermalState.unavailable(self._clock())
+        return True
+
+    # -- the thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self._poll_once()
+            except Exception:  # a bug here must not end thermal monitoring
+                self._log.exception("thermal_poll_crashed")
+            next_at += self._period_s
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (a slow read): do not burst to catch up
+                next_at = time.monotonic()
+                delay = 0.0
+            if self._stop.wait(delay):
+                break
+
+    def _poll_once(self) -> ThermalState:
+        now = self._clock()
+        self._polls += 1
+        reading, error = self._read(now)
+        if reading is not None:
+            decision = self._tracker.update(reading)
+            state = ThermalState(
+                cpu_temp_c=reading.cpu_temp_c,
+                gpu_temp_c=reading.gpu_temp_c,
+                thermal_throttle_active=decision.active,
+                measured_clock_mhz=reading.clock_mhz,
+                measured_at_ns=now,
+                is_telemetry_available=True,
+            )
+            self._consecutive_errors = 0
+            self._failing_since_ns = None
+            self._last_reading = {
+                "cpu_temp_c": reading.cpu_temp_c,
+                "gpu_temp_c": reading.gpu_temp_c,
+                "clock_mhz": reading.clock_mhz,
+                "throttle_signal": reading.throttle,
+                "trip_point_c": reading.trip_point_c,
+                "measured_at_ns": now,
+            }
+            if self._warned_unavailable:
+                self._warned_unavailable = False
+                self._log.info("thermal_telemetry_restored", source=self.source_name)
+        else:
+            decision = self._tracker.lost()
+            state = ThermalState.unavailable(now)
+            self._errors += 1
+            self._consecutive_errors += 1
+            self._last_error = error
+            if self._source is not None and self._failing_since_ns is None:
+                self._failing_since_ns = now
+            self._warn_unavailable(now, error)
+        self._state = state  # the one atomic publication
+        if decision.changed:
+            self._transitions += 1
+        self._description = self._describe_now(decision)
+        if decision.changed:
+            self._on_transition(decision, state)
+        self._publish(state, transition=decision.changed)
+        return state
+
+    def _read(self, now: int) -> tuple[ThermalReading | None, str]:
+        source = self._ensure_source(now)
+        if source is None:
+            reasons = "; ".join(f"{name}: {reason}" for name, reason in self._skipped)
+            return None, f"no thermal source available ({reasons or 'none configured'})"
+        try:
+            reading = source.read()
+        except TelemetryUnavailableError as exc:
+            return None, str(exc)
+        except Exception as exc:
+            return None, f"{source.name}: {type(exc).__name__}: {exc}"
+        if reading.hottest_c is None:
+            return None, f"{source.name}: reading has no temperature"
+        return reading, ""
+
+    def _ensure_source(self, now: int) -> ThermalSource | None:
+        if self._source is not None:
+            failing = self._failing_since_ns
+            if failing is None or now - failing < self._reprobe_ns:
+                return self._source
+            if self._last_probe_ns is not None and now - self._last_probe_ns < self._reprobe_ns:
+                return self._source
+            self._log.warning(
+                "thermal_source_reprobe",
+                source=self._source.name,
+                failing_for_s=(now - failing) / _NS_PER_S,
+            )
+            self._close_source()
+        elif self._last_probe_ns is not None and now - self._last_probe_ns < self._reprobe_ns:
+            return None
+        self._last_probe_ns = now
+        try:
+            selection = self._opener(self._config)
+        except Exception as exc:  # open_source never raises; an injected opener might
+            self._log.exception("thermal_source_selection_crashed")
+            selection = SourceSelection(None, (("selection", f"{type(exc).__name__}: {exc}"),))
+        self._source = selection.source
+        self._skipped = selection.skipped
+        self._failing_since_ns = None
+        skipped = dict(selection.skipped)
+        if selection.source is not None:
+            self._log.info("thermal_source_selected", source=selection.source.name, skipped=skipped)
+        else:
+            self._log.info("thermal_no_source", skipped=skipped)
+        return self._source
+
+    def _close_source(self) -> None:
+        source, self._source = self._source, None
+        if source is None:
+            return
+        try:
+            source.close()
+        except Exception:
+            self._log.exception("thermal_source_close_failed", source=source.name)
+
+    # -- outputs ---------------------------------------------------------------------
+
+    def _warn_unavailable(self, now: int, error: str) -> None:
+        if not self._unavailable_warn.allow(now):
+            return
+        self._warned_unavailable = True
+        self._log.warning(
+            "thermal_telemetry_unavailable",
+            source=self.source_name,
+            error=error,
+            suppressed=self._unavailable_warn.take_suppressed(),
+        )
+
+    def _on_transition(self, decision: ThrottleDecision, state: ThermalState) -> None:
+        source = self.source_name or "none"
+        fields: dict[str, Any] = {
+            "source": source,
+            "cpu_temp_c": state.cpu_temp_c,
+            "gpu_temp_c": state.gpu_temp_c,
+            "threshold_c": decision.threshold_c,
+            "reason": decision.reason,
+        }
+        if decision.active:
+            self._log.warning("thermal_throttle_entered", **fields)
+        else:
+            self._log.info("thermal_throttle_exited", **fields)
+        payload = {"throttle_active": decision.active, "previous": decision.previous, **fields}
+        try:
+            self._record(TRANSITION_RECORD_KIND, payload)
+        except Exception as exc:
+            self._sink_failed("record", exc)
+
+    def _publish(self, state: ThermalState, *, transition: bool) -> None:
+        payload = {
+            "source": self.source_name,
+            "available": state.is_telemetry_available,
+            "throttle_active": state.thermal_throttle_active,
+            "cpu_temp_c": state.cpu_temp_c,
+            "gpu_temp_c": state.gpu_temp_c,
+            "clock_mhz": state.measured_clock_mhz,
+            "measured_at_ns": state.measured_at_ns,
+            "transition": transition,
+        }
+        try:
+            self._events(THERMAL_TOPIC, payload)
+        except Exception as exc:
+            self._sink_failed("events", exc)
+
+    def _sink_failed(self, sink: str, exc: Exception) -> None:
+        self._sink_errors += 1
+        self._description = {**self._description, "sink_errors": self._sink_errors}
+        if self._sink_error_log.allow(self._clock()):
+            self._log.error(
+                "thermal_sink_failed",
+                sink=sink,
+                error=f"{type(exc).__name__}: {exc}",
+                suppressed=self._sink_error_log.take_suppressed(),
+            )
+
+    def _describe_now(self, decision: ThrottleDecision | None) -> dict[str, Any]:
+        state = self._state
+        return {
+            "source": self.source_name,
+            "available": state.is_telemetry_available,
+            "throttle_active": state.thermal_throttle_active,
+            "threshold_c": decision.threshold_c if decision is not None else None,
+            "hysteresis_c": self._config.hysteresis_c,
+            "poll_hz": self._config.poll_hz,
+            "last_reading": dict(self._last_reading) if self._last_reading else None,
+            "polls": self._polls,
+            "errors": self._errors,
+            "consecutive_errors": self._consecutive_errors,
+            "last_error": self._last_error,
+            "transitions": self._transitions,
+            "sink_errors": self._sink_errors,
+            "skipped_sources": dict(self._skipped),
+        }

@@ -1,0 +1,153 @@
+"""NVML (``nvidia-ml-py``, module ``pynvml``): GPU temperature, the clock event
+reasons with the SW/HW thermal slowdown bits, and the SM clock.
+
+``pynvml`` is imported inside ``open_nvml`` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from inferd.config import ThermalConfig
+from inferd.errors import TelemetryUnavailableError
+from inferd.thermal.reading import ThermalReading
+
+#: nvmlClocksEventReasonSwThermalSlowdown / HwThermalSlowdown (same values under
+#: the deprecated nvmlClocksThrottleReason* names); used if a binding lacks both.
+SW_THERMAL_SLOWDOWN = 0x20
+HW_THERMAL_SLOWDOWN = 0x40
+_NVML_ERROR_NOT_SUPPORTED = 3
+_NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+log = structlog.get_logger("inferd.thermal")
+
+
+def _constant(nvml: Any, names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = getattr(nvml, name, None)
+        if isinstance(value, int):
+            return value
+    return default
+
+
+class NvmlSource:
+    name = "nvml"
+
+    def __init__(self, nvml: Any, handle: Any, *, slowdown_c: float | None) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self._closed = False
+        self.slowdown_c = slowdown_c
+        self._sw_bit = _constant(
+            nvml,
+            ("nvmlClocksEventReasonSwThermalSlowdown", "nvmlClocksThrottleReasonSwThermalSlowdown"),
+            SW_THERMAL_SLOWDOWN,
+        )
+        self._hw_bit = _constant(
+            nvml,
+            ("nvmlClocksEventReasonHwThermalSlowdown", "nvmlClocksThrottleReasonHwThermalSlowdown"),
+            HW_THERMAL_SLOWDOWN,
+        )
+        # The new name first; older bindings (and drivers) have only the old one.
+        self._reason_getters: list[Callable[[Any], int]] = [
+            getter
+            for getter in (
+                getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None),
+                getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None),
+            )
+            if getter is not None
+        ]
+
+    def read(self) -> ThermalReading:
+        nvml = self._nvml
+        try:
+            temp = float(nvml.nvmlDeviceGetTemperature(self._handle, nvml.NVML_TEMPERATURE_GPU))
+        except nvml.NVMLError as exc:
+            raise TelemetryUnavailableError(f"nvml: nvmlDeviceGetTemperature: {exc}") from exc
+        throttle, reason = self._throttle()
+        return ThermalReading(
+            cpu_temp_c=None,
+            gpu_temp_c=temp,
+            throttle=throttle,
+            throttle_reason=reason,
+            clock_mhz=self._clock_mhz(),
+            trip_point_c=self.slowdown_c,
+        )
+
+    def _throttle(self) -> tuple[bool | None, str | None]:
+        nvml = self._nvml
+        while self._reason_getters:
+            getter = self._reason_getters[0]
+            try:
+                reasons = int(getter(self._handle))
+            except nvml.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code in (_NVML_ERROR_FUNCTION_NOT_FOUND, _NVML_ERROR_NOT_SUPPORTED):
+                    # The driver lacks this entry point: try the older name, or
+                    # fall back to temperature thresholds for good.
+                    log.info(
+                        "thermal_nvml_reasons_unsupported",
+                        function=getattr(getter, "__name__", "reasons"),
+                        error=str(exc),
+                    )
+                    self._reason_getters.pop(0)
+                    continue
+                raise TelemetryUnavailableError(f"nvml: clock event reasons: {exc}") from exc
+            active = [
+                label
+                for label, bit in (
+                    ("sw_thermal_slowdown", self._sw_bit),
+                    ("hw_thermal_slowdown", self._hw_bit),
+                )
+                if reasons & bit
+            ]
+            return bool(active), ",".join(active) or None
+        return None, None
+
+    def _clock_mhz(self) -> float | None:
+        nvml = self._nvml
+        try:
+            return float(nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM))
+        except nvml.NVMLError:
+            return None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:
+            log.warning("thermal_nvml_shutdown_failed", error=str(exc))
+
+
+def open_nvml(config: ThermalConfig) -> NvmlSource:
+    try:
+        import pynvml
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        raise TelemetryUnavailableError(f"nvml: pynvml is not importable: {exc}") from exc
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
+        raise TelemetryUnavailableError(f"nvml: nvmlInit failed: {exc}") from exc
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(config.nvml_device_index)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+        raise TelemetryUnavailableError(
+            f"nvml: no device {config.nvml_device_index}: {exc}"
+        ) from exc
+    try:
+        slowdown_c: float | None = float(
+            pynvml.nvmlDeviceGetTemperatureThreshold(
+                handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            )
+        )
+    except Exception:
+        slowdown_c = None
+    return NvmlSource(pynvml, handle, slowdown_c=slowdown_c)

@@ -1,0 +1,1 @@
+"""Stand-ins for hardware libraries that cannot exist on a CPU-only machine."""

@@ -1,0 +1,140 @@
+"""A fake ``jtop`` package mimicking jetson-stats 4.x (``from jtop import jtop,
+JtopException``).
+
+``make_module(state)`` builds a fresh module with the two real names. The
+``jtop`` class keeps the real client's shape for what inferd uses:
+``jtop(interval=...)``, ``start()`` (connects to ``jtop.service``; raises
+``JtopException`` when it is not running), ``with jtop() as jetson`` (enter =
+``start``), ``ok(spin=False)`` (returns the running flag and re-raises the
+reader thread's error), ``close()``, and the ``temperature`` and ``gpu``
+properties:
+
+- ``temperature``: ``{name: {"temp": float C, "online": bool}}`` where
+  ``name`` is the thermal zone ``type`` cut at the first ``-`` (else ``_``),
+  an offline sensor reads ``-256``;
+- ``gpu``: ``{name: {"type", "status": {...}, "freq": {"governor", "cur",
+  "max", "min", "GPC"}}}`` with frequencies in kHz.
+
+Any other attribute raises ``AttributeError``.  The test drives it through
+the ``FakeJtop`` state object, which is not part of the module.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+TEMPERATURE_OFFLINE = -256
+SERVICE_NOT_ACTIVE = "The jtop.service is not active. Please run:\nsudo jtop --install-service"
+LOST_CONNECTION = "Lost connection with jtop server"
+
+
+class JtopException(Exception):
+    """Raised by the real client for service/connection problems."""
+
+
+def sensor(temp: float, online: bool | None = None) -> dict[str, Any]:
+    """One ``temperature`` entry as jtop 4.x reports it."""
+    return {
+        "temp": float(temp),
+        "online": temp != TEMPERATURE_OFFLINE if online is None else online,
+    }
+
+
+def igpu(cur_khz: int, name: str = "gpu") -> dict[str, Any]:
+    """A ``gpu`` mapping for an integrated GPU running at ``cur_khz``."""
+    return {
+        name: {
+            "type": "integrated",
+            "status": {"railgate": False, "tpc_pg_mask": False, "3d_scaling": True, "load": 0.0},
+            "freq": {
+                "governor": "nvhost_podgov",
+                "cur": cur_khz,
+                "max": 1300500,
+                "min": 306000,
+                "GPC": [cur_khz],
+            },
+        }
+    }
+
+
+@dataclass
+class Client:
+    """What the test can see of one ``jtop`` client object (not on the object)."""
+
+    interval: float
+    started: bool = False
+    closed: bool = False
+
+
+@dataclass
+class FakeJtop:
+    """What the fake service reports; tests change it between polls."""
+
+    service_active: bool = True
+    temperature: dict[str, Any] = field(
+        default_factory=lambda: {"cpu": sensor(45.0), "gpu": sensor(43.0), "tj": sensor(46.0)}
+    )
+    gpu: dict[str, Any] = field(default_factory=lambda: igpu(918000))
+    #: Raised from ``ok()`` (the real client stores the reader thread's error).
+    reader_error: Exception | None = None
+    clients: list[Client] = field(default_factory=list)
+
+
+def _started(client: Client) -> None:
+    if not client.started:
+        # The real client has no data before start(): its stats dict is empty.
+        raise KeyError("temperature")
+
+
+def make_module(state: FakeJtop) -> types.ModuleType:
+    module = types.ModuleType("jtop", "fake jetson-stats 4.x (tests/fakes/fake_jtop.py)")
+
+    class jtop:  # the real class name
+        __slots__ = ("_fake",)
+
+        def __init__(self, interval: float = 1.0) -> None:
+            self._fake = Client(interval=float(interval))
+            state.clients.append(self._fake)
+
+        def __getattr__(self, name: str) -> Any:
+            raise AttributeError(f"fake jtop (jetson-stats 4.x): {name!r} is not faked")
+
+        @property
+        def interval(self) -> float:
+            return self._fake.interval
+
+        def start(self) -> None:
+            if not state.service_active:
+                raise JtopException(SERVICE_NOT_ACTIVE)
+            self._fake.started = True
+
+        def close(self) -> None:
+            self._fake.closed = True
+
+        def ok(self, spin: bool = False) -> bool:
+            if state.reader_error is not None:
+                raise state.reader_error
+            return self._fake.started and not self._fake.closed
+
+        @property
+        def temperature(self) -> dict[str, Any]:
+            _started(self._fake)
+            return {name: dict(value) for name, value in state.temperature.items()}
+
+        @property
+        def gpu(self) -> dict[str, Any]:
+            _started(self._fake)
+            return state.gpu
+
+        def __enter__(self) -> jtop:
+            self.start()
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.close()
+
+    module.jtop = jtop  # type: ignore[attr-defined]
+    module.JtopException = JtopException  # type: ignore[attr-defined]
+    return module

@@ -1,0 +1,233 @@
+"""A fake ``pynvml`` module mimicking nvidia-ml-py 12.x (12.535+, where the
+``nvmlDeviceGetCurrentClocksEventReasons`` name and the
+``nvmlClocksEventReason*`` constants exist next to the deprecated
+``...ThrottleReasons`` names).
+
+``make_module(state)`` builds a fresh module object holding only names the real
+binding has (a subset of them); anything else raises ``AttributeError``, as on
+the real module.  The test drives it through the ``FakeNvml`` state object,
+which is *not* part of the module.  Inject it with
+``monkeypatch.setitem(sys.modules, "pynvml", make_module(state))`` so the code
+under test imports ``pynvml`` normally.
+
+Real behaviour kept: ``nvmlInit`` is refcounted and every device call raises
+``NVMLError_Uninitialized`` before it; ``NVMLError(value)`` returns the
+subclass for that value (``NVMLError_LibraryNotFound`` etc.), ``.value``
+holds the code and ``str()`` the NVML error string.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+
+_ERROR_STRINGS = {
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_UNKNOWN: "Unknown Error",
+}
+
+NVML_TEMPERATURE_GPU = 0
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2
+NVML_TEMPERATURE_THRESHOLD_GPU_MAX = 3
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_CLOCK_VIDEO = 3
+
+REASON_BITS = {
+    "GpuIdle": 0x1,
+    "ApplicationsClocksSetting": 0x2,
+    "SwPowerCap": 0x4,
+    "HwSlowdown": 0x8,
+    "SyncBoost": 0x10,
+    "SwThermalSlowdown": 0x20,
+    "HwThermalSlowdown": 0x40,
+    "HwPowerBrakeSlowdown": 0x80,
+    "DisplayClockSetting": 0x100,
+}
+SW_THERMAL = REASON_BITS["SwThermalSlowdown"]
+HW_THERMAL = REASON_BITS["HwThermalSlowdown"]
+SW_POWER_CAP = REASON_BITS["SwPowerCap"]
+
+
+class NVMLError(Exception):
+    _valClassMapping: dict[int, type[NVMLError]] = {}
+
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+
+    def __str__(self) -> str:
+        return _ERROR_STRINGS.get(self.value, "Unknown Error")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def _error_class(name: str, value: int) -> type[NVMLError]:
+    cls = type(f"NVMLError_{name}", (NVMLError,), {})
+    NVMLError._valClassMapping[value] = cls
+    return cls
+
+
+NVMLError_Uninitialized = _error_class("Uninitialized", NVML_ERROR_UNINITIALIZED)
+NVMLError_InvalidArgument = _error_class("InvalidArgument", NVML_ERROR_INVALID_ARGUMENT)
+NVMLError_NotSupported = _error_class("NotSupported", NVML_ERROR_NOT_SUPPORTED)
+NVMLError_NoPermission = _error_class("NoPermission", NVML_ERROR_NO_PERMISSION)
+NVMLError_DriverNotLoaded = _error_class("DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
+NVMLError_LibraryNotFound = _error_class("LibraryNotFound", NVML_ERROR_LIBRARY_NOT_FOUND)
+NVMLError_FunctionNotFound = _error_class("FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
+NVMLError_GpuIsLost = _error_class("GpuIsLost", NVML_ERROR_GPU_IS_LOST)
+NVMLError_Unknown = _error_class("Unknown", NVML_ERROR_UNKNOWN)
+
+
+class _Device:
+    """Stands for the real ``c_nvmlDevice_t`` pointer: opaque to callers."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+@dataclass
+class FakeNvml:
+    """What the fake driver reports; tests change it between polls.
+
+    ``errors`` maps a function name to an NVML error code it raises on every
+    call until removed (``nvmlInit`` included).
+    """
+
+    device_count: int = 1
+    temperature_c: int = 50
+    reasons: int = 0
+    sm_clock_mhz: int = 1410
+    slowdown_threshold_c: int | None = 90
+    #: False mimics bindings before the "EventReasons" rename (older 12.x).
+    has_event_reasons: bool = True
+    errors: dict[str, int] = field(default_factory=dict)
+    init_count: int = 0
+    shutdown_calls: int = 0
+    calls: list[str] = field(default_factory=list)
+
+
+def make_module(state: FakeNvml) -> types.ModuleType:
+    module = types.ModuleType("pynvml", "fake nvidia-ml-py 12.x (tests/fakes/fake_pynvml.py)")
+
+    def enter(name: str) -> None:
+        state.calls.append(name)
+        code = state.errors.get(name)
+        if code is not None:
+            raise NVMLError(code)
+
+    def device(name: str, handle: Any) -> None:
+        enter(name)
+        if state.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        if not isinstance(handle, _Device):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlInit() -> None:
+        enter("nvmlInit")
+        state.init_count += 1
+
+    def nvmlShutdown() -> None:
+        enter("nvmlShutdown")
+        state.shutdown_calls += 1
+        if state.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        state.init_count -= 1
+
+    def nvmlDeviceGetCount() -> int:
+        enter("nvmlDeviceGetCount")
+        if state.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return state.device_count
+
+    def nvmlDeviceGetHandleByIndex(index: int) -> _Device:
+        enter("nvmlDeviceGetHandleByIndex")
+        if state.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        if not 0 <= index < state.device_count:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return _Device(index)
+
+    def nvmlDeviceGetTemperature(handle: Any, sensor: int) -> int:
+        device("nvmlDeviceGetTemperature", handle)
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return state.temperature_c
+
+    def nvmlDeviceGetTemperatureThreshold(handle: Any, threshold: int) -> int:
+        device("nvmlDeviceGetTemperatureThreshold", handle)
+        if threshold != NVML_TEMPERATURE_THRESHOLD_SLOWDOWN or state.slowdown_threshold_c is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return state.slowdown_threshold_c
+
+    def nvmlDeviceGetCurrentClocksEventReasons(handle: Any) -> int:
+        device("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        return state.reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(handle: Any) -> int:
+        device("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return state.reasons
+
+    def nvmlDeviceGetClockInfo(handle: Any, clock_type: int) -> int:
+        device("nvmlDeviceGetClockInfo", handle)
+        if clock_type != NVML_CLOCK_SM:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return state.sm_clock_mhz
+
+    functions = [
+        nvmlInit,
+        nvmlShutdown,
+        nvmlDeviceGetCount,
+        nvmlDeviceGetHandleByIndex,
+        nvmlDeviceGetTemperature,
+        nvmlDeviceGetTemperatureThreshold,
+        nvmlDeviceGetCurrentClocksThrottleReasons,
+        nvmlDeviceGetClockInfo,
+    ]
+    if state.has_event_reasons:
+        functions.append(nvmlDeviceGetCurrentClocksEventReasons)
+    for function in functions:
+        setattr(module, function.__name__, function)
+
+    for name, value in globals().items():
+        if name.startswith(("NVML_", "NVMLError")):
+            setattr(module, name, value)
+    for reason, bit in REASON_BITS.items():
+        setattr(module, f"nvmlClocksThrottleReason{reason}", bit)
+        if state.has_event_reasons:
+            setattr(module, f"nvmlClocksEventReason{reason}", bit)
+    return module
