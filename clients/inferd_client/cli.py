@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("models", help="models and their input/output specs")
     commands.add_parser("status", help="daemon, model and bus status")
     commands.add_parser("health", help="liveness and readiness summary")
+    thermal = commands.add_parser("thermal", help="thermal telemetry and throttling")
+    thermal.add_argument("--follow", action="store_true", help="print every thermal event")
+    thermal.add_argument("--count", type=int, default=0, help="with --follow: stop after N")
     events = commands.add_parser("events", help="print published events")
     events.add_argument("--topic", action="append", default=[], help="repeatable; default all")
     events.add_argument("--count", type=int, default=0, help="stop after N events (0: forever)")
@@ -79,7 +82,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         with InferenceClient(args.infer_endpoint, timeout=args.timeout) as client:
             _emit(args, client.describe())
         return EXIT_OK
-    if args.command in ("status", "health"):
+    if args.command == "thermal" and args.follow:
+        args.topic = ["thermal"]
+        return _events(args)
+    if args.command in ("status", "health", "thermal"):
         with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
             _emit(args, operator.call(args.command))
         return EXIT_OK

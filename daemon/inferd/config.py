@@ -375,8 +375,11 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
 
     alerts_table = _Table(top.take("alerts", dict, {}), "alerts")
     alert_defaults = AlertsConfig()
+    # With the recorder disabled the default hooks leave out 'fdr'; naming it
+    # explicitly is still an error below.
+    default_hooks = tuple(h for h in alert_defaults.hooks if fdr.enabled or h != "fdr")
     alerts = AlertsConfig(
-        hooks=alerts_table.take_strings("hooks", alert_defaults.hooks),
+        hooks=alerts_table.take_strings("hooks", default_hooks),
         rate_limit_s=alerts_table.take("rate_limit_s", float, alert_defaults.rate_limit_s),
         mavlink_endpoint=alerts_table.take(
             "mavlink_endpoint", str, alert_defaults.mavlink_endpoint

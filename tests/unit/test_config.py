@@ -185,3 +185,80 @@ def test_fingerprint_changes_with_content(tmp_path: Path) -> None:
     second = load_text(tmp_path, MINIMAL + "queue_capacity = 3\n").fingerprint()
     assert first != second
     assert first == load_text(tmp_path, MINIMAL).fingerprint()
+
+
+def test_fdr_alerts_and_thermal_sections(tmp_path: Path) -> None:
+    loaded = load_text(
+        tmp_path,
+        """
+[daemon]
+state_dir = "/var/lib/inferd"
+
+[fdr]
+directory = "recorder"
+fsync_interval_ms = 20
+segment_max_bytes = 1048576
+max_total_bytes = 4194304
+queue_capacity = 128
+
+[alerts]
+hooks = ["pub", "fdr", "mavlink"]
+rate_limit_s = 2.5
+mavlink_endpoint = "udpout:192.168.1.10:14550"
+mavlink_source_system = 42
+mavlink_source_component = 191
+
+[thermal]
+sources = ["sysfs"]
+poll_hz = 4
+sysfs_root = "/tmp/fake"
+cpu_zones = ["cpu-thermal"]
+gpu_zones = ["gpu-thermal"]
+throttle_enter_c = 85.5
+hysteresis_c = 3
+"""
+        + MINIMAL,
+    )
+    assert loaded.fdr.directory == Path("/var/lib/inferd/recorder")
+    assert (loaded.fdr.fsync_interval_ms, loaded.fdr.queue_capacity) == (20, 128)
+    assert loaded.alerts.hooks == ("pub", "fdr", "mavlink")
+    assert loaded.alerts.mavlink_source_system == 42
+    assert loaded.thermal.sources == ("sysfs",)
+    assert loaded.thermal.throttle_enter_c == 85.5
+    assert loaded.thermal.poll_hz == 4.0
+
+
+def test_defaults_of_the_new_sections(tmp_path: Path) -> None:
+    loaded = load_text(tmp_path, "[daemon]\nstate_dir = '/s'\n" + MINIMAL)
+    assert loaded.fdr.enabled and loaded.fdr.directory == Path("/s/fdr")
+    assert loaded.fdr.fsync_interval_ms == 100
+    assert loaded.alerts.hooks == ("pub", "fdr")
+    assert loaded.thermal.sources == ("jtop", "nvml", "sysfs")
+    assert loaded.thermal.throttle_enter_c is None
+    without_fdr = load_text(tmp_path, "[fdr]\nenabled = false\n" + MINIMAL)
+    assert without_fdr.alerts.hooks == ("pub",)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[fdr]\nfsync_interval_ms = 0\n", "fdr.fsync_interval_ms must be positive"),
+        ("[fdr]\nmax_total_bytes = 100\n", "must hold at least two segments"),
+        ("[fdr]\nbogus = 1\n", "fdr: unknown key(s) ['bogus']"),
+        (
+            "[fdr]\nenabled = false\n[alerts]\nhooks = ['fdr']\n",
+            "alerts.hooks includes 'fdr' but fdr.enabled is false",
+        ),
+        ("[alerts]\nhooks = ['pager']\n", "alerts.hooks: 'pager' is not one of"),
+        ("[alerts]\nrate_limit_s = -1\n", "alerts.rate_limit_s must be zero or positive"),
+        ("[alerts]\nmavlink_endpoint = '10.0.0.1'\n", "pymavlink connection string"),
+        ("[alerts]\nmavlink_source_system = 0\n", "mavlink_source_system must be 1..255"),
+        ("[thermal]\nsources = ['tegrastats']\n", "thermal.sources: 'tegrastats' is not one of"),
+        ("[thermal]\npoll_hz = 0\n", "thermal.poll_hz must be positive"),
+        ("[thermal]\nhysteresis_c = -1\n", "thermal.hysteresis_c must be zero or positive"),
+    ],
+)
+def test_invalid_new_sections(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_text(tmp_path, text + MINIMAL)
+    assert message in str(caught.value)
