@@ -69,6 +69,32 @@ def write_slow_model(path: Path, matmuls: int = 6, size: int = 512) -> Path:
     return path
 
 
+def write_slow_loading_model(path: Path, nodes: int = 20_000) -> Path:
+    """A model ONNX Runtime needs over a second to load (a long chain of Mul
+    nodes): keeps a slot in its loading state long enough to send it requests.
+    Input ``x`` f32[4] -> ``y`` (equal to ``x``)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    chain, previous = [], "x"
+    for index in range(nodes):
+        output = "y" if index == nodes - 1 else f"h{index}"
+        chain.append(helper.make_node("Mul", [previous, "one"], [output]))
+        previous = output
+    graph = helper.make_graph(
+        chain,
+        "slow_loading",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.ones(4, np.float32), "one")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
 @dataclass
 class DaemonProcess:
     """A real ``inferd run`` subprocess on ipc:// endpoints in a private temp dir."""
@@ -102,7 +128,8 @@ def _toml_value(value: object) -> str:
 def render_config(
     workdir: Path, models: list[dict[str, object]], **sections: dict[str, object]
 ) -> str:
-    """TOML for a daemon in ``workdir``; ``sections`` override daemon/bus/runtime keys."""
+    """TOML for a daemon in ``workdir``; ``sections`` override daemon/bus/runtime keys,
+    and any other section (``fdr``, ``alerts``, ``thermal``...) is written as its own table."""
     daemon = {
         "state_dir": str(workdir / "state"),
         "runtime_dir": str(workdir / "run"),
@@ -121,13 +148,21 @@ def render_config(
     for name, table in (("daemon", daemon), ("bus", bus), ("runtime", runtime)):
         lines.append(f"[{name}]")
         lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+    for name, table in sections.items():
+        if name not in ("daemon", "bus", "runtime"):
+            lines.append(f"[{name}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
     for model in models:
         lines.append("[[models]]")
         lines += [f"{key} = {_toml_value(value)}" for key, value in model.items()]
     return "\n".join(lines) + "\n"
 
 
-def start_daemon(config_text: str, workdir: Path, *, ready_timeout: float = 30) -> DaemonProcess:
+def start_daemon(
+    config_text: str, workdir: Path, *, ready_timeout: float = 30, wait_ready: bool = True
+) -> DaemonProcess:
+    """Start ``inferd run``; return once it is ready (or, with ``wait_ready=False``,
+    as soon as its control socket answers, possibly while models still load)."""
     config_path = workdir / "inferd.toml"
     config_path.write_text(config_text)
     log_path = workdir / "inferd.log"
@@ -155,7 +190,7 @@ def start_daemon(config_text: str, workdir: Path, *, ready_timeout: float = 30) 
             if process.poll() is not None:
                 raise RuntimeError(f"inferd exited with {process.returncode}:\n{daemon.log()}")
             try:
-                if operator.health()["state"] != "starting":
+                if operator.health()["state"] != "starting" or not wait_ready:
                     return daemon
             except ClientError:
                 pass
@@ -175,14 +210,17 @@ def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
     workdirs: list[Path] = []
 
     def factory(
-        models: list[dict[str, object]] | None = None, **sections: dict[str, object]
+        models: list[dict[str, object]] | None = None,
+        *,
+        wait_ready: bool = True,
+        **sections: dict[str, object],
     ) -> DaemonProcess:
         workdir = Path(tempfile.mkdtemp(prefix="ifd-"))  # short: ipc paths max 107 bytes
         workdirs.append(workdir)
         text = render_config(
             workdir, models or [{"name": "demo", "path": str(demo_model)}], **sections
         )
-        daemon = start_daemon(text, workdir)
+        daemon = start_daemon(text, workdir, wait_ready=wait_ready)
         started.append(daemon)
         return daemon
 

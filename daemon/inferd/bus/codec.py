@@ -98,10 +98,7 @@ def deadline_ms_of(header: dict[str, Any], default_ms: int) -> int:
     return int(value) if value >= 1 else 1
 
 
-def validate_inputs(
-    header: dict[str, Any], tensors: Sequence[memoryview], specs: Sequence[TensorSpec]
-) -> dict[str, np.ndarray]:
-    """Check the described tensors against the model's inputs; returns zero-copy views."""
+def _descriptors(header: dict[str, Any], tensors: Sequence[memoryview]) -> list[Any]:
     descriptors = header.get("inputs")
     if not isinstance(descriptors, list):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'inputs' must be a list of tensor descriptors")
@@ -111,6 +108,23 @@ def validate_inputs(
             f"header describes {len(descriptors)} inputs but the message carries "
             f"{len(tensors)} tensor frames",
         )
+    return descriptors
+
+
+def check_descriptors(header: dict[str, Any], tensors: Sequence[memoryview]) -> None:
+    """What can be checked without the model's IO spec: descriptor syntax,
+    frame count and each frame's byte length."""
+    descriptors = _descriptors(header, tensors)
+    for index, (descriptor, buffer) in enumerate(zip(descriptors, tensors, strict=True)):
+        name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+        protocol.frame_to_array(name, dtype, shape, buffer)
+
+
+def validate_inputs(
+    header: dict[str, Any], tensors: Sequence[memoryview], specs: Sequence[TensorSpec]
+) -> dict[str, np.ndarray]:
+    """Check the described tensors against the model's inputs; returns zero-copy views."""
+    descriptors = _descriptors(header, tensors)
     by_name = {spec.name: spec for spec in specs}
     parsed = [protocol.parse_descriptor(i, d) for i, d in enumerate(descriptors)]
     names = [name for name, _, _ in parsed]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from inferd.bus.codec import Request, deadline_ms_of, validate_inputs
+from inferd.bus.codec import Request, check_descriptors, deadline_ms_of, validate_inputs
 from inferd.bus.server import Reply
 from inferd.service.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
 from inferd.service.slot import ModelSlot
@@ -82,12 +82,18 @@ class RequestRouter:
         if not self.accepting:
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
         handle = slot.handle
-        if slot.state != "serving" or handle is None:
+        if slot.state == "loading":
+            # Loading or failing over: the request waits (up to its deadline)
+            # and is validated against the IO spec once the model serves.
+            check_descriptors(request.header, request.tensors)
+            inputs = None
+        elif slot.state == "serving" and handle is not None:
+            inputs = validate_inputs(request.header, request.tensors, handle.inputs)
+        else:
             raise ProtocolError(
                 Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"
             )
         deadline_ms = deadline_ms_of(request.header, slot.config.default_deadline_ms)
-        inputs = validate_inputs(request.header, request.tensors, handle.inputs)
         now_ns = time.monotonic_ns()
         assert request.request_id is not None  # check_request guarantees it
         job = Job(
@@ -98,6 +104,7 @@ class RequestRouter:
             received_ns=now_ns,
             deadline_ns=now_ns + deadline_ms * 1_000_000 if deadline_ms else None,
             frames=request.tensors,
+            header=request.header,
         )
         try:
             superseded = self._scheduler.submit(job)

@@ -26,11 +26,15 @@ class Job:
     envelope: list[bytes]
     request_id: RequestId
     model: str
-    inputs: dict[str, np.ndarray]
+    #: Validated zero-copy inputs; None when the request arrived while its model
+    #: was still loading (no IO spec yet): the worker validates it before running.
+    inputs: dict[str, np.ndarray] | None
     received_ns: int
     deadline_ns: int | None
-    #: Keeps the received frames alive while ``inputs`` view their memory.
+    #: The received tensor frames (``inputs`` views their memory).
     frames: Any = field(default=None, repr=False)
+    #: The request header, kept for late validation.
+    header: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def client(self) -> bytes:

@@ -11,13 +11,14 @@ from typing import Any
 import structlog
 import zmq
 
+from inferd.bus.codec import validate_inputs
 from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import InferdError, OutOfMemoryError
 from inferd.service.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.service.slot import ModelSlot
 from inferd_client import protocol
 from inferd_client.multipart import send_frames
-from inferd_client.protocol import Code
+from inferd_client.protocol import Code, ProtocolError
 
 #: The worker wakes at least this often so its liveness beat stays fresh while idle.
 _BEAT_INTERVAL_S = 0.5
@@ -82,9 +83,18 @@ class EngineWorker(threading.Thread):
             )
         runtime, handle = slot.runtime, slot.handle
         if runtime is None or handle is None:
-            return self._error(job, slot, Code.UNAVAILABLE, f"model {job.model!r} is {slot.state}")
+            reason = f": {slot.last_error}" if slot.last_error else ""
+            return self._error(
+                job, slot, Code.UNAVAILABLE, f"model {job.model!r} is {slot.state}{reason}"
+            )
+        inputs = job.inputs
+        if inputs is None:  # arrived while the model was loading
+            try:
+                inputs = validate_inputs(job.header, job.frames, handle.inputs)
+            except ProtocolError as exc:
+                return self._error(job, slot, exc.code, exc.message)
         try:
-            outputs = runtime.infer(handle, job.inputs)
+            outputs = runtime.infer(handle, inputs)
         except OutOfMemoryError as exc:
             return self._error(job, slot, Code.RESOURCE_EXHAUSTED, str(exc))
         except InferdError as exc:
