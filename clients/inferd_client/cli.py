@@ -52,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("models", help="models and their input/output specs")
     commands.add_parser("status", help="daemon, model and bus status")
     commands.add_parser("health", help="liveness and readiness summary")
+    switch = commands.add_parser(
+        "switch", help="switch a model's runtime (make-before-break); waits up to --timeout"
+    )
+    switch.add_argument("model")
+    switch.add_argument("runtime", choices=("onnx_trt_ep", "tensorrt"))
+    switch.add_argument("--requested-by", default="operator")
     thermal = commands.add_parser("thermal", help="thermal telemetry and throttling")
     thermal.add_argument("--follow", action="store_true", help="print every thermal event")
     thermal.add_argument("--count", type=int, default=0, help="with --follow: stop after N")
@@ -81,6 +87,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "models":
         with InferenceClient(args.infer_endpoint, timeout=args.timeout) as client:
             _emit(args, client.describe())
+        return EXIT_OK
+    if args.command == "switch":
+        with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+            _emit(
+                args,
+                operator.call(
+                    "runtime.switch",
+                    model=args.model,
+                    runtime=args.runtime,
+                    requested_by=args.requested_by,
+                ),
+            )
         return EXIT_OK
     if args.command == "thermal" and args.follow:
         args.topic = ["thermal"]

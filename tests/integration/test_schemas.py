@@ -66,6 +66,7 @@ SCHEMA_FILES = frozenset(
         "event_alert.json",
         "event_thermal.json",
         "thermal_reply.json",
+        "switch_reply.json",
     }
 )
 REPLY_TIMEOUT_S = 20.0

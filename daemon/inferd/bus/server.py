@@ -35,6 +35,8 @@ class Reply:
     envelope: list[bytes]
     header: dict[str, Any]
     frames: Sequence[Any] = ()
+    #: Which ROUTER the reply leaves on ("infer" or "control").
+    socket: str = "infer"
 
     def parts(self) -> list[Any]:
         return [*self.envelope, protocol.pack(self.header), *self.frames]
@@ -52,7 +54,9 @@ class RequestHandler(Protocol):
         """Admit a request (return None: its reply arrives on the replies socket) or refuse it."""
         ...
 
-    def handle_control(self, request: Request) -> Reply: ...
+    def handle_control(self, request: Request) -> Reply | None:
+        """Answer a control op now, or return None when its reply comes later."""
+        ...
 
     def due_replies(self, now_ns: int) -> list[Reply]:
         """Replies owed now: expired deadlines, superseded and shutdown-failed requests."""
@@ -155,7 +159,7 @@ class BusServer(threading.Thread):
                 self._serve(control, "control", self._handler.handle_control)
             due = self._handler.due_replies(time.monotonic_ns())
             for reply in due:
-                self._send(infer, reply.parts())
+                self._send(control if reply.socket == "control" else infer, reply.parts())
             if stopping and not ready and not due:
                 return
 

@@ -25,6 +25,7 @@ from inferd.service.deadline_misses import DeadlineMissReporter
 from inferd.service.requests import RequestRouter
 from inferd.service.scheduler import Scheduler
 from inferd.service.slot import ModelSlot, Sinks
+from inferd.service.switching import RuntimeSwitcher
 from inferd.service.worker import EngineWorker
 from inferd.thermal.monitor import ThermalMonitor
 from inferd_client.protocol import Code
@@ -76,10 +77,12 @@ class Daemon:
             record=self._record,
             thermal=self.thermal.snapshot,
         )
+        self.switcher = RuntimeSwitcher(self.slots, self.scheduler, config.runtime, self._sinks)
         self.router = RequestRouter(
             self.slots,
             self.scheduler,
             {"status": self.status, "health": self._health_op, "thermal": self._thermal_op},
+            {"runtime.switch": self.switcher.switch},
         )
         self.bus = BusServer(
             self._context,

@@ -23,6 +23,9 @@ from inferd_client.protocol import Code, ProtocolError
 INFER_OPS = ("infer", "describe")
 
 ControlOp = Callable[[dict[str, Any]], dict[str, Any]]
+#: A control op whose reply comes later: it gets the header and a ``respond``
+#: callable taking the result (or a ProtocolError), callable from any thread.
+DeferredOp = Callable[[dict[str, Any], Callable[[dict[str, Any] | ProtocolError], None]], None]
 
 
 def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
@@ -45,10 +48,12 @@ class RequestRouter:
         slots: Mapping[str, ModelSlot],
         scheduler: Scheduler,
         control_ops: Mapping[str, ControlOp],
+        deferred_ops: Mapping[str, DeferredOp] | None = None,
     ) -> None:
         self._slots = slots
         self._scheduler = scheduler
         self._control_ops = control_ops
+        self._deferred_ops = deferred_ops or {}
         self._owed: list[Reply] = []
         self._owed_lock = threading.Lock()
         self.accepting = True
@@ -128,14 +133,31 @@ class RequestRouter:
                 ]
             )
 
-    def handle_control(self, request: Request) -> Reply:
+    def handle_control(self, request: Request) -> Reply | None:
+        deferred = self._deferred_ops.get(request.op)
+        if deferred is not None:
+            deferred(request.header, self._responder(request))
+            return None
         operation = self._control_ops.get(request.op)
         if operation is None:
+            known = sorted([*self._control_ops, *self._deferred_ops])
             raise ProtocolError(
                 Code.INVALID_ARGUMENT,
-                f"unknown control op {request.op!r}; known: {sorted(self._control_ops)}",
+                f"unknown control op {request.op!r}; known: {known}",
             )
         return ok_reply(request, operation(request.header))
+
+    def _responder(self, request: Request) -> Callable[[dict[str, Any] | ProtocolError], None]:
+        def respond(result: dict[str, Any] | ProtocolError) -> None:
+            if isinstance(result, ProtocolError):
+                header = protocol.error_header(request.request_id, result.code, result.message)
+                reply = Reply(request.envelope, header, socket="control")
+            else:
+                reply = ok_reply(request, result)
+                reply.socket = "control"
+            self._owe([reply])
+
+        return respond
 
     def due_replies(self, now_ns: int) -> list[Reply]:
         due: list[Reply] = []

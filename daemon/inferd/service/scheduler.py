@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ class Scheduler:
         self._names: list[str] = []
         self._next = 0
         self._closed = False
+        self._calls: deque[Callable[[], None]] = deque()
         self._in_flight = 0
         #: Queued jobs that carry a deadline; lets ``next_deadline_ns`` skip the
         #: lock and the scan on the bus thread's every loop when there are none.
@@ -96,15 +97,25 @@ class Scheduler:
             self._condition.notify()
             return superseded
 
-    def take(self, timeout: float | None = None) -> Job | None:
-        """Next job, round-robin across models; None on timeout.
+    def call_on_worker(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the engine worker before its next job (e.g. an engine
+        swap between two requests).  Raises SchedulerClosedError once closed."""
+        with self._condition:
+            if self._closed:
+                raise SchedulerClosedError
+            self._calls.append(call)
+            self._condition.notify()
 
-        Raises ``SchedulerClosedError`` once closed.
+    def take(self, timeout: float | None = None) -> Job | Callable[[], None] | None:
+        """The next call for the worker if any, else the next job (round-robin
+        across models); None on timeout.  Raises ``SchedulerClosedError`` once closed.
         """
         with self._condition:
             while True:
                 if self._closed:
                     raise SchedulerClosedError
+                if self._calls:
+                    return self._calls.popleft()
                 job = self._pop_round_robin()
                 if job is not None:
                     self._in_flight += 1

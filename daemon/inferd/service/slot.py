@@ -104,6 +104,17 @@ class ModelSlot:
     def _load(
         self, label: str, runtime_config: RuntimeConfig, is_fallback: bool, sinks: Sinks
     ) -> None:
+        self.runtime, self.handle = self.prepare(label, runtime_config, sinks, is_fallback)
+
+    def prepare(
+        self,
+        label: str,
+        runtime_config: RuntimeConfig,
+        sinks: Sinks,
+        is_fallback: bool = False,
+    ) -> tuple[InferenceRuntime, EngineHandle]:
+        """Build ``label``'s runtime and make this model's engine resident and warm,
+        without touching what serves now.  Raises RuntimeNotAvailableError or InferdError."""
         runtime = build_inference_runtime(
             label,
             runtime_config,
@@ -116,8 +127,21 @@ class ModelSlot:
             self.config.path, BuildConfig(precision=self.config.precision)
         )
         entry = dataclasses.replace(entry, staged_engines=self.config.staged_engines)
-        handle = runtime.deserialize_engine(entry)
+        return runtime, runtime.deserialize_engine(entry)
+
+    def swap(
+        self, runtime: InferenceRuntime, handle: EngineHandle
+    ) -> tuple[InferenceRuntime | None, EngineHandle | None]:
+        """Serve from ``runtime``/``handle`` from the next request on; returns the
+        previous pair for the caller to release.  Call on the engine worker only."""
+        previous = self.runtime, self.handle
         self.runtime, self.handle = runtime, handle
+        self.last_error = None
+        self.state = "serving"
+        return previous
+
+    def sinks_for_model(self, sinks: Sinks) -> Sinks:
+        return self._naming_model(sinks)
 
     def _fail(self, reason: str, sinks: Sinks) -> None:
         self.state = "failed"

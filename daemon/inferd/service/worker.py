@@ -61,6 +61,9 @@ class EngineWorker(threading.Thread):
                 self.last_beat_ns = time.monotonic_ns()
                 if job is None:
                     continue
+                if not isinstance(job, Job):
+                    self._call(job)
+                    continue
                 try:
                     send_frames(replies, self._run(job))
                 finally:
@@ -70,6 +73,12 @@ class EngineWorker(threading.Thread):
             for slot in self._slots.values():
                 slot.release()
             replies.close(linger=-1)
+
+    def _call(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:  # a failed swap must not take the worker down
+            log.exception("worker_call_failed")
 
     def _run(self, job: Job) -> list[Any]:
         slot = self._slots[job.model]

@@ -1,0 +1,175 @@
+"""Operator runtime switching, make-before-break.
+
+The new runtime is prepared (engine deserialised and warmed up) on a switch
+thread while the current one keeps serving; the swap itself runs on the
+engine worker between two requests, and the old engine is released there
+right after.  If preparing fails nothing changes and the operator is told why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from inferd.config import RUNTIME_LABELS, RuntimeConfig
+from inferd.errors import InferdError, RuntimeNotAvailableError
+from inferd.service.scheduler import Scheduler, SchedulerClosedError
+from inferd.service.slot import ModelSlot, Sinks
+from inferd.types import EngineHandle
+from inferd_client.protocol import Code, ProtocolError
+
+log = structlog.get_logger("inferd.switch")
+
+Respond = Callable[[dict[str, Any] | ProtocolError], None]
+
+#: How long a prepared engine may wait for the worker to take it.
+_SWAP_TIMEOUT_S = 60.0
+
+
+class RuntimeSwitcher:
+    def __init__(
+        self,
+        slots: Mapping[str, ModelSlot],
+        scheduler: Scheduler,
+        runtime_config: RuntimeConfig,
+        sinks: Sinks,
+    ) -> None:
+        self._slots = slots
+        self._scheduler = scheduler
+        self._runtime_config = runtime_config
+        self._sinks = sinks
+        self._lock = threading.Lock()
+        self._in_progress: set[str] = set()
+
+    def switch(self, header: dict[str, Any], respond: Respond) -> None:
+        """Control op ``runtime.switch {model, runtime, requested_by?}`` (bus thread).
+
+        Refusals that need no preparation raise ProtocolError at once; otherwise
+        the reply comes through ``respond`` when the switch is done or refused.
+        """
+        model, label = header.get("model"), header.get("runtime")
+        requested_by = header.get("requested_by", "operator")
+        if not isinstance(model, str) or not isinstance(label, str):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'model' and 'runtime' must be strings")
+        if not isinstance(requested_by, str) or not 0 < len(requested_by) <= 64:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, "'requested_by' must be a string of 1..64 characters"
+            )
+        slot = self._slots.get(model)
+        if slot is None:
+            raise ProtocolError(
+                Code.NOT_FOUND, f"no model named {model!r}; served: {sorted(self._slots)}"
+            )
+        if label not in RUNTIME_LABELS:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"unknown runtime {label!r}; known: {list(RUNTIME_LABELS)}",
+            )
+        if slot.state != "serving" or slot.handle is None:
+            raise ProtocolError(
+                Code.FAILED_PRECONDITION,
+                f"model {model!r} is {slot.state}; switch it once it serves",
+            )
+        with self._lock:
+            if model in self._in_progress:
+                raise ProtocolError(
+                    Code.FAILED_PRECONDITION, f"a switch of model {model!r} is already in progress"
+                )
+            self._in_progress.add(model)
+        threading.Thread(
+            target=self._run,
+            args=(slot, label, requested_by, respond),
+            name=f"inferd-switch-{model}",
+            daemon=True,
+        ).start()
+
+    def _run(self, slot: ModelSlot, label: str, requested_by: str, respond: Respond) -> None:
+        try:
+            respond(self._switch(slot, label, requested_by))
+        except ProtocolError as exc:
+            respond(exc)
+        except Exception as exc:  # never leave the operator without an answer
+            log.exception("runtime_switch_crashed", model=slot.name)
+            respond(ProtocolError(Code.INTERNAL, f"switch failed unexpectedly: {exc}"))
+        finally:
+            with self._lock:
+                self._in_progress.discard(slot.name)
+
+    def _switch(self, slot: ModelSlot, label: str, requested_by: str) -> dict[str, Any]:
+        current = slot.handle
+        from_label = current.runtime_label if current is not None else None
+        started = time.monotonic()
+        sinks = slot.sinks_for_model(self._sinks)
+        try:
+            runtime, handle = slot.prepare(label, self._runtime_config, sinks)
+        except (RuntimeNotAvailableError, InferdError) as exc:
+            reason = f"cannot prepare {label}: {exc}; {from_label} keeps serving"
+            self._report(slot, from_label, label, requested_by, "refused", reason, started)
+            raise ProtocolError(Code.FAILED_PRECONDITION, reason) from None
+        prepared = time.monotonic()
+        swapped = threading.Event()
+        swap_s: list[float] = []
+
+        def swap() -> None:  # runs on the engine worker, between two requests
+            began = time.monotonic()
+            old_runtime, old_handle = slot.swap(runtime, handle)
+            swap_s.append(time.monotonic() - began)
+            swapped.set()
+            if old_runtime is not None and old_handle is not None:
+                old_runtime.release_engine(old_handle)
+
+        try:
+            self._scheduler.call_on_worker(swap)
+        except SchedulerClosedError:
+            runtime.release_engine(handle)
+            raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down") from None
+        if not swapped.wait(_SWAP_TIMEOUT_S):
+            reason = f"the engine worker did not take the new engine within {_SWAP_TIMEOUT_S} s"
+            self._report(slot, from_label, label, requested_by, "failed", reason, started)
+            raise ProtocolError(Code.INTERNAL, reason)
+        timings = {
+            "prepare_ms": round((prepared - started) * 1000, 3),
+            "swap_ms": round(swap_s[0] * 1000, 3),
+        }
+        self._report(slot, from_label, label, requested_by, "switched", None, started, timings)
+        self._sinks.events("runtime", slot.describe_runtime())
+        return {
+            "model": slot.name,
+            "from_runtime": from_label,
+            "to_runtime": label,
+            "active_providers": list(_providers(slot.handle)),
+            **timings,
+        }
+
+    def _report(
+        self,
+        slot: ModelSlot,
+        from_label: str | None,
+        to_label: str,
+        requested_by: str,
+        outcome: str,
+        reason: str | None,
+        started: float,
+        timings: Mapping[str, float] | None = None,
+    ) -> None:
+        payload = {
+            "model": slot.name,
+            "from_runtime": from_label,
+            "to_runtime": to_label,
+            "requested_by": requested_by,
+            "outcome": outcome,
+            "reason": reason,
+            "elapsed_ms": round((time.monotonic() - started) * 1000, 3),
+            **(timings or {}),
+        }
+        method = log.info if outcome == "switched" else log.warning
+        method("runtime_switch", **payload)
+        self._sinks.record("c7.runtime_switch", payload)
+
+
+def _providers(handle: EngineHandle | None) -> tuple[str, ...]:
+    return handle.active_providers if handle is not None else ()

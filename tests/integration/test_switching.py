@@ -1,0 +1,195 @@
+"""Operator runtime switching: make-before-break, with clients sending throughout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferd_client import ClientError, EventSubscriber, InferenceClient, OperatorClient, RemoteError
+from tests.conftest import DaemonFactory, DaemonProcess, write_slow_loading_model
+from tests.integration.test_schemas import assert_valid
+
+
+def identity_models(identity_model: Path, runtime: str = "onnx_trt_ep") -> list[dict[str, object]]:
+    return [{"name": "identity", "path": str(identity_model), "runtime": runtime}]
+
+
+def switch(daemon: DaemonProcess, model: str, runtime: str, timeout: float = 60) -> dict[str, Any]:
+    with OperatorClient(daemon.control, timeout=timeout) as operator:
+        return operator.call("runtime.switch", model=model, runtime=runtime, requested_by="test")
+
+
+def test_switching_under_load_loses_no_request(
+    daemon_factory: DaemonFactory, identity_model: Path
+) -> None:
+    daemon = daemon_factory(models=identity_models(identity_model))
+    stop = threading.Event()
+    outcomes: Counter[str] = Counter()
+    failures: list[str] = []
+
+    def client_loop(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with InferenceClient(daemon.infer, timeout=20) as client:
+            while not stop.is_set():
+                image = rng.random((1, 3, 224, 224), dtype=np.float32)
+                try:
+                    output = client.infer("identity", {"input": image})["output"]
+                except (RemoteError, ClientError) as exc:
+                    failures.append(repr(exc))
+                    continue
+                if not np.array_equal(output, image):
+                    failures.append("wrong output")
+                outcomes[client.last_reply["runtime"]] += 1
+
+    threads = [threading.Thread(target=client_loop, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.3)
+        results = [switch(daemon, "identity", "onnx_trt_ep") for _ in range(3)]
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert failures == []
+    assert set(outcomes) == {"onnx_trt_ep"} and sum(outcomes.values()) > 20
+    for result in results:
+        assert_valid("switch_reply.json#/$defs/ok", {"v": 1, "id": 1, "ok": True, "result": result})
+        assert (result["from_runtime"], result["to_runtime"]) == ("onnx_trt_ep", "onnx_trt_ep")
+        assert result["prepare_ms"] > 0 and result["swap_ms"] >= 0
+    with OperatorClient(daemon.control) as operator:
+        (model,) = operator.status()["models"]
+    assert set(model["responses"]) == {"OK"}
+    assert model["responses"]["OK"] == sum(outcomes.values())
+
+
+def test_refused_switch_keeps_the_old_runtime_and_is_recorded(
+    daemon_factory: DaemonFactory, identity_model: Path
+) -> None:
+    daemon = daemon_factory(models=identity_models(identity_model))
+    with pytest.raises(RemoteError) as caught:
+        switch(daemon, "identity", "tensorrt")
+    assert caught.value.code == "FAILED_PRECONDITION"
+    assert "cannot prepare tensorrt" in caught.value.message
+    assert "onnx_trt_ep keeps serving" in caught.value.message
+    with InferenceClient(daemon.infer) as client:
+        client.infer("identity", {"input": np.zeros((1, 3, 224, 224), np.float32)})
+        assert client.last_reply["runtime"] == "onnx_trt_ep"
+    assert daemon.stop() == 0
+    records = fdr_dump(daemon, "c7.runtime_switch")
+    assert [(r["payload"]["outcome"], r["payload"]["requested_by"]) for r in records] == [
+        ("refused", "test")
+    ]
+
+
+def test_switching_a_failed_over_model_clears_the_fallback(
+    daemon_factory: DaemonFactory, identity_model: Path
+) -> None:
+    daemon = daemon_factory(models=identity_models(identity_model, runtime="tensorrt"))
+    image = np.zeros((1, 3, 224, 224), np.float32)
+    with EventSubscriber(daemon.events, topics=["runtime"]) as events:
+        time.sleep(0.3)  # slow joiner
+        with InferenceClient(daemon.infer) as client:
+            client.infer("identity", {"input": image})
+            assert client.last_reply["fallback"] is True
+            result = switch(daemon, "identity", "onnx_trt_ep")
+            client.infer("identity", {"input": image})
+            assert client.last_reply["fallback"] is False
+        event = events.receive(timeout=5)
+    assert result["from_runtime"] == "onnx_trt_ep" and result["to_runtime"] == "onnx_trt_ep"
+    assert event is not None and event[1]["fallback"] is False and event[1]["reason"] is None
+    with OperatorClient(daemon.control) as operator:
+        (model,) = operator.status()["models"]
+    assert model["fallback"] is False and model["configured_runtime"] == "tensorrt"
+    assert daemon.stop() == 0
+    (record,) = fdr_dump(daemon, "c7.runtime_switch")
+    assert record["payload"]["outcome"] == "switched"
+    assert record["payload"]["prepare_ms"] > 0
+
+
+def test_switch_argument_errors(daemon_factory: DaemonFactory, identity_model: Path) -> None:
+    daemon = daemon_factory(models=identity_models(identity_model))
+    cases = [
+        ({"model": "nope", "runtime": "onnx_trt_ep"}, "NOT_FOUND"),
+        ({"model": "identity", "runtime": "cuda"}, "INVALID_ARGUMENT"),
+        ({"model": "identity"}, "INVALID_ARGUMENT"),
+        ({"model": "identity", "runtime": "onnx_trt_ep", "requested_by": ""}, "INVALID_ARGUMENT"),
+    ]
+    with OperatorClient(daemon.control) as operator:
+        for arguments, code in cases:
+            with pytest.raises(RemoteError) as caught:
+                operator.call("runtime.switch", **arguments)
+            assert caught.value.code == code, arguments
+
+
+def test_a_second_switch_while_one_prepares_is_refused(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    slow = write_slow_loading_model(tmp_path / "slow.onnx")
+    daemon = daemon_factory(models=[{"name": "slow", "path": str(slow)}])
+    first: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: first.update(switch(daemon, "slow", "onnx_trt_ep")))
+    thread.start()
+    time.sleep(0.3)  # the first switch is preparing (loading takes over a second)
+    with pytest.raises(RemoteError) as caught:
+        switch(daemon, "slow", "onnx_trt_ep")
+    thread.join(60)
+    assert caught.value.code == "FAILED_PRECONDITION" and "in progress" in caught.value.message
+    assert first["to_runtime"] == "onnx_trt_ep"
+
+
+def test_inferctl_switch(daemon_factory: DaemonFactory, identity_model: Path) -> None:
+    daemon = daemon_factory(models=identity_models(identity_model))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferd_client.cli",
+            "--control-endpoint",
+            daemon.control,
+            "--timeout",
+            "60",
+            "--json",
+            "switch",
+            "identity",
+            "onnx_trt_ep",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["to_runtime"] == "onnx_trt_ep"
+
+
+def fdr_dump(daemon: DaemonProcess, kind: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferd.cli",
+            "fdr",
+            "dump",
+            "--dir",
+            str(daemon.workdir / "state" / "fdr"),
+            "--kind",
+            kind,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [json.loads(line) for line in result.stdout.splitlines()]
