@@ -33,9 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events-endpoint", default=defaults.events)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    # --json is accepted after the subcommand too (inferctl status --json).
+    json_option = argparse.ArgumentParser(add_help=False)
+    json_option.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    infer = commands.add_parser("infer", help="run one inference")
+    infer = commands.add_parser("infer", parents=[json_option], help="run one inference")
     infer.add_argument("--model", required=True)
     source = infer.add_mutually_exclusive_group(required=True)
     source.add_argument("--random", action="store_true", help="random inputs from the model spec")
@@ -49,19 +54,23 @@ def main(argv: list[str] | None = None) -> int:
     infer.add_argument("--deadline-ms", type=int)
     infer.add_argument("--save", type=Path, help="write outputs to this .npz file")
 
-    commands.add_parser("models", help="models and their input/output specs")
-    commands.add_parser("status", help="daemon, model and bus status")
-    commands.add_parser("health", help="liveness and readiness summary")
+    commands.add_parser("models", parents=[json_option], help="models and their input/output specs")
+    commands.add_parser("status", parents=[json_option], help="daemon, model and bus status")
+    commands.add_parser("health", parents=[json_option], help="liveness and readiness summary")
     switch = commands.add_parser(
-        "switch", help="switch a model's runtime (make-before-break); waits up to --timeout"
+        "switch",
+        parents=[json_option],
+        help="switch a model's runtime (make-before-break); waits up to --timeout",
     )
     switch.add_argument("model")
     switch.add_argument("runtime", choices=("onnx_trt_ep", "tensorrt"))
     switch.add_argument("--requested-by", default="operator")
-    thermal = commands.add_parser("thermal", help="thermal telemetry and throttling")
+    thermal = commands.add_parser(
+        "thermal", parents=[json_option], help="thermal telemetry and throttling"
+    )
     thermal.add_argument("--follow", action="store_true", help="print every thermal event")
     thermal.add_argument("--count", type=int, default=0, help="with --follow: stop after N")
-    events = commands.add_parser("events", help="print published events")
+    events = commands.add_parser("events", parents=[json_option], help="print published events")
     events.add_argument("--topic", action="append", default=[], help="repeatable; default all")
     events.add_argument("--count", type=int, default=0, help="stop after N events (0: forever)")
 

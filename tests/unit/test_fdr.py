@@ -327,3 +327,35 @@ def test_parse_since() -> None:
     assert parse_since("2026-01-01T00:00:00Z", now) == parse_since("2026-01-01T00:00:00", now)
     with pytest.raises(ValueError, match="--since"):
         parse_since("yesterday", now)
+
+
+def test_steady_records_during_a_failure_do_not_extend_the_backoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer retries one second after the failure even while records keep
+    coming, and status keeps the failure's cause, not "backing off"."""
+    real_write = os.write
+    failing = [True]
+
+    def write(fd: int, data: Any) -> int:
+        if failing[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    fdr = FlightRecorder(config(tmp_path))
+    fdr.start()
+    fdr.record("c7.deadline_miss", miss(1))
+    time.sleep(0.2)
+    failing[0] = False
+    deadline = time.monotonic() + 5
+    count = 1
+    while time.monotonic() < deadline and fdr.status()["records_written"] == 0:
+        count += 1
+        fdr.record("c7.deadline_miss", miss(count))
+        time.sleep(0.05)
+        assert "No space left" in (fdr.status()["last_error"] or "")
+    fdr.stop()
+    assert fdr.status()["records_written"] > 0, "the recorder never resumed"
+    kinds = [r.kind for r in read_records(tmp_path)]
+    assert kinds[0] == "c7.fdr_dropped"

@@ -12,11 +12,13 @@ to that segment again (what reached the disk is unknown): it opens a new one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,12 @@ class _Marker(threading.Event):
     """Queued by ``wait_durable``; set once everything before it was processed."""
 
     durable = False
+
+
+class _BackingOff(OSError):
+    """No segment is opened for a while after a failure: records are dropped
+    (and counted) without touching the disk, the failure that started the
+    pause stays in ``last_error`` and the pause is not extended."""
 
 
 @dataclass
@@ -212,36 +220,55 @@ class FlightRecorder:
         return batch
 
     def _write(self, records: list[_Pending]) -> bool:
-        """Append records; on failure drop the rest (counted) and abandon the segment."""
+        """Append records; on failure drop the rest (counted) and abandon the segment.
+
+        A batch goes to the file in one ``write`` per segment: a write releases
+        the GIL, and a writer that wrote frame by frame would wait for it after
+        every frame behind a busy Python thread (bench/fdr_throughput.py).
+        """
         report = self._drop_report() if self._unreported_drops else None
-        written = 0
+        flushed: Counter[str] = Counter()
+        frames: list[tuple[bytes, str]] = []  # (frame, "report" | "record" | "retention")
         try:
             segment = self._segment_for_writing()
+            size = segment.size
             for pending in [report, *records] if report else records:
                 frame = self._frame(pending)
-                header_only = segment.size <= framing.SEGMENT_HEADER.size
                 retention = None
-                if segment.size + len(frame) > self._config.segment_max_bytes and not header_only:
+                if size + len(frame) > self._config.segment_max_bytes and (
+                    size > framing.SEGMENT_HEADER.size
+                ):
+                    flushed += self._flush(segment, frames)
+                    frames = []
                     segment, retention = self._rotate()
-                self._append(segment, frame)
-                written += 1
-                if retention is not None:
-                    self._append(segment, self._frame(retention))
+                    size = segment.size
+                frames.append((frame, "report" if pending is report else "record"))
+                size += len(frame)
+                if retention is not None:  # after the record whose seq came first
+                    frames.append((self._frame(retention), "retention"))
+                    size += len(frames[-1][0])
+            flushed += self._flush(segment, frames)
         except OSError as exc:
-            self._fail(exc, "write")
-            if report is not None and written == 0:
-                with self._lock:
+            if not isinstance(exc, _BackingOff):
+                self._fail(exc, "write")
+            if report is not None and not flushed["report"]:
+                with self._lock:  # the report was not written: report it (and why) later
                     self._unreported_drops += int(report.payload["dropped"])
-            lost = len(records) - max(0, written - (1 if report else 0))
-            self._drop(lost, f"write failed: {exc.strerror or exc}")
+                    self._drop_reasons.update(str(report.payload["reason"]).split("; "))
+            self._drop(len(records) - flushed["record"], f"write failed: {exc.strerror or exc}")
             return False
         return True
 
-    def _append(self, segment: _Segment, frame: bytes) -> None:
-        _write_all(segment.fd, frame)
-        segment.size += len(frame)
-        self.bytes_written += len(frame)
-        self.records_written += 1
+    def _flush(self, segment: _Segment, frames: list[tuple[bytes, str]]) -> Counter[str]:
+        """Write frames in one go; returns how many of each role were written."""
+        if not frames:
+            return Counter()
+        data = b"".join(frame for frame, _ in frames)
+        _write_all(segment.fd, data)
+        segment.size += len(data)
+        self.bytes_written += len(data)
+        self.records_written += len(frames)
+        return Counter(role for _, role in frames)
 
     def _drop_report(self) -> _Pending:
         with self._lock:
@@ -287,7 +314,7 @@ class FlightRecorder:
         if self._segment is not None:
             return self._segment
         if time.monotonic() - self._last_failure_mono < _RETRY_AFTER_FAILURE_S:
-            raise OSError(5, "recorder is backing off after a failure")
+            raise _BackingOff(errno.EAGAIN, "recorder is backing off after a failure")
         return self._open_segment()
 
     def _open_segment(self) -> _Segment:
@@ -302,6 +329,8 @@ class FlightRecorder:
             _sync_directory(self._directory)
         except OSError:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()  # holds no record; on a full disk, retries would litter
             raise
         self._segment = _Segment(index, path, fd, len(header))
         return self._segment

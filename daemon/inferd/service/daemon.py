@@ -28,6 +28,7 @@ from inferd.service.slot import ModelSlot, Sinks
 from inferd.service.switching import RuntimeSwitcher
 from inferd.service.worker import EngineWorker
 from inferd.thermal.monitor import ThermalMonitor
+from inferd.types import Alert
 from inferd_client.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
@@ -218,10 +219,18 @@ class Daemon:
             self.recorder.start()
         except OSError as exc:
             # Losing the recorder must not ground the vehicle's perception: serve
-            # without it, say so in status, the log and (below) an alert.
+            # without it and say so in status, the log and an alert.
             self._recorder_error = f"cannot start the flight data recorder: {exc}"
             log.error("fdr_unavailable", error=str(exc), directory=str(self.config.fdr.directory))
             self.recorder = None
+            self.alerts(
+                Alert(
+                    "ERROR",
+                    "c7.fdr_unavailable",
+                    self._recorder_error,
+                    {"directory": str(self.config.fdr.directory)},
+                )
+            )
 
     def _record(self, kind: str, payload: Mapping[str, Any]) -> None:
         if self.recorder is not None:
