@@ -20,7 +20,14 @@ from inferd.runtime.onnx_trt_ep import (
     OnnxTrtEpRuntime,
     _build_provider_args,
 )
-from inferd.types import Alert, BuildConfig, EngineCacheEntry, PrecisionMode, ThermalState
+from inferd.types import (
+    Alert,
+    BuildConfig,
+    EngineCacheEntry,
+    PrecisionMode,
+    RecordSink,
+    ThermalState,
+)
 
 
 class Alerts(list[Alert]):
@@ -29,7 +36,12 @@ class Alerts(list[Alert]):
 
 
 def make_runtime(
-    tmp_path: Path, alerts: Alerts | None = None, *, is_fallback: bool = False, **overrides: object
+    tmp_path: Path,
+    alerts: Alerts | None = None,
+    *,
+    is_fallback: bool = False,
+    record: RecordSink | None = None,
+    **overrides: object,
 ) -> OnnxTrtEpRuntime:
     config = RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache", **overrides)  # type: ignore[arg-type]
     return OnnxTrtEpRuntime(
@@ -37,6 +49,7 @@ def make_runtime(
         is_fallback=is_fallback,
         alert=alerts if alerts is not None else Alerts(),
         thermal=ThermalState.unavailable,
+        record=record,
     )
 
 
@@ -124,11 +137,17 @@ def test_gpu_provider_that_cannot_be_created_raises_a_cpu_fallback_alert(
     """ORT drops an EP it cannot create without an error; the runtime must notice
     from the session's *active* providers, not the requested list."""
     alerts = Alerts()
-    runtime = make_runtime(tmp_path, alerts)
+    records: list[tuple[str, dict[str, object]]] = []
+    runtime = make_runtime(
+        tmp_path, alerts, record=lambda kind, payload: records.append((kind, dict(payload)))
+    )
     monkeypatch.setattr(runtime, "requested_providers", lambda: [CUDA_EP, CPU_EP])
     handle = load(runtime, demo_model)
     assert handle.active_providers == (CPU_EP,)
     assert [a.code for a in alerts] == ["c7.cpu_fallback"]
+    assert records == [
+        ("c7.cpu_fallback", {"model": "demo", "requested": [CUDA_EP, CPU_EP], "active": [CPU_EP]})
+    ]
 
 
 def test_fallback_runtime_alerts_once_per_activation(tmp_path: Path, demo_model: Path) -> None:
