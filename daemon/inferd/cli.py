@@ -42,7 +42,16 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--kind", action="append", default=[], help="repeatable")
             sub.add_argument("--since", help="15m, 2h, ISO-8601 or epoch seconds")
 
+    verify = commands.add_parser("verify", help="run the engine trust gate on an engine file")
+    verify.add_argument("engine", type=Path)
+    verify.add_argument("--manifest", type=Path, help="deployment manifest (JSON)")
+    verify.add_argument("--json", action="store_true")
+
     args = parser.parse_args(argv)
+    if args.command == "verify":
+        from inferd.engines import verify_tool
+
+        return verify_tool.run(args.engine, args.manifest, args.json)
     if args.command == "fdr":
         return _fdr(args)
     if args.command == "demo-model":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class InferdError(Exception):
     """Root of every error a component raises while serving."""
@@ -16,17 +18,55 @@ class EngineDeserializeError(InferdError):
 
 
 class EngineHashMismatchError(InferdError):
+    """An engine's content does not match a trusted digest.  ``stage`` says which:
+    ``"sidecar"`` (its ``.sha256`` sidecar), ``"manifest"`` (the deployment
+    manifest, including "not listed") or ``"reread"`` (the file changed after the
+    gate passed it)."""
+
     def __init__(self, message: str, *, stage: str = "") -> None:
         super().__init__(message)
         self.stage = stage
 
 
 class EngineSchemaMismatchError(InferdError):
-    pass
+    """An engine file name does not follow the naming schema (``expected``/``got``
+    empty), or names a build tuple other than this host's (``expected`` is the
+    host's fields, ``got`` the engine's, both as display strings)."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        expected: Mapping[str, str] | None = None,
+        got: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.expected: dict[str, str] = dict(expected or {})
+        self.got: dict[str, str] = dict(got or {})
 
 
 class EngineSidecarMissingError(InferdError):
     pass
+
+
+class EngineManifestError(InferdError):
+    """The deployment manifest cannot be read or is malformed (a missing entry is
+    ``EngineHashMismatchError(stage="manifest")`` instead)."""
+
+
+class HostTupleUnavailableError(InferdError):
+    """This host's GPU / platform / TensorRT tuple cannot be read (no NVML and no
+    pycuda, TensorRT not importable, unparseable ``/etc/nv_tegra_release``).
+
+    An ``InferdError`` rather than ``RuntimeNotAvailableError``: it surfaces when
+    the TensorRT path prepares an engine, where the service already turns any
+    ``InferdError`` into failover to ``onnx_trt_ep``.  ``causes`` maps each part
+    that failed (``gpu``, ``platform``, ``tensorrt``) to why."""
+
+    def __init__(self, message: str, *, causes: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.causes: dict[str, str] = dict(causes or {})
 
 
 class CalibrationCacheError(InferdError):

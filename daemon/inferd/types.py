@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,75 @@ class BuildConfig:
             raise ValueError(f"workspace_bytes must be positive, got {self.workspace_bytes}")
         if not 0 <= self.optimization_level <= 5:
             raise ValueError(f"optimization_level must be 0..5, got {self.optimization_level}")
+
+
+#: Field grammars of a ``HostTuple``; every value is file-name safe and never
+#: contains ``_`` (the engine file name's field separator, see ``inferd.engines.naming``).
+GPU_SKU_PATTERN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+GPU_SKU_MAX_CHARS = 40
+PLATFORM_PATTERN = re.compile(r"none|r(?:0|[1-9][0-9]{0,3})(?:\.(?:0|[1-9][0-9]{0,3})){0,3}")
+TENSORRT_VERSION_PATTERN = re.compile(r"(?:0|[1-9][0-9]{0,3})(?:\.[0-9a-z]{1,12}){2,4}")
+
+
+@dataclass(frozen=True)
+class HostTuple:
+    """What a TensorRT engine is bound to: the GPU (compute capability and a
+    sanitized SKU name), the platform release (``r36.4.0`` from L4T's
+    ``/etc/nv_tegra_release``, ``none`` off Jetson), the full TensorRT version
+    (``10.3.0.30``) and the precision the caller asks for.
+
+    ``inferd.engines.read_host_tuple`` reads it from the host; an engine file
+    name encodes the one it was built for (``inferd.engines.naming``).
+    """
+
+    compute_capability: tuple[int, int]
+    gpu_sku: str
+    platform: str
+    tensorrt_version: str
+    precision: PrecisionMode
+
+    def __post_init__(self) -> None:
+        capability = self.compute_capability
+        if (
+            not isinstance(capability, tuple)
+            or len(capability) != 2
+            or not all(type(part) is int and 0 <= part <= 99 for part in capability)
+        ):
+            raise ValueError(f"compute capability must be two integers 0..99, got {capability!r}")
+        if not GPU_SKU_PATTERN.fullmatch(self.gpu_sku) or len(self.gpu_sku) > GPU_SKU_MAX_CHARS:
+            raise ValueError(
+                f"GPU SKU {self.gpu_sku!r} must be 1..{GPU_SKU_MAX_CHARS} lowercase letters and "
+                "digits in '-'-separated words (see inferd.engines.sanitize_sku)"
+            )
+        if not PLATFORM_PATTERN.fullmatch(self.platform):
+            raise ValueError(f"platform release {self.platform!r} must be 'none' or like 'r36.4.0'")
+        if not TENSORRT_VERSION_PATTERN.fullmatch(self.tensorrt_version):
+            raise ValueError(
+                f"TensorRT version {self.tensorrt_version!r} is not a full version such as "
+                "'10.3.0.30' (at least major.minor.patch, lowercase)"
+            )
+        if not isinstance(self.precision, PrecisionMode):
+            raise ValueError(f"precision must be a PrecisionMode, got {self.precision!r}")
+
+    @property
+    def compute_capability_text(self) -> str:
+        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+
+    def describe(self) -> dict[str, str]:
+        """Display strings per field (used for ``expected`` / ``got`` in refusals)."""
+        return {
+            "compute_capability": self.compute_capability_text,
+            "gpu_sku": self.gpu_sku,
+            "platform": self.platform,
+            "tensorrt_version": self.tensorrt_version,
+            "precision": self.precision.value,
+        }
+
+    def summary(self) -> str:
+        return (
+            f"GPU cc{self.compute_capability_text} {self.gpu_sku}, platform {self.platform}, "
+            f"TensorRT {self.tensorrt_version}, {self.precision.value}"
+        )
 
 
 @dataclass(frozen=True)

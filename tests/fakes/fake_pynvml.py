@@ -14,6 +14,12 @@ Real behaviour kept: ``nvmlInit`` is refcounted and every device call raises
 ``NVMLError_Uninitialized`` before it; ``NVMLError(value)`` returns the
 subclass for that value (``NVMLError_LibraryNotFound`` etc.), ``.value``
 holds the code and ``str()`` the NVML error string.
+
+Device identity (for the engine host tuple): ``nvmlDeviceGetName(handle)``
+returns ``str`` as 12.x does (its ``@convertStrBytes`` decodes the C string;
+set ``FakeNvml.name_as_bytes`` to mimic the older bindings that return
+``bytes``) and ``nvmlDeviceGetCudaComputeCapability(handle)`` returns the
+``(major, minor)`` tuple of ints.
 """
 
 from __future__ import annotations
@@ -135,6 +141,11 @@ class FakeNvml:
     slowdown_threshold_c: int | None = 90
     #: False mimics bindings before the "EventReasons" rename (older 12.x).
     has_event_reasons: bool = True
+    #: What nvmlDeviceGetName / nvmlDeviceGetCudaComputeCapability report.
+    device_name: str = "NVIDIA RTX A2000 12GB"
+    compute_capability: tuple[int, int] = (8, 6)
+    #: True mimics bindings before ``convertStrBytes`` (name returned as bytes).
+    name_as_bytes: bool = False
     errors: dict[str, int] = field(default_factory=dict)
     init_count: int = 0
     shutdown_calls: int = 0
@@ -208,6 +219,15 @@ def make_module(state: FakeNvml) -> types.ModuleType:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return state.sm_clock_mhz
 
+    def nvmlDeviceGetName(handle: Any) -> str | bytes:
+        device("nvmlDeviceGetName", handle)
+        return state.device_name.encode() if state.name_as_bytes else state.device_name
+
+    def nvmlDeviceGetCudaComputeCapability(handle: Any) -> tuple[int, int]:
+        device("nvmlDeviceGetCudaComputeCapability", handle)
+        major, minor = state.compute_capability
+        return (major, minor)
+
     functions = [
         nvmlInit,
         nvmlShutdown,
@@ -217,6 +237,8 @@ def make_module(state: FakeNvml) -> types.ModuleType:
         nvmlDeviceGetTemperatureThreshold,
         nvmlDeviceGetCurrentClocksThrottleReasons,
         nvmlDeviceGetClockInfo,
+        nvmlDeviceGetName,
+        nvmlDeviceGetCudaComputeCapability,
     ]
     if state.has_event_reasons:
         functions.append(nvmlDeviceGetCurrentClocksEventReasons)

@@ -1,0 +1,47 @@
+"""Atomic small-file writes: temp file in the same directory, fsync, rename, fsync dir.
+
+A reader sees the old file or the new one, never a torn one, and after a
+power cut the new name points at complete data.  Used for sidecars and
+manifests (the builder writes engines with the same recipe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` atomically (temp + fsync + rename + directory fsync)."""
+    directory = path.parent
+    temp = directory / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+    fsync_directory(directory)
+
+
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode=mode)

@@ -1,0 +1,198 @@
+"""The deployment manifest: the trusted SHA-256 of every engine a vehicle may load.
+
+JSON, written by the deployment pipeline (or ``write_manifest``)::
+
+    {"version": 1,
+     "engines": {"demo_m3f2a..._b1a2b3c4d5e6f.engine": "<sha256>",
+                 "/var/lib/inferd/engines/other_....engine": "<sha256>"}}
+
+A key containing ``/`` is a path (a relative one is relative to the manifest's
+directory) and matches that file only; a key without ``/`` is a file name and
+matches an engine of that name in any directory.  The digest binds the content
+either way.  Loading is strict: unknown top-level keys, another version,
+duplicate keys, bad digests or a file over 16 MiB raise
+``EngineManifestError``.  Looking up an engine that is not listed raises
+``EngineHashMismatchError(stage="manifest")``, never ``KeyError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from inferd.engines.atomic import atomic_write_text
+from inferd.errors import EngineHashMismatchError, EngineManifestError
+
+MANIFEST_VERSION = 1
+MANIFEST_MAX_BYTES = 16 * 1024 * 1024
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise EngineManifestError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _absolute(path: Path) -> Path:
+    # Lexical normalisation plus symlink resolution of what exists; never raises.
+    return Path(os.path.normpath(path.expanduser().resolve(strict=False)))
+
+
+class Manifest:
+    """Trusted digests by engine path / file name.  Immutable once built."""
+
+    def __init__(
+        self,
+        entries: Mapping[str, str],
+        *,
+        base_dir: Path | None = None,
+        source: str = "<memory>",
+    ) -> None:
+        self.source = source
+        self._base_dir = base_dir
+        self._by_path: dict[Path, tuple[str, str]] = {}
+        self._by_name: dict[str, str] = {}
+        for key, digest in entries.items():
+            self._add(key, digest)
+
+    def _fail(self, reason: str) -> EngineManifestError:
+        return EngineManifestError(f"deployment manifest {self.source} is malformed: {reason}")
+
+    def _add(self, key: str, digest: Any) -> None:
+        if not isinstance(key, str) or not key.strip() or "\x00" in key:
+            raise self._fail(f"engine key {key!r} must be a non-empty path or file name")
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+            raise self._fail(f"digest for {key!r} must be 64 hex digits, got {digest!r}")
+        value = digest.lower()
+        if "/" not in key:
+            self._by_name[key] = value
+            return
+        path = Path(key)
+        if not path.is_absolute():
+            path = (self._base_dir or Path.cwd()) / path
+        absolute = _absolute(path)
+        previous = self._by_path.get(absolute)
+        if previous is not None and previous[1] != value:
+            raise self._fail(
+                f"keys {previous[0]!r} and {key!r} name the same file with different digests"
+            )
+        self._by_path[absolute] = (key, value)
+
+    @classmethod
+    def empty(cls, source: str = "<none>") -> Manifest:
+        return cls({}, source=source)
+
+    @classmethod
+    def from_json(cls, text: str, *, base_dir: Path | None = None, source: str) -> Manifest:
+        try:
+            document = json.loads(text, object_pairs_hook=_no_duplicates)
+        except EngineManifestError as exc:
+            raise EngineManifestError(f"deployment manifest {source} is malformed: {exc}") from None
+        except ValueError as exc:  # JSONDecodeError
+            raise EngineManifestError(
+                f"deployment manifest {source} is not valid JSON: {exc}"
+            ) from None
+        if not isinstance(document, dict):
+            raise EngineManifestError(
+                f"deployment manifest {source} is malformed: the top level must be an object "
+                '{"version": 1, "engines": {...}}'
+            )
+        unknown = sorted(set(document) - {"version", "engines"})
+        if unknown:
+            raise EngineManifestError(
+                f"deployment manifest {source} is malformed: unknown key(s) {unknown}"
+            )
+        version = document.get("version")
+        if type(version) is not int or version != MANIFEST_VERSION:
+            raise EngineManifestError(
+                f"deployment manifest {source} has version {version!r}; this inferd reads "
+                f"version {MANIFEST_VERSION}"
+            )
+        engines = document.get("engines")
+        if not isinstance(engines, dict):
+            raise EngineManifestError(
+                f"deployment manifest {source} is malformed: 'engines' must be an object "
+                "mapping engine paths or names to SHA-256 digests"
+            )
+        return cls(engines, base_dir=base_dir, source=source)
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        """Read a manifest file; ``EngineManifestError`` if unreadable or malformed."""
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(MANIFEST_MAX_BYTES + 1)
+        except OSError as exc:
+            raise EngineManifestError(f"deployment manifest {path} cannot be read: {exc}") from exc
+        if len(data) > MANIFEST_MAX_BYTES:
+            raise EngineManifestError(
+                f"deployment manifest {path} is larger than {MANIFEST_MAX_BYTES} bytes"
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EngineManifestError(f"deployment manifest {path} is not UTF-8: {exc}") from None
+        return cls.from_json(text, base_dir=_absolute(path).parent, source=str(path))
+
+    def __len__(self) -> int:
+        return len(self._by_path) + len(self._by_name)
+
+    def get(self, engine: Path) -> str | None:
+        """The trusted digest for ``engine``, or None when it is not listed.
+
+        ``EngineHashMismatchError(stage="manifest")`` if a path entry and a name entry
+        both match with different digests (ambiguous: refused)."""
+        by_path = self._by_path.get(_absolute(engine))
+        by_name = self._by_name.get(engine.name)
+        if by_path is not None and by_name is not None and by_path[1] != by_name:
+            raise EngineHashMismatchError(
+                f"deployment manifest {self.source} lists {engine.name!r} twice with different "
+                f"digests (as {by_path[0]!r} and by name)",
+                stage="manifest",
+            )
+        if by_path is not None:
+            return by_path[1]
+        return by_name
+
+    def lookup(self, engine: Path) -> str:
+        """The trusted digest for ``engine``; ``EngineHashMismatchError(stage="manifest")``
+        when the manifest does not list it."""
+        digest = self.get(engine)
+        if digest is None:
+            raise EngineHashMismatchError(
+                f"engine {engine.name!r} is not listed in the deployment manifest "
+                f"{self.source}: only listed engines are trusted",
+                stage="manifest",
+            )
+        return digest
+
+    def entries(self) -> dict[str, str]:
+        """The entries as they were keyed (for writing back)."""
+        return {
+            **{key: digest for key, digest in self._by_path.values()},
+            **self._by_name,
+        }
+
+
+def manifest_json(entries: Mapping[str, str]) -> str:
+    for key, digest in entries.items():
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+            raise ValueError(f"digest for {key!r} must be 64 hex digits, got {digest!r}")
+    document = {
+        "version": MANIFEST_VERSION,
+        "engines": {key: entries[key].lower() for key in sorted(entries)},
+    }
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def write_manifest(path: Path, entries: Mapping[str, str]) -> None:
+    """Write a manifest atomically (temp + fsync + rename)."""
+    atomic_write_text(path, manifest_json(entries))

@@ -1,0 +1,103 @@
+"""``<engine>.sha256`` sidecars, in ``sha256sum`` format.
+
+One line: the lowercase hex SHA-256 of the engine, two spaces, the engine's
+file name (``sha256sum -c demo_....engine.sha256`` works in its directory).
+Digests are computed by ``inferd.digest.sha256_file``, which streams the file
+in 1 MiB chunks: a 2 GiB engine needs about 1 MiB of memory to hash.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from inferd.digest import sha256_file
+from inferd.engines.atomic import atomic_write_text
+from inferd.errors import EngineHashMismatchError, EngineSidecarMissingError
+
+SIDECAR_SUFFIX = ".sha256"
+#: A sidecar is one short line; a larger file is malformed, not read whole.
+SIDECAR_MAX_BYTES = 4096
+
+_LINE = re.compile(r"([0-9a-fA-F]{64})(?:[ \t]+\*?(\S.*))?")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def sidecar_path(engine: Path) -> Path:
+    return engine.with_name(engine.name + SIDECAR_SUFFIX)
+
+
+def format_sidecar(digest: str, engine_name: str) -> str:
+    if not _HEX64.fullmatch(digest):
+        raise ValueError(f"digest must be 64 lowercase hex digits, got {digest!r}")
+    if "/" in engine_name or "\n" in engine_name or not engine_name.strip():
+        raise ValueError(f"sidecar names a file, not a path: {engine_name!r}")
+    return f"{digest}  {engine_name}\n"
+
+
+def parse_sidecar(text: str, *, engine_name: str, source: str = "sidecar") -> str:
+    """The digest a sidecar holds, lowercased.  ``EngineHashMismatchError(stage="sidecar")``
+    when it is malformed or names another file."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise EngineHashMismatchError(
+            f"{source} is malformed: expected one '<sha256>  <file name>' line, "
+            f"found {len(lines)} non-empty line(s)",
+            stage="sidecar",
+        )
+    match = _LINE.fullmatch(lines[0].strip())
+    if match is None:
+        raise EngineHashMismatchError(
+            f"{source} is malformed: {lines[0].strip()[:100]!r} is not "
+            "'<64 hex digits>  <file name>'",
+            stage="sidecar",
+        )
+    named = match.group(2)
+    if named is not None and named.strip() != engine_name:
+        raise EngineHashMismatchError(
+            f"{source} is for {named.strip()!r}, not {engine_name!r}", stage="sidecar"
+        )
+    return match.group(1).lower()
+
+
+def read_sidecar(engine: Path) -> str:
+    """The digest in ``engine``'s sidecar.  ``EngineSidecarMissingError`` when there is
+    none; ``EngineHashMismatchError(stage="sidecar")`` when it is unreadable or malformed."""
+    path = sidecar_path(engine)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(SIDECAR_MAX_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        raise EngineSidecarMissingError(
+            f"engine {engine.name!r} has no digest sidecar {path.name!r}: the gate trusts only "
+            "engines with one"
+        ) from None
+    except IsADirectoryError:
+        raise EngineSidecarMissingError(
+            f"digest sidecar {path} is a directory, not a file"
+        ) from None
+    except OSError as exc:
+        raise EngineHashMismatchError(
+            f"digest sidecar {path} cannot be read: {exc}", stage="sidecar"
+        ) from exc
+    if len(data) > SIDECAR_MAX_BYTES:
+        raise EngineHashMismatchError(
+            f"digest sidecar {path.name!r} is malformed: larger than {SIDECAR_MAX_BYTES} bytes",
+            stage="sidecar",
+        )
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise EngineHashMismatchError(
+            f"digest sidecar {path.name!r} is malformed: not ASCII text", stage="sidecar"
+        ) from None
+    return parse_sidecar(text, engine_name=engine.name, source=f"digest sidecar {path.name!r}")
+
+
+def write_sidecar(engine: Path, digest: str | None = None) -> Path:
+    """Write ``engine``'s sidecar atomically (computing the digest, streamed, unless
+    given) and return its path.  For builders: the gate itself never writes."""
+    value = sha256_file(engine) if digest is None else digest.lower()
+    path = sidecar_path(engine)
+    atomic_write_text(path, format_sidecar(value, engine.name))
+    return path
