@@ -1,28 +1,50 @@
 #!/usr/bin/env bash
-# Start inferd in the background on a private runtime dir, send a few requests
-# with inferctl, print the results and the status, then stop it cleanly.
+# Start inferd in the background on a private runtime dir with two models (the
+# demo model on ONNX Runtime, and the same model configured for TensorRT, which
+# this machine lacks, so it fails over), send a few requests with inferctl,
+# print results, status and the flight-data-recorder entries, and stop it cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=.venv/bin
+BIN=${INFERD_BIN:-.venv/bin}
 work=$(mktemp -d /tmp/inferd-demo.XXXXXX)
-export INFERD_RUNTIME_DIR="$work/run" INFERD_STATE_DIR="$work/state"
 log="$work/inferd.log"
+"$BIN/inferd" demo-model "$work/demo.onnx" >/dev/null
+cat >"$work/inferd.toml" <<TOML
+[daemon]
+state_dir = "$work/state"
+runtime_dir = "$work/run"
 
-"$BIN/inferd" run >"$log" 2>&1 &
+[[models]]
+name = "demo"
+path = "demo.onnx"
+
+[[models]]
+name = "demo-trt"
+path = "demo.onnx"
+runtime = "tensorrt"
+TOML
+ctl() { "$BIN/inferctl" --infer-endpoint "ipc://$work/run/infer.sock" \
+  --control-endpoint "ipc://$work/run/control.sock" \
+  --events-endpoint "ipc://$work/run/events.sock" "$@"; }
+
+"$BIN/inferd" run --config "$work/inferd.toml" >"$log" 2>&1 &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 
 for _ in $(seq 100); do
-  "$BIN/inferctl" --timeout 0.5 health >/dev/null 2>&1 && break
+  ctl --timeout 0.5 health 2>/dev/null | grep -q "state: \(serving\|degraded\)" && break
   sleep 0.2
 done
 
-echo "== models"; "$BIN/inferctl" models
-for seed in 1 2 3; do
-  echo "== infer demo (seed $seed)"; "$BIN/inferctl" infer --model demo --random --seed "$seed"
+echo "== models"; ctl models
+for seed in 1 2; do
+  echo "== infer demo (seed $seed)"; ctl infer --model demo --random --seed "$seed"
 done
-echo "== status"; "$BIN/inferctl" status
+echo "== infer demo-trt: configured for TensorRT, served by ONNX Runtime (fallback: True)"
+ctl infer --model demo-trt --random --seed 1
+echo "== status"; ctl status
 kill -TERM $pid
 wait $pid && echo "== inferd stopped cleanly (exit 0)"
 trap 'rm -rf "$work"' EXIT
+echo "== flight data recorder"; "$BIN/inferd" fdr dump --dir "$work/state/fdr"
 echo "== daemon log"; cat "$log"

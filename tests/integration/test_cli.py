@@ -153,3 +153,22 @@ def test_inferctl_events_prints_health(daemon: DaemonProcess) -> None:
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert [e["topic"] for e in events] == ["health", "health"]
     assert events[0]["state"] in ("serving", "degraded")
+
+
+def test_make_demo_script_shows_the_tensorrt_failover() -> None:
+    """`make demo` runs scripts/demo.sh: it must serve, show a TensorRT-configured
+    model failing over to ONNX Runtime, stop cleanly and print the FDR record."""
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "demo.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "INFERD_BIN": str(Path(sys.executable).parent)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "fallback: True" in out and "fallback: False" in out
+    assert "inferd stopped cleanly (exit 0)" in out
+    assert "c7.fallback_to_onnx_trt_ep   model='demo-trt' configured_runtime='tensorrt'" in out
