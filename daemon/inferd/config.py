@@ -21,7 +21,7 @@ from inferd_client.endpoints import MAX_IPC_PATH_BYTES, default_endpoints, defau
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
 QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")
-LOG_FORMATS: tuple[str, ...] = ("console", "json")
+LOG_FORMATS: tuple[str, ...] = ("auto", "console", "json", "journald")
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
 DEFAULT_MODEL_NAME = "demo"
 
@@ -45,10 +45,14 @@ class DaemonConfig:
     state_dir: Path
     runtime_dir: Path
     log_level: str = "info"
-    log_format: str = "console"
+    #: ``auto``: journald when stderr is connected to the journal (systemd), else console.
+    log_format: str = "auto"
     health_interval_s: float = 1.0
     shutdown_drain_ms: int = 2000
     shutdown_linger_ms: int = 250
+    #: Under systemd, each step of start-up progress (a model up, a build progress
+    #: report) extends the start timeout to at least this long from then.
+    startup_extend_s: float = 300.0
 
     def __post_init__(self) -> None:
         _one_of("daemon.log_level", self.log_level, LOG_LEVELS)
@@ -56,6 +60,7 @@ class DaemonConfig:
         _positive("daemon.health_interval_s", self.health_interval_s)
         _non_negative("daemon.shutdown_drain_ms", self.shutdown_drain_ms)
         _non_negative("daemon.shutdown_linger_ms", self.shutdown_linger_ms)
+        _positive("daemon.startup_extend_s", self.startup_extend_s)
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ class RuntimeConfig:
     ort_disallow_cpu_fallback: bool = False
     ort_intra_op_threads: int = 0
     device_id: int = 0
+    #: Where the ``tensorrt`` strategy keeps its engines, sidecars, timing and
+    #: calibration caches (relative paths resolve against the state dir).
+    engine_dir: Path = Path("engines")
+    #: The deployment manifest the engine gate trusts; None means
+    #: ``<engine_dir>/manifest.json`` if it exists, else an empty manifest
+    #: (which refuses every engine at the gate's step 5).
+    engine_manifest: Path | None = None
 
     def __post_init__(self) -> None:
         for label in self.enabled:
@@ -96,6 +108,10 @@ class RuntimeConfig:
         _positive("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes)
         if str(self.ort_trt_cache_dir).strip() in ("", "."):
             raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty path")
+        if str(self.engine_dir).strip() in ("", "."):
+            raise ConfigError("runtime.engine_dir must name a directory, got an empty path")
+        if self.engine_manifest is not None and str(self.engine_manifest).strip() in ("", "."):
+            raise ConfigError("runtime.engine_manifest must name a file, got an empty path")
         _non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
         _non_negative("runtime.device_id", self.device_id)
 
@@ -329,10 +345,11 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         state_dir=state_dir,
         runtime_dir=runtime_dir,
         log_level=daemon_table.take("log_level", str, "info"),
-        log_format=daemon_table.take("log_format", str, "console"),
+        log_format=daemon_table.take("log_format", str, "auto"),
         health_interval_s=daemon_table.take("health_interval_s", float, 1.0),
         shutdown_drain_ms=daemon_table.take("shutdown_drain_ms", int, 2000),
         shutdown_linger_ms=daemon_table.take("shutdown_linger_ms", int, 250),
+        startup_extend_s=daemon_table.take("startup_extend_s", float, 300.0),
     )
     daemon_table.finish()
 
@@ -352,6 +369,13 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
     cache_dir = runtime_table.take("ort_trt_cache_dir", str, "ort_trt_cache")
     if not cache_dir.strip():
         raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty string")
+    engine_dir = runtime_table.take("engine_dir", str, "engines")
+    if not engine_dir.strip():
+        raise ConfigError("runtime.engine_dir must name a directory, got an empty string")
+    # NUL cannot occur in a TOML-given path, so it marks "not given".
+    engine_manifest = runtime_table.take("engine_manifest", str, "\0")
+    if not engine_manifest.strip():
+        raise ConfigError("runtime.engine_manifest must name a file, got an empty string")
     runtime = RuntimeConfig(
         enabled=runtime_table.take_strings("enabled", RUNTIME_LABELS),
         gpu_memory_budget_bytes=runtime_table.take("gpu_memory_budget_bytes", int, 4 * 1024**3),
@@ -359,6 +383,9 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         ort_disallow_cpu_fallback=runtime_table.take("ort_disallow_cpu_fallback", bool, False),
         ort_intra_op_threads=runtime_table.take("ort_intra_op_threads", int, 0),
         device_id=runtime_table.take("device_id", int, 0),
+        engine_dir=_resolve(state_dir, engine_dir),
+        # A manifest is a deployment artifact, like a model: relative to the config file.
+        engine_manifest=None if engine_manifest == "\0" else _resolve(base_dir, engine_manifest),
     )
     runtime_table.finish()
 

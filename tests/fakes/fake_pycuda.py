@@ -1,13 +1,15 @@
-"""A fake ``pycuda`` package mimicking pycuda 2024.1's driver API (``pycuda.driver``),
-the subset inferd uses to identify a GPU.
+"""A fake ``pycuda`` package mimicking pycuda 2024.1's driver API (``pycuda.driver``):
+device identity (for the engine host tuple) and the contexts, streams, pinned
+host memory, device memory and async copies the TensorRT runtime uses.
 
 ``make_modules(state)`` returns ``{"pycuda": package, "pycuda.driver": driver}``;
 inject both with ``monkeypatch.setitem(sys.modules, name, module)`` (or
 ``install(monkeypatch, state)``) so ``import pycuda.driver as cuda`` works as
 usual.  Only names the real module has exist; anything else raises
-``AttributeError``, as on the real module.
+``AttributeError``, as on the real module (the classes use ``__slots__``, so
+setting an attribute the real object lacks fails too).
 
-Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp``):
+Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp`` and ``src/cpp/cuda.hpp``):
 
 * ``init(flags=0)`` (``cuInit``); with no device it raises
   ``pycuda.driver.RuntimeError`` ("cuInit failed: no CUDA-capable device is
@@ -17,22 +19,54 @@ Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp``):
   failed: invalid device ordinal").
 * ``Device.count()`` (static), ``Device.name() -> str``,
   ``Device.compute_capability() -> (major, minor)``,
-  ``Device.total_memory() -> int``.
+  ``Device.total_memory() -> int``, ``Device.make_context(flags=0)``.
+* Contexts live on a per-thread stack (pycuda's ``context_stack`` is
+  thread-specific): ``make_context`` pushes the new context on the calling
+  thread; ``Context.push()`` (method) pushes on the calling thread;
+  ``Context.pop()`` (static) pops the calling thread's top, ``LogicError`` when
+  it has none; ``Context.get_current()`` (static) is the top or None;
+  ``Context.synchronize()`` (static) completes the current context's streams;
+  ``detach()`` really detaches only if the context is current on this thread
+  (it is then popped) or this is its creating thread; otherwise the real
+  pycuda leaks it silently (``FakeCuda.leaked_contexts`` counts that).
+* Calls that need a context (``mem_alloc``, ``pagelocked_empty``, ``Stream``,
+  copies) raise ``LogicError("... failed: invalid device context")`` when none
+  is current on the calling thread, and when the memory or stream belongs to
+  another context than the current one.
+* ``mem_alloc(bytes) -> DeviceAllocation`` (``int()``, ``__index__``,
+  ``free()``); beyond ``FakeCuda.capacity_bytes`` it raises
+  ``pycuda.driver.MemoryError`` ("cuMemAlloc failed: out of memory");
+  ``pagelocked_empty(shape, dtype, order="C", mem_flags=0)`` returns an ndarray
+  whose ``.base`` is a ``PagelockedHostAllocation`` with ``free()``.
+* ``memcpy_htod_async(dest, src, stream=None)`` /
+  ``memcpy_dtoh_async(dest, src, stream=None)`` are queued on the stream and
+  run, in order, at ``Stream.synchronize()`` (so code that reads results
+  before synchronising gets stale bytes, as on a GPU); with ``stream=None`` or
+  in ``memcpy_htod`` / ``memcpy_dtoh`` they run at once.  An async copy from
+  pageable host memory is counted in ``FakeCuda.pageable_async_copies`` (the
+  real one silently degrades to a synchronous copy).
+* ``Stream(flags=0)`` with ``.handle`` (int), ``synchronize()``, ``is_done()``.
 * The exception family: ``Error`` and its subclasses ``LogicError``,
-  ``RuntimeError``, ``LaunchError``, ``MemoryError`` (also a builtin
-  ``MemoryError``).
+  ``RuntimeError``, ``LaunchError``, ``MemoryError`` (the fake's
+  ``MemoryError`` also derives from the builtin ``MemoryError``).
 
-Contexts, streams and memory are not faked here (the TensorRT runtime's tests
-extend this module); using them raises ``AttributeError``.
+The device memory is a map of bytearrays (``FakeCuda.allocations``) that the
+fake TensorRT (``tests/fakes/fake_tensorrt.py``) reads and writes through
+``FakeCuda.read`` / ``FakeCuda.write`` and whose streams it enqueues work on
+(``FakeCuda.enqueue``).
 """
 
 from __future__ import annotations
 
 import builtins
 import sys
+import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import pytest
 
 MIMICS = "pycuda 2024.1 (pycuda.driver)"
@@ -72,12 +106,120 @@ class FakeGpu:
 
 
 @dataclass
+class Allocation:
+    """One device allocation: its bytes and the context it belongs to."""
+
+    address: int
+    data: bytearray
+    context: Any
+    freed: bool = False
+
+
+@dataclass
 class FakeCuda:
-    """What the fake driver reports; ``calls`` records every driver call by name."""
+    """What the fake driver reports and holds; ``calls`` records every driver call by name."""
 
     devices: list[FakeGpu] = field(default_factory=lambda: [FakeGpu()])
     initialized: bool = False
     calls: list[str] = field(default_factory=list)
+    #: Device memory the fake lets ``mem_alloc`` (and fake TensorRT) hand out;
+    #: None means the first device's ``total_memory``.
+    capacity_bytes: int | None = None
+    allocations: dict[int, Allocation] = field(default_factory=dict)
+    allocated_bytes: int = 0
+    next_address: int = 0x7F00_0000_0000
+    #: Per-thread context stacks, by ``threading.get_ident()``.
+    stacks: dict[int, list[Any]] = field(default_factory=dict)
+    contexts_created: int = 0
+    contexts_detached: int = 0
+    leaked_contexts: int = 0
+    pushes: int = 0
+    pops: int = 0
+    streams: dict[int, Any] = field(default_factory=dict)
+    pagelocked_live: int = 0
+    pageable_async_copies: int = 0
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    # -- helpers for tests and for the fake TensorRT (not part of pycuda) -------------
+
+    def stack(self) -> list[Any]:
+        return self.stacks.setdefault(threading.get_ident(), [])
+
+    def current_context(self) -> Any:
+        stack = self.stack()
+        return stack[-1] if stack else None
+
+    def require_context(self, what: str) -> Any:
+        context = self.current_context()
+        if context is None or not context._valid:
+            raise LogicError(f"{what} failed: invalid device context")
+        return context
+
+    def capacity(self) -> int:
+        return (
+            self.capacity_bytes
+            if self.capacity_bytes is not None
+            else (self.devices[0].total_memory if self.devices else 0)
+        )
+
+    def allocate(self, nbytes: int, context: Any) -> Allocation:
+        with self.lock:
+            if nbytes <= 0:
+                raise LogicError("cuMemAlloc failed: invalid argument")
+            if self.allocated_bytes + nbytes > self.capacity():
+                raise _DriverMemoryError("cuMemAlloc failed: out of memory")
+            address = self.next_address
+            self.next_address += (nbytes + 511) // 256 * 256
+            allocation = Allocation(address, bytearray(nbytes), context)
+            self.allocations[address] = allocation
+            self.allocated_bytes += nbytes
+            return allocation
+
+    def release(self, allocation: Allocation) -> None:
+        with self.lock:
+            if allocation.freed:
+                raise LogicError("cuMemFree failed: invalid argument (already freed)")
+            allocation.freed = True
+            self.allocations.pop(allocation.address, None)
+            self.allocated_bytes -= len(allocation.data)
+
+    def resolve(self, address: int, nbytes: int, what: str) -> tuple[Allocation, int]:
+        """The live allocation holding ``[address, address + nbytes)`` and the offset."""
+        with self.lock:
+            for allocation in self.allocations.values():
+                offset = address - allocation.address
+                if 0 <= offset < max(len(allocation.data), 1):
+                    if offset + nbytes > len(allocation.data):
+                        raise LogicError(f"{what} failed: an illegal memory access was encountered")
+                    return allocation, offset
+        raise LogicError(f"{what} failed: an illegal memory access was encountered")
+
+    def read(self, address: int, nbytes: int) -> bytes:
+        allocation, offset = self.resolve(address, nbytes, "device read")
+        return bytes(allocation.data[offset : offset + nbytes])
+
+    def write(self, address: int, data: bytes) -> None:
+        allocation, offset = self.resolve(address, len(data), "device write")
+        allocation.data[offset : offset + len(data)] = data
+
+    def enqueue(self, handle: int, operation: Callable[[], None], what: str) -> None:
+        """Queue ``operation`` on the live stream ``handle`` of the current context."""
+        context = self.require_context(what)
+        stream = self.streams.get(handle)
+        if stream is None:
+            raise LogicError(f"{what} failed: invalid resource handle (no stream {handle:#x})")
+        if stream._context is not context:
+            raise LogicError(f"{what} failed: the stream belongs to another context")
+        stream._pending.append(operation)
+
+
+def _is_pinned(array: Any) -> bool:
+    base = array
+    while base is not None:
+        if type(base).__name__ == "PagelockedHostAllocation":
+            return not base._freed
+        base = getattr(base, "base", None)
+    return False
 
 
 def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
@@ -93,7 +235,83 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             raise _DriverRuntimeError("cuInit failed: no CUDA-capable device is detected")
         state.initialized = True
 
+    class Context:
+        __slots__ = ("_device", "_thread", "_use_count", "_valid")
+
+        def __init__(self) -> None:
+            raise TypeError("pycuda._driver.Context cannot be instantiated from Python")
+
+        @classmethod
+        def _create(cls, device: Any) -> Context:
+            context = object.__new__(cls)
+            context._device = device
+            context._thread = threading.get_ident()
+            context._use_count = 1
+            context._valid = True
+            return context
+
+        @property
+        def handle(self) -> int:
+            return id(self)
+
+        def push(self) -> None:
+            state.calls.append("Context.push")
+            if not self._valid:
+                raise LogicError("cuCtxPushCurrent failed: invalid device context")
+            state.stack().append(self)
+            state.pushes += 1
+            self._use_count += 1
+
+        @staticmethod
+        def pop() -> None:
+            state.calls.append("Context.pop")
+            stack = state.stack()
+            if not stack:
+                raise LogicError("context::pop failed: cannot pop non-current context")
+            stack.pop()._use_count -= 1
+            state.pops += 1
+
+        def detach(self) -> None:
+            state.calls.append("Context.detach")
+            if not self._valid:
+                raise LogicError("context::detach failed: cannot detach from invalid context")
+            stack = state.stack()
+            current = bool(stack) and stack[-1] is self
+            if current:
+                stack.pop()
+                state.contexts_detached += 1
+            elif self._thread == threading.get_ident():
+                state.contexts_detached += 1
+            else:
+                state.leaked_contexts += 1  # pycuda: "leaked out-of-thread context"
+            self._valid = False
+            # pycuda drops the now-invalid context from every stack entry it meets.
+            for thread_stack in state.stacks.values():
+                thread_stack[:] = [entry for entry in thread_stack if entry is not self]
+
+        @staticmethod
+        def get_current() -> Context | None:
+            current = state.current_context()
+            return current if current is not None and current._valid else None
+
+        @staticmethod
+        def synchronize() -> None:
+            state.calls.append("Context.synchronize")
+            context = state.require_context("cuCtxSynchronize")
+            for stream in list(state.streams.values()):
+                if stream._context is context:
+                    stream.synchronize()
+
+        @staticmethod
+        def get_device() -> Any:
+            return state.require_context("cuCtxGetDevice")._device
+
+        def __repr__(self) -> str:
+            return f"<pycuda._driver.Context object at {id(self):#x}>"
+
     class Device:
+        __slots__ = ("_gpu", "_ordinal")
+
         def __init__(self, ordinal: int) -> None:
             state.calls.append("Device")
             if not state.initialized:
@@ -101,6 +319,7 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             if not 0 <= ordinal < len(state.devices):
                 raise LogicError("cuDeviceGet failed: invalid device ordinal")
             self._gpu = state.devices[ordinal]
+            self._ordinal = ordinal
 
         @staticmethod
         def count() -> int:
@@ -122,14 +341,186 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             state.calls.append("Device.total_memory")
             return self._gpu.total_memory
 
-    Device.__module__ = "pycuda._driver"
-    driver.init = init  # type: ignore[attr-defined]
-    driver.Device = Device  # type: ignore[attr-defined]
-    driver.Error = Error  # type: ignore[attr-defined]
-    driver.LogicError = LogicError  # type: ignore[attr-defined]
-    driver.LaunchError = LaunchError  # type: ignore[attr-defined]
-    driver.RuntimeError = _DriverRuntimeError  # type: ignore[attr-defined]
-    driver.MemoryError = _DriverMemoryError  # type: ignore[attr-defined]
+        def make_context(self, flags: int = 0) -> Context:
+            state.calls.append("Device.make_context")
+            context = Context._create(self)
+            state.stack().append(context)
+            state.contexts_created += 1
+            return context
+
+    class DeviceAllocation:
+        __slots__ = ("_allocation",)
+
+        def __init__(self) -> None:
+            raise TypeError("pycuda._driver.DeviceAllocation cannot be instantiated from Python")
+
+        def __int__(self) -> int:
+            return self._allocation.address
+
+        def __index__(self) -> int:
+            return self._allocation.address
+
+        def free(self) -> None:
+            state.calls.append("DeviceAllocation.free")
+            state.release(self._allocation)
+
+    class PagelockedHostAllocation(bytearray):
+        """The ``.base`` of a ``pagelocked_empty`` array (a bytearray underneath so
+        numpy can use it as a buffer; only ``free``/``get_flags`` are pycuda's)."""
+
+        __slots__ = ("_flags", "_freed")
+
+        def free(self) -> None:
+            state.calls.append("PagelockedHostAllocation.free")
+            if not self._freed:
+                self._freed = True
+                state.pagelocked_live -= 1
+
+        def get_flags(self) -> int:
+            return self._flags
+
+    class Stream:
+        __slots__ = ("_context", "_handle", "_pending")
+
+        def __init__(self, flags: int = 0) -> None:
+            state.calls.append("Stream")
+            self._context = state.require_context("cuStreamCreate")
+            self._pending: list[Callable[[], None]] = []
+            self._handle = 0x5000 + len(state.streams) + 1
+            state.streams[self._handle] = self
+
+        @property
+        def handle(self) -> int:
+            return self._handle
+
+        def synchronize(self) -> None:
+            state.calls.append("Stream.synchronize")
+            # Operations run in the stream's context, whatever is current here.
+            stack = state.stack()
+            stack.append(self._context)
+            try:
+                while self._pending:
+                    self._pending.pop(0)()
+            finally:
+                stack.pop()
+
+        def is_done(self) -> bool:
+            return not self._pending
+
+    for cls in (Context, Device, DeviceAllocation, PagelockedHostAllocation, Stream):
+        cls.__module__ = "pycuda._driver"
+
+    def _device_address(dest: Any, what: str) -> int:
+        try:
+            return int(dest)
+        except TypeError:
+            raise TypeError(
+                f"{what}: expected a device pointer, got {type(dest).__name__}"
+            ) from None
+
+    def _check_owner(address: int, nbytes: int, what: str) -> None:
+        allocation, _ = state.resolve(address, nbytes, what)
+        if allocation.context is not state.require_context(what):
+            raise LogicError(f"{what} failed: invalid argument (memory of another context)")
+
+    def mem_alloc(nbytes: int) -> DeviceAllocation:
+        state.calls.append("mem_alloc")
+        context = state.require_context("cuMemAlloc")
+        handle = object.__new__(DeviceAllocation)
+        handle._allocation = state.allocate(int(nbytes), context)
+        return handle
+
+    def mem_get_info() -> tuple[int, int]:
+        state.require_context("cuMemGetInfo")
+        return state.capacity() - state.allocated_bytes, state.capacity()
+
+    def pagelocked_empty(
+        shape: Any, dtype: Any, order: str = "C", mem_flags: int = 0
+    ) -> np.ndarray:
+        state.calls.append("pagelocked_empty")
+        state.require_context("cuMemHostAlloc")
+        dtype = np.dtype(dtype)
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = int(np.prod(dims, dtype=np.int64))
+        allocation = PagelockedHostAllocation(max(count * dtype.itemsize, 1))
+        allocation._flags = mem_flags
+        allocation._freed = False
+        state.pagelocked_live += 1
+        return np.ndarray(dims, dtype, buffer=allocation, order=order)
+
+    def _htod(dest: Any, src: Any, what: str) -> Callable[[], None]:
+        address = _device_address(dest, what)
+        data = memoryview(src).cast("B")
+        _check_owner(address, len(data), what)
+
+        def copy() -> None:
+            state.write(address, bytes(data))
+
+        return copy
+
+    def _dtoh(dest: Any, src: Any, what: str) -> Callable[[], None]:
+        address = _device_address(src, what)
+        view = memoryview(dest).cast("B")
+        if view.readonly:
+            raise TypeError(f"{what}: destination buffer is read-only")
+        _check_owner(address, len(view), what)
+
+        def copy() -> None:
+            view[:] = state.read(address, len(view))
+
+        return copy
+
+    def memcpy_htod(dest: Any, src: Any) -> None:
+        state.calls.append("memcpy_htod")
+        _htod(dest, src, "cuMemcpyHtoD")()
+
+    def memcpy_dtoh(dest: Any, src: Any) -> None:
+        state.calls.append("memcpy_dtoh")
+        _dtoh(dest, src, "cuMemcpyDtoH")()
+
+    def memcpy_htod_async(dest: Any, src: Any, stream: Stream | None = None) -> None:
+        state.calls.append("memcpy_htod_async")
+        if not _is_pinned(src):
+            state.pageable_async_copies += 1
+        copy = _htod(dest, src, "cuMemcpyHtoDAsync")
+        if stream is None:
+            copy()
+        else:
+            state.enqueue(stream.handle, copy, "cuMemcpyHtoDAsync")
+
+    def memcpy_dtoh_async(dest: Any, src: Any, stream: Stream | None = None) -> None:
+        state.calls.append("memcpy_dtoh_async")
+        if not _is_pinned(dest):
+            state.pageable_async_copies += 1
+        copy = _dtoh(dest, src, "cuMemcpyDtoHAsync")
+        if stream is None:
+            copy()
+        else:
+            state.enqueue(stream.handle, copy, "cuMemcpyDtoHAsync")
+
+    exported: dict[str, Any] = {
+        "init": init,
+        "Device": Device,
+        "Context": Context,
+        "DeviceAllocation": DeviceAllocation,
+        "PagelockedHostAllocation": PagelockedHostAllocation,
+        "HostAllocation": PagelockedHostAllocation,
+        "Stream": Stream,
+        "mem_alloc": mem_alloc,
+        "mem_get_info": mem_get_info,
+        "pagelocked_empty": pagelocked_empty,
+        "memcpy_htod": memcpy_htod,
+        "memcpy_dtoh": memcpy_dtoh,
+        "memcpy_htod_async": memcpy_htod_async,
+        "memcpy_dtoh_async": memcpy_dtoh_async,
+        "Error": Error,
+        "LogicError": LogicError,
+        "LaunchError": LaunchError,
+        "RuntimeError": _DriverRuntimeError,
+        "MemoryError": _DriverMemoryError,
+    }
+    for name, value in exported.items():
+        setattr(driver, name, value)
     package.driver = driver  # type: ignore[attr-defined]
     return {"pycuda": package, "pycuda.driver": driver}
 

@@ -1,0 +1,12 @@
+"""Shim: ``import tensorrt`` loads the fake TensorRT (see tests/fakes/gpu_site.py)."""
+
+import sys
+from pathlib import Path
+
+_repo = str(Path(__file__).resolve().parents[4])
+if _repo not in sys.path:
+    sys.path.append(_repo)
+
+from tests.fakes import gpu_site  # noqa: E402
+
+gpu_site.install_into_sys_modules()  # replaces this module in sys.modules
