@@ -159,17 +159,32 @@ def render_config(
 
 
 def start_daemon(
-    config_text: str, workdir: Path, *, ready_timeout: float = 30, wait_ready: bool = True
+    config_text: str,
+    workdir: Path,
+    *,
+    ready_timeout: float = 30,
+    wait_ready: bool = True,
+    env: dict[str, str] | None = None,
+    args: list[str] | None = None,
 ) -> DaemonProcess:
     """Start ``inferd run``; return once it is ready (or, with ``wait_ready=False``,
-    as soon as its control socket answers, possibly while models still load)."""
+    as soon as its control socket answers, possibly while models still load).
+    ``env`` adds environment variables (``NOTIFY_SOCKET``...), ``args`` run options."""
     config_path = workdir / "inferd.toml"
     config_path.write_text(config_text)
     log_path = workdir / "inferd.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "inferd.cli", "run", "--config", str(config_path)],
+            [
+                sys.executable,
+                "-m",
+                "inferd.cli",
+                "run",
+                "--config",
+                str(config_path),
+                *(args or []),
+            ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             text=True,
@@ -213,6 +228,7 @@ def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
         models: list[dict[str, object]] | None = None,
         *,
         wait_ready: bool = True,
+        env: dict[str, str] | None = None,
         **sections: dict[str, object],
     ) -> DaemonProcess:
         workdir = Path(tempfile.mkdtemp(prefix="ifd-"))  # short: ipc paths max 107 bytes
@@ -220,7 +236,7 @@ def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
         text = render_config(
             workdir, models or [{"name": "demo", "path": str(demo_model)}], **sections
         )
-        daemon = start_daemon(text, workdir, wait_ready=wait_ready)
+        daemon = start_daemon(text, workdir, wait_ready=wait_ready, env=env)
         started.append(daemon)
         return daemon
 

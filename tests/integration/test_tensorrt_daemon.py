@@ -1,0 +1,186 @@
+"""The TensorRT-direct path end to end (the static-shape demo model), in a real
+daemon subprocess whose `tensorrt` and `pycuda` are the fakes of tests/fakes
+(TensorRT 10.3 API): a
+trusted engine serves, an untrusted or broken one fails over, and switching to
+and from TensorRT under load loses no request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from inferd_client import ClientError, InferenceClient, OperatorClient, RemoteError
+from tests.conftest import DaemonFactory, DaemonProcess
+from tests.fakes.gpu_site import fake_gpu_env, prebuild_engine
+
+FAKE_ENV = fake_gpu_env({})
+
+
+def trt_daemon(
+    daemon_factory: DaemonFactory, model: Path, engine_dir: Path, **env: str
+) -> DaemonProcess:
+    return daemon_factory(
+        models=[{"name": "demo", "path": str(model), "runtime": "tensorrt"}],
+        runtime={"engine_dir": str(engine_dir)},
+        env={**FAKE_ENV, **env},
+    )
+
+
+def fdr(daemon: DaemonProcess, kind: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferd.cli",
+            "fdr",
+            "dump",
+            "--json",
+            "--kind",
+            kind,
+            "--dir",
+            str(daemon.workdir / "state" / "fdr"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [json.loads(line)["payload"] for line in done.stdout.splitlines()]
+
+
+def test_a_trusted_engine_serves_on_tensorrt(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path
+) -> None:
+    report = prebuild_engine(demo_model, tmp_path / "engines")
+    assert Path(report["engine"]).name.endswith(".engine")
+    daemon = trt_daemon(daemon_factory, demo_model, tmp_path / "engines")
+    image = np.random.default_rng(3).random((1, 3, 224, 224), dtype=np.float32)
+    with InferenceClient(daemon.infer) as client:
+        output = client.infer("demo", {"image": image})["descriptors"]
+        assert (client.last_reply["runtime"], client.last_reply["fallback"]) == ("tensorrt", False)
+    np.testing.assert_allclose(output, expected_descriptors(demo_model, image), rtol=1e-5)
+    with OperatorClient(daemon.control) as operator:
+        (model,) = operator.status()["models"]
+    assert model["active_providers"] == ["TensorRT"] and model["reason"] is None
+
+
+def test_an_engine_missing_from_the_manifest_is_refused_and_fails_over(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path
+) -> None:
+    """No manifest: the daemon builds an engine, the gate refuses it at step 5,
+    and the model serves on ONNX Runtime, with the refusal and failover recorded."""
+    daemon = trt_daemon(daemon_factory, demo_model, tmp_path / "engines")
+    with InferenceClient(daemon.infer) as client:
+        client.infer("demo", {"image": np.zeros((1, 3, 224, 224), np.float32)})
+        assert (client.last_reply["runtime"], client.last_reply["fallback"]) == (
+            "onnx_trt_ep",
+            True,
+        )
+    assert daemon.stop() == 0
+    (refused,) = fdr(daemon, "c7.engine_refused")
+    assert refused["step"] == "manifest_digest"
+    (fallback,) = fdr(daemon, "c7.fallback_to_onnx_trt_ep")
+    assert fallback["configured_runtime"] == "tensorrt" and "manifest" in fallback["reason"]
+    builds = fdr(daemon, "c7.engine_build")
+    assert [b["outcome"] for b in builds] == ["succeeded"]
+
+
+def test_a_warm_up_failure_fails_over(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path
+) -> None:
+    prebuild_engine(demo_model, tmp_path / "engines")
+    daemon = trt_daemon(
+        daemon_factory,
+        demo_model,
+        tmp_path / "engines",
+        INFERD_FAKE_TRT_EXECUTE_ERROR="cudaErrorLaunchFailure",
+    )
+    with InferenceClient(daemon.infer) as client:
+        client.infer("demo", {"image": np.zeros((1, 3, 224, 224), np.float32)})
+        assert client.last_reply["fallback"] is True
+    with OperatorClient(daemon.control) as operator:
+        (model,) = operator.status()["models"]
+    assert "warm-up" in model["reason"].lower() or "cuda" in model["reason"].lower()
+
+
+def test_over_budget_fails_over_with_the_reason(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path
+) -> None:
+    prebuild_engine(demo_model, tmp_path / "engines")
+    daemon = daemon_factory(
+        models=[{"name": "demo", "path": str(demo_model), "runtime": "tensorrt"}],
+        runtime={"engine_dir": str(tmp_path / "engines"), "gpu_memory_budget_bytes": 1024},
+        env=FAKE_ENV,
+    )
+    with OperatorClient(daemon.control) as operator:
+        (model,) = operator.status()["models"]
+    assert model["fallback"] is True and "budget" in model["reason"]
+
+
+def test_switching_to_and_from_tensorrt_under_load_loses_nothing(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path
+) -> None:
+    prebuild_engine(demo_model, tmp_path / "engines")
+    daemon = daemon_factory(
+        models=[{"name": "demo", "path": str(demo_model)}],
+        runtime={"engine_dir": str(tmp_path / "engines")},
+        env=FAKE_ENV,
+    )
+    stop = threading.Event()
+    served: Counter[str] = Counter()
+    failures: list[str] = []
+
+    def client_loop(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with InferenceClient(daemon.infer, timeout=30) as client:
+            while not stop.is_set():
+                image = rng.random((1, 3, 224, 224), dtype=np.float32)
+                try:
+                    output = client.infer("demo", {"image": image})["descriptors"]
+                except (RemoteError, ClientError) as exc:
+                    failures.append(repr(exc))
+                    continue
+                if output.shape != (1, 256, 28, 28) or not np.isfinite(output).all():
+                    failures.append("wrong output")
+                served[client.last_reply["runtime"]] += 1
+
+    threads = [threading.Thread(target=client_loop, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    results = []
+    try:
+        with OperatorClient(daemon.control, timeout=60) as operator:
+            for runtime in ("onnx_trt_ep", "tensorrt", "onnx_trt_ep", "tensorrt"):
+                time.sleep(0.3)
+                results.append(operator.call("runtime.switch", model="demo", runtime=runtime))
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert failures == []
+    assert served["tensorrt"] > 0 and served["onnx_trt_ep"] > 0
+    assert [r["to_runtime"] for r in results] == [
+        "onnx_trt_ep",
+        "tensorrt",
+        "onnx_trt_ep",
+        "tensorrt",
+    ]
+    with OperatorClient(daemon.control) as operator:
+        (model,) = operator.status()["models"]
+    assert model["runtime"] == "tensorrt"
+    assert model["responses"] == {"OK": sum(served.values())}
+
+
+def expected_descriptors(model: Path, image: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"image": image})[0])
