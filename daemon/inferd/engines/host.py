@@ -134,11 +134,11 @@ def read_platform_release(path: Path = NV_TEGRA_RELEASE) -> str:
     except FileNotFoundError:
         return PLATFORM_NONE
     except OSError as exc:
-        raise HostTupleUnavailableError(f"platform: cannot read {path}: {exc}") from exc
+        raise HostTupleUnavailableError(f"cannot read {path}: {exc}") from exc
     try:
         return parse_nv_tegra_release(data.decode("utf-8", "replace"))
     except ValueError as exc:
-        raise HostTupleUnavailableError(f"platform: {path} is not parseable: {exc}") from exc
+        raise HostTupleUnavailableError(f"{path} is not parseable: {exc}") from exc
 
 
 def probe_tensorrt_version() -> str:
