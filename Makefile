@@ -2,14 +2,19 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Extras installed into .venv. CI adds "systemd" (systemd-python, built against
+# libsystemd-dev): `make test EXTRAS=test,systemd`; without it the daemon and the
+# tests use the built-in sd_notify/journald senders.
+EXTRAS ?= test
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: run demo test lint unit bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 run: $(STAMP)

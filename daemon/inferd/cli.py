@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+import structlog
 
 from inferd.errors import ConfigError
+
+if TYPE_CHECKING:
+    from inferd.service.daemon import Daemon
+    from inferd.service.notify import Notifier
+    from inferd.service.watchdog import Watchdog
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -22,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
 
     run = commands.add_parser("run", help="serve the configured models in the foreground")
     run.add_argument("--config", type=Path, help="TOML config (default: the embedded demo config)")
+    run.add_argument(
+        "--log-format",
+        choices=("auto", "console", "json", "journald"),
+        help="override daemon.log_format (auto: journald under systemd, else console)",
+    )
 
     demo = commands.add_parser("demo-model", help="write a deterministic demo ONNX model")
     demo.add_argument("path", type=Path)
@@ -42,12 +56,21 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--kind", action="append", default=[], help="repeatable")
             sub.add_argument("--since", help="15m, 2h, ISO-8601 or epoch seconds")
 
+    build = commands.add_parser(
+        "build", help="build (or reuse) a TensorRT engine pre-flight, without a daemon"
+    )
+    from inferd.runtime import tensorrt_cli
+
+    tensorrt_cli.add_arguments(build)
+
     verify = commands.add_parser("verify", help="run the engine trust gate on an engine file")
     verify.add_argument("engine", type=Path)
     verify.add_argument("--manifest", type=Path, help="deployment manifest (JSON)")
     verify.add_argument("--json", action="store_true")
 
     args = parser.parse_args(argv)
+    if args.command == "build":
+        return tensorrt_cli.run_from_args(args)
     if args.command == "verify":
         from inferd.engines import verify_tool
 
@@ -58,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return _demo_model(args.path, args.kind)
     if args.command == "check-config":
         return _check_config(args.config)
-    return _run(args.config)
+    return _run(args.config, args.log_format)
 
 
 def _demo_model(path: Path, kind: str) -> int:
@@ -104,11 +127,13 @@ def _check_config(path: Path) -> int:
     return EXIT_OK
 
 
-def _run(config_path: Path | None) -> int:
+def _run(config_path: Path | None, log_format: str | None = None) -> int:
     from inferd import config as config_module
     from inferd.demo_model import write_demo_model
-    from inferd.service.daemon import Daemon, DaemonAlreadyRunningError
+    from inferd.service.daemon import Daemon
     from inferd.service.logging import configure_logging
+    from inferd.service.notify import Notifier
+    from inferd.service.watchdog import Watchdog, WatchdogSettings
 
     try:
         if config_path is None:
@@ -121,31 +146,104 @@ def _run(config_path: Path | None) -> int:
     except ConfigError as exc:
         print(f"inferd: invalid config: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    configure_logging(config.daemon.log_level, config.daemon.log_format)
+    log_format = configure_logging(config.daemon.log_level, log_format or config.daemon.log_format)
+    # When the systemd watchdog fires it sends SIGABRT: dump every thread's stack
+    # to stderr (the journal under systemd) first, so the stuck call is visible.
+    faulthandler.enable(all_threads=True)
+    notifier = Notifier.from_environment()
+    watchdog_settings = WatchdogSettings.from_environment()
 
     stop = threading.Event()
+    hangups: list[int] = []
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
+    def hangup(signum: int, _frame: FrameType | None) -> None:
+        hangups.append(signum)  # logged by the main loop; reload is not supported
+
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGHUP, hangup)
 
     daemon = Daemon(config)
+    supervision = {
+        "log_format": log_format,
+        "notify": notifier.backend_name if notifier.enabled else None,
+        "watchdog_s": watchdog_settings.interval_s if watchdog_settings else None,
+    }
     try:
-        daemon.start()
-    except (DaemonAlreadyRunningError, OSError, TimeoutError) as exc:
+        daemon.start(supervision)
+    except Exception as exc:  # lock held, bind failure (zmq.ZMQError), recorder...
         print(f"inferd: cannot start: {exc}", file=sys.stderr)
+        notifier.failed(
+            f"cannot start: {exc}",
+            exc.errno if isinstance(exc, OSError) and exc.errno else None,
+        )
         return EXIT_FAILURE
-    except Exception as exc:  # e.g. zmq.ZMQError on bind
-        print(f"inferd: cannot start: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    while not stop.is_set() and not daemon.wait_ready(timeout=0.2):
-        pass
-    while not stop.wait(0.5):
-        daemon.housekeeping()
-    daemon.stop()
+    watchdog = Watchdog(notifier, watchdog_settings, daemon.liveness) if watchdog_settings else None
+    _start_up(daemon, notifier, stop, hangups)
+    if not stop.is_set():
+        notifier.ready(daemon.status_line())
+        _serve(daemon, notifier, watchdog, stop, hangups)
+
+    def stopping() -> None:
+        notifier.stopping(daemon.status_line(), extend_s=daemon.stop_budget_s())
+
+    daemon.stop(on_stopping=stopping)
+    notifier.status("stopped")
     return EXIT_OK
+
+
+#: The main loop's longest sleep (housekeeping, STATUS= updates).
+_TICK_S = 0.5
+
+
+def _start_up(
+    daemon: Daemon, notifier: Notifier, stop: threading.Event, hangups: list[int]
+) -> None:
+    """Wait for every model to serve or fail over.  Each step of progress
+    extends systemd's start timeout by ``daemon.startup_extend_s``, so a long
+    but progressing start-up survives TimeoutStartSec= and a stuck one does not."""
+    extend_s = daemon.config.daemon.startup_extend_s
+    last_progress = None
+    while not stop.is_set():
+        progress = daemon.startup_progress()
+        if progress != last_progress:
+            last_progress = progress
+            notifier.extend_timeout(extend_s)
+        notifier.status(daemon.status_line())
+        _log_hangups(hangups)
+        if daemon.wait_ready(timeout=0.2):
+            return
+
+
+def _serve(
+    daemon: Daemon,
+    notifier: Notifier,
+    watchdog: Watchdog | None,
+    stop: threading.Event,
+    hangups: list[int],
+) -> None:
+    while True:
+        if watchdog is not None:
+            watchdog.tick()
+        line = daemon.status_line()
+        withheld = watchdog.describe() if watchdog is not None else None
+        notifier.status(f"{line} | {withheld}" if withheld else line)
+        _log_hangups(hangups)
+        wait_s = min(_TICK_S, watchdog.due_in_s()) if watchdog is not None else _TICK_S
+        if stop.wait(wait_s):
+            return
+        daemon.housekeeping()
+
+
+def _log_hangups(hangups: list[int]) -> None:
+    if hangups:
+        hangups.clear()
+        structlog.get_logger("inferd.cli").warning(
+            "sighup_ignored", reason="reload is not supported; restart inferd to apply a config"
+        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from inferd_client import protocol
 
 TOPICS: frozenset[str] = frozenset({"thermal", "runtime", "build", "alert", "health"})
 _STOP = object()
+#: The thread wakes at least this often so its liveness beat stays fresh.
+_BEAT_INTERVAL_S = 0.5
 
 log = structlog.get_logger("inferd.publisher")
 
@@ -46,6 +48,8 @@ class EventPublisher(threading.Thread):
         self._bind_error: BaseException | None = None
         self.dropped = 0
         self.published = 0
+        #: Liveness for the watchdog: set every pass of the loop (at least every 0.5 s).
+        self.last_beat_ns = time.monotonic_ns()
 
     def publish(self, topic: str, payload: Mapping[str, Any]) -> None:
         """Queue an event; safe from any thread, never blocks."""
@@ -81,7 +85,8 @@ class EventPublisher(threading.Thread):
         next_health = time.monotonic()
         try:
             while True:
-                timeout = max(0.0, next_health - time.monotonic())
+                self.last_beat_ns = time.monotonic_ns()
+                timeout = min(_BEAT_INTERVAL_S, max(0.0, next_health - time.monotonic()))
                 try:
                     item = self._queue.get(timeout=timeout)
                 except queue.Empty:

@@ -95,6 +95,8 @@ class BusServer(threading.Thread):
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
         self.counters = BusCounters()
+        #: Liveness for the watchdog: set every pass of the loop (at least every 50 ms).
+        self.last_beat_ns = time.monotonic_ns()
 
     def wait_bound(self, timeout: float) -> None:
         """Block until the sockets are bound; re-raise a bind failure here."""
@@ -146,6 +148,7 @@ class BusServer(threading.Thread):
         for sock in (infer, control, replies):
             poller.register(sock, zmq.POLLIN)
         while True:
+            self.last_beat_ns = time.monotonic_ns()
             # Read the stop flag *before* polling: whatever was queued before
             # stop() (the worker's last replies, the shutdown failures) is then
             # seen by this pass, so the loop never exits with a reply unsent.

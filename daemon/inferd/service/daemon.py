@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from inferd.bus.server import BusServer
 from inferd.config import Config
 from inferd.fdr.writer import FlightRecorder
 from inferd.service.deadline_misses import DeadlineMissReporter
+from inferd.service.logging import flush_suppressed
 from inferd.service.requests import RequestRouter
 from inferd.service.scheduler import Scheduler
 from inferd.service.slot import ModelSlot, Sinks
@@ -32,6 +35,13 @@ from inferd.types import Alert
 from inferd_client.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
+
+#: Mode of ipc:// socket files: the group (e.g. ``inferd`` under systemd, with
+#: ``UMask=0027``) may connect; the runtime dir's own mode guards the rest.
+IPC_SOCKET_MODE = 0o660
+#: What ``stop()`` may take beyond the drain: worker, bus and publisher joins,
+#: the recorder's final flush.
+_STOP_MARGIN_S = 30.0
 
 
 class DaemonAlreadyRunningError(RuntimeError):
@@ -59,6 +69,9 @@ class Daemon:
         )
         self.recorder = FlightRecorder(config.fdr) if config.fdr.enabled else None
         self._refused_hooks: dict[str, str] = {}
+        self._progress: dict[str, str] = {}
+        self._progress_lock = threading.Lock()
+        self._progress_marks = 0
         self.alerts = AlertDispatcher(
             build_alert_hooks(
                 config.alerts,
@@ -106,8 +119,9 @@ class Daemon:
         )
 
     # -- lifecycle --------------------------------------------------------
-    def start(self) -> None:
-        """Bind the sockets and start every thread; models load on the worker."""
+    def start(self, supervision: Mapping[str, Any] | None = None) -> None:
+        """Bind the sockets and start every thread; models load on the worker.
+        ``supervision`` (log format, notify backend, watchdog) goes into the start line."""
         self._take_instance_lock()
         log.info(
             "daemon_starting",
@@ -115,6 +129,7 @@ class Daemon:
             config=self.config.source,
             config_fingerprint=self.config.fingerprint(),
             pid=os.getpid(),
+            **(supervision or {}),
         )
         self._start_recorder()
         self._lifecycle("start")
@@ -122,6 +137,7 @@ class Daemon:
         self.publisher.wait_bound(timeout=10)
         self.bus.start()
         self.bus.wait_bound(timeout=10)
+        self._open_ipc_sockets_to_group()
         self.thermal.start()
         self.worker.start()
 
@@ -139,11 +155,16 @@ class Daemon:
             )
         return True
 
-    def stop(self) -> None:
-        """Stop accepting, drain (bounded), answer what is left, close everything."""
+    def stop(self, on_stopping: Callable[[], None] | None = None) -> None:
+        """Stop accepting, drain (bounded), answer what is left, close everything.
+
+        ``on_stopping`` runs once new requests are refused, before the drain
+        (the CLI sends systemd ``STOPPING=1`` there)."""
         log.info("daemon_stopping")
         self.state = "stopping"
         self.router.accepting = False
+        if on_stopping is not None:
+            on_stopping()
         drain_s = self.config.daemon.shutdown_drain_ms / 1000
         drained = self.scheduler.wait_idle(drain_s)
         leftovers = self.scheduler.close()
@@ -162,7 +183,7 @@ class Daemon:
         self.publisher.stop()
         self.publisher.join(timeout=10)
         if self.recorder is not None:
-            self.recorder.stop()
+            self.recorder.stop()  # writes what is queued, fdatasyncs, closes the segment
         if self.worker.is_alive() or self.bus.is_alive() or self.publisher.is_alive():
             # A thread still holds a socket: terminating the context would hang.
             log.error(
@@ -174,7 +195,29 @@ class Daemon:
         else:
             self._context.term()
         self._release_instance_lock()
-        log.info("daemon_stopped")
+        log.info(
+            "daemon_stopped",
+            fdr_durable_seq=self.recorder.durable_seq if self.recorder is not None else None,
+        )
+
+    def stop_budget_s(self) -> float:
+        """An upper bound on how long ``stop()`` takes (for ``EXTEND_TIMEOUT_USEC``)."""
+        return self.config.daemon.shutdown_drain_ms / 1000 + _STOP_MARGIN_S
+
+    def _open_ipc_sockets_to_group(self) -> None:
+        for endpoint in (
+            self.config.bus.infer_endpoint,
+            self.config.bus.control_endpoint,
+            self.config.bus.events_endpoint,
+        ):
+            if not endpoint.startswith("ipc://"):
+                continue
+            path = endpoint.removeprefix("ipc://")
+            try:
+                if stat.S_ISSOCK(os.stat(path).st_mode):
+                    os.chmod(path, IPC_SOCKET_MODE)
+            except OSError as exc:
+                log.warning("ipc_socket_chmod_failed", path=path, error=str(exc))
 
     def _take_instance_lock(self) -> None:
         # Binding an ipc path silently steals it from a running daemon; a lock
@@ -210,6 +253,64 @@ class Daemon:
         """Periodic work of the main thread (called about twice a second)."""
         self.deadline_misses.tick()
         self.alerts.flush()  # report repeats held back by the rate limit once it allows
+        flush_suppressed()  # the same for log lines held back by the repeat limiter
+
+    # -- supervision (systemd) ------------------------------------------------
+    def liveness(self) -> dict[str, int | None]:
+        """Last beat (monotonic ns) of each thread the watchdog vouches for;
+        None for a thread that is not running."""
+        return {
+            "engine_worker": self.worker.last_beat_ns if self.worker.is_alive() else None,
+            "bus": self.bus.last_beat_ns if self.bus.is_alive() else None,
+            "publisher": self.publisher.last_beat_ns if self.publisher.is_alive() else None,
+        }
+
+    def report_progress(self, model: str, text: str | None) -> None:
+        """Seam for long work on a model (engine builds): ``text`` (e.g.
+        ``"building engine 40%"``) shows in ``STATUS=`` and counts as start-up
+        progress; None clears it.  Safe from any thread."""
+        with self._progress_lock:
+            if text is None:
+                self._progress.pop(model, None)
+            else:
+                self._progress[model] = text
+            self._progress_marks += 1
+
+    def startup_progress(self) -> tuple[int, tuple[str, ...]]:
+        """Changes whenever start-up makes progress: a model finished loading
+        (serving or failed) or a progress report arrived."""
+        with self._progress_lock:
+            marks = self._progress_marks
+        return marks, tuple(slot.state for slot in self.slots.values())
+
+    def status_line(self) -> str:
+        """The one-line ``STATUS=``: daemon state, then per model
+        ``name=runtime`` with ``(fallback from X)``, ``loading``/``failed`` and progress."""
+        with self._progress_lock:
+            progress = dict(self._progress)
+        parts: list[str] = []
+        for name, slot in self.slots.items():
+            handle = slot.handle
+            if slot.state == "serving" and handle is not None:
+                text = f"{name}={handle.runtime_label}"
+                if handle.is_fallback:
+                    text += f"(fallback from {slot.config.runtime})"
+            else:
+                text = f"{name}={slot.state}"
+            if name in progress:
+                text += f"[{progress[name]}]"
+            parts.append(text)
+        state = self.state
+        if state == "starting":
+            done = sum(1 for slot in self.slots.values() if slot.state != "loading")
+            state = f"starting {done}/{len(self.slots)}"
+        elif state == "stopping":
+            queued = sum(self.scheduler.depth(name) for name in self.slots)
+            state = f"stopping (draining {queued} queued)" if queued else "stopping"
+        line = f"{state}: {' '.join(parts)}"
+        if self._thermal_summary() == "throttling":
+            line += " thermal=throttling"
+        return line
 
     # -- wiring -------------------------------------------------------------
     def _start_recorder(self) -> None:
@@ -249,7 +350,9 @@ class Daemon:
         )
 
     def _activate(self, slot: ModelSlot) -> None:
-        slot.activate(self.config.runtime, self._sinks)
+        # Runtime log lines during activation name the model (journald INFERD_MODEL).
+        with structlog.contextvars.bound_contextvars(model=slot.name):
+            slot.activate(self.config.runtime, self._sinks)
 
     def _thermal_summary(self) -> str:
         state = self.thermal.snapshot()

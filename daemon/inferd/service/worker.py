@@ -44,6 +44,8 @@ class EngineWorker(threading.Thread):
         self._thermal_summary = thermal_summary
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
+        #: The model bound into this thread's log context (see ``_bind_model``).
+        self._log_model: str | None = None
 
     def run(self) -> None:
         replies = self._context.socket(zmq.PUSH)
@@ -52,6 +54,7 @@ class EngineWorker(threading.Thread):
         try:
             for slot in self._slots.values():
                 self._activate(slot)
+                self.last_beat_ns = time.monotonic_ns()
             self.activated.set()
             while True:
                 try:
@@ -74,7 +77,21 @@ class EngineWorker(threading.Thread):
                 slot.release()
             replies.close(linger=-1)
 
+    def _bind_model(self, model: str | None) -> None:
+        # Runtimes log without knowing model names (e.g. the one-shot failover
+        # warning on the first inference): bind the model being served into
+        # this thread's structlog context.  Rebinding only when the model
+        # changes keeps the per-request cost to one comparison.
+        if model == self._log_model:
+            return
+        self._log_model = model
+        if model is None:
+            structlog.contextvars.unbind_contextvars("model")
+        else:
+            structlog.contextvars.bind_contextvars(model=model)
+
     def _call(self, call: Callable[[], None]) -> None:
+        self._bind_model(None)
         try:
             call()
         except Exception:  # a failed swap must not take the worker down
@@ -82,6 +99,7 @@ class EngineWorker(threading.Thread):
 
     def _run(self, job: Job) -> list[Any]:
         slot = self._slots[job.model]
+        self._bind_model(job.model)
         started_ns = time.monotonic_ns()
         if job.deadline_ns is not None and started_ns >= job.deadline_ns:
             return self._error(
