@@ -126,9 +126,15 @@ def test_release_is_idempotent_and_released_handles_refuse(
 def test_disallowed_cpu_fallback_refuses_a_cpu_only_session(
     tmp_path: Path, demo_model: Path
 ) -> None:
-    runtime = make_runtime(tmp_path, ort_disallow_cpu_fallback=True)
+    records: list[tuple[str, dict[str, object]]] = []
+    runtime = make_runtime(
+        tmp_path,
+        record=lambda kind, payload: records.append((kind, dict(payload))),
+        ort_disallow_cpu_fallback=True,
+    )
     with pytest.raises(EngineDeserializeError, match="CPUExecutionProvider only"):
         load(runtime, demo_model)
+    assert [(kind, payload["refused"]) for kind, payload in records] == [("c7.cpu_fallback", True)]
 
 
 def test_gpu_provider_that_cannot_be_created_raises_a_cpu_fallback_alert(
@@ -146,7 +152,10 @@ def test_gpu_provider_that_cannot_be_created_raises_a_cpu_fallback_alert(
     assert handle.active_providers == (CPU_EP,)
     assert [a.code for a in alerts] == ["c7.cpu_fallback"]
     assert records == [
-        ("c7.cpu_fallback", {"model": "demo", "requested": [CUDA_EP, CPU_EP], "active": [CPU_EP]})
+        (
+            "c7.cpu_fallback",
+            {"model": "demo", "requested": [CUDA_EP, CPU_EP], "active": [CPU_EP], "refused": False},
+        )
     ]
 
 

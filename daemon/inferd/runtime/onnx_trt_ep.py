@@ -244,7 +244,19 @@ class OnnxTrtEpRuntime:
         return handle
 
     def _on_cpu_only(self, entry: EngineCacheEntry, requested: list[str], session: Any) -> None:
+        """Every CPU-only session is recorded (on the vehicle it is always an anomaly);
+        it is refused when CPU fallback is disallowed, and alerted when GPU
+        providers were asked for and silently dropped by ONNX Runtime."""
         gpu_requested = [name for name in requested if name != CPU_EP]
+        self._record(
+            CPU_FALLBACK_EVENT,
+            {
+                "model": entry.model_path.stem,
+                "requested": requested,
+                "active": [CPU_EP],
+                "refused": self._config.ort_disallow_cpu_fallback,
+            },
+        )
         if self._config.ort_disallow_cpu_fallback:
             del session
             raise EngineDeserializeError(
@@ -254,10 +266,6 @@ class OnnxTrtEpRuntime:
         if gpu_requested:
             message = f"{entry.model_path}: {gpu_requested} could not be created; serving on CPU"
             log.warning(CPU_FALLBACK_EVENT, model=str(entry.model_path), requested=requested)
-            self._record(
-                CPU_FALLBACK_EVENT,
-                {"model": entry.model_path.stem, "requested": requested, "active": [CPU_EP]},
-            )
             self._alert(Alert("WARNING", CPU_FALLBACK_EVENT, message, {"requested": requested}))
         else:
             log.info("cpu_only_onnxruntime", available=self._ort.get_available_providers())
