@@ -63,12 +63,23 @@ def main(argv: list[str] | None = None) -> int:
 
     tensorrt_cli.add_arguments(build)
 
+    acceptance = commands.add_parser("acceptance", help="product acceptance tests")
+    acceptance_commands = acceptance.add_subparsers(dest="acceptance_command", required=True)
+    stuck = acceptance_commands.add_parser(
+        "stuck-build", help="build observability/cancellation scenarios; writes an evidence bundle"
+    )
+    stuck.add_argument("--out", type=Path, default=Path("stuck-build-evidence"))
+
     verify = commands.add_parser("verify", help="run the engine trust gate on an engine file")
     verify.add_argument("engine", type=Path)
     verify.add_argument("--manifest", type=Path, help="deployment manifest (JSON)")
     verify.add_argument("--json", action="store_true")
 
     args = parser.parse_args(argv)
+    if args.command == "acceptance":
+        from inferd.build import acceptance as acceptance_module
+
+        return acceptance_module.run(args.out)
     if args.command == "build":
         return tensorrt_cli.run_from_args(args)
     if args.command == "verify":

@@ -1,0 +1,52 @@
+"""Engine builds that can be observed, cancelled, cleaned up, retried and measured.
+
+* ``events``: ``BuildEvent``, bounded ``EventQueue``, ``PhaseTree`` snapshots.
+* ``monitor``: ``ProgressAdapter`` (the IProgressMonitor callbacks),
+  ``make_trt_progress_monitor``, ``trt_build_hooks`` (runtime seam),
+  ``StallWatchdog``.
+* ``cancel``: ``CancellationToken`` (one shared stop state), ``cancel_on_signals``,
+  ``run_build_async``.
+* ``artifacts``: final write in a no-cancel zone, cleanup / quarantine,
+  ``TimingCacheManager`` (cold / reused / updated / discarded / quarantined).
+* ``validation``: gate + smoke inference vs ONNX Runtime; ``eligible_to_serve``.
+* ``session``: ``run_build`` -> build summary (``schemas/build/summary.json``)
+  and a ``c7.engine_build`` FDR record.
+* ``simulated``: a SIMULATED builder for hosts without TensorRT.
+* ``acceptance``: ``inferd acceptance stuck-build``.
+"""
+
+from inferd.build.cancel import (
+    CANCEL_SOURCES,
+    CancellationToken,
+    cancel_on_signals,
+    run_build_async,
+)
+from inferd.build.events import BuildEvent, EventQueue, PhaseTree
+from inferd.build.monitor import (
+    ProgressAdapter,
+    StallWatchdog,
+    make_trt_progress_monitor,
+    trt_build_hooks,
+)
+from inferd.build.session import BuildReport, BuildRequest, choose_retry_policy, run_build
+from inferd.build.validation import eligible_to_serve, validate_build
+
+__all__ = [
+    "CANCEL_SOURCES",
+    "BuildEvent",
+    "BuildReport",
+    "BuildRequest",
+    "CancellationToken",
+    "EventQueue",
+    "PhaseTree",
+    "ProgressAdapter",
+    "StallWatchdog",
+    "cancel_on_signals",
+    "choose_retry_policy",
+    "eligible_to_serve",
+    "make_trt_progress_monitor",
+    "run_build",
+    "run_build_async",
+    "trt_build_hooks",
+    "validate_build",
+]

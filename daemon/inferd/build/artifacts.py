@@ -1,0 +1,212 @@
+"""Build artifacts: the final write, leftovers cleanup/quarantine, inventory;
+and the timing-cache policy per host tuple.
+
+The engine goes to a temp file beside its final path, is fsynced, renamed and
+the directory fsynced (``engines.atomic``), then its ``.sha256`` sidecar
+(``engines.sidecar``); all inside the token's no-cancel zone.  After a cancel
+or failure, ``clean_up`` removes this build's temp files and quarantines
+(moves to ``quarantine/`` with a ``.reason`` file) anything whose state is
+unclear: an engine at the final path without a matching sidecar, or a temp
+file of a process that may still be alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferd.build.cancel import CancellationToken
+from inferd.digest import sha256_file
+from inferd.engines.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
+from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
+from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
+from inferd.types import HostTuple
+
+QUARANTINE_DIR = "quarantine"
+_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def inventory(directory: Path) -> list[dict[str, Any]]:
+    """Every file under ``directory`` (relative path, size), sorted."""
+    if not directory.exists():
+        return []
+    return [
+        {"path": str(path.relative_to(directory)), "bytes": path.stat().st_size}
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    ]
+
+
+def quarantine(path: Path, reason: str) -> Path:
+    """Move ``path`` into ``<dir>/quarantine/`` with ``<name>.reason`` beside it."""
+    target_dir = path.parent / QUARANTINE_DIR
+    target_dir.mkdir(exist_ok=True)
+    target = target_dir / f"{path.name}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    os.replace(path, target)
+    atomic_write_text(target.with_name(target.name + ".reason"), reason.rstrip() + "\n")
+    fsync_directory(path.parent)
+    return target
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class CleanupReport:
+    status: str = "cleaned"  # cleaned | quarantined | failed
+    removed: list[str] = field(default_factory=list)
+    quarantined: list[dict[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "removed": self.removed,
+            "quarantined": self.quarantined,
+            "errors": self.errors,
+        }
+
+
+def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
+    """Leave no partial engine: remove temp files of ``engine_path`` written by this
+    process or a dead one; quarantine a live process's temp and an engine at the
+    final path whose sidecar is missing or does not match."""
+    own_pid = os.getpid() if own_pid is None else own_pid
+    report = CleanupReport()
+    directory = engine_path.parent
+    if not directory.is_dir():
+        return report
+    names = {engine_path.name, sidecar_path(engine_path).name}
+    for entry in sorted(directory.iterdir()):
+        match = _TEMP.match(entry.name)
+        if match is None or match["name"] not in names:
+            continue
+        pid = int(match["pid"])
+        try:
+            if pid == own_pid or not _pid_alive(pid):
+                entry.unlink()
+                report.removed.append(entry.name)
+            else:
+                why = f"temp file of live process {pid}: state unclear (a concurrent build?)"
+                moved = quarantine(entry, why)
+                report.quarantined.append({"path": str(moved), "reason": why})
+        except OSError as exc:
+            report.errors.append(f"{entry.name}: {exc}")
+    if engine_path.exists():
+        reason: str | None = None
+        try:
+            if read_sidecar(engine_path) != sha256_file(engine_path):
+                reason = "engine does not match its sidecar digest (partial or foreign write)"
+        except Exception as exc:
+            reason = f"engine without a valid sidecar: {exc}"
+        if reason is not None:
+            try:
+                moved = quarantine(engine_path, reason)
+                report.quarantined.append({"path": str(moved), "reason": reason})
+                with contextlib.suppress(FileNotFoundError):
+                    sidecar_path(engine_path).unlink()
+            except OSError as exc:
+                report.errors.append(f"{engine_path.name}: {exc}")
+    with contextlib.suppress(OSError):
+        fsync_directory(directory)
+    if report.errors:
+        report.status = "failed"
+    elif report.quarantined:
+        report.status = "quarantined"
+    return report
+
+
+def commit_engine(
+    engine_path: Path,
+    data: bytes,
+    token: CancellationToken,
+    *,
+    during_write: Callable[[], None] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Final write in the no-cancel zone: temp + fsync + rename + dir fsync, then
+    the sidecar.  Returns (sha256, zone record)."""
+    import hashlib
+
+    engine_path.parent.mkdir(parents=True, exist_ok=True)
+    with token.no_cancel_zone("final engine write"):
+        if during_write is not None:
+            during_write()
+        atomic_write_bytes(engine_path, data)
+        digest = hashlib.sha256(data).hexdigest()
+        write_sidecar(engine_path, digest)
+    return digest, token.zone_log[-1]
+
+
+class TimingCacheManager:
+    """Timing cache of one host tuple (``timing_cache_path``).  Decisions:
+    ``cold`` (none), ``reused`` (loaded, unchanged), ``updated`` (loaded and saved
+    grown), ``discarded`` (build cancelled/failed: never saved), ``quarantined``
+    (failed to load or refused: moved aside with a reason; the build goes cold)."""
+
+    def __init__(self, engine_dir: Path, host: HostTuple) -> None:
+        self.path = timing_cache_path(engine_dir, host)
+        self.store = TimingCacheFile(self.path)
+        self.loaded: bytes | None = None
+        self.decision = "cold"
+        self.quarantined_to: str | None = None
+        self.reason: str | None = None
+        self.saved = False
+
+    def load(self) -> bytes | None:
+        if self.path.exists() and self.path.stat().st_size == 0:
+            self.quarantine("empty timing cache file")
+            return None
+        self.loaded = self.store.load()
+        if self.loaded is None and self.path.exists():
+            self.quarantine("timing cache could not be read")
+        elif self.loaded is not None:
+            self.decision = "reused"
+        return self.loaded
+
+    def quarantine(self, reason: str) -> None:
+        """The stored cache failed to load or the builder refused it."""
+        self.reason = reason
+        self.loaded = None
+        self.decision = "quarantined"
+        with contextlib.suppress(FileNotFoundError):
+            self.quarantined_to = str(quarantine(self.path, f"timing cache: {reason}"))
+
+    def finish(self, completed: bool, data: bytes | None) -> str:
+        if not completed:
+            if self.decision != "quarantined":
+                self.decision = "discarded"
+            return self.decision
+        if data is not None and data != self.loaded:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.store.store(data)  # atomic
+            self.saved = True
+            if self.decision == "reused":
+                self.decision = "updated"
+        return self.decision
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "path": str(self.path),
+            "saved": self.saved,
+            "quarantinedTo": self.quarantined_to,
+            "reason": self.reason,
+        }
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(document, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,242 @@
+"""Build progress events and the phase tree rebuilt from them.
+
+A build is a tree of phases.  ``BuildEvent`` is one thing that happened
+(``phase_start``, ``step``, ``phase_finish``, ``stalled``, ``cancel_requested``,
+``cancelled``, ``completed``, ``failed``); ``PhaseTree`` folds events into a
+snapshot; ``EventQueue`` is the bounded, never-blocking hand-off from builder
+threads to consumers (a full queue drops the event and counts it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+EventType = Literal[
+    "phase_start",
+    "step",
+    "phase_finish",
+    "stalled",
+    "cancel_requested",
+    "cancelled",
+    "completed",
+    "failed",
+]
+EVENT_TYPES: tuple[str, ...] = (
+    "phase_start",
+    "step",
+    "phase_finish",
+    "stalled",
+    "cancel_requested",
+    "cancelled",
+    "completed",
+    "failed",
+)
+TERMINAL_EVENTS = frozenset({"cancelled", "completed", "failed"})
+
+
+def now_ns() -> tuple[int, int]:
+    """(monotonic ns, wall-clock ns)."""
+    return time.monotonic_ns(), time.time_ns()
+
+
+@dataclass(frozen=True)
+class BuildEvent:
+    build_id: str
+    seq: int
+    type: str
+    phase_id: str | None
+    parent_id: str | None
+    name: str | None
+    step: int | None
+    num_steps: int | None
+    mono_ns: int
+    wall_ns: int
+    thread: str
+    cancel_state: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "buildId": self.build_id,
+            "seq": self.seq,
+            "type": self.type,
+            "phaseId": self.phase_id,
+            "parentId": self.parent_id,
+            "name": self.name,
+            "step": self.step,
+            "numSteps": self.num_steps,
+            "monotonicNs": self.mono_ns,
+            "wallNs": self.wall_ns,
+            "thread": self.thread,
+            "cancelState": self.cancel_state,
+            **({"detail": self.detail} if self.detail else {}),
+        }
+
+
+class EventQueue:
+    """Bounded FIFO that never blocks a producer: when full, the new event is
+    dropped and counted (``dropped``).  Consumers ``drain()``."""
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        if maxsize <= 0:
+            raise ValueError("maxsize must be positive")
+        self.maxsize = maxsize
+        self._items: deque[BuildEvent] = deque()
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.accepted = 0
+
+    def put(self, event: BuildEvent) -> bool:
+        with self._lock:
+            if len(self._items) >= self.maxsize:
+                self.dropped += 1
+                return False
+            self._items.append(event)
+            self.accepted += 1
+            return True
+
+    def drain(self, limit: int | None = None) -> list[BuildEvent]:
+        with self._lock:
+            count = len(self._items) if limit is None else min(limit, len(self._items))
+            return [self._items.popleft() for _ in range(count)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+@dataclass
+class PhaseNode:
+    phase_id: str
+    name: str
+    parent_id: str | None
+    num_steps: int
+    started_ns: int
+    thread: str
+    step: int | None = None
+    finished_ns: int | None = None
+    status: str = "running"  # running | finished | finished_early
+    children: list[str] = field(default_factory=list)
+
+    @property
+    def completed(self) -> int:
+        """Steps reported complete (``step`` is the last index reported)."""
+        return 0 if self.step is None else self.step + 1
+
+
+class PhaseTree:
+    """Phase tree folded from events; ``snapshot()`` is a JSON-able nested view."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, PhaseNode] = {}
+        self.roots: list[str] = []
+        self.state = "running"
+        self.stalls = 0
+        self.last_event: str | None = None
+
+    @classmethod
+    def from_events(cls, events: Iterable[BuildEvent]) -> PhaseTree:
+        tree = cls()
+        for event in events:
+            tree.apply(event)
+        return tree
+
+    def apply(self, event: BuildEvent) -> None:
+        self.last_event = event.type
+        if event.type == "phase_start" and event.phase_id is not None:
+            node = PhaseNode(
+                phase_id=event.phase_id,
+                name=event.name or "?",
+                parent_id=event.parent_id,
+                num_steps=event.num_steps or 0,
+                started_ns=event.mono_ns,
+                thread=event.thread,
+            )
+            self.nodes[event.phase_id] = node
+            parent = self.nodes.get(event.parent_id) if event.parent_id else None
+            if parent is not None:
+                parent.children.append(event.phase_id)
+            else:
+                self.roots.append(event.phase_id)
+        elif event.type == "step" and event.phase_id in self.nodes:
+            self.nodes[event.phase_id].step = event.step
+        elif event.type == "phase_finish" and event.phase_id in self.nodes:
+            node = self.nodes[event.phase_id]
+            node.finished_ns = event.mono_ns
+            node.status = "finished" if node.completed >= node.num_steps else "finished_early"
+        elif event.type == "stalled":
+            self.stalls += 1
+        elif event.type in TERMINAL_EVENTS:
+            self.state = event.type
+        elif event.type == "cancel_requested" and self.state == "running":
+            self.state = "cancel_requested"
+
+    def active_path(self) -> list[str]:
+        """Names from the root to the deepest running phase (most recent branch)."""
+        path: list[str] = []
+        candidates = [self.nodes[i] for i in self.roots if self.nodes[i].status == "running"]
+        while candidates:
+            node = max(candidates, key=lambda n: n.started_ns)
+            path.append(node.name)
+            candidates = [self.nodes[i] for i in node.children if self.nodes[i].status == "running"]
+        return path
+
+    def _node(self, phase_id: str) -> dict[str, Any]:
+        node = self.nodes[phase_id]
+        return {
+            "id": node.phase_id,
+            "name": node.name,
+            "status": node.status,
+            "step": node.step,
+            "completedSteps": node.completed,
+            "numSteps": node.num_steps,
+            "thread": node.thread,
+            "durationMs": None
+            if node.finished_ns is None
+            else round((node.finished_ns - node.started_ns) / 1e6, 3),
+            "children": [self._node(child) for child in node.children],
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "activePath": self.active_path(),
+            "phases": len(self.nodes),
+            "stalls": self.stalls,
+            "roots": [self._node(root) for root in self.roots],
+        }
+
+    def render(self) -> str:
+        """Indented text view (for reports and terminals)."""
+        lines: list[str] = []
+
+        def walk(phase_id: str, depth: int) -> None:
+            node = self.nodes[phase_id]
+            step = f"{node.completed}/{node.num_steps}"
+            lines.append(f"{'  ' * depth}- {node.name} [{node.status} {step}]")
+            for child in node.children:
+                walk(child, depth + 1)
+
+        for root in self.roots:
+            walk(root, 0)
+        return "\n".join(lines)
+
+
+def render_snapshot(snapshot: dict[str, Any]) -> str:
+    """Indented text view of a ``PhaseTree.snapshot()`` (e.g. from a build summary)."""
+    lines: list[str] = []
+
+    def walk(node: dict[str, Any], depth: int) -> None:
+        done = node.get("completedSteps", 0)
+        lines.append(f"{'  ' * depth}- {node['name']} [{node['status']} {done}/{node['numSteps']}]")
+        for child in node.get("children", []):
+            walk(child, depth + 1)
+
+    for root in snapshot.get("roots", []):
+        walk(root, 0)
+    return "\n".join(lines)

@@ -1,0 +1,324 @@
+"""One observed, cancellable build: ``run_build(request, builder)``.
+
+Ties the pieces together: a token (shared with signal handlers, the control
+op, timeouts and asyncio), the progress adapter and stall watchdog, the
+timing-cache policy, the builder (run in a worker thread so the main thread
+keeps handling signals: TensorRT's ``build_serialized_network`` releases the
+GIL and holds its caller until it returns), the no-cancel final write,
+cleanup, validation, and the build summary (``schemas/build/summary.json``),
+written next to the engine and recorded as a ``c7.engine_build`` FDR record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from inferd.build.artifacts import (
+    TimingCacheManager,
+    clean_up,
+    commit_engine,
+    inventory,
+    write_json,
+)
+from inferd.build.cancel import CancellationToken
+from inferd.build.events import BuildEvent, EventQueue
+from inferd.build.monitor import ProgressAdapter, StallWatchdog
+from inferd.build.simulated import BuilderOutput
+from inferd.build.validation import Infer, ValidationResult, validate_build
+from inferd.types import BuildConfig, HostTuple
+
+SUMMARY_SCHEMA_ID = "https://inferd.example/schemas/build/summary.json"
+BUILD_RECORD = "c7.engine_build"
+RecordSink = Callable[[str, Mapping[str, Any]], None]
+_FDR_OUTCOME = {"completed": "succeeded", "cancelled": "cancelled", "failed": "failed"}
+
+
+class Builder(Protocol):
+    simulated: bool
+    tensorrt_version: str
+
+    def refuses_cache(self, data: bytes) -> str | None: ...
+
+    def build(self, monitor: ProgressAdapter, timing_cache: bytes | None) -> BuilderOutput: ...
+
+    #: Smoke inference ``(engine_path, inputs) -> outputs``; None: validation stays pending.
+    infer: Infer | None
+
+
+@dataclass
+class BuildRequest:
+    model_path: Path
+    engine_path: Path
+    build_config: BuildConfig
+    host: HostTuple
+    strongly_typed: bool = False
+    network_type: str = "onnx"
+    language: str = "python"
+    driver: str = "unknown"
+    stall_after_s: float | None = None
+    stall_cancels_after: int | None = None
+    timeout_s: float | None = None
+    validate: bool = True
+    queue_size: int = 4096
+
+
+@dataclass
+class BuildReport:
+    summary: dict[str, Any]
+    summary_path: Path
+    events: list[BuildEvent] = field(default_factory=list)
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
+
+
+def build_config_hash(request: BuildRequest, model_sha256: str, trt_version: str) -> str:
+    config = request.build_config
+    document = {
+        "model": model_sha256,
+        "precision": config.precision.value,
+        "workspaceBytes": config.workspace_bytes,
+        "optimizationLevel": config.optimization_level,
+        "profiles": [
+            [p.input_name, list(p.min_shape), list(p.opt_shape), list(p.max_shape)]
+            for p in config.profiles
+        ],
+        "stronglyTyped": request.strongly_typed,
+        "host": request.host.compute_capability_text + "/" + request.host.gpu_sku,
+        "platform": request.host.platform,
+        "tensorrt": trt_version,
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def choose_retry_policy(
+    *,
+    outcome: str,
+    cancel_source: str | None,
+    cache_decision: str,
+    cache_loaded: bool,
+    cleanup_status: str,
+    validation_status: str,
+    stalls: int,
+) -> tuple[str, str]:
+    """(policy, why) from the evidence of one build."""
+    if cleanup_status != "cleaned":
+        return "investigate", f"cleanup ended {cleanup_status}: inspect the quarantine first"
+    if outcome == "completed":
+        if validation_status == "fail":
+            return "rollback", "the build completed but failed validation: keep the resident engine"
+        return "none", "the build completed and validated"
+    if cache_decision == "quarantined":
+        return "retry_cold", "the stored timing cache was refused and quarantined"
+    if outcome == "failed":
+        if cache_loaded:
+            return "retry_cold", "failed with a reused timing cache: retry without it"
+        return "investigate", "failed with a cold timing cache: not a cache problem"
+    if stalls and cancel_source in ("timeout", "stall"):
+        return (
+            "retry_with_cache",
+            "stopped while stalled in tactic search; allow more time (cache unpolluted)",
+        )
+    return "retry_with_cache", f"cancelled by {cancel_source}; the stored cache is intact"
+
+
+def run_build(
+    request: BuildRequest,
+    builder: Builder,
+    *,
+    token: CancellationToken | None = None,
+    record: RecordSink | None = None,
+    listener: Callable[[BuildEvent], None] | None = None,
+    snapshot_every_s: float = 0.0,
+    build_id: str | None = None,
+    during_write: Callable[[], None] | None = None,
+) -> BuildReport:
+    token = token or CancellationToken()
+    build_id = build_id or secrets.token_hex(6)
+    queue = EventQueue(request.queue_size)
+    adapter = ProgressAdapter(build_id, token, queue=queue, listener=listener)
+    engine_dir = request.engine_path.parent
+    engine_dir.mkdir(parents=True, exist_ok=True)
+    before = inventory(engine_dir)
+    started_mono, started_wall = time.monotonic(), time.time()
+    model_sha = hashlib.sha256(request.model_path.read_bytes()).hexdigest()
+    config_hash = build_config_hash(request, model_sha, builder.tensorrt_version)
+
+    cache = TimingCacheManager(engine_dir, request.host)
+    cache_data = cache.load()
+    cache_loaded = cache_data is not None
+    if cache_data is not None:
+        refused = builder.refuses_cache(cache_data)
+        if refused is not None:
+            cache.quarantine(refused)
+            cache_data = None
+
+    watchdog = (
+        StallWatchdog(
+            adapter, request.stall_after_s, cancel_after_stalls=request.stall_cancels_after
+        ).start()
+        if request.stall_after_s
+        else None
+    )
+    if request.timeout_s is not None:
+        token.cancel_after(request.timeout_s)
+
+    output: list[BuilderOutput] = []
+    crash: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            output.append(builder.build(adapter, cache_data))
+        except BaseException as exc:  # reported as a failed build
+            crash.append(exc)
+
+    snapshots: list[dict[str, Any]] = []
+    worker = threading.Thread(target=work, name=f"inferd-build-{build_id}", daemon=True)
+    worker.start()
+    next_snapshot = time.monotonic() + snapshot_every_s
+    while worker.is_alive():
+        worker.join(0.02)  # the main thread stays free for signal handlers
+        if snapshot_every_s and time.monotonic() >= next_snapshot:
+            snapshots.append(adapter.snapshot())
+            next_snapshot += snapshot_every_s
+    builder_returned = time.monotonic()
+    token.stop_timer()
+    token.acknowledge()
+    if watchdog is not None:
+        watchdog.stop()
+
+    result = output[0] if output else BuilderOutput(None, None, error=repr(crash[0]))
+    engine_sha: str | None = None
+    zone: dict[str, Any] | None = None
+    if result.engine is not None and not token.is_set():
+        try:
+            engine_sha, zone = commit_engine(
+                request.engine_path, result.engine, token, during_write=during_write
+            )
+            outcome = "completed"
+        except OSError as exc:
+            outcome, result.error = "failed", f"cannot write engine: {exc}"
+    elif token.is_set():
+        outcome = "cancelled"
+    else:
+        outcome = "failed"
+    cleanup = clean_up(request.engine_path)
+    token.cleanup_done()
+    cache_decision = cache.finish(outcome == "completed", result.timing_cache)
+
+    validation: ValidationResult | None = None
+    if outcome == "completed" and request.validate and builder.infer is not None:
+        validation = validate_build(
+            request.engine_path,
+            request.model_path,
+            request.build_config.precision,
+            builder.infer,
+        )
+    validation_status = (
+        validation.status
+        if validation is not None
+        else ("pending" if outcome == "completed" else "not_applicable")
+    )
+    stalls = watchdog.stalls if watchdog is not None else []
+    adapter.emit(
+        outcome,
+        detail={"error": result.error} if result.error else {},
+        progress=False,
+    )
+    policy, policy_reason = choose_retry_policy(
+        outcome=outcome,
+        cancel_source=token.source,
+        cache_decision=cache_decision,
+        cache_loaded=cache_loaded,
+        cleanup_status=cleanup.status,
+        validation_status=validation_status,
+        stalls=len(stalls),
+    )
+    request_info = token.request
+    config = request.build_config
+    summary: dict[str, Any] = {
+        "$schema": SUMMARY_SCHEMA_ID,
+        "schemaVersion": 1,
+        "buildId": build_id,
+        "simulated": bool(builder.simulated),
+        "model": request.model_path.name,
+        "outcome": outcome,
+        "error": result.error,
+        "tensorrtVersion": builder.tensorrt_version,
+        "language": request.language,
+        "buildConfigHash": config_hash,
+        "gpuSku": request.host.gpu_sku,
+        "timingCacheMode": cache_decision,
+        "timingCache": cache.as_dict(),
+        "cancelSource": token.source,
+        "cancelReason": None if request_info is None else request_info.reason,
+        "cancelRequestedWallNs": None if request_info is None else request_info.wall_ns,
+        "cancelLatencyMs": token.cancel_latency_ms,
+        "cleanupLatencyMs": token.cleanup_latency_ms,
+        "cleanupStatus": cleanup.status,
+        "cleanup": cleanup.as_dict(),
+        "noCancelZone": zone,
+        "retryPolicy": policy,
+        "retryReason": policy_reason,
+        "validationStatus": validation_status,
+        "validation": None if validation is None else validation.as_dict(),
+        "eligibleToServe": validation_status == "pass",
+        "baseline": {
+            "tensorrtVersion": builder.tensorrt_version,
+            "driver": request.driver,
+            "gpu": {
+                "sku": request.host.gpu_sku,
+                "computeCapability": request.host.compute_capability_text,
+                "platform": request.host.platform,
+            },
+            "networkType": request.network_type,
+            "stronglyTyped": request.strongly_typed,
+            "builderConfig": {
+                "precision": config.precision.value,
+                "workspaceBytes": config.workspace_bytes,
+                "profiles": len(config.profiles),
+            },
+            "optimizationLevel": config.optimization_level,
+            "inputHashes": {request.model_path.name: model_sha},
+            "outputPath": str(request.engine_path),
+            "engineSha256": engine_sha,
+            "durations": {
+                "totalS": round(time.monotonic() - started_mono, 4),
+                "builderS": round(builder_returned - started_mono, 4),
+            },
+            "startedWallS": round(started_wall, 3),
+        },
+        "stalls": [{k: v for k, v in s.items() if k != "sinceNs"} for s in stalls],
+        "events": {"accepted": queue.accepted, "dropped": queue.dropped},
+        "builderStats": result.stats,
+        "artifacts": {"before": before, "after": inventory(engine_dir)},
+        "phaseTree": adapter.snapshot(),
+    }
+    summary_path = engine_dir / f"{request.engine_path.name}.{build_id}.build.json"
+    write_json(summary_path, summary)
+    if record is not None:
+        record(
+            BUILD_RECORD,
+            {
+                "model": request.model_path.name,
+                "outcome": _FDR_OUTCOME[outcome],
+                "duration_s": summary["baseline"]["durations"]["totalS"],
+                "build_id": build_id,
+                "simulated": summary["simulated"],
+                "cancel_source": token.source,
+                "cancel_latency_ms": token.cancel_latency_ms,
+                "cleanup_latency_ms": token.cleanup_latency_ms,
+                "cleanup_status": cleanup.status,
+                "timing_cache": cache_decision,
+                "retry_policy": policy,
+                "validation_status": validation_status,
+                "summary": str(summary_path),
+            },
+        )
+    return BuildReport(summary, summary_path, queue.drain(), snapshots)

@@ -1,0 +1,134 @@
+"""Validation after a completed build: progress is not correctness.
+
+A completed (re)build is eligible to serve only after the gate (the sidecar
+digest matches the engine) and a smoke inference whose outputs match ONNX
+Runtime's reference within a precision-dependent tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferd.digest import sha256_file
+from inferd.engines.sidecar import read_sidecar
+from inferd.types import PrecisionMode
+
+#: (absolute, relative) tolerance per precision.
+TOLERANCES: dict[PrecisionMode, tuple[float, float]] = {
+    PrecisionMode.FP32: (1e-4, 1e-3),
+    PrecisionMode.FP16: (2e-2, 2e-2),
+    PrecisionMode.INT8: (1e-1, 1e-1),
+    PrecisionMode.MIXED: (1e-1, 1e-1),
+}
+VALIDATION_STATUSES = ("not_applicable", "pending", "pass", "fail")
+
+Arrays = dict[str, np.ndarray]
+Infer = Callable[[Path, Arrays], Mapping[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    status: str
+    gate: str
+    max_abs_error: float | None
+    atol: float
+    rtol: float
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "gate": self.gate,
+            "maxAbsError": self.max_abs_error,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "reason": self.reason,
+        }
+
+
+def sidecar_gate(engine_path: Path) -> None:
+    """Raises when the engine's sidecar is missing, malformed or does not match."""
+    if read_sidecar(engine_path) != sha256_file(engine_path):
+        raise ValueError("engine digest does not match its sidecar")
+
+
+def smoke_inputs(onnx_path: Path, seed: int = 0) -> Arrays:
+    """Deterministic random inputs for every model input (symbolic dims -> 1)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    inputs: Arrays = {}
+    for spec in session.get_inputs():
+        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in spec.shape]
+        dtype = np.float16 if "float16" in spec.type else np.float32
+        inputs[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return inputs
+
+
+def reference_outputs(onnx_path: Path, inputs: Arrays) -> Arrays:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(names, inputs), strict=True))
+
+
+def validate_build(
+    engine_path: Path,
+    onnx_path: Path,
+    precision: PrecisionMode,
+    infer: Infer,
+    *,
+    gate: Callable[[Path], None] = sidecar_gate,
+    seed: int = 0,
+) -> ValidationResult:
+    atol, rtol = TOLERANCES[precision]
+    try:
+        gate(engine_path)
+    except Exception as exc:
+        return ValidationResult("fail", "refused", None, atol, rtol, f"gate: {exc}")
+    try:
+        inputs = smoke_inputs(onnx_path, seed)
+        expected = reference_outputs(onnx_path, inputs)
+        actual = infer(engine_path, inputs)
+    except Exception as exc:
+        return ValidationResult("fail", "passed", None, atol, rtol, f"smoke inference: {exc}")
+    worst = 0.0
+    for name, want in expected.items():
+        got = actual.get(name)
+        if got is None or np.shape(got) != np.shape(want):
+            return ValidationResult(
+                "fail", "passed", None, atol, rtol, f"output {name!r} missing or mis-shaped"
+            )
+        want64 = np.asarray(want, dtype=np.float64)
+        got64 = np.asarray(got, dtype=np.float64)
+        worst = max(worst, float(np.max(np.abs(got64 - want64), initial=0.0)))
+        if not np.allclose(got64, want64, atol=atol, rtol=rtol):
+            return ValidationResult(
+                "fail",
+                "passed",
+                worst,
+                atol,
+                rtol,
+                f"output {name!r} differs from ONNX Runtime by up to {worst:.3g} "
+                f"(tolerance atol={atol} rtol={rtol} for {precision.value})",
+            )
+    return ValidationResult(
+        "pass",
+        "passed",
+        worst,
+        atol,
+        rtol,
+        f"matches ONNX Runtime within {precision.value} tolerance",
+    )
+
+
+def eligible_to_serve(summary: Mapping[str, Any]) -> bool:
+    """Only a completed build whose validation passed may be adopted for serving."""
+    return summary.get("outcome") == "completed" and summary.get("validationStatus") == "pass"

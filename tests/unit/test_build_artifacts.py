@@ -1,0 +1,114 @@
+"""Artifacts (no-cancel final write, cleanup, quarantine) and the timing-cache policy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from inferd.build import CancellationToken
+from inferd.build.artifacts import TimingCacheManager, clean_up, commit_engine, inventory
+from inferd.engines.sidecar import read_sidecar
+from inferd.types import HostTuple, PrecisionMode
+
+HOST = HostTuple((8, 7), "orin", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_commit_writes_engine_and_sidecar_atomically(tmp_path: Path) -> None:
+    engine = tmp_path / "e" / "m.engine"
+    token = CancellationToken()
+    digest, zone = commit_engine(engine, b"engine bytes", token)
+    assert engine.read_bytes() == b"engine bytes"
+    assert read_sidecar(engine) == digest
+    assert zone["zone"] == "final engine write" and zone["deferredCancel"] is None
+    assert [p.name for p in engine.parent.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_cancel_during_final_write_is_deferred_until_rename(tmp_path: Path) -> None:
+    engine = tmp_path / "m.engine"
+    token = CancellationToken()
+    _, zone = commit_engine(engine, b"x" * 1000, token, during_write=lambda: token.cancel("ide"))
+    assert zone["deferredCancel"] == "ide"
+    assert engine.read_bytes() == b"x" * 1000
+
+
+def test_clean_up_removes_own_and_dead_temps_and_quarantines_unclear(tmp_path: Path) -> None:
+    engine = tmp_path / "m.engine"
+    own = tmp_path / f".m.engine.tmp-{os.getpid()}-aaaa0001"
+    dead = tmp_path / f".m.engine.tmp-{dead_pid()}-aaaa0002"
+    live = tmp_path / f".m.engine.tmp-{os.getppid()}-aaaa0003"
+    other = tmp_path / f".other.engine.tmp-{os.getpid()}-aaaa0004"
+    for path in (own, dead, live, other):
+        path.write_bytes(b"partial")
+    engine.write_bytes(b"partial engine at the final path")
+    report = clean_up(engine)
+    assert sorted(report.removed) == sorted([own.name, dead.name])
+    assert other.exists()  # not ours
+    assert not engine.exists() and not live.exists()
+    reasons = {Path(q["path"]).name.split(".tmp-")[0]: q["reason"] for q in report.quarantined}
+    assert len(report.quarantined) == 2
+    assert any("live process" in reason for reason in reasons.values())
+    for item in report.quarantined:
+        assert Path(item["path"]).is_file()
+        assert Path(item["path"] + ".reason").read_text().strip() == item["reason"]
+    assert report.status == "quarantined"
+
+
+def test_clean_up_keeps_a_complete_engine(tmp_path: Path) -> None:
+    engine = tmp_path / "m.engine"
+    commit_engine(engine, b"complete", CancellationToken())
+    report = clean_up(engine)
+    assert report.status == "cleaned" and engine.exists()
+
+
+def test_inventory_lists_files(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"12")
+    assert inventory(tmp_path) == [{"path": "a", "bytes": 2}]
+    assert inventory(tmp_path / "missing") == []
+
+
+def test_timing_cache_cold_then_saved_then_reused_then_updated(tmp_path: Path) -> None:
+    first = TimingCacheManager(tmp_path, HOST)
+    assert first.load() is None and first.decision == "cold"
+    assert first.finish(True, b"cache-1") == "cold" and first.saved
+    second = TimingCacheManager(tmp_path, HOST)
+    assert second.load() == b"cache-1" and second.decision == "reused"
+    assert second.finish(True, b"cache-1") == "reused" and not second.saved
+    third = TimingCacheManager(tmp_path, HOST)
+    third.load()
+    assert third.finish(True, b"cache-2") == "updated"
+    assert third.path.read_bytes() == b"cache-2"
+
+
+def test_cancelled_or_failed_build_discards_its_cache(tmp_path: Path) -> None:
+    manager = TimingCacheManager(tmp_path, HOST)
+    manager.load()
+    assert manager.finish(False, b"in-memory cache") == "discarded"
+    assert not manager.path.exists() and not manager.saved
+
+
+def test_unloadable_or_refused_cache_is_quarantined(tmp_path: Path) -> None:
+    manager = TimingCacheManager(tmp_path, HOST)
+    manager.path.write_bytes(b"")
+    assert manager.load() is None and manager.decision == "quarantined"
+    assert manager.quarantined_to is not None
+    assert Path(manager.quarantined_to + ".reason").is_file()
+    refused = TimingCacheManager(tmp_path, HOST)
+    refused.path.write_bytes(b"from another GPU")
+    assert refused.load() == b"from another GPU"
+    refused.quarantine("TensorRT refused it")
+    assert not refused.path.exists() and refused.decision == "quarantined"
+    # Quarantine stays the decision even when the build later fails.
+    assert refused.finish(False, None) == "quarantined"
+
+
+def test_host_tuples_have_separate_caches(tmp_path: Path) -> None:
+    other = HostTuple((8, 7), "orin-nx", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
+    assert TimingCacheManager(tmp_path, HOST).path != TimingCacheManager(tmp_path, other).path

@@ -1,0 +1,160 @@
+"""Whole builds (simulated builder): the acceptance scenarios as tests, the build
+summary against its JSON Schema, the FDR record, retry policy and validation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from jsonschema import Draft202012Validator
+
+from inferd.build import BuildRequest, acceptance, choose_retry_policy, eligible_to_serve, run_build
+from inferd.build.simulated import SimSettings, SimulatedBuilder
+from inferd.build.validation import validate_build
+from inferd.fdr import kinds
+from inferd.types import BuildConfig, HostTuple, PrecisionMode
+
+REPO = Path(__file__).resolve().parents[2]
+SUMMARY_SCHEMA = json.loads((REPO / "schemas" / "build" / "summary.json").read_text())
+FDR_SCHEMA = json.loads((REPO / "schemas" / "fdr" / "c7.engine_build.json").read_text())
+HOST = HostTuple((8, 7), "orin", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
+
+
+@pytest.mark.parametrize("scenario", sorted(acceptance.SCENARIOS))
+def test_acceptance_scenario(scenario: str, tmp_path: Path) -> None:
+    assert acceptance.run(tmp_path, scenarios=[scenario]) == 0, (tmp_path / "report.md").read_text()
+    evidence = json.loads((tmp_path / "evidence.json").read_text())
+    assert evidence["simulated"] is True and evidence["label"] == "simulated"
+    for summary_file in (tmp_path / "work" / "engines").rglob("*.build.json"):
+        document = json.loads(summary_file.read_text())
+        Draft202012Validator(SUMMARY_SCHEMA).validate(document)
+        assert document["simulated"] is True
+
+
+def test_schema_is_valid_2020_12() -> None:
+    Draft202012Validator.check_schema(SUMMARY_SCHEMA)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, payload: Mapping[str, Any]) -> None:
+        self.records.append((kind, dict(payload)))
+
+
+def test_summary_next_to_engine_and_fdr_record(tmp_path: Path, demo_model: Path) -> None:
+    sink = Sink()
+    request = BuildRequest(demo_model, tmp_path / "demo.engine", BuildConfig(), HOST)
+    builder = SimulatedBuilder(demo_model, request.build_config, HOST)
+    report = run_build(request, builder, record=sink)
+    assert report.summary_path.parent == request.engine_path.parent
+    document = json.loads(report.summary_path.read_text())
+    Draft202012Validator(SUMMARY_SCHEMA).validate(document)
+    for key in (
+        "tensorrtVersion",
+        "language",
+        "buildConfigHash",
+        "gpuSku",
+        "timingCacheMode",
+        "cancelSource",
+        "cancelLatencyMs",
+        "cleanupLatencyMs",
+        "cleanupStatus",
+        "retryPolicy",
+        "validationStatus",
+        "baseline",
+        "phaseTree",
+    ):
+        assert key in document
+    assert document["phaseTree"]["state"] == "completed"
+    [(kind, payload)] = sink.records
+    assert kind == "c7.engine_build"
+    kinds.validate(kind, payload)
+    Draft202012Validator(FDR_SCHEMA).validate(payload)
+    assert payload["outcome"] == "succeeded" and payload["simulated"] is True
+
+
+def test_cancelled_build_fdr_outcome(tmp_path: Path, demo_model: Path) -> None:
+    sink = Sink()
+    request = BuildRequest(
+        demo_model, tmp_path / "demo.engine", BuildConfig(), HOST, timeout_s=0.05
+    )
+    builder = SimulatedBuilder(
+        demo_model, request.build_config, HOST, settings=SimSettings(step_s=0.02)
+    )
+    report = run_build(request, builder, record=sink)
+    assert report.summary["outcome"] == "cancelled"
+    assert sink.records[0][1]["outcome"] == "cancelled"
+    assert sink.records[0][1]["cancel_source"] == "timeout"
+
+
+def test_builder_exception_is_a_failed_build(tmp_path: Path, demo_model: Path) -> None:
+    class Broken(SimulatedBuilder):
+        def build(self, monitor: Any, timing_cache: bytes | None) -> Any:
+            raise RuntimeError("segfault-ish")
+
+    request = BuildRequest(demo_model, tmp_path / "demo.engine", BuildConfig(), HOST)
+    report = run_build(request, Broken(demo_model, request.build_config, HOST))
+    assert report.summary["outcome"] == "failed"
+    assert "segfault-ish" in (report.summary["error"] or "")
+    assert report.summary["retryPolicy"] == "investigate"
+
+
+@pytest.mark.parametrize(
+    ("evidence", "policy"),
+    [
+        ({"outcome": "completed", "validation_status": "pass"}, "none"),
+        ({"outcome": "completed", "validation_status": "fail"}, "rollback"),
+        ({"outcome": "cancelled", "cancel_source": "sigint"}, "retry_with_cache"),
+        ({"outcome": "cancelled", "cache_decision": "quarantined"}, "retry_cold"),
+        ({"outcome": "failed", "cache_loaded": True}, "retry_cold"),
+        ({"outcome": "failed"}, "investigate"),
+        ({"outcome": "cancelled", "cleanup_status": "quarantined"}, "investigate"),
+        ({"outcome": "cancelled", "cancel_source": "timeout", "stalls": 2}, "retry_with_cache"),
+    ],
+)
+def test_retry_policy_from_evidence(evidence: dict[str, Any], policy: str) -> None:
+    base: dict[str, Any] = {
+        "outcome": "cancelled",
+        "cancel_source": None,
+        "cache_decision": "discarded",
+        "cache_loaded": False,
+        "cleanup_status": "cleaned",
+        "validation_status": "not_applicable",
+        "stalls": 0,
+    }
+    chosen, reason = choose_retry_policy(**{**base, **evidence})
+    assert chosen == policy and reason
+
+
+def test_validation_tolerance_depends_on_precision(tmp_path: Path, demo_model: Path) -> None:
+    request = BuildRequest(demo_model, tmp_path / "demo.engine", BuildConfig(), HOST)
+    run_build(request, SimulatedBuilder(demo_model, request.build_config, HOST), record=None)
+
+    def off_by(delta: float) -> Any:
+        def infer(engine: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            outputs = SimulatedBuilder.simulated_infer(engine, inputs)
+            return {k: v + delta for k, v in outputs.items()}
+
+        return infer
+
+    engine = request.engine_path
+    assert validate_build(engine, demo_model, PrecisionMode.FP32, off_by(0.0)).status == "pass"
+    assert validate_build(engine, demo_model, PrecisionMode.FP32, off_by(0.005)).status == "fail"
+    assert validate_build(engine, demo_model, PrecisionMode.FP16, off_by(0.005)).status == "pass"
+    assert validate_build(engine, demo_model, PrecisionMode.INT8, off_by(0.05)).status == "pass"
+    engine.with_name(engine.name + ".sha256").unlink()
+    refused = validate_build(engine, demo_model, PrecisionMode.FP32, off_by(0.0))
+    assert refused.status == "fail" and refused.gate == "refused"
+
+
+def test_only_a_validated_completed_build_is_eligible() -> None:
+    assert eligible_to_serve({"outcome": "completed", "validationStatus": "pass"})
+    assert not eligible_to_serve({"outcome": "completed", "validationStatus": "pending"})
+    assert not eligible_to_serve({"outcome": "completed", "validationStatus": "fail"})
+    assert not eligible_to_serve({"outcome": "cancelled", "validationStatus": "not_applicable"})
