@@ -53,6 +53,9 @@ class DaemonConfig:
     #: Under systemd, each step of start-up progress (a model up, a build progress
     #: report) extends the start timeout to at least this long from then.
     startup_extend_s: float = 300.0
+    #: ``build.cancel`` and shutdown: how long a build child may take to stop
+    #: cooperatively before it is killed (recorded as escalated).
+    build_cancel_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         _one_of("daemon.log_level", self.log_level, LOG_LEVELS)
@@ -61,6 +64,7 @@ class DaemonConfig:
         _non_negative("daemon.shutdown_drain_ms", self.shutdown_drain_ms)
         _non_negative("daemon.shutdown_linger_ms", self.shutdown_linger_ms)
         _positive("daemon.startup_extend_s", self.startup_extend_s)
+        _positive("daemon.build_cancel_grace_s", self.build_cancel_grace_s)
 
 
 @dataclass(frozen=True)
@@ -350,6 +354,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         shutdown_drain_ms=daemon_table.take("shutdown_drain_ms", int, 2000),
         shutdown_linger_ms=daemon_table.take("shutdown_linger_ms", int, 250),
         startup_extend_s=daemon_table.take("startup_extend_s", float, 300.0),
+        build_cancel_grace_s=daemon_table.take("build_cancel_grace_s", float, 10.0),
     )
     daemon_table.finish()
 

@@ -3,12 +3,12 @@ feature extractor and an identity model for transport benchmarks."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from inferd.durable import atomic_write_bytes
 
 if TYPE_CHECKING:
     import onnx
@@ -33,19 +33,7 @@ def _save_atomically(model: onnx.ModelProto, path: Path) -> Path:
 
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp_name = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
-    try:
-        os.fchmod(descriptor, 0o644)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(model.SerializeToString())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, model.SerializeToString())
     return path
 
 

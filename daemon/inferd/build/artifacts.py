@@ -2,7 +2,7 @@
 and the timing-cache policy per host tuple.
 
 The engine goes to a temp file beside its final path, is fsynced, renamed and
-the directory fsynced (``engines.atomic``), then its ``.sha256`` sidecar
+the directory fsynced (``inferd.durable``), then its ``.sha256`` sidecar
 (``engines.sidecar``); all inside the token's no-cancel zone.  After a cancel
 or failure, ``clean_up`` removes this build's temp files and quarantines
 (moves to ``quarantine/`` with a ``.reason`` file) anything whose state is
@@ -24,7 +24,7 @@ from typing import Any
 
 from inferd.build.cancel import CancellationToken
 from inferd.digest import sha256_file
-from inferd.engines.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
+from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
 from inferd.types import HostTuple

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from inferd.engines.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
+from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engines.naming import ENGINE_SUFFIX
 from inferd.errors import CalibrationCacheError
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inferd.engines.atomic import atomic_write_text
+from inferd.durable import atomic_write_text
 from inferd.errors import EngineHashMismatchError, EngineManifestError
 
 MANIFEST_VERSION = 1

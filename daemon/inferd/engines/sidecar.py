@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from inferd.digest import sha256_file
-from inferd.engines.atomic import atomic_write_text
+from inferd.durable import atomic_write_text
 from inferd.errors import EngineHashMismatchError, EngineSidecarMissingError
 
 SIDECAR_SUFFIX = ".sha256"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from inferd.engines.atomic import atomic_write_bytes
+from inferd.durable import atomic_write_bytes
 from inferd.types import HostTuple
 
 TIMING_CACHE_SUFFIX = ".cache"

@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from inferd.config import FdrConfig
+from inferd.durable import fsync_directory, write_all
 from inferd.fdr import framing, kinds
 from inferd.fdr.reader import ReadReport, list_segments, read_segment
 
@@ -264,7 +265,7 @@ class FlightRecorder:
         if not frames:
             return Counter()
         data = b"".join(frame for frame, _ in frames)
-        _write_all(segment.fd, data)
+        write_all(segment.fd, data)
         segment.size += len(data)
         self.bytes_written += len(data)
         self.records_written += len(frames)
@@ -324,9 +325,9 @@ class FlightRecorder:
         self._next_index = index + 1
         try:
             header = framing.encode_segment_header(index, self._wall_clock())
-            _write_all(fd, header)
+            write_all(fd, header)
             os.fdatasync(fd)
-            _sync_directory(self._directory)
+            fsync_directory(self._directory)
         except OSError:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -370,7 +371,7 @@ class FlightRecorder:
             freed += sizes[path]
         if not deleted:
             return None
-        _sync_directory(self._directory)
+        fsync_directory(self._directory)
         self.segments_deleted += len(deleted)
         log.info("fdr_segments_deleted", segments=deleted, bytes=freed)
         return deleted, freed
@@ -396,18 +397,3 @@ class FlightRecorder:
         if segment is not None:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from inferd.engines.atomic import fsync_directory
+from inferd.durable import fsync_directory
 from inferd.engines.calibration import (
     CalibrationCacheStore,
     CalibrationLookup,

@@ -1,8 +1,10 @@
-"""Atomic small-file writes: temp file in the same directory, fsync, rename, fsync dir.
+"""Durable file writes, shared by every component that persists state.
 
-A reader sees the old file or the new one, never a torn one, and after a
-power cut the new name points at complete data.  Used for sidecars and
-manifests (the builder writes engines with the same recipe).
+``atomic_write_bytes``: temp file in the same directory, fsync, rename, fsync
+the directory: a reader sees the old file or the new one, never a torn one,
+and after a power cut the new name points at complete data (sidecars,
+manifests, timing caches, engines, the demo model).  ``write_all`` and
+``fsync_directory`` are the pieces the flight data recorder's append path uses.
 """
 
 from __future__ import annotations
@@ -11,6 +13,14 @@ import contextlib
 import os
 import secrets
 from pathlib import Path
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """``os.write`` until every byte is written (a write may be partial)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
 
 def fsync_directory(directory: Path) -> None:
@@ -28,10 +38,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
