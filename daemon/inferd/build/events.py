@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 EventType = Literal[
     "phase_start",
@@ -26,16 +26,7 @@ EventType = Literal[
     "completed",
     "failed",
 ]
-EVENT_TYPES: tuple[str, ...] = (
-    "phase_start",
-    "step",
-    "phase_finish",
-    "stalled",
-    "cancel_requested",
-    "cancelled",
-    "completed",
-    "failed",
-)
+EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 TERMINAL_EVENTS = frozenset({"cancelled", "completed", "failed"})
 
 
