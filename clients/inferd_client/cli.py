@@ -70,6 +70,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     thermal.add_argument("--follow", action="store_true", help="print every thermal event")
     thermal.add_argument("--count", type=int, default=0, help="with --follow: stop after N")
+    build = commands.add_parser("build", help="engine builds run by the daemon")
+    build_commands = build.add_subparsers(dest="build_command", required=True)
+    build_start = build_commands.add_parser(
+        "start", parents=[json_option], help="start a build of MODEL's ONNX file (returns at once)"
+    )
+    build_start.add_argument("model")
+    build_start.add_argument("--precision", choices=("fp32", "fp16", "int8", "mixed"))
+    build_start.add_argument("--workspace-bytes", type=int)
+    build_start.add_argument("--optimization-level", type=int, choices=range(6))
+    build_start.add_argument(
+        "--simulated", action="store_true", help="use the simulated builder even with TensorRT"
+    )
+    build_status = build_commands.add_parser(
+        "status", parents=[json_option], help="phase tree and outcome of one build, or all"
+    )
+    build_status.add_argument("build_id", nargs="?")
+    build_cancel = build_commands.add_parser(
+        "cancel", parents=[json_option], help="cancel a build (killed after the grace period)"
+    )
+    build_cancel.add_argument("build_id")
+    build_cancel.add_argument("--source", choices=("control", "ide"), default="control")
+    build_follow = build_commands.add_parser(
+        "follow",
+        parents=[json_option],
+        help="print 'build' events as a nested tree (--json: JSON lines) until the build ends",
+    )
+    build_follow.add_argument("build_id", nargs="?", help="default: the first build seen")
+    build_follow.add_argument("--count", type=int, default=0, help="stop after N events")
     events = commands.add_parser("events", parents=[json_option], help="print published events")
     events.add_argument("--topic", action="append", default=[], help="repeatable; default all")
     events.add_argument("--count", type=int, default=0, help="stop after N events (0: forever)")
@@ -109,6 +137,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                 ),
             )
         return EXIT_OK
+    if args.command == "build":
+        return _build(args)
     if args.command == "thermal" and args.follow:
         args.topic = ["thermal"]
         return _events(args)
@@ -182,6 +212,110 @@ def _describe_array(array: np.ndarray) -> dict[str, Any]:
         "max": float(array.max()) if array.size else None,
         "mean": float(array.mean()) if array.size else None,
     }
+
+
+def _build(args: argparse.Namespace) -> int:
+    if args.build_command == "follow":
+        return _follow_build(args)
+    with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+        if args.build_command == "start":
+            config = {
+                key: value
+                for key, value in (
+                    ("precision", args.precision),
+                    ("workspace_bytes", args.workspace_bytes),
+                    ("optimization_level", args.optimization_level),
+                )
+                if value is not None
+            }
+            arguments: dict[str, Any] = {"model": args.model}
+            if config:
+                arguments["build_config"] = config
+            if args.simulated:
+                arguments["builder"] = "simulated"
+            _emit(args, operator.call("build.start", **arguments))
+        elif args.build_command == "status":
+            arguments = {} if args.build_id is None else {"build_id": args.build_id}
+            reply = operator.call("build.status", **arguments)
+            if args.json:
+                _emit(args, reply)
+            else:
+                for build in reply.get("builds", [reply.get("build")]):
+                    _print_build(build)
+        else:
+            _emit(
+                args,
+                operator.call("build.cancel", build_id=args.build_id, source=args.source),
+            )
+    return EXIT_OK
+
+
+def _print_build(build: dict[str, Any]) -> None:
+    label = " (SIMULATED)" if build["simulated"] else ""
+    print(f"build {build['build_id']} model={build['model']} builder={build['builder']}{label}")
+    print(f"  state: {build['state']}  elapsed: {build['elapsed_s']} s")
+    if build["cancel_source"]:
+        print(
+            f"  cancelled by {build['cancel_source']}"
+            f"{' (escalated: child killed)' if build['escalated'] else ''};"
+            f" request->ack {build['cancel_latency_ms']} ms,"
+            f" ack->cleanup {build['cleanup_latency_ms']} ms,"
+            f" request->exit {build['cancel_to_exit_ms']} ms"
+        )
+    for key in ("cleanup_status", "retry_policy", "summary_path", "error", "adoption"):
+        if build.get(key):
+            print(f"  {key}: {build[key]}")
+
+    def walk(node: dict[str, Any], depth: int) -> None:
+        done = f"{node['completedSteps']}/{node['numSteps']}"
+        print(f"  {'  ' * depth}- {node['name']} [{node['status']} {done}]")
+        for child in node["children"]:
+            walk(child, depth + 1)
+
+    for root in build["phase_tree"]["roots"]:
+        walk(root, 0)
+    sys.stdout.flush()
+
+
+_TERMINAL = ("cancelled", "completed", "failed")
+
+
+def _follow_build(args: argparse.Namespace) -> int:
+    """Print one build's events until it ends: JSON lines, or indented by phase depth."""
+    depth: dict[str, int] = {}
+    followed: str | None = args.build_id
+    received = 0
+    with EventSubscriber(args.events_endpoint, topics=["build"]) as subscriber:
+        for _topic, event in subscriber:
+            followed = followed or event.get("buildId")
+            if event.get("buildId") != followed:
+                continue
+            received += 1
+            if args.json:
+                print(json.dumps(event, sort_keys=True), flush=True)
+            else:
+                _print_build_event(event, depth)
+            if event.get("type") in _TERMINAL or (args.count and received >= args.count):
+                return EXIT_OK
+    return EXIT_OK
+
+
+def _print_build_event(event: dict[str, Any], depth: dict[str, int]) -> None:
+    kind, phase = event.get("type"), event.get("phaseId")
+    if kind == "phase_start" and phase is not None:
+        depth[phase] = depth.get(event.get("parentId") or "", -1) + 1
+    pad = "  " * depth.get(phase or "", 0)
+    label = " [simulated]" if event.get("simulated") else ""
+    if kind == "phase_start":
+        text = f"{pad}+ {event.get('name')} ({event.get('numSteps')} steps)"
+    elif kind == "step":
+        text = f"{pad}  . {event.get('name')} step {(event.get('step') or 0) + 1}"
+    elif kind == "phase_finish":
+        text = f"{pad}- {event.get('name')} done"
+    else:
+        detail = event.get("detail") or {}
+        text = f"{str(kind).upper()} build {event.get('buildId')}{label} {json.dumps(detail)}"
+    print(text, flush=True)
 
 
 def _events(args: argparse.Namespace) -> int:

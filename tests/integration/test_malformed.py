@@ -336,7 +336,8 @@ def test_unknown_control_op(shared_daemon: DaemonProcess) -> None:
     with RawDealer(shared_daemon.control) as dealer:
         reply, _ = dealer.request([pack({"v": 1, "id": 9, "op": "reboot"})])
         assert_error(reply, "INVALID_ARGUMENT", "unknown control op 'reboot'", 9)
-        assert "['health', 'runtime.switch', 'status', 'thermal']" in reply["error"]["message"]
+        known = "['build.cancel', 'build.start', 'build.status', 'health', 'runtime.switch', "
+        assert known + "'status', 'thermal']" in reply["error"]["message"]
         reply, _ = dealer.request([pack({"v": 1, "id": 10, "op": "infer", "model": "identity"})])
         assert_error(reply, "INVALID_ARGUMENT", "unknown control op 'infer'", 10)
         reply, _ = dealer.request([b"\xc1"])

@@ -67,6 +67,10 @@ SCHEMA_FILES = frozenset(
         "event_thermal.json",
         "thermal_reply.json",
         "switch_reply.json",
+        "event_build.json",
+        "build_start_reply.json",
+        "build_status_reply.json",
+        "build_cancel_reply.json",
     }
 )
 REPLY_TIMEOUT_S = 20.0
@@ -206,6 +210,7 @@ EVENT_SCHEMAS = {
     "runtime": "event_runtime.json",
     "alert": "event_alert.json",
     "thermal": "event_thermal.json",
+    "build": "event_build.json",
 }
 
 

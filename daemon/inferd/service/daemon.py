@@ -23,6 +23,7 @@ from inferd.bus.publisher import EventPublisher
 from inferd.bus.server import BusServer
 from inferd.config import Config
 from inferd.fdr.writer import FlightRecorder
+from inferd.service.builds import BuildManager
 from inferd.service.deadline_misses import DeadlineMissReporter
 from inferd.service.logging import flush_suppressed
 from inferd.service.requests import RequestRouter
@@ -92,10 +93,26 @@ class Daemon:
             thermal=self.thermal.snapshot,
         )
         self.switcher = RuntimeSwitcher(self.slots, self.scheduler, config.runtime, self._sinks)
+        self.builds = BuildManager(
+            {model.name: model for model in config.models},
+            build_dir=config.daemon.state_dir / "builds",
+            engine_dir=config.runtime.engine_dir,
+            publish=self.publisher.publish,
+            record=self._record,
+            grace_s=config.daemon.build_cancel_grace_s,
+            device_id=config.runtime.device_id,
+        )
         self.router = RequestRouter(
             self.slots,
             self.scheduler,
-            {"status": self.status, "health": self._health_op, "thermal": self._thermal_op},
+            {
+                "status": self.status,
+                "health": self._health_op,
+                "thermal": self._thermal_op,
+                "build.start": self.builds.start,
+                "build.status": self.builds.status,
+                "build.cancel": self.builds.cancel,
+            },
             {"runtime.switch": self.switcher.switch},
         )
         self.bus = BusServer(
@@ -165,6 +182,9 @@ class Daemon:
         self.router.accepting = False
         if on_stopping is not None:
             on_stopping()
+        # Builds first: cooperative cancel (source sigterm), killed after the grace
+        # period; their c7.engine_build records reach the FDR before it closes.
+        self.builds.shutdown("sigterm")
         drain_s = self.config.daemon.shutdown_drain_ms / 1000
         drained = self.scheduler.wait_idle(drain_s)
         leftovers = self.scheduler.close()
@@ -202,7 +222,8 @@ class Daemon:
 
     def stop_budget_s(self) -> float:
         """An upper bound on how long ``stop()`` takes (for ``EXTEND_TIMEOUT_USEC``)."""
-        return self.config.daemon.shutdown_drain_ms / 1000 + _STOP_MARGIN_S
+        drain_s = self.config.daemon.shutdown_drain_ms / 1000
+        return drain_s + self.config.daemon.build_cancel_grace_s + _STOP_MARGIN_S
 
     def _open_ipc_sockets_to_group(self) -> None:
         for endpoint in (

@@ -1,0 +1,217 @@
+"""The build child process: ``python -m inferd.build.worker SPEC_JSON``.
+
+The daemon (``inferd.service.builds``) starts one per ``build.start``.  It is a
+fresh interpreter (``exec``, ``close_fds``): it inherits no ZeroMQ socket or
+thread of the daemon.  Wire protocol, msgpack maps in both directions:
+
+* stdin (daemon -> child): ``{"op": "cancel", "source": ..., "reason": ...}``.
+  EOF (the daemon went away) cancels with source ``sigterm``.
+* the child's original stdout (child -> daemon): ``{"kind": "event", "event":
+  BuildEvent.as_dict()}``, ``{"kind": "record", "payload": ...}`` (the
+  ``c7.engine_build`` FDR payload, recorded by the daemon) and finally
+  ``{"kind": "report", "summary": ..., "summaryPath": ...}``.  File descriptor 1
+  is pointed at stderr, so nothing printed by a library corrupts the stream.
+
+Events go through a bounded queue to a writer thread: a slow daemon loses
+``step`` detail (counted in the report message), never stalls the builder.
+SIGINT is ignored (a terminal's Ctrl-C belongs to the daemon); SIGTERM (e.g.
+systemd stopping the unit's whole cgroup) cancels with source ``sigterm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import msgpack
+
+from inferd.build.cancel import CancellationToken
+from inferd.build.events import BuildEvent
+from inferd.build.session import Builder, BuildRequest, run_build
+from inferd.build.simulated import SimSettings, SimulatedBuilder
+from inferd.types import BuildConfig, HostTuple, PrecisionMode
+
+#: The host tuple a simulated build claims (it never touches a GPU).
+SIMULATED_HOST = HostTuple((8, 7), "simulated", "none", "10.3.0.30", PrecisionMode.FP32)
+_QUEUE_SIZE = 2048
+_CLOSE = object()
+
+
+class _Writer:
+    """Bounded hand-off to the pipe; events beyond capacity are dropped and counted."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self._out = out
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_SIZE)
+        self.dropped = 0
+        self._broken = False
+        self._thread = threading.Thread(target=self._run, name="inferd-build-writer", daemon=True)
+        self._thread.start()
+
+    def event(self, event: BuildEvent) -> None:
+        try:
+            self._queue.put_nowait({"kind": "event", "event": event.as_dict()})
+        except queue.Full:
+            self.dropped += 1
+
+    def send(self, message: dict[str, Any]) -> None:
+        self._queue.put(message)  # records and the report are never dropped
+
+    def close(self) -> None:
+        self._queue.put(_CLOSE)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _CLOSE:
+                return
+            if self._broken:
+                continue
+            try:
+                self._out.write(msgpack.packb(item, use_bin_type=True))
+                self._out.flush()
+            except (OSError, ValueError):
+                self._broken = True  # the daemon went away; stdin EOF cancels the build
+
+
+def _read_commands(token: CancellationToken, ignore_cancel: bool) -> None:
+    unpacker = msgpack.Unpacker(raw=False)
+    stdin = sys.stdin.buffer
+    while True:
+        try:
+            chunk = os.read(stdin.fileno(), 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if not ignore_cancel:
+                token.cancel("sigterm", "the daemon closed the build's control pipe")
+            return
+        unpacker.feed(chunk)
+        for message in unpacker:
+            if not isinstance(message, dict) or message.get("op") != "cancel":
+                continue
+            if ignore_cancel:  # test knob: a child that never stops by itself
+                print("build child ignores cancel (test knob)", file=sys.stderr, flush=True)
+                continue
+            source = str(message.get("source", "control"))
+            token.cancel(source, str(message.get("reason", "")))
+
+
+def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, HostTuple]:
+    model_path = Path(spec["model_path"])
+    if spec["builder"] == "tensorrt":
+        import pycuda.driver as cuda
+        import tensorrt as trt
+
+        from inferd.build.tensorrt_builder import TensorRTBuilder
+        from inferd.engines.host import read_host_tuple
+
+        host = read_host_tuple(precision=config.precision, device_index=spec.get("device_id", 0))
+        builder: Builder = TensorRTBuilder(
+            trt, cuda, model_path, config, device_id=spec.get("device_id", 0)
+        )
+        return builder, host
+    sim = spec.get("simulation") or {}
+    settings = SimSettings(
+        step_s=float(sim.get("step_s", 0.002)),
+        threads=int(sim.get("threads", 2)),
+        fail=sim.get("fail"),
+    )
+    host = HostTuple(
+        SIMULATED_HOST.compute_capability,
+        SIMULATED_HOST.gpu_sku,
+        SIMULATED_HOST.platform,
+        SIMULATED_HOST.tensorrt_version,
+        config.precision,
+    )
+    return SimulatedBuilder(model_path, config, host, settings=settings), host
+
+
+def _runtime_engine_path(spec: dict[str, Any], host: HostTuple, config: BuildConfig) -> Path:
+    """Where the ``tensorrt`` runtime looks for this model's engine (``compile_engine``
+    reuses an intact one there), so ``runtime.switch`` can adopt the build."""
+    from inferd.digest import sha256_file
+    from inferd.engines.naming import engine_name_for
+
+    model_path = Path(spec["model_path"])
+    name = engine_name_for(
+        label=model_path.stem,
+        model_sha256=sha256_file(model_path),
+        host=host,
+        build_config=config,
+    )
+    return Path(spec["engine_dir"]) / name.format()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m inferd.build.worker SPEC_JSON", file=sys.stderr)
+        return 2
+    spec = json.loads(args[0])
+    # Keep the event stream on a private descriptor; fd 1 now writes to stderr.
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    token = CancellationToken()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_cancel = bool((spec.get("simulation") or {}).get("ignore_cancel", False))
+    if not ignore_cancel:
+        signal.signal(signal.SIGTERM, lambda *_: token.cancel("sigterm", "build child got SIGTERM"))
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    writer = _Writer(out)
+    threading.Thread(
+        target=_read_commands, args=(token, ignore_cancel), name="inferd-build-stdin", daemon=True
+    ).start()
+    config = BuildConfig(
+        precision=PrecisionMode(spec["precision"]),
+        workspace_bytes=int(spec["workspace_bytes"]),
+        optimization_level=int(spec["optimization_level"]),
+    )
+    try:
+        builder, host = _builder(spec, config)
+        engine_path = Path(spec["engine_path"])
+        if spec["builder"] == "tensorrt":
+            engine_path = _runtime_engine_path(spec, host, config)
+        writer.send({"kind": "engine_path", "path": str(engine_path)})
+        request = BuildRequest(
+            model_path=Path(spec["model_path"]),
+            engine_path=engine_path,
+            build_config=config,
+            host=host,
+            strongly_typed=getattr(builder, "strongly_typed", False),
+        )
+        report = run_build(
+            request,
+            builder,
+            token=token,
+            record=lambda _kind, payload: writer.send({"kind": "record", "payload": dict(payload)}),
+            listener=writer.event,
+            build_id=spec["build_id"],
+        )
+    except Exception as exc:  # reported to the daemon as a failed build
+        writer.send({"kind": "error", "error": f"{type(exc).__name__}: {exc}"})
+        writer.close()
+        return 1
+    writer.send(
+        {
+            "kind": "report",
+            "summary": report.summary,
+            "summaryPath": str(report.summary_path),
+            "droppedInChild": writer.dropped,
+        }
+    )
+    writer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

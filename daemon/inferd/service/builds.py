@@ -1,0 +1,593 @@
+"""Engine builds run by the daemon: ``build.start``, ``build.status``, ``build.cancel``.
+
+Each build runs in a child process (``python -m inferd.build.worker``, a fresh
+interpreter: it inherits no ZeroMQ socket) while the resident engine keeps
+serving.  The child streams ``BuildEvent``s as msgpack over a pipe; a reader
+thread per build folds them into a ``PhaseTree`` (``build.status``) and
+publishes them on the ``build`` topic, coalescing ``step`` events (at most one
+per build every ``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling
+sends a message to the child, which sets its ``CancellationToken``; a child
+still alive ``build_cancel_grace_s`` later is killed, and the build is recorded
+as cancelled with ``escalated: true`` (status, ``build`` event, FDR record).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import structlog
+
+from inferd.build.events import TERMINAL_EVENTS, BuildEvent, PhaseTree
+from inferd.build.session import BUILD_RECORD
+from inferd.config import ModelConfig
+from inferd.types import PrecisionMode
+from inferd_client.protocol import Code, ProtocolError
+
+log = structlog.get_logger("inferd.builds")
+
+Publish = Callable[[str, Mapping[str, Any]], None]
+Record = Callable[[str, Mapping[str, Any]], None]
+
+BUILDERS = ("auto", "simulated")
+CONTROL_SOURCES = ("control", "ide")
+STEP_PUBLISH_INTERVAL_S = 0.05
+#: Finished builds kept for ``build.status`` (oldest forgotten first).
+KEEP_FINISHED = 32
+_CONFIG_KEYS = {"precision", "workspace_bytes", "optimization_level"}
+_SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
+_OUTCOME_STATE = {"completed": "completed", "cancelled": "cancelled", "failed": "failed"}
+
+
+def tensorrt_importable() -> bool:
+    try:
+        return importlib.util.find_spec("tensorrt") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def event_from_dict(data: Mapping[str, Any]) -> BuildEvent:
+    return BuildEvent(
+        build_id=str(data["buildId"]),
+        seq=int(data["seq"]),
+        type=str(data["type"]),
+        phase_id=data.get("phaseId"),
+        parent_id=data.get("parentId"),
+        name=data.get("name"),
+        step=data.get("step"),
+        num_steps=data.get("numSteps"),
+        mono_ns=int(data["monotonicNs"]),
+        wall_ns=int(data["wallNs"]),
+        thread=str(data["thread"]),
+        cancel_state=str(data["cancelState"]),
+        detail=dict(data.get("detail") or {}),
+    )
+
+
+@dataclass
+class _Build:
+    build_id: str
+    model: str
+    builder: str  # "tensorrt" | "simulated"
+    build_config: dict[str, Any]
+    engine_path: Path
+    process: subprocess.Popen[bytes]
+    started_wall_ns: int
+    started_mono: float
+    tree: PhaseTree = field(default_factory=PhaseTree)
+    state: str = "running"
+    cancel_source: str | None = None
+    cancel_reason: str | None = None
+    cancel_requested_mono: float | None = None
+    escalated: bool = False
+    exited_mono: float | None = None
+    exit_code: int | None = None
+    summary: dict[str, Any] | None = None
+    summary_path: str | None = None
+    record: dict[str, Any] | None = None
+    error: str | None = None
+    received: int = 0
+    published: int = 0
+    coalesced_steps: int = 0
+    dropped_in_child: int = 0
+    last_step_publish: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def simulated(self) -> bool:
+        return self.builder == "simulated"
+
+
+class BuildManager:
+    def __init__(
+        self,
+        models: Mapping[str, ModelConfig],
+        *,
+        build_dir: Path,
+        engine_dir: Path,
+        publish: Publish,
+        record: Record,
+        grace_s: float,
+        tensorrt_available: Callable[[], bool] = tensorrt_importable,
+        device_id: int = 0,
+    ) -> None:
+        self._models = models
+        self._build_dir = build_dir
+        self._engine_dir = engine_dir
+        self._publish = publish
+        self._record = record
+        self.grace_s = grace_s
+        self._tensorrt_available = tensorrt_available
+        self._device_id = device_id
+        self._builds: dict[str, _Build] = {}
+        self._lock = threading.Lock()
+        self._accepting = True
+        self._counter = itertools.count(1)
+
+    # -- control ops (bus thread) -------------------------------------------------
+    def start(self, header: dict[str, Any]) -> dict[str, Any]:
+        """``build.start {model, build_config?, builder?, simulation?}``: returns at once."""
+        model = header.get("model")
+        if not isinstance(model, str):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'model' must be a string")
+        config = self._models.get(model)
+        if config is None:
+            raise ProtocolError(
+                Code.NOT_FOUND, f"no model named {model!r}; configured: {sorted(self._models)}"
+            )
+        build_config = self._build_config(header.get("build_config"), config)
+        choice = header.get("builder", "auto")
+        if choice not in BUILDERS:
+            raise ProtocolError(Code.INVALID_ARGUMENT, f"'builder' must be one of {BUILDERS}")
+        builder = "tensorrt" if choice == "auto" and self._tensorrt_available() else "simulated"
+        simulation = header.get("simulation")
+        if simulation is not None:
+            if builder != "simulated" or not isinstance(simulation, dict):
+                raise ProtocolError(
+                    Code.INVALID_ARGUMENT,
+                    "'simulation' (test knobs) is a map and only applies to the simulated builder",
+                )
+            unknown = set(simulation) - _SIM_KEYS
+            if unknown:
+                raise ProtocolError(
+                    Code.INVALID_ARGUMENT, f"unknown simulation keys {sorted(unknown)}"
+                )
+            step_s = simulation.get("step_s", 0.002)
+            if (
+                not isinstance(step_s, int | float)
+                or isinstance(step_s, bool)
+                or not (0 <= step_s <= 10)
+            ):
+                raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.step_s' must be 0..10")
+        if not config.path.is_file():
+            raise ProtocolError(
+                Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} does not exist"
+            )
+        with self._lock:
+            if not self._accepting:
+                raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+            for other in self._builds.values():
+                if other.model == model and other.state == "running":
+                    raise ProtocolError(
+                        Code.FAILED_PRECONDITION,
+                        f"build {other.build_id} of model {model!r} is still running; "
+                        "cancel it or wait for it to finish",
+                    )
+            build_id = f"b{next(self._counter)}-{secrets.token_hex(3)}"
+            engine_path = self._engine_path(model, builder, build_id)
+            spec = {
+                "build_id": build_id,
+                "builder": builder,
+                "model_path": str(config.path),
+                "engine_path": str(engine_path),
+                "engine_dir": str(self._engine_dir),
+                "device_id": self._device_id,
+                "simulation": simulation,
+                **build_config,
+            }
+            (engine_path.parent if builder == "simulated" else engine_path).mkdir(
+                parents=True, exist_ok=True
+            )
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "inferd.build.worker", json.dumps(spec)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    close_fds=True,  # no ZeroMQ socket (or any other fd) leaks into the child
+                    start_new_session=True,  # a terminal's Ctrl-C is the daemon's, not the build's
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            except OSError as exc:
+                reason = f"cannot start the build process: {exc}"
+                raise ProtocolError(Code.INTERNAL, reason) from exc
+            build = _Build(
+                build_id=build_id,
+                model=model,
+                builder=builder,
+                build_config=build_config,
+                engine_path=engine_path,
+                process=process,
+                started_wall_ns=time.time_ns(),
+                started_mono=time.monotonic(),
+            )
+            self._builds[build_id] = build
+            self._forget_old()
+        threading.Thread(
+            target=self._follow, args=(build,), name=f"inferd-build-{build_id}", daemon=True
+        ).start()
+        log.info(
+            "build_started",
+            build_id=build_id,
+            model=model,
+            builder=builder,
+            pid=process.pid,
+            **build_config,
+        )
+        return {
+            "build_id": build_id,
+            "model": model,
+            "builder": builder,
+            "simulated": builder == "simulated",
+            "pid": process.pid,
+            "engine_path": str(engine_path),
+            "build_config": build_config,
+        }
+
+    def status(self, header: dict[str, Any]) -> dict[str, Any]:
+        """``build.status {build_id?}``: one build, or all known builds."""
+        build_id = header.get("build_id")
+        if build_id is None:
+            with self._lock:
+                builds = list(self._builds.values())
+            return {
+                "builds": [self._describe(b) for b in builds],
+                "tensorrt_available": self._tensorrt_available(),
+                "cancel_grace_s": self.grace_s,
+            }
+        return {"build": self._describe(self._get(build_id))}
+
+    def cancel(self, header: dict[str, Any]) -> dict[str, Any]:
+        """``build.cancel {build_id, source?}``: cooperative, then killed after the grace."""
+        build = self._get(header.get("build_id"))
+        source = header.get("source", "control")
+        if source not in CONTROL_SOURCES:
+            raise ProtocolError(Code.INVALID_ARGUMENT, f"'source' must be one of {CONTROL_SOURCES}")
+        reason = header.get("reason", f"build.cancel from {source}")
+        if not isinstance(reason, str):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'reason' must be a string")
+        first = self._request_cancel(build, source, reason)
+        return {
+            "build_id": build.build_id,
+            "state": build.state,
+            "accepted": first,
+            "cancel_source": build.cancel_source,
+            "grace_s": self.grace_s,
+        }
+
+    # -- shutdown (main thread) ------------------------------------------------------
+    def shutdown(self, source: str = "sigterm") -> None:
+        """Cancel every running build with ``source``, wait up to the grace period
+        (then the children are killed), and wait for their records."""
+        with self._lock:
+            self._accepting = False
+            running = [b for b in self._builds.values() if b.state == "running"]
+        for build in running:
+            self._request_cancel(build, source, "the daemon is stopping")
+        for build in running:
+            if not build.done.wait(self.grace_s + 10):
+                log.error("build_not_finished_at_shutdown", build_id=build.build_id)
+
+    def running(self) -> int:
+        with self._lock:
+            return sum(1 for b in self._builds.values() if b.state == "running")
+
+    # -- internals ------------------------------------------------------------------
+    def _get(self, build_id: object) -> _Build:
+        if not isinstance(build_id, str):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'build_id' must be a string")
+        with self._lock:
+            build = self._builds.get(build_id)
+        if build is None:
+            raise ProtocolError(Code.NOT_FOUND, f"no build {build_id!r}")
+        return build
+
+    def _build_config(self, raw: object, model: ModelConfig) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            "precision": model.precision.value,
+            "workspace_bytes": 1 << 30,
+            "optimization_level": 3,
+        }
+        if raw is None:
+            return values
+        if not isinstance(raw, dict) or set(raw) - _CONFIG_KEYS:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, f"'build_config' is a map of {sorted(_CONFIG_KEYS)}"
+            )
+        precision = raw.get("precision", values["precision"])
+        if precision not in {p.value for p in PrecisionMode}:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"build_config.precision must be one of {[p.value for p in PrecisionMode]}",
+            )
+        workspace = raw.get("workspace_bytes", values["workspace_bytes"])
+        if not isinstance(workspace, int) or isinstance(workspace, bool) or workspace <= 0:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, "build_config.workspace_bytes must be a positive integer"
+            )
+        level = raw.get("optimization_level", values["optimization_level"])
+        if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 5:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, "build_config.optimization_level must be an integer 0..5"
+            )
+        return {"precision": precision, "workspace_bytes": workspace, "optimization_level": level}
+
+    def _engine_path(self, model: str, builder: str, build_id: str) -> Path:
+        if builder == "simulated":
+            # Never in the engine dir: a simulated engine must not look adoptable.
+            return self._build_dir / model / f"{model}.{build_id}.simulated.engine"
+        # The child names the file as the tensorrt runtime would (host tuple in the name).
+        return self._engine_dir
+
+    def _forget_old(self) -> None:
+        finished = [b for b in self._builds.values() if b.state != "running"]
+        for build in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            del self._builds[build.build_id]
+
+    def _request_cancel(self, build: _Build, source: str, reason: str) -> bool:
+        with build.lock:
+            if build.state != "running" or build.cancel_source is not None:
+                return False
+            build.cancel_source, build.cancel_reason = source, reason
+            build.cancel_requested_mono = time.monotonic()
+        log.info("build_cancel_requested", build_id=build.build_id, source=source, reason=reason)
+        try:
+            stdin = build.process.stdin
+            if stdin is not None:
+                stdin.write(
+                    msgpack.packb(
+                        {"op": "cancel", "source": source, "reason": reason}, use_bin_type=True
+                    )
+                )
+                stdin.flush()
+        except (OSError, ValueError) as exc:
+            log.warning("build_cancel_pipe_failed", build_id=build.build_id, error=str(exc))
+        timer = threading.Timer(self.grace_s, self._escalate, args=(build,))
+        timer.daemon = True
+        timer.start()
+        return True
+
+    def _escalate(self, build: _Build) -> None:
+        if build.done.is_set() or build.process.poll() is not None:
+            return
+        with build.lock:
+            build.escalated = True
+        log.warning(
+            "build_cancel_escalated",
+            build_id=build.build_id,
+            grace_s=self.grace_s,
+            pid=build.process.pid,
+        )
+        with contextlib.suppress(OSError):
+            build.process.kill()
+
+    def _follow(self, build: _Build) -> None:
+        """Reader thread: the child's messages until EOF, then the final record."""
+        stdout = build.process.stdout
+        assert stdout is not None
+        unpacker = msgpack.Unpacker(raw=False)
+        try:
+            while True:
+                chunk = os.read(stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                unpacker.feed(chunk)
+                for message in unpacker:
+                    if isinstance(message, dict):
+                        self._on_message(build, message)
+        except Exception:
+            log.exception("build_reader_failed", build_id=build.build_id)
+        finally:
+            code = build.process.wait()
+            with contextlib.suppress(OSError):
+                stdout.close()
+            if build.process.stdin is not None:
+                with contextlib.suppress(OSError, BrokenPipeError):
+                    build.process.stdin.close()
+            self._finish(build, code)
+
+    def _on_message(self, build: _Build, message: dict[str, Any]) -> None:
+        kind = message.get("kind")
+        if kind == "event":
+            data = message["event"]
+            event = event_from_dict(data)
+            with build.lock:
+                build.received += 1
+                build.tree.apply(event)
+                now = time.monotonic()
+                if event.type == "step":
+                    if now - build.last_step_publish < STEP_PUBLISH_INTERVAL_S:
+                        build.coalesced_steps += 1
+                        return
+                    build.last_step_publish = now
+            if event.type in TERMINAL_EVENTS:
+                return  # published by _finish with the outcome's details
+            self._publish_event(build, data)
+        elif kind == "engine_path":
+            with build.lock:
+                build.engine_path = Path(message["path"])
+        elif kind == "record":
+            build.record = dict(message["payload"])
+        elif kind == "report":
+            build.summary = message["summary"]
+            build.summary_path = message["summaryPath"]
+            build.dropped_in_child = int(message.get("droppedInChild", 0))
+        elif kind == "error":
+            build.error = str(message.get("error"))
+
+    def _publish_event(self, build: _Build, data: Mapping[str, Any]) -> None:
+        payload = {
+            **{key: value for key, value in data.items() if key != "seq"},
+            # "seq" is the publisher's (every topic); the build's own order is eventSeq.
+            "eventSeq": data["seq"],
+            "model": build.model,
+            "builder": build.builder,
+            "simulated": build.simulated,
+            "coalescedSteps": build.coalesced_steps,
+        }
+        build.published += 1
+        self._publish("build", payload)
+
+    def _finish(self, build: _Build, code: int) -> None:
+        exited = time.monotonic()
+        summary = build.summary
+        with build.lock:
+            build.exited_mono, build.exit_code = exited, code
+            if summary is not None:
+                state = _OUTCOME_STATE.get(summary.get("outcome", ""), "failed")
+                if summary.get("cancelSource") and build.cancel_source is None:
+                    build.cancel_source = summary["cancelSource"]
+            elif build.cancel_source is not None:
+                state = "cancelled"
+            else:
+                state = "failed"
+                build.error = build.error or f"build process exited with code {code}"
+            if summary is not None and summary.get("error") and state == "failed":
+                build.error = str(summary["error"])
+            build.state = state
+            build.tree.state = state
+        record = self._fdr_record(build)
+        self._record(BUILD_RECORD, record)
+        terminal = {
+            "buildId": build.build_id,
+            "seq": build.received + 1,
+            "type": state,
+            "phaseId": None,
+            "parentId": None,
+            "name": None,
+            "step": None,
+            "numSteps": None,
+            "monotonicNs": time.monotonic_ns(),
+            "wallNs": time.time_ns(),
+            "thread": "inferd-daemon",
+            "cancelState": "cleaned_up" if build.cancel_source else "none",
+            "detail": {
+                "cancelSource": build.cancel_source,
+                "escalated": build.escalated,
+                "exitCode": code,
+                "summaryPath": build.summary_path,
+                "error": build.error,
+            },
+        }
+        self._publish_event(build, terminal)
+        level = log.warning if state != "completed" else log.info
+        level(
+            "build_finished",
+            build_id=build.build_id,
+            model=build.model,
+            state=state,
+            cancel_source=build.cancel_source,
+            escalated=build.escalated,
+            exit_code=code,
+            summary=build.summary_path,
+        )
+        build.done.set()
+
+    def _latencies(self, build: _Build) -> dict[str, float | None]:
+        summary = build.summary or {}
+        to_exit = None
+        if build.cancel_requested_mono is not None and build.exited_mono is not None:
+            to_exit = round((build.exited_mono - build.cancel_requested_mono) * 1000, 3)
+        return {
+            "cancel_latency_ms": summary.get("cancelLatencyMs"),
+            "cleanup_latency_ms": summary.get("cleanupLatencyMs"),
+            "cancel_to_exit_ms": to_exit,
+        }
+
+    def _fdr_record(self, build: _Build) -> dict[str, Any]:
+        duration = round((build.exited_mono or time.monotonic()) - build.started_mono, 4)
+        base = build.record or {
+            "model": build.model,
+            "outcome": {"cancelled": "cancelled", "completed": "succeeded"}.get(
+                build.state, "failed"
+            ),
+            "duration_s": duration,
+            "build_id": build.build_id,
+            "simulated": build.simulated,
+            "cancel_source": build.cancel_source,
+            "cleanup_status": "unknown (child terminated)" if build.escalated else "unknown",
+        }
+        return {
+            **base,
+            "model": build.model,
+            "builder": build.builder,
+            "cancel_source": build.cancel_source,
+            "escalated": build.escalated,
+            "exit_code": build.exit_code,
+            "error": build.error,
+            "daemon_build": True,
+            **{key: value for key, value in self._latencies(build).items() if value is not None},
+        }
+
+    def _describe(self, build: _Build) -> dict[str, Any]:
+        with build.lock:
+            tree = build.tree.snapshot()
+            summary = build.summary or {}
+            completed = build.state == "completed"
+            if build.simulated:
+                adoption = (
+                    "simulated build: nothing to adopt (the engine is a labelled ONNX container); "
+                    "the resident engine keeps serving"
+                )
+            elif completed:
+                adoption = (
+                    f"runtime.switch {{model: {build.model!r}, runtime: 'tensorrt'}} reuses "
+                    f"{build.engine_path} when its build_config is the model's default "
+                    "(the name encodes it) and a configured engine manifest lists its digest"
+                )
+            else:
+                adoption = "nothing to adopt: the build did not complete"
+            return {
+                "build_id": build.build_id,
+                "model": build.model,
+                "builder": build.builder,
+                "simulated": build.simulated,
+                "state": build.state,
+                "pid": build.process.pid,
+                "exit_code": build.exit_code,
+                "build_config": dict(build.build_config),
+                "started_wall_ns": build.started_wall_ns,
+                "elapsed_s": round((build.exited_mono or time.monotonic()) - build.started_mono, 3),
+                "cancel_source": build.cancel_source,
+                "cancel_reason": build.cancel_reason,
+                "escalated": build.escalated,
+                **self._latencies(build),
+                "cleanup_status": summary.get("cleanupStatus"),
+                "retry_policy": summary.get("retryPolicy"),
+                "validation_status": summary.get("validationStatus"),
+                "summary_path": build.summary_path,
+                "engine_path": str(build.engine_path) if completed else None,
+                "error": build.error,
+                "adoptable": completed and not build.simulated,
+                "adoption": adoption,
+                "events": {
+                    "received": build.received,
+                    "published": build.published,
+                    "coalesced_steps": build.coalesced_steps,
+                    "dropped_in_child": build.dropped_in_child,
+                },
+                "phase_tree": tree,
+            }

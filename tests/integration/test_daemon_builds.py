@@ -1,0 +1,276 @@
+"""Engine builds run by the real daemon (``build.start/status/cancel``, ``build`` topic).
+
+Without TensorRT the daemon uses the simulated builder in a child process; the
+``simulation`` test knob slows its steps (``step_s``) so a build can be cancelled
+mid-way, or makes the child ignore cancel requests (``ignore_cancel``) to
+exercise the escalation to killing it after ``daemon.build_cancel_grace_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferd.fdr.reader import ReadReport, read_records
+from inferd_client import EventSubscriber, InferenceClient
+from tests.conftest import REPO, DaemonFactory, DaemonProcess
+from tests.integration.test_schemas import assert_valid, call
+
+pytestmark = pytest.mark.integration
+
+GRACE_S = 1.0
+SLOW = {"step_s": 0.1}
+TERMINAL = ("cancelled", "completed", "failed")
+
+
+def control(daemon: DaemonProcess, op: str, **arguments: Any) -> dict[str, Any]:
+    header = {"v": 1, "id": 7, "op": op, **arguments}
+    assert_valid("control_request.json", header)
+    reply, frames = call(daemon.control, header)
+    assert frames == []
+    return reply
+
+
+def start_build(daemon: DaemonProcess, **arguments: Any) -> str:
+    reply = control(
+        daemon, "build.start", model="demo", builder="simulated", simulation=SLOW, **arguments
+    )
+    assert_valid("build_start_reply.json#/$defs/ok", reply)
+    assert reply["result"]["simulated"] is True and reply["result"]["builder"] == "simulated"
+    return str(reply["result"]["build_id"])
+
+
+def build_status(daemon: DaemonProcess, build_id: str) -> dict[str, Any]:
+    reply = control(daemon, "build.status", build_id=build_id)
+    assert_valid("build_status_reply.json#/$defs/ok", reply)
+    return dict(reply["result"]["build"])
+
+
+def events_until(
+    subscriber: EventSubscriber, build_id: str, done: Any, timeout: float = 15
+) -> list[dict[str, Any]]:
+    """Build events of ``build_id`` (each validated) until ``done(event)``."""
+    seen: list[dict[str, Any]] = []
+    give_up = time.monotonic() + timeout
+    while (left := give_up - time.monotonic()) > 0:
+        received = subscriber.receive(timeout=left)
+        if received is None:
+            break
+        topic, event = received
+        assert topic == "build"
+        assert_valid("event_build.json", event)
+        if event["buildId"] != build_id:
+            continue
+        seen.append(event)
+        if done(event):
+            return seen
+    raise AssertionError(f"no matching build event in {timeout}s; got {[e['type'] for e in seen]}")
+
+
+def build_records(daemon: DaemonProcess) -> list[dict[str, Any]]:
+    report = ReadReport()
+    records = read_records(daemon.workdir / "state" / "fdr", report, kinds=["c7.engine_build"])
+    return [record.payload for record in records]
+
+
+def subscribe(daemon: DaemonProcess) -> EventSubscriber:
+    subscriber = EventSubscriber(daemon.events, topics=["build"])
+    time.sleep(0.3)  # slow joiner: the SUB connects before the build publishes
+    return subscriber
+
+
+def test_build_runs_beside_serving_and_cancels_from_control(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = daemon_factory(daemon={"build_cancel_grace_s": GRACE_S})
+    with subscribe(daemon) as subscriber, InferenceClient(daemon.infer) as client:
+        began = time.monotonic()
+        build_id = start_build(daemon)
+        assert time.monotonic() - began < 1.0  # answers at once; the build goes on
+        events = events_until(subscriber, build_id, lambda e: e["type"] == "step")
+        assert events[0]["type"] == "phase_start" and events[0]["name"] == "Building engine"
+        assert all(e["simulated"] for e in events)
+
+        # One build per model at a time.
+        again = control(daemon, "build.start", model="demo", builder="simulated")
+        assert_valid("build_start_reply.json", again)
+        assert again["error"]["code"] == "FAILED_PRECONDITION"
+        assert build_id in again["error"]["message"]
+
+        # The resident engine keeps serving while the child builds.
+        image = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+        served = 0
+        for _ in range(10):
+            client.infer("demo", {"image": image})
+            served += 1
+        status = build_status(daemon, build_id)
+        assert status["state"] == "running" and served == 10
+        assert status["phase_tree"]["roots"][0]["name"] == "Building engine"
+        assert status["phase_tree"]["activePath"][0] == "Building engine"
+        assert "nothing to adopt" in status["adoption"] and status["adoptable"] is False
+
+        reply = control(daemon, "build.cancel", build_id=build_id)
+        assert_valid("build_cancel_reply.json#/$defs/ok", reply)
+        assert reply["result"]["accepted"] is True
+        assert reply["result"]["cancel_source"] == "control"
+        tail = events_until(subscriber, build_id, lambda e: e["type"] in TERMINAL)
+        assert tail[-1]["type"] == "cancelled"
+        assert tail[-1]["detail"]["cancelSource"] == "control"
+        assert tail[-1]["detail"]["escalated"] is False
+        assert "cancel_requested" in [e["type"] for e in tail]
+
+    status = build_status(daemon, build_id)
+    assert status["state"] == "cancelled" and status["cancel_source"] == "control"
+    assert status["escalated"] is False and status["cleanup_status"] == "cleaned"
+    assert status["cancel_latency_ms"] is not None and status["cleanup_latency_ms"] is not None
+    assert 0 <= status["cancel_to_exit_ms"] < GRACE_S * 1000
+    assert status["phase_tree"]["state"] == "cancelled"
+    summary = json.loads(Path(status["summary_path"]).read_text())
+    assert summary["cancelSource"] == "control" and summary["simulated"] is True
+
+    listing = control(daemon, "build.status")
+    assert_valid("build_status_reply.json#/$defs/ok", listing)
+    assert [b["build_id"] for b in listing["result"]["builds"]] == [build_id]
+    again = control(daemon, "build.cancel", build_id=build_id)
+    assert again["result"]["accepted"] is False  # already over: first cause stays
+    unknown = control(daemon, "build.status", build_id="nope")
+    assert unknown["error"]["code"] == "NOT_FOUND"
+
+    assert daemon.stop() == 0
+    (record,) = build_records(daemon)
+    assert record["outcome"] == "cancelled" and record["cancel_source"] == "control"
+    assert record["escalated"] is False and record["build_id"] == build_id
+    assert record["cancel_latency_ms"] is not None and record["simulated"] is True
+
+
+def test_sigterm_cancels_a_running_build(daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(daemon={"build_cancel_grace_s": 5.0})
+    with subscribe(daemon) as subscriber:
+        build_id = start_build(daemon)
+        events_until(subscriber, build_id, lambda e: e["type"] == "step")
+        began = time.monotonic()
+        assert daemon.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - began < 5.0  # cooperative, well inside the grace period
+    (record,) = build_records(daemon)
+    assert record["outcome"] == "cancelled" and record["cancel_source"] == "sigterm"
+    assert record["escalated"] is False and record["cleanup_status"] == "cleaned"
+    assert "build_cancel_requested" in daemon.log()
+
+
+def test_a_child_ignoring_cancel_is_killed_after_the_grace_period(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = daemon_factory(daemon={"build_cancel_grace_s": GRACE_S})
+    with subscribe(daemon) as subscriber:
+        reply = control(
+            daemon,
+            "build.start",
+            model="demo",
+            builder="simulated",
+            simulation={"step_s": 0.2, "ignore_cancel": True},
+        )
+        build_id = reply["result"]["build_id"]
+        pid = reply["result"]["pid"]
+        events_until(subscriber, build_id, lambda e: e["type"] == "step")
+        control(daemon, "build.cancel", build_id=build_id, source="ide")
+        tail = events_until(subscriber, build_id, lambda e: e["type"] in TERMINAL)
+    assert tail[-1]["type"] == "cancelled" and tail[-1]["detail"]["escalated"] is True
+    assert tail[-1]["detail"]["exitCode"] == -signal.SIGKILL
+    status = build_status(daemon, build_id)
+    assert status["escalated"] is True and status["cancel_source"] == "ide"
+    assert GRACE_S * 1000 <= status["cancel_to_exit_ms"] < GRACE_S * 1000 + 2000
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert daemon.stop() == 0
+    (record,) = build_records(daemon)
+    assert record["escalated"] is True and record["outcome"] == "cancelled"
+    assert record["cancel_source"] == "ide"
+
+
+def inferctl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        cwd=REPO,
+    )
+
+
+def endpoints(daemon: DaemonProcess) -> list[str]:
+    return [
+        "--control-endpoint",
+        daemon.control,
+        "--events-endpoint",
+        daemon.events,
+        "--infer-endpoint",
+        daemon.infer,
+    ]
+
+
+def test_inferctl_build_start_status_cancel_follow(daemon_factory: DaemonFactory) -> None:
+    daemon = daemon_factory(daemon={"build_cancel_grace_s": GRACE_S})
+    started = inferctl(daemon, "build", "start", "demo", "--simulated", "--precision", "fp16")
+    assert started.returncode == 0, started.stderr
+    assert "simulated: True" in started.stdout and "fp16" in started.stdout
+
+    build_id = start_build_after(daemon, started.stdout)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), "build", "follow"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert follow.stdout is not None
+        time.sleep(1.0)  # the follower's SUB connects (slow joiner) before the build starts
+        build_id = start_build(daemon)
+        first = follow.stdout.readline()
+        assert "Building engine" in first, first
+        shown = inferctl(daemon, "build", "status", build_id)
+        assert shown.returncode == 0, shown.stderr
+        assert "(SIMULATED)" in shown.stdout and "- Building engine [running" in shown.stdout
+        cancelled = inferctl(daemon, "build", "cancel", build_id, "--json")
+        assert json.loads(cancelled.stdout)["accepted"] is True
+        watchdog = threading.Timer(15, follow.kill)  # a follower that never ends fails
+        watchdog.start()
+        rest = follow.stdout.read()  # not communicate(): it would skip read-ahead lines
+        watchdog.cancel()
+        follow.wait(timeout=5)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0
+    lines = (first + rest).splitlines()
+    assert any(line.startswith("  + Graph optimization") for line in lines), lines
+    assert lines[-1].startswith(f"CANCELLED build {build_id} [simulated]"), lines[-1]
+
+    listing = inferctl(daemon, "build", "status", "--json")
+    builds = json.loads(listing.stdout)["builds"]
+    assert [b["state"] for b in builds] == ["completed", "cancelled"]
+    assert builds[0]["build_config"]["precision"] == "fp16"
+    missing = inferctl(daemon, "build", "cancel", "nope")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def start_build_after(daemon: DaemonProcess, cli_output: str) -> str:
+    """Wait for the build started by ``inferctl build start`` (fast default steps) to end."""
+    build_id = next(
+        line.split(": ", 1)[1] for line in cli_output.splitlines() if line.startswith("build_id:")
+    )
+    give_up = time.monotonic() + 15
+    while build_status(daemon, build_id)["state"] == "running":
+        assert time.monotonic() < give_up
+        time.sleep(0.1)
+    assert build_status(daemon, build_id)["state"] == "completed"
+    return build_id
