@@ -7,15 +7,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from inferd_client import ClientError, EventSubscriber, InferenceClient, OperatorClient, RemoteError
+from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RemoteError
 from tests.conftest import DaemonFactory, DaemonProcess, write_slow_loading_model
+from tests.integration.load import client_load
 from tests.integration.test_schemas import assert_valid
 
 
@@ -32,35 +32,16 @@ def test_switching_under_load_loses_no_request(
     daemon_factory: DaemonFactory, identity_model: Path
 ) -> None:
     daemon = daemon_factory(models=identity_models(identity_model))
-    stop = threading.Event()
-    outcomes: Counter[str] = Counter()
-    failures: list[str] = []
-
-    def client_loop(seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        with InferenceClient(daemon.infer, timeout=20) as client:
-            while not stop.is_set():
-                image = rng.random((1, 3, 224, 224), dtype=np.float32)
-                try:
-                    output = client.infer("identity", {"input": image})["output"]
-                except (RemoteError, ClientError) as exc:
-                    failures.append(repr(exc))
-                    continue
-                if not np.array_equal(output, image):
-                    failures.append("wrong output")
-                outcomes[client.last_reply["runtime"]] += 1
-
-    threads = [threading.Thread(target=client_loop, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    try:
+    with client_load(
+        daemon.infer,
+        "identity",
+        lambda rng: {"input": rng.random((1, 3, 224, 224), dtype=np.float32)},
+        lambda inputs, outputs: np.array_equal(outputs["output"], inputs["input"]),
+    ) as load:
         time.sleep(0.3)
         results = [switch(daemon, "identity", "onnx_trt_ep") for _ in range(3)]
         time.sleep(0.3)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
+    failures, outcomes = load.failures, load.served
     assert failures == []
     assert set(outcomes) == {"onnx_trt_ep"} and sum(outcomes.values()) > 20
     for result in results:

@@ -9,18 +9,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from inferd_client import ClientError, InferenceClient, OperatorClient, RemoteError
+from inferd_client import InferenceClient, OperatorClient
 from tests.conftest import DaemonFactory, DaemonProcess
 from tests.fakes.gpu_site import fake_gpu_env, prebuild_engine
+from tests.integration.load import client_load
 
 FAKE_ENV = fake_gpu_env({})
 
@@ -135,38 +134,24 @@ def test_switching_to_and_from_tensorrt_under_load_loses_nothing(
         runtime={"engine_dir": str(tmp_path / "engines")},
         env=FAKE_ENV,
     )
-    stop = threading.Event()
-    served: Counter[str] = Counter()
-    failures: list[str] = []
-
-    def client_loop(seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        with InferenceClient(daemon.infer, timeout=30) as client:
-            while not stop.is_set():
-                image = rng.random((1, 3, 224, 224), dtype=np.float32)
-                try:
-                    output = client.infer("demo", {"image": image})["descriptors"]
-                except (RemoteError, ClientError) as exc:
-                    failures.append(repr(exc))
-                    continue
-                if output.shape != (1, 256, 28, 28) or not np.isfinite(output).all():
-                    failures.append("wrong output")
-                served[client.last_reply["runtime"]] += 1
-
-    threads = [threading.Thread(target=client_loop, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
     results = []
-    try:
-        with OperatorClient(daemon.control, timeout=60) as operator:
-            for runtime in ("onnx_trt_ep", "tensorrt", "onnx_trt_ep", "tensorrt"):
-                time.sleep(0.3)
-                results.append(operator.call("runtime.switch", model="demo", runtime=runtime))
+    with (
+        client_load(
+            daemon.infer,
+            "demo",
+            lambda rng: {"image": rng.random((1, 3, 224, 224), dtype=np.float32)},
+            lambda _inputs, outputs: (
+                outputs["descriptors"].shape == (1, 256, 28, 28)
+                and bool(np.isfinite(outputs["descriptors"]).all())
+            ),
+        ) as load,
+        OperatorClient(daemon.control, timeout=60) as operator,
+    ):
+        for runtime in ("onnx_trt_ep", "tensorrt", "onnx_trt_ep", "tensorrt"):
             time.sleep(0.3)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
+            results.append(operator.call("runtime.switch", model="demo", runtime=runtime))
+        time.sleep(0.3)
+    failures, served = load.failures, load.served
     assert failures == []
     assert served["tensorrt"] > 0 and served["onnx_trt_ep"] > 0
     assert [r["to_runtime"] for r in results] == [
