@@ -81,6 +81,7 @@ import hashlib
 import json
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,8 @@ class FakeTensorRT:
     device_tag: str = "cc8.7-orin"
     #: When set, ``build_serialized_network`` logs this error and returns None.
     build_error: str | None = None
+    #: Seconds each ``step_complete`` of a build waits first (a slow build to cancel).
+    build_step_s: float = 0.0
     #: ONNX op types the parser reports as unsupported.
     unsupported_ops: frozenset[str] = frozenset()
     #: When set, ``execute_async_v3`` logs this error and returns False.
@@ -867,6 +870,8 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
                 return True
 
             def call(method: str, *args: Any) -> Any:
+                if method == "step_complete" and state.build_step_s > 0:
+                    time.sleep(state.build_step_s)
                 try:
                     return getattr(monitor, method)(*args)
                 except Exception as exc:  # the trampoline prints and swallows

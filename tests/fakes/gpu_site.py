@@ -20,6 +20,8 @@ Settings, read from the environment when the fakes are first imported:
 ``INFERD_FAKE_TRT_DEVICE_MEMORY``     each engine's ``device_memory_size_v2``
 ``INFERD_FAKE_TRT_EXECUTE_ERROR``     make ``execute_async_v3`` fail (warm-up
                                       failure -> failover)
+``INFERD_FAKE_TRT_BUILD_STEP_S``      seconds each build step takes (a slow
+                                      build, to cancel mid-way)
 ====================================  ==========================================
 
 An engine built by one process (``prebuild_engine``, or ``inferd build`` under
@@ -65,6 +67,8 @@ def stack() -> fake_tensorrt.FakeGpuStack:
                 version=env.get("INFERD_FAKE_TRT_VERSION", ""),
                 execute_error=env.get("INFERD_FAKE_TRT_EXECUTE_ERROR") or None,
             )
+            if "INFERD_FAKE_TRT_BUILD_STEP_S" in env:
+                trt.build_step_s = float(env["INFERD_FAKE_TRT_BUILD_STEP_S"])
             if "INFERD_FAKE_TRT_DEVICE_MEMORY" in env:
                 trt.device_memory_size = int(env["INFERD_FAKE_TRT_DEVICE_MEMORY"])
             _stack = fake_tensorrt.make_stack(cuda=fake_pycuda.FakeCuda(devices=[gpu]), trt=trt)

@@ -305,13 +305,14 @@ class _State:
 @dataclass(frozen=True)
 class CompileOutcome:
     """What ``TensorRTRuntime.build`` did: ``built`` (with the build's result) or
-    ``reused`` an engine already on disk."""
+    ``reused`` an engine already on disk; ``planned`` (``plan_build`` only): to build."""
 
     entry: EngineCacheEntry
     engine_name: EngineName
-    status: Literal["built", "reused"]
+    status: Literal["built", "reused", "planned"]
     result: BuildResult | None = None
     quarantined: Path | None = None
+    host: HostTuple | None = None
 
 
 class TensorRTRuntime:
@@ -379,6 +380,26 @@ class TensorRTRuntime:
     ) -> CompileOutcome:
         """Reuse this model's engine when one on disk is intact and for this host,
         else build it (``force``: always build)."""
+        plan = self.plan_build(model_path, build_config, label=label, force=force)
+        if plan.status == "reused":
+            return plan
+        assert plan.host is not None
+        path, label_text = plan.entry.artifact_path, plan.engine_name.label
+        result = self._build(model_path, build_config, path, plan.host, label_text)
+        return replace(plan, status="built", result=result)
+
+    def plan_build(
+        self,
+        model_path: Path,
+        build_config: BuildConfig,
+        *,
+        label: str | None = None,
+        force: bool = False,
+    ) -> CompileOutcome:
+        """What ``build`` would do, without building: ``reused`` (an intact engine for
+        this host is on disk) or ``planned`` (the entry to build; an unusable engine at
+        its path has been moved aside, see ``quarantined``).  Used by ``inferd build``
+        to run the build itself through ``inferd.build.session.run_build``."""
         if not model_path.is_file():
             raise EngineBuildError(f"model file {model_path} does not exist")
         host = self._host_tuple(
@@ -408,11 +429,12 @@ class TensorRTRuntime:
             found, refusal = self._find_engine(path, host, model_sha256, build_config)
             if found is not None:
                 log.info("engine_reused", engine=str(found), model=str(model_path))
-                return CompileOutcome(replace(entry, artifact_path=found), name, "reused")
+                return CompileOutcome(
+                    replace(entry, artifact_path=found), name, "reused", host=host
+                )
             if refusal is not None:
                 quarantined = self._quarantine(path, refusal)
-        result = self._build(model_path, build_config, path, host, name.label)
-        return CompileOutcome(entry, name, "built", result, quarantined)
+        return CompileOutcome(entry, name, "planned", None, quarantined, host=host)
 
     def _find_engine(
         self, path: Path, host: HostTuple, model_sha256: str, build_config: BuildConfig

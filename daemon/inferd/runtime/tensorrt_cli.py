@@ -17,8 +17,24 @@ default), ``--engine-dir`` overrides the directory.  ``--manifest M`` also
 records the engine's digest in deployment manifest ``M`` (created if absent),
 the step that makes the daemon's gate trust it.
 
-Exit status: 0 built or reused; 1 the build failed; 2 usage or environment
-problem (bad build config, missing model, TensorRT/pycuda/GPU unavailable).
+A build runs through ``inferd.build.session.run_build`` with the TensorRT
+builder: phase events, one cancellation token, the no-cancel final write,
+cleanup/quarantine of partial files, the timing-cache policy and a build
+summary (``<engine>.<build id>.build.json``) next to the engine.  Progress goes
+to stderr: on a terminal, a live nested phase tree (``rich``); otherwise (or
+without ``rich``) one plain line per phase start/finish.  stdout holds only the
+result (with ``--json``, one JSON report: its last line).
+``--json-log FILE`` writes every build event as a JSON line.  ``--timeout S``
+cancels the build (source ``timeout``).  Ctrl-C (SIGINT) or SIGTERM cancels
+cooperatively (TensorRT stops at its next step; partial files are removed);
+a second Ctrl-C forces: partial files are cleaned up or quarantined and the
+process exits 130 at once.  ``--calibration-data`` (INT8 calibration) still
+builds through the runtime's own path: no progress tree, summary or events.
+
+Exit status: 0 built (validation pending: smoke inference runs when the
+daemon loads it) or reused; 1 the build failed; 2 usage or environment
+problem (bad build config, missing model, TensorRT/pycuda/GPU unavailable);
+3 cancelled (Ctrl-C, SIGTERM, ``--timeout``); 130 forced by a second Ctrl-C.
 
 Also runnable as ``python -m inferd.runtime.tensorrt_cli``.
 """
@@ -26,11 +42,15 @@ Also runnable as ``python -m inferd.runtime.tensorrt_cli``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from inferd.errors import (
     CalibrationCacheError,
@@ -42,9 +62,14 @@ from inferd.errors import (
 )
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode, ThermalState
 
+if TYPE_CHECKING:
+    from inferd.build.events import BuildEvent
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_CANCELLED = 3
+EXIT_FORCED = 130
 
 _BUILD_KEYS = frozenset({"precision", "workspace_bytes", "optimization_level", "profiles"})
 _PROFILE_KEYS = frozenset({"input_name", "min_shape", "opt_shape", "max_shape"})
@@ -128,6 +153,259 @@ def _record_in_manifest(manifest: Path, engine: Path, sha256: str) -> None:
     write_manifest(manifest, entries)
 
 
+class _Forced(BaseException):
+    """Raised (from the SIGINT handler) by a second Ctrl-C."""
+
+
+class _PlainProgress:
+    """One line per phase start/finish (and cancel / outcome), indented by depth."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from inferd.build.events import PhaseTree
+
+        self.stream = stream
+        self.tree = PhaseTree()
+        self._lock = threading.Lock()
+
+    def _depth(self, phase_id: str | None) -> int:
+        depth = 0
+        node = self.tree.nodes.get(phase_id) if phase_id else None
+        while node is not None and node.parent_id is not None:
+            depth += 1
+            node = self.tree.nodes.get(node.parent_id)
+        return depth
+
+    def __call__(self, event: BuildEvent) -> None:
+        with self._lock:
+            self.tree.apply(event)
+            line: str | None = None
+            indent = "  " * self._depth(event.phase_id)
+            if event.type == "phase_start":
+                line = f"start     {indent}{event.name} ({event.num_steps} steps)"
+            elif event.type == "phase_finish":
+                node = self.tree.nodes.get(event.phase_id or "")
+                state = (
+                    "" if node is None else f" [{node.status} {node.completed}/{node.num_steps}]"
+                )
+                line = f"finish    {indent}{event.name}{state}"
+            elif event.type == "cancel_requested":
+                line = f"cancel    requested by {event.detail.get('source')}"
+            elif event.type == "stalled":
+                line = f"stalled   {' > '.join(event.detail.get('path', []))}"
+            if line is not None:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class _LiveProgress:
+    """A live nested phase tree on a terminal (``rich``), refreshed from events."""
+
+    _STYLE = {"running": "yellow", "finished": "green", "finished_early": "cyan"}
+
+    def __init__(self, stream: TextIO, title: str) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        from inferd.build.events import PhaseTree
+
+        self.tree = PhaseTree()
+        self.title = title
+        self._lock = threading.Lock()
+        self.live = Live(
+            console=Console(file=stream),
+            get_renderable=self._render,
+            refresh_per_second=8,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self.live.start()
+
+    def __call__(self, event: BuildEvent) -> None:
+        with self._lock:
+            self.tree.apply(event)
+
+    def _render(self) -> Any:
+        from rich.text import Text
+        from rich.tree import Tree
+
+        with self._lock:
+            snapshot = self.tree.snapshot()
+        root = Tree(Text(f"{self.title}  [{snapshot['state']}]", style="bold"))
+
+        def add(parent: Any, node: dict[str, Any]) -> None:
+            label = Text(f"{node['name']}  ", style=self._STYLE.get(node["status"], ""))
+            label.append(f"{node['completedSteps']}/{node['numSteps']}  {node['status']}")
+            if node["durationMs"] is not None:
+                label.append(f"  {node['durationMs'] / 1000:.1f} s", style="dim")
+            branch = parent.add(label)
+            for child in node["children"]:
+                add(branch, child)
+
+        for node in snapshot["roots"]:
+            add(root, node)
+        return root
+
+    def close(self) -> None:
+        self.live.refresh()
+        self.live.stop()
+
+
+def _progress(stream: TextIO, title: str) -> _PlainProgress | _LiveProgress:
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        try:
+            return _LiveProgress(stream, title)
+        except ImportError:
+            pass
+    return _PlainProgress(stream)
+
+
+class _JsonLog:
+    """Every build event as one JSON line (flushed per line)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("w", encoding="utf-8")
+        self._lock = threading.Lock()
+        self.last_seq = 0
+
+    def __call__(self, event: BuildEvent) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            self.last_seq = max(self.last_seq, event.seq)
+            self._file.write(json.dumps(event.as_dict(), sort_keys=True) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def _listeners(sinks: list[Callable[[BuildEvent], None]]) -> Callable[[BuildEvent], None]:
+    def listener(event: BuildEvent) -> None:
+        for sink in sinks:
+            with contextlib.suppress(Exception):
+                sink(event)
+
+    return listener
+
+
+@contextlib.contextmanager
+def _closing(*things: Any) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for thing in things:
+            if thing is not None:
+                with contextlib.suppress(Exception):
+                    thing.close()
+
+
+def _forced_exit(
+    engine_path: Path, build_id: str, json_log: _JsonLog | None, progress: Any, err: TextIO
+) -> None:
+    """Second Ctrl-C: clean up or quarantine partial files, log, exit 130 now
+    (the builder thread may be inside TensorRT; it is not waited for)."""
+    from inferd.build.artifacts import clean_up
+    from inferd.build.events import BuildEvent, now_ns
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(Exception):
+        progress.close()
+    cleanup = clean_up(engine_path)
+    if json_log is not None:
+        mono, wall = now_ns()
+        json_log(
+            BuildEvent(
+                build_id=build_id,
+                seq=json_log.last_seq + 1,
+                type="cancelled",
+                phase_id=None,
+                parent_id=None,
+                name=None,
+                step=None,
+                num_steps=None,
+                mono_ns=mono,
+                wall_ns=wall,
+                thread=threading.current_thread().name,
+                cancel_state="forced",
+                detail={"forced": True, "source": "sigint", "cleanup": cleanup.as_dict()},
+            )
+        )
+        json_log.close()
+    err.write(
+        f"inferd build: forced by a second Ctrl-C; partial files {cleanup.status}"
+        + (f" (quarantined: {cleanup.quarantined})" if cleanup.quarantined else "")
+        + "\n"
+    )
+    err.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(EXIT_FORCED)
+
+
+def _build_observed(
+    onnx: Path,
+    wanted: BuildConfig,
+    plan: Any,
+    *,
+    workspace_cap_bytes: int,
+    device_id: int,
+    timeout_s: float | None,
+    stall_after_s: float | None,
+    json_log_path: Path | None,
+    progress_stream: TextIO,
+) -> dict[str, Any]:
+    """Run the build through ``run_build``; the summary document."""
+    import secrets
+
+    import pycuda.driver as cuda
+    import tensorrt as trt
+
+    from inferd.build.cancel import CancellationToken, cancel_on_signals
+    from inferd.build.session import BuildRequest, run_build
+    from inferd.build.tensorrt_builder import TensorRTBuilder
+
+    builder = TensorRTBuilder(
+        trt, cuda, onnx, wanted, workspace_cap_bytes=workspace_cap_bytes, device_id=device_id
+    )
+    engine_path: Path = plan.entry.artifact_path
+    request = BuildRequest(
+        model_path=onnx,
+        engine_path=engine_path,
+        build_config=wanted,
+        host=plan.host,
+        strongly_typed=builder.strongly_typed,
+        timeout_s=timeout_s,
+        stall_after_s=stall_after_s,
+    )
+    build_id = secrets.token_hex(6)
+    json_log = _JsonLog(json_log_path) if json_log_path is not None else None
+    progress = _progress(progress_stream, f"inferd build {onnx.name} ({wanted.precision.value})")
+    sinks: list[Callable[[BuildEvent], None]] = [progress]
+    if json_log is not None:
+        sinks.append(json_log)
+    token = CancellationToken()
+
+    def force() -> None:
+        raise _Forced
+
+    with _closing(progress, json_log):
+        try:
+            with cancel_on_signals(token, force=force):
+                report = run_build(
+                    request, builder, token=token, listener=_listeners(sinks), build_id=build_id
+                )
+        except _Forced:
+            _forced_exit(engine_path, build_id, json_log, progress, sys.stderr)
+            raise  # not reached
+    return report.summary
+
+
 def run(
     onnx: Path,
     build_config: Path,
@@ -139,6 +417,9 @@ def run(
     calibration_data: Path | None = None,
     force: bool = False,
     as_json: bool = False,
+    json_log: Path | None = None,
+    timeout_s: float | None = None,
+    stall_after_s: float | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -149,10 +430,15 @@ def run(
 
     from inferd import config as config_module
     from inferd.digest import sha256_file
+    from inferd.runtime.tensorrt_build import PRECISION_FLAGS
 
     try:
         if not onnx.is_file():
             raise ConfigError(f"model file {onnx} does not exist")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ConfigError(f"--timeout must be positive, got {timeout_s}")
+        if stall_after_s is not None and stall_after_s <= 0:
+            raise ConfigError(f"--stall-after must be positive, got {stall_after_s}")
         wanted = load_build_config(build_config)
         loaded = (
             config_module.load(daemon_config)
@@ -179,13 +465,46 @@ def run(
     except RuntimeNotAvailableError as exc:
         err.write(f"inferd build: cannot build here: {exc}\n")
         return EXIT_USAGE
+    summary: dict[str, Any] | None = None
+    code = EXIT_OK
     try:
         if calibration_data is not None:
             runtime.build_hooks.calibration_data = calibration_data
-        outcome = runtime.build(onnx, wanted, label=model_name, force=force)
+            outcome = runtime.build(onnx, wanted, label=model_name, force=force)
+        else:
+            outcome = runtime.plan_build(onnx, wanted, label=model_name, force=force)
+            if outcome.status == "planned":
+                summary = _build_observed(
+                    onnx,
+                    wanted,
+                    outcome,
+                    workspace_cap_bytes=runtime_config.gpu_memory_budget_bytes // 4,
+                    device_id=runtime_config.device_id,
+                    timeout_s=timeout_s,
+                    stall_after_s=stall_after_s,
+                    json_log_path=json_log,
+                    progress_stream=err,
+                )
         engine = outcome.entry.artifact_path
-        digest = outcome.result.sha256 if outcome.result else sha256_file(engine)
-        if manifest is not None:
+        digest: str | None
+        if summary is not None:
+            digest = summary["baseline"]["engineSha256"]
+            if summary["outcome"] == "failed":
+                err.write(f"inferd build: build failed: {summary['error']}\n")
+                code = EXIT_FAILED
+            elif summary["outcome"] == "cancelled":
+                err.write(
+                    f"inferd build: cancelled ({summary['cancelReason']}); cleanup "
+                    f"{summary['cleanupStatus']}, cancel latency {summary['cancelLatencyMs']} "
+                    f"ms; retry: {summary['retryPolicy']} ({summary['retryReason']})\n"
+                )
+                code = EXIT_CANCELLED
+            elif summary["validationStatus"] == "fail":
+                err.write("inferd build: the built engine failed validation\n")
+                code = EXIT_FAILED
+        else:
+            digest = outcome.result.sha256 if outcome.result else sha256_file(engine)
+        if manifest is not None and code == EXIT_OK and digest is not None:
             _record_in_manifest(manifest, engine, digest)
     except HostTupleUnavailableError as exc:
         err.write(f"inferd build: cannot build here: {exc}\n")
@@ -200,35 +519,72 @@ def run(
     finally:
         runtime.close()
 
+    status = outcome.status
+    build: dict[str, Any] | None = outcome.result.as_dict() if outcome.result else None
+    if summary is not None:
+        status = "built" if summary["outcome"] == "completed" else summary["outcome"]
+        strongly_typed = bool(summary["baseline"]["stronglyTyped"])
+        build = {
+            "engine": str(engine),
+            "sha256": digest,
+            "duration_s": summary["baseline"]["durations"]["totalS"],
+            "strongly_typed": strongly_typed,
+            "precision_flags": [] if strongly_typed else list(PRECISION_FLAGS[wanted.precision]),
+            "workspace_bytes": min(
+                wanted.workspace_bytes, runtime_config.gpu_memory_budget_bytes // 4
+            ),
+            "timing_cache": summary["timingCacheMode"],
+            "calibration": None,
+            "warnings": [],
+            "build_id": summary["buildId"],
+            "outcome": summary["outcome"],
+            "error": summary["error"],
+            "cancel_source": summary["cancelSource"],
+            "cancel_latency_ms": summary["cancelLatencyMs"],
+            "cleanup_latency_ms": summary["cleanupLatencyMs"],
+            "cleanup_status": summary["cleanupStatus"],
+            "retry_policy": summary["retryPolicy"],
+            "validation_status": summary["validationStatus"],
+            "summary": str(engine.parent / f"{engine.name}.{summary['buildId']}.build.json"),
+        }
     report: dict[str, Any] = {
-        "status": outcome.status,
+        "status": status,
         "engine": str(engine),
         "sha256": digest,
         "host": outcome.engine_name.host.describe(),
-        "manifest": str(manifest) if manifest is not None else None,
+        "manifest": str(manifest) if manifest is not None and code == EXIT_OK else None,
         "quarantined": str(outcome.quarantined) if outcome.quarantined else None,
-        "build": outcome.result.as_dict() if outcome.result else None,
+        "build": build,
     }
     if as_json:
         out.write(json.dumps(report, sort_keys=True) + "\n")
-        return EXIT_OK
-    out.write(f"{outcome.status:<8}  {engine}\n")
+        return code
+    if code != EXIT_OK:
+        if build is not None:
+            out.write(f"{status:<8}  {engine}\nsummary   {build['summary']}\n")
+        return code
+    out.write(f"{status:<8}  {engine}\n")
     out.write(f"sha256    {digest}\n")
     out.write(f"host      {outcome.engine_name.host.summary()}\n")
     if outcome.quarantined:
         out.write(f"moved     the unusable previous engine to {outcome.quarantined}\n")
-    if outcome.result is not None:
-        result = outcome.result
-        flags = ", ".join(result.precision_flags) or "none"
-        typing = "strongly typed" if result.strongly_typed else f"precision flags {flags}"
+    if build is not None:
+        flags = ", ".join(build["precision_flags"]) or "none"
+        typing = "strongly typed" if build["strongly_typed"] else f"precision flags {flags}"
         out.write(
-            f"build     {result.duration_s:.1f} s, {typing}, workspace "
-            f"{result.workspace_bytes} bytes, timing cache {result.timing_cache}"
-            + (f", calibration {result.calibration}" if result.calibration else "")
+            f"build     {build['duration_s']:.1f} s, {typing}, workspace "
+            f"{build['workspace_bytes']} bytes, timing cache {build['timing_cache']}"
+            + (f", calibration {build['calibration']}" if build["calibration"] else "")
             + "\n"
         )
-        for warning in result.warnings:
+        for warning in build["warnings"]:
             out.write(f"warning   {warning}\n")
+        if "summary" in build:
+            out.write(f"summary   {build['summary']}\n")
+            out.write(
+                f"validate  {build['validation_status']} (smoke inference when the daemon "
+                "loads the engine)\n"
+            )
     if manifest is not None:
         out.write(f"manifest  recorded in {manifest}\n")
     else:
@@ -258,6 +614,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="build even if an engine exists")
     parser.add_argument("--json", action="store_true", help="one JSON document")
+    parser.add_argument(
+        "--json-log", type=Path, metavar="FILE", help="write every build event as a JSON line"
+    )
+    parser.add_argument(
+        "--timeout", type=float, metavar="S", help="cancel the build after S seconds (exit 3)"
+    )
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        metavar="S",
+        help="report a stall when no progress event came for S seconds",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -271,6 +639,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         calibration_data=args.calibration_data,
         force=args.force,
         as_json=args.json,
+        json_log=args.json_log,
+        timeout_s=args.timeout,
+        stall_after_s=args.stall_after,
     )
 
 

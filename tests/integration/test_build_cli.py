@@ -1,0 +1,195 @@
+"""``inferd build`` as an observed, cancellable build (issue 5, item 8, standalone):
+run in a subprocess under the fake TensorRT (tests/fakes/site), it writes its
+events with ``--json-log``, a summary next to the engine, prints plain progress
+lines when stderr is no terminal and a live tree (rich) when it is; SIGINT
+cancels cooperatively (exit 3), a second one forces (exit 130), ``--timeout``
+cancels with source ``timeout``.  No partial engine is ever left at the final path."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.gpu_site import REPO, fake_gpu_env
+
+EXIT_CANCELLED = 3
+EXIT_FORCED = 130
+
+
+def _command(model: Path, tmp_path: Path, *extra: str) -> list[str]:
+    config = tmp_path / "build.json"
+    config.write_text(json.dumps({"precision": "fp16"}))
+    return [
+        sys.executable,
+        "-m",
+        "inferd.runtime.tensorrt_cli",
+        str(model),
+        "--config",
+        str(config),
+        "--engine-dir",
+        str(tmp_path / "engines"),
+        "--json-log",
+        str(tmp_path / "events.jsonl"),
+        *extra,
+    ]
+
+
+def _start(
+    model: Path, tmp_path: Path, *extra: str, step_s: float = 0.0, **kwargs: Any
+) -> subprocess.Popen[str]:
+    settings = {"INFERD_FAKE_TRT_BUILD_STEP_S": str(step_s)} if step_s else {}
+    return subprocess.Popen(
+        _command(model, tmp_path, *extra),
+        env=fake_gpu_env(None, **settings),
+        cwd=REPO,
+        text=True,
+        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs},
+    )
+
+
+def _events(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _wait_for_phase(proc: subprocess.Popen[str], tmp_path: Path, name: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(e["type"] == "phase_start" and e["name"] == name for e in _events(tmp_path)):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError(f"phase {name!r} never started")
+
+
+def _engines(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "engines").glob("*.engine"))
+
+
+def _summaries(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in (tmp_path / "engines").glob("*.build.json")]
+
+
+def _no_partial_files(tmp_path: Path) -> None:
+    engines = tmp_path / "engines"
+    assert _engines(tmp_path) == []
+    assert [p.name for p in engines.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_build_completes_with_events_summary_and_plain_progress(
+    demo_model: Path, tmp_path: Path
+) -> None:
+    done = _start(demo_model, tmp_path, "--json")
+    stdout, stderr = done.communicate(timeout=120)
+    assert done.returncode == 0, stderr
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["status"] == "built" and report["build"]["outcome"] == "completed"
+    engine = Path(report["engine"])
+    assert _engines(tmp_path) == [engine] and report["build"]["validation_status"] == "pending"
+
+    events = _events(tmp_path)
+    types = [e["type"] for e in events]
+    assert {"phase_start", "step", "phase_finish"} <= set(types) and types[-1] == "completed"
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+    nested = [e for e in events if e["type"] == "phase_start" and e["parentId"] is not None]
+    assert nested and {e["buildId"] for e in events} == {report["build"]["build_id"]}
+
+    summary_path = Path(report["build"]["summary"])
+    assert summary_path.parent == engine.parent and summary_path.exists()
+    summary = json.loads(summary_path.read_text())
+    assert summary["outcome"] == "completed" and summary["cancelSource"] is None
+    assert summary["baseline"]["engineSha256"] == report["sha256"]
+    assert summary["timingCacheMode"] == "cold" and summary["phaseTree"]["state"] == "completed"
+
+    # stderr is no terminal: one plain line per phase start and finish
+    lines = stderr.splitlines()
+    assert "start     Building engine (2 steps)" in lines
+    assert "start       Timing graph nodes (8 steps)" in lines
+    assert "finish      Timing graph nodes [finished 8/8]" in lines
+    assert "finish    Building engine [finished 2/2]" in lines
+    assert "\x1b[" not in stderr
+
+
+def test_sigint_cancels_cooperatively(demo_model: Path, tmp_path: Path) -> None:
+    proc = _start(demo_model, tmp_path, "--json", step_s=0.3)
+    _wait_for_phase(proc, tmp_path, "Timing graph nodes")
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_CANCELLED, stderr
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["status"] == "cancelled" and report["build"]["cancel_source"] == "sigint"
+    assert "cancelled" in stderr and "cancel    requested by sigint" in stderr
+    _no_partial_files(tmp_path)
+    (summary,) = _summaries(tmp_path)
+    assert summary["cancelSource"] == "sigint" and summary["cleanupStatus"] == "cleaned"
+    assert summary["timingCacheMode"] == "discarded" and summary["cancelLatencyMs"] < 5000
+    types = [e["type"] for e in _events(tmp_path)]
+    assert "cancel_requested" in types and types[-1] == "cancelled"
+
+
+def test_a_second_sigint_forces(demo_model: Path, tmp_path: Path) -> None:
+    proc = _start(demo_model, tmp_path, step_s=3.0)
+    _wait_for_phase(proc, tmp_path, "Building engine")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _stdout, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == EXIT_FORCED, stderr
+    assert "forced by a second Ctrl-C" in stderr
+    _no_partial_files(tmp_path)
+    last = _events(tmp_path)[-1]
+    assert last["type"] == "cancelled" and last["detail"]["forced"] is True
+    assert last["detail"]["cleanup"]["status"] == "cleaned"
+
+
+def test_timeout_cancels_with_source_timeout(demo_model: Path, tmp_path: Path) -> None:
+    proc = _start(demo_model, tmp_path, "--json", "--timeout", "0.5", step_s=0.3)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_CANCELLED, stderr
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["build"]["cancel_source"] == "timeout"
+    _no_partial_files(tmp_path)
+    (summary,) = _summaries(tmp_path)
+    assert summary["cancelSource"] == "timeout" and summary["outcome"] == "cancelled"
+
+
+def test_a_terminal_gets_a_live_tree(demo_model: Path, tmp_path: Path) -> None:
+    pytest.importorskip("rich")
+    master, slave = pty.openpty()
+    try:
+        proc = _start(demo_model, tmp_path, step_s=0.05, stderr=slave)
+    finally:
+        os.close(slave)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stdout, _ = proc.communicate(timeout=120)
+    reader.join(timeout=5)
+    os.close(master)
+    shown = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, shown
+    assert any(line.startswith("built ") for line in stdout.splitlines())
+    assert "Timing graph nodes" in shown and "8/8" in shown and "start     " not in shown
