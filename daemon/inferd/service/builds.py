@@ -97,6 +97,8 @@ class _Build:
     exit_code: int | None = None
     summary: dict[str, Any] | None = None
     summary_path: str | None = None
+    manifest: str | None = None
+    manifest_note: str | None = None
     record: dict[str, Any] | None = None
     error: str | None = None
     received: int = 0
@@ -124,6 +126,7 @@ class BuildManager:
         grace_s: float,
         tensorrt_available: Callable[[], bool] = tensorrt_importable,
         device_id: int = 0,
+        engine_manifest: Path | None = None,
     ) -> None:
         self._models = models
         self._build_dir = build_dir
@@ -133,6 +136,10 @@ class BuildManager:
         self.grace_s = grace_s
         self._tensorrt_available = tensorrt_available
         self._device_id = device_id
+        #: ``runtime.engine_manifest``: when set, a deployment-managed manifest that
+        #: daemon builds never write (the operator adds the engine to it).
+        self._engine_manifest = engine_manifest
+        self._manifest_lock = threading.Lock()
         self._builds: dict[str, _Build] = {}
         self._lock = threading.Lock()
         self._accepting = True
@@ -454,6 +461,8 @@ class BuildManager:
     def _finish(self, build: _Build, code: int) -> None:
         exited = time.monotonic()
         summary = build.summary
+        if summary is not None and summary.get("outcome") == "completed" and not build.simulated:
+            self._trust(build)  # before the state turns "completed": status then shows it
         with build.lock:
             build.exited_mono, build.exit_code = exited, code
             if summary is not None:
@@ -506,6 +515,50 @@ class BuildManager:
         )
         build.done.set()
 
+    def _trust(self, build: _Build) -> None:
+        """Record a validated TensorRT build in ``<engine_dir>/manifest.json`` (DESIGN.md
+        entry 'Daemon builds and the engine manifest'): it was built on this host, by
+        this daemon, and matched ONNX Runtime; a configured ``runtime.engine_manifest``
+        belongs to the deployment and is never written."""
+        from inferd.build.validation import eligible_to_serve
+        from inferd.digest import sha256_file
+        from inferd.engines.manifest import Manifest, write_manifest
+        from inferd.runtime.tensorrt import MANIFEST_NAME
+
+        summary = build.summary or {}
+        if not eligible_to_serve(summary):
+            note = (
+                f"not recorded in a manifest: validation is {summary.get('validationStatus')!r}, "
+                "only a build that passed validation is trusted"
+            )
+        elif self._engine_manifest is not None:
+            note = (
+                f"not recorded: runtime.engine_manifest {self._engine_manifest} is managed by "
+                f"the deployment; add {build.engine_path.name} with its digest "
+                "(inferd build --manifest, or its .sha256 sidecar) to adopt it"
+            )
+        else:
+            manifest = self._engine_dir / MANIFEST_NAME
+            expected = (summary.get("baseline") or {}).get("engineSha256")
+            try:
+                digest = sha256_file(build.engine_path)
+                if digest != expected:
+                    raise ValueError(f"engine digest {digest} is not the build's {expected}")
+                with self._manifest_lock:
+                    entries = Manifest.load(manifest).entries() if manifest.exists() else {}
+                    entries[build.engine_path.name] = digest
+                    write_manifest(manifest, entries)
+            except Exception as exc:
+                note = f"not recorded in {manifest}: {type(exc).__name__}: {exc}"
+                log.error("build_manifest_failed", build_id=build.build_id, error=note)
+            else:
+                note = f"recorded in {manifest}"
+                with build.lock:
+                    build.manifest = str(manifest)
+                log.info("build_engine_trusted", build_id=build.build_id, manifest=str(manifest))
+        with build.lock:
+            build.manifest_note = note
+
     def _latencies(self, build: _Build) -> dict[str, float | None]:
         summary = build.summary or {}
         to_exit = None
@@ -539,6 +592,7 @@ class BuildManager:
             "exit_code": build.exit_code,
             "error": build.error,
             "daemon_build": True,
+            "manifest": build.manifest,
             **{key: value for key, value in self._latencies(build).items() if value is not None},
         }
 
@@ -552,11 +606,16 @@ class BuildManager:
                     "simulated build: nothing to adopt (the engine is a labelled ONNX container); "
                     "the resident engine keeps serving"
                 )
-            elif completed:
+            elif completed and build.manifest is not None:
                 adoption = (
                     f"runtime.switch {{model: {build.model!r}, runtime: 'tensorrt'}} reuses "
                     f"{build.engine_path} when its build_config is the model's default "
-                    "(the name encodes it) and a configured engine manifest lists its digest"
+                    f"(the name encodes it); its digest is {build.manifest_note}"
+                )
+            elif completed:
+                adoption = (
+                    f"{build.engine_path} is {build.manifest_note}; until a manifest the "
+                    "runtime trusts lists its digest, runtime.switch to 'tensorrt' is refused"
                 )
             else:
                 adoption = "nothing to adopt: the build did not complete"
@@ -580,8 +639,9 @@ class BuildManager:
                 "validation_status": summary.get("validationStatus"),
                 "summary_path": build.summary_path,
                 "engine_path": str(build.engine_path) if completed else None,
+                "manifest": build.manifest,
                 "error": build.error,
-                "adoptable": completed and not build.simulated,
+                "adoptable": completed and not build.simulated and build.manifest is not None,
                 "adoption": adoption,
                 "events": {
                     "received": build.received,

@@ -101,6 +101,7 @@ class Daemon:
             record=self._record,
             grace_s=config.daemon.build_cancel_grace_s,
             device_id=config.runtime.device_id,
+            engine_manifest=config.runtime.engine_manifest,
         )
         self.router = RequestRouter(
             self.slots,
