@@ -97,7 +97,7 @@ def test_a_build_completes_with_events_summary_and_plain_progress(
     report = json.loads(stdout.strip().splitlines()[-1])
     assert report["status"] == "built" and report["build"]["outcome"] == "completed"
     engine = Path(report["engine"])
-    assert _engines(tmp_path) == [engine] and report["build"]["validation_status"] == "pending"
+    assert _engines(tmp_path) == [engine] and report["build"]["validation_status"] == "pass"
 
     events = _events(tmp_path)
     types = [e["type"] for e in events]

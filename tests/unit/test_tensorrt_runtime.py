@@ -1086,10 +1086,11 @@ def test_inferd_build_builds_then_reuses_and_records_the_manifest(
     report = json.loads(out.getvalue())
     assert code == 0 and report["status"] == "reused" and report["engine"] == str(engine)
     assert report["sha256"] == sha256_file(engine) and bench.gpu.trt.builds == 1
-    # each run closes its runtime (2), and the observed build (run_build with the
-    # TensorRT builder) detaches the context it built in (1): none leaks
+    # each run closes its runtime (2), the observed build (run_build with the
+    # TensorRT builder) detaches the context it built in (1) and validation's
+    # smoke inference the one it ran in (1): none leaks
     cuda = bench.gpu.cuda
-    assert cuda.contexts_detached == 3 == cuda.contexts_created
+    assert cuda.contexts_detached == 4 == cuda.contexts_created
 
 
 def test_inferd_build_without_tensorrt_is_a_usage_error(

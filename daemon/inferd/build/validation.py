@@ -7,6 +7,7 @@ Runtime's reference within a precision-dependent tolerance.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 
 from inferd.digest import sha256_file
 from inferd.engines.sidecar import read_sidecar
-from inferd.types import PrecisionMode
+from inferd.types import BuildConfig, PrecisionMode
 
 #: (absolute, relative) tolerance per precision.
 TOLERANCES: dict[PrecisionMode, tuple[float, float]] = {
@@ -132,3 +133,47 @@ def validate_build(
 def eligible_to_serve(summary: Mapping[str, Any]) -> bool:
     """Only a completed build whose validation passed may be adopted for serving."""
     return summary.get("outcome") == "completed" and summary.get("validationStatus") == "pass"
+
+
+def tensorrt_smoke_infer(
+    trt: Any, cuda: Any, model_path: Path, config: BuildConfig, device_id: int
+) -> Infer:
+    """Validation's smoke inference for a TensorRT build: load the new engine into
+    a ``TensorRTRuntime`` in this process (its own CUDA context) and run it.  The
+    runtime's gate wants the engine in a manifest; a temporary one lists just this
+    engine's digest (the sidecar gate has already checked it), so validating
+    trusts nothing else."""
+
+    def infer(engine_path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from inferd.config import RuntimeConfig
+        from inferd.digest import sha256_file
+        from inferd.engines.manifest import write_manifest
+        from inferd.runtime.tensorrt import LABEL, TensorRTRuntime
+        from inferd.types import EngineCacheEntry, ThermalState
+
+        with tempfile.TemporaryDirectory(prefix="inferd-validate-") as tmp:
+            manifest = Path(tmp) / "manifest.json"
+            write_manifest(manifest, {engine_path.name: sha256_file(engine_path)})
+            runtime = TensorRTRuntime(
+                RuntimeConfig(
+                    engine_dir=engine_path.parent, engine_manifest=manifest, device_id=device_id
+                ),
+                trt=trt,
+                cuda=cuda,
+                alert=lambda _alert: None,
+                record=lambda _kind, _payload: None,
+                thermal=ThermalState,
+            )
+            try:
+                entry = EngineCacheEntry(
+                    LABEL, engine_path, model_path, sha256_file(model_path), config
+                )
+                handle = runtime.deserialize_engine(entry)
+                try:
+                    return runtime.infer(handle, inputs)
+                finally:
+                    runtime.release_engine(handle)
+            finally:
+                runtime.close()
+
+    return infer

@@ -25,20 +25,18 @@ import os
 import queue
 import signal
 import sys
-import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import msgpack
-import numpy as np
 
 from inferd.build.cancel import CancellationToken
 from inferd.build.events import BuildEvent
 from inferd.build.session import Builder, BuildRequest, run_build
 from inferd.build.simulated import SimSettings, SimulatedBuilder
-from inferd.build.validation import Infer
+from inferd.build.validation import tensorrt_smoke_infer
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 
 #: The host tuple a simulated build claims (it never touches a GPU).
@@ -124,7 +122,7 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, HostTu
             model_path,
             config,
             device_id=spec.get("device_id", 0),
-            infer=_smoke_infer(trt, cuda, model_path, config, spec.get("device_id", 0)),
+            infer=tensorrt_smoke_infer(trt, cuda, model_path, config, spec.get("device_id", 0)),
         )
         return builder, host
     sim = spec.get("simulation") or {}
@@ -141,49 +139,6 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, HostTu
         config.precision,
     )
     return SimulatedBuilder(model_path, config, host, settings=settings), host
-
-
-def _smoke_infer(
-    trt: Any, cuda: Any, model_path: Path, config: BuildConfig, device_id: int
-) -> Infer:
-    """Validation's smoke inference: load the new engine into a ``TensorRTRuntime``
-    in this child (its own CUDA context) and run it.  The runtime's gate wants the
-    engine in a manifest; a temporary one lists just this engine's digest (the
-    sidecar gate has already checked it), so validating trusts nothing else."""
-
-    def infer(engine_path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from inferd.config import RuntimeConfig
-        from inferd.digest import sha256_file
-        from inferd.engines.manifest import write_manifest
-        from inferd.runtime.tensorrt import LABEL, TensorRTRuntime
-        from inferd.types import EngineCacheEntry, ThermalState
-
-        with tempfile.TemporaryDirectory(prefix="inferd-validate-") as tmp:
-            manifest = Path(tmp) / "manifest.json"
-            write_manifest(manifest, {engine_path.name: sha256_file(engine_path)})
-            runtime = TensorRTRuntime(
-                RuntimeConfig(
-                    engine_dir=engine_path.parent, engine_manifest=manifest, device_id=device_id
-                ),
-                trt=trt,
-                cuda=cuda,
-                alert=lambda _alert: None,
-                record=lambda _kind, _payload: None,
-                thermal=ThermalState,
-            )
-            try:
-                entry = EngineCacheEntry(
-                    LABEL, engine_path, model_path, sha256_file(model_path), config
-                )
-                handle = runtime.deserialize_engine(entry)
-                try:
-                    return runtime.infer(handle, inputs)
-                finally:
-                    runtime.release_engine(handle)
-            finally:
-                runtime.close()
-
-    return infer
 
 
 def _runtime_engine_path(spec: dict[str, Any], host: HostTuple, config: BuildConfig) -> Path:

@@ -31,8 +31,12 @@ a second Ctrl-C forces: partial files are cleaned up or quarantined and the
 process exits 130 at once.  ``--calibration-data`` (INT8 calibration) still
 builds through the runtime's own path: no progress tree, summary or events.
 
-Exit status: 0 built (validation pending: smoke inference runs when the
-daemon loads it) or reused; 1 the build failed; 2 usage or environment
+A completed build is validated before it counts: the gate's sidecar check and
+a smoke inference compared with ONNX Runtime; only then is it recorded in
+``--manifest``.
+
+Exit status: 0 built and validated, or reused; 1 the build or its validation
+failed; 2 usage or environment
 problem (bad build config, missing model, TensorRT/pycuda/GPU unavailable);
 3 cancelled (Ctrl-C, SIGTERM, ``--timeout``); 130 forced by a second Ctrl-C.
 
@@ -369,9 +373,16 @@ def _build_observed(
     from inferd.build.cancel import CancellationToken, cancel_on_signals
     from inferd.build.session import BuildRequest, run_build
     from inferd.build.tensorrt_builder import TensorRTBuilder
+    from inferd.build.validation import tensorrt_smoke_infer
 
     builder = TensorRTBuilder(
-        trt, cuda, onnx, wanted, workspace_cap_bytes=workspace_cap_bytes, device_id=device_id
+        trt,
+        cuda,
+        onnx,
+        wanted,
+        workspace_cap_bytes=workspace_cap_bytes,
+        device_id=device_id,
+        infer=tensorrt_smoke_infer(trt, cuda, onnx, wanted, device_id),
     )
     engine_path: Path = plan.entry.artifact_path
     request = BuildRequest(
@@ -582,8 +593,8 @@ def run(
         if "summary" in build:
             out.write(f"summary   {build['summary']}\n")
             out.write(
-                f"validate  {build['validation_status']} (smoke inference when the daemon "
-                "loads the engine)\n"
+                f"validate  {build['validation_status']} (gate sidecar check and a smoke "
+                "inference compared with ONNX Runtime)\n"
             )
     if manifest is not None:
         out.write(f"manifest  recorded in {manifest}\n")
