@@ -359,3 +359,36 @@ def test_steady_records_during_a_failure_do_not_extend_the_backoff(
     assert fdr.status()["records_written"] > 0, "the recorder never resumed"
     kinds = [r.kind for r in read_records(tmp_path)]
     assert kinds[0] == "c7.fdr_dropped"
+
+
+def test_durable_seq_at_rotation_counts_only_written_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When a frame forces a rotation, the closed segment's sync must not claim
+    that frame (it goes to the next segment): durable_seq never runs ahead of
+    what is on disk."""
+    seen: list[tuple[int, int]] = []  # (new segment index, durable_seq when it opened)
+    original = FlightRecorder._open_segment
+
+    def open_segment(self: FlightRecorder) -> Any:
+        seen.append((self._next_index, self.durable_seq))
+        return original(self)
+
+    monkeypatch.setattr(FlightRecorder, "_open_segment", open_segment)
+    fdr = FlightRecorder(config(tmp_path, segment_max_bytes=1024, max_total_bytes=1 << 20))
+    fdr.start()
+    for index in range(60):
+        fdr.record("c7.deadline_miss", miss(index + 1))
+    fdr.stop()
+    by_segment: dict[str, list[int]] = {}
+    for record in read_records(tmp_path):
+        by_segment.setdefault(record.segment, []).append(record.seq)
+    assert len(seen) > 2
+    for index, durable in seen[1:]:
+        closed = [
+            seq
+            for name, seqs in by_segment.items()
+            if framing.segment_index(name) < index
+            for seq in seqs
+        ]
+        assert durable == max(closed), (index, durable, max(closed))

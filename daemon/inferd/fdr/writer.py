@@ -94,7 +94,9 @@ class FlightRecorder:
         self._next_index = 1
         self._seq = itertools.count(1)
         self._last_failure_mono = 0.0
-        self._last_seq = 0
+        #: Highest seq written to the current segment's file (not merely framed):
+        #: what a successful fdatasync makes durable.
+        self._written_seq = 0
         self._durable = threading.Condition()
         # Counters (read by status() from other threads; ints are updated atomically).
         self.records_written = 0
@@ -229,12 +231,12 @@ class FlightRecorder:
         """
         report = self._drop_report() if self._unreported_drops else None
         flushed: Counter[str] = Counter()
-        frames: list[tuple[bytes, str]] = []  # (frame, "report" | "record" | "retention")
+        frames: list[tuple[bytes, str, int]] = []  # (frame, "report"|"record"|"retention", seq)
         try:
             segment = self._segment_for_writing()
             size = segment.size
             for pending in [report, *records] if report else records:
-                frame = self._frame(pending)
+                frame, seq = self._frame(pending)
                 retention = None
                 if size + len(frame) > self._config.segment_max_bytes and (
                     size > framing.SEGMENT_HEADER.size
@@ -243,11 +245,12 @@ class FlightRecorder:
                     frames = []
                     segment, retention = self._rotate()
                     size = segment.size
-                frames.append((frame, "report" if pending is report else "record"))
+                frames.append((frame, "report" if pending is report else "record", seq))
                 size += len(frame)
                 if retention is not None:  # after the record whose seq came first
-                    frames.append((self._frame(retention), "retention"))
-                    size += len(frames[-1][0])
+                    retention_frame, retention_seq = self._frame(retention)
+                    frames.append((retention_frame, "retention", retention_seq))
+                    size += len(retention_frame)
             flushed += self._flush(segment, frames)
         except OSError as exc:
             if not isinstance(exc, _BackingOff):
@@ -260,16 +263,17 @@ class FlightRecorder:
             return False
         return True
 
-    def _flush(self, segment: _Segment, frames: list[tuple[bytes, str]]) -> Counter[str]:
-        """Write frames in one go; returns how many of each role were written."""
+    def _flush(self, segment: _Segment, frames: list[tuple[bytes, str, int]]) -> Counter[str]:
+        """Write frames (in seq order) in one go; returns how many of each role were written."""
         if not frames:
             return Counter()
-        data = b"".join(frame for frame, _ in frames)
+        data = b"".join(frame for frame, _, _ in frames)
         write_all(segment.fd, data)
         segment.size += len(data)
         self.bytes_written += len(data)
         self.records_written += len(frames)
-        return Counter(role for _, role in frames)
+        self._written_seq = frames[-1][2]
+        return Counter(role for _, role, _ in frames)
 
     def _drop_report(self) -> _Pending:
         with self._lock:
@@ -280,7 +284,7 @@ class FlightRecorder:
             kinds.KINDS["c7.fdr_dropped"], payload, self._wall_clock(), self._mono_clock()
         )
 
-    def _frame(self, pending: _Pending) -> bytes:
+    def _frame(self, pending: _Pending) -> tuple[bytes, int]:
         seq = next(self._seq)
         body = framing.encode_body(
             {
@@ -293,8 +297,7 @@ class FlightRecorder:
                 "payload": pending.payload,
             }
         )
-        self._last_seq = seq
-        return framing.encode_frame(body)
+        return framing.encode_frame(body), seq
 
     def _sync(self) -> bool:
         segment = self._segment
@@ -308,7 +311,7 @@ class FlightRecorder:
             self._fail(exc, "fdatasync")
             return False
         self.syncs += 1
-        self.durable_seq = self._last_seq
+        self.durable_seq = self._written_seq
         return True
 
     def _segment_for_writing(self) -> _Segment:
@@ -383,7 +386,7 @@ class FlightRecorder:
         try:
             os.fdatasync(segment.fd)
             self.syncs += 1
-            self.durable_seq = self._last_seq
+            self.durable_seq = self._written_seq
         except OSError as exc:
             self.last_error = f"fdatasync on close: {exc}"
         finally:
