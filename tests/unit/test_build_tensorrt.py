@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from jsonschema import Draft202012Validator
 
 from inferd.build import BuildRequest, CancellationToken, run_build
 from inferd.build.tensorrt_builder import TensorRTBuilder
 from inferd.build.validation import reference_outputs
-from inferd.types import BuildConfig, HostTuple, PrecisionMode
+from inferd.engines import calibration as calib
+from inferd.types import BuildConfig, HostTuple, OptimizationProfile, PrecisionMode
 from tests.fakes import fake_tensorrt
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,3 +133,143 @@ def test_acceptance_without_tensorrt_is_simulated_only(tmp_path: Path) -> None:
     assert acceptance.run(tmp_path, scenarios=["ide_stop"], tensorrt=False) == 0
     evidence = json.loads((tmp_path / "evidence.json").read_text())
     assert evidence["label"] == "simulated" and evidence["tensorrt"] is None
+
+
+# -- INT8 with calibration data ------------------------------------------------------------------
+
+W = 16
+INT8 = BuildConfig(
+    precision=PrecisionMode.INT8, profiles=(OptimizationProfile("x", (1, W), (4, W), (8, W)),)
+)
+
+
+def scale_model(path: Path) -> Path:
+    """``y = 2 * x`` with ``x`` float32 ``[N, W]``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", W])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", W])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def calibration_set(tmp_path: Path) -> Path:
+    directory = tmp_path / "calibration"
+    directory.mkdir()
+    rng = np.random.default_rng(3)
+    for index in range(3):
+        np.savez(directory / f"batch{index}.npz", x=rng.standard_normal((4, W)).astype(np.float32))
+    return directory
+
+
+def int8_run(
+    stack: fake_tensorrt.FakeGpuStack,
+    engine_dir: Path,
+    model: Path,
+    data: Path,
+    **kw: Any,
+) -> Any:
+    engine = engine_dir / "scale.engine"
+    trt_builder = TensorRTBuilder(
+        stack.tensorrt,
+        stack.driver,
+        model,
+        INT8,
+        calibration_data=data,
+        calibration_cache=calib.calibration_cache_path(engine),
+    )
+    return run_build(BuildRequest(model, engine, INT8, HOST), trt_builder, **kw)
+
+
+def test_int8_build_with_calibration_data_runs_through_the_session(
+    tmp_path: Path, calibration_set: Path, stack: fake_tensorrt.FakeGpuStack
+) -> None:
+    model = scale_model(tmp_path / "scale.onnx")
+    engines = tmp_path / "engines"
+    first = int8_run(stack, engines, model, calibration_set)
+    s = first.summary
+    Draft202012Validator(SCHEMA).validate(s)
+    assert s["outcome"] == "completed", s["error"]
+    assert first.summary_path.is_file()
+    assert {"phase_start", "phase_finish", "completed"} <= {e.type for e in first.events}
+    assert s["builderStats"]["calibration"] == "calibrated"
+    assert "INT8" in stack.trt.last_build["flags"]
+    assert stack.trt.calibration_batches == 3
+    assert stack.cuda.allocated_bytes == 0  # calibration buffers freed
+    cache = calib.calibration_cache_path(engines / "scale.engine")
+    assert cache.read_bytes().startswith(b"TRT-")
+    assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(
+        calibration_set
+    )
+    assert calib.integrity_sidecar_path(cache).is_file()
+
+    again = int8_run(stack, engines, model, calibration_set)
+    assert again.summary["outcome"] == "completed"
+    assert again.summary["builderStats"]["calibration"] == "reused"
+    assert stack.trt.calibration_batches == 3  # the trusted cache was reused
+
+    rng = np.random.default_rng(4)
+    np.savez(calibration_set / "batch3.npz", x=rng.standard_normal((4, W)).astype(np.float32))
+    changed = int8_run(stack, engines, model, calibration_set)
+    assert changed.summary["builderStats"]["calibration"] == "calibrated"
+    assert stack.trt.calibration_batches == 7
+    assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(
+        calibration_set
+    )
+
+    calib.integrity_sidecar_path(cache).write_text("garbage\n")
+    broken = int8_run(stack, engines, model, calibration_set)
+    assert broken.summary["outcome"] == "failed"
+    assert "corrupt" in broken.summary["error"]
+    assert calib.integrity_sidecar_path(cache).read_text() == "garbage\n"  # left for inspection
+
+
+def test_cancelled_int8_build_leaves_no_engine_and_no_new_calibration_cache(
+    tmp_path: Path, calibration_set: Path, stack: fake_tensorrt.FakeGpuStack
+) -> None:
+    model = scale_model(tmp_path / "scale.onnx")
+    engines = tmp_path / "engines"
+    cache = calib.calibration_cache_path(engines / "scale.engine")
+
+    def cancelling() -> tuple[CancellationToken, Any]:
+        token = CancellationToken()
+
+        def listener(event: Any) -> None:
+            # the last progress callback: the fake calibrates after it, before returning
+            if event.type == "phase_finish" and event.name == "Building engine":
+                token.cancel("control")
+
+        return token, listener
+
+    token, listener = cancelling()
+    report = int8_run(stack, engines, model, calibration_set, token=token, listener=listener)
+    s = report.summary
+    assert s["outcome"] == "cancelled" and s["cancelSource"] == "control"
+    assert s["cleanupStatus"] == "cleaned" and not (engines / "scale.engine").exists()
+    assert stack.trt.calibration_batches == 3  # calibrated, but the build was cancelled
+    assert not cache.exists()
+    assert not calib.dataset_sidecar_path(cache).exists()
+    assert not calib.integrity_sidecar_path(cache).exists()
+
+    # a trusted cache from an earlier build stays exactly as it was
+    assert int8_run(stack, engines, model, calibration_set).summary["outcome"] == "completed"
+    stored = {p.name: p.read_bytes() for p in engines.glob("scale.calib_cache*")}
+    assert len(stored) == 3
+    engine = (engines / "scale.engine").read_bytes()
+    rng = np.random.default_rng(5)
+    np.savez(calibration_set / "batch3.npz", x=rng.standard_normal((4, W)).astype(np.float32))
+    token, listener = cancelling()
+    report = int8_run(stack, engines, model, calibration_set, token=token, listener=listener)
+    assert report.summary["outcome"] == "cancelled"
+    assert report.summary["builderStats"]["calibration"] == "calibrated"
+    assert {p.name: p.read_bytes() for p in engines.glob("scale.calib_cache*")} == stored
+    assert (engines / "scale.engine").read_bytes() == engine  # the completed one stays

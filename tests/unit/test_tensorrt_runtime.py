@@ -1093,6 +1093,56 @@ def test_inferd_build_builds_then_reuses_and_records_the_manifest(
     assert cuda.contexts_detached == 4 == cuda.contexts_created
 
 
+def test_inferd_build_with_calibration_data_is_an_observed_build(
+    bench: Bench,
+    scale_model: Path,
+    dataset: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--calibration-data`` (INT8) runs through ``run_build`` like any other build:
+    events, a summary next to the engine, and the trusted calibration cache."""
+    off_jetson(monkeypatch, tmp_path)
+    profile = {"input_name": "x", "min_shape": [1, W], "opt_shape": [4, W], "max_shape": [8, W]}
+    config = _build_config_file(tmp_path, {"precision": "int8", "profiles": [profile]})
+    events = tmp_path / "events.jsonl"
+    out, err = io.StringIO(), io.StringIO()
+    code = tensorrt_cli.run(
+        scale_model,
+        config,
+        engine_dir=bench.engine_dir,
+        calibration_data=dataset,
+        json_log=events,
+        as_json=True,
+        out=out,
+        err=err,
+    )
+    assert code == 0, err.getvalue()
+    report = json.loads(out.getvalue().splitlines()[-1])
+    build = report["build"]
+    assert report["status"] == "built" and build["calibration"] == "calibrated"
+    assert Path(build["summary"]).is_file() and build["outcome"] == "completed"
+    types = {json.loads(line)["type"] for line in events.read_text().splitlines()}
+    assert {"phase_start", "phase_finish", "completed"} <= types
+    assert "start     Building engine (2 steps)" in err.getvalue().splitlines()
+    cache = calib.calibration_cache_path(Path(report["engine"]))
+    assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(dataset)
+    assert bench.gpu.trt.calibration_batches == 3
+
+    out = io.StringIO()
+    code = tensorrt_cli.run(
+        scale_model,
+        config,
+        engine_dir=bench.engine_dir,
+        calibration_data=dataset,
+        force=True,
+        out=out,
+        err=io.StringIO(),
+    )
+    assert code == 0 and "calibration reused" in out.getvalue()
+    assert bench.gpu.trt.calibration_batches == 3
+
+
 def test_inferd_build_without_tensorrt_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch, demo_model: Path, tmp_path: Path
 ) -> None:

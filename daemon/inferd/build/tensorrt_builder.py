@@ -9,6 +9,14 @@ and made current on the calling (build worker) thread for each call.
 Smoke inference needs device buffers and an execution context, which the
 serving runtime owns: pass ``infer`` (e.g. a function loading the engine into a
 ``TensorRTRuntime``); without it validation stays ``pending``.
+
+INT8 calibration: pass ``calibration_data`` (a directory of ``.npz`` batches)
+and ``calibration_cache`` (``inferd.engines.calibration.calibration_cache_path``
+of the engine).  The calibrator and the cache-trust rules are the runtime's
+(``attach_calibration``); a fresh cache is written (with its sidecars) only
+when the build completes uncancelled, so a cancelled or failed build leaves
+the stored cache as it was.  ``calibration`` (``calibrated`` / ``reused``) and
+``warnings`` go into the output's ``stats`` (the summary's ``builderStats``).
 """
 
 from __future__ import annotations
@@ -21,11 +29,14 @@ from typing import Any
 from inferd.build.monitor import ProgressAdapter, make_trt_progress_monitor
 from inferd.build.simulated import BuilderOutput
 from inferd.build.validation import Infer
+from inferd.errors import CalibrationCacheError, EngineBuildError
 from inferd.runtime.tensorrt_build import (
     PRECISION_FLAGS,
+    Calibration,
     _add_profiles,
     _network_inputs,
     _parser_error,
+    attach_calibration,
     has_precision_flags,
     network_flags,
 )
@@ -50,7 +61,11 @@ class TensorRTBuilder:
         workspace_cap_bytes: int = 1 << 30,
         device_id: int = 0,
         infer: Infer | None = None,
+        calibration_data: Path | None = None,
+        calibration_cache: Path | None = None,
     ) -> None:
+        if calibration_data is not None and calibration_cache is None:
+            raise ValueError("calibration_data needs calibration_cache (where the cache lives)")
         self.trt = trt
         self.cuda = cuda
         self.onnx_path = onnx_path
@@ -58,6 +73,8 @@ class TensorRTBuilder:
         self.workspace_cap_bytes = workspace_cap_bytes
         self.device_id = device_id
         self.infer: Infer | None = infer
+        self.calibration_data = calibration_data
+        self.calibration_cache = calibration_cache
         self.tensorrt_version = str(trt.__version__)
         self.strongly_typed = not has_precision_flags(trt)
         self.tlog = TensorRTLog(trt)
@@ -91,8 +108,10 @@ class TensorRTBuilder:
                 errors = [_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
                 return BuilderOutput(None, None, error="ONNX parser: " + "; ".join(errors))
             config = builder.create_builder_config()
+            flags: tuple[str, ...] = ()
             if not self.strongly_typed:
-                for flag in PRECISION_FLAGS[self.config.precision]:
+                flags = PRECISION_FLAGS[self.config.precision]
+                for flag in flags:
                     config.set_flag(getattr(trt.BuilderFlag, flag))
             config.set_memory_pool_limit(
                 trt.MemoryPoolType.WORKSPACE,
@@ -103,14 +122,52 @@ class TensorRTBuilder:
             cache = config.create_timing_cache(timing_cache or b"")
             config.set_timing_cache(cache, False)
             config.progress_monitor = make_trt_progress_monitor(monitor, trt)
+            warnings: list[str] = []
+            try:
+                calibration = self._calibration(config, flags, warnings)
+            except (CalibrationCacheError, EngineBuildError) as exc:
+                return BuilderOutput(None, None, error=f"calibration cache: {exc}")
+            stats: dict[str, Any] = {"warnings": warnings} if warnings else {}
+            if calibration is not None:
+                stats["calibration"] = calibration.status
             mark = self.tlog.mark()
-            serialized = builder.build_serialized_network(network, config)
+            try:
+                serialized = builder.build_serialized_network(network, config)
+            finally:
+                if calibration is not None:
+                    calibration.free()
+            try:
+                if calibration is not None:
+                    calibration.check(model)
+            except (CalibrationCacheError, EngineBuildError) as exc:
+                return BuilderOutput(None, None, error=str(exc), stats=stats)
             if serialized is None:
                 said = self.tlog.since(mark)
                 return BuilderOutput(
-                    None, None, error=explain_failure(said, action="build the engine")
+                    None, None, error=explain_failure(said, action="build the engine"), stats=stats
                 )
+            if calibration is not None and not monitor.token.is_set():
+                try:
+                    calibration.commit()
+                except CalibrationCacheError as exc:
+                    return BuilderOutput(None, None, error=str(exc), stats=stats)
             engine = bytes(memoryview(serialized))
             final_cache = config.get_timing_cache()
             data = None if final_cache is None else bytes(memoryview(final_cache.serialize()))
-        return BuilderOutput(engine, data)
+        return BuilderOutput(engine, data, stats=stats)
+
+    def _calibration(
+        self, config: Any, flags: tuple[str, ...], warnings: list[str]
+    ) -> Calibration | None:
+        if self.calibration_data is None or self.calibration_cache is None:
+            return None
+        return attach_calibration(
+            self.trt,
+            self.cuda,
+            config,
+            flags=flags,
+            calibration_data=self.calibration_data,
+            cache_path=self.calibration_cache,
+            warnings=warnings,
+            defer_store=True,
+        )

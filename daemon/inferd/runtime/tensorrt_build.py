@@ -244,6 +244,96 @@ class _TimingCache:
             log.warning("timing_cache_not_saved", error=str(exc))
 
 
+class CalibrationCacheSink(Protocol):
+    """Where the calibrator puts a freshly computed cache (``CalibrationCacheStore``
+    writes it at once; ``_PendingCalibrationCache`` holds it until the build completes)."""
+
+    def store(self, data: bytes) -> None: ...
+
+
+class _PendingCalibrationCache:
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+
+    def store(self, data: bytes) -> None:
+        self.data = data
+
+
+@dataclass
+class Calibration:
+    """INT8 calibration attached to one builder config (``attach_calibration``).
+
+    ``status``: ``calibrated`` or ``reused`` (a trusted cache).  With
+    ``defer_store`` the fresh cache is only kept in memory until ``commit()``:
+    a cancelled or failed build leaves the stored cache and its sidecars as they
+    were."""
+
+    calibrator: Any
+    status: str
+    store: CalibrationCacheStore
+    pending: _PendingCalibrationCache | None = None
+
+    def free(self) -> None:
+        """Free the calibrator's device buffers (in the build's CUDA context)."""
+        self.calibrator.free()
+
+    def check(self, model: str) -> None:
+        """Raise what went wrong inside the calibrator's callbacks (exceptions
+        cannot cross TensorRT)."""
+        error = self.calibrator.error
+        if error is None:
+            return
+        if isinstance(error, CalibrationCacheError | EngineBuildError):
+            raise error
+        raise EngineBuildError(f"{model}: INT8 calibration failed: {error}") from error
+
+    def commit(self) -> None:
+        """Write a deferred fresh cache (and its sidecars) through the trust store."""
+        if self.pending is not None and self.pending.data is not None:
+            self.store.store(self.pending.data)
+            self.pending.data = None
+
+
+def attach_calibration(
+    trt: Any,
+    cuda: Any,
+    config: Any,
+    *,
+    flags: tuple[str, ...],
+    calibration_data: Path | None,
+    cache_path: Path,
+    warnings: list[str],
+    defer_store: bool = False,
+) -> Calibration | None:
+    """Set ``config.int8_calibrator`` when the build uses the INT8 flag and has
+    calibration data (the cache at ``cache_path`` is reused only when trusted, see
+    ``inferd.engines.calibration``); otherwise append the applicable warning and
+    return None.  Raises ``CalibrationCacheError`` (malformed sidecars, corrupt
+    cache, unreadable data set) or ``EngineBuildError``."""
+    wants_int8 = "INT8" in flags
+    if calibration_data is not None and not wants_int8:
+        warnings.append("calibration data given, but the build does not use INT8 flags: ignored")
+        return None
+    if not wants_int8:
+        return None
+    if calibration_data is None:
+        warnings.append(
+            "INT8 without calibration data: only explicitly quantized (Q/DQ) layers run in INT8"
+        )
+        return None
+    if not hasattr(trt, "IInt8EntropyCalibrator2"):
+        raise EngineBuildError("this TensorRT has no INT8 calibrators; use a Q/DQ model")
+    store = CalibrationCacheStore(cache_path, dataset_sha256(calibration_data))
+    lookup = store.load()
+    log.info("calibration_cache", status=lookup.status, reason=lookup.reason)
+    pending = _PendingCalibrationCache() if defer_store else None
+    sink: CalibrationCacheSink = pending if pending is not None else store
+    calibrator = _make_calibrator(trt, cuda, _npz_batches(calibration_data), lookup, sink)
+    config.int8_calibrator = calibrator
+    status = "reused" if lookup.data is not None else "calibrated"
+    return Calibration(calibrator, status, store, pending)
+
+
 def _npz_batches(dataset: Path) -> list[Path]:
     files = [dataset] if dataset.is_file() else sorted(dataset.glob("*.npz"))
     if not files:
@@ -256,7 +346,7 @@ def _make_calibrator(
     cuda: Any,
     batches: list[Path],
     lookup: CalibrationLookup,
-    store: CalibrationCacheStore,
+    store: CalibrationCacheSink,
 ) -> Any:
     """An ``IInt8EntropyCalibrator2`` over ``.npz`` batches that reads the trusted
     cache (or None, to calibrate) and writes a fresh one through ``store``.
@@ -436,41 +526,25 @@ def build_engine(
         if monitor is not None:
             config.progress_monitor = monitor
 
-    calibrator: Any = None
-    calibration: str | None = None
-    wants_int8 = "INT8" in flags
-    if hooks.calibration_data is not None and not wants_int8:
-        warnings.append("calibration data given, but the build does not use INT8 flags: ignored")
-    elif wants_int8 and hooks.calibration_data is None:
-        warnings.append(
-            "INT8 without calibration data: only explicitly quantized (Q/DQ) layers run in INT8"
-        )
-    elif wants_int8 and hooks.calibration_data is not None:
-        if not hasattr(trt, "IInt8EntropyCalibrator2"):
-            raise EngineBuildError("this TensorRT has no INT8 calibrators; use a Q/DQ model")
-        store = CalibrationCacheStore(
-            calibration_cache_path(engine_path), dataset_sha256(hooks.calibration_data)
-        )
-        lookup = store.load()
-        log.info("calibration_cache", status=lookup.status, reason=lookup.reason)
-        calibrator = _make_calibrator(
-            trt, cuda, _npz_batches(hooks.calibration_data), lookup, store
-        )
-        config.int8_calibrator = calibrator
-        calibration = "reused" if lookup.data is not None else "calibrated"
+    calibration = attach_calibration(
+        trt,
+        cuda,
+        config,
+        flags=flags,
+        calibration_data=hooks.calibration_data,
+        cache_path=calibration_cache_path(engine_path),
+        warnings=warnings,
+    )
 
     mark = tlog.mark()
     try:
         with _step("build the engine", model, tlog):
             serialized = builder.build_serialized_network(network, config)
     finally:
-        if calibrator is not None:
-            calibrator.free()
-    if calibrator is not None and calibrator.error is not None:
-        error = calibrator.error
-        if isinstance(error, CalibrationCacheError | EngineBuildError):
-            raise error
-        raise EngineBuildError(f"{model}: INT8 calibration failed: {error}") from error
+        if calibration is not None:
+            calibration.free()
+    if calibration is not None:
+        calibration.check(model)
     if serialized is None:
         if hooks.cancelled is not None and hooks.cancelled():
             raise EngineBuildError(f"the engine build of {model} was cancelled")
@@ -495,7 +569,7 @@ def build_engine(
         precision_flags=flags,
         workspace_bytes=workspace,
         timing_cache=cache.status,
-        calibration=calibration,
+        calibration=None if calibration is None else calibration.status,
         warnings=tuple(warnings),
     )
     log.info("engine_built", **result.as_dict())

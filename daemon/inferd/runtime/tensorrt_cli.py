@@ -28,8 +28,10 @@ result (with ``--json``, one JSON report: its last line).
 cancels the build (source ``timeout``).  Ctrl-C (SIGINT) or SIGTERM cancels
 cooperatively (TensorRT stops at its next step; partial files are removed);
 a second Ctrl-C forces: partial files are cleaned up or quarantined and the
-process exits 130 at once.  ``--calibration-data`` (INT8 calibration) still
-builds through the runtime's own path: no progress tree, summary or events.
+process exits 130 at once.  ``--calibration-data`` (INT8 calibration) runs
+the same way; the calibration cache next to the engine is reused only when
+trusted (``inferd.engines.calibration``) and a fresh one is written only when
+the build completes.
 
 A completed build is validated before it counts: the gate's sidecar check and
 a smoke inference compared with ONNX Runtime; only then is it recorded in
@@ -363,6 +365,7 @@ def _build_observed(
     stall_after_s: float | None,
     json_log_path: Path | None,
     progress_stream: TextIO,
+    calibration_data: Path | None = None,
 ) -> dict[str, Any]:
     """Run the build through ``run_build``; the summary document."""
     import secrets
@@ -374,7 +377,9 @@ def _build_observed(
     from inferd.build.session import BuildRequest, run_build
     from inferd.build.tensorrt_builder import TensorRTBuilder
     from inferd.build.validation import tensorrt_smoke_infer
+    from inferd.engines.calibration import calibration_cache_path
 
+    engine_path: Path = plan.entry.artifact_path
     builder = TensorRTBuilder(
         trt,
         cuda,
@@ -383,8 +388,9 @@ def _build_observed(
         workspace_cap_bytes=workspace_cap_bytes,
         device_id=device_id,
         infer=tensorrt_smoke_infer(trt, cuda, onnx, wanted, device_id),
+        calibration_data=calibration_data,
+        calibration_cache=calibration_cache_path(engine_path),
     )
-    engine_path: Path = plan.entry.artifact_path
     request = BuildRequest(
         model_path=onnx,
         engine_path=engine_path,
@@ -479,23 +485,20 @@ def run(
     summary: dict[str, Any] | None = None
     code = EXIT_OK
     try:
-        if calibration_data is not None:
-            runtime.build_hooks.calibration_data = calibration_data
-            outcome = runtime.build(onnx, wanted, label=model_name, force=force)
-        else:
-            outcome = runtime.plan_build(onnx, wanted, label=model_name, force=force)
-            if outcome.status == "planned":
-                summary = _build_observed(
-                    onnx,
-                    wanted,
-                    outcome,
-                    workspace_cap_bytes=runtime_config.gpu_memory_budget_bytes // 4,
-                    device_id=runtime_config.device_id,
-                    timeout_s=timeout_s,
-                    stall_after_s=stall_after_s,
-                    json_log_path=json_log,
-                    progress_stream=err,
-                )
+        outcome = runtime.plan_build(onnx, wanted, label=model_name, force=force)
+        if outcome.status == "planned":
+            summary = _build_observed(
+                onnx,
+                wanted,
+                outcome,
+                workspace_cap_bytes=runtime_config.gpu_memory_budget_bytes // 4,
+                device_id=runtime_config.device_id,
+                timeout_s=timeout_s,
+                stall_after_s=stall_after_s,
+                json_log_path=json_log,
+                progress_stream=err,
+                calibration_data=calibration_data,
+            )
         engine = outcome.entry.artifact_path
         digest: str | None
         if summary is not None:
@@ -545,8 +548,8 @@ def run(
                 wanted.workspace_bytes, runtime_config.gpu_memory_budget_bytes // 4
             ),
             "timing_cache": summary["timingCacheMode"],
-            "calibration": None,
-            "warnings": [],
+            "calibration": summary["builderStats"].get("calibration"),
+            "warnings": list(summary["builderStats"].get("warnings", [])),
             "build_id": summary["buildId"],
             "outcome": summary["outcome"],
             "error": summary["error"],
