@@ -54,9 +54,10 @@ def test_requests_sent_while_loading_are_served_after_load(
 
     np.testing.assert_array_equal(results["a"][0]["y"], value)
     np.testing.assert_array_equal(results["b"][0]["y"], value + 1)
-    # The bus answers an expired deadline while the worker is still loading.
+    # The bus answers an expired deadline while the worker is still loading:
+    # before the requests that waited for the load.
     assert results["late"][1] is not None and results["late"][1].code == "DEADLINE_EXCEEDED"
-    assert results["late_s"] < 0.5 < results["a_s"]
+    assert results["late_s"] < min(results["a_s"], results["b_s"])
     # Shape checks need the model's IO spec: done once it has loaded.
     assert results["bad"][1] is not None and results["bad"][1].code == "INVALID_ARGUMENT"
     assert "does not match the model" in results["bad"][1].message

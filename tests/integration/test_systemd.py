@@ -39,7 +39,7 @@ from inferd_client import OperatorClient
 from tests.conftest import DaemonProcess, render_config, start_daemon
 from tests.integration.wire import RawDealer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.systemd]
 
 LOOP_SIZE = 64
 

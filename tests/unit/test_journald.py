@@ -35,6 +35,8 @@ from inferd.service.logging import (
     resolve_format,
 )
 
+pytestmark = pytest.mark.systemd
+
 FIELD_RULE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")  # journald's journal_field_valid, client side
 
 

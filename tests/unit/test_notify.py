@@ -3,9 +3,11 @@ Notifier's assignments, and failures that must never reach the daemon."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,22 @@ import pytest
 from structlog.testing import capture_logs
 
 from inferd.service.notify import MAX_STATUS_CHARS, Notifier, notify_datagram, one_line
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.systemd
+
+SYSTEMD_PYTHON_STAND_IN = REPO / "tests" / "fakes" / "systemd_python"
+
+
+def systemd_python_importable() -> bool:
+    """Probe the module the daemon imports, never the bare name ``systemd``:
+    run from the repository root that name finds the unit-file folder
+    ``systemd/`` as a namespace package."""
+    try:
+        importlib.import_module("systemd.daemon")
+    except ImportError:
+        return False
+    return True
 
 
 @pytest.fixture
@@ -125,7 +143,70 @@ def test_environment_notifier_uses_systemd_python_when_installed(
     sock, address = path_socket
     monkeypatch.setenv("NOTIFY_SOCKET", address)
     notifier = Notifier.from_environment()
-    installed = importlib.util.find_spec("systemd") is not None
+    installed = systemd_python_importable()
     assert notifier.backend_name == ("systemd-python" if installed else "builtin")
     assert notifier.ready("serving: demo=onnx_trt_ep")
     assert sock.recv(4096) == b"READY=1\nSTATUS=serving: demo=onnx_trt_ep"
+
+
+_PRINT_BACKEND = """
+import sys
+if sys.argv[1] == "blocked":
+    sys.modules["systemd"] = None  # the documented way to make an import fail
+from inferd.service.notify import Notifier
+notifier = Notifier.from_environment()
+assert notifier.ready("serving"), "nothing was sent"
+print(notifier.backend_name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("systemd_python", "expected"),
+    [("stand-in", "systemd-python"), ("blocked", "builtin")],
+)
+def test_backend_selection_from_the_repository_root(
+    path_socket: tuple[socket.socket, str], systemd_python: str, expected: str
+) -> None:
+    """The daemon started from a checkout (``python -c``/``-m`` puts the working
+    directory first on ``sys.path``) must not take the repository's ``systemd/``
+    unit folder for systemd-python, with or without the real package."""
+    sock, address = path_socket
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["NOTIFY_SOCKET"] = address
+    if systemd_python == "stand-in":
+        env["PYTHONPATH"] = str(SYSTEMD_PYTHON_STAND_IN)
+    done = subprocess.run(
+        [sys.executable, "-c", _PRINT_BACKEND, systemd_python],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
+    assert sock.recv(4096) == b"READY=1\nSTATUS=serving"
+
+
+def test_the_repository_root_shadows_the_bare_name() -> None:
+    """Why the probe above imports ``systemd.daemon``: from the repository root
+    a bare ``find_spec("systemd")`` finds something even without systemd-python."""
+    probe = (
+        "import importlib.util, sys; sys.modules.pop('systemd', None);"
+        "spec = importlib.util.find_spec('systemd');"
+        "print(spec is not None and spec.origin is None)"  # a namespace package
+    )
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # With systemd-python installed its regular package wins over the folder.
+    assert done.stdout.strip() == ("False" if systemd_python_importable() else "True")
