@@ -52,7 +52,7 @@ from inferd.config import FdrConfig
 from inferd.fdr import framing
 from inferd.fdr.reader import ReadReport, read_records
 from inferd.fdr.writer import FlightRecorder, read_boot_id
-from inferd.service.logging import configure_logging
+from inferd.supervision.logging import configure_logging
 
 NONCRITICAL = ("c7.deadline_miss", {"model": "demo", "count": 3, "window_s": 1.0})
 # What Daemon._lifecycle records.

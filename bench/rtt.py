@@ -46,7 +46,8 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 from inferd.demo_model import write_demo_model, write_identity_model  # noqa: E402
-from inferd_client import InferenceClient, protocol  # noqa: E402
+from inferd_client import InferenceClient  # noqa: E402
+from inferd_wire import protocol  # noqa: E402
 
 TARGET_RATIO = 1.25
 PATHS = ("inprocess", "daemon", "echo")

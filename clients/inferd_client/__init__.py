@@ -1,9 +1,9 @@
 """Client library for the inferd inference daemon (pyzmq, msgpack, numpy only)."""
 
 from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
-from inferd_client.endpoints import Endpoints, default_endpoints
 from inferd_client.errors import ClientError, MalformedReply, RemoteError, RequestTimeout
-from inferd_client.protocol import Code
+from inferd_wire.endpoints import Endpoints, default_endpoints
+from inferd_wire.protocol import Code
 
 __all__ = [
     "ClientError",

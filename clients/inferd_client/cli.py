@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
-from inferd_client.endpoints import default_endpoints
 from inferd_client.errors import ClientError, RemoteError
+from inferd_wire.endpoints import default_endpoints
 
 EXIT_OK = 0
 EXIT_REMOTE_ERROR = 1

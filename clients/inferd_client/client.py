@@ -16,11 +16,11 @@ import msgpack
 import numpy as np
 import zmq
 
-from inferd_client import protocol
-from inferd_client.endpoints import default_endpoints
 from inferd_client.errors import MalformedReply, RemoteError, RequestTimeout
-from inferd_client.multipart import recv_frames, send_frames
-from inferd_client.protocol import ProtocolError
+from inferd_wire import protocol
+from inferd_wire.endpoints import default_endpoints
+from inferd_wire.multipart import recv_frames, send_frames
+from inferd_wire.protocol import ProtocolError
 
 
 class _RequestChannel:

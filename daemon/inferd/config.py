@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from inferd.errors import ConfigError
 from inferd.types import PrecisionMode
-from inferd_client.endpoints import MAX_IPC_PATH_BYTES, default_endpoints, default_runtime_dir
+from inferd_wire.endpoints import MAX_IPC_PATH_BYTES, default_endpoints, default_runtime_dir
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
 QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")

@@ -116,7 +116,7 @@ def prebuild_engine(
             [
                 sys.executable,
                 "-m",
-                "inferd.runtime.tensorrt_cli",
+                "inferd.cli.build",
                 str(onnx),
                 "--config",
                 str(config_path),

@@ -15,7 +15,7 @@ def test_stuck_build_acceptance_passes_and_writes_the_bundle(tmp_path: Path) -> 
     out = tmp_path / "evidence"
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "inferd.build.acceptance", "--out", str(out)],
+        [sys.executable, "-m", "inferd.engine_build.acceptance", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -53,7 +53,7 @@ def test_a_failing_criterion_exits_non_zero(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from inferd.build import acceptance\n"
+        "from inferd.engine_build import acceptance\n"
         "def broken(bench, sc):\n"
         "    sc.check('deliberately failing', False)\n"
         "acceptance.SCENARIOS['broken'] = ('broken', broken)\n"

@@ -32,7 +32,7 @@ def _command(model: Path, tmp_path: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "inferd.runtime.tensorrt_cli",
+        "inferd.cli.build",
         str(model),
         "--config",
         str(config),

@@ -33,9 +33,10 @@ from referencing.jsonschema import DRAFT202012
 from inferd.bus.codec import MAX_DEADLINE_MS
 from inferd.bus.publisher import TOPICS, EventPublisher
 from inferd.config import QUEUE_POLICIES, RUNTIME_LABELS, ModelConfig, RuntimeConfig
-from inferd.service.slot import ModelSlot, Sinks
+from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import AlertLevel, ThermalState
-from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RequestTimeout, protocol
+from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RequestTimeout
+from inferd_wire import protocol
 from tests.conftest import (
     REPO,
     DaemonFactory,

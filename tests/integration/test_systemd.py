@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from inferd.fdr.reader import ReadReport, read_records
-from inferd.service.logging import JOURNAL_SOCKET, NativeJournalSender, message_id
+from inferd.supervision.logging import JOURNAL_SOCKET, NativeJournalSender, message_id
 from inferd_client import OperatorClient
 from tests.conftest import DaemonProcess, render_config, start_daemon
 from tests.integration.wire import RawDealer
@@ -474,4 +474,4 @@ def test_watchdog_abort_leaves_every_threads_stack_in_the_log(
     assert daemon.process.wait(timeout=20) == -signal.SIGABRT
     log = daemon.log()
     assert "Fatal Python error: Aborted" in log
-    assert "inferd/service/worker.py" in log and "inferd/bus/server.py" in log
+    assert "inferd/serving/engine_worker.py" in log and "inferd/bus/server.py" in log

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inferd.build import CancellationToken
-from inferd.build.artifacts import TimingCacheManager, clean_up, commit_engine, inventory
+from inferd.engine_build import CancellationToken
+from inferd.engine_build.artifacts import TimingCacheManager, clean_up, commit_engine, inventory
 from inferd.engines.sidecar import read_sidecar
 from inferd.types import HostTuple, PrecisionMode
 

@@ -11,7 +11,12 @@ import time
 
 import pytest
 
-from inferd.build import CANCEL_SOURCES, CancellationToken, cancel_on_signals, run_build_async
+from inferd.engine_build import (
+    CANCEL_SOURCES,
+    CancellationToken,
+    cancel_on_signals,
+    run_build_async,
+)
 
 
 def test_first_source_wins_and_is_recorded() -> None:

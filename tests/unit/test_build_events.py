@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from inferd.build import (
+from inferd.config import RuntimeConfig
+from inferd.engine_build import (
     CancellationToken,
     EventQueue,
     PhaseTree,
@@ -20,8 +21,7 @@ from inferd.build import (
     make_trt_progress_monitor,
     trt_build_hooks,
 )
-from inferd.build.events import render_snapshot
-from inferd.config import RuntimeConfig
+from inferd.engine_build.events import render_snapshot
 from inferd.engines import read_host_tuple
 from inferd.errors import EngineBuildError
 from inferd.runtime import tensorrt as trt_runtime

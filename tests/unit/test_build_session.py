@@ -12,9 +12,15 @@ import numpy as np
 import pytest
 from jsonschema import Draft202012Validator
 
-from inferd.build import BuildRequest, acceptance, choose_retry_policy, eligible_to_serve, run_build
-from inferd.build.simulated import SimSettings, SimulatedBuilder
-from inferd.build.validation import validate_build
+from inferd.engine_build import (
+    BuildRequest,
+    acceptance,
+    choose_retry_policy,
+    eligible_to_serve,
+    run_build,
+)
+from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
+from inferd.engine_build.validation import validate_build
 from inferd.fdr import kinds
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from jsonschema import Draft202012Validator
 
-from inferd.build import BuildRequest, CancellationToken, run_build
-from inferd.build.tensorrt_builder import TensorRTBuilder
-from inferd.build.validation import reference_outputs
+from inferd.engine_build import BuildRequest, CancellationToken, run_build
+from inferd.engine_build.tensorrt_builder import TensorRTBuilder
+from inferd.engine_build.validation import reference_outputs
 from inferd.engines import calibration as calib
 from inferd.types import BuildConfig, HostTuple, OptimizationProfile, PrecisionMode
 from tests.fakes import fake_tensorrt
@@ -111,7 +111,7 @@ def test_parser_failure_is_a_failed_build(
 def test_acceptance_uses_the_real_builder_when_tensorrt_is_present(
     tmp_path: Path, stack: fake_tensorrt.FakeGpuStack
 ) -> None:
-    from inferd.build import acceptance
+    from inferd.engine_build import acceptance
 
     pair = (stack.tensorrt, stack.driver)
     names = list(acceptance.TENSORRT_SCENARIOS)
@@ -128,7 +128,7 @@ def test_acceptance_uses_the_real_builder_when_tensorrt_is_present(
 
 
 def test_acceptance_without_tensorrt_is_simulated_only(tmp_path: Path) -> None:
-    from inferd.build import acceptance
+    from inferd.engine_build import acceptance
 
     assert acceptance.run(tmp_path, scenarios=["ide_stop"], tensorrt=False) == 0
     evidence = json.loads((tmp_path / "evidence.json").read_text())

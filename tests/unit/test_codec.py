@@ -10,8 +10,8 @@ import pytest
 
 from inferd.bus.codec import Limits, check_request, deadline_ms_of, decode_request, validate_inputs
 from inferd.types import TensorSpec
-from inferd_client import protocol
-from inferd_client.protocol import Code, ProtocolError
+from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError
 
 LIMITS = Limits(max_message_bytes=10_000_000, max_header_bytes=4096, max_frames=4)
 SPECS = (TensorSpec("image", "float32", (None, 3, 4, 4)), TensorSpec("mask", "uint8", (4, 4)))

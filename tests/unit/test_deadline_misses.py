@@ -5,8 +5,8 @@ from typing import Any
 
 from inferd.config import ModelConfig
 from inferd.fdr.kinds import validate
-from inferd.service.deadline_misses import DeadlineMissReporter
-from inferd.service.slot import ModelSlot
+from inferd.serving.deadline_misses import DeadlineMissReporter
+from inferd.serving.slot import ModelSlot
 
 
 def test_one_summary_per_model_per_window(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from inferd.cli import verify as verify_tool
 from inferd.digest import sha256_file
 from inferd.engines import (
     STEPS,
@@ -42,7 +43,6 @@ from inferd.engines import (
     sanitize_label,
     sanitize_sku,
     sidecar_path,
-    verify_tool,
     write_manifest,
     write_sidecar,
 )
@@ -504,7 +504,7 @@ def test_fakes_fail_loudly_on_calls_the_real_api_lacks(cuda: fake_pycuda.FakeCud
 
 def test_importing_engines_pulls_in_no_heavy_or_bus_module() -> None:
     code = (
-        "import sys, inferd.engines, inferd.engines.verify_tool\n"
+        "import sys, inferd.engines, inferd.cli.verify\n"
         "bad = [m for m in ('pynvml', 'pycuda', 'tensorrt', 'zmq', 'onnxruntime', "
         "'inferd.bus', 'inferd.service') if m in sys.modules]\n"
         "print(bad)\n"

@@ -30,7 +30,7 @@ def run_isolated(code: str) -> str:
 def test_import_inferd_loads_no_heavy_dependency() -> None:
     output = run_isolated("""
         import sys
-        import inferd, inferd.config, inferd.runtime, inferd.service.daemon, inferd.cli
+        import inferd, inferd.config, inferd.runtime, inferd.daemon, inferd.cli
         heavy = ["onnxruntime", "tensorrt", "pycuda", "jtop", "pynvml", "systemd",
                  "inferd.runtime.onnx_trt_ep", "inferd.runtime.tensorrt"]
         print(sorted(name for name in heavy if name in sys.modules))

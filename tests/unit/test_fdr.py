@@ -16,11 +16,11 @@ from typing import Any
 import jsonschema
 import pytest
 
+from inferd.cli.fdr import dump, parse_since, verify
 from inferd.config import FdrConfig
 from inferd.fdr import framing
 from inferd.fdr.kinds import KINDS, RecordPayloadError, validate
 from inferd.fdr.reader import ReadReport, list_segments, read_records
-from inferd.fdr.tool import dump, parse_since, verify
 from inferd.fdr.writer import FlightRecorder
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "fdr"

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import structlog
 
-from inferd.service import logging as inferd_logging
-from inferd.service.logging import (
+from inferd.supervision import logging as inferd_logging
+from inferd.supervision.logging import (
     MESSAGE_ID_NAMESPACE,
     JournaldRenderer,
     NativeJournalSender,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from inferd.service.notify import MAX_STATUS_CHARS, Notifier, notify_datagram, one_line
+from inferd.supervision.notify import MAX_STATUS_CHARS, Notifier, notify_datagram, one_line
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.systemd
@@ -153,7 +153,7 @@ _PRINT_BACKEND = """
 import sys
 if sys.argv[1] == "blocked":
     sys.modules["systemd"] = None  # the documented way to make an import fail
-from inferd.service.notify import Notifier
+from inferd.supervision.notify import Notifier
 notifier = Notifier.from_environment()
 assert notifier.ready("serving"), "nothing was sent"
 print(notifier.backend_name)

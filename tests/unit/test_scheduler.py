@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from inferd.service.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
+from inferd.serving.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
 
 
 def job(

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inferd.cli import build as tensorrt_cli
 from inferd.config import RuntimeConfig, from_mapping
 from inferd.digest import sha256_file
+from inferd.engine_build.tensorrt_build import BuildHooks
 from inferd.engines import calibration as calib
 from inferd.engines import explain, read_host_tuple, read_sidecar, write_manifest
 from inferd.engines.manifest import Manifest
@@ -36,9 +38,8 @@ from inferd.errors import (
     OutOfMemoryError,
     RuntimeNotAvailableError,
 )
-from inferd.runtime import build_inference_runtime, tensorrt_cli
+from inferd.runtime import build_inference_runtime
 from inferd.runtime import tensorrt as trt_runtime
-from inferd.runtime.tensorrt_build import BuildHooks
 from inferd.types import (
     BuildConfig,
     EngineCacheEntry,
@@ -377,7 +378,7 @@ def test_a_failed_engine_write_leaves_no_partial_file(
     def no_rename(*_args: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("inferd.runtime.tensorrt_build.os.replace", no_rename)
+    monkeypatch.setattr("inferd.engine_build.tensorrt_build.os.replace", no_rename)
     with pytest.raises(EngineBuildError, match="No space left"):
         bench.runtime().build(demo_model, BuildConfig())
     assert [path.name for path in bench.engine_dir.iterdir() if "engine" in path.name] == []
@@ -979,7 +980,7 @@ def test_a_slot_configured_for_tensorrt_serves_on_it_or_fails_over(
     bench: Bench, demo_model: Path
 ) -> None:
     from inferd.config import ModelConfig
-    from inferd.service.slot import ModelSlot, Sinks
+    from inferd.serving.slot import ModelSlot, Sinks
 
     events: list[tuple[str, Any]] = []
     sinks = Sinks(

@@ -80,7 +80,7 @@ def test_demo_and_identity_model_shapes(tmp_path: Path) -> None:
 
 
 def test_demo_model_cli_writes_the_file(tmp_path: Path) -> None:
-    from inferd.cli import main
+    from inferd.cli.main import main
 
     assert main(["demo-model", str(tmp_path / "m.onnx")]) == 0
     assert main(["demo-model", "--kind", "identity", str(tmp_path / "i.onnx")]) == 0
@@ -91,7 +91,7 @@ def test_demo_model_cli_writes_the_file(tmp_path: Path) -> None:
 def test_check_config_cli_reports_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from inferd.cli import main
+    from inferd.cli.main import main
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[[models]]\nname = 'x'\npath = 'x.onnx'\nqueue_policy = 'lifo'\n")

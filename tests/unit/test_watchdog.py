@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from inferd.service.notify import Notifier
-from inferd.service.watchdog import MIN_SILENCE_S, Watchdog, WatchdogSettings
+from inferd.supervision.notify import Notifier
+from inferd.supervision.watchdog import MIN_SILENCE_S, Watchdog, WatchdogSettings
 
 S = 1_000_000_000  # ns
 

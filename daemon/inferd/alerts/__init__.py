@@ -15,8 +15,8 @@ from inferd.alerts.hooks import (
     FdrAlertHook,
     PubAlertHook,
 )
+from inferd.alerts.interface import AlertHook, AlertHookUnavailableError
 from inferd.alerts.levels import LEVELS, log_method, mav_severity
-from inferd.alerts.protocol import AlertHook, AlertHookUnavailableError
 
 __all__ = [
     "ALERT_RECORD_KIND",

@@ -33,8 +33,8 @@ from typing import Any
 import structlog
 
 from inferd.alerts.hooks import SUPPRESSED_FIELD
+from inferd.alerts.interface import AlertHook
 from inferd.alerts.levels import LEVELS, log_method
-from inferd.alerts.protocol import AlertHook
 from inferd.types import Alert
 
 log = structlog.get_logger("inferd.alerts")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from inferd.alerts.hooks import FdrAlertHook, PubAlertHook
-from inferd.alerts.protocol import AlertHook, AlertHookUnavailableError
+from inferd.alerts.interface import AlertHook, AlertHookUnavailableError
 from inferd.types import EventSink, RecordSink
 
 if TYPE_CHECKING:  # inferd.config pulls in the client package (and pyzmq)

@@ -30,8 +30,8 @@ from typing import Any
 import structlog
 
 from inferd.alerts.hooks import SUPPRESSED_FIELD
+from inferd.alerts.interface import AlertHookUnavailableError
 from inferd.alerts.levels import mav_severity
-from inferd.alerts.protocol import AlertHookUnavailableError
 from inferd.types import AlertLevel
 
 log = structlog.get_logger("inferd.alerts.mavlink")

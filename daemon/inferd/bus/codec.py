@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from inferd.types import TensorSpec
-from inferd_client import protocol
-from inferd_client.protocol import Code, ProtocolError, RequestId
+from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError, RequestId
 
 MAX_DEADLINE_MS = 3_600_000
 

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 import zmq
 
-from inferd_client import protocol
+from inferd_wire import protocol
 
 TOPICS: frozenset[str] = frozenset({"thermal", "runtime", "build", "alert", "health"})
 _STOP = object()

@@ -18,9 +18,9 @@ import structlog
 import zmq
 
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
-from inferd_client import protocol
-from inferd_client.multipart import readable, recv_frames, send_frames
-from inferd_client.protocol import Code, ProtocolError
+from inferd_wire import protocol
+from inferd_wire.multipart import readable, recv_frames, send_frames
+from inferd_wire.protocol import Code, ProtocolError
 
 REPLIES_ENDPOINT = "inproc://inferd-replies"
 _MAX_POLL_MS = 50

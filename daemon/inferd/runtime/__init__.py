@@ -5,6 +5,6 @@ factory, after their flag check, so a disabled strategy is never imported.
 """
 
 from inferd.runtime.factory import build_inference_runtime
-from inferd.runtime.protocol import InferenceRuntime
+from inferd.runtime.interface import InferenceRuntime
 
 __all__ = ["InferenceRuntime", "build_inference_runtime"]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from inferd.config import RUNTIME_LABELS, RuntimeConfig
 from inferd.errors import RuntimeNotAvailableError
-from inferd.runtime.protocol import InferenceRuntime
+from inferd.runtime.interface import InferenceRuntime
 from inferd.types import AlertSink, RecordSink, ThermalState
 
 _STRATEGY_MODULES: dict[str, str] = {

@@ -62,6 +62,7 @@ import structlog
 
 from inferd.config import RuntimeConfig
 from inferd.digest import sha256_file
+from inferd.engine_build.tensorrt_build import BuildHooks, BuildResult, build_engine
 from inferd.engines.gate import STEP_MANIFEST_DIGEST, EngineGate, ValidatedEngine, explain
 from inferd.engines.host import read_host_tuple
 from inferd.engines.manifest import Manifest
@@ -77,7 +78,6 @@ from inferd.errors import (
     RuntimeNotAvailableError,
 )
 from inferd.runtime.tensorrt_buffers import IOBuffers, numpy_dtype_name
-from inferd.runtime.tensorrt_build import BuildHooks, BuildResult, build_engine
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.types import (
     AlertSink,
@@ -399,7 +399,7 @@ class TensorRTRuntime:
         """What ``build`` would do, without building: ``reused`` (an intact engine for
         this host is on disk) or ``planned`` (the entry to build; an unusable engine at
         its path has been moved aside, see ``quarantined``).  Used by ``inferd build``
-        to run the build itself through ``inferd.build.session.run_build``."""
+        to run the build itself through ``inferd.engine_build.session.run_build``."""
         if not model_path.is_file():
             raise EngineBuildError(f"model file {model_path} does not exist")
         host = self._host_tuple(

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferd.build.cancel import CancellationToken
 from inferd.digest import sha256_file
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
+from inferd.engine_build.cancel import CancellationToken
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
 from inferd.types import HostTuple

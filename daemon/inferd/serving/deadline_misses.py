@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from inferd.service.slot import ModelSlot
+from inferd.serving.slot import ModelSlot
 from inferd.types import RecordSink
 
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"

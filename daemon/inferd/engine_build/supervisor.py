@@ -1,6 +1,6 @@
 """Engine builds run by the daemon: ``build.start``, ``build.status``, ``build.cancel``.
 
-Each build runs in a child process (``python -m inferd.build.worker``, a fresh
+Each build runs in a child process (``python -m inferd.engine_build.child``, a fresh
 interpreter: it inherits no ZeroMQ socket) while the resident engine keeps
 serving.  The child streams ``BuildEvent``s as msgpack over a pipe; a reader
 thread per build folds them into a ``PhaseTree`` (``build.status``) and
@@ -31,11 +31,11 @@ from typing import Any
 import msgpack
 import structlog
 
-from inferd.build.events import TERMINAL_EVENTS, BuildEvent, PhaseTree
-from inferd.build.session import BUILD_RECORD
 from inferd.config import ModelConfig
+from inferd.engine_build.events import TERMINAL_EVENTS, BuildEvent, PhaseTree
+from inferd.engine_build.session import BUILD_RECORD
 from inferd.types import PrecisionMode
-from inferd_client.protocol import Code, ProtocolError
+from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.builds")
 
@@ -211,7 +211,7 @@ class BuildManager:
             )
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "inferd.build.worker", json.dumps(spec)],
+                    [sys.executable, "-m", "inferd.engine_build.child", json.dumps(spec)],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     close_fds=True,  # no ZeroMQ socket (or any other fd) leaks into the child
@@ -520,8 +520,8 @@ class BuildManager:
         entry 'Daemon builds and the engine manifest'): it was built on this host, by
         this daemon, and matched ONNX Runtime; a configured ``runtime.engine_manifest``
         belongs to the deployment and is never written."""
-        from inferd.build.validation import eligible_to_serve
         from inferd.digest import sha256_file
+        from inferd.engine_build.validation import eligible_to_serve
         from inferd.engines.manifest import Manifest, write_manifest
         from inferd.runtime.tensorrt import MANIFEST_NAME
 

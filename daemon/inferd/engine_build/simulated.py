@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from inferd.build.monitor import ProgressAdapter
-from inferd.build.validation import Infer
+from inferd.engine_build.progress import ProgressAdapter
+from inferd.engine_build.validation import Infer
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 
 ENGINE_MAGIC = b"INFERD-SIMULATED-ENGINE\n"

@@ -1,6 +1,6 @@
-"""The build child process: ``python -m inferd.build.worker SPEC_JSON``.
+"""The build child process: ``python -m inferd.engine_build.child SPEC_JSON``.
 
-The daemon (``inferd.service.builds``) starts one per ``build.start``.  It is a
+The daemon (``inferd.engine_build.supervisor``) starts one per ``build.start``.  It is a
 fresh interpreter (``exec``, ``close_fds``): it inherits no ZeroMQ socket or
 thread of the daemon.  Wire protocol, msgpack maps in both directions:
 
@@ -32,11 +32,11 @@ from typing import IO, Any
 
 import msgpack
 
-from inferd.build.cancel import CancellationToken
-from inferd.build.events import BuildEvent
-from inferd.build.session import Builder, BuildRequest, run_build
-from inferd.build.simulated import SimSettings, SimulatedBuilder
-from inferd.build.validation import tensorrt_smoke_infer
+from inferd.engine_build.cancel import CancellationToken
+from inferd.engine_build.events import BuildEvent
+from inferd.engine_build.session import Builder, BuildRequest, run_build
+from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
+from inferd.engine_build.validation import tensorrt_smoke_infer
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 
 #: The host tuple a simulated build claims (it never touches a GPU).
@@ -112,7 +112,7 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, HostTu
         import pycuda.driver as cuda
         import tensorrt as trt
 
-        from inferd.build.tensorrt_builder import TensorRTBuilder
+        from inferd.engine_build.tensorrt_builder import TensorRTBuilder
         from inferd.engines.host import read_host_tuple
 
         host = read_host_tuple(precision=config.precision, device_index=spec.get("device_id", 0))
@@ -160,7 +160,7 @@ def _runtime_engine_path(spec: dict[str, Any], host: HostTuple, config: BuildCon
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m inferd.build.worker SPEC_JSON", file=sys.stderr)
+        print("usage: python -m inferd.engine_build.child SPEC_JSON", file=sys.stderr)
         return 2
     spec = json.loads(args[0])
     # Keep the event stream on a private descriptor; fd 1 now writes to stderr.

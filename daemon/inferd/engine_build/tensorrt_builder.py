@@ -26,11 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from inferd.build.monitor import ProgressAdapter, make_trt_progress_monitor
-from inferd.build.simulated import BuilderOutput
-from inferd.build.validation import Infer
-from inferd.errors import CalibrationCacheError, EngineBuildError
-from inferd.runtime.tensorrt_build import (
+from inferd.engine_build.progress import ProgressAdapter, make_trt_progress_monitor
+from inferd.engine_build.simulated import BuilderOutput
+from inferd.engine_build.tensorrt_build import (
     PRECISION_FLAGS,
     Calibration,
     _add_profiles,
@@ -40,6 +38,8 @@ from inferd.runtime.tensorrt_build import (
     has_precision_flags,
     network_flags,
 )
+from inferd.engine_build.validation import Infer
+from inferd.errors import CalibrationCacheError, EngineBuildError
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.types import BuildConfig
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from inferd.config import QueuePolicy
-from inferd_client.protocol import RequestId
+from inferd_wire.protocol import RequestId
 
 
 @dataclass

@@ -22,18 +22,18 @@ from inferd.bus.codec import Limits
 from inferd.bus.publisher import EventPublisher
 from inferd.bus.server import BusServer
 from inferd.config import Config
+from inferd.engine_build.supervisor import BuildManager
 from inferd.fdr.writer import FlightRecorder
-from inferd.service.builds import BuildManager
-from inferd.service.deadline_misses import DeadlineMissReporter
-from inferd.service.logging import flush_suppressed
-from inferd.service.requests import RequestRouter
-from inferd.service.scheduler import Scheduler
-from inferd.service.slot import ModelSlot, Sinks
-from inferd.service.switching import RuntimeSwitcher
-from inferd.service.worker import EngineWorker
+from inferd.serving.deadline_misses import DeadlineMissReporter
+from inferd.serving.engine_worker import EngineWorker
+from inferd.serving.requests import RequestRouter
+from inferd.serving.scheduler import Scheduler
+from inferd.serving.slot import ModelSlot, Sinks
+from inferd.serving.switching import RuntimeSwitcher
+from inferd.supervision.logging import flush_suppressed
 from inferd.thermal.monitor import ThermalMonitor
 from inferd.types import Alert
-from inferd_client.protocol import Code
+from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
 

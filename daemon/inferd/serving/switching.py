@@ -17,10 +17,10 @@ import structlog
 
 from inferd.config import RUNTIME_LABELS, RuntimeConfig
 from inferd.errors import InferdError, RuntimeNotAvailableError
-from inferd.service.scheduler import Scheduler, SchedulerClosedError
-from inferd.service.slot import ModelSlot, Sinks
+from inferd.serving.scheduler import Scheduler, SchedulerClosedError
+from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import EngineHandle
-from inferd_client.protocol import Code, ProtocolError
+from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.switch")
 

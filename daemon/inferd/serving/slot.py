@@ -16,7 +16,7 @@ import structlog
 from inferd.config import ModelConfig, RuntimeConfig
 from inferd.errors import InferdError, RuntimeNotAvailableError
 from inferd.runtime import InferenceRuntime, build_inference_runtime
-from inferd.service.stats import ModelStats
+from inferd.serving.stats import ModelStats
 from inferd.types import (
     Alert,
     AlertSink,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from inferd.service.notify import Notifier
+from inferd.supervision.notify import Notifier
 
 WATCHDOG_USEC_ENV = "WATCHDOG_USEC"
 WATCHDOG_PID_ENV = "WATCHDOG_PID"

@@ -4,11 +4,11 @@ Runs every scenario of the build issue against a builder, checks each
 criterion and writes an evidence bundle (``evidence.json`` + ``report.md``)
 into ``out_dir``; the exit status is 0 when every criterion passes.  Without
 TensorRT (and, for now, always) it uses the SIMULATED builder
-(``inferd.build.simulated``), which drives the same ``ProgressAdapter`` the
+(``inferd.engine_build.simulated``), which drives the same ``ProgressAdapter`` the
 real builder's ``IProgressMonitor`` uses; every output says ``simulated``.
 
 Ctrl-C and service shutdown are real signals (SIGINT / SIGTERM) sent to a
-child process (``python -m inferd.build.acceptance --child SIGNAL --work DIR``).
+child process (``python -m inferd.engine_build.acceptance --child SIGNAL --work DIR``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferd.build.cancel import CancellationToken, cancel_on_signals, run_build_async
-from inferd.build.events import BuildEvent, PhaseTree, render_snapshot
-from inferd.build.session import BuildReport, BuildRequest, run_build
-from inferd.build.simulated import SimSettings, SimulatedBuilder
-from inferd.build.validation import eligible_to_serve
+from inferd.engine_build.cancel import CancellationToken, cancel_on_signals, run_build_async
+from inferd.engine_build.events import BuildEvent, PhaseTree, render_snapshot
+from inferd.engine_build.session import BuildReport, BuildRequest, run_build
+from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
+from inferd.engine_build.validation import eligible_to_serve
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 
 LABEL = "simulated"
@@ -481,7 +481,7 @@ def _signal_scenario(bench: Bench, sc: Scenario, signum: int, source: str) -> No
         [
             sys.executable,
             "-m",
-            "inferd.build.acceptance",
+            "inferd.engine_build.acceptance",
             "--child",
             "--work",
             str(work),
@@ -546,7 +546,7 @@ def s_sigterm(bench: Bench, sc: Scenario) -> None:
 
 
 def _tensorrt_builder(bench: Bench, request: BuildRequest) -> Any:
-    from inferd.build.tensorrt_builder import TensorRTBuilder
+    from inferd.engine_build.tensorrt_builder import TensorRTBuilder
 
     assert bench.tensorrt is not None
     trt, cuda = bench.tensorrt
@@ -762,8 +762,8 @@ def run(
         "label": LABEL if modules is None else f"{LABEL}+tensorrt",
         "simulated": True,
         "tensorrt": None if modules is None else str(getattr(modules[0], "__version__", "?")),
-        "builder": "inferd.build.simulated.SimulatedBuilder"
-        + ("" if modules is None else " + inferd.build.tensorrt_builder.TensorRTBuilder"),
+        "builder": "inferd.engine_build.simulated.SimulatedBuilder"
+        + ("" if modules is None else " + inferd.engine_build.tensorrt_builder.TensorRTBuilder"),
         "pass": all(sc.passed for sc in results),
         "totalCriteria": total,
         "passedCriteria": passed,

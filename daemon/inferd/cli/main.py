@@ -16,9 +16,9 @@ import structlog
 from inferd.errors import ConfigError
 
 if TYPE_CHECKING:
-    from inferd.service.daemon import Daemon
-    from inferd.service.notify import Notifier
-    from inferd.service.watchdog import Watchdog
+    from inferd.daemon import Daemon
+    from inferd.supervision.notify import Notifier
+    from inferd.supervision.watchdog import Watchdog
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     build = commands.add_parser(
         "build", help="build (or reuse) a TensorRT engine pre-flight, without a daemon"
     )
-    from inferd.runtime import tensorrt_cli
+    from inferd.cli import build as tensorrt_cli
 
     tensorrt_cli.add_arguments(build)
 
@@ -77,13 +77,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "acceptance":
-        from inferd.build import acceptance as acceptance_module
+        from inferd.engine_build import acceptance as acceptance_module
 
         return acceptance_module.run(args.out)
     if args.command == "build":
         return tensorrt_cli.run_from_args(args)
     if args.command == "verify":
-        from inferd.engines import verify_tool
+        from inferd.cli import verify as verify_tool
 
         return verify_tool.run(args.engine, args.manifest, args.json)
     if args.command == "fdr":
@@ -105,7 +105,7 @@ def _demo_model(path: Path, kind: str) -> int:
 
 def _fdr(args: argparse.Namespace) -> int:
     from inferd import config as config_module
-    from inferd.fdr import tool
+    from inferd.cli import fdr as tool
 
     try:
         if args.dir is not None:
@@ -140,11 +140,11 @@ def _check_config(path: Path) -> int:
 
 def _run(config_path: Path | None, log_format: str | None = None) -> int:
     from inferd import config as config_module
+    from inferd.daemon import Daemon
     from inferd.demo_model import write_demo_model
-    from inferd.service.daemon import Daemon
-    from inferd.service.logging import configure_logging
-    from inferd.service.notify import Notifier
-    from inferd.service.watchdog import Watchdog, WatchdogSettings
+    from inferd.supervision.logging import configure_logging
+    from inferd.supervision.notify import Notifier
+    from inferd.supervision.watchdog import Watchdog, WatchdogSettings
 
     try:
         if config_path is None:

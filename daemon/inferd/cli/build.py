@@ -17,7 +17,7 @@ default), ``--engine-dir`` overrides the directory.  ``--manifest M`` also
 records the engine's digest in deployment manifest ``M`` (created if absent),
 the step that makes the daemon's gate trust it.
 
-A build runs through ``inferd.build.session.run_build`` with the TensorRT
+A build runs through ``inferd.engine_build.session.run_build`` with the TensorRT
 builder: phase events, one cancellation token, the no-cancel final write,
 cleanup/quarantine of partial files, the timing-cache policy and a build
 summary (``<engine>.<build id>.build.json``) next to the engine.  Progress goes
@@ -42,7 +42,7 @@ failed; 2 usage or environment
 problem (bad build config, missing model, TensorRT/pycuda/GPU unavailable);
 3 cancelled (Ctrl-C, SIGTERM, ``--timeout``); 130 forced by a second Ctrl-C.
 
-Also runnable as ``python -m inferd.runtime.tensorrt_cli``.
+Also runnable as ``python -m inferd.cli.build``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from inferd.errors import (
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode, ThermalState
 
 if TYPE_CHECKING:
-    from inferd.build.events import BuildEvent
+    from inferd.engine_build.events import BuildEvent
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -167,7 +167,7 @@ class _PlainProgress:
     """One line per phase start/finish (and cancel / outcome), indented by depth."""
 
     def __init__(self, stream: TextIO) -> None:
-        from inferd.build.events import PhaseTree
+        from inferd.engine_build.events import PhaseTree
 
         self.stream = stream
         self.tree = PhaseTree()
@@ -215,7 +215,7 @@ class _LiveProgress:
         from rich.console import Console
         from rich.live import Live
 
-        from inferd.build.events import PhaseTree
+        from inferd.engine_build.events import PhaseTree
 
         self.tree = PhaseTree()
         self.title = title
@@ -316,8 +316,8 @@ def _forced_exit(
 ) -> None:
     """Second Ctrl-C: clean up or quarantine partial files, log, exit 130 now
     (the builder thread may be inside TensorRT; it is not waited for)."""
-    from inferd.build.artifacts import clean_up
-    from inferd.build.events import BuildEvent, now_ns
+    from inferd.engine_build.artifacts import clean_up
+    from inferd.engine_build.events import BuildEvent, now_ns
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(Exception):
@@ -373,10 +373,10 @@ def _build_observed(
     import pycuda.driver as cuda
     import tensorrt as trt
 
-    from inferd.build.cancel import CancellationToken, cancel_on_signals
-    from inferd.build.session import BuildRequest, run_build
-    from inferd.build.tensorrt_builder import TensorRTBuilder
-    from inferd.build.validation import tensorrt_smoke_infer
+    from inferd.engine_build.cancel import CancellationToken, cancel_on_signals
+    from inferd.engine_build.session import BuildRequest, run_build
+    from inferd.engine_build.tensorrt_builder import TensorRTBuilder
+    from inferd.engine_build.validation import tensorrt_smoke_infer
     from inferd.engines.calibration import calibration_cache_path
 
     engine_path: Path = plan.entry.artifact_path
@@ -447,7 +447,7 @@ def run(
 
     from inferd import config as config_module
     from inferd.digest import sha256_file
-    from inferd.runtime.tensorrt_build import PRECISION_FLAGS
+    from inferd.engine_build.tensorrt_build import PRECISION_FLAGS
 
     try:
         if not onnx.is_file():

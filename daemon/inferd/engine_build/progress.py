@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inferd.build.cancel import CancellationToken, CancelRequest
-from inferd.build.events import BuildEvent, EventQueue, PhaseTree, now_ns
+from inferd.engine_build.cancel import CancellationToken, CancelRequest
+from inferd.engine_build.events import BuildEvent, EventQueue, PhaseTree, now_ns
 from inferd.types import HostTuple
 
 
@@ -185,7 +185,7 @@ def trt_build_hooks(
 ) -> Any:
     """``BuildHooks`` for ``TensorRTRuntime.build_hooks`` / ``build_engine`` wired to
     the adapter and its token (the runtime seam; no runtime change needed)."""
-    from inferd.runtime.tensorrt_build import BuildHooks
+    from inferd.engine_build.tensorrt_build import BuildHooks
 
     return BuildHooks(
         progress_monitor=lambda: make_trt_progress_monitor(adapter, trt),

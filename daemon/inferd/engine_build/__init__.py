@@ -15,21 +15,21 @@
 * ``acceptance``: ``inferd acceptance stuck-build``.
 """
 
-from inferd.build.cancel import (
+from inferd.engine_build.cancel import (
     CANCEL_SOURCES,
     CancellationToken,
     cancel_on_signals,
     run_build_async,
 )
-from inferd.build.events import BuildEvent, EventQueue, PhaseTree
-from inferd.build.monitor import (
+from inferd.engine_build.events import BuildEvent, EventQueue, PhaseTree
+from inferd.engine_build.progress import (
     ProgressAdapter,
     StallWatchdog,
     make_trt_progress_monitor,
     trt_build_hooks,
 )
-from inferd.build.session import BuildReport, BuildRequest, choose_retry_policy, run_build
-from inferd.build.validation import eligible_to_serve, validate_build
+from inferd.engine_build.session import BuildReport, BuildRequest, choose_retry_policy, run_build
+from inferd.engine_build.validation import eligible_to_serve, validate_build
 
 __all__ = [
     "CANCEL_SOURCES",

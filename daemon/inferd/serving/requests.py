@@ -15,10 +15,10 @@ from typing import Any
 
 from inferd.bus.codec import Request, check_descriptors, deadline_ms_of, validate_inputs
 from inferd.bus.server import Reply
-from inferd.service.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
-from inferd.service.slot import ModelSlot
-from inferd_client import protocol
-from inferd_client.protocol import Code, ProtocolError
+from inferd.serving.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
+from inferd.serving.slot import ModelSlot
+from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError
 
 INFER_OPS = ("infer", "describe")
 

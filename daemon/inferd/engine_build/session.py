@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from inferd.build.artifacts import (
+from inferd.engine_build.artifacts import (
     TimingCacheManager,
     clean_up,
     commit_engine,
     inventory,
     write_json,
 )
-from inferd.build.cancel import CancellationToken
-from inferd.build.events import BuildEvent, EventQueue
-from inferd.build.monitor import ProgressAdapter, StallWatchdog
-from inferd.build.simulated import BuilderOutput
-from inferd.build.validation import Infer, ValidationResult, validate_build
+from inferd.engine_build.cancel import CancellationToken
+from inferd.engine_build.events import BuildEvent, EventQueue
+from inferd.engine_build.progress import ProgressAdapter, StallWatchdog
+from inferd.engine_build.simulated import BuilderOutput
+from inferd.engine_build.validation import Infer, ValidationResult, validate_build
 from inferd.types import BuildConfig, HostTuple
 
 SUMMARY_SCHEMA_ID = "https://inferd.example/schemas/build/summary.json"

@@ -14,11 +14,11 @@ import zmq
 from inferd.bus.codec import validate_inputs
 from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import InferdError, OutOfMemoryError
-from inferd.service.scheduler import Job, Scheduler, SchedulerClosedError
-from inferd.service.slot import ModelSlot
-from inferd_client import protocol
-from inferd_client.multipart import send_frames
-from inferd_client.protocol import Code, ProtocolError
+from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
+from inferd.serving.slot import ModelSlot
+from inferd_wire import protocol
+from inferd_wire.multipart import send_frames
+from inferd_wire.protocol import Code, ProtocolError
 
 #: The worker wakes at least this often so its liveness beat stays fresh while idle.
 _BEAT_INTERVAL_S = 0.5

@@ -1,0 +1,1 @@
+"""The ``inferd`` command: one module per subcommand, dispatched by ``main``."""

@@ -1,1 +1,0 @@
-"""The supervisor: composes runtimes, bus, queues and lifecycle (the composition root)."""

@@ -1,0 +1,1 @@
+"""Serving: admission, queues, the engine worker, model slots and runtime switching."""

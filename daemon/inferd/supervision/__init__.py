@@ -1,0 +1,1 @@
+"""Supervision: sd_notify, the watchdog and structured logging to journald."""
