@@ -213,7 +213,14 @@ def frame_to_array(
     return array
 
 
+def ok_header(request_id: RequestId | None, **fields: Any) -> dict[str, Any]:
+    """A success reply header: ``v``, ``id``, ``ok: true``, then the reply's own
+    fields (``result`` for control ops, ``outputs`` and timings for ``infer``)."""
+    return {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, **fields}
+
+
 def error_header(request_id: RequestId | None, code: Code, message: str) -> dict[str, Any]:
+    """An error reply header; ``id`` is None when the request's id was unreadable."""
     return {
         "v": PROTOCOL_VERSION,
         "id": request_id,

@@ -176,3 +176,8 @@ def test_error_header_shape() -> None:
         "ok": False,
         "error": {"code": "NOT_FOUND", "message": "no model"},
     }
+
+
+def test_ok_header_shape() -> None:
+    header = protocol.ok_header("r-1", result={"state": "serving"})
+    assert header == {"v": 1, "id": "r-1", "ok": True, "result": {"state": "serving"}}

@@ -132,19 +132,17 @@ class EngineWorker(threading.Thread):
             return self._error(job, slot, Code.INTERNAL, f"unexpected {type(exc).__name__}: {exc}")
         finished_ns = time.monotonic_ns()
         descriptors, frames = protocol.encode_tensors(outputs)
-        header = {
-            "v": protocol.PROTOCOL_VERSION,
-            "id": job.request_id,
-            "ok": True,
-            "model": job.model,
-            "runtime": handle.runtime_label,
-            "fallback": handle.is_fallback,
-            "latency_us": (finished_ns - started_ns) // 1000,
-            "queue_us": (started_ns - job.received_ns) // 1000,
+        header = protocol.ok_header(
+            job.request_id,
+            model=job.model,
+            runtime=handle.runtime_label,
+            fallback=handle.is_fallback,
+            latency_us=(finished_ns - started_ns) // 1000,
+            queue_us=(started_ns - job.received_ns) // 1000,
             # Lets a client see degradation without subscribing to events.
-            "thermal": self._thermal_summary(),
-            "outputs": descriptors,
-        }
+            thermal=self._thermal_summary(),
+            outputs=descriptors,
+        )
         late = job.deadline_ns is not None and finished_ns > job.deadline_ns
         slot.stats.answered("OK", (finished_ns - job.received_ns) // 1000, late=late)
         return [*job.envelope, protocol.pack(header), *frames]

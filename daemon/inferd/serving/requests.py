@@ -29,13 +29,7 @@ DeferredOp = Callable[[dict[str, Any], Callable[[dict[str, Any] | ProtocolError]
 
 
 def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
-    header = {
-        "v": protocol.PROTOCOL_VERSION,
-        "id": request.request_id,
-        "ok": True,
-        "result": result,
-    }
-    return Reply(request.envelope, header)
+    return Reply(request.envelope, protocol.ok_header(request.request_id, result=result))
 
 
 def job_error(job: Job, code: Code, message: str) -> Reply:
@@ -151,11 +145,9 @@ class RequestRouter:
         def respond(result: dict[str, Any] | ProtocolError) -> None:
             if isinstance(result, ProtocolError):
                 header = protocol.error_header(request.request_id, result.code, result.message)
-                reply = Reply(request.envelope, header, socket="control")
             else:
-                reply = ok_reply(request, result)
-                reply.socket = "control"
-            self._owe([reply])
+                header = protocol.ok_header(request.request_id, result=result)
+            self._owe([Reply(request.envelope, header, socket="control")])
 
         return respond
 
