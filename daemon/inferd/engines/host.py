@@ -1,6 +1,6 @@
 """Read this host's ``HostTuple``: GPU, platform release and TensorRT version.
 
-* GPU: NVML first (``pynvml`` from nvidia-ml-py: ``nvmlDeviceGetName``,
+* GPU: NVML first (opened through ``inferd.nvml``; ``nvmlDeviceGetName``,
   ``nvmlDeviceGetCudaComputeCapability``), then the CUDA driver through pycuda
   (``pycuda.driver.init()``, ``Device(i).name()``, ``.compute_capability()``;
   no context is created).  Jetson's integrated GPU usually has no NVML, so it is
@@ -12,14 +12,14 @@
   or parsed is an error, never ``none``: a Jetson must not pass for a desktop.
 * TensorRT: ``tensorrt.__version__``, verbatim.
 
-Each probe is injectable.  ``pynvml``, ``pycuda`` and ``tensorrt`` are imported
-inside the probes only.  Anything missing raises ``HostTupleUnavailableError``
-naming every part that failed and why; the service turns that into failover.
+Each probe is injectable.  ``pynvml`` (in ``inferd.nvml``), ``pycuda`` and
+``tensorrt`` are imported inside the probes only.  Anything missing raises
+``HostTupleUnavailableError`` naming every part that failed and why; the
+service turns that into failover.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +30,7 @@ import structlog
 
 from inferd.engines.naming import sanitize_sku
 from inferd.errors import HostTupleUnavailableError
+from inferd.nvml import NvmlUnavailableError, open_device
 from inferd.types import HostTuple, PrecisionMode
 
 NV_TEGRA_RELEASE = Path("/etc/nv_tegra_release")
@@ -70,24 +71,17 @@ def _capability(raw: Any) -> tuple[int, int]:
 
 
 def probe_gpu_nvml(device_index: int = 0) -> GpuInfo:
-    """GPU name and compute capability through NVML (``pynvml``)."""
+    """GPU name and compute capability through NVML (``inferd.nvml``)."""
     try:
-        import pynvml
-    except Exception as exc:  # ImportError, or a broken install raising anything
-        raise HostTupleUnavailableError(f"nvml: pynvml is not importable ({exc})") from exc
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
-        raise HostTupleUnavailableError(f"nvml: nvmlInit failed ({exc})") from exc
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        name = _name_text(pynvml.nvmlDeviceGetName(handle))
-        capability = _capability(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
-    except Exception as exc:
-        raise HostTupleUnavailableError(f"nvml: device {device_index}: {exc}") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()  # refcounted: other NVML users are unaffected
+        device = open_device(device_index)
+    except NvmlUnavailableError as exc:
+        raise HostTupleUnavailableError(str(exc)) from exc
+    with device:  # gives back this probe's nvmlInit; other NVML users are unaffected
+        try:
+            name = _name_text(device.nvml.nvmlDeviceGetName(device.handle))
+            capability = _capability(device.nvml.nvmlDeviceGetCudaComputeCapability(device.handle))
+        except Exception as exc:
+            raise HostTupleUnavailableError(f"nvml: device {device_index}: {exc}") from exc
     return GpuInfo(name=name, compute_capability=capability, source="nvml")
 
 

@@ -1,12 +1,11 @@
 """NVML (``nvidia-ml-py``, module ``pynvml``): GPU temperature, the clock event
 reasons with the SW/HW thermal slowdown bits, and the SM clock.
 
-``pynvml`` is imported inside ``open_nvml`` only.
+NVML is opened through ``inferd.nvml`` (which imports ``pynvml`` lazily).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
+from inferd.nvml import NvmlDevice, NvmlUnavailableError, open_device
 from inferd.thermal.reading import ThermalReading
 
 #: nvmlClocksEventReasonSwThermalSlowdown / HwThermalSlowdown (same values under
@@ -37,10 +37,11 @@ def _constant(nvml: Any, names: tuple[str, ...], default: int) -> int:
 class NvmlSource:
     name = "nvml"
 
-    def __init__(self, nvml: Any, handle: Any, *, slowdown_c: float | None) -> None:
+    def __init__(self, device: NvmlDevice, *, slowdown_c: float | None) -> None:
+        nvml = device.nvml
+        self._device = device
         self._nvml = nvml
-        self._handle = handle
-        self._closed = False
+        self._handle = device.handle
         self.slowdown_c = slowdown_c
         self._sw_bit = _constant(
             nvml,
@@ -116,38 +117,24 @@ class NvmlSource:
             return None
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
         try:
-            self._nvml.nvmlShutdown()
+            self._device.close()
         except Exception as exc:
             log.warning("thermal_nvml_shutdown_failed", error=str(exc))
 
 
 def open_nvml(config: ThermalConfig) -> NvmlSource:
     try:
-        import pynvml
-    except Exception as exc:  # ImportError, or a broken install raising anything
-        raise TelemetryUnavailableError(f"nvml: pynvml is not importable: {exc}") from exc
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded / ...
-        raise TelemetryUnavailableError(f"nvml: nvmlInit failed: {exc}") from exc
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(config.nvml_device_index)
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-        raise TelemetryUnavailableError(
-            f"nvml: no device {config.nvml_device_index}: {exc}"
-        ) from exc
+        device = open_device(config.nvml_device_index)
+    except NvmlUnavailableError as exc:
+        raise TelemetryUnavailableError(str(exc)) from exc
+    nvml = device.nvml
     try:
         slowdown_c: float | None = float(
-            pynvml.nvmlDeviceGetTemperatureThreshold(
-                handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            nvml.nvmlDeviceGetTemperatureThreshold(
+                device.handle, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
             )
         )
     except Exception:
         slowdown_c = None
-    return NvmlSource(pynvml, handle, slowdown_c=slowdown_c)
+    return NvmlSource(device, slowdown_c=slowdown_c)
