@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 
 from inferd.fdr.reader import ReadReport, read_records
-from inferd.supervision.logging import JOURNAL_SOCKET, NativeJournalSender, message_id
+from inferd.supervision.journal_fields import message_id
+from inferd.supervision.journal_sender import JOURNAL_SOCKET, NativeJournalSender
 from inferd_client import OperatorClient
 from tests.conftest import DaemonProcess, render_config, start_daemon
 from tests.integration.wire import RawDealer

@@ -20,20 +20,21 @@ import pytest
 import structlog
 
 from inferd.supervision import logging as inferd_logging
-from inferd.supervision.logging import (
+from inferd.supervision.journal_fields import (
     MESSAGE_ID_NAMESPACE,
-    JournaldRenderer,
-    NativeJournalSender,
-    RepeatLimiter,
-    configure_logging,
-    encode_entry,
     field_name,
     journal_event_name,
     journal_fields,
-    journal_stream_matches,
     message_id,
+)
+from inferd.supervision.journal_sender import NativeJournalSender, encode_entry
+from inferd.supervision.logging import (
+    JournaldRenderer,
+    configure_logging,
+    journal_stream_matches,
     resolve_format,
 )
+from inferd.supervision.repeat_limiter import RepeatLimiter
 
 pytestmark = pytest.mark.systemd
 

@@ -6,45 +6,31 @@ structlog stays the logging API everywhere.  The output format is chosen by
 - ``console``: readable lines on stderr;
 - ``json``: one JSON document per line on stderr;
 - ``journald``: one journal entry per event over journald's native protocol,
-  with structured fields (see ``journal_fields``);
+  with structured fields (``journal_fields``, sent by ``journal_sender``);
 - ``auto`` (the default): ``journald`` when stderr is already connected to the
   journal (``$JOURNAL_STREAM`` names stderr's device and inode, as systemd
   sets it for a service), else ``console``.
 
-Entries go through ``systemd.journal.sendv`` (systemd-python) when it is
-installed, else through a built-in sender for the native protocol
-(``/run/systemd/journal/socket``; values containing a newline use the
-length-prefixed binary form, entries too large for one datagram travel in a
-sealed memfd).  If the journal cannot be reached the event is written to
-stderr as a console line instead: logs are never silently lost.
-
-Log volume stays bounded: ``RepeatLimiter`` lets at most ``burst`` lines per
-(event, model, code) through per window and reports what it held back.
+If the journal cannot be reached the event is written to stderr as a console
+line instead: logs are never silently lost.  Every format goes through one
+process-wide ``RepeatLimiter`` (``repeat_limiter``) that bounds log volume.
 """
 
 from __future__ import annotations
 
-import array
-import contextlib
-import errno
-import fcntl
-import importlib
-import json
 import logging
 import os
-import re
-import socket
-import struct
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
-from pathlib import PurePath
+from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
+
+from inferd.supervision.journal_fields import journal_fields
+from inferd.supervision.journal_sender import JournalSender, default_journal_sender
+from inferd.supervision.repeat_limiter import RepeatLimiter
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -53,229 +39,7 @@ _LEVELS = {
     "error": logging.ERROR,
 }
 
-JOURNAL_SOCKET = "/run/systemd/journal/socket"
-SYSLOG_IDENTIFIER = "inferd"
-#: MESSAGE_ID = uuid5(this namespace, INFERD_EVENT): stable per event type across
-#: releases and hosts, so ``journalctl MESSAGE_ID=...`` finds one kind of event.
-MESSAGE_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:inferd:journal:event")
-#: FDR/alert kinds are named ``c7.<name>``; the journal's INFERD_EVENT drops the prefix.
-EVENT_PREFIX = "c7."
-
-#: syslog priorities (journald ``PRIORITY=``) by structlog level name.
-PRIORITIES = {
-    "critical": 2,
-    "exception": 3,
-    "error": 3,
-    "warning": 4,
-    "warn": 4,
-    "info": 6,
-    "debug": 7,
-}
-
-#: Event keys with a fixed journal field (``code`` and ``alert_code`` both give INFERD_CODE).
-NAMED_FIELDS = {
-    "model": "INFERD_MODEL",
-    "runtime": "INFERD_RUNTIME",
-    "build_id": "INFERD_BUILD_ID",
-    "code": "INFERD_CODE",
-    "alert_code": "INFERD_CODE",
-}
-#: Keys an alert carries inside ``alert_fields`` that are lifted to top-level fields.
-_LIFTED_FROM_ALERT = ("model", "runtime", "build_id")
-#: Keys consumed by the renderer itself rather than sent as INFERD_* fields.
-_CONSUMED = frozenset(
-    {"event", "level", "timestamp", "exception", "stack", "pathname", "lineno", "func_name"}
-)
-_CODE_FIELDS = (("pathname", "CODE_FILE"), ("lineno", "CODE_LINE"), ("func_name", "CODE_FUNC"))
-_INVALID_FIELD_CHARS = re.compile(r"[^A-Z0-9_]")
-#: journald's field-name rule (journal_field_valid): 1..64 of A-Z, 0-9, '_', not
-#: starting with a digit; a leading '_' is reserved for fields journald sets.
-MAX_FIELD_NAME = 64
-
 log = structlog.get_logger("inferd.logging")
-
-
-# -- journal field mapping ---------------------------------------------------
-def journal_event_name(event: str) -> str:
-    """The searchable INFERD_EVENT for an event: ``c7.fallback_to_onnx_trt_ep`` ->
-    ``fallback_to_onnx_trt_ep``; other names unchanged."""
-    return event[len(EVENT_PREFIX) :] if event.startswith(EVENT_PREFIX) else event
-
-
-def message_id(event: str) -> str:
-    """MESSAGE_ID for an event type: 32 lowercase hex digits (sd-id128 format)."""
-    return uuid.uuid5(MESSAGE_ID_NAMESPACE, journal_event_name(event)).hex
-
-
-def field_name(key: str) -> str:
-    """``INFERD_<KEY>`` upper-cased and sanitised to journald's field-name rules."""
-    name = "INFERD_" + _INVALID_FIELD_CHARS.sub("_", key.upper())
-    return name[:MAX_FIELD_NAME]
-
-
-def field_value(value: Any) -> bytes | None:
-    """A journal field value; None for a value not worth a field (``None``)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, bool):
-        return b"true" if value else b"false"
-    if isinstance(value, str):
-        return value.encode("utf-8", "replace")
-    if isinstance(value, (int, float, PurePath)):
-        return str(value).encode()
-    if isinstance(value, (Mapping, list, tuple, set, frozenset)):
-        if isinstance(value, (set, frozenset)):
-            value = sorted(value, key=str)
-        return json.dumps(value, default=str, separators=(",", ":")).encode("utf-8", "replace")
-    return str(value).encode("utf-8", "replace")
-
-
-def _message_value(value: Any) -> str:
-    if isinstance(value, str):
-        return value if value and not any(ch.isspace() for ch in value) else repr(value)
-    rendered = field_value(value)
-    return rendered.decode("utf-8", "replace") if rendered is not None else "None"
-
-
-def render_message(event_dict: Mapping[str, Any]) -> str:
-    """MESSAGE: the event name, then ``key=value`` pairs, then any traceback."""
-    event = str(event_dict.get("event", ""))
-    pairs = [
-        f"{key}={_message_value(value)}"
-        for key, value in event_dict.items()
-        if key not in _CONSUMED and key != "thread_name"
-    ]
-    message = " ".join([event, *pairs])
-    for key in ("stack", "exception"):
-        text = event_dict.get(key)
-        if text:
-            message += "\n" + str(text).rstrip("\n")
-    return message
-
-
-def journal_fields(
-    event_dict: Mapping[str, Any], method_name: str = "info"
-) -> list[tuple[str, bytes]]:
-    """The journal entry for one structlog event, as (FIELD, value) pairs.
-
-    MESSAGE, PRIORITY, SYSLOG_IDENTIFIER=inferd, MESSAGE_ID (per event type),
-    INFERD_EVENT (the event name without the ``c7.`` prefix), CODE_FILE /
-    CODE_LINE / CODE_FUNC when known, INFERD_MODEL / INFERD_RUNTIME /
-    INFERD_BUILD_ID / INFERD_CODE from ``model``, ``runtime``, ``build_id``,
-    ``code``/``alert_code`` (also when an alert carries them in ``alert_fields``),
-    and every other key as ``INFERD_<KEY>``.  Duplicate field names are allowed
-    by journald and kept.
-    """
-    event = str(event_dict.get("event", ""))
-    level = str(event_dict.get("level", method_name))
-    fields: list[tuple[str, bytes]] = [
-        ("MESSAGE", render_message(event_dict).encode("utf-8", "replace")),
-        ("PRIORITY", str(PRIORITIES.get(level, 6)).encode()),
-        ("SYSLOG_IDENTIFIER", SYSLOG_IDENTIFIER.encode()),
-        ("MESSAGE_ID", message_id(event).encode()),
-        ("INFERD_EVENT", journal_event_name(event).encode("utf-8", "replace")),
-    ]
-    for key, name in _CODE_FIELDS:
-        value = field_value(event_dict.get(key))
-        if value is not None:
-            fields.append((name, value))
-    for key, value in event_dict.items():
-        if key in _CONSUMED:
-            continue
-        rendered = field_value(value)
-        if rendered is not None:
-            fields.append((NAMED_FIELDS.get(key) or field_name(key), rendered))
-    alert_fields = event_dict.get("alert_fields")
-    if isinstance(alert_fields, Mapping):
-        for key in _LIFTED_FROM_ALERT:
-            if key not in event_dict:
-                rendered = field_value(alert_fields.get(key))
-                if rendered is not None:
-                    fields.append((NAMED_FIELDS[key], rendered))
-    return fields
-
-
-# -- journald native protocol -------------------------------------------------
-def encode_entry(fields: Sequence[tuple[str, bytes]]) -> bytes:
-    """Serialise one entry: ``KEY=value\\n``, or for a value containing a newline
-    ``KEY\\n`` + little-endian u64 length + raw bytes + ``\\n``."""
-    parts: list[bytes] = []
-    for key, value in fields:
-        name = key.encode("ascii")
-        if b"\n" in value:
-            parts.append(name + b"\n" + struct.pack("<Q", len(value)) + value + b"\n")
-        else:
-            parts.append(name + b"=" + value + b"\n")
-    return b"".join(parts)
-
-
-JournalSender = Callable[[Sequence[tuple[str, bytes]]], None]
-
-
-class NativeJournalSender:
-    """journald's native protocol without libsystemd: one datagram per entry to
-    ``/run/systemd/journal/socket``; an entry too large for a datagram goes as
-    an empty datagram carrying one sealed memfd with the same bytes."""
-
-    name = "builtin"
-    _SNDBUF = 8 * 1024 * 1024
-
-    def __init__(self, path: str = JOURNAL_SOCKET) -> None:
-        self.path = path
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        # Larger entries fit in one datagram; best effort (capped by wmem_max).
-        with contextlib.suppress(OSError):
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._SNDBUF)
-
-    def __call__(self, fields: Sequence[tuple[str, bytes]]) -> None:
-        data = encode_entry(fields)
-        try:
-            self._sock.sendto(data, self.path)
-        except OSError as exc:
-            if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
-                raise
-            self._send_memfd(data)
-
-    def _send_memfd(self, data: bytes) -> None:
-        fd = os.memfd_create("inferd-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            fcntl.fcntl(
-                fd,
-                fcntl.F_ADD_SEALS,
-                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
-            )
-            fds = array.array("i", [fd])
-            self._sock.sendmsg([], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0, self.path)
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        self._sock.close()
-
-
-class LibsystemdJournalSender:
-    """``systemd.journal.sendv`` (sd_journal_sendv): same fields, libsystemd's framing."""
-
-    name = "systemd-python"
-
-    def __init__(self) -> None:
-        journal = importlib.import_module("systemd.journal")
-        self._sendv = journal.sendv
-
-    def __call__(self, fields: Sequence[tuple[str, bytes]]) -> None:
-        self._sendv(*(key.encode("ascii") + b"=" + value for key, value in fields))
-
-
-def default_journal_sender() -> JournalSender:
-    try:
-        return LibsystemdJournalSender()
-    except ImportError:
-        return NativeJournalSender()
 
 
 def journal_stream_matches(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
@@ -347,79 +111,6 @@ class JournaldRenderer:
             out.flush()
         except (OSError, ValueError):
             pass
-
-
-# -- bounded volume ------------------------------------------------------------
-@dataclass
-class _Window:
-    started: float
-    count: int
-    suppressed: int
-
-
-class RepeatLimiter:
-    """A structlog processor: at most ``burst`` lines per (event, model, code)
-    per ``window_s``.  Lines over the cap are dropped and counted; the next line
-    of the same key carries ``repeats_suppressed``, and ``flush()`` reports the
-    counts of windows that ended without one."""
-
-    SUMMARY_EVENT = "log_repeats_suppressed"
-    _MAX_KEYS = 4096
-
-    def __init__(
-        self, burst: int = 5, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.burst = burst
-        self.window_s = window_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._windows: dict[tuple[str, str, str], _Window] = {}
-
-    @staticmethod
-    def key(event_dict: Mapping[str, Any]) -> tuple[str, str, str]:
-        code = event_dict.get("alert_code", event_dict.get("code"))
-        return (str(event_dict.get("event")), str(event_dict.get("model")), str(code))
-
-    def __call__(
-        self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
-    ) -> MutableMapping[str, Any]:
-        if event_dict.get("event") == self.SUMMARY_EVENT:
-            return event_dict
-        key = self.key(event_dict)
-        now = self._clock()
-        with self._lock:
-            window = self._windows.get(key)
-            if window is None or now - window.started >= self.window_s:
-                held_back = window.suppressed if window is not None else 0
-                if len(self._windows) >= self._MAX_KEYS:
-                    self._prune(now)
-                self._windows[key] = _Window(started=now, count=1, suppressed=0)
-                if held_back:
-                    event_dict["repeats_suppressed"] = held_back
-                return event_dict
-            if window.count < self.burst:
-                window.count += 1
-                return event_dict
-            window.suppressed += 1
-        raise structlog.DropEvent
-
-    def _prune(self, now: float) -> None:
-        for key in [k for k, w in self._windows.items() if now - w.started >= self.window_s]:
-            if not self._windows[key].suppressed:
-                del self._windows[key]
-
-    def flush(self) -> list[tuple[tuple[str, str, str], int]]:
-        """Counts held back in windows that have ended (and were not yet reported)."""
-        now = self._clock()
-        reports: list[tuple[tuple[str, str, str], int]] = []
-        with self._lock:
-            for key, window in list(self._windows.items()):
-                if now - window.started < self.window_s:
-                    continue
-                if window.suppressed:
-                    reports.append((key, window.suppressed))
-                del self._windows[key]
-        return reports
 
 
 _limiter = RepeatLimiter()
