@@ -9,17 +9,130 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 from inferd.demo_model import write_demo_model, write_identity_model
-from inferd_client import OperatorClient
+from inferd_client import EventSubscriber, OperatorClient
 from inferd_client.errors import ClientError
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: How long a wait for something that must happen may take before the test
+#: fails: it only bounds a hang, it never decides an outcome on a healthy machine.
+HANG_S = 15.0
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = HANG_S,
+    *,
+    interval: float = 0.01,
+    message: str = "the condition",
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value and return that value;
+    fail after ``timeout`` s (a bound on a hang, not a decision)."""
+    give_up_at = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= give_up_at:
+            raise AssertionError(f"{message} not reached within {timeout} s")
+        time.sleep(interval)  # the polling interval, not a guess at when it happens
+
+
+Event = tuple[str, dict[str, Any]]
+HEALTH_TOPIC = "health"
+
+
+class Events:
+    """Events from a daemon's PUB socket, without ZeroMQ's slow joiner.
+
+    Subscribes to ``topics`` (every topic when empty) and to ``health``, and
+    returns from the constructor once the first ``health`` event arrived (the
+    daemon publishes one every ``daemon.health_interval_s``): from then on the
+    subscription has reached the PUB socket, so no event published later is
+    lost.  ``receive`` and ``next`` hide the ``health`` events this added.
+    """
+
+    def __init__(self, endpoint: str, topics: Sequence[str] = (), timeout: float = HANG_S) -> None:
+        self._hide_health = bool(topics) and HEALTH_TOPIC not in topics
+        subscribed = (*topics, HEALTH_TOPIC) if self._hide_health else tuple(topics)
+        self.subscriber = EventSubscriber(endpoint, topics=subscribed)
+        try:
+            if self._poll(lambda topic, _payload: topic == HEALTH_TOPIC, timeout) is None:
+                raise AssertionError(f"no health event from {endpoint} within {timeout} s")
+        except BaseException:
+            self.subscriber.close()
+            raise
+
+    def _poll(self, matches: Callable[[str, dict[str, Any]], bool], timeout: float) -> Event | None:
+        """The next event that ``matches``, or None after ``timeout`` s."""
+        give_up_at = time.monotonic() + timeout
+        while (left := give_up_at - time.monotonic()) > 0:
+            event = self.subscriber.receive(timeout=left)
+            if event is not None and matches(*event):
+                return event
+        return None
+
+    def _shown(self, topic: str) -> bool:
+        return not (self._hide_health and topic == HEALTH_TOPIC)
+
+    def receive(self, timeout: float) -> Event | None:
+        """The next event of the subscribed topics, or None after ``timeout`` s."""
+        return self._poll(lambda topic, _payload: self._shown(topic), timeout)
+
+    def next(
+        self, matches: Callable[[str, dict[str, Any]], bool], what: str, timeout: float = HANG_S
+    ) -> dict[str, Any]:
+        """The payload of the next event (of the subscribed topics) that ``matches``."""
+        event = self._poll(
+            lambda topic, payload: self._shown(topic) and matches(topic, payload), timeout
+        )
+        if event is None:
+            raise AssertionError(f"no event {what} within {timeout} s")
+        return event[1]
+
+    def settle(self, since_ns: int | None = None, timeout: float = HANG_S) -> list[Event]:
+        """Every event not received yet that was published before ``since_ns`` (a
+        ``time.time_ns()``; default: now), and those that came after it until the marker.
+
+        The marker is the second ``health`` event stamped after ``since_ns``: the
+        publisher thread sends queued events in order and a health event at most
+        every interval, so the first one may overtake an event queued just before
+        ``since_ns``; the second cannot.  What did not come before the marker
+        was not published: a positive signal instead of a quiet period."""
+        since_ns = time.time_ns() if since_ns is None else since_ns
+        events: list[Event] = []
+        markers = 0
+        give_up_at = time.monotonic() + timeout
+        while markers < 2:
+            left = give_up_at - time.monotonic()
+            event = self.subscriber.receive(timeout=left) if left > 0 else None
+            if event is None:
+                raise AssertionError(f"no health event after {since_ns} within {timeout} s")
+            topic, payload = event
+            if topic == HEALTH_TOPIC and payload["ts_ns"] > since_ns:
+                markers += 1
+            if self._shown(topic):
+                events.append(event)
+        return events
+
+    def close(self) -> None:
+        self.subscriber.close()
+
+    def __enter__(self) -> Events:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @pytest.fixture(scope="session")
@@ -199,19 +312,22 @@ def start_daemon(
         events=f"ipc://{workdir}/run/events.sock",
         log_path=log_path,
     )
-    deadline = time.monotonic() + ready_timeout
     with OperatorClient(daemon.control, timeout=0.5) as operator:
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"inferd exited with {process.returncode}:\n{daemon.log()}")
             try:
-                if operator.health()["state"] != "starting" or not wait_ready:
-                    return daemon
+                return operator.health()["state"] != "starting" or not wait_ready
             except ClientError:
-                pass
-            time.sleep(0.1)
-    daemon.stop(signal.SIGKILL)
-    raise RuntimeError(f"inferd did not become ready:\n{daemon.log()}")
+                return False
+
+        try:
+            wait_until(ready, ready_timeout, interval=0.1, message="inferd ready")
+        except AssertionError:
+            daemon.stop(signal.SIGKILL)
+            raise RuntimeError(f"inferd did not become ready:\n{daemon.log()}") from None
+    return daemon
 
 
 DaemonFactory = Callable[..., DaemonProcess]

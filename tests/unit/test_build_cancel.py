@@ -17,6 +17,7 @@ from inferd.engine_build import (
     cancel_on_signals,
     run_build_async,
 )
+from tests.conftest import HANG_S, wait_until
 
 
 def test_first_source_wins_and_is_recorded() -> None:
@@ -40,10 +41,10 @@ def test_latencies_request_to_ack_to_cleanup() -> None:
     token.acknowledge()  # nothing requested: nothing measured
     assert token.cancel_latency_ms is None
     token.cancel("control")
-    time.sleep(0.02)
+    time.sleep(0.02)  # time passing between the steps: the latencies measured below
     token.acknowledge()
     assert token.state() == "acknowledged"
-    time.sleep(0.01)
+    time.sleep(0.01)  # likewise
     token.cleanup_done()
     assert token.state() == "cleaned_up"
     assert token.cancel_latency_ms is not None and token.cancel_latency_ms >= 20
@@ -73,7 +74,7 @@ def test_no_cancel_zone_records_a_deferred_cancel() -> None:
 def test_timeout_source() -> None:
     token = CancellationToken()
     token.cancel_after(0.02)
-    time.sleep(0.2)
+    wait_until(token.is_set, message="the timeout cancelling")
     assert token.source == "timeout"
 
 
@@ -81,7 +82,11 @@ def test_timeout_timer_can_be_stopped() -> None:
     token = CancellationToken()
     token.cancel_after(0.05)
     token.stop_timer()
-    time.sleep(0.1)
+    # The timer thread ends without firing: past this join it can no longer cancel.
+    timer = token._timer
+    assert timer is not None
+    timer.join(HANG_S)
+    assert not timer.is_alive()
     assert not token.is_set()
 
 
@@ -93,7 +98,7 @@ def test_signals_set_the_token(signum: int, source: str) -> None:
     before = signal.getsignal(signum)
     with cancel_on_signals(token):
         os.kill(os.getpid(), signum)
-        time.sleep(0.05)
+        wait_until(token.is_set, message="the signal handler")
     assert token.source == source
     assert signal.getsignal(signum) is before
 
@@ -103,9 +108,9 @@ def test_second_sigint_forces() -> None:
     forced: list[bool] = []
     with cancel_on_signals(token, force=lambda: forced.append(True)):
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.02)
+        wait_until(token.is_set, message="the first SIGINT handled")
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.02)
+        wait_until(lambda: forced, message="the second SIGINT handled")
     assert token.source == "sigint" and forced == [True]
 
 
@@ -116,7 +121,7 @@ def test_asyncio_cancellation_sets_the_token_and_waits_for_the_build() -> None:
     def build(token: CancellationToken) -> str:
         started.set()
         while not token.is_set():
-            time.sleep(0.005)
+            time.sleep(0.005)  # the fake build's work between two cancellation checks
         finished.append(token.source or "")
         return "stopped"
 

@@ -26,6 +26,7 @@ from inferd.engines import read_host_tuple
 from inferd.errors import EngineBuildError
 from inferd.runtime import tensorrt as trt_runtime
 from inferd.types import BuildConfig, ThermalState
+from tests.conftest import wait_until
 from tests.fakes import fake_tensorrt
 
 
@@ -152,12 +153,19 @@ def test_stall_watchdog_reports_path_depth_with_backoff_and_never_cancels() -> N
     a.phase_start("Building engine", None, 1)
     a.phase_start("Tactic selection", "Building engine", 1)
     dog = StallWatchdog(a, 0.05).start()
-    time.sleep(0.4)
+    wait_until(lambda: len(dog.stalls) >= 3, message="three stalls")
     dog.stop()
     stalls = [e for e in a.queue.drain() if e.type == "stalled"]
-    assert 2 <= len(stalls) <= 3  # 0.05, 0.15, 0.35 s
+    assert len(stalls) == len(dog.stalls) >= 3
     assert stalls[0].detail["path"] == ["Building engine", "Tactic selection"]
     assert stalls[0].detail["depth"] == 2
+    # Back-off: the n-th report waits 0.05 * 2**n s more (at 0.05, 0.15, 0.35 s idle),
+    # never sooner; a watchdog without back-off would report at 0.05, 0.10, 0.15 s.
+    for stall, (idle_s, next_after_s) in zip(
+        stalls, [(0.05, 0.1), (0.15, 0.2), (0.35, 0.4)], strict=False
+    ):
+        assert stall.detail["idleS"] >= idle_s
+        assert stall.detail["nextAfterS"] == next_after_s
     assert stalls[1].detail["idleS"] >= 2 * stalls[0].detail["idleS"]
     assert not a.token.is_set()
 
@@ -166,7 +174,7 @@ def test_stall_watchdog_cancels_only_when_configured() -> None:
     a = adapter()
     a.phase_start("x", None, 1)
     dog = StallWatchdog(a, 0.03, cancel_after_stalls=1).start()
-    time.sleep(0.15)
+    wait_until(a.token.is_set, message="the stall cancelling")
     dog.stop()
     assert a.token.source == "stall"
 

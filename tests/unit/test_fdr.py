@@ -21,7 +21,8 @@ from inferd.config import FdrConfig
 from inferd.fdr import framing
 from inferd.fdr.kinds import KINDS, RecordPayloadError, validate
 from inferd.fdr.reader import ReadReport, list_segments, read_records
-from inferd.fdr.writer import FlightRecorder
+from inferd.fdr.writer import _RETRY_AFTER_FAILURE_S, FlightRecorder
+from tests.conftest import wait_until
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "fdr"
 
@@ -174,16 +175,13 @@ def test_group_commit_syncs_critical_kinds_at_once_and_others_on_the_interval(
     assert fdr.wait_durable(5)  # a waiter forces the sync
     deadline_syncs = len(syncs)
     fdr.record("c7.deadline_miss", miss(99))
-
-    time.sleep(0.3)
-    assert len(syncs) == deadline_syncs, "a non-critical record must wait for the interval"
+    # Written in a batch of its own (so a sync of it would come before the next record's) ...
+    wait_until(lambda: fdr.status()["records_written"] == 51, message="record 51 written")
     fdr.record("c7.daemon_lifecycle", EXAMPLES["c7.daemon_lifecycle"])
-    for _ in range(100):
-        if len(syncs) > deadline_syncs:
-            break
-        time.sleep(0.01)
-    assert len(syncs) == deadline_syncs + 1, "a critical record is synced at once"
-    assert fdr.status()["durable_seq"] == 52
+    # ... and once the critical record is durable, exactly one sync covered both:
+    # a non-critical record waits for the interval, a critical one is synced at once.
+    wait_until(lambda: fdr.status()["durable_seq"] == 52, message="record 52 synced")
+    assert len(syncs) == deadline_syncs + 1, "a non-critical record must wait for the interval"
     fdr.stop()
 
 
@@ -280,7 +278,9 @@ def test_failing_disk_drops_counts_and_recovers(
     assert "No space left" in (status["last_error"] or "")
     failing = False
 
-    time.sleep(1.1)  # the writer backs off for a second after a failure
+    # Time passing: the writer backs off for a second after a failure (a record
+    # sooner would be dropped, changing the counts this test checks).
+    time.sleep(_RETRY_AFTER_FAILURE_S + 0.1)
     fdr.record("c7.deadline_miss", miss(7))
     assert fdr.wait_durable(5)
     fdr.stop()
@@ -346,14 +346,14 @@ def test_steady_records_during_a_failure_do_not_extend_the_backoff(
     fdr = FlightRecorder(config(tmp_path))
     fdr.start()
     fdr.record("c7.deadline_miss", miss(1))
-    time.sleep(0.2)
+    wait_until(lambda: fdr.status()["records_dropped"] == 1, message="the first write failing")
     failing[0] = False
     deadline = time.monotonic() + 5
     count = 1
     while time.monotonic() < deadline and fdr.status()["records_written"] == 0:
         count += 1
         fdr.record("c7.deadline_miss", miss(count))
-        time.sleep(0.05)
+        time.sleep(0.05)  # the load: a steady stream of records while the writer backs off
         assert "No space left" in (fdr.status()["last_error"] or "")
     fdr.stop()
     assert fdr.status()["records_written"] > 0, "the recorder never resumed"

@@ -36,6 +36,7 @@ from inferd.thermal.jtop_source import JtopSource, jtop_sensor_name, open_jtop
 from inferd.thermal.nvml_source import NvmlSource, open_nvml
 from inferd.thermal.sysfs_source import SysfsSource, open_sysfs, scan_zones
 from inferd.types import ThermalState
+from tests.conftest import wait_until
 from tests.fakes import fake_jtop, fake_pynvml
 
 # -- helpers ------------------------------------------------------------------------
@@ -126,9 +127,12 @@ class ScriptedSource:
         self.step = step
         self.reads = 0
         self.closed = 0
+        #: Every thread that called ``read``.
+        self.readers: set[threading.Thread] = set()
 
     def read(self) -> ThermalReading:
         self.reads += 1
+        self.readers.add(threading.current_thread())
         if isinstance(self.step, BaseException):
             raise self.step
         return self.step
@@ -961,13 +965,6 @@ def test_monitor_on_this_machine_reports_unavailable(no_libraries: None, tmp_pat
 # -- the thread ------------------------------------------------------------------------------
 
 
-def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
-
-
 def test_thread_polls_at_poll_hz_and_stop_joins() -> None:
     source = ScriptedSource(reading(cpu=50.0))
     sinks = Sinks()
@@ -981,18 +978,17 @@ def test_thread_polls_at_poll_hz_and_stop_joins() -> None:
     assert THREAD_NAME in {thread.name for thread in threading.enumerate()}
     with pytest.raises(RuntimeError, match="already started"):
         monitor.start()
-    wait_for(lambda: source.reads >= 16)
+    wait_until(lambda: source.reads >= 16)
     elapsed = time.monotonic() - started
     # 16 polls at 50 Hz take 15 periods: never faster, and not much slower.
     assert 15 / 50 * 0.9 <= elapsed < 3.0
     assert monitor.snapshot().is_telemetry_available and monitor.describe()["running"]
     assert monitor.stop(timeout=2.0)
     assert THREAD_NAME not in {thread.name for thread in threading.enumerate()}
+    # Every thread that ever read has ended: no read can follow the stop.
+    assert source.readers and not any(thread.is_alive() for thread in source.readers)
     assert source.closed == 1 and not monitor.describe()["running"]
     assert not monitor.snapshot().is_telemetry_available
-    reads = source.reads
-    time.sleep(0.1)
-    assert source.reads == reads
 
 
 def test_stop_waits_for_a_poll_in_progress() -> None:
@@ -1033,11 +1029,11 @@ def test_thread_survives_failing_sinks_and_sources() -> None:
     )
     monitor.start()
     try:
-        wait_for(lambda: monitor.describe()["polls"] >= 5)
+        wait_until(lambda: monitor.describe()["polls"] >= 5)
         source.step = reading(cpu=95.0, trip_point_c=90.0)
-        wait_for(lambda: monitor.snapshot().thermal_throttle_active)
+        wait_until(lambda: monitor.snapshot().thermal_throttle_active)
         polls = monitor.describe()["polls"]
-        wait_for(lambda: monitor.describe()["polls"] > polls + 3)
+        wait_until(lambda: monitor.describe()["polls"] > polls + 3)
         assert monitor.describe()["running"]
     finally:
         assert monitor.stop(timeout=2.0)
@@ -1061,7 +1057,7 @@ def test_thread_survives_a_crashing_poll(monkeypatch: pytest.MonkeyPatch) -> Non
     with capture_logs() as logs:
         monitor.start()
         try:
-            wait_for(lambda: source.reads >= 3)
+            wait_until(lambda: source.reads >= 3)
         finally:
             assert monitor.stop(timeout=2.0)
     assert [e["event"] for e in logs].count("thermal_poll_crashed") == 3
@@ -1077,7 +1073,7 @@ def test_restart_after_stop_probes_again() -> None:
     for expected in (50.0, 51.0):
         monitor.start()
         try:
-            wait_for(lambda e=expected: monitor.snapshot().cpu_temp_c == e)
+            wait_until(lambda e=expected: monitor.snapshot().cpu_temp_c == e)
         finally:
             assert monitor.stop(timeout=2.0)
     assert sources == []
