@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from inferd_client.cli import _random_inputs
-from tests.conftest import REPO, DaemonProcess
+from tests.conftest import REPO, DaemonProcess, wait_until
 
 
 def inferctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -50,11 +49,12 @@ def default_daemon() -> Iterator[tuple[dict[str, str], Path]]:
         stderr=subprocess.STDOUT,
         cwd=REPO,
     )
-    deadline = time.monotonic() + 30
-    while inferctl(env, "--timeout", "0.5", "health").returncode != 0:
+
+    def healthy() -> bool:
         assert process.poll() is None, (work / "inferd.log").read_text()
-        assert time.monotonic() < deadline, "daemon never became healthy"
-        time.sleep(0.2)
+        return inferctl(env, "--timeout", "0.5", "health").returncode == 0
+
+    wait_until(healthy, 30, interval=0.2, message="the daemon healthy")
     yield env, work
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=20) == 0

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 from inferd.fdr.reader import ReadReport, read_records
-from inferd_client import EventSubscriber, InferenceClient
-from tests.conftest import REPO, DaemonFactory, DaemonProcess
+from inferd_client import InferenceClient
+from tests.conftest import HANG_S, REPO, DaemonFactory, DaemonProcess, Events, wait_until
+from tests.integration import synced_inferctl
 from tests.integration.test_schemas import assert_valid, call
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ def build_status(daemon: DaemonProcess, build_id: str) -> dict[str, Any]:
 
 
 def events_until(
-    subscriber: EventSubscriber, build_id: str, done: Any, timeout: float = 15
+    subscriber: Events, build_id: str, done: Any, timeout: float = HANG_S
 ) -> list[dict[str, Any]]:
     """Build events of ``build_id`` (each validated) until ``done(event)``."""
     seen: list[dict[str, Any]] = []
@@ -83,10 +84,9 @@ def build_records(daemon: DaemonProcess) -> list[dict[str, Any]]:
     return [record.payload for record in records]
 
 
-def subscribe(daemon: DaemonProcess) -> EventSubscriber:
-    subscriber = EventSubscriber(daemon.events, topics=["build"])
-    time.sleep(0.3)  # slow joiner: the SUB connects before the build publishes
-    return subscriber
+def subscribe(daemon: DaemonProcess) -> Events:
+    """Subscribed to ``build`` before the build starts (slow joiner waited out)."""
+    return Events(daemon.events, topics=["build"])
 
 
 def test_build_runs_beside_serving_and_cancels_from_control(
@@ -225,15 +225,21 @@ def test_inferctl_build_start_status_cancel_follow(daemon_factory: DaemonFactory
     assert "simulated: True" in started.stdout and "fp16" in started.stdout
 
     build_id = start_build_after(daemon, started.stdout)
+    # The real inferctl, whose subscriber says when it has reached the daemon.
     follow = subprocess.Popen(
-        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), "build", "follow"],
+        [sys.executable, "-m", synced_inferctl.__name__, *endpoints(daemon), "build", "follow"],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
     )
+    hang = threading.Timer(HANG_S, follow.kill)  # a follower that never subscribes fails
+    hang.start()
     try:
-        assert follow.stdout is not None
-        time.sleep(1.0)  # the follower's SUB connects (slow joiner) before the build starts
+        assert follow.stdout is not None and follow.stderr is not None
+        subscribed = follow.stderr.readline()  # before the build starts
+        assert subscribed == f"{synced_inferctl.SUBSCRIBED}\n", subscribed
+        hang.cancel()
         build_id = start_build(daemon)
         first = follow.stdout.readline()
         assert "Building engine" in first, first
@@ -268,9 +274,8 @@ def start_build_after(daemon: DaemonProcess, cli_output: str) -> str:
     build_id = next(
         line.split(": ", 1)[1] for line in cli_output.splitlines() if line.startswith("build_id:")
     )
-    give_up = time.monotonic() + 15
-    while build_status(daemon, build_id)["state"] == "running":
-        assert time.monotonic() < give_up
-        time.sleep(0.1)
+    wait_until(
+        lambda: build_status(daemon, build_id)["state"] != "running", message="the build ending"
+    )
     assert build_status(daemon, build_id)["state"] == "completed"
     return build_id

@@ -18,8 +18,8 @@ import onnxruntime as ort
 import pytest
 
 from inferd_client import OperatorClient
-from tests.conftest import DaemonFactory, DaemonProcess, write_slow_model
-from tests.integration.wire import RawDealer, assert_error, model_status, wait_for
+from tests.conftest import DaemonFactory, DaemonProcess, wait_until, write_slow_model
+from tests.integration.wire import RawDealer, assert_error, model_status
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def _assert_silent(dealer: RawDealer, seconds: float = 0.3) -> None:
 
 def _wait_queued(daemon: DaemonProcess, depth: int, timeout: float = 5) -> None:
     with OperatorClient(daemon.control, timeout=5) as operator:
-        wait_for(
+        wait_until(
             lambda: operator.health()["models"]["slow"]["queue_depth"] >= depth,
             timeout,
             message=f"queue depth {depth}",
@@ -199,7 +199,7 @@ def test_latest_policy_supersedes_only_the_same_clients_queued_request(
             (model,) = operator.status()["models"]
             return bool(model["requests"] == 1 and model["queue_depth"] == 0)
 
-        wait_for(a0_running, 5, interval=0.005, message="a0 on the engine worker")
+        wait_until(a0_running, 5, interval=0.005, message="a0 on the engine worker")
         b.send_infer("b1", "slow", _x(1))
         a.send_infer("a1", "slow", _x(2))
         a.send_infer("a2", "slow", _x(3))
@@ -231,7 +231,7 @@ def test_sigterm_answers_every_request_in_flight_and_exits_zero(
         _wait_queued(daemon, count - 2)
         daemon.process.send_signal(signal.SIGTERM)
         # While it drains, the control socket still answers and new work is refused.
-        wait_for(lambda: operator.health()["state"] == "stopping", 5, message="stopping")
+        wait_until(lambda: operator.health()["state"] == "stopping", 5, message="stopping")
         with RawDealer(daemon.infer) as late:
             late.send_infer("late", "slow", _x())
             header, _ = late.recv(timeout=5)

@@ -15,62 +15,22 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
 
-from inferd_client import EventSubscriber, InferenceClient, OperatorClient
-from tests.conftest import REPO, DaemonFactory, DaemonProcess
+from inferd_client import InferenceClient, OperatorClient
+from tests.conftest import REPO, DaemonFactory, DaemonProcess, Events, wait_until
 from tests.integration.wire import IDENTITY_SHAPE
 
 pytestmark = pytest.mark.integration
 
 FALLBACK_CODE = "c7.fallback_to_onnx_trt_ep"
 MAV_SEVERITY_WARNING = 4
-TIMEOUT_S = 5.0
-SLOW_JOINER_S = 0.5
-
-T = TypeVar("T")
 
 
 # -- helpers ---------------------------------------------------------------------------
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = TIMEOUT_S) -> T:
-    """Poll ``probe`` until it returns something other than None (or False)."""
-    give_up_at = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() >= give_up_at:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def next_event(
-    subscriber: EventSubscriber,
-    matches: Callable[[str, dict[str, Any]], bool],
-    what: str,
-    timeout: float = TIMEOUT_S,
-) -> dict[str, Any]:
-    give_up_at = time.monotonic() + timeout
-    while (remaining := give_up_at - time.monotonic()) > 0:
-        event = subscriber.receive(timeout=remaining)
-        if event is not None and matches(*event):
-            return event[1]
-    raise AssertionError(f"no event {what} within {timeout} s")
-
-
-def collect(subscriber: EventSubscriber, seconds: float) -> list[tuple[str, dict[str, Any]]]:
-    events = []
-    give_up_at = time.monotonic() + seconds
-    while (remaining := give_up_at - time.monotonic()) > 0:
-        event = subscriber.receive(timeout=remaining)
-        if event is not None:
-            events.append(event)
-    return events
-
-
 def image(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(IDENTITY_SHAPE, dtype=np.float32)
 
@@ -230,16 +190,14 @@ def test_fallback_writes_its_record_and_fires_each_hook_once(
             "mavlink_endpoint": f"udpout:127.0.0.1:{port}",
         },
     )
-    with EventSubscriber(daemon.events, topics=["alert"]) as subscriber:
-        time.sleep(SLOW_JOINER_S)  # slow joiner: let the subscription reach the PUB socket
+    with Events(daemon.events, topics=["alert"]) as subscriber:
         with InferenceClient(daemon.infer) as client:
             for seed in range(6):
                 reply = infer_once(client, seed)
                 assert (reply["runtime"], reply["fallback"]) == ("onnx_trt_ep", True)
-        first = next_event(
-            subscriber, lambda _t, p: p["code"] == FALLBACK_CODE, "alert " + FALLBACK_CODE
-        )
-        later = collect(subscriber, 1.0)
+        first = subscriber.next(lambda _t, p: p["code"] == FALLBACK_CODE, "alert " + FALLBACK_CODE)
+        # Every other alert the six requests raised, up to a later marker event.
+        later = subscriber.settle()
     assert [p for _t, p in later if p["code"] == FALLBACK_CODE] == [], "alerted more than once"
     assert first["level"] == "WARNING"
     assert first["fields"]["model"] == "identity"
@@ -250,7 +208,7 @@ def test_fallback_writes_its_record_and_fires_each_hook_once(
             status = operator.status()
             return status if status["fdr"].get("records_written", 0) > 0 else None
 
-        status = wait_for(written_status, "the recorder to write")
+        status = wait_until(written_status, message="the recorder to write")
     assert status["fdr"]["enabled"] is True
     assert status["fdr"]["records_dropped"] == 0 and status["fdr"]["last_error"] is None
     hooks = status["alerts"]["hooks"]
@@ -316,20 +274,17 @@ def test_thermal_excursion_publishes_transitions_and_records_them(
         return lambda topic, p: topic == "thermal" and expected.items() <= p.items()
 
     with (
-        EventSubscriber(daemon.events, topics=["thermal"]) as subscriber,
+        Events(daemon.events, topics=["thermal"]) as subscriber,
         InferenceClient(daemon.infer) as client,
         OperatorClient(daemon.control) as operator,
     ):
-        time.sleep(SLOW_JOINER_S)
-        nominal = next_event(subscriber, thermal_event(available=True), "thermal (available)")
+        nominal = subscriber.next(thermal_event(available=True), "thermal (available)")
         assert nominal["source"] == "sysfs" and nominal["throttle_active"] is False
         assert (nominal["cpu_temp_c"], nominal["gpu_temp_c"]) == (60.0, zones.GPU_C)
         assert infer_once(client, 1)["thermal"] == "nominal"
 
         zones.set_cpu(85.0)
-        entered = next_event(
-            subscriber, thermal_event(transition=True), "thermal transition (enter)"
-        )
+        entered = subscriber.next(thermal_event(transition=True), "thermal transition (enter)")
         assert entered["throttle_active"] is True and entered["cpu_temp_c"] == 85.0
         assert infer_once(client, 2)["thermal"] == "throttling"
         described = operator.call("thermal")
@@ -353,12 +308,12 @@ def test_thermal_excursion_publishes_transitions_and_records_them(
 
         # Inside the hysteresis band (trip 80, exit at <= 75) throttling holds.
         zones.set_cpu(78.0)
-        held = next_event(subscriber, thermal_event(cpu_temp_c=78.0), "thermal at 78 C")
+        held = subscriber.next(thermal_event(cpu_temp_c=78.0), "thermal at 78 C")
         assert held["throttle_active"] is True and held["transition"] is False
         assert infer_once(client, 3)["thermal"] == "throttling"
 
         zones.set_cpu(70.0)
-        exited = next_event(subscriber, thermal_event(transition=True), "thermal transition (exit)")
+        exited = subscriber.next(thermal_event(transition=True), "thermal transition (exit)")
         assert exited["throttle_active"] is False and exited["cpu_temp_c"] == 70.0
         assert infer_once(client, 4)["thermal"] == "nominal"
         assert operator.call("thermal")["throttle_active"] is False
@@ -440,7 +395,7 @@ def test_full_disk_drops_records_but_serving_goes_on(
     )
     try:
         with (
-            EventSubscriber(daemon.events, topics=["thermal"]) as subscriber,
+            Events(daemon.events, topics=["thermal"]) as subscriber,
             InferenceClient(daemon.infer) as client,
             OperatorClient(daemon.control) as operator,
         ):
@@ -451,8 +406,7 @@ def test_full_disk_drops_records_but_serving_goes_on(
                 nonlocal hot, toggles
                 hot = not hot
                 zones.set_cpu(85.0 if hot else 70.0)
-                next_event(
-                    subscriber,
+                subscriber.next(
                     lambda _t, p: p["transition"] and p["throttle_active"] is hot,
                     f"thermal transition #{toggles}",
                 )
@@ -462,8 +416,7 @@ def test_full_disk_drops_records_but_serving_goes_on(
             def fdr_status() -> dict[str, Any]:
                 return dict(operator.status()["fdr"])
 
-            time.sleep(SLOW_JOINER_S)
-            next_event(subscriber, lambda _t, p: p["available"], "thermal (available)")
+            subscriber.next(lambda _t, p: p["available"], "thermal (available)")
             assert fdr_status()["records_dropped"] == 0
 
             # 1. Fill the disk.

@@ -21,8 +21,16 @@ import pytest
 import zmq
 
 from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RemoteError
-from tests.conftest import REPO, DaemonFactory, DaemonProcess, render_config, start_daemon
-from tests.integration.wire import IDENTITY_SHAPE, RawDealer, assert_error, pack, wait_for
+from tests.conftest import (
+    REPO,
+    DaemonFactory,
+    DaemonProcess,
+    Events,
+    render_config,
+    start_daemon,
+    wait_until,
+)
+from tests.integration.wire import IDENTITY_SHAPE, RawDealer, assert_error, pack
 
 pytestmark = pytest.mark.integration
 
@@ -250,16 +258,6 @@ def test_health_events_arrive_periodically(shared_daemon: DaemonProcess) -> None
 
 
 # -- failover ------------------------------------------------------------------------
-def _collect(subscriber: EventSubscriber, seconds: float) -> list[tuple[str, dict[str, Any]]]:
-    events = []
-    give_up_at = time.monotonic() + seconds
-    while (remaining := give_up_at - time.monotonic()) > 0:
-        event = subscriber.receive(timeout=remaining)
-        if event is not None:
-            events.append(event)
-    return events
-
-
 def test_tensorrt_model_fails_over_to_onnx_with_one_alert(
     daemon_factory: DaemonFactory, identity_model: Path
 ) -> None:
@@ -267,8 +265,7 @@ def test_tensorrt_model_fails_over_to_onnx_with_one_alert(
         models=[{"name": "identity", "path": str(identity_model), "runtime": "tensorrt"}]
     )
     rng = np.random.default_rng(21)
-    with EventSubscriber(daemon.events, topics=["alert"]) as subscriber:
-        time.sleep(0.5)  # slow joiner: let the subscription reach the PUB socket
+    with Events(daemon.events, topics=["alert"]) as subscriber:
         with InferenceClient(daemon.infer) as client:
             for _ in range(5):
                 image = _identity_input(rng)
@@ -277,7 +274,8 @@ def test_tensorrt_model_fails_over_to_onnx_with_one_alert(
                 )
                 assert client.last_reply["fallback"] is True
                 assert client.last_reply["runtime"] == "onnx_trt_ep"
-        events = _collect(subscriber, 1.0)
+        # Every alert the five requests raised, up to a later marker event.
+        events = subscriber.settle()
     fallback_alerts = [p for topic, p in events if topic == "alert" and p["code"] == FALLBACK_CODE]
     assert len(fallback_alerts) == 1, events
     assert fallback_alerts[0]["level"] == "WARNING"
@@ -358,7 +356,7 @@ def test_second_daemon_on_the_same_runtime_dir_refuses_to_start(
     with OperatorClient(daemon.control) as operator:
         assert operator.status()["daemon"]["pid"] == daemon.process.pid
     assert daemon.process.poll() is None
-    wait_for(lambda: (run_dir / "inferd.lock").exists(), 1, message="lock file kept")
+    wait_until(lambda: (run_dir / "inferd.lock").exists(), 1, message="lock file kept")
 
 
 def test_unknown_model_error_on_raw_dealer(shared_daemon: DaemonProcess) -> None:

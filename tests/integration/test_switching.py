@@ -5,18 +5,23 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RemoteError
-from tests.conftest import DaemonFactory, DaemonProcess, write_slow_loading_model
+from inferd_client import InferenceClient, OperatorClient, RemoteError
+from tests.conftest import (
+    DaemonFactory,
+    DaemonProcess,
+    Events,
+    wait_until,
+    write_slow_loading_model,
+)
 from tests.integration.load import client_load
 from tests.integration.test_schemas import assert_valid
+from tests.integration.wire import RawDealer, pack
 
 
 def identity_models(identity_model: Path, runtime: str = "onnx_trt_ep") -> list[dict[str, object]]:
@@ -38,9 +43,12 @@ def test_switching_under_load_loses_no_request(
         lambda rng: {"input": rng.random((1, 3, 224, 224), dtype=np.float32)},
         lambda inputs, outputs: np.array_equal(outputs["output"], inputs["input"]),
     ) as load:
-        time.sleep(0.3)
+        # Switch while the clients are being served (20 replies in) and keep
+        # them sending after the last swap, until 20 more replies came back.
+        wait_until(lambda: sum(load.served.values()) >= 20, message="the load running")
         results = [switch(daemon, "identity", "onnx_trt_ep") for _ in range(3)]
-        time.sleep(0.3)
+        served = sum(load.served.values())
+        wait_until(lambda: sum(load.served.values()) >= served + 20, message="load after")
     failures, outcomes = load.failures, load.served
     assert failures == []
     assert set(outcomes) == {"onnx_trt_ep"} and sum(outcomes.values()) > 20
@@ -78,17 +86,16 @@ def test_switching_a_failed_over_model_clears_the_fallback(
 ) -> None:
     daemon = daemon_factory(models=identity_models(identity_model, runtime="tensorrt"))
     image = np.zeros((1, 3, 224, 224), np.float32)
-    with EventSubscriber(daemon.events, topics=["runtime"]) as events:
-        time.sleep(0.3)  # slow joiner
+    with Events(daemon.events, topics=["runtime"]) as events:
         with InferenceClient(daemon.infer) as client:
             client.infer("identity", {"input": image})
             assert client.last_reply["fallback"] is True
             result = switch(daemon, "identity", "onnx_trt_ep")
             client.infer("identity", {"input": image})
             assert client.last_reply["fallback"] is False
-        event = events.receive(timeout=5)
+        event = events.next(lambda topic, _payload: topic == "runtime", "runtime (switched)")
     assert result["from_runtime"] == "onnx_trt_ep" and result["to_runtime"] == "onnx_trt_ep"
-    assert event is not None and event[1]["fallback"] is False and event[1]["reason"] is None
+    assert event["fallback"] is False and event["reason"] is None
     with OperatorClient(daemon.control) as operator:
         (model,) = operator.status()["models"]
     assert model["fallback"] is False and model["configured_runtime"] == "tensorrt"
@@ -118,15 +125,27 @@ def test_a_second_switch_while_one_prepares_is_refused(
 ) -> None:
     slow = write_slow_loading_model(tmp_path / "slow.onnx")
     daemon = daemon_factory(models=[{"name": "slow", "path": str(slow)}])
-    first: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: first.update(switch(daemon, "slow", "onnx_trt_ep")))
-    thread.start()
-    time.sleep(0.3)  # the first switch is preparing (loading takes over a second)
-    with pytest.raises(RemoteError) as caught:
-        switch(daemon, "slow", "onnx_trt_ep")
-    thread.join(60)
-    assert caught.value.code == "FAILED_PRECONDITION" and "in progress" in caught.value.message
-    assert first["to_runtime"] == "onnx_trt_ep"
+    # Both requests on one connection: the bus takes them in order, so the second
+    # one arrives while the first is preparing (loading takes over a second).
+    with RawDealer(daemon.control) as dealer:
+        for request_id in ("first", "second"):
+            header = {
+                "v": 1,
+                "id": request_id,
+                "op": "runtime.switch",
+                "model": "slow",
+                "runtime": "onnx_trt_ep",
+                "requested_by": "test",
+            }
+            dealer.send([pack(header)])
+        replies = [dealer.recv(timeout=60)[0] for _ in range(2)]
+    # The refusal is immediate: it comes before the first switch's result.
+    second, first = replies
+    assert second["id"] == "second" and second["ok"] is False, second
+    assert second["error"]["code"] == "FAILED_PRECONDITION"
+    assert "in progress" in second["error"]["message"]
+    assert first["id"] == "first" and first["ok"] is True, first
+    assert first["result"]["to_runtime"] == "onnx_trt_ep"
 
 
 def test_inferctl_switch(daemon_factory: DaemonFactory, identity_model: Path) -> None:

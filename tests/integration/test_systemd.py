@@ -37,7 +37,7 @@ from inferd.fdr.reader import ReadReport, read_records
 from inferd.supervision.journal_fields import message_id
 from inferd.supervision.journal_sender import JOURNAL_SOCKET, NativeJournalSender
 from inferd_client import OperatorClient
-from tests.conftest import DaemonProcess, render_config, start_daemon
+from tests.conftest import HANG_S, DaemonProcess, render_config, start_daemon, wait_until
 from tests.integration.wire import RawDealer
 
 pytestmark = [pytest.mark.integration, pytest.mark.systemd]
@@ -117,6 +117,7 @@ class NotifyListener:
     address: str
     sock: socket.socket
     datagrams: list[tuple[float, list[str]]] = field(default_factory=list)
+    thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -130,6 +131,21 @@ class NotifyListener:
 
     def close(self) -> None:
         self._stop.set()
+
+    def drain(self) -> None:
+        """Stop the listener thread and take every datagram still queued on the
+        socket: once the daemon has exited, all it sent is there."""
+        self.close()
+        assert self.thread is not None
+        self.thread.join(HANG_S)
+        assert not self.thread.is_alive(), "the listener thread did not stop"
+        self.sock.setblocking(False)
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            self.datagrams.append((time.monotonic(), data.decode().split("\n")))
 
     def index(self, assignment: str, start: int = 0) -> int:
         for position in range(start, len(self.datagrams)):
@@ -148,14 +164,14 @@ class NotifyListener:
             if line.startswith("STATUS=")
         ]
 
-    def wait_for(self, assignment: str, timeout: float) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_for(self, assignment: str, timeout: float = HANG_S) -> float:
+        def arrived() -> float | None:
             for at, lines in list(self.datagrams):
                 if any(line.startswith(assignment) for line in lines):
                     return at
-            time.sleep(0.02)
-        raise AssertionError(f"no {assignment!r} within {timeout} s: {self.datagrams}")
+            return None
+
+        return wait_until(arrived, timeout, message=f"{assignment!r} ({self.datagrams})")
 
 
 @pytest.fixture
@@ -176,6 +192,7 @@ def _listener(workdir: Path, kind: str) -> Iterator[NotifyListener]:
         sock.bind(address)
     listener = NotifyListener(address, sock)
     thread = threading.Thread(target=listener.run, daemon=True)
+    listener.thread = thread
     thread.start()
     yield listener
     listener.close()
@@ -210,6 +227,14 @@ def _start(
     return start_daemon(text, workdir, env=env, args=args)
 
 
+def _running(daemon: DaemonProcess, model: str) -> int:
+    """Requests of ``model`` on the engine worker: received, neither answered nor
+    queued (the bus thread admits a request and answers status in turn)."""
+    with OperatorClient(daemon.control, timeout=5) as operator:
+        (status,) = [m for m in operator.status()["models"] if m["model"] == model]
+    return int(status["requests"] - sum(status["responses"].values()) - status["queue_depth"])
+
+
 def _stop(daemon: DaemonProcess) -> int:
     try:
         return daemon.stop(timeout=30)
@@ -228,14 +253,15 @@ def test_ready_status_watchdog_stopping_in_order(
         workdir, [{"name": "demo", "path": str(demo_model)}], env, args=["--log-format", "json"]
     )
     try:
-        ready_at = notify.wait_for("READY=1", timeout=5)
-        while len([t for t in notify.times("WATCHDOG=1") if t > ready_at]) < 3:
-            assert time.monotonic() - ready_at < 5, notify.datagrams
-            time.sleep(0.05)
+        ready_at = notify.wait_for("READY=1")
+        wait_until(
+            lambda: len([t for t in notify.times("WATCHDOG=1") if t > ready_at]) >= 3,
+            message=f"three pings after READY=1 ({notify.datagrams})",
+        )
     finally:
         exit_code = _stop(daemon)
     assert exit_code == 0, daemon.log()
-    time.sleep(0.1)  # the listener thread takes the last datagrams
+    notify.drain()  # the daemon exited: everything it sent is queued on the socket
 
     ready = notify.index("READY=1")
     assert "STATUS=serving: demo=onnx_trt_ep" in notify.datagrams[ready][1]
@@ -271,15 +297,22 @@ def test_a_wedged_engine_worker_stops_the_pings(
             wedge_s = 5.0
             dealer.send_infer("wedge", "loop", _loop_inputs(int(wedge_s / per_iteration)))
             sent_at = time.monotonic()
-            # While the worker is stuck the bus still answers: only the worker is silent.
-            time.sleep(2.5)
+            # Once the watchdog sees the worker silent, the bus still answers:
+            # only the worker is silent.
+            wait_until(
+                lambda: any("watchdog withheld" in status for status in notify.statuses()),
+                message="the watchdog withholding pings",
+            )
             health = operator.health()
             assert health["threads"]["engine_worker"] is True
             header, _ = dealer.recv(timeout=wedge_s * 4)
             done_at = time.monotonic()
             assert header["ok"] and header["id"] == "wedge", header
             assert done_at - sent_at > 3.0, "the wedge was too short to test anything"
-            time.sleep(1.5)  # the pings come back
+            wait_until(  # the pings come back
+                lambda: [t for t in notify.times("WATCHDOG=1") if t >= done_at],
+                message="a ping after the worker returned",
+            )
     finally:
         exit_code = _stop(daemon)
     assert exit_code == 0, daemon.log()
@@ -317,14 +350,14 @@ def test_sigterm_drains_then_records_stop_and_exits_zero(
     with RawDealer(daemon.infer) as dealer:
         per_iteration = _per_iteration_s(dealer)
         dealer.send_infer("in-flight", "loop", _loop_inputs(int(1.5 / per_iteration)))
-        time.sleep(0.3)
+        wait_until(lambda: _running(daemon, "loop") == 1, message="the request on the worker")
         daemon.process.send_signal(signal.SIGTERM)
         header, _ = dealer.recv(timeout=20)
         answered_at = time.monotonic()
     exit_code = daemon.process.wait(timeout=30)
     assert exit_code == 0, daemon.log()
     assert header["ok"] and header["id"] == "in-flight", header  # drained, not failed
-    time.sleep(0.1)
+    notify.drain()  # the daemon exited: everything it sent is queued on the socket
     stopping_at = notify.times("STOPPING=1")
     assert stopping_at and stopping_at[0] < answered_at  # STOPPING=1 before the drain ends
     log = daemon.log()
@@ -358,21 +391,22 @@ def journald() -> Iterator[None]:
         binary = "/lib/systemd/systemd-journald"
         assert os.access(binary, os.X_OK), f"{binary} missing: install the 'systemd' package"
         process = subprocess.Popen([binary], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not _journal_reachable():
+
+        def reachable() -> bool:
             assert process.poll() is None, "systemd-journald exited"
-            assert time.monotonic() < deadline, "systemd-journald did not open its socket"
-            time.sleep(0.05)
+            return _journal_reachable()
+
+        wait_until(reachable, message="systemd-journald opening its socket")
     yield
     if process is not None:
         process.terminate()
         process.wait(timeout=10)
 
 
-def _journal(*matches: str, expect: str, timeout: float = 10) -> list[dict[str, Any]]:
+def _journal(*matches: str, expect: str, timeout: float = HANG_S) -> list[dict[str, Any]]:
     """Entries matching ``matches``, polling until one has INFERD_EVENT ``expect``."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def entries() -> list[dict[str, Any]]:
         subprocess.run(["journalctl", "--sync"], capture_output=True, timeout=10)
         result = subprocess.run(
             ["journalctl", "-o", "json", "--no-pager", *matches],
@@ -380,11 +414,10 @@ def _journal(*matches: str, expect: str, timeout: float = 10) -> list[dict[str, 
             text=True,
             timeout=30,
         )
-        entries = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
-        if any(entry.get("INFERD_EVENT") == expect for entry in entries):
-            return entries
-        assert time.monotonic() < deadline, f"no {expect} entry: {result.stderr}"
-        time.sleep(0.2)
+        found = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        return found if any(entry.get("INFERD_EVENT") == expect for entry in found) else []
+
+    return wait_until(entries, timeout, interval=0.2, message=f"a journal entry {expect}")
 
 
 def test_journald_entries_carry_structured_fields(

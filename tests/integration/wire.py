@@ -4,8 +4,7 @@ traffic can be sent exactly as a foreign client would."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -94,20 +93,6 @@ def assert_error(header: dict[str, Any], code: str, fragment: str, request_id: A
     assert isinstance(message, str), header
     assert fragment.lower() in message.lower(), f"{fragment!r} not in {message!r}"
     assert header.get("id") == request_id, f"id {header.get('id')!r} != {request_id!r}"
-
-
-def wait_for(
-    predicate: Callable[[], Any], timeout: float, interval: float = 0.02, message: str = "condition"
-) -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` s."""
-    give_up_at = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= give_up_at:
-            raise AssertionError(f"{message} not reached within {timeout} s")
-        time.sleep(interval)
 
 
 def model_status(control: str, name: str) -> dict[str, Any]:
