@@ -1,10 +1,10 @@
 """The unit files in systemd/: ``systemd-analyze verify`` prints nothing, the
-security exposure stays where the README says, and the settings the daemon
+security exposure stays where docs/OPERATIONS.md says, and the settings the daemon
 relies on are there.
 
 ``verify`` exits 0 on warnings (unknown keys, typos), so any output fails.
 It also checks that ExecStart's binary exists and is executable; the units
-name the install path from the README (/opt/inferd/venv/bin/inferd), so each
+name the install path from docs/OPERATIONS.md (/opt/inferd/venv/bin/inferd), so each
 unit is verified as a copy whose ExecStart names this checkout's ``inferd``
 entry point instead; nothing else is changed.
 """
@@ -23,7 +23,7 @@ from tests.conftest import REPO
 
 UNITS = ("inferd.service", "inferd@.service")
 INSTALLED_INFERD = "/opt/inferd/venv/bin/inferd"
-#: Overall exposure of both units, as recorded in the README (``1.4 OK``).
+#: Overall exposure of both units, as recorded in docs/OPERATIONS.md (``1.4 OK``).
 MAX_EXPOSURE = 1.5
 
 
