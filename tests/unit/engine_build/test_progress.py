@@ -1,5 +1,6 @@
-"""Phase-tree events: the progress-monitor adapter, queue, tree, stall watchdog,
-and the same adapter behind TensorRT's ``IProgressMonitor`` (fake TensorRT)."""
+"""Phase-tree events (``inferd.engine_build.progress``, with ``.events``): the
+progress-monitor adapter, queue, tree, stall watchdog, and the same adapter
+behind TensorRT's ``IProgressMonitor`` (fake TensorRT)."""
 
 from __future__ import annotations
 

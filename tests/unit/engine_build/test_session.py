@@ -1,5 +1,5 @@
-"""Whole builds (simulated builder): the acceptance scenarios as tests, the build
-summary against its JSON Schema, the FDR record, retry policy and validation."""
+"""Whole builds (``inferd.engine_build.session``, simulated builder): the build
+summary against its JSON Schema, the FDR record, failures and the retry policy."""
 
 from __future__ import annotations
 
@@ -8,43 +8,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from jsonschema import Draft202012Validator
 
-from inferd.engine_build import (
-    BuildRequest,
-    acceptance,
-    choose_retry_policy,
-    eligible_to_serve,
-    run_build,
-)
+from inferd.engine_build import BuildRequest, choose_retry_policy, run_build
 from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
-from inferd.engine_build.validation import validate_build
 from inferd.fdr import kinds
-from inferd.types import BuildConfig, HostTuple, PrecisionMode
+from inferd.types import BuildConfig
+from tests.conftest import REPO
+from tests.unit.engine_build.conftest import HOST, SUMMARY_SCHEMA
 
-REPO = Path(__file__).resolve().parents[2]
-SUMMARY_SCHEMA = json.loads((REPO / "schemas" / "build" / "summary.json").read_text())
 FDR_SCHEMA = json.loads((REPO / "schemas" / "fdr" / "c7.engine_build.json").read_text())
-HOST = HostTuple((8, 7), "orin", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
-
-
-@pytest.mark.parametrize("scenario", sorted(acceptance.SCENARIOS))
-def test_acceptance_scenario(scenario: str, tmp_path: Path) -> None:
-    assert acceptance.run(tmp_path, scenarios=[scenario]) == 0, (tmp_path / "report.md").read_text()
-    evidence = json.loads((tmp_path / "evidence.json").read_text())
-    assert evidence["simulated"] is True and evidence["label"] == "simulated"
-    # Every summary the scenario reports must be among the files checked below
-    # (a pattern that matched nothing would check nothing).
-    reported = {Path(b["summaryPath"]) for sc in evidence["scenarios"] for b in sc["builds"]}
-    assert reported, "the scenario reported no build summary"
-    found = set((tmp_path / "work" / "engines").rglob("*.build.json"))
-    assert reported <= found, sorted(map(str, reported - found))
-    for summary_file in found:
-        document = json.loads(summary_file.read_text())
-        Draft202012Validator(SUMMARY_SCHEMA).validate(document)
-        assert document["simulated"] is True
 
 
 def test_schema_is_valid_2020_12() -> None:
@@ -142,31 +116,3 @@ def test_retry_policy_from_evidence(evidence: dict[str, Any], policy: str) -> No
     }
     chosen, reason = choose_retry_policy(**{**base, **evidence})
     assert chosen == policy and reason
-
-
-def test_validation_tolerance_depends_on_precision(tmp_path: Path, demo_model: Path) -> None:
-    request = BuildRequest(demo_model, tmp_path / "demo.engine", BuildConfig(), HOST)
-    run_build(request, SimulatedBuilder(demo_model, request.build_config, HOST), record=None)
-
-    def off_by(delta: float) -> Any:
-        def infer(engine: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            outputs = SimulatedBuilder.simulated_infer(engine, inputs)
-            return {k: v + delta for k, v in outputs.items()}
-
-        return infer
-
-    engine = request.engine_path
-    assert validate_build(engine, demo_model, PrecisionMode.FP32, off_by(0.0)).status == "pass"
-    assert validate_build(engine, demo_model, PrecisionMode.FP32, off_by(0.005)).status == "fail"
-    assert validate_build(engine, demo_model, PrecisionMode.FP16, off_by(0.005)).status == "pass"
-    assert validate_build(engine, demo_model, PrecisionMode.INT8, off_by(0.05)).status == "pass"
-    engine.with_name(engine.name + ".sha256").unlink()
-    refused = validate_build(engine, demo_model, PrecisionMode.FP32, off_by(0.0))
-    assert refused.status == "fail" and refused.gate == "refused"
-
-
-def test_only_a_validated_completed_build_is_eligible() -> None:
-    assert eligible_to_serve({"outcome": "completed", "validationStatus": "pass"})
-    assert not eligible_to_serve({"outcome": "completed", "validationStatus": "pending"})
-    assert not eligible_to_serve({"outcome": "completed", "validationStatus": "fail"})
-    assert not eligible_to_serve({"outcome": "cancelled", "validationStatus": "not_applicable"})
