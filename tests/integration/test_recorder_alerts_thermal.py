@@ -350,7 +350,9 @@ TMPFS_BYTES = 64 * 1024
 def tiny_tmpfs() -> Iterator[Path]:
     """A 64 KiB tmpfs: a disk that really fills.  Needs root (CAP_SYS_ADMIN)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root; tests/unit/test_fdr.py covers injected ENOSPC")
+        pytest.skip(
+            "mounting a tmpfs needs root; tests/unit/fdr/test_fdr.py covers injected ENOSPC"
+        )
     mountpoint = Path(tempfile.mkdtemp(prefix="ifd-full-"))
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES},mode=0755", "tmpfs", str(mountpoint)],
@@ -362,7 +364,7 @@ def tiny_tmpfs() -> Iterator[Path]:
         mountpoint.rmdir()
         pytest.skip(
             f"cannot mount a tmpfs here ({mounted.stderr.strip()}); "
-            "tests/unit/test_fdr.py covers injected ENOSPC"
+            "tests/unit/fdr/test_fdr.py covers injected ENOSPC"
         )
     try:
         yield mountpoint

@@ -22,9 +22,9 @@ from inferd.fdr import framing
 from inferd.fdr.kinds import KINDS, RecordPayloadError, validate
 from inferd.fdr.reader import ReadReport, list_segments, read_records
 from inferd.fdr.writer import _RETRY_AFTER_FAILURE_S, FlightRecorder
-from tests.conftest import wait_until
+from tests.conftest import REPO, wait_until
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "fdr"
+SCHEMAS = REPO / "schemas" / "fdr"
 
 #: One valid payload per kind (also validated against schemas/fdr/).
 EXAMPLES: dict[str, dict[str, Any]] = {
