@@ -22,9 +22,12 @@ import pytest
 from inferd.cli import build as tensorrt_cli
 from inferd.config import RuntimeConfig, from_mapping
 from inferd.digest import sha256_file
-from inferd.engine_build.tensorrt_build import BuildHooks
+from inferd.engine_build.pipeline import compose_tensorrt_build, workspace_cap_bytes
+from inferd.engine_build.session import run_build
+from inferd.engine_build.tensorrt_build import PRECISION_FLAGS
 from inferd.engines import calibration as calib
 from inferd.engines import explain, read_host_tuple, read_sidecar, write_manifest
+from inferd.engines.locate import locate_engine
 from inferd.engines.manifest import Manifest
 from inferd.engines.timing_cache import timing_cache_path
 from inferd.errors import (
@@ -38,7 +41,7 @@ from inferd.errors import (
     OutOfMemoryError,
     RuntimeNotAvailableError,
 )
-from inferd.runtime import build_inference_runtime
+from inferd.runtime import build_inference_runtime, tensorrt_memory
 from inferd.runtime import tensorrt as trt_runtime
 from inferd.types import (
     BuildConfig,
@@ -158,14 +161,86 @@ class Bench:
     def deployed(
         self, runtime: Any, model: Path, config: BuildConfig | None = None
     ) -> EngineCacheEntry:
-        entry: EngineCacheEntry = runtime.compile_engine(model, config or BuildConfig())
+        entry = run_pipeline(self, model, config or BuildConfig()).entry
         self.trust(entry.artifact_path)
         return entry
 
 
+@dataclass
+class BuildResultView:
+    """What a test asks of a build, read from its summary document."""
+
+    precision_flags: tuple[str, ...]
+    strongly_typed: bool
+    warnings: list[str]
+    workspace_bytes: int
+    timing_cache: str
+    calibration: str | None
+    sha256: str
+
+
+@dataclass
+class Built:
+    """The outcome of the one engine pipeline's locate + compile + validate steps."""
+
+    status: str  # built | reused | failed | cancelled
+    entry: EngineCacheEntry
+    quarantined: Path | None
+    summary: dict[str, Any] | None = None
+    result: BuildResultView | None = None
+
+
+def run_pipeline(
+    bench: Bench,
+    model: Path,
+    config: BuildConfig,
+    *,
+    force: bool = False,
+    label: str | None = None,
+    calibration_data: Path | None = None,
+    listener: Any = None,
+    token: Any = None,
+) -> Built:
+    """Steps 1-3 of ``inferd.engine_build.pipeline`` in this process, on the fakes."""
+    host = read_host_tuple(precision=config.precision, tegra_release=bench.root / "absent")
+    plan = locate_engine(
+        model, config, engine_dir=bench.engine_dir, host=host, label=label, force=force
+    )
+    if plan.status == "reused":
+        return Built("reused", plan.entry, plan.quarantined)
+    runtime_config = bench.config()
+    builder, request = compose_tensorrt_build(
+        plan,
+        config,
+        gpu_memory_budget_bytes=runtime_config.gpu_memory_budget_bytes,
+        device_id=runtime_config.device_id,
+        calibration_data=calibration_data,
+    )
+    report = run_build(request, builder, token=token, record=bench.record, listener=listener)
+    summary = report.summary
+    if summary["outcome"] != "completed":
+        if summary["outcome"] == "failed":
+            raise EngineBuildError(str(summary["error"]))
+        return Built(summary["outcome"], plan.entry, plan.quarantined, summary)
+    stats = summary["builderStats"]
+    strongly_typed = bool(summary["baseline"]["stronglyTyped"])
+    result = BuildResultView(
+        precision_flags=() if strongly_typed else PRECISION_FLAGS[config.precision],
+        strongly_typed=strongly_typed,
+        warnings=list(stats.get("warnings", [])),
+        workspace_bytes=min(
+            config.workspace_bytes, workspace_cap_bytes(runtime_config.gpu_memory_budget_bytes)
+        ),
+        timing_cache=str(summary["timingCacheMode"]),
+        calibration=stats.get("calibration"),
+        sha256=str(summary["baseline"]["engineSha256"]),
+    )
+    return Built("built", plan.entry, plan.quarantined, summary, result)
+
+
 @pytest.fixture(autouse=True)
 def fresh_ledgers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trt_runtime, "_LEDGERS", {})
+    monkeypatch.setattr(tensorrt_memory, "_LEDGERS", {})
 
 
 @pytest.fixture
@@ -201,7 +276,7 @@ def scale_model(tmp_path: Path) -> Path:
 def test_precision_becomes_builder_flags_on_tensorrt_10(
     bench: Bench, demo_model: Path, precision: PrecisionMode, flags: tuple[str, ...]
 ) -> None:
-    outcome = bench.runtime().build(demo_model, BuildConfig(precision=precision))
+    outcome = run_pipeline(bench, demo_model, BuildConfig(precision=precision))
     assert outcome.status == "built" and outcome.result is not None
     assert outcome.result.precision_flags == flags
     assert not outcome.result.strongly_typed
@@ -219,7 +294,7 @@ def test_tensorrt_11_builds_strongly_typed_networks_without_precision_flags(
     assert not hasattr(gpu.tensorrt, "IInt8EntropyCalibrator2")
     bench = Bench(tmp_path, gpu)
     runtime = bench.runtime()
-    outcome = runtime.build(demo_model, BuildConfig(precision=PrecisionMode.FP16))
+    outcome = run_pipeline(bench, demo_model, BuildConfig(precision=PrecisionMode.FP16))
     assert outcome.result is not None and outcome.result.strongly_typed
     assert outcome.result.precision_flags == ()
     assert any("strongly typed" in warning for warning in outcome.result.warnings)
@@ -271,14 +346,14 @@ def test_workspace_is_capped_at_a_quarter_of_the_gpu_budget(
     bench: Bench, demo_model: Path, budget: int, workspace: int, expected: int
 ) -> None:
     runtime = bench.runtime(gpu_memory_budget_bytes=budget)
-    outcome = runtime.build(demo_model, BuildConfig(workspace_bytes=workspace))
+    outcome = run_pipeline(bench, demo_model, BuildConfig(workspace_bytes=workspace))
     assert bench.gpu.trt.last_build["workspace"] == expected
     assert outcome.result is not None and outcome.result.workspace_bytes == expected
 
 
 def test_optimisation_level_and_profiles_reach_the_builder(bench: Bench, scale_model: Path) -> None:
     config = BuildConfig(optimization_level=5, profiles=(SCALE_PROFILE,))
-    bench.runtime().build(scale_model, config)
+    run_pipeline(bench, scale_model, config)
     last = bench.gpu.trt.last_build
     assert last["optimization_level"] == 5
     assert last["profiles"] == [{"x": ((1, W), (4, W), (8, W))}]
@@ -300,7 +375,7 @@ def test_profile_mistakes_are_refused_before_the_builder_runs(
     fragment: str,
 ) -> None:
     with pytest.raises(EngineBuildError, match=fragment):
-        bench.runtime().build(scale_model, BuildConfig(profiles=profiles))
+        run_pipeline(bench, scale_model, BuildConfig(profiles=profiles))
     assert bench.gpu.trt.builds == 0
     assert not list(bench.engine_dir.glob("*.engine"))
 
@@ -309,19 +384,19 @@ def test_timing_cache_is_persisted_next_to_the_engines_and_reused(
     bench: Bench, demo_model: Path
 ) -> None:
     runtime = bench.runtime()
-    first = runtime.build(demo_model, BuildConfig())
+    first = run_pipeline(bench, demo_model, BuildConfig())
     host = first.engine_name.host
     cache = timing_cache_path(bench.engine_dir, host)
     assert first.result is not None and first.result.timing_cache == "cold"
     assert cache.is_file() and not cache.name.endswith(".engine")
     saved = cache.read_bytes()
 
-    again = runtime.build(demo_model, BuildConfig(), force=True)
+    again = run_pipeline(bench, demo_model, BuildConfig(), force=True)
     assert again.result is not None and again.result.timing_cache == "reused"
     assert bench.gpu.trt.timing_cache_hits == 1
     assert cache.read_bytes() == saved
 
-    other = runtime.build(demo_model, BuildConfig(precision=PrecisionMode.FP16))
+    other = run_pipeline(bench, demo_model, BuildConfig(precision=PrecisionMode.FP16))
     assert other.result is not None and other.result.timing_cache == "updated"
     assert cache.read_bytes() != saved
 
@@ -330,10 +405,10 @@ def test_a_timing_cache_tensorrt_refuses_is_discarded_and_replaced(
     bench: Bench, demo_model: Path
 ) -> None:
     runtime = bench.runtime()
-    first = runtime.build(demo_model, BuildConfig())
+    first = run_pipeline(bench, demo_model, BuildConfig())
     cache = timing_cache_path(bench.engine_dir, first.engine_name.host)
     cache.write_bytes(b"timing cache of another TensorRT version")
-    outcome = runtime.build(demo_model, BuildConfig(), force=True)
+    outcome = run_pipeline(bench, demo_model, BuildConfig(), force=True)
     assert outcome.result is not None and outcome.result.timing_cache == "discarded"
     assert cache.read_bytes().startswith(fake_tensorrt.TIMING_MAGIC)
 
@@ -350,13 +425,13 @@ def test_timing_cache_policy_is_a_seam(bench: Bench, demo_model: Path) -> None:
 
     runtime = bench.runtime()
     runtime.build_hooks = BuildHooks(timing_cache=lambda _dir, _host: Policy())
-    runtime.build(demo_model, BuildConfig())
+    run_pipeline(bench, demo_model, BuildConfig())
     assert len(stored) == 1
     assert not list(bench.engine_dir.glob("timing_*"))
 
 
 def test_the_engine_is_written_atomically_with_its_sidecar(bench: Bench, demo_model: Path) -> None:
-    outcome = bench.runtime().build(demo_model, BuildConfig())
+    outcome = run_pipeline(bench, demo_model, BuildConfig())
     engine = outcome.entry.artifact_path
     assert outcome.result is not None
     assert read_sidecar(engine) == sha256_file(engine) == outcome.result.sha256
@@ -380,7 +455,7 @@ def test_a_failed_engine_write_leaves_no_partial_file(
 
     monkeypatch.setattr("inferd.engine_build.tensorrt_build.os.replace", no_rename)
     with pytest.raises(EngineBuildError, match="No space left"):
-        bench.runtime().build(demo_model, BuildConfig())
+        run_pipeline(bench, demo_model, BuildConfig())
     assert [path.name for path in bench.engine_dir.iterdir() if "engine" in path.name] == []
     assert bench.record.records[-1][1]["outcome"] == "failed"
 
@@ -390,10 +465,10 @@ def test_parser_errors_become_one_engine_build_error(bench: Bench, tmp_path: Pat
     garbage.write_bytes(b"\x08\x07 this is not a protobuf at all \xff\xfe")
     runtime = bench.runtime()
     with pytest.raises(EngineBuildError, match=r"ONNX parser rejected garbage.onnx: Failed"):
-        runtime.build(garbage, BuildConfig())
+        run_pipeline(bench, garbage, BuildConfig())
     custom = write_custom_op_model(tmp_path / "custom.onnx")
     with pytest.raises(EngineBuildError) as caught:
-        runtime.build(custom, BuildConfig())
+        run_pipeline(bench, custom, BuildConfig())
     assert "node 0: In node 0" in str(caught.value) and "FancyOp" in str(caught.value)
     assert bench.gpu.trt.builds == 0
     assert [payload["outcome"] for _, payload in bench.record.records] == ["failed", "failed"]
@@ -405,14 +480,14 @@ def test_a_builder_that_returns_none_says_why(bench: Bench, demo_model: Path) ->
         "(no further information)"
     )
     with pytest.raises(EngineBuildError, match="ran out of memory"):
-        bench.runtime().build(demo_model, BuildConfig())
+        run_pipeline(bench, demo_model, BuildConfig())
 
 
 def test_an_existing_valid_engine_is_reused_not_rebuilt(bench: Bench, demo_model: Path) -> None:
     runtime = bench.runtime()
     first = runtime.compile_engine(demo_model, BuildConfig())
     mtime = first.artifact_path.stat().st_mtime_ns
-    second = runtime.build(demo_model, BuildConfig())
+    second = run_pipeline(bench, demo_model, BuildConfig())
     assert second.status == "reused" and second.entry.artifact_path == first.artifact_path
     assert bench.gpu.trt.builds == 1
     assert first.artifact_path.stat().st_mtime_ns == mtime
@@ -421,7 +496,7 @@ def test_an_existing_valid_engine_is_reused_not_rebuilt(bench: Bench, demo_model
 
 def test_an_engine_built_under_another_label_is_found(bench: Bench, demo_model: Path) -> None:
     runtime = bench.runtime()
-    labelled = runtime.build(demo_model, BuildConfig(), label="Front Camera")
+    labelled = run_pipeline(bench, demo_model, BuildConfig(), label="Front Camera")
     assert labelled.entry.artifact_path.name.startswith("front-camera_m")
     entry = runtime.compile_engine(demo_model, BuildConfig())
     assert entry.artifact_path == labelled.entry.artifact_path
@@ -436,7 +511,7 @@ def test_a_corrupt_existing_engine_is_quarantined_and_rebuilt(
     data = bytearray(engine.read_bytes())
     data[100] ^= 0xFF
     engine.write_bytes(bytes(data))
-    outcome = runtime.build(demo_model, BuildConfig())
+    outcome = run_pipeline(bench, demo_model, BuildConfig())
     assert outcome.status == "built" and bench.gpu.trt.builds == 2
     assert outcome.quarantined == engine.with_name(engine.name + ".quarantined")
     assert outcome.quarantined.read_bytes() == bytes(data)
@@ -463,13 +538,13 @@ def test_progress_monitor_and_cancellation_seams(bench: Bench, demo_model: Path)
 
     runtime = bench.runtime()
     runtime.build_hooks = BuildHooks(progress_monitor=Monitor, cancelled=lambda: stop["now"])
-    runtime.build(demo_model, BuildConfig())
+    run_pipeline(bench, demo_model, BuildConfig())
     assert bench.gpu.trt.last_build["progress_monitor"]
     assert ("start", "Building engine") in phases and ("finish", "Building engine") in phases
 
     stop["now"] = True
     with pytest.raises(EngineBuildError, match="was cancelled"):
-        runtime.build(demo_model, BuildConfig(precision=PrecisionMode.FP16))
+        run_pipeline(bench, demo_model, BuildConfig(precision=PrecisionMode.FP16))
     assert bench.record.records[-1][1]["outcome"] == "cancelled"
 
 
@@ -590,31 +665,31 @@ def test_int8_build_calibrates_once_and_reuses_the_trusted_cache(
     runtime = bench.runtime()
     runtime.build_hooks = BuildHooks(calibration_data=dataset)
     config = BuildConfig(precision=PrecisionMode.INT8, profiles=(SCALE_PROFILE,))
-    first = runtime.build(scale_model, config)
+    first = run_pipeline(bench, scale_model, config)
     assert first.result is not None and first.result.calibration == "calibrated"
     assert bench.gpu.trt.calibration_batches == 3
     cache = calib.calibration_cache_path(first.entry.artifact_path)
     assert cache.read_bytes().startswith(b"TRT-100300-EntropyCalibration2")
     assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(dataset)
 
-    again = runtime.build(scale_model, config, force=True)
+    again = run_pipeline(bench, scale_model, config, force=True)
     assert again.result is not None and again.result.calibration == "reused"
     assert bench.gpu.trt.calibration_batches == 3
 
     rng = np.random.default_rng(8)
     np.savez(dataset / "batch3.npz", x=rng.standard_normal((4, W)).astype(np.float32))
-    changed = runtime.build(scale_model, config, force=True)
+    changed = run_pipeline(bench, scale_model, config, force=True)
     assert changed.result is not None and changed.result.calibration == "calibrated"
     assert bench.gpu.trt.calibration_batches == 7
     assert bench.gpu.cuda.allocated_bytes == 0  # calibration buffers freed
 
     calib.integrity_sidecar_path(cache).write_text("garbage\n")
     with pytest.raises(CalibrationCacheError, match="corrupt"):
-        runtime.build(scale_model, config, force=True)
+        run_pipeline(bench, scale_model, config, force=True)
 
 
 def test_int8_without_calibration_data_warns(bench: Bench, demo_model: Path) -> None:
-    outcome = bench.runtime().build(demo_model, BuildConfig(precision=PrecisionMode.INT8))
+    outcome = run_pipeline(bench, demo_model, BuildConfig(precision=PrecisionMode.INT8))
     assert outcome.result is not None and outcome.result.calibration is None
     assert any("Q/DQ" in warning for warning in outcome.result.warnings)
 
