@@ -105,6 +105,13 @@ class RuntimeConfig:
     #: ``<engine_dir>/manifest.json`` if it exists, else an empty manifest
     #: (which refuses every engine at the gate's step 5).
     engine_manifest: Path | None = None
+    #: A ``tensorrt`` model serving on the fallback (engine missing, refused or
+    #: failed at load) gets its engine built in the background and adopted.
+    rebuild_on_fallback: bool = True
+    #: Wait before retrying a failed background build; doubles per failure.
+    rebuild_backoff_s: float = 60.0
+    #: Background builds tried per model before giving up (an alert says so).
+    rebuild_max_attempts: int = 3
 
     def __post_init__(self) -> None:
         for label in self.enabled:
@@ -118,6 +125,11 @@ class RuntimeConfig:
             raise ConfigError("runtime.engine_manifest must name a file, got an empty path")
         _non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
         _non_negative("runtime.device_id", self.device_id)
+        if not 0 <= self.rebuild_backoff_s <= 86_400:
+            raise ConfigError(
+                f"runtime.rebuild_backoff_s must be 0..86400, got {self.rebuild_backoff_s}"
+            )
+        _positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
 
 
 @dataclass(frozen=True)
@@ -391,6 +403,9 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         engine_dir=_resolve(state_dir, engine_dir),
         # A manifest is a deployment artifact, like a model: relative to the config file.
         engine_manifest=None if engine_manifest == "\0" else _resolve(base_dir, engine_manifest),
+        rebuild_on_fallback=runtime_table.take("rebuild_on_fallback", bool, True),
+        rebuild_backoff_s=runtime_table.take("rebuild_backoff_s", float, 60.0),
+        rebuild_max_attempts=runtime_table.take("rebuild_max_attempts", int, 3),
     )
     runtime_table.finish()
 

@@ -22,10 +22,11 @@ from inferd.bus.codec import Limits
 from inferd.bus.publisher import EventPublisher
 from inferd.bus.server import BusServer
 from inferd.config import Config
-from inferd.engine_build.supervisor import BuildManager
+from inferd.engine_build.supervisor import BuildFinished, BuildManager
 from inferd.fdr.writer import FlightRecorder
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
+from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Scheduler
 from inferd.serving.slot import ModelSlot, Sinks
@@ -101,8 +102,20 @@ class Daemon:
             record=self._record,
             grace_s=config.daemon.build_cancel_grace_s,
             device_id=config.runtime.device_id,
+            gpu_memory_budget_bytes=config.runtime.gpu_memory_budget_bytes,
             engine_manifest=config.runtime.engine_manifest,
+            on_finished=self._on_build_finished,
         )
+        self.rebuilder: FallbackRebuilder | None = None
+        if config.runtime.rebuild_on_fallback:
+            self.rebuilder = FallbackRebuilder(
+                start_build=self.builds.start,
+                switch=self.switcher.switch_now,
+                alert=self.alerts,
+                can_build=self.builds.tensorrt_available,
+                backoff_s=config.runtime.rebuild_backoff_s,
+                max_attempts=config.runtime.rebuild_max_attempts,
+            )
         self.router = RequestRouter(
             self.slots,
             self.scheduler,
@@ -185,6 +198,8 @@ class Daemon:
             on_stopping()
         # Builds first: cooperative cancel (source sigterm), killed after the grace
         # period; their c7.engine_build records reach the FDR before it closes.
+        if self.rebuilder is not None:
+            self.rebuilder.stop()
         self.builds.shutdown("sigterm")
         drain_s = self.config.daemon.shutdown_drain_ms / 1000
         drained = self.scheduler.wait_idle(drain_s)
@@ -375,6 +390,17 @@ class Daemon:
         # Runtime log lines during activation name the model (journald INFERD_MODEL).
         with structlog.contextvars.bound_contextvars(model=slot.name):
             slot.activate(self.config.runtime, self._sinks)
+        if (
+            self.rebuilder is not None
+            and slot.config.runtime == TENSORRT
+            and slot.state == "serving"
+            and slot.is_fallback
+        ):
+            self.rebuilder.on_fallback(slot.name, slot.last_error or "failed over")
+
+    def _on_build_finished(self, finished: BuildFinished) -> None:
+        if self.rebuilder is not None:
+            self.rebuilder.on_build_finished(finished)
 
     def _thermal_summary(self) -> str:
         state = self.thermal.snapshot()

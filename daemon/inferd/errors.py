@@ -17,6 +17,16 @@ class EngineDeserializeError(InferdError):
     pass
 
 
+class EngineMissingError(InferdError):
+    """No engine for this model and host is in the engine dir.  The ``tensorrt``
+    runtime never builds one itself: the model serves on the fallback while the
+    daemon builds ``engine_path`` in a build child (DESIGN.md, "One engine pipeline")."""
+
+    def __init__(self, message: str, *, engine_path: object = None) -> None:
+        super().__init__(message)
+        self.engine_path = engine_path
+
+
 class EngineHashMismatchError(InferdError):
     """An engine's content does not match a trusted digest.  ``stage`` says which:
     ``"sidecar"`` (its ``.sha256`` sidecar), ``"manifest"`` (the deployment

@@ -22,6 +22,9 @@ Settings, read from the environment when the fakes are first imported:
                                       failure -> failover)
 ``INFERD_FAKE_TRT_BUILD_STEP_S``      seconds each build step takes (a slow
                                       build, to cancel mid-way)
+``INFERD_FAKE_TRT_BUILD_ERROR``       what TensorRT's logger says when
+                                      ``build_serialized_network`` returns None
+                                      (every build fails)
 ====================================  ==========================================
 
 An engine built by one process (``prebuild_engine``, or ``inferd build`` under
@@ -69,6 +72,8 @@ def stack() -> fake_tensorrt.FakeGpuStack:
             )
             if "INFERD_FAKE_TRT_BUILD_STEP_S" in env:
                 trt.build_step_s = float(env["INFERD_FAKE_TRT_BUILD_STEP_S"])
+            if env.get("INFERD_FAKE_TRT_BUILD_ERROR"):
+                trt.build_error = env["INFERD_FAKE_TRT_BUILD_ERROR"]
             if "INFERD_FAKE_TRT_DEVICE_MEMORY" in env:
                 trt.device_memory_size = int(env["INFERD_FAKE_TRT_DEVICE_MEMORY"])
             _stack = fake_tensorrt.make_stack(cuda=fake_pycuda.FakeCuda(devices=[gpu]), trt=trt)

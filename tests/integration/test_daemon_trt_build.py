@@ -6,7 +6,6 @@ the child, trusted in ``<engine_dir>/manifest.json``, and adopted by
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from inferd.digest import sha256_file
 from inferd.engines.sidecar import read_sidecar, sidecar_path
 from inferd_client import InferenceClient, OperatorClient
 from inferd_client.errors import RemoteError
-from tests.conftest import DaemonFactory
+from tests.conftest import DaemonFactory, wait_until
 from tests.fakes.gpu_site import fake_gpu_env
 from tests.integration.test_daemon_builds import build_status, control
 from tests.integration.test_tensorrt_daemon import expected_descriptors
@@ -25,14 +24,15 @@ from tests.integration.test_tensorrt_daemon import expected_descriptors
 pytestmark = pytest.mark.integration
 
 
-def wait_finished(daemon: Any, build_id: str, timeout: float = 20) -> dict[str, Any]:
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        status = build_status(daemon, build_id)
-        if status["state"] != "running":
-            return status
-        time.sleep(0.1)
-    raise AssertionError(f"build {build_id} still running after {timeout}s")
+def wait_finished(daemon: Any, build_id: str) -> dict[str, Any]:
+    statuses: list[dict[str, Any]] = []
+
+    def finished() -> bool:
+        statuses.append(build_status(daemon, build_id))
+        return statuses[-1]["state"] != "running"
+
+    wait_until(finished, message=f"build {build_id} still running")
+    return statuses[-1]
 
 
 def test_a_daemon_tensorrt_build_validates_and_is_adopted_by_runtime_switch(

@@ -22,10 +22,15 @@ import pytest
 from inferd.cli import build as tensorrt_cli
 from inferd.config import RuntimeConfig, from_mapping
 from inferd.digest import sha256_file
-from inferd.engine_build.tensorrt_build import BuildHooks
+from inferd.engine_build.pipeline import compose_tensorrt_build, workspace_cap_bytes
+from inferd.engine_build.session import run_build
+from inferd.engine_build.tensorrt_build import PRECISION_FLAGS
 from inferd.engines import calibration as calib
 from inferd.engines import explain, read_host_tuple, read_sidecar, write_manifest
+from inferd.engines.build_config import load_build_config
+from inferd.engines.locate import locate_engine
 from inferd.engines.manifest import Manifest
+from inferd.engines.naming import EngineName
 from inferd.engines.timing_cache import timing_cache_path
 from inferd.errors import (
     CalibrationCacheError,
@@ -38,7 +43,7 @@ from inferd.errors import (
     OutOfMemoryError,
     RuntimeNotAvailableError,
 )
-from inferd.runtime import build_inference_runtime
+from inferd.runtime import build_inference_runtime, tensorrt_memory
 from inferd.runtime import tensorrt as trt_runtime
 from inferd.types import (
     BuildConfig,
@@ -156,16 +161,91 @@ class Bench:
         write_manifest(manifest, entries)
 
     def deployed(
-        self, runtime: Any, model: Path, config: BuildConfig | None = None
+        self, _runtime: Any, model: Path, config: BuildConfig | None = None
     ) -> EngineCacheEntry:
-        entry: EngineCacheEntry = runtime.compile_engine(model, config or BuildConfig())
+        """Build ``model``'s engine through the pipeline and list it in the manifest."""
+        entry = run_pipeline(self, model, config or BuildConfig()).entry
         self.trust(entry.artifact_path)
         return entry
 
 
+@dataclass
+class BuildResultView:
+    """What a test asks of a build, read from its summary document."""
+
+    precision_flags: tuple[str, ...]
+    strongly_typed: bool
+    warnings: list[str]
+    workspace_bytes: int
+    timing_cache: str
+    calibration: str | None
+    sha256: str
+
+
+@dataclass
+class Built:
+    """The outcome of the one engine pipeline's locate + compile + validate steps."""
+
+    status: str  # built | reused | cancelled (a failed build raises EngineBuildError)
+    entry: EngineCacheEntry
+    engine_name: EngineName
+    quarantined: Path | None
+    summary: dict[str, Any] | None = None
+    result: BuildResultView | None = None
+
+
+def run_pipeline(
+    bench: Bench,
+    model: Path,
+    config: BuildConfig,
+    *,
+    force: bool = False,
+    label: str | None = None,
+    calibration_data: Path | None = None,
+    listener: Any = None,
+    token: Any = None,
+    **config_overrides: Any,
+) -> Built:
+    """Steps 1-3 of ``inferd.engine_build.pipeline`` in this process, on the fakes."""
+    host = read_host_tuple(precision=config.precision, tegra_release=bench.root / "absent")
+    plan = locate_engine(
+        model, config, engine_dir=bench.engine_dir, host=host, label=label, force=force
+    )
+    if plan.status == "reused":
+        return Built("reused", plan.entry, plan.engine_name, plan.quarantined)
+    runtime_config = bench.config(**config_overrides)
+    builder, request = compose_tensorrt_build(
+        plan,
+        config,
+        gpu_memory_budget_bytes=runtime_config.gpu_memory_budget_bytes,
+        device_id=runtime_config.device_id,
+        calibration_data=calibration_data,
+    )
+    report = run_build(request, builder, token=token, record=bench.record, listener=listener)
+    summary = report.summary
+    if summary["outcome"] != "completed":
+        if summary["outcome"] == "failed":
+            raise EngineBuildError(str(summary["error"]))
+        return Built(summary["outcome"], plan.entry, plan.engine_name, plan.quarantined, summary)
+    stats = summary["builderStats"]
+    strongly_typed = bool(summary["baseline"]["stronglyTyped"])
+    result = BuildResultView(
+        precision_flags=() if strongly_typed else PRECISION_FLAGS[config.precision],
+        strongly_typed=strongly_typed,
+        warnings=list(stats.get("warnings", [])),
+        workspace_bytes=min(
+            config.workspace_bytes, workspace_cap_bytes(runtime_config.gpu_memory_budget_bytes)
+        ),
+        timing_cache=str(summary["timingCacheMode"]),
+        calibration=stats.get("calibration"),
+        sha256=str(summary["baseline"]["engineSha256"]),
+    )
+    return Built("built", plan.entry, plan.engine_name, plan.quarantined, summary, result)
+
+
 @pytest.fixture(autouse=True)
 def fresh_ledgers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trt_runtime, "_LEDGERS", {})
+    monkeypatch.setattr(tensorrt_memory, "_LEDGERS", {})
 
 
 @pytest.fixture
@@ -201,7 +281,7 @@ def scale_model(tmp_path: Path) -> Path:
 def test_precision_becomes_builder_flags_on_tensorrt_10(
     bench: Bench, demo_model: Path, precision: PrecisionMode, flags: tuple[str, ...]
 ) -> None:
-    outcome = bench.runtime().build(demo_model, BuildConfig(precision=precision))
+    outcome = run_pipeline(bench, demo_model, BuildConfig(precision=precision))
     assert outcome.status == "built" and outcome.result is not None
     assert outcome.result.precision_flags == flags
     assert not outcome.result.strongly_typed
@@ -219,7 +299,7 @@ def test_tensorrt_11_builds_strongly_typed_networks_without_precision_flags(
     assert not hasattr(gpu.tensorrt, "IInt8EntropyCalibrator2")
     bench = Bench(tmp_path, gpu)
     runtime = bench.runtime()
-    outcome = runtime.build(demo_model, BuildConfig(precision=PrecisionMode.FP16))
+    outcome = run_pipeline(bench, demo_model, BuildConfig(precision=PrecisionMode.FP16))
     assert outcome.result is not None and outcome.result.strongly_typed
     assert outcome.result.precision_flags == ()
     assert any("strongly typed" in warning for warning in outcome.result.warnings)
@@ -270,15 +350,16 @@ def write_scale_model_bytes() -> bytes:
 def test_workspace_is_capped_at_a_quarter_of_the_gpu_budget(
     bench: Bench, demo_model: Path, budget: int, workspace: int, expected: int
 ) -> None:
-    runtime = bench.runtime(gpu_memory_budget_bytes=budget)
-    outcome = runtime.build(demo_model, BuildConfig(workspace_bytes=workspace))
+    outcome = run_pipeline(
+        bench, demo_model, BuildConfig(workspace_bytes=workspace), gpu_memory_budget_bytes=budget
+    )
     assert bench.gpu.trt.last_build["workspace"] == expected
     assert outcome.result is not None and outcome.result.workspace_bytes == expected
 
 
 def test_optimisation_level_and_profiles_reach_the_builder(bench: Bench, scale_model: Path) -> None:
     config = BuildConfig(optimization_level=5, profiles=(SCALE_PROFILE,))
-    bench.runtime().build(scale_model, config)
+    run_pipeline(bench, scale_model, config)
     last = bench.gpu.trt.last_build
     assert last["optimization_level"] == 5
     assert last["profiles"] == [{"x": ((1, W), (4, W), (8, W))}]
@@ -300,7 +381,7 @@ def test_profile_mistakes_are_refused_before_the_builder_runs(
     fragment: str,
 ) -> None:
     with pytest.raises(EngineBuildError, match=fragment):
-        bench.runtime().build(scale_model, BuildConfig(profiles=profiles))
+        run_pipeline(bench, scale_model, BuildConfig(profiles=profiles))
     assert bench.gpu.trt.builds == 0
     assert not list(bench.engine_dir.glob("*.engine"))
 
@@ -308,59 +389,41 @@ def test_profile_mistakes_are_refused_before_the_builder_runs(
 def test_timing_cache_is_persisted_next_to_the_engines_and_reused(
     bench: Bench, demo_model: Path
 ) -> None:
-    runtime = bench.runtime()
-    first = runtime.build(demo_model, BuildConfig())
+    first = run_pipeline(bench, demo_model, BuildConfig())
     host = first.engine_name.host
     cache = timing_cache_path(bench.engine_dir, host)
     assert first.result is not None and first.result.timing_cache == "cold"
     assert cache.is_file() and not cache.name.endswith(".engine")
     saved = cache.read_bytes()
 
-    again = runtime.build(demo_model, BuildConfig(), force=True)
+    again = run_pipeline(bench, demo_model, BuildConfig(), force=True)
     assert again.result is not None and again.result.timing_cache == "reused"
     assert bench.gpu.trt.timing_cache_hits == 1
     assert cache.read_bytes() == saved
 
-    other = runtime.build(demo_model, BuildConfig(precision=PrecisionMode.FP16))
+    other = run_pipeline(bench, demo_model, BuildConfig(precision=PrecisionMode.FP16))
     assert other.result is not None and other.result.timing_cache == "updated"
     assert cache.read_bytes() != saved
 
 
-def test_a_timing_cache_tensorrt_refuses_is_discarded_and_replaced(
+def test_a_timing_cache_tensorrt_refuses_is_quarantined_and_replaced(
     bench: Bench, demo_model: Path
 ) -> None:
-    runtime = bench.runtime()
-    first = runtime.build(demo_model, BuildConfig())
+    first = run_pipeline(bench, demo_model, BuildConfig())
     cache = timing_cache_path(bench.engine_dir, first.engine_name.host)
     cache.write_bytes(b"timing cache of another TensorRT version")
-    outcome = runtime.build(demo_model, BuildConfig(), force=True)
-    assert outcome.result is not None and outcome.result.timing_cache == "discarded"
+    outcome = run_pipeline(bench, demo_model, BuildConfig(), force=True)
+    assert outcome.result is not None and outcome.result.timing_cache == "quarantined"
     assert cache.read_bytes().startswith(fake_tensorrt.TIMING_MAGIC)
-
-
-def test_timing_cache_policy_is_a_seam(bench: Bench, demo_model: Path) -> None:
-    stored: list[bytes] = []
-
-    class Policy:
-        def load(self) -> bytes | None:
-            return None
-
-        def store(self, data: bytes) -> None:
-            stored.append(data)
-
-    runtime = bench.runtime()
-    runtime.build_hooks = BuildHooks(timing_cache=lambda _dir, _host: Policy())
-    runtime.build(demo_model, BuildConfig())
-    assert len(stored) == 1
-    assert not list(bench.engine_dir.glob("timing_*"))
+    (moved,) = (bench.engine_dir / "quarantine").glob(cache.name + ".*[0-9]")
+    assert moved.read_bytes() == b"timing cache of another TensorRT version"
 
 
 def test_the_engine_is_written_atomically_with_its_sidecar(bench: Bench, demo_model: Path) -> None:
-    outcome = bench.runtime().build(demo_model, BuildConfig())
+    outcome = run_pipeline(bench, demo_model, BuildConfig())
     engine = outcome.entry.artifact_path
     assert outcome.result is not None
     assert read_sidecar(engine) == sha256_file(engine) == outcome.result.sha256
-    assert outcome.result.size_bytes == engine.stat().st_size
     assert not [path for path in bench.engine_dir.iterdir() if ".tmp-" in path.name]
     verdicts = explain(
         engine,
@@ -375,25 +438,27 @@ def test_the_engine_is_written_atomically_with_its_sidecar(bench: Bench, demo_mo
 def test_a_failed_engine_write_leaves_no_partial_file(
     bench: Bench, demo_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_rename(*_args: Any) -> None:
+    def disk_full(*_args: Any, **_kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("inferd.engine_build.tensorrt_build.os.replace", no_rename)
+    monkeypatch.setattr("inferd.engine_build.artifacts.atomic_write_bytes", disk_full)
     with pytest.raises(EngineBuildError, match="No space left"):
-        bench.runtime().build(demo_model, BuildConfig())
-    assert [path.name for path in bench.engine_dir.iterdir() if "engine" in path.name] == []
+        run_pipeline(bench, demo_model, BuildConfig())
+    leftovers = [
+        p.name for p in bench.engine_dir.iterdir() if p.suffix == ".engine" or ".tmp-" in p.name
+    ]
+    assert leftovers == []
     assert bench.record.records[-1][1]["outcome"] == "failed"
 
 
 def test_parser_errors_become_one_engine_build_error(bench: Bench, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x08\x07 this is not a protobuf at all \xff\xfe")
-    runtime = bench.runtime()
-    with pytest.raises(EngineBuildError, match=r"ONNX parser rejected garbage.onnx: Failed"):
-        runtime.build(garbage, BuildConfig())
+    with pytest.raises(EngineBuildError, match=r"ONNX parser rejected garbage.onnx: .*Failed"):
+        run_pipeline(bench, garbage, BuildConfig())
     custom = write_custom_op_model(tmp_path / "custom.onnx")
     with pytest.raises(EngineBuildError) as caught:
-        runtime.build(custom, BuildConfig())
+        run_pipeline(bench, custom, BuildConfig())
     assert "node 0: In node 0" in str(caught.value) and "FancyOp" in str(caught.value)
     assert bench.gpu.trt.builds == 0
     assert [payload["outcome"] for _, payload in bench.record.records] == ["failed", "failed"]
@@ -405,14 +470,13 @@ def test_a_builder_that_returns_none_says_why(bench: Bench, demo_model: Path) ->
         "(no further information)"
     )
     with pytest.raises(EngineBuildError, match="ran out of memory"):
-        bench.runtime().build(demo_model, BuildConfig())
+        run_pipeline(bench, demo_model, BuildConfig())
 
 
 def test_an_existing_valid_engine_is_reused_not_rebuilt(bench: Bench, demo_model: Path) -> None:
-    runtime = bench.runtime()
-    first = runtime.compile_engine(demo_model, BuildConfig())
+    first = run_pipeline(bench, demo_model, BuildConfig()).entry
     mtime = first.artifact_path.stat().st_mtime_ns
-    second = runtime.build(demo_model, BuildConfig())
+    second = run_pipeline(bench, demo_model, BuildConfig())
     assert second.status == "reused" and second.entry.artifact_path == first.artifact_path
     assert bench.gpu.trt.builds == 1
     assert first.artifact_path.stat().st_mtime_ns == mtime
@@ -421,9 +485,9 @@ def test_an_existing_valid_engine_is_reused_not_rebuilt(bench: Bench, demo_model
 
 def test_an_engine_built_under_another_label_is_found(bench: Bench, demo_model: Path) -> None:
     runtime = bench.runtime()
-    labelled = runtime.build(demo_model, BuildConfig(), label="Front Camera")
+    labelled = run_pipeline(bench, demo_model, BuildConfig(), label="Front Camera")
     assert labelled.entry.artifact_path.name.startswith("front-camera_m")
-    entry = runtime.compile_engine(demo_model, BuildConfig())
+    entry = runtime.compile_engine(demo_model, BuildConfig())  # locates, never builds
     assert entry.artifact_path == labelled.entry.artifact_path
     assert bench.gpu.trt.builds == 1
 
@@ -431,54 +495,28 @@ def test_an_engine_built_under_another_label_is_found(bench: Bench, demo_model: 
 def test_a_corrupt_existing_engine_is_quarantined_and_rebuilt(
     bench: Bench, demo_model: Path
 ) -> None:
-    runtime = bench.runtime()
-    engine = runtime.compile_engine(demo_model, BuildConfig()).artifact_path
+    engine = run_pipeline(bench, demo_model, BuildConfig()).entry.artifact_path
     data = bytearray(engine.read_bytes())
     data[100] ^= 0xFF
     engine.write_bytes(bytes(data))
-    outcome = runtime.build(demo_model, BuildConfig())
+    outcome = run_pipeline(bench, demo_model, BuildConfig())
     assert outcome.status == "built" and bench.gpu.trt.builds == 2
-    assert outcome.quarantined == engine.with_name(engine.name + ".quarantined")
+    assert outcome.quarantined is not None
+    assert outcome.quarantined.parent == bench.engine_dir / "quarantine"
+    assert outcome.quarantined.name.startswith(engine.name + ".")
     assert outcome.quarantined.read_bytes() == bytes(data)
+    reason = outcome.quarantined.with_name(outcome.quarantined.name + ".reason").read_text()
+    assert "sidecar" in reason
     assert read_sidecar(engine) == sha256_file(engine)
 
 
-def test_progress_monitor_and_cancellation_seams(bench: Bench, demo_model: Path) -> None:
-    trt = bench.gpu.tensorrt
-    phases: list[tuple[str, Any]] = []
-    stop = {"now": False}
-
-    class Monitor(trt.IProgressMonitor):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            trt.IProgressMonitor.__init__(self)
-
-        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
-            phases.append(("start", phase_name))
-
-        def step_complete(self, phase_name: str, step: int) -> bool:
-            return not stop["now"]
-
-        def phase_finish(self, phase_name: str) -> None:
-            phases.append(("finish", phase_name))
-
-    runtime = bench.runtime()
-    runtime.build_hooks = BuildHooks(progress_monitor=Monitor, cancelled=lambda: stop["now"])
-    runtime.build(demo_model, BuildConfig())
-    assert bench.gpu.trt.last_build["progress_monitor"]
-    assert ("start", "Building engine") in phases and ("finish", "Building engine") in phases
-
-    stop["now"] = True
-    with pytest.raises(EngineBuildError, match="was cancelled"):
-        runtime.build(demo_model, BuildConfig(precision=PrecisionMode.FP16))
-    assert bench.record.records[-1][1]["outcome"] == "cancelled"
-
-
 def test_each_build_is_recorded(bench: Bench, demo_model: Path) -> None:
-    bench.runtime().compile_engine(demo_model, BuildConfig())
+    run_pipeline(bench, demo_model, BuildConfig())
     [(kind, payload)] = bench.record.records
     assert kind == "c7.engine_build"
     assert payload["outcome"] == "succeeded" and payload["duration_s"] >= 0
-    assert payload["model"] == "demo" and payload["timing_cache"] == "cold"
+    assert payload["model"] == "demo.onnx" and payload["timing_cache"] == "cold"
+    assert payload["validation_status"] == "pass"
 
 
 # -- calibration cache trust -----------------------------------------------------------------
@@ -587,34 +625,32 @@ def test_a_crash_while_storing_reads_as_untrusted_not_as_corrupt(
 def test_int8_build_calibrates_once_and_reuses_the_trusted_cache(
     bench: Bench, scale_model: Path, dataset: Path
 ) -> None:
-    runtime = bench.runtime()
-    runtime.build_hooks = BuildHooks(calibration_data=dataset)
     config = BuildConfig(precision=PrecisionMode.INT8, profiles=(SCALE_PROFILE,))
-    first = runtime.build(scale_model, config)
+    first = run_pipeline(bench, scale_model, config, calibration_data=dataset)
     assert first.result is not None and first.result.calibration == "calibrated"
     assert bench.gpu.trt.calibration_batches == 3
     cache = calib.calibration_cache_path(first.entry.artifact_path)
     assert cache.read_bytes().startswith(b"TRT-100300-EntropyCalibration2")
     assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(dataset)
 
-    again = runtime.build(scale_model, config, force=True)
+    again = run_pipeline(bench, scale_model, config, force=True, calibration_data=dataset)
     assert again.result is not None and again.result.calibration == "reused"
     assert bench.gpu.trt.calibration_batches == 3
 
     rng = np.random.default_rng(8)
     np.savez(dataset / "batch3.npz", x=rng.standard_normal((4, W)).astype(np.float32))
-    changed = runtime.build(scale_model, config, force=True)
+    changed = run_pipeline(bench, scale_model, config, force=True, calibration_data=dataset)
     assert changed.result is not None and changed.result.calibration == "calibrated"
     assert bench.gpu.trt.calibration_batches == 7
     assert bench.gpu.cuda.allocated_bytes == 0  # calibration buffers freed
 
     calib.integrity_sidecar_path(cache).write_text("garbage\n")
-    with pytest.raises(CalibrationCacheError, match="corrupt"):
-        runtime.build(scale_model, config, force=True)
+    with pytest.raises(EngineBuildError, match="corrupt"):
+        run_pipeline(bench, scale_model, config, force=True, calibration_data=dataset)
 
 
 def test_int8_without_calibration_data_warns(bench: Bench, demo_model: Path) -> None:
-    outcome = bench.runtime().build(demo_model, BuildConfig(precision=PrecisionMode.INT8))
+    outcome = run_pipeline(bench, demo_model, BuildConfig(precision=PrecisionMode.INT8))
     assert outcome.result is not None and outcome.result.calibration is None
     assert any("Q/DQ" in warning for warning in outcome.result.warnings)
 
@@ -626,20 +662,21 @@ def test_gate_refusal_propagates_is_recorded_and_touches_no_tensorrt(
     bench: Bench, demo_model: Path
 ) -> None:
     runtime = bench.runtime()
-    entry = runtime.compile_engine(demo_model, BuildConfig())  # built, but not deployed
+    entry = run_pipeline(bench, demo_model, BuildConfig()).entry  # built, but not deployed
+    calls_before = len(bench.gpu.trt.calls)
     with pytest.raises(EngineHashMismatchError) as caught:
         runtime.deserialize_engine(entry)
     assert caught.value.stage == "manifest" and isinstance(caught.value, InferdError)
     refused = [payload for kind, payload in bench.record.records if kind == "c7.engine_refused"]
     assert refused and refused[0]["step"] == "manifest_digest"
-    assert "Runtime" not in bench.gpu.trt.calls
+    assert "Runtime" not in bench.gpu.trt.calls[calls_before:]
     assert runtime.resident_count == 0 and runtime.ledger.used() == 0
 
 
 def test_an_explicit_manifest_path_is_used(bench: Bench, demo_model: Path) -> None:
     elsewhere = bench.root / "deploy" / "trusted.json"
     runtime = bench.runtime(engine_manifest=elsewhere)
-    entry = runtime.compile_engine(demo_model, BuildConfig())
+    entry = run_pipeline(bench, demo_model, BuildConfig()).entry
     bench.trust(entry.artifact_path)  # the default location: not consulted
     with pytest.raises(InferdError, match="cannot be read"):
         runtime.deserialize_engine(entry)
@@ -693,7 +730,7 @@ def test_the_budget_counts_every_resident_engine_and_refusal_changes_nothing(
 
 def _trusted_file(bench: Bench, runtime: Any, demo_model: Path, content: bytes) -> Any:
     """An entry whose (gate-trusted) engine file holds ``content``."""
-    entry = runtime.compile_engine(demo_model, BuildConfig())
+    entry = run_pipeline(bench, demo_model, BuildConfig()).entry
     entry.artifact_path.write_bytes(content)
     from inferd.engines import write_sidecar
 
@@ -784,16 +821,20 @@ def test_outputs_are_computed_through_fake_device_memory(bench: Bench, demo_mode
 
 def test_buffers_are_allocated_once_per_engine_and_shape(bench: Bench, demo_model: Path) -> None:
     runtime = bench.runtime()
-    handle = runtime.deserialize_engine(bench.deployed(runtime, demo_model))
-    calls = bench.gpu.cuda.calls
-    allocations = (calls.count("mem_alloc"), calls.count("pagelocked_empty"))
+    entry = bench.deployed(runtime, demo_model)  # the build's validation ran the engine once
+    calls, trt_calls = bench.gpu.cuda.calls, bench.gpu.trt.calls
+    cuda_before, trt_before = len(calls), len(trt_calls)
+    handle = runtime.deserialize_engine(entry)
+    ours = calls[cuda_before:]
+    allocations = (ours.count("mem_alloc"), ours.count("pagelocked_empty"))
     assert allocations == (2, 2)  # input + output, at warm-up
     for seed in range(5):
         x = np.full((1, 3, 224, 224), seed, np.float32)
         runtime.infer(handle, {"image": x})
-    assert (calls.count("mem_alloc"), calls.count("pagelocked_empty")) == allocations
-    assert bench.gpu.trt.calls.count("IExecutionContext.set_tensor_address") == 2
-    assert calls.count("Stream.synchronize") == 6
+    ours = calls[cuda_before:]
+    assert (ours.count("mem_alloc"), ours.count("pagelocked_empty")) == allocations
+    assert trt_calls[trt_before:].count("IExecutionContext.set_tensor_address") == 2
+    assert ours.count("Stream.synchronize") == 6
 
 
 def test_dynamic_shapes_within_the_profile(bench: Bench, scale_model: Path) -> None:
@@ -890,17 +931,20 @@ def test_release_is_idempotent_and_frees_everything(bench: Bench, demo_model: Pa
 
 def test_close_and_garbage_collection_detach_the_context(bench: Bench, demo_model: Path) -> None:
     runtime = bench.runtime()
-    handle = runtime.deserialize_engine(bench.deployed(runtime, demo_model))
+    entry = bench.deployed(runtime, demo_model)
+    detached = bench.gpu.cuda.contexts_detached  # the build's and its validation's
+    handle = runtime.deserialize_engine(entry)
     runtime.close()
     runtime.close()
-    assert bench.gpu.cuda.contexts_detached == 1 and bench.gpu.trt.engines_alive == 0
+    assert bench.gpu.cuda.contexts_detached == detached + 1
+    assert bench.gpu.trt.engines_alive == 0
     runtime.release_engine(handle)  # after close: still a no-op, no error
 
     dropped = bench.runtime()
     bench.runtimes.remove(dropped)
     del dropped
     gc.collect()
-    assert bench.gpu.cuda.contexts_detached == 2
+    assert bench.gpu.cuda.contexts_detached == detached + 2
     assert bench.gpu.cuda.leaked_contexts == 0
     assert fake_tensorrt.thread_stack_depth(bench.gpu) == 0
 
@@ -908,16 +952,18 @@ def test_close_and_garbage_collection_detach_the_context(bench: Bench, demo_mode
 def test_every_cuda_section_pushes_and_pops_across_threads(bench: Bench, demo_model: Path) -> None:
     """Make-before-break: the switch thread prepares, the worker serves and releases."""
     cuda = bench.gpu.cuda
+    entry = fake_tensorrt.run_in_thread(lambda: bench.deployed(None, demo_model))
+    pushes, pops, detached = cuda.pushes, cuda.pops, cuda.contexts_detached
     runtime = fake_tensorrt.run_in_thread(bench.runtime)
-    entry = fake_tensorrt.run_in_thread(lambda: bench.deployed(runtime, demo_model))
     handle = fake_tensorrt.run_in_thread(lambda: runtime.deserialize_engine(entry))
     x = np.ones((1, 3, 224, 224), np.float32)
     assert runtime.infer(handle, {"image": x})["descriptors"].shape == (1, 256, 28, 28)
     fake_tensorrt.run_in_thread(lambda: runtime.release_engine(handle))
     assert all(not stack for stack in cuda.stacks.values())
-    assert cuda.pops == cuda.pushes + 1  # + the pop right after make_context
+    # + the pop right after make_context
+    assert cuda.pops - pops == cuda.pushes - pushes + 1
     fake_tensorrt.run_in_thread(runtime.close)  # not the creating thread: still detached
-    assert cuda.contexts_detached == 1 and cuda.leaked_contexts == 0
+    assert cuda.contexts_detached == detached + 1 and cuda.leaked_contexts == 0
     assert all(not stack for stack in cuda.stacks.values())
 
 
@@ -935,15 +981,16 @@ def test_the_fake_catches_cuda_work_without_a_current_context(
 
 
 def test_two_runtimes_keep_their_contexts_apart(bench: Bench, demo_model: Path) -> None:
+    entry = bench.deployed(None, demo_model)
+    created = bench.gpu.cuda.contexts_created
     first, second = bench.runtime(), bench.runtime()
-    entry = bench.deployed(first, demo_model)
     one, two = first.deserialize_engine(entry), second.deserialize_engine(entry)
     x = np.ones((1, 3, 224, 224), np.float32)
     np.testing.assert_array_equal(
         first.infer(one, {"image": x})["descriptors"],
         second.infer(two, {"image": x})["descriptors"],
     )
-    assert bench.gpu.cuda.contexts_created == 2
+    assert bench.gpu.cuda.contexts_created == created + 2
 
 
 # -- composition -------------------------------------------------------------------------------
@@ -954,7 +1001,7 @@ def test_factory_end_to_end_with_the_fakes(bench: Bench, demo_model: Path) -> No
     runtime = build_inference_runtime("tensorrt", config, is_fallback=False, record=bench.record)
     bench.runtimes.append(runtime)  # type: ignore[arg-type]
     assert runtime.current_runtime_label() == "tensorrt"
-    entry = runtime.compile_engine(demo_model, BuildConfig())
+    entry = run_pipeline(bench, demo_model, BuildConfig()).entry
     bench.trust(entry.artifact_path)
     handle = runtime.deserialize_engine(entry)
     out = runtime.infer(handle, {"image": np.zeros((1, 3, 224, 224), np.float32)})
@@ -990,11 +1037,19 @@ def test_a_slot_configured_for_tensorrt_serves_on_it_or_fails_over(
         thermal=lambda: ThermalState.unavailable(),
     )
     model = ModelConfig(name="demo", path=demo_model, runtime="tensorrt")
+    missing = ModelSlot(model)
+    missing.activate(bench.config(), sinks)  # no engine: the runtime never builds one
+    assert missing.state == "serving" and missing.is_fallback
+    assert bench.gpu.trt.builds == 0 and not list(bench.engine_dir.glob("*.engine"))
+    missing.release()
+
+    run_pipeline(bench, demo_model, BuildConfig())
     untrusted = ModelSlot(model)
-    untrusted.activate(bench.config(), sinks)  # built on the spot, but not in the manifest
+    untrusted.activate(bench.config(), sinks)  # built, but not in the manifest
     assert untrusted.state == "serving" and untrusted.is_fallback
     fallback = [payload for kind, payload in bench.record.records if kind.startswith("c7.fall")]
-    assert "not listed in the deployment manifest" in fallback[0]["reason"]
+    assert "no engine for this host" in fallback[0]["reason"]
+    assert "not listed in the deployment manifest" in fallback[1]["reason"]
     untrusted.release()
 
     bench.trust(next(bench.engine_dir.glob("demo_*.engine")))
@@ -1015,7 +1070,7 @@ def _build_config_file(tmp_path: Path, document: Any) -> Path:
 
 
 def test_build_config_json(tmp_path: Path) -> None:
-    config = tensorrt_cli.load_build_config(
+    config = load_build_config(
         _build_config_file(
             tmp_path,
             {
@@ -1034,7 +1089,7 @@ def test_build_config_json(tmp_path: Path) -> None:
         )
     )
     assert config == BuildConfig(PrecisionMode.FP16, 1 << 28, 4, (SCALE_PROFILE,))
-    assert tensorrt_cli.load_build_config(_build_config_file(tmp_path, {})) == BuildConfig()
+    assert load_build_config(_build_config_file(tmp_path, {})) == BuildConfig()
 
 
 @pytest.mark.parametrize(
@@ -1087,11 +1142,10 @@ def test_inferd_build_builds_then_reuses_and_records_the_manifest(
     report = json.loads(out.getvalue())
     assert code == 0 and report["status"] == "reused" and report["engine"] == str(engine)
     assert report["sha256"] == sha256_file(engine) and bench.gpu.trt.builds == 1
-    # each run closes its runtime (2), the observed build (run_build with the
-    # TensorRT builder) detaches the context it built in (1) and validation's
-    # smoke inference the one it ran in (1): none leaks
+    # the build detaches the context it built in (1) and validation's smoke
+    # inference the one it ran in (1); finding the engine again needs none
     cuda = bench.gpu.cuda
-    assert cuda.contexts_detached == 4 == cuda.contexts_created
+    assert cuda.contexts_detached == 2 == cuda.contexts_created
 
 
 def test_inferd_build_with_calibration_data_is_an_observed_build(
@@ -1178,7 +1232,7 @@ def test_the_site_shims_serve_a_subprocess_and_its_engines_load_here(
     assert report["status"] == "built" and engine.parent == bench.engine_dir
     assert Manifest.load(bench.engine_dir / "manifest.json").lookup(engine) == report["sha256"]
     runtime = bench.runtime()
-    entry = runtime.compile_engine(demo_model, BuildConfig())
+    entry = run_pipeline(bench, demo_model, BuildConfig()).entry
     assert entry.artifact_path == engine and bench.gpu.trt.builds == 0
     handle = runtime.deserialize_engine(entry)
     assert handle.runtime_label == "tensorrt"

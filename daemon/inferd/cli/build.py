@@ -1,21 +1,23 @@
 """``inferd build ONNX --config BUILD_CONFIG.json``: build (or find) a TensorRT engine
 pre-flight, without a running daemon.
 
-It runs exactly what the daemon's ``tensorrt`` runtime runs in
-``compile_engine`` (same engine directory, naming, build options, timing
-cache, atomic write and ``.sha256`` sidecar), so the daemon later finds the
-engine instead of building it in the air.  The build config is JSON::
+It runs steps 1-4 of the one engine pipeline (``inferd.engine_build.pipeline``:
+locate, compile, validate, record trust), the same steps a daemon build
+runs, with the same engine directory, naming, workspace rule, timing cache,
+atomic write and ``.sha256`` sidecar, so the daemon later finds the engine
+instead of building it in the background.  The build config is JSON::
 
     {"precision": "fp16", "workspace_bytes": 1073741824, "optimization_level": 3,
      "profiles": [{"input_name": "x", "min_shape": [1, 3], "opt_shape": [4, 3],
                    "max_shape": [8, 3]}]}
 
 (every key optional; defaults as ``inferd.types.BuildConfig``; unknown keys
-are an error).  The engine directory, GPU memory budget (workspace cap) and
-device come from the daemon config (``--daemon-config``, else the embedded
-default), ``--engine-dir`` overrides the directory.  ``--manifest M`` also
-records the engine's digest in deployment manifest ``M`` (created if absent),
-the step that makes the daemon's gate trust it.
+are an error; parsed by ``inferd.engines.build_config``, like ``build.start``'s).
+The engine directory, GPU memory budget (workspace cap) and device come from
+the daemon config (``--daemon-config``, else the embedded default),
+``--engine-dir`` overrides the directory.  ``--manifest M`` also records the
+engine's digest in deployment manifest ``M`` (created if absent), the step
+that makes the daemon's gate trust it.
 
 A build runs through ``inferd.engine_build.session.run_build`` with the TensorRT
 builder: phase events, one cancellation token, the no-cancel final write,
@@ -54,109 +56,29 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from inferd.engines.build_config import load_build_config
 from inferd.errors import (
     CalibrationCacheError,
     ConfigError,
     EngineManifestError,
     HostTupleUnavailableError,
     InferdError,
-    RuntimeNotAvailableError,
 )
-from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode, ThermalState
+from inferd.types import BuildConfig
 
 if TYPE_CHECKING:
     from inferd.engine_build.events import BuildEvent
+    from inferd.engines.locate import EnginePlan
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CANCELLED = 3
 EXIT_FORCED = 130
-
-_BUILD_KEYS = frozenset({"precision", "workspace_bytes", "optimization_level", "profiles"})
-_PROFILE_KEYS = frozenset({"input_name", "min_shape", "opt_shape", "max_shape"})
-
-
-def _shape(value: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(dim, int) and not isinstance(dim, bool) for dim in value
-    ):
-        raise ConfigError(f"{where} must be a list of integers, got {value!r}")
-    return tuple(value)
-
-
-def build_config_from_mapping(data: Mapping[str, Any], *, source: str) -> BuildConfig:
-    """A ``BuildConfig`` from parsed JSON; ``ConfigError`` naming the key otherwise."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: the build config must be a JSON object")
-    unknown = sorted(set(data) - _BUILD_KEYS)
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(_BUILD_KEYS)}")
-    defaults = BuildConfig()
-    precision_text = data.get("precision", defaults.precision.value)
-    try:
-        precision = PrecisionMode(precision_text)
-    except ValueError:
-        raise ConfigError(
-            f"{source}: precision {precision_text!r} is not one of "
-            f"{[mode.value for mode in PrecisionMode]}"
-        ) from None
-    numbers: dict[str, int] = {}
-    for key in ("workspace_bytes", "optimization_level"):
-        value = data.get(key, getattr(defaults, key))
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
-        numbers[key] = value
-    raw_profiles = data.get("profiles", [])
-    if not isinstance(raw_profiles, list):
-        raise ConfigError(f"{source}: profiles must be a list")
-    profiles: list[OptimizationProfile] = []
-    for index, item in enumerate(raw_profiles):
-        where = f"{source}: profiles[{index}]"
-        if not isinstance(item, Mapping) or set(item) != _PROFILE_KEYS:
-            raise ConfigError(f"{where} must have exactly the keys {sorted(_PROFILE_KEYS)}")
-        if not isinstance(item["input_name"], str) or not item["input_name"]:
-            raise ConfigError(f"{where}.input_name must be a non-empty string")
-        try:
-            profiles.append(
-                OptimizationProfile(
-                    input_name=item["input_name"],
-                    min_shape=_shape(item["min_shape"], f"{where}.min_shape"),
-                    opt_shape=_shape(item["opt_shape"], f"{where}.opt_shape"),
-                    max_shape=_shape(item["max_shape"], f"{where}.max_shape"),
-                )
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-    try:
-        return BuildConfig(precision=precision, profiles=tuple(profiles), **numbers)
-    except ValueError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-
-
-def load_build_config(path: Path) -> BuildConfig:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read build config {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-    return build_config_from_mapping(data, source=str(path))
-
-
-def _record_in_manifest(manifest: Path, engine: Path, sha256: str) -> None:
-    from inferd.engines.manifest import Manifest, write_manifest
-
-    entries = Manifest.load(manifest).entries() if manifest.exists() else {}
-    entries[engine.name] = sha256
-    manifest.parent.mkdir(parents=True, exist_ok=True)
-    write_manifest(manifest, entries)
 
 
 class _Forced(BaseException):
@@ -311,6 +233,20 @@ def _closing(*things: Any) -> Iterator[None]:
                     thing.close()
 
 
+def _missing_tensorrt() -> str | None:
+    """Why TensorRT cannot build here (its package, or pycuda for the CUDA
+    context), or None."""
+    try:
+        import tensorrt  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError from a broken libnvinfer
+        return f"the tensorrt package cannot be imported ({exc})"
+    try:
+        import pycuda.driver  # noqa: F401
+    except Exception as exc:
+        return f"pycuda.driver cannot be imported ({exc}); builds need it for the CUDA context"
+    return None
+
+
 def _forced_exit(
     engine_path: Path, build_id: str, json_log: _JsonLog | None, progress: Any, err: TextIO
 ) -> None:
@@ -357,9 +293,9 @@ def _forced_exit(
 def _build_observed(
     onnx: Path,
     wanted: BuildConfig,
-    plan: Any,
+    plan: EnginePlan,
     *,
-    workspace_cap_bytes: int,
+    gpu_memory_budget_bytes: int,
     device_id: int,
     timeout_s: float | None,
     stall_after_s: float | None,
@@ -367,36 +303,21 @@ def _build_observed(
     progress_stream: TextIO,
     calibration_data: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the build through ``run_build``; the summary document."""
+    """Steps 2-3 of the engine pipeline (``inferd.engine_build.pipeline``) with a
+    live progress display; the summary document."""
     import secrets
 
-    import pycuda.driver as cuda
-    import tensorrt as trt
-
     from inferd.engine_build.cancel import CancellationToken, cancel_on_signals
-    from inferd.engine_build.session import BuildRequest, run_build
-    from inferd.engine_build.tensorrt_builder import TensorRTBuilder
-    from inferd.engine_build.validation import tensorrt_smoke_infer
-    from inferd.engines.calibration import calibration_cache_path
+    from inferd.engine_build.pipeline import compose_tensorrt_build
+    from inferd.engine_build.session import run_build
 
     engine_path: Path = plan.entry.artifact_path
-    builder = TensorRTBuilder(
-        trt,
-        cuda,
-        onnx,
+    builder, request = compose_tensorrt_build(
+        plan,
         wanted,
-        workspace_cap_bytes=workspace_cap_bytes,
+        gpu_memory_budget_bytes=gpu_memory_budget_bytes,
         device_id=device_id,
-        infer=tensorrt_smoke_infer(trt, cuda, onnx, wanted, device_id),
         calibration_data=calibration_data,
-        calibration_cache=calibration_cache_path(engine_path),
-    )
-    request = BuildRequest(
-        model_path=onnx,
-        engine_path=engine_path,
-        build_config=wanted,
-        host=plan.host,
-        strongly_typed=builder.strongly_typed,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,
     )
@@ -469,29 +390,33 @@ def run(
         err.write(f"inferd build: {exc}\n")
         return EXIT_USAGE
 
-    from inferd.runtime import tensorrt
+    from inferd.engine_build.pipeline import record_trust, workspace_cap_bytes
+    from inferd.engines.host import read_host_tuple
+    from inferd.engines.locate import locate_engine
+    from inferd.engines.manifest import record_in_manifest
 
-    try:
-        runtime = tensorrt.create(
-            runtime_config,
-            is_fallback=False,
-            alert=lambda _alert: None,
-            record=lambda _kind, _payload: None,
-            thermal=ThermalState.unavailable,
-        )
-    except RuntimeNotAvailableError as exc:
-        err.write(f"inferd build: cannot build here: {exc}\n")
+    missing = _missing_tensorrt()
+    if missing is not None:
+        err.write(f"inferd build: cannot build here: {missing}\n")
         return EXIT_USAGE
     summary: dict[str, Any] | None = None
     code = EXIT_OK
     try:
-        outcome = runtime.plan_build(onnx, wanted, label=model_name, force=force)
-        if outcome.status == "planned":
+        host = read_host_tuple(precision=wanted.precision, device_index=runtime_config.device_id)
+        outcome = locate_engine(
+            onnx,
+            wanted,
+            engine_dir=runtime_config.engine_dir,
+            host=host,
+            label=model_name,
+            force=force,
+        )
+        if outcome.status == "to_build":
             summary = _build_observed(
                 onnx,
                 wanted,
                 outcome,
-                workspace_cap_bytes=runtime_config.gpu_memory_budget_bytes // 4,
+                gpu_memory_budget_bytes=runtime_config.gpu_memory_budget_bytes,
                 device_id=runtime_config.device_id,
                 timeout_s=timeout_s,
                 stall_after_s=stall_after_s,
@@ -517,9 +442,14 @@ def run(
                 err.write("inferd build: the built engine failed validation\n")
                 code = EXIT_FAILED
         else:
-            digest = outcome.result.sha256 if outcome.result else sha256_file(engine)
-        if manifest is not None and code == EXIT_OK and digest is not None:
-            _record_in_manifest(manifest, engine, digest)
+            digest = sha256_file(engine)  # reused: the gate's steps 1-4 checked it
+        if manifest is not None and code == EXIT_OK:
+            if summary is not None:
+                decision = record_trust(summary, engine, manifest=manifest)
+                if not decision.trusted:
+                    raise EngineManifestError(decision.note)
+            else:
+                record_in_manifest(manifest, engine.name, digest)
     except HostTupleUnavailableError as exc:
         err.write(f"inferd build: cannot build here: {exc}\n")
         return EXIT_USAGE
@@ -530,11 +460,9 @@ def run(
         kind = "calibration cache" if isinstance(exc, CalibrationCacheError) else "build"
         err.write(f"inferd build: {kind} failed: {exc}\n")
         return EXIT_FAILED
-    finally:
-        runtime.close()
 
-    status = outcome.status
-    build: dict[str, Any] | None = outcome.result.as_dict() if outcome.result else None
+    status = "reused" if outcome.status == "reused" else "to_build"
+    build: dict[str, Any] | None = None
     if summary is not None:
         status = "built" if summary["outcome"] == "completed" else summary["outcome"]
         strongly_typed = bool(summary["baseline"]["stronglyTyped"])
@@ -545,7 +473,8 @@ def run(
             "strongly_typed": strongly_typed,
             "precision_flags": [] if strongly_typed else list(PRECISION_FLAGS[wanted.precision]),
             "workspace_bytes": min(
-                wanted.workspace_bytes, runtime_config.gpu_memory_budget_bytes // 4
+                wanted.workspace_bytes,
+                workspace_cap_bytes(runtime_config.gpu_memory_budget_bytes),
             ),
             "timing_cache": summary["timingCacheMode"],
             "calibration": summary["builderStats"].get("calibration"),

@@ -2,7 +2,7 @@
 
 * ``events``: ``BuildEvent``, bounded ``EventQueue``, ``PhaseTree`` snapshots.
 * ``monitor``: ``ProgressAdapter`` (the IProgressMonitor callbacks),
-  ``make_trt_progress_monitor``, ``trt_build_hooks`` (runtime seam),
+  ``make_trt_progress_monitor``,
   ``StallWatchdog``.
 * ``cancel``: ``CancellationToken`` (one shared stop state), ``cancel_on_signals``,
   ``run_build_async``.
@@ -26,7 +26,6 @@ from inferd.engine_build.progress import (
     ProgressAdapter,
     StallWatchdog,
     make_trt_progress_monitor,
-    trt_build_hooks,
 )
 from inferd.engine_build.session import BuildReport, BuildRequest, choose_retry_policy, run_build
 from inferd.engine_build.validation import eligible_to_serve, validate_build
@@ -47,6 +46,5 @@ __all__ = [
     "make_trt_progress_monitor",
     "run_build",
     "run_build_async",
-    "trt_build_hooks",
     "validate_build",
 ]

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +24,11 @@ from typing import Any
 from inferd.digest import sha256_file
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engine_build.cancel import CancellationToken
+from inferd.engines.quarantine import quarantine
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
 from inferd.types import HostTuple
 
-QUARANTINE_DIR = "quarantine"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 
 
@@ -42,17 +41,6 @@ def inventory(directory: Path) -> list[dict[str, Any]]:
         for path in sorted(directory.rglob("*"))
         if path.is_file()
     ]
-
-
-def quarantine(path: Path, reason: str) -> Path:
-    """Move ``path`` into ``<dir>/quarantine/`` with ``<name>.reason`` beside it."""
-    target_dir = path.parent / QUARANTINE_DIR
-    target_dir.mkdir(exist_ok=True)
-    target = target_dir / f"{path.name}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    os.replace(path, target)
-    atomic_write_text(target.with_name(target.name + ".reason"), reason.rstrip() + "\n")
-    fsync_directory(path.parent)
-    return target
 
 
 def _pid_alive(pid: int) -> bool:

@@ -36,7 +36,7 @@ from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.events import BuildEvent
 from inferd.engine_build.session import Builder, BuildRequest, run_build
 from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
-from inferd.engine_build.validation import tensorrt_smoke_infer
+from inferd.engines.build_config import parse_build_config
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 
 #: The host tuple a simulated build claims (it never touches a GPU).
@@ -106,25 +106,25 @@ def _read_commands(token: CancellationToken, ignore_cancel: bool) -> None:
             token.cancel(source, str(message.get("reason", "")))
 
 
-def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, HostTuple]:
+def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, BuildRequest]:
     model_path = Path(spec["model_path"])
     if spec["builder"] == "tensorrt":
-        import pycuda.driver as cuda
-        import tensorrt as trt
-
-        from inferd.engine_build.tensorrt_builder import TensorRTBuilder
+        from inferd.engine_build.pipeline import compose_tensorrt_build
         from inferd.engines.host import read_host_tuple
+        from inferd.engines.locate import locate_engine
 
-        host = read_host_tuple(precision=config.precision, device_index=spec.get("device_id", 0))
-        builder: Builder = TensorRTBuilder(
-            trt,
-            cuda,
-            model_path,
-            config,
-            device_id=spec.get("device_id", 0),
-            infer=tensorrt_smoke_infer(trt, cuda, model_path, config, spec.get("device_id", 0)),
+        device_id = int(spec.get("device_id", 0))
+        host = read_host_tuple(precision=config.precision, device_index=device_id)
+        # Named as the tensorrt runtime locates it, so the daemon can load it.
+        plan = locate_engine(
+            model_path, config, engine_dir=Path(spec["engine_dir"]), host=host, force=True
         )
-        return builder, host
+        return compose_tensorrt_build(
+            plan,
+            config,
+            gpu_memory_budget_bytes=int(spec["gpu_memory_budget_bytes"]),
+            device_id=device_id,
+        )
     sim = spec.get("simulation") or {}
     settings = SimSettings(
         step_s=float(sim.get("step_s", 0.002)),
@@ -138,23 +138,13 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, HostTu
         SIMULATED_HOST.tensorrt_version,
         config.precision,
     )
-    return SimulatedBuilder(model_path, config, host, settings=settings), host
-
-
-def _runtime_engine_path(spec: dict[str, Any], host: HostTuple, config: BuildConfig) -> Path:
-    """Where the ``tensorrt`` runtime looks for this model's engine (``compile_engine``
-    reuses an intact one there), so ``runtime.switch`` can adopt the build."""
-    from inferd.digest import sha256_file
-    from inferd.engines.naming import engine_name_for
-
-    model_path = Path(spec["model_path"])
-    name = engine_name_for(
-        label=model_path.stem,
-        model_sha256=sha256_file(model_path),
-        host=host,
+    request = BuildRequest(
+        model_path=model_path,
+        engine_path=Path(spec["engine_path"]),
         build_config=config,
+        host=host,
     )
-    return Path(spec["engine_dir"]) / name.format()
+    return SimulatedBuilder(model_path, config, host, settings=settings), request
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,24 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     threading.Thread(
         target=_read_commands, args=(token, ignore_cancel), name="inferd-build-stdin", daemon=True
     ).start()
-    config = BuildConfig(
-        precision=PrecisionMode(spec["precision"]),
-        workspace_bytes=int(spec["workspace_bytes"]),
-        optimization_level=int(spec["optimization_level"]),
-    )
     try:
-        builder, host = _builder(spec, config)
-        engine_path = Path(spec["engine_path"])
-        if spec["builder"] == "tensorrt":
-            engine_path = _runtime_engine_path(spec, host, config)
-        writer.send({"kind": "engine_path", "path": str(engine_path)})
-        request = BuildRequest(
-            model_path=Path(spec["model_path"]),
-            engine_path=engine_path,
-            build_config=config,
-            host=host,
-            strongly_typed=getattr(builder, "strongly_typed", False),
-        )
+        config = parse_build_config(spec["build_config"], source="build child spec")
+        builder, request = _builder(spec, config)
+        writer.send({"kind": "engine_path", "path": str(request.engine_path)})
         report = run_build(
             request,
             builder,

@@ -17,12 +17,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from inferd.engine_build.cancel import CancellationToken, CancelRequest
 from inferd.engine_build.events import BuildEvent, EventQueue, PhaseTree, now_ns
-from inferd.types import HostTuple
 
 
 class ProgressAdapter:
@@ -174,25 +172,6 @@ def make_trt_progress_monitor(adapter: ProgressAdapter, trt: Any) -> Any:
             adapter.phase_finish(phase_name)
 
     return _Monitor()
-
-
-def trt_build_hooks(
-    adapter: ProgressAdapter,
-    trt: Any,
-    *,
-    timing_cache: Callable[[Path, HostTuple], Any] | None = None,
-    calibration_data: Path | None = None,
-) -> Any:
-    """``BuildHooks`` for ``TensorRTRuntime.build_hooks`` / ``build_engine`` wired to
-    the adapter and its token (the runtime seam; no runtime change needed)."""
-    from inferd.engine_build.tensorrt_build import BuildHooks
-
-    return BuildHooks(
-        progress_monitor=lambda: make_trt_progress_monitor(adapter, trt),
-        cancelled=adapter.token.is_set,
-        timing_cache=timing_cache,
-        calibration_data=calibration_data,
-    )
 
 
 class StallWatchdog:

@@ -33,8 +33,12 @@ import structlog
 
 from inferd.config import ModelConfig
 from inferd.engine_build.events import TERMINAL_EVENTS, BuildEvent, PhaseTree
+from inferd.engine_build.pipeline import record_trust
 from inferd.engine_build.session import BUILD_RECORD
-from inferd.types import PrecisionMode
+from inferd.engines.build_config import build_config_to_mapping, parse_build_config
+from inferd.engines.manifest import MANIFEST_NAME
+from inferd.errors import ConfigError
+from inferd.types import BuildConfig
 from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.builds")
@@ -47,12 +51,14 @@ CONTROL_SOURCES = ("control", "ide")
 STEP_PUBLISH_INTERVAL_S = 0.05
 #: Finished builds kept for ``build.status`` (oldest forgotten first).
 KEEP_FINISHED = 32
-_CONFIG_KEYS = {"precision", "workspace_bytes", "optimization_level"}
 _SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
 _OUTCOME_STATE = {"completed": "completed", "cancelled": "cancelled", "failed": "failed"}
 
 
 def tensorrt_importable() -> bool:
+    """Whether a build child can import TensorRT, without importing it here."""
+    if sys.modules.get("tensorrt") is not None:  # already imported (e.g. by a runtime)
+        return True
     try:
         return importlib.util.find_spec("tensorrt") is not None
     except (ImportError, ValueError):
@@ -77,6 +83,24 @@ def event_from_dict(data: Mapping[str, Any]) -> BuildEvent:
     )
 
 
+@dataclass(frozen=True)
+class BuildFinished:
+    """What the daemon learns when a build child has exited and its outcome is
+    recorded: ``state`` completed/cancelled/failed; ``trusted``: the engine was
+    recorded in the engine dir's manifest (so the ``tensorrt`` runtime will load
+    it); ``note``: why or why not."""
+
+    build_id: str
+    model: str
+    state: str
+    builder: str
+    trusted: bool
+    note: str | None
+    engine_path: Path
+    requested_by: str
+    error: str | None
+
+
 @dataclass
 class _Build:
     build_id: str
@@ -85,6 +109,7 @@ class _Build:
     build_config: dict[str, Any]
     engine_path: Path
     process: subprocess.Popen[bytes]
+    requested_by: str
     started_wall_ns: int
     started_mono: float
     tree: PhaseTree = field(default_factory=PhaseTree)
@@ -126,7 +151,9 @@ class BuildManager:
         grace_s: float,
         tensorrt_available: Callable[[], bool] = tensorrt_importable,
         device_id: int = 0,
+        gpu_memory_budget_bytes: int = 4 * 1024**3,
         engine_manifest: Path | None = None,
+        on_finished: Callable[[BuildFinished], None] | None = None,
     ) -> None:
         self._models = models
         self._build_dir = build_dir
@@ -136,10 +163,11 @@ class BuildManager:
         self.grace_s = grace_s
         self._tensorrt_available = tensorrt_available
         self._device_id = device_id
+        self._gpu_memory_budget_bytes = gpu_memory_budget_bytes
+        self._on_finished = on_finished
         #: ``runtime.engine_manifest``: when set, a deployment-managed manifest that
         #: daemon builds never write (the operator adds the engine to it).
         self._engine_manifest = engine_manifest
-        self._manifest_lock = threading.Lock()
         self._builds: dict[str, _Build] = {}
         self._lock = threading.Lock()
         self._accepting = True
@@ -157,6 +185,11 @@ class BuildManager:
                 Code.NOT_FOUND, f"no model named {model!r}; configured: {sorted(self._models)}"
             )
         build_config = self._build_config(header.get("build_config"), config)
+        requested_by = header.get("requested_by", "operator")
+        if not isinstance(requested_by, str) or not 0 < len(requested_by) <= 64:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, "'requested_by' must be a string of 1..64 characters"
+            )
         choice = header.get("builder", "auto")
         if choice not in BUILDERS:
             raise ProtocolError(Code.INVALID_ARGUMENT, f"'builder' must be one of {BUILDERS}")
@@ -203,8 +236,9 @@ class BuildManager:
                 "engine_path": str(engine_path),
                 "engine_dir": str(self._engine_dir),
                 "device_id": self._device_id,
+                "gpu_memory_budget_bytes": self._gpu_memory_budget_bytes,
                 "simulation": simulation,
-                **build_config,
+                "build_config": build_config,
             }
             (engine_path.parent if builder == "simulated" else engine_path).mkdir(
                 parents=True, exist_ok=True
@@ -228,6 +262,7 @@ class BuildManager:
                 build_config=build_config,
                 engine_path=engine_path,
                 process=process,
+                requested_by=requested_by,
                 started_wall_ns=time.time_ns(),
                 started_mono=time.monotonic(),
             )
@@ -298,6 +333,10 @@ class BuildManager:
             if not build.done.wait(self.grace_s + 10):
                 log.error("build_not_finished_at_shutdown", build_id=build.build_id)
 
+    def tensorrt_available(self) -> bool:
+        """Whether ``builder: auto`` builds with TensorRT here (else simulated)."""
+        return self._tensorrt_available()
+
     def running(self) -> int:
         with self._lock:
             return sum(1 for b in self._builds.values() if b.state == "running")
@@ -313,34 +352,14 @@ class BuildManager:
         return build
 
     def _build_config(self, raw: object, model: ModelConfig) -> dict[str, Any]:
-        values: dict[str, Any] = {
-            "precision": model.precision.value,
-            "workspace_bytes": 1 << 30,
-            "optimization_level": 3,
-        }
+        defaults = BuildConfig(precision=model.precision)
         if raw is None:
-            return values
-        if not isinstance(raw, dict) or set(raw) - _CONFIG_KEYS:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT, f"'build_config' is a map of {sorted(_CONFIG_KEYS)}"
-            )
-        precision = raw.get("precision", values["precision"])
-        if precision not in {p.value for p in PrecisionMode}:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"build_config.precision must be one of {[p.value for p in PrecisionMode]}",
-            )
-        workspace = raw.get("workspace_bytes", values["workspace_bytes"])
-        if not isinstance(workspace, int) or isinstance(workspace, bool) or workspace <= 0:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT, "build_config.workspace_bytes must be a positive integer"
-            )
-        level = raw.get("optimization_level", values["optimization_level"])
-        if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 5:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT, "build_config.optimization_level must be an integer 0..5"
-            )
-        return {"precision": precision, "workspace_bytes": workspace, "optimization_level": level}
+            return build_config_to_mapping(defaults)
+        try:
+            config = parse_build_config(raw, source="build_config", defaults=defaults)
+        except ConfigError as exc:
+            raise ProtocolError(Code.INVALID_ARGUMENT, str(exc)) from None
+        return build_config_to_mapping(config)
 
     def _engine_path(self, model: str, builder: str, build_id: str) -> Path:
         if builder == "simulated":
@@ -514,50 +533,40 @@ class BuildManager:
             summary=build.summary_path,
         )
         build.done.set()
+        if self._on_finished is not None:
+            finished = BuildFinished(
+                build_id=build.build_id,
+                model=build.model,
+                state=state,
+                builder=build.builder,
+                trusted=build.manifest is not None,
+                note=build.manifest_note,
+                engine_path=build.engine_path,
+                requested_by=build.requested_by,
+                error=build.error,
+            )
+            try:
+                self._on_finished(finished)
+            except Exception:  # the build's own record is already complete
+                log.exception("build_finished_hook_failed", build_id=build.build_id)
 
     def _trust(self, build: _Build) -> None:
-        """Record a validated TensorRT build in ``<engine_dir>/manifest.json`` (DESIGN.md
-        entry 'Daemon builds and the engine manifest'): it was built on this host, by
-        this daemon, and matched ONNX Runtime; a configured ``runtime.engine_manifest``
-        belongs to the deployment and is never written."""
-        from inferd.digest import sha256_file
-        from inferd.engine_build.validation import eligible_to_serve
-        from inferd.engines.manifest import Manifest, write_manifest
-        from inferd.runtime.tensorrt import MANIFEST_NAME
-
-        summary = build.summary or {}
-        if not eligible_to_serve(summary):
-            note = (
-                f"not recorded in a manifest: validation is {summary.get('validationStatus')!r}, "
-                "only a build that passed validation is trusted"
-            )
-        elif self._engine_manifest is not None:
-            note = (
-                f"not recorded: runtime.engine_manifest {self._engine_manifest} is managed by "
-                f"the deployment; add {build.engine_path.name} with its digest "
-                "(inferd build --manifest, or its .sha256 sidecar) to adopt it"
-            )
-        else:
-            manifest = self._engine_dir / MANIFEST_NAME
-            expected = (summary.get("baseline") or {}).get("engineSha256")
-            try:
-                digest = sha256_file(build.engine_path)
-                if digest != expected:
-                    raise ValueError(f"engine digest {digest} is not the build's {expected}")
-                with self._manifest_lock:
-                    entries = Manifest.load(manifest).entries() if manifest.exists() else {}
-                    entries[build.engine_path.name] = digest
-                    write_manifest(manifest, entries)
-            except Exception as exc:
-                note = f"not recorded in {manifest}: {type(exc).__name__}: {exc}"
-                log.error("build_manifest_failed", build_id=build.build_id, error=note)
-            else:
-                note = f"recorded in {manifest}"
-                with build.lock:
-                    build.manifest = str(manifest)
-                log.info("build_engine_trusted", build_id=build.build_id, manifest=str(manifest))
+        """Step 4 of the engine pipeline: a validated TensorRT build is recorded in
+        ``<engine_dir>/manifest.json`` (DESIGN.md, "Daemon builds and the engine
+        manifest"): it was built on this host, by this daemon, and matched ONNX
+        Runtime; a configured ``runtime.engine_manifest`` belongs to the deployment
+        and is never written."""
+        decision = record_trust(
+            build.summary or {},
+            build.engine_path,
+            manifest=self._engine_dir / MANIFEST_NAME,
+            deployment_manifest=self._engine_manifest,
+        )
+        if decision.trusted:
+            log.info("build_engine_trusted", build_id=build.build_id, manifest=decision.note)
         with build.lock:
-            build.manifest_note = note
+            build.manifest = str(decision.manifest) if decision.manifest else None
+            build.manifest_note = decision.note
 
     def _latencies(self, build: _Build) -> dict[str, float | None]:
         summary = build.summary or {}
@@ -629,6 +638,7 @@ class BuildManager:
                 "exit_code": build.exit_code,
                 "build_config": dict(build.build_config),
                 "started_wall_ns": build.started_wall_ns,
+                "requested_by": build.requested_by,
                 "elapsed_s": round((build.exited_mono or time.monotonic()) - build.started_mono, 3),
                 "cancel_source": build.cancel_source,
                 "cancel_reason": build.cancel_reason,

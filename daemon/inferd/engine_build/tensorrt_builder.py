@@ -31,17 +31,17 @@ from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.tensorrt_build import (
     PRECISION_FLAGS,
     Calibration,
-    _add_profiles,
-    _network_inputs,
-    _parser_error,
+    add_profiles,
     attach_calibration,
     has_precision_flags,
     network_flags,
+    network_inputs,
+    parser_error,
 )
 from inferd.engine_build.validation import Infer
 from inferd.errors import CalibrationCacheError, EngineBuildError
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
-from inferd.types import BuildConfig
+from inferd.types import BuildConfig, PrecisionMode
 
 REFUSED = (
     "TensorRT refused the stored timing cache (another TensorRT version or device, or damaged)"
@@ -104,25 +104,42 @@ class TensorRTBuilder:
             builder = trt.Builder(self.tlog.logger)
             network = builder.create_network(network_flags(trt, strongly_typed=self.strongly_typed))
             parser = trt.OnnxParser(network, self.tlog.logger)
+            mark = self.tlog.mark()
             if not parser.parse_from_file(str(self.onnx_path)):
-                errors = [_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
-                return BuilderOutput(None, None, error="ONNX parser: " + "; ".join(errors))
+                errors = [parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
+                reasons = errors or self.tlog.since(mark) or ["no reason given"]
+                return BuilderOutput(
+                    None,
+                    None,
+                    error=f"TensorRT's ONNX parser rejected {model}: " + "; ".join(reasons),
+                )
             config = builder.create_builder_config()
             flags: tuple[str, ...] = ()
-            if not self.strongly_typed:
-                flags = PRECISION_FLAGS[self.config.precision]
+            warnings: list[str] = []
+            precision = self.config.precision
+            if self.strongly_typed:
+                if precision is not PrecisionMode.FP32:
+                    warnings.append(
+                        "this TensorRT has no precision flags (strongly typed networks): "
+                        f"{precision.value} comes from the model's own types, not from the build"
+                    )
+            else:
+                flags = PRECISION_FLAGS[precision]
                 for flag in flags:
                     config.set_flag(getattr(trt.BuilderFlag, flag))
+                if "FP16" in flags and not getattr(builder, "platform_has_fast_fp16", True):
+                    warnings.append(
+                        "this GPU has no fast FP16; FP16 kernels may be slower than FP32"
+                    )
             config.set_memory_pool_limit(
                 trt.MemoryPoolType.WORKSPACE,
                 min(self.config.workspace_bytes, self.workspace_cap_bytes),
             )
             config.builder_optimization_level = self.config.optimization_level
-            _add_profiles(builder, config, _network_inputs(network), self.config.profiles, model)
+            add_profiles(builder, config, network_inputs(network), self.config.profiles, model)
             cache = config.create_timing_cache(timing_cache or b"")
             config.set_timing_cache(cache, False)
             config.progress_monitor = make_trt_progress_monitor(monitor, trt)
-            warnings: list[str] = []
             try:
                 calibration = self._calibration(config, flags, warnings)
             except (CalibrationCacheError, EngineBuildError) as exc:
@@ -159,7 +176,7 @@ class TensorRTBuilder:
     def _calibration(
         self, config: Any, flags: tuple[str, ...], warnings: list[str]
     ) -> Calibration | None:
-        if self.calibration_data is None or self.calibration_cache is None:
+        if self.calibration_cache is None:  # only without calibration data (see __init__)
             return None
         return attach_calibration(
             self.trt,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,21 @@ def manifest_json(entries: Mapping[str, str]) -> str:
 def write_manifest(path: Path, entries: Mapping[str, str]) -> None:
     """Write a manifest atomically (temp + fsync + rename)."""
     atomic_write_text(path, manifest_json(entries))
+
+
+#: The daemon-managed manifest in the engine dir, used when no deployment
+#: manifest (``runtime.engine_manifest``) is configured.
+MANIFEST_NAME = "manifest.json"
+
+_RECORD_LOCK = threading.Lock()
+
+
+def record_in_manifest(path: Path, engine_name: str, sha256: str) -> None:
+    """Add (or replace) ``engine_name``'s trusted digest in the manifest at ``path``,
+    keeping every other entry: the one way an engine becomes trusted (``inferd
+    build --manifest``, and a daemon build that passed validation)."""
+    with _RECORD_LOCK:
+        entries = Manifest.load(path).entries() if path.exists() else {}
+        entries[engine_name] = sha256
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_manifest(path, entries)

@@ -1,14 +1,10 @@
 """TensorRT-direct strategy (label ``tensorrt``): the production path on the vehicle.
 
-* ``compile_engine``: finds this model's engine in ``runtime.engine_dir`` by
-  its name (``inferd.engines.naming``: model hash, GPU, platform, TensorRT
-  version, precision, build-config hash; the label is only a hint) and reuses
-  it when the gate's steps 1-4 pass (name, host tuple, sidecar, digest); the
-  manifest (step 5) is ``deserialize_engine``'s business, since rebuilding
-  cannot make an engine trusted.  Otherwise it builds one
-  (``tensorrt_build.build_engine``), writing it atomically with its sidecar; an
-  existing file of that name that fails steps 1-4 is renamed
-  ``<name>.quarantined`` first.
+* ``compile_engine``: locates this model's engine in ``runtime.engine_dir``
+  (``inferd.engines.locate``, step 1 of the engine pipeline).  It never
+  builds: with no intact engine for this host it raises
+  ``EngineMissingError``, the model serves on the fallback and the daemon
+  builds the engine in a build child (``inferd.serving.rebuild``).
 * ``deserialize_engine``: the ``EngineGate`` first (its refusals propagate:
   they are ``InferdError`` and make the service fail over, and the gate logs
   and records ``c7.engine_refused``); then the GPU memory budget, *before* any
@@ -30,7 +26,7 @@ everything resident as it was.  ONNX Runtime's own arena is not counted.
 CUDA context.  ``create`` makes one context on ``runtime.device_id``
 (``Device.make_context``) and a stream in it, then pops it: it is current on
 no thread between calls.  Every section that touches CUDA or TensorRT pushes
-it and pops it again (``_Cuda.section``), because a runtime is not used from
+it and pops it again (``CudaContext.section``), because a runtime is not used from
 one thread only: make-before-break switching prepares (builds, deserializes,
 warms up) on a switch thread while the engine worker serves from the previous
 runtime, and the worker then runs ``infer`` and ``release_engine``.  A CUDA
@@ -47,38 +43,33 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import threading
-import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import structlog
 
 from inferd.config import RuntimeConfig
-from inferd.digest import sha256_file
-from inferd.engine_build.tensorrt_build import BuildHooks, BuildResult, build_engine
-from inferd.engines.gate import STEP_MANIFEST_DIGEST, EngineGate, ValidatedEngine, explain
+from inferd.engines.gate import EngineGate, ValidatedEngine
 from inferd.engines.host import read_host_tuple
-from inferd.engines.manifest import Manifest
-from inferd.engines.naming import EngineName, engine_name_for
-from inferd.engines.sidecar import sidecar_path
-from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
+from inferd.engines.locate import locate_engine
+from inferd.engines.manifest import MANIFEST_NAME, Manifest
 from inferd.errors import (
-    EngineBuildError,
     EngineDeserializeError,
+    EngineMissingError,
     InferdError,
     InferenceError,
     OutOfMemoryError,
     RuntimeNotAvailableError,
 )
 from inferd.runtime.tensorrt_buffers import IOBuffers, numpy_dtype_name
+from inferd.runtime.tensorrt_cuda import CudaContext
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
+from inferd.runtime.tensorrt_memory import GpuMemoryLedger, ledger_for, mib
 from inferd.types import (
     AlertSink,
     BuildConfig,
@@ -92,9 +83,6 @@ from inferd.types import (
 
 LABEL = "tensorrt"
 ACTIVE_PROVIDERS: tuple[str, ...] = ("TensorRT",)
-MANIFEST_NAME = "manifest.json"
-QUARANTINE_SUFFIX = ".quarantined"
-BUILD_RECORD = "c7.engine_build"
 
 log = structlog.get_logger("inferd.runtime.tensorrt")
 
@@ -146,93 +134,6 @@ def _clear_frames(exc: BaseException) -> None:
         pending += [current.__cause__, current.__context__]
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / (1024 * 1024):.1f} MiB"
-
-
-class GpuMemoryLedger:
-    """Bytes charged against the GPU memory budget, per resident engine, for one device."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._charges: dict[object, int] = {}
-
-    def charge(self, key: object, nbytes: int, budget: int) -> tuple[bool, int]:
-        """Set ``key``'s charge to ``nbytes`` if everything fits in ``budget``.
-        Returns (accepted, bytes charged to the other keys)."""
-        with self._lock:
-            others = sum(value for owner, value in self._charges.items() if owner is not key)
-            if others + nbytes > budget:
-                return False, others
-            self._charges[key] = nbytes
-            return True, others
-
-    def release(self, key: object) -> None:
-        with self._lock:
-            self._charges.pop(key, None)
-
-    def used(self) -> int:
-        with self._lock:
-            return sum(self._charges.values())
-
-    def engines(self) -> int:
-        with self._lock:
-            return len(self._charges)
-
-
-_LEDGERS: dict[int, GpuMemoryLedger] = {}
-_LEDGERS_LOCK = threading.Lock()
-
-
-def ledger_for(device_id: int) -> GpuMemoryLedger:
-    with _LEDGERS_LOCK:
-        return _LEDGERS.setdefault(device_id, GpuMemoryLedger())
-
-
-class _Cuda:
-    """The runtime's CUDA context and stream, and the section that makes them current."""
-
-    def __init__(self, cuda: Any, device_id: int) -> None:
-        self.module = cuda
-        self.lock = threading.RLock()
-        try:
-            cuda.init()
-            context = cuda.Device(device_id).make_context()
-        except cuda.Error as exc:
-            raise RuntimeNotAvailableError(
-                LABEL, f"CUDA device {device_id} cannot be opened ({exc})"
-            ) from None
-        # make_context leaves the new context current on this thread.
-        try:
-            self.stream: Any = cuda.Stream()
-        except cuda.Error as exc:
-            with contextlib.suppress(cuda.Error):
-                context.detach()
-            raise RuntimeNotAvailableError(
-                LABEL, f"cannot create a CUDA stream on device {device_id} ({exc})"
-            ) from None
-        cuda.Context.pop()
-        self.context: Any = context
-
-    @contextlib.contextmanager
-    def section(self) -> Iterator[None]:
-        """Hold the lock and make the context current on this thread; pop it after."""
-        with self.lock:
-            if self.context is None:
-                raise InferenceError("the tensorrt runtime has been closed")
-            try:
-                self.context.push()
-            except self.module.Error as exc:
-                raise InferenceError(f"cannot make the CUDA context current: {exc}") from exc
-            try:
-                yield
-            finally:
-                try:
-                    self.module.Context.pop()
-                except self.module.Error as exc:  # pragma: no cover - driver failure
-                    log.error("cuda_context_pop_failed", error=str(exc))
-
-
 @dataclass
 class _Resident:
     """One resident engine and everything allocated for it."""
@@ -266,7 +167,7 @@ class _State:
     """What ``close`` (or the garbage collector, through ``weakref.finalize``) frees.
     Kept apart from the runtime object so the finalizer holds no reference to it."""
 
-    def __init__(self, cuda: _Cuda, ledger: GpuMemoryLedger, tlog: TensorRTLog) -> None:
+    def __init__(self, cuda: CudaContext, ledger: GpuMemoryLedger, tlog: TensorRTLog) -> None:
         self.cuda = cuda
         self.ledger = ledger
         self.tlog = tlog  # TensorRT's logger must outlive every object made with it
@@ -302,19 +203,6 @@ class _State:
                     log.error("cuda_context_detach_failed", error=str(exc))
 
 
-@dataclass(frozen=True)
-class CompileOutcome:
-    """What ``TensorRTRuntime.build`` did: ``built`` (with the build's result) or
-    ``reused`` an engine already on disk; ``planned`` (``plan_build`` only): to build."""
-
-    entry: EngineCacheEntry
-    engine_name: EngineName
-    status: Literal["built", "reused", "planned"]
-    result: BuildResult | None = None
-    quarantined: Path | None = None
-    host: HostTuple | None = None
-
-
 class TensorRTRuntime:
     def __init__(
         self,
@@ -338,12 +226,9 @@ class TensorRTRuntime:
         self._host_tuple = host_tuple if host_tuple is not None else read_host_tuple
         self._handle_ids = itertools.count(1)
         self._tlog = TensorRTLog(trt)
-        self._cuda = _Cuda(cuda, config.device_id)
+        self._cuda = CudaContext(cuda, config.device_id)
         self._state = _State(self._cuda, ledger or ledger_for(config.device_id), self._tlog)
         self._finalizer = weakref.finalize(self, self._state.close)
-        #: Seams for the engine-build issue: progress monitor, cancellation,
-        #: timing-cache policy, calibration data.
-        self.build_hooks = BuildHooks()
 
     # -- small accessors ----------------------------------------------------------------
 
@@ -365,175 +250,28 @@ class TensorRTRuntime:
         """Release every engine and detach the CUDA context.  Idempotent."""
         self._finalizer()
 
-    # -- compile --------------------------------------------------------------------------
+    # -- locate -------------------------------------------------------------------------
 
     def compile_engine(self, model_path: Path, build_config: BuildConfig) -> EngineCacheEntry:
-        return self.build(model_path, build_config).entry
-
-    def build(
-        self,
-        model_path: Path,
-        build_config: BuildConfig,
-        *,
-        label: str | None = None,
-        force: bool = False,
-    ) -> CompileOutcome:
-        """Reuse this model's engine when one on disk is intact and for this host,
-        else build it (``force``: always build)."""
-        plan = self.plan_build(model_path, build_config, label=label, force=force)
-        if plan.status == "reused":
-            return plan
-        assert plan.host is not None
-        path, label_text = plan.entry.artifact_path, plan.engine_name.label
-        result = self._build(model_path, build_config, path, plan.host, label_text)
-        return replace(plan, status="built", result=result)
-
-    def plan_build(
-        self,
-        model_path: Path,
-        build_config: BuildConfig,
-        *,
-        label: str | None = None,
-        force: bool = False,
-    ) -> CompileOutcome:
-        """What ``build`` would do, without building: ``reused`` (an intact engine for
-        this host is on disk) or ``planned`` (the entry to build; an unusable engine at
-        its path has been moved aside, see ``quarantined``).  Used by ``inferd build``
-        to run the build itself through ``inferd.engine_build.session.run_build``."""
-        if not model_path.is_file():
-            raise EngineBuildError(f"model file {model_path} does not exist")
+        """Locate this model's engine; this runtime never builds (DESIGN.md, "One engine
+        pipeline"): a missing engine raises ``EngineMissingError``, the model serves on
+        the fallback and the daemon builds the engine in a child process."""
         host = self._host_tuple(
             precision=build_config.precision, device_index=self._config.device_id
         )
-        try:
-            model_sha256 = sha256_file(model_path)
-        except OSError as exc:
-            raise EngineBuildError(f"cannot read model {model_path}: {exc}") from exc
-        name = engine_name_for(
-            label=label or model_path.stem,
-            model_sha256=model_sha256,
-            host=host,
-            build_config=build_config,
+        plan = locate_engine(
+            model_path, build_config, engine_dir=self._config.engine_dir, host=host
         )
-        engine_dir = self._config.engine_dir
-        path = engine_dir / name.format()
-        entry = EngineCacheEntry(
-            runtime_label=LABEL,
-            artifact_path=path,
-            model_path=model_path,
-            model_sha256=model_sha256,
-            build_config=build_config,
-        )
-        quarantined: Path | None = None
-        if not force:
-            found, refusal = self._find_engine(path, host, model_sha256, build_config)
-            if found is not None:
-                log.info("engine_reused", engine=str(found), model=str(model_path))
-                return CompileOutcome(
-                    replace(entry, artifact_path=found), name, "reused", host=host
-                )
-            if refusal is not None:
-                quarantined = self._quarantine(path, refusal)
-        return CompileOutcome(entry, name, "planned", None, quarantined, host=host)
-
-    def _find_engine(
-        self, path: Path, host: HostTuple, model_sha256: str, build_config: BuildConfig
-    ) -> tuple[Path | None, str | None]:
-        """An intact engine for this model/host/config (any label), and why the file
-        at ``path`` itself was unusable (None if it was usable or absent)."""
-        rest = path.name.split("_", 1)[1]
-        candidates = [path] if path.exists() else []
-        with contextlib.suppress(OSError):
-            candidates += sorted(other for other in path.parent.glob(f"*_{rest}") if other != path)
-        refusal: str | None = None
-        for candidate in candidates:
-            verdicts = explain(
-                candidate,
-                host=host,
-                manifest=Manifest.empty(),
-                model_sha256=model_sha256,
-                build_config=build_config,
+        if plan.status == "to_build":
+            moved = (
+                f"; the unusable file was moved to {plan.quarantined}" if plan.quarantined else ""
             )
-            failed = [
-                verdict
-                for verdict in verdicts
-                if verdict.step != STEP_MANIFEST_DIGEST and not verdict.passed
-            ]
-            if not failed:
-                return candidate, None
-            if candidate == path:
-                refusal = f"step {failed[0].number} ({failed[0].step}): {failed[0].message}"
-        return None, refusal
-
-    def _quarantine(self, path: Path, reason: str) -> Path | None:
-        target = path.with_name(path.name + QUARANTINE_SUFFIX)
-        try:
-            os.replace(path, target)
-            sidecar = sidecar_path(path)
-            if sidecar.exists():
-                os.replace(sidecar, sidecar_path(target))
-        except OSError as exc:
-            raise EngineBuildError(
-                f"engine {path.name} is unusable ({reason}) and cannot be moved aside: {exc}"
-            ) from exc
-        log.warning("engine_quarantined", engine=str(path), moved_to=str(target), reason=reason)
-        return target
-
-    def _build(
-        self,
-        model_path: Path,
-        build_config: BuildConfig,
-        path: Path,
-        host: HostTuple,
-        label: str,
-    ) -> BuildResult:
-        hooks = self.build_hooks
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise EngineBuildError(f"cannot create engine directory {path.parent}: {exc}") from exc
-        policy = (
-            hooks.timing_cache(path.parent, host)
-            if hooks.timing_cache is not None
-            else TimingCacheFile(timing_cache_path(path.parent, host))
-        )
-        started = time.monotonic()
-        outcome = "failed"
-        result: BuildResult | None = None
-        log.info("engine_build_started", model=str(model_path), engine=str(path))
-        try:
-            with self._cuda.section():
-                result = build_engine(
-                    self._trt,
-                    self._cuda.module,
-                    self._tlog,
-                    onnx_path=model_path,
-                    build_config=build_config,
-                    engine_path=path,
-                    workspace_cap_bytes=self._config.gpu_memory_budget_bytes // 4,
-                    timing_cache=policy,
-                    hooks=hooks,
-                )
-            outcome = "succeeded"
-            return result
-        except InferdError:
-            if hooks.cancelled is not None and hooks.cancelled():
-                outcome = "cancelled"
-            raise
-        finally:
-            payload: dict[str, Any] = {
-                "model": label,
-                "outcome": outcome,
-                "duration_s": round(time.monotonic() - started, 3),
-                "engine": path.name,
-                "precision": build_config.precision.value,
-            }
-            if result is not None:
-                payload["timing_cache"] = result.timing_cache
-            try:
-                self._record(BUILD_RECORD, payload)
-            except Exception as exc:  # recording must not mask the build's outcome
-                log.error("engine_build_record_failed", error=str(exc))
+            raise EngineMissingError(
+                f"no engine for this host in {self._config.engine_dir} "
+                f"(expected {plan.entry.artifact_path.name}){moved}",
+                engine_path=plan.entry.artifact_path,
+            )
+        return plan.entry
 
     # -- deserialize ----------------------------------------------------------------------
 
@@ -565,8 +303,8 @@ class TensorRTRuntime:
         accepted, others = state.ledger.charge(key, validated.size_bytes, budget)
         if not accepted:
             raise OutOfMemoryError(
-                f"engine {validated.path.name} needs about {_mib(validated.size_bytes)} (its "
-                f"file size) but {_mib(others)} of the {_mib(budget)} GPU memory budget "
+                f"engine {validated.path.name} needs about {mib(validated.size_bytes)} (its "
+                f"file size) but {mib(others)} of the {mib(budget)} GPU memory budget "
                 f"(runtime.gpu_memory_budget_bytes) is held by {state.ledger.engines()} "
                 "resident engine(s)"
             )
@@ -639,9 +377,9 @@ class TensorRTRuntime:
         if not accepted:
             del engine
             raise OutOfMemoryError(
-                f"engine {name} needs {_mib(validated.size_bytes + device_memory)} (file "
-                f"{_mib(validated.size_bytes)} + device memory {_mib(device_memory)}) but "
-                f"{_mib(others)} of the {_mib(budget)} GPU memory budget "
+                f"engine {name} needs {mib(validated.size_bytes + device_memory)} (file "
+                f"{mib(validated.size_bytes)} + device memory {mib(device_memory)}) but "
+                f"{mib(others)} of the {mib(budget)} GPU memory budget "
                 "(runtime.gpu_memory_budget_bytes) is already held"
             )
         inputs: list[TensorSpec] = []
@@ -810,9 +548,9 @@ class TensorRTRuntime:
             )
             if not accepted:
                 raise OutOfMemoryError(
-                    f"IO buffers of {_mib(grown)} for engine {resident.engine_path.name} do not "
-                    f"fit the GPU memory budget ({_mib(others + resident.base_charge)} of "
-                    f"{_mib(budget)} already held)"
+                    f"IO buffers of {mib(grown)} for engine {resident.engine_path.name} do not "
+                    f"fit the GPU memory budget ({mib(others + resident.base_charge)} of "
+                    f"{mib(budget)} already held)"
                 )
         for name, nbytes in required.items():
             buffer, moved = resident.buffers.ensure(name, nbytes)

@@ -87,6 +87,27 @@ class RuntimeSwitcher:
             daemon=True,
         ).start()
 
+    def switch_now(self, model: str, label: str, requested_by: str) -> dict[str, Any]:
+        """The same make-before-break switch, asked for inside the daemon (a background
+        build was adopted): prepares on the calling thread and returns the reply
+        ``runtime.switch`` would give; ``ProtocolError`` when refused (nothing changes)."""
+        slot = self._slots[model]
+        if slot.state != "serving" or slot.handle is None:
+            raise ProtocolError(
+                Code.FAILED_PRECONDITION, f"model {model!r} is {slot.state}; not switched"
+            )
+        with self._lock:
+            if model in self._in_progress:
+                raise ProtocolError(
+                    Code.FAILED_PRECONDITION, f"a switch of model {model!r} is already in progress"
+                )
+            self._in_progress.add(model)
+        try:
+            return self._switch(slot, label, requested_by)
+        finally:
+            with self._lock:
+                self._in_progress.discard(model)
+
     def _run(self, slot: ModelSlot, label: str, requested_by: str, respond: Respond) -> None:
         try:
             respond(self._switch(slot, label, requested_by))

@@ -4,7 +4,6 @@ behind TensorRT's ``IProgressMonitor`` (fake TensorRT)."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from inferd.config import RuntimeConfig
 from inferd.engine_build import (
     CancellationToken,
     EventQueue,
@@ -20,13 +18,10 @@ from inferd.engine_build import (
     ProgressAdapter,
     StallWatchdog,
     make_trt_progress_monitor,
-    trt_build_hooks,
 )
 from inferd.engine_build.events import render_snapshot
-from inferd.engines import read_host_tuple
-from inferd.errors import EngineBuildError
-from inferd.runtime import tensorrt as trt_runtime
-from inferd.types import BuildConfig, ThermalState
+from inferd.engine_build.tensorrt_builder import TensorRTBuilder
+from inferd.types import BuildConfig
 from tests.conftest import wait_until
 from tests.fakes import fake_tensorrt
 
@@ -196,37 +191,22 @@ def test_trt_monitor_subclass_forwards_to_the_adapter(monkeypatch: pytest.Monkey
 
 
 @pytest.fixture
-def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(trt_runtime, "_LEDGERS", {})
+def builder(monkeypatch: pytest.MonkeyPatch, demo_model: Path) -> TensorRTBuilder:
     stack = fake_tensorrt.install(monkeypatch)
-    rt = trt_runtime.TensorRTRuntime(
-        RuntimeConfig(ort_trt_cache_dir=tmp_path / "ort", engine_dir=tmp_path / "engines"),
-        trt=stack.tensorrt,
-        cuda=stack.driver,
-        alert=lambda _alert: None,
-        record=lambda _kind, _payload: None,
-        thermal=lambda: ThermalState.unavailable(),
-        host_tuple=functools.partial(read_host_tuple, tegra_release=tmp_path / "absent"),
-    )
-    rt.fake_stack = stack
-    yield rt
-    rt.close()
+    return TensorRTBuilder(stack.tensorrt, stack.driver, demo_model, BuildConfig())
 
 
-def test_runtime_build_drives_the_adapter_through_build_hooks(
-    runtime: Any, demo_model: Path
-) -> None:
+def test_the_tensorrt_builder_drives_the_adapter(builder: TensorRTBuilder) -> None:
     a = adapter()
-    runtime.build_hooks = trt_build_hooks(a, runtime.fake_stack.tensorrt)
-    outcome = runtime.build(demo_model, BuildConfig())
-    assert outcome.result is not None
+    output = builder.build(a, None)
+    assert output.engine is not None and output.error is None
     tree = a.snapshot()
     assert tree["roots"][0]["name"] == "Building engine"
     assert tree["roots"][0]["children"][0]["name"] == "Timing graph nodes"
     assert tree["roots"][0]["status"] == "finished"
 
 
-def test_runtime_build_cancelled_through_the_token(runtime: Any, demo_model: Path) -> None:
+def test_the_tensorrt_builder_is_cancelled_through_the_token(builder: TensorRTBuilder) -> None:
     token = CancellationToken()
     a = ProgressAdapter("b", token)
 
@@ -235,14 +215,8 @@ def test_runtime_build_cancelled_through_the_token(runtime: Any, demo_model: Pat
             token.cancel("control")
 
     a.listener = cancel_at_first_node
-    runtime.build_hooks = trt_build_hooks(a, runtime.fake_stack.tensorrt)
-    with pytest.raises(EngineBuildError, match="cancelled"):
-        runtime.build(demo_model, BuildConfig())
+    output = builder.build(a, None)
+    assert output.engine is None  # build_serialized_network returned None
     snap = a.snapshot()
     assert snap["state"] == "cancel_requested"
     assert snap["roots"][0]["status"] == "finished_early"
-    assert not list((runtime_engine_dir(runtime)).glob("*.engine"))
-
-
-def runtime_engine_dir(runtime: Any) -> Path:
-    return Path(runtime._config.engine_dir)

@@ -1,0 +1,141 @@
+"""The one engine pipeline: locate -> compile -> validate -> record trust -> load.
+
+Every path from ONNX to a trusted, resident TensorRT engine composes these
+steps (Polygraphy's loaders are the model: small callables that compose):
+
+1. **locate** (``inferd.engines.locate.locate_engine``): reuse an intact engine
+   for this host, or the path to build (an unusable file there is quarantined).
+2. **compile** (``compose_tensorrt_build`` + ``inferd.engine_build.session.run_build``):
+   the build session: phase events, one cancellation token, atomic artifacts
+   and a no-cancel zone, timing-cache policy, stall detection, summary.
+3. **validate** (inside the session: ``inferd.engine_build.validation``): the
+   gate's sidecar check and a smoke inference compared with ONNX Runtime.
+4. **record trust** (``record_trust``): only a completed build that passed
+   validation, whose file still has the digest the build wrote, is added to a
+   manifest (``inferd.engines.manifest.record_in_manifest``, the one writer).
+5. **load** (``TensorRTRuntime.deserialize_engine``): gate -> budget -> deserialize.
+
+``inferd build`` runs 1-4 in its own process; the daemon runs 2-4 in a build
+child (``inferd.engine_build.child``, supervised by ``.supervisor``) and 1 and 5
+on its serving side, for ``build.start`` and for a model whose engine is
+missing at start-up (``inferd.serving.rebuild``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferd.digest import sha256_file
+from inferd.engine_build.session import BuildRequest
+from inferd.engine_build.tensorrt_builder import TensorRTBuilder
+from inferd.engine_build.validation import eligible_to_serve, tensorrt_smoke_infer
+from inferd.engines.calibration import calibration_cache_path
+from inferd.engines.locate import EnginePlan
+from inferd.engines.manifest import record_in_manifest
+from inferd.types import BuildConfig
+
+#: The workspace rule (one for every build): at most a quarter of the GPU memory
+#: budget, so a build running beside resident engines cannot starve them.
+WORKSPACE_BUDGET_FRACTION = 4
+
+
+def workspace_cap_bytes(gpu_memory_budget_bytes: int) -> int:
+    return gpu_memory_budget_bytes // WORKSPACE_BUDGET_FRACTION
+
+
+def compose_tensorrt_build(
+    plan: EnginePlan,
+    build_config: BuildConfig,
+    *,
+    gpu_memory_budget_bytes: int,
+    device_id: int,
+    calibration_data: Path | None = None,
+    timeout_s: float | None = None,
+    stall_after_s: float | None = None,
+) -> tuple[TensorRTBuilder, BuildRequest]:
+    """The TensorRT builder (with its validation inference) and the session request
+    for ``plan``; TensorRT and pycuda are imported here, at the point of use."""
+    import pycuda.driver as cuda
+    import tensorrt as trt
+
+    model_path = plan.entry.model_path
+    engine_path = plan.entry.artifact_path
+    builder = TensorRTBuilder(
+        trt,
+        cuda,
+        model_path,
+        build_config,
+        workspace_cap_bytes=workspace_cap_bytes(gpu_memory_budget_bytes),
+        device_id=device_id,
+        infer=tensorrt_smoke_infer(trt, cuda, model_path, build_config, device_id),
+        calibration_data=calibration_data,
+        calibration_cache=calibration_cache_path(engine_path),
+    )
+    request = BuildRequest(
+        model_path=model_path,
+        engine_path=engine_path,
+        build_config=build_config,
+        host=plan.host,
+        strongly_typed=builder.strongly_typed,
+        timeout_s=timeout_s,
+        stall_after_s=stall_after_s,
+    )
+    return builder, request
+
+
+@dataclass(frozen=True)
+class TrustDecision:
+    """Whether a build's engine was recorded in a manifest, and why (for status,
+    the FDR and the operator)."""
+
+    trusted: bool
+    note: str
+    manifest: Path | None = None
+
+
+def record_trust(
+    summary: Mapping[str, Any],
+    engine_path: Path,
+    *,
+    manifest: Path | None,
+    deployment_manifest: Path | None = None,
+) -> TrustDecision:
+    """Step 4.  ``manifest``: where to record (``None``: nowhere);
+    ``deployment_manifest``: a manifest the deployment owns, which a build never
+    writes (the operator adds the engine to it)."""
+    if not eligible_to_serve(summary):
+        return TrustDecision(
+            False,
+            f"not recorded in a manifest: validation is {summary.get('validationStatus')!r} "
+            f"(outcome {summary.get('outcome')!r}); only a build that passed validation is "
+            "trusted",
+        )
+    if deployment_manifest is not None:
+        return TrustDecision(
+            False,
+            f"not recorded: runtime.engine_manifest {deployment_manifest} is managed by the "
+            f"deployment; add {engine_path.name} with its digest "
+            f"{(summary.get('baseline') or {}).get('engineSha256')} (inferd build --manifest, "
+            "or its .sha256 sidecar) to adopt it",
+        )
+    if manifest is None:
+        return TrustDecision(False, "not recorded: no manifest given")
+    expected = (summary.get("baseline") or {}).get("engineSha256")
+    try:
+        digest = sha256_file(engine_path)
+    except OSError as exc:
+        return TrustDecision(False, f"not recorded in {manifest}: cannot read the engine: {exc}")
+    if digest != expected:
+        return TrustDecision(
+            False,
+            f"not recorded in {manifest}: the engine's digest {digest} is not the one the "
+            f"build wrote ({expected})",
+        )
+    try:
+        record_in_manifest(manifest, engine_path.name, digest)
+    except (OSError, ValueError) as exc:
+        return TrustDecision(False, f"not recorded in {manifest}: {type(exc).__name__}: {exc}")
+    return TrustDecision(True, f"recorded in {manifest}", manifest)

@@ -1,0 +1,116 @@
+"""The one parser of build configurations (``inferd build --build-config``, the
+daemon's ``build.start``, the build child's spec) and its inverse.
+
+``parse_build_config`` takes parsed JSON/msgpack (a mapping, every key
+optional) and returns a ``BuildConfig``, raising ``ConfigError`` that names the
+key; ``build_config_to_mapping`` is the same document back, so a config crosses
+a process boundary without a second set of rules.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from inferd.errors import ConfigError
+from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
+
+BUILD_CONFIG_KEYS = frozenset({"precision", "workspace_bytes", "optimization_level", "profiles"})
+PROFILE_KEYS = frozenset({"input_name", "min_shape", "opt_shape", "max_shape"})
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(dim, int) and not isinstance(dim, bool) for dim in value
+    ):
+        raise ConfigError(f"{where} must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
+def _profile(item: object, where: str) -> OptimizationProfile:
+    if not isinstance(item, Mapping) or set(item) != PROFILE_KEYS:
+        raise ConfigError(f"{where} must have exactly the keys {sorted(PROFILE_KEYS)}")
+    if not isinstance(item["input_name"], str) or not item["input_name"]:
+        raise ConfigError(f"{where}.input_name must be a non-empty string")
+    try:
+        return OptimizationProfile(
+            input_name=item["input_name"],
+            min_shape=_shape(item["min_shape"], f"{where}.min_shape"),
+            opt_shape=_shape(item["opt_shape"], f"{where}.opt_shape"),
+            max_shape=_shape(item["max_shape"], f"{where}.max_shape"),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def parse_build_config(
+    data: object, *, source: str, defaults: BuildConfig | None = None
+) -> BuildConfig:
+    """A ``BuildConfig`` from ``data``; keys it lacks come from ``defaults``."""
+    base = defaults if defaults is not None else BuildConfig()
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the build config must be a map (JSON object)")
+    unknown = sorted(set(data) - BUILD_CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(BUILD_CONFIG_KEYS)}")
+    precision_text = data.get("precision", base.precision.value)
+    try:
+        precision = PrecisionMode(precision_text)
+    except ValueError:
+        raise ConfigError(
+            f"{source}: precision {precision_text!r} is not one of "
+            f"{[mode.value for mode in PrecisionMode]}"
+        ) from None
+    numbers: dict[str, int] = {}
+    for key in ("workspace_bytes", "optimization_level"):
+        value = data.get(key, getattr(base, key))
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+        numbers[key] = value
+    if "profiles" in data:
+        raw_profiles = data["profiles"]
+        if not isinstance(raw_profiles, list | tuple):
+            raise ConfigError(f"{source}: profiles must be a list")
+        profiles = tuple(
+            _profile(item, f"{source}: profiles[{index}]")
+            for index, item in enumerate(raw_profiles)
+        )
+    else:
+        profiles = base.profiles
+    try:
+        return BuildConfig(precision=precision, profiles=profiles, **numbers)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def build_config_to_mapping(config: BuildConfig) -> dict[str, Any]:
+    """The document ``parse_build_config`` reads back into an equal ``BuildConfig``."""
+    return {
+        "precision": config.precision.value,
+        "workspace_bytes": config.workspace_bytes,
+        "optimization_level": config.optimization_level,
+        "profiles": [
+            {
+                "input_name": profile.input_name,
+                "min_shape": list(profile.min_shape),
+                "opt_shape": list(profile.opt_shape),
+                "max_shape": list(profile.max_shape),
+            }
+            for profile in config.profiles
+        ],
+    }
+
+
+def load_build_config(path: Path) -> BuildConfig:
+    """A build config JSON file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read build config {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+    return parse_build_config(data, source=str(path))

@@ -1,0 +1,50 @@
+"""The GPU memory budget of TensorRT engines: one ledger per device, shared by
+every ``tensorrt`` runtime in the process (during a make-before-break switch
+the old and the new engine are resident together and both count)."""
+
+from __future__ import annotations
+
+import threading
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / (1024 * 1024):.1f} MiB"
+
+
+class GpuMemoryLedger:
+    """Bytes charged against the GPU memory budget, per resident engine, for one device."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._charges: dict[object, int] = {}
+
+    def charge(self, key: object, nbytes: int, budget: int) -> tuple[bool, int]:
+        """Set ``key``'s charge to ``nbytes`` if everything fits in ``budget``.
+        Returns (accepted, bytes charged to the other keys)."""
+        with self._lock:
+            others = sum(value for owner, value in self._charges.items() if owner is not key)
+            if others + nbytes > budget:
+                return False, others
+            self._charges[key] = nbytes
+            return True, others
+
+    def release(self, key: object) -> None:
+        with self._lock:
+            self._charges.pop(key, None)
+
+    def used(self) -> int:
+        with self._lock:
+            return sum(self._charges.values())
+
+    def engines(self) -> int:
+        with self._lock:
+            return len(self._charges)
+
+
+_LEDGERS: dict[int, GpuMemoryLedger] = {}
+_LEDGERS_LOCK = threading.Lock()
+
+
+def ledger_for(device_id: int) -> GpuMemoryLedger:
+    with _LEDGERS_LOCK:
+        return _LEDGERS.setdefault(device_id, GpuMemoryLedger())

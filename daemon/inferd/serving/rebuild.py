@@ -1,0 +1,241 @@
+"""Serve while the engine is built: the background half of the engine pipeline.
+
+A model configured for ``tensorrt`` that starts (or fails over) on
+``onnx_trt_ep`` because its engine is missing, refused by the gate or failed
+at load serves on the fallback at once; this module then asks for a build of
+its engine in a build child (``build.start`` with ``requested_by`` naming
+inferd, so progress is on the ``build`` topic and ``build.cancel`` and
+SIGTERM stop it like any build).  When the build completes, passed
+validation and was recorded as trusted, the model is switched to
+``tensorrt`` make-before-break (``RuntimeSwitcher.switch_now``: a
+``c7.runtime_switch`` FDR record and a ``runtime`` event).  Otherwise it stays
+on the fallback and an alert says why: a deployment manifest that must list
+the new digest (what the operator has to approve), a cancelled build (not
+retried: someone stopped it), or a failed one (retried after
+``runtime.rebuild_backoff_s``, doubling, at most ``runtime.rebuild_max_attempts``
+builds, then ``c7.engine_build_gave_up``; never a loop).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from inferd.types import Alert, AlertLevel, AlertSink
+from inferd_wire.protocol import ProtocolError
+
+TENSORRT = "tensorrt"
+REQUESTED_BY = "inferd: engine missing"
+
+log = structlog.get_logger("inferd.rebuild")
+
+
+class FinishedBuild(Protocol):
+    """What a finished build reports (``inferd.engine_build.supervisor.BuildFinished``)."""
+
+    @property
+    def build_id(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def trusted(self) -> bool: ...
+
+    @property
+    def note(self) -> str | None: ...
+
+    @property
+    def requested_by(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+StartBuild = Callable[[dict[str, Any]], Mapping[str, Any]]
+Switch = Callable[[str, str, str], Mapping[str, Any]]
+
+
+@dataclass
+class _Model:
+    attempts: int = 0
+    build_id: str | None = None
+    adopted: bool = False
+    timer: threading.Timer | None = None
+
+
+class FallbackRebuilder:
+    def __init__(
+        self,
+        *,
+        start_build: StartBuild,
+        switch: Switch,
+        alert: AlertSink,
+        can_build: Callable[[], bool],
+        backoff_s: float,
+        max_attempts: int,
+        deployment_manifest: object = None,
+    ) -> None:
+        self._start_build = start_build
+        self._switch = switch
+        self._alert = alert
+        self._can_build = can_build
+        self._backoff_s = backoff_s
+        self._max_attempts = max_attempts
+        self._deployment_manifest = deployment_manifest
+        self._lock = threading.Lock()
+        self._models: dict[str, _Model] = {}
+        self._stopped = False
+
+    # -- inputs ---------------------------------------------------------------------
+    def on_fallback(self, model: str, reason: str) -> None:
+        """A ``tensorrt`` model now serves on the fallback (any thread; never blocks
+        for a build)."""
+        if not self._can_build():
+            log.info(
+                "engine_rebuild_skipped",
+                model=model,
+                reason=f"no TensorRT builder here; the model stays on the fallback ({reason})",
+            )
+            return
+        with self._lock:
+            state = self._models.setdefault(model, _Model())
+            if state.build_id is not None or state.timer is not None:
+                return  # already building, or waiting to retry
+        self._start(model, reason)
+
+    def on_build_finished(self, finished: FinishedBuild) -> None:
+        """A build child is done (its reader thread).  Only builds this module
+        asked for are acted on: an operator's build is adopted with runtime.switch."""
+        with self._lock:
+            state = self._models.get(finished.model)
+            if state is None or state.build_id != finished.build_id:
+                return
+            state.build_id = None
+        if finished.state == "completed" and finished.trusted:
+            self._adopt(finished)
+        elif finished.state == "completed":
+            self._raise(
+                "WARNING",
+                "c7.engine_awaiting_approval",
+                finished,
+                f"engine built by {finished.build_id} is not adopted: {finished.note}; "
+                f"model {finished.model!r} stays on onnx_trt_ep",
+            )
+        elif finished.state == "cancelled":
+            self._raise(
+                "WARNING",
+                "c7.engine_build_cancelled",
+                finished,
+                f"background engine build {finished.build_id} was cancelled; model "
+                f"{finished.model!r} stays on onnx_trt_ep (not retried: start one with "
+                "build.start)",
+            )
+        else:
+            self._failed(finished, f"build failed: {finished.error}")
+
+    def stop(self) -> None:
+        """No more builds or retries (daemon shutdown; running builds are cancelled by
+        the build manager)."""
+        with self._lock:
+            self._stopped = True
+            timers = [state.timer for state in self._models.values() if state.timer is not None]
+        for timer in timers:
+            timer.cancel()
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {
+                model: {
+                    "attempts": state.attempts,
+                    "build_id": state.build_id,
+                    "retry_scheduled": state.timer is not None,
+                    "adopted": state.adopted,
+                }
+                for model, state in self._models.items()
+            }
+
+    # -- internals ----------------------------------------------------------------------
+    def _start(self, model: str, reason: str) -> None:
+        with self._lock:
+            state = self._models[model]
+            state.timer = None
+            if self._stopped:
+                return
+            state.attempts += 1
+            attempt = state.attempts
+        try:
+            reply = self._start_build({"model": model, "requested_by": REQUESTED_BY})
+        except ProtocolError as exc:
+            log.warning("engine_rebuild_not_started", model=model, error=exc.message)
+            self._alert(
+                Alert(
+                    "WARNING",
+                    "c7.engine_build_failed",
+                    f"background engine build of {model!r} could not start: {exc.message}; "
+                    "it stays on onnx_trt_ep",
+                    fields={"model": model, "build_id": None},
+                )
+            )
+            return
+        with self._lock:
+            state.build_id = str(reply["build_id"])
+        log.info(
+            "engine_rebuild_started",
+            model=model,
+            build_id=state.build_id,
+            attempt=attempt,
+            reason=reason,
+        )
+
+    def _adopt(self, finished: FinishedBuild) -> None:
+        try:
+            self._switch(finished.model, TENSORRT, f"inferd: build {finished.build_id}"[:64])
+        except ProtocolError as exc:
+            self._failed(finished, f"the built engine could not be adopted: {exc.message}")
+            return
+        with self._lock:
+            self._models[finished.model].adopted = True
+        log.info("engine_rebuild_adopted", model=finished.model, build_id=finished.build_id)
+
+    def _failed(self, finished: FinishedBuild, why: str) -> None:
+        with self._lock:
+            state = self._models[finished.model]
+            retry = not self._stopped and state.attempts < self._max_attempts
+            delay = self._backoff_s * 2 ** (state.attempts - 1)
+            if retry:
+                state.timer = threading.Timer(
+                    delay, self._start, args=(finished.model, f"retry after: {why}")
+                )
+                state.timer.daemon = True
+                state.timer.start()
+        then = (
+            f"retry {state.attempts + 1} of {self._max_attempts} in {delay:.0f} s"
+            if retry
+            else f"giving up after {state.attempts} build(s)"
+        )
+        self._raise(
+            "WARNING" if retry else "ERROR",
+            "c7.engine_build_failed" if retry else "c7.engine_build_gave_up",
+            finished,
+            f"background engine build {finished.build_id} of {finished.model!r}: {why}; it "
+            f"stays on onnx_trt_ep; {then}",
+        )
+
+    def _raise(self, level: AlertLevel, code: str, finished: FinishedBuild, message: str) -> None:
+        log.warning(code.removeprefix("c7."), model=finished.model, build_id=finished.build_id)
+        self._alert(
+            Alert(
+                level,
+                code,
+                message,
+                fields={"model": finished.model, "build_id": finished.build_id},
+            )
+        )
