@@ -14,39 +14,17 @@
   (re-allocated only when a dynamic shape grows), H2D -> ``execute_async_v3``
   -> D2H -> ``Stream.synchronize`` on the runtime's own stream.
 
-GPU memory budget.  ``runtime.gpu_memory_budget_bytes`` bounds what the
-TensorRT engines of one GPU hold in this process, summed over every runtime
-instance (a process-wide ledger per device): during a make-before-break switch
-old and new engine really are resident together.  An engine is charged its
-file size before deserialization (an estimate of its weights), then file size +
-``device_memory_size_v2`` (activations; ``device_memory_size`` on TensorRT
-without it) + its IO buffers.  A refusal raises ``OutOfMemoryError`` and leaves
-everything resident as it was.  ONNX Runtime's own arena is not counted.
-
-CUDA context.  ``create`` makes one context on ``runtime.device_id``
-(``Device.make_context``) and a stream in it, then pops it: it is current on
-no thread between calls.  Every section that touches CUDA or TensorRT pushes
-it and pops it again (``CudaContext.section``), because a runtime is not used from
-one thread only: make-before-break switching prepares (builds, deserializes,
-warms up) on a switch thread while the engine worker serves from the previous
-runtime, and the worker then runs ``infer`` and ``release_engine``.  A CUDA
-context is current per thread, and TensorRT and pycuda act on whichever one is
-current, so without the push the worker would run this engine in no context
-(or in another runtime's).  pycuda's ``detach`` only really detaches a context
-that is current (or on its creating thread), so ``close`` pushes it first.
-A lock serialises sections of one runtime; two runtimes never share a context.
-``close`` (also run when the runtime is garbage collected) releases every
-engine and detaches the context.
+GPU memory budget: ``tensorrt_memory``; the CUDA context and why every call
+makes it current: ``tensorrt_cuda``; resident engines and their release
+order: ``tensorrt_resident``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import traceback
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +44,17 @@ from inferd.errors import (
     OutOfMemoryError,
     RuntimeNotAvailableError,
 )
-from inferd.runtime.tensorrt_buffers import IOBuffers, numpy_dtype_name
+from inferd.runtime.tensorrt_buffers import IOBuffers
 from inferd.runtime.tensorrt_cuda import CudaContext
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.runtime.tensorrt_memory import GpuMemoryLedger, ledger_for, mib
+from inferd.runtime.tensorrt_resident import (
+    Resident,
+    ResidentSet,
+    clear_frames,
+    read_io_specs,
+    warm_up_inputs,
+)
 from inferd.types import (
     AlertSink,
     BuildConfig,
@@ -77,7 +62,6 @@ from inferd.types import (
     EngineHandle,
     HostTuple,
     RecordSink,
-    TensorSpec,
     ThermalState,
 )
 
@@ -122,87 +106,6 @@ def create(
     )
 
 
-def _clear_frames(exc: BaseException) -> None:
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        traceback.clear_frames(current.__traceback__)
-        pending += [current.__cause__, current.__context__]
-
-
-@dataclass
-class _Resident:
-    """One resident engine and everything allocated for it."""
-
-    key: object
-    engine_path: Path
-    engine: Any
-    context: Any
-    buffers: IOBuffers
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    dtypes: dict[str, np.dtype[Any]]
-    profile_ranges: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
-    engine_bytes: int
-    device_memory_bytes: int
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    addresses: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def base_charge(self) -> int:
-        return self.engine_bytes + self.device_memory_bytes
-
-    def free(self) -> None:
-        """Drop the TensorRT objects and free the buffers (inside a CUDA section)."""
-        self.context = None
-        self.engine = None
-        self.buffers.free_all()
-
-
-class _State:
-    """What ``close`` (or the garbage collector, through ``weakref.finalize``) frees.
-    Kept apart from the runtime object so the finalizer holds no reference to it."""
-
-    def __init__(self, cuda: CudaContext, ledger: GpuMemoryLedger, tlog: TensorRTLog) -> None:
-        self.cuda = cuda
-        self.ledger = ledger
-        self.tlog = tlog  # TensorRT's logger must outlive every object made with it
-        self.residents: dict[int, _Resident] = {}
-        self.trt_runtime: Any = None
-        self.closed = False
-
-    def close(self) -> None:
-        cuda = self.cuda
-        with cuda.lock:
-            if self.closed:
-                return
-            self.closed = True
-            context, cuda.context = cuda.context, None
-            if context is None:
-                return
-            try:
-                context.push()
-            except cuda.module.Error as exc:  # pragma: no cover - driver failure
-                log.error("cuda_context_push_failed", error=str(exc))
-                return
-            try:
-                for resident in self.residents.values():
-                    resident.free()
-                    self.ledger.release(resident.key)
-                self.residents.clear()
-                self.trt_runtime = None  # after its engines: destroying it first is UB
-                cuda.stream = None
-            finally:
-                try:
-                    context.detach()  # current here, so really detached (and popped)
-                except cuda.module.Error as exc:  # pragma: no cover - driver failure
-                    log.error("cuda_context_detach_failed", error=str(exc))
-
-
 class TensorRTRuntime:
     def __init__(
         self,
@@ -227,7 +130,7 @@ class TensorRTRuntime:
         self._handle_ids = itertools.count(1)
         self._tlog = TensorRTLog(trt)
         self._cuda = CudaContext(cuda, config.device_id)
-        self._state = _State(self._cuda, ledger or ledger_for(config.device_id), self._tlog)
+        self._state = ResidentSet(self._cuda, ledger or ledger_for(config.device_id), self._tlog)
         self._finalizer = weakref.finalize(self, self._state.close)
 
     # -- small accessors ----------------------------------------------------------------
@@ -315,7 +218,7 @@ class TensorRTRuntime:
                 except BaseException as exc:
                     # The traceback's frames still reference the engine and its
                     # execution context: drop them while this context is current.
-                    _clear_frames(exc)
+                    clear_frames(exc)
                     raise
                 handle = EngineHandle(
                     handle_id=next(self._handle_ids),
@@ -347,7 +250,7 @@ class TensorRTRuntime:
             state.trt_runtime = self._trt.Runtime(self._tlog.logger)
         return state.trt_runtime
 
-    def _load(self, validated: ValidatedEngine, data: bytearray, key: object) -> _Resident:
+    def _load(self, validated: ValidatedEngine, data: bytearray, key: object) -> Resident:
         """Deserialize, charge, specs, execution context, buffers, warm-up (in a section)."""
         trt = self._trt
         name = validated.path.name
@@ -382,31 +285,7 @@ class TensorRTRuntime:
                 f"{mib(others)} of the {mib(budget)} GPU memory budget "
                 "(runtime.gpu_memory_budget_bytes) is already held"
             )
-        inputs: list[TensorSpec] = []
-        outputs: list[TensorSpec] = []
-        dtypes: dict[str, np.dtype[Any]] = {}
-        ranges: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
-        for index in range(engine.num_io_tensors):
-            tensor = str(engine.get_tensor_name(index))
-            dims = tuple(int(dim) for dim in engine.get_tensor_shape(tensor))
-            dtype_name = numpy_dtype_name(trt, engine.get_tensor_dtype(tensor), tensor=tensor)
-            dtypes[tensor] = np.dtype(dtype_name)
-            spec = TensorSpec(
-                name=tensor,
-                dtype=dtype_name,
-                shape=tuple(None if dim < 0 else dim for dim in dims),
-            )
-            if engine.get_tensor_mode(tensor) == trt.TensorIOMode.INPUT:
-                inputs.append(spec)
-                if any(dim < 0 for dim in dims):
-                    low, opt, high = engine.get_tensor_profile_shape(tensor, 0)
-                    ranges[tensor] = (
-                        tuple(int(d) for d in low),
-                        tuple(int(d) for d in opt),
-                        tuple(int(d) for d in high),
-                    )
-            else:
-                outputs.append(spec)
+        inputs, outputs, dtypes, ranges = read_io_specs(trt, engine)
         mark = self._tlog.mark()
         context = engine.create_execution_context()
         if context is None:
@@ -414,21 +293,21 @@ class TensorRTRuntime:
                 f"engine {name}: no execution context: "
                 + explain_failure(self._tlog.since(mark), action="create an execution context")
             )
-        resident = _Resident(
+        resident = Resident(
             key=key,
             engine_path=validated.path,
             engine=engine,
             context=context,
             buffers=IOBuffers(self._cuda.module),
-            inputs=tuple(inputs),
-            outputs=tuple(outputs),
+            inputs=inputs,
+            outputs=outputs,
             dtypes=dtypes,
             profile_ranges=ranges,
             engine_bytes=validated.size_bytes,
             device_memory_bytes=int(device_memory),
         )
         try:
-            self._run(resident, self._warm_up_inputs(resident))
+            self._run(resident, warm_up_inputs(resident))
         except InferdError as exc:
             resident.free()
             kind = OutOfMemoryError if isinstance(exc, OutOfMemoryError) else EngineDeserializeError
@@ -437,17 +316,6 @@ class TensorRTRuntime:
             resident.free()
             raise
         return resident
-
-    @staticmethod
-    def _warm_up_inputs(resident: _Resident) -> dict[str, np.ndarray]:
-        arrays: dict[str, np.ndarray] = {}
-        for spec in resident.inputs:
-            if spec.name in resident.profile_ranges:
-                shape = resident.profile_ranges[spec.name][1]
-            else:
-                shape = tuple(dim or 0 for dim in spec.shape)
-            arrays[spec.name] = np.zeros(shape, resident.dtypes[spec.name])
-        return arrays
 
     # -- infer ----------------------------------------------------------------------------
 
@@ -462,7 +330,7 @@ class TensorRTRuntime:
                 raise InferenceError(f"engine handle {handle.handle_id} has been released")
             return self._run(resident, inputs)
 
-    def _run(self, resident: _Resident, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(self, resident: Resident, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         cuda = self._cuda.module
         try:
             return self._enqueue_and_wait(resident, inputs)
@@ -481,37 +349,8 @@ class TensorRTRuntime:
         with contextlib.suppress(Exception):
             self._cuda.stream.synchronize()
 
-    def _input_shape(self, resident: _Resident, spec: TensorSpec, array: np.ndarray) -> None:
-        context = resident.context
-        shape = tuple(int(dim) for dim in array.shape)
-        if len(shape) != len(spec.shape):
-            raise InferenceError(
-                f"input {spec.name!r} has rank {len(shape)}, the engine expects {len(spec.shape)}"
-            )
-        if spec.name not in resident.profile_ranges:
-            if shape != spec.shape:
-                raise InferenceError(
-                    f"input {spec.name!r} has shape {list(shape)}, the engine expects "
-                    f"{list(spec.shape)}"
-                )
-            return
-        low, _opt, high = resident.profile_ranges[spec.name]
-        if not all(lo <= dim <= hi for lo, dim, hi in zip(low, shape, high, strict=True)):
-            raise InferenceError(
-                f"input {spec.name!r} shape {list(shape)} is outside the engine's optimisation "
-                f"profile (min {list(low)}, max {list(high)})"
-            )
-        if resident.shapes.get(spec.name) != shape:
-            mark = self._tlog.mark()
-            if not context.set_input_shape(spec.name, shape):
-                raise InferenceError(
-                    f"input {spec.name!r}: "
-                    + explain_failure(self._tlog.since(mark), action=f"set shape {list(shape)}")
-                )
-            resident.shapes[spec.name] = shape
-
     def _enqueue_and_wait(
-        self, resident: _Resident, inputs: Mapping[str, np.ndarray]
+        self, resident: Resident, inputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         cuda = self._cuda.module
         stream = self._cuda.stream
@@ -525,7 +364,7 @@ class TensorRTRuntime:
                 raise InferenceError(
                     f"input {spec.name!r} is {array.dtype}, the engine expects {spec.dtype}"
                 )
-            self._input_shape(resident, spec, array)
+            resident.set_input_shape(self._tlog, spec, array)
             staged.append((spec.name, array))
         out_shapes: list[tuple[str, tuple[int, ...]]] = []
         for spec in resident.outputs:

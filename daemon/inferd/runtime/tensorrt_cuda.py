@@ -1,7 +1,20 @@
-"""A ``tensorrt`` runtime's CUDA context and stream, and the section that makes
-them current on the calling thread (see ``inferd.runtime.tensorrt``: a runtime
-is used from the switch thread and the engine worker, and a CUDA context is
-current per thread)."""
+"""A ``tensorrt`` runtime's CUDA context and stream.
+
+``CudaContext`` makes one context on ``runtime.device_id``
+(``Device.make_context``) and a stream in it, then pops it: it is current on
+no thread between calls.  Every section that touches CUDA or TensorRT pushes
+it and pops it again (``CudaContext.section``), because a runtime is not used from
+one thread only: make-before-break switching prepares (deserializes,
+warms up) on a switch thread while the engine worker serves from the previous
+runtime, and the worker then runs ``infer`` and ``release_engine``.  A CUDA
+context is current per thread, and TensorRT and pycuda act on whichever one is
+current, so without the push the worker would run this engine in no context
+(or in another runtime's).  pycuda's ``detach`` only really detaches a context
+that is current (or on its creating thread), so ``close`` pushes it first.
+A lock serialises sections of one runtime; two runtimes never share a context.
+``close`` (also run when the runtime is garbage collected) releases every
+engine and detaches the context.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,12 @@
-"""The GPU memory budget of TensorRT engines: one ledger per device, shared by
-every ``tensorrt`` runtime in the process (during a make-before-break switch
-the old and the new engine are resident together and both count)."""
+"""The GPU memory budget of TensorRT engines.  ``runtime.gpu_memory_budget_bytes`` bounds what the
+TensorRT engines of one GPU hold in this process, summed over every runtime
+instance (a process-wide ledger per device): during a make-before-break switch
+old and new engine really are resident together.  An engine is charged its
+file size before deserialization (an estimate of its weights), then file size +
+``device_memory_size_v2`` (activations; ``device_memory_size`` on TensorRT
+without it) + its IO buffers.  A refusal raises ``OutOfMemoryError`` and leaves
+everything resident as it was.  ONNX Runtime's own arena is not counted.
+"""
 
 from __future__ import annotations
 
