@@ -3,13 +3,10 @@ sinks together, and owns the lifecycle (start, ready, drain, stop)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -31,6 +28,7 @@ from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Scheduler
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.serving.switching import RuntimeSwitcher
+from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.thermal.monitor import ThermalMonitor
 from inferd.types import Alert
@@ -38,25 +36,23 @@ from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
 
-#: Mode of ipc:// socket files: the group (e.g. ``inferd`` under systemd, with
-#: ``UMask=0027``) may connect; the runtime dir's own mode guards the rest.
-IPC_SOCKET_MODE = 0o660
 #: What ``stop()`` may take beyond the drain: worker, bus and publisher joins,
 #: the recorder's final flush.
 _STOP_MARGIN_S = 30.0
-
-
-class DaemonAlreadyRunningError(RuntimeError):
-    pass
 
 
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state = "starting"
+        self._endpoints = (
+            config.bus.infer_endpoint,
+            config.bus.control_endpoint,
+            config.bus.events_endpoint,
+        )
+        self._instance_lock = InstanceLock(config.daemon.runtime_dir, self._endpoints)
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
-        self._lock_fd: int | None = None
         self._recorder_error: str | None = None if config.fdr.enabled else "disabled by fdr.enabled"
         self.scheduler = Scheduler()
         self.slots: dict[str, ModelSlot] = {}
@@ -153,7 +149,7 @@ class Daemon:
     def start(self, supervision: Mapping[str, Any] | None = None) -> None:
         """Bind the sockets and start every thread; models load on the worker.
         ``supervision`` (log format, notify backend, watchdog) goes into the start line."""
-        self._take_instance_lock()
+        self._instance_lock.acquire()
         log.info(
             "daemon_starting",
             version=inferd.__version__,
@@ -168,7 +164,7 @@ class Daemon:
         self.publisher.wait_bound(timeout=10)
         self.bus.start()
         self.bus.wait_bound(timeout=10)
-        self._open_ipc_sockets_to_group()
+        open_ipc_sockets_to_group(self._endpoints)
         self.thermal.start()
         self.worker.start()
 
@@ -230,7 +226,7 @@ class Daemon:
             )
         else:
             self._context.term()
-        self._release_instance_lock()
+        self._instance_lock.release()
         log.info(
             "daemon_stopped",
             fdr_durable_seq=self.recorder.durable_seq if self.recorder is not None else None,
@@ -240,51 +236,6 @@ class Daemon:
         """An upper bound on how long ``stop()`` takes (for ``EXTEND_TIMEOUT_USEC``)."""
         drain_s = self.config.daemon.shutdown_drain_ms / 1000
         return drain_s + self.config.daemon.build_cancel_grace_s + _STOP_MARGIN_S
-
-    def _open_ipc_sockets_to_group(self) -> None:
-        for endpoint in (
-            self.config.bus.infer_endpoint,
-            self.config.bus.control_endpoint,
-            self.config.bus.events_endpoint,
-        ):
-            if not endpoint.startswith("ipc://"):
-                continue
-            path = endpoint.removeprefix("ipc://")
-            try:
-                if stat.S_ISSOCK(os.stat(path).st_mode):
-                    os.chmod(path, IPC_SOCKET_MODE)
-            except OSError as exc:
-                log.warning("ipc_socket_chmod_failed", path=path, error=str(exc))
-
-    def _take_instance_lock(self) -> None:
-        # Binding an ipc path silently steals it from a running daemon; a lock
-        # in the runtime dir turns a second instance into a clear error.
-        runtime_dir = self.config.daemon.runtime_dir
-        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        for endpoint in (
-            self.config.bus.infer_endpoint,
-            self.config.bus.control_endpoint,
-            self.config.bus.events_endpoint,
-        ):
-            if endpoint.startswith("ipc://"):
-                Path(endpoint.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
-        lock_path = runtime_dir / "inferd.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o640)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DaemonAlreadyRunningError(
-                f"another inferd holds {lock_path}; refusing to steal its sockets"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
-
-    def _release_instance_lock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
 
     def housekeeping(self) -> None:
         """Periodic work of the main thread (called about twice a second)."""
