@@ -1,8 +1,11 @@
 """Server side of the wire codec: split envelopes, decode and validate requests.
 
-Validation happens here, before a request can reach a queue or a runtime:
-header types, frame count, dtype, shape against the model's IO spec and frame
-byte lengths.  Every refusal is a ``ProtocolError`` with a reply code.
+Header types, frame count and frame byte lengths are checked here, on the bus
+thread, before a request reaches a queue.  Dtypes and shapes are checked
+against the model's IO spec here too when the model serves; a request for a
+model still loading (or failing over) waits in its queue and is checked with
+the same ``validate_inputs`` by the engine worker once the spec is known
+(DESIGN.md 19).  Every refusal is a ``ProtocolError`` with a reply code.
 """
 
 from __future__ import annotations

@@ -147,13 +147,13 @@ def tensorrt_smoke_infer(
     def infer(engine_path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from inferd.config import RuntimeConfig
         from inferd.digest import sha256_file
-        from inferd.engines.manifest import write_manifest
+        from inferd.engines.manifest import record_in_manifest
         from inferd.runtime.tensorrt import LABEL, TensorRTRuntime
         from inferd.types import EngineCacheEntry, ThermalState
 
         with tempfile.TemporaryDirectory(prefix="inferd-validate-") as tmp:
             manifest = Path(tmp) / "manifest.json"
-            write_manifest(manifest, {engine_path.name: sha256_file(engine_path)})
+            record_in_manifest(manifest, engine_path.name, sha256_file(engine_path))
             runtime = TensorRTRuntime(
                 RuntimeConfig(
                     engine_dir=engine_path.parent, engine_manifest=manifest, device_id=device_id
