@@ -2,15 +2,9 @@
 
 The daemon (``inferd.engine_build.supervisor``) starts one per ``build.start``.  It is a
 fresh interpreter (``exec``, ``close_fds``): it inherits no ZeroMQ socket or
-thread of the daemon.  Wire protocol, msgpack maps in both directions:
-
-* stdin (daemon -> child): ``{"op": "cancel", "source": ..., "reason": ...}``.
-  EOF (the daemon went away) cancels with source ``sigterm``.
-* the child's original stdout (child -> daemon): ``{"kind": "event", "event":
-  BuildEvent.as_dict()}``, ``{"kind": "record", "payload": ...}`` (the
-  ``c7.engine_build`` FDR payload, recorded by the daemon) and finally
-  ``{"kind": "report", "summary": ..., "summaryPath": ...}``.  File descriptor 1
-  is pointed at stderr, so nothing printed by a library corrupts the stream.
+thread of the daemon.  It reads cancel commands on stdin and writes its messages
+on a private copy of its original stdout (fd 1 is pointed at stderr); the wire
+protocol is ``inferd.engine_build.pipe``.
 
 Events go through a bounded queue to a writer thread: a slow daemon loses
 ``step`` detail (counted in the report message), never stalls the builder.
@@ -30,10 +24,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import msgpack
-
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.events import BuildEvent
+from inferd.engine_build.pipe import (
+    ChildMessage,
+    EnginePathMessage,
+    ErrorMessage,
+    EventMessage,
+    RecordMessage,
+    ReportMessage,
+    command_decoder,
+    encode,
+)
 from inferd.engine_build.session import Builder, BuildRequest, run_build
 from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
 from inferd.engines.build_config import parse_build_config
@@ -58,11 +60,11 @@ class _Writer:
 
     def event(self, event: BuildEvent) -> None:
         try:
-            self._queue.put_nowait({"kind": "event", "event": event.as_dict()})
+            self._queue.put_nowait(EventMessage(event))
         except queue.Full:
             self.dropped += 1
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: ChildMessage) -> None:
         self._queue.put(message)  # records and the report are never dropped
 
     def close(self) -> None:
@@ -77,14 +79,14 @@ class _Writer:
             if self._broken:
                 continue
             try:
-                self._out.write(msgpack.packb(item, use_bin_type=True))
+                self._out.write(encode(item))
                 self._out.flush()
             except (OSError, ValueError):
                 self._broken = True  # the daemon went away; stdin EOF cancels the build
 
 
 def _read_commands(token: CancellationToken, ignore_cancel: bool) -> None:
-    unpacker = msgpack.Unpacker(raw=False)
+    decoder = command_decoder()
     stdin = sys.stdin.buffer
     while True:
         try:
@@ -95,15 +97,11 @@ def _read_commands(token: CancellationToken, ignore_cancel: bool) -> None:
             if not ignore_cancel:
                 token.cancel("sigterm", "the daemon closed the build's control pipe")
             return
-        unpacker.feed(chunk)
-        for message in unpacker:
-            if not isinstance(message, dict) or message.get("op") != "cancel":
-                continue
+        for command in decoder.feed(chunk):
             if ignore_cancel:  # test knob: a child that never stops by itself
                 print("build child ignores cancel (test knob)", file=sys.stderr, flush=True)
                 continue
-            source = str(message.get("source", "control"))
-            token.cancel(source, str(message.get("reason", "")))
+            token.cancel(command.source, command.reason)
 
 
 def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, BuildRequest]:
@@ -170,27 +168,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_build_config(spec["build_config"], source="build child spec")
         builder, request = _builder(spec, config)
-        writer.send({"kind": "engine_path", "path": str(request.engine_path)})
+        writer.send(EnginePathMessage(str(request.engine_path)))
         report = run_build(
             request,
             builder,
             token=token,
-            record=lambda _kind, payload: writer.send({"kind": "record", "payload": dict(payload)}),
+            record=lambda _kind, payload: writer.send(RecordMessage(dict(payload))),
             listener=writer.event,
             build_id=spec["build_id"],
         )
     except Exception as exc:  # reported to the daemon as a failed build
-        writer.send({"kind": "error", "error": f"{type(exc).__name__}: {exc}"})
+        writer.send(ErrorMessage(f"{type(exc).__name__}: {exc}"))
         writer.close()
         return 1
-    writer.send(
-        {
-            "kind": "report",
-            "summary": report.summary,
-            "summaryPath": str(report.summary_path),
-            "droppedInChild": writer.dropped,
-        }
-    )
+    writer.send(ReportMessage(report.summary, str(report.summary_path), writer.dropped))
     writer.close()
     return 0
 

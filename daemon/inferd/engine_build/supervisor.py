@@ -2,13 +2,14 @@
 
 Each build runs in a child process (``python -m inferd.engine_build.child``, a fresh
 interpreter: it inherits no ZeroMQ socket) while the resident engine keeps
-serving.  The child streams ``BuildEvent``s as msgpack over a pipe; a reader
+serving.  The child streams ``BuildEvent``s over a pipe (``pipe.py``); a reader
 thread per build folds them into a ``PhaseTree`` (``build.status``) and
 publishes them on the ``build`` topic, coalescing ``step`` events (at most one
 per build every ``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling
 sends a message to the child, which sets its ``CancellationToken``; a child
 still alive ``build_cancel_grace_s`` later is killed, and the build is recorded
-as cancelled with ``escalated: true`` (status, ``build`` event, FDR record).
+as cancelled with ``escalated: true`` (status, ``build`` event, FDR record;
+rendered by ``build_record.py``).
 """
 
 from __future__ import annotations
@@ -24,21 +25,36 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import structlog
 
 from inferd.config import ModelConfig
-from inferd.engine_build.events import TERMINAL_EVENTS, BuildEvent, PhaseTree
+from inferd.engine_build.build_args import parse_cancel, parse_start
+from inferd.engine_build.build_record import (
+    Build,
+    describe,
+    event_payload,
+    fdr_record,
+    terminal_event,
+)
+from inferd.engine_build.events import TERMINAL_EVENTS
+from inferd.engine_build.pipe import (
+    CancelCommand,
+    ChildMessage,
+    EnginePathMessage,
+    ErrorMessage,
+    EventMessage,
+    RecordMessage,
+    ReportMessage,
+    child_message_decoder,
+    encode,
+)
 from inferd.engine_build.pipeline import record_trust
 from inferd.engine_build.session import BUILD_RECORD
-from inferd.engines.build_config import build_config_to_mapping, parse_build_config
 from inferd.engines.manifest import MANIFEST_NAME
-from inferd.errors import ConfigError
-from inferd.types import BuildConfig
 from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.builds")
@@ -46,12 +62,9 @@ log = structlog.get_logger("inferd.builds")
 Publish = Callable[[str, Mapping[str, Any]], None]
 Record = Callable[[str, Mapping[str, Any]], None]
 
-BUILDERS = ("auto", "simulated")
-CONTROL_SOURCES = ("control", "ide")
 STEP_PUBLISH_INTERVAL_S = 0.05
 #: Finished builds kept for ``build.status`` (oldest forgotten first).
 KEEP_FINISHED = 32
-_SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
 _OUTCOME_STATE = {"completed": "completed", "cancelled": "cancelled", "failed": "failed"}
 
 
@@ -63,24 +76,6 @@ def tensorrt_importable() -> bool:
         return importlib.util.find_spec("tensorrt") is not None
     except (ImportError, ValueError):
         return False
-
-
-def event_from_dict(data: Mapping[str, Any]) -> BuildEvent:
-    return BuildEvent(
-        build_id=str(data["buildId"]),
-        seq=int(data["seq"]),
-        type=str(data["type"]),
-        phase_id=data.get("phaseId"),
-        parent_id=data.get("parentId"),
-        name=data.get("name"),
-        step=data.get("step"),
-        num_steps=data.get("numSteps"),
-        mono_ns=int(data["monotonicNs"]),
-        wall_ns=int(data["wallNs"]),
-        thread=str(data["thread"]),
-        cancel_state=str(data["cancelState"]),
-        detail=dict(data.get("detail") or {}),
-    )
 
 
 @dataclass(frozen=True)
@@ -99,44 +94,6 @@ class BuildFinished:
     engine_path: Path
     requested_by: str
     error: str | None
-
-
-@dataclass
-class _Build:
-    build_id: str
-    model: str
-    builder: str  # "tensorrt" | "simulated"
-    build_config: dict[str, Any]
-    engine_path: Path
-    process: subprocess.Popen[bytes]
-    requested_by: str
-    started_wall_ns: int
-    started_mono: float
-    tree: PhaseTree = field(default_factory=PhaseTree)
-    state: str = "running"
-    cancel_source: str | None = None
-    cancel_reason: str | None = None
-    cancel_requested_mono: float | None = None
-    escalated: bool = False
-    exited_mono: float | None = None
-    exit_code: int | None = None
-    summary: dict[str, Any] | None = None
-    summary_path: str | None = None
-    manifest: str | None = None
-    manifest_note: str | None = None
-    record: dict[str, Any] | None = None
-    error: str | None = None
-    received: int = 0
-    published: int = 0
-    coalesced_steps: int = 0
-    dropped_in_child: int = 0
-    last_step_publish: float = 0.0
-    done: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def simulated(self) -> bool:
-        return self.builder == "simulated"
 
 
 class BuildManager:
@@ -168,7 +125,7 @@ class BuildManager:
         #: ``runtime.engine_manifest``: when set, a deployment-managed manifest that
         #: daemon builds never write (the operator adds the engine to it).
         self._engine_manifest = engine_manifest
-        self._builds: dict[str, _Build] = {}
+        self._builds: dict[str, Build] = {}
         self._lock = threading.Lock()
         self._accepting = True
         self._counter = itertools.count(1)
@@ -176,47 +133,8 @@ class BuildManager:
     # -- control ops (bus thread) -------------------------------------------------
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
         """``build.start {model, build_config?, builder?, simulation?}``: returns at once."""
-        model = header.get("model")
-        if not isinstance(model, str):
-            raise ProtocolError(Code.INVALID_ARGUMENT, "'model' must be a string")
-        config = self._models.get(model)
-        if config is None:
-            raise ProtocolError(
-                Code.NOT_FOUND, f"no model named {model!r}; configured: {sorted(self._models)}"
-            )
-        build_config = self._build_config(header.get("build_config"), config)
-        requested_by = header.get("requested_by", "operator")
-        if not isinstance(requested_by, str) or not 0 < len(requested_by) <= 64:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT, "'requested_by' must be a string of 1..64 characters"
-            )
-        choice = header.get("builder", "auto")
-        if choice not in BUILDERS:
-            raise ProtocolError(Code.INVALID_ARGUMENT, f"'builder' must be one of {BUILDERS}")
-        builder = "tensorrt" if choice == "auto" and self._tensorrt_available() else "simulated"
-        simulation = header.get("simulation")
-        if simulation is not None:
-            if builder != "simulated" or not isinstance(simulation, dict):
-                raise ProtocolError(
-                    Code.INVALID_ARGUMENT,
-                    "'simulation' (test knobs) is a map and only applies to the simulated builder",
-                )
-            unknown = set(simulation) - _SIM_KEYS
-            if unknown:
-                raise ProtocolError(
-                    Code.INVALID_ARGUMENT, f"unknown simulation keys {sorted(unknown)}"
-                )
-            step_s = simulation.get("step_s", 0.002)
-            if (
-                not isinstance(step_s, int | float)
-                or isinstance(step_s, bool)
-                or not (0 <= step_s <= 10)
-            ):
-                raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.step_s' must be 0..10")
-        if not config.path.is_file():
-            raise ProtocolError(
-                Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} does not exist"
-            )
+        args = parse_start(header, self._models, self._tensorrt_available)
+        model, builder, build_config = args.model, args.builder, args.build_config
         with self._lock:
             if not self._accepting:
                 raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
@@ -232,12 +150,12 @@ class BuildManager:
             spec = {
                 "build_id": build_id,
                 "builder": builder,
-                "model_path": str(config.path),
+                "model_path": str(args.config.path),
                 "engine_path": str(engine_path),
                 "engine_dir": str(self._engine_dir),
                 "device_id": self._device_id,
                 "gpu_memory_budget_bytes": self._gpu_memory_budget_bytes,
-                "simulation": simulation,
+                "simulation": args.simulation,
                 "build_config": build_config,
             }
             (engine_path.parent if builder == "simulated" else engine_path).mkdir(
@@ -255,14 +173,14 @@ class BuildManager:
             except OSError as exc:
                 reason = f"cannot start the build process: {exc}"
                 raise ProtocolError(Code.INTERNAL, reason) from exc
-            build = _Build(
+            build = Build(
                 build_id=build_id,
                 model=model,
                 builder=builder,
                 build_config=build_config,
                 engine_path=engine_path,
                 process=process,
-                requested_by=requested_by,
+                requested_by=args.requested_by,
                 started_wall_ns=time.time_ns(),
                 started_mono=time.monotonic(),
             )
@@ -296,21 +214,16 @@ class BuildManager:
             with self._lock:
                 builds = list(self._builds.values())
             return {
-                "builds": [self._describe(b) for b in builds],
+                "builds": [describe(b) for b in builds],
                 "tensorrt_available": self._tensorrt_available(),
                 "cancel_grace_s": self.grace_s,
             }
-        return {"build": self._describe(self._get(build_id))}
+        return {"build": describe(self._get(build_id))}
 
     def cancel(self, header: dict[str, Any]) -> dict[str, Any]:
         """``build.cancel {build_id, source?}``: cooperative, then killed after the grace."""
         build = self._get(header.get("build_id"))
-        source = header.get("source", "control")
-        if source not in CONTROL_SOURCES:
-            raise ProtocolError(Code.INVALID_ARGUMENT, f"'source' must be one of {CONTROL_SOURCES}")
-        reason = header.get("reason", f"build.cancel from {source}")
-        if not isinstance(reason, str):
-            raise ProtocolError(Code.INVALID_ARGUMENT, "'reason' must be a string")
+        source, reason = parse_cancel(header)
         first = self._request_cancel(build, source, reason)
         return {
             "build_id": build.build_id,
@@ -342,7 +255,7 @@ class BuildManager:
             return sum(1 for b in self._builds.values() if b.state == "running")
 
     # -- internals ------------------------------------------------------------------
-    def _get(self, build_id: object) -> _Build:
+    def _get(self, build_id: object) -> Build:
         if not isinstance(build_id, str):
             raise ProtocolError(Code.INVALID_ARGUMENT, "'build_id' must be a string")
         with self._lock:
@@ -350,16 +263,6 @@ class BuildManager:
         if build is None:
             raise ProtocolError(Code.NOT_FOUND, f"no build {build_id!r}")
         return build
-
-    def _build_config(self, raw: object, model: ModelConfig) -> dict[str, Any]:
-        defaults = BuildConfig(precision=model.precision)
-        if raw is None:
-            return build_config_to_mapping(defaults)
-        try:
-            config = parse_build_config(raw, source="build_config", defaults=defaults)
-        except ConfigError as exc:
-            raise ProtocolError(Code.INVALID_ARGUMENT, str(exc)) from None
-        return build_config_to_mapping(config)
 
     def _engine_path(self, model: str, builder: str, build_id: str) -> Path:
         if builder == "simulated":
@@ -373,7 +276,7 @@ class BuildManager:
         for build in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             del self._builds[build.build_id]
 
-    def _request_cancel(self, build: _Build, source: str, reason: str) -> bool:
+    def _request_cancel(self, build: Build, source: str, reason: str) -> bool:
         with build.lock:
             if build.state != "running" or build.cancel_source is not None:
                 return False
@@ -383,11 +286,7 @@ class BuildManager:
         try:
             stdin = build.process.stdin
             if stdin is not None:
-                stdin.write(
-                    msgpack.packb(
-                        {"op": "cancel", "source": source, "reason": reason}, use_bin_type=True
-                    )
-                )
+                stdin.write(encode(CancelCommand(source, reason)))
                 stdin.flush()
         except (OSError, ValueError) as exc:
             log.warning("build_cancel_pipe_failed", build_id=build.build_id, error=str(exc))
@@ -396,7 +295,7 @@ class BuildManager:
         timer.start()
         return True
 
-    def _escalate(self, build: _Build) -> None:
+    def _escalate(self, build: Build) -> None:
         if build.done.is_set() or build.process.poll() is not None:
             return
         with build.lock:
@@ -410,20 +309,18 @@ class BuildManager:
         with contextlib.suppress(OSError):
             build.process.kill()
 
-    def _follow(self, build: _Build) -> None:
+    def _follow(self, build: Build) -> None:
         """Reader thread: the child's messages until EOF, then the final record."""
         stdout = build.process.stdout
         assert stdout is not None
-        unpacker = msgpack.Unpacker(raw=False)
+        decoder = child_message_decoder(build_id=build.build_id)
         try:
             while True:
                 chunk = os.read(stdout.fileno(), 65536)
                 if not chunk:
                     break
-                unpacker.feed(chunk)
-                for message in unpacker:
-                    if isinstance(message, dict):
-                        self._on_message(build, message)
+                for message in decoder.feed(chunk):
+                    self._on_message(build, message)
         except Exception:
             log.exception("build_reader_failed", build_id=build.build_id)
         finally:
@@ -435,11 +332,9 @@ class BuildManager:
                     build.process.stdin.close()
             self._finish(build, code)
 
-    def _on_message(self, build: _Build, message: dict[str, Any]) -> None:
-        kind = message.get("kind")
-        if kind == "event":
-            data = message["event"]
-            event = event_from_dict(data)
+    def _on_message(self, build: Build, message: ChildMessage) -> None:
+        if isinstance(message, EventMessage):
+            event = message.event
             with build.lock:
                 build.received += 1
                 build.tree.apply(event)
@@ -451,33 +346,25 @@ class BuildManager:
                     build.last_step_publish = now
             if event.type in TERMINAL_EVENTS:
                 return  # published by _finish with the outcome's details
-            self._publish_event(build, data)
-        elif kind == "engine_path":
+            self._publish_event(build, event.as_dict())
+        elif isinstance(message, EnginePathMessage):
             with build.lock:
-                build.engine_path = Path(message["path"])
-        elif kind == "record":
-            build.record = dict(message["payload"])
-        elif kind == "report":
-            build.summary = message["summary"]
-            build.summary_path = message["summaryPath"]
-            build.dropped_in_child = int(message.get("droppedInChild", 0))
-        elif kind == "error":
-            build.error = str(message.get("error"))
+                build.engine_path = Path(message.path)
+        elif isinstance(message, RecordMessage):
+            build.record = message.payload
+        elif isinstance(message, ReportMessage):
+            build.summary = message.summary
+            build.summary_path = message.summary_path
+            build.dropped_in_child = message.dropped_in_child
+        elif isinstance(message, ErrorMessage):
+            build.error = message.error
 
-    def _publish_event(self, build: _Build, data: Mapping[str, Any]) -> None:
-        payload = {
-            **{key: value for key, value in data.items() if key != "seq"},
-            # "seq" is the publisher's (every topic); the build's own order is eventSeq.
-            "eventSeq": data["seq"],
-            "model": build.model,
-            "builder": build.builder,
-            "simulated": build.simulated,
-            "coalescedSteps": build.coalesced_steps,
-        }
+    def _publish_event(self, build: Build, data: Mapping[str, Any]) -> None:
+        payload = event_payload(build, data)
         build.published += 1
         self._publish("build", payload)
 
-    def _finish(self, build: _Build, code: int) -> None:
+    def _finish(self, build: Build, code: int) -> None:
         exited = time.monotonic()
         summary = build.summary
         if summary is not None and summary.get("outcome") == "completed" and not build.simulated:
@@ -497,29 +384,9 @@ class BuildManager:
                 build.error = str(summary["error"])
             build.state = state
             build.tree.state = state
-        record = self._fdr_record(build)
+        record = fdr_record(build)
         self._record(BUILD_RECORD, record)
-        terminal = {
-            "buildId": build.build_id,
-            "seq": build.received + 1,
-            "type": state,
-            "phaseId": None,
-            "parentId": None,
-            "name": None,
-            "step": None,
-            "numSteps": None,
-            "monotonicNs": time.monotonic_ns(),
-            "wallNs": time.time_ns(),
-            "thread": "inferd-daemon",
-            "cancelState": "cleaned_up" if build.cancel_source else "none",
-            "detail": {
-                "cancelSource": build.cancel_source,
-                "escalated": build.escalated,
-                "exitCode": code,
-                "summaryPath": build.summary_path,
-                "error": build.error,
-            },
-        }
+        terminal = terminal_event(build, state, code)
         self._publish_event(build, terminal)
         level = log.warning if state != "completed" else log.info
         level(
@@ -550,7 +417,7 @@ class BuildManager:
             except Exception:  # the build's own record is already complete
                 log.exception("build_finished_hook_failed", build_id=build.build_id)
 
-    def _trust(self, build: _Build) -> None:
+    def _trust(self, build: Build) -> None:
         """Step 4 of the engine pipeline: a validated TensorRT build is recorded in
         ``<engine_dir>/manifest.json`` (DESIGN.md, "Daemon builds and the engine
         manifest"): it was built on this host, by this daemon, and matched ONNX
@@ -567,97 +434,3 @@ class BuildManager:
         with build.lock:
             build.manifest = str(decision.manifest) if decision.manifest else None
             build.manifest_note = decision.note
-
-    def _latencies(self, build: _Build) -> dict[str, float | None]:
-        summary = build.summary or {}
-        to_exit = None
-        if build.cancel_requested_mono is not None and build.exited_mono is not None:
-            to_exit = round((build.exited_mono - build.cancel_requested_mono) * 1000, 3)
-        return {
-            "cancel_latency_ms": summary.get("cancelLatencyMs"),
-            "cleanup_latency_ms": summary.get("cleanupLatencyMs"),
-            "cancel_to_exit_ms": to_exit,
-        }
-
-    def _fdr_record(self, build: _Build) -> dict[str, Any]:
-        duration = round((build.exited_mono or time.monotonic()) - build.started_mono, 4)
-        base = build.record or {
-            "model": build.model,
-            "outcome": {"cancelled": "cancelled", "completed": "succeeded"}.get(
-                build.state, "failed"
-            ),
-            "duration_s": duration,
-            "build_id": build.build_id,
-            "simulated": build.simulated,
-            "cancel_source": build.cancel_source,
-            "cleanup_status": "unknown (child terminated)" if build.escalated else "unknown",
-        }
-        return {
-            **base,
-            "model": build.model,
-            "builder": build.builder,
-            "cancel_source": build.cancel_source,
-            "escalated": build.escalated,
-            "exit_code": build.exit_code,
-            "error": build.error,
-            "daemon_build": True,
-            "manifest": build.manifest,
-            **{key: value for key, value in self._latencies(build).items() if value is not None},
-        }
-
-    def _describe(self, build: _Build) -> dict[str, Any]:
-        with build.lock:
-            tree = build.tree.snapshot()
-            summary = build.summary or {}
-            completed = build.state == "completed"
-            if build.simulated:
-                adoption = (
-                    "simulated build: nothing to adopt (the engine is a labelled ONNX container); "
-                    "the resident engine keeps serving"
-                )
-            elif completed and build.manifest is not None:
-                adoption = (
-                    f"runtime.switch {{model: {build.model!r}, runtime: 'tensorrt'}} reuses "
-                    f"{build.engine_path} when its build_config is the model's default "
-                    f"(the name encodes it); its digest is {build.manifest_note}"
-                )
-            elif completed:
-                adoption = (
-                    f"{build.engine_path} is {build.manifest_note}; until a manifest the "
-                    "runtime trusts lists its digest, runtime.switch to 'tensorrt' is refused"
-                )
-            else:
-                adoption = "nothing to adopt: the build did not complete"
-            return {
-                "build_id": build.build_id,
-                "model": build.model,
-                "builder": build.builder,
-                "simulated": build.simulated,
-                "state": build.state,
-                "pid": build.process.pid,
-                "exit_code": build.exit_code,
-                "build_config": dict(build.build_config),
-                "started_wall_ns": build.started_wall_ns,
-                "requested_by": build.requested_by,
-                "elapsed_s": round((build.exited_mono or time.monotonic()) - build.started_mono, 3),
-                "cancel_source": build.cancel_source,
-                "cancel_reason": build.cancel_reason,
-                "escalated": build.escalated,
-                **self._latencies(build),
-                "cleanup_status": summary.get("cleanupStatus"),
-                "retry_policy": summary.get("retryPolicy"),
-                "validation_status": summary.get("validationStatus"),
-                "summary_path": build.summary_path,
-                "engine_path": str(build.engine_path) if completed else None,
-                "manifest": build.manifest,
-                "error": build.error,
-                "adoptable": completed and not build.simulated and build.manifest is not None,
-                "adoption": adoption,
-                "events": {
-                    "received": build.received,
-                    "published": build.published,
-                    "coalesced_steps": build.coalesced_steps,
-                    "dropped_in_child": build.dropped_in_child,
-                },
-                "phase_tree": tree,
-            }

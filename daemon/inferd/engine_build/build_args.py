@@ -1,0 +1,104 @@
+"""The arguments of the build control ops, checked (``supervisor.BuildManager``).
+
+Each parser raises the ``ProtocolError`` the control socket answers with, in the
+order a client meets them; nothing here starts, finds or changes a build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.config import ModelConfig
+from inferd.engines.build_config import build_config_to_mapping, parse_build_config
+from inferd.errors import ConfigError
+from inferd.types import BuildConfig
+from inferd_wire.protocol import Code, ProtocolError
+
+BUILDERS = ("auto", "simulated")
+CONTROL_SOURCES = ("control", "ide")
+_SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
+
+
+@dataclass(frozen=True)
+class StartArgs:
+    """``build.start``'s arguments: ``builder`` is resolved (tensorrt | simulated)."""
+
+    model: str
+    config: ModelConfig
+    build_config: dict[str, Any]
+    requested_by: str
+    builder: str
+    simulation: dict[str, Any] | None
+
+
+def parse_start(
+    header: Mapping[str, Any],
+    models: Mapping[str, ModelConfig],
+    tensorrt_available: Callable[[], bool],
+) -> StartArgs:
+    """``build.start {model, build_config?, builder?, simulation?, requested_by?}``."""
+    model = header.get("model")
+    if not isinstance(model, str):
+        raise ProtocolError(Code.INVALID_ARGUMENT, "'model' must be a string")
+    config = models.get(model)
+    if config is None:
+        raise ProtocolError(
+            Code.NOT_FOUND, f"no model named {model!r}; configured: {sorted(models)}"
+        )
+    build_config = parse_build_config_arg(header.get("build_config"), config)
+    requested_by = header.get("requested_by", "operator")
+    if not isinstance(requested_by, str) or not 0 < len(requested_by) <= 64:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, "'requested_by' must be a string of 1..64 characters"
+        )
+    choice = header.get("builder", "auto")
+    if choice not in BUILDERS:
+        raise ProtocolError(Code.INVALID_ARGUMENT, f"'builder' must be one of {BUILDERS}")
+    builder = "tensorrt" if choice == "auto" and tensorrt_available() else "simulated"
+    simulation = header.get("simulation")
+    if simulation is not None:
+        if builder != "simulated" or not isinstance(simulation, dict):
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                "'simulation' (test knobs) is a map and only applies to the simulated builder",
+            )
+        unknown = set(simulation) - _SIM_KEYS
+        if unknown:
+            raise ProtocolError(Code.INVALID_ARGUMENT, f"unknown simulation keys {sorted(unknown)}")
+        step_s = simulation.get("step_s", 0.002)
+        if (
+            not isinstance(step_s, int | float)
+            or isinstance(step_s, bool)
+            or not (0 <= step_s <= 10)
+        ):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.step_s' must be 0..10")
+    if not config.path.is_file():
+        raise ProtocolError(
+            Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} does not exist"
+        )
+    return StartArgs(model, config, build_config, requested_by, builder, simulation)
+
+
+def parse_build_config_arg(raw: object, model: ModelConfig) -> dict[str, Any]:
+    """``build_config`` over the model's defaults, as the mapping the child is given."""
+    defaults = BuildConfig(precision=model.precision)
+    if raw is None:
+        return build_config_to_mapping(defaults)
+    try:
+        config = parse_build_config(raw, source="build_config", defaults=defaults)
+    except ConfigError as exc:
+        raise ProtocolError(Code.INVALID_ARGUMENT, str(exc)) from None
+    return build_config_to_mapping(config)
+
+
+def parse_cancel(header: Mapping[str, Any]) -> tuple[str, str]:
+    """``build.cancel``'s ``(source, reason)`` (the build itself is looked up first)."""
+    source = header.get("source", "control")
+    if source not in CONTROL_SOURCES:
+        raise ProtocolError(Code.INVALID_ARGUMENT, f"'source' must be one of {CONTROL_SOURCES}")
+    reason = header.get("reason", f"build.cancel from {source}")
+    if not isinstance(reason, str):
+        raise ProtocolError(Code.INVALID_ARGUMENT, "'reason' must be a string")
+    return str(source), reason

@@ -1,0 +1,197 @@
+"""What the daemon knows about one build, and how it is reported.
+
+``Build`` is the daemon's record of one build child (``supervisor.BuildManager``
+owns it and its reader thread updates it); the functions here render it: the
+``build.status`` entry (``describe``), the ``c7.engine_build`` FDR payload
+(``fdr_record``) and the ``build`` topic payloads (``event_payload``,
+``terminal_event``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferd.engine_build.events import PhaseTree
+
+
+@dataclass
+class Build:
+    """One daemon build: its child process and what its messages told the daemon."""
+
+    build_id: str
+    model: str
+    builder: str  # "tensorrt" | "simulated"
+    build_config: dict[str, Any]
+    engine_path: Path
+    process: subprocess.Popen[bytes]
+    requested_by: str
+    started_wall_ns: int
+    started_mono: float
+    tree: PhaseTree = field(default_factory=PhaseTree)
+    state: str = "running"
+    cancel_source: str | None = None
+    cancel_reason: str | None = None
+    cancel_requested_mono: float | None = None
+    escalated: bool = False
+    exited_mono: float | None = None
+    exit_code: int | None = None
+    summary: dict[str, Any] | None = None
+    summary_path: str | None = None
+    manifest: str | None = None
+    manifest_note: str | None = None
+    record: dict[str, Any] | None = None
+    error: str | None = None
+    received: int = 0
+    published: int = 0
+    coalesced_steps: int = 0
+    dropped_in_child: int = 0
+    last_step_publish: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def simulated(self) -> bool:
+        return self.builder == "simulated"
+
+
+def latencies(build: Build) -> dict[str, float | None]:
+    """Cancel request -> acknowledged -> cleaned up (the child's) and -> exited (ours)."""
+    summary = build.summary or {}
+    to_exit = None
+    if build.cancel_requested_mono is not None and build.exited_mono is not None:
+        to_exit = round((build.exited_mono - build.cancel_requested_mono) * 1000, 3)
+    return {
+        "cancel_latency_ms": summary.get("cancelLatencyMs"),
+        "cleanup_latency_ms": summary.get("cleanupLatencyMs"),
+        "cancel_to_exit_ms": to_exit,
+    }
+
+
+def fdr_record(build: Build) -> dict[str, Any]:
+    """The ``c7.engine_build`` FDR payload: the child's record (or one made up when
+    there is none) with what only the daemon knows."""
+    duration = round((build.exited_mono or time.monotonic()) - build.started_mono, 4)
+    base = build.record or {
+        "model": build.model,
+        "outcome": {"cancelled": "cancelled", "completed": "succeeded"}.get(build.state, "failed"),
+        "duration_s": duration,
+        "build_id": build.build_id,
+        "simulated": build.simulated,
+        "cancel_source": build.cancel_source,
+        "cleanup_status": "unknown (child terminated)" if build.escalated else "unknown",
+    }
+    return {
+        **base,
+        "model": build.model,
+        "builder": build.builder,
+        "cancel_source": build.cancel_source,
+        "escalated": build.escalated,
+        "exit_code": build.exit_code,
+        "error": build.error,
+        "daemon_build": True,
+        "manifest": build.manifest,
+        **{key: value for key, value in latencies(build).items() if value is not None},
+    }
+
+
+def describe(build: Build) -> dict[str, Any]:
+    """One build as ``build.status`` reports it."""
+    with build.lock:
+        tree = build.tree.snapshot()
+        summary = build.summary or {}
+        completed = build.state == "completed"
+        if build.simulated:
+            adoption = (
+                "simulated build: nothing to adopt (the engine is a labelled ONNX container); "
+                "the resident engine keeps serving"
+            )
+        elif completed and build.manifest is not None:
+            adoption = (
+                f"runtime.switch {{model: {build.model!r}, runtime: 'tensorrt'}} reuses "
+                f"{build.engine_path} when its build_config is the model's default "
+                f"(the name encodes it); its digest is {build.manifest_note}"
+            )
+        elif completed:
+            adoption = (
+                f"{build.engine_path} is {build.manifest_note}; until a manifest the "
+                "runtime trusts lists its digest, runtime.switch to 'tensorrt' is refused"
+            )
+        else:
+            adoption = "nothing to adopt: the build did not complete"
+        return {
+            "build_id": build.build_id,
+            "model": build.model,
+            "builder": build.builder,
+            "simulated": build.simulated,
+            "state": build.state,
+            "pid": build.process.pid,
+            "exit_code": build.exit_code,
+            "build_config": dict(build.build_config),
+            "started_wall_ns": build.started_wall_ns,
+            "requested_by": build.requested_by,
+            "elapsed_s": round((build.exited_mono or time.monotonic()) - build.started_mono, 3),
+            "cancel_source": build.cancel_source,
+            "cancel_reason": build.cancel_reason,
+            "escalated": build.escalated,
+            **latencies(build),
+            "cleanup_status": summary.get("cleanupStatus"),
+            "retry_policy": summary.get("retryPolicy"),
+            "validation_status": summary.get("validationStatus"),
+            "summary_path": build.summary_path,
+            "engine_path": str(build.engine_path) if completed else None,
+            "manifest": build.manifest,
+            "error": build.error,
+            "adoptable": completed and not build.simulated and build.manifest is not None,
+            "adoption": adoption,
+            "events": {
+                "received": build.received,
+                "published": build.published,
+                "coalesced_steps": build.coalesced_steps,
+                "dropped_in_child": build.dropped_in_child,
+            },
+            "phase_tree": tree,
+        }
+
+
+def event_payload(build: Build, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``build`` topic payload for an event (``BuildEvent.as_dict`` form)."""
+    return {
+        **{key: value for key, value in data.items() if key != "seq"},
+        # "seq" is the publisher's (every topic); the build's own order is eventSeq.
+        "eventSeq": data["seq"],
+        "model": build.model,
+        "builder": build.builder,
+        "simulated": build.simulated,
+        "coalescedSteps": build.coalesced_steps,
+    }
+
+
+def terminal_event(build: Build, state: str, code: int) -> dict[str, Any]:
+    """The daemon's own terminal event (``BuildEvent.as_dict`` form) for a finished build."""
+    return {
+        "buildId": build.build_id,
+        "seq": build.received + 1,
+        "type": state,
+        "phaseId": None,
+        "parentId": None,
+        "name": None,
+        "step": None,
+        "numSteps": None,
+        "monotonicNs": time.monotonic_ns(),
+        "wallNs": time.time_ns(),
+        "thread": "inferd-daemon",
+        "cancelState": "cleaned_up" if build.cancel_source else "none",
+        "detail": {
+            "cancelSource": build.cancel_source,
+            "escalated": build.escalated,
+            "exitCode": code,
+            "summaryPath": build.summary_path,
+            "error": build.error,
+        },
+    }
