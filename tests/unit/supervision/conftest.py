@@ -41,8 +41,9 @@ def as_dict(fields: list[tuple[str, bytes]]) -> dict[str, list[str]]:
 
 @pytest.fixture
 def receiver(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
+    """A bound datagram socket standing in for journald's or systemd's notify socket."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    path = str(tmp_path / "journal.sock")
+    path = str(tmp_path / "receiver.sock")
     sock.bind(path)
     sock.settimeout(2)
     yield sock, path

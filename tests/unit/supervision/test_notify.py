@@ -34,16 +34,6 @@ def systemd_python_importable() -> bool:
 
 
 @pytest.fixture
-def path_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    address = str(tmp_path / "notify.sock")
-    sock.bind(address)
-    sock.settimeout(2)
-    yield sock, address
-    sock.close()
-
-
-@pytest.fixture
 def abstract_socket() -> Iterator[tuple[socket.socket, str]]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     name = f"inferd-test-notify-{os.getpid()}-{id(sock)}"
@@ -63,8 +53,8 @@ def _pending(sock: socket.socket) -> list[bytes]:
         return received
 
 
-def test_datagram_to_a_filesystem_socket(path_socket: tuple[socket.socket, str]) -> None:
-    sock, address = path_socket
+def test_datagram_to_a_filesystem_socket(receiver: tuple[socket.socket, str]) -> None:
+    sock, address = receiver
     notify_datagram("READY=1\nSTATUS=serving", address)
     assert sock.recv(4096) == b"READY=1\nSTATUS=serving"
 
@@ -110,8 +100,8 @@ def test_assignments_in_one_datagram_each(abstract_socket: tuple[socket.socket, 
     assert notifier.sent == 5
 
 
-def test_status_is_sent_only_when_it_changes(path_socket: tuple[socket.socket, str]) -> None:
-    sock, address = path_socket
+def test_status_is_sent_only_when_it_changes(receiver: tuple[socket.socket, str]) -> None:
+    sock, address = receiver
     notifier = Notifier(address)
     assert notifier.status("starting 0/1: demo=loading")
     assert not notifier.status("starting 0/1: demo=loading")
@@ -138,9 +128,9 @@ def test_a_failing_socket_never_raises_and_is_logged_once(tmp_path: Path) -> Non
 
 
 def test_environment_notifier_uses_systemd_python_when_installed(
-    path_socket: tuple[socket.socket, str], monkeypatch: pytest.MonkeyPatch
+    receiver: tuple[socket.socket, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sock, address = path_socket
+    sock, address = receiver
     monkeypatch.setenv("NOTIFY_SOCKET", address)
     notifier = Notifier.from_environment()
     installed = systemd_python_importable()
@@ -165,12 +155,12 @@ print(notifier.backend_name)
     [("stand-in", "systemd-python"), ("blocked", "builtin")],
 )
 def test_backend_selection_from_the_repository_root(
-    path_socket: tuple[socket.socket, str], systemd_python: str, expected: str
+    receiver: tuple[socket.socket, str], systemd_python: str, expected: str
 ) -> None:
     """The daemon started from a checkout (``python -c``/``-m`` puts the working
     directory first on ``sys.path``) must not take the repository's ``systemd/``
     unit folder for systemd-python, with or without the real package."""
-    sock, address = path_socket
+    sock, address = receiver
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env["NOTIFY_SOCKET"] = address
     if systemd_python == "stand-in":

@@ -15,21 +15,14 @@ from inferd.engine_build import BuildRequest, CancellationToken, run_build
 from inferd.engine_build.tensorrt_builder import TensorRTBuilder
 from inferd.engine_build.validation import reference_outputs
 from inferd.engines import calibration as calib
-from inferd.types import BuildConfig, HostTuple, OptimizationProfile, PrecisionMode
+from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 from tests.fakes import fake_tensorrt
-
-REPO = Path(__file__).resolve().parents[2]
-SCHEMA = json.loads((REPO / "schemas" / "build" / "summary.json").read_text())
-HOST = HostTuple((8, 7), "orin", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
+from tests.unit.engine_build.conftest import HOST
+from tests.unit.engine_build.conftest import SUMMARY_SCHEMA as SCHEMA
 
 
-@pytest.fixture
-def stack(monkeypatch: pytest.MonkeyPatch) -> fake_tensorrt.FakeGpuStack:
-    return fake_tensorrt.install(monkeypatch)
-
-
-def builder(stack: fake_tensorrt.FakeGpuStack, model: Path, **kw: Any) -> TensorRTBuilder:
-    return TensorRTBuilder(stack.tensorrt, stack.driver, model, BuildConfig(), **kw)
+def builder(gpu: fake_tensorrt.FakeGpuStack, model: Path, **kw: Any) -> TensorRTBuilder:
+    return TensorRTBuilder(gpu.tensorrt, gpu.driver, model, BuildConfig(), **kw)
 
 
 def request(tmp_path: Path, model: Path) -> BuildRequest:
@@ -37,9 +30,9 @@ def request(tmp_path: Path, model: Path) -> BuildRequest:
 
 
 def test_real_builder_code_completes_with_cold_then_reused_cache(
-    tmp_path: Path, demo_model: Path, stack: fake_tensorrt.FakeGpuStack
+    tmp_path: Path, demo_model: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
-    first = run_build(request(tmp_path, demo_model), builder(stack, demo_model))
+    first = run_build(request(tmp_path, demo_model), builder(gpu, demo_model))
     s = first.summary
     Draft202012Validator(SCHEMA).validate(s)
     assert s["outcome"] == "completed" and s["simulated"] is False
@@ -48,37 +41,37 @@ def test_real_builder_code_completes_with_cold_then_reused_cache(
     assert s["validationStatus"] == "pending" and not s["eligibleToServe"]
     assert (tmp_path / "demo.engine").read_bytes().startswith(fake_tensorrt.ENGINE_MAGIC)
     assert s["phaseTree"]["roots"][0]["name"] == "Building engine"
-    assert stack.trt.last_build["progress_monitor"] is True
-    second = run_build(request(tmp_path, demo_model), builder(stack, demo_model))
+    assert gpu.trt.last_build["progress_monitor"] is True
+    second = run_build(request(tmp_path, demo_model), builder(gpu, demo_model))
     assert second.summary["timingCacheMode"] == "reused"
-    assert stack.trt.timing_cache_hits == 1
+    assert gpu.trt.timing_cache_hits == 1
 
 
 def test_real_builder_code_validates_with_an_infer_callable(
-    tmp_path: Path, demo_model: Path, stack: fake_tensorrt.FakeGpuStack
+    tmp_path: Path, demo_model: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
     # Smoke inference belongs to the serving runtime; here a stand-in returning ORT's outputs.
     report = run_build(
         request(tmp_path, demo_model),
-        builder(stack, demo_model, infer=lambda _e, inputs: reference_outputs(demo_model, inputs)),
+        builder(gpu, demo_model, infer=lambda _e, inputs: reference_outputs(demo_model, inputs)),
     )
     assert report.summary["validationStatus"] == "pass" and report.summary["eligibleToServe"]
 
 
 def test_refused_cache_is_quarantined_and_the_build_goes_cold(
-    tmp_path: Path, demo_model: Path, stack: fake_tensorrt.FakeGpuStack
+    tmp_path: Path, demo_model: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
-    run_build(request(tmp_path, demo_model), builder(stack, demo_model))
+    run_build(request(tmp_path, demo_model), builder(gpu, demo_model))
     cache = next(tmp_path.glob("timing_*.cache"))
     cache.write_bytes(b"timing cache of another TensorRT version")
-    report = run_build(request(tmp_path, demo_model), builder(stack, demo_model))
+    report = run_build(request(tmp_path, demo_model), builder(gpu, demo_model))
     s = report.summary
     assert s["timingCacheMode"] == "quarantined" and s["outcome"] == "completed"
     assert Path(s["timingCache"]["quarantinedTo"] + ".reason").is_file()
 
 
 def test_cancel_through_step_complete(
-    tmp_path: Path, demo_model: Path, stack: fake_tensorrt.FakeGpuStack
+    tmp_path: Path, demo_model: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
     token = CancellationToken()
 
@@ -87,7 +80,7 @@ def test_cancel_through_step_complete(
             token.cancel("control")
 
     report = run_build(
-        request(tmp_path, demo_model), builder(stack, demo_model), token=token, listener=listener
+        request(tmp_path, demo_model), builder(gpu, demo_model), token=token, listener=listener
     )
     s = report.summary
     assert s["outcome"] == "cancelled" and s["cancelSource"] == "control"
@@ -98,22 +91,20 @@ def test_cancel_through_step_complete(
     assert s["phaseTree"]["roots"][0]["status"] == "finished_early"
 
 
-def test_parser_failure_is_a_failed_build(
-    tmp_path: Path, stack: fake_tensorrt.FakeGpuStack
-) -> None:
+def test_parser_failure_is_a_failed_build(tmp_path: Path, gpu: fake_tensorrt.FakeGpuStack) -> None:
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not onnx")
-    report = run_build(request(tmp_path, bad), builder(stack, bad))
+    report = run_build(request(tmp_path, bad), builder(gpu, bad))
     assert report.summary["outcome"] == "failed"
     assert report.summary["retryPolicy"] == "investigate"
 
 
 def test_acceptance_uses_the_real_builder_when_tensorrt_is_present(
-    tmp_path: Path, stack: fake_tensorrt.FakeGpuStack
+    tmp_path: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
     from inferd.engine_build import acceptance
 
-    pair = (stack.tensorrt, stack.driver)
+    pair = (gpu.tensorrt, gpu.driver)
     names = list(acceptance.TENSORRT_SCENARIOS)
     assert acceptance.run(tmp_path, scenarios=names, tensorrt=pair) == 0, (
         tmp_path / "report.md"
@@ -172,7 +163,7 @@ def calibration_set(tmp_path: Path) -> Path:
 
 
 def int8_run(
-    stack: fake_tensorrt.FakeGpuStack,
+    gpu: fake_tensorrt.FakeGpuStack,
     engine_dir: Path,
     model: Path,
     data: Path,
@@ -180,8 +171,8 @@ def int8_run(
 ) -> Any:
     engine = engine_dir / "scale.engine"
     trt_builder = TensorRTBuilder(
-        stack.tensorrt,
-        stack.driver,
+        gpu.tensorrt,
+        gpu.driver,
         model,
         INT8,
         calibration_data=data,
@@ -191,20 +182,20 @@ def int8_run(
 
 
 def test_int8_build_with_calibration_data_runs_through_the_session(
-    tmp_path: Path, calibration_set: Path, stack: fake_tensorrt.FakeGpuStack
+    tmp_path: Path, calibration_set: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
     model = scale_model(tmp_path / "scale.onnx")
     engines = tmp_path / "engines"
-    first = int8_run(stack, engines, model, calibration_set)
+    first = int8_run(gpu, engines, model, calibration_set)
     s = first.summary
     Draft202012Validator(SCHEMA).validate(s)
     assert s["outcome"] == "completed", s["error"]
     assert first.summary_path.is_file()
     assert {"phase_start", "phase_finish", "completed"} <= {e.type for e in first.events}
     assert s["builderStats"]["calibration"] == "calibrated"
-    assert "INT8" in stack.trt.last_build["flags"]
-    assert stack.trt.calibration_batches == 3
-    assert stack.cuda.allocated_bytes == 0  # calibration buffers freed
+    assert "INT8" in gpu.trt.last_build["flags"]
+    assert gpu.trt.calibration_batches == 3
+    assert gpu.cuda.allocated_bytes == 0  # calibration buffers freed
     cache = calib.calibration_cache_path(engines / "scale.engine")
     assert cache.read_bytes().startswith(b"TRT-")
     assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(
@@ -212,29 +203,29 @@ def test_int8_build_with_calibration_data_runs_through_the_session(
     )
     assert calib.integrity_sidecar_path(cache).is_file()
 
-    again = int8_run(stack, engines, model, calibration_set)
+    again = int8_run(gpu, engines, model, calibration_set)
     assert again.summary["outcome"] == "completed"
     assert again.summary["builderStats"]["calibration"] == "reused"
-    assert stack.trt.calibration_batches == 3  # the trusted cache was reused
+    assert gpu.trt.calibration_batches == 3  # the trusted cache was reused
 
     rng = np.random.default_rng(4)
     np.savez(calibration_set / "batch3.npz", x=rng.standard_normal((4, W)).astype(np.float32))
-    changed = int8_run(stack, engines, model, calibration_set)
+    changed = int8_run(gpu, engines, model, calibration_set)
     assert changed.summary["builderStats"]["calibration"] == "calibrated"
-    assert stack.trt.calibration_batches == 7
+    assert gpu.trt.calibration_batches == 7
     assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(
         calibration_set
     )
 
     calib.integrity_sidecar_path(cache).write_text("garbage\n")
-    broken = int8_run(stack, engines, model, calibration_set)
+    broken = int8_run(gpu, engines, model, calibration_set)
     assert broken.summary["outcome"] == "failed"
     assert "corrupt" in broken.summary["error"]
     assert calib.integrity_sidecar_path(cache).read_text() == "garbage\n"  # left for inspection
 
 
 def test_cancelled_int8_build_leaves_no_engine_and_no_new_calibration_cache(
-    tmp_path: Path, calibration_set: Path, stack: fake_tensorrt.FakeGpuStack
+    tmp_path: Path, calibration_set: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
     model = scale_model(tmp_path / "scale.onnx")
     engines = tmp_path / "engines"
@@ -251,24 +242,24 @@ def test_cancelled_int8_build_leaves_no_engine_and_no_new_calibration_cache(
         return token, listener
 
     token, listener = cancelling()
-    report = int8_run(stack, engines, model, calibration_set, token=token, listener=listener)
+    report = int8_run(gpu, engines, model, calibration_set, token=token, listener=listener)
     s = report.summary
     assert s["outcome"] == "cancelled" and s["cancelSource"] == "control"
     assert s["cleanupStatus"] == "cleaned" and not (engines / "scale.engine").exists()
-    assert stack.trt.calibration_batches == 3  # calibrated, but the build was cancelled
+    assert gpu.trt.calibration_batches == 3  # calibrated, but the build was cancelled
     assert not cache.exists()
     assert not calib.dataset_sidecar_path(cache).exists()
     assert not calib.integrity_sidecar_path(cache).exists()
 
     # a trusted cache from an earlier build stays exactly as it was
-    assert int8_run(stack, engines, model, calibration_set).summary["outcome"] == "completed"
+    assert int8_run(gpu, engines, model, calibration_set).summary["outcome"] == "completed"
     stored = {p.name: p.read_bytes() for p in engines.glob("scale.calib_cache*")}
     assert len(stored) == 3
     engine = (engines / "scale.engine").read_bytes()
     rng = np.random.default_rng(5)
     np.savez(calibration_set / "batch3.npz", x=rng.standard_normal((4, W)).astype(np.float32))
     token, listener = cancelling()
-    report = int8_run(stack, engines, model, calibration_set, token=token, listener=listener)
+    report = int8_run(gpu, engines, model, calibration_set, token=token, listener=listener)
     assert report.summary["outcome"] == "cancelled"
     assert report.summary["builderStats"]["calibration"] == "calibrated"
     assert {p.name: p.read_bytes() for p in engines.glob("scale.calib_cache*")} == stored

@@ -262,3 +262,23 @@ def test_invalid_new_sections(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_text(tmp_path, text + MINIMAL)
     assert message in str(caught.value)
+
+
+def test_engine_dir_and_manifest_config_keys(tmp_path: Path) -> None:
+    models = [{"name": "demo", "path": "demo.onnx"}]
+    base = {"daemon": {"state_dir": str(tmp_path / "state")}, "models": models}
+    loaded = config.from_mapping(base, source="test", base_dir=tmp_path)
+    assert loaded.runtime.engine_dir == tmp_path / "state" / "engines"
+    assert loaded.runtime.engine_manifest is None
+    custom = config.from_mapping(
+        {**base, "runtime": {"engine_dir": "trt", "engine_manifest": "deploy/manifest.json"}},
+        source="test",
+        base_dir=tmp_path,
+    )
+    assert custom.runtime.engine_dir == tmp_path / "state" / "trt"
+    assert custom.runtime.engine_manifest == tmp_path / "deploy" / "manifest.json"
+    for key in ("engine_dir", "engine_manifest"):
+        with pytest.raises(ConfigError, match=f"runtime.{key}"):
+            config.from_mapping({**base, "runtime": {key: " "}}, source="test", base_dir=tmp_path)
+        with pytest.raises(ConfigError, match=f"runtime.{key} must be str"):
+            config.from_mapping({**base, "runtime": {key: 3}}, source="test", base_dir=tmp_path)

@@ -1,0 +1,216 @@
+"""``inferd build`` (``inferd.cli.build``) on the fakes: build config files, build then
+reuse, calibration data, missing TensorRT, failures and the site shims."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferd.cli import build as tensorrt_cli
+from inferd.digest import sha256_file
+from inferd.engines import calibration as calib
+from inferd.engines import read_host_tuple
+from inferd.engines.build_config import load_build_config
+from inferd.engines.manifest import Manifest
+from inferd.runtime import tensorrt as trt_runtime
+from inferd.types import (
+    BuildConfig,
+    PrecisionMode,
+)
+from tests.fakes import gpu_site
+from tests.tensorrt_bench import (
+    SCALE_PROFILE,
+    Bench,
+    W,
+    run_pipeline,
+    write_custom_op_model,
+)
+
+# -- inferd build ------------------------------------------------------------------------------
+
+
+def _build_config_file(tmp_path: Path, document: Any) -> Path:
+    path = tmp_path / "build.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_build_config_json(tmp_path: Path) -> None:
+    config = load_build_config(
+        _build_config_file(
+            tmp_path,
+            {
+                "precision": "fp16",
+                "workspace_bytes": 1 << 28,
+                "optimization_level": 4,
+                "profiles": [
+                    {
+                        "input_name": "x",
+                        "min_shape": [1, 64],
+                        "opt_shape": [4, 64],
+                        "max_shape": [8, 64],
+                    }
+                ],
+            },
+        )
+    )
+    assert config == BuildConfig(PrecisionMode.FP16, 1 << 28, 4, (SCALE_PROFILE,))
+    assert load_build_config(_build_config_file(tmp_path, {})) == BuildConfig()
+
+
+@pytest.mark.parametrize(
+    ("document", "fragment"),
+    [
+        ({"precison": "fp16"}, "unknown key"),
+        ({"precision": "fp64"}, "not one of"),
+        ({"workspace_bytes": True}, "must be an integer"),
+        ({"optimization_level": 9}, "0..5"),
+        ({"profiles": [{"input_name": "x"}]}, "exactly the keys"),
+        ([], "JSON object"),
+    ],
+)
+def test_bad_build_configs_are_usage_errors(
+    bench: Bench, demo_model: Path, tmp_path: Path, document: Any, fragment: str
+) -> None:
+    err = io.StringIO()
+    code = tensorrt_cli.run(demo_model, _build_config_file(tmp_path, document), err=err)
+    assert code == tensorrt_cli.EXIT_USAGE and fragment in err.getvalue()
+    assert bench.gpu.trt.builds == 0
+
+
+def off_jetson(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Runtimes made by ``inferd build`` read no /etc/nv_tegra_release (platform none)."""
+    probe = functools.partial(read_host_tuple, tegra_release=tmp_path / "absent")
+    monkeypatch.setattr(trt_runtime, "read_host_tuple", probe)
+
+
+def test_inferd_build_builds_then_reuses_and_records_the_manifest(
+    bench: Bench, demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    off_jetson(monkeypatch, tmp_path)
+    config = _build_config_file(tmp_path, {"precision": "fp16"})
+    manifest = tmp_path / "deploy" / "manifest.json"
+    out = io.StringIO()
+    code = tensorrt_cli.run(
+        demo_model, config, engine_dir=bench.engine_dir, manifest=manifest, out=out
+    )
+    assert code == 0, out.getvalue()
+    text = out.getvalue()
+    assert text.startswith("built ") and "precision flags FP16" in text
+    assert "timing cache cold" in text and f"recorded in {manifest}" in text
+    engine = next(bench.engine_dir.glob("demo_*_fp16_*.engine"))
+    assert Manifest.load(manifest).lookup(engine) == sha256_file(engine)
+
+    out = io.StringIO()
+    code = tensorrt_cli.run(
+        demo_model, config, engine_dir=bench.engine_dir, model_name="x", as_json=True, out=out
+    )
+    report = json.loads(out.getvalue())
+    assert code == 0 and report["status"] == "reused" and report["engine"] == str(engine)
+    assert report["sha256"] == sha256_file(engine) and bench.gpu.trt.builds == 1
+    # the build detaches the context it built in (1) and validation's smoke
+    # inference the one it ran in (1); finding the engine again needs none
+    cuda = bench.gpu.cuda
+    assert cuda.contexts_detached == 2 == cuda.contexts_created
+
+
+def test_inferd_build_with_calibration_data_is_an_observed_build(
+    bench: Bench,
+    scale_model: Path,
+    dataset: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--calibration-data`` (INT8) runs through ``run_build`` like any other build:
+    events, a summary next to the engine, and the trusted calibration cache."""
+    off_jetson(monkeypatch, tmp_path)
+    profile = {"input_name": "x", "min_shape": [1, W], "opt_shape": [4, W], "max_shape": [8, W]}
+    config = _build_config_file(tmp_path, {"precision": "int8", "profiles": [profile]})
+    events = tmp_path / "events.jsonl"
+    out, err = io.StringIO(), io.StringIO()
+    code = tensorrt_cli.run(
+        scale_model,
+        config,
+        engine_dir=bench.engine_dir,
+        calibration_data=dataset,
+        json_log=events,
+        as_json=True,
+        out=out,
+        err=err,
+    )
+    assert code == 0, err.getvalue()
+    report = json.loads(out.getvalue().splitlines()[-1])
+    build = report["build"]
+    assert report["status"] == "built" and build["calibration"] == "calibrated"
+    assert Path(build["summary"]).is_file() and build["outcome"] == "completed"
+    types = {json.loads(line)["type"] for line in events.read_text().splitlines()}
+    assert {"phase_start", "phase_finish", "completed"} <= types
+    assert "start     Building engine (2 steps)" in err.getvalue().splitlines()
+    cache = calib.calibration_cache_path(Path(report["engine"]))
+    assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(dataset)
+    assert bench.gpu.trt.calibration_batches == 3
+
+    out = io.StringIO()
+    code = tensorrt_cli.run(
+        scale_model,
+        config,
+        engine_dir=bench.engine_dir,
+        calibration_data=dataset,
+        force=True,
+        out=out,
+        err=io.StringIO(),
+    )
+    assert code == 0 and "calibration reused" in out.getvalue()
+    assert bench.gpu.trt.calibration_batches == 3
+
+
+def test_inferd_build_without_tensorrt_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, demo_model: Path, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    err = io.StringIO()
+    code = tensorrt_cli.run(
+        demo_model, _build_config_file(tmp_path, {}), engine_dir=tmp_path, err=err
+    )
+    assert code == tensorrt_cli.EXIT_USAGE
+    assert "cannot build here" in err.getvalue() and "tensorrt" in err.getvalue()
+
+
+def test_inferd_build_reports_a_failed_build(
+    bench: Bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    off_jetson(monkeypatch, tmp_path)
+    custom = write_custom_op_model(tmp_path / "custom.onnx")
+    err = io.StringIO()
+    code = tensorrt_cli.run(
+        custom, _build_config_file(tmp_path, {}), engine_dir=bench.engine_dir, err=err
+    )
+    assert code == tensorrt_cli.EXIT_FAILED and "UNSUPPORTED_NODE" in err.getvalue()
+
+
+def test_the_site_shims_serve_a_subprocess_and_its_engines_load_here(
+    bench: Bench, demo_model: Path
+) -> None:
+    """``gpu_site.prebuild_engine`` runs ``inferd build`` in a subprocess whose
+    ``import tensorrt`` / ``pycuda.driver`` load the fakes (tests/fakes/site)."""
+    report = gpu_site.prebuild_engine(demo_model, bench.engine_dir, precision="fp32")
+    engine = Path(report["engine"])
+    assert report["status"] == "built" and engine.parent == bench.engine_dir
+    assert Manifest.load(bench.engine_dir / "manifest.json").lookup(engine) == report["sha256"]
+    runtime = bench.runtime()
+    entry = run_pipeline(bench, demo_model, BuildConfig()).entry
+    assert entry.artifact_path == engine and bench.gpu.trt.builds == 0
+    handle = runtime.deserialize_engine(entry)
+    assert handle.runtime_label == "tensorrt"
+    env = gpu_site.fake_gpu_env({"PATH": os.environ.get("PATH", "")})
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(gpu_site.SITE_DIR)
+
+
+# -- config and fakes ---------------------------------------------------------------------------

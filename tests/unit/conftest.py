@@ -1,0 +1,45 @@
+"""Shared by the unit tests that run TensorRT-direct code on the fakes of ``tests/fakes``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferd.runtime import tensorrt_memory
+from tests.fakes import fake_tensorrt
+from tests.tensorrt_bench import Bench, W, write_scale_model
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> fake_tensorrt.FakeGpuStack:
+    """The fake TensorRT 10.3 + pycuda, installed as ``tensorrt`` and ``pycuda``, with an
+    empty GPU memory ledger (the ledger is per process, like the device it stands for)."""
+    monkeypatch.setattr(tensorrt_memory, "_LEDGERS", {})
+    return fake_tensorrt.install(monkeypatch)
+
+
+@pytest.fixture
+def bench(tmp_path: Path, gpu: fake_tensorrt.FakeGpuStack) -> Iterator[Bench]:
+    bench = Bench(tmp_path, gpu)
+    yield bench
+    for runtime in bench.runtimes:
+        runtime.close()
+
+
+@pytest.fixture
+def scale_model(tmp_path: Path) -> Path:
+    return write_scale_model(tmp_path / "scale.onnx")
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    """Three INT8 calibration batches for the scale model."""
+    directory = tmp_path / "calibration"
+    directory.mkdir()
+    rng = np.random.default_rng(7)
+    for index in range(3):
+        np.savez(directory / f"batch{index}.npz", x=rng.standard_normal((4, W)).astype(np.float32))
+    return directory
