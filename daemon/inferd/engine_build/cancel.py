@@ -76,10 +76,16 @@ class CancellationToken:
         return True
 
     def cancel_after(self, seconds: float) -> None:
-        """A CI/CLI ``--timeout``: cancel with source ``timeout`` after ``seconds``."""
+        """A CI/CLI ``--timeout``: cancel with source ``timeout`` after ``seconds``.
+
+        A second call replaces the first deadline: the earlier timer is stopped, so
+        at most one timer thread is alive per token."""
         timer = threading.Timer(seconds, self.cancel, args=("timeout", f"timeout {seconds}s"))
         timer.daemon = True
-        self._timer = timer
+        with self._lock:
+            previous, self._timer = self._timer, timer
+        if previous is not None:
+            previous.cancel()
         timer.start()
 
     def stop_timer(self) -> None:
