@@ -286,6 +286,19 @@ def _follow_build(args: argparse.Namespace) -> int:
     followed: str | None = args.build_id
     received = 0
     with EventSubscriber(args.events_endpoint, topics=["build"]) as subscriber:
+        # Join first, then read the build's state: an event published after the
+        # snapshot is then never lost to ZeroMQ's slow joiner.
+        subscriber.wait_joined(args.timeout)
+        print("following build events", file=sys.stderr, flush=True)
+        if followed is not None:
+            with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+                build = operator.call("build.status", build_id=followed)["build"]
+            if args.json:
+                print(json.dumps({"type": "status", "build": build}, sort_keys=True), flush=True)
+            else:
+                _print_build(build)
+            if build["state"] in _TERMINAL:
+                return EXIT_OK
         for _topic, event in subscriber:
             followed = followed or event.get("buildId")
             if event.get("buildId") != followed:

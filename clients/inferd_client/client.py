@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -16,11 +17,14 @@ import msgpack
 import numpy as np
 import zmq
 
-from inferd_client.errors import MalformedReply, RemoteError, RequestTimeout
+from inferd_client.errors import ClientError, MalformedReply, RemoteError, RequestTimeout
 from inferd_wire import protocol
 from inferd_wire.endpoints import default_endpoints
 from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
+
+#: The topic the daemon publishes on every ``daemon.health_interval_s``.
+_HEALTH = "health"
 
 
 class _RequestChannel:
@@ -246,12 +250,58 @@ class EventSubscriber:
     ) -> None:
         self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._topics = tuple(topics)
         for topic in topics or ("",):
             self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self._socket.connect(endpoint or default_endpoints().events)
+        self._endpoint = endpoint or default_endpoints().events
+        self._socket.connect(self._endpoint)
+        #: Events read while waiting to join, handed out before any newer one.
+        self._pending: deque[tuple[str, dict[str, Any]]] = deque()
+        #: ``health`` when it was subscribed only to detect the join.
+        self._hidden: str | None = None
+
+    def wait_joined(self, timeout: float) -> None:
+        """Block until the subscription has reached the daemon, so that nothing the
+        daemon publishes from now on is missed.
+
+        The daemon publishes a ``health`` event every ``daemon.health_interval_s``;
+        the first one received proves the subscription is live. Events of the
+        subscribed topics that arrive first are kept and returned by ``receive``
+        in order; ``health`` events are hidden unless they were asked for.
+        Raises ``ClientError`` when no health event arrives within ``timeout``.
+        """
+        if self._topics and _HEALTH not in self._topics:
+            self._hidden = _HEALTH
+            self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
+        give_up_at = time.monotonic() + timeout
+        while True:
+            left = give_up_at - time.monotonic()
+            event = self._receive_frames(left) if left > 0 else None
+            if event is None:
+                raise ClientError(
+                    f"no health event from {self._endpoint} within {timeout:g} s:"
+                    " is the daemon running and publishing there?"
+                )
+            if event[0] != self._hidden:
+                self._pending.append(event)
+            if event[0] == _HEALTH:
+                break
+        if self._hidden is not None:
+            self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
 
     def receive(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
         """Next event, or None after ``timeout`` seconds (None waits forever)."""
+        if self._pending:
+            return self._pending.popleft()
+        give_up_at = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if give_up_at is None else max(0.0, give_up_at - time.monotonic())
+            event = self._receive_frames(left)
+            # health events already in flight when the join unsubscribed them
+            if event is None or event[0] != self._hidden:
+                return event
+
+    def _receive_frames(self, timeout: float | None) -> tuple[str, dict[str, Any]] | None:
         wait_ms = None if timeout is None else int(timeout * 1000)
         if not self._socket.poll(wait_ms, zmq.POLLIN):
             return None

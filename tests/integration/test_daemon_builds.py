@@ -24,7 +24,6 @@ import pytest
 from inferd.fdr.reader import ReadReport, read_records
 from inferd_client import InferenceClient
 from tests.conftest import HANG_S, REPO, DaemonFactory, DaemonProcess, Events, wait_until
-from tests.integration import synced_inferctl
 from tests.integration.test_schemas import assert_valid, call
 
 pytestmark = pytest.mark.integration
@@ -225,9 +224,9 @@ def test_inferctl_build_start_status_cancel_follow(daemon_factory: DaemonFactory
     assert "simulated: True" in started.stdout and "fp16" in started.stdout
 
     build_id = start_build_after(daemon, started.stdout)
-    # The real inferctl, whose subscriber says when it has reached the daemon.
+    # inferctl says on stderr when its subscription has reached the daemon.
     follow = subprocess.Popen(
-        [sys.executable, "-m", synced_inferctl.__name__, *endpoints(daemon), "build", "follow"],
+        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), "build", "follow"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -238,7 +237,7 @@ def test_inferctl_build_start_status_cancel_follow(daemon_factory: DaemonFactory
     try:
         assert follow.stdout is not None and follow.stderr is not None
         subscribed = follow.stderr.readline()  # before the build starts
-        assert subscribed == f"{synced_inferctl.SUBSCRIBED}\n", subscribed
+        assert subscribed == "following build events\n", subscribed
         hang.cancel()
         build_id = start_build(daemon)
         first = follow.stdout.readline()
@@ -267,6 +266,46 @@ def test_inferctl_build_start_status_cancel_follow(daemon_factory: DaemonFactory
     assert builds[0]["build_config"]["precision"] == "fp16"
     missing = inferctl(daemon, "build", "cancel", "nope")
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_inferctl_build_follow_by_id_prints_the_state_then_every_later_event(
+    daemon_factory: DaemonFactory,
+) -> None:
+    daemon = daemon_factory(daemon={"build_cancel_grace_s": GRACE_S})
+    build_id = start_build(daemon)  # the slow simulation: still running when followed
+    command = ["build", "follow", build_id, "--json"]
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    watchdog = threading.Timer(HANG_S, follow.kill)  # a follower that hangs fails
+    watchdog.start()
+    try:
+        assert follow.stdout is not None and follow.stderr is not None
+        assert follow.stderr.readline() == "following build events\n"
+        snapshot = json.loads(follow.stdout.readline())
+        assert snapshot["type"] == "status" and snapshot["build"]["build_id"] == build_id
+        assert snapshot["build"]["state"] == "running"
+        assert control(daemon, "build.cancel", build_id=build_id)["result"]["accepted"] is True
+        later = [json.loads(line) for line in follow.stdout.read().splitlines()]
+        follow.wait(timeout=5)
+    finally:
+        watchdog.cancel()
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0
+    assert later and {event["buildId"] for event in later} == {build_id}
+    assert later[-1]["type"] == "cancelled"
+
+    ended = inferctl(daemon, "build", "follow", build_id, "--json")
+    assert ended.returncode == 0, ended.stderr
+    (only,) = ended.stdout.splitlines()  # a finished build: its state, nothing to wait for
+    assert json.loads(only)["build"]["state"] == "cancelled"
+    unknown = inferctl(daemon, "build", "follow", "nope")
+    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
 
 
 def start_build_after(daemon: DaemonProcess, cli_output: str) -> str:

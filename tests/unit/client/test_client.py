@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import zmq
 
-from inferd_client import InferenceClient, RemoteError, RequestTimeout
+from inferd_client import EventSubscriber, InferenceClient, RemoteError, RequestTimeout
 from inferd_client.client import decode_outputs
-from inferd_client.errors import MalformedReply
+from inferd_client.errors import ClientError, MalformedReply
 
 Script = Callable[[zmq.Socket[Any], list[bytes]], None]
 
@@ -109,3 +109,64 @@ def test_reply_frames_must_match_descriptors() -> None:
         decode_outputs(header, [])
     with pytest.raises(MalformedReply, match="needs 8"):
         decode_outputs(header, [Frame(b"1234")])  # type: ignore[list-item]
+
+
+@pytest.fixture
+def publisher(tmp_path: Any) -> Iterator[Callable[[bool], str]]:
+    """A PUB socket in a thread: ``build`` events numbered 0, 1, 2, ... and, when asked,
+    a ``health`` event after each, until the test ends."""
+    context = zmq.Context.instance()
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def start(with_health: bool) -> str:
+        endpoint = f"ipc://{tmp_path}/events.sock"
+        sock = context.socket(zmq.PUB)
+        sock.bind(endpoint)
+
+        def loop() -> None:
+            seq = 0
+            while not stop.wait(0.002):  # the publishing pace, not a synchronisation
+                sock.send_multipart([b"build", msgpack.packb({"seq": seq})])
+                if with_health:
+                    sock.send_multipart([b"health", msgpack.packb({"ok": True})])
+                seq += 1
+            sock.close(linger=0)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        threads.append(thread)
+        return endpoint
+
+    yield start
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+
+
+def test_a_joined_subscriber_misses_nothing_and_hides_the_health_it_used(
+    publisher: Callable[[bool], str],
+) -> None:
+    with EventSubscriber(publisher(True), topics=["build"]) as subscriber:
+        subscriber.wait_joined(timeout=5)
+        received = [subscriber.receive(timeout=5) for _ in range(50)]
+    assert all(event is not None and event[0] == "build" for event in received)
+    seqs = [event[1]["seq"] for event in received if event is not None]
+    assert seqs == list(range(seqs[0], seqs[0] + 50))  # in order, none lost
+
+
+def test_health_stays_visible_when_it_was_asked_for(publisher: Callable[[bool], str]) -> None:
+    with EventSubscriber(publisher(True), topics=["build", "health"]) as subscriber:
+        subscriber.wait_joined(timeout=5)
+        topics = {event[0] for event in (subscriber.receive(timeout=5) for _ in range(10)) if event}
+    assert topics == {"build", "health"}
+
+
+def test_joining_a_daemon_that_publishes_no_health_is_an_error(
+    publisher: Callable[[bool], str],
+) -> None:
+    with (
+        EventSubscriber(publisher(False), topics=["build"]) as subscriber,
+        pytest.raises(ClientError, match=r"no health event .* within 0\.2 s"),
+    ):
+        subscriber.wait_joined(timeout=0.2)

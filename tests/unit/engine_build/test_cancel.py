@@ -90,7 +90,6 @@ def test_timeout_timer_can_be_stopped() -> None:
     assert not token.is_set()
 
 
-
 def test_a_second_timeout_replaces_the_first_and_stops_its_timer() -> None:
     token = CancellationToken()
     token.cancel_after(HANG_S)
@@ -101,6 +100,7 @@ def test_a_second_timeout_replaces_the_first_and_stops_its_timer() -> None:
     assert not first.is_alive()
     token.stop_timer()
     assert not token.is_set()
+
 
 @pytest.mark.parametrize(
     ("signum", "source"), [(signal.SIGINT, "sigint"), (signal.SIGTERM, "sigterm")]
