@@ -56,10 +56,10 @@ class Events:
     """Events from a daemon's PUB socket, without ZeroMQ's slow joiner.
 
     Subscribes to ``topics`` (every topic when empty) and to ``health``, and
-    returns from the constructor once the first ``health`` event arrived (the
-    daemon publishes one every ``daemon.health_interval_s``): from then on the
-    subscription has reached the PUB socket, so no event published later is
-    lost.  ``receive`` and ``next`` hide the ``health`` events this added.
+    returns from the constructor once the client's ``wait_joined`` saw the
+    first ``health`` event: from then on no event published later is lost.
+    ``receive`` and ``next`` hide the ``health`` events this added;
+    ``settle`` uses them as markers.
     """
 
     def __init__(self, endpoint: str, topics: Sequence[str] = (), timeout: float = HANG_S) -> None:
@@ -67,8 +67,8 @@ class Events:
         subscribed = (*topics, HEALTH_TOPIC) if self._hide_health else tuple(topics)
         self.subscriber = EventSubscriber(endpoint, topics=subscribed)
         try:
-            if self._poll(lambda topic, _payload: topic == HEALTH_TOPIC, timeout) is None:
-                raise AssertionError(f"no health event from {endpoint} within {timeout} s")
+            # health is subscribed here, so the client keeps it: settle() needs it
+            self.subscriber.wait_joined(timeout)
         except BaseException:
             self.subscriber.close()
             raise
