@@ -34,7 +34,7 @@ from inferd.fdr.reader import ReadReport, list_segments, read_segment
 log = structlog.get_logger("inferd.fdr")
 
 _STOP = object()
-_RETRY_AFTER_FAILURE_S = 1.0
+_RETRY_AFTER_FAILURE_NS = 1_000_000_000
 _BATCH = 256
 
 
@@ -93,7 +93,7 @@ class FlightRecorder:
         self._segment: _Segment | None = None
         self._next_index = 1
         self._seq = itertools.count(1)
-        self._last_failure_mono = 0.0
+        self._last_failure_mono_ns: int | None = None
         #: Highest seq written to the current segment's file (not merely framed):
         #: what a successful fdatasync makes durable.
         self._written_seq = 0
@@ -317,7 +317,8 @@ class FlightRecorder:
     def _segment_for_writing(self) -> _Segment:
         if self._segment is not None:
             return self._segment
-        if time.monotonic() - self._last_failure_mono < _RETRY_AFTER_FAILURE_S:
+        failed_at = self._last_failure_mono_ns
+        if failed_at is not None and self._mono_clock() - failed_at < _RETRY_AFTER_FAILURE_NS:
             raise _BackingOff(errno.EAGAIN, "recorder is backing off after a failure")
         return self._open_segment()
 
@@ -394,7 +395,7 @@ class FlightRecorder:
 
     def _fail(self, exc: OSError, operation: str) -> None:
         self.last_error = f"{operation}: {exc}"
-        self._last_failure_mono = time.monotonic()
+        self._last_failure_mono_ns = self._mono_clock()
         log.error("fdr_write_failed", operation=operation, error=str(exc))
         segment, self._segment = self._segment, None
         if segment is not None:

@@ -21,7 +21,7 @@ from inferd.config import FdrConfig
 from inferd.fdr import framing
 from inferd.fdr.kinds import KINDS, RecordPayloadError, validate
 from inferd.fdr.reader import ReadReport, list_segments, read_records
-from inferd.fdr.writer import _RETRY_AFTER_FAILURE_S, FlightRecorder
+from inferd.fdr.writer import FlightRecorder
 from tests.conftest import REPO, wait_until
 
 SCHEMAS = REPO / "schemas" / "fdr"
@@ -254,10 +254,24 @@ def test_byte_flips_lose_only_the_records_they_touch(tmp_path: Path) -> None:
         assert verify(target, as_json=True, out=io.StringIO()) == 1
 
 
+class SteppedClock:
+    """A monotonic clock (ns) that moves only when the test says time has passed."""
+
+    def __init__(self) -> None:
+        self.now_ns = time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, seconds: float) -> None:
+        self.now_ns += int(seconds * 1e9)
+
+
 def test_failing_disk_drops_counts_and_recovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fdr = FlightRecorder(config(tmp_path))
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(tmp_path), mono_clock=clock)
     fdr.start()
     fdr.record("c7.deadline_miss", miss(1))
     assert fdr.wait_durable(5)
@@ -278,15 +292,15 @@ def test_failing_disk_drops_counts_and_recovers(
     assert "No space left" in (status["last_error"] or "")
     failing = False
 
-    # Time passing: the writer backs off for a second after a failure (a record
-    # sooner would be dropped, changing the counts this test checks).
-    time.sleep(_RETRY_AFTER_FAILURE_S + 0.1)
+    fdr.record("c7.deadline_miss", miss(6))  # within the second of back-off: dropped
+    wait_until(lambda: fdr.status()["records_dropped"] == 6, message="the back-off dropping")
+    clock.advance(1.01)  # the writer backs off for a second after a failure
     fdr.record("c7.deadline_miss", miss(7))
     assert fdr.wait_durable(5)
     fdr.stop()
     records = list(read_records(tmp_path))
     assert [r.kind for r in records] == ["c7.deadline_miss", "c7.fdr_dropped", "c7.deadline_miss"]
-    assert records[1].payload["dropped"] == 5
+    assert records[1].payload["dropped"] == 6
     assert len(list_segments(tmp_path)) == 2, "a failed segment is never appended to again"
 
 
@@ -343,22 +357,24 @@ def test_steady_records_during_a_failure_do_not_extend_the_backoff(
         return real_write(fd, data)
 
     monkeypatch.setattr(os, "write", write)
-    fdr = FlightRecorder(config(tmp_path))
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(tmp_path), mono_clock=clock)
     fdr.start()
     fdr.record("c7.deadline_miss", miss(1))
     wait_until(lambda: fdr.status()["records_dropped"] == 1, message="the first write failing")
     failing[0] = False
-    deadline = time.monotonic() + 5
-    count = 1
-    while time.monotonic() < deadline and fdr.status()["records_written"] == 0:
-        count += 1
+    for count in range(2, 11):  # a record every 0.1 s for 0.9 s: each one dropped
+        clock.advance(0.1)
         fdr.record("c7.deadline_miss", miss(count))
-        time.sleep(0.05)  # the load: a steady stream of records while the writer backs off
+        wait_until(lambda n=count: fdr.status()["records_dropped"] == n, message="a drop")
         assert "No space left" in (fdr.status()["last_error"] or "")
+        assert fdr.status()["records_written"] == 0
+    clock.advance(0.11)  # one second after the failure, whatever came in between
+    fdr.record("c7.deadline_miss", miss(11))
+    assert fdr.wait_durable(5), "the recorder never resumed"
     fdr.stop()
-    assert fdr.status()["records_written"] > 0, "the recorder never resumed"
     kinds = [r.kind for r in read_records(tmp_path)]
-    assert kinds[0] == "c7.fdr_dropped"
+    assert kinds == ["c7.fdr_dropped", "c7.deadline_miss"]
 
 
 def test_durable_seq_at_rotation_counts_only_written_records(
