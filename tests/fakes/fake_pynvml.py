@@ -20,6 +20,13 @@ returns ``str`` as 12.x does (its ``@convertStrBytes`` decodes the C string;
 set ``FakeNvml.name_as_bytes`` to mimic the older bindings that return
 ``bytes``) and ``nvmlDeviceGetCudaComputeCapability(handle)`` returns the
 ``(major, minor)`` tuple of ints.
+
+Build evidence: ``nvmlSystemGetDriverVersion()`` returns ``str`` (needs
+``nvmlInit`` like every call), ``nvmlDeviceGetComputeRunningProcesses(handle)``
+a list of objects with ``pid`` and ``usedGpuMemory`` (``None`` where NVML says
+the value is not available, as the real binding maps
+``NVML_VALUE_NOT_AVAILABLE``), ``nvmlDeviceGetMemoryInfo(handle)`` an object
+with ``total``, ``free`` and ``used`` in bytes.
 """
 
 from __future__ import annotations
@@ -146,6 +153,11 @@ class FakeNvml:
     compute_capability: tuple[int, int] = (8, 6)
     #: True mimics bindings before ``convertStrBytes`` (name returned as bytes).
     name_as_bytes: bool = False
+    driver_version: str = "550.54.15"
+    #: pid -> usedGpuMemory (None: not available) for nvmlDeviceGetComputeRunningProcesses.
+    processes: dict[int, int | None] = field(default_factory=dict)
+    memory_total_bytes: int = 12 * 1024**3
+    memory_used_bytes: int = 1024**3
     errors: dict[str, int] = field(default_factory=dict)
     init_count: int = 0
     shutdown_calls: int = 0
@@ -228,6 +240,26 @@ def make_module(state: FakeNvml) -> types.ModuleType:
         major, minor = state.compute_capability
         return (major, minor)
 
+    def nvmlSystemGetDriverVersion() -> str:
+        enter("nvmlSystemGetDriverVersion")
+        if state.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return state.driver_version
+
+    def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[Any]:
+        device("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=used)
+            for pid, used in state.processes.items()
+        ]
+
+    def nvmlDeviceGetMemoryInfo(handle: Any) -> Any:
+        device("nvmlDeviceGetMemoryInfo", handle)
+        used = state.memory_used_bytes
+        return types.SimpleNamespace(
+            total=state.memory_total_bytes, free=state.memory_total_bytes - used, used=used
+        )
+
     functions = [
         nvmlInit,
         nvmlShutdown,
@@ -239,6 +271,9 @@ def make_module(state: FakeNvml) -> types.ModuleType:
         nvmlDeviceGetClockInfo,
         nvmlDeviceGetName,
         nvmlDeviceGetCudaComputeCapability,
+        nvmlSystemGetDriverVersion,
+        nvmlDeviceGetComputeRunningProcesses,
+        nvmlDeviceGetMemoryInfo,
     ]
     if state.has_event_reasons:
         functions.append(nvmlDeviceGetCurrentClocksEventReasons)

@@ -80,6 +80,7 @@ def compose_tensorrt_build(
         build_config=build_config,
         host=plan.host,
         strongly_typed=builder.strongly_typed,
+        device_index=device_id,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,
     )

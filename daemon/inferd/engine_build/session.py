@@ -30,6 +30,7 @@ from inferd.engine_build.artifacts import (
 )
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.events import BuildEvent, EventQueue
+from inferd.engine_build.host_evidence import read_host_evidence
 from inferd.engine_build.progress import ProgressAdapter, StallWatchdog
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.validation import Infer, ValidationResult, validate_build
@@ -62,7 +63,8 @@ class BuildRequest:
     strongly_typed: bool = False
     network_type: str = "onnx"
     language: str = "python"
-    driver: str = "unknown"
+    #: The GPU whose driver version and memory use the summary records.
+    device_index: int = 0
     stall_after_s: float | None = None
     stall_cancels_after: int | None = None
     timeout_s: float | None = None
@@ -188,6 +190,8 @@ def run_build(
             snapshots.append(adapter.snapshot())
             next_snapshot += snapshot_every_s
     builder_returned = time.monotonic()
+    # sampled while the builder's process still holds what the build took
+    evidence = read_host_evidence(request.device_index)
     token.stop_timer()
     token.acknowledge()
     if watchdog is not None:
@@ -271,7 +275,8 @@ def run_build(
         "eligibleToServe": validation_status == "pass",
         "baseline": {
             "tensorrtVersion": builder.tensorrt_version,
-            "driver": request.driver,
+            "driver": evidence.driver_version,
+            "driverUnavailable": evidence.driver_unavailable,
             "gpu": {
                 "sku": request.host.gpu_sku,
                 "computeCapability": request.host.compute_capability_text,
@@ -294,6 +299,7 @@ def run_build(
             },
             "startedWallS": round(started_wall, 3),
         },
+        "resources": evidence.resources(),
         "stalls": [{k: v for k, v in s.items() if k != "sinceNs"} for s in stalls],
         "events": {"accepted": queue.accepted, "dropped": queue.dropped},
         "builderStats": result.stats,

@@ -15,6 +15,7 @@ from inferd.engine_build import BuildRequest, CancellationToken, run_build
 from inferd.engine_build.tensorrt_builder import TensorRTBuilder
 from inferd.engine_build.validation import reference_outputs
 from inferd.engines import calibration as calib
+from inferd.engines.host import read_host_tuple
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 from tests.fakes import fake_tensorrt
 from tests.unit.engine_build.conftest import HOST
@@ -116,6 +117,17 @@ def test_acceptance_uses_the_real_builder_when_tensorrt_is_present(
     assert not any(s["simulated"] for s in evidence["scenarios"])
     [row] = evidence["cancelLatencies"]
     assert row["builder"] == "tensorrt" and row["source"] == "control"
+    # recorded with this machine's host tuple (here: the fake pycuda's GPU, no
+    # Jetson release, the fake TensorRT), never the simulated scenarios' Orin
+    probed = read_host_tuple(precision=PrecisionMode.FP32)
+    simulated = acceptance.scenario.host()
+    for scenario in evidence["scenarios"]:
+        assert scenario["host"]["gpuSku"] == probed.gpu_sku
+        assert scenario["host"]["platform"] == probed.platform == "none" != simulated.platform
+        for build in scenario["builds"]:
+            summary = json.loads(Path(build["summaryPath"]).read_text())
+            assert summary["gpuSku"] == probed.gpu_sku
+            assert summary["baseline"]["gpu"]["platform"] == probed.platform
 
 
 def test_acceptance_without_tensorrt_is_simulated_only(tmp_path: Path) -> None:
@@ -124,6 +136,7 @@ def test_acceptance_without_tensorrt_is_simulated_only(tmp_path: Path) -> None:
     assert acceptance.run(tmp_path, scenarios=["ide_stop"], tensorrt=False) == 0
     evidence = json.loads((tmp_path / "evidence.json").read_text())
     assert evidence["label"] == "simulated" and evidence["tensorrt"] is None
+    assert [s["host"] for s in evidence["scenarios"]] == ["simulated"]
 
 
 # -- INT8 with calibration data ------------------------------------------------------------------
