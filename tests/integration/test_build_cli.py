@@ -14,12 +14,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.fakes.gpu_site import REPO, fake_gpu_env
 
 EXIT_CANCELLED = 3
@@ -64,14 +64,23 @@ def _events(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def _wait_for_phase(proc: subprocess.Popen[str], tmp_path: Path, name: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if any(e["type"] == "phase_start" and e["name"] == name for e in _events(tmp_path)):
-            return
+def _wait_for_event(
+    proc: subprocess.Popen[str], tmp_path: Path, type_: str, name: str | None = None
+) -> None:
+    """Until ``--json-log`` shows an event of ``type_`` (named ``name``), while the
+    build process is alive."""
+
+    def logged() -> bool:
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.02)
-    raise AssertionError(f"phase {name!r} never started")
+        return any(
+            e["type"] == type_ and (name is None or e["name"] == name) for e in _events(tmp_path)
+        )
+
+    wait_until(logged, timeout=60, message=f"a {type_} event {name or ''}")
+
+
+def _wait_for_phase(proc: subprocess.Popen[str], tmp_path: Path, name: str) -> None:
+    _wait_for_event(proc, tmp_path, "phase_start", name)
 
 
 def _engines(tmp_path: Path) -> list[Path]:
@@ -143,7 +152,7 @@ def test_a_second_sigint_forces(demo_model: Path, tmp_path: Path) -> None:
     proc = _start(demo_model, tmp_path, step_s=3.0)
     _wait_for_phase(proc, tmp_path, "Building engine")
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)
+    _wait_for_event(proc, tmp_path, "cancel_requested")  # the first one was handled
     proc.send_signal(signal.SIGINT)
     _stdout, stderr = proc.communicate(timeout=20)
     assert proc.returncode == EXIT_FORCED, stderr

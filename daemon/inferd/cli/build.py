@@ -51,15 +51,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from inferd.cli.build_progress import BuildProgress
+from inferd.cli.build_report import report_outcome
 from inferd.engines.build_config import load_build_config
 from inferd.errors import (
     CalibrationCacheError,
@@ -71,7 +71,6 @@ from inferd.errors import (
 from inferd.types import BuildConfig
 
 if TYPE_CHECKING:
-    from inferd.engine_build.events import BuildEvent
     from inferd.engines.locate import EnginePlan
 
 EXIT_OK = 0
@@ -79,158 +78,12 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CANCELLED = 3
 EXIT_FORCED = 130
+#: How long a forced exit waits for the display to show what is queued.
+_FORCED_RENDER_S = 1.0
 
 
 class _Forced(BaseException):
     """Raised (from the SIGINT handler) by a second Ctrl-C."""
-
-
-class _PlainProgress:
-    """One line per phase start/finish (and cancel / outcome), indented by depth."""
-
-    def __init__(self, stream: TextIO) -> None:
-        from inferd.engine_build.events import PhaseTree
-
-        self.stream = stream
-        self.tree = PhaseTree()
-        self._lock = threading.Lock()
-
-    def _depth(self, phase_id: str | None) -> int:
-        depth = 0
-        node = self.tree.nodes.get(phase_id) if phase_id else None
-        while node is not None and node.parent_id is not None:
-            depth += 1
-            node = self.tree.nodes.get(node.parent_id)
-        return depth
-
-    def __call__(self, event: BuildEvent) -> None:
-        with self._lock:
-            self.tree.apply(event)
-            line: str | None = None
-            indent = "  " * self._depth(event.phase_id)
-            if event.type == "phase_start":
-                line = f"start     {indent}{event.name} ({event.num_steps} steps)"
-            elif event.type == "phase_finish":
-                node = self.tree.nodes.get(event.phase_id or "")
-                state = (
-                    "" if node is None else f" [{node.status} {node.completed}/{node.num_steps}]"
-                )
-                line = f"finish    {indent}{event.name}{state}"
-            elif event.type == "cancel_requested":
-                line = f"cancel    requested by {event.detail.get('source')}"
-            elif event.type == "stalled":
-                line = f"stalled   {' > '.join(event.detail.get('path', []))}"
-            if line is not None:
-                self.stream.write(line + "\n")
-                self.stream.flush()
-
-    def close(self) -> None:
-        pass
-
-
-class _LiveProgress:
-    """A live nested phase tree on a terminal (``rich``), refreshed from events."""
-
-    _STYLE = {"running": "yellow", "finished": "green", "finished_early": "cyan"}
-
-    def __init__(self, stream: TextIO, title: str) -> None:
-        from rich.console import Console
-        from rich.live import Live
-
-        from inferd.engine_build.events import PhaseTree
-
-        self.tree = PhaseTree()
-        self.title = title
-        self._lock = threading.Lock()
-        self.live = Live(
-            console=Console(file=stream),
-            get_renderable=self._render,
-            refresh_per_second=8,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self.live.start()
-
-    def __call__(self, event: BuildEvent) -> None:
-        with self._lock:
-            self.tree.apply(event)
-
-    def _render(self) -> Any:
-        from rich.text import Text
-        from rich.tree import Tree
-
-        with self._lock:
-            snapshot = self.tree.snapshot()
-        root = Tree(Text(f"{self.title}  [{snapshot['state']}]", style="bold"))
-
-        def add(parent: Any, node: dict[str, Any]) -> None:
-            label = Text(f"{node['name']}  ", style=self._STYLE.get(node["status"], ""))
-            label.append(f"{node['completedSteps']}/{node['numSteps']}  {node['status']}")
-            if node["durationMs"] is not None:
-                label.append(f"  {node['durationMs'] / 1000:.1f} s", style="dim")
-            branch = parent.add(label)
-            for child in node["children"]:
-                add(branch, child)
-
-        for node in snapshot["roots"]:
-            add(root, node)
-        return root
-
-    def close(self) -> None:
-        self.live.refresh()
-        self.live.stop()
-
-
-def _progress(stream: TextIO, title: str) -> _PlainProgress | _LiveProgress:
-    isatty = getattr(stream, "isatty", None)
-    if isatty is not None and isatty():
-        try:
-            return _LiveProgress(stream, title)
-        except ImportError:
-            pass
-    return _PlainProgress(stream)
-
-
-class _JsonLog:
-    """Every build event as one JSON line (flushed per line)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("w", encoding="utf-8")
-        self._lock = threading.Lock()
-        self.last_seq = 0
-
-    def __call__(self, event: BuildEvent) -> None:
-        with self._lock:
-            if self._file.closed:
-                return
-            self.last_seq = max(self.last_seq, event.seq)
-            self._file.write(json.dumps(event.as_dict(), sort_keys=True) + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-
-def _listeners(sinks: list[Callable[[BuildEvent], None]]) -> Callable[[BuildEvent], None]:
-    def listener(event: BuildEvent) -> None:
-        for sink in sinks:
-            with contextlib.suppress(Exception):
-                sink(event)
-
-    return listener
-
-
-@contextlib.contextmanager
-def _closing(*things: Any) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for thing in things:
-            if thing is not None:
-                with contextlib.suppress(Exception):
-                    thing.close()
 
 
 def _missing_tensorrt() -> str | None:
@@ -247,17 +100,17 @@ def _missing_tensorrt() -> str | None:
     return None
 
 
-def _forced_exit(
-    engine_path: Path, build_id: str, json_log: _JsonLog | None, progress: Any, err: TextIO
-) -> None:
+def _forced_exit(engine_path: Path, build_id: str, progress: BuildProgress, err: TextIO) -> None:
     """Second Ctrl-C: clean up or quarantine partial files, log, exit 130 now
     (the builder thread may be inside TensorRT; it is not waited for)."""
     from inferd.engine_build.artifacts import clean_up
     from inferd.engine_build.events import BuildEvent, now_ns
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    progress.stop_rendering(timeout=_FORCED_RENDER_S)
     with contextlib.suppress(Exception):
-        progress.close()
+        progress.display.close()
+    json_log = progress.json_log
     cleanup = clean_up(engine_path)
     if json_log is not None:
         mono, wall = now_ns()
@@ -302,9 +155,9 @@ def _build_observed(
     json_log_path: Path | None,
     progress_stream: TextIO,
     calibration_data: Path | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], int]:
     """Steps 2-3 of the engine pipeline (``inferd.engine_build.pipeline``) with a
-    live progress display; the summary document."""
+    live progress display; the summary document and the step events not shown."""
     import secrets
 
     from inferd.engine_build.cancel import CancellationToken, cancel_on_signals
@@ -322,26 +175,27 @@ def _build_observed(
         stall_after_s=stall_after_s,
     )
     build_id = secrets.token_hex(6)
-    json_log = _JsonLog(json_log_path) if json_log_path is not None else None
-    progress = _progress(progress_stream, f"inferd build {onnx.name} ({wanted.precision.value})")
-    sinks: list[Callable[[BuildEvent], None]] = [progress]
-    if json_log is not None:
-        sinks.append(json_log)
+    title = f"inferd build {onnx.name} ({wanted.precision.value})"
+    progress = BuildProgress(progress_stream, title, json_log_path)
     token = CancellationToken()
 
     def force() -> None:
         raise _Forced
 
-    with _closing(progress, json_log):
-        try:
-            with cancel_on_signals(token, force=force):
-                report = run_build(
-                    request, builder, token=token, listener=_listeners(sinks), build_id=build_id
-                )
-        except _Forced:
-            _forced_exit(engine_path, build_id, json_log, progress, sys.stderr)
-            raise  # not reached
-    return report.summary
+    try:
+        with cancel_on_signals(token, force=force):
+            report = run_build(request, builder, token=token, listener=progress, build_id=build_id)
+    except _Forced:
+        _forced_exit(engine_path, build_id, progress, sys.stderr)
+        raise  # not reached
+    finally:
+        progress.close()
+    if progress.dropped:
+        progress_stream.write(
+            f"inferd build: {progress.dropped} step events not shown (the display or"
+            " --json-log fell behind; the build summary has every phase)\n"
+        )
+    return report.summary, progress.dropped
 
 
 def run(
@@ -368,7 +222,6 @@ def run(
 
     from inferd import config as config_module
     from inferd.digest import sha256_file
-    from inferd.engine_build.tensorrt_build import PRECISION_FLAGS
 
     try:
         if not onnx.is_file():
@@ -400,6 +253,7 @@ def run(
         err.write(f"inferd build: cannot build here: {missing}\n")
         return EXIT_USAGE
     summary: dict[str, Any] | None = None
+    not_shown = 0
     code = EXIT_OK
     try:
         host = read_host_tuple(precision=wanted.precision, device_index=runtime_config.device_id)
@@ -412,7 +266,7 @@ def run(
             force=force,
         )
         if outcome.status == "to_build":
-            summary = _build_observed(
+            summary, not_shown = _build_observed(
                 onnx,
                 wanted,
                 outcome,
@@ -461,81 +315,21 @@ def run(
         err.write(f"inferd build: {kind} failed: {exc}\n")
         return EXIT_FAILED
 
-    status = "reused" if outcome.status == "reused" else "to_build"
-    build: dict[str, Any] | None = None
-    if summary is not None:
-        status = "built" if summary["outcome"] == "completed" else summary["outcome"]
-        strongly_typed = bool(summary["baseline"]["stronglyTyped"])
-        build = {
-            "engine": str(engine),
-            "sha256": digest,
-            "duration_s": summary["baseline"]["durations"]["totalS"],
-            "strongly_typed": strongly_typed,
-            "precision_flags": [] if strongly_typed else list(PRECISION_FLAGS[wanted.precision]),
-            "workspace_bytes": min(
-                wanted.workspace_bytes,
-                workspace_cap_bytes(runtime_config.gpu_memory_budget_bytes),
-            ),
-            "timing_cache": summary["timingCacheMode"],
-            "calibration": summary["builderStats"].get("calibration"),
-            "warnings": list(summary["builderStats"].get("warnings", [])),
-            "build_id": summary["buildId"],
-            "outcome": summary["outcome"],
-            "error": summary["error"],
-            "cancel_source": summary["cancelSource"],
-            "cancel_latency_ms": summary["cancelLatencyMs"],
-            "cleanup_latency_ms": summary["cleanupLatencyMs"],
-            "cleanup_status": summary["cleanupStatus"],
-            "retry_policy": summary["retryPolicy"],
-            "validation_status": summary["validationStatus"],
-            "summary": str(engine.parent / f"{engine.name}.{summary['buildId']}.build.json"),
-        }
-    report: dict[str, Any] = {
-        "status": status,
-        "engine": str(engine),
-        "sha256": digest,
-        "host": outcome.engine_name.host.describe(),
-        "manifest": str(manifest) if manifest is not None and code == EXIT_OK else None,
-        "quarantined": str(outcome.quarantined) if outcome.quarantined else None,
-        "build": build,
-    }
-    if as_json:
-        out.write(json.dumps(report, sort_keys=True) + "\n")
-        return code
-    if code != EXIT_OK:
-        if build is not None:
-            out.write(f"{status:<8}  {engine}\nsummary   {build['summary']}\n")
-        return code
-    out.write(f"{status:<8}  {engine}\n")
-    out.write(f"sha256    {digest}\n")
-    out.write(f"host      {outcome.engine_name.host.summary()}\n")
-    if outcome.quarantined:
-        out.write(f"moved     the unusable previous engine to {outcome.quarantined}\n")
-    if build is not None:
-        flags = ", ".join(build["precision_flags"]) or "none"
-        typing = "strongly typed" if build["strongly_typed"] else f"precision flags {flags}"
-        out.write(
-            f"build     {build['duration_s']:.1f} s, {typing}, workspace "
-            f"{build['workspace_bytes']} bytes, timing cache {build['timing_cache']}"
-            + (f", calibration {build['calibration']}" if build["calibration"] else "")
-            + "\n"
-        )
-        for warning in build["warnings"]:
-            out.write(f"warning   {warning}\n")
-        if "summary" in build:
-            out.write(f"summary   {build['summary']}\n")
-            out.write(
-                f"validate  {build['validation_status']} (gate sidecar check and a smoke "
-                "inference compared with ONNX Runtime)\n"
-            )
-    if manifest is not None:
-        out.write(f"manifest  recorded in {manifest}\n")
-    else:
-        out.write(
-            "manifest  not recorded: the daemon trusts the engine once its deployment manifest "
-            f'lists it ("{engine.name}": "{digest}")\n'
-        )
-    return EXIT_OK
+    return report_outcome(
+        outcome,
+        summary,
+        digest,
+        code,
+        succeeded=code == EXIT_OK,
+        wanted=wanted,
+        workspace_bytes=min(
+            wanted.workspace_bytes, workspace_cap_bytes(runtime_config.gpu_memory_budget_bytes)
+        ),
+        manifest=manifest,
+        not_shown=not_shown,
+        as_json=as_json,
+        out=out,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import sys
 import threading
@@ -36,6 +35,7 @@ from inferd.engine_build.pipe import (
     command_decoder,
     encode,
 )
+from inferd.engine_build.relay import EventRelay
 from inferd.engine_build.session import Builder, BuildRequest, run_build
 from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
 from inferd.engines.build_config import parse_build_config
@@ -44,45 +44,44 @@ from inferd.types import BuildConfig, HostTuple, PrecisionMode
 #: The host tuple a simulated build claims (it never touches a GPU).
 SIMULATED_HOST = HostTuple((8, 7), "simulated", "none", "10.3.0.30", PrecisionMode.FP32)
 _QUEUE_SIZE = 2048
-_CLOSE = object()
 
 
 class _Writer:
-    """Bounded hand-off to the pipe; events beyond capacity are dropped and counted."""
+    """The pipe's writer thread behind an ``EventRelay``: a slow daemon loses
+    ``step`` events (counted in the report), never phase boundaries, records or
+    the report, and never stalls the builder."""
 
     def __init__(self, out: IO[bytes]) -> None:
         self._out = out
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_SIZE)
-        self.dropped = 0
         self._broken = False
-        self._thread = threading.Thread(target=self._run, name="inferd-build-writer", daemon=True)
-        self._thread.start()
+        self._relay: EventRelay[ChildMessage] = EventRelay(
+            self._write, capacity=_QUEUE_SIZE, name="inferd-build-writer"
+        )
+
+    @property
+    def dropped(self) -> int:
+        return self._relay.dropped
 
     def event(self, event: BuildEvent) -> None:
-        try:
-            self._queue.put_nowait(EventMessage(event))
-        except queue.Full:
-            self.dropped += 1
+        if event.type == "step":
+            self._relay.offer(EventMessage(event))
+        else:
+            self._relay.put(EventMessage(event))
 
     def send(self, message: ChildMessage) -> None:
-        self._queue.put(message)  # records and the report are never dropped
+        self._relay.put(message)
 
     def close(self) -> None:
-        self._queue.put(_CLOSE)
-        self._thread.join(timeout=30)
+        self._relay.close(timeout=30)
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _CLOSE:
-                return
-            if self._broken:
-                continue
-            try:
-                self._out.write(encode(item))
-                self._out.flush()
-            except (OSError, ValueError):
-                self._broken = True  # the daemon went away; stdin EOF cancels the build
+    def _write(self, message: ChildMessage) -> None:
+        if self._broken:
+            return
+        try:
+            self._out.write(encode(message))
+            self._out.flush()
+        except (OSError, ValueError):
+            self._broken = True  # the daemon went away; stdin EOF cancels the build
 
 
 def _read_commands(token: CancellationToken, ignore_cancel: bool) -> None:
