@@ -5,6 +5,7 @@ config file's directory, relative state paths against the state dir."""
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -62,17 +63,37 @@ class _Table:
             raise ConfigError(
                 f"{self._where}.{key} must be {kind.__name__}, got {type(value).__name__} {value!r}"
             )
+        _check_scalar(f"{self._where}.{key}", value)
         return value  # type: ignore[no-any-return]
 
     def take_strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self.take(key, list, list(default))
         if not all(isinstance(item, str) for item in value):
             raise ConfigError(f"{self._where}.{key} must be a list of strings")
+        for index, item in enumerate(value):
+            _check_scalar(f"{self._where}.{key}[{index}]", item)
         return tuple(value)
 
     def finish(self) -> None:
         if self._data:
             raise ConfigError(f"{self._where}: unknown key(s) {sorted(self._data)}")
+
+
+#: TOML integers are 64-bit; the daemon hands config integers to C (ZeroMQ options,
+#: ONNX Runtime, sizes), so no value may leave that range either way.
+_INT64 = range(-(2**63), 2**63)
+
+
+def _check_scalar(key: str, value: object) -> None:
+    """What no config value may be, whatever its key: a NaN or infinite float
+    (TOML allows ``nan`` and ``inf``), an integer beyond 64 bits, or a string
+    with a NUL byte (no path, endpoint or name can hold one)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
+        raise ConfigError(f"{key} is out of range: {value} does not fit in 64 bits")
+    if isinstance(value, str) and "\0" in value:
+        raise ConfigError(f"{key} must not contain a NUL byte, got {value!r}")
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -240,6 +261,11 @@ def load(path: Path) -> Config:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 (TOML files are UTF-8): byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start}"
+        ) from None
     return from_mapping(data, source=str(path), base_dir=path.resolve().parent)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,10 @@ def default_state_dir() -> Path:
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return base / "inferd"
+
+
+#: Sensors change over seconds; faster polling only burns a core.
+MAX_THERMAL_POLL_HZ = 100.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ class RuntimeConfig:
             raise ConfigError("runtime.engine_manifest must name a file, got an empty path")
         _non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
         _non_negative("runtime.device_id", self.device_id)
+        _finite("runtime.rebuild_backoff_s", self.rebuild_backoff_s)
         if not 0 <= self.rebuild_backoff_s <= 86_400:
             raise ConfigError(
                 f"runtime.rebuild_backoff_s must be 0..86400, got {self.rebuild_backoff_s}"
@@ -221,6 +227,12 @@ class ThermalConfig:
         for source in self.sources:
             _one_of("thermal.sources", source, THERMAL_SOURCES)
         _positive("thermal.poll_hz", self.poll_hz)
+        if self.poll_hz > MAX_THERMAL_POLL_HZ:
+            raise ConfigError(
+                f"thermal.poll_hz must be at most {MAX_THERMAL_POLL_HZ}, got {self.poll_hz}"
+            )
+        if self.throttle_enter_c is not None:
+            _finite("thermal.throttle_enter_c", self.throttle_enter_c)
         _non_negative("thermal.hysteresis_c", self.hysteresis_c)
         _non_negative("thermal.nvml_device_index", self.nvml_device_index)
 
@@ -263,12 +275,21 @@ def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
 
 
+def _finite(key: str, value: float) -> None:
+    # NaN passes every "<= 0" test (all its comparisons are False) and inf is
+    # positive: both would reach timers and sleeps as a spin or a hang
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value}")
+
+
 def _positive(key: str, value: float) -> None:
+    _finite(key, value)
     if value <= 0:
         raise ConfigError(f"{key} must be positive, got {value}")
 
 
 def _non_negative(key: str, value: float) -> None:
+    _finite(key, value)
     if value < 0:
         raise ConfigError(f"{key} must be zero or positive, got {value}")
 

@@ -19,6 +19,7 @@ from inferd_wire.protocol import Code, ProtocolError
 BUILDERS = ("auto", "simulated")
 CONTROL_SOURCES = ("control", "ide")
 _SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
+_MAX_FAIL_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,15 @@ def parse_start(
             or not (0 <= step_s <= 10)
         ):
             raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.step_s' must be 0..10")
+        if not isinstance(simulation.get("ignore_cancel", False), bool):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.ignore_cancel' must be a bool")
+        fail = simulation.get("fail")
+        if fail is not None and not (isinstance(fail, str) and 0 < len(fail) <= _MAX_FAIL_CHARS):
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"'simulation.fail' must be a string of 1..{_MAX_FAIL_CHARS} characters"
+                " (the simulated builder's error)",
+            )
     if not config.path.is_file():
         raise ProtocolError(
             Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} does not exist"

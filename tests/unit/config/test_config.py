@@ -282,3 +282,42 @@ def test_engine_dir_and_manifest_config_keys(tmp_path: Path) -> None:
             config.from_mapping({**base, "runtime": {key: " "}}, source="test", base_dir=tmp_path)
         with pytest.raises(ConfigError, match=f"runtime.{key} must be str"):
             config.from_mapping({**base, "runtime": {key: 3}}, source="test", base_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[daemon]\nbuild_cancel_grace_s = nan\n", "daemon.build_cancel_grace_s must be a finite"),
+        ("[daemon]\nhealth_interval_s = nan\n", "daemon.health_interval_s must be a finite"),
+        ("[daemon]\nhealth_interval_s = inf\n", "daemon.health_interval_s must be a finite"),
+        ("[thermal]\npoll_hz = inf\n", "thermal.poll_hz must be a finite number, got inf"),
+        ("[thermal]\npoll_hz = 1e9\n", "thermal.poll_hz must be at most 100.0"),
+        ("[thermal]\nthrottle_enter_c = -inf\n", "thermal.throttle_enter_c must be a finite"),
+        ("[runtime]\nrebuild_backoff_s = nan\n", "runtime.rebuild_backoff_s must be a finite"),
+        ("[alerts]\nrate_limit_s = nan\n", "alerts.rate_limit_s must be a finite"),
+        (
+            "[bus]\nmax_message_bytes = 18446744073709551615\n",
+            "bus.max_message_bytes is out of range",
+        ),
+        ('[daemon]\nstate_dir = "/var/lib/a\\u0000b"\n', "daemon.state_dir must not contain a NUL"),
+        ('[thermal]\ncpu_zones = ["cpu\\u0000"]\n', "thermal.cpu_zones[0] must not contain a NUL"),
+    ],
+)
+def test_values_no_key_may_hold_are_refused_with_the_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_text(tmp_path, text + MINIMAL)
+    assert message in str(caught.value)
+
+
+def test_a_non_utf8_config_names_the_byte_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "inferd.toml"
+    path.write_bytes(b"[daemon]\nlog_level = 'info\xff'\n")
+    with pytest.raises(ConfigError, match=r"not UTF-8 .*byte 0xff at offset 26"):
+        config.load(path)
+
+
+def test_dataclasses_built_in_code_refuse_non_finite_numbers_too() -> None:
+    with pytest.raises(ConfigError, match=r"daemon\.build_cancel_grace_s must be a finite"):
+        config.DaemonConfig(Path("/s"), Path("/r"), build_cancel_grace_s=float("nan"))
