@@ -12,10 +12,14 @@ serving runtime owns: pass ``infer`` (e.g. a function loading the engine into a
 
 INT8 calibration: pass ``calibration_data`` (a directory of ``.npz`` batches)
 and ``calibration_cache`` (``inferd.engines.calibration.calibration_cache_path``
-of the engine).  The calibrator and the cache-trust rules are the runtime's
-(``attach_calibration``); a fresh cache is written (with its sidecars) only
-when the build completes uncancelled, so a cancelled or failed build leaves
-the stored cache as it was.  ``calibration`` (``calibrated`` / ``reused``) and
+of the engine).  When the build uses the INT8 flag, every batch is checked
+against the network when the builder is made, before any TensorRT or GPU
+work (``prepare_calibration``: a ``CalibrationDataError`` naming the file, the
+input, the expected and the actual dtype/shape); the build then fails before
+it starts and leaves nothing behind.  The calibrator and the cache-trust
+rules are ``attach_calibration``'s; a fresh cache is written (with its
+sidecars) only when the build completes uncancelled, so a cancelled or failed
+build leaves the stored cache as it was.  ``calibration`` (``calibrated`` / ``reused``) and
 ``warnings`` go into the output's ``stats`` (the summary's ``builderStats``).
 """
 
@@ -37,6 +41,7 @@ from inferd.engine_build.tensorrt_build import (
     network_flags,
     network_inputs,
     parser_error,
+    prepare_calibration,
 )
 from inferd.engine_build.validation import Infer
 from inferd.errors import CalibrationCacheError, EngineBuildError
@@ -77,6 +82,15 @@ class TensorRTBuilder:
         self.calibration_cache = calibration_cache
         self.tensorrt_version = str(trt.__version__)
         self.strongly_typed = not has_precision_flags(trt)
+        #: Builder flags of the precision (none on strongly typed TensorRT 11).
+        self.flags: tuple[str, ...] = (
+            () if self.strongly_typed else PRECISION_FLAGS[build_config.precision]
+        )
+        self.calibration_batches = (
+            prepare_calibration(onnx_path, build_config, calibration_data)
+            if calibration_data is not None and "INT8" in self.flags
+            else None
+        )
         self.tlog = TensorRTLog(trt)
 
     @contextlib.contextmanager
@@ -114,7 +128,7 @@ class TensorRTBuilder:
                     error=f"TensorRT's ONNX parser rejected {model}: " + "; ".join(reasons),
                 )
             config = builder.create_builder_config()
-            flags: tuple[str, ...] = ()
+            flags = self.flags
             warnings: list[str] = []
             precision = self.config.precision
             if self.strongly_typed:
@@ -124,7 +138,6 @@ class TensorRTBuilder:
                         f"{precision.value} comes from the model's own types, not from the build"
                     )
             else:
-                flags = PRECISION_FLAGS[precision]
                 for flag in flags:
                     config.set_flag(getattr(trt.BuilderFlag, flag))
                 if "FP16" in flags and not getattr(builder, "platform_has_fast_fp16", True):
@@ -136,12 +149,13 @@ class TensorRTBuilder:
                 min(self.config.workspace_bytes, self.workspace_cap_bytes),
             )
             config.builder_optimization_level = self.config.optimization_level
-            add_profiles(builder, config, network_inputs(network), self.config.profiles, model)
+            inputs = network_inputs(network)
+            add_profiles(builder, config, inputs, self.config.profiles, model)
             cache = config.create_timing_cache(timing_cache or b"")
             config.set_timing_cache(cache, False)
             config.progress_monitor = make_trt_progress_monitor(monitor, trt)
             try:
-                calibration = self._calibration(config, flags, warnings)
+                calibration = self._calibration(builder, config, inputs, warnings)
             except (CalibrationCacheError, EngineBuildError) as exc:
                 return BuilderOutput(None, None, error=f"calibration cache: {exc}")
             stats: dict[str, Any] = {"warnings": warnings} if warnings else {}
@@ -174,17 +188,26 @@ class TensorRTBuilder:
         return BuilderOutput(engine, data, stats=stats)
 
     def _calibration(
-        self, config: Any, flags: tuple[str, ...], warnings: list[str]
+        self, builder: Any, config: Any, inputs: dict[str, tuple[int, ...]], warnings: list[str]
     ) -> Calibration | None:
-        if self.calibration_cache is None:  # only without calibration data (see __init__)
+        if "INT8" not in self.flags:
+            if self.calibration_data is not None:
+                warnings.append(
+                    "calibration data given, but the build does not use INT8 flags: ignored"
+                )
+            return None
+        if self.calibration_batches is None or self.calibration_cache is None:
+            warnings.append(
+                "INT8 without calibration data: only explicitly quantized (Q/DQ) layers run in INT8"
+            )
             return None
         return attach_calibration(
             self.trt,
             self.cuda,
+            builder,
             config,
-            flags=flags,
-            calibration_data=self.calibration_data,
+            batches=self.calibration_batches,
+            network=inputs,
             cache_path=self.calibration_cache,
-            warnings=warnings,
             defer_store=True,
         )
