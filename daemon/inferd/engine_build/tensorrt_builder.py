@@ -20,7 +20,9 @@ it starts and leaves nothing behind.  The calibrator and the cache-trust
 rules are ``attach_calibration``'s; a fresh cache is written (with its
 sidecars) only when the build completes uncancelled, so a cancelled or failed
 build leaves the stored cache as it was.  ``calibration`` (``calibrated`` / ``reused``) and
-``warnings`` go into the output's ``stats`` (the summary's ``builderStats``).
+``warnings`` go into the output's ``stats`` (the summary's ``builderStats``),
+with ``workspaceBytes``, the workspace the build was given (the one rule,
+``inferd.engines.build_config.build_workspace_bytes``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from inferd.config import RuntimeConfig
 from inferd.engine_build.progress import ProgressAdapter, make_trt_progress_monitor
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.tensorrt_build import (
@@ -44,6 +47,7 @@ from inferd.engine_build.tensorrt_build import (
     prepare_calibration,
 )
 from inferd.engine_build.validation import Infer
+from inferd.engines.build_config import build_workspace_bytes
 from inferd.errors import CalibrationCacheError, EngineBuildError
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.types import BuildConfig, PrecisionMode
@@ -63,7 +67,7 @@ class TensorRTBuilder:
         onnx_path: Path,
         build_config: BuildConfig,
         *,
-        workspace_cap_bytes: int = 1 << 30,
+        gpu_memory_budget_bytes: int = RuntimeConfig.gpu_memory_budget_bytes,
         device_id: int = 0,
         infer: Infer | None = None,
         calibration_data: Path | None = None,
@@ -75,7 +79,8 @@ class TensorRTBuilder:
         self.cuda = cuda
         self.onnx_path = onnx_path
         self.config = build_config
-        self.workspace_cap_bytes = workspace_cap_bytes
+        #: The one workspace rule (``inferd.engines.build_config.build_workspace_bytes``).
+        self.workspace_bytes = build_workspace_bytes(build_config, gpu_memory_budget_bytes)
         self.device_id = device_id
         self.infer: Infer | None = infer
         self.calibration_data = calibration_data
@@ -144,21 +149,23 @@ class TensorRTBuilder:
                     warnings.append(
                         "this GPU has no fast FP16; FP16 kernels may be slower than FP32"
                     )
-            config.set_memory_pool_limit(
-                trt.MemoryPoolType.WORKSPACE,
-                min(self.config.workspace_bytes, self.workspace_cap_bytes),
-            )
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
             config.builder_optimization_level = self.config.optimization_level
             inputs = network_inputs(network)
             add_profiles(builder, config, inputs, self.config.profiles, model)
             cache = config.create_timing_cache(timing_cache or b"")
-            config.set_timing_cache(cache, False)
+            if cache is None or not config.set_timing_cache(cache, False):
+                # refuses_cache accepted it a moment ago: never build cold while the
+                # session reports the stored cache as used
+                return BuilderOutput(None, None, error=REFUSED)
             config.progress_monitor = make_trt_progress_monitor(monitor, trt)
             try:
                 calibration = self._calibration(builder, config, inputs, warnings)
             except (CalibrationCacheError, EngineBuildError) as exc:
                 return BuilderOutput(None, None, error=f"calibration cache: {exc}")
-            stats: dict[str, Any] = {"warnings": warnings} if warnings else {}
+            stats: dict[str, Any] = {"workspaceBytes": self.workspace_bytes}
+            if warnings:
+                stats["warnings"] = warnings
             if calibration is not None:
                 stats["calibration"] = calibration.status
             mark = self.tlog.mark()

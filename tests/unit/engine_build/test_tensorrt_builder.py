@@ -73,6 +73,20 @@ def test_refused_cache_is_quarantined_and_the_build_goes_cold(
     assert Path(s["timingCache"]["quarantinedTo"] + ".reason").is_file()
 
 
+def test_a_cache_refused_at_build_time_fails_the_build_rather_than_going_cold(
+    tmp_path: Path, demo_model: Path, gpu: fake_tensorrt.FakeGpuStack
+) -> None:
+    """``set_timing_cache`` False inside the build (after ``refuses_cache`` accepted
+    the cache): the summary must not say ``reused`` for a build TensorRT ran cold."""
+    run_build(request(tmp_path, demo_model), builder(gpu, demo_model))
+    gpu.trt.device_tag = "cc8.7-another-orin"  # the device changed between the two calls
+    trt_builder = builder(gpu, demo_model)
+    trt_builder.refuses_cache = lambda _data: None  # type: ignore[method-assign]
+    s = run_build(request(tmp_path, demo_model), trt_builder).summary
+    assert s["outcome"] == "failed" and "refused the stored timing cache" in s["error"]
+    assert s["timingCacheMode"] == "discarded" and s["retryPolicy"] == "retry_cold"
+
+
 def test_cancel_through_step_complete(
     tmp_path: Path, demo_model: Path, gpu: fake_tensorrt.FakeGpuStack
 ) -> None:
