@@ -19,10 +19,12 @@ input, the expected and the actual dtype/shape); the build then fails before
 it starts and leaves nothing behind.  The calibrator and the cache-trust
 rules are ``attach_calibration``'s; a fresh cache is written (with its
 sidecars) only when the build completes uncancelled, so a cancelled or failed
-build leaves the stored cache as it was.  ``calibration`` (``calibrated`` / ``reused``) and
-``warnings`` go into the output's ``stats`` (the summary's ``builderStats``),
-with ``workspaceBytes``, the workspace the build was given (the one rule,
-``inferd.engines.build_config.build_workspace_bytes``).
+build leaves the stored cache as it was.
+
+The output's ``stats`` (the summary's ``builderStats``): ``workspaceBytes``,
+the workspace the build was given (the one rule,
+``inferd.engines.build_config.build_workspace_bytes``), ``calibration``
+(``calibrated`` / ``reused``) and ``warnings``.
 """
 
 from __future__ import annotations

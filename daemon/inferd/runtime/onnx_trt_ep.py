@@ -130,7 +130,7 @@ def _int8_refusal(model_path: Path, precision: PrecisionMode) -> str | None:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, ...
         return f"cannot read {model_path} to look for Q/DQ nodes: {exc}"
-    graphs = [model.graph, *(function for function in model.functions)]
+    graphs = [model.graph, *model.functions]  # a FunctionProto has nodes too
     while graphs:
         graph = graphs.pop()
         for node in graph.node:
