@@ -14,7 +14,7 @@ import numpy as np
 
 from inferd.config import RuntimeConfig
 from inferd.digest import sha256_file
-from inferd.engine_build.pipeline import compose_tensorrt_build, workspace_cap_bytes
+from inferd.engine_build.pipeline import compose_tensorrt_build
 from inferd.engine_build.session import run_build
 from inferd.engine_build.tensorrt_build import PRECISION_FLAGS
 from inferd.engines import read_host_tuple, write_manifest
@@ -212,9 +212,7 @@ def run_pipeline(
         precision_flags=() if strongly_typed else PRECISION_FLAGS[config.precision],
         strongly_typed=strongly_typed,
         warnings=list(stats.get("warnings", [])),
-        workspace_bytes=min(
-            config.workspace_bytes, workspace_cap_bytes(runtime_config.gpu_memory_budget_bytes)
-        ),
+        workspace_bytes=int(stats["workspaceBytes"]),
         timing_cache=str(summary["timingCacheMode"]),
         calibration=stats.get("calibration"),
         sha256=str(summary["baseline"]["engineSha256"]),

@@ -83,6 +83,13 @@ class CalibrationCacheError(InferdError):
     pass
 
 
+class CalibrationDataError(EngineBuildError):
+    """An INT8 calibration data set does not fit the network (a batch that names
+    other inputs, or holds another dtype or shape than TensorRT will read), or
+    cannot be read.  Raised before the build starts; the message names the file,
+    the input, what the network expects and what the file holds."""
+
+
 class InferenceError(InferdError):
     pass
 

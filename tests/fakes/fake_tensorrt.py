@@ -31,13 +31,19 @@ signatures follow ``release/10.3`` ``python/src/infer/pyCore.cpp``:
   ``set_memory_pool_limit/get_memory_pool_limit(MemoryPoolType.*)``,
   ``builder_optimization_level``, ``progress_monitor``, ``int8_calibrator``,
   ``create_timing_cache(buffer)``, ``set_timing_cache(cache, ignore_mismatch)
-  -> bool``, ``get_timing_cache()``, ``add_optimization_profile(profile) -> int``.
+  -> bool``, ``get_timing_cache()``, ``add_optimization_profile(profile) -> int``,
+  ``set_calibration_profile(profile) -> bool`` (MIN and MAX overwritten by OPT)
+  and ``get_calibration_profile()``.
 * ``ITimingCache.serialize()/combine()/reset()``; ``IHostMemory`` (buffer
   protocol, ``nbytes``, ``dtype``); ``IOptimizationProfile.set_shape/get_shape``.
 * ``IProgressMonitor`` (``phase_start``, ``step_complete``, ``phase_finish``;
   an exception in ``step_complete`` cancels, as the real trampoline does);
   ``IInt8Calibrator`` / ``IInt8EntropyCalibrator2`` (``get_batch_size``,
   ``get_batch(names)``, ``read_calibration_cache``, ``write_calibration_cache``).
+  Calibration reads each input's whole volume (the calibration profile's opt
+  shape, or the static shape) from the device pointer ``get_batch`` returned,
+  as TensorRT does: a short buffer fails as an illegal memory access; a network
+  with runtime dimensions and no calibration profile fails the build.
 * ``Runtime(logger).deserialize_cuda_engine(buffer) -> ICudaEngine | None``:
   None for bytes the fake builder did not produce (logging TensorRT's
   "Magic tag does not match" serialization error) and for an engine of another
@@ -601,6 +607,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
     class IBuilderConfig:
         __slots__ = (
             "_builder",
+            "_calibration_profile",
             "_calibrator",
             "_flags",
             "_level",
@@ -669,6 +676,30 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             if calibrator is not None and not isinstance(calibrator, IInt8Calibrator):
                 raise TypeError("int8_calibrator: an IInt8Calibrator is required")
             self._calibrator = calibrator
+
+        def set_calibration_profile(self, profile: Any) -> bool:
+            """Deprecated in 10.1 (still there in 10.3); MIN and MAX are overwritten by OPT."""
+            if modern:
+                raise AttributeError(
+                    "'tensorrt.IBuilderConfig' object has no attribute 'set_calibration_profile'"
+                )
+            if profile is None:
+                self._calibration_profile = None
+                return True
+            if not isinstance(profile, IOptimizationProfile):
+                raise TypeError("set_calibration_profile(): incompatible function arguments")
+            if not profile._valid:
+                return False
+            calibration = object.__new__(IOptimizationProfile)
+            calibration._valid = True
+            calibration._shapes = {
+                name: (opt, opt, opt) for name, (_low, opt, _high) in profile._shapes.items()
+            }
+            self._calibration_profile = calibration
+            return True
+
+        def get_calibration_profile(self) -> Any:
+            return self._calibration_profile
 
         @property
         def num_optimization_profiles(self) -> int:
@@ -773,6 +804,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
                 None,
                 None,
             )
+            config._calibration_profile = None
             return config
 
         def create_optimization_profile(self) -> IOptimizationProfile:
@@ -801,6 +833,11 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
                 timing_cache=config._timing_cache is not None,
                 progress_monitor=config._monitor is not None,
                 profiles=[dict(profile._shapes) for profile in config._profiles],
+                calibration_profile=(
+                    None
+                    if config._calibration_profile is None
+                    else dict(config._calibration_profile._shapes)
+                ),
             )
             precision = [name for name in flags if name in _PRECISION_FLAGS]
             if network._strongly_typed and precision:
@@ -833,7 +870,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             if (
                 "INT8" in flags
                 and config._calibrator is not None
-                and not self._calibrate(config._calibrator, network)
+                and not self._calibrate(config, network)
             ):
                 return None
             cache = config._timing_cache
@@ -892,7 +929,32 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             call("phase_finish", "Building engine")
             return ok
 
-        def _calibrate(self, calibrator: Any, network: Any) -> bool:
+        def _calibrate(self, config: Any, network: Any) -> bool:
+            """Implicit INT8 calibration as TensorRT 10 does it: a network with runtime
+            dimensions needs a calibration profile (NvInfer.h 10.3, setCalibrationProfile:
+            "Calibration optimization profile must be set if int8 calibration is used to
+            set scales for a network with runtime dimensions"; the error text here is
+            the fake's); TensorRT calibrates at the profile's opt shapes and reads each
+            input's whole volume from the device pointer ``get_batch`` returned, so a
+            short buffer is an illegal memory access (a real GPU reads past it)."""
+            calibrator = config._calibrator
+            profile = config._calibration_profile
+            dynamic = [t._name for t in network._inputs if any(dim < 0 for dim in t._shape)]
+            missing = [name for name in dynamic if profile is None or name not in profile._shapes]
+            if missing:
+                self._fail(
+                    "4: [calibrator.cpp::calibrate] Error Code 4: API Usage Error (Calibration "
+                    f"profile must be set for a network with runtime dimensions: no calibration "
+                    f"shape for input(s) {missing}.)"
+                )
+                return False
+            volumes = {}
+            for tensor in network._inputs:
+                shape = tensor._shape
+                if tensor._name in dynamic:
+                    shape = profile._shapes[tensor._name][1]  # kOPT
+                itemsize = np.dtype(_NUMPY[tensor._dtype.name]).itemsize
+                volumes[tensor._name] = int(np.prod(shape, dtype=np.int64)) * itemsize
             try:
                 cache = calibrator.read_calibration_cache()
                 if cache:
@@ -908,8 +970,15 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
                         self._fail("Calibrator returned the wrong number of device pointers")
                         return False
                     if state.cuda is not None:
-                        for pointer in pointers:
-                            state.cuda.read(int(pointer), 1)  # a live device allocation
+                        try:
+                            for name, pointer in zip(names, pointers, strict=True):
+                                state.cuda.read(int(pointer), volumes[name])
+                        except fake_pycuda.Error as exc:
+                            self._fail(
+                                "1: [calibrator.cpp::calibrate] Error Code 1: Cuda Runtime "
+                                f"({exc}) reading calibration input {name}"
+                            )
+                            return False
                     batches += 1
                 if batches == 0:
                     self._fail("Calibration failure occurred with no scaling factors detected.")

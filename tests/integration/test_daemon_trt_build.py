@@ -6,6 +6,8 @@ the child, trusted in ``<engine_dir>/manifest.json``, and adopted by
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from inferd.engines.sidecar import read_sidecar, sidecar_path
 from inferd_client import InferenceClient, OperatorClient
 from inferd_client.errors import RemoteError
 from tests.conftest import DaemonFactory, wait_until
-from tests.fakes.gpu_site import fake_gpu_env
+from tests.fakes.gpu_site import REPO, fake_gpu_env
 from tests.integration.test_daemon_builds import build_status, control
 from tests.integration.test_tensorrt_daemon import expected_descriptors
 
@@ -118,3 +120,47 @@ def test_with_a_deployment_manifest_the_build_is_not_trusted_and_switch_is_refus
         deployed.write_text(json.dumps({"version": 1, "engines": {engine.name: digest}}))
         switched = operator.call("runtime.switch", model="demo", runtime="tensorrt")
         assert switched["to_runtime"] == "tensorrt"
+
+
+def test_daemon_build_and_inferd_build_give_the_same_workspace_for_the_same_budget(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path
+) -> None:
+    """One workspace rule for every build (``build_workspace_bytes``): the daemon's
+    ``build.start`` and ``inferd build`` with the daemon's config (the same GPU memory
+    budget) set the same workspace, a quarter of the budget when the build config
+    asks for more; each summary records the workspace the build was given."""
+    budget = 2 * 1024**3  # a quarter is 512 MiB, below the default 1 GiB request
+    daemon = daemon_factory(
+        models=[{"name": "demo", "path": str(demo_model), "runtime": "onnx_trt_ep"}],
+        runtime={"engine_dir": str(tmp_path / "engines"), "gpu_memory_budget_bytes": budget},
+        env=fake_gpu_env({}),
+    )
+    reply = control(daemon, "build.start", model="demo")
+    status = wait_finished(daemon, str(reply["result"]["build_id"]))
+    assert status["state"] == "completed", status["error"]
+    summary = json.loads(Path(status["summary_path"]).read_text())
+    daemon_workspace = summary["builderStats"]["workspaceBytes"]
+
+    build_config = tmp_path / "build.json"
+    build_config.write_text("{}")  # the defaults, as build.start without a build_config
+    command = [
+        sys.executable,
+        "-m",
+        "inferd.cli.build",
+        str(demo_model),
+        "--config",
+        str(build_config),
+        "--daemon-config",
+        str(daemon.workdir / "inferd.toml"),
+        "--engine-dir",
+        str(tmp_path / "cli-engines"),
+        "--json",
+    ]
+    done = subprocess.run(
+        command, env=fake_gpu_env(None), cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    cli_summary = json.loads(Path(report["build"]["summary"]).read_text())
+    assert report["build"]["workspace_bytes"] == cli_summary["builderStats"]["workspaceBytes"]
+    assert daemon_workspace == report["build"]["workspace_bytes"] == budget // 4

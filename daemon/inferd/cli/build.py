@@ -243,7 +243,7 @@ def run(
         err.write(f"inferd build: {exc}\n")
         return EXIT_USAGE
 
-    from inferd.engine_build.pipeline import record_trust, workspace_cap_bytes
+    from inferd.engine_build.pipeline import record_trust
     from inferd.engines.host import read_host_tuple
     from inferd.engines.locate import locate_engine
     from inferd.engines.manifest import record_in_manifest
@@ -322,9 +322,6 @@ def run(
         code,
         succeeded=code == EXIT_OK,
         wanted=wanted,
-        workspace_bytes=min(
-            wanted.workspace_bytes, workspace_cap_bytes(runtime_config.gpu_memory_budget_bytes)
-        ),
         manifest=manifest,
         not_shown=not_shown,
         as_json=as_json,

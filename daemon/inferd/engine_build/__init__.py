@@ -7,7 +7,8 @@
 * ``cancel``: ``CancellationToken`` (one shared stop state), ``cancel_on_signals``,
   ``run_build_async``.
 * ``artifacts``: final write in a no-cancel zone, cleanup / quarantine,
-  ``TimingCacheManager`` (cold / reused / updated / discarded / quarantined).
+  ``TimingCacheManager`` and ``TimingCacheOutcome`` (cold / reused / updated /
+  discarded / quarantined, each defined there once).
 * ``validation``: gate + smoke inference vs ONNX Runtime; ``eligible_to_serve``.
 * ``session``: ``run_build`` -> build summary (``schemas/build/summary.json``)
   and a ``c7.engine_build`` FDR record.

@@ -1,5 +1,5 @@
 """Build artifacts: the final write, leftovers cleanup/quarantine, inventory;
-and the timing-cache policy per host tuple.
+and the timing-cache policy per host tuple (``TimingCacheOutcome``).
 
 The engine goes to a temp file beside its final path, is fsynced, renamed and
 the directory fsynced (``inferd.durable``), then its ``.sha256`` sidecar
@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -139,17 +140,39 @@ def commit_engine(
     return digest, token.zone_log[-1]
 
 
+class TimingCacheOutcome(StrEnum):
+    """What one build did with its host's timing cache: the summary's
+    ``timingCacheMode`` and ``timingCache.decision`` (``schemas/build/summary.json``,
+    docs/DESIGN.md "Timing cache").  The only place these words are defined; each
+    has one meaning for every builder (TensorRT and simulated) and every caller."""
+
+    #: No stored cache to load: the build started from an empty cache; a completed
+    #: build saved the cache it produced (``saved``).
+    COLD = "cold"
+    #: The stored cache was loaded and the completed build left it as it was.
+    REUSED = "reused"
+    #: The stored cache was loaded and replaced by the completed build's grown one.
+    UPDATED = "updated"
+    #: The cache this build produced was thrown away, never written: the build was
+    #: cancelled or failed, or saving it failed (``reason``).  The stored file, if
+    #: any, is exactly as it was.
+    DISCARDED = "discarded"
+    #: The stored cache was unusable (empty, unreadable, oversized) or the builder
+    #: refused it (TensorRT: ``set_timing_cache`` False): moved to ``quarantine/``
+    #: with a ``.reason`` file and the build went cold; a completed build saved the
+    #: cache it produced (``saved``).
+    QUARANTINED = "quarantined"
+
+
 class TimingCacheManager:
-    """Timing cache of one host tuple (``timing_cache_path``).  Decisions:
-    ``cold`` (none), ``reused`` (loaded, unchanged), ``updated`` (loaded and saved
-    grown), ``discarded`` (build cancelled/failed: never saved), ``quarantined``
-    (failed to load or refused: moved aside with a reason; the build goes cold)."""
+    """Timing cache of one host tuple (``timing_cache_path``): loads it, quarantines
+    it, saves the completed build's cache, and decides the ``TimingCacheOutcome``."""
 
     def __init__(self, engine_dir: Path, host: HostTuple) -> None:
         self.path = timing_cache_path(engine_dir, host)
         self.store = TimingCacheFile(self.path)
         self.loaded: bytes | None = None
-        self.decision = "cold"
+        self.decision = TimingCacheOutcome.COLD
         self.quarantined_to: str | None = None
         self.reason: str | None = None
         self.saved = False
@@ -162,33 +185,42 @@ class TimingCacheManager:
         if self.loaded is None and self.path.exists():
             self.quarantine("timing cache could not be read")
         elif self.loaded is not None:
-            self.decision = "reused"
+            self.decision = TimingCacheOutcome.REUSED
         return self.loaded
 
     def quarantine(self, reason: str) -> None:
         """The stored cache failed to load or the builder refused it."""
         self.reason = reason
         self.loaded = None
-        self.decision = "quarantined"
+        self.decision = TimingCacheOutcome.QUARANTINED
         with contextlib.suppress(FileNotFoundError):
             self.quarantined_to = str(quarantine(self.path, f"timing cache: {reason}"))
 
-    def finish(self, completed: bool, data: bytes | None) -> str:
+    def finish(self, completed: bool, data: bytes | None) -> TimingCacheOutcome:
+        """Save a completed build's cache when it differs from the stored one; the
+        outcome (a quarantine stays the outcome: it is what happened to the file)."""
         if not completed:
-            if self.decision != "quarantined":
-                self.decision = "discarded"
+            self._discard("the build did not complete")
             return self.decision
         if data is not None and data != self.loaded:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.store.store(data)  # atomic
+            try:
+                self.store.store(data)  # atomic: the stored file is old or new, never torn
+            except OSError as exc:
+                self._discard(f"could not be saved: {exc}")
+                return self.decision
             self.saved = True
-            if self.decision == "reused":
-                self.decision = "updated"
+            if self.decision is TimingCacheOutcome.REUSED:
+                self.decision = TimingCacheOutcome.UPDATED
         return self.decision
+
+    def _discard(self, why: str) -> None:
+        if self.decision is not TimingCacheOutcome.QUARANTINED:
+            self.decision = TimingCacheOutcome.DISCARDED
+            self.reason = f"this build's timing cache was not kept: {why}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "decision": self.decision,
+            "decision": self.decision.value,
             "path": str(self.path),
             "saved": self.saved,
             "quarantinedTo": self.quarantined_to,

@@ -37,14 +37,6 @@ from inferd.engines.locate import EnginePlan
 from inferd.engines.manifest import record_in_manifest
 from inferd.types import BuildConfig
 
-#: The workspace rule (one for every build): at most a quarter of the GPU memory
-#: budget, so a build running beside resident engines cannot starve them.
-WORKSPACE_BUDGET_FRACTION = 4
-
-
-def workspace_cap_bytes(gpu_memory_budget_bytes: int) -> int:
-    return gpu_memory_budget_bytes // WORKSPACE_BUDGET_FRACTION
-
 
 def compose_tensorrt_build(
     plan: EnginePlan,
@@ -68,7 +60,7 @@ def compose_tensorrt_build(
         cuda,
         model_path,
         build_config,
-        workspace_cap_bytes=workspace_cap_bytes(gpu_memory_budget_bytes),
+        gpu_memory_budget_bytes=gpu_memory_budget_bytes,
         device_id=device_id,
         infer=tensorrt_smoke_infer(trt, cuda, model_path, build_config, device_id),
         calibration_data=calibration_data,

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from inferd.engine_build.artifacts import (
     TimingCacheManager,
+    TimingCacheOutcome,
     clean_up,
     commit_engine,
     inventory,
@@ -103,7 +104,7 @@ def choose_retry_policy(
     *,
     outcome: str,
     cancel_source: str | None,
-    cache_decision: str,
+    cache_decision: TimingCacheOutcome,
     cache_loaded: bool,
     cleanup_status: str,
     validation_status: str,
@@ -116,7 +117,7 @@ def choose_retry_policy(
         if validation_status == "fail":
             return "rollback", "the build completed but failed validation: keep the resident engine"
         return "none", "the build completed and validated"
-    if cache_decision == "quarantined":
+    if cache_decision == TimingCacheOutcome.QUARANTINED:
         return "retry_cold", "the stored timing cache was refused and quarantined"
     if outcome == "failed":
         if cache_loaded:
@@ -258,7 +259,7 @@ def run_build(
         "language": request.language,
         "buildConfigHash": config_hash,
         "gpuSku": request.host.gpu_sku,
-        "timingCacheMode": cache_decision,
+        "timingCacheMode": cache_decision.value,
         "timingCache": cache.as_dict(),
         "cancelSource": token.source,
         "cancelReason": None if request_info is None else request_info.reason,
@@ -321,7 +322,7 @@ def run_build(
                 "cancel_latency_ms": token.cancel_latency_ms,
                 "cleanup_latency_ms": token.cleanup_latency_ms,
                 "cleanup_status": cleanup.status,
-                "timing_cache": cache_decision,
+                "timing_cache": cache_decision.value,
                 "retry_policy": policy,
                 "validation_status": validation_status,
                 "summary": str(summary_path),

@@ -17,16 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import structlog
 
+from inferd.engine_build.calibration_batches import (
+    CalibrationBatches,
+    calibration_inputs,
+    check_calibration_batches,
+    onnx_inputs,
+)
 from inferd.engines.calibration import (
     CalibrationCacheStore,
     CalibrationLookup,
     dataset_sha256,
 )
-from inferd.errors import CalibrationCacheError, EngineBuildError
-from inferd.types import OptimizationProfile, PrecisionMode
+from inferd.errors import CalibrationCacheError, CalibrationDataError, EngineBuildError
+from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 
 log = structlog.get_logger("inferd.runtime.tensorrt.build")
 
@@ -72,16 +77,14 @@ def network_inputs(network: Any) -> dict[str, tuple[int, ...]]:
     return inputs
 
 
-def add_profiles(
-    builder: Any,
-    config: Any,
+def check_profiles(
     inputs: dict[str, tuple[int, ...]],
     profiles: tuple[OptimizationProfile, ...],
     model: str,
-) -> int:
-    """One optimisation profile covering every ``OptimizationProfile`` of the build
-    config (one per input); checked against the network first, so a mistake is a
-    sentence naming the input rather than a TensorRT assertion."""
+) -> dict[str, OptimizationProfile]:
+    """The build config's ``OptimizationProfile`` per input, checked against the
+    network's inputs (``-1``: a runtime dimension), so a mistake is a sentence
+    naming the input rather than a TensorRT assertion."""
     seen: dict[str, OptimizationProfile] = {}
     for profile in profiles:
         name = profile.input_name
@@ -115,6 +118,19 @@ def add_profiles(
             f"({', '.join(f'{name} {list(inputs[name])}' for name in missing)}); the build "
             "config needs an optimisation profile (min/opt/max shape) for each"
         )
+    return seen
+
+
+def add_profiles(
+    builder: Any,
+    config: Any,
+    inputs: dict[str, tuple[int, ...]],
+    profiles: tuple[OptimizationProfile, ...],
+    model: str,
+) -> int:
+    """One optimisation profile covering every ``OptimizationProfile`` of the build
+    config (one per input), checked first (``check_profiles``)."""
+    seen = check_profiles(inputs, profiles, model)
     if not seen:
         return 0
     optimization_profile = builder.create_optimization_profile()
@@ -124,6 +140,21 @@ def add_profiles(
         )
     config.add_optimization_profile(optimization_profile)
     return 1
+
+
+def prepare_calibration(
+    model_path: Path, build_config: BuildConfig, dataset: Path
+) -> CalibrationBatches:
+    """Check every batch of ``dataset`` against the network ``model_path`` makes and
+    the build config's profiles, before any builder or GPU work (see
+    ``inferd.engine_build.calibration_batches``).  Raises ``EngineBuildError``
+    (``CalibrationDataError`` for the data set)."""
+    declared = onnx_inputs(model_path)
+    shapes = {name: shape for name, (_dtype, shape) in declared.items()}
+    profiles = check_profiles(shapes, build_config.profiles, model_path.name)
+    return check_calibration_batches(
+        dataset, calibration_inputs(declared, profiles, model_path.name)
+    )
 
 
 class CalibrationCacheSink(Protocol):
@@ -179,64 +210,66 @@ class Calibration:
 def attach_calibration(
     trt: Any,
     cuda: Any,
+    builder: Any,
     config: Any,
     *,
-    flags: tuple[str, ...],
-    calibration_data: Path | None,
+    batches: CalibrationBatches,
+    network: dict[str, tuple[int, ...]],
     cache_path: Path,
-    warnings: list[str],
     defer_store: bool = False,
-) -> Calibration | None:
-    """Set ``config.int8_calibrator`` when the build uses the INT8 flag and has
-    calibration data (the cache at ``cache_path`` is reused only when trusted, see
-    ``inferd.engines.calibration``); otherwise append the applicable warning and
-    return None.  Raises ``CalibrationCacheError`` (malformed sidecars, corrupt
-    cache, unreadable data set) or ``EngineBuildError``."""
-    wants_int8 = "INT8" in flags
-    if calibration_data is not None and not wants_int8:
-        warnings.append("calibration data given, but the build does not use INT8 flags: ignored")
-        return None
-    if not wants_int8:
-        return None
-    if calibration_data is None:
-        warnings.append(
-            "INT8 without calibration data: only explicitly quantized (Q/DQ) layers run in INT8"
-        )
-        return None
+) -> Calibration:
+    """Set ``config.int8_calibrator`` over ``batches`` (checked by
+    ``prepare_calibration``) for a build with the INT8 flag; the cache at
+    ``cache_path`` is reused only when trusted (``inferd.engines.calibration``).
+    For a network with runtime dimensions also its calibration profile
+    (TensorRT 10: "Calibration optimization profile must be set if int8
+    calibration is used to set scales for a network with runtime dimensions"):
+    min = opt = max = the opt shapes the batches were checked against, which is
+    what TensorRT reads from each ``get_batch`` pointer.  Raises
+    ``CalibrationCacheError`` (malformed sidecars, corrupt cache) or
+    ``EngineBuildError``."""
     if not hasattr(trt, "IInt8EntropyCalibrator2"):
         raise EngineBuildError("this TensorRT has no INT8 calibrators; use a Q/DQ model")
-    store = CalibrationCacheStore(cache_path, dataset_sha256(calibration_data))
+    checked = {spec.name: spec.shape for spec in batches.inputs if not spec.dynamic}
+    parsed = {name: shape for name, shape in network.items() if all(dim >= 0 for dim in shape)}
+    if set(network) != set(batches.names) or checked != parsed:
+        raise EngineBuildError(
+            f"the parsed network's inputs {network} are not the ones the calibration data was "
+            f"checked against { {spec.name: spec.shape for spec in batches.inputs} }"
+        )
+    dynamic = [spec for spec in batches.inputs if spec.dynamic]
+    if dynamic:
+        profile = builder.create_optimization_profile()
+        for spec in dynamic:
+            profile.set_shape(spec.name, spec.shape, spec.shape, spec.shape)
+        if not config.set_calibration_profile(profile):
+            raise EngineBuildError(
+                "TensorRT refused the calibration profile "
+                + ", ".join(f"{spec.name} {list(spec.shape)}" for spec in dynamic)
+            )
+    store = CalibrationCacheStore(cache_path, dataset_sha256(batches.dataset))
     lookup = store.load()
     log.info("calibration_cache", status=lookup.status, reason=lookup.reason)
     pending = _PendingCalibrationCache() if defer_store else None
     sink: CalibrationCacheSink = pending if pending is not None else store
-    calibrator = _make_calibrator(trt, cuda, _npz_batches(calibration_data), lookup, sink)
+    calibrator = _make_calibrator(trt, cuda, batches, lookup, sink)
     config.int8_calibrator = calibrator
     status = "reused" if lookup.data is not None else "calibrated"
     return Calibration(calibrator, status, store, pending)
 
 
-def _npz_batches(dataset: Path) -> list[Path]:
-    files = [dataset] if dataset.is_file() else sorted(dataset.glob("*.npz"))
-    if not files:
-        raise CalibrationCacheError(f"calibration data set {dataset} holds no .npz batches")
-    return files
-
-
 def _make_calibrator(
     trt: Any,
     cuda: Any,
-    batches: list[Path],
+    batches: CalibrationBatches,
     lookup: CalibrationLookup,
     store: CalibrationCacheSink,
 ) -> Any:
-    """An ``IInt8EntropyCalibrator2`` over ``.npz`` batches that reads the trusted
-    cache (or None, to calibrate) and writes a fresh one through ``store``.
-    Exceptions cannot cross TensorRT's callbacks; they are kept in ``error``."""
-
-    with np.load(batches[0]) as first:
-        arrays = [first[key] for key in first.files]
-    batch_size = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
+    """An ``IInt8EntropyCalibrator2`` over checked ``.npz`` batches that reads the
+    trusted cache (or None, to calibrate) and writes a fresh one through ``store``.
+    Each input's device buffer holds exactly what TensorRT reads from it (its
+    calibration shape's volume).  Exceptions cannot cross TensorRT's callbacks;
+    they are kept in ``error`` and the calibrator reports no more batches."""
 
     class _Calibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -244,35 +277,30 @@ def _make_calibrator(
             self.error: BaseException | None = None
             self.batches_used = 0
             self.wrote = False
-            self._files = iter(batches)
-            self._device: dict[str, tuple[Any, int]] = {}
+            self._files = iter(batches.files)
+            self._device: dict[str, Any] = {}
 
         def get_batch_size(self) -> int:
-            return batch_size
+            return batches.batch_size
 
         def get_batch(self, names: list[str]) -> list[int] | None:
             try:
+                if sorted(names) != sorted(batches.names):
+                    raise CalibrationDataError(
+                        f"TensorRT asked for a batch of {list(names)}, the calibration data "
+                        f"was checked for {list(batches.names)}"
+                    )
                 path = next(self._files, None)
                 if path is None:
                     return None
-                with np.load(path) as data:
-                    missing = [name for name in names if name not in data.files]
-                    if missing:
-                        raise CalibrationCacheError(
-                            f"calibration batch {path.name} lacks input(s) {missing}"
-                        )
-                    staged = {name: np.ascontiguousarray(data[name]) for name in names}
+                staged = batches.load(path)
                 pointers: list[int] = []
                 for name in names:
-                    array = staged[name]
-                    held = self._device.get(name)
-                    if held is None or held[1] < array.nbytes:
-                        if held is not None:
-                            held[0].free()
-                        held = (cuda.mem_alloc(max(array.nbytes, 256)), max(array.nbytes, 256))
-                        self._device[name] = held
-                    cuda.memcpy_htod(held[0], array)
-                    pointers.append(int(held[0]))
+                    if name not in self._device:
+                        spec = batches.inputs[batches.names.index(name)]
+                        self._device[name] = cuda.mem_alloc(max(spec.nbytes, 1))
+                    cuda.memcpy_htod(self._device[name], staged[name])
+                    pointers.append(int(self._device[name]))
                 self.batches_used += 1
                 return pointers
             except Exception as exc:
@@ -291,7 +319,7 @@ def _make_calibrator(
 
         def free(self) -> None:
             while self._device:
-                _, (allocation, _size) = self._device.popitem()
+                _, allocation = self._device.popitem()
                 with contextlib.suppress(Exception):
                     allocation.free()
 

@@ -12,11 +12,19 @@ serving runtime owns: pass ``infer`` (e.g. a function loading the engine into a
 
 INT8 calibration: pass ``calibration_data`` (a directory of ``.npz`` batches)
 and ``calibration_cache`` (``inferd.engines.calibration.calibration_cache_path``
-of the engine).  The calibrator and the cache-trust rules are the runtime's
-(``attach_calibration``); a fresh cache is written (with its sidecars) only
-when the build completes uncancelled, so a cancelled or failed build leaves
-the stored cache as it was.  ``calibration`` (``calibrated`` / ``reused``) and
-``warnings`` go into the output's ``stats`` (the summary's ``builderStats``).
+of the engine).  When the build uses the INT8 flag, every batch is checked
+against the network when the builder is made, before any TensorRT or GPU
+work (``prepare_calibration``: a ``CalibrationDataError`` naming the file, the
+input, the expected and the actual dtype/shape); the build then fails before
+it starts and leaves nothing behind.  The calibrator and the cache-trust
+rules are ``attach_calibration``'s; a fresh cache is written (with its
+sidecars) only when the build completes uncancelled, so a cancelled or failed
+build leaves the stored cache as it was.
+
+The output's ``stats`` (the summary's ``builderStats``): ``workspaceBytes``,
+the workspace the build was given (the one rule,
+``inferd.engines.build_config.build_workspace_bytes``), ``calibration``
+(``calibrated`` / ``reused``) and ``warnings``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from inferd.config import RuntimeConfig
 from inferd.engine_build.progress import ProgressAdapter, make_trt_progress_monitor
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.tensorrt_build import (
@@ -37,8 +46,10 @@ from inferd.engine_build.tensorrt_build import (
     network_flags,
     network_inputs,
     parser_error,
+    prepare_calibration,
 )
 from inferd.engine_build.validation import Infer
+from inferd.engines.build_config import build_workspace_bytes
 from inferd.errors import CalibrationCacheError, EngineBuildError
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.types import BuildConfig, PrecisionMode
@@ -58,7 +69,7 @@ class TensorRTBuilder:
         onnx_path: Path,
         build_config: BuildConfig,
         *,
-        workspace_cap_bytes: int = 1 << 30,
+        gpu_memory_budget_bytes: int = RuntimeConfig.gpu_memory_budget_bytes,
         device_id: int = 0,
         infer: Infer | None = None,
         calibration_data: Path | None = None,
@@ -70,13 +81,23 @@ class TensorRTBuilder:
         self.cuda = cuda
         self.onnx_path = onnx_path
         self.config = build_config
-        self.workspace_cap_bytes = workspace_cap_bytes
+        #: The one workspace rule (``inferd.engines.build_config.build_workspace_bytes``).
+        self.workspace_bytes = build_workspace_bytes(build_config, gpu_memory_budget_bytes)
         self.device_id = device_id
         self.infer: Infer | None = infer
         self.calibration_data = calibration_data
         self.calibration_cache = calibration_cache
         self.tensorrt_version = str(trt.__version__)
         self.strongly_typed = not has_precision_flags(trt)
+        #: Builder flags of the precision (none on strongly typed TensorRT 11).
+        self.flags: tuple[str, ...] = (
+            () if self.strongly_typed else PRECISION_FLAGS[build_config.precision]
+        )
+        self.calibration_batches = (
+            prepare_calibration(onnx_path, build_config, calibration_data)
+            if calibration_data is not None and "INT8" in self.flags
+            else None
+        )
         self.tlog = TensorRTLog(trt)
 
     @contextlib.contextmanager
@@ -114,7 +135,7 @@ class TensorRTBuilder:
                     error=f"TensorRT's ONNX parser rejected {model}: " + "; ".join(reasons),
                 )
             config = builder.create_builder_config()
-            flags: tuple[str, ...] = ()
+            flags = self.flags
             warnings: list[str] = []
             precision = self.config.precision
             if self.strongly_typed:
@@ -124,27 +145,29 @@ class TensorRTBuilder:
                         f"{precision.value} comes from the model's own types, not from the build"
                     )
             else:
-                flags = PRECISION_FLAGS[precision]
                 for flag in flags:
                     config.set_flag(getattr(trt.BuilderFlag, flag))
                 if "FP16" in flags and not getattr(builder, "platform_has_fast_fp16", True):
                     warnings.append(
                         "this GPU has no fast FP16; FP16 kernels may be slower than FP32"
                     )
-            config.set_memory_pool_limit(
-                trt.MemoryPoolType.WORKSPACE,
-                min(self.config.workspace_bytes, self.workspace_cap_bytes),
-            )
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
             config.builder_optimization_level = self.config.optimization_level
-            add_profiles(builder, config, network_inputs(network), self.config.profiles, model)
+            inputs = network_inputs(network)
+            add_profiles(builder, config, inputs, self.config.profiles, model)
             cache = config.create_timing_cache(timing_cache or b"")
-            config.set_timing_cache(cache, False)
+            if cache is None or not config.set_timing_cache(cache, False):
+                # refuses_cache accepted it a moment ago: never build cold while the
+                # session reports the stored cache as used
+                return BuilderOutput(None, None, error=REFUSED)
             config.progress_monitor = make_trt_progress_monitor(monitor, trt)
             try:
-                calibration = self._calibration(config, flags, warnings)
+                calibration = self._calibration(builder, config, inputs, warnings)
             except (CalibrationCacheError, EngineBuildError) as exc:
                 return BuilderOutput(None, None, error=f"calibration cache: {exc}")
-            stats: dict[str, Any] = {"warnings": warnings} if warnings else {}
+            stats: dict[str, Any] = {"workspaceBytes": self.workspace_bytes}
+            if warnings:
+                stats["warnings"] = warnings
             if calibration is not None:
                 stats["calibration"] = calibration.status
             mark = self.tlog.mark()
@@ -174,17 +197,26 @@ class TensorRTBuilder:
         return BuilderOutput(engine, data, stats=stats)
 
     def _calibration(
-        self, config: Any, flags: tuple[str, ...], warnings: list[str]
+        self, builder: Any, config: Any, inputs: dict[str, tuple[int, ...]], warnings: list[str]
     ) -> Calibration | None:
-        if self.calibration_cache is None:  # only without calibration data (see __init__)
+        if "INT8" not in self.flags:
+            if self.calibration_data is not None:
+                warnings.append(
+                    "calibration data given, but the build does not use INT8 flags: ignored"
+                )
+            return None
+        if self.calibration_batches is None or self.calibration_cache is None:
+            warnings.append(
+                "INT8 without calibration data: only explicitly quantized (Q/DQ) layers run in INT8"
+            )
             return None
         return attach_calibration(
             self.trt,
             self.cuda,
+            builder,
             config,
-            flags=flags,
-            calibration_data=self.calibration_data,
+            batches=self.calibration_batches,
+            network=inputs,
             cache_path=self.calibration_cache,
-            warnings=warnings,
             defer_store=True,
         )

@@ -1,5 +1,6 @@
 """The one parser of build configurations (``inferd build --build-config``, the
-daemon's ``build.start``, the build child's spec) and its inverse.
+daemon's ``build.start``, the build child's spec) and its inverse; and the one
+workspace rule of every TensorRT build.
 
 ``parse_build_config`` takes parsed JSON/msgpack (a mapping, every key
 optional) and returns a ``BuildConfig``, raising ``ConfigError`` that names the
@@ -17,8 +18,24 @@ from typing import Any
 from inferd.errors import ConfigError
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 
+#: The workspace rule, one for every TensorRT build (``TensorRTBuilder`` for the
+#: daemon's ``build.start``, its background rebuilds, ``inferd build`` and
+#: ``inferd acceptance``; ONNX Runtime's TensorRT EP, ``trt_max_workspace_size``):
+#: at most a quarter of the GPU memory budget, so a build running beside resident
+#: engines cannot starve them.
+WORKSPACE_BUDGET_FRACTION = 4
+
 BUILD_CONFIG_KEYS = frozenset({"precision", "workspace_bytes", "optimization_level", "profiles"})
 PROFILE_KEYS = frozenset({"input_name", "min_shape", "opt_shape", "max_shape"})
+
+
+def workspace_cap_bytes(gpu_memory_budget_bytes: int) -> int:
+    return gpu_memory_budget_bytes // WORKSPACE_BUDGET_FRACTION
+
+
+def build_workspace_bytes(build_config: BuildConfig, gpu_memory_budget_bytes: int) -> int:
+    """The workspace a build gets: what it asks for, capped by the budget's share."""
+    return min(build_config.workspace_bytes, workspace_cap_bytes(gpu_memory_budget_bytes))
 
 
 def _shape(value: Any, where: str) -> tuple[int, ...]:

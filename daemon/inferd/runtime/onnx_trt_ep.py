@@ -21,6 +21,7 @@ import structlog
 
 from inferd.config import RuntimeConfig
 from inferd.digest import sha256_file
+from inferd.engines.build_config import workspace_cap_bytes
 from inferd.errors import (
     EngineBuildError,
     EngineDeserializeError,
@@ -91,7 +92,7 @@ def _build_provider_args(
     return {
         TRT_EP: {
             "device_id": str(config.device_id),
-            "trt_max_workspace_size": str(config.gpu_memory_budget_bytes // 4),
+            "trt_max_workspace_size": str(workspace_cap_bytes(config.gpu_memory_budget_bytes)),
             "trt_fp16_enable": str(precision in (PrecisionMode.FP16, PrecisionMode.MIXED)),
             "trt_int8_enable": str(precision in (PrecisionMode.INT8, PrecisionMode.MIXED)),
             "trt_engine_cache_enable": "True",
@@ -105,6 +106,46 @@ def _build_provider_args(
         CUDA_EP: {"device_id": str(config.device_id)},
         CPU_EP: {},
     }
+
+
+#: The ops of an explicitly quantized (Q/DQ) model: it carries its own INT8 scales.
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def _int8_refusal(model_path: Path, precision: PrecisionMode) -> str | None:
+    """Why the TensorRT EP must not build ``model_path`` with ``precision``, or None.
+
+    With ``trt_int8_enable`` TensorRT needs INT8 scales.  A Q/DQ model brings
+    its own (ONNX Runtime's docs: no calibration table for Q/DQ models).  For any
+    other model the EP takes them only from ``trt_int8_calibration_table_name``
+    (a file under ``trt_engine_cache_path``); the daemon's calibration caches
+    belong to TensorRT engines (trusted only beside them, with their sidecars),
+    and this runtime has none to give.  Without scales TensorRT would not run
+    those layers in INT8 and ONNX Runtime would not say so: the model is refused."""
+    if precision not in (PrecisionMode.INT8, PrecisionMode.MIXED):
+        return None
+    import onnx
+
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, OSError, ...
+        return f"cannot read {model_path} to look for Q/DQ nodes: {exc}"
+    graphs = [model.graph, *model.functions]  # a FunctionProto has nodes too
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if node.op_type in _QDQ_OPS:
+                return None
+            for attribute in node.attribute:
+                graphs.extend([attribute.g] if attribute.HasField("g") else [])
+                graphs.extend(attribute.graphs)
+    return (
+        f"{model_path}: precision {precision.value!r} on onnx_trt_ep needs a model with "
+        "Q/DQ (QuantizeLinear/DequantizeLinear) nodes; this one has none, and ONNX "
+        "Runtime's TensorRT EP would need an INT8 calibration table this runtime does not "
+        "have. Quantize the model (Q/DQ), serve it as fp16 or fp32 on onnx_trt_ep, or build "
+        "a calibrated engine (inferd build --calibration-data) for the tensorrt runtime"
+    )
 
 
 def _stage_engine(source: Path, cache_dir: Path) -> Path:
@@ -186,6 +227,13 @@ class OnnxTrtEpRuntime:
         ort = self._ort
         cache_dir = self._config.ort_trt_cache_dir / entry.model_sha256[:16]
         requested = self.requested_providers()
+        refused = (
+            _int8_refusal(entry.model_path, entry.build_config.precision)
+            if TRT_EP in requested
+            else None
+        )
+        if refused is not None:
+            raise EngineDeserializeError(refused)
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
             for engine in entry.staged_engines:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from inferd.cli import build as tensorrt_cli
@@ -169,6 +170,76 @@ def test_inferd_build_with_calibration_data_is_an_observed_build(
     )
     assert code == 0 and "calibration reused" in out.getvalue()
     assert bench.gpu.trt.calibration_batches == 3
+
+
+def _two_input_model(path: Path) -> Path:
+    """``y = x + z``, both float32 ``[N, W]``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "z"], ["y"])],
+        "pair",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", W]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", W]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", W])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+_GOOD = np.zeros((4, W), np.float32)
+_BAD_BATCHES = {
+    "short": (
+        {"x": np.zeros((2, W), np.float32), "z": _GOOD},
+        f"input 'x' is float32 [2, {W}], the network expects float32 [4, {W}] (the "
+        "calibration profile's opt shape)",
+    ),
+    "dtype": (
+        {"x": np.zeros((4, W), np.float64), "z": _GOOD},
+        f"input 'x' is float64 [4, {W}], the network expects float32 [4, {W}] (the "
+        "calibration profile's opt shape)",
+    ),
+    "missing": ({"x": _GOOD}, "lacks input(s) ['z'] (the network's inputs are ['x', 'z'])"),
+    "extra": (
+        {"x": _GOOD, "z": _GOOD, "label": np.zeros(4, np.int64)},
+        "has array(s) ['label'] that are not network inputs (the network's inputs are ['x', 'z'])",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_BATCHES))
+def test_inferd_build_checks_every_calibration_batch_before_the_build_starts(
+    bench: Bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A batch TensorRT would read past (short), misread (dtype) or that names other
+    inputs fails ``inferd build`` before any builder or GPU work, naming the file, the
+    input, what the network expects and what the file holds; nothing is left behind."""
+    off_jetson(monkeypatch, tmp_path)
+    model = _two_input_model(tmp_path / "pair.onnx")
+    profiles = [
+        {"input_name": name, "min_shape": [1, W], "opt_shape": [4, W], "max_shape": [8, W]}
+        for name in ("x", "z")
+    ]
+    config = _build_config_file(tmp_path, {"precision": "int8", "profiles": profiles})
+    data = tmp_path / "calibration"
+    data.mkdir()
+    np.savez(data / "batch0.npz", x=_GOOD, z=_GOOD)
+    arrays, problem = _BAD_BATCHES[case]
+    bad = data / "batch1.npz"
+    np.savez(bad, **arrays)
+    out, err = io.StringIO(), io.StringIO()
+    code = tensorrt_cli.run(
+        model, config, engine_dir=bench.engine_dir, calibration_data=data, out=out, err=err
+    )
+    assert code == tensorrt_cli.EXIT_FAILED
+    assert err.getvalue() == f"inferd build: build failed: calibration batch {bad}: {problem}\n"
+    assert "Builder" not in bench.gpu.trt.calls and "mem_alloc" not in bench.gpu.cuda.calls
+    assert not bench.engine_dir.exists() or not any(bench.engine_dir.iterdir())
 
 
 def test_inferd_build_without_tensorrt_is_a_usage_error(

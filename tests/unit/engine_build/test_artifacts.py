@@ -7,10 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from inferd.engine_build import CancellationToken
-from inferd.engine_build.artifacts import TimingCacheManager, clean_up, commit_engine, inventory
+from inferd.engine_build.artifacts import (
+    TimingCacheManager,
+    TimingCacheOutcome,
+    clean_up,
+    commit_engine,
+    inventory,
+)
 from inferd.engines.sidecar import read_sidecar
 from inferd.types import HostTuple, PrecisionMode
+from tests.unit.engine_build.conftest import SUMMARY_SCHEMA
 
 HOST = HostTuple((8, 7), "orin", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
 
@@ -107,6 +116,33 @@ def test_unloadable_or_refused_cache_is_quarantined(tmp_path: Path) -> None:
     assert not refused.path.exists() and refused.decision == "quarantined"
     # Quarantine stays the decision even when the build later fails.
     assert refused.finish(False, None) == "quarantined"
+
+
+def test_a_cache_that_cannot_be_saved_is_discarded_and_the_stored_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discarded has one meaning: this build's cache was not kept (not completed, or
+    its save failed); the stored file is exactly as it was.  A failed save is an
+    outcome of the build, never an exception out of the session."""
+    TimingCacheManager(tmp_path, HOST).finish(True, b"cache-1")
+    manager = TimingCacheManager(tmp_path, HOST)
+    assert manager.load() == b"cache-1"
+
+    def full_disk(data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manager.store, "store", full_disk)
+    assert manager.finish(True, b"cache-2") == TimingCacheOutcome.DISCARDED
+    assert not manager.saved and manager.path.read_bytes() == b"cache-1"
+    assert manager.reason is not None and "could not be saved" in manager.reason
+    assert manager.as_dict()["decision"] == "discarded"
+
+
+def test_the_summary_schema_lists_exactly_the_timing_cache_outcomes() -> None:
+    outcomes = sorted(outcome.value for outcome in TimingCacheOutcome)
+    properties = SUMMARY_SCHEMA["properties"]
+    assert sorted(properties["timingCacheMode"]["enum"]) == outcomes
+    assert sorted(properties["timingCache"]["properties"]["decision"]["enum"]) == outcomes
 
 
 def test_host_tuples_have_separate_caches(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from inferd.engine_build import BuildRequest, choose_retry_policy, run_build
+from inferd.engine_build.artifacts import TimingCacheOutcome
 from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
 from inferd.fdr import kinds
 from inferd.types import BuildConfig
@@ -97,7 +98,7 @@ def test_builder_exception_is_a_failed_build(tmp_path: Path, demo_model: Path) -
         ({"outcome": "completed", "validation_status": "pass"}, "none"),
         ({"outcome": "completed", "validation_status": "fail"}, "rollback"),
         ({"outcome": "cancelled", "cancel_source": "sigint"}, "retry_with_cache"),
-        ({"outcome": "cancelled", "cache_decision": "quarantined"}, "retry_cold"),
+        ({"outcome": "cancelled", "cache_decision": TimingCacheOutcome.QUARANTINED}, "retry_cold"),
         ({"outcome": "failed", "cache_loaded": True}, "retry_cold"),
         ({"outcome": "failed"}, "investigate"),
         ({"outcome": "cancelled", "cleanup_status": "quarantined"}, "investigate"),
@@ -108,7 +109,7 @@ def test_retry_policy_from_evidence(evidence: dict[str, Any], policy: str) -> No
     base: dict[str, Any] = {
         "outcome": "cancelled",
         "cancel_source": None,
-        "cache_decision": "discarded",
+        "cache_decision": TimingCacheOutcome.DISCARDED,
         "cache_loaded": False,
         "cleanup_status": "cleaned",
         "validation_status": "not_applicable",

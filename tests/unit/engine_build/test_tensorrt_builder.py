@@ -16,8 +16,10 @@ from inferd.engine_build.tensorrt_builder import TensorRTBuilder
 from inferd.engine_build.validation import reference_outputs
 from inferd.engines import calibration as calib
 from inferd.engines.host import read_host_tuple
+from inferd.errors import CalibrationDataError
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 from tests.fakes import fake_tensorrt
+from tests.tensorrt_bench import write_scale_model
 from tests.unit.engine_build.conftest import HOST
 from tests.unit.engine_build.conftest import SUMMARY_SCHEMA as SCHEMA
 
@@ -69,6 +71,20 @@ def test_refused_cache_is_quarantined_and_the_build_goes_cold(
     s = report.summary
     assert s["timingCacheMode"] == "quarantined" and s["outcome"] == "completed"
     assert Path(s["timingCache"]["quarantinedTo"] + ".reason").is_file()
+
+
+def test_a_cache_refused_at_build_time_fails_the_build_rather_than_going_cold(
+    tmp_path: Path, demo_model: Path, gpu: fake_tensorrt.FakeGpuStack
+) -> None:
+    """``set_timing_cache`` False inside the build (after ``refuses_cache`` accepted
+    the cache): the summary must not say ``reused`` for a build TensorRT ran cold."""
+    run_build(request(tmp_path, demo_model), builder(gpu, demo_model))
+    gpu.trt.device_tag = "cc8.7-another-orin"  # the device changed between the two calls
+    trt_builder = builder(gpu, demo_model)
+    trt_builder.refuses_cache = lambda _data: None  # type: ignore[method-assign]
+    s = run_build(request(tmp_path, demo_model), trt_builder).summary
+    assert s["outcome"] == "failed" and "refused the stored timing cache" in s["error"]
+    assert s["timingCacheMode"] == "discarded" and s["retryPolicy"] == "retry_cold"
 
 
 def test_cancel_through_step_complete(
@@ -277,3 +293,156 @@ def test_cancelled_int8_build_leaves_no_engine_and_no_new_calibration_cache(
     assert report.summary["builderStats"]["calibration"] == "calibrated"
     assert {p.name: p.read_bytes() for p in engines.glob("scale.calib_cache*")} == stored
     assert (engines / "scale.engine").read_bytes() == engine  # the completed one stays
+
+
+def test_a_dynamic_network_calibrates_with_its_calibration_profile(
+    tmp_path: Path, calibration_set: Path, gpu: fake_tensorrt.FakeGpuStack
+) -> None:
+    """TensorRT 10 needs a calibration profile for a network with runtime dimensions
+    and calibrates at its opt shapes: the batches' shape, min = opt = max."""
+    model = scale_model(tmp_path / "scale.onnx")
+    report = int8_run(gpu, tmp_path / "engines", model, calibration_set)
+    assert report.summary["outcome"] == "completed", report.summary["error"]
+    assert gpu.trt.last_build["calibration_profile"] == {"x": ((4, W), (4, W), (4, W))}
+    assert gpu.trt.calibration_batches == 3
+
+
+def test_a_static_network_calibrates_at_its_own_shape(
+    tmp_path: Path, gpu: fake_tensorrt.FakeGpuStack
+) -> None:
+    model = write_scale_model(tmp_path / "static.onnx", dynamic=False)  # x: [2, 64]
+    data = tmp_path / "calibration"
+    data.mkdir()
+    np.savez(data / "a.npz", x=np.ones((2, 64), np.float32))
+    config = BuildConfig(precision=PrecisionMode.INT8)
+    engine = tmp_path / "engines" / "static.engine"
+
+    def build() -> Any:
+        trt_builder = TensorRTBuilder(
+            gpu.tensorrt,
+            gpu.driver,
+            model,
+            config,
+            calibration_data=data,
+            calibration_cache=calib.calibration_cache_path(engine),
+        )
+        return run_build(BuildRequest(model, engine, config, HOST), trt_builder)
+
+    assert build().summary["outcome"] == "completed"
+    assert gpu.trt.last_build["calibration_profile"] is None
+    np.savez(data / "b.npz", x=np.ones((4, 64), np.float32))
+    with pytest.raises(CalibrationDataError) as refused:
+        build()
+    assert str(refused.value) == (
+        f"calibration batch {data / 'b.npz'}: input 'x' is float32 [4, 64], the network "
+        "expects float32 [2, 64] (its static shape)"
+    )
+
+
+def test_a_batch_changed_after_the_check_is_refused_not_fed(
+    tmp_path: Path, calibration_set: Path, gpu: fake_tensorrt.FakeGpuStack
+) -> None:
+    """The calibrator checks each batch again as it loads it: a file shortened after
+    the builder was made fails the build by name, never as a read past the buffer."""
+    model = scale_model(tmp_path / "scale.onnx")
+    engine = tmp_path / "engines" / "scale.engine"
+    trt_builder = TensorRTBuilder(
+        gpu.tensorrt,
+        gpu.driver,
+        model,
+        INT8,
+        calibration_data=calibration_set,
+        calibration_cache=calib.calibration_cache_path(engine),
+    )
+    short = calibration_set / "batch1.npz"
+    np.savez(short, x=np.ones((2, W), np.float32))
+    report = run_build(BuildRequest(model, engine, INT8, HOST), trt_builder)
+    s = report.summary
+    assert s["outcome"] == "failed"
+    assert s["error"] == (
+        f"calibration batch {short}: input 'x' is float32 [2, 16], the network expects "
+        "float32 [4, 16] (the calibration profile's opt shape)"
+    )
+    assert gpu.cuda.allocated_bytes == 0  # the calibrator's buffers were freed
+    assert not engine.exists() and not calib.calibration_cache_path(engine).exists()
+
+
+# -- the fake's calibration rules (TensorRT 10.3) ------------------------------------------------
+
+
+def _calibrating(
+    gpu: fake_tensorrt.FakeGpuStack, model: Path, *, nbytes: int, profile: bool
+) -> tuple[Any, list[str]]:
+    """Build ``model`` (x: float32 [N, W], profile opt [4, W]) with a calibrator that
+    hands TensorRT an ``nbytes`` device buffer; what the build returned and the log."""
+    trt, cuda = gpu.tensorrt, gpu.driver
+    said: list[str] = []
+
+    class Logger(trt.ILogger):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity: Any, msg: str) -> None:
+            said.append(msg)
+
+    class Calibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            trt.IInt8EntropyCalibrator2.__init__(self)
+            self.buffer = cuda.mem_alloc(nbytes)
+            self.left = 1
+
+        def get_batch_size(self) -> int:
+            return 4
+
+        def get_batch(self, names: list[str]) -> list[int] | None:
+            self.left -= 1
+            return [int(self.buffer)] if self.left >= 0 else None
+
+        def read_calibration_cache(self) -> None:
+            return None
+
+        def write_calibration_cache(self, cache: Any) -> None:
+            pass
+
+    cuda.init()
+    context = cuda.Device(0).make_context()
+    try:
+        logger = Logger()
+        builder = trt.Builder(logger)
+        network = builder.create_network(0)
+        assert trt.OnnxParser(network, logger).parse_from_file(str(model))
+        config = builder.create_builder_config()
+        config.set_flag(trt.BuilderFlag.INT8)
+        optimization = builder.create_optimization_profile()
+        optimization.set_shape("x", (1, W), (4, W), (8, W))
+        config.add_optimization_profile(optimization)
+        if profile:
+            assert config.set_calibration_profile(optimization)
+        calibrator = Calibrator()
+        config.int8_calibrator = calibrator
+        built = builder.build_serialized_network(network, config)
+        calibrator.buffer.free()
+    finally:
+        cuda.Context.pop()
+        context.detach()
+    return built, said
+
+
+def test_fake_tensorrt_reads_the_whole_input_volume_from_the_batch_pointer(
+    tmp_path: Path, gpu: fake_tensorrt.FakeGpuStack
+) -> None:
+    model = scale_model(tmp_path / "scale.onnx")
+    built, _ = _calibrating(gpu, model, nbytes=4 * W * 4, profile=True)
+    assert built is not None
+    built, said = _calibrating(gpu, model, nbytes=2 * W * 4, profile=True)
+    assert built is None
+    assert any("illegal memory access" in line and "input x" in line for line in said)
+
+
+def test_fake_tensorrt_refuses_int8_calibration_of_a_dynamic_network_without_a_profile(
+    tmp_path: Path, gpu: fake_tensorrt.FakeGpuStack
+) -> None:
+    model = scale_model(tmp_path / "scale.onnx")
+    built, said = _calibrating(gpu, model, nbytes=4 * W * 4, profile=False)
+    assert built is None
+    assert any("Calibration profile must be set" in line for line in said)

@@ -251,3 +251,71 @@ def test_missing_staged_engine_and_corrupt_model_fail_to_deserialize(
         runtime.deserialize_engine(
             EngineCacheEntry("onnx_trt_ep", corrupt, corrupt, "0" * 64, BuildConfig())
         )
+
+
+def _qdq_model(path: Path) -> Path:
+    """``y = dequantize(quantize(x))``: an explicitly quantized (Q/DQ) model."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [
+            numpy_helper.from_array(np.array(0.1, np.float32), "scale"),
+            numpy_helper.from_array(np.array(0, np.int8), "zero"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("precision", [PrecisionMode.INT8, PrecisionMode.MIXED])
+def test_int8_on_the_trt_ep_refuses_a_model_without_qdq_nodes(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch, precision: PrecisionMode
+) -> None:
+    """Implicit INT8 needs a calibration table the TensorRT EP reads from its cache
+    path; this runtime has none, so a model without Q/DQ nodes is refused by name
+    (TensorRT would otherwise not run its layers in INT8, silently), before anything
+    is written."""
+    runtime = make_runtime(tmp_path)
+    monkeypatch.setattr(runtime, "requested_providers", lambda: [TRT_EP, CUDA_EP, CPU_EP])
+    entry = runtime.compile_engine(demo_model, BuildConfig(precision=precision))
+    with pytest.raises(EngineDeserializeError) as refused:
+        runtime.deserialize_engine(entry)
+    message = str(refused.value)
+    assert f"precision '{precision.value}' on onnx_trt_ep" in message
+    assert "Q/DQ" in message and "calibration table" in message
+    assert not (tmp_path / "cache").exists()
+
+
+def test_int8_on_the_trt_ep_serves_a_qdq_model_without_a_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Q/DQ model carries its own scales: INT8 on, and no calibration table (ONNX
+    Runtime's docs: TensorRT refuses a table for a Q/DQ model)."""
+    model = _qdq_model(tmp_path / "qdq.onnx")
+    runtime = make_runtime(tmp_path)
+    monkeypatch.setattr(runtime, "requested_providers", lambda: [TRT_EP, CPU_EP])
+    entry = runtime.compile_engine(model, BuildConfig(precision=PrecisionMode.INT8))
+    handle = runtime.deserialize_engine(entry)
+    assert handle.active_providers == (CPU_EP,)  # no TensorRT EP on this machine
+    config = RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache")
+    options = _build_provider_args(config, tmp_path, handle.model_sha256, PrecisionMode.INT8)
+    assert options[TRT_EP]["trt_int8_enable"] == "True"
+    assert not any("calibration" in key for key in options[TRT_EP])
+
+
+def test_int8_without_the_trt_ep_is_not_refused(tmp_path: Path, demo_model: Path) -> None:
+    """Precision flags are the TensorRT EP's: CUDA and CPU sessions ignore them."""
+    runtime = make_runtime(tmp_path)
+    entry = runtime.compile_engine(demo_model, BuildConfig(precision=PrecisionMode.INT8))
+    assert TRT_EP not in runtime.requested_providers()
+    assert runtime.deserialize_engine(entry).active_providers == (CPU_EP,)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferd.engine_build.artifacts import TimingCacheOutcome
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.events import BuildEvent, PhaseTree, render_snapshot
 from inferd.engine_build.session import BuildReport, BuildRequest, run_build
@@ -150,7 +151,8 @@ def check_cancelled_cleanly(
     sc.check("final path holds no partial engine", no_partial_engine(engine), str(engine))
     sc.check(
         "timing cache discarded (not saved)",
-        summary["timingCacheMode"] == "discarded" and not summary["timingCache"]["saved"],
+        summary["timingCacheMode"] == TimingCacheOutcome.DISCARDED
+        and not summary["timingCache"]["saved"],
         summary["timingCache"],
     )
     sc.check(

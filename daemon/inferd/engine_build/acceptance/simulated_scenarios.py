@@ -21,6 +21,7 @@ from inferd.engine_build.acceptance.scenario import (
     when_phase,
 )
 from inferd.engine_build.acceptance.signals import s_sigint, s_sigterm
+from inferd.engine_build.artifacts import TimingCacheOutcome
 from inferd.engine_build.cancel import CancellationToken, run_build_async
 from inferd.engine_build.session import BuildReport
 from inferd.engine_build.simulated import SimSettings
@@ -35,14 +36,18 @@ def s_cold_cache(bench: Bench, sc: Scenario) -> None:
     s = first.summary
     cache_path = Path(s["timingCache"]["path"])
     sc.check("completed", s["outcome"] == "completed", s["error"])
-    sc.check("timing cache cold", s["timingCacheMode"] == "cold")
+    sc.check("timing cache cold", s["timingCacheMode"] == TimingCacheOutcome.COLD)
     sc.check("cold cache saved atomically", s["timingCache"]["saved"] and cache_path.is_file())
     sc.check("validation pass", s["validationStatus"] == "pass", s["validation"])
     sc.check("eligible to serve", eligible_to_serve(s))
     second = bench.build(request)
     sc.add("warm rebuild", second)
     w = second.summary
-    sc.check("rebuild reuses the cache", w["timingCacheMode"] == "reused", w["timingCacheMode"])
+    sc.check(
+        "rebuild reuses the cache",
+        w["timingCacheMode"] == TimingCacheOutcome.REUSED,
+        w["timingCacheMode"],
+    )
     sc.check(
         "reused cache skips tactic timing",
         w["builderStats"]["tacticSteps"] == 0 < s["builderStats"]["tacticSteps"],
@@ -101,7 +106,7 @@ def s_strongly_typed(bench: Bench, sc: Scenario) -> None:
     )
     sc.check(
         "same host cache reused and updated with new tactics",
-        t["timingCacheMode"] == "updated" and t["builderStats"]["cacheMisses"] > 0,
+        t["timingCacheMode"] == TimingCacheOutcome.UPDATED and t["builderStats"]["cacheMisses"] > 0,
         t["timingCacheMode"],
     )
 
@@ -115,7 +120,11 @@ def s_new_sku(bench: Bench, sc: Scenario) -> None:
     sc.add("orin", old)
     sc.add("orin-nx", new)
     n = new.summary
-    sc.check("new host tuple goes cold", n["timingCacheMode"] == "cold", n["timingCache"])
+    sc.check(
+        "new host tuple goes cold",
+        n["timingCacheMode"] == TimingCacheOutcome.COLD,
+        n["timingCache"],
+    )
     sc.check("separate cache per host tuple", n["timingCache"]["path"] != str(old_cache))
     sc.check(
         "old host's cache untouched", hashlib.sha256(old_cache.read_bytes()).hexdigest() == digest
@@ -127,7 +136,11 @@ def s_new_sku(bench: Bench, sc: Scenario) -> None:
     sc.add("foreign cache", moved)
     m = moved.summary
     quarantined = m["timingCache"]["quarantinedTo"]
-    sc.check("foreign cache quarantined", m["timingCacheMode"] == "quarantined", m["timingCache"])
+    sc.check(
+        "foreign cache quarantined",
+        m["timingCacheMode"] == TimingCacheOutcome.QUARANTINED,
+        m["timingCache"],
+    )
     sc.check(
         "quarantine has a reason file",
         quarantined is not None and Path(quarantined + ".reason").is_file(),
@@ -313,7 +326,7 @@ def s_failure(bench: Bench, sc: Scenario) -> None:
     sc.add("builder failure", report)
     s = report.summary
     sc.check("failed", s["outcome"] == "failed", s["error"])
-    sc.check("failed build's cache discarded", s["timingCacheMode"] == "discarded")
+    sc.check("failed build's cache discarded", s["timingCacheMode"] == TimingCacheOutcome.DISCARDED)
     sc.check("retry cold after a failure with a reused cache", s["retryPolicy"] == "retry_cold")
     sc.check("previous engine untouched", request.engine_path.exists())
 

@@ -13,6 +13,7 @@ from inferd.engine_build.acceptance.scenario import (
     cancel_from_thread,
     check_cancelled_cleanly,
 )
+from inferd.engine_build.artifacts import TimingCacheOutcome
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.events import BuildEvent
 from inferd.engine_build.session import BuildRequest, run_build
@@ -50,11 +51,16 @@ def s_trt_build(bench: Bench, sc: Scenario) -> None:
     sc.check("not simulated", s["simulated"] is False)
     sc.check("phase tree from IProgressMonitor", s["phaseTree"]["phases"] > 0)
     sc.check(
-        "timing cache cold and saved", s["timingCacheMode"] == "cold" and s["timingCache"]["saved"]
+        "timing cache cold and saved",
+        s["timingCacheMode"] == TimingCacheOutcome.COLD and s["timingCache"]["saved"],
     )
     second = run_build(request, _tensorrt_builder(bench, request))
     sc.add("TensorRT rebuild", second)
-    sc.check("rebuild reuses the cache", second.summary["timingCacheMode"] in ("reused", "updated"))
+    sc.check(
+        "rebuild reuses the cache",
+        second.summary["timingCacheMode"]
+        in (TimingCacheOutcome.REUSED, TimingCacheOutcome.UPDATED),
+    )
 
 
 def s_trt_cancel(bench: Bench, sc: Scenario) -> None:
