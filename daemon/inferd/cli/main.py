@@ -75,13 +75,24 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--manifest", type=Path, help="deployment manifest (JSON)")
     verify.add_argument("--json", action="store_true")
 
+    selftest = commands.add_parser(
+        "selftest", help="run the checks fakes cannot make, on this machine (GPU ones where it can)"
+    )
+    from inferd.cli import selftest as selftest_cli
+
+    selftest_cli.add_arguments(selftest)
+
     args = parser.parse_args(argv)
+    if args.command in ("selftest", "verify"):
+        _log_to_stderr()
     if args.command == "acceptance":
         from inferd.engine_build import acceptance as acceptance_module
 
         return acceptance_module.run(args.out)
     if args.command == "build":
         return tensorrt_cli.run_from_args(args)
+    if args.command == "selftest":
+        return selftest_cli.run_from_args(args)
     if args.command == "verify":
         from inferd.cli import verify as verify_tool
 
@@ -93,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         return _check_config(args.config)
     return _run(args.config, args.log_format)
+
+
+def _log_to_stderr() -> None:
+    """Log warnings and errors to stderr: stdout holds only the command's report
+    (structlog's unconfigured default prints every level to stdout)."""
+    from inferd.supervision.logging import configure_logging
+
+    configure_logging("warning", "console")
 
 
 def _demo_model(path: Path, kind: str) -> int:

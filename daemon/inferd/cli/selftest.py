@@ -1,0 +1,102 @@
+"""``inferd selftest [--json] [--work-dir DIR] [--device N]``: run the checks that
+fakes cannot make, on this machine (``inferd.selftest``).
+
+Each check prints ``PASS``, ``FAIL`` (with what failed) or ``SKIP`` (with the
+prerequisite that is missing: no TensorRT, no CUDA device, no NVML) as it
+finishes, then a summary; ``--json`` prints one JSON report on stdout instead
+(schema ``schemas/selftest/report.json``), the document to attach to a bug, and
+the per-check lines on stderr.
+
+Everything is written under a temporary directory, removed at the end;
+``--work-dir DIR`` (absent or empty) writes there and keeps it (engines, build
+summaries, daemon logs).  The operator's state directory is never touched.
+
+Exit status: 0 when no check failed (skipped checks are not failures), 1 when
+one did, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from inferd.selftest.check import Check, CheckResult
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON report")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="write everything here and keep it (absent or empty; default: a removed temp dir)",
+    )
+    parser.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+
+
+def _usage_problem(work_dir: Path | None, device: int) -> str | None:
+    if device < 0:
+        return f"--device must be 0 or more, got {device}"
+    if work_dir is None or not work_dir.exists():
+        return None
+    if not work_dir.is_dir():
+        return f"--work-dir {work_dir} is not a directory"
+    if any(work_dir.iterdir()):
+        return f"--work-dir {work_dir} is not empty (the self-test writes a fresh tree)"
+    return None
+
+
+def run(
+    *,
+    as_json: bool = False,
+    work_dir: Path | None = None,
+    device: int = 0,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    checks: Sequence[Check] | None = None,
+    demo_model: Path | None = None,
+) -> int:
+    """Run the self-test and print it; the exit status.  ``checks`` (default: every
+    check) and ``demo_model`` (default: the bundled one) are test seams."""
+    from inferd.selftest.report import render_footer, render_result
+    from inferd.selftest.runner import DEFAULT_CHECKS, run_selftest
+
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    problem = _usage_problem(work_dir, device)
+    if problem is not None:
+        err.write(f"inferd selftest: {problem}\n")
+        return EXIT_USAGE
+
+    # One line per check as it finishes (a run on a Jetson takes minutes); with
+    # --json on stderr, so stdout holds only the report.
+    progress = err if as_json else out
+
+    def show(result: CheckResult) -> None:
+        progress.write(render_result(result) + "\n")
+        progress.flush()
+
+    report = run_selftest(
+        work_dir=work_dir,
+        device_id=device,
+        checks=DEFAULT_CHECKS if checks is None else checks,
+        demo_model=demo_model,
+        on_result=show,
+    )
+    if as_json:
+        out.write(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        out.write(render_footer(report) + "\n")
+    return EXIT_OK if report["ok"] else EXIT_FAILED
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    return run(as_json=args.json, work_dir=args.work_dir, device=args.device)
