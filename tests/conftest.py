@@ -19,6 +19,7 @@ import pytest
 from inferd.demo_model import write_demo_model, write_identity_model
 from inferd_client import EventSubscriber, OperatorClient
 from inferd_client.errors import ClientError
+from tests.fakes import gpu_site
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -331,6 +332,20 @@ def start_daemon(
 
 
 DaemonFactory = Callable[..., DaemonProcess]
+
+
+@pytest.fixture(autouse=True)
+def no_broken_tensorrt_rules() -> Iterator[None]:
+    """Every process a test started on the fake GPU (``fake_gpu_env``: daemons, their
+    build children, ``inferd build``, ``inferd selftest``) kept TensorRT's rules.
+    Autouse fixtures are torn down last, after the daemon factory stopped its daemons."""
+    issued = len(gpu_site.ISSUED)
+    yield
+    broken = [line for env in gpu_site.ISSUED[issued:] for line in gpu_site.violations(env)]
+    for env in gpu_site.ISSUED[issued:]:
+        Path(env["INFERD_FAKE_TRT_VIOLATIONS"]).unlink(missing_ok=True)
+    del gpu_site.ISSUED[issued:]
+    assert broken == [], f"a process on the fake GPU broke TensorRT's rules: {broken}"
 
 
 @pytest.fixture

@@ -73,6 +73,29 @@ None/False) when no CUDA context is current on the calling thread, or another
 one than the engine's.  Real TensorRT would silently fall back to the device's
 primary context, which is exactly the bug the runtime's push/pop prevents.
 
+Rules at the real-hardware boundary (``FakeTensorRT.violations`` lists each
+breach as a sentence; with ``violations_path`` each is also appended to a
+file, so a daemon subprocess can tell its test):
+
+* One logger per process.  TensorRT keeps a single logger pointer (a weak
+  reference here: TensorRT does not own the Python object; the builder or
+  runtime keeps its own logger alive, ``py::keep_alive<1, 2>``) and replaces it
+  only when no builder or runtime is alive.  A builder or runtime made with
+  another logger meanwhile gets TensorRT's warning (``LOGGER_DIFFERS``, through
+  the first logger; ``logger_warnings`` counts them) and every message it logs
+  goes to the first logger.  Logging through a pointer whose logger was
+  garbage collected is a violation (a use-after-free on the real thing).  The
+  ONNX parser logs to the logger it was given.
+* Destruction with the right CUDA context.  ``Builder``,
+  ``INetworkDefinition``, ``IBuilderConfig``, ``OnnxParser``, ``Runtime``,
+  ``ICudaEngine`` and ``IExecutionContext`` remember the context current when
+  they were made; being destroyed with another context current, none, or after
+  that context was detached is a violation.  The order of destruction follows
+  the bindings' ``py::keep_alive``: a network and a config keep their builder
+  alive, an engine its runtime, an execution context its engine (pyCore.cpp,
+  release/10.x), so from Python children always die before their factories;
+  only the context they die in can be wrong.
+
 TensorRT 11 flavour (``FakeTensorRT(flavour=11)``, version ``11.1.0.0``, build
 number illustrative): the precision builder flags (``FP16``, ``INT8``,
 ``BF16``, ``FP8``, ``INT4``, ``OBEY/PREFER_PRECISION_CONSTRAINTS``),
@@ -85,10 +108,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +126,13 @@ from tests.fakes import fake_pycuda
 MIMICS = "TensorRT 10.3.0.30 Python API (tensorrt 10.3)"
 TRT10_VERSION = "10.3.0.30"
 TRT11_VERSION = "11.1.0.0"
+#: TensorRT's words when a second logger is given (NVIDIA/TensorRT#1475).
+LOGGER_DIFFERS = (
+    "[{owner}] The logger passed into createInferRuntime differs from one already provided for "
+    "an existing builder, runtime, or refitter. Uses of the global logger, returned by "
+    "nvinfer1::getLogger(), will return the existing value. If you don't need the old "
+    "builder, runtime, or refitter, then destroy them before creating a new one."
+)
 ENGINE_MAGIC = b"fTRT-plan\x00"
 TIMING_MAGIC = b"fTRT-timing\x00"
 
@@ -154,10 +186,42 @@ class FakeTensorRT:
     timing_cache_hits: int = 0
     timing_cache_misses: int = 0
     last_build: dict[str, Any] = field(default_factory=dict)
+    #: TensorRT rules the code under test broke, one sentence each (see the module doc).
+    violations: list[str] = field(default_factory=list)
+    #: Also append each violation to this file (a daemon subprocess tells its test).
+    violations_path: str | None = None
+    #: "The logger passed into ... differs" warnings TensorRT logged.
+    logger_warnings: int = 0
+    #: Live builders and runtimes: TensorRT takes a new logger only when there are none.
+    live_factories: int = 0
+    #: TensorRT's one logger pointer (a weak reference: TensorRT does not own it).
+    logger_ref: Any = None
 
     def __post_init__(self) -> None:
         if not self.version:
             self.version = TRT11_VERSION if self.flavour >= 11 else TRT10_VERSION
+        # Bound now: a violation found while the interpreter shuts down must still land.
+        self._append = _appender(self.violations_path)
+
+    def violation(self, sentence: str) -> None:
+        self.violations.append(sentence)
+        self._append(sentence)
+
+
+def _appender(path: str | None) -> Callable[[str], None]:
+    if path is None:
+        return lambda _sentence: None
+    write, open_, close, flags = os.write, os.open, os.close, os.O_WRONLY | os.O_APPEND
+    flags |= os.O_CREAT | os.O_CLOEXEC
+
+    def append(sentence: str) -> None:
+        descriptor = open_(path, flags, 0o600)
+        try:
+            write(descriptor, (sentence.replace("\n", " ") + "\n").encode())
+        finally:
+            close(descriptor)
+
+    return append
 
 
 def _version_code(version: str) -> int:
@@ -320,8 +384,54 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             )
         return logger
 
-    def emit(logger: Any, severity: Any, message: str) -> None:
+    def adopt_logger(logger: Any, owner: str) -> Any:
+        """A builder or runtime made with ``logger``: TensorRT keeps one logger pointer
+        and replaces it only when no builder, runtime or refitter is alive."""
+        check_logger(logger, owner)
+        current = state.logger_ref() if state.logger_ref is not None else None
+        if state.live_factories == 0 or current is None:
+            if current is None and state.live_factories:
+                state.violation(
+                    f"{owner}() made while TensorRT still pointed at a garbage-collected logger"
+                )
+            state.logger_ref = weakref.ref(logger)
+        elif current is not logger:
+            state.logger_warnings += 1
+            emit(None, Severity.WARNING, LOGGER_DIFFERS.format(owner=owner))
+        state.live_factories += 1
+        return logger
+
+    def emit(_made_with: Any, severity: Any, message: str) -> None:
+        """TensorRT logs through its one logger pointer, whatever logger the object
+        that logs was made with (``_made_with`` is kept for the call sites' sake)."""
+        logger = state.logger_ref() if state.logger_ref is not None else None
+        if logger is None:
+            state.violation(
+                "TensorRT logged through a logger that was garbage-collected (use after "
+                f"free): {message}"
+            )
+            return
         logger.log(severity, message)
+
+    def made_in() -> Any:
+        return state.cuda.current_context() if state.cuda is not None else None
+
+    def check_release(what: str, context: Any) -> None:
+        """``what``, made in CUDA ``context``, is being destroyed: it must be current."""
+        if state.cuda is None or context is None:
+            return
+        current = state.cuda.current_context()
+        if not context._valid:
+            why = "after its CUDA context was detached"
+        elif current is None:
+            why = "with no CUDA context current"
+        elif current is not context:
+            why = "with another CUDA context current"
+        else:
+            return
+        state.violation(
+            f"{what} destroyed {why} (TensorRT frees its GPU memory in the context it was made in)"
+        )
 
     # -- callbacks the application subclasses -------------------------------------------
 
@@ -406,7 +516,18 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
         return tensor
 
     class INetworkDefinition:
-        __slots__ = ("_builder", "_inputs", "_model", "_outputs", "_strongly_typed", "name")
+        __slots__ = (
+            "_builder",
+            "_context",
+            "_inputs",
+            "_model",
+            "_outputs",
+            "_strongly_typed",
+            "name",
+        )
+
+        def __del__(self) -> None:
+            check_release("INetworkDefinition", getattr(self, "_context", None))
 
         @property
         def num_inputs(self) -> int:
@@ -461,14 +582,18 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
     ParserError.__name__ = ParserError.__qualname__ = "IParserError"
 
     class OnnxParser:
-        __slots__ = ("_errors", "_logger", "_network")
+        __slots__ = ("_context", "_errors", "_logger", "_network")
 
         def __init__(self, network: INetworkDefinition, logger: Any) -> None:
             if not isinstance(network, INetworkDefinition):
                 raise TypeError("OnnxParser(): incompatible constructor arguments")
+            self._context = made_in()
             self._network = network
             self._logger = check_logger(logger, "OnnxParser")
             self._errors: list[ParserError] = []
+
+        def __del__(self) -> None:
+            check_release("OnnxParser", getattr(self, "_context", None))
 
         @property
         def num_errors(self) -> int:
@@ -484,7 +609,8 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             error = object.__new__(ParserError)
             error._desc, error._node, error._operator = message, node, operator
             self._errors.append(error)
-            emit(self._logger, Severity.ERROR, f"ModelImporter.cpp: {message}")
+            # The ONNX parser logs to the logger it was given, not TensorRT's pointer.
+            self._logger.log(Severity.ERROR, f"ModelImporter.cpp: {message}")
             return False
 
         def parse(self, model: bytes, path: str | None = None) -> bool:
@@ -609,6 +735,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             "_builder",
             "_calibration_profile",
             "_calibrator",
+            "_context",
             "_flags",
             "_level",
             "_monitor",
@@ -619,6 +746,9 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
 
         def __init__(self) -> None:
             raise TypeError("IBuilderConfig: use Builder.create_builder_config()")
+
+        def __del__(self) -> None:
+            check_release("IBuilderConfig", getattr(self, "_context", None))
 
         def set_flag(self, flag: Any) -> None:
             if not isinstance(flag, BuilderFlag):
@@ -760,12 +890,20 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
     # -- builder --------------------------------------------------------------------------
 
     class Builder:
-        __slots__ = ("_logger",)
+        __slots__ = ("__weakref__", "_alive", "_context", "_logger")
 
         def __init__(self, logger: Any) -> None:
             state.calls.append("Builder")
-            self._logger = check_logger(logger, "Builder")
-            need_context("Builder()")
+            self._context = need_context("Builder()")
+            # py::keep_alive<1, 2>: the builder keeps its logger object alive.
+            self._logger = adopt_logger(logger, "Builder")
+            self._alive = True
+
+        def __del__(self) -> None:
+            if getattr(self, "_alive", False):
+                self._alive = False
+                state.live_factories -= 1
+                check_release("Builder", self._context)
 
         @property
         def platform_has_fast_fp16(self) -> bool:
@@ -783,7 +921,8 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             if flags & ~known:
                 raise ValueError(f"create_network: unknown flag bits {flags:#x}")
             network = object.__new__(INetworkDefinition)
-            network._builder = self
+            network._builder = self  # py::keep_alive<0, 1>: the network keeps its builder
+            network._context = made_in()
             network._inputs, network._outputs, network._model = [], [], None
             network.name = "network"
             strongly = modern or bool(
@@ -795,7 +934,8 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
 
         def create_builder_config(self) -> IBuilderConfig:
             config = object.__new__(IBuilderConfig)
-            config._builder = self
+            config._builder = self  # py::keep_alive<0, 1>: the config keeps its builder
+            config._context = made_in()
             config._flags = {BuilderFlag.TF32}
             config._pools, config._profiles = {}, []
             config._level, config._monitor, config._calibrator, config._timing_cache = (
@@ -997,11 +1137,20 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
     # -- runtime, engine, execution context -----------------------------------------------
 
     class Runtime:
-        __slots__ = ("_logger",)
+        __slots__ = ("__weakref__", "_alive", "_context", "_logger")
 
         def __init__(self, logger: Any) -> None:
             state.calls.append("Runtime")
-            self._logger = check_logger(logger, "Runtime")
+            self._context = made_in()
+            # py::keep_alive<1, 2>: the runtime keeps its logger object alive.
+            self._logger = adopt_logger(logger, "Runtime")
+            self._alive = True
+
+        def __del__(self) -> None:
+            if getattr(self, "_alive", False):
+                self._alive = False
+                state.live_factories -= 1
+                check_release("Runtime", self._context)
 
         def deserialize_cuda_engine(self, serialized_engine: Any) -> ICudaEngine | None:
             state.calls.append("Runtime.deserialize_cuda_engine")
@@ -1043,6 +1192,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             engine = object.__new__(ICudaEngine)
             engine._header, engine._onnx, engine._context = header, onnx_bytes, context
             engine._logger, engine._session = self._logger, None
+            engine._runtime = self  # py::keep_alive<0, 1>: the engine keeps its runtime
             engine._tensors = {entry["name"]: entry for entry in header["io"]}
             engine._order = [entry["name"] for entry in header["io"]]
             engine._alive = True
@@ -1058,6 +1208,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             "_logger",
             "_onnx",
             "_order",
+            "_runtime",
             "_session",
             "_tensors",
         )
@@ -1069,6 +1220,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             if getattr(self, "_alive", False):
                 self._alive = False
                 state.engines_alive -= 1
+                check_release("ICudaEngine", self._context)
 
         @property
         def num_io_tensors(self) -> int:
@@ -1171,6 +1323,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             if getattr(self, "_alive", False):
                 self._alive = False
                 state.contexts_alive -= 1
+                check_release("IExecutionContext", self._engine._context)
                 if self._allocation is not None and state.cuda is not None:
                     state.cuda.release(self._allocation)
 

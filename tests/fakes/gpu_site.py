@@ -25,7 +25,16 @@ Settings, read from the environment when the fakes are first imported:
 ``INFERD_FAKE_TRT_BUILD_ERROR``       what TensorRT's logger says when
                                       ``build_serialized_network`` returns None
                                       (every build fails)
+``INFERD_FAKE_TRT_VIOLATIONS``        file each broken TensorRT rule is appended
+                                      to (``FakeTensorRT.violations``); set by
+                                      ``fake_gpu_env``, read by ``violations``
 ====================================  ==========================================
+
+Every process started with ``fake_gpu_env`` (a daemon, its build children,
+``inferd build``) appends the TensorRT rules it broke (logger, the CUDA context
+an object is destroyed in, objects left for the interpreter's exit to destroy)
+to one file per environment; ``prebuild_engine`` fails when it is not empty, and
+so does every test (``tests.conftest.no_broken_tensorrt_rules``).
 
 An engine built by one process (``prebuild_engine``, or ``inferd build`` under
 ``fake_gpu_env``) deserializes in another with the same settings, so a test
@@ -50,6 +59,8 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 REPO = Path(__file__).resolve().parents[2]
 
 _lock = threading.Lock()
+#: The violation files ``fake_gpu_env`` made, for ``tests.conftest`` to check and remove.
+ISSUED: list[dict[str, str]] = []
 _stack: fake_tensorrt.FakeGpuStack | None = None
 
 
@@ -69,6 +80,7 @@ def stack() -> fake_tensorrt.FakeGpuStack:
                 flavour=int(env.get("INFERD_FAKE_TRT_FLAVOUR", "10")),
                 version=env.get("INFERD_FAKE_TRT_VERSION", ""),
                 execute_error=env.get("INFERD_FAKE_TRT_EXECUTE_ERROR") or None,
+                violations_path=env.get("INFERD_FAKE_TRT_VIOLATIONS") or None,
             )
             if "INFERD_FAKE_TRT_BUILD_STEP_S" in env:
                 trt.build_step_s = float(env["INFERD_FAKE_TRT_BUILD_STEP_S"])
@@ -94,8 +106,22 @@ def fake_gpu_env(base: Mapping[str, str] | None = None, **settings: str) -> dict
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    if "INFERD_FAKE_TRT_VIOLATIONS" not in env:
+        descriptor, path = tempfile.mkstemp(prefix="inferd-fake-trt-violations-")
+        os.close(descriptor)
+        env["INFERD_FAKE_TRT_VIOLATIONS"] = path
+        ISSUED.append({"INFERD_FAKE_TRT_VIOLATIONS": path})
     env.update(settings)
     return env
+
+
+def violations(env: Mapping[str, str]) -> list[str]:
+    """The TensorRT rules broken so far by the processes started with ``env``."""
+    path = env.get("INFERD_FAKE_TRT_VIOLATIONS")
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [line.rstrip("\n") for line in handle if line.strip()]
 
 
 def prebuild_engine(
@@ -113,6 +139,7 @@ def prebuild_engine(
     daemon with ``runtime.engine_dir = engine_dir`` trusts).  Returns the build's
     JSON report (``engine``, ``sha256``, ...)."""
     document = dict(build_config or {"precision": precision})
+    build_env = fake_gpu_env(env)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(document, handle)
         config_path = Path(handle.name)
@@ -131,7 +158,7 @@ def prebuild_engine(
                 str(manifest or engine_dir / "manifest.json"),
                 "--json",
             ],
-            env=fake_gpu_env(env),
+            env=build_env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -142,5 +169,8 @@ def prebuild_engine(
         config_path.unlink(missing_ok=True)
     if done.returncode != 0:
         raise RuntimeError(f"inferd build failed ({done.returncode}):\n{done.stderr}")
+    broken = violations(build_env)
+    if broken:
+        raise AssertionError(f"inferd build broke TensorRT's rules: {broken}")
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report

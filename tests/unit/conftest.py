@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,11 +15,16 @@ from tests.tensorrt_bench import Bench, W, write_scale_model
 
 
 @pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch) -> fake_tensorrt.FakeGpuStack:
+def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[fake_tensorrt.FakeGpuStack]:
     """The fake TensorRT 10.3 + pycuda, installed as ``tensorrt`` and ``pycuda``, with an
-    empty GPU memory ledger (the ledger is per process, like the device it stands for)."""
+    empty GPU memory ledger (the ledger is per process, like the device it stands for).
+    After the test, once what it left is collected, no TensorRT rule may have been
+    broken (``FakeTensorRT.violations``: logger, release context)."""
     monkeypatch.setattr(tensorrt_memory, "_LEDGERS", {})
-    return fake_tensorrt.install(monkeypatch)
+    stack = fake_tensorrt.install(monkeypatch)
+    yield stack
+    gc.collect()
+    assert stack.trt.violations == []
 
 
 @pytest.fixture

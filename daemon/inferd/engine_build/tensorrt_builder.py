@@ -4,7 +4,10 @@ Same ``Builder`` interface as the simulated one, the same ``ProgressAdapter``
 behind ``trt.IProgressMonitor`` (``make_trt_progress_monitor``).  It returns the
 serialized engine and timing cache as bytes; ``run_build`` writes them (no-cancel
 zone, atomic) and applies the timing-cache policy.  A CUDA context is created
-and made current on the calling (build worker) thread for each call.
+and made current on the calling (build worker) thread for each call, and every
+TensorRT object of the call is released, newest first, while it is still
+current (``inferd.runtime.tensorrt_release``).  TensorRT's messages reach this
+build through the process's one logger (``inferd.runtime.tensorrt_log``).
 
 Smoke inference needs device buffers and an execution context, which the
 serving runtime owns: pass ``infer`` (e.g. a function loading the engine into a
@@ -30,9 +33,9 @@ the workspace the build was given (the one rule,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from inferd.config import RuntimeConfig
 from inferd.engine_build.progress import ProgressAdapter, make_trt_progress_monitor
@@ -52,7 +55,10 @@ from inferd.engine_build.validation import Infer
 from inferd.engines.build_config import build_workspace_bytes
 from inferd.errors import CalibrationCacheError, EngineBuildError
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
+from inferd.runtime.tensorrt_release import ReleaseStack, clear_frames
 from inferd.types import BuildConfig, PrecisionMode
+
+R = TypeVar("R")
 
 REFUSED = (
     "TensorRT refused the stored timing cache (another TensorRT version or device, or damaged)"
@@ -98,102 +104,119 @@ class TensorRTBuilder:
             if calibration_data is not None and "INT8" in self.flags
             else None
         )
-        self.tlog = TensorRTLog(trt)
+        self.tlog = TensorRTLog(trt, owner=f"build {onnx_path.name}")
 
-    @contextlib.contextmanager
-    def _context(self) -> Iterator[None]:
+    def _in_context(self, work: Callable[[ReleaseStack], R]) -> R:
+        """Run ``work`` with a fresh CUDA context current and TensorRT's messages routed
+        to this build; every TensorRT object it ``hold``s is released, newest first,
+        before the context is popped and detached (``tensorrt_release``)."""
         self.cuda.init()
         context = self.cuda.Device(self.device_id).make_context()
+        held = ReleaseStack()
         try:
-            yield
+            with self.tlog.scope():
+                try:
+                    return work(held)
+                except BaseException as exc:
+                    clear_frames(exc)  # its frames' locals must not outlive the context
+                    raise
+                finally:
+                    held.release()
         finally:
             self.cuda.Context.pop()
             with contextlib.suppress(Exception):
                 context.detach()
 
     def refuses_cache(self, data: bytes) -> str | None:
-        with self._context():
-            config = self.trt.Builder(self.tlog.logger).create_builder_config()
-            cache = config.create_timing_cache(data)
-            accepted = cache is not None and bool(config.set_timing_cache(cache, False))
+        return self._in_context(lambda held: self._refuses_cache(held, data))
+
+    def _refuses_cache(self, held: ReleaseStack, data: bytes) -> str | None:
+        builder = held.hold(self.trt.Builder(self.tlog.logger))
+        config = held.hold(builder.create_builder_config())
+        cache = held.hold(config.create_timing_cache(data))
+        accepted = cache is not None and bool(config.set_timing_cache(cache, False))
         return None if accepted else REFUSED
 
     def build(self, monitor: ProgressAdapter, timing_cache: bytes | None) -> BuilderOutput:
+        return self._in_context(lambda held: self._build(held, monitor, timing_cache))
+
+    def _build(
+        self, held: ReleaseStack, monitor: ProgressAdapter, timing_cache: bytes | None
+    ) -> BuilderOutput:
         trt = self.trt
         model = self.onnx_path.name
-        with self._context():
-            builder = trt.Builder(self.tlog.logger)
-            network = builder.create_network(network_flags(trt, strongly_typed=self.strongly_typed))
-            parser = trt.OnnxParser(network, self.tlog.logger)
-            mark = self.tlog.mark()
-            if not parser.parse_from_file(str(self.onnx_path)):
-                errors = [parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
-                reasons = errors or self.tlog.since(mark) or ["no reason given"]
-                return BuilderOutput(
-                    None,
-                    None,
-                    error=f"TensorRT's ONNX parser rejected {model}: " + "; ".join(reasons),
+        builder = held.hold(trt.Builder(self.tlog.logger))
+        network = held.hold(
+            builder.create_network(network_flags(trt, strongly_typed=self.strongly_typed))
+        )
+        parser = held.hold(trt.OnnxParser(network, self.tlog.logger))
+        mark = self.tlog.mark()
+        if not parser.parse_from_file(str(self.onnx_path)):
+            errors = [parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
+            reasons = errors or self.tlog.since(mark) or ["no reason given"]
+            return BuilderOutput(
+                None,
+                None,
+                error=f"TensorRT's ONNX parser rejected {model}: " + "; ".join(reasons),
+            )
+        config = held.hold(builder.create_builder_config())
+        flags = self.flags
+        warnings: list[str] = []
+        precision = self.config.precision
+        if self.strongly_typed:
+            if precision is not PrecisionMode.FP32:
+                warnings.append(
+                    "this TensorRT has no precision flags (strongly typed networks): "
+                    f"{precision.value} comes from the model's own types, not from the build"
                 )
-            config = builder.create_builder_config()
-            flags = self.flags
-            warnings: list[str] = []
-            precision = self.config.precision
-            if self.strongly_typed:
-                if precision is not PrecisionMode.FP32:
-                    warnings.append(
-                        "this TensorRT has no precision flags (strongly typed networks): "
-                        f"{precision.value} comes from the model's own types, not from the build"
-                    )
-            else:
-                for flag in flags:
-                    config.set_flag(getattr(trt.BuilderFlag, flag))
-                if "FP16" in flags and not getattr(builder, "platform_has_fast_fp16", True):
-                    warnings.append(
-                        "this GPU has no fast FP16; FP16 kernels may be slower than FP32"
-                    )
-            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
-            config.builder_optimization_level = self.config.optimization_level
-            inputs = network_inputs(network)
-            add_profiles(builder, config, inputs, self.config.profiles, model)
-            cache = config.create_timing_cache(timing_cache or b"")
-            if cache is None or not config.set_timing_cache(cache, False):
-                # refuses_cache accepted it a moment ago: never build cold while the
-                # session reports the stored cache as used
-                return BuilderOutput(None, None, error=REFUSED)
-            config.progress_monitor = make_trt_progress_monitor(monitor, trt)
-            try:
-                calibration = self._calibration(builder, config, inputs, warnings)
-            except (CalibrationCacheError, EngineBuildError) as exc:
-                return BuilderOutput(None, None, error=f"calibration cache: {exc}")
-            stats: dict[str, Any] = {"workspaceBytes": self.workspace_bytes}
-            if warnings:
-                stats["warnings"] = warnings
+        else:
+            for flag in flags:
+                config.set_flag(getattr(trt.BuilderFlag, flag))
+            if "FP16" in flags and not getattr(builder, "platform_has_fast_fp16", True):
+                warnings.append("this GPU has no fast FP16; FP16 kernels may be slower than FP32")
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
+        config.builder_optimization_level = self.config.optimization_level
+        inputs = network_inputs(network)
+        add_profiles(builder, config, inputs, self.config.profiles, model)
+        cache = held.hold(config.create_timing_cache(timing_cache or b""))
+        if cache is None or not config.set_timing_cache(cache, False):
+            # refuses_cache accepted it a moment ago: never build cold while the
+            # session reports the stored cache as used
+            return BuilderOutput(None, None, error=REFUSED)
+        config.progress_monitor = make_trt_progress_monitor(monitor, trt)
+        try:
+            calibration = self._calibration(builder, config, inputs, warnings)
+        except (CalibrationCacheError, EngineBuildError) as exc:
+            return BuilderOutput(None, None, error=f"calibration cache: {exc}")
+        stats: dict[str, Any] = {"workspaceBytes": self.workspace_bytes}
+        if warnings:
+            stats["warnings"] = warnings
+        if calibration is not None:
+            stats["calibration"] = calibration.status
+        mark = self.tlog.mark()
+        try:
+            serialized = held.hold(builder.build_serialized_network(network, config))
+        finally:
             if calibration is not None:
-                stats["calibration"] = calibration.status
-            mark = self.tlog.mark()
+                calibration.free()
+        try:
+            if calibration is not None:
+                calibration.check(model)
+        except (CalibrationCacheError, EngineBuildError) as exc:
+            return BuilderOutput(None, None, error=str(exc), stats=stats)
+        if serialized is None:
+            said = self.tlog.since(mark)
+            return BuilderOutput(
+                None, None, error=explain_failure(said, action="build the engine"), stats=stats
+            )
+        if calibration is not None and not monitor.token.is_set():
             try:
-                serialized = builder.build_serialized_network(network, config)
-            finally:
-                if calibration is not None:
-                    calibration.free()
-            try:
-                if calibration is not None:
-                    calibration.check(model)
-            except (CalibrationCacheError, EngineBuildError) as exc:
+                calibration.commit()
+            except CalibrationCacheError as exc:
                 return BuilderOutput(None, None, error=str(exc), stats=stats)
-            if serialized is None:
-                said = self.tlog.since(mark)
-                return BuilderOutput(
-                    None, None, error=explain_failure(said, action="build the engine"), stats=stats
-                )
-            if calibration is not None and not monitor.token.is_set():
-                try:
-                    calibration.commit()
-                except CalibrationCacheError as exc:
-                    return BuilderOutput(None, None, error=str(exc), stats=stats)
-            engine = bytes(memoryview(serialized))
-            final_cache = config.get_timing_cache()
-            data = None if final_cache is None else bytes(memoryview(final_cache.serialize()))
+        engine = bytes(memoryview(serialized))
+        final_cache = held.hold(config.get_timing_cache())
+        data = None if final_cache is None else bytes(memoryview(final_cache.serialize()))
         return BuilderOutput(engine, data, stats=stats)
 
     def _calibration(

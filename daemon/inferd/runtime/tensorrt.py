@@ -48,10 +48,10 @@ from inferd.runtime.tensorrt_buffers import IOBuffers
 from inferd.runtime.tensorrt_cuda import CudaContext
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.runtime.tensorrt_memory import GpuMemoryLedger, ledger_for, mib
+from inferd.runtime.tensorrt_release import clear_frames
 from inferd.runtime.tensorrt_resident import (
     Resident,
     ResidentSet,
-    clear_frames,
     read_io_specs,
     warm_up_inputs,
 )
@@ -69,6 +69,9 @@ LABEL = "tensorrt"
 ACTIVE_PROVIDERS: tuple[str, ...] = ("TensorRT",)
 
 log = structlog.get_logger("inferd.runtime.tensorrt")
+
+#: Names runtimes in TensorRT's log lines (``owner``): a process may hold several.
+_runtime_numbers = itertools.count(1)
 
 
 def create(
@@ -128,9 +131,9 @@ class TensorRTRuntime:
         self._thermal = thermal
         self._host_tuple = host_tuple if host_tuple is not None else read_host_tuple
         self._handle_ids = itertools.count(1)
-        self._tlog = TensorRTLog(trt)
-        self._cuda = CudaContext(cuda, config.device_id)
-        self._state = ResidentSet(self._cuda, ledger or ledger_for(config.device_id), self._tlog)
+        self._tlog = TensorRTLog(trt, owner=f"tensorrt runtime {next(_runtime_numbers)}")
+        self._cuda = CudaContext(cuda, config.device_id, self._tlog)
+        self._state = ResidentSet(self._cuda, ledger or ledger_for(config.device_id))
         self._finalizer = weakref.finalize(self, self._state.close)
 
     # -- small accessors ----------------------------------------------------------------

@@ -11,6 +11,8 @@ context is current per thread, and TensorRT and pycuda act on whichever one is
 current, so without the push the worker would run this engine in no context
 (or in another runtime's).  pycuda's ``detach`` only really detaches a context
 that is current (or on its creating thread), so ``close`` pushes it first.
+A section also routes what TensorRT logs on this thread to the runtime's
+``TensorRTLog`` (TensorRT has one logger per process: ``tensorrt_log``).
 A lock serialises sections of one runtime; two runtimes never share a context.
 ``close`` (also run when the runtime is garbage collected) releases every
 engine and detaches the context.
@@ -26,6 +28,7 @@ from typing import Any
 import structlog
 
 from inferd.errors import InferenceError, RuntimeNotAvailableError
+from inferd.runtime.tensorrt_log import TensorRTLog
 
 LABEL = "tensorrt"
 
@@ -35,8 +38,9 @@ log = structlog.get_logger("inferd.runtime.tensorrt")
 class CudaContext:
     """The runtime's CUDA context and stream, and the section that makes them current."""
 
-    def __init__(self, cuda: Any, device_id: int) -> None:
+    def __init__(self, cuda: Any, device_id: int, tlog: TensorRTLog) -> None:
         self.module = cuda
+        self.tlog = tlog
         self.lock = threading.RLock()
         try:
             cuda.init()
@@ -59,8 +63,9 @@ class CudaContext:
 
     @contextlib.contextmanager
     def section(self) -> Iterator[None]:
-        """Hold the lock and make the context current on this thread; pop it after."""
-        with self.lock:
+        """Hold the lock, make the context current on this thread and route TensorRT's
+        messages to this runtime; pop the context after."""
+        with self.lock, self.tlog.scope():
             if self.context is None:
                 raise InferenceError("the tensorrt runtime has been closed")
             try:

@@ -1,20 +1,37 @@
-"""TensorRT's logger, captured: forwarded to structlog and kept for error messages.
+"""TensorRT's one logger per process, routed to whoever is calling TensorRT.
 
-TensorRT reports *why* something failed only through its ``ILogger``
-(``deserialize_cuda_engine`` just returns None).  ``TensorRTLog`` subclasses
-``trt.ILogger`` (calling the base ``__init__``, as the bindings require),
-forwards warnings and errors to structlog and keeps the recent ones in a ring
-so a failing call can say what TensorRT said, turned into a plain sentence by
-``explain_failure``.  TensorRT may log from several internal threads; the ring
-is a ``deque`` (atomic appends) and the sequence counter is only advanced under
-the GIL, so no lock is needed.
+TensorRT keeps a single logger pointer for the whole process: a builder,
+runtime or refitter created with another logger while one exists gets a
+warning and its messages go to the first logger; and a Python logger that is
+garbage collected while TensorRT still points at it is a use-after-free
+(NVIDIA/TensorRT#1475; DESIGN.md, "One TensorRT logger per process").  So
+inferd creates exactly one ``trt.ILogger`` subclass instance per TensorRT
+module (``process_logger``), keeps it for the life of the process and gives it
+to every ``Builder``, ``Runtime`` and ``OnnxParser``.
+
+TensorRT reports *why* something failed only through that logger
+(``deserialize_cuda_engine`` just returns None), and several owners use
+TensorRT in one process (two models' runtimes, a build and its validation
+runtime), each needing the messages of its own calls.  A ``TensorRTLog`` is one
+owner's view: inside ``with tlog.scope():`` the process logger hands what
+TensorRT logs *on that thread* to that owner, which forwards warnings and
+errors to structlog (with the owner's name) and keeps the recent ones in a ring
+so a failing call can say what TensorRT said (``explain_failure``).  TensorRT
+calls the logger on the thread that made the API call; a message from a thread
+with no scope (one of TensorRT's own) is logged as ``owner=None``, never lost
+and never given to an owner it may not belong to.  The ring is a ``deque``
+(atomic appends) and the sequence counter only advances under the GIL, so no
+lock is needed there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
+import threading
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -32,37 +49,86 @@ def severity_name(severity: Any) -> str:
     return name if isinstance(name, str) else str(severity).rsplit(".", 1)[-1]
 
 
-class TensorRTLog:
-    """Owns one ``trt.ILogger`` subclass instance (``.logger``) for a runtime or a
-    build.  It must outlive every Builder/Runtime/engine created with it."""
+class _Routing(threading.local):
+    """The owners in scope on one thread, innermost last."""
 
-    def __init__(self, trt: Any, *, verbose: bool = False) -> None:
-        self._seq = itertools.count(1)
-        self._last = 0
-        self._messages: deque[tuple[int, str, str]] = deque(maxlen=_RING)
-        self._verbose = verbose
-        owner = self
+    def __init__(self) -> None:
+        self.owners: list[TensorRTLog] = []
 
-        class _Logger(trt.ILogger):  # type: ignore[misc]
+
+_routing = _Routing()
+_lock = threading.Lock()
+#: One logger per TensorRT module object, kept with its module for the life of the
+#: process (never collected: TensorRT may still hold its pointer).  A process has
+#: one ``tensorrt``; the tests build several fake ones.
+_loggers: dict[int, tuple[Any, Any]] = {}
+
+
+def _deliver(severity: Any, message: str) -> None:
+    owners = _routing.owners
+    if owners:
+        owners[-1].receive(severity_name(severity), str(message))
+    else:
+        _forward(severity_name(severity), str(message), owner=None, verbose=False)
+
+
+def process_logger(trt: Any) -> Any:
+    """The one ``trt.ILogger`` of this process for the module ``trt``."""
+    with _lock:
+        known = _loggers.get(id(trt))
+        if known is not None:
+            return known[1]
+
+        class InferdTensorRTLogger(trt.ILogger):  # type: ignore[misc]
             def __init__(self) -> None:
                 trt.ILogger.__init__(self)
 
             def log(self, severity: Any, msg: str) -> None:
-                owner._log(severity_name(severity), str(msg))
+                _deliver(severity, msg)
 
-        self.logger: Any = _Logger()
+        logger = InferdTensorRTLogger()
+        _loggers[id(trt)] = (trt, logger)
+        return logger
 
-    def _log(self, severity: str, message: str) -> None:
+
+def _forward(severity: str, message: str, *, owner: str | None, verbose: bool) -> None:
+    if severity in _ERRORS:
+        log.error("tensorrt_log", severity=severity, message=message, owner=owner)
+    elif severity == "WARNING":
+        log.warning("tensorrt_log", severity=severity, message=message, owner=owner)
+    elif verbose or severity == "INFO":
+        log.debug("tensorrt_log", severity=severity, message=message, owner=owner)
+
+
+class TensorRTLog:
+    """One owner's share of the process logger (``.logger``): what TensorRT logs on a
+    thread inside ``scope()`` is this owner's.  ``owner`` names it in log lines
+    (``model demo``, ``build demo.onnx``)."""
+
+    def __init__(self, trt: Any, *, owner: str, verbose: bool = False) -> None:
+        self.logger: Any = process_logger(trt)
+        self.owner = owner
+        self._seq = itertools.count(1)
+        self._last = 0
+        self._messages: deque[tuple[int, str, str]] = deque(maxlen=_RING)
+        self._verbose = verbose
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Route what TensorRT logs on this thread to this owner until the block ends."""
+        owners = _routing.owners
+        owners.append(self)
+        try:
+            yield
+        finally:
+            owners.pop()
+
+    def receive(self, severity: str, message: str) -> None:
         if severity in _KEPT:
             sequence = next(self._seq)
             self._last = sequence
             self._messages.append((sequence, severity, message))
-        if severity in _ERRORS:
-            log.error("tensorrt_log", severity=severity, message=message)
-        elif severity == "WARNING":
-            log.warning("tensorrt_log", severity=severity, message=message)
-        elif self._verbose or severity == "INFO":
-            log.debug("tensorrt_log", severity=severity, message=message)
+        _forward(severity, message, owner=self.owner, verbose=self._verbose)
 
     def mark(self) -> int:
         """A position: ``since(mark)`` returns what was logged after it."""

@@ -10,7 +10,6 @@ then detaches the context.  It is kept apart from the runtime object so that
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,18 +27,6 @@ from inferd.types import TensorSpec
 log = structlog.get_logger("inferd.runtime.tensorrt")
 
 ProfileRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-
-
-def clear_frames(exc: BaseException) -> None:
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        traceback.clear_frames(current.__traceback__)
-        pending += [current.__cause__, current.__context__]
 
 
 @dataclass
@@ -107,17 +94,16 @@ class ResidentSet:
     """What ``close`` (or the garbage collector, through ``weakref.finalize``) frees.
     Kept apart from the runtime object so the finalizer holds no reference to it."""
 
-    def __init__(self, cuda: CudaContext, ledger: GpuMemoryLedger, tlog: TensorRTLog) -> None:
+    def __init__(self, cuda: CudaContext, ledger: GpuMemoryLedger) -> None:
         self.cuda = cuda
         self.ledger = ledger
-        self.tlog = tlog  # TensorRT's logger must outlive every object made with it
         self.residents: dict[int, Resident] = {}
         self.trt_runtime: Any = None
         self.closed = False
 
     def close(self) -> None:
         cuda = self.cuda
-        with cuda.lock:
+        with cuda.lock, cuda.tlog.scope():
             if self.closed:
                 return
             self.closed = True

@@ -422,6 +422,7 @@ def _calibrating(
         config.int8_calibrator = calibrator
         built = builder.build_serialized_network(network, config)
         calibrator.buffer.free()
+        del config, network, builder  # while the context is current (TensorRT's rule)
     finally:
         cuda.Context.pop()
         context.detach()

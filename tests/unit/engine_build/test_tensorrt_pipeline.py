@@ -98,6 +98,7 @@ def test_precision_flags_on_a_strongly_typed_network_are_refused_by_the_fake(
         profile.set_shape("x", (1, W), (1, W), (1, W))
         config.add_optimization_profile(profile)
         assert builder.build_serialized_network(network, config) is None
+        del config, network, builder  # while the context is current (TensorRT's rule)
     finally:
         context.detach()
 

@@ -466,6 +466,7 @@ def test_the_fakes_fail_loudly_on_what_the_real_apis_lack(
         stream = driver.Stream()
         with pytest.raises(AttributeError):
             stream.no_such_method()
+        del config, builder  # while the context is current (TensorRT's rule)
     finally:
         context.detach()
 
