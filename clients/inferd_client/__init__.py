@@ -1,7 +1,13 @@
 """Client library for the inferd inference daemon (pyzmq, msgpack, numpy only)."""
 
 from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
-from inferd_client.errors import ClientError, MalformedReply, RemoteError, RequestTimeout
+from inferd_client.errors import (
+    ClientError,
+    MalformedReply,
+    RemoteError,
+    RequestTimeout,
+    UnsafeEndpoint,
+)
 from inferd_wire.endpoints import Endpoints, default_endpoints
 from inferd_wire.protocol import Code
 
@@ -15,5 +21,6 @@ __all__ = [
     "OperatorClient",
     "RemoteError",
     "RequestTimeout",
+    "UnsafeEndpoint",
     "default_endpoints",
 ]

@@ -17,14 +17,27 @@ import msgpack
 import numpy as np
 import zmq
 
-from inferd_client.errors import ClientError, MalformedReply, RemoteError, RequestTimeout
+from inferd_client.errors import (
+    ClientError,
+    MalformedReply,
+    RemoteError,
+    RequestTimeout,
+    UnsafeEndpoint,
+)
 from inferd_wire import protocol
-from inferd_wire.endpoints import default_endpoints
+from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint, default_endpoints
 from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
 
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
+
+
+def _trusted(endpoint: str) -> str:
+    try:
+        return check_client_endpoint(endpoint)
+    except UnsafeEndpointError as exc:
+        raise UnsafeEndpoint(str(exc)) from None
 
 
 class _RequestChannel:
@@ -36,6 +49,7 @@ class _RequestChannel:
     """
 
     def __init__(self, endpoint: str, context: zmq.Context[Any] | None, timeout: float) -> None:
+        endpoint = _trusted(endpoint)
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -248,12 +262,12 @@ class EventSubscriber:
         topics: Sequence[str] = (),
         context: zmq.Context[Any] | None = None,
     ) -> None:
+        self._endpoint = _trusted(endpoint or default_endpoints().events)
         self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._topics = tuple(topics)
         for topic in topics or ("",):
             self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self._endpoint = endpoint or default_endpoints().events
         self._socket.connect(self._endpoint)
         #: Events read while waiting to join, handed out before any newer one.
         self._pending: deque[tuple[str, dict[str, Any]]] = deque()

@@ -22,3 +22,8 @@ class RequestTimeout(ClientError):
 
 class MalformedReply(ClientError):
     """The daemon's reply broke the wire contract (a bug on one side)."""
+
+
+class UnsafeEndpoint(ClientError):
+    """An ipc:// endpoint in a directory another user could write: not connected to
+    (a socket there may not be the daemon's)."""

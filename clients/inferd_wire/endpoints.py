@@ -1,8 +1,21 @@
-"""Where the daemon's sockets live by default; shared by daemon and clients."""
+"""Where the daemon's sockets live by default, and when a socket directory can be
+trusted; shared by daemon and clients.
+
+A directory that another user created or may write lets that user put a
+symlink where the daemon writes (root writing a file of their choice) or a
+socket of their own where a client connects (a forged reply).  One rule,
+``unsafe_directory_reason``, decides for both sides: a real directory (not a
+symlink), owned by the expected uid, writable by neither its group nor others.
+The daemon applies it to every directory it creates files or sockets in; a
+client applies it to the per-uid fallback ``/tmp/inferd-<uid>`` (which must be
+its own) and refuses any ipc:// socket in a directory others may write.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,3 +50,54 @@ def default_endpoints(runtime_dir: Path | None = None) -> Endpoints:
         control=f"ipc://{base / 'control.sock'}",
         events=f"ipc://{base / 'events.sock'}",
     )
+
+
+class UnsafeEndpointError(Exception):
+    """An ipc:// endpoint lives in a directory that others could have tampered with."""
+
+
+def unsafe_directory_reason(path: Path, owner_uid: int | None) -> str | None:
+    """Why ``path`` is not a directory to trust, or None: it must be a real directory
+    (a symlink is not followed), owned by ``owner_uid`` (None: any owner) and
+    writable by neither its group nor others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            kind = "a symbolic link" if os.path.islink(path) else "not a directory"
+            return f"is {kind}"
+        return f"cannot be opened ({exc.strerror})"
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if owner_uid is not None and info.st_uid != owner_uid:
+        return f"is owned by uid {info.st_uid}, not by uid {owner_uid}"
+    writable = [
+        who
+        for who, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH))
+        if info.st_mode & bit
+    ]
+    if writable:
+        return f"is writable by {' and '.join(writable)} (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def check_client_endpoint(endpoint: str) -> str:
+    """``endpoint``, when a client may connect to it; ``UnsafeEndpointError`` when it
+    is an ipc:// socket in a directory another user could have replaced it in."""
+    if not endpoint.startswith("ipc://"):
+        return endpoint
+    directory = Path(endpoint.removeprefix("ipc://")).parent
+    fallback = Path("/tmp") / f"inferd-{os.getuid()}"
+    owner = os.getuid() if directory == fallback else None
+    reason = unsafe_directory_reason(directory, owner)
+    if reason is not None and reason != "does not exist":
+        raise UnsafeEndpointError(
+            f"not connecting to {endpoint}: its directory {directory} {reason}, so another "
+            "user could have put their own socket there; use a directory only the daemon's "
+            "user can write (INFERD_RUNTIME_DIR, or the daemon's runtime_dir)"
+        )
+    return endpoint

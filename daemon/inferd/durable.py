@@ -24,18 +24,19 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o640) -> None:
     """Write ``data`` to ``path`` atomically (temp + fsync + rename + directory fsync)."""
     directory = path.parent
     temp = directory / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    # O_EXCL never follows a symlink at ``temp``; O_NOFOLLOW says so explicitly.
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         try:
             write_all(fd, data)
@@ -50,5 +51,5 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     fsync_directory(directory)
 
 
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> None:
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o640) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), mode=mode)

@@ -90,6 +90,11 @@ class CalibrationDataError(EngineBuildError):
     the input, what the network expects and what the file holds."""
 
 
+class UnsafeDirectoryError(InferdError):
+    """A directory the daemon would create files or sockets in is not safely its own
+    (another owner, writable by others, a symlink): ``inferd.owned_files``."""
+
+
 class InferenceError(InferdError):
     pass
 

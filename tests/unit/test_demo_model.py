@@ -33,4 +33,4 @@ def test_demo_and_identity_model_shapes(tmp_path: Path) -> None:
     assert {node.op_type for node in demo.graph.node} == {"Conv", "Relu"}
     identity = onnx.load(str(write_identity_model(tmp_path / "i.onnx")))
     assert identity.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
-    assert oct((tmp_path / "d.onnx").stat().st_mode & 0o777) == "0o644"
+    assert oct((tmp_path / "d.onnx").stat().st_mode & 0o777) == "0o640"  # never world-readable

@@ -68,6 +68,7 @@ from inferd.errors import (
     HostTupleUnavailableError,
     InferdError,
 )
+from inferd.owned_files import apply_owned_umask
 from inferd.types import BuildConfig
 
 if TYPE_CHECKING:
@@ -384,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="inferd build", description="build a TensorRT engine pre-flight"
     )
     add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    apply_owned_umask()  # as `inferd build` does (inferd.cli.main)
+    return run_from_args(args)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from inferd.errors import ConfigError
+from inferd.errors import ConfigError, UnsafeDirectoryError
+from inferd.owned_files import apply_owned_umask, ensure_owned_dir
 
 if TYPE_CHECKING:
     from inferd.daemon import Daemon
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     selftest_cli.add_arguments(selftest)
 
     args = parser.parse_args(argv)
+    # The unit's UMask=0027 outside systemd too: engines, caches and the FDR are never
+    # world-readable (DESIGN.md, "The daemon's own directories").
+    apply_owned_umask()
     if args.command in ("selftest", "verify"):
         _log_to_stderr()
     if args.command == "acceptance":
@@ -168,14 +172,21 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     try:
         if config_path is None:
             config = config_module.embedded_default()
-            demo_path = config.models[0].path
-            if not demo_path.exists():
-                write_demo_model(demo_path)
         else:
             config = config_module.load(config_path)
     except ConfigError as exc:
         print(f"inferd: invalid config: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        ensure_owned_dir(config.daemon.state_dir, what="daemon.state_dir")
+        if config_path is None and not config.models[0].path.exists():
+            demo_path = config.models[0].path
+            write_demo_model(
+                ensure_owned_dir(demo_path.parent, what="the models dir") / demo_path.name
+            )
+    except UnsafeDirectoryError as exc:
+        print(f"inferd: cannot start: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     log_format = configure_logging(config.daemon.log_level, log_format or config.daemon.log_format)
     # When the systemd watchdog fires it sends SIGABRT: dump every thread's stack
     # to stderr (the journal under systemd) first, so the stuck call is visible.

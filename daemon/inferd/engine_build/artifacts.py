@@ -28,6 +28,7 @@ from inferd.engine_build.cancel import CancellationToken
 from inferd.engines.quarantine import quarantine
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
+from inferd.owned_files import ensure_owned_dir
 from inferd.types import HostTuple
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
@@ -130,7 +131,7 @@ def commit_engine(
     the sidecar.  Returns (sha256, zone record)."""
     import hashlib
 
-    engine_path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_owned_dir(engine_path.parent, what="the engine dir")
     with token.no_cancel_zone("final engine write"):
         if during_write is not None:
             during_write()

@@ -35,6 +35,7 @@ from inferd.engine_build.host_evidence import read_host_evidence
 from inferd.engine_build.progress import ProgressAdapter, StallWatchdog
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.validation import Infer, ValidationResult, validate_build
+from inferd.owned_files import ensure_owned_dir
 from inferd.types import BuildConfig, HostTuple
 
 SUMMARY_SCHEMA_ID = "https://inferd.example/schemas/build/summary.json"
@@ -147,7 +148,7 @@ def run_build(
     queue = EventQueue(request.queue_size)
     adapter = ProgressAdapter(build_id, token, queue=queue, listener=listener)
     engine_dir = request.engine_path.parent
-    engine_dir.mkdir(parents=True, exist_ok=True)
+    ensure_owned_dir(engine_dir, what="the engine dir")
     before = inventory(engine_dir)
     started_mono, started_wall = time.monotonic(), time.time()
     model_sha = hashlib.sha256(request.model_path.read_bytes()).hexdigest()

@@ -55,6 +55,7 @@ from inferd.engine_build.pipe import (
 from inferd.engine_build.pipeline import record_trust
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.engines.manifest import MANIFEST_NAME
+from inferd.owned_files import ensure_owned_dir
 from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.builds")
@@ -158,8 +159,9 @@ class BuildManager:
                 "simulation": args.simulation,
                 "build_config": build_config,
             }
-            (engine_path.parent if builder == "simulated" else engine_path).mkdir(
-                parents=True, exist_ok=True
+            ensure_owned_dir(
+                engine_path.parent if builder == "simulated" else engine_path,
+                what="the build's directory",
             )
             try:
                 process = subprocess.Popen(

@@ -46,6 +46,7 @@ from typing import Literal
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engines.naming import ENGINE_SUFFIX
 from inferd.errors import CalibrationCacheError
+from inferd.owned_files import ensure_owned_dir, open_for_reading
 
 CACHE_SUFFIX = ".calib_cache"
 INTEGRITY_SUFFIX = ".sha256"
@@ -129,7 +130,7 @@ def _read_small(path: Path, limit: int, what: str) -> bytes | None:
     """The file's bytes, None when it does not exist; CalibrationCacheError when it
     cannot be read or is larger than ``limit``."""
     try:
-        with path.open("rb") as handle:
+        with open_for_reading(path) as handle:
             data = handle.read(limit + 1)
     except (FileNotFoundError, NotADirectoryError):
         return None
@@ -232,7 +233,7 @@ class CalibrationCacheStore:
         self._integrity()  # refuse to overwrite a corrupt sidecar silently
         self._dataset()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_owned_dir(self.path.parent, what="the calibration cache's directory")
             if self.dataset_path.exists():
                 self.dataset_path.unlink()
                 fsync_directory(self.path.parent)

@@ -48,6 +48,7 @@ from inferd.errors import (
     EngineSidecarMissingError,
     InferdError,
 )
+from inferd.owned_files import open_for_reading
 from inferd.types import BuildConfig, HostTuple, RecordSink
 
 STEP_SCHEMA_PARSE = "schema_parse"
@@ -133,7 +134,7 @@ class ValidatedEngine:
         ``EngineHashMismatchError(stage="reread")`` if they are not the validated ones."""
         digest = hashlib.sha256()
         try:
-            with self.path.open("rb", buffering=0) as handle:
+            with open_for_reading(self.path) as handle:
                 size = os.fstat(handle.fileno()).st_size
                 buffer = bytearray(size)
                 view = memoryview(buffer)

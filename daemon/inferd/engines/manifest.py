@@ -27,6 +27,7 @@ from typing import Any
 
 from inferd.durable import atomic_write_text
 from inferd.errors import EngineHashMismatchError, EngineManifestError
+from inferd.owned_files import ensure_owned_dir, open_for_reading
 
 MANIFEST_VERSION = 1
 MANIFEST_MAX_BYTES = 16 * 1024 * 1024
@@ -129,7 +130,7 @@ class Manifest:
     def load(cls, path: Path) -> Manifest:
         """Read a manifest file; ``EngineManifestError`` if unreadable or malformed."""
         try:
-            with path.open("rb") as handle:
+            with open_for_reading(path) as handle:
                 data = handle.read(MANIFEST_MAX_BYTES + 1)
         except OSError as exc:
             raise EngineManifestError(f"deployment manifest {path} cannot be read: {exc}") from exc
@@ -213,5 +214,5 @@ def record_in_manifest(path: Path, engine_name: str, sha256: str) -> None:
     with _RECORD_LOCK:
         entries = Manifest.load(path).entries() if path.exists() else {}
         entries[engine_name] = sha256
-        path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_owned_dir(path.parent, what="the manifest's directory")
         write_manifest(path, entries)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from inferd.durable import atomic_write_text, fsync_directory
 from inferd.engines.sidecar import sidecar_path
+from inferd.owned_files import ensure_owned_dir
 
 QUARANTINE_DIR = "quarantine"
 
@@ -23,7 +24,7 @@ QUARANTINE_DIR = "quarantine"
 def quarantine(path: Path, reason: str) -> Path:
     """Move ``path`` (and its sidecar) into ``<dir>/quarantine/``; returns the new path."""
     target_dir = path.parent / QUARANTINE_DIR
-    target_dir.mkdir(mode=0o750, exist_ok=True)
+    ensure_owned_dir(target_dir, what="the quarantine directory")
     target = target_dir / f"{path.name}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     os.replace(path, target)
     sidecar = sidecar_path(path)

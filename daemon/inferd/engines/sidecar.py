@@ -14,6 +14,7 @@ from pathlib import Path
 from inferd.digest import sha256_file
 from inferd.durable import atomic_write_text
 from inferd.errors import EngineHashMismatchError, EngineSidecarMissingError
+from inferd.owned_files import open_for_reading
 
 SIDECAR_SUFFIX = ".sha256"
 #: A sidecar is one short line; a larger file is malformed, not read whole.
@@ -65,7 +66,7 @@ def read_sidecar(engine: Path) -> str:
     none; ``EngineHashMismatchError(stage="sidecar")`` when it is unreadable or malformed."""
     path = sidecar_path(engine)
     try:
-        with path.open("rb") as handle:
+        with open_for_reading(path) as handle:
             data = handle.read(SIDECAR_MAX_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError):
         raise EngineSidecarMissingError(

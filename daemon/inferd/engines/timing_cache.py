@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from inferd.durable import atomic_write_bytes
+from inferd.owned_files import ensure_owned_dir, open_for_reading
 from inferd.types import HostTuple
 
 TIMING_CACHE_SUFFIX = ".cache"
@@ -46,7 +47,7 @@ class TimingCacheFile:
 
     def load(self) -> bytes | None:
         try:
-            with self.path.open("rb") as handle:
+            with open_for_reading(self.path) as handle:
                 data = handle.read(TIMING_CACHE_MAX_BYTES + 1)
         except FileNotFoundError:
             return None
@@ -59,5 +60,5 @@ class TimingCacheFile:
         return data or None
 
     def store(self, data: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_owned_dir(self.path.parent, what="the timing cache's directory")
         atomic_write_bytes(self.path, data)

@@ -30,6 +30,7 @@ from inferd.config import FdrConfig
 from inferd.durable import fsync_directory, write_all
 from inferd.fdr import framing, kinds
 from inferd.fdr.reader import ReadReport, list_segments, read_segment
+from inferd.owned_files import ensure_owned_dir, open_nofollow
 
 log = structlog.get_logger("inferd.fdr")
 
@@ -112,7 +113,7 @@ class FlightRecorder:
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
         """Find where earlier runs stopped (seq, segment index), then start writing."""
-        self._directory.mkdir(parents=True, exist_ok=True)
+        ensure_owned_dir(self._directory, what="fdr.directory")
         last_seq, last_index = self._resume_point()
         self._seq = itertools.count(last_seq + 1)
         self._next_index = last_index + 1
@@ -325,7 +326,7 @@ class FlightRecorder:
     def _open_segment(self) -> _Segment:
         index = self._next_index
         path = self._directory / framing.segment_name(index)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         self._next_index = index + 1
         try:
             header = framing.encode_segment_header(index, self._wall_clock())

@@ -1,8 +1,10 @@
 """One daemon per runtime dir, and who may reach its ipc:// sockets.
 
 Binding an ``ipc://`` path silently steals it from a running daemon
-(zmq_ipc(7)); an ``flock`` on ``<runtime_dir>/inferd.lock``, taken before any
-socket is bound, turns a second instance into a clear error (DESIGN.md 5).
+(zmq_ipc(7)); an ``flock`` on ``inferd.lock`` in the runtime dir and in every
+ipc:// socket's directory, taken before any socket is bound, turns a second
+instance into a clear error (DESIGN.md 5).  Each of those directories must be
+the daemon's own (``inferd.owned_files``).
 Socket files get ``IPC_SOCKET_MODE`` once bound, so the daemon's group may
 connect while the runtime dir's own mode guards the rest.
 """
@@ -16,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import structlog
+
+from inferd.owned_files import ensure_owned_dir, open_nofollow
 
 #: Mode of ipc:// socket files: the group (e.g. ``inferd`` under systemd, with
 #: ``UMask=0027``) may connect.
@@ -34,35 +38,49 @@ def _ipc_paths(endpoints: Iterable[str]) -> list[Path]:
 
 
 class InstanceLock:
-    """The runtime dir's instance lock, held from ``acquire`` to ``release``."""
+    """The instance locks of the runtime dir and of every ipc:// socket's directory,
+    held from ``acquire`` to ``release``.
+
+    Each directory is the daemon's own (``ensure_owned_dir``: another user's, or one
+    others may write, is refused) and gets an ``flock``-ed ``inferd.lock``, opened
+    without following a symlink and never truncated before the lock is held.  A
+    second daemon whose endpoint points into another daemon's directory fails on
+    that directory's lock instead of stealing the socket."""
 
     def __init__(self, runtime_dir: Path, endpoints: Iterable[str]) -> None:
         self.path = runtime_dir / LOCK_NAME
-        self._endpoints = tuple(endpoints)
-        self._fd: int | None = None
+        directories = [runtime_dir, *(path.parent for path in _ipc_paths(endpoints))]
+        self._directories = list(dict.fromkeys(directories))
+        self._fds: list[int] = []
 
     def acquire(self) -> None:
-        """Create the runtime dir (and the ipc sockets' dirs) and take the lock;
-        ``DaemonAlreadyRunningError`` when another daemon holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-        for socket_path in _ipc_paths(self._endpoints):
-            socket_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        """Check (or create) each directory and take its lock;
+        ``DaemonAlreadyRunningError`` when another daemon holds one."""
+        try:
+            for index, directory in enumerate(self._directories):
+                what = "daemon.runtime_dir" if index == 0 else "the directory of an ipc:// endpoint"
+                self._fds.append(self._lock(ensure_owned_dir(directory, what=what) / LOCK_NAME))
+        except BaseException:
+            self.release()
+            raise
+
+    @staticmethod
+    def _lock(path: Path) -> int:
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise DaemonAlreadyRunningError(
-                f"another inferd holds {self.path}; refusing to steal its sockets"
+                f"another inferd holds {path}; refusing to steal its sockets"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+        return fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        while self._fds:
+            os.close(self._fds.pop())
 
 
 def open_ipc_sockets_to_group(endpoints: Iterable[str]) -> None:

@@ -112,7 +112,7 @@ def test_write_sidecar_replaces_atomically(tmp_path: Path) -> None:
     write_sidecar(engine)
     assert read_sidecar(engine) == hashlib.sha256(CONTENT).hexdigest()
     assert sorted(p.name for p in tmp_path.iterdir()) == [VALID, VALID + ".sha256"]
-    assert sidecar_path(engine).stat().st_mode & 0o777 == 0o644
+    assert sidecar_path(engine).stat().st_mode & 0o777 == 0o640  # never world-readable
 
 
 @pytest.mark.parametrize("failing", ["fsync", "replace"])

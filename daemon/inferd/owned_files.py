@@ -1,0 +1,74 @@
+"""The daemon's own directories, and opening files in them without following symlinks.
+
+A directory another user created or may write lets them plant a symlink where
+the daemon writes (root then overwrites a file of their choice) or replace
+what it reads.  So every directory the daemon creates files or sockets in is
+made with ``ensure_owned_dir``: created ``0750`` when missing, and otherwise
+accepted only when ``inferd_wire.endpoints.unsafe_directory_reason`` finds
+nothing wrong (a real directory, owned by this uid, writable by neither group
+nor others); and every file in them is opened with ``O_NOFOLLOW | O_CLOEXEC``
+(``open_nofollow``, ``open_for_reading``).  ``OWNED_UMASK`` is the systemd
+unit's ``UMask=0027``, applied by the command line outside systemd too, so
+files the daemon and its builds create are never world-readable.  Files
+operators point the daemon at (models, configs, calibration data, system files)
+are theirs, and symlinks there are followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+
+from inferd.errors import UnsafeDirectoryError
+from inferd_wire.endpoints import unsafe_directory_reason
+
+#: The systemd unit's ``UMask=``: group may read, others nothing.
+OWNED_UMASK = 0o027
+DIR_MODE = 0o750
+FILE_MODE = 0o640
+
+
+def apply_owned_umask() -> None:
+    """Make files this process creates at most ``0750``/``0640`` (the unit's umask)."""
+    os.umask(OWNED_UMASK)
+
+
+def ensure_owned_dir(path: Path, *, what: str) -> Path:
+    """``path`` as a directory this process owns and only it may write; created
+    (with missing parents) when absent.  ``UnsafeDirectoryError`` names ``what``
+    (e.g. ``daemon.state_dir``), the reason and the fix."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    except OSError as exc:
+        raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
+    reason = unsafe_directory_reason(path, os.geteuid())
+    if reason is not None:
+        raise UnsafeDirectoryError(
+            f"{what} {path} {reason}: inferd creates files and sockets only in a directory "
+            f"its own user (uid {os.geteuid()}) owns and no one else may write; fix its owner "
+            "and mode (chown, chmod go-w) or point the key at another directory"
+        )
+    return path
+
+
+def open_nofollow(path: Path, flags: int, mode: int = FILE_MODE) -> int:
+    """``os.open`` that never follows a symlink at ``path`` (its last component)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(
+                errno.ELOOP,
+                "is a symbolic link, which inferd does not follow in its own directories",
+                str(path),
+            ) from None
+        raise
+
+
+def open_for_reading(path: Path) -> io.FileIO:
+    """``path`` opened for binary reading without following a symlink; unbuffered
+    (``readinto`` fills the caller's buffer directly; ``read(n)`` may return less
+    than ``n`` only at the end of the file, since these are regular files)."""
+    return io.FileIO(open_nofollow(path, os.O_RDONLY), "rb", closefd=True)
