@@ -39,13 +39,14 @@ from inferd.engines.manifest import MANIFEST_NAME, Manifest
 from inferd.errors import (
     EngineDeserializeError,
     EngineMissingError,
+    ExecutionFailedError,
     InferdError,
     InferenceError,
     OutOfMemoryError,
     RuntimeNotAvailableError,
 )
 from inferd.runtime.tensorrt_buffers import IOBuffers
-from inferd.runtime.tensorrt_cuda import CudaContext
+from inferd.runtime.tensorrt_cuda import CudaContext, is_sticky_cuda_error
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.runtime.tensorrt_memory import GpuMemoryLedger, ledger_for, mib
 from inferd.runtime.tensorrt_resident import (
@@ -228,6 +229,7 @@ class TensorRTRuntime:
                     outputs=resident.outputs,
                     active_providers=ACTIVE_PROVIDERS,
                     is_fallback=self._is_fallback,
+                    engine_path=validated.path,
                 )
                 state.residents[handle.handle_id] = resident  # under the lock: close() may run
         except BaseException:
@@ -339,7 +341,9 @@ class TensorRTRuntime:
             raise OutOfMemoryError(f"CUDA out of memory during inference: {exc}") from exc
         except cuda.Error as exc:
             self._drain()
-            raise InferenceError(f"CUDA error during inference: {exc}") from exc
+            raise ExecutionFailedError(
+                f"CUDA error during inference: {exc}", sticky=is_sticky_cuda_error(str(exc))
+            ) from exc
         except InferdError:
             self._drain()
             raise
@@ -407,8 +411,10 @@ class TensorRTRuntime:
             cuda.memcpy_htod_async(buffer.device, buffer.host_bytes(array.nbytes), stream)
         mark = self._tlog.mark()
         if not context.execute_async_v3(stream.handle):
-            raise InferenceError(
-                explain_failure(self._tlog.since(mark), action="enqueue the inference")
+            said = self._tlog.since(mark)
+            raise ExecutionFailedError(
+                explain_failure(said, action="enqueue the inference"),
+                sticky=is_sticky_cuda_error(" ".join(said)),
             )
         for name, _shape in out_shapes:
             if required[name]:
