@@ -10,10 +10,12 @@ on the fallback with an alert."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -29,6 +31,7 @@ from tests.integration.test_tensorrt_daemon import fdr
 pytestmark = pytest.mark.integration
 
 FAILOVER_ALERT = "c7.tensorrt_execution_failover"
+FDR_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "fdr"
 
 
 def make_inputs(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -137,6 +140,8 @@ def test_failing_executions_fail_over_under_load_then_the_rebuilt_engine_serves(
 
     assert daemon.stop() == 0
     (fallback,) = fdr(daemon, "c7.fallback_to_onnx_trt_ep")
+    schema = json.loads((FDR_SCHEMAS / "c7.fallback_to_onnx_trt_ep.json").read_text())
+    jsonschema.validate(fallback, schema)
     assert (fallback["cause"], fallback["failures"], fallback["sticky"]) == ("execution", 3, False)
     assert fallback["reason"] == failed_over["reason"]
     assert fallback["quarantined"] == str(quarantined)
