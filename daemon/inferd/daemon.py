@@ -23,6 +23,7 @@ from inferd.engine_build.supervisor import BuildFinished, BuildManager
 from inferd.fdr.writer import FlightRecorder
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
+from inferd.serving.failover import ExecutionFailover
 from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Scheduler
@@ -112,6 +113,9 @@ class Daemon:
                 backoff_s=config.runtime.rebuild_backoff_s,
                 max_attempts=config.runtime.rebuild_max_attempts,
             )
+        self.failover = ExecutionFailover(
+            self.scheduler, self.switcher, config.runtime, self._sinks, self._rebuild_if_fallback
+        )
         self.router = RequestRouter(
             self.slots,
             self.scheduler,
@@ -142,6 +146,7 @@ class Daemon:
             self.scheduler,
             self.slots,
             activate=self._activate,
+            failover=self.failover,
             thermal_summary=self._thermal_summary,
         )
 
@@ -341,6 +346,10 @@ class Daemon:
         # Runtime log lines during activation name the model (journald INFERD_MODEL).
         with structlog.contextvars.bound_contextvars(model=slot.name):
             slot.activate(self.config.runtime, self._sinks)
+        self._rebuild_if_fallback(slot)
+
+    def _rebuild_if_fallback(self, slot: ModelSlot) -> None:
+        """Activation, or a failover while serving, left ``slot`` on the fallback."""
         if (
             self.rebuilder is not None
             and slot.config.runtime == TENSORRT

@@ -161,6 +161,9 @@ class EngineHandle:
     outputs: tuple[TensorSpec, ...]
     active_providers: tuple[str, ...] = ()
     is_fallback: bool = False
+    #: The engine file the ``tensorrt`` runtime deserialized (the one the gate
+    #: passed); None for a runtime that loads the model itself.
+    engine_path: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,12 @@ Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp`` and ``src/cpp/cuda.hp
   pageable host memory is counted in ``FakeCuda.pageable_async_copies`` (the
   real one silently degrades to a synchronous copy).
 * ``Stream(flags=0)`` with ``.handle`` (int), ``synchronize()``, ``is_done()``.
+* Sticky errors (``FakeCuda.fault``, which the fake TensorRT's kernels call): after
+  an illegal address or a launch failure every later call in that context
+  fails with the same error (``cuStreamSynchronize`` too, dropping the stream's
+  queued work) until the context is destroyed; pycuda raises ``LogicError`` for
+  CUDA_ERROR_ILLEGAL_ADDRESS and ``LaunchError`` for CUDA_ERROR_LAUNCH_FAILED
+  (``translate_cuda_error``), "<call> failed: <cuGetErrorString>".
 * The exception family: ``Error`` and its subclasses ``LogicError``,
   ``RuntimeError``, ``LaunchError``, ``MemoryError`` (the fake's
   ``MemoryError`` also derives from the builtin ``MemoryError``).
@@ -138,6 +144,8 @@ class FakeCuda:
     streams: dict[int, Any] = field(default_factory=dict)
     pagelocked_live: int = 0
     pageable_async_copies: int = 0
+    #: Sticky errors by context: (exception class, cuGetErrorString text).
+    sticky_errors: dict[Any, tuple[type[Error], str]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     # -- helpers for tests and for the fake TensorRT (not part of pycuda) -------------
@@ -153,7 +161,17 @@ class FakeCuda:
         context = self.current_context()
         if context is None or not context._valid:
             raise LogicError(f"{what} failed: invalid device context")
+        self.raise_if_faulted(context, what)
         return context
+
+    def fault(self, context: Any, text: str, error: type[Error] | None = None) -> None:
+        """A kernel in ``context`` hit a sticky error (``text`` as cuGetErrorString says it)."""
+        self.sticky_errors[context] = (error or LogicError, text)
+
+    def raise_if_faulted(self, context: Any, what: str) -> None:
+        sticky = self.sticky_errors.get(context)
+        if sticky is not None:
+            raise sticky[0](f"{what} failed: {sticky[1]}")
 
     def capacity(self) -> int:
         return (
@@ -400,7 +418,12 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             stack.append(self._context)
             try:
                 while self._pending:
+                    state.raise_if_faulted(self._context, "cuStreamSynchronize")
                     self._pending.pop(0)()
+                state.raise_if_faulted(self._context, "cuStreamSynchronize")
+            except Error:
+                self._pending.clear()  # a faulted context runs nothing more
+                raise
             finally:
                 stack.pop()
 

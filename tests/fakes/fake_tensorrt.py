@@ -65,7 +65,12 @@ signatures follow ``release/10.3`` ``python/src/infer/pyCore.cpp``:
   model* (with ONNX Runtime on the CPU) reading its inputs from, and writing
   its outputs to, the fake device memory at the bound addresses, in stream
   order: results appear in host buffers only after the D2H copies and
-  ``Stream.synchronize()``.
+  ``Stream.synchronize()``.  ``FakeTensorRT.execute_fail_while`` makes
+  executions fail while a file exists (so a rebuilt engine can pass): as
+  TensorRT does when an enqueue fails (its error logged, False returned), or,
+  when the file says ``illegal-address``, as a kernel that reads through a wild
+  pointer (the sticky CUDA error of ``fake_pycuda.FakeCuda.fault``: the
+  synchronize and every later call in that context fail).
 
 Deliberate strictness beyond TensorRT: ``Builder``, ``Runtime.deserialize_cuda_engine``,
 ``create_execution_context`` and ``execute_async_v3`` raise (or return
@@ -116,6 +121,7 @@ import types
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,6 +141,13 @@ LOGGER_DIFFERS = (
 )
 ENGINE_MAGIC = b"fTRT-plan\x00"
 TIMING_MAGIC = b"fTRT-timing\x00"
+#: What an ``execute_fail_while`` file says for a kernel that faults (sticky), and
+#: what TensorRT logs when it says nothing (a launch failure that is not sticky).
+ILLEGAL_ADDRESS = "illegal-address"
+ENQUEUE_FAILURE = (
+    "1: [executionContext.cpp::enqueueV3] Error Code 1: Cuda Runtime (too many resources "
+    "requested for launch)"
+)
 
 _ONNX_TO_TRT = {1: "FLOAT", 10: "HALF", 3: "INT8", 6: "INT32", 9: "BOOL", 2: "UINT8", 7: "INT64"}
 _ONNX_TYPE_NAMES = {11: "DOUBLE", 16: "BFLOAT16", 4: "UINT16", 5: "INT16", 12: "UINT32"}
@@ -177,6 +190,9 @@ class FakeTensorRT:
     unsupported_ops: frozenset[str] = frozenset()
     #: When set, ``execute_async_v3`` logs this error and returns False.
     execute_error: str | None = None
+    #: A path: while that file exists, executions fail as it says (``ILLEGAL_ADDRESS``:
+    #: the kernel faults; other text: logged, and ``execute_async_v3`` returns False).
+    execute_fail_while: str | None = None
     calls: list[str] = field(default_factory=list)
     builds: int = 0
     executions: int = 0
@@ -222,6 +238,17 @@ def _appender(path: str | None) -> Callable[[str], None]:
             close(descriptor)
 
     return append
+
+
+def _execute_failure(path: str | None) -> str | None:
+    """What the ``execute_fail_while`` file says now; None while it does not exist."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return text or ENQUEUE_FAILURE
 
 
 def _version_code(version: str) -> int:
@@ -1445,6 +1472,10 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             if state.execute_error is not None:
                 self._log_error(state.execute_error)
                 return False
+            failure = _execute_failure(state.execute_fail_while)
+            if failure is not None and failure != ILLEGAL_ADDRESS:
+                self._log_error(failure)
+                return False
             if not self._inputs_specified():
                 self._log_error(
                     "3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (not all "
@@ -1477,6 +1508,9 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             def kernel() -> None:
                 cuda = state.cuda
                 assert cuda is not None
+                if failure == ILLEGAL_ADDRESS:  # a wild pointer: sticky for the context
+                    cuda.fault(engine._context, "an illegal memory access was encountered")
+                    return
                 feeds = {}
                 for name, (address, shape, dtype) in inputs.items():
                     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

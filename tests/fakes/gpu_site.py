@@ -20,6 +20,9 @@ Settings, read from the environment when the fakes are first imported:
 ``INFERD_FAKE_TRT_DEVICE_MEMORY``     each engine's ``device_memory_size_v2``
 ``INFERD_FAKE_TRT_EXECUTE_ERROR``     make ``execute_async_v3`` fail (warm-up
                                       failure -> failover)
+``INFERD_FAKE_TRT_FAIL_WHILE``        a path: executions fail while that file
+                                      exists (``illegal-address``: a sticky
+                                      CUDA fault; else the text TensorRT logs)
 ``INFERD_FAKE_TRT_BUILD_STEP_S``      seconds each build step takes (a slow
                                       build, to cancel mid-way)
 ``INFERD_FAKE_TRT_BUILD_ERROR``       what TensorRT's logger says when
@@ -81,6 +84,7 @@ def stack() -> fake_tensorrt.FakeGpuStack:
                 version=env.get("INFERD_FAKE_TRT_VERSION", ""),
                 execute_error=env.get("INFERD_FAKE_TRT_EXECUTE_ERROR") or None,
                 violations_path=env.get("INFERD_FAKE_TRT_VIOLATIONS") or None,
+                execute_fail_while=env.get("INFERD_FAKE_TRT_FAIL_WHILE") or None,
             )
             if "INFERD_FAKE_TRT_BUILD_STEP_S" in env:
                 trt.build_step_s = float(env["INFERD_FAKE_TRT_BUILD_STEP_S"])

@@ -159,6 +159,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         rebuild_on_fallback=runtime_table.take("rebuild_on_fallback", bool, True),
         rebuild_backoff_s=runtime_table.take("rebuild_backoff_s", float, 60.0),
         rebuild_max_attempts=runtime_table.take("rebuild_max_attempts", int, 3),
+        tensorrt_failover_after_errors=runtime_table.take("tensorrt_failover_after_errors", int, 3),
     )
     runtime_table.finish()
 

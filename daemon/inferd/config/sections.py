@@ -111,6 +111,10 @@ class RuntimeConfig:
     rebuild_backoff_s: float = 60.0
     #: Background builds tried per model before giving up (an alert says so).
     rebuild_max_attempts: int = 3
+    #: Consecutive execution failures of a model on ``tensorrt`` (execute
+    #: returned False, a CUDA error) that fail it over to ``onnx_trt_ep`` while
+    #: serving; a sticky CUDA error fails over at once; 0: never fail over.
+    tensorrt_failover_after_errors: int = 3
 
     def __post_init__(self) -> None:
         for label in self.enabled:
@@ -130,6 +134,11 @@ class RuntimeConfig:
                 f"runtime.rebuild_backoff_s must be 0..86400, got {self.rebuild_backoff_s}"
             )
         _positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
+        if not 0 <= self.tensorrt_failover_after_errors <= 1000:
+            raise ConfigError(
+                "runtime.tensorrt_failover_after_errors must be 0..1000 (0: never fail over), "
+                f"got {self.tensorrt_failover_after_errors}"
+            )
 
 
 @dataclass(frozen=True)

@@ -39,16 +39,16 @@ from inferd.engines.manifest import MANIFEST_NAME, Manifest
 from inferd.errors import (
     EngineDeserializeError,
     EngineMissingError,
+    ExecutionFailedError,
     InferdError,
     InferenceError,
     OutOfMemoryError,
     RuntimeNotAvailableError,
 )
 from inferd.runtime.tensorrt_buffers import IOBuffers
-from inferd.runtime.tensorrt_cuda import CudaContext
+from inferd.runtime.tensorrt_cuda import CudaContext, is_sticky_cuda_error
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.runtime.tensorrt_memory import GpuMemoryLedger, ledger_for, mib
-from inferd.runtime.tensorrt_release import clear_frames
 from inferd.runtime.tensorrt_resident import (
     Resident,
     ResidentSet,
@@ -216,13 +216,7 @@ class TensorRTRuntime:
             )
         try:
             with self._cuda.section():
-                try:
-                    resident = self._load(validated, validated.read_verified(), key)
-                except BaseException as exc:
-                    # The traceback's frames still reference the engine and its
-                    # execution context: drop them while this context is current.
-                    clear_frames(exc)
-                    raise
+                resident = self._load(validated, validated.read_verified(), key)
                 handle = EngineHandle(
                     handle_id=next(self._handle_ids),
                     runtime_label=LABEL,
@@ -231,6 +225,7 @@ class TensorRTRuntime:
                     outputs=resident.outputs,
                     active_providers=ACTIVE_PROVIDERS,
                     is_fallback=self._is_fallback,
+                    engine_path=validated.path,
                 )
                 state.residents[handle.handle_id] = resident  # under the lock: close() may run
         except BaseException:
@@ -342,7 +337,9 @@ class TensorRTRuntime:
             raise OutOfMemoryError(f"CUDA out of memory during inference: {exc}") from exc
         except cuda.Error as exc:
             self._drain()
-            raise InferenceError(f"CUDA error during inference: {exc}") from exc
+            raise ExecutionFailedError(
+                f"CUDA error during inference: {exc}", sticky=is_sticky_cuda_error(str(exc))
+            ) from exc
         except InferdError:
             self._drain()
             raise
@@ -410,8 +407,10 @@ class TensorRTRuntime:
             cuda.memcpy_htod_async(buffer.device, buffer.host_bytes(array.nbytes), stream)
         mark = self._tlog.mark()
         if not context.execute_async_v3(stream.handle):
-            raise InferenceError(
-                explain_failure(self._tlog.since(mark), action="enqueue the inference")
+            said = self._tlog.since(mark)
+            raise ExecutionFailedError(
+                explain_failure(said, action="enqueue the inference"),
+                sticky=is_sticky_cuda_error(" ".join(said)),
             )
         for name, _shape in out_shapes:
             if required[name]:

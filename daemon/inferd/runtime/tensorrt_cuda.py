@@ -29,6 +29,7 @@ import structlog
 
 from inferd.errors import InferenceError, RuntimeNotAvailableError
 from inferd.runtime.tensorrt_log import TensorRTLog
+from inferd.runtime.tensorrt_release import clear_frames
 
 LABEL = "tensorrt"
 
@@ -64,7 +65,10 @@ class CudaContext:
     @contextlib.contextmanager
     def section(self) -> Iterator[None]:
         """Hold the lock, make the context current on this thread and route TensorRT's
-        messages to this runtime; pop the context after."""
+        messages to this runtime; pop the context after.  An exception leaving the
+        section has its finished frames cleared first (``clear_frames``): their locals
+        (an engine, an execution context) must not outlive the section in a
+        traceback, to be destroyed later in another context or none."""
         with self.lock, self.tlog.scope():
             if self.context is None:
                 raise InferenceError("the tensorrt runtime has been closed")
@@ -74,8 +78,35 @@ class CudaContext:
                 raise InferenceError(f"cannot make the CUDA context current: {exc}") from exc
             try:
                 yield
+            except BaseException as exc:
+                clear_frames(exc)
+                raise
             finally:
                 try:
                     self.module.Context.pop()
                 except self.module.Error as exc:  # pragma: no cover - driver failure
                     log.error("cuda_context_pop_failed", error=str(exc))
+
+
+#: CUDA's sticky errors as ``cuGetErrorString`` words them (pycuda puts that text
+#: after "<call> failed: ", TensorRT's logger inside "Cuda Runtime (...)"): the CUDA
+#: driver API says each "leaves the process in an inconsistent state and any further
+#: CUDA work will return the same error"; pycuda has no error code to test instead.
+STICKY_CUDA_ERRORS = (
+    "an illegal memory access was encountered",  # CUDA_ERROR_ILLEGAL_ADDRESS (700)
+    "the launch timed out and was terminated",  # CUDA_ERROR_LAUNCH_TIMEOUT (702)
+    "device-side assert triggered",  # CUDA_ERROR_ASSERT (710)
+    "hardware stack error",  # CUDA_ERROR_HARDWARE_STACK_ERROR (714)
+    "an illegal instruction was encountered",  # CUDA_ERROR_ILLEGAL_INSTRUCTION (715)
+    "misaligned address",  # CUDA_ERROR_MISALIGNED_ADDRESS (716)
+    "operation not supported on global/shared address space",  # (717)
+    "invalid program counter",  # CUDA_ERROR_INVALID_PC (718)
+    "unspecified launch failure",  # CUDA_ERROR_LAUNCH_FAILED (719)
+)
+
+
+def is_sticky_cuda_error(text: str) -> bool:
+    """True when ``text`` (a pycuda error, or what TensorRT logged) names a sticky
+    CUDA error: the context that raised it cannot run anything again."""
+    lowered = text.lower()
+    return any(error in lowered for error in STICKY_CUDA_ERRORS)

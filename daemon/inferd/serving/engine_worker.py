@@ -13,7 +13,8 @@ import zmq
 
 from inferd.bus.codec import validate_inputs
 from inferd.bus.server import REPLIES_ENDPOINT
-from inferd.errors import InferdError, OutOfMemoryError
+from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError
+from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
 from inferd_wire import protocol
@@ -34,6 +35,7 @@ class EngineWorker(threading.Thread):
         slots: dict[str, ModelSlot],
         *,
         activate: Callable[[ModelSlot], None],
+        failover: ExecutionFailover | None = None,
         thermal_summary: Callable[[], str] = lambda: "unknown",
     ) -> None:
         super().__init__(name="inferd-engine-worker", daemon=True)
@@ -41,6 +43,7 @@ class EngineWorker(threading.Thread):
         self._scheduler = scheduler
         self._slots = slots
         self._activate = activate
+        self._failover = failover
         self._thermal_summary = thermal_summary
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
@@ -124,6 +127,14 @@ class EngineWorker(threading.Thread):
             outputs = runtime.infer(handle, inputs)
         except OutOfMemoryError as exc:
             return self._error(job, slot, Code.RESOURCE_EXHAUSTED, str(exc))
+        except ExecutionFailedError as exc:
+            # The engine or the GPU failed, not the request: answered INTERNAL like any
+            # runtime error, and counted towards failing over (serving/failover.py).
+            log.error("inference_failed", model=job.model, error=str(exc), sticky=exc.sticky)
+            reply = self._error(job, slot, Code.INTERNAL, str(exc))
+            if self._failover is not None:
+                self._failover.failed(slot, exc)
+            return reply
         except InferdError as exc:
             log.error("inference_failed", model=job.model, error=str(exc))
             return self._error(job, slot, Code.INTERNAL, str(exc))
@@ -131,6 +142,8 @@ class EngineWorker(threading.Thread):
             log.exception("inference_crashed", model=job.model)
             return self._error(job, slot, Code.INTERNAL, f"unexpected {type(exc).__name__}: {exc}")
         finished_ns = time.monotonic_ns()
+        if self._failover is not None:
+            self._failover.succeeded(slot)
         descriptors, frames = protocol.encode_tensors(outputs)
         header = protocol.ok_header(
             job.request_id,

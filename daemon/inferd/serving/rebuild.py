@@ -13,7 +13,10 @@ on the fallback and an alert says why: a deployment manifest that must list
 the new digest (what the operator has to approve), a cancelled build (not
 retried: someone stopped it), or a failed one (retried after
 ``runtime.rebuild_backoff_s``, doubling, at most ``runtime.rebuild_max_attempts``
-builds, then ``c7.engine_build_gave_up``; never a loop).
+builds, then ``c7.engine_build_gave_up``; never a loop).  A model whose adopted
+engine later fails while serving (``serving/failover.py``) comes back here; the
+attempts count over the daemon's run, so an engine that keeps failing is not
+rebuilt, adopted and failed over forever.
 """
 
 from __future__ import annotations
@@ -109,6 +112,21 @@ class FallbackRebuilder:
             state = self._models.setdefault(model, _Model())
             if state.build_id is not None or state.timer is not None:
                 return  # already building, or waiting to retry
+            state.adopted = False
+            attempts = state.attempts
+        if attempts >= self._max_attempts:
+            log.warning("engine_build_gave_up", model=model, attempts=attempts, reason=reason)
+            self._alert(
+                Alert(
+                    "ERROR",
+                    "c7.engine_build_gave_up",
+                    f"model {model!r} is back on onnx_trt_ep ({reason}) after {attempts} "
+                    f"background build(s) in this run (runtime.rebuild_max_attempts); it is "
+                    "not rebuilt again: it stays on onnx_trt_ep until an operator starts a build",
+                    fields={"model": model, "build_id": None},
+                )
+            )
+            return
         self._start(model, reason)
 
     def on_build_finished(self, finished: FinishedBuild) -> None:

@@ -61,6 +61,8 @@ class Scheduler:
         self._condition = threading.Condition()
         self._queues: dict[str, _ModelQueue] = {}
         self._names: list[str] = []
+        #: Models whose jobs are not taken (failing over); their queues still fill.
+        self._paused: set[str] = set()
         self._next = 0
         self._closed = False
         self._calls: deque[Callable[[], None]] = deque()
@@ -97,6 +99,17 @@ class Scheduler:
             self._condition.notify()
             return superseded
 
+    def pause(self, name: str) -> None:
+        """Take no job of model ``name`` until ``resume`` (it fails over): its
+        requests wait, as while it loads, and their deadlines are still swept."""
+        with self._condition:
+            self._paused.add(name)
+
+    def resume(self, name: str) -> None:
+        with self._condition:
+            self._paused.discard(name)
+            self._condition.notify()
+
     def call_on_worker(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the engine worker before its next job (e.g. an engine
         swap between two requests).  Raises SchedulerClosedError once closed."""
@@ -128,7 +141,7 @@ class Scheduler:
         for offset in range(count):
             index = (self._next + offset) % count
             jobs = self._queues[self._names[index]].jobs
-            if jobs:
+            if jobs and self._names[index] not in self._paused:
                 self._next = (index + 1) % count
                 job = jobs.popleft()
                 self._forget(job)

@@ -51,6 +51,9 @@ class ModelSlot:
         self.handle: EngineHandle | None = None
         self.last_error: str | None = None
         self.stats = ModelStats()
+        #: Consecutive execution failures on ``tensorrt`` (engine worker only;
+        #: ``serving/failover.py``).
+        self.execution_failures = 0
 
     @property
     def is_fallback(self) -> bool:
@@ -84,6 +87,7 @@ class ModelSlot:
                     "configured_runtime": label,
                     "reason": reason,
                     "active_providers": list(self.handle.active_providers),
+                    "cause": "load",
                 },
             )
         self.state = "serving"
@@ -130,14 +134,26 @@ class ModelSlot:
         return runtime, runtime.deserialize_engine(entry)
 
     def swap(
-        self, runtime: InferenceRuntime, handle: EngineHandle
+        self, runtime: InferenceRuntime, handle: EngineHandle, reason: str | None = None
     ) -> tuple[InferenceRuntime | None, EngineHandle | None]:
-        """Serve from ``runtime``/``handle`` from the next request on; returns the
-        previous pair for the caller to release.  Call on the engine worker only."""
+        """Serve from ``runtime``/``handle`` from the next request on (``reason``: why
+        not on the configured runtime, for a failover); returns the previous pair for
+        the caller to release.  Call on the engine worker only."""
         previous = self.runtime, self.handle
         self.runtime, self.handle = runtime, handle
-        self.last_error = None
+        self.last_error = reason
+        self.execution_failures = 0
         self.state = "serving"
+        return previous
+
+    def drop(
+        self, reason: str, sinks: Sinks
+    ) -> tuple[InferenceRuntime | None, EngineHandle | None]:
+        """Serve nothing from the next request on: the model failed (alert, event);
+        returns the previous pair for the caller to release.  Engine worker only."""
+        previous = self.runtime, self.handle
+        self.runtime, self.handle = None, None
+        self._fail(reason, self._naming_model(sinks))
         return previous
 
     def sinks_for_model(self, sinks: Sinks) -> Sinks:

@@ -74,12 +74,7 @@ class RuntimeSwitcher:
                 Code.FAILED_PRECONDITION,
                 f"model {model!r} is {slot.state}; switch it once it serves",
             )
-        with self._lock:
-            if model in self._in_progress:
-                raise ProtocolError(
-                    Code.FAILED_PRECONDITION, f"a switch of model {model!r} is already in progress"
-                )
-            self._in_progress.add(model)
+        self._claim_or_refuse(model)
         threading.Thread(
             target=self._run,
             args=(slot, label, requested_by, respond),
@@ -96,17 +91,30 @@ class RuntimeSwitcher:
             raise ProtocolError(
                 Code.FAILED_PRECONDITION, f"model {model!r} is {slot.state}; not switched"
             )
-        with self._lock:
-            if model in self._in_progress:
-                raise ProtocolError(
-                    Code.FAILED_PRECONDITION, f"a switch of model {model!r} is already in progress"
-                )
-            self._in_progress.add(model)
+        self._claim_or_refuse(model)
         try:
             return self._switch(slot, label, requested_by)
         finally:
-            with self._lock:
-                self._in_progress.discard(model)
+            self.unclaim(model)
+
+    def claim(self, model: str) -> bool:
+        """Make ``model`` the caller's to change (a switch, or a failover while serving:
+        ``serving/failover.py``); False while someone else changes it."""
+        with self._lock:
+            if model in self._in_progress:
+                return False
+            self._in_progress.add(model)
+            return True
+
+    def unclaim(self, model: str) -> None:
+        with self._lock:
+            self._in_progress.discard(model)
+
+    def _claim_or_refuse(self, model: str) -> None:
+        if not self.claim(model):
+            raise ProtocolError(
+                Code.FAILED_PRECONDITION, f"a switch of model {model!r} is already in progress"
+            )
 
     def _run(self, slot: ModelSlot, label: str, requested_by: str, respond: Respond) -> None:
         try:
@@ -117,8 +125,7 @@ class RuntimeSwitcher:
             log.exception("runtime_switch_crashed", model=slot.name)
             respond(ProtocolError(Code.INTERNAL, f"switch failed unexpectedly: {exc}"))
         finally:
-            with self._lock:
-                self._in_progress.discard(slot.name)
+            self.unclaim(slot.name)
 
     def _switch(self, slot: ModelSlot, label: str, requested_by: str) -> dict[str, Any]:
         current = slot.handle

@@ -321,3 +321,19 @@ def test_a_non_utf8_config_names_the_byte_not_a_traceback(tmp_path: Path) -> Non
 def test_dataclasses_built_in_code_refuse_non_finite_numbers_too() -> None:
     with pytest.raises(ConfigError, match=r"daemon\.build_cancel_grace_s must be a finite"):
         config.DaemonConfig(Path("/s"), Path("/r"), build_cancel_grace_s=float("nan"))
+
+
+def test_tensorrt_failover_after_errors(tmp_path: Path) -> None:
+    assert load_text(tmp_path, MINIMAL).runtime.tensorrt_failover_after_errors == 3
+    for value in (0, 1, 1000):
+        text = f"[runtime]\ntensorrt_failover_after_errors = {value}\n" + MINIMAL
+        assert load_text(tmp_path, text).runtime.tensorrt_failover_after_errors == value
+    for value, message in (
+        ("-1", "runtime.tensorrt_failover_after_errors must be 0..1000 (0: never fail over)"),
+        ("1001", "runtime.tensorrt_failover_after_errors must be 0..1000"),
+        ("2.5", "runtime.tensorrt_failover_after_errors must be int, got float"),
+        ("true", "runtime.tensorrt_failover_after_errors must be int, got bool"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            load_text(tmp_path, f"[runtime]\ntensorrt_failover_after_errors = {value}\n" + MINIMAL)
+        assert message in str(caught.value)

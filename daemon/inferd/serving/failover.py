@@ -1,0 +1,245 @@
+"""Fail over while serving: a model whose TensorRT engine keeps failing to execute
+serves on ``onnx_trt_ep``, as a model whose engine failed to load does
+(DESIGN.md entry 67).
+
+The engine worker reports every inference of a model on ``tensorrt``:
+``succeeded`` resets the count, ``failed`` (an ``ExecutionFailedError``:
+``execute_async_v3`` returned False, a CUDA error in a copy or at synchronize)
+adds one.  Client errors, out-of-memory and deadline misses never reach here.
+``runtime.tensorrt_failover_after_errors`` consecutive failures, or one sticky
+CUDA error (the context is poisoned: nothing in it can run again), fail the
+model over:
+
+1. on the worker, right after the failing request's INTERNAL reply is made:
+   the model turns ``loading`` and its queue is paused, so requests that arrive
+   or wait meanwhile are held (their deadlines still swept), as while loading;
+2. on a failover thread: ``onnx_trt_ep`` is prepared (``ModelSlot.prepare``,
+   the same step as a switch);
+3. on the worker, between two requests: the swap (or, when the fallback cannot
+   load either, the model fails), the queue resumes, the TensorRT engine is
+   released;
+4. the failed engine file is quarantined (``engines/quarantine.py``), so it is
+   never loaded again as-is (not by a switch, not after a restart); a
+   ``c7.fallback_to_onnx_trt_ep`` FDR record (``cause: "execution"``), an
+   ERROR alert ``c7.tensorrt_execution_failover`` and a ``runtime`` event say
+   so, and the background rebuild (``serving/rebuild.py``) decides when
+   TensorRT serves again: a rebuilt, validated, trusted engine, adopted
+   make-before-break.
+
+A failover takes the model as a switch does (``RuntimeSwitcher.claim``): while
+a switch of the model is in progress it is not started, and the next failure
+tries again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from inferd.config import RuntimeConfig
+from inferd.engines.quarantine import quarantine
+from inferd.errors import ExecutionFailedError, InferdError, RuntimeNotAvailableError
+from inferd.runtime import InferenceRuntime
+from inferd.serving.scheduler import Scheduler, SchedulerClosedError
+from inferd.serving.slot import FALLBACK_LABEL, ModelSlot, Sinks
+from inferd.serving.switching import RuntimeSwitcher
+from inferd.types import Alert, EngineHandle
+
+TENSORRT = "tensorrt"
+ALERT_CODE = "c7.tensorrt_execution_failover"
+
+#: How long the failover thread waits for the worker to take the swap.
+_SWAP_TIMEOUT_S = 60.0
+
+log = structlog.get_logger("inferd.failover")
+
+
+@dataclass(frozen=True)
+class _Failure:
+    failures: int
+    sticky: bool
+    error: str
+    handle: EngineHandle  # the engine that failed
+
+
+class ExecutionFailover:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        switcher: RuntimeSwitcher,
+        runtime_config: RuntimeConfig,
+        sinks: Sinks,
+        on_fallback: Callable[[ModelSlot], None],
+    ) -> None:
+        self._scheduler = scheduler
+        self._switcher = switcher
+        self._runtime_config = runtime_config
+        self._threshold = runtime_config.tensorrt_failover_after_errors
+        self._sinks = sinks
+        self._on_fallback = on_fallback
+
+    # -- the engine worker's reports ------------------------------------------------------
+    def succeeded(self, slot: ModelSlot) -> None:
+        slot.execution_failures = 0
+
+    def failed(self, slot: ModelSlot, error: ExecutionFailedError) -> None:
+        """One execution failure of ``slot`` (engine worker; its reply is already made)."""
+        handle = slot.handle
+        if (
+            self._threshold == 0
+            or handle is None
+            or handle.runtime_label != TENSORRT
+            or slot.state != "serving"
+        ):
+            return
+        slot.execution_failures += 1
+        if slot.execution_failures < self._threshold and not error.sticky:
+            return
+        if not self._switcher.claim(slot.name):
+            log.warning(
+                "execution_failover_deferred",
+                model=slot.name,
+                failures=slot.execution_failures,
+                reason="a runtime switch of this model is in progress; the next failure "
+                "tries again",
+            )
+            return
+        failure = _Failure(slot.execution_failures, error.sticky, str(error), handle)
+        slot.state = "loading"  # requests wait, as while loading (serving/requests.py)
+        self._scheduler.pause(slot.name)
+        threading.Thread(
+            target=self._run,
+            args=(slot, failure),
+            name=f"inferd-failover-{slot.name}",
+            daemon=True,
+        ).start()
+
+    # -- the failover thread ----------------------------------------------------------------
+    def _run(self, slot: ModelSlot, failure: _Failure) -> None:
+        swapped = False
+        try:
+            swapped = self._fail_over(slot, failure)
+        except Exception:
+            log.exception("execution_failover_crashed", model=slot.name)
+        finally:
+            if not swapped:  # never leave the model held: it serves what it has
+                if slot.state == "loading":
+                    slot.state = "serving"
+                self._scheduler.resume(slot.name)
+            self._switcher.unclaim(slot.name)
+
+    def _fail_over(self, slot: ModelSlot, failure: _Failure) -> bool:
+        what = (
+            "a sticky CUDA error"
+            if failure.sticky
+            else f"{failure.failures} consecutive execution failures"
+        )
+        reason = f"tensorrt failed while serving ({what}): {failure.error}"
+        log.error(
+            "execution_failing_over",
+            model=slot.name,
+            failures=failure.failures,
+            sticky=failure.sticky,
+            error=failure.error,
+        )
+        sinks = slot.sinks_for_model(self._sinks)
+        is_fallback = slot.config.runtime != FALLBACK_LABEL
+        prepared: tuple[InferenceRuntime, EngineHandle] | None = None
+        try:
+            prepared = slot.prepare(FALLBACK_LABEL, self._runtime_config, sinks, is_fallback)
+        except (RuntimeNotAvailableError, InferdError) as exc:
+            reason = f"{reason}; fallback failed: {exc}"
+        if not self._swap(slot, prepared, reason if is_fallback else None, reason):
+            return False
+        quarantined = self._quarantine(failure.handle, reason)
+        if prepared is None:
+            return True  # the model failed: slot.drop raised c7.model_unavailable
+        log.warning("execution_failed_over", model=slot.name, quarantined=str(quarantined))
+        details = {
+            "failures": failure.failures,
+            "sticky": failure.sticky,
+            "engine": str(failure.handle.engine_path),
+            "quarantined": str(quarantined) if quarantined is not None else None,
+        }
+        sinks.record(
+            "c7.fallback_to_onnx_trt_ep",
+            {
+                "configured_runtime": slot.config.runtime,
+                "reason": reason,
+                "active_providers": list(prepared[1].active_providers),
+                "cause": "execution",
+                **details,
+            },
+        )
+        kept = (
+            f"the engine was moved to {quarantined}"
+            if quarantined is not None
+            else "the engine could not be moved aside (see the log)"
+        )
+        sinks.alert(
+            Alert(
+                "ERROR",
+                ALERT_CODE,
+                f"model {slot.name!r} failed over from tensorrt to onnx_trt_ep while serving "
+                f"({what}): {failure.error}; {kept}; a rebuilt, validated engine may serve again",
+                details,
+            )
+        )
+        self._sinks.events("runtime", slot.describe_runtime())
+        self._on_fallback(slot)
+        return True
+
+    def _swap(
+        self,
+        slot: ModelSlot,
+        prepared: tuple[InferenceRuntime, EngineHandle] | None,
+        shown_reason: str | None,
+        reason: str,
+    ) -> bool:
+        """Swap on the engine worker (or fail the model when nothing was prepared),
+        resume its queue and release the TensorRT engine there."""
+        done = threading.Event()
+
+        def swap() -> None:  # runs on the engine worker, between two requests
+            try:
+                if prepared is not None:
+                    old_runtime, old_handle = slot.swap(*prepared, shown_reason)
+                else:
+                    old_runtime, old_handle = slot.drop(reason, self._sinks)
+            finally:
+                self._scheduler.resume(slot.name)
+                done.set()
+            if old_runtime is not None and old_handle is not None:
+                old_runtime.release_engine(old_handle)
+
+        try:
+            self._scheduler.call_on_worker(swap)
+        except SchedulerClosedError:  # shutting down: queued requests are answered there
+            if prepared is not None:
+                prepared[0].release_engine(prepared[1])
+            return False
+        if not done.wait(_SWAP_TIMEOUT_S):
+            log.error(
+                "execution_failover_swap_not_taken", model=slot.name, waited_s=_SWAP_TIMEOUT_S
+            )
+        return True
+
+    def _quarantine(self, handle: EngineHandle, reason: str) -> Path | None:
+        path = handle.engine_path
+        if path is None:
+            return None
+        try:
+            moved = quarantine(
+                path,
+                f"TensorRT failed to execute this engine while serving: {reason}; it is not "
+                "loaded again as-is (a rebuilt, validated engine takes its place)",
+            )
+        except OSError as exc:
+            log.error("failed_engine_not_quarantined", engine=str(path), error=str(exc))
+            return None
+        log.warning("engine_quarantined", engine=str(path), moved_to=str(moved), reason=reason)
+        return moved
