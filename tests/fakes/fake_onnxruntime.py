@@ -67,11 +67,12 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from tests.fakes import fake_tensorrt
+
+if TYPE_CHECKING:
+    import pytest
 
 MIMICS = "ONNX Runtime 1.18-1.20 Python API (onnxruntime_inference_collection.py)"
 TRT_EP = "TensorrtExecutionProvider"
