@@ -126,7 +126,8 @@ class EngineCacheEntry:
     """What a runtime can load: the artifact, the model it came from and how it was built.
 
     For ``onnx_trt_ep`` the artifact is the ``.onnx`` itself and
-    ``staged_engines`` lists prebuilt TRT EP engines to place in its cache.
+    ``staged_engines`` names (at most) one prebuilt engine, gated and loaded
+    through an EP-context model.
     """
 
     runtime_label: str
@@ -164,6 +165,12 @@ class EngineHandle:
     #: The engine file the ``tensorrt`` runtime deserialized (the one the gate
     #: passed); None for a runtime that loads the model itself.
     engine_path: Path | None = None
+    #: The providers the runtime asked for; None when it has no choice (TensorRT
+    #: direct): what it asked for is then what is active.
+    requested_providers: tuple[str, ...] | None = None
+    #: What the session lacks of what it wanted (``cpu_only``, ``no_tensorrt_ep``,
+    #: ``no_cuda_ep``), None when nothing.
+    provider_degradation: str | None = None
 
 
 @dataclass(frozen=True)

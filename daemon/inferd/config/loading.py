@@ -151,6 +151,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         gpu_memory_budget_bytes=runtime_table.take("gpu_memory_budget_bytes", int, 4 * 1024**3),
         ort_trt_cache_dir=_resolve(state_dir, cache_dir),
         ort_disallow_cpu_fallback=runtime_table.take("ort_disallow_cpu_fallback", bool, False),
+        ort_require_tensorrt_ep=runtime_table.take("ort_require_tensorrt_ep", bool, False),
         ort_intra_op_threads=runtime_table.take("ort_intra_op_threads", int, 0),
         device_id=runtime_table.take("device_id", int, 0),
         engine_dir=_resolve(state_dir, engine_dir),

@@ -95,6 +95,9 @@ class RuntimeConfig:
     gpu_memory_budget_bytes: int = 4 * 1024**3
     ort_trt_cache_dir: Path = Path("ort_trt_cache")
     ort_disallow_cpu_fallback: bool = False
+    #: Refuse an ONNX Runtime session without the TensorRT EP (CUDA-only or
+    #: CPU-only): the model fails over or is unavailable instead of serving slower.
+    ort_require_tensorrt_ep: bool = False
     ort_intra_op_threads: int = 0
     device_id: int = 0
     #: Where the ``tensorrt`` strategy keeps its engines, sidecars, timing and
@@ -160,6 +163,12 @@ class ModelConfig:
         _one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
         _positive(f"{where}.queue_capacity", self.queue_capacity)
         _non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
+        if len(self.staged_engines) > 1:
+            raise ConfigError(
+                f"{where}.staged_engines: onnx_trt_ep loads one prebuilt engine per model (an "
+                f"EP-context model whose one node is the whole graph), got "
+                f"{len(self.staged_engines)}: {[str(path) for path in self.staged_engines]}"
+            )
 
 
 ALERT_HOOKS: tuple[str, ...] = ("pub", "fdr", "mavlink")

@@ -38,11 +38,19 @@ KINDS: dict[str, RecordKind] = {
             "serves on ONNX Runtime.",
         ),
         _kind(
-            "c7.cpu_fallback",
-            {"model", "requested", "active"},
+            "c7.provider_degraded",
+            {
+                "model",
+                "degradation",
+                "requested",
+                "active",
+                "missing",
+                "refused",
+                "staged_engine_unused",
+            },
             critical=True,
-            description="ONNX Runtime could not create the GPU providers it asked for "
-            "and runs on CPU.",
+            description="An ONNX Runtime session lacks an execution provider the runtime "
+            "wants (TensorRT EP, CUDA EP, or both: CPU only).",
         ),
         _kind(
             "c7.thermal_transition",

@@ -183,6 +183,8 @@ class ModelSlot:
             "runtime": handle.runtime_label if handle else None,
             "fallback": self.is_fallback,
             "active_providers": list(handle.active_providers) if handle else [],
+            "requested_providers": _requested(handle),
+            "provider_degradation": handle.provider_degradation if handle else None,
             "reason": self.last_error,
         }
 
@@ -194,3 +196,10 @@ class ModelSlot:
             "inputs": [spec.as_wire() for spec in handle.inputs] if handle else [],
             "outputs": [spec.as_wire() for spec in handle.outputs] if handle else [],
         }
+
+
+def _requested(handle: EngineHandle | None) -> list[str]:
+    if handle is None:
+        return []
+    requested = handle.requested_providers
+    return list(handle.active_providers if requested is None else requested)

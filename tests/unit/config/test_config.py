@@ -60,6 +60,7 @@ enabled = ["onnx_trt_ep"]
 gpu_memory_budget_bytes = 1073741824
 ort_trt_cache_dir = "trt"
 ort_disallow_cpu_fallback = true
+ort_require_tensorrt_ep = true
 ort_intra_op_threads = 2
 
 [[models]]
@@ -78,6 +79,7 @@ default_deadline_ms = 40
     assert loaded.runtime.enabled == ("onnx_trt_ep",)
     assert loaded.runtime.ort_trt_cache_dir == Path("/var/lib/inferd/trt")
     assert loaded.runtime.ort_disallow_cpu_fallback is True
+    assert loaded.runtime.ort_require_tensorrt_ep is True
     (model,) = loaded.models
     assert (model.name, model.runtime, model.precision) == (
         "vo-net",
@@ -103,6 +105,11 @@ default_deadline_ms = 40
         (MINIMAL + "queue_capacity = true\n", "queue_capacity must be int, got bool"),
         (MINIMAL + "queue_capacity = '4'\n", "queue_capacity must be int, got str"),
         (MINIMAL + "colour = 'red'\n", "models[0]: unknown key(s) ['colour']"),
+        (
+            MINIMAL + "staged_engines = ['a.engine', 'b.engine']\n",
+            "staged_engines: onnx_trt_ep loads one prebuilt engine per model",
+        ),
+        ("[runtime]\nort_require_tensorrt_ep = 1\n" + MINIMAL, "must be bool, got int"),
         (
             "[runtime]\nort_trt_cache_dir = ''\n" + MINIMAL,
             "ort_trt_cache_dir must name a directory",

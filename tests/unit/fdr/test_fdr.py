@@ -34,10 +34,14 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "reason": "no tensorrt",
         "active_providers": ["CPU"],
     },
-    "c7.cpu_fallback": {
+    "c7.provider_degraded": {
         "model": "demo",
-        "requested": ["CUDAExecutionProvider"],
-        "active": ["CPUExecutionProvider"],
+        "degradation": "no_tensorrt_ep",
+        "requested": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+        "active": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        "missing": {"TensorrtExecutionProvider": "not_created"},
+        "refused": False,
+        "staged_engine_unused": None,
     },
     "c7.thermal_transition": {
         "throttle_active": True,
