@@ -354,7 +354,7 @@ _PROFILE_HEAD = '[[models]]\nname = "det"\npath = "det.onnx"\n[[models.profiles]
     ("profile", "message"),
     [
         (
-            'min_shape = [1]\nopt_shape = [1]\nmax_shape = [1]\n',
+            "min_shape = [1]\nopt_shape = [1]\nmax_shape = [1]\n",
             "models['det'].profiles[0].input_name is required",
         ),
         (
