@@ -31,7 +31,7 @@ from inferd.serving.switching import RuntimeSwitcher
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.thermal.monitor import ThermalMonitor
-from inferd.types import Alert
+from inferd.types import Alert, Liveness
 from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
@@ -244,14 +244,21 @@ class Daemon:
         flush_suppressed()  # the same for log lines held back by the repeat limiter
 
     # -- supervision (systemd) ------------------------------------------------
-    def liveness(self) -> dict[str, int | None]:
-        """Last beat (monotonic ns) of each thread the watchdog vouches for;
-        None for a thread that is not running."""
+    def liveness(self) -> dict[str, Liveness]:
+        """What each thread the watchdog vouches for last said: its beat (monotonic
+        ns; None when it is not running) and, for the engine worker, the long
+        operation it declared (a model loading)."""
         return {
-            "engine_worker": self.worker.last_beat_ns if self.worker.is_alive() else None,
-            "bus": self.bus.last_beat_ns if self.bus.is_alive() else None,
-            "publisher": self.publisher.last_beat_ns if self.publisher.is_alive() else None,
+            "engine_worker": self.worker.liveness(),
+            "bus": Liveness(self.bus.last_beat_ns if self.bus.is_alive() else None),
+            "publisher": Liveness(
+                self.publisher.last_beat_ns if self.publisher.is_alive() else None
+            ),
         }
+
+    def record(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """Write a flight-data-recorder record (nothing when the recorder is off)."""
+        self._record(kind, payload)
 
     def report_progress(self, model: str, text: str | None) -> None:
         """Seam for long work on a model (engine builds): ``text`` (e.g.
@@ -264,12 +271,14 @@ class Daemon:
                 self._progress[model] = text
             self._progress_marks += 1
 
-    def startup_progress(self) -> tuple[int, tuple[str, ...]]:
-        """Changes whenever start-up makes progress: a model finished loading
-        (serving or failed) or a progress report arrived."""
+    def startup_progress(self) -> tuple[int, tuple[str, ...], int | None]:
+        """Changes whenever start-up makes progress: a model started or finished
+        loading (serving or failed) or a progress report arrived."""
         with self._progress_lock:
             marks = self._progress_marks
-        return marks, tuple(slot.state for slot in self.slots.values())
+        busy = self.worker.liveness().busy
+        started = busy.started_ns if busy is not None else None
+        return marks, tuple(slot.state for slot in self.slots.values()), started
 
     def status_line(self) -> str:
         """The one-line ``STATUS=``: daemon state, then per model
