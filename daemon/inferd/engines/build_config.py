@@ -172,8 +172,8 @@ def unprofiled_dynamic_inputs(
     }
 
 
-def load_build_config(path: Path) -> BuildConfig:
-    """A build config JSON file."""
+def load_build_config(path: Path, *, defaults: BuildConfig | None = None) -> BuildConfig:
+    """A build config JSON file; keys it lacks come from ``defaults``."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -182,4 +182,4 @@ def load_build_config(path: Path) -> BuildConfig:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-    return parse_build_config(data, source=str(path))
+    return parse_build_config(data, source=str(path), defaults=defaults)
