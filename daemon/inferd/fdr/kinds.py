@@ -110,6 +110,13 @@ KINDS: dict[str, RecordKind] = {
             description="The recorder deleted its oldest segments to stay under its size cap.",
         ),
         _kind(
+            "c7.watchdog_withheld",
+            {"threads", "silence_limit_s", "watchdog_s"},
+            critical=True,
+            description="The systemd watchdog pings stopped: a watched thread went silent "
+            "without declaring a long operation, overran the one it declared, or died.",
+        ),
+        _kind(
             "c7.fdr_dropped",
             {"dropped", "reason"},
             critical=True,

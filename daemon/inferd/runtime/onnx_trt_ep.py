@@ -14,7 +14,7 @@ model (``ort_ep_context``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from inferd.errors import (
     InferenceError,
     OutOfMemoryError,
 )
+from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_options
 from inferd.runtime.ort_ep_context import EpContextModel, owned_directory, prepare_ep_context
 from inferd.runtime.ort_providers import (
     CPU_EP,
@@ -50,6 +51,7 @@ from inferd.types import (
     EngineCacheEntry,
     EngineHandle,
     HostTuple,
+    OptimizationProfile,
     PrecisionMode,
     RecordSink,
     TensorSpec,
@@ -99,7 +101,11 @@ class _Resident:
 
 
 def _build_provider_args(
-    config: RuntimeConfig, cache_dir: Path, model_sha256: str, precision: PrecisionMode
+    config: RuntimeConfig,
+    cache_dir: Path,
+    model_sha256: str,
+    precision: PrecisionMode,
+    profiles: Sequence[OptimizationProfile] = (),
 ) -> dict[str, dict[str, str]]:
     """Provider options by EP name.  The only place that names TRT EP option keys."""
     return {
@@ -115,6 +121,9 @@ def _build_provider_args(
             "trt_engine_cache_prefix": f"inferd_{model_sha256[:16]}",
             "trt_timing_cache_enable": "True",
             "trt_timing_cache_path": str(cache_dir),
+            # The model's profiles: without them a new input shape rebuilds the
+            # engine inside session.run (inferd.runtime.onnx_trt_ep_shapes).
+            **profile_options(profiles),
         },
         CUDA_EP: {"device_id": str(config.device_id)},
         CPU_EP: {},
@@ -161,19 +170,17 @@ def _int8_refusal(model_path: Path, precision: PrecisionMode) -> str | None:
     )
 
 
-def _spec(node: Any) -> TensorSpec:
+def _spec(node: Any, profile: OptimizationProfile | None = None) -> TensorSpec:
     dtype = _ONNX_TO_NUMPY.get(node.type)
     if dtype is None:
         raise EngineDeserializeError(f"tensor {node.name!r} has unsupported type {node.type}")
     shape = tuple(dim if isinstance(dim, int) and dim >= 0 else None for dim in node.shape)
-    return TensorSpec(name=node.name, dtype=dtype, shape=shape)
+    return TensorSpec(name=node.name, dtype=dtype, shape=shape, profile=profile)
 
 
 def _warm_up_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
-    return {
-        spec.name: np.zeros(tuple(1 if dim is None else dim for dim in spec.shape), spec.dtype)
-        for spec in specs
-    }
+    """Zeros at each input's opt shape (its static shape when it has no profile)."""
+    return {spec.name: np.zeros(spec.warm_up_shape(), spec.dtype) for spec in specs}
 
 
 class OnnxTrtEpRuntime:
@@ -232,12 +239,19 @@ class OnnxTrtEpRuntime:
         )
         if refused is not None:
             raise EngineDeserializeError(refused)
+        profiles = entry.build_config.profiles
+        tensorrt_ep = TRT_EP in requested
+        by_input = (
+            check_model_profiles(entry.model_path, profiles, tensorrt_ep=tensorrt_ep)
+            if profiles or tensorrt_ep
+            else {}
+        )
         cache_dir = owned_directory(self._config.ort_trt_cache_dir / entry.model_sha256[:16])
         context, unused = self._staged_context(entry, requested, cache_dir)
         session = self._create_session(entry, requested, cache_dir, context)
         resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
         self._check_providers(entry, resolution, unused)
-        inputs = tuple(_spec(node) for node in session.get_inputs())
+        inputs = tuple(_spec(node, by_input.get(node.name)) for node in session.get_inputs())
         outputs = tuple(_spec(node) for node in session.get_outputs())
         output_names = [spec.name for spec in outputs]
         try:
@@ -303,7 +317,11 @@ class OnnxTrtEpRuntime:
     ) -> Any:
         ort = self._ort
         all_options = _build_provider_args(
-            self._config, cache_dir, entry.model_sha256, entry.build_config.precision
+            self._config,
+            cache_dir,
+            entry.model_sha256,
+            entry.build_config.precision,
+            entry.build_config.profiles,
         )
         options = ort.SessionOptions()
         options.log_severity_level = 3

@@ -20,7 +20,6 @@ from inferd.serving.stats import ModelStats
 from inferd.types import (
     Alert,
     AlertSink,
-    BuildConfig,
     EngineHandle,
     EventSink,
     RecordSink,
@@ -127,9 +126,7 @@ class ModelSlot:
             record=sinks.record,
             thermal=sinks.thermal,
         )
-        entry = runtime.compile_engine(
-            self.config.path, BuildConfig(precision=self.config.precision)
-        )
+        entry = runtime.compile_engine(self.config.path, self.config.build_config())
         entry = dataclasses.replace(entry, staged_engines=self.config.staged_engines)
         return runtime, runtime.deserialize_engine(entry)
 

@@ -76,6 +76,19 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "max_total_bytes": 100,
     },
     "c7.fdr_dropped": {"dropped": 2, "reason": "queue full"},
+    "c7.watchdog_withheld": {
+        "threads": {
+            "engine_worker": {
+                "reason": "overran",
+                "silent_s": 612.0,
+                "operation": "loading demo (onnx_trt_ep)",
+                "elapsed_s": 612.0,
+                "allowed_s": 600.0,
+            }
+        },
+        "silence_limit_s": 5.0,
+        "watchdog_s": 10.0,
+    },
 }
 
 
