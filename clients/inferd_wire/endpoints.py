@@ -92,6 +92,26 @@ def unsafe_directory_reason(path: Path, owner_uid: int | None) -> str | None:
     return None
 
 
+def unsafe_ancestor_reason(path: Path) -> str | None:
+    """Why a directory above ``path`` (after resolving symlinks) would let another
+    user swap ``path`` for their own, or None: each must be owned by root or by this
+    uid, and writable by others only with the sticky bit (``/tmp``), which keeps
+    them from renaming what is not theirs."""
+    for ancestor in Path(os.path.realpath(path)).parents:
+        try:
+            info = os.stat(ancestor)
+        except OSError as exc:
+            return f"has an ancestor {ancestor} that cannot be examined ({exc.strerror})"
+        if info.st_uid not in (0, os.geteuid()):
+            return f"is inside {ancestor}, which uid {info.st_uid} owns"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return (
+                f"is inside {ancestor}, which others may write "
+                f"(mode {stat.S_IMODE(info.st_mode):04o}, no sticky bit)"
+            )
+    return None
+
+
 def check_client_endpoint(endpoint: str) -> str:
     """``endpoint``, when a client may connect to it; ``UnsafeEndpointError`` when it
     is an ipc:// socket in a directory another user could have replaced it in."""

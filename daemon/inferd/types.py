@@ -190,6 +190,9 @@ class EngineHandle:
     #: What the session lacks of what it wanted (``cpu_only``, ``no_tensorrt_ep``,
     #: ``no_cuda_ep``), None when nothing.
     provider_degradation: str | None = None
+    #: Why the runtime serves without its engine cache (the TensorRT EP then builds
+    #: at every load), None when it has one or needs none.
+    engine_cache_error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -314,7 +314,12 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
             self._providers = registered
             self._provider_options = registered_options
             state.sessions.append(
-                {"model": self._model_path, "requested": names, "registered": list(registered)}
+                {
+                    "model": self._model_path,
+                    "requested": names,
+                    "registered": list(registered),
+                    "options": registered_options,
+                }
             )
 
         def _inner_session(self, registered: list[str]) -> Any:

@@ -145,3 +145,31 @@ def test_a_staged_engine_serves_through_the_tensorrt_ep(
     assert daemon.stop() == 0, daemon.log()
     kinds = {r["kind"] for r in fdr_records(daemon)}
     assert not kinds & {"c7.engine_refused", "c7.provider_degraded"}, kinds
+
+
+# -- serving never depends on a writable engine cache (issue "security and resource
+# limits", point 6) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fake_gpu_providers", [False, True], ids=["cpu-build", "trt-ep"])
+def test_a_read_only_cache_location_still_serves(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path, fake_gpu_providers: bool
+) -> None:
+    blocked = tmp_path / "full-disk"
+    blocked.write_text("a file where the cache dir's parent should be: mkdir fails")
+    daemon = daemon_factory(
+        runtime={"ort_trt_cache_dir": str(blocked / "cache")},
+        env=fake_ort_env({}) if fake_gpu_providers else None,
+    )
+    infer_checked(daemon, demo_model)
+    reply, _frames = call(daemon.control, {"v": 1, "id": 1, "op": "status"})
+    assert_valid("status_reply.json#/$defs/ok", reply)
+    (model,) = reply["result"]["models"]
+    assert model["state"] == "serving"
+    if fake_gpu_providers:
+        assert "runtime.ort_trt_cache_dir" in model["engine_cache_error"]
+    else:  # only the TensorRT EP caches: nothing to lack
+        assert model["engine_cache_error"] is None
+    assert daemon.stop() == 0, daemon.log()
+    unavailable = [r for r in fdr_records(daemon) if r["kind"] == "c7.ort_cache_unavailable"]
+    assert len(unavailable) == (1 if fake_gpu_providers else 0)

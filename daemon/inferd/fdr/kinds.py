@@ -38,6 +38,14 @@ KINDS: dict[str, RecordKind] = {
             "serves on ONNX Runtime.",
         ),
         _kind(
+            "c7.ort_cache_unavailable",
+            {"model", "reason", "staged_engines"},
+            critical=False,
+            description="An onnx_trt_ep model serves without the TensorRT EP's engine "
+            "cache (its directory cannot be had): it builds its engine at every load and "
+            "leaves its staged engine unused.",
+        ),
+        _kind(
             "c7.provider_degraded",
             {
                 "model",

@@ -31,9 +31,12 @@ from inferd.errors import (
     EngineDeserializeError,
     InferenceError,
     OutOfMemoryError,
+    UnsafeDirectoryError,
 )
+from inferd.owned_files import ensure_owned_dir
 from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_options
-from inferd.runtime.ort_ep_context import EpContextModel, owned_directory, prepare_ep_context
+from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
+from inferd.runtime.ort_precision import int8_refusal
 from inferd.runtime.ort_providers import (
     CPU_EP,
     CUDA_EP,
@@ -62,6 +65,7 @@ __all__ = ["CPU_EP", "CUDA_EP", "LABEL", "PREFERRED_PROVIDERS", "TRT_EP", "OnnxT
 
 LABEL = "onnx_trt_ep"
 FALLBACK_EVENT = "c7.fallback_to_onnx_trt_ep"
+CACHE_UNAVAILABLE_KIND = "c7.ort_cache_unavailable"
 
 #: ONNX type strings -> numpy dtype names (the wire's dtype vocabulary).
 _ONNX_TO_NUMPY: dict[str, str] = {
@@ -102,18 +106,17 @@ class _Resident:
 
 def _build_provider_args(
     config: RuntimeConfig,
-    cache_dir: Path,
+    cache_dir: Path | None,
     model_sha256: str,
     precision: PrecisionMode,
     profiles: Sequence[OptimizationProfile] = (),
 ) -> dict[str, dict[str, str]]:
-    """Provider options by EP name.  The only place that names TRT EP option keys."""
-    return {
-        TRT_EP: {
-            "device_id": str(config.device_id),
-            "trt_max_workspace_size": str(workspace_cap_bytes(config.gpu_memory_budget_bytes)),
-            "trt_fp16_enable": str(precision in (PrecisionMode.FP16, PrecisionMode.MIXED)),
-            "trt_int8_enable": str(precision in (PrecisionMode.INT8, PrecisionMode.MIXED)),
+    """Provider options by EP name.  The only place that names TRT EP option keys.
+    Without a ``cache_dir`` the TensorRT EP caches nothing (it builds at every load)."""
+    cache: dict[str, str] = (
+        {"trt_engine_cache_enable": "False", "trt_timing_cache_enable": "False"}
+        if cache_dir is None
+        else {
             "trt_engine_cache_enable": "True",
             "trt_engine_cache_path": str(cache_dir),
             # Keyed by content, not file name: two models called model.onnx with
@@ -121,6 +124,15 @@ def _build_provider_args(
             "trt_engine_cache_prefix": f"inferd_{model_sha256[:16]}",
             "trt_timing_cache_enable": "True",
             "trt_timing_cache_path": str(cache_dir),
+        }
+    )
+    return {
+        TRT_EP: {
+            "device_id": str(config.device_id),
+            "trt_max_workspace_size": str(workspace_cap_bytes(config.gpu_memory_budget_bytes)),
+            "trt_fp16_enable": str(precision in (PrecisionMode.FP16, PrecisionMode.MIXED)),
+            "trt_int8_enable": str(precision in (PrecisionMode.INT8, PrecisionMode.MIXED)),
+            **cache,
             # The model's profiles: without them a new input shape rebuilds the
             # engine inside session.run (inferd.runtime.onnx_trt_ep_shapes).
             **profile_options(profiles),
@@ -128,46 +140,6 @@ def _build_provider_args(
         CUDA_EP: {"device_id": str(config.device_id)},
         CPU_EP: {},
     }
-
-
-#: The ops of an explicitly quantized (Q/DQ) model: it carries its own INT8 scales.
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-
-
-def _int8_refusal(model_path: Path, precision: PrecisionMode) -> str | None:
-    """Why the TensorRT EP must not build ``model_path`` with ``precision``, or None.
-
-    With ``trt_int8_enable`` TensorRT needs INT8 scales.  A Q/DQ model brings
-    its own (ONNX Runtime's docs: no calibration table for Q/DQ models).  For any
-    other model the EP takes them only from ``trt_int8_calibration_table_name``
-    (a file under ``trt_engine_cache_path``); the daemon's calibration caches
-    belong to TensorRT engines (trusted only beside them, with their sidecars),
-    and this runtime has none to give.  Without scales TensorRT would not run
-    those layers in INT8 and ONNX Runtime would not say so: the model is refused."""
-    if precision not in (PrecisionMode.INT8, PrecisionMode.MIXED):
-        return None
-    import onnx
-
-    try:
-        model = onnx.load(str(model_path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, OSError, ...
-        return f"cannot read {model_path} to look for Q/DQ nodes: {exc}"
-    graphs = [model.graph, *model.functions]  # a FunctionProto has nodes too
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            if node.op_type in _QDQ_OPS:
-                return None
-            for attribute in node.attribute:
-                graphs.extend([attribute.g] if attribute.HasField("g") else [])
-                graphs.extend(attribute.graphs)
-    return (
-        f"{model_path}: precision {precision.value!r} on onnx_trt_ep needs a model with "
-        "Q/DQ (QuantizeLinear/DequantizeLinear) nodes; this one has none, and ONNX "
-        "Runtime's TensorRT EP would need an INT8 calibration table this runtime does not "
-        "have. Quantize the model (Q/DQ), serve it as fp16 or fp32 on onnx_trt_ep, or build "
-        "a calibrated engine (inferd build --calibration-data) for the tensorrt runtime"
-    )
 
 
 def _spec(node: Any, profile: OptimizationProfile | None = None) -> TensorSpec:
@@ -233,7 +205,7 @@ class OnnxTrtEpRuntime:
         # A staged engine was built with its precision (the gate checks the build
         # config): the TensorRT EP builds nothing and needs no INT8 scales.
         refused = (
-            _int8_refusal(entry.model_path, entry.build_config.precision)
+            int8_refusal(entry.model_path, entry.build_config.precision)
             if TRT_EP in requested and not entry.staged_engines
             else None
         )
@@ -246,7 +218,7 @@ class OnnxTrtEpRuntime:
             if profiles or tensorrt_ep
             else {}
         )
-        cache_dir = owned_directory(self._config.ort_trt_cache_dir / entry.model_sha256[:16])
+        cache_dir, cache_error = self._engine_cache(entry, requested)
         context, unused = self._staged_context(entry, requested, cache_dir)
         session = self._create_session(entry, requested, cache_dir, context)
         resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
@@ -270,6 +242,7 @@ class OnnxTrtEpRuntime:
             is_fallback=self._is_fallback,
             requested_providers=resolution.requested,
             provider_degradation=resolution.degradation,
+            engine_cache_error=cache_error,
         )
         self._residents[handle.handle_id] = _Resident(session=session, output_names=output_names)
         log.info(
@@ -282,8 +255,41 @@ class OnnxTrtEpRuntime:
         )
         return handle
 
+    def _engine_cache(
+        self, entry: EngineCacheEntry, requested: list[str]
+    ) -> tuple[Path | None, str | None]:
+        """The model's TensorRT EP cache dir, or (None, why) when it cannot be had.
+        Only the TensorRT EP caches, and serving never depends on it: a full,
+        read-only or unsafe state dir costs a build at every load (and a staged
+        engine, whose context model lives there), recorded, alerted and in status."""
+        if TRT_EP not in requested:
+            return None, None
+        try:
+            parent = ensure_owned_dir(
+                self._config.ort_trt_cache_dir, what="runtime.ort_trt_cache_dir"
+            )
+            directory = ensure_owned_dir(parent / entry.model_sha256[:16], what="its model's cache")
+            return directory, None
+        except UnsafeDirectoryError as exc:
+            reason = str(exc)
+        staged = [str(path) for path in entry.staged_engines]
+        payload = {"model": entry.model_path.stem, "reason": reason, "staged_engines": staged}
+        self._record(CACHE_UNAVAILABLE_KIND, payload)
+        log.warning(CACHE_UNAVAILABLE_KIND, **payload)
+        unused = f"; staged engine {staged[0]} not used" if staged else ""
+        self._alert(
+            Alert(
+                "WARNING",
+                CACHE_UNAVAILABLE_KIND,
+                f"{entry.model_path.name}: serving without the TensorRT EP engine cache (it "
+                f"builds its engine at every load){unused}: {reason}",
+                {"reason": reason},
+            )
+        )
+        return None, reason
+
     def _staged_context(
-        self, entry: EngineCacheEntry, requested: list[str], cache_dir: Path
+        self, entry: EngineCacheEntry, requested: list[str], cache_dir: Path | None
     ) -> tuple[EpContextModel | None, str | None]:
         """The EP-context model of the model's staged engine (gated), or why none:
         ``(None, engine)`` when this ONNX Runtime has no TensorRT EP to load it (the
@@ -298,6 +304,8 @@ class OnnxTrtEpRuntime:
         (engine,) = entry.staged_engines
         if TRT_EP not in requested:
             return None, str(engine)
+        if cache_dir is None:  # reported by _engine_cache
+            return None, None
         context = prepare_ep_context(
             engine,
             entry,
@@ -312,7 +320,7 @@ class OnnxTrtEpRuntime:
         self,
         entry: EngineCacheEntry,
         requested: list[str],
-        cache_dir: Path,
+        cache_dir: Path | None,
         context: EpContextModel | None,
     ) -> Any:
         ort = self._ort

@@ -25,8 +25,6 @@ name is never loaded: the EP names its cache files itself.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ from inferd.durable import atomic_write_bytes
 from inferd.engines.gate import EngineGate, ValidatedEngine
 from inferd.engines.manifest import deployment_manifest
 from inferd.errors import EngineDeserializeError
+from inferd.owned_files import ensure_owned_dir
 from inferd.types import EngineCacheEntry, HostTuple, RecordSink
 
 EP_CONTEXT_OP = "EPContext"
@@ -54,28 +53,6 @@ class EpContextModel:
 
     path: Path
     engine: ValidatedEngine
-
-
-def owned_directory(path: Path) -> Path:
-    """``path`` created if needed (mode 0700), after checking that it is a real
-    directory (not a symlink) owned by this process's user: ONNX Runtime reads
-    models and engines from it, so nobody else may place files there."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        status = os.lstat(path)
-    except OSError as exc:
-        raise EngineDeserializeError(f"cannot prepare directory {path}: {exc}") from exc
-    if not stat.S_ISDIR(status.st_mode):
-        raise EngineDeserializeError(
-            f"{path} is not a directory (a symlink or a file): the daemon loads models only "
-            "from directories it owns"
-        )
-    if status.st_uid != os.geteuid():
-        raise EngineDeserializeError(
-            f"{path} belongs to uid {status.st_uid}, not to this daemon (uid {os.geteuid()}): "
-            "the daemon loads models only from directories it owns"
-        )
-    return path
 
 
 def gate_staged_engine(
@@ -157,7 +134,8 @@ def prepare_ep_context(
     record: RecordSink,
     host_tuple: Callable[..., HostTuple],
 ) -> EpContextModel:
-    """Gate ``engine``, then write its EP-context model into ``directory`` (owned)."""
+    """Gate ``engine``, then write its EP-context model into ``directory`` (the
+    daemon's own: ``inferd.owned_files.ensure_owned_dir``)."""
     import onnx
 
     validated, host = gate_staged_engine(
@@ -170,7 +148,9 @@ def prepare_ep_context(
         raise EngineDeserializeError(
             f"the EP-context model for staged engine {validated.path.name} is malformed: {exc}"
         ) from exc
-    path = context_model_path(owned_directory(directory), validated)
+    path = context_model_path(
+        ensure_owned_dir(directory, what="runtime.ort_trt_cache_dir"), validated
+    )
     try:
         atomic_write_bytes(path, data, mode=0o600)
     except OSError as exc:

@@ -182,6 +182,7 @@ class ModelSlot:
             "active_providers": list(handle.active_providers) if handle else [],
             "requested_providers": _requested(handle),
             "provider_degradation": handle.provider_degradation if handle else None,
+            "engine_cache_error": handle.engine_cache_error if handle else None,
             "reason": self.last_error,
         }
 

@@ -34,6 +34,12 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "reason": "no tensorrt",
         "active_providers": ["CPU"],
     },
+    "c7.ort_cache_unavailable": {
+        "model": "demo",
+        "reason": "runtime.ort_trt_cache_dir /var/lib/inferd/ort_trt_cache/0123 cannot be "
+        "created: Read-only file system",
+        "staged_engines": [],
+    },
     "c7.provider_degraded": {
         "model": "demo",
         "degradation": "no_tensorrt_ep",

@@ -27,6 +27,7 @@ from inferd.types import (
     RecordSink,
     ThermalState,
 )
+from tests.fakes import fake_onnxruntime
 
 
 class Alerts(list[Alert]):
@@ -183,8 +184,12 @@ def test_fallback_runtime_alerts_once_per_activation(tmp_path: Path, demo_model:
     assert len(alerts) == 2
 
 
-def test_caches_are_keyed_by_content_not_file_name(tmp_path: Path) -> None:
-    """Two files called model.onnx whose weights differ must never share an engine."""
+def test_caches_are_keyed_by_content_not_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two files called model.onnx whose weights differ must never share an engine
+    (on the fake ONNX Runtime: only the TensorRT EP caches)."""
+    fake_onnxruntime.install(monkeypatch)
     first = write_demo_model(tmp_path / "a" / "model.onnx")
     model = build_demo_model()
     second_path = tmp_path / "b" / "model.onnx"

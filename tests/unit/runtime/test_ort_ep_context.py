@@ -241,20 +241,31 @@ def test_without_a_tensorrt_ep_in_the_build_the_onnx_serves_and_the_engine_is_re
     infer(runtime, handle, demo_model)
 
 
-def test_the_cache_directory_must_be_a_directory_the_daemon_owns(
+def test_a_cache_directory_not_the_daemons_own_is_not_used(
     bench: Bench, demo_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """A symlink where the model's cache dir should be: nothing is written through it;
+    the model serves from its ``.onnx`` without the cache and the staged engine goes
+    unused, recorded and alerted (serving never depends on the cache)."""
     engine = bench.deployed(None, demo_model).artifact_path
-    fake_onnxruntime.install(monkeypatch)
-    runtime = make_runtime(bench, Sinks())
+    ort = fake_onnxruntime.install(monkeypatch)
+    sinks = Sinks()
+    runtime = make_runtime(bench, sinks)
     entry = staged_entry(runtime, demo_model, engine)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (bench.root / "ort").mkdir()
     (bench.root / "ort" / entry.model_sha256[:16]).symlink_to(elsewhere)
-    with pytest.raises(EngineDeserializeError, match=r"not a directory \(a symlink"):
-        runtime.deserialize_engine(entry)
+    handle = runtime.deserialize_engine(entry)
+    infer(runtime, handle, demo_model)
     assert list(elsewhere.iterdir()) == []
+    assert Path(ort.sessions[-1]["model"]) == demo_model  # the .onnx, no context model
+    assert handle.engine_cache_error is not None and "is a symbolic link" in (
+        handle.engine_cache_error
+    )
+    assert sinks.kinds() == ["c7.ort_cache_unavailable"]
+    (alert,) = sinks.alerts
+    assert f"staged engine {engine} not used" in alert.message
 
 
 # -- the format, checked by the real ONNX Runtime on this machine's CPU ------------------

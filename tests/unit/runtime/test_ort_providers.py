@@ -255,3 +255,48 @@ def test_the_one_comparison(
     assert (resolution.missing, resolution.degradation) == (missing, degradation)
     not_created = tuple(name for name, cause in missing.items() if cause == "not_created")
     assert resolution.dropped_silently == not_created
+
+
+# -- serving never depends on a writable engine cache (issue "security and resource
+# limits", point 6) --------------------------------------------------------------------
+
+
+def test_a_cpu_only_session_needs_no_cache_dir(tmp_path: Path, demo_model: Path) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the cache dir's parent should be")
+    sinks = Sinks()
+    runtime = OnnxTrtEpRuntime(
+        RuntimeConfig(ort_trt_cache_dir=blocked / "cache"),
+        alert=sinks.alert,
+        record=sinks.record,
+        thermal=ThermalState.unavailable,
+    )
+    handle = load(runtime, demo_model)  # this build has the CPU provider only
+    infer_matches_the_cpu(runtime, handle, demo_model)
+    assert handle.engine_cache_error is None
+    assert [kind for kind, _ in sinks.records] == ["c7.provider_degraded"]
+
+
+def test_an_unusable_cache_dir_serves_on_the_tensorrt_ep_without_a_cache(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ort = fake_onnxruntime.install(monkeypatch)
+    shared = tmp_path / "cache"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could plant an engine in it
+    sinks = Sinks()
+    runtime = make_runtime(tmp_path, sinks)
+    handle = load(runtime, demo_model)
+    infer_matches_the_cpu(runtime, handle, demo_model)
+    assert handle.active_providers == (TRT_EP, CUDA_EP, CPU_EP)
+    assert handle.engine_cache_error is not None
+    assert "runtime.ort_trt_cache_dir" in handle.engine_cache_error
+    assert "is writable by its group and others" in handle.engine_cache_error
+    options = ort.sessions[-1]["options"][TRT_EP]
+    assert options["trt_engine_cache_enable"] == "False"
+    assert "trt_engine_cache_path" not in options and "trt_timing_cache_path" not in options
+    ((kind, payload),) = sinks.records
+    assert kind == "c7.ort_cache_unavailable" and payload["staged_engines"] == []
+    (alert,) = sinks.alerts
+    assert (alert.level, alert.code) == ("WARNING", "c7.ort_cache_unavailable")
+    assert list(shared.iterdir()) == []  # nothing written into it
