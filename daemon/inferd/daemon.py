@@ -59,7 +59,9 @@ class Daemon:
         self.slots: dict[str, ModelSlot] = {}
         for model in config.models:
             self.slots[model.name] = ModelSlot(model)
-            self.scheduler.add_model(model.name, model.queue_capacity, model.queue_policy)
+            self.scheduler.add_model(
+                model.name, model.queue_capacity, model.queue_policy, model.queue_max_bytes
+            )
         self.publisher = EventPublisher(
             self._context,
             config.bus.events_endpoint,
@@ -412,6 +414,8 @@ class Daemon:
                     **slot.describe_runtime(),
                     "queue_depth": self.scheduler.depth(name),
                     "queue_capacity": slot.config.queue_capacity,
+                    "queue_bytes": self.scheduler.queued_bytes(name),
+                    "queue_max_bytes": slot.config.queue_max_bytes,
                     "queue_policy": slot.config.queue_policy,
                     **slot.stats.snapshot(),
                 }
