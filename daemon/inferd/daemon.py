@@ -15,7 +15,6 @@ import zmq
 import inferd
 from inferd.alerts.dispatcher import AlertDispatcher
 from inferd.alerts.factory import build_alert_hooks
-from inferd.bus.codec import Limits
 from inferd.bus.publisher import EventPublisher
 from inferd.bus.server import BusServer
 from inferd.config import Config
@@ -133,13 +132,7 @@ class Daemon:
         )
         self.bus = BusServer(
             self._context,
-            infer_endpoint=config.bus.infer_endpoint,
-            control_endpoint=config.bus.control_endpoint,
-            limits=Limits(
-                max_message_bytes=config.bus.max_message_bytes,
-                max_header_bytes=config.bus.max_header_bytes,
-                max_frames=config.bus.max_frames,
-            ),
+            config.bus,
             handler=self.router,
             linger_ms=config.daemon.shutdown_linger_ms,
         )
@@ -434,8 +427,7 @@ class Daemon:
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
             "bus": {
-                "malformed": self.bus.counters.malformed,
-                "unroutable_replies": self.bus.counters.unroutable_replies,
+                **self.bus.status(),
                 "events_published": self.publisher.published,
                 "events_dropped": self.publisher.dropped,
             },
