@@ -15,7 +15,6 @@ import zmq
 import inferd
 from inferd.alerts.dispatcher import AlertDispatcher
 from inferd.alerts.factory import build_alert_hooks
-from inferd.bus.codec import Limits
 from inferd.bus.publisher import EventPublisher
 from inferd.bus.server import BusServer
 from inferd.config import Config
@@ -61,7 +60,9 @@ class Daemon:
         self.slots: dict[str, ModelSlot] = {}
         for model in config.models:
             self.slots[model.name] = ModelSlot(model)
-            self.scheduler.add_model(model.name, model.queue_capacity, model.queue_policy)
+            self.scheduler.add_model(
+                model.name, model.queue_capacity, model.queue_policy, model.queue_max_bytes
+            )
         self.publisher = EventPublisher(
             self._context,
             config.bus.events_endpoint,
@@ -133,13 +134,7 @@ class Daemon:
         )
         self.bus = BusServer(
             self._context,
-            infer_endpoint=config.bus.infer_endpoint,
-            control_endpoint=config.bus.control_endpoint,
-            limits=Limits(
-                max_message_bytes=config.bus.max_message_bytes,
-                max_header_bytes=config.bus.max_header_bytes,
-                max_frames=config.bus.max_frames,
-            ),
+            config.bus,
             handler=self.router,
             linger_ms=config.daemon.shutdown_linger_ms,
         )
@@ -409,6 +404,8 @@ class Daemon:
                     **slot.describe_runtime(),
                     "queue_depth": self.scheduler.depth(name),
                     "queue_capacity": slot.config.queue_capacity,
+                    "queue_bytes": self.scheduler.queued_bytes(name),
+                    "queue_max_bytes": slot.config.queue_max_bytes,
                     "queue_policy": slot.config.queue_policy,
                     **slot.stats.snapshot(),
                 }
@@ -427,8 +424,7 @@ class Daemon:
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
             "bus": {
-                "malformed": self.bus.counters.malformed,
-                "unroutable_replies": self.bus.counters.unroutable_replies,
+                **self.bus.status(),
                 "events_published": self.publisher.published,
                 "events_dropped": self.publisher.dropped,
             },

@@ -8,6 +8,7 @@ used by two threads.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +19,10 @@ import structlog
 import zmq
 
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
+from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES, HeapTrimmer
+from inferd.bus.intake import Intake, Oversized
+from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
+from inferd.config import BusConfig
 from inferd_wire import protocol
 from inferd_wire.multipart import readable, recv_frames, send_frames
 from inferd_wire.protocol import Code, ProtocolError
@@ -25,7 +30,10 @@ from inferd_wire.protocol import Code, ProtocolError
 REPLIES_ENDPOINT = "inproc://inferd-replies"
 _MAX_POLL_MS = 50
 _BATCH = 64
-_ROUTER_SNDHWM = 10_000
+#: Messages per peer pipe.  Reply bytes are bounded by the ReplyBudget; this
+#: bounds the count of small ones (libzmq's default).
+_ROUTER_SNDHWM = 1000
+_ROUTER_RCVHWM = 10_000
 
 log = structlog.get_logger("inferd.bus")
 
@@ -71,6 +79,9 @@ class RequestHandler(Protocol):
 class BusCounters:
     malformed: int = 0
     unroutable_replies: int = 0
+    #: Messages refused for their frame count or bytes, and the bytes let go unread.
+    oversized_messages: int = 0
+    oversized_bytes: int = 0
     by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0})
 
 
@@ -78,19 +89,26 @@ class BusServer(threading.Thread):
     def __init__(
         self,
         context: zmq.Context[Any],
+        config: BusConfig,
         *,
-        infer_endpoint: str,
-        control_endpoint: str,
-        limits: Limits,
         handler: RequestHandler,
         linger_ms: int,
     ) -> None:
         super().__init__(name="inferd-bus", daemon=True)
         self._context = context
-        self._limits = limits
+        self._config = config
+        self._limits = Limits(
+            max_message_bytes=config.max_message_bytes,
+            max_header_bytes=config.max_header_bytes,
+            max_frames=config.max_frames,
+        )
         self._handler = handler
         self._linger_ms = linger_ms
-        self._endpoints = {"infer": infer_endpoint, "control": control_endpoint}
+        self._endpoints = {"infer": config.infer_endpoint, "control": config.control_endpoint}
+        self._trimmer = HeapTrimmer()
+        self.replies = ReplyBudget(
+            config.max_reply_bytes_per_peer, config.max_reply_bytes_total, self._trimmer
+        )
         self._stop_requested = threading.Event()
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
@@ -104,6 +122,16 @@ class BusServer(threading.Thread):
             raise TimeoutError("bus thread did not bind its sockets in time")
         if self._bind_error is not None:
             raise self._bind_error
+
+    def status(self) -> dict[str, Any]:
+        """The bus counters for the ``status`` op (on the bus thread)."""
+        return {
+            "malformed": self.counters.malformed,
+            "unroutable_replies": self.counters.unroutable_replies,
+            "oversized_messages": self.counters.oversized_messages,
+            "oversized_bytes": self.counters.oversized_bytes,
+            "replies": self.replies.status(),
+        }
 
     def stop(self) -> None:
         """Finish forwarding pending replies, then close the sockets and exit."""
@@ -137,7 +165,11 @@ class BusServer(threading.Thread):
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_message_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.SNDHWM, _ROUTER_SNDHWM)
-        sock.setsockopt(zmq.RCVHWM, _ROUTER_SNDHWM)
+        sock.setsockopt(zmq.RCVHWM, _ROUTER_RCVHWM)
+        # A peer silent after a PING (its process frozen, its host gone) is
+        # disconnected and its pipe, with the replies queued to it, freed.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, self._config.heartbeat_interval_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._config.heartbeat_timeout_ms)
         sock.bind(self._endpoints[name])
         return sock
 
@@ -147,8 +179,11 @@ class BusServer(threading.Thread):
         poller = zmq.Poller()
         for sock in (infer, control, replies):
             poller.register(sock, zmq.POLLIN)
+        intakes = {"infer": Intake(infer, self._limits), "control": Intake(control, self._limits)}
         while True:
             self.last_beat_ns = time.monotonic_ns()
+            self.replies.collect()
+            self._trimmer.run_due(self.last_beat_ns)
             # Read the stop flag *before* polling: whatever was queued before
             # stop() (the worker's last replies, the shutdown failures) is then
             # seen by this pass, so the loop never exits with a reply unsent.
@@ -157,12 +192,13 @@ class BusServer(threading.Thread):
             if replies in ready:
                 self._forward_replies(replies, infer)
             if infer in ready:
-                self._serve(infer, "infer", self._handler.handle_infer)
+                self._serve("infer", intakes["infer"], self._handler.handle_infer)
             if control in ready:
-                self._serve(control, "control", self._handler.handle_control)
+                self._serve("control", intakes["control"], self._handler.handle_control)
             due = self._handler.due_replies(time.monotonic_ns())
             for reply in due:
-                self._send(control if reply.socket == "control" else infer, reply.parts())
+                on_control = reply.socket == "control"
+                self._send(control if on_control else infer, reply.socket, reply.parts())
             if stopping and not ready and not due:
                 return
 
@@ -182,20 +218,43 @@ class BusServer(threading.Thread):
                 parts = recv_frames(replies, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._send(infer, parts)
+            self._send(infer, "infer", parts)
 
-    def _serve(self, sock: zmq.Socket[Any], name: str, handle: Any) -> None:
+    def _serve(self, name: str, intake: Intake, handle: Any) -> None:
         for index in range(_BATCH):
-            if index and not readable(sock):
+            if index and not readable(intake.socket):
                 return
-            try:
-                frames = recv_frames(sock, zmq.NOBLOCK)
-            except zmq.Again:
+            received = intake.receive()
+            if received is None:
                 return
             self.counters.by_socket[name] += 1
-            reply = self._dispatch(frames, handle)
+            if isinstance(received, Oversized):
+                reply: Reply | None = self._refuse_oversized(received)
+            else:
+                reply = self._dispatch(received, handle)
             if reply is not None:
-                self._send(sock, reply.parts())
+                self._send(intake.socket, name, reply.parts())
+
+    def _refuse_oversized(self, oversized: Oversized) -> Reply:
+        """Answer a message the intake read to its end without keeping it."""
+        self.counters.oversized_messages += 1
+        self.counters.oversized_bytes += oversized.nbytes
+        if oversized.nbytes + oversized.frames * FRAME_OVERHEAD_BYTES >= BULK_RELEASE_BYTES:
+            self._trimmer.request(time.monotonic_ns())
+        request = None
+        if oversized.header is not None:
+            with contextlib.suppress(ProtocolError):  # unreadable: answered without an id
+                request = decode_request([oversized.header], self._limits)
+        error = oversized.error(self._limits)
+        self.counters.malformed += 1
+        log.info(
+            "request_refused",
+            code=str(error.code),
+            reason=error.message,
+            frames=oversized.frames,
+            nbytes=oversized.nbytes,
+        )
+        return error_reply(request, oversized.envelope, error)
 
     def _dispatch(self, frames: list[zmq.Frame], handle: Any) -> Reply | None:
         envelope, body = split_envelope(frames)
@@ -216,11 +275,23 @@ class BusServer(threading.Thread):
                 request, envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
             )
 
-    def _send(self, sock: zmq.Socket[Any], parts: list[Any]) -> None:
+    def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> None:
+        """Send a reply within the reply budget; never block the bus for one peer,
+        never lose a reply silently (every drop is counted)."""
+        first = parts[0]
+        routing_id = first if isinstance(first, bytes) else first.bytes
+        nbytes = message_bytes(parts)
+        if not self.replies.admit(name, routing_id, nbytes):
+            return
+        parts[-1], last = watched(parts[-1])
         try:
             send_frames(sock, parts, zmq.NOBLOCK)
+        except zmq.Again:
+            # The peer's pipe holds _ROUTER_SNDHWM messages: it does not read.
+            self.replies.drop(name, routing_id, nbytes, HIGH_WATER_MARK)
         except zmq.ZMQError as exc:
-            # EHOSTUNREACH: the client is gone; EAGAIN: it stopped reading.
-            # Never block the bus for one peer, but never lose a reply silently.
+            # EHOSTUNREACH: the client is gone.
             self.counters.unroutable_replies += 1
             log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
+        else:
+            self.replies.sent(name, routing_id, nbytes, last)

@@ -153,6 +153,10 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         max_message_bytes=bus_table.take("max_message_bytes", int, 256 * 1024 * 1024),
         max_header_bytes=bus_table.take("max_header_bytes", int, 64 * 1024),
         max_frames=bus_table.take("max_frames", int, 64),
+        max_reply_bytes_per_peer=bus_table.take("max_reply_bytes_per_peer", int, 32 * 1024**2),
+        max_reply_bytes_total=bus_table.take("max_reply_bytes_total", int, 256 * 1024**2),
+        heartbeat_interval_ms=bus_table.take("heartbeat_interval_ms", int, 1000),
+        heartbeat_timeout_ms=bus_table.take("heartbeat_timeout_ms", int, 5000),
     )
     bus_table.finish()
 
@@ -266,6 +270,7 @@ def _model(table: _Table, base_dir: Path) -> ModelConfig:
         runtime=table.take("runtime", str, "onnx_trt_ep"),
         precision=precision_mode,
         queue_capacity=table.take("queue_capacity", int, 64),
+        queue_max_bytes=table.take("queue_max_bytes", int, 256 * 1024**2),
         queue_policy=table.take("queue_policy", str, "fifo"),  # type: ignore[arg-type]
         default_deadline_ms=table.take("default_deadline_ms", int, 0),
         staged_engines=tuple(

@@ -40,6 +40,8 @@ def default_state_dir() -> Path:
 #: minutes for large models (onnxruntime #7499, its "TensorRT EP Caches" docs).
 DEFAULT_MAX_LOAD_S = 600.0
 MAX_LOAD_S = 86_400.0
+#: ZeroMQ stores heartbeat times as int milliseconds; an hour is plenty.
+_MAX_HEARTBEAT_MS = 3_600_000
 
 #: Sensors change over seconds; faster polling only burns a core.
 MAX_THERMAL_POLL_HZ = 100.0
@@ -80,6 +82,14 @@ class BusConfig:
     max_message_bytes: int = 256 * 1024 * 1024
     max_header_bytes: int = 64 * 1024
     max_frames: int = 64
+    #: Reply bytes handed to ZeroMQ and not yet written to a peer's connection:
+    #: per peer (a reply to a peer over it is dropped, counted) and in total.
+    max_reply_bytes_per_peer: int = 32 * 1024 * 1024
+    max_reply_bytes_total: int = 256 * 1024 * 1024
+    #: ZMTP heartbeats on the ROUTER sockets (0: off): a peer silent this long
+    #: after a PING is disconnected and its queue freed.
+    heartbeat_interval_ms: int = 1000
+    heartbeat_timeout_ms: int = 5000
 
     def __post_init__(self) -> None:
         for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
@@ -90,6 +100,21 @@ class BusConfig:
         _positive("bus.max_message_bytes", self.max_message_bytes)
         _positive("bus.max_header_bytes", self.max_header_bytes)
         _positive("bus.max_frames", self.max_frames)
+        _positive("bus.max_reply_bytes_per_peer", self.max_reply_bytes_per_peer)
+        if self.max_reply_bytes_total < self.max_reply_bytes_per_peer:
+            raise ConfigError(
+                f"bus.max_reply_bytes_total ({self.max_reply_bytes_total}) must be at least "
+                f"bus.max_reply_bytes_per_peer ({self.max_reply_bytes_per_peer})"
+            )
+        for key in ("heartbeat_interval_ms", "heartbeat_timeout_ms"):
+            value = getattr(self, key)
+            if not 0 <= value <= _MAX_HEARTBEAT_MS:
+                raise ConfigError(f"bus.{key} must be 0..{_MAX_HEARTBEAT_MS} ms, got {value}")
+        if self.heartbeat_interval_ms and self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
+            raise ConfigError(
+                f"bus.heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be at least "
+                f"bus.heartbeat_interval_ms ({self.heartbeat_interval_ms})"
+            )
 
 
 @dataclass(frozen=True)
@@ -157,6 +182,8 @@ class ModelConfig:
     runtime: str = "onnx_trt_ep"
     precision: PrecisionMode = PrecisionMode.FP32
     queue_capacity: int = 64
+    #: Tensor bytes the model's queued requests may hold together.
+    queue_max_bytes: int = 256 * 1024 * 1024
     queue_policy: QueuePolicy = "fifo"
     default_deadline_ms: int = 0
     staged_engines: tuple[Path, ...] = ()
@@ -175,6 +202,7 @@ class ModelConfig:
         _one_of(f"{where}.runtime", self.runtime, RUNTIME_LABELS)
         _one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
         _positive(f"{where}.queue_capacity", self.queue_capacity)
+        _positive(f"{where}.queue_max_bytes", self.queue_max_bytes)
         _non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
         if len(self.staged_engines) > 1:
             raise ConfigError(

@@ -15,7 +15,13 @@ from typing import Any
 
 from inferd.bus.codec import Request, check_descriptors, deadline_ms_of, validate_inputs
 from inferd.bus.server import Reply
-from inferd.serving.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
+from inferd.serving.scheduler import (
+    Job,
+    QueueBytesFullError,
+    QueueFullError,
+    Scheduler,
+    SchedulerClosedError,
+)
 from inferd.serving.slot import ModelSlot
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
@@ -93,6 +99,13 @@ class RequestRouter:
                 Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"
             )
         deadline_ms = deadline_ms_of(request.header, slot.config.default_deadline_ms)
+        nbytes = sum(len(tensor) for tensor in request.tensors)
+        if nbytes > slot.config.queue_max_bytes:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"request holds {nbytes} tensor bytes; model {slot.name!r} queues at most "
+                f"{slot.config.queue_max_bytes} bytes (queue_max_bytes)",
+            )
         now_ns = time.monotonic_ns()
         assert request.request_id is not None  # check_request guarantees it
         job = Job(
@@ -104,6 +117,7 @@ class RequestRouter:
             deadline_ns=now_ns + deadline_ms * 1_000_000 if deadline_ms else None,
             frames=request.tensors,
             header=request.header,
+            nbytes=nbytes,
         )
         try:
             superseded = self._scheduler.submit(job)
@@ -111,6 +125,12 @@ class RequestRouter:
             raise ProtocolError(
                 Code.RESOURCE_EXHAUSTED,
                 f"queue of model {slot.name!r} is full ({slot.config.queue_capacity} requests)",
+            ) from None
+        except QueueBytesFullError as exc:
+            raise ProtocolError(
+                Code.RESOURCE_EXHAUSTED,
+                f"queue of model {slot.name!r} holds {exc.queued_bytes} bytes; this request's "
+                f"{nbytes} would exceed its limit of {exc.max_bytes} bytes (queue_max_bytes)",
             ) from None
         except SchedulerClosedError:
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down") from None

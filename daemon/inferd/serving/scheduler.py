@@ -35,6 +35,8 @@ class Job:
     frames: Any = field(default=None, repr=False)
     #: The request header, kept for late validation.
     header: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Bytes of the tensor frames: what the job holds while it is queued.
+    nbytes: int = 0
 
     @property
     def client(self) -> bytes:
@@ -45,6 +47,15 @@ class QueueFullError(Exception):
     pass
 
 
+class QueueBytesFullError(Exception):
+    """Queuing the job would take its model's queued bytes over ``queue_max_bytes``."""
+
+    def __init__(self, queued_bytes: int, max_bytes: int) -> None:
+        super().__init__(f"{queued_bytes} bytes queued; the limit is {max_bytes}")
+        self.queued_bytes = queued_bytes
+        self.max_bytes = max_bytes
+
+
 class SchedulerClosedError(Exception):
     pass
 
@@ -53,7 +64,10 @@ class SchedulerClosedError(Exception):
 class _ModelQueue:
     capacity: int
     policy: QueuePolicy
+    max_bytes: int
     jobs: deque[Job] = field(default_factory=deque)
+    #: Sum of the queued jobs' ``nbytes``.
+    nbytes: int = 0
 
 
 class Scheduler:
@@ -71,15 +85,18 @@ class Scheduler:
         #: lock and the scan on the bus thread's every loop when there are none.
         self._with_deadline = 0
 
-    def add_model(self, name: str, capacity: int, policy: QueuePolicy) -> None:
+    def add_model(
+        self, name: str, capacity: int, policy: QueuePolicy, max_bytes: int = 2**63 - 1
+    ) -> None:
         with self._condition:
-            self._queues[name] = _ModelQueue(capacity, policy)
+            self._queues[name] = _ModelQueue(capacity, policy, max_bytes)
             self._names.append(name)
 
     def submit(self, job: Job) -> Job | None:
         """Queue ``job``; returns the job it superseded under the ``latest`` policy.
 
-        Raises ``QueueFullError`` (nothing changes) or ``SchedulerClosedError``.
+        Raises ``QueueFullError`` or ``QueueBytesFullError`` (nothing changes, the
+        job a refused one would have superseded stays queued) or ``SchedulerClosedError``.
         """
         with self._condition:
             if self._closed:
@@ -88,12 +105,17 @@ class Scheduler:
             superseded = None
             if model_queue.policy == "latest":
                 superseded = next((j for j in model_queue.jobs if j.client == job.client), None)
-                if superseded is not None:
-                    model_queue.jobs.remove(superseded)
-                    self._forget(superseded)
-            if len(model_queue.jobs) >= model_queue.capacity:
+            staying = len(model_queue.jobs) - (superseded is not None)
+            if staying >= model_queue.capacity:
                 raise QueueFullError
+            staying_bytes = model_queue.nbytes - (superseded.nbytes if superseded else 0)
+            if staying_bytes + job.nbytes > model_queue.max_bytes:
+                raise QueueBytesFullError(staying_bytes, model_queue.max_bytes)
+            if superseded is not None:
+                model_queue.jobs.remove(superseded)
+                self._forget(model_queue, superseded)
             model_queue.jobs.append(job)
+            model_queue.nbytes += job.nbytes
             if job.deadline_ns is not None:
                 self._with_deadline += 1
             self._condition.notify()
@@ -140,16 +162,17 @@ class Scheduler:
         count = len(self._names)
         for offset in range(count):
             index = (self._next + offset) % count
-            jobs = self._queues[self._names[index]].jobs
-            if jobs and self._names[index] not in self._paused:
+            model_queue = self._queues[self._names[index]]
+            if model_queue.jobs and self._names[index] not in self._paused:
                 self._next = (index + 1) % count
-                job = jobs.popleft()
-                self._forget(job)
+                job = model_queue.jobs.popleft()
+                self._forget(model_queue, job)
                 return job
         return None
 
-    def _forget(self, job: Job) -> None:
-        """Account for ``job`` leaving a queue (call with the condition held)."""
+    def _forget(self, model_queue: _ModelQueue, job: Job) -> None:
+        """Account for ``job`` leaving ``model_queue`` (call with the condition held)."""
+        model_queue.nbytes -= job.nbytes
         if job.deadline_ns is not None:
             self._with_deadline -= 1
 
@@ -164,9 +187,11 @@ class Scheduler:
         with self._condition:
             for model_queue in self._queues.values():
                 if any(_expired(job, now_ns) for job in model_queue.jobs):
-                    expired += [job for job in model_queue.jobs if _expired(job, now_ns)]
+                    gone = [job for job in model_queue.jobs if _expired(job, now_ns)]
                     model_queue.jobs = deque(j for j in model_queue.jobs if not _expired(j, now_ns))
-            self._with_deadline -= len(expired)
+                    for job in gone:
+                        self._forget(model_queue, job)
+                    expired += gone
         return expired
 
     def next_deadline_ns(self) -> int | None:
@@ -187,6 +212,11 @@ class Scheduler:
         with self._condition:
             return len(self._queues[name].jobs)
 
+    def queued_bytes(self, name: str) -> int:
+        """Tensor bytes the queued requests of model ``name`` hold."""
+        with self._condition:
+            return self._queues[name].nbytes
+
     def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is queued or running; True if that happened in time."""
         with self._condition:
@@ -201,6 +231,7 @@ class Scheduler:
             remaining = list(self._all_jobs())
             for model_queue in self._queues.values():
                 model_queue.jobs.clear()
+                model_queue.nbytes = 0
             self._with_deadline = 0
             self._condition.notify_all()
             return remaining

@@ -438,3 +438,47 @@ def test_invalid_max_load_s(tmp_path: Path, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=r"models\[.*max_load_s") as caught:
         load_text(tmp_path, MINIMAL + f"max_load_s = {value}\n")
     assert message in str(caught.value)
+
+
+def test_resource_limit_keys(tmp_path: Path) -> None:
+    defaults = load_text(tmp_path, MINIMAL)
+    assert defaults.bus.max_reply_bytes_per_peer == 32 * 1024**2
+    assert defaults.bus.max_reply_bytes_total == 256 * 1024**2
+    assert (defaults.bus.heartbeat_interval_ms, defaults.bus.heartbeat_timeout_ms) == (1000, 5000)
+    assert defaults.models[0].queue_max_bytes == 256 * 1024**2
+    loaded = load_text(
+        tmp_path,
+        "[bus]\nmax_reply_bytes_per_peer = 1000\nmax_reply_bytes_total = 5000\n"
+        "heartbeat_interval_ms = 0\nheartbeat_timeout_ms = 0\n"
+        + MINIMAL
+        + "queue_max_bytes = 4096\n",
+    )
+    assert (loaded.bus.max_reply_bytes_per_peer, loaded.bus.max_reply_bytes_total) == (1000, 5000)
+    assert loaded.bus.heartbeat_interval_ms == 0
+    assert loaded.models[0].queue_max_bytes == 4096
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (MINIMAL + "queue_max_bytes = 0\n", "models['demo'].queue_max_bytes must be positive"),
+        (MINIMAL + "queue_max_bytes = 1.5\n", "queue_max_bytes must be int, got float"),
+        ("[bus]\nmax_reply_bytes_per_peer = 0\n" + MINIMAL, "must be positive, got 0"),
+        (
+            "[bus]\nmax_reply_bytes_per_peer = 10\nmax_reply_bytes_total = 9\n" + MINIMAL,
+            "bus.max_reply_bytes_total (9) must be at least bus.max_reply_bytes_per_peer (10)",
+        ),
+        (
+            "[bus]\nheartbeat_interval_ms = -1\n" + MINIMAL,
+            "heartbeat_interval_ms must be 0..3600000",
+        ),
+        (
+            "[bus]\nheartbeat_interval_ms = 1000\nheartbeat_timeout_ms = 999\n" + MINIMAL,
+            "heartbeat_timeout_ms (999) must be at least bus.heartbeat_interval_ms (1000)",
+        ),
+    ],
+)
+def test_invalid_resource_limits(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_text(tmp_path, text)
+    assert message in str(error.value)

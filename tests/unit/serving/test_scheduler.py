@@ -5,7 +5,13 @@ import time
 
 import pytest
 
-from inferd.serving.scheduler import Job, QueueFullError, Scheduler, SchedulerClosedError
+from inferd.serving.scheduler import (
+    Job,
+    QueueBytesFullError,
+    QueueFullError,
+    Scheduler,
+    SchedulerClosedError,
+)
 
 
 def job(
@@ -107,3 +113,56 @@ def test_take_blocks_until_submit_and_close_wakes_the_worker() -> None:
     ) == [42, 43, 44]
     with pytest.raises(SchedulerClosedError):
         s.submit(job())
+
+
+def sized(
+    nbytes: int, client: bytes = b"c1", request_id: int = 1, deadline_ns: int | None = None
+) -> Job:
+    queued = job(client=client, request_id=request_id, deadline_ns=deadline_ns)
+    queued.nbytes = nbytes
+    return queued
+
+
+def bytes_scheduler(policy: str = "fifo", max_bytes: int = 100) -> Scheduler:
+    s = Scheduler()
+    s.add_model("a", 10, policy, max_bytes)  # type: ignore[arg-type]
+    return s
+
+
+def test_queued_bytes_are_bounded_per_model_and_a_refusal_changes_nothing() -> None:
+    s = bytes_scheduler(max_bytes=100)
+    s.submit(sized(60, request_id=1))
+    s.submit(sized(40, request_id=2))
+    assert s.queued_bytes("a") == 100
+    with pytest.raises(QueueBytesFullError) as refused:
+        s.submit(sized(1, request_id=3))
+    assert (refused.value.queued_bytes, refused.value.max_bytes) == (100, 100)
+    assert s.depth("a") == 2 and s.queued_bytes("a") == 100
+    taken = s.take(0)
+    assert isinstance(taken, Job) and taken.request_id == 1
+    assert s.queued_bytes("a") == 40
+    s.submit(sized(60, request_id=4))  # room again
+    assert s.queued_bytes("a") == 100
+
+
+def test_latest_policy_keeps_the_queued_job_when_its_successor_is_refused_for_bytes() -> None:
+    s = bytes_scheduler(policy="latest", max_bytes=100)
+    s.submit(sized(30, client=b"c1", request_id=1))
+    s.submit(sized(50, client=b"c2", request_id=2))
+    with pytest.raises(QueueBytesFullError):
+        s.submit(sized(60, client=b"c1", request_id=3))  # 50 + 60 > 100 even without job 1
+    assert s.queued_bytes("a") == 80 and s.depth("a") == 2
+    superseded = s.submit(sized(50, client=b"c1", request_id=4))  # 50 + 50 fits once 1 goes
+    assert superseded is not None and superseded.request_id == 1
+    assert s.queued_bytes("a") == 100
+
+
+def test_expire_and_close_give_the_bytes_back() -> None:
+    s = bytes_scheduler(max_bytes=100)
+    now = time.monotonic_ns()
+    s.submit(sized(70, request_id=1, deadline_ns=now - 1))
+    s.submit(sized(20, request_id=2))
+    assert [j.request_id for j in s.expire(now)] == [1]
+    assert s.queued_bytes("a") == 20
+    assert [j.request_id for j in s.close()] == [2]
+    assert s.queued_bytes("a") == 0

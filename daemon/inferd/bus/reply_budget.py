@@ -1,0 +1,182 @@
+"""Reply bytes in flight, per peer and in total: the bound on what replies hold
+between the bus handing them to ZeroMQ and ZeroMQ writing them to the peer's
+connection.
+
+ZeroMQ's ``SNDHWM`` counts messages, not bytes, and the daemon cannot look
+into a peer's pipe.  So the bus sends each reply's last frame as a zero-copy
+view and the budget keeps only a weak reference to that view: ZeroMQ lets go
+of a message once its I/O thread has written it to the connection, or has
+dropped it with the pipe of a peer that left, and pyzmq's garbage collector
+then releases the view.  A peer's pipe is first in, first out, so once a
+reply's last frame is released the whole reply, and every earlier one to that
+peer, has left the daemon's memory (DESIGN.md 80).
+
+A reply to a peer that already has ``per_peer_bytes`` in flight, or that
+would take the total over ``total_bytes``, is dropped: the peer does not read.
+Every drop is counted (per peer and in total), the first drop of a peer is
+logged once, and ``status`` lists the peers that lost replies.  A peer with
+nothing in flight always gets its reply if the total allows, however large it
+is, so a single big result is never refused to a client that reads.
+
+Used on the bus thread only.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+import zmq
+
+from inferd.bus.heap import BULK_RELEASE_BYTES, HeapTrimmer
+
+log = structlog.get_logger("inferd.bus")
+
+#: (socket name, routing id): routing ids are per ROUTER socket.
+PeerKey = tuple[str, bytes]
+
+#: How many peers that lost replies ``status`` lists (the most recent).
+MAX_LISTED_PEERS = 64
+
+#: Why a reply was dropped.
+PEER_BUDGET = "peer_budget"
+TOTAL_BUDGET = "total_budget"
+HIGH_WATER_MARK = "hwm"
+
+
+@dataclass
+class _Peer:
+    socket: str
+    routing_id: bytes
+    #: (bytes, weak reference to the reply's last frame), oldest first.
+    in_flight: deque[tuple[int, weakref.ReferenceType[Any]]] = field(default_factory=deque)
+    nbytes: int = 0
+    dropped: int = 0
+    dropped_bytes: int = 0
+
+
+def message_bytes(parts: Sequence[Any]) -> int:
+    """Bytes of a multipart message's parts (bytes, frames or arrays)."""
+    return sum(memoryview(part).nbytes for part in parts)
+
+
+def watched(part: Any) -> tuple[zmq.Frame, weakref.ReferenceType[Any]]:
+    """``part`` as a zero-copy frame, and a weak reference that dies once ZeroMQ
+    and pyzmq let go of it (the frame must not be kept: it holds the view too)."""
+    view = np.frombuffer(part, np.uint8)
+    return zmq.Frame(view, copy=False), weakref.ref(view)
+
+
+class ReplyBudget:
+    def __init__(
+        self, per_peer_bytes: int, total_bytes: int, trimmer: HeapTrimmer | None = None
+    ) -> None:
+        self.per_peer_bytes = per_peer_bytes
+        self.total_bytes = total_bytes
+        self._trimmer = trimmer
+        #: Peers with replies in flight.
+        self._busy: dict[PeerKey, _Peer] = {}
+        #: Peers that lost replies, least recently dropping first.
+        self._listed: OrderedDict[PeerKey, _Peer] = OrderedDict()
+        self.in_flight_bytes = 0
+        #: Replies handed to ZeroMQ, by socket.
+        self.sent_replies: dict[str, int] = {"infer": 0, "control": 0}
+        self.dropped = 0
+        self.dropped_bytes = 0
+
+    def admit(self, socket: str, routing_id: bytes, nbytes: int) -> bool:
+        """Whether a reply of ``nbytes`` may be sent now; a refusal is counted."""
+        peer = self._busy.get((socket, routing_id))
+        peer_bytes = peer.nbytes if peer is not None else 0
+        if peer_bytes and peer_bytes + nbytes > self.per_peer_bytes:
+            self.drop(socket, routing_id, nbytes, PEER_BUDGET)
+            return False
+        if self.in_flight_bytes and self.in_flight_bytes + nbytes > self.total_bytes:
+            self.drop(socket, routing_id, nbytes, TOTAL_BUDGET)
+            return False
+        return True
+
+    def sent(
+        self, socket: str, routing_id: bytes, nbytes: int, last: weakref.ReferenceType[Any]
+    ) -> None:
+        """Account for a reply handed to ZeroMQ; ``last`` watches its last frame."""
+        key = (socket, routing_id)
+        peer = self._busy.get(key)
+        if peer is None:
+            peer = self._listed.get(key) or _Peer(socket, routing_id)
+            self._busy[key] = peer
+        peer.in_flight.append((nbytes, last))
+        peer.nbytes += nbytes
+        self.in_flight_bytes += nbytes
+        self.sent_replies[socket] = self.sent_replies.get(socket, 0) + 1
+
+    def drop(self, socket: str, routing_id: bytes, nbytes: int, reason: str) -> None:
+        """Count a reply that was not sent because the peer does not read."""
+        key = (socket, routing_id)
+        peer = self._busy.get(key) or self._listed.get(key) or _Peer(socket, routing_id)
+        if peer.dropped == 0:
+            log.warning(
+                "replies_dropped_peer_not_reading",
+                socket=socket,
+                peer=routing_id.hex(),
+                reason=reason,
+                reply_bytes=nbytes,
+                peer_in_flight_bytes=peer.nbytes,
+                in_flight_bytes=self.in_flight_bytes,
+                max_reply_bytes_per_peer=self.per_peer_bytes,
+                max_reply_bytes_total=self.total_bytes,
+            )
+        peer.dropped += 1
+        peer.dropped_bytes += nbytes
+        self.dropped += 1
+        self.dropped_bytes += nbytes
+        self._listed[key] = peer
+        self._listed.move_to_end(key)
+        if len(self._listed) > MAX_LISTED_PEERS:
+            self._listed.popitem(last=False)
+
+    def collect(self) -> None:
+        """Release the bytes of replies ZeroMQ has let go of (every loop pass)."""
+        if not self._busy:
+            return
+        released = 0
+        for key, peer in list(self._busy.items()):
+            in_flight = peer.in_flight
+            while in_flight and in_flight[0][1]() is None:
+                nbytes, _ = in_flight.popleft()
+                peer.nbytes -= nbytes
+                released += nbytes
+            if not in_flight:
+                del self._busy[key]
+        self.in_flight_bytes -= released
+        # A backlog released at once: a peer that stopped reading caught up or
+        # left; give the memory it held back to the kernel.
+        if self._trimmer is not None and released >= BULK_RELEASE_BYTES:
+            self._trimmer.request(time.monotonic_ns())
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "in_flight_bytes": self.in_flight_bytes,
+            "in_flight_peers": len(self._busy),
+            "max_bytes_per_peer": self.per_peer_bytes,
+            "max_bytes_total": self.total_bytes,
+            "sent": dict(self.sent_replies),
+            "dropped": self.dropped,
+            "dropped_bytes": self.dropped_bytes,
+            "dropping_peers": [
+                {
+                    "socket": peer.socket,
+                    "peer": peer.routing_id.hex(),
+                    "dropped": peer.dropped,
+                    "dropped_bytes": peer.dropped_bytes,
+                    "in_flight_bytes": peer.nbytes,
+                }
+                for peer in reversed(self._listed.values())
+            ],
+        }
