@@ -17,9 +17,11 @@ from inferd.alerts.dispatcher import AlertDispatcher
 from inferd.alerts.factory import build_alert_hooks
 from inferd.bus.codec import Limits
 from inferd.bus.publisher import EventPublisher
+from inferd.bus.security import BusSecurity
 from inferd.bus.server import BusServer
 from inferd.config import Config
-from inferd.engine_build.supervisor import BuildFinished, BuildManager
+from inferd.engine_build.build_record import BuildFinished
+from inferd.engine_build.supervisor import BuildManager
 from inferd.fdr.writer import FlightRecorder
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
@@ -27,12 +29,12 @@ from inferd.serving.failover import ExecutionFailover
 from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Scheduler
-from inferd.serving.slot import ModelSlot, Sinks
+from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.thermal.monitor import ThermalMonitor
-from inferd.types import Alert
+from inferd.types import Alert, Peer
 from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
@@ -46,14 +48,12 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state = "starting"
-        self._endpoints = (
-            config.bus.infer_endpoint,
-            config.bus.control_endpoint,
-            config.bus.events_endpoint,
-        )
-        self._instance_lock = InstanceLock(config.daemon.runtime_dir, self._endpoints)
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
+        self.security = BusSecurity(self._context, config)
+        self._instance_lock = InstanceLock(config.daemon.runtime_dir, self.security.endpoints())
+        #: Who the daemon's own requests (background rebuilds) come from.
+        self._itself = Peer.internal(os.getuid(), os.getpid())
         self._recorder_error: str | None = None if config.fdr.enabled else "disabled by fdr.enabled"
         self.scheduler = Scheduler()
         self.slots: dict[str, ModelSlot] = {}
@@ -65,6 +65,7 @@ class Daemon:
             config.bus.events_endpoint,
             health=self.health,
             health_interval_s=config.daemon.health_interval_s,
+            security=self.security.sockets,
         )
         self.recorder = FlightRecorder(config.fdr) if config.fdr.enabled else None
         self._refused_hooks: dict[str, str] = {}
@@ -102,11 +103,13 @@ class Daemon:
             gpu_memory_budget_bytes=config.runtime.gpu_memory_budget_bytes,
             engine_manifest=config.runtime.engine_manifest,
             on_finished=self._on_build_finished,
+            limits=config.builds,
+            serving=lambda: engine_files(self.slots.values()),
         )
         self.rebuilder: FallbackRebuilder | None = None
         if config.runtime.rebuild_on_fallback:
             self.rebuilder = FallbackRebuilder(
-                start_build=self.builds.start,
+                start_build=lambda header: self.builds.start(header, self._itself),
                 switch=self.switcher.switch_now,
                 alert=self.alerts,
                 can_build=self.builds.tensorrt_available,
@@ -121,13 +124,12 @@ class Daemon:
             self.scheduler,
             {
                 "status": self.status,
-                "health": self._health_op,
-                "thermal": self._thermal_op,
-                "build.start": self.builds.start,
+                "health": lambda _header: self.health(),
+                "thermal": lambda _header: self.thermal.describe(),
                 "build.status": self.builds.status,
-                "build.cancel": self.builds.cancel,
             },
-            {"runtime.switch": self.switcher.switch},
+            operator_ops={"build.start": self.builds.start, "build.cancel": self.builds.cancel},
+            deferred_ops={"runtime.switch": self.switcher.switch},
         )
         self.bus = BusServer(
             self._context,
@@ -140,6 +142,7 @@ class Daemon:
             ),
             handler=self.router,
             linger_ms=config.daemon.shutdown_linger_ms,
+            security=self.security.sockets,
         )
         self.worker = EngineWorker(
             self._context,
@@ -165,11 +168,13 @@ class Daemon:
         )
         self._start_recorder()
         self._lifecycle("start")
+        self.builds.prune("daemon_start")  # the cap holds for what an earlier run left
+        self.security.start()  # ZAP before any socket binds; CURVE keys or no start
         self.publisher.start()
         self.publisher.wait_bound(timeout=10)
         self.bus.start()
         self.bus.wait_bound(timeout=10)
-        open_ipc_sockets_to_group(self._endpoints)
+        open_ipc_sockets_to_group(self.security.socket_groups())
         self.thermal.start()
         self.worker.start()
 
@@ -219,6 +224,7 @@ class Daemon:
         self.alerts.close()
         self.publisher.stop()
         self.publisher.join(timeout=10)
+        self.security.stop()
         if self.recorder is not None:
             self.recorder.stop()  # writes what is queued, fdatasyncs, closes the segment
         if self.worker.is_alive() or self.bus.is_alive() or self.publisher.is_alive():
@@ -398,12 +404,6 @@ class Daemon:
             },
         }
 
-    def _health_op(self, _header: dict[str, Any]) -> dict[str, Any]:
-        return self.health()
-
-    def _thermal_op(self, _header: dict[str, Any]) -> dict[str, Any]:
-        return self.thermal.describe()
-
     def status(self, _header: dict[str, Any]) -> dict[str, Any]:
         models = []
         for name, slot in self.slots.items():
@@ -429,6 +429,7 @@ class Daemon:
             "fdr": self._recorder_status(),
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
+            "security": self.security.describe(self.router.permission_denied),
             "bus": {
                 "malformed": self.bus.counters.malformed,
                 "unroutable_replies": self.bus.counters.unroutable_replies,

@@ -18,6 +18,7 @@ import structlog
 import zmq
 
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
+from inferd.bus.zap import SocketSecurity
 from inferd_wire import protocol
 from inferd_wire.multipart import readable, recv_frames, send_frames
 from inferd_wire.protocol import Code, ProtocolError
@@ -84,8 +85,11 @@ class BusServer(threading.Thread):
         limits: Limits,
         handler: RequestHandler,
         linger_ms: int,
+        security: SocketSecurity | None = None,
     ) -> None:
         super().__init__(name="inferd-bus", daemon=True)
+        #: ZAP (and CURVE on tcp://) on both ROUTERs; None only in tests of the loop.
+        self._security = security
         self._context = context
         self._limits = limits
         self._handler = handler
@@ -138,6 +142,8 @@ class BusServer(threading.Thread):
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.SNDHWM, _ROUTER_SNDHWM)
         sock.setsockopt(zmq.RCVHWM, _ROUTER_SNDHWM)
+        if self._security is not None:
+            self._security.apply(name, sock)
         sock.bind(self._endpoints[name])
         return sock
 
