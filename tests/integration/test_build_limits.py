@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from inferd.engine_build.retention import scan
 from inferd.fdr.reader import ReadReport, read_records
 from inferd_client import OperatorClient, RemoteError
 from tests.conftest import HANG_S, DaemonProcess, Events, render_config, start_daemon
@@ -25,6 +24,13 @@ REQUESTS = 32
 BURST = 5
 MAX_COUNT = 3
 TERMINAL = ("completed", "failed", "cancelled")
+
+
+def engines(build_dir: Path) -> list[str]:
+    """Build ids of the engines in the builds dir, oldest first (read from the disk,
+    not from the daemon)."""
+    found = sorted(build_dir.glob("*/*.simulated.engine"), key=lambda p: p.stat().st_mtime_ns)
+    return [path.name.split(".")[1] for path in found]
 
 
 def removals(daemon: DaemonProcess) -> list[dict[str, Any]]:
@@ -75,7 +81,7 @@ def test_build_start_in_a_row_is_rate_limited_and_the_builds_dir_capped(
                     f"the end of build {build_id}",
                 )
                 # The daemon pruned before it published the end of the build.
-                assert len(scan(build_dir).sets) <= MAX_COUNT
+                assert len(engines(build_dir)) <= MAX_COUNT
             listing = operator.call("build.status")
         assert_valid(
             "build_status_reply.json#/$defs/ok", {"v": 1, "id": 1, "ok": True, "result": listing}
@@ -86,7 +92,7 @@ def test_build_start_in_a_row_is_rate_limited_and_the_builds_dir_capped(
     assert all("rate limit for uid" in m and "retry after" in m for m in refused), refused[0]
     assert listing["start_limit"]["refused"] == REQUESTS - BURST
     assert listing["retention"]["count"] == MAX_COUNT
-    kept = [s.build_id for s in scan(build_dir).sets]
+    kept = engines(build_dir)
     assert kept == started[-MAX_COUNT:]  # the oldest went first
     records = removals(daemon)
     assert [r["build_id"] for r in records] == started[: BURST - MAX_COUNT]
@@ -115,12 +121,12 @@ def test_the_cap_holds_across_a_restart(workdir: Path, demo_model: Path) -> None
     finally:
         daemon.stop()
     build_dir = workdir / "state" / "builds"
-    before = [s.build_id for s in scan(build_dir).sets]
+    before = engines(build_dir)
     assert len(before) == MAX_COUNT and removals(daemon) == []
     # A new daemon with a smaller cap finds them on disk and prunes at start.
     daemon = start(workdir, demo_model, max_count=1)
     daemon.stop()
-    assert [s.build_id for s in scan(build_dir).sets] == before[-1:]
+    assert engines(build_dir) == before[-1:]
     records = removals(daemon)
     assert [(r["build_id"], r["trigger"]) for r in records] == [
         (build_id, "daemon_start") for build_id in before[:-1]
