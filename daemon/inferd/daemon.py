@@ -227,13 +227,15 @@ class Daemon:
         self.security.stop()
         if self.recorder is not None:
             self.recorder.stop()  # writes what is queued, fdatasyncs, closes the segment
-        if self.worker.is_alive() or self.bus.is_alive() or self.publisher.is_alive():
+        threads = (self.worker, self.bus, self.publisher, self.security)
+        if any(thread.is_alive() for thread in threads):
             # A thread still holds a socket: terminating the context would hang.
             log.error(
                 "threads_did_not_stop",
                 worker=self.worker.is_alive(),
                 bus=self.bus.is_alive(),
                 publisher=self.publisher.is_alive(),
+                zap=self.security.is_alive(),
             )
         else:
             self._context.term()

@@ -351,6 +351,30 @@ def test_a_non_loopback_tcp_endpoint_without_curve_does_not_start(
     assert "set security.curve = true" in err
 
 
+def test_loopback_tcp_without_curve_serves_anonymous_peers_that_never_operate(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="ifd-"))
+    control = f"tcp://127.0.0.1:{free_port()}"
+    text = render_config(
+        workdir, [{"name": "demo", "path": str(demo_model)}], bus={"control_endpoint": control}
+    )
+    daemon = start_daemon(text, workdir, endpoints={"control": control})
+    try:
+        with OperatorClient(daemon.control) as anonymous:
+            sockets = anonymous.status()["security"]["sockets"]
+            switch = outcome(
+                lambda: anonymous.call("runtime.switch", model="demo", runtime="onnx_trt_ep")
+            )
+        log = daemon.log()
+    finally:
+        daemon.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert sockets["control"]["mechanism"] == "NULL"
+    assert switch == "PERMISSION_DENIED"  # not even root: a tcp peer has no verified uid
+    assert "tcp_without_curve" in log
+
+
 @dataclass(frozen=True)
 class CurveDaemon:
     daemon: DaemonProcess
@@ -418,6 +442,27 @@ def test_curve_admits_allow_listed_keys_and_operators_by_key(curve_daemon: Curve
     peer = fdr_payloads(daemon, "c7.runtime_switch")[-1]["peer"]
     assert (peer["transport"], peer["curve_key"], peer["uid"]) == ("tcp", "ground", None)
     assert peer["address"] == "127.0.0.1"
+
+
+def test_inferctl_connects_with_curve(curve_daemon: CurveDaemon, tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "inferd_client.cli",
+        "--control-endpoint",
+        curve_daemon.daemon.control,
+        "--curve-server-key",
+        curve_daemon.server_key,
+        "--curve-cert",
+        str(tmp_path / "viewer.key_secret"),
+        "--json",
+        "health",
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "serving"
+    half = subprocess.run(command[:5] + command[7:], cwd=REPO, capture_output=True, text=True)
+    assert half.returncode == 2 and "needs both --curve-server-key and --curve-cert" in half.stdout
 
 
 def test_curve_refuses_unknown_keys_and_plain_clients(curve_daemon: CurveDaemon) -> None:
