@@ -337,6 +337,37 @@ def start_daemon(
 DaemonFactory = Callable[..., DaemonProcess]
 
 
+@dataclass(frozen=True)
+class OtherUser:
+    """A second real user of this machine (another local process's identity)."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+@pytest.fixture
+def other_user() -> Iterator[OtherUser]:
+    """A real system user created for the test and removed after it.  Creating users
+    needs root: CI runs as root; as another user the test cannot set this up."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a second real user needs root (CI runs the suite as root)")
+    import pwd
+    import secrets
+
+    name = f"ifdt{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        entry = pwd.getpwnam(name)
+        yield OtherUser(name, entry.pw_uid, entry.pw_gid)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
 @pytest.fixture(autouse=True)
 def no_broken_tensorrt_rules() -> Iterator[None]:
     """Every process a test started on the fake GPU (``fake_gpu_env``: daemons, their

@@ -225,7 +225,13 @@ def _random_inputs(described: dict[str, Any], model: str, seed: int) -> dict[str
     rng = np.random.default_rng(seed)
     inputs: dict[str, np.ndarray] = {}
     for spec in specs[model]["inputs"]:
-        shape = tuple(1 if dim is None else dim for dim in spec["shape"])
+        profile = spec.get("profile")
+        # An input with a profile accepts only shapes within it: use its opt shape.
+        shape = (
+            tuple(profile["opt_shape"])
+            if profile
+            else tuple(1 if dim is None else dim for dim in spec["shape"])
+        )
         dtype = np.dtype(spec["dtype"])
         if dtype.kind == "f":
             inputs[spec["name"]] = rng.random(shape, dtype=np.float64).astype(dtype)

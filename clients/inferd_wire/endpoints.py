@@ -7,7 +7,7 @@ socket of their own where a client connects (a forged reply).  One rule,
 ``unsafe_directory_reason``, decides for both sides: a real directory (not a
 symlink), owned by the expected uid, writable by neither its group nor others.
 The daemon applies it to every directory it creates files or sockets in; a
-client applies it to the per-uid fallback ``/tmp/inferd-<uid>`` (which must be
+client applies it to the per-uid fallback ``$TMPDIR/inferd-<uid>`` (which must be
 its own) and refuses any ipc:// socket in a directory others may write.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ class Endpoints:
 
 def default_runtime_dir() -> Path:
     """Per-user directory for sockets: ``$INFERD_RUNTIME_DIR``, systemd's
-    ``$RUNTIME_DIRECTORY``, ``$XDG_RUNTIME_DIR/inferd``, else ``/tmp/inferd-<uid>``."""
+    ``$RUNTIME_DIRECTORY``, ``$XDG_RUNTIME_DIR/inferd``, else ``fallback_runtime_dir``."""
     for variable in ("INFERD_RUNTIME_DIR", "RUNTIME_DIRECTORY"):
         value = os.environ.get(variable)
         if value:
@@ -40,7 +41,13 @@ def default_runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / "inferd"
-    return Path("/tmp") / f"inferd-{os.getuid()}"
+    return fallback_runtime_dir()
+
+
+def fallback_runtime_dir() -> Path:
+    """``inferd-<uid>`` in the temp dir (``$TMPDIR``, else ``/tmp``): this uid's own, or
+    nobody's to trust (``check_client_endpoint``)."""
+    return Path(tempfile.gettempdir()) / f"inferd-{os.getuid()}"
 
 
 def default_endpoints(runtime_dir: Path | None = None) -> Endpoints:
@@ -85,14 +92,33 @@ def unsafe_directory_reason(path: Path, owner_uid: int | None) -> str | None:
     return None
 
 
+def unsafe_ancestor_reason(path: Path) -> str | None:
+    """Why a directory above ``path`` (after resolving symlinks) would let another
+    user swap ``path`` for their own, or None: each must be owned by root or by this
+    uid, and writable by others only with the sticky bit (``/tmp``), which keeps
+    them from renaming what is not theirs."""
+    for ancestor in Path(os.path.realpath(path)).parents:
+        try:
+            info = os.stat(ancestor)
+        except OSError as exc:
+            return f"has an ancestor {ancestor} that cannot be examined ({exc.strerror})"
+        if info.st_uid not in (0, os.geteuid()):
+            return f"is inside {ancestor}, which uid {info.st_uid} owns"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return (
+                f"is inside {ancestor}, which others may write "
+                f"(mode {stat.S_IMODE(info.st_mode):04o}, no sticky bit)"
+            )
+    return None
+
+
 def check_client_endpoint(endpoint: str) -> str:
     """``endpoint``, when a client may connect to it; ``UnsafeEndpointError`` when it
     is an ipc:// socket in a directory another user could have replaced it in."""
     if not endpoint.startswith("ipc://"):
         return endpoint
     directory = Path(endpoint.removeprefix("ipc://")).parent
-    fallback = Path("/tmp") / f"inferd-{os.getuid()}"
-    owner = os.getuid() if directory == fallback else None
+    owner = os.getuid() if directory == fallback_runtime_dir() else None
     reason = unsafe_directory_reason(directory, owner)
     if reason is not None and reason != "does not exist":
         raise UnsafeEndpointError(

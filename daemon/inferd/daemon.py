@@ -22,6 +22,7 @@ from inferd.bus.server import BusServer
 from inferd.config import Config
 from inferd.engine_build.build_record import BuildFinished
 from inferd.engine_build.supervisor import BuildManager
+from inferd.errors import UnsafeDirectoryError
 from inferd.fdr.writer import FlightRecorder
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
@@ -33,8 +34,9 @@ from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
+from inferd.supervision.status_line import ModelLine, format_status_line
 from inferd.thermal.monitor import ThermalMonitor
-from inferd.types import Alert, Peer
+from inferd.types import Alert, Liveness, Peer
 from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
@@ -257,14 +259,21 @@ class Daemon:
         flush_suppressed()  # the same for log lines held back by the repeat limiter
 
     # -- supervision (systemd) ------------------------------------------------
-    def liveness(self) -> dict[str, int | None]:
-        """Last beat (monotonic ns) of each thread the watchdog vouches for;
-        None for a thread that is not running."""
+    def liveness(self) -> dict[str, Liveness]:
+        """What each thread the watchdog vouches for last said: its beat (monotonic
+        ns; None when it is not running) and, for the engine worker, the long
+        operation it declared (a model loading)."""
         return {
-            "engine_worker": self.worker.last_beat_ns if self.worker.is_alive() else None,
-            "bus": self.bus.last_beat_ns if self.bus.is_alive() else None,
-            "publisher": self.publisher.last_beat_ns if self.publisher.is_alive() else None,
+            "engine_worker": self.worker.liveness(),
+            "bus": Liveness(self.bus.last_beat_ns if self.bus.is_alive() else None),
+            "publisher": Liveness(
+                self.publisher.last_beat_ns if self.publisher.is_alive() else None
+            ),
         }
+
+    def record(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """Write a flight-data-recorder record (nothing when the recorder is off)."""
+        self._record(kind, payload)
 
     def report_progress(self, model: str, text: str | None) -> None:
         """Seam for long work on a model (engine builds): ``text`` (e.g.
@@ -277,41 +286,29 @@ class Daemon:
                 self._progress[model] = text
             self._progress_marks += 1
 
-    def startup_progress(self) -> tuple[int, tuple[str, ...]]:
-        """Changes whenever start-up makes progress: a model finished loading
-        (serving or failed) or a progress report arrived."""
+    def startup_progress(self) -> tuple[int, tuple[str, ...], int | None]:
+        """Changes whenever start-up makes progress: a model started or finished
+        loading (serving or failed) or a progress report arrived."""
         with self._progress_lock:
             marks = self._progress_marks
-        return marks, tuple(slot.state for slot in self.slots.values())
+        busy = self.worker.liveness().busy
+        started = busy.started_ns if busy is not None else None
+        return marks, tuple(slot.state for slot in self.slots.values()), started
 
     def status_line(self) -> str:
-        """The one-line ``STATUS=``: daemon state, then per model
-        ``name=runtime`` with ``(fallback from X)``, ``loading``/``failed`` and progress."""
+        """The one-line ``STATUS=`` (``inferd.supervision.status_line``)."""
         with self._progress_lock:
             progress = dict(self._progress)
-        parts: list[str] = []
-        for name, slot in self.slots.items():
-            handle = slot.handle
-            if slot.state == "serving" and handle is not None:
-                text = f"{name}={handle.runtime_label}"
-                if handle.is_fallback:
-                    text += f"(fallback from {slot.config.runtime})"
-            else:
-                text = f"{name}={slot.state}"
-            if name in progress:
-                text += f"[{progress[name]}]"
-            parts.append(text)
-        state = self.state
-        if state == "starting":
-            done = sum(1 for slot in self.slots.values() if slot.state != "loading")
-            state = f"starting {done}/{len(self.slots)}"
-        elif state == "stopping":
-            queued = sum(self.scheduler.depth(name) for name in self.slots)
-            state = f"stopping (draining {queued} queued)" if queued else "stopping"
-        line = f"{state}: {' '.join(parts)}"
-        if self._thermal_summary() == "throttling":
-            line += " thermal=throttling"
-        return line
+        return format_status_line(
+            self.state,
+            {
+                name: ModelLine(slot.state, slot.handle, slot.config.runtime)
+                for name, slot in self.slots.items()
+            },
+            progress=progress,
+            queued=sum(self.scheduler.depth(name) for name in self.slots),
+            throttling=self._thermal_summary() == "throttling",
+        )
 
     # -- wiring -------------------------------------------------------------
     def _start_recorder(self) -> None:
@@ -319,7 +316,7 @@ class Daemon:
             return
         try:
             self.recorder.start()
-        except OSError as exc:
+        except (OSError, UnsafeDirectoryError) as exc:
             # Losing the recorder must not ground the vehicle's perception: serve
             # without it and say so in status, the log and an alert.
             self._recorder_error = f"cannot start the flight data recorder: {exc}"

@@ -6,7 +6,8 @@ what it reads.  So every directory the daemon creates files or sockets in is
 made with ``ensure_owned_dir``: created ``0750`` when missing, and otherwise
 accepted only when ``inferd_wire.endpoints.unsafe_directory_reason`` finds
 nothing wrong (a real directory, owned by this uid, writable by neither group
-nor others); and every file in them is opened with ``O_NOFOLLOW | O_CLOEXEC``
+nor others) and ``unsafe_ancestor_reason`` finds no directory above it that
+another user could swap it out of; and every file in them is opened with ``O_NOFOLLOW | O_CLOEXEC``
 (``open_nofollow``, ``open_for_reading``).  ``OWNED_UMASK`` is the systemd
 unit's ``UMask=0027``, applied by the command line outside systemd too, so
 files the daemon and its builds create are never world-readable.  Files
@@ -22,7 +23,7 @@ import os
 from pathlib import Path
 
 from inferd.errors import UnsafeDirectoryError
-from inferd_wire.endpoints import unsafe_directory_reason
+from inferd_wire.endpoints import unsafe_ancestor_reason, unsafe_directory_reason
 
 #: The systemd unit's ``UMask=``: group may read, others nothing.
 OWNED_UMASK = 0o027
@@ -43,7 +44,7 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
         path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
     except OSError as exc:
         raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
-    reason = unsafe_directory_reason(path, os.geteuid())
+    reason = unsafe_directory_reason(path, os.geteuid()) or unsafe_ancestor_reason(path)
     if reason is not None:
         raise UnsafeDirectoryError(
             f"{what} {path} {reason}: inferd creates files and sockets only in a directory "

@@ -126,7 +126,8 @@ class EngineCacheEntry:
     """What a runtime can load: the artifact, the model it came from and how it was built.
 
     For ``onnx_trt_ep`` the artifact is the ``.onnx`` itself and
-    ``staged_engines`` lists prebuilt TRT EP engines to place in its cache.
+    ``staged_engines`` names (at most) one prebuilt engine, gated and loaded
+    through an EP-context model.
     """
 
     runtime_label: str
@@ -139,14 +140,33 @@ class EngineCacheEntry:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One model input or output. ``None`` in ``shape`` is a dynamic dimension."""
+    """One model input or output. ``None`` in ``shape`` is a dynamic dimension.
+
+    ``profile``: an input's optimisation profile (the model config's
+    ``[[models.profiles]]``, or the engine's own): a request's shape must lie
+    within min..max on every axis, and warm-up runs at its opt shape."""
 
     name: str
     dtype: str
     shape: tuple[int | None, ...]
+    profile: OptimizationProfile | None = None
 
     def as_wire(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        wire: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.profile is not None:
+            wire["profile"] = {
+                "min_shape": list(self.profile.min_shape),
+                "opt_shape": list(self.profile.opt_shape),
+                "max_shape": list(self.profile.max_shape),
+            }
+        return wire
+
+    def warm_up_shape(self) -> tuple[int, ...]:
+        """The shape warm-up runs at: the profile's opt shape, else the static shape
+        (1 for a dynamic dimension, which only an input without a profile has)."""
+        if self.profile is not None:
+            return self.profile.opt_shape
+        return tuple(1 if dim is None else dim for dim in self.shape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,6 +184,43 @@ class EngineHandle:
     #: The engine file the ``tensorrt`` runtime deserialized (the one the gate
     #: passed); None for a runtime that loads the model itself.
     engine_path: Path | None = None
+    #: The providers the runtime asked for; None when it has no choice (TensorRT
+    #: direct): what it asked for is then what is active.
+    requested_providers: tuple[str, ...] | None = None
+    #: What the session lacks of what it wanted (``cpu_only``, ``no_tensorrt_ep``,
+    #: ``no_cuda_ep``), None when nothing.
+    provider_degradation: str | None = None
+    #: Why the runtime serves without its engine cache (the TensorRT EP then builds
+    #: at every load), None when it has one or needs none.
+    engine_cache_error: str | None = None
+
+
+@dataclass(frozen=True)
+class DeclaredOperation:
+    """A long operation a watched thread declared before starting it (loading and
+    warming up an engine): what it is, when it started (``time.monotonic_ns()``)
+    and how long it may take.  Within ``allowed_s`` the watchdog vouches for the
+    silent thread and says what it waits for; past it, the thread counts as stuck."""
+
+    what: str
+    started_ns: int
+    allowed_s: float
+
+    def elapsed_s(self, now_ns: int) -> float:
+        return (now_ns - self.started_ns) / 1e9
+
+    def overran(self, now_ns: int) -> bool:
+        return self.elapsed_s(now_ns) > self.allowed_s
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """What the watchdog reads of one watched thread: its last beat
+    (``time.monotonic_ns()``, None when the thread is not running) and the long
+    operation it declared, if it is in one."""
+
+    beat_ns: int | None
+    busy: DeclaredOperation | None = None
 
 
 @dataclass(frozen=True)

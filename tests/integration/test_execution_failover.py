@@ -109,6 +109,8 @@ def test_failing_executions_fail_over_under_load_then_the_rebuilt_engine_serves(
         )
         marker.unlink()  # the rebuilt engine will pass validation and run
         assert_valid("event_runtime.json", failed_over)
+        # The fallback serves the load while the engine is rebuilt (seconds of builds).
+        wait_until(lambda: load.served["onnx_trt_ep"] > 0, message="served on the fallback")
         on_fallback = load.served["onnx_trt_ep"]
         back = events.next(
             lambda topic, p: topic == "runtime" and p["runtime"] == "tensorrt",

@@ -33,6 +33,7 @@ from referencing.jsonschema import DRAFT202012
 from inferd.bus.codec import MAX_DEADLINE_MS
 from inferd.bus.publisher import TOPICS, EventPublisher
 from inferd.config import QUEUE_POLICIES, RUNTIME_LABELS, ModelConfig, RuntimeConfig
+from inferd.runtime.ort_providers import Degradation
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import AlertLevel, ThermalState
 from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RequestTimeout
@@ -271,6 +272,7 @@ def test_schema_vocabularies_match_the_code() -> None:
     assert tuple(defs["runtime_label"]["enum"]) == RUNTIME_LABELS
     assert tuple(defs["queue_policy"]["enum"]) == QUEUE_POLICIES
     assert tuple(defs["alert_level"]["enum"]) == get_args(AlertLevel)
+    assert tuple(defs["provider_degradation"]["enum"]) == get_args(Degradation)
     assert defs["protocol_version"]["const"] == protocol.PROTOCOL_VERSION
     assert defs["request_id"]["oneOf"][1]["maxLength"] == protocol.MAX_ID_CHARS
     assert defs["request_id"]["oneOf"][0]["maximum"] == 2**64 - 1

@@ -2,7 +2,8 @@
 
 Header types, frame count and frame byte lengths are checked here, on the bus
 thread, before a request reaches a queue.  Dtypes and shapes are checked
-against the model's IO spec here too when the model serves; a request for a
+against the model's IO spec here too when the model serves (a dynamic
+dimension within the input's optimisation profile, if it has one); a request for a
 model still loading (or failing over) waits in its queue and is checked with
 the same ``validate_inputs`` by the engine worker once the spec is known
 (DESIGN.md 19).  Every refusal is a ``ProtocolError`` with a reply code.
@@ -163,6 +164,19 @@ def validate_inputs(
             raise ProtocolError(
                 Code.INVALID_ARGUMENT,
                 f"tensor {name!r}: shape {list(shape)} does not match the model's {expected}",
+            )
+        profile = spec.profile
+        if profile is not None and not all(
+            low <= got <= high
+            for low, got, high in zip(profile.min_shape, shape, profile.max_shape, strict=True)
+        ):
+            # Checked before any runtime sees it: outside its profile the TensorRT EP
+            # would rebuild its engine inside the inference (DESIGN.md 57).
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"tensor {name!r}: shape {list(shape)} is outside the model's optimisation "
+                f"profile: min {list(profile.min_shape)}, max {list(profile.max_shape)} "
+                "(models.profiles)",
             )
         arrays[name] = protocol.frame_to_array(name, dtype, shape, buffer)
     return arrays

@@ -72,6 +72,7 @@ from inferd.owned_files import apply_owned_umask
 from inferd.types import BuildConfig
 
 if TYPE_CHECKING:
+    from inferd.config import ModelConfig
     from inferd.engines.locate import EnginePlan
 
 EXIT_OK = 0
@@ -199,6 +200,26 @@ def _build_observed(
     return report.summary, progress.dropped
 
 
+def _build_config_for(onnx: Path, path: Path, models: tuple[ModelConfig, ...]) -> BuildConfig:
+    """``path``'s build config.  For a model the daemon config serves from ``onnx``,
+    its profiles come from ``[[models.profiles]]`` (the one source of a model's
+    profiles): a build config without ``profiles`` gets them, one with others is
+    refused, since the daemon would never find (or could not serve) that engine."""
+    served = [model for model in models if model.path.resolve() == onnx.resolve()]
+    if not served:
+        return load_build_config(path)
+    model = served[0]
+    wanted = load_build_config(path, defaults=BuildConfig(profiles=model.profiles))
+    for other in served:
+        if wanted.profiles != other.profiles:
+            raise ConfigError(
+                f"{path}: profiles differ from models[{other.name!r}].profiles of the daemon "
+                f"config, which serves {onnx}; leave them out of the build config (they are "
+                "taken from the daemon config) or change them there"
+            )
+    return wanted
+
+
 def run(
     onnx: Path,
     build_config: Path,
@@ -231,12 +252,12 @@ def run(
             raise ConfigError(f"--timeout must be positive, got {timeout_s}")
         if stall_after_s is not None and stall_after_s <= 0:
             raise ConfigError(f"--stall-after must be positive, got {stall_after_s}")
-        wanted = load_build_config(build_config)
         loaded = (
             config_module.load(daemon_config)
             if daemon_config is not None
             else config_module.embedded_default()
         )
+        wanted = _build_config_for(onnx, build_config, loaded.models)
         runtime_config = loaded.runtime
         if engine_dir is not None:
             runtime_config = replace(runtime_config, engine_dir=engine_dir)

@@ -7,6 +7,7 @@ import faulthandler
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -229,8 +230,12 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
             exc.errno if isinstance(exc, OSError) and exc.errno else None,
         )
         return EXIT_FAILURE
-    watchdog = Watchdog(notifier, watchdog_settings, daemon.liveness) if watchdog_settings else None
-    _start_up(daemon, notifier, stop, hangups)
+    watchdog = (
+        Watchdog(notifier, watchdog_settings, daemon.liveness, record=daemon.record)
+        if watchdog_settings
+        else None
+    )
+    _start_up(daemon, notifier, watchdog, stop, hangups)
     if not stop.is_set():
         notifier.ready(daemon.status_line())
         _serve(daemon, notifier, watchdog, stop, hangups)
@@ -248,19 +253,31 @@ _TICK_S = 0.5
 
 
 def _start_up(
-    daemon: Daemon, notifier: Notifier, stop: threading.Event, hangups: list[int]
+    daemon: Daemon,
+    notifier: Notifier,
+    watchdog: Watchdog | None,
+    stop: threading.Event,
+    hangups: list[int],
 ) -> None:
-    """Wait for every model to serve or fail over.  Each step of progress
-    extends systemd's start timeout by ``daemon.startup_extend_s``, so a long
-    but progressing start-up survives TimeoutStartSec= and a stuck one does not."""
+    """Wait for every model to serve or fail over.  Each step of progress (a model
+    starting or finishing its load, a progress report) extends systemd's start
+    timeout by ``daemon.startup_extend_s``, or by the declared load's
+    ``max_load_s`` when that is longer: a long but progressing start-up survives
+    TimeoutStartSec= and a stuck one does not.  The watchdog reports (no pings:
+    systemd arms it at READY=1), and ``STATUS=`` says what start-up waits for."""
+    from inferd.supervision.watchdog import startup_extension_s
+
     extend_s = daemon.config.daemon.startup_extend_s
     last_progress = None
     while not stop.is_set():
         progress = daemon.startup_progress()
         if progress != last_progress:
             last_progress = progress
-            notifier.extend_timeout(extend_s)
-        notifier.status(daemon.status_line())
+            threads = daemon.liveness()
+            notifier.extend_timeout(startup_extension_s(threads, time.monotonic_ns(), extend_s))
+        if watchdog is not None:
+            watchdog.tick(ready=False)
+        _status(daemon, notifier, watchdog)
         _log_hangups(hangups)
         if daemon.wait_ready(timeout=0.2):
             return
@@ -276,14 +293,25 @@ def _serve(
     while True:
         if watchdog is not None:
             watchdog.tick()
-        line = daemon.status_line()
-        withheld = watchdog.describe() if watchdog is not None else None
-        notifier.status(f"{line} | {withheld}" if withheld else line)
+        _status(daemon, notifier, watchdog)
         _log_hangups(hangups)
         wait_s = min(_TICK_S, watchdog.due_in_s()) if watchdog is not None else _TICK_S
         if stop.wait(wait_s):
             return
         daemon.housekeeping()
+
+
+def _status(daemon: Daemon, notifier: Notifier, watchdog: Watchdog | None) -> None:
+    """``STATUS=``: the daemon's line, then why pings are withheld or what the
+    watchdog waits for (a declared model load), if anything."""
+    from inferd.supervision.watchdog import declared_operations, describe_waiting
+
+    line = daemon.status_line()
+    if watchdog is not None:
+        fragment = watchdog.describe()
+    else:
+        fragment = describe_waiting(declared_operations(daemon.liveness()), time.monotonic_ns())
+    notifier.status(f"{line} | {fragment}" if fragment else line)
 
 
 def _log_hangups(hangups: list[int]) -> None:

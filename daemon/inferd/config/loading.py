@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inferd.config.sections import (
+    DEFAULT_MAX_LOAD_S,
     DEFAULT_MODEL_NAME,
     RUNTIME_LABELS,
     AlertsConfig,
@@ -35,7 +36,7 @@ from inferd.config.security import (
     resolve_group,
 )
 from inferd.errors import ConfigError
-from inferd.types import PrecisionMode
+from inferd.types import OptimizationProfile, PrecisionMode
 from inferd_wire.endpoints import default_endpoints, default_runtime_dir
 
 T = TypeVar("T")
@@ -83,6 +84,24 @@ class _Table:
             _check_scalar(f"{self._where}.{key}[{index}]", item)
         return tuple(value)
 
+    def take_dims(self, key: str) -> tuple[int, ...]:
+        """A required shape: a non-empty list of integers (TOML integers, not ``true``)."""
+        value = self.take_required(key, list)
+        if not value or not all(
+            isinstance(dim, int) and not isinstance(dim, bool) for dim in value
+        ):
+            raise ConfigError(
+                f"{self._where}.{key} must be a non-empty list of integers, got {value!r}"
+            )
+        for index, dim in enumerate(value):
+            if not 0 < dim <= _MAX_DIM:
+                raise ConfigError(f"{self._where}.{key}[{index}] must be 1..{_MAX_DIM}, got {dim}")
+        return tuple(value)
+
+    @property
+    def where(self) -> str:
+        return self._where
+
     def finish(self) -> None:
         if self._data:
             raise ConfigError(f"{self._where}: unknown key(s) {sorted(self._data)}")
@@ -91,6 +110,8 @@ class _Table:
 #: TOML integers are 64-bit; the daemon hands config integers to C (ZeroMQ options,
 #: ONNX Runtime, sizes), so no value may leave that range either way.
 _INT64 = range(-(2**63), 2**63)
+#: A tensor dimension as the wire and TensorRT's ``Dims`` carry it.
+_MAX_DIM = 2**31 - 1
 
 
 def _check_scalar(key: str, value: object) -> None:
@@ -160,6 +181,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         gpu_memory_budget_bytes=runtime_table.take("gpu_memory_budget_bytes", int, 4 * 1024**3),
         ort_trt_cache_dir=_resolve(state_dir, cache_dir),
         ort_disallow_cpu_fallback=runtime_table.take("ort_disallow_cpu_fallback", bool, False),
+        ort_require_tensorrt_ep=runtime_table.take("ort_require_tensorrt_ep", bool, False),
         ort_intra_op_threads=runtime_table.take("ort_intra_op_threads", int, 0),
         device_id=runtime_table.take("device_id", int, 0),
         engine_dir=_resolve(state_dir, engine_dir),
@@ -308,9 +330,28 @@ def _model(table: _Table, base_dir: Path) -> ModelConfig:
         staged_engines=tuple(
             _resolve(base_dir, item) for item in table.take_strings("staged_engines", ())
         ),
+        profiles=tuple(
+            _profile(_Table(item, f"models[{name!r}].profiles[{index}]"))
+            for index, item in enumerate(table.take("profiles", list, []))
+        ),
+        max_load_s=table.take("max_load_s", float, DEFAULT_MAX_LOAD_S),
     )
     table.finish()
     return model
+
+
+def _profile(table: _Table) -> OptimizationProfile:
+    """One ``[[models.profiles]]`` entry: ``input_name`` and ``min_shape``,
+    ``opt_shape``, ``max_shape`` (lists of positive integers, one per axis)."""
+    name = table.take_required("input_name", str)
+    if not name:
+        raise ConfigError(f"{table.where}.input_name must name one of the model's inputs")
+    shapes = [table.take_dims(key) for key in ("min_shape", "opt_shape", "max_shape")]
+    table.finish()
+    try:
+        return OptimizationProfile(name, shapes[0], shapes[1], shapes[2])
+    except ValueError as exc:
+        raise ConfigError(f"{table.where}: {exc}") from None
 
 
 def load(path: Path) -> Config:

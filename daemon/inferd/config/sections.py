@@ -12,7 +12,7 @@ from typing import Literal
 
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
-from inferd.types import PrecisionMode
+from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 from inferd_wire.endpoints import MAX_IPC_PATH_BYTES
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
@@ -35,6 +35,12 @@ def default_state_dir() -> Path:
     base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return base / "inferd"
 
+
+#: ``[[models]] max_load_s``: ONNX Runtime's TensorRT EP builds its engine while
+#: the session loads, reported at 50-60 s on a Xavier NX without a cache and
+#: minutes for large models (onnxruntime #7499, its "TensorRT EP Caches" docs).
+DEFAULT_MAX_LOAD_S = 600.0
+MAX_LOAD_S = 86_400.0
 
 #: Sensors change over seconds; faster polling only burns a core.
 MAX_THERMAL_POLL_HZ = 100.0
@@ -96,6 +102,9 @@ class RuntimeConfig:
     gpu_memory_budget_bytes: int = 4 * 1024**3
     ort_trt_cache_dir: Path = Path("ort_trt_cache")
     ort_disallow_cpu_fallback: bool = False
+    #: Refuse an ONNX Runtime session without the TensorRT EP (CUDA-only or
+    #: CPU-only): the model fails over or is unavailable instead of serving slower.
+    ort_require_tensorrt_ep: bool = False
     ort_intra_op_threads: int = 0
     device_id: int = 0
     #: Where the ``tensorrt`` strategy keeps its engines, sidecars, timing and
@@ -152,6 +161,13 @@ class ModelConfig:
     queue_policy: QueuePolicy = "fifo"
     default_deadline_ms: int = 0
     staged_engines: tuple[Path, ...] = ()
+    #: The one source of this model's optimisation profiles (min/opt/max shape per
+    #: input): its engine builds, ONNX Runtime's TensorRT EP options, warm-up (at
+    #: opt) and the shapes a request may have.
+    profiles: tuple[OptimizationProfile, ...] = ()
+    #: How long activating this model (locate, load, warm-up; the fallback's too)
+    #: may keep the engine worker busy before the watchdog treats it as stuck.
+    max_load_s: float = DEFAULT_MAX_LOAD_S
 
     def __post_init__(self) -> None:
         where = f"models[{self.name!r}]"
@@ -161,6 +177,30 @@ class ModelConfig:
         _one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
         _positive(f"{where}.queue_capacity", self.queue_capacity)
         _non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
+        if len(self.staged_engines) > 1:
+            raise ConfigError(
+                f"{where}.staged_engines: onnx_trt_ep loads one prebuilt engine per model (an "
+                f"EP-context model whose one node is the whole graph), got "
+                f"{len(self.staged_engines)}: {[str(path) for path in self.staged_engines]}"
+            )
+        _positive(f"{where}.max_load_s", self.max_load_s)
+        if self.max_load_s > MAX_LOAD_S:
+            raise ConfigError(
+                f"{where}.max_load_s must be at most {MAX_LOAD_S}, got {self.max_load_s}"
+            )
+        names = [profile.input_name for profile in self.profiles]
+        for index, name in enumerate(names):
+            if names.index(name) != index:
+                raise ConfigError(
+                    f"{where}.profiles[{index}].input_name: {name!r} already has a profile "
+                    f"(profiles[{names.index(name)}]); one profile per input"
+                )
+
+    def build_config(self) -> BuildConfig:
+        """The build configuration of this model's engine: what the ``tensorrt``
+        runtime locates, the background rebuild and ``build.start`` build by default,
+        and ``onnx_trt_ep`` loads with."""
+        return BuildConfig(precision=self.precision, profiles=self.profiles)
 
 
 ALERT_HOOKS: tuple[str, ...] = ("pub", "fdr", "mavlink")

@@ -15,7 +15,6 @@ from typing import Any
 from inferd.config import ModelConfig
 from inferd.engines.build_config import build_config_to_mapping, parse_build_config
 from inferd.errors import ConfigError
-from inferd.types import BuildConfig
 from inferd_wire.protocol import Code, ProtocolError
 
 BUILDERS = ("auto", "simulated")
@@ -104,14 +103,23 @@ def parse_start(
 
 
 def parse_build_config_arg(raw: object, model: ModelConfig) -> dict[str, Any]:
-    """``build_config`` over the model's defaults, as the mapping the child is given."""
-    defaults = BuildConfig(precision=model.precision)
+    """``build_config`` over the model's defaults (``ModelConfig.build_config``), as the
+    mapping the child is given.  Profiles come from the model config only: an engine
+    built with others would be one the model cannot serve at its own shapes."""
+    defaults = model.build_config()
     if raw is None:
         return build_config_to_mapping(defaults)
     try:
         config = parse_build_config(raw, source="build_config", defaults=defaults)
     except ConfigError as exc:
         raise ProtocolError(Code.INVALID_ARGUMENT, str(exc)) from None
+    if config.profiles != defaults.profiles:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"build_config.profiles differ from models[{model.name!r}].profiles in the "
+            "daemon config, the one source of a model's profiles; change them there "
+            "(and restart) or leave them out of build.start",
+        )
     return build_config_to_mapping(config)
 
 

@@ -25,6 +25,8 @@ from inferd.engine_build.calibration_batches import (
     check_calibration_batches,
     onnx_inputs,
 )
+from inferd.engines.build_config import check_profiles as shared_check_profiles
+from inferd.engines.build_config import unprofiled_dynamic_inputs
 from inferd.engines.calibration import (
     CalibrationCacheStore,
     CalibrationLookup,
@@ -83,39 +85,17 @@ def check_profiles(
     model: str,
 ) -> dict[str, OptimizationProfile]:
     """The build config's ``OptimizationProfile`` per input, checked against the
-    network's inputs (``-1``: a runtime dimension), so a mistake is a sentence
-    naming the input rather than a TensorRT assertion."""
-    seen: dict[str, OptimizationProfile] = {}
-    for profile in profiles:
-        name = profile.input_name
-        if name not in inputs:
-            raise EngineBuildError(
-                f"{model}: the build config has a profile for {name!r}, but the network's "
-                f"inputs are {sorted(inputs)}"
-            )
-        if name in seen:
-            raise EngineBuildError(f"{model}: the build config has two profiles for {name!r}")
-        shape = inputs[name]
-        if len(profile.min_shape) != len(shape):
-            raise EngineBuildError(
-                f"{model}: profile for {name!r} has rank {len(profile.min_shape)}, the input "
-                f"{list(shape)} has rank {len(shape)}"
-            )
-        for axis, dim in enumerate(shape):
-            if dim >= 0 and not (
-                profile.min_shape[axis] == profile.opt_shape[axis] == profile.max_shape[axis] == dim
-            ):
-                raise EngineBuildError(
-                    f"{model}: profile for {name!r} varies axis {axis}, which the network "
-                    f"fixes at {dim} (input shape {list(shape)})"
-                )
-        seen[name] = profile
-    dynamic = sorted(name for name, shape in inputs.items() if any(dim < 0 for dim in shape))
-    missing = [name for name in dynamic if name not in seen]
+    network's inputs (``-1``: a runtime dimension) by the one profile rule
+    (``inferd.engines.build_config.check_profiles``); every dynamic input needs one."""
+    try:
+        seen = shared_check_profiles(inputs, profiles)
+    except ValueError as exc:
+        raise EngineBuildError(f"{model}: {exc}") from None
+    missing = unprofiled_dynamic_inputs(inputs, profiles)
     if missing:
         raise EngineBuildError(
-            f"{model}: input(s) {missing} have dynamic dimensions "
-            f"({', '.join(f'{name} {list(inputs[name])}' for name in missing)}); the build "
+            f"{model}: input(s) {sorted(missing)} have dynamic dimensions "
+            f"({', '.join(f'{name} {shape}' for name, shape in missing.items())}); the build "
             "config needs an optimisation profile (min/opt/max shape) for each"
         )
     return seen

@@ -11,7 +11,7 @@ a process boundary without a second set of rules.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +120,60 @@ def build_config_to_mapping(config: BuildConfig) -> dict[str, Any]:
     }
 
 
-def load_build_config(path: Path) -> BuildConfig:
-    """A build config JSON file."""
+def _is_dynamic(dim: int | None) -> bool:
+    return dim is None or dim < 0
+
+
+def check_profiles(
+    inputs: Mapping[str, Sequence[int | None]], profiles: Sequence[OptimizationProfile]
+) -> dict[str, OptimizationProfile]:
+    """``profiles`` by input name, checked against a model's ``inputs`` (name ->
+    shape; ``None`` or ``-1`` is a dynamic dimension): each names an input, once,
+    with its rank, and leaves its static dimensions as they are.  Raises
+    ``ValueError`` with a sentence naming the input (the caller adds where it came
+    from), so a mistake is never a TensorRT assertion or a silently ignored option.
+    Used by the TensorRT builder and by ``onnx_trt_ep`` before it loads a model."""
+    seen: dict[str, OptimizationProfile] = {}
+    for profile in profiles:
+        name = profile.input_name
+        if name not in inputs:
+            raise ValueError(
+                f"there is a profile for {name!r}, but the model's inputs are {sorted(inputs)}"
+            )
+        if name in seen:
+            raise ValueError(f"there are two profiles for {name!r}")
+        shape = list(inputs[name])
+        if len(profile.min_shape) != len(shape):
+            raise ValueError(
+                f"the profile for {name!r} has rank {len(profile.min_shape)}, the input "
+                f"{shape} has rank {len(shape)}"
+            )
+        for axis, dim in enumerate(shape):
+            if not _is_dynamic(dim) and not (
+                profile.min_shape[axis] == profile.opt_shape[axis] == profile.max_shape[axis] == dim
+            ):
+                raise ValueError(
+                    f"the profile for {name!r} varies axis {axis}, which the model fixes at "
+                    f"{dim} (input shape {shape})"
+                )
+        seen[name] = profile
+    return seen
+
+
+def unprofiled_dynamic_inputs(
+    inputs: Mapping[str, Sequence[int | None]], profiles: Sequence[OptimizationProfile]
+) -> dict[str, list[int | None]]:
+    """The inputs with a dynamic dimension that no profile covers (name -> shape)."""
+    covered = {profile.input_name for profile in profiles}
+    return {
+        name: list(shape)
+        for name, shape in sorted(inputs.items())
+        if name not in covered and any(_is_dynamic(dim) for dim in shape)
+    }
+
+
+def load_build_config(path: Path, *, defaults: BuildConfig | None = None) -> BuildConfig:
+    """A build config JSON file; keys it lacks come from ``defaults``."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -130,4 +182,4 @@ def load_build_config(path: Path) -> BuildConfig:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-    return parse_build_config(data, source=str(path))
+    return parse_build_config(data, source=str(path), defaults=defaults)

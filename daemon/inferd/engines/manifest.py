@@ -184,6 +184,18 @@ class Manifest:
         }
 
 
+def deployment_manifest(configured: Path | None, engine_dir: Path) -> Manifest:
+    """The manifest the engine gate trusts: ``runtime.engine_manifest`` when set,
+    else ``<engine_dir>/manifest.json`` if it exists, else an empty manifest (which
+    refuses every engine at the gate's step 5)."""
+    if configured is not None:
+        return Manifest.load(configured)
+    default = engine_dir / MANIFEST_NAME
+    if default.exists():
+        return Manifest.load(default)
+    return Manifest.empty(source=f"<none: no {default}>")
+
+
 def manifest_json(entries: Mapping[str, str]) -> str:
     for key, digest in entries.items():
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest):

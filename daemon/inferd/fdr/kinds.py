@@ -38,11 +38,27 @@ KINDS: dict[str, RecordKind] = {
             "serves on ONNX Runtime.",
         ),
         _kind(
-            "c7.cpu_fallback",
-            {"model", "requested", "active"},
+            "c7.ort_cache_unavailable",
+            {"model", "reason", "staged_engines"},
+            critical=False,
+            description="An onnx_trt_ep model serves without the TensorRT EP's engine "
+            "cache (its directory cannot be had): it builds its engine at every load and "
+            "leaves its staged engine unused.",
+        ),
+        _kind(
+            "c7.provider_degraded",
+            {
+                "model",
+                "degradation",
+                "requested",
+                "active",
+                "missing",
+                "refused",
+                "staged_engine_unused",
+            },
             critical=True,
-            description="ONNX Runtime could not create the GPU providers it asked for "
-            "and runs on CPU.",
+            description="An ONNX Runtime session lacks an execution provider the runtime "
+            "wants (TensorRT EP, CUDA EP, or both: CPU only).",
         ),
         _kind(
             "c7.thermal_transition",
@@ -107,6 +123,13 @@ KINDS: dict[str, RecordKind] = {
             critical=False,
             description="The builds dir cap removed a superseded build's artifacts "
             "(builds.max_count, builds.max_bytes).",
+        ),
+        _kind(
+            "c7.watchdog_withheld",
+            {"threads", "silence_limit_s", "watchdog_s"},
+            critical=True,
+            description="The systemd watchdog pings stopped: a watched thread went silent "
+            "without declaring a long operation, overran the one it declared, or died.",
         ),
         _kind(
             "c7.fdr_dropped",

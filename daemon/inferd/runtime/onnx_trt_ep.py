@@ -1,17 +1,20 @@
 """ONNX Runtime strategy (label ``onnx_trt_ep``): the degraded-latency fallback.
 
 Sessions ask for ``[TensorRT EP, CUDA EP, CPU EP]`` filtered to what this ONNX
-Runtime build offers.  ORT silently drops an EP it cannot create, so the
-runtime reads the providers the session really registered and refuses a CPU-only
-session when ``runtime.ort_disallow_cpu_fallback`` is set.
+Runtime build offers.  ONNX Runtime drops a provider it cannot create, and its
+Python session retries a failed creation with ``[CUDA EP, CPU EP]``, so the
+runtime compares the providers the session really registered with the ones it
+wants (``ort_providers``): every difference is a ``c7.provider_degraded`` record
+and, when ONNX Runtime dropped what it was asked for, one alert; it is refused
+when ``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback``
+forbids it.  A model's staged engine is gated and served through an EP-context
+model (``ort_ep_context``).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,27 @@ import structlog
 from inferd.config import RuntimeConfig
 from inferd.digest import sha256_file
 from inferd.engines.build_config import workspace_cap_bytes
+from inferd.engines.host import read_host_tuple
 from inferd.errors import (
     EngineBuildError,
     EngineDeserializeError,
     InferenceError,
     OutOfMemoryError,
+    UnsafeDirectoryError,
+)
+from inferd.owned_files import ensure_owned_dir
+from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_options
+from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
+from inferd.runtime.ort_precision import int8_refusal
+from inferd.runtime.ort_providers import (
+    CPU_EP,
+    CUDA_EP,
+    DEGRADED_KIND,
+    PREFERRED_PROVIDERS,
+    TRT_EP,
+    ProviderResolution,
+    degradation_payload,
+    requested_providers,
 )
 from inferd.types import (
     Alert,
@@ -34,19 +53,19 @@ from inferd.types import (
     BuildConfig,
     EngineCacheEntry,
     EngineHandle,
+    HostTuple,
+    OptimizationProfile,
     PrecisionMode,
     RecordSink,
     TensorSpec,
     ThermalState,
 )
 
+__all__ = ["CPU_EP", "CUDA_EP", "LABEL", "PREFERRED_PROVIDERS", "TRT_EP", "OnnxTrtEpRuntime"]
+
 LABEL = "onnx_trt_ep"
-TRT_EP = "TensorrtExecutionProvider"
-CUDA_EP = "CUDAExecutionProvider"
-CPU_EP = "CPUExecutionProvider"
-PREFERRED_PROVIDERS: tuple[str, ...] = (TRT_EP, CUDA_EP, CPU_EP)
 FALLBACK_EVENT = "c7.fallback_to_onnx_trt_ep"
-CPU_FALLBACK_EVENT = "c7.cpu_fallback"
+CACHE_UNAVAILABLE_KIND = "c7.ort_cache_unavailable"
 
 #: ONNX type strings -> numpy dtype names (the wire's dtype vocabulary).
 _ONNX_TO_NUMPY: dict[str, str] = {
@@ -86,15 +105,18 @@ class _Resident:
 
 
 def _build_provider_args(
-    config: RuntimeConfig, cache_dir: Path, model_sha256: str, precision: PrecisionMode
+    config: RuntimeConfig,
+    cache_dir: Path | None,
+    model_sha256: str,
+    precision: PrecisionMode,
+    profiles: Sequence[OptimizationProfile] = (),
 ) -> dict[str, dict[str, str]]:
-    """Provider options by EP name.  The only place that names TRT EP option keys."""
-    return {
-        TRT_EP: {
-            "device_id": str(config.device_id),
-            "trt_max_workspace_size": str(workspace_cap_bytes(config.gpu_memory_budget_bytes)),
-            "trt_fp16_enable": str(precision in (PrecisionMode.FP16, PrecisionMode.MIXED)),
-            "trt_int8_enable": str(precision in (PrecisionMode.INT8, PrecisionMode.MIXED)),
+    """Provider options by EP name.  The only place that names TRT EP option keys.
+    Without a ``cache_dir`` the TensorRT EP caches nothing (it builds at every load)."""
+    cache: dict[str, str] = (
+        {"trt_engine_cache_enable": "False", "trt_timing_cache_enable": "False"}
+        if cache_dir is None
+        else {
             "trt_engine_cache_enable": "True",
             "trt_engine_cache_path": str(cache_dir),
             # Keyed by content, not file name: two models called model.onnx with
@@ -102,82 +124,35 @@ def _build_provider_args(
             "trt_engine_cache_prefix": f"inferd_{model_sha256[:16]}",
             "trt_timing_cache_enable": "True",
             "trt_timing_cache_path": str(cache_dir),
+        }
+    )
+    return {
+        TRT_EP: {
+            "device_id": str(config.device_id),
+            "trt_max_workspace_size": str(workspace_cap_bytes(config.gpu_memory_budget_bytes)),
+            "trt_fp16_enable": str(precision in (PrecisionMode.FP16, PrecisionMode.MIXED)),
+            "trt_int8_enable": str(precision in (PrecisionMode.INT8, PrecisionMode.MIXED)),
+            **cache,
+            # The model's profiles: without them a new input shape rebuilds the
+            # engine inside session.run (inferd.runtime.onnx_trt_ep_shapes).
+            **profile_options(profiles),
         },
         CUDA_EP: {"device_id": str(config.device_id)},
         CPU_EP: {},
     }
 
 
-#: The ops of an explicitly quantized (Q/DQ) model: it carries its own INT8 scales.
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-
-
-def _int8_refusal(model_path: Path, precision: PrecisionMode) -> str | None:
-    """Why the TensorRT EP must not build ``model_path`` with ``precision``, or None.
-
-    With ``trt_int8_enable`` TensorRT needs INT8 scales.  A Q/DQ model brings
-    its own (ONNX Runtime's docs: no calibration table for Q/DQ models).  For any
-    other model the EP takes them only from ``trt_int8_calibration_table_name``
-    (a file under ``trt_engine_cache_path``); the daemon's calibration caches
-    belong to TensorRT engines (trusted only beside them, with their sidecars),
-    and this runtime has none to give.  Without scales TensorRT would not run
-    those layers in INT8 and ONNX Runtime would not say so: the model is refused."""
-    if precision not in (PrecisionMode.INT8, PrecisionMode.MIXED):
-        return None
-    import onnx
-
-    try:
-        model = onnx.load(str(model_path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, OSError, ...
-        return f"cannot read {model_path} to look for Q/DQ nodes: {exc}"
-    graphs = [model.graph, *model.functions]  # a FunctionProto has nodes too
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            if node.op_type in _QDQ_OPS:
-                return None
-            for attribute in node.attribute:
-                graphs.extend([attribute.g] if attribute.HasField("g") else [])
-                graphs.extend(attribute.graphs)
-    return (
-        f"{model_path}: precision {precision.value!r} on onnx_trt_ep needs a model with "
-        "Q/DQ (QuantizeLinear/DequantizeLinear) nodes; this one has none, and ONNX "
-        "Runtime's TensorRT EP would need an INT8 calibration table this runtime does not "
-        "have. Quantize the model (Q/DQ), serve it as fp16 or fp32 on onnx_trt_ep, or build "
-        "a calibrated engine (inferd build --calibration-data) for the tensorrt runtime"
-    )
-
-
-def _stage_engine(source: Path, cache_dir: Path) -> Path:
-    """Place a prebuilt engine in the TRT EP cache: symlink, else an atomic copy."""
-    if not source.is_file():
-        raise EngineDeserializeError(f"staged engine {source} does not exist")
-    target = cache_dir / source.name
-    if target.exists() and os.path.samefile(target, source):
-        return target
-    temporary = cache_dir / f".{source.name}.staging"
-    temporary.unlink(missing_ok=True)
-    try:
-        os.symlink(source.resolve(), temporary)
-    except OSError:
-        shutil.copy2(source, temporary)
-    os.replace(temporary, target)
-    return target
-
-
-def _spec(node: Any) -> TensorSpec:
+def _spec(node: Any, profile: OptimizationProfile | None = None) -> TensorSpec:
     dtype = _ONNX_TO_NUMPY.get(node.type)
     if dtype is None:
         raise EngineDeserializeError(f"tensor {node.name!r} has unsupported type {node.type}")
     shape = tuple(dim if isinstance(dim, int) and dim >= 0 else None for dim in node.shape)
-    return TensorSpec(name=node.name, dtype=dtype, shape=shape)
+    return TensorSpec(name=node.name, dtype=dtype, shape=shape, profile=profile)
 
 
 def _warm_up_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
-    return {
-        spec.name: np.zeros(tuple(1 if dim is None else dim for dim in spec.shape), spec.dtype)
-        for spec in specs
-    }
+    """Zeros at each input's opt shape (its static shape when it has no profile)."""
+    return {spec.name: np.zeros(spec.warm_up_shape(), spec.dtype) for spec in specs}
 
 
 class OnnxTrtEpRuntime:
@@ -189,6 +164,7 @@ class OnnxTrtEpRuntime:
         alert: AlertSink,
         thermal: Callable[[], ThermalState],
         record: RecordSink | None = None,
+        host_tuple: Callable[..., HostTuple] | None = None,
     ) -> None:
         import onnxruntime  # heavy: imported only when this strategy is composed
 
@@ -198,6 +174,8 @@ class OnnxTrtEpRuntime:
         self._alert = alert
         self._record: RecordSink = record or (lambda _kind, _payload: None)
         self._thermal = thermal
+        #: Read only to gate a staged engine (it needs TensorRT's version and the GPU).
+        self._host_tuple = host_tuple if host_tuple is not None else read_host_tuple
         self._residents: dict[int, _Resident] = {}
         self._handle_ids = itertools.count(1)
 
@@ -220,50 +198,32 @@ class OnnxTrtEpRuntime:
         )
 
     def requested_providers(self) -> list[str]:
-        available = set(self._ort.get_available_providers())
-        return [name for name in PREFERRED_PROVIDERS if name in available]
+        return list(requested_providers(self._ort.get_available_providers()))
 
     def deserialize_engine(self, entry: EngineCacheEntry) -> EngineHandle:
-        ort = self._ort
-        cache_dir = self._config.ort_trt_cache_dir / entry.model_sha256[:16]
         requested = self.requested_providers()
+        # A staged engine was built with its precision (the gate checks the build
+        # config): the TensorRT EP builds nothing and needs no INT8 scales.
         refused = (
-            _int8_refusal(entry.model_path, entry.build_config.precision)
-            if TRT_EP in requested
+            int8_refusal(entry.model_path, entry.build_config.precision)
+            if TRT_EP in requested and not entry.staged_engines
             else None
         )
         if refused is not None:
             raise EngineDeserializeError(refused)
-        try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            for engine in entry.staged_engines:
-                _stage_engine(engine, cache_dir)
-        except OSError as exc:
-            raise EngineDeserializeError(f"cannot prepare TRT EP cache {cache_dir}: {exc}") from exc
-        all_options = _build_provider_args(
-            self._config, cache_dir, entry.model_sha256, entry.build_config.precision
+        profiles = entry.build_config.profiles
+        tensorrt_ep = TRT_EP in requested
+        by_input = (
+            check_model_profiles(entry.model_path, profiles, tensorrt_ep=tensorrt_ep)
+            if profiles or tensorrt_ep
+            else {}
         )
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if self._config.ort_intra_op_threads:
-            options.intra_op_num_threads = self._config.ort_intra_op_threads
-        try:
-            session = ort.InferenceSession(
-                str(entry.artifact_path),
-                sess_options=options,
-                providers=requested,
-                provider_options=[all_options[name] for name in requested],
-            )
-        except Exception as exc:  # ORT raises its own pybind exception types
-            raise EngineDeserializeError(
-                f"onnxruntime could not load {entry.artifact_path}: {exc}"
-            ) from exc
-        # ORT's Python wrapper otherwise retries a failing EP on CPU behind our back.
-        session.disable_fallback()
-        active = tuple(session.get_providers())
-        if active == (CPU_EP,):
-            self._on_cpu_only(entry, requested, session)
-        inputs = tuple(_spec(node) for node in session.get_inputs())
+        cache_dir, cache_error = self._engine_cache(entry, requested)
+        context, unused = self._staged_context(entry, requested, cache_dir)
+        session = self._create_session(entry, requested, cache_dir, context)
+        resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
+        self._check_providers(entry, resolution, unused)
+        inputs = tuple(_spec(node, by_input.get(node.name)) for node in session.get_inputs())
         outputs = tuple(_spec(node) for node in session.get_outputs())
         output_names = [spec.name for spec in outputs]
         try:
@@ -278,45 +238,159 @@ class OnnxTrtEpRuntime:
             model_sha256=entry.model_sha256,
             inputs=inputs,
             outputs=outputs,
-            active_providers=active,
+            active_providers=resolution.active,
             is_fallback=self._is_fallback,
+            requested_providers=resolution.requested,
+            provider_degradation=resolution.degradation,
+            engine_cache_error=cache_error,
         )
         self._residents[handle.handle_id] = _Resident(session=session, output_names=output_names)
         log.info(
             "engine_loaded",
             model=str(entry.model_path),
             model_sha256=entry.model_sha256[:16],
-            active_providers=list(active),
+            active_providers=list(resolution.active),
+            staged_engine=str(context.engine.path) if context else None,
             fallback=self._is_fallback,
         )
         return handle
 
-    def _on_cpu_only(self, entry: EngineCacheEntry, requested: list[str], session: Any) -> None:
-        """Every CPU-only session is recorded (on the vehicle it is always an anomaly);
-        it is refused when CPU fallback is disallowed, and alerted when GPU
-        providers were asked for and silently dropped by ONNX Runtime."""
-        gpu_requested = [name for name in requested if name != CPU_EP]
-        self._record(
-            CPU_FALLBACK_EVENT,
-            {
-                "model": entry.model_path.stem,
-                "requested": requested,
-                "active": [CPU_EP],
-                "refused": self._config.ort_disallow_cpu_fallback,
-            },
-        )
-        if self._config.ort_disallow_cpu_fallback:
-            del session
-            raise EngineDeserializeError(
-                f"{entry.model_path}: the session resolved to CPUExecutionProvider only "
-                f"(requested {requested}) and runtime.ort_disallow_cpu_fallback is set"
+    def _engine_cache(
+        self, entry: EngineCacheEntry, requested: list[str]
+    ) -> tuple[Path | None, str | None]:
+        """The model's TensorRT EP cache dir, or (None, why) when it cannot be had.
+        Only the TensorRT EP caches, and serving never depends on it: a full,
+        read-only or unsafe state dir costs a build at every load (and a staged
+        engine, whose context model lives there), recorded, alerted and in status."""
+        if TRT_EP not in requested:
+            return None, None
+        try:
+            parent = ensure_owned_dir(
+                self._config.ort_trt_cache_dir, what="runtime.ort_trt_cache_dir"
             )
-        if gpu_requested:
-            message = f"{entry.model_path}: {gpu_requested} could not be created; serving on CPU"
-            log.warning(CPU_FALLBACK_EVENT, model=str(entry.model_path), requested=requested)
-            self._alert(Alert("WARNING", CPU_FALLBACK_EVENT, message, {"requested": requested}))
+            directory = ensure_owned_dir(parent / entry.model_sha256[:16], what="its model's cache")
+            return directory, None
+        except UnsafeDirectoryError as exc:
+            reason = str(exc)
+        staged = [str(path) for path in entry.staged_engines]
+        payload = {"model": entry.model_path.stem, "reason": reason, "staged_engines": staged}
+        self._record(CACHE_UNAVAILABLE_KIND, payload)
+        log.warning(CACHE_UNAVAILABLE_KIND, **payload)
+        unused = f"; staged engine {staged[0]} not used" if staged else ""
+        self._alert(
+            Alert(
+                "WARNING",
+                CACHE_UNAVAILABLE_KIND,
+                f"{entry.model_path.name}: serving without the TensorRT EP engine cache (it "
+                f"builds its engine at every load){unused}: {reason}",
+                {"reason": reason},
+            )
+        )
+        return None, reason
+
+    def _staged_context(
+        self, entry: EngineCacheEntry, requested: list[str], cache_dir: Path | None
+    ) -> tuple[EpContextModel | None, str | None]:
+        """The EP-context model of the model's staged engine (gated), or why none:
+        ``(None, engine)`` when this ONNX Runtime has no TensorRT EP to load it (the
+        ``.onnx`` serves and the degradation record names the unused engine)."""
+        if not entry.staged_engines:
+            return None, None
+        if len(entry.staged_engines) > 1:
+            raise EngineDeserializeError(
+                f"{entry.model_path}: onnx_trt_ep loads one staged engine per model, got "
+                f"{[str(path) for path in entry.staged_engines]}"
+            )
+        (engine,) = entry.staged_engines
+        if TRT_EP not in requested:
+            return None, str(engine)
+        if cache_dir is None:  # reported by _engine_cache
+            return None, None
+        context = prepare_ep_context(
+            engine,
+            entry,
+            cache_dir,
+            config=self._config,
+            record=self._record,
+            host_tuple=self._host_tuple,
+        )
+        return context, None
+
+    def _create_session(
+        self,
+        entry: EngineCacheEntry,
+        requested: list[str],
+        cache_dir: Path | None,
+        context: EpContextModel | None,
+    ) -> Any:
+        ort = self._ort
+        all_options = _build_provider_args(
+            self._config,
+            cache_dir,
+            entry.model_sha256,
+            entry.build_config.precision,
+            entry.build_config.profiles,
+        )
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if self._config.ort_intra_op_threads:
+            options.intra_op_num_threads = self._config.ort_intra_op_threads
+        path = entry.artifact_path
+        if context is not None:
+            # The graph is one EPContext node: nothing for ORT to optimise, and
+            # ONNX Runtime's TensorRT EP asks for level 0 with context models.
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            path = context.path
+        try:
+            session = ort.InferenceSession(
+                str(path),
+                sess_options=options,
+                providers=requested,
+                provider_options=[all_options[name] for name in requested],
+            )
+        except Exception as exc:  # ORT raises its own pybind exception types
+            what = (
+                f"the EP-context model {path} of staged engine {context.engine.path.name}"
+                if context is not None
+                else str(path)
+            )
+            raise EngineDeserializeError(f"onnxruntime could not load {what}: {exc}") from exc
+        # ORT's Python wrapper otherwise retries a failing run on CPU behind our back.
+        session.disable_fallback()
+        return session
+
+    def _check_providers(
+        self, entry: EngineCacheEntry, resolution: ProviderResolution, unused: str | None
+    ) -> None:
+        """The one provider check: any wanted GPU provider the session lacks is a
+        degradation, recorded every time (on the vehicle it is always an anomaly),
+        refused when the configuration says so, and alerted once per session when
+        ONNX Runtime dropped what it was asked for or a staged engine goes unused."""
+        degradation = resolution.degradation
+        if degradation is None:
+            return
+        refusal = resolution.refusal(self._config)
+        payload = degradation_payload(resolution, refused=refusal is not None, staged_engine=unused)
+        self._record(DEGRADED_KIND, {"model": entry.model_path.stem, **payload})
+        if refusal is not None:
+            raise EngineDeserializeError(f"{entry.model_path}: {refusal}")
+        fields = {
+            "degradation": degradation,
+            "requested": list(resolution.requested),
+            "active": list(resolution.active),
+        }
+        if resolution.dropped_silently or unused is not None:
+            message = f"{entry.model_path.name}: {resolution.describe()}"
+            if unused is not None:
+                message += f"; staged engine {unused} not used (it needs {TRT_EP})"
+            log.warning(DEGRADED_KIND, model=str(entry.model_path), **fields)
+            self._alert(Alert("WARNING", DEGRADED_KIND, message, fields))
         else:
-            log.info("cpu_only_onnxruntime", available=self._ort.get_available_providers())
+            log.info(
+                "gpu_providers_not_in_build",
+                available=self._ort.get_available_providers(),
+                **fields,
+            )
 
     def infer(
         self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]

@@ -35,7 +35,7 @@ from inferd.config import RuntimeConfig
 from inferd.engines.gate import EngineGate, ValidatedEngine
 from inferd.engines.host import read_host_tuple
 from inferd.engines.locate import locate_engine
-from inferd.engines.manifest import MANIFEST_NAME, Manifest
+from inferd.engines.manifest import Manifest, deployment_manifest
 from inferd.errors import (
     EngineDeserializeError,
     EngineMissingError,
@@ -182,13 +182,7 @@ class TensorRTRuntime:
     # -- deserialize ----------------------------------------------------------------------
 
     def _manifest(self) -> Manifest:
-        configured = self._config.engine_manifest
-        if configured is not None:
-            return Manifest.load(configured)
-        default = self._config.engine_dir / MANIFEST_NAME
-        if default.exists():
-            return Manifest.load(default)
-        return Manifest.empty(source=f"<none: no {default}>")
+        return deployment_manifest(self._config.engine_manifest, self._config.engine_dir)
 
     def deserialize_engine(self, entry: EngineCacheEntry) -> EngineHandle:
         if entry.runtime_label != LABEL:

@@ -22,7 +22,7 @@ from inferd.runtime.tensorrt_buffers import IOBuffers, numpy_dtype_name
 from inferd.runtime.tensorrt_cuda import CudaContext
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.runtime.tensorrt_memory import GpuMemoryLedger
-from inferd.types import TensorSpec
+from inferd.types import OptimizationProfile, TensorSpec
 
 log = structlog.get_logger("inferd.runtime.tensorrt")
 
@@ -148,13 +148,9 @@ def read_io_specs(
         dims = tuple(int(dim) for dim in engine.get_tensor_shape(tensor))
         dtype_name = numpy_dtype_name(trt, engine.get_tensor_dtype(tensor), tensor=tensor)
         dtypes[tensor] = np.dtype(dtype_name)
-        spec = TensorSpec(
-            name=tensor,
-            dtype=dtype_name,
-            shape=tuple(None if dim < 0 else dim for dim in dims),
-        )
+        shape = tuple(None if dim < 0 else dim for dim in dims)
         if engine.get_tensor_mode(tensor) == trt.TensorIOMode.INPUT:
-            inputs.append(spec)
+            profile = None
             if any(dim < 0 for dim in dims):
                 low, opt, high = engine.get_tensor_profile_shape(tensor, 0)
                 ranges[tensor] = (
@@ -162,18 +158,17 @@ def read_io_specs(
                     tuple(int(d) for d in opt),
                     tuple(int(d) for d in high),
                 )
+                # Served with the spec: requests outside it are refused on the bus.
+                profile = OptimizationProfile(tensor, *ranges[tensor])
+            inputs.append(TensorSpec(tensor, dtype_name, shape, profile))
         else:
-            outputs.append(spec)
+            outputs.append(TensorSpec(tensor, dtype_name, shape))
     return tuple(inputs), tuple(outputs), dtypes, ranges
 
 
 def warm_up_inputs(resident: Resident) -> dict[str, np.ndarray]:
     """Zeros for every input, dynamic ones at the profile's opt shape."""
-    arrays: dict[str, np.ndarray] = {}
-    for spec in resident.inputs:
-        if spec.name in resident.profile_ranges:
-            shape = resident.profile_ranges[spec.name][1]
-        else:
-            shape = tuple(dim or 0 for dim in spec.shape)
-        arrays[spec.name] = np.zeros(shape, resident.dtypes[spec.name])
-    return arrays
+    return {
+        spec.name: np.zeros(spec.warm_up_shape(), resident.dtypes[spec.name])
+        for spec in resident.inputs
+    }

@@ -1,11 +1,21 @@
 """The engine worker: the only thread that calls runtimes (and so touches the
-CUDA context, stream and resident engines)."""
+CUDA context, stream and resident engines).
+
+It beats (``last_beat_ns``) on every pass, at least every 0.5 s while idle, for
+the watchdog.  Activating a model (locate, load, warm-up: ONNX Runtime's
+TensorRT EP builds its engine there) can take minutes and is declared first
+(``declared``): what it is and the model's ``max_load_s``, so the watchdog can
+vouch for it within that bound and name it in ``STATUS=``.  Nothing else the
+worker runs is declared: an inference or a swap that outlasts the watchdog's
+silence limit is a stall, reported as one.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import structlog
@@ -17,6 +27,7 @@ from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
+from inferd.types import DeclaredOperation, Liveness
 from inferd_wire import protocol
 from inferd_wire.multipart import send_frames
 from inferd_wire.protocol import Code, ProtocolError
@@ -47,6 +58,7 @@ class EngineWorker(threading.Thread):
         self._thermal_summary = thermal_summary
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
+        self._busy: DeclaredOperation | None = None
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -56,8 +68,9 @@ class EngineWorker(threading.Thread):
         replies.connect(REPLIES_ENDPOINT)
         try:
             for slot in self._slots.values():
-                self._activate(slot)
-                self.last_beat_ns = time.monotonic_ns()
+                what = f"loading {slot.name} ({slot.config.runtime})"
+                with self.declared(what, slot.config.max_load_s):
+                    self._activate(slot)
             self.activated.set()
             while True:
                 try:
@@ -79,6 +92,23 @@ class EngineWorker(threading.Thread):
             for slot in self._slots.values():
                 slot.release()
             replies.close(linger=-1)
+
+    def liveness(self) -> Liveness:
+        """The last beat and the declared operation, read in the order ``declared``
+        writes them in reverse: an operation ends with a beat, then clears itself, so
+        a reader never sees neither."""
+        busy = self._busy
+        return Liveness(self.last_beat_ns if self.is_alive() else None, busy)
+
+    @contextmanager
+    def declared(self, what: str, allowed_s: float) -> Iterator[None]:
+        """Run a long operation that does not beat, declared to the watchdog."""
+        self._busy = DeclaredOperation(what, time.monotonic_ns(), allowed_s)
+        try:
+            yield
+        finally:
+            self.last_beat_ns = time.monotonic_ns()
+            self._busy = None
 
     def _bind_model(self, model: str | None) -> None:
         # Runtimes log without knowing model names (e.g. the one-shot failover

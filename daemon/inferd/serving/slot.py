@@ -21,7 +21,6 @@ from inferd.serving.stats import ModelStats
 from inferd.types import (
     Alert,
     AlertSink,
-    BuildConfig,
     EngineHandle,
     EventSink,
     RecordSink,
@@ -128,9 +127,7 @@ class ModelSlot:
             record=sinks.record,
             thermal=sinks.thermal,
         )
-        entry = runtime.compile_engine(
-            self.config.path, BuildConfig(precision=self.config.precision)
-        )
+        entry = runtime.compile_engine(self.config.path, self.config.build_config())
         entry = dataclasses.replace(entry, staged_engines=self.config.staged_engines)
         return runtime, runtime.deserialize_engine(entry)
 
@@ -184,6 +181,9 @@ class ModelSlot:
             "runtime": handle.runtime_label if handle else None,
             "fallback": self.is_fallback,
             "active_providers": list(handle.active_providers) if handle else [],
+            "requested_providers": _requested(handle),
+            "provider_degradation": handle.provider_degradation if handle else None,
+            "engine_cache_error": handle.engine_cache_error if handle else None,
             "reason": self.last_error,
         }
 
@@ -195,6 +195,13 @@ class ModelSlot:
             "inputs": [spec.as_wire() for spec in handle.inputs] if handle else [],
             "outputs": [spec.as_wire() for spec in handle.outputs] if handle else [],
         }
+
+
+def _requested(handle: EngineHandle | None) -> list[str]:
+    if handle is None:
+        return []
+    requested = handle.requested_providers
+    return list(handle.active_providers if requested is None else requested)
 
 
 def engine_files(slots: Iterable[ModelSlot]) -> list[Path]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inferd.bus.codec import Limits, check_request, deadline_ms_of, decode_request, validate_inputs
-from inferd.types import TensorSpec
+from inferd.types import OptimizationProfile, TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -181,3 +181,50 @@ def test_error_header_shape() -> None:
 def test_ok_header_shape() -> None:
     header = protocol.ok_header("r-1", result={"state": "serving"})
     assert header == {"v": 1, "id": "r-1", "ok": True, "result": {"state": "serving"}}
+
+
+PROFILED = (
+    TensorSpec(
+        "image",
+        "float32",
+        (None, 3, 4, 4),
+        OptimizationProfile("image", (2, 3, 4, 4), (4, 3, 4, 4), (8, 3, 4, 4)),
+    ),
+)
+
+
+@pytest.mark.parametrize("batch", [1, 9, 0])
+def test_a_shape_outside_the_input_profile_is_refused(batch: int) -> None:
+    """A dynamic dimension is accepted only within the input's optimisation profile:
+    outside it ONNX Runtime's TensorRT EP would rebuild its engine inside the run."""
+    image = np.zeros((batch, 3, 4, 4), np.float32)
+    decoded = decode_request(encoded({"image": image}), LIMITS)
+    with pytest.raises(ProtocolError) as refused:
+        validate_inputs(decoded.header, decoded.tensors, PROFILED)
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    assert f"shape [{batch}, 3, 4, 4] is outside the model's optimisation profile" in (
+        refused.value.message
+    )
+    assert "min [2, 3, 4, 4], max [8, 3, 4, 4]" in refused.value.message
+
+
+@pytest.mark.parametrize("batch", [2, 5, 8])
+def test_a_shape_within_the_profile_is_accepted(batch: int) -> None:
+    image = np.ones((batch, 3, 4, 4), np.float32)
+    decoded = decode_request(encoded({"image": image}), LIMITS)
+    arrays = validate_inputs(decoded.header, decoded.tensors, PROFILED)
+    assert arrays["image"].shape == (batch, 3, 4, 4)
+
+
+def test_the_served_spec_carries_the_profile() -> None:
+    assert PROFILED[0].as_wire() == {
+        "name": "image",
+        "dtype": "float32",
+        "shape": [None, 3, 4, 4],
+        "profile": {
+            "min_shape": [2, 3, 4, 4],
+            "opt_shape": [4, 3, 4, 4],
+            "max_shape": [8, 3, 4, 4],
+        },
+    }
+    assert "profile" not in SPECS[0].as_wire()

@@ -285,3 +285,62 @@ def test_the_site_shims_serve_a_subprocess_and_its_engines_load_here(
 
 
 # -- config and fakes ---------------------------------------------------------------------------
+
+
+def _daemon_config(tmp_path: Path, model: Path, bench: Bench) -> Path:
+    path = tmp_path / "inferd.toml"
+    path.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[runtime]\nengine_dir = "{bench.engine_dir}"\n'
+        f'[[models]]\nname = "scale"\npath = "{model}"\nruntime = "tensorrt"\n'
+        f'[[models.profiles]]\ninput_name = "x"\nmin_shape = [1, {W}]\n'
+        f"opt_shape = [4, {W}]\nmax_shape = [8, {W}]\n"
+    )
+    return path
+
+
+def test_inferd_build_of_a_configured_model_takes_its_profiles_from_the_daemon_config(
+    bench: Bench, scale_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine the daemon looks for is named after the model's build config,
+    profiles included: ``inferd build`` builds exactly that one."""
+    off_jetson(monkeypatch, tmp_path)
+    daemon_config = _daemon_config(tmp_path, scale_model, bench)
+    out, err = io.StringIO(), io.StringIO()
+    code = tensorrt_cli.run(
+        scale_model,
+        _build_config_file(tmp_path, {}),
+        daemon_config=daemon_config,
+        as_json=True,
+        out=out,
+        err=err,
+    )
+    assert code == 0, err.getvalue()
+    report = json.loads(out.getvalue().splitlines()[-1])
+    from inferd import config as config_module
+    from inferd.engines.locate import locate_engine
+
+    (model,) = config_module.load(daemon_config).models
+    host = read_host_tuple(
+        precision=PrecisionMode.FP32, device_index=0, tegra_release=tmp_path / "absent"
+    )
+    expected = locate_engine(
+        scale_model, model.build_config(), engine_dir=bench.engine_dir, host=host
+    )
+    assert expected.status == "reused" and report["engine"] == str(expected.entry.artifact_path)
+
+
+def test_inferd_build_refuses_profiles_other_than_the_daemon_configs(
+    bench: Bench, scale_model: Path, tmp_path: Path
+) -> None:
+    other = {"input_name": "x", "min_shape": [1, W], "opt_shape": [1, W], "max_shape": [1, W]}
+    err = io.StringIO()
+    code = tensorrt_cli.run(
+        scale_model,
+        _build_config_file(tmp_path, {"profiles": [other]}),
+        daemon_config=_daemon_config(tmp_path, scale_model, bench),
+        err=err,
+    )
+    assert code == tensorrt_cli.EXIT_USAGE
+    assert "profiles differ from models['scale'].profiles" in err.getvalue()
+    assert bench.gpu.trt.builds == 0

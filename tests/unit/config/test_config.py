@@ -60,6 +60,7 @@ enabled = ["onnx_trt_ep"]
 gpu_memory_budget_bytes = 1073741824
 ort_trt_cache_dir = "trt"
 ort_disallow_cpu_fallback = true
+ort_require_tensorrt_ep = true
 ort_intra_op_threads = 2
 
 [[models]]
@@ -78,6 +79,7 @@ default_deadline_ms = 40
     assert loaded.runtime.enabled == ("onnx_trt_ep",)
     assert loaded.runtime.ort_trt_cache_dir == Path("/var/lib/inferd/trt")
     assert loaded.runtime.ort_disallow_cpu_fallback is True
+    assert loaded.runtime.ort_require_tensorrt_ep is True
     (model,) = loaded.models
     assert (model.name, model.runtime, model.precision) == (
         "vo-net",
@@ -103,6 +105,11 @@ default_deadline_ms = 40
         (MINIMAL + "queue_capacity = true\n", "queue_capacity must be int, got bool"),
         (MINIMAL + "queue_capacity = '4'\n", "queue_capacity must be int, got str"),
         (MINIMAL + "colour = 'red'\n", "models[0]: unknown key(s) ['colour']"),
+        (
+            MINIMAL + "staged_engines = ['a.engine', 'b.engine']\n",
+            "staged_engines: onnx_trt_ep loads one prebuilt engine per model",
+        ),
+        ("[runtime]\nort_require_tensorrt_ep = 1\n" + MINIMAL, "must be bool, got int"),
         (
             "[runtime]\nort_trt_cache_dir = ''\n" + MINIMAL,
             "ort_trt_cache_dir must name a directory",
@@ -337,3 +344,97 @@ def test_tensorrt_failover_after_errors(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as caught:
             load_text(tmp_path, f"[runtime]\ntensorrt_failover_after_errors = {value}\n" + MINIMAL)
         assert message in str(caught.value)
+
+
+PROFILED = """
+[[models]]
+name = "det"
+path = "det.onnx"
+max_load_s = 900
+
+[[models.profiles]]
+input_name = "image"
+min_shape = [1, 3, 224, 224]
+opt_shape = [4, 3, 224, 224]
+max_shape = [8, 3, 224, 224]
+"""
+
+
+def test_model_profiles_are_the_model_build_config(tmp_path: Path) -> None:
+    model = load_text(tmp_path, PROFILED).models[0]
+    (profile,) = model.profiles
+    assert (profile.input_name, profile.opt_shape) == ("image", (4, 3, 224, 224))
+    assert model.max_load_s == 900.0
+    assert model.build_config().profiles == model.profiles
+    assert model.build_config().precision is model.precision
+    assert load_text(tmp_path, MINIMAL).models[0].max_load_s == 600.0
+
+
+_PROFILE_HEAD = '[[models]]\nname = "det"\npath = "det.onnx"\n[[models.profiles]]\n'
+
+
+@pytest.mark.parametrize(
+    ("profile", "message"),
+    [
+        (
+            "min_shape = [1]\nopt_shape = [1]\nmax_shape = [1]\n",
+            "models['det'].profiles[0].input_name is required",
+        ),
+        (
+            'input_name = ""\nmin_shape = [1]\nopt_shape = [1]\nmax_shape = [1]\n',
+            "models['det'].profiles[0].input_name must name one of the model's inputs",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [1]\nopt_shape = [1]\n',
+            "models['det'].profiles[0].max_shape is required",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [1, 3]\nopt_shape = [2, 3]\nmax_shape = [4]\n',
+            "models['det'].profiles[0]: profile 'x': min/opt/max shapes differ in rank",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [2]\nopt_shape = [1]\nmax_shape = [4]\n',
+            "models['det'].profiles[0]: profile 'x': need 0 < min <= opt <= max",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [0]\nopt_shape = [1]\nmax_shape = [4]\n',
+            "models['det'].profiles[0].min_shape[0] must be 1..2147483647, got 0",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [1]\nopt_shape = [1]\nmax_shape = [4294967296]\n',
+            "models['det'].profiles[0].max_shape[0] must be 1..2147483647",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [true]\nopt_shape = [1]\nmax_shape = [1]\n',
+            "models['det'].profiles[0].min_shape must be a non-empty list of integers",
+        ),
+        (
+            'input_name = "x"\nmin_shape = []\nopt_shape = []\nmax_shape = []\n',
+            "min_shape must be a non-empty list of integers",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [1]\nopt_shape = [1]\nmax_shape = [1]\nmax = [2]\n',
+            "models['det'].profiles[0]: unknown key(s) ['max']",
+        ),
+        (
+            'input_name = "x"\nmin_shape = [1]\nopt_shape = [1]\nmax_shape = [1]\n'
+            '[[models.profiles]]\ninput_name = "x"\nmin_shape = [1]\nopt_shape = [1]\n'
+            "max_shape = [2]\n",
+            "models['det'].profiles[1].input_name: 'x' already has a profile (profiles[0])",
+        ),
+    ],
+)
+def test_invalid_profiles_name_the_key(tmp_path: Path, profile: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_text(tmp_path, _PROFILE_HEAD + profile)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "must be positive"), ("90000", "must be at most 86400"), ("'x'", "must be float")],
+)
+def test_invalid_max_load_s(tmp_path: Path, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=r"models\[.*max_load_s") as caught:
+        load_text(tmp_path, MINIMAL + f"max_load_s = {value}\n")
+    assert message in str(caught.value)

@@ -34,10 +34,20 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "reason": "no tensorrt",
         "active_providers": ["CPU"],
     },
-    "c7.cpu_fallback": {
+    "c7.ort_cache_unavailable": {
         "model": "demo",
-        "requested": ["CUDAExecutionProvider"],
-        "active": ["CPUExecutionProvider"],
+        "reason": "runtime.ort_trt_cache_dir /var/lib/inferd/ort_trt_cache/0123 cannot be "
+        "created: Read-only file system",
+        "staged_engines": [],
+    },
+    "c7.provider_degraded": {
+        "model": "demo",
+        "degradation": "no_tensorrt_ep",
+        "requested": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+        "active": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        "missing": {"TensorrtExecutionProvider": "not_created"},
+        "refused": False,
+        "staged_engine_unused": None,
     },
     "c7.thermal_transition": {
         "throttle_active": True,
@@ -78,6 +88,19 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "files": ["builds/demo/demo.b1-0a1b2c.simulated.engine"],
         "bytes": 506102,
         "reason": "max_count",
+    },
+    "c7.watchdog_withheld": {
+        "threads": {
+            "engine_worker": {
+                "reason": "overran",
+                "silent_s": 612.0,
+                "operation": "loading demo (onnx_trt_ep)",
+                "elapsed_s": 612.0,
+                "allowed_s": 600.0,
+            }
+        },
+        "silence_limit_s": 5.0,
+        "watchdog_s": 10.0,
     },
 }
 

@@ -223,6 +223,10 @@ def test_dynamic_shapes_within_the_profile(bench: Bench, scale_model: Path) -> N
     config = BuildConfig(profiles=(SCALE_PROFILE,))
     handle = runtime.deserialize_engine(bench.deployed(runtime, scale_model, config))
     assert handle.inputs[0].shape == (None, W) and handle.outputs[0].shape == (None, W)
+    # The engine's own profile is served with the spec (requests outside it are
+    # refused on the bus, DESIGN.md 57), and warm-up ran at its opt shape.
+    assert handle.inputs[0].profile == SCALE_PROFILE
+    assert handle.inputs[0].as_wire()["profile"]["opt_shape"] == list(SCALE_PROFILE.opt_shape)
     calls = bench.gpu.cuda.calls
     trt_calls = bench.gpu.trt.calls
     after_warm_up = calls.count("mem_alloc")  # sized for the profile's opt shape (4, W)

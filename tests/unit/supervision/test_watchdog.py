@@ -8,6 +8,7 @@ from structlog.testing import capture_logs
 
 from inferd.supervision.notify import Notifier
 from inferd.supervision.watchdog import MIN_SILENCE_S, Watchdog, WatchdogSettings
+from inferd.types import Liveness
 
 S = 1_000_000_000  # ns
 
@@ -57,7 +58,12 @@ def test_ping_at_half_the_interval_and_silence_limit() -> None:
 
 def _watchdog(beats: dict[str, int | None], clock: Clock) -> tuple[Watchdog, FakeNotifier]:
     notifier = FakeNotifier()
-    watchdog = Watchdog(notifier, WatchdogSettings(interval_s=4.0), lambda: beats, clock=clock)
+    watchdog = Watchdog(
+        notifier,
+        WatchdogSettings(interval_s=4.0),
+        lambda: {name: Liveness(beat) for name, beat in beats.items()},
+        clock=clock,
+    )
     return watchdog, notifier
 
 

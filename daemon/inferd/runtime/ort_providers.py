@@ -1,0 +1,122 @@
+"""Which ONNX Runtime execution providers a session was asked for, which it has,
+and the one check that turns the difference into a degradation.
+
+ONNX Runtime does not fail when it cannot create a provider.  Its C++ session
+skips a provider whose library cannot be created (logging "Failed to create
+TensorrtExecutionProvider ..."), and its Python ``InferenceSession`` retries a
+session that failed at creation with ``['CUDAExecutionProvider',
+'CPUExecutionProvider']`` (or CPU only), printing "EP Error ... Falling back to
+... and retrying." before user code can intervene.  Only
+``session.get_providers()`` says what was registered.
+
+``ProviderResolution`` holds the three lists (what this runtime wants, what it
+passed to ONNX Runtime, what the session registered); ``degradation`` names what
+is missing, and ``refusal`` says whether the configuration forbids serving so.
+The CPU-only case and the TensorRT-EP-missing case are the same comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from inferd.config import RuntimeConfig
+
+TRT_EP = "TensorrtExecutionProvider"
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+#: What ``onnx_trt_ep`` wants, best first: the TensorRT EP is the reason it exists.
+PREFERRED_PROVIDERS: tuple[str, ...] = (TRT_EP, CUDA_EP, CPU_EP)
+GPU_PROVIDERS: tuple[str, ...] = (TRT_EP, CUDA_EP)
+
+#: The FDR record kind and alert code of every degradation.
+DEGRADED_KIND = "c7.provider_degraded"
+
+#: Why a wanted provider is not registered.
+MissingCause = Literal["not_in_build", "not_created"]
+#: What the session lost: no GPU provider at all, or one of the two.
+Degradation = Literal["cpu_only", "no_tensorrt_ep", "no_cuda_ep"]
+
+
+def requested_providers(available: Sequence[str]) -> tuple[str, ...]:
+    """The wanted providers this ONNX Runtime build offers (passing others only
+    makes ONNX Runtime warn "Specified provider ... is not in available provider
+    names" and skip them)."""
+    offered = set(available)
+    return tuple(name for name in PREFERRED_PROVIDERS if name in offered)
+
+
+@dataclass(frozen=True)
+class ProviderResolution:
+    requested: tuple[str, ...]
+    active: tuple[str, ...]
+    wanted: tuple[str, ...] = PREFERRED_PROVIDERS
+
+    @property
+    def missing(self) -> dict[str, MissingCause]:
+        """Each wanted GPU provider the session did not register, and why."""
+        return {
+            name: "not_created" if name in self.requested else "not_in_build"
+            for name in self.wanted
+            if name in GPU_PROVIDERS and name not in self.active
+        }
+
+    @property
+    def degradation(self) -> Degradation | None:
+        missing = self.missing
+        if not missing:
+            return None
+        if all(name in missing for name in GPU_PROVIDERS):
+            return "cpu_only"
+        return "no_tensorrt_ep" if TRT_EP in missing else "no_cuda_ep"
+
+    @property
+    def dropped_silently(self) -> tuple[str, ...]:
+        """Providers ONNX Runtime was asked for and did not register (skipped or
+        retried away): the surprise an operator must hear about."""
+        return tuple(name for name, cause in self.missing.items() if cause == "not_created")
+
+    def refusal(self, config: RuntimeConfig) -> str | None:
+        """Why ``config`` forbids serving on this session, or None."""
+        missing = self.missing
+        if config.ort_require_tensorrt_ep and TRT_EP in missing:
+            return (
+                f"the session has no {TRT_EP} ({_cause_text(missing[TRT_EP])}; requested "
+                f"{list(self.requested)}, registered {list(self.active)}) and "
+                "runtime.ort_require_tensorrt_ep is set"
+            )
+        if config.ort_disallow_cpu_fallback and self.degradation == "cpu_only":
+            return (
+                f"the session resolved to {CPU_EP} only (requested {list(self.requested)}, "
+                f"registered {list(self.active)}) and runtime.ort_disallow_cpu_fallback is set"
+            )
+        return None
+
+    def describe(self) -> str:
+        """One sentence for logs and alerts: what is missing and why."""
+        parts = [f"{name} {_cause_text(cause)}" for name, cause in self.missing.items()]
+        serving = "GPU (CUDA)" if CUDA_EP in self.active else "CPU"
+        if TRT_EP in self.active:
+            serving = "TensorRT EP without CUDA EP (nodes TensorRT cannot run go to CPU)"
+        return f"{'; '.join(parts)}; serving on {serving}"
+
+
+def _cause_text(cause: MissingCause) -> str:
+    if cause == "not_in_build":
+        return "is not in this ONNX Runtime build"
+    return "was requested but ONNX Runtime did not create it"
+
+
+def degradation_payload(
+    resolution: ProviderResolution, *, refused: bool, staged_engine: str | None
+) -> Mapping[str, object]:
+    """The ``c7.provider_degraded`` payload (the slot adds ``model``)."""
+    return {
+        "degradation": resolution.degradation,
+        "requested": list(resolution.requested),
+        "active": list(resolution.active),
+        "missing": dict(resolution.missing),
+        "refused": refused,
+        "staged_engine_unused": staged_engine,
+    }

@@ -1,0 +1,35 @@
+"""The fuzz harness's short version (``bench/fuzz.py``): thousands of malformed
+messages at a real daemon's infer and control sockets, each answered once with its
+own id (or ``null`` when the id was unreadable), none with ``INTERNAL``, and the
+daemon still serving afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def test_malformed_floods_are_each_answered_once_and_the_daemon_keeps_serving() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/fuzz.py", "--infer", "3000", "--control", "1000", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["failures"] == [], result
+    assert done.returncode == 0, done.stderr[-2000:]
+    for socket, sent in (("infer", 3000), ("control", 1000)):
+        summary = result[socket]
+        assert (summary["sent"], summary["replies"]) == (sent, sent)
+        assert summary["codes"]["INVALID_ARGUMENT"] > sent / 2, summary  # mostly refused
+        assert "INTERNAL" not in summary["codes"]
+    assert result["daemon_alive"] and result["daemon_serving"]

@@ -1,0 +1,73 @@
+"""The engine worker declares each model load (what, and the model's max_load_s)
+before it starts it, and ends it with a beat: the watchdog's view of a worker that
+cannot beat because it is loading an engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from inferd.bus.server import REPLIES_ENDPOINT
+from inferd.config import ModelConfig
+from inferd.serving.engine_worker import EngineWorker
+from inferd.serving.scheduler import Scheduler
+from inferd.serving.slot import ModelSlot
+from inferd.supervision.watchdog import assess
+from tests.conftest import HANG_S
+
+
+def test_a_model_load_is_declared_with_its_bound_and_ends_with_a_beat() -> None:
+    models = [
+        ModelConfig(name="det", path=Path("det.onnx"), runtime="tensorrt", max_load_s=900.0),
+        ModelConfig(name="seg", path=Path("seg.onnx"), max_load_s=30.0),
+    ]
+    slots = {model.name: ModelSlot(model) for model in models}
+    scheduler = Scheduler()
+    for model in models:
+        scheduler.add_model(model.name, 4, "fifo")
+    entered = {name: threading.Event() for name in slots}
+    release = {name: threading.Event() for name in slots}
+
+    def activate(slot: ModelSlot) -> None:
+        entered[slot.name].set()
+        assert release[slot.name].wait(HANG_S)
+        slot.state = "failed"
+
+    context: zmq.Context[Any] = zmq.Context()
+    replies = context.socket(zmq.PULL)
+    replies.bind(REPLIES_ENDPOINT)
+    worker = EngineWorker(context, scheduler, slots, activate=activate)
+    try:
+        worker.start()
+        for name, runtime, allowed_s in (("det", "tensorrt", 900.0), ("seg", "onnx_trt_ep", 30.0)):
+            assert entered[name].wait(HANG_S)
+            busy = worker.liveness().busy
+            assert busy is not None
+            assert (busy.what, busy.allowed_s) == (f"loading {name} ({runtime})", allowed_s)
+            # However long it has been silent, a thread within its bound is waited for.
+            later = busy.started_ns + int((allowed_s - 1) * 1e9)
+            stalls, waiting = assess({"engine_worker": worker.liveness()}, later, 1.5)
+            assert stalls == {} and waiting == {"engine_worker": busy}
+            stalls, _ = assess(
+                {"engine_worker": worker.liveness()},
+                busy.started_ns + int((allowed_s + 1) * 1e9),
+                1.5,
+            )
+            assert stalls["engine_worker"].reason == "overran"
+            before = time.monotonic_ns()
+            release[name].set()
+        assert worker.activated.wait(HANG_S)
+        state = worker.liveness()
+        assert state.busy is None and state.beat_ns is not None and state.beat_ns >= before
+    finally:
+        for event in release.values():
+            event.set()
+        scheduler.close()
+        worker.join(HANG_S)
+        replies.close(linger=0)
+        context.term()
+    assert worker.liveness().beat_ns is None  # a worker that is gone reads as not running
