@@ -25,6 +25,7 @@ request of the overload or near-limit clients went unanswered or the daemon died
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -86,10 +87,8 @@ def tree_bytes(root: Path) -> int:
     total = 0
     for directory, _dirs, files in os.walk(root):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile
                 total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:
-                pass
     return total
 
 

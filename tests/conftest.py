@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from inferd.demo_model import write_demo_model, write_identity_model
-from inferd_client import EventSubscriber, OperatorClient
+from inferd_client import ClientCurve, EventSubscriber, OperatorClient
 from inferd_client.errors import ClientError
 from tests.fakes import gpu_site
 
@@ -280,10 +280,14 @@ def start_daemon(
     wait_ready: bool = True,
     env: dict[str, str] | None = None,
     args: list[str] | None = None,
+    endpoints: dict[str, str] | None = None,
+    curve: ClientCurve | None = None,
 ) -> DaemonProcess:
     """Start ``inferd run``; return once it is ready (or, with ``wait_ready=False``,
     as soon as its control socket answers, possibly while models still load).
-    ``env`` adds environment variables (``NOTIFY_SOCKET``...), ``args`` run options."""
+    ``env`` adds environment variables (``NOTIFY_SOCKET``...), ``args`` run options;
+    ``endpoints`` replaces the ipc:// ones the config got (``infer``, ``control``,
+    ``events``), and ``curve`` is the client keys for a tcp:// control socket."""
     config_path = workdir / "inferd.toml"
     config_path.write_text(config_text)
     log_path = workdir / "inferd.log"
@@ -305,15 +309,14 @@ def start_daemon(
             env=env,
             cwd=REPO,
         )
-    daemon = DaemonProcess(
-        process,
-        workdir,
-        infer=f"ipc://{workdir}/run/infer.sock",
-        control=f"ipc://{workdir}/run/control.sock",
-        events=f"ipc://{workdir}/run/events.sock",
-        log_path=log_path,
-    )
-    with OperatorClient(daemon.control, timeout=0.5) as operator:
+    chosen = {
+        "infer": f"ipc://{workdir}/run/infer.sock",
+        "control": f"ipc://{workdir}/run/control.sock",
+        "events": f"ipc://{workdir}/run/events.sock",
+        **(endpoints or {}),
+    }
+    daemon = DaemonProcess(process, workdir, **chosen, log_path=log_path)
+    with OperatorClient(daemon.control, timeout=0.5, curve=curve) as operator:
 
         def ready() -> bool:
             if process.poll() is not None:

@@ -8,12 +8,15 @@ from inferd_client.errors import (
     RequestTimeout,
     UnsafeEndpoint,
 )
+from inferd_wire.curve import ClientCurve, CurveKeyError
 from inferd_wire.endpoints import Endpoints, default_endpoints
 from inferd_wire.protocol import Code
 
 __all__ = [
+    "ClientCurve",
     "ClientError",
     "Code",
+    "CurveKeyError",
     "Endpoints",
     "EventSubscriber",
     "InferenceClient",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 
 from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
 from inferd_client.errors import ClientError, RemoteError
+from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints
 
 EXIT_OK = 0
@@ -33,6 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events-endpoint", default=defaults.events)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--curve-server-key",
+        default=os.environ.get("INFERD_CURVE_SERVER_KEY"),
+        metavar="KEY|FILE",
+        help="tcp:// with CURVE: the daemon's public key (inferd keys show) or a file with it "
+        "(default $INFERD_CURVE_SERVER_KEY)",
+    )
+    parser.add_argument(
+        "--curve-cert",
+        type=Path,
+        default=os.environ.get("INFERD_CURVE_CERT"),
+        metavar="FILE",
+        help="tcp:// with CURVE: this client's secret certificate (inferd keys client NAME) "
+        "(default $INFERD_CURVE_CERT)",
+    )
     # --json is accepted after the subcommand too (inferctl status --json).
     json_option = argparse.ArgumentParser(add_help=False)
     json_option.add_argument(
@@ -104,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
+        args.curve = _curve(args)
         return _dispatch(args)
     except RemoteError as exc:
         _emit_error(args, exc.code, exc.message)
@@ -118,15 +136,44 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
 
+def _curve(args: argparse.Namespace) -> ClientCurve | None:
+    if args.curve_server_key is None and args.curve_cert is None:
+        return None
+    if args.curve_server_key is None or args.curve_cert is None:
+        raise ValueError("CURVE needs both --curve-server-key and --curve-cert")
+    return ClientCurve.from_files(args.curve_server_key, Path(args.curve_cert))
+
+
+def _secured(args: argparse.Namespace, endpoint: str) -> ClientCurve | None:
+    """The CURVE keys for ``endpoint``: only tcp:// endpoints use them."""
+    curve: ClientCurve | None = args.curve
+    return curve if endpoint.startswith("tcp://") else None
+
+
+def _inference(args: argparse.Namespace) -> InferenceClient:
+    endpoint = args.infer_endpoint
+    return InferenceClient(endpoint, timeout=args.timeout, curve=_secured(args, endpoint))
+
+
+def _operator(args: argparse.Namespace) -> OperatorClient:
+    endpoint = args.control_endpoint
+    return OperatorClient(endpoint, timeout=args.timeout, curve=_secured(args, endpoint))
+
+
+def _subscriber(args: argparse.Namespace, topics: list[str]) -> EventSubscriber:
+    endpoint = args.events_endpoint
+    return EventSubscriber(endpoint, topics=topics, curve=_secured(args, endpoint))
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "infer":
         return _infer(args)
     if args.command == "models":
-        with InferenceClient(args.infer_endpoint, timeout=args.timeout) as client:
+        with _inference(args) as client:
             _emit(args, client.describe())
         return EXIT_OK
     if args.command == "switch":
-        with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+        with _operator(args) as operator:
             _emit(
                 args,
                 operator.call(
@@ -143,14 +190,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.topic = ["thermal"]
         return _events(args)
     if args.command in ("status", "health", "thermal"):
-        with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+        with _operator(args) as operator:
             _emit(args, operator.call(args.command))
         return EXIT_OK
     return _events(args)
 
 
 def _infer(args: argparse.Namespace) -> int:
-    with InferenceClient(args.infer_endpoint, timeout=args.timeout) as client:
+    with _inference(args) as client:
         if args.random:
             inputs = _random_inputs(client.describe(), args.model, args.seed)
         else:
@@ -223,7 +270,7 @@ def _describe_array(array: np.ndarray) -> dict[str, Any]:
 def _build(args: argparse.Namespace) -> int:
     if args.build_command == "follow":
         return _follow_build(args)
-    with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+    with _operator(args) as operator:
         if args.build_command == "start":
             config = {
                 key: value
@@ -291,13 +338,13 @@ def _follow_build(args: argparse.Namespace) -> int:
     depth: dict[str, int] = {}
     followed: str | None = args.build_id
     received = 0
-    with EventSubscriber(args.events_endpoint, topics=["build"]) as subscriber:
+    with _subscriber(args, ["build"]) as subscriber:
         # Join first, then read the build's state: an event published after the
         # snapshot is then never lost to ZeroMQ's slow joiner.
         subscriber.wait_joined(args.timeout)
         print("following build events", file=sys.stderr, flush=True)
         if followed is not None:
-            with OperatorClient(args.control_endpoint, timeout=args.timeout) as operator:
+            with _operator(args) as operator:
                 build = operator.call("build.status", build_id=followed)["build"]
             if args.json:
                 print(json.dumps({"type": "status", "build": build}, sort_keys=True), flush=True)
@@ -339,7 +386,7 @@ def _print_build_event(event: dict[str, Any], depth: dict[str, int]) -> None:
 
 def _events(args: argparse.Namespace) -> int:
     received = 0
-    with EventSubscriber(args.events_endpoint, topics=args.topic) as subscriber:
+    with _subscriber(args, args.topic) as subscriber:
         for topic, payload in subscriber:
             _emit(args, {"topic": topic, **payload} if args.json else {topic: payload})
             received += 1

@@ -2,6 +2,11 @@
 
 Each client object owns one ZeroMQ socket and is meant for one thread (ZeroMQ
 sockets are not thread-safe): give every thread its own client.
+
+A ``tcp://`` endpoint of a daemon with ``security.curve`` needs ``curve=``: a
+``ClientCurve`` with the daemon's public key and this client's keypair
+(``ClientCurve.from_files``; docs/SECURITY.md).  A client the daemon refuses
+(unknown key, not on an allow-list) gets no reply: ``RequestTimeout``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from inferd_client.errors import (
     UnsafeEndpoint,
 )
 from inferd_wire import protocol
+from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint, default_endpoints
 from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
@@ -40,6 +46,18 @@ def _trusted(endpoint: str) -> str:
         raise UnsafeEndpoint(str(exc)) from None
 
 
+def _secure(sock: zmq.Socket[Any], endpoint: str, curve: ClientCurve | None) -> None:
+    """CURVE on ``sock`` before it connects; only a tcp:// endpoint uses it."""
+    if curve is None:
+        return
+    if not endpoint.startswith("tcp://"):
+        raise ClientError(
+            f"CURVE is for tcp:// endpoints; {endpoint} is reached through the file system's "
+            "permissions and the daemon's check of the connecting user"
+        )
+    curve.apply(sock)
+
+
 class _RequestChannel:
     """A DEALER that sends ``[header, *frames]`` and waits for the reply with the same id.
 
@@ -48,12 +66,23 @@ class _RequestChannel:
     for a newer request.
     """
 
-    def __init__(self, endpoint: str, context: zmq.Context[Any] | None, timeout: float) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        context: zmq.Context[Any] | None,
+        timeout: float,
+        curve: ClientCurve | None = None,
+    ) -> None:
         endpoint = _trusted(endpoint)
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
+        try:
+            _secure(self._socket, endpoint, curve)
+        except BaseException:
+            self._socket.close(linger=0)
+            raise
         self._socket.connect(endpoint)
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
@@ -136,8 +165,11 @@ class InferenceClient:
         timeout: float = 5.0,
         retries: int = 0,
         context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
-        self._channel = _RequestChannel(endpoint or default_endpoints().infer, context, timeout)
+        self._channel = _RequestChannel(
+            endpoint or default_endpoints().infer, context, timeout, curve
+        )
         self._retries = retries
         self.last_reply: dict[str, Any] = {}
 
@@ -223,8 +255,11 @@ class OperatorClient:
         *,
         timeout: float = 5.0,
         context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
-        self._channel = _RequestChannel(endpoint or default_endpoints().control, context, timeout)
+        self._channel = _RequestChannel(
+            endpoint or default_endpoints().control, context, timeout, curve
+        )
 
     def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:
         header = {"v": protocol.PROTOCOL_VERSION, "op": op, **arguments}
@@ -261,10 +296,16 @@ class EventSubscriber:
         *,
         topics: Sequence[str] = (),
         context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
         self._endpoint = _trusted(endpoint or default_endpoints().events)
         self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            _secure(self._socket, self._endpoint, curve)
+        except BaseException:
+            self._socket.close(linger=0)
+            raise
         self._topics = tuple(topics)
         for topic in topics or ("",):
             self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())

@@ -16,9 +16,11 @@ import inferd
 from inferd.alerts.dispatcher import AlertDispatcher
 from inferd.alerts.factory import build_alert_hooks
 from inferd.bus.publisher import EventPublisher
+from inferd.bus.security import BusSecurity
 from inferd.bus.server import BusServer
 from inferd.config import Config
-from inferd.engine_build.supervisor import BuildFinished, BuildManager
+from inferd.engine_build.build_record import BuildFinished
+from inferd.engine_build.supervisor import BuildManager
 from inferd.errors import UnsafeDirectoryError
 from inferd.fdr.writer import FlightRecorder
 from inferd.serving.deadline_misses import DeadlineMissReporter
@@ -27,13 +29,13 @@ from inferd.serving.failover import ExecutionFailover
 from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Scheduler
-from inferd.serving.slot import ModelSlot, Sinks
+from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.supervision.status_line import ModelLine, format_status_line
 from inferd.thermal.monitor import ThermalMonitor
-from inferd.types import Alert, Liveness
+from inferd.types import Alert, Liveness, Peer
 from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
@@ -47,14 +49,12 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state = "starting"
-        self._endpoints = (
-            config.bus.infer_endpoint,
-            config.bus.control_endpoint,
-            config.bus.events_endpoint,
-        )
-        self._instance_lock = InstanceLock(config.daemon.runtime_dir, self._endpoints)
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
+        self.security = BusSecurity(self._context, config)
+        self._instance_lock = InstanceLock(config.daemon.runtime_dir, self.security.endpoints())
+        #: Who the daemon's own requests (background rebuilds) come from.
+        self._itself = Peer.internal(os.getuid(), os.getpid())
         self._recorder_error: str | None = None if config.fdr.enabled else "disabled by fdr.enabled"
         self.scheduler = Scheduler()
         self.slots: dict[str, ModelSlot] = {}
@@ -68,6 +68,7 @@ class Daemon:
             config.bus.events_endpoint,
             health=self.health,
             health_interval_s=config.daemon.health_interval_s,
+            security=self.security.sockets,
         )
         self.recorder = FlightRecorder(config.fdr) if config.fdr.enabled else None
         self._refused_hooks: dict[str, str] = {}
@@ -105,11 +106,13 @@ class Daemon:
             gpu_memory_budget_bytes=config.runtime.gpu_memory_budget_bytes,
             engine_manifest=config.runtime.engine_manifest,
             on_finished=self._on_build_finished,
+            limits=config.builds,
+            serving=lambda: engine_files(self.slots.values()),
         )
         self.rebuilder: FallbackRebuilder | None = None
         if config.runtime.rebuild_on_fallback:
             self.rebuilder = FallbackRebuilder(
-                start_build=self.builds.start,
+                start_build=lambda header: self.builds.start(header, self._itself),
                 switch=self.switcher.switch_now,
                 alert=self.alerts,
                 can_build=self.builds.tensorrt_available,
@@ -124,19 +127,19 @@ class Daemon:
             self.scheduler,
             {
                 "status": self.status,
-                "health": self._health_op,
-                "thermal": self._thermal_op,
-                "build.start": self.builds.start,
+                "health": lambda _header: self.health(),
+                "thermal": lambda _header: self.thermal.describe(),
                 "build.status": self.builds.status,
-                "build.cancel": self.builds.cancel,
             },
-            {"runtime.switch": self.switcher.switch},
+            operator_ops={"build.start": self.builds.start, "build.cancel": self.builds.cancel},
+            deferred_ops={"runtime.switch": self.switcher.switch},
         )
         self.bus = BusServer(
             self._context,
             config.bus,
             handler=self.router,
             linger_ms=config.daemon.shutdown_linger_ms,
+            security=self.security.sockets,
         )
         self.worker = EngineWorker(
             self._context,
@@ -162,11 +165,13 @@ class Daemon:
         )
         self._start_recorder()
         self._lifecycle("start")
+        self.builds.prune("daemon_start")  # the cap holds for what an earlier run left
+        self.security.start()  # ZAP before any socket binds; CURVE keys or no start
         self.publisher.start()
         self.publisher.wait_bound(timeout=10)
         self.bus.start()
         self.bus.wait_bound(timeout=10)
-        open_ipc_sockets_to_group(self._endpoints)
+        open_ipc_sockets_to_group(self.security.socket_groups())
         self.thermal.start()
         self.worker.start()
 
@@ -216,15 +221,18 @@ class Daemon:
         self.alerts.close()
         self.publisher.stop()
         self.publisher.join(timeout=10)
+        self.security.stop()
         if self.recorder is not None:
             self.recorder.stop()  # writes what is queued, fdatasyncs, closes the segment
-        if self.worker.is_alive() or self.bus.is_alive() or self.publisher.is_alive():
+        threads = (self.worker, self.bus, self.publisher, self.security)
+        if any(thread.is_alive() for thread in threads):
             # A thread still holds a socket: terminating the context would hang.
             log.error(
                 "threads_did_not_stop",
                 worker=self.worker.is_alive(),
                 bus=self.bus.is_alive(),
                 publisher=self.publisher.is_alive(),
+                zap=self.security.is_alive(),
             )
         else:
             self._context.term()
@@ -390,12 +398,6 @@ class Daemon:
             },
         }
 
-    def _health_op(self, _header: dict[str, Any]) -> dict[str, Any]:
-        return self.health()
-
-    def _thermal_op(self, _header: dict[str, Any]) -> dict[str, Any]:
-        return self.thermal.describe()
-
     def status(self, _header: dict[str, Any]) -> dict[str, Any]:
         models = []
         for name, slot in self.slots.items():
@@ -423,6 +425,7 @@ class Daemon:
             "fdr": self._recorder_status(),
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
+            "security": self.security.describe(self.router.permission_denied),
             "bus": {
                 **self.bus.status(),
                 "events_published": self.publisher.published,

@@ -265,3 +265,67 @@ EventSink = Callable[[str, Mapping[str, Any]], None]
 #: payload)``.  It validates the payload against the kind's required keys
 #: (raising ``ValueError`` on a programming error) and never blocks.
 RecordSink = Callable[[str, Mapping[str, Any]], None]
+
+
+PeerTransport = Literal["ipc", "tcp", "internal"]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who sent a request on a socket, as verified when it connected (never what
+    the request says): on ``ipc://`` the kernel's SO_PEERCRED of the connecting
+    process (uid, gid, pid), on ``tcp://`` the name of its allow-listed CURVE key
+    (or only its address without CURVE); ``internal`` for the daemon's own requests
+    (a background rebuild).  ``operator``: may change the daemon's state (DESIGN.md 90)."""
+
+    transport: PeerTransport
+    uid: int | None = None
+    gid: int | None = None
+    pid: int | None = None
+    #: The login name of ``uid``, when it has one.
+    user: str | None = None
+    #: The name of the allow-listed CURVE client key it authenticated with.
+    curve_key: str | None = None
+    #: A tcp peer's IP address.
+    address: str | None = None
+    operator: bool = False
+
+    @classmethod
+    def internal(cls, uid: int, pid: int) -> Peer:
+        return cls("internal", uid=uid, pid=pid, operator=True)
+
+    @property
+    def key(self) -> str:
+        """The principal requests are counted against (rate limits): the uid, the
+        CURVE key or, for an anonymous tcp peer, its address."""
+        if self.transport == "internal":
+            return "internal"
+        if self.curve_key is not None:
+            return f"key:{self.curve_key}"
+        if self.uid is not None:
+            return f"uid:{self.uid}"
+        return f"tcp:{self.address}"
+
+    def describe(self) -> str:
+        """For messages: ``uid 1001 (alice) pid 4242``, ``CURVE key 'ground' from 10.0.0.2``."""
+        if self.transport == "internal":
+            return f"the daemon itself (pid {self.pid})"
+        if self.curve_key is not None:
+            return f"CURVE key {self.curve_key!r} from {self.address}"
+        if self.uid is not None:
+            name = f" ({self.user})" if self.user else ""
+            return f"uid {self.uid}{name} pid {self.pid}"
+        return f"an unauthenticated tcp peer at {self.address}"
+
+    def as_record(self) -> dict[str, Any]:
+        """The verified identity as FDR records and log lines carry it."""
+        return {
+            "transport": self.transport,
+            "uid": self.uid,
+            "gid": self.gid,
+            "pid": self.pid,
+            "user": self.user,
+            "curve_key": self.curve_key,
+            "address": self.address,
+            "operator": self.operator,
+        }

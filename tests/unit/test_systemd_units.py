@@ -102,7 +102,7 @@ def test_unit_settings(unit: str) -> None:
         "Service.KillMode": ["mixed"],
         "Service.User": ["inferd"],
         "Service.Group": ["inferd"],
-        "Service.SupplementaryGroups": ["video render"],
+        "Service.SupplementaryGroups": ["video render inferd-ops"],
         "Service.DevicePolicy": ["closed"],
         "Service.ProtectSystem": ["strict"],
         "Service.NoNewPrivileges": ["yes"],

@@ -40,6 +40,8 @@ class Request:
     request_id: RequestId | None
     op: str
     tensors: list[memoryview]
+    #: The header's ``zmq.Frame``: its connection's verified peer (``bus.zap.peer_of``).
+    header_frame: Any = None
 
 
 def split_envelope(frames: Sequence[Any]) -> tuple[list[bytes], list[Any]]:
@@ -65,6 +67,7 @@ def decode_request(body: Sequence[Any], limits: Limits) -> Request:
         request_id=protocol.request_id_of(header),
         op=op if isinstance(op, str) else "",
         tensors=[frame.buffer for frame in body[1:]],
+        header_frame=body[0],
     )
 
 

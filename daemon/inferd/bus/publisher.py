@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 import zmq
 
+from inferd.bus.zap import SocketSecurity
 from inferd_wire import protocol
 
 TOPICS: frozenset[str] = frozenset({"thermal", "runtime", "build", "alert", "health"})
@@ -36,8 +37,10 @@ class EventPublisher(threading.Thread):
         health: Callable[[], dict[str, Any]],
         health_interval_s: float,
         capacity: int = 4096,
+        security: SocketSecurity | None = None,
     ) -> None:
         super().__init__(name="inferd-publisher", daemon=True)
+        self._security = security
         self._context = context
         self._endpoint = endpoint
         self._health = health
@@ -75,6 +78,8 @@ class EventPublisher(threading.Thread):
     def run(self) -> None:
         sock = self._context.socket(zmq.PUB)
         try:
+            if self._security is not None:
+                self._security.apply("events", sock)
             sock.bind(self._endpoint)
         except BaseException as exc:
             self._bind_error = exc

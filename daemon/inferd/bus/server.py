@@ -22,6 +22,7 @@ from inferd.bus.codec import Limits, Request, check_request, decode_request, spl
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES, HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
+from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
 from inferd_wire import protocol
 from inferd_wire.multipart import readable, recv_frames, send_frames
@@ -93,8 +94,11 @@ class BusServer(threading.Thread):
         *,
         handler: RequestHandler,
         linger_ms: int,
+        security: SocketSecurity | None = None,
     ) -> None:
         super().__init__(name="inferd-bus", daemon=True)
+        #: ZAP (and CURVE on tcp://) on both ROUTERs; None only in tests of the loop.
+        self._security = security
         self._context = context
         self._config = config
         self._limits = Limits(
@@ -170,6 +174,8 @@ class BusServer(threading.Thread):
         # disconnected and its pipe, with the replies queued to it, freed.
         sock.setsockopt(zmq.HEARTBEAT_IVL, self._config.heartbeat_interval_ms)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._config.heartbeat_timeout_ms)
+        if self._security is not None:
+            self._security.apply(name, sock)
         sock.bind(self._endpoints[name])
         return sock
 

@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--manifest", type=Path, help="deployment manifest (JSON)")
     verify.add_argument("--json", action="store_true")
 
+    keys = commands.add_parser("keys", help="CURVE keys for tcp:// endpoints (security.curve)")
+    from inferd.cli import keys as keys_cli
+
+    keys_cli.add_arguments(keys)
+
     selftest = commands.add_parser(
         "selftest", help="run the checks fakes cannot make, on this machine (GPU ones where it can)"
     )
@@ -98,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return tensorrt_cli.run_from_args(args)
     if args.command == "selftest":
         return selftest_cli.run_from_args(args)
+    if args.command == "keys":
+        return keys_cli.run_from_args(args)
     if args.command == "verify":
         from inferd.cli import verify as verify_tool
 

@@ -26,6 +26,12 @@ from inferd.config.sections import (
     ThermalConfig,
     default_state_dir,
 )
+from inferd.config.security import (
+    BuildsConfig,
+    Principal,
+    SecurityConfig,
+    SocketAccess,
+)
 
 __all__ = [
     "ALERT_HOOKS",
@@ -36,13 +42,17 @@ __all__ = [
     "RUNTIME_LABELS",
     "THERMAL_SOURCES",
     "AlertsConfig",
+    "BuildsConfig",
     "BusConfig",
     "Config",
     "DaemonConfig",
     "FdrConfig",
     "ModelConfig",
+    "Principal",
     "QueuePolicy",
     "RuntimeConfig",
+    "SecurityConfig",
+    "SocketAccess",
     "ThermalConfig",
     "default_state_dir",
     "embedded_default",

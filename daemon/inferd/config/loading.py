@@ -26,6 +26,15 @@ from inferd.config.sections import (
     ThermalConfig,
     default_state_dir,
 )
+from inferd.config.security import (
+    SOCKETS,
+    BuildsConfig,
+    Principal,
+    SecurityConfig,
+    SocketAccess,
+    parse_principal,
+    resolve_group,
+)
 from inferd.errors import ConfigError
 from inferd.types import OptimizationProfile, PrecisionMode
 from inferd_wire.endpoints import default_endpoints, default_runtime_dir
@@ -237,6 +246,17 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
     )
     thermal_table.finish()
 
+    security = _security(_Table(top.take("security", dict, {}), "security"), state_dir)
+    builds_table = _Table(top.take("builds", dict, {}), "builds")
+    build_defaults = BuildsConfig()
+    builds = BuildsConfig(
+        max_count=builds_table.take("max_count", int, build_defaults.max_count),
+        max_bytes=builds_table.take("max_bytes", int, build_defaults.max_bytes),
+        start_burst=builds_table.take("start_burst", int, build_defaults.start_burst),
+        start_refill_s=builds_table.take("start_refill_s", float, build_defaults.start_refill_s),
+    )
+    builds_table.finish()
+
     models_data = top.take("models", list, [])
     models = tuple(
         _model(_Table(item, f"models[{index}]"), base_dir) for index, item in enumerate(models_data)
@@ -250,8 +270,47 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         fdr=fdr,
         alerts=alerts,
         thermal=thermal,
+        security=security,
+        builds=builds,
         source=source,
     )
+
+
+def _security(table: _Table, state_dir: Path) -> SecurityConfig:
+    """``[security]``: per socket a group and an allow-list, the operators, CURVE."""
+    access: dict[str, SocketAccess] = {}
+    for name in SOCKETS:
+        # NUL cannot occur in a TOML-given name, so it marks "not given".
+        group = table.take(f"{name}_group", str, "\0")
+        if not group.strip():
+            raise ConfigError(f"security.{name}_group must name a group, got an empty string")
+        allow = table.take_strings(f"{name}_allow", ())
+        access[name] = SocketAccess(
+            group=None if group == "\0" else resolve_group(f"security.{name}_group", group),
+            group_name=None if group == "\0" else group,
+            allow=_principals(f"security.{name}_allow", allow),
+        )
+    defaults = SecurityConfig()
+    secret = table.take("curve_secret_key", str, str(defaults.curve_secret_key))
+    clients = table.take("curve_clients_dir", str, str(defaults.curve_clients_dir))
+    for key, value in (("curve_secret_key", secret), ("curve_clients_dir", clients)):
+        if not value.strip():
+            raise ConfigError(f"security.{key} must name a path, got an empty string")
+    security = SecurityConfig(
+        infer=access["infer"],
+        control=access["control"],
+        events=access["events"],
+        operators=_principals("security.operators", table.take_strings("operators", ())),
+        curve=table.take("curve", bool, False),
+        curve_secret_key=_resolve(state_dir, secret),
+        curve_clients_dir=_resolve(state_dir, clients),
+    )
+    table.finish()
+    return security
+
+
+def _principals(key: str, texts: tuple[str, ...]) -> tuple[Principal, ...]:
+    return tuple(parse_principal(f"{key}[{index}]", text) for index, text in enumerate(texts))
 
 
 def _model(table: _Table, base_dir: Path) -> ModelConfig:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 from inferd_wire.endpoints import MAX_IPC_PATH_BYTES
@@ -323,6 +324,8 @@ class Config:
     fdr: FdrConfig
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    builds: BuildsConfig = field(default_factory=BuildsConfig)
     source: str = field(default="<embedded default>", compare=False)
 
     def __post_init__(self) -> None:
@@ -340,6 +343,14 @@ class Config:
                 raise ConfigError(
                     f"models[{model.name!r}].runtime {model.runtime!r} is disabled by "
                     "runtime.enabled and no fallback runtime is enabled"
+                )
+        for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
+            host = tcp_host(getattr(self.bus, key))
+            if host is not None and not is_loopback(host) and not self.security.curve:
+                raise ConfigError(
+                    f"bus.{key}: {getattr(self.bus, key)!r} is reachable from other hosts "
+                    "and would accept anyone: set security.curve = true (keys: inferd keys "
+                    "init; clients: inferd keys client NAME) or bind 127.0.0.1 (docs/SECURITY.md)"
                 )
 
     def fingerprint(self) -> str:

@@ -6,6 +6,8 @@ order a client meets them; nothing here starts, finds or changes a build.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,16 @@ BUILDERS = ("auto", "simulated")
 CONTROL_SOURCES = ("control", "ide")
 _SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
 _MAX_FAIL_CHARS = 256
+
+
+def tensorrt_importable() -> bool:
+    """Whether a build child can import TensorRT, without importing it here."""
+    if sys.modules.get("tensorrt") is not None:  # already imported (e.g. by a runtime)
+        return True
+    try:
+        return importlib.util.find_spec("tensorrt") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

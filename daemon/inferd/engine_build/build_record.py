@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.engine_build.events import PhaseTree
+from inferd.types import Peer
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Build:
     engine_path: Path
     process: subprocess.Popen[bytes]
     requested_by: str
+    #: Who started it, verified (``requested_by`` is what the client says).
+    peer: Peer
     started_wall_ns: int
     started_mono: float
     tree: PhaseTree = field(default_factory=PhaseTree)
@@ -38,6 +41,8 @@ class Build:
     cancel_source: str | None = None
     cancel_reason: str | None = None
     cancel_requested_mono: float | None = None
+    #: Who cancelled it (None: not cancelled, or by the daemon stopping).
+    cancel_peer: Peer | None = None
     escalated: bool = False
     exited_mono: float | None = None
     exit_code: int | None = None
@@ -95,6 +100,9 @@ def fdr_record(build: Build) -> dict[str, Any]:
         "exit_code": build.exit_code,
         "error": build.error,
         "daemon_build": True,
+        "requested_by": build.requested_by,
+        "peer": build.peer.as_record(),
+        "cancelled_by": None if build.cancel_peer is None else build.cancel_peer.as_record(),
         "manifest": build.manifest,
         **{key: value for key, value in latencies(build).items() if value is not None},
     }
@@ -135,6 +143,7 @@ def describe(build: Build) -> dict[str, Any]:
             "build_config": dict(build.build_config),
             "started_wall_ns": build.started_wall_ns,
             "requested_by": build.requested_by,
+            "peer": build.peer.as_record(),
             "elapsed_s": round((build.exited_mono or time.monotonic()) - build.started_mono, 3),
             "cancel_source": build.cancel_source,
             "cancel_reason": build.cancel_reason,
@@ -195,3 +204,21 @@ def terminal_event(build: Build, state: str, code: int) -> dict[str, Any]:
             "error": build.error,
         },
     }
+
+
+@dataclass(frozen=True)
+class BuildFinished:
+    """What the daemon learns when a build child has exited and its outcome is
+    recorded: ``state`` completed/cancelled/failed; ``trusted``: the engine was
+    recorded in the engine dir's manifest (so the ``tensorrt`` runtime will load
+    it); ``note``: why or why not."""
+
+    build_id: str
+    model: str
+    state: str
+    builder: str
+    trusted: bool
+    note: str | None
+    engine_path: Path
+    requested_by: str
+    error: str | None

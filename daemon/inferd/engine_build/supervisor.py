@@ -9,13 +9,14 @@ per build every ``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling
 sends a message to the child, which sets its ``CancellationToken``; a child
 still alive ``build_cancel_grace_s`` later is killed, and the build is recorded
 as cancelled with ``escalated: true`` (status, ``build`` event, FDR record;
-rendered by ``build_record.py``).
+rendered by ``build_record.py``).  ``build.start`` and ``build.cancel`` are operator
+ops (the verified ``Peer`` is recorded); ``build.start`` is rate limited per peer
+(``start_limit.py``) and the builds dir is kept within its caps (``retention.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
@@ -24,17 +25,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from inferd.config import ModelConfig
-from inferd.engine_build.build_args import parse_cancel, parse_start
+from inferd.config import BuildsConfig, ModelConfig
+from inferd.engine_build.admission import BuildAdmission
+from inferd.engine_build.build_args import parse_cancel, parse_start, tensorrt_importable
 from inferd.engine_build.build_record import (
     Build,
+    BuildFinished,
     describe,
     event_payload,
     fdr_record,
@@ -56,6 +58,7 @@ from inferd.engine_build.pipeline import record_trust
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.engines.manifest import MANIFEST_NAME
 from inferd.owned_files import ensure_owned_dir
+from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.builds")
@@ -67,34 +70,6 @@ STEP_PUBLISH_INTERVAL_S = 0.05
 #: Finished builds kept for ``build.status`` (oldest forgotten first).
 KEEP_FINISHED = 32
 _OUTCOME_STATE = {"completed": "completed", "cancelled": "cancelled", "failed": "failed"}
-
-
-def tensorrt_importable() -> bool:
-    """Whether a build child can import TensorRT, without importing it here."""
-    if sys.modules.get("tensorrt") is not None:  # already imported (e.g. by a runtime)
-        return True
-    try:
-        return importlib.util.find_spec("tensorrt") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-@dataclass(frozen=True)
-class BuildFinished:
-    """What the daemon learns when a build child has exited and its outcome is
-    recorded: ``state`` completed/cancelled/failed; ``trusted``: the engine was
-    recorded in the engine dir's manifest (so the ``tensorrt`` runtime will load
-    it); ``note``: why or why not."""
-
-    build_id: str
-    model: str
-    state: str
-    builder: str
-    trusted: bool
-    note: str | None
-    engine_path: Path
-    requested_by: str
-    error: str | None
 
 
 class BuildManager:
@@ -112,6 +87,8 @@ class BuildManager:
         gpu_memory_budget_bytes: int = 4 * 1024**3,
         engine_manifest: Path | None = None,
         on_finished: Callable[[BuildFinished], None] | None = None,
+        limits: BuildsConfig | None = None,
+        serving: Callable[[], Collection[Path]] = frozenset,
     ) -> None:
         self._models = models
         self._build_dir = build_dir
@@ -130,22 +107,26 @@ class BuildManager:
         self._lock = threading.Lock()
         self._accepting = True
         self._counter = itertools.count(1)
+        self.admission = BuildAdmission(build_dir, limits or BuildsConfig(), record, serving)
 
     # -- control ops (bus thread) -------------------------------------------------
-    def start(self, header: dict[str, Any]) -> dict[str, Any]:
-        """``build.start {model, build_config?, builder?, simulation?}``: returns at once."""
+    def start(self, header: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """``build.start {model, build_config?, builder?, simulation?}`` of ``peer``:
+        returns at once."""
         args = parse_start(header, self._models, self._tensorrt_available)
         model, builder, build_config = args.model, args.builder, args.build_config
         with self._lock:
             if not self._accepting:
                 raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
-            for other in self._builds.values():
-                if other.model == model and other.state == "running":
+            running = [b for b in self._builds.values() if b.state == "running"]
+            for other in running:
+                if other.model == model:
                     raise ProtocolError(
                         Code.FAILED_PRECONDITION,
                         f"build {other.build_id} of model {model!r} is still running; "
                         "cancel it or wait for it to finish",
                     )
+            self.admission.admit(peer, [b.build_id for b in running])
             build_id = f"b{next(self._counter)}-{secrets.token_hex(3)}"
             engine_path = self._engine_path(model, builder, build_id)
             spec = {
@@ -183,6 +164,7 @@ class BuildManager:
                 engine_path=engine_path,
                 process=process,
                 requested_by=args.requested_by,
+                peer=peer,
                 started_wall_ns=time.time_ns(),
                 started_mono=time.monotonic(),
             )
@@ -197,6 +179,8 @@ class BuildManager:
             model=model,
             builder=builder,
             pid=process.pid,
+            requested_by=args.requested_by,
+            peer=peer.as_record(),
             **build_config,
         )
         return {
@@ -219,14 +203,16 @@ class BuildManager:
                 "builds": [describe(b) for b in builds],
                 "tensorrt_available": self._tensorrt_available(),
                 "cancel_grace_s": self.grace_s,
+                **self.admission.describe(),
             }
         return {"build": describe(self._get(build_id))}
 
-    def cancel(self, header: dict[str, Any]) -> dict[str, Any]:
-        """``build.cancel {build_id, source?}``: cooperative, then killed after the grace."""
+    def cancel(self, header: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """``build.cancel {build_id, source?}`` of ``peer``: cooperative, then killed
+        after the grace."""
         build = self._get(header.get("build_id"))
         source, reason = parse_cancel(header)
-        first = self._request_cancel(build, source, reason)
+        first = self._request_cancel(build, source, reason, peer)
         return {
             "build_id": build.build_id,
             "state": build.state,
@@ -243,7 +229,7 @@ class BuildManager:
             self._accepting = False
             running = [b for b in self._builds.values() if b.state == "running"]
         for build in running:
-            self._request_cancel(build, source, "the daemon is stopping")
+            self._request_cancel(build, source, "the daemon is stopping", None)
         for build in running:
             if not build.done.wait(self.grace_s + 10):
                 log.error("build_not_finished_at_shutdown", build_id=build.build_id)
@@ -255,6 +241,16 @@ class BuildManager:
     def running(self) -> int:
         with self._lock:
             return sum(1 for b in self._builds.values() if b.state == "running")
+
+    def prune(self, trigger: str) -> None:
+        """Keep the builds dir within its caps (at start, after each build); a failure
+        is logged (the next build.start prunes again, or refuses)."""
+        with self._lock:
+            running = [b.build_id for b in self._builds.values() if b.state == "running"]
+        try:
+            self.admission.prune(running, trigger)
+        except Exception:
+            log.exception("builds_prune_failed", trigger=trigger)
 
     # -- internals ------------------------------------------------------------------
     def _get(self, build_id: object) -> Build:
@@ -278,13 +274,20 @@ class BuildManager:
         for build in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             del self._builds[build.build_id]
 
-    def _request_cancel(self, build: Build, source: str, reason: str) -> bool:
+    def _request_cancel(self, build: Build, source: str, reason: str, peer: Peer | None) -> bool:
         with build.lock:
             if build.state != "running" or build.cancel_source is not None:
                 return False
             build.cancel_source, build.cancel_reason = source, reason
             build.cancel_requested_mono = time.monotonic()
-        log.info("build_cancel_requested", build_id=build.build_id, source=source, reason=reason)
+            build.cancel_peer = peer
+        log.info(
+            "build_cancel_requested",
+            build_id=build.build_id,
+            source=source,
+            reason=reason,
+            peer=None if peer is None else peer.as_record(),
+        )
         try:
             stdin = build.process.stdin
             if stdin is not None:
@@ -386,8 +389,9 @@ class BuildManager:
                 build.error = str(summary["error"])
             build.state = state
             build.tree.state = state
-        record = fdr_record(build)
-        self._record(BUILD_RECORD, record)
+        # Before the terminal event: whoever saw it sees the builds dir within its caps.
+        self.prune(f"build {build.build_id} finished")
+        self._record(BUILD_RECORD, fdr_record(build))
         terminal = terminal_event(build, state, code)
         self._publish_event(build, terminal)
         level = log.warning if state != "completed" else log.info

@@ -118,6 +118,13 @@ KINDS: dict[str, RecordKind] = {
             description="The recorder deleted its oldest segments to stay under its size cap.",
         ),
         _kind(
+            "c7.build_artifact_removed",
+            {"model", "build_id", "files", "bytes", "reason"},
+            critical=False,
+            description="The builds dir cap removed a superseded build's artifacts "
+            "(builds.max_count, builds.max_bytes).",
+        ),
+        _kind(
             "c7.watchdog_withheld",
             {"threads", "silence_limit_s", "watchdog_s"},
             critical=True,

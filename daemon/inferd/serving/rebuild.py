@@ -38,7 +38,7 @@ log = structlog.get_logger("inferd.rebuild")
 
 
 class FinishedBuild(Protocol):
-    """What a finished build reports (``inferd.engine_build.supervisor.BuildFinished``)."""
+    """What a finished build reports (``inferd.engine_build.build_record.BuildFinished``)."""
 
     @property
     def build_id(self) -> str: ...

@@ -4,6 +4,11 @@ Decides, before anything reaches a runtime, whether a request is served,
 queued, superseded or refused, and owes every admitted request exactly one
 reply: from the engine worker, or from here when its deadline passes, a newer
 request supersedes it or the daemon shuts down.
+
+Control ops come in two kinds (PROTOCOL.md, DESIGN.md 90): read-only ones anyone
+admitted to the control socket may run, and operator ops, which change the
+daemon's state and run only for a peer the ZAP handler verified as an operator;
+the others are answered ``PERMISSION_DENIED`` before their arguments are read.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import structlog
+
 from inferd.bus.codec import Request, check_descriptors, deadline_ms_of, validate_inputs
 from inferd.bus.server import Reply
+from inferd.bus.zap import peer_of
 from inferd.serving.scheduler import (
     Job,
     QueueBytesFullError,
@@ -23,15 +31,22 @@ from inferd.serving.scheduler import (
     SchedulerClosedError,
 )
 from inferd.serving.slot import ModelSlot
+from inferd.types import Peer
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 
 INFER_OPS = ("infer", "describe")
 
+log = structlog.get_logger("inferd.requests")
+
+#: A read-only control op: the header in, the result out.
 ControlOp = Callable[[dict[str, Any]], dict[str, Any]]
-#: A control op whose reply comes later: it gets the header and a ``respond``
-#: callable taking the result (or a ProtocolError), callable from any thread.
-DeferredOp = Callable[[dict[str, Any], Callable[[dict[str, Any] | ProtocolError], None]], None]
+#: An operator op: it also gets the verified peer (for the FDR and the logs).
+OperatorOp = Callable[[dict[str, Any], Peer], dict[str, Any]]
+Respond = Callable[[dict[str, Any] | ProtocolError], None]
+#: An operator op whose reply comes later: it gets the header, the peer and a
+#: ``respond`` callable taking the result (or a ProtocolError), callable from any thread.
+DeferredOp = Callable[[dict[str, Any], Peer, Respond], None]
 
 
 def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
@@ -48,12 +63,16 @@ class RequestRouter:
         slots: Mapping[str, ModelSlot],
         scheduler: Scheduler,
         control_ops: Mapping[str, ControlOp],
+        operator_ops: Mapping[str, OperatorOp] | None = None,
         deferred_ops: Mapping[str, DeferredOp] | None = None,
     ) -> None:
         self._slots = slots
         self._scheduler = scheduler
         self._control_ops = control_ops
+        self._operator_ops = operator_ops or {}
         self._deferred_ops = deferred_ops or {}
+        #: Operator ops refused to peers without operator rights.
+        self.permission_denied = 0
         self._owed: list[Reply] = []
         self._owed_lock = threading.Lock()
         self.accepting = True
@@ -148,18 +167,38 @@ class RequestRouter:
             )
 
     def handle_control(self, request: Request) -> Reply | None:
+        operation = self._control_ops.get(request.op)
+        if operation is not None:
+            return ok_reply(request, operation(request.header))
         deferred = self._deferred_ops.get(request.op)
         if deferred is not None:
-            deferred(request.header, self._responder(request))
+            deferred(request.header, self._operator(request), self._responder(request))
             return None
-        operation = self._control_ops.get(request.op)
-        if operation is None:
-            known = sorted([*self._control_ops, *self._deferred_ops])
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"unknown control op {request.op!r}; known: {known}",
-            )
-        return ok_reply(request, operation(request.header))
+        operator_op = self._operator_ops.get(request.op)
+        if operator_op is not None:
+            return ok_reply(request, operator_op(request.header, self._operator(request)))
+        known = sorted([*self._control_ops, *self._operator_ops, *self._deferred_ops])
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"unknown control op {request.op!r}; known: {known}"
+        )
+
+    def _operator(self, request: Request) -> Peer:
+        """The request's verified peer when it has operator rights, else PERMISSION_DENIED."""
+        peer = peer_of(request.header_frame)
+        if peer is not None and peer.operator:
+            return peer
+        self.permission_denied += 1
+        who = "this peer (its connection carries no verified identity)"
+        if peer is not None:
+            who = peer.describe()
+        log.warning(
+            "permission_denied", op=request.op, peer=None if peer is None else peer.as_record()
+        )
+        raise ProtocolError(
+            Code.PERMISSION_DENIED,
+            f"{request.op} changes the daemon's state and needs operator rights, which "
+            f"{who} does not have (security.operators; docs/SECURITY.md); nothing was changed",
+        )
 
     def _responder(self, request: Request) -> Callable[[dict[str, Any] | ProtocolError], None]:
         def respond(result: dict[str, Any] | ProtocolError) -> None:

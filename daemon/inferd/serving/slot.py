@@ -7,8 +7,9 @@ threads only read the slot's published fields, each replaced atomically.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -201,3 +202,12 @@ def _requested(handle: EngineHandle | None) -> list[str]:
         return []
     requested = handle.requested_providers
     return list(handle.active_providers if requested is None else requested)
+
+
+def engine_files(slots: Iterable[ModelSlot]) -> list[Path]:
+    """The engine files the slots serve from (never removed by the builds-dir cap)."""
+    return [
+        slot.handle.engine_path
+        for slot in slots
+        if slot.handle is not None and slot.handle.engine_path is not None
+    ]

@@ -8,6 +8,7 @@ right after.  If preparing fails nothing changes and the operator is told why.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +20,7 @@ from inferd.config import RUNTIME_LABELS, RuntimeConfig
 from inferd.errors import InferdError, RuntimeNotAvailableError
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot, Sinks
-from inferd.types import EngineHandle
+from inferd.types import EngineHandle, Peer
 from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.switch")
@@ -45,8 +46,10 @@ class RuntimeSwitcher:
         self._lock = threading.Lock()
         self._in_progress: set[str] = set()
 
-    def switch(self, header: dict[str, Any], respond: Respond) -> None:
-        """Control op ``runtime.switch {model, runtime, requested_by?}`` (bus thread).
+    def switch(self, header: dict[str, Any], peer: Peer, respond: Respond) -> None:
+        """Control op ``runtime.switch {model, runtime, requested_by?}`` (bus thread) of
+        the operator ``peer``: its verified identity goes into the record next to the
+        ``requested_by`` it claims.
 
         Refusals that need no preparation raise ProtocolError at once; otherwise
         the reply comes through ``respond`` when the switch is done or refused.
@@ -77,7 +80,7 @@ class RuntimeSwitcher:
         self._claim_or_refuse(model)
         threading.Thread(
             target=self._run,
-            args=(slot, label, requested_by, respond),
+            args=(slot, label, requested_by, peer, respond),
             name=f"inferd-switch-{model}",
             daemon=True,
         ).start()
@@ -93,7 +96,7 @@ class RuntimeSwitcher:
             )
         self._claim_or_refuse(model)
         try:
-            return self._switch(slot, label, requested_by)
+            return self._switch(slot, label, requested_by, Peer.internal(os.getuid(), os.getpid()))
         finally:
             self.unclaim(model)
 
@@ -116,9 +119,11 @@ class RuntimeSwitcher:
                 Code.FAILED_PRECONDITION, f"a switch of model {model!r} is already in progress"
             )
 
-    def _run(self, slot: ModelSlot, label: str, requested_by: str, respond: Respond) -> None:
+    def _run(
+        self, slot: ModelSlot, label: str, requested_by: str, peer: Peer, respond: Respond
+    ) -> None:
         try:
-            respond(self._switch(slot, label, requested_by))
+            respond(self._switch(slot, label, requested_by, peer))
         except ProtocolError as exc:
             respond(exc)
         except Exception as exc:  # never leave the operator without an answer
@@ -127,7 +132,8 @@ class RuntimeSwitcher:
         finally:
             self.unclaim(slot.name)
 
-    def _switch(self, slot: ModelSlot, label: str, requested_by: str) -> dict[str, Any]:
+    def _switch(self, slot: ModelSlot, label: str, requested_by: str, peer: Peer) -> dict[str, Any]:
+        who = (requested_by, peer)
         current = slot.handle
         from_label = current.runtime_label if current is not None else None
         started = time.monotonic()
@@ -136,7 +142,7 @@ class RuntimeSwitcher:
             runtime, handle = slot.prepare(label, self._runtime_config, sinks)
         except (RuntimeNotAvailableError, InferdError) as exc:
             reason = f"cannot prepare {label}: {exc}; {from_label} keeps serving"
-            self._report(slot, from_label, label, requested_by, "refused", reason, started)
+            self._report(slot, from_label, label, who, "refused", reason, started)
             raise ProtocolError(Code.FAILED_PRECONDITION, reason) from None
         prepared = time.monotonic()
         swapped = threading.Event()
@@ -157,13 +163,13 @@ class RuntimeSwitcher:
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down") from None
         if not swapped.wait(_SWAP_TIMEOUT_S):
             reason = f"the engine worker did not take the new engine within {_SWAP_TIMEOUT_S} s"
-            self._report(slot, from_label, label, requested_by, "failed", reason, started)
+            self._report(slot, from_label, label, who, "failed", reason, started)
             raise ProtocolError(Code.INTERNAL, reason)
         timings = {
             "prepare_ms": round((prepared - started) * 1000, 3),
             "swap_ms": round(swap_s[0] * 1000, 3),
         }
-        self._report(slot, from_label, label, requested_by, "switched", None, started, timings)
+        self._report(slot, from_label, label, who, "switched", None, started, timings)
         self._sinks.events("runtime", slot.describe_runtime())
         return {
             "model": slot.name,
@@ -178,7 +184,7 @@ class RuntimeSwitcher:
         slot: ModelSlot,
         from_label: str | None,
         to_label: str,
-        requested_by: str,
+        who: tuple[str, Peer],
         outcome: str,
         reason: str | None,
         started: float,
@@ -188,7 +194,9 @@ class RuntimeSwitcher:
             "model": slot.name,
             "from_runtime": from_label,
             "to_runtime": to_label,
-            "requested_by": requested_by,
+            # What the client claims, next to who the daemon verified it is.
+            "requested_by": who[0],
+            "peer": who[1].as_record(),
             "outcome": outcome,
             "reason": reason,
             "elapsed_ms": round((time.monotonic() - started) * 1000, 3),

@@ -6,7 +6,9 @@ ipc:// socket's directory, taken before any socket is bound, turns a second
 instance into a clear error (DESIGN.md 5).  Each of those directories must be
 the daemon's own (``inferd.owned_files``).
 Socket files get ``IPC_SOCKET_MODE`` once bound, so the daemon's group may
-connect while the runtime dir's own mode guards the rest.
+connect while the runtime dir's own mode guards the rest; a socket with its own
+group (``security.<socket>_group``) is given that group first, and the daemon
+does not start when it cannot (DESIGN.md 92).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ log = structlog.get_logger("inferd.instance")
 
 class DaemonAlreadyRunningError(RuntimeError):
     pass
+
+
+class SocketGroupError(RuntimeError):
+    """A socket's configured group cannot be given to its file."""
 
 
 def _ipc_paths(endpoints: Iterable[str]) -> list[Path]:
@@ -83,11 +89,35 @@ class InstanceLock:
             os.close(self._fds.pop())
 
 
-def open_ipc_sockets_to_group(endpoints: Iterable[str]) -> None:
-    """Give every bound ipc:// socket file ``IPC_SOCKET_MODE``."""
-    for socket_path in _ipc_paths(endpoints):
+def open_ipc_sockets_to_group(sockets: Iterable[tuple[str, str, int | None]]) -> None:
+    """Give every bound ipc:// socket file of ``(name, endpoint, gid)`` its group (when
+    ``gid`` is set: first, so it is never ``0660`` to the daemon's own group) and
+    ``IPC_SOCKET_MODE``.  Until then the file has the umask's mode, which lets no
+    one but the daemon's user connect (no group write bit)."""
+    for name, endpoint, gid in sockets:
+        if not endpoint.startswith("ipc://"):
+            continue
+        socket_path = Path(endpoint.removeprefix("ipc://"))
+        if gid is not None:
+            _give_group(name, socket_path, gid)
         try:
-            if stat.S_ISSOCK(os.stat(socket_path).st_mode):
+            if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
                 os.chmod(socket_path, IPC_SOCKET_MODE)
         except OSError as exc:
             log.warning("ipc_socket_chmod_failed", path=str(socket_path), error=str(exc))
+
+
+def _give_group(name: str, socket_path: Path, gid: int) -> None:
+    key = f"security.{name}_group"
+    if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
+        raise SocketGroupError(
+            f"{key} (gid {gid}): the daemon's user (uid {os.geteuid()}) is not a member, so "
+            f"it cannot give {socket_path} to that group; add the group to the daemon's user "
+            "(SupplementaryGroups= in the systemd unit, docs/SECURITY.md)"
+        )
+    try:
+        if not stat.S_ISSOCK(os.lstat(socket_path).st_mode):
+            raise SocketGroupError(f"{socket_path} is not the socket the daemon bound")
+        os.chown(socket_path, -1, gid, follow_symlinks=False)
+    except OSError as exc:
+        raise SocketGroupError(f"{key}: cannot give {socket_path} to gid {gid}: {exc}") from None

@@ -82,6 +82,13 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "max_total_bytes": 100,
     },
     "c7.fdr_dropped": {"dropped": 2, "reason": "queue full"},
+    "c7.build_artifact_removed": {
+        "model": "demo",
+        "build_id": "b1-0a1b2c",
+        "files": ["builds/demo/demo.b1-0a1b2c.simulated.engine"],
+        "bytes": 506102,
+        "reason": "max_count",
+    },
     "c7.watchdog_withheld": {
         "threads": {
             "engine_worker": {

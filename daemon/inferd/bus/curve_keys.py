@@ -1,0 +1,120 @@
+"""The daemon's CURVE keys, read at start (``security.curve``; ``inferd keys`` writes them).
+
+The secret key is refused unless it is a regular file of the daemon's own user
+that nobody else may read (``0600``), opened without following a symlink.  The
+client keys are the public certificates ``NAME.key`` in
+``security.curve_clients_dir`` (a directory of the daemon's own that others
+cannot write): each allow-lists one client, named NAME in the FDR and the logs.
+Any problem stops the daemon at start, naming the file; nothing falls back to
+accepting everyone.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from zmq.utils import z85
+
+from inferd.bus.zap import ServerKeys
+from inferd.config import SecurityConfig
+from inferd.config.security import KEY_NAME
+from inferd.errors import ConfigError
+from inferd.owned_files import open_for_reading
+from inferd_wire.curve import CurveKeyError, parse_certificate
+from inferd_wire.endpoints import unsafe_directory_reason
+
+SERVER_PUBLIC_SUFFIX = ".key"
+#: A public certificate is small; anything larger is not one.
+_MAX_CERT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class CurveSetup:
+    server: ServerKeys
+    #: Raw 32-byte public key -> client name.
+    clients: dict[bytes, str]
+
+
+def read_owned_file(path: Path, what: str, *, secret: bool) -> bytes:
+    """A small file of the daemon's own, opened without following a symlink; a
+    ``secret`` one must be readable by its owner only."""
+    try:
+        handle = open_for_reading(path)
+    except FileNotFoundError:
+        raise CurveKeyError(
+            f"{what} {path} does not exist: run `inferd keys init` (with the daemon's "
+            "--config) as the daemon's user"
+        ) from None
+    except OSError as exc:
+        raise CurveKeyError(f"{what} {path} cannot be opened: {exc.strerror}") from None
+    with handle:
+        info = os.fstat(handle.fileno())
+        mode = stat.S_IMODE(info.st_mode)
+        if not stat.S_ISREG(info.st_mode):
+            raise CurveKeyError(f"{what} {path} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise CurveKeyError(
+                f"{what} {path} is owned by uid {info.st_uid}, not by the daemon's uid "
+                f"{os.geteuid()}"
+            )
+        if secret and mode & 0o077:
+            raise CurveKeyError(
+                f"{what} {path} has mode {mode:04o}: others may read the daemon's secret key; "
+                f"chmod 600 {path} (and replace the key: inferd keys init --force)"
+            )
+        data = handle.read(_MAX_CERT_BYTES + 1)
+    if len(data) > _MAX_CERT_BYTES:
+        raise CurveKeyError(f"{what} {path} is larger than a certificate")
+    return data
+
+
+def load_curve(security: SecurityConfig) -> CurveSetup:
+    """The server keypair and the allow-listed client keys; ``CurveKeyError`` or
+    ``ConfigError`` (a ``key:NAME`` principal without its key file) otherwise."""
+    path = security.curve_secret_key
+    keys = parse_certificate(
+        read_owned_file(path, "security.curve_secret_key", secret=True), str(path)
+    )
+    if keys.secret is None:
+        raise CurveKeyError(f"security.curve_secret_key {path} holds no secret-key")
+    clients = load_clients(security.curve_clients_dir)
+    names = set(clients.values())
+    for key, name in security.key_names():
+        if name not in names:
+            raise ConfigError(
+                f"{key}: no client key {name!r} ({security.curve_clients_dir / name}.key); "
+                f"add it with: inferd keys client {name}, or inferd keys allow {name} KEY"
+            )
+    return CurveSetup(ServerKeys(keys.public, keys.secret), clients)
+
+
+def load_clients(directory: Path) -> dict[bytes, str]:
+    """``NAME.key`` public certificates of ``directory``; none when it does not exist."""
+    reason = unsafe_directory_reason(directory, os.geteuid())
+    if reason == "does not exist":
+        return {}
+    if reason is not None:
+        raise CurveKeyError(
+            f"security.curve_clients_dir {directory} {reason}: only the daemon's user may "
+            "add client keys"
+        )
+    clients: dict[bytes, str] = {}
+    for path in sorted(directory.iterdir()):
+        if path.suffix != SERVER_PUBLIC_SUFFIX or path.name.startswith("."):
+            continue
+        name = path.stem
+        if not KEY_NAME.match(name):
+            raise CurveKeyError(
+                f"client key {path}: the name {name!r} must be letters, digits, '_', '.', '-'"
+            )
+        public = parse_certificate(
+            read_owned_file(path, "client key", secret=False), str(path)
+        ).public
+        raw = z85.decode(public.encode())
+        if raw in clients:
+            raise CurveKeyError(f"client key {path} is the same key as {clients[raw]!r}")
+        clients[raw] = name
+    return clients

@@ -1,0 +1,107 @@
+"""The bus sockets' protection as one piece the daemon starts and stops
+(docs/SECURITY.md): the ZAP handler (``zap.py``) with the access policy
+(``access.py``), CURVE on tcp:// when ``security.curve`` (``curve_keys.py``), and
+what ``status`` reports about them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+import zmq
+
+from inferd.bus.access import AccessPolicy
+from inferd.bus.curve_keys import load_curve
+from inferd.bus.zap import SocketSecurity, ZapHandler
+from inferd.config import Config
+from inferd.config.security import SOCKETS, is_loopback, tcp_host
+
+log = structlog.get_logger("inferd.security")
+
+
+class BusSecurity:
+    def __init__(self, context: zmq.Context[Any], config: Config) -> None:
+        self._context = context
+        self._config = config
+        self._endpoints = {
+            "infer": config.bus.infer_endpoint,
+            "control": config.bus.control_endpoint,
+            "events": config.bus.events_endpoint,
+        }
+        tcp = frozenset(name for name, value in self._endpoints.items() if tcp_host(value))
+        #: Applied by the bus and publisher threads to their sockets before they bind;
+        #: the CURVE keys are filled in by ``start``.
+        self.sockets = SocketSecurity(tcp_sockets=tcp)
+        self.zap: ZapHandler | None = None
+
+    def start(self) -> None:
+        """Load the CURVE keys (when configured) and start the ZAP handler; raises
+        (the daemon does not start) on any key or policy problem."""
+        security = self._config.security
+        clients: dict[bytes, str] = {}
+        if security.curve:
+            setup = load_curve(security)
+            self.sockets.curve = setup.server
+            clients = setup.clients
+            if self.sockets.tcp_sockets and not clients:
+                log.warning(
+                    "curve_no_client_keys",
+                    directory=str(security.curve_clients_dir),
+                    hint="every CURVE client is refused; add one with: inferd keys client NAME",
+                )
+        for name in sorted(self.sockets.tcp_sockets):
+            host = tcp_host(self._endpoints[name])
+            if not security.curve and host is not None and is_loopback(host):
+                log.warning(
+                    "tcp_without_curve",
+                    socket=name,
+                    endpoint=self._endpoints[name],
+                    risk="any local process of any user may connect; its requests carry no "
+                    "verified identity and never have operator rights (security.curve = true)",
+                )
+        transports = {
+            name: "tcp" if name in self.sockets.tcp_sockets else "ipc" for name in SOCKETS
+        }
+        self.zap = ZapHandler(self._context, AccessPolicy(security, transports, clients))
+        self.zap.start()
+        self.zap.wait_bound(timeout=10)
+
+    def stop(self) -> None:
+        if self.zap is not None:
+            self.zap.stop()
+            self.zap.join(timeout=10)
+
+    def is_alive(self) -> bool:
+        return self.zap is not None and self.zap.is_alive()
+
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints.values())
+
+    def socket_groups(self) -> list[tuple[str, str, int | None]]:
+        """``(socket, endpoint, gid)``: the group each ipc:// socket file gets."""
+        return [
+            (name, self._endpoints[name], self._config.security.access(name).group)
+            for name in SOCKETS
+        ]
+
+    def describe(self, permission_denied: int) -> dict[str, Any]:
+        """``status.security``: each socket's mechanism and group, the connections
+        the ZAP handler admitted and refused, the operator ops refused."""
+        security = self._config.security
+        counts = self.zap.describe() if self.zap is not None else {"accepted": {}, "refused": {}}
+        return {
+            "sockets": {
+                name: {
+                    "endpoint": self._endpoints[name],
+                    "mechanism": self.sockets.mechanism(name),
+                    "group": security.access(name).group_name,
+                    "allow": [p.text for p in security.access(name).allow],
+                    "connections_accepted": counts["accepted"].get(name, 0),
+                    "connections_refused": counts["refused"].get(name, 0),
+                }
+                for name in SOCKETS
+            },
+            "operators": [p.text for p in security.operators],
+            "permission_denied": permission_denied,
+        }

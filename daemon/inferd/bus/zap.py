@@ -1,0 +1,153 @@
+"""The daemon's ZAP handler (ZeroMQ RFC 27): every connection to the infer,
+control and events sockets is authenticated here, at its handshake, before any
+message of it is read.
+
+Each socket gets its name as ZAP domain and ``ZMQ_ZAP_ENFORCE_DOMAIN``, so a
+connection is refused when this handler is not running (fail closed).  For an
+admitted connection the reply's User-Id carries the verified ``Peer`` as JSON;
+libzmq attaches it to every message of that connection as the ``User-Id``
+property, which ``peer_of`` reads: the request never gets to say who it is.
+The handler is a thread with a REP socket on ``inproc://zeromq.zap.01`` of the
+daemon's context (only one handler can bind it).  pyzmq's ``ThreadAuthenticator``
+is not used: it matches addresses as strings, cannot check a uid or group, and
+logs instead of failing when its key directory is missing (DESIGN.md 91).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import zmq
+
+from inferd.bus.access import AccessPolicy
+from inferd.types import Peer
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_VERSION = b"1.0"
+_POLL_MS = 100
+
+log = structlog.get_logger("inferd.zap")
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """The daemon's CURVE keypair (Z85), for its tcp:// sockets."""
+
+    public: str
+    secret: str
+
+
+@dataclass
+class SocketSecurity:
+    """How each socket is protected: ZAP always, CURVE on tcp:// when configured."""
+
+    curve: ServerKeys | None = None
+    tcp_sockets: frozenset[str] = frozenset()
+
+    def apply(self, name: str, sock: zmq.Socket[Any]) -> None:
+        """Before ``sock`` (the socket ``name``) binds."""
+        sock.setsockopt(zmq.ZAP_DOMAIN, name.encode())
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        if self.curve is not None and name in self.tcp_sockets:
+            sock.curve_secretkey = self.curve.secret.encode()
+            sock.curve_publickey = self.curve.public.encode()
+            sock.curve_server = True
+
+    def mechanism(self, name: str) -> str:
+        return "CURVE" if self.curve is not None and name in self.tcp_sockets else "NULL"
+
+
+def peer_of(frame: Any) -> Peer | None:
+    """The verified peer of a received message (a ``zmq.Frame``), or None when its
+    connection was not authenticated by this handler."""
+    try:
+        text = frame.get("User-Id")
+    except (zmq.ZMQError, AttributeError):
+        return None
+    try:
+        fields = json.loads(text)
+        return Peer(**fields)
+    except (ValueError, TypeError):
+        return None
+
+
+@dataclass
+class ZapCounters:
+    accepted: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+class ZapHandler(threading.Thread):
+    def __init__(self, context: zmq.Context[Any], policy: AccessPolicy) -> None:
+        super().__init__(name="inferd-zap", daemon=True)
+        self._context = context
+        self._policy = policy
+        self._stop_requested = threading.Event()
+        self._bound = threading.Event()
+        self._bind_error: BaseException | None = None
+        self.counters = ZapCounters()
+
+    def wait_bound(self, timeout: float) -> None:
+        if not self._bound.wait(timeout):
+            raise TimeoutError("the ZAP handler did not bind in time")
+        if self._bind_error is not None:
+            raise self._bind_error
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+
+    def run(self) -> None:
+        sock: zmq.Socket[Any] = self._context.socket(zmq.REP)
+        try:
+            sock.bind(ZAP_ENDPOINT)
+        except BaseException as exc:
+            self._bind_error = exc
+            self._bound.set()
+            sock.close(linger=0)
+            return
+        self._bound.set()
+        try:
+            while not self._stop_requested.is_set():
+                if sock.poll(_POLL_MS, zmq.POLLIN):
+                    sock.send_multipart(self.answer(sock.recv_multipart()))
+        finally:
+            sock.close(linger=0)
+
+    def answer(self, request: list[bytes]) -> list[bytes]:
+        """The ZAP reply to one request (RFC 27): 200 with the peer as User-Id, or 400."""
+        if len(request) < 6 or request[0] != _VERSION:
+            request_id = request[1] if len(request) > 1 else b""
+            log.error("zap_request_malformed", frames=len(request))
+            return [_VERSION, request_id, b"500", b"malformed ZAP request", b"", b""]
+        _version, request_id, domain, address, _identity, mechanism = request[:6]
+        socket = domain.decode(errors="replace")
+        decision = self._policy.decide(
+            socket, address.decode(errors="replace"), mechanism, request[6:]
+        )
+        if decision.peer is None:
+            self._count(self.counters.refused, socket)
+            log.warning(
+                "peer_refused",
+                socket=socket,
+                address=address.decode(errors="replace"),
+                mechanism=mechanism.decode(errors="replace"),
+                reason=decision.refusal,
+            )
+            reason = (decision.refusal or "refused").encode()
+            return [_VERSION, request_id, b"400", reason, b"", b""]
+        self._count(self.counters.accepted, socket)
+        log.debug("peer_admitted", socket=socket, **decision.peer.as_record())
+        user_id = json.dumps(decision.peer.as_record(), separators=(",", ":")).encode()
+        return [_VERSION, request_id, b"200", b"OK", user_id, b""]
+
+    @staticmethod
+    def _count(counts: dict[str, int], socket: str) -> None:
+        counts[socket] = counts.get(socket, 0) + 1
+
+    def describe(self) -> Mapping[str, Any]:
+        return {"accepted": dict(self.counters.accepted), "refused": dict(self.counters.refused)}

@@ -1,0 +1,174 @@
+"""Who may use which socket, and the limits on daemon builds (``[security]``, ``[builds]``).
+
+Names in the config (users, groups) are resolved here, at load, so a typo or a
+group missing on this host stops the daemon with the key that names it instead of
+silently admitting nobody (or everybody).  CURVE key names (``key:NAME``) are
+checked at start, against the keys in ``security.curve_clients_dir``.
+"""
+
+from __future__ import annotations
+
+import grp
+import ipaddress
+import pwd
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from inferd.errors import ConfigError
+
+PrincipalKind = Literal["user", "group", "key"]
+SOCKETS: tuple[str, ...] = ("infer", "control", "events")
+#: A CURVE client key's name: its file name in ``curve_clients_dir`` without ``.key``.
+KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_LOOPBACK_HOSTS = ("localhost",)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """One entry of an allow-list: a user (uid), a group (gid) or a CURVE key (name)."""
+
+    kind: PrincipalKind
+    #: uid, gid or key name.
+    ident: int | str
+    #: As written in the config (``group:inferd-ops``), for messages.
+    text: str
+
+
+@dataclass(frozen=True)
+class SocketAccess:
+    """One socket's access: the group its ipc:// socket file gets (None: the daemon's
+    own group, unchanged) and who may connect (empty: whoever the transport admits,
+    i.e. the file's mode on ipc://, an allow-listed CURVE key on tcp://)."""
+
+    group: int | None = None
+    group_name: str | None = None
+    allow: tuple[Principal, ...] = ()
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    infer: SocketAccess = field(default_factory=SocketAccess)
+    control: SocketAccess = field(default_factory=SocketAccess)
+    events: SocketAccess = field(default_factory=SocketAccess)
+    #: Who may run the control ops that change state; root and the daemon's own
+    #: user always may (DESIGN.md 90).
+    operators: tuple[Principal, ...] = ()
+    #: CURVE on every tcp:// endpoint (required for a non-loopback address).
+    curve: bool = False
+    curve_secret_key: Path = Path("keys/server.key_secret")
+    curve_clients_dir: Path = Path("keys/clients")
+
+    def access(self, socket: str) -> SocketAccess:
+        access: SocketAccess = getattr(self, socket)
+        return access
+
+    def __post_init__(self) -> None:
+        if self.curve:
+            return
+        for where, principals in self._principal_lists():
+            for index, principal in enumerate(principals):
+                if principal.kind == "key":
+                    raise ConfigError(
+                        f"{where}[{index}]: {principal.text!r} names a CURVE key, but "
+                        "security.curve is false"
+                    )
+
+    def _principal_lists(self) -> list[tuple[str, tuple[Principal, ...]]]:
+        lists = [(f"security.{name}_allow", self.access(name).allow) for name in SOCKETS]
+        return [*lists, ("security.operators", self.operators)]
+
+    def key_names(self) -> list[tuple[str, str]]:
+        """Every ``key:NAME`` principal as ``(config key, NAME)``."""
+        return [
+            (f"{where}[{index}]", str(principal.ident))
+            for where, principals in self._principal_lists()
+            for index, principal in enumerate(principals)
+            if principal.kind == "key"
+        ]
+
+
+@dataclass(frozen=True)
+class BuildsConfig:
+    """Daemon builds (``[builds]``): the cap on ``<state_dir>/builds`` and the
+    per-peer rate of ``build.start``."""
+
+    #: Build artifact sets (engine, sidecar, summary) kept in the builds dir.
+    max_count: int = 8
+    #: Bytes the builds dir may hold.
+    max_bytes: int = 2 * 1024**3
+    #: ``build.start`` a peer may send at once ...
+    start_burst: int = 3
+    #: ... and then one more every this many seconds.
+    start_refill_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_count <= 10_000:
+            raise ConfigError(f"builds.max_count must be 1..10000, got {self.max_count}")
+        if self.max_bytes < 1024**2:
+            raise ConfigError(f"builds.max_bytes must be at least 1 MiB, got {self.max_bytes}")
+        if not 1 <= self.start_burst <= 1000:
+            raise ConfigError(f"builds.start_burst must be 1..1000, got {self.start_burst}")
+        if not 0.0 < self.start_refill_s <= 86_400.0:
+            raise ConfigError(
+                f"builds.start_refill_s must be in (0, 86400], got {self.start_refill_s}"
+            )
+
+
+def resolve_group(key: str, name: str) -> int:
+    """A group name (or a number) as its gid; ``ConfigError`` naming ``key``."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(
+            f"{key}: no group named {name!r} on this host (create it: groupadd --system {name})"
+        ) from None
+
+
+def resolve_user(key: str, name: str) -> int:
+    if name.isdigit():
+        return int(name)
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise ConfigError(f"{key}: no user named {name!r} on this host") from None
+
+
+def parse_principal(key: str, text: str) -> Principal:
+    """``user:NAME|UID``, ``group:NAME|GID`` or ``key:NAME``."""
+    kind, _, name = text.partition(":")
+    if kind == "user" and name:
+        return Principal("user", resolve_user(key, name), text)
+    if kind == "group" and name:
+        return Principal("group", resolve_group(key, name), text)
+    if kind == "key" and KEY_NAME.match(name):
+        return Principal("key", name, text)
+    raise ConfigError(
+        f"{key}: {text!r} must be 'user:NAME', 'group:NAME' (a uid or gid number works too) "
+        "or 'key:NAME' (a CURVE client key in security.curve_clients_dir: letters, digits, "
+        "'_', '.', '-')"
+    )
+
+
+def tcp_host(endpoint: str) -> str | None:
+    """The host part of a ``tcp://`` endpoint (``*`` for every interface), else None."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    address = endpoint.removeprefix("tcp://")
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    # ZeroMQ takes ``source;destination`` for connects and [::1] for IPv6.
+    return host.split(";")[-1].strip("[]")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` reaches only this machine; an interface name, ``*``
+    or a host name other than ``localhost`` is assumed not to."""
+    if host in _LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
