@@ -61,9 +61,9 @@ LIMITS: dict[str, dict[str, object]] = {
 }
 MODEL_LIMITS = {"queue_capacity": 32, "queue_max_bytes": 32 * MIB}
 SMALL = (1, 3, 224, 224)  # 0.6 MB
-#: Just under and just over max_message_bytes (float32, channels of 224 x 224).
-UNDER = (1, 83, 224, 224)  # 15.9 MiB
-OVER = (1, 84, 224, 224)  # 16.1 MiB
+#: Just under and just over max_message_bytes (batches of 602,112 bytes).
+UNDER = (27, 3, 224, 224)  # 15.5 MiB
+OVER = (28, 3, 224, 224)  # 16.1 MiB
 
 
 def process_rss_kib(pid: int) -> int:

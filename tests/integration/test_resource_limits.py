@@ -221,6 +221,23 @@ def test_tensor_bytes_over_the_limit_are_let_go_and_counted(
     assert bus["malformed"] == 1
 
 
+def test_one_frame_over_the_limit_is_answered_not_a_dropped_connection(
+    daemon_factory: DaemonFactory, identity_model: Path
+) -> None:
+    """ZeroMQ closes the connection of a peer whose frame exceeds ``MAXMSGSIZE``
+    (no reply: the client would only time out), so the per-frame guard sits at twice
+    ``max_message_bytes``: a single tensor over the limit gets its error."""
+    daemon = daemon_factory(
+        models=[{"name": "identity", "path": str(identity_model)}],
+        bus={"max_message_bytes": 1_000_000},
+    )
+    with RawDealer(daemon.infer) as dealer:
+        reply, _ = dealer.request([pack(identity_header("one")), bytes(1_500_000)], timeout=30)
+    assert_error(
+        reply, "INVALID_ARGUMENT", "tensor frames hold 1500000 bytes; the limit is 1000000", "one"
+    )
+
+
 def slow_request(request_id: int, elements: int = 4) -> list[bytes]:
     header = {
         "v": 1,

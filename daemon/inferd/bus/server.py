@@ -166,7 +166,9 @@ class BusServer(threading.Thread):
         sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
         # Refuse oversize frames at the transport (the peer is disconnected);
         # the codec checks the whole message again.
-        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_message_bytes)
+        # ZeroMQ drops the connection of a peer whose frame exceeds MAXMSGSIZE, with
+        # no reply; at twice the limit, one oversized tensor still gets its error.
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._limits.max_message_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.SNDHWM, _ROUTER_SNDHWM)
         sock.setsockopt(zmq.RCVHWM, _ROUTER_RCVHWM)
