@@ -103,7 +103,7 @@ class ExecutionFailedError(InferenceError):
     """TensorRT or CUDA failed to run an inference the engine had accepted
     (``execute_async_v3`` returned False, a CUDA error in a copy or at
     synchronize): the engine's or the GPU's fault, not the request's.  Counted
-    towards failing the model over while serving (DESIGN.md entry 67).
+    towards failing the model over while serving (DESIGN.md entry 48).
     ``sticky``: a CUDA error that poisons the context (an illegal address, a
     launch failure): every later call in that context fails the same way."""
 

@@ -276,7 +276,7 @@ class Peer:
     the request says): on ``ipc://`` the kernel's SO_PEERCRED of the connecting
     process (uid, gid, pid), on ``tcp://`` the name of its allow-listed CURVE key
     (or only its address without CURVE); ``internal`` for the daemon's own requests
-    (a background rebuild).  ``operator``: may change the daemon's state (DESIGN.md 90)."""
+    (a background rebuild).  ``operator``: may change the daemon's state (DESIGN.md 60)."""
 
     transport: PeerTransport
     uid: int | None = None

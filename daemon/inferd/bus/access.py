@@ -9,7 +9,7 @@ groups its user belongs to in the group database (``getgrouplist``).  On
 handshake proved, or nothing but the address without CURVE (loopback only; such
 a peer never passes an allow-list and is never an operator).  Root and the
 daemon's own user pass every allow-list and are always operators: they can
-already signal, trace or replace the daemon (DESIGN.md 90).
+already signal, trace or replace the daemon (DESIGN.md 60).
 """
 
 from __future__ import annotations

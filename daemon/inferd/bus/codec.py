@@ -171,7 +171,7 @@ def validate_inputs(
             for low, got, high in zip(profile.min_shape, shape, profile.max_shape, strict=True)
         ):
             # Checked before any runtime sees it: outside its profile the TensorRT EP
-            # would rebuild its engine inside the inference (DESIGN.md 57).
+            # would rebuild its engine inside the inference (DESIGN.md 52).
             raise ProtocolError(
                 Code.INVALID_ARGUMENT,
                 f"tensor {name!r}: shape {list(shape)} is outside the model's optimisation "

@@ -2,7 +2,7 @@
 
 glibc keeps memory a process freed for its next allocations: after a peer that
 never read left and its queued replies (or an oversized message) were freed,
-the daemon's RSS stays at its high-water mark (measured in DESIGN.md 80) until
+the daemon's RSS stays at its high-water mark (measured in DESIGN.md 56) until
 ``malloc_trim`` returns the free pages.  ``HeapTrimmer`` runs it on the bus
 thread shortly after such a release, at most once per interval; elsewhere
 (not glibc) it does nothing.

@@ -3,7 +3,7 @@
 ZeroMQ hands a multipart message to the application only once all its frames
 have arrived, and ``ZMQ_MAXMSGSIZE`` bounds each frame, not the message: what
 ZeroMQ itself holds for one message is not bounded by any option (measured in
-DESIGN.md 81).  What the daemon holds on top is bounded here.  Frames are
+DESIGN.md 57).  What the daemon holds on top is bounded here.  Frames are
 counted and their bytes summed as they are read; as soon as a message carries
 more than ``max_frames`` tensor frames or more than ``max_message_bytes``
 tensor bytes, the tensor frames read so far are let go, the rest of the

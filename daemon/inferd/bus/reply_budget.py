@@ -9,7 +9,7 @@ of a message once its I/O thread has written it to the connection, or has
 dropped it with the pipe of a peer that left, and pyzmq's garbage collector
 then releases the view.  A peer's pipe is first in, first out, so once a
 reply's last frame is released the whole reply, and every earlier one to that
-peer, has left the daemon's memory (DESIGN.md 80).
+peer, has left the daemon's memory (DESIGN.md 56).
 
 A reply to a peer that already has ``per_peer_bytes`` in flight, or that
 would take the total over ``total_bytes``, is dropped: the peer does not read.

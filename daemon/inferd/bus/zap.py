@@ -10,7 +10,7 @@ property, which ``peer_of`` reads: the request never gets to say who it is.
 The handler is a thread with a REP socket on ``inproc://zeromq.zap.01`` of the
 daemon's context (only one handler can bind it).  pyzmq's ``ThreadAuthenticator``
 is not used: it matches addresses as strings, cannot check a uid or group, and
-logs instead of failing when its key directory is missing (DESIGN.md 91).
+logs instead of failing when its key directory is missing (DESIGN.md 61).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class SecurityConfig:
     control: SocketAccess = field(default_factory=SocketAccess)
     events: SocketAccess = field(default_factory=SocketAccess)
     #: Who may run the control ops that change state; root and the daemon's own
-    #: user always may (DESIGN.md 90).
+    #: user always may (DESIGN.md 60).
     operators: tuple[Principal, ...] = ()
     #: CURVE on every tcp:// endpoint (required for a non-loopback address).
     curve: bool = False

@@ -1,6 +1,6 @@
 """Fail over while serving: a model whose TensorRT engine keeps failing to execute
 serves on ``onnx_trt_ep``, as a model whose engine failed to load does
-(DESIGN.md entry 67).
+(DESIGN.md entry 48).
 
 The engine worker reports every inference of a model on ``tensorrt``:
 ``succeeded`` resets the count, ``failed`` (an ``ExecutionFailedError``:

@@ -5,7 +5,7 @@ queued, superseded or refused, and owes every admitted request exactly one
 reply: from the engine worker, or from here when its deadline passes, a newer
 request supersedes it or the daemon shuts down.
 
-Control ops come in two kinds (PROTOCOL.md, DESIGN.md 90): read-only ones anyone
+Control ops come in two kinds (PROTOCOL.md, DESIGN.md 60): read-only ones anyone
 admitted to the control socket may run, and operator ops, which change the
 daemon's state and run only for a peer the ZAP handler verified as an operator;
 the others are answered ``PERMISSION_DENIED`` before their arguments are read.

@@ -8,7 +8,7 @@ the daemon's own (``inferd.owned_files``).
 Socket files get ``IPC_SOCKET_MODE`` once bound, so the daemon's group may
 connect while the runtime dir's own mode guards the rest; a socket with its own
 group (``security.<socket>_group``) is given that group first, and the daemon
-does not start when it cannot (DESIGN.md 92).
+does not start when it cannot (DESIGN.md 62).
 """
 
 from __future__ import annotations

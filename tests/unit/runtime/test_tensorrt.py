@@ -224,7 +224,7 @@ def test_dynamic_shapes_within_the_profile(bench: Bench, scale_model: Path) -> N
     handle = runtime.deserialize_engine(bench.deployed(runtime, scale_model, config))
     assert handle.inputs[0].shape == (None, W) and handle.outputs[0].shape == (None, W)
     # The engine's own profile is served with the spec (requests outside it are
-    # refused on the bus, DESIGN.md 57), and warm-up ran at its opt shape.
+    # refused on the bus, DESIGN.md 52), and warm-up ran at its opt shape.
     assert handle.inputs[0].profile == SCALE_PROFILE
     assert handle.inputs[0].as_wire()["profile"]["opt_shape"] == list(SCALE_PROFILE.opt_shape)
     calls = bench.gpu.cuda.calls
