@@ -408,7 +408,10 @@ def test_oversized_message_disconnects_only_the_sender(
         models=[{"name": "identity", "path": str(identity_model)}],
         bus={"max_message_bytes": 1_000_000},
     )
-    big = np.ones((2, 3, 224, 224), np.float32)  # 1204224 bytes in one frame
+    # 2408448 bytes in one frame: over ZMQ_MAXMSGSIZE (twice the limit), so ZeroMQ
+    # drops the connection (a frame just over the limit itself is answered:
+    # test_resource_limits.test_one_frame_over_the_limit_is_answered_...).
+    big = np.ones((4, 3, 224, 224), np.float32)
     with RawDealer(daemon.infer) as bystander, RawDealer(daemon.infer) as offender:
         # The bystander is connected before, and stays connected through, the offence.
         bystander.send_infer("before", "identity", {"input": INPUT})
