@@ -13,13 +13,14 @@ without pulling in the client's sockets.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
 import numpy as np
+
+from inferd_wire.compat import StrEnum
 
 PROTOCOL_VERSION = 1
 
@@ -36,7 +37,7 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 MAX_ID_CHARS = 128
 
 
-class Code(enum.StrEnum):
+class Code(StrEnum):
     """Error codes carried in ``error.code`` (gRPC status names)."""
 
     INVALID_ARGUMENT = "INVALID_ARGUMENT"

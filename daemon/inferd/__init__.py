@@ -4,4 +4,6 @@ Importing this package pulls in no heavy dependency (ONNX Runtime, TensorRT,
 pycuda, NVML, jtop, systemd): those are imported where they are used.
 """
 
-__version__ = "0.1.0"
+from inferd_wire import __version__
+
+__all__ = ["__version__"]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from inferd_wire.compat import StrEnum
 
-class PrecisionMode(enum.StrEnum):
+
+class PrecisionMode(StrEnum):
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"

@@ -7,7 +7,7 @@ import json
 import re
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -35,12 +35,12 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
             f"--since {text!r}: use e.g. 15m, 2h, an ISO-8601 time or epoch seconds"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
+        moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1e9)
 
 
 def _iso(wall_ns: int) -> str:
-    moment = datetime.fromtimestamp(wall_ns / 1e9, tz=UTC)
+    moment = datetime.fromtimestamp(wall_ns / 1e9, tz=timezone.utc)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

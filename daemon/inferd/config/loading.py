@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # JetPack 6's Python 3.10
+    import tomli as tomllib
 
 from inferd.config.sections import (
     DEFAULT_MAX_LOAD_S,

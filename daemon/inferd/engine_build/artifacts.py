@@ -18,7 +18,6 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import HostTuple
+from inferd_wire.compat import StrEnum
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 

@@ -17,6 +17,8 @@ The CPU-only case and the TensorRT-EP-missing case are the same comparison.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -104,8 +106,27 @@ class ProviderResolution:
 
 def _cause_text(cause: MissingCause) -> str:
     if cause == "not_in_build":
-        return "is not in this ONNX Runtime build"
+        return "is not in this ONNX Runtime build" + (
+            " (both the onnxruntime and the onnxruntime-gpu wheels are installed: they "
+            "share one `onnxruntime` package, so the CPU wheel can hide the GPU one; "
+            "uninstall both and install one: the `gpu` extra or NVIDIA's JetPack wheel)"
+            if both_ort_wheels_installed()
+            else ""
+        )
     return "was requested but ONNX Runtime did not create it"
+
+
+@functools.cache
+def both_ort_wheels_installed() -> bool:
+    """Whether the CPU and a GPU ONNX Runtime distribution are both installed: the
+    explicit choice of one (the `cpu` or `gpu` extra) was not made."""
+    names = {"onnxruntime", "onnxruntime-gpu"}
+    found = set()
+    for distribution in importlib.metadata.distributions():
+        name = (distribution.metadata["Name"] or "").lower().replace("_", "-")
+        if name in names:
+            found.add(name)
+    return found == names
 
 
 def degradation_payload(

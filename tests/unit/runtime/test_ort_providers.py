@@ -300,3 +300,26 @@ def test_an_unusable_cache_dir_serves_on_the_tensorrt_ep_without_a_cache(
     (alert,) = sinks.alerts
     assert (alert.level, alert.code) == ("WARNING", "c7.ort_cache_unavailable")
     assert list(shared.iterdir()) == []  # nothing written into it
+
+
+def test_both_onnx_runtime_wheels_installed_is_named_as_the_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The `cpu` and `gpu` extras are one choice: with both wheels the CPU one can hide
+    the GPU providers, and the degradation says so instead of only "not in build"."""
+    from inferd.runtime import ort_providers
+
+    class Distribution:
+        def __init__(self, name: str) -> None:
+            self.metadata = {"Name": name}
+
+    resolution = ProviderResolution((CPU_EP,), (CPU_EP,))
+    for installed, named in ((["onnxruntime"], False), (["onnxruntime", "onnxruntime_gpu"], True)):
+        ort_providers.both_ort_wheels_installed.cache_clear()
+        monkeypatch.setattr(
+            ort_providers.importlib.metadata,
+            "distributions",
+            lambda installed=installed: [Distribution(name) for name in installed],
+        )
+        assert ("both the onnxruntime and the onnxruntime-gpu" in resolution.describe()) is named
+    ort_providers.both_ort_wheels_installed.cache_clear()
