@@ -32,7 +32,7 @@ pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 
 for _ in $(seq 100); do
-  ctl --timeout 0.5 health 2>/dev/null | grep -q "state: \(serving\|degraded\)" && break
+  ctl --json --timeout 0.5 health 2>/dev/null | grep -q '"state": "\(serving\|degraded\)"' && break
   sleep 0.2
 done
 
@@ -40,7 +40,7 @@ echo "== models"; ctl models
 for seed in 1 2; do
   echo "== infer demo (seed $seed)"; ctl infer --model demo --random --seed "$seed"
 done
-echo "== infer demo-trt: configured for TensorRT, served by ONNX Runtime (fallback: True)"
+echo "== infer demo-trt: configured for TensorRT, served by ONNX Runtime (its fallback)"
 ctl infer --model demo-trt --random --seed 1
 echo "== status"; ctl status
 kill -TERM $pid

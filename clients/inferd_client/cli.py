@@ -1,7 +1,10 @@
 """``inferctl``: talk to a running inferd from a shell.
 
-Human-readable output by default; ``--json`` prints one JSON document per
-result for scripts.
+Human-readable output by default (``cli_format``); ``--json`` prints one JSON
+document per result for scripts, and nothing else on stdout.  Exit codes: 0 ok,
+1 the daemon answered with an error, 2 usage, 3 unreachable (no socket, no
+reply within ``--timeout``, or a followed stream went silent), 4 ``health``:
+the daemon answers but is not serving (starting, degraded, failed, stopping).
 """
 
 from __future__ import annotations
@@ -11,29 +14,40 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from inferd_client import cli_format
 from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
 from inferd_client.errors import ClientError, RemoteError
+from inferd_wire import __version__
 from inferd_wire.curve import ClientCurve
-from inferd_wire.endpoints import default_endpoints
+from inferd_wire.endpoints import default_endpoints, runtime_dir_and_origin
 
 EXIT_OK = 0
 EXIT_REMOTE_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_NOT_SERVING = 4
 
 
 def main(argv: list[str] | None = None) -> int:
     defaults = default_endpoints()
     parser = argparse.ArgumentParser(prog="inferctl", description="inferd command line client")
+    parser.add_argument("--version", action="version", version=f"inferctl {__version__}")
     parser.add_argument("--infer-endpoint", default=defaults.infer)
     parser.add_argument("--control-endpoint", default=defaults.control)
     parser.add_argument("--events-endpoint", default=defaults.events)
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait for a reply; for events, thermal --follow and build follow: "
+        "for any event, health included (the daemon publishes one every second)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--curve-server-key",
@@ -122,7 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.curve = _curve(args)
+        _check_sockets(args)
         return _dispatch(args)
+    except BrokenPipeError:
+        # `inferctl events | head`: the reader left; say nothing, and make the
+        # interpreter's final flush of stdout fail quietly too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except RemoteError as exc:
         _emit_error(args, exc.code, exc.message)
         return EXIT_REMOTE_ERROR
@@ -134,6 +154,41 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _endpoints_used(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(option, endpoint) of every socket the command talks to."""
+    infer = ("--infer-endpoint", args.infer_endpoint)
+    control = ("--control-endpoint", args.control_endpoint)
+    events = ("--events-endpoint", args.events_endpoint)
+    if args.command in ("infer", "models"):
+        return [infer]
+    if args.command == "events" or (args.command == "thermal" and args.follow):
+        return [events]
+    if args.command == "build" and args.build_command == "follow":
+        return [events] + ([control] if args.build_id else [])
+    return [control]
+
+
+def _check_sockets(args: argparse.Namespace) -> None:
+    """Fail at once, saying where it looked, when an ipc:// socket file is missing."""
+    runtime_dir, origin = runtime_dir_and_origin()
+    for option, endpoint in _endpoints_used(args):
+        if not endpoint.startswith("ipc://"):
+            continue
+        path = Path(endpoint.removeprefix("ipc://"))
+        if path.is_socket():
+            continue
+        where = (
+            f"the runtime dir {runtime_dir} (from {origin})"
+            if path.parent == runtime_dir
+            else f"{path.parent} ({option})"
+        )
+        raise ClientError(
+            f"no daemon socket at {path}: is inferd running? inferctl looked in {where}; "
+            "point it elsewhere with INFERD_RUNTIME_DIR=DIR (the daemon's runtime_dir) or "
+            f"{option}"
+        )
 
 
 def _curve(args: argparse.Namespace) -> ClientCurve | None:
@@ -170,7 +225,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _infer(args)
     if args.command == "models":
         with _inference(args) as client:
-            _emit(args, client.describe())
+            _emit(args, client.describe(), cli_format.models)
         return EXIT_OK
     if args.command == "switch":
         with _operator(args) as operator:
@@ -191,7 +246,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _events(args)
     if args.command in ("status", "health", "thermal"):
         with _operator(args) as operator:
-            _emit(args, operator.call(args.command))
+            result = operator.call(args.command)
+        layout = {
+            "status": cli_format.status,
+            "health": cli_format.health,
+            "thermal": cli_format.thermal,
+        }[args.command]
+        _emit(args, result, layout)
+        if args.command == "health" and result.get("state") != "serving":
+            return EXIT_NOT_SERVING
         return EXIT_OK
     return _events(args)
 
@@ -211,10 +274,11 @@ def _infer(args: argparse.Namespace) -> int:
         "runtime": reply.get("runtime"),
         "fallback": reply.get("fallback"),
         "latency_us": reply.get("latency_us"),
+        "late": reply.get("late", False),
         "inputs": {name: _describe_array(array) for name, array in inputs.items()},
         "outputs": {name: _describe_array(array) for name, array in outputs.items()},
     }
-    _emit(args, summary)
+    _emit(args, summary, cli_format.inference)
     return EXIT_OK
 
 
@@ -339,9 +403,10 @@ def _follow_build(args: argparse.Namespace) -> int:
     followed: str | None = args.build_id
     received = 0
     with _subscriber(args, ["build"]) as subscriber:
-        # Join first, then read the build's state: an event published after the
-        # snapshot is then never lost to ZeroMQ's slow joiner.
-        subscriber.wait_joined(args.timeout)
+        # Join first (follow joins before its first event), then read the build's
+        # state: an event published after the snapshot is then never lost to
+        # ZeroMQ's slow joiner.
+        subscriber.wait_joined(args.timeout, keep_health=True)
         print("following build events", file=sys.stderr, flush=True)
         if followed is not None:
             with _operator(args) as operator:
@@ -352,7 +417,7 @@ def _follow_build(args: argparse.Namespace) -> int:
                 _print_build(build)
             if build["state"] in _TERMINAL:
                 return EXIT_OK
-        for _topic, event in subscriber:
+        for _topic, event in subscriber.follow(args.timeout):
             followed = followed or event.get("buildId")
             if event.get("buildId") != followed:
                 continue
@@ -387,35 +452,28 @@ def _print_build_event(event: dict[str, Any], depth: dict[str, int]) -> None:
 def _events(args: argparse.Namespace) -> int:
     received = 0
     with _subscriber(args, args.topic) as subscriber:
-        for topic, payload in subscriber:
-            _emit(args, {"topic": topic, **payload} if args.json else {topic: payload})
+        subscriber.wait_joined(args.timeout, keep_health=True)
+        topics = ", ".join(args.topic) if args.topic else "all"
+        print(f"following events ({topics})", file=sys.stderr, flush=True)
+        for topic, payload in subscriber.follow(args.timeout):
+            if args.json:
+                print(json.dumps({"topic": topic, **payload}, sort_keys=True), flush=True)
+            else:
+                print(cli_format.event(topic, payload), flush=True)
             received += 1
             if args.count and received >= args.count:
                 return EXIT_OK
     return EXIT_OK
 
 
-def _emit(args: argparse.Namespace, document: dict[str, Any]) -> None:
+Layout = Callable[[dict[str, Any]], list[str]]
+
+
+def _emit(args: argparse.Namespace, document: dict[str, Any], layout: Layout | None = None) -> None:
     if args.json:
         print(json.dumps(document, sort_keys=True), flush=True)
     else:
-        _print_human(document)
-
-
-def _print_human(document: dict[str, Any], indent: int = 0) -> None:
-    pad = "  " * indent
-    for key, value in document.items():
-        if isinstance(value, dict) and value:
-            print(f"{pad}{key}:")
-            _print_human(value, indent + 1)
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            print(f"{pad}{key}:")
-            for item in value:
-                _print_human(item, indent + 1)
-                print(f"{pad}  -")
-        else:
-            print(f"{pad}{key}: {value}")
-    sys.stdout.flush()
+        print("\n".join((layout or cli_format.generic)(document)), flush=True)
 
 
 def _emit_error(args: argparse.Namespace, code: str, message: str) -> None:

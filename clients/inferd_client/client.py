@@ -314,8 +314,10 @@ class EventSubscriber:
         self._pending: deque[tuple[str, dict[str, Any]]] = deque()
         #: ``health`` when it was subscribed only to detect the join.
         self._hidden: str | None = None
+        #: Joined, and still receiving health events (hidden or asked for).
+        self._hearing_health = False
 
-    def wait_joined(self, timeout: float) -> None:
+    def wait_joined(self, timeout: float, *, keep_health: bool = False) -> None:
         """Block until the subscription has reached the daemon, so that nothing the
         daemon publishes from now on is missed.
 
@@ -324,6 +326,8 @@ class EventSubscriber:
         subscribed topics that arrive first are kept and returned by ``receive``
         in order; ``health`` events are hidden unless they were asked for.
         Raises ``ClientError`` when no health event arrives within ``timeout``.
+        ``keep_health`` stays subscribed to (hidden) health events after the join,
+        as proof that the daemon is still there (``follow``).
         """
         if self._topics and _HEALTH not in self._topics:
             self._hidden = _HEALTH
@@ -341,8 +345,30 @@ class EventSubscriber:
                 self._pending.append(event)
             if event[0] == _HEALTH:
                 break
-        if self._hidden is not None:
+        if self._hidden is not None and not keep_health:
             self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
+        self._hearing_health = keep_health or self._hidden is None
+
+    def follow(self, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Join, then every event of the subscribed topics for as long as the daemon
+        is there: it publishes ``health`` every ``daemon.health_interval_s``, so
+        ``ClientError`` when nothing at all arrives for ``timeout`` seconds (the
+        daemon stopped, or the socket is another's) instead of waiting forever.
+        Joins first unless ``wait_joined(..., keep_health=True)`` already did."""
+        if not self._hearing_health:
+            self.wait_joined(timeout, keep_health=True)
+        while True:
+            if self._pending:
+                yield self._pending.popleft()
+                continue
+            event = self._receive_frames(timeout)
+            if event is None:
+                raise ClientError(
+                    f"nothing from {self._endpoint} for {timeout:g} s (not even its health "
+                    "events): the daemon stopped or is unreachable"
+                )
+            if event[0] != self._hidden:
+                yield event
 
     def receive(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
         """Next event, or None after ``timeout`` seconds (None waits forever)."""

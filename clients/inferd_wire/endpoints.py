@@ -34,14 +34,19 @@ class Endpoints:
 def default_runtime_dir() -> Path:
     """Per-user directory for sockets: ``$INFERD_RUNTIME_DIR``, systemd's
     ``$RUNTIME_DIRECTORY``, ``$XDG_RUNTIME_DIR/inferd``, else ``fallback_runtime_dir``."""
+    return runtime_dir_and_origin()[0]
+
+
+def runtime_dir_and_origin() -> tuple[Path, str]:
+    """The default runtime dir and what chose it, for messages (``$XDG_RUNTIME_DIR``...)."""
     for variable in ("INFERD_RUNTIME_DIR", "RUNTIME_DIRECTORY"):
         value = os.environ.get(variable)
         if value:
-            return Path(value.split(":")[0])
+            return Path(value.split(":")[0]), f"${variable}"
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
-        return Path(xdg) / "inferd"
-    return fallback_runtime_dir()
+        return Path(xdg) / "inferd", "$XDG_RUNTIME_DIR/inferd"
+    return fallback_runtime_dir(), "the fallback (no $XDG_RUNTIME_DIR)"
 
 
 def fallback_runtime_dir() -> Path:

@@ -1,0 +1,317 @@
+"""How ``inferctl`` shows replies and events to a person: aligned text and tables.
+
+Every value goes through ``text``: ``None`` is ``-``, booleans ``yes``/``no``,
+nanosecond timestamps local ISO times, byte counts with a binary unit, lists
+comma-separated; never a Python repr.  The known documents (``status``,
+``health``, ``models``, ``thermal``, an inference's summary, events) have their
+own layout; anything else is shown as indented ``key: value`` lines
+(``generic``), tables for lists of maps.  ``--json`` bypasses all of this.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+Column = tuple[str, Callable[[Mapping[str, Any]], Any]]
+
+_BYTE_KEYS = ("bytes",)
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def text(value: Any, key: str = "") -> str:
+    """One value as a person reads it (``key`` tells bytes and times apart)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) and key.endswith("ts_ns"):
+        return timestamp(value)
+    if isinstance(value, int) and any(part in key for part in _BYTE_KEYS) and value >= 1024:
+        return size(value)
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, list | tuple):
+        return ", ".join(text(item) for item in value) if value else "-"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={text(v, str(k))}" for k, v in value.items()) if value else "-"
+    return str(value)
+
+
+def size(nbytes: int) -> str:
+    amount = float(nbytes)
+    for unit in _UNITS:
+        if amount < 1024 or unit == _UNITS[-1]:
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{nbytes} B"  # pragma: no cover - the loop always returns
+
+
+def timestamp(ts_ns: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ts_ns / 1e9).astimezone()
+    return moment.isoformat(timespec="milliseconds")
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> list[str]:
+    """Aligned columns, a header line first; no trailing spaces."""
+    cells = [[header for header, _ in columns]]
+    cells += [[text(read(row)) for _, read in columns] for row in rows]
+    widths = [max(len(line[index]) for line in cells) for index in range(len(columns))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in cells
+    ]
+
+
+def pairs(items: Sequence[tuple[str, Any]], indent: int = 0) -> list[str]:
+    """``key: value`` lines with the values aligned."""
+    width = max((len(key) for key, _ in items), default=0)
+    pad = "  " * indent
+    return [f"{pad}{key + ':':<{width + 1}} {text(value, key)}".rstrip() for key, value in items]
+
+
+def generic(document: Mapping[str, Any], indent: int = 0) -> list[str]:
+    """Any reply: scalars aligned, maps indented under their key, lists of maps as
+    tables of their keys."""
+    lines: list[str] = []
+    scalars = [(k, v) for k, v in document.items() if not _nested(v)]
+    lines += pairs(scalars, indent)
+    for key, value in document.items():
+        if not _nested(value):
+            continue
+        lines.append(f"{'  ' * indent}{key}:")
+        if isinstance(value, Mapping):
+            lines += generic(value, indent + 1)
+        else:
+            keys = list(dict.fromkeys(k for item in value for k in item))
+            columns = [(k, lambda row, k=k: row.get(k)) for k in keys]
+            lines += ["  " * (indent + 1) + line for line in table(value, columns)]
+    return lines
+
+
+def _nested(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return bool(value)
+    return isinstance(value, list) and bool(value) and all(isinstance(i, Mapping) for i in value)
+
+
+# -- known documents ------------------------------------------------------------------------
+
+
+def _runtime(model: Mapping[str, Any]) -> str:
+    runtime = text(model.get("runtime"))
+    if model.get("fallback"):
+        configured = model.get("configured_runtime")
+        runtime += f" (fallback from {configured})" if configured else " (fallback)"
+    return runtime
+
+
+def _latency(model: Mapping[str, Any], quantile: str) -> str:
+    value = (model.get("latency_us") or {}).get(quantile)
+    return "-" if value is None else f"{value / 1000:.2f} ms"
+
+
+def _errors(model: Mapping[str, Any]) -> str:
+    codes = {code: n for code, n in (model.get("responses") or {}).items() if code != "OK"}
+    return text(codes) if codes else "-"
+
+
+MODEL_COLUMNS: list[Column] = [
+    ("MODEL", lambda m: m.get("model")),
+    ("STATE", lambda m: m.get("state")),
+    ("RUNTIME", _runtime),
+    ("PROVIDERS", lambda m: m.get("active_providers")),
+    ("QUEUE", lambda m: f"{m.get('queue_depth', 0)}/{m.get('queue_capacity', '-')}"),
+    ("REQUESTS", lambda m: m.get("requests")),
+    ("OK", lambda m: (m.get("responses") or {}).get("OK", 0)),
+    ("ERRORS", _errors),
+    ("P50", lambda m: _latency(m, "p50")),
+    ("P99", lambda m: _latency(m, "p99")),
+]
+
+
+def status(result: Mapping[str, Any]) -> list[str]:
+    daemon = result.get("daemon", {})
+    lines = [
+        f"inferd {text(daemon.get('version'))}  pid {text(daemon.get('pid'))}  "
+        f"{text(daemon.get('state'))}  up {text(daemon.get('uptime_s'))} s  "
+        f"config {text(daemon.get('config_source'))}",
+        "",
+    ]
+    models = result.get("models", [])
+    lines += table(models, MODEL_COLUMNS)
+    notes = [
+        f"  {m['model']}: {label} {m[key]}"
+        for m in models
+        for key, label in (
+            ("reason", "reason:"),
+            ("provider_degradation", "providers degraded:"),
+            ("engine_cache_error", "no engine cache:"),
+        )
+        if m.get(key)
+    ]
+    if notes:
+        lines += ["", *notes]
+    thermal = result.get("thermal", {})
+    fdr = result.get("fdr", {})
+    bus = result.get("bus", {})
+    replies = bus.get("replies") or {}
+    lines += [
+        "",
+        *pairs(
+            [
+                ("thermal", _thermal_line(thermal)),
+                ("fdr", _fdr_line(fdr)),
+                (
+                    "bus",
+                    f"malformed {bus.get('malformed', 0)}, oversized "
+                    f"{bus.get('oversized_messages', 0)}, replies dropped "
+                    f"{replies.get('dropped', 0)}, events published "
+                    f"{bus.get('events_published', 0)} (dropped {bus.get('events_dropped', 0)})",
+                ),
+                (
+                    "alerts",
+                    f"raised {result.get('alerts', {}).get('raised', 0)}, sent "
+                    f"{result.get('alerts', {}).get('sent', 0)}",
+                ),
+            ]
+        ),
+    ]
+    return lines
+
+
+def _thermal_line(thermal: Mapping[str, Any]) -> str:
+    if not thermal.get("available"):
+        return "no telemetry" + (f" ({thermal['last_error']})" if thermal.get("last_error") else "")
+    reading = thermal.get("last_reading") or {}
+    state = "THROTTLING" if thermal.get("throttle_active") else "nominal"
+    temps = ", ".join(
+        f"{name} {reading[key]:.1f} C"
+        for name, key in (("cpu", "cpu_temp_c"), ("gpu", "gpu_temp_c"))
+        if reading.get(key) is not None
+    )
+    return f"{state} via {thermal.get('source')}" + (f", {temps}" if temps else "")
+
+
+def _fdr_line(fdr: Mapping[str, Any]) -> str:
+    if not fdr.get("enabled"):
+        return "off" + (f" ({fdr['error']})" if fdr.get("error") else "")
+    return (
+        f"{fdr.get('records_written', 0)} records ({size(fdr.get('bytes_written', 0))}), "
+        f"{fdr.get('records_dropped', 0)} dropped, durable to #{fdr.get('durable_seq', 0)}"
+        + (f"; last error: {fdr['last_error']}" if fdr.get("last_error") else "")
+    )
+
+
+def health(result: Mapping[str, Any]) -> list[str]:
+    threads = result.get("threads", {})
+    down = [name for name, alive in threads.items() if not alive]
+    lines = pairs(
+        [
+            ("state", result.get("state")),
+            ("uptime_s", result.get("uptime_s")),
+            ("thermal", result.get("thermal")),
+            ("threads", "all alive" if not down else "NOT RUNNING: " + ", ".join(down)),
+        ]
+    )
+    models = [{"model": name, **model} for name, model in result.get("models", {}).items()]
+    return [*lines, "", *table(models, [*MODEL_COLUMNS[:3], MODEL_COLUMNS[4]])]
+
+
+def models(result: Mapping[str, Any]) -> list[str]:
+    rows = [
+        {"model": model["name"], "state": model.get("state"), "io": io, **tensor}
+        for model in result.get("models", [])
+        for io in ("inputs", "outputs")
+        for tensor in model.get(io, [])
+    ]
+    return table(
+        rows,
+        [
+            ("MODEL", lambda r: r["model"]),
+            ("STATE", lambda r: r["state"]),
+            ("IO", lambda r: r["io"][:-1]),
+            ("NAME", lambda r: r.get("name")),
+            ("DTYPE", lambda r: r.get("dtype")),
+            ("SHAPE", lambda r: _shape(r.get("shape"))),
+            ("PROFILE (min..max)", _profile),
+        ],
+    )
+
+
+def _shape(shape: Any) -> str:
+    if not isinstance(shape, list):
+        return text(shape)
+    return "[" + ", ".join("?" if dim is None else str(dim) for dim in shape) + "]"
+
+
+def _profile(row: Mapping[str, Any]) -> str:
+    profile = row.get("profile")
+    if not profile:
+        return "-"
+    return f"{_shape(profile.get('min_shape'))}..{_shape(profile.get('max_shape'))}"
+
+
+def thermal(result: Mapping[str, Any]) -> list[str]:
+    return pairs(
+        [
+            ("state", _thermal_line(result)),
+            ("threshold_c", result.get("threshold_c")),
+            ("hysteresis_c", result.get("hysteresis_c")),
+            ("poll_hz", result.get("poll_hz")),
+            ("transitions", result.get("transitions")),
+        ]
+    )
+
+
+def inference(summary: Mapping[str, Any]) -> list[str]:
+    lines = pairs(
+        [
+            ("model", summary.get("model")),
+            ("runtime", _runtime(summary)),
+            ("latency_us", summary.get("latency_us")),
+            ("late", summary.get("late")),
+        ]
+    )
+    rows = [
+        {"io": io, "name": name, **described}
+        for io in ("inputs", "outputs")
+        for name, described in summary.get(io, {}).items()
+    ]
+    return [
+        *lines,
+        "",
+        *table(
+            rows,
+            [
+                ("IO", lambda r: r["io"][:-1]),
+                ("NAME", lambda r: r["name"]),
+                ("DTYPE", lambda r: r.get("dtype")),
+                ("SHAPE", lambda r: _shape(r.get("shape"))),
+                ("MIN", lambda r: r.get("min")),
+                ("MAX", lambda r: r.get("max")),
+                ("MEAN", lambda r: r.get("mean")),
+                ("SHA256", lambda r: (r.get("sha256") or "")[:16]),
+            ],
+        ),
+    ]
+
+
+def event(topic: str, payload: Mapping[str, Any]) -> str:
+    """One line per event: local time, topic, what happened."""
+    when = timestamp(payload["ts_ns"]) if isinstance(payload.get("ts_ns"), int) else "-"
+    shown = {k: v for k, v in payload.items() if k not in ("ts_ns", "seq")}
+    if topic == "alert":
+        detail = f"{shown.get('level')} {shown.get('code')}: {shown.get('message')}"
+    elif topic == "runtime":
+        detail = f"{shown.get('model')} {shown.get('state')} on {_runtime(shown)}" + (
+            f" ({shown['reason']})" if shown.get("reason") else ""
+        )
+    elif topic == "health":
+        detail = (
+            f"{shown.get('state')}, thermal {shown.get('thermal')}, up {shown.get('uptime_s')} s"
+        )
+    else:
+        detail = text(shown)
+    return f"{when}  {topic:<8} {detail}"

@@ -1,0 +1,72 @@
+"""inferctl's human output (``inferd_client.cli_format``): values as a person reads
+them, never a Python repr, and tables without trailing spaces."""
+
+from __future__ import annotations
+
+from inferd_client import cli_format
+
+
+def test_values_read_as_text_not_reprs() -> None:
+    assert cli_format.text(None) == "-"
+    assert cli_format.text(True) == "yes" and cli_format.text(False) == "no"
+    assert cli_format.text(["a", "b"]) == "a, b" and cli_format.text([]) == "-"
+    assert cli_format.text({"OK": 3, "INTERNAL": 1}) == "OK=3, INTERNAL=1"
+    assert cli_format.text(268435456, "queue_max_bytes") == "256.0 MiB"
+    assert cli_format.text(12, "bytes_written") == "12"
+    stamp = cli_format.text(1_796_172_769_196_490_490, "ts_ns")
+    assert stamp.startswith("2026-12-") and "1796172769" not in stamp
+    assert cli_format.text(0.123456) == "0.123"
+
+
+def test_tables_align_and_have_no_trailing_spaces() -> None:
+    lines = cli_format.table(
+        [{"a": "x", "b": None}, {"a": "longer", "b": 2}],
+        [("A", lambda r: r["a"]), ("B", lambda r: r["b"])],
+    )
+    assert lines == ["A       B", "x       -", "longer  2"]
+
+
+def test_status_is_a_table_with_fallback_and_reasons() -> None:
+    model = {
+        "model": "det",
+        "state": "serving",
+        "configured_runtime": "tensorrt",
+        "runtime": "onnx_trt_ep",
+        "fallback": True,
+        "active_providers": ["CPUExecutionProvider"],
+        "reason": "no engine for this host",
+        "queue_depth": 1,
+        "queue_capacity": 64,
+        "requests": 10,
+        "responses": {"OK": 9, "DEADLINE_EXCEEDED": 1},
+        "latency_us": {"window": 10, "p50": 1500, "p99": 4200},
+    }
+    result = {
+        "daemon": {"version": "0.1.0", "pid": 7, "state": "degraded", "uptime_s": 3.5},
+        "models": [model],
+        "thermal": {"available": False},
+        "fdr": {"enabled": True, "records_written": 4, "bytes_written": 2048},
+        "bus": {},
+        "alerts": {},
+    }
+    text = "\n".join(cli_format.status(result))
+    assert "onnx_trt_ep (fallback from tensorrt)" in text
+    assert "DEADLINE_EXCEEDED=1" in text and "1.50 ms" in text and "4.20 ms" in text
+    assert "det: reason: no engine for this host" in text
+    assert "None" not in text and "True" not in text and "{" not in text
+    assert all(line == line.rstrip() for line in text.splitlines())
+
+
+def test_generic_documents_indent_maps_and_tabulate_lists() -> None:
+    lines = cli_format.generic(
+        {"build_id": "b1", "config": {"precision": "fp16"}, "rows": [{"k": 1}, {"k": 2}]}
+    )
+    assert lines == ["build_id: b1", "config:", "  precision: fp16", "rows:", "  k", "  1", "  2"]
+
+
+def test_an_event_is_one_line() -> None:
+    line = cli_format.event(
+        "alert",
+        {"ts_ns": 1_796_172_769_196_490_490, "level": "WARNING", "code": "x", "message": "m"},
+    )
+    assert "\n" not in line and line.endswith("alert    WARNING x: m")
