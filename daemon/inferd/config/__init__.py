@@ -23,6 +23,7 @@ from inferd.config.sections import (
     ModelConfig,
     QueuePolicy,
     RuntimeConfig,
+    ShmConfig,
     ThermalConfig,
     default_state_dir,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "ModelConfig",
     "QueuePolicy",
     "RuntimeConfig",
+    "ShmConfig",
     "ThermalConfig",
     "default_state_dir",
     "embedded_default",
