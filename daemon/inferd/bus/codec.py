@@ -7,19 +7,27 @@ dimension within the input's optimisation profile, if it has one); a request for
 model still loading (or failing over) waits in its queue and is checked with
 the same ``validate_inputs`` by the engine worker once the spec is known
 (DESIGN.md 19).  Every refusal is a ``ProtocolError`` with a reply code.
+
+A descriptor may name a shared-memory region instead of a frame
+(``inferd_wire.regions``): ``bind_regions`` leases the regions a request names
+at admission (their ranges within the region, outputs overlapping nothing),
+and the same validators view those bytes instead of frames.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from inferd.shm.regions import OutputPlacement, RegionTable, RequestRegions
 from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
+from inferd_wire.regions import RegionRef, parse_region_ref
 
 MAX_DEADLINE_MS = 3_600_000
 
@@ -40,6 +48,8 @@ class Request:
     request_id: RequestId | None
     op: str
     tensors: list[memoryview]
+    #: The header's ZeroMQ frame: its metadata names the peer (``peer_uid_of``).
+    header_frame: Any = None
 
 
 def split_envelope(frames: Sequence[Any]) -> tuple[list[bytes], list[Any]]:
@@ -65,6 +75,7 @@ def decode_request(body: Sequence[Any], limits: Limits) -> Request:
         request_id=protocol.request_id_of(header),
         op=op if isinstance(op, str) else "",
         tensors=[frame.buffer for frame in body[1:]],
+        header_frame=body[0],
     )
 
 
@@ -102,33 +113,149 @@ def deadline_ms_of(header: dict[str, Any], default_ms: int) -> int:
     return int(value) if value >= 1 else 1
 
 
-def _descriptors(header: dict[str, Any], tensors: Sequence[memoryview]) -> list[Any]:
+def peer_uid_of(frame: Any) -> int | None:
+    """The peer's uid when the ZAP handler recorded one in the frame's ``User-Id``
+    metadata (decimal digits), else None: not known, so not checked."""
+    try:
+        user_id = frame.get("User-Id")
+    except Exception:  # no metadata (no ZAP handler), or not a zmq.Frame
+        return None
+    return int(user_id) if isinstance(user_id, str) and user_id.isdigit() else None
+
+
+def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions | None:
+    """Lease the regions the request's input and output descriptors name; None when
+    it names none.  Refusals (INVALID_ARGUMENT: a malformed reference, a range
+    outside its region or an output overlapping another tensor; NOT_FOUND;
+    PERMISSION_DENIED) leave nothing leased."""
+    header = request.header
+    inputs, outputs = header.get("inputs"), header.get("outputs")
+    if outputs is None and not (
+        isinstance(inputs, list) and any(isinstance(d, dict) and "region" in d for d in inputs)
+    ):
+        return None
+    if table is None:
+        raise ProtocolError(
+            Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
+        )
+    regions = RequestRegions(table, peer_uid_of(request.header_frame))
+    with regions.released_on_error():
+        if isinstance(inputs, list):
+            for index, descriptor in enumerate(inputs):
+                if isinstance(descriptor, dict) and "region" in descriptor:
+                    name, _, _ = protocol.parse_descriptor(index, descriptor)
+                    ref = parse_region_ref(f"tensor {name!r}", descriptor)
+                    assert ref is not None
+                    regions.inputs[index] = (regions.lease(f"tensor {name!r}", ref), ref)
+        if outputs is not None:
+            _bind_outputs(outputs, regions)
+        _refuse_overlaps(regions)
+    return regions
+
+
+def _bind_outputs(outputs: Any, regions: RequestRegions) -> None:
+    if not isinstance(outputs, list):
+        raise ProtocolError(Code.INVALID_ARGUMENT, "'outputs' must be a list of region descriptors")
+    for index, descriptor in enumerate(outputs):
+        name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+        where = f"output {name!r}"
+        ref = parse_region_ref(where, descriptor)
+        if ref is None:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, f"{where}: 'outputs' lists only outputs placed in a region"
+            )
+        if any(placement.name == name for placement in regions.outputs):
+            raise ProtocolError(Code.INVALID_ARGUMENT, f"{where} is listed twice in 'outputs'")
+        _check_nbytes(where, dtype, shape, ref)
+        regions.outputs.append(OutputPlacement(name, dtype, shape, regions.lease(where, ref), ref))
+
+
+def _refuse_overlaps(regions: RequestRegions) -> None:
+    """An output may share no byte with another input or output (an input may share
+    bytes with other inputs: nothing writes them)."""
+    ranges = [(ref, False) for _, ref in regions.inputs.values()]
+    ranges += [(placement.ref, True) for placement in regions.outputs]
+    for index, (ref, written) in enumerate(ranges):
+        for other, other_written in ranges[index + 1 :]:
+            if (
+                (written or other_written)
+                and ref.region == other.region
+                and ref.offset < other.end
+                and other.offset < ref.end
+            ):
+                raise ProtocolError(
+                    Code.INVALID_ARGUMENT,
+                    f"region bytes {ref.offset}..{ref.end} and {other.offset}..{other.end} "
+                    "overlap, and an output is written into one of them",
+                )
+
+
+def _check_nbytes(where: str, dtype: np.dtype[Any], shape: tuple[int, ...], ref: RegionRef) -> None:
+    expected = math.prod(shape) * dtype.itemsize
+    if ref.nbytes != expected:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: 'nbytes' is {ref.nbytes} but shape {list(shape)} of {dtype.name} "
+            f"needs {expected}",
+        )
+
+
+def _descriptors(
+    header: dict[str, Any], tensors: Sequence[memoryview], regions: RequestRegions | None
+) -> list[Any]:
     descriptors = header.get("inputs")
     if not isinstance(descriptors, list):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'inputs' must be a list of tensor descriptors")
-    if len(descriptors) != len(tensors):
+    placed = len(regions.inputs) if regions is not None else 0
+    if len(descriptors) - placed != len(tensors):
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
-            f"header describes {len(descriptors)} inputs but the message carries "
-            f"{len(tensors)} tensor frames",
+            f"header describes {len(descriptors) - placed} inputs"
+            + (f" in frames (and {placed} in regions)" if placed else "")
+            + f" but the message carries {len(tensors)} tensor frames",
         )
     return descriptors
 
 
-def check_descriptors(header: dict[str, Any], tensors: Sequence[memoryview]) -> None:
+def _views(
+    parsed: list[tuple[str, np.dtype[Any], tuple[int, ...]]],
+    tensors: Sequence[memoryview],
+    regions: RequestRegions | None,
+) -> list[np.ndarray]:
+    """Each input as a read-only view of its frame or of its region's bytes (byte
+    lengths checked)."""
+    frames = iter(tensors)
+    placed = regions.inputs if regions is not None else {}
+    arrays = []
+    for index, (name, dtype, shape) in enumerate(parsed):
+        if index in placed:
+            region, ref = placed[index]
+            _check_nbytes(f"tensor {name!r}", dtype, shape, ref)
+            array = region.view(ref, dtype, shape)
+            array.flags.writeable = False
+        else:
+            array = protocol.frame_to_array(name, dtype, shape, next(frames))
+        arrays.append(array)
+    return arrays
+
+
+def check_descriptors(
+    header: dict[str, Any], tensors: Sequence[memoryview], regions: RequestRegions | None = None
+) -> None:
     """What can be checked without the model's IO spec: descriptor syntax,
-    frame count and each frame's byte length."""
-    descriptors = _descriptors(header, tensors)
-    for index, (descriptor, buffer) in enumerate(zip(descriptors, tensors, strict=True)):
-        name, dtype, shape = protocol.parse_descriptor(index, descriptor)
-        protocol.frame_to_array(name, dtype, shape, buffer)
+    frame count and each frame's (or region range's) byte length."""
+    descriptors = _descriptors(header, tensors, regions)
+    _views([protocol.parse_descriptor(i, d) for i, d in enumerate(descriptors)], tensors, regions)
 
 
 def validate_inputs(
-    header: dict[str, Any], tensors: Sequence[memoryview], specs: Sequence[TensorSpec]
+    header: dict[str, Any],
+    tensors: Sequence[memoryview],
+    specs: Sequence[TensorSpec],
+    regions: RequestRegions | None = None,
 ) -> dict[str, np.ndarray]:
     """Check the described tensors against the model's inputs; returns zero-copy views."""
-    descriptors = _descriptors(header, tensors)
+    descriptors = _descriptors(header, tensors, regions)
     by_name = {spec.name: spec for spec in specs}
     parsed = [protocol.parse_descriptor(i, d) for i, d in enumerate(descriptors)]
     names = [name for name, _, _ in parsed]
@@ -143,25 +270,11 @@ def validate_inputs(
             f"inputs do not match the model: missing {missing}, unknown {unknown}; "
             f"the model takes {sorted(by_name)}",
         )
-    arrays: dict[str, np.ndarray] = {}
-    for (name, dtype, shape), descriptor, buffer in zip(parsed, descriptors, tensors, strict=True):
+    for (name, _dtype, shape), descriptor in zip(parsed, descriptors, strict=True):
         spec = by_name[name]
         # parse_descriptor accepted descriptor["dtype"] only as an allowed numpy
         # dtype name, so it equals dtype.name (a slow property: ~5 us a call).
-        dtype_name = descriptor["dtype"]
-        if dtype_name != spec.dtype:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"tensor {name!r}: dtype {dtype_name} but the model expects {spec.dtype}",
-            )
-        if len(shape) != len(spec.shape) or any(
-            want is not None and got != want for got, want in zip(shape, spec.shape, strict=True)
-        ):
-            expected = ["?" if dim is None else dim for dim in spec.shape]
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"tensor {name!r}: shape {list(shape)} does not match the model's {expected}",
-            )
+        _check_spec(f"tensor {name!r}", descriptor["dtype"], shape, spec)
         profile = spec.profile
         if profile is not None and not all(
             low <= got <= high
@@ -175,5 +288,44 @@ def validate_inputs(
                 f"profile: min {list(profile.min_shape)}, max {list(profile.max_shape)} "
                 "(models.profiles)",
             )
-        arrays[name] = protocol.frame_to_array(name, dtype, shape, buffer)
-    return arrays
+    views = _views(parsed, tensors, regions)
+    return {name: view for (name, _, _), view in zip(parsed, views, strict=True)}
+
+
+def validate_outputs(
+    regions: RequestRegions | None, specs: Sequence[TensorSpec]
+) -> dict[str, np.ndarray]:
+    """The writable region views of the outputs a request placed, checked against the
+    model's outputs (name, dtype, shape); empty when it placed none."""
+    if regions is None or not regions.outputs:
+        return {}
+    by_name = {spec.name: spec for spec in specs}
+    views: dict[str, np.ndarray] = {}
+    for placement in regions.outputs:
+        spec = by_name.get(placement.name)
+        where = f"output {placement.name!r}"
+        if spec is None:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, f"{where}: the model's outputs are {sorted(by_name)}"
+            )
+        _check_spec(where, placement.dtype.name, placement.shape, spec)
+        views[placement.name] = placement.region.view(
+            placement.ref, placement.dtype, placement.shape
+        )
+    return views
+
+
+def _check_spec(where: str, dtype_name: str, shape: tuple[int, ...], spec: TensorSpec) -> None:
+    if dtype_name != spec.dtype:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: dtype {dtype_name} but the model expects {spec.dtype}",
+        )
+    if len(shape) != len(spec.shape) or any(
+        want is not None and got != want for got, want in zip(shape, spec.shape, strict=True)
+    ):
+        expected = ["?" if dim is None else dim for dim in spec.shape]
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: shape {list(shape)} does not match the model's {expected}",
+        )

@@ -13,7 +13,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from inferd.bus.codec import Request, check_descriptors, deadline_ms_of, validate_inputs
+from inferd.bus.codec import (
+    Request,
+    bind_regions,
+    check_descriptors,
+    deadline_ms_of,
+    validate_inputs,
+    validate_outputs,
+)
 from inferd.bus.server import Reply
 from inferd.serving.scheduler import (
     Job,
@@ -23,6 +30,7 @@ from inferd.serving.scheduler import (
     SchedulerClosedError,
 )
 from inferd.serving.slot import ModelSlot
+from inferd.shm.regions import RegionTable, RequestRegions
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -39,6 +47,8 @@ def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
 
 
 def job_error(job: Job, code: Code, message: str) -> Reply:
+    """The reply to a job answered without running (its region leases go back)."""
+    job.finish()
     return Reply(job.envelope, protocol.error_header(job.request_id, code, message))
 
 
@@ -49,8 +59,10 @@ class RequestRouter:
         scheduler: Scheduler,
         control_ops: Mapping[str, ControlOp],
         deferred_ops: Mapping[str, DeferredOp] | None = None,
+        regions: RegionTable | None = None,
     ) -> None:
         self._slots = slots
+        self._regions = regions
         self._scheduler = scheduler
         self._control_ops = control_ops
         self._deferred_ops = deferred_ops or {}
@@ -77,23 +89,31 @@ class RequestRouter:
             )
         slot.stats.received()
         try:
-            self._admit(request, slot)
+            if not self.accepting:
+                raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+            regions = bind_regions(request, self._regions)
+            try:
+                self._admit(request, slot, regions)
+            except BaseException:
+                if regions is not None:
+                    regions.release()
+                raise
         except ProtocolError as exc:
             slot.stats.answered(str(exc.code))
             raise
         return None
 
-    def _admit(self, request: Request, slot: ModelSlot) -> None:
-        if not self.accepting:
-            raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+    def _admit(self, request: Request, slot: ModelSlot, regions: RequestRegions | None) -> None:
         handle = slot.handle
+        outputs = None
         if slot.state == "loading":
             # Loading or failing over: the request waits (up to its deadline)
             # and is validated against the IO spec once the model serves.
-            check_descriptors(request.header, request.tensors)
+            check_descriptors(request.header, request.tensors, regions)
             inputs = None
         elif slot.state == "serving" and handle is not None:
-            inputs = validate_inputs(request.header, request.tensors, handle.inputs)
+            inputs = validate_inputs(request.header, request.tensors, handle.inputs, regions)
+            outputs = validate_outputs(regions, handle.outputs)
         else:
             raise ProtocolError(
                 Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"
@@ -118,6 +138,8 @@ class RequestRouter:
             frames=request.tensors,
             header=request.header,
             nbytes=nbytes,
+            regions=regions,
+            outputs=outputs,
         )
         try:
             superseded = self._scheduler.submit(job)
