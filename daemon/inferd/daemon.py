@@ -29,6 +29,7 @@ from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Scheduler
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.serving.switching import RuntimeSwitcher
+from inferd.shm.server import ShmServer
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.supervision.status_line import ModelLine, format_status_line
@@ -52,7 +53,12 @@ class Daemon:
             config.bus.control_endpoint,
             config.bus.events_endpoint,
         )
-        self._instance_lock = InstanceLock(config.daemon.runtime_dir, self._endpoints)
+        #: Shared-memory regions; its socket's directory is locked like the others'.
+        self.shm = ShmServer(config.shm) if config.shm.enabled else None
+        shm_endpoints = (f"ipc://{config.shm.socket}",) if self.shm else ()
+        self._instance_lock = InstanceLock(
+            config.daemon.runtime_dir, (*self._endpoints, *shm_endpoints)
+        )
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
         self._recorder_error: str | None = None if config.fdr.enabled else "disabled by fdr.enabled"
@@ -131,6 +137,7 @@ class Daemon:
                 "build.cancel": self.builds.cancel,
             },
             {"runtime.switch": self.switcher.switch},
+            regions=self.shm.table if self.shm else None,
         )
         self.bus = BusServer(
             self._context,
@@ -167,6 +174,8 @@ class Daemon:
         self.bus.start()
         self.bus.wait_bound(timeout=10)
         open_ipc_sockets_to_group(self._endpoints)
+        if self.shm is not None:
+            self.shm.start()
         self.thermal.start()
         self.worker.start()
 
@@ -210,6 +219,8 @@ class Daemon:
         self.worker.join(timeout=drain_s + 10)
         self.bus.stop()
         self.bus.join(timeout=10)
+        if self.shm is not None:  # every request is answered: release every region
+            self.shm.stop()
         self.thermal.stop()
         self.deadline_misses.flush()
         self._lifecycle("stop")
@@ -423,6 +434,7 @@ class Daemon:
             "fdr": self._recorder_status(),
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
+            "shm": self.shm.status() if self.shm else {"enabled": False},
             "bus": {
                 **self.bus.status(),
                 "events_published": self.publisher.published,
