@@ -73,6 +73,8 @@ SCHEMA_FILES = frozenset(
         "build_start_reply.json",
         "build_status_reply.json",
         "build_cancel_reply.json",
+        "shm_request.json",
+        "shm_reply.json",
     }
 )
 REPLY_TIMEOUT_S = 20.0

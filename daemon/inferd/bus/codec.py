@@ -130,32 +130,40 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
     PERMISSION_DENIED) leave nothing leased."""
     header = request.header
     inputs, outputs = header.get("inputs"), header.get("outputs")
-    if outputs is None and not (
-        isinstance(inputs, list) and any(isinstance(d, dict) and "region" in d for d in inputs)
-    ):
+    placed: list[tuple[int, str, RegionRef]] = []
+    if isinstance(inputs, list):
+        for index, descriptor in enumerate(inputs):
+            if isinstance(descriptor, dict) and (
+                "region" in descriptor or "offset" in descriptor or "nbytes" in descriptor
+            ):
+                name, _, _ = protocol.parse_descriptor(index, descriptor)
+                ref = parse_region_ref(f"tensor {name!r}", descriptor)
+                assert ref is not None  # a stray offset/nbytes raised
+                placed.append((index, f"tensor {name!r}", ref))
+    if outputs is None and not placed:
         return None
+    placements = _parse_outputs(outputs) if outputs is not None else []
     if table is None:
         raise ProtocolError(
             Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
         )
     regions = RequestRegions(table, peer_uid_of(request.header_frame))
     with regions.released_on_error():
-        if isinstance(inputs, list):
-            for index, descriptor in enumerate(inputs):
-                if isinstance(descriptor, dict) and "region" in descriptor:
-                    name, _, _ = protocol.parse_descriptor(index, descriptor)
-                    ref = parse_region_ref(f"tensor {name!r}", descriptor)
-                    assert ref is not None
-                    regions.inputs[index] = (regions.lease(f"tensor {name!r}", ref), ref)
-        if outputs is not None:
-            _bind_outputs(outputs, regions)
+        for index, where, ref in placed:
+            regions.inputs[index] = (regions.lease(where, ref), ref)
+        for name, dtype, shape, ref in placements:
+            where = f"output {name!r}"
+            regions.outputs.append(
+                OutputPlacement(name, dtype, shape, regions.lease(where, ref), ref)
+            )
         _refuse_overlaps(regions)
     return regions
 
 
-def _bind_outputs(outputs: Any, regions: RequestRegions) -> None:
+def _parse_outputs(outputs: Any) -> list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]]:
     if not isinstance(outputs, list):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'outputs' must be a list of region descriptors")
+    parsed: list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]] = []
     for index, descriptor in enumerate(outputs):
         name, dtype, shape = protocol.parse_descriptor(index, descriptor)
         where = f"output {name!r}"
@@ -164,10 +172,11 @@ def _bind_outputs(outputs: Any, regions: RequestRegions) -> None:
             raise ProtocolError(
                 Code.INVALID_ARGUMENT, f"{where}: 'outputs' lists only outputs placed in a region"
             )
-        if any(placement.name == name for placement in regions.outputs):
+        if any(other == name for other, _, _, _ in parsed):
             raise ProtocolError(Code.INVALID_ARGUMENT, f"{where} is listed twice in 'outputs'")
         _check_nbytes(where, dtype, shape, ref)
-        regions.outputs.append(OutputPlacement(name, dtype, shape, regions.lease(where, ref), ref))
+        parsed.append((name, dtype, shape, ref))
+    return parsed
 
 
 def _refuse_overlaps(regions: RequestRegions) -> None:
