@@ -158,8 +158,11 @@ class RegionChannel:
         request_id = next(self._ids)
         message = protocol.pack({"v": protocol.PROTOCOL_VERSION, "id": request_id, **header})
         try:
-            socket.send_fds(self._socket, [message], fds)
-            data = self._socket.recv(MAX_SHM_MESSAGE_BYTES)
+            try:
+                socket.send_fds(self._socket, [message], fds)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at connect (shm.max_connections): the refusal is queued
+            data = self._receive()
         except TimeoutError:
             raise RequestTimeout(f"no reply from {self.path}") from None
         except OSError as exc:
@@ -179,6 +182,17 @@ class RegionChannel:
         if not isinstance(result, dict):
             raise MalformedReply(f"reply has no result: {reply!r}")
         return result
+
+    def _receive(self) -> bytes:
+        try:
+            return self._socket.recv(MAX_SHM_MESSAGE_BYTES)
+        except ConnectionResetError:
+            # Reported once by the kernel when the daemon closed the connection with
+            # our message unread; what it sent before closing is still there.
+            try:
+                return self._socket.recv(MAX_SHM_MESSAGE_BYTES, socket.MSG_DONTWAIT)
+            except OSError:
+                return b""
 
     def close(self) -> None:
         """Close the connection: the daemon releases every region it registered."""

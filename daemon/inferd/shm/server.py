@@ -249,12 +249,13 @@ class ShmServer(threading.Thread):
     ) -> dict[str, Any]:
         op = header.get("op")
         if op == "register":
+            label = parse_label(header.get("label"))
             if len(fds) != 1:
                 raise ProtocolError(
                     Code.INVALID_ARGUMENT,
                     "'register' carries the memfd as SCM_RIGHTS ancillary data; none came",
                 )
-            region = self.table.register(connection, fds[0], parse_label(header.get("label")))
+            region = self.table.register(connection, fds[0], label)
             return {"region": region.region_id, "nbytes": region.size}
         if op == "unregister":
             if fds:
