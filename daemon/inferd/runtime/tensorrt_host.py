@@ -101,6 +101,9 @@ class HostRegistrations:
                 registrations.release(region)
 
         region.on_release(release)
+        log.info(
+            "shm_region_registered_with_cuda", nbytes=host.nbytes, in_place=self._cuda.integrated
+        )
         return registration
 
     def release(self, region: HostRegion) -> None:
