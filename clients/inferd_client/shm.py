@@ -158,10 +158,9 @@ class RegionChannel:
         request_id = next(self._ids)
         message = protocol.pack({"v": protocol.PROTOCOL_VERSION, "id": request_id, **header})
         try:
-            try:
+            # Refused at connect (shm.max_connections): the refusal is queued for us.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 socket.send_fds(self._socket, [message], fds)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # refused at connect (shm.max_connections): the refusal is queued
             data = self._receive()
         except TimeoutError:
             raise RequestTimeout(f"no reply from {self.path}") from None
