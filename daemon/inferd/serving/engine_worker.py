@@ -87,7 +87,7 @@ class EngineWorker(threading.Thread):
                 try:
                     reply = self._run(job)
                 finally:
-                    # Its tensors are dropped and its regions' leases go back before the
+                    # Its views are dropped and its regions' leases go back before the
                     # reply leaves: nothing of a released region is used after this.
                     job.finish()
                     self._scheduler.task_done()

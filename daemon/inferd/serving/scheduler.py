@@ -45,10 +45,12 @@ class Job:
     outputs: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     def finish(self) -> None:
-        """The job is answered: drop its tensors and give its region leases back."""
+        """The job is answered: drop its views of tensors and give its region leases
+        back (views first: a region is unmapped only once no view of it is alive).
+        The frames stay with the job object (freeing them is not worth doing on the
+        way to the reply)."""
         self.inputs = None
         self.outputs = None
-        self.frames = None
         if self.regions is not None:
             self.regions.release()
 
