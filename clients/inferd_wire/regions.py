@@ -30,6 +30,9 @@ MAX_SHM_MESSAGE_BYTES = 4096
 #: Every region-backed tensor starts at a multiple of this: what TensorRT asks of
 #: a tensor address (256 bytes), and more than any dtype or ONNX Runtime needs.
 REGION_ALIGNMENT = 256
+#: Region-backed tensors (inputs and outputs) one request may name, as
+#: ``bus.max_frames`` bounds its frames: the checks of a request stay cheap.
+MAX_REGION_TENSORS = 64
 #: Hex digits of a region id (128 bits).
 REGION_ID_HEX = 32
 #: Longest ``label`` a client may give a region (shown in ``status``).

@@ -27,7 +27,7 @@ from inferd.shm.regions import OutputPlacement, RegionTable, RequestRegions
 from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
-from inferd_wire.regions import RegionRef, parse_region_ref
+from inferd_wire.regions import MAX_REGION_TENSORS, RegionRef, parse_region_ref
 
 MAX_DEADLINE_MS = 3_600_000
 
@@ -143,6 +143,12 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
     if outputs is None and not placed:
         return None
     placements = _parse_outputs(outputs) if outputs is not None else []
+    if len(placed) + len(placements) > MAX_REGION_TENSORS:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"request names {len(placed) + len(placements)} tensors in regions; the limit is "
+            f"{MAX_REGION_TENSORS}",
+        )
     if table is None:
         raise ProtocolError(
             Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
@@ -164,6 +170,11 @@ def _parse_outputs(outputs: Any) -> list[tuple[str, np.dtype[Any], tuple[int, ..
     if not isinstance(outputs, list):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'outputs' must be a list of region descriptors")
     parsed: list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]] = []
+    if len(outputs) > MAX_REGION_TENSORS:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"'outputs' lists {len(outputs)} tensors; the limit is {MAX_REGION_TENSORS}",
+        )
     for index, descriptor in enumerate(outputs):
         name, dtype, shape = protocol.parse_descriptor(index, descriptor)
         where = f"output {name!r}"

@@ -242,3 +242,15 @@ def test_the_peer_uid_comes_from_zap_metadata_when_there_is_some() -> None:
     import zmq
 
     assert peer_uid_of(zmq.Frame(b"header")) is None  # no ZAP handler: no metadata
+
+
+def test_a_request_names_at_most_64_tensors_in_regions(table: tuple[RegionTable, Region]) -> None:
+    regions_table, region = table
+    inputs = [{**descriptor(region), "name": f"x{i}"} for i in range(65)]
+    refusal(
+        regions_table, region, request(header(inputs)), Code.INVALID_ARGUMENT, "the limit is 64"
+    )
+    outputs = [{**descriptor(region, offset=256 * i), "name": f"y{i}"} for i in range(65)]
+    refusal(
+        regions_table, region, request(header([], outputs)), Code.INVALID_ARGUMENT, "limit is 64"
+    )
