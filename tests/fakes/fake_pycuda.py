@@ -559,8 +559,8 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
                 raise LogicError("registered_host_memory::free failed: invalid resource handle")
             self._valid = False
             # pycuda activates the registration's own context; a dead one took it along.
+            # Like pycuda's m_base, ``ary`` stays referenced until this object goes.
             state.unregister_host(self._host, self._device)
-            self._ary = np.empty(0, np.uint8)  # released with the object, as pycuda's m_base
 
     def register_host_memory(ary: Any, flags: int = 0) -> np.ndarray:
         state.calls.append("register_host_memory")

@@ -138,8 +138,8 @@ class ShmServer(threading.Thread):
                         self._ready(key.fileobj)  # type: ignore[arg-type]
                     except Exception:  # a bug must not end registration for everyone
                         log.exception("shm_handler_failed")
-                        if isinstance(key.fileobj, socket.socket) and key.fileobj is not listener:
-                            self._close(key.fileobj)
+                        if key.fileobj not in (listener, self._wakee):
+                            self._close(key.fileobj)  # type: ignore[arg-type]
                 self.table.release_due()
         finally:
             for sock, _ in list(self._connections.values()):
