@@ -53,12 +53,9 @@ class Daemon:
             config.bus.control_endpoint,
             config.bus.events_endpoint,
         )
-        #: Shared-memory regions; its socket's directory is locked like the others'.
         self.shm = ShmServer(config.shm) if config.shm.enabled else None
-        shm_endpoints = (f"ipc://{config.shm.socket}",) if self.shm else ()
-        self._instance_lock = InstanceLock(
-            config.daemon.runtime_dir, (*self._endpoints, *shm_endpoints)
-        )
+        shm = (f"ipc://{config.shm.socket}",) if self.shm else ()  # its directory is locked too
+        self._instance_lock = InstanceLock(config.daemon.runtime_dir, (*self._endpoints, *shm))
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
         self._recorder_error: str | None = None if config.fdr.enabled else "disabled by fdr.enabled"
