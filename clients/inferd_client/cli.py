@@ -26,6 +26,7 @@ from inferd_client.errors import ClientError, RemoteError
 from inferd_wire import __version__
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints, runtime_dir_and_origin
+from inferd_wire.regions import REGION_ALIGNMENT
 
 EXIT_OK = 0
 EXIT_REMOTE_ERROR = 1
@@ -84,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     infer.add_argument("--seed", type=int, default=0, help="seed for --random")
     infer.add_argument("--deadline-ms", type=int)
     infer.add_argument("--save", type=Path, help="write outputs to this .npz file")
+    infer.add_argument(
+        "--shm",
+        action="store_true",
+        help="pass inputs, and outputs of static shape, in a shared-memory region",
+    )
 
     commands.add_parser("models", parents=[json_option], help="models and their input/output specs")
     commands.add_parser("status", parents=[json_option], help="daemon, model and bus status")
@@ -261,34 +267,71 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _infer(args: argparse.Namespace) -> int:
     with _inference(args) as client:
+        described = client.describe() if args.random or args.shm else {}
         if args.random:
-            inputs = _random_inputs(client.describe(), args.model, args.seed)
+            inputs = _random_inputs(described, args.model, args.seed)
         else:
             inputs = _load_npy(args.npy)
-        outputs = client.infer(args.model, inputs, deadline_ms=args.deadline_ms)
+        placed: dict[str, np.ndarray] = {}
+        if args.shm:
+            inputs, placed = _in_region(client, inputs, _spec_of(described, args.model))
+        outputs = client.infer(
+            args.model, inputs, outputs=placed or None, deadline_ms=args.deadline_ms
+        )
         reply = client.last_reply
-    if args.save:
-        np.savez(args.save, **outputs)  # type: ignore[arg-type]
-    summary = {
-        "model": args.model,
-        "runtime": reply.get("runtime"),
-        "fallback": reply.get("fallback"),
-        "latency_us": reply.get("latency_us"),
-        "late": reply.get("late", False),
-        "inputs": {name: _describe_array(array) for name, array in inputs.items()},
-        "outputs": {name: _describe_array(array) for name, array in outputs.items()},
-    }
+        if args.save:
+            np.savez(args.save, **outputs)  # type: ignore[arg-type]
+        summary: dict[str, Any] = {
+            "model": args.model,
+            "runtime": reply.get("runtime"),
+            "fallback": reply.get("fallback"),
+            "latency_us": reply.get("latency_us"),
+            "late": reply.get("late", False),
+            "inputs": {name: _describe_array(array) for name, array in inputs.items()},
+            "outputs": {name: _describe_array(array) for name, array in outputs.items()},
+        }
+        if args.shm:
+            summary["shm"] = {
+                "inputs_in_region": sorted(inputs),
+                "outputs_in_region": sorted(
+                    entry["name"] for entry in reply.get("outputs", []) if "region" in entry
+                ),
+            }
     _emit(args, summary, cli_format.inference)
     return EXIT_OK
 
 
-def _random_inputs(described: dict[str, Any], model: str, seed: int) -> dict[str, np.ndarray]:
+def _spec_of(described: dict[str, Any], model: str) -> dict[str, Any]:
     specs = {entry["name"]: entry for entry in described.get("models", [])}
     if model not in specs:
         raise RemoteError("NOT_FOUND", f"no model named {model!r}; served: {sorted(specs)}")
+    spec: dict[str, Any] = specs[model]
+    return spec
+
+
+def _in_region(
+    client: InferenceClient, inputs: dict[str, np.ndarray], spec: dict[str, Any]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Copies of ``inputs`` in a new shared region, and arrays there for each output
+    whose shape the model fixes (a dynamic one comes back as a frame)."""
+    static = [
+        entry for entry in spec.get("outputs", []) if all(dim is not None for dim in entry["shape"])
+    ]
+    sizes = [array.nbytes for array in inputs.values()]
+    sizes += [int(np.prod(e["shape"])) * np.dtype(e["dtype"]).itemsize for e in static]
+    region = client.shared_region(sum(size + REGION_ALIGNMENT for size in sizes), label="inferctl")
+    in_region = {}
+    for name, array in inputs.items():
+        in_region[name] = region.array(array.shape, array.dtype)
+        np.copyto(in_region[name], array)
+    outputs = {e["name"]: region.array(e["shape"], e["dtype"]) for e in static}
+    return in_region, outputs
+
+
+def _random_inputs(described: dict[str, Any], model: str, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     inputs: dict[str, np.ndarray] = {}
-    for spec in specs[model]["inputs"]:
+    for spec in _spec_of(described, model)["inputs"]:
         profile = spec.get("profile")
         # An input with a profile accepts only shapes within it: use its opt shape.
         shape = (

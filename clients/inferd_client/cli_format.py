@@ -153,6 +153,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
     ]
     if notes:
         lines += ["", *notes]
+    lines += _shm_lines(result.get("shm") or {})
     thermal = result.get("thermal", {})
     fdr = result.get("fdr", {})
     bus = result.get("bus", {})
@@ -178,6 +179,32 @@ def status(result: Mapping[str, Any]) -> list[str]:
             ]
         ),
     ]
+    return lines
+
+
+REGION_COLUMNS: list[Column] = [
+    ("REGION", lambda r: r.get("id")),
+    ("LABEL", lambda r: r.get("label")),
+    ("OWNER", lambda r: "uid {uid} pid {pid}".format(**(r.get("owner") or {}))),
+    ("SIZE", lambda r: size(r.get("nbytes", 0))),
+    ("IN USE", lambda r: r.get("in_use")),
+    ("STATE", lambda r: r.get("state")),
+]
+
+
+def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
+    """Shared-memory regions: a summary line, then one row per region."""
+    if not shm.get("enabled"):
+        return ["", "shm: off"]
+    regions = shm.get("regions") or []
+    lines = [
+        "",
+        f"shm: {len(regions)} regions, {size(shm.get('mapped_bytes', 0))} mapped of "
+        f"{size(shm.get('max_bytes_total', 0))} (per uid {size(shm.get('max_bytes_per_uid', 0))}), "
+        f"{shm.get('connections', 0)}/{shm.get('max_connections', 0)} connections",
+    ]
+    if regions:
+        lines += ["  " + line for line in table(regions, REGION_COLUMNS)]
     return lines
 
 

@@ -29,11 +29,18 @@ from inferd_client.errors import (
     RequestTimeout,
     UnsafeEndpoint,
 )
+from inferd_client.shm import RegionChannel, SharedRegion, encode_inputs, placed_outputs
 from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
-from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint, default_endpoints
+from inferd_wire.endpoints import (
+    UnsafeEndpointError,
+    check_client_endpoint,
+    default_endpoints,
+    default_runtime_dir,
+)
 from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
+from inferd_wire.regions import shm_socket_path
 
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
@@ -156,6 +163,11 @@ class InferenceClient:
 
     >>> with InferenceClient() as client:
     ...     outputs = client.infer("demo", {"image": image})
+
+    Inputs and outputs can live in shared memory instead of travelling on the
+    socket: ``shared_region`` makes a region and registers it with the daemon;
+    arrays from ``region.array(...)`` are then sent by reference, and output
+    arrays given in ``outputs=`` are written in place.
     """
 
     def __init__(
@@ -166,39 +178,86 @@ class InferenceClient:
         retries: int = 0,
         context: zmq.Context[Any] | None = None,
         curve: ClientCurve | None = None,
+        shm_socket: str | None = None,
     ) -> None:
         self._channel = _RequestChannel(
             endpoint or default_endpoints().infer, context, timeout, curve
         )
         self._retries = retries
         self.last_reply: dict[str, Any] = {}
+        self._shm_socket = shm_socket or str(
+            shm_socket_path(self._channel.endpoint, default_runtime_dir())
+        )
+        self._shm: RegionChannel | None = None
+        #: Registered regions by id; those ``shared_region`` made are closed with us.
+        self._regions: dict[str, SharedRegion] = {}
+        self._owned: list[SharedRegion] = []
 
     @property
     def discarded_replies(self) -> int:
         return self._channel.discarded_replies
+
+    def shared_region(self, nbytes: int, *, label: str | None = None) -> SharedRegion:
+        """A new region of at least ``nbytes``, registered with the daemon (and closed
+        with this client)."""
+        region = SharedRegion(nbytes, label=label)
+        try:
+            self.register_region(region)
+        except BaseException:
+            region.close()
+            raise
+        self._owned.append(region)
+        return region
+
+    def register_region(self, region: SharedRegion) -> str:
+        """Register ``region`` (once per client); returns its id.  The daemon keeps it
+        until ``unregister_region`` or until this client closes."""
+        for region_id, known in self._regions.items():
+            if known is region:
+                return region_id
+        if self._shm is None:
+            self._shm = RegionChannel(self._shm_socket, timeout=self._channel.timeout)
+        region_id = self._shm.register(region)
+        self._regions[region_id] = region
+        return region_id
+
+    def unregister_region(self, region: SharedRegion) -> None:
+        """Tell the daemon to let ``region`` go (once no request in flight uses it)."""
+        for region_id, known in list(self._regions.items()):
+            if known is region and self._shm is not None:
+                del self._regions[region_id]
+                self._shm.unregister(region_id)
 
     def infer(
         self,
         model: str,
         inputs: Mapping[str, np.ndarray],
         *,
+        outputs: Mapping[str, np.ndarray] | None = None,
         timeout: float | None = None,
         deadline_ms: int | None = None,
         retries: int | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run ``model`` on ``inputs``; returns read-only output arrays by name.
+        """Run ``model`` on ``inputs``; returns the output arrays by name.
 
-        Raises ``RemoteError`` with the daemon's code, or ``RequestTimeout``.
-        The reply header (runtime label, fallback flag, latency) is kept in
-        ``last_reply``.
+        Inputs that live in a registered region are sent by reference, the rest as
+        frames.  ``outputs`` maps output names to arrays to write them into: one in
+        a registered region is written there by the daemon (no frame comes back),
+        any other is filled from the reply's frame; the result holds those arrays.
+        Other outputs are read-only views of their frames.  Raises ``RemoteError``
+        with the daemon's code, or ``RequestTimeout``.  The reply header (runtime
+        label, fallback flag, latency) is kept in ``last_reply``.
         """
-        descriptors, frames = protocol.encode_tensors(inputs)
+        descriptors, frames = encode_inputs(dict(inputs), self._regions)
         header: dict[str, Any] = {
             "v": protocol.PROTOCOL_VERSION,
             "op": "infer",
             "model": model,
             "inputs": descriptors,
         }
+        placed = placed_outputs(dict(outputs), self._regions) if outputs else []
+        if placed:
+            header["outputs"] = placed
         if deadline_ms is not None:
             header["deadline_ms"] = deadline_ms
         reply, reply_frames = self._channel.request(
@@ -209,7 +268,7 @@ class InferenceClient:
         )
         self.last_reply = reply
         _raise_if_error(reply)
-        return decode_outputs(reply, reply_frames)
+        return decode_outputs(reply, reply_frames, outputs, placed)
 
     def describe(self, *, timeout: float | None = None) -> dict[str, Any]:
         """Models served on this socket with their input and output specs."""
@@ -220,7 +279,15 @@ class InferenceClient:
         return dict(reply["result"])
 
     def close(self) -> None:
+        """Close the sockets; the daemon releases the regions registered here."""
         self._channel.close()
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+        self._regions.clear()
+        for region in self._owned:
+            region.close()
+        self._owned.clear()
 
     def __enter__(self) -> InferenceClient:
         return self
@@ -229,18 +296,53 @@ class InferenceClient:
         self.close()
 
 
-def decode_outputs(reply: Mapping[str, Any], frames: Sequence[zmq.Frame]) -> dict[str, np.ndarray]:
+def decode_outputs(
+    reply: Mapping[str, Any],
+    frames: Sequence[zmq.Frame],
+    into: Mapping[str, np.ndarray] | None = None,
+    placed: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, np.ndarray]:
+    """The reply's outputs: those written into a region (described by their range,
+    no frame) as the caller's arrays of ``into``, the others from their frames
+    (copied into the caller's array when ``into`` has one for them)."""
     descriptors = reply.get("outputs")
-    if not isinstance(descriptors, list) or len(descriptors) != len(frames):
+    if not isinstance(descriptors, list):
+        raise MalformedReply("reply has no 'outputs' list")
+    framed = [d for d in descriptors if not (isinstance(d, dict) and "region" in d)]
+    if len(framed) != len(frames):
         raise MalformedReply(
-            f"reply describes {len(descriptors) if isinstance(descriptors, list) else 'no'} "
-            f"outputs but carries {len(frames)} frames"
+            f"reply describes {len(framed)} outputs in frames but carries {len(frames)} frames"
         )
+    asked = {entry["name"]: entry for entry in placed}
     outputs: dict[str, np.ndarray] = {}
+    remaining = iter(frames)
     try:
-        for index, (descriptor, frame) in enumerate(zip(descriptors, frames, strict=True)):
+        for index, descriptor in enumerate(descriptors):
             name, dtype, shape = protocol.parse_descriptor(index, descriptor)
-            outputs[name] = protocol.frame_to_array(name, dtype, shape, frame.buffer)
+            if "region" in descriptor:
+                expected = asked.get(name)
+                if (
+                    into is None
+                    or expected is None
+                    or any(
+                        descriptor.get(key) != expected[key]
+                        for key in ("region", "offset", "nbytes")
+                    )
+                ):
+                    raise MalformedReply(f"output {name!r} was written where it was not asked")
+                outputs[name] = into[name]
+                continue
+            array = protocol.frame_to_array(name, dtype, shape, next(remaining).buffer)
+            target = into.get(name) if into else None
+            if target is not None:
+                if target.shape != array.shape or target.dtype != array.dtype:
+                    raise ClientError(
+                        f"output {name!r} is {list(array.shape)} {array.dtype}; the array "
+                        f"given for it is {list(target.shape)} {target.dtype}"
+                    )
+                np.copyto(target, array)
+                array = target
+            outputs[name] = array
     except ProtocolError as exc:
         raise MalformedReply(str(exc)) from None
     return outputs

@@ -26,11 +26,13 @@ from inferd.fdr.writer import FlightRecorder
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.failover import ExecutionFailover
+from inferd.serving.model_report import model_health, model_status
 from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Scheduler
 from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
+from inferd.shm.server import ShmServer
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.supervision.status_line import ModelLine, format_status_line
@@ -52,7 +54,11 @@ class Daemon:
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
         self.security = BusSecurity(self._context, config)
-        self._instance_lock = InstanceLock(config.daemon.runtime_dir, self.security.endpoints())
+        self.shm = ShmServer(config.shm) if config.shm.enabled else None
+        shm = (f"ipc://{config.shm.socket}",) if self.shm else ()  # its directory is locked too
+        self._instance_lock = InstanceLock(
+            config.daemon.runtime_dir, (*self.security.endpoints(), *shm)
+        )
         #: Who the daemon's own requests (background rebuilds) come from.
         self._itself = Peer.internal(os.getuid(), os.getpid())
         self._recorder_error: str | None = None if config.fdr.enabled else "disabled by fdr.enabled"
@@ -133,6 +139,7 @@ class Daemon:
             },
             operator_ops={"build.start": self.builds.start, "build.cancel": self.builds.cancel},
             deferred_ops={"runtime.switch": self.switcher.switch},
+            regions=self.shm.table if self.shm else None,
         )
         self.bus = BusServer(
             self._context,
@@ -172,6 +179,8 @@ class Daemon:
         self.bus.start()
         self.bus.wait_bound(timeout=10)
         open_ipc_sockets_to_group(self.security.socket_groups())
+        if self.shm is not None:
+            self.shm.start()
         self.thermal.start()
         self.worker.start()
 
@@ -215,6 +224,8 @@ class Daemon:
         self.worker.join(timeout=drain_s + 10)
         self.bus.stop()
         self.bus.join(timeout=10)
+        if self.shm is not None:  # every request is answered: release every region
+            self.shm.stop()
         self.thermal.stop()
         self.deadline_misses.flush()
         self._lifecycle("stop")
@@ -388,30 +399,12 @@ class Daemon:
                 "publisher": self.publisher.is_alive(),
             },
             "models": {
-                name: {
-                    "state": slot.state,
-                    "runtime": slot.handle.runtime_label if slot.handle else None,
-                    "fallback": slot.is_fallback,
-                    "queue_depth": self.scheduler.depth(name),
-                }
-                for name, slot in self.slots.items()
+                name: model_health(slot, self.scheduler) for name, slot in self.slots.items()
             },
         }
 
     def status(self, _header: dict[str, Any]) -> dict[str, Any]:
-        models = []
-        for name, slot in self.slots.items():
-            models.append(
-                {
-                    **slot.describe_runtime(),
-                    "queue_depth": self.scheduler.depth(name),
-                    "queue_capacity": slot.config.queue_capacity,
-                    "queue_bytes": self.scheduler.queued_bytes(name),
-                    "queue_max_bytes": slot.config.queue_max_bytes,
-                    "queue_policy": slot.config.queue_policy,
-                    **slot.stats.snapshot(),
-                }
-            )
+        models = [model_status(slot, self.scheduler) for slot in self.slots.values()]
         return {
             "daemon": {
                 "version": inferd.__version__,
@@ -426,6 +419,7 @@ class Daemon:
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
             "security": self.security.describe(self.router.permission_denied),
+            "shm": self.shm.status() if self.shm else {"enabled": False},
             "bus": {
                 **self.bus.status(),
                 "events_published": self.publisher.published,

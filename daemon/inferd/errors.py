@@ -116,6 +116,12 @@ class OutOfMemoryError(InferdError):
     pass
 
 
+class OutputShapeError(InferenceError):
+    """An output the request placed in a shared-memory region came out of the model
+    with another shape than the request gave it (a dynamic dimension): the request's
+    fault, answered INVALID_ARGUMENT; nothing was written past the range."""
+
+
 class TelemetryUnavailableError(InferdError):
     pass
 

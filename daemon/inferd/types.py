@@ -6,7 +6,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from inferd_wire.compat import StrEnum
 
@@ -194,6 +197,19 @@ class EngineHandle:
     #: Why the runtime serves without its engine cache (the TensorRT EP then builds
     #: at every load), None when it has one or needs none.
     engine_cache_error: str | None = None
+
+
+class HostRegion(Protocol):
+    """Host memory a client shares with the daemon (a region of ``inferd.shm``) that
+    some of a request's tensors are views of.  A runtime that maps host memory into
+    its device (``tensorrt``) registers ``host_array()`` (the whole mapping,
+    page-aligned) once, and drops that registration in a hook given to
+    ``on_release``: hooks run before the memory is unmapped, never while a request
+    uses the region, on whichever thread releases it."""
+
+    def host_array(self) -> np.ndarray: ...
+
+    def on_release(self, hook: Callable[[], None]) -> None: ...
 
 
 @dataclass(frozen=True)

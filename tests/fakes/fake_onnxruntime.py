@@ -397,6 +397,12 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
         def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
             return self._inner.run(output_names, input_feed, run_options)
 
+        def io_binding(self) -> Any:
+            return self._inner.io_binding()
+
+        def run_with_iobinding(self, iobinding: Any, run_options: Any = None) -> None:
+            self._inner.run_with_iobinding(iobinding, run_options)
+
     module.get_available_providers = get_available_providers  # type: ignore[attr-defined]
     module.InferenceSession = InferenceSession  # type: ignore[attr-defined]
     return module

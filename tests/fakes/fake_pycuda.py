@@ -52,6 +52,26 @@ Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp`` and ``src/cpp/cuda.hp
   queued work) until the context is destroyed; pycuda raises ``LogicError`` for
   CUDA_ERROR_ILLEGAL_ADDRESS and ``LaunchError`` for CUDA_ERROR_LAUNCH_FAILED
   (``translate_cuda_error``), "<call> failed: <cuGetErrorString>".
+* Host memory registration (``register_host_memory(ary, flags=0)``, pycuda's
+  ``registered_host_memory`` in ``src/cpp/cuda.hpp`` and its wrapper): needs a
+  current context ("explicit_context_dependent failed: invalid device context -
+  no currently active context?"), a contiguous numpy array whose address and
+  size are page-aligned ("cuMemHostRegister failed: invalid argument"), and no
+  overlap with a live registration (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED).
+  It returns a new array over the same memory whose ``.base`` is the
+  ``RegisteredHostMemory`` (which keeps ``ary`` alive, so the memory cannot be
+  freed while registered); ``get_device_pointer()`` works only for a
+  ``mem_host_register_flags.DEVICEMAP`` registration in a context made with
+  ``ctx_flags.MAP_HOST`` and not unregistered ("cuMemHostGetDevicePointer
+  failed: invalid argument"); the device pointer equals the host address on an
+  integrated GPU (``device_attribute.INTEGRATED``, CUDA's
+  CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM), another address on a discrete one;
+  device reads and writes there reach the host memory, and fault (an illegal
+  address) once it is unregistered.  ``unregister()`` a second time raises
+  "registered_host_memory::free failed: invalid resource handle"; after the
+  context was detached it does nothing (the registration died with it, as
+  pycuda's CUDAPP_CATCH_CLEANUP_ON_DEAD_CONTEXT).  Registered memory counts as
+  pinned for async copies; ``FakeCuda.registrations`` holds the live ones.
 * The exception family: ``Error`` and its subclasses ``LogicError``,
   ``RuntimeError``, ``LaunchError``, ``MemoryError`` (the fake's
   ``MemoryError`` also derives from the builtin ``MemoryError``).
@@ -109,6 +129,8 @@ class FakeGpu:
     name: str = "Orin"
     compute_capability: tuple[int, int] = (8, 7)
     total_memory: int = 62 * 1024**3
+    #: A Jetson's GPU shares the host's memory (device_attribute.INTEGRATED).
+    integrated: bool = True
 
 
 @dataclass
@@ -119,6 +141,8 @@ class Allocation:
     data: bytearray
     context: Any
     freed: bool = False
+    #: Registered host memory (the bytes are the host's), not device memory.
+    registered: bool = False
 
 
 @dataclass
@@ -133,7 +157,9 @@ class FakeCuda:
     capacity_bytes: int | None = None
     allocations: dict[int, Allocation] = field(default_factory=dict)
     allocated_bytes: int = 0
-    next_address: int = 0x7F00_0000_0000
+    #: Beyond any user-space address (48-bit virtual addresses), so fake device
+    #: memory can never alias host memory a registration maps at its own address.
+    next_address: int = 0x0010_0000_0000_0000
     #: Per-thread context stacks, by ``threading.get_ident()``.
     stacks: dict[int, list[Any]] = field(default_factory=dict)
     contexts_created: int = 0
@@ -144,6 +170,8 @@ class FakeCuda:
     streams: dict[int, Any] = field(default_factory=dict)
     pagelocked_live: int = 0
     pageable_async_copies: int = 0
+    #: Live host registrations by host address: (host bytes, device address, context).
+    registrations: dict[int, Allocation] = field(default_factory=dict)
     #: Sticky errors by context: (exception class, cuGetErrorString text).
     sticky_errors: dict[Any, tuple[type[Error], str]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -212,6 +240,36 @@ class FakeCuda:
                     return allocation, offset
         raise LogicError(f"{what} failed: an illegal memory access was encountered")
 
+    def register_host(self, host: int, data: memoryview, context: Any, integrated: bool) -> int:
+        """Page-lock ``data`` (at host address ``host``) and map it; its device address."""
+        with self.lock:
+            for registered in self.registrations.values():
+                other = registered.data
+                if host < registered.address + len(other) and registered.address < host + len(data):
+                    raise LogicError(
+                        "cuMemHostRegister failed: part or all of the requested memory range "
+                        "is already mapped"
+                    )
+            device = host
+            if not integrated:
+                device = self.next_address
+                self.next_address += (len(data) + 4095) // 4096 * 4096 + 4096
+            self.registrations[host] = Allocation(host, data, context, registered=True)
+            self.allocations[device] = Allocation(device, data, context, registered=True)
+            return device
+
+    def unregister_host(self, host: int, device: int) -> None:
+        with self.lock:
+            self.registrations.pop(host, None)
+            self.allocations.pop(device, None)
+
+    def is_registered(self, host: int, nbytes: int) -> bool:
+        with self.lock:
+            return any(
+                entry.address <= host and host + nbytes <= entry.address + len(entry.data)
+                for entry in self.registrations.values()
+            )
+
     def read(self, address: int, nbytes: int) -> bytes:
         allocation, offset = self.resolve(address, nbytes, "device read")
         return bytes(allocation.data[offset : offset + nbytes])
@@ -231,7 +289,14 @@ class FakeCuda:
         stream._pending.append(operation)
 
 
-def _is_pinned(array: Any) -> bool:
+def _is_pinned(array: Any, state: FakeCuda | None = None) -> bool:
+    if (
+        state is not None
+        and isinstance(array, np.ndarray)
+        and array.size
+        and state.is_registered(array.ctypes.data, array.nbytes)
+    ):
+        return True
     base = array
     while base is not None:
         if type(base).__name__ == "PagelockedHostAllocation":
@@ -245,6 +310,24 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
     package.__path__ = []  # a package, as the real one
     driver = types.ModuleType("pycuda.driver", f"fake {MIMICS}")
 
+    class ctx_flags:  # CUctx_flags
+        SCHED_AUTO = 0x00
+        SCHED_SPIN = 0x01
+        SCHED_YIELD = 0x02
+        SCHED_BLOCKING_SYNC = 0x04
+        SCHED_MASK = 0x07
+        MAP_HOST = 0x08
+        LMEM_RESIZE_TO_MAX = 0x10
+        FLAGS_MASK = 0x1F
+
+    class device_attribute:  # CUdevice_attribute (the ones the fake answers)
+        INTEGRATED = 18
+        CAN_MAP_HOST_MEMORY = 19
+
+    class mem_host_register_flags:  # CU_MEMHOSTREGISTER_*
+        PORTABLE = 0x01
+        DEVICEMAP = 0x02
+
     def init(flags: int = 0) -> None:
         state.calls.append("init")
         if flags != 0:
@@ -254,15 +337,16 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
         state.initialized = True
 
     class Context:
-        __slots__ = ("_device", "_thread", "_use_count", "_valid")
+        __slots__ = ("_device", "_flags", "_thread", "_use_count", "_valid")
 
         def __init__(self) -> None:
             raise TypeError("pycuda._driver.Context cannot be instantiated from Python")
 
         @classmethod
-        def _create(cls, device: Any) -> Context:
+        def _create(cls, device: Any, flags: int = 0) -> Context:
             context = object.__new__(cls)
             context._device = device
+            context._flags = flags
             context._thread = threading.get_ident()
             context._use_count = 1
             context._valid = True
@@ -303,6 +387,13 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             else:
                 state.leaked_contexts += 1  # pycuda: "leaked out-of-thread context"
             self._valid = False
+            # CUDA drops the context's host registrations with it.
+            for host, entry in list(state.registrations.items()):
+                if entry.context is self:
+                    state.registrations.pop(host)
+                    for device, mapped in list(state.allocations.items()):
+                        if mapped.registered and mapped.data is entry.data:
+                            state.allocations.pop(device)
             # pycuda drops the now-invalid context from every stack entry it meets.
             for thread_stack in state.stacks.values():
                 thread_stack[:] = [entry for entry in thread_stack if entry is not self]
@@ -359,9 +450,17 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             state.calls.append("Device.total_memory")
             return self._gpu.total_memory
 
+        def get_attribute(self, attribute: int) -> int:
+            state.calls.append("Device.get_attribute")
+            if attribute == device_attribute.INTEGRATED:
+                return int(self._gpu.integrated)
+            if attribute == device_attribute.CAN_MAP_HOST_MEMORY:
+                return 1
+            raise LogicError("cuDeviceGetAttribute failed: invalid argument")
+
         def make_context(self, flags: int = 0) -> Context:
             state.calls.append("Device.make_context")
-            context = Context._create(self)
+            context = Context._create(self, flags)
             state.stack().append(context)
             state.contexts_created += 1
             return context
@@ -430,8 +529,74 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
         def is_done(self) -> bool:
             return not self._pending
 
+    class RegisteredHostMemory:
+        """The ``.base`` of what ``register_host_memory`` returns (numpy builds that
+        array from this object's ``__array_interface__``, which keeps it as base)."""
+
+        __slots__ = ("_ary", "_context", "_device", "_flags", "_host", "_valid")
+
+        def __init__(self) -> None:
+            raise TypeError("pycuda._driver.RegisteredHostMemory cannot be instantiated")
+
+        @property
+        def __array_interface__(self) -> dict[str, Any]:
+            return self._ary.__array_interface__  # type: ignore[no-any-return]
+
+        def get_device_pointer(self) -> int:
+            state.calls.append("RegisteredHostMemory.get_device_pointer")
+            state.require_context("cuMemHostGetDevicePointer")
+            if (
+                not self._valid
+                or not self._flags & mem_host_register_flags.DEVICEMAP
+                or not self._context._flags & ctx_flags.MAP_HOST
+            ):
+                raise LogicError("cuMemHostGetDevicePointer failed: invalid argument")
+            return int(self._device)
+
+        def unregister(self) -> None:
+            state.calls.append("RegisteredHostMemory.unregister")
+            if not self._valid:
+                raise LogicError("registered_host_memory::free failed: invalid resource handle")
+            self._valid = False
+            # pycuda activates the registration's own context; a dead one took it along.
+            # Like pycuda's m_base, ``ary`` stays referenced until this object goes.
+            state.unregister_host(self._host, self._device)
+
+    def register_host_memory(ary: Any, flags: int = 0) -> np.ndarray:
+        state.calls.append("register_host_memory")
+        context = state.current_context()
+        if context is None or not context._valid:
+            raise LogicError(
+                "explicit_context_dependent failed: invalid device context - no currently "
+                "active context?"
+            )
+        if not isinstance(ary, np.ndarray):
+            raise LogicError(
+                "register_host_memory failed: invalid argument - ary argument is not a numpy array"
+            )
+        if not ary.flags.c_contiguous:
+            raise LogicError(
+                "register_host_memory failed: invalid argument - ary argument is not contiguous"
+            )
+        host, nbytes = ary.ctypes.data, ary.nbytes
+        if flags & ~(mem_host_register_flags.PORTABLE | mem_host_register_flags.DEVICEMAP):
+            raise LogicError("cuMemHostRegister failed: invalid argument")
+        if nbytes == 0 or host % 4096 or nbytes % 4096:
+            raise LogicError("cuMemHostRegister failed: invalid argument")
+        view = memoryview(ary).cast("B")
+        device = state.register_host(host, view, context, bool(context._device._gpu.integrated))
+        registration = object.__new__(RegisteredHostMemory)
+        registration._ary = ary
+        registration._context = context
+        registration._device = device
+        registration._flags = flags
+        registration._host = host
+        registration._valid = True
+        return np.asarray(registration)
+
     for cls in (Context, Device, DeviceAllocation, PagelockedHostAllocation, Stream):
         cls.__module__ = "pycuda._driver"
+    RegisteredHostMemory.__module__ = "pycuda._driver"
 
     def _device_address(dest: Any, what: str) -> int:
         try:
@@ -503,7 +668,7 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
 
     def memcpy_htod_async(dest: Any, src: Any, stream: Stream | None = None) -> None:
         state.calls.append("memcpy_htod_async")
-        if not _is_pinned(src):
+        if not _is_pinned(src, state):
             state.pageable_async_copies += 1
         copy = _htod(dest, src, "cuMemcpyHtoDAsync")
         if stream is None:
@@ -513,7 +678,7 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
 
     def memcpy_dtoh_async(dest: Any, src: Any, stream: Stream | None = None) -> None:
         state.calls.append("memcpy_dtoh_async")
-        if not _is_pinned(dest):
+        if not _is_pinned(dest, state):
             state.pageable_async_copies += 1
         copy = _dtoh(dest, src, "cuMemcpyDtoHAsync")
         if stream is None:
@@ -529,6 +694,11 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
         "PagelockedHostAllocation": PagelockedHostAllocation,
         "HostAllocation": PagelockedHostAllocation,
         "Stream": Stream,
+        "RegisteredHostMemory": RegisteredHostMemory,
+        "register_host_memory": register_host_memory,
+        "ctx_flags": ctx_flags,
+        "device_attribute": device_attribute,
+        "mem_host_register_flags": mem_host_register_flags,
         "mem_alloc": mem_alloc,
         "mem_get_info": mem_get_info,
         "pagelocked_empty": pagelocked_empty,

@@ -37,7 +37,7 @@ from inferd.runtime.ort_providers import Degradation
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import AlertLevel, ThermalState
 from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RequestTimeout
-from inferd_wire import protocol
+from inferd_wire import protocol, regions
 from tests.conftest import (
     REPO,
     DaemonFactory,
@@ -73,6 +73,8 @@ SCHEMA_FILES = frozenset(
         "build_start_reply.json",
         "build_status_reply.json",
         "build_cancel_reply.json",
+        "shm_request.json",
+        "shm_reply.json",
     }
 )
 REPLY_TIMEOUT_S = 20.0
@@ -278,6 +280,11 @@ def test_schema_vocabularies_match_the_code() -> None:
     assert defs["request_id"]["oneOf"][0]["maximum"] == 2**64 - 1
     deadline = schemas()["infer_request.json"]["properties"]["deadline_ms"]
     assert deadline["maximum"] == MAX_DEADLINE_MS
+    region = defs["region_tensor_descriptor"]["properties"]
+    assert region["offset"]["multipleOf"] == regions.REGION_ALIGNMENT
+    assert defs["region_id"]["pattern"] == f"^[0-9a-f]{{{regions.REGION_ID_HEX}}}$"
+    ops = [entry["properties"]["op"]["const"] for entry in schemas()["shm_request.json"]["oneOf"]]
+    assert tuple(ops) == regions.SHM_OPS
     assert {name.removeprefix("event_") for name in EVENT_SCHEMAS.values()} <= {
         f"{topic}.json" for topic in TOPICS
     }

@@ -177,3 +177,31 @@ def test_switching_to_and_from_tensorrt_under_load_loses_nothing(
 def expected_descriptors(model: Path, image: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     return np.asarray(session.run(None, {"image": image})[0])
+
+
+def test_tensorrt_reads_and_writes_a_clients_region_in_place(
+    daemon_factory: DaemonFactory, demo_model: Path, tmp_path: Path
+) -> None:
+    """On the (integrated, Orin) fake GPU the region is registered with CUDA and
+    TensorRT runs on it directly; the daemon's CUDA rules hold (``no_broken_tensorrt_rules``)
+    through the registration, its release when the client goes and shutdown."""
+    prebuild_engine(demo_model, tmp_path / "engines")
+    daemon = trt_daemon(daemon_factory, demo_model, tmp_path / "engines")
+    with InferenceClient(daemon.infer) as client:
+        region = client.shared_region(4 * 1024 * 1024)
+        image = region.array((1, 3, 224, 224), np.float32)
+        image[:] = np.random.default_rng(5).random(image.shape, dtype=np.float32)
+        descriptors = region.array((1, 256, 28, 28), np.float32)
+        for _ in range(2):
+            result = client.infer("demo", {"image": image}, outputs={"descriptors": descriptors})
+            assert result["descriptors"] is descriptors
+            assert client.last_reply["runtime"] == "tensorrt"
+        expected = expected_descriptors(demo_model, np.array(image))
+        np.testing.assert_allclose(descriptors, expected, rtol=1e-5)
+    with OperatorClient(daemon.control) as operator:
+        wait_until(lambda: operator.status()["shm"]["regions"] == [], message="region released")
+        assert operator.status()["shm"]["mapped_bytes"] == 0
+    assert daemon.stop() == 0
+    log = daemon.log()
+    assert log.count("shm_region_registered_with_cuda") == 1 and "in_place=True" in log
+    assert "cuda_host_unregister_failed" not in log

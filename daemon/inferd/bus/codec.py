@@ -7,19 +7,28 @@ dimension within the input's optimisation profile, if it has one); a request for
 model still loading (or failing over) waits in its queue and is checked with
 the same ``validate_inputs`` by the engine worker once the spec is known
 (DESIGN.md 19).  Every refusal is a ``ProtocolError`` with a reply code.
+
+A descriptor may name a shared-memory region instead of a frame
+(``inferd_wire.regions``): ``bind_regions`` leases the regions a request names
+at admission (their ranges within the region, outputs overlapping nothing),
+and the same validators view those bytes instead of frames.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from inferd.bus.zap import peer_of
+from inferd.shm.regions import OutputPlacement, RegionTable, RequestRegions
 from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
+from inferd_wire.regions import MAX_REGION_TENSORS, RegionRef, parse_region_ref
 
 MAX_DEADLINE_MS = 3_600_000
 
@@ -105,33 +114,167 @@ def deadline_ms_of(header: dict[str, Any], default_ms: int) -> int:
     return int(value) if value >= 1 else 1
 
 
-def _descriptors(header: dict[str, Any], tensors: Sequence[memoryview]) -> list[Any]:
+def peer_uid_of(frame: Any) -> int | None:
+    """The uid of the peer the ZAP handler verified for the frame's connection
+    (``bus.zap.peer_of``), else None: not known (a tcp peer, no handler), so not
+    checked."""
+    peer = peer_of(frame)
+    return peer.uid if peer is not None else None
+
+
+def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions | None:
+    """Lease the regions the request's input and output descriptors name; None when
+    it names none.  Refusals (INVALID_ARGUMENT: a malformed reference, a range
+    outside its region or an output overlapping another tensor; NOT_FOUND;
+    PERMISSION_DENIED) leave nothing leased."""
+    header = request.header
+    inputs, outputs = header.get("inputs"), header.get("outputs")
+    placed: list[tuple[int, str, RegionRef]] = []
+    if isinstance(inputs, list):
+        for index, descriptor in enumerate(inputs):
+            if isinstance(descriptor, dict) and (
+                "region" in descriptor or "offset" in descriptor or "nbytes" in descriptor
+            ):
+                name, _, _ = protocol.parse_descriptor(index, descriptor)
+                ref = parse_region_ref(f"tensor {name!r}", descriptor)
+                assert ref is not None  # a stray offset/nbytes raised
+                placed.append((index, f"tensor {name!r}", ref))
+    if outputs is None and not placed:
+        return None
+    placements = _parse_outputs(outputs) if outputs is not None else []
+    if len(placed) + len(placements) > MAX_REGION_TENSORS:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"request names {len(placed) + len(placements)} tensors in regions; the limit is "
+            f"{MAX_REGION_TENSORS}",
+        )
+    if table is None:
+        raise ProtocolError(
+            Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
+        )
+    regions = RequestRegions(table, peer_uid_of(request.header_frame))
+    with regions.released_on_error():
+        for index, where, ref in placed:
+            regions.inputs[index] = (regions.lease(where, ref), ref)
+        for name, dtype, shape, ref in placements:
+            where = f"output {name!r}"
+            regions.outputs.append(
+                OutputPlacement(name, dtype, shape, regions.lease(where, ref), ref)
+            )
+        _refuse_overlaps(regions)
+    return regions
+
+
+def _parse_outputs(outputs: Any) -> list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]]:
+    if not isinstance(outputs, list):
+        raise ProtocolError(Code.INVALID_ARGUMENT, "'outputs' must be a list of region descriptors")
+    parsed: list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]] = []
+    if len(outputs) > MAX_REGION_TENSORS:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"'outputs' lists {len(outputs)} tensors; the limit is {MAX_REGION_TENSORS}",
+        )
+    for index, descriptor in enumerate(outputs):
+        name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+        where = f"output {name!r}"
+        ref = parse_region_ref(where, descriptor)
+        if ref is None:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, f"{where}: 'outputs' lists only outputs placed in a region"
+            )
+        if any(other == name for other, _, _, _ in parsed):
+            raise ProtocolError(Code.INVALID_ARGUMENT, f"{where} is listed twice in 'outputs'")
+        _check_nbytes(where, dtype, shape, ref)
+        parsed.append((name, dtype, shape, ref))
+    return parsed
+
+
+def _refuse_overlaps(regions: RequestRegions) -> None:
+    """An output may share no byte with another input or output (an input may share
+    bytes with other inputs: nothing writes them)."""
+    ranges = [(ref, False) for _, ref in regions.inputs.values()]
+    ranges += [(placement.ref, True) for placement in regions.outputs]
+    for index, (ref, written) in enumerate(ranges):
+        for other, other_written in ranges[index + 1 :]:
+            if (
+                (written or other_written)
+                and ref.region == other.region
+                and ref.offset < other.end
+                and other.offset < ref.end
+            ):
+                raise ProtocolError(
+                    Code.INVALID_ARGUMENT,
+                    f"region bytes {ref.offset}..{ref.end} and {other.offset}..{other.end} "
+                    "overlap, and an output is written into one of them",
+                )
+
+
+def _check_nbytes(where: str, dtype: np.dtype[Any], shape: tuple[int, ...], ref: RegionRef) -> None:
+    expected = math.prod(shape) * dtype.itemsize
+    if ref.nbytes != expected:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: 'nbytes' is {ref.nbytes} but shape {list(shape)} of {dtype.name} "
+            f"needs {expected}",
+        )
+
+
+def _descriptors(
+    header: dict[str, Any], tensors: Sequence[memoryview], regions: RequestRegions | None
+) -> list[Any]:
     descriptors = header.get("inputs")
     if not isinstance(descriptors, list):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'inputs' must be a list of tensor descriptors")
-    if len(descriptors) != len(tensors):
+    placed = len(regions.inputs) if regions is not None else 0
+    if len(descriptors) - placed != len(tensors):
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
-            f"header describes {len(descriptors)} inputs but the message carries "
-            f"{len(tensors)} tensor frames",
+            f"header describes {len(descriptors) - placed} inputs"
+            + (f" in frames (and {placed} in regions)" if placed else "")
+            + f" but the message carries {len(tensors)} tensor frames",
         )
     return descriptors
 
 
-def check_descriptors(header: dict[str, Any], tensors: Sequence[memoryview]) -> None:
+def _views(
+    parsed: list[tuple[str, np.dtype[Any], tuple[int, ...]]],
+    tensors: Sequence[memoryview],
+    regions: RequestRegions | None,
+) -> list[np.ndarray]:
+    """Each input as a read-only view of its frame or of its region's bytes (byte
+    lengths checked)."""
+    frames = iter(tensors)
+    placed = regions.inputs if regions is not None else {}
+    arrays = []
+    for index, (name, dtype, shape) in enumerate(parsed):
+        if index in placed:
+            region, ref = placed[index]
+            _check_nbytes(f"tensor {name!r}", dtype, shape, ref)
+            array = region.view(ref, dtype, shape)
+            array.flags.writeable = False
+        else:
+            array = protocol.frame_to_array(name, dtype, shape, next(frames))
+        arrays.append(array)
+    return arrays
+
+
+def check_descriptors(
+    header: dict[str, Any], tensors: Sequence[memoryview], regions: RequestRegions | None = None
+) -> None:
     """What can be checked without the model's IO spec: descriptor syntax,
-    frame count and each frame's byte length."""
-    descriptors = _descriptors(header, tensors)
-    for index, (descriptor, buffer) in enumerate(zip(descriptors, tensors, strict=True)):
-        name, dtype, shape = protocol.parse_descriptor(index, descriptor)
-        protocol.frame_to_array(name, dtype, shape, buffer)
+    frame count and each frame's (or region range's) byte length."""
+    descriptors = _descriptors(header, tensors, regions)
+    _views([protocol.parse_descriptor(i, d) for i, d in enumerate(descriptors)], tensors, regions)
 
 
 def validate_inputs(
-    header: dict[str, Any], tensors: Sequence[memoryview], specs: Sequence[TensorSpec]
+    header: dict[str, Any],
+    tensors: Sequence[memoryview],
+    specs: Sequence[TensorSpec],
+    regions: RequestRegions | None = None,
 ) -> dict[str, np.ndarray]:
     """Check the described tensors against the model's inputs; returns zero-copy views."""
-    descriptors = _descriptors(header, tensors)
+    descriptors = _descriptors(header, tensors, regions)
     by_name = {spec.name: spec for spec in specs}
     parsed = [protocol.parse_descriptor(i, d) for i, d in enumerate(descriptors)]
     names = [name for name, _, _ in parsed]
@@ -146,25 +289,11 @@ def validate_inputs(
             f"inputs do not match the model: missing {missing}, unknown {unknown}; "
             f"the model takes {sorted(by_name)}",
         )
-    arrays: dict[str, np.ndarray] = {}
-    for (name, dtype, shape), descriptor, buffer in zip(parsed, descriptors, tensors, strict=True):
+    for (name, _dtype, shape), descriptor in zip(parsed, descriptors, strict=True):
         spec = by_name[name]
         # parse_descriptor accepted descriptor["dtype"] only as an allowed numpy
         # dtype name, so it equals dtype.name (a slow property: ~5 us a call).
-        dtype_name = descriptor["dtype"]
-        if dtype_name != spec.dtype:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"tensor {name!r}: dtype {dtype_name} but the model expects {spec.dtype}",
-            )
-        if len(shape) != len(spec.shape) or any(
-            want is not None and got != want for got, want in zip(shape, spec.shape, strict=True)
-        ):
-            expected = ["?" if dim is None else dim for dim in spec.shape]
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"tensor {name!r}: shape {list(shape)} does not match the model's {expected}",
-            )
+        _check_spec(f"tensor {name!r}", descriptor["dtype"], shape, spec)
         profile = spec.profile
         if profile is not None and not all(
             low <= got <= high
@@ -178,5 +307,44 @@ def validate_inputs(
                 f"profile: min {list(profile.min_shape)}, max {list(profile.max_shape)} "
                 "(models.profiles)",
             )
-        arrays[name] = protocol.frame_to_array(name, dtype, shape, buffer)
-    return arrays
+    views = _views(parsed, tensors, regions)
+    return {name: view for (name, _, _), view in zip(parsed, views, strict=True)}
+
+
+def validate_outputs(
+    regions: RequestRegions | None, specs: Sequence[TensorSpec]
+) -> dict[str, np.ndarray]:
+    """The writable region views of the outputs a request placed, checked against the
+    model's outputs (name, dtype, shape); empty when it placed none."""
+    if regions is None or not regions.outputs:
+        return {}
+    by_name = {spec.name: spec for spec in specs}
+    views: dict[str, np.ndarray] = {}
+    for placement in regions.outputs:
+        spec = by_name.get(placement.name)
+        where = f"output {placement.name!r}"
+        if spec is None:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, f"{where}: the model's outputs are {sorted(by_name)}"
+            )
+        _check_spec(where, placement.dtype.name, placement.shape, spec)
+        views[placement.name] = placement.region.view(
+            placement.ref, placement.dtype, placement.shape
+        )
+    return views
+
+
+def _check_spec(where: str, dtype_name: str, shape: tuple[int, ...], spec: TensorSpec) -> None:
+    if dtype_name != spec.dtype:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: dtype {dtype_name} but the model expects {spec.dtype}",
+        )
+    if len(shape) != len(spec.shape) or any(
+        want is not None and got != want for got, want in zip(shape, spec.shape, strict=True)
+    ):
+        expected = ["?" if dim is None else dim for dim in spec.shape]
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: shape {list(shape)} does not match the model's {expected}",
+        )

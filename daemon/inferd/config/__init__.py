@@ -23,6 +23,7 @@ from inferd.config.sections import (
     ModelConfig,
     QueuePolicy,
     RuntimeConfig,
+    ShmConfig,
     ThermalConfig,
     default_state_dir,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "QueuePolicy",
     "RuntimeConfig",
     "SecurityConfig",
+    "ShmConfig",
     "SocketAccess",
     "ThermalConfig",
     "default_state_dir",

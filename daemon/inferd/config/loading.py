@@ -28,6 +28,7 @@ from inferd.config.sections import (
     FdrConfig,
     ModelConfig,
     RuntimeConfig,
+    ShmConfig,
     ThermalConfig,
     default_state_dir,
 )
@@ -43,6 +44,7 @@ from inferd.config.security import (
 from inferd.errors import ConfigError
 from inferd.types import OptimizationProfile, PrecisionMode
 from inferd_wire.endpoints import default_endpoints, default_runtime_dir
+from inferd_wire.regions import shm_socket_path
 
 T = TypeVar("T")
 
@@ -261,6 +263,19 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         start_refill_s=builds_table.take("start_refill_s", float, build_defaults.start_refill_s),
     )
     builds_table.finish()
+    shm_table = _Table(top.take("shm", dict, {}), "shm")
+    shm_defaults = ShmConfig(socket=shm_socket_path(bus.infer_endpoint, runtime_dir))
+    shm = ShmConfig(
+        socket=_resolve(runtime_dir, shm_table.take("socket", str, str(shm_defaults.socket))),
+        enabled=shm_table.take("enabled", bool, shm_defaults.enabled),
+        max_connections=shm_table.take("max_connections", int, shm_defaults.max_connections),
+        max_regions_per_connection=shm_table.take(
+            "max_regions_per_connection", int, shm_defaults.max_regions_per_connection
+        ),
+        max_bytes_per_uid=shm_table.take("max_bytes_per_uid", int, shm_defaults.max_bytes_per_uid),
+        max_bytes_total=shm_table.take("max_bytes_total", int, shm_defaults.max_bytes_total),
+    )
+    shm_table.finish()
 
     models_data = top.take("models", list, [])
     models = tuple(
@@ -273,6 +288,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         runtime=runtime,
         models=models,
         fdr=fdr,
+        shm=shm,
         alerts=alerts,
         thermal=thermal,
         security=security,

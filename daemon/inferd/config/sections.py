@@ -231,6 +231,31 @@ class ModelConfig:
         return BuildConfig(precision=self.precision, profiles=self.profiles)
 
 
+@dataclass(frozen=True)
+class ShmConfig:
+    """Shared-memory tensor regions (``[shm]``): every byte and mapping a client can
+    make the daemon hold through the registration socket is bounded here."""
+
+    #: The registration socket; clients find it next to the infer socket.
+    socket: Path
+    enabled: bool = True
+    max_connections: int = 16
+    max_regions_per_connection: int = 16
+    #: Mapped bytes of every region one uid (SO_PEERCRED) registered, and of all.
+    max_bytes_per_uid: int = 512 * 1024**2
+    max_bytes_total: int = 1024**3
+
+    def __post_init__(self) -> None:
+        _endpoint("shm.socket", f"ipc://{self.socket}")
+        for key in ("max_connections", "max_regions_per_connection", "max_bytes_per_uid"):
+            _positive(f"shm.{key}", getattr(self, key))
+        if self.max_bytes_total < self.max_bytes_per_uid:
+            raise ConfigError(
+                f"shm.max_bytes_total ({self.max_bytes_total}) must be at least "
+                f"shm.max_bytes_per_uid ({self.max_bytes_per_uid})"
+            )
+
+
 ALERT_HOOKS: tuple[str, ...] = ("pub", "fdr", "mavlink")
 THERMAL_SOURCES: tuple[str, ...] = ("jtop", "nvml", "sysfs")
 
@@ -322,6 +347,7 @@ class Config:
     runtime: RuntimeConfig
     models: tuple[ModelConfig, ...]
     fdr: FdrConfig
+    shm: ShmConfig
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from inferd.types import BuildConfig, EngineCacheEntry, EngineHandle, ThermalState
+from inferd.types import BuildConfig, EngineCacheEntry, EngineHandle, HostRegion, ThermalState
 
 
 class InferenceRuntime(Protocol):
@@ -29,9 +29,20 @@ class InferenceRuntime(Protocol):
         ...
 
     def infer(
-        self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]
+        self,
+        handle: EngineHandle,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        regions: Sequence[HostRegion] = (),
     ) -> dict[str, np.ndarray]:
-        """Run one request; inputs are already validated against ``handle.inputs``."""
+        """Run one request; inputs are already validated against ``handle.inputs``.
+
+        ``outputs``: arrays to write the named outputs into (views of a client's
+        shared-memory region, validated against ``handle.outputs``); the result
+        holds those very arrays.  An output that comes out with another shape
+        raises ``OutputShapeError``.  ``regions``: the regions that some inputs
+        and outputs are views of (``HostRegion``), for a runtime that registers
+        host memory with its device; the others ignore it."""
         ...
 
     def release_engine(self, handle: EngineHandle) -> None:

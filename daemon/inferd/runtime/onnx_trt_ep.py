@@ -31,10 +31,12 @@ from inferd.errors import (
     EngineDeserializeError,
     InferenceError,
     OutOfMemoryError,
+    OutputShapeError,
     UnsafeDirectoryError,
 )
 from inferd.owned_files import ensure_owned_dir
 from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_options
+from inferd.runtime.ort_binding import is_output_shape_error, run_in_place
 from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
 from inferd.runtime.ort_precision import int8_refusal
 from inferd.runtime.ort_providers import (
@@ -53,6 +55,7 @@ from inferd.types import (
     BuildConfig,
     EngineCacheEntry,
     EngineHandle,
+    HostRegion,
     HostTuple,
     OptimizationProfile,
     PrecisionMode,
@@ -393,7 +396,11 @@ class OnnxTrtEpRuntime:
             )
 
     def infer(
-        self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]
+        self,
+        handle: EngineHandle,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        regions: Sequence[HostRegion] = (),
     ) -> dict[str, np.ndarray]:
         resident = self._residents.get(handle.handle_id)
         if resident is None:
@@ -402,12 +409,16 @@ class OnnxTrtEpRuntime:
             resident.fallback_announced = True
             self._announce_fallback(handle)
         try:
+            if outputs:  # written straight into the client's region (ort_binding)
+                return run_in_place(resident.session, resident.output_names, inputs, outputs)
             values = resident.session.run(resident.output_names, dict(inputs))
         except MemoryError as exc:
             raise OutOfMemoryError(f"host memory exhausted during inference: {exc}") from exc
         except Exception as exc:
             if "Failed to allocate memory" in str(exc):
                 raise OutOfMemoryError(f"onnxruntime could not allocate: {exc}") from exc
+            if outputs and is_output_shape_error(exc):
+                raise OutputShapeError(f"onnxruntime refused a placed output: {exc}") from exc
             raise InferenceError(f"onnxruntime run failed: {exc}") from exc
         return dict(zip(resident.output_names, values, strict=True))
 

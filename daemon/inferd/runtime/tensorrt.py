@@ -12,7 +12,9 @@
   bytes ``ValidatedEngine.read_verified`` re-hashed; IO specs; one warm-up run.
 * ``infer``: pinned host buffers and device buffers allocated once per tensor
   (re-allocated only when a dynamic shape grows), H2D -> ``execute_async_v3``
-  -> D2H -> ``Stream.synchronize`` on the runtime's own stream.
+  -> D2H -> ``Stream.synchronize`` on the runtime's own stream
+  (``tensorrt_execute``); tensors in a client's shared-memory region are read
+  and written where they are (``tensorrt_host``).
 
 GPU memory budget: ``tensorrt_memory``; the CUDA context and why every call
 makes it current: ``tensorrt_cuda``; resident engines and their release
@@ -24,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ from inferd.errors import (
 )
 from inferd.runtime.tensorrt_buffers import IOBuffers
 from inferd.runtime.tensorrt_cuda import CudaContext, is_sticky_cuda_error
+from inferd.runtime.tensorrt_execute import enqueue_and_wait
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.runtime.tensorrt_memory import GpuMemoryLedger, ledger_for, mib
 from inferd.runtime.tensorrt_resident import (
@@ -60,6 +63,7 @@ from inferd.types import (
     BuildConfig,
     EngineCacheEntry,
     EngineHandle,
+    HostRegion,
     HostTuple,
     RecordSink,
     ThermalState,
@@ -312,7 +316,11 @@ class TensorRTRuntime:
     # -- infer ----------------------------------------------------------------------------
 
     def infer(
-        self, handle: EngineHandle, inputs: Mapping[str, np.ndarray]
+        self,
+        handle: EngineHandle,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        regions: Sequence[HostRegion] = (),
     ) -> dict[str, np.ndarray]:
         resident = self._state.residents.get(handle.handle_id)
         if resident is None:
@@ -320,12 +328,27 @@ class TensorRTRuntime:
         with self._cuda.section():
             if resident.context is None:  # released by another thread meanwhile
                 raise InferenceError(f"engine handle {handle.handle_id} has been released")
-            return self._run(resident, inputs)
+            return self._run(resident, inputs, outputs or {}, regions)
 
-    def _run(self, resident: Resident, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(
+        self,
+        resident: Resident,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+        regions: Sequence[HostRegion] = (),
+    ) -> dict[str, np.ndarray]:
         cuda = self._cuda.module
         try:
-            return self._enqueue_and_wait(resident, inputs)
+            return enqueue_and_wait(
+                self._cuda,
+                self._tlog,
+                self._state.host,
+                self._charge_buffers,
+                resident,
+                inputs,
+                outputs or {},
+                regions,
+            )
         except cuda.MemoryError as exc:
             self._drain()
             raise OutOfMemoryError(f"CUDA out of memory during inference: {exc}") from exc
@@ -343,36 +366,8 @@ class TensorRTRuntime:
         with contextlib.suppress(Exception):
             self._cuda.stream.synchronize()
 
-    def _enqueue_and_wait(
-        self, resident: Resident, inputs: Mapping[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
-        cuda = self._cuda.module
-        stream = self._cuda.stream
-        context = resident.context
-        staged: list[tuple[str, np.ndarray]] = []
-        for spec in resident.inputs:
-            if spec.name not in inputs:
-                raise InferenceError(f"input {spec.name!r} is missing")
-            array = inputs[spec.name]
-            if array.dtype != resident.dtypes[spec.name]:
-                raise InferenceError(
-                    f"input {spec.name!r} is {array.dtype}, the engine expects {spec.dtype}"
-                )
-            resident.set_input_shape(self._tlog, spec, array)
-            staged.append((spec.name, array))
-        out_shapes: list[tuple[str, tuple[int, ...]]] = []
-        for spec in resident.outputs:
-            shape = tuple(int(dim) for dim in context.get_tensor_shape(spec.name))
-            if any(dim < 0 for dim in shape):
-                raise InferenceError(
-                    f"output {spec.name!r} has a data-dependent shape {list(shape)}, which "
-                    "this runtime does not support"
-                )
-            out_shapes.append((spec.name, shape))
-
-        required = {name: array.nbytes for name, array in staged}
-        for name, shape in out_shapes:
-            required[name] = int(np.prod(shape, dtype=np.int64)) * resident.dtypes[name].itemsize
+    def _charge_buffers(self, resident: Resident, required: dict[str, int]) -> None:
+        """Charge the IO buffers ``required`` (tensor -> bytes) grows to, or raise."""
         grown = resident.buffers.capacity_after(required)
         if grown != resident.buffers.device_bytes or not resident.buffers.buffers:
             budget = self._config.gpu_memory_budget_bytes
@@ -385,38 +380,6 @@ class TensorRTRuntime:
                     f"fit the GPU memory budget ({mib(others + resident.base_charge)} of "
                     f"{mib(budget)} already held)"
                 )
-        for name, nbytes in required.items():
-            buffer, moved = resident.buffers.ensure(name, nbytes)
-            if moved or resident.addresses.get(name) != buffer.address:
-                if not context.set_tensor_address(name, buffer.address):
-                    raise InferenceError(f"TensorRT refused the device address of {name!r}")
-                resident.addresses[name] = buffer.address
-
-        buffers = resident.buffers.buffers
-        for name, array in staged:
-            if array.nbytes == 0:
-                continue
-            buffer = buffers[name]
-            np.copyto(buffer.host_view(array.nbytes, array.dtype, array.shape), array)
-            cuda.memcpy_htod_async(buffer.device, buffer.host_bytes(array.nbytes), stream)
-        mark = self._tlog.mark()
-        if not context.execute_async_v3(stream.handle):
-            said = self._tlog.since(mark)
-            raise ExecutionFailedError(
-                explain_failure(said, action="enqueue the inference"),
-                sticky=is_sticky_cuda_error(" ".join(said)),
-            )
-        for name, _shape in out_shapes:
-            if required[name]:
-                buffer = buffers[name]
-                cuda.memcpy_dtoh_async(buffer.host_bytes(required[name]), buffer.device, stream)
-        stream.synchronize()
-        # Copy out of the pinned buffers: they are reused by the next request while
-        # the reply frames may still be in flight.
-        return {
-            name: buffers[name].host_view(required[name], resident.dtypes[name], shape).copy()
-            for name, shape in out_shapes
-        }
 
     # -- release --------------------------------------------------------------------------
 

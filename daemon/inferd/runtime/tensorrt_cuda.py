@@ -14,6 +14,10 @@ that is current (or on its creating thread), so ``close`` pushes it first.
 A section also routes what TensorRT logs on this thread to the runtime's
 ``TensorRTLog`` (TensorRT has one logger per process: ``tensorrt_log``).
 A lock serialises sections of one runtime; two runtimes never share a context.
+The context is made with ``ctx_flags.MAP_HOST``, without which CUDA ignores the
+``DEVICEMAP`` flag of a host registration (``tensorrt_host``); ``integrated``
+(``device_attribute.INTEGRATED``: a Jetson's GPU shares the host's DRAM) decides
+whether TensorRT reads registered host memory in place or by DMA.
 ``close`` (also run when the runtime is garbage collected) releases every
 engine and detaches the context.
 """
@@ -45,7 +49,9 @@ class CudaContext:
         self.lock = threading.RLock()
         try:
             cuda.init()
-            context = cuda.Device(device_id).make_context()
+            device = cuda.Device(device_id)
+            self.integrated = bool(device.get_attribute(cuda.device_attribute.INTEGRATED))
+            context = device.make_context(cuda.ctx_flags.MAP_HOST)
         except cuda.Error as exc:
             raise RuntimeNotAvailableError(
                 LABEL, f"CUDA device {device_id} cannot be opened ({exc})"

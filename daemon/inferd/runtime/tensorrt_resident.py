@@ -4,8 +4,9 @@
 buffers.  ``ResidentSet``: every resident engine of a runtime plus its
 ``trt.Runtime`` and CUDA context; ``close`` releases them in TensorRT's order
 (engines before the runtime that deserialized them) with the context current,
-then detaches the context.  It is kept apart from the runtime object so that
-``weakref.finalize`` holds no reference to the runtime.
+unregisters the client regions registered with the context, then detaches it.
+It is kept apart from the runtime object so that ``weakref.finalize`` holds no
+reference to the runtime.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import structlog
 from inferd.errors import InferenceError
 from inferd.runtime.tensorrt_buffers import IOBuffers, numpy_dtype_name
 from inferd.runtime.tensorrt_cuda import CudaContext
+from inferd.runtime.tensorrt_host import HostRegistrations
 from inferd.runtime.tensorrt_log import TensorRTLog, explain_failure
 from inferd.runtime.tensorrt_memory import GpuMemoryLedger
 from inferd.types import OptimizationProfile, TensorSpec
@@ -99,6 +101,8 @@ class ResidentSet:
         self.ledger = ledger
         self.residents: dict[int, Resident] = {}
         self.trt_runtime: Any = None
+        #: Client regions registered with the context (unregistered before it goes).
+        self.host = HostRegistrations(cuda)
         self.closed = False
 
     def close(self) -> None:
@@ -120,6 +124,7 @@ class ResidentSet:
                     resident.free()
                     self.ledger.release(resident.key)
                 self.residents.clear()
+                self.host.close()
                 self.trt_runtime = None  # after its engines: destroying it first is UB
                 cuda.stream = None
             finally:

@@ -18,12 +18,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import structlog
 import zmq
 
-from inferd.bus.codec import validate_inputs
+from inferd.bus.codec import validate_inputs, validate_outputs
 from inferd.bus.server import REPLIES_ENDPOINT
-from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError
+from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
@@ -84,9 +85,13 @@ class EngineWorker(threading.Thread):
                     self._call(job)
                     continue
                 try:
-                    send_frames(replies, self._run(job))
+                    reply = self._run(job)
                 finally:
+                    # Its views are dropped and its regions' leases go back before the
+                    # reply leaves: nothing of a released region is used after this.
+                    job.finish()
                     self._scheduler.task_done()
+                send_frames(replies, reply)
         finally:
             self.activated.set()
             for slot in self._slots.values():
@@ -147,14 +152,22 @@ class EngineWorker(threading.Thread):
             return self._error(
                 job, slot, Code.UNAVAILABLE, f"model {job.model!r} is {slot.state}{reason}"
             )
-        inputs = job.inputs
+        inputs, placed = job.inputs, job.outputs
         if inputs is None:  # arrived while the model was loading
             try:
-                inputs = validate_inputs(job.header, job.frames, handle.inputs)
+                inputs = validate_inputs(job.header, job.frames, handle.inputs, job.regions)
+                placed = job.outputs = validate_outputs(job.regions, handle.outputs)
             except ProtocolError as exc:
                 return self._error(job, slot, exc.code, exc.message)
         try:
-            outputs = runtime.infer(handle, inputs)
+            if job.regions is None:
+                outputs = runtime.infer(handle, inputs)
+            else:
+                outputs = runtime.infer(
+                    handle, inputs, outputs=placed or None, regions=job.regions.regions()
+                )
+        except OutputShapeError as exc:
+            return self._error(job, slot, Code.INVALID_ARGUMENT, str(exc))
         except OutOfMemoryError as exc:
             return self._error(job, slot, Code.RESOURCE_EXHAUSTED, str(exc))
         except ExecutionFailedError as exc:
@@ -174,7 +187,7 @@ class EngineWorker(threading.Thread):
         finished_ns = time.monotonic_ns()
         if self._failover is not None:
             self._failover.succeeded(slot)
-        descriptors, frames = protocol.encode_tensors(outputs)
+        descriptors, frames = _reply_tensors(outputs, job)
         header = protocol.ok_header(
             job.request_id,
             model=job.model,
@@ -193,3 +206,27 @@ class EngineWorker(threading.Thread):
     def _error(self, job: Job, slot: ModelSlot, code: Code, message: str) -> list[Any]:
         slot.stats.answered(str(code))
         return [*job.envelope, protocol.pack(protocol.error_header(job.request_id, code, message))]
+
+
+def _reply_tensors(
+    outputs: dict[str, np.ndarray], job: Job
+) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """The reply's output descriptors and frames: an output the request placed in a
+    region was written there and is described by its region range, with no frame."""
+    if job.regions is None or not job.regions.outputs:
+        return protocol.encode_tensors(outputs)
+    placements = {placement.name: placement for placement in job.regions.outputs}
+    descriptors: list[dict[str, Any]] = []
+    frames: list[np.ndarray] = []
+    for name, array in outputs.items():
+        placement = placements.get(name)
+        if placement is None:
+            descriptor, frame = protocol.encode_tensors({name: array})
+            descriptors += descriptor
+            frames += frame
+            continue
+        view = job.outputs[name] if job.outputs else None
+        if view is not None and array is not view:
+            np.copyto(view, array)  # a runtime that could not write in place
+        descriptors.append(placement.as_wire())
+    return descriptors, frames

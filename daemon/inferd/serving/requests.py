@@ -20,7 +20,14 @@ from typing import Any
 
 import structlog
 
-from inferd.bus.codec import Request, check_descriptors, deadline_ms_of, validate_inputs
+from inferd.bus.codec import (
+    Request,
+    bind_regions,
+    check_descriptors,
+    deadline_ms_of,
+    validate_inputs,
+    validate_outputs,
+)
 from inferd.bus.server import Reply
 from inferd.bus.zap import peer_of
 from inferd.serving.scheduler import (
@@ -31,6 +38,7 @@ from inferd.serving.scheduler import (
     SchedulerClosedError,
 )
 from inferd.serving.slot import ModelSlot
+from inferd.shm.regions import RegionTable, RequestRegions
 from inferd.types import Peer
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
@@ -54,6 +62,8 @@ def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
 
 
 def job_error(job: Job, code: Code, message: str) -> Reply:
+    """The reply to a job answered without running (its region leases go back)."""
+    job.finish()
     return Reply(job.envelope, protocol.error_header(job.request_id, code, message))
 
 
@@ -65,8 +75,10 @@ class RequestRouter:
         control_ops: Mapping[str, ControlOp],
         operator_ops: Mapping[str, OperatorOp] | None = None,
         deferred_ops: Mapping[str, DeferredOp] | None = None,
+        regions: RegionTable | None = None,
     ) -> None:
         self._slots = slots
+        self._regions = regions
         self._scheduler = scheduler
         self._control_ops = control_ops
         self._operator_ops = operator_ops or {}
@@ -96,23 +108,31 @@ class RequestRouter:
             )
         slot.stats.received()
         try:
-            self._admit(request, slot)
+            if not self.accepting:
+                raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+            regions = bind_regions(request, self._regions)
+            try:
+                self._admit(request, slot, regions)
+            except BaseException:
+                if regions is not None:
+                    regions.release()
+                raise
         except ProtocolError as exc:
             slot.stats.answered(str(exc.code))
             raise
         return None
 
-    def _admit(self, request: Request, slot: ModelSlot) -> None:
-        if not self.accepting:
-            raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+    def _admit(self, request: Request, slot: ModelSlot, regions: RequestRegions | None) -> None:
         handle = slot.handle
+        outputs = None
         if slot.state == "loading":
             # Loading or failing over: the request waits (up to its deadline)
             # and is validated against the IO spec once the model serves.
-            check_descriptors(request.header, request.tensors)
+            check_descriptors(request.header, request.tensors, regions)
             inputs = None
         elif slot.state == "serving" and handle is not None:
-            inputs = validate_inputs(request.header, request.tensors, handle.inputs)
+            inputs = validate_inputs(request.header, request.tensors, handle.inputs, regions)
+            outputs = validate_outputs(regions, handle.outputs)
         else:
             raise ProtocolError(
                 Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"
@@ -137,6 +157,8 @@ class RequestRouter:
             frames=request.tensors,
             header=request.header,
             nbytes=nbytes,
+            regions=regions,
+            outputs=outputs,
         )
         try:
             superseded = self._scheduler.submit(job)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from inferd.config import QueuePolicy
+from inferd.shm.regions import RequestRegions
 from inferd_wire.protocol import RequestId
 
 
@@ -37,6 +38,21 @@ class Job:
     header: dict[str, Any] = field(default_factory=dict, repr=False)
     #: Bytes of the tensor frames: what the job holds while it is queued.
     nbytes: int = 0
+    #: The shared-memory regions its tensors live in, leased until ``finish``.
+    regions: RequestRegions | None = field(default=None, repr=False)
+    #: Writable region views of the outputs it placed (validated like ``inputs``;
+    #: None until then).
+    outputs: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    def finish(self) -> None:
+        """The job is answered: drop its views of tensors and give its region leases
+        back (views first: a region is unmapped only once no view of it is alive).
+        The frames stay with the job object (freeing them is not worth doing on the
+        way to the reply)."""
+        self.inputs = None
+        self.outputs = None
+        if self.regions is not None:
+            self.regions.release()
 
     @property
     def client(self) -> bytes:

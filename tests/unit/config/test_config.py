@@ -482,3 +482,42 @@ def test_invalid_resource_limits(tmp_path: Path, text: str, message: str) -> Non
     with pytest.raises(ConfigError) as error:
         load_text(tmp_path, text)
     assert message in str(error.value)
+
+
+def test_shm_keys(tmp_path: Path) -> None:
+    defaults = load_text(tmp_path, "[daemon]\nruntime_dir = 'run'\n" + MINIMAL)
+    shm = defaults.shm
+    assert shm.enabled and shm.socket == tmp_path / "run" / "shm.sock"  # next to infer.sock
+    assert (shm.max_connections, shm.max_regions_per_connection) == (16, 16)
+    assert (shm.max_bytes_per_uid, shm.max_bytes_total) == (512 * 1024**2, 1024**3)
+    elsewhere = load_text(tmp_path, "[bus]\ninfer_endpoint = 'ipc:///srv/x/infer.sock'\n" + MINIMAL)
+    assert elsewhere.shm.socket == Path("/srv/x/shm.sock")
+    loaded = load_text(
+        tmp_path,
+        "[daemon]\nruntime_dir = 'run'\n[shm]\nenabled = false\nsocket = 'regions.sock'\n"
+        "max_connections = 2\nmax_regions_per_connection = 3\nmax_bytes_per_uid = 4096\n"
+        "max_bytes_total = 8192\n" + MINIMAL,
+    )
+    assert not loaded.shm.enabled and loaded.shm.socket == tmp_path / "run" / "regions.sock"
+    assert (loaded.shm.max_connections, loaded.shm.max_regions_per_connection) == (2, 3)
+    assert (loaded.shm.max_bytes_per_uid, loaded.shm.max_bytes_total) == (4096, 8192)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[shm]\nmax_connections = 0\n", "shm.max_connections must be positive, got 0"),
+        ("[shm]\nmax_regions_per_connection = -1\n", "shm.max_regions_per_connection must be"),
+        ("[shm]\nmax_bytes_per_uid = true\n", "shm.max_bytes_per_uid must be int"),
+        (
+            "[shm]\nmax_bytes_per_uid = 10\nmax_bytes_total = 9\n",
+            "shm.max_bytes_total (9) must be at least shm.max_bytes_per_uid (10)",
+        ),
+        ("[shm]\nsocket = '" + "x" * 120 + "'\n", "shm.socket: ipc path is"),
+        ("[shm]\nlimit = 1\n", "shm: unknown key(s) ['limit']"),
+    ],
+)
+def test_invalid_shm_keys(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_text(tmp_path, text + MINIMAL)
+    assert message in str(error.value)

@@ -1,0 +1,247 @@
+"""Shared-memory regions on the client side: memory the daemon reads inputs from and
+writes outputs into, so that no tensor byte crosses the socket.
+
+``SharedRegion`` owns a sealed memfd and its mapping and hands out numpy arrays
+backed by it (``region.array(shape, dtype)``): allocate once, fill in place (a
+camera driver can write straight into one), infer, read the outputs in place.
+``RegionChannel`` is the registration connection (the daemon's ``shm.sock``):
+the daemon keeps a region mapped for as long as the connection that registered
+it stays open, so closing the channel (or the process ending, or being killed)
+releases every region it registered.  ``InferenceClient`` owns one channel
+(``InferenceClient.shared_region``).  Neither is thread-safe: one per thread,
+like the client itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import math
+import mmap
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from inferd_client.errors import (
+    ClientError,
+    MalformedReply,
+    RemoteError,
+    RequestTimeout,
+    UnsafeEndpoint,
+)
+from inferd_wire import protocol
+from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint
+from inferd_wire.protocol import ProtocolError
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES, REGION_ALIGNMENT, RegionRef
+
+#: Sealed against shrinking (what the daemon requires: it can then never fault on
+#: the memory), growing, and further sealing.
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class SharedRegion:
+    """A sealed memfd of ``nbytes`` (rounded up to the page size), mapped read-write.
+
+    ``array`` allocates C-contiguous arrays in it, each at a 256-byte aligned
+    offset; ``locate`` says where an array lives in it.  ``close`` releases the
+    mapping once no array of it is alive (the daemon's own mapping, if
+    registered, is released when the registration is)."""
+
+    def __init__(self, nbytes: int, *, label: str | None = None) -> None:
+        if nbytes <= 0:
+            raise ValueError(f"a region needs a positive size, got {nbytes}")
+        self.nbytes = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.label = label
+        fd = os.memfd_create(f"inferd-{label or 'region'}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, self.nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            self._mapping = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self._base: np.ndarray | None = np.frombuffer(self._mapping, np.uint8)
+        self._used = 0
+
+    @property
+    def address(self) -> int:
+        return int(self._view().ctypes.data)
+
+    def _view(self) -> np.ndarray:
+        if self._base is None:
+            raise ClientError("the shared region is closed")
+        return self._base
+
+    def array(self, shape: Sequence[int] | int, dtype: Any) -> np.ndarray:
+        """A new writable array in the region (its contents are whatever was there)."""
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(dims) * dtype.itemsize
+        offset = -(-self._used // REGION_ALIGNMENT) * REGION_ALIGNMENT
+        if offset + nbytes > self.nbytes:
+            raise ClientError(
+                f"the region has {self.nbytes - offset} bytes left; an array of {list(dims)} "
+                f"{dtype.name} needs {nbytes}"
+            )
+        self._used = offset + nbytes
+        view: np.ndarray = self._view()[offset : offset + nbytes].view(dtype).reshape(dims)
+        return view
+
+    def reset(self) -> None:
+        """Allocate from the start again (arrays handed out before now alias new ones)."""
+        self._used = 0
+
+    def locate(self, array: np.ndarray) -> tuple[int, int] | None:
+        """``(offset, nbytes)`` of ``array`` when it is a C-contiguous, 256-byte aligned
+        block of this region, else None (it then travels as a frame)."""
+        if self._base is None or not array.flags.c_contiguous:
+            return None
+        start = int(array.ctypes.data) - self.address
+        if start < 0 or start + array.nbytes > self.nbytes or start % REGION_ALIGNMENT:
+            return None
+        return start, array.nbytes
+
+    def close(self) -> None:
+        """Unmap (once no array of the region is alive) and close the memfd."""
+        self._base = None
+        with contextlib.suppress(BufferError):  # arrays still alive keep it until they go
+            self._mapping.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> SharedRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RegionChannel:
+    """The registration connection to the daemon's ``shm.sock`` (``SOCK_SEQPACKET``)."""
+
+    def __init__(self, path: str, *, timeout: float = 5.0) -> None:
+        try:  # the same trust rule as for the ipc sockets
+            check_client_endpoint(f"ipc://{path}")
+        except UnsafeEndpointError as exc:
+            raise UnsafeEndpoint(str(exc)) from None
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self._socket.settimeout(timeout)
+        try:
+            self._socket.connect(path)
+        except OSError as exc:
+            self._socket.close()
+            raise ClientError(f"cannot connect to the shm socket {path}: {exc}") from None
+        self.path = path
+        self._ids = itertools.count(1)
+
+    def register(self, region: SharedRegion) -> str:
+        """Hand ``region``'s memfd to the daemon; returns the region id."""
+        header: dict[str, Any] = {"op": "register"}
+        if region.label is not None:
+            header["label"] = region.label
+        result = self._call(header, [region.fd])
+        region_id = result.get("region")
+        if not isinstance(region_id, str):
+            raise MalformedReply(f"register reply has no region id: {result!r}")
+        return region_id
+
+    def unregister(self, region_id: str) -> None:
+        self._call({"op": "unregister", "region": region_id}, [])
+
+    def _call(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        request_id = next(self._ids)
+        message = protocol.pack({"v": protocol.PROTOCOL_VERSION, "id": request_id, **header})
+        try:
+            # Refused at connect (shm.max_connections): the refusal is queued for us.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                socket.send_fds(self._socket, [message], fds)
+            data = self._receive()
+        except TimeoutError:
+            raise RequestTimeout(f"no reply from {self.path}") from None
+        except OSError as exc:
+            raise ClientError(f"the shm socket {self.path} failed: {exc}") from None
+        if not data:
+            raise ClientError(f"the daemon closed the shm socket {self.path}")
+        try:
+            reply = protocol.unpack_header(data, MAX_SHM_MESSAGE_BYTES)
+        except ProtocolError as exc:
+            raise MalformedReply(str(exc)) from None
+        if reply.get("ok") is not True:
+            error = reply.get("error") or {}
+            raise RemoteError(str(error.get("code")), str(error.get("message")))
+        if reply.get("id") != request_id:
+            raise MalformedReply(f"reply to id {reply.get('id')!r}, not {request_id}")
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            raise MalformedReply(f"reply has no result: {reply!r}")
+        return result
+
+    def _receive(self) -> bytes:
+        try:
+            return self._socket.recv(MAX_SHM_MESSAGE_BYTES)
+        except ConnectionResetError:
+            # Reported once by the kernel when the daemon closed the connection with
+            # our message unread; what it sent before closing is still there.
+            try:
+                return self._socket.recv(MAX_SHM_MESSAGE_BYTES, socket.MSG_DONTWAIT)
+            except OSError:
+                return b""
+
+    def close(self) -> None:
+        """Close the connection: the daemon releases every region it registered."""
+        self._socket.close()
+
+
+def region_ref(regions: dict[str, SharedRegion], array: np.ndarray) -> RegionRef | None:
+    """Where ``array`` lives among the registered ``regions`` (by id), if anywhere."""
+    for region_id, region in regions.items():
+        located = region.locate(array)
+        if located is not None:
+            return RegionRef(region_id, *located)
+    return None
+
+
+def encode_inputs(
+    inputs: dict[str, np.ndarray], regions: dict[str, SharedRegion]
+) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Input descriptors and frames: an array that lives in a registered region is
+    described by its range there and sends no frame; any other is a frame."""
+    descriptors: list[dict[str, Any]] = []
+    frames: list[np.ndarray] = []
+    for name, value in inputs.items():
+        array = np.asarray(value)
+        ref = region_ref(regions, array) if regions else None
+        if ref is None:
+            described, framed = protocol.encode_tensors({name: array})
+            descriptors += described
+            frames += framed
+        else:
+            dtype_name = protocol.wire_dtype_name(name, array.dtype)
+            if array.dtype.byteorder == ">":
+                raise ClientError(f"input {name!r} is big-endian; regions hold little-endian")
+            descriptors.append(
+                {"name": name, "dtype": dtype_name, "shape": list(array.shape), **ref.as_wire()}
+            )
+    return descriptors, frames
+
+
+def placed_outputs(
+    outputs: dict[str, np.ndarray], regions: dict[str, SharedRegion]
+) -> list[dict[str, Any]]:
+    """Descriptors of the caller's output arrays that live in a registered region:
+    the daemon writes those outputs there."""
+    placed = []
+    for name, array in outputs.items():
+        ref = region_ref(regions, array) if regions else None
+        if ref is not None:
+            dtype_name = protocol.wire_dtype_name(name, array.dtype)
+            placed.append(
+                {"name": name, "dtype": dtype_name, "shape": list(array.shape), **ref.as_wire()}
+            )
+    return placed

@@ -1,0 +1,131 @@
+"""The wire contract of shared-memory tensors, shared by the daemon and its clients.
+
+A client hands the daemon a region of memory once, over the registration
+socket (``shm.sock``, a local ``SOCK_SEQPACKET`` Unix socket next to the infer
+socket): a small msgpack header and, with ``register``, a sealed memfd passed
+with ``SCM_RIGHTS``.  The daemon answers with the region's id, 128 random bits
+as 32 hex digits: a capability the client then names in infer requests, where
+a tensor descriptor may carry ``region``, ``offset`` and ``nbytes`` instead of
+a frame (inputs), or name where an output is to be written (``outputs``).
+
+Only standard library code lives here (no sockets), so both sides import it
+freely; the JSON Schemas ``schemas/bus/shm_request.json``, ``shm_reply.json``
+and ``common.json#/$defs/region_tensor_descriptor`` are the normative text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferd_wire.protocol import Code, ProtocolError
+
+#: File name of the registration socket, in the infer socket's directory.
+SHM_SOCKET_NAME = "shm.sock"
+#: Upper bound of one registration message (header only; the memfd travels as
+#: ancillary data).  Larger messages are refused.
+MAX_SHM_MESSAGE_BYTES = 4096
+#: Every region-backed tensor starts at a multiple of this: what TensorRT asks of
+#: a tensor address (256 bytes), and more than any dtype or ONNX Runtime needs.
+REGION_ALIGNMENT = 256
+#: Region-backed tensors (inputs and outputs) one request may name, as
+#: ``bus.max_frames`` bounds its frames: the checks of a request stay cheap.
+MAX_REGION_TENSORS = 64
+#: Hex digits of a region id (128 bits).
+REGION_ID_HEX = 32
+#: Longest ``label`` a client may give a region (shown in ``status``).
+MAX_LABEL_CHARS = 64
+#: How much of a region id ``status`` and the logs show: enough to tell regions
+#: apart, far too little to use one (the id is the capability).
+REGION_ID_SHOWN = 8
+#: Operations of the registration socket.
+SHM_OPS = ("register", "unregister")
+
+_REGION_ID = re.compile(r"[0-9a-f]{32}")
+_MAX_OFFSET = 2**63
+
+
+@dataclass(frozen=True)
+class RegionRef:
+    """Where a tensor lives: ``nbytes`` bytes at ``offset`` in region ``region``."""
+
+    region: str
+    offset: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+    def as_wire(self) -> dict[str, Any]:
+        return {"region": self.region, "offset": self.offset, "nbytes": self.nbytes}
+
+
+def shown(region_id: str) -> str:
+    """The part of a region id that status and log lines show."""
+    return region_id[:REGION_ID_SHOWN]
+
+
+def parse_region_id(value: Any) -> str:
+    """A well-formed region id (32 lowercase hex digits), or INVALID_ARGUMENT."""
+    if not isinstance(value, str) or _REGION_ID.fullmatch(value) is None:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"'region' must be {REGION_ID_HEX} lowercase hex digits"
+        )
+    return value
+
+
+def parse_region_ref(where: str, descriptor: dict[str, Any]) -> RegionRef | None:
+    """The ``region``/``offset``/``nbytes`` of a tensor descriptor, or None when it
+    names no region (then neither ``offset`` nor ``nbytes`` may be present).
+    ``offset`` must be a multiple of ``REGION_ALIGNMENT``; that the range lies
+    within the region is checked by the daemon, which knows the region's size."""
+    if "region" not in descriptor:
+        stray = [key for key in ("offset", "nbytes") if key in descriptor]
+        if stray:
+            raise ProtocolError(Code.INVALID_ARGUMENT, f"{where}: {stray} given without a 'region'")
+        return None
+    region = parse_region_id(descriptor["region"])
+    values = []
+    for key in ("offset", "nbytes"):
+        value = descriptor.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_OFFSET:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"{where}: '{key}' must be a non-negative integer below 2**63, got {value!r}",
+            )
+        values.append(value)
+    offset, nbytes = values
+    if offset % REGION_ALIGNMENT:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: offset {offset} is not a multiple of {REGION_ALIGNMENT} "
+            "(region-backed tensors are 256-byte aligned)",
+        )
+    return RegionRef(region, offset, nbytes)
+
+
+def parse_label(value: Any) -> str | None:
+    """A registration's optional ``label``: 1..64 printable characters."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_LABEL_CHARS
+        or not value.isprintable()
+    ):
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"'label' must be 1..{MAX_LABEL_CHARS} printable characters",
+        )
+    return value
+
+
+def shm_socket_path(infer_endpoint: str, runtime_dir: Path) -> Path:
+    """Where the registration socket is: next to an ``ipc://`` infer socket, else
+    in ``runtime_dir``.  The daemon binds it there and clients look for it there."""
+    if infer_endpoint.startswith("ipc://"):
+        return Path(infer_endpoint.removeprefix("ipc://")).parent / SHM_SOCKET_NAME
+    return runtime_dir / SHM_SOCKET_NAME

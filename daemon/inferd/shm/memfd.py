@@ -1,0 +1,87 @@
+"""Mapping a memfd a client handed over, so that nothing the client does later can
+fault the daemon.
+
+A mapping of a file faults (SIGBUS) when the daemon touches a page that lies
+beyond the file's end: a client that truncates its file under the daemon's
+reads would kill it.  A memfd sealed with ``F_SEAL_SHRINK`` can never become
+smaller (seals are a property of the inode and can never be removed:
+fcntl(2), memfd_create(2)), so once the seals say so the size ``fstat`` reports
+stays mapped for as long as the daemon maps it; growing it is harmless, the
+mapping keeps its length.  Wayland's ``wl_shm`` pools rely on the same rule.
+The seals are read *before* the size, so no truncation can slip in between.
+What the client may still do: write the memory at any time (torn tensors are
+the client's concern, never a fault of the daemon's), unmap its own mapping or
+close its descriptor (the daemon's mapping keeps the pages).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import stat
+
+from inferd_wire.protocol import Code, ProtocolError
+
+#: The kernel's values, exported by Python's ``fcntl`` since 3.8 (bpo-26835);
+#: ``include/uapi/linux/fcntl.h``: F_LINUX_SPECIFIC_BASE (1024) + 10, and 0x0002.
+F_GET_SEALS: int = getattr(fcntl, "F_GET_SEALS", 1034)
+F_SEAL_SHRINK: int = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
+PAGE_SIZE = mmap.PAGESIZE
+
+
+def refused(message: str) -> ProtocolError:
+    return ProtocolError(Code.INVALID_ARGUMENT, message)
+
+
+def seal_state(fd: int) -> int:
+    """The file's seals; INVALID_ARGUMENT when it cannot carry any (not a memfd)."""
+    try:
+        return fcntl.fcntl(fd, F_GET_SEALS)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise refused(
+                "the descriptor is not a memfd (F_GET_SEALS: EINVAL): create the region "
+                "with memfd_create(MFD_ALLOW_SEALING)"
+            ) from None
+        raise refused(f"the descriptor's seals cannot be read: {exc.strerror}") from None
+
+
+def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
+    """Map ``fd`` shared and read-write; returns the mapping and its size.
+
+    Refused (``ProtocolError`` INVALID_ARGUMENT, nothing mapped) unless it is a
+    memfd sealed with ``F_SEAL_SHRINK``, a regular file of a positive size that
+    is a multiple of the page size (what CUDA registers), opened read-write and
+    not sealed against writing.  The caller keeps ownership of ``fd``."""
+    seals = seal_state(fd)
+    if not seals & F_SEAL_SHRINK:
+        raise refused(
+            f"the memfd is not sealed against shrinking (seals {seals:#x}, F_SEAL_SHRINK "
+            f"{F_SEAL_SHRINK:#x} missing): add it with fcntl(F_ADD_SEALS) before registering, "
+            "so that truncating it can never fault the daemon"
+        )
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise refused("the descriptor is not a regular memfd")
+    size = info.st_size
+    if size <= 0 or size % PAGE_SIZE:
+        raise refused(
+            f"the memfd holds {size} bytes; a region must be a positive multiple of the "
+            f"page size ({PAGE_SIZE})"
+        )
+    try:
+        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except PermissionError:
+        raise refused(
+            "the memfd cannot be mapped read-write (opened read-only, or sealed against "
+            "writing): outputs are written into regions"
+        ) from None
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            raise ProtocolError(
+                Code.RESOURCE_EXHAUSTED, f"the daemon cannot map the region now: {exc.strerror}"
+            ) from None
+        raise refused(f"the memfd cannot be mapped: {exc.strerror}") from None
+    return mapping, size

@@ -1,0 +1,391 @@
+"""The mapped regions, their owners, their limits and who uses them.
+
+A ``Region`` is one client's sealed memfd, mapped (``memfd.map_sealed_memfd``)
+and named by 128 random bits.  It belongs to the registration connection that
+brought it (``Connection``: the peer's pid/uid/gid from ``SO_PEERCRED``) and
+lives until that connection unregisters it or goes away, or the daemon stops.
+A request that names it holds a lease (``RequestRegions``) from admission on
+the bus thread until its reply is built on the engine worker (or until it is
+answered without running); a closed region keeps its mapping while any lease
+holds it, and is unmapped on the registration thread once none does: the
+memory under a running inference is never unmapped.
+
+Unmapping runs the runtimes' release hooks (TensorRT drops its CUDA
+registration), then drops the one numpy view of the whole mapping that every
+tensor view is a slice of, then closes the mapping.  Python refuses to close a
+mapping while any buffer exported from it is alive (``BufferError``), so a
+tensor view that outlived its lease can never point into unmapped memory: the
+region then stays mapped (and counted) and the close is retried.
+
+Mapped bytes are counted per uid and in total, from registration until the
+mapping is really gone, and bounded by ``[shm]`` (``RESOURCE_EXHAUSTED``).
+All state is behind one lock; nothing blocking runs under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+
+from inferd.config import ShmConfig
+from inferd.shm.memfd import map_sealed_memfd
+from inferd_wire.protocol import Code, ProtocolError
+from inferd_wire.regions import RegionRef, shown
+
+log = structlog.get_logger("inferd.shm")
+
+#: Region ids a connection remembers having unregistered (for a clear "already
+#: unregistered" instead of "unknown").
+_REMEMBERED_UNREGISTERED = 64
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    """``struct ucred`` of the peer when it connected (``SO_PEERCRED``)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass
+class Connection:
+    """One registration connection and the regions it registered."""
+
+    connection_id: int
+    peer: PeerCredentials
+    regions: dict[str, Region] = field(default_factory=dict)
+    unregistered: deque[str] = field(default_factory=lambda: deque(maxlen=_REMEMBERED_UNREGISTERED))
+
+
+class Region:
+    """One mapped memfd (see the module docstring)."""
+
+    def __init__(
+        self,
+        region_id: str,
+        owner: PeerCredentials,
+        mapping: mmap.mmap,
+        size: int,
+        label: str | None,
+    ) -> None:
+        self.region_id = region_id
+        self.owner = owner
+        self.size = size
+        self.label = label
+        self.created_unix_s = time.time()
+        self.leases = 0
+        #: Unregistered, or its connection gone: no new lease; unmapped at 0 leases.
+        self.closing = False
+        self.unmap_failed = False
+        self._mapping = mapping
+        self._base: np.ndarray | None = np.frombuffer(mapping, np.uint8)
+        self._hooks: list[Callable[[], None]] = []
+
+    @property
+    def shown_id(self) -> str:
+        return shown(self.region_id)
+
+    # -- HostRegion (inferd.types) ------------------------------------------------
+    def host_array(self) -> np.ndarray:
+        if self._base is None:
+            raise RuntimeError(f"region {self.shown_id} is unmapped")
+        return self._base
+
+    def on_release(self, hook: Callable[[], None]) -> None:
+        self._hooks.append(hook)
+
+    # -- tensors ------------------------------------------------------------------
+    def check_range(self, where: str, ref: RegionRef) -> None:
+        if ref.end > self.size:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"{where}: bytes {ref.offset}..{ref.end} lie outside region {self.shown_id} "
+                f"of {self.size} bytes",
+            )
+
+    def view(self, ref: RegionRef, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+        """``ref``'s bytes as an array (a slice of the one view of the mapping)."""
+        array: np.ndarray = self.host_array()[ref.offset : ref.end].view(dtype).reshape(shape)
+        return array
+
+    # -- release ------------------------------------------------------------------
+    def unmap(self) -> bool:
+        """Run the release hooks (once), then unmap; False while a view is alive."""
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # a runtime's failure must not keep the memory mapped
+                log.exception("shm_release_hook_failed", region=self.shown_id)
+        self._base = None
+        try:
+            self._mapping.close()
+        except BufferError:
+            self._base = np.frombuffer(self._mapping, np.uint8)
+            return False
+        return True
+
+
+class RegionTable:
+    """Every region of the daemon.  Registration calls come from the registration
+    thread, ``lease``/``unlease`` from the bus thread and the engine worker."""
+
+    def __init__(self, config: ShmConfig, wake: Callable[[], None] = lambda: None) -> None:
+        self._config = config
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._regions: dict[str, Region] = {}
+        #: Closed regions still mapped: leased, or a view outlived its lease.
+        self._closing: list[Region] = []
+        self._mapped_by_uid: dict[int, int] = {}
+        self._mapped_total = 0
+        self.registered = 0
+        self.unregistered = 0
+        self.released_on_disconnect = 0
+        self.unmapped = 0
+        self.refused: dict[str, int] = {}
+
+    # -- registration thread -----------------------------------------------------
+    def register(self, connection: Connection, fd: int, label: str | None) -> Region:
+        """Map ``fd`` for ``connection``; ``ProtocolError`` (nothing held) when it is
+        not a sealed memfd or a limit would be exceeded."""
+        limit = self._config.max_regions_per_connection
+        if len(connection.regions) >= limit:
+            raise ProtocolError(
+                Code.RESOURCE_EXHAUSTED,
+                f"this connection holds {limit} regions already (shm.max_regions_per_connection)",
+            )
+        mapping, size = map_sealed_memfd(fd)
+        uid = connection.peer.uid
+        with self._lock:
+            by_uid = self._mapped_by_uid.get(uid, 0)
+            error = None
+            if by_uid + size > self._config.max_bytes_per_uid:
+                error = (
+                    f"uid {uid} has {by_uid} bytes mapped; this region's {size} would exceed "
+                    f"shm.max_bytes_per_uid ({self._config.max_bytes_per_uid})"
+                )
+            elif self._mapped_total + size > self._config.max_bytes_total:
+                error = (
+                    f"the daemon has {self._mapped_total} bytes mapped; this region's {size} "
+                    f"would exceed shm.max_bytes_total ({self._config.max_bytes_total})"
+                )
+            if error is None:
+                region = Region(secrets.token_hex(16), connection.peer, mapping, size, label)
+                self._regions[region.region_id] = region
+                connection.regions[region.region_id] = region
+                self._mapped_by_uid[uid] = by_uid + size
+                self._mapped_total += size
+                self.registered += 1
+        if error is not None:
+            mapping.close()
+            raise ProtocolError(Code.RESOURCE_EXHAUSTED, error)
+        log.info(
+            "shm_region_registered",
+            region=region.shown_id,
+            nbytes=size,
+            uid=uid,
+            pid=connection.peer.pid,
+            label=label,
+        )
+        return region
+
+    def unregister(self, connection: Connection, region_id: str) -> None:
+        """Close one region of ``connection``; NOT_FOUND if it holds no such region."""
+        with self._lock:
+            region = connection.regions.pop(region_id, None)
+            if region is not None:
+                connection.unregistered.append(region_id)
+                self._close(region)
+                self.unregistered += 1
+        if region is None:
+            already = region_id in connection.unregistered
+            raise ProtocolError(
+                Code.NOT_FOUND,
+                f"region {shown(region_id)} "
+                + (
+                    "was already unregistered"
+                    if already
+                    else "is not registered on this connection"
+                ),
+            )
+        self.release_due()
+
+    def disconnect(self, connection: Connection) -> None:
+        """The connection went away (client exit, kill): close all its regions."""
+        with self._lock:
+            regions = list(connection.regions.values())
+            connection.regions.clear()
+            for region in regions:
+                self._close(region)
+            self.released_on_disconnect += len(regions)
+        if regions:
+            log.info(
+                "shm_connection_closed",
+                regions=len(regions),
+                pid=connection.peer.pid,
+                uid=connection.peer.uid,
+            )
+        self.release_due()
+
+    def _close(self, region: Region) -> None:
+        # With the lock held.
+        self._regions.pop(region.region_id, None)
+        region.closing = True
+        self._closing.append(region)
+
+    def release_due(self) -> None:
+        """Unmap every closed region no lease holds (hooks run outside the lock)."""
+        with self._lock:
+            due = [region for region in self._closing if region.leases == 0]
+        for region in due:
+            done = region.unmap()
+            with self._lock:
+                if done:
+                    self._closing.remove(region)
+                    uid = region.owner.uid
+                    self._mapped_by_uid[uid] -= region.size
+                    if not self._mapped_by_uid[uid]:
+                        del self._mapped_by_uid[uid]
+                    self._mapped_total -= region.size
+                    self.unmapped += 1
+                elif not region.unmap_failed:
+                    region.unmap_failed = True
+                    log.error("shm_region_still_viewed", region=region.shown_id)
+
+    def close_all(self) -> None:
+        """Shutdown: close every region (requests are over) and unmap them."""
+        with self._lock:
+            for region in list(self._regions.values()):
+                self._close(region)
+        self.release_due()
+
+    # -- bus thread and engine worker --------------------------------------------
+    def lease(self, region_id: str, peer_uid: int | None) -> Region:
+        """The live region ``region_id``, with a lease taken; ``NOT_FOUND`` (unknown
+        or closed) or ``PERMISSION_DENIED`` (the request's peer is known to be
+        another uid than the region's owner)."""
+        with self._lock:
+            region = self._regions.get(region_id)
+            if region is not None and (peer_uid is None or peer_uid == region.owner.uid):
+                region.leases += 1
+                return region
+        if region is None:
+            raise ProtocolError(
+                Code.NOT_FOUND,
+                f"no region {shown(region_id)} is registered (never, or unregistered, or its "
+                "registration connection closed)",
+            )
+        raise ProtocolError(
+            Code.PERMISSION_DENIED,
+            f"region {region.shown_id} belongs to uid {region.owner.uid}; this request comes "
+            f"from uid {peer_uid}",
+        )
+
+    def unlease(self, region: Region) -> None:
+        with self._lock:
+            region.leases -= 1
+            due = region.closing and region.leases == 0
+        if due:
+            self._wake()  # unmapped on the registration thread, never here
+
+    # -- status -------------------------------------------------------------------
+    def mapped_bytes(self) -> int:
+        return self._mapped_total
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            regions = [*self._regions.values(), *self._closing]
+            return {
+                "mapped_bytes": self._mapped_total,
+                "mapped_bytes_by_uid": {str(uid): n for uid, n in self._mapped_by_uid.items()},
+                "regions": [_describe(region) for region in regions],
+                "registered": self.registered,
+                "unregistered": self.unregistered,
+                "released_on_disconnect": self.released_on_disconnect,
+                "unmapped": self.unmapped,
+                "refused": dict(self.refused),
+            }
+
+    def count_refusal(self, code: Code) -> None:
+        with self._lock:
+            self.refused[str(code)] = self.refused.get(str(code), 0) + 1
+
+
+def _describe(region: Region) -> dict[str, Any]:
+    return {
+        "id": region.shown_id,
+        "label": region.label,
+        "owner": {"uid": region.owner.uid, "gid": region.owner.gid, "pid": region.owner.pid},
+        "nbytes": region.size,
+        "in_use": region.leases,
+        "state": "releasing" if region.closing else "registered",
+        "created_unix_s": round(region.created_unix_s, 3),
+    }
+
+
+@dataclass(frozen=True)
+class OutputPlacement:
+    """An output a request asked to have written into a region."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    region: Region
+    ref: RegionRef
+
+    def as_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype.name,
+            "shape": list(self.shape),
+            **self.ref.as_wire(),
+        }
+
+
+class RequestRegions:
+    """The regions one request names, each leased once, until ``release``; and
+    where its tensors are: ``inputs`` by descriptor index, ``outputs`` in order."""
+
+    def __init__(self, table: RegionTable, peer_uid: int | None) -> None:
+        self._table = table
+        self._peer_uid = peer_uid
+        self._held: dict[str, Region] = {}
+        self.inputs: dict[int, tuple[Region, RegionRef]] = {}
+        self.outputs: list[OutputPlacement] = []
+
+    def lease(self, where: str, ref: RegionRef) -> Region:
+        region = self._held.get(ref.region)
+        if region is None:
+            region = self._table.lease(ref.region, self._peer_uid)
+            self._held[ref.region] = region
+        region.check_range(where, ref)
+        return region
+
+    def regions(self) -> list[Region]:
+        return list(self._held.values())
+
+    def release(self) -> None:
+        """Give every lease back (idempotent)."""
+        held, self._held = self._held, {}
+        for region in held.values():
+            self._table.unlease(region)
+
+    @contextlib.contextmanager
+    def released_on_error(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.release()
+            raise

@@ -1,0 +1,103 @@
+"""The client's side of shared-memory tensors (``inferd_client.shm``): sealed regions,
+arrays in them, and how a request and its reply describe them."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferd_client.client import decode_outputs
+from inferd_client.errors import ClientError, MalformedReply
+from inferd_client.shm import SharedRegion, encode_inputs, placed_outputs
+
+ID = "ab" * 16
+
+
+def test_a_region_is_a_sealed_page_multiple_memfd() -> None:
+    with SharedRegion(1000, label="cam") as region:
+        assert region.nbytes == mmap.PAGESIZE
+        seals = fcntl.fcntl(region.fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW
+        assert os.readlink(f"/proc/self/fd/{region.fd}").startswith("/memfd:inferd-cam")
+        with pytest.raises(PermissionError):
+            os.ftruncate(region.fd, 0)
+
+
+def test_arrays_are_aligned_and_located() -> None:
+    with SharedRegion(3 * mmap.PAGESIZE) as region:
+        a = region.array(3, np.uint8)
+        b = region.array((2, 4), np.float32)
+        assert region.locate(a) == (0, 3) and region.locate(b) == (256, 32)
+        b[:] = 1.0
+        assert region.locate(b[:, :2]) is None  # not contiguous: sent as a frame
+        assert region.locate(np.zeros(4)) is None
+        with pytest.raises(ClientError, match="bytes left"):
+            region.array(3 * mmap.PAGESIZE, np.uint8)
+        region.reset()
+        assert region.locate(region.array(1, np.uint8)) == (0, 1)
+
+
+def test_requests_describe_region_arrays_and_frame_the_rest() -> None:
+    with SharedRegion(mmap.PAGESIZE) as region:
+        regions = {ID: region}
+        x = region.array((2, 2), np.float32)
+        z = np.ones(3, np.int64)
+        descriptors, frames = encode_inputs({"x": x, "z": z}, regions)
+        assert descriptors == [
+            {
+                "name": "x",
+                "dtype": "float32",
+                "shape": [2, 2],
+                "region": ID,
+                "offset": 0,
+                "nbytes": 16,
+            },
+            {"name": "z", "dtype": "int64", "shape": [3]},
+        ]
+        assert len(frames) == 1 and frames[0] is z
+        y = region.array(4, np.float32)
+        elsewhere = np.zeros(2, np.float32)
+        placed = placed_outputs({"y": y, "w": elsewhere}, regions)
+        assert placed == [
+            {
+                "name": "y",
+                "dtype": "float32",
+                "shape": [4],
+                "region": ID,
+                "offset": 256,
+                "nbytes": 16,
+            }
+        ]
+
+
+class Frame:
+    def __init__(self, data: bytes) -> None:
+        self.buffer = memoryview(data)
+
+
+def test_replies_return_the_callers_arrays() -> None:
+    placed = {"name": "y", "dtype": "float32", "shape": [2], "region": ID, "offset": 0, "nbytes": 8}
+    y = np.zeros(2, np.float32)
+    w = np.zeros(2, np.float32)
+    reply: dict[str, Any] = {
+        "outputs": [
+            placed,
+            {"name": "w", "dtype": "float32", "shape": [2]},
+            {"name": "v", "dtype": "int8", "shape": [1]},
+        ]
+    }
+    frames = [Frame(np.array([1, 2], np.float32).tobytes()), Frame(b"\x07")]
+    outputs = decode_outputs(reply, frames, {"y": y, "w": w}, [placed])  # type: ignore[arg-type]
+    assert outputs["y"] is y and outputs["w"] is w and w.tolist() == [1.0, 2.0]
+    assert outputs["v"].tolist() == [7]
+    with pytest.raises(MalformedReply, match="not asked"):
+        decode_outputs(reply, frames, {"y": y}, [])  # type: ignore[arg-type]
+    with pytest.raises(MalformedReply, match="carries 1 frames"):
+        decode_outputs(reply, frames[:1], {"y": y}, [placed])  # type: ignore[arg-type]
+    with pytest.raises(ClientError, match="the array given for it"):
+        decode_outputs(reply, frames, {"y": y, "w": np.zeros(3, np.float32)}, [placed])  # type: ignore[arg-type]

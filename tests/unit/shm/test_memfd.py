@@ -1,0 +1,117 @@
+"""Mapping a client's memfd (``inferd.shm.memfd``): only a memfd sealed against
+shrinking, so that nothing the client does afterwards can fault the daemon."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from inferd.shm.memfd import F_GET_SEALS, F_SEAL_SHRINK, PAGE_SIZE, map_sealed_memfd
+from inferd_wire.protocol import Code, ProtocolError
+
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def memfd(size: int = 4 * PAGE_SIZE, seals: int = SEALS) -> int:
+    fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+@pytest.fixture
+def fds() -> Iterator[list[int]]:
+    opened: list[int] = []
+    yield opened
+    for fd in opened:
+        os.close(fd)
+
+
+def refused(fd: int, fragment: str, code: Code = Code.INVALID_ARGUMENT) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        map_sealed_memfd(fd)
+    assert caught.value.code == code
+    assert fragment in caught.value.message
+
+
+def test_the_constants_are_the_kernels() -> None:
+    # include/uapi/linux/fcntl.h: F_LINUX_SPECIFIC_BASE + 10, and 0x0002.
+    assert (F_GET_SEALS, F_SEAL_SHRINK) == (1024 + 10, 0x0002)
+
+
+def test_a_sealed_memfd_is_mapped_shared_and_survives_what_the_client_can_do(
+    fds: list[int],
+) -> None:
+    fd = memfd()
+    fds.append(fd)
+    mapping, size = map_sealed_memfd(fd)
+    assert size == 4 * PAGE_SIZE
+    client = mmap.mmap(fd, size)
+    client[:5] = b"hello"
+    assert mapping[:5] == b"hello"  # the same pages
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, PAGE_SIZE)  # sealed: the kernel refuses to shrink it
+    client.close()  # the client unmaps its own mapping: the daemon's stays
+    assert mapping[:5] == b"hello" and mapping[size - 1] == 0
+    mapping.close()
+
+
+@pytest.mark.parametrize(
+    "seals", [0, fcntl.F_SEAL_GROW, fcntl.F_SEAL_SEAL], ids=["none", "grow", "seal"]
+)
+def test_a_memfd_not_sealed_against_shrinking_is_refused(fds: list[int], seals: int) -> None:
+    fd = memfd(seals=seals)
+    fds.append(fd)
+    refused(fd, "F_SEAL_SHRINK")
+
+
+def test_other_descriptors_are_refused(fds: list[int]) -> None:
+    with tempfile.TemporaryFile() as regular:
+        regular.truncate(PAGE_SIZE)
+        refused(regular.fileno(), "not a memfd")
+    read, write = os.pipe()
+    fds += [read, write]
+    refused(read, "not a memfd")
+
+
+def test_sizes_that_are_not_whole_pages_are_refused(fds: list[int]) -> None:
+    for size in (0, PAGE_SIZE + 1):
+        fd = memfd(size=size)
+        fds.append(fd)
+        refused(fd, "multiple of the page size")
+
+
+def test_a_memfd_that_cannot_be_mapped_read_write_is_refused(fds: list[int]) -> None:
+    fd = memfd()
+    fds.append(fd)
+    read_only = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    fds.append(read_only)
+    refused(read_only, "read-write")
+    sealed = memfd(seals=0)
+    fds.append(sealed)
+    fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE)
+    refused(sealed, "read-write")
+
+
+def test_without_the_seal_truncating_the_memfd_would_kill_the_reader() -> None:
+    """Why the seal is required: a process reading a mapping of an unsealed memfd
+    that another truncates dies of SIGBUS (here a child stands in for the daemon)."""
+    script = """
+import mmap, os
+fd = os.memfd_create("unsealed", os.MFD_ALLOW_SEALING)
+os.ftruncate(fd, 8 * mmap.PAGESIZE)
+mapping = mmap.mmap(fd, 8 * mmap.PAGESIZE)
+os.ftruncate(fd, 0)  # what a client could do to it
+print(mapping[7 * mmap.PAGESIZE])
+"""
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=30)
+    assert child.returncode == -signal.SIGBUS
