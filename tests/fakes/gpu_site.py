@@ -154,7 +154,7 @@ def prebuild_engine(
                 "-m",
                 "inferd.cli.build",
                 str(onnx),
-                "--config",
+                "--build-config",
                 str(config_path),
                 "--engine-dir",
                 str(engine_dir),

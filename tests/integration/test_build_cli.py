@@ -34,7 +34,7 @@ def _command(model: Path, tmp_path: Path, *extra: str) -> list[str]:
         "-m",
         "inferd.cli.build",
         str(model),
-        "--config",
+        "--build-config",
         str(config),
         "--engine-dir",
         str(tmp_path / "engines"),

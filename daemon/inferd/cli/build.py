@@ -1,11 +1,13 @@
-"""``inferd build ONNX --config BUILD_CONFIG.json``: build (or find) a TensorRT engine
-pre-flight, without a running daemon.
+"""``inferd build ONNX [--config inferd.toml] [--build-config BUILD.json]``: build
+(or find) a TensorRT engine pre-flight, without a running daemon.
 
 It runs steps 1-4 of the one engine pipeline (``inferd.engine_build.pipeline``:
 locate, compile, validate, record trust), the same steps a daemon build
 runs, with the same engine directory, naming, workspace rule, timing cache,
 atomic write and ``.sha256`` sidecar, so the daemon later finds the engine
-instead of building it in the background.  The build config is JSON::
+instead of building it in the background.  The build config is the model's in
+the daemon config (``--config``, the daemon's TOML as in every command), or
+JSON given with ``--build-config`` (``schemas/build/config.json``)::
 
     {"precision": "fp16", "workspace_bytes": 1073741824, "optimization_level": 3,
      "profiles": [{"input_name": "x", "min_shape": [1, 3], "opt_shape": [4, 3],
@@ -14,7 +16,7 @@ instead of building it in the background.  The build config is JSON::
 (every key optional; defaults as ``inferd.types.BuildConfig``; unknown keys
 are an error; parsed by ``inferd.engines.build_config``, like ``build.start``'s).
 The engine directory, GPU memory budget (workspace cap) and device come from
-the daemon config (``--daemon-config``, else the embedded default),
+the daemon config (``--config``, else the embedded default),
 ``--engine-dir`` overrides the directory.  ``--manifest M`` also records the
 engine's digest in deployment manifest ``M`` (created if absent), the step
 that makes the daemon's gate trust it.
@@ -200,12 +202,19 @@ def _build_observed(
     return report.summary, progress.dropped
 
 
-def _build_config_for(onnx: Path, path: Path, models: tuple[ModelConfig, ...]) -> BuildConfig:
-    """``path``'s build config.  For a model the daemon config serves from ``onnx``,
-    its profiles come from ``[[models.profiles]]`` (the one source of a model's
-    profiles): a build config without ``profiles`` gets them, one with others is
-    refused, since the daemon would never find (or could not serve) that engine."""
+def _build_config_for(
+    onnx: Path, path: Path | None, models: tuple[ModelConfig, ...]
+) -> BuildConfig:
+    """``path``'s build config (``--build-config``), or without one the model's own
+    (precision and profiles of the daemon config's ``[[models]]`` entry serving
+    ``onnx``; the defaults when it serves none).  For a model the daemon config
+    serves, its profiles come from ``[[models.profiles]]`` (the one source of a
+    model's profiles): a build config without ``profiles`` gets them, one with
+    others is refused, since the daemon would never find (or could not serve) that
+    engine."""
     served = [model for model in models if model.path.resolve() == onnx.resolve()]
+    if path is None:
+        return served[0].build_config() if served else BuildConfig()
     if not served:
         return load_build_config(path)
     model = served[0]
@@ -222,7 +231,7 @@ def _build_config_for(onnx: Path, path: Path, models: tuple[ModelConfig, ...]) -
 
 def run(
     onnx: Path,
-    build_config: Path,
+    build_config: Path | None = None,
     *,
     engine_dir: Path | None = None,
     model_name: str | None = None,
@@ -355,13 +364,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``inferd build`` arguments (for ``inferd.cli`` to attach to its subparser)."""
     parser.add_argument("onnx", type=Path, help="the ONNX model")
     parser.add_argument(
-        "--config", dest="build_config", type=Path, required=True, help="build config (JSON)"
+        "--build-config",
+        type=Path,
+        metavar="FILE",
+        help="build config JSON (schemas/build/config.json; example: "
+        "schemas/build/config.example.json); default: the model's own in --config",
+    )
+    parser.add_argument(
+        "--config",
+        dest="daemon_config",
+        type=Path,
+        metavar="FILE",
+        help="the daemon's TOML config: engine dir, GPU budget, device, the model's "
+        "precision and profiles (default: the embedded one)",
     )
     parser.add_argument("--engine-dir", type=Path, help="default: runtime.engine_dir")
     parser.add_argument("--model-name", help="label in the engine name (default: ONNX stem)")
-    parser.add_argument(
-        "--daemon-config", type=Path, help="inferd TOML config (default: the embedded one)"
-    )
     parser.add_argument(
         "--manifest", type=Path, help="also record the engine in this deployment manifest"
     )

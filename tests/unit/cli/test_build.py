@@ -3,6 +3,7 @@ reuse, calibration data, missing TensorRT, failures and the site shims."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import io
 import json
@@ -344,3 +345,51 @@ def test_inferd_build_refuses_profiles_other_than_the_daemon_configs(
     assert code == tensorrt_cli.EXIT_USAGE
     assert "profiles differ from models['scale'].profiles" in err.getvalue()
     assert bench.gpu.trt.builds == 0
+
+
+def test_without_a_build_config_the_model_is_built_as_the_daemon_config_serves_it(
+    bench: Bench, scale_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config`` is the daemon's TOML in every command; with it alone, ``inferd
+    build`` builds the engine the daemon would look for (its precision, its profiles)."""
+    off_jetson(monkeypatch, tmp_path)
+    daemon_config = _daemon_config(tmp_path, scale_model, bench)
+    parser = argparse.ArgumentParser()
+    tensorrt_cli.add_arguments(parser)
+    args = parser.parse_args([str(scale_model), "--config", str(daemon_config), "--json"])
+    assert (args.daemon_config, args.build_config) == (daemon_config, None)
+    out, err = io.StringIO(), io.StringIO()
+    code = tensorrt_cli.run(
+        args.onnx, daemon_config=args.daemon_config, as_json=True, out=out, err=err
+    )
+    assert code == 0, err.getvalue()
+    from inferd import config as config_module
+    from inferd.engines.locate import locate_engine
+
+    (model,) = config_module.load(daemon_config).models
+    host = read_host_tuple(
+        precision=PrecisionMode.FP32, device_index=0, tegra_release=tmp_path / "absent"
+    )
+    expected = locate_engine(
+        scale_model, model.build_config(), engine_dir=bench.engine_dir, host=host
+    )
+    report = json.loads(out.getvalue().splitlines()[-1])
+    assert report["engine"] == str(expected.entry.artifact_path)
+
+
+def test_the_build_config_schema_and_its_example_match_the_parser() -> None:
+    """The documented example is valid for both the JSON Schema and the one parser,
+    and the schema names exactly the keys the parser knows."""
+    import jsonschema
+
+    from inferd.engines.build_config import BUILD_CONFIG_KEYS, PROFILE_KEYS, load_build_config
+    from tests.conftest import REPO
+
+    schema = json.loads((REPO / "schemas/build/config.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    example_path = REPO / "schemas/build/config.example.json"
+    jsonschema.validate(json.loads(example_path.read_text()), schema)
+    parsed = load_build_config(example_path)
+    assert (parsed.precision.value, parsed.profiles[0].opt_shape) == ("fp16", (4, 3, 224, 224))
+    assert set(schema["properties"]) == BUILD_CONFIG_KEYS
+    assert set(schema["properties"]["profiles"]["items"]["properties"]) == PROFILE_KEYS
