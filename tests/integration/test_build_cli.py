@@ -103,7 +103,8 @@ def test_a_build_completes_with_events_summary_and_plain_progress(
     done = _start(demo_model, tmp_path, "--json")
     stdout, stderr = done.communicate(timeout=120)
     assert done.returncode == 0, stderr
-    report = json.loads(stdout.strip().splitlines()[-1])
+    (line,) = stdout.strip().splitlines()  # --json: stdout is the report, no log line
+    report = json.loads(line)
     assert report["status"] == "built" and report["build"]["outcome"] == "completed"
     engine = Path(report["engine"])
     assert _engines(tmp_path) == [engine] and report["build"]["validation_status"] == "pass"

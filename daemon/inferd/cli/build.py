@@ -426,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     apply_owned_umask()  # as `inferd build` does (inferd.cli.main)
+    from inferd.supervision.logging import log_to_stderr
+
+    log_to_stderr()
     return run_from_args(args)
 
 

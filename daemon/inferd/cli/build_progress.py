@@ -90,7 +90,8 @@ class LiveProgress:
             get_renderable=self._render,
             refresh_per_second=8,
             redirect_stdout=False,
-            redirect_stderr=False,
+            # Log lines (written to the current sys.stderr) print above the tree.
+            redirect_stderr=True,
         )
         self.live.start()
 

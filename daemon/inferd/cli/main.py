@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+import inferd
 from inferd.errors import ConfigError, UnsafeDirectoryError
 from inferd.owned_files import apply_owned_umask, ensure_owned_dir
 
@@ -29,6 +31,7 @@ EXIT_USAGE = 2
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferd", description="onboard inference daemon")
+    parser.add_argument("--version", action="version", version=f"inferd {inferd.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="serve the configured models in the foreground")
@@ -93,17 +96,35 @@ def main(argv: list[str] | None = None) -> int:
     # The unit's UMask=0027 outside systemd too: engines, caches and the FDR are never
     # world-readable (DESIGN.md, "The daemon's own directories").
     apply_owned_umask()
-    if args.command in ("selftest", "verify"):
-        _log_to_stderr()
+    if args.command != "run":
+        from inferd.supervision.logging import log_to_stderr
+
+        log_to_stderr()  # the daemon configures its own from daemon.log_format
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:
+        # `inferd fdr dump | head`: the reader left; end quietly, and let the
+        # interpreter's last flush of stdout fail quietly too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "acceptance":
         from inferd.engine_build import acceptance as acceptance_module
 
         return acceptance_module.run(args.out)
     if args.command == "build":
+        from inferd.cli import build as tensorrt_cli
+
         return tensorrt_cli.run_from_args(args)
     if args.command == "selftest":
+        from inferd.cli import selftest as selftest_cli
+
         return selftest_cli.run_from_args(args)
     if args.command == "keys":
+        from inferd.cli import keys as keys_cli
+
         return keys_cli.run_from_args(args)
     if args.command == "verify":
         from inferd.cli import verify as verify_tool
@@ -116,14 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         return _check_config(args.config)
     return _run(args.config, args.log_format)
-
-
-def _log_to_stderr() -> None:
-    """Log warnings and errors to stderr: stdout holds only the command's report
-    (structlog's unconfigured default prints every level to stdout)."""
-    from inferd.supervision.logging import configure_logging
-
-    configure_logging("warning", "console")
 
 
 def _demo_model(path: Path, kind: str) -> int:

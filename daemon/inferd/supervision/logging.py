@@ -176,7 +176,31 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=True,
     )
     return resolved
+
+
+class CurrentStderrLogger:
+    """structlog's last stop: prints to whatever ``sys.stderr`` is when the line is
+    written, so a live display that redirects stderr (``inferd build``'s phase tree)
+    shows log lines above itself instead of being garbled by them."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = err = error = critical = exception = msg
+    fatal = failure = msg
+
+
+def _stderr_logger(*_args: Any) -> CurrentStderrLogger:
+    return CurrentStderrLogger()
+
+
+def log_to_stderr() -> None:
+    """Logging for the offline commands (``inferd build``, ``verify``, ``fdr``...):
+    warnings and errors as console lines on stderr, so that stdout holds only the
+    command's result (structlog's unconfigured default prints every level to
+    stdout)."""
+    configure_logging("warning", "console")
