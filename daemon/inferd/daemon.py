@@ -23,6 +23,7 @@ from inferd.engine_build.build_record import BuildFinished
 from inferd.engine_build.supervisor import BuildManager
 from inferd.errors import UnsafeDirectoryError
 from inferd.fdr.writer import FlightRecorder
+from inferd.metrics import MetricsExporter
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.failover import ExecutionFailover
@@ -149,6 +150,7 @@ class Daemon:
             failover=self.failover,
             thermal_summary=self._thermal_summary,
         )
+        self.metrics = MetricsExporter(config.metrics, self)  # reads status() at scrape time
 
     # -- lifecycle --------------------------------------------------------
     def start(self, supervision: Mapping[str, Any] | None = None) -> None:
@@ -174,6 +176,7 @@ class Daemon:
         open_ipc_sockets_to_group(self.security.socket_groups())
         self.thermal.start()
         self.worker.start()
+        self.metrics.start()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """True once every model serves or has failed over (or failed for good)."""
@@ -216,6 +219,7 @@ class Daemon:
         self.bus.stop()
         self.bus.join(timeout=10)
         self.thermal.stop()
+        self.metrics.stop()
         self.deadline_misses.flush()
         self._lifecycle("stop")
         self.alerts.close()
@@ -426,6 +430,7 @@ class Daemon:
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
             "security": self.security.describe(self.router.permission_denied),
+            "metrics": self.metrics.describe(),
             "bus": {
                 **self.bus.status(),
                 "events_published": self.publisher.published,
