@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     build_follow.add_argument("build_id", nargs="?", help="default: the first build seen")
     build_follow.add_argument("--count", type=int, default=0, help="stop after N events")
+    top = commands.add_parser("top", help="live view: models, rates, latency, queues, builds")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between status polls")
     events = commands.add_parser("events", parents=[json_option], help="print published events")
     events.add_argument("--topic", action="append", default=[], help="repeatable; default all")
     events.add_argument("--count", type=int, default=0, help="stop after N events (0: forever)")
@@ -163,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _endpoints_used(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(option, endpoint) of every socket the command talks to."""
+    """(option, endpoint) of every socket the command needs at once (``top`` waits
+    for a daemon that is not there yet, and says so on its screen)."""
+    if args.command == "top":
+        return []
     infer = ("--infer-endpoint", args.infer_endpoint)
     control = ("--control-endpoint", args.control_endpoint)
     events = ("--events-endpoint", args.events_endpoint)
@@ -247,6 +252,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "build":
         return _build(args)
+    if args.command == "top":
+        from inferd_client import top
+
+        subscriber = _subscriber(args, list(top.EVENT_TOPICS))
+        return top.run(
+            lambda: _operator(args),
+            subscriber,
+            endpoint=args.control_endpoint,
+            interval=args.interval,
+        )
     if args.command == "thermal" and args.follow:
         args.topic = ["thermal"]
         return _events(args)

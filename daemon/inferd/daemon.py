@@ -23,6 +23,7 @@ from inferd.engine_build.build_record import BuildFinished
 from inferd.engine_build.supervisor import BuildManager
 from inferd.errors import UnsafeDirectoryError
 from inferd.fdr.writer import FlightRecorder
+from inferd.metrics import MetricsExporter
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.failover import ExecutionFailover
@@ -156,6 +157,7 @@ class Daemon:
             failover=self.failover,
             thermal_summary=self._thermal_summary,
         )
+        self.metrics = MetricsExporter(config.metrics, self)  # reads status() at scrape time
 
     # -- lifecycle --------------------------------------------------------
     def start(self, supervision: Mapping[str, Any] | None = None) -> None:
@@ -183,6 +185,7 @@ class Daemon:
             self.shm.start()
         self.thermal.start()
         self.worker.start()
+        self.metrics.start()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """True once every model serves or has failed over (or failed for good)."""
@@ -227,6 +230,7 @@ class Daemon:
         if self.shm is not None:  # every request is answered: release every region
             self.shm.stop()
         self.thermal.stop()
+        self.metrics.stop()
         self.deadline_misses.flush()
         self._lifecycle("stop")
         self.alerts.close()
@@ -420,6 +424,7 @@ class Daemon:
             "thermal": self.thermal.describe(),
             "security": self.security.describe(self.router.permission_denied),
             "shm": self.shm.status() if self.shm else {"enabled": False},
+            "metrics": self.metrics.describe(),
             "bus": {
                 **self.bus.status(),
                 "events_published": self.publisher.published,

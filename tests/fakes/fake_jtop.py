@@ -13,7 +13,9 @@ properties:
   ``name`` is the thermal zone ``type`` cut at the first ``-`` (else ``_``),
   an offline sensor reads ``-256``;
 - ``gpu``: ``{name: {"type", "status": {...}, "freq": {"governor", "cur",
-  "max", "min", "GPC"}}}`` with frequencies in kHz.
+  "max", "min", "GPC"}}}`` with frequencies in kHz;
+- ``power``: ``{"rail": {name: {...}}, "tot": {"power": mW, "avg": mW, ...}}``
+  (a module without a power monitor: ``FakeJtop.power`` is ``{}``).
 
 Any other attribute raises ``AttributeError``.  The test drives it through
 the ``FakeJtop`` state object, which is not part of the module.
@@ -59,6 +61,15 @@ def igpu(cur_khz: int, name: str = "gpu") -> dict[str, Any]:
     }
 
 
+def total_power(milliwatts: int) -> dict[str, Any]:
+    """A ``power`` mapping whose total input is ``milliwatts``."""
+    rail = {"online": True, "type": "INA3221", "status": "ok", "volt": 5000, "curr": 1000}
+    return {
+        "rail": {"VDD_GPU_SOC": {**rail, "power": milliwatts // 2, "avg": milliwatts // 2}},
+        "tot": {"volt": 5000, "curr": milliwatts // 5, "power": milliwatts, "avg": milliwatts},
+    }
+
+
 @dataclass
 class Client:
     """What the test can see of one ``jtop`` client object (not on the object)."""
@@ -77,6 +88,7 @@ class FakeJtop:
         default_factory=lambda: {"cpu": sensor(45.0), "gpu": sensor(43.0), "tj": sensor(46.0)}
     )
     gpu: dict[str, Any] = field(default_factory=lambda: igpu(918000))
+    power: dict[str, Any] = field(default_factory=lambda: total_power(7_500))
     #: Raised from ``ok()`` (the real client stores the reader thread's error).
     reader_error: Exception | None = None
     clients: list[Client] = field(default_factory=list)
@@ -127,6 +139,11 @@ def make_module(state: FakeJtop) -> types.ModuleType:
         def gpu(self) -> dict[str, Any]:
             _started(self._fake)
             return state.gpu
+
+        @property
+        def power(self) -> dict[str, Any]:
+            _started(self._fake)
+            return state.power
 
         def __enter__(self) -> jtop:
             self.start()

@@ -27,6 +27,11 @@ a list of objects with ``pid`` and ``usedGpuMemory`` (``None`` where NVML says
 the value is not available, as the real binding maps
 ``NVML_VALUE_NOT_AVAILABLE``), ``nvmlDeviceGetMemoryInfo(handle)`` an object
 with ``total``, ``free`` and ``used`` in bytes.
+
+Usage (metrics): ``nvmlDeviceGetUtilizationRates(handle)`` an object with
+``gpu`` and ``memory`` percentages, ``nvmlDeviceGetPowerUsage(handle)`` the
+draw in milliwatts; either raises ``NVMLError_NotSupported`` when its
+``FakeNvml`` field is None (as an iGPU or a MIG slice does).
 """
 
 from __future__ import annotations
@@ -158,6 +163,9 @@ class FakeNvml:
     processes: dict[int, int | None] = field(default_factory=dict)
     memory_total_bytes: int = 12 * 1024**3
     memory_used_bytes: int = 1024**3
+    #: nvmlDeviceGetUtilizationRates().gpu and nvmlDeviceGetPowerUsage() (mW); None: not supported.
+    utilization_pct: int | None = 37
+    power_mw: int | None = 61_250
     errors: dict[str, int] = field(default_factory=dict)
     init_count: int = 0
     shutdown_calls: int = 0
@@ -260,6 +268,18 @@ def make_module(state: FakeNvml) -> types.ModuleType:
             total=state.memory_total_bytes, free=state.memory_total_bytes - used, used=used
         )
 
+    def nvmlDeviceGetUtilizationRates(handle: Any) -> Any:
+        device("nvmlDeviceGetUtilizationRates", handle)
+        if state.utilization_pct is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return types.SimpleNamespace(gpu=state.utilization_pct, memory=state.utilization_pct // 2)
+
+    def nvmlDeviceGetPowerUsage(handle: Any) -> int:
+        device("nvmlDeviceGetPowerUsage", handle)
+        if state.power_mw is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return state.power_mw
+
     functions = [
         nvmlInit,
         nvmlShutdown,
@@ -274,6 +294,8 @@ def make_module(state: FakeNvml) -> types.ModuleType:
         nvmlSystemGetDriverVersion,
         nvmlDeviceGetComputeRunningProcesses,
         nvmlDeviceGetMemoryInfo,
+        nvmlDeviceGetUtilizationRates,
+        nvmlDeviceGetPowerUsage,
     ]
     if state.has_event_reasons:
         functions.append(nvmlDeviceGetCurrentClocksEventReasons)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd.cli.main import EXIT_USAGE
 from tests.conftest import REPO
 
 UNITS = ("inferd.service", "inferd@.service")
@@ -99,6 +100,7 @@ def test_unit_settings(unit: str) -> None:
         "Service.Type": ["notify"],
         "Service.NotifyAccess": ["main"],
         "Service.Restart": ["on-failure"],
+        "Service.RestartPreventExitStatus": [str(EXIT_USAGE)],
         "Service.KillMode": ["mixed"],
         "Service.User": ["inferd"],
         "Service.Group": ["inferd"],
@@ -122,3 +124,19 @@ def test_unit_settings(unit: str) -> None:
         assert settings[f"Service.{key}"] == [f"inferd{instance}"]
     config = "/etc/inferd/%i.toml" if instance else "/etc/inferd/inferd.toml"
     assert settings["Service.ExecStart"] == [f"{INSTALLED_INFERD} run --config {config}"]
+
+
+def test_a_configuration_error_exits_with_the_status_the_units_do_not_restart(
+    tmp_path: Path,
+) -> None:
+    """RestartPreventExitStatus= names what ``inferd run`` exits with on a bad config."""
+    config = tmp_path / "inferd.toml"
+    config.write_text('[daemon]\nlog_levle = "debug"\n')  # a typo: unknown key
+    result = subprocess.run(
+        [sys.executable, "-m", "inferd.cli", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == EXIT_USAGE == 2, result.stderr
+    assert "daemon: unknown key(s) ['log_levle']" in result.stderr

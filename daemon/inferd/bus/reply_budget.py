@@ -177,6 +177,7 @@ class ReplyBudget:
                     "dropped_bytes": peer.dropped_bytes,
                     "in_flight_bytes": peer.nbytes,
                 }
-                for peer in reversed(self._listed.values())
+                # copied in one C call: the metrics thread reads status() too
+                for peer in reversed(list(self._listed.values()))
             ],
         }

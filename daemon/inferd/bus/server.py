@@ -128,7 +128,8 @@ class BusServer(threading.Thread):
             raise self._bind_error
 
     def status(self) -> dict[str, Any]:
-        """The bus counters for the ``status`` op (on the bus thread)."""
+        """The bus counters for the ``status`` op (on the bus thread, or the metrics
+        thread's scrape: ints, and the reply budget copies its peer list)."""
         return {
             "malformed": self.counters.malformed,
             "unroutable_replies": self.counters.unroutable_replies,

@@ -1,4 +1,5 @@
-"""``inferd fdr dump`` and ``inferd fdr verify``: read a recorder directory."""
+"""``inferd fdr dump``, ``inferd fdr verify`` and ``inferd fdr export --mcap``: read a
+recorder directory."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from inferd.fdr.reader import ReadReport, Record, read_records
+from inferd.fdr.reader import ReadReport, Record, json_default, read_records
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -61,9 +62,40 @@ def dump(
     report = ReadReport()
     for record in read_records(directory, report, kinds=kinds, since_wall_ns=since_wall_ns):
         if as_json:
-            out.write(json.dumps(record.as_dict(), default=_json_default) + "\n")
+            out.write(json.dumps(record.as_dict(), default=json_default) + "\n")
         else:
             out.write(_human(record) + "\n")
+    if report.skipped_bytes:
+        err.write(_summary(report) + "\n")
+    return 0
+
+
+def export(
+    directory: Path,
+    mcap: Path,
+    *,
+    kinds: list[str],
+    since_wall_ns: int | None,
+    err: TextIO | None = None,
+) -> int:
+    """Write the records to ``mcap`` (``inferd.fdr.mcap_export``); damage is skipped
+    and summarised on ``err`` (stderr) as ``dump`` does."""
+    from inferd.fdr.mcap_export import export_mcap
+
+    err = sys.stderr if err is None else err
+    report = ReadReport()
+    records = read_records(directory, report, kinds=kinds, since_wall_ns=since_wall_ns)
+    try:
+        summary = export_mcap(records, mcap, report=report, source=str(directory))
+    except ImportError as exc:
+        err.write(
+            f"inferd: fdr export --mcap needs the mcap package: {exc} (pip install 'inferd[ops]')\n"
+        )
+        return 2
+    channels = ", ".join(f"{kind} {count}" for kind, count in sorted(summary.channels.items()))
+    err.write(f"wrote {summary.records} record(s) to {mcap}: {channels or 'none'}\n")
+    if summary.schemaless:
+        err.write(f"  no schema for {', '.join(summary.schemaless)}: schemaless channels\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
     return 0
@@ -102,9 +134,3 @@ def _summary(report: ReadReport) -> str:
         f"{len(report.unreadable_segments)} unreadable segment(s), "
         f"{report.skipped_bytes} byte(s) skipped"
     )
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.hex()
-    raise TypeError(f"cannot encode {type(value).__name__}")

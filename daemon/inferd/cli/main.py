@@ -51,13 +51,20 @@ def main(argv: list[str] | None = None) -> int:
 
     fdr = commands.add_parser("fdr", help="read the flight data recorder")
     fdr_commands = fdr.add_subparsers(dest="fdr_command", required=True)
-    for name, help_text in (("dump", "print records"), ("verify", "check every segment")):
+    for name, help_text in (
+        ("dump", "print records"),
+        ("verify", "check every segment"),
+        ("export", "write records for other tools (--mcap: Foxglove, MCAP readers)"),
+    ):
         sub = fdr_commands.add_parser(name, help=help_text)
         where = sub.add_mutually_exclusive_group()
         where.add_argument("--dir", type=Path, help="recorder directory")
         where.add_argument("--config", type=Path, help="take fdr.directory from this config")
-        sub.add_argument("--json", action="store_true", help="one JSON document per line")
-        if name == "dump":
+        if name == "export":
+            sub.add_argument("--mcap", type=Path, required=True, metavar="OUT", help="MCAP file")
+        else:
+            sub.add_argument("--json", action="store_true", help="one JSON document per line")
+        if name in ("dump", "export"):
             sub.add_argument("--kind", action="append", default=[], help="repeatable")
             sub.add_argument("--since", help="15m, 2h, ISO-8601 or epoch seconds")
 
@@ -164,6 +171,8 @@ def _fdr(args: argparse.Namespace) -> int:
         if args.fdr_command == "verify":
             return tool.verify(directory, as_json=args.json)
         since = tool.parse_since(args.since) if args.since else None
+        if args.fdr_command == "export":
+            return tool.export(directory, args.mcap, kinds=args.kind, since_wall_ns=since)
         return tool.dump(directory, kinds=args.kind, since_wall_ns=since, as_json=args.json)
     except (ConfigError, ValueError) as exc:
         print(f"inferd: {exc}", file=sys.stderr)

@@ -7,6 +7,7 @@ rules, ``loading`` reads TOML into them.
 """
 
 from inferd.config.loading import embedded_default, from_mapping, load
+from inferd.config.metrics import MetricsConfig
 from inferd.config.sections import (
     ALERT_HOOKS,
     DEFAULT_MODEL_NAME,
@@ -48,6 +49,7 @@ __all__ = [
     "Config",
     "DaemonConfig",
     "FdrConfig",
+    "MetricsConfig",
     "ModelConfig",
     "Principal",
     "QueuePolicy",

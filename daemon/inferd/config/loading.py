@@ -17,6 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # JetPack 6's Python 3.10
     import tomli as tomllib
 
+from inferd.config.metrics import MetricsConfig
 from inferd.config.sections import (
     DEFAULT_MAX_LOAD_S,
     DEFAULT_MODEL_NAME,
@@ -277,6 +278,18 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
     )
     shm_table.finish()
 
+    metrics_table = _Table(top.take("metrics", dict, {}), "metrics")
+    textfile_dir = metrics_table.take("textfile_dir", str, "")  # "": no textfile
+    if textfile_dir and not textfile_dir.strip():
+        raise ConfigError("metrics.textfile_dir must name a directory, got blanks")
+    metrics = MetricsConfig(
+        listen=metrics_table.take("listen", str, ""),
+        allow_non_loopback=metrics_table.take("allow_non_loopback", bool, False),
+        textfile_dir=_resolve(state_dir, textfile_dir) if textfile_dir else None,
+        textfile_interval_s=metrics_table.take("textfile_interval_s", float, 15.0),
+    )
+    metrics_table.finish()
+
     models_data = top.take("models", list, [])
     models = tuple(
         _model(_Table(item, f"models[{index}]"), base_dir) for index, item in enumerate(models_data)
@@ -293,6 +306,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         thermal=thermal,
         security=security,
         builds=builds,
+        metrics=metrics,
         source=source,
     )
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from inferd.config.metrics import MetricsConfig
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
@@ -352,6 +353,7 @@ class Config:
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     builds: BuildsConfig = field(default_factory=BuildsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = field(default="<embedded default>", compare=False)
 
     def __post_init__(self) -> None:

@@ -83,6 +83,14 @@ class ReadReport:
         }
 
 
+def json_default(value: Any) -> Any:
+    """``json.dumps(..., default=json_default)`` for payloads: bytes as hex (msgpack
+    ``bin`` has no JSON form); anything else is an error."""
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
 def list_segments(directory: Path) -> list[Path]:
     """Segment files in write order (by their index)."""
     if not directory.is_dir():

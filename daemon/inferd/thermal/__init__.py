@@ -8,7 +8,7 @@ from inferd.thermal.monitor import (
     TRANSITION_RECORD_KIND,
     ThermalMonitor,
 )
-from inferd.thermal.reading import ThermalReading, ThermalSource
+from inferd.thermal.reading import GpuUsage, ThermalReading, ThermalSource
 from inferd.thermal.selection import OPENERS, SourceSelection, open_source
 from inferd.thermal.throttle import ThrottleDecision, ThrottleTracker
 
@@ -17,6 +17,7 @@ __all__ = [
     "THERMAL_TOPIC",
     "THREAD_NAME",
     "TRANSITION_RECORD_KIND",
+    "GpuUsage",
     "SourceSelection",
     "ThermalMonitor",
     "ThermalReading",

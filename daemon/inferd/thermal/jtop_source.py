@@ -5,6 +5,9 @@
 (else ``_``): ``cpu-thermal`` → ``cpu``.  The configured zone names are mapped
 the same way.  jtop reports no throttle signal and no trip points, so the
 passive trip points are read from sysfs when no threshold is configured.
+GPU load comes from ``gpu[name].status.load`` (percent) and power from
+``power.tot.power`` (mW, the module's total input); jtop reports no separate
+GPU memory (a Jetson's GPU shares the system RAM), so that stays absent.
 ``jtop`` is imported inside ``open_jtop`` only.
 """
 
@@ -18,7 +21,7 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal.reading import ThermalReading
+from inferd.thermal.reading import GpuUsage, ThermalReading
 from inferd.thermal.sysfs_source import OFFLINE_BELOW_C, passive_trip_c
 
 #: jtop's update interval is shared by every client of the service; never ask
@@ -101,7 +104,27 @@ class JtopSource:
             gpu_temp_c=gpu,
             clock_mhz=self._gpu_clock_mhz(),
             trip_point_c=self.trip_point_c,
+            gpu=GpuUsage(utilization_pct=self._gpu_load_pct(), power_w=self._total_power_w()),
         )
+
+    def _gpu_load_pct(self) -> float | None:
+        try:
+            for gpu in self._jetson.gpu.values():
+                load = gpu["status"]["load"]
+                if isinstance(load, int | float) and not isinstance(load, bool):
+                    return float(load)
+        except Exception:
+            return None
+        return None
+
+    def _total_power_w(self) -> float | None:
+        try:
+            milliwatts = self._jetson.power["tot"]["power"]
+        except Exception:  # no power monitor on this module, or an older jtop
+            return None
+        if isinstance(milliwatts, bool) or not isinstance(milliwatts, int | float):
+            return None
+        return float(milliwatts) / 1000.0
 
     def _gpu_clock_mhz(self) -> float | None:
         try:

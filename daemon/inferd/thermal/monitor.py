@@ -18,7 +18,7 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal.reading import ThermalReading, ThermalSource
+from inferd.thermal.reading import GpuUsage, ThermalReading, ThermalSource
 from inferd.thermal.selection import SourceSelection, open_source
 from inferd.thermal.throttle import ThrottleDecision, ThrottleTracker
 from inferd.types import EventSink, RecordSink, ThermalState
@@ -198,6 +198,7 @@ class ThermalMonitor:
                 "throttle_signal": reading.throttle,
                 "trip_point_c": reading.trip_point_c,
                 "measured_at_ns": now,
+                **(reading.gpu or GpuUsage()).as_dict(),
             }
             if self._warned_unavailable:
                 self._warned_unavailable = False

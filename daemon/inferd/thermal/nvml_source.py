@@ -1,5 +1,7 @@
 """NVML (``nvidia-ml-py``, module ``pynvml``): GPU temperature, the clock event
-reasons with the SW/HW thermal slowdown bits, and the SM clock.
+reasons with the SW/HW thermal slowdown bits, the SM clock, and the GPU's
+utilisation, memory and power draw (each absent where the driver does not
+report it).
 
 NVML is opened through ``inferd.nvml`` (which imports ``pynvml`` lazily).
 """
@@ -14,7 +16,7 @@ import structlog
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
 from inferd.nvml import NvmlDevice, NvmlUnavailableError, open_device
-from inferd.thermal.reading import ThermalReading
+from inferd.thermal.reading import GpuUsage, ThermalReading
 
 #: nvmlClocksEventReasonSwThermalSlowdown / HwThermalSlowdown (same values under
 #: the deprecated nvmlClocksThrottleReason* names); used if a binding lacks both.
@@ -32,6 +34,16 @@ def _constant(nvml: Any, names: tuple[str, ...], default: int) -> int:
         if isinstance(value, int):
             return value
     return default
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class NvmlSource:
@@ -77,7 +89,30 @@ class NvmlSource:
             throttle_reason=reason,
             clock_mhz=self._clock_mhz(),
             trip_point_c=self.slowdown_c,
+            gpu=self._usage(),
         )
+
+    def _usage(self) -> GpuUsage:
+        utilization = self._query("nvmlDeviceGetUtilizationRates")
+        memory = self._query("nvmlDeviceGetMemoryInfo")
+        power_mw = self._query("nvmlDeviceGetPowerUsage")
+        return GpuUsage(
+            utilization_pct=_number(getattr(utilization, "gpu", None)),
+            memory_used_bytes=_integer(getattr(memory, "used", None)),
+            memory_total_bytes=_integer(getattr(memory, "total", None)),
+            power_w=None if (mw := _number(power_mw)) is None else mw / 1000.0,
+        )
+
+    def _query(self, function: str) -> Any:
+        """``function(handle)``, or None when the binding lacks it or the driver
+        does not support it (an iGPU, a MIG slice, no permission)."""
+        getter = getattr(self._nvml, function, None)
+        if getter is None:
+            return None
+        try:
+            return getter(self._handle)
+        except self._nvml.NVMLError:
+            return None
 
     def _throttle(self) -> tuple[bool | None, str | None]:
         nvml = self._nvml

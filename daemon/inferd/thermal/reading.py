@@ -7,6 +7,27 @@ from typing import Protocol
 
 
 @dataclass(frozen=True)
+class GpuUsage:
+    """The GPU's utilisation, memory and power at one poll; each field None when
+    the source cannot say (NVML on a Jetson, jtop's memory).  ``power_w`` is
+    NVML's board draw of the GPU, or jtop's total module input (Jetson modules
+    have no GPU-only rail on every model)."""
+
+    utilization_pct: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_w: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "gpu_utilization_pct": self.utilization_pct,
+            "gpu_memory_used_bytes": self.memory_used_bytes,
+            "gpu_memory_total_bytes": self.memory_total_bytes,
+            "gpu_power_w": self.power_w,
+        }
+
+
+@dataclass(frozen=True)
 class ThermalReading:
     """One raw reading from a source.
 
@@ -23,6 +44,9 @@ class ThermalReading:
     throttle_reason: str | None = None
     clock_mhz: float | None = None
     trip_point_c: float | None = None
+    #: What the source reports of the GPU's load, memory and power (NVML, jtop);
+    #: None where it reports nothing of it (sysfs), never a zero.
+    gpu: GpuUsage | None = None
 
     @property
     def hottest_c(self) -> float | None:

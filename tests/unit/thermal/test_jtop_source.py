@@ -9,7 +9,7 @@ import pytest
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal import ThermalReading
+from inferd.thermal import GpuUsage, ThermalReading
 from inferd.thermal.jtop_source import JtopSource, jtop_sensor_name, open_jtop
 from tests.fakes import fake_jtop
 from tests.unit.thermal.conftest import orin_tree
@@ -28,9 +28,21 @@ def test_jtop_reading(jetson: fake_jtop.FakeJtop, tmp_path: Path) -> None:
     source = open_jtop(ThermalConfig(sysfs_root=orin_tree(tmp_path), poll_hz=4.0))
     got = source.read()
     assert got == ThermalReading(
-        cpu_temp_c=52.5, gpu_temp_c=49.0, throttle=None, clock_mhz=1300.5, trip_point_c=95.0
+        cpu_temp_c=52.5,
+        gpu_temp_c=49.0,
+        throttle=None,
+        clock_mhz=1300.5,
+        trip_point_c=95.0,
+        gpu=GpuUsage(utilization_pct=0.0, power_w=7.5),  # no GPU memory from jtop
     )
     assert jetson.clients[0].started and jetson.clients[0].interval == 0.5
+
+
+def test_jtop_without_a_power_monitor(jetson: fake_jtop.FakeJtop, tmp_path: Path) -> None:
+    jetson.power = {}
+    jetson.gpu["gpu"]["status"]["load"] = 63.5
+    got = open_jtop(ThermalConfig(sysfs_root=orin_tree(tmp_path))).read()
+    assert got.gpu == GpuUsage(utilization_pct=63.5, power_w=None)
 
 
 def test_jtop_configured_threshold_skips_trip_points(

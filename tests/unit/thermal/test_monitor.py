@@ -275,6 +275,11 @@ def test_describe() -> None:
             "throttle_signal": None,
             "trip_point_c": 95.0,
             "measured_at_ns": clock.now_ns,
+            # the scripted source reports nothing of the GPU: absent, never zero
+            "gpu_utilization_pct": None,
+            "gpu_memory_used_bytes": None,
+            "gpu_memory_total_bytes": None,
+            "gpu_power_w": None,
         },
         "polls": 1,
         "errors": 0,

@@ -8,7 +8,7 @@ import pytest
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal import ThermalReading
+from inferd.thermal import GpuUsage, ThermalReading
 from inferd.thermal.nvml_source import NvmlSource, open_nvml
 from tests.fakes import fake_pynvml
 
@@ -24,6 +24,12 @@ def test_nvml_reading(nvml: fake_pynvml.FakeNvml) -> None:
         throttle_reason=None,
         clock_mhz=1305.0,
         trip_point_c=90.0,
+        gpu=GpuUsage(
+            utilization_pct=37.0,
+            memory_used_bytes=1024**3,
+            memory_total_bytes=12 * 1024**3,
+            power_w=61.25,
+        ),
     )
     assert "nvmlDeviceGetCurrentClocksEventReasons" in nvml.calls
     assert "nvmlDeviceGetCurrentClocksThrottleReasons" not in nvml.calls
@@ -136,3 +142,13 @@ def test_nvml_close_shuts_down_once(nvml: fake_pynvml.FakeNvml) -> None:
     source.close()
     source.close()
     assert nvml.init_count == 0 and nvml.shutdown_calls == 1
+
+
+def test_nvml_usage_the_driver_does_not_report_is_absent(nvml: fake_pynvml.FakeNvml) -> None:
+    """An iGPU or a MIG slice answers NOT_SUPPORTED for utilisation and power: the
+    reading says None (no metric), never 0, and the temperature still counts."""
+    nvml.utilization_pct, nvml.power_mw = None, None
+    nvml.errors["nvmlDeviceGetMemoryInfo"] = fake_pynvml.NVML_ERROR_NOT_SUPPORTED
+    got = open_nvml(ThermalConfig()).read()
+    assert got.gpu == GpuUsage()
+    assert got.gpu_temp_c == 50.0

@@ -1,0 +1,206 @@
+"""The metrics exporter: thread ``inferd-metrics`` serving ``GET /metrics`` on
+``metrics.listen`` and writing ``<metrics.textfile_dir>/inferd.prom`` every
+``metrics.textfile_interval_s`` (atomically: ``inferd.durable``; in a directory
+the daemon owns: ``inferd.owned_files``).
+
+It is a ``prometheus_client`` collector: each scrape or write reads the daemon's
+``status`` and the models' latency histograms at that moment
+(``inferd.metrics.families``).  Off unless configured.  A failure to start it
+(``prometheus-client`` not installed, the port taken, an unsafe directory) is
+logged (``metrics_unavailable``) and shown in ``status.metrics``; the daemon
+serves on: losing a monitoring view must not ground perception.  At a clean
+stop the textfile is removed, so its absence means the daemon is not running
+(after a crash ``node_textfile_mtime_seconds`` tells its age).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from inferd.config import MetricsConfig
+from inferd.durable import atomic_write_bytes
+from inferd.errors import UnsafeDirectoryError
+from inferd.metrics import families
+from inferd.metrics.http import MetricsServer
+from inferd.owned_files import FILE_MODE, ensure_owned_dir
+from inferd.serving.stats import LatencyHistogram
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+THREAD_NAME = "inferd-metrics"
+#: How long the thread waits at most between two looks at its stop flag.
+_TICK_S = 0.5
+
+log = structlog.get_logger("inferd.metrics")
+
+
+class _Stats(Protocol):
+    def latency_histogram(self) -> LatencyHistogram: ...
+
+
+class _Slot(Protocol):
+    @property
+    def stats(self) -> _Stats: ...
+
+
+class MetricsSource(Protocol):
+    """What the exporter reads: the daemon (its ``status`` op and model slots)."""
+
+    @property
+    def slots(self) -> Mapping[str, _Slot]: ...
+
+    def status(self, _header: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class _Collector:
+    """prometheus_client's Collector protocol (``collect`` only: no ``describe``,
+    which the registry would call at registration)."""
+
+    def __init__(self, exporter: MetricsExporter) -> None:
+        self._exporter = exporter
+
+    def collect(self) -> Iterator[Metric]:
+        return self._exporter.collect()
+
+
+class MetricsExporter:
+    def __init__(self, config: MetricsConfig, source: MetricsSource) -> None:
+        self._config = config
+        self._source = source
+        self._registry: CollectorRegistry | None = None
+        self._server: MetricsServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._requests: Counter[str] = Counter()
+        self._textfile_writes = 0
+        self._last_collect_s: float | None = None
+        self._error: str | None = None
+        self._textfile_error: str | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        """What one scrape or textfile write exposes: the daemon now."""
+        started = time.perf_counter()
+        status = self._source.status({})
+        histograms = {
+            name: slot.stats.latency_histogram() for name, slot in self._source.slots.items()
+        }
+        yield from families.collect(status, histograms)
+        self._last_collect_s = time.perf_counter() - started
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        if not self._config.enabled:
+            return
+        try:
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_Collector(self))
+            if self._config.textfile_dir is not None:
+                ensure_owned_dir(self._config.textfile_dir, what="metrics.textfile_dir")
+            address = self._config.address
+            if address is not None:
+                self._server = MetricsServer(address, self._render, self._count)
+        except (ImportError, OSError, UnsafeDirectoryError) as exc:
+            hint = " (pip install 'inferd[ops]')" if isinstance(exc, ImportError) else ""
+            self._error = f"cannot start the metrics exporter: {exc}{hint}"
+            log.error("metrics_unavailable", error=self._error, listen=self._config.listen or None)
+            return
+        self._registry = registry
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+        log.info("metrics_started", **self._where())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        if self._server is not None:
+            self._server.server_close()
+        textfile = self._config.textfile
+        if textfile is not None and self._registry is not None:
+            try:
+                textfile.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("metrics_textfile_not_removed", path=str(textfile), error=str(exc))
+
+    def describe(self) -> dict[str, Any]:
+        """``status.metrics``."""
+        thread = self._thread
+        return {
+            "enabled": self._config.enabled,
+            **self._where(),
+            "textfile_interval_s": self._config.textfile_interval_s,
+            "running": thread is not None and thread.is_alive(),
+            "requests": dict(self._requests),
+            "textfile_writes": self._textfile_writes,
+            "last_collect_s": self._last_collect_s,
+            "last_error": self._error or self._textfile_error,
+        }
+
+    def _where(self) -> dict[str, str | None]:
+        textfile = self._config.textfile
+        return {
+            "listen": self._server.bound if self._server is not None else None,
+            "textfile": str(textfile) if textfile is not None else None,
+        }
+
+    # -- the thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        interval = self._config.textfile_interval_s
+        next_write = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self._config.textfile is not None and now >= next_write:
+                self._write_textfile()
+                next_write = max(next_write + interval, now)
+            wait = _TICK_S
+            if self._config.textfile is not None:
+                wait = min(wait, max(0.0, next_write - time.monotonic()))
+            if self._server is not None:
+                self._server.timeout = wait
+                self._server.handle_request()  # one connection, or none within ``wait``
+            else:
+                self._stop.wait(wait)
+
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept)
+        assert self._registry is not None
+        try:
+            return encoder(self._registry), content_type
+        except Exception as exc:
+            self._error = f"collecting the metrics failed: {type(exc).__name__}: {exc}"
+            log.exception("metrics_collect_failed")
+            raise
+
+    def _count(self, outcome: str) -> None:
+        self._requests[outcome] += 1
+
+    def _write_textfile(self) -> None:
+        from prometheus_client.exposition import generate_latest
+
+        textfile = self._config.textfile
+        assert textfile is not None and self._registry is not None
+        try:
+            atomic_write_bytes(textfile, generate_latest(self._registry), mode=FILE_MODE)
+        except Exception as exc:
+            error = f"cannot write {textfile}: {type(exc).__name__}: {exc}"
+            if error != self._textfile_error:  # once per kind of failure, not per interval
+                log.error("metrics_textfile_write_failed", path=str(textfile), error=error)
+            self._textfile_error = error
+            return
+        if self._textfile_error is not None:
+            log.info("metrics_textfile_write_restored", path=str(textfile))
+            self._textfile_error = None
+        self._textfile_writes += 1

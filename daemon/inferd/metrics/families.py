@@ -1,0 +1,281 @@
+"""The daemon's ``status`` as Prometheus metric families (``inferd_*``).
+
+Every value comes from the ``status`` document the control op returns and from
+each model's latency histogram (``serving.stats``): there is no second set of
+counters, so a scrape and ``inferctl status`` never disagree.  Names follow
+Prometheus' conventions: base units in the name (seconds, bytes, celsius,
+hertz, watts, ratio), ``_total`` on counters, state as one 0/1 series per
+possible value.  A reading the host does not provide (no thermal source, no
+NVML) is absent, never 0.  ``prometheus_client`` is imported here only, when a
+scrape or a textfile write builds the families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from inferd.serving.stats import LatencyHistogram
+from inferd_wire.protocol import Code
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+DAEMON_STATES = ("starting", "serving", "degraded", "stopping")
+MODEL_STATES = ("loading", "serving", "failed", "released")
+RUNTIMES = ("tensorrt", "onnx_trt_ep")
+#: Every code a reply can carry: each gets a series (0 until used), so ``rate()``
+#: sees the first one.
+RESPONSE_CODES = ("OK", *(code.value for code in Code))
+
+
+def collect(status: Mapping[str, Any], histograms: Mapping[str, LatencyHistogram]) -> list[Metric]:
+    """The metric families of one ``status`` document and the models' histograms."""
+    return [
+        *_daemon(status["daemon"]),
+        *_models(status["models"], histograms),
+        *_bus(status["bus"]),
+        *_fdr(status["fdr"]),
+        *_alerts(status["alerts"]),
+        *_thermal(status["thermal"]),
+        *_security(status["security"]),
+    ]
+
+
+def _gauge(name: str, doc: str, value: float | None = None, unit: str = "") -> Metric:
+    from prometheus_client.core import GaugeMetricFamily
+
+    return GaugeMetricFamily(name, doc, value=value, unit=unit)
+
+
+def _labelled_gauge(name: str, doc: str, labels: list[str], unit: str = "") -> Any:
+    from prometheus_client.core import GaugeMetricFamily
+
+    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def _counter(name: str, doc: str, value: float | None = None, unit: str = "") -> Metric:
+    from prometheus_client.core import CounterMetricFamily
+
+    return CounterMetricFamily(name, doc, value=value, unit=unit)
+
+
+def _labelled_counter(name: str, doc: str, labels: list[str], unit: str = "") -> Any:
+    from prometheus_client.core import CounterMetricFamily
+
+    return CounterMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def _daemon(daemon: Mapping[str, Any]) -> Iterator[Metric]:
+    info = _labelled_gauge(
+        "inferd_daemon_info", "The daemon's version and config fingerprint.", ["version", "config"]
+    )
+    info.add_metric([daemon["version"], daemon["config_fingerprint"]], 1)
+    yield info
+    state = _labelled_gauge(
+        "inferd_daemon_state", "1 for the daemon's state (status.daemon.state).", ["state"]
+    )
+    for name in DAEMON_STATES:
+        state.add_metric([name], 1 if daemon["state"] == name else 0)
+    yield state
+    yield _gauge(
+        "inferd_uptime_seconds", "Seconds since the daemon started.", daemon["uptime_s"], "seconds"
+    )
+
+
+def _models(
+    models: list[Mapping[str, Any]], histograms: Mapping[str, LatencyHistogram]
+) -> Iterator[Metric]:
+    from prometheus_client.core import HistogramMetricFamily
+
+    state = _labelled_gauge("inferd_model_state", "1 for the model's state.", ["model", "state"])
+    runtime = _labelled_gauge(
+        "inferd_model_runtime",
+        "1 for the runtime serving the model (all 0 while none is loaded).",
+        ["model", "runtime", "configured_runtime"],
+    )
+    fallback = _labelled_gauge(
+        "inferd_model_fallback",
+        "1 while the model serves on the fallback (onnx_trt_ep instead of tensorrt).",
+        ["model"],
+    )
+    requests = _labelled_counter(
+        "inferd_requests", "Infer requests addressed to the model.", ["model"]
+    )
+    responses = _labelled_counter(
+        "inferd_responses", "Replies sent, by 'OK' or error code.", ["model", "code"]
+    )
+    late = _labelled_counter(
+        "inferd_late_results", "OK replies that finished after their deadline.", ["model"]
+    )
+    latency = HistogramMetricFamily(
+        "inferd_request_duration_seconds",
+        "Receipt-to-result time of OK replies.",
+        labels=["model"],
+        unit="seconds",
+    )
+    queue = {
+        key: _labelled_gauge(name, doc, ["model"], unit)
+        for key, name, doc, unit in (
+            ("queue_depth", "inferd_queue_depth", "Requests waiting (not the one running).", ""),
+            ("queue_capacity", "inferd_queue_capacity", "The model's queue_capacity.", ""),
+            (
+                "queue_bytes",
+                "inferd_queue_bytes",
+                "Tensor bytes the waiting requests hold.",
+                "bytes",
+            ),
+            ("queue_max_bytes", "inferd_queue_max_bytes", "The model's queue_max_bytes.", "bytes"),
+        )
+    }
+    for model in models:
+        name = model["model"]
+        for value in MODEL_STATES:
+            state.add_metric([name, value], 1 if model["state"] == value else 0)
+        for value in RUNTIMES:
+            serving = 1 if model["runtime"] == value else 0
+            runtime.add_metric([name, value, model["configured_runtime"]], serving)
+        fallback.add_metric([name], 1 if model["fallback"] else 0)
+        requests.add_metric([name], model["requests"])
+        answered: dict[str, int] = {code: 0 for code in RESPONSE_CODES}
+        answered.update(model["responses"])
+        for code, count in answered.items():
+            responses.add_metric([name, code], count)
+        late.add_metric([name], model["late_results"])
+        for key, family in queue.items():
+            family.add_metric([name], model[key])
+        histogram = histograms.get(name)
+        if histogram is not None:
+            buckets = [
+                (_seconds(bound), count)
+                for bound, count in zip(histogram.bounds_us, histogram.cumulative, strict=False)
+            ]
+            buckets.append(("+Inf", histogram.count))
+            latency.add_metric([name], buckets, histogram.sum_us / 1e6)
+    yield from (state, runtime, fallback, requests, responses, late, latency, *queue.values())
+
+
+def _seconds(microseconds: int) -> str:
+    return repr(microseconds / 1e6)
+
+
+def _bus(bus: Mapping[str, Any]) -> Iterator[Metric]:
+    replies = bus["replies"]
+    yield _counter(
+        "inferd_bus_malformed_requests",
+        "Requests refused before they were queued (bus and admission checks).",
+        bus["malformed"],
+    )
+    yield _counter(
+        "inferd_bus_oversized_messages",
+        "Requests over bus.max_message_bytes or max_frames.",
+        bus["oversized_messages"],
+    )
+    yield _counter(
+        "inferd_bus_replies_dropped",
+        "Replies dropped: their peer did not read (bus.max_reply_bytes_*).",
+        replies["dropped"],
+    )
+    yield _gauge(
+        "inferd_bus_reply_in_flight_bytes",
+        "Reply bytes handed to ZeroMQ and not yet written.",
+        replies["in_flight_bytes"],
+        "bytes",
+    )
+    yield _counter("inferd_events_published", "Events published.", bus["events_published"])
+    yield _counter(
+        "inferd_events_dropped", "Events lost to a full publisher queue.", bus["events_dropped"]
+    )
+
+
+def _fdr(fdr: Mapping[str, Any]) -> Iterator[Metric]:
+    yield _gauge(
+        "inferd_fdr_enabled", "1 while the flight data recorder runs.", int(fdr["enabled"])
+    )
+    if not fdr["enabled"]:
+        return
+    yield _counter("inferd_fdr_records_written", "FDR records written.", fdr["records_written"])
+    yield _counter(
+        "inferd_fdr_records_dropped",
+        "FDR records lost (queue full or a failed write).",
+        fdr["records_dropped"],
+    )
+    yield _counter(
+        "inferd_fdr_written_bytes", "Bytes written to FDR segments.", fdr["bytes_written"], "bytes"
+    )
+    yield _gauge("inferd_fdr_queue_depth", "FDR records waiting to be written.", fdr["queue_depth"])
+    yield _counter(
+        "inferd_fdr_segments_deleted",
+        "FDR segments deleted to stay under fdr.max_total_bytes.",
+        fdr["segments_deleted"],
+    )
+
+
+def _alerts(alerts: Mapping[str, Any]) -> Iterator[Metric]:
+    yield _counter("inferd_alerts_raised", "Alerts raised.", alerts["raised"])
+    yield _counter(
+        "inferd_alerts_suppressed", "Alerts held back by the rate limit.", alerts["suppressed"]
+    )
+
+
+def _thermal(thermal: Mapping[str, Any]) -> Iterator[Metric]:
+    available = bool(thermal["available"])
+    yield _gauge(
+        "inferd_thermal_telemetry_available",
+        "1 while a thermal source answers (jtop, NVML or sysfs).",
+        int(available),
+    )
+    yield _gauge(
+        "inferd_thermal_throttle_active",
+        "1 while the GPU/CPU is thermally throttled.",
+        int(bool(thermal["throttle_active"])),
+    )
+    reading = thermal["last_reading"]
+    if not available or reading is None:
+        return  # a stale reading is not telemetry: absent, never 0
+    source = [str(thermal["source"])]
+    for key, name, doc, unit, scale in (
+        ("cpu_temp_c", "inferd_cpu_temperature_celsius", "CPU temperature.", "celsius", 1.0),
+        ("gpu_temp_c", "inferd_gpu_temperature_celsius", "GPU temperature.", "celsius", 1.0),
+        ("clock_mhz", "inferd_gpu_clock_hertz", "GPU (SM) clock.", "hertz", 1e6),
+        ("gpu_utilization_pct", "inferd_gpu_utilization_ratio", "GPU load (0..1).", "ratio", 0.01),
+        ("gpu_memory_used_bytes", "inferd_gpu_memory_used_bytes", "GPU memory in use.", "bytes", 1),
+        ("gpu_memory_total_bytes", "inferd_gpu_memory_total_bytes", "GPU memory.", "bytes", 1),
+        (
+            "gpu_power_w",
+            "inferd_gpu_power_watts",
+            "NVML: the GPU's draw; jtop: the module's total input power.",
+            "watts",
+            1.0,
+        ),
+    ):
+        value = reading.get(key)
+        if value is None:
+            continue
+        family = _labelled_gauge(name, doc, ["source"], unit)
+        family.add_metric(source, value * scale)
+        yield family
+    threshold = thermal["threshold_c"]
+    if threshold is not None:
+        yield _gauge(
+            "inferd_thermal_throttle_threshold_celsius",
+            "Temperature at which throttling is declared.",
+            threshold,
+            "celsius",
+        )
+
+
+def _security(security: Mapping[str, Any]) -> Iterator[Metric]:
+    refused = _labelled_counter(
+        "inferd_connections_refused",
+        "Handshakes the daemon refused (allow-lists, unknown CURVE keys), by socket.",
+        ["socket"],
+    )
+    for name, socket in security["sockets"].items():
+        refused.add_metric([name], socket["connections_refused"])
+    yield refused
+    yield _counter(
+        "inferd_permission_denied",
+        "Operator ops refused PERMISSION_DENIED.",
+        security["permission_denied"],
+    )

@@ -1,0 +1,144 @@
+"""The metrics HTTP endpoint: ``GET /metrics`` and nothing else, bounded.
+
+One connection at a time on the exporter's thread (``socketserver.TCPServer``,
+no thread per connection), a listen backlog of ``BACKLOG``; a request's head
+(request line and headers) must arrive within ``READ_DEADLINE_S`` in at most
+``MAX_REQUEST_BYTES``, or the connection is closed (431 when too large); the
+reply must be taken within ``WRITE_TIMEOUT_S``; HTTP/1.0, so every connection
+closes after one reply.  A client can therefore hold the thread for at most
+``READ_DEADLINE_S + WRITE_TIMEOUT_S`` and the daemon memory for one request
+head.  Nothing is logged per request: the exporter counts them.
+
+The body is OpenMetrics when the scraper asks for it (Prometheus does, in its
+``Accept`` header), else Prometheus' text format (``prometheus_client``'s
+``choose_encoder``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import socketserver
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
+from io import BytesIO
+from typing import Any
+from urllib.parse import urlsplit
+
+MAX_REQUEST_BYTES = 8192
+READ_DEADLINE_S = 2.0
+WRITE_TIMEOUT_S = 5.0
+BACKLOG = 8
+METRICS_PATH = "/metrics"
+
+#: ``render(accept_header) -> (body, content_type)``.
+Render = Callable[[str], tuple[bytes, str]]
+#: ``count(outcome)``: ``scrape``, ``not_found``, ``bad_method``, ``too_large``,
+#: ``timeout``, ``error``.
+Count = Callable[[str], None]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def read_head(connection: socket.socket, deadline: float, limit: int) -> bytes:
+    """The bytes of a request up to and including the blank line after its headers.
+
+    ``TimeoutError`` when ``deadline`` (monotonic) passes first, ``_TooLarge``
+    past ``limit`` bytes; what the peer sent before closing otherwise."""
+    head = b""
+    while b"\r\n\r\n" not in head and b"\n\n" not in head:
+        if len(head) > limit:
+            raise _TooLarge
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("request head not received in time")
+        connection.settimeout(remaining)
+        chunk = connection.recv(min(4096, limit + 1 - len(head)))
+        if not chunk:
+            return head
+        head += chunk
+    if len(head) > limit:
+        raise _TooLarge
+    return head
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    timeout = WRITE_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+    server: MetricsServer
+
+    def handle(self) -> None:
+        try:
+            head = read_head(self.connection, time.monotonic() + READ_DEADLINE_S, MAX_REQUEST_BYTES)
+        except _TooLarge:
+            self.server.count("too_large")
+            self._raw(b"431 Request Header Fields Too Large")
+            return
+        except TimeoutError:
+            self.server.count("timeout")
+            return
+        self.connection.settimeout(WRITE_TIMEOUT_S)
+        self.rfile = BytesIO(head)
+        self.handle_one_request()
+
+    def _raw(self, status: bytes) -> None:
+        self.connection.settimeout(WRITE_TIMEOUT_S)
+        reply = b"HTTP/1.0 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        with contextlib.suppress(OSError):  # the peer left: nothing more to tell it
+            self.wfile.write(reply)
+
+    def do_GET(self) -> None:
+        if urlsplit(self.path).path != METRICS_PATH:
+            self.server.count("not_found")
+            self._reply(404, b"only /metrics is served here\n", "text/plain; charset=utf-8")
+            return
+        try:
+            body, content_type = self.server.render(self.headers.get("Accept", ""))
+        except Exception:  # the exporter logged it and keeps it as its last error
+            self.server.count("error")
+            self._reply(500, b"collecting the metrics failed\n", "text/plain; charset=utf-8")
+            return
+        self.server.count("scrape")
+        self._reply(200, body, content_type)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        if code == 501:  # a method other than GET
+            self.server.count("bad_method")
+        super().send_error(code, message, explain)
+
+    def _reply(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None  # nothing per request: the exporter counts outcomes
+
+
+class MetricsServer(socketserver.TCPServer):
+    """Serves one request per ``handle_request()`` call, on the caller's thread."""
+
+    allow_reuse_address = True
+    request_queue_size = BACKLOG
+
+    def __init__(self, address: tuple[str, int], render: Render, count: Count) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.render = render
+        self.count = count
+        super().__init__(address, _Handler)
+
+    @property
+    def bound(self) -> str:
+        """``HOST:PORT`` actually bound (the port chosen when the config said 0)."""
+        host, port = self.server_address[:2]
+        text = host.decode() if isinstance(host, bytes) else str(host)
+        return f"[{text}]:{port}" if ":" in text else f"{text}:{port}"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A peer that vanished mid-reply, or a failed collection (already counted).
+        self.count("error")

@@ -1,0 +1,147 @@
+"""``inferd.metrics.families``: a ``status`` document as metric families, read
+back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferd.metrics import families
+from inferd.serving.stats import ModelStats
+
+
+def status(**overrides: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "daemon": {
+            "version": "0.1.0",
+            "state": "degraded",
+            "uptime_s": 12.5,
+            "config_fingerprint": "0123456789abcdef",
+        },
+        "models": [
+            {
+                "model": "det",
+                "state": "serving",
+                "configured_runtime": "tensorrt",
+                "runtime": "onnx_trt_ep",
+                "fallback": True,
+                "queue_depth": 3,
+                "queue_capacity": 64,
+                "queue_bytes": 1024,
+                "queue_max_bytes": 4096,
+                "requests": 10,
+                "responses": {"OK": 8, "RESOURCE_EXHAUSTED": 2},
+                "late_results": 1,
+            }
+        ],
+        "bus": {
+            "malformed": 4,
+            "oversized_messages": 1,
+            "events_published": 100,
+            "events_dropped": 0,
+            "replies": {"dropped": 2, "in_flight_bytes": 512},
+        },
+        "fdr": {
+            "enabled": True,
+            "records_written": 20,
+            "records_dropped": 3,
+            "bytes_written": 4000,
+            "queue_depth": 0,
+            "segments_deleted": 0,
+        },
+        "alerts": {"raised": 5, "suppressed": 2},
+        "thermal": {
+            "source": "nvml",
+            "available": True,
+            "throttle_active": False,
+            "threshold_c": 90.0,
+            "last_reading": {
+                "cpu_temp_c": None,
+                "gpu_temp_c": 61.0,
+                "clock_mhz": 1305.0,
+                "gpu_utilization_pct": 37.0,
+                "gpu_memory_used_bytes": 1024**3,
+                "gpu_memory_total_bytes": None,
+                "gpu_power_w": 61.25,
+            },
+        },
+        "security": {
+            "sockets": {
+                "infer": {"connections_refused": 0},
+                "control": {"connections_refused": 2},
+                "events": {"connections_refused": 0},
+            },
+            "permission_denied": 1,
+        },
+    }
+    document.update(overrides)
+    return document
+
+
+def scrape(document: dict[str, Any], stats: ModelStats | None = None) -> dict[Any, float]:
+    class Collector:
+        def collect(self) -> Any:
+            return families.collect(document, {"det": stats.latency_histogram()} if stats else {})
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_models_state_and_counters() -> None:
+    stats = ModelStats()
+    for latency_us in (800, 3_000, 3_000_000):
+        stats.answered("OK", latency_us)
+    got = scrape(status(), stats)
+    det = (("model", "det"),)
+    assert got[("inferd_requests_total", det)] == 10
+    assert got[("inferd_responses_total", (("code", "OK"), *det))] == 8
+    assert got[("inferd_responses_total", (("code", "RESOURCE_EXHAUSTED"), *det))] == 2
+    assert got[("inferd_responses_total", (("code", "INTERNAL"), *det))] == 0
+    assert got[("inferd_late_results_total", det)] == 1
+    assert got[("inferd_model_fallback", det)] == 1
+    assert got[("inferd_queue_depth", det)] == 3 and got[("inferd_queue_bytes", det)] == 1024
+    runtime = (("configured_runtime", "tensorrt"), ("model", "det"))
+    assert got[("inferd_model_runtime", (*runtime, ("runtime", "onnx_trt_ep")))] == 1
+    assert got[("inferd_model_runtime", (*runtime, ("runtime", "tensorrt")))] == 0
+    assert got[("inferd_daemon_state", (("state", "degraded"),))] == 1
+    assert got[("inferd_daemon_state", (("state", "serving"),))] == 0
+    bucket = "inferd_request_duration_seconds_bucket"
+    assert got[(bucket, (("le", "0.001"), *det))] == 1
+    assert got[(bucket, (("le", "0.005"), *det))] == 2
+    assert got[(bucket, (("le", "2.5"), *det))] == 2
+    assert got[(bucket, (("le", "+Inf"), *det))] == 3
+    assert got[("inferd_request_duration_seconds_count", det)] == 3
+    assert abs(got[("inferd_request_duration_seconds_sum", det)] - 3.0038) < 1e-9
+    assert got[("inferd_fdr_records_dropped_total", ())] == 3
+    assert got[("inferd_connections_refused_total", (("socket", "control"),))] == 2
+
+
+def test_gpu_readings_in_base_units_and_absent_when_not_reported() -> None:
+    got = scrape(status())
+    nvml = (("source", "nvml"),)
+    assert got[("inferd_gpu_temperature_celsius", nvml)] == 61.0
+    assert got[("inferd_gpu_clock_hertz", nvml)] == 1305e6
+    assert got[("inferd_gpu_utilization_ratio", nvml)] == 0.37
+    assert got[("inferd_gpu_memory_used_bytes", nvml)] == 1024**3
+    assert got[("inferd_gpu_power_watts", nvml)] == 61.25
+    names = {name for name, _ in got}
+    assert "inferd_cpu_temperature_celsius" not in names  # NVML has no CPU sensor
+    assert "inferd_gpu_memory_total_bytes" not in names
+
+
+def test_no_telemetry_and_no_recorder_leave_only_their_flags() -> None:
+    thermal = {**status()["thermal"], "available": False}
+    got = scrape(status(thermal=thermal, fdr={"enabled": False, "error": "disabled"}))
+    assert got[("inferd_thermal_telemetry_available", ())] == 0
+    assert got[("inferd_fdr_enabled", ())] == 0
+    names = {name for name, _ in got}
+    assert not {n for n in names if n.startswith(("inferd_gpu_", "inferd_fdr_records"))}
