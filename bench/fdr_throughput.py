@@ -17,9 +17,9 @@ a temporary directory:
     poller saw ``durable_seq >= seq`` minus the ``mono_ns`` that ``record()``
     stamped on it (read back from the segments).
 
-Rows: (a) ``c7.deadline_miss`` (not critical) at the default
+Rows: (a) ``deadline_miss`` (not critical) at the default
 ``fsync_interval_ms`` 100, (b) the same at 10 and 1000 ms, (c)
-``c7.daemon_lifecycle`` (critical: synced at once), (d) 1 % critical, 99 %
+``daemon_lifecycle`` (critical: synced at once), (d) 1 % critical, 99 %
 deadline_miss.  Rows are interleaved over ``--rounds`` rounds, the order
 rotated each round, so load from other processes hits all of them alike.
 Under the table: the same disk without the recorder (pre-encoded frames, and
@@ -54,10 +54,10 @@ from inferd.fdr.reader import ReadReport, read_records
 from inferd.fdr.writer import FlightRecorder, read_boot_id
 from inferd.supervision.logging import configure_logging
 
-NONCRITICAL = ("c7.deadline_miss", {"model": "demo", "count": 3, "window_s": 1.0})
+NONCRITICAL = ("deadline_miss", {"model": "demo", "count": 3, "window_s": 1.0})
 # What Daemon._lifecycle records.
 CRITICAL = (
-    "c7.daemon_lifecycle",
+    "daemon_lifecycle",
     {
         "event": "ready",
         "version": "0.1.0",

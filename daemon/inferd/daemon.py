@@ -212,7 +212,7 @@ class Daemon:
         if on_stopping is not None:
             on_stopping()
         # Builds first: cooperative cancel (source sigterm), killed after the grace
-        # period; their c7.engine_build records reach the FDR before it closes.
+        # period; their engine_build records reach the FDR before it closes.
         if self.rebuilder is not None:
             self.rebuilder.stop()
         self.builds.shutdown("sigterm")
@@ -335,7 +335,7 @@ class Daemon:
             self.alerts(
                 Alert(
                     "ERROR",
-                    "c7.fdr_unavailable",
+                    "fdr_unavailable",
                     self._recorder_error,
                     {"directory": str(self.config.fdr.directory)},
                 )
@@ -347,7 +347,7 @@ class Daemon:
 
     def _lifecycle(self, event: str) -> None:
         self._record(
-            "c7.daemon_lifecycle",
+            "daemon_lifecycle",
             {
                 "event": event,
                 "version": inferd.__version__,

@@ -35,7 +35,7 @@ def engines(build_dir: Path) -> list[str]:
 
 def removals(daemon: DaemonProcess) -> list[dict[str, Any]]:
     directory = daemon.workdir / "state" / "fdr"
-    kinds = ["c7.build_artifact_removed"]
+    kinds = ["build_artifact_removed"]
     return [record.payload for record in read_records(directory, ReadReport(), kinds=kinds)]
 
 

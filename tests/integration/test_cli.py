@@ -174,4 +174,4 @@ def test_make_demo_script_shows_the_tensorrt_failover() -> None:
     assert "onnx_trt_ep (fallback from tensorrt)" in out  # demo-trt
     assert "runtime:    onnx_trt_ep\n" in out  # demo, on its configured runtime
     assert "inferd stopped cleanly (exit 0)" in out
-    assert "c7.fallback_to_onnx_trt_ep   model='demo-trt' configured_runtime='tensorrt'" in out
+    assert "fallback_to_onnx_trt_ep      model=demo-trt configured_runtime=tensorrt" in out

@@ -80,7 +80,7 @@ def events_until(
 
 def build_records(daemon: DaemonProcess) -> list[dict[str, Any]]:
     report = ReadReport()
-    records = read_records(daemon.workdir / "state" / "fdr", report, kinds=["c7.engine_build"])
+    records = read_records(daemon.workdir / "state" / "fdr", report, kinds=["engine_build"])
     return [record.payload for record in records]
 
 

@@ -107,7 +107,7 @@ def test_serves_on_the_fallback_at_once_then_adopts_the_built_engine_under_load(
     build = the_build(daemon)
     assert build["validation_status"] == "pass" and build["manifest"] is not None
     assert daemon.stop() == 0
-    (record,) = fdr(daemon, "c7.runtime_switch")
+    (record,) = fdr(daemon, "runtime_switch")
     assert (record["from_runtime"], record["to_runtime"]) == ("onnx_trt_ep", "tensorrt")
     assert record["requested_by"] == f"inferd: build {build['build_id']}"
     assert record["outcome"] == "switched"
@@ -122,7 +122,7 @@ def test_a_cancelled_build_leaves_the_model_on_the_fallback_with_an_alert(
     events = Events(daemon.events, topics=("alert",))
     build_id = the_build(daemon)["build_id"]
     assert control(daemon, "build.cancel", build_id=build_id)["result"]["accepted"] is True
-    raised = alert(events, "c7.engine_build_cancelled")
+    raised = alert(events, "engine_build_cancelled")
     assert raised["level"] == "WARNING" and build_id in raised["message"]
     assert build_status(daemon, build_id)["state"] == "cancelled"
     model = model_status(daemon)
@@ -146,8 +146,8 @@ def test_a_failed_build_backs_off_then_gives_up_with_an_alert(
         rebuild_max_attempts=2,
     )
     events = Events(daemon.events, topics=("alert",))
-    first = alert(events, "c7.engine_build_failed")
-    second = alert(events, "c7.engine_build_gave_up")
+    first = alert(events, "engine_build_failed")
+    second = alert(events, "engine_build_gave_up")
     assert first["level"] == "WARNING" and "retry 2 of 2" in first["message"]
     assert second["level"] == "ERROR" and "giving up after 2 build(s)" in second["message"]
     assert "out of memory" in second["message"]
@@ -171,7 +171,7 @@ def test_with_a_deployment_manifest_the_new_engine_awaits_approval(
         engine_manifest=str(deployed),
     )
     events = Events(daemon.events, topics=("alert",))
-    raised = alert(events, "c7.engine_awaiting_approval")
+    raised = alert(events, "engine_awaiting_approval")
     assert str(deployed) in raised["message"] and "--manifest" in raised["message"]
     engine = Path(the_build(daemon)["engine_path"])
     assert engine.name in raised["message"]

@@ -30,7 +30,7 @@ from tests.integration.test_tensorrt_daemon import fdr
 
 pytestmark = pytest.mark.integration
 
-FAILOVER_ALERT = "c7.tensorrt_execution_failover"
+FAILOVER_ALERT = "tensorrt_execution_failover"
 FDR_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "fdr"
 
 
@@ -141,13 +141,13 @@ def test_failing_executions_fail_over_under_load_then_the_rebuilt_engine_serves(
     assert engine.exists()  # rebuilt in its place, validated and trusted
 
     assert daemon.stop() == 0
-    (fallback,) = fdr(daemon, "c7.fallback_to_onnx_trt_ep")
-    schema = json.loads((FDR_SCHEMAS / "c7.fallback_to_onnx_trt_ep.json").read_text())
+    (fallback,) = fdr(daemon, "fallback_to_onnx_trt_ep")
+    schema = json.loads((FDR_SCHEMAS / "fallback_to_onnx_trt_ep.json").read_text())
     jsonschema.validate(fallback, schema)
     assert (fallback["cause"], fallback["failures"], fallback["sticky"]) == ("execution", 3, False)
     assert fallback["reason"] == failed_over["reason"]
     assert fallback["quarantined"] == str(quarantined)
-    (switch,) = fdr(daemon, "c7.runtime_switch")
+    (switch,) = fdr(daemon, "runtime_switch")
     assert (switch["from_runtime"], switch["to_runtime"], switch["outcome"]) == (
         "onnx_trt_ep",
         "tensorrt",
@@ -177,7 +177,7 @@ def test_an_illegal_address_fails_over_at_once_and_failing_builds_leave_the_fall
         failed_over = events.next(
             lambda topic, p: topic == "runtime" and p["fallback"], "the failover"
         )
-        gave_up = alert(events, "c7.engine_build_gave_up")
+        gave_up = alert(events, "engine_build_gave_up")
         served = load.served["onnx_trt_ep"]
         wait_until(lambda: load.served["onnx_trt_ep"] >= served + 5, message="on the fallback")
 

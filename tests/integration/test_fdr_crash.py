@@ -26,10 +26,10 @@ WRITER = textwrap.dedent(
     while True:
         count += 1
         if count % 10 == 0:
-            fdr.record("c7.daemon_lifecycle", {"event": "ready", "version": str(count),
+            fdr.record("daemon_lifecycle", {"event": "ready", "version": str(count),
                                                "config_fingerprint": "f", "pid": 1})
         else:
-            fdr.record("c7.deadline_miss", {"model": "m" * (count % 50), "count": count,
+            fdr.record("deadline_miss", {"model": "m" * (count % 50), "count": count,
                                             "window_s": 1.0})
         if count % 200 == 0:
             print("durable", fdr.status()["durable_seq"], flush=True)
@@ -62,13 +62,13 @@ def test_sigkill_mid_stream_keeps_every_synced_record(tmp_path: Path) -> None:
     assert not report.is_corrupt, report.as_dict()
     assert len(report.torn_tails) <= 1
     for record in records:  # every body is intact, whatever was dropped under load
-        if record.kind == "c7.deadline_miss":
+        if record.kind == "deadline_miss":
             count = record.payload["count"]
             assert count % 10 != 0 and record.payload["model"] == "m" * (count % 50)
-        elif record.kind == "c7.daemon_lifecycle":
+        elif record.kind == "daemon_lifecycle":
             assert int(record.payload["version"]) % 10 == 0
         else:
-            assert record.kind == "c7.fdr_dropped"
+            assert record.kind == "fdr_dropped"
 
     result = subprocess.run(
         [sys.executable, "-m", "inferd.cli", "fdr", "verify", "--dir", str(tmp_path)],

@@ -39,7 +39,7 @@ def recorder_with(directory: Path, count: int) -> None:
     recorder = FlightRecorder(FdrConfig(directory=directory))
     recorder.start()
     for index in range(count):
-        recorder.record("c7.deadline_miss", {"model": "demo", "count": index + 1, "window_s": 1.0})
+        recorder.record("deadline_miss", {"model": "demo", "count": index + 1, "window_s": 1.0})
     recorder.stop()
 
 
@@ -67,3 +67,41 @@ def test_inferd_verify_json_is_json_only(tmp_path: Path) -> None:
     engine.write_bytes(b"x")
     result = inferd("verify", str(engine), "--json")
     json.loads(result.stdout)  # the report and nothing else, whatever it says
+
+
+def write_old_segment(directory: Path) -> None:
+    """A segment as a recorder before the rename wrote it: kinds named ``c7.<name>``."""
+    from inferd.fdr import framing
+
+    directory.mkdir(parents=True)
+    body = framing.encode_body(
+        {
+            "kind": "c7.deadline_miss",
+            "schema_version": 1,
+            "seq": 1,
+            "wall_ns": 1_790_000_000_000_000_000,
+            "mono_ns": 1,
+            "boot_id": "old-boot",
+            "payload": {"model": "demo", "count": 3, "window_s": 10.0},
+        }
+    )
+    (directory / framing.segment_name(1)).write_bytes(
+        framing.encode_segment_header(1, 1_790_000_000_000_000_000) + framing.encode_frame(body)
+    )
+
+
+def test_old_recorder_files_read_with_todays_names_and_an_unknown_kind_is_refused(
+    tmp_path: Path,
+) -> None:
+    write_old_segment(tmp_path / "fdr")
+    for asked in ("deadline_miss", "c7.deadline_miss"):
+        dumped = inferd("fdr", "dump", "--json", "--dir", str(tmp_path / "fdr"), "--kind", asked)
+        assert dumped.returncode == 0, dumped.stderr
+        (record,) = [json.loads(line) for line in dumped.stdout.splitlines()]
+        assert record["kind"] == "deadline_miss" and record["payload"]["count"] == 3
+    human = inferd("fdr", "dump", "--dir", str(tmp_path / "fdr")).stdout
+    assert "deadline_miss" in human and "model=demo count=3 window_s=10.0" in human
+    assert "c7." not in human and "'" not in human  # no prefix, no Python repr
+    refused = inferd("fdr", "dump", "--dir", str(tmp_path / "fdr"), "--kind", "deadline_mis")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "'deadline_mis' is no record kind; did you mean deadline_miss?" in refused.stderr

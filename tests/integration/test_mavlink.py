@@ -61,11 +61,11 @@ def _long_statustext(listener: Any) -> tuple[str, list[Any]]:
 def test_statustext_arrives_with_text_severity_and_source(ground: Any) -> None:
     hook = MavlinkAlertHook(f"udpout:127.0.0.1:{_port(ground)}", 42, 191)
     try:
-        hook.alert("WARNING", "c7.cpu_fallback", "model 'demo' runs on CPU", {"model": "demo"})
+        hook.alert("WARNING", "cpu_fallback", "model 'demo' runs on CPU", {"model": "demo"})
         message = _statustext(ground)
     finally:
         hook.close()
-    assert message.text == "c7.cpu_fallback: model 'demo' runs on CPU"
+    assert message.text == "cpu_fallback: model 'demo' runs on CPU"
     assert message.severity == mavutil.mavlink.MAV_SEVERITY_WARNING
     assert (message.get_srcSystem(), message.get_srcComponent()) == (42, 191)
     assert (message.id, message.chunk_seq) == (0, 0)
@@ -77,12 +77,12 @@ def test_every_level_arrives_with_its_severity(ground: Any) -> None:
     levels: tuple[AlertLevel, ...] = get_args(AlertLevel)
     try:
         for level in levels:
-            hook.alert(level, "c7.level_check", level.lower(), {})
+            hook.alert(level, "level_check", level.lower(), {})
         received = [_statustext(ground) for _ in levels]
     finally:
         hook.close()
     assert [(message.severity, message.text) for message in received] == [
-        (mav_severity(level), f"c7.level_check: {level.lower()}") for level in levels
+        (mav_severity(level), f"level_check: {level.lower()}") for level in levels
     ]
     assert [message.severity for message in received] == [
         getattr(mavutil.mavlink, f"MAV_SEVERITY_{level}") for level in levels
@@ -95,11 +95,11 @@ def test_long_text_arrives_as_chunks_that_reassemble(ground: Any) -> None:
         "model 'front_camera' cannot serve on tensorrt: engine refused by the trust gate "
         "(sha256 mismatch); serving on onnx_trt_ep"
     )
-    prefix = "c7.fallback_to_onnx_trt_ep: "
+    prefix = "fallback_to_onnx_trt_ep: "
     exact = "y" * (2 * STATUSTEXT_LEN - len(prefix))  # the whole text is exactly 100
     try:
-        hook.alert("ERROR", "c7.fallback_to_onnx_trt_ep", message, {})
-        hook.alert("ERROR", "c7.fallback_to_onnx_trt_ep", exact, {})
+        hook.alert("ERROR", "fallback_to_onnx_trt_ep", message, {})
+        hook.alert("ERROR", "fallback_to_onnx_trt_ep", exact, {})
         first, first_chunks = _long_statustext(ground)
         second, second_chunks = _long_statustext(ground)
     finally:
@@ -119,7 +119,7 @@ def test_dispatcher_reports_suppressed_repeats_to_the_ground(ground: Any) -> Non
     now = [0.0]
     hook = MavlinkAlertHook(f"udpout:127.0.0.1:{_port(ground)}")
     dispatcher = AlertDispatcher([hook], rate_limit_s=10.0, clock=lambda: now[0])
-    repeated = Alert("CRITICAL", "c7.thermal", "gpu hot", {"model": "demo"})
+    repeated = Alert("CRITICAL", "thermal", "gpu hot", {"model": "demo"})
     try:
         for _ in range(3):
             dispatcher(repeated)
@@ -128,8 +128,8 @@ def test_dispatcher_reports_suppressed_repeats_to_the_ground(ground: Any) -> Non
         first, second = _statustext(ground), _statustext(ground)
     finally:
         dispatcher.close()
-    assert first.text == "c7.thermal: gpu hot"
-    assert second.text == "c7.thermal: gpu hot (+2 repeats)"
+    assert first.text == "thermal: gpu hot"
+    assert second.text == "thermal: gpu hot (+2 repeats)"
     assert dispatcher.status()["hooks"]["mavlink"] == {"sent": 2, "failures": 0, "last_error": None}
 
 
@@ -143,11 +143,11 @@ def test_udpin_hook_answers_a_ground_station_that_connected_to_it() -> None:
         station.mav.heartbeat_send(
             mavutil.mavlink.MAV_TYPE_GCS, mavutil.mavlink.MAV_AUTOPILOT_INVALID, 0, 0, 0
         )
-        hook.alert("NOTICE", "c7.note", "hello ground", {})
+        hook.alert("NOTICE", "note", "hello ground", {})
         message = station.recv_match(type="STATUSTEXT", blocking=True, timeout=TIMEOUT_S)
     finally:
         station.close()
         hook.close()
     assert message is not None
-    assert message.text == "c7.note: hello ground"
+    assert message.text == "note: hello ground"
     assert message.severity == mavutil.mavlink.MAV_SEVERITY_NOTICE

@@ -83,7 +83,7 @@ def test_a_cuda_only_session_shows_in_status_the_recorder_and_one_alert(
     assert daemon.stop() == 0, daemon.log()
 
     records = fdr_records(daemon)
-    degraded = [r["payload"] for r in records if r["kind"] == "c7.provider_degraded"]
+    degraded = [r["payload"] for r in records if r["kind"] == "provider_degraded"]
     assert degraded == [
         {
             "model": "demo",
@@ -98,7 +98,7 @@ def test_a_cuda_only_session_shows_in_status_the_recorder_and_one_alert(
     alerts = [
         r["payload"]
         for r in records
-        if r["kind"] == "c7.alert" and r["payload"]["code"] == "c7.provider_degraded"
+        if r["kind"] == "alert" and r["payload"]["code"] == "provider_degraded"
     ]
     assert len(alerts) == 1, alerts
     assert alerts[0]["level"] == "WARNING" and alerts[0]["fields"]["model"] == "demo"
@@ -119,7 +119,7 @@ def test_require_tensorrt_ep_makes_a_cuda_only_model_unavailable(
         client.infer("demo", {"image": np.zeros((1, 3, 224, 224), np.float32)})
     assert refused.value.code == "UNAVAILABLE"
     assert daemon.stop() == 0, daemon.log()
-    degraded = [r["payload"] for r in fdr_records(daemon) if r["kind"] == "c7.provider_degraded"]
+    degraded = [r["payload"] for r in fdr_records(daemon) if r["kind"] == "provider_degraded"]
     assert [p["refused"] for p in degraded] == [True]
 
 
@@ -144,7 +144,7 @@ def test_a_staged_engine_serves_through_the_tensorrt_ep(
     assert context.name == f"staged_{report['sha256'][:16]}_ctx.onnx"
     assert daemon.stop() == 0, daemon.log()
     kinds = {r["kind"] for r in fdr_records(daemon)}
-    assert not kinds & {"c7.engine_refused", "c7.provider_degraded"}, kinds
+    assert not kinds & {"engine_refused", "provider_degraded"}, kinds
 
 
 # -- serving never depends on a writable engine cache (issue "security and resource
@@ -171,5 +171,5 @@ def test_a_read_only_cache_location_still_serves(
     else:  # only the TensorRT EP caches: nothing to lack
         assert model["engine_cache_error"] is None
     assert daemon.stop() == 0, daemon.log()
-    unavailable = [r for r in fdr_records(daemon) if r["kind"] == "c7.ort_cache_unavailable"]
+    unavailable = [r for r in fdr_records(daemon) if r["kind"] == "ort_cache_unavailable"]
     assert len(unavailable) == (1 if fake_gpu_providers else 0)

@@ -26,7 +26,7 @@ from tests.integration.wire import IDENTITY_SHAPE
 
 pytestmark = pytest.mark.integration
 
-FALLBACK_CODE = "c7.fallback_to_onnx_trt_ep"
+FALLBACK_CODE = "fallback_to_onnx_trt_ep"
 MAV_SEVERITY_WARNING = 4
 
 
@@ -240,15 +240,13 @@ def test_fallback_writes_its_record_and_fires_each_hook_once(
     assert isinstance(payload["reason"], str) and "tensorrt" in payload["reason"].lower()
     assert "CPUExecutionProvider" in payload["active_providers"]
 
-    alerts = [
-        r for r in records if r["kind"] == "c7.alert" and r["payload"]["code"] == FALLBACK_CODE
-    ]
+    alerts = [r for r in records if r["kind"] == "alert" and r["payload"]["code"] == FALLBACK_CODE]
     assert len(alerts) == 1, records
     assert alerts[0]["payload"]["level"] == "WARNING"
     assert alerts[0]["payload"]["fields"]["model"] == "identity"
     assert alerts[0]["payload"]["suppressed"] == 0
 
-    lifecycle = [r for r in records if r["kind"] == "c7.daemon_lifecycle"]
+    lifecycle = [r for r in records if r["kind"] == "daemon_lifecycle"]
     assert [r["payload"]["event"] for r in lifecycle] == ["start", "ready", "stop"]
     start, ready, stop = (r["seq"] for r in lifecycle)
     # Failover happens while the model comes up; the alert at its first request.
@@ -320,8 +318,8 @@ def test_thermal_excursion_publishes_transitions_and_records_them(
         assert operator.call("thermal")["transitions"] == 2
 
     assert daemon.stop() == 0, daemon.log()
-    transitions = fdr_dump(daemon.workdir / "state" / "fdr", "c7.thermal_transition")
-    assert {r["kind"] for r in transitions} <= {"c7.thermal_transition"}
+    transitions = fdr_dump(daemon.workdir / "state" / "fdr", "thermal_transition")
+    assert {r["kind"] for r in transitions} <= {"thermal_transition"}
     assert [
         (
             r["payload"]["throttle_active"],
@@ -458,12 +456,12 @@ def test_full_disk_drops_records_but_serving_goes_on(
     verified = fdr_verify(fdr_dir)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     records = fdr_dump(fdr_dir)
-    lifecycle = [r["payload"]["event"] for r in records if r["kind"] == "c7.daemon_lifecycle"]
+    lifecycle = [r["payload"]["event"] for r in records if r["kind"] == "daemon_lifecycle"]
     assert lifecycle == ["start", "ready", "stop"], records
-    (dropped,) = [r["payload"] for r in records if r["kind"] == "c7.fdr_dropped"]
+    (dropped,) = [r["payload"] for r in records if r["kind"] == "fdr_dropped"]
     assert dropped["dropped"] == resumed["records_dropped"], (dropped, resumed)
     assert "No space left" in dropped["reason"], dropped
-    transitions = [r for r in records if r["kind"] == "c7.thermal_transition"]
+    transitions = [r for r in records if r["kind"] == "thermal_transition"]
     assert 0 < len(transitions) < toggles
 
 

@@ -78,7 +78,7 @@ SCHEMA_FILES = frozenset(
     }
 )
 REPLY_TIMEOUT_S = 20.0
-FALLBACK_ALERT = "c7.fallback_to_onnx_trt_ep"
+FALLBACK_ALERT = "fallback_to_onnx_trt_ep"
 
 
 # -- schema loading ---------------------------------------------------------
@@ -569,7 +569,7 @@ def test_health_and_fallback_alert_events(
     daemon_factory: DaemonFactory, identity_model: Path
 ) -> None:
     """runtime='tensorrt' cannot load here: the model fails over to onnx_trt_ep and the
-    first inference raises the c7.fallback_to_onnx_trt_ep alert."""
+    first inference raises the fallback_to_onnx_trt_ep alert."""
     daemon = daemon_factory(
         models=[{"name": "trt", "path": str(identity_model), "runtime": "tensorrt"}]
     )
@@ -633,7 +633,7 @@ def test_startup_runtime_and_alert_events_of_the_daemon(
     if "broken" in runtime:
         assert runtime["broken"]["state"] == "failed" and runtime["broken"]["runtime"] is None
     for _, alert in (event for event in seen if event[0] == "alert"):
-        assert alert["code"] == "c7.model_unavailable"
+        assert alert["code"] == "model_unavailable"
         assert alert["fields"] == {"model": "broken"}
 
 

@@ -34,7 +34,7 @@ from tests.integration.wire import IDENTITY_SHAPE, RawDealer, assert_error, pack
 
 pytestmark = pytest.mark.integration
 
-FALLBACK_CODE = "c7.fallback_to_onnx_trt_ep"
+FALLBACK_CODE = "fallback_to_onnx_trt_ep"
 
 
 def _models(demo_model: Path, identity_model: Path) -> list[dict[str, object]]:

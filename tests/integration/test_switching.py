@@ -75,7 +75,7 @@ def test_refused_switch_keeps_the_old_runtime_and_is_recorded(
         client.infer("identity", {"input": np.zeros((1, 3, 224, 224), np.float32)})
         assert client.last_reply["runtime"] == "onnx_trt_ep"
     assert daemon.stop() == 0
-    records = fdr_dump(daemon, "c7.runtime_switch")
+    records = fdr_dump(daemon, "runtime_switch")
     assert [(r["payload"]["outcome"], r["payload"]["requested_by"]) for r in records] == [
         ("refused", "test")
     ]
@@ -100,7 +100,7 @@ def test_switching_a_failed_over_model_clears_the_fallback(
         (model,) = operator.status()["models"]
     assert model["fallback"] is False and model["configured_runtime"] == "tensorrt"
     assert daemon.stop() == 0
-    (record,) = fdr_dump(daemon, "c7.runtime_switch")
+    (record,) = fdr_dump(daemon, "runtime_switch")
     assert record["payload"]["outcome"] == "switched"
     assert record["payload"]["prepare_ms"] > 0
 

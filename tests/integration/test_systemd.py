@@ -366,9 +366,9 @@ def test_sigterm_drains_then_records_stop_and_exits_zero(
     report = ReadReport()
     records = list(read_records(workdir / "state" / "fdr", report))
     assert not report.is_corrupt and report.skipped_bytes == 0
-    lifecycle = [r.payload["event"] for r in records if r.kind == "c7.daemon_lifecycle"]
+    lifecycle = [r.payload["event"] for r in records if r.kind == "daemon_lifecycle"]
     assert lifecycle[-3:] == ["start", "ready", "stop"]
-    assert records[-1].kind == "c7.daemon_lifecycle"
+    assert records[-1].kind == "daemon_lifecycle"
 
 
 # -- journald -----------------------------------------------------------------------
@@ -459,11 +459,11 @@ def test_journald_entries_carry_structured_fields(
     fallback = by_event["fallback_to_onnx_trt_ep"][0]
     assert fallback["PRIORITY"] == "4" and fallback["INFERD_MODEL"] == "det"
     alert = by_event["alert"][0]
-    assert alert["INFERD_CODE"] == "c7.fallback_to_onnx_trt_ep"
+    assert alert["INFERD_CODE"] == "fallback_to_onnx_trt_ep"
     assert alert["INFERD_MODEL"] == "det"
     # The documented operator query.
     found = _journal("INFERD_EVENT=fallback_to_onnx_trt_ep", pid, expect="fallback_to_onnx_trt_ep")
-    assert found[0]["MESSAGE_ID"] == message_id("c7.fallback_to_onnx_trt_ep")
+    assert found[0]["MESSAGE_ID"] == message_id("fallback_to_onnx_trt_ep")
 
 
 def test_builtin_native_sender_against_real_journald(journald: None) -> None:

@@ -91,11 +91,11 @@ def test_an_engine_missing_from_the_manifest_is_refused_and_fails_over(
             True,
         )
     assert daemon.stop() == 0
-    (refused,) = fdr(daemon, "c7.engine_refused")
+    (refused,) = fdr(daemon, "engine_refused")
     assert refused["step"] == "manifest_digest"
-    (fallback,) = fdr(daemon, "c7.fallback_to_onnx_trt_ep")
+    (fallback,) = fdr(daemon, "fallback_to_onnx_trt_ep")
     assert fallback["configured_runtime"] == "tensorrt" and "manifest" in fallback["reason"]
-    assert fdr(daemon, "c7.engine_build") == []
+    assert fdr(daemon, "engine_build") == []
 
 
 def test_a_warm_up_failure_fails_over(

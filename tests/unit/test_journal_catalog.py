@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from inferd.supervision.journal_fields import journal_event_name, message_id
+from inferd.supervision.journal_fields import message_id
 from tests.conftest import REPO
 
 PACKAGE = REPO / "daemon" / "inferd"
@@ -28,19 +28,19 @@ _LOGGER = re.compile(r"(^|\.)_?log$|get_logger\(")
 
 
 def _raised_codes(tree: ast.Module, function: str) -> set[str]:
-    """The ``c7.*`` string constants passed to calls of ``function`` in ``tree``."""
+    """The string constants of the code (second) argument of calls of ``function``."""
     codes = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(function):
-            for argument in ast.walk(node):
-                if isinstance(argument, ast.Constant) and str(argument.value).startswith("c7."):
-                    codes.add(journal_event_name(argument.value))
+            for argument in ast.walk(node.args[1]):
+                if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                    codes.add(argument.value)
     return codes
 
 
 #: (module, the function whose log call computes the event name) -> how to find the names.
 COMPUTED = {
-    # FallbackRebuilder._raise logs code.removeprefix("c7.") for the codes passed to it.
+    # FallbackRebuilder._raise logs the alert code passed to it as the event name.
     ("serving/rebuild.py", "_raise"): lambda tree: _raised_codes(tree, "self._raise"),
 }
 
@@ -92,19 +92,19 @@ def logged_events() -> dict[str, str]:
             names: set[str]
             if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
                 names = {argument.value}
+            elif (relative, _enclosing_function(tree, call)) in COMPUTED:
+                names = COMPUTED[(relative, _enclosing_function(tree, call))](tree)
+                assert names, f"{where}: found no names for a COMPUTED entry"
             elif isinstance(argument, ast.Name | ast.Attribute):
                 module = importlib.import_module(
                     "inferd." + relative.removesuffix(".py").replace("/", ".")
                 )
                 names = {str(eval(ast.unparse(argument), vars(module)))}
-            elif (relative, _enclosing_function(tree, call)) in COMPUTED:
-                names = COMPUTED[(relative, _enclosing_function(tree, call))](tree)
-                assert names, f"{where}: found no names for a COMPUTED entry"
             else:
                 unresolved.append(f"{where}: {ast.unparse(argument)}")
                 continue
             for name in names:
-                events.setdefault(journal_event_name(name), where)
+                events.setdefault(name, where)
     assert unresolved == [], (
         f"event names this test cannot resolve (list them in COMPUTED): {unresolved}"
     )

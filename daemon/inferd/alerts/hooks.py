@@ -10,7 +10,7 @@ from inferd.types import AlertLevel, EventSink, RecordSink
 #: Topic of alert events on the PUB socket.
 ALERT_TOPIC = "alert"
 #: Flight data recorder kind of an alert record.
-ALERT_RECORD_KIND = "c7.alert"
+ALERT_RECORD_KIND = "alert"
 #: Key the dispatcher reserves in ``fields`` for the count of suppressed repeats.
 SUPPRESSED_FIELD = "suppressed"
 
@@ -38,7 +38,7 @@ class PubAlertHook:
 
 
 class FdrAlertHook:
-    """Records ``c7.alert`` with payload ``{level, code, message, fields, suppressed}``.
+    """Records ``alert`` with payload ``{level, code, message, fields, suppressed}``.
 
     ``suppressed`` is taken out of ``fields`` into its own integer key (0 when
     nothing was suppressed), as the record kind requires.

@@ -45,9 +45,41 @@ def _iso(wall_ns: int) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+_BARE = re.compile(r"[\w.:/@+,-]+")
+
+
+def _value_text(value: object) -> str:
+    """A payload value for a person: a plain word as it is, other strings quoted,
+    ``null`` for none, everything else compact JSON (never a Python repr)."""
+    if isinstance(value, str) and _BARE.fullmatch(value):
+        return value
+    if isinstance(value, bytes):
+        return value.hex()
+    return json.dumps(value, separators=(",", ":"), default=json_default)
+
+
 def _human(record: Record) -> str:
-    fields = " ".join(f"{key}={value!r}" for key, value in record.payload.items())
+    fields = " ".join(f"{key}={_value_text(value)}" for key, value in record.payload.items())
     return f"{_iso(record.wall_ns)}  seq={record.seq:<8} {record.kind:<28} {fields}"
+
+
+def check_kinds(kinds: list[str]) -> list[str]:
+    """``--kind`` values as record kinds (``c7.`` names of old recorders accepted);
+    ``ValueError`` naming an unknown one and the nearest known kinds."""
+    import difflib
+
+    from inferd.fdr.kinds import KINDS
+    from inferd.fdr.reader import current_kind_name
+
+    checked = []
+    for kind in kinds:
+        name = current_kind_name(kind)
+        if name not in KINDS:
+            near = difflib.get_close_matches(name, KINDS, n=3)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise ValueError(f"--kind {kind!r} is no record kind{hint} Known: {sorted(KINDS)}")
+        checked.append(name)
+    return checked
 
 
 def dump(

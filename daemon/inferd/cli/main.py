@@ -171,9 +171,10 @@ def _fdr(args: argparse.Namespace) -> int:
         if args.fdr_command == "verify":
             return tool.verify(directory, as_json=args.json)
         since = tool.parse_since(args.since) if args.since else None
+        kinds = tool.check_kinds(args.kind)
         if args.fdr_command == "export":
-            return tool.export(directory, args.mcap, kinds=args.kind, since_wall_ns=since)
-        return tool.dump(directory, kinds=args.kind, since_wall_ns=since, as_json=args.json)
+            return tool.export(directory, args.mcap, kinds=kinds, since_wall_ns=since)
+        return tool.dump(directory, kinds=kinds, since_wall_ns=since, as_json=args.json)
     except (ConfigError, ValueError) as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,7 +11,7 @@
   discarded / quarantined, each defined there once).
 * ``validation``: gate + smoke inference vs ONNX Runtime; ``eligible_to_serve``.
 * ``session``: ``run_build`` -> build summary (``schemas/build/summary.json``)
-  and a ``c7.engine_build`` FDR record.
+  and a ``engine_build`` FDR record.
 * ``simulated``: a SIMULATED builder for hosts without TensorRT.
 * ``acceptance``: ``inferd acceptance stuck-build``.
 """

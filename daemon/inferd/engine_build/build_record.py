@@ -2,7 +2,7 @@
 
 ``Build`` is the daemon's record of one build child (``supervisor.BuildManager``
 owns it and its reader thread updates it); the functions here render it: the
-``build.status`` entry (``describe``), the ``c7.engine_build`` FDR payload
+``build.status`` entry (``describe``), the ``engine_build`` FDR payload
 (``fdr_record``) and the ``build`` topic payloads (``event_payload``,
 ``terminal_event``).
 """
@@ -79,7 +79,7 @@ def latencies(build: Build) -> dict[str, float | None]:
 
 
 def fdr_record(build: Build) -> dict[str, Any]:
-    """The ``c7.engine_build`` FDR payload: the child's record (or one made up when
+    """The ``engine_build`` FDR payload: the child's record (or one made up when
     there is none) with what only the daemon knows."""
     duration = round((build.exited_mono or time.monotonic()) - build.started_mono, 4)
     base = build.record or {

@@ -10,7 +10,7 @@ msgpack maps (``use_bin_type``; decoded with ``raw=False``) in both directions:
 * the child's original stdout (child -> daemon), in this order:
   ``{"kind": "engine_path", "path": ...}`` (where the engine will be written),
   any number of ``{"kind": "event", "event": BuildEvent.as_dict()}`` and
-  ``{"kind": "record", "payload": ...}`` (the ``c7.engine_build`` FDR payload,
+  ``{"kind": "record", "payload": ...}`` (the ``engine_build`` FDR payload,
   recorded by the daemon), and finally either ``{"kind": "report", "summary":
   ..., "summaryPath": ..., "droppedInChild": ...}`` or, when the build could not
   run at all, ``{"kind": "error", "error": ...}``.  File descriptor 1 of the child

@@ -10,7 +10,7 @@ A set is removable when it is *superseded*: its model has a newer set with an
 engine, or it has no engine itself (a failed or cancelled build's summary and
 leftovers).  A model's newest engine, a running build's set and an engine that
 serves are never removed.  Removal goes oldest first until the directory is
-within both caps; each removed set is a ``c7.build_artifact_removed`` FDR record.
+within both caps; each removed set is a ``build_artifact_removed`` FDR record.
 The daemon prunes at start, before a build starts (refusing it when what cannot
 be removed already fills the caps) and after each build ends, so between builds
 the directory stays within its caps and a running build may add one set on top.
@@ -32,7 +32,7 @@ from inferd.engines.quarantine import QUARANTINE_DIR
 
 log = structlog.get_logger("inferd.builds.retention")
 
-REMOVED_RECORD = "c7.build_artifact_removed"
+REMOVED_RECORD = "build_artifact_removed"
 #: ``<model>.<build_id>.``: build ids are ``b<counter>-<6 hex>`` (``BuildManager``).
 _ARTIFACT = re.compile(r"^(?P<model>[A-Za-z0-9_-]+)\.(?P<build_id>b[0-9]+-[0-9a-f]{6})\.")
 

@@ -6,7 +6,7 @@ timing-cache policy, the builder (run in a worker thread so the main thread
 keeps handling signals: TensorRT's ``build_serialized_network`` releases the
 GIL and holds its caller until it returns), the no-cancel final write,
 cleanup, validation, and the build summary (``schemas/build/summary.json``),
-written next to the engine and recorded as a ``c7.engine_build`` FDR record.
+written next to the engine and recorded as a ``engine_build`` FDR record.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from inferd.owned_files import ensure_owned_dir
 from inferd.types import BuildConfig, HostTuple
 
 SUMMARY_SCHEMA_ID = "https://inferd.example/schemas/build/summary.json"
-BUILD_RECORD = "c7.engine_build"
+BUILD_RECORD = "engine_build"
 RecordSink = Callable[[str, Mapping[str, Any]], None]
 _FDR_OUTCOME = {"completed": "succeeded", "cancelled": "cancelled", "failed": "failed"}
 

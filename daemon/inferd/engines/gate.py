@@ -18,7 +18,7 @@ step  name                 refuses with
 
 ``validate`` stops at the first failing step (so an engine failing several
 refuses at the lowest), logs ``engine_refused`` (step, reason) and writes a
-``c7.engine_refused`` FDR record, then raises.  ``steps`` / ``explain`` run
+``engine_refused`` FDR record, then raises.  ``steps`` / ``explain`` run
 every step that can run and return each verdict (``pass``, ``fail``,
 ``skipped`` with a message) without logging or recording: that is what
 ``inferd verify`` prints.  The first ``fail`` of ``steps`` is always the step
@@ -63,7 +63,7 @@ STEPS: tuple[str, ...] = (
     STEP_SIDECAR_DIGEST,
     STEP_MANIFEST_DIGEST,
 )
-RECORD_KIND = "c7.engine_refused"
+RECORD_KIND = "engine_refused"
 _READ_CHUNK = 1024 * 1024
 
 Verdict = Literal["pass", "fail", "skipped"]

@@ -31,14 +31,14 @@ KINDS: dict[str, RecordKind] = {
     kind.name: kind
     for kind in (
         _kind(
-            "c7.fallback_to_onnx_trt_ep",
+            "fallback_to_onnx_trt_ep",
             {"model", "configured_runtime", "reason", "active_providers"},
             critical=True,
             description="A model could not serve on its configured runtime and now "
             "serves on ONNX Runtime.",
         ),
         _kind(
-            "c7.ort_cache_unavailable",
+            "ort_cache_unavailable",
             {"model", "reason", "staged_engines"},
             critical=False,
             description="An onnx_trt_ep model serves without the TensorRT EP's engine "
@@ -46,7 +46,7 @@ KINDS: dict[str, RecordKind] = {
             "leaves its staged engine unused.",
         ),
         _kind(
-            "c7.provider_degraded",
+            "provider_degraded",
             {
                 "model",
                 "degradation",
@@ -61,7 +61,7 @@ KINDS: dict[str, RecordKind] = {
             "wants (TensorRT EP, CUDA EP, or both: CPU only).",
         ),
         _kind(
-            "c7.thermal_transition",
+            "thermal_transition",
             {
                 "throttle_active",
                 "previous",
@@ -75,64 +75,64 @@ KINDS: dict[str, RecordKind] = {
             description="Thermal throttling started or stopped.",
         ),
         _kind(
-            "c7.runtime_switch",
+            "runtime_switch",
             {"model", "from_runtime", "to_runtime", "requested_by", "outcome", "reason"},
             critical=True,
             description="A model's runtime was switched (or a switch was refused).",
         ),
         _kind(
-            "c7.engine_refused",
+            "engine_refused",
             {"engine", "step", "reason"},
             critical=True,
             description="The engine trust gate refused an engine file.",
         ),
         _kind(
-            "c7.engine_build",
+            "engine_build",
             {"model", "outcome", "duration_s"},
             critical=True,
             description="An engine build finished, failed or was cancelled.",
         ),
         _kind(
-            "c7.daemon_lifecycle",
+            "daemon_lifecycle",
             {"event", "version", "config_fingerprint", "pid"},
             critical=True,
             description="The daemon started, became ready or stopped.",
         ),
         _kind(
-            "c7.deadline_miss",
+            "deadline_miss",
             {"model", "count", "window_s"},
             critical=False,
             description="Rate-limited summary: requests of a model answered "
             "DEADLINE_EXCEEDED during the window.",
         ),
         _kind(
-            "c7.alert",
+            "alert",
             {"level", "code", "message", "fields", "suppressed"},
             critical=True,
             description="An alert raised to the ground station hooks.",
         ),
         _kind(
-            "c7.fdr_retention",
+            "fdr_retention",
             {"deleted_segments", "deleted_bytes", "max_total_bytes"},
             critical=False,
             description="The recorder deleted its oldest segments to stay under its size cap.",
         ),
         _kind(
-            "c7.build_artifact_removed",
+            "build_artifact_removed",
             {"model", "build_id", "files", "bytes", "reason"},
             critical=False,
             description="The builds dir cap removed a superseded build's artifacts "
             "(builds.max_count, builds.max_bytes).",
         ),
         _kind(
-            "c7.watchdog_withheld",
+            "watchdog_withheld",
             {"threads", "silence_limit_s", "watchdog_s"},
             critical=True,
             description="The systemd watchdog pings stopped: a watched thread went silent "
             "without declaring a long operation, overran the one it declared, or died.",
         ),
         _kind(
-            "c7.fdr_dropped",
+            "fdr_dropped",
             {"dropped", "reason"},
             critical=True,
             description="Records were lost (queue full or a write failed) before this one.",

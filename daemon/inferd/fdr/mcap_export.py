@@ -8,7 +8,7 @@ kind's JSON Schema (``schemas/fdr/<kind>.json``, shipped in the package as
 schemaless channel).  A message's log and publish time are the record's wall
 clock (``wall_ns``), its sequence the record's ``seq`` (MCAP keeps 32 bits).
 What a message cannot carry is in metadata records: ``inferd`` (the exporter's
-version, the daemon versions seen in ``c7.daemon_lifecycle`` records, the
+version, the daemon versions seen in ``daemon_lifecycle`` records, the
 source directory, the records and the damage the reader skipped) and one
 ``inferd.boot`` per boot (its ``boot_id``, first and last ``seq``, and the
 first record's ``wall_ns``/``mono_ns``, which relate the monotonic clock of the
@@ -97,7 +97,7 @@ def export_mcap(
             summary.channels[record.kind] = summary.channels.get(record.kind, 0) + 1
             _note_boot(boots, record)
             version = record.payload.get("version")
-            lifecycle = record.kind == "c7.daemon_lifecycle"
+            lifecycle = record.kind == "daemon_lifecycle"
             if lifecycle and isinstance(version, str) and version not in daemon_versions:
                 daemon_versions.append(version)
         for boot in boots.values():

@@ -108,7 +108,7 @@ def read_records(
 ) -> Iterator[Record]:
     """Every intact record of every segment, in order; damage goes to ``report``."""
     report = report if report is not None else ReadReport()
-    wanted = set(kinds)
+    wanted = {current_kind_name(kind) for kind in kinds}
     for path in list_segments(directory):
         for record in read_segment(path, report):
             if wanted and record.kind not in wanted:
@@ -192,9 +192,20 @@ def _decode(name: str, offset: int, body: bytes) -> Record | None:
         return None
     if not isinstance(fields, dict) or not all(key in fields for key in _BODY_KEYS):
         return None
-    if not isinstance(fields["payload"], dict):
+    if not isinstance(fields["payload"], dict) or not isinstance(fields["kind"], str):
         return None
+    fields["kind"] = current_kind_name(fields["kind"])
     return Record(**{key: fields[key] for key in _BODY_KEYS}, segment=name, offset=offset)
+
+
+#: Record kinds were written as ``c7.<name>`` before they got user-facing names.
+_OLD_KIND_PREFIX = "c7."
+
+
+def current_kind_name(kind: str) -> str:
+    """A kind as this version names it: a recorder file written by an older one says
+    ``c7.deadline_miss`` for ``deadline_miss``."""
+    return kind.removeprefix(_OLD_KIND_PREFIX)
 
 
 def _next_good_frame(name: str, data: bytes, start: int) -> int | None:

@@ -281,9 +281,7 @@ class FlightRecorder:
             count, self._unreported_drops = self._unreported_drops, 0
             reasons, self._drop_reasons = sorted(self._drop_reasons), set()
         payload = {"dropped": count, "reason": "; ".join(reasons)}
-        return _Pending(
-            kinds.KINDS["c7.fdr_dropped"], payload, self._wall_clock(), self._mono_clock()
-        )
+        return _Pending(kinds.KINDS["fdr_dropped"], payload, self._wall_clock(), self._mono_clock())
 
     def _frame(self, pending: _Pending) -> tuple[bytes, int]:
         seq = next(self._seq)
@@ -356,7 +354,7 @@ class FlightRecorder:
             "max_total_bytes": self._config.max_total_bytes,
         }
         retention = _Pending(
-            kinds.KINDS["c7.fdr_retention"], payload, self._wall_clock(), self._mono_clock()
+            kinds.KINDS["fdr_retention"], payload, self._wall_clock(), self._mono_clock()
         )
         return segment, retention
 

@@ -4,7 +4,7 @@ Sessions ask for ``[TensorRT EP, CUDA EP, CPU EP]`` filtered to what this ONNX
 Runtime build offers.  ONNX Runtime drops a provider it cannot create, and its
 Python session retries a failed creation with ``[CUDA EP, CPU EP]``, so the
 runtime compares the providers the session really registered with the ones it
-wants (``ort_providers``): every difference is a ``c7.provider_degraded`` record
+wants (``ort_providers``): every difference is a ``provider_degraded`` record
 and, when ONNX Runtime dropped what it was asked for, one alert; it is refused
 when ``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback``
 forbids it.  A model's staged engine is gated and served through an EP-context
@@ -67,8 +67,8 @@ from inferd.types import (
 __all__ = ["CPU_EP", "CUDA_EP", "LABEL", "PREFERRED_PROVIDERS", "TRT_EP", "OnnxTrtEpRuntime"]
 
 LABEL = "onnx_trt_ep"
-FALLBACK_EVENT = "c7.fallback_to_onnx_trt_ep"
-CACHE_UNAVAILABLE_KIND = "c7.ort_cache_unavailable"
+FALLBACK_EVENT = "fallback_to_onnx_trt_ep"
+CACHE_UNAVAILABLE_KIND = "ort_cache_unavailable"
 
 #: ONNX type strings -> numpy dtype names (the wire's dtype vocabulary).
 _ONNX_TO_NUMPY: dict[str, str] = {

@@ -14,7 +14,7 @@ name is never loaded: the EP names its cache files itself.
 
 1. the ``EngineGate`` (the same five steps as every ``.engine``: name, host
    tuple, sidecar, digest, deployment manifest; refusals are logged, recorded
-   as ``c7.engine_refused`` and raised);
+   as ``engine_refused`` and raised);
 2. the bytes ``ValidatedEngine.read_verified`` re-hashed are embedded
    (``embed_mode`` 1): ONNX Runtime never opens the engine file, so what it
    deserializes is what the gate passed (DESIGN.md, "The TensorRT path as it

@@ -33,7 +33,7 @@ PREFERRED_PROVIDERS: tuple[str, ...] = (TRT_EP, CUDA_EP, CPU_EP)
 GPU_PROVIDERS: tuple[str, ...] = (TRT_EP, CUDA_EP)
 
 #: The FDR record kind and alert code of every degradation.
-DEGRADED_KIND = "c7.provider_degraded"
+DEGRADED_KIND = "provider_degraded"
 
 #: Why a wanted provider is not registered.
 MissingCause = Literal["not_in_build", "not_created"]
@@ -132,7 +132,7 @@ def both_ort_wheels_installed() -> bool:
 def degradation_payload(
     resolution: ProviderResolution, *, refused: bool, staged_engine: str | None
 ) -> Mapping[str, object]:
-    """The ``c7.provider_degraded`` payload (the slot adds ``model``)."""
+    """The ``provider_degraded`` payload (the slot adds ``model``)."""
     return {
         "degradation": resolution.degradation,
         "requested": list(resolution.requested),

@@ -7,7 +7,7 @@
   builds the engine in a build child (``inferd.serving.rebuild``).
 * ``deserialize_engine``: the ``EngineGate`` first (its refusals propagate:
   they are ``InferdError`` and make the service fail over, and the gate logs
-  and records ``c7.engine_refused``); then the GPU memory budget, *before* any
+  and records ``engine_refused``); then the GPU memory budget, *before* any
   TensorRT call; then ``trt.Runtime(logger).deserialize_cuda_engine`` on the
   bytes ``ValidatedEngine.read_verified`` re-hashed; IO specs; one warm-up run.
 * ``infer``: pinned host buffers and device buffers allocated once per tensor

@@ -2,7 +2,7 @@
 
 Recording every ``DEADLINE_EXCEEDED`` would let an overloaded model flood the
 recorder; instead, once per window, each model with misses gets one
-``c7.deadline_miss`` record with the count.  The counts come from the slots'
+``deadline_miss`` record with the count.  The counts come from the slots'
 own statistics, so there is one source of truth for what was answered.
 """
 
@@ -46,7 +46,7 @@ class DeadlineMissReporter:
             missed = total - self._reported[name]
             if missed > 0:
                 self._record(
-                    "c7.deadline_miss",
+                    "deadline_miss",
                     {"model": name, "count": missed, "window_s": round(window_s, 3)},
                 )
             self._reported[name] = total

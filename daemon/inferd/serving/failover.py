@@ -20,8 +20,8 @@ model over:
    released;
 4. the failed engine file is quarantined (``engines/quarantine.py``), so it is
    never loaded again as-is (not by a switch, not after a restart); a
-   ``c7.fallback_to_onnx_trt_ep`` FDR record (``cause: "execution"``), an
-   ERROR alert ``c7.tensorrt_execution_failover`` and a ``runtime`` event say
+   ``fallback_to_onnx_trt_ep`` FDR record (``cause: "execution"``), an
+   ERROR alert ``tensorrt_execution_failover`` and a ``runtime`` event say
    so, and the background rebuild (``serving/rebuild.py``) decides when
    TensorRT serves again: a rebuilt, validated, trusted engine, adopted
    make-before-break.
@@ -50,7 +50,7 @@ from inferd.serving.switching import RuntimeSwitcher
 from inferd.types import Alert, EngineHandle
 
 TENSORRT = "tensorrt"
-ALERT_CODE = "c7.tensorrt_execution_failover"
+ALERT_CODE = "tensorrt_execution_failover"
 
 #: How long the failover thread waits for the worker to take the swap.
 _SWAP_TIMEOUT_S = 60.0
@@ -157,7 +157,7 @@ class ExecutionFailover:
             return False
         quarantined = self._quarantine(failure.handle, reason)
         if prepared is None:
-            return True  # the model failed: slot.drop raised c7.model_unavailable
+            return True  # the model failed: slot.drop raised model_unavailable
         log.warning("execution_failed_over", model=slot.name, quarantined=str(quarantined))
         details = {
             "failures": failure.failures,
@@ -166,7 +166,7 @@ class ExecutionFailover:
             "quarantined": str(quarantined) if quarantined is not None else None,
         }
         sinks.record(
-            "c7.fallback_to_onnx_trt_ep",
+            "fallback_to_onnx_trt_ep",
             {
                 "configured_runtime": slot.config.runtime,
                 "reason": reason,

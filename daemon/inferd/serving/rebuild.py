@@ -8,12 +8,12 @@ inferd, so progress is on the ``build`` topic and ``build.cancel`` and
 SIGTERM stop it like any build).  When the build completes, passed
 validation and was recorded as trusted, the model is switched to
 ``tensorrt`` make-before-break (``RuntimeSwitcher.switch_now``: a
-``c7.runtime_switch`` FDR record and a ``runtime`` event).  Otherwise it stays
+``runtime_switch`` FDR record and a ``runtime`` event).  Otherwise it stays
 on the fallback and an alert says why: a deployment manifest that must list
 the new digest (what the operator has to approve), a cancelled build (not
 retried: someone stopped it), or a failed one (retried after
 ``runtime.rebuild_backoff_s``, doubling, at most ``runtime.rebuild_max_attempts``
-builds, then ``c7.engine_build_gave_up``; never a loop).  A model whose adopted
+builds, then ``engine_build_gave_up``; never a loop).  A model whose adopted
 engine later fails while serving (``serving/failover.py``) comes back here; the
 attempts count over the daemon's run, so an engine that keeps failing is not
 rebuilt, adopted and failed over forever.
@@ -119,7 +119,7 @@ class FallbackRebuilder:
             self._alert(
                 Alert(
                     "ERROR",
-                    "c7.engine_build_gave_up",
+                    "engine_build_gave_up",
                     f"model {model!r} is back on onnx_trt_ep ({reason}) after {attempts} "
                     f"background build(s) in this run (runtime.rebuild_max_attempts); it is "
                     "not rebuilt again: it stays on onnx_trt_ep until an operator starts a build",
@@ -142,7 +142,7 @@ class FallbackRebuilder:
         elif finished.state == "completed":
             self._raise(
                 "WARNING",
-                "c7.engine_awaiting_approval",
+                "engine_awaiting_approval",
                 finished,
                 f"engine built by {finished.build_id} is not adopted: {finished.note}; "
                 f"model {finished.model!r} stays on onnx_trt_ep",
@@ -150,7 +150,7 @@ class FallbackRebuilder:
         elif finished.state == "cancelled":
             self._raise(
                 "WARNING",
-                "c7.engine_build_cancelled",
+                "engine_build_cancelled",
                 finished,
                 f"background engine build {finished.build_id} was cancelled; model "
                 f"{finished.model!r} stays on onnx_trt_ep (not retried: start one with "
@@ -196,7 +196,7 @@ class FallbackRebuilder:
             self._alert(
                 Alert(
                     "WARNING",
-                    "c7.engine_build_failed",
+                    "engine_build_failed",
                     f"background engine build of {model!r} could not start: {exc.message}; "
                     "it stays on onnx_trt_ep",
                     fields={"model": model, "build_id": None},
@@ -241,14 +241,14 @@ class FallbackRebuilder:
         )
         self._raise(
             "WARNING" if retry else "ERROR",
-            "c7.engine_build_failed" if retry else "c7.engine_build_gave_up",
+            "engine_build_failed" if retry else "engine_build_gave_up",
             finished,
             f"background engine build {finished.build_id} of {finished.model!r}: {why}; it "
             f"stays on onnx_trt_ep; {then}",
         )
 
     def _raise(self, level: AlertLevel, code: str, finished: FinishedBuild, message: str) -> None:
-        log.warning(code.removeprefix("c7."), model=finished.model, build_id=finished.build_id)
+        log.warning(code, model=finished.model, build_id=finished.build_id)
         self._alert(
             Alert(
                 level,

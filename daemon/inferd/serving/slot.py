@@ -81,7 +81,7 @@ class ModelSlot:
             self.last_error = reason
             assert self.handle is not None
             sinks.record(
-                "c7.fallback_to_onnx_trt_ep",
+                "fallback_to_onnx_trt_ep",
                 {
                     "model": self.name,
                     "configured_runtime": label,
@@ -162,7 +162,7 @@ class ModelSlot:
         self.last_error = reason
         log.error("model_unavailable", model=self.name, reason=reason)
         sinks.alert(
-            Alert("ERROR", "c7.model_unavailable", f"model {self.name!r} cannot serve: {reason}")
+            Alert("ERROR", "model_unavailable", f"model {self.name!r} cannot serve: {reason}")
         )
         sinks.events("runtime", self.describe_runtime())
 

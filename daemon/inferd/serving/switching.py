@@ -204,7 +204,7 @@ class RuntimeSwitcher:
         }
         method = log.info if outcome == "switched" else log.warning
         method("runtime_switch", **payload)
-        self._sinks.record("c7.runtime_switch", payload)
+        self._sinks.record("runtime_switch", payload)
 
 
 def _providers(handle: EngineHandle | None) -> tuple[str, ...]:

@@ -15,8 +15,6 @@ SYSLOG_IDENTIFIER = "inferd"
 #: MESSAGE_ID = uuid5(this namespace, INFERD_EVENT): stable per event type across
 #: releases and hosts, so ``journalctl MESSAGE_ID=...`` finds one kind of event.
 MESSAGE_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:inferd:journal:event")
-#: FDR/alert kinds are named ``c7.<name>``; the journal's INFERD_EVENT drops the prefix.
-EVENT_PREFIX = "c7."
 
 #: syslog priorities (journald ``PRIORITY=``) by structlog level name.
 PRIORITIES = {
@@ -50,15 +48,9 @@ _INVALID_FIELD_CHARS = re.compile(r"[^A-Z0-9_]")
 MAX_FIELD_NAME = 64
 
 
-def journal_event_name(event: str) -> str:
-    """The searchable INFERD_EVENT for an event: ``c7.fallback_to_onnx_trt_ep`` ->
-    ``fallback_to_onnx_trt_ep``; other names unchanged."""
-    return event[len(EVENT_PREFIX) :] if event.startswith(EVENT_PREFIX) else event
-
-
 def message_id(event: str) -> str:
     """MESSAGE_ID for an event type: 32 lowercase hex digits (sd-id128 format)."""
-    return uuid.uuid5(MESSAGE_ID_NAMESPACE, journal_event_name(event)).hex
+    return uuid.uuid5(MESSAGE_ID_NAMESPACE, event).hex
 
 
 def field_name(key: str) -> str:
@@ -115,7 +107,7 @@ def journal_fields(
     """The journal entry for one structlog event, as (FIELD, value) pairs.
 
     MESSAGE, PRIORITY, SYSLOG_IDENTIFIER=inferd, MESSAGE_ID (per event type),
-    INFERD_EVENT (the event name without the ``c7.`` prefix), CODE_FILE /
+    INFERD_EVENT (the event name), CODE_FILE /
     CODE_LINE / CODE_FUNC when known, INFERD_MODEL / INFERD_RUNTIME /
     INFERD_BUILD_ID / INFERD_CODE from ``model``, ``runtime``, ``build_id``,
     ``code``/``alert_code`` (also when an alert carries them in ``alert_fields``),
@@ -129,7 +121,7 @@ def journal_fields(
         ("PRIORITY", str(PRIORITIES.get(level, 6)).encode()),
         ("SYSLOG_IDENTIFIER", SYSLOG_IDENTIFIER.encode()),
         ("MESSAGE_ID", message_id(event).encode()),
-        ("INFERD_EVENT", journal_event_name(event).encode("utf-8", "replace")),
+        ("INFERD_EVENT", event.encode("utf-8", "replace")),
     ]
     for key, name in _CODE_FIELDS:
         value = field_value(event_dict.get(key))

@@ -13,7 +13,7 @@ loading and warming up a model, ``[[models]] max_load_s``): while it is in that
 operation and within its bound the watchdog vouches for it, keeps pinging and
 says in ``STATUS=`` what it waits for.  An undeclared silence, or a declared
 operation past its bound, withholds the pings (logged, recorded in the FDR as
-``c7.watchdog_withheld`` and shown in ``STATUS=``), so systemd still kills a
+``watchdog_withheld`` and shown in ``STATUS=``), so systemd still kills a
 wedged worker: within ``WatchdogSec`` of the bound.  ``EXTEND_TIMEOUT_USEC``
 is not used here: systemd would also push its watchdog deadline out by it
 (``service_extend_timeout``) and could not be told to take it back when the
@@ -43,8 +43,8 @@ log = structlog.get_logger("inferd.watchdog")
 
 #: Name -> what the thread last said: its beat (None: not running) and declared operation.
 Probe = Callable[[], Mapping[str, Liveness]]
-#: The FDR record of pings withheld (``schemas/fdr/c7.watchdog_withheld.json``).
-WITHHELD_RECORD = "c7.watchdog_withheld"
+#: The FDR record of pings withheld (``schemas/fdr/watchdog_withheld.json``).
+WITHHELD_RECORD = "watchdog_withheld"
 #: How often the state is re-read while a thread waits or withholds the pings.
 _RECHECK_S = 0.5
 #: Start-up time granted beyond a declared operation's bound (``startup_extension_s``).

@@ -25,7 +25,7 @@ from inferd.types import EventSink, RecordSink, ThermalState
 
 #: Event topic and FDR record kind.
 THERMAL_TOPIC = "thermal"
-TRANSITION_RECORD_KIND = "c7.thermal_transition"
+TRANSITION_RECORD_KIND = "thermal_transition"
 THREAD_NAME = "inferd-thermal"
 
 _NS_PER_S = 1_000_000_000

@@ -49,7 +49,7 @@ class FailingHook(RecordingHook):
 
 
 def alert(
-    code: str = "c7.test_alert", model: str | None = "demo", level: AlertLevel = "WARNING"
+    code: str = "test_alert", model: str | None = "demo", level: AlertLevel = "WARNING"
 ) -> Alert:
     fields = {} if model is None else {"model": model}
     return Alert(level, code, f"something about {model}", fields)

@@ -11,14 +11,14 @@ from inferd.alerts import FdrAlertHook, PubAlertHook
 def test_pub_hook_publishes_the_four_keys() -> None:
     published: list[tuple[str, Mapping[str, Any]]] = []
     hook = PubAlertHook(lambda topic, payload: published.append((topic, payload)))
-    hook.alert("ERROR", "c7.model_unavailable", "no runtime", {"model": "demo"})
-    hook.alert("ERROR", "c7.model_unavailable", "no runtime", {"model": "demo", "suppressed": 3})
+    hook.alert("ERROR", "model_unavailable", "no runtime", {"model": "demo"})
+    hook.alert("ERROR", "model_unavailable", "no runtime", {"model": "demo", "suppressed": 3})
     assert published == [
         (
             "alert",
             {
                 "level": "ERROR",
-                "code": "c7.model_unavailable",
+                "code": "model_unavailable",
                 "message": "no runtime",
                 "fields": {"model": "demo"},
             },
@@ -27,7 +27,7 @@ def test_pub_hook_publishes_the_four_keys() -> None:
             "alert",
             {
                 "level": "ERROR",
-                "code": "c7.model_unavailable",
+                "code": "model_unavailable",
                 "message": "no runtime",
                 "fields": {"model": "demo", "suppressed": 3},
             },
@@ -39,22 +39,22 @@ def test_pub_hook_publishes_the_four_keys() -> None:
 def test_fdr_hook_records_c7_alert_with_suppressed_as_its_own_key() -> None:
     records: list[tuple[str, Mapping[str, Any]]] = []
     hook = FdrAlertHook(lambda kind, payload: records.append((kind, payload)))
-    hook.alert("WARNING", "c7.cpu_fallback", "on CPU", {"model": "demo", "suppressed": 2})
-    hook.alert("INFO", "c7.note", "plain", {})
+    hook.alert("WARNING", "cpu_fallback", "on CPU", {"model": "demo", "suppressed": 2})
+    hook.alert("INFO", "note", "plain", {})
     assert records == [
         (
-            "c7.alert",
+            "alert",
             {
                 "level": "WARNING",
-                "code": "c7.cpu_fallback",
+                "code": "cpu_fallback",
                 "message": "on CPU",
                 "fields": {"model": "demo"},
                 "suppressed": 2,
             },
         ),
         (
-            "c7.alert",
-            {"level": "INFO", "code": "c7.note", "message": "plain", "fields": {}, "suppressed": 0},
+            "alert",
+            {"level": "INFO", "code": "note", "message": "plain", "fields": {}, "suppressed": 0},
         ),
     ]
     assert set(records[0][1]) == {"level", "code", "message", "fields", "suppressed"}

@@ -19,7 +19,7 @@ from inferd.alerts.mavlink import (
 
 
 def test_short_text_is_one_unchunked_message() -> None:
-    assert statustext_chunks("c7.x: short") == [b"c7.x: short"]
+    assert statustext_chunks("x: short") == [b"x: short"]
     exactly = "x" * STATUSTEXT_LEN
     assert statustext_chunks(exactly) == [exactly.encode()]
 
@@ -48,7 +48,7 @@ def test_text_over_the_chunk_budget_is_cut_with_ellipsis_keeping_the_suffix() ->
 
 
 def test_mavlink1_budget_is_one_message_of_50() -> None:
-    chunks = statustext_chunks("c7.fallback_to_onnx_trt_ep: " + "m" * 80, max_chunks=1)
+    chunks = statustext_chunks("fallback_to_onnx_trt_ep: " + "m" * 80, max_chunks=1)
     assert len(chunks) == 1
     assert len(chunks[0]) == STATUSTEXT_LEN
     assert chunks[0].endswith(b"m...")
@@ -79,7 +79,7 @@ def test_mavlink_hook_sends_statustext_v2(udp_listener: socket.socket) -> None:
     port = udp_listener.getsockname()[1]
     hook = MavlinkAlertHook(f"udpout:127.0.0.1:{port}", 7, 191)
     try:
-        hook.alert("CRITICAL", "c7.test_alert", "engine lost", {"model": "demo"})
+        hook.alert("CRITICAL", "test_alert", "engine lost", {"model": "demo"})
         datagram = udp_listener.recv(512)
     finally:
         hook.close()
@@ -88,7 +88,7 @@ def test_mavlink_hook_sends_statustext_v2(udp_listener: socket.socket) -> None:
     assert message.get_type() == "STATUSTEXT"
     assert (message.get_srcSystem(), message.get_srcComponent()) == (7, 191)
     assert message.severity == 2
-    assert message.text == "c7.test_alert: engine lost"
+    assert message.text == "test_alert: engine lost"
     assert (message.id, message.chunk_seq) == (0, 0)
 
 
@@ -97,13 +97,13 @@ def test_mavlink_hook_chunks_share_a_nonzero_id(udp_listener: socket.socket) -> 
     hook = MavlinkAlertHook(f"udpout:127.0.0.1:{port}")
     long_message = "the configured runtime tensorrt cannot serve model demo: " + "x" * 40
     try:
-        hook.alert("WARNING", "c7.fallback_to_onnx_trt_ep", long_message, {"suppressed": 4})
-        hook.alert("WARNING", "c7.fallback_to_onnx_trt_ep", long_message, {})
+        hook.alert("WARNING", "fallback_to_onnx_trt_ep", long_message, {"suppressed": 4})
+        hook.alert("WARNING", "fallback_to_onnx_trt_ep", long_message, {})
         first = [_parse(udp_listener.recv(512)) for _ in range(3)]
         second = [_parse(udp_listener.recv(512)) for _ in range(3)]
     finally:
         hook.close()
-    expected = f"c7.fallback_to_onnx_trt_ep: {long_message} (+4 repeats)"
+    expected = f"fallback_to_onnx_trt_ep: {long_message} (+4 repeats)"
     assert "".join(message.text for message in first) == expected
     assert [message.chunk_seq for message in first] == [0, 1, 2]
     assert len({message.id for message in first}) == 1 and first[0].id != 0
@@ -115,7 +115,7 @@ def test_mavlink1_hook_truncates_and_uses_v1_frames(udp_listener: socket.socket)
     port = udp_listener.getsockname()[1]
     hook = MavlinkAlertHook(f"udpout:127.0.0.1:{port}", mavlink2=False)
     try:
-        hook.alert("ERROR", "c7.model_unavailable", "m" * 80, {})
+        hook.alert("ERROR", "model_unavailable", "m" * 80, {})
         datagram = udp_listener.recv(512)
     finally:
         hook.close()
@@ -123,7 +123,7 @@ def test_mavlink1_hook_truncates_and_uses_v1_frames(udp_listener: socket.socket)
     message = _parse(datagram, version=1)
     assert message.severity == 3
     assert len(message.text) == STATUSTEXT_LEN
-    assert message.text.startswith("c7.model_unavailable: mmm")
+    assert message.text.startswith("model_unavailable: mmm")
     assert message.text.endswith("...")
 
 
@@ -135,7 +135,7 @@ def test_mavlink_hook_close_closes_the_socket_and_later_alerts_are_dropped(
     sock = hook._connection.port
     hook.close()
     assert sock.fileno() == -1
-    hook.alert("ERROR", "c7.after_close", "dropped", {})
+    hook.alert("ERROR", "after_close", "dropped", {})
     hook.close()  # idempotent
     udp_listener.settimeout(0.2)
     with pytest.raises(TimeoutError):

@@ -75,7 +75,7 @@ def test_screen_shows_state_fallback_errors_latency_builds_and_alerts() -> None:
     )
     state.on_event(
         "alert",
-        {"ts_ns": 0, "level": "WARNING", "code": "c7.fallback_to_onnx_trt_ep", "message": "fell"},
+        {"ts_ns": 0, "level": "WARNING", "code": "fallback_to_onnx_trt_ep", "message": "fell"},
     )
     text = screen(state, 120)
     assert "inferd 0.1.0  pid 42  degraded  up 1:02:05  THROTTLING (nvml) gpu 88.5°C" in text
@@ -86,7 +86,7 @@ def test_screen_shows_state_fallback_errors_latency_builds_and_alerts() -> None:
     assert "INTERNAL 1, RESOURCE_EXHAUSTED 2" in row
     assert "1.50" in row and "12.35" in row and "7/64" in row
     assert "b7-1a2b3c" in text and "build_engine 3/9" in text and "42.5" in text
-    assert "c7.fallback_to_onnx_trt_ep" in text
+    assert "fallback_to_onnx_trt_ep" in text
 
 
 def test_an_80_column_terminal_keeps_every_heading() -> None:

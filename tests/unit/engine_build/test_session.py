@@ -19,7 +19,7 @@ from inferd.types import BuildConfig
 from tests.conftest import REPO
 from tests.unit.engine_build.conftest import HOST, SUMMARY_SCHEMA
 
-FDR_SCHEMA = json.loads((REPO / "schemas" / "fdr" / "c7.engine_build.json").read_text())
+FDR_SCHEMA = json.loads((REPO / "schemas" / "fdr" / "engine_build.json").read_text())
 
 
 def test_schema_is_valid_2020_12() -> None:
@@ -60,7 +60,7 @@ def test_summary_next_to_engine_and_fdr_record(tmp_path: Path, demo_model: Path)
         assert key in document
     assert document["phaseTree"]["state"] == "completed"
     [(kind, payload)] = sink.records
-    assert kind == "c7.engine_build"
+    assert kind == "engine_build"
     kinds.validate(kind, payload)
     Draft202012Validator(FDR_SCHEMA).validate(payload)
     assert payload["outcome"] == "succeeded" and payload["simulated"] is True

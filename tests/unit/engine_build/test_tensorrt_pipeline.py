@@ -280,7 +280,7 @@ def test_a_corrupt_existing_engine_is_quarantined_and_rebuilt(
 def test_each_build_is_recorded(bench: Bench, demo_model: Path) -> None:
     run_pipeline(bench, demo_model, BuildConfig())
     [(kind, payload)] = bench.record.records
-    assert kind == "c7.engine_build"
+    assert kind == "engine_build"
     assert payload["outcome"] == "succeeded" and payload["duration_s"] >= 0
     assert payload["model"] == "demo.onnx" and payload["timing_cache"] == "cold"
     assert payload["validation_status"] == "pass"

@@ -136,7 +136,7 @@ def test_each_refusal_is_raised_logged_and_recorded(
     if stage is not None:
         assert isinstance(error, EngineHashMismatchError) and error.stage == stage
     assert recorder.records == [
-        ("c7.engine_refused", {"engine": str(path), "step": step, "reason": str(error)})
+        ("engine_refused", {"engine": str(path), "step": step, "reason": str(error)})
     ]
     refused = [entry for entry in logs if entry["event"] == "engine_refused"]
     assert len(refused) == 1

@@ -28,19 +28,19 @@ SCHEMAS = REPO / "schemas" / "fdr"
 
 #: One valid payload per kind (also validated against schemas/fdr/).
 EXAMPLES: dict[str, dict[str, Any]] = {
-    "c7.fallback_to_onnx_trt_ep": {
+    "fallback_to_onnx_trt_ep": {
         "model": "demo",
         "configured_runtime": "tensorrt",
         "reason": "no tensorrt",
         "active_providers": ["CPU"],
     },
-    "c7.ort_cache_unavailable": {
+    "ort_cache_unavailable": {
         "model": "demo",
         "reason": "runtime.ort_trt_cache_dir /var/lib/inferd/ort_trt_cache/0123 cannot be "
         "created: Read-only file system",
         "staged_engines": [],
     },
-    "c7.provider_degraded": {
+    "provider_degraded": {
         "model": "demo",
         "degradation": "no_tensorrt_ep",
         "requested": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -49,7 +49,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "refused": False,
         "staged_engine_unused": None,
     },
-    "c7.thermal_transition": {
+    "thermal_transition": {
         "throttle_active": True,
         "previous": False,
         "cpu_temp_c": 91.0,
@@ -58,7 +58,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "source": "sysfs",
         "reason": "cpu 91.0 C >= 90.0 C",
     },
-    "c7.runtime_switch": {
+    "runtime_switch": {
         "model": "demo",
         "from_runtime": "tensorrt",
         "to_runtime": "onnx_trt_ep",
@@ -66,30 +66,30 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "outcome": "switched",
         "reason": None,
     },
-    "c7.engine_refused": {"engine": "x.engine", "step": "sidecar", "reason": "missing"},
-    "c7.engine_build": {"model": "demo", "outcome": "cancelled", "duration_s": 1.5},
-    "c7.daemon_lifecycle": {
+    "engine_refused": {"engine": "x.engine", "step": "sidecar", "reason": "missing"},
+    "engine_build": {"model": "demo", "outcome": "cancelled", "duration_s": 1.5},
+    "daemon_lifecycle": {
         "event": "start",
         "version": "0.1.0",
         "config_fingerprint": "abc",
         "pid": 42,
     },
-    "c7.deadline_miss": {"model": "demo", "count": 3, "window_s": 10.0},
-    "c7.alert": {"level": "WARNING", "code": "c7.x", "message": "m", "fields": {}, "suppressed": 0},
-    "c7.fdr_retention": {
+    "deadline_miss": {"model": "demo", "count": 3, "window_s": 10.0},
+    "alert": {"level": "WARNING", "code": "x", "message": "m", "fields": {}, "suppressed": 0},
+    "fdr_retention": {
         "deleted_segments": ["seg-0000000001.fdr"],
         "deleted_bytes": 10,
         "max_total_bytes": 100,
     },
-    "c7.fdr_dropped": {"dropped": 2, "reason": "queue full"},
-    "c7.build_artifact_removed": {
+    "fdr_dropped": {"dropped": 2, "reason": "queue full"},
+    "build_artifact_removed": {
         "model": "demo",
         "build_id": "b1-0a1b2c",
         "files": ["builds/demo/demo.b1-0a1b2c.simulated.engine"],
         "bytes": 506102,
         "reason": "max_count",
     },
-    "c7.watchdog_withheld": {
+    "watchdog_withheld": {
         "threads": {
             "engine_worker": {
                 "reason": "overran",
@@ -147,9 +147,9 @@ def test_each_kind_refuses_a_payload_missing_a_required_key(
 
 def test_unknown_kind_and_bad_payload_types_are_refused(recorder: FlightRecorder) -> None:
     with pytest.raises(RecordPayloadError, match="unknown FDR record kind"):
-        recorder.record("c7.nope", {})
+        recorder.record("nope", {})
     with pytest.raises(RecordPayloadError, match="string keys"):
-        validate("c7.deadline_miss", {1: "x"})  # type: ignore[dict-item]
+        validate("deadline_miss", {1: "x"})  # type: ignore[dict-item]
 
 
 def test_records_read_back_with_every_body_field(tmp_path: Path) -> None:
@@ -158,11 +158,11 @@ def test_records_read_back_with_every_body_field(tmp_path: Path) -> None:
         config(tmp_path), wall_clock=lambda: next(clock), mono_clock=lambda: 5, boot_id="boot-b"
     )
     fdr.start()
-    fdr.record("c7.deadline_miss", miss(1))
+    fdr.record("deadline_miss", miss(1))
     fdr.stop()
     (record,) = list(read_records(tmp_path))
     assert (record.kind, record.schema_version, record.seq, record.mono_ns, record.boot_id) == (
-        "c7.deadline_miss",
+        "deadline_miss",
         1,
         1,
         5,
@@ -182,7 +182,7 @@ def test_seq_is_monotonic_across_segments_and_restarts(tmp_path: Path) -> None:
         fdr = FlightRecorder(small, boot_id=f"boot-{run}")
         fdr.start()
         for index in range(40):
-            fdr.record("c7.deadline_miss", miss(index + 1))
+            fdr.record("deadline_miss", miss(index + 1))
         fdr.stop()
     records = list(read_records(tmp_path))
     assert [r.seq for r in records] == list(range(1, 121))
@@ -201,13 +201,13 @@ def test_group_commit_syncs_critical_kinds_at_once_and_others_on_the_interval(
     fdr = FlightRecorder(config(tmp_path, fsync_interval_ms=60_000))
     fdr.start()
     for index in range(50):
-        fdr.record("c7.deadline_miss", miss(index + 1))
+        fdr.record("deadline_miss", miss(index + 1))
     assert fdr.wait_durable(5)  # a waiter forces the sync
     deadline_syncs = len(syncs)
-    fdr.record("c7.deadline_miss", miss(99))
+    fdr.record("deadline_miss", miss(99))
     # Written in a batch of its own (so a sync of it would come before the next record's) ...
     wait_until(lambda: fdr.status()["records_written"] == 51, message="record 51 written")
-    fdr.record("c7.daemon_lifecycle", EXAMPLES["c7.daemon_lifecycle"])
+    fdr.record("daemon_lifecycle", EXAMPLES["daemon_lifecycle"])
     # ... and once the critical record is durable, exactly one sync covered both:
     # a non-critical record waits for the interval, a critical one is synced at once.
     wait_until(lambda: fdr.status()["durable_seq"] == 52, message="record 52 synced")
@@ -219,12 +219,12 @@ def test_rotation_and_size_cap_delete_oldest_segments_and_record_it(tmp_path: Pa
     fdr = FlightRecorder(config(tmp_path, segment_max_bytes=2048, max_total_bytes=6144))
     fdr.start()
     for index in range(200):
-        fdr.record("c7.deadline_miss", miss(index + 1))
+        fdr.record("deadline_miss", miss(index + 1))
     fdr.stop()
     segments = list_segments(tmp_path)
     assert sum(p.stat().st_size for p in segments) <= 6144
     assert framing.segment_index(segments[0].name) > 1, "oldest segments were deleted"
-    retention = list(read_records(tmp_path, kinds=["c7.fdr_retention"]))
+    retention = list(read_records(tmp_path, kinds=["fdr_retention"]))
     assert retention and retention[-1].payload["max_total_bytes"] == 6144
     assert fdr.status()["segments_deleted"] >= 1
     seqs = [r.seq for r in read_records(tmp_path)]
@@ -235,7 +235,7 @@ def write_records(directory: Path, count: int) -> list[int]:
     fdr = FlightRecorder(config(directory))
     fdr.start()
     for index in range(count):
-        fdr.record("c7.deadline_miss", miss(index + 1))
+        fdr.record("deadline_miss", miss(index + 1))
     fdr.stop()
     return [r.seq for r in read_records(directory)]
 
@@ -303,7 +303,7 @@ def test_failing_disk_drops_counts_and_recovers(
     clock = SteppedClock()
     fdr = FlightRecorder(config(tmp_path), mono_clock=clock)
     fdr.start()
-    fdr.record("c7.deadline_miss", miss(1))
+    fdr.record("deadline_miss", miss(1))
     assert fdr.wait_durable(5)
     real_write = os.write
     failing = True
@@ -315,21 +315,21 @@ def test_failing_disk_drops_counts_and_recovers(
 
     monkeypatch.setattr(os, "write", write)
     for index in range(5):
-        fdr.record("c7.deadline_miss", miss(index + 2))  # never raises, never blocks
+        fdr.record("deadline_miss", miss(index + 2))  # never raises, never blocks
     assert not fdr.wait_durable(5)
     status = fdr.status()
     assert status["records_dropped"] == 5
     assert "No space left" in (status["last_error"] or "")
     failing = False
 
-    fdr.record("c7.deadline_miss", miss(6))  # within the second of back-off: dropped
+    fdr.record("deadline_miss", miss(6))  # within the second of back-off: dropped
     wait_until(lambda: fdr.status()["records_dropped"] == 6, message="the back-off dropping")
     clock.advance(1.01)  # the writer backs off for a second after a failure
-    fdr.record("c7.deadline_miss", miss(7))
+    fdr.record("deadline_miss", miss(7))
     assert fdr.wait_durable(5)
     fdr.stop()
     records = list(read_records(tmp_path))
-    assert [r.kind for r in records] == ["c7.deadline_miss", "c7.fdr_dropped", "c7.deadline_miss"]
+    assert [r.kind for r in records] == ["deadline_miss", "fdr_dropped", "deadline_miss"]
     assert records[1].payload["dropped"] == 6
     assert len(list_segments(tmp_path)) == 2, "a failed segment is never appended to again"
 
@@ -337,30 +337,30 @@ def test_failing_disk_drops_counts_and_recovers(
 def test_full_queue_drops_without_blocking(tmp_path: Path) -> None:
     fdr = FlightRecorder(config(tmp_path, queue_capacity=3))  # not started: nothing drains
     for index in range(5):
-        fdr.record("c7.deadline_miss", miss(index + 1))
+        fdr.record("deadline_miss", miss(index + 1))
     assert fdr.status()["records_dropped"] == 2
     fdr.start()
     assert fdr.wait_durable(5)
     fdr.stop()
     kinds = [r.kind for r in read_records(tmp_path)]
-    assert kinds.count("c7.deadline_miss") == 3 and kinds[0] == "c7.fdr_dropped"
+    assert kinds.count("deadline_miss") == 3 and kinds[0] == "fdr_dropped"
 
 
 def test_dump_filters_by_kind_and_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     times = iter([1_000_000_000_000, 2_000_000_000_000, 3_000_000_000_000])
     fdr = FlightRecorder(config(tmp_path), wall_clock=lambda: next(times))
     fdr.start()  # records take the first two timestamps, the segment header the third
-    fdr.record("c7.deadline_miss", miss(1))
-    fdr.record("c7.daemon_lifecycle", EXAMPLES["c7.daemon_lifecycle"])
+    fdr.record("deadline_miss", miss(1))
+    fdr.record("daemon_lifecycle", EXAMPLES["daemon_lifecycle"])
     fdr.stop()
 
     out = io.StringIO()
-    dump(tmp_path, kinds=["c7.daemon_lifecycle"], since_wall_ns=None, as_json=True, out=out)
+    dump(tmp_path, kinds=["daemon_lifecycle"], since_wall_ns=None, as_json=True, out=out)
     (line,) = out.getvalue().splitlines()
-    assert json.loads(line)["kind"] == "c7.daemon_lifecycle"
+    assert json.loads(line)["kind"] == "daemon_lifecycle"
     out = io.StringIO()
     dump(tmp_path, kinds=[], since_wall_ns=1_500_000_000_000, as_json=False, out=out)
-    assert "c7.daemon_lifecycle" in out.getvalue() and "deadline_miss" not in out.getvalue()
+    assert "daemon_lifecycle" in out.getvalue() and "deadline_miss" not in out.getvalue()
 
 
 def test_parse_since() -> None:
@@ -390,21 +390,21 @@ def test_steady_records_during_a_failure_do_not_extend_the_backoff(
     clock = SteppedClock()
     fdr = FlightRecorder(config(tmp_path), mono_clock=clock)
     fdr.start()
-    fdr.record("c7.deadline_miss", miss(1))
+    fdr.record("deadline_miss", miss(1))
     wait_until(lambda: fdr.status()["records_dropped"] == 1, message="the first write failing")
     failing[0] = False
     for count in range(2, 11):  # a record every 0.1 s for 0.9 s: each one dropped
         clock.advance(0.1)
-        fdr.record("c7.deadline_miss", miss(count))
+        fdr.record("deadline_miss", miss(count))
         wait_until(lambda n=count: fdr.status()["records_dropped"] == n, message="a drop")
         assert "No space left" in (fdr.status()["last_error"] or "")
         assert fdr.status()["records_written"] == 0
     clock.advance(0.11)  # one second after the failure, whatever came in between
-    fdr.record("c7.deadline_miss", miss(11))
+    fdr.record("deadline_miss", miss(11))
     assert fdr.wait_durable(5), "the recorder never resumed"
     fdr.stop()
     kinds = [r.kind for r in read_records(tmp_path)]
-    assert kinds == ["c7.fdr_dropped", "c7.deadline_miss"]
+    assert kinds == ["fdr_dropped", "deadline_miss"]
 
 
 def test_durable_seq_at_rotation_counts_only_written_records(
@@ -424,7 +424,7 @@ def test_durable_seq_at_rotation_counts_only_written_records(
     fdr = FlightRecorder(config(tmp_path, segment_max_bytes=1024, max_total_bytes=1 << 20))
     fdr.start()
     for index in range(60):
-        fdr.record("c7.deadline_miss", miss(index + 1))
+        fdr.record("deadline_miss", miss(index + 1))
     fdr.stop()
     by_segment: dict[str, list[int]] = {}
     for record in read_records(tmp_path):

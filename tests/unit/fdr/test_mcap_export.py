@@ -25,7 +25,7 @@ SCHEMAS = REPO / "schemas" / "fdr"
 def record_flight(directory: Path) -> list[Record]:
     """Every kind once on boot A, then the daemon restarted (boot B) and a few more."""
     wall = iter(range(1_700_000_000_000_000_000, 1_800_000_000_000_000_000, 1_000_003))
-    for boot, kinds in (("boot-a", sorted(KINDS)), ("boot-b", ["c7.alert", "c7.deadline_miss"])):
+    for boot, kinds in (("boot-a", sorted(KINDS)), ("boot-b", ["alert", "deadline_miss"])):
         mono = iter(range(5_000, 10**12, 977))
         recorder = FlightRecorder(
             config(directory),
@@ -82,7 +82,7 @@ def test_every_record_reads_back_with_its_kind_time_payload_and_schema(
     for name, data in metadata(out):
         by_name.setdefault(name, []).append(data)
     (inferd,) = by_name["inferd"]
-    assert inferd["daemon_versions"] == EXAMPLES["c7.daemon_lifecycle"]["version"]
+    assert inferd["daemon_versions"] == EXAMPLES["daemon_lifecycle"]["version"]
     assert inferd["records"] == str(len(records)) and inferd["skipped_bytes"] == "0"
     assert inferd["source_directory"] == str(tmp_path / "fdr")
     boots = {boot["boot_id"]: boot for boot in by_name["inferd.boot"]}
@@ -103,11 +103,9 @@ def test_kind_and_since_select_records(tmp_path: Path) -> None:
     out = tmp_path / "alerts.mcap"
     since = str(records[3].wall_ns / 1e9)
     args = ["fdr", "export", "--mcap", str(out), "--dir", str(tmp_path / "fdr"), "--since", since]
-    assert main([*args, "--kind", "c7.alert"]) == 0
+    assert main([*args, "--kind", "alert"]) == 0
     got = [json.loads(message.data) for _, _, message in exported(out)]
-    wanted = [
-        r.payload for r in records if r.kind == "c7.alert" and r.wall_ns >= records[3].wall_ns
-    ]
+    wanted = [r.payload for r in records if r.kind == "alert" and r.wall_ns >= records[3].wall_ns]
     assert got == wanted and len(got) == 1  # boot A's alert came before --since
 
 
@@ -145,11 +143,11 @@ def test_a_kind_without_a_schema_gets_a_schemaless_channel(
 
     record_flight(tmp_path / "fdr")
     monkeypatch.setattr(
-        mcap_export, "payload_schema", lambda kind: None if kind == "c7.alert" else b"{}"
+        mcap_export, "payload_schema", lambda kind: None if kind == "alert" else b"{}"
     )
     out = tmp_path / "flight.mcap"
     assert main(["fdr", "export", "--mcap", str(out), "--dir", str(tmp_path / "fdr")]) == 0
-    assert "no schema for c7.alert" in capsys.readouterr().err
+    assert "no schema for alert" in capsys.readouterr().err
     alerts = [
         (schema, message) for schema, c, message in exported(out) if c.topic.endswith("alert")
     ]
@@ -162,7 +160,7 @@ def test_the_shipped_schemas_are_the_repository_s(tmp_path: Path) -> None:
     for kind in KINDS:
         assert payload_schema(kind) == (SCHEMAS / f"{kind}.json").read_bytes()
     assert payload_schema("../../../etc/passwd") is None
-    assert payload_schema("c7.no_such_kind") is None
+    assert payload_schema("no_such_kind") is None
 
 
 def test_a_missing_directory_is_a_usage_error(

@@ -135,7 +135,7 @@ def test_disallowed_cpu_fallback_refuses_a_cpu_only_session(
     with pytest.raises(EngineDeserializeError, match="CPUExecutionProvider only"):
         load(runtime, demo_model)
     assert [(kind, payload["refused"]) for kind, payload in records] == [
-        ("c7.provider_degraded", True)
+        ("provider_degraded", True)
     ]
 
 
@@ -154,7 +154,7 @@ def test_a_cpu_only_build_is_recorded_but_not_alerted(tmp_path: Path, demo_model
     assert alerts == []
     assert records == [
         (
-            "c7.provider_degraded",
+            "provider_degraded",
             {
                 "model": "demo",
                 "degradation": "cpu_only",
@@ -176,7 +176,7 @@ def test_fallback_runtime_alerts_once_per_activation(tmp_path: Path, demo_model:
     image = np.zeros((1, 3, 224, 224), np.float32)
     for _ in range(3):
         runtime.infer(handle, {"image": image})
-    assert [a.code for a in alerts] == ["c7.fallback_to_onnx_trt_ep"]
+    assert [a.code for a in alerts] == ["fallback_to_onnx_trt_ep"]
     assert alerts[0].level == "WARNING"
     second = load(runtime, demo_model)
     runtime.infer(second, {"image": image})

@@ -100,7 +100,7 @@ def test_a_tensorrt_ep_that_fails_at_creation_serves_on_cuda_as_a_recorded_degra
     assert handle.active_providers == (CUDA_EP, CPU_EP)
     assert sinks.records == [
         (
-            "c7.provider_degraded",
+            "provider_degraded",
             {
                 "model": "demo",
                 "degradation": "no_tensorrt_ep",
@@ -113,7 +113,7 @@ def test_a_tensorrt_ep_that_fails_at_creation_serves_on_cuda_as_a_recorded_degra
         )
     ]
     (alert,) = sinks.alerts
-    assert (alert.level, alert.code) == ("WARNING", "c7.provider_degraded")
+    assert (alert.level, alert.code) == ("WARNING", "provider_degraded")
     assert TRT_EP in alert.message and "serving on GPU (CUDA)" in alert.message
     assert alert.fields["degradation"] == "no_tensorrt_ep"
     assert handle.requested_providers == (TRT_EP, CUDA_EP, CPU_EP)
@@ -143,7 +143,7 @@ def test_an_unknown_tensorrt_option_key_is_the_same_degradation(
     sinks = Sinks()
     handle = load(make_runtime(tmp_path, sinks), demo_model)
     assert "Invalid TensorRT EP option: trt_timing_cache_paht" in capsys.readouterr().out
-    assert [kind for kind, _ in sinks.records] == ["c7.provider_degraded"]
+    assert [kind for kind, _ in sinks.records] == ["provider_degraded"]
     assert len(sinks.alerts) == 1
     assert handle.provider_degradation == "no_tensorrt_ep"
 
@@ -171,7 +171,7 @@ def test_a_provider_onnx_runtime_cannot_create_is_skipped_and_detected(
     assert any(line.startswith("Failed to create") for line in ort.log)
     assert handle.active_providers == active
     (kind, payload), *others = sinks.records
-    assert (kind, payload["degradation"], others) == ("c7.provider_degraded", degradation, [])
+    assert (kind, payload["degradation"], others) == ("provider_degraded", degradation, [])
     assert payload["missing"] == {name: "not_created" for name in not_creatable}
     assert [a.fields["degradation"] for a in sinks.alerts] == [degradation]
     assert handle.provider_degradation == degradation
@@ -189,7 +189,7 @@ def test_require_tensorrt_ep_refuses_a_cuda_only_session(
     assert f"the session has no {TRT_EP}" in message
     assert "runtime.ort_require_tensorrt_ep is set" in message
     assert f"registered {[CUDA_EP, CPU_EP]}" in message
-    assert [(kind, p["refused"]) for kind, p in sinks.records] == [("c7.provider_degraded", True)]
+    assert [(kind, p["refused"]) for kind, p in sinks.records] == [("provider_degraded", True)]
     assert sinks.alerts == []  # the refusal is the news: the slot fails over or alerts
 
 
@@ -274,7 +274,7 @@ def test_a_cpu_only_session_needs_no_cache_dir(tmp_path: Path, demo_model: Path)
     handle = load(runtime, demo_model)  # this build has the CPU provider only
     infer_matches_the_cpu(runtime, handle, demo_model)
     assert handle.engine_cache_error is None
-    assert [kind for kind, _ in sinks.records] == ["c7.provider_degraded"]
+    assert [kind for kind, _ in sinks.records] == ["provider_degraded"]
 
 
 def test_an_unusable_cache_dir_serves_on_the_tensorrt_ep_without_a_cache(
@@ -296,9 +296,9 @@ def test_an_unusable_cache_dir_serves_on_the_tensorrt_ep_without_a_cache(
     assert options["trt_engine_cache_enable"] == "False"
     assert "trt_engine_cache_path" not in options and "trt_timing_cache_path" not in options
     ((kind, payload),) = sinks.records
-    assert kind == "c7.ort_cache_unavailable" and payload["staged_engines"] == []
+    assert kind == "ort_cache_unavailable" and payload["staged_engines"] == []
     (alert,) = sinks.alerts
-    assert (alert.level, alert.code) == ("WARNING", "c7.ort_cache_unavailable")
+    assert (alert.level, alert.code) == ("WARNING", "ort_cache_unavailable")
     assert list(shared.iterdir()) == []  # nothing written into it
 
 

@@ -48,7 +48,7 @@ def test_gate_refusal_propagates_is_recorded_and_touches_no_tensorrt(
     with pytest.raises(EngineHashMismatchError) as caught:
         runtime.deserialize_engine(entry)
     assert caught.value.stage == "manifest" and isinstance(caught.value, InferdError)
-    refused = [payload for kind, payload in bench.record.records if kind == "c7.engine_refused"]
+    refused = [payload for kind, payload in bench.record.records if kind == "engine_refused"]
     assert refused and refused[0]["step"] == "manifest_digest"
     assert "Runtime" not in bench.gpu.trt.calls[calls_before:]
     assert runtime.resident_count == 0 and runtime.ledger.used() == 0
@@ -432,7 +432,7 @@ def test_a_slot_configured_for_tensorrt_serves_on_it_or_fails_over(
     untrusted = ModelSlot(model)
     untrusted.activate(bench.config(), sinks)  # built, but not in the manifest
     assert untrusted.state == "serving" and untrusted.is_fallback
-    fallback = [payload for kind, payload in bench.record.records if kind.startswith("c7.fall")]
+    fallback = [payload for kind, payload in bench.record.records if kind.startswith("fall")]
     assert "no engine for this host" in fallback[0]["reason"]
     assert "not listed in the deployment manifest" in fallback[1]["reason"]
     untrusted.release()

@@ -311,7 +311,7 @@ def test_the_failover_swaps_in_onnx_trt_ep_releases_and_quarantines_the_engine(
     moved = engine.parent / QUARANTINE_DIR / kept[0]
     assert kept == [moved.name, f"{moved.name}.reason", f"{moved.name}.sha256"]
     assert "not loaded again as-is" in Path(f"{moved}.reason").read_text()
-    (record,) = [payload for kind, payload in rig.records if kind == "c7.fallback_to_onnx_trt_ep"]
+    (record,) = [payload for kind, payload in rig.records if kind == "fallback_to_onnx_trt_ep"]
     assert record["cause"] == "execution" and record["failures"] == 3
     assert record["sticky"] is False and record["quarantined"] == str(moved)
     assert record["model"] == "demo" and record["reason"] == reason
@@ -331,9 +331,7 @@ def test_when_the_fallback_fails_too_the_model_fails_and_waiting_requests_are_re
     )
     rig.run()
     take_the_swap(rig)
-    wait_until(
-        lambda: any(a.code == "c7.model_unavailable" for a in rig.alerts), message="the alert"
-    )
+    wait_until(lambda: any(a.code == "model_unavailable" for a in rig.alerts), message="the alert")
     wait_until(lambda: rig.switcher.claim("demo"), message="the failover thread done")
     assert rig.slot.state == "failed" and rig.slot.handle is None
     assert (tmp_path / "engines" / QUARANTINE_DIR).is_dir()
@@ -389,6 +387,6 @@ def test_rebuilds_after_failovers_count_over_the_run_so_they_never_loop() -> Non
     rebuilder.on_fallback("demo", "tensorrt failed while serving")  # the second failover
     assert len(started) == 2
     (gave_up,) = alerts
-    assert (gave_up.level, gave_up.code) == ("ERROR", "c7.engine_build_gave_up")
+    assert (gave_up.level, gave_up.code) == ("ERROR", "engine_build_gave_up")
     assert "after 2 background build(s)" in gave_up.message
     assert gave_up.fields == {"model": "demo", "build_id": None}

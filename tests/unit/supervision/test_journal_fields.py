@@ -12,7 +12,6 @@ import pytest
 from inferd.supervision.journal_fields import (
     MESSAGE_ID_NAMESPACE,
     field_name,
-    journal_event_name,
     journal_fields,
     message_id,
 )
@@ -25,10 +24,7 @@ FIELD_RULE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")  # journald's journal_field_v
 
 
 def test_event_names_and_message_ids() -> None:
-    assert journal_event_name("c7.fallback_to_onnx_trt_ep") == "fallback_to_onnx_trt_ep"
-    assert journal_event_name("daemon_ready") == "daemon_ready"
     expected = uuid.uuid5(MESSAGE_ID_NAMESPACE, "fallback_to_onnx_trt_ep").hex
-    assert message_id("c7.fallback_to_onnx_trt_ep") == message_id("fallback_to_onnx_trt_ep")
     assert message_id("fallback_to_onnx_trt_ep") == expected
     assert re.fullmatch(r"[0-9a-f]{32}", expected)
     assert message_id("daemon_ready") != expected
@@ -59,12 +55,12 @@ def test_long_field_names_are_cut_to_64() -> None:
 def test_fields_of_a_failover_warning() -> None:
     fields = journal_fields(
         {
-            "event": "c7.fallback_to_onnx_trt_ep",
+            "event": "fallback_to_onnx_trt_ep",
             "level": "warning",
             "model": "det",
             "runtime": "onnx_trt_ep",
             "build_id": "b-17",
-            "alert_code": "c7.fallback_to_onnx_trt_ep",
+            "alert_code": "fallback_to_onnx_trt_ep",
             "fallback": True,
             "active_providers": ["CPUExecutionProvider"],
             "reason": None,
@@ -85,7 +81,7 @@ def test_fields_of_a_failover_warning() -> None:
     assert got["INFERD_MODEL"] == ["det"]
     assert got["INFERD_RUNTIME"] == ["onnx_trt_ep"]
     assert got["INFERD_BUILD_ID"] == ["b-17"]
-    assert got["INFERD_CODE"] == ["c7.fallback_to_onnx_trt_ep"]
+    assert got["INFERD_CODE"] == ["fallback_to_onnx_trt_ep"]
     assert got["INFERD_FALLBACK"] == ["true"]
     assert got["INFERD_ACTIVE_PROVIDERS"] == ['["CPUExecutionProvider"]']
     assert got["INFERD_LATENCY_MS"] == ["1.5"]
@@ -96,7 +92,7 @@ def test_fields_of_a_failover_warning() -> None:
     assert got["CODE_FUNC"] == ["infer"]
     assert "INFERD_REASON" not in got  # None carries nothing
     assert "INFERD_TIMESTAMP" not in got and "INFERD_LEVEL" not in got  # journald's own
-    assert got["MESSAGE"][0].startswith("c7.fallback_to_onnx_trt_ep model=det runtime=onnx_trt_ep")
+    assert got["MESSAGE"][0].startswith("fallback_to_onnx_trt_ep model=det runtime=onnx_trt_ep")
     for key, _ in fields:
         assert FIELD_RULE.match(key), key
 
@@ -115,13 +111,13 @@ def test_alert_fields_are_lifted_and_codes_kept_verbatim() -> None:
             {
                 "event": "alert",
                 "level": "warning",
-                "alert_code": "c7.model_unavailable",
+                "alert_code": "model_unavailable",
                 "alert_fields": {"model": "seg", "runtime": "tensorrt"},
             }
         )
     )
     assert got["INFERD_EVENT"] == ["alert"]
-    assert got["INFERD_CODE"] == ["c7.model_unavailable"]
+    assert got["INFERD_CODE"] == ["model_unavailable"]
     assert got["INFERD_MODEL"] == ["seg"] and got["INFERD_RUNTIME"] == ["tensorrt"]
     assert got["INFERD_ALERT_FIELDS"] == ['{"model":"seg","runtime":"tensorrt"}']
 

@@ -59,7 +59,7 @@ def test_structlog_events_reach_the_journal_with_fields(restore_structlog: None)
     )
     assert resolved == "journald"
     logger = structlog.get_logger("test")
-    logger.warning("c7.fallback_to_onnx_trt_ep", model="det", runtime="onnx_trt_ep")
+    logger.warning("fallback_to_onnx_trt_ep", model="det", runtime="onnx_trt_ep")
     with structlog.contextvars.bound_contextvars(model="seg"):
         logger.info("engine_warm", build_id="b-1")
     try:
