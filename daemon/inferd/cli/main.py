@@ -181,14 +181,28 @@ def _fdr(args: argparse.Namespace) -> int:
 
 
 def _check_config(path: Path) -> int:
+    """Every mistake at once (the loader's, and model files that are not there), or
+    the config resolved, as TOML (``inferd.config.render``)."""
     from inferd import config
+    from inferd.config.render import config_to_toml
 
     try:
         loaded = config.load(path)
     except ConfigError as exc:
-        print(f"inferd: invalid config: {exc}", file=sys.stderr)
+        print(f"inferd: invalid config {path}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(loaded)
+    missing = [
+        f"models[{model.name!r}].{key}: {file} is not a file"
+        for model in loaded.models
+        for key, files in (("path", (model.path,)), ("staged_engines", model.staged_engines))
+        for file in files
+        if not file.is_file()
+    ]
+    if missing:
+        listed = "\n".join(f"  - {line}" for line in missing)
+        print(f"inferd: invalid config {path}:\n{listed}", file=sys.stderr)
+        return EXIT_USAGE
+    print(config_to_toml(loaded), end="")
     return EXIT_OK
 
 

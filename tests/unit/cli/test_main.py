@@ -26,3 +26,68 @@ def test_check_config_cli_reports_errors(
     bad.write_text("[[models]]\nname = 'x'\npath = 'x.onnx'\nqueue_policy = 'lifo'\n")
     assert main(["check-config", str(bad)]) == 2
     assert "queue_policy: 'lifo' is not one of" in capsys.readouterr().err
+
+
+def test_check_config_reports_every_mistake_at_once_with_did_you_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inferd.cli.main import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        "[daemon]\nlog_levle = 'info'\nhealth_interval_s = 'often'\n"
+        "[bus]\nmax_frames = -1\n"
+        "[[models]]\nname = 'a'\npath = 'a.onnx'\nqueue_capacity = true\n"
+        "[[models]]\npath = 'b.onnx'\n"
+    )
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "5 errors:" in err
+    for expected in (
+        "daemon: unknown key 'log_levle'; did you mean 'log_level'?",
+        "daemon.health_interval_s must be float, got str 'often'",
+        "bus.max_frames must be positive",
+        "models[0].queue_capacity must be int, got bool True",
+        "models[1].name is required",
+    ):
+        assert expected in err, err
+
+
+def test_check_config_refuses_a_missing_model_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inferd.cli.main import main
+
+    config = tmp_path / "inferd.toml"
+    config.write_text(
+        f"[daemon]\nstate_dir = '{tmp_path}'\n[[models]]\nname = 'a'\npath = 'a.onnx'\n"
+    )
+    assert main(["check-config", str(config)]) == 2
+    assert f"models['a'].path: {tmp_path / 'a.onnx'} is not a file" in capsys.readouterr().err
+
+
+def test_check_config_prints_the_resolved_config_as_toml_that_loads_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inferd import config as config_module
+    from inferd.cli.main import main
+    from inferd.demo_model import write_demo_model
+
+    write_demo_model(tmp_path / "a.onnx")
+    config = tmp_path / "inferd.toml"
+    config.write_text(
+        f"[daemon]\nstate_dir = '{tmp_path / 'state'}'\n"
+        "[runtime]\nengine_manifest = 'manifest.json'\n"
+        "[thermal]\nthrottle_enter_c = 80.0\n"
+        "[security]\noperators = ['user:0']\n"
+        "[[models]]\nname = 'a'\npath = 'a.onnx'\nprecision = 'fp16'\n"
+        "[[models.profiles]]\ninput_name = 'image'\nmin_shape = [1, 3, 224, 224]\n"
+        "opt_shape = [1, 3, 224, 224]\nmax_shape = [1, 3, 224, 224]\n"
+    )
+    assert main(["check-config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "None" not in printed and "PosixPath" not in printed
+    assert '[[models.profiles]]\ninput_name = "image"' in printed
+    resolved = tmp_path / "resolved.toml"
+    resolved.write_text(printed)
+    assert config_module.load(resolved) == config_module.load(config)
