@@ -139,4 +139,4 @@ def test_a_configuration_error_exits_with_the_status_the_units_do_not_restart(
         timeout=60,
     )
     assert result.returncode == EXIT_USAGE == 2, result.stderr
-    assert "daemon: unknown key(s) ['log_levle']" in result.stderr
+    assert "daemon: unknown key 'log_levle'; did you mean 'log_level'?" in result.stderr
