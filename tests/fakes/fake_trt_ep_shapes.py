@@ -45,52 +45,11 @@ import numpy as np
 import onnxruntime as real_ort
 import pytest
 
+from tests.fakes.fake_onnxruntime import TRT_OPTION_KEYS
+
 TRT_EP = "TensorrtExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
 
-#: The TensorRT EP's option names (OrtTensorRTProviderOptionsV2, ORT 1.17+).
-KNOWN_TRT_OPTIONS = frozenset(
-    {
-        "device_id",
-        "user_compute_stream",
-        "has_user_compute_stream",
-        "trt_max_partition_iterations",
-        "trt_min_subgraph_size",
-        "trt_max_workspace_size",
-        "trt_fp16_enable",
-        "trt_int8_enable",
-        "trt_int8_calibration_table_name",
-        "trt_int8_use_native_calibration_table",
-        "trt_dla_enable",
-        "trt_dla_core",
-        "trt_dump_subgraphs",
-        "trt_engine_cache_enable",
-        "trt_engine_cache_path",
-        "trt_engine_cache_prefix",
-        "trt_engine_decryption_enable",
-        "trt_engine_decryption_lib_path",
-        "trt_force_sequential_engine_build",
-        "trt_context_memory_sharing_enable",
-        "trt_layer_norm_fp32_fallback",
-        "trt_timing_cache_enable",
-        "trt_timing_cache_path",
-        "trt_force_timing_cache",
-        "trt_detailed_build_log",
-        "trt_build_heuristics_enable",
-        "trt_sparsity_enable",
-        "trt_builder_optimization_level",
-        "trt_auxiliary_streams",
-        "trt_tactic_sources",
-        "trt_extra_plugin_lib_paths",
-        "trt_profile_min_shapes",
-        "trt_profile_max_shapes",
-        "trt_profile_opt_shapes",
-        "trt_cuda_graph_enable",
-        "trt_dump_ep_context_model",
-        "trt_ep_context_file_path",
-        "trt_ep_context_embed_mode",
-    }
-)
 _PROFILE_KEYS = ("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes")
 
 
@@ -171,7 +130,7 @@ class FakeSession:
         options: dict[str, str] = {}
         if self.trt and provider_options:
             options = dict(provider_options[providers.index(TRT_EP)])
-        unknown = sorted(set(options) - KNOWN_TRT_OPTIONS)
+        unknown = sorted(set(options) - TRT_OPTION_KEYS)
         if self.trt and unknown:
             raise RuntimeError(f"Invalid TensorRT EP option: {unknown[0]}")
         self.options = options

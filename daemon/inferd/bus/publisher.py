@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 import zmq
 
+from inferd.bus.binding import BindOutcome
 from inferd.bus.zap import SocketSecurity
 from inferd_wire import protocol
 
@@ -47,8 +48,7 @@ class EventPublisher(threading.Thread):
         self._interval_s = health_interval_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=capacity)
         self._sequence = itertools.count(1)
-        self._bound = threading.Event()
-        self._bind_error: BaseException | None = None
+        self._bind_outcome = BindOutcome("the publisher thread")
         self.dropped = 0
         self.published = 0
         #: Liveness for the watchdog: set every pass of the loop (at least every 0.5 s).
@@ -66,10 +66,7 @@ class EventPublisher(threading.Thread):
                 log.error("events_dropped", topic=topic, dropped_total=self.dropped)
 
     def wait_bound(self, timeout: float) -> None:
-        if not self._bound.wait(timeout):
-            raise TimeoutError("publisher thread did not bind in time")
-        if self._bind_error is not None:
-            raise self._bind_error
+        self._bind_outcome.wait(timeout)
 
     def stop(self) -> None:
         """Publish what is queued, then close the socket."""
@@ -82,11 +79,10 @@ class EventPublisher(threading.Thread):
                 self._security.apply("events", sock)
             sock.bind(self._endpoint)
         except BaseException as exc:
-            self._bind_error = exc
-            self._bound.set()
+            self._bind_outcome.failed(exc)
             sock.close(linger=0)
             return
-        self._bound.set()
+        self._bind_outcome.bound()
         next_health = time.monotonic()
         try:
             while True:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import structlog
 import zmq
 
+from inferd.bus.binding import BindOutcome
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES, HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
@@ -114,18 +115,14 @@ class BusServer(threading.Thread):
             config.max_reply_bytes_per_peer, config.max_reply_bytes_total, self._trimmer
         )
         self._stop_requested = threading.Event()
-        self._bound = threading.Event()
-        self._bind_error: BaseException | None = None
+        self._bind_outcome = BindOutcome("the bus thread")
         self.counters = BusCounters()
         #: Liveness for the watchdog: set every pass of the loop (at least every 50 ms).
         self.last_beat_ns = time.monotonic_ns()
 
     def wait_bound(self, timeout: float) -> None:
         """Block until the sockets are bound; re-raise a bind failure here."""
-        if not self._bound.wait(timeout):
-            raise TimeoutError("bus thread did not bind its sockets in time")
-        if self._bind_error is not None:
-            raise self._bind_error
+        self._bind_outcome.wait(timeout)
 
     def status(self) -> dict[str, Any]:
         """The bus counters for the ``status`` op (on the bus thread, or the metrics
@@ -146,10 +143,9 @@ class BusServer(threading.Thread):
         try:
             sockets = self._bind()
         except BaseException as exc:
-            self._bind_error = exc
-            self._bound.set()
+            self._bind_outcome.failed(exc)
             return
-        self._bound.set()
+        self._bind_outcome.bound()
         try:
             self._loop(*sockets)
         finally:

@@ -25,6 +25,7 @@ import structlog
 import zmq
 
 from inferd.bus.access import AccessPolicy
+from inferd.bus.binding import BindOutcome
 from inferd.types import Peer
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -88,15 +89,11 @@ class ZapHandler(threading.Thread):
         self._context = context
         self._policy = policy
         self._stop_requested = threading.Event()
-        self._bound = threading.Event()
-        self._bind_error: BaseException | None = None
+        self._bind_outcome = BindOutcome("the ZAP handler")
         self.counters = ZapCounters()
 
     def wait_bound(self, timeout: float) -> None:
-        if not self._bound.wait(timeout):
-            raise TimeoutError("the ZAP handler did not bind in time")
-        if self._bind_error is not None:
-            raise self._bind_error
+        self._bind_outcome.wait(timeout)
 
     def stop(self) -> None:
         self._stop_requested.set()
@@ -106,11 +103,10 @@ class ZapHandler(threading.Thread):
         try:
             sock.bind(ZAP_ENDPOINT)
         except BaseException as exc:
-            self._bind_error = exc
-            self._bound.set()
+            self._bind_outcome.failed(exc)
             sock.close(linger=0)
             return
-        self._bound.set()
+        self._bind_outcome.bound()
         try:
             while not self._stop_requested.is_set():
                 if sock.poll(_POLL_MS, zmq.POLLIN):
