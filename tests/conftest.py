@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from inferd.demo_model import write_demo_model, write_identity_model
+from inferd.fdr.reader import Record, read_records
 from inferd_client import ClientCurve, EventSubscriber, OperatorClient
 from inferd_client.errors import ClientError
 from tests.fakes import gpu_site
@@ -222,6 +223,11 @@ class DaemonProcess:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def fdr_records(self, *kinds: str) -> list[Record]:
+        """The intact records of its flight data recorder (of ``kinds``; all without),
+        read in this process, so a test may poll it while the daemon writes."""
+        return list(read_records(self.workdir / "state" / "fdr", kinds=kinds))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if self.process.poll() is None:

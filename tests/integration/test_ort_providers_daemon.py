@@ -5,11 +5,7 @@ one (tests/fakes/ort_env.py) and, for the staged engine, whose ``tensorrt`` and
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -32,26 +28,6 @@ NO_LIBNVINFER = (
     "libonnxruntime_providers_tensorrt.so with error: libnvinfer.so.10: cannot open shared "
     "object file: No such file or directory"
 )
-
-
-def fdr_records(daemon: DaemonProcess) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inferd.cli",
-            "fdr",
-            "dump",
-            "--json",
-            "--dir",
-            str(daemon.workdir / "state" / "fdr"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return [json.loads(line) for line in done.stdout.splitlines()]
 
 
 def expected_descriptors(model: Path, image: np.ndarray) -> np.ndarray:
@@ -82,8 +58,8 @@ def test_a_cuda_only_session_shows_in_status_the_recorder_and_one_alert(
     assert model["provider_degradation"] == "no_tensorrt_ep"
     assert daemon.stop() == 0, daemon.log()
 
-    records = fdr_records(daemon)
-    degraded = [r["payload"] for r in records if r["kind"] == "provider_degraded"]
+    records = daemon.fdr_records()
+    degraded = [r.payload for r in records if r.kind == "provider_degraded"]
     assert degraded == [
         {
             "model": "demo",
@@ -96,9 +72,7 @@ def test_a_cuda_only_session_shows_in_status_the_recorder_and_one_alert(
         }
     ]
     alerts = [
-        r["payload"]
-        for r in records
-        if r["kind"] == "alert" and r["payload"]["code"] == "provider_degraded"
+        r.payload for r in records if r.kind == "alert" and r.payload["code"] == "provider_degraded"
     ]
     assert len(alerts) == 1, alerts
     assert alerts[0]["level"] == "WARNING" and alerts[0]["fields"]["model"] == "demo"
@@ -119,7 +93,7 @@ def test_require_tensorrt_ep_makes_a_cuda_only_model_unavailable(
         client.infer("demo", {"image": np.zeros((1, 3, 224, 224), np.float32)})
     assert refused.value.code == "UNAVAILABLE"
     assert daemon.stop() == 0, daemon.log()
-    degraded = [r["payload"] for r in fdr_records(daemon) if r["kind"] == "provider_degraded"]
+    degraded = [r.payload for r in daemon.fdr_records("provider_degraded")]
     assert [p["refused"] for p in degraded] == [True]
 
 
@@ -143,7 +117,7 @@ def test_a_staged_engine_serves_through_the_tensorrt_ep(
     (context,) = (daemon.workdir / "state" / "ort_trt_cache").rglob("staged_*_ctx.onnx")
     assert context.name == f"staged_{report['sha256'][:16]}_ctx.onnx"
     assert daemon.stop() == 0, daemon.log()
-    kinds = {r["kind"] for r in fdr_records(daemon)}
+    kinds = {r.kind for r in daemon.fdr_records()}
     assert not kinds & {"engine_refused", "provider_degraded"}, kinds
 
 
@@ -171,5 +145,5 @@ def test_a_read_only_cache_location_still_serves(
     else:  # only the TensorRT EP caches: nothing to lack
         assert model["engine_cache_error"] is None
     assert daemon.stop() == 0, daemon.log()
-    unavailable = [r for r in fdr_records(daemon) if r["kind"] == "ort_cache_unavailable"]
+    unavailable = daemon.fdr_records("ort_cache_unavailable")
     assert len(unavailable) == (1 if fake_gpu_providers else 0)

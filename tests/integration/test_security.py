@@ -32,7 +32,6 @@ import numpy as np
 import pytest
 import zmq
 
-from inferd.fdr.reader import ReadReport, read_records
 from inferd_client import (
     ClientCurve,
     ClientError,
@@ -52,14 +51,6 @@ ROOT_ONLY = pytest.mark.skipif(
     os.geteuid() != 0,
     reason="creating users and groups and running clients as them needs root (CI runs as root)",
 )
-
-
-def fdr_payloads(daemon: DaemonProcess, kind: str) -> list[dict[str, Any]]:
-    directory = daemon.workdir / "state" / "fdr"
-    return [r.payload for r in read_records(directory, ReadReport(), kinds=[kind])]
-
-
-# -- real second users ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -233,7 +224,7 @@ def _client_session(daemon: DaemonProcess, requested_by: str) -> Callable[[], di
 
 @ROOT_ONLY
 def test_a_user_who_may_infer_may_not_operate(accounts: Accounts, shared: DaemonProcess) -> None:
-    switches_before = len(fdr_payloads(shared, "runtime_switch"))
+    switches_before = len([r.payload for r in shared.fdr_records("runtime_switch")])
     with OperatorClient(shared.control) as root:
         builds_before = root.call("build.status")["builds"]
     viewer = run_as(accounts.viewer, _client_session(shared, "root"))
@@ -241,7 +232,7 @@ def test_a_user_who_may_infer_may_not_operate(accounts: Accounts, shared: Daemon
     assert (viewer["switch"], viewer["build"], viewer["cancel"]) == ("PERMISSION_DENIED",) * 3
     assert viewer["events"] == "refused"  # security.events_allow: operators only
     # Nothing changed: no switch was recorded, no build started.
-    assert len(fdr_payloads(shared, "runtime_switch")) == switches_before
+    assert len([r.payload for r in shared.fdr_records("runtime_switch")]) == switches_before
     with OperatorClient(shared.control) as root:
         assert root.call("build.status")["builds"] == builds_before
         status = root.status()
@@ -260,7 +251,7 @@ def test_the_fdr_records_who_the_kernel_says_operated(
     operator = run_as(accounts.operator, _client_session(shared, "root"))
     assert (operator["switch"], operator["build"], operator["events"]) == ("ok", "ok", "ok")
     assert operator["cancel"] == "NOT_FOUND"  # it may cancel; that build does not exist
-    switch = fdr_payloads(shared, "runtime_switch")[-1]
+    switch = [r.payload for r in shared.fdr_records("runtime_switch")][-1]
     assert switch["requested_by"] == "root"  # what the client claimed ...
     assert switch["peer"] == {  # ... next to who it was
         "transport": "ipc",
@@ -277,7 +268,8 @@ def test_the_fdr_records_who_the_kernel_says_operated(
     assert build["peer"]["uid"] == accounts.operator.uid
     assert build["peer"]["pid"] == operator["pid"]
     records = wait_until(
-        lambda: fdr_payloads(shared, "engine_build"), message="the build's FDR record"
+        lambda: [r.payload for r in shared.fdr_records("engine_build")],
+        message="the build's FDR record",
     )
     assert records[-1]["peer"]["uid"] == accounts.operator.uid
 
@@ -439,7 +431,7 @@ def test_curve_admits_allow_listed_keys_and_operators_by_key(curve_daemon: Curve
         ) == ("PERMISSION_DENIED")
     with OperatorClient(daemon.control, curve=curve_daemon.ground) as ground:
         ground.call("runtime.switch", model="demo", runtime="onnx_trt_ep", requested_by="x")
-    peer = fdr_payloads(daemon, "runtime_switch")[-1]["peer"]
+    peer = [r.payload for r in daemon.fdr_records("runtime_switch")][-1]["peer"]
     assert (peer["transport"], peer["curve_key"], peer["uid"]) == ("tcp", "ground", None)
     assert peer["address"] == "127.0.0.1"
 

@@ -75,8 +75,8 @@ def test_refused_switch_keeps_the_old_runtime_and_is_recorded(
         client.infer("identity", {"input": np.zeros((1, 3, 224, 224), np.float32)})
         assert client.last_reply["runtime"] == "onnx_trt_ep"
     assert daemon.stop() == 0
-    records = fdr_dump(daemon, "runtime_switch")
-    assert [(r["payload"]["outcome"], r["payload"]["requested_by"]) for r in records] == [
+    records = daemon.fdr_records("runtime_switch")
+    assert [(r.payload["outcome"], r.payload["requested_by"]) for r in records] == [
         ("refused", "test")
     ]
 
@@ -100,9 +100,9 @@ def test_switching_a_failed_over_model_clears_the_fallback(
         (model,) = operator.status()["models"]
     assert model["fallback"] is False and model["configured_runtime"] == "tensorrt"
     assert daemon.stop() == 0
-    (record,) = fdr_dump(daemon, "runtime_switch")
-    assert record["payload"]["outcome"] == "switched"
-    assert record["payload"]["prepare_ms"] > 0
+    (record,) = daemon.fdr_records("runtime_switch")
+    assert record.payload["outcome"] == "switched"
+    assert record.payload["prepare_ms"] > 0
 
 
 def test_switch_argument_errors(daemon_factory: DaemonFactory, identity_model: Path) -> None:
@@ -171,25 +171,3 @@ def test_inferctl_switch(daemon_factory: DaemonFactory, identity_model: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["to_runtime"] == "onnx_trt_ep"
-
-
-def fdr_dump(daemon: DaemonProcess, kind: str) -> list[dict[str, Any]]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inferd.cli",
-            "fdr",
-            "dump",
-            "--dir",
-            str(daemon.workdir / "state" / "fdr"),
-            "--kind",
-            kind,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return [json.loads(line) for line in result.stdout.splitlines()]

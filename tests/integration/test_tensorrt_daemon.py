@@ -6,11 +6,7 @@ and from TensorRT under load loses no request."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -31,28 +27,6 @@ def trt_daemon(
         runtime={"engine_dir": str(engine_dir)},
         env={**FAKE_ENV, **env},
     )
-
-
-def fdr(daemon: DaemonProcess, kind: str) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inferd.cli",
-            "fdr",
-            "dump",
-            "--json",
-            "--kind",
-            kind,
-            "--dir",
-            str(daemon.workdir / "state" / "fdr"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return [json.loads(line)["payload"] for line in done.stdout.splitlines()]
 
 
 def test_a_trusted_engine_serves_on_tensorrt(
@@ -91,11 +65,11 @@ def test_an_engine_missing_from_the_manifest_is_refused_and_fails_over(
             True,
         )
     assert daemon.stop() == 0
-    (refused,) = fdr(daemon, "engine_refused")
+    (refused,) = [r.payload for r in daemon.fdr_records("engine_refused")]
     assert refused["step"] == "manifest_digest"
-    (fallback,) = fdr(daemon, "fallback_to_onnx_trt_ep")
+    (fallback,) = [r.payload for r in daemon.fdr_records("fallback_to_onnx_trt_ep")]
     assert fallback["configured_runtime"] == "tensorrt" and "manifest" in fallback["reason"]
-    assert fdr(daemon, "engine_build") == []
+    assert [r.payload for r in daemon.fdr_records("engine_build")] == []
 
 
 def test_a_warm_up_failure_fails_over(
