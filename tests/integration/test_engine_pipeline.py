@@ -23,7 +23,7 @@ from tests.fakes.gpu_site import fake_gpu_env
 from tests.integration.load import client_load
 from tests.integration.test_daemon_builds import build_status, control
 from tests.integration.test_schemas import assert_valid
-from tests.integration.test_tensorrt_daemon import expected_descriptors, fdr
+from tests.integration.test_tensorrt_daemon import expected_descriptors
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +107,7 @@ def test_serves_on_the_fallback_at_once_then_adopts_the_built_engine_under_load(
     build = the_build(daemon)
     assert build["validation_status"] == "pass" and build["manifest"] is not None
     assert daemon.stop() == 0
-    (record,) = fdr(daemon, "runtime_switch")
+    (record,) = [r.payload for r in daemon.fdr_records("runtime_switch")]
     assert (record["from_runtime"], record["to_runtime"]) == ("onnx_trt_ep", "tensorrt")
     assert record["requested_by"] == f"inferd: build {build['build_id']}"
     assert record["outcome"] == "switched"

@@ -26,7 +26,6 @@ from tests.fakes import fake_tensorrt
 from tests.fakes.gpu_site import fake_gpu_env, prebuild_engine
 from tests.integration.load import Load, client_load
 from tests.integration.test_schemas import assert_valid
-from tests.integration.test_tensorrt_daemon import fdr
 
 pytestmark = pytest.mark.integration
 
@@ -141,13 +140,13 @@ def test_failing_executions_fail_over_under_load_then_the_rebuilt_engine_serves(
     assert engine.exists()  # rebuilt in its place, validated and trusted
 
     assert daemon.stop() == 0
-    (fallback,) = fdr(daemon, "fallback_to_onnx_trt_ep")
+    (fallback,) = [r.payload for r in daemon.fdr_records("fallback_to_onnx_trt_ep")]
     schema = json.loads((FDR_SCHEMAS / "fallback_to_onnx_trt_ep.json").read_text())
     jsonschema.validate(fallback, schema)
     assert (fallback["cause"], fallback["failures"], fallback["sticky"]) == ("execution", 3, False)
     assert fallback["reason"] == failed_over["reason"]
     assert fallback["quarantined"] == str(quarantined)
-    (switch,) = fdr(daemon, "runtime_switch")
+    (switch,) = [r.payload for r in daemon.fdr_records("runtime_switch")]
     assert (switch["from_runtime"], switch["to_runtime"], switch["outcome"]) == (
         "onnx_trt_ep",
         "tensorrt",
