@@ -246,7 +246,8 @@ class InferenceClient:
         any other is filled from the reply's frame; the result holds those arrays.
         Other outputs are read-only views of their frames.  Raises ``RemoteError``
         with the daemon's code, or ``RequestTimeout``.  The reply header (runtime
-        label, fallback flag, latency) is kept in ``last_reply``.
+        label, fallback flag, latency, and ``late``: true when the result was
+        finished after ``deadline_ms``) is kept in ``last_reply``.
         """
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
         header: dict[str, Any] = {

@@ -183,6 +183,31 @@ def test_default_deadline_from_model_config_applies(
     assert len(frames) == 1
 
 
+def test_a_result_finished_after_its_deadline_is_served_and_flagged_late(
+    daemon_factory: DaemonFactory, slow_model: tuple[Path, float]
+) -> None:
+    path, call_s = slow_model
+    daemon = _slow_daemon(daemon_factory, path)
+    # Starts at once on the idle worker, finishes about call_s later: past a deadline
+    # of a third of that, well within one ten times as long.
+    short_ms = max(1, int(call_s * 1000 / 3))
+    with RawDealer(daemon.infer) as dealer:
+        dealer.send_infer("late", "slow", _x(), deadline_ms=short_ms)
+        late, late_frames = dealer.recv(timeout=10)
+        dealer.send_infer("in-time", "slow", _x(), deadline_ms=int(call_s * 1000 * 10) + 1000)
+        in_time, _ = dealer.recv(timeout=10)
+        dealer.send_infer("no-deadline", "slow", _x())
+        undated, _ = dealer.recv(timeout=10)
+    assert late["ok"] is True and late["id"] == "late", late
+    assert late["late"] is True
+    assert late["queue_us"] + late["latency_us"] > short_ms * 1000
+    assert len(late_frames) == 1  # the outputs come anyway
+    assert (in_time["ok"], in_time["late"]) == (True, False)
+    assert (undated["ok"], undated["late"]) == (True, False)
+    status = model_status(daemon.control, "slow")
+    assert status["responses"] == {"OK": 3} and status["late_results"] == 1
+
+
 def test_latest_policy_supersedes_only_the_same_clients_queued_request(
     daemon_factory: DaemonFactory, slow_model: tuple[Path, float]
 ) -> None:

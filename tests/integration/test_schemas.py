@@ -726,6 +726,8 @@ MUTATIONS: list[tuple[str, str, Callable[[dict[str, Any]], None]]] = [
     ("infer_ok", "queue_us missing", _delete("queue_us")),
     ("infer_ok", "id null on success", _set("id", None)),
     ("infer_ok", "fallback as an int", _set("fallback", 0)),
+    ("infer_ok", "late missing", _delete("late")),
+    ("infer_ok", "late as an int", _set("late", 1)),
     ("infer_ok", "unknown runtime", _set("runtime", "cuda")),
     ("infer_ok", "extra descriptor field", _set("outputs.0.strides", [4])),
     ("infer_ok", "output dtype not allowed", _set("outputs.0.dtype", "complex64")),

@@ -188,6 +188,9 @@ class EngineWorker(threading.Thread):
         if self._failover is not None:
             self._failover.succeeded(slot)
         descriptors, frames = _reply_tensors(outputs, job)
+        # Served anyway, since the work is done, but flagged: a client that set a
+        # deadline learns the result is stale rather than mistaking it for a timely one.
+        late = job.deadline_ns is not None and finished_ns > job.deadline_ns
         header = protocol.ok_header(
             job.request_id,
             model=job.model,
@@ -197,9 +200,9 @@ class EngineWorker(threading.Thread):
             queue_us=(started_ns - job.received_ns) // 1000,
             # Lets a client see degradation without subscribing to events.
             thermal=self._thermal_summary(),
+            late=late,
             outputs=descriptors,
         )
-        late = job.deadline_ns is not None and finished_ns > job.deadline_ns
         slot.stats.answered("OK", (finished_ns - job.received_ns) // 1000, late=late)
         return [*job.envelope, protocol.pack(header), *frames]
 
