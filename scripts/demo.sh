@@ -31,10 +31,17 @@ ctl() { "$BIN/inferctl" --infer-endpoint "ipc://$work/run/infer.sock" \
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 
+# `inferctl health` exits 4 while not serving, as when demo-trt is degraded: read
+# the state it prints rather than its exit code.
+ready=""
 for _ in $(seq 100); do
-  ctl --json --timeout 0.5 health 2>/dev/null | grep -q '"state": "\(serving\|degraded\)"' && break
+  health=$(ctl --json --timeout 0.5 health 2>/dev/null || true)
+  if grep -q '"state": "\(serving\|degraded\)"' <<<"$health"; then ready=yes; break; fi
   sleep 0.2
 done
+if [ -z "$ready" ]; then
+  echo "inferd did not become ready; its log:" >&2; cat "$log" >&2; exit 1
+fi
 
 echo "== models"; ctl models
 for seed in 1 2; do
