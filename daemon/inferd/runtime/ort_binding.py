@@ -21,9 +21,15 @@ from typing import Any
 import numpy as np
 
 #: What ONNX Runtime says when a pre-allocated output has another shape than the
-#: one computed: 1.20+ ("... but the computed output shape for this run is ...")
-#: and earlier releases ("Shape mismatch attempting to re-use buffer").
-_SHAPE_MISMATCH = ("computed output shape", "Shape mismatch attempting to re-use buffer")
+#: one computed: 1.20+ ("... but the computed output shape for this run is ..."),
+#: earlier releases ("Shape mismatch attempting to re-use buffer"), and, for a
+#: node whose output aliases its input (Identity, Reshape) up to at least 1.23,
+#: "OrtValue shape verification failed" (checked before the kernel runs).
+_SHAPE_MISMATCH = (
+    "computed output shape",
+    "Shape mismatch attempting to re-use buffer",
+    "OrtValue shape verification failed",
+)
 
 
 def run_in_place(
