@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -388,10 +389,9 @@ def no_broken_tensorrt_rules() -> Iterator[None]:
     assert broken == [], f"a process on the fake GPU broke TensorRT's rules: {broken}"
 
 
-@pytest.fixture
-def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
-    """``daemon_factory(models=[...], runtime={...}, ...)`` starts a daemon and stops it after
-    the test; defaults to the demo model under the name ``demo``."""
+@contextmanager
+def _daemons(demo_model: Path) -> Iterator[DaemonFactory]:
+    """A factory of daemons, each stopped and its directory removed on exit."""
     started: list[DaemonProcess] = []
     workdirs: list[Path] = []
 
@@ -421,6 +421,22 @@ def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
                 daemon.process.wait()
     for workdir in workdirs:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
+    """``daemon_factory(models=[...], runtime={...}, ...)`` starts a daemon and stops it after
+    the test; defaults to the demo model under the name ``demo``."""
+    with _daemons(demo_model) as factory:
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def module_daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
+    """``daemon_factory`` whose daemons last for the test module: for many cases that
+    each send one request and assert only on its reply (bad input changes no state)."""
+    with _daemons(demo_model) as factory:
+        yield factory
 
 
 @pytest.fixture

@@ -227,18 +227,32 @@ def assert_events_valid(events: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 # -- fixtures -----------------------------------------------------------------
+def _served_models(demo_model: Path, identity_model: Path, missing: Path) -> list[dict[str, Any]]:
+    """demo (fixed shapes), identity (dynamic batch) and a model that fails to load."""
+    return [
+        {"name": "demo", "path": str(demo_model)},
+        {"name": "identity", "path": str(identity_model)},
+        {"name": "broken", "path": str(missing)},
+    ]
+
+
 @pytest.fixture
 def served(
     daemon_factory: DaemonFactory, demo_model: Path, identity_model: Path, tmp_path: Path
 ) -> DaemonProcess:
-    """demo (fixed shapes), identity (dynamic batch) and a model that fails to load."""
-    return daemon_factory(
-        models=[
-            {"name": "demo", "path": str(demo_model)},
-            {"name": "identity", "path": str(identity_model)},
-            {"name": "broken", "path": str(tmp_path / "missing.onnx")},
-        ]
-    )
+    return daemon_factory(models=_served_models(demo_model, identity_model, tmp_path / "x.onnx"))
+
+
+@pytest.fixture(scope="module")
+def served_for_module(
+    module_daemon_factory: DaemonFactory,
+    demo_model: Path,
+    identity_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> DaemonProcess:
+    """``served``, one for the module's one-request cases."""
+    missing = tmp_path_factory.mktemp("served") / "x.onnx"
+    return module_daemon_factory(models=_served_models(demo_model, identity_model, missing))
 
 
 # -- (a) the schema files themselves ---------------------------------------------
@@ -353,11 +367,13 @@ ACCEPTED = {
 
 
 @pytest.mark.parametrize("change", ACCEPTED.values(), ids=ACCEPTED.keys())
-def test_daemon_serves_edge_cases_the_schema_accepts(served: DaemonProcess, change: dict) -> None:
+def test_daemon_serves_edge_cases_the_schema_accepts(
+    served_for_module: DaemonProcess, change: dict
+) -> None:
     arrays = {"input": image(batch=2)}
     header = {**infer_header("identity", arrays), **change}
     assert_valid("infer_request.json", header)
-    reply, frames = call(served.infer, header, frames_of(arrays))
+    reply, frames = call(served_for_module.infer, header, frames_of(arrays))
     assert_valid("infer_reply.json#/$defs/ok", reply)
     assert reply["id"] == header["id"]
     assert_frames_match(reply["outputs"], frames)
@@ -407,13 +423,13 @@ REFUSED: dict[str, tuple[dict[str, Any], bool | None]] = {
 
 @pytest.mark.parametrize("change, id_known", REFUSED.values(), ids=REFUSED.keys())
 def test_daemon_refuses_what_the_schema_refuses(
-    daemon: DaemonProcess, change: dict[str, Any], id_known: bool | None
+    served_for_module: DaemonProcess, change: dict[str, Any], id_known: bool | None
 ) -> None:
     arrays = {"image": image()}
     header = {**infer_header("demo", arrays), **change}
     header = {key: value for key, value in header.items() if value is not None}  # None: drop
     assert_invalid("infer_request.json", header)
-    reply, frames = call(daemon.infer, header, frames_of(arrays))
+    reply, frames = call(served_for_module.infer, header, frames_of(arrays))
     assert_valid("infer_reply.json", reply)
     assert_valid("error_reply.json", reply)
     assert reply["error"]["code"] == "INVALID_ARGUMENT"
