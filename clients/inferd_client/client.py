@@ -45,6 +45,25 @@ from inferd_wire.regions import shm_socket_path
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
 
+#: Every key of a successful infer reply (schemas/bus/infer_reply.json, all
+#: required): a reply with another key, or without one of these, is malformed.
+#: The C++ client (clients/cpp) decodes the same set; schemas/conformance checks both.
+INFER_REPLY_FIELDS = (
+    "v",
+    "id",
+    "ok",
+    "model",
+    "runtime",
+    "fallback",
+    "latency_us",
+    "queue_us",
+    "late",
+    "outputs",
+    "thermal",
+)
+_RUNTIMES = ("tensorrt", "onnx_trt_ep")
+_THERMAL_SUMMARIES = ("nominal", "throttling", "unknown")
+
 
 def _trusted(endpoint: str) -> str:
     try:
@@ -116,9 +135,8 @@ class _RequestChannel:
         wait = self.timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = self.next_id()
-            header["id"] = request_id
             try:
-                send_frames(self._socket, [protocol.pack(header), *frames])
+                send_frames(self._socket, [encode_request(header, request_id), *frames])
             except zmq.Again:
                 continue
             reply = self._await(request_id, time.monotonic() + wait)
@@ -140,6 +158,7 @@ class _RequestChannel:
                 header = protocol.unpack_header(parts[0].buffer)
             except ProtocolError as exc:
                 raise MalformedReply(str(exc)) from None
+            check_reply_id(header)
             if header.get("id") != request_id:
                 self.discarded_replies += 1
                 continue
@@ -149,13 +168,81 @@ class _RequestChannel:
         self._socket.close(linger=0)
 
 
+def check_reply_id(header: Mapping[str, Any]) -> None:
+    """A reply's id is a request id (an unsigned 64-bit integer or a 1..128 character
+    string, never a boolean), or null in an error reply whose request was unreadable."""
+    if header.get("id") is None and header.get("ok") is False:
+        return
+    if protocol.request_id_of(header) is None:
+        raise MalformedReply(f"reply id {header.get('id')!r} is not a request id")
+
+
+def encode_request(header: dict[str, Any], request_id: int) -> bytes:
+    """The header frame of one attempt: ``header`` under ``request_id`` (set last, so
+    the key order is the header's own, then ``id``; the C++ client encodes the same
+    bytes, schemas/conformance)."""
+    header["id"] = request_id
+    return protocol.pack(header)
+
+
+def infer_request_header(
+    model: str,
+    descriptors: list[dict[str, Any]],
+    placed: list[dict[str, Any]],
+    deadline_ms: int | None,
+) -> dict[str, Any]:
+    """An infer request header without its id (``encode_request`` adds it)."""
+    header: dict[str, Any] = {
+        "v": protocol.PROTOCOL_VERSION,
+        "op": "infer",
+        "model": model,
+        "inputs": descriptors,
+    }
+    if placed:
+        header["outputs"] = placed
+    if deadline_ms is not None:
+        header["deadline_ms"] = deadline_ms
+    return header
+
+
 def _raise_if_error(header: Mapping[str, Any]) -> None:
     if header.get("ok") is True:
         return
     error = header.get("error")
-    if not isinstance(error, dict):
+    if header.get("ok") is not False or not isinstance(error, dict):
         raise MalformedReply(f"reply is neither ok nor an error: {header!r}")
-    raise RemoteError(str(error.get("code")), str(error.get("message")))
+    code, message = error.get("code"), error.get("message")
+    if code not in protocol.Code.__members__ or not isinstance(message, str):
+        raise MalformedReply(f"error reply without a known code and a message: {error!r}")
+    if set(header) != {"v", "id", "ok", "error"} or set(error) != {"code", "message"}:
+        raise MalformedReply(f"error reply with keys the protocol does not have: {header!r}")
+    raise RemoteError(str(code), message)
+
+
+def check_infer_reply(header: Mapping[str, Any]) -> None:
+    """A successful infer reply carries exactly ``INFER_REPLY_FIELDS``, typed as
+    infer_reply.json says (the outputs are checked by ``decode_outputs``)."""
+    keys = set(header)
+    if keys != set(INFER_REPLY_FIELDS):
+        missing = sorted(set(INFER_REPLY_FIELDS) - keys)
+        unknown = sorted(keys - set(INFER_REPLY_FIELDS))
+        raise MalformedReply(f"infer reply: missing keys {missing}, unknown keys {unknown}")
+
+    def uint(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    checks = {
+        "model": isinstance(header["model"], str) and bool(header["model"]),
+        "runtime": header["runtime"] in _RUNTIMES,
+        "fallback": isinstance(header["fallback"], bool),
+        "latency_us": uint(header["latency_us"]),
+        "queue_us": uint(header["queue_us"]),
+        "late": isinstance(header["late"], bool),
+        "thermal": header["thermal"] in _THERMAL_SUMMARIES,
+    }
+    wrong = [key for key, fine in checks.items() if not fine]
+    if wrong:
+        raise MalformedReply(f"infer reply: {wrong} do not have the protocol's types: {header!r}")
 
 
 class InferenceClient:
@@ -250,17 +337,8 @@ class InferenceClient:
         finished after ``deadline_ms``) is kept in ``last_reply``.
         """
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
-        header: dict[str, Any] = {
-            "v": protocol.PROTOCOL_VERSION,
-            "op": "infer",
-            "model": model,
-            "inputs": descriptors,
-        }
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
-        if placed:
-            header["outputs"] = placed
-        if deadline_ms is not None:
-            header["deadline_ms"] = deadline_ms
+        header = infer_request_header(model, descriptors, placed, deadline_ms)
         reply, reply_frames = self._channel.request(
             header,
             frames,
@@ -269,6 +347,7 @@ class InferenceClient:
         )
         self.last_reply = reply
         _raise_if_error(reply)
+        check_infer_reply(reply)
         return decode_outputs(reply, reply_frames, outputs, placed)
 
     def describe(self, *, timeout: float | None = None) -> dict[str, Any]:

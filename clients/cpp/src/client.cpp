@@ -283,56 +283,12 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     InferResult result;
     result.reply = wire::decode_infer_reply(parts[0].data(), parts[0].size());
     if (!result.reply.ok) raise_error(*result.reply.error);
-    std::size_t framed = 0;
-    for (const auto& descriptor : result.reply.outputs) framed += descriptor.region ? 0 : 1;
-    if (framed != parts.size() - 1) {
-        throw MalformedReply("reply describes " + std::to_string(framed) +
-                             " outputs in frames but carries " + std::to_string(parts.size() - 1) +
-                             " frames");
+    std::vector<wire::FrameBytes> frames_received;
+    for (std::size_t i = 1; i < parts.size(); ++i) {
+        frames_received.push_back({parts[i].data(), parts[i].size()});
     }
-    std::size_t next_frame = 1;
-    for (const auto& descriptor : result.reply.outputs) {
-        const NamedOutputBuffer* into = nullptr;
-        for (const auto& output : options.outputs) {
-            if (output.name == descriptor.name) into = &output;
-        }
-        auto expected = tensor_bytes(descriptor.dtype, descriptor.shape);
-        if (descriptor.region) {
-            const wire::TensorDescriptor* asked = nullptr;
-            for (const auto& placed : request.outputs) {
-                if (placed.name == descriptor.name) asked = &placed;
-            }
-            if (into == nullptr || asked == nullptr || asked->region->region != descriptor.region->region ||
-                asked->region->offset != descriptor.region->offset ||
-                asked->region->nbytes != descriptor.region->nbytes) {
-                throw MalformedReply("output '" + descriptor.name +
-                                     "' was written where it was not asked");
-            }
-            result.outputs.push_back(
-                {descriptor.name, TensorView{descriptor.dtype, descriptor.shape, into->buffer.data,
-                                             into->buffer.nbytes}});
-            continue;
-        }
-        auto& frame = parts[next_frame++];
-        if (frame.size() != expected) {
-            throw MalformedReply("tensor '" + descriptor.name + "': frame holds " +
-                                 std::to_string(frame.size()) + " bytes but its shape needs " +
-                                 std::to_string(expected));
-        }
-        if (into != nullptr) {
-            if (into->buffer.dtype != descriptor.dtype || into->buffer.shape != descriptor.shape) {
-                throw ClientError("output '" + descriptor.name +
-                                  "' does not have the dtype and shape of the buffer given for it");
-            }
-            std::memcpy(into->buffer.data, frame.data(), expected);
-            result.outputs.push_back(
-                {descriptor.name,
-                 TensorView{descriptor.dtype, descriptor.shape, into->buffer.data, expected}});
-        } else {
-            result.outputs.push_back(
-                {descriptor.name, TensorView{descriptor.dtype, descriptor.shape, frame.data(), expected}});
-        }
-    }
+    result.outputs = wire::decode_outputs(result.reply, frames_received, request.outputs,
+                                          options.outputs);
     // The views point into these frames: they move with the result, their bytes do not.
     for (std::size_t i = 1; i < parts.size(); ++i) result.frames_.push_back(std::move(parts[i]));
     return result;
@@ -380,21 +336,7 @@ std::vector<ModelDescription> InferenceClient::describe(
         [](std::uint64_t id) { return wire::encode_describe_request(id); }, {}, timeout, 0);
     auto reply = wire::decode_control_reply(parts[0].data(), parts[0].size());
     if (!reply.ok) raise_error(*reply.error);
-    auto handle = detail::unpack(reply.result_msgpack.data(), reply.result_msgpack.size(),
-                                 reply.result_msgpack.size());
-    detail::Fields result(handle.get(), "describe result");
-    result.only({"models"});
-    const auto& models = result.required("models");
-    if (models.type != msgpack::type::ARRAY) detail::malformed("describe models must be a list");
-    std::vector<ModelDescription> described;
-    for (std::uint32_t i = 0; i < models.via.array.size; ++i) {
-        detail::Fields model(models.via.array.ptr[i], "describe model");
-        model.only({"name", "state", "inputs", "outputs"});
-        described.push_back(ModelDescription{model.string("name"), model.string("state"),
-                                             read_specs(model, "inputs"),
-                                             read_specs(model, "outputs")});
-    }
-    return described;
+    return wire::decode_describe_result(reply.result_msgpack.data(), reply.result_msgpack.size());
 }
 
 OperatorClient::OperatorClient(ClientOptions options)
@@ -421,8 +363,7 @@ std::string OperatorClient::call(const std::string& op, const wire::ControlArgum
 
 HealthSnapshot OperatorClient::health() {
     auto result = call_msgpack("health", {}, std::nullopt);
-    auto handle = detail::unpack(result.data(), result.size(), result.size());
-    return detail::read_health(detail::Fields(handle.get(), "health result"), {});
+    return wire::decode_health_result(result.data(), result.size());
 }
 
 Status OperatorClient::status() {
@@ -463,7 +404,20 @@ SwitchResult OperatorClient::switch_runtime(const std::string& model, const std:
     // The reply comes once the new runtime serves: a slow preparation needs the
     // client's timeout set accordingly (as in the Python client).
     auto result = call_msgpack("runtime.switch", arguments, std::nullopt);
-    auto handle = detail::unpack(result.data(), result.size(), result.size());
+    return wire::decode_switch_result(result.data(), result.size());
+}
+
+}  // namespace inferd
+
+namespace inferd::wire {
+
+HealthSnapshot decode_health_result(const void* data, std::size_t size) {
+    auto handle = detail::unpack(data, size, size);
+    return detail::read_health(detail::Fields(handle.get(), "health result"), {});
+}
+
+SwitchResult decode_switch_result(const void* data, std::size_t size) {
+    auto handle = detail::unpack(data, size, size);
     detail::Fields fields(handle.get(), "switch result");
     fields.only({"model", "from_runtime", "to_runtime", "active_providers", "prepare_ms", "swap_ms"});
     SwitchResult switched;
@@ -476,4 +430,21 @@ SwitchResult OperatorClient::switch_runtime(const std::string& model, const std:
     return switched;
 }
 
-}  // namespace inferd
+std::vector<ModelDescription> decode_describe_result(const void* data, std::size_t size) {
+    auto handle = detail::unpack(data, size, size);
+    detail::Fields result(handle.get(), "describe result");
+    result.only({"models"});
+    const auto& models = result.required("models");
+    if (models.type != msgpack::type::ARRAY) detail::malformed("describe models must be a list");
+    std::vector<ModelDescription> described;
+    for (std::uint32_t i = 0; i < models.via.array.size; ++i) {
+        detail::Fields model(models.via.array.ptr[i], "describe model");
+        model.only({"name", "state", "inputs", "outputs"});
+        described.push_back(ModelDescription{model.string("name"), model.string("state"),
+                                             read_specs(model, "inputs"),
+                                             read_specs(model, "outputs")});
+    }
+    return described;
+}
+
+}  // namespace inferd::wire

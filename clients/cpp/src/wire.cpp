@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -431,6 +432,62 @@ InferReply decode_infer_reply(const void* data, std::size_t size) {
         reply.outputs.push_back(detail::read_descriptor(i, outputs.via.array.ptr[i]));
     }
     return reply;
+}
+
+std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vector<FrameBytes>& frames,
+                                        const std::vector<TensorDescriptor>& placed,
+                                        const std::vector<NamedOutputBuffer>& into) {
+    std::size_t framed = 0;
+    for (const auto& descriptor : reply.outputs) framed += descriptor.region ? 0 : 1;
+    if (framed != frames.size()) {
+        detail::malformed("reply describes " + std::to_string(framed) +
+                          " outputs in frames but carries " + std::to_string(frames.size()) +
+                          " frames");
+    }
+    std::vector<NamedTensor> outputs;
+    std::size_t next_frame = 0;
+    for (const auto& descriptor : reply.outputs) {
+        const NamedOutputBuffer* buffer = nullptr;
+        for (const auto& candidate : into) {
+            if (candidate.name == descriptor.name) buffer = &candidate;
+        }
+        auto expected = tensor_bytes(descriptor.dtype, descriptor.shape);
+        if (descriptor.region) {
+            const TensorDescriptor* asked = nullptr;
+            for (const auto& candidate : placed) {
+                if (candidate.name == descriptor.name) asked = &candidate;
+            }
+            const auto& where = *descriptor.region;
+            if (buffer == nullptr || asked == nullptr || !asked->region ||
+                asked->region->region != where.region || asked->region->offset != where.offset ||
+                asked->region->nbytes != where.nbytes) {
+                detail::malformed("output '" + descriptor.name +
+                                  "' was written where it was not asked");
+            }
+            outputs.push_back({descriptor.name, TensorView{descriptor.dtype, descriptor.shape,
+                                                           buffer->buffer.data, buffer->buffer.nbytes}});
+            continue;
+        }
+        const auto& frame = frames[next_frame++];
+        if (frame.size != expected) {
+            detail::malformed("tensor '" + descriptor.name + "': frame holds " +
+                              std::to_string(frame.size) + " bytes but its shape needs " +
+                              std::to_string(expected));
+        }
+        if (buffer == nullptr) {
+            outputs.push_back(
+                {descriptor.name, TensorView{descriptor.dtype, descriptor.shape, frame.data, expected}});
+            continue;
+        }
+        if (buffer->buffer.dtype != descriptor.dtype || buffer->buffer.shape != descriptor.shape) {
+            throw ClientError("output '" + descriptor.name +
+                              "' does not have the dtype and shape of the buffer given for it");
+        }
+        if (expected > 0) std::memcpy(buffer->buffer.data, frame.data, expected);
+        outputs.push_back({descriptor.name, TensorView{descriptor.dtype, descriptor.shape,
+                                                       buffer->buffer.data, expected}});
+    }
+    return outputs;
 }
 
 ControlReply decode_control_reply(const void* data, std::size_t size) {

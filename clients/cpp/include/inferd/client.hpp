@@ -169,3 +169,13 @@ private:
 };
 
 }  // namespace inferd
+
+namespace inferd::wire {
+
+// The `result` of a control reply (ControlReply::result_msgpack) as the client
+// decodes it; MalformedReply when it breaks its schema.
+HealthSnapshot decode_health_result(const void* data, std::size_t size);
+SwitchResult decode_switch_result(const void* data, std::size_t size);
+std::vector<ModelDescription> decode_describe_result(const void* data, std::size_t size);
+
+}  // namespace inferd::wire

@@ -85,6 +85,21 @@ struct InferReply {
 RequestId decode_reply_id(const void* data, std::size_t size);
 InferReply decode_infer_reply(const void* data, std::size_t size);
 
+// A received frame: bytes ZeroMQ owns.
+struct FrameBytes {
+    const void* data;
+    std::size_t size;
+};
+
+// The outputs of an ok reply, as InferenceClient::infer returns them: an output
+// the request placed in a region (`placed`) is the caller's buffer of `into`; any
+// other is a view of its frame, or, when `into` has a buffer for it, that buffer
+// filled from the frame. MalformedReply when frames and descriptors disagree or
+// an output was written into a region the request did not name.
+std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vector<FrameBytes>& frames,
+                                        const std::vector<TensorDescriptor>& placed,
+                                        const std::vector<NamedOutputBuffer>& into);
+
 // A control reply (and describe): the error, or `result` as a msgpack map kept
 // encoded for the op's own decoder.
 struct ControlReply {
