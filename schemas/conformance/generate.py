@@ -70,12 +70,22 @@ def requests(vectors: Vectors) -> None:
     small = np.array([250, 3], dtype=np.uint8)
     cases: list[tuple[str, str, dict[str, np.ndarray], int | None, int]] = [
         ("infer_request_one_input", "demo", {"image": image}, None, 1),
-        ("infer_request_many_dtypes", "multi", {"mask": mask, "counts": counts, "half": half,
-                                                "small": small}, None, (1 << 40) + 77),
+        (
+            "infer_request_many_dtypes",
+            "multi",
+            {"mask": mask, "counts": counts, "half": half, "small": small},
+            None,
+            (1 << 40) + 77,
+        ),
         ("infer_request_deadline", "demo", {"image": image}, 50, 2**64 - 1),
         ("infer_request_big_deadline", "demo", {"image": image[:1]}, 3_600_000, 65536),
-        ("infer_request_scalar_and_empty", "odd", {"scalar": np.array(3.5, np.float64),
-                                                   "empty": np.zeros((0, 4), np.int32)}, 1, 127),
+        (
+            "infer_request_scalar_and_empty",
+            "odd",
+            {"scalar": np.array(3.5, np.float64), "empty": np.zeros((0, 4), np.int32)},
+            1,
+            127,
+        ),
     ]
     for name, model, inputs, deadline_ms, request_id in cases:
         descriptors, frames = encode_inputs(dict(inputs), {})
@@ -112,16 +122,25 @@ def requests(vectors: Vectors) -> None:
         del placed_input, output
 
     header = {"v": protocol.PROTOCOL_VERSION, "op": "describe"}
-    vectors.add("describe_request", "describe_request", [encode_request(header, 5)],
-                request={"id": 5})
+    vectors.add(
+        "describe_request", "describe_request", [encode_request(header, 5)], request={"id": 5}
+    )
     for name, op, arguments, request_id in (
         ("control_request_status", "status", {}, 300),
-        ("control_request_switch", "runtime.switch",
-         {"model": "demo", "runtime": "onnx_trt_ep", "requested_by": "flight-sw"}, 70000),
+        (
+            "control_request_switch",
+            "runtime.switch",
+            {"model": "demo", "runtime": "onnx_trt_ep", "requested_by": "flight-sw"},
+            70000,
+        ),
     ):
         header = {"v": protocol.PROTOCOL_VERSION, "op": op, **arguments}
-        vectors.add(name, "control_request", [encode_request(header, request_id)],
-                    request={"id": request_id, "op": op, "arguments": arguments})
+        vectors.add(
+            name,
+            "control_request",
+            [encode_request(header, request_id)],
+            request={"id": request_id, "op": op, "arguments": arguments},
+        )
 
 
 # -- replies and events: what the daemon sends ---------------------------------------
@@ -160,22 +179,38 @@ def replies(vectors: Vectors) -> None:
     def infer_ok(
         name: str, header: dict[str, Any], frames: list[bytes], asked: list[Any] | None = None
     ) -> None:
-        vectors.add(name, "infer_reply", [pack(header), *frames], asked=asked or [],
-                    expected=canonical_infer(header, frames))
+        vectors.add(
+            name,
+            "infer_reply",
+            [pack(header), *frames],
+            asked=asked or [],
+            expected=canonical_infer(header, frames),
+        )
 
     infer_ok("infer_reply_ok", ok_infer(17, [d_out, d_flags]), two_frames)
-    infer_ok("infer_reply_late", ok_infer(2**64 - 1, [d_out], late=True, thermal="throttling",
-                                          runtime="tensorrt", fallback=True), two_frames[:1])
+    infer_ok(
+        "infer_reply_late",
+        ok_infer(
+            2**64 - 1, [d_out], late=True, thermal="throttling", runtime="tensorrt", fallback=True
+        ),
+        two_frames[:1],
+    )
     infer_ok("infer_reply_string_id", ok_infer("req-1", [d_out], thermal="unknown"), two_frames[:1])
     placed = {**d_out, "region": REGION_ID, "offset": 256, "nbytes": 24}
     infer_ok("infer_reply_placed_output", ok_infer(9, [placed, d_flags]), two_frames[1:], [placed])
     for code in protocol.Code:
         header = protocol.error_header(40, code, f"why {code} was answered")
-        vectors.add(f"infer_reply_error_{code.lower()}", "infer_reply", [pack(header)], asked=[],
-                    expected=header)
+        vectors.add(
+            f"infer_reply_error_{code.lower()}",
+            "infer_reply",
+            [pack(header)],
+            asked=[],
+            expected=header,
+        )
     header = protocol.error_header(None, protocol.Code.INVALID_ARGUMENT, "header is not msgpack")
-    vectors.add("infer_reply_error_null_id", "infer_reply", [pack(header)], asked=[],
-                expected=header)
+    vectors.add(
+        "infer_reply_error_null_id", "infer_reply", [pack(header)], asked=[], expected=header
+    )
 
     def infer_bad(name: str, parts: list[bytes], why: str, asked: list[Any] | None = None) -> None:
         asked = asked or []
@@ -183,42 +218,75 @@ def replies(vectors: Vectors) -> None:
 
     good = ok_infer(17, [d_out])
     infer_bad("infer_reply_not_msgpack", [b"\xc1"], "0xc1 is never used in msgpack")
-    infer_bad("infer_reply_trailing_bytes", [pack(good) + b"\x00", two_frames[0]],
-              "bytes after the header's map")
+    infer_bad(
+        "infer_reply_trailing_bytes",
+        [pack(good) + b"\x00", two_frames[0]],
+        "bytes after the header's map",
+    )
     infer_bad("infer_reply_not_a_map", [pack([1, 2])], "a header is a map")
-    infer_bad("infer_reply_version_2", [pack({**good, "v": 2}), two_frames[0]],
-              "this client speaks v=1")
-    infer_bad("infer_reply_bool_id", [pack({**good, "id": True}), two_frames[0]],
-              "booleans are not ids")
+    infer_bad(
+        "infer_reply_version_2", [pack({**good, "v": 2}), two_frames[0]], "this client speaks v=1"
+    )
+    infer_bad(
+        "infer_reply_bool_id", [pack({**good, "id": True}), two_frames[0]], "booleans are not ids"
+    )
     missing_late = {key: value for key, value in good.items() if key != "late"}
-    infer_bad("infer_reply_without_late", [pack(missing_late), two_frames[0]],
-              "late is required in every ok reply")
-    infer_bad("infer_reply_unknown_key", [pack({**good, "priority": 1}), two_frames[0]],
-              "a key the protocol does not have")
-    infer_bad("infer_reply_late_not_bool", [pack({**good, "late": 1}), two_frames[0]],
-              "late is a boolean")
-    infer_bad("infer_reply_unknown_runtime", [pack({**good, "runtime": "tvm"}), two_frames[0]],
-              "runtime is tensorrt or onnx_trt_ep")
-    infer_bad("infer_reply_unknown_thermal", [pack({**good, "thermal": "hot"}), two_frames[0]],
-              "thermal is nominal, throttling or unknown")
+    infer_bad(
+        "infer_reply_without_late",
+        [pack(missing_late), two_frames[0]],
+        "late is required in every ok reply",
+    )
+    infer_bad(
+        "infer_reply_unknown_key",
+        [pack({**good, "priority": 1}), two_frames[0]],
+        "a key the protocol does not have",
+    )
+    infer_bad(
+        "infer_reply_late_not_bool", [pack({**good, "late": 1}), two_frames[0]], "late is a boolean"
+    )
+    infer_bad(
+        "infer_reply_unknown_runtime",
+        [pack({**good, "runtime": "tvm"}), two_frames[0]],
+        "runtime is tensorrt or onnx_trt_ep",
+    )
+    infer_bad(
+        "infer_reply_unknown_thermal",
+        [pack({**good, "thermal": "hot"}), two_frames[0]],
+        "thermal is nominal, throttling or unknown",
+    )
     infer_bad("infer_reply_missing_frame", [pack(good)], "one output described, no frame")
     infer_bad("infer_reply_extra_frame", [pack(good), *two_frames], "one output, two frames")
-    infer_bad("infer_reply_short_frame", [pack(good), two_frames[0][:-1]],
-              "the frame is shorter than its shape")
+    infer_bad(
+        "infer_reply_short_frame",
+        [pack(good), two_frames[0][:-1]],
+        "the frame is shorter than its shape",
+    )
     bad_dtype = ok_infer(17, [{**d_out, "dtype": "complex64"}])
-    infer_bad("infer_reply_bad_dtype", [pack(bad_dtype), two_frames[0]],
-              "complex64 is not on the wire")
+    infer_bad(
+        "infer_reply_bad_dtype", [pack(bad_dtype), two_frames[0]], "complex64 is not on the wire"
+    )
     bad_shape = ok_infer(17, [{**d_out, "shape": [1, -2, 3]}])
-    infer_bad("infer_reply_negative_dim", [pack(bad_shape), two_frames[0]],
-              "dimensions are non-negative")
+    infer_bad(
+        "infer_reply_negative_dim", [pack(bad_shape), two_frames[0]], "dimensions are non-negative"
+    )
     unasked = ok_infer(9, [placed])
-    infer_bad("infer_reply_unasked_region", [pack(unasked)],
-              "an output written into a region the request did not name")
+    infer_bad(
+        "infer_reply_unasked_region",
+        [pack(unasked)],
+        "an output written into a region the request did not name",
+    )
     elsewhere = {**placed, "region": OTHER_REGION_ID}
-    infer_bad("infer_reply_other_region", [pack(unasked)],
-              "written into another region than the one asked", [elsewhere])
-    infer_bad("infer_reply_ok_null_id", [pack({**good, "id": None}), two_frames[0]],
-              "only an error reply may have a null id")
+    infer_bad(
+        "infer_reply_other_region",
+        [pack(unasked)],
+        "written into another region than the one asked",
+        [elsewhere],
+    )
+    infer_bad(
+        "infer_reply_ok_null_id",
+        [pack({**good, "id": None}), two_frames[0]],
+        "only an error reply may have a null id",
+    )
     bad_code = protocol.error_header(40, protocol.Code.INTERNAL, "x")
     bad_code["error"]["code"] = "TEAPOT"
     infer_bad("infer_reply_unknown_code", [pack(bad_code)], "not one of the protocol's codes")
@@ -232,8 +300,12 @@ def replies(vectors: Vectors) -> None:
         "uptime_s": 12.5,
         "threads": {"engine_worker": True, "bus": True, "publisher": False},
         "models": {
-            "demo": {"state": "serving", "runtime": "onnx_trt_ep", "fallback": True,
-                     "queue_depth": 3},
+            "demo": {
+                "state": "serving",
+                "runtime": "onnx_trt_ep",
+                "fallback": True,
+                "queue_depth": 3,
+            },
             "broken": {"state": "failed", "runtime": None, "fallback": False, "queue_depth": 0},
         },
         "thermal": "unknown",
@@ -252,12 +324,21 @@ def replies(vectors: Vectors) -> None:
             {
                 "name": "demo",
                 "state": "serving",
-                "inputs": [{"name": "image", "dtype": "float32", "shape": [None, 3, 224, 224],
-                            "profile": {"min_shape": [1, 3, 224, 224],
-                                        "opt_shape": [2, 3, 224, 224],
-                                        "max_shape": [4, 3, 224, 224]}}],
-                "outputs": [{"name": "descriptors", "dtype": "float32",
-                             "shape": [None, 256, 28, 28]}],
+                "inputs": [
+                    {
+                        "name": "image",
+                        "dtype": "float32",
+                        "shape": [None, 3, 224, 224],
+                        "profile": {
+                            "min_shape": [1, 3, 224, 224],
+                            "opt_shape": [2, 3, 224, 224],
+                            "max_shape": [4, 3, 224, 224],
+                        },
+                    }
+                ],
+                "outputs": [
+                    {"name": "descriptors", "dtype": "float32", "shape": [None, 256, 28, 28]}
+                ],
             },
             {"name": "broken", "state": "failed", "inputs": [], "outputs": []},
         ]
@@ -268,18 +349,33 @@ def replies(vectors: Vectors) -> None:
         ("switch_reply_from_none", "runtime.switch", switch_from_none),
         ("describe_reply", "describe", describe),
     ):
-        vectors.add(name, "control_reply", [pack(protocol.ok_header(3, result=result))], op=op,
-                    expected=result)
+        vectors.add(
+            name,
+            "control_reply",
+            [pack(protocol.ok_header(3, result=result))],
+            op=op,
+            expected=result,
+        )
     denied = protocol.error_header(3, protocol.Code.PERMISSION_DENIED, "not an operator")
-    vectors.add("switch_reply_denied", "control_reply", [pack(denied)], op="runtime.switch",
-                expected=denied)
-    vectors.add("health_reply_unknown_key", "control_reply",
-                [pack(protocol.ok_header(3, result={**health, "load": 1}))], op="health",
-                expected=MALFORMED, why="a key the protocol does not have")
-    vectors.add("switch_reply_without_swap_ms", "control_reply",
-                [pack(protocol.ok_header(3, result={k: v for k, v in switch.items()
-                                                     if k != "swap_ms"}))],
-                op="runtime.switch", expected=MALFORMED, why="swap_ms is required")
+    vectors.add(
+        "switch_reply_denied", "control_reply", [pack(denied)], op="runtime.switch", expected=denied
+    )
+    vectors.add(
+        "health_reply_unknown_key",
+        "control_reply",
+        [pack(protocol.ok_header(3, result={**health, "load": 1}))],
+        op="health",
+        expected=MALFORMED,
+        why="a key the protocol does not have",
+    )
+    vectors.add(
+        "switch_reply_without_swap_ms",
+        "control_reply",
+        [pack(protocol.ok_header(3, result={k: v for k, v in switch.items() if k != "swap_ms"}))],
+        op="runtime.switch",
+        expected=MALFORMED,
+        why="swap_ms is required",
+    )
 
     # events: the payload is the canonical form
     stamp = {"ts_ns": 1_764_000_000_123_456_789, "seq": 42}
@@ -301,8 +397,11 @@ def replies(vectors: Vectors) -> None:
         "runtime": "onnx_trt_ep",
         "fallback": True,
         "active_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-        "requested_providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider",
-                                "CPUExecutionProvider"],
+        "requested_providers": [
+            "TensorrtExecutionProvider",
+            "CUDAExecutionProvider",
+            "CPUExecutionProvider",
+        ],
         "provider_degradation": "no_tensorrt_ep",
         "engine_cache_error": None,
         "reason": "no TensorRT on this machine",
@@ -312,8 +411,13 @@ def replies(vectors: Vectors) -> None:
         "level": "WARNING",
         "code": "provider_degraded",
         "message": "model 'demo' runs without the TensorRT EP",
-        "fields": {"model": "demo", "degradation": "cpu_only", "requested": ["A", "B"],
-                   "active": ["B"], "suppressed": 2},
+        "fields": {
+            "model": "demo",
+            "degradation": "cpu_only",
+            "requested": ["A", "B"],
+            "active": ["B"],
+            "suppressed": 2,
+        },
         **stamp,
     }
     build = {
@@ -344,16 +448,45 @@ def replies(vectors: Vectors) -> None:
         ("thermal", thermal),
         ("build", build),
     ):
-        vectors.add(f"event_{topic}", "event", [topic.encode(), pack(payload)], topic=topic,
-                    expected=payload)
-    unavailable = {**thermal, "source": None, "available": False, "throttle_active": False,
-                   "cpu_temp_c": None, "clock_mhz": None, "transition": False}
-    vectors.add("event_thermal_unavailable", "event", [b"thermal", pack(unavailable)],
-                topic="thermal", expected=unavailable)
-    vectors.add("event_payload_not_a_map", "event", [b"health", pack([1])], topic="health",
-                expected=MALFORMED, why="a payload is a map")
-    vectors.add("event_payload_not_msgpack", "event", [b"alert", b"\xc1"], topic="alert",
-                expected=MALFORMED, why="0xc1 is never used in msgpack")
+        vectors.add(
+            f"event_{topic}",
+            "event",
+            [topic.encode(), pack(payload)],
+            topic=topic,
+            expected=payload,
+        )
+    unavailable = {
+        **thermal,
+        "source": None,
+        "available": False,
+        "throttle_active": False,
+        "cpu_temp_c": None,
+        "clock_mhz": None,
+        "transition": False,
+    }
+    vectors.add(
+        "event_thermal_unavailable",
+        "event",
+        [b"thermal", pack(unavailable)],
+        topic="thermal",
+        expected=unavailable,
+    )
+    vectors.add(
+        "event_payload_not_a_map",
+        "event",
+        [b"health", pack([1])],
+        topic="health",
+        expected=MALFORMED,
+        why="a payload is a map",
+    )
+    vectors.add(
+        "event_payload_not_msgpack",
+        "event",
+        [b"alert", b"\xc1"],
+        topic="alert",
+        expected=MALFORMED,
+        why="0xc1 is never used in msgpack",
+    )
 
 
 def generate() -> Vectors:
