@@ -289,8 +289,10 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     }
     result.outputs = wire::decode_outputs(result.reply, frames_received, request.outputs,
                                           options.outputs);
-    // The views point into these frames: they move with the result, their bytes do not.
-    for (std::size_t i = 1; i < parts.size(); ++i) result.frames_.push_back(std::move(parts[i]));
+    // The views point into these frames, and a small frame's bytes live inside its
+    // message_t: the vector moves whole (its elements stay where they are), never
+    // element by element.
+    result.frames_ = std::move(parts);
     return result;
 }
 
