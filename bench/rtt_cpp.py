@@ -121,6 +121,10 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
                     else:
                         cpp.block(count, cpp_samples)
                         python_block(client, case.name, feeds, count, python_samples)
+    except BaseException:
+        if daemon is not None:  # what the daemon saw, before its directory goes
+            print(daemon.log()[-6000:], file=sys.stderr)
+        raise
     finally:
         for cpp in cpp_clients:
             cpp.close()
