@@ -4,7 +4,9 @@ This starts the daemons (the helpers of tests/conftest.py), computes ONNX
 Runtime's result for the demo model's input, and runs the C++ integration
 program (``INFERD_CPP_INTEGRATION``; ctest sets it, with ``INFERD_CPP_REQUIRED``
 so that a missing program fails instead of skipping), which checks everything
-itself and exits non-zero on a failed check. Its output is shown on failure."""
+itself and exits non-zero on a failed check. Its output is shown on failure.
+The example (``INFERD_CPP_EXAMPLE``, when built) runs its loop against a daemon
+too."""
 
 from __future__ import annotations
 
@@ -33,11 +35,11 @@ SLOW_SIZE = 512
 TARGET_CALL_S = 0.4
 
 
-def _program() -> str:
-    program = os.environ.get("INFERD_CPP_INTEGRATION")
+def _program(variable: str = "INFERD_CPP_INTEGRATION") -> str:
+    program = os.environ.get(variable)
     if not program:
         if os.environ.get("INFERD_CPP_REQUIRED"):
-            pytest.fail("INFERD_CPP_INTEGRATION does not name the C++ integration program")
+            pytest.fail(f"{variable} does not name the C++ program")
         pytest.skip("the C++ client is not built here (make test-cpp runs this with it)")
     return program
 
@@ -137,3 +139,22 @@ def test_cpp_client_against_a_real_daemon(
     assert done.returncode == 0, report
     assert "FAILED" not in done.stdout, report
     assert daemon.process.poll() is None, "the daemon survived the client"
+
+
+def test_the_cpp_example_runs_its_loop_against_a_daemon(daemon_factory: DaemonFactory) -> None:
+    program = _program("INFERD_CPP_EXAMPLE")
+    daemon = daemon_factory(thermal={"poll_hz": 20.0})
+    command = [program, "--endpoint", daemon.infer, "--events", daemon.events]
+    done = subprocess.run(
+        [*command, "--count", "20", "--rate-hz", "50"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("demo: 20 ok, ") and "0 errors, 0 timeouts at 50.0 Hz" in lines[0]
+    assert lines[1].startswith("round trip ms: p50 ")
+    # No thermal telemetry on this machine: the reply says unknown, the events say why.
+    assert lines[2] == "thermal: unknown (no telemetry on this machine)", lines

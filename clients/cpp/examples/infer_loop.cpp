@@ -90,6 +90,9 @@ int main(int argc, char** argv) try {
     subscription.endpoint = arguments.events;
     subscription.topics = {"thermal"};
     inferd::EventSubscriber thermal_events(subscription);
+    // ZeroMQ delivers nothing published before the subscription arrived: wait
+    // for it (the daemon's first health event) before the loop starts.
+    thermal_events.wait_joined(std::chrono::seconds(5));
     std::optional<inferd::ThermalEvent> last_thermal;
 
     const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -123,6 +126,12 @@ int main(int argc, char** argv) try {
         }
         next += period;
         std::this_thread::sleep_until(next);  // the loop's fixed rate
+    }
+
+    if (!last_thermal) {  // a loop shorter than the thermal poll period
+        if (auto event = thermal_events.receive(std::chrono::seconds(2))) {
+            last_thermal = std::get<inferd::ThermalEvent>(*event);
+        }
     }
 
     std::printf("%s: %zu ok, %d late, %d errors, %d timeouts at %.1f Hz\n", arguments.model.c_str(),
