@@ -79,18 +79,19 @@ public:
                                         std::optional<std::chrono::milliseconds> timeout,
                                         int retries) {
         auto wait = timeout.value_or(timeout_);
-        auto done = [this] { forget_unsent(); };
+        // However the call ends (a reply, a timeout, a malformed reply), ZeroMQ
+        // holds none of the caller's memory afterwards.
+        struct ForgetUnsent {
+            RequestChannel& channel;
+            ~ForgetUnsent() { channel.forget_unsent(); }
+        } forget{*this};
         for (int attempt = 0; attempt <= retries; ++attempt) {
             auto request_id = next_id_++;
             if (on_attempt_) on_attempt_(request_id, attempt);
             if (!send(encode(request_id), frames)) continue;
             auto reply = await(request_id, std::chrono::steady_clock::now() + wait);
-            if (!reply.empty()) {
-                done();
-                return reply;
-            }
+            if (!reply.empty()) return reply;
         }
-        done();
         throw Timeout("no reply from " + endpoint_ + " within " + std::to_string(wait.count()) +
                       " ms after " + std::to_string(retries + 1) + " attempt(s)");
     }
@@ -152,14 +153,19 @@ private:
     // Zero-copy frames ZeroMQ still holds after the call (an attempt that was
     // never answered may still be queued): drop them with a fresh socket, so the
     // caller's memory is the caller's again when the call returns.
-    void forget_unsent() {
+    void forget_unsent() noexcept {
         {
             std::lock_guard<std::mutex> lock(in_flight_.mutex);
             if (in_flight_.frames == 0) return;
         }
         socket_.close();
         wait_released();
-        open();
+        try {
+            open();
+        } catch (const zmq::error_t&) {
+            // Out of file descriptors or a terminated context: the next call
+            // on this channel fails on the closed socket and says so.
+        }
     }
 
     void wait_released() {
