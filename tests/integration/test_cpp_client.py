@@ -25,7 +25,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import DaemonFactory, render_config, start_daemon, write_slow_model
-from tests.integration.test_security import free_port
+from tests.integration.test_security import CurveDaemon, curve_daemon, free_port
+
+__all__ = ["curve_daemon"]  # a fixture of test_security, used here too
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +160,38 @@ def test_the_cpp_example_runs_its_loop_against_a_daemon(daemon_factory: DaemonFa
     assert lines[1].startswith("round trip ms: p50 ")
     # No thermal telemetry on this machine: the reply says unknown, the events say why.
     assert lines[2] == "thermal: unknown (no telemetry on this machine)", lines
+
+
+def test_cpp_client_with_curve_on_tcp(
+    curve_daemon: CurveDaemon, demo_model: Path, tmp_path: Path
+) -> None:
+    """Every socket on tcp:// with CURVE: the C++ client's keys from the files
+    ``inferd keys`` wrote, an operator's and a viewer's rights, a stranger unanswered."""
+    program = _program()
+    daemon = curve_daemon.daemon
+    image = np.zeros((1, 3, 224, 224), np.float32)
+    (descriptors,) = _session(demo_model).run(None, {"image": image})
+    image.tofile(tmp_path / "image.f32")
+    np.asarray(descriptors, np.float32).tofile(tmp_path / "descriptors.f32")
+    keys = tmp_path  # the fixture's: `inferd keys client NAME --out` wrote them there
+    env = {
+        **os.environ,
+        "INFERD_INFER": daemon.infer,
+        "INFERD_CONTROL": daemon.control,
+        "INFERD_EVENTS": daemon.events,
+        "INFERD_DATA": str(tmp_path),
+        "INFERD_CURVE_SERVER_KEY": curve_daemon.server_key,
+        "INFERD_CURVE_GROUND": str(keys / "ground.key_secret"),
+        "INFERD_CURVE_VIEWER": str(keys / "viewer.key_secret"),
+    }
+    done = subprocess.run(
+        [program, "curve_on_tcp_admits_the_allow_listed_key_and_its_operator_rights"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    report = f"{done.stdout}\n{done.stderr}"
+    print(report)
+    assert done.returncode == 0 and "ok     curve_on_tcp" in done.stdout, report

@@ -17,6 +17,22 @@
 
 namespace inferd {
 
+namespace detail {
+
+void secure(zmq::socket_t& socket, const std::string& endpoint, const std::optional<ClientCurve>& curve) {
+    if (!curve) return;
+    if (endpoint.rfind("tcp://", 0) != 0) {
+        throw ClientError("CURVE is for tcp:// endpoints; " + endpoint +
+                          " is reached through the file system's permissions and the daemon's "
+                          "check of the connecting user");
+    }
+    socket.set(zmq::sockopt::curve_serverkey, curve->server_public_key);
+    socket.set(zmq::sockopt::curve_publickey, curve->public_key);
+    socket.set(zmq::sockopt::curve_secretkey, curve->secret_key);
+}
+
+}  // namespace detail
+
 std::shared_ptr<zmq::context_t> shared_context() {
     static auto context = std::make_shared<zmq::context_t>(1);
     return context;
@@ -54,6 +70,7 @@ public:
           endpoint_(check_client_endpoint(options.endpoint.empty() ? default_endpoint
                                                                    : options.endpoint)),
           timeout_(options.timeout),
+          curve_(options.curve),
           on_attempt_(options.on_attempt) {
         // A random 24-bit prefix keeps ids from different clients apart in the
         // daemon's logs; the counter makes them unique within this client.
@@ -104,6 +121,7 @@ private:
         socket_ = zmq::socket_t(*context_, zmq::socket_type::dealer);
         socket_.set(zmq::sockopt::linger, 0);
         socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(std::max<long>(1, timeout_.count())));
+        detail::secure(socket_, endpoint_, curve_);
         socket_.connect(endpoint_);
     }
 
@@ -176,6 +194,7 @@ private:
     std::shared_ptr<zmq::context_t> context_;
     std::string endpoint_;
     std::chrono::milliseconds timeout_;
+    std::optional<ClientCurve> curve_;
     std::function<void(std::uint64_t, int)> on_attempt_;
     zmq::socket_t socket_;
     std::uint64_t next_id_ = 1;

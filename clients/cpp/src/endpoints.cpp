@@ -4,10 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <optional>
+#include <regex>
+#include <sstream>
 
 #include "inferd/errors.hpp"
 
@@ -59,7 +65,74 @@ std::optional<std::string> unsafe_directory_reason(const std::string& path,
     return std::nullopt;
 }
 
+constexpr std::size_t kZ85KeyLength = 40;
+
+bool is_z85_key(const std::string& text) {
+    static const std::string alphabet =
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+    return text.size() == kZ85KeyLength && text.find_first_not_of(alphabet) == std::string::npos;
+}
+
+std::string read_text(const std::string& path) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) throw ClientError(path + ": cannot be read");
+    return std::string(std::istreambuf_iterator<char>(file), {});
+}
+
+std::string trimmed(const std::string& text) {
+    auto start = text.find_first_not_of(" \t\r\n");
+    auto end = text.find_last_not_of(" \t\r\n");
+    return start == std::string::npos ? "" : text.substr(start, end - start + 1);
+}
+
+// The public-key and secret-key lines of a ZeroMQ certificate (ZPL).
+std::pair<std::string, std::string> certificate_keys(const std::string& text, const std::string& source) {
+    static const std::regex line(R"re(^\s*(public|secret)-key\s*=\s*"([^"]*)"\s*$)re");
+    std::string public_key, secret_key;
+    std::istringstream lines(text);
+    std::string current;
+    while (std::getline(lines, current)) {
+        std::smatch match;
+        if (!std::regex_match(current, match, line)) continue;
+        if (!is_z85_key(match[2])) {
+            throw ClientError(source + ": " + std::string(match[1]) + "-key is not a CURVE key");
+        }
+        (match[1] == "public" ? public_key : secret_key) = match[2];
+    }
+    if (public_key.empty()) throw ClientError(source + ": no public-key line; not a CURVE certificate");
+    return {public_key, secret_key};
+}
+
 }  // namespace
+
+ClientCurve ClientCurve::from_files(const std::string& server_key, const std::string& certificate) {
+    ClientCurve curve;
+    curve.server_public_key = server_key;
+    if (!is_z85_key(server_key)) {
+        auto text = read_text(server_key);
+        auto bare = trimmed(text);
+        curve.server_public_key = is_z85_key(bare) ? bare : certificate_keys(text, server_key).first;
+    }
+    struct stat info {};
+    if (stat(certificate.c_str(), &info) != 0) throw ClientError(certificate + ": cannot be read");
+    if (info.st_mode & 077) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", info.st_mode & 07777);
+        throw ClientError(certificate + ": a secret key others may read (mode " + mode +
+                          "); chmod 600 " + certificate);
+    }
+    auto [public_key, secret_key] = certificate_keys(read_text(certificate), certificate);
+    if (secret_key.empty()) {
+        throw ClientError(certificate + ": holds no secret-key (a public certificate?)");
+    }
+    char derived[kZ85KeyLength + 1] = {};
+    if (zmq_curve_public(derived, secret_key.c_str()) != 0 || public_key != derived) {
+        throw ClientError(certificate + ": its secret-key does not belong to its public-key");
+    }
+    curve.public_key = public_key;
+    curve.secret_key = secret_key;
+    return curve;
+}
 
 std::string default_runtime_dir() {
     for (const char* variable : {"INFERD_RUNTIME_DIR", "RUNTIME_DIRECTORY"}) {

@@ -231,6 +231,7 @@ EventSubscriber::EventSubscriber(SubscriberOptions options) : impl_(std::make_un
                                                                      : options.endpoint);
     impl_->socket = zmq::socket_t(*impl_->context, zmq::socket_type::sub);
     impl_->socket.set(zmq::sockopt::linger, 0);
+    detail::secure(impl_->socket, impl_->endpoint, options.curve);
     impl_->topics = options.topics;
     if (options.topics.empty()) {
         impl_->socket.set(zmq::sockopt::subscribe, "");

@@ -22,6 +22,7 @@ inline void fail(const char* file, int line, const std::string& what) {
 struct Case {
     std::string name;
     std::function<void()> body;
+    bool on_demand = false;  // runs only when named on the command line
 };
 
 inline std::vector<Case>& cases() {
@@ -30,13 +31,16 @@ inline std::vector<Case>& cases() {
 }
 
 struct Register {
-    Register(const char* name, std::function<void()> body) { cases().push_back({name, std::move(body)}); }
+    Register(const char* name, std::function<void()> body, bool on_demand = false) {
+        cases().push_back({name, std::move(body), on_demand});
+    }
 };
 
-// Runs every case (or those named on the command line); an exception fails its case.
+// Runs every case but the on-demand ones, or those named on the command line; an
+// exception fails its case.
 inline int run_all(int argc, char** argv) {
     for (const auto& test : cases()) {
-        bool chosen = argc < 2;
+        bool chosen = argc < 2 && !test.on_demand;
         for (int i = 1; i < argc; ++i) chosen = chosen || test.name == argv[i];
         if (!chosen) continue;
         int before = failures();
@@ -58,6 +62,11 @@ inline int run_all(int argc, char** argv) {
 #define TEST(name)                                                                        \
     static void name();                                                                   \
     static const ::inferd::testing::Register INFERD_CONCAT(register_, name)(#name, name); \
+    static void name()
+// A case that needs what only some runs set up (the driver names it).
+#define TEST_ON_DEMAND(name)                                                                    \
+    static void name();                                                                         \
+    static const ::inferd::testing::Register INFERD_CONCAT(register_, name)(#name, name, true); \
     static void name()
 #define CHECK(condition)                                                                     \
     do {                                                                                     \

@@ -364,4 +364,47 @@ TEST(a_runtime_switch_under_load_fails_no_request) {
     std::cout << "served " << served << " requests across 3 switches, " << failed << " failed\n";
 }
 
+TEST_ON_DEMAND(curve_on_tcp_admits_the_allow_listed_key_and_its_operator_rights) {
+    // A daemon with every socket on tcp:// and security.curve; `inferd keys` made
+    // the two client certificates: ground (an operator) and viewer.
+    auto server_key = env("INFERD_CURVE_SERVER_KEY");
+    auto ground = ClientCurve::from_files(server_key, env("INFERD_CURVE_GROUND"));
+    auto viewer = ClientCurve::from_files(server_key, env("INFERD_CURVE_VIEWER"));
+    ClientOptions options = infer_options();
+    options.curve = viewer;
+    InferenceClient client(options);
+    auto result = client.infer("demo", reference().inputs());
+    CHECK(max_difference(result.output("descriptors").as<float>(), reference().descriptors) < 1e-4f);
+    SubscriberOptions subscription;
+    subscription.endpoint = env("INFERD_EVENTS");
+    subscription.curve = viewer;
+    EventSubscriber events(subscription);
+    events.wait_joined(kHang);
+    ClientOptions control = control_options();
+    control.curve = viewer;
+    OperatorClient viewing(control);
+    CHECK_EQ(viewing.status().state, "serving");
+    CHECK_EQ(code_of([&] { viewing.switch_runtime("demo", "onnx_trt_ep"); }), ErrorCode::PermissionDenied);
+    control.curve = ground;
+    OperatorClient operating(control);
+    CHECK_EQ(operating.switch_runtime("demo", "onnx_trt_ep", std::string("cpp-curve")).to_runtime,
+             "onnx_trt_ep");
+    // A key the daemon does not know gets no answer at all.
+    ClientCurve stranger = viewer;
+    char public_key[41], secret_key[41];
+    CHECK_EQ(zmq_curve_keypair(public_key, secret_key), 0);
+    stranger.public_key = public_key;
+    stranger.secret_key = secret_key;
+    ClientOptions refused = control_options();
+    refused.curve = stranger;
+    refused.timeout = 1s;
+    OperatorClient unknown(refused);
+    CHECK_THROWS(Timeout, unknown.status(), true);
+    // CURVE is for tcp:// only.
+    ClientOptions local = control_options();
+    local.endpoint = "ipc:///nonexistent-dir/control.sock";
+    local.curve = viewer;
+    CHECK_THROWS(ClientError, OperatorClient{local}, std::string(error.what()).find("tcp://") != std::string::npos);
+}
+
 int main(int argc, char** argv) { return inferd::testing::run_all(argc, argv); }

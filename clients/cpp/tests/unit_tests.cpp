@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <thread>
 #include <fcntl.h>
@@ -277,6 +278,26 @@ TEST(decoding_is_as_strict_as_the_schema) {
     CHECK_THROWS(MalformedReply, wire::decode_infer_reply(good.data(), 0), true);
     auto trailing = good + '\0';
     CHECK_THROWS(MalformedReply, wire::decode_infer_reply(trailing.data(), trailing.size()), true);
+}
+
+TEST(a_certificate_others_may_read_is_refused) {
+    char directory[] = "/tmp/ifd-curve-XXXXXX";
+    std::string base = mkdtemp(directory);
+    char public_key[41], secret_key[41];
+    zmq_curve_keypair(public_key, secret_key);
+    auto path = base + "/me.key_secret";
+    std::ofstream(path) << "curve\n    public-key = \"" << public_key << "\"\n    secret-key = \""
+                        << secret_key << "\"\n";
+    chmod(path.c_str(), 0644);
+    CHECK_THROWS(ClientError, ClientCurve::from_files(public_key, path),
+                 std::string(error.what()).find("chmod 600") != std::string::npos);
+    chmod(path.c_str(), 0600);
+    auto curve = ClientCurve::from_files(public_key, path);
+    CHECK_EQ(curve.public_key, std::string(public_key));
+    CHECK_EQ(curve.server_public_key, std::string(public_key));
+    std::ofstream(path) << "curve\n    public-key = \"" << public_key << "\"\n";
+    CHECK_THROWS(ClientError, ClientCurve::from_files(public_key, path),
+                 std::string(error.what()).find("no secret-key") != std::string::npos);
 }
 
 int main(int argc, char** argv) { return inferd::testing::run_all(argc, argv); }

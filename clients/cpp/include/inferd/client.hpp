@@ -34,6 +34,7 @@ struct ClientOptions {
     int retries = 0;  // resends under a fresh id after a timeout
     std::string shm_socket;  // empty: next to the infer socket
     std::shared_ptr<zmq::context_t> context;  // null: shared_context()
+    std::optional<ClientCurve> curve;  // for a tcp:// endpoint of a daemon with security.curve
     // Called before every send with the attempt's id and number (0 = first);
     // e.g. to log retries.
     std::function<void(std::uint64_t id, int attempt)> on_attempt;

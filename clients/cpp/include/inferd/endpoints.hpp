@@ -5,6 +5,21 @@
 
 namespace inferd {
 
+// What a client needs for a tcp:// endpoint of a daemon with security.curve:
+// the daemon's public key (`inferd keys show`) and this client's keypair, each
+// 40 Z85 characters (clients/inferd_wire/curve.py's ClientCurve).
+struct ClientCurve {
+    std::string server_public_key;
+    std::string public_key;
+    std::string secret_key;
+
+    // `server_key`: the daemon's public key itself, or a file holding it (a
+    // public certificate or the bare key); `certificate`: this client's secret
+    // certificate (ZeroMQ's format, as `inferd keys client NAME` writes it),
+    // which only its owner may read. Throws ClientError naming what is wrong.
+    static ClientCurve from_files(const std::string& server_key, const std::string& certificate);
+};
+
 struct Endpoints {
     std::string infer;
     std::string control;

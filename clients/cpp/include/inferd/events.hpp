@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "inferd/endpoints.hpp"
 #include "inferd/wire.hpp"
 
 namespace zmq {
@@ -113,6 +114,7 @@ struct SubscriberOptions {
     std::string endpoint;              // empty: default_endpoints().events
     std::vector<std::string> topics;   // empty: every topic
     std::shared_ptr<zmq::context_t> context;  // null: the library's shared context
+    std::optional<ClientCurve> curve;  // for a tcp:// endpoint of a daemon with security.curve
 };
 
 // A SUB socket on the events endpoint. PUB/SUB joins asynchronously (ZeroMQ's
