@@ -4,12 +4,9 @@
 #include <zmq_addon.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <random>
-#include <thread>
 
 #include "decode.hpp"
 #include "internal.hpp"

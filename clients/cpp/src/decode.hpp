@@ -62,10 +62,8 @@ std::string to_json(const msgpack::object& value);
 // `v` is 1 and `id` a valid request id or null (null only when `null_id`).
 wire::RequestId read_envelope(const Fields& header, bool null_id);
 wire::ErrorInfo read_error(const Fields& header);
-
-}  // namespace inferd::detail
-
-namespace inferd::detail {
+// A {name, dtype, shape} descriptor, or one of a region-backed tensor.
 wire::TensorDescriptor read_descriptor(std::size_t index, const msgpack::object& value);
 wire::ThermalSummary read_thermal_summary(const std::string& name, const std::string& where);
+
 }  // namespace inferd::detail

@@ -3,7 +3,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <algorithm>
 #include <deque>
+#include <limits>
 
 #include "decode.hpp"
 #include "inferd/client.hpp"
