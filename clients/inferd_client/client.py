@@ -25,10 +25,10 @@ import zmq
 from inferd_client.errors import (
     ClientError,
     MalformedReply,
-    RemoteError,
     RequestTimeout,
     UnsafeEndpoint,
 )
+from inferd_client.replies import check_infer_reply, check_reply_id, raise_if_error
 from inferd_client.shm import RegionChannel, SharedRegion, encode_inputs, placed_outputs
 from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
@@ -44,25 +44,6 @@ from inferd_wire.regions import shm_socket_path
 
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
-
-#: Every key of a successful infer reply (schemas/bus/infer_reply.json, all
-#: required): a reply with another key, or without one of these, is malformed.
-#: The C++ client (clients/cpp) decodes the same set; schemas/conformance checks both.
-INFER_REPLY_FIELDS = (
-    "v",
-    "id",
-    "ok",
-    "model",
-    "runtime",
-    "fallback",
-    "latency_us",
-    "queue_us",
-    "late",
-    "outputs",
-    "thermal",
-)
-_RUNTIMES = ("tensorrt", "onnx_trt_ep")
-_THERMAL_SUMMARIES = ("nominal", "throttling", "unknown")
 
 
 def _trusted(endpoint: str) -> str:
@@ -168,15 +149,6 @@ class _RequestChannel:
         self._socket.close(linger=0)
 
 
-def check_reply_id(header: Mapping[str, Any]) -> None:
-    """A reply's id is a request id (an unsigned 64-bit integer or a 1..128 character
-    string, never a boolean), or null in an error reply whose request was unreadable."""
-    if header.get("id") is None and header.get("ok") is False:
-        return
-    if protocol.request_id_of(header) is None:
-        raise MalformedReply(f"reply id {header.get('id')!r} is not a request id")
-
-
 def encode_request(header: dict[str, Any], request_id: int) -> bytes:
     """The header frame of one attempt: ``header`` under ``request_id`` (set last, so
     the key order is the header's own, then ``id``; the C++ client encodes the same
@@ -203,46 +175,6 @@ def infer_request_header(
     if deadline_ms is not None:
         header["deadline_ms"] = deadline_ms
     return header
-
-
-def _raise_if_error(header: Mapping[str, Any]) -> None:
-    if header.get("ok") is True:
-        return
-    error = header.get("error")
-    if header.get("ok") is not False or not isinstance(error, dict):
-        raise MalformedReply(f"reply is neither ok nor an error: {header!r}")
-    code, message = error.get("code"), error.get("message")
-    if code not in protocol.Code.__members__ or not isinstance(message, str):
-        raise MalformedReply(f"error reply without a known code and a message: {error!r}")
-    if set(header) != {"v", "id", "ok", "error"} or set(error) != {"code", "message"}:
-        raise MalformedReply(f"error reply with keys the protocol does not have: {header!r}")
-    raise RemoteError(str(code), message)
-
-
-def check_infer_reply(header: Mapping[str, Any]) -> None:
-    """A successful infer reply carries exactly ``INFER_REPLY_FIELDS``, typed as
-    infer_reply.json says (the outputs are checked by ``decode_outputs``)."""
-    keys = set(header)
-    if keys != set(INFER_REPLY_FIELDS):
-        missing = sorted(set(INFER_REPLY_FIELDS) - keys)
-        unknown = sorted(keys - set(INFER_REPLY_FIELDS))
-        raise MalformedReply(f"infer reply: missing keys {missing}, unknown keys {unknown}")
-
-    def uint(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    checks = {
-        "model": isinstance(header["model"], str) and bool(header["model"]),
-        "runtime": header["runtime"] in _RUNTIMES,
-        "fallback": isinstance(header["fallback"], bool),
-        "latency_us": uint(header["latency_us"]),
-        "queue_us": uint(header["queue_us"]),
-        "late": isinstance(header["late"], bool),
-        "thermal": header["thermal"] in _THERMAL_SUMMARIES,
-    }
-    wrong = [key for key, fine in checks.items() if not fine]
-    if wrong:
-        raise MalformedReply(f"infer reply: {wrong} do not have the protocol's types: {header!r}")
 
 
 class InferenceClient:
@@ -346,7 +278,7 @@ class InferenceClient:
             retries=self._retries if retries is None else retries,
         )
         self.last_reply = reply
-        _raise_if_error(reply)
+        raise_if_error(reply)
         check_infer_reply(reply)
         return decode_outputs(reply, reply_frames, outputs, placed)
 
@@ -355,7 +287,7 @@ class InferenceClient:
         reply, _ = self._channel.request(
             {"v": protocol.PROTOCOL_VERSION, "op": "describe"}, timeout=timeout
         )
-        _raise_if_error(reply)
+        raise_if_error(reply)
         return dict(reply["result"])
 
     def close(self) -> None:
@@ -446,7 +378,7 @@ class OperatorClient:
     def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:
         header = {"v": protocol.PROTOCOL_VERSION, "op": op, **arguments}
         reply, _ = self._channel.request(header, timeout=timeout)
-        _raise_if_error(reply)
+        raise_if_error(reply)
         return dict(reply["result"])
 
     def status(self) -> dict[str, Any]:

@@ -25,14 +25,14 @@ import numpy as np
 import pytest
 import zmq
 
-from inferd_client.client import (
+from inferd_client.client import decode_outputs
+from inferd_client.errors import MalformedReply, RemoteError
+from inferd_client.replies import (
     INFER_REPLY_FIELDS,
-    _raise_if_error,
     check_infer_reply,
     check_reply_id,
-    decode_outputs,
+    raise_if_error,
 )
-from inferd_client.errors import MalformedReply, RemoteError
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
 from tests.integration.test_schemas import assert_valid, schemas
@@ -144,7 +144,7 @@ def python_decode_infer(frames: list[bytes], asked: list[dict[str, Any]]) -> dic
         header = protocol.unpack_header(frames[0])
         check_reply_id(header)
         try:
-            _raise_if_error(header)
+            raise_if_error(header)
         except RemoteError as error:
             return protocol.error_header(header["id"], protocol.Code(error.code), error.message)
         check_infer_reply(header)
