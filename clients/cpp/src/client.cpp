@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <random>
 
@@ -311,6 +313,17 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     }
     result.outputs = wire::decode_outputs(result.reply, frames_received, request.outputs,
                                           options.outputs);
+    for (auto& output : result.outputs) {
+        auto& tensor = output.tensor;
+        if (reinterpret_cast<std::uintptr_t>(tensor.data) % itemsize(tensor.dtype) == 0) continue;
+        // ZeroMQ hands a small or mid-sized frame at any offset of its receive
+        // buffer: reading a float there is undefined, so such a frame is copied
+        // (new[] aligns for every dtype).
+        auto aligned = std::make_unique<unsigned char[]>(tensor.nbytes);
+        std::memcpy(aligned.get(), tensor.data, tensor.nbytes);
+        tensor.data = aligned.get();
+        result.aligned_.push_back(std::move(aligned));
+    }
     // The views point into these frames, and a small frame's bytes live inside its
     // message_t: the vector moves whole (its elements stay where they are), never
     // element by element.

@@ -65,14 +65,15 @@ std::uint64_t request_id(const zmq::message_t& header) {
     return map.at("id").as<std::uint64_t>();
 }
 
-std::string ok_reply(std::uint64_t id, std::size_t floats, bool late = false) {
+std::string ok_reply(std::uint64_t id, std::size_t floats, bool late = false,
+                     const std::string& model = "m") {
     msgpack::sbuffer buffer;
     msgpack::packer<msgpack::sbuffer> packer(buffer);
     packer.pack_map(11);
     packer.pack(std::string("v")), packer.pack(1);
     packer.pack(std::string("id")), packer.pack(id);
     packer.pack(std::string("ok")), packer.pack(true);
-    packer.pack(std::string("model")), packer.pack(std::string("m"));
+    packer.pack(std::string("model")), packer.pack(model);
     packer.pack(std::string("runtime")), packer.pack(std::string("onnx_trt_ep"));
     packer.pack(std::string("fallback")), packer.pack(false);
     packer.pack(std::string("latency_us")), packer.pack(10);
@@ -194,6 +195,26 @@ TEST(outputs_are_written_into_caller_buffers) {
     InferOptions mismatched;
     mismatched.outputs.push_back({"out0", mutable_view(DType::Float32, {2}, wrong, sizeof wrong)});
     CHECK_THROWS(ClientError, client.infer("m", two_floats(input), mismatched), true);
+}
+
+TEST(output_views_are_aligned_for_their_dtype) {
+    // ZeroMQ hands small and mid-sized frames at any offset of its receive buffer;
+    // header lengths that differ by one byte shift the next frame by one.
+    ScriptedPeer peer([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        auto id = request_id(parts[1]);
+        std::string model(static_cast<std::size_t>(id % 8) + 1, 'm');
+        send_reply(router, parts[0], ok_reply(id, 100, false, model), std::vector<float>(100, 3.0f));
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    for (int i = 0; i < 16; ++i) {
+        auto result = client.infer("m", two_floats(input));
+        const auto& output = result.output("out0");
+        CHECK_EQ(reinterpret_cast<std::uintptr_t>(output.data) % alignof(float), 0u);
+        CHECK_EQ(output.as<float>()[99], 3.0f);
+    }
 }
 
 TEST(a_view_must_hold_what_its_shape_needs) {

@@ -50,7 +50,9 @@ struct InferOptions {
 };
 
 // A reply to infer. `outputs` are views of the received frames (owned here, so
-// valid while this object lives) or of the caller's buffers (InferOptions::outputs).
+// valid while this object lives; a frame ZeroMQ delivered at an address
+// misaligned for its dtype is copied once to an aligned one) or of the caller's
+// buffers (InferOptions::outputs).
 class InferResult {
 public:
     wire::InferReply reply;  // model, runtime, fallback, latency_us, queue_us, late, thermal
@@ -66,6 +68,7 @@ public:
 private:
     friend class InferenceClient;
     std::vector<zmq::message_t> frames_;
+    std::vector<std::unique_ptr<unsigned char[]>> aligned_;  // copies of misaligned frames
 };
 
 struct TensorSpec {
