@@ -37,6 +37,15 @@ SLOW_SIZE = 512
 TARGET_CALL_S = 0.4
 
 
+def _built(variable: str) -> pytest.MarkDecorator:
+    """Skip before any fixture runs (daemons, models) when the C++ program is not
+    built here and not required."""
+    return pytest.mark.skipif(
+        not os.environ.get(variable) and not os.environ.get("INFERD_CPP_REQUIRED"),
+        reason="the C++ client is not built here (make test-cpp runs this with it)",
+    )
+
+
 def _program(variable: str = "INFERD_CPP_INTEGRATION") -> str:
     program = os.environ.get(variable)
     if not program:
@@ -90,6 +99,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, flo
     yield directory, _call_s(slow)
 
 
+@_built("INFERD_CPP_INTEGRATION")
 def test_cpp_client_against_a_real_daemon(
     daemon_factory: DaemonFactory, demo_model: Path, models: tuple[Path, float], tmp_path: Path
 ) -> None:
@@ -143,6 +153,7 @@ def test_cpp_client_against_a_real_daemon(
     assert daemon.process.poll() is None, "the daemon survived the client"
 
 
+@_built("INFERD_CPP_EXAMPLE")
 def test_the_cpp_example_runs_its_loop_against_a_daemon(daemon_factory: DaemonFactory) -> None:
     program = _program("INFERD_CPP_EXAMPLE")
     daemon = daemon_factory(thermal={"poll_hz": 20.0})
@@ -162,6 +173,7 @@ def test_the_cpp_example_runs_its_loop_against_a_daemon(daemon_factory: DaemonFa
     assert lines[2] == "thermal: unknown (no telemetry on this machine)", lines
 
 
+@_built("INFERD_CPP_INTEGRATION")
 def test_cpp_client_with_curve_on_tcp(
     curve_daemon: CurveDaemon, demo_model: Path, tmp_path: Path
 ) -> None:
