@@ -15,13 +15,22 @@ LOGGED = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
 # (systemd-python, which builds against libsystemd-dev + pkg-config) and reruns
 # the tests marked `systemd` with it; `make test-py310 PY310=/path/to/python3.10`
 # runs the unit tests and a daemon smoke test on Python 3.10 (JetPack 6's);
-# .ci/run runs all three.
+# `make test-cpp` builds the C++ client (clients/cpp; Debian's cppzmq-dev,
+# libmsgpack-cxx-dev, libzmq3-dev, cmake, g++) once, with -Werror, ASan and
+# UBSan, and runs its ctest suite (unit, conformance, integration against a real
+# daemon, find_package and add_subdirectory consumers); `make bench-cpp` builds
+# it optimised and compares its round trip with the Python client's;
+# .ci/run runs all four.
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 SYSTEMD_STAMP := $(VENV)/.installed-test-systemd
 PACKAGING := pyproject.toml clients/pyproject.toml
 
-.PHONY: run demo test test-systemd test-py310 lint bench clean
+CPP_BUILD := build/cpp
+CPP_BENCH_BUILD := build/cpp-release
+CMAKE ?= cmake
+
+.PHONY: run demo test test-systemd test-py310 test-cpp lint bench bench-cpp clean
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV)
@@ -66,8 +75,20 @@ test-py310:
 	.venv310/bin/python -c 'import sys; assert sys.version_info[:2] == (3, 10), sys.version'
 	.venv310/bin/pytest -q tests/unit tests/integration/test_smoke.py tests/integration/test_cli.py
 
+test-cpp: $(TEST_STAMP)
+	$(CMAKE) -S clients/cpp -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Debug -DINFERD_CLIENT_WERROR=ON \
+		-DINFERD_CLIENT_SANITIZE=ON -DINFERD_CLIENT_BENCH=OFF -DINFERD_PYTHON=$(abspath $(BIN)/python)
+	$(CMAKE) --build $(CPP_BUILD) -j2
+	cd $(CPP_BUILD) && ctest --output-on-failure
+
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/rtt.py
+
+bench-cpp: $(TEST_STAMP)
+	$(CMAKE) -S clients/cpp -B $(CPP_BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release \
+		-DINFERD_CLIENT_TESTS=OFF -DINFERD_CLIENT_EXAMPLES=OFF
+	$(CMAKE) --build $(CPP_BENCH_BUILD) -j2 --target inferd_rtt_bench
+	$(BIN)/python bench/rtt_cpp.py --program $(CPP_BENCH_BUILD)/inferd_rtt_bench
 
 clean:
 	rm -rf .venv .venv310 build *.egg-info clients/*.egg-info clients/build .pytest_cache .mypy_cache .ruff_cache

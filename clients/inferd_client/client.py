@@ -25,10 +25,10 @@ import zmq
 from inferd_client.errors import (
     ClientError,
     MalformedReply,
-    RemoteError,
     RequestTimeout,
     UnsafeEndpoint,
 )
+from inferd_client.replies import check_infer_reply, check_reply_id, raise_if_error
 from inferd_client.shm import RegionChannel, SharedRegion, encode_inputs, placed_outputs
 from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
@@ -116,9 +116,8 @@ class _RequestChannel:
         wait = self.timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = self.next_id()
-            header["id"] = request_id
             try:
-                send_frames(self._socket, [protocol.pack(header), *frames])
+                send_frames(self._socket, [encode_request(header, request_id), *frames])
             except zmq.Again:
                 continue
             reply = self._await(request_id, time.monotonic() + wait)
@@ -140,6 +139,7 @@ class _RequestChannel:
                 header = protocol.unpack_header(parts[0].buffer)
             except ProtocolError as exc:
                 raise MalformedReply(str(exc)) from None
+            check_reply_id(header)
             if header.get("id") != request_id:
                 self.discarded_replies += 1
                 continue
@@ -149,13 +149,32 @@ class _RequestChannel:
         self._socket.close(linger=0)
 
 
-def _raise_if_error(header: Mapping[str, Any]) -> None:
-    if header.get("ok") is True:
-        return
-    error = header.get("error")
-    if not isinstance(error, dict):
-        raise MalformedReply(f"reply is neither ok nor an error: {header!r}")
-    raise RemoteError(str(error.get("code")), str(error.get("message")))
+def encode_request(header: dict[str, Any], request_id: int) -> bytes:
+    """The header frame of one attempt: ``header`` under ``request_id`` (set last, so
+    the key order is the header's own, then ``id``; the C++ client encodes the same
+    bytes, schemas/conformance)."""
+    header["id"] = request_id
+    return protocol.pack(header)
+
+
+def infer_request_header(
+    model: str,
+    descriptors: list[dict[str, Any]],
+    placed: list[dict[str, Any]],
+    deadline_ms: int | None,
+) -> dict[str, Any]:
+    """An infer request header without its id (``encode_request`` adds it)."""
+    header: dict[str, Any] = {
+        "v": protocol.PROTOCOL_VERSION,
+        "op": "infer",
+        "model": model,
+        "inputs": descriptors,
+    }
+    if placed:
+        header["outputs"] = placed
+    if deadline_ms is not None:
+        header["deadline_ms"] = deadline_ms
+    return header
 
 
 class InferenceClient:
@@ -250,17 +269,8 @@ class InferenceClient:
         finished after ``deadline_ms``) is kept in ``last_reply``.
         """
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
-        header: dict[str, Any] = {
-            "v": protocol.PROTOCOL_VERSION,
-            "op": "infer",
-            "model": model,
-            "inputs": descriptors,
-        }
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
-        if placed:
-            header["outputs"] = placed
-        if deadline_ms is not None:
-            header["deadline_ms"] = deadline_ms
+        header = infer_request_header(model, descriptors, placed, deadline_ms)
         reply, reply_frames = self._channel.request(
             header,
             frames,
@@ -268,7 +278,8 @@ class InferenceClient:
             retries=self._retries if retries is None else retries,
         )
         self.last_reply = reply
-        _raise_if_error(reply)
+        raise_if_error(reply)
+        check_infer_reply(reply)
         return decode_outputs(reply, reply_frames, outputs, placed)
 
     def describe(self, *, timeout: float | None = None) -> dict[str, Any]:
@@ -276,7 +287,7 @@ class InferenceClient:
         reply, _ = self._channel.request(
             {"v": protocol.PROTOCOL_VERSION, "op": "describe"}, timeout=timeout
         )
-        _raise_if_error(reply)
+        raise_if_error(reply)
         return dict(reply["result"])
 
     def close(self) -> None:
@@ -367,7 +378,7 @@ class OperatorClient:
     def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:
         header = {"v": protocol.PROTOCOL_VERSION, "op": op, **arguments}
         reply, _ = self._channel.request(header, timeout=timeout)
-        _raise_if_error(reply)
+        raise_if_error(reply)
         return dict(reply["result"])
 
     def status(self) -> dict[str, Any]:

@@ -53,7 +53,19 @@ def reply_to(frames: list[bytes], request_id: Any, *tensors: np.ndarray) -> list
         {"name": f"out{i}", "dtype": t.dtype.name, "shape": list(t.shape)}
         for i, t in enumerate(tensors)
     ]
-    header = {"v": 1, "id": request_id, "ok": True, "outputs": outputs}
+    header = {
+        "v": 1,
+        "id": request_id,
+        "ok": True,
+        "model": "m",
+        "runtime": "onnx_trt_ep",
+        "fallback": False,
+        "latency_us": 10,
+        "queue_us": 1,
+        "late": False,
+        "outputs": outputs,
+        "thermal": "unknown",
+    }
     return [frames[0], msgpack.packb(header), *(t.tobytes() for t in tensors)]
 
 

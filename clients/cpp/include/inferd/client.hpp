@@ -1,0 +1,185 @@
+// Clients of the infer and control sockets. Each object owns one ZeroMQ socket
+// and is meant for one thread (ZeroMQ sockets are not thread-safe).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "inferd/endpoints.hpp"
+#include "inferd/errors.hpp"
+#include "inferd/events.hpp"
+#include "inferd/region.hpp"
+#include "inferd/tensor.hpp"
+#include "inferd/wire.hpp"
+
+namespace zmq {
+class context_t;
+class message_t;
+}  // namespace zmq
+
+namespace inferd {
+
+// The library's process-wide ZeroMQ context (one I/O thread), shared by default.
+std::shared_ptr<zmq::context_t> shared_context();
+
+struct ClientOptions {
+    std::string endpoint;  // empty: the default for the socket
+    std::chrono::milliseconds timeout{5000};  // per attempt
+    int retries = 0;  // resends under a fresh id after a timeout
+    std::string shm_socket;  // empty: next to the infer socket
+    std::shared_ptr<zmq::context_t> context;  // null: shared_context()
+    std::optional<ClientCurve> curve;  // for a tcp:// endpoint of a daemon with security.curve
+    // Called before every send with the attempt's id and number (0 = first);
+    // e.g. to log retries.
+    std::function<void(std::uint64_t id, int attempt)> on_attempt;
+};
+
+struct InferOptions {
+    std::optional<std::chrono::milliseconds> timeout;  // default: ClientOptions::timeout
+    std::optional<std::uint32_t> deadline_ms;  // absent: the model's default deadline
+    std::optional<int> retries;  // default: ClientOptions::retries
+    // Where to put outputs: a buffer in a registered region is written by the
+    // daemon in place (no frame comes back); any other is filled from the frame.
+    std::vector<NamedOutputBuffer> outputs;
+};
+
+// A reply to infer. `outputs` are views of the received frames (owned here, so
+// valid while this object lives; a frame ZeroMQ delivered at an address
+// misaligned for its dtype is copied once to an aligned one) or of the caller's
+// buffers (InferOptions::outputs).
+class InferResult {
+public:
+    wire::InferReply reply;  // model, runtime, fallback, latency_us, queue_us, late, thermal
+    std::vector<NamedTensor> outputs;
+
+    const TensorView& output(const std::string& name) const;
+
+    InferResult();
+    ~InferResult();
+    InferResult(InferResult&&) noexcept;
+    InferResult& operator=(InferResult&&) noexcept;
+
+private:
+    friend class InferenceClient;
+    std::vector<zmq::message_t> frames_;
+    std::vector<std::unique_ptr<unsigned char[]>> aligned_;  // copies of misaligned frames
+};
+
+struct TensorSpec {
+    std::string name;
+    DType dtype = DType::Float32;
+    std::vector<std::optional<std::int64_t>> shape;  // nullopt: a dynamic dimension
+    std::string profile_json;  // empty, or {min_shape, opt_shape, max_shape}
+};
+
+struct ModelDescription {
+    std::string name;
+    std::string state;
+    std::vector<TensorSpec> inputs;
+    std::vector<TensorSpec> outputs;
+};
+
+class RequestChannel;
+class RegionChannel;
+
+class InferenceClient {
+public:
+    explicit InferenceClient(ClientOptions options = {});
+    ~InferenceClient();
+    InferenceClient(const InferenceClient&) = delete;
+    InferenceClient& operator=(const InferenceClient&) = delete;
+
+    // Runs `model` on `inputs`. An input that lives in a registered region is
+    // sent by reference, any other as a frame (zero-copy: its memory must stay
+    // untouched until infer returns). Throws RemoteError with the daemon's code,
+    // Timeout, or MalformedReply.
+    InferResult infer(const std::string& model, const std::vector<NamedTensor>& inputs,
+                      const InferOptions& options = {});
+
+    std::vector<ModelDescription> describe(std::optional<std::chrono::milliseconds> timeout = {});
+
+    // A new region of at least nbytes, registered with the daemon and owned by
+    // this client (released when it closes).
+    SharedRegion& shared_region(std::size_t nbytes, std::optional<std::string> label = {});
+    // Registers a region the caller owns (once); returns its id.
+    std::string register_region(SharedRegion& region);
+    void unregister_region(SharedRegion& region);
+
+    // Replies to ids no longer waited for (answers to attempts that timed out).
+    std::uint64_t discarded_replies() const;
+    const std::string& endpoint() const;
+
+private:
+    std::unique_ptr<RequestChannel> channel_;
+    ClientOptions options_;
+    std::unique_ptr<RegionChannel> shm_;
+    std::vector<std::pair<std::string, SharedRegion*>> regions_;  // registered, by id
+    std::vector<std::unique_ptr<SharedRegion>> owned_;
+};
+
+struct SwitchResult {
+    std::string model;
+    std::optional<std::string> from_runtime;
+    std::string to_runtime;
+    std::vector<std::string> active_providers;
+    double prepare_ms = 0;
+    double swap_ms = 0;
+};
+
+struct ModelStatus {
+    std::string model;
+    std::string state;
+    std::optional<std::string> runtime;
+    bool fallback = false;
+    std::uint64_t requests = 0;
+    std::uint64_t queue_depth = 0;
+    std::uint64_t late_results = 0;
+    std::map<std::string, std::uint64_t> responses;  // by code, "OK" included
+};
+
+struct Status {
+    std::string state;
+    std::vector<ModelStatus> models;
+    std::string json;  // the whole result (status_reply.json), for everything else
+};
+
+// The control socket: read-only ops for any admitted peer, operator ops
+// (runtime.switch, build.*) for operators only (PERMISSION_DENIED otherwise).
+class OperatorClient {
+public:
+    explicit OperatorClient(ClientOptions options = {});
+    ~OperatorClient();
+    OperatorClient(const OperatorClient&) = delete;
+    OperatorClient& operator=(const OperatorClient&) = delete;
+
+    Status status();
+    HealthSnapshot health();
+    SwitchResult switch_runtime(const std::string& model, const std::string& runtime,
+                                const std::optional<std::string>& requested_by = {});
+    // Any other op; returns its result as JSON text.
+    std::string call(const std::string& op, const wire::ControlArguments& arguments = {},
+                     std::optional<std::chrono::milliseconds> timeout = {});
+
+private:
+    std::string call_msgpack(const std::string& op, const wire::ControlArguments& arguments,
+                             std::optional<std::chrono::milliseconds> timeout);
+    std::unique_ptr<RequestChannel> channel_;
+};
+
+}  // namespace inferd
+
+namespace inferd::wire {
+
+// The `result` of a control reply (ControlReply::result_msgpack) as the client
+// decodes it; MalformedReply when it breaks its schema.
+HealthSnapshot decode_health_result(const void* data, std::size_t size);
+SwitchResult decode_switch_result(const void* data, std::size_t size);
+std::vector<ModelDescription> decode_describe_result(const void* data, std::size_t size);
+
+}  // namespace inferd::wire

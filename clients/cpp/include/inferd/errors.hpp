@@ -1,0 +1,63 @@
+// The exceptions the client raises. Every one derives from ClientError; an error
+// reply from the daemon (RemoteError) and no reply at all (Timeout) are distinct.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace inferd {
+
+// error.code of an error reply (protocol.Code, schemas/bus/common.json#/$defs/error_code).
+enum class ErrorCode {
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    DeadlineExceeded,
+    ResourceExhausted,
+    PermissionDenied,
+    FailedPrecondition,
+    Cancelled,
+    Internal,
+};
+
+std::string_view error_code_name(ErrorCode code);
+// The code of a wire name; false when the name is not one of the protocol's codes.
+bool parse_error_code(std::string_view name, ErrorCode& code);
+
+class ClientError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+// The daemon answered with ok: false.
+class RemoteError : public ClientError {
+public:
+    RemoteError(ErrorCode code, std::string message);
+    ErrorCode code() const noexcept { return code_; }
+    const std::string& message() const noexcept { return message_; }
+
+private:
+    ErrorCode code_;
+    std::string message_;
+};
+
+// No reply arrived within the timeout, after every allowed retry.
+class Timeout : public ClientError {
+public:
+    using ClientError::ClientError;
+};
+
+// A reply or event that breaks the wire contract (a bug on one side).
+class MalformedReply : public ClientError {
+public:
+    using ClientError::ClientError;
+};
+
+// An ipc:// endpoint in a directory another user could write: not connected to.
+class UnsafeEndpoint : public ClientError {
+public:
+    using ClientError::ClientError;
+};
+
+}  // namespace inferd

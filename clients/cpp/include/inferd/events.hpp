@@ -1,0 +1,141 @@
+// Events from the daemon's PUB socket, decoded into plain structs.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "inferd/endpoints.hpp"
+#include "inferd/wire.hpp"
+
+namespace zmq {
+class context_t;
+}
+
+namespace inferd {
+
+struct EventStamp {
+    std::uint64_t ts_ns = 0;  // wall clock at publication
+    std::uint64_t seq = 0;    // publisher sequence: a gap means missed events
+};
+
+struct ModelHealth {
+    std::string state;
+    std::optional<std::string> runtime;
+    bool fallback = false;
+    std::uint64_t queue_depth = 0;
+};
+
+// The health op's result and the body of a health event (health_snapshot).
+struct HealthSnapshot {
+    std::string state;  // starting, serving, degraded, stopping
+    double uptime_s = 0;
+    bool engine_worker_alive = false;
+    bool bus_alive = false;
+    bool publisher_alive = false;
+    std::map<std::string, ModelHealth> models;
+    wire::ThermalSummary thermal = wire::ThermalSummary::Unknown;
+};
+
+struct HealthEvent {
+    EventStamp stamp;
+    HealthSnapshot health;
+};
+
+// Where a model runs (model_runtime): a runtime event.
+struct RuntimeEvent {
+    EventStamp stamp;
+    std::string model;
+    std::string state;
+    std::string configured_runtime;
+    std::optional<std::string> runtime;
+    bool fallback = false;
+    std::vector<std::string> active_providers;
+    std::vector<std::string> requested_providers;
+    std::optional<std::string> provider_degradation;
+    std::optional<std::string> engine_cache_error;
+    std::optional<std::string> reason;
+};
+
+struct AlertEvent {
+    EventStamp stamp;
+    std::string level;  // syslog severity name
+    std::string code;
+    std::string message;
+    std::string fields_json;  // keys depend on code (event_alert.json)
+};
+
+struct ThermalEvent {
+    EventStamp stamp;
+    std::optional<std::string> source;  // jtop, nvml, sysfs
+    bool available = false;
+    bool throttle_active = false;
+    std::optional<double> cpu_temp_c;
+    std::optional<double> gpu_temp_c;
+    std::optional<double> clock_mhz;
+    std::uint64_t measured_at_ns = 0;
+    bool transition = false;  // throttling started or stopped at this poll
+};
+
+struct BuildEvent {
+    EventStamp stamp;
+    std::string build_id;
+    std::uint64_t event_seq = 0;
+    std::string type;  // phase_start, step, ..., completed, failed
+    std::optional<std::string> phase_id;
+    std::optional<std::string> parent_id;
+    std::optional<std::string> name;
+    std::optional<std::uint64_t> step;
+    std::optional<std::uint64_t> num_steps;
+    std::uint64_t monotonic_ns = 0;
+    std::uint64_t wall_ns = 0;
+    std::string thread;
+    std::string cancel_state;
+    std::string detail_json;
+    std::string model;
+    std::string builder;
+    bool simulated = false;
+    std::uint64_t coalesced_steps = 0;
+};
+
+using Event = std::variant<HealthEvent, RuntimeEvent, AlertEvent, ThermalEvent, BuildEvent>;
+
+// The payload of an event on `topic`; MalformedReply when it breaks its schema
+// or the topic is not one of the five.
+Event decode_event(const std::string& topic, const void* payload, std::size_t size);
+std::string event_topic(const Event& event);
+
+struct SubscriberOptions {
+    std::string endpoint;              // empty: default_endpoints().events
+    std::vector<std::string> topics;   // empty: every topic
+    std::shared_ptr<zmq::context_t> context;  // null: the library's shared context
+    std::optional<ClientCurve> curve;  // for a tcp:// endpoint of a daemon with security.curve
+};
+
+// A SUB socket on the events endpoint. PUB/SUB joins asynchronously (ZeroMQ's
+// slow joiner): wait_joined() blocks until the first health event proves the
+// subscription reached the daemon, keeping events of the subscribed topics
+// that came before it.
+class EventSubscriber {
+public:
+    explicit EventSubscriber(SubscriberOptions options = {});
+    ~EventSubscriber();
+    EventSubscriber(const EventSubscriber&) = delete;
+    EventSubscriber& operator=(const EventSubscriber&) = delete;
+
+    // Throws ClientError when no health event arrives within timeout.
+    void wait_joined(std::chrono::milliseconds timeout);
+    // The next event of the subscribed topics, or nullopt after timeout.
+    std::optional<Event> receive(std::chrono::milliseconds timeout);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferd

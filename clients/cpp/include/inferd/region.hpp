@@ -1,0 +1,49 @@
+// Shared-memory regions: a sealed memfd mapped read-write, whose bytes the daemon
+// reads inputs from and writes outputs into (docs/PROTOCOL.md, "Shared-memory tensors").
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "inferd/tensor.hpp"
+
+namespace inferd {
+
+// Owns the memfd and its mapping; moves, never copies. Tensors allocated in it
+// start at 256-byte aligned offsets (what the daemon requires of a region tensor).
+class SharedRegion {
+public:
+    // At least nbytes, rounded up to the page size; sealed against shrinking,
+    // growing and further seals.
+    explicit SharedRegion(std::size_t nbytes, std::optional<std::string> label = std::nullopt);
+    ~SharedRegion();
+    SharedRegion(SharedRegion&& other) noexcept;
+    SharedRegion& operator=(SharedRegion&& other) noexcept;
+    SharedRegion(const SharedRegion&) = delete;
+    SharedRegion& operator=(const SharedRegion&) = delete;
+
+    // A new tensor in the region (its bytes are whatever was there).
+    MutableTensorView allocate(DType dtype, const Shape& shape);
+    // Allocate from the start again (views handed out before alias new ones).
+    void reset() { used_ = 0; }
+
+    // The offset of [data, data + nbytes) when it is an aligned block of this region.
+    std::optional<std::size_t> locate(const void* data, std::size_t nbytes) const;
+
+    std::size_t size() const { return size_; }
+    int fd() const { return fd_; }
+    void* data() const { return base_; }
+    const std::optional<std::string>& label() const { return label_; }
+
+private:
+    void release() noexcept;
+
+    int fd_ = -1;
+    void* base_ = nullptr;
+    std::size_t size_ = 0;
+    std::size_t used_ = 0;
+    std::optional<std::string> label_;
+};
+
+}  // namespace inferd

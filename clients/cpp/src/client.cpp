@@ -1,0 +1,487 @@
+#include "inferd/client.hpp"
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "decode.hpp"
+#include "internal.hpp"
+#include "region_channel.hpp"
+
+namespace inferd {
+
+namespace detail {
+
+void secure(zmq::socket_t& socket, const std::string& endpoint, const std::optional<ClientCurve>& curve) {
+    if (!curve) return;
+    if (endpoint.rfind("tcp://", 0) != 0) {
+        throw ClientError("CURVE is for tcp:// endpoints; " + endpoint +
+                          " is reached through the file system's permissions and the daemon's "
+                          "check of the connecting user");
+    }
+    socket.set(zmq::sockopt::curve_serverkey, curve->server_public_key);
+    socket.set(zmq::sockopt::curve_publickey, curve->public_key);
+    socket.set(zmq::sockopt::curve_secretkey, curve->secret_key);
+}
+
+}  // namespace detail
+
+std::shared_ptr<zmq::context_t> shared_context() {
+    static auto context = std::make_shared<zmq::context_t>(1);
+    return context;
+}
+
+namespace {
+
+// Frames below this are copied into ZeroMQ, larger ones sent from the caller's
+// memory (pyzmq's copy threshold, which the Python client relies on too).
+constexpr std::size_t kZeroCopyBytes = 64 * 1024;
+
+// Counts zero-copy frames ZeroMQ still holds, so that no call returns while
+// ZeroMQ may read the caller's memory.
+struct InFlight {
+    std::mutex mutex;
+    std::condition_variable released;
+    std::size_t frames = 0;
+};
+
+void release_frame(void* /*data*/, void* hint) {
+    auto* in_flight = static_cast<InFlight*>(hint);
+    std::lock_guard<std::mutex> lock(in_flight->mutex);
+    --in_flight->frames;
+    in_flight->released.notify_all();
+}
+
+}  // namespace
+
+// A DEALER that sends [header, *frames] and waits for the reply with the same id;
+// replies to ids it no longer waits for are discarded and counted.
+class RequestChannel {
+public:
+    RequestChannel(const ClientOptions& options, const std::string& default_endpoint)
+        : context_(options.context ? options.context : shared_context()),
+          endpoint_(check_client_endpoint(options.endpoint.empty() ? default_endpoint
+                                                                   : options.endpoint)),
+          timeout_(options.timeout),
+          curve_(options.curve),
+          on_attempt_(options.on_attempt) {
+        // A random 24-bit prefix keeps ids from different clients apart in the
+        // daemon's logs; the counter makes them unique within this client.
+        std::random_device random;
+        next_id_ = ((static_cast<std::uint64_t>(random()) & 0xFFFFFF) << 40) + 1;
+        open();
+    }
+
+    ~RequestChannel() {
+        socket_.close();
+        wait_released();
+    }
+
+    struct Frame {
+        const void* data;
+        std::size_t size;
+    };
+
+    // Sends the header `encode(id)` gives and waits; resends under a fresh id up
+    // to `retries` times. The first message is the reply header.
+    template <typename Encode>
+    std::vector<zmq::message_t> request(Encode encode, const std::vector<Frame>& frames,
+                                        std::optional<std::chrono::milliseconds> timeout,
+                                        int retries) {
+        auto wait = timeout.value_or(timeout_);
+        // However the call ends (a reply, a timeout, a malformed reply), ZeroMQ
+        // holds none of the caller's memory afterwards.
+        struct ForgetUnsent {
+            RequestChannel& channel;
+            ~ForgetUnsent() { channel.forget_unsent(); }
+        } forget{*this};
+        for (int attempt = 0; attempt <= retries; ++attempt) {
+            auto request_id = next_id_++;
+            if (on_attempt_) on_attempt_(request_id, attempt);
+            if (!send(encode(request_id), frames)) continue;
+            auto reply = await(request_id, std::chrono::steady_clock::now() + wait);
+            if (!reply.empty()) return reply;
+        }
+        throw Timeout("no reply from " + endpoint_ + " within " + std::to_string(wait.count()) +
+                      " ms after " + std::to_string(retries + 1) + " attempt(s)");
+    }
+
+    std::uint64_t discarded_replies() const { return discarded_; }
+    const std::string& endpoint() const { return endpoint_; }
+
+private:
+    void open() {
+        socket_ = zmq::socket_t(*context_, zmq::socket_type::dealer);
+        socket_.set(zmq::sockopt::linger, 0);
+        socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(std::max<long>(1, timeout_.count())));
+        detail::secure(socket_, endpoint_, curve_);
+        socket_.connect(endpoint_);
+    }
+
+    bool send(const std::string& header, const std::vector<Frame>& frames) {
+        zmq::message_t head(header.data(), header.size());
+        auto more = frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
+        // ZeroMQ queues a multipart message atomically: only the first part can be refused.
+        if (!socket_.send(head, more)) return false;
+        for (std::size_t i = 0; i < frames.size(); ++i) {
+            auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+            const auto& frame = frames[i];
+            if (frame.size < kZeroCopyBytes) {
+                zmq::message_t part(frame.data, frame.size);
+                socket_.send(part, flags);
+                continue;
+            }
+            {
+                std::lock_guard<std::mutex> lock(in_flight_.mutex);
+                ++in_flight_.frames;
+            }
+            zmq::message_t part(const_cast<void*>(frame.data), frame.size, release_frame,
+                                &in_flight_);
+            socket_.send(part, flags);
+        }
+        return true;
+    }
+
+    std::vector<zmq::message_t> await(std::uint64_t request_id,
+                                      std::chrono::steady_clock::time_point give_up_at) {
+        while (true) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                give_up_at - std::chrono::steady_clock::now());
+            if (left.count() <= 0) return {};
+            zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+            if (zmq::poll(&item, 1, left) == 0) return {};
+            std::vector<zmq::message_t> parts;
+            (void)zmq::recv_multipart(socket_, std::back_inserter(parts));
+            auto id = wire::decode_reply_id(parts[0].data(), parts[0].size());
+            if (id != wire::RequestId{request_id}) {
+                ++discarded_;
+                continue;
+            }
+            return parts;
+        }
+    }
+
+    // Zero-copy frames ZeroMQ still holds after the call (an attempt that was
+    // never answered may still be queued): drop them with a fresh socket, so the
+    // caller's memory is the caller's again when the call returns.
+    void forget_unsent() noexcept {
+        {
+            std::lock_guard<std::mutex> lock(in_flight_.mutex);
+            if (in_flight_.frames == 0) return;
+        }
+        socket_.close();
+        wait_released();
+        try {
+            open();
+        } catch (const zmq::error_t&) {
+            // Out of file descriptors or a terminated context: the next call
+            // on this channel fails on the closed socket and says so.
+        }
+    }
+
+    void wait_released() {
+        std::unique_lock<std::mutex> lock(in_flight_.mutex);
+        in_flight_.released.wait(lock, [this] { return in_flight_.frames == 0; });
+    }
+
+    std::shared_ptr<zmq::context_t> context_;
+    std::string endpoint_;
+    std::chrono::milliseconds timeout_;
+    std::optional<ClientCurve> curve_;
+    std::function<void(std::uint64_t, int)> on_attempt_;
+    zmq::socket_t socket_;
+    std::uint64_t next_id_ = 1;
+    std::uint64_t discarded_ = 0;
+    InFlight in_flight_;
+};
+
+InferResult::InferResult() = default;
+InferResult::~InferResult() = default;
+InferResult::InferResult(InferResult&&) noexcept = default;
+InferResult& InferResult::operator=(InferResult&&) noexcept = default;
+
+const TensorView& InferResult::output(const std::string& name) const {
+    for (const auto& output : outputs) {
+        if (output.name == name) return output.tensor;
+    }
+    throw ClientError("the reply has no output '" + name + "'");
+}
+
+InferenceClient::InferenceClient(ClientOptions options)
+    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().infer)),
+      options_(std::move(options)) {
+    if (options_.shm_socket.empty()) options_.shm_socket = shm_socket_path(channel_->endpoint());
+}
+
+InferenceClient::~InferenceClient() {
+    shm_.reset();  // the daemon releases the regions registered here
+    owned_.clear();
+}
+
+std::uint64_t InferenceClient::discarded_replies() const { return channel_->discarded_replies(); }
+
+const std::string& InferenceClient::endpoint() const { return channel_->endpoint(); }
+
+SharedRegion& InferenceClient::shared_region(std::size_t nbytes, std::optional<std::string> label) {
+    auto region = std::make_unique<SharedRegion>(nbytes, std::move(label));
+    register_region(*region);
+    owned_.push_back(std::move(region));
+    return *owned_.back();
+}
+
+std::string InferenceClient::register_region(SharedRegion& region) {
+    for (const auto& [id, known] : regions_) {
+        if (known == &region) return id;
+    }
+    if (!shm_) shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout);
+    auto id = shm_->register_region(region);
+    regions_.emplace_back(id, &region);
+    return id;
+}
+
+void InferenceClient::unregister_region(SharedRegion& region) {
+    for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+        if (it->second == &region) {
+            auto id = it->first;
+            regions_.erase(it);
+            if (shm_) shm_->unregister_region(id);
+            return;
+        }
+    }
+}
+
+namespace {
+
+std::optional<wire::RegionRef> locate(
+    const std::vector<std::pair<std::string, SharedRegion*>>& regions, const void* data,
+    std::size_t nbytes) {
+    for (const auto& [id, region] : regions) {
+        if (auto offset = region->locate(data, nbytes)) return wire::RegionRef{id, *offset, nbytes};
+    }
+    return std::nullopt;
+}
+
+[[noreturn]] void raise_error(const wire::ErrorInfo& error) {
+    throw RemoteError(error.code, error.message);
+}
+
+}  // namespace
+
+InferResult InferenceClient::infer(const std::string& model, const std::vector<NamedTensor>& inputs,
+                                   const InferOptions& options) {
+    wire::InferRequest request;
+    request.model = model;
+    request.deadline_ms = options.deadline_ms;
+    std::vector<RequestChannel::Frame> frames;
+    for (const auto& input : inputs) {
+        const auto& tensor = input.tensor;
+        if (tensor_bytes(tensor.dtype, tensor.shape) != tensor.nbytes) {
+            throw ClientError("input '" + input.name + "': its shape and dtype need " +
+                              std::to_string(tensor_bytes(tensor.dtype, tensor.shape)) +
+                              " bytes, the view has " + std::to_string(tensor.nbytes));
+        }
+        wire::TensorDescriptor descriptor{input.name, tensor.dtype, tensor.shape, std::nullopt};
+        descriptor.region = locate(regions_, tensor.data, tensor.nbytes);
+        if (!descriptor.region) frames.push_back({tensor.data, tensor.nbytes});
+        request.inputs.push_back(std::move(descriptor));
+    }
+    for (const auto& output : options.outputs) {
+        const auto& buffer = output.buffer;
+        if (auto ref = locate(regions_, buffer.data, buffer.nbytes)) {
+            request.outputs.push_back({output.name, buffer.dtype, buffer.shape, ref});
+        }
+    }
+    auto parts = channel_->request(
+        [&request](std::uint64_t id) {
+            request.id = id;
+            return wire::encode_infer_request(request);
+        },
+        frames, options.timeout, options.retries.value_or(options_.retries));
+
+    InferResult result;
+    result.reply = wire::decode_infer_reply(parts[0].data(), parts[0].size());
+    if (!result.reply.ok) raise_error(*result.reply.error);
+    std::vector<wire::FrameBytes> frames_received;
+    for (std::size_t i = 1; i < parts.size(); ++i) {
+        frames_received.push_back({parts[i].data(), parts[i].size()});
+    }
+    result.outputs = wire::decode_outputs(result.reply, frames_received, request.outputs,
+                                          options.outputs);
+    for (auto& output : result.outputs) {
+        auto& tensor = output.tensor;
+        if (reinterpret_cast<std::uintptr_t>(tensor.data) % itemsize(tensor.dtype) == 0) continue;
+        // ZeroMQ hands a small or mid-sized frame at any offset of its receive
+        // buffer: reading a float there is undefined, so such a frame is copied
+        // (new[] aligns for every dtype).
+        auto aligned = std::make_unique<unsigned char[]>(tensor.nbytes);
+        std::memcpy(aligned.get(), tensor.data, tensor.nbytes);
+        tensor.data = aligned.get();
+        result.aligned_.push_back(std::move(aligned));
+    }
+    // The views point into these frames, and a small frame's bytes live inside its
+    // message_t: the vector moves whole (its elements stay where they are), never
+    // element by element.
+    result.frames_ = std::move(parts);
+    return result;
+}
+
+namespace {
+
+TensorSpec read_spec(const msgpack::object& value, const std::string& where) {
+    detail::Fields fields(value, where);
+    fields.only({"name", "dtype", "shape", "profile"});
+    TensorSpec spec;
+    spec.name = fields.string("name");
+    spec.dtype = parse_dtype(fields.string("dtype"));
+    const auto& shape = fields.required("shape");
+    if (shape.type != msgpack::type::ARRAY) detail::malformed(where + ".shape must be a list");
+    for (std::uint32_t i = 0; i < shape.via.array.size; ++i) {
+        const auto& dimension = shape.via.array.ptr[i];
+        if (dimension.type == msgpack::type::NIL) {
+            spec.shape.emplace_back(std::nullopt);
+        } else if (detail::is_uint(dimension)) {
+            spec.shape.emplace_back(static_cast<std::int64_t>(dimension.via.u64));
+        } else {
+            detail::malformed(where + ".shape holds a dimension that is neither an integer nor null");
+        }
+    }
+    if (fields.find("profile") != nullptr) spec.profile_json = fields.json("profile");
+    return spec;
+}
+
+std::vector<TensorSpec> read_specs(const detail::Fields& fields, std::string_view key) {
+    const auto& list = fields.required(key);
+    if (list.type != msgpack::type::ARRAY) detail::malformed(fields.where() + " specs must be a list");
+    std::vector<TensorSpec> specs;
+    for (std::uint32_t i = 0; i < list.via.array.size; ++i) {
+        specs.push_back(read_spec(list.via.array.ptr[i], fields.where() + "." + std::string(key)));
+    }
+    return specs;
+}
+
+}  // namespace
+
+std::vector<ModelDescription> InferenceClient::describe(
+    std::optional<std::chrono::milliseconds> timeout) {
+    auto parts = channel_->request(
+        [](std::uint64_t id) { return wire::encode_describe_request(id); }, {}, timeout, 0);
+    auto reply = wire::decode_control_reply(parts[0].data(), parts[0].size());
+    if (!reply.ok) raise_error(*reply.error);
+    return wire::decode_describe_result(reply.result_msgpack.data(), reply.result_msgpack.size());
+}
+
+OperatorClient::OperatorClient(ClientOptions options)
+    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().control)) {}
+
+OperatorClient::~OperatorClient() = default;
+
+std::string OperatorClient::call_msgpack(const std::string& op,
+                                         const wire::ControlArguments& arguments,
+                                         std::optional<std::chrono::milliseconds> timeout) {
+    auto parts = channel_->request(
+        [&](std::uint64_t id) { return wire::encode_control_request(id, op, arguments); }, {},
+        timeout, 0);
+    auto reply = wire::decode_control_reply(parts[0].data(), parts[0].size());
+    if (!reply.ok) raise_error(*reply.error);
+    return reply.result_msgpack;
+}
+
+std::string OperatorClient::call(const std::string& op, const wire::ControlArguments& arguments,
+                                 std::optional<std::chrono::milliseconds> timeout) {
+    auto result = call_msgpack(op, arguments, timeout);
+    return wire::msgpack_to_json(result.data(), result.size());
+}
+
+HealthSnapshot OperatorClient::health() {
+    auto result = call_msgpack("health", {}, std::nullopt);
+    return wire::decode_health_result(result.data(), result.size());
+}
+
+Status OperatorClient::status() {
+    auto result = call_msgpack("status", {}, std::nullopt);
+    auto handle = detail::unpack(result.data(), result.size(), result.size());
+    detail::Fields fields(handle.get(), "status result");
+    Status status;
+    status.state = fields.map("daemon").string("state");
+    const auto& models = fields.required("models");
+    if (models.type != msgpack::type::ARRAY) detail::malformed("status models must be a list");
+    for (std::uint32_t i = 0; i < models.via.array.size; ++i) {
+        detail::Fields model(models.via.array.ptr[i], "status model");
+        ModelStatus item;
+        item.model = model.string("model");
+        item.state = model.string("state");
+        item.runtime = model.nullable_string("runtime");
+        item.fallback = model.boolean("fallback");
+        item.requests = model.uint("requests");
+        item.queue_depth = model.uint("queue_depth");
+        item.late_results = model.uint("late_results");
+        auto responses = model.map("responses");
+        for (std::uint32_t j = 0; j < responses.object().via.map.size; ++j) {
+            const auto& entry = responses.object().via.map.ptr[j];
+            auto code = detail::as_string(entry.key, "status responses");
+            if (!detail::is_uint(entry.val)) detail::malformed("status responses must count");
+            item.responses[code] = entry.val.via.u64;
+        }
+        status.models.push_back(std::move(item));
+    }
+    status.json = detail::to_json(handle.get());
+    return status;
+}
+
+SwitchResult OperatorClient::switch_runtime(const std::string& model, const std::string& runtime,
+                                            const std::optional<std::string>& requested_by) {
+    wire::ControlArguments arguments{{"model", model}, {"runtime", runtime}};
+    if (requested_by) arguments.emplace_back("requested_by", *requested_by);
+    // The reply comes once the new runtime serves: a slow preparation needs the
+    // client's timeout set accordingly (as in the Python client).
+    auto result = call_msgpack("runtime.switch", arguments, std::nullopt);
+    return wire::decode_switch_result(result.data(), result.size());
+}
+
+}  // namespace inferd
+
+namespace inferd::wire {
+
+HealthSnapshot decode_health_result(const void* data, std::size_t size) {
+    auto handle = detail::unpack(data, size, size);
+    return detail::read_health(detail::Fields(handle.get(), "health result"), {});
+}
+
+SwitchResult decode_switch_result(const void* data, std::size_t size) {
+    auto handle = detail::unpack(data, size, size);
+    detail::Fields fields(handle.get(), "switch result");
+    fields.only({"model", "from_runtime", "to_runtime", "active_providers", "prepare_ms", "swap_ms"});
+    SwitchResult switched;
+    switched.model = fields.string("model");
+    switched.from_runtime = fields.nullable_string("from_runtime");
+    switched.to_runtime = fields.string("to_runtime");
+    switched.active_providers = fields.strings("active_providers");
+    switched.prepare_ms = fields.number("prepare_ms");
+    switched.swap_ms = fields.number("swap_ms");
+    return switched;
+}
+
+std::vector<ModelDescription> decode_describe_result(const void* data, std::size_t size) {
+    auto handle = detail::unpack(data, size, size);
+    detail::Fields result(handle.get(), "describe result");
+    result.only({"models"});
+    const auto& models = result.required("models");
+    if (models.type != msgpack::type::ARRAY) detail::malformed("describe models must be a list");
+    std::vector<ModelDescription> described;
+    for (std::uint32_t i = 0; i < models.via.array.size; ++i) {
+        detail::Fields model(models.via.array.ptr[i], "describe model");
+        model.only({"name", "state", "inputs", "outputs"});
+        described.push_back(ModelDescription{model.string("name"), model.string("state"),
+                                             read_specs(model, "inputs"),
+                                             read_specs(model, "outputs")});
+    }
+    return described;
+}
+
+}  // namespace inferd::wire

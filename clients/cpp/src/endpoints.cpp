@@ -1,0 +1,180 @@
+#include "inferd/endpoints.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include "inferd/errors.hpp"
+
+namespace inferd {
+namespace {
+
+const char* environment(const char* name) {
+    const char* value = std::getenv(name);
+    return (value != nullptr && *value != '\0') ? value : nullptr;
+}
+
+std::string parent_of(const std::string& path) {
+    auto slash = path.find_last_of('/');
+    if (slash == std::string::npos) return ".";
+    if (slash == 0) return "/";
+    return path.substr(0, slash);
+}
+
+std::string fallback_runtime_dir() {
+    // Python's tempfile.gettempdir(): $TMPDIR, else /tmp.
+    const char* tmp = environment("TMPDIR");
+    std::string base = tmp != nullptr ? tmp : "/tmp";
+    while (base.size() > 1 && base.back() == '/') base.pop_back();
+    return base + "/inferd-" + std::to_string(getuid());
+}
+
+// Why `path` is not a directory to trust (endpoints.unsafe_directory_reason), or nullopt.
+std::optional<std::string> unsafe_directory_reason(const std::string& path,
+                                                   std::optional<uid_t> owner) {
+    int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return std::string("does not exist");
+        if (errno == ELOOP || errno == ENOTDIR) return std::string("is not a directory or a symbolic link");
+        return std::string("cannot be opened");
+    }
+    struct stat info {};
+    int rc = fstat(fd, &info);
+    close(fd);
+    if (rc != 0) return std::string("cannot be examined");
+    if (owner && info.st_uid != *owner) {
+        return "is owned by uid " + std::to_string(info.st_uid) + ", not by uid " +
+               std::to_string(*owner);
+    }
+    if (info.st_mode & (S_IWGRP | S_IWOTH)) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", info.st_mode & 07777);
+        return std::string("is writable by its group or others (mode ") + mode + ")";
+    }
+    return std::nullopt;
+}
+
+constexpr std::size_t kZ85KeyLength = 40;
+
+bool is_z85_key(const std::string& text) {
+    static const std::string alphabet =
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+    return text.size() == kZ85KeyLength && text.find_first_not_of(alphabet) == std::string::npos;
+}
+
+std::string read_text(const std::string& path) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) throw ClientError(path + ": cannot be read");
+    return std::string(std::istreambuf_iterator<char>(file), {});
+}
+
+std::string trimmed(const std::string& text) {
+    auto start = text.find_first_not_of(" \t\r\n");
+    auto end = text.find_last_not_of(" \t\r\n");
+    return start == std::string::npos ? "" : text.substr(start, end - start + 1);
+}
+
+// The public-key and secret-key lines of a ZeroMQ certificate (ZPL).
+std::pair<std::string, std::string> certificate_keys(const std::string& text, const std::string& source) {
+    static const std::regex line(R"re(^\s*(public|secret)-key\s*=\s*"([^"]*)"\s*$)re");
+    std::string public_key, secret_key;
+    std::istringstream lines(text);
+    std::string current;
+    while (std::getline(lines, current)) {
+        std::smatch match;
+        if (!std::regex_match(current, match, line)) continue;
+        if (!is_z85_key(match[2])) {
+            throw ClientError(source + ": " + std::string(match[1]) + "-key is not a CURVE key");
+        }
+        (match[1] == "public" ? public_key : secret_key) = match[2];
+    }
+    if (public_key.empty()) throw ClientError(source + ": no public-key line; not a CURVE certificate");
+    return {public_key, secret_key};
+}
+
+}  // namespace
+
+ClientCurve ClientCurve::from_files(const std::string& server_key, const std::string& certificate) {
+    ClientCurve curve;
+    curve.server_public_key = server_key;
+    if (!is_z85_key(server_key)) {
+        auto text = read_text(server_key);
+        auto bare = trimmed(text);
+        curve.server_public_key = is_z85_key(bare) ? bare : certificate_keys(text, server_key).first;
+    }
+    struct stat info {};
+    if (stat(certificate.c_str(), &info) != 0) throw ClientError(certificate + ": cannot be read");
+    if (info.st_mode & 077) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", info.st_mode & 07777);
+        throw ClientError(certificate + ": a secret key others may read (mode " + mode +
+                          "); chmod 600 " + certificate);
+    }
+    auto [public_key, secret_key] = certificate_keys(read_text(certificate), certificate);
+    if (secret_key.empty()) {
+        throw ClientError(certificate + ": holds no secret-key (a public certificate?)");
+    }
+    char derived[kZ85KeyLength + 1] = {};
+    if (zmq_curve_public(derived, secret_key.c_str()) != 0 || public_key != derived) {
+        throw ClientError(certificate + ": its secret-key does not belong to its public-key");
+    }
+    curve.public_key = public_key;
+    curve.secret_key = secret_key;
+    return curve;
+}
+
+std::string default_runtime_dir() {
+    for (const char* variable : {"INFERD_RUNTIME_DIR", "RUNTIME_DIRECTORY"}) {
+        if (const char* value = environment(variable)) {
+            std::string text = value;
+            return text.substr(0, text.find(':'));
+        }
+    }
+    if (const char* xdg = environment("XDG_RUNTIME_DIR")) return std::string(xdg) + "/inferd";
+    return fallback_runtime_dir();
+}
+
+Endpoints endpoints_in(const std::string& runtime_dir) {
+    return Endpoints{"ipc://" + runtime_dir + "/infer.sock", "ipc://" + runtime_dir + "/control.sock",
+                     "ipc://" + runtime_dir + "/events.sock"};
+}
+
+Endpoints default_endpoints() { return endpoints_in(default_runtime_dir()); }
+
+std::string shm_socket_path(const std::string& infer_endpoint) {
+    const std::string scheme = "ipc://";
+    if (infer_endpoint.rfind(scheme, 0) == 0) {
+        return parent_of(infer_endpoint.substr(scheme.size())) + "/shm.sock";
+    }
+    return default_runtime_dir() + "/shm.sock";
+}
+
+std::string check_client_endpoint(const std::string& endpoint) {
+    const std::string scheme = "ipc://";
+    if (endpoint.rfind(scheme, 0) != 0) return endpoint;
+    auto directory = parent_of(endpoint.substr(scheme.size()));
+    std::optional<uid_t> owner;
+    if (directory == fallback_runtime_dir()) owner = getuid();
+    auto reason = unsafe_directory_reason(directory, owner);
+    if (reason && *reason != "does not exist") {
+        throw UnsafeEndpoint("not connecting to " + endpoint + ": its directory " + directory +
+                             " " + *reason +
+                             ", so another user could have put their own socket there; use a "
+                             "directory only the daemon's user can write (INFERD_RUNTIME_DIR, or "
+                             "the daemon's runtime_dir)");
+    }
+    return endpoint;
+}
+
+}  // namespace inferd

@@ -1,0 +1,290 @@
+#include "inferd/events.hpp"
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+
+#include "decode.hpp"
+#include "inferd/client.hpp"
+#include "inferd/endpoints.hpp"
+#include "internal.hpp"
+
+namespace inferd {
+namespace {
+
+using detail::Fields;
+
+constexpr std::string_view kHealth = "health";
+
+EventStamp read_stamp(const Fields& payload) {
+    EventStamp stamp;
+    stamp.ts_ns = payload.uint("ts_ns");
+    stamp.seq = payload.uint("seq");
+    if (stamp.seq < 1) detail::malformed(payload.where() + ".seq must be at least 1");
+    return stamp;
+}
+
+const std::vector<std::string_view> kRuntimeLabels{"tensorrt", "onnx_trt_ep"};
+
+std::string one_of(const Fields& fields, std::string_view key,
+                   std::initializer_list<std::string_view> allowed) {
+    auto value = fields.string(key);
+    for (auto candidate : allowed) {
+        if (candidate == value) return value;
+    }
+    detail::malformed(fields.where() + "." + std::string(key) + " has an unknown value '" + value +
+                      "'");
+}
+
+std::optional<std::string> nullable_one_of(const Fields& fields, std::string_view key,
+                                           std::initializer_list<std::string_view> allowed) {
+    if (fields.required(key).type == msgpack::type::NIL) return std::nullopt;
+    return one_of(fields, key, allowed);
+}
+
+}  // namespace
+
+namespace detail {
+
+HealthSnapshot read_health(const Fields& fields, std::initializer_list<std::string_view> extra) {
+    std::vector<std::string_view> known{"state", "uptime_s", "threads", "models", "thermal"};
+    known.insert(known.end(), extra.begin(), extra.end());
+    for (std::uint32_t i = 0; i < fields.object().via.map.size; ++i) {
+        const auto& key = fields.object().via.map.ptr[i].key;
+        std::string_view name(key.via.str.ptr, key.via.str.size);
+        bool found = false;
+        for (auto candidate : known) found = found || candidate == name;
+        if (!found) malformed(fields.where() + " has an unknown key '" + std::string(name) + "'");
+    }
+    HealthSnapshot health;
+    health.state = one_of(fields, "state", {"starting", "serving", "degraded", "stopping"});
+    health.uptime_s = fields.number("uptime_s");
+    auto threads = fields.map("threads");
+    threads.only({"engine_worker", "bus", "publisher"});
+    health.engine_worker_alive = threads.boolean("engine_worker");
+    health.bus_alive = threads.boolean("bus");
+    health.publisher_alive = threads.boolean("publisher");
+    auto models = fields.map("models");
+    for (std::uint32_t i = 0; i < models.object().via.map.size; ++i) {
+        const auto& entry = models.object().via.map.ptr[i];
+        auto name = as_string(entry.key, models.where());
+        Fields model(entry.val, models.where() + "." + name);
+        model.only({"state", "runtime", "fallback", "queue_depth"});
+        ModelHealth item;
+        item.state = one_of(model, "state", {"loading", "serving", "failed", "released"});
+        item.runtime = nullable_one_of(model, "runtime", {"tensorrt", "onnx_trt_ep"});
+        item.fallback = model.boolean("fallback");
+        item.queue_depth = model.uint("queue_depth");
+        health.models.emplace(name, item);
+    }
+    health.thermal = read_thermal_summary(fields.string("thermal"), fields.where() + ".thermal");
+    return health;
+}
+
+}  // namespace detail
+
+namespace {
+
+RuntimeEvent read_runtime(const Fields& payload) {
+    payload.only({"model", "state", "configured_runtime", "runtime", "fallback", "active_providers",
+                  "requested_providers", "provider_degradation", "engine_cache_error", "reason",
+                  "ts_ns", "seq"});
+    RuntimeEvent event;
+    event.stamp = read_stamp(payload);
+    event.model = payload.string("model");
+    event.state = one_of(payload, "state", {"loading", "serving", "failed", "released"});
+    event.configured_runtime = one_of(payload, "configured_runtime", {"tensorrt", "onnx_trt_ep"});
+    event.runtime = nullable_one_of(payload, "runtime", {"tensorrt", "onnx_trt_ep"});
+    event.fallback = payload.boolean("fallback");
+    event.active_providers = payload.strings("active_providers");
+    event.requested_providers = payload.strings("requested_providers");
+    event.provider_degradation = nullable_one_of(payload, "provider_degradation",
+                                                 {"cpu_only", "no_tensorrt_ep", "no_cuda_ep"});
+    event.engine_cache_error = payload.nullable_string("engine_cache_error");
+    event.reason = payload.nullable_string("reason");
+    return event;
+}
+
+AlertEvent read_alert(const Fields& payload) {
+    payload.only({"level", "code", "message", "fields", "ts_ns", "seq"});
+    AlertEvent event;
+    event.stamp = read_stamp(payload);
+    event.level = one_of(payload, "level",
+                         {"EMERGENCY", "ALERT", "CRITICAL", "ERROR", "WARNING", "NOTICE", "INFO",
+                          "DEBUG"});
+    event.code = payload.string("code");
+    event.message = payload.string("message");
+    payload.map("fields");  // a map, whatever its keys
+    event.fields_json = payload.json("fields");
+    return event;
+}
+
+ThermalEvent read_thermal(const Fields& payload) {
+    payload.only({"source", "available", "throttle_active", "cpu_temp_c", "gpu_temp_c",
+                  "clock_mhz", "measured_at_ns", "transition", "ts_ns", "seq"});
+    ThermalEvent event;
+    event.stamp = read_stamp(payload);
+    event.source = nullable_one_of(payload, "source", {"jtop", "nvml", "sysfs"});
+    event.available = payload.boolean("available");
+    event.throttle_active = payload.boolean("throttle_active");
+    event.cpu_temp_c = payload.nullable_number("cpu_temp_c");
+    event.gpu_temp_c = payload.nullable_number("gpu_temp_c");
+    event.clock_mhz = payload.nullable_number("clock_mhz");
+    event.measured_at_ns = payload.uint("measured_at_ns");
+    event.transition = payload.boolean("transition");
+    if (!event.available && event.throttle_active) {
+        detail::malformed("thermal event: throttling reported without telemetry");
+    }
+    return event;
+}
+
+BuildEvent read_build(const Fields& payload) {
+    payload.only({"buildId", "eventSeq", "type", "phaseId", "parentId", "name", "step", "numSteps",
+                  "monotonicNs", "wallNs", "thread", "cancelState", "detail", "model", "builder",
+                  "simulated", "coalescedSteps", "ts_ns", "seq"});
+    BuildEvent event;
+    event.stamp = read_stamp(payload);
+    event.build_id = payload.string("buildId");
+    event.event_seq = payload.uint("eventSeq");
+    event.type = one_of(payload, "type",
+                        {"phase_start", "step", "phase_finish", "stalled", "cancel_requested",
+                         "cancelled", "completed", "failed"});
+    event.phase_id = payload.nullable_string("phaseId");
+    event.parent_id = payload.nullable_string("parentId");
+    event.name = payload.nullable_string("name");
+    event.step = payload.nullable_uint("step");
+    event.num_steps = payload.nullable_uint("numSteps");
+    event.monotonic_ns = payload.uint("monotonicNs");
+    event.wall_ns = payload.uint("wallNs");
+    event.thread = payload.string("thread");
+    event.cancel_state =
+        one_of(payload, "cancelState", {"none", "requested", "acknowledged", "cleaned_up"});
+    if (payload.find("detail") != nullptr) {
+        payload.map("detail");
+        event.detail_json = payload.json("detail");
+    }
+    event.model = payload.string("model");
+    event.builder = one_of(payload, "builder", {"tensorrt", "simulated"});
+    event.simulated = payload.boolean("simulated");
+    event.coalesced_steps = payload.uint("coalescedSteps");
+    return event;
+}
+
+}  // namespace
+
+Event decode_event(const std::string& topic, const void* data, std::size_t size) {
+    auto handle = detail::unpack(data, size, std::numeric_limits<std::size_t>::max());
+    Fields payload(handle.get(), topic + " event");
+    if (topic == kHealth) {
+        HealthEvent event;
+        event.stamp = read_stamp(payload);
+        event.health = detail::read_health(payload, {"ts_ns", "seq"});
+        return event;
+    }
+    if (topic == "runtime") return read_runtime(payload);
+    if (topic == "alert") return read_alert(payload);
+    if (topic == "thermal") return read_thermal(payload);
+    if (topic == "build") return read_build(payload);
+    detail::malformed("unknown event topic '" + topic + "'");
+}
+
+std::string event_topic(const Event& event) {
+    switch (event.index()) {
+        case 0: return "health";
+        case 1: return "runtime";
+        case 2: return "alert";
+        case 3: return "thermal";
+        default: return "build";
+    }
+}
+
+struct EventSubscriber::Impl {
+    std::shared_ptr<zmq::context_t> context;
+    zmq::socket_t socket;
+    std::string endpoint;
+    std::vector<std::string> topics;
+    bool hide_health = false;  // subscribed to health only to detect the join
+    std::deque<Event> pending;
+
+    // One [topic, payload] message, or nullopt after timeout.
+    std::optional<std::pair<std::string, Event>> read(std::chrono::milliseconds timeout) {
+        zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(std::max<long>(0, timeout.count()))) ==
+            0) {
+            return std::nullopt;
+        }
+        std::vector<zmq::message_t> parts;
+        (void)zmq::recv_multipart(socket, std::back_inserter(parts));
+        if (parts.size() != 2) {
+            detail::malformed("event has " + std::to_string(parts.size()) +
+                              " frames; expected [topic, payload]");
+        }
+        auto topic = parts[0].to_string();
+        return std::make_pair(topic, decode_event(topic, parts[1].data(), parts[1].size()));
+    }
+};
+
+EventSubscriber::EventSubscriber(SubscriberOptions options) : impl_(std::make_unique<Impl>()) {
+    impl_->context = options.context ? options.context : shared_context();
+    impl_->endpoint = check_client_endpoint(options.endpoint.empty() ? default_endpoints().events
+                                                                     : options.endpoint);
+    impl_->socket = zmq::socket_t(*impl_->context, zmq::socket_type::sub);
+    impl_->socket.set(zmq::sockopt::linger, 0);
+    detail::secure(impl_->socket, impl_->endpoint, options.curve);
+    impl_->topics = options.topics;
+    if (options.topics.empty()) {
+        impl_->socket.set(zmq::sockopt::subscribe, "");
+    }
+    for (const auto& topic : options.topics) impl_->socket.set(zmq::sockopt::subscribe, topic);
+    impl_->socket.connect(impl_->endpoint);
+}
+
+EventSubscriber::~EventSubscriber() = default;
+
+void EventSubscriber::wait_joined(std::chrono::milliseconds timeout) {
+    auto& self = *impl_;
+    bool health_asked = self.topics.empty();
+    for (const auto& topic : self.topics) health_asked = health_asked || topic == kHealth;
+    if (!health_asked) {
+        self.hide_health = true;
+        self.socket.set(zmq::sockopt::subscribe, std::string(kHealth));
+    }
+    auto give_up_at = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            give_up_at - std::chrono::steady_clock::now());
+        auto event = left.count() > 0 ? self.read(left) : std::nullopt;
+        if (!event) {
+            throw ClientError("no health event from " + self.endpoint + " within " +
+                              std::to_string(timeout.count()) +
+                              " ms: is the daemon running and publishing there?");
+        }
+        bool is_health = event->first == kHealth;
+        if (!(is_health && self.hide_health)) self.pending.push_back(std::move(event->second));
+        if (is_health) break;
+    }
+    if (self.hide_health) self.socket.set(zmq::sockopt::unsubscribe, std::string(kHealth));
+}
+
+std::optional<Event> EventSubscriber::receive(std::chrono::milliseconds timeout) {
+    auto& self = *impl_;
+    if (!self.pending.empty()) {
+        auto event = std::move(self.pending.front());
+        self.pending.pop_front();
+        return event;
+    }
+    auto give_up_at = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            give_up_at - std::chrono::steady_clock::now());
+        auto event = self.read(std::max(left, std::chrono::milliseconds(0)));
+        if (!event) return std::nullopt;
+        // health events already in flight when the join unsubscribed them
+        if (!(self.hide_health && event->first == kHealth)) return std::move(event->second);
+    }
+}
+
+}  // namespace inferd

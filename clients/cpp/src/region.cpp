@@ -1,0 +1,186 @@
+#include "inferd/region.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "decode.hpp"
+#include "inferd/endpoints.hpp"
+#include "inferd/errors.hpp"
+#include "region_channel.hpp"
+
+namespace inferd {
+namespace {
+
+std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::size_t page_size() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+}  // namespace
+
+SharedRegion::SharedRegion(std::size_t nbytes, std::optional<std::string> label)
+    : label_(std::move(label)) {
+    if (nbytes == 0) throw ClientError("a region needs a positive size");
+    auto page = page_size();
+    size_ = (nbytes + page - 1) / page * page;
+    std::string name = "inferd-" + label_.value_or("region");
+    fd_ = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd_ < 0) throw ClientError(system_error("memfd_create"));
+    // Sealed against shrinking (what the daemon requires: it can then never fault
+    // on the memory), growing, and further sealing.
+    if (ftruncate(fd_, static_cast<off_t>(size_)) != 0 ||
+        fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        auto message = system_error("sealing the region");
+        release();
+        throw ClientError(message);
+    }
+    base_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (base_ == MAP_FAILED) {
+        base_ = nullptr;
+        auto message = system_error("mmap");
+        release();
+        throw ClientError(message);
+    }
+}
+
+SharedRegion::~SharedRegion() { release(); }
+
+SharedRegion::SharedRegion(SharedRegion&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      base_(std::exchange(other.base_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      used_(std::exchange(other.used_, 0)),
+      label_(std::move(other.label_)) {}
+
+SharedRegion& SharedRegion::operator=(SharedRegion&& other) noexcept {
+    if (this != &other) {
+        release();
+        fd_ = std::exchange(other.fd_, -1);
+        base_ = std::exchange(other.base_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+        used_ = std::exchange(other.used_, 0);
+        label_ = std::move(other.label_);
+    }
+    return *this;
+}
+
+void SharedRegion::release() noexcept {
+    if (base_ != nullptr) munmap(base_, size_);
+    if (fd_ >= 0) close(fd_);
+    base_ = nullptr;
+    fd_ = -1;
+}
+
+MutableTensorView SharedRegion::allocate(DType dtype, const Shape& shape) {
+    if (base_ == nullptr) throw ClientError("the shared region is closed");
+    auto nbytes = tensor_bytes(dtype, shape);
+    auto offset = (used_ + wire::kRegionAlignment - 1) / wire::kRegionAlignment * wire::kRegionAlignment;
+    if (offset + nbytes > size_) {
+        throw ClientError("the region has " + std::to_string(size_ - std::min(offset, size_)) +
+                          " bytes left; the tensor needs " + std::to_string(nbytes));
+    }
+    used_ = offset + nbytes;
+    return MutableTensorView{dtype, shape, static_cast<char*>(base_) + offset, nbytes};
+}
+
+std::optional<std::size_t> SharedRegion::locate(const void* data, std::size_t nbytes) const {
+    if (base_ == nullptr || data == nullptr) return std::nullopt;
+    auto start = reinterpret_cast<std::uintptr_t>(data);
+    auto base = reinterpret_cast<std::uintptr_t>(base_);
+    if (start < base || start - base + nbytes > size_) return std::nullopt;
+    auto offset = static_cast<std::size_t>(start - base);
+    if (offset % wire::kRegionAlignment) return std::nullopt;
+    return offset;
+}
+
+RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds timeout)
+    : path_(path) {
+    check_client_endpoint("ipc://" + path);  // the same trust rule as for the ipc sockets
+    fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) throw ClientError(system_error("socket"));
+    timeval wait{};
+    wait.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+    wait.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    if (path.size() >= sizeof address.sun_path) {
+        close(fd_);
+        throw ClientError("the shm socket path " + path + " is too long");
+    }
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+        auto message = system_error("cannot connect to the shm socket " + path);
+        close(fd_);
+        throw ClientError(message);
+    }
+}
+
+RegionChannel::~RegionChannel() {
+    if (fd_ >= 0) close(fd_);
+}
+
+std::string RegionChannel::register_region(const SharedRegion& region) {
+    wire::ControlArguments arguments;
+    if (region.label()) arguments.emplace_back("label", *region.label());
+    auto result = call("register", arguments, region.fd());
+    auto handle = detail::unpack(result.data(), result.size(), wire::kMaxShmMessageBytes);
+    detail::Fields fields(handle.get(), "register result");
+    return fields.string("region");
+}
+
+void RegionChannel::unregister_region(const std::string& region_id) {
+    call("unregister", {{"region", region_id}}, -1);
+}
+
+// {v, op, ...arguments, id} as the control requests (the Python client sends
+// {v, id, op, ...}; the daemon reads keys, not their order).
+std::string RegionChannel::call(const std::string& op, const wire::ControlArguments& arguments,
+                                int fd) {
+    auto request_id = next_id_++;
+    auto message = wire::encode_control_request(request_id, op, arguments);
+    iovec part{message.data(), message.size()};
+    msghdr header{};
+    header.msg_iov = &part;
+    header.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (fd >= 0) {
+        header.msg_control = control;
+        header.msg_controllen = sizeof control;
+        auto* ancillary = CMSG_FIRSTHDR(&header);
+        ancillary->cmsg_level = SOL_SOCKET;
+        ancillary->cmsg_type = SCM_RIGHTS;
+        ancillary->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(ancillary), &fd, sizeof(int));
+    }
+    // A connection refused at connect (shm.max_connections) has its refusal
+    // queued for us: a failed send still reads the reply.
+    (void)sendmsg(fd_, &header, MSG_NOSIGNAL);
+    std::string reply(wire::kMaxShmMessageBytes, '\0');
+    auto received = recv(fd_, reply.data(), reply.size(), 0);
+    if (received < 0 && errno == ECONNRESET) {
+        received = recv(fd_, reply.data(), reply.size(), MSG_DONTWAIT);
+        if (received < 0) received = 0;
+    }
+    if (received < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) throw Timeout("no reply from " + path_);
+        throw ClientError(system_error("the shm socket " + path_ + " failed"));
+    }
+    if (received == 0) throw ClientError("the daemon closed the shm socket " + path_);
+    reply.resize(static_cast<std::size_t>(received));
+    auto decoded = wire::decode_control_reply(reply.data(), reply.size());
+    if (!decoded.ok) throw RemoteError(decoded.error->code, decoded.error->message);
+    if (decoded.id != wire::RequestId{request_id}) {
+        throw MalformedReply("shm reply to another id than " + std::to_string(request_id));
+    }
+    return decoded.result_msgpack;
+}
+
+}  // namespace inferd

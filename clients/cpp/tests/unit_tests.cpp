@@ -1,0 +1,324 @@
+// Unit tests of the codec and the client logic, against a scripted ROUTER peer
+// in this process (the integration program talks to a real daemon).
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <msgpack.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <thread>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.hpp"
+#include "inferd/inferd.hpp"
+
+using namespace inferd;
+
+namespace {
+
+std::string temp_dir() {
+    char pattern[] = "/tmp/ifd-cpp-XXXXXX";
+    return mkdtemp(pattern);
+}
+
+// A ROUTER answering each request with `script(router, parts)` in its own thread.
+class ScriptedPeer {
+public:
+    using Script = std::function<void(zmq::socket_t&, std::vector<zmq::message_t>&)>;
+
+    explicit ScriptedPeer(Script script)
+        : endpoint_("ipc://" + temp_dir() + "/s.sock"), router_(*shared_context(), zmq::socket_type::router) {
+        router_.set(zmq::sockopt::linger, 0);
+        router_.bind(endpoint_);
+        thread_ = std::thread([this, script] {
+            while (!stop_) {
+                zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
+                if (zmq::poll(&item, 1, std::chrono::milliseconds(20)) == 0) continue;
+                std::vector<zmq::message_t> parts;
+                (void)zmq::recv_multipart(router_, std::back_inserter(parts));
+                script(router_, parts);
+            }
+        });
+    }
+    ~ScriptedPeer() {
+        stop_ = true;
+        thread_.join();
+    }
+    const std::string& endpoint() const { return endpoint_; }
+
+private:
+    std::string endpoint_;
+    zmq::socket_t router_;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+std::uint64_t request_id(const zmq::message_t& header) {
+    auto handle = msgpack::unpack(static_cast<const char*>(header.data()), header.size());
+    auto map = handle.get().as<std::map<std::string, msgpack::object>>();
+    return map.at("id").as<std::uint64_t>();
+}
+
+std::string ok_reply(std::uint64_t id, std::size_t floats, bool late = false,
+                     const std::string& model = "m") {
+    msgpack::sbuffer buffer;
+    msgpack::packer<msgpack::sbuffer> packer(buffer);
+    packer.pack_map(11);
+    packer.pack(std::string("v")), packer.pack(1);
+    packer.pack(std::string("id")), packer.pack(id);
+    packer.pack(std::string("ok")), packer.pack(true);
+    packer.pack(std::string("model")), packer.pack(model);
+    packer.pack(std::string("runtime")), packer.pack(std::string("onnx_trt_ep"));
+    packer.pack(std::string("fallback")), packer.pack(false);
+    packer.pack(std::string("latency_us")), packer.pack(10);
+    packer.pack(std::string("queue_us")), packer.pack(1);
+    packer.pack(std::string("late")), packer.pack(late);
+    packer.pack(std::string("outputs"));
+    packer.pack_array(1);
+    packer.pack_map(3);
+    packer.pack(std::string("name")), packer.pack(std::string("out0"));
+    packer.pack(std::string("dtype")), packer.pack(std::string("float32"));
+    packer.pack(std::string("shape")), packer.pack(std::vector<int>{static_cast<int>(floats)});
+    packer.pack(std::string("thermal")), packer.pack(std::string("nominal"));
+    return std::string(buffer.data(), buffer.size());
+}
+
+void send_reply(zmq::socket_t& router, const zmq::message_t& identity, const std::string& header,
+                const std::vector<float>& values) {
+    router.send(zmq::buffer(identity.data(), identity.size()), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(header), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(values.data(), values.size() * sizeof(float)), zmq::send_flags::none);
+}
+
+std::vector<NamedTensor> two_floats(const float* data) {
+    return {{"x", view(DType::Float32, {2}, data, 2 * sizeof(float))}};
+}
+
+}  // namespace
+
+TEST(late_reply_to_an_old_id_is_discarded_not_returned) {
+    std::vector<std::uint64_t> seen;
+    ScriptedPeer peer([&](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        seen.push_back(request_id(parts[1]));
+        if (seen.size() == 1) return;  // first attempt: silent until the client retries
+        // The stale id first, then the live one with other values.
+        send_reply(router, parts[0], ok_reply(seen[0], 2), {1, 1});
+        send_reply(router, parts[0], ok_reply(seen[1], 2, true), {2, 2});
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    options.timeout = std::chrono::milliseconds(300);
+    options.retries = 1;
+    std::vector<int> attempts;
+    options.on_attempt = [&](std::uint64_t, int attempt) { attempts.push_back(attempt); };
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    auto result = client.infer("m", two_floats(input));
+    CHECK_EQ(seen.size(), 2u);
+    CHECK(seen[0] != seen[1]);
+    CHECK_EQ(attempts, (std::vector<int>{0, 1}));
+    CHECK_EQ(result.output("out0").as<float>()[0], 2.0f);
+    CHECK(result.reply.late);
+    CHECK_EQ(client.discarded_replies(), 1u);
+}
+
+TEST(timeout_without_retries_is_a_timeout_not_an_error_reply) {
+    ScriptedPeer peer([](zmq::socket_t&, std::vector<zmq::message_t>&) {});
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    options.timeout = std::chrono::milliseconds(100);
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    auto started = std::chrono::steady_clock::now();
+    CHECK_THROWS(Timeout, client.infer("m", two_floats(input)),
+                 std::string(error.what()).find("1 attempt") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(1));
+}
+
+TEST(large_inputs_are_released_by_zeromq_when_a_call_times_out) {
+    // Nobody listens: the frame stays queued in ZeroMQ until the client drops it.
+    ClientOptions options;
+    options.endpoint = "ipc://" + temp_dir() + "/nobody.sock";
+    options.timeout = std::chrono::milliseconds(50);
+    InferenceClient client(options);
+    std::vector<float> big(1 << 16, 1.0f);
+    std::vector<NamedTensor> inputs{
+        {"x", view(DType::Float32, {static_cast<std::int64_t>(big.size())}, big.data(), big.size() * 4)}};
+    CHECK_THROWS(Timeout, client.infer("m", inputs), true);
+    big.assign(big.size(), 2.0f);  // ASan would see a use after free if ZeroMQ still held it
+    big.clear();
+    big.shrink_to_fit();
+}
+
+TEST(error_reply_carries_its_code_and_message) {
+    ScriptedPeer peer([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        msgpack::sbuffer buffer;
+        msgpack::packer<msgpack::sbuffer> packer(buffer);
+        packer.pack_map(4);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack(request_id(parts[1]));
+        packer.pack(std::string("ok")), packer.pack(false);
+        packer.pack(std::string("error"));
+        packer.pack(std::map<std::string, std::string>{{"code", "NOT_FOUND"}, {"message", "no model named 'm'"}});
+        router.send(zmq::buffer(parts[0].data(), parts[0].size()), zmq::send_flags::sndmore);
+        router.send(zmq::buffer(buffer.data(), buffer.size()), zmq::send_flags::none);
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    CHECK_THROWS(RemoteError, client.infer("m", two_floats(input)),
+                 error.code() == ErrorCode::NotFound && error.message() == "no model named 'm'");
+}
+
+TEST(outputs_are_written_into_caller_buffers) {
+    ScriptedPeer peer([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 3), {4, 5, 6});
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    float out[3] = {0, 0, 0};
+    InferOptions infer;
+    infer.outputs.push_back({"out0", mutable_view(DType::Float32, {3}, out, sizeof out)});
+    auto result = client.infer("m", two_floats(input), infer);
+    CHECK_EQ(out[2], 6.0f);
+    CHECK(result.output("out0").data == out);
+    float wrong[2];
+    InferOptions mismatched;
+    mismatched.outputs.push_back({"out0", mutable_view(DType::Float32, {2}, wrong, sizeof wrong)});
+    CHECK_THROWS(ClientError, client.infer("m", two_floats(input), mismatched), true);
+}
+
+TEST(output_views_are_aligned_for_their_dtype) {
+    // ZeroMQ hands small and mid-sized frames at any offset of its receive buffer;
+    // header lengths that differ by one byte shift the next frame by one.
+    ScriptedPeer peer([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        auto id = request_id(parts[1]);
+        std::string model(static_cast<std::size_t>(id % 8) + 1, 'm');
+        send_reply(router, parts[0], ok_reply(id, 100, false, model), std::vector<float>(100, 3.0f));
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    for (int i = 0; i < 16; ++i) {
+        auto result = client.infer("m", two_floats(input));
+        const auto& output = result.output("out0");
+        CHECK_EQ(reinterpret_cast<std::uintptr_t>(output.data) % alignof(float), 0u);
+        CHECK_EQ(output.as<float>()[99], 3.0f);
+    }
+}
+
+TEST(a_view_must_hold_what_its_shape_needs) {
+    float data[4];
+    CHECK_THROWS(ClientError, view(DType::Float32, {5}, data, sizeof data), true);
+    CHECK_EQ(view(DType::Float16, {2, 4}, data, sizeof data).nbytes, sizeof data);
+    CHECK_EQ(tensor_bytes(DType::Int64, {0, 3}), 0u);
+    CHECK(parse_dtype("uint16") == DType::UInt16);
+    CHECK_THROWS(MalformedReply, parse_dtype("complex64"), true);
+}
+
+TEST(endpoint_defaults_follow_the_python_client) {
+    setenv("INFERD_RUNTIME_DIR", "/run/a:/run/b", 1);
+    CHECK_EQ(default_runtime_dir(), "/run/a");
+    unsetenv("INFERD_RUNTIME_DIR");
+    setenv("RUNTIME_DIRECTORY", "/run/inferd", 1);
+    CHECK_EQ(default_runtime_dir(), "/run/inferd");
+    unsetenv("RUNTIME_DIRECTORY");
+    setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
+    CHECK_EQ(default_endpoints().infer, "ipc:///run/user/1000/inferd/infer.sock");
+    CHECK_EQ(default_endpoints().events, "ipc:///run/user/1000/inferd/events.sock");
+    CHECK_EQ(shm_socket_path(default_endpoints().infer), "/run/user/1000/inferd/shm.sock");
+    unsetenv("XDG_RUNTIME_DIR");
+    setenv("TMPDIR", "/var/tmp/", 1);
+    CHECK_EQ(default_runtime_dir(), "/var/tmp/inferd-" + std::to_string(getuid()));
+    unsetenv("TMPDIR");
+    CHECK_EQ(default_runtime_dir(), "/tmp/inferd-" + std::to_string(getuid()));
+    CHECK_EQ(shm_socket_path("tcp://127.0.0.1:5555"), "/tmp/inferd-" + std::to_string(getuid()) + "/shm.sock");
+}
+
+TEST(an_ipc_socket_in_a_directory_others_may_write_is_refused) {
+    auto directory = temp_dir();
+    CHECK_EQ(check_client_endpoint("ipc://" + directory + "/infer.sock"), "ipc://" + directory + "/infer.sock");
+    chmod(directory.c_str(), 0777);
+    CHECK_THROWS(UnsafeEndpoint, check_client_endpoint("ipc://" + directory + "/infer.sock"),
+                 std::string(error.what()).find("writable by") != std::string::npos);
+    ClientOptions options;
+    options.endpoint = "ipc://" + directory + "/infer.sock";
+    CHECK_THROWS(UnsafeEndpoint, InferenceClient{options}, true);
+    CHECK_EQ(check_client_endpoint("tcp://127.0.0.1:1"), "tcp://127.0.0.1:1");
+    CHECK_EQ(check_client_endpoint("ipc:///nonexistent-dir/x.sock"), "ipc:///nonexistent-dir/x.sock");
+}
+
+TEST(a_region_allocates_aligned_tensors_and_locates_them) {
+    SharedRegion region(1000, std::string("unit"));
+    CHECK_EQ(region.size() % static_cast<std::size_t>(sysconf(_SC_PAGESIZE)), 0u);
+    auto first = region.allocate(DType::Float32, {3});
+    auto second = region.allocate(DType::UInt8, {10});
+    CHECK_EQ(region.locate(first.data, first.nbytes), std::optional<std::size_t>(0));
+    CHECK_EQ(region.locate(second.data, second.nbytes), std::optional<std::size_t>(256));
+    CHECK(!region.locate(static_cast<char*>(second.data) + 1, 4));  // not aligned
+    float elsewhere[4];
+    CHECK(!region.locate(elsewhere, sizeof elsewhere));
+    CHECK_THROWS(ClientError, region.allocate(DType::Float64, {1000}), true);
+    int seals = fcntl(region.fd(), F_GET_SEALS);
+    CHECK((seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW) && (seals & F_SEAL_SEAL));
+    SharedRegion moved = std::move(region);
+    CHECK(moved.locate(first.data, first.nbytes).has_value());
+    CHECK(!region.locate(first.data, first.nbytes).has_value());
+}
+
+TEST(requests_encode_ids_last_and_smallest_integers) {
+    wire::InferRequest request;
+    request.id = 1;
+    request.model = "m";
+    request.inputs.push_back({"x", DType::Float32, {2}, std::nullopt});
+    auto bytes = wire::encode_infer_request(request);
+    auto handle = msgpack::unpack(bytes.data(), bytes.size());
+    const auto& map = handle.get().via.map;
+    CHECK_EQ(map.size, 5u);
+    CHECK_EQ(std::string(map.ptr[4].key.via.str.ptr, map.ptr[4].key.via.str.size), "id");
+    CHECK_EQ(static_cast<unsigned char>(bytes[0]), 0x85);  // fixmap of 5
+}
+
+TEST(decoding_is_as_strict_as_the_schema) {
+    auto good = ok_reply(7, 2);
+    auto reply = wire::decode_infer_reply(good.data(), good.size());
+    CHECK(reply.ok && !reply.late && reply.outputs.size() == 1);
+    CHECK(std::get<std::uint64_t>(reply.id) == 7);
+    std::string garbage = "\xc1";
+    CHECK_THROWS(MalformedReply, wire::decode_infer_reply(garbage.data(), garbage.size()), true);
+    CHECK_THROWS(MalformedReply, wire::decode_infer_reply(good.data(), 0), true);
+    auto trailing = good + '\0';
+    CHECK_THROWS(MalformedReply, wire::decode_infer_reply(trailing.data(), trailing.size()), true);
+}
+
+TEST(a_certificate_others_may_read_is_refused) {
+    char directory[] = "/tmp/ifd-curve-XXXXXX";
+    std::string base = mkdtemp(directory);
+    char public_key[41], secret_key[41];
+    zmq_curve_keypair(public_key, secret_key);
+    auto path = base + "/me.key_secret";
+    std::ofstream(path) << "curve\n    public-key = \"" << public_key << "\"\n    secret-key = \""
+                        << secret_key << "\"\n";
+    chmod(path.c_str(), 0644);
+    CHECK_THROWS(ClientError, ClientCurve::from_files(public_key, path),
+                 std::string(error.what()).find("chmod 600") != std::string::npos);
+    chmod(path.c_str(), 0600);
+    auto curve = ClientCurve::from_files(public_key, path);
+    CHECK_EQ(curve.public_key, std::string(public_key));
+    CHECK_EQ(curve.server_public_key, std::string(public_key));
+    std::ofstream(path) << "curve\n    public-key = \"" << public_key << "\"\n";
+    CHECK_THROWS(ClientError, ClientCurve::from_files(public_key, path),
+                 std::string(error.what()).find("no secret-key") != std::string::npos);
+}
+
+int main(int argc, char** argv) { return inferd::testing::run_all(argc, argv); }
