@@ -12,6 +12,11 @@ A descriptor may name a shared-memory region instead of a frame
 (``inferd_wire.regions``): ``bind_regions`` leases the regions a request names
 at admission (their ranges within the region, outputs overlapping nothing),
 and the same validators view those bytes instead of frames.
+
+On the infer socket a header is first read by the typed decoder
+(``bus.headers``); ``Header`` is then an ``InferHeader`` and the checks it
+already made are not repeated.  A header the decoder refuses is read as a dict
+and checked here, as before: every function below takes either.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from msgspec import UNSET
 
+from inferd.bus.headers import MAX_DEADLINE_MS, Header, InferHeader, decode_infer
 from inferd.bus.zap import peer_of
 from inferd.shm.regions import OutputPlacement, RegionTable, RequestRegions
 from inferd.types import TensorSpec
@@ -30,7 +37,8 @@ from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
 from inferd_wire.regions import MAX_REGION_TENSORS, RegionRef, parse_region_ref
 
-MAX_DEADLINE_MS = 3_600_000
+#: A described tensor: name, wire dtype name, dtype, shape.
+Parsed = tuple[str, str, np.dtype[Any], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ class Request:
     """A decoded message: routing envelope, header and the tensor frames' buffers."""
 
     envelope: list[bytes]
-    header: dict[str, Any]
+    header: Header
     request_id: RequestId | None
     op: str
     tensors: list[memoryview]
@@ -62,13 +70,26 @@ def split_envelope(frames: Sequence[Any]) -> tuple[list[bytes], list[Any]]:
     return [frames[0].bytes], list(frames[1:])
 
 
-def decode_request(body: Sequence[Any], limits: Limits) -> Request:
-    """Decode the header of ``[header, *tensors]``.  Raises ProtocolError only
-    when there is no readable header (so no id to answer with); everything
-    else is checked by ``check_request`` once the id is known."""
+def decode_request(body: Sequence[Any], limits: Limits, *, typed: bool = False) -> Request:
+    """Decode the header of ``[header, *tensors]`` (with ``typed``, try the typed
+    decoder first).  Raises ProtocolError only when there is no readable header
+    (so no id to answer with); everything else is checked by ``check_request``
+    once the id is known."""
     if not body:
         raise ProtocolError(Code.INVALID_ARGUMENT, "message has no header frame")
-    header = protocol.unpack_header(body[0].buffer, limits.max_header_bytes, check_version=False)
+    frame = body[0]
+    if typed and 0 < len(frame) <= limits.max_header_bytes:
+        infer = decode_infer(frame.buffer)
+        if infer is not None:
+            return Request(
+                envelope=[],
+                header=infer,
+                request_id=infer.id,
+                op=infer.op,
+                tensors=[part.buffer for part in body[1:]],
+                header_frame=frame,
+            )
+    header = protocol.unpack_header(frame.buffer, limits.max_header_bytes, check_version=False)
     op = header.get("op")
     return Request(
         envelope=[],
@@ -82,10 +103,11 @@ def decode_request(body: Sequence[Any], limits: Limits) -> Request:
 
 def check_request(request: Request, limits: Limits) -> None:
     """Protocol version, id, op type, frame count and total size; raises ProtocolError."""
-    protocol.require_version(request.header)
-    protocol.require_request_id(request.header)
-    if not isinstance(request.header.get("op"), str):
-        raise ProtocolError(Code.INVALID_ARGUMENT, "'op' must be a string")
+    if isinstance(request.header, dict):  # the typed decoder checked the first three
+        protocol.require_version(request.header)
+        protocol.require_request_id(request.header)
+        if not isinstance(request.header.get("op"), str):
+            raise ProtocolError(Code.INVALID_ARGUMENT, "'op' must be a string")
     if len(request.tensors) > limits.max_frames:
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
@@ -100,8 +122,20 @@ def check_request(request: Request, limits: Limits) -> None:
         )
 
 
-def deadline_ms_of(header: dict[str, Any], default_ms: int) -> int:
+def model_of(header: Header) -> Any:
+    """The header's ``model`` value (not checked)."""
+    if isinstance(header, InferHeader):
+        return header.model
+    return header.get("model")
+
+
+def deadline_ms_of(header: Header, default_ms: int) -> int:
     """The request's deadline in ms (0 = none); ``default_ms`` when absent."""
+    if isinstance(header, InferHeader):
+        typed = header.deadline_ms
+        if typed is None or typed is UNSET:
+            return default_ms
+        return int(typed) if typed >= 1 else 1
     value = header.get("deadline_ms")
     if value is None:
         return default_ms
@@ -128,6 +162,16 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
     outside its region or an output overlapping another tensor; NOT_FOUND;
     PERMISSION_DENIED) leave nothing leased."""
     header = request.header
+    if isinstance(header, InferHeader):
+        # Region descriptors take the reference path below, as dicts (same checks,
+        # same messages); a request with none costs one pass over its descriptors.
+        typed_inputs = header.inputs if header.inputs is not UNSET else []
+        if header.outputs is UNSET and not any(d.in_region for d in typed_inputs):
+            return None
+        header = {
+            "inputs": [d.as_wire() for d in typed_inputs],
+            "outputs": None if header.outputs is UNSET else [d.as_wire() for d in header.outputs],
+        }
     inputs, outputs = header.get("inputs"), header.get("outputs")
     placed: list[tuple[int, str, RegionRef]] = []
     if isinstance(inputs, list):
@@ -220,9 +264,17 @@ def _check_nbytes(where: str, dtype: np.dtype[Any], shape: tuple[int, ...], ref:
 
 
 def _descriptors(
-    header: dict[str, Any], tensors: Sequence[memoryview], regions: RequestRegions | None
-) -> list[Any]:
-    descriptors = header.get("inputs")
+    header: Header, tensors: Sequence[memoryview], regions: RequestRegions | None
+) -> list[Parsed]:
+    """The described inputs, parsed (the dict path checks each descriptor here),
+    after checking their count against the frames and regions."""
+    descriptors: Any
+    if isinstance(header, InferHeader):
+        descriptors = header.inputs
+        if descriptors is UNSET:
+            descriptors = None
+    else:
+        descriptors = header.get("inputs")
     if not isinstance(descriptors, list):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'inputs' must be a list of tensor descriptors")
     placed = len(regions.inputs) if regions is not None else 0
@@ -233,11 +285,20 @@ def _descriptors(
             + (f" in frames (and {placed} in regions)" if placed else "")
             + f" but the message carries {len(tensors)} tensor frames",
         )
-    return descriptors
+    if isinstance(header, InferHeader):
+        dtypes = protocol.WIRE_DTYPES
+        return [(d.name, d.dtype, dtypes[d.dtype], tuple(d.shape)) for d in header.inputs or ()]
+    parsed = []
+    for index, descriptor in enumerate(descriptors):
+        name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+        # parse_descriptor accepted descriptor["dtype"] only as an allowed numpy
+        # dtype name, so it equals dtype.name (a slow property: ~5 us a call).
+        parsed.append((name, descriptor["dtype"], dtype, shape))
+    return parsed
 
 
 def _views(
-    parsed: list[tuple[str, np.dtype[Any], tuple[int, ...]]],
+    parsed: list[Parsed],
     tensors: Sequence[memoryview],
     regions: RequestRegions | None,
 ) -> list[np.ndarray]:
@@ -246,7 +307,7 @@ def _views(
     frames = iter(tensors)
     placed = regions.inputs if regions is not None else {}
     arrays = []
-    for index, (name, dtype, shape) in enumerate(parsed):
+    for index, (name, _, dtype, shape) in enumerate(parsed):
         if index in placed:
             region, ref = placed[index]
             _check_nbytes(f"tensor {name!r}", dtype, shape, ref)
@@ -259,25 +320,23 @@ def _views(
 
 
 def check_descriptors(
-    header: dict[str, Any], tensors: Sequence[memoryview], regions: RequestRegions | None = None
+    header: Header, tensors: Sequence[memoryview], regions: RequestRegions | None = None
 ) -> None:
     """What can be checked without the model's IO spec: descriptor syntax,
     frame count and each frame's (or region range's) byte length."""
-    descriptors = _descriptors(header, tensors, regions)
-    _views([protocol.parse_descriptor(i, d) for i, d in enumerate(descriptors)], tensors, regions)
+    _views(_descriptors(header, tensors, regions), tensors, regions)
 
 
 def validate_inputs(
-    header: dict[str, Any],
+    header: Header,
     tensors: Sequence[memoryview],
     specs: Sequence[TensorSpec],
     regions: RequestRegions | None = None,
 ) -> dict[str, np.ndarray]:
     """Check the described tensors against the model's inputs; returns zero-copy views."""
-    descriptors = _descriptors(header, tensors, regions)
+    parsed = _descriptors(header, tensors, regions)
     by_name = {spec.name: spec for spec in specs}
-    parsed = [protocol.parse_descriptor(i, d) for i, d in enumerate(descriptors)]
-    names = [name for name, _, _ in parsed]
+    names = [name for name, _, _, _ in parsed]
     name_set = set(names)
     if len(name_set) != len(names):
         raise ProtocolError(Code.INVALID_ARGUMENT, f"duplicate input names in {names}")
@@ -289,11 +348,9 @@ def validate_inputs(
             f"inputs do not match the model: missing {missing}, unknown {unknown}; "
             f"the model takes {sorted(by_name)}",
         )
-    for (name, _dtype, shape), descriptor in zip(parsed, descriptors, strict=True):
+    for name, dtype_name, _, shape in parsed:
         spec = by_name[name]
-        # parse_descriptor accepted descriptor["dtype"] only as an allowed numpy
-        # dtype name, so it equals dtype.name (a slow property: ~5 us a call).
-        _check_spec(f"tensor {name!r}", descriptor["dtype"], shape, spec)
+        _check_spec(f"tensor {name!r}", dtype_name, shape, spec)
         profile = spec.profile
         if profile is not None and not all(
             low <= got <= high
@@ -308,7 +365,7 @@ def validate_inputs(
                 "(models.profiles)",
             )
     views = _views(parsed, tensors, regions)
-    return {name: view for (name, _, _), view in zip(parsed, views, strict=True)}
+    return {name: view for (name, _, _, _), view in zip(parsed, views, strict=True)}
 
 
 def validate_outputs(
