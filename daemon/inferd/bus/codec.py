@@ -29,13 +29,19 @@ from typing import Any
 import numpy as np
 from msgspec import UNSET
 
-from inferd.bus.headers import MAX_DEADLINE_MS, Header, InferHeader, decode_infer
+from inferd.bus.headers import MAX_DEADLINE_MS, Descriptor, Header, InferHeader, decode_infer
 from inferd.bus.zap import peer_of
 from inferd.shm.regions import OutputPlacement, RegionTable, RequestRegions
 from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
-from inferd_wire.regions import MAX_REGION_TENSORS, RegionRef, parse_region_ref
+from inferd_wire.regions import (
+    MAX_REGION_TENSORS,
+    REGION_ALIGNMENT,
+    RegionRef,
+    is_region_id,
+    parse_region_ref,
+)
 
 #: A described tensor: name, wire dtype name, dtype, shape.
 Parsed = tuple[str, str, np.dtype[Any], tuple[int, ...]]
@@ -162,30 +168,20 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
     outside its region or an output overlapping another tensor; NOT_FOUND;
     PERMISSION_DENIED) leave nothing leased."""
     header = request.header
-    if isinstance(header, InferHeader):
-        # Region descriptors take the reference path below, as dicts (same checks,
-        # same messages); a request with none costs one pass over its descriptors.
-        typed_inputs = header.inputs if header.inputs is not UNSET else []
-        if header.outputs is UNSET and not any(d.in_region for d in typed_inputs):
-            return None
-        header = {
-            "inputs": [d.as_wire() for d in typed_inputs],
-            "outputs": None if header.outputs is UNSET else [d.as_wire() for d in header.outputs],
-        }
-    inputs, outputs = header.get("inputs"), header.get("outputs")
-    placed: list[tuple[int, str, RegionRef]] = []
-    if isinstance(inputs, list):
-        for index, descriptor in enumerate(inputs):
-            if isinstance(descriptor, dict) and (
-                "region" in descriptor or "offset" in descriptor or "nbytes" in descriptor
-            ):
-                name, _, _ = protocol.parse_descriptor(index, descriptor)
-                ref = parse_region_ref(f"tensor {name!r}", descriptor)
-                assert ref is not None  # a stray offset/nbytes raised
-                placed.append((index, f"tensor {name!r}", ref))
-    if outputs is None and not placed:
+    refs = _typed_refs(header) if isinstance(header, InferHeader) else None
+    if refs is None:
+        if isinstance(header, InferHeader):
+            # Something the typed checks below do not vouch for: the reference
+            # checks, on the descriptors as dicts, name it (same messages, same order).
+            inputs, outputs = header.inputs, header.outputs
+            header = {
+                "inputs": [] if inputs is UNSET else [d.as_wire() for d in inputs],
+                "outputs": None if outputs is UNSET else [d.as_wire() for d in outputs],
+            }
+        refs = _dict_refs(header)
+    if refs is None:
         return None
-    placements = _parse_outputs(outputs) if outputs is not None else []
+    placed, placements = refs
     if len(placed) + len(placements) > MAX_REGION_TENSORS:
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
@@ -209,10 +205,74 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
     return regions
 
 
-def _parse_outputs(outputs: Any) -> list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]]:
+_Placed = list[tuple[int, str, RegionRef]]
+_Placements = list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]]
+
+
+def _dict_refs(header: dict[str, Any]) -> tuple[_Placed, _Placements] | None:
+    """The region references of a dict header (None: it names none), checked."""
+    inputs, outputs = header.get("inputs"), header.get("outputs")
+    placed: _Placed = []
+    if isinstance(inputs, list):
+        for index, descriptor in enumerate(inputs):
+            if isinstance(descriptor, dict) and (
+                "region" in descriptor or "offset" in descriptor or "nbytes" in descriptor
+            ):
+                name, _, _ = protocol.parse_descriptor(index, descriptor)
+                ref = parse_region_ref(f"tensor {name!r}", descriptor)
+                assert ref is not None  # a stray offset/nbytes raised
+                placed.append((index, f"tensor {name!r}", ref))
+    if outputs is None and not placed:
+        return None
+    return placed, _parse_outputs(outputs) if outputs is not None else []
+
+
+def _typed_refs(header: InferHeader) -> tuple[_Placed, _Placements] | None:
+    """The region references of a typed header, when each passes every check of
+    ``_dict_refs``; None when it names none or when one might not (the dict path
+    then says which and why)."""
+    placed: _Placed = []
+    for index, descriptor in enumerate(header.inputs or ()):
+        if descriptor.in_region:
+            ref = _typed_ref(descriptor)
+            if ref is None:
+                return None
+            placed.append((index, f"tensor {descriptor.name!r}", ref))
+    if header.outputs is UNSET:
+        return (placed, []) if placed else None
+    placements: _Placements = []
+    names = set()
+    for descriptor in header.outputs:
+        ref = _typed_ref(descriptor)
+        dtype, shape = protocol.WIRE_DTYPES[descriptor.dtype], tuple(descriptor.shape)
+        if (
+            ref is None
+            or descriptor.name in names
+            or ref.nbytes != math.prod(shape) * dtype.itemsize
+        ):
+            return None
+        names.add(descriptor.name)
+        placements.append((descriptor.name, dtype, shape, ref))
+    return placed, placements
+
+
+def _typed_ref(descriptor: Descriptor) -> RegionRef | None:
+    region, offset, nbytes = descriptor.region, descriptor.offset, descriptor.nbytes
+    if (
+        region is UNSET
+        or offset is UNSET
+        or nbytes is UNSET
+        or offset % REGION_ALIGNMENT
+        or not is_region_id(region)
+    ):
+        return None
+    return RegionRef(region, offset, nbytes)
+
+
+def _parse_outputs(outputs: Any) -> _Placements:
     if not isinstance(outputs, list):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'outputs' must be a list of region descriptors")
-    parsed: list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]] = []
+    parsed: _Placements = []
     if len(outputs) > MAX_REGION_TENSORS:
         raise ProtocolError(
             Code.INVALID_ARGUMENT,
@@ -384,7 +444,9 @@ def validate_outputs(
             raise ProtocolError(
                 Code.INVALID_ARGUMENT, f"{where}: the model's outputs are {sorted(by_name)}"
             )
-        _check_spec(where, placement.dtype.name, placement.shape, spec)
+        _check_spec(
+            where, protocol.wire_dtype_name(placement.name, placement.dtype), placement.shape, spec
+        )
         views[placement.name] = placement.region.view(
             placement.ref, placement.dtype, placement.shape
         )

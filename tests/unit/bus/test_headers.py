@@ -5,14 +5,22 @@ reply encoder writes the bytes ``protocol.pack(protocol.ok_header(...))`` does."
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferd.bus import codec
 from inferd.bus.codec import (
     Limits,
     bind_regions,
@@ -23,6 +31,8 @@ from inferd.bus.codec import (
     validate_inputs,
 )
 from inferd.bus.headers import InferHeader, InferReply, decode_infer, encode_infer_reply
+from inferd.config import ShmConfig
+from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
@@ -42,7 +52,7 @@ class Frame:
         return len(self.buffer)
 
     def get(self, name: str) -> str:
-        raise KeyError(name)
+        raise zmq.ZMQError(errno.EINVAL)  # as zmq.Frame.get for a property it lacks
 
 
 def good() -> dict[str, Any]:
@@ -324,3 +334,91 @@ def test_the_reply_encoder_writes_ok_headers_byte_for_byte(
     packed = encode_infer_reply(InferReply(v=1, id=case["request_id"], ok=True, **fields))
     assert packed == expected
     assert list(msgpack.unpackb(packed)) == list(protocol.ok_header(case["request_id"], **fields))
+
+
+# -- region references: the typed checks and the dict path agree ---------------------
+@pytest.fixture
+def region_table() -> Iterator[tuple[RegionTable, str]]:
+    table = RegionTable(ShmConfig(socket=Path("/run/inferd/shm.sock")))
+    fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, mmap.PAGESIZE)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    region = table.register(Connection(1, PeerCredentials(1, os.getuid(), 0)), fd, None)
+    os.close(fd)
+    yield table, region.region_id
+    table.close_all()
+
+
+def bound(header: dict[str, Any], table: RegionTable, typed: bool) -> Any:
+    frames = [Frame(msgpack.packb(header))]
+    try:
+        request = decode_request(frames, LIMITS, typed=typed)
+        assert isinstance(request.header, InferHeader) == typed
+        regions = bind_regions(request, table)
+    except ProtocolError as exc:
+        return ("refused", exc.code, exc.message)
+    if regions is None:
+        return None
+    try:
+        return (
+            {index: ref for index, (_, ref) in regions.inputs.items()},
+            [(p.name, p.dtype, p.shape, p.ref) for p in regions.outputs],
+        )
+    finally:
+        regions.release()
+
+
+ALIGNED = "(region-backed tensors are 256-byte aligned)"
+
+
+def region_cases(region: str) -> dict[str, dict[str, Any]]:
+    def placed(name: str = "x", offset: int = 0, **extra: Any) -> dict[str, Any]:
+        return {**descriptor(name=name), "region": region, "offset": offset, "nbytes": 32, **extra}
+
+    return {
+        "input and output": changed(inputs=[placed()], outputs=[placed("y", 256)]),
+        "input only": changed(inputs=[placed()]),
+        "output only": changed(outputs=[placed("y", 256)]),
+        "no outputs listed": changed(outputs=[]),
+        "misaligned": changed(inputs=[placed(offset=8)]),
+        "outside the region": changed(inputs=[placed(offset=mmap.PAGESIZE)]),
+        "unknown region": changed(inputs=[{**placed(), "region": "f" * 32}]),
+        "uppercase id": changed(inputs=[{**placed(), "region": region.upper()}]),
+        "no nbytes": changed(inputs=[{k: v for k, v in placed().items() if k != "nbytes"}]),
+        "wrong nbytes": changed(outputs=[placed("y", 256, nbytes=16)]),
+        "output twice": changed(outputs=[placed("y", 256), placed("y", 512)]),
+        "output without region": changed(outputs=[descriptor(name="y")]),
+        "overlap": changed(inputs=[placed()], outputs=[placed("y", 0)]),
+        "65 tensors": changed(outputs=[placed(f"y{i}", 0) for i in range(65)]),
+    }
+
+
+def test_region_references_get_the_same_answer_on_both_paths(
+    region_table: tuple[RegionTable, str],
+) -> None:
+    table, region = region_table
+    answers = {}
+    for what, header in region_cases(region).items():
+        answers[what] = bound(header, table, typed=True)
+        assert answers[what] == bound(header, table, typed=False), what
+        assert table.status()["regions"][0]["in_use"] == 0, what  # nothing stays leased
+    assert answers["input only"] is not None and answers["input only"][0][0].offset == 0
+    assert answers["no outputs listed"] == ({}, [])
+    assert answers["misaligned"][2].endswith("offset 8 is not a multiple of 256 " + ALIGNED)
+    assert answers["wrong nbytes"][0] == "refused"
+
+
+def test_well_formed_references_skip_the_dict_path(
+    region_table: tuple[RegionTable, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, region = region_table
+    cases = region_cases(region)
+
+    def refused(header: dict[str, Any]) -> None:
+        raise AssertionError("the dict path ran")
+
+    monkeypatch.setattr(codec, "_dict_refs", refused)
+    for what in ("input and output", "input only", "output only", "no outputs listed"):
+        assert bound(cases[what], table, typed=True) is not None
+    with pytest.raises(AssertionError, match="the dict path ran"):
+        bound(cases["misaligned"], table, typed=True)
