@@ -172,7 +172,6 @@ def trace_client() -> dict[str, list[int]]:
 
 def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str, Any]:
     import rtt
-
     from inferd_client import InferenceClient
 
     case = next(c for c in rtt.CASES if c.name == case_name)
@@ -188,24 +187,26 @@ def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str
     stamps = trace_client()
     clock = time.monotonic_ns
     try:
-        with rtt.bench_daemon(workdir, 1, env=env) as daemon:
-            with InferenceClient(daemon.infer, timeout=60.0) as client:
-                x = np.random.default_rng(1).random(case.input_shape, dtype=np.float32)
-                (output,) = client.infer(case.model, {case.input_name: x}).values()
-                output_name = client.last_reply["outputs"][0]["name"]
-                inputs, outputs = {case.input_name: x}, None
-                if path == "shm":
-                    region = client.shared_region(x.nbytes + output.nbytes + 4096)
-                    shared = region.array(x.shape, np.float32)
-                    shared[...] = x
-                    inputs = {case.input_name: shared}
-                    outputs = {output_name: region.array(output.shape, np.float32)}
-                latency_us = []
-                for _ in range(warmup + iterations):
-                    stamps["client_start"].append(clock())
-                    client.infer(case.model, inputs, outputs=outputs)
-                    stamps["client_end"].append(clock())
-                    latency_us.append(client.last_reply["latency_us"])
+        with (
+            rtt.bench_daemon(workdir, 1, env=env) as daemon,
+            InferenceClient(daemon.infer, timeout=60.0) as client,
+        ):
+            x = np.random.default_rng(1).random(case.input_shape, dtype=np.float32)
+            (output,) = client.infer(case.model, {case.input_name: x}).values()
+            output_name = client.last_reply["outputs"][0]["name"]
+            inputs, outputs = {case.input_name: x}, None
+            if path == "shm":
+                region = client.shared_region(x.nbytes + output.nbytes + 4096)
+                shared = region.array(x.shape, np.float32)
+                shared[...] = x
+                inputs = {case.input_name: shared}
+                outputs = {output_name: region.array(output.shape, np.float32)}
+            latency_us = []
+            for _ in range(warmup + iterations):
+                stamps["client_start"].append(clock())
+                client.infer(case.model, inputs, outputs=outputs)
+                stamps["client_end"].append(clock())
+                latency_us.append(client.last_reply["latency_us"])
         daemon_stamps = json.loads(out.read_text())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
