@@ -14,7 +14,7 @@ dict path of ``codec``), which either name the exact error the protocol has
 always given (code and message, in the order the checks run) or accept the few
 headers the contract allows but this decoder leaves to them (unknown keys, a
 version sent as ``1.0``).  So the decoder only ever makes a request faster,
-never answers it differently (DESIGN.md 152; the unit tests compare both paths
+never answers it differently (DESIGN.md 90; the unit tests compare both paths
 on generated headers).
 
 ``encode_infer_reply`` packs an ok infer reply from a ``InferReply`` struct with

@@ -22,13 +22,13 @@ import structlog
 
 from inferd.bus.codec import (
     Request,
-    bind_regions,
     check_descriptors,
     deadline_ms_of,
     model_of,
     validate_inputs,
     validate_outputs,
 )
+from inferd.bus.region_refs import bind_regions
 from inferd.bus.server import Reply
 from inferd.bus.zap import peer_of
 from inferd.serving.scheduler import (

@@ -20,10 +20,9 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.bus import codec
+from inferd.bus import region_refs
 from inferd.bus.codec import (
     Limits,
-    bind_regions,
     check_request,
     deadline_ms_of,
     decode_request,
@@ -31,6 +30,7 @@ from inferd.bus.codec import (
     validate_inputs,
 )
 from inferd.bus.headers import InferHeader, InferReply, decode_infer, encode_infer_reply
+from inferd.bus.region_refs import bind_regions
 from inferd.config import ShmConfig
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd.types import TensorSpec
@@ -417,7 +417,7 @@ def test_well_formed_references_skip_the_dict_path(
     def refused(header: dict[str, Any]) -> None:
         raise AssertionError("the dict path ran")
 
-    monkeypatch.setattr(codec, "_dict_refs", refused)
+    monkeypatch.setattr(region_refs, "_dict_refs", refused)
     for what in ("input and output", "input only", "output only", "no outputs listed"):
         assert bound(cases[what], table, typed=True) is not None
     with pytest.raises(AssertionError, match="the dict path ran"):
