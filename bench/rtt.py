@@ -234,6 +234,11 @@ def bench_daemon(workdir: Path, threads: int, env: dict[str, str] | None = None)
     daemon = start_daemon(text, workdir, env=env)
     try:
         yield daemon
+    except BaseException:
+        # The daemon's own account of a failed run goes with the traceback.
+        lines = daemon.log_path.read_text(errors="replace").splitlines()
+        print("\n".join(["daemon log (last 40 lines):", *lines[-40:]]), file=sys.stderr)
+        raise
     finally:
         try:
             daemon.stop(timeout=20)
