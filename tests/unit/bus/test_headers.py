@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import mmap
 import os
 from collections.abc import Iterator
@@ -422,3 +423,14 @@ def test_well_formed_references_skip_the_dict_path(
         assert bound(cases[what], table, typed=True) is not None
     with pytest.raises(AssertionError, match="the dict path ran"):
         bound(cases["misaligned"], table, typed=True)
+
+
+def test_the_reply_struct_has_the_schemas_keys_in_the_schemas_order() -> None:
+    schemas = Path(__file__).resolve().parents[3] / "schemas" / "bus"
+    ok = json.loads((schemas / "infer_reply.json").read_text())["$defs"]["ok"]
+    base = json.loads((schemas / "common.json").read_text())["$defs"]["ok_reply_base"]
+    fields = list(InferReply.__struct_fields__)
+    # The schema lists them in the order the worker has always written them
+    # (ok_header(...)'s keywords), which the struct keeps byte for byte.
+    assert fields == [*base["required"], *ok["required"]]
+    assert list(ok["properties"]) == ok["required"]
