@@ -46,16 +46,21 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
     outside its region or an output overlapping another tensor; NOT_FOUND;
     PERMISSION_DENIED) leave nothing leased."""
     header = request.header
-    refs = _typed_refs(header) if isinstance(header, InferHeader) else None
-    if refs is None:
-        if isinstance(header, InferHeader):
-            # Something the typed checks below do not vouch for: the reference
-            # checks, on the descriptors as dicts, name it (same messages, same order).
-            inputs, outputs = header.inputs, header.outputs
-            header = {
-                "inputs": [] if inputs is UNSET else [d.as_wire() for d in inputs],
-                "outputs": None if outputs is UNSET else [d.as_wire() for d in outputs],
-            }
+    if isinstance(header, InferHeader):
+        inputs, outputs = header.inputs or [], header.outputs
+        if outputs is UNSET and not any(descriptor.in_region for descriptor in inputs):
+            return None
+        refs = _typed_refs(header)
+        if refs is None:
+            # Something the typed checks do not vouch for: the reference checks, on
+            # the descriptors as dicts, name it (same messages, same order).
+            refs = _dict_refs(
+                {
+                    "inputs": [descriptor.as_wire() for descriptor in inputs],
+                    "outputs": None if outputs is UNSET else [d.as_wire() for d in outputs],
+                }
+            )
+    else:
         refs = _dict_refs(header)
     if refs is None:
         return None
@@ -106,9 +111,9 @@ def _dict_refs(header: dict[str, Any]) -> tuple[_Placed, _Placements] | None:
 
 
 def _typed_refs(header: InferHeader) -> tuple[_Placed, _Placements] | None:
-    """The region references of a typed header, when each passes every check of
-    ``_dict_refs``; None when it names none or when one might not (the dict path
-    then says which and why)."""
+    """The region references of a typed header that names some, when each passes
+    every check of ``_dict_refs``; None when one might not (the dict path then
+    says which and why)."""
     placed: _Placed = []
     for index, descriptor in enumerate(header.inputs or ()):
         if descriptor.in_region:
@@ -117,7 +122,7 @@ def _typed_refs(header: InferHeader) -> tuple[_Placed, _Placements] | None:
                 return None
             placed.append((index, f"tensor {descriptor.name!r}", ref))
     if header.outputs is UNSET:
-        return (placed, []) if placed else None
+        return placed, []
     placements: _Placements = []
     names = set()
     for descriptor in header.outputs:

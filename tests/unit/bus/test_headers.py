@@ -419,6 +419,7 @@ def test_well_formed_references_skip_the_dict_path(
         raise AssertionError("the dict path ran")
 
     monkeypatch.setattr(region_refs, "_dict_refs", refused)
+    assert bound(good(), table, typed=True) is None  # frames only: nothing to bind
     for what in ("input and output", "input only", "output only", "no outputs listed"):
         assert bound(cases[what], table, typed=True) is not None
     with pytest.raises(AssertionError, match="the dict path ran"):
