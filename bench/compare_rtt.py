@@ -42,8 +42,9 @@ def run_rtt(tree: Path, iterations: int) -> Any:
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"rtt.py in {tree} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)
 
 
