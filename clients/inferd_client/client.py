@@ -12,6 +12,7 @@ A ``tcp://`` endpoint of a daemon with ``security.curve`` needs ``curve=``: a
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections import deque
@@ -132,7 +133,8 @@ class _RequestChannel:
         self, request_id: int, give_up_at: float
     ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
         while True:
-            remaining_ms = int((give_up_at - time.monotonic()) * 1000)
+            # Rounded up: a wait never ends before the caller's timeout.
+            remaining_ms = math.ceil((give_up_at - time.monotonic()) * 1000)
             if remaining_ms <= 0:
                 return None
             # A blocking receive with a timeout rather than poll-then-receive: one
