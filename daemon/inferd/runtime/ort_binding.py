@@ -23,7 +23,12 @@ import numpy as np
 #: What ONNX Runtime says when a pre-allocated output has another shape than the
 #: one computed: 1.20+ ("... but the computed output shape for this run is ...")
 #: and earlier releases ("Shape mismatch attempting to re-use buffer").
-_SHAPE_MISMATCH = ("computed output shape", "Shape mismatch attempting to re-use buffer")
+_SHAPE_MISMATCH = (
+    "computed output shape",
+    "Shape mismatch attempting to re-use buffer",
+    # 1.23 (the wheel Python 3.10 gets here) for a bound output of another batch.
+    "OrtValue shape verification failed",
+)
 
 
 def run_in_place(
