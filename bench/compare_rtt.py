@@ -3,8 +3,10 @@
 Each pair of runs times the baseline revision and the working tree with
 ``bench/rtt.py --json`` in separate processes (each starts its own daemon),
 alternating which goes first (ABBA) so that drift on the machine and a
-second-run penalty hit both alike.  The table gives, per model and path, the
-median over all pairs of each run's median, and ``head/base``.
+second-run penalty hit both alike.  The table gives, per case and path, the
+median over all pairs of each run's median, and ``head/base`` (an ``rtt.py``
+from before issue 12, whose rows name a model, reads as the cases
+``identity-0.6MB`` and ``demo``, its ``daemon`` path as ``frames``).
 
 The baseline is checked out with ``git worktree add`` into a temporary
 directory and run with its own ``daemon/`` and ``clients/`` on ``PYTHONPATH``
@@ -28,11 +30,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-MODELS = ("demo", "identity")
-PATHS = ("inprocess", "daemon", "echo")
 
 
-def run_rtt(tree: Path, iterations: int) -> dict[str, Any]:
+def run_rtt(tree: Path, iterations: int) -> Any:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(tree / "daemon"), str(tree / "clients")])
     )
@@ -42,20 +42,42 @@ def run_rtt(tree: Path, iterations: int) -> dict[str, Any]:
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
-    return dict(json.loads(done.stdout))
+    if done.returncode != 0:
+        raise RuntimeError(f"rtt.py in {tree} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
 
 
-def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Per ``model/path`` and ``model/added_us|overhead_ratio``: the median over runs."""
+#: An older rtt.py (a dict with ``rows`` of ``model``/``path``, before issue 12):
+#: its identity model is the 0.6 MB case, its ``daemon`` path today's ``frames``.
+_OLD_CASES = {"identity": "identity-0.6MB", "demo": "demo"}
+_OLD_PATHS = {"daemon": "frames"}
+
+
+def run_medians(run: Any) -> dict[str, float]:
+    """``case/path`` -> median_us of one run, either format, and ``case/path-added``
+    (the path's median minus in-process) for the daemon paths."""
+    values: dict[str, float] = {}
+    if isinstance(run, dict):
+        for row in run["rows"]:
+            case = _OLD_CASES[row["model"]]
+            values[f"{case}/{_OLD_PATHS.get(row['path'], row['path'])}"] = row["median_us"]
+    else:
+        for row in run:
+            values[f"{row['case']}/{row['path']}"] = row["median_us"]
+    for key in list(values):
+        case, path = key.split("/")
+        if path in ("frames", "shm") and f"{case}/inprocess" in values:
+            values[f"{key}-added"] = values[key] - values[f"{case}/inprocess"]
+    return values
+
+
+def medians(runs: list[Any]) -> dict[str, float]:
+    """Per key of ``run_medians``: the median over runs."""
     values: dict[str, list[float]] = {}
     for run in runs:
-        for row in run["rows"]:
-            values.setdefault(f"{row['model']}/{row['path']}", []).append(row["median_us"])
-        for model, verdict in run["verdicts"].items():
-            for key in ("added_us", "overhead_ratio"):
-                values.setdefault(f"{model}/{key}", []).append(verdict[key])
+        for key, value in run_medians(run).items():
+            values.setdefault(key, []).append(value)
     return {key: statistics.median(samples) for key, samples in values.items()}
 
 
@@ -68,7 +90,7 @@ def compare(baseline: str, pairs: int, iterations: int) -> dict[str, Any]:
             check=True,
         )
         try:
-            runs: dict[str, list[dict[str, Any]]] = {"base": [], "head": []}
+            runs: dict[str, list[Any]] = {"base": [], "head": []}
             for index in range(pairs):
                 order = [("base", base_tree), ("head", REPO)]
                 for name, tree in order if index % 2 == 0 else reversed(order):
@@ -100,11 +122,11 @@ def print_table(report: dict[str, Any]) -> None:
         f"baseline {report['baseline']} vs working tree: {report['pairs']} ABBA pairs of"
         f" rtt.py, {report['iterations']} round trips per path; medians of run medians"
     )
-    print(f"{'model/metric':<26}{'base':>12}{'head':>12}{'head/base':>11}")
-    print("-" * 61)
+    print(f"{'case/path':<30}{'base':>12}{'head':>12}{'head/base':>11}")
+    print("-" * 65)
     for row in report["rows"]:
         print(
-            f"{row['key']:<26}{row['base']:>12.2f}{row['head']:>12.2f}{row['head_over_base']:>11.2f}"
+            f"{row['key']:<30}{row['base']:>12.2f}{row['head']:>12.2f}{row['head_over_base']:>11.2f}"
         )
 
 

@@ -1,24 +1,26 @@
-"""Round-trip latency of one inference: in-process ONNX Runtime, the daemon, a bare echo.
+"""Round-trip latency of one inference: in process, through the daemon (frames and
+shared memory), against a bare pyzmq echo and a memcpy, with the targets of issue 12.
 
-For each model (the demo feature extractor and the identity model) three paths
-are timed in one run, interleaved in blocks so that machine noise hits them
-alike:
+Cases: the identity model (``input`` f32[batch,3,224,224] -> ``output``) at batch
+1, 10 and 42 (0.6, 6 and 25 MB each way) and the demo CNN (``image``
+f32[1,3,224,224] -> ``descriptors`` f32[1,256,28,28]).  Paths, all timed in one
+run, interleaved in blocks so load from other processes hits every path alike:
 
-``inprocess``
-    ``InferenceSession.run`` in this process (CPUExecutionProvider, the same
-    ``intra_op_num_threads`` the daemon is configured with).
-``daemon``
-    ``InferenceClient.infer`` against a real ``inferd run`` subprocess over
-    ``ipc://``.
-``echo``
-    A bare pyzmq DEALER -> ROUTER echo over ``ipc://`` in a separate process:
-    the request has the daemon request's frame sizes (the same header bytes
-    and the same tensor), the reply has the daemon reply's frame sizes; frames
-    are sent and received with ``copy=False`` as the client library does.
+``inprocess``  ``InferenceSession.run`` in this process (CPU provider, the daemon's
+               ``intra_op_num_threads``).
+``frames``     ``InferenceClient.infer`` against an ``inferd run`` subprocess over
+               ``ipc://``, tensors in frames (today's protocol).
+``shm``        the same client and daemon, input and output in a registered
+               ``SharedRegion`` (no tensor byte on the socket).
+``echo``       a bare pyzmq DEALER -> ROUTER echo in its own process with the
+               ``frames`` path's bytes: the request's header and tensor, a reply
+               of the daemon reply's sizes.
+``echo16``     the same echo of a 16-byte message (what any round trip costs).
+``memcpy``     ``np.copyto`` of the input tensor into a preallocated array.
 
-The daemon's added transport cost is ``daemon_median - inprocess_median``; the
-target is that it stays within 125 % of the echo median
-(``overhead_ratio = added / echo_median <= 1.25``).
+``--json`` prints the rows ``{"case", "path", "median_us", "p99_us", "n"}``; the
+table adds the ratios and each target's PASS/MISS.  ``bench/breakdown.py`` shows
+where a daemon round trip's time goes.
 
 Run from the repository root: ``.venv/bin/python bench/rtt.py [--iterations N] [--json]``.
 """
@@ -26,6 +28,7 @@ Run from the repository root: ``.venv/bin/python bench/rtt.py [--iterations N] [
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -33,7 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,49 +53,109 @@ from inferd.demo_model import write_demo_model, write_identity_model  # noqa: E4
 from inferd_client import InferenceClient  # noqa: E402
 from inferd_wire import protocol  # noqa: E402
 
-TARGET_RATIO = 1.25
-PATHS = ("inprocess", "daemon", "echo")
+PATHS = ("inprocess", "frames", "shm", "echo", "echo16", "memcpy")
 
 
 @dataclass(frozen=True)
-class ModelCase:
+class Case:
     name: str
+    model: str
     input_name: str
     input_shape: tuple[int, ...]
-    write: Callable[[Path], Path]
+    #: Scales --iterations: the 25 MB case's round trips take ~50x longer.
+    share: float = 1.0
 
 
-MODELS = (
-    ModelCase("demo", "image", (1, 3, 224, 224), write_demo_model),
-    ModelCase("identity", "input", (1, 3, 224, 224), write_identity_model),
+CASES = (
+    Case("identity-0.6MB", "identity", "input", (1, 3, 224, 224)),
+    Case("identity-6MB", "identity", "input", (10, 3, 224, 224), 0.5),
+    Case("identity-25MB", "identity", "input", (42, 3, 224, 224), 0.25),
+    Case("demo", "demo", "image", (1, 3, 224, 224)),
+)
+MODEL_FILES: dict[str, Callable[[Path], Path]] = {
+    "identity": write_identity_model,
+    "demo": write_demo_model,
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of issue 12: ``value`` of a run against ``bound``."""
+
+    name: str
+    what: str
+    bound: float
+    value: Callable[[dict[tuple[str, str], float]], float]
+
+
+def added(m: dict[tuple[str, str], float], case: str, path: str) -> float:
+    return m[(case, path)] - m[(case, "inprocess")]
+
+
+TARGETS = (
+    Target(
+        "shm 25MB vs in-process",
+        "shm / inprocess, identity-25MB",
+        1.15,
+        lambda m: m[("identity-25MB", "shm")] / m[("identity-25MB", "inprocess")],
+    ),
+    Target(
+        "shm added cost 25MB vs 0.6MB",
+        "added(25MB) / added(0.6MB), shm",
+        1.3,
+        lambda m: added(m, "identity-25MB", "shm") / added(m, "identity-0.6MB", "shm"),
+    ),
+    Target(
+        "shm 0.6MB added vs echo16",
+        "added / echo16, shm, identity-0.6MB",
+        2.0,
+        lambda m: added(m, "identity-0.6MB", "shm") / m[("identity-0.6MB", "echo16")],
+    ),
+    Target(
+        "frames 0.6MB added vs echo",
+        "added / echo, frames, identity-0.6MB",
+        1.4,
+        lambda m: added(m, "identity-0.6MB", "frames") / m[("identity-0.6MB", "echo")],
+    ),
+    Target(
+        "demo vs in-process (best path)",
+        "min(frames, shm) / inprocess, demo",
+        1.10,
+        lambda m: min(m[("demo", "frames")], m[("demo", "shm")]) / m[("demo", "inprocess")],
+    ),
 )
 
 
 # -- echo server (runs in its own process) -------------------------------------
 def echo_server(endpoint: str, reply_header: bytes, reply_tensor_bytes: int) -> None:
-    """ROUTER that answers every message with [reply_header, reply_tensor] (fixed sizes)."""
+    """ROUTER that answers every message with [reply_header, reply_tensor] (fixed
+    sizes), or echoes it when ``reply_tensor_bytes`` is 0 (the 16-byte echo)."""
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(endpoint)
     tensor: Any = np.ones(reply_tensor_bytes, dtype=np.uint8)
+    gc.disable()  # a pause here would be charged to the echo, not to the daemon
     # SIGTERM keeps its default action (end the process at once): a Python-level
     # exit could hang in pyzmq's teardown while a zero-copy frame is in flight.
     print("ready", flush=True)
     while True:
         parts = sock.recv_multipart(copy=False)
-        sock.send_multipart([parts[0], reply_header, tensor], copy=False)
+        if reply_tensor_bytes:
+            sock.send_multipart([parts[0], reply_header, tensor], copy=False)
+        else:
+            sock.send_multipart(parts, copy=False)
 
 
 class EchoClient:
-    """A DEALER sending the daemon request's frames and waiting for a same-sized reply."""
+    """A DEALER sending fixed parts and waiting for the reply (blocking receive)."""
 
-    def __init__(self, endpoint: str, header: bytes, tensor: np.ndarray) -> None:
+    def __init__(self, endpoint: str, parts: list[Any]) -> None:
         # The client library's default context, so both paths share one I/O thread set-up.
         self._socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(endpoint)
-        self._parts: list[Any] = [header, tensor]
+        self._parts = parts
 
     def round_trip(self) -> None:
         self._socket.send_multipart(self._parts, copy=False)
@@ -133,12 +197,14 @@ def stop_process(process: subprocess.Popen[str]) -> None:
 
 
 # -- measurement -----------------------------------------------------------------
-def summarize(samples_ns: list[int]) -> dict[str, float]:
+def summarize(case: str, path: str, samples_ns: list[int]) -> dict[str, Any]:
     values = np.asarray(samples_ns, dtype=np.float64) / 1000.0
     return {
+        "case": case,
+        "path": path,
+        "median_us": round(float(np.median(values)), 1),
+        "p99_us": round(float(np.percentile(values, 99)), 1),
         "n": int(values.size),
-        "median_us": float(np.median(values)),
-        "p99_us": float(np.percentile(values, 99)),
     }
 
 
@@ -150,183 +216,225 @@ def time_block(call: Callable[[], object], count: int, out: list[int]) -> None:
         out.append(clock() - start)
 
 
-def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any]:
-    import onnxruntime as ort
-
+@contextmanager
+def bench_daemon(workdir: Path, threads: int, env: dict[str, str] | None = None) -> Iterator[Any]:
+    """An ``inferd run`` subprocess serving the identity and demo models."""
     from tests.conftest import render_config, start_daemon
 
+    models_dir = workdir / "models"
+    for model, write in MODEL_FILES.items():
+        write(models_dir / f"{model}.onnx")
+    text = render_config(
+        workdir,
+        [{"name": model, "path": str(models_dir / f"{model}.onnx")} for model in MODEL_FILES],
+        # The production defaults, not the test suite's chatty settings.
+        daemon={"log_level": "info", "health_interval_s": 1.0},
+        runtime={"ort_intra_op_threads": threads},
+    )
+    daemon = start_daemon(text, workdir, env=env)
+    try:
+        yield daemon
+    except BaseException:
+        # The daemon's own account of a failed run goes with the traceback.
+        lines = daemon.log_path.read_text(errors="replace").splitlines()
+        print("\n".join(["daemon log (last 40 lines):", *lines[-40:]]), file=sys.stderr)
+        raise
+    finally:
+        try:
+            daemon.stop(timeout=20)
+        except subprocess.TimeoutExpired:
+            stop_process(daemon.process)
+
+
+def session_for(workdir: Path, model: str, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(
+        str(workdir / "models" / f"{model}.onnx"),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
+    )
+
+
+def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ifd-b-"))  # short: ipc paths max 107 bytes
     processes: list[subprocess.Popen[str]] = []
     closers: list[Callable[[], None]] = []
-    daemon = None
     try:
-        models_dir = workdir / "models"
-        for case in MODELS:
-            case.write(models_dir / f"{case.name}.onnx")
-        text = render_config(
-            workdir,
-            [{"name": c.name, "path": str(models_dir / f"{c.name}.onnx")} for c in MODELS],
-            # The production defaults, not the test suite's chatty settings.
-            daemon={"log_level": "info", "health_interval_s": 1.0},
-            runtime={"ort_intra_op_threads": threads},
-        )
-        daemon = start_daemon(text, workdir)
-        client = InferenceClient(daemon.infer, timeout=30.0)
-        closers.append(client.close)
+        with bench_daemon(workdir, threads) as daemon:
+            client = InferenceClient(daemon.infer, timeout=60.0)
+            closers.append(client.close)
+            rng = np.random.default_rng(20261130)
+            calls: dict[tuple[str, str], Callable[[], object]] = {}
+            counts: dict[tuple[str, str], int] = {}
+            sessions: dict[str, Any] = {}
+            for case in CASES:
+                x = rng.random(case.input_shape, dtype=np.float32)
+                feeds = {case.input_name: x}
+                session = sessions.get(case.model) or session_for(workdir, case.model, threads)
+                sessions[case.model] = session
+                output_names = [o.name for o in session.get_outputs()]
 
-        rng = np.random.default_rng(20261130)
-        calls: dict[tuple[str, str], Callable[[], object]] = {}
-        reported: dict[str, list[int]] = {}
-        for case in MODELS:
-            x = rng.random(case.input_shape, dtype=np.float32)
-            feeds = {case.input_name: x}
+                # One real request gives the reply's shape and the echo's reply sizes.
+                (output,) = client.infer(case.model, feeds).values()
+                reply_header = protocol.pack(client.last_reply)
+                descriptors, frames = protocol.encode_tensors(feeds)
+                request_header = protocol.pack(
+                    {
+                        "v": protocol.PROTOCOL_VERSION,
+                        "op": "infer",
+                        "model": case.model,
+                        "inputs": descriptors,
+                        "id": 2**63 + 1,  # a client id's size: uint64
+                    }
+                )
+                server, endpoint = start_echo_server(
+                    workdir, case.name, reply_header, output.nbytes
+                )
+                processes.append(server)
+                echo = EchoClient(endpoint, [request_header, frames[0]])
+                closers.append(echo.close)
+                server16, endpoint16 = start_echo_server(workdir, f"{case.name}-16", b"", 0)
+                processes.append(server16)
+                echo16 = EchoClient(endpoint16, [b"0123456789abcdef"])
+                closers.append(echo16.close)
 
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            options.intra_op_num_threads = threads
-            session = ort.InferenceSession(
-                str(models_dir / f"{case.name}.onnx"),
-                sess_options=options,
-                providers=["CPUExecutionProvider"],
-            )
-            output_names = [o.name for o in session.get_outputs()]
+                region = client.shared_region(x.nbytes + output.nbytes + 4096, label=case.name)
+                shared_in = region.array(x.shape, np.float32)
+                shared_in[...] = x
+                shared_out = region.array(output.shape, np.float32)
+                (output_name,) = output_names
+                copy_target = np.empty_like(x)
 
-            # One real request tells the echo server the daemon reply's frame sizes.
-            outputs = client.infer(case.name, feeds)
-            (output,) = outputs.values()
-            reply_header = protocol.pack(client.last_reply)
-            descriptors, frames = protocol.encode_tensors(feeds)
-            request_header = protocol.pack(
-                {
-                    "v": protocol.PROTOCOL_VERSION,
-                    "op": "infer",
-                    "model": case.name,
-                    "inputs": descriptors,
-                    "id": 2**63 + 1,  # a client id's size: uint64
-                }
-            )
-            server, endpoint = start_echo_server(workdir, case.name, reply_header, output.nbytes)
-            processes.append(server)
-            echo = EchoClient(endpoint, request_header, frames[0])
-            closers.append(echo.close)
+                def via_frames(model: str = case.model, feeds: dict[str, Any] = feeds) -> object:
+                    return client.infer(model, feeds)
 
-            samples_reported = reported.setdefault(case.name, [])
+                def via_shm(
+                    model: str = case.model,
+                    inputs: dict[str, Any] = {case.input_name: shared_in},  # noqa: B006
+                    outputs: dict[str, Any] = {output_name: shared_out},  # noqa: B006
+                ) -> object:
+                    return client.infer(model, inputs, outputs=outputs)
 
-            def via_daemon(
-                name: str = case.name,
-                feeds: dict[str, np.ndarray] = feeds,
-                sink: list[int] = samples_reported,
-            ) -> object:
-                result = client.infer(name, feeds)
-                sink.append(int(client.last_reply["latency_us"]))
-                return result
+                def in_process(
+                    session: Any = session,
+                    names: list[str] = output_names,
+                    feeds: dict[str, np.ndarray] = feeds,
+                ) -> object:
+                    return session.run(names, feeds)
 
-            def in_process(
-                session: Any = session,
-                names: list[str] = output_names,
-                feeds: dict[str, np.ndarray] = feeds,
-            ) -> object:
-                return session.run(names, feeds)
+                def memcpy(target: np.ndarray = copy_target, source: np.ndarray = x) -> None:
+                    np.copyto(target, source)
 
-            calls[(case.name, "inprocess")] = in_process
-            calls[(case.name, "daemon")] = via_daemon
-            calls[(case.name, "echo")] = echo.round_trip
+                for path, call in (
+                    ("inprocess", in_process),
+                    ("frames", via_frames),
+                    ("shm", via_shm),
+                    ("echo", echo.round_trip),
+                    ("echo16", echo16.round_trip),
+                    ("memcpy", memcpy),
+                ):
+                    calls[(case.name, path)] = call
+                    counts[(case.name, path)] = max(10, int(iterations * case.share))
 
-        for call in calls.values():
-            time_block(call, warmup, [])
-        for latencies in reported.values():
-            latencies.clear()
+            for call in calls.values():
+                time_block(call, warmup, [])
 
-        samples: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
-        keys = list(calls)
-        rounds = -(-iterations // block)
-        for round_index in range(rounds):
-            count = min(block, iterations - round_index * block)
-            # Rotate the order every round so no path always follows another.
-            shift = round_index % len(keys)
-            for key in keys[shift:] + keys[:shift]:
-                time_block(calls[key], count, samples[key])
+            samples: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
+            keys = list(calls)
+            for round_index in range(-(-iterations // block)):
+                # Rotate the order every round so no path always follows another.
+                shift = round_index % len(keys)
+                for key in keys[shift:] + keys[:shift]:
+                    count = min(block, counts[key] - len(samples[key]))
+                    if count > 0:
+                        time_block(calls[key], count, samples[key])
+            for close in reversed(closers):
+                close()
+            closers.clear()
     finally:
-        for close in closers:
+        for close in reversed(closers):
             close()
         for process in processes:
             stop_process(process)
-        if daemon is not None:
-            try:
-                daemon.stop(timeout=20)
-            except subprocess.TimeoutExpired:
-                stop_process(daemon.process)
         shutil.rmtree(workdir, ignore_errors=True)
 
-    rows: list[dict[str, Any]] = []
-    verdicts: dict[str, dict[str, Any]] = {}
-    for case in MODELS:
-        stats = {path: summarize(samples[(case.name, path)]) for path in PATHS}
-        added = stats["daemon"]["median_us"] - stats["inprocess"]["median_us"]
-        ratio = added / stats["echo"]["median_us"]
-        verdicts[case.name] = {
-            "added_us": added,
-            "overhead_ratio": ratio,
-            "target_ratio": TARGET_RATIO,
-            "pass": ratio <= TARGET_RATIO,
-            "daemon_reported_ort_median_us": float(np.median(reported[case.name])),
-        }
-        for path in PATHS:
-            rows.append({"model": case.name, "path": path, **stats[path]})
+    rows = [summarize(case, path, samples[(case, path)]) for case, path in samples]
     return {
-        "load_average_1m": os.getloadavg()[0],
+        "rows": rows,
+        "load_average": os.getloadavg(),
         "iterations": iterations,
         "block": block,
         "warmup": warmup,
-        "ort_intra_op_threads": threads,
-        "rows": rows,
-        "verdicts": verdicts,
+        "threads": threads,
     }
 
 
+def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    medians = {(row["case"], row["path"]): float(row["median_us"]) for row in rows}
+    results = []
+    for target in TARGETS:
+        value = target.value(medians)
+        results.append(
+            {
+                "target": target.name,
+                "what": target.what,
+                "value": value,
+                "bound": target.bound,
+                "pass": value <= target.bound,
+            }
+        )
+    return results
+
+
 def print_table(result: dict[str, Any]) -> None:
+    rows = result["rows"]
+    medians = {(row["case"], row["path"]): row["median_us"] for row in rows}
     header = (
-        f"{'model':<9} {'path':<10} {'n':>5} {'median_us':>10} {'p99_us':>10} "
-        f"{'added_us':>9} {'overhead_ratio':>14}  target"
+        f"{'case':<15} {'path':<10} {'n':>5} {'median_us':>10} {'p99_us':>10} "
+        f"{'x_inproc':>9} {'added_us':>9} {'added/echo':>10} {'added/echo16':>12}"
     )
     print(header)
     print("-" * len(header))
-    for row in result["rows"]:
+    for row in rows:
+        case, path = row["case"], row["path"]
         line = (
-            f"{row['model']:<9} {row['path']:<10} {row['n']:>5} "
-            f"{row['median_us']:>10.1f} {row['p99_us']:>10.1f}"
+            f"{case:<15} {path:<10} {row['n']:>5} {row['median_us']:>10.1f} {row['p99_us']:>10.1f}"
         )
-        if row["path"] == "daemon":
-            verdict = result["verdicts"][row["model"]]
+        if path in ("frames", "shm"):
+            extra = added(medians, case, path)
             line += (
-                f" {verdict['added_us']:>9.1f} {verdict['overhead_ratio']:>14.2f}  "
-                f"{'PASS' if verdict['pass'] else 'FAIL'} (<= {TARGET_RATIO:.2f})"
+                f" {row['median_us'] / medians[(case, 'inprocess')]:>9.2f} {extra:>9.1f}"
+                f" {extra / medians[(case, 'echo')]:>10.2f}"
+                f" {extra / medians[(case, 'echo16')]:>12.2f}"
             )
         print(line)
-    print("\nadded_us = daemon median - inprocess median; overhead_ratio = added_us / echo median.")
     print(
-        f"{result['iterations']} iterations per path per model, interleaved in blocks of "
-        f"{result['block']} after {result['warmup']} warm-up calls; "
-        f"ort_intra_op_threads={result['ort_intra_op_threads']}."
+        "\nx_inproc = path median / inprocess median; added_us = path median - inprocess "
+        "median; added/echo and added/echo16 = added_us over the echo medians of the same case."
     )
-    reported = ", ".join(
-        f"{name} {v['daemon_reported_ort_median_us']:.0f} us"
-        for name, v in result["verdicts"].items()
-    )
-    print(f"daemon's own ORT run time (reply latency_us, median): {reported}")
+    print("\ntargets (issue 12, medians of this run):")
+    for verdict in verdicts(rows):
+        print(
+            f"  {'PASS' if verdict['pass'] else 'MISS'}  {verdict['target']:<32} "
+            f"{verdict['what']:<40} {verdict['value']:6.2f} (<= {verdict['bound']:.2f})"
+        )
+    load = ", ".join(f"{value:.2f}" for value in result["load_average"])
     print(
-        f"1-minute load average at the end: {result['load_average_1m']:.2f} "
-        f"on {os.cpu_count()} CPUs (other processes' load skews every path)"
+        f"\n{result['iterations']} iterations per path (identity-6MB x0.5, -25MB x0.25), "
+        f"interleaved in blocks of {result['block']} after {result['warmup']} warm-up calls; "
+        f"ort_intra_op_threads={result['threads']}; load average at the end {load} on "
+        f"{os.cpu_count()} CPUs."
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--iterations",
-        type=int,
-        default=300,
-        help="timed round trips per path per model (default 300)",
+        "--iterations", type=int, default=300, help="timed round trips per path (default 300)"
     )
     parser.add_argument(
         "--block",
@@ -335,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         help="consecutive calls of one path before switching (default 10)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=30, help="untimed calls per path per model first (default 30)"
+        "--warmup", type=int, default=20, help="untimed calls per path first (default 20)"
     )
     parser.add_argument(
         "--threads",
@@ -343,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="ORT intra_op threads, daemon and in-process alike (default 1)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument(
         "--echo-server",
         nargs=3,
@@ -359,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--iterations, --block and --threads must be >= 1, --warmup >= 0")
     result = run(args.iterations, args.block, args.warmup, args.threads)
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
+        json.dump(result["rows"], sys.stdout, indent=2)
         print()
     else:
         print_table(result)

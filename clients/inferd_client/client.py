@@ -12,6 +12,7 @@ A ``tcp://`` endpoint of a daemon with ``security.curve`` needs ``curve=``: a
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections import deque
@@ -91,8 +92,8 @@ class _RequestChannel:
             self._socket.close(linger=0)
             raise
         self._socket.connect(endpoint)
-        self._poller = zmq.Poller()
-        self._poller.register(self._socket, zmq.POLLIN)
+        #: The receive timeout last set (``_await`` changes it only when it must).
+        self._rcvtimeo = -1
         self.endpoint = endpoint
         self.timeout = timeout
         # A random 24-bit prefix keeps ids from different client objects apart
@@ -131,10 +132,20 @@ class _RequestChannel:
         self, request_id: int, give_up_at: float
     ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
         while True:
-            remaining_ms = int((give_up_at - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or not self._poller.poll(remaining_ms):
+            # Rounded up: a wait never ends before the caller's timeout.
+            remaining_ms = math.ceil((give_up_at - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
                 return None
-            parts = recv_frames(self._socket)
+            # A blocking receive with a timeout rather than poll-then-receive: one
+            # call per reply.  The option is set again unless the one set waits at
+            # most a millisecond (its rounding) longer than asked, never shorter.
+            if not 0 <= self._rcvtimeo - remaining_ms <= 1:
+                self._socket.setsockopt(zmq.RCVTIMEO, remaining_ms)
+                self._rcvtimeo = remaining_ms
+            try:
+                parts = recv_frames(self._socket)
+            except zmq.Again:
+                return None
             try:
                 header = protocol.unpack_header(parts[0].buffer)
             except ProtocolError as exc:

@@ -66,11 +66,15 @@ class SharedRegion:
             raise
         self.fd = fd
         self._base: np.ndarray | None = np.frombuffer(self._mapping, np.uint8)
+        # The mapping never moves: its address is read once (``ctypes.data``
+        # costs microseconds, and ``locate`` runs per tensor per request).
+        self._address: int = self._base.__array_interface__["data"][0]
         self._used = 0
 
     @property
     def address(self) -> int:
-        return int(self._view().ctypes.data)
+        self._view()
+        return self._address
 
     def _view(self) -> np.ndarray:
         if self._base is None:
@@ -101,7 +105,7 @@ class SharedRegion:
         block of this region, else None (it then travels as a frame)."""
         if self._base is None or not array.flags.c_contiguous:
             return None
-        start = int(array.ctypes.data) - self.address
+        start = array.__array_interface__["data"][0] - self._address
         if start < 0 or start + array.nbytes > self.nbytes or start % REGION_ALIGNMENT:
             return None
         return start, array.nbytes

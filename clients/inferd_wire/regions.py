@@ -68,6 +68,10 @@ def shown(region_id: str) -> str:
     return region_id[:REGION_ID_SHOWN]
 
 
+def is_region_id(value: str) -> bool:
+    return _REGION_ID.fullmatch(value) is not None
+
+
 def parse_region_id(value: Any) -> str:
     """A well-formed region id (32 lowercase hex digits), or INVALID_ARGUMENT."""
     if not isinstance(value, str) or _REGION_ID.fullmatch(value) is None:

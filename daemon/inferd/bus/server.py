@@ -226,6 +226,8 @@ class BusServer(threading.Thread):
             self._send(infer, "infer", parts)
 
     def _serve(self, name: str, intake: Intake, handle: Any) -> None:
+        # Infer headers are read by the typed decoder first; control ops take dicts.
+        typed = name == "infer"
         for index in range(_BATCH):
             if index and not readable(intake.socket):
                 return
@@ -236,7 +238,7 @@ class BusServer(threading.Thread):
             if isinstance(received, Oversized):
                 reply: Reply | None = self._refuse_oversized(received)
             else:
-                reply = self._dispatch(received, handle)
+                reply = self._dispatch(received, handle, typed)
             if reply is not None:
                 self._send(intake.socket, name, reply.parts())
 
@@ -261,11 +263,11 @@ class BusServer(threading.Thread):
         )
         return error_reply(request, oversized.envelope, error)
 
-    def _dispatch(self, frames: list[zmq.Frame], handle: Any) -> Reply | None:
+    def _dispatch(self, frames: list[zmq.Frame], handle: Any, typed: bool) -> Reply | None:
         envelope, body = split_envelope(frames)
         request: Request | None = None
         try:
-            request = decode_request(body, self._limits)
+            request = decode_request(body, self._limits, typed=typed)
             request.envelope = envelope
             check_request(request, self._limits)
             result: Reply | None = handle(request)

@@ -15,6 +15,7 @@ logs instead of failing when its key directory is missing (DESIGN.md 61).
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Mapping
@@ -70,6 +71,13 @@ def peer_of(frame: Any) -> Peer | None:
         text = frame.get("User-Id")
     except (zmq.ZMQError, AttributeError):
         return None
+    return _peer_from(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _peer_from(text: str) -> Peer | None:
+    # Every message of a connection carries the same User-Id text: parsed once
+    # per peer, not per request (a Peer is frozen, so sharing it is safe).
     try:
         fields = json.loads(text)
         return Peer(**fields)

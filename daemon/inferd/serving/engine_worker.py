@@ -23,6 +23,7 @@ import structlog
 import zmq
 
 from inferd.bus.codec import validate_inputs, validate_outputs
+from inferd.bus.headers import InferReply, encode_infer_reply
 from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
@@ -191,20 +192,25 @@ class EngineWorker(threading.Thread):
         # Served anyway, since the work is done, but flagged: a client that set a
         # deadline learns the result is stale rather than mistaking it for a timely one.
         late = job.deadline_ns is not None and finished_ns > job.deadline_ns
-        header = protocol.ok_header(
-            job.request_id,
-            model=job.model,
-            runtime=handle.runtime_label,
-            fallback=handle.is_fallback,
-            latency_us=(finished_ns - started_ns) // 1000,
-            queue_us=(started_ns - job.received_ns) // 1000,
-            # Lets a client see degradation without subscribing to events.
-            thermal=self._thermal_summary(),
-            late=late,
-            outputs=descriptors,
+        # The bytes of protocol.pack(protocol.ok_header(...)) with these fields, in C.
+        header = encode_infer_reply(
+            InferReply(
+                v=protocol.PROTOCOL_VERSION,
+                id=job.request_id,
+                ok=True,
+                model=job.model,
+                runtime=handle.runtime_label,
+                fallback=handle.is_fallback,
+                latency_us=(finished_ns - started_ns) // 1000,
+                queue_us=(started_ns - job.received_ns) // 1000,
+                # Lets a client see degradation without subscribing to events.
+                thermal=self._thermal_summary(),
+                late=late,
+                outputs=descriptors,
+            )
         )
         slot.stats.answered("OK", (finished_ns - job.received_ns) // 1000, late=late)
-        return [*job.envelope, protocol.pack(header), *frames]
+        return [*job.envelope, header, *frames]
 
     def _error(self, job: Job, slot: ModelSlot, code: Code, message: str) -> list[Any]:
         slot.stats.answered(str(code))

@@ -22,12 +22,13 @@ import structlog
 
 from inferd.bus.codec import (
     Request,
-    bind_regions,
     check_descriptors,
     deadline_ms_of,
+    model_of,
     validate_inputs,
     validate_outputs,
 )
+from inferd.bus.region_refs import bind_regions
 from inferd.bus.server import Reply
 from inferd.bus.zap import peer_of
 from inferd.serving.scheduler import (
@@ -98,7 +99,7 @@ class RequestRouter:
                 Code.INVALID_ARGUMENT,
                 f"unknown op {request.op!r} on the infer socket; it serves {list(INFER_OPS)}",
             )
-        model = request.header.get("model")
+        model = model_of(request.header)
         if not isinstance(model, str):
             raise ProtocolError(Code.INVALID_ARGUMENT, "'model' must be a string")
         slot = self._slots.get(model)
@@ -189,6 +190,8 @@ class RequestRouter:
             )
 
     def handle_control(self, request: Request) -> Reply | None:
+        # The control socket's headers are always read as dicts (BusServer._serve).
+        assert isinstance(request.header, dict)
         operation = self._control_ops.get(request.op)
         if operation is not None:
             return ok_reply(request, operation(request.header))

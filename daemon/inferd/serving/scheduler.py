@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from inferd.bus.headers import Header
 from inferd.config import QueuePolicy
 from inferd.shm.regions import RequestRegions
 from inferd_wire.protocol import RequestId
@@ -35,7 +36,7 @@ class Job:
     #: The received tensor frames (``inputs`` views their memory).
     frames: Any = field(default=None, repr=False)
     #: The request header, kept for late validation.
-    header: dict[str, Any] = field(default_factory=dict, repr=False)
+    header: Header = field(default_factory=dict, repr=False)
     #: Bytes of the tensor frames: what the job holds while it is queued.
     nbytes: int = 0
     #: The shared-memory regions its tensors live in, leased until ``finish``.

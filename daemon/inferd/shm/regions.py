@@ -39,6 +39,7 @@ import structlog
 
 from inferd.config import ShmConfig
 from inferd.shm.memfd import map_sealed_memfd
+from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import RegionRef, shown
 
@@ -348,7 +349,7 @@ class OutputPlacement:
     def as_wire(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "dtype": self.dtype.name,
+            "dtype": protocol.wire_dtype_name(self.name, self.dtype),
             "shape": list(self.shape),
             **self.ref.as_wire(),
         }

@@ -46,9 +46,27 @@ def encoded(inputs: dict[str, np.ndarray], **extra: Any) -> list[Frame]:
 
 
 def decode_and_validate(frames: list[Frame]) -> dict[str, np.ndarray]:
-    decoded = decode_request(frames, LIMITS)
-    check_request(decoded, LIMITS)
-    return validate_inputs(decoded.header, decoded.tensors, SPECS)
+    """Through the typed decoder (the infer socket's path) and the reference
+    checks alone: both give the same views or the same refusal."""
+    outcomes = []
+    for typed in (True, False):
+        try:
+            decoded = decode_request(frames, LIMITS, typed=typed)
+            check_request(decoded, LIMITS)
+            outcomes.append(validate_inputs(decoded.header, decoded.tensors, SPECS))
+        except ProtocolError as exc:
+            outcomes.append(exc)
+    fast, reference = outcomes
+    if isinstance(reference, ProtocolError):
+        assert isinstance(fast, ProtocolError)
+        assert (fast.code, fast.message) == (reference.code, reference.message)
+        raise reference
+    assert isinstance(fast, dict)
+    assert fast.keys() == reference.keys()
+    for name, view in reference.items():
+        np.testing.assert_array_equal(fast[name], view)
+        assert fast[name].dtype == view.dtype
+    return reference
 
 
 def test_valid_request_round_trips_zero_copy_read_only() -> None:

@@ -1,4 +1,4 @@
-"""Region-backed tensors in the codec (``bind_regions``, ``validate_inputs``,
+"""Region-backed tensors in the codec (``region_refs.bind_regions``, ``validate_inputs``,
 ``validate_outputs``): every malformed reference is a specific refusal that leaves
 nothing leased, and valid ones are zero-copy views of the region."""
 
@@ -19,12 +19,11 @@ import zmq
 
 from inferd.bus.codec import (
     Request,
-    bind_regions,
     check_descriptors,
-    peer_uid_of,
     validate_inputs,
     validate_outputs,
 )
+from inferd.bus.region_refs import bind_regions, peer_uid_of
 from inferd.config import ShmConfig
 from inferd.shm.regions import Connection, PeerCredentials, Region, RegionTable
 from inferd.types import Peer, TensorSpec

@@ -91,6 +91,21 @@ def test_a_single_reply_over_the_peer_budget_goes_to_a_peer_that_reads() -> None
     assert send(budget, b"p", 1) is not None
 
 
+def test_a_refusal_is_decided_on_what_is_in_flight_now() -> None:
+    # A client reading 25 MB replies back to back: the previous reply was let go
+    # after the bus loop's last collect(); the next one must not be dropped for it.
+    budget = ReplyBudget(per_peer_bytes=32 * MIB, total_bytes=40 * MIB)
+    previous = send(budget, b"p", 25 * MIB)
+    other = send(budget, b"q", 10 * MIB)
+    assert previous is not None and other is not None
+    del other  # released since the last collect()
+    third = send(budget, b"r", 10 * MIB)  # within the total once collected
+    del previous
+    again = send(budget, b"p", 25 * MIB)  # within its peer budget once collected
+    assert third is not None and again is not None
+    assert budget.dropped == 0 and budget.in_flight_bytes == 35 * MIB
+
+
 def test_the_total_budget_bounds_all_peers_together() -> None:
     budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=12 * MIB)
     kept = [send(budget, bytes([peer]), 5 * MIB) for peer in range(2)]

@@ -98,6 +98,30 @@ def test_timeout_without_retries_raises(server: Callable[[Script], str]) -> None
         assert time.monotonic() - started < 1.0
 
 
+def test_each_call_waits_its_own_timeout_never_less(server: Callable[[Script], str]) -> None:
+    # The client waits with a blocking receive under RCVTIMEO, set again when a
+    # call's remaining time differs from the one set: a short wait after a long
+    # one, and a long one after it, each last at least what was asked.
+    answered = threading.Event()
+
+    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        if answered.is_set():
+            request_id = msgpack.unpackb(frames[1])["id"]
+            sock.send_multipart(reply_to(frames, request_id, np.ones(2, np.float32)))
+
+    endpoint = server(script)
+    with InferenceClient(endpoint, timeout=0.4) as client:
+        for wait in (0.4, 0.1, 0.3):
+            started = time.monotonic()
+            with pytest.raises(RequestTimeout):
+                client.infer("m", {"x": np.zeros(2, np.float32)}, timeout=wait)
+            elapsed = time.monotonic() - started
+            assert wait <= elapsed < wait + 0.25, (wait, elapsed)
+        answered.set()
+        outputs = client.infer("m", {"x": np.zeros(2, np.float32)})
+        np.testing.assert_array_equal(outputs["out0"], [1.0, 1.0])
+
+
 def test_error_replies_raise_remote_error_with_code(server: Callable[[Script], str]) -> None:
     def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
         request_id = msgpack.unpackb(frames[1])["id"]

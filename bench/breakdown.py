@@ -1,0 +1,275 @@
+"""Where a daemon round trip's time goes, step by step (the companion of ``rtt.py``).
+
+The daemon is the same ``inferd run`` subprocess as in ``rtt.py``, with timing
+hooks installed at start-up (a ``sitecustomize`` on its ``PYTHONPATH`` calls
+``install`` here): they wrap the bus thread's dispatch and reply forwarding, the
+engine worker's run, the runtime's ``infer``, the reply encoder and the
+worker's send, and record ``time.monotonic_ns()`` (one clock for every process
+on the machine) around each; the client's send and receive are wrapped the same
+way in this process.  Every request passes each hook once, in order, so the
+n-th stamp of each hook belongs to the n-th request.  The table shows the median
+of each step over the timed requests, and the sum against the measured round trip.
+
+Run from the repository root:
+``.venv/bin/python bench/breakdown.py [--iterations N] [--case identity-0.6MB --path shm]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import numpy as np  # noqa: E402
+
+#: The daemon's hooks, in the order a request passes them.
+DAEMON_STAMPS = (
+    "bus_in",
+    "bus_admitted",
+    "worker_run",
+    "ort_start",
+    "ort_end",
+    "encode_start",
+    "encode_end",
+    "push_start",
+    "push_end",
+    "forward_start",
+    "forward_end",
+)
+CLIENT_STAMPS = ("client_start", "client_sent", "client_received", "client_end")
+STEPS = (
+    ("client: build and send the request", "client_start", "client_sent"),
+    ("transport to the bus thread (ipc, wake-up, read)", "client_sent", "bus_in"),
+    ("bus: decode, validate, admit, submit", "bus_in", "bus_admitted"),
+    ("hand-off to the engine worker", "bus_admitted", "worker_run"),
+    ("worker: checks before the run", "worker_run", "ort_start"),
+    ("ORT run (runtime.infer)", "ort_start", "ort_end"),
+    ("worker: reply tensors and stats", "ort_end", "encode_start"),
+    ("reply header encode", "encode_start", "encode_end"),
+    ("worker: release, then send on inproc", "encode_end", "push_start"),
+    ("inproc send (worker)", "push_start", "push_end"),
+    ("hand-off back to the bus thread", "push_end", "forward_start"),
+    ("bus: reply budget and ROUTER send", "forward_start", "forward_end"),
+    ("transport to the client (ipc, wake-up, read)", "forward_end", "client_received"),
+    ("client: decode the reply", "client_received", "client_end"),
+)
+
+
+# -- in the daemon ---------------------------------------------------------------
+def install(out_path: str) -> None:
+    """Wrap the daemon's request path with stamps, written to ``out_path`` at exit."""
+    from inferd.bus import server
+    from inferd.runtime import onnx_trt_ep
+    from inferd.serving import engine_worker
+
+    clock = time.monotonic_ns
+    stamps: dict[str, list[int]] = {name: [] for name in DAEMON_STAMPS}
+
+    def around(before: str, after: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        first, second = stamps[before], stamps[after]
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            first.append(clock())
+            try:
+                return call(*args, **kwargs)
+            finally:
+                second.append(clock())
+
+        return wrapped
+
+    dispatch = server.BusServer._dispatch
+    bus_in, bus_admitted = stamps["bus_in"], stamps["bus_admitted"]
+
+    def traced_dispatch(self: Any, frames: Any, handle: Any, typed: bool) -> Any:
+        if not typed:  # the control socket (start-up's health checks)
+            return dispatch(self, frames, handle, typed)
+        bus_in.append(clock())
+        try:
+            return dispatch(self, frames, handle, typed)
+        finally:
+            bus_admitted.append(clock())
+
+    send = server.BusServer._send
+    forward_start, forward_end = stamps["forward_start"], stamps["forward_end"]
+
+    def traced_send(self: Any, sock: Any, name: str, parts: list[Any]) -> None:
+        if name != "infer":
+            send(self, sock, name, parts)
+            return
+        forward_start.append(clock())
+        try:
+            send(self, sock, name, parts)
+        finally:
+            forward_end.append(clock())
+
+    run = engine_worker.EngineWorker._run
+    worker_run = stamps["worker_run"]
+
+    def traced_run(self: Any, job: Any) -> Any:
+        worker_run.append(clock())
+        return run(self, job)
+
+    server.BusServer._dispatch = traced_dispatch  # type: ignore[method-assign]
+    server.BusServer._send = traced_send  # type: ignore[method-assign]
+    engine_worker.EngineWorker._run = traced_run  # type: ignore[method-assign]
+    runtime = onnx_trt_ep.OnnxTrtEpRuntime
+    runtime.infer = around("ort_start", "ort_end", runtime.infer)  # type: ignore[method-assign]
+    engine_worker.encode_infer_reply = around(  # type: ignore[assignment]
+        "encode_start", "encode_end", engine_worker.encode_infer_reply
+    )
+    engine_worker.send_frames = around(  # type: ignore[assignment]
+        "push_start", "push_end", engine_worker.send_frames
+    )
+
+    def dump() -> None:
+        Path(out_path).write_text(json.dumps(stamps))
+
+    atexit.register(dump)
+
+
+SITECUSTOMIZE = """\
+import os, sys
+if os.environ.get("INFERD_BENCH_TRACE"):
+    sys.path.insert(0, {bench!r})
+    import breakdown
+    breakdown.install(os.environ["INFERD_BENCH_TRACE"])
+"""
+
+
+# -- in the client ---------------------------------------------------------------
+def trace_client() -> dict[str, list[int]]:
+    from inferd_client import client
+
+    clock = time.monotonic_ns
+    stamps: dict[str, list[int]] = {name: [] for name in CLIENT_STAMPS}
+    send_frames, recv_frames = client.send_frames, client.recv_frames
+
+    def traced_send(*args: Any, **kwargs: Any) -> None:
+        send_frames(*args, **kwargs)
+        stamps["client_sent"].append(clock())
+
+    def traced_recv(*args: Any, **kwargs: Any) -> Any:
+        frames = recv_frames(*args, **kwargs)
+        stamps["client_received"].append(clock())
+        return frames
+
+    client.send_frames = traced_send  # type: ignore[assignment]
+    client.recv_frames = traced_recv  # type: ignore[assignment]
+    return stamps
+
+
+def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str, Any]:
+    import rtt
+    from inferd_client import InferenceClient
+
+    case = next(c for c in rtt.CASES if c.name == case_name)
+    workdir = Path(tempfile.mkdtemp(prefix="ifd-k-"))
+    hooks = workdir / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE.format(bench=str(BENCH)))
+    out = workdir / "stamps.json"
+    env = {
+        "INFERD_BENCH_TRACE": str(out),
+        "PYTHONPATH": os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]),
+    }
+    stamps = trace_client()
+    clock = time.monotonic_ns
+    try:
+        with (
+            rtt.bench_daemon(workdir, 1, env=env) as daemon,
+            InferenceClient(daemon.infer, timeout=60.0) as client,
+        ):
+            x = np.random.default_rng(1).random(case.input_shape, dtype=np.float32)
+            (output,) = client.infer(case.model, {case.input_name: x}).values()
+            output_name = client.last_reply["outputs"][0]["name"]
+            inputs, outputs = {case.input_name: x}, None
+            if path == "shm":
+                region = client.shared_region(x.nbytes + output.nbytes + 4096)
+                shared = region.array(x.shape, np.float32)
+                shared[...] = x
+                inputs = {case.input_name: shared}
+                outputs = {output_name: region.array(output.shape, np.float32)}
+            latency_us = []
+            for _ in range(warmup + iterations):
+                stamps["client_start"].append(clock())
+                client.infer(case.model, inputs, outputs=outputs)
+                stamps["client_end"].append(clock())
+                latency_us.append(client.last_reply["latency_us"])
+        daemon_stamps = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    # The first request (the shapes) and the warm-up are not timed; the daemon saw
+    # the first request too.
+    series = {name: np.asarray(values[-iterations:]) for name, values in daemon_stamps.items()}
+    for name in CLIENT_STAMPS:
+        series[name] = np.asarray(stamps[name][-iterations:])
+    steps = {
+        what: float(np.median(series[end] - series[start])) / 1000 for what, start, end in STEPS
+    }
+    total = float(np.median(series["client_end"] - series["client_start"])) / 1000
+    return {
+        "case": case_name,
+        "path": path,
+        "n": iterations,
+        "steps_us": steps,
+        "round_trip_us": total,
+        "reply_latency_us": float(np.median(latency_us[-iterations:])),
+        "load_average": os.getloadavg(),
+    }
+
+
+def print_breakdown(result: dict[str, Any]) -> None:
+    print(
+        f"{result['case']} over {result['path']}: median of {result['n']} round trips, "
+        f"one step at a time (us)"
+    )
+    for what, value in result["steps_us"].items():
+        print(f"  {what:<50} {value:>9.1f}")
+    total = sum(result["steps_us"].values())
+    print(f"  {'sum of the step medians':<50} {total:>9.1f}")
+    print(f"  {'round trip (median)':<50} {result['round_trip_us']:>9.1f}")
+    print(f"  {'reply latency_us (median)':<50} {result['reply_latency_us']:>9.1f}")
+    load = ", ".join(f"{value:.2f}" for value in result["load_average"])
+    print(f"  load average {load}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument(
+        "--case", action="append", help="case names (default: identity-0.6MB, demo)"
+    )
+    parser.add_argument(
+        "--path", action="append", choices=("frames", "shm"), help="default: frames and shm"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results = [
+        measure(case, path, args.iterations, args.warmup)
+        for case in args.case or ["identity-0.6MB", "demo"]
+        for path in args.path or ["frames", "shm"]
+    ]
+    if args.json:
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    else:
+        for result in results:
+            print_breakdown(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
