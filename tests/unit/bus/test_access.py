@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,25 @@ def ipc_address(uid: int, gid: int = 100, pid: int = 4242) -> str:
     return f"localhost:{uid}:{gid}:{pid}"
 
 
+def unnamed_uid() -> int:
+    """A uid no account on this machine has (so its peer's ``user`` is None, whatever
+    accounts other tests have created)."""
+
+    def named(uid: int) -> bool:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return True
+
+    return next(uid for uid in range(61_000, 65_000) if not named(uid))
+
+
 def test_ipc_peers_get_the_kernels_identity_and_no_rights_by_default() -> None:
-    decision = policy().decide("control", ipc_address(1001, 100, 77), b"NULL", [])
+    uid = unnamed_uid()
+    decision = policy().decide("control", ipc_address(uid, 100, 77), b"NULL", [])
     assert decision.refusal is None
-    assert decision.peer == Peer("ipc", uid=1001, gid=100, pid=77, user=None, operator=False)
+    assert decision.peer == Peer("ipc", uid=uid, gid=100, pid=77, user=None, operator=False)
 
 
 def test_root_and_the_daemons_user_are_always_operators_and_always_admitted() -> None:
@@ -115,9 +131,10 @@ def test_tcp_without_curve_is_anonymous_and_never_passes_an_allow_list() -> None
 
 def test_the_handler_answers_rfc27_and_carries_the_peer_in_user_id() -> None:
     handler = ZapHandler(zmq.Context.instance(), policy())
-    ok = handler.answer([b"1.0", b"7", b"control", ipc_address(1001).encode(), b"", b"NULL"])
+    uid = unnamed_uid()
+    ok = handler.answer([b"1.0", b"7", b"control", ipc_address(uid).encode(), b"", b"NULL"])
     assert ok[:4] == [b"1.0", b"7", b"200", b"OK"]
-    assert Peer(**json.loads(ok[4])) == Peer("ipc", uid=1001, gid=100, pid=4242)
+    assert Peer(**json.loads(ok[4])) == Peer("ipc", uid=uid, gid=100, pid=4242)
     refused = handler.answer([b"1.0", b"8", b"nope", b"x", b"", b"NULL"])
     assert refused[:3] == [b"1.0", b"8", b"400"] and refused[4] == b""
     assert handler.answer([b"2.0", b"9"])[2] == b"500"
