@@ -182,13 +182,22 @@ def configure_logging(
     return resolved
 
 
+#: One lock for every thread's log lines: ``print`` writes the text and the newline
+#: separately, so two threads logging at once glued JSON lines together.
+_STDERR_LOCK = threading.Lock()
+
+
 class CurrentStderrLogger:
-    """structlog's last stop: prints to whatever ``sys.stderr`` is when the line is
+    """structlog's last stop: writes to whatever ``sys.stderr`` is when the line is
     written, so a live display that redirects stderr (``inferd build``'s phase tree)
-    shows log lines above itself instead of being garbled by them."""
+    shows log lines above itself instead of being garbled by them.  A line is one
+    write under one lock, whichever thread logs it."""
 
     def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        with _STDERR_LOCK:
+            stream = sys.stderr
+            stream.write(message + "\n")
+            stream.flush()
 
     log = debug = info = warn = warning = err = error = critical = exception = msg
     fatal = failure = msg

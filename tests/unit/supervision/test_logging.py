@@ -4,7 +4,11 @@ journald, JSON and console, fallback to stderr, the suppressed-repeats summary."
 from __future__ import annotations
 
 import io
+import json
 import os
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +90,52 @@ def test_json_and_console_formats_still_print(
     assert configure_logging("info", "console") == "console"
     structlog.get_logger("t").info("daemon_ready", state="serving")
     assert "daemon_ready" in capsys.readouterr().err
+
+
+class _WriteRecorder(io.StringIO):
+    """A stderr that records each write call and notices two writers at once
+    (it gives up the GIL in the middle of each write, as a pipe write may)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.overlaps = 0
+        self._busy = False
+
+    def write(self, text: str) -> int:
+        if self._busy:
+            self.overlaps += 1
+        self._busy = True
+        time.sleep(0)
+        self.calls.append(text)
+        self._busy = False
+        return len(text)
+
+
+def test_each_json_line_is_one_write_even_from_many_threads(
+    restore_structlog: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = _WriteRecorder()
+    monkeypatch.setattr(sys, "stderr", stream)
+    configure_logging("info", "json")
+    log = structlog.get_logger("t")
+
+    def burst(thread: int) -> None:
+        for n in range(200):  # a model per line: the repeat limiter lets each through
+            log.info("engine_released", model=f"m{thread}-{n}", thread=thread, n=n)
+
+    threads = [threading.Thread(target=burst, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert stream.overlaps == 0
+    assert len(stream.calls) == 800
+    records = [json.loads(call) for call in stream.calls]  # each call: one whole line
+    assert all(call.endswith("\n") and call.count("\n") == 1 for call in stream.calls)
+    assert sorted((r["thread"], r["n"]) for r in records) == [
+        (t, n) for t in range(4) for n in range(200)
+    ]
 
 
 def test_flush_suppressed_logs_a_summary(restore_structlog: None) -> None:
