@@ -61,6 +61,11 @@ def resolve_format(fmt: str, environ: Mapping[str, str] | None = None) -> str:
     return "journald" if journal_stream_matches(environ) else "console"
 
 
+#: One lock for every thread's log lines: ``print`` writes the text and the newline
+#: separately, so two threads logging at once glued JSON lines together.
+_STDERR_LOCK = threading.Lock()
+
+
 class JournaldRenderer:
     """The last processor in ``journald`` mode: sends the entry and drops the
     event (nothing is printed).  When the journal cannot be reached the event is
@@ -101,14 +106,16 @@ class JournaldRenderer:
                 self._last_notice = now
         for key in ("pathname", "lineno", "func_name", "thread_name"):
             event_dict.pop(key, None)
+        line = str(self._console(logger, method_name, dict(event_dict))) + "\n"
         try:
-            if notice:
-                out.write(
-                    f"inferd: journald unreachable ({exc}); logging to stderr "
-                    f"({self.failures} entries so far)\n"
-                )
-            out.write(str(self._console(logger, method_name, dict(event_dict))) + "\n")
-            out.flush()
+            with _STDERR_LOCK:
+                if notice:
+                    out.write(
+                        f"inferd: journald unreachable ({exc}); logging to stderr "
+                        f"({self.failures} entries so far)\n"
+                    )
+                out.write(line)
+                out.flush()
         except (OSError, ValueError):
             pass
 
@@ -180,11 +187,6 @@ def configure_logging(
         cache_logger_on_first_use=True,
     )
     return resolved
-
-
-#: One lock for every thread's log lines: ``print`` writes the text and the newline
-#: separately, so two threads logging at once glued JSON lines together.
-_STDERR_LOCK = threading.Lock()
 
 
 class CurrentStderrLogger:
