@@ -157,6 +157,7 @@ class Daemon:
             activate=self._activate,
             failover=self.failover,
             thermal_summary=self._thermal_summary,
+            handoff=self.bus.handoff,
         )
         self.metrics = MetricsExporter(config.metrics, self)  # reads status() at scrape time
 

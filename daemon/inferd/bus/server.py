@@ -23,6 +23,7 @@ from inferd.bus.codec import Limits, Request, check_request, decode_request, spl
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES, HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
+from inferd.bus.reply_handoff import ReplyHandoff
 from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
 from inferd_wire import protocol
@@ -114,6 +115,8 @@ class BusServer(threading.Thread):
         self.replies = ReplyBudget(
             config.max_reply_bytes_per_peer, config.max_reply_bytes_total, self._trimmer
         )
+        #: What the engine worker has handed over and this thread not yet taken.
+        self.handoff = ReplyHandoff()
         self._stop_requested = threading.Event()
         self._bind_outcome = BindOutcome("the bus thread")
         self.counters = BusCounters()
@@ -149,6 +152,7 @@ class BusServer(threading.Thread):
         try:
             self._loop(*sockets)
         finally:
+            self.handoff.close()
             for sock in sockets:
                 sock.close(linger=self._linger_ms)
 
@@ -223,7 +227,7 @@ class BusServer(threading.Thread):
                 parts = recv_frames(replies, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._send(infer, "infer", parts)
+            self.handoff.taken(self._send(infer, "infer", parts))
 
     def _serve(self, name: str, intake: Intake, handle: Any) -> None:
         # Infer headers are read by the typed decoder first; control ops take dicts.
@@ -282,14 +286,14 @@ class BusServer(threading.Thread):
                 request, envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
             )
 
-    def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> None:
+    def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> int:
         """Send a reply within the reply budget; never block the bus for one peer,
-        never lose a reply silently (every drop is counted)."""
+        never lose a reply silently (every drop is counted).  Returns its bytes."""
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
         nbytes = message_bytes(parts)
         if not self.replies.admit(name, routing_id, nbytes):
-            return
+            return nbytes
         parts[-1], last = watched(parts[-1])
         try:
             send_frames(sock, parts, zmq.NOBLOCK)
@@ -302,3 +306,4 @@ class BusServer(threading.Thread):
             log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
         else:
             self.replies.sent(name, routing_id, nbytes, last)
+        return nbytes

@@ -24,6 +24,8 @@ import zmq
 
 from inferd.bus.codec import validate_inputs, validate_outputs
 from inferd.bus.headers import InferReply, encode_infer_reply
+from inferd.bus.reply_budget import message_bytes
+from inferd.bus.reply_handoff import ReplyHandoff
 from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
@@ -50,8 +52,12 @@ class EngineWorker(threading.Thread):
         activate: Callable[[ModelSlot], None],
         failover: ExecutionFailover | None = None,
         thermal_summary: Callable[[], str] = lambda: "unknown",
+        handoff: ReplyHandoff | None = None,
     ) -> None:
         super().__init__(name="inferd-engine-worker", daemon=True)
+        #: The bus's bound on replies handed over and not yet taken (None: unbounded,
+        #: for tests that read the replies socket themselves).
+        self._handoff = handoff
         self._context = context
         self._scheduler = scheduler
         self._slots = slots
@@ -92,7 +98,7 @@ class EngineWorker(threading.Thread):
                     # reply leaves: nothing of a released region is used after this.
                     job.finish()
                     self._scheduler.task_done()
-                send_frames(replies, reply)
+                self._hand_over(replies, reply)
         finally:
             self.activated.set()
             for slot in self._slots.values():
@@ -128,6 +134,15 @@ class EngineWorker(threading.Thread):
             structlog.contextvars.unbind_contextvars("model")
         else:
             structlog.contextvars.bind_contextvars(model=model)
+
+    def _hand_over(self, replies: zmq.Socket[Any], reply: list[Any]) -> None:
+        """Send ``reply`` to the bus once the hand-off has room, beating meanwhile:
+        a slow bus makes the worker wait rather than the pipe between them grow."""
+        if self._handoff is not None:
+            nbytes = message_bytes(reply)
+            while not self._handoff.reserve(nbytes, _BEAT_INTERVAL_S):
+                self.last_beat_ns = time.monotonic_ns()
+        send_frames(replies, reply)
 
     def _call(self, call: Callable[[], None]) -> None:
         self._bind_model(None)
