@@ -188,24 +188,42 @@ def test_a_result_finished_after_its_deadline_is_served_and_flagged_late(
 ) -> None:
     path, call_s = slow_model
     daemon = _slow_daemon(daemon_factory, path)
-    # Starts at once on the idle worker, finishes about call_s later: past a deadline
-    # of a third of that, well within one ten times as long.
-    short_ms = max(1, int(call_s * 1000 / 3))
+    # A request on the idle worker starts at once and finishes about call_s later:
+    # past a deadline of a fraction of that. Shorter fractions follow in case this
+    # machine runs the model faster than it did when measured, or starts it late.
+    late: tuple[dict[str, Any], list[bytes]] | None = None
+    ok = expired = 0
     with RawDealer(daemon.infer) as dealer:
-        dealer.send_infer("late", "slow", _x(), deadline_ms=short_ms)
-        late, late_frames = dealer.recv(timeout=10)
+        for attempt, fraction in enumerate((0.6, 0.4, 0.25, 0.15, 0.08)):
+            deadline_us = max(1, int(call_s * 1000 * fraction)) * 1000
+            dealer.send_infer(attempt, "slow", _x(), deadline_ms=deadline_us // 1000)
+            header, frames = dealer.recv(timeout=10)
+            if not header["ok"]:  # it could not start in time: answered, never run
+                assert_error(header, "DEADLINE_EXCEEDED", "deadline passed", attempt)
+                expired += 1
+                continue
+            ok += 1
+            took_us = header["queue_us"] + header["latency_us"]
+            if abs(took_us - deadline_us) > 1000:  # clear of the rounding of the timings
+                assert header["late"] is (took_us > deadline_us), header
+            if header["late"]:
+                late = header, frames
+                break
+        assert late is not None, "no result finished after its deadline"
         dealer.send_infer("in-time", "slow", _x(), deadline_ms=int(call_s * 1000 * 10) + 1000)
         in_time, _ = dealer.recv(timeout=10)
         dealer.send_infer("no-deadline", "slow", _x())
         undated, _ = dealer.recv(timeout=10)
-    assert late["ok"] is True and late["id"] == "late", late
-    assert late["late"] is True
-    assert late["queue_us"] + late["latency_us"] > short_ms * 1000
-    assert len(late_frames) == 1  # the outputs come anyway
+    header, frames = late
+    assert len(frames) == 1  # the outputs come anyway
     assert (in_time["ok"], in_time["late"]) == (True, False)
     assert (undated["ok"], undated["late"]) == (True, False)
     status = model_status(daemon.control, "slow")
-    assert status["responses"] == {"OK": 3} and status["late_results"] == 1
+    assert status["late_results"] == 1
+    assert status["responses"] == {
+        "OK": ok + 2,
+        **({"DEADLINE_EXCEEDED": expired} if expired else {}),
+    }
 
 
 def test_latest_policy_supersedes_only_the_same_clients_queued_request(
