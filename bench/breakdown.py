@@ -2,9 +2,10 @@
 
 The daemon is the same ``inferd run`` subprocess as in ``rtt.py``, with timing
 hooks installed at start-up (a ``sitecustomize`` on its ``PYTHONPATH`` calls
-``install`` here): they wrap the bus thread's dispatch and reply forwarding, the
-engine worker's run, the runtime's ``infer``, the reply encoder and the
-worker's send, and record ``time.monotonic_ns()`` (one clock for every process
+``install`` here): they wrap the request's dispatch (on the engine worker when
+it read the request itself, else on the bus thread), the engine worker's run,
+the runtime's ``infer``, the reply encoder and the worker's send on the
+ROUTER, and record ``time.monotonic_ns()`` (one clock for every process
 on the machine) around each; the client's send and receive are wrapped the same
 way in this process.  Every request passes each hook once, in order, so the
 n-th stamp of each hook belongs to the n-th request.  The table shows the median
@@ -43,26 +44,22 @@ DAEMON_STAMPS = (
     "ort_end",
     "encode_start",
     "encode_end",
-    "push_start",
-    "push_end",
-    "forward_start",
-    "forward_end",
+    "send_start",
+    "send_end",
 )
 CLIENT_STAMPS = ("client_start", "client_sent", "client_received", "client_end")
 STEPS = (
     ("client: build and send the request", "client_start", "client_sent"),
-    ("transport to the bus thread (ipc, wake-up, read)", "client_sent", "bus_in"),
-    ("bus: decode, validate, admit, submit", "bus_in", "bus_admitted"),
-    ("hand-off to the engine worker", "bus_admitted", "worker_run"),
+    ("transport to the daemon (ipc, wake-up, read)", "client_sent", "bus_in"),
+    ("decode, validate, admit, submit", "bus_in", "bus_admitted"),
+    ("to the worker's run (take; a hand-off if the bus read it)", "bus_admitted", "worker_run"),
     ("worker: checks before the run", "worker_run", "ort_start"),
     ("ORT run (runtime.infer)", "ort_start", "ort_end"),
     ("worker: reply tensors and stats", "ort_end", "encode_start"),
     ("reply header encode", "encode_start", "encode_end"),
-    ("worker: release, then send on inproc", "encode_end", "push_start"),
-    ("inproc send (worker)", "push_start", "push_end"),
-    ("hand-off back to the bus thread", "push_end", "forward_start"),
-    ("bus: reply budget and ROUTER send", "forward_start", "forward_end"),
-    ("transport to the client (ipc, wake-up, read)", "forward_end", "client_received"),
+    ("worker: release the job", "encode_end", "send_start"),
+    ("worker: reply budget and ROUTER send", "send_start", "send_end"),
+    ("transport to the client (ipc, wake-up, read)", "send_end", "client_received"),
     ("client: decode the reply", "client_received", "client_end"),
 )
 
@@ -101,19 +98,9 @@ def install(out_path: str) -> None:
         finally:
             bus_admitted.append(clock())
 
-    send = server.BusServer._send
-    forward_start, forward_end = stamps["forward_start"], stamps["forward_end"]
-
-    def traced_send(self: Any, sock: Any, name: str, parts: list[Any]) -> None:
-        if name != "infer":
-            send(self, sock, name, parts)
-            return
-        forward_start.append(clock())
-        try:
-            send(self, sock, name, parts)
-        finally:
-            forward_end.append(clock())
-
+    server.BusServer.send_reply = around(  # type: ignore[method-assign]
+        "send_start", "send_end", server.BusServer.send_reply
+    )
     run = engine_worker.EngineWorker._run
     worker_run = stamps["worker_run"]
 
@@ -122,15 +109,11 @@ def install(out_path: str) -> None:
         return run(self, job)
 
     server.BusServer._dispatch = traced_dispatch  # type: ignore[method-assign]
-    server.BusServer._send = traced_send  # type: ignore[method-assign]
     engine_worker.EngineWorker._run = traced_run  # type: ignore[method-assign]
     runtime = onnx_trt_ep.OnnxTrtEpRuntime
     runtime.infer = around("ort_start", "ort_end", runtime.infer)  # type: ignore[method-assign]
     engine_worker.encode_infer_reply = around(  # type: ignore[assignment]
         "encode_start", "encode_end", engine_worker.encode_infer_reply
-    )
-    engine_worker.send_frames = around(  # type: ignore[assignment]
-        "push_start", "push_end", engine_worker.send_frames
     )
 
     def dump() -> None:

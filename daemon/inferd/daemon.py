@@ -151,13 +151,12 @@ class Daemon:
             security=self.security.sockets,
         )
         self.worker = EngineWorker(
-            self._context,
+            self.bus,
             self.scheduler,
             self.slots,
             activate=self._activate,
             failover=self.failover,
             thermal_summary=self._thermal_summary,
-            handoff=self.bus.handoff,
         )
         self.metrics = MetricsExporter(config.metrics, self)  # reads status() at scrape time
 

@@ -1,36 +1,48 @@
 """The bus thread: owns the ``infer`` and ``control`` ROUTER sockets.
 
 It decodes every message, hands it to the service's ``RequestHandler`` and
-sends replies.  Replies computed on other threads arrive over an ``inproc://``
-PULL socket (each producer owns its PUSH end), so no ZeroMQ socket is ever
-used by two threads.
+sends replies.  The engine worker shares the infer socket with it, one thread
+at a time (DESIGN.md 101): it sends its replies itself (``send_reply``) and,
+while it has nothing to run, waits on the socket and reads the next request
+itself (``serve_one``), so an idle daemon's round trip has the thread wake-ups
+of a bare echo.  This thread reads the socket while the worker has been
+running for ``COVER_AFTER_NS`` (a timer the worker arms, so shorter runs wake
+nobody), while it loads models, and after it has stopped.
+
+ZeroMQ sockets are not thread-safe but may move between threads across a full
+memory barrier: every use of the infer socket, its intake and the reply budget
+is under ``_wire_lock``, and both threads wait on the socket's ``ZMQ_FD``,
+never inside ``zmq_poll`` on the socket itself.  ``ZMQ_FD`` is
+edge-triggered: any operation on the socket may consume its signal, so each
+pass of this thread ends by reading what ``ZMQ_EVENTS`` says is waiting.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 import zmq
 
 from inferd.bus.binding import BindOutcome
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
+from inferd.bus.cover_timer import COVER_AFTER_NS, OneShotTimer
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES, HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
-from inferd.bus.reply_handoff import ReplyHandoff
 from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
 from inferd_wire import protocol
-from inferd_wire.multipart import readable, recv_frames, send_frames
+from inferd_wire.multipart import readable, send_frames
 from inferd_wire.protocol import Code, ProtocolError
 
-REPLIES_ENDPOINT = "inproc://inferd-replies"
 _MAX_POLL_MS = 50
 _BATCH = 64
 #: Messages per peer pipe.  Reply bytes are bounded by the ReplyBudget; this
@@ -59,7 +71,8 @@ def error_reply(request: Request | None, envelope: list[bytes], error: ProtocolE
 
 
 class RequestHandler(Protocol):
-    """What the service provides to the bus thread.  Called only on the bus thread."""
+    """What the service provides to the bus.  Called by one thread at a time: the
+    bus thread, or the engine worker reading a request while idle."""
 
     def handle_infer(self, request: Request) -> Reply | None:
         """Admit a request (return None: its reply arrives on the replies socket) or refuse it."""
@@ -86,6 +99,8 @@ class BusCounters:
     oversized_messages: int = 0
     oversized_bytes: int = 0
     by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0})
+    #: Infer requests the engine worker read itself while idle (the rest, the bus thread).
+    read_by_worker: int = 0
 
 
 class BusServer(threading.Thread):
@@ -115,8 +130,25 @@ class BusServer(threading.Thread):
         self.replies = ReplyBudget(
             config.max_reply_bytes_per_peer, config.max_reply_bytes_total, self._trimmer
         )
-        #: What the engine worker has handed over and this thread not yet taken.
-        self.handoff = ReplyHandoff()
+        #: The infer socket, its intake and the reply budget: one thread at a time.
+        self._wire_lock = threading.Lock()
+        #: The handler and the counters: one thread at a time.
+        self._handler_lock = threading.Lock()
+        #: Written to wake this thread's poll (``_poke``).
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # Closed with this object: the worker may poke after the loop has ended.
+        weakref.finalize(self, os.close, self._wake_fd)
+        #: While True the engine worker waits on the infer socket, so this thread does not.
+        self._worker_listens = False
+        #: Armed by the worker when it stops listening; expired: this thread covers.
+        self._cover = OneShotTimer()
+        #: Whether this thread waits on the infer socket (until the worker first listens).
+        self._covering = True
+        self._infer: zmq.Socket[Any] | None = None
+        self._infer_intake: Intake | None = None
+        #: The infer socket's ``ZMQ_FD`` (readable when it may have news); set at bind.
+        self._infer_fd: int | None = None
+        self._closed = False
         self._stop_requested = threading.Event()
         self._bind_outcome = BindOutcome("the bus thread")
         self.counters = BusCounters()
@@ -135,33 +167,70 @@ class BusServer(threading.Thread):
             "unroutable_replies": self.counters.unroutable_replies,
             "oversized_messages": self.counters.oversized_messages,
             "oversized_bytes": self.counters.oversized_bytes,
+            "read_by_worker": self.counters.read_by_worker,
             "replies": self.replies.status(),
         }
 
     def stop(self) -> None:
-        """Finish forwarding pending replies, then close the sockets and exit."""
+        """Send what is owed, then close the sockets and exit."""
         self._stop_requested.set()
+        self._poke()
 
+    # -- the engine worker's side (serving/engine_worker.py, RequestPort) ----
+    @property
+    def listen_fd(self) -> int | None:
+        """The infer socket's ``ZMQ_FD``: poll it, then call ``serve_one``."""
+        return self._infer_fd
+
+    def worker_listening(self, listening: bool) -> None:
+        """The worker now waits on ``listen_fd`` (True), or goes to run and does
+        not (False): this thread reads the socket once that has lasted
+        ``COVER_AFTER_NS``."""
+        self._worker_listens = listening
+        if not listening:
+            self._cover.arm(COVER_AFTER_NS)
+            return
+        self._cover.disarm()
+        if self._covering:  # stop now, not on the next request (which both would wake for)
+            self._poke()
+
+    def serve_one(self) -> None:
+        """Read and answer or admit the next infer request, if one is waiting."""
+        self._serve_next("infer", reader="worker")
+
+    def send_reply(self, parts: list[Any]) -> None:
+        """Send an infer reply, within the reply budget like every reply."""
+        infer = self._infer
+        if infer is None:
+            raise RuntimeError("send_reply before the bus bound its sockets")
+        self._send(infer, "infer", parts)
+        # The send may have taken the socket's edge for a request that arrived:
+        # while this thread covers, it would not wake for it.  (Otherwise the
+        # worker listens next, or this thread covers within COVER_AFTER_NS.)
+        if self._covering and self._infer_waiting():
+            self._poke()
+
+    # -- this thread -------------------------------------------------------
     def run(self) -> None:
         try:
-            sockets = self._bind()
+            infer, control = self._router("infer"), self._router("control")
         except BaseException as exc:
             self._bind_outcome.failed(exc)
             return
+        self._infer = infer
+        self._infer_intake = Intake(infer, self._limits)
+        self._infer_fd = cast(int, infer.get(zmq.FD))
         self._bind_outcome.bound()
         try:
-            self._loop(*sockets)
+            self._loop(infer, control)
         finally:
-            self.handoff.close()
-            for sock in sockets:
-                sock.close(linger=self._linger_ms)
+            with self._wire_lock:
+                self._closed = True
+                for sock in (infer, control):
+                    sock.close(linger=self._linger_ms)
 
-    def _bind(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any], zmq.Socket[Any]]:
-        infer = self._router("infer")
-        control = self._router("control")
-        replies = self._context.socket(zmq.PULL)
-        replies.bind(REPLIES_ENDPOINT)
-        return infer, control, replies
+    def _poke(self) -> None:
+        os.eventfd_write(self._wake_fd, 1)
 
     def _router(self, name: str) -> zmq.Socket[Any]:
         sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
@@ -182,76 +251,112 @@ class BusServer(threading.Thread):
         sock.bind(self._endpoints[name])
         return sock
 
-    def _loop(
-        self, infer: zmq.Socket[Any], control: zmq.Socket[Any], replies: zmq.Socket[Any]
-    ) -> None:
+    def _loop(self, infer: zmq.Socket[Any], control: zmq.Socket[Any]) -> None:
         poller = zmq.Poller()
-        for sock in (infer, control, replies):
-            poller.register(sock, zmq.POLLIN)
-        intakes = {"infer": Intake(infer, self._limits), "control": Intake(control, self._limits)}
+        poller.register(control, zmq.POLLIN)
+        poller.register(self._wake_fd, zmq.POLLIN)
+        poller.register(self._cover.fd, zmq.POLLIN)
+        infer_fd = self._infer_fd
+        polling_infer = False
+        control_intake = Intake(control, self._limits)
+        more = False
         while True:
             self.last_beat_ns = time.monotonic_ns()
-            self.replies.collect()
-            self._trimmer.run_due(self.last_beat_ns)
-            # Read the stop flag *before* polling: whatever was queued before
-            # stop() (the worker's last replies, the shutdown failures) is then
-            # seen by this pass, so the loop never exits with a reply unsent.
+            with self._wire_lock:
+                self.replies.collect()
+                self._trimmer.run_due(self.last_beat_ns)
+            # Read the stop flag *before* polling: whatever was owed before stop()
+            # (the shutdown failures) is then seen by this pass, so the loop never
+            # exits with a reply unsent.
             stopping = self._stop_requested.is_set()
-            ready = dict(poller.poll(0 if stopping else self._poll_timeout_ms()))
-            if replies in ready:
-                self._forward_replies(replies, infer)
-            if infer in ready:
-                self._serve("infer", intakes["infer"], self._handler.handle_infer)
+            if self._worker_listens:
+                self._covering = False
+            if polling_infer != self._covering:
+                polling_infer = self._covering
+                if polling_infer:
+                    poller.register(infer_fd, zmq.POLLIN)
+                else:
+                    poller.unregister(infer_fd)
+            timeout = 0 if stopping or more else self._poll_timeout_ms()
+            ready = dict(poller.poll(timeout))
+            if self._wake_fd in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self._wake_fd)
+            if self._cover.fd in ready:
+                self._cover.clear()
+                self._covering = not self._worker_listens
             if control in ready:
-                self._serve("control", intakes["control"], self._handler.handle_control)
-            due = self._handler.due_replies(time.monotonic_ns())
+                for _ in range(_BATCH):
+                    if not self._serve_next("control", control_intake):
+                        break
+            with self._handler_lock:
+                due = self._handler.due_replies(time.monotonic_ns())
             for reply in due:
                 on_control = reply.socket == "control"
                 self._send(control if on_control else infer, reply.socket, reply.parts())
-            if stopping and not ready and not due:
+            # Whoever finds a request waiting serves it, even while the worker
+            # listens: this thread's own sends may have taken the socket's edge.
+            # (The first pass of a cover reads what arrived before it.)
+            served = 0
+            while served < _BATCH and self._serve_next("infer"):
+                served += 1
+            more = served == _BATCH
+            if stopping and not due and not served and control not in ready:
                 return
 
     def _poll_timeout_ms(self) -> int:
-        wakeup = self._handler.next_wakeup_ns()
+        with self._handler_lock:
+            wakeup = self._handler.next_wakeup_ns()
         if wakeup is None:
             return _MAX_POLL_MS
         return max(0, min(_MAX_POLL_MS, -(-(wakeup - time.monotonic_ns()) // 1_000_000)))
 
-    def _forward_replies(self, replies: zmq.Socket[Any], infer: zmq.Socket[Any]) -> None:
-        for index in range(_BATCH):
-            # The poller said the first message is there; asking EVENTS for the
-            # next ones is cheaper than ending every batch on a zmq.Again.
-            if index and not readable(replies):
-                return
-            try:
-                parts = recv_frames(replies, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.handoff.taken(self._send(infer, "infer", parts))
+    def _infer_waiting(self) -> bool:
+        infer = self._infer
+        with self._wire_lock:
+            return not self._closed and infer is not None and readable(infer)
 
-    def _serve(self, name: str, intake: Intake, handle: Any) -> None:
-        # Infer headers are read by the typed decoder first; control ops take dicts.
-        typed = name == "infer"
-        for index in range(_BATCH):
-            if index and not readable(intake.socket):
-                return
+    def _serve_next(self, name: str, intake: Intake | None = None, reader: str = "bus") -> bool:
+        """Read one message of socket ``name`` if one is waiting and answer or admit
+        it; False when none was.  The infer socket is read under the wire lock
+        (the other thread may be using it); the control socket is this thread's
+        alone."""
+        typed = name == "infer"  # infer headers go to the typed decoder; control ops are dicts
+        if typed:
+            infer, intake = self._infer, self._infer_intake
+            if infer is None or intake is None:
+                return False
+            with self._wire_lock:
+                if self._closed or not readable(infer):
+                    return False
+                received = intake.receive()
+        else:
+            assert intake is not None
+            if not readable(intake.socket):
+                return False
             received = intake.receive()
-            if received is None:
-                return
+        if received is None:
+            return True  # a share of an oversized message was let go: more to read
+        with self._handler_lock:
             self.counters.by_socket[name] += 1
+            if reader == "worker":
+                self.counters.read_by_worker += 1
             if isinstance(received, Oversized):
                 reply: Reply | None = self._refuse_oversized(received)
             else:
+                handle = self._handler.handle_infer if typed else self._handler.handle_control
                 reply = self._dispatch(received, handle, typed)
-            if reply is not None:
-                self._send(intake.socket, name, reply.parts())
+        if reply is not None:
+            self._send(intake.socket, name, reply.parts())
+        return True
 
     def _refuse_oversized(self, oversized: Oversized) -> Reply:
         """Answer a message the intake read to its end without keeping it."""
         self.counters.oversized_messages += 1
         self.counters.oversized_bytes += oversized.nbytes
         if oversized.nbytes + oversized.frames * FRAME_OVERHEAD_BYTES >= BULK_RELEASE_BYTES:
-            self._trimmer.request(time.monotonic_ns())
+            with self._wire_lock:  # the trimmer is the reply budget's too
+                self._trimmer.request(time.monotonic_ns())
         request = None
         if oversized.header is not None:
             with contextlib.suppress(ProtocolError):  # unreadable: answered without an id
@@ -292,18 +397,23 @@ class BusServer(threading.Thread):
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
         nbytes = message_bytes(parts)
-        if not self.replies.admit(name, routing_id, nbytes):
-            return nbytes
-        parts[-1], last = watched(parts[-1])
-        try:
-            send_frames(sock, parts, zmq.NOBLOCK)
-        except zmq.Again:
-            # The peer's pipe holds _ROUTER_SNDHWM messages: it does not read.
-            self.replies.drop(name, routing_id, nbytes, HIGH_WATER_MARK)
-        except zmq.ZMQError as exc:
-            # EHOSTUNREACH: the client is gone.
-            self.counters.unroutable_replies += 1
-            log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
-        else:
-            self.replies.sent(name, routing_id, nbytes, last)
+        with self._wire_lock:
+            if self._closed:  # a worker that outlived the bus's shutdown
+                self.counters.unroutable_replies += 1
+                log.warning("reply_undeliverable", error="the bus has closed its sockets")
+                return nbytes
+            if not self.replies.admit(name, routing_id, nbytes):
+                return nbytes
+            parts[-1], last = watched(parts[-1])
+            try:
+                send_frames(sock, parts, zmq.NOBLOCK)
+            except zmq.Again:
+                # The peer's pipe holds _ROUTER_SNDHWM messages: it does not read.
+                self.replies.drop(name, routing_id, nbytes, HIGH_WATER_MARK)
+            except zmq.ZMQError as exc:
+                # EHOSTUNREACH: the client is gone.
+                self.counters.unroutable_replies += 1
+                log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
+            else:
+                self.replies.sent(name, routing_id, nbytes, last)
         return nbytes

@@ -36,7 +36,7 @@ from inferd.errors import (
 )
 from inferd.owned_files import ensure_owned_dir
 from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_options
-from inferd.runtime.ort_binding import is_output_shape_error, run_in_place
+from inferd.runtime.ort_binding import InPlaceRunner, is_output_shape_error
 from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
 from inferd.runtime.ort_precision import int8_refusal
 from inferd.runtime.ort_providers import (
@@ -104,6 +104,7 @@ def create(
 class _Resident:
     session: Any
     output_names: list[str]
+    in_place: InPlaceRunner
     fallback_announced: bool = False
 
 
@@ -247,7 +248,11 @@ class OnnxTrtEpRuntime:
             provider_degradation=resolution.degradation,
             engine_cache_error=cache_error,
         )
-        self._residents[handle.handle_id] = _Resident(session=session, output_names=output_names)
+        self._residents[handle.handle_id] = _Resident(
+            session=session,
+            output_names=output_names,
+            in_place=InPlaceRunner(session, output_names),
+        )
         log.info(
             "engine_loaded",
             model=str(entry.model_path),
@@ -410,7 +415,7 @@ class OnnxTrtEpRuntime:
             self._announce_fallback(handle)
         try:
             if outputs:  # written straight into the client's region (ort_binding)
-                return run_in_place(resident.session, resident.output_names, inputs, outputs)
+                return resident.in_place.run(inputs, outputs)
             values = resident.session.run(resident.output_names, dict(inputs))
         except MemoryError as exc:
             raise OutOfMemoryError(f"host memory exhausted during inference: {exc}") from exc

@@ -11,6 +11,15 @@ with a pointer: ONNX Runtime's kernels write there, no intermediate buffer), and
 ONNX Runtime (``bind_output(name, "cpu")``) and read back as arrays.  A placed
 output whose computed shape differs from the one bound (a dynamic dimension)
 makes ONNX Runtime refuse the run before its kernel writes anything.
+
+A client that places every output usually sends the same arrays of the same
+region request after request.  Building the binding costs more than the run of
+a small model (bench/README.md: 31-39 us against 15 us hot, 73 against 34 us
+between requests), so ``InPlaceRunner`` keeps the last binding whose tensors
+were all placed and reuses it while every address, shape and dtype is the same.
+Reusing it is exactly binding the same memory again: the addresses are those of
+the current request's validated views of leased regions, whichever region they
+belong to now.
 """
 
 from __future__ import annotations
@@ -32,6 +41,43 @@ _SHAPE_MISMATCH = (
 )
 
 
+#: What a binding was made for: (name, address, shape, dtype) of each tensor.
+_BindingKey = tuple[tuple[str, int, tuple[int, ...], np.dtype[Any]], ...]
+
+
+class InPlaceRunner:
+    """``run_in_place`` for one session, reusing the binding of fully placed runs."""
+
+    def __init__(self, session: Any, output_names: Sequence[str]) -> None:
+        self._session = session
+        self._output_names = list(output_names)
+        self._last: tuple[_BindingKey, Any] | None = None
+        #: Runs that reused the last binding (for tests and the bench).
+        self.reused = 0
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        if len(outputs) != len(self._output_names) or not all(
+            array.size for array in (*inputs.values(), *outputs.values())
+        ):
+            return run_in_place(self._session, self._output_names, inputs, outputs)
+        key = tuple(
+            (name, array.ctypes.data, array.shape, array.dtype)
+            for name, array in (*inputs.items(), *outputs.items())
+        )
+        last = self._last
+        if last is not None and last[0] == key:
+            self.reused += 1
+            self._session.run_with_iobinding(last[1])
+            return {name: outputs[name] for name in self._output_names}
+        self._last = None  # a failed run leaves no binding behind
+        binding = _bind(self._session, self._output_names, inputs, outputs)
+        self._session.run_with_iobinding(binding)
+        self._last = (key, binding)
+        return {name: outputs[name] for name in self._output_names}
+
+
 def run_in_place(
     session: Any,
     output_names: Sequence[str],
@@ -40,6 +86,21 @@ def run_in_place(
 ) -> dict[str, np.ndarray]:
     """Run ``session`` with ``inputs`` read and ``outputs`` written where they are;
     returns every output, the placed ones as the very arrays given."""
+    binding = _bind(session, output_names, inputs, outputs)
+    session.run_with_iobinding(binding)
+    results: dict[str, np.ndarray] = {}
+    for name, value in zip(output_names, binding.get_outputs(), strict=True):
+        target = outputs.get(name)  # an empty one: nothing was written, nothing to write
+        results[name] = target if target is not None else value.numpy()
+    return results
+
+
+def _bind(
+    session: Any,
+    output_names: Sequence[str],
+    inputs: Mapping[str, np.ndarray],
+    outputs: Mapping[str, np.ndarray],
+) -> Any:
     binding = session.io_binding()
     for name, array in inputs.items():
         if array.size:
@@ -52,12 +113,7 @@ def run_in_place(
             binding.bind_output(name, "cpu", 0, target.dtype, target.shape, target.ctypes.data)
         else:
             binding.bind_output(name, "cpu")
-    session.run_with_iobinding(binding)
-    results: dict[str, np.ndarray] = {}
-    for name, value in zip(output_names, binding.get_outputs(), strict=True):
-        target = outputs.get(name)  # an empty one: nothing was written, nothing to write
-        results[name] = target if target is not None else value.numpy()
-    return results
+    return binding
 
 
 def is_output_shape_error(exc: BaseException) -> bool:

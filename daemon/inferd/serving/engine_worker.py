@@ -8,57 +8,76 @@ TensorRT EP builds its engine there) can take minutes and is declared first
 vouch for it within that bound and name it in ``STATUS=``.  Nothing else the
 worker runs is declared: an inference or a swap that outlasts the watchdog's
 silence limit is a stall, reported as one.
+
+It sends its replies through the bus's ``RequestPort`` itself and, while it has
+nothing to run, waits on the infer socket and reads the next request itself
+(DESIGN.md 101): the request it admits is then the job it takes, with no
+thread hand-off on the way in or out.
 """
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import structlog
-import zmq
 
 from inferd.bus.codec import validate_inputs, validate_outputs
 from inferd.bus.headers import InferReply, encode_infer_reply
-from inferd.bus.reply_budget import message_bytes
-from inferd.bus.reply_handoff import ReplyHandoff
-from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
 from inferd.types import DeclaredOperation, Liveness
 from inferd_wire import protocol
-from inferd_wire.multipart import send_frames
 from inferd_wire.protocol import Code, ProtocolError
 
 #: The worker wakes at least this often so its liveness beat stays fresh while idle.
 _BEAT_INTERVAL_S = 0.5
+_BEAT_INTERVAL_MS = int(_BEAT_INTERVAL_S * 1000)
 
 log = structlog.get_logger("inferd.worker")
+
+
+class RequestPort(Protocol):
+    """The bus as the engine worker uses it (``bus.server.BusServer``)."""
+
+    @property
+    def listen_fd(self) -> int | None:
+        """A descriptor readable when a request may be waiting (None: never)."""
+        ...
+
+    def worker_listening(self, listening: bool) -> None:
+        """The worker starts (True) or stops (False) waiting on ``listen_fd``."""
+        ...
+
+    def serve_one(self) -> None:
+        """Read the next request, if one waits, and refuse or admit it."""
+        ...
+
+    def send_reply(self, parts: list[Any]) -> None:
+        """Send one infer reply (``[*envelope, header, *frames]``)."""
+        ...
 
 
 class EngineWorker(threading.Thread):
     def __init__(
         self,
-        context: zmq.Context[Any],
+        port: RequestPort,
         scheduler: Scheduler,
         slots: dict[str, ModelSlot],
         *,
         activate: Callable[[ModelSlot], None],
         failover: ExecutionFailover | None = None,
         thermal_summary: Callable[[], str] = lambda: "unknown",
-        handoff: ReplyHandoff | None = None,
     ) -> None:
         super().__init__(name="inferd-engine-worker", daemon=True)
-        #: The bus's bound on replies handed over and not yet taken (None: unbounded,
-        #: for tests that read the replies socket themselves).
-        self._handoff = handoff
-        self._context = context
+        self._port = port
         self._scheduler = scheduler
         self._slots = slots
         self._activate = activate
@@ -71,9 +90,7 @@ class EngineWorker(threading.Thread):
         self._log_model: str | None = None
 
     def run(self) -> None:
-        replies = self._context.socket(zmq.PUSH)
-        replies.setsockopt(zmq.SNDHWM, 100_000)
-        replies.connect(REPLIES_ENDPOINT)
+        scheduler = self._scheduler
         try:
             for slot in self._slots.values():
                 what = f"loading {slot.name} ({slot.config.runtime})"
@@ -81,29 +98,58 @@ class EngineWorker(threading.Thread):
                     self._activate(slot)
             self.activated.set()
             while True:
+                # Reset before looking: work that arrives after the look wakes the wait.
+                scheduler.clear_wake()
                 try:
-                    job = self._scheduler.take(timeout=_BEAT_INTERVAL_S)
+                    job = scheduler.take(timeout=0)
                 except SchedulerClosedError:
                     return
                 self.last_beat_ns = time.monotonic_ns()
                 if job is None:
+                    self._wait_for_work()
                     continue
                 if not isinstance(job, Job):
                     self._call(job)
                     continue
-                try:
-                    reply = self._run(job)
-                finally:
-                    # Its views are dropped and its regions' leases go back before the
-                    # reply leaves: nothing of a released region is used after this.
-                    job.finish()
-                    self._scheduler.task_done()
-                self._hand_over(replies, reply)
+                # No reference to the reply outlives the send: the reply budget counts
+                # its bytes in flight until ZeroMQ and this process let go of them.
+                self._port.send_reply(self._answer(job))
         finally:
             self.activated.set()
             for slot in self._slots.values():
                 slot.release()
-            replies.close(linger=-1)
+
+    def _answer(self, job: Job) -> list[Any]:
+        try:
+            return self._run(job)
+        finally:
+            # Its views are dropped and its regions' leases go back before the
+            # reply leaves: nothing of a released region is used after this.
+            job.finish()
+            self._scheduler.task_done()
+
+    def _wait_for_work(self) -> None:
+        """Wait up to a beat interval for the scheduler's wake or a request on the
+        port, reading that request here: it becomes the next job without a hand-off
+        between threads.  The bus listens again as soon as this returns."""
+        port, wake_fd = self._port, self._scheduler.wake_fd
+        listen_fd = port.listen_fd
+        waiting = select.poll()
+        waiting.register(wake_fd, select.POLLIN)
+        if listen_fd is None:
+            waiting.poll(_BEAT_INTERVAL_MS)
+            return
+        waiting.register(listen_fd, select.POLLIN)
+        port.worker_listening(True)
+        try:
+            # ZMQ_FD is an edge: a request may be waiting with it unreadable.  One
+            # that is admitted makes wake_fd readable and the poll return at once.
+            port.serve_one()
+            ready = {fd for fd, _events in waiting.poll(_BEAT_INTERVAL_MS)}
+            if listen_fd in ready and wake_fd not in ready:
+                port.serve_one()
+        finally:
+            port.worker_listening(False)
 
     def liveness(self) -> Liveness:
         """The last beat and the declared operation, read in the order ``declared``
@@ -134,15 +180,6 @@ class EngineWorker(threading.Thread):
             structlog.contextvars.unbind_contextvars("model")
         else:
             structlog.contextvars.bind_contextvars(model=model)
-
-    def _hand_over(self, replies: zmq.Socket[Any], reply: list[Any]) -> None:
-        """Send ``reply`` to the bus once the hand-off has room, beating meanwhile:
-        a slow bus makes the worker wait rather than the pipe between them grow."""
-        if self._handoff is not None:
-            nbytes = message_bytes(reply)
-            while not self._handoff.reserve(nbytes, _BEAT_INTERVAL_S):
-                self.last_beat_ns = time.monotonic_ns()
-        send_frames(replies, reply)
 
     def _call(self, call: Callable[[], None]) -> None:
         self._bind_model(None)

@@ -5,11 +5,18 @@ Deadlines are swept by the bus thread as they fall due, so a request whose
 deadline passes while it waits behind a long inference is answered
 ``DEADLINE_EXCEEDED`` at once rather than when it would finally be dequeued
 (the failure mode of Triton's queue timeouts, server #7512).
+
+Besides its condition variable the scheduler signals an ``eventfd``
+(``wake_fd``) whenever the worker has something new to take, so the worker
+can wait on it together with the infer socket (DESIGN.md 101).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -101,6 +108,22 @@ class Scheduler:
         #: Queued jobs that carry a deadline; lets ``next_deadline_ns`` skip the
         #: lock and the scan on the bus thread's every loop when there are none.
         self._with_deadline = 0
+        #: Readable while the worker may have something new to take (see ``clear_wake``).
+        self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # Closed with the scheduler object, not by close(): the worker may still
+        # be polling it when the scheduler closes.
+        weakref.finalize(self, os.close, self.wake_fd)
+
+    def clear_wake(self) -> None:
+        """Reset ``wake_fd``; the worker calls it *before* looking for work, so a
+        job submitted after that look makes the descriptor readable again."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.wake_fd)
+
+    def _wake(self) -> None:
+        """Wake the worker (call with the condition held)."""
+        self._condition.notify()
+        os.eventfd_write(self.wake_fd, 1)
 
     def add_model(
         self, name: str, capacity: int, policy: QueuePolicy, max_bytes: int = 2**63 - 1
@@ -135,7 +158,7 @@ class Scheduler:
             model_queue.nbytes += job.nbytes
             if job.deadline_ns is not None:
                 self._with_deadline += 1
-            self._condition.notify()
+            self._wake()
             return superseded
 
     def pause(self, name: str) -> None:
@@ -147,7 +170,7 @@ class Scheduler:
     def resume(self, name: str) -> None:
         with self._condition:
             self._paused.discard(name)
-            self._condition.notify()
+            self._wake()
 
     def call_on_worker(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the engine worker before its next job (e.g. an engine
@@ -156,11 +179,12 @@ class Scheduler:
             if self._closed:
                 raise SchedulerClosedError
             self._calls.append(call)
-            self._condition.notify()
+            self._wake()
 
     def take(self, timeout: float | None = None) -> Job | Callable[[], None] | None:
         """The next call for the worker if any, else the next job (round-robin
-        across models); None on timeout.  Raises ``SchedulerClosedError`` once closed.
+        across models); None on timeout (at once with ``timeout=0``).  Raises
+        ``SchedulerClosedError`` once closed.
         """
         with self._condition:
             while True:
@@ -172,7 +196,7 @@ class Scheduler:
                 if job is not None:
                     self._in_flight += 1
                     return job
-                if not self._condition.wait(timeout):
+                if timeout == 0 or not self._condition.wait(timeout):
                     return None
 
     def _pop_round_robin(self) -> Job | None:
@@ -251,6 +275,7 @@ class Scheduler:
                 model_queue.nbytes = 0
             self._with_deadline = 0
             self._condition.notify_all()
+            os.eventfd_write(self.wake_fd, 1)
             return remaining
 
 

@@ -153,3 +153,45 @@ def test_unplaced_outputs_of_a_request_that_places_some_come_back_as_arrays(
     result = runtime.infer(handle, {"x": x}, outputs={"b": b})
     assert result["b"] is b and b.tolist() == [-0.0, -1.0, -2.0, -3.0]
     assert result["a"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_binding_is_reused_only_for_the_same_memory_and_reads_the_new_values(
+    identity: tuple[OnnxTrtEpRuntime, EngineHandle], region: np.ndarray
+) -> None:
+    runtime, handle = identity
+    resident = runtime._residents[handle.handle_id]
+    x, y = tensors(region)
+    small_x, small_y = x[:2], y[:2]
+    for value in (1.0, 2.0):
+        small_x.flags.writeable = True
+        small_x[...] = value  # filled in place between requests, as a camera would
+        small_x.flags.writeable = False
+        assert (
+            runtime.infer(handle, {"input": small_x}, outputs={"output": small_y})["output"]
+            is small_y
+        )
+        assert (small_y == value).all()
+    assert resident.in_place.reused == 1
+    # Another address (the next rows of the region): bound anew, written there.
+    other_x, other_y = x[2:4], y[2:4]
+    runtime.infer(handle, {"input": other_x}, outputs={"output": other_y})
+    assert np.array_equal(other_y, other_x) and resident.in_place.reused == 1
+    # Another shape at the same address: bound anew too.
+    runtime.infer(handle, {"input": x[:3]}, outputs={"output": y[:3]})
+    assert np.array_equal(y[:3], x[:3]) and resident.in_place.reused == 1
+    y[:3] = 0
+    runtime.infer(handle, {"input": x[:3]}, outputs={"output": y[:3]})
+    assert np.array_equal(y[:3], x[:3]) and resident.in_place.reused == 2
+
+
+def test_a_refused_run_leaves_no_binding_to_reuse(
+    identity: tuple[OnnxTrtEpRuntime, EngineHandle], region: np.ndarray
+) -> None:
+    runtime, handle = identity
+    resident = runtime._residents[handle.handle_id]
+    x, y = tensors(region)
+    runtime.infer(handle, {"input": x[:1]}, outputs={"output": y[:1]})
+    for _ in range(2):  # a placed output of another batch than the input's
+        with pytest.raises(OutputShapeError):
+            runtime.infer(handle, {"input": x[:1]}, outputs={"output": y[:2]})
+    assert resident.in_place.reused == 0

@@ -7,17 +7,14 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-import zmq
-
-from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.config import ModelConfig
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.scheduler import Scheduler
 from inferd.serving.slot import ModelSlot
 from inferd.supervision.watchdog import assess
 from tests.conftest import HANG_S
+from tests.unit.serving.reply_queue import ReplyQueue
 
 
 def test_a_model_load_is_declared_with_its_bound_and_ends_with_a_beat() -> None:
@@ -37,10 +34,7 @@ def test_a_model_load_is_declared_with_its_bound_and_ends_with_a_beat() -> None:
         assert release[slot.name].wait(HANG_S)
         slot.state = "failed"
 
-    context: zmq.Context[Any] = zmq.Context()
-    replies = context.socket(zmq.PULL)
-    replies.bind(REPLIES_ENDPOINT)
-    worker = EngineWorker(context, scheduler, slots, activate=activate)
+    worker = EngineWorker(ReplyQueue(), scheduler, slots, activate=activate)
     try:
         worker.start()
         for name, runtime, allowed_s in (("det", "tensorrt", 900.0), ("seg", "onnx_trt_ep", 30.0)):
@@ -68,6 +62,4 @@ def test_a_model_load_is_declared_with_its_bound_and_ends_with_a_beat() -> None:
             event.set()
         scheduler.close()
         worker.join(HANG_S)
-        replies.close(linger=0)
-        context.term()
     assert worker.liveness().beat_ns is None  # a worker that is gone reads as not running

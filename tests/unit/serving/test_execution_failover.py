@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import zmq
 
 from inferd.config import ModelConfig, RuntimeConfig
 from inferd.engines.quarantine import QUARANTINE_DIR
@@ -37,6 +36,7 @@ from inferd.types import (
 )
 from inferd_wire import protocol
 from tests.conftest import wait_until
+from tests.unit.serving.reply_queue import ReplyQueue
 
 X = TensorSpec("image", "float32", (1, 3, 224, 224))
 OK = "ok"
@@ -108,8 +108,6 @@ def error(reply: dict[str, Any]) -> str | None:
 
 @pytest.fixture
 def rig_factory(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    context: zmq.Context[Any] = zmq.Context()
-
     def make(
         script: list[object],
         *,
@@ -159,7 +157,7 @@ def rig_factory(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatc
         if not run_failover:  # the rule alone: record that the failover thread started
             monkeypatch.setattr(failover, "_run", lambda s, f: started.append(f.error))
         worker = EngineWorker(
-            context, scheduler, {"demo": slot}, activate=lambda _slot: None, failover=failover
+            ReplyQueue(), scheduler, {"demo": slot}, activate=lambda _slot: None, failover=failover
         )
         return Rig(
             slot,
@@ -176,7 +174,6 @@ def rig_factory(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatc
         )
 
     yield make
-    context.term()
 
 
 def failure(text: str = "TensorRT could not enqueue the inference") -> ExecutionFailedError:

@@ -11,10 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import zmq
 
 from inferd.bus.codec import Limits, Request, check_request, decode_request
-from inferd.bus.server import REPLIES_ENDPOINT
 from inferd.config import ModelConfig, RuntimeConfig
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.requests import RequestRouter
@@ -27,6 +25,7 @@ from tests.conftest import HANG_S
 from tests.fakes import fake_trt_ep_shapes
 from tests.fakes.fake_trt_ep_shapes import FakeOnnxRuntime
 from tests.unit.runtime.test_onnx_trt_ep_shapes import PROFILE, W, dynamic_model
+from tests.unit.serving.reply_queue import ReplyQueue
 
 LIMITS = Limits(max_message_bytes=1 << 20, max_header_bytes=4096, max_frames=4)
 
@@ -42,7 +41,7 @@ class Serving:
     router: RequestRouter
     scheduler: Scheduler
     worker: EngineWorker
-    replies: zmq.Socket[Any]
+    replies: ReplyQueue
     slot: ModelSlot
 
     def request(self, rows: int, request_id: int) -> Request:
@@ -55,10 +54,7 @@ class Serving:
         return decoded
 
     def reply(self) -> dict[str, Any]:
-        assert self.replies.poll(int(HANG_S * 1000)), "no reply from the engine worker"
-        frames = self.replies.recv_multipart()
-        assert frames[0] == b"client"
-        return protocol.unpack_header(frames[1], 1 << 16)
+        return self.replies.next_reply([b"client"])
 
 
 @pytest.fixture
@@ -75,11 +71,9 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Serving
     slots = {"m": ModelSlot(model)}
     scheduler = Scheduler()
     scheduler.add_model("m", 8, "fifo")
-    context: zmq.Context[Any] = zmq.Context()
-    replies = context.socket(zmq.PULL)
-    replies.bind(REPLIES_ENDPOINT)
+    replies = ReplyQueue()
     worker = EngineWorker(
-        context,
+        replies,
         scheduler,
         slots,
         activate=lambda slot: slot.activate(runtime_config, sinks),
@@ -88,8 +82,6 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Serving
     scheduler.close()
     if worker.is_alive():
         worker.join(HANG_S)
-    replies.close(linger=0)
-    context.term()
 
 
 def test_out_of_profile_requests_are_refused_on_the_bus_and_infer_never_builds(
