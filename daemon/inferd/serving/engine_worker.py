@@ -86,6 +86,8 @@ class EngineWorker(threading.Thread):
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
         self._busy: DeclaredOperation | None = None
+        #: What ``_wait_for_work`` polls (the scheduler's wake and the port), made once.
+        self._waiting: select.poll | None = None
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -131,21 +133,24 @@ class EngineWorker(threading.Thread):
     def _wait_for_work(self) -> None:
         """Wait up to a beat interval for the scheduler's wake or a request on the
         port, reading that request here: it becomes the next job without a hand-off
-        between threads.  The bus listens again as soon as this returns."""
+        between threads.  The bus reads the port again once the worker has run
+        for a while (``RequestPort.worker_listening``)."""
         port, wake_fd = self._port, self._scheduler.wake_fd
         listen_fd = port.listen_fd
-        waiting = select.poll()
-        waiting.register(wake_fd, select.POLLIN)
+        if self._waiting is None:
+            self._waiting = select.poll()
+            self._waiting.register(wake_fd, select.POLLIN)
+            if listen_fd is not None:
+                self._waiting.register(listen_fd, select.POLLIN)
         if listen_fd is None:
-            waiting.poll(_BEAT_INTERVAL_MS)
+            self._waiting.poll(_BEAT_INTERVAL_MS)
             return
-        waiting.register(listen_fd, select.POLLIN)
         port.worker_listening(True)
         try:
             # ZMQ_FD is an edge: a request may be waiting with it unreadable.  One
             # that is admitted makes wake_fd readable and the poll return at once.
             port.serve_one()
-            ready = {fd for fd, _events in waiting.poll(_BEAT_INTERVAL_MS)}
+            ready = [fd for fd, _events in self._waiting.poll(_BEAT_INTERVAL_MS)]
             if listen_fd in ready and wake_fd not in ready:
                 port.serve_one()
         finally:
