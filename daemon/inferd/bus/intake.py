@@ -53,7 +53,8 @@ class Oversized:
 
 
 class Intake:
-    """One socket's receiving side; ``receive`` is called on the bus thread."""
+    """One socket's receiving side; ``receive`` is called by one thread at a time
+    (the infer socket's under the bus's wire lock)."""
 
     def __init__(
         self, sock: zmq.Socket[Any], limits: Limits, frames_per_call: int = FRAMES_PER_CALL

@@ -18,7 +18,7 @@ logged once, and ``status`` lists the peers that lost replies.  A peer with
 nothing in flight always gets its reply if the total allows, however large it
 is, so a single big result is never refused to a client that reads.
 
-Used on the bus thread only.
+Used under the bus's wire lock (the bus thread's and the engine worker's sends).
 """
 
 from __future__ import annotations

@@ -391,9 +391,9 @@ class BusServer(threading.Thread):
                 request, envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
             )
 
-    def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> int:
-        """Send a reply within the reply budget; never block the bus for one peer,
-        never lose a reply silently (every drop is counted).  Returns its bytes."""
+    def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> None:
+        """Send a reply within the reply budget; never block for one peer, never
+        lose a reply silently (every drop is counted)."""
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
         nbytes = message_bytes(parts)
@@ -401,9 +401,9 @@ class BusServer(threading.Thread):
             if self._closed:  # a worker that outlived the bus's shutdown
                 self.counters.unroutable_replies += 1
                 log.warning("reply_undeliverable", error="the bus has closed its sockets")
-                return nbytes
+                return
             if not self.replies.admit(name, routing_id, nbytes):
-                return nbytes
+                return
             parts[-1], last = watched(parts[-1])
             try:
                 send_frames(sock, parts, zmq.NOBLOCK)
@@ -416,4 +416,3 @@ class BusServer(threading.Thread):
                 log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
             else:
                 self.replies.sent(name, routing_id, nbytes, last)
-        return nbytes
