@@ -48,20 +48,37 @@ def test_an_idle_daemon_reads_each_request_on_the_engine_worker(
 
 
 def test_every_request_of_every_client_is_answered_while_both_threads_read(
-    identity_daemon: DaemonProcess,
+    daemon_factory: DaemonFactory, identity_model: Any, demo_model: Any
 ) -> None:
+    """Six clients alternate the identity model (its result names the request) and
+    the demo CNN, whose 2 ms runs outlast the cover delay: the bus thread reads
+    what arrives meanwhile, the worker what arrives while its queue is empty."""
+    daemon = daemon_factory(
+        models=[
+            {"name": "identity", "path": str(identity_model)},
+            {"name": "demo", "path": str(demo_model)},
+        ]
+    )
     clients, requests = 6, 120
     failures: list[str] = []
 
     def client_loop(index: int) -> None:
         rng = np.random.default_rng(index)
+        image = rng.random((1, 3, 224, 224), dtype=np.float32)
+        first_descriptors: np.ndarray | None = None
         try:
-            with InferenceClient(identity_daemon.infer, timeout=30) as client:
+            with InferenceClient(daemon.infer, timeout=30) as client:
                 for number in range(requests):
+                    if number % 2:
+                        (descriptors,) = client.infer("demo", {"image": image}).values()
+                        if first_descriptors is None:
+                            first_descriptors = descriptors
+                        elif not np.array_equal(descriptors, first_descriptors):
+                            failures.append(f"client {index} request {number}: another result")
+                        continue
                     batch = int(rng.integers(1, 4))
                     x = np.full((batch, *IDENTITY_SHAPE[1:]), index * 1000 + number, np.float32)
-                    y = client.infer("identity", {"input": x})["output"]
-                    if not np.array_equal(y, x):
+                    if not np.array_equal(client.infer("identity", {"input": x})["output"], x):
                         failures.append(f"client {index} request {number}: another result")
         except Exception as exc:  # collected: the assertion below names it
             failures.append(f"client {index}: {exc!r}")
@@ -71,18 +88,16 @@ def test_every_request_of_every_client_is_answered_while_both_threads_read(
         thread.start()
     polls = 0
     while any(thread.is_alive() for thread in threads):  # control traffic meanwhile
-        _status(identity_daemon)
+        _status(daemon)
         polls += 1
         threads[0].join(0.05)
     for thread in threads:
         thread.join()
     assert failures == []
-    status = _status(identity_daemon)
-    served = _answered(status, "identity")
+    status = _status(daemon)
+    served = _answered(status, "identity") + _answered(status, "demo")
     assert served == clients * requests
     by_worker = status["bus"]["read_by_worker"]
-    # Six clients keep the worker busy: the bus thread read some requests, the
-    # worker the others whenever its queue ran dry.
     assert 0 < by_worker < served, (by_worker, served)
     assert status["bus"]["unroutable_replies"] == 0
     assert status["bus"]["replies"]["dropped"] == 0

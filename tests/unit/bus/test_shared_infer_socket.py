@@ -1,0 +1,128 @@
+"""The infer socket shared by the bus thread and the engine worker (DESIGN.md 101),
+on a real ``BusServer`` and real ZeroMQ sockets, with the bus's periodic wake-up
+pushed out to 10 s so that only the mechanism under test can make it read:
+
+- while the worker listens, the bus thread leaves the socket to it;
+- once the worker stops listening, the bus thread reads within the cover delay;
+- a reply the worker sends goes out through the reply budget."""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from inferd.bus import server
+from inferd.bus.codec import Request
+from inferd.bus.server import BusServer, Reply
+from inferd.config import BusConfig
+from tests.conftest import HANG_S, wait_until
+from tests.integration.wire import RawDealer
+
+
+class RecordingHandler:
+    """``bus.server.RequestHandler``: admits every infer request, noting who read it."""
+
+    def __init__(self) -> None:
+        self.read_by: list[str] = []
+        self.envelopes: list[list[bytes]] = []
+        self.admitted = threading.Event()
+
+    def handle_infer(self, request: Request) -> Reply | None:
+        self.read_by.append(threading.current_thread().name)
+        self.envelopes.append(request.envelope)
+        self.admitted.set()
+        return None
+
+    def handle_control(self, request: Request) -> Reply | None:
+        raise AssertionError("no control traffic in these tests")
+
+    def due_replies(self, now_ns: int) -> list[Reply]:
+        return []
+
+    def next_wakeup_ns(self) -> int | None:
+        return None
+
+
+@pytest.fixture
+def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[BusServer, Any]]:
+    monkeypatch.setattr(server, "_MAX_POLL_MS", 10_000)
+    context: zmq.Context[Any] = zmq.Context()
+    config = BusConfig(
+        infer_endpoint=f"ipc://{tmp_path}/infer.sock",
+        control_endpoint=f"ipc://{tmp_path}/control.sock",
+        events_endpoint=f"ipc://{tmp_path}/events.sock",
+    )
+    handler = RecordingHandler()
+    bus = BusServer(context, config, handler=handler, linger_ms=0)
+    bus.start()
+    bus.wait_bound(HANG_S)
+    try:
+        yield bus, handler
+    finally:
+        bus.stop()
+        bus.join(HANG_S)
+        context.term()
+
+
+def _request(dealer: RawDealer, request_id: int) -> None:
+    dealer.send_infer(request_id, "m", {"x": np.zeros(4, np.float32)})
+
+
+def _worker_has_listened(bus: BusServer) -> None:
+    """As the engine worker does once its queue is empty; the bus stops reading."""
+    bus.worker_listening(True)
+    wait_until(lambda: not bus._covering, HANG_S, message="the bus stops covering")
+
+
+def test_while_the_worker_listens_the_bus_thread_leaves_the_socket_to_it(
+    bus: tuple[BusServer, RecordingHandler],
+) -> None:
+    server_, handler = bus
+    _worker_has_listened(server_)
+    assert server_.listen_fd is not None
+    waiting = select.poll()
+    waiting.register(server_.listen_fd, select.POLLIN)
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        _request(dealer, 1)
+        give_up = time.monotonic() + HANG_S
+        while not handler.read_by and time.monotonic() < give_up:
+            waiting.poll(100)  # ZMQ_FD: readable when the socket may have news
+            server_.serve_one()
+    assert handler.read_by == [threading.current_thread().name]
+    assert server_.status()["read_by_worker"] == 1
+
+
+def test_once_the_worker_stops_listening_the_bus_thread_reads_within_the_cover_delay(
+    bus: tuple[BusServer, RecordingHandler],
+) -> None:
+    server_, handler = bus
+    _worker_has_listened(server_)
+    server_.worker_listening(False)  # goes to run a job
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        sent = time.monotonic()
+        _request(dealer, 2)
+        # Without the cover timer the bus would sleep out its 10 s poll.
+        assert handler.admitted.wait(2.0), "the bus thread did not cover"
+        took_s = time.monotonic() - sent
+    assert handler.read_by == ["inferd-bus"]
+    assert took_s < 1.0, took_s
+
+
+def test_a_reply_the_worker_sends_goes_out_through_the_reply_budget(
+    bus: tuple[BusServer, RecordingHandler],
+) -> None:
+    server_, handler = bus
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        _request(dealer, 3)
+        assert handler.admitted.wait(HANG_S)  # the bus covers until the worker first listens
+        server_.send_reply([*handler.envelopes[0], b"reply"])  # as the worker does
+        assert dealer.recv_raw(HANG_S) == [b"reply"]
+    assert server_.replies.sent_replies["infer"] == 1
