@@ -144,6 +144,9 @@ class BusServer(threading.Thread):
         self._cover = OneShotTimer()
         #: Whether this thread waits on the infer socket (until the worker first listens).
         self._covering = True
+        #: When this thread's current poll times out (monotonic ns): a request the
+        #: worker admits that is due sooner (a deadline, a superseded reply) pokes it.
+        self._planned_wake_ns = 0
         self._infer: zmq.Socket[Any] | None = None
         self._infer_intake: Intake | None = None
         #: The infer socket's ``ZMQ_FD`` (readable when it may have news); set at bind.
@@ -179,8 +182,9 @@ class BusServer(threading.Thread):
     # -- the engine worker's side (serving/engine_worker.py, RequestPort) ----
     @property
     def listen_fd(self) -> int | None:
-        """The infer socket's ``ZMQ_FD``: poll it, then call ``serve_one``."""
-        return self._infer_fd
+        """The infer socket's ``ZMQ_FD`` (None once the bus has closed it): poll
+        it, then call ``serve_one``."""
+        return None if self._closed else self._infer_fd
 
     def worker_listening(self, listening: bool) -> None:
         """The worker now waits on ``listen_fd`` (True), or goes to run and does
@@ -194,9 +198,11 @@ class BusServer(threading.Thread):
         if self._covering:  # stop now, not on the next request (which both would wake for)
             self._poke()
 
-    def serve_one(self) -> None:
-        """Read and answer or admit the next infer request, if one is waiting."""
-        self._serve_next("infer", reader="worker")
+    def serve_one(self) -> bool:
+        """Read and answer or admit the next infer request, if one is waiting;
+        False when none was (``ZMQ_EVENTS`` read again: call until False before
+        waiting on ``listen_fd``)."""
+        return self._serve_next("infer", reader="worker")
 
     def send_reply(self, parts: list[Any]) -> None:
         """Send an infer reply, within the reply budget like every reply."""
@@ -307,9 +313,12 @@ class BusServer(threading.Thread):
     def _poll_timeout_ms(self) -> int:
         with self._handler_lock:
             wakeup = self._handler.next_wakeup_ns()
-        if wakeup is None:
-            return _MAX_POLL_MS
-        return max(0, min(_MAX_POLL_MS, -(-(wakeup - time.monotonic_ns()) // 1_000_000)))
+            now = time.monotonic_ns()
+            timeout = _MAX_POLL_MS
+            if wakeup is not None:
+                timeout = max(0, min(_MAX_POLL_MS, -(-(wakeup - now) // 1_000_000)))
+            self._planned_wake_ns = now + timeout * 1_000_000
+        return timeout
 
     def _infer_waiting(self) -> bool:
         infer = self._infer
@@ -322,30 +331,35 @@ class BusServer(threading.Thread):
         (the other thread may be using it); the control socket is this thread's
         alone."""
         typed = name == "infer"  # infer headers go to the typed decoder; control ops are dicts
-        if typed:
-            infer, intake = self._infer, self._infer_intake
-            if infer is None or intake is None:
-                return False
-            with self._wire_lock:
-                if self._closed or not readable(infer):
+        # Reading and admitting are one step under the handler lock: two readers
+        # must not admit one client's requests out of their order.
+        with self._handler_lock:
+            if typed:
+                infer, intake = self._infer, self._infer_intake
+                if infer is None or intake is None:
+                    return False
+                with self._wire_lock:
+                    if self._closed or not readable(infer):
+                        return False
+                    received = intake.receive()
+            else:
+                assert intake is not None
+                if not readable(intake.socket):
                     return False
                 received = intake.receive()
-        else:
-            assert intake is not None
-            if not readable(intake.socket):
-                return False
-            received = intake.receive()
-        if received is None:
-            return True  # a share of an oversized message was let go: more to read
-        with self._handler_lock:
+            if received is None:
+                return True  # a share of an oversized message was let go: more to read
             self.counters.by_socket[name] += 1
-            if reader == "worker":
-                self.counters.read_by_worker += 1
             if isinstance(received, Oversized):
                 reply: Reply | None = self._refuse_oversized(received)
             else:
                 handle = self._handler.handle_infer if typed else self._handler.handle_control
                 reply = self._dispatch(received, handle, typed)
+            if reader == "worker":
+                self.counters.read_by_worker += 1
+                wakeup = self._handler.next_wakeup_ns()
+                if wakeup is not None and wakeup < self._planned_wake_ns:
+                    self._poke()  # due before the bus thread would look
         if reply is not None:
             self._send(intake.socket, name, reply.parts())
         return True

@@ -56,8 +56,9 @@ class RequestPort(Protocol):
         """The worker starts (True) or stops (False) waiting on ``listen_fd``."""
         ...
 
-    def serve_one(self) -> None:
-        """Read the next request, if one waits, and refuse or admit it."""
+    def serve_one(self) -> bool:
+        """Read the next request, if one waits, and refuse or admit it; False when
+        none was waiting."""
         ...
 
     def send_reply(self, parts: list[Any]) -> None:
@@ -86,8 +87,9 @@ class EngineWorker(threading.Thread):
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
         self._busy: DeclaredOperation | None = None
-        #: What ``_wait_for_work`` polls (the scheduler's wake and the port), made once.
-        self._waiting: select.poll | None = None
+        #: What ``_wait_for_work`` polls, made once per listen descriptor: that
+        #: descriptor, the scheduler's wake and the port; the scheduler's wake alone.
+        self._waiting: tuple[int | None, select.poll, select.poll] | None = None
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -137,22 +139,31 @@ class EngineWorker(threading.Thread):
         for a while (``RequestPort.worker_listening``)."""
         port, wake_fd = self._port, self._scheduler.wake_fd
         listen_fd = port.listen_fd
-        if self._waiting is None:
-            self._waiting = select.poll()
-            self._waiting.register(wake_fd, select.POLLIN)
+        if self._waiting is None or self._waiting[0] != listen_fd:
+            waiting = select.poll()
+            waiting.register(wake_fd, select.POLLIN)
             if listen_fd is not None:
-                self._waiting.register(listen_fd, select.POLLIN)
+                waiting.register(listen_fd, select.POLLIN)
+            woken = select.poll()
+            woken.register(wake_fd, select.POLLIN)
+            self._waiting = (listen_fd, waiting, woken)
+        _, waiting, woken = self._waiting
         if listen_fd is None:
-            self._waiting.poll(_BEAT_INTERVAL_MS)
+            waiting.poll(_BEAT_INTERVAL_MS)
             return
+        self._bind_model(None)  # the handler's log lines name no model of a past run
         port.worker_listening(True)
         try:
-            # ZMQ_FD is an edge: a request may be waiting with it unreadable.  One
-            # that is admitted makes wake_fd readable and the poll return at once.
-            port.serve_one()
-            ready = [fd for fd, _events in self._waiting.poll(_BEAT_INTERVAL_MS)]
+            # ZMQ_FD is an edge that any read or send (a refusal) may take: read
+            # until ZMQ_EVENTS shows nothing more, unless there is work to take.
+            while port.serve_one():
+                if woken.poll(0):
+                    return
+            ready = [fd for fd, _events in waiting.poll(_BEAT_INTERVAL_MS)]
             if listen_fd in ready and wake_fd not in ready:
-                port.serve_one()
+                while port.serve_one():
+                    if woken.poll(0):
+                        return
         finally:
             port.worker_listening(False)
 

@@ -237,8 +237,9 @@ class Scheduler:
 
     def next_deadline_ns(self) -> int | None:
         # Without a lock: an int read is atomic, jobs with deadlines are only
-        # added on the calling (bus) thread, and a count that is stale because
-        # the worker just took one only sends us down the exact path below.
+        # added under the bus's handler lock, which every caller holds, and a
+        # count that is stale because the worker just took one only sends us
+        # down the exact path below.
         if not self._with_deadline:
             return None
         with self._condition:

@@ -23,6 +23,9 @@ from inferd.bus import server
 from inferd.bus.codec import Request
 from inferd.bus.server import BusServer, Reply
 from inferd.config import BusConfig
+from inferd.serving.engine_worker import EngineWorker
+from inferd.serving.scheduler import Scheduler
+from inferd_wire.protocol import Code, ProtocolError
 from tests.conftest import HANG_S, wait_until
 from tests.integration.wire import RawDealer
 
@@ -30,7 +33,8 @@ from tests.integration.wire import RawDealer
 class RecordingHandler:
     """``bus.server.RequestHandler``: admits every infer request, noting who read it."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: frozenset[int] = frozenset()) -> None:
+        self.refuse = refuse
         self.read_by: list[str] = []
         self.envelopes: list[list[bytes]] = []
         self.admitted = threading.Event()
@@ -38,6 +42,8 @@ class RecordingHandler:
     def handle_infer(self, request: Request) -> Reply | None:
         self.read_by.append(threading.current_thread().name)
         self.envelopes.append(request.envelope)
+        if request.request_id in self.refuse:
+            raise ProtocolError(Code.INVALID_ARGUMENT, "refused by the test")
         self.admitted.set()
         return None
 
@@ -60,7 +66,7 @@ def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[BusSe
         control_endpoint=f"ipc://{tmp_path}/control.sock",
         events_endpoint=f"ipc://{tmp_path}/events.sock",
     )
-    handler = RecordingHandler()
+    handler = RecordingHandler(refuse=frozenset({10}))
     bus = BusServer(context, config, handler=handler, linger_ms=0)
     bus.start()
     bus.wait_bound(HANG_S)
@@ -126,3 +132,31 @@ def test_a_reply_the_worker_sends_goes_out_through_the_reply_budget(
         server_.send_reply([*handler.envelopes[0], b"reply"])  # as the worker does
         assert dealer.recv_raw(HANG_S) == [b"reply"]
     assert server_.replies.sent_replies["infer"] == 1
+
+
+def test_a_listening_worker_answers_a_refusal_and_reads_the_next_request_at_once(
+    bus: tuple[BusServer, RecordingHandler],
+) -> None:
+    """A real engine worker with nothing to run: it reads a request the handler
+    refuses, sends the refusal, and reads the request behind it too, well within
+    its 0.5 s beat (the bus's own poll is 10 s here)."""
+    server_, handler = bus
+    scheduler = Scheduler()
+    worker = EngineWorker(server_, scheduler, {}, activate=lambda _slot: None)
+    worker.start()
+    try:
+        wait_until(lambda: not server_._covering, HANG_S, message="the worker listens")
+        with RawDealer(server_._endpoints["infer"]) as dealer:
+            dealer.send_infer(10, "m", {"x": np.zeros(4, np.float32)})
+            sent = time.monotonic()
+            _request(dealer, 11)
+            assert handler.admitted.wait(HANG_S)
+            wait_until(lambda: len(handler.read_by) == 2, HANG_S, message="both requests read")
+            took_s = time.monotonic() - sent
+            refusal, _ = dealer.recv()
+        assert refusal["error"]["code"] == "INVALID_ARGUMENT" and refusal["id"] == 10
+        assert handler.read_by == ["inferd-engine-worker"] * 2
+        assert took_s < 0.25, took_s
+    finally:
+        scheduler.close()
+        worker.join(HANG_S)

@@ -21,7 +21,7 @@ class ReplyQueue:
     def worker_listening(self, listening: bool) -> None:
         raise AssertionError("a port without listen_fd is never listened on")
 
-    def serve_one(self) -> None:
+    def serve_one(self) -> bool:
         raise AssertionError("a port without listen_fd is never read")
 
     def send_reply(self, parts: list[Any]) -> None:
