@@ -44,8 +44,10 @@ from tests.conftest import (
     DaemonProcess,
     render_config,
     start_daemon,
+    wait_until,
     write_slow_model,
 )
+from tests.integration.wire import queue_depth
 
 pytestmark = pytest.mark.integration
 
@@ -486,7 +488,8 @@ def test_infer_replies(served: DaemonProcess) -> None:
 
 def test_queue_error_replies(daemon_factory: DaemonFactory, tmp_path: Path) -> None:
     """DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED and CANCELLED from a busy daemon."""
-    slow = write_slow_model(tmp_path / "slow.onnx")
+    # ~6x the default model's tens of milliseconds: 3 stays queued long enough to be seen.
+    slow = write_slow_model(tmp_path / "slow.onnx", matmuls=36)
     daemon = daemon_factory(
         models=[
             {"name": "slow", "path": str(slow), "queue_capacity": 2},
@@ -498,13 +501,21 @@ def test_queue_error_replies(daemon_factory: DaemonFactory, tmp_path: Path) -> N
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(daemon.infer)
-    sent = [infer_header("slow", arrays, id=1), infer_header("slow", arrays, id=2, deadline_ms=1)]
-    sent += [infer_header("slow", arrays, id=i) for i in range(3, 9)]
-    sent += [infer_header("latest", arrays, id=i) for i in range(9, 12)]
+    # 1 runs and 3 waits behind it before 2 (deadline 1 ms) is sent: 2 then waits at
+    # least one run, however late a loaded machine delivers it.
+    first = [infer_header("slow", arrays, id=1), infer_header("slow", arrays, id=3)]
+    rest = [infer_header("slow", arrays, id=2, deadline_ms=1)]
+    rest += [infer_header("slow", arrays, id=i) for i in range(4, 9)]
+    rest += [infer_header("latest", arrays, id=i) for i in range(9, 12)]
+    sent = first + rest
     replies: dict[int, dict[str, Any]] = {}
     try:
         for header in sent:
             assert_valid("infer_request.json", header)
+        for header in first:
+            sock.send_multipart([protocol.pack(header), *payload])
+        wait_until(lambda: queue_depth(daemon.control, "slow") >= 1, 10, message="3 queued")
+        for header in rest:
             sock.send_multipart([protocol.pack(header), *payload])
         while len(replies) < len(sent):
             assert sock.poll(int(REPLY_TIMEOUT_S * 1000), zmq.POLLIN), sorted(replies)
