@@ -307,6 +307,7 @@ def _infer(args: argparse.Namespace) -> int:
         }
         if args.shm:
             summary["shm"] = {
+                "socket": client.last_transport,
                 "inputs_in_region": sorted(inputs),
                 "outputs_in_region": sorted(
                     entry["name"] for entry in reply.get("outputs", []) if "region" in entry

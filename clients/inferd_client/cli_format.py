@@ -202,6 +202,10 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
         f"shm: {len(regions)} regions, {size(shm.get('mapped_bytes', 0))} mapped of "
         f"{size(shm.get('max_bytes_total', 0))} (per uid {size(shm.get('max_bytes_per_uid', 0))}), "
         f"{shm.get('connections', 0)}/{shm.get('max_connections', 0)} connections",
+        f"  requests on shm.sock: {shm.get('requests', 0)}, {shm.get('in_flight', 0)} in flight, "
+        f"{shm.get('refused_in_flight', 0)} refused over "
+        f"{shm.get('max_requests_per_connection', 0)} per connection, "
+        f"{shm.get('closed_not_reading', 0)} connections closed for not reading",
     ]
     if regions:
         lines += ["  " + line for line in table(regions, REGION_COLUMNS)]
@@ -299,6 +303,11 @@ def inference(summary: Mapping[str, Any]) -> list[str]:
             ("runtime", _runtime(summary)),
             ("latency_us", summary.get("latency_us")),
             ("late", summary.get("late")),
+            *(
+                [("socket", f"{shm.get('socket')} (tensors in shared memory)")]
+                if (shm := summary.get("shm"))
+                else []
+            ),
         ]
     )
     rows = [

@@ -215,6 +215,8 @@ class InferenceClient:
         )
         self._retries = retries
         self.last_reply: dict[str, Any] = {}
+        #: Which socket carried the last infer request: ``"infer"`` or ``"shm"``.
+        self.last_transport = ""
         self._shm_socket = shm_socket or str(
             shm_socket_path(self._channel.endpoint, default_runtime_dir())
         )
@@ -222,10 +224,14 @@ class InferenceClient:
         #: Registered regions by id; those ``shared_region`` made are closed with us.
         self._regions: dict[str, SharedRegion] = {}
         self._owned: list[SharedRegion] = []
+        #: Each model's output names, as its last reply on the infer socket listed
+        #: them: a request placing all of them may go on the shm socket.
+        self._output_names: dict[str, frozenset[str]] = {}
 
     @property
     def discarded_replies(self) -> int:
-        return self._channel.discarded_replies
+        shm = self._shm.discarded_replies if self._shm is not None else 0
+        return self._channel.discarded_replies + shm
 
     def shared_region(self, nbytes: int, *, label: str | None = None) -> SharedRegion:
         """A new region of at least ``nbytes``, registered with the daemon (and closed
@@ -271,8 +277,11 @@ class InferenceClient:
         """Run ``model`` on ``inputs``; returns the output arrays by name.
 
         Inputs that live in a registered region are sent by reference, the rest as
-        frames.  ``outputs`` maps output names to arrays to write them into: one in
-        a registered region is written there by the daemon (no frame comes back),
+        frames.  A request with every input and every output in registered regions
+        travels on the shm socket (one message each way, no ZeroMQ), once a reply
+        on the infer socket (or ``describe``) has named the model's outputs.
+        ``outputs`` maps output names to arrays to write them into: one in a
+        registered region is written there by the daemon (no frame comes back),
         any other is filled from the reply's frame; the result holds those arrays.
         Other outputs are read-only views of their frames.  Raises ``RemoteError``
         with the daemon's code, or ``RequestTimeout``.  The reply header (runtime
@@ -282,16 +291,30 @@ class InferenceClient:
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
         header = infer_request_header(model, descriptors, placed, deadline_ms)
+        attempts = self._retries if retries is None else retries
+        if self._shm is not None and not frames and self._places_every_output(model, placed):
+            reply = self._shm.request(
+                header, self._channel.next_id, timeout=timeout, retries=attempts
+            )
+            self.last_reply, self.last_transport = reply, "shm"
+            if reply.get("ok") is False:
+                self._output_names.pop(model, None)  # learn them again (a reloaded model)
+            raise_if_error(reply)
+            check_infer_reply(reply)
+            return decode_outputs(reply, [], outputs, placed)
         reply, reply_frames = self._channel.request(
-            header,
-            frames,
-            timeout=timeout,
-            retries=self._retries if retries is None else retries,
+            header, frames, timeout=timeout, retries=attempts
         )
-        self.last_reply = reply
+        self.last_reply, self.last_transport = reply, "infer"
         raise_if_error(reply)
         check_infer_reply(reply)
-        return decode_outputs(reply, reply_frames, outputs, placed)
+        result = decode_outputs(reply, reply_frames, outputs, placed)
+        self._output_names[model] = frozenset(result)
+        return result
+
+    def _places_every_output(self, model: str, placed: list[dict[str, Any]]) -> bool:
+        names = self._output_names.get(model)
+        return bool(placed) and names is not None and names <= {p["name"] for p in placed}
 
     def describe(self, *, timeout: float | None = None) -> dict[str, Any]:
         """Models served on this socket with their input and output specs."""
@@ -299,7 +322,12 @@ class InferenceClient:
             {"v": protocol.PROTOCOL_VERSION, "op": "describe"}, timeout=timeout
         )
         raise_if_error(reply)
-        return dict(reply["result"])
+        result = dict(reply["result"])
+        for model in result.get("models", []):
+            if isinstance(model, dict) and model.get("outputs"):
+                names = frozenset(output.get("name") for output in model["outputs"])
+                self._output_names[str(model.get("name"))] = names
+        return result
 
     def close(self) -> None:
         """Close the sockets; the daemon releases the regions registered here."""

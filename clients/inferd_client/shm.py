@@ -4,10 +4,12 @@ writes outputs into, so that no tensor byte crosses the socket.
 ``SharedRegion`` owns a sealed memfd and its mapping and hands out numpy arrays
 backed by it (``region.array(shape, dtype)``): allocate once, fill in place (a
 camera driver can write straight into one), infer, read the outputs in place.
-``RegionChannel`` is the registration connection (the daemon's ``shm.sock``):
-the daemon keeps a region mapped for as long as the connection that registered
-it stays open, so closing the channel (or the process ending, or being killed)
-releases every region it registered.  ``InferenceClient`` owns one channel
+``RegionChannel`` is the connection to the daemon's ``shm.sock``: the daemon
+keeps a region mapped for as long as the connection that registered it stays
+open, so closing the channel (or the process ending, or being killed) releases
+every region it registered.  A request whose tensors all live in registered
+regions also travels on it (``RegionChannel.request``): one message each way,
+no ZeroMQ (DESIGN.md 104).  ``InferenceClient`` owns one channel
 (``InferenceClient.shared_region``).  Neither is thread-safe: one per thread,
 like the client itself.
 """
@@ -21,7 +23,8 @@ import math
 import mmap
 import os
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -127,7 +130,11 @@ class SharedRegion:
 
 
 class RegionChannel:
-    """The registration connection to the daemon's ``shm.sock`` (``SOCK_SEQPACKET``)."""
+    """The connection to the daemon's ``shm.sock`` (``SOCK_SEQPACKET``): regions'
+    registrations, and requests whose tensors all live in them.
+
+    Replies to ids this channel no longer waits for (a request that timed out)
+    are discarded and counted, never returned for another request."""
 
     def __init__(self, path: str, *, timeout: float = 5.0) -> None:
         try:  # the same trust rule as for the ipc sockets
@@ -142,7 +149,9 @@ class RegionChannel:
             self._socket.close()
             raise ClientError(f"cannot connect to the shm socket {path}: {exc}") from None
         self.path = path
+        self._timeout = timeout
         self._ids = itertools.count(1)
+        self.discarded_replies = 0
 
     def register(self, region: SharedRegion) -> str:
         """Hand ``region``'s memfd to the daemon; returns the region id."""
@@ -158,33 +167,79 @@ class RegionChannel:
     def unregister(self, region_id: str) -> None:
         self._call({"op": "unregister", "region": region_id}, [])
 
+    def request(
+        self,
+        header: dict[str, Any],
+        next_id: Callable[[], int],
+        *,
+        timeout: float | None = None,
+        retries: int = 0,
+    ) -> dict[str, Any]:
+        """Send an infer request ``header`` (no id: each attempt takes ``next_id()``)
+        and return its reply header; on timeout resend under a fresh id up to
+        ``retries`` times."""
+        wait = self._timeout if timeout is None else timeout
+        for _attempt in range(retries + 1):
+            request_id = next_id()
+            header["id"] = request_id
+            reply = self._exchange(protocol.pack(header), [], request_id, wait)
+            if reply is not None:
+                return reply
+        raise RequestTimeout(
+            f"no reply from {self.path} within {wait:.3f}s after {retries + 1} attempt(s)"
+        )
+
     def _call(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """A registration op: its result, or RemoteError."""
         request_id = next(self._ids)
         message = protocol.pack({"v": protocol.PROTOCOL_VERSION, "id": request_id, **header})
-        try:
-            # Refused at connect (shm.max_connections): the refusal is queued for us.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                socket.send_fds(self._socket, [message], fds)
-            data = self._receive()
-        except TimeoutError:
-            raise RequestTimeout(f"no reply from {self.path}") from None
-        except OSError as exc:
-            raise ClientError(f"the shm socket {self.path} failed: {exc}") from None
-        if not data:
-            raise ClientError(f"the daemon closed the shm socket {self.path}")
-        try:
-            reply = protocol.unpack_header(data, MAX_SHM_MESSAGE_BYTES)
-        except ProtocolError as exc:
-            raise MalformedReply(str(exc)) from None
+        reply = self._exchange(message, fds, request_id, self._timeout)
+        if reply is None:
+            raise RequestTimeout(f"no reply from {self.path}")
         if reply.get("ok") is not True:
             error = reply.get("error") or {}
             raise RemoteError(str(error.get("code")), str(error.get("message")))
-        if reply.get("id") != request_id:
-            raise MalformedReply(f"reply to id {reply.get('id')!r}, not {request_id}")
         result = reply.get("result")
         if not isinstance(result, dict):
             raise MalformedReply(f"reply has no result: {reply!r}")
         return result
+
+    def _exchange(
+        self, message: bytes, fds: list[int], request_id: int, wait: float
+    ) -> dict[str, Any] | None:
+        """Send one message and wait up to ``wait`` s for the reply to
+        ``request_id`` (None: none came); replies to other ids are discarded."""
+        give_up_at = time.monotonic() + wait
+        try:
+            self._socket.settimeout(wait)
+            # Refused at connect (shm.max_connections): the refusal is queued for us.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                if fds:
+                    socket.send_fds(self._socket, [message], fds)
+                else:
+                    self._socket.send(message)
+            while True:
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._socket.settimeout(remaining)
+                data = self._receive()
+                if not data:
+                    raise ClientError(f"the daemon closed the shm socket {self.path}")
+                try:
+                    reply = protocol.unpack_header(data, MAX_SHM_MESSAGE_BYTES)
+                except ProtocolError as exc:
+                    raise MalformedReply(str(exc)) from None
+                reply_id = reply.get("id")
+                if reply_id == request_id:
+                    return reply
+                if reply_id is None and reply.get("ok") is False:
+                    return reply  # refused before its id could be read (or at connect)
+                self.discarded_replies += 1
+        except TimeoutError:
+            return None
+        except OSError as exc:
+            raise ClientError(f"the shm socket {self.path} failed: {exc}") from None
 
     def _receive(self) -> bytes:
         try:

@@ -24,9 +24,10 @@ from inferd_wire.protocol import Code, ProtocolError
 
 #: File name of the registration socket, in the infer socket's directory.
 SHM_SOCKET_NAME = "shm.sock"
-#: Upper bound of one registration message (header only; the memfd travels as
-#: ancillary data).  Larger messages are refused.
-MAX_SHM_MESSAGE_BYTES = 4096
+#: Upper bound of one message on the shm socket, either way (a header only; a
+#: memfd travels as ancillary data): room for an infer request or reply naming
+#: ``MAX_REGION_TENSORS`` tensors.  Larger messages are refused.
+MAX_SHM_MESSAGE_BYTES = 16384
 #: Every region-backed tensor starts at a multiple of this: what TensorRT asks of
 #: a tensor address (256 bytes), and more than any dtype or ONNX Runtime needs.
 REGION_ALIGNMENT = 256

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import structlog
@@ -56,7 +57,8 @@ class Daemon:
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
         self.security = BusSecurity(self._context, config)
-        self.shm = ShmServer(config.shm) if config.shm.enabled else None
+        admit = partial(self.security.local_refusal, "infer")  # shm.sock: infer_allow
+        self.shm = ShmServer(config.shm, admit) if config.shm.enabled else None
         shm = (f"ipc://{config.shm.socket}",) if self.shm else ()  # its directory is locked too
         self._instance_lock = InstanceLock(
             config.daemon.runtime_dir, (*self.security.endpoints(), *shm)
@@ -149,6 +151,7 @@ class Daemon:
             handler=self.router,
             linger_ms=config.daemon.shutdown_linger_ms,
             security=self.security.sockets,
+            shm=self.shm.connections if self.shm else None,
         )
         self.worker = EngineWorker(
             self.bus,

@@ -300,7 +300,7 @@ def test_schema_vocabularies_match_the_code() -> None:
     assert region["offset"]["multipleOf"] == regions.REGION_ALIGNMENT
     assert defs["region_id"]["pattern"] == f"^[0-9a-f]{{{regions.REGION_ID_HEX}}}$"
     ops = [entry["properties"]["op"]["const"] for entry in schemas()["shm_request.json"]["oneOf"]]
-    assert tuple(ops) == regions.SHM_OPS
+    assert tuple(ops) == (*regions.SHM_OPS, "infer")  # registration ops, then requests
     assert {name.removeprefix("event_") for name in EVENT_SCHEMAS.values()} <= {
         f"{topic}.json" for topic in TOPICS
     }

@@ -183,6 +183,163 @@ def test_on_the_wire_the_reply_is_the_header_alone_and_both_match_the_schemas(
         region.close()
 
 
+def test_a_request_with_every_tensor_in_a_region_travels_on_the_shm_socket(
+    daemon: DaemonProcess, demo_model: Path
+) -> None:
+    before = shm_status(daemon)
+    with InferenceClient(daemon.infer, timeout=10) as client:
+        region = client.shared_region(8 * MIB, label="camera1")
+        image = region.array(DEMO_INPUT_SHAPE, np.float32)
+        descriptors = region.array(DEMO_OUTPUT_SHAPE, np.float32)
+        rng = np.random.default_rng(5)
+        for attempt in range(3):
+            image[:] = rng.random(DEMO_INPUT_SHAPE, dtype=np.float32)
+            result = client.infer("demo", {DEMO_INPUT: image}, outputs={DEMO_OUTPUT: descriptors})
+            # The first reply names the model's outputs; then the shm socket carries it.
+            assert client.last_transport == ("infer" if attempt == 0 else "shm")
+            assert result[DEMO_OUTPUT] is descriptors
+            np.testing.assert_allclose(
+                descriptors, demo_reference(demo_model, np.array(image)), rtol=1e-5, atol=1e-6
+            )
+        assert_valid("shm_reply.json", client.last_reply)
+        assert_valid("infer_reply.json", client.last_reply)
+        status = shm_status(daemon)
+        assert status["requests"] - before["requests"] == 2
+        assert status["replies"] - before["replies"] == 2 and status["in_flight"] == 0
+    with InferenceClient(daemon.infer, timeout=10) as client:  # describe names them too
+        client.describe()
+        region = client.shared_region(8 * MIB)
+        image = region.array(DEMO_INPUT_SHAPE, np.float32)
+        image[:] = 0.25
+        descriptors = region.array(DEMO_OUTPUT_SHAPE, np.float32)
+        client.infer("demo", {DEMO_INPUT: image}, outputs={DEMO_OUTPUT: descriptors})
+        assert client.last_transport == "shm"
+        plain = client.infer("demo", {DEMO_INPUT: np.array(image)})  # a frame: the infer socket
+        assert client.last_transport == "infer"
+        np.testing.assert_array_equal(plain[DEMO_OUTPUT], descriptors)
+
+
+def shm_infer(
+    region_id: str, x: np.ndarray, y: np.ndarray | None, offsets: tuple[int, int], **extra: Any
+) -> dict[str, Any]:
+    header: dict[str, Any] = {
+        "v": 1,
+        "id": 21,
+        "op": "infer",
+        "model": "identity",
+        "inputs": [
+            {
+                "name": "input",
+                "dtype": "float32",
+                "shape": list(x.shape),
+                "region": region_id,
+                "offset": offsets[0],
+                "nbytes": x.nbytes,
+            }
+        ],
+        **extra,
+    }
+    if y is not None:
+        header["outputs"] = [
+            {
+                "name": "output",
+                "dtype": "float32",
+                "shape": list(y.shape),
+                "region": region_id,
+                "offset": offsets[1],
+                "nbytes": y.nbytes,
+            }
+        ]
+    return header
+
+
+def test_on_the_shm_socket_every_output_is_placed_and_refusals_are_clear(
+    daemon: DaemonProcess,
+) -> None:
+    with SharedRegion(4 * MIB) as region, RawShm(daemon) as raw:
+        registered = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])
+        region_id = registered["result"]["region"]
+        x = region.array((1, 3, 224, 224), np.float32)
+        x[:] = 2.0
+        y = region.array((1, 3, 224, 224), np.float32)
+        offsets = (region.locate(x)[0], region.locate(y)[0])  # type: ignore[index]
+        ok = shm_infer(region_id, x, y, offsets)
+        assert_valid("shm_request.json", ok)
+        reply = raw.call(ok)
+        assert reply["ok"] is True and reply["outputs"] == ok["outputs"] and (y == 2.0).all()
+        unplaced = shm_infer(region_id, x, None, offsets)
+        assert_error(
+            raw.call(unplaced), "INVALID_ARGUMENT", "not placed: ['output']", request_id=21
+        )
+        framed = shm_infer(region_id, x, y, offsets)
+        del (
+            framed["inputs"][0]["region"],
+            framed["inputs"][0]["offset"],
+            framed["inputs"][0]["nbytes"],
+        )
+        assert_error(raw.call(framed), "INVALID_ARGUMENT", "0 tensor frames", request_id=21)
+        assert_error(
+            raw.call({**ok, "model": "nope"}), "NOT_FOUND", "no model named 'nope'", request_id=21
+        )
+        foreign = shm_infer("0123456789abcdef" * 2, x, y, offsets)
+        assert_error(raw.call(foreign), "NOT_FOUND", "no region 01234567", request_id=21)
+        outside = shm_infer(region_id, x, y, (4 * MIB - 256, offsets[1]))
+        assert_error(raw.call(outside), "INVALID_ARGUMENT", "outside region", request_id=21)
+        assert shm_status(daemon)["in_flight"] == 0
+    serves(daemon)
+
+
+def test_a_deadline_passing_in_the_queue_is_answered_on_the_shm_socket(
+    daemon: DaemonProcess,
+) -> None:
+    with SharedRegion(8 * MIB) as region, RawShm(daemon) as raw:
+        region_id = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])["result"]["region"]
+        tensors = [region.array(SLOW, np.float32) for _ in range(4)]
+        for tensor in tensors:
+            tensor[:] = 1.0
+        headers = []
+        for index in (0, 1):  # the first runs for tens of ms; the second waits behind it
+            x, y = tensors[2 * index], tensors[2 * index + 1]
+            header: dict[str, Any] = {
+                "v": 1,
+                "id": 30 + index,
+                "op": "infer",
+                "model": "slow",
+                "inputs": [
+                    {
+                        "name": "x",
+                        "dtype": "float32",
+                        "shape": list(SLOW),
+                        "region": region_id,
+                        "offset": region.locate(x)[0],
+                        "nbytes": x.nbytes,
+                    }
+                ],  # type: ignore[index]
+                "outputs": [
+                    {
+                        "name": "y",
+                        "dtype": "float32",
+                        "shape": list(SLOW),
+                        "region": region_id,
+                        "offset": region.locate(y)[0],
+                        "nbytes": y.nbytes,
+                    }
+                ],  # type: ignore[index]
+            }
+            if index:
+                header["deadline_ms"] = 1
+            headers.append(header)
+        raw.socket.send(pack(headers[0]))
+        raw.socket.send(pack(headers[1]))
+        replies = {}
+        for _ in (0, 1):  # the expired one is answered at once, before the running one
+            reply = protocol.unpack_header(raw.socket.recv(MAX_SHM_MESSAGE_BYTES))
+            replies[reply["id"]] = reply
+        assert_error(replies[31], "DEADLINE_EXCEEDED", "deadline passed", request_id=31)
+        assert replies[30]["ok"] is True
+    serves(daemon)
+
+
 def test_registration_messages_match_the_schemas(daemon: DaemonProcess) -> None:
     with SharedRegion(mmap.PAGESIZE) as region, RawShm(daemon) as raw:
         request = {"v": 1, "id": 1, "op": "register", "label": "x"}
@@ -361,7 +518,7 @@ def test_registration_refusals_are_clear_and_the_connection_stays_usable(
                 reply = raw.call(header, fds)
                 assert_error(reply, "INVALID_ARGUMENT", fragment, request_id=1)
             oversized = raw.send(b"\x81\xa1v" + b"\x01" * MAX_SHM_MESSAGE_BYTES)
-            assert_error(oversized, "INVALID_ARGUMENT", "over 4096 bytes")
+            assert_error(oversized, "INVALID_ARGUMENT", f"over {MAX_SHM_MESSAGE_BYTES} bytes")
             garbage = raw.send(b"\xc1")
             assert_error(garbage, "INVALID_ARGUMENT", "not valid msgpack")
             assert shm_status(daemon)["regions"] == []  # nothing was mapped
@@ -467,18 +624,22 @@ for _ in range(12):  # queue work on the slow model, all of it in the region
     descriptors, frames = encode_inputs({"x": x}, client._regions)
     header = {"v": 1, "id": sent + 1, "op": "infer", "model": "slow", "inputs": descriptors,
               "outputs": placed_outputs({"y": y}, client._regions)}
-    client._channel._socket.send_multipart([protocol.pack(header)])
+    if sys.argv[3] == "shm":
+        client._shm._socket.send(protocol.pack(header))
+    else:
+        client._channel._socket.send_multipart([protocol.pack(header)])
     sent += 1
 print("sent", flush=True)
 time.sleep(3600)
 """
 
 
+@pytest.mark.parametrize("transport", ["infer", "shm"])
 def test_a_client_killed_mid_request_is_cleaned_up_and_the_daemon_serves_on(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, transport: str
 ) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, daemon.infer, shm_path(daemon)],
+        [sys.executable, "-c", CHILD, daemon.infer, shm_path(daemon), transport],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -490,6 +651,7 @@ def test_a_client_killed_mid_request_is_cleaned_up_and_the_daemon_serves_on(
             lambda: any(r["in_use"] for r in shm_status(daemon)["regions"]),
             message="the region in use",
         )
+        unroutable = shm_status(daemon)["unroutable_replies"]
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
         status = shm_status(daemon)
@@ -497,6 +659,9 @@ def test_a_client_killed_mid_request_is_cleaned_up_and_the_daemon_serves_on(
         # Released once the requests that use it are answered; then unmapped.
         wait_until(lambda: shm_status(daemon)["regions"] == [], message="the region released")
         assert shm_status(daemon)["mapped_bytes"] == 0 and memfds_mapped(daemon) == []
+        if transport == "shm":  # answered after its connection closed: counted, not lost
+            assert shm_status(daemon)["unroutable_replies"] > unroutable
+            assert shm_status(daemon)["in_flight"] == 0
     finally:
         if child.poll() is None:
             child.kill()
@@ -571,7 +736,11 @@ def test_inferctl_infer_shm_and_status_show_it(daemon: DaemonProcess) -> None:
     done = inferctl(daemon, "infer", "--model", "demo", "--random", "--shm", "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["shm"] == {"inputs_in_region": [DEMO_INPUT], "outputs_in_region": [DEMO_OUTPUT]}
+    assert summary["shm"] == {
+        "socket": "shm",  # every tensor in a region: the request went on shm.sock
+        "inputs_in_region": [DEMO_INPUT],
+        "outputs_in_region": [DEMO_OUTPUT],
+    }
     plain = json.loads(inferctl(daemon, "infer", "--model", "demo", "--random", "--json").stdout)
     assert summary["outputs"] == plain["outputs"]  # the same bytes either way
     with InferenceClient(daemon.infer, timeout=10) as client:

@@ -88,6 +88,12 @@ class AccessPolicy:
         if len(parts) != 4 or not all(part.isdigit() for part in parts[1:]):
             return Decision(None, f"no peer credentials in the ZAP address {address!r}")
         uid, gid, pid = (int(part) for part in parts[1:])
+        return self.local(socket, uid, gid, pid)
+
+    def local(self, socket: str, uid: int, gid: int, pid: int) -> Decision:
+        """The decision for a local peer whose credentials the kernel gave
+        (``SO_PEERCRED``): an ``ipc://`` socket's, or ``shm.sock``'s under the infer
+        socket's allow-list."""
         groups = self._groups(uid, gid)
         allow = self._security.access(socket).allow
         if allow and uid not in self._trusted_uids and not _matches(allow, uid, groups, None):

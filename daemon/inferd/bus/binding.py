@@ -1,4 +1,5 @@
-"""A socket thread's bind outcome, handed to the thread that started it.
+"""How the bus's ROUTER sockets are made and bound, and a socket thread's bind
+outcome, handed to the thread that started it.
 
 The daemon reports ready only once every socket is bound, and a bind failure
 (address in use, a bad endpoint, a refused security option) must surface in the
@@ -8,6 +9,48 @@ starting thread as the exception itself, not end quietly with the socket thread.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from inferd.config import BusConfig
+
+#: Messages per peer pipe.  Reply bytes are bounded by the ReplyBudget; this
+#: bounds the count of small ones (libzmq's default).
+ROUTER_SNDHWM = 1000
+ROUTER_RCVHWM = 10_000
+
+
+def bound_router(
+    context: zmq.Context[Any],
+    endpoint: str,
+    max_message_bytes: int,
+    config: BusConfig,
+    secure: Callable[[zmq.Socket[Any]], None] | None,
+) -> zmq.Socket[Any]:
+    """A ROUTER with the bus's options, ``secure`` applied (ZAP, CURVE), bound."""
+    sock: zmq.Socket[Any] = context.socket(zmq.ROUTER)
+    # Refuse oversize frames at the transport (the peer is disconnected); the codec
+    # checks the whole message again.  ZeroMQ drops the connection of a peer whose
+    # frame exceeds MAXMSGSIZE, with no reply; at twice the limit, one oversized
+    # tensor still gets its error.
+    sock.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
+    sock.setsockopt(zmq.RCVHWM, ROUTER_RCVHWM)
+    # A peer silent after a PING (its process frozen, its host gone) is
+    # disconnected and its pipe, with the replies queued to it, freed.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, config.heartbeat_interval_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_timeout_ms)
+    if secure is not None:
+        secure(sock)
+    try:
+        sock.bind(endpoint)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock
 
 
 class BindOutcome:

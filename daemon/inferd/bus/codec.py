@@ -57,6 +57,8 @@ class Request:
     tensors: list[memoryview]
     #: The header's ``zmq.Frame``: its connection's verified peer (``bus.zap.peer_of``).
     header_frame: Any = None
+    #: The peer's uid from ``SO_PEERCRED`` for a request on ``shm.sock`` (no frame).
+    local_uid: int | None = None
 
 
 def split_envelope(frames: Sequence[Any]) -> tuple[list[bytes], list[Any]]:
@@ -76,26 +78,26 @@ def decode_request(body: Sequence[Any], limits: Limits, *, typed: bool = False) 
     if not body:
         raise ProtocolError(Code.INVALID_ARGUMENT, "message has no header frame")
     frame = body[0]
-    if typed and 0 < len(frame) <= limits.max_header_bytes:
-        infer = decode_infer(frame.buffer)
+    request = decode_header(frame.buffer, limits, typed=typed)
+    request.tensors = [part.buffer for part in body[1:]]
+    request.header_frame = frame
+    return request
+
+
+def decode_header(buffer: Any, limits: Limits, *, typed: bool = False) -> Request:
+    """A request of the header alone (``decode_request`` adds the frames)."""
+    if typed and 0 < len(buffer) <= limits.max_header_bytes:
+        infer = decode_infer(buffer)
         if infer is not None:
-            return Request(
-                envelope=[],
-                header=infer,
-                request_id=infer.id,
-                op=infer.op,
-                tensors=[part.buffer for part in body[1:]],
-                header_frame=frame,
-            )
-    header = protocol.unpack_header(frame.buffer, limits.max_header_bytes, check_version=False)
+            return Request(envelope=[], header=infer, request_id=infer.id, op=infer.op, tensors=[])
+    header = protocol.unpack_header(buffer, limits.max_header_bytes, check_version=False)
     op = header.get("op")
     return Request(
         envelope=[],
         header=header,
         request_id=protocol.request_id_of(header),
         op=op if isinstance(op, str) else "",
-        tensors=[frame.buffer for frame in body[1:]],
-        header_frame=body[0],
+        tensors=[],
     )
 
 
@@ -252,10 +254,21 @@ def validate_inputs(
 
 
 def validate_outputs(
-    regions: RequestRegions | None, specs: Sequence[TensorSpec]
+    regions: RequestRegions | None, specs: Sequence[TensorSpec], *, every: bool = False
 ) -> dict[str, np.ndarray]:
     """The writable region views of the outputs a request placed, checked against the
-    model's outputs (name, dtype, shape); empty when it placed none."""
+    model's outputs (name, dtype, shape); empty when it placed none.  ``every``:
+    the request must place every output (one on ``shm.sock``, whose replies carry
+    no tensor bytes)."""
+    if every:
+        placed = {placement.name for placement in regions.outputs} if regions else set()
+        missing = sorted(spec.name for spec in specs if spec.name not in placed)
+        if missing:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT,
+                f"a request on the shm socket places every output in a region (its reply "
+                f"carries no tensor bytes); not placed: {missing}",
+            )
     if regions is None or not regions.outputs:
         return {}
     by_name = {spec.name: spec for spec in specs}

@@ -15,12 +15,14 @@ the header frame are kept so the refusal reaches the peer with its request id.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from inferd.bus.codec import Limits
+from inferd.bus.codec import Limits, decode_request
+from inferd.bus.handler import Reply, error_reply
 from inferd_wire.protocol import Code, ProtocolError
 
 #: Frames read and let go per call while discarding an oversized message.
@@ -39,6 +41,14 @@ class Oversized:
     frames: int
     nbytes: int
     complete: bool = False
+
+    def reply(self, limits: Limits) -> Reply:
+        """The refusal, with the request's id when its header is readable."""
+        request = None
+        if self.header is not None:
+            with contextlib.suppress(ProtocolError):  # unreadable: answered without an id
+                request = decode_request([self.header], limits)
+        return error_reply(request, self.envelope, self.error(limits))
 
     def error(self, limits: Limits) -> ProtocolError:
         if self.frames > limits.max_frames:

@@ -75,7 +75,8 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
         raise ProtocolError(
             Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
         )
-    regions = RequestRegions(table, peer_uid_of(request.header_frame))
+    uid = request.local_uid if request.local_uid is not None else peer_uid_of(request.header_frame)
+    regions = RequestRegions(table, uid)
     with regions.released_on_error():
         for index, where, ref in placed:
             regions.inputs[index] = (regions.lease(where, ref), ref)

@@ -34,6 +34,13 @@ class BusSecurity:
         #: the CURVE keys are filled in by ``start``.
         self.sockets = SocketSecurity(tcp_sockets=tcp)
         self.zap: ZapHandler | None = None
+        #: Decisions for local peers the kernel names (``shm.sock``'s, SO_PEERCRED).
+        self._local = AccessPolicy(config.security, dict.fromkeys(SOCKETS, "ipc"), {})
+
+    def local_refusal(self, socket: str, uid: int, gid: int, pid: int) -> str | None:
+        """Why a local peer may not use what ``socket``'s allow-list guards (None:
+        it may): ``shm.sock`` serves infer requests, under ``security.infer_allow``."""
+        return self._local.local(socket, uid, gid, pid).refusal
 
     def start(self) -> None:
         """Load the CURVE keys (when configured) and start the ZAP handler; raises

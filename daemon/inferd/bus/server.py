@@ -21,74 +21,41 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from functools import partial
+from typing import Any, cast
 
 import structlog
 import zmq
 
-from inferd.bus.binding import BindOutcome
-from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
+from inferd.bus.binding import BindOutcome, bound_router
+from inferd.bus.codec import (
+    Limits,
+    Request,
+    check_request,
+    decode_request,
+    split_envelope,
+)
 from inferd.bus.cover_timer import COVER_AFTER_NS, OneShotTimer
+from inferd.bus.handler import Reply, RequestHandler, error_reply
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES, HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
+from inferd.bus.shm_requests import read_shm_request, send_shm_reply
 from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
-from inferd_wire import protocol
+from inferd.shm.connections import ShmConnections, is_shm_route
 from inferd_wire.multipart import readable, send_frames
 from inferd_wire.protocol import Code, ProtocolError
 
 _MAX_POLL_MS = 50
 _BATCH = 64
-#: Messages per peer pipe.  Reply bytes are bounded by the ReplyBudget; this
-#: bounds the count of small ones (libzmq's default).
-_ROUTER_SNDHWM = 1000
-_ROUTER_RCVHWM = 10_000
 
 log = structlog.get_logger("inferd.bus")
-
-
-@dataclass
-class Reply:
-    envelope: list[bytes]
-    header: dict[str, Any]
-    frames: Sequence[Any] = ()
-    #: Which ROUTER the reply leaves on ("infer" or "control").
-    socket: str = "infer"
-
-    def parts(self) -> list[Any]:
-        return [*self.envelope, protocol.pack(self.header), *self.frames]
-
-
-def error_reply(request: Request | None, envelope: list[bytes], error: ProtocolError) -> Reply:
-    request_id = request.request_id if request is not None else None
-    return Reply(envelope, protocol.error_header(request_id, error.code, error.message))
-
-
-class RequestHandler(Protocol):
-    """What the service provides to the bus.  Called by one thread at a time: the
-    bus thread, or the engine worker reading a request while idle."""
-
-    def handle_infer(self, request: Request) -> Reply | None:
-        """Admit a request (return None: its reply arrives on the replies socket) or refuse it."""
-        ...
-
-    def handle_control(self, request: Request) -> Reply | None:
-        """Answer a control op now, or return None when its reply comes later."""
-        ...
-
-    def due_replies(self, now_ns: int) -> list[Reply]:
-        """Replies owed now: expired deadlines, superseded and shutdown-failed requests."""
-        ...
-
-    def next_wakeup_ns(self) -> int | None:
-        """When ``due_replies`` next has work (e.g. the earliest queued deadline)."""
-        ...
 
 
 @dataclass
@@ -98,8 +65,9 @@ class BusCounters:
     #: Messages refused for their frame count or bytes, and the bytes let go unread.
     oversized_messages: int = 0
     oversized_bytes: int = 0
-    by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0})
-    #: Infer requests the engine worker read itself while idle (the rest, the bus thread).
+    by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0, "shm": 0})
+    #: Infer requests the engine worker read itself while idle (the rest, the bus
+    #: thread), on the infer socket and the shm connections.
     read_by_worker: int = 0
 
 
@@ -112,8 +80,13 @@ class BusServer(threading.Thread):
         handler: RequestHandler,
         linger_ms: int,
         security: SocketSecurity | None = None,
+        shm: ShmConnections | None = None,
     ) -> None:
         super().__init__(name="inferd-bus", daemon=True)
+        #: The ``shm.sock`` connections, read like the infer socket (DESIGN.md 104).
+        self._shm = shm
+        #: Which source ``serve_one`` tries first (they take turns).
+        self._shm_first = False
         #: ZAP (and CURVE on tcp://) on both ROUTERs; None only in tests of the loop.
         self._security = security
         self._context = context
@@ -151,6 +124,10 @@ class BusServer(threading.Thread):
         self._infer_intake: Intake | None = None
         #: The infer socket's ``ZMQ_FD`` (readable when it may have news); set at bind.
         self._infer_fd: int | None = None
+        #: Readable when a request may be waiting on either source: an epoll set of
+        #: ``ZMQ_FD`` and the shm connections' own epoll descriptor.
+        self._requests = select.epoll()
+        weakref.finalize(self, self._requests.close)
         self._closed = False
         self._stop_requested = threading.Event()
         self._bind_outcome = BindOutcome("the bus thread")
@@ -182,9 +159,10 @@ class BusServer(threading.Thread):
     # -- the engine worker's side (serving/engine_worker.py, RequestPort) ----
     @property
     def listen_fd(self) -> int | None:
-        """The infer socket's ``ZMQ_FD`` (None once the bus has closed it): poll
-        it, then call ``serve_one``."""
-        return None if self._closed else self._infer_fd
+        """Readable when a request may be waiting on the infer socket or a shm
+        connection (None once the bus has closed the socket): poll it, then call
+        ``serve_one``."""
+        return None if self._closed or self._infer_fd is None else self._requests.fileno()
 
     def worker_listening(self, listening: bool) -> None:
         """The worker now waits on ``listen_fd`` (True), or goes to run and does
@@ -199,10 +177,13 @@ class BusServer(threading.Thread):
             self._poke()
 
     def serve_one(self) -> bool:
-        """Read and answer or admit the next infer request, if one is waiting;
-        False when none was (``ZMQ_EVENTS`` read again: call until False before
-        waiting on ``listen_fd``)."""
-        return self._serve_next("infer", reader="worker")
+        """Read and answer or admit the next infer request, if one is waiting on
+        either source (they take turns); False when none was (``ZMQ_EVENTS`` read
+        again: call until False before waiting on ``listen_fd``)."""
+        self._shm_first = not self._shm_first
+        if self._shm_first:
+            return self._serve_shm("worker") or self._serve_next("infer", reader="worker")
+        return self._serve_next("infer", reader="worker") or self._serve_shm("worker")
 
     def send_reply(self, parts: list[Any]) -> None:
         """Send an infer reply, within the reply budget like every reply."""
@@ -219,13 +200,25 @@ class BusServer(threading.Thread):
     # -- this thread -------------------------------------------------------
     def run(self) -> None:
         try:
-            infer, control = self._router("infer"), self._router("control")
+            infer, control = (
+                bound_router(
+                    self._context,
+                    self._endpoints[name],
+                    self._limits.max_message_bytes,
+                    self._config,
+                    None if self._security is None else partial(self._security.apply, name),
+                )
+                for name in ("infer", "control")
+            )
         except BaseException as exc:
             self._bind_outcome.failed(exc)
             return
         self._infer = infer
         self._infer_intake = Intake(infer, self._limits)
         self._infer_fd = cast(int, infer.get(zmq.FD))
+        self._requests.register(self._infer_fd, select.EPOLLIN)
+        if self._shm is not None:
+            self._requests.register(self._shm.fd, select.EPOLLIN)
         self._bind_outcome.bound()
         try:
             self._loop(infer, control)
@@ -238,31 +231,12 @@ class BusServer(threading.Thread):
     def _poke(self) -> None:
         os.eventfd_write(self._wake_fd, 1)
 
-    def _router(self, name: str) -> zmq.Socket[Any]:
-        sock: zmq.Socket[Any] = self._context.socket(zmq.ROUTER)
-        # Refuse oversize frames at the transport (the peer is disconnected);
-        # the codec checks the whole message again.
-        # ZeroMQ drops the connection of a peer whose frame exceeds MAXMSGSIZE, with
-        # no reply; at twice the limit, one oversized tensor still gets its error.
-        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._limits.max_message_bytes)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.SNDHWM, _ROUTER_SNDHWM)
-        sock.setsockopt(zmq.RCVHWM, _ROUTER_RCVHWM)
-        # A peer silent after a PING (its process frozen, its host gone) is
-        # disconnected and its pipe, with the replies queued to it, freed.
-        sock.setsockopt(zmq.HEARTBEAT_IVL, self._config.heartbeat_interval_ms)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._config.heartbeat_timeout_ms)
-        if self._security is not None:
-            self._security.apply(name, sock)
-        sock.bind(self._endpoints[name])
-        return sock
-
     def _loop(self, infer: zmq.Socket[Any], control: zmq.Socket[Any]) -> None:
         poller = zmq.Poller()
         poller.register(control, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
         poller.register(self._cover.fd, zmq.POLLIN)
-        infer_fd = self._infer_fd
+        requests_fd = self._requests.fileno()
         polling_infer = False
         control_intake = Intake(control, self._limits)
         more = False
@@ -280,9 +254,9 @@ class BusServer(threading.Thread):
             if polling_infer != self._covering:
                 polling_infer = self._covering
                 if polling_infer:
-                    poller.register(infer_fd, zmq.POLLIN)
+                    poller.register(requests_fd, zmq.POLLIN)
                 else:
-                    poller.unregister(infer_fd)
+                    poller.unregister(requests_fd)
             timeout = 0 if stopping or more else self._poll_timeout_ms()
             ready = dict(poller.poll(timeout))
             if self._wake_fd in ready:
@@ -306,7 +280,9 @@ class BusServer(threading.Thread):
             served = 0
             while served < _BATCH and self._serve_next("infer"):
                 served += 1
-            more = served == _BATCH
+            while served < 2 * _BATCH and self._serve_shm("bus"):
+                served += 1
+            more = served >= _BATCH
             if stopping and not due and not served and control not in ready:
                 return
 
@@ -356,13 +332,44 @@ class BusServer(threading.Thread):
                 handle = self._handler.handle_infer if typed else self._handler.handle_control
                 reply = self._dispatch(received, handle, typed)
             if reader == "worker":
-                self.counters.read_by_worker += 1
-                wakeup = self._handler.next_wakeup_ns()
-                if wakeup is not None and wakeup < self._planned_wake_ns:
-                    self._poke()  # due before the bus thread would look
+                self._worker_read()
         if reply is not None:
             self._send(intake.socket, name, reply.parts())
         return True
+
+    def _serve_shm(self, reader: str) -> bool:
+        """Read one message of a shm connection that has one waiting and answer
+        it, or admit its request; False when none had (DESIGN.md 104)."""
+        if (shm := self._shm) is None:
+            return False
+        with self._handler_lock:
+            entry = shm.ready()
+            if entry is None:
+                return False
+            message = entry.receive()
+            if message is None:
+                return False
+            try:
+                read = read_shm_request(shm, entry, message, self._limits)
+            finally:
+                message.close_fds()
+            reply = None
+            if read is not None and read[1] is not None:
+                reply = error_reply(read[0], read[0].envelope, read[1])
+            elif read is not None:
+                reply = self._answer(read[0], self._handler.handle_infer)
+            if reader == "worker":
+                self._worker_read()
+        if reply is not None:
+            send_shm_reply(shm, reply.parts())
+        return True
+
+    def _worker_read(self) -> None:
+        """Count a request the worker read; one due before this thread looks pokes it."""
+        self.counters.read_by_worker += 1
+        wakeup = self._handler.next_wakeup_ns()
+        if wakeup is not None and wakeup < self._planned_wake_ns:
+            self._poke()
 
     def _refuse_oversized(self, oversized: Oversized) -> Reply:
         """Answer a message the intake read to its end without keeping it."""
@@ -371,45 +378,56 @@ class BusServer(threading.Thread):
         if oversized.nbytes + oversized.frames * FRAME_OVERHEAD_BYTES >= BULK_RELEASE_BYTES:
             with self._wire_lock:  # the trimmer is the reply budget's too
                 self._trimmer.request(time.monotonic_ns())
-        request = None
-        if oversized.header is not None:
-            with contextlib.suppress(ProtocolError):  # unreadable: answered without an id
-                request = decode_request([oversized.header], self._limits)
-        error = oversized.error(self._limits)
+        reply = oversized.reply(self._limits)
         self.counters.malformed += 1
         log.info(
             "request_refused",
-            code=str(error.code),
-            reason=error.message,
+            code=reply.header["error"]["code"],
+            reason=reply.header["error"]["message"],
             frames=oversized.frames,
             nbytes=oversized.nbytes,
         )
-        return error_reply(request, oversized.envelope, error)
+        return reply
 
     def _dispatch(self, frames: list[zmq.Frame], handle: Any, typed: bool) -> Reply | None:
         envelope, body = split_envelope(frames)
-        request: Request | None = None
         try:
             request = decode_request(body, self._limits, typed=typed)
-            request.envelope = envelope
+        except ProtocolError as exc:
+            return self._refused(None, envelope, exc)
+        request.envelope = envelope
+        return self._answer(request, handle)
+
+    def _answer(self, request: Request, handle: Any) -> Reply | None:
+        """Check a decoded request and hand it to ``handle``: its reply, or None
+        when it was admitted."""
+        try:
             check_request(request, self._limits)
             result: Reply | None = handle(request)
             return result
         except ProtocolError as exc:
-            self.counters.malformed += 1
-            log.info("request_refused", code=str(exc.code), reason=exc.message)
-            return error_reply(request, envelope, exc)
+            return self._refused(request, request.envelope, exc)
         except Exception as exc:  # a handler bug must not take the bus down
             log.exception("request_handler_failed")
             return error_reply(
-                request, envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
+                request, request.envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
             )
+
+    def _refused(
+        self, request: Request | None, envelope: list[bytes], error: ProtocolError
+    ) -> Reply:
+        self.counters.malformed += 1
+        log.info("request_refused", code=str(error.code), reason=error.message)
+        return error_reply(request, envelope, error)
 
     def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> None:
         """Send a reply within the reply budget; never block for one peer, never
         lose a reply silently (every drop is counted)."""
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
+        if self._shm is not None and is_shm_route(routing_id):
+            send_shm_reply(self._shm, parts)
+            return
         nbytes = message_bytes(parts)
         with self._wire_lock:
             if self._closed:  # a worker that outlived the bus's shutdown
@@ -422,7 +440,7 @@ class BusServer(threading.Thread):
             try:
                 send_frames(sock, parts, zmq.NOBLOCK)
             except zmq.Again:
-                # The peer's pipe holds _ROUTER_SNDHWM messages: it does not read.
+                # The peer's pipe holds ROUTER_SNDHWM messages: it does not read.
                 self.replies.drop(name, routing_id, nbytes, HIGH_WATER_MARK)
             except zmq.ZMQError as exc:
                 # EHOSTUNREACH: the client is gone.

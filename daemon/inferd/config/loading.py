@@ -250,6 +250,9 @@ def _shm(table: TomlTable, socket: Path, runtime_dir: Path) -> ShmConfig:
         max_regions_per_connection=table.take(
             "max_regions_per_connection", int, defaults.max_regions_per_connection
         ),
+        max_requests_per_connection=table.take(
+            "max_requests_per_connection", int, defaults.max_requests_per_connection
+        ),
         max_bytes_per_uid=table.take("max_bytes_per_uid", int, defaults.max_bytes_per_uid),
         max_bytes_total=table.take("max_bytes_total", int, defaults.max_bytes_total),
     )

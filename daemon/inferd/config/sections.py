@@ -242,13 +242,20 @@ class ShmConfig:
     enabled: bool = True
     max_connections: int = 16
     max_regions_per_connection: int = 16
+    #: Infer requests one connection may have read and not yet answered.
+    max_requests_per_connection: int = 64
     #: Mapped bytes of every region one uid (SO_PEERCRED) registered, and of all.
     max_bytes_per_uid: int = 512 * 1024**2
     max_bytes_total: int = 1024**3
 
     def __post_init__(self) -> None:
         _endpoint("shm.socket", f"ipc://{self.socket}")
-        for key in ("max_connections", "max_regions_per_connection", "max_bytes_per_uid"):
+        for key in (
+            "max_connections",
+            "max_regions_per_connection",
+            "max_requests_per_connection",
+            "max_bytes_per_uid",
+        ):
             _positive(f"shm.{key}", getattr(self, key))
         if self.max_bytes_total < self.max_bytes_per_uid:
             raise ConfigError(

@@ -33,6 +33,7 @@ from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, O
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
+from inferd.shm.connections import is_shm_route
 from inferd.types import DeclaredOperation, Liveness
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
@@ -225,7 +226,9 @@ class EngineWorker(threading.Thread):
         if inputs is None:  # arrived while the model was loading
             try:
                 inputs = validate_inputs(job.header, job.frames, handle.inputs, job.regions)
-                placed = job.outputs = validate_outputs(job.regions, handle.outputs)
+                placed = job.outputs = validate_outputs(
+                    job.regions, handle.outputs, every=is_shm_route(job.client)
+                )
             except ProtocolError as exc:
                 return self._error(job, slot, exc.code, exc.message)
         try:

@@ -28,8 +28,8 @@ from inferd.bus.codec import (
     validate_inputs,
     validate_outputs,
 )
+from inferd.bus.handler import Reply
 from inferd.bus.region_refs import bind_regions
-from inferd.bus.server import Reply
 from inferd.bus.zap import peer_of
 from inferd.serving.scheduler import (
     Job,
@@ -39,6 +39,7 @@ from inferd.serving.scheduler import (
     SchedulerClosedError,
 )
 from inferd.serving.slot import ModelSlot
+from inferd.shm.connections import is_shm_route
 from inferd.shm.regions import RegionTable, RequestRegions
 from inferd.types import Peer
 from inferd_wire import protocol
@@ -133,7 +134,9 @@ class RequestRouter:
             inputs = None
         elif slot.state == "serving" and handle is not None:
             inputs = validate_inputs(request.header, request.tensors, handle.inputs, regions)
-            outputs = validate_outputs(regions, handle.outputs)
+            outputs = validate_outputs(
+                regions, handle.outputs, every=is_shm_route(request.envelope[0])
+            )
         else:
             raise ProtocolError(
                 Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"

@@ -1,7 +1,7 @@
 """The mapped regions, their owners, their limits and who uses them.
 
 A ``Region`` is one client's sealed memfd, mapped (``memfd.map_sealed_memfd``)
-and named by 128 random bits.  It belongs to the registration connection that
+and named by 128 random bits.  It belongs to the ``shm.sock`` connection that
 brought it (``Connection``: the peer's pid/uid/gid from ``SO_PEERCRED``) and
 lives until that connection unregisters it or goes away, or the daemon stops.
 A request that names it holds a lease (``RequestRegions``) from admission on
@@ -139,8 +139,10 @@ class Region:
 
 
 class RegionTable:
-    """Every region of the daemon.  Registration calls come from the registration
-    thread, ``lease``/``unlease`` from the bus thread and the engine worker."""
+    """Every region of the daemon.  ``register``, ``unregister``, ``disconnect``,
+    ``lease`` and ``unlease`` come from whichever thread reads the connection or
+    serves the request (the engine worker, the bus thread); only the registration
+    thread unmaps (``release_due``, ``close_all``): the others wake it."""
 
     def __init__(self, config: ShmConfig, wake: Callable[[], None] = lambda: None) -> None:
         self._config = config
@@ -157,7 +159,7 @@ class RegionTable:
         self.unmapped = 0
         self.refused: dict[str, int] = {}
 
-    # -- registration thread -----------------------------------------------------
+    # -- the connection's reader ------------------------------------------------
     def register(self, connection: Connection, fd: int, label: str | None) -> Region:
         """Map ``fd`` for ``connection``; ``ProtocolError`` (nothing held) when it is
         not a sealed memfd or a limit would be exceeded."""
@@ -221,7 +223,7 @@ class RegionTable:
                     else "is not registered on this connection"
                 ),
             )
-        self.release_due()
+        self._wake()  # unmapped on the registration thread
 
     def disconnect(self, connection: Connection) -> None:
         """The connection went away (client exit, kill): close all its regions."""
@@ -238,7 +240,7 @@ class RegionTable:
                 pid=connection.peer.pid,
                 uid=connection.peer.uid,
             )
-        self.release_due()
+            self._wake()  # unmapped on the registration thread
 
     def _close(self, region: Region) -> None:
         # With the lock held.

@@ -21,7 +21,8 @@ import zmq
 
 from inferd.bus import server
 from inferd.bus.codec import Request
-from inferd.bus.server import BusServer, Reply
+from inferd.bus.handler import Reply
+from inferd.bus.server import BusServer
 from inferd.config import BusConfig
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.scheduler import Scheduler

@@ -489,6 +489,7 @@ def test_shm_keys(tmp_path: Path) -> None:
     shm = defaults.shm
     assert shm.enabled and shm.socket == tmp_path / "run" / "shm.sock"  # next to infer.sock
     assert (shm.max_connections, shm.max_regions_per_connection) == (16, 16)
+    assert shm.max_requests_per_connection == 64
     assert (shm.max_bytes_per_uid, shm.max_bytes_total) == (512 * 1024**2, 1024**3)
     elsewhere = load_text(tmp_path, "[bus]\ninfer_endpoint = 'ipc:///srv/x/infer.sock'\n" + MINIMAL)
     assert elsewhere.shm.socket == Path("/srv/x/shm.sock")
@@ -496,11 +497,12 @@ def test_shm_keys(tmp_path: Path) -> None:
         tmp_path,
         "[daemon]\nruntime_dir = 'run'\n[shm]\nenabled = false\nsocket = 'regions.sock'\n"
         "max_connections = 2\nmax_regions_per_connection = 3\nmax_bytes_per_uid = 4096\n"
-        "max_bytes_total = 8192\n" + MINIMAL,
+        "max_bytes_total = 8192\nmax_requests_per_connection = 5\n" + MINIMAL,
     )
     assert not loaded.shm.enabled and loaded.shm.socket == tmp_path / "run" / "regions.sock"
     assert (loaded.shm.max_connections, loaded.shm.max_regions_per_connection) == (2, 3)
     assert (loaded.shm.max_bytes_per_uid, loaded.shm.max_bytes_total) == (4096, 8192)
+    assert loaded.shm.max_requests_per_connection == 5
 
 
 @pytest.mark.parametrize(
@@ -508,6 +510,7 @@ def test_shm_keys(tmp_path: Path) -> None:
     [
         ("[shm]\nmax_connections = 0\n", "shm.max_connections must be positive, got 0"),
         ("[shm]\nmax_regions_per_connection = -1\n", "shm.max_regions_per_connection must be"),
+        ("[shm]\nmax_requests_per_connection = 0\n", "shm.max_requests_per_connection must be"),
         ("[shm]\nmax_bytes_per_uid = true\n", "shm.max_bytes_per_uid must be int"),
         (
             "[shm]\nmax_bytes_per_uid = 10\nmax_bytes_total = 9\n",

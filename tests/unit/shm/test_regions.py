@@ -97,10 +97,13 @@ def test_a_request_from_another_uid_is_refused_when_the_uid_is_known(regions: Ta
 def test_unregister_then_unregister_again_is_a_clear_not_found(regions: Table) -> None:
     region = regions.register()
     regions.table.unregister(regions.connection, region.region_id)
+    assert regions.wakes == 1  # the registration thread unmaps, never the caller
+    assert regions.table.mapped_bytes() == 4 * PAGE
     with pytest.raises(ProtocolError) as caught:
         regions.table.unregister(regions.connection, region.region_id)
     assert caught.value.code == Code.NOT_FOUND
     assert "already unregistered" in caught.value.message
+    regions.table.release_due()
     assert regions.table.mapped_bytes() == 0
     with pytest.raises(ProtocolError) as not_found:
         regions.table.lease(region.region_id, None)
@@ -129,8 +132,9 @@ def test_a_leased_region_stays_mapped_until_its_last_lease_goes(regions: Table) 
     assert status["mapped_bytes"] == 4 * PAGE and status["regions"][0]["state"] == "releasing"
     assert (view == 7.0).all()  # still mapped under the running request
     del view
+    assert regions.wakes == 1  # at the disconnect: nothing to unmap yet
     request.release()
-    assert regions.wakes == 1  # the registration thread is told, and unmaps
+    assert regions.wakes == 2  # the registration thread is told, and unmaps
     regions.table.release_due()
     assert regions.table.status()["mapped_bytes"] == 0
     assert regions.table.status()["regions"] == []
@@ -144,6 +148,8 @@ def test_a_view_that_outlives_its_lease_keeps_the_memory_mapped(regions: Table) 
     hooks: list[str] = []
     region.on_release(lambda: hooks.append("released"))
     regions.table.unregister(regions.connection, region.region_id)
+    assert hooks == [] and regions.wakes == 1
+    regions.table.release_due()  # the registration thread, woken
     assert hooks == ["released"]  # before the unmap, once
     assert regions.table.mapped_bytes() == 4 * PAGE  # not unmapped under the view
     assert regions.table.status()["regions"][0]["state"] == "releasing"

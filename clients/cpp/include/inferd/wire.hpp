@@ -23,7 +23,7 @@ constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 constexpr std::size_t kMaxIdChars = 128;
 constexpr std::size_t kMaxDimensions = 16;
 constexpr std::size_t kRegionAlignment = 256;
-constexpr std::size_t kMaxShmMessageBytes = 4096;
+constexpr std::size_t kMaxShmMessageBytes = 16384;
 
 // An echoed request id: null (the daemon could not read one), an integer or a string.
 using RequestId = std::variant<std::monostate, std::uint64_t, std::string>;

@@ -1,0 +1,92 @@
+"""Requests on ``shm.sock`` as the bus reads and answers them (DESIGN.md 104).
+
+A message read from a shm connection (``shm.connections``) is a registration op,
+answered at once by ``ShmConnections.answer``, or an infer request, which from
+then on is a request like one from the infer socket: the same typed decoder,
+checks, admission, deadlines and replies, routed back by the connection's
+``route`` instead of a ZeroMQ routing id.  Its reply is one message: the header
+alone, since every output of a request on this socket is placed in a region
+(``codec.validate_outputs(every=True)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any
+
+import structlog
+
+from inferd.bus.codec import Limits, Request, decode_header
+from inferd.shm.connections import Message, ShmConnection, ShmConnections
+from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES, SHM_OPS
+
+log = structlog.get_logger("inferd.bus")
+
+#: What a shm connection's messages may ask for.
+_OPS = [*SHM_OPS, "infer"]
+
+
+def read_shm_request(
+    shm: ShmConnections, entry: ShmConnection, message: Message, limits: Limits
+) -> tuple[Request, ProtocolError | None] | None:
+    """The infer request ``message`` carries, counted in flight on ``entry``, with
+    the refusal its reply must carry when the connection has too many in flight;
+    None when the message was answered here (a registration op, a message no one
+    could serve) or was the connection's end (closed, its regions released)."""
+    if message.closed:
+        shm.close(entry)
+        return None
+    if message.flags & socket.MSG_TRUNC:
+        error = f"message is over {MAX_SHM_MESSAGE_BYTES} bytes"
+        shm.refuse(entry, None, ProtocolError(Code.INVALID_ARGUMENT, error))
+        return None
+    try:
+        request = decode_header(message.data, limits, typed=True)
+    except ProtocolError as exc:
+        shm.refuse(entry, None, exc)
+        return None
+    if request.op in SHM_OPS:
+        header = request.header
+        if not isinstance(header, dict):  # a register without a label reads as typed
+            header = protocol.unpack_header(message.data, check_version=False)
+        shm.answer(entry, message, header)
+        return None
+    if request.op != "infer" or message.fds:
+        error = (
+            "an infer request carries no descriptor"
+            if request.op == "infer"
+            else f"unknown op {request.op!r} on the shm socket; it serves {_OPS}"
+        )
+        shm.refuse(entry, request.request_id, ProtocolError(Code.INVALID_ARGUMENT, error))
+        return None
+    request.envelope = [entry.route]
+    request.local_uid = entry.connection.peer.uid
+    try:
+        shm.admit(entry)  # from here on its reply goes through ShmConnections.reply
+    except ProtocolError as exc:
+        return request, exc
+    return request, None
+
+
+def send_shm_reply(shm: ShmConnections, parts: list[Any]) -> None:
+    """Send a reply (``[route, header]``) to its shm connection: one message."""
+    route, header = parts[0], parts[1]
+    if len(parts) > 2 or len(header) > MAX_SHM_MESSAGE_BYTES:
+        # Never expected (every output is placed; headers are small): answered with
+        # what went wrong rather than cut short.
+        log.error("shm_reply_unsendable", frames=len(parts) - 2, header_bytes=len(header))
+        request_id = None
+        with contextlib.suppress(ProtocolError):
+            request_id = protocol.request_id_of(protocol.unpack_header(header))
+        header = protocol.pack(
+            protocol.error_header(
+                request_id,
+                Code.INTERNAL,
+                "the reply carries tensor bytes or a header over "
+                f"{MAX_SHM_MESSAGE_BYTES} bytes, which the shm socket cannot",
+            )
+        )
+    shm.reply(route, header)

@@ -1,0 +1,321 @@
+"""The clients' connections to ``shm.sock``: registration and infer requests on one
+``SOCK_SEQPACKET`` socket each (DESIGN.md 104).
+
+The registration thread (``shm.server``) accepts a connection and adds it here;
+from then on it is read by whichever thread serves requests at that moment: the
+engine worker while it is idle, the bus thread while it covers (DESIGN.md 101).
+Both wait on ``fd``, a level-triggered ``epoll`` descriptor readable while any
+connection has a message (or its end) waiting, and call ``ready`` for one.
+Reading a message and acting on it happen under the bus's handler lock, so two
+readers never reorder one connection's requests.
+
+Every socket operation on a connection (receive, send, close) is under that
+connection's own lock: a descriptor closed by one thread is never reused under
+another thread's ``recv`` or ``send``, so no reply can reach another client.
+Replies are sent with ``MSG_DONTWAIT``: one that does not fit the connection's
+kernel buffer means the client does not read its replies, and the connection is
+closed (its regions released), as the registration thread always did.
+
+A connection's requests are routed back by ``route``, a routing id no ZeroMQ
+peer can have (ROUTER-made ids are 5 bytes, client-set ones may not start with
+a zero byte): the scheduler, the reply paths and ``queue_policy = latest`` treat
+it like any client's routing id.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import os
+import select
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from inferd.shm.regions import Connection, RegionTable
+from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError, RequestId
+from inferd_wire.regions import (
+    MAX_SHM_MESSAGE_BYTES,
+    SHM_OPS,
+    parse_label,
+    parse_region_id,
+    shown,
+)
+
+log = structlog.get_logger("inferd.shm")
+
+_FD = array.array("i").itemsize
+#: The prefix of every shm connection's route (then its id as 8 big-endian bytes).
+_ROUTE_PREFIX = b"\x00shm"
+_ROUTE_BYTES = len(_ROUTE_PREFIX) + 8
+#: A connection with one of these waiting is read (its end, too, is readable).
+_READABLE = select.EPOLLIN | select.EPOLLRDHUP
+
+
+def route_of(connection_id: int) -> bytes:
+    return _ROUTE_PREFIX + connection_id.to_bytes(8, "big")
+
+
+def is_shm_route(routing_id: bytes) -> bool:
+    return len(routing_id) == _ROUTE_BYTES and routing_id.startswith(_ROUTE_PREFIX)
+
+
+@dataclass
+class Message:
+    """One message read from a connection: its bytes, the descriptors it carried
+    (the reader closes them) and ``recvmsg``'s flags; ``data`` and ``fds`` both
+    empty: the peer closed the connection."""
+
+    data: bytes
+    fds: list[int]
+    flags: int
+
+    @property
+    def closed(self) -> bool:
+        return not self.data and not self.fds
+
+    def close_fds(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            os.close(fd)
+
+
+@dataclass
+class ShmConnection:
+    sock: socket.socket
+    connection: Connection
+    route: bytes
+    #: Infer requests read and not yet answered (bounded per connection).
+    in_flight: int = 0
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def receive(self) -> Message | None:
+        """The next message, or None when none waits (another reader took it)."""
+        with self.lock:
+            if self.closed:
+                return None
+            try:
+                data, ancillary, flags, _ = self.sock.recvmsg(
+                    MAX_SHM_MESSAGE_BYTES + 1, socket.CMSG_SPACE(2 * _FD), socket.MSG_CMSG_CLOEXEC
+                )
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError:
+                return Message(b"", [], 0)  # reset by the peer: as if closed
+        return Message(data, _descriptors(ancillary), flags)
+
+    def send(self, data: bytes) -> str | None:
+        """Send one message without waiting; None when sent, else why not
+        (``"closed"``, ``"not reading"``: the kernel buffer is full, ``"gone"``)."""
+        with self.lock:
+            if self.closed:
+                return "closed"
+            try:
+                self.sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return "not reading"
+            except OSError:
+                return "gone"
+        return None
+
+
+class ShmConnections:
+    """The open connections, their epoll set and the counters of their requests."""
+
+    def __init__(self, table: RegionTable, max_requests_per_connection: int) -> None:
+        self.table = table
+        self._max_in_flight = max_requests_per_connection
+        self._epoll = select.epoll()
+        self._lock = threading.Lock()
+        self._by_fd: dict[int, ShmConnection] = {}
+        self._by_route: dict[bytes, ShmConnection] = {}
+        self._closed = False
+        #: Infer requests read from the connections, and replies sent to them.
+        self.requests = 0
+        self.replies = 0
+        #: Requests refused for the per-connection bound; replies whose connection
+        #: had gone (counted, like the bus's unroutable replies); connections closed
+        #: because they did not read their replies.
+        self.refused_in_flight = 0
+        self.unroutable_replies = 0
+        self.closed_not_reading = 0
+
+    @property
+    def fd(self) -> int:
+        """Readable while some connection has a message or its end waiting."""
+        return self._epoll.fileno()
+
+    def __len__(self) -> int:
+        return len(self._by_fd)
+
+    # -- the registration thread ----------------------------------------------------
+    def add(self, sock: socket.socket, connection: Connection) -> ShmConnection:
+        entry = ShmConnection(sock, connection, route_of(connection.connection_id))
+        with self._lock:
+            if self._closed:
+                sock.close()
+                raise RuntimeError("the shm connections are closed")
+            self._by_fd[sock.fileno()] = entry
+            self._by_route[entry.route] = entry
+            self._epoll.register(sock.fileno(), _READABLE)
+        return entry
+
+    def close_all(self) -> None:
+        """Shutdown: close every connection (their regions are released) and the set."""
+        with self._lock:
+            self._closed = True
+            entries = list(self._by_fd.values())
+        for entry in entries:
+            self.close(entry)
+        self._epoll.close()
+
+    # -- the readers (engine worker, bus thread) ---------------------------------
+    def ready(self) -> ShmConnection | None:
+        """A connection with a message waiting, if any (epoll rotates them)."""
+        with self._lock:
+            if self._closed:
+                return None
+            events = self._epoll.poll(0, 1)
+            return self._by_fd.get(events[0][0]) if events else None
+
+    def close(self, entry: ShmConnection) -> None:
+        """Close a connection (any thread) and release its regions."""
+        with entry.lock:
+            if entry.closed:
+                return
+            entry.closed = True
+            with self._lock:
+                if self._by_fd.get(entry.sock.fileno()) is entry:
+                    del self._by_fd[entry.sock.fileno()]
+                    with contextlib.suppress(OSError, ValueError):
+                        self._epoll.unregister(entry.sock.fileno())
+                self._by_route.pop(entry.route, None)
+            entry.sock.close()
+        self.table.disconnect(entry.connection)
+
+    def admit(self, entry: ShmConnection) -> None:
+        """Count an infer request read from ``entry``; RESOURCE_EXHAUSTED (counted
+        in flight all the same: its refusal is its reply) over the bound."""
+        with self._lock:
+            self.requests += 1
+            entry.in_flight += 1
+            over = entry.in_flight > self._max_in_flight
+            if over:
+                self.refused_in_flight += 1
+        if over:
+            raise ProtocolError(
+                Code.RESOURCE_EXHAUSTED,
+                f"this connection has {self._max_in_flight} requests in flight already "
+                "(shm.max_requests_per_connection); read their replies first",
+            )
+
+    def reply(self, route: bytes, header: bytes) -> bool:
+        """Send an infer reply to the connection of ``route``; False when it could
+        not be delivered (counted, and logged: a connection that does not read its
+        replies is closed)."""
+        with self._lock:
+            entry = self._by_route.get(route)
+            if entry is not None:
+                entry.in_flight -= 1
+        if entry is None:
+            with self._lock:
+                self.unroutable_replies += 1
+            log.warning("reply_undeliverable", error="the shm connection has closed")
+            return False
+        failure = entry.send(header)
+        if failure is None:
+            with self._lock:
+                self.replies += 1
+            return True
+        with self._lock:
+            if failure == "not reading":
+                self.closed_not_reading += 1
+            else:
+                self.unroutable_replies += 1
+        if failure == "not reading":
+            log.warning("shm_peer_not_reading", pid=entry.connection.peer.pid)
+        else:
+            log.warning("reply_undeliverable", error=f"the shm connection is {failure}")
+        self.close(entry)
+        return False
+
+    def answer(self, entry: ShmConnection, message: Message, header: dict[str, Any]) -> None:
+        """Answer a registration op (``register``, ``unregister``) on ``entry``."""
+        request_id: RequestId | None = protocol.request_id_of(header)
+        try:
+            protocol.require_version(header)
+            protocol.require_request_id(header)
+            if message.flags & socket.MSG_CTRUNC or len(message.fds) > 1:
+                raise ProtocolError(
+                    Code.INVALID_ARGUMENT, "a message carries at most one descriptor"
+                )
+            result = self._operation(entry.connection, header, message.fds)
+        except ProtocolError as exc:
+            self.refuse(entry, request_id, exc)
+            return
+        self._send_answer(entry, protocol.ok_header(request_id, result=result))
+
+    def refuse(
+        self, entry: ShmConnection, request_id: RequestId | None, exc: ProtocolError
+    ) -> None:
+        """Answer a message that is not a request anyone could serve (counted)."""
+        self.table.count_refusal(exc.code)
+        log.info("shm_request_refused", code=str(exc.code), reason=exc.message)
+        self._send_answer(entry, protocol.error_header(request_id, exc.code, exc.message))
+
+    def _send_answer(self, entry: ShmConnection, header: dict[str, Any]) -> None:
+        failure = entry.send(protocol.pack(header))
+        if failure is not None:
+            log.warning("shm_peer_not_reading", pid=entry.connection.peer.pid, reason=failure)
+            self.close(entry)
+
+    def _operation(
+        self, connection: Connection, header: dict[str, Any], fds: list[int]
+    ) -> dict[str, Any]:
+        op = header.get("op")
+        if op == "register":
+            label = parse_label(header.get("label"))
+            if len(fds) != 1:
+                raise ProtocolError(
+                    Code.INVALID_ARGUMENT,
+                    "'register' carries the memfd as SCM_RIGHTS ancillary data; none came",
+                )
+            region = self.table.register(connection, fds[0], label)
+            return {"region": region.region_id, "nbytes": region.size}
+        if op == "unregister":
+            if fds:
+                raise ProtocolError(Code.INVALID_ARGUMENT, "'unregister' carries no descriptor")
+            region_id = parse_region_id(header.get("region"))
+            self.table.unregister(connection, region_id)
+            log.info("shm_region_unregistered", region=shown(region_id))
+            return {"region": region_id}
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"unknown op {op!r} on the shm socket; it serves {[*SHM_OPS, 'infer']}",
+        )
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "connections": len(self._by_fd),
+                "requests": self.requests,
+                "replies": self.replies,
+                "in_flight": sum(entry.in_flight for entry in self._by_fd.values()),
+                "max_requests_per_connection": self._max_in_flight,
+                "refused_in_flight": self.refused_in_flight,
+                "unroutable_replies": self.unroutable_replies,
+                "closed_not_reading": self.closed_not_reading,
+            }
+
+
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % _FD])
+    return list(fds)

@@ -1,0 +1,285 @@
+"""Infer requests on ``shm.sock`` (DESIGN.md 104), on a real ``ShmServer``
+accepting real ``SOCK_SEQPACKET`` connections and a real ``BusServer`` reading
+them, with the bus's periodic wake-up pushed out to 10 s so that only the
+mechanism under test can make it read:
+
+- a listening worker reads a connection's request (and the bus thread does not);
+  once the worker stops listening, the bus thread reads within the cover delay;
+- a request is routed by its connection: its peer's uid from ``SO_PEERCRED``,
+  its reply on that connection alone, one message, counted in flight;
+- the per-connection bound, registration on the same connection, refusals that
+  never reach the handler, a peer that closes, one that does not read, and one
+  the allow-list refuses at accept."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from inferd.bus import server
+from inferd.bus.codec import Request
+from inferd.bus.server import BusServer
+from inferd.config import BusConfig, ShmConfig
+from inferd.shm.server import ShmServer
+from inferd_wire import protocol
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
+from tests.conftest import HANG_S, wait_until
+from tests.unit.bus.test_shared_infer_socket import RecordingHandler
+
+
+class UidRecordingHandler(RecordingHandler):
+    def __init__(self) -> None:
+        super().__init__(refuse=frozenset({10}))
+        self.requests: list[Request] = []
+
+    def handle_infer(self, request: Request) -> Any:
+        self.requests.append(request)
+        return super().handle_infer(request)
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, max_in_flight: int) -> None:
+        self.shm = ShmServer(
+            ShmConfig(socket=tmp_path / "shm.sock", max_requests_per_connection=max_in_flight),
+            admit=lambda uid, _gid, _pid: "refused by the test" if uid == os.getuid() + 7 else None,
+        )
+        self.context: zmq.Context[Any] = zmq.Context()
+        config = BusConfig(
+            infer_endpoint=f"ipc://{tmp_path}/infer.sock",
+            control_endpoint=f"ipc://{tmp_path}/control.sock",
+            events_endpoint=f"ipc://{tmp_path}/events.sock",
+        )
+        self.handler = UidRecordingHandler()
+        self.bus = BusServer(
+            self.context, config, handler=self.handler, linger_ms=0, shm=self.shm.connections
+        )
+        self.path = str(tmp_path / "shm.sock")
+
+    def connect(self) -> socket.socket:
+        count = len(self.shm.connections)
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        client.settimeout(HANG_S)
+        client.connect(self.path)
+        wait_until(
+            lambda: len(self.shm.connections) > count, HANG_S, message="the connection accepted"
+        )
+        return client
+
+    def status(self) -> dict[str, Any]:
+        return self.shm.status()
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
+    monkeypatch.setattr(server, "_MAX_POLL_MS", 10_000)
+    made = Setup(tmp_path, max_in_flight=2)
+    made.shm.start()
+    made.bus.start()
+    made.bus.wait_bound(HANG_S)
+    try:
+        yield made
+    finally:
+        made.bus.stop()
+        made.bus.join(HANG_S)
+        made.shm.stop()
+        made.context.term()
+
+
+def infer(request_id: int, **extra: Any) -> bytes:
+    return protocol.pack(
+        {"v": 1, "id": request_id, "op": "infer", "model": "m", "inputs": [], **extra}
+    )
+
+
+def receive(client: socket.socket) -> dict[str, Any]:
+    return protocol.unpack_header(client.recv(MAX_SHM_MESSAGE_BYTES))
+
+
+def worker_listens(setup: Setup) -> None:
+    setup.bus.worker_listening(True)
+    wait_until(lambda: not setup.bus._covering, HANG_S, message="the bus stops covering")
+
+
+def serve_as_the_worker(setup: Setup) -> None:
+    """Wait on ``listen_fd`` and serve what is waiting, as the idle engine worker
+    does (a shm connection's message keeps the descriptor readable until read)."""
+    assert setup.bus.listen_fd is not None
+    waiting = select.poll()
+    waiting.register(setup.bus.listen_fd, select.POLLIN)
+    assert waiting.poll(HANG_S * 1000), "listen_fd never became readable"
+    while setup.bus.serve_one():
+        pass
+
+
+def sealed_memfd() -> int:
+    fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, mmap.PAGESIZE)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def test_a_listening_worker_reads_a_shm_request_with_its_peers_uid(setup: Setup) -> None:
+    worker_listens(setup)
+    with setup.connect() as client:
+        client.send(infer(1))
+        serve_as_the_worker(setup)
+        assert setup.handler.read_by == [threading.current_thread().name]
+        [request] = setup.handler.requests
+        assert request.local_uid == os.getuid() and request.request_id == 1
+        [route] = request.envelope
+        assert route.startswith(b"\x00shm") and len(route) == 12  # no ZeroMQ id looks so
+    assert setup.bus.status()["read_by_worker"] == 1
+    assert setup.status()["requests"] == 1
+
+
+def test_once_the_worker_stops_listening_the_bus_reads_shm_requests_within_the_cover_delay(
+    setup: Setup,
+) -> None:
+    worker_listens(setup)
+    setup.bus.worker_listening(False)  # goes to run a job
+    with setup.connect() as client:
+        sent = time.monotonic()
+        client.send(infer(2))
+        # Without the cover timer (and with the shm descriptor left out of the bus's
+        # poll) the bus would sleep out its 10 s poll.
+        assert setup.handler.admitted.wait(2.0), "the bus thread did not cover"
+        took_s = time.monotonic() - sent
+    assert setup.handler.read_by == ["inferd-bus"]
+    assert took_s < 1.0, took_s
+
+
+def test_a_reply_goes_back_on_its_own_connection_as_one_message(setup: Setup) -> None:
+    with setup.connect() as first, setup.connect() as second:
+        first.send(infer(1))
+        second.send(infer(2))
+        wait_until(lambda: len(setup.handler.requests) == 2, HANG_S, message="both read")
+        assert setup.status()["in_flight"] == 2
+        by_id = {request.request_id: request.envelope for request in setup.handler.requests}
+        setup.bus.send_reply([*by_id[2], protocol.pack(protocol.ok_header(2, result={}))])
+        assert receive(second)["id"] == 2
+        first.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            first.recv(MAX_SHM_MESSAGE_BYTES)  # nothing for the other connection
+        setup.bus.send_reply([*by_id[1], protocol.pack(protocol.ok_header(1, result={}))])
+        assert receive(first)["id"] == 1
+    status = setup.status()
+    assert (status["in_flight"], status["replies"]) == (0, 2)
+
+
+def test_requests_over_the_per_connection_bound_are_refused_in_order(setup: Setup) -> None:
+    with setup.connect() as client:
+        for request_id in (1, 2, 3):  # the bound is 2; the handler answers none of them
+            client.send(infer(request_id))
+        refusal = receive(client)
+        assert refusal["id"] == 3 and refusal["error"]["code"] == "RESOURCE_EXHAUSTED"
+        assert "shm.max_requests_per_connection" in refusal["error"]["message"]
+        assert [request.request_id for request in setup.handler.requests] == [1, 2]
+        status = setup.status()
+        assert (status["refused_in_flight"], status["in_flight"]) == (1, 2)
+
+
+def test_refusals_of_the_shm_socket_never_reach_the_handler_or_count_in_flight(
+    setup: Setup,
+) -> None:
+    memfd = sealed_memfd()
+    try:
+        with setup.connect() as client:
+            socket.send_fds(client, [infer(1)], [memfd])
+            assert "carries no descriptor" in receive(client)["error"]["message"]
+            client.send(protocol.pack({"v": 1, "id": 2, "op": "describe"}))
+            unknown = receive(client)
+            assert (
+                unknown["id"] == 2
+                and "'register', 'unregister', 'infer'" in unknown["error"]["message"]
+            )
+            client.send(b"\xc1")
+            assert "not valid msgpack" in receive(client)["error"]["message"]
+            client.send(b"\x81\xa1v" + b"\x01" * MAX_SHM_MESSAGE_BYTES)
+            assert f"over {MAX_SHM_MESSAGE_BYTES} bytes" in receive(client)["error"]["message"]
+            # The same connection registers regions (a header the typed decoder reads).
+            socket.send_fds(client, [protocol.pack({"v": 1, "id": 3, "op": "register"})], [memfd])
+            registered = receive(client)
+            assert registered["ok"] is True and registered["result"]["nbytes"] == mmap.PAGESIZE
+    finally:
+        os.close(memfd)
+    assert setup.handler.requests == []
+    status = setup.status()
+    assert (status["requests"], status["in_flight"], status["refused"]["INVALID_ARGUMENT"]) == (
+        0,
+        0,
+        4,
+    )
+
+
+def test_a_peer_that_closes_is_closed_and_late_replies_are_counted(setup: Setup) -> None:
+    memfd = sealed_memfd()
+    with setup.connect() as client:
+        socket.send_fds(client, [protocol.pack({"v": 1, "id": 1, "op": "register"})], [memfd])
+        assert receive(client)["ok"] is True
+        client.send(infer(2))
+        wait_until(lambda: setup.handler.requests, HANG_S, message="the request read")
+    os.close(memfd)
+    wait_until(lambda: setup.status()["connections"] == 0, HANG_S, message="closed in the daemon")
+    wait_until(lambda: setup.status()["regions"] == [], HANG_S, message="its region released")
+    [request] = setup.handler.requests
+    setup.bus.send_reply([*request.envelope, protocol.pack(protocol.ok_header(2, result={}))])
+    assert setup.status()["unroutable_replies"] == 1
+
+
+def test_a_peer_that_does_not_read_its_replies_is_closed_with_its_regions(setup: Setup) -> None:
+    memfd = sealed_memfd()
+    with setup.connect() as client:
+        socket.send_fds(client, [protocol.pack({"v": 1, "id": 1, "op": "register"})], [memfd])
+        assert receive(client)["ok"] is True
+        client.send(infer(2))
+        wait_until(lambda: setup.handler.requests, HANG_S, message="the request read")
+        route = setup.handler.requests[0].envelope[0]
+        big = protocol.pack(protocol.ok_header(2, result={"pad": "x" * 8000}))
+        sent = 0
+        while setup.status()["closed_not_reading"] == 0:  # the client reads nothing
+            setup.bus.send_reply([route, big])
+            sent += 1
+            assert sent < 10_000, "the kernel buffer never filled"
+        assert setup.status()["connections"] == 0
+        wait_until(lambda: setup.status()["regions"] == [], HANG_S, message="its region released")
+    os.close(memfd)
+
+
+def test_a_peer_the_allow_list_refuses_is_answered_and_closed_at_accept(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test's admission refuses uid + 7: make this process look like it.
+    real = socket.socket.getsockopt
+
+    def as_other_uid(sock: socket.socket, *args: Any) -> Any:
+        value = real(sock, *args)
+        if args[:2] == (socket.SOL_SOCKET, socket.SO_PEERCRED):
+            pid, uid, gid = server_ucred.unpack(value)
+            return server_ucred.pack(pid, uid + 7, gid)
+        return value
+
+    from inferd.shm import server as shm_server
+
+    server_ucred = shm_server._UCRED
+    monkeypatch.setattr(socket.socket, "getsockopt", as_other_uid)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    client.settimeout(HANG_S)
+    with client:
+        client.connect(setup.path)
+        refusal = receive(client)
+        assert refusal["id"] is None and refusal["error"]["code"] == "PERMISSION_DENIED"
+        assert "refused by the test" in refusal["error"]["message"]
+        assert client.recv(MAX_SHM_MESSAGE_BYTES) == b""  # closed
+    assert setup.status()["connections"] == 0
+    assert setup.status()["refused"]["PERMISSION_DENIED"] == 1
