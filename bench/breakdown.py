@@ -51,14 +51,14 @@ CLIENT_STAMPS = ("client_start", "client_sent", "client_received", "client_end")
 STEPS = (
     ("client: build and send the request", "client_start", "client_sent"),
     ("transport to the daemon (ipc, wake-up, read)", "client_sent", "bus_in"),
-    ("decode, validate, admit, submit", "bus_in", "bus_admitted"),
+    ("read (shm), decode, validate, admit, submit", "bus_in", "bus_admitted"),
     ("to the worker's run (take; a hand-off if the bus read it)", "bus_admitted", "worker_run"),
     ("worker: checks before the run", "worker_run", "ort_start"),
     ("ORT run (runtime.infer)", "ort_start", "ort_end"),
     ("worker: reply tensors and stats", "ort_end", "encode_start"),
     ("reply header encode", "encode_start", "encode_end"),
     ("worker: release the job", "encode_end", "send_start"),
-    ("worker: reply budget and ROUTER send", "send_start", "send_end"),
+    ("worker: send (ROUTER: reply budget; or shm.sock)", "send_start", "send_end"),
     ("transport to the client (ipc, wake-up, read)", "send_end", "client_received"),
     ("client: decode the reply", "client_received", "client_end"),
 )
@@ -98,6 +98,29 @@ def install(out_path: str) -> None:
         finally:
             bus_admitted.append(clock())
 
+    # A request on shm.sock: read (bus_in), then checked and admitted (bus_admitted).
+    read_shm_request, answer = server.read_shm_request, server.BusServer._answer
+    shm_read = [False]
+
+    def traced_read_shm(*args: Any) -> Any:
+        started = clock()
+        read = read_shm_request(*args)
+        if read is not None:  # an infer request (not a registration, not a refusal)
+            bus_in.append(started)
+            shm_read[0] = True
+        return read
+
+    def traced_answer(self: Any, request: Any, handle: Any) -> Any:
+        if not shm_read[0]:  # within _dispatch, which stamps
+            return answer(self, request, handle)
+        shm_read[0] = False
+        try:
+            return answer(self, request, handle)
+        finally:
+            bus_admitted.append(clock())
+
+    server.read_shm_request = traced_read_shm  # type: ignore[assignment]
+    server.BusServer._answer = traced_answer  # type: ignore[method-assign]
     server.BusServer.send_reply = around(  # type: ignore[method-assign]
         "send_start", "send_end", server.BusServer.send_reply
     )
@@ -153,6 +176,26 @@ def trace_client() -> dict[str, list[int]]:
     return stamps
 
 
+class TracedShmSocket:
+    """A client's ``shm.sock`` socket whose sends and receives are stamped."""
+
+    def __init__(self, sock: Any, stamps: dict[str, list[int]]) -> None:
+        self._sock, self._stamps = sock, stamps
+
+    def send(self, data: bytes, *flags: int) -> int:
+        sent: int = self._sock.send(data, *flags)
+        self._stamps["client_sent"].append(time.monotonic_ns())
+        return sent
+
+    def recv(self, size: int, *flags: int) -> bytes:
+        data: bytes = self._sock.recv(size, *flags)
+        self._stamps["client_received"].append(time.monotonic_ns())
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str, Any]:
     import rtt
     from inferd_client import InferenceClient
@@ -184,6 +227,8 @@ def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str
                 shared[...] = x
                 inputs = {case.input_name: shared}
                 outputs = {output_name: region.array(output.shape, np.float32)}
+                # The requests go on shm.sock (DESIGN.md 104): stamp its socket.
+                client._shm._socket = TracedShmSocket(client._shm._socket, stamps)  # type: ignore[union-attr,assignment]
             latency_us = []
             for _ in range(warmup + iterations):
                 stamps["client_start"].append(clock())

@@ -24,9 +24,10 @@ import mmap
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from inferd_client.errors import (
@@ -73,6 +74,10 @@ class SharedRegion:
         # costs microseconds, and ``locate`` runs per tensor per request).
         self._address: int = self._base.__array_interface__["data"][0]
         self._used = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._base is not None
 
     @property
     def address(self) -> int:
@@ -169,20 +174,19 @@ class RegionChannel:
 
     def request(
         self,
-        header: dict[str, Any],
+        request: ShmRequest,
         next_id: Callable[[], int],
         *,
         timeout: float | None = None,
         retries: int = 0,
     ) -> dict[str, Any]:
-        """Send an infer request ``header`` (no id: each attempt takes ``next_id()``)
-        and return its reply header; on timeout resend under a fresh id up to
+        """Send an infer request (each attempt under the id ``next_id()`` gives) and
+        return its reply header; on timeout resend under a fresh id up to
         ``retries`` times."""
         wait = self._timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = next_id()
-            header["id"] = request_id
-            reply = self._exchange(protocol.pack(header), [], request_id, wait)
+            reply = self._exchange(request.encode(request_id), [], request_id, wait)
             if reply is not None:
                 return reply
         raise RequestTimeout(
@@ -304,3 +308,55 @@ def placed_outputs(
                 {"name": name, "dtype": dtype_name, "shape": list(array.shape), **ref.as_wire()}
             )
     return placed
+
+
+#: What a request's tensors are, as far as its encoding goes: each array's name,
+#: address, shape, strides and dtype, in order.
+Layout = tuple[tuple[str, int, tuple[int, ...], tuple[int, ...], str], ...]
+
+
+def layout_of(arrays: Mapping[str, Any]) -> Layout | None:
+    """The layout of ``arrays``, or None when one is not an ndarray."""
+    layout = []
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray):
+            return None
+        interface = array.__array_interface__
+        layout.append(
+            (name, interface["data"][0], array.shape, array.strides, interface["typestr"])
+        )
+    return tuple(layout)
+
+
+class ShmRequest:
+    """An infer request for the shm socket, encoded once but for its id: a camera
+    loop sends the same arrays of the same regions every time, and only the id
+    changes.  ``encode(id)`` gives exactly ``protocol.pack`` of the header with
+    ``id`` set last (``client.encode_request``)."""
+
+    def __init__(
+        self,
+        header: Mapping[str, Any],
+        placed: list[dict[str, Any]],
+        regions: Sequence[SharedRegion] = (),
+    ) -> None:
+        if "id" in header or len(header) >= 15:
+            raise ValueError("a header without its id, of under 15 keys (a msgpack fixmap)")
+        packed = protocol.pack(header)
+        self._prefix = bytes((0x80 | (len(header) + 1),)) + packed[1:] + _pack("id")
+        #: The placed outputs' descriptors, as the reply should give them back.
+        self.placed = placed
+        self._regions = tuple(regions)
+
+    @property
+    def valid(self) -> bool:
+        """Whether every region it names is still open here (a closed one's address
+        may now be another mapping's)."""
+        return all(region.is_open for region in self._regions)
+
+    def encode(self, request_id: int) -> bytes:
+        return self._prefix + _pack(request_id)
+
+
+def _pack(value: int | str) -> bytes:
+    return msgpack.packb(value)  # type: ignore[no-any-return]

@@ -203,6 +203,7 @@ def test_a_request_with_every_tensor_in_a_region_travels_on_the_shm_socket(
             )
         assert_valid("shm_reply.json", client.last_reply)
         assert_valid("infer_reply.json", client.last_reply)
+        assert len(client._shm_requests) == 1  # encoded once, sent twice
         status = shm_status(daemon)
         assert status["requests"] - before["requests"] == 2
         assert status["replies"] - before["replies"] == 2 and status["in_flight"] == 0
@@ -217,6 +218,26 @@ def test_a_request_with_every_tensor_in_a_region_travels_on_the_shm_socket(
         plain = client.infer("demo", {DEMO_INPUT: np.array(image)})  # a frame: the infer socket
         assert client.last_transport == "infer"
         np.testing.assert_array_equal(plain[DEMO_OUTPUT], descriptors)
+
+
+def test_a_request_encoded_for_the_shm_socket_is_not_reused_once_its_region_goes(
+    daemon: DaemonProcess,
+) -> None:
+    with InferenceClient(daemon.infer, timeout=10) as client:
+        client.describe()
+        region = client.shared_region(4 * MIB)
+        x = region.array((1, 3, 224, 224), np.float32)
+        y = region.array((1, 3, 224, 224), np.float32)
+        x[:] = 4.0
+        assert (
+            client.infer("identity", {"input": x}, outputs={"output": y})["output"] == 4.0
+        ).all()
+        assert client.last_transport == "shm" and client._shm_requests
+        client.unregister_region(region)  # the daemon lets it go: the arrays are plain memory
+        assert client._shm_requests == {}
+        x[:] = 5.0
+        result = client.infer("identity", {"input": x}, outputs={"output": y})
+        assert client.last_transport == "infer" and result["output"] is y and (y == 5.0).all()
 
 
 def shm_infer(

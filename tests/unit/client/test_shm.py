@@ -11,9 +11,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd_client.client import decode_outputs
+from inferd_client.client import decode_outputs, encode_request, infer_request_header
 from inferd_client.errors import ClientError, MalformedReply
-from inferd_client.shm import SharedRegion, encode_inputs, placed_outputs
+from inferd_client.shm import (
+    SharedRegion,
+    ShmRequest,
+    encode_inputs,
+    layout_of,
+    placed_outputs,
+)
+from inferd_wire import protocol
 
 ID = "ab" * 16
 
@@ -101,3 +108,36 @@ def test_replies_return_the_callers_arrays() -> None:
         decode_outputs(reply, frames[:1], {"y": y}, [placed])  # type: ignore[arg-type]
     with pytest.raises(ClientError, match="the array given for it"):
         decode_outputs(reply, frames, {"y": y, "w": np.zeros(3, np.float32)}, [placed])  # type: ignore[arg-type]
+
+
+def test_a_prepared_shm_request_encodes_exactly_the_header_with_its_id_last() -> None:
+    with SharedRegion(4 * mmap.PAGESIZE) as region:
+        x, y = region.array((2, 8), np.float32), region.array((2, 8), np.float32)
+        descriptors, frames = encode_inputs({"x": x}, {ID: region})
+        placed = placed_outputs({"y": y}, {ID: region})
+        assert frames == []
+        for deadline_ms in (None, 25):
+            header = infer_request_header("m", descriptors, placed, deadline_ms)
+            prepared = ShmRequest(header, placed, [region])
+            for request_id in (1, 2**40 + 7, 2**64 - 1):
+                expected = protocol.pack({**header, "id": request_id})
+                assert prepared.encode(request_id) == expected
+                assert encode_request(dict(header), request_id) == expected
+        assert prepared.valid
+        del x, y
+    assert not prepared.valid  # its region is closed: the client encodes afresh
+    with pytest.raises(ValueError, match="without its id"):
+        ShmRequest({"id": 1}, [])
+
+
+def test_the_layout_of_arrays_tells_apart_what_the_encoding_depends_on() -> None:
+    with SharedRegion(4 * mmap.PAGESIZE) as region:
+        a = region.array((4, 4), np.float32)
+        assert layout_of({"a": a}) == layout_of({"a": a})
+        assert layout_of({"a": a}) != layout_of({"b": a})  # the name
+        assert layout_of({"a": a}) != layout_of({"a": a.T})  # the strides
+        assert layout_of({"a": a}) != layout_of({"a": a.reshape(16)})  # the shape
+        assert layout_of({"a": a}) != layout_of({"a": a.view(np.int32)})  # the dtype
+        assert layout_of({"a": a}) != layout_of({"a": a[1:]})  # the address
+        assert layout_of({"a": [1.0, 2.0]}) is None  # not an array: not cached
+        del a
