@@ -219,6 +219,17 @@ def validate_inputs(
     regions: RequestRegions | None = None,
 ) -> dict[str, np.ndarray]:
     """Check the described tensors against the model's inputs; returns zero-copy views."""
+    return input_views(checked_inputs(header, tensors, specs, regions), tensors, regions)
+
+
+def checked_inputs(
+    header: Header,
+    tensors: Sequence[memoryview],
+    specs: Sequence[TensorSpec],
+    regions: RequestRegions | None = None,
+) -> list[Parsed]:
+    """The described inputs, checked against the model's (``validate_inputs`` without
+    the views): what an identical header gets again (``bus.plans``)."""
     parsed = _descriptors(header, tensors, regions)
     by_name = {spec.name: spec for spec in specs}
     names = [name for name, _, _, _ in parsed]
@@ -249,6 +260,13 @@ def validate_inputs(
                 f"profile: min {list(profile.min_shape)}, max {list(profile.max_shape)} "
                 "(models.profiles)",
             )
+    return parsed
+
+
+def input_views(
+    parsed: list[Parsed], tensors: Sequence[memoryview], regions: RequestRegions | None
+) -> dict[str, np.ndarray]:
+    """The checked inputs as read-only views of their frames or region bytes."""
     views = _views(parsed, tensors, regions)
     return {name: view for (name, _, _, _), view in zip(parsed, views, strict=True)}
 
@@ -260,6 +278,15 @@ def validate_outputs(
     model's outputs (name, dtype, shape); empty when it placed none.  ``every``:
     the request must place every output (one on ``shm.sock``, whose replies carry
     no tensor bytes)."""
+    check_outputs(regions, specs, every=every)
+    return output_views(regions)
+
+
+def check_outputs(
+    regions: RequestRegions | None, specs: Sequence[TensorSpec], *, every: bool = False
+) -> None:
+    """The placed outputs against the model's (name, dtype, shape), and with
+    ``every``, that none is left out (``validate_outputs`` without the views)."""
     if every:
         placed = {placement.name for placement in regions.outputs} if regions else set()
         missing = sorted(spec.name for spec in specs if spec.name not in placed)
@@ -269,10 +296,9 @@ def validate_outputs(
                 f"a request on the shm socket places every output in a region (its reply "
                 f"carries no tensor bytes); not placed: {missing}",
             )
-    if regions is None or not regions.outputs:
-        return {}
+    if regions is None:
+        return
     by_name = {spec.name: spec for spec in specs}
-    views: dict[str, np.ndarray] = {}
     for placement in regions.outputs:
         spec = by_name.get(placement.name)
         where = f"output {placement.name!r}"
@@ -283,10 +309,16 @@ def validate_outputs(
         _check_spec(
             where, protocol.wire_dtype_name(placement.name, placement.dtype), placement.shape, spec
         )
-        views[placement.name] = placement.region.view(
-            placement.ref, placement.dtype, placement.shape
-        )
-    return views
+
+
+def output_views(regions: RequestRegions | None) -> dict[str, np.ndarray]:
+    """Writable region views of the placed outputs (checked by ``check_outputs``)."""
+    if regions is None:
+        return {}
+    return {
+        placement.name: placement.region.view(placement.ref, placement.dtype, placement.shape)
+        for placement in regions.outputs
+    }
 
 
 def _check_spec(where: str, dtype_name: str, shape: tuple[int, ...], spec: TensorSpec) -> None:

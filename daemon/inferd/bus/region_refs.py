@@ -40,11 +40,51 @@ def peer_uid_of(frame: Any) -> int | None:
     return peer.uid if peer is not None else None
 
 
-def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions | None:
+def bind_regions(
+    request: Request, table: RegionTable | None, refs: Refs | None = None
+) -> RequestRegions | None:
     """Lease the regions the request's input and output descriptors name; None when
     it names none.  Refusals (INVALID_ARGUMENT: a malformed reference, a range
     outside its region or an output overlapping another tensor; NOT_FOUND;
-    PERMISSION_DENIED) leave nothing leased."""
+    PERMISSION_DENIED) leave nothing leased.  ``refs``: the references of an
+    identical header, already checked (``bus.plans``): only leased here."""
+    checked = refs is not None
+    if refs is None:
+        refs = _refs_of(request)
+    if refs is None:
+        return None
+    if table is None:
+        raise ProtocolError(
+            Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
+        )
+    placed, placements = refs
+    uid = request.local_uid if request.local_uid is not None else peer_uid_of(request.header_frame)
+    regions = RequestRegions(table, uid)
+    with regions.released_on_error():
+        for index, where, ref in placed:
+            regions.inputs[index] = (regions.lease(where, ref), ref)
+        for name, dtype, shape, ref in placements:
+            where = f"output {name!r}"
+            regions.outputs.append(
+                OutputPlacement(name, dtype, shape, regions.lease(where, ref), ref)
+            )
+        if not checked:
+            _refuse_overlaps(regions)
+    return regions
+
+
+def refs_of(regions: RequestRegions, names: list[str]) -> Refs:
+    """The references ``regions`` was leased for (``names``: the inputs' names by
+    descriptor index), as ``bind_regions`` takes them back."""
+    placed = [
+        (index, f"tensor {names[index]!r}", ref) for index, (_, ref) in regions.inputs.items()
+    ]
+    placements = [(p.name, p.dtype, p.shape, p.ref) for p in regions.outputs]
+    return placed, placements
+
+
+def _refs_of(request: Request) -> Refs | None:
+    """The request's region references, checked (None: it names none)."""
     header = request.header
     if isinstance(header, InferHeader):
         inputs, outputs = header.inputs or [], header.outputs
@@ -71,26 +111,14 @@ def bind_regions(request: Request, table: RegionTable | None) -> RequestRegions 
             f"request names {len(placed) + len(placements)} tensors in regions; the limit is "
             f"{MAX_REGION_TENSORS}",
         )
-    if table is None:
-        raise ProtocolError(
-            Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
-        )
-    uid = request.local_uid if request.local_uid is not None else peer_uid_of(request.header_frame)
-    regions = RequestRegions(table, uid)
-    with regions.released_on_error():
-        for index, where, ref in placed:
-            regions.inputs[index] = (regions.lease(where, ref), ref)
-        for name, dtype, shape, ref in placements:
-            where = f"output {name!r}"
-            regions.outputs.append(
-                OutputPlacement(name, dtype, shape, regions.lease(where, ref), ref)
-            )
-        _refuse_overlaps(regions)
-    return regions
+    return refs
 
 
 _Placed = list[tuple[int, str, RegionRef]]
 _Placements = list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]]
+#: A request's region references: its inputs' (descriptor index, where, ref) and
+#: its placed outputs' (name, dtype, shape, ref).
+Refs = tuple[_Placed, _Placements]
 
 
 def _dict_refs(header: dict[str, Any]) -> tuple[_Placed, _Placements] | None:

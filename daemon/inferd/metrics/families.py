@@ -39,6 +39,7 @@ def collect(status: Mapping[str, Any], histograms: Mapping[str, LatencyHistogram
         *_alerts(status["alerts"]),
         *_thermal(status["thermal"]),
         *_security(status["security"]),
+        *_shm(status.get("shm") or {}),
     ]
 
 
@@ -185,6 +186,33 @@ def _bus(bus: Mapping[str, Any]) -> Iterator[Metric]:
     yield _counter("inferd_events_published", "Events published.", bus["events_published"])
     yield _counter(
         "inferd_events_dropped", "Events lost to a full publisher queue.", bus["events_dropped"]
+    )
+
+
+def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
+    """Shared-memory regions and the requests on ``shm.sock`` (absent when off)."""
+    if not shm.get("enabled"):
+        return
+    yield _gauge("inferd_shm_connections", "Connections to shm.sock open now.", shm["connections"])
+    yield _gauge(
+        "inferd_shm_mapped_bytes",
+        "Bytes of client regions mapped now.",
+        shm["mapped_bytes"],
+        "bytes",
+    )
+    yield _counter("inferd_shm_requests", "Infer requests read from shm.sock.", shm["requests"])
+    yield _gauge(
+        "inferd_shm_requests_in_flight", "Requests on shm.sock not yet answered.", shm["in_flight"]
+    )
+    yield _counter(
+        "inferd_shm_unroutable_replies",
+        "Replies whose shm.sock connection had closed.",
+        shm["unroutable_replies"],
+    )
+    yield _counter(
+        "inferd_shm_closed_not_reading",
+        "shm.sock connections closed because their client did not read its replies.",
+        shm["closed_not_reading"],
     )
 
 

@@ -23,13 +23,16 @@ import structlog
 from inferd.bus.codec import (
     Request,
     check_descriptors,
+    check_outputs,
+    checked_inputs,
     deadline_ms_of,
+    input_views,
     model_of,
-    validate_inputs,
-    validate_outputs,
+    output_views,
 )
 from inferd.bus.handler import Reply
-from inferd.bus.region_refs import bind_regions
+from inferd.bus.plans import AdmissionPlan, AdmissionPlans, plan_key
+from inferd.bus.region_refs import bind_regions, refs_of
 from inferd.bus.zap import peer_of
 from inferd.serving.scheduler import (
     Job,
@@ -90,6 +93,8 @@ class RequestRouter:
         self._owed: list[Reply] = []
         self._owed_lock = threading.Lock()
         self.accepting = True
+        #: What admission concluded from repeated headers (``bus.plans``).
+        self.plans = AdmissionPlans()
 
     # -- RequestHandler -------------------------------------------------
     def handle_infer(self, request: Request) -> Reply | None:
@@ -112,9 +117,13 @@ class RequestRouter:
         try:
             if not self.accepting:
                 raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
-            regions = bind_regions(request, self._regions)
+            every = is_shm_route(request.envelope[0])
+            key = plan_key(request, every) if self._regions is not None else None
+            handle = slot.handle if slot.state == "serving" else None
+            plan = self.plans.get(slot.name, key, handle)
+            regions = bind_regions(request, self._regions, plan.refs if plan else None)
             try:
-                self._admit(request, slot, regions)
+                self._admit(request, slot, regions, plan, key)
             except BaseException:
                 if regions is not None:
                     regions.release()
@@ -124,7 +133,14 @@ class RequestRouter:
             raise
         return None
 
-    def _admit(self, request: Request, slot: ModelSlot, regions: RequestRegions | None) -> None:
+    def _admit(
+        self,
+        request: Request,
+        slot: ModelSlot,
+        regions: RequestRegions | None,
+        plan: AdmissionPlan | None,
+        key: bytes | None,
+    ) -> None:
         handle = slot.handle
         outputs = None
         if slot.state == "loading":
@@ -133,10 +149,18 @@ class RequestRouter:
             check_descriptors(request.header, request.tensors, regions)
             inputs = None
         elif slot.state == "serving" and handle is not None:
-            inputs = validate_inputs(request.header, request.tensors, handle.inputs, regions)
-            outputs = validate_outputs(
-                regions, handle.outputs, every=is_shm_route(request.envelope[0])
-            )
+            # The checks in the order validate_inputs, validate_outputs make them.
+            if plan is not None:  # an identical header passed them against this handle
+                inputs = input_views(plan.inputs, request.tensors, regions)
+            else:
+                parsed = checked_inputs(request.header, request.tensors, handle.inputs, regions)
+                inputs = input_views(parsed, request.tensors, regions)
+                check_outputs(regions, handle.outputs, every=is_shm_route(request.envelope[0]))
+                if key is not None and regions is not None:
+                    names = [name for name, _, _, _ in parsed]
+                    refs = refs_of(regions, names)
+                    self.plans.remember(slot.name, key, AdmissionPlan(handle, refs, parsed))
+            outputs = output_views(regions)
         else:
             raise ProtocolError(
                 Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"

@@ -145,3 +145,24 @@ def test_no_telemetry_and_no_recorder_leave_only_their_flags() -> None:
     assert got[("inferd_fdr_enabled", ())] == 0
     names = {name for name, _ in got}
     assert not {n for n in names if n.startswith(("inferd_gpu_", "inferd_fdr_records"))}
+
+
+def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
+    shm = {
+        "enabled": True,
+        "connections": 2,
+        "mapped_bytes": 8 << 20,
+        "requests": 40,
+        "in_flight": 1,
+        "unroutable_replies": 3,
+        "closed_not_reading": 1,
+    }
+    samples = scrape(status(shm=shm))
+    assert samples[("inferd_shm_connections", ())] == 2
+    assert samples[("inferd_shm_mapped_bytes", ())] == 8 << 20
+    assert samples[("inferd_shm_requests_total", ())] == 40
+    assert samples[("inferd_shm_requests_in_flight", ())] == 1
+    assert samples[("inferd_shm_unroutable_replies_total", ())] == 3
+    assert samples[("inferd_shm_closed_not_reading_total", ())] == 1
+    off = scrape(status(shm={"enabled": False}))
+    assert not any(name.startswith("inferd_shm_") for name, _ in off)
