@@ -105,6 +105,14 @@ class AccessPolicy:
             Peer("ipc", uid=uid, gid=gid, pid=pid, user=user_name(uid), operator=operator)
         )
 
+    def names_locally(self, socket: str, uid: int, gid: int) -> bool:
+        """Whether a local peer is root, the daemon's user, or a user or group
+        ``socket``'s allow-list names (not merely admitted by an empty list)."""
+        if uid in self._trusted_uids:
+            return True
+        allow = self._security.access(socket).allow
+        return _matches(allow, uid, self._groups(uid, gid), None)
+
     def _curve(self, socket: str, address: str, credentials: list[bytes]) -> Decision:
         if len(credentials) != 1 or len(credentials[0]) != 32:
             return Decision(None, "malformed CURVE credentials")

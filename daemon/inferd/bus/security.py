@@ -39,8 +39,18 @@ class BusSecurity:
 
     def local_refusal(self, socket: str, uid: int, gid: int, pid: int) -> str | None:
         """Why a local peer may not use what ``socket``'s allow-list guards (None:
-        it may): ``shm.sock`` serves infer requests, under ``security.infer_allow``."""
-        return self._local.local(socket, uid, gid, pid).refusal
+        it may): ``shm.sock`` serves infer requests, under ``security.infer_allow``.
+        When ``socket`` is on tcp://, where a peer proves a CURVE key, a local peer
+        must be named by user or group (an empty list admits no one but root and
+        the daemon's user): the file's permissions alone are less than a key."""
+        refusal = self._local.local(socket, uid, gid, pid).refusal
+        on_tcp = socket in self.sockets.tcp_sockets
+        if refusal is None and on_tcp and not self._local.names_locally(socket, uid, gid):
+            refusal = (
+                f"the {socket} socket is tcp://: shm.sock admits only root, the daemon's "
+                f"user and the users and groups security.{socket}_allow names"
+            )
+        return refusal
 
     def start(self) -> None:
         """Load the CURVE keys (when configured) and start the ZAP handler; raises

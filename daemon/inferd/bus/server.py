@@ -65,7 +65,7 @@ class BusCounters:
     #: Messages refused for their frame count or bytes, and the bytes let go unread.
     oversized_messages: int = 0
     oversized_bytes: int = 0
-    by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0, "shm": 0})
+    by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0})
     #: Infer requests the engine worker read itself while idle (the rest, the bus
     #: thread), on the infer socket and the shm connections.
     read_by_worker: int = 0

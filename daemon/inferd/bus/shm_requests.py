@@ -35,7 +35,20 @@ def read_shm_request(
     """The infer request ``message`` carries, counted in flight on ``entry``, with
     the refusal its reply must carry when the connection has too many in flight;
     None when the message was answered here (a registration op, a message no one
-    could serve) or was the connection's end (closed, its regions released)."""
+    could serve) or was the connection's end (closed, its regions released), or
+    handling it failed (a bug, an ``OSError`` mapping a memfd): then that
+    connection alone is closed."""
+    try:
+        return _read(shm, entry, message, limits)
+    except Exception:
+        log.exception("shm_handler_failed", pid=entry.connection.peer.pid)
+        shm.close(entry)
+        return None
+
+
+def _read(
+    shm: ShmConnections, entry: ShmConnection, message: Message, limits: Limits
+) -> tuple[Request, ProtocolError | None] | None:
     if message.closed:
         shm.close(entry)
         return None

@@ -142,6 +142,8 @@ class RequestRouter:
         key: bytes | None,
     ) -> None:
         handle = slot.handle
+        if plan is not None and plan.handle is not handle:
+            plan = None  # the handle changed since the plan was looked up: check again
         outputs = None
         if slot.state == "loading":
             # Loading or failing over: the request waits (up to its deadline)

@@ -16,10 +16,12 @@ Replies are sent with ``MSG_DONTWAIT``: one that does not fit the connection's
 kernel buffer means the client does not read its replies, and the connection is
 closed (its regions released), as the registration thread always did.
 
-A connection's requests are routed back by ``route``, a routing id no ZeroMQ
-peer can have (ROUTER-made ids are 5 bytes, client-set ones may not start with
-a zero byte): the scheduler, the reply paths and ``queue_policy = latest`` treat
-it like any client's routing id.
+A connection's requests are routed back by ``route``: a prefix, the connection's
+number (never reused) and 128 random bits drawn at start, so no ZeroMQ peer can
+name a connection (libzmq lets a peer set any routing id, even one of this
+shape; a forged one reaches no connection and is counted unroutable).  The
+scheduler, the reply paths and ``queue_policy = latest`` treat it like any
+client's routing id.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import array
 import contextlib
 import os
+import secrets
 import select
 import socket
 import threading
@@ -49,15 +52,13 @@ from inferd_wire.regions import (
 log = structlog.get_logger("inferd.shm")
 
 _FD = array.array("i").itemsize
-#: The prefix of every shm connection's route (then its id as 8 big-endian bytes).
+#: The prefix of every shm connection's route (then its number as 8 big-endian
+#: bytes, then the daemon's random route key).
 _ROUTE_PREFIX = b"\x00shm"
-_ROUTE_BYTES = len(_ROUTE_PREFIX) + 8
+_ROUTE_KEY_BYTES = 16
+_ROUTE_BYTES = len(_ROUTE_PREFIX) + 8 + _ROUTE_KEY_BYTES
 #: A connection with one of these waiting is read (its end, too, is readable).
 _READABLE = select.EPOLLIN | select.EPOLLRDHUP
-
-
-def route_of(connection_id: int) -> bytes:
-    return _ROUTE_PREFIX + connection_id.to_bytes(8, "big")
 
 
 def is_shm_route(routing_id: bytes) -> bool:
@@ -131,6 +132,7 @@ class ShmConnections:
         self.table = table
         self._max_in_flight = max_requests_per_connection
         self._epoll = select.epoll()
+        self._route_key = secrets.token_bytes(_ROUTE_KEY_BYTES)
         self._lock = threading.Lock()
         self._by_fd: dict[int, ShmConnection] = {}
         self._by_route: dict[bytes, ShmConnection] = {}
@@ -155,7 +157,8 @@ class ShmConnections:
 
     # -- the registration thread ----------------------------------------------------
     def add(self, sock: socket.socket, connection: Connection) -> ShmConnection:
-        entry = ShmConnection(sock, connection, route_of(connection.connection_id))
+        route = _ROUTE_PREFIX + connection.connection_id.to_bytes(8, "big") + self._route_key
+        entry = ShmConnection(sock, connection, route)
         with self._lock:
             if self._closed:
                 sock.close()
@@ -220,7 +223,7 @@ class ShmConnections:
         replies is closed)."""
         with self._lock:
             entry = self._by_route.get(route)
-            if entry is not None:
+            if entry is not None and entry.in_flight > 0:
                 entry.in_flight -= 1
         if entry is None:
             with self._lock:
@@ -270,6 +273,9 @@ class ShmConnections:
 
     def _send_answer(self, entry: ShmConnection, header: dict[str, Any]) -> None:
         failure = entry.send(protocol.pack(header))
+        if failure == "not reading":
+            with self._lock:
+                self.closed_not_reading += 1
         if failure is not None:
             log.warning("shm_peer_not_reading", pid=entry.connection.peer.pid, reason=failure)
             self.close(entry)

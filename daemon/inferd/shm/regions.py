@@ -66,6 +66,8 @@ class Connection:
     connection_id: int
     peer: PeerCredentials
     regions: dict[str, Region] = field(default_factory=dict)
+    #: Gone (``RegionTable.disconnect``): it registers nothing more.
+    closed: bool = False
     unregistered: deque[str] = field(default_factory=lambda: deque(maxlen=_REMEMBERED_UNREGISTERED))
 
 
@@ -184,6 +186,11 @@ class RegionTable:
                     f"the daemon has {self._mapped_total} bytes mapped; this region's {size} "
                     f"would exceed shm.max_bytes_total ({self._config.max_bytes_total})"
                 )
+            code = Code.RESOURCE_EXHAUSTED
+            if connection.closed:
+                # It went while this registration was mapped (another thread read
+                # its end): nothing would ever release the region.
+                error, code = "the connection closed", Code.UNAVAILABLE
             if error is None:
                 region = Region(secrets.token_hex(16), connection.peer, mapping, size, label)
                 self._regions[region.region_id] = region
@@ -193,7 +200,7 @@ class RegionTable:
                 self.registered += 1
         if error is not None:
             mapping.close()
-            raise ProtocolError(Code.RESOURCE_EXHAUSTED, error)
+            raise ProtocolError(code, error)
         log.info(
             "shm_region_registered",
             region=region.shown_id,
@@ -228,6 +235,7 @@ class RegionTable:
     def disconnect(self, connection: Connection) -> None:
         """The connection went away (client exit, kill): close all its regions."""
         with self._lock:
+            connection.closed = True
             regions = list(connection.regions.values())
             connection.regions.clear()
             for region in regions:

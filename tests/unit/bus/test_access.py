@@ -209,3 +209,37 @@ def test_peer_of_a_frame_without_identity_is_none() -> None:
     assert peer_of(zmq.Frame(b"x")) is None
     assert peer_of(None) is None
     assert z85.encode(GROUND)  # the fixture key is a valid 32-byte key
+
+
+def test_a_local_peer_of_shm_sock_is_decided_as_an_ipc_peer_of_the_infer_socket() -> None:
+    listed = policy(infer=SocketAccess(allow=(Principal("group", OPS_GID, "group:ops"),)))
+    assert listed.local("infer", 1002, 100, 7).refusal is None  # in ops by the group database
+    assert listed.local("infer", 1004, 100, 7).refusal == "uid 1004 is not in security.infer_allow"
+    assert listed.names_locally("infer", 1002, 100) and not listed.names_locally("infer", 1004, 100)
+    # An empty list admits any local peer, but names none of them but root and the daemon.
+    open_policy = policy()
+    assert open_policy.local("infer", 1004, 100, 7).refusal is None
+    assert not open_policy.names_locally("infer", 1004, 100)
+    assert open_policy.names_locally("infer", 0, 0) and open_policy.names_locally(
+        "infer", DAEMON_UID, 1
+    )
+
+
+def test_with_infer_on_tcp_shm_sock_admits_only_local_peers_the_allow_list_names(
+    tmp_path: Path,
+) -> None:
+    from inferd.bus.security import BusSecurity
+    from tests.unit.config.test_config import MINIMAL, load_text
+
+    def security(text: str) -> BusSecurity:
+        return BusSecurity(zmq.Context.instance(), load_text(tmp_path, text + MINIMAL))
+
+    on_tcp = "[bus]\ninfer_endpoint = 'tcp://127.0.0.1:7777'\n"
+    me = os.getuid()
+    other = unnamed_uid()
+    assert security("").local_refusal("infer", other, 100, 7) is None  # ipc: the file decides
+    refusal = security(on_tcp).local_refusal("infer", other, 100, 7)
+    assert refusal is not None and "security.infer_allow names" in refusal
+    assert security(on_tcp).local_refusal("infer", me, os.getgid(), 7) is None  # the daemon's user
+    named = on_tcp + f"[security]\ninfer_allow = ['user:{other}']\n"
+    assert security(named).local_refusal("infer", other, 100, 7) is None

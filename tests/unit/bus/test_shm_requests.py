@@ -138,7 +138,7 @@ def test_a_listening_worker_reads_a_shm_request_with_its_peers_uid(setup: Setup)
         [request] = setup.handler.requests
         assert request.local_uid == os.getuid() and request.request_id == 1
         [route] = request.envelope
-        assert route.startswith(b"\x00shm") and len(route) == 12  # no ZeroMQ id looks so
+        assert route.startswith(b"\x00shm") and len(route) == 28
     assert setup.bus.status()["read_by_worker"] == 1
     assert setup.status()["requests"] == 1
 
@@ -175,6 +175,31 @@ def test_a_reply_goes_back_on_its_own_connection_as_one_message(setup: Setup) ->
         assert receive(first)["id"] == 1
     status = setup.status()
     assert (status["in_flight"], status["replies"]) == (0, 2)
+
+
+def test_a_zeromq_peer_that_forges_a_connections_route_reaches_no_connection(
+    setup: Setup,
+) -> None:
+    """libzmq lets a peer set any routing id: one shaped like a shm route, with the
+    connection's number, lacks the daemon's route key and so reaches nothing."""
+    with setup.connect() as victim:
+        victim.send(infer(1))
+        wait_until(lambda: setup.handler.requests, HANG_S, message="the victim's request read")
+        route = setup.handler.requests[0].envelope[0]
+        forged = route[:12] + bytes(16)
+        assert forged != route
+        context = zmq.Context.instance()
+        with context.socket(zmq.DEALER) as dealer:
+            dealer.setsockopt(zmq.ROUTING_ID, forged)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(setup.bus._endpoints["infer"])
+            for _ in range(3):  # refused by the handler: a reply each, to the forged route
+                dealer.send(infer(10))
+            wait_until(lambda: setup.status()["unroutable_replies"] == 3, HANG_S, message="counted")
+        victim.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            victim.recv(MAX_SHM_MESSAGE_BYTES)  # nothing reached the victim
+        assert setup.status()["in_flight"] == 1  # its own request, still owed
 
 
 def test_requests_over_the_per_connection_bound_are_refused_in_order(setup: Setup) -> None:
@@ -283,3 +308,25 @@ def test_a_peer_the_allow_list_refuses_is_answered_and_closed_at_accept(
         assert client.recv(MAX_SHM_MESSAGE_BYTES) == b""  # closed
     assert setup.status()["connections"] == 0
     assert setup.status()["refused"]["PERMISSION_DENIED"] == 1
+
+
+def test_a_failure_handling_one_connection_closes_that_connection_only(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferd.shm import regions
+
+    def broken(_fd: int) -> Any:
+        raise OSError(5, "Input/output error")  # what fstat or mmap may raise
+
+    monkeypatch.setattr(regions, "map_sealed_memfd", broken)
+    memfd = sealed_memfd()
+    try:
+        with setup.connect() as failing, setup.connect() as other:
+            socket.send_fds(failing, [protocol.pack({"v": 1, "id": 1, "op": "register"})], [memfd])
+            assert failing.recv(MAX_SHM_MESSAGE_BYTES) == b""  # closed, unanswered
+            other.send(infer(2))
+            wait_until(lambda: setup.handler.requests, HANG_S, message="the other served")
+            assert setup.status()["connections"] == 1
+    finally:
+        os.close(memfd)
+    assert setup.bus.is_alive()

@@ -21,7 +21,7 @@ from inferd.demo_model import write_identity_model
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Job, Scheduler
 from inferd.serving.slot import ModelSlot, Sinks
-from inferd.shm.connections import route_of
+from inferd.shm.connections import is_shm_route
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd.types import ThermalState
 from inferd_wire import protocol
@@ -33,6 +33,9 @@ NBYTES = 3 * 224 * 224 * 4
 #: Where the output goes in the region (after the input, 256-aligned).
 OUTPUT_AT = NBYTES
 ME = PeerCredentials(os.getpid(), os.getuid(), os.getgid())
+#: A shm connection's route (prefix, number, route key).
+SHM_ROUTE = b"\x00shm" + bytes(24)
+assert is_shm_route(SHM_ROUTE)
 
 
 @dataclasses.dataclass
@@ -67,7 +70,7 @@ class Admission:
         header["id"] = request_id
         request = decode_header(protocol.pack(header), LIMITS, typed=True)
         check_request(request, LIMITS)
-        request.envelope = [route_of(1) if on_shm else b"client"]
+        request.envelope = [SHM_ROUTE if on_shm else b"client"]
         request.local_uid = ME.uid
         return request
 

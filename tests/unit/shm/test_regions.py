@@ -110,6 +110,16 @@ def test_unregister_then_unregister_again_is_a_clear_not_found(regions: Table) -
     assert not_found.value.code == Code.NOT_FOUND
 
 
+def test_a_registration_racing_its_connections_end_maps_nothing(regions: Table) -> None:
+    """One thread reads the connection's end (and releases its regions) while another
+    still registers for it: that region would belong to no live connection."""
+    regions.table.disconnect(regions.connection)
+    with pytest.raises(ProtocolError) as caught:
+        regions.register()
+    assert caught.value.code == Code.UNAVAILABLE and "closed" in caught.value.message
+    assert regions.table.mapped_bytes() == 0 and regions.connection.regions == {}
+
+
 def test_another_connection_cannot_unregister_a_region(regions: Table) -> None:
     region = regions.register()
     other = Connection(2, ME)
