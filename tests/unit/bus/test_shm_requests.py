@@ -247,13 +247,18 @@ def test_refusals_of_the_shm_socket_never_reach_the_handler_or_count_in_flight(
     )
 
 
+def register_and_send(setup: Setup, client: socket.socket, memfd: int) -> None:
+    """Register ``memfd`` on ``client``'s connection, then send request 2 there."""
+    socket.send_fds(client, [protocol.pack({"v": 1, "id": 1, "op": "register"})], [memfd])
+    assert receive(client)["ok"] is True
+    client.send(infer(2))
+    wait_until(lambda: setup.handler.requests, HANG_S, message="the request read")
+
+
 def test_a_peer_that_closes_is_closed_and_late_replies_are_counted(setup: Setup) -> None:
     memfd = sealed_memfd()
     with setup.connect() as client:
-        socket.send_fds(client, [protocol.pack({"v": 1, "id": 1, "op": "register"})], [memfd])
-        assert receive(client)["ok"] is True
-        client.send(infer(2))
-        wait_until(lambda: setup.handler.requests, HANG_S, message="the request read")
+        register_and_send(setup, client, memfd)
     os.close(memfd)
     wait_until(lambda: setup.status()["connections"] == 0, HANG_S, message="closed in the daemon")
     wait_until(lambda: setup.status()["regions"] == [], HANG_S, message="its region released")
@@ -265,10 +270,7 @@ def test_a_peer_that_closes_is_closed_and_late_replies_are_counted(setup: Setup)
 def test_a_peer_that_does_not_read_its_replies_is_closed_with_its_regions(setup: Setup) -> None:
     memfd = sealed_memfd()
     with setup.connect() as client:
-        socket.send_fds(client, [protocol.pack({"v": 1, "id": 1, "op": "register"})], [memfd])
-        assert receive(client)["ok"] is True
-        client.send(infer(2))
-        wait_until(lambda: setup.handler.requests, HANG_S, message="the request read")
+        register_and_send(setup, client, memfd)
         route = setup.handler.requests[0].envelope[0]
         big = protocol.pack(protocol.ok_header(2, result={"pad": "x" * 8000}))
         sent = 0
