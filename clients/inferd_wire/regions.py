@@ -1,12 +1,14 @@
 """The wire contract of shared-memory tensors, shared by the daemon and its clients.
 
-A client hands the daemon a region of memory once, over the registration
-socket (``shm.sock``, a local ``SOCK_SEQPACKET`` Unix socket next to the infer
+A client hands the daemon a region of memory once, over the shm socket
+(``shm.sock``, a local ``SOCK_SEQPACKET`` Unix socket next to the infer
 socket): a small msgpack header and, with ``register``, a sealed memfd passed
 with ``SCM_RIGHTS``.  The daemon answers with the region's id, 128 random bits
 as 32 hex digits: a capability the client then names in infer requests, where
 a tensor descriptor may carry ``region``, ``offset`` and ``nbytes`` instead of
-a frame (inputs), or name where an output is to be written (``outputs``).
+a frame (inputs), or name where an output is to be written (``outputs``).  A
+request whose every tensor lives in a region may itself be sent on the shm
+socket (``infer``): one message each way.
 
 Only standard library code lives here (no sockets), so both sides import it
 freely; the JSON Schemas ``schemas/bus/shm_request.json``, ``shm_reply.json``
@@ -22,7 +24,7 @@ from typing import Any
 
 from inferd_wire.protocol import Code, ProtocolError
 
-#: File name of the registration socket, in the infer socket's directory.
+#: File name of the shm socket, in the infer socket's directory.
 SHM_SOCKET_NAME = "shm.sock"
 #: Upper bound of one message on the shm socket, either way (a header only; a
 #: memfd travels as ancillary data): room for an infer request or reply naming
@@ -41,7 +43,7 @@ MAX_LABEL_CHARS = 64
 #: How much of a region id ``status`` and the logs show: enough to tell regions
 #: apart, far too little to use one (the id is the capability).
 REGION_ID_SHOWN = 8
-#: Operations of the registration socket.
+#: Registration operations of the shm socket (which serves ``infer`` too).
 SHM_OPS = ("register", "unregister")
 
 _REGION_ID = re.compile(r"[0-9a-f]{32}")
@@ -129,7 +131,7 @@ def parse_label(value: Any) -> str | None:
 
 
 def shm_socket_path(infer_endpoint: str, runtime_dir: Path) -> Path:
-    """Where the registration socket is: next to an ``ipc://`` infer socket, else
+    """Where the shm socket is: next to an ``ipc://`` infer socket, else
     in ``runtime_dir``.  The daemon binds it there and clients look for it there."""
     if infer_endpoint.startswith("ipc://"):
         return Path(infer_endpoint.removeprefix("ipc://")).parent / SHM_SOCKET_NAME
