@@ -240,6 +240,18 @@ def test_a_request_encoded_for_the_shm_socket_is_not_reused_once_its_region_goes
         assert client.last_transport == "infer" and result["output"] is y and (y == 5.0).all()
 
 
+def in_region(name: str, array: np.ndarray, region_id: str, offset: int) -> dict[str, Any]:
+    """A float32 region descriptor of ``array`` at ``offset`` of region ``region_id``."""
+    return {
+        "name": name,
+        "dtype": "float32",
+        "shape": list(array.shape),
+        "region": region_id,
+        "offset": offset,
+        "nbytes": array.nbytes,
+    }
+
+
 def shm_infer(
     region_id: str, x: np.ndarray, y: np.ndarray | None, offsets: tuple[int, int], **extra: Any
 ) -> dict[str, Any]:
@@ -248,29 +260,11 @@ def shm_infer(
         "id": 21,
         "op": "infer",
         "model": "identity",
-        "inputs": [
-            {
-                "name": "input",
-                "dtype": "float32",
-                "shape": list(x.shape),
-                "region": region_id,
-                "offset": offsets[0],
-                "nbytes": x.nbytes,
-            }
-        ],
+        "inputs": [in_region("input", x, region_id, offsets[0])],
         **extra,
     }
     if y is not None:
-        header["outputs"] = [
-            {
-                "name": "output",
-                "dtype": "float32",
-                "shape": list(y.shape),
-                "region": region_id,
-                "offset": offsets[1],
-                "nbytes": y.nbytes,
-            }
-        ]
+        header["outputs"] = [in_region("output", y, region_id, offsets[1])]
     return header
 
 
@@ -326,26 +320,8 @@ def test_a_deadline_passing_in_the_queue_is_answered_on_the_shm_socket(
                 "id": 30 + index,
                 "op": "infer",
                 "model": "slow",
-                "inputs": [
-                    {
-                        "name": "x",
-                        "dtype": "float32",
-                        "shape": list(SLOW),
-                        "region": region_id,
-                        "offset": region.locate(x)[0],
-                        "nbytes": x.nbytes,
-                    }
-                ],  # type: ignore[index]
-                "outputs": [
-                    {
-                        "name": "y",
-                        "dtype": "float32",
-                        "shape": list(SLOW),
-                        "region": region_id,
-                        "offset": region.locate(y)[0],
-                        "nbytes": y.nbytes,
-                    }
-                ],  # type: ignore[index]
+                "inputs": [in_region("x", x, region_id, region.locate(x)[0])],  # type: ignore[index]
+                "outputs": [in_region("y", y, region_id, region.locate(y)[0])],  # type: ignore[index]
             }
             if index:
                 header["deadline_ms"] = 1
