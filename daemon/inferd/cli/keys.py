@@ -51,7 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     client.add_argument("--force", action="store_true", help="replace a client of that name")
     allow = commands.add_parser("allow", help="allow-list a client's public key")
     allow.add_argument("name")
-    allow.add_argument("key", help="the client's public key, or its public certificate file")
+    allow.add_argument(
+        "key",
+        help="the client's public key, or its public certificate file (a Z85 key may begin "
+        "with '-': put it after '--', as in: keys allow NAME -- KEY)",
+    )
     allow.add_argument("--force", action="store_true", help="replace a client of that name")
     for sub in (init, commands.choices["show"], client, allow):
         sub.add_argument("--config", type=Path, help="the daemon's config (default: embedded)")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.auth
+from zmq.utils import z85
 
 from inferd import config
 from inferd.bus.curve_keys import load_curve
@@ -31,6 +32,17 @@ def config_path(tmp_path: Path) -> Path:
 
 def keys(config_path: Path, *args: str) -> int:
     return main(["keys", *args, "--config", str(config_path)])
+
+
+def allow(config_path: Path, name: str, key: str) -> int:
+    """A Z85 key may begin with ``-``, so the key goes after ``--`` (as SECURITY.md says)."""
+    return main(["keys", "allow", "--config", str(config_path), name, "--", key])
+
+
+def key_beginning_with_a_dash() -> str:
+    # Z85 writes the first 4 bytes' value // 85**4 as the first character; '-' is digit 63.
+    first = (63 * 85**4).to_bytes(4, "big")
+    return z85.encode(first + os.urandom(28)).decode()
 
 
 def secret_file(config_path: Path) -> Path:
@@ -58,7 +70,7 @@ def test_init_show_client_and_allow(
     assert keys(config_path, "client", "ground", "--out", str(out)) == 1  # exists
     assert "exists" in capsys.readouterr().err
     other, _ = zmq.curve_keypair()
-    assert keys(config_path, "allow", "other", other.decode()) == 0
+    assert allow(config_path, "other", other.decode()) == 0
     assert keys(config_path, "allow", "bad", "not-a-key") == 1
     assert "not a CURVE key" in capsys.readouterr().err
 
@@ -73,6 +85,19 @@ def test_init_show_client_and_allow(
 
     assert keys(config_path, "init", "--force") == 0
     assert capsys.readouterr().out.strip() != public
+
+
+def test_a_key_beginning_with_a_dash_is_allowed_after_double_dash(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = key_beginning_with_a_dash()
+    assert key.startswith("-") and len(key) == 40
+    with pytest.raises(SystemExit):  # argparse reads it as an option: the help says "--"
+        keys(config_path, "allow", "dash", key)
+    assert "required: key" in capsys.readouterr().err
+    assert allow(config_path, "dash", key) == 0
+    clients = config.load(config_path).security.curve_clients_dir
+    assert zmq.auth.load_certificate(clients / "dash.key") == (key.encode(), None)
 
 
 def test_the_daemon_refuses_a_secret_others_may_read(config_path: Path) -> None:
