@@ -33,16 +33,11 @@ import structlog
 import zmq
 
 from inferd.bus.binding import BindOutcome, bound_router
-from inferd.bus.codec import (
-    Limits,
-    Request,
-    check_request,
-    decode_request,
-    split_envelope,
-)
+from inferd.bus.codec import Limits
 from inferd.bus.cover_timer import COVER_AFTER_NS, OneShotTimer
+from inferd.bus.dispatch import Dispatcher
 from inferd.bus.handler import Reply, RequestHandler, error_reply
-from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES, HeapTrimmer
+from inferd.bus.heap import HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
 from inferd.bus.shm_requests import read_shm_request, send_shm_reply
@@ -50,7 +45,6 @@ from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
 from inferd.shm.connections import ShmConnections, is_shm_route
 from inferd_wire.multipart import readable, send_frames
-from inferd_wire.protocol import Code, ProtocolError
 
 _MAX_POLL_MS = 50
 _BATCH = 64
@@ -60,11 +54,7 @@ log = structlog.get_logger("inferd.bus")
 
 @dataclass
 class BusCounters:
-    malformed: int = 0
     unroutable_replies: int = 0
-    #: Messages refused for their frame count or bytes, and the bytes let go unread.
-    oversized_messages: int = 0
-    oversized_bytes: int = 0
     by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0})
     #: Infer requests the engine worker read itself while idle (the rest, the bus
     #: thread), on the infer socket and the shm connections.
@@ -124,6 +114,9 @@ class BusServer(threading.Thread):
         self._infer_intake: Intake | None = None
         #: The infer socket's ``ZMQ_FD`` (readable when it may have news); set at bind.
         self._infer_fd: int | None = None
+        #: ``ZMQ_EVENTS`` last said no request waits and nothing used the socket
+        #: since: ``ZMQ_FD`` signals the next one, so a poll shows it (wire lock).
+        self._infer_quiet = False
         #: Readable when a request may be waiting on either source: an epoll set of
         #: ``ZMQ_FD`` and the shm connections' own epoll descriptor.
         self._requests = select.epoll()
@@ -132,6 +125,7 @@ class BusServer(threading.Thread):
         self._stop_requested = threading.Event()
         self._bind_outcome = BindOutcome("the bus thread")
         self.counters = BusCounters()
+        self._dispatch = Dispatcher(handler, self._limits, self._request_trim)
         #: Liveness for the watchdog: set every pass of the loop (at least every 50 ms).
         self.last_beat_ns = time.monotonic_ns()
 
@@ -143,10 +137,10 @@ class BusServer(threading.Thread):
         """The bus counters for the ``status`` op (on the bus thread, or the metrics
         thread's scrape: ints, and the reply budget copies its peer list)."""
         return {
-            "malformed": self.counters.malformed,
+            "malformed": self._dispatch.malformed,
             "unroutable_replies": self.counters.unroutable_replies,
-            "oversized_messages": self.counters.oversized_messages,
-            "oversized_bytes": self.counters.oversized_bytes,
+            "oversized_messages": self._dispatch.oversized_messages,
+            "oversized_bytes": self._dispatch.oversized_bytes,
             "read_by_worker": self.counters.read_by_worker,
             "replies": self.replies.status(),
         }
@@ -158,14 +152,16 @@ class BusServer(threading.Thread):
 
     # -- the engine worker's side (serving/engine_worker.py, RequestPort) ----
     @property
-    def listen_fd(self) -> int | None:
-        """Readable when a request may be waiting on the infer socket or a shm
-        connection (None once the bus has closed the socket): poll it, then call
-        ``serve_one``."""
-        return None if self._closed or self._infer_fd is None else self._requests.fileno()
+    def listen_fds(self) -> tuple[int, ...]:
+        """The infer socket's ``ZMQ_FD`` and the shm connections' epoll descriptor
+        (none once the bus has closed the socket): poll them, then call
+        ``serve_one`` with those that were readable."""
+        if self._closed or self._infer_fd is None:
+            return ()
+        return (self._infer_fd,) if self._shm is None else (self._infer_fd, self._shm.fd)
 
     def worker_listening(self, listening: bool) -> None:
-        """The worker now waits on ``listen_fd`` (True), or goes to run and does
+        """The worker now waits on ``listen_fds`` (True), or goes to run and does
         not (False): this thread reads the socket once that has lasted
         ``COVER_AFTER_NS``."""
         self._worker_listens = listening
@@ -176,14 +172,22 @@ class BusServer(threading.Thread):
         if self._covering:  # stop now, not on the next request (which both would wake for)
             self._poke()
 
-    def serve_one(self) -> bool:
-        """Read and answer or admit the next infer request, if one is waiting on
-        either source (they take turns); False when none was (``ZMQ_EVENTS`` read
-        again: call until False before waiting on ``listen_fd``)."""
+    def serve_one(self, ready: list[int]) -> bool:
+        """Read and answer or admit the next infer request, if one is waiting on a
+        source (they take turns) that ``ready`` names or whose news a poll may not
+        show (the infer socket, unless it is quiet); False when none was: call
+        until False, with nothing ``ready``, before polling ``listen_fds``."""
         self._shm_first = not self._shm_first
+        shm = self._shm is not None and self._shm.fd in ready
+        with self._wire_lock:
+            infer = self._infer_fd in ready or not self._infer_quiet
         if self._shm_first:
-            return self._serve_shm("worker") or self._serve_next("infer", reader="worker")
-        return self._serve_next("infer", reader="worker") or self._serve_shm("worker")
+            return (shm and self._serve_shm("worker")) or (
+                infer and self._serve_next("infer", reader="worker")
+            )
+        return (infer and self._serve_next("infer", reader="worker")) or (
+            shm and self._serve_shm("worker")
+        )
 
     def send_reply(self, parts: list[Any]) -> None:
         """Send an infer reply, within the reply budget like every reply."""
@@ -227,6 +231,10 @@ class BusServer(threading.Thread):
                 self._closed = True
                 for sock in (infer, control):
                     sock.close(linger=self._linger_ms)
+
+    def _request_trim(self) -> None:
+        with self._wire_lock:  # the trimmer is the reply budget's too
+            self._trimmer.request(time.monotonic_ns())
 
     def _poke(self) -> None:
         os.eventfd_write(self._wake_fd, 1)
@@ -299,7 +307,13 @@ class BusServer(threading.Thread):
     def _infer_waiting(self) -> bool:
         infer = self._infer
         with self._wire_lock:
-            return not self._closed and infer is not None and readable(infer)
+            return not self._closed and infer is not None and self._infer_readable(infer)
+
+    def _infer_readable(self, infer: zmq.Socket[Any]) -> bool:
+        """``ZMQ_EVENTS`` of the infer socket (call with the wire lock held)."""
+        waiting = readable(infer)
+        self._infer_quiet = not waiting
+        return waiting
 
     def _serve_next(self, name: str, intake: Intake | None = None, reader: str = "bus") -> bool:
         """Read one message of socket ``name`` if one is waiting and answer or admit
@@ -315,7 +329,7 @@ class BusServer(threading.Thread):
                 if infer is None or intake is None:
                     return False
                 with self._wire_lock:
-                    if self._closed or not readable(infer):
+                    if self._closed or not self._infer_readable(infer):
                         return False
                     received = intake.receive()
             else:
@@ -327,10 +341,9 @@ class BusServer(threading.Thread):
                 return True  # a share of an oversized message was let go: more to read
             self.counters.by_socket[name] += 1
             if isinstance(received, Oversized):
-                reply: Reply | None = self._refuse_oversized(received)
+                reply: Reply | None = self._dispatch.oversized(received)
             else:
-                handle = self._handler.handle_infer if typed else self._handler.handle_control
-                reply = self._dispatch(received, handle, typed)
+                reply = self._dispatch.message(received, typed)
             if reader == "worker":
                 self._worker_read()
         if reply is not None:
@@ -357,7 +370,7 @@ class BusServer(threading.Thread):
             if read is not None and read[1] is not None:
                 reply = error_reply(read[0], read[0].envelope, read[1])
             elif read is not None:
-                reply = self._answer(read[0], self._handler.handle_infer)
+                reply = self._dispatch.answer(read[0], self._handler.handle_infer)
             if reader == "worker":
                 self._worker_read()
         if reply is not None:
@@ -370,55 +383,6 @@ class BusServer(threading.Thread):
         wakeup = self._handler.next_wakeup_ns()
         if wakeup is not None and wakeup < self._planned_wake_ns:
             self._poke()
-
-    def _refuse_oversized(self, oversized: Oversized) -> Reply:
-        """Answer a message the intake read to its end without keeping it."""
-        self.counters.oversized_messages += 1
-        self.counters.oversized_bytes += oversized.nbytes
-        if oversized.nbytes + oversized.frames * FRAME_OVERHEAD_BYTES >= BULK_RELEASE_BYTES:
-            with self._wire_lock:  # the trimmer is the reply budget's too
-                self._trimmer.request(time.monotonic_ns())
-        reply = oversized.reply(self._limits)
-        self.counters.malformed += 1
-        log.info(
-            "request_refused",
-            code=reply.header["error"]["code"],
-            reason=reply.header["error"]["message"],
-            frames=oversized.frames,
-            nbytes=oversized.nbytes,
-        )
-        return reply
-
-    def _dispatch(self, frames: list[zmq.Frame], handle: Any, typed: bool) -> Reply | None:
-        envelope, body = split_envelope(frames)
-        try:
-            request = decode_request(body, self._limits, typed=typed)
-        except ProtocolError as exc:
-            return self._refused(None, envelope, exc)
-        request.envelope = envelope
-        return self._answer(request, handle)
-
-    def _answer(self, request: Request, handle: Any) -> Reply | None:
-        """Check a decoded request and hand it to ``handle``: its reply, or None
-        when it was admitted."""
-        try:
-            check_request(request, self._limits)
-            result: Reply | None = handle(request)
-            return result
-        except ProtocolError as exc:
-            return self._refused(request, request.envelope, exc)
-        except Exception as exc:  # a handler bug must not take the bus down
-            log.exception("request_handler_failed")
-            return error_reply(
-                request, request.envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
-            )
-
-    def _refused(
-        self, request: Request | None, envelope: list[bytes], error: ProtocolError
-    ) -> Reply:
-        self.counters.malformed += 1
-        log.info("request_refused", code=str(error.code), reason=error.message)
-        return error_reply(request, envelope, error)
 
     def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> None:
         """Send a reply within the reply budget; never block for one peer, never
@@ -437,6 +401,8 @@ class BusServer(threading.Thread):
             if not self.replies.admit(name, routing_id, nbytes):
                 return
             parts[-1], last = watched(parts[-1])
+            if name == "infer":
+                self._infer_quiet = False  # a send may take ZMQ_FD's edge
             try:
                 send_frames(sock, parts, zmq.NOBLOCK)
             except zmq.Again:

@@ -49,17 +49,19 @@ class RequestPort(Protocol):
     """The bus as the engine worker uses it (``bus.server.BusServer``)."""
 
     @property
-    def listen_fd(self) -> int | None:
-        """A descriptor readable when a request may be waiting (None: never)."""
+    def listen_fds(self) -> tuple[int, ...]:
+        """Descriptors readable when a request may be waiting, one per source
+        (none: never)."""
         ...
 
     def worker_listening(self, listening: bool) -> None:
-        """The worker starts (True) or stops (False) waiting on ``listen_fd``."""
+        """The worker starts (True) or stops (False) waiting on ``listen_fds``."""
         ...
 
-    def serve_one(self) -> bool:
-        """Read the next request, if one waits, and refuse or admit it; False when
-        none was waiting."""
+    def serve_one(self, ready: list[int]) -> bool:
+        """Read the next request, if one waits on a source ``ready`` names (what a
+        poll of ``listen_fds`` reported) or on one whose news a poll may not show,
+        and refuse or admit it; False when none was waiting."""
         ...
 
     def send_reply(self, parts: list[Any]) -> None:
@@ -88,9 +90,9 @@ class EngineWorker(threading.Thread):
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
         self._busy: DeclaredOperation | None = None
-        #: What ``_wait_for_work`` polls, made once per listen descriptor: that
-        #: descriptor, the scheduler's wake and the port; the scheduler's wake alone.
-        self._waiting: tuple[int | None, select.poll, select.poll] | None = None
+        #: What ``_wait_for_work`` polls, made once per set of the port's
+        #: descriptors: those and the scheduler's wake.
+        self._waiting: tuple[tuple[int, ...], select.poll] | None = None
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -103,8 +105,6 @@ class EngineWorker(threading.Thread):
                     self._activate(slot)
             self.activated.set()
             while True:
-                # Reset before looking: work that arrives after the look wakes the wait.
-                scheduler.clear_wake()
                 try:
                     job = scheduler.take(timeout=0)
                 except SchedulerClosedError:
@@ -138,35 +138,48 @@ class EngineWorker(threading.Thread):
         port, reading that request here: it becomes the next job without a hand-off
         between threads.  The bus reads the port again once the worker has run
         for a while (``RequestPort.worker_listening``)."""
-        port, wake_fd = self._port, self._scheduler.wake_fd
-        listen_fd = port.listen_fd
-        if self._waiting is None or self._waiting[0] != listen_fd:
+        port, scheduler = self._port, self._scheduler
+        listen_fds = port.listen_fds
+        if self._waiting is None or self._waiting[0] != listen_fds:
             waiting = select.poll()
-            waiting.register(wake_fd, select.POLLIN)
-            if listen_fd is not None:
-                waiting.register(listen_fd, select.POLLIN)
-            woken = select.poll()
-            woken.register(wake_fd, select.POLLIN)
-            self._waiting = (listen_fd, waiting, woken)
-        _, waiting, woken = self._waiting
-        if listen_fd is None:
-            waiting.poll(_BEAT_INTERVAL_MS)
+            for fd in (scheduler.wake_fd, *listen_fds):
+                waiting.register(fd, select.POLLIN)
+            self._waiting = (listen_fds, waiting)
+        waiting = self._waiting[1]
+        if not listen_fds:
+            self._wait_on(waiting)
             return
         self._bind_model(None)  # the handler's log lines name no model of a past run
         port.worker_listening(True)
         try:
-            # ZMQ_FD is an edge that any read or send (a refusal) may take: read
-            # until ZMQ_EVENTS shows nothing more, unless there is work to take.
-            while port.serve_one():
-                if woken.poll(0):
+            # A request it admits is work to take: the scheduler's wake count says so.
+            wakes = scheduler.wakes
+            # Sources whose news a poll may not show first (ZMQ_FD is an edge
+            # that any read or send may take), then whichever the poll names.
+            ready: list[int] = []
+            while port.serve_one(ready):
+                if scheduler.wakes != wakes:
                     return
-            ready = [fd for fd, _events in waiting.poll(_BEAT_INTERVAL_MS)]
-            if listen_fd in ready and wake_fd not in ready:
-                while port.serve_one():
-                    if woken.poll(0):
+            ready = self._wait_on(waiting)
+            if ready:
+                while port.serve_one(ready):
+                    if scheduler.wakes != wakes:
                         return
+                    ready = []
         finally:
             port.worker_listening(False)
+
+    def _wait_on(self, waiting: select.poll) -> list[int]:
+        """Poll the scheduler's wake and the port's sources up to a beat interval,
+        unless there is work already: the port's descriptors that are readable."""
+        scheduler = self._scheduler
+        if not scheduler.begin_wait():
+            return []
+        try:
+            ready = [fd for fd, _events in waiting.poll(_BEAT_INTERVAL_MS)]
+        finally:
+            scheduler.end_wait()
+        return [] if scheduler.wake_fd in ready else ready
 
     def liveness(self) -> Liveness:
         """The last beat and the declared operation, read in the order ``declared``

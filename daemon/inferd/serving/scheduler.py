@@ -7,13 +7,14 @@ deadline passes while it waits behind a long inference is answered
 (the failure mode of Triton's queue timeouts, server #7512).
 
 Besides its condition variable the scheduler signals an ``eventfd``
-(``wake_fd``) whenever the worker has something new to take, so the worker
-can wait on it together with the infer socket (DESIGN.md 101).
+(``wake_fd``) when the worker, waiting on it together with the request sources
+(DESIGN.md 101), has something new to take.  Only a waiting worker is signalled
+(``begin_wait``/``end_wait``): a job the worker admits itself, the common case,
+costs no system call (DESIGN.md 106).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import weakref
@@ -108,22 +109,49 @@ class Scheduler:
         #: Queued jobs that carry a deadline; lets ``next_deadline_ns`` skip the
         #: lock and the scan on the bus thread's every loop when there are none.
         self._with_deadline = 0
-        #: Readable while the worker may have something new to take (see ``clear_wake``).
+        #: Readable when the worker, between ``begin_wait`` and ``end_wait``, has
+        #: something new to take.
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         # Closed with the scheduler object, not by close(): the worker may still
         # be polling it when the scheduler closes.
         weakref.finalize(self, os.close, self.wake_fd)
+        #: Between ``begin_wait`` and ``end_wait``: new work writes ``wake_fd``.
+        self._worker_waits = False
+        #: ``wake_fd`` holds a count ``end_wait`` has not read yet.
+        self._wake_written = False
+        #: Counts what woke the worker (a job, a call, a resume, the close): it
+        #: compares this across a step of its own to see whether the step gave
+        #: it work, without a system call.
+        self.wakes = 0
 
-    def clear_wake(self) -> None:
-        """Reset ``wake_fd``; the worker calls it *before* looking for work, so a
-        job submitted after that look makes the descriptor readable again."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.wake_fd)
+    def begin_wait(self) -> bool:
+        """The worker is about to wait on ``wake_fd``: False when it should not,
+        because there is something to take already (or the scheduler closed);
+        else anything new until ``end_wait`` makes ``wake_fd`` readable."""
+        with self._condition:
+            if self._closed or self._calls or self._pop_round_robin(take=False) is not None:
+                return False
+            self._worker_waits = True
+            return True
+
+    def end_wait(self) -> None:
+        """The worker has stopped waiting on ``wake_fd``: reset it."""
+        with self._condition:
+            self._worker_waits = False
+            if self._wake_written:
+                os.eventfd_read(self.wake_fd)
+                self._wake_written = False
 
     def _wake(self) -> None:
         """Wake the worker (call with the condition held)."""
         self._condition.notify()
-        os.eventfd_write(self.wake_fd, 1)
+        self._signal_worker()
+
+    def _signal_worker(self) -> None:
+        self.wakes += 1
+        if self._worker_waits and not self._wake_written:
+            os.eventfd_write(self.wake_fd, 1)
+            self._wake_written = True
 
     def add_model(
         self, name: str, capacity: int, policy: QueuePolicy, max_bytes: int = 2**63 - 1
@@ -199,12 +227,16 @@ class Scheduler:
                 if timeout == 0 or not self._condition.wait(timeout):
                     return None
 
-    def _pop_round_robin(self) -> Job | None:
+    def _pop_round_robin(self, take: bool = True) -> Job | None:
+        """The next job round-robin across models not paused (only looked at, not
+        taken, with ``take=False``)."""
         count = len(self._names)
         for offset in range(count):
             index = (self._next + offset) % count
             model_queue = self._queues[self._names[index]]
             if model_queue.jobs and self._names[index] not in self._paused:
+                if not take:
+                    return model_queue.jobs[0]
                 self._next = (index + 1) % count
                 job = model_queue.jobs.popleft()
                 self._forget(model_queue, job)
@@ -276,7 +308,7 @@ class Scheduler:
                 model_queue.nbytes = 0
             self._with_deadline = 0
             self._condition.notify_all()
-            os.eventfd_write(self.wake_fd, 1)
+            self._signal_worker()
             return remaining
 
 

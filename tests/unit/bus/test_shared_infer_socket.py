@@ -94,15 +94,16 @@ def test_while_the_worker_listens_the_bus_thread_leaves_the_socket_to_it(
 ) -> None:
     server_, handler = bus
     _worker_has_listened(server_)
-    assert server_.listen_fd is not None
+    assert server_.listen_fds
     waiting = select.poll()
-    waiting.register(server_.listen_fd, select.POLLIN)
+    for fd in server_.listen_fds:
+        waiting.register(fd, select.POLLIN)
     with RawDealer(server_._endpoints["infer"]) as dealer:
         _request(dealer, 1)
         give_up = time.monotonic() + HANG_S
         while not handler.read_by and time.monotonic() < give_up:
-            waiting.poll(100)  # ZMQ_FD: readable when the socket may have news
-            server_.serve_one()
+            # ZMQ_FD: readable when the socket may have news
+            server_.serve_one([fd for fd, _ in waiting.poll(100)])
     assert handler.read_by == [threading.current_thread().name]
     assert server_.status()["read_by_worker"] == 1
 
@@ -161,3 +162,50 @@ def test_a_listening_worker_answers_a_refusal_and_reads_the_next_request_at_once
     finally:
         scheduler.close()
         worker.join(HANG_S)
+
+
+def test_a_quiet_infer_socket_is_asked_again_only_once_used_or_signalled(
+    bus: tuple[BusServer, RecordingHandler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ZMQ_EVENTS`` costs system calls: once it said nothing waits and nothing
+    has used the socket since, the worker's drain before polling skips it, since
+    ``ZMQ_FD`` signals the next request (DESIGN.md 106)."""
+    server_, handler = bus
+    _worker_has_listened(server_)
+    me = threading.current_thread().name
+    asked: list[str] = []
+    real_readable = server.readable
+
+    def counting_readable(sock: zmq.Socket[Any]) -> bool:
+        asked.append(threading.current_thread().name)
+        return real_readable(sock)
+
+    monkeypatch.setattr(server, "readable", counting_readable)
+
+    def asks(ready: list[int]) -> tuple[bool, int]:
+        before = asked.count(me)
+        served = server_.serve_one(ready)
+        return served, asked.count(me) - before
+
+    assert asks([])[0] is False  # asked, unless an earlier look left it quiet
+    assert asks([]) == (False, 0)  # quiet: not asked
+    waiting = select.poll()
+    for fd in server_.listen_fds:
+        waiting.register(fd, select.POLLIN)
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        _request(dealer, 4)
+        give_up = time.monotonic() + HANG_S
+        served = False
+        while not served and time.monotonic() < give_up:
+            # ZMQ_FD signals news (the connection, then the request): asked each time.
+            ready = [fd for fd, _ in waiting.poll(100)]
+            served, count = asks(ready)
+            assert count == (1 if ready else 0)
+            if not served:
+                assert asks([]) == (False, 0)  # and quiet again
+        assert handler.read_by == [me]
+        assert asks([]) == (False, 1)  # the read used the socket: asked again
+        assert asks([]) == (False, 0)
+        server_.send_reply([*handler.envelopes[0], b"reply"])
+        assert asks([]) == (False, 1)  # so did the send
+        assert dealer.recv_raw(HANG_S) == [b"reply"]

@@ -112,13 +112,15 @@ def worker_listens(setup: Setup) -> None:
 
 
 def serve_as_the_worker(setup: Setup) -> None:
-    """Wait on ``listen_fd`` and serve what is waiting, as the idle engine worker
-    does (a shm connection's message keeps the descriptor readable until read)."""
-    assert setup.bus.listen_fd is not None
+    """Wait on ``listen_fds`` and serve what is waiting, as the idle engine worker
+    does (a shm connection's message keeps its descriptor readable until read)."""
+    assert setup.bus.listen_fds
     waiting = select.poll()
-    waiting.register(setup.bus.listen_fd, select.POLLIN)
-    assert waiting.poll(HANG_S * 1000), "listen_fd never became readable"
-    while setup.bus.serve_one():
+    for fd in setup.bus.listen_fds:
+        waiting.register(fd, select.POLLIN)
+    ready = [fd for fd, _ in waiting.poll(HANG_S * 1000)]
+    assert ready, "listen_fds never became readable"
+    while setup.bus.serve_one(ready):
         pass
 
 

@@ -13,16 +13,16 @@ from tests.conftest import HANG_S
 class ReplyQueue:
     """``serving.engine_worker.RequestPort``: never listens, queues each reply."""
 
-    listen_fd: int | None = None
+    listen_fds: tuple[int, ...] = ()
 
     def __init__(self) -> None:
         self.sent: queue.Queue[list[Any]] = queue.Queue()
 
     def worker_listening(self, listening: bool) -> None:
-        raise AssertionError("a port without listen_fd is never listened on")
+        raise AssertionError("a port without listen_fds is never listened on")
 
-    def serve_one(self) -> bool:
-        raise AssertionError("a port without listen_fd is never read")
+    def serve_one(self, ready: list[int]) -> bool:
+        raise AssertionError("a port without listen_fds is never read")
 
     def send_reply(self, parts: list[Any]) -> None:
         self.sent.put(parts)

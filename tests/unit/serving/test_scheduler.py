@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import select
 import threading
 import time
 
@@ -166,3 +167,46 @@ def test_expire_and_close_give_the_bytes_back() -> None:
     assert s.queued_bytes("a") == 20
     assert [j.request_id for j in s.close()] == [2]
     assert s.queued_bytes("a") == 0
+
+
+def _signalled(s: Scheduler) -> bool:
+    """Whether ``wake_fd`` is readable now (the worker's poll would return)."""
+    poller = select.poll()
+    poller.register(s.wake_fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def test_wake_fd_is_written_only_while_the_worker_waits() -> None:
+    s = scheduler()
+    wakes = s.wakes
+    s.submit(job(request_id=1))  # the worker admitting a request itself: no system call
+    assert not _signalled(s) and s.wakes == wakes + 1
+    assert not s.begin_wait()  # there is work: do not wait
+    assert s.take(0) is not None
+
+    assert s.begin_wait()
+    assert not _signalled(s)
+    s.submit(job(request_id=2))
+    s.submit(job(request_id=3))
+    assert _signalled(s) and s.wakes == wakes + 3
+    s.end_wait()
+    assert not _signalled(s)  # reset for the next wait
+    assert [j.request_id for j in (s.take(0), s.take(0)) if isinstance(j, Job)] == [2, 3]
+
+
+@pytest.mark.parametrize("event", ["call", "resume", "close"])
+def test_whatever_gives_the_worker_work_wakes_its_wait(event: str) -> None:
+    s = scheduler()
+    s.pause("a")
+    s.submit(job(request_id=1))
+    assert s.begin_wait()  # a paused model's job is nothing to take
+    wakes = s.wakes
+    if event == "call":
+        s.call_on_worker(lambda: None)
+    elif event == "resume":
+        s.resume("a")
+    else:
+        s.close()
+    assert _signalled(s) and s.wakes == wakes + 1
+    s.end_wait()
+    assert not s.begin_wait()  # the call, the resumed job or the close is there to take

@@ -1,0 +1,85 @@
+"""From a received message to the service's answer: decode, check, hand it to
+the ``RequestHandler``, and refuse what fails on the way (code and message,
+counted and logged).  Both request sources use it, the ROUTER sockets and the
+``shm.sock`` connections; ``bus.server`` reads and sends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+import zmq
+
+from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
+from inferd.bus.handler import Reply, RequestHandler, error_reply
+from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES
+from inferd.bus.intake import Oversized
+from inferd_wire.protocol import Code, ProtocolError
+
+log = structlog.get_logger("inferd.bus")
+
+
+class Dispatcher:
+    """Called by one thread at a time, under the bus's handler lock."""
+
+    def __init__(
+        self, handler: RequestHandler, limits: Limits, request_trim: Callable[[], None]
+    ) -> None:
+        self._handler = handler
+        self._limits = limits
+        #: Asks for the heap to be trimmed (a large oversized message was let go).
+        self._request_trim = request_trim
+        #: Messages refused, for any reason.
+        self.malformed = 0
+        #: Messages refused for their frame count or bytes, and the bytes let go unread.
+        self.oversized_messages = 0
+        self.oversized_bytes = 0
+
+    def message(self, frames: list[zmq.Frame], typed: bool) -> Reply | None:
+        """Decode a ROUTER message (``typed``: an infer request) and answer it."""
+        envelope, body = split_envelope(frames)
+        try:
+            request = decode_request(body, self._limits, typed=typed)
+        except ProtocolError as exc:
+            return self.refused(None, envelope, exc)
+        request.envelope = envelope
+        handle = self._handler.handle_infer if typed else self._handler.handle_control
+        return self.answer(request, handle)
+
+    def answer(self, request: Request, handle: Callable[[Request], Reply | None]) -> Reply | None:
+        """Check a decoded request and hand it to ``handle``: its reply, or None
+        when it was admitted."""
+        try:
+            check_request(request, self._limits)
+            return handle(request)
+        except ProtocolError as exc:
+            return self.refused(request, request.envelope, exc)
+        except Exception as exc:  # a handler bug must not take the bus down
+            log.exception("request_handler_failed")
+            return error_reply(
+                request, request.envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
+            )
+
+    def refused(
+        self, request: Request | None, envelope: list[bytes], error: ProtocolError
+    ) -> Reply:
+        self.malformed += 1
+        log.info("request_refused", code=str(error.code), reason=error.message)
+        return error_reply(request, envelope, error)
+
+    def oversized(self, oversized: Oversized) -> Reply:
+        """Answer a message the intake read to its end without keeping it."""
+        self.oversized_messages += 1
+        self.oversized_bytes += oversized.nbytes
+        if oversized.nbytes + oversized.frames * FRAME_OVERHEAD_BYTES >= BULK_RELEASE_BYTES:
+            self._request_trim()
+        reply = oversized.reply(self._limits)
+        self.malformed += 1
+        log.info(
+            "request_refused",
+            code=reply.header["error"]["code"],
+            reason=reply.header["error"]["message"],
+            frames=oversized.frames,
+            nbytes=oversized.nbytes,
+        )
+        return reply
