@@ -67,6 +67,7 @@ STEPS = (
 # -- in the daemon ---------------------------------------------------------------
 def install(out_path: str) -> None:
     """Wrap the daemon's request path with stamps, written to ``out_path`` at exit."""
+    from inferd.bus import dispatch as dispatch_module
     from inferd.bus import server
     from inferd.runtime import onnx_trt_ep
     from inferd.serving import engine_worker
@@ -86,20 +87,21 @@ def install(out_path: str) -> None:
 
         return wrapped
 
-    dispatch = server.BusServer._dispatch
+    Dispatcher = dispatch_module.Dispatcher
+    message = Dispatcher.message
     bus_in, bus_admitted = stamps["bus_in"], stamps["bus_admitted"]
 
-    def traced_dispatch(self: Any, frames: Any, handle: Any, typed: bool) -> Any:
+    def traced_message(self: Any, frames: Any, typed: bool) -> Any:
         if not typed:  # the control socket (start-up's health checks)
-            return dispatch(self, frames, handle, typed)
+            return message(self, frames, typed)
         bus_in.append(clock())
         try:
-            return dispatch(self, frames, handle, typed)
+            return message(self, frames, typed)
         finally:
             bus_admitted.append(clock())
 
     # A request on shm.sock: read (bus_in), then checked and admitted (bus_admitted).
-    read_shm_request, answer = server.read_shm_request, server.BusServer._answer
+    read_shm_request, answer = server.read_shm_request, Dispatcher.answer
     shm_read = [False]
 
     def traced_read_shm(*args: Any) -> Any:
@@ -111,7 +113,7 @@ def install(out_path: str) -> None:
         return read
 
     def traced_answer(self: Any, request: Any, handle: Any) -> Any:
-        if not shm_read[0]:  # within _dispatch, which stamps
+        if not shm_read[0]:  # within Dispatcher.message, which stamps
             return answer(self, request, handle)
         shm_read[0] = False
         try:
@@ -120,7 +122,7 @@ def install(out_path: str) -> None:
             bus_admitted.append(clock())
 
     server.read_shm_request = traced_read_shm  # type: ignore[assignment]
-    server.BusServer._answer = traced_answer  # type: ignore[method-assign]
+    Dispatcher.answer = traced_answer  # type: ignore[method-assign]
     server.BusServer.send_reply = around(  # type: ignore[method-assign]
         "send_start", "send_end", server.BusServer.send_reply
     )
@@ -131,7 +133,7 @@ def install(out_path: str) -> None:
         worker_run.append(clock())
         return run(self, job)
 
-    server.BusServer._dispatch = traced_dispatch  # type: ignore[method-assign]
+    Dispatcher.message = traced_message  # type: ignore[method-assign]
     engine_worker.EngineWorker._run = traced_run  # type: ignore[method-assign]
     runtime = onnx_trt_ep.OnnxTrtEpRuntime
     runtime.infer = around("ort_start", "ort_end", runtime.infer)  # type: ignore[method-assign]

@@ -23,6 +23,7 @@ import math
 import mmap
 import os
 import socket
+import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -153,6 +154,12 @@ class RegionChannel:
         except OSError as exc:
             self._socket.close()
             raise ClientError(f"cannot connect to the shm socket {path}: {exc}") from None
+        # Blocking, with the kernel's SO_RCVTIMEO/SO_SNDTIMEO as the time limits: a
+        # Python timeout would poll(2) before every send and receive.
+        self._socket.settimeout(None)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
+        #: The SO_RCVTIMEO set now (set again only when a wait differs).
+        self._receive_timeout: float | None = None
         self.path = path
         self._timeout = timeout
         self._ids = itertools.count(1)
@@ -215,18 +222,15 @@ class RegionChannel:
         ``request_id`` (None: none came); replies to other ids are discarded."""
         give_up_at = time.monotonic() + wait
         try:
-            self._socket.settimeout(wait)
             # Refused at connect (shm.max_connections): the refusal is queued for us.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 if fds:
                     socket.send_fds(self._socket, [message], fds)
                 else:
                     self._socket.send(message)
+            remaining = wait
             while True:
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._socket.settimeout(remaining)
+                self._wait_at_most(remaining)
                 data = self._receive()
                 if not data:
                     raise ClientError(f"the daemon closed the shm socket {self.path}")
@@ -240,10 +244,18 @@ class RegionChannel:
                 if reply_id is None and reply.get("ok") is False:
                     return reply  # refused before its id could be read (or at connect)
                 self.discarded_replies += 1
-        except TimeoutError:
+                remaining = give_up_at - time.monotonic()
+                if remaining <= 0:
+                    return None
+        except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO/SO_SNDTIMEO ran out: EAGAIN
             return None
         except OSError as exc:
             raise ClientError(f"the shm socket {self.path} failed: {exc}") from None
+
+    def _wait_at_most(self, seconds: float) -> None:
+        if seconds != self._receive_timeout:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+            self._receive_timeout = seconds
 
     def _receive(self) -> bytes:
         try:
@@ -356,6 +368,12 @@ class ShmRequest:
 
     def encode(self, request_id: int) -> bytes:
         return self._prefix + _pack(request_id)
+
+
+def _timeval(seconds: float) -> bytes:
+    """A ``struct timeval`` of ``seconds``, at least 1 us (zero would mean no limit)."""
+    microseconds = max(1, math.ceil(seconds * 1_000_000))
+    return struct.pack("@ll", microseconds // 1_000_000, microseconds % 1_000_000)
 
 
 def _pack(value: int | str) -> bytes:

@@ -6,14 +6,18 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from inferd_client.client import decode_outputs, encode_request, infer_request_header
-from inferd_client.errors import ClientError, MalformedReply
+from inferd_client.errors import ClientError, MalformedReply, RequestTimeout
 from inferd_client.shm import (
+    RegionChannel,
     SharedRegion,
     ShmRequest,
     encode_inputs,
@@ -21,6 +25,8 @@ from inferd_client.shm import (
     placed_outputs,
 )
 from inferd_wire import protocol
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
+from tests.conftest import HANG_S
 
 ID = "ab" * 16
 
@@ -141,3 +147,54 @@ def test_the_layout_of_arrays_tells_apart_what_the_encoding_depends_on() -> None
         assert layout_of({"a": a}) != layout_of({"a": a[1:]})  # the address
         assert layout_of({"a": [1.0, 2.0]}) is None  # not an array: not cached
         del a
+
+
+class SilentShmSocket:
+    """A ``shm.sock`` listener (a real ``SOCK_SEQPACKET`` socket) that accepts one
+    connection, reads what it is sent and answers only when told to."""
+
+    def __init__(self, path: str) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(path)
+        self.listener.listen(1)
+        self.peer: socket.socket | None = None
+
+    def received(self) -> dict[str, Any]:
+        if self.peer is None:
+            self.peer, _ = self.listener.accept()
+            self.peer.settimeout(HANG_S)
+        return protocol.unpack_header(self.peer.recv(MAX_SHM_MESSAGE_BYTES), 1 << 16)
+
+    def answer(self, request_id: int) -> None:
+        assert self.peer is not None
+        self.peer.send(protocol.pack({"v": 1, "id": request_id, "ok": True, "outputs": []}))
+
+    def close(self) -> None:
+        for sock in (self.peer, self.listener):
+            if sock is not None:
+                sock.close()
+
+
+def test_a_request_times_out_on_the_kernels_receive_limit_and_late_replies_are_discarded(
+    tmp_path: Path,
+) -> None:
+    server = SilentShmSocket(str(tmp_path / "shm.sock"))
+    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S)
+    ids = iter(range(1, 100))
+    request = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
+    try:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout, match="after 2 attempt"):
+            channel.request(request, lambda: next(ids), timeout=0.2, retries=1)
+        assert 0.4 <= time.monotonic() - started < HANG_S  # two waits of 0.2 s
+        assert [server.received()["id"], server.received()["id"]] == [1, 2]
+        # The late replies come in before the next one; each is counted, none returned.
+        server.answer(1)
+        server.answer(2)
+        server.answer(3)
+        assert channel.request(request, lambda: next(ids), timeout=HANG_S)["id"] == 3
+        assert server.received()["id"] == 3
+        assert channel.discarded_replies == 2
+    finally:
+        channel.close()
+        server.close()
