@@ -22,8 +22,8 @@ import itertools
 import math
 import mmap
 import os
+import select
 import socket
-import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -154,12 +154,13 @@ class RegionChannel:
         except OSError as exc:
             self._socket.close()
             raise ClientError(f"cannot connect to the shm socket {path}: {exc}") from None
-        # Blocking, with the kernel's SO_RCVTIMEO/SO_SNDTIMEO as the time limits: a
-        # Python timeout would poll(2) before every send and receive.
-        self._socket.settimeout(None)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
-        #: The SO_RCVTIMEO set now (set again only when a wait differs).
-        self._receive_timeout: float | None = None
+        # Non-blocking, and waited on with poll(2) against a deadline only when a
+        # call would block: a Python timeout polls before every send as well, and
+        # the kernel's SO_RCVTIMEO starts again in full after each signal.
+        self._socket.setblocking(False)
+        self._readable, self._writable = select.poll(), select.poll()
+        self._readable.register(self._socket, select.POLLIN)
+        self._writable.register(self._socket, select.POLLOUT)
         self.path = path
         self._timeout = timeout
         self._ids = itertools.count(1)
@@ -224,14 +225,12 @@ class RegionChannel:
         try:
             # Refused at connect (shm.max_connections): the refusal is queued for us.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                if fds:
-                    socket.send_fds(self._socket, [message], fds)
-                else:
-                    self._socket.send(message)
-            remaining = wait
+                if not self._send(message, fds, give_up_at):
+                    return None
             while True:
-                self._wait_at_most(remaining)
-                data = self._receive()
+                data = self._receive(give_up_at)
+                if data is None:
+                    return None
                 if not data:
                     raise ClientError(f"the daemon closed the shm socket {self.path}")
                 try:
@@ -244,29 +243,40 @@ class RegionChannel:
                 if reply_id is None and reply.get("ok") is False:
                     return reply  # refused before its id could be read (or at connect)
                 self.discarded_replies += 1
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0:
-                    return None
-        except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO/SO_SNDTIMEO ran out: EAGAIN
-            return None
         except OSError as exc:
             raise ClientError(f"the shm socket {self.path} failed: {exc}") from None
 
-    def _wait_at_most(self, seconds: float) -> None:
-        if seconds != self._receive_timeout:
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
-            self._receive_timeout = seconds
-
-    def _receive(self) -> bytes:
-        try:
-            return self._socket.recv(MAX_SHM_MESSAGE_BYTES)
-        except ConnectionResetError:
-            # Reported once by the kernel when the daemon closed the connection with
-            # our message unread; what it sent before closing is still there.
+    def _send(self, message: bytes, fds: list[int], give_up_at: float) -> bool:
+        """Send one message; False when it could not go before ``give_up_at`` (the
+        daemon does not read: a seqpacket message goes whole or not at all)."""
+        while True:
             try:
-                return self._socket.recv(MAX_SHM_MESSAGE_BYTES, socket.MSG_DONTWAIT)
-            except OSError:
-                return b""
+                if fds:
+                    socket.send_fds(self._socket, [message], fds)
+                else:
+                    self._socket.send(message)
+                return True
+            except BlockingIOError:
+                if not _wait(self._writable, give_up_at):
+                    return False
+
+    def _receive(self, give_up_at: float) -> bytes | None:
+        """The next message (b"": the daemon closed the connection); None when none
+        came before ``give_up_at``."""
+        while True:
+            if not _wait(self._readable, give_up_at):
+                return None
+            try:
+                return self._socket.recv(MAX_SHM_MESSAGE_BYTES)
+            except BlockingIOError:
+                continue
+            except ConnectionResetError:
+                # Reported once by the kernel when the daemon closed the connection
+                # with our message unread; what it sent before closing is still there.
+                try:
+                    return self._socket.recv(MAX_SHM_MESSAGE_BYTES)
+                except OSError:
+                    return b""
 
     def close(self) -> None:
         """Close the connection: the daemon releases every region it registered."""
@@ -370,10 +380,10 @@ class ShmRequest:
         return self._prefix + _pack(request_id)
 
 
-def _timeval(seconds: float) -> bytes:
-    """A ``struct timeval`` of ``seconds``, at least 1 us (zero would mean no limit)."""
-    microseconds = max(1, math.ceil(seconds * 1_000_000))
-    return struct.pack("@ll", microseconds // 1_000_000, microseconds % 1_000_000)
+def _wait(poller: select.poll, give_up_at: float) -> bool:
+    """Whether ``poller``'s socket became ready before ``give_up_at`` (monotonic)."""
+    remaining = give_up_at - time.monotonic()
+    return remaining > 0 and bool(poller.poll(math.ceil(remaining * 1000)))
 
 
 def _pack(value: int | str) -> bytes:

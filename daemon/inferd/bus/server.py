@@ -174,20 +174,21 @@ class BusServer(threading.Thread):
 
     def serve_one(self, ready: list[int]) -> bool:
         """Read and answer or admit the next infer request, if one is waiting on a
-        source (they take turns) that ``ready`` names or whose news a poll may not
-        show (the infer socket, unless it is quiet); False when none was: call
-        until False, with nothing ``ready``, before polling ``listen_fds``."""
-        self._shm_first = not self._shm_first
+        source that ``ready`` names or whose news a poll may not show (the infer
+        socket, unless it is quiet); two such sources take turns.  False when
+        none was: call until False, with nothing ``ready``, before polling
+        ``listen_fds``."""
         shm = self._shm is not None and self._shm.fd in ready
         with self._wire_lock:
             infer = self._infer_fd in ready or not self._infer_quiet
-        if self._shm_first:
-            return (shm and self._serve_shm("worker")) or (
-                infer and self._serve_next("infer", reader="worker")
-            )
-        return (infer and self._serve_next("infer", reader="worker")) or (
-            shm and self._serve_shm("worker")
-        )
+        if shm and infer:
+            self._shm_first = not self._shm_first
+            if self._shm_first:
+                return self._serve_shm("worker") or self._serve_next("infer", reader="worker")
+            return self._serve_next("infer", reader="worker") or self._serve_shm("worker")
+        if shm:
+            return self._serve_shm("worker")
+        return infer and self._serve_next("infer", reader="worker")
 
     def send_reply(self, parts: list[Any]) -> None:
         """Send an infer reply, within the reply budget like every reply."""

@@ -91,8 +91,11 @@ class EngineWorker(threading.Thread):
         self.last_beat_ns = time.monotonic_ns()
         self._busy: DeclaredOperation | None = None
         #: What ``_wait_for_work`` polls, made once per set of the port's
-        #: descriptors: those and the scheduler's wake.
-        self._waiting: tuple[tuple[int, ...], select.poll] | None = None
+        #: descriptors: those and the scheduler's wake; those alone.
+        self._waiting: tuple[tuple[int, ...], select.poll, select.poll] | None = None
+        #: The last wait's drain read a request without polling: a source may
+        #: have a backlog, so the next drain looks at every source first.
+        self._drained_one = False
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -105,13 +108,15 @@ class EngineWorker(threading.Thread):
                     self._activate(slot)
             self.activated.set()
             while True:
+                # Read before the look: work that comes after it changes the count.
+                wakes = scheduler.wakes
                 try:
                     job = scheduler.take(timeout=0)
                 except SchedulerClosedError:
                     return
                 self.last_beat_ns = time.monotonic_ns()
                 if job is None:
-                    self._wait_for_work()
+                    self._wait_for_work(wakes)
                     continue
                 if not isinstance(job, Job):
                     self._call(job)
@@ -133,39 +138,42 @@ class EngineWorker(threading.Thread):
             job.finish()
             self._scheduler.task_done()
 
-    def _wait_for_work(self) -> None:
+    def _wait_for_work(self, wakes: int) -> None:
         """Wait up to a beat interval for the scheduler's wake or a request on the
         port, reading that request here: it becomes the next job without a hand-off
-        between threads.  The bus reads the port again once the worker has run
-        for a while (``RequestPort.worker_listening``)."""
+        between threads (``wakes``: the scheduler's count before the worker last
+        looked for work; a request it admits changes it).  The bus reads the port
+        again once the worker has run for a while (``RequestPort.worker_listening``)."""
         port, scheduler = self._port, self._scheduler
         listen_fds = port.listen_fds
         if self._waiting is None or self._waiting[0] != listen_fds:
-            waiting = select.poll()
-            for fd in (scheduler.wake_fd, *listen_fds):
+            waiting, sources = select.poll(), select.poll()
+            waiting.register(scheduler.wake_fd, select.POLLIN)
+            for fd in listen_fds:
                 waiting.register(fd, select.POLLIN)
-            self._waiting = (listen_fds, waiting)
-        waiting = self._waiting[1]
+                sources.register(fd, select.POLLIN)
+            self._waiting = (listen_fds, waiting, sources)
+        _, waiting, sources = self._waiting
         if not listen_fds:
             self._wait_on(waiting)
             return
         self._bind_model(None)  # the handler's log lines name no model of a past run
         port.worker_listening(True)
         try:
-            # A request it admits is work to take: the scheduler's wake count says so.
-            wakes = scheduler.wakes
-            # Sources whose news a poll may not show first (ZMQ_FD is an edge
-            # that any read or send may take), then whichever the poll names.
-            ready: list[int] = []
+            # The drain: after one that read a request (a source may have a
+            # backlog), every source that is readable now, so that neither
+            # starves the other; else only those whose news a poll may not show
+            # (ZMQ_FD is an edge that any read or send may take).
+            ready = [fd for fd, _events in sources.poll(0)] if self._drained_one else []
+            self._drained_one = False
             while port.serve_one(ready):
+                self._drained_one = True
                 if scheduler.wakes != wakes:
                     return
             ready = self._wait_on(waiting)
-            if ready:
-                while port.serve_one(ready):
-                    if scheduler.wakes != wakes:
-                        return
-                    ready = []
+            while ready and port.serve_one(ready):
+                if scheduler.wakes != wakes:
+                    return
         finally:
             port.worker_listening(False)
 

@@ -31,10 +31,13 @@ from inferd.bus import server
 from inferd.bus.codec import Request
 from inferd.bus.server import BusServer
 from inferd.config import BusConfig, ShmConfig
+from inferd.serving.engine_worker import EngineWorker
+from inferd.serving.scheduler import Scheduler
 from inferd.shm.server import ShmServer
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 from tests.conftest import HANG_S, wait_until
+from tests.integration.wire import RawDealer
 from tests.unit.bus.test_shared_infer_socket import RecordingHandler
 
 
@@ -334,3 +337,60 @@ def test_a_failure_handling_one_connection_closes_that_connection_only(
     finally:
         os.close(memfd)
     assert setup.bus.is_alive()
+
+
+def test_with_a_backlog_on_the_infer_socket_the_worker_reads_shm_requests_in_turn(
+    setup: Setup,
+) -> None:
+    """The engine worker's own wait (``EngineWorker._wait_for_work``, called here
+    on this thread): each request it admits is work to take, so each wait reads
+    one. A drain that read one looks at every source next time, so a backlog on
+    the infer socket does not leave a shm request for the bus's next pass."""
+    scheduler = Scheduler()
+    worker = EngineWorker(setup.bus, scheduler, {}, activate=lambda _slot: None)
+    order: list[str] = []
+
+    def admit_as_work(request: Request) -> None:
+        order.append("shm" if request.envelope[0].startswith(b"\x00shm") else "zmq")
+        scheduler.call_on_worker(lambda: None)  # work for the worker: wakes it
+
+    setup.handler.handle_infer = admit_as_work  # type: ignore[method-assign]
+    worker_listens(setup)
+    with RawDealer(setup.bus._endpoints["infer"]) as dealer, setup.connect() as client:
+        for request_id in range(20, 26):
+            dealer.send_infer(request_id, "m", {})
+        wait_until(lambda: setup.bus._infer_waiting(), HANG_S, message="the requests arrived")
+        client.send(infer(1))
+        select.select([setup.shm.connections.fd], [], [], HANG_S)
+        for _ in range(4):
+            wakes = scheduler.wakes
+            worker._wait_for_work(wakes)
+            assert scheduler.take(0) is not None  # the admitted request's work
+        assert "shm" in order[:3], order
+    scheduler.close()
+
+
+def test_the_sources_take_turns_only_when_both_may_answer(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that may read only one source does not turn the order: otherwise
+    the worker's drain and poll, two calls a request, would always try the same
+    source first after its poll and starve the other."""
+    tried: list[str] = []
+    monkeypatch.setattr(setup.bus, "_serve_shm", lambda reader: tried.append("shm") and False)
+    monkeypatch.setattr(
+        setup.bus, "_serve_next", lambda name, reader="bus": tried.append(name) and False
+    )
+    infer_fd, shm_fd = setup.bus.listen_fds
+    with setup.bus._wire_lock:
+        setup.bus._infer_quiet = True
+    orders = []
+    for _ in range(3):
+        tried.clear()
+        assert not setup.bus.serve_one([shm_fd])  # the shm source alone may answer
+        assert tried == ["shm"]
+        tried.clear()
+        assert not setup.bus.serve_one([infer_fd, shm_fd])
+        orders.append(tuple(tried))
+    assert sorted(orders[0]) == ["infer", "shm"]
+    assert orders[0] != orders[1] and orders[0] == orders[2], orders

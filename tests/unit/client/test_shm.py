@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -175,9 +176,7 @@ class SilentShmSocket:
                 sock.close()
 
 
-def test_a_request_times_out_on_the_kernels_receive_limit_and_late_replies_are_discarded(
-    tmp_path: Path,
-) -> None:
+def test_a_request_times_out_and_late_replies_are_discarded(tmp_path: Path) -> None:
     server = SilentShmSocket(str(tmp_path / "shm.sock"))
     channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S)
     ids = iter(range(1, 100))
@@ -196,5 +195,28 @@ def test_a_request_times_out_on_the_kernels_receive_limit_and_late_replies_are_d
         assert server.received()["id"] == 3
         assert channel.discarded_replies == 2
     finally:
+        channel.close()
+        server.close()
+
+
+def test_signals_do_not_stretch_a_requests_timeout(tmp_path: Path) -> None:
+    """A wait is measured against a deadline: a signal that interrupts it every 50
+    ms (a timer in the calling program) does not start it again (as SO_RCVTIMEO
+    would, each time Python retries the call)."""
+    server = SilentShmSocket(str(tmp_path / "shm.sock"))
+    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S)
+    request = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, _frame: interrupted.append(signum))
+    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            channel.request(request, lambda: 1, timeout=0.3)
+        assert time.monotonic() - started < HANG_S / 2
+        assert len(interrupted) >= 3
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, previous)
         channel.close()
         server.close()
