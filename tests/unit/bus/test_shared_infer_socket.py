@@ -79,6 +79,15 @@ def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[BusSe
         context.term()
 
 
+def listen_poller(bus: BusServer) -> select.poll:
+    """A poll of the bus's ``listen_fds``, as the idle engine worker waits on them."""
+    assert bus.listen_fds
+    waiting = select.poll()
+    for fd in bus.listen_fds:
+        waiting.register(fd, select.POLLIN)
+    return waiting
+
+
 def _request(dealer: RawDealer, request_id: int) -> None:
     dealer.send_infer(request_id, "m", {"x": np.zeros(4, np.float32)})
 
@@ -94,10 +103,7 @@ def test_while_the_worker_listens_the_bus_thread_leaves_the_socket_to_it(
 ) -> None:
     server_, handler = bus
     _worker_has_listened(server_)
-    assert server_.listen_fds
-    waiting = select.poll()
-    for fd in server_.listen_fds:
-        waiting.register(fd, select.POLLIN)
+    waiting = listen_poller(server_)
     with RawDealer(server_._endpoints["infer"]) as dealer:
         _request(dealer, 1)
         give_up = time.monotonic() + HANG_S
@@ -189,9 +195,7 @@ def test_a_quiet_infer_socket_is_asked_again_only_once_used_or_signalled(
 
     assert asks([])[0] is False  # asked, unless an earlier look left it quiet
     assert asks([]) == (False, 0)  # quiet: not asked
-    waiting = select.poll()
-    for fd in server_.listen_fds:
-        waiting.register(fd, select.POLLIN)
+    waiting = listen_poller(server_)
     with RawDealer(server_._endpoints["infer"]) as dealer:
         _request(dealer, 4)
         give_up = time.monotonic() + HANG_S

@@ -38,7 +38,7 @@ from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 from tests.conftest import HANG_S, wait_until
 from tests.integration.wire import RawDealer
-from tests.unit.bus.test_shared_infer_socket import RecordingHandler
+from tests.unit.bus.test_shared_infer_socket import RecordingHandler, listen_poller
 
 
 class UidRecordingHandler(RecordingHandler):
@@ -117,11 +117,7 @@ def worker_listens(setup: Setup) -> None:
 def serve_as_the_worker(setup: Setup) -> None:
     """Wait on ``listen_fds`` and serve what is waiting, as the idle engine worker
     does (a shm connection's message keeps its descriptor readable until read)."""
-    assert setup.bus.listen_fds
-    waiting = select.poll()
-    for fd in setup.bus.listen_fds:
-        waiting.register(fd, select.POLLIN)
-    ready = [fd for fd, _ in waiting.poll(HANG_S * 1000)]
+    ready = [fd for fd, _ in listen_poller(setup.bus).poll(HANG_S * 1000)]
     assert ready, "listen_fds never became readable"
     while setup.bus.serve_one(ready):
         pass
