@@ -1,6 +1,6 @@
 """A one-shot ``CLOCK_MONOTONIC`` timer whose expiry makes a descriptor readable
-(``timerfd_create(2)``): how the engine worker asks the bus thread to cover the
-infer socket only once a run has lasted ``COVER_AFTER_NS`` (DESIGN.md 101).
+(``timerfd_create(2)``): how the engine worker asks the bus thread to look at the
+infer socket only once a run has lasted ``COVER_AFTER_NS`` (DESIGN.md 101, 107).
 
 Arming and disarming are one system call each and wake nobody, so a run that
 ends sooner costs the bus thread nothing.  Python's ``os`` module has
@@ -17,8 +17,11 @@ import weakref
 
 #: How long the worker may run without anyone reading the infer socket: a request
 #: that arrives during a longer run is read (admitted, or refused at once) by the
-#: bus thread from then on.
+#: bus thread at most this late.
 COVER_AFTER_NS = 1_000_000
+#: Looks at the sources, ``COVER_AFTER_NS`` apart, before the bus thread waits on
+#: them for the rest of a run (which costs the run's end a poke).
+COVER_TICKS = 5
 
 _CLOCK_MONOTONIC = 1
 _TFD_CLOEXEC = os.O_CLOEXEC

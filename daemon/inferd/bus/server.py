@@ -5,9 +5,10 @@ sends replies.  The engine worker shares the infer socket with it, one thread
 at a time (DESIGN.md 101): it sends its replies itself (``send_reply``) and,
 while it has nothing to run, waits on the socket and reads the next request
 itself (``serve_one``), so an idle daemon's round trip has the thread wake-ups
-of a bare echo.  This thread reads the socket while the worker has been
-running for ``COVER_AFTER_NS`` (a timer the worker arms, so shorter runs wake
-nobody), while it loads models, and after it has stopped.
+of a bare echo.  This thread looks at the socket every ``COVER_AFTER_NS`` of a
+run (a timer the worker arms, so shorter runs wake nobody), waits on it once a
+run has lasted ``COVER_TICKS`` of those, while the worker loads models, and
+after it has stopped.
 
 ZeroMQ sockets are not thread-safe but may move between threads across a full
 memory barrier: every use of the infer socket, its intake and the reply budget
@@ -34,7 +35,7 @@ import zmq
 
 from inferd.bus.binding import BindOutcome, bound_router
 from inferd.bus.codec import Limits
-from inferd.bus.cover_timer import COVER_AFTER_NS, OneShotTimer
+from inferd.bus.cover_timer import COVER_AFTER_NS, COVER_TICKS, OneShotTimer
 from inferd.bus.dispatch import Dispatcher
 from inferd.bus.handler import Reply, RequestHandler, error_reply
 from inferd.bus.heap import HeapTrimmer
@@ -103,9 +104,14 @@ class BusServer(threading.Thread):
         weakref.finalize(self, os.close, self._wake_fd)
         #: While True the engine worker waits on the infer socket, so this thread does not.
         self._worker_listens = False
-        #: Armed by the worker when it stops listening; expired: this thread covers.
+        #: Armed by the worker when it stops listening; each expiry while it runs is
+        #: a look at the sources (a tick), the last of ``COVER_TICKS`` a cover.
         self._cover = OneShotTimer()
-        #: Whether this thread waits on the infer socket (until the worker first listens).
+        #: ``_worker_listens``, the timer and the tick count change together.
+        self._cover_lock = threading.Lock()
+        self._cover_ticks = 0
+        #: Whether this thread waits on the sources (until the worker first listens,
+        #: and once a run has outlasted the ticks).
         self._covering = True
         #: When this thread's current poll times out (monotonic ns): a request the
         #: worker admits that is due sooner (a deadline, a superseded reply) pokes it.
@@ -162,13 +168,16 @@ class BusServer(threading.Thread):
 
     def worker_listening(self, listening: bool) -> None:
         """The worker now waits on ``listen_fds`` (True), or goes to run and does
-        not (False): this thread reads the socket once that has lasted
-        ``COVER_AFTER_NS``."""
-        self._worker_listens = listening
-        if not listening:
-            self._cover.arm(COVER_AFTER_NS)
-            return
-        self._cover.disarm()
+        not (False): this thread then looks at the sources every
+        ``COVER_AFTER_NS``, and waits on them once the run has lasted
+        ``COVER_TICKS`` of those."""
+        with self._cover_lock:
+            self._worker_listens = listening
+            if not listening:
+                self._cover_ticks = 0
+                self._cover.arm(COVER_AFTER_NS)
+                return
+            self._cover.disarm()
         if self._covering:  # stop now, not on the next request (which both would wake for)
             self._poke()
 
@@ -272,8 +281,7 @@ class BusServer(threading.Thread):
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(self._wake_fd)
             if self._cover.fd in ready:
-                self._cover.clear()
-                self._covering = not self._worker_listens
+                self._cover_tick()
             if control in ready:
                 for _ in range(_BATCH):
                     if not self._serve_next("control", control_intake):
@@ -294,6 +302,21 @@ class BusServer(threading.Thread):
             more = served >= _BATCH
             if stopping and not due and not served and control not in ready:
                 return
+
+    def _cover_tick(self) -> None:
+        """The worker has run for another ``COVER_AFTER_NS``: this pass looks at the
+        sources (the loop's reads below).  Looking again in as long, rather than
+        waiting on them, spares a run that ends meanwhile the poke that would stop
+        this thread's wait; a longer run has it wait (DESIGN.md 107)."""
+        self._cover.clear()
+        with self._cover_lock:
+            if self._worker_listens:
+                return
+            self._cover_ticks += 1
+            if self._cover_ticks < COVER_TICKS:
+                self._cover.arm(COVER_AFTER_NS)
+            else:
+                self._covering = True
 
     def _poll_timeout_ms(self) -> int:
         with self._handler_lock:

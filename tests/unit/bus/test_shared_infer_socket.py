@@ -213,3 +213,43 @@ def test_a_quiet_infer_socket_is_asked_again_only_once_used_or_signalled(
         server_.send_reply([*handler.envelopes[0], b"reply"])
         assert asks([]) == (False, 1)  # so did the send
         assert dealer.recv_raw(HANG_S) == [b"reply"]
+
+
+def test_during_a_run_the_bus_looks_each_cover_delay_and_waits_only_after_its_ticks(
+    bus: tuple[BusServer, RecordingHandler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of a few cover delays has the bus thread look at the sources at each
+    expiry without waiting on them, so its end pokes nobody (DESIGN.md 107); a
+    longer one has the bus wait, and the worker's return stops that wait."""
+    server_, handler = bus
+    monkeypatch.setattr(server, "COVER_AFTER_NS", 30_000_000)
+    monkeypatch.setattr(server, "COVER_TICKS", 4)
+    _worker_has_listened(server_)
+    pokes: list[str] = []
+    real_poke = server_._poke
+
+    def counting_poke() -> None:
+        pokes.append(threading.current_thread().name)
+        real_poke()
+
+    monkeypatch.setattr(server_, "_poke", counting_poke)
+
+    server_.worker_listening(False)  # a run that lasts one look
+    wait_until(lambda: server_._cover_ticks >= 1, HANG_S, message="the bus looks once")
+    assert not server_._covering
+    server_.worker_listening(True)
+    assert pokes == []  # nothing to stop: the bus does not wait on the socket
+
+    server_.worker_listening(False)  # a run during which a request arrives
+    wait_until(lambda: server_._cover_ticks >= 1, HANG_S, message="the bus looks")
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        _request(dealer, 5)
+        assert handler.admitted.wait(HANG_S), "no look read the request"
+        assert handler.read_by == ["inferd-bus"]
+        assert server_._cover_ticks < 4 and not server_._covering
+        # and one that outlasts the looks: the bus waits on the sources
+        wait_until(lambda: server_._covering, HANG_S, message="the bus covers")
+        assert server_._cover_ticks == 4
+    server_.worker_listening(True)
+    assert pokes == [threading.current_thread().name]  # stops the bus's wait
+    wait_until(lambda: not server_._covering, HANG_S, message="the bus stops covering")
