@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,59 @@ def time_block(call: Callable[[], object], count: int, out: list[int]) -> None:
         out.append(clock() - start)
 
 
+@dataclass
+class Scratch:
+    """A bench run's working directory and what it started there: processes to
+    stop and clients to close (``close_clients``, before their daemon stops)."""
+
+    workdir: Path
+    processes: list[subprocess.Popen[str]] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close_clients(self) -> None:
+        for close in reversed(self.closers):
+            close()
+        self.closers.clear()
+
+
+@contextmanager
+def bench_scratch(prefix: str) -> Iterator[Scratch]:
+    """A fresh ``Scratch`` (``prefix``: short, ipc paths are at most 107 bytes),
+    its clients closed, processes stopped and directory removed at the end."""
+    scratch = Scratch(Path(tempfile.mkdtemp(prefix=prefix)))
+    try:
+        yield scratch
+    finally:
+        scratch.close_clients()
+        for process in scratch.processes:
+            stop_process(process)
+        shutil.rmtree(scratch.workdir, ignore_errors=True)
+
+
+def time_interleaved(
+    calls: dict[tuple[str, str], Callable[[], object]],
+    counts: dict[tuple[str, str], int],
+    iterations: int,
+    block: int,
+    warmup: int,
+) -> dict[tuple[str, str], list[int]]:
+    """``counts[key]`` timed calls of each ``calls[key]`` (ns), after ``warmup``
+    untimed ones, in blocks of ``block`` taking turns, so that load from other
+    processes hits every path alike."""
+    for call in calls.values():
+        time_block(call, warmup, [])
+    samples: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
+    keys = list(calls)
+    for round_index in range(-(-iterations // block)):
+        # Rotate the order every round so no path always follows another.
+        shift = round_index % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            count = min(block, counts[key] - len(samples[key]))
+            if count > 0:
+                time_block(calls[key], count, samples[key])
+    return samples
+
+
 @contextmanager
 def bench_daemon(workdir: Path, threads: int, env: dict[str, str] | None = None) -> Iterator[Any]:
     """An ``inferd run`` subprocess serving the identity and demo models."""
@@ -260,13 +313,11 @@ def session_for(workdir: Path, model: str, threads: int) -> Any:
 
 
 def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="ifd-b-"))  # short: ipc paths max 107 bytes
-    processes: list[subprocess.Popen[str]] = []
-    closers: list[Callable[[], None]] = []
-    try:
+    with bench_scratch("ifd-b-") as scratch:
+        workdir = scratch.workdir
         with bench_daemon(workdir, threads) as daemon:
             client = InferenceClient(daemon.infer, timeout=60.0)
-            closers.append(client.close)
+            scratch.closers.append(client.close)
             rng = np.random.default_rng(20261130)
             calls: dict[tuple[str, str], Callable[[], object]] = {}
             counts: dict[tuple[str, str], int] = {}
@@ -294,13 +345,13 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 server, endpoint = start_echo_server(
                     workdir, case.name, reply_header, output.nbytes
                 )
-                processes.append(server)
+                scratch.processes.append(server)
                 echo = EchoClient(endpoint, [request_header, frames[0]])
-                closers.append(echo.close)
+                scratch.closers.append(echo.close)
                 server16, endpoint16 = start_echo_server(workdir, f"{case.name}-16", b"", 0)
-                processes.append(server16)
+                scratch.processes.append(server16)
                 echo16 = EchoClient(endpoint16, [b"0123456789abcdef"])
-                closers.append(echo16.close)
+                scratch.closers.append(echo16.close)
 
                 region = client.shared_region(x.nbytes + output.nbytes + 4096, label=case.name)
                 shared_in = region.array(x.shape, np.float32)
@@ -340,27 +391,8 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                     calls[(case.name, path)] = call
                     counts[(case.name, path)] = max(10, int(iterations * case.share))
 
-            for call in calls.values():
-                time_block(call, warmup, [])
-
-            samples: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
-            keys = list(calls)
-            for round_index in range(-(-iterations // block)):
-                # Rotate the order every round so no path always follows another.
-                shift = round_index % len(keys)
-                for key in keys[shift:] + keys[:shift]:
-                    count = min(block, counts[key] - len(samples[key]))
-                    if count > 0:
-                        time_block(calls[key], count, samples[key])
-            for close in reversed(closers):
-                close()
-            closers.clear()
-    finally:
-        for close in reversed(closers):
-            close()
-        for process in processes:
-            stop_process(process)
-        shutil.rmtree(workdir, ignore_errors=True)
+            samples = time_interleaved(calls, counts, iterations, block, warmup)
+            scratch.close_clients()
 
     rows = [summarize(case, path, samples[(case, path)]) for case, path in samples]
     return {
@@ -431,8 +463,8 @@ def print_table(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of an interleaved run (``rtt.py``, ``floor.py``)."""
     parser.add_argument(
         "--iterations", type=int, default=300, help="timed round trips per path (default 300)"
     )
@@ -452,6 +484,29 @@ def main(argv: list[str] | None = None) -> int:
         help="ORT intra_op threads, daemon and in-process alike (default 1)",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def run_and_report(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    run: Callable[[int, int, int, int], dict[str, Any]],
+    print_table: Callable[[dict[str, Any]], None],
+) -> int:
+    """Check ``add_run_options``'s values, run, and print the table or the rows."""
+    if args.iterations < 1 or args.block < 1 or args.warmup < 0 or args.threads < 1:
+        parser.error("--iterations, --block and --threads must be >= 1, --warmup >= 0")
+    result = run(args.iterations, args.block, args.warmup, args.threads)
+    if args.json:
+        json.dump(result["rows"], sys.stdout, indent=2)
+        print()
+    else:
+        print_table(result)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_options(parser)
     parser.add_argument(
         "--echo-server",
         nargs=3,
@@ -463,15 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint, header_hex, size = args.echo_server
         echo_server(endpoint, bytes.fromhex(header_hex), int(size))
         return 0
-    if args.iterations < 1 or args.block < 1 or args.warmup < 0 or args.threads < 1:
-        parser.error("--iterations, --block and --threads must be >= 1, --warmup >= 0")
-    result = run(args.iterations, args.block, args.warmup, args.threads)
-    if args.json:
-        json.dump(result["rows"], sys.stdout, indent=2)
-        print()
-    else:
-        print_table(result)
-    return 0
+    return run_and_report(parser, args, run, print_table)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Round trip of one inference from the C++ client vs the Python client, same daemon, one run.
 
-For each model (the demo feature extractor and the identity model) two paths
+For each model (the demo feature extractor and the identity model at 0.6 MB) two paths
 are timed against one ``inferd run`` subprocess over ``ipc://``, interleaved in
 blocks so that machine noise hits them alike:
 
@@ -38,12 +38,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # for tests.conftest (daemon start-up helpers)
 
 import numpy as np  # noqa: E402
-from bench.rtt import MODELS, stop_process, summarize  # noqa: E402
+from bench.rtt import CASES, MODEL_FILES, stop_process, summarize  # noqa: E402
 
 from inferd_client import InferenceClient  # noqa: E402
 
 TARGET_RATIO = 1.0
 PATHS = ("python", "cpp")
+#: rtt.py's cases this bench times: one of each model, tensors in frames.
+MODELS = tuple(case for case in CASES if case.name in ("demo", "identity-0.6MB"))
 
 
 class CppClient:
@@ -94,20 +96,22 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
     samples: dict[tuple[str, str], list[int]] = {}
     try:
         models_dir = workdir / "models"
-        for case in MODELS:
-            case.write(models_dir / f"{case.name}.onnx")
+        for model, write in MODEL_FILES.items():
+            write(models_dir / f"{model}.onnx")
         text = render_config(
             workdir,
-            [{"name": c.name, "path": str(models_dir / f"{c.name}.onnx")} for c in MODELS],
+            [{"name": model, "path": str(models_dir / f"{model}.onnx")} for model in MODEL_FILES],
             daemon={"log_level": "info", "health_interval_s": 1.0},
         )
         daemon = start_daemon(text, workdir)
         with InferenceClient(daemon.infer, timeout=30.0) as client:
             for case in MODELS:
                 feeds = {case.input_name: np.ones(case.input_shape, np.float32)}
-                cpp = CppClient(program, daemon.infer, case.name, case.input_name, case.input_shape)
+                cpp = CppClient(
+                    program, daemon.infer, case.model, case.input_name, case.input_shape
+                )
                 cpp_clients.append(cpp)
-                python_block(client, case.name, feeds, warmup, [])
+                python_block(client, case.model, feeds, warmup, [])
                 cpp.block(warmup, [])
                 python_samples = samples.setdefault((case.name, "python"), [])
                 cpp_samples = samples.setdefault((case.name, "cpp"), [])
@@ -116,11 +120,11 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
                     count = min(block, iterations - round_index * block)
                     # Alternate which path goes first, so neither always follows the other.
                     if round_index % 2 == 0:
-                        python_block(client, case.name, feeds, count, python_samples)
+                        python_block(client, case.model, feeds, count, python_samples)
                         cpp.block(count, cpp_samples)
                     else:
                         cpp.block(count, cpp_samples)
-                        python_block(client, case.name, feeds, count, python_samples)
+                        python_block(client, case.model, feeds, count, python_samples)
     except BaseException:
         if daemon is not None:  # what the daemon saw, before its directory goes
             print(daemon.log()[-6000:], file=sys.stderr)
@@ -138,7 +142,7 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
     rows: list[dict[str, Any]] = []
     verdicts: dict[str, dict[str, Any]] = {}
     for case in MODELS:
-        stats = {path: summarize(samples[(case.name, path)]) for path in PATHS}
+        stats = {path: summarize(case.name, path, samples[(case.name, path)]) for path in PATHS}
         ratio = stats["cpp"]["median_us"] / stats["python"]["median_us"]
         verdicts[case.name] = {
             "cpp_over_python": ratio,
@@ -147,7 +151,8 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
             "pass": ratio <= TARGET_RATIO,
         }
         for path in PATHS:
-            rows.append({"model": case.name, "path": path, **stats[path]})
+            row = {key: value for key, value in stats[path].items() if key != "case"}
+            rows.append({"model": case.name, **row})
     return {
         "load_average_1m": os.getloadavg()[0],
         "iterations": iterations,
@@ -160,14 +165,14 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
 
 def print_table(result: dict[str, Any]) -> None:
     header = (
-        f"{'model':<9} {'client':<7} {'n':>5} {'median_us':>10} {'p99_us':>10} "
+        f"{'model':<15} {'client':<7} {'n':>5} {'median_us':>10} {'p99_us':>10} "
         f"{'saved_us':>9} {'cpp/python':>10}  target"
     )
     print(header)
     print("-" * len(header))
     for row in result["rows"]:
         line = (
-            f"{row['model']:<9} {row['path']:<7} {row['n']:>5} "
+            f"{row['model']:<15} {row['path']:<7} {row['n']:>5} "
             f"{row['median_us']:>10.1f} {row['p99_us']:>10.1f}"
         )
         if row["path"] == "cpp":

@@ -1,0 +1,248 @@
+"""The least any Python daemon could add to a round trip, beside what inferd adds.
+
+``rtt.py``'s targets compare the daemon with ONNX Runtime in process.  This
+bench measures the floor under that comparison on the machine it runs on: a
+*bare server* in its own process that does only what cannot be left out.  It
+reads one message from a ``SOCK_SEQPACKET`` socket, runs the same model with an
+``IOBinding`` on the same memfd region (the client's ``SharedRegion``), and
+sends a reply header of the daemon's size.  It has no decoding, checks,
+scheduler, accounting or logging; its client sends prepared bytes and reads
+the reply without looking at it.
+
+Three paths per case, timed in one run, interleaved in blocks like ``rtt.py``:
+
+``inprocess``  ``InferenceSession.run`` in this process (``rtt.py``'s baseline).
+``floor``      the bare server above, with a bare client.
+``shm``        ``InferenceClient.infer`` against an ``inferd run`` subprocess,
+               input and output in a registered region (``rtt.py``'s ``shm``).
+
+``floor`` minus ``inprocess`` is what the transport, two process wake-ups and
+a minimal Python loop on each side cost here.  ``shm`` minus ``floor`` is what
+inferd itself adds: its checks, admission, scheduling, accounting and client
+library.  A target of ``rtt.py`` that the floor already misses cannot be met by
+a Python daemon on this machine.
+
+``--json`` prints rows ``{"case", "path", "median_us", "p99_us", "n"}`` with
+``path`` one of ``inprocess``, ``floor``, ``shm``.
+
+Run from the repository root: ``.venv/bin/python bench/floor.py [--iterations N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import mmap
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import numpy as np  # noqa: E402
+
+from inferd_client import InferenceClient  # noqa: E402
+from inferd_wire import protocol  # noqa: E402
+from rtt import (  # noqa: E402
+    CASES,
+    add_run_options,
+    bench_daemon,
+    bench_scratch,
+    run_and_report,
+    session_for,
+    summarize,
+    time_interleaved,
+)
+
+PATHS = ("inprocess", "floor", "shm")
+#: The bare server's request buffer: a request header is far smaller.
+_RECEIVE_BYTES = 4096
+
+
+# -- the bare server (runs in its own process) -----------------------------------
+def bare_server(spec: dict[str, Any]) -> None:
+    """Answer every message on ``spec["sock"]`` with one run of the model bound to
+    the region ``spec["region"]`` and a reply of ``spec["reply_bytes"]``."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = spec["threads"]
+    session = ort.InferenceSession(
+        spec["model"], sess_options=options, providers=["CPUExecutionProvider"]
+    )
+    mapping = mmap.mmap(spec["region"], spec["nbytes"], mmap.MAP_SHARED)
+    base = np.frombuffer(mapping, np.uint8)
+    binding = session.io_binding()
+    for bind, (name, offset, shape) in (
+        (binding.bind_input, spec["input"]),
+        (binding.bind_output, spec["output"]),
+    ):
+        bind(name, "cpu", 0, np.float32, shape, base[offset:].ctypes.data)
+    reply = b"r" * spec["reply_bytes"]
+    sock = socket.socket(fileno=spec["sock"])
+    gc.disable()  # as in rtt.py's echo server: a pause here is no one's cost
+    print("ready", flush=True)
+    while True:
+        if not sock.recv(_RECEIVE_BYTES):
+            return
+        session.run_with_iobinding(binding)
+        sock.send(reply)
+
+
+def start_bare_server(spec: dict[str, Any], pass_fds: tuple[int, ...]) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--bare-server", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        pass_fds=pass_fds,
+    )
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        raise RuntimeError("the bare server did not start")
+    return process
+
+
+class BareClient:
+    """Sends one prepared message and waits for the reply (blocking)."""
+
+    def __init__(self, sock: socket.socket, message: bytes) -> None:
+        self._socket = sock
+        self._message = message
+
+    def round_trip(self) -> None:
+        self._socket.send(self._message)
+        self._socket.recv(_RECEIVE_BYTES)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+# -- measurement -----------------------------------------------------------------
+def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any]:
+    with bench_scratch("ifd-f-") as scratch:
+        workdir = scratch.workdir
+        with bench_daemon(workdir, threads) as daemon:
+            client = InferenceClient(daemon.infer, timeout=60.0)
+            scratch.closers.append(client.close)
+            rng = np.random.default_rng(20261203)
+            calls: dict[tuple[str, str], Callable[[], object]] = {}
+            counts: dict[tuple[str, str], int] = {}
+            for case in CASES:
+                model_path = workdir / "models" / f"{case.model}.onnx"
+                session = session_for(workdir, case.model, threads)
+                (output_meta,) = session.get_outputs()
+                x = rng.random(case.input_shape, dtype=np.float32)
+                feeds = {case.input_name: x}
+                (output,) = client.infer(case.model, feeds).values()
+
+                region = client.shared_region(x.nbytes + output.nbytes + 4096, label=case.name)
+                shared_in = region.array(x.shape, np.float32)
+                shared_in[...] = x
+                shared_out = region.array(output.shape, np.float32)
+                inputs, outputs = {case.input_name: shared_in}, {output_meta.name: shared_out}
+                client.infer(case.model, inputs, outputs=outputs)  # learns the shm path
+                reply_bytes = len(protocol.pack(client.last_reply))
+
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                spec = {
+                    "model": str(model_path),
+                    "threads": threads,
+                    "sock": theirs.fileno(),
+                    "region": region.fd,
+                    "nbytes": region.nbytes,
+                    "input": [case.input_name, region.locate(shared_in)[0], list(x.shape)],  # type: ignore[index]
+                    "output": [
+                        output_meta.name,
+                        region.locate(shared_out)[0],  # type: ignore[index]
+                        list(output.shape),
+                    ],
+                    "reply_bytes": reply_bytes,
+                }
+                scratch.processes.append(start_bare_server(spec, (theirs.fileno(), region.fd)))
+                theirs.close()
+                # The daemon's request for these arrays, as its client encodes it.
+                request = protocol.pack(
+                    {
+                        "v": protocol.PROTOCOL_VERSION,
+                        "op": "infer",
+                        "model": case.model,
+                        "inputs": [{"name": case.input_name, "region": "r" * 22}],
+                        "outputs": [{"name": output_meta.name, "region": "r" * 22}],
+                        "id": 2**63 + 1,
+                    }
+                )
+                bare = BareClient(ours, request)
+                scratch.closers.append(bare.close)
+
+                def via_shm(
+                    model: str = case.model,
+                    inputs: dict[str, Any] = inputs,
+                    outputs: dict[str, Any] = outputs,
+                ) -> object:
+                    return client.infer(model, inputs, outputs=outputs)
+
+                def in_process(
+                    session: Any = session,
+                    names: list[str] = [output_meta.name],  # noqa: B006
+                    feeds: dict[str, np.ndarray] = feeds,
+                ) -> object:
+                    return session.run(names, feeds)
+
+                for path, call in (
+                    ("inprocess", in_process),
+                    ("floor", bare.round_trip),
+                    ("shm", via_shm),
+                ):
+                    calls[(case.name, path)] = call
+                    counts[(case.name, path)] = max(10, int(iterations * case.share))
+
+            samples = time_interleaved(calls, counts, iterations, block, warmup)
+            scratch.close_clients()
+    rows = [summarize(case, path, samples[(case, path)]) for case, path in samples]
+    return {"rows": rows, "load_average": os.getloadavg(), "iterations": iterations}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    medians = {(row["case"], row["path"]): row["median_us"] for row in result["rows"]}
+    header = (
+        f"{'case':<15} {'inprocess':>10} {'floor':>9} {'shm':>9} {'floor_x':>8} {'shm_x':>7} "
+        f"{'floor_added':>12} {'shm_added':>10} {'shm-floor':>10}"
+    )
+    print("medians (us); _x = path / inprocess; _added = path - inprocess")
+    print(header)
+    print("-" * len(header))
+    for case in dict.fromkeys(row["case"] for row in result["rows"]):
+        inprocess, floor, shm = (medians[(case, path)] for path in PATHS)
+        print(
+            f"{case:<15} {inprocess:>10.1f} {floor:>9.1f} {shm:>9.1f} {floor / inprocess:>8.2f} "
+            f"{shm / inprocess:>7.2f} {floor - inprocess:>12.1f} {shm - inprocess:>10.1f} "
+            f"{shm - floor:>10.1f}"
+        )
+    load = ", ".join(f"{value:.2f}" for value in result["load_average"])
+    print(
+        f"\n{result['iterations']} iterations per path (identity-6MB x0.5, -25MB x0.25), "
+        f"interleaved in blocks; load average at the end {load} on {os.cpu_count()} CPUs."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_options(parser)
+    parser.add_argument("--bare-server", metavar="SPEC_JSON", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.bare_server:
+        bare_server(json.loads(args.bare_server))
+        return 0
+    return run_and_report(parser, args, run, print_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
