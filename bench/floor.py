@@ -9,21 +9,27 @@ sends a reply header of the daemon's size.  It has no decoding, checks,
 scheduler, accounting or logging; its client sends prepared bytes and reads
 the reply without looking at it.
 
-Three paths per case, timed in one run, interleaved in blocks like ``rtt.py``:
+Where the two processes run decides what a round trip costs: a wake-up on the
+waker's own CPU is a context switch, one on another CPU an inter-processor
+interrupt, which a VM pays dearly.  So the timing thread is pinned to one CPU
+and the bare server runs twice, on that CPU and on another one.  Four paths
+per case, timed in one run, interleaved in blocks like ``rtt.py``:
 
 ``inprocess``  ``InferenceSession.run`` in this process (``rtt.py``'s baseline).
-``floor``      the bare server above, with a bare client.
+``floor1cpu``  the bare server on the timing thread's CPU.
+``floor2cpu``  the bare server on another CPU.
 ``shm``        ``InferenceClient.infer`` against an ``inferd run`` subprocess,
-               input and output in a registered region (``rtt.py``'s ``shm``).
+               input and output in a registered region (``rtt.py``'s ``shm``);
+               the daemon's threads go where the kernel puts them.
 
-``floor`` minus ``inprocess`` is what the transport, two process wake-ups and
-a minimal Python loop on each side cost here.  ``shm`` minus ``floor`` is what
-inferd itself adds: its checks, admission, scheduling, accounting and client
-library.  A target of ``rtt.py`` that the floor already misses cannot be met by
-a Python daemon on this machine.
+A floor path minus ``inprocess`` is what the transport, two process wake-ups
+and a minimal Python loop on each side cost here.  ``shm`` minus a floor is
+what inferd itself adds: its checks, admission, scheduling, accounting and
+client library.  A target of ``rtt.py`` that even ``floor1cpu`` misses cannot
+be met by a Python daemon on this machine.
 
 ``--json`` prints rows ``{"case", "path", "median_us", "p99_us", "n"}`` with
-``path`` one of ``inprocess``, ``floor``, ``shm``.
+``path`` one of ``PATHS``.  Needs two CPUs.
 
 Run from the repository root: ``.venv/bin/python bench/floor.py [--iterations N] [--json]``.
 """
@@ -48,7 +54,7 @@ if str(BENCH) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from inferd_client import InferenceClient  # noqa: E402
+from inferd_client import InferenceClient, SharedRegion  # noqa: E402
 from inferd_wire import protocol  # noqa: E402
 from rtt import (  # noqa: E402
     CASES,
@@ -61,7 +67,7 @@ from rtt import (  # noqa: E402
     time_interleaved,
 )
 
-PATHS = ("inprocess", "floor", "shm")
+PATHS = ("inprocess", "floor1cpu", "floor2cpu", "shm")
 #: The bare server's request buffer: a request header is far smaller.
 _RECEIVE_BYTES = 4096
 
@@ -72,6 +78,7 @@ def bare_server(spec: dict[str, Any]) -> None:
     the region ``spec["region"]`` and a reply of ``spec["reply_bytes"]``."""
     import onnxruntime as ort
 
+    os.sched_setaffinity(0, {spec["cpu"]})
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = spec["threads"]
@@ -126,7 +133,17 @@ class BareClient:
 
 
 # -- measurement -----------------------------------------------------------------
+def offset_of(region: SharedRegion, array: np.ndarray) -> int:
+    located = region.locate(array)
+    assert located is not None  # made by region.array
+    return located[0]
+
+
 def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any]:
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        raise SystemExit("floor.py needs two CPUs: it times a wake-up on another CPU too")
+    here, elsewhere = sorted(cpus)[:2]
     with bench_scratch("ifd-f-") as scratch:
         workdir = scratch.workdir
         with bench_daemon(workdir, threads) as daemon:
@@ -151,23 +168,6 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 client.infer(case.model, inputs, outputs=outputs)  # learns the shm path
                 reply_bytes = len(protocol.pack(client.last_reply))
 
-                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                spec = {
-                    "model": str(model_path),
-                    "threads": threads,
-                    "sock": theirs.fileno(),
-                    "region": region.fd,
-                    "nbytes": region.nbytes,
-                    "input": [case.input_name, region.locate(shared_in)[0], list(x.shape)],  # type: ignore[index]
-                    "output": [
-                        output_meta.name,
-                        region.locate(shared_out)[0],  # type: ignore[index]
-                        list(output.shape),
-                    ],
-                    "reply_bytes": reply_bytes,
-                }
-                scratch.processes.append(start_bare_server(spec, (theirs.fileno(), region.fd)))
-                theirs.close()
                 # The daemon's request for these arrays, as its client encodes it.
                 request = protocol.pack(
                     {
@@ -179,8 +179,29 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                         "id": 2**63 + 1,
                     }
                 )
-                bare = BareClient(ours, request)
-                scratch.closers.append(bare.close)
+                floors: dict[str, BareClient] = {}
+                for path, cpu in (("floor1cpu", here), ("floor2cpu", elsewhere)):
+                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                    spec = {
+                        "model": str(model_path),
+                        "threads": threads,
+                        "cpu": cpu,
+                        "sock": theirs.fileno(),
+                        "region": region.fd,
+                        "nbytes": region.nbytes,
+                        "input": [case.input_name, offset_of(region, shared_in), list(x.shape)],
+                        "output": [
+                            output_meta.name,
+                            offset_of(region, shared_out),
+                            list(output.shape),
+                        ],
+                        "reply_bytes": reply_bytes,
+                    }
+                    process = start_bare_server(spec, (theirs.fileno(), region.fd))
+                    scratch.processes.append(process)
+                    theirs.close()
+                    floors[path] = BareClient(ours, request)
+                    scratch.closers.append(floors[path].close)
 
                 def via_shm(
                     model: str = case.model,
@@ -198,13 +219,20 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
 
                 for path, call in (
                     ("inprocess", in_process),
-                    ("floor", bare.round_trip),
+                    ("floor1cpu", floors["floor1cpu"].round_trip),
+                    ("floor2cpu", floors["floor2cpu"].round_trip),
                     ("shm", via_shm),
                 ):
                     calls[(case.name, path)] = call
                     counts[(case.name, path)] = max(10, int(iterations * case.share))
 
-            samples = time_interleaved(calls, counts, iterations, block, warmup)
+            # Only this thread: the daemon, the bare servers and ZeroMQ's threads
+            # were started before and keep every CPU.
+            os.sched_setaffinity(0, {here})
+            try:
+                samples = time_interleaved(calls, counts, iterations, block, warmup)
+            finally:
+                os.sched_setaffinity(0, cpus)
             scratch.close_clients()
     rows = [summarize(case, path, samples[(case, path)]) for case, path in samples]
     return {"rows": rows, "load_average": os.getloadavg(), "iterations": iterations}
@@ -213,23 +241,25 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
 def print_table(result: dict[str, Any]) -> None:
     medians = {(row["case"], row["path"]): row["median_us"] for row in result["rows"]}
     header = (
-        f"{'case':<15} {'inprocess':>10} {'floor':>9} {'shm':>9} {'floor_x':>8} {'shm_x':>7} "
-        f"{'floor_added':>12} {'shm_added':>10} {'shm-floor':>10}"
+        f"{'case':<15} {'inprocess':>10} {'floor1cpu':>10} {'floor2cpu':>10} {'shm':>9} "
+        f"{'floor1_x':>9} {'floor2_x':>9} {'shm_x':>6} {'floor1_add':>11} {'floor2_add':>11} "
+        f"{'shm_add':>8}"
     )
-    print("medians (us); _x = path / inprocess; _added = path - inprocess")
+    print("medians (us); _x = path / inprocess; _add = path - inprocess")
     print(header)
     print("-" * len(header))
     for case in dict.fromkeys(row["case"] for row in result["rows"]):
-        inprocess, floor, shm = (medians[(case, path)] for path in PATHS)
+        inprocess, one, two, shm = (medians[(case, path)] for path in PATHS)
         print(
-            f"{case:<15} {inprocess:>10.1f} {floor:>9.1f} {shm:>9.1f} {floor / inprocess:>8.2f} "
-            f"{shm / inprocess:>7.2f} {floor - inprocess:>12.1f} {shm - inprocess:>10.1f} "
-            f"{shm - floor:>10.1f}"
+            f"{case:<15} {inprocess:>10.1f} {one:>10.1f} {two:>10.1f} {shm:>9.1f} "
+            f"{one / inprocess:>9.2f} {two / inprocess:>9.2f} {shm / inprocess:>6.2f} "
+            f"{one - inprocess:>11.1f} {two - inprocess:>11.1f} {shm - inprocess:>8.1f}"
         )
     load = ", ".join(f"{value:.2f}" for value in result["load_average"])
     print(
         f"\n{result['iterations']} iterations per path (identity-6MB x0.5, -25MB x0.25), "
-        f"interleaved in blocks; load average at the end {load} on {os.cpu_count()} CPUs."
+        f"interleaved in blocks, timed on one CPU; load average at the end {load} on "
+        f"{os.cpu_count()} CPUs."
     )
 
 
