@@ -1,19 +1,22 @@
 """Round trip of one inference from the C++ client vs the Python client, same daemon, one run.
 
-For each model (the demo feature extractor and the identity model at 0.6 MB) two paths
-are timed against one ``inferd run`` subprocess over ``ipc://``, interleaved in
-blocks so that machine noise hits them alike:
+For each model (the demo feature extractor and the identity model at 0.6 MB)
+four paths are timed against one ``inferd run`` subprocess over ``ipc://``,
+interleaved in blocks so that machine noise hits them alike:
 
 ``python``
-    ``InferenceClient.infer`` (inferd_client) in this process.
+    ``InferenceClient.infer`` (inferd_client) in this process, tensors in frames.
 ``cpp``
     ``inferd::InferenceClient::infer`` (clients/cpp) in the ``inferd_rtt_bench``
     program, timed there with a monotonic clock around the call, as here.
+``python-shm``, ``cpp-shm``
+    the same clients with the input and the output in a registered region:
+    their requests go on ``shm.sock`` (DESIGN.md 104, 108).
 
-Both send the same input (ones) and read the reply's outputs (the Python
-client as read-only numpy views of the frames, the C++ client as views of
-them). The target (issue 13): the C++ median is no slower than the Python
-median (``cpp/python <= 1.00``) for every model.
+Both send the same input (ones); on frames they read the reply's outputs as
+views of the frames, on shm the daemon writes the output in place. The target
+(issue 13): the C++ median is no slower than the Python median
+(``cpp/python <= 1.00``) for every model and both transports.
 
 Run from the repository root: ``make bench-cpp`` (builds the C++ program in
 build/cpp-release first), or ``.venv/bin/python bench/rtt_cpp.py --program
@@ -30,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +48,9 @@ from bench.rtt import CASES, MODEL_FILES, stop_process, summarize  # noqa: E402
 from inferd_client import InferenceClient  # noqa: E402
 
 TARGET_RATIO = 1.0
-PATHS = ("python", "cpp")
+PATHS = ("python", "cpp", "python-shm", "cpp-shm")
+#: Each C++ path against the Python path of the same transport.
+PAIRS = (("cpp", "python"), ("cpp-shm", "python-shm"))
 #: rtt.py's cases this bench times: one of each model, tensors in frames.
 MODELS = tuple(case for case in CASES if case.name in ("demo", "identity-0.6MB"))
 
@@ -51,9 +58,19 @@ MODELS = tuple(case for case in CASES if case.name in ("demo", "identity-0.6MB")
 class CppClient:
     """The C++ bench program: ``block N`` on its stdin, N round trips (ns) back."""
 
-    def __init__(self, program: str, endpoint: str, model: str, name: str, shape: tuple[int, ...]):
+    def __init__(
+        self,
+        program: str,
+        endpoint: str,
+        model: str,
+        name: str,
+        shape: tuple[int, ...],
+        placed: tuple[str, tuple[int, ...]] | None = None,
+    ):
+        """``placed``: the output's name and shape, both tensors then in a region."""
+        region_args = [] if placed is None else ["--", placed[0], *map(str, placed[1])]
         self.process = subprocess.Popen(
-            [program, endpoint, model, name, *map(str, shape)],
+            [program, endpoint, model, name, *map(str, shape), *region_args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -78,12 +95,17 @@ class CppClient:
 
 
 def python_block(
-    client: InferenceClient, model: str, feeds: dict[str, np.ndarray], count: int, out: list[int]
+    client: InferenceClient,
+    model: str,
+    feeds: dict[str, np.ndarray],
+    outputs: dict[str, np.ndarray] | None,
+    count: int,
+    out: list[int],
 ) -> None:
     clock = time.perf_counter_ns
     for _ in range(count):
         start = clock()
-        client.infer(model, feeds)
+        client.infer(model, feeds, outputs=outputs)
         out.append(clock() - start)
 
 
@@ -107,24 +129,40 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
         with InferenceClient(daemon.infer, timeout=30.0) as client:
             for case in MODELS:
                 feeds = {case.input_name: np.ones(case.input_shape, np.float32)}
-                cpp = CppClient(
-                    program, daemon.infer, case.model, case.input_name, case.input_shape
+                ((output_name, output),) = client.infer(case.model, feeds).items()
+                region = client.shared_region(feeds[case.input_name].nbytes + output.nbytes + 4096)
+                shared_in = region.array(case.input_shape, np.float32)
+                shared_in[...] = 1.0
+                placed = {output_name: region.array(output.shape, np.float32)}
+                shared = {case.input_name: shared_in}
+                cpp, cpp_shm = (
+                    CppClient(
+                        program,
+                        daemon.infer,
+                        case.model,
+                        case.input_name,
+                        case.input_shape,
+                        placed=where,
+                    )
+                    for where in (None, (output_name, output.shape))
                 )
-                cpp_clients.append(cpp)
-                python_block(client, case.model, feeds, warmup, [])
-                cpp.block(warmup, [])
-                python_samples = samples.setdefault((case.name, "python"), [])
-                cpp_samples = samples.setdefault((case.name, "cpp"), [])
-                rounds = -(-iterations // block)
-                for round_index in range(rounds):
+                cpp_clients += [cpp, cpp_shm]
+                blocks: dict[str, Callable[[int, list[int]], None]] = {
+                    "python": partial(python_block, client, case.model, feeds, None),
+                    "cpp": cpp.block,
+                    "python-shm": partial(python_block, client, case.model, shared, placed),
+                    "cpp-shm": cpp_shm.block,
+                }
+                for run_block in blocks.values():
+                    run_block(warmup, [])
+                if client.last_transport != "shm":
+                    raise RuntimeError("the Python client's region requests did not go on shm.sock")
+                paths = list(blocks)
+                for round_index in range(-(-iterations // block)):
                     count = min(block, iterations - round_index * block)
-                    # Alternate which path goes first, so neither always follows the other.
-                    if round_index % 2 == 0:
-                        python_block(client, case.model, feeds, count, python_samples)
-                        cpp.block(count, cpp_samples)
-                    else:
-                        cpp.block(count, cpp_samples)
-                        python_block(client, case.model, feeds, count, python_samples)
+                    shift = round_index % len(paths)  # no path always follows another
+                    for path in paths[shift:] + paths[:shift]:
+                        blocks[path](count, samples.setdefault((case.name, path), []))
     except BaseException:
         if daemon is not None:  # what the daemon saw, before its directory goes
             print(daemon.log()[-6000:], file=sys.stderr)
@@ -143,13 +181,14 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
     verdicts: dict[str, dict[str, Any]] = {}
     for case in MODELS:
         stats = {path: summarize(case.name, path, samples[(case.name, path)]) for path in PATHS}
-        ratio = stats["cpp"]["median_us"] / stats["python"]["median_us"]
-        verdicts[case.name] = {
-            "cpp_over_python": ratio,
-            "saved_us": stats["python"]["median_us"] - stats["cpp"]["median_us"],
-            "target_ratio": TARGET_RATIO,
-            "pass": ratio <= TARGET_RATIO,
-        }
+        for cpp_path, python_path in PAIRS:
+            ratio = stats[cpp_path]["median_us"] / stats[python_path]["median_us"]
+            verdicts[f"{case.name}/{cpp_path}"] = {
+                "cpp_over_python": ratio,
+                "saved_us": stats[python_path]["median_us"] - stats[cpp_path]["median_us"],
+                "target_ratio": TARGET_RATIO,
+                "pass": ratio <= TARGET_RATIO,
+            }
         for path in PATHS:
             row = {key: value for key, value in stats[path].items() if key != "case"}
             rows.append({"model": case.name, **row})
@@ -165,24 +204,27 @@ def run(program: str, iterations: int, block: int, warmup: int) -> dict[str, Any
 
 def print_table(result: dict[str, Any]) -> None:
     header = (
-        f"{'model':<15} {'client':<7} {'n':>5} {'median_us':>10} {'p99_us':>10} "
+        f"{'model':<15} {'client':<10} {'n':>5} {'median_us':>10} {'p99_us':>10} "
         f"{'saved_us':>9} {'cpp/python':>10}  target"
     )
     print(header)
     print("-" * len(header))
     for row in result["rows"]:
         line = (
-            f"{row['model']:<15} {row['path']:<7} {row['n']:>5} "
+            f"{row['model']:<15} {row['path']:<10} {row['n']:>5} "
             f"{row['median_us']:>10.1f} {row['p99_us']:>10.1f}"
         )
-        if row["path"] == "cpp":
-            verdict = result["verdicts"][row["model"]]
+        if row["path"] in ("cpp", "cpp-shm"):
+            verdict = result["verdicts"][f"{row['model']}/{row['path']}"]
             line += (
                 f" {verdict['saved_us']:>9.1f} {verdict['cpp_over_python']:>10.2f}  "
                 f"{'PASS' if verdict['pass'] else 'FAIL'} (<= {TARGET_RATIO:.2f})"
             )
         print(line)
-    print("\nsaved_us = python median - cpp median; cpp/python = the ratio of the medians.")
+    print(
+        "\nsaved_us = python median - cpp median of the same transport; cpp/python = the "
+        "ratio of the medians."
+    )
     print(
         f"{result['iterations']} round trips per client per model, interleaved in blocks of "
         f"{result['block']} after {result['warmup']} warm-up calls each; one daemon."

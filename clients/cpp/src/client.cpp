@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "decode.hpp"
 #include "internal.hpp"
@@ -102,7 +103,7 @@ public:
             ~ForgetUnsent() { channel.forget_unsent(); }
         } forget{*this};
         for (int attempt = 0; attempt <= retries; ++attempt) {
-            auto request_id = next_id_++;
+            auto request_id = next_id();
             if (on_attempt_) on_attempt_(request_id, attempt);
             if (!send(encode(request_id), frames)) continue;
             auto reply = await(request_id, std::chrono::steady_clock::now() + wait);
@@ -114,6 +115,10 @@ public:
 
     std::uint64_t discarded_replies() const { return discarded_; }
     const std::string& endpoint() const { return endpoint_; }
+    // The next request id; the shm socket's requests draw from it too, so every
+    // id of this client is unique across both sockets.
+    std::uint64_t next_id() { return next_id_++; }
+    const std::function<void(std::uint64_t, int)>& on_attempt() const { return on_attempt_; }
 
 private:
     void open() {
@@ -224,7 +229,9 @@ InferenceClient::~InferenceClient() {
     owned_.clear();
 }
 
-std::uint64_t InferenceClient::discarded_replies() const { return channel_->discarded_replies(); }
+std::uint64_t InferenceClient::discarded_replies() const {
+    return channel_->discarded_replies() + (shm_ ? shm_->discarded_replies() : 0);
+}
 
 const std::string& InferenceClient::endpoint() const { return channel_->endpoint(); }
 
@@ -271,6 +278,13 @@ std::optional<wire::RegionRef> locate(
     throw RemoteError(error.code, error.message);
 }
 
+template <typename Named>
+std::set<std::string> names_of(const std::vector<Named>& items) {
+    std::set<std::string> names;
+    for (const auto& item : items) names.insert(item.name);
+    return names;
+}
+
 }  // namespace
 
 InferResult InferenceClient::infer(const std::string& model, const std::vector<NamedTensor>& inputs,
@@ -297,16 +311,32 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
             request.outputs.push_back({output.name, buffer.dtype, buffer.shape, ref});
         }
     }
-    auto parts = channel_->request(
-        [&request](std::uint64_t id) {
-            request.id = id;
-            return wire::encode_infer_request(request);
-        },
-        frames, options.timeout, options.retries.value_or(options_.retries));
+    auto encode = [&request](std::uint64_t id) {
+        request.id = id;
+        return wire::encode_infer_request(request);
+    };
+    auto retries = options.retries.value_or(options_.retries);
+    if (shm_ && frames.empty() && places_every_output(model, request.outputs)) {
+        auto header = shm_->request(
+            encode, [this] { return channel_->next_id(); }, channel_->on_attempt(),
+            options.timeout.value_or(options_.timeout), retries);
+        last_transport_ = "shm";
+        InferResult result;
+        result.reply = wire::decode_infer_reply(header.data(), header.size());
+        if (!result.reply.ok) {
+            output_names_.erase(model);  // learn them again (a reloaded model)
+            raise_error(*result.reply.error);
+        }
+        result.outputs = wire::decode_outputs(result.reply, {}, request.outputs, options.outputs);
+        return result;
+    }
+    auto parts = channel_->request(encode, frames, options.timeout, retries);
+    last_transport_ = "infer";
 
     InferResult result;
     result.reply = wire::decode_infer_reply(parts[0].data(), parts[0].size());
     if (!result.reply.ok) raise_error(*result.reply.error);
+    output_names_[model] = names_of(result.reply.outputs);
     std::vector<wire::FrameBytes> frames_received;
     for (std::size_t i = 1; i < parts.size(); ++i) {
         frames_received.push_back({parts[i].data(), parts[i].size()});
@@ -373,7 +403,20 @@ std::vector<ModelDescription> InferenceClient::describe(
         [](std::uint64_t id) { return wire::encode_describe_request(id); }, {}, timeout, 0);
     auto reply = wire::decode_control_reply(parts[0].data(), parts[0].size());
     if (!reply.ok) raise_error(*reply.error);
-    return wire::decode_describe_result(reply.result_msgpack.data(), reply.result_msgpack.size());
+    auto models =
+        wire::decode_describe_result(reply.result_msgpack.data(), reply.result_msgpack.size());
+    for (const auto& model : models) {
+        if (!model.outputs.empty()) output_names_[model.name] = names_of(model.outputs);
+    }
+    return models;
+}
+
+bool InferenceClient::places_every_output(
+    const std::string& model, const std::vector<wire::TensorDescriptor>& placed) const {
+    auto known = output_names_.find(model);
+    if (placed.empty() || known == output_names_.end()) return false;
+    auto names = names_of(placed);
+    return std::includes(names.begin(), names.end(), known->second.begin(), known->second.end());
 }
 
 OperatorClient::OperatorClient(ClientOptions options)

@@ -1,6 +1,7 @@
 #include "inferd/region.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <variant>
 
 #include "decode.hpp"
 #include "inferd/endpoints.hpp"
@@ -100,7 +102,7 @@ std::optional<std::size_t> SharedRegion::locate(const void* data, std::size_t nb
 }
 
 RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds timeout)
-    : path_(path) {
+    : path_(path), timeout_(timeout) {
     check_client_endpoint("ipc://" + path);  // the same trust rule as for the ipc sockets
     fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw ClientError(system_error("socket"));
@@ -145,8 +147,34 @@ void RegionChannel::unregister_region(const std::string& region_id) {
 std::string RegionChannel::call(const std::string& op, const wire::ControlArguments& arguments,
                                 int fd) {
     auto request_id = next_id_++;
-    auto message = wire::encode_control_request(request_id, op, arguments);
-    iovec part{message.data(), message.size()};
+    auto give_up_at = std::chrono::steady_clock::now() + timeout_;
+    if (!send_message(wire::encode_control_request(request_id, op, arguments), fd)) {
+        throw Timeout("the daemon does not read the shm socket " + path_);
+    }
+    auto reply = await(request_id, give_up_at);
+    if (!reply) throw Timeout("no reply from " + path_);
+    auto decoded = wire::decode_control_reply(reply->data(), reply->size());
+    if (!decoded.ok) throw RemoteError(decoded.error->code, decoded.error->message);
+    return decoded.result_msgpack;
+}
+
+std::string RegionChannel::request(const std::function<std::string(std::uint64_t)>& encode,
+                                   const std::function<std::uint64_t()>& next_id,
+                                   const std::function<void(std::uint64_t, int)>& on_attempt,
+                                   std::chrono::milliseconds timeout, int retries) {
+    for (int attempt = 0; attempt <= retries; ++attempt) {
+        auto request_id = next_id();
+        if (on_attempt) on_attempt(request_id, attempt);
+        auto give_up_at = std::chrono::steady_clock::now() + timeout;
+        if (!send_message(encode(request_id), -1)) continue;
+        if (auto reply = await(request_id, give_up_at)) return *reply;
+    }
+    throw Timeout("no reply from " + path_ + " within " + std::to_string(timeout.count()) +
+                  " ms after " + std::to_string(retries + 1) + " attempt(s)");
+}
+
+bool RegionChannel::send_message(const std::string& message, int fd) {
+    iovec part{const_cast<char*>(message.data()), message.size()};
     msghdr header{};
     header.msg_iov = &part;
     header.msg_iovlen = 1;
@@ -160,27 +188,43 @@ std::string RegionChannel::call(const std::string& op, const wire::ControlArgume
         ancillary->cmsg_len = CMSG_LEN(sizeof(int));
         std::memcpy(CMSG_DATA(ancillary), &fd, sizeof(int));
     }
+    // SO_SNDTIMEO bounds the send: a seqpacket message goes whole or not at all.
+    if (sendmsg(fd_, &header, MSG_NOSIGNAL) >= 0) return true;
     // A connection refused at connect (shm.max_connections) has its refusal
-    // queued for us: a failed send still reads the reply.
-    (void)sendmsg(fd_, &header, MSG_NOSIGNAL);
-    std::string reply(wire::kMaxShmMessageBytes, '\0');
-    auto received = recv(fd_, reply.data(), reply.size(), 0);
-    if (received < 0 && errno == ECONNRESET) {
-        received = recv(fd_, reply.data(), reply.size(), MSG_DONTWAIT);
-        if (received < 0) received = 0;
+    // queued for us: a send that failed otherwise still reads the reply.
+    return errno != EAGAIN && errno != EWOULDBLOCK;
+}
+
+std::optional<std::string> RegionChannel::await(std::uint64_t request_id,
+                                                std::chrono::steady_clock::time_point give_up_at) {
+    while (true) {
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(
+            give_up_at - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return std::nullopt;
+        pollfd readable{fd_, POLLIN, 0};
+        auto ready = poll(&readable, 1, static_cast<int>(left.count()));
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
+        if (ready == 0) return std::nullopt;
+        std::string reply(wire::kMaxShmMessageBytes, '\0');
+        auto received = recv(fd_, reply.data(), reply.size(), MSG_DONTWAIT);
+        if (received < 0 && errno == ECONNRESET) {
+            // Reported once when the daemon closed the connection with our message
+            // unread; what it sent before closing is still there.
+            received = recv(fd_, reply.data(), reply.size(), MSG_DONTWAIT);
+            if (received < 0) received = 0;
+        }
+        if (received < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (received < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
+        if (received == 0) throw ClientError("the daemon closed the shm socket " + path_);
+        reply.resize(static_cast<std::size_t>(received));
+        auto id = wire::decode_reply_id(reply.data(), reply.size());
+        // A null id: refused before its id could be read (or at connect).
+        if (id == wire::RequestId{request_id} || std::holds_alternative<std::monostate>(id)) {
+            return reply;
+        }
+        ++discarded_;
     }
-    if (received < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) throw Timeout("no reply from " + path_);
-        throw ClientError(system_error("the shm socket " + path_ + " failed"));
-    }
-    if (received == 0) throw ClientError("the daemon closed the shm socket " + path_);
-    reply.resize(static_cast<std::size_t>(received));
-    auto decoded = wire::decode_control_reply(reply.data(), reply.size());
-    if (!decoded.ok) throw RemoteError(decoded.error->code, decoded.error->message);
-    if (decoded.id != wire::RequestId{request_id}) {
-        throw MalformedReply("shm reply to another id than " + std::to_string(request_id));
-    }
-    return decoded.result_msgpack;
 }
 
 }  // namespace inferd

@@ -1,8 +1,11 @@
-// The registration connection to the daemon's shm.sock (internal).
+// The connection to the daemon's shm.sock (internal): registrations, and infer
+// requests whose tensors all live in registered regions (DESIGN.md 104, 108).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "inferd/client.hpp"
@@ -23,11 +26,30 @@ public:
     std::string register_region(const SharedRegion& region);
     void unregister_region(const std::string& region_id);
 
+    // An infer request: each attempt sends `encode(id)` under the id `next_id()`
+    // gives (after `on_attempt(id, attempt)`, when set) and waits up to `timeout`;
+    // returns the reply header. Throws Timeout after `retries` resends.
+    std::string request(const std::function<std::string(std::uint64_t)>& encode,
+                        const std::function<std::uint64_t()>& next_id,
+                        const std::function<void(std::uint64_t, int)>& on_attempt,
+                        std::chrono::milliseconds timeout, int retries);
+
+    // Replies to ids no longer waited for (attempts that timed out).
+    std::uint64_t discarded_replies() const { return discarded_; }
+
 private:
     std::string call(const std::string& op, const wire::ControlArguments& arguments, int fd);
+    // False when the daemon did not take the message (its socket buffer is full).
+    bool send_message(const std::string& message, int fd);
+    // The reply to `request_id` (or an error reply whose id was unreadable), or
+    // none by `give_up_at`; replies to other ids are discarded and counted.
+    std::optional<std::string> await(std::uint64_t request_id,
+                                     std::chrono::steady_clock::time_point give_up_at);
     std::string path_;
+    std::chrono::milliseconds timeout_;
     int fd_ = -1;
     std::uint64_t next_id_ = 1;
+    std::uint64_t discarded_ = 0;
 };
 
 }  // namespace inferd

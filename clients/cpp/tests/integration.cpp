@@ -154,6 +154,59 @@ TEST(shared_memory_inputs_and_outputs_skip_the_socket) {
     CHECK(!again.reply.outputs.at(0).region.has_value());
 }
 
+TEST(requests_with_every_tensor_in_a_region_go_on_the_shm_socket) {
+    InferenceClient client(infer_options());
+    auto& region = client.shared_region(4 << 20, std::string("cpp-shm"));
+    auto image = region.allocate(DType::Float32, {1, 3, 224, 224});
+    std::memcpy(image.data, reference().image.data(), image.nbytes);
+    auto descriptors = region.allocate(DType::Float32, {1, 256, 28, 28});
+    const std::vector<NamedTensor> inputs{
+        {"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}};
+    InferOptions options;
+    options.outputs.push_back({"descriptors", descriptors});
+    // The model's outputs are not known yet: the infer socket, whose reply names them.
+    client.infer("demo", inputs, options);
+    CHECK_EQ(client.last_transport(), std::string("infer"));
+    std::memset(descriptors.data, 0, descriptors.nbytes);
+    auto result = client.infer("demo", inputs, options);
+    CHECK_EQ(client.last_transport(), std::string("shm"));
+    CHECK(result.reply.ok && result.reply.model == "demo");
+    CHECK(result.reply.outputs.at(0).region.has_value());
+    CHECK(result.output("descriptors").data == descriptors.data);
+    CHECK(max_difference(descriptors.as<float>(), reference().descriptors) < 1e-4f);
+    // An input in a frame: the infer socket again.
+    client.infer("demo", reference().inputs(), options);
+    CHECK_EQ(client.last_transport(), std::string("infer"));
+    // A refusal on the shm socket is the daemon's code, and the model's outputs
+    // are learnt again from the next reply on the infer socket.
+    auto wrong = region.allocate(DType::Float32, {1, 3, 8, 8});
+    CHECK_THROWS(RemoteError,
+                 client.infer("demo", {{"image", TensorView{wrong.dtype, wrong.shape, wrong.data,
+                                                            wrong.nbytes}}},
+                              options),
+                 error.code() == ErrorCode::InvalidArgument);
+    CHECK_EQ(client.last_transport(), std::string("shm"));
+    client.infer("demo", inputs, options);
+    CHECK_EQ(client.last_transport(), std::string("infer"));
+    client.infer("demo", inputs, options);
+    CHECK_EQ(client.last_transport(), std::string("shm"));
+}
+
+TEST(describe_names_the_outputs_for_the_shm_socket) {
+    InferenceClient client(infer_options());
+    auto& region = client.shared_region(4 << 20, std::string("cpp-describe"));
+    auto image = region.allocate(DType::Float32, {1, 3, 224, 224});
+    std::memcpy(image.data, reference().image.data(), image.nbytes);
+    auto descriptors = region.allocate(DType::Float32, {1, 256, 28, 28});
+    InferOptions options;
+    options.outputs.push_back({"descriptors", descriptors});
+    client.describe();
+    client.infer("demo", {{"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}},
+                 options);
+    CHECK_EQ(client.last_transport(), std::string("shm"));
+    CHECK(max_difference(descriptors.as<float>(), reference().descriptors) < 1e-4f);
+}
+
 TEST(describe_lists_the_models_with_their_specs) {
     InferenceClient client(infer_options());
     auto models = client.describe();

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,8 +98,11 @@ public:
 
     // Runs `model` on `inputs`. An input that lives in a registered region is
     // sent by reference, any other as a frame (zero-copy: its memory must stay
-    // untouched until infer returns). Throws RemoteError with the daemon's code,
-    // Timeout, or MalformedReply.
+    // untouched until infer returns). A request with every input in a region and
+    // every output placed in one travels on the shm socket (one message each
+    // way, no ZeroMQ) once a reply on the infer socket or describe() has named
+    // the model's outputs. Throws RemoteError with the daemon's code, Timeout,
+    // or MalformedReply.
     InferResult infer(const std::string& model, const std::vector<NamedTensor>& inputs,
                       const InferOptions& options = {});
 
@@ -114,6 +118,8 @@ public:
     // Replies to ids no longer waited for (answers to attempts that timed out).
     std::uint64_t discarded_replies() const;
     const std::string& endpoint() const;
+    // Which socket carried the last infer request: "infer" or "shm" ("" before any).
+    const std::string& last_transport() const { return last_transport_; }
 
 private:
     std::unique_ptr<RequestChannel> channel_;
@@ -121,6 +127,13 @@ private:
     std::unique_ptr<RegionChannel> shm_;
     std::vector<std::pair<std::string, SharedRegion*>> regions_;  // registered, by id
     std::vector<std::unique_ptr<SharedRegion>> owned_;
+    // Each model's output names, as the last reply on the infer socket (or
+    // describe) named them: a request placing all of them may go on shm.sock.
+    std::map<std::string, std::set<std::string>> output_names_;
+    std::string last_transport_;
+
+    bool places_every_output(const std::string& model,
+                             const std::vector<wire::TensorDescriptor>& placed) const;
 };
 
 struct SwitchResult {
