@@ -344,6 +344,42 @@ TEST(a_retry_goes_under_a_fresh_id_and_the_late_reply_is_discarded) {
     CHECK(max_difference(result.output("descriptors").as<float>(), reference().descriptors) < 1e-4f);
 }
 
+TEST(a_retry_on_the_shm_socket_goes_under_a_fresh_id_and_the_late_reply_is_discarded) {
+    // As above, with every tensor in a region: both attempts go on shm.sock.
+    auto pid = static_cast<pid_t>(std::stol(env("INFERD_DAEMON_PID")));
+    struct Continue {
+        pid_t pid;
+        ~Continue() { kill(pid, SIGCONT); }
+    } always_continue{pid};
+    ClientOptions options = infer_options(2s);
+    options.retries = 1;
+    std::vector<std::uint64_t> ids;
+    options.on_attempt = [&](std::uint64_t id, int attempt) {
+        ids.push_back(id);
+        if (attempt == 1) kill(pid, SIGCONT);
+    };
+    InferenceClient client(options);
+    auto& region = client.shared_region(4 << 20, std::string("cpp-retry"));
+    auto image = region.allocate(DType::Float32, {1, 3, 224, 224});
+    std::memcpy(image.data, reference().image.data(), image.nbytes);
+    auto descriptors = region.allocate(DType::Float32, {1, 256, 28, 28});
+    InferOptions into;
+    into.outputs.push_back({"descriptors", descriptors});
+    const std::vector<NamedTensor> inputs{
+        {"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}};
+    client.describe();
+    ids.clear();
+    CHECK_EQ(kill(pid, SIGSTOP), 0);
+    auto result = client.infer("demo", inputs, into);
+    CHECK_EQ(client.last_transport(), std::string("shm"));
+    CHECK_EQ(ids.size(), 2u);
+    CHECK(ids[0] != ids[1]);
+    CHECK(std::get<std::uint64_t>(result.reply.id) == ids[1]);
+    // The first attempt's reply came first, and was let go.
+    CHECK_EQ(client.discarded_replies(), 1u);
+    CHECK(max_difference(descriptors.as<float>(), reference().descriptors) < 1e-4f);
+}
+
 TEST(events_arrive_decoded) {
     SubscriberOptions options;
     options.endpoint = env("INFERD_EVENTS");
