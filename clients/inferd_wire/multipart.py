@@ -17,9 +17,11 @@ from typing import Any, cast
 
 import zmq
 
-# Plain ints: ``int & zmq.POLLIN`` goes through ``enum.Flag`` (a few us a call).
+# Plain ints: ``int & zmq.POLLIN`` or ``int | zmq.SNDMORE`` goes through
+# ``enum.Flag`` (a few us a call).
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_SNDMORE = int(zmq.SNDMORE)
 
 
 def readable(sock: zmq.Socket[Any]) -> bool:
@@ -54,6 +56,6 @@ def send_frames(sock: zmq.Socket[Any], parts: Sequence[Any], flags: int = 0) -> 
     partial message queued on the socket).
     """
     last = len(parts) - 1
-    more = flags | zmq.SNDMORE
+    more = int(flags) | _SNDMORE
     for index, part in enumerate(parts):
         sock.send(part, more if index < last else flags, copy=False)

@@ -60,7 +60,9 @@ def bind_regions(
     placed, placements = refs
     uid = request.local_uid if request.local_uid is not None else peer_uid_of(request.header_frame)
     regions = RequestRegions(table, uid)
-    with regions.released_on_error():
+    # Not a context manager: this runs for every request, and a generator-based
+    # one costs a dozen calls (bench/README.md, floor.py).
+    try:
         for index, where, ref in placed:
             regions.inputs[index] = (regions.lease(where, ref), ref)
         for name, dtype, shape, ref in placements:
@@ -70,6 +72,9 @@ def bind_regions(
             )
         if not checked:
             _refuse_overlaps(regions)
+    except BaseException:
+        regions.release()  # a refusal leaves nothing leased
+        raise
     return regions
 
 

@@ -27,6 +27,8 @@ log = structlog.get_logger("inferd.bus")
 
 #: What a shm connection's messages may ask for.
 _OPS = [*SHM_OPS, "infer"]
+#: A plain int: ``int & socket.MSG_TRUNC`` goes through ``enum.Flag`` (a few us).
+_MSG_TRUNC = int(socket.MSG_TRUNC)
 
 
 def read_shm_request(
@@ -52,7 +54,7 @@ def _read(
     if message.closed:
         shm.close(entry)
         return None
-    if message.flags & socket.MSG_TRUNC:
+    if message.flags & _MSG_TRUNC:
         error = f"message is over {MAX_SHM_MESSAGE_BYTES} bytes"
         shm.refuse(entry, None, ProtocolError(Code.INVALID_ARGUMENT, error))
         return None

@@ -97,7 +97,10 @@ class _ModelQueue:
 
 class Scheduler:
     def __init__(self) -> None:
-        self._condition = threading.Condition()
+        # Critical sections take the lock itself: entering the Condition is two
+        # Python-level calls more, several times per request.
+        self._lock = threading.RLock()
+        self._condition = threading.Condition(self._lock)
         self._queues: dict[str, _ModelQueue] = {}
         self._names: list[str] = []
         #: Models whose jobs are not taken (failing over); their queues still fill.
@@ -128,7 +131,7 @@ class Scheduler:
         """The worker is about to wait on ``wake_fd``: False when it should not,
         because there is something to take already (or the scheduler closed);
         else anything new until ``end_wait`` makes ``wake_fd`` readable."""
-        with self._condition:
+        with self._lock:
             if self._closed or self._calls or self._pop_round_robin(take=False) is not None:
                 return False
             self._worker_waits = True
@@ -136,7 +139,7 @@ class Scheduler:
 
     def end_wait(self) -> None:
         """The worker has stopped waiting on ``wake_fd``: reset it."""
-        with self._condition:
+        with self._lock:
             self._worker_waits = False
             if self._wake_written:
                 os.eventfd_read(self.wake_fd)
@@ -156,7 +159,7 @@ class Scheduler:
     def add_model(
         self, name: str, capacity: int, policy: QueuePolicy, max_bytes: int = 2**63 - 1
     ) -> None:
-        with self._condition:
+        with self._lock:
             self._queues[name] = _ModelQueue(capacity, policy, max_bytes)
             self._names.append(name)
 
@@ -166,7 +169,7 @@ class Scheduler:
         Raises ``QueueFullError`` or ``QueueBytesFullError`` (nothing changes, the
         job a refused one would have superseded stays queued) or ``SchedulerClosedError``.
         """
-        with self._condition:
+        with self._lock:
             if self._closed:
                 raise SchedulerClosedError
             model_queue = self._queues[job.model]
@@ -192,18 +195,18 @@ class Scheduler:
     def pause(self, name: str) -> None:
         """Take no job of model ``name`` until ``resume`` (it fails over): its
         requests wait, as while it loads, and their deadlines are still swept."""
-        with self._condition:
+        with self._lock:
             self._paused.add(name)
 
     def resume(self, name: str) -> None:
-        with self._condition:
+        with self._lock:
             self._paused.discard(name)
             self._wake()
 
     def call_on_worker(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the engine worker before its next job (e.g. an engine
         swap between two requests).  Raises SchedulerClosedError once closed."""
-        with self._condition:
+        with self._lock:
             if self._closed:
                 raise SchedulerClosedError
             self._calls.append(call)
@@ -214,7 +217,7 @@ class Scheduler:
         across models); None on timeout (at once with ``timeout=0``).  Raises
         ``SchedulerClosedError`` once closed.
         """
-        with self._condition:
+        with self._lock:
             while True:
                 if self._closed:
                     raise SchedulerClosedError
@@ -250,14 +253,14 @@ class Scheduler:
             self._with_deadline -= 1
 
     def task_done(self) -> None:
-        with self._condition:
+        with self._lock:
             self._in_flight -= 1
             self._condition.notify_all()
 
     def expire(self, now_ns: int) -> list[Job]:
         """Remove and return every queued job whose deadline has passed."""
         expired: list[Job] = []
-        with self._condition:
+        with self._lock:
             for model_queue in self._queues.values():
                 if any(_expired(job, now_ns) for job in model_queue.jobs):
                     gone = [job for job in model_queue.jobs if _expired(job, now_ns)]
@@ -274,7 +277,7 @@ class Scheduler:
         # down the exact path below.
         if not self._with_deadline:
             return None
-        with self._condition:
+        with self._lock:
             deadlines = [job.deadline_ns for job in self._all_jobs() if job.deadline_ns is not None]
         return min(deadlines) if deadlines else None
 
@@ -283,24 +286,24 @@ class Scheduler:
             yield from model_queue.jobs
 
     def depth(self, name: str) -> int:
-        with self._condition:
+        with self._lock:
             return len(self._queues[name].jobs)
 
     def queued_bytes(self, name: str) -> int:
         """Tensor bytes the queued requests of model ``name`` hold."""
-        with self._condition:
+        with self._lock:
             return self._queues[name].nbytes
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is queued or running; True if that happened in time."""
-        with self._condition:
+        with self._lock:
             return self._condition.wait_for(
                 lambda: self._in_flight == 0 and not any(True for _ in self._all_jobs()), timeout
             )
 
     def close(self) -> list[Job]:
         """Refuse further work, wake the worker and return what was still queued."""
-        with self._condition:
+        with self._lock:
             self._closed = True
             remaining = list(self._all_jobs())
             for model_queue in self._queues.values():

@@ -24,13 +24,12 @@ All state is behind one lock; nothing blocking runs under it.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -392,11 +391,3 @@ class RequestRegions:
         held, self._held = self._held, {}
         for region in held.values():
             self._table.unlease(region)
-
-    @contextlib.contextmanager
-    def released_on_error(self) -> Iterator[None]:
-        try:
-            yield
-        except BaseException:
-            self.release()
-            raise
