@@ -61,7 +61,7 @@ def bind_regions(
     uid = request.local_uid if request.local_uid is not None else peer_uid_of(request.header_frame)
     regions = RequestRegions(table, uid)
     # Not a context manager: this runs for every request, and a generator-based
-    # one costs a dozen calls (bench/README.md, floor.py).
+    # one costs ten Python calls (bench/README.md, "fewer Python calls").
     try:
         for index, where, ref in placed:
             regions.inputs[index] = (regions.lease(where, ref), ref)
