@@ -77,6 +77,58 @@ float max_difference(const float* got, const std::vector<float>& expected) {
     return worst;
 }
 
+// The demo model's input (the reference image) and its output buffer in one
+// region of `client`, and the options that place the output there.
+struct DemoInRegion {
+    SharedRegion* region;
+    MutableTensorView image;
+    MutableTensorView descriptors;
+    std::vector<NamedTensor> inputs;
+    InferOptions options;
+
+    DemoInRegion(InferenceClient& client, const std::string& label)
+        : region(&client.shared_region(4 << 20, label)),
+          image(region->allocate(DType::Float32, {1, 3, 224, 224})),
+          descriptors(region->allocate(DType::Float32, {1, 256, 28, 28})) {
+        std::memcpy(image.data, reference().image.data(), image.nbytes);
+        inputs = {{"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}};
+        options.outputs.push_back({"descriptors", descriptors});
+    }
+};
+
+// Stops the daemon (SIGSTOP) while a request's first attempt waits, and continues
+// it as the client retries: both attempts are answered, the first one too late.
+struct RetryAfterStop {
+    pid_t pid = static_cast<pid_t>(std::stol(env("INFERD_DAEMON_PID")));
+    std::vector<std::uint64_t> ids;
+
+    RetryAfterStop() = default;
+    RetryAfterStop(const RetryAfterStop&) = delete;
+    RetryAfterStop& operator=(const RetryAfterStop&) = delete;
+    ~RetryAfterStop() { kill(pid, SIGCONT); }
+
+    ClientOptions options() {
+        ClientOptions options = infer_options(2s);
+        options.retries = 1;
+        options.on_attempt = [this](std::uint64_t id, int attempt) {
+            ids.push_back(id);
+            if (attempt == 1) kill(pid, SIGCONT);
+        };
+        return options;
+    }
+    void stop() {
+        ids.clear();
+        CHECK_EQ(kill(pid, SIGSTOP), 0);
+    }
+    // The result is the second attempt's; the first one's reply came and was let go.
+    void check(const InferResult& result, const InferenceClient& client) const {
+        CHECK_EQ(ids.size(), 2u);
+        CHECK(ids[0] != ids[1]);
+        CHECK(std::get<std::uint64_t>(result.reply.id) == ids[1]);
+        CHECK_EQ(client.discarded_replies(), 1u);
+    }
+};
+
 template <typename Predicate>
 void wait_until(Predicate predicate, const std::string& what) {
     auto give_up_at = std::chrono::steady_clock::now() + kHang;
@@ -156,55 +208,42 @@ TEST(shared_memory_inputs_and_outputs_skip_the_socket) {
 
 TEST(requests_with_every_tensor_in_a_region_go_on_the_shm_socket) {
     InferenceClient client(infer_options());
-    auto& region = client.shared_region(4 << 20, std::string("cpp-shm"));
-    auto image = region.allocate(DType::Float32, {1, 3, 224, 224});
-    std::memcpy(image.data, reference().image.data(), image.nbytes);
-    auto descriptors = region.allocate(DType::Float32, {1, 256, 28, 28});
-    const std::vector<NamedTensor> inputs{
-        {"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}};
-    InferOptions options;
-    options.outputs.push_back({"descriptors", descriptors});
+    DemoInRegion demo(client, "cpp-shm");
     // The model's outputs are not known yet: the infer socket, whose reply names them.
-    client.infer("demo", inputs, options);
+    client.infer("demo", demo.inputs, demo.options);
     CHECK_EQ(client.last_transport(), std::string("infer"));
-    std::memset(descriptors.data, 0, descriptors.nbytes);
-    auto result = client.infer("demo", inputs, options);
+    std::memset(demo.descriptors.data, 0, demo.descriptors.nbytes);
+    auto result = client.infer("demo", demo.inputs, demo.options);
     CHECK_EQ(client.last_transport(), std::string("shm"));
     CHECK(result.reply.ok && result.reply.model == "demo");
     CHECK(result.reply.outputs.at(0).region.has_value());
-    CHECK(result.output("descriptors").data == descriptors.data);
-    CHECK(max_difference(descriptors.as<float>(), reference().descriptors) < 1e-4f);
+    CHECK(result.output("descriptors").data == demo.descriptors.data);
+    CHECK(max_difference(demo.descriptors.as<float>(), reference().descriptors) < 1e-4f);
     // An input in a frame: the infer socket again.
-    client.infer("demo", reference().inputs(), options);
+    client.infer("demo", reference().inputs(), demo.options);
     CHECK_EQ(client.last_transport(), std::string("infer"));
     // A refusal on the shm socket is the daemon's code, and the model's outputs
     // are learnt again from the next reply on the infer socket.
-    auto wrong = region.allocate(DType::Float32, {1, 3, 8, 8});
+    auto wrong = demo.region->allocate(DType::Float32, {1, 3, 8, 8});
     CHECK_THROWS(RemoteError,
                  client.infer("demo", {{"image", TensorView{wrong.dtype, wrong.shape, wrong.data,
                                                             wrong.nbytes}}},
-                              options),
+                              demo.options),
                  error.code() == ErrorCode::InvalidArgument);
     CHECK_EQ(client.last_transport(), std::string("shm"));
-    client.infer("demo", inputs, options);
+    client.infer("demo", demo.inputs, demo.options);
     CHECK_EQ(client.last_transport(), std::string("infer"));
-    client.infer("demo", inputs, options);
+    client.infer("demo", demo.inputs, demo.options);
     CHECK_EQ(client.last_transport(), std::string("shm"));
 }
 
 TEST(describe_names_the_outputs_for_the_shm_socket) {
     InferenceClient client(infer_options());
-    auto& region = client.shared_region(4 << 20, std::string("cpp-describe"));
-    auto image = region.allocate(DType::Float32, {1, 3, 224, 224});
-    std::memcpy(image.data, reference().image.data(), image.nbytes);
-    auto descriptors = region.allocate(DType::Float32, {1, 256, 28, 28});
-    InferOptions options;
-    options.outputs.push_back({"descriptors", descriptors});
+    DemoInRegion demo(client, "cpp-describe");
     client.describe();
-    client.infer("demo", {{"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}},
-                 options);
+    client.infer("demo", demo.inputs, demo.options);
     CHECK_EQ(client.last_transport(), std::string("shm"));
-    CHECK(max_difference(descriptors.as<float>(), reference().descriptors) < 1e-4f);
+    CHECK(max_difference(demo.descriptors.as<float>(), reference().descriptors) < 1e-4f);
 }
 
 TEST(describe_lists_the_models_with_their_specs) {
@@ -320,64 +359,24 @@ TEST(a_result_after_its_deadline_is_served_and_flagged_late) {
 }
 
 TEST(a_retry_goes_under_a_fresh_id_and_the_late_reply_is_discarded) {
-    // The daemon is stopped (SIGSTOP) while the first attempt waits, and continued
-    // as the client retries: both requests are answered, the first one too late.
-    auto pid = static_cast<pid_t>(std::stol(env("INFERD_DAEMON_PID")));
-    struct Continue {
-        pid_t pid;
-        ~Continue() { kill(pid, SIGCONT); }
-    } always_continue{pid};
-    ClientOptions options = infer_options(2s);
-    options.retries = 1;
-    std::vector<std::uint64_t> ids;
-    options.on_attempt = [&](std::uint64_t id, int attempt) {
-        ids.push_back(id);
-        if (attempt == 1) kill(pid, SIGCONT);
-    };
-    InferenceClient client(options);
-    CHECK_EQ(kill(pid, SIGSTOP), 0);
+    RetryAfterStop retry;
+    InferenceClient client(retry.options());
+    retry.stop();
     auto result = client.infer("demo", reference().inputs());
-    CHECK_EQ(ids.size(), 2u);
-    CHECK(ids[0] != ids[1]);
-    CHECK(std::get<std::uint64_t>(result.reply.id) == ids[1]);
-    CHECK_EQ(client.discarded_replies(), 1u);
+    retry.check(result, client);
     CHECK(max_difference(result.output("descriptors").as<float>(), reference().descriptors) < 1e-4f);
 }
 
 TEST(a_retry_on_the_shm_socket_goes_under_a_fresh_id_and_the_late_reply_is_discarded) {
-    // As above, with every tensor in a region: both attempts go on shm.sock.
-    auto pid = static_cast<pid_t>(std::stol(env("INFERD_DAEMON_PID")));
-    struct Continue {
-        pid_t pid;
-        ~Continue() { kill(pid, SIGCONT); }
-    } always_continue{pid};
-    ClientOptions options = infer_options(2s);
-    options.retries = 1;
-    std::vector<std::uint64_t> ids;
-    options.on_attempt = [&](std::uint64_t id, int attempt) {
-        ids.push_back(id);
-        if (attempt == 1) kill(pid, SIGCONT);
-    };
-    InferenceClient client(options);
-    auto& region = client.shared_region(4 << 20, std::string("cpp-retry"));
-    auto image = region.allocate(DType::Float32, {1, 3, 224, 224});
-    std::memcpy(image.data, reference().image.data(), image.nbytes);
-    auto descriptors = region.allocate(DType::Float32, {1, 256, 28, 28});
-    InferOptions into;
-    into.outputs.push_back({"descriptors", descriptors});
-    const std::vector<NamedTensor> inputs{
-        {"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}};
-    client.describe();
-    ids.clear();
-    CHECK_EQ(kill(pid, SIGSTOP), 0);
-    auto result = client.infer("demo", inputs, into);
+    RetryAfterStop retry;
+    InferenceClient client(retry.options());
+    DemoInRegion demo(client, "cpp-retry");
+    client.describe();  // names the outputs: both attempts go on shm.sock
+    retry.stop();
+    auto result = client.infer("demo", demo.inputs, demo.options);
     CHECK_EQ(client.last_transport(), std::string("shm"));
-    CHECK_EQ(ids.size(), 2u);
-    CHECK(ids[0] != ids[1]);
-    CHECK(std::get<std::uint64_t>(result.reply.id) == ids[1]);
-    // The first attempt's reply came first, and was let go.
-    CHECK_EQ(client.discarded_replies(), 1u);
-    CHECK(max_difference(descriptors.as<float>(), reference().descriptors) < 1e-4f);
+    retry.check(result, client);
+    CHECK(max_difference(demo.descriptors.as<float>(), reference().descriptors) < 1e-4f);
 }
 
 TEST(events_arrive_decoded) {
