@@ -435,6 +435,7 @@ class Daemon:
             "metrics": self.metrics.describe(),
             "bus": {
                 **self.bus.status(),
+                **self.router.admission_status(),
                 "events_published": self.publisher.published,
                 "events_dropped": self.publisher.dropped,
             },

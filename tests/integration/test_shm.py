@@ -304,6 +304,36 @@ def test_on_the_shm_socket_every_output_is_placed_and_refusals_are_clear(
     serves(daemon)
 
 
+def test_a_repeated_request_is_admitted_from_its_first_admission_and_checked_as_ever(
+    daemon: DaemonProcess,
+) -> None:
+    def admitted_prepared() -> int:
+        with OperatorClient(daemon.control, timeout=5) as operator:
+            status = operator.status()
+        assert_valid("status_reply.json", {"v": 1, "id": 1, "ok": True, "result": status})
+        count: int = status["bus"]["admitted_prepared"]
+        return count
+
+    before = admitted_prepared()
+    with SharedRegion(4 * MIB) as region, RawShm(daemon) as raw:
+        region_id = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])["result"]["region"]
+        x = region.array((1, 3, 224, 224), np.float32)
+        y = region.array((1, 3, 224, 224), np.float32)
+        header = shm_infer(region_id, x, y, (region.locate(x)[0], region.locate(y)[0]))  # type: ignore[index]
+        del header["id"]  # the id goes last, as the client encodes a repeated request
+        for request_id in range(2, 12):
+            x[:] = float(request_id)  # a camera filling the same buffer in place
+            reply = raw.call({**header, "id": request_id})
+            assert reply["ok"] is True and reply["id"] == request_id and (y == request_id).all()
+        assert admitted_prepared() - before == 9  # all but the first
+        unregistered = raw.call({"v": 1, "id": 20, "op": "unregister", "region": region_id})
+        assert unregistered["ok"] is True
+        # The same bytes again: its region is gone, and it is refused as any request.
+        assert_error(raw.call({**header, "id": 21}), "NOT_FOUND", "no region", request_id=21)
+        assert shm_status(daemon)["in_flight"] == 0
+    serves(daemon)
+
+
 def test_a_deadline_passing_in_the_queue_is_answered_on_the_shm_socket(
     daemon: DaemonProcess,
 ) -> None:

@@ -59,6 +59,9 @@ class Request:
     header_frame: Any = None
     #: The peer's uid from ``SO_PEERCRED`` for a request on ``shm.sock`` (no frame).
     local_uid: int | None = None
+    #: For a typed infer request on ``shm.sock`` that ends with its id: its bytes
+    #: but for the id (``bus.repeats``), under which its admission is kept.
+    repeat: bytes | None = None
 
 
 def split_envelope(frames: Sequence[Any]) -> tuple[list[bytes], list[Any]]:
@@ -196,8 +199,7 @@ def _views(
         if index in placed:
             region, ref = placed[index]
             check_nbytes(f"tensor {name!r}", dtype, shape, ref)
-            array = region.view(ref, dtype, shape)
-            array.flags.writeable = False
+            array = region.view(ref, dtype, shape, writeable=False)
         else:
             array = protocol.frame_to_array(name, dtype, shape, next(frames))
         arrays.append(array)
@@ -316,7 +318,9 @@ def output_views(regions: RequestRegions | None) -> dict[str, np.ndarray]:
     if regions is None:
         return {}
     return {
-        placement.name: placement.region.view(placement.ref, placement.dtype, placement.shape)
+        placement.name: placement.region.view(
+            placement.ref, placement.dtype, placement.shape, writeable=True
+        )
         for placement in regions.outputs
     }
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from inferd.bus.codec import Request
+from inferd.bus.headers import Header
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
 
@@ -29,12 +30,30 @@ def error_reply(request: Request | None, envelope: list[bytes], error: ProtocolE
     return Reply(envelope, protocol.error_header(request_id, error.code, error.message))
 
 
+class Prepared(Protocol):
+    """A handler's prepared admission: opaque to the bus but for its header."""
+
+    @property
+    def header(self) -> Header: ...
+
+
 class RequestHandler(Protocol):
     """What the service provides to the bus.  Called by one thread at a time: the
     bus thread, or the engine worker reading a request while idle."""
 
     def handle_infer(self, request: Request) -> Reply | None:
         """Admit a request (None: the engine worker replies) or refuse it (its reply)."""
+        ...
+
+    def prepared_for(self, route: bytes, repeat: bytes) -> Prepared | None:
+        """What admitting an earlier request of the shm connection ``route`` with
+        the bytes ``repeat`` but for its id prepared, if it still holds: a message
+        with those bytes is then admitted by ``admit_prepared`` (DESIGN.md 109)."""
+        ...
+
+    def admit_prepared(self, prepared: Prepared, request: Request) -> None:
+        """Admit a repeat (``request``: its id, route and uid with ``prepared``'s
+        header) or refuse it (``ProtocolError``) as ``handle_infer`` would."""
         ...
 
     def handle_control(self, request: Request) -> Reply | None:

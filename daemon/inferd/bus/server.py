@@ -37,11 +37,11 @@ from inferd.bus.binding import BindOutcome, bound_router
 from inferd.bus.codec import Limits
 from inferd.bus.cover_timer import COVER_AFTER_NS, COVER_TICKS, OneShotTimer
 from inferd.bus.dispatch import Dispatcher
-from inferd.bus.handler import Reply, RequestHandler, error_reply
+from inferd.bus.handler import Reply, RequestHandler
 from inferd.bus.heap import HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
-from inferd.bus.shm_requests import read_shm_request, send_shm_reply
+from inferd.bus.shm_requests import admit_shm_message, send_shm_reply
 from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
 from inferd.shm.connections import ShmConnections, is_shm_route
@@ -386,15 +386,9 @@ class BusServer(threading.Thread):
             message = entry.receive()
             if message is None:
                 return False
-            try:
-                read = read_shm_request(shm, entry, message, self._limits)
-            finally:
-                message.close_fds()
-            reply = None
-            if read is not None and read[1] is not None:
-                reply = error_reply(read[0], read[0].envelope, read[1])
-            elif read is not None:
-                reply = self._dispatch.answer(read[0], self._handler.handle_infer)
+            reply = admit_shm_message(
+                shm, entry, message, self._handler, self._dispatch, self._limits
+            )
             if reader == "worker":
                 self._worker_read()
         if reply is not None:

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import structlog
 
 from inferd.bus.codec import Limits, Request, decode_header
+from inferd.bus.dispatch import Dispatcher
+from inferd.bus.handler import Prepared, Reply, RequestHandler, error_reply
+from inferd.bus.headers import InferHeader
+from inferd.bus.repeats import Repeat, repeat_of
 from inferd.shm.connections import Message, ShmConnection, ShmConnections
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
@@ -31,8 +37,51 @@ _OPS = [*SHM_OPS, "infer"]
 _MSG_TRUNC = int(socket.MSG_TRUNC)
 
 
+def admit_shm_message(
+    shm: ShmConnections,
+    entry: ShmConnection,
+    message: Message,
+    handler: RequestHandler,
+    dispatch: Dispatcher,
+    limits: Limits,
+) -> Reply | None:
+    """Admit or answer the message read from ``entry``: the reply to send now, if
+    any.  A repeat of an infer request admitted before on this connection is
+    admitted from what that admission prepared (DESIGN.md 109)."""
+    admit: Callable[[Request], Reply | None]
+    repeat = repeat_in(message)
+    prepared = None if repeat is None else handler.prepared_for(entry.route, repeat.prefix)
+    if prepared is not None and repeat is not None:
+        request, refusal = read_repeat(shm, entry, prepared, repeat)
+        admit = partial(handler.admit_prepared, prepared)
+    else:
+        try:
+            read = read_shm_request(shm, entry, message, limits, repeat)
+        finally:
+            message.close_fds()
+        if read is None:
+            return None
+        request, refusal = read
+        admit = handler.handle_infer
+    if refusal is not None:
+        return error_reply(request, request.envelope, refusal)
+    return dispatch.answer(request, admit)
+
+
+def repeat_in(message: Message) -> Repeat | None:
+    """``message`` split at the id it ends with (``bus.repeats``), when it is one
+    whole message of bytes alone."""
+    if message.fds or message.flags & _MSG_TRUNC:
+        return None
+    return repeat_of(message.data)
+
+
 def read_shm_request(
-    shm: ShmConnections, entry: ShmConnection, message: Message, limits: Limits
+    shm: ShmConnections,
+    entry: ShmConnection,
+    message: Message,
+    limits: Limits,
+    repeat: Repeat | None = None,
 ) -> tuple[Request, ProtocolError | None] | None:
     """The infer request ``message`` carries, counted in flight on ``entry``, with
     the refusal its reply must carry when the connection has too many in flight;
@@ -41,7 +90,7 @@ def read_shm_request(
     handling it failed (a bug, an ``OSError`` mapping a memfd): then that
     connection alone is closed."""
     try:
-        return _read(shm, entry, message, limits)
+        return _read(shm, entry, message, limits, repeat)
     except Exception:
         log.exception("shm_handler_failed", pid=entry.connection.peer.pid)
         shm.close(entry)
@@ -49,7 +98,11 @@ def read_shm_request(
 
 
 def _read(
-    shm: ShmConnections, entry: ShmConnection, message: Message, limits: Limits
+    shm: ShmConnections,
+    entry: ShmConnection,
+    message: Message,
+    limits: Limits,
+    repeat: Repeat | None,
 ) -> tuple[Request, ProtocolError | None] | None:
     if message.closed:
         shm.close(entry)
@@ -79,6 +132,34 @@ def _read(
         return None
     request.envelope = [entry.route]
     request.local_uid = entry.connection.peer.uid
+    typed = isinstance(request.header, InferHeader)
+    if typed and repeat is not None and request.request_id == repeat.request_id:
+        request.repeat = repeat.prefix  # the id is the header's last value
+    return _admit(shm, entry, request)
+
+
+def read_repeat(
+    shm: ShmConnections, entry: ShmConnection, prepared: Prepared, repeat: Repeat
+) -> tuple[Request, ProtocolError | None]:
+    """The repeated infer request ``repeat`` of ``entry``, whose header is that of
+    the request ``prepared`` was made from but for its id (``bus.repeats``),
+    counted in flight on ``entry``, with the refusal its reply must carry when
+    the connection has too many in flight."""
+    request = Request(
+        envelope=[entry.route],
+        header=prepared.header,
+        request_id=repeat.request_id,
+        op="infer",
+        tensors=[],
+        local_uid=entry.connection.peer.uid,
+        repeat=repeat.prefix,
+    )
+    return _admit(shm, entry, request)
+
+
+def _admit(
+    shm: ShmConnections, entry: ShmConnection, request: Request
+) -> tuple[Request, ProtocolError | None]:
     try:
         shm.admit(entry)  # from here on its reply goes through ShmConnections.reply
     except ProtocolError as exc:

@@ -329,5 +329,5 @@ def _reply_tensors(
         view = job.outputs[name] if job.outputs else None
         if view is not None and array is not view:
             np.copyto(view, array)  # a runtime that could not write in place
-        descriptors.append(placement.as_wire())
+        descriptors.append(placement.wire)
     return descriptors, frames

@@ -30,10 +30,12 @@ from inferd.bus.codec import (
     model_of,
     output_views,
 )
-from inferd.bus.handler import Reply
+from inferd.bus.handler import Prepared, Reply
+from inferd.bus.headers import InferHeader
 from inferd.bus.plans import AdmissionPlan, AdmissionPlans, plan_key
 from inferd.bus.region_refs import bind_regions, refs_of
 from inferd.bus.zap import peer_of
+from inferd.serving.prepared import PreparedRequest, PreparedRequests
 from inferd.serving.scheduler import (
     Job,
     QueueBytesFullError,
@@ -95,6 +97,8 @@ class RequestRouter:
         self.accepting = True
         #: What admission concluded from repeated headers (``bus.plans``).
         self.plans = AdmissionPlans()
+        #: Admissions kept for repeated requests on shm.sock (``serving.prepared``).
+        self.prepared = PreparedRequests()
 
     # -- RequestHandler -------------------------------------------------
     def handle_infer(self, request: Request) -> Reply | None:
@@ -133,6 +137,54 @@ class RequestRouter:
             raise
         return None
 
+    def admission_status(self) -> dict[str, int]:
+        """Admissions that used a plan (``bus.plans``) or a prepared admission."""
+        return {"admitted_on_plans": self.plans.used, "admitted_prepared": self.prepared.used}
+
+    def prepared_for(self, route: bytes, repeat: bytes) -> PreparedRequest | None:
+        """The admission prepared for a message of ``route`` whose bytes but for its
+        id are ``repeat``, while it still holds: the daemon accepts requests and
+        the slot serves the handle it was prepared for."""
+        prepared = self.prepared.get(route, repeat)
+        if prepared is None or not self.accepting:
+            return None
+        slot = prepared.slot
+        if slot.state != "serving" or slot.handle is not prepared.handle:
+            return None
+        return prepared
+
+    def admit_prepared(self, prepared: Prepared, request: Request) -> None:
+        """Admit a repeat of the request ``prepared`` was made from: leased, range
+        checked, viewed and queued as that one was (refusals as ``handle_infer``'s)."""
+        assert isinstance(prepared, PreparedRequest)  # what prepared_for hands out
+        slot = prepared.slot
+        slot.stats.received()
+        self.prepared.used += 1
+        try:
+            regions = self._lease_prepared(prepared, request)
+            try:
+                inputs = input_views(prepared.plan.inputs, request.tensors, regions)
+                outputs = output_views(regions)
+                self._queue(request, slot, inputs, outputs, regions, prepared.deadline_ms, 0)
+            except BaseException:
+                regions.release()
+                raise
+        except ProtocolError as exc:
+            slot.stats.answered(str(exc.code))
+            raise
+
+    def _lease_prepared(self, prepared: PreparedRequest, request: Request) -> RequestRegions:
+        """The regions of a repeat, leased, with its tensors placed as the last time."""
+        assert self._regions is not None  # a plan names regions
+        regions = RequestRegions(self._regions, request.local_uid)
+        if regions.lease_placement(prepared.placement):
+            return regions
+        # Another region under an id it leased: leased and range checked anew.
+        rebound = bind_regions(request, self._regions, prepared.plan.refs)
+        assert rebound is not None  # a plan names regions
+        prepared.placement = rebound.placement()
+        return rebound
+
     def _admit(
         self,
         request: Request,
@@ -160,8 +212,8 @@ class RequestRouter:
                 check_outputs(regions, handle.outputs, every=is_shm_route(request.envelope[0]))
                 if key is not None and regions is not None:
                     names = [name for name, _, _, _ in parsed]
-                    refs = refs_of(regions, names)
-                    self.plans.remember(slot.name, key, AdmissionPlan(handle, refs, parsed))
+                    plan = AdmissionPlan(handle, refs_of(regions, names), parsed)
+                    self.plans.remember(slot.name, key, plan)
             outputs = output_views(regions)
         else:
             raise ProtocolError(
@@ -175,6 +227,27 @@ class RequestRouter:
                 f"request holds {nbytes} tensor bytes; model {slot.name!r} queues at most "
                 f"{slot.config.queue_max_bytes} bytes (queue_max_bytes)",
             )
+        self._queue(request, slot, inputs, outputs, regions, deadline_ms, nbytes)
+        header = request.header
+        repeat = request.repeat
+        serving = slot.state == "serving"  # its inputs were checked against the plan's handle
+        if repeat is not None and serving and plan is not None and isinstance(header, InferHeader):
+            assert regions is not None  # a plan names regions
+            placement = regions.placement()
+            prepared = PreparedRequest(slot, plan.handle, header, plan, deadline_ms, placement)
+            self.prepared.remember(request.envelope[0], repeat, prepared)
+
+    def _queue(
+        self,
+        request: Request,
+        slot: ModelSlot,
+        inputs: dict[str, Any] | None,
+        outputs: dict[str, Any] | None,
+        regions: RequestRegions | None,
+        deadline_ms: int,
+        nbytes: int,
+    ) -> None:
+        """Queue the admitted request as a job; a job it supersedes is answered."""
         now_ns = time.monotonic_ns()
         assert request.request_id is not None  # check_request guarantees it
         job = Job(

@@ -11,8 +11,9 @@ holds it, and is unmapped on the registration thread once none does: the
 memory under a running inference is never unmapped.
 
 Unmapping runs the runtimes' release hooks (TensorRT drops its CUDA
-registration), then drops the one numpy view of the whole mapping that every
-tensor view is a slice of, then closes the mapping.  Python refuses to close a
+registration), then drops the tensor views it kept for repeated requests and
+the one numpy view of the whole mapping that every tensor view is a slice of,
+then closes the mapping.  Python refuses to close a
 mapping while any buffer exported from it is alive (``BufferError``), so a
 tensor view that outlived its lease can never point into unmapped memory: the
 region then stays mapped (and counted) and the close is retried.
@@ -31,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,8 @@ log = structlog.get_logger("inferd.shm")
 #: Region ids a connection remembers having unregistered (for a clear "already
 #: unregistered" instead of "unknown").
 _REMEMBERED_UNREGISTERED = 64
+#: Tensor views a region keeps for the next request (a few per camera loop).
+_MAX_VIEWS = 32
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class Region:
         self.unmap_failed = False
         self._mapping = mapping
         self._base: np.ndarray | None = np.frombuffer(mapping, np.uint8)
+        #: The tensor views handed out (``view``), dropped when it is unmapped.
+        self._views: dict[tuple[Any, ...], np.ndarray] = {}
         self._hooks: list[Callable[[], None]] = []
 
     @property
@@ -116,9 +122,21 @@ class Region:
                 f"of {self.size} bytes",
             )
 
-    def view(self, ref: RegionRef, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-        """``ref``'s bytes as an array (a slice of the one view of the mapping)."""
-        array: np.ndarray = self.host_array()[ref.offset : ref.end].view(dtype).reshape(shape)
+    def view(
+        self, ref: RegionRef, dtype: np.dtype[Any], shape: tuple[int, ...], *, writeable: bool
+    ) -> np.ndarray:
+        """``ref``'s bytes as an array (a slice of the one view of the mapping): the
+        same array for the same bytes, dtype, shape and ``writeable`` until the
+        region is unmapped, since a camera loop's requests view the same bytes
+        every time (DESIGN.md 109)."""
+        key = (ref.offset, ref.nbytes, dtype, shape, writeable)
+        array = self._views.get(key)
+        if array is None:
+            array = self.host_array()[ref.offset : ref.end].view(dtype).reshape(shape)
+            array.flags.writeable = writeable
+            if len(self._views) >= _MAX_VIEWS:
+                self._views = {}  # rebound, not cleared: another thread may be reading it
+            self._views[key] = array
         return array
 
     # -- release ------------------------------------------------------------------
@@ -130,6 +148,7 @@ class Region:
                 hook()
             except Exception:  # a runtime's failure must not keep the memory mapped
                 log.exception("shm_release_hook_failed", region=self.shown_id)
+        self._views = {}
         self._base = None
         try:
             self._mapping.close()
@@ -355,13 +374,26 @@ class OutputPlacement:
     region: Region
     ref: RegionRef
 
-    def as_wire(self) -> dict[str, Any]:
+    @cached_property
+    def wire(self) -> dict[str, Any]:
+        """Its descriptor in a reply, made once (a repeat of a request reuses its
+        placements, DESIGN.md 109): not to be changed."""
         return {
             "name": self.name,
             "dtype": protocol.wire_dtype_name(self.name, self.dtype),
             "shape": list(self.shape),
             **self.ref.as_wire(),
         }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a request's region tensors were (``RequestRegions.placement``): each
+    region it leased, by id in the order leased, and its inputs and outputs."""
+
+    regions: tuple[tuple[str, Region], ...]
+    inputs: dict[int, tuple[Region, RegionRef]]
+    outputs: tuple[OutputPlacement, ...]
 
 
 class RequestRegions:
@@ -385,6 +417,29 @@ class RequestRegions:
 
     def regions(self) -> list[Region]:
         return list(self._held.values())
+
+    def placement(self) -> Placement:
+        """Where this request's tensors are, for a repeat of it (``lease_placement``)."""
+        return Placement(tuple(self._held.items()), dict(self.inputs), tuple(self.outputs))
+
+    def lease_placement(self, placement: Placement) -> bool:
+        """Lease the regions an identical earlier request held (``placement``) and
+        place the tensors where its were: True when each region leased is the
+        very one it held (whose size its ranges were checked against); False, and
+        nothing held, when one is another.  Refusals as ``lease``'s."""
+        try:
+            for region_id, region in placement.regions:
+                leased = self._table.lease(region_id, self._peer_uid)
+                self._held[region_id] = leased
+                if leased is not region:
+                    self.release()
+                    return False
+        except BaseException:
+            self.release()  # a refusal leaves nothing leased
+            raise
+        self.inputs = dict(placement.inputs)
+        self.outputs = list(placement.outputs)
+        return True
 
     def release(self) -> None:
         """Give every lease back (idempotent)."""

@@ -48,6 +48,12 @@ class RecordingHandler:
         self.admitted.set()
         return None
 
+    def prepared_for(self, route: bytes, repeat: bytes) -> None:
+        return None  # every request is admitted by handle_infer
+
+    def admit_prepared(self, prepared: Any, request: Request) -> None:
+        raise AssertionError("nothing is prepared")
+
     def handle_control(self, request: Request) -> Reply | None:
         raise AssertionError("no control traffic in these tests")
 

@@ -13,6 +13,7 @@ mechanism under test can make it read:
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import mmap
 import os
@@ -51,8 +52,39 @@ class UidRecordingHandler(RecordingHandler):
         return super().handle_infer(request)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """``bus.handler.Prepared``: what the handler prepared (here, the header alone)."""
+
+    header: Any
+
+
+class PreparingHandler(UidRecordingHandler):
+    """Prepares every request it admits that has a ``repeat`` (the router does so
+    for planned ones, ``serving.prepared``) and records the repeats it admits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared: dict[tuple[bytes, bytes], Prepared] = {}
+        self.repeats: list[tuple[Prepared, Request]] = []
+
+    def handle_infer(self, request: Request) -> Any:
+        reply = super().handle_infer(request)
+        if request.repeat is not None:
+            self.prepared[(request.envelope[0], request.repeat)] = Prepared(request.header)
+        return reply
+
+    def prepared_for(self, route: bytes, repeat: bytes) -> Prepared | None:
+        return self.prepared.get((route, repeat))
+
+    def admit_prepared(self, prepared: Any, request: Request) -> None:
+        self.repeats.append((prepared, request))
+
+
 class Setup:
-    def __init__(self, tmp_path: Path, max_in_flight: int) -> None:
+    def __init__(
+        self, tmp_path: Path, max_in_flight: int, handler: UidRecordingHandler | None = None
+    ) -> None:
         self.shm = ShmServer(
             ShmConfig(socket=tmp_path / "shm.sock", max_requests_per_connection=max_in_flight),
             admit=lambda uid, _gid, _pid: "refused by the test" if uid == os.getuid() + 7 else None,
@@ -63,7 +95,7 @@ class Setup:
             control_endpoint=f"ipc://{tmp_path}/control.sock",
             events_endpoint=f"ipc://{tmp_path}/events.sock",
         )
-        self.handler = UidRecordingHandler()
+        self.handler = handler or UidRecordingHandler()
         self.bus = BusServer(
             self.context, config, handler=self.handler, linger_ms=0, shm=self.shm.connections
         )
@@ -85,8 +117,11 @@ class Setup:
 
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
+    yield from running(Setup(tmp_path, max_in_flight=2), monkeypatch)
+
+
+def running(made: Setup, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
     monkeypatch.setattr(server, "_MAX_POLL_MS", 10_000)
-    made = Setup(tmp_path, max_in_flight=2)
     made.shm.start()
     made.bus.start()
     made.bus.wait_bound(HANG_S)
@@ -390,3 +425,41 @@ def test_the_sources_take_turns_only_when_both_may_answer(
         orders.append(tuple(tried))
     assert sorted(orders[0]) == ["infer", "shm"]
     assert orders[0] != orders[1] and orders[0] == orders[2], orders
+
+
+def infer_id_last(request_id: int) -> bytes:
+    """An infer request encoded as the Python client encodes a repeated one: the
+    id is its last key (``ShmRequest``)."""
+    return protocol.pack({"v": 1, "op": "infer", "model": "m", "inputs": [], "id": request_id})
+
+
+@pytest.fixture
+def preparing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
+    yield from running(Setup(tmp_path, max_in_flight=2, handler=PreparingHandler()), monkeypatch)
+
+
+def test_a_repeat_on_its_connection_is_admitted_from_its_prepared_admission(
+    preparing: Setup,
+) -> None:
+    handler = preparing.handler
+    assert isinstance(handler, PreparingHandler)
+    with preparing.connect() as client, preparing.connect() as other:
+        client.send(infer_id_last(1))
+        wait_until(lambda: handler.requests, HANG_S, message="the first request read")
+        [first] = handler.requests
+        assert first.repeat == infer_id_last(1)[:-1]  # its bytes but for the id
+        client.send(infer_id_last(2**63 + 5))  # the same bytes but for the id
+        wait_until(lambda: handler.repeats, HANG_S, message="the repeat admitted")
+        [(prepared, repeat)] = handler.repeats
+        assert repeat.header is prepared.header and repeat.request_id == 2**63 + 5
+        assert repeat.envelope == first.envelope and repeat.local_uid == os.getuid()
+        assert repeat.repeat == first.repeat
+        # The same bytes on another connection: read and checked in full.
+        other.send(infer_id_last(3))
+        wait_until(lambda: len(handler.requests) == 2, HANG_S, message="the other's request")
+        assert handler.requests[1].envelope != first.envelope
+        # A repeat is counted in flight like any request: the bound (2) refuses it.
+        client.send(infer_id_last(4))
+        refusal = receive(client)
+        assert refusal["id"] == 4 and refusal["error"]["code"] == "RESOURCE_EXHAUSTED"
+        assert len(handler.repeats) == 1 and preparing.status()["in_flight"] == 3

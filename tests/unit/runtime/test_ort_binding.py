@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import tracemalloc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -172,16 +173,23 @@ def test_a_binding_is_reused_only_for_the_same_memory_and_reads_the_new_values(
         )
         assert (small_y == value).all()
     assert resident.in_place.reused == 1
+    # Other array objects of the same memory, shape and dtype: reused too.
+    runtime.infer(handle, {"input": x[:2]}, outputs={"output": y[:2]})
+    assert resident.in_place.reused == 2
     # Another shape at the same address: bound anew.
     runtime.infer(handle, {"input": x[:3]}, outputs={"output": y[:3]})
-    assert np.array_equal(y[:3], x[:3]) and resident.in_place.reused == 1
+    assert np.array_equal(y[:3], x[:3]) and resident.in_place.reused == 2
     # Another address (further rows of the region): bound anew, written there.
     other_x, other_y = x[3:5], y[3:5]
     runtime.infer(handle, {"input": other_x}, outputs={"output": other_y})
-    assert np.array_equal(other_y, other_x) and resident.in_place.reused == 1
+    assert np.array_equal(other_y, other_x) and resident.in_place.reused == 2
     other_y[...] = 0
     runtime.infer(handle, {"input": other_x}, outputs={"output": other_y})
-    assert np.array_equal(other_y, other_x) and resident.in_place.reused == 2
+    assert np.array_equal(other_y, other_x) and resident.in_place.reused == 3
+    # The binding holds its arrays weakly: it keeps no view (and no region) alive.
+    probe = weakref.ref(other_y)
+    del other_x, other_y
+    assert probe() is None
 
 
 def test_a_refused_run_leaves_no_binding_to_reuse(

@@ -42,7 +42,7 @@ class Shared:
 
     def array(self, offset: int, batch: int) -> np.ndarray:
         ref = RegionRef(self.region.region_id, offset, batch * W * 4)
-        return self.region.view(ref, np.dtype(np.float32), (batch, W))
+        return self.region.view(ref, np.dtype(np.float32), (batch, W), writeable=True)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from inferd.bus import plans
 from inferd.bus.codec import Limits, Request, check_request, decode_header
 from inferd.config import ModelConfig, RuntimeConfig, ShmConfig
 from inferd.demo_model import write_identity_model
+from inferd.serving import prepared as prepared_module
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Job, Scheduler
 from inferd.serving.slot import ModelSlot, Sinks
@@ -111,7 +112,7 @@ def admission(tmp_path: Path) -> Iterator[Admission]:
     slot.release()
 
 
-def test_a_repeated_header_is_admitted_on_its_plan_with_views_of_its_own(
+def test_a_repeated_header_is_admitted_on_its_plan_with_the_regions_views(
     admission: Admission,
 ) -> None:
     first = admission.admit(admission.request(1))
@@ -123,7 +124,8 @@ def test_a_repeated_header_is_admitted_on_its_plan_with_views_of_its_own(
     assert second.request_id == 2 and second.regions is not None
     assert second.regions.regions()[0].leases == 1  # leased again, for this request
     view = second.inputs["input"]  # type: ignore[index]
-    assert view is not first_input and not view.flags.writeable
+    # The region keeps its views until it is unmapped (DESIGN.md 109).
+    assert view is first_input and not view.flags.writeable
     admission.memory[:NBYTES].view(np.float32)[:] = 7.0
     assert (view == 7.0).all()  # the region's bytes
     assert second.outputs is not None and second.outputs["output"].flags.writeable
@@ -170,3 +172,132 @@ def test_each_model_keeps_a_bounded_number_of_plans(
         admission.admit(request).finish()
     assert admission.router.plans.made == 7
     assert len(admission.router.plans._plans["identity"]) == 3
+
+
+# -- prepared admissions of repeats on shm.sock (serving.prepared, DESIGN.md 109) --
+#: What the shm reader gives as a request's bytes but for its id (``bus.repeats``).
+REPEAT = b"the request's bytes but for its id"
+
+
+def first_of_a_loop(admission: Admission, request_id: int = 1) -> Request:
+    request = admission.request(request_id, on_shm=True)
+    request.repeat = REPEAT
+    return request
+
+
+def repeat(admission: Admission, request_id: int) -> tuple[Any, Request]:
+    """The prepared admission for ``REPEAT`` on the shm route, and a repeat of it as
+    the shm reader makes one (``bus.shm_requests.read_repeat``)."""
+    prepared = admission.router.prepared_for(SHM_ROUTE, REPEAT)
+    assert prepared is not None
+    request = Request(
+        envelope=[SHM_ROUTE],
+        header=prepared.header,
+        request_id=request_id,
+        op="infer",
+        tensors=[],
+        local_uid=ME.uid,
+        repeat=REPEAT,
+    )
+    return prepared, request
+
+
+def test_a_repeat_is_admitted_from_what_the_first_admission_prepared(
+    admission: Admission,
+) -> None:
+    router = admission.router
+    assert router.prepared_for(SHM_ROUTE, REPEAT) is None  # nothing admitted yet
+    first = admission.admit(first_of_a_loop(admission))
+    assert (router.prepared.made, router.prepared.used) == (1, 0)
+    first_views = (first.inputs, first.outputs)
+    first.finish()
+    prepared, request = repeat(admission, 2)
+    router.admit_prepared(prepared, request)
+    second = admission.scheduler.take(timeout=0)
+    assert isinstance(second, Job)
+    assert (second.request_id, second.envelope, second.header) == (2, [SHM_ROUTE], prepared.header)
+    # Neither decoded, planned nor checked against the model again; leased again.
+    assert (router.plans.made, router.plans.used, router.prepared.used) == (1, 0, 1)
+    assert second.regions is not None and second.regions.regions()[0].leases == 1
+    assert (second.inputs, second.outputs) == first_views  # the region's views
+    assert admission.slot.stats.snapshot()["requests"] == 2
+    second.finish()
+    assert admission.table.status()["regions"][0]["in_use"] == 0
+    # Another connection's identical bytes are its own: admitted and checked anew.
+    assert router.prepared_for(b"\x00shm" + bytes(7) + b"\x01" + bytes(16), REPEAT) is None
+
+
+def test_a_repeat_is_refused_as_the_full_checks_refuse_it(admission: Admission) -> None:
+    admission.admit(first_of_a_loop(admission)).finish()
+    admission.table.unregister(admission.connection, admission.region_id)
+    prepared, request = repeat(admission, 2)
+    with pytest.raises(ProtocolError) as repeated:
+        admission.router.admit_prepared(prepared, request)
+    with pytest.raises(ProtocolError) as checked:
+        admission.router.handle_infer(admission.request(3, on_shm=True))
+    assert repeated.value.code is checked.value.code is Code.NOT_FOUND
+    assert repeated.value.message == checked.value.message
+    assert admission.scheduler.depth("identity") == 0
+    assert admission.slot.stats.count("NOT_FOUND") == 2
+
+
+def test_a_repeat_refused_by_the_queue_leases_nothing(
+    admission: Admission, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admission.admit(first_of_a_loop(admission)).finish()
+    monkeypatch.setattr(admission.scheduler._queues["identity"], "capacity", 2)
+    for request_id in (2, 3):
+        admission.router.admit_prepared(*repeat(admission, request_id))
+    with pytest.raises(ProtocolError) as caught:
+        admission.router.admit_prepared(*repeat(admission, 4))
+    assert caught.value.code is Code.RESOURCE_EXHAUSTED and "is full" in caught.value.message
+    assert admission.table.status()["regions"][0]["in_use"] == 2  # the two queued ones
+    assert admission.slot.stats.count("RESOURCE_EXHAUSTED") == 1
+
+
+def test_a_prepared_admission_holds_only_while_its_handle_serves(admission: Admission) -> None:
+    router = admission.router
+    admission.admit(first_of_a_loop(admission)).finish()
+    assert router.prepared_for(SHM_ROUTE, REPEAT) is not None
+    handle = admission.slot.handle
+    assert handle is not None
+    admission.slot.handle = dataclasses.replace(handle)  # a runtime switch
+    assert router.prepared_for(SHM_ROUTE, REPEAT) is None
+    admission.admit(first_of_a_loop(admission, 2)).finish()  # checked and prepared anew
+    assert router.prepared_for(SHM_ROUTE, REPEAT) is not None
+    router.accepting = False  # shutting down: refused by the full path
+    assert router.prepared_for(SHM_ROUTE, REPEAT) is None
+    router.accepting = True
+    admission.slot.state = "loading"
+    assert router.prepared_for(SHM_ROUTE, REPEAT) is None
+
+
+def test_a_repeat_under_a_region_id_that_names_another_region_is_range_checked_anew(
+    admission: Admission,
+) -> None:
+    admission.admit(first_of_a_loop(admission)).finish()
+    prepared, request = repeat(admission, 2)
+    region = admission.table.lease(admission.region_id, None)
+    admission.table.unlease(region)
+    # As if the id now named another region object (ids are random: never reused).
+    stale = dataclasses.replace(prepared.placement, regions=((admission.region_id, object()),))
+    prepared.placement = stale  # type: ignore[assignment]
+    admission.router.admit_prepared(prepared, request)
+    job = admission.scheduler.take(timeout=0)
+    assert isinstance(job, Job) and job.regions is not None
+    assert job.regions.regions() == [region] and prepared.placement is not stale
+    job.finish()
+
+
+def test_prepared_admissions_are_bounded(
+    admission: Admission, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prepared_module, "MAX_PREPARED", 3)
+    for number in range(5):
+        request = first_of_a_loop(admission, number + 1)
+        request.repeat = bytes([number])
+        admission.admit(request).finish()
+    router = admission.router
+    assert router.prepared.made == 5 and len(router.prepared) == 3
+    assert router.prepared_for(SHM_ROUTE, bytes([0])) is None  # the oldest went
+    assert router.prepared_for(SHM_ROUTE, bytes([4])) is not None

@@ -3,6 +3,7 @@ leases that keep a released region mapped, unmapping only once nothing uses it."
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import mmap
 import os
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from inferd.config import ShmConfig
+from inferd.shm import regions as regions_module
 from inferd.shm.regions import Connection, PeerCredentials, Region, RegionTable, RequestRegions
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import RegionRef
@@ -135,7 +137,7 @@ def test_a_leased_region_stays_mapped_until_its_last_lease_goes(regions: Table) 
     region = regions.register()
     request = RequestRegions(regions.table, None)
     ref = RegionRef(region.region_id, 0, 16)
-    view = request.lease("tensor 'x'", ref).view(ref, np.dtype(np.float32), (4,))
+    view = request.lease("tensor 'x'", ref).view(ref, np.dtype(np.float32), (4,), writeable=True)
     view[:] = 7.0
     regions.table.disconnect(regions.connection)  # the client went away mid-request
     status = regions.table.status()
@@ -154,7 +156,7 @@ def test_a_leased_region_stays_mapped_until_its_last_lease_goes(regions: Table) 
 def test_a_view_that_outlives_its_lease_keeps_the_memory_mapped(regions: Table) -> None:
     region = regions.register()
     ref = RegionRef(region.region_id, 0, 16)
-    stray = region.view(ref, np.dtype(np.uint8), (16,))
+    stray = region.view(ref, np.dtype(np.uint8), (16,), writeable=True)
     hooks: list[str] = []
     region.on_release(lambda: hooks.append("released"))
     regions.table.unregister(regions.connection, region.region_id)
@@ -229,3 +231,47 @@ def test_close_all_releases_everything(regions: Table) -> None:
     regions.table.close_all()
     assert regions.table.status()["mapped_bytes"] == 0
     assert regions.table.status()["regions"] == []
+
+
+def test_a_region_hands_out_the_same_view_of_the_same_bytes_until_unmapped(
+    regions: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    region = regions.register()
+    ref, f32 = RegionRef(region.region_id, 0, 16), np.dtype(np.float32)
+    view = region.view(ref, f32, (4,), writeable=False)
+    assert region.view(ref, f32, (4,), writeable=False) is view and not view.flags.writeable
+    written = region.view(ref, f32, (4,), writeable=True)
+    assert written is not view and written.flags.writeable
+    assert region.view(ref, f32, (2, 2), writeable=True) is not written  # another shape
+    written[:] = 3.0
+    assert (view == 3.0).all()  # the same bytes
+    monkeypatch.setattr(regions_module, "_MAX_VIEWS", 3)
+    region.view(RegionRef(region.region_id, 16, 16), f32, (4,), writeable=True)  # a fourth
+    assert region.view(ref, f32, (4,), writeable=False) is not view  # the kept ones went
+    del view, written
+    # The views it keeps do not keep it mapped once it is released.
+    regions.table.unregister(regions.connection, region.region_id)
+    regions.table.release_due()
+    assert regions.table.mapped_bytes() == 0 and regions.table.status()["regions"] == []
+
+
+def test_a_placement_is_leased_again_only_for_the_very_regions_it_held(regions: Table) -> None:
+    first, second = regions.register(), regions.register()
+    request = RequestRegions(regions.table, None)
+    request.lease("tensor 'x'", RegionRef(first.region_id, 0, 16))
+    request.lease("output 'y'", RegionRef(second.region_id, 0, 16))
+    placement = request.placement()
+    request.release()
+    again = RequestRegions(regions.table, None)
+    assert again.lease_placement(placement)
+    assert again.regions() == [first, second] and first.leases == second.leases == 1
+    again.release()
+    # Another region under an id it held: nothing stays leased.
+    other = dataclasses.replace(placement, regions=((first.region_id, second),))
+    assert not RequestRegions(regions.table, None).lease_placement(other)
+    assert first.leases == second.leases == 0
+    # A region gone since: refused as a lease is, with nothing leased.
+    regions.table.unregister(regions.connection, second.region_id)
+    with pytest.raises(ProtocolError) as caught:
+        RequestRegions(regions.table, None).lease_placement(placement)
+    assert caught.value.code is Code.NOT_FOUND and first.leases == 0

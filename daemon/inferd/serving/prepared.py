@@ -1,0 +1,72 @@
+"""Admissions prepared for repeated requests on ``shm.sock`` (DESIGN.md 109).
+
+Once a request read from a shm connection has been admitted on an admission
+plan (``bus.plans``), the router keeps what that admission concluded under the
+connection's route and the message's bytes but for its id (``bus.repeats``):
+the typed header, the plan, the deadline and the slot and handle it was
+admitted for.  The next message on that connection with the same bytes is the
+same header but for its id, so it is admitted from here without being decoded,
+planned or checked against the model again: only what can change between two
+identical requests is done again (the daemon still accepting, the slot still
+serving the same handle, the in-flight bound, the leases with their owner and
+range checks, the views, the deadline, the queue).
+
+At most ``MAX_PREPARED`` are kept, the oldest dropped; a closed connection's
+route is never used again, so its entries only wait to be dropped.  Nothing
+here holds a view or a lease: the regions are leased per request by id, and the
+tensors placed as the last time when the regions leased are the same objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferd.bus.headers import InferHeader
+from inferd.bus.plans import AdmissionPlan
+from inferd.serving.slot import ModelSlot
+from inferd.shm.regions import Placement
+
+#: Prepared admissions kept (a camera loop needs one per connection; a message is
+#: at most 16 KiB, so this bounds them to 1 MiB).
+MAX_PREPARED = 64
+
+
+@dataclass
+class PreparedRequest:
+    """What admitting a request concluded, for the next with the same bytes."""
+
+    slot: ModelSlot
+    #: The ``EngineHandle`` the plan was checked against.
+    handle: object
+    #: The typed header of the request it was prepared from (its ``id`` is that
+    #: request's; a repeat's id is the one it carries).
+    header: InferHeader
+    plan: AdmissionPlan
+    deadline_ms: int
+    #: Where the last admitted one's tensors were: a repeat whose regions are the
+    #: same objects is placed there without the range checks (sizes unchanged).
+    placement: Placement
+
+
+class PreparedRequests:
+    """The prepared admissions by (route, bytes but for the id); used by the one
+    thread admitting at a time."""
+
+    def __init__(self) -> None:
+        self._prepared: dict[tuple[bytes, bytes], PreparedRequest] = {}
+        #: Requests admitted from a prepared admission, and admissions prepared.
+        self.used = 0
+        self.made = 0
+
+    def get(self, route: bytes, prefix: bytes) -> PreparedRequest | None:
+        return self._prepared.get((route, prefix))
+
+    def remember(self, route: bytes, prefix: bytes, prepared: PreparedRequest) -> None:
+        key = (route, prefix)
+        if key not in self._prepared and len(self._prepared) >= MAX_PREPARED:
+            del self._prepared[next(iter(self._prepared))]  # the oldest
+        self._prepared[key] = prepared
+        self.made += 1
+
+    def __len__(self) -> int:
+        return len(self._prepared)
