@@ -4,7 +4,7 @@ is too; schemas/conformance holds the vectors both are checked against."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from inferd_client.errors import MalformedReply, RemoteError
@@ -26,8 +26,25 @@ INFER_REPLY_FIELDS = (
     "outputs",
     "thermal",
 )
+_INFER_REPLY_KEYS = frozenset(INFER_REPLY_FIELDS)
 _RUNTIMES = ("tensorrt", "onnx_trt_ep")
 _THERMAL_SUMMARIES = ("nominal", "throttling", "unknown")
+
+
+def _uint(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+#: The type of each typed key of an infer reply (``outputs``: ``decode_outputs``).
+_INFER_REPLY_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "model": lambda value: isinstance(value, str) and bool(value),
+    "runtime": lambda value: value in _RUNTIMES,
+    "fallback": lambda value: isinstance(value, bool),
+    "latency_us": _uint,
+    "queue_us": _uint,
+    "late": lambda value: isinstance(value, bool),
+    "thermal": lambda value: value in _THERMAL_SUMMARIES,
+}
 
 
 def check_reply_id(header: Mapping[str, Any]) -> None:
@@ -57,24 +74,11 @@ def raise_if_error(header: Mapping[str, Any]) -> None:
 def check_infer_reply(header: Mapping[str, Any]) -> None:
     """A successful infer reply carries exactly ``INFER_REPLY_FIELDS``, typed as
     infer_reply.json says (the outputs are checked by ``decode_outputs``)."""
-    keys = set(header)
-    if keys != set(INFER_REPLY_FIELDS):
-        missing = sorted(set(INFER_REPLY_FIELDS) - keys)
-        unknown = sorted(keys - set(INFER_REPLY_FIELDS))
+    keys = header.keys()
+    if keys != _INFER_REPLY_KEYS:
+        missing = sorted(_INFER_REPLY_KEYS - keys)
+        unknown = sorted(keys - _INFER_REPLY_KEYS)
         raise MalformedReply(f"infer reply: missing keys {missing}, unknown keys {unknown}")
-
-    def uint(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    checks = {
-        "model": isinstance(header["model"], str) and bool(header["model"]),
-        "runtime": header["runtime"] in _RUNTIMES,
-        "fallback": isinstance(header["fallback"], bool),
-        "latency_us": uint(header["latency_us"]),
-        "queue_us": uint(header["queue_us"]),
-        "late": isinstance(header["late"], bool),
-        "thermal": header["thermal"] in _THERMAL_SUMMARIES,
-    }
-    wrong = [key for key, fine in checks.items() if not fine]
+    wrong = [key for key, check in _INFER_REPLY_CHECKS.items() if not check(header[key])]
     if wrong:
         raise MalformedReply(f"infer reply: {wrong} do not have the protocol's types: {header!r}")

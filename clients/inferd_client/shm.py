@@ -223,10 +223,11 @@ class RegionChannel:
         ``request_id`` (None: none came); replies to other ids are discarded."""
         give_up_at = time.monotonic() + wait
         try:
-            # Refused at connect (shm.max_connections): the refusal is queued for us.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            try:
                 if not self._send(message, fds, give_up_at):
                     return None
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at connect (shm.max_connections): the refusal is queued for us
             while True:
                 data = self._receive(give_up_at)
                 if data is None:

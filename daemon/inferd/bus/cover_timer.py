@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import os
 import weakref
+from typing import Any
 
 #: How long the worker may run without anyone reading the infer socket: a request
 #: that arrives during a longer run is read (admitted, or refused at once) by the
@@ -53,29 +54,38 @@ def _check(result: int) -> int:
     return result
 
 
+def _setting(after_ns: int) -> Any:
+    """A pointer to the ``itimerspec`` of one expiry ``after_ns`` from now (0: none)."""
+    setting = _Itimerspec()
+    setting.it_value.tv_sec, setting.it_value.tv_nsec = divmod(after_ns, 1_000_000_000)
+    return ctypes.pointer(setting)
+
+
 class OneShotTimer:
     """``fd`` is readable once the timer expires, until ``clear`` or a new setting."""
 
     def __init__(self) -> None:
         self.fd = _check(_libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC))
         weakref.finalize(self, os.close, self.fd)
-        self._setting = _Itimerspec()
-        self._pointer = ctypes.pointer(self._setting)
+        #: The settings made so far, by delay: the worker arms the same one per run.
+        self._settings: dict[int, Any] = {0: _setting(0)}
 
     def arm(self, after_ns: int) -> None:
         """Expire once, ``after_ns`` from now (at least 1 ns: 0 would disarm)."""
         after_ns = max(1, after_ns)
-        self._set(after_ns // 1_000_000_000, after_ns % 1_000_000_000)
+        setting = self._settings.get(after_ns)
+        if setting is None:
+            setting = self._settings[after_ns] = _setting(after_ns)
+        self._set(setting)
 
     def disarm(self) -> None:
         """Stop the timer; a pending expiry is forgotten too (the fd reads empty)."""
-        self._set(0, 0)
+        self._set(self._settings[0])
 
     def clear(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.read(self.fd, 8)
 
-    def _set(self, seconds: int, nanoseconds: int) -> None:
-        self._setting.it_value.tv_sec = seconds
-        self._setting.it_value.tv_nsec = nanoseconds
-        _check(_libc.timerfd_settime(self.fd, 0, self._pointer, None))
+    def _set(self, setting: Any) -> None:
+        if _libc.timerfd_settime(self.fd, 0, setting, None) < 0:
+            _check(-1)

@@ -73,10 +73,12 @@ def _same_arrays(
     (nothing in the daemon reshapes an array in place), found without asking
     numpy for them (a region hands out the same view of the same bytes,
     DESIGN.md 109)."""
-    return len(refs) == len(tensors) and all(
-        name == other and ref() is array
-        for (name, ref), (other, array) in zip(refs, tensors, strict=True)
-    )
+    if len(refs) != len(tensors):
+        return False
+    for (name, ref), (other, array) in zip(refs, tensors, strict=True):
+        if name != other or ref() is not array:
+            return False
+    return True
 
 
 class InPlaceRunner:
@@ -92,13 +94,14 @@ class InPlaceRunner:
     def run(
         self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        if len(outputs) != len(self._output_names) or not all(
-            array.size for array in (*inputs.values(), *outputs.values())
-        ):
-            return run_in_place(self._session, self._output_names, inputs, outputs)
         tensors = (*inputs.items(), *outputs.items())
         last = self._last
         if last is None or not _same_arrays(last.arrays, tensors):
+            # (The arrays of the last binding passed these checks.)
+            if len(outputs) != len(self._output_names) or not all(
+                array.size for _, array in tensors
+            ):
+                return run_in_place(self._session, self._output_names, inputs, outputs)
             key = tuple(
                 (name, array.ctypes.data, array.shape, array.dtype) for name, array in tensors
             )
