@@ -101,6 +101,9 @@ class Scheduler:
         # Python-level calls more, several times per request.
         self._lock = threading.RLock()
         self._condition = threading.Condition(self._lock)
+        #: Threads waiting on the condition (``take`` with a timeout, ``wait_idle``):
+        #: with none, the worker's own submits and replies skip notifying it.
+        self._condition_waiters = 0
         self._queues: dict[str, _ModelQueue] = {}
         self._names: list[str] = []
         #: Models whose jobs are not taken (failing over); their queues still fill.
@@ -147,7 +150,8 @@ class Scheduler:
 
     def _wake(self) -> None:
         """Wake the worker (call with the condition held)."""
-        self._condition.notify()
+        if self._condition_waiters:
+            self._condition.notify()
         self._signal_worker()
 
     def _signal_worker(self) -> None:
@@ -227,7 +231,7 @@ class Scheduler:
                 if job is not None:
                     self._in_flight += 1
                     return job
-                if timeout == 0 or not self._condition.wait(timeout):
+                if timeout == 0 or not self._wait(timeout):
                     return None
 
     def _pop_round_robin(self, take: bool = True) -> Job | None:
@@ -255,7 +259,18 @@ class Scheduler:
     def task_done(self) -> None:
         with self._lock:
             self._in_flight -= 1
-            self._condition.notify_all()
+            if self._condition_waiters:
+                self._condition.notify_all()
+
+    def _wait(self, timeout: float | None, predicate: Callable[[], bool] | None = None) -> bool:
+        """Wait on the condition (held), counted in ``_condition_waiters``."""
+        self._condition_waiters += 1
+        try:
+            if predicate is None:
+                return self._condition.wait(timeout)
+            return self._condition.wait_for(predicate, timeout)
+        finally:
+            self._condition_waiters -= 1
 
     def expire(self, now_ns: int) -> list[Job]:
         """Remove and return every queued job whose deadline has passed."""
@@ -297,8 +312,8 @@ class Scheduler:
     def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is queued or running; True if that happened in time."""
         with self._lock:
-            return self._condition.wait_for(
-                lambda: self._in_flight == 0 and not any(True for _ in self._all_jobs()), timeout
+            return self._wait(
+                timeout, lambda: self._in_flight == 0 and not any(True for _ in self._all_jobs())
             )
 
     def close(self) -> list[Job]:

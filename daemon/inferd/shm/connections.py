@@ -320,6 +320,8 @@ class ShmConnections:
 
 
 def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    if not ancillary:  # an infer request: no descriptor
+        return []
     fds = array.array("i")
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

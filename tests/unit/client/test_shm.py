@@ -19,6 +19,7 @@ from inferd_client.client import decode_outputs, encode_request, infer_request_h
 from inferd_client.errors import ClientError, MalformedReply, RequestTimeout
 from inferd_client.shm import (
     RegionChannel,
+    SameCall,
     SharedRegion,
     ShmRequest,
     encode_inputs,
@@ -148,6 +149,31 @@ def test_the_layout_of_arrays_tells_apart_what_the_encoding_depends_on() -> None
         assert layout_of({"a": a}) != layout_of({"a": a[1:]})  # the address
         assert layout_of({"a": [1.0, 2.0]}) is None  # not an array: not cached
         del a
+
+
+def test_a_call_with_the_very_same_arrays_is_seen_at_once_and_nothing_else_is() -> None:
+    with SharedRegion(4 * mmap.PAGESIZE) as region:
+        x, y = region.array((4, 4), np.float32), region.array((4, 4), np.float32)
+        placed = placed_outputs({"y": y}, {ID: region})
+        request = ShmRequest(infer_request_header("m", [], placed, None), placed, [region])
+        call = SameCall("m", None, {"x": x}, {"y": y}, request)
+        assert call.matches("m", None, {"x": x}, {"y": y})
+        assert not call.matches("other", None, {"x": x}, {"y": y})  # the model
+        assert not call.matches("m", 25, {"x": x}, {"y": y})  # the deadline
+        assert not call.matches("m", None, {"z": x}, {"y": y})  # a name
+        assert not call.matches("m", None, {"x": x, "y": y}, {})  # inputs and outputs
+        assert not call.matches("m", None, {"x": x[:]}, {"y": y})  # another array object
+        assert not call.matches("m", None, {"x": [1.0]}, {"y": y})  # not an array
+        x.shape = (16,)  # the caller reshapes its own array in place
+        assert not call.matches("m", None, {"x": x}, {"y": y})
+        x.shape = (4, 4)
+        assert call.matches("m", None, {"x": x}, {"y": y})
+        del x, y
+    assert not request.valid  # its region is closed
+    with SharedRegion(4 * mmap.PAGESIZE) as region:
+        z = region.array((4, 4), np.float32)
+        assert not call.matches("m", None, {"x": z}, {"y": z})  # the arrays it held are gone
+        del z
 
 
 class SilentShmSocket:
