@@ -7,21 +7,43 @@ bytes with ``"id"`` as its last key, then the id as a msgpack unsigned int).
 and the id.  Two messages with the same prefix decode to the same header but
 for the id: msgpack is self-delimiting, so a decoder reads both identically up
 to the prefix's end, and what follows is, in each, one complete unsigned int
-ending the message, in the slot after the key ``"id"``.  The router admits a
-message whose prefix it has admitted before on the same connection from what
-it prepared then (``serving/prepared.py``); any other message, or a header
-that ends with something else, is decoded and checked as always.
+ending the message, in the slot after the key ``"id"``, provided that slot is
+the id's (``splits_at_id``, checked once).  The router admits a message whose
+prefix it has admitted before on the same connection from what it prepared
+then (``serving/prepared.py``); any other message, or a header that ends with
+something else, is decoded and checked as always.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
+from inferd.bus.headers import InferHeader, decode_infer
+
 #: ``"id"`` as a msgpack fixstr: the key before the id.
 _ID_KEY = b"\xa2id"
 #: Each msgpack unsigned int encoding's length by its type byte (uint 64..8: the
 #: clients' ids are 64-bit).
 _UINT_BYTES = {0xCF: 9, 0xCE: 5, 0xCD: 3, 0xCC: 2}
+
+
+#: Two ids a prefix is tried with (``splits_at_id``): a byte that belongs to
+#: something else (a string, a float) cannot take both values unnoticed.
+_PROBES = (b"\x00", b"\x01")
+
+
+def splits_at_id(prefix: bytes, header: InferHeader) -> bool:
+    """Whether the bytes ``prefix`` end exactly where the id of ``header`` (decoded
+    from them and the id) begins: then any unsigned int after them is that header
+    with another id.  The trailing key and int alone do not say so: the bytes
+    ``"id"`` and an int may end a string or a float that happens to be the
+    header's last value.  Checked once, when an admission is prepared."""
+    for request_id, probe in enumerate(_PROBES):
+        if decode_infer(prefix + probe) != msgspec.structs.replace(header, id=request_id):
+            return False
+    return True
 
 
 @dataclass(frozen=True)

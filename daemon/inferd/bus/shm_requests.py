@@ -48,21 +48,17 @@ def admit_shm_message(
     """Admit or answer the message read from ``entry``: the reply to send now, if
     any.  A repeat of an infer request admitted before on this connection is
     admitted from what that admission prepared (DESIGN.md 109)."""
-    admit: Callable[[Request], Reply | None]
-    repeat = repeat_in(message)
-    prepared = None if repeat is None else handler.prepared_for(entry.route, repeat.prefix)
-    if prepared is not None and repeat is not None:
-        request, refusal = read_repeat(shm, entry, prepared, repeat)
-        admit = partial(handler.admit_prepared, prepared)
-    else:
-        try:
-            read = read_shm_request(shm, entry, message, limits, repeat)
-        finally:
-            message.close_fds()
-        if read is None:
-            return None
-        request, refusal = read
-        admit = handler.handle_infer
+    try:
+        read, admit = _read_message(shm, entry, message, handler, limits)
+    except Exception:  # a bug, an ``OSError`` mapping a memfd: that connection alone goes
+        log.exception("shm_handler_failed", pid=entry.connection.peer.pid)
+        shm.close(entry)
+        return None
+    finally:
+        message.close_fds()
+    if read is None:
+        return None
+    request, refusal = read
     if refusal is not None:
         return error_reply(request, request.envelope, refusal)
     return dispatch.answer(request, admit)
@@ -76,25 +72,24 @@ def repeat_in(message: Message) -> Repeat | None:
     return repeat_of(message.data)
 
 
-def read_shm_request(
+def _read_message(
     shm: ShmConnections,
     entry: ShmConnection,
     message: Message,
+    handler: RequestHandler,
     limits: Limits,
-    repeat: Repeat | None = None,
-) -> tuple[Request, ProtocolError | None] | None:
+) -> tuple[tuple[Request, ProtocolError | None] | None, Callable[[Request], Reply | None]]:
     """The infer request ``message`` carries, counted in flight on ``entry``, with
-    the refusal its reply must carry when the connection has too many in flight;
-    None when the message was answered here (a registration op, a message no one
-    could serve) or was the connection's end (closed, its regions released), or
-    handling it failed (a bug, an ``OSError`` mapping a memfd): then that
-    connection alone is closed."""
-    try:
-        return _read(shm, entry, message, limits, repeat)
-    except Exception:
-        log.exception("shm_handler_failed", pid=entry.connection.peer.pid)
-        shm.close(entry)
-        return None
+    the refusal its reply must carry when the connection has too many in flight,
+    and what admits it; None for the request when the message was answered here
+    (a registration op, a message no one could serve) or was the connection's
+    end (closed, its regions released)."""
+    repeat = repeat_in(message)
+    prepared = None if repeat is None else handler.prepared_for(entry.route, repeat.prefix)
+    if prepared is not None and repeat is not None:
+        admit: Callable[[Request], Reply | None] = partial(handler.admit_prepared, prepared)
+        return _read_repeat(shm, entry, prepared, repeat), admit
+    return _read(shm, entry, message, limits, repeat), handler.handle_infer
 
 
 def _read(
@@ -138,13 +133,11 @@ def _read(
     return _admit(shm, entry, request)
 
 
-def read_repeat(
+def _read_repeat(
     shm: ShmConnections, entry: ShmConnection, prepared: Prepared, repeat: Repeat
 ) -> tuple[Request, ProtocolError | None]:
-    """The repeated infer request ``repeat`` of ``entry``, whose header is that of
-    the request ``prepared`` was made from but for its id (``bus.repeats``),
-    counted in flight on ``entry``, with the refusal its reply must carry when
-    the connection has too many in flight."""
+    """A repeat: the header of the request ``prepared`` was made from, with the id
+    this message carries (``bus.repeats``)."""
     request = Request(
         envelope=[entry.route],
         header=prepared.header,

@@ -11,8 +11,9 @@ identical requests is done again (the daemon still accepting, the slot still
 serving the same handle, the in-flight bound, the leases with their owner and
 range checks, the views, the deadline, the queue).
 
-At most ``MAX_PREPARED`` are kept, the oldest dropped; a closed connection's
-route is never used again, so its entries only wait to be dropped.  Nothing
+At most ``MAX_PREPARED`` are kept, ``MAX_PREPARED_PER_CONNECTION`` of them one
+connection's, the oldest dropped; a closed connection's route is never used
+again, so its entries only wait to be dropped.  Nothing
 here holds a view or a lease: the regions are leased per request by id, and the
 tensors placed as the last time when the regions leased are the same objects.
 """
@@ -29,6 +30,8 @@ from inferd.shm.regions import Placement
 #: Prepared admissions kept (a camera loop needs one per connection; a message is
 #: at most 16 KiB, so this bounds them to 1 MiB).
 MAX_PREPARED = 64
+#: Of which one connection's: one sending ever new requests replaces its own.
+MAX_PREPARED_PER_CONNECTION = 16
 
 
 @dataclass
@@ -63,8 +66,12 @@ class PreparedRequests:
 
     def remember(self, route: bytes, prefix: bytes, prepared: PreparedRequest) -> None:
         key = (route, prefix)
-        if key not in self._prepared and len(self._prepared) >= MAX_PREPARED:
-            del self._prepared[next(iter(self._prepared))]  # the oldest
+        if key not in self._prepared:
+            own = [known for known in self._prepared if known[0] == route]
+            if len(own) >= MAX_PREPARED_PER_CONNECTION:
+                del self._prepared[own[0]]  # its oldest
+            elif len(self._prepared) >= MAX_PREPARED:
+                del self._prepared[next(iter(self._prepared))]  # the oldest
         self._prepared[key] = prepared
         self.made += 1
 

@@ -34,6 +34,7 @@ from inferd.bus.handler import Prepared, Reply
 from inferd.bus.headers import InferHeader
 from inferd.bus.plans import AdmissionPlan, AdmissionPlans, plan_key
 from inferd.bus.region_refs import bind_regions, refs_of
+from inferd.bus.repeats import splits_at_id
 from inferd.bus.zap import peer_of
 from inferd.serving.prepared import PreparedRequest, PreparedRequests
 from inferd.serving.scheduler import (
@@ -227,15 +228,30 @@ class RequestRouter:
                 f"request holds {nbytes} tensor bytes; model {slot.name!r} queues at most "
                 f"{slot.config.queue_max_bytes} bytes (queue_max_bytes)",
             )
+        # Prepared before it is queued: from then on the worker may run it and
+        # release its regions at any moment.
+        prepared = self._prepare(request, slot, regions, plan, deadline_ms)
         self._queue(request, slot, inputs, outputs, regions, deadline_ms, nbytes)
-        header = request.header
-        repeat = request.repeat
-        serving = slot.state == "serving"  # its inputs were checked against the plan's handle
-        if repeat is not None and serving and plan is not None and isinstance(header, InferHeader):
-            assert regions is not None  # a plan names regions
-            placement = regions.placement()
-            prepared = PreparedRequest(slot, plan.handle, header, plan, deadline_ms, placement)
-            self.prepared.remember(request.envelope[0], repeat, prepared)
+        if prepared is not None and request.repeat is not None:
+            self.prepared.remember(request.envelope[0], request.repeat, prepared)
+
+    def _prepare(
+        self,
+        request: Request,
+        slot: ModelSlot,
+        regions: RequestRegions | None,
+        plan: AdmissionPlan | None,
+        deadline_ms: int,
+    ) -> PreparedRequest | None:
+        """What admitting a repeat of ``request`` can start from, if it may have
+        one: a request of ``shm.sock`` ending with its id, admitted on a plan while
+        its slot serves (its inputs checked against the plan's handle)."""
+        header, repeat = request.header, request.repeat
+        if repeat is None or plan is None or regions is None or slot.state != "serving":
+            return None
+        if not isinstance(header, InferHeader) or not splits_at_id(repeat, header):
+            return None
+        return PreparedRequest(slot, plan.handle, header, plan, deadline_ms, regions.placement())
 
     def _queue(
         self,

@@ -427,6 +427,8 @@ class RequestRegions:
         place the tensors where its were: True when each region leased is the
         very one it held (whose size its ranges were checked against); False, and
         nothing held, when one is another.  Refusals as ``lease``'s."""
+        if not placement.regions:  # a request with region tensors leased some
+            return False
         try:
             for region_id, region in placement.regions:
                 leased = self._table.lease(region_id, self._peer_uid)

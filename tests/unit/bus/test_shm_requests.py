@@ -463,3 +463,25 @@ def test_a_repeat_on_its_connection_is_admitted_from_its_prepared_admission(
         refusal = receive(client)
         assert refusal["id"] == 4 and refusal["error"]["code"] == "RESOURCE_EXHAUSTED"
         assert len(handler.repeats) == 1 and preparing.status()["in_flight"] == 3
+
+
+def test_a_failure_admitting_a_repeat_closes_that_connection_only(
+    preparing: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler = preparing.handler
+    assert isinstance(handler, PreparingHandler)
+
+    def broken(prepared: Any, request: Request) -> None:
+        raise RuntimeError("a bug admitting a repeat")
+
+    with preparing.connect() as failing, preparing.connect() as other:
+        failing.send(infer_id_last(1))
+        wait_until(lambda: handler.requests, HANG_S, message="the first request read")
+        monkeypatch.setattr(handler, "prepared_for", broken)
+        failing.send(infer_id_last(2))  # a repeat: the handler fails on it
+        assert failing.recv(MAX_SHM_MESSAGE_BYTES) == b""  # closed, unanswered
+        monkeypatch.undo()
+        other.send(infer(3))
+        wait_until(lambda: len(handler.requests) == 2, HANG_S, message="the other served")
+        assert preparing.status()["connections"] == 1
+    assert preparing.bus.is_alive()

@@ -16,6 +16,7 @@ import pytest
 
 from inferd.bus import plans
 from inferd.bus.codec import Limits, Request, check_request, decode_header
+from inferd.bus.repeats import repeat_of
 from inferd.config import ModelConfig, RuntimeConfig, ShmConfig
 from inferd.demo_model import write_identity_model
 from inferd.serving import prepared as prepared_module
@@ -49,7 +50,12 @@ class Admission:
     region_id: str
     memory: np.ndarray
 
-    def request(self, request_id: int, *, outputs: bool = True, on_shm: bool = False) -> Request:
+    def request(
+        self, request_id: int, *, outputs: bool = True, on_shm: bool = False, **extra: Any
+    ) -> Request:
+        """A request as the bus decodes it; on ``shm.sock`` with its ``repeat`` (the
+        bytes but for the id, which goes last as the clients send it)."""
+
         def descriptor(name: str, offset: int) -> dict[str, Any]:
             return {
                 "name": name,
@@ -68,11 +74,17 @@ class Admission:
         }
         if outputs:
             header["outputs"] = [descriptor("output", OUTPUT_AT)]
+        header.update(extra)
         header["id"] = request_id
-        request = decode_header(protocol.pack(header), LIMITS, typed=True)
+        packed = protocol.pack(header)
+        request = decode_header(packed, LIMITS, typed=True)
         check_request(request, LIMITS)
         request.envelope = [SHM_ROUTE if on_shm else b"client"]
         request.local_uid = ME.uid
+        if on_shm:
+            repeat = repeat_of(packed)
+            assert repeat is not None and repeat.request_id == request_id
+            request.repeat = repeat.prefix
         return request
 
     def admit(self, request: Request) -> Job:
@@ -175,20 +187,24 @@ def test_each_model_keeps_a_bounded_number_of_plans(
 
 
 # -- prepared admissions of repeats on shm.sock (serving.prepared, DESIGN.md 109) --
-#: What the shm reader gives as a request's bytes but for its id (``bus.repeats``).
-REPEAT = b"the request's bytes but for its id"
 
 
 def first_of_a_loop(admission: Admission, request_id: int = 1) -> Request:
-    request = admission.request(request_id, on_shm=True)
-    request.repeat = REPEAT
-    return request
+    return admission.request(request_id, on_shm=True)
+
+
+def repeat_key(admission: Admission) -> bytes:
+    """The bytes but for the id of ``first_of_a_loop``'s requests."""
+    prefix = first_of_a_loop(admission).repeat
+    assert prefix is not None
+    return prefix
 
 
 def repeat(admission: Admission, request_id: int) -> tuple[Any, Request]:
-    """The prepared admission for ``REPEAT`` on the shm route, and a repeat of it as
-    the shm reader makes one (``bus.shm_requests.read_repeat``)."""
-    prepared = admission.router.prepared_for(SHM_ROUTE, REPEAT)
+    """The prepared admission for the loop's requests on the shm route, and a repeat
+    of it as the shm reader makes one (``bus.shm_requests._read_repeat``)."""
+    prefix = repeat_key(admission)
+    prepared = admission.router.prepared_for(SHM_ROUTE, prefix)
     assert prepared is not None
     request = Request(
         envelope=[SHM_ROUTE],
@@ -197,7 +213,7 @@ def repeat(admission: Admission, request_id: int) -> tuple[Any, Request]:
         op="infer",
         tensors=[],
         local_uid=ME.uid,
-        repeat=REPEAT,
+        repeat=prefix,
     )
     return prepared, request
 
@@ -206,7 +222,7 @@ def test_a_repeat_is_admitted_from_what_the_first_admission_prepared(
     admission: Admission,
 ) -> None:
     router = admission.router
-    assert router.prepared_for(SHM_ROUTE, REPEAT) is None  # nothing admitted yet
+    assert router.prepared_for(SHM_ROUTE, repeat_key(admission)) is None  # nothing admitted yet
     first = admission.admit(first_of_a_loop(admission))
     assert (router.prepared.made, router.prepared.used) == (1, 0)
     first_views = (first.inputs, first.outputs)
@@ -224,7 +240,8 @@ def test_a_repeat_is_admitted_from_what_the_first_admission_prepared(
     second.finish()
     assert admission.table.status()["regions"][0]["in_use"] == 0
     # Another connection's identical bytes are its own: admitted and checked anew.
-    assert router.prepared_for(b"\x00shm" + bytes(7) + b"\x01" + bytes(16), REPEAT) is None
+    other_route = b"\x00shm" + bytes(7) + b"\x01" + bytes(16)
+    assert router.prepared_for(other_route, repeat_key(admission)) is None
 
 
 def test_a_repeat_is_refused_as_the_full_checks_refuse_it(admission: Admission) -> None:
@@ -258,18 +275,18 @@ def test_a_repeat_refused_by_the_queue_leases_nothing(
 def test_a_prepared_admission_holds_only_while_its_handle_serves(admission: Admission) -> None:
     router = admission.router
     admission.admit(first_of_a_loop(admission)).finish()
-    assert router.prepared_for(SHM_ROUTE, REPEAT) is not None
+    assert router.prepared_for(SHM_ROUTE, repeat_key(admission)) is not None
     handle = admission.slot.handle
     assert handle is not None
     admission.slot.handle = dataclasses.replace(handle)  # a runtime switch
-    assert router.prepared_for(SHM_ROUTE, REPEAT) is None
+    assert router.prepared_for(SHM_ROUTE, repeat_key(admission)) is None
     admission.admit(first_of_a_loop(admission, 2)).finish()  # checked and prepared anew
-    assert router.prepared_for(SHM_ROUTE, REPEAT) is not None
+    assert router.prepared_for(SHM_ROUTE, repeat_key(admission)) is not None
     router.accepting = False  # shutting down: refused by the full path
-    assert router.prepared_for(SHM_ROUTE, REPEAT) is None
+    assert router.prepared_for(SHM_ROUTE, repeat_key(admission)) is None
     router.accepting = True
     admission.slot.state = "loading"
-    assert router.prepared_for(SHM_ROUTE, REPEAT) is None
+    assert router.prepared_for(SHM_ROUTE, repeat_key(admission)) is None
 
 
 def test_a_repeat_under_a_region_id_that_names_another_region_is_range_checked_anew(
@@ -293,11 +310,58 @@ def test_prepared_admissions_are_bounded(
     admission: Admission, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(prepared_module, "MAX_PREPARED", 3)
-    for number in range(5):
-        request = first_of_a_loop(admission, number + 1)
-        request.repeat = bytes([number])
+    monkeypatch.setattr(prepared_module, "MAX_PREPARED_PER_CONNECTION", 2)
+    other_route = SHM_ROUTE[:-1] + b"\x01"
+    prefixes = []
+    for deadline_ms in range(1, 6):  # five distinct requests, on two connections
+        request = admission.request(deadline_ms, on_shm=True, deadline_ms=deadline_ms)
+        if deadline_ms > 3:
+            request.envelope = [other_route]
+        assert request.repeat is not None
+        prefixes.append(request.repeat)
         admission.admit(request).finish()
     router = admission.router
     assert router.prepared.made == 5 and len(router.prepared) == 3
-    assert router.prepared_for(SHM_ROUTE, bytes([0])) is None  # the oldest went
-    assert router.prepared_for(SHM_ROUTE, bytes([4])) is not None
+    # One connection keeps at most two of its own; the total is three.
+    kept = [
+        (route, number)
+        for number, prefix in enumerate(prefixes)
+        for route in (SHM_ROUTE, other_route)
+        if router.prepared_for(route, prefix) is not None
+    ]
+    assert kept == [(SHM_ROUTE, 2), (other_route, 3), (other_route, 4)]
+
+
+def test_the_preparation_is_made_before_the_worker_may_release_the_first_job(
+    admission: Admission, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = admission.scheduler
+    submit = scheduler.submit
+
+    def run_at_once(job: Job) -> Job | None:  # the worker takes, runs and releases it
+        superseded = submit(job)
+        taken = scheduler.take(timeout=0)
+        assert isinstance(taken, Job)
+        taken.finish()
+        return superseded
+
+    monkeypatch.setattr(scheduler, "submit", run_at_once)
+    assert admission.router.handle_infer(first_of_a_loop(admission)) is None
+    monkeypatch.undo()
+    prepared, request = repeat(admission, 2)
+    assert [region_id for region_id, _ in prepared.placement.regions] == [admission.region_id]
+    admission.router.admit_prepared(prepared, request)
+    job = scheduler.take(timeout=0)
+    assert isinstance(job, Job) and job.regions is not None
+    assert job.regions.regions()[0].leases == 1  # leased, as every repeat is
+    job.finish()
+
+
+def test_a_request_is_prepared_only_when_its_last_bytes_are_its_id(admission: Admission) -> None:
+    # A split that is not where the id begins (as a string or a float ending in
+    # the bytes of "id" and an int gives one: tests/unit/bus/test_repeats.py).
+    request = admission.request(5, on_shm=True)
+    assert request.repeat is not None
+    request.repeat = request.repeat + b"\x05"  # as if the id were elsewhere
+    admission.admit(request).finish()
+    assert admission.router.prepared.made == 0

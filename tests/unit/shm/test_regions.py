@@ -275,3 +275,6 @@ def test_a_placement_is_leased_again_only_for_the_very_regions_it_held(regions: 
     with pytest.raises(ProtocolError) as caught:
         RequestRegions(regions.table, None).lease_placement(placement)
     assert caught.value.code is Code.NOT_FOUND and first.leases == 0
+    # A placement that held no region places nothing.
+    empty = dataclasses.replace(placement, regions=())
+    assert not RequestRegions(regions.table, None).lease_placement(empty)
