@@ -100,29 +100,29 @@ def install(out_path: str) -> None:
         finally:
             bus_admitted.append(clock())
 
-    # A request on shm.sock: read (bus_in), then checked and admitted (bus_admitted).
-    read_shm_request, answer = server.read_shm_request, Dispatcher.answer
-    shm_read = [False]
+    # A request on shm.sock: read (bus_in), then checked and admitted (bus_admitted);
+    # a registration op or a refusal is not stamped (the connections' request
+    # count, which counts infer requests alone, does not move).
+    from inferd.shm import connections
 
-    def traced_read_shm(*args: Any) -> Any:
-        started = clock()
-        read = read_shm_request(*args)
-        if read is not None:  # an infer request (not a registration, not a refusal)
-            bus_in.append(started)
-            shm_read[0] = True
-        return read
+    receive, admit_shm_message = connections.ShmConnection.receive, server.admit_shm_message
+    last_read = [0]
 
-    def traced_answer(self: Any, request: Any, handle: Any) -> Any:
-        if not shm_read[0]:  # within Dispatcher.message, which stamps
-            return answer(self, request, handle)
-        shm_read[0] = False
+    def traced_receive(self: Any) -> Any:
+        last_read[0] = clock()
+        return receive(self)
+
+    def traced_admit_shm(shm: Any, *args: Any) -> Any:
+        requests = shm.requests
         try:
-            return answer(self, request, handle)
+            return admit_shm_message(shm, *args)
         finally:
-            bus_admitted.append(clock())
+            if shm.requests != requests:
+                bus_in.append(last_read[0])
+                bus_admitted.append(clock())
 
-    server.read_shm_request = traced_read_shm  # type: ignore[assignment]
-    Dispatcher.answer = traced_answer  # type: ignore[method-assign]
+    connections.ShmConnection.receive = traced_receive  # type: ignore[method-assign]
+    server.admit_shm_message = traced_admit_shm  # type: ignore[assignment]
     server.BusServer.send_reply = around(  # type: ignore[method-assign]
         "send_start", "send_end", server.BusServer.send_reply
     )
