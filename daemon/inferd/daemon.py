@@ -160,6 +160,7 @@ class Daemon:
             activate=self._activate,
             failover=self.failover,
             thermal_summary=self._thermal_summary,
+            busy_poll_ns=config.bus.busy_poll_us * 1000,
         )
         self.metrics = MetricsExporter(config.metrics, self)  # reads status() at scrape time
 
@@ -436,6 +437,7 @@ class Daemon:
             "bus": {
                 **self.bus.status(),
                 **self.router.admission_status(),
+                "busy_poll": self.worker.busy_poll_status(),
                 "events_published": self.publisher.published,
                 "events_dropped": self.publisher.dropped,
             },

@@ -47,6 +47,33 @@ def test_an_idle_daemon_reads_each_request_on_the_engine_worker(
     assert read >= 45, read
 
 
+@pytest.mark.parametrize("busy_poll_us", [1000, 0])
+def test_back_to_back_requests_are_caught_by_the_workers_busy_poll(
+    daemon_factory: DaemonFactory, identity_model: Any, busy_poll_us: int
+) -> None:
+    """A client that sends its next request as soon as it has the reply finds the
+    worker still polling (DESIGN.md 110); with the poll off, it never polls."""
+    daemon = daemon_factory(
+        models=[{"name": "identity", "path": str(identity_model)}],
+        bus={"busy_poll_us": busy_poll_us},
+    )
+    x = np.random.default_rng(4).standard_normal(IDENTITY_SHAPE, dtype=np.float32)
+    before = _status(daemon)["bus"]["busy_poll"]
+    with InferenceClient(daemon.infer, timeout=10) as client:
+        for _ in range(50):
+            assert np.array_equal(client.infer("identity", {"input": x})["output"], x)
+    after = _status(daemon)["bus"]["busy_poll"]
+    assert after["us"] == busy_poll_us
+    caught = after["caught"] - before["caught"]
+    if busy_poll_us:
+        # The client's turn-around is tens of microseconds; a preempted client
+        # now and then (two cores, the suite running) leaves a poll empty.
+        assert caught >= 25, (before, after)
+        assert after["spent_us"] > before["spent_us"]
+    else:
+        assert after == {"us": 0, "caught": 0, "missed": 0, "spent_us": 0}
+
+
 def test_every_request_of_every_client_is_answered_while_both_threads_read(
     daemon_factory: DaemonFactory, identity_model: Any, demo_model: Any
 ) -> None:

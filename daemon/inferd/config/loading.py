@@ -141,6 +141,7 @@ def _bus(table: TomlTable, endpoints: Endpoints) -> BusConfig:
         max_reply_bytes_total=table.take("max_reply_bytes_total", int, 256 * 1024**2),
         heartbeat_interval_ms=table.take("heartbeat_interval_ms", int, 1000),
         heartbeat_timeout_ms=table.take("heartbeat_timeout_ms", int, 5000),
+        busy_poll_us=table.take("busy_poll_us", int, 50),
     )
     table.finish()
     return bus

@@ -44,6 +44,8 @@ DEFAULT_MAX_LOAD_S = 600.0
 MAX_LOAD_S = 86_400.0
 #: ZeroMQ stores heartbeat times as int milliseconds; an hour is plenty.
 _MAX_HEARTBEAT_MS = 3_600_000
+#: A longer busy poll is a core spent waiting, not a shorter wake-up.
+MAX_BUSY_POLL_US = 1000
 
 #: Sensors change over seconds; faster polling only burns a core.
 MAX_THERMAL_POLL_HZ = 100.0
@@ -92,6 +94,9 @@ class BusConfig:
     #: after a PING is disconnected and its queue freed.
     heartbeat_interval_ms: int = 1000
     heartbeat_timeout_ms: int = 5000
+    #: After each reply the engine worker polls the request sources this long
+    #: without sleeping before it waits on them (0: never; DESIGN.md 110).
+    busy_poll_us: int = 50
 
     def __post_init__(self) -> None:
         for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
@@ -112,6 +117,10 @@ class BusConfig:
             value = getattr(self, key)
             if not 0 <= value <= _MAX_HEARTBEAT_MS:
                 raise ConfigError(f"bus.{key} must be 0..{_MAX_HEARTBEAT_MS} ms, got {value}")
+        if not 0 <= self.busy_poll_us <= MAX_BUSY_POLL_US:
+            raise ConfigError(
+                f"bus.busy_poll_us must be 0..{MAX_BUSY_POLL_US}, got {self.busy_poll_us}"
+            )
         if self.heartbeat_interval_ms and self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
             raise ConfigError(
                 f"bus.heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be at least "

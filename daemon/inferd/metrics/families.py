@@ -177,6 +177,13 @@ def _bus(bus: Mapping[str, Any]) -> Iterator[Metric]:
         "Replies dropped: their peer did not read (bus.max_reply_bytes_*).",
         replies["dropped"],
     )
+    yield _counter(
+        "inferd_bus_busy_poll",
+        "Time the engine worker spent polling for the next request without sleeping "
+        "(bus.busy_poll_us): what busy polling costs a core.",
+        bus["busy_poll"]["spent_us"] / 1e6,
+        "seconds",
+    )
     yield _gauge(
         "inferd_bus_reply_in_flight_bytes",
         "Reply bytes handed to ZeroMQ and not yet written.",

@@ -12,7 +12,10 @@ silence limit is a stall, reported as one.
 It sends its replies through the bus's ``RequestPort`` itself and, while it has
 nothing to run, waits on the infer socket and reads the next request itself
 (DESIGN.md 101): the request it admits is then the job it takes, with no
-thread hand-off on the way in or out.
+thread hand-off on the way in or out.  Before it sleeps on the sources it polls
+them without sleeping for ``busy_poll_ns`` (DESIGN.md 110), unless the thermal
+monitor reports throttling: a client that sends its next request within that
+time finds the worker awake.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class EngineWorker(threading.Thread):
         activate: Callable[[ModelSlot], None],
         failover: ExecutionFailover | None = None,
         thermal_summary: Callable[[], str] = lambda: "unknown",
+        busy_poll_ns: int = 0,
     ) -> None:
         super().__init__(name="inferd-engine-worker", daemon=True)
         self._port = port
@@ -87,6 +91,13 @@ class EngineWorker(threading.Thread):
         self._activate = activate
         self._failover = failover
         self._thermal_summary = thermal_summary
+        self._busy_poll_ns = busy_poll_ns
+        #: Busy polls that ended with work (a request, or one the bus thread
+        #: queued), that found none (the worker then slept), and the time they
+        #: took in all (what the polling costs a core).
+        self.busy_polls_caught = 0
+        self.busy_polls_missed = 0
+        self.busy_poll_spent_ns = 0
         self.activated = threading.Event()
         self.last_beat_ns = time.monotonic_ns()
         self._busy: DeclaredOperation | None = None
@@ -96,6 +107,9 @@ class EngineWorker(threading.Thread):
         #: The last wait's drain read a request without polling: a source may
         #: have a backlog, so the next drain looks at every source first.
         self._drained_one = False
+        #: The worker has answered or read something since it last slept: its
+        #: next wait begins with a busy poll (an idle beat's does not).
+        self._served = False
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -118,6 +132,7 @@ class EngineWorker(threading.Thread):
                 if job is None:
                     self._wait_for_work(wakes)
                     continue
+                self._served = True
                 if not isinstance(job, Job):
                     self._call(job)
                     continue
@@ -167,15 +182,52 @@ class EngineWorker(threading.Thread):
             ready = [fd for fd, _events in sources.poll(0)] if self._drained_one else []
             self._drained_one = False
             while port.serve_one(ready):
-                self._drained_one = True
+                self._drained_one = self._served = True
                 if scheduler.wakes != wakes:
                     return
-            ready = self._wait_on(waiting)
+            ready = self._poll_busily(sources, wakes)
+            if scheduler.wakes != wakes:
+                return
+            if not ready:
+                ready = self._wait_on(waiting)
             while ready and port.serve_one(ready):
+                self._served = True
                 if scheduler.wakes != wakes:
                     return
         finally:
             port.worker_listening(False)
+
+    def _poll_busily(self, sources: select.poll, wakes: int) -> list[int]:
+        """Poll the port's sources without sleeping for up to ``busy_poll_ns``, if
+        the worker has served something since it last slept: those that became
+        readable; none when none did, when the scheduler got work (``wakes``
+        changed), or while the board throttles (the polling heats it)."""
+        served, self._served = self._served, False
+        if not served or not self._busy_poll_ns or self._thermal_summary() == "throttling":
+            return []
+        scheduler, clock = self._scheduler, time.monotonic_ns
+        started_ns = clock()
+        until_ns = started_ns + self._busy_poll_ns
+        ready: list[tuple[int, int]] = []
+        while scheduler.wakes == wakes:
+            ready = sources.poll(0)
+            if ready or clock() >= until_ns:
+                break
+        self.busy_poll_spent_ns += clock() - started_ns
+        if ready or scheduler.wakes != wakes:
+            self.busy_polls_caught += 1
+            return [fd for fd, _events in ready]
+        self.busy_polls_missed += 1
+        return []
+
+    def busy_poll_status(self) -> dict[str, int]:
+        """The busy polls' setting and counters, for ``status``."""
+        return {
+            "us": self._busy_poll_ns // 1000,
+            "caught": self.busy_polls_caught,
+            "missed": self.busy_polls_missed,
+            "spent_us": self.busy_poll_spent_ns // 1000,
+        }
 
     def _wait_on(self, waiting: select.poll) -> list[int]:
         """Poll the scheduler's wake and the port's sources up to a beat interval,

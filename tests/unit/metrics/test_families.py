@@ -43,6 +43,7 @@ def status(**overrides: Any) -> dict[str, Any]:
             "events_published": 100,
             "events_dropped": 0,
             "replies": {"dropped": 2, "in_flight_bytes": 512},
+            "busy_poll": {"us": 50, "caught": 90, "missed": 10, "spent_us": 2_500_000},
         },
         "fdr": {
             "enabled": True,
@@ -122,6 +123,7 @@ def test_models_state_and_counters() -> None:
     assert got[("inferd_request_duration_seconds_count", det)] == 3
     assert abs(got[("inferd_request_duration_seconds_sum", det)] - 3.0038) < 1e-9
     assert got[("inferd_fdr_records_dropped_total", ())] == 3
+    assert got[("inferd_bus_busy_poll_seconds_total", ())] == 2.5
     assert got[("inferd_connections_refused_total", (("socket", "control"),))] == 2
 
 

@@ -1,0 +1,151 @@
+"""The engine worker's busy poll (DESIGN.md 110): after each reply it polls the
+request sources without sleeping for ``busy_poll_ns`` before it sleeps on them.
+
+The port here is one eventfd standing for a request source, so each test decides
+exactly when a request "arrives": while the worker sleeps, or while it busy
+polls (after it has served one, and drained the sources, which the port sees as
+``serve_one([])``)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from inferd.serving.engine_worker import EngineWorker
+from inferd.serving.scheduler import Scheduler
+from tests.conftest import HANG_S, wait_until
+
+
+class EventfdPort:
+    """``serving.engine_worker.RequestPort`` whose one source is an eventfd: a
+    request waits while it holds a count, and reading it serves that request."""
+
+    def __init__(self) -> None:
+        self.source = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.listen_fds = (self.source,)
+        #: Each drain (``serve_one`` with nothing ready): the worker polls next.
+        self.drains: queue.Queue[None] = queue.Queue()
+        self.served = threading.Event()
+
+    def close(self) -> None:
+        os.close(self.source)
+
+    def arrive(self) -> None:
+        os.eventfd_write(self.source, 1)
+
+    def worker_listening(self, listening: bool) -> None:
+        pass
+
+    def serve_one(self, ready: list[int]) -> bool:
+        if not ready:
+            self.drains.put(None)
+            return False
+        if self.source not in ready:
+            return False
+        try:
+            os.eventfd_read(self.source)
+        except BlockingIOError:
+            return False
+        self.served.set()
+        return True
+
+    def send_reply(self, parts: list[Any]) -> None:
+        raise AssertionError("no job runs in these tests")
+
+
+@contextmanager
+def running_worker(
+    busy_poll_ns: int, thermal: Callable[[], str] = lambda: "nominal"
+) -> Iterator[tuple[EngineWorker, EventfdPort, Scheduler]]:
+    port, scheduler = EventfdPort(), Scheduler()
+    worker = EngineWorker(
+        port,
+        scheduler,
+        {},
+        activate=lambda slot: None,
+        thermal_summary=thermal,
+        busy_poll_ns=busy_poll_ns,
+    )
+    worker.start()
+    try:
+        yield worker, port, scheduler
+    finally:
+        scheduler.close()  # ends a busy poll too: the scheduler's wakes change
+        worker.join(HANG_S)
+        port.close()
+    assert not worker.is_alive()
+
+
+def serve_first_request(port: EventfdPort) -> None:
+    """One request, read while the worker sleeps: its next wait begins with a poll."""
+    port.drains.get(timeout=HANG_S)  # about to sleep: it has served nothing yet
+    port.arrive()
+    assert port.served.wait(HANG_S)
+    port.served.clear()
+    port.drains.get(timeout=HANG_S)  # about to poll
+
+
+def test_a_request_that_arrives_while_the_worker_busy_polls_is_caught_by_the_poll() -> None:
+    # A poll far longer than the test: only the request can end it.
+    with running_worker(busy_poll_ns=10 * int(HANG_S * 1e9)) as (worker, port, _):
+        serve_first_request(port)
+        port.arrive()
+        assert port.served.wait(HANG_S)
+        wait_until(lambda: worker.busy_polls_caught == 1, HANG_S, message="the poll caught it")
+        assert worker.busy_polls_missed == 0
+        status = worker.busy_poll_status()
+        assert status["us"] == 10 * int(HANG_S * 1e6) and status["caught"] == 1
+
+
+def test_a_poll_that_finds_nothing_ends_in_a_sleep_and_an_idle_worker_does_not_poll() -> None:
+    busy_poll_ns = 2_000_000
+    with running_worker(busy_poll_ns=busy_poll_ns) as (worker, port, _):
+        serve_first_request(port)
+        wait_until(lambda: worker.busy_polls_missed == 1, HANG_S, message="the poll ran out")
+        assert worker.busy_poll_spent_ns >= busy_poll_ns
+        assert worker.busy_poll_status()["spent_us"] >= busy_poll_ns // 1000
+        # It sleeps now; each beat wakes it, and an idle wake-up polls no more
+        # (by the second, a poll after the first would have ended).
+        port.drains.get(timeout=HANG_S)
+        port.drains.get(timeout=HANG_S)
+        assert (worker.busy_polls_caught, worker.busy_polls_missed) == (0, 1)
+        # A request that comes later is read all the same.
+        port.arrive()
+        assert port.served.wait(HANG_S)
+
+
+def test_work_for_the_worker_ends_its_busy_poll_at_once() -> None:
+    with running_worker(busy_poll_ns=10 * int(HANG_S * 1e9)) as (worker, port, scheduler):
+        serve_first_request(port)
+        called = threading.Event()
+        scheduler.call_on_worker(called.set)
+        # Long before the poll would have run out.
+        assert called.wait(HANG_S)
+        assert (worker.busy_polls_caught, worker.busy_polls_missed) == (1, 0)
+
+
+def test_no_busy_poll_while_the_board_throttles() -> None:
+    with running_worker(busy_poll_ns=10 * int(HANG_S * 1e9), thermal=lambda: "throttling") as (
+        worker,
+        port,
+        _,
+    ):
+        serve_first_request(port)
+        port.arrive()  # read by the worker's sleeping poll
+        assert port.served.wait(HANG_S)
+        port.drains.get(timeout=HANG_S)  # and it went round to wait again
+        assert (worker.busy_polls_caught, worker.busy_polls_missed) == (0, 0)
+        assert worker.busy_poll_spent_ns == 0
+
+
+def test_a_worker_without_a_busy_poll_never_polls_busily() -> None:
+    with running_worker(busy_poll_ns=0) as (worker, port, _):
+        serve_first_request(port)
+        port.arrive()
+        assert port.served.wait(HANG_S)
+        port.drains.get(timeout=HANG_S)
+        assert worker.busy_poll_status() == {"us": 0, "caught": 0, "missed": 0, "spent_us": 0}
