@@ -171,6 +171,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
                     f"{replies.get('dropped', 0)}, events published "
                     f"{bus.get('events_published', 0)} (dropped {bus.get('events_dropped', 0)})",
                 ),
+                ("busy poll", _busy_poll_line(bus.get("busy_poll") or {})),
                 (
                     "alerts",
                     f"raised {result.get('alerts', {}).get('raised', 0)}, sent "
@@ -190,6 +191,17 @@ REGION_COLUMNS: list[Column] = [
     ("IN USE", lambda r: r.get("in_use")),
     ("STATE", lambda r: r.get("state")),
 ]
+
+
+def _busy_poll_line(busy_poll: Mapping[str, Any]) -> str:
+    """The engine worker's busy polls (DESIGN.md 110): the setting, what they
+    caught and missed, and the core time they cost."""
+    if not busy_poll.get("us"):
+        return "off"
+    return (
+        f"{busy_poll['us']} us after each reply: caught {busy_poll.get('caught', 0)}, "
+        f"missed {busy_poll.get('missed', 0)}, {busy_poll.get('spent_us', 0) / 1e6:.3f} s spent"
+    )
 
 
 def _shm_lines(shm: Mapping[str, Any]) -> list[str]:

@@ -46,10 +46,12 @@ def test_status_is_a_table_with_fallback_and_reasons() -> None:
         "models": [model],
         "thermal": {"available": False},
         "fdr": {"enabled": True, "records_written": 4, "bytes_written": 2048},
-        "bus": {},
+        "bus": {"busy_poll": {"us": 50, "caught": 90, "missed": 10, "spent_us": 2_500_000}},
         "alerts": {},
     }
     text = "\n".join(cli_format.status(result))
+    assert "50 us after each reply: caught 90, missed 10, 2.500 s spent" in text
+    assert "busy poll: off" in "\n".join(cli_format.status({**result, "bus": {}}))
     assert "onnx_trt_ep (fallback from tensorrt)" in text
     assert "DEADLINE_EXCEEDED=1" in text and "1.50 ms" in text and "4.20 ms" in text
     assert "det: reason: no engine for this host" in text
