@@ -6,9 +6,11 @@ at a time (DESIGN.md 101): it sends its replies itself (``send_reply``) and,
 while it has nothing to run, waits on the socket and reads the next request
 itself (``serve_one``), so an idle daemon's round trip has the thread wake-ups
 of a bare echo.  This thread looks at the socket every ``COVER_AFTER_NS`` of a
-run (a timer the worker arms, so shorter runs wake nobody), waits on it once a
-run has lasted ``COVER_TICKS`` of those, while the worker loads models, and
-after it has stopped.
+run (a timer the worker arms, so shorter runs wake nobody) and waits on it once
+a run has lasted ``COVER_TICKS`` of those; it waits on it from the start of a run
+that follows one as long as the cover delay (DESIGN.md 111), while the worker
+loads models, and after it has stopped.  Its wait on the sources is switched on
+and off in an epoll set of its own (``_cover_set``), which wakes nobody.
 
 ZeroMQ sockets are not thread-safe but may move between threads across a full
 memory barrier: every use of the infer socket, its intake and the reply budget
@@ -111,7 +113,8 @@ class BusServer(threading.Thread):
         self._cover_lock = threading.Lock()
         self._cover_ticks = 0
         #: Whether this thread waits on the sources (until the worker first listens,
-        #: and once a run has outlasted the ticks).
+        #: once a run has outlasted the ticks, and during a run after a long one):
+        #: whether ``_requests`` is enabled in ``_cover_set`` (cover lock).
         self._covering = True
         #: When this thread's current poll times out (monotonic ns): a request the
         #: worker admits that is due sooner (a deadline, a superseded reply) pokes it.
@@ -127,6 +130,12 @@ class BusServer(threading.Thread):
         #: ``ZMQ_FD`` and the shm connections' own epoll descriptor.
         self._requests = select.epoll()
         weakref.finalize(self, self._requests.close)
+        #: What this thread's poll waits on for requests: ``_requests``, enabled
+        #: while it covers.  The worker switches it off with ``epoll_ctl`` when it
+        #: listens again, so no poke has to stop this thread's wait.
+        self._cover_set = select.epoll()
+        weakref.finalize(self, self._cover_set.close)
+        self._cover_set.register(self._requests.fileno(), select.EPOLLIN)
         self._closed = False
         self._stop_requested = threading.Event()
         self._bind_outcome = BindOutcome("the bus thread")
@@ -166,20 +175,30 @@ class BusServer(threading.Thread):
             return ()
         return (self._infer_fd,) if self._shm is None else (self._infer_fd, self._shm.fd)
 
-    def worker_listening(self, listening: bool) -> None:
+    def worker_listening(self, listening: bool, last_run_ns: int = 0) -> None:
         """The worker now waits on ``listen_fds`` (True), or goes to run and does
-        not (False): this thread then looks at the sources every
-        ``COVER_AFTER_NS``, and waits on them once the run has lasted
-        ``COVER_TICKS`` of those."""
+        not (False; ``last_run_ns``: how long its last run took).  This thread then
+        looks at the sources every ``COVER_AFTER_NS`` and waits on them once the run
+        has lasted ``COVER_TICKS`` of those; after a run as long as the cover delay
+        it waits on them from the start (the next is likely as long, and a timer
+        that fires mid-run costs the run more than the wait; DESIGN.md 111)."""
         with self._cover_lock:
             self._worker_listens = listening
-            if not listening:
-                self._cover_ticks = 0
-                self._cover.arm(COVER_AFTER_NS)
+            if listening:
+                self._cover.disarm()
+                self._set_covering(False)  # the wait stops without a wake-up
                 return
-            self._cover.disarm()
-        if self._covering:  # stop now, not on the next request (which both would wake for)
-            self._poke()
+            self._cover_ticks = 0
+            if last_run_ns >= COVER_AFTER_NS:
+                self._set_covering(True)
+            else:
+                self._cover.arm(COVER_AFTER_NS)
+
+    def _set_covering(self, covering: bool) -> None:
+        """Have this thread wait on the sources or not (cover lock held)."""
+        if covering != self._covering:
+            self._covering = covering
+            self._cover_set.modify(self._requests.fileno(), select.EPOLLIN if covering else 0)
 
     def serve_one(self, ready: list[int]) -> bool:
         """Read and answer or admit the next infer request, if one is waiting on a
@@ -254,8 +273,7 @@ class BusServer(threading.Thread):
         poller.register(control, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
         poller.register(self._cover.fd, zmq.POLLIN)
-        requests_fd = self._requests.fileno()
-        polling_infer = False
+        poller.register(self._cover_set.fileno(), zmq.POLLIN)
         control_intake = Intake(control, self._limits)
         more = False
         while True:
@@ -267,14 +285,6 @@ class BusServer(threading.Thread):
             # (the shutdown failures) is then seen by this pass, so the loop never
             # exits with a reply unsent.
             stopping = self._stop_requested.is_set()
-            if self._worker_listens:
-                self._covering = False
-            if polling_infer != self._covering:
-                polling_infer = self._covering
-                if polling_infer:
-                    poller.register(requests_fd, zmq.POLLIN)
-                else:
-                    poller.unregister(requests_fd)
             timeout = 0 if stopping or more else self._poll_timeout_ms()
             ready = dict(poller.poll(timeout))
             if self._wake_fd in ready:
@@ -316,7 +326,7 @@ class BusServer(threading.Thread):
             if self._cover_ticks < COVER_TICKS:
                 self._cover.arm(COVER_AFTER_NS)
             else:
-                self._covering = True
+                self._set_covering(True)
 
     def _poll_timeout_ms(self) -> int:
         with self._handler_lock:

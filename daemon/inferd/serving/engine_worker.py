@@ -57,8 +57,9 @@ class RequestPort(Protocol):
         (none: never)."""
         ...
 
-    def worker_listening(self, listening: bool) -> None:
-        """The worker starts (True) or stops (False) waiting on ``listen_fds``."""
+    def worker_listening(self, listening: bool, last_run_ns: int = 0) -> None:
+        """The worker starts (True) or stops (False) waiting on ``listen_fds``;
+        ``last_run_ns``: how long its last run took (the next is likely alike)."""
         ...
 
     def serve_one(self, ready: list[int]) -> bool:
@@ -110,6 +111,8 @@ class EngineWorker(threading.Thread):
         #: The worker has answered or read something since it last slept: its
         #: next wait begins with a busy poll (an idle beat's does not).
         self._served = False
+        #: How long the last successful run took (``RequestPort.worker_listening``).
+        self._last_run_ns = 0
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -195,7 +198,7 @@ class EngineWorker(threading.Thread):
                 if scheduler.wakes != wakes:
                     return
         finally:
-            port.worker_listening(False)
+            port.worker_listening(False, self._last_run_ns)
 
     def _poll_busily(self, sources: select.poll, wakes: int) -> list[int]:
         """Poll the port's sources without sleeping for up to ``busy_poll_ns``, if
@@ -330,6 +333,7 @@ class EngineWorker(threading.Thread):
             log.exception("inference_crashed", model=job.model)
             return self._error(job, slot, Code.INTERNAL, f"unexpected {type(exc).__name__}: {exc}")
         finished_ns = time.monotonic_ns()
+        self._last_run_ns = finished_ns - started_ns
         if self._failover is not None:
             self._failover.succeeded(slot)
         descriptors, frames = _reply_tensors(outputs, job)

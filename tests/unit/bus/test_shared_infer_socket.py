@@ -226,7 +226,8 @@ def test_during_a_run_the_bus_looks_each_cover_delay_and_waits_only_after_its_ti
 ) -> None:
     """A run of a few cover delays has the bus thread look at the sources at each
     expiry without waiting on them, so its end pokes nobody (DESIGN.md 107); a
-    longer one has the bus wait, and the worker's return stops that wait."""
+    longer one has the bus wait, and the worker's return stops that wait, without
+    a poke either (DESIGN.md 111)."""
     server_, handler = bus
     # Looks far enough apart that a connect and a read fit between the first and
     # the last even on a loaded machine.
@@ -259,5 +260,49 @@ def test_during_a_run_the_bus_looks_each_cover_delay_and_waits_only_after_its_ti
         wait_until(lambda: server_._covering, HANG_S, message="the bus covers")
         assert server_._cover_ticks == 4
     server_.worker_listening(True)
-    assert pokes == [threading.current_thread().name]  # stops the bus's wait
-    wait_until(lambda: not server_._covering, HANG_S, message="the bus stops covering")
+    assert pokes == [] and not server_._covering
+    _bus_no_longer_waits(server_, handler, 6)
+
+
+def _bus_no_longer_waits(server_: BusServer, handler: RecordingHandler, request_id: int) -> None:
+    """A request arrives: the sources are readable, this thread's wait set is
+    not (so the bus thread sleeps on), and the listening worker reads it."""
+    waiting = listen_poller(server_)
+    me = threading.current_thread().name
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        _request(dealer, request_id)
+        give_up = time.monotonic() + HANG_S
+        while me not in handler.read_by and time.monotonic() < give_up:
+            ready = [fd for fd, _ in waiting.poll(100)]
+            if ready:
+                assert server_._cover_set.poll(0) == []
+            server_.serve_one(ready)
+    assert handler.read_by[-1] == me
+
+
+def test_after_a_run_as_long_as_the_cover_delay_the_bus_waits_from_the_next_runs_start(
+    bus: tuple[BusServer, RecordingHandler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No timer fires in the middle of such a run (DESIGN.md 111): a request that
+    arrives during it is read by the bus thread's wait, and the worker's return
+    ends that wait without a poke."""
+    server_, handler = bus
+    # A cover delay longer than the test: only the wait can read the request.
+    monkeypatch.setattr(server, "COVER_AFTER_NS", int(10 * HANG_S * 1e9))
+    _worker_has_listened(server_)
+    pokes: list[str] = []
+    real_poke = server_._poke
+    monkeypatch.setattr(server_, "_poke", lambda: (pokes.append("poke"), real_poke()))
+
+    server_.worker_listening(False, last_run_ns=server.COVER_AFTER_NS - 1)
+    assert not server_._covering  # a shorter last run: the timer, as before
+    server_.worker_listening(True)
+    server_.worker_listening(False, last_run_ns=server.COVER_AFTER_NS)
+    assert server_._covering and server_._cover_ticks == 0
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        _request(dealer, 7)
+        assert handler.admitted.wait(HANG_S), "the bus thread did not wait on the sources"
+    assert handler.read_by == ["inferd-bus"]
+    server_.worker_listening(True)
+    assert pokes == [] and not server_._covering
+    _bus_no_longer_waits(server_, handler, 8)

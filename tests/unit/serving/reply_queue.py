@@ -18,7 +18,7 @@ class ReplyQueue:
     def __init__(self) -> None:
         self.sent: queue.Queue[list[Any]] = queue.Queue()
 
-    def worker_listening(self, listening: bool) -> None:
+    def worker_listening(self, listening: bool, last_run_ns: int = 0) -> None:
         raise AssertionError("a port without listen_fds is never listened on")
 
     def serve_one(self, ready: list[int]) -> bool:

@@ -1,5 +1,6 @@
 """The engine worker's busy poll (DESIGN.md 110): after each reply it polls the
-request sources without sleeping for ``busy_poll_ns`` before it sleeps on them.
+request sources without sleeping for ``busy_poll_ns`` before it sleeps on them;
+and the run time it tells the port when it goes to run (DESIGN.md 111).
 
 The port here is one eventfd standing for a request source, so each test decides
 exactly when a request "arrives": while the worker sleeps, or while it busy
@@ -11,12 +12,19 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from inferd.config import ModelConfig
 from inferd.serving.engine_worker import EngineWorker
-from inferd.serving.scheduler import Scheduler
+from inferd.serving.scheduler import Job, Scheduler
+from inferd.serving.slot import ModelSlot
+from inferd.types import EngineHandle, TensorSpec
 from tests.conftest import HANG_S, wait_until
 
 
@@ -30,6 +38,11 @@ class EventfdPort:
         #: Each drain (``serve_one`` with nothing ready): the worker polls next.
         self.drains: queue.Queue[None] = queue.Queue()
         self.served = threading.Event()
+        #: What ``serve_one`` does with a request it reads (a test may queue a job).
+        self.on_request: Callable[[], None] = lambda: None
+        #: The ``last_run_ns`` of each ``worker_listening(False, ...)``.
+        self.run_hints: queue.Queue[int] = queue.Queue()
+        self.replies: queue.Queue[list[Any]] = queue.Queue()
 
     def close(self) -> None:
         os.close(self.source)
@@ -37,8 +50,9 @@ class EventfdPort:
     def arrive(self) -> None:
         os.eventfd_write(self.source, 1)
 
-    def worker_listening(self, listening: bool) -> None:
-        pass
+    def worker_listening(self, listening: bool, last_run_ns: int = 0) -> None:
+        if not listening:
+            self.run_hints.put(last_run_ns)
 
     def serve_one(self, ready: list[int]) -> bool:
         if not ready:
@@ -50,22 +64,55 @@ class EventfdPort:
             os.eventfd_read(self.source)
         except BlockingIOError:
             return False
+        self.on_request()
         self.served.set()
         return True
 
     def send_reply(self, parts: list[Any]) -> None:
-        raise AssertionError("no job runs in these tests")
+        self.replies.put(parts)
+
+
+class TimedRuntime:
+    """A runtime (``inferd.types.InferenceRuntime``, as the worker calls it) whose
+    every run takes ``run_s``."""
+
+    def __init__(self, run_s: float) -> None:
+        self.run_s = run_s
+
+    def infer(
+        self, handle: EngineHandle, inputs: Mapping[str, np.ndarray], **placed: Any
+    ) -> dict[str, np.ndarray]:
+        time.sleep(self.run_s)  # the run itself, not a synchronisation
+        return {"y": np.zeros(1, np.float32)}
+
+    def release_engine(self, handle: EngineHandle) -> None:
+        pass
+
+
+def serving_slot(run_s: float) -> ModelSlot:
+    slot = ModelSlot(ModelConfig(name="m", path=Path("m.onnx")))
+    spec = (TensorSpec("x", "float32", (1,)),)
+    slot.runtime = TimedRuntime(run_s)  # type: ignore[assignment]
+    slot.handle = EngineHandle(
+        1, "onnx_trt_ep", "0" * 64, spec, (TensorSpec("y", "float32", (1,)),)
+    )
+    slot.state = "serving"
+    return slot
 
 
 @contextmanager
 def running_worker(
-    busy_poll_ns: int, thermal: Callable[[], str] = lambda: "nominal"
+    busy_poll_ns: int,
+    thermal: Callable[[], str] = lambda: "nominal",
+    slots: dict[str, ModelSlot] | None = None,
 ) -> Iterator[tuple[EngineWorker, EventfdPort, Scheduler]]:
     port, scheduler = EventfdPort(), Scheduler()
+    for name in slots or {}:
+        scheduler.add_model(name, 4, "fifo")
     worker = EngineWorker(
         port,
         scheduler,
-        {},
+        slots or {},
         activate=lambda slot: None,
         thermal_summary=thermal,
         busy_poll_ns=busy_poll_ns,
@@ -149,3 +196,26 @@ def test_a_worker_without_a_busy_poll_never_polls_busily() -> None:
         assert port.served.wait(HANG_S)
         port.drains.get(timeout=HANG_S)
         assert worker.busy_poll_status() == {"us": 0, "caught": 0, "missed": 0, "spent_us": 0}
+
+
+def test_the_worker_tells_the_port_how_long_its_last_run_took() -> None:
+    run_s = 0.02
+    with running_worker(busy_poll_ns=0, slots={"m": serving_slot(run_s)}) as (_, port, scheduler):
+
+        def queue_a_job() -> None:
+            job = Job(
+                [b"client"], 1, "m", {"x": np.zeros(1, np.float32)}, time.monotonic_ns(), None
+            )
+            scheduler.submit(job)
+
+        port.on_request = queue_a_job
+        for _ in range(2):
+            port.drains.get(timeout=HANG_S)
+            port.arrive()
+            port.replies.get(timeout=HANG_S)
+        before_any, after_one = (
+            port.run_hints.get(timeout=HANG_S),
+            port.run_hints.get(timeout=HANG_S),
+        )
+        assert before_any == 0
+        assert run_s * 1e9 <= after_one < HANG_S * 1e9
