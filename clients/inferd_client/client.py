@@ -154,7 +154,9 @@ class _RequestChannel:
             try:
                 parts = recv_frames(self._socket)
             except zmq.Again:
-                return None
+                # libzmq times the wait on a clock that may lag by a millisecond:
+                # the time left is measured again here, and waited out if any.
+                continue
             try:
                 header = protocol.unpack_header(parts[0].buffer)
             except ProtocolError as exc:

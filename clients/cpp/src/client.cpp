@@ -156,11 +156,14 @@ private:
     std::vector<zmq::message_t> await(std::uint64_t request_id,
                                       std::chrono::steady_clock::time_point give_up_at) {
         while (true) {
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            // Rounded up, and measured again after a poll that found nothing:
+            // zmq_poll times its wait on a clock that may lag by a millisecond,
+            // and a wait never ends before the caller's timeout.
+            auto left = std::chrono::ceil<std::chrono::milliseconds>(
                 give_up_at - std::chrono::steady_clock::now());
             if (left.count() <= 0) return {};
             zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-            if (zmq::poll(&item, 1, left) == 0) return {};
+            if (zmq::poll(&item, 1, left) == 0) continue;
             std::vector<zmq::message_t> parts;
             (void)zmq::recv_multipart(socket_, std::back_inserter(parts));
             auto id = wire::decode_reply_id(parts[0].data(), parts[0].size());

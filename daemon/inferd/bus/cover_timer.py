@@ -3,7 +3,9 @@
 infer socket only once a run has lasted ``COVER_AFTER_NS`` (DESIGN.md 101, 107).
 
 Arming and disarming are one system call each and wake nobody, so a run that
-ends sooner costs the bus thread nothing.  Python's ``os`` module has
+ends sooner costs the bus thread nothing; disarming a timer that was not armed
+since it was last disarmed (a run the bus thread covered from its start,
+DESIGN.md 111) is none.  Python's ``os`` module has
 ``timerfd_create`` only from 3.13 (JetPack 6 ships 3.10): this calls libc's
 directly, with the structures of ``<sys/timerfd.h>``.
 """
@@ -69,6 +71,8 @@ class OneShotTimer:
         weakref.finalize(self, os.close, self.fd)
         #: The settings made so far, by delay: the worker arms the same one per run.
         self._settings: dict[int, Any] = {0: _setting(0)}
+        #: Armed since the last ``disarm`` (it may have expired since).
+        self._armed = False
 
     def arm(self, after_ns: int) -> None:
         """Expire once, ``after_ns`` from now (at least 1 ns: 0 would disarm)."""
@@ -77,10 +81,14 @@ class OneShotTimer:
         if setting is None:
             setting = self._settings[after_ns] = _setting(after_ns)
         self._set(setting)
+        self._armed = True
 
     def disarm(self) -> None:
-        """Stop the timer; a pending expiry is forgotten too (the fd reads empty)."""
-        self._set(self._settings[0])
+        """Stop the timer; a pending expiry is forgotten too (the fd reads empty).
+        Callers serialise ``arm`` and ``disarm`` (the bus's cover lock)."""
+        if self._armed:
+            self._set(self._settings[0])
+            self._armed = False
 
     def clear(self) -> None:
         with contextlib.suppress(BlockingIOError):

@@ -29,7 +29,7 @@ BULK_RELEASE_BYTES = 8 * 1024 * 1024
 FRAME_OVERHEAD_BYTES = 64
 
 
-def _glibc_malloc_trim() -> Callable[[int], int] | None:
+def glibc_malloc_trim() -> Callable[[int], int] | None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is None:
         return None
@@ -42,7 +42,7 @@ class HeapTrimmer:
     """Call ``request`` after freeing a lot at once and ``run_due`` every loop pass."""
 
     def __init__(self, trim: Callable[[int], int] | None = None) -> None:
-        self._trim = trim if trim is not None else _glibc_malloc_trim()
+        self._trim = trim if trim is not None else glibc_malloc_trim()
         self._due_ns: int | None = None
         self._last_ns: int | None = None
         self.trims = 0

@@ -223,11 +223,10 @@ class BusServer(threading.Thread):
         infer = self._infer
         if infer is None:
             raise RuntimeError("send_reply before the bus bound its sockets")
-        self._send(infer, "infer", parts)
-        # The send may have taken the socket's edge for a request that arrived:
-        # while this thread covers, it would not wake for it.  (Otherwise the
-        # worker listens next, or this thread covers within COVER_AFTER_NS.)
-        if self._covering and self._infer_waiting():
+        # A send on the infer socket may have taken its edge for a request that
+        # arrived: while this thread covers, it would not wake for it.  (Otherwise
+        # the worker listens next, or this thread covers within COVER_AFTER_NS.)
+        if self._send(infer, "infer", parts) and self._covering and self._infer_waiting():
             self._poke()
 
     # -- this thread -------------------------------------------------------
@@ -412,22 +411,23 @@ class BusServer(threading.Thread):
         if wakeup is not None and wakeup < self._planned_wake_ns:
             self._poke()
 
-    def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> None:
+    def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> bool:
         """Send a reply within the reply budget; never block for one peer, never
-        lose a reply silently (every drop is counted)."""
+        lose a reply silently (every drop is counted).  Whether ``sock`` was used
+        (not for a reply to a shm connection, or one not sent)."""
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
         if self._shm is not None and is_shm_route(routing_id):
             send_shm_reply(self._shm, parts)
-            return
+            return False
         nbytes = message_bytes(parts)
         with self._wire_lock:
             if self._closed:  # a worker that outlived the bus's shutdown
                 self.counters.unroutable_replies += 1
                 log.warning("reply_undeliverable", error="the bus has closed its sockets")
-                return
+                return False
             if not self.replies.admit(name, routing_id, nbytes):
-                return
+                return False
             parts[-1], last = watched(parts[-1])
             if name == "infer":
                 self._infer_quiet = False  # a send may take ZMQ_FD's edge
@@ -442,3 +442,4 @@ class BusServer(threading.Thread):
                 log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
             else:
                 self.replies.sent(name, routing_id, nbytes, last)
+        return True

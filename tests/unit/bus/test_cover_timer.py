@@ -7,6 +7,8 @@ from __future__ import annotations
 import select
 import time
 
+import pytest
+
 from inferd.bus.cover_timer import OneShotTimer
 
 
@@ -44,3 +46,21 @@ def test_arming_again_replaces_the_earlier_setting() -> None:
     assert _readable(timer, 5_000)
     timer.arm(60 * 1_000_000_000)  # an hour away: the pending expiry is gone
     assert not _readable(timer, 50)
+
+
+def test_disarming_a_timer_not_armed_since_makes_no_system_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    timer = OneShotTimer()
+    settings: list[object] = []
+    real_set = timer._set
+    monkeypatch.setattr(
+        timer, "_set", lambda setting: (settings.append(setting), real_set(setting))
+    )
+    timer.disarm()
+    assert settings == []
+    timer.arm(60 * 1_000_000_000)
+    timer.disarm()
+    timer.disarm()
+    assert len(settings) == 2  # the arm and the first disarm
+    assert not _readable(timer, 0)

@@ -195,7 +195,18 @@ def test_once_the_worker_stops_listening_the_bus_reads_shm_requests_within_the_c
     assert took_s < 1.0, took_s
 
 
-def test_a_reply_goes_back_on_its_own_connection_as_one_message(setup: Setup) -> None:
+def test_a_reply_goes_back_on_its_own_connection_as_one_message(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reply on a connection leaves the infer socket alone: while the bus thread
+    # covers, the sender asks ZMQ_EVENTS only after a send on that socket.
+    me, asked = threading.current_thread().name, []
+    real_readable = server.readable
+    monkeypatch.setattr(
+        server,
+        "readable",
+        lambda sock: (asked.append(threading.current_thread().name), real_readable(sock))[1],
+    )
     with setup.connect() as first, setup.connect() as second:
         first.send(infer(1))
         second.send(infer(2))
@@ -209,6 +220,7 @@ def test_a_reply_goes_back_on_its_own_connection_as_one_message(setup: Setup) ->
             first.recv(MAX_SHM_MESSAGE_BYTES)  # nothing for the other connection
         setup.bus.send_reply([*by_id[1], protocol.pack(protocol.ok_header(1, result={}))])
         assert receive(first)["id"] == 1
+    assert setup.bus._covering and me not in asked
     status = setup.status()
     assert (status["in_flight"], status["replies"]) == (0, 2)
 

@@ -122,6 +122,30 @@ def test_each_call_waits_its_own_timeout_never_less(server: Callable[[Script], s
         np.testing.assert_array_equal(outputs["out0"], [1.0, 1.0])
 
 
+def test_a_receive_timeout_that_ends_early_is_waited_out(
+    server: Callable[[Script], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libzmq times ``ZMQ_RCVTIMEO`` on a clock that may lag by a millisecond, so
+    a receive can give up before the caller's deadline: the client measures the
+    time left again and waits on, never returning early."""
+    from inferd_client import client as client_module
+
+    calls: list[float] = []
+
+    def gives_up_at_once(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+        calls.append(time.monotonic())
+        raise zmq.Again
+
+    endpoint = server(lambda sock, frames: None)
+    with InferenceClient(endpoint, timeout=1) as client:
+        monkeypatch.setattr(client_module, "recv_frames", gives_up_at_once)
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            client.infer("m", {"x": np.zeros(2, np.float32)}, timeout=0.05)
+        assert time.monotonic() - started >= 0.05
+        assert len(calls) > 1  # it went back to wait
+
+
 def test_error_replies_raise_remote_error_with_code(server: Callable[[Script], str]) -> None:
     def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
         request_id = msgpack.unpackb(frames[1])["id"]

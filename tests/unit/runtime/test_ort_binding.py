@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inferd.bus.heap import glibc_malloc_trim
 from inferd.config import RuntimeConfig
 from inferd.errors import OutputShapeError
 from inferd.runtime.onnx_trt_ep import OnnxTrtEpRuntime
@@ -98,6 +99,12 @@ def test_no_buffer_of_the_tensors_size_is_made_on_the_way(
         tracemalloc.stop()
     # What the same measurement sees when an output is not placed: ONNX Runtime's
     # arena holds a buffer of the tensor's size (and the daemon would copy it).
+    # The free heap goes back to the system first: after earlier tests freed
+    # large blocks, glibc serves this size from pages it already holds (its mmap
+    # threshold rises with each large free), which RssAnon would not see grow.
+    trim = glibc_malloc_trim()
+    assert trim is not None, "glibc's malloc_trim"
+    trim(0)
     before = rss_anon_bytes()
     returned = runtime.infer(handle, {"input": x})["output"]
     arena = rss_anon_bytes() - before
