@@ -198,9 +198,11 @@ def _busy_poll_line(busy_poll: Mapping[str, Any]) -> str:
     caught and missed, and the core time they cost."""
     if not busy_poll.get("us"):
         return "off"
+    spent_us = busy_poll.get("spent_us", 0)
+    spent = f"{spent_us / 1e6:.2f} s" if spent_us >= 1_000_000 else f"{spent_us / 1000:.1f} ms"
     return (
         f"{busy_poll['us']} us after each reply: caught {busy_poll.get('caught', 0)}, "
-        f"missed {busy_poll.get('missed', 0)}, {busy_poll.get('spent_us', 0) / 1e6:.3f} s spent"
+        f"missed {busy_poll.get('missed', 0)}, {spent} spent"
     )
 
 

@@ -50,7 +50,9 @@ def test_status_is_a_table_with_fallback_and_reasons() -> None:
         "alerts": {},
     }
     text = "\n".join(cli_format.status(result))
-    assert "50 us after each reply: caught 90, missed 10, 2.500 s spent" in text
+    assert "50 us after each reply: caught 90, missed 10, 2.50 s spent" in text
+    short = {**result, "bus": {"busy_poll": {"us": 50, "caught": 1, "missed": 2, "spent_us": 130}}}
+    assert "caught 1, missed 2, 0.1 ms spent" in "\n".join(cli_format.status(short))
     assert "busy poll: off" in "\n".join(cli_format.status({**result, "bus": {}}))
     assert "onnx_trt_ep (fallback from tensorrt)" in text
     assert "DEADLINE_EXCEEDED=1" in text and "1.50 ms" in text and "4.20 ms" in text
