@@ -30,6 +30,7 @@ from inferd_client.errors import (
     UnsafeEndpoint,
 )
 from inferd_client.replies import check_infer_reply, check_reply_id, raise_if_error
+from inferd_client.reply_spin import ReplySpin
 from inferd_client.shm import (
     Layout,
     RegionChannel,
@@ -201,6 +202,8 @@ def infer_request_header(
 
 #: Encoded shm requests a client keeps (a camera loop needs one or two).
 _MAX_SHM_REQUESTS = 64
+#: The polling window before a shm reply is due, us (DESIGN.md 113; 0: none).
+DEFAULT_REPLY_SPIN_US = 100
 
 
 class InferenceClient:
@@ -224,7 +227,10 @@ class InferenceClient:
         context: zmq.Context[Any] | None = None,
         curve: ClientCurve | None = None,
         shm_socket: str | None = None,
+        reply_spin_us: int = DEFAULT_REPLY_SPIN_US,
     ) -> None:
+        ReplySpin(reply_spin_us)  # a bad setting fails here, not at the first region
+        self._reply_spin_us = reply_spin_us
         self._channel = _RequestChannel(
             endpoint or default_endpoints().infer, context, timeout, curve
         )
@@ -250,6 +256,15 @@ class InferenceClient:
         self._last_shm_call: SameCall | None = None
 
     @property
+    def reply_spin(self) -> dict[str, int]:
+        """The polling window before a shm reply is due (DESIGN.md 113): its width
+        in us and its counters (replies caught in it, replies that came before it
+        opened, windows that ended empty, the time spent polling)."""
+        if self._shm is None:
+            return ReplySpin(self._reply_spin_us).status()
+        return self._shm.spin.status()
+
+    @property
     def discarded_replies(self) -> int:
         shm = self._shm.discarded_replies if self._shm is not None else 0
         return self._channel.discarded_replies + shm
@@ -273,7 +288,9 @@ class InferenceClient:
             if known is region:
                 return region_id
         if self._shm is None:
-            self._shm = RegionChannel(self._shm_socket, timeout=self._channel.timeout)
+            self._shm = RegionChannel(
+                self._shm_socket, timeout=self._channel.timeout, reply_spin_us=self._reply_spin_us
+            )
         region_id = self._shm.register(region)
         self._regions[region_id] = region
         self._forget_shm_requests()

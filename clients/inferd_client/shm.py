@@ -39,6 +39,7 @@ from inferd_client.errors import (
     RequestTimeout,
     UnsafeEndpoint,
 )
+from inferd_client.reply_spin import ReplySpin, ReplyTiming
 from inferd_wire import protocol
 from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint
 from inferd_wire.protocol import ProtocolError
@@ -143,7 +144,8 @@ class RegionChannel:
     Replies to ids this channel no longer waits for (a request that timed out)
     are discarded and counted, never returned for another request."""
 
-    def __init__(self, path: str, *, timeout: float = 5.0) -> None:
+    def __init__(self, path: str, *, timeout: float = 5.0, reply_spin_us: int = 0) -> None:
+        spin = ReplySpin(reply_spin_us)  # a bad setting fails before any connection
         try:  # the same trust rule as for the ipc sockets
             check_client_endpoint(f"ipc://{path}")
         except UnsafeEndpointError as exc:
@@ -166,6 +168,8 @@ class RegionChannel:
         self._timeout = timeout
         self._ids = itertools.count(1)
         self.discarded_replies = 0
+        #: The polling window before an infer reply is due (``reply_spin``).
+        self.spin = spin
 
     def register(self, region: SharedRegion) -> str:
         """Hand ``region``'s memfd to the daemon; returns the region id."""
@@ -195,7 +199,7 @@ class RegionChannel:
         wait = self._timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = next_id()
-            reply = self._exchange(request.encode(request_id), [], request_id, wait)
+            reply = self._exchange(request.encode(request_id), [], request_id, wait, request.timing)
             if reply is not None:
                 return reply
         raise RequestTimeout(
@@ -218,10 +222,17 @@ class RegionChannel:
         return result
 
     def _exchange(
-        self, message: bytes, fds: list[int], request_id: int, wait: float
+        self,
+        message: bytes,
+        fds: list[int],
+        request_id: int,
+        wait: float,
+        timing: ReplyTiming | None = None,
     ) -> dict[str, Any] | None:
         """Send one message and wait up to ``wait`` s for the reply to
-        ``request_id`` (None: none came); replies to other ids are discarded."""
+        ``request_id`` (None: none came); replies to other ids are discarded.
+        With ``timing`` (an infer request's), the reply is polled for around the
+        time it is due (``reply_spin``)."""
         give_up_at = time.monotonic() + wait
         try:
             try:
@@ -229,8 +240,13 @@ class RegionChannel:
                     return None
             except (BrokenPipeError, ConnectionResetError):
                 pass  # refused at connect (shm.max_connections): the refusal is queued for us
+            sent_ns = time.monotonic_ns()
+            ready = timing is not None and self.spin.wait(
+                self._socket, timing, sent_ns, int(give_up_at * 1e9)
+            )
             while True:
-                data = self._receive(give_up_at)
+                data = self._receive(give_up_at, ready)
+                ready = False
                 if data is None:
                     return None
                 if not data:
@@ -241,6 +257,8 @@ class RegionChannel:
                     raise MalformedReply(str(exc)) from None
                 reply_id = reply.get("id")
                 if reply_id == request_id:
+                    if timing is not None:
+                        timing.observed(time.monotonic_ns() - sent_ns, self.spin.spin_ns)
                     return reply
                 if reply_id is None and reply.get("ok") is False:
                     return reply  # refused before its id could be read (or at connect)
@@ -262,12 +280,13 @@ class RegionChannel:
                 if not _wait(self._writable, give_up_at):
                     return False
 
-    def _receive(self, give_up_at: float) -> bytes | None:
+    def _receive(self, give_up_at: float, ready: bool = False) -> bytes | None:
         """The next message (b"": the daemon closed the connection); None when none
-        came before ``give_up_at``."""
+        came before ``give_up_at`` (``ready``: a poll just saw one waiting)."""
         while True:
-            if not _wait(self._readable, give_up_at):
+            if not ready and not _wait(self._readable, give_up_at):
                 return None
+            ready = False
             try:
                 return self._socket.recv(MAX_SHM_MESSAGE_BYTES)
             except BlockingIOError:
@@ -415,6 +434,8 @@ class ShmRequest:
         #: The placed outputs' descriptors, as the reply should give them back.
         self.placed = placed
         self._regions = tuple(regions)
+        #: When its replies arrive (``reply_spin``).
+        self.timing = ReplyTiming()
 
     @property
     def valid(self) -> bool:
