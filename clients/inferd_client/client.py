@@ -29,8 +29,8 @@ from inferd_client.errors import (
     RequestTimeout,
     UnsafeEndpoint,
 )
+from inferd_client.poll_window import PollWindow
 from inferd_client.replies import check_infer_reply, check_reply_id, raise_if_error
-from inferd_client.reply_spin import ReplySpin
 from inferd_client.shm import (
     Layout,
     RegionChannel,
@@ -229,7 +229,7 @@ class InferenceClient:
         shm_socket: str | None = None,
         reply_spin_us: int = DEFAULT_REPLY_SPIN_US,
     ) -> None:
-        ReplySpin(reply_spin_us)  # a bad setting fails here, not at the first region
+        PollWindow(reply_spin_us, "reply_spin_us")  # fails here, not at the first region
         self._reply_spin_us = reply_spin_us
         self._channel = _RequestChannel(
             endpoint or default_endpoints().infer, context, timeout, curve
@@ -261,7 +261,7 @@ class InferenceClient:
         in us and its counters (replies caught in it, replies that came before it
         opened, windows that ended empty, the time spent polling)."""
         if self._shm is None:
-            return ReplySpin(self._reply_spin_us).status()
+            return PollWindow(self._reply_spin_us).status()
         return self._shm.spin.status()
 
     @property

@@ -39,7 +39,7 @@ from inferd_client.errors import (
     RequestTimeout,
     UnsafeEndpoint,
 )
-from inferd_client.reply_spin import ReplySpin, ReplyTiming
+from inferd_client.poll_window import Arrivals, PollWindow
 from inferd_wire import protocol
 from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint
 from inferd_wire.protocol import ProtocolError
@@ -145,7 +145,7 @@ class RegionChannel:
     are discarded and counted, never returned for another request."""
 
     def __init__(self, path: str, *, timeout: float = 5.0, reply_spin_us: int = 0) -> None:
-        spin = ReplySpin(reply_spin_us)  # a bad setting fails before any connection
+        spin = PollWindow(reply_spin_us, "reply_spin_us")  # fails before any connection
         try:  # the same trust rule as for the ipc sockets
             check_client_endpoint(f"ipc://{path}")
         except UnsafeEndpointError as exc:
@@ -227,7 +227,7 @@ class RegionChannel:
         fds: list[int],
         request_id: int,
         wait: float,
-        timing: ReplyTiming | None = None,
+        timing: Arrivals | None = None,
     ) -> dict[str, Any] | None:
         """Send one message and wait up to ``wait`` s for the reply to
         ``request_id`` (None: none came); replies to other ids are discarded.
@@ -241,8 +241,8 @@ class RegionChannel:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # refused at connect (shm.max_connections): the refusal is queued for us
             sent_ns = time.monotonic_ns()
-            ready = timing is not None and self.spin.wait(
-                self._socket, timing, sent_ns, int(give_up_at * 1e9)
+            ready = timing is not None and bool(
+                self.spin.wait((self._socket.fileno(),), timing, sent_ns, int(give_up_at * 1e9))
             )
             while True:
                 data = self._receive(give_up_at, ready)
@@ -258,7 +258,7 @@ class RegionChannel:
                 reply_id = reply.get("id")
                 if reply_id == request_id:
                     if timing is not None:
-                        timing.observed(time.monotonic_ns() - sent_ns, self.spin.spin_ns)
+                        timing.observed(time.monotonic_ns() - sent_ns, self.spin.width_ns)
                     return reply
                 if reply_id is None and reply.get("ok") is False:
                     return reply  # refused before its id could be read (or at connect)
@@ -435,7 +435,7 @@ class ShmRequest:
         self.placed = placed
         self._regions = tuple(regions)
         #: When its replies arrive (``reply_spin``).
-        self.timing = ReplyTiming()
+        self.timing = Arrivals()
 
     @property
     def valid(self) -> bool:

@@ -1,5 +1,5 @@
-"""The client's polling window before a shm reply is due (``inferd_client.reply_spin``,
-DESIGN.md 113), on real ``SOCK_SEQPACKET`` socket pairs."""
+"""The polling window before a shm reply is due (``inferd_client.poll_window``, DESIGN.md
+113), on real ``SOCK_SEQPACKET`` socket pairs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from inferd_client import InferenceClient, reply_spin
-from inferd_client.reply_spin import FD_SETSIZE, ReplySpin, ReplyTiming
+from inferd_client import InferenceClient, poll_window
+from inferd_client.poll_window import FD_SETSIZE, Arrivals, PollWindow
 
 MS = 1_000_000
 
@@ -28,8 +28,8 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     daemon.close()
 
 
-def timing(opens_ns: int) -> ReplyTiming:
-    learned = ReplyTiming()
+def timing(opens_ns: int) -> Arrivals:
+    learned = Arrivals()
     learned.opens_ns = opens_ns
     return learned
 
@@ -63,11 +63,11 @@ def test_off_or_unlearned_it_never_polls(
 ) -> None:
     client, daemon = pair
     counting = CountingSelect(daemon)
-    monkeypatch.setattr(reply_spin, "select", counting)
+    monkeypatch.setattr(poll_window, "select", counting)
     daemon.send(b"reply")
-    assert not ReplySpin(0).wait(client, timing(1), time.monotonic_ns(), far())
-    spin = ReplySpin(100)
-    assert not spin.wait(client, ReplyTiming(), time.monotonic_ns(), far())
+    assert not PollWindow(0).wait((client.fileno(),), timing(1), time.monotonic_ns(), far())
+    spin = PollWindow(100)
+    assert not spin.wait((client.fileno(),), Arrivals(), time.monotonic_ns(), far())
     assert counting.polls == 0 and counting.timed == []
     assert spin.status() == {"us": 100, "caught": 0, "early": 0, "missed": 0, "spent_us": 0}
 
@@ -77,9 +77,9 @@ def test_a_reply_in_the_window_is_caught_and_opens_the_next_one_later(
 ) -> None:
     client, daemon = pair
     counting = CountingSelect(daemon, reply_at=3)
-    monkeypatch.setattr(reply_spin, "select", counting)
-    spin, learned = ReplySpin(10_000), timing(1)  # the window is open at once
-    assert spin.wait(client, learned, time.monotonic_ns(), far())
+    monkeypatch.setattr(poll_window, "select", counting)
+    spin, learned = PollWindow(10_000), timing(1)  # the window is open at once
+    assert spin.wait((client.fileno(),), learned, time.monotonic_ns(), far())
     assert client.recv(64) == b"reply"
     assert counting.polls == 3 and counting.timed == []  # no sleep before an open window
     assert spin.caught == 1 and spin.early == 0 and spin.missed == 0
@@ -92,11 +92,11 @@ def test_a_reply_before_the_window_ends_the_sleep_and_opens_the_next_one_earlier
 ) -> None:
     client, daemon = pair
     counting = CountingSelect(daemon)
-    monkeypatch.setattr(reply_spin, "select", counting)
-    spin, learned = ReplySpin(1000), timing(30 * 1_000_000_000)  # due in 30 s
+    monkeypatch.setattr(poll_window, "select", counting)
+    spin, learned = PollWindow(1000), timing(30 * 1_000_000_000)  # due in 30 s
     sent_ns = time.monotonic_ns()
     daemon.send(b"reply")
-    assert spin.wait(client, learned, sent_ns, far())
+    assert spin.wait((client.fileno(),), learned, sent_ns, far())
     arrived_ns = time.monotonic_ns() - sent_ns
     assert arrived_ns < 10 * 1_000_000_000  # woken by the reply, not the timer
     assert len(counting.timed) == 1 and counting.polls == 0
@@ -109,9 +109,9 @@ def test_a_reply_there_when_the_window_opens_came_early(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     client, daemon = pair
-    spin, learned = ReplySpin(1000), timing(1)
+    spin, learned = PollWindow(1000), timing(1)
     daemon.send(b"reply")
-    assert spin.wait(client, learned, time.monotonic_ns() - 5 * MS, far())
+    assert spin.wait((client.fileno(),), learned, time.monotonic_ns() - 5 * MS, far())
     assert spin.early == 1 and spin.caught == 0
     assert learned.opens_ns == 1  # earlier, never below the send
 
@@ -120,9 +120,9 @@ def test_an_empty_window_costs_at_most_its_width_and_opens_the_next_one_later(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     client, _daemon = pair
-    spin, learned = ReplySpin(2000), timing(1)
+    spin, learned = PollWindow(2000), timing(1)
     started = time.monotonic_ns()
-    assert not spin.wait(client, learned, time.monotonic_ns(), far())
+    assert not spin.wait((client.fileno(),), learned, time.monotonic_ns(), far())
     elapsed = time.monotonic_ns() - started
     assert spin.missed == 1 and spin.caught == spin.early == 0
     assert 2 * MS <= spin.spent_ns <= elapsed
@@ -134,9 +134,9 @@ def test_it_sleeps_until_the_window_opens_and_learns_how_late_sleeps_end(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     client, _daemon = pair
-    spin, learned = ReplySpin(500), timing(20 * MS)
+    spin, learned = PollWindow(500), timing(20 * MS)
     sent_ns = time.monotonic_ns()
-    assert not spin.wait(client, learned, sent_ns, far())
+    assert not spin.wait((client.fileno(),), learned, sent_ns, far())
     woke_ns = sent_ns + 20 * MS
     # Asleep to the opening (no earlier), then the window's 0.5 ms.
     assert time.monotonic_ns() - sent_ns >= 20 * MS + MS // 2
@@ -150,11 +150,11 @@ def test_a_sleep_asks_to_end_as_much_earlier_as_sleeps_end_late(
 ) -> None:
     client, daemon = pair
     counting = CountingSelect(daemon)
-    monkeypatch.setattr(reply_spin, "select", counting)
-    spin, learned = ReplySpin(100), timing(20 * MS)
+    monkeypatch.setattr(poll_window, "select", counting)
+    spin, learned = PollWindow(100), timing(20 * MS)
     spin.late_wake_ns = 5 * MS
     sent_ns = time.monotonic_ns()
-    spin.wait(client, learned, sent_ns, far())
+    spin.wait((client.fileno(),), learned, sent_ns, far())
     [asked] = counting.timed
     assert 0 < asked <= 0.015
 
@@ -163,9 +163,9 @@ def test_it_never_waits_past_the_callers_deadline(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
     client, _daemon = pair
-    spin, learned = ReplySpin(10_000), timing(30 * 1_000_000_000)
+    spin, learned = PollWindow(10_000), timing(30 * 1_000_000_000)
     started = time.monotonic_ns()
-    assert not spin.wait(client, learned, started, started + 5 * MS)
+    assert not spin.wait((client.fileno(),), learned, started, started + 5 * MS)
     elapsed = time.monotonic_ns() - started
     assert 5 * MS <= elapsed < 1_000 * MS  # the deadline, not the 30 s opening
     assert spin.spent_ns < 10 * MS
@@ -184,10 +184,10 @@ def test_a_descriptor_select_cannot_take_is_not_polled(
     try:
         high_socket = socket.socket(fileno=high)
         counting = CountingSelect(daemon)
-        monkeypatch.setattr(reply_spin, "select", counting)
+        monkeypatch.setattr(poll_window, "select", counting)
         daemon.send(b"reply")
-        spin = ReplySpin(100)
-        assert not spin.wait(high_socket, timing(1), time.monotonic_ns(), far())
+        spin = PollWindow(100)
+        assert not spin.wait((high_socket.fileno(),), timing(1), time.monotonic_ns(), far())
         assert counting.polls == 0 and counting.timed == [] and spin.early == 0
         high_socket.close()
     finally:
@@ -196,12 +196,12 @@ def test_a_descriptor_select_cannot_take_is_not_polled(
 
 
 def test_the_first_blocking_reply_places_the_first_window_and_no_later_one_moves_it() -> None:
-    learned = ReplyTiming()
+    learned = Arrivals()
     learned.observed(1_600_000, 100_000)
     assert learned.opens_ns == 1_500_000  # a window before the (late-seen) reply
     learned.observed(9_000_000, 100_000)
     assert learned.opens_ns == 1_500_000  # the windows move it from here
-    tiny = ReplyTiming()
+    tiny = Arrivals()
     tiny.observed(50_000, 100_000)
     assert tiny.opens_ns == 1
 
@@ -209,6 +209,24 @@ def test_the_first_blocking_reply_places_the_first_window_and_no_later_one_moves
 @pytest.mark.parametrize("spin_us", [-1, 10_001])
 def test_a_window_out_of_range_is_refused_before_any_connection(spin_us: int) -> None:
     with pytest.raises(ValueError, match=r"reply_spin_us must be 0\.\.10000"):
-        ReplySpin(spin_us)
+        PollWindow(spin_us, "reply_spin_us")
     with pytest.raises(ValueError, match=r"reply_spin_us must be 0\.\.10000"):
         InferenceClient("ipc:///nonexistent/inferd-test.sock", reply_spin_us=spin_us)
+
+
+def test_of_several_sources_it_returns_those_readable(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    client, _daemon = pair
+    other, other_peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        window, learned = PollWindow(10_000), timing(1)
+        other_peer.send(b"request")
+        sources = (client.fileno(), other.fileno())
+        assert window.wait(sources, learned, time.monotonic_ns() - 5 * MS, far()) == [
+            other.fileno()
+        ]
+        assert window.early == 1
+    finally:
+        other.close()
+        other_peer.close()
