@@ -15,12 +15,22 @@ interrupt, which a VM pays dearly.  So the timing thread is pinned to one CPU
 and the bare server runs twice, on that CPU and on another one.  Four paths
 per case, timed in one run, interleaved in blocks like ``rtt.py``:
 
-``inprocess``  ``InferenceSession.run`` in this process (``rtt.py``'s baseline).
-``floor1cpu``  the bare server on the timing thread's CPU.
-``floor2cpu``  the bare server on another CPU.
-``shm``        ``InferenceClient.infer`` against an ``inferd run`` subprocess,
-               input and output in a registered region (``rtt.py``'s ``shm``);
-               the daemon's threads go where the kernel puts them.
+``inprocess``    ``InferenceSession.run`` in this process (``rtt.py``'s baseline).
+``floor1cpu``    the bare server on the timing thread's CPU.
+``floor2cpu``    the bare server on another CPU.
+``shm``          ``InferenceClient.infer`` against an ``inferd run`` subprocess,
+                 input and output in a registered region (``rtt.py``'s ``shm``);
+                 the daemon's threads go where the kernel puts them.
+
+The same for today's protocol, tensors in ZeroMQ frames: a *bare frames
+server* (a pyzmq ROUTER that runs ``session.run`` on each request's tensor
+frame and sends the output back zero-copy, with a reply header of the
+daemon's size; no pinning, like the daemon) against the daemon and
+``rtt.py``'s echo of the same bytes:
+
+``echo``         ``rtt.py``'s bare pyzmq echo of the frames request.
+``framesfloor``  the bare frames server, sent the frames request's bytes.
+``frames``       ``InferenceClient.infer`` with the tensor in a frame (``rtt.py``'s ``frames``).
 
 A floor path minus ``inprocess`` is what the transport, two process wake-ups
 and a minimal Python loop on each side cost here.  ``shm`` minus a floor is
@@ -58,16 +68,18 @@ from inferd_client import InferenceClient, SharedRegion  # noqa: E402
 from inferd_wire import protocol  # noqa: E402
 from rtt import (  # noqa: E402
     CASES,
+    EchoClient,
     add_run_options,
     bench_daemon,
     bench_scratch,
     run_and_report,
     session_for,
+    start_echo_server,
     summarize,
     time_interleaved,
 )
 
-PATHS = ("inprocess", "floor1cpu", "floor2cpu", "shm")
+PATHS = ("inprocess", "floor1cpu", "floor2cpu", "shm", "echo", "framesfloor", "frames")
 #: The bare server's request buffer: a request header is far smaller.
 _RECEIVE_BYTES = 4096
 
@@ -102,6 +114,33 @@ def bare_server(spec: dict[str, Any]) -> None:
             return
         session.run_with_iobinding(binding)
         sock.send(reply)
+
+
+def bare_frames_server(spec: dict[str, Any]) -> None:
+    """Answer every message on the ROUTER bound at ``spec["endpoint"]`` (``[id,
+    header, tensor]``) with ``[id, reply header, output]``: one ``session.run`` of
+    the tensor frame, the output sent zero-copy, as the daemon sends it."""
+    import onnxruntime as ort
+    import zmq
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = spec["threads"]
+    session = ort.InferenceSession(
+        spec["model"], sess_options=options, providers=["CPUExecutionProvider"]
+    )
+    name, shape = spec["input"], spec["shape"]
+    reply_header = b"r" * spec["reply_bytes"]
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(spec["endpoint"])
+    gc.disable()  # as in rtt.py's echo server
+    print("ready", flush=True)
+    while True:
+        routing_id, _header, tensor = sock.recv_multipart(copy=False)
+        x = np.frombuffer(tensor.buffer, np.float32).reshape(shape)
+        (output,) = session.run(None, {name: x})
+        sock.send_multipart([routing_id, reply_header, output], copy=False)
 
 
 def start_bare_server(spec: dict[str, Any], pass_fds: tuple[int, ...]) -> subprocess.Popen[str]:
@@ -168,6 +207,41 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 client.infer(case.model, inputs, outputs=outputs)  # learns the shm path
                 reply_bytes = len(protocol.pack(client.last_reply))
 
+                # Frames: rtt.py's echo and request bytes, and the bare frames server.
+                (frame_output,) = client.infer(case.model, feeds).values()
+                frames_reply = protocol.pack(client.last_reply)
+                descriptors, tensor_frames = protocol.encode_tensors(feeds)
+                frames_request = protocol.pack(
+                    {
+                        "v": protocol.PROTOCOL_VERSION,
+                        "op": "infer",
+                        "model": case.model,
+                        "inputs": descriptors,
+                        "id": 2**63 + 1,
+                    }
+                )
+                echo_process, echo_endpoint = start_echo_server(
+                    workdir, case.name, frames_reply, frame_output.nbytes
+                )
+                scratch.processes.append(echo_process)
+                echo = EchoClient(echo_endpoint, [frames_request, tensor_frames[0]])
+                scratch.closers.append(echo.close)
+                frames_endpoint = f"ipc://{workdir}/bare-{case.name}.sock"
+                frames_server = start_bare_server(
+                    {
+                        "model": str(model_path),
+                        "threads": threads,
+                        "endpoint": frames_endpoint,
+                        "input": case.input_name,
+                        "shape": list(x.shape),
+                        "reply_bytes": len(frames_reply),
+                    },
+                    (),
+                )
+                scratch.processes.append(frames_server)
+                frames_floor = EchoClient(frames_endpoint, [frames_request, tensor_frames[0]])
+                scratch.closers.append(frames_floor.close)
+
                 # The daemon's request for these arrays, as its client encodes it.
                 request = protocol.pack(
                     {
@@ -210,6 +284,9 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 ) -> object:
                     return client.infer(model, inputs, outputs=outputs)
 
+                def via_frames(model: str = case.model, feeds: dict[str, Any] = feeds) -> object:
+                    return client.infer(model, feeds)
+
                 def in_process(
                     session: Any = session,
                     names: list[str] = [output_meta.name],  # noqa: B006
@@ -222,6 +299,9 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                     ("floor1cpu", floors["floor1cpu"].round_trip),
                     ("floor2cpu", floors["floor2cpu"].round_trip),
                     ("shm", via_shm),
+                    ("echo", echo.round_trip),
+                    ("framesfloor", frames_floor.round_trip),
+                    ("frames", via_frames),
                 ):
                     calls[(case.name, path)] = call
                     counts[(case.name, path)] = max(10, int(iterations * case.share))
@@ -240,20 +320,39 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
 
 def print_table(result: dict[str, Any]) -> None:
     medians = {(row["case"], row["path"]): row["median_us"] for row in result["rows"]}
+    cases = list(dict.fromkeys(row["case"] for row in result["rows"]))
     header = (
         f"{'case':<15} {'inprocess':>10} {'floor1cpu':>10} {'floor2cpu':>10} {'shm':>9} "
         f"{'floor1_x':>9} {'floor2_x':>9} {'shm_x':>6} {'floor1_add':>11} {'floor2_add':>11} "
         f"{'shm_add':>8}"
     )
-    print("medians (us); _x = path / inprocess; _add = path - inprocess")
+    print("shared memory, medians (us); _x = path / inprocess; _add = path - inprocess")
     print(header)
     print("-" * len(header))
-    for case in dict.fromkeys(row["case"] for row in result["rows"]):
-        inprocess, one, two, shm = (medians[(case, path)] for path in PATHS)
+    for case in cases:
+        inprocess, one, two, shm = (
+            medians[(case, path)] for path in ("inprocess", "floor1cpu", "floor2cpu", "shm")
+        )
         print(
             f"{case:<15} {inprocess:>10.1f} {one:>10.1f} {two:>10.1f} {shm:>9.1f} "
             f"{one / inprocess:>9.2f} {two / inprocess:>9.2f} {shm / inprocess:>6.2f} "
             f"{one - inprocess:>11.1f} {two - inprocess:>11.1f} {shm - inprocess:>8.1f}"
+        )
+    header = (
+        f"{'case':<15} {'inprocess':>10} {'echo':>9} {'framesfloor':>12} {'frames':>9} "
+        f"{'floor_add':>10} {'frames_add':>11} {'floor_add/echo':>15} {'frames_add/echo':>16}"
+    )
+    print("\nframes, medians (us); _add = path - inprocess")
+    print(header)
+    print("-" * len(header))
+    for case in cases:
+        inprocess, echo, floor, frames = (
+            medians[(case, path)] for path in ("inprocess", "echo", "framesfloor", "frames")
+        )
+        print(
+            f"{case:<15} {inprocess:>10.1f} {echo:>9.1f} {floor:>12.1f} {frames:>9.1f} "
+            f"{floor - inprocess:>10.1f} {frames - inprocess:>11.1f} "
+            f"{(floor - inprocess) / echo:>15.2f} {(frames - inprocess) / echo:>16.2f}"
         )
     load = ", ".join(f"{value:.2f}" for value in result["load_average"])
     print(
@@ -269,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bare-server", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bare_server:
-        bare_server(json.loads(args.bare_server))
+        spec = json.loads(args.bare_server)
+        (bare_frames_server if "endpoint" in spec else bare_server)(spec)
         return 0
     return run_and_report(parser, args, run, print_table)
 

@@ -24,11 +24,15 @@ thread's timed sleeps end (timer slack and the wake-up) and runs the window:
   window, 1/4 of a window later;
 - a window never lasts longer than ``width_us``, and a wait never ends after the
   caller's deadline.  A width of 0 turns it off, as do descriptors ``select(2)``
-  cannot take (``FD_SETSIZE`` and up).
+  cannot take (``FD_SETSIZE`` and up) and a calling thread the kernel may run
+  on one CPU alone: it could not move it off the CPU of the daemon's run, and
+  there the window's wake-up and polling would take the run's time instead of
+  saving a wake-up (bench/README.md, ``floor.py``).
 """
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections.abc import Sequence
@@ -99,6 +103,8 @@ class PollWindow:
         nothing learned yet, or the window ended empty)."""
         width_ns = self.width_ns
         if not width_ns or not arrivals.opens_ns or not all(0 <= fd < FD_SETSIZE for fd in fds):
+            return []
+        if len(os.sched_getaffinity(0)) < 2:
             return []
         clock = time.monotonic_ns
         opens_ns = min(since_ns + arrivals.opens_ns - self.late_wake_ns, give_up_ns)

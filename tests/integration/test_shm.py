@@ -220,6 +220,10 @@ def test_a_request_with_every_tensor_in_a_region_travels_on_the_shm_socket(
         np.testing.assert_array_equal(plain[DEMO_OUTPUT], descriptors)
 
 
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2,
+    reason="the client's window does not poll on one CPU (tests/unit/client/test_poll_window.py)",
+)
 def test_replies_polled_for_in_their_window_are_the_daemons_and_the_window_is_accounted(
     daemon: DaemonProcess,
 ) -> None:

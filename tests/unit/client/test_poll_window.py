@@ -17,6 +17,13 @@ from inferd_client import InferenceClient, poll_window
 from inferd_client.poll_window import FD_SETSIZE, Arrivals, PollWindow
 
 MS = 1_000_000
+#: The window is off, by design, for a thread the kernel may run on one CPU alone
+#: (``test_a_thread_that_may_run_on_one_cpu_alone_does_not_poll``): the tests
+#: of its polling need two.
+polls = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2,
+    reason="the window does not poll on one CPU (tested on its own below)",
+)
 
 
 @pytest.fixture
@@ -72,6 +79,7 @@ def test_off_or_unlearned_it_never_polls(
     assert spin.status() == {"us": 100, "caught": 0, "early": 0, "missed": 0, "spent_us": 0}
 
 
+@polls
 def test_a_reply_in_the_window_is_caught_and_opens_the_next_one_later(
     pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,6 +95,7 @@ def test_a_reply_in_the_window_is_caught_and_opens_the_next_one_later(
     assert learned.opens_ns == 1 + 10 * MS // 4  # a quarter of a window later
 
 
+@polls
 def test_a_reply_before_the_window_ends_the_sleep_and_opens_the_next_one_earlier(
     pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,6 +114,7 @@ def test_a_reply_before_the_window_ends_the_sleep_and_opens_the_next_one_earlier
     assert 0 < learned.opens_ns <= arrived_ns
 
 
+@polls
 def test_a_reply_there_when_the_window_opens_came_early(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
@@ -116,6 +126,7 @@ def test_a_reply_there_when_the_window_opens_came_early(
     assert learned.opens_ns == 1  # earlier, never below the send
 
 
+@polls
 def test_an_empty_window_costs_at_most_its_width_and_opens_the_next_one_later(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
@@ -130,6 +141,7 @@ def test_an_empty_window_costs_at_most_its_width_and_opens_the_next_one_later(
     assert spin.status()["spent_us"] == spin.spent_ns // 1000
 
 
+@polls
 def test_it_sleeps_until_the_window_opens_and_learns_how_late_sleeps_end(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
@@ -145,6 +157,7 @@ def test_it_sleeps_until_the_window_opens_and_learns_how_late_sleeps_end(
     assert 0 <= spin.late_wake_ns <= (time.monotonic_ns() - woke_ns) // 4
 
 
+@polls
 def test_a_sleep_asks_to_end_as_much_earlier_as_sleeps_end_late(
     pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,6 +172,7 @@ def test_a_sleep_asks_to_end_as_much_earlier_as_sleeps_end_late(
     assert 0 < asked <= 0.015
 
 
+@polls
 def test_it_never_waits_past_the_callers_deadline(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
@@ -214,6 +228,7 @@ def test_a_window_out_of_range_is_refused_before_any_connection(spin_us: int) ->
         InferenceClient("ipc:///nonexistent/inferd-test.sock", reply_spin_us=spin_us)
 
 
+@polls
 def test_of_several_sources_it_returns_those_readable(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
@@ -230,3 +245,23 @@ def test_of_several_sources_it_returns_those_readable(
     finally:
         other.close()
         other_peer.close()
+
+
+def test_a_thread_that_may_run_on_one_cpu_alone_does_not_poll(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, daemon = pair
+    counting = CountingSelect(daemon)
+    monkeypatch.setattr(poll_window, "select", counting)
+    daemon.send(b"reply")
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        window = PollWindow(100)
+        assert window.wait((client.fileno(),), timing(1), time.monotonic_ns(), far()) == []
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert counting.polls == 0 and counting.timed == [] and window.early == 0
+    if len(allowed) > 1:  # the same wait on every CPU polls, and finds the reply
+        assert window.wait((client.fileno(),), timing(1), time.monotonic_ns(), far())
+        assert counting.polls == 1 and window.early == 1
