@@ -203,7 +203,7 @@ def infer_request_header(
 #: Encoded shm requests a client keeps (a camera loop needs one or two).
 _MAX_SHM_REQUESTS = 64
 #: The polling window before a shm reply is due, us (DESIGN.md 113; 0: none).
-DEFAULT_REPLY_SPIN_US = 100
+DEFAULT_REPLY_SPIN_US = 200
 
 
 class InferenceClient:
