@@ -224,6 +224,7 @@ const TensorView& InferResult::output(const std::string& name) const {
 InferenceClient::InferenceClient(ClientOptions options)
     : channel_(std::make_unique<RequestChannel>(options, default_endpoints().infer)),
       options_(std::move(options)) {
+    PollWindow check(options_.reply_spin_us);  // a bad width fails here, not at the first region
     if (options_.shm_socket.empty()) options_.shm_socket = shm_socket_path(channel_->endpoint());
 }
 
@@ -234,6 +235,10 @@ InferenceClient::~InferenceClient() {
 
 std::uint64_t InferenceClient::discarded_replies() const {
     return channel_->discarded_replies() + (shm_ ? shm_->discarded_replies() : 0);
+}
+
+PollWindowStatus InferenceClient::reply_spin() const {
+    return shm_ ? shm_->spin().status() : PollWindow(options_.reply_spin_us).status();
 }
 
 const std::string& InferenceClient::endpoint() const { return channel_->endpoint(); }
@@ -249,7 +254,10 @@ std::string InferenceClient::register_region(SharedRegion& region) {
     for (const auto& [id, known] : regions_) {
         if (known == &region) return id;
     }
-    if (!shm_) shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout);
+    if (!shm_) {
+        shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout,
+                                               options_.reply_spin_us);
+    }
     auto id = shm_->register_region(region);
     regions_.emplace_back(id, &region);
     return id;
@@ -321,7 +329,7 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     auto retries = options.retries.value_or(options_.retries);
     if (shm_ && frames.empty() && places_every_output(model, request.outputs)) {
         auto header = shm_->request(
-            encode, [this] { return channel_->next_id(); }, channel_->on_attempt(),
+            model, encode, [this] { return channel_->next_id(); }, channel_->on_attempt(),
             options.timeout.value_or(options_.timeout), retries);
         last_transport_ = "shm";
         InferResult result;

@@ -101,8 +101,9 @@ std::optional<std::size_t> SharedRegion::locate(const void* data, std::size_t nb
     return offset;
 }
 
-RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds timeout)
-    : path_(path), timeout_(timeout) {
+RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds timeout,
+                             int reply_spin_us)
+    : path_(path), timeout_(timeout), spin_(reply_spin_us) {
     check_client_endpoint("ipc://" + path);  // the same trust rule as for the ipc sockets
     fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw ClientError(system_error("socket"));
@@ -158,16 +159,26 @@ std::string RegionChannel::call(const std::string& op, const wire::ControlArgume
     return decoded.result_msgpack;
 }
 
-std::string RegionChannel::request(const std::function<std::string(std::uint64_t)>& encode,
+std::string RegionChannel::request(const std::string& model,
+                                   const std::function<std::string(std::uint64_t)>& encode,
                                    const std::function<std::uint64_t()>& next_id,
                                    const std::function<void(std::uint64_t, int)>& on_attempt,
                                    std::chrono::milliseconds timeout, int retries) {
+    auto& arrivals = arrivals_[model];
     for (int attempt = 0; attempt <= retries; ++attempt) {
         auto request_id = next_id();
         if (on_attempt) on_attempt(request_id, attempt);
         auto give_up_at = std::chrono::steady_clock::now() + timeout;
         if (!send_message(encode(request_id), -1)) continue;
-        if (auto reply = await(request_id, give_up_at)) return *reply;
+        auto sent = std::chrono::steady_clock::now();
+        bool ready = spin_.wait(fd_, arrivals, sent, give_up_at);
+        if (auto reply = await(request_id, give_up_at, ready)) {
+            arrivals.observed(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - sent)
+                                  .count(),
+                              spin_.width_ns());
+            return *reply;
+        }
     }
     throw Timeout("no reply from " + path_ + " within " + std::to_string(timeout.count()) +
                   " ms after " + std::to_string(retries + 1) + " attempt(s)");
@@ -196,16 +207,20 @@ bool RegionChannel::send_message(const std::string& message, int fd) {
 }
 
 std::optional<std::string> RegionChannel::await(std::uint64_t request_id,
-                                                std::chrono::steady_clock::time_point give_up_at) {
+                                                std::chrono::steady_clock::time_point give_up_at,
+                                                bool ready_now) {
     while (true) {
-        auto left = std::chrono::ceil<std::chrono::milliseconds>(
-            give_up_at - std::chrono::steady_clock::now());
-        if (left.count() <= 0) return std::nullopt;
-        pollfd readable{fd_, POLLIN, 0};
-        auto ready = poll(&readable, 1, static_cast<int>(left.count()));
-        if (ready < 0 && errno == EINTR) continue;
-        if (ready < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
-        if (ready == 0) return std::nullopt;
+        if (!ready_now) {
+            auto left = std::chrono::ceil<std::chrono::milliseconds>(
+                give_up_at - std::chrono::steady_clock::now());
+            if (left.count() <= 0) return std::nullopt;
+            pollfd readable{fd_, POLLIN, 0};
+            auto ready = poll(&readable, 1, static_cast<int>(left.count()));
+            if (ready < 0 && errno == EINTR) continue;
+            if (ready < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
+            if (ready == 0) return std::nullopt;
+        }
+        ready_now = false;
         std::string reply(wire::kMaxShmMessageBytes, '\0');
         auto received = recv(fd_, reply.data(), reply.size(), MSG_DONTWAIT);
         if (received < 0 && errno == ECONNRESET) {

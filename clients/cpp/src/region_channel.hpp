@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
 #include "inferd/client.hpp"
+#include "inferd/poll_window.hpp"
 #include "inferd/region.hpp"
 #include "inferd/wire.hpp"
 
@@ -18,7 +20,7 @@ namespace inferd {
 // open: closing this releases every region it registered.
 class RegionChannel {
 public:
-    RegionChannel(const std::string& path, std::chrono::milliseconds timeout);
+    RegionChannel(const std::string& path, std::chrono::milliseconds timeout, int reply_spin_us);
     ~RegionChannel();
     RegionChannel(const RegionChannel&) = delete;
     RegionChannel& operator=(const RegionChannel&) = delete;
@@ -26,16 +28,19 @@ public:
     std::string register_region(const SharedRegion& region);
     void unregister_region(const std::string& region_id);
 
-    // An infer request: each attempt sends `encode(id)` under the id `next_id()`
-    // gives (after `on_attempt(id, attempt)`, when set) and waits up to `timeout`;
-    // returns the reply header. Throws Timeout after `retries` resends.
-    std::string request(const std::function<std::string(std::uint64_t)>& encode,
+    // An infer request of `model`: each attempt sends `encode(id)` under the id
+    // `next_id()` gives (after `on_attempt(id, attempt)`, when set) and waits up to
+    // `timeout`, polling in the model's window; returns the reply header. Throws
+    // Timeout after `retries` resends.
+    std::string request(const std::string& model,
+                        const std::function<std::string(std::uint64_t)>& encode,
                         const std::function<std::uint64_t()>& next_id,
                         const std::function<void(std::uint64_t, int)>& on_attempt,
                         std::chrono::milliseconds timeout, int retries);
 
     // Replies to ids no longer waited for (attempts that timed out).
     std::uint64_t discarded_replies() const { return discarded_; }
+    const PollWindow& spin() const { return spin_; }
 
 private:
     std::string call(const std::string& op, const wire::ControlArguments& arguments, int fd);
@@ -44,12 +49,15 @@ private:
     // The reply to `request_id` (or an error reply whose id was unreadable), or
     // none by `give_up_at`; replies to other ids are discarded and counted.
     std::optional<std::string> await(std::uint64_t request_id,
-                                     std::chrono::steady_clock::time_point give_up_at);
+                                     std::chrono::steady_clock::time_point give_up_at,
+                                     bool ready = false);
     std::string path_;
     std::chrono::milliseconds timeout_;
     int fd_ = -1;
     std::uint64_t next_id_ = 1;
     std::uint64_t discarded_ = 0;
+    PollWindow spin_;
+    std::map<std::string, Arrivals> arrivals_;  // by model: when its replies arrive
 };
 
 }  // namespace inferd

@@ -3,6 +3,7 @@
 // daemon's pid and the ONNX Runtime reference result in the environment).
 // No sleep synchronises anything: each wait polls for the state it needs,
 // with a bound (kHang) that only ends a hang.
+#include <sched.h>
 #include <signal.h>
 
 #include <zmq.hpp>
@@ -235,6 +236,31 @@ TEST(requests_with_every_tensor_in_a_region_go_on_the_shm_socket) {
     CHECK_EQ(client.last_transport(), std::string("infer"));
     client.infer("demo", demo.inputs, demo.options);
     CHECK_EQ(client.last_transport(), std::string("shm"));
+}
+
+TEST(replies_polled_for_in_their_window_are_the_daemons_and_the_window_is_accounted) {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    sched_getaffinity(0, sizeof allowed, &allowed);
+    if (CPU_COUNT(&allowed) < 2) return;  // the window is off on one CPU (unit tests)
+    auto options = infer_options();
+    options.reply_spin_us = 10000;  // as wide as allowed: it opens at once
+    InferenceClient client(options);
+    DemoInRegion demo(client, "cpp-window");
+    client.describe();  // names the outputs: every request goes on shm.sock
+    const int requests = 12;
+    for (int i = 0; i < requests; ++i) {
+        std::memset(demo.descriptors.data, 0, demo.descriptors.nbytes);
+        auto result = client.infer("demo", demo.inputs, demo.options);
+        CHECK_EQ(client.last_transport(), std::string("shm"));
+        CHECK(max_difference(demo.descriptors.as<float>(), reference().descriptors) < 1e-4f);
+    }
+    auto spin = client.reply_spin();
+    // The first reply is waited for as ever (nothing learned); each later one went
+    // through a window: caught in it, there before it, or not in it.
+    CHECK(spin.caught >= 1);
+    CHECK_EQ(spin.caught + spin.early + spin.missed, std::uint64_t{requests - 1});
+    CHECK(spin.us == 10000 && spin.spent_us <= std::uint64_t{(requests - 1) * 10000});
 }
 
 TEST(describe_names_the_outputs_for_the_shm_socket) {

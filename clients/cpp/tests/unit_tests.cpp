@@ -12,6 +12,9 @@
 #include <functional>
 #include <thread>
 #include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -321,6 +324,144 @@ TEST(a_certificate_others_may_read_is_refused) {
     std::ofstream(path) << "curve\n    public-key = \"" << public_key << "\"\n";
     CHECK_THROWS(ClientError, ClientCurve::from_files(public_key, path),
                  std::string(error.what()).find("no secret-key") != std::string::npos);
+}
+
+// -- the shm replies' polling window (DESIGN.md 113; the Python client's rules) --
+
+namespace {
+
+// A socket pair: the client's end polled by the window, the daemon's end to reply.
+struct Pair {
+    int client = -1, daemon = -1;
+    Pair() {
+        int fds[2];
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, fds) == 0) client = fds[0], daemon = fds[1];
+    }
+    ~Pair() { close(client), close(daemon); }
+    void reply() const { (void)!write(daemon, "reply", 5); }
+};
+
+bool on_two_cpus() {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    return sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= 2;
+}
+
+// Counts the window's zero-timeout polls and its sleeps, and replies from the
+// daemon's end just before poll number `reply_at` (inside the window).
+struct CountingReady {
+    explicit CountingReady(const Pair* replier, int reply_before = 0)
+        : pair(replier), reply_at(reply_before) {}
+    const Pair* pair;
+    int reply_at;
+    int polls = 0;
+    std::vector<std::int64_t> sleeps;
+    PollWindow::Ready hook() {
+        return [this](int fd, std::int64_t timeout_ns) {
+            if (timeout_ns == 0) {
+                if (++polls == reply_at) pair->reply();
+            } else {
+                sleeps.push_back(timeout_ns);
+            }
+            pollfd readable{fd, POLLIN, 0};
+            timespec timeout{static_cast<time_t>(timeout_ns / 1000000000),
+                             static_cast<long>(timeout_ns % 1000000000)};
+            return ppoll(&readable, 1, &timeout, nullptr) > 0;
+        };
+    }
+};
+
+auto far_off() { return std::chrono::steady_clock::now() + std::chrono::seconds(60); }
+
+}  // namespace
+
+TEST(a_reply_in_the_window_is_caught_and_opens_the_next_one_later) {
+    if (!on_two_cpus()) return;  // off by design on one CPU (the next test)
+    Pair pair;
+    CountingReady counting{&pair, 3};
+    PollWindow window(10000, counting.hook());
+    Arrivals arrivals{1};  // open at once
+    CHECK(window.wait(pair.client, arrivals, std::chrono::steady_clock::now(), far_off()));
+    CHECK_EQ(counting.polls, 3);
+    CHECK(counting.sleeps.empty());
+    auto status = window.status();
+    CHECK(status.caught == 1 && status.early == 0 && status.missed == 0);
+    CHECK_EQ(arrivals.opens_ns, std::int64_t{1 + 10000000 / 4});
+}
+
+TEST(a_reply_before_the_window_or_at_its_opening_is_early_and_opens_it_earlier) {
+    if (!on_two_cpus()) return;
+    Pair pair;
+    CountingReady counting{&pair};
+    PollWindow window(1000, counting.hook());
+    Arrivals arrivals{30'000'000'000};  // due in 30 s
+    pair.reply();
+    auto sent = std::chrono::steady_clock::now();
+    CHECK(window.wait(pair.client, arrivals, sent, far_off()));
+    auto arrived = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - sent)
+                       .count();
+    CHECK(arrived < 10'000'000'000);  // woken by the reply, not the 30 s sleep
+    CHECK(counting.sleeps.size() == 1 && counting.polls == 0);
+    CHECK(arrivals.opens_ns > 0 && arrivals.opens_ns <= arrived);
+    CHECK_EQ(window.status().early, std::uint64_t{1});
+    Arrivals open_now{1};
+    CHECK(window.wait(pair.client, open_now, sent - std::chrono::milliseconds(5), far_off()));
+    CHECK_EQ(window.status().early, std::uint64_t{2});  // there at the first poll
+    CHECK_EQ(open_now.opens_ns, std::int64_t{1});
+}
+
+TEST(an_empty_window_costs_its_width_and_the_deadline_bounds_the_sleep) {
+    if (!on_two_cpus()) return;
+    Pair pair;
+    PollWindow window(2000);
+    Arrivals arrivals{1};
+    auto started = std::chrono::steady_clock::now();
+    CHECK(!window.wait(pair.client, arrivals, started, far_off()));
+    CHECK(window.status().missed == 1 && window.status().spent_us >= 2000);
+    CHECK_EQ(arrivals.opens_ns, std::int64_t{1 + 2000000 / 4});
+    Arrivals due_late{30'000'000'000};
+    started = std::chrono::steady_clock::now();
+    CHECK(!window.wait(pair.client, due_late, started, started + std::chrono::milliseconds(5)));
+    auto waited = std::chrono::steady_clock::now() - started;
+    CHECK(waited >= std::chrono::milliseconds(5) && waited < std::chrono::seconds(1));
+}
+
+TEST(the_window_is_off_at_width_zero_unlearned_or_on_one_cpu_and_refuses_bad_widths) {
+    Pair pair;
+    pair.reply();
+    CountingReady counting{&pair};
+    PollWindow off(0, counting.hook());
+    Arrivals learned{1};
+    CHECK(!off.wait(pair.client, learned, std::chrono::steady_clock::now(), far_off()));
+    PollWindow window(100, counting.hook());
+    Arrivals unlearned;
+    CHECK(!window.wait(pair.client, unlearned, std::chrono::steady_clock::now(), far_off()));
+    cpu_set_t allowed, one;
+    CPU_ZERO(&allowed);
+    CPU_ZERO(&one);
+    sched_getaffinity(0, sizeof allowed, &allowed);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &allowed)) {
+            CPU_SET(cpu, &one);
+            break;
+        }
+    }
+    sched_setaffinity(0, sizeof one, &one);
+    CHECK(!window.wait(pair.client, learned, std::chrono::steady_clock::now(), far_off()));
+    sched_setaffinity(0, sizeof allowed, &allowed);
+    CHECK(counting.polls == 0 && counting.sleeps.empty());
+    CHECK_THROWS(std::invalid_argument, PollWindow(-1),
+                 std::string(error.what()).find("reply_spin_us must be 0..10000") !=
+                     std::string::npos);
+    CHECK_THROWS(std::invalid_argument, PollWindow(10001), true);
+    ClientOptions options;
+    options.reply_spin_us = 10001;
+    CHECK_THROWS(std::invalid_argument, InferenceClient client(options), true);
+    Arrivals first;
+    first.observed(1'600'000, 100'000);
+    first.observed(9'000'000, 100'000);
+    CHECK_EQ(first.opens_ns, std::int64_t{1'500'000});
 }
 
 int main(int argc, char** argv) { return inferd::testing::run_all(argc, argv); }

@@ -15,6 +15,7 @@
 #include "inferd/endpoints.hpp"
 #include "inferd/errors.hpp"
 #include "inferd/events.hpp"
+#include "inferd/poll_window.hpp"
 #include "inferd/region.hpp"
 #include "inferd/tensor.hpp"
 #include "inferd/wire.hpp"
@@ -39,6 +40,9 @@ struct ClientOptions {
     // Called before every send with the attempt's id and number (0 = first);
     // e.g. to log retries.
     std::function<void(std::uint64_t id, int attempt)> on_attempt;
+    // The polling window before a reply on the shm socket is due, us (0..10000;
+    // 0: none; DESIGN.md 113): InferenceClient::reply_spin() says what it cost.
+    int reply_spin_us = 200;
 };
 
 struct InferOptions {
@@ -120,6 +124,8 @@ public:
     const std::string& endpoint() const;
     // Which socket carried the last infer request: "infer" or "shm" ("" before any).
     const std::string& last_transport() const { return last_transport_; }
+    // The shm replies' polling window: its width and what it caught and cost.
+    PollWindowStatus reply_spin() const;
 
 private:
     std::unique_ptr<RequestChannel> channel_;
