@@ -72,9 +72,10 @@ from rtt import (  # noqa: E402
     add_run_options,
     bench_daemon,
     bench_scratch,
+    frames_request,
     run_and_report,
     session_for,
-    start_echo_server,
+    start_frames_echo,
     summarize,
     time_interleaved,
 )
@@ -210,22 +211,10 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 # Frames: rtt.py's echo and request bytes, and the bare frames server.
                 (frame_output,) = client.infer(case.model, feeds).values()
                 frames_reply = protocol.pack(client.last_reply)
-                descriptors, tensor_frames = protocol.encode_tensors(feeds)
-                frames_request = protocol.pack(
-                    {
-                        "v": protocol.PROTOCOL_VERSION,
-                        "op": "infer",
-                        "model": case.model,
-                        "inputs": descriptors,
-                        "id": 2**63 + 1,
-                    }
+                request_parts = frames_request(case.model, feeds)
+                echo = start_frames_echo(
+                    scratch, case.name, request_parts, frames_reply, frame_output.nbytes
                 )
-                echo_process, echo_endpoint = start_echo_server(
-                    workdir, case.name, frames_reply, frame_output.nbytes
-                )
-                scratch.processes.append(echo_process)
-                echo = EchoClient(echo_endpoint, [frames_request, tensor_frames[0]])
-                scratch.closers.append(echo.close)
                 frames_endpoint = f"ipc://{workdir}/bare-{case.name}.sock"
                 frames_server = start_bare_server(
                     {
@@ -239,7 +228,7 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                     (),
                 )
                 scratch.processes.append(frames_server)
-                frames_floor = EchoClient(frames_endpoint, [frames_request, tensor_frames[0]])
+                frames_floor = EchoClient(frames_endpoint, request_parts)
                 scratch.closers.append(frames_floor.close)
 
                 # The daemon's request for these arrays, as its client encodes it.

@@ -187,6 +187,35 @@ def start_echo_server(
     return process, endpoint
 
 
+def frames_request(model: str, feeds: dict[str, np.ndarray]) -> list[Any]:
+    """The parts of a frames infer request for ``feeds`` (header, tensor frames), as
+    the client encodes them, under an id of a client id's size (uint64)."""
+    descriptors, frames = protocol.encode_tensors(feeds)
+    header = protocol.pack(
+        {
+            "v": protocol.PROTOCOL_VERSION,
+            "op": "infer",
+            "model": model,
+            "inputs": descriptors,
+            "id": 2**63 + 1,
+        }
+    )
+    return [header, *frames]
+
+
+def start_frames_echo(
+    scratch: Scratch, name: str, request: list[Any], reply_header: bytes, reply_bytes: int
+) -> EchoClient:
+    """An echo server answering ``request`` with a reply of the daemon's sizes
+    (``reply_header`` and a tensor of ``reply_bytes``), and its client, both
+    stopped with ``scratch``."""
+    server, endpoint = start_echo_server(scratch.workdir, name, reply_header, reply_bytes)
+    scratch.processes.append(server)
+    echo = EchoClient(endpoint, request)
+    scratch.closers.append(echo.close)
+    return echo
+
+
 def stop_process(process: subprocess.Popen[str]) -> None:
     process.terminate()
     try:
@@ -332,22 +361,8 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 # One real request gives the reply's shape and the echo's reply sizes.
                 (output,) = client.infer(case.model, feeds).values()
                 reply_header = protocol.pack(client.last_reply)
-                descriptors, frames = protocol.encode_tensors(feeds)
-                request_header = protocol.pack(
-                    {
-                        "v": protocol.PROTOCOL_VERSION,
-                        "op": "infer",
-                        "model": case.model,
-                        "inputs": descriptors,
-                        "id": 2**63 + 1,  # a client id's size: uint64
-                    }
-                )
-                server, endpoint = start_echo_server(
-                    workdir, case.name, reply_header, output.nbytes
-                )
-                scratch.processes.append(server)
-                echo = EchoClient(endpoint, [request_header, frames[0]])
-                scratch.closers.append(echo.close)
+                request = frames_request(case.model, feeds)
+                echo = start_frames_echo(scratch, case.name, request, reply_header, output.nbytes)
                 server16, endpoint16 = start_echo_server(workdir, f"{case.name}-16", b"", 0)
                 scratch.processes.append(server16)
                 echo16 = EchoClient(endpoint16, [b"0123456789abcdef"])

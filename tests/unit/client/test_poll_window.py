@@ -65,12 +65,20 @@ class CountingSelect:
         return select.select(r, w, x, timeout)
 
 
-def test_off_or_unlearned_it_never_polls(
+@pytest.fixture
+def counting(
     pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> CountingSelect:
+    """The module's ``select`` counted (and replying from the daemon's end)."""
+    counted = CountingSelect(pair[1])
+    monkeypatch.setattr(poll_window, "select", counted)
+    return counted
+
+
+def test_off_or_unlearned_it_never_polls(
+    pair: tuple[socket.socket, socket.socket], counting: CountingSelect
 ) -> None:
     client, daemon = pair
-    counting = CountingSelect(daemon)
-    monkeypatch.setattr(poll_window, "select", counting)
     daemon.send(b"reply")
     assert not PollWindow(0).wait((client.fileno(),), timing(1), time.monotonic_ns(), far())
     spin = PollWindow(100)
@@ -81,11 +89,10 @@ def test_off_or_unlearned_it_never_polls(
 
 @polls
 def test_a_reply_in_the_window_is_caught_and_opens_the_next_one_later(
-    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[socket.socket, socket.socket], counting: CountingSelect
 ) -> None:
-    client, daemon = pair
-    counting = CountingSelect(daemon, reply_at=3)
-    monkeypatch.setattr(poll_window, "select", counting)
+    client = pair[0]
+    counting.reply_at = 3
     spin, learned = PollWindow(10_000), timing(1)  # the window is open at once
     assert spin.wait((client.fileno(),), learned, time.monotonic_ns(), far())
     assert client.recv(64) == b"reply"
@@ -97,11 +104,9 @@ def test_a_reply_in_the_window_is_caught_and_opens_the_next_one_later(
 
 @polls
 def test_a_reply_before_the_window_ends_the_sleep_and_opens_the_next_one_earlier(
-    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[socket.socket, socket.socket], counting: CountingSelect
 ) -> None:
     client, daemon = pair
-    counting = CountingSelect(daemon)
-    monkeypatch.setattr(poll_window, "select", counting)
     spin, learned = PollWindow(1000), timing(30 * 1_000_000_000)  # due in 30 s
     sent_ns = time.monotonic_ns()
     daemon.send(b"reply")
@@ -159,11 +164,9 @@ def test_it_sleeps_until_the_window_opens_and_learns_how_late_sleeps_end(
 
 @polls
 def test_a_sleep_asks_to_end_as_much_earlier_as_sleeps_end_late(
-    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[socket.socket, socket.socket], counting: CountingSelect
 ) -> None:
-    client, daemon = pair
-    counting = CountingSelect(daemon)
-    monkeypatch.setattr(poll_window, "select", counting)
+    client = pair[0]
     spin, learned = PollWindow(100), timing(20 * MS)
     spin.late_wake_ns = 5 * MS
     sent_ns = time.monotonic_ns()
@@ -186,7 +189,7 @@ def test_it_never_waits_past_the_callers_deadline(
 
 
 def test_a_descriptor_select_cannot_take_is_not_polled(
-    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[socket.socket, socket.socket], counting: CountingSelect
 ) -> None:
     client, daemon = pair
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -197,8 +200,6 @@ def test_a_descriptor_select_cannot_take_is_not_polled(
     high = os.dup2(client.fileno(), FD_SETSIZE + 4)
     try:
         high_socket = socket.socket(fileno=high)
-        counting = CountingSelect(daemon)
-        monkeypatch.setattr(poll_window, "select", counting)
         daemon.send(b"reply")
         spin = PollWindow(100)
         assert not spin.wait((high_socket.fileno(),), timing(1), time.monotonic_ns(), far())
@@ -248,11 +249,9 @@ def test_of_several_sources_it_returns_those_readable(
 
 
 def test_a_thread_that_may_run_on_one_cpu_alone_does_not_poll(
-    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[socket.socket, socket.socket], counting: CountingSelect
 ) -> None:
     client, daemon = pair
-    counting = CountingSelect(daemon)
-    monkeypatch.setattr(poll_window, "select", counting)
     daemon.send(b"reply")
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(allowed)})
