@@ -47,6 +47,32 @@ def test_an_idle_daemon_reads_each_request_on_the_engine_worker(
     assert read >= 45, read
 
 
+def test_a_camera_loop_of_frames_is_admitted_from_its_first_admission(
+    identity_daemon: DaemonProcess,
+) -> None:
+    """The same header but for its id, with new frames each time (DESIGN.md 114):
+    every repeat is admitted from the first admission and answered with its own
+    tensor; a repeat whose frame has another length is refused as ever."""
+    before = _status(identity_daemon)["bus"]["admitted_prepared"]
+    with InferenceClient(identity_daemon.infer, timeout=10) as client:
+        for value in range(10):
+            x = np.full(IDENTITY_SHAPE, float(value), np.float32)
+            assert np.array_equal(client.infer("identity", {"input": x})["output"], x)
+        assert _status(identity_daemon)["bus"]["admitted_prepared"] - before == 9
+        header = {
+            "v": 1,
+            "op": "infer",
+            "model": "identity",
+            "inputs": [{"name": "input", "dtype": "float32", "shape": list(IDENTITY_SHAPE)}],
+        }
+        # The client's own bytes, with a frame of another length.
+        reply, _ = client._channel.request(header, [np.zeros(7, np.float32)])
+        assert reply["ok"] is False and reply["error"]["code"] == "INVALID_ARGUMENT"
+        assert "frame holds 28 bytes" in reply["error"]["message"]
+        x = np.ones(IDENTITY_SHAPE, np.float32)
+        assert np.array_equal(client.infer("identity", {"input": x})["output"], x)
+
+
 @pytest.mark.parametrize("busy_poll_us", [1000, 0])
 def test_back_to_back_requests_are_caught_by_the_workers_busy_poll(
     daemon_factory: DaemonFactory, identity_model: Any, busy_poll_us: int

@@ -1,11 +1,14 @@
 """From a received message to the service's answer: decode, check, hand it to
 the ``RequestHandler``, and refuse what fails on the way (code and message,
 counted and logged).  Both request sources use it, the ROUTER sockets and the
-``shm.sock`` connections; ``bus.server`` reads and sends."""
+``shm.sock`` connections; ``bus.server`` reads and sends.  A repeat of an infer
+request admitted before on the same connection is admitted from what that
+admission prepared, on either source (DESIGN.md 109, 114)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import structlog
 import zmq
@@ -14,6 +17,7 @@ from inferd.bus.codec import Limits, Request, check_request, decode_request, spl
 from inferd.bus.handler import Reply, RequestHandler, error_reply
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES
 from inferd.bus.intake import Oversized
+from inferd.bus.repeats import MAX_REPEAT_BYTES, repeat_of
 from inferd_wire.protocol import Code, ProtocolError
 
 log = structlog.get_logger("inferd.bus")
@@ -38,6 +42,8 @@ class Dispatcher:
     def message(self, frames: list[zmq.Frame], typed: bool) -> Reply | None:
         """Decode a ROUTER message (``typed``: an infer request) and answer it."""
         envelope, body = split_envelope(frames)
+        if typed and body and len(header := body[0]) <= MAX_REPEAT_BYTES:
+            return self._infer_message(envelope, header, body)
         try:
             request = decode_request(body, self._limits, typed=typed)
         except ProtocolError as exc:
@@ -45,6 +51,36 @@ class Dispatcher:
         request.envelope = envelope
         handle = self._handler.handle_infer if typed else self._handler.handle_control
         return self.answer(request, handle)
+
+    def _infer_message(
+        self, envelope: list[bytes], header: zmq.Frame, body: list[zmq.Frame]
+    ) -> Reply | None:
+        """An infer request with a header short enough to be a repeat: one ending
+        with its id whose bytes before it were admitted and prepared on this
+        connection is admitted from that preparation, any other decoded in full."""
+        handler = self._handler
+        repeat = repeat_of(header.bytes)
+        if repeat is not None:
+            prepared = handler.prepared_for(envelope[0], repeat.prefix)
+            if prepared is not None:
+                request = Request(
+                    envelope=envelope,
+                    header=prepared.header,
+                    request_id=repeat.request_id,
+                    op="infer",
+                    tensors=[part.buffer for part in body[1:]],
+                    header_frame=header,
+                    repeat=repeat.prefix,
+                )
+                return self.answer(request, partial(handler.admit_prepared, prepared))
+        try:
+            request = decode_request(body, self._limits, typed=True)
+        except ProtocolError as exc:
+            return self.refused(None, envelope, exc)
+        request.envelope = envelope
+        if repeat is not None and request.request_id == repeat.request_id:
+            request.repeat = repeat.prefix  # kept only for a typed header (_prepare)
+        return self.answer(request, handler.handle_infer)
 
     def answer(self, request: Request, handle: Callable[[Request], Reply | None]) -> Reply | None:
         """Check a decoded request and hand it to ``handle``: its reply, or None

@@ -46,14 +46,16 @@ class RequestHandler(Protocol):
         ...
 
     def prepared_for(self, route: bytes, repeat: bytes) -> Prepared | None:
-        """What admitting an earlier request of the shm connection ``route`` with
-        the bytes ``repeat`` but for its id prepared, if it still holds: a message
-        with those bytes is then admitted by ``admit_prepared`` (DESIGN.md 109)."""
+        """What admitting an earlier request of the connection ``route`` (a shm
+        connection's route or a ZeroMQ routing id) with the bytes ``repeat`` but
+        for its id prepared, if it still holds: a message with those bytes is then
+        admitted by ``admit_prepared`` (DESIGN.md 109, 114)."""
         ...
 
-    def admit_prepared(self, prepared: Prepared, request: Request) -> None:
-        """Admit a repeat (``request``: its id, route and uid with ``prepared``'s
-        header) or refuse it (``ProtocolError``) as ``handle_infer`` would."""
+    def admit_prepared(self, prepared: Prepared, request: Request) -> Reply | None:
+        """Admit a repeat (``request``: its id, route, frames and uid with
+        ``prepared``'s header) or refuse it (``ProtocolError``) as ``handle_infer``
+        would."""
         ...
 
     def handle_control(self, request: Request) -> Reply | None:

@@ -124,6 +124,8 @@ _Placements = list[tuple[str, np.dtype[Any], tuple[int, ...], RegionRef]]
 #: A request's region references: its inputs' (descriptor index, where, ref) and
 #: its placed outputs' (name, dtype, shape, ref).
 Refs = tuple[_Placed, _Placements]
+#: The references of a request that names no region (never changed).
+NO_REFS: Refs = ([], [])
 
 
 def _dict_refs(header: dict[str, Any]) -> tuple[_Placed, _Placements] | None:

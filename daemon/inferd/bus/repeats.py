@@ -1,4 +1,4 @@
-"""Repeated requests on ``shm.sock``: a message's bytes but for its id (DESIGN.md 109).
+"""Repeated requests: a message's bytes but for its id (DESIGN.md 109, 114).
 
 A camera loop sends the same infer request again and again, and the Python
 client encodes it once and appends only the id (``ShmRequest``: the header's
@@ -11,7 +11,9 @@ ending the message, in the slot after the key ``"id"``, provided that slot is
 the id's (``splits_at_id``, checked once).  The router admits a message whose
 prefix it has admitted before on the same connection from what it prepared
 then (``serving/prepared.py``); any other message, or a header that ends with
-something else, is decoded and checked as always.
+something else, is decoded and checked as always.  On the infer socket the
+header frame is split the same way, and the tensor frames that follow it are
+checked against what the prepared admission expects.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from dataclasses import dataclass
 import msgspec
 
 from inferd.bus.headers import InferHeader, decode_infer
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
+
+#: The longest message (or infer socket header) split: what the router keeps of a
+#: prepared one is bounded by it (``serving.prepared``), as shm.sock's messages are.
+MAX_REPEAT_BYTES = MAX_SHM_MESSAGE_BYTES
 
 #: ``"id"`` as a msgpack fixstr: the key before the id.
 _ID_KEY = b"\xa2id"

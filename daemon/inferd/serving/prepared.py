@@ -1,21 +1,26 @@
-"""Admissions prepared for repeated requests on ``shm.sock`` (DESIGN.md 109).
+"""Admissions prepared for repeated requests (DESIGN.md 109, 114).
 
 Once a request read from a shm connection has been admitted on an admission
-plan (``bus.plans``), the router keeps what that admission concluded under the
-connection's route and the message's bytes but for its id (``bus.repeats``):
-the typed header, the plan, the deadline and the slot and handle it was
-admitted for.  The next message on that connection with the same bytes is the
-same header but for its id, so it is admitted from here without being decoded,
-planned or checked against the model again: only what can change between two
-identical requests is done again (the daemon still accepting, the slot still
-serving the same handle, the in-flight bound, the leases with their owner and
-range checks, the views, the deadline, the queue).
+plan (``bus.plans``), or a request of frames alone from the infer socket with
+its inputs checked against the model, the router keeps what that admission
+concluded under the connection's route (its ZeroMQ routing id on the infer
+socket) and the message's (header frame's) bytes but for its id
+(``bus.repeats``): the typed header, the plan, the deadline and the slot and
+handle it was admitted for.  The next message on that connection with the same
+bytes is the same header but for its id, so it is admitted from here without
+being decoded, planned or checked against the model again: only what can
+change between two identical requests is done again (the daemon still
+accepting, the slot still serving the same handle, the in-flight bound, the
+leases with their owner and range checks or the frames' count and lengths,
+the views, the deadline, the queue).
 
 At most ``MAX_PREPARED`` are kept, ``MAX_PREPARED_PER_CONNECTION`` of them one
 connection's, the oldest dropped; a closed connection's route is never used
-again, so its entries only wait to be dropped.  Nothing
-here holds a view or a lease: the regions are leased per request by id, and the
-tensors placed as the last time when the regions leased are the same objects.
+again (a ZeroMQ peer may choose its routing id, but what is kept for frames
+alone depends on nothing of the peer), so its entries only wait to be dropped.
+Nothing here holds a view or a lease: the regions are leased per request by
+id, and the tensors placed as the last time when the regions leased are the
+same objects.
 """
 
 from __future__ import annotations
@@ -46,9 +51,11 @@ class PreparedRequest:
     header: InferHeader
     plan: AdmissionPlan
     deadline_ms: int
-    #: Where the last admitted one's tensors were: a repeat whose regions are the
-    #: same objects is placed there without the range checks (sizes unchanged).
-    placement: Placement
+    #: Where the last admitted one's region tensors were: a repeat whose regions
+    #: are the same objects is placed there without the range checks (sizes
+    #: unchanged).  None for a request of frames alone: a repeat's frames are
+    #: checked against the plan's inputs (count, then each length).
+    placement: Placement | None
 
 
 class PreparedRequests:

@@ -33,7 +33,7 @@ from inferd.bus.codec import (
 from inferd.bus.handler import Prepared, Reply
 from inferd.bus.headers import InferHeader
 from inferd.bus.plans import AdmissionPlan, AdmissionPlans, plan_key
-from inferd.bus.region_refs import bind_regions, refs_of
+from inferd.bus.region_refs import NO_REFS, bind_regions, refs_of
 from inferd.bus.repeats import splits_at_id
 from inferd.bus.zap import peer_of
 from inferd.serving.prepared import PreparedRequest, PreparedRequests
@@ -154,29 +154,36 @@ class RequestRouter:
             return None
         return prepared
 
-    def admit_prepared(self, prepared: Prepared, request: Request) -> None:
+    def admit_prepared(self, prepared: Prepared, request: Request) -> Reply | None:
         """Admit a repeat of the request ``prepared`` was made from: leased, range
-        checked, viewed and queued as that one was (refusals as ``handle_infer``'s)."""
+        checked (or its frames' lengths checked), viewed and queued as that one
+        was (refusals as ``handle_infer``'s)."""
         assert isinstance(prepared, PreparedRequest)  # what prepared_for hands out
+        framed = prepared.placement is None
+        if framed and len(request.tensors) != len(prepared.plan.inputs):
+            return self.handle_infer(request)  # refused there, in the words it uses
         slot = prepared.slot
         slot.stats.received()
         self.prepared.used += 1
         try:
-            regions = self._lease_prepared(prepared, request)
+            regions = None if framed else self._lease_prepared(prepared, request)
             try:
                 inputs = input_views(prepared.plan.inputs, request.tensors, regions)
                 outputs = output_views(regions)
-                self._queue(request, slot, inputs, outputs, regions, prepared.deadline_ms, 0)
+                nbytes = self._queued_bytes(request, slot)
+                self._queue(request, slot, inputs, outputs, regions, prepared.deadline_ms, nbytes)
             except BaseException:
-                regions.release()
+                if regions is not None:
+                    regions.release()
                 raise
         except ProtocolError as exc:
             slot.stats.answered(str(exc.code))
             raise
+        return None
 
     def _lease_prepared(self, prepared: PreparedRequest, request: Request) -> RequestRegions:
         """The regions of a repeat, leased, with its tensors placed as the last time."""
-        assert self._regions is not None  # a plan names regions
+        assert self._regions is not None and prepared.placement is not None  # it names regions
         regions = RequestRegions(self._regions, request.local_uid)
         if regions.lease_placement(prepared.placement):
             return regions
@@ -215,12 +222,27 @@ class RequestRouter:
                     names = [name for name, _, _, _ in parsed]
                     plan = AdmissionPlan(handle, refs_of(regions, names), parsed)
                     self.plans.remember(slot.name, key, plan)
+                elif regions is None and request.repeat is not None:
+                    # Frames alone are never planned (frames differ per request),
+                    # but a repeat of this very header can start from its checks.
+                    plan = AdmissionPlan(handle, NO_REFS, parsed)
             outputs = output_views(regions)
         else:
             raise ProtocolError(
                 Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"
             )
         deadline_ms = deadline_ms_of(request.header, slot.config.default_deadline_ms)
+        nbytes = self._queued_bytes(request, slot)
+        # Prepared before it is queued: from then on the worker may run it and
+        # release its regions at any moment.
+        prepared = self._prepare(request, slot, regions, plan, deadline_ms)
+        self._queue(request, slot, inputs, outputs, regions, deadline_ms, nbytes)
+        if prepared is not None and request.repeat is not None:
+            self.prepared.remember(request.envelope[0], request.repeat, prepared)
+
+    @staticmethod
+    def _queued_bytes(request: Request, slot: ModelSlot) -> int:
+        """The request's tensor frame bytes, within what the model's queue holds."""
         nbytes = sum(len(tensor) for tensor in request.tensors)
         if nbytes > slot.config.queue_max_bytes:
             raise ProtocolError(
@@ -228,12 +250,7 @@ class RequestRouter:
                 f"request holds {nbytes} tensor bytes; model {slot.name!r} queues at most "
                 f"{slot.config.queue_max_bytes} bytes (queue_max_bytes)",
             )
-        # Prepared before it is queued: from then on the worker may run it and
-        # release its regions at any moment.
-        prepared = self._prepare(request, slot, regions, plan, deadline_ms)
-        self._queue(request, slot, inputs, outputs, regions, deadline_ms, nbytes)
-        if prepared is not None and request.repeat is not None:
-            self.prepared.remember(request.envelope[0], request.repeat, prepared)
+        return nbytes
 
     def _prepare(
         self,
@@ -244,14 +261,16 @@ class RequestRouter:
         deadline_ms: int,
     ) -> PreparedRequest | None:
         """What admitting a repeat of ``request`` can start from, if it may have
-        one: a request of ``shm.sock`` ending with its id, admitted on a plan while
-        its slot serves (its inputs checked against the plan's handle)."""
+        one: a typed request ending with its id, admitted on a plan (its inputs
+        checked against the plan's handle) while its slot serves; where its
+        region tensors were, or None when it has none (frames alone)."""
         header, repeat = request.header, request.repeat
-        if repeat is None or plan is None or regions is None or slot.state != "serving":
+        if repeat is None or plan is None or slot.state != "serving":
             return None
         if not isinstance(header, InferHeader) or not splits_at_id(repeat, header):
             return None
-        return PreparedRequest(slot, plan.handle, header, plan, deadline_ms, regions.placement())
+        placement = None if regions is None else regions.placement()
+        return PreparedRequest(slot, plan.handle, header, plan, deadline_ms, placement)
 
     def _queue(
         self,
