@@ -40,28 +40,15 @@ class Dispatcher:
         self.oversized_bytes = 0
 
     def message(self, frames: list[zmq.Frame], typed: bool) -> Reply | None:
-        """Decode a ROUTER message (``typed``: an infer request) and answer it."""
+        """Decode a ROUTER message (``typed``: an infer request) and answer it.  An
+        infer header that ends with its id, whose bytes before it were admitted and
+        prepared on this connection, is admitted from that preparation."""
         envelope, body = split_envelope(frames)
-        if typed and body and len(header := body[0]) <= MAX_REPEAT_BYTES:
-            return self._infer_message(envelope, header, body)
-        try:
-            request = decode_request(body, self._limits, typed=typed)
-        except ProtocolError as exc:
-            return self.refused(None, envelope, exc)
-        request.envelope = envelope
-        handle = self._handler.handle_infer if typed else self._handler.handle_control
-        return self.answer(request, handle)
-
-    def _infer_message(
-        self, envelope: list[bytes], header: zmq.Frame, body: list[zmq.Frame]
-    ) -> Reply | None:
-        """An infer request with a header short enough to be a repeat: one ending
-        with its id whose bytes before it were admitted and prepared on this
-        connection is admitted from that preparation, any other decoded in full."""
-        handler = self._handler
-        repeat = repeat_of(header.bytes)
+        repeat = None
+        if typed and body and len(body[0]) <= MAX_REPEAT_BYTES:
+            repeat = repeat_of(body[0].bytes)
         if repeat is not None:
-            prepared = handler.prepared_for(envelope[0], repeat.prefix)
+            prepared = self._handler.prepared_for(envelope[0], repeat.prefix)
             if prepared is not None:
                 request = Request(
                     envelope=envelope,
@@ -69,18 +56,19 @@ class Dispatcher:
                     request_id=repeat.request_id,
                     op="infer",
                     tensors=[part.buffer for part in body[1:]],
-                    header_frame=header,
+                    header_frame=body[0],
                     repeat=repeat.prefix,
                 )
-                return self.answer(request, partial(handler.admit_prepared, prepared))
+                return self.answer(request, partial(self._handler.admit_prepared, prepared))
         try:
-            request = decode_request(body, self._limits, typed=True)
+            request = decode_request(body, self._limits, typed=typed)
         except ProtocolError as exc:
             return self.refused(None, envelope, exc)
         request.envelope = envelope
         if repeat is not None and request.request_id == repeat.request_id:
             request.repeat = repeat.prefix  # kept only for a typed header (_prepare)
-        return self.answer(request, handler.handle_infer)
+        handle = self._handler.handle_infer if typed else self._handler.handle_control
+        return self.answer(request, handle)
 
     def answer(self, request: Request, handle: Callable[[Request], Reply | None]) -> Reply | None:
         """Check a decoded request and hand it to ``handle``: its reply, or None
