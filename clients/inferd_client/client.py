@@ -30,6 +30,14 @@ from inferd_client.errors import (
     UnsafeEndpoint,
 )
 from inferd_client.poll_window import PollWindow
+from inferd_client.prepared import (
+    FramesKey,
+    FramesRequest,
+    ParsedOutput,
+    PreparedHeader,
+    frames_key,
+    parse_outputs,
+)
 from inferd_client.replies import check_infer_reply, check_reply_id, raise_if_error
 from inferd_client.shm import (
     Layout,
@@ -117,18 +125,19 @@ class _RequestChannel:
 
     def request(
         self,
-        header: dict[str, Any],
+        header: PreparedHeader,
         frames: Sequence[Any] = (),
         *,
         timeout: float | None = None,
         retries: int = 0,
     ) -> tuple[dict[str, Any], list[zmq.Frame]]:
-        """Send and wait; on timeout resend under a fresh id up to ``retries`` times."""
+        """Send ``header`` and ``frames``, and wait; on timeout resend under a fresh
+        id up to ``retries`` times."""
         wait = self.timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = self.next_id()
             try:
-                send_frames(self._socket, [encode_request(header, request_id), *frames])
+                send_frames(self._socket, [header.encode(request_id), *frames])
             except zmq.Again:
                 continue
             reply = self._await(request_id, time.monotonic() + wait)
@@ -172,21 +181,13 @@ class _RequestChannel:
         self._socket.close(linger=0)
 
 
-def encode_request(header: dict[str, Any], request_id: int) -> bytes:
-    """The header frame of one attempt: ``header`` under ``request_id`` (set last, so
-    the key order is the header's own, then ``id``; the C++ client encodes the same
-    bytes, schemas/conformance)."""
-    header["id"] = request_id
-    return protocol.pack(header)
-
-
 def infer_request_header(
     model: str,
     descriptors: list[dict[str, Any]],
     placed: list[dict[str, Any]],
     deadline_ms: int | None,
 ) -> dict[str, Any]:
-    """An infer request header without its id (``encode_request`` adds it)."""
+    """An infer request header without its id (each attempt's: ``PreparedHeader``)."""
     header: dict[str, Any] = {
         "v": protocol.PROTOCOL_VERSION,
         "op": "infer",
@@ -200,8 +201,8 @@ def infer_request_header(
     return header
 
 
-#: Encoded shm requests a client keeps (a camera loop needs one or two).
-_MAX_SHM_REQUESTS = 64
+#: Encoded shm and frames requests a client keeps, each (a camera loop needs one or two).
+_MAX_PREPARED_REQUESTS = 64
 #: The polling window before a shm reply is due, us (DESIGN.md 113; 0: none).
 DEFAULT_REPLY_SPIN_US = 200
 
@@ -254,6 +255,9 @@ class InferenceClient:
         #: The last call that went on the shm socket, to see at once that the next
         #: passes the very same arrays; dropped with ``_shm_requests``.
         self._last_shm_call: SameCall | None = None
+        #: Requests whose inputs all travel as frames, by what their header is
+        #: made of (DESIGN.md 115); taken only while no region is registered.
+        self._frames_requests: dict[FramesKey, FramesRequest] = {}
 
     @property
     def reply_spin(self) -> dict[str, int]:
@@ -345,6 +349,14 @@ class InferenceClient:
                 if prepared is not None and prepared.valid:
                     self._last_shm_call = SameCall(model, deadline_ms, inputs, outputs, prepared)
                     return self._infer_on_shm(model, prepared, outputs, timeout, attempts)
+        if not self._regions:
+            frames_call = frames_key(model, deadline_ms, inputs)
+            if frames_call is not None:
+                request = self._frames_requests.get(frames_call)
+                if request is None:
+                    request = self._prepare_frames(frames_call, inputs)
+                frames = list(inputs.values())  # the arrays as they are (``frames_key``)
+                return self._infer_on_frames(model, request, frames, outputs, [], timeout, attempts)
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
         header = infer_request_header(model, descriptors, placed, deadline_ms)
@@ -352,18 +364,40 @@ class InferenceClient:
             prepared = ShmRequest(header, placed, list(self._regions.values()))
             assert outputs is not None  # placed is not empty
             if key is not None:
-                if len(self._shm_requests) >= _MAX_SHM_REQUESTS:
+                if len(self._shm_requests) >= _MAX_PREPARED_REQUESTS:
                     self._forget_shm_requests()
                 self._shm_requests[key] = prepared
                 self._last_shm_call = SameCall(model, deadline_ms, inputs, outputs, prepared)
             return self._infer_on_shm(model, prepared, outputs, timeout, attempts)
+        request = FramesRequest(header)
+        return self._infer_on_frames(model, request, frames, outputs, placed, timeout, attempts)
+
+    def _prepare_frames(self, key: FramesKey, inputs: Mapping[str, np.ndarray]) -> FramesRequest:
+        model, deadline_ms, _ = key
+        descriptors, _ = protocol.encode_tensors(inputs)
+        request = FramesRequest(infer_request_header(model, descriptors, [], deadline_ms))
+        if len(self._frames_requests) >= _MAX_PREPARED_REQUESTS:
+            self._frames_requests.clear()
+        self._frames_requests[key] = request
+        return request
+
+    def _infer_on_frames(
+        self,
+        model: str,
+        request: FramesRequest,
+        frames: Sequence[Any],
+        outputs: Mapping[str, np.ndarray] | None,
+        placed: list[dict[str, Any]],
+        timeout: float | None,
+        retries: int,
+    ) -> dict[str, np.ndarray]:
         reply, reply_frames = self._channel.request(
-            header, frames, timeout=timeout, retries=attempts
+            request.header, frames, timeout=timeout, retries=retries
         )
         self.last_reply, self.last_transport = reply, "infer"
         raise_if_error(reply)
         check_infer_reply(reply)
-        result = decode_outputs(reply, reply_frames, outputs, placed)
+        result = decode_outputs(reply, reply_frames, outputs, placed, request.outputs_of(reply))
         self._output_names[model] = frozenset(result)
         return result
 
@@ -394,7 +428,7 @@ class InferenceClient:
     def describe(self, *, timeout: float | None = None) -> dict[str, Any]:
         """Models served on this socket with their input and output specs."""
         reply, _ = self._channel.request(
-            {"v": protocol.PROTOCOL_VERSION, "op": "describe"}, timeout=timeout
+            PreparedHeader({"v": protocol.PROTOCOL_VERSION, "op": "describe"}), timeout=timeout
         )
         raise_if_error(reply)
         result = dict(reply["result"])
@@ -428,24 +462,24 @@ def decode_outputs(
     frames: Sequence[zmq.Frame],
     into: Mapping[str, np.ndarray] | None = None,
     placed: Sequence[Mapping[str, Any]] = (),
+    parsed: list[ParsedOutput] | None = None,
 ) -> dict[str, np.ndarray]:
     """The reply's outputs: those written into a region (described by their range,
     no frame) as the caller's arrays of ``into``, the others from their frames
-    (copied into the caller's array when ``into`` has one for them)."""
-    descriptors = reply.get("outputs")
-    if not isinstance(descriptors, list):
-        raise MalformedReply("reply has no 'outputs' list")
-    framed = [d for d in descriptors if not (isinstance(d, dict) and "region" in d)]
-    if len(framed) != len(frames):
+    (copied into the caller's array when ``into`` has one for them).  ``parsed``:
+    the reply's ``outputs`` already parsed (``FramesRequest.outputs_of``)."""
+    if parsed is None:
+        parsed = parse_outputs(reply.get("outputs"))
+    framed = sum(1 for *_, descriptor in parsed if "region" not in descriptor)
+    if framed != len(frames):
         raise MalformedReply(
-            f"reply describes {len(framed)} outputs in frames but carries {len(frames)} frames"
+            f"reply describes {framed} outputs in frames but carries {len(frames)} frames"
         )
     asked = {entry["name"]: entry for entry in placed}
     outputs: dict[str, np.ndarray] = {}
     remaining = iter(frames)
     try:
-        for index, descriptor in enumerate(descriptors):
-            name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+        for name, dtype, shape, descriptor in parsed:
             if "region" in descriptor:
                 expected = asked.get(name)
                 if (
@@ -492,7 +526,7 @@ class OperatorClient:
 
     def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:
         header = {"v": protocol.PROTOCOL_VERSION, "op": op, **arguments}
-        reply, _ = self._channel.request(header, timeout=timeout)
+        reply, _ = self._channel.request(PreparedHeader(header), timeout=timeout)
         raise_if_error(reply)
         return dict(reply["result"])
 

@@ -29,7 +29,6 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from inferd_client.errors import (
@@ -40,6 +39,7 @@ from inferd_client.errors import (
     UnsafeEndpoint,
 )
 from inferd_client.poll_window import Arrivals, PollWindow
+from inferd_client.prepared import PreparedHeader
 from inferd_wire import protocol
 from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint
 from inferd_wire.protocol import ProtocolError
@@ -418,8 +418,7 @@ class SameCall:
 class ShmRequest:
     """An infer request for the shm socket, encoded once but for its id: a camera
     loop sends the same arrays of the same regions every time, and only the id
-    changes.  ``encode(id)`` gives exactly ``protocol.pack`` of the header with
-    ``id`` set last (``client.encode_request``)."""
+    changes (``PreparedHeader``)."""
 
     def __init__(
         self,
@@ -427,10 +426,7 @@ class ShmRequest:
         placed: list[dict[str, Any]],
         regions: Sequence[SharedRegion] = (),
     ) -> None:
-        if "id" in header or len(header) >= 15:
-            raise ValueError("a header without its id, of under 15 keys (a msgpack fixmap)")
-        packed = protocol.pack(header)
-        self._prefix = bytes((0x80 | (len(header) + 1),)) + packed[1:] + _pack("id")
+        self._header = PreparedHeader(header)
         #: The placed outputs' descriptors, as the reply should give them back.
         self.placed = placed
         self._regions = tuple(regions)
@@ -444,14 +440,10 @@ class ShmRequest:
         return all(region.is_open for region in self._regions)
 
     def encode(self, request_id: int) -> bytes:
-        return self._prefix + _pack(request_id)
+        return self._header.encode(request_id)
 
 
 def _wait(poller: select.poll, give_up_at: float) -> bool:
     """Whether ``poller``'s socket became ready before ``give_up_at`` (monotonic)."""
     remaining = give_up_at - time.monotonic()
     return remaining > 0 and bool(poller.poll(math.ceil(remaining * 1000)))
-
-
-def _pack(value: int | str) -> bytes:
-    return msgpack.packb(value)  # type: ignore[no-any-return]

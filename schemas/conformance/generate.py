@@ -7,7 +7,7 @@ vector what it is and what a client must make of it:
 * ``infer_request`` / ``describe_request`` / ``control_request``: ``request`` holds the
   arguments; a client encoding them must produce the files byte for byte. The
   bytes are made here by the Python client's own encoder
-  (``inferd_client.client.encode_request``).
+  (``inferd_client.prepared.PreparedHeader``).
 * ``infer_reply``, ``control_reply`` (with the ``op``) and ``event`` (with the ``topic``):
   a client decoding the files must produce ``expected`` (the canonical form
   below), or refuse them as malformed when ``expected`` is ``{"malformed": true}``.
@@ -32,7 +32,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from inferd_client.client import encode_request, infer_request_header
+from inferd_client.client import infer_request_header
+from inferd_client.prepared import PreparedHeader
 from inferd_client.shm import SharedRegion, encode_inputs, placed_outputs
 from inferd_wire import protocol
 
@@ -97,7 +98,7 @@ def requests(vectors: Vectors) -> None:
             "outputs": [],
             "deadline_ms": deadline_ms,
         }
-        parts = [encode_request(header, request_id), *(bytes(f.data) for f in frames)]
+        parts = [PreparedHeader(header).encode(request_id), *(bytes(f.data) for f in frames)]
         vectors.add(name, "infer_request", parts, request=request)
 
     # Region inputs and placed outputs: the descriptors carry region, offset, nbytes.
@@ -117,13 +118,16 @@ def requests(vectors: Vectors) -> None:
             "outputs": [tensor_json(d) for d in placed],
             "deadline_ms": 20,
         }
-        parts = [encode_request(header, 9), *(bytes(f.data) for f in frames)]
+        parts = [PreparedHeader(header).encode(9), *(bytes(f.data) for f in frames)]
         vectors.add("infer_request_regions", "infer_request", parts, request=request)
         del placed_input, output
 
     header = {"v": protocol.PROTOCOL_VERSION, "op": "describe"}
     vectors.add(
-        "describe_request", "describe_request", [encode_request(header, 5)], request={"id": 5}
+        "describe_request",
+        "describe_request",
+        [PreparedHeader(header).encode(5)],
+        request={"id": 5},
     )
     for name, op, arguments, request_id in (
         ("control_request_status", "status", {}, 300),
@@ -138,7 +142,7 @@ def requests(vectors: Vectors) -> None:
         vectors.add(
             name,
             "control_request",
-            [encode_request(header, request_id)],
+            [PreparedHeader(header).encode(request_id)],
             request={"id": request_id, "op": op, "arguments": arguments},
         )
 

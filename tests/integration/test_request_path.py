@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from inferd_client import InferenceClient, OperatorClient
+from inferd_client.prepared import PreparedHeader
 from tests.conftest import DaemonFactory, DaemonProcess
 from tests.integration.wire import IDENTITY_SHAPE
 
@@ -66,7 +67,7 @@ def test_a_camera_loop_of_frames_is_admitted_from_its_first_admission(
             "inputs": [{"name": "input", "dtype": "float32", "shape": list(IDENTITY_SHAPE)}],
         }
         # The client's own bytes, with a frame of another length.
-        reply, _ = client._channel.request(header, [np.zeros(7, np.float32)])
+        reply, _ = client._channel.request(PreparedHeader(header), [np.zeros(7, np.float32)])
         assert reply["ok"] is False and reply["error"]["code"] == "INVALID_ARGUMENT"
         assert "frame holds 28 bytes" in reply["error"]["message"]
         x = np.ones(IDENTITY_SHAPE, np.float32)

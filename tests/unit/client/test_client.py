@@ -13,8 +13,9 @@ import pytest
 import zmq
 
 from inferd_client import EventSubscriber, InferenceClient, RemoteError, RequestTimeout
-from inferd_client.client import decode_outputs
+from inferd_client.client import decode_outputs, infer_request_header
 from inferd_client.errors import ClientError, MalformedReply
+from inferd_wire import protocol
 
 Script = Callable[[zmq.Socket[Any], list[bytes]], None]
 
@@ -230,3 +231,82 @@ def test_joining_a_daemon_that_publishes_no_health_is_an_error(
         pytest.raises(ClientError, match=r"no health event .* within 0\.2 s"),
     ):
         subscriber.wait_joined(timeout=0.2)
+
+
+def echo_inputs(headers: list[bytes]) -> Script:
+    """A server that answers each infer request with its own tensors, each input
+    ``name`` as output ``name``, and keeps every header frame it received."""
+
+    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        headers.append(frames[1])
+        request = msgpack.unpackb(frames[1])
+        answer = reply_to(frames, request["id"])
+        header = msgpack.unpackb(answer[1])
+        header["outputs"] = request["inputs"]
+        sock.send_multipart([frames[0], msgpack.packb(header), *frames[2:]])
+
+    return script
+
+
+def test_a_camera_loop_over_frames_sends_the_full_encoding_each_time(
+    server: Callable[[Script], str],
+) -> None:
+    """Calls with arrays of the same names, dtypes and shapes reuse one prepared
+    header (DESIGN.md 115): the daemon gets the bytes the full encoding gives,
+    each with its own id, and each reply's tensors come back."""
+    headers: list[bytes] = []
+    with InferenceClient(server(echo_inputs(headers)), timeout=5) as client:
+        for value in range(5):
+            x = np.full((2, 3), float(value), np.float32)
+            outputs = client.infer("m", {"x": x}, deadline_ms=40)
+            np.testing.assert_array_equal(outputs["x"], x)
+        assert len(client._frames_requests) == 1
+        ids = [msgpack.unpackb(header)["id"] for header in headers]
+        assert len(set(ids)) == 5
+        descriptor = {"name": "x", "dtype": "float32", "shape": [2, 3]}
+        for header, request_id in zip(headers, ids, strict=True):
+            expected = infer_request_header("m", [descriptor], [], 40)
+            assert header == protocol.pack({**expected, "id": request_id})
+        # Another shape is another header, and its reply's new outputs are parsed.
+        y = np.arange(8, dtype=np.int32).reshape(2, 2, 2)
+        outputs = client.infer("m", {"x": y}, deadline_ms=40)
+        assert outputs["x"].shape == (2, 2, 2) and outputs["x"].dtype == np.int32
+        np.testing.assert_array_equal(outputs["x"], y)
+        assert len(client._frames_requests) == 2
+
+
+def test_arrays_the_wire_cannot_take_as_they_are_are_encoded_afresh(
+    server: Callable[[Script], str],
+) -> None:
+    headers: list[bytes] = []
+    with InferenceClient(server(echo_inputs(headers)), timeout=5) as client:
+        x = np.arange(6, dtype=np.float32).reshape(3, 2)
+        for array in (x.T, x.T.astype(">f4"), x.T.tolist()):
+            outputs = client.infer("m", {"x": array})
+            np.testing.assert_array_equal(outputs["x"], x.T)
+            assert outputs["x"].dtype == np.float32 or isinstance(array, list)
+        assert client._frames_requests == {}  # none was prepared
+        assert len(headers) == 3
+
+
+def test_a_malformed_reply_after_good_ones_is_refused(server: Callable[[Script], str]) -> None:
+    """A reply's outputs parsed for the last reply are reused only when they are the
+    same; every frame's length is checked against its shape, every time."""
+    short = threading.Event()
+
+    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        request_id = msgpack.unpackb(frames[1])["id"]
+        parts = reply_to(frames, request_id, np.ones(4, np.float32))
+        if short.is_set():
+            parts[-1] = parts[-1][:8]
+        sock.send_multipart(parts)
+
+    with InferenceClient(server(script), timeout=5) as client:
+        x = np.zeros(2, np.float32)
+        for _ in range(3):
+            np.testing.assert_array_equal(client.infer("m", {"x": x})["out0"], np.ones(4))
+        short.set()
+        with pytest.raises(MalformedReply, match="frame holds 8 bytes"):
+            client.infer("m", {"x": x})
+        short.clear()
+        np.testing.assert_array_equal(client.infer("m", {"x": x})["out0"], np.ones(4))

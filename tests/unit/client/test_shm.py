@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd_client.client import decode_outputs, encode_request, infer_request_header
+from inferd_client.client import decode_outputs, infer_request_header
 from inferd_client.errors import ClientError, MalformedReply, RequestTimeout
 from inferd_client.shm import (
     RegionChannel,
@@ -130,7 +130,6 @@ def test_a_prepared_shm_request_encodes_exactly_the_header_with_its_id_last() ->
             for request_id in (1, 2**40 + 7, 2**64 - 1):
                 expected = protocol.pack({**header, "id": request_id})
                 assert prepared.encode(request_id) == expected
-                assert encode_request(dict(header), request_id) == expected
         assert prepared.valid
         del x, y
     assert not prepared.valid  # its region is closed: the client encodes afresh

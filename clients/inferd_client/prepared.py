@@ -1,0 +1,118 @@
+"""Request headers encoded once but for their id, and replies' outputs parsed once.
+
+A camera loop calls ``infer`` with arrays of the same names, dtypes and shapes
+every time: its request header differs from the last one only in its id, and
+every reply lists the same outputs.  ``PreparedHeader`` packs a header once and
+appends each attempt's id; ``FramesRequest`` is that header for a request whose
+inputs all travel as frames, with the output descriptors of its last reply kept
+parsed (DESIGN.md 115).  Neither changes a byte on the wire.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from inferd_client.errors import MalformedReply
+from inferd_wire import protocol
+from inferd_wire.protocol import ProtocolError
+
+#: A reply's output, checked and typed: its name, dtype and shape, and the
+#: descriptor it came from (which says whether it was written into a region).
+ParsedOutput = tuple[str, np.dtype[Any], tuple[int, ...], Mapping[str, Any]]
+
+#: What a frames-only infer header is made of: the model, the deadline, and each
+#: input's name, dtype (``dtype.str``: kind, size and byte order) and shape, in order.
+FramesKey = tuple[str, int | None, tuple[tuple[str, str, tuple[int, ...]], ...]]
+
+#: Stands for "no reply parsed yet": a reply's ``outputs`` may be anything, None too.
+_NOTHING_PARSED = object()
+
+
+def _map_header(entries: int) -> bytes:
+    """The msgpack bytes that open a map of ``entries`` (as msgpack packs them)."""
+    if entries < 16:
+        return bytes((0x80 | entries,))
+    if entries < 1 << 16:
+        return b"\xde" + entries.to_bytes(2, "big")
+    raise ValueError(f"a header of {entries} keys")
+
+
+def _pack(value: int | str) -> bytes:
+    return msgpack.packb(value)  # type: ignore[no-any-return]
+
+
+class PreparedHeader:
+    """A request header packed once but for its id.
+
+    ``encode(request_id)`` is exactly ``protocol.pack`` of the header with ``id``
+    set last: the bytes the C++ client sends for it (schemas/conformance), and a
+    header frame the daemon can split at its id (bus/repeats.py).
+    """
+
+    def __init__(self, header: Mapping[str, Any]) -> None:
+        if "id" in header:
+            raise ValueError("a header without its id: each attempt sets its own")
+        body = protocol.pack(header)[len(_map_header(len(header))) :]
+        self._prefix = _map_header(len(header) + 1) + body + _pack("id")
+
+    def encode(self, request_id: int) -> bytes:
+        return self._prefix + _pack(request_id)
+
+
+def parse_outputs(descriptors: Any) -> list[ParsedOutput]:
+    """A reply's ``outputs`` list, each entry checked (``protocol.parse_descriptor``)."""
+    if not isinstance(descriptors, list):
+        raise MalformedReply("reply has no 'outputs' list")
+    try:
+        return [
+            (*protocol.parse_descriptor(index, descriptor), descriptor)
+            for index, descriptor in enumerate(descriptors)
+        ]
+    except ProtocolError as exc:
+        raise MalformedReply(str(exc)) from None
+
+
+def frames_key(model: str, deadline_ms: int | None, inputs: Mapping[str, Any]) -> FramesKey | None:
+    """The key of a call whose every input is an array sent as it is (C-contiguous,
+    not big-endian); None for any other call, which ``protocol.encode_tensors``
+    encodes afresh (copying what the wire cannot take as it is)."""
+    tensors = []
+    for name, array in inputs.items():
+        if (
+            not isinstance(array, np.ndarray)
+            or not array.flags.c_contiguous
+            or array.dtype.byteorder == ">"
+        ):
+            return None
+        tensors.append((name, array.dtype.str, array.shape))
+    return (model, deadline_ms, tuple(tensors))
+
+
+class FramesRequest:
+    """An infer request whose inputs travel as frames: its header packed but for
+    the id, and the outputs of its last reply parsed.
+
+    A reply whose ``outputs`` equal the last one's (the same names, dtypes and
+    shapes, compared as decoded) reuses their parsing; any other is parsed and
+    checked in full.  Each frame's length is still checked against its shape
+    for every reply (``decode_outputs``).
+    """
+
+    def __init__(self, header: Mapping[str, Any]) -> None:
+        self.header = PreparedHeader(header)
+        self._descriptors: Any = _NOTHING_PARSED
+        self._parsed: list[ParsedOutput] = []
+
+    def outputs_of(self, reply: Mapping[str, Any]) -> list[ParsedOutput]:
+        descriptors = reply.get("outputs")
+        if descriptors != self._descriptors:
+            # Kept as a copy: the reply itself is the caller's (``last_reply``).
+            kept = copy.deepcopy(descriptors)
+            self._parsed = parse_outputs(kept)
+            self._descriptors = kept
+        return self._parsed
