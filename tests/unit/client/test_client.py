@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 from inferd_client import EventSubscriber, InferenceClient, RemoteError, RequestTimeout
+from inferd_client import client as client_module
 from inferd_client.client import decode_outputs, infer_request_header
 from inferd_client.errors import ClientError, MalformedReply
 from inferd_wire import protocol
@@ -273,6 +274,21 @@ def test_a_camera_loop_over_frames_sends_the_full_encoding_each_time(
         assert outputs["x"].shape == (2, 2, 2) and outputs["x"].dtype == np.int32
         np.testing.assert_array_equal(outputs["x"], y)
         assert len(client._frames_requests) == 2
+
+
+def test_the_prepared_frames_requests_are_bounded(server: Callable[[Script], str]) -> None:
+    """A caller cycling through many shapes makes the client keep at most
+    ``_MAX_PREPARED_REQUESTS`` headers; past the bound it starts again, and
+    every call is still answered with its own tensors."""
+    headers: list[bytes] = []
+    bound = client_module._MAX_PREPARED_REQUESTS
+    with InferenceClient(server(echo_inputs(headers)), timeout=5) as client:
+        for length in range(1, bound + 3):
+            x = np.arange(length, dtype=np.float32)
+            np.testing.assert_array_equal(client.infer("m", {"x": x})["x"], x)
+            assert len(client._frames_requests) <= bound
+        assert len(client._frames_requests) == 2  # cleared when full, then two more
+        assert len(headers) == bound + 2
 
 
 def test_arrays_the_wire_cannot_take_as_they_are_are_encoded_afresh(
