@@ -356,7 +356,9 @@ class InferenceClient:
                 if request is None:
                     request = self._prepare_frames(frames_call, inputs)
                 frames = list(inputs.values())  # the arrays as they are (``frames_key``)
-                return self._infer_on_frames(model, request, frames, outputs, [], timeout, attempts)
+                return self._infer_on_frames(
+                    model, request.header, frames, outputs, [], timeout, attempts, request
+                )
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
         header = infer_request_header(model, descriptors, placed, deadline_ms)
@@ -369,8 +371,9 @@ class InferenceClient:
                 self._shm_requests[key] = prepared
                 self._last_shm_call = SameCall(model, deadline_ms, inputs, outputs, prepared)
             return self._infer_on_shm(model, prepared, outputs, timeout, attempts)
-        request = FramesRequest(header)
-        return self._infer_on_frames(model, request, frames, outputs, placed, timeout, attempts)
+        return self._infer_on_frames(
+            model, PreparedHeader(header), frames, outputs, placed, timeout, attempts
+        )
 
     def _prepare_frames(self, key: FramesKey, inputs: Mapping[str, np.ndarray]) -> FramesRequest:
         model, deadline_ms, _ = key
@@ -384,20 +387,24 @@ class InferenceClient:
     def _infer_on_frames(
         self,
         model: str,
-        request: FramesRequest,
+        header: PreparedHeader,
         frames: Sequence[Any],
         outputs: Mapping[str, np.ndarray] | None,
         placed: list[dict[str, Any]],
         timeout: float | None,
         retries: int,
+        prepared: FramesRequest | None = None,
     ) -> dict[str, np.ndarray]:
+        """A request on the infer socket; ``prepared``: the kept request it is, whose
+        last reply's outputs may be reused (a one-off call parses its reply's)."""
         reply, reply_frames = self._channel.request(
-            request.header, frames, timeout=timeout, retries=retries
+            header, frames, timeout=timeout, retries=retries
         )
         self.last_reply, self.last_transport = reply, "infer"
         raise_if_error(reply)
         check_infer_reply(reply)
-        result = decode_outputs(reply, reply_frames, outputs, placed, request.outputs_of(reply))
+        parsed = prepared.outputs_of(reply) if prepared is not None else None
+        result = decode_outputs(reply, reply_frames, outputs, placed, parsed)
         self._output_names[model] = frozenset(result)
         return result
 
