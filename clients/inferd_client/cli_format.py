@@ -172,6 +172,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
                     f"{bus.get('events_published', 0)} (dropped {bus.get('events_dropped', 0)})",
                 ),
                 ("busy poll", _busy_poll_line(bus.get("busy_poll") or {})),
+                ("send buffer", _send_buffer_line(bus.get("send_buffer") or {})),
                 (
                     "alerts",
                     f"raised {result.get('alerts', {}).get('raised', 0)}, sent "
@@ -204,6 +205,18 @@ def _busy_poll_line(busy_poll: Mapping[str, Any]) -> str:
         f"{busy_poll['us']} us after each reply: caught {busy_poll.get('caught', 0)}, "
         f"missed {busy_poll.get('missed', 0)}, {spent} spent"
     )
+
+
+def _send_buffer_line(send_buffer: Mapping[str, Any]) -> str:
+    """The kernel send buffer of the infer socket's connections (DESIGN.md 116):
+    what is asked, how many connections got it, and a cap by the kernel."""
+    if not send_buffer.get("bytes"):
+        return "the kernel's default"
+    line = f"{size(send_buffer['bytes'])} asked, {send_buffer.get('sized', 0)} connections sized"
+    effective = send_buffer.get("effective_bytes")
+    if send_buffer.get("capped") and effective is not None:
+        line += f", {send_buffer['capped']} capped at {size(effective)} (net.core.wmem_max)"
+    return line
 
 
 def _shm_lines(shm: Mapping[str, Any]) -> list[str]:

@@ -52,6 +52,7 @@ from inferd_client.shm import (
 from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import (
+    DEFAULT_SEND_BUFFER_BYTES,
     UnsafeEndpointError,
     check_client_endpoint,
     default_endpoints,
@@ -60,6 +61,7 @@ from inferd_wire.endpoints import (
 from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.regions import shm_socket_path
+from inferd_wire.send_buffer import SendBuffer
 
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
@@ -98,6 +100,7 @@ class _RequestChannel:
         context: zmq.Context[Any] | None,
         timeout: float,
         curve: ClientCurve | None = None,
+        send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     ) -> None:
         endpoint = _trusted(endpoint)
         self._context = context or zmq.Context.instance()
@@ -106,6 +109,9 @@ class _RequestChannel:
         self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
         try:
             _secure(self._socket, endpoint, curve)
+            #: Sizes the kernel's buffer for each connection (DESIGN.md 116).
+            self.send_buffer = SendBuffer(endpoint, send_buffer_bytes)
+            self.send_buffer.watch(self._socket)
         except BaseException:
             self._socket.close(linger=0)
             raise
@@ -136,6 +142,7 @@ class _RequestChannel:
         wait = self.timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = self.next_id()
+            self.send_buffer.apply()
             try:
                 send_frames(self._socket, [header.encode(request_id), *frames])
             except zmq.Again:
@@ -178,6 +185,7 @@ class _RequestChannel:
             return header, list(parts[1:])
 
     def close(self) -> None:
+        self.send_buffer.close()
         self._socket.close(linger=0)
 
 
@@ -217,6 +225,11 @@ class InferenceClient:
     socket: ``shared_region`` makes a region and registers it with the daemon;
     arrays from ``region.array(...)`` are then sent by reference, and output
     arrays given in ``outputs=`` are written in place.
+
+    ``send_buffer_bytes`` sizes the kernel's send buffer of an ``ipc://``
+    connection (``SO_SNDBUF``, capped at ``net.core.wmem_max``; 0: the kernel's
+    default), so that a tensor frame leaves in one write (DESIGN.md 116);
+    ``send_buffer`` reports what the connection got.
     """
 
     def __init__(
@@ -229,11 +242,12 @@ class InferenceClient:
         curve: ClientCurve | None = None,
         shm_socket: str | None = None,
         reply_spin_us: int = DEFAULT_REPLY_SPIN_US,
+        send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     ) -> None:
         PollWindow(reply_spin_us, "reply_spin_us")  # fails here, not at the first region
         self._reply_spin_us = reply_spin_us
         self._channel = _RequestChannel(
-            endpoint or default_endpoints().infer, context, timeout, curve
+            endpoint or default_endpoints().infer, context, timeout, curve, send_buffer_bytes
         )
         self._retries = retries
         self.last_reply: dict[str, Any] = {}
@@ -258,6 +272,12 @@ class InferenceClient:
         #: Requests whose inputs all travel as frames, by what their header is
         #: made of (DESIGN.md 115); taken only while no region is registered.
         self._frames_requests: dict[FramesKey, FramesRequest] = {}
+
+    @property
+    def send_buffer(self) -> dict[str, Any]:
+        """The kernel send buffer asked for each connection and what it got
+        (``bytes``, ``sized``, ``capped``, ``effective_bytes``; DESIGN.md 116)."""
+        return self._channel.send_buffer.status()
 
     @property
     def reply_spin(self) -> dict[str, int]:
@@ -527,8 +547,9 @@ class OperatorClient:
         context: zmq.Context[Any] | None = None,
         curve: ClientCurve | None = None,
     ) -> None:
+        # Small messages: the kernel's default send buffer takes each in one write.
         self._channel = _RequestChannel(
-            endpoint or default_endpoints().control, context, timeout, curve
+            endpoint or default_endpoints().control, context, timeout, curve, 0
         )
 
     def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:

@@ -23,6 +23,12 @@ from pathlib import Path
 #: A Unix socket path is limited to 107 bytes (sun_path); ``ipc://`` adds 6.
 MAX_IPC_PATH_BYTES = 107
 
+#: The kernel send buffer a client and the daemon ask for on each connection of
+#: the infer socket (``send_buffer.SendBuffer``): a 0.6 MB frame in one write.
+DEFAULT_SEND_BUFFER_BYTES = 2 * 1024 * 1024
+#: The most either may ask for (each connection may hold this much in the kernel).
+MAX_SEND_BUFFER_BYTES = 64 * 1024 * 1024
+
 
 @dataclass(frozen=True)
 class Endpoints:

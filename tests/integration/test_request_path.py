@@ -5,7 +5,11 @@ request of every client is answered once, with its own result."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +17,7 @@ import pytest
 
 from inferd_client import InferenceClient, OperatorClient
 from inferd_client.prepared import PreparedHeader
-from tests.conftest import DaemonFactory, DaemonProcess
+from tests.conftest import DaemonFactory, DaemonProcess, wait_until
 from tests.integration.wire import IDENTITY_SHAPE
 
 pytestmark = pytest.mark.integration
@@ -158,3 +162,72 @@ def test_every_request_of_every_client_is_answered_while_both_threads_read(
     assert status["bus"]["unroutable_replies"] == 0
     assert status["bus"]["replies"]["dropped"] == 0
     assert polls > 0
+
+
+def _send_buffers(daemon: DaemonProcess) -> list[int]:
+    """The kernel's send buffer (``ss``'s ``tb``) of each connection the daemon
+    accepted on its infer socket, read from outside the daemon."""
+    ss = shutil.which("ss")
+    assert ss, "ss is missing: install the 'iproute2' package (.ci/run does)"
+    path = daemon.infer.removeprefix("ipc://")
+    listing = subprocess.run(
+        [ss, "-x", "-m", "-p", "-H", "src", path], capture_output=True, text=True, check=True
+    ).stdout
+    pid = f"pid={daemon.process.pid},"
+    return [
+        int(match.group(1))
+        for line in listing.splitlines()
+        if " ESTAB " in f" {line} " and pid in line
+        for match in [re.search(r"\btb(\d+)\b", line)]
+        if match
+    ]
+
+
+def _wmem(name: str) -> int:
+    return int(Path(f"/proc/sys/net/core/{name}").read_text())
+
+
+def test_each_connection_of_the_infer_socket_gets_the_send_buffer_asked(
+    identity_daemon: DaemonProcess,
+) -> None:
+    """The daemon and the client size the kernel send buffer of their ipc://
+    connection (DESIGN.md 116): a 0.6 MB tensor leaves in one write."""
+    effective = min(2 * 1024 * 1024, _wmem("wmem_max"))
+    x = np.random.default_rng(5).standard_normal(IDENTITY_SHAPE, dtype=np.float32)
+    with InferenceClient(identity_daemon.infer, timeout=10) as client:
+        assert np.array_equal(client.infer("identity", {"input": x})["output"], x)
+        assert client.send_buffer == {
+            "bytes": 2 * 1024 * 1024,
+            "sized": 1,
+            "capped": int(effective < 2 * 1024 * 1024),
+            "effective_bytes": effective,
+        }
+        wait_until(
+            lambda: _status(identity_daemon)["bus"]["send_buffer"]["sized"] >= 1,
+            message="the daemon sized its connection",
+        )
+        status = _status(identity_daemon)["bus"]["send_buffer"]
+        assert (status["bytes"], status["effective_bytes"]) == (2 * 1024 * 1024, effective)
+        # The kernel keeps twice the size asked (its own bookkeeping).
+        assert 2 * effective in _send_buffers(identity_daemon)
+        assert np.array_equal(client.infer("identity", {"input": x})["output"], x)
+
+
+def test_a_send_buffer_of_zero_leaves_the_kernels_default(
+    daemon_factory: DaemonFactory, identity_model: Any
+) -> None:
+    daemon = daemon_factory(
+        models=[{"name": "identity", "path": str(identity_model)}],
+        bus={"send_buffer_bytes": 0},
+    )
+    x = np.random.default_rng(6).standard_normal(IDENTITY_SHAPE, dtype=np.float32)
+    with InferenceClient(daemon.infer, timeout=10, send_buffer_bytes=0) as client:
+        assert np.array_equal(client.infer("identity", {"input": x})["output"], x)
+        assert client.send_buffer["sized"] == 0
+        assert _status(daemon)["bus"]["send_buffer"] == {
+            "bytes": 0,
+            "sized": 0,
+            "capped": 0,
+            "effective_bytes": None,
+        }
+        assert _send_buffers(daemon) == [_wmem("wmem_default")]

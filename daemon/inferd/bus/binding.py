@@ -15,6 +15,7 @@ from typing import Any
 import zmq
 
 from inferd.config import BusConfig
+from inferd_wire.send_buffer import SendBuffer
 
 #: Messages per peer pipe.  Reply bytes are bounded by the ReplyBudget; this
 #: bounds the count of small ones (libzmq's default).
@@ -28,8 +29,11 @@ def bound_router(
     max_message_bytes: int,
     config: BusConfig,
     secure: Callable[[zmq.Socket[Any]], None] | None,
+    send_buffer: SendBuffer | None = None,
 ) -> zmq.Socket[Any]:
-    """A ROUTER with the bus's options, ``secure`` applied (ZAP, CURVE), bound."""
+    """A ROUTER with the bus's options, ``secure`` applied (ZAP, CURVE), bound;
+    ``send_buffer`` sizes its connections' kernel send buffers from the bind on
+    (else they keep the kernel's default)."""
     sock: zmq.Socket[Any] = context.socket(zmq.ROUTER)
     # Refuse oversize frames at the transport (the peer is disconnected); the codec
     # checks the whole message again.  ZeroMQ drops the connection of a peer whose
@@ -43,11 +47,16 @@ def bound_router(
     # disconnected and its pipe, with the replies queued to it, freed.
     sock.setsockopt(zmq.HEARTBEAT_IVL, config.heartbeat_interval_ms)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_timeout_ms)
-    if secure is not None:
-        secure(sock)
     try:
+        if secure is not None:
+            secure(sock)
+        if send_buffer is not None:
+            # Before the bind: the monitor reports every connection accepted after it.
+            send_buffer.watch(sock)
         sock.bind(endpoint)
     except BaseException:
+        if send_buffer is not None:
+            send_buffer.close()
         sock.close(linger=0)
         raise
     return sock

@@ -48,6 +48,7 @@ from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
 from inferd.shm.connections import ShmConnections, is_shm_route
 from inferd_wire.multipart import readable, send_frames
+from inferd_wire.send_buffer import SendBuffer
 
 _MAX_POLL_MS = 50
 _BATCH = 64
@@ -120,6 +121,8 @@ class BusServer(threading.Thread):
         #: worker admits that is due sooner (a deadline, a superseded reply) pokes it.
         self._planned_wake_ns = 0
         self._infer: zmq.Socket[Any] | None = None
+        #: Sizes the infer socket's connections' kernel send buffers (DESIGN.md 116).
+        self.send_buffer = SendBuffer(config.infer_endpoint, config.send_buffer_bytes)
         self._infer_intake: Intake | None = None
         #: The infer socket's ``ZMQ_FD`` (readable when it may have news); set at bind.
         self._infer_fd: int | None = None
@@ -158,6 +161,7 @@ class BusServer(threading.Thread):
             "oversized_bytes": self._dispatch.oversized_bytes,
             "read_by_worker": self.counters.read_by_worker,
             "replies": self.replies.status(),
+            "send_buffer": self.send_buffer.status(),
         }
 
     def stop(self) -> None:
@@ -231,20 +235,27 @@ class BusServer(threading.Thread):
 
     # -- this thread -------------------------------------------------------
     def run(self) -> None:
+        bound: list[zmq.Socket[Any]] = []
         try:
-            infer, control = (
-                bound_router(
-                    self._context,
-                    self._endpoints[name],
-                    self._limits.max_message_bytes,
-                    self._config,
-                    None if self._security is None else partial(self._security.apply, name),
+            for name in ("infer", "control"):
+                bound.append(
+                    bound_router(
+                        self._context,
+                        self._endpoints[name],
+                        self._limits.max_message_bytes,
+                        self._config,
+                        None if self._security is None else partial(self._security.apply, name),
+                        # Control messages are small: the kernel's default takes each whole.
+                        self.send_buffer if name == "infer" else None,
+                    )
                 )
-                for name in ("infer", "control")
-            )
         except BaseException as exc:
+            self.send_buffer.close()
+            for sock in bound:
+                sock.close(linger=0)
             self._bind_outcome.failed(exc)
             return
+        infer, control = bound
         self._infer = infer
         self._infer_intake = Intake(infer, self._limits)
         self._infer_fd = cast(int, infer.get(zmq.FD))
@@ -257,7 +268,8 @@ class BusServer(threading.Thread):
         finally:
             with self._wire_lock:
                 self._closed = True
-                for sock in (infer, control):
+                self.send_buffer.close()
+                for sock in bound:
                     sock.close(linger=self._linger_ms)
 
     def _request_trim(self) -> None:
@@ -273,6 +285,9 @@ class BusServer(threading.Thread):
         poller.register(self._wake_fd, zmq.POLLIN)
         poller.register(self._cover.fd, zmq.POLLIN)
         poller.register(self._cover_set.fileno(), zmq.POLLIN)
+        monitor = self.send_buffer.monitor
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         control_intake = Intake(control, self._limits)
         more = False
         while True:
@@ -291,6 +306,12 @@ class BusServer(threading.Thread):
                     os.eventfd_read(self._wake_fd)
             if self._cover.fd in ready:
                 self._cover_tick()
+            if monitor is not None and monitor in ready:
+                self._size_connections()
+                if len(ready) == 1 and not more and not stopping:
+                    # A connection event alone: the socket is the listening
+                    # worker's to read, as it was before this thread woke.
+                    continue
             if control in ready:
                 for _ in range(_BATCH):
                     if not self._serve_next("control", control_intake):
@@ -311,6 +332,21 @@ class BusServer(threading.Thread):
             more = served >= _BATCH
             if stopping and not due and not served and control not in ready:
                 return
+
+    def _size_connections(self) -> None:
+        """Size the kernel send buffer of the infer socket's new connections
+        (DESIGN.md 116); a size the kernel capped is logged once."""
+        send_buffer = self.send_buffer
+        capped = send_buffer.capped
+        send_buffer.apply()
+        if send_buffer.capped and not capped:
+            log.warning(
+                "send_buffer_capped",
+                asked_bytes=send_buffer.nbytes,
+                effective_bytes=send_buffer.effective_bytes,
+                hint="raise net.core.wmem_max (systemd/inferd.sysctl) or lower "
+                "bus.send_buffer_bytes",
+            )
 
     def _cover_tick(self) -> None:
         """The worker has run for another ``COVER_AFTER_NS``: this pass looks at the

@@ -44,7 +44,12 @@ from inferd.config.security import (
 from inferd.config.table import ConfigErrors, TomlTable
 from inferd.errors import ConfigError
 from inferd.types import OptimizationProfile, PrecisionMode
-from inferd_wire.endpoints import Endpoints, default_endpoints, default_runtime_dir
+from inferd_wire.endpoints import (
+    DEFAULT_SEND_BUFFER_BYTES,
+    Endpoints,
+    default_endpoints,
+    default_runtime_dir,
+)
 from inferd_wire.regions import shm_socket_path
 
 
@@ -142,6 +147,7 @@ def _bus(table: TomlTable, endpoints: Endpoints) -> BusConfig:
         heartbeat_interval_ms=table.take("heartbeat_interval_ms", int, 1000),
         heartbeat_timeout_ms=table.take("heartbeat_timeout_ms", int, 5000),
         busy_poll_us=table.take("busy_poll_us", int, 50),
+        send_buffer_bytes=table.take("send_buffer_bytes", int, DEFAULT_SEND_BUFFER_BYTES),
     )
     table.finish()
     return bus

@@ -14,7 +14,11 @@ from inferd.config.metrics import MetricsConfig
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
-from inferd_wire.endpoints import MAX_IPC_PATH_BYTES
+from inferd_wire.endpoints import (
+    DEFAULT_SEND_BUFFER_BYTES,
+    MAX_IPC_PATH_BYTES,
+    MAX_SEND_BUFFER_BYTES,
+)
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
 QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")
@@ -97,6 +101,11 @@ class BusConfig:
     #: After each reply the engine worker polls the request sources this long
     #: without sleeping before it waits on them (0: never; DESIGN.md 110).
     busy_poll_us: int = 50
+    #: ``SO_SNDBUF`` of each ``ipc://`` connection (``ZMQ_SNDBUF`` on ``tcp://``)
+    #: of the infer socket, so a reply's tensor leaves in one write (0: the
+    #: kernel's default; DESIGN.md 116).  Each connection may hold this much of a
+    #: reply in the kernel, beyond the reply budget.
+    send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES
 
     def __post_init__(self) -> None:
         for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
@@ -120,6 +129,11 @@ class BusConfig:
         if not 0 <= self.busy_poll_us <= MAX_BUSY_POLL_US:
             raise ConfigError(
                 f"bus.busy_poll_us must be 0..{MAX_BUSY_POLL_US}, got {self.busy_poll_us}"
+            )
+        if not 0 <= self.send_buffer_bytes <= MAX_SEND_BUFFER_BYTES:
+            raise ConfigError(
+                f"bus.send_buffer_bytes must be 0..{MAX_SEND_BUFFER_BYTES}, "
+                f"got {self.send_buffer_bytes}"
             )
         if self.heartbeat_interval_ms and self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
             raise ConfigError(

@@ -3,6 +3,8 @@ them, never a Python repr, and tables without trailing spaces."""
 
 from __future__ import annotations
 
+import re
+
 from inferd_client import cli_format
 
 
@@ -53,7 +55,15 @@ def test_status_is_a_table_with_fallback_and_reasons() -> None:
     assert "50 us after each reply: caught 90, missed 10, 2.50 s spent" in text
     short = {**result, "bus": {"busy_poll": {"us": 50, "caught": 1, "missed": 2, "spent_us": 130}}}
     assert "caught 1, missed 2, 0.1 ms spent" in "\n".join(cli_format.status(short))
-    assert "busy poll: off" in "\n".join(cli_format.status({**result, "bus": {}}))
+    assert re.search(r"busy poll: +off", "\n".join(cli_format.status({**result, "bus": {}})))
+    assert "send buffer: the kernel's default" in text
+    sized = {"bytes": 2 << 20, "sized": 3, "capped": 0, "effective_bytes": 2 << 20}
+    sized_text = "\n".join(cli_format.status({**result, "bus": {"send_buffer": sized}}))
+    assert "send buffer: 2.0 MiB asked, 3 connections sized" in sized_text
+    assert "capped" not in sized_text
+    capped = {**sized, "capped": 3, "effective_bytes": 208 << 10}
+    capped_text = "\n".join(cli_format.status({**result, "bus": {"send_buffer": capped}}))
+    assert "3 connections sized, 3 capped at 208.0 KiB (net.core.wmem_max)" in capped_text
     assert "onnx_trt_ep (fallback from tensorrt)" in text
     assert "DEADLINE_EXCEEDED=1" in text and "1.50 ms" in text and "4.20 ms" in text
     assert "det: reason: no engine for this host" in text

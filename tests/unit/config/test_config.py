@@ -446,17 +446,18 @@ def test_resource_limit_keys(tmp_path: Path) -> None:
     assert defaults.bus.max_reply_bytes_total == 256 * 1024**2
     assert (defaults.bus.heartbeat_interval_ms, defaults.bus.heartbeat_timeout_ms) == (1000, 5000)
     assert defaults.bus.busy_poll_us == 50
+    assert defaults.bus.send_buffer_bytes == 2 * 1024**2
     assert defaults.models[0].queue_max_bytes == 256 * 1024**2
     loaded = load_text(
         tmp_path,
         "[bus]\nmax_reply_bytes_per_peer = 1000\nmax_reply_bytes_total = 5000\n"
         "heartbeat_interval_ms = 0\nheartbeat_timeout_ms = 0\nbusy_poll_us = 0\n"
-        + MINIMAL
-        + "queue_max_bytes = 4096\n",
+        "send_buffer_bytes = 0\n" + MINIMAL + "queue_max_bytes = 4096\n",
     )
     assert (loaded.bus.max_reply_bytes_per_peer, loaded.bus.max_reply_bytes_total) == (1000, 5000)
     assert loaded.bus.heartbeat_interval_ms == 0
     assert loaded.bus.busy_poll_us == 0
+    assert loaded.bus.send_buffer_bytes == 0
     assert loaded.models[0].queue_max_bytes == 4096
 
 
@@ -476,6 +477,14 @@ def test_resource_limit_keys(tmp_path: Path) -> None:
         ),
         ("[bus]\nbusy_poll_us = -1\n" + MINIMAL, "bus.busy_poll_us must be 0..1000, got -1"),
         ("[bus]\nbusy_poll_us = 1001\n" + MINIMAL, "bus.busy_poll_us must be 0..1000, got 1001"),
+        (
+            "[bus]\nsend_buffer_bytes = -1\n" + MINIMAL,
+            "bus.send_buffer_bytes must be 0..67108864, got -1",
+        ),
+        (
+            "[bus]\nsend_buffer_bytes = 67108865\n" + MINIMAL,
+            "bus.send_buffer_bytes must be 0..67108864, got 67108865",
+        ),
         (
             "[bus]\nheartbeat_interval_ms = 1000\nheartbeat_timeout_ms = 999\n" + MINIMAL,
             "heartbeat_timeout_ms (999) must be at least bus.heartbeat_interval_ms (1000)",
