@@ -29,7 +29,10 @@ daemon's size; no pinning, like the daemon) against the daemon and
 ``rtt.py``'s echo of the same bytes:
 
 ``echo``         ``rtt.py``'s bare pyzmq echo of the frames request.
-``framesfloor``  the bare frames server, sent the frames request's bytes.
+``echobuf``      the same echo with both ends' connection given the kernel send
+                 buffer inferd gives its own (``SendBuffer``, 2 MiB; DESIGN.md 116).
+``framesfloor``  the bare frames server, sent the frames request's bytes, its
+                 connection sized like ``echobuf``'s.
 ``frames``       ``InferenceClient.infer`` with the tensor in a frame (``rtt.py``'s ``frames``).
 
 A floor path minus ``inprocess`` is what the transport, two process wake-ups
@@ -66,6 +69,8 @@ import numpy as np  # noqa: E402
 
 from inferd_client import InferenceClient, SharedRegion  # noqa: E402
 from inferd_wire import protocol  # noqa: E402
+from inferd_wire.endpoints import DEFAULT_SEND_BUFFER_BYTES  # noqa: E402
+from inferd_wire.send_buffer import SendBuffer  # noqa: E402
 from rtt import (  # noqa: E402
     CASES,
     EchoClient,
@@ -80,7 +85,7 @@ from rtt import (  # noqa: E402
     time_interleaved,
 )
 
-PATHS = ("inprocess", "floor1cpu", "floor2cpu", "shm", "echo", "framesfloor", "frames")
+PATHS = ("inprocess", "floor1cpu", "floor2cpu", "shm", "echo", "echobuf", "framesfloor", "frames")
 #: The bare server's request buffer: a request header is far smaller.
 _RECEIVE_BYTES = 4096
 
@@ -134,11 +139,14 @@ def bare_frames_server(spec: dict[str, Any]) -> None:
     reply_header = b"r" * spec["reply_bytes"]
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
+    send_buffer = SendBuffer(spec["endpoint"], DEFAULT_SEND_BUFFER_BYTES)  # as the daemon's
+    send_buffer.watch(sock)
     sock.bind(spec["endpoint"])
     gc.disable()  # as in rtt.py's echo server
     print("ready", flush=True)
     while True:
         routing_id, _header, tensor = sock.recv_multipart(copy=False)
+        send_buffer.apply()
         x = np.frombuffer(tensor.buffer, np.float32).reshape(shape)
         (output,) = session.run(None, {name: x})
         sock.send_multipart([routing_id, reply_header, output], copy=False)
@@ -215,6 +223,14 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 echo = start_frames_echo(
                     scratch, case.name, request_parts, frames_reply, frame_output.nbytes
                 )
+                echobuf = start_frames_echo(
+                    scratch,
+                    f"{case.name}-buf",
+                    request_parts,
+                    frames_reply,
+                    frame_output.nbytes,
+                    DEFAULT_SEND_BUFFER_BYTES,
+                )
                 frames_endpoint = f"ipc://{workdir}/bare-{case.name}.sock"
                 frames_server = start_bare_server(
                     {
@@ -228,7 +244,7 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                     (),
                 )
                 scratch.processes.append(frames_server)
-                frames_floor = EchoClient(frames_endpoint, request_parts)
+                frames_floor = EchoClient(frames_endpoint, request_parts, DEFAULT_SEND_BUFFER_BYTES)
                 scratch.closers.append(frames_floor.close)
 
                 # The daemon's request for these arrays, as its client encodes it.
@@ -289,6 +305,7 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                     ("floor2cpu", floors["floor2cpu"].round_trip),
                     ("shm", via_shm),
                     ("echo", echo.round_trip),
+                    ("echobuf", echobuf.round_trip),
                     ("framesfloor", frames_floor.round_trip),
                     ("frames", via_frames),
                 ):
@@ -328,20 +345,26 @@ def print_table(result: dict[str, Any]) -> None:
             f"{one - inprocess:>11.1f} {two - inprocess:>11.1f} {shm - inprocess:>8.1f}"
         )
     header = (
-        f"{'case':<15} {'inprocess':>10} {'echo':>9} {'framesfloor':>12} {'frames':>9} "
-        f"{'floor_add':>10} {'frames_add':>11} {'floor_add/echo':>15} {'frames_add/echo':>16}"
+        f"{'case':<15} {'inprocess':>10} {'echo':>9} {'echobuf':>9} {'framesfloor':>12} "
+        f"{'frames':>9} {'floor_add':>10} {'frames_add':>11} {'floor/echo':>11} "
+        f"{'frames/echo':>12} {'floor/echobuf':>14} {'frames/echobuf':>15}"
     )
-    print("\nframes, medians (us); _add = path - inprocess")
+    print(
+        "\nframes, medians (us); _add = path - inprocess; x/echo = x_add over the echo "
+        "(x/echobuf: over the echo with inferd's send buffers)"
+    )
     print(header)
     print("-" * len(header))
     for case in cases:
-        inprocess, echo, floor, frames = (
-            medians[(case, path)] for path in ("inprocess", "echo", "framesfloor", "frames")
+        inprocess, echo, echobuf, floor, frames = (
+            medians[(case, path)]
+            for path in ("inprocess", "echo", "echobuf", "framesfloor", "frames")
         )
+        floor_add, frames_add = floor - inprocess, frames - inprocess
         print(
-            f"{case:<15} {inprocess:>10.1f} {echo:>9.1f} {floor:>12.1f} {frames:>9.1f} "
-            f"{floor - inprocess:>10.1f} {frames - inprocess:>11.1f} "
-            f"{(floor - inprocess) / echo:>15.2f} {(frames - inprocess) / echo:>16.2f}"
+            f"{case:<15} {inprocess:>10.1f} {echo:>9.1f} {echobuf:>9.1f} {floor:>12.1f} "
+            f"{frames:>9.1f} {floor_add:>10.1f} {frames_add:>11.1f} {floor_add / echo:>11.2f} "
+            f"{frames_add / echo:>12.2f} {floor_add / echobuf:>14.2f} {frames_add / echobuf:>15.2f}"
         )
     load = ", ".join(f"{value:.2f}" for value in result["load_average"])
     print(

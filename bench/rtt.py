@@ -52,6 +52,7 @@ import zmq  # noqa: E402
 from inferd.demo_model import write_demo_model, write_identity_model  # noqa: E402
 from inferd_client import InferenceClient  # noqa: E402
 from inferd_wire import protocol  # noqa: E402
+from inferd_wire.send_buffer import SendBuffer  # noqa: E402
 
 PATHS = ("inprocess", "frames", "shm", "echo", "echo16", "memcpy")
 
@@ -127,12 +128,18 @@ TARGETS = (
 
 
 # -- echo server (runs in its own process) -------------------------------------
-def echo_server(endpoint: str, reply_header: bytes, reply_tensor_bytes: int) -> None:
+def echo_server(
+    endpoint: str, reply_header: bytes, reply_tensor_bytes: int, send_buffer_bytes: int = 0
+) -> None:
     """ROUTER that answers every message with [reply_header, reply_tensor] (fixed
-    sizes), or echoes it when ``reply_tensor_bytes`` is 0 (the 16-byte echo)."""
+    sizes), or echoes it when ``reply_tensor_bytes`` is 0 (the 16-byte echo);
+    ``send_buffer_bytes``: its connections' kernel send buffer sized as the
+    daemon sizes its own (0: pyzmq's and the kernel's defaults, a bare echo)."""
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
+    send_buffer = SendBuffer(endpoint, send_buffer_bytes)
+    send_buffer.watch(sock)
     sock.bind(endpoint)
     tensor: Any = np.ones(reply_tensor_bytes, dtype=np.uint8)
     gc.disable()  # a pause here would be charged to the echo, not to the daemon
@@ -141,6 +148,7 @@ def echo_server(endpoint: str, reply_header: bytes, reply_tensor_bytes: int) -> 
     print("ready", flush=True)
     while True:
         parts = sock.recv_multipart(copy=False)
+        send_buffer.apply()
         if reply_tensor_bytes:
             sock.send_multipart([parts[0], reply_header, tensor], copy=False)
         else:
@@ -150,23 +158,31 @@ def echo_server(endpoint: str, reply_header: bytes, reply_tensor_bytes: int) -> 
 class EchoClient:
     """A DEALER sending fixed parts and waiting for the reply (blocking receive)."""
 
-    def __init__(self, endpoint: str, parts: list[Any]) -> None:
+    def __init__(self, endpoint: str, parts: list[Any], send_buffer_bytes: int = 0) -> None:
         # The client library's default context, so both paths share one I/O thread set-up.
         self._socket: zmq.Socket[Any] = zmq.Context.instance().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._send_buffer = SendBuffer(endpoint, send_buffer_bytes)
+        self._send_buffer.watch(self._socket)
         self._socket.connect(endpoint)
         self._parts = parts
 
     def round_trip(self) -> None:
         self._socket.send_multipart(self._parts, copy=False)
         self._socket.recv_multipart(copy=False)
+        self._send_buffer.apply()
 
     def close(self) -> None:
+        self._send_buffer.close()
         self._socket.close(linger=0)
 
 
 def start_echo_server(
-    workdir: Path, name: str, reply_header: bytes, reply_tensor_bytes: int
+    workdir: Path,
+    name: str,
+    reply_header: bytes,
+    reply_tensor_bytes: int,
+    send_buffer_bytes: int = 0,
 ) -> tuple[subprocess.Popen[str], str]:
     endpoint = f"ipc://{workdir}/echo-{name}.sock"
     process = subprocess.Popen(
@@ -177,6 +193,7 @@ def start_echo_server(
             endpoint,
             reply_header.hex(),
             str(reply_tensor_bytes),
+            str(send_buffer_bytes),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -204,14 +221,21 @@ def frames_request(model: str, feeds: dict[str, np.ndarray]) -> list[Any]:
 
 
 def start_frames_echo(
-    scratch: Scratch, name: str, request: list[Any], reply_header: bytes, reply_bytes: int
+    scratch: Scratch,
+    name: str,
+    request: list[Any],
+    reply_header: bytes,
+    reply_bytes: int,
+    send_buffer_bytes: int = 0,
 ) -> EchoClient:
     """An echo server answering ``request`` with a reply of the daemon's sizes
     (``reply_header`` and a tensor of ``reply_bytes``), and its client, both
-    stopped with ``scratch``."""
-    server, endpoint = start_echo_server(scratch.workdir, name, reply_header, reply_bytes)
+    stopped with ``scratch``; ``send_buffer_bytes`` sizes both ends' connection."""
+    server, endpoint = start_echo_server(
+        scratch.workdir, name, reply_header, reply_bytes, send_buffer_bytes
+    )
     scratch.processes.append(server)
-    echo = EchoClient(endpoint, request)
+    echo = EchoClient(endpoint, request, send_buffer_bytes)
     scratch.closers.append(echo.close)
     return echo
 
@@ -524,14 +548,14 @@ def main(argv: list[str] | None = None) -> int:
     add_run_options(parser)
     parser.add_argument(
         "--echo-server",
-        nargs=3,
-        metavar=("ENDPOINT", "HEADER_HEX", "BYTES"),
+        nargs=4,
+        metavar=("ENDPOINT", "HEADER_HEX", "BYTES", "SEND_BUFFER_BYTES"),
         help=argparse.SUPPRESS,
     )
     args = parser.parse_args(argv)
     if args.echo_server:
-        endpoint, header_hex, size = args.echo_server
-        echo_server(endpoint, bytes.fromhex(header_hex), int(size))
+        endpoint, header_hex, size, send_buffer_bytes = args.echo_server
+        echo_server(endpoint, bytes.fromhex(header_hex), int(size), int(send_buffer_bytes))
         return 0
     return run_and_report(parser, args, run, print_table)
 

@@ -142,13 +142,14 @@ class _RequestChannel:
         wait = self.timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = self.next_id()
-            self.send_buffer.apply()
             try:
                 send_frames(self._socket, [header.encode(request_id), *frames])
             except zmq.Again:
                 continue
             reply = self._await(request_id, time.monotonic() + wait)
             if reply is not None:
+                # A reply came on a connection: its monitor event is in by now.
+                self.send_buffer.apply()
                 return reply
         raise RequestTimeout(
             f"no reply from {self.endpoint} within {wait:.3f}s after {retries + 1} attempt(s)"

@@ -47,9 +47,10 @@ class SendBuffer:
     """Sizes the send buffer of every ``ipc://`` connection a socket makes or accepts.
 
     ``watch`` the socket before it binds or connects; call ``apply`` when
-    ``monitor`` is readable (the daemon's loop polls it) or before each send (a
-    client: one ``ZMQ_EVENTS`` look when nothing is new); ``close`` before the
-    socket.  ``nbytes`` 0 leaves the kernel's default.
+    ``monitor`` is readable (the daemon's loop polls it) or after each reply (a
+    client, whose connection's event is in once a reply came through it: one
+    ``ZMQ_EVENTS`` look when nothing is new); ``close`` before the socket.
+    ``nbytes`` 0 leaves the kernel's default.
     """
 
     def __init__(self, endpoint: str, nbytes: int) -> None:

@@ -14,6 +14,7 @@
 #include "decode.hpp"
 #include "internal.hpp"
 #include "region_channel.hpp"
+#include "send_buffer.hpp"
 
 namespace inferd {
 
@@ -65,13 +66,15 @@ void release_frame(void* /*data*/, void* hint) {
 // replies to ids it no longer waits for are discarded and counted.
 class RequestChannel {
 public:
-    RequestChannel(const ClientOptions& options, const std::string& default_endpoint)
+    RequestChannel(const ClientOptions& options, const std::string& default_endpoint,
+                   int send_buffer_bytes)
         : context_(options.context ? options.context : shared_context()),
           endpoint_(check_client_endpoint(options.endpoint.empty() ? default_endpoint
                                                                    : options.endpoint)),
           timeout_(options.timeout),
           curve_(options.curve),
-          on_attempt_(options.on_attempt) {
+          on_attempt_(options.on_attempt),
+          send_buffer_(endpoint_, send_buffer_bytes) {
         // A random 24-bit prefix keeps ids from different clients apart in the
         // daemon's logs; the counter makes them unique within this client.
         std::random_device random;
@@ -80,6 +83,7 @@ public:
     }
 
     ~RequestChannel() {
+        send_buffer_.close(socket_);
         socket_.close();
         wait_released();
     }
@@ -107,7 +111,11 @@ public:
             if (on_attempt_) on_attempt_(request_id, attempt);
             if (!send(encode(request_id), frames)) continue;
             auto reply = await(request_id, std::chrono::steady_clock::now() + wait);
-            if (!reply.empty()) return reply;
+            if (!reply.empty()) {
+                // A reply came on a connection: its monitor event is in by now.
+                send_buffer_.apply();
+                return reply;
+            }
         }
         throw Timeout("no reply from " + endpoint_ + " within " + std::to_string(wait.count()) +
                       " ms after " + std::to_string(retries + 1) + " attempt(s)");
@@ -119,6 +127,7 @@ public:
     // id of this client is unique across both sockets.
     std::uint64_t next_id() { return next_id_++; }
     const std::function<void(std::uint64_t, int)>& on_attempt() const { return on_attempt_; }
+    const SendBufferStatus& send_buffer() const { return send_buffer_.status(); }
 
 private:
     void open() {
@@ -126,6 +135,7 @@ private:
         socket_.set(zmq::sockopt::linger, 0);
         socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(std::max<long>(1, timeout_.count())));
         detail::secure(socket_, endpoint_, curve_);
+        send_buffer_.watch(*context_, socket_);  // before the connection it sizes
         socket_.connect(endpoint_);
     }
 
@@ -183,6 +193,7 @@ private:
             std::lock_guard<std::mutex> lock(in_flight_.mutex);
             if (in_flight_.frames == 0) return;
         }
+        send_buffer_.close(socket_);
         socket_.close();
         wait_released();
         try {
@@ -207,6 +218,7 @@ private:
     std::uint64_t next_id_ = 1;
     std::uint64_t discarded_ = 0;
     InFlight in_flight_;
+    detail::SendBuffer send_buffer_;
 };
 
 InferResult::InferResult() = default;
@@ -222,7 +234,8 @@ const TensorView& InferResult::output(const std::string& name) const {
 }
 
 InferenceClient::InferenceClient(ClientOptions options)
-    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().infer)),
+    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().infer,
+                                                options.send_buffer_bytes)),
       options_(std::move(options)) {
     PollWindow check(options_.reply_spin_us);  // a bad width fails here, not at the first region
     if (options_.shm_socket.empty()) options_.shm_socket = shm_socket_path(channel_->endpoint());
@@ -236,6 +249,8 @@ InferenceClient::~InferenceClient() {
 std::uint64_t InferenceClient::discarded_replies() const {
     return channel_->discarded_replies() + (shm_ ? shm_->discarded_replies() : 0);
 }
+
+SendBufferStatus InferenceClient::send_buffer() const { return channel_->send_buffer(); }
 
 PollWindowStatus InferenceClient::reply_spin() const {
     return shm_ ? shm_->spin().status() : PollWindow(options_.reply_spin_us).status();
@@ -431,7 +446,8 @@ bool InferenceClient::places_every_output(
 }
 
 OperatorClient::OperatorClient(ClientOptions options)
-    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().control)) {}
+    // Small messages: the kernel's default send buffer takes each whole.
+    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().control, 0)) {}
 
 OperatorClient::~OperatorClient() = default;
 

@@ -177,6 +177,9 @@ TEST(infer_with_the_demo_model_matches_onnx_runtime) {
     CHECK_EQ(result.reply.runtime, "onnx_trt_ep");
     CHECK(!result.reply.late && !result.reply.fallback);
     CHECK(result.reply.latency_us > 0);
+    // The connection's kernel send buffer, sized once a reply came (DESIGN.md 116).
+    CHECK_EQ(client.send_buffer().sized, std::uint64_t{1});
+    CHECK(client.send_buffer().effective_bytes.value_or(0) > 0);
 
     // The same into a buffer of the caller's
     std::vector<float> mine(reference().descriptors.size());

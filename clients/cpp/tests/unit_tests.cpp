@@ -16,8 +16,10 @@
 #include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "../src/send_buffer.hpp"
 #include "check.hpp"
 #include "inferd/inferd.hpp"
 
@@ -103,7 +105,118 @@ std::vector<NamedTensor> two_floats(const float* data) {
     return {{"x", view(DType::Float32, {2}, data, 2 * sizeof(float))}};
 }
 
+// What net.core.<name> says (the kernel's default and cap on SO_SNDBUF).
+int wmem(const std::string& name) {
+    std::ifstream file("/proc/sys/net/core/" + name);
+    int value = 0;
+    file >> value;
+    return value;
+}
+
+// SO_SNDBUF of this process's Unix stream sockets connected to `path`, read
+// from the kernel through /proc/self/fd.
+std::vector<int> connected_send_buffers(const std::string& path) {
+    std::vector<int> found;
+    for (int fd = 0; fd < 4096; ++fd) {
+        int type = 0;
+        socklen_t length = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+        sockaddr_un peer{};
+        socklen_t peer_length = sizeof peer;
+        if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) continue;
+        if (peer.sun_family != AF_UNIX || std::string(peer.sun_path) != path) continue;
+        int size = 0;
+        length = sizeof size;
+        getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, &length);
+        found.push_back(size);
+    }
+    return found;
+}
+
+ScriptedPeer::Script answer_two_floats() {
+    return [](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+    };
+}
+
 }  // namespace
+
+TEST(the_connection_to_an_ipc_endpoint_gets_the_send_buffer_asked) {
+    ScriptedPeer peer(answer_two_floats());
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    client.infer("m", two_floats(input));
+    int effective = std::min(2 * 1024 * 1024, wmem("wmem_max"));
+    auto status = client.send_buffer();
+    CHECK_EQ(status.bytes, 2 * 1024 * 1024);
+    CHECK_EQ(status.sized, std::uint64_t{1});
+    CHECK_EQ(status.capped, std::uint64_t{effective < 2 * 1024 * 1024 ? 1u : 0u});
+    CHECK(status.effective_bytes == effective);
+    // The kernel keeps twice the size asked.
+    CHECK_EQ(connected_send_buffers(peer.endpoint().substr(6)), std::vector<int>{2 * effective});
+    client.infer("m", two_floats(input));
+    CHECK_EQ(client.send_buffer().sized, std::uint64_t{1});  // one connection, sized once
+}
+
+TEST(a_send_buffer_of_zero_leaves_the_kernels_default_and_bad_sizes_are_refused) {
+    ScriptedPeer peer(answer_two_floats());
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    options.send_buffer_bytes = 0;
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    client.infer("m", two_floats(input));
+    CHECK_EQ(client.send_buffer().sized, std::uint64_t{0});
+    CHECK(!client.send_buffer().effective_bytes);
+    CHECK_EQ(connected_send_buffers(peer.endpoint().substr(6)), std::vector<int>{wmem("wmem_default")});
+    options.send_buffer_bytes = -1;
+    CHECK_THROWS(std::invalid_argument, InferenceClient refused(options),
+                 std::string(error.what()).find("send_buffer_bytes must be 0..67108864, got -1") !=
+                     std::string::npos);
+    options.send_buffer_bytes = 64 * 1024 * 1024 + 1;
+    CHECK_THROWS(std::invalid_argument, InferenceClient refused(options), true);
+}
+
+TEST(a_stale_descriptor_is_left_alone) {
+    // A number that no longer names a connection of the endpoint: a pipe, a
+    // connection to another path; one of the endpoint's own is sized.
+    auto dir = temp_dir();
+    auto path = dir + "/infer.sock", other = dir + "/other.sock";
+    auto listen_on = [](const std::string& where) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        sockaddr_un address{};
+        address.sun_family = AF_UNIX;
+        std::strncpy(address.sun_path, where.c_str(), sizeof address.sun_path - 1);
+        CHECK_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+        CHECK_EQ(listen(fd, 4), 0);
+        return fd;
+    };
+    auto connect_to = [](const std::string& where) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        sockaddr_un address{};
+        address.sun_family = AF_UNIX;
+        std::strncpy(address.sun_path, where.c_str(), sizeof address.sun_path - 1);
+        CHECK_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+        return fd;
+    };
+    int listener = listen_on(path), other_listener = listen_on(other);
+    int elsewhere = connect_to(other), mine = connect_to(path);
+    int pipe_ends[2];
+    CHECK_EQ(pipe(pipe_ends), 0);
+    detail::SendBuffer send_buffer("ipc://" + path, 2 * 1024 * 1024);
+    CHECK(!send_buffer.size(pipe_ends[0]));
+    CHECK(!send_buffer.size(listener));
+    CHECK(!send_buffer.size(elsewhere));
+    CHECK(!send_buffer.size(100000));
+    CHECK_EQ(send_buffer.status().sized, std::uint64_t{0});
+    CHECK_EQ(connected_send_buffers(other), std::vector<int>{wmem("wmem_default")});
+    CHECK(send_buffer.size(mine));
+    CHECK_EQ(connected_send_buffers(path),
+             std::vector<int>{2 * std::min(2 * 1024 * 1024, wmem("wmem_max"))});
+    for (int fd : {listener, other_listener, elsewhere, mine, pipe_ends[0], pipe_ends[1]}) close(fd);
+}
 
 TEST(late_reply_to_an_old_id_is_discarded_not_returned) {
     std::vector<std::uint64_t> seen;

@@ -43,6 +43,19 @@ struct ClientOptions {
     // The polling window before a reply on the shm socket is due, us (0..10000;
     // 0: none; DESIGN.md 113): InferenceClient::reply_spin() says what it cost.
     int reply_spin_us = 200;
+    // SO_SNDBUF of the ipc:// connection to the infer socket (0..64 MiB; 0: the
+    // kernel's default), so a tensor frame leaves in one write; the kernel caps
+    // it at net.core.wmem_max (DESIGN.md 116). InferenceClient::send_buffer()
+    // says what the connection got.
+    int send_buffer_bytes = 2 * 1024 * 1024;
+};
+
+// The kernel send buffer asked for the infer socket's connection and what it got.
+struct SendBufferStatus {
+    int bytes = 0;                       // ClientOptions::send_buffer_bytes
+    std::uint64_t sized = 0;             // connections sized
+    std::uint64_t capped = 0;            // of which the kernel capped (net.core.wmem_max)
+    std::optional<int> effective_bytes;  // what the last one got
 };
 
 struct InferOptions {
@@ -126,6 +139,8 @@ public:
     const std::string& last_transport() const { return last_transport_; }
     // The shm replies' polling window: its width and what it caught and cost.
     PollWindowStatus reply_spin() const;
+    // The kernel send buffer of the connection to the infer socket (DESIGN.md 116).
+    SendBufferStatus send_buffer() const;
 
 private:
     std::unique_ptr<RequestChannel> channel_;
