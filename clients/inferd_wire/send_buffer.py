@@ -46,8 +46,8 @@ def _ipc_address(endpoint: str) -> str | bytes | None:
 class SendBuffer:
     """Sizes the send buffer of every ``ipc://`` connection a socket makes or accepts.
 
-    ``watch`` the socket before it binds or connects; call ``apply`` when
-    ``monitor`` is readable (the daemon's loop polls it) or after each reply (a
+    ``watch`` the socket before it binds or connects; call ``apply`` often (the
+    daemon's bus thread on each pass of its loop) or after each reply (a
     client, whose connection's event is in once a reply came through it: one
     ``ZMQ_EVENTS`` look when nothing is new); ``close`` before the socket.
     ``nbytes`` 0 leaves the kernel's default.

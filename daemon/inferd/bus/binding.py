@@ -9,13 +9,20 @@ starting thread as the exception itself, not end quietly with the socket thread.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
+import structlog
 import zmq
 
 from inferd.config import BusConfig
 from inferd_wire.send_buffer import SendBuffer
+
+if TYPE_CHECKING:  # zap.py binds its own socket with BindOutcome
+    from inferd.bus.zap import SocketSecurity
+
+log = structlog.get_logger("inferd.bus")
 
 #: Messages per peer pipe.  Reply bytes are bounded by the ReplyBudget; this
 #: bounds the count of small ones (libzmq's default).
@@ -60,6 +67,47 @@ def bound_router(
         sock.close(linger=0)
         raise
     return sock
+
+
+def bind_infer_and_control(
+    context: zmq.Context[Any],
+    endpoints: Mapping[str, str],
+    max_message_bytes: int,
+    config: BusConfig,
+    security: SocketSecurity | None,
+    send_buffer: SendBuffer,
+) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
+    """The bus's infer and control ROUTERs, bound, ``send_buffer`` watching the
+    infer socket's connections; on a failure neither stays open."""
+    bound: list[zmq.Socket[Any]] = []
+    try:
+        for name in ("infer", "control"):
+            secure = None if security is None else partial(security.apply, name)
+            # Control messages are small: the kernel's default takes each whole.
+            sizes = send_buffer if name == "infer" else None
+            bound.append(
+                bound_router(context, endpoints[name], max_message_bytes, config, secure, sizes)
+            )
+    except BaseException:
+        send_buffer.close()
+        for sock in bound:
+            sock.close(linger=0)
+        raise
+    return bound[0], bound[1]
+
+
+def size_new_connections(send_buffer: SendBuffer) -> None:
+    """Size the kernel send buffer of the connections the monitor reported
+    (DESIGN.md 116); a size the kernel capped is logged once."""
+    capped = send_buffer.capped
+    send_buffer.apply()
+    if send_buffer.capped and not capped:
+        log.warning(
+            "send_buffer_capped",
+            asked_bytes=send_buffer.nbytes,
+            effective_bytes=send_buffer.effective_bytes,
+            hint="raise net.core.wmem_max (systemd/inferd.sysctl) or lower bus.send_buffer_bytes",
+        )
 
 
 class BindOutcome:

@@ -29,13 +29,12 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, cast
 
 import structlog
 import zmq
 
-from inferd.bus.binding import BindOutcome, bound_router
+from inferd.bus.binding import BindOutcome, bind_infer_and_control, size_new_connections
 from inferd.bus.codec import Limits
 from inferd.bus.cover_timer import COVER_AFTER_NS, COVER_TICKS, OneShotTimer
 from inferd.bus.dispatch import Dispatcher
@@ -235,27 +234,18 @@ class BusServer(threading.Thread):
 
     # -- this thread -------------------------------------------------------
     def run(self) -> None:
-        bound: list[zmq.Socket[Any]] = []
         try:
-            for name in ("infer", "control"):
-                bound.append(
-                    bound_router(
-                        self._context,
-                        self._endpoints[name],
-                        self._limits.max_message_bytes,
-                        self._config,
-                        None if self._security is None else partial(self._security.apply, name),
-                        # Control messages are small: the kernel's default takes each whole.
-                        self.send_buffer if name == "infer" else None,
-                    )
-                )
+            infer, control = bind_infer_and_control(
+                self._context,
+                self._endpoints,
+                self._limits.max_message_bytes,
+                self._config,
+                self._security,
+                self.send_buffer,
+            )
         except BaseException as exc:
-            self.send_buffer.close()
-            for sock in bound:
-                sock.close(linger=0)
             self._bind_outcome.failed(exc)
             return
-        infer, control = bound
         self._infer = infer
         self._infer_intake = Intake(infer, self._limits)
         self._infer_fd = cast(int, infer.get(zmq.FD))
@@ -269,7 +259,7 @@ class BusServer(threading.Thread):
             with self._wire_lock:
                 self._closed = True
                 self.send_buffer.close()
-                for sock in bound:
+                for sock in (infer, control):
                     sock.close(linger=self._linger_ms)
 
     def _request_trim(self) -> None:
@@ -285,9 +275,6 @@ class BusServer(threading.Thread):
         poller.register(self._wake_fd, zmq.POLLIN)
         poller.register(self._cover.fd, zmq.POLLIN)
         poller.register(self._cover_set.fileno(), zmq.POLLIN)
-        monitor = self.send_buffer.monitor
-        if monitor is not None:
-            poller.register(monitor, zmq.POLLIN)
         control_intake = Intake(control, self._limits)
         more = False
         while True:
@@ -295,6 +282,8 @@ class BusServer(threading.Thread):
             with self._wire_lock:
                 self.replies.collect()
                 self._trimmer.run_due(self.last_beat_ns)
+            # Within a pass (50 ms at most) of the accept; its event wakes no one.
+            size_new_connections(self.send_buffer)
             # Read the stop flag *before* polling: whatever was owed before stop()
             # (the shutdown failures) is then seen by this pass, so the loop never
             # exits with a reply unsent.
@@ -306,12 +295,6 @@ class BusServer(threading.Thread):
                     os.eventfd_read(self._wake_fd)
             if self._cover.fd in ready:
                 self._cover_tick()
-            if monitor is not None and monitor in ready:
-                self._size_connections()
-                if len(ready) == 1 and not more and not stopping:
-                    # A connection event alone: the socket is the listening
-                    # worker's to read, as it was before this thread woke.
-                    continue
             if control in ready:
                 for _ in range(_BATCH):
                     if not self._serve_next("control", control_intake):
@@ -332,21 +315,6 @@ class BusServer(threading.Thread):
             more = served >= _BATCH
             if stopping and not due and not served and control not in ready:
                 return
-
-    def _size_connections(self) -> None:
-        """Size the kernel send buffer of the infer socket's new connections
-        (DESIGN.md 116); a size the kernel capped is logged once."""
-        send_buffer = self.send_buffer
-        capped = send_buffer.capped
-        send_buffer.apply()
-        if send_buffer.capped and not capped:
-            log.warning(
-                "send_buffer_capped",
-                asked_bytes=send_buffer.nbytes,
-                effective_bytes=send_buffer.effective_bytes,
-                hint="raise net.core.wmem_max (systemd/inferd.sysctl) or lower "
-                "bus.send_buffer_bytes",
-            )
 
     def _cover_tick(self) -> None:
         """The worker has run for another ``COVER_AFTER_NS``: this pass looks at the

@@ -123,18 +123,9 @@ class BusConfig:
                 f"bus.max_reply_bytes_per_peer ({self.max_reply_bytes_per_peer})"
             )
         for key in ("heartbeat_interval_ms", "heartbeat_timeout_ms"):
-            value = getattr(self, key)
-            if not 0 <= value <= _MAX_HEARTBEAT_MS:
-                raise ConfigError(f"bus.{key} must be 0..{_MAX_HEARTBEAT_MS} ms, got {value}")
-        if not 0 <= self.busy_poll_us <= MAX_BUSY_POLL_US:
-            raise ConfigError(
-                f"bus.busy_poll_us must be 0..{MAX_BUSY_POLL_US}, got {self.busy_poll_us}"
-            )
-        if not 0 <= self.send_buffer_bytes <= MAX_SEND_BUFFER_BYTES:
-            raise ConfigError(
-                f"bus.send_buffer_bytes must be 0..{MAX_SEND_BUFFER_BYTES}, "
-                f"got {self.send_buffer_bytes}"
-            )
+            _up_to(f"bus.{key}", getattr(self, key), _MAX_HEARTBEAT_MS, " ms")
+        _up_to("bus.busy_poll_us", self.busy_poll_us, MAX_BUSY_POLL_US)
+        _up_to("bus.send_buffer_bytes", self.send_buffer_bytes, MAX_SEND_BUFFER_BYTES)
         if self.heartbeat_interval_ms and self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
             raise ConfigError(
                 f"bus.heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be at least "
@@ -188,10 +179,7 @@ class RuntimeConfig:
         _non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
         _non_negative("runtime.device_id", self.device_id)
         _finite("runtime.rebuild_backoff_s", self.rebuild_backoff_s)
-        if not 0 <= self.rebuild_backoff_s <= 86_400:
-            raise ConfigError(
-                f"runtime.rebuild_backoff_s must be 0..86400, got {self.rebuild_backoff_s}"
-            )
+        _up_to("runtime.rebuild_backoff_s", self.rebuild_backoff_s, 86_400)
         _positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
         if not 0 <= self.tensorrt_failover_after_errors <= 1000:
             raise ConfigError(
@@ -438,6 +426,11 @@ def _non_negative(key: str, value: float) -> None:
     _finite(key, value)
     if value < 0:
         raise ConfigError(f"{key} must be zero or positive, got {value}")
+
+
+def _up_to(key: str, value: float, most: float, unit: str = "") -> None:
+    if not 0 <= value <= most:
+        raise ConfigError(f"{key} must be 0..{most}{unit}, got {value}")
 
 
 def _endpoint(key: str, value: str) -> None:

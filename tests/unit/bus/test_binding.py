@@ -1,15 +1,20 @@
-"""A socket thread's bind failure reaches the thread that waits for it."""
+"""A socket thread's bind failure reaches the thread that waits for it; a send
+buffer the kernel caps is logged once."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import zmq
 
-from inferd.bus.binding import BindOutcome
+from inferd.bus.binding import BindOutcome, size_new_connections
 from inferd.bus.publisher import EventPublisher
+from inferd_wire.endpoints import MAX_SEND_BUFFER_BYTES
+from inferd_wire.send_buffer import SendBuffer
 
 
 def test_the_bind_error_itself_is_raised_in_the_waiting_thread() -> None:
@@ -42,3 +47,38 @@ def test_the_publisher_reports_an_endpoint_it_cannot_bind(tmp_path: Any) -> None
         assert not publisher.is_alive()
     finally:
         context.term()
+
+
+def test_a_send_buffer_the_kernel_caps_is_logged_once(tmp_path: Any) -> None:
+    """``size_new_connections``: every connection sized, the first cap logged with
+    what was asked and got, later ones counted only (DESIGN.md 116)."""
+    wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    asked = MAX_SEND_BUFFER_BYTES
+    context: zmq.Context[Any] = zmq.Context()
+    endpoint = "ipc://" + str(tmp_path / "infer.sock")
+    send_buffer = SendBuffer(endpoint, asked)
+    try:
+        router = context.socket(zmq.ROUTER)
+        send_buffer.watch(router)
+        router.bind(endpoint)
+        dealers = []
+        with structlog.testing.capture_logs() as logs:
+            for count in (1, 2):
+                dealer = context.socket(zmq.DEALER)
+                dealer.connect(endpoint)
+                dealers.append(dealer)
+                assert send_buffer.monitor is not None
+                while send_buffer.sized < count:
+                    assert send_buffer.monitor.poll(10_000), "no connection event"
+                    size_new_connections(send_buffer)
+        capped = [entry for entry in logs if entry["event"] == "send_buffer_capped"]
+        if wmem_max >= asked:  # a kernel that admits 64 MiB caps nothing
+            assert capped == [] and send_buffer.capped == 0
+        else:
+            assert send_buffer.capped == 2
+            assert len(capped) == 1
+            assert capped[0]["asked_bytes"] == asked
+            assert capped[0]["effective_bytes"] == wmem_max
+    finally:
+        send_buffer.close()
+        context.destroy(linger=0)
