@@ -184,20 +184,22 @@ TEST(a_stale_descriptor_is_left_alone) {
     // connection to another path; one of the endpoint's own is sized.
     auto dir = temp_dir();
     auto path = dir + "/infer.sock", other = dir + "/other.sock";
-    auto listen_on = [](const std::string& where) {
-        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    auto address_of = [](const std::string& where) {
         sockaddr_un address{};
         address.sun_family = AF_UNIX;
         std::strncpy(address.sun_path, where.c_str(), sizeof address.sun_path - 1);
+        return address;
+    };
+    auto listen_on = [&](const std::string& where) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        auto address = address_of(where);
         CHECK_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
         CHECK_EQ(listen(fd, 4), 0);
         return fd;
     };
-    auto connect_to = [](const std::string& where) {
+    auto connect_to = [&](const std::string& where) {
         int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-        sockaddr_un address{};
-        address.sun_family = AF_UNIX;
-        std::strncpy(address.sun_path, where.c_str(), sizeof address.sun_path - 1);
+        auto address = address_of(where);
         CHECK_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
         return fd;
     };
