@@ -55,7 +55,7 @@ class SendBuffer:
 
     def __init__(self, endpoint: str, nbytes: int) -> None:
         if not 0 <= nbytes <= MAX_SEND_BUFFER_BYTES:
-            raise ValueError(f"a send buffer of 0..{MAX_SEND_BUFFER_BYTES} bytes, got {nbytes}")
+            raise ValueError(f"send_buffer_bytes must be 0..{MAX_SEND_BUFFER_BYTES}, got {nbytes}")
         self.nbytes = nbytes
         #: Connections sized, and how many of them the kernel capped below ``nbytes``.
         self.sized = 0

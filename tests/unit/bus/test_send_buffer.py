@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import zmq
 
+from inferd_client import InferenceClient
 from inferd_wire.endpoints import MAX_SEND_BUFFER_BYTES
 from inferd_wire.send_buffer import SendBuffer
 
@@ -203,9 +204,13 @@ def test_tcp_is_left_to_the_kernels_tuning(context: zmq.Context[Any]) -> None:
 
 
 @pytest.mark.parametrize("nbytes", [-1, MAX_SEND_BUFFER_BYTES + 1])
-def test_a_size_out_of_range_is_refused(nbytes: int) -> None:
-    with pytest.raises(ValueError, match=f"0..{MAX_SEND_BUFFER_BYTES} bytes, got {nbytes}"):
+def test_a_size_out_of_range_is_refused(nbytes: int, tmp_path: Path) -> None:
+    message = f"send_buffer_bytes must be 0..{MAX_SEND_BUFFER_BYTES}, got {nbytes}"
+    with pytest.raises(ValueError, match=message):
         SendBuffer("ipc:///run/inferd/infer.sock", nbytes)
+    # The client refuses it at construction, with the same words.
+    with pytest.raises(ValueError, match=message):
+        InferenceClient("ipc://" + str(tmp_path / "infer.sock"), send_buffer_bytes=nbytes)
 
 
 def test_close_stops_the_monitor_and_leaves_the_socket_working(
