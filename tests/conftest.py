@@ -32,6 +32,12 @@ HANG_S = 15.0
 T = TypeVar("T")
 
 
+def net_core(name: str) -> int:
+    """A ``net.core`` kernel parameter (``wmem_default``, ``wmem_max``: the socket
+    send buffer's default and cap, DESIGN.md 116)."""
+    return int(Path(f"/proc/sys/net/core/{name}").read_text())
+
+
 def wait_until(
     predicate: Callable[[], T],
     timeout: float = HANG_S,

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 
 from inferd_client import InferenceClient, OperatorClient
 from inferd_client.prepared import PreparedHeader
-from tests.conftest import DaemonFactory, DaemonProcess, wait_until
+from tests.conftest import DaemonFactory, DaemonProcess, net_core, wait_until
 from tests.integration.wire import IDENTITY_SHAPE
 
 pytestmark = pytest.mark.integration
@@ -183,16 +182,12 @@ def _send_buffers(daemon: DaemonProcess) -> list[int]:
     ]
 
 
-def _wmem(name: str) -> int:
-    return int(Path(f"/proc/sys/net/core/{name}").read_text())
-
-
 def test_each_connection_of_the_infer_socket_gets_the_send_buffer_asked(
     identity_daemon: DaemonProcess,
 ) -> None:
     """The daemon and the client size the kernel send buffer of their ipc://
     connection (DESIGN.md 116): a 0.6 MB tensor leaves in one write."""
-    effective = min(2 * 1024 * 1024, _wmem("wmem_max"))
+    effective = min(2 * 1024 * 1024, net_core("wmem_max"))
     x = np.random.default_rng(5).standard_normal(IDENTITY_SHAPE, dtype=np.float32)
     with InferenceClient(identity_daemon.infer, timeout=10) as client:
         assert np.array_equal(client.infer("identity", {"input": x})["output"], x)
@@ -230,4 +225,4 @@ def test_a_send_buffer_of_zero_leaves_the_kernels_default(
             "capped": 0,
             "effective_bytes": None,
         }
-        assert _send_buffers(daemon) == [_wmem("wmem_default")]
+        assert _send_buffers(daemon) == [net_core("wmem_default")]

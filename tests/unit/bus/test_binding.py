@@ -4,7 +4,6 @@ buffer the kernel caps is logged once."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from inferd.bus.binding import BindOutcome, size_new_connections
 from inferd.bus.publisher import EventPublisher
 from inferd_wire.endpoints import MAX_SEND_BUFFER_BYTES
 from inferd_wire.send_buffer import SendBuffer
+from tests.conftest import net_core
 
 
 def test_the_bind_error_itself_is_raised_in_the_waiting_thread() -> None:
@@ -52,7 +52,7 @@ def test_the_publisher_reports_an_endpoint_it_cannot_bind(tmp_path: Any) -> None
 def test_a_send_buffer_the_kernel_caps_is_logged_once(tmp_path: Any) -> None:
     """``size_new_connections``: every connection sized, the first cap logged with
     what was asked and got, later ones counted only (DESIGN.md 116)."""
-    wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    wmem_max = net_core("wmem_max")
     asked = MAX_SEND_BUFFER_BYTES
     context: zmq.Context[Any] = zmq.Context()
     endpoint = "ipc://" + str(tmp_path / "infer.sock")

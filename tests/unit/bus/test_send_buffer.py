@@ -19,13 +19,10 @@ import zmq
 from inferd_client import InferenceClient
 from inferd_wire.endpoints import MAX_SEND_BUFFER_BYTES
 from inferd_wire.send_buffer import SendBuffer
+from tests.conftest import net_core
 
 ASKED = 2 * 1024 * 1024
 WAIT_MS = 10_000
-
-
-def _wmem(name: str) -> int:
-    return int(Path(f"/proc/sys/net/core/{name}").read_text())
 
 
 def _connections(path: str) -> dict[str, list[int]]:
@@ -93,7 +90,7 @@ def _pair(
 def test_accepted_and_connected_connections_get_the_size_asked(
     context: zmq.Context[Any], path: str
 ) -> None:
-    if _wmem("wmem_max") < ASKED:
+    if net_core("wmem_max") < ASKED:
         pytest.skip("net.core.wmem_max is below 2 MiB here: the cap is tested below")
     router, router_buffer, dealer, dealer_buffer = _pair(context, path, ASKED, ASKED)
     _sized(router_buffer, 1)
@@ -120,7 +117,7 @@ def test_zero_leaves_the_kernels_default_and_watches_nothing(
     assert router_buffer.monitor is None and dealer_buffer.monitor is None
     dealer.send(b"ping")
     router.recv_multipart()  # connected both ways
-    default = _wmem("wmem_default")
+    default = net_core("wmem_default")
     assert _connections(path) == {"accepted": [default], "connected": [default]}
     assert router_buffer.apply() == 0 and router_buffer.status()["sized"] == 0
 
@@ -130,8 +127,9 @@ def test_one_side_sized_leaves_the_other_alone(context: zmq.Context[Any], path: 
     _sized(router_buffer, 1)
     dealer.send(b"ping")
     router.recv_multipart()
-    effective = min(1024 * 1024, _wmem("wmem_max"))
-    assert _connections(path) == {"accepted": [2 * effective], "connected": [_wmem("wmem_default")]}
+    effective = min(1024 * 1024, net_core("wmem_max"))
+    default = net_core("wmem_default")
+    assert _connections(path) == {"accepted": [2 * effective], "connected": [default]}
 
 
 def test_every_connection_of_the_endpoint_is_sized(context: zmq.Context[Any], path: str) -> None:
@@ -144,14 +142,14 @@ def test_every_connection_of_the_endpoint_is_sized(context: zmq.Context[Any], pa
     for dealer in dealers:
         dealer.connect(endpoint)
     _sized(send_buffer, 3)
-    effective = min(1024 * 1024, _wmem("wmem_max"))
+    effective = min(1024 * 1024, net_core("wmem_max"))
     assert _connections(path)["accepted"] == [2 * effective] * 3
 
 
 def test_a_size_over_the_kernels_cap_is_counted_as_capped(
     context: zmq.Context[Any], path: str
 ) -> None:
-    wmem_max = _wmem("wmem_max")
+    wmem_max = net_core("wmem_max")
     _router, router_buffer, _dealer, _ = _pair(context, path, MAX_SEND_BUFFER_BYTES, 0)
     _sized(router_buffer, 1)
     got = min(MAX_SEND_BUFFER_BYTES, wmem_max)
@@ -185,7 +183,7 @@ def test_a_stale_descriptor_is_left_alone(path: str, tmp_path: Path) -> None:
         mine.connect(path)
         assert send_buffer.size(mine.fileno())
         assert mine.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * min(
-            ASKED, _wmem("wmem_max")
+            ASKED, net_core("wmem_max")
         )
         mine.close()
     finally:
