@@ -8,6 +8,8 @@ pushed out to 10 s so that only the mechanism under test can make it read:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 import threading
 import time
@@ -39,6 +41,10 @@ class RecordingHandler:
         self.read_by: list[str] = []
         self.envelopes: list[list[bytes]] = []
         self.admitted = threading.Event()
+        #: Set by ``_bus_asleep``: the bus thread's next look at its wake-up time,
+        #: the last step of a pass before its poll, signals the first and waits on
+        #: the second.
+        self.hold: tuple[threading.Event, threading.Event] | None = None
 
     def handle_infer(self, request: Request) -> Reply | None:
         self.read_by.append(threading.current_thread().name)
@@ -61,6 +67,10 @@ class RecordingHandler:
         return []
 
     def next_wakeup_ns(self) -> int | None:
+        if self.hold is not None and threading.current_thread().name == "inferd-bus":
+            (arrived, release), self.hold = self.hold, None
+            arrived.set()
+            release.wait(HANG_S)
         return None
 
 
@@ -98,17 +108,33 @@ def _request(dealer: RawDealer, request_id: int) -> None:
     dealer.send_infer(request_id, "m", {"x": np.zeros(4, np.float32)})
 
 
-def _worker_has_listened(bus: BusServer) -> None:
+def _worker_has_listened(bus: BusServer, handler: RecordingHandler) -> None:
     """As the engine worker does once its queue is empty; the bus stops reading."""
     bus.worker_listening(True)
     wait_until(lambda: not bus._covering, HANG_S, message="the bus stops covering")
+    _bus_asleep(bus, handler)
+
+
+def _bus_asleep(bus: BusServer, handler: RecordingHandler) -> None:
+    """Return once the bus thread has ended the pass it was in and nothing is left
+    to wake its poll: a request sent after this is read by whoever listens, not by
+    a pass of the bus thread that was under way (whoever finds a request waiting
+    serves it).  A wake-up makes sure a pass runs; the test holds it at its end,
+    just before the poll, and takes back the wake-up that poll would see."""
+    arrived, release = threading.Event(), threading.Event()
+    handler.hold = (arrived, release)
+    os.eventfd_write(bus._wake_fd, 1)
+    assert arrived.wait(HANG_S), "the bus thread did not end a pass"
+    with contextlib.suppress(BlockingIOError):
+        os.eventfd_read(bus._wake_fd)
+    release.set()
 
 
 def test_while_the_worker_listens_the_bus_thread_leaves_the_socket_to_it(
     bus: tuple[BusServer, RecordingHandler],
 ) -> None:
     server_, handler = bus
-    _worker_has_listened(server_)
+    _worker_has_listened(server_, handler)
     waiting = listen_poller(server_)
     with RawDealer(server_._endpoints["infer"]) as dealer:
         _request(dealer, 1)
@@ -124,7 +150,7 @@ def test_once_the_worker_stops_listening_the_bus_thread_reads_within_the_cover_d
     bus: tuple[BusServer, RecordingHandler],
 ) -> None:
     server_, handler = bus
-    _worker_has_listened(server_)
+    _worker_has_listened(server_, handler)
     server_.worker_listening(False)  # goes to run a job
     with RawDealer(server_._endpoints["infer"]) as dealer:
         sent = time.monotonic()
@@ -183,7 +209,7 @@ def test_a_quiet_infer_socket_is_asked_again_only_once_used_or_signalled(
     has used the socket since, the worker's drain before polling skips it, since
     ``ZMQ_FD`` signals the next request (DESIGN.md 106)."""
     server_, handler = bus
-    _worker_has_listened(server_)
+    _worker_has_listened(server_, handler)
     me = threading.current_thread().name
     asked: list[str] = []
     real_readable = server.readable
@@ -233,7 +259,7 @@ def test_during_a_run_the_bus_looks_each_cover_delay_and_waits_only_after_its_ti
     # the last even on a loaded machine.
     monkeypatch.setattr(server, "COVER_AFTER_NS", 200_000_000)
     monkeypatch.setattr(server, "COVER_TICKS", 4)
-    _worker_has_listened(server_)
+    _worker_has_listened(server_, handler)
     pokes: list[str] = []
     real_poke = server_._poke
 
@@ -267,6 +293,7 @@ def test_during_a_run_the_bus_looks_each_cover_delay_and_waits_only_after_its_ti
 def _bus_no_longer_waits(server_: BusServer, handler: RecordingHandler, request_id: int) -> None:
     """A request arrives: the sources are readable, this thread's wait set is
     not (so the bus thread sleeps on), and the listening worker reads it."""
+    _bus_asleep(server_, handler)
     waiting = listen_poller(server_)
     me = threading.current_thread().name
     with RawDealer(server_._endpoints["infer"]) as dealer:
@@ -289,7 +316,7 @@ def test_after_a_run_as_long_as_the_cover_delay_the_bus_waits_from_the_next_runs
     server_, handler = bus
     # A cover delay longer than the test: only the wait can read the request.
     monkeypatch.setattr(server, "COVER_AFTER_NS", int(10 * HANG_S * 1e9))
-    _worker_has_listened(server_)
+    _worker_has_listened(server_, handler)
     pokes: list[str] = []
     real_poke = server_._poke
     monkeypatch.setattr(server_, "_poke", lambda: (pokes.append("poke"), real_poke()))
