@@ -395,6 +395,15 @@ def no_broken_tensorrt_rules() -> Iterator[None]:
     assert broken == [], f"a process on the fake GPU broke TensorRT's rules: {broken}"
 
 
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A fresh directory in the system temp dir, removed after the test: for socket
+    paths (107 bytes at most), which ``tmp_path`` under pytest-xdist may not fit."""
+    path = Path(tempfile.mkdtemp(prefix="ifd-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @contextmanager
 def _daemons(demo_model: Path) -> Iterator[DaemonFactory]:
     """A factory of daemons, each stopped and its directory removed on exit."""

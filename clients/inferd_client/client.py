@@ -23,11 +23,11 @@ import msgpack
 import numpy as np
 import zmq
 
+from inferd_client.endpoint_trust import trusted_endpoint
 from inferd_client.errors import (
     ClientError,
     MalformedReply,
     RequestTimeout,
-    UnsafeEndpoint,
 )
 from inferd_client.poll_window import PollWindow
 from inferd_client.prepared import (
@@ -53,8 +53,6 @@ from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import (
     DEFAULT_SEND_BUFFER_BYTES,
-    UnsafeEndpointError,
-    check_client_endpoint,
     default_endpoints,
     default_runtime_dir,
 )
@@ -65,13 +63,6 @@ from inferd_wire.send_buffer import SendBuffer
 
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
-
-
-def _trusted(endpoint: str) -> str:
-    try:
-        return check_client_endpoint(endpoint)
-    except UnsafeEndpointError as exc:
-        raise UnsafeEndpoint(str(exc)) from None
 
 
 def _secure(sock: zmq.Socket[Any], endpoint: str, curve: ClientCurve | None) -> None:
@@ -102,7 +93,7 @@ class _RequestChannel:
         curve: ClientCurve | None = None,
         send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     ) -> None:
-        endpoint = _trusted(endpoint)
+        endpoint = trusted_endpoint(endpoint)
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -590,7 +581,7 @@ class EventSubscriber:
         context: zmq.Context[Any] | None = None,
         curve: ClientCurve | None = None,
     ) -> None:
-        self._endpoint = _trusted(endpoint or default_endpoints().events)
+        self._endpoint = trusted_endpoint(endpoint or default_endpoints().events)
         self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:

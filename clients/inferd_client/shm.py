@@ -31,17 +31,16 @@ from typing import Any
 
 import numpy as np
 
+from inferd_client.endpoint_trust import trusted_endpoint
 from inferd_client.errors import (
     ClientError,
     MalformedReply,
     RemoteError,
     RequestTimeout,
-    UnsafeEndpoint,
 )
 from inferd_client.poll_window import Arrivals, PollWindow
 from inferd_client.prepared import PreparedHeader
 from inferd_wire import protocol
-from inferd_wire.endpoints import UnsafeEndpointError, check_client_endpoint
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES, REGION_ALIGNMENT, RegionRef
 
@@ -146,10 +145,7 @@ class RegionChannel:
 
     def __init__(self, path: str, *, timeout: float = 5.0, reply_spin_us: int = 0) -> None:
         spin = PollWindow(reply_spin_us, "reply_spin_us")  # fails before any connection
-        try:  # the same trust rule as for the ipc sockets
-            check_client_endpoint(f"ipc://{path}")
-        except UnsafeEndpointError as exc:
-            raise UnsafeEndpoint(str(exc)) from None
+        trusted_endpoint(f"ipc://{path}")  # the same rules as for the ipc sockets
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self._socket.settimeout(timeout)
         try:

@@ -70,8 +70,20 @@ def default_endpoints(runtime_dir: Path | None = None) -> Endpoints:
     )
 
 
-class UnsafeEndpointError(Exception):
+class EndpointError(Exception):
+    """An endpoint a client cannot connect to as it is written."""
+
+
+class UnsafeEndpointError(EndpointError):
     """An ipc:// endpoint lives in a directory that others could have tampered with."""
+
+
+def ipc_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a Unix socket's address (it is too long), or None."""
+    size = len(path.encode())
+    if size > MAX_IPC_PATH_BYTES:
+        return f"ipc path is {size} bytes; Unix sockets allow {MAX_IPC_PATH_BYTES}"
+    return None
 
 
 def unsafe_directory_reason(path: Path, owner_uid: int | None) -> str | None:
@@ -125,10 +137,15 @@ def unsafe_ancestor_reason(path: Path) -> str | None:
 
 def check_client_endpoint(endpoint: str) -> str:
     """``endpoint``, when a client may connect to it; ``UnsafeEndpointError`` when it
-    is an ipc:// socket in a directory another user could have replaced it in."""
+    is an ipc:// socket in a directory another user could have replaced it in,
+    ``EndpointError`` when its path is longer than a socket address holds."""
     if not endpoint.startswith("ipc://"):
         return endpoint
-    directory = Path(endpoint.removeprefix("ipc://")).parent
+    path = endpoint.removeprefix("ipc://")
+    problem = ipc_path_problem(path)
+    if problem is not None:
+        raise EndpointError(f"cannot connect to {endpoint}: {problem}")
+    directory = Path(path).parent
     owner = os.getuid() if directory == fallback_runtime_dir() else None
     reason = unsafe_directory_reason(directory, owner)
     if reason is not None and reason != "does not exist":

@@ -49,8 +49,8 @@ def test_on_this_machine_cpu_checks_pass_and_gpu_checks_say_what_is_missing() ->
     assert not Path(report["workDir"]).exists()
 
 
-def test_under_the_fake_gpu_every_gpu_check_runs(tmp_path: Path) -> None:
-    code, report, _ = selftest("--work-dir", str(tmp_path / "work"), env=fake_gpu_env())
+def test_under_the_fake_gpu_every_gpu_check_runs(short_tmp_path: Path) -> None:
+    code, report, _ = selftest("--work-dir", str(short_tmp_path / "work"), env=fake_gpu_env())
     assert_valid(report)
     checks = {check["name"]: check for check in report["checks"]}
     not_passed = {
@@ -76,7 +76,7 @@ def test_under_the_fake_gpu_every_gpu_check_runs(tmp_path: Path) -> None:
     verify = checks["tensorrt.verify_engine"]["evidence"]
     assert verify["intact"]["report"]["trusted"] is True
     assert verify["flipped"]["report"]["conclusion"] == "REFUSED at step 4 (sidecar_digest)"
-    assert (tmp_path / "work" / "daemon-switching" / "inferd.log").is_file()
+    assert (short_tmp_path / "work" / "daemon-switching" / "inferd.log").is_file()
 
 
 def test_inferd_verify_json_prints_only_its_report_when_it_reads_the_host(

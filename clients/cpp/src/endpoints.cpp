@@ -163,7 +163,13 @@ std::string shm_socket_path(const std::string& infer_endpoint) {
 std::string check_client_endpoint(const std::string& endpoint) {
     const std::string scheme = "ipc://";
     if (endpoint.rfind(scheme, 0) != 0) return endpoint;
-    auto directory = parent_of(endpoint.substr(scheme.size()));
+    const auto path = endpoint.substr(scheme.size());
+    if (path.size() > kMaxIpcPathBytes) {
+        throw ClientError("cannot connect to " + endpoint + ": ipc path is " +
+                          std::to_string(path.size()) + " bytes; Unix sockets allow " +
+                          std::to_string(kMaxIpcPathBytes));
+    }
+    auto directory = parent_of(path);
     std::optional<uid_t> owner;
     if (directory == fallback_runtime_dir()) owner = getuid();
     auto reason = unsafe_directory_reason(directory, owner);

@@ -378,6 +378,18 @@ TEST(an_ipc_socket_in_a_directory_others_may_write_is_refused) {
     CHECK_EQ(check_client_endpoint("ipc:///nonexistent-dir/x.sock"), "ipc:///nonexistent-dir/x.sock");
 }
 
+TEST(an_ipc_path_longer_than_a_socket_address_is_refused_by_name) {
+    auto directory = temp_dir();
+    auto fits = "ipc://" + directory + "/" + std::string(kMaxIpcPathBytes - directory.size() - 1, 'a');
+    CHECK_EQ(check_client_endpoint(fits), fits);
+    auto too_long = fits + "a";
+    auto expected = "cannot connect to " + too_long + ": ipc path is 108 bytes; Unix sockets allow 107";
+    CHECK_THROWS(ClientError, check_client_endpoint(too_long), error.what() == expected);
+    ClientOptions options;
+    options.endpoint = too_long;
+    CHECK_THROWS(ClientError, InferenceClient{options}, error.what() == expected);
+}
+
 TEST(a_region_allocates_aligned_tensors_and_locates_them) {
     SharedRegion region(1000, std::string("unit"));
     CHECK_EQ(region.size() % static_cast<std::size_t>(sysconf(_SC_PAGESIZE)), 0u);

@@ -45,13 +45,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _usage_problem(work_dir: Path | None, device: int) -> str | None:
     if device < 0:
         return f"--device must be 0 or more, got {device}"
-    if work_dir is None or not work_dir.exists():
+    if work_dir is None:
         return None
+    if not work_dir.exists():
+        return _socket_problem(work_dir)
     if not work_dir.is_dir():
         return f"--work-dir {work_dir} is not a directory"
     if any(work_dir.iterdir()):
         return f"--work-dir {work_dir} is not empty (the self-test writes a fresh tree)"
-    return None
+    return _socket_problem(work_dir)
+
+
+def _socket_problem(work_dir: Path) -> str | None:
+    """Why the daemon checks could not bind their sockets under ``work_dir``
+    (a Unix socket's path has a bounded length), or None."""
+    from inferd.selftest.daemon_checks import DAEMON_DIRECTORIES
+    from inferd.selftest.daemon_process import SOCKET_NAMES, endpoint
+    from inferd_wire.endpoints import ipc_path_problem
+
+    base = work_dir.resolve()
+    endpoints = (endpoint(base / d, name) for d in DAEMON_DIRECTORIES for name in SOCKET_NAMES)
+    longest = max(endpoints, key=lambda e: len(e.encode()))
+    problem = ipc_path_problem(longest.removeprefix("ipc://"))
+    if problem is None:
+        return None
+    return f"--work-dir {work_dir} is too deep for the daemon checks' sockets: {longest}: {problem}"
 
 
 def run(

@@ -16,8 +16,8 @@ from inferd.errors import ConfigError
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
 from inferd_wire.endpoints import (
     DEFAULT_SEND_BUFFER_BYTES,
-    MAX_IPC_PATH_BYTES,
     MAX_SEND_BUFFER_BYTES,
+    ipc_path_problem,
 )
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
@@ -441,10 +441,8 @@ def _endpoint(key: str, value: str) -> None:
                 f"{key}: {value!r}: ipc endpoints must be filesystem paths (abstract sockets "
                 "have no permissions)"
             )
-        if len(path.encode()) > MAX_IPC_PATH_BYTES:
-            raise ConfigError(
-                f"{key}: ipc path is {len(path.encode())} bytes; Unix sockets allow "
-                f"{MAX_IPC_PATH_BYTES}"
-            )
+        problem = ipc_path_problem(path)
+        if problem is not None:
+            raise ConfigError(f"{key}: {problem}")
     elif not value.startswith("tcp://"):
         raise ConfigError(f"{key}: {value!r} must start with ipc:// or tcp://")

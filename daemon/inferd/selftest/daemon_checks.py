@@ -40,6 +40,11 @@ SWITCH_TIMEOUT_S = 300.0
 REPLIES_BETWEEN_SWITCHES = 5
 PROGRESS_TIMEOUT_S = 60.0
 REQUESTS = 4
+#: The work directory's subdirectories the checks' daemons run in (their sockets
+#: are there too, so the work directory's depth is bounded: ``cli.selftest``).
+ONNX_DIRECTORY = "daemon-onnx"
+SWITCHING_DIRECTORY = "daemon-switching"
+DAEMON_DIRECTORIES = (ONNX_DIRECTORY, SWITCHING_DIRECTORY)
 #: (model, runtime): each model leaves its configured runtime and comes back.
 SWITCH_PLAN = (
     ("trt_a", ONNX),
@@ -87,7 +92,7 @@ def _stopped_and_logged(sc: Scenario, daemon: DaemonRun) -> None:
 def onnx_serving(context: SelftestContext, sc: Scenario) -> str:
     model = context.demo_model()
     cases = _cases(model)
-    directory = context.directory("daemon-onnx")
+    directory = context.directory(ONNX_DIRECTORY)
     config = render_config(directory, [ModelSpec("demo", model, ONNX)], device_id=context.device_id)
     try:
         daemon = start_daemon(directory, config, ready_timeout_s=READY_TIMEOUT_S)
@@ -146,7 +151,7 @@ def tensorrt_switching(context: SelftestContext, sc: Scenario) -> str:
     cases = _cases(model)
     by_inputs = {id(case.inputs): case.expected for case in cases}
     configured = {"trt_a": TENSORRT, "trt_b": TENSORRT, "ort": ONNX}
-    directory = context.directory("daemon-switching")
+    directory = context.directory(SWITCHING_DIRECTORY)
     config = render_config(
         directory,
         [ModelSpec(name, model, runtime) for name, runtime in configured.items()],

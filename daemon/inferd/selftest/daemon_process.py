@@ -32,6 +32,15 @@ _CUDA_ERROR = re.compile(
 )
 
 
+#: The sockets a check's daemon binds (``endpoint``).
+SOCKET_NAMES = ("infer", "control", "events")
+
+
+def endpoint(directory: Path, name: str) -> str:
+    """The ``ipc://`` endpoint of socket ``name`` of the daemon in ``directory``."""
+    return f"ipc://{directory}/run/{name}.sock"
+
+
 class DaemonStartError(Exception):
     """The daemon exited or did not become ready; the message ends with its log's tail."""
 
@@ -60,19 +69,14 @@ def render_config(
 ) -> str:
     """The TOML of a daemon whose state, sockets and logs stay in ``directory``.
     No background rebuild: a model that cannot serve shows as a fallback."""
-    sockets = directory / "run"
     tables: dict[str, dict[str, str | int | float | bool | Path]] = {
         "daemon": {
             "state_dir": directory / "state",
-            "runtime_dir": sockets,
+            "runtime_dir": directory / "run",
             "log_level": "info",
             "log_format": "json",
         },
-        "bus": {
-            "infer_endpoint": f"ipc://{sockets}/infer.sock",
-            "control_endpoint": f"ipc://{sockets}/control.sock",
-            "events_endpoint": f"ipc://{sockets}/events.sock",
-        },
+        "bus": {f"{name}_endpoint": endpoint(directory, name) for name in SOCKET_NAMES},
         "runtime": {"device_id": device_id, "rebuild_on_fallback": False},
     }
     if engine_dir is not None:
@@ -97,11 +101,11 @@ class DaemonRun:
 
     @property
     def infer(self) -> str:
-        return f"ipc://{self.directory}/run/infer.sock"
+        return endpoint(self.directory, "infer")
 
     @property
     def control(self) -> str:
-        return f"ipc://{self.directory}/run/control.sock"
+        return endpoint(self.directory, "control")
 
     def log_lines(self) -> list[str]:
         try:

@@ -65,9 +65,9 @@ def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_without_a_gpu_cpu_checks_pass_and_gpu_checks_skip_naming_what_is_missing(
-    no_gpu_stack: None, tmp_path: Path
+    no_gpu_stack: None, short_tmp_path: Path
 ) -> None:
-    code, report, progress = run_json(work_dir=tmp_path / "work")
+    code, report, progress = run_json(work_dir=short_tmp_path / "work")
     assert_valid(report)
     assert progress.splitlines()[0].startswith("PASS  onnxruntime.demo_inference")
     assert len(progress.splitlines()) == len(DEFAULT_CHECKS)
@@ -85,15 +85,15 @@ def test_without_a_gpu_cpu_checks_pass_and_gpu_checks_skip_naming_what_is_missin
     assert report["host"]["tuple"] is None and "tensorrt" in report["host"]["tupleError"]
     assert report["versions"]["tensorrt"] is None and report["versions"]["onnxruntime"]
     assert report["workDirKept"] is True
-    assert (tmp_path / "work" / "daemon-onnx" / "inferd.log").is_file()
+    assert (short_tmp_path / "work" / "daemon-onnx" / "inferd.log").is_file()
 
 
 def test_a_corrupt_demo_model_fails_its_checks_and_exits_1(
-    no_gpu_stack: None, tmp_path: Path
+    no_gpu_stack: None, tmp_path: Path, short_tmp_path: Path
 ) -> None:
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"not an onnx model")
-    code, report, _ = run_json(work_dir=tmp_path / "work", demo_model=corrupt)
+    code, report, _ = run_json(work_dir=short_tmp_path / "work", demo_model=corrupt)
     assert_valid(report)
     checks = by_name(report)
     assert code == 1 and report["ok"] is False
@@ -136,6 +136,18 @@ def test_usage_errors_exit_2(
     assert "is not a directory" in capsys.readouterr().err
     assert main(["selftest", "--device", "-1"]) == 2
     assert "--device must be 0 or more" in capsys.readouterr().err
+    # The switching check's control socket, the longest, one byte over.
+    below = "/daemon-switching/run/control.sock"
+    deep = tmp_path / ("d" * (108 - len(str(tmp_path.resolve())) - 1 - len(below)))
+    assert main(["selftest", "--work-dir", str(deep)]) == 2
+    assert (
+        f"--work-dir {deep} is too deep for the daemon checks' sockets: ipc://{deep.resolve()}"
+        f"{below}: ipc path is 108 bytes; Unix sockets allow 107"
+    ) in capsys.readouterr().err
+    assert not deep.exists()
+    deep.mkdir()
+    assert main(["selftest", "--work-dir", str(deep)]) == 2
+    assert "Unix sockets allow 107" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
         main(["selftest", "--bogus"])
     assert exited.value.code == 2

@@ -1,6 +1,7 @@
 // Where the daemon's sockets are by default, resolved as clients/inferd_wire/endpoints.py does.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace inferd {
@@ -33,8 +34,12 @@ Endpoints default_endpoints();
 Endpoints endpoints_in(const std::string& runtime_dir);
 // The registration socket: next to an ipc:// infer socket, else in the runtime dir.
 std::string shm_socket_path(const std::string& infer_endpoint);
+// A Unix socket path is limited to 107 bytes (sun_path); ipc:// adds 6.
+inline constexpr std::size_t kMaxIpcPathBytes = 107;
+
 // `endpoint` unchanged when a client may connect to it; UnsafeEndpoint when it is
-// an ipc:// socket in a directory another user could have replaced it in.
+// an ipc:// socket in a directory another user could have replaced it in,
+// ClientError when its path is longer than a socket address holds.
 std::string check_client_endpoint(const std::string& endpoint);
 
 }  // namespace inferd
