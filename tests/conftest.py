@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import structlog
 
 from inferd.demo_model import write_demo_model, write_identity_model
 from inferd.fdr.reader import Record, read_records
@@ -30,6 +31,24 @@ REPO = Path(__file__).resolve().parent.parent
 HANG_S = 15.0
 
 T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True)
+def structlog_per_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts from structlog's defaults, whatever an earlier one configured:
+    a test that runs ``main`` in process leaves the daemon's level and stream behind,
+    and ``capture_logs`` keeps the level (its wrapper class), so a later test would
+    see no info line.  No logger is cached on first use either (the daemon's setting):
+    a cached one would keep a finished test's configuration for good."""
+    configure = structlog.configure
+
+    def configure_uncached(**settings: Any) -> None:
+        configure(**{**settings, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", configure_uncached)
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 def net_core(name: str) -> int:

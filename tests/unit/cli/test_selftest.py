@@ -7,12 +7,10 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from jsonschema import Draft202012Validator
 
 from inferd.cli import selftest as selftest_cli
@@ -40,13 +38,6 @@ def no_gpu_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process cannot import TensorRT, pycuda or NVML, whatever is installed."""
     for name in GPU_MODULES:
         monkeypatch.setitem(sys.modules, name, None)
-
-
-@pytest.fixture
-def restore_structlog() -> Iterator[None]:
-    """``main`` points structlog at this test's (captured, then closed) stderr."""
-    yield
-    structlog.reset_defaults()
 
 
 def assert_valid(report: dict[str, Any]) -> None:
@@ -124,9 +115,7 @@ def test_the_temporary_work_dir_is_removed(no_gpu_stack: None) -> None:
     assert not Path(report["workDir"]).exists()
 
 
-def test_usage_errors_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], restore_structlog: None
-) -> None:
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "something").write_text("x")

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 
 def decode_entry(data: bytes) -> list[tuple[str, bytes]]:
@@ -48,12 +47,6 @@ def receiver(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
     sock.settimeout(2)
     yield sock, path
     sock.close()
-
-
-@pytest.fixture
-def restore_structlog() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 class Clock:

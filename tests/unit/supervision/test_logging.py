@@ -56,7 +56,7 @@ def test_journal_stream_detection(tmp_path: Path) -> None:
     assert resolve_format("journald", {}) == "journald"
 
 
-def test_structlog_events_reach_the_journal_with_fields(restore_structlog: None) -> None:
+def test_structlog_events_reach_the_journal_with_fields() -> None:
     entries: list[dict[str, list[str]]] = []
     resolved = configure_logging(
         "debug", "journald", sender=lambda fields: entries.append(as_dict(list(fields)))
@@ -81,9 +81,7 @@ def test_structlog_events_reach_the_journal_with_fields(restore_structlog: None)
     assert third["MESSAGE"][0].count("\n") >= 2
 
 
-def test_json_and_console_formats_still_print(
-    restore_structlog: None, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_json_and_console_formats_still_print(capsys: pytest.CaptureFixture[str]) -> None:
     assert configure_logging("info", "json") == "json"
     structlog.get_logger("t").info("daemon_ready", state="serving")
     assert '"event": "daemon_ready"' in capsys.readouterr().err
@@ -113,7 +111,7 @@ class _WriteRecorder(io.StringIO):
 
 
 def test_each_json_line_is_one_write_even_from_many_threads(
-    restore_structlog: None, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     stream = _WriteRecorder()
     monkeypatch.setattr(sys, "stderr", stream)
@@ -138,7 +136,7 @@ def test_each_json_line_is_one_write_even_from_many_threads(
     ]
 
 
-def test_flush_suppressed_logs_a_summary(restore_structlog: None) -> None:
+def test_flush_suppressed_logs_a_summary() -> None:
     clock = Clock()
     entries: list[dict[str, list[str]]] = []
     limiter = RepeatLimiter(burst=1, window_s=1.0, clock=clock)
