@@ -15,7 +15,14 @@ import zmq
 from onnx import TensorProto, helper, numpy_helper
 
 from inferd_client import InferenceClient, OperatorClient
-from tests.conftest import DaemonFactory, DaemonProcess, wait_until, write_slow_loading_model
+from inferd_wire.protocol import unpack_header
+from tests.conftest import (
+    HANG_S,
+    DaemonFactory,
+    DaemonProcess,
+    wait_until,
+    write_slow_loading_model,
+)
 from tests.integration.wire import IDENTITY_SHAPE, RawDealer, assert_error, pack
 
 pytestmark = pytest.mark.integration
@@ -89,6 +96,18 @@ def non_reader(endpoint: str) -> zmq.Socket[Any]:
     return sock
 
 
+def read_answers(sock: zmq.Socket[Any], count: int) -> dict[Any, dict[str, Any] | None]:
+    """The first ``count`` answers on ``sock`` by request id: None for a reply
+    with ``ok``, the ``error`` of one without."""
+    answers: dict[Any, dict[str, Any] | None] = {}
+    while len(answers) < count:
+        assert sock.poll(HANG_S * 1000), f"{len(answers)} of {count} requests answered"
+        header = unpack_header(sock.recv_multipart()[0])
+        assert header["id"] not in answers, f"request {header['id']} answered twice"
+        answers[header["id"]] = None if header["ok"] else header["error"]
+    return answers
+
+
 def replies_handled(daemon: DaemonProcess, count: int) -> dict[str, Any]:
     """The ``replies`` status once ``count`` infer replies were sent or dropped."""
 
@@ -137,6 +156,15 @@ def test_a_client_that_never_reads_holds_at_most_its_budget_and_gives_it_back(
             # Other clients are served meanwhile, and lose nothing.
             assert reader.infer("expand", ones)["y"].shape == (EXPAND,)
             handled += 1
+            if client == 0:
+                # Should it read after all, each request has one answer: its reply,
+                # or in place of a dropped one a notice it can act on.
+                answers = read_answers(sock, requests)
+                assert sorted(answers) == list(range(requests))
+                notices = [a for a in answers.values() if a is not None]
+                assert len(notices) == peer["dropped"]
+                assert all(a["code"] == "RESOURCE_EXHAUSTED" for a in notices)
+                assert "of this client's earlier replies not yet read" in notices[0]["message"]
             sock.close(linger=0)  # the client leaves: its backlog is freed
             wait_until(
                 lambda: status(daemon)["bus"]["replies"]["in_flight_bytes"] == 0,

@@ -18,11 +18,20 @@ logged once, and ``status`` lists the peers that lost replies.  A peer with
 nothing in flight always gets its reply if the total allows, however large it
 is, so a single big result is never refused to a client that reads.
 
+Releases lag: ZeroMQ lets go of a message on its I/O thread's next turn after
+the last byte left, and pyzmq's garbage collector thread needs the GIL to drop
+its reference, so a client reading big replies back to back may have read the
+previous one while its view still lives.  Before a refusal the budget waits,
+up to ``RELEASE_GRACE_S`` and with the GIL released, for views to die; a peer
+whose last reply was dropped gets no such wait, so a peer that does not read
+costs the sender one grace per episode, not one per reply (DESIGN.md 117).
+
 Used under the bus's wire lock (the bus thread's and the engine worker's sends).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections import OrderedDict, deque
@@ -35,6 +44,7 @@ import structlog
 import zmq
 
 from inferd.bus.heap import BULK_RELEASE_BYTES, HeapTrimmer
+from inferd_wire import protocol
 
 log = structlog.get_logger("inferd.bus")
 
@@ -49,6 +59,10 @@ PEER_BUDGET = "peer_budget"
 TOTAL_BUDGET = "total_budget"
 HIGH_WATER_MARK = "hwm"
 
+#: How long a refusal waits for replies ZeroMQ may already have let go of to be
+#: released (the sender waits, under the bus's wire lock): see the module doc.
+RELEASE_GRACE_S = 0.02
+
 
 @dataclass
 class _Peer:
@@ -59,18 +73,13 @@ class _Peer:
     nbytes: int = 0
     dropped: int = 0
     dropped_bytes: int = 0
+    #: Whether the last reply for this peer was dropped (no grace for the next).
+    dropping: bool = False
 
 
 def message_bytes(parts: Sequence[Any]) -> int:
     """Bytes of a multipart message's parts (bytes, frames or arrays)."""
     return sum(memoryview(part).nbytes for part in parts)
-
-
-def watched(part: Any) -> tuple[zmq.Frame, weakref.ReferenceType[Any]]:
-    """``part`` as a zero-copy frame, and a weak reference that dies once ZeroMQ
-    and pyzmq let go of it (the frame must not be kept: it holds the view too)."""
-    view = np.frombuffer(part, np.uint8)
-    return zmq.Frame(view, copy=False), weakref.ref(view)
 
 
 class ReplyBudget:
@@ -89,20 +98,74 @@ class ReplyBudget:
         self.sent_replies: dict[str, int] = {"infer": 0, "control": 0}
         self.dropped = 0
         self.dropped_bytes = 0
+        #: Set when a watched view dies (``watched``): ``refusal``'s grace waits on it.
+        self._released = threading.Event()
 
-    def admit(self, socket: str, routing_id: bytes, nbytes: int) -> bool:
-        """Whether a reply of ``nbytes`` may be sent now; a refusal is counted."""
+    def watched(self, part: Any) -> tuple[zmq.Frame, weakref.ReferenceType[Any]]:
+        """``part`` as a zero-copy frame, and a weak reference that dies once ZeroMQ
+        and pyzmq let go of it (the frame must not be kept: it holds the view too)."""
+        view = np.frombuffer(part, np.uint8)
+        return zmq.Frame(view, copy=False), self.watch(view)
+
+    def watch(self, held: Any) -> weakref.ReferenceType[Any]:
+        """A weak reference to what holds a reply's bytes; its death wakes a
+        refusal's grace."""
+        return weakref.ref(held, self._on_release)
+
+    def _on_release(self, _reference: weakref.ReferenceType[Any]) -> None:
+        self._released.set()  # on whichever thread let go of it last
+
+    def refusal(self, socket: str, routing_id: bytes, nbytes: int) -> str | None:
+        """Why a reply of ``nbytes`` may not be sent now (``PEER_BUDGET`` or
+        ``TOTAL_BUDGET``, counted as a drop), or None: send it."""
         reason = self._over(socket, routing_id, nbytes)
-        if reason is not None:
-            # Decided on what is in flight now, not at the loop's last collect():
-            # a client reading big replies back to back has often had the previous
-            # one written since (bench/rtt.py's 25 MB frames lost replies to that).
-            self.collect()
-            reason = self._over(socket, routing_id, nbytes)
+        if reason is None:
+            return None
+        # Decided on what is in flight now, not at the loop's last collect():
+        # a client reading big replies back to back has often had the previous
+        # one written since (bench/rtt.py's 25 MB frames lost replies to that).
+        self._released.clear()  # a release from here on ends the grace's wait
+        self.collect()
+        reason = self._over(socket, routing_id, nbytes)
+        key = (socket, routing_id)
+        peer = self._busy.get(key) or self._listed.get(key)
+        if reason is not None and not (peer is not None and peer.dropping):
+            give_up = time.monotonic() + RELEASE_GRACE_S
+            while reason is not None and self._released.wait(give_up - time.monotonic()):
+                self._released.clear()
+                self.collect()
+                reason = self._over(socket, routing_id, nbytes)
         if reason is not None:
             self.drop(socket, routing_id, nbytes, reason)
-            return False
-        return True
+        return reason
+
+    def notice(
+        self, socket: str, routing_id: bytes, parts: Sequence[Any], nbytes: int, reason: str
+    ) -> list[Any]:
+        """What goes in place of a reply refused for ``reason``: its envelope and an
+        error header with the same request id (``RESOURCE_EXHAUSTED`` and the
+        numbers), a few bytes outside the budget, so that a client that reads
+        after all learns which request to send again instead of waiting out its
+        timeout.  ``parts``: the reply, ``[*envelope, header, *frames]``."""
+        # The envelope is the routing id, and a REQ peer's empty delimiter.
+        header_at = 2 if isinstance(parts[1], bytes) and not parts[1] else 1
+        try:
+            request_id = protocol.unpack_header(parts[header_at], check_version=False).get("id")
+        except protocol.ProtocolError:  # not a header of ours: say so without an id
+            request_id = None
+        if reason == PEER_BUDGET:
+            peer = self._busy.get((socket, routing_id))
+            held = f"{peer.nbytes if peer else 0} bytes of this client's earlier replies"
+            limit = f"bus.max_reply_bytes_per_peer = {self.per_peer_bytes}"
+        else:
+            held = f"{self.in_flight_bytes} bytes of replies to all clients"
+            limit = f"bus.max_reply_bytes_total = {self.total_bytes}"
+        message = (
+            f"reply not sent: its {nbytes} bytes would join {held} not yet read "
+            f"({limit}); read replies before sending more requests"
+        )
+        header = protocol.error_header(request_id, protocol.Code.RESOURCE_EXHAUSTED, message)
+        return [*parts[:header_at], protocol.pack(header)]
 
     def _over(self, socket: str, routing_id: bytes, nbytes: int) -> str | None:
         peer = self._busy.get((socket, routing_id))
@@ -124,6 +187,7 @@ class ReplyBudget:
             self._busy[key] = peer
         peer.in_flight.append((nbytes, last))
         peer.nbytes += nbytes
+        peer.dropping = False
         self.in_flight_bytes += nbytes
         self.sent_replies[socket] = self.sent_replies.get(socket, 0) + 1
 
@@ -145,6 +209,7 @@ class ReplyBudget:
             )
         peer.dropped += 1
         peer.dropped_bytes += nbytes
+        peer.dropping = True
         self.dropped += 1
         self.dropped_bytes += nbytes
         self._listed[key] = peer

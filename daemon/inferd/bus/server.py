@@ -41,7 +41,7 @@ from inferd.bus.dispatch import Dispatcher
 from inferd.bus.handler import Reply, RequestHandler
 from inferd.bus.heap import HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
-from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes, watched
+from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes
 from inferd.bus.shm_requests import admit_shm_message, send_shm_reply
 from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
@@ -417,8 +417,9 @@ class BusServer(threading.Thread):
 
     def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> bool:
         """Send a reply within the reply budget; never block for one peer, never
-        lose a reply silently (every drop is counted).  Whether ``sock`` was used
-        (not for a reply to a shm connection, or one not sent)."""
+        lose a reply silently (every drop is counted, and the peer gets a notice in
+        its place).  Whether ``sock`` was used (not for a reply to a shm
+        connection, or by a bus that has closed it)."""
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
         if self._shm is not None and is_shm_route(routing_id):
@@ -430,20 +431,26 @@ class BusServer(threading.Thread):
                 self.counters.unroutable_replies += 1
                 log.warning("reply_undeliverable", error="the bus has closed its sockets")
                 return False
-            if not self.replies.admit(name, routing_id, nbytes):
-                return False
-            parts[-1], last = watched(parts[-1])
+            refusal = self.replies.refusal(name, routing_id, nbytes)
+            last = None
+            if refusal is None:
+                parts[-1], last = self.replies.watched(parts[-1])
+            else:
+                parts = self.replies.notice(name, routing_id, parts, nbytes, refusal)
             if name == "infer":
                 self._infer_quiet = False  # a send may take ZMQ_FD's edge
             try:
                 send_frames(sock, parts, zmq.NOBLOCK)
             except zmq.Again:
                 # The peer's pipe holds ROUTER_SNDHWM messages: it does not read.
-                self.replies.drop(name, routing_id, nbytes, HIGH_WATER_MARK)
+                # (A notice in place of a refused reply: that drop is counted.)
+                if last is not None:
+                    self.replies.drop(name, routing_id, nbytes, HIGH_WATER_MARK)
             except zmq.ZMQError as exc:
                 # EHOSTUNREACH: the client is gone.
                 self.counters.unroutable_replies += 1
                 log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
             else:
-                self.replies.sent(name, routing_id, nbytes, last)
+                if last is not None:
+                    self.replies.sent(name, routing_id, nbytes, last)
         return True

@@ -4,8 +4,8 @@ frame that tells when ZeroMQ has let go of it."""
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 import zmq
 from structlog.testing import capture_logs
 
+from inferd.bus import reply_budget
 from inferd.bus.heap import BULK_RELEASE_BYTES, HeapTrimmer
 from inferd.bus.reply_budget import (
     MAX_LISTED_PEERS,
@@ -21,26 +22,97 @@ from inferd.bus.reply_budget import (
     TOTAL_BUDGET,
     ReplyBudget,
     message_bytes,
-    watched,
 )
-from tests.conftest import wait_until
+from inferd_wire.protocol import ok_header, pack, unpack_header
+from tests.conftest import HANG_S, wait_until
 
 MIB = 1024 * 1024
 
 
 class Reply:
-    """Stands for a reply's last frame: ``release`` is ZeroMQ letting go of it."""
-
-    def __init__(self) -> None:
-        self.ref = weakref.ref(self)
+    """Stands for a reply's last frame: its death is ZeroMQ letting go of it."""
 
 
 def send(budget: ReplyBudget, peer: bytes, nbytes: int, socket: str = "infer") -> Reply | None:
-    if not budget.admit(socket, peer, nbytes):
+    if budget.refusal(socket, peer, nbytes) is not None:
         return None
     reply = Reply()
-    budget.sent(socket, peer, nbytes, reply.ref)
+    budget.sent(socket, peer, nbytes, budget.watch(reply))
     return reply
+
+
+class WatchedWait(threading.Event):
+    """The budget's release signal, noting each wait of a refusal's grace and
+    letting the test act once one has begun (``waiting``)."""
+
+    def __init__(self, on_wait: Callable[[], None] = lambda: None) -> None:
+        super().__init__()
+        self.waits = 0
+        self.on_wait = on_wait
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        self.on_wait()
+        return super().wait(timeout)
+
+
+def test_a_refusal_waits_for_a_reply_the_garbage_collector_has_yet_to_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ZeroMQ has written the previous 25 MB reply, but pyzmq's collector thread
+    has not dropped its reference yet: it does while the next reply waits."""
+    monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", HANG_S)  # only the release ends it
+    budget = ReplyBudget(per_peer_bytes=32 * MIB, total_bytes=100 * MIB)
+    held = [send(budget, b"p", 25 * MIB)]
+    collector = threading.Thread(target=held.clear)  # the last reference, on another thread
+    signal = WatchedWait(on_wait=lambda: collector.is_alive() or collector.start())
+    budget._released = signal
+    assert send(budget, b"p", 25 * MIB) is not None
+    collector.join(HANG_S)
+    assert signal.waits >= 1 and budget.dropped == 0
+    assert budget.in_flight_bytes == 25 * MIB
+
+
+def test_a_peer_that_does_not_read_waits_out_one_grace_per_episode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", 0.001)
+    budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=100 * MIB)
+    signal = WatchedWait()
+    budget._released = signal
+    held = send(budget, b"slow", 8 * MIB)
+    assert send(budget, b"slow", 8 * MIB) is None and signal.waits == 1
+    assert send(budget, b"slow", 8 * MIB) is None and signal.waits == 1  # dropping: no wait
+    del held  # it read after all: its next reply goes, and a later refusal waits again
+    held = send(budget, b"slow", 8 * MIB)
+    assert held is not None
+    assert send(budget, b"slow", 8 * MIB) is None and signal.waits == 2
+    assert budget.dropped == 3
+
+
+@pytest.mark.parametrize("envelope", [[b"peer"], [b"peer", b""]], ids=["dealer", "req"])
+def test_a_refused_reply_is_replaced_by_a_notice_with_its_id_and_the_numbers(
+    envelope: list[bytes],
+) -> None:
+    budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=12 * MIB)
+    reply = [*envelope, pack(ok_header(7, outputs=[])), b"x" * 100]
+    held = send(budget, b"peer", 8 * MIB)
+    assert budget.refusal("infer", b"peer", 8 * MIB) == PEER_BUDGET
+    notice = budget.notice("infer", b"peer", reply, 8 * MIB, PEER_BUDGET)
+    assert notice[:-1] == envelope
+    header = unpack_header(notice[-1])
+    assert (header["id"], header["ok"], header["error"]["code"]) == (7, False, "RESOURCE_EXHAUSTED")
+    assert header["error"]["message"] == (
+        f"reply not sent: its {8 * MIB} bytes would join {8 * MIB} bytes of this client's "
+        f"earlier replies not yet read (bus.max_reply_bytes_per_peer = {10 * MIB}); "
+        "read replies before sending more requests"
+    )
+    total = budget.notice("infer", b"other", reply, 5 * MIB, TOTAL_BUDGET)
+    assert unpack_header(total[-1])["error"]["message"].startswith(
+        f"reply not sent: its {5 * MIB} bytes would join {8 * MIB} bytes of replies to all "
+        f"clients not yet read (bus.max_reply_bytes_total = {12 * MIB})"
+    )
+    del held
 
 
 def test_a_peer_over_its_budget_loses_replies_others_do_not() -> None:
@@ -177,8 +249,9 @@ def test_the_watch_follows_zeromq_holding_a_reply_until_the_peer_reads_or_leaves
     dealer.send(b"hello")
     routing_id = router.recv_multipart()[0]
     watches = []
+    budget = ReplyBudget(per_peer_bytes=MIB, total_bytes=MIB)
     for _ in range(20):
-        last, watch = watched(np.ones(MIB // 4, np.float32).tobytes())
+        last, watch = budget.watched(np.ones(MIB // 4, np.float32).tobytes())
         router.send_multipart([routing_id, b"header", last], copy=False)
         del last
         watches.append(watch)
