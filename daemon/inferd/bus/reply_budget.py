@@ -176,10 +176,25 @@ class ReplyBudget:
             return TOTAL_BUDGET
         return None
 
+    def outgoing(
+        self, socket: str, routing_id: bytes, parts: list[Any], nbytes: int
+    ) -> tuple[list[Any], weakref.ReferenceType[Any] | None]:
+        """What to send for the reply ``parts`` of ``nbytes``: the reply with its
+        last frame watched (and the watch, for ``sent``), or the ``notice`` in
+        its place (and None) when the budget refuses it, a refusal counted."""
+        reason = self.refusal(socket, routing_id, nbytes)
+        if reason is not None:
+            return self.notice(socket, routing_id, parts, nbytes, reason), None
+        parts[-1], last = self.watched(parts[-1])
+        return parts, last
+
     def sent(
-        self, socket: str, routing_id: bytes, nbytes: int, last: weakref.ReferenceType[Any]
+        self, socket: str, routing_id: bytes, nbytes: int, last: weakref.ReferenceType[Any] | None
     ) -> None:
-        """Account for a reply handed to ZeroMQ; ``last`` watches its last frame."""
+        """Account for a reply handed to ZeroMQ; ``last`` watches its last frame
+        (None: a notice, outside the budget)."""
+        if last is None:
+            return
         key = (socket, routing_id)
         peer = self._busy.get(key)
         if peer is None:

@@ -431,12 +431,7 @@ class BusServer(threading.Thread):
                 self.counters.unroutable_replies += 1
                 log.warning("reply_undeliverable", error="the bus has closed its sockets")
                 return False
-            refusal = self.replies.refusal(name, routing_id, nbytes)
-            last = None
-            if refusal is None:
-                parts[-1], last = self.replies.watched(parts[-1])
-            else:
-                parts = self.replies.notice(name, routing_id, parts, nbytes, refusal)
+            parts, last = self.replies.outgoing(name, routing_id, parts, nbytes)
             if name == "infer":
                 self._infer_quiet = False  # a send may take ZMQ_FD's edge
             try:
@@ -451,6 +446,5 @@ class BusServer(threading.Thread):
                 self.counters.unroutable_replies += 1
                 log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
             else:
-                if last is not None:
-                    self.replies.sent(name, routing_id, nbytes, last)
+                self.replies.sent(name, routing_id, nbytes, last)
         return True

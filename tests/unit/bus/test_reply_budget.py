@@ -98,7 +98,9 @@ def test_a_refused_reply_is_replaced_by_a_notice_with_its_id_and_the_numbers(
     reply = [*envelope, pack(ok_header(7, outputs=[])), b"x" * 100]
     held = send(budget, b"peer", 8 * MIB)
     assert budget.refusal("infer", b"peer", 8 * MIB) == PEER_BUDGET
-    notice = budget.notice("infer", b"peer", reply, 8 * MIB, PEER_BUDGET)
+    notice, watch = budget.outgoing("infer", b"peer", list(reply), 8 * MIB)
+    assert watch is None and budget.dropped == 1  # what _send sends in its place
+    assert notice == budget.notice("infer", b"peer", reply, 8 * MIB, PEER_BUDGET)
     assert notice[:-1] == envelope
     header = unpack_header(notice[-1])
     assert (header["id"], header["ok"], header["error"]["code"]) == (7, False, "RESOURCE_EXHAUSTED")
