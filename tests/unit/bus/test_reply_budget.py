@@ -99,7 +99,7 @@ def test_a_refused_reply_is_replaced_by_a_notice_with_its_id_and_the_numbers(
     held = send(budget, b"peer", 8 * MIB)
     assert budget.refusal("infer", b"peer", 8 * MIB) == PEER_BUDGET
     notice, watch = budget.outgoing("infer", b"peer", list(reply), 8 * MIB)
-    assert watch is None and budget.dropped == 1  # what _send sends in its place
+    assert watch is None and budget.dropped == 2  # each refusal counted
     assert notice == budget.notice("infer", b"peer", reply, 8 * MIB, PEER_BUDGET)
     assert notice[:-1] == envelope
     header = unpack_header(notice[-1])
