@@ -57,6 +57,19 @@ def net_core(name: str) -> int:
     return int(Path(f"/proc/sys/net/core/{name}").read_text())
 
 
+def vm_flags(address: int, pid: int | str = "self") -> set[str]:
+    """The kernel's flags of the mapping of ``pid`` that starts at ``address``
+    (``VmFlags`` in ``/proc/<pid>/smaps``: ``hg`` is ``MADV_HUGEPAGE``)."""
+    ours = False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        first, _, rest = line.partition(" ")
+        if "-" in first and not first.endswith(":"):  # a mapping's first line
+            ours = int(first.split("-")[0], 16) == address
+        elif ours and first == "VmFlags:":
+            return set(rest.split())
+    raise AssertionError(f"no mapping of {pid} starts at {address:#x}")
+
+
 def wait_until(
     predicate: Callable[[], T],
     timeout: float = HANG_S,

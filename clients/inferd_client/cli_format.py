@@ -228,7 +228,8 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
         "",
         f"shm: {len(regions)} regions, {size(shm.get('mapped_bytes', 0))} mapped of "
         f"{size(shm.get('max_bytes_total', 0))} (per uid {size(shm.get('max_bytes_per_uid', 0))}), "
-        f"{shm.get('connections', 0)}/{shm.get('max_connections', 0)} connections",
+        f"{shm.get('connections', 0)}/{shm.get('max_connections', 0)} connections, "
+        f"huge pages: {shm.get('huge_pages', 'unknown')}",
         f"  requests on shm.sock: {shm.get('requests', 0)}, {shm.get('in_flight', 0)} in flight, "
         f"{shm.get('refused_in_flight', 0)} refused over "
         f"{shm.get('max_requests_per_connection', 0)} per connection, "

@@ -42,7 +42,12 @@ from inferd_client.poll_window import Arrivals, PollWindow
 from inferd_client.prepared import PreparedHeader
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
-from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES, REGION_ALIGNMENT, RegionRef
+from inferd_wire.regions import (
+    MAX_SHM_MESSAGE_BYTES,
+    REGION_ALIGNMENT,
+    RegionRef,
+    advise_huge_pages,
+)
 
 #: Sealed against shrinking (what the daemon requires: it can then never fault on
 #: the memory), growing, and further sealing.
@@ -67,6 +72,7 @@ class SharedRegion:
             os.ftruncate(fd, self.nbytes)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
             self._mapping = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
+            advise_huge_pages(self._mapping)
         except BaseException:
             os.close(fd)
             raise

@@ -6,6 +6,7 @@
 #include <msgpack.hpp>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -388,6 +389,30 @@ TEST(an_ipc_path_longer_than_a_socket_address_is_refused_by_name) {
     ClientOptions options;
     options.endpoint = too_long;
     CHECK_THROWS(ClientError, InferenceClient{options}, error.what() == expected);
+}
+
+// The VmFlags line of the mapping that starts at `address` (/proc/self/smaps).
+std::string vm_flags(const void* address) {
+    std::ifstream smaps("/proc/self/smaps");
+    const auto start = reinterpret_cast<std::uintptr_t>(address);
+    bool ours = false;
+    for (std::string line; std::getline(smaps, line);) {
+        auto dash = line.find('-');
+        if (dash != std::string::npos && dash < line.find(' ')) {  // a mapping's first line
+            ours = std::stoull(line.substr(0, dash), nullptr, 16) == start;
+        } else if (ours && line.rfind("VmFlags:", 0) == 0) {
+            return line;
+        }
+    }
+    return "";
+}
+
+TEST(a_region_asks_for_transparent_huge_pages) {
+    SharedRegion region(4u << 20, std::string("huge"));
+    auto first = region.allocate(DType::UInt8, {16});
+    auto flags = vm_flags(first.data);
+    CHECK(flags.rfind("VmFlags:", 0) == 0);
+    CHECK(flags.find(" hg") != std::string::npos);  // MADV_HUGEPAGE
 }
 
 TEST(a_region_allocates_aligned_tensors_and_locates_them) {

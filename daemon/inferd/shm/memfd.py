@@ -23,6 +23,7 @@ import os
 import stat
 
 from inferd_wire.protocol import Code, ProtocolError
+from inferd_wire.regions import advise_huge_pages
 
 #: The kernel's values, exported by Python's ``fcntl`` since 3.8 (bpo-26835);
 #: ``include/uapi/linux/fcntl.h``: F_LINUX_SPECIFIC_BASE (1024) + 10, and 0x0002.
@@ -84,4 +85,5 @@ def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
                 Code.RESOURCE_EXHAUSTED, f"the daemon cannot map the region now: {exc.strerror}"
             ) from None
         raise refused(f"the memfd cannot be mapped: {exc.strerror}") from None
+    advise_huge_pages(mapping)  # the daemon may touch an output's pages first
     return mapping, size

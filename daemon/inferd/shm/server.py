@@ -35,6 +35,7 @@ from inferd.shm.connections import ShmConnections
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd_wire import protocol
 from inferd_wire.protocol import Code
+from inferd_wire.regions import shmem_huge_pages
 
 log = structlog.get_logger("inferd.shm")
 
@@ -115,6 +116,7 @@ class ShmServer(threading.Thread):
             "max_regions_per_connection": config.max_regions_per_connection,
             "max_bytes_per_uid": config.max_bytes_per_uid,
             "max_bytes_total": config.max_bytes_total,
+            "huge_pages": shmem_huge_pages(),
             **self.connections.status(),
             **self.table.status(),
         }

@@ -84,3 +84,10 @@ def test_an_event_is_one_line() -> None:
         {"ts_ns": 1_796_172_769_196_490_490, "level": "WARNING", "code": "x", "message": "m"},
     )
     assert "\n" not in line and line.endswith("alert    WARNING x: m")
+
+
+def test_the_shm_line_says_the_kernels_huge_page_policy() -> None:
+    shm = {"enabled": True, "regions": [], "mapped_bytes": 0, "max_bytes_total": 1 << 30}
+    for policy in ("advise", "never"):
+        text = "\n".join(cli_format.status({"models": [], "shm": {**shm, "huge_pages": policy}}))
+        assert re.search(rf"^shm: 0 regions, .* connections, huge pages: {policy}$", text, re.M)

@@ -28,7 +28,7 @@ from inferd_client.shm import (
 )
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
-from tests.conftest import HANG_S
+from tests.conftest import HANG_S, vm_flags
 
 ID = "ab" * 16
 
@@ -41,6 +41,11 @@ def test_a_region_is_a_sealed_page_multiple_memfd() -> None:
         assert os.readlink(f"/proc/self/fd/{region.fd}").startswith("/memfd:inferd-cam")
         with pytest.raises(PermissionError):
             os.ftruncate(region.fd, 0)
+
+
+def test_a_region_asks_for_transparent_huge_pages() -> None:
+    with SharedRegion(4 * 1024 * 1024, label="huge") as region:
+        assert "hg" in vm_flags(region.address)  # MADV_HUGEPAGE
 
 
 def test_arrays_are_aligned_and_located() -> None:

@@ -3,6 +3,7 @@ shrinking, so that nothing the client does afterwards can fault the daemon."""
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -11,11 +12,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from inferd.shm.memfd import F_GET_SEALS, F_SEAL_SHRINK, PAGE_SIZE, map_sealed_memfd
+from inferd_wire import regions
 from inferd_wire.protocol import Code, ProtocolError
+from tests.conftest import vm_flags
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -62,7 +66,20 @@ def test_a_sealed_memfd_is_mapped_shared_and_survives_what_the_client_can_do(
         os.ftruncate(fd, PAGE_SIZE)  # sealed: the kernel refuses to shrink it
     client.close()  # the client unmaps its own mapping: the daemon's stays
     assert mapping[:5] == b"hello" and mapping[size - 1] == 0
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    assert "hg" in vm_flags(address)  # an output's pages may be the daemon's to place
     mapping.close()
+
+
+def test_the_shmem_huge_page_policy_is_the_kernels_selected_word(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = tmp_path / "shmem_enabled"
+    policy.write_text("always within_size [advise] never deny force\n")
+    monkeypatch.setattr(regions, "SHMEM_HUGE_PAGES", policy)
+    assert regions.shmem_huge_pages() == "advise"
+    policy.unlink()
+    assert regions.shmem_huge_pages() == "unavailable"
 
 
 @pytest.mark.parametrize(
