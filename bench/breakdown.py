@@ -260,19 +260,23 @@ def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str
     }
 
 
-def print_breakdown(result: dict[str, Any]) -> None:
-    print(
-        f"{result['case']} over {result['path']}: median of {result['n']} round trips, "
-        f"one step at a time (us)"
-    )
-    for what, value in result["steps_us"].items():
-        print(f"  {what:<50} {value:>9.1f}")
-    total = sum(result["steps_us"].values())
-    print(f"  {'sum of the step medians':<50} {total:>9.1f}")
-    print(f"  {'round trip (median)':<50} {result['round_trip_us']:>9.1f}")
-    print(f"  {'reply latency_us (median)':<50} {result['reply_latency_us']:>9.1f}")
-    load = ", ".join(f"{value:.2f}" for value in result["load_average"])
-    print(f"  load average {load}\n")
+def print_breakdowns(results: list[dict[str, Any]]) -> None:
+    """The steps of each result side by side, one column per case and path."""
+    labels = [f"{result['case']} {result['path']}" for result in results]
+    width = max(12, *(len(label) for label in labels))
+    print(f"{'median of each step (us)':<58}" + "".join(f" {label:>{width}}" for label in labels))
+
+    def line(what: str, values: list[float]) -> None:
+        print(f"  {what:<56}" + "".join(f" {value:>{width}.1f}" for value in values))
+
+    for what, _, _ in STEPS:
+        line(what, [result["steps_us"][what] for result in results])
+    line("sum of the step medians", [sum(result["steps_us"].values()) for result in results])
+    line("round trip (median)", [result["round_trip_us"] for result in results])
+    line("reply latency_us (median)", [result["reply_latency_us"] for result in results])
+    counts = ", ".join(sorted({str(result["n"]) for result in results}))
+    load = ", ".join(f"{value:.2f}" for value in results[-1]["load_average"])
+    print(f"  {counts} timed round trips each; load average at the end {load}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(results, sys.stdout, indent=2)
         print()
     else:
-        for result in results:
-            print_breakdown(result)
+        print_breakdowns(results)
     return 0
 
 

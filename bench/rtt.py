@@ -87,6 +87,8 @@ class Target:
     what: str
     bound: float
     value: Callable[[dict[tuple[str, str], float]], float]
+    #: The (case, path) round trips whose steps ``breakdown.py`` shows on a miss.
+    explained_by: tuple[tuple[str, str], ...]
 
 
 def added(m: dict[tuple[str, str], float], case: str, path: str) -> float:
@@ -99,30 +101,35 @@ TARGETS = (
         "shm / inprocess, identity-25MB",
         1.15,
         lambda m: m[("identity-25MB", "shm")] / m[("identity-25MB", "inprocess")],
+        (("identity-25MB", "shm"),),
     ),
     Target(
         "shm added cost 25MB vs 0.6MB",
         "added(25MB) / added(0.6MB), shm",
         1.3,
         lambda m: added(m, "identity-25MB", "shm") / added(m, "identity-0.6MB", "shm"),
+        (("identity-0.6MB", "shm"), ("identity-25MB", "shm")),
     ),
     Target(
         "shm 0.6MB added vs echo16",
         "added / echo16, shm, identity-0.6MB",
         2.0,
         lambda m: added(m, "identity-0.6MB", "shm") / m[("identity-0.6MB", "echo16")],
+        (("identity-0.6MB", "shm"),),
     ),
     Target(
         "frames 0.6MB added vs echo",
         "added / echo, frames, identity-0.6MB",
         1.4,
         lambda m: added(m, "identity-0.6MB", "frames") / m[("identity-0.6MB", "echo")],
+        (("identity-0.6MB", "frames"),),
     ),
     Target(
         "demo vs in-process (best path)",
         "min(frames, shm) / inprocess, demo",
         1.10,
         lambda m: min(m[("demo", "frames")], m[("demo", "shm")]) / m[("demo", "inprocess")],
+        (("demo", "frames"), ("demo", "shm")),
     ),
 )
 
@@ -304,10 +311,12 @@ def time_interleaved(
     iterations: int,
     block: int,
     warmup: int,
+    rounds: dict[tuple[str, str], list[int]] | None = None,
 ) -> dict[tuple[str, str], list[int]]:
     """``counts[key]`` timed calls of each ``calls[key]`` (ns), after ``warmup``
     untimed ones, in blocks of ``block`` taking turns, so that load from other
-    processes hits every path alike."""
+    processes hits every path alike; ``rounds``, when given, gets the round of
+    each sample (every path's block of a round ran within the same moments)."""
     for call in calls.values():
         time_block(call, warmup, [])
     samples: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
@@ -319,7 +328,47 @@ def time_interleaved(
             count = min(block, counts[key] - len(samples[key]))
             if count > 0:
                 time_block(calls[key], count, samples[key])
+                if rounds is not None:
+                    rounds.setdefault(key, []).extend([round_index] * count)
     return samples
+
+
+def target_intervals(
+    samples: dict[tuple[str, str], list[int]],
+    rounds: dict[tuple[str, str], list[int]],
+    replicates: int = 1000,
+    seed: int = 20261206,
+) -> list[tuple[float, float]]:
+    """Each target's 5th and 95th percentile over ``replicates`` resamplings of the
+    run's rounds with replacement (a round's blocks of every path kept together,
+    so the noise the paths shared stays shared): how far this run's own noise
+    moves the value.  Each resampled median is a weighted lower median."""
+    last_round = max(max(values) for values in rounds.values())
+    picks = np.random.default_rng(seed).integers(0, last_round + 1, (replicates, last_round + 1))
+    # How often each round was drawn, per replicate: (replicates, rounds).
+    drawn = np.apply_along_axis(np.bincount, 1, picks, minlength=last_round + 1)
+    medians: dict[tuple[str, str], np.ndarray] = {}
+    for key, values in samples.items():
+        order = np.argsort(values)
+        ordered = np.asarray(values, dtype=np.float64)[order] / 1000.0
+        weights = drawn[:, np.asarray(rounds[key])[order]]
+        cumulative = np.cumsum(weights, axis=1)
+        half = cumulative[:, -1:] / 2.0
+        chosen = np.minimum((cumulative < half).sum(axis=1), len(ordered) - 1)
+        # A replicate that drew none of this path's rounds has no median.
+        medians[key] = np.where(cumulative[:, -1] > 0, ordered[chosen], np.nan)
+    intervals = []
+    for target in TARGETS:
+        values = np.array(
+            [
+                target.value({key: float(column[index]) for key, column in medians.items()})
+                for index in range(replicates)
+            ]
+        )
+        values = values[np.isfinite(values)]
+        low, high = np.percentile(values, [5, 95])
+        intervals.append((float(low), float(high)))
+    return intervals
 
 
 @contextmanager
@@ -430,12 +479,14 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                     calls[(case.name, path)] = call
                     counts[(case.name, path)] = max(10, int(iterations * case.share))
 
-            samples = time_interleaved(calls, counts, iterations, block, warmup)
+            rounds: dict[tuple[str, str], list[int]] = {}
+            samples = time_interleaved(calls, counts, iterations, block, warmup, rounds)
             scratch.close_clients()
 
     rows = [summarize(case, path, samples[(case, path)]) for case, path in samples]
     return {
         "rows": rows,
+        "intervals": target_intervals(samples, rounds),
         "load_average": os.getloadavg(),
         "iterations": iterations,
         "block": block,
@@ -487,18 +538,42 @@ def print_table(result: dict[str, Any]) -> None:
         "\nx_inproc = path median / inprocess median; added_us = path median - inprocess "
         "median; added/echo and added/echo16 = added_us over the echo medians of the same case."
     )
-    print("\ntargets (issue 12, medians of this run):")
-    for verdict in verdicts(rows):
+    print("\ntargets (issue 12, medians of this run; 90% of resampled runs within [..]):")
+    for verdict, (low, high) in zip(verdicts(rows), result["intervals"], strict=True):
         print(
             f"  {'PASS' if verdict['pass'] else 'MISS'}  {verdict['target']:<32} "
             f"{verdict['what']:<40} {verdict['value']:6.2f} (<= {verdict['bound']:.2f})"
+            f"  [{low:.2f}, {high:.2f}]"
         )
     load = ", ".join(f"{value:.2f}" for value in result["load_average"])
     print(
         f"\n{result['iterations']} iterations per path (identity-6MB x0.5, -25MB x0.25), "
         f"interleaved in blocks of {result['block']} after {result['warmup']} warm-up calls; "
         f"ort_intra_op_threads={result['threads']}; load average at the end {load} on "
-        f"{os.cpu_count()} CPUs."
+        f"{os.cpu_count()} CPUs. [..]: the 5th and 95th percentile of the value over "
+        f"1000 resamplings of the run's rounds of blocks (each round's blocks kept "
+        f"together), the spread this run's own noise gives it."
+    )
+
+
+def missed_round_trips(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The (case, path) round trips that explain this run's missed targets, each once."""
+    outcomes = zip(TARGETS, verdicts(rows), strict=True)
+    missed = [target for target, verdict in outcomes if not verdict["pass"]]
+    return list(dict.fromkeys(pair for target in missed for pair in target.explained_by))
+
+
+def print_misses(result: dict[str, Any], iterations: int, warmup: int) -> None:
+    """Each missed target's round trips step by step (``breakdown.py``: a daemon of
+    its own with timing hooks, right after this run)."""
+    import breakdown
+
+    pairs = missed_round_trips(result["rows"])
+    if not pairs:
+        return
+    print("\nthe missed targets' round trips, step by step (bench/breakdown.py):")
+    breakdown.print_breakdowns(
+        [breakdown.measure(case, path, iterations, warmup) for case, path in pairs]
     )
 
 
@@ -552,12 +627,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("ENDPOINT", "HEADER_HEX", "BYTES", "SEND_BUFFER_BYTES"),
         help=argparse.SUPPRESS,
     )
+    parser.add_argument(
+        "--no-breakdown",
+        action="store_true",
+        help="do not follow the table with the missed targets' steps (breakdown.py)",
+    )
     args = parser.parse_args(argv)
     if args.echo_server:
         endpoint, header_hex, size, send_buffer_bytes = args.echo_server
         echo_server(endpoint, bytes.fromhex(header_hex), int(size), int(send_buffer_bytes))
         return 0
-    return run_and_report(parser, args, run, print_table)
+
+    def report(result: dict[str, Any]) -> None:
+        print_table(result)
+        if not args.no_breakdown:
+            print_misses(result, args.iterations, args.warmup)
+
+    return run_and_report(parser, args, run, report)
 
 
 if __name__ == "__main__":

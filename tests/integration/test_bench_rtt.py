@@ -1,0 +1,101 @@
+"""``bench/rtt.py`` and ``bench/breakdown.py`` run end to end, briefly: the rows a
+script checks (``--json``), the table's verdicts with their intervals, and each
+missed target followed by its round trips step by step.  Nothing here judges a
+speed: the runs are too short for that, and a timed test would be a flaky one."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+CASES = ("identity-0.6MB", "identity-6MB", "identity-25MB", "demo")
+PATHS = ("inprocess", "frames", "shm", "echo", "echo16", "memcpy")
+#: rtt.py's targets and the round trips that explain each (its ``explained_by``).
+EXPLAINED_BY = {
+    "shm 25MB vs in-process": ["identity-25MB shm"],
+    "shm added cost 25MB vs 0.6MB": ["identity-0.6MB shm", "identity-25MB shm"],
+    "shm 0.6MB added vs echo16": ["identity-0.6MB shm"],
+    "frames 0.6MB added vs echo": ["identity-0.6MB frames"],
+    "demo vs in-process (best path)": ["demo frames", "demo shm"],
+}
+VERDICT = re.compile(
+    r"^  (PASS|MISS)  (.+?)\s{2,}.+? (-?[\d.]+) \(<= ([\d.]+)\)  \[(-?[\d.]+), (-?[\d.]+)\]$"
+)
+
+
+def bench(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_rtt_json_has_one_row_per_case_and_path() -> None:
+    rows: list[dict[str, Any]] = json.loads(
+        bench("bench/rtt.py", "--iterations", "12", "--block", "4", "--warmup", "1", "--json")
+    )
+    assert [(row["case"], row["path"]) for row in rows] == [
+        (case, path) for case in CASES for path in PATHS
+    ]
+    for row in rows:
+        assert set(row) == {"case", "path", "median_us", "p99_us", "n"}, row
+        assert row["n"] == 10 if row["case"] in ("identity-6MB", "identity-25MB") else 12
+        assert 0 < row["median_us"] <= row["p99_us"], row
+
+
+def test_rtt_table_gives_each_target_an_interval_and_breaks_down_its_misses() -> None:
+    out = bench("bench/rtt.py", "--iterations", "10", "--block", "5", "--warmup", "1")
+    verdicts = [VERDICT.match(line) for line in out.splitlines()]
+    found = [match for match in verdicts if match]
+    assert [match[2] for match in found] == list(EXPLAINED_BY), out
+    expected_columns: list[str] = []
+    for match in found:
+        status, name = match[1], match[2]
+        value, bound, low, high = (float(match[i]) for i in (3, 4, 5, 6))
+        assert status == ("PASS" if value <= bound else "MISS"), match[0]
+        assert low <= high, match[0]
+        if status == "MISS":
+            expected_columns += [c for c in EXPLAINED_BY[name] if c not in expected_columns]
+    if not expected_columns:
+        assert "step by step" not in out
+        return
+    header = next(line for line in out.splitlines() if line.startswith("median of each step"))
+    assert re.findall(r"\S+ (?:frames|shm)", header) == expected_columns, header
+    round_trip = next(line for line in out.splitlines() if "round trip (median)" in line)
+    assert len(round_trip.split()[3:]) == len(expected_columns), round_trip
+
+
+def test_breakdown_json_times_every_step() -> None:
+    (result,) = json.loads(
+        bench(
+            "bench/breakdown.py",
+            "--iterations",
+            "8",
+            "--warmup",
+            "2",
+            "--case",
+            "identity-0.6MB",
+            "--path",
+            "shm",
+            "--json",
+        )
+    )
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import breakdown
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert list(result["steps_us"]) == [what for what, _, _ in breakdown.STEPS]
+    assert result["steps_us"]["ORT run (runtime.infer)"] > 0
+    assert result["round_trip_us"] > result["steps_us"]["ORT run (runtime.infer)"]
+    assert (result["case"], result["path"], result["n"]) == ("identity-0.6MB", "shm", 8)
