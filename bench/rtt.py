@@ -357,14 +357,16 @@ def target_intervals(
         chosen = np.minimum((cumulative < half).sum(axis=1), len(ordered) - 1)
         # A replicate that drew none of this path's rounds has no median.
         medians[key] = np.where(cumulative[:, -1] > 0, ordered[chosen], np.nan)
+
+    def value_of(target: Target, index: int) -> float:
+        try:
+            return target.value({key: float(column[index]) for key, column in medians.items()})
+        except ZeroDivisionError:  # an added cost of exactly 0 us in that resampling
+            return float("nan")
+
     intervals = []
     for target in TARGETS:
-        values = np.array(
-            [
-                target.value({key: float(column[index]) for key, column in medians.items()})
-                for index in range(replicates)
-            ]
-        )
+        values = np.array([value_of(target, index) for index in range(replicates)])
         values = values[np.isfinite(values)]
         low, high = np.percentile(values, [5, 95])
         intervals.append((float(low), float(high)))

@@ -126,3 +126,15 @@ def test_the_rounds_of_an_interleaved_run_are_recorded_per_sample(rtt: ModuleTyp
     )
     assert [len(samples[key]) for key in calls] == [9, 4]
     assert rounds == {("a", "x"): [0, 0, 0, 1, 1, 1, 2, 2, 2], ("b", "y"): [0, 0, 0, 1]}
+
+
+def test_a_resampling_with_no_added_cost_leaves_the_others_to_the_interval(
+    rtt: ModuleType,
+) -> None:
+    samples, rounds = steady_samples(MEETS_ALL, rounds=10, per_round=2)
+    # In rounds 0-3, 0.6 MB over shm cost exactly its in-process time: a resampling
+    # made mostly of them divides by an added cost of 0.
+    key = ("identity-0.6MB", "shm")
+    samples[key][:8] = [30_000] * 8
+    low, high = rtt.target_intervals(samples, rounds)[1]
+    assert (low, high) == pytest.approx((1.2, 1.2))
