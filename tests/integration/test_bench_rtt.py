@@ -62,7 +62,8 @@ def test_rtt_table_gives_each_target_an_interval_and_breaks_down_its_misses() ->
     for match in found:
         status, name = match[1], match[2]
         value, bound, low, high = (float(match[i]) for i in (3, 4, 5, 6))
-        assert status == ("PASS" if value <= bound else "MISS"), match[0]
+        if abs(value - bound) > 0.005:  # printed to two decimals: 1.30 may be 1.304
+            assert status == ("PASS" if value <= bound else "MISS"), match[0]
         assert low <= high, match[0]
         if status == "MISS":
             expected_columns += [c for c in EXPLAINED_BY[name] if c not in expected_columns]
