@@ -22,7 +22,8 @@ run, interleaved in blocks so load from other processes hits every path alike:
 table adds the ratios and each target's PASS/MISS.  ``bench/breakdown.py`` shows
 where a daemon round trip's time goes.
 
-Run from the repository root: ``.venv/bin/python bench/rtt.py [--iterations N] [--json]``.
+Run from the repository root: ``.venv/bin/python bench/rtt.py [--iterations N] [--json]``
+(1,200 iterations by default: about a minute with the misses' breakdowns).
 """
 
 from __future__ import annotations
@@ -579,10 +580,14 @@ def print_misses(result: dict[str, Any], iterations: int, warmup: int) -> None:
     )
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """The options of an interleaved run (``rtt.py``, ``floor.py``)."""
+def add_run_options(parser: argparse.ArgumentParser, iterations: int = 300) -> None:
+    """The options of an interleaved run (``rtt.py``, ``floor.py``); ``iterations``:
+    the default of ``--iterations``."""
     parser.add_argument(
-        "--iterations", type=int, default=300, help="timed round trips per path (default 300)"
+        "--iterations",
+        type=int,
+        default=iterations,
+        help=f"timed round trips per path (default {iterations})",
     )
     parser.add_argument(
         "--block",
@@ -622,7 +627,9 @@ def run_and_report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_options(parser)
+    # 1200: the 25 MB case then has 300 round trips in 30 rounds, enough for its
+    # intervals to tell a miss from this VM's noise (300 left them 6 wide).
+    add_run_options(parser, iterations=1200)
     parser.add_argument(
         "--echo-server",
         nargs=4,
