@@ -14,12 +14,19 @@ For ``--minutes``, against one ``inferd run`` with small, explicit limits:
   ``bus.max_message_bytes`` (served or refused for queue bytes) and just over it
   (refused ``INVALID_ARGUMENT``, never held);
 * **a build flood**: ``build.start`` of the simulated builder as fast as the
-  daemon answers (rate limited, the builds dir capped).
+  daemon answers (rate limited, the builds dir capped);
+* **shared memory** (``soak_shm.py``): a camera loop checking each output is its
+  own input, clients that come and go with regions, malformed region
+  references, a connection filling the ``[shm]`` limits, and clients killed
+  with requests queued on their regions.
 
 A sampler reads the daemon's RSS (with its build children) and the state dir's
 size every 0.2 s.  It prints peak and final RSS against the configured bounds,
-peak and final disk use, and requests sent vs answered per source; exit 1 when a
-request of the overload or near-limit clients went unanswered or the daemon died.
+peak and final disk use, its descriptors and mapped region bytes, and requests
+sent vs answered per source; exit 1 when a request of a reading client went
+unanswered or was answered wrong, the mapped bytes passed ``shm.max_bytes_total``,
+the daemon died, or, once the clients have gone, it still holds a region, a
+mapping or a request of theirs, or more descriptors than at the start.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import zmq  # noqa: E402
 
 from inferd.demo_model import write_identity_model  # noqa: E402
 from inferd_client import ClientError, InferenceClient, OperatorClient, RemoteError  # noqa: E402
+from soak_shm import SHM_LIMITS, SOURCES, descriptors, settled, threads_for  # noqa: E402
 
 MIB = 1024 * 1024
 #: The limits the soak runs under (the daemon's own defaults are larger).
@@ -58,6 +66,7 @@ LIMITS: dict[str, dict[str, object]] = {
         "max_reply_bytes_per_peer": 16 * MIB,
         "max_reply_bytes_total": 64 * MIB,
     },
+    "shm": SHM_LIMITS,
 }
 MODEL_LIMITS = {"queue_capacity": 32, "queue_max_bytes": 32 * MIB}
 SMALL = (1, 3, 224, 224)  # 0.6 MB
@@ -99,6 +108,9 @@ class Source:
     sent: int = 0
     codes: Counter[str] = field(default_factory=Counter)
     unanswered: int = 0
+    #: Answered, but not as it must be (an output that is not its input, a code
+    #: other than the one a malformed message must get).
+    wrong: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, code: str) -> None:
@@ -110,6 +122,10 @@ class Source:
         with self.lock:
             self.sent += 1
             self.unanswered += 1
+
+    def wrong_answer(self) -> None:
+        with self.lock:
+            self.wrong += 1
 
 
 def _call(source: Source, request: Callable[[], object]) -> None:
@@ -183,6 +199,7 @@ def run(minutes: float, clients: int) -> dict[str, Any]:
 
     workdir = Path(tempfile.mkdtemp(prefix="ifd-s-"))  # short: ipc paths max 107 bytes
     daemon = None
+    closers: list[Callable[[], None]] = []
     try:
         model = write_identity_model(workdir / "identity.onnx")
         text = render_config(
@@ -196,8 +213,17 @@ def run(minutes: float, clients: int) -> dict[str, Any]:
         state = workdir / "state"
         rss_start = process_rss_kib(pid)
         disk_start = tree_bytes(state)
+        operator = OperatorClient(daemon.control, timeout=10)
+        closers.append(operator.close)
+
+        def shm_status() -> dict[str, Any]:
+            return dict(operator.status()["shm"])
+
+        shm_path = shm_status()["socket"]
+        fds_start = descriptors(pid)  # the operator's connection included
         sources = {
-            name: Source() for name in ("overload", "near_limit", "never_reads", "build_flood")
+            name: Source()
+            for name in ("overload", "near_limit", "never_reads", "build_flood", *SOURCES)
         }
         stop = threading.Event()
         threads = [
@@ -210,23 +236,27 @@ def run(minutes: float, clients: int) -> dict[str, Any]:
             threading.Thread(
                 target=build_flood, args=(daemon.control, stop, sources["build_flood"])
             ),
+            *threads_for(daemon.infer, shm_path, stop, sources),
         ]
-        peak_rss, peak_disk = rss_start, disk_start
+        peak_rss, peak_disk, peak_fds, peak_mapped = rss_start, disk_start, fds_start, 0
         started = time.monotonic()
         for thread in threads:
             thread.start()
         while time.monotonic() - started < minutes * 60 and daemon.process.poll() is None:
             peak_rss = max(peak_rss, process_rss_kib(pid))
             peak_disk = max(peak_disk, tree_bytes(state))
+            peak_fds = max(peak_fds, descriptors(pid))
+            peak_mapped = max(peak_mapped, shm_status()["mapped_bytes"])
             time.sleep(0.2)  # the sampling period
         stop.set()
         for thread in threads:
             thread.join(90)
         alive = daemon.process.poll() is None
         status: dict[str, Any] = {}
+        left: dict[str, int] = {}
         if alive:
-            with OperatorClient(daemon.control, timeout=10) as operator:
-                status = operator.status()
+            status = operator.status()
+            left = settled(shm_status, pid, fds_start, timeout=30)
             # The clients have gone: what the daemon keeps now is its steady state.
             time.sleep(2.0)  # a settling period for the allocator, not a synchronisation
         result = {
@@ -234,7 +264,12 @@ def run(minutes: float, clients: int) -> dict[str, Any]:
             "clients": clients,
             "limits": {**LIMITS["bus"], **MODEL_LIMITS},
             "sources": {
-                name: {"sent": s.sent, "codes": dict(s.codes), "unanswered": s.unanswered}
+                name: {
+                    "sent": s.sent,
+                    "codes": dict(s.codes),
+                    "unanswered": s.unanswered,
+                    "wrong": s.wrong,
+                }
                 for name, s in sources.items()
             },
             "daemon_alive": alive,
@@ -244,11 +279,23 @@ def run(minutes: float, clients: int) -> dict[str, Any]:
                 "final": process_rss_kib(pid) if alive else -1,
             },
             "disk_bytes": {"start": disk_start, "peak": peak_disk, "final": tree_bytes(state)},
+            "descriptors": {"start": fds_start, "peak": peak_fds},
+            "shm": {
+                "max_bytes_total": SHM_LIMITS["max_bytes_total"],
+                "peak_mapped_bytes": peak_mapped,
+                "left_after_clients": left,
+                "registered": status.get("shm", {}).get("registered"),
+                "released_on_disconnect": status.get("shm", {}).get("released_on_disconnect"),
+                "unroutable_replies": status.get("shm", {}).get("unroutable_replies"),
+                "refused": status.get("shm", {}).get("refused"),
+            },
             "bus_replies": status.get("bus", {}).get("replies"),
             "builds": status.get("builds"),
         }
         return result
     finally:
+        for close in closers:
+            close()
         if daemon is not None and daemon.process.poll() is None:
             daemon.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -256,11 +303,20 @@ def run(minutes: float, clients: int) -> dict[str, Any]:
 
 def failures(result: dict[str, Any]) -> list[str]:
     found = []
-    for name in ("overload", "near_limit", "build_flood"):
-        if result["sources"][name]["unanswered"]:
-            found.append(f"{name}: {result['sources'][name]['unanswered']} unanswered")
+    for name, source in result["sources"].items():
+        if source["unanswered"] and name != "never_reads":
+            found.append(f"{name}: {source['unanswered']} unanswered")
+        if source["wrong"]:
+            found.append(f"{name}: {source['wrong']} answered wrong")
     if not result["daemon_alive"]:
         found.append("the daemon died")
+        return found
+    shm = result["shm"]
+    if shm["peak_mapped_bytes"] > shm["max_bytes_total"]:
+        found.append(f"{shm['peak_mapped_bytes']} bytes mapped, over shm.max_bytes_total")
+    held = {what: count for what, count in shm["left_after_clients"].items() if count}
+    if held:
+        found.append(f"after the clients left the daemon still holds {held}")
     return found
 
 
@@ -270,7 +326,8 @@ def print_table(result: dict[str, Any]) -> None:
     for name, source in result["sources"].items():
         codes = ", ".join(f"{code} {count:,}" for code, count in sorted(source["codes"].items()))
         lost = f"; {source['unanswered']:,} unanswered" if source["unanswered"] else ""
-        print(f"{name:<14}{source['sent']:>10,}  {codes or '-'}{lost}")
+        wrong = f"; {source['wrong']:,} answered wrong" if source["wrong"] else ""
+        print(f"{name:<14}{source['sent']:>10,}  {codes or '-'}{lost}{wrong}")
     rss, disk = result["rss_kib"], result["disk_bytes"]
     print(
         f"RSS (MiB)     start {rss['start'] / 1024:.0f}, peak {rss['peak'] / 1024:.0f}, "
@@ -280,6 +337,15 @@ def print_table(result: dict[str, Any]) -> None:
         f"state dir     start {disk['start'] / MIB:.1f} MiB, peak {disk['peak'] / MIB:.1f} MiB, "
         f"final {disk['final'] / MIB:.1f} MiB"
     )
+    shm, fds = result["shm"], result["descriptors"]
+    print(
+        f"shm mapped    peak {shm['peak_mapped_bytes'] / MIB:.1f} MiB "
+        f"(max_bytes_total {shm['max_bytes_total'] / MIB:.0f} MiB), "
+        f"{shm['registered']} registered, {shm['released_on_disconnect']} released on "
+        f"disconnect, {shm['unroutable_replies']} replies to connections gone"
+    )
+    print(f"descriptors   start {fds['start']}, peak {fds['peak']}")
+    print(f"left after    {json.dumps(shm['left_after_clients'])}")
     replies = result.get("bus_replies") or {}
     if replies:
         print(f"bus replies   {json.dumps(replies)[:300]}")
