@@ -733,6 +733,58 @@ def test_a_client_killed_mid_request_is_cleaned_up_and_the_daemon_serves_on(
     assert "shm_region_still_viewed" not in daemon.log()
 
 
+# -- shutdown -----------------------------------------------------------------------
+
+
+def test_shutdown_answers_every_request_in_flight_then_releases_every_region() -> None:
+    """SIGTERM with a region registered and a queue of requests placed in it: each
+    request is answered once (run in the drain, else ``UNAVAILABLE``), then the
+    connection closes, the region is released and the daemon exits 0."""
+    workdir = Path(tempfile.mkdtemp(prefix="ifd-shm-stop-"))
+    slow = write_slow_model(workdir / "slow.onnx")
+    config = render_config(
+        workdir,
+        [{"name": "slow", "path": str(slow)}],
+        daemon={"shutdown_drain_ms": 0},  # what has not run by then is refused
+        shm=LIMITS,
+    )
+    daemon = start_daemon(config, workdir)
+    count = 40  # tens of ms each: most are still queued at the signal
+    try:
+        with SharedRegion(4 * MIB, label="at-shutdown") as region, RawShm(daemon) as raw:
+            registered = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])
+            assert registered["ok"] is True
+            region_id = registered["result"]["region"]
+            x = region.array(SLOW, np.float32)
+            x[:] = 1.0
+            ref = in_region("x", x, region_id, 0)
+            out = in_region("y", x, region_id, 2 * MIB)
+            for number in range(2, count + 2):
+                header = {"v": 1, "id": number, "op": "infer", "model": "slow"}
+                raw.socket.send(pack({**header, "inputs": [ref], "outputs": [out]}))
+            wait_until(
+                lambda: shm_status(daemon)["requests"] == count, message="every request read"
+            )
+            daemon.process.send_signal(signal.SIGTERM)
+            codes: dict[int, str] = {}
+            while reply_bytes := raw.socket.recv(MAX_SHM_MESSAGE_BYTES):  # b"": closed
+                reply = protocol.unpack_header(reply_bytes)
+                assert reply["id"] not in codes, reply  # answered once
+                codes[reply["id"]] = "OK" if reply["ok"] else reply["error"]["code"]
+        assert sorted(codes) == list(range(2, count + 2))
+        assert set(codes.values()) <= {"OK", "UNAVAILABLE"}, codes
+        assert "UNAVAILABLE" in codes.values()  # refused, not dropped, at shutdown
+        assert daemon.process.wait(timeout=HANG_S) == 0, daemon.log()
+        log = daemon.log()
+        assert "requests_failed_at_shutdown" in log
+        assert "shm_connection_closed" in log  # its region released with it
+        assert "shm_region_still_viewed" not in log and "Traceback" not in log
+        assert not (workdir / "run" / "shm.sock").exists()
+    finally:
+        if daemon.process.poll() is None:
+            daemon.stop()
+
+
 # -- zero copies inside the daemon ----------------------------------------------------
 
 
