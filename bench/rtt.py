@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -269,12 +270,21 @@ def summarize(case: str, path: str, samples_ns: list[int]) -> dict[str, Any]:
     }
 
 
-def time_block(call: Callable[[], object], count: int, out: list[int]) -> None:
+def time_block(
+    call: Callable[[], object],
+    count: int,
+    out: list[int],
+    observe: Callable[[], None] | None = None,
+) -> None:
+    """Time ``count`` calls of ``call`` into ``out`` (ns); ``observe`` runs after
+    each, outside the timed span."""
     clock = time.perf_counter_ns
     for _ in range(count):
         start = clock()
         call()
         out.append(clock() - start)
+        if observe is not None:
+            observe()
 
 
 @dataclass
@@ -313,11 +323,14 @@ def time_interleaved(
     block: int,
     warmup: int,
     rounds: dict[tuple[str, str], list[int]] | None = None,
+    observe: dict[tuple[str, str], Callable[[], None]] | None = None,
 ) -> dict[tuple[str, str], list[int]]:
     """``counts[key]`` timed calls of each ``calls[key]`` (ns), after ``warmup``
     untimed ones, in blocks of ``block`` taking turns, so that load from other
     processes hits every path alike; ``rounds``, when given, gets the round of
-    each sample (every path's block of a round ran within the same moments)."""
+    each sample (every path's block of a round ran within the same moments);
+    ``observe[key]`` runs after each timed call of ``key``, outside its time."""
+    observers = observe or {}
     for call in calls.values():
         time_block(call, warmup, [])
     samples: dict[tuple[str, str], list[int]] = {key: [] for key in calls}
@@ -328,7 +341,7 @@ def time_interleaved(
         for key in keys[shift:] + keys[:shift]:
             count = min(block, counts[key] - len(samples[key]))
             if count > 0:
-                time_block(calls[key], count, samples[key])
+                time_block(calls[key], count, samples[key], observers.get(key))
                 if rounds is not None:
                     rounds.setdefault(key, []).extend([round_index] * count)
     return samples
@@ -427,6 +440,9 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
             calls: dict[tuple[str, str], Callable[[], object]] = {}
             counts: dict[tuple[str, str], int] = {}
             sessions: dict[str, Any] = {}
+            # The daemon's own run of each timed request (its reply's latency_us).
+            daemon_runs: dict[tuple[str, str], list[float]] = {}
+            observe: dict[tuple[str, str], Callable[[], None]] = {}
             for case in CASES:
                 x = rng.random(case.input_shape, dtype=np.float32)
                 feeds = {case.input_name: x}
@@ -481,21 +497,34 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                 ):
                     calls[(case.name, path)] = call
                     counts[(case.name, path)] = max(10, int(iterations * case.share))
+                for path in ("frames", "shm"):
+                    runs = daemon_runs[(case.name, path)] = []
+                    observe[(case.name, path)] = partial(record_daemon_run, client, runs)
 
             rounds: dict[tuple[str, str], list[int]] = {}
-            samples = time_interleaved(calls, counts, iterations, block, warmup, rounds)
+            samples = time_interleaved(calls, counts, iterations, block, warmup, rounds, observe)
             scratch.close_clients()
 
     rows = [summarize(case, path, samples[(case, path)]) for case, path in samples]
     return {
         "rows": rows,
         "intervals": target_intervals(samples, rounds),
+        "daemon_run_us": {
+            key: round(float(np.median(runs)), 1) for key, runs in daemon_runs.items() if runs
+        },
         "load_average": os.getloadavg(),
         "iterations": iterations,
         "block": block,
         "warmup": warmup,
         "threads": threads,
     }
+
+
+def record_daemon_run(client: InferenceClient, runs: list[float]) -> None:
+    """Keep the run time the daemon reported for ``client``'s last request."""
+    latency = client.last_reply.get("latency_us")
+    if isinstance(latency, int | float):
+        runs.append(float(latency))
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -521,6 +550,7 @@ def print_table(result: dict[str, Any]) -> None:
     header = (
         f"{'case':<15} {'path':<10} {'n':>5} {'median_us':>10} {'p99_us':>10} "
         f"{'x_inproc':>9} {'added_us':>9} {'added/echo':>10} {'added/echo16':>12}"
+        f" {'run_us':>8} {'around_us':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -536,10 +566,16 @@ def print_table(result: dict[str, Any]) -> None:
                 f" {extra / medians[(case, 'echo')]:>10.2f}"
                 f" {extra / medians[(case, 'echo16')]:>12.2f}"
             )
+            run_us = result["daemon_run_us"].get((case, path))
+            if run_us is not None:
+                line += f" {run_us:>8.1f} {row['median_us'] - run_us:>9.1f}"
         print(line)
     print(
         "\nx_inproc = path median / inprocess median; added_us = path median - inprocess "
-        "median; added/echo and added/echo16 = added_us over the echo medians of the same case."
+        "median; added/echo and added/echo16 = added_us over the echo medians of the same case;\n"
+        "run_us = the median run the daemon reported (its replies' latency_us) for the same "
+        "timed requests; around_us = path median - run_us: the daemon's steps around the "
+        "run, the transport and the client."
     )
     print("\ntargets (issue 12, medians of this run; 90% of resampled runs within [..]):")
     for verdict, (low, high) in zip(verdicts(rows), result["intervals"], strict=True):

@@ -55,6 +55,13 @@ def test_rtt_json_has_one_row_per_case_and_path() -> None:
 
 def test_rtt_table_gives_each_target_an_interval_and_breaks_down_its_misses() -> None:
     out = bench("bench/rtt.py", "--iterations", "10", "--block", "5", "--warmup", "1")
+    served = [line.split() for line in out.splitlines()]
+    served = [f for f in served if len(f) > 2 and f[0] in CASES and f[1] in ("frames", "shm")]
+    assert len(served) == len(CASES) * 2, out
+    for fields in served:
+        # The daemon's own run of the same requests, and the rest of the round trip.
+        median, run_us, around_us = float(fields[3]), float(fields[-2]), float(fields[-1])
+        assert run_us > 0 and around_us == pytest.approx(median - run_us, abs=0.15), fields
     verdicts = [VERDICT.match(line) for line in out.splitlines()]
     found = [match for match in verdicts if match]
     assert [match[2] for match in found] == list(EXPLAINED_BY), out

@@ -138,3 +138,25 @@ def test_a_resampling_with_no_added_cost_leaves_the_others_to_the_interval(
     samples[key][:8] = [30_000] * 8
     low, high = rtt.target_intervals(samples, rounds)[1]
     assert (low, high) == pytest.approx((1.2, 1.2))
+
+
+def test_an_observer_runs_after_each_timed_call_outside_its_time(rtt: ModuleType) -> None:
+    import time
+
+    seen: list[str] = []
+
+    def call() -> None:
+        seen.append("call")
+
+    def observe() -> None:
+        seen.append("observe")
+        spin_until = time.perf_counter_ns() + 2_000_000  # 2 ms of work, never timed
+        while time.perf_counter_ns() < spin_until:
+            pass
+
+    samples = rtt.time_interleaved(
+        {("a", "x"): call}, {("a", "x"): 4}, 4, block=2, warmup=3, observe={("a", "x"): observe}
+    )
+    # The warm-up calls are not observed; each timed one is, right after it.
+    assert seen == ["call"] * 3 + ["call", "observe"] * 4
+    assert max(samples[("a", "x")]) < 1_000_000, samples
