@@ -25,7 +25,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -198,12 +199,41 @@ class TracedShmSocket:
         return getattr(self._sock, name)
 
 
-def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str, Any]:
-    import rtt
-    from inferd_client import InferenceClient
+@dataclass
+class Trace:
+    """The stamps of a traced run: the daemon's hooks write theirs to ``out`` when it
+    exits (started with ``env``); ``client`` has this process's.  Every request
+    the client sends the daemon passes each hook once, in order, so the n-th
+    stamp of every hook, daemon's or client's, is the n-th request's."""
 
-    case = next(c for c in rtt.CASES if c.name == case_name)
-    workdir = Path(tempfile.mkdtemp(prefix="ifd-k-"))
+    out: Path
+    env: dict[str, str]
+    client: dict[str, list[int]]
+
+    def steps(self, daemon: dict[str, list[int]], requests: Sequence[int]) -> dict[str, Any]:
+        """The median of each step (and of the round trip) over the requests at
+        these positions among the ``client.infer`` calls (``trace_infer``).  A
+        series with more stamps than calls has them first (the start-up's
+        control requests, which use the same send and receive): they are skipped."""
+        calls = len(self.client["client_start"])
+        at = np.asarray(requests, dtype=np.intp)
+        series = {}
+        for name, values in {**daemon, **self.client}.items():
+            assert len(values) >= calls, f"{name}: {len(values)} stamps for {calls} requests"
+            series[name] = np.asarray(values)[at + (len(values) - calls)]
+        return {
+            "n": int(at.size),
+            "steps_us": {
+                what: float(np.median(series[end] - series[start])) / 1000
+                for what, start, end in STEPS
+            },
+            "round_trip_us": float(np.median(series["client_end"] - series["client_start"]) / 1000),
+        }
+
+
+def prepare_trace(workdir: Path) -> Trace:
+    """Hooks for a daemon started in ``workdir`` with ``Trace.env``, and this
+    process's client stamped (``trace_client``)."""
     hooks = workdir / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE.format(bench=str(BENCH)))
@@ -212,13 +242,42 @@ def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str
         "INFERD_BENCH_TRACE": str(out),
         "PYTHONPATH": os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]),
     }
-    stamps = trace_client()
-    clock = time.monotonic_ns
+    return Trace(out, env, trace_client())
+
+
+def trace_infer(client: Any, stamps: dict[str, list[int]]) -> None:
+    """Stamp the start and end of every ``client.infer`` call."""
+    infer, clock = client.infer, time.monotonic_ns
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        stamps["client_start"].append(clock())
+        try:
+            return infer(*args, **kwargs)
+        finally:
+            stamps["client_end"].append(clock())
+
+    client.infer = traced
+
+
+def trace_shm_socket(client: Any, stamps: dict[str, list[int]]) -> None:
+    """Stamp the client's ``shm.sock`` socket (requests go there, DESIGN.md 104)."""
+    client._shm._socket = TracedShmSocket(client._shm._socket, stamps)
+
+
+def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str, Any]:
+    """``iterations`` round trips of one case and path, alone against a traced daemon."""
+    import rtt
+    from inferd_client import InferenceClient
+
+    case = next(c for c in rtt.CASES if c.name == case_name)
+    workdir = Path(tempfile.mkdtemp(prefix="ifd-k-"))
+    trace = prepare_trace(workdir)
     try:
         with (
-            rtt.bench_daemon(workdir, 1, env=env) as daemon,
+            rtt.bench_daemon(workdir, 1, env=trace.env) as daemon,
             InferenceClient(daemon.infer, timeout=60.0) as client,
         ):
+            trace_infer(client, trace.client)
             x = np.random.default_rng(1).random(case.input_shape, dtype=np.float32)
             (output,) = client.infer(case.model, {case.input_name: x}).values()
             output_name = client.last_reply["outputs"][0]["name"]
@@ -229,32 +288,20 @@ def measure(case_name: str, path: str, iterations: int, warmup: int) -> dict[str
                 shared[...] = x
                 inputs = {case.input_name: shared}
                 outputs = {output_name: region.array(output.shape, np.float32)}
-                # The requests go on shm.sock (DESIGN.md 104): stamp its socket.
-                client._shm._socket = TracedShmSocket(client._shm._socket, stamps)  # type: ignore[union-attr,assignment]
+                trace_shm_socket(client, trace.client)
             latency_us = []
             for _ in range(warmup + iterations):
-                stamps["client_start"].append(clock())
                 client.infer(case.model, inputs, outputs=outputs)
-                stamps["client_end"].append(clock())
                 latency_us.append(client.last_reply["latency_us"])
-        daemon_stamps = json.loads(out.read_text())
+        daemon_stamps = json.loads(trace.out.read_text())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    # The first request (the shapes) and the warm-up are not timed; the daemon saw
-    # the first request too.
-    series = {name: np.asarray(values[-iterations:]) for name, values in daemon_stamps.items()}
-    for name in CLIENT_STAMPS:
-        series[name] = np.asarray(stamps[name][-iterations:])
-    steps = {
-        what: float(np.median(series[end] - series[start])) / 1000 for what, start, end in STEPS
-    }
-    total = float(np.median(series["client_end"] - series["client_start"])) / 1000
+    # The first request (the shapes) and the warm-up are not timed.
+    sent = len(trace.client["client_start"])
     return {
         "case": case_name,
         "path": path,
-        "n": iterations,
-        "steps_us": steps,
-        "round_trip_us": total,
+        **trace.steps(daemon_stamps, range(sent - iterations, sent)),
         "reply_latency_us": float(np.median(latency_us[-iterations:])),
         "load_average": os.getloadavg(),
     }

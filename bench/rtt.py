@@ -23,7 +23,8 @@ table adds the ratios and each target's PASS/MISS.  ``bench/breakdown.py`` shows
 where a daemon round trip's time goes.
 
 Run from the repository root: ``.venv/bin/python bench/rtt.py [--iterations N] [--json]``
-(1,200 iterations by default: about a minute with the misses' breakdowns).
+(1,200 iterations by default: about a minute, and as long again for the second,
+stamped run that breaks down the misses).
 """
 
 from __future__ import annotations
@@ -430,18 +431,31 @@ def session_for(workdir: Path, model: str, threads: int) -> Any:
     )
 
 
-def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any]:
+def run(
+    iterations: int, block: int, warmup: int, threads: int, trace: bool = False
+) -> dict[str, Any]:
+    """The interleaved run; with ``trace``, the daemon and the client stamp each
+    request's steps (``breakdown.py``) and ``steps`` has them per frames and shm
+    round trip."""
+    import breakdown
+
     with bench_scratch("ifd-b-") as scratch:
         workdir = scratch.workdir
-        with bench_daemon(workdir, threads) as daemon:
+        tracing = breakdown.prepare_trace(workdir) if trace else None
+        with bench_daemon(workdir, threads, env=tracing.env if tracing else None) as daemon:
             client = InferenceClient(daemon.infer, timeout=60.0)
             scratch.closers.append(client.close)
+            if tracing is not None:
+                breakdown.trace_infer(client, tracing.client)
             rng = np.random.default_rng(20261130)
             calls: dict[tuple[str, str], Callable[[], object]] = {}
             counts: dict[tuple[str, str], int] = {}
             sessions: dict[str, Any] = {}
-            # The daemon's own run of each timed request (its reply's latency_us).
+            # The daemon's own run of each timed request (its reply's latency_us) and,
+            # traced, its position among the client's requests.
             daemon_runs: dict[tuple[str, str], list[float]] = {}
+            positions: dict[tuple[str, str], list[int]] = {}
+            starts = tracing.client["client_start"] if tracing is not None else None
             observe: dict[tuple[str, str], Callable[[], None]] = {}
             for case in CASES:
                 x = rng.random(case.input_shape, dtype=np.float32)
@@ -498,12 +512,21 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
                     calls[(case.name, path)] = call
                     counts[(case.name, path)] = max(10, int(iterations * case.share))
                 for path in ("frames", "shm"):
-                    runs = daemon_runs[(case.name, path)] = []
-                    observe[(case.name, path)] = partial(record_daemon_run, client, runs)
+                    key = (case.name, path)
+                    daemon_runs[key], positions[key] = [], []
+                    observe[key] = partial(
+                        after_timed_call, client, daemon_runs[key], positions[key], starts
+                    )
 
             rounds: dict[tuple[str, str], list[int]] = {}
+            if tracing is not None:
+                breakdown.trace_shm_socket(client, tracing.client)
             samples = time_interleaved(calls, counts, iterations, block, warmup, rounds, observe)
             scratch.close_clients()
+        steps = {}
+        if tracing is not None:  # the daemon has exited: its stamps are written
+            stamps = json.loads(tracing.out.read_text())
+            steps = {key: tracing.steps(stamps, at) for key, at in positions.items() if at}
 
     rows = [summarize(case, path, samples[(case, path)]) for case, path in samples]
     return {
@@ -512,6 +535,7 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
         "daemon_run_us": {
             key: round(float(np.median(runs)), 1) for key, runs in daemon_runs.items() if runs
         },
+        "steps": steps,
         "load_average": os.getloadavg(),
         "iterations": iterations,
         "block": block,
@@ -520,11 +544,16 @@ def run(iterations: int, block: int, warmup: int, threads: int) -> dict[str, Any
     }
 
 
-def record_daemon_run(client: InferenceClient, runs: list[float]) -> None:
-    """Keep the run time the daemon reported for ``client``'s last request."""
+def after_timed_call(
+    client: InferenceClient, runs: list[float], positions: list[int], starts: list[int] | None
+) -> None:
+    """Keep the run time the daemon reported for ``client``'s last request and,
+    when the run is traced, that request's position among the client's calls."""
     latency = client.last_reply.get("latency_us")
     if isinstance(latency, int | float):
         runs.append(float(latency))
+    if starts is not None:
+        positions.append(len(starts) - 1)
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -602,17 +631,32 @@ def missed_round_trips(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return list(dict.fromkeys(pair for target in missed for pair in target.explained_by))
 
 
-def print_misses(result: dict[str, Any], iterations: int, warmup: int) -> None:
-    """Each missed target's round trips step by step (``breakdown.py``: a daemon of
-    its own with timing hooks, right after this run)."""
+def print_misses(result: dict[str, Any], block: int, warmup: int, threads: int) -> None:
+    """Each missed target's round trips step by step, from a second interleaved run
+    of every path like the first, with the daemon and the client stamped
+    (``breakdown.py``): the steps as they are in the run that missed, not in a
+    run of that round trip alone."""
     import breakdown
 
     pairs = missed_round_trips(result["rows"])
     if not pairs:
         return
-    print("\nthe missed targets' round trips, step by step (bench/breakdown.py):")
+    traced = run(result["iterations"], block, warmup, threads, trace=True)
+    print(
+        "\nthe missed targets' round trips, step by step: a second interleaved run of "
+        "every path, its daemon and client stamped (bench/breakdown.py):"
+    )
     breakdown.print_breakdowns(
-        [breakdown.measure(case, path, iterations, warmup) for case, path in pairs]
+        [
+            {
+                "case": case,
+                "path": path,
+                **traced["steps"][(case, path)],
+                "reply_latency_us": traced["daemon_run_us"][(case, path)],
+                "load_average": traced["load_average"],
+            }
+            for case, path in pairs
+        ]
     )
 
 
@@ -686,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     def report(result: dict[str, Any]) -> None:
         print_table(result)
         if not args.no_breakdown:
-            print_misses(result, args.iterations, args.warmup)
+            print_misses(result, args.block, args.warmup, args.threads)
 
     return run_and_report(parser, args, run, report)
 

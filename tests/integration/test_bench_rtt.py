@@ -81,6 +81,14 @@ def test_rtt_table_gives_each_target_an_interval_and_breaks_down_its_misses() ->
     assert re.findall(r"\S+ (?:frames|shm)", header) == expected_columns, header
     round_trip = next(line for line in out.splitlines() if "round trip (median)" in line)
     assert len(round_trip.split()[3:]) == len(expected_columns), round_trip
+    # The stamps are the very requests the columns name: the run between the
+    # daemon's stamps is the run its replies reported for them.
+    stamped = next(line for line in out.splitlines() if "ORT run (runtime.infer)" in line)
+    reported = next(line for line in out.splitlines() if "reply latency_us (median)" in line)
+    for run_us, latency_us in zip(
+        map(float, stamped.split()[3:]), map(float, reported.split()[3:]), strict=True
+    ):
+        assert abs(run_us - latency_us) <= max(20.0, 0.1 * latency_us), (stamped, reported)
 
 
 def test_breakdown_json_times_every_step() -> None:
