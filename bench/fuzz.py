@@ -29,8 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
+from fuzz_values import Message, Tally, echoed_id, odd_value, pack  # noqa: E402
 from inferd.demo_model import write_identity_model  # noqa: E402
 from inferd_client import InferenceClient, OperatorClient  # noqa: E402
 
@@ -81,75 +81,7 @@ def rss_kib(pid: int) -> int:
     return -1
 
 
-# -- values of every kind msgpack can carry --------------------------------------------------
-
-
-class NotUtf8:
-    """Packs as a msgpack str whose bytes are not UTF-8 (what a C client may send)."""
-
-
-def pack(value: Any) -> bytes:
-    """msgpack of ``value``, where a ``NotUtf8`` anywhere becomes raw str bytes."""
-    if isinstance(value, NotUtf8):
-        return b"\xa3\xff\xfe\xfd"
-    if isinstance(value, Nested):
-        return b"\x91" * value.depth + b"\x90"
-    if isinstance(value, dict):
-        size = len(value)
-        head = bytes([0x80 | size]) if size < 16 else b"\xde" + size.to_bytes(2, "big")
-        return head + b"".join(pack(key) + pack(item) for key, item in value.items())
-    if isinstance(value, list):
-        size = len(value)
-        head = bytes([0x90 | size]) if size < 16 else b"\xdc" + size.to_bytes(2, "big")
-        return head + b"".join(pack(item) for item in value)
-    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
-
-
-def odd_value(rng: random.Random) -> Any:
-    """A value of some type a field does not expect."""
-    choices: list[Callable[[], Any]] = [
-        lambda: None,
-        lambda: True,
-        lambda: rng.randint(-(2**63), 2**64 - 1),
-        lambda: -1,
-        lambda: 2**64 - 1,
-        lambda: rng.random() * 10 ** rng.randint(-5, 30),
-        lambda: float("nan"),
-        lambda: float("inf"),
-        lambda: "",
-        lambda: "x" * rng.choice((1, 64, 65, 129, 5000)),
-        lambda: "\x00",
-        lambda: NotUtf8(),
-        lambda: bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))),
-        lambda: [],
-        lambda: [rng.randint(-5, 5) for _ in range(rng.randint(1, 6))],
-        lambda: {"nested": {"deeper": [1, 2, {"x": None}]}},
-        lambda: msgpack.Timestamp(1234567890),  # ext type -1
-        lambda: msgpack.ExtType(rng.randint(0, 127), b"\x00" * rng.randint(0, 9)),
-        lambda: _deep(rng.randint(50, 600)),
-    ]
-    return rng.choice(choices)()
-
-
-@dataclass(frozen=True)
-class Nested:
-    """Packs as ``depth`` arrays, each holding the next (msgpack's nesting limit)."""
-
-    depth: int
-
-
-def _deep(depth: int) -> Any:
-    return Nested(depth)
-
-
 # -- mutations ------------------------------------------------------------------------------
-
-
-@dataclass
-class Message:
-    parts: list[bytes]
-    request_id: int | str | None  # the id a reply must echo (None: unreadable)
-    must_refuse: bool = False  # known to break the protocol: an ok reply is a bug
 
 
 def infer_messages(rng: random.Random, count: int, first_id: int) -> Iterator[Message]:
@@ -230,24 +162,6 @@ def _int_key_map(request_id: int) -> bytes:
     return b"\x82" + pack("id") + pack(request_id) + pack(7) + pack("seven")
 
 
-def echoed_id(parts: list[bytes]) -> int | str | None:
-    """The id a reply must echo, by the protocol's rules (docs/PROTOCOL.md): the
-    header (after an empty REQ delimiter frame) must decode as a msgpack map with
-    string keys and valid UTF-8, and its ``id`` be an int in [0, 2**64) or a
-    string of 1..128 characters; anything else is answered with ``id: null``."""
-    frames = parts[1:] if parts and parts[0] == b"" and len(parts) > 1 else parts
-    try:
-        header = msgpack.unpackb(frames[0], raw=False, strict_map_key=True)
-    except Exception:  # msgpack's many decode errors, UnicodeDecodeError
-        return None
-    value = header.get("id") if isinstance(header, dict) else None
-    if isinstance(value, str) and 0 < len(value) <= 128:
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
-        return None
-    return value
-
-
 def control_messages(rng: random.Random, count: int, first_id: int) -> Iterator[Message]:
     for index in range(count):
         request_id = first_id + index
@@ -273,17 +187,6 @@ def control_messages(rng: random.Random, count: int, first_id: int) -> Iterator[
 
 
 # -- the run --------------------------------------------------------------------------------
-
-
-@dataclass
-class Tally:
-    sent: int = 0
-    replies: int = 0
-    codes: Counter[str] = field(default_factory=Counter)
-    id_mismatches: int = 0
-    unreadable_ids: int = 0
-    unanswered: int = 0
-    accepted_bad: int = 0
 
 
 def throw(endpoint: str, messages: Iterator[Message], *, window: int, timeout_s: float) -> Tally:
