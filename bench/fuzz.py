@@ -1,21 +1,24 @@
-"""Throw malformed messages at a real daemon's infer and control sockets.
+"""Throw malformed messages at a real daemon's infer, control and shm sockets.
 
-    python bench/fuzz.py                         # 100,000 infer + 20,000 control messages
-    python bench/fuzz.py --infer 3000 --control 1000 --json   # the CI version's size
+    python bench/fuzz.py            # 100,000 infer + 20,000 control + 20,000 shm messages
+    python bench/fuzz.py --infer 3000 --control 1000 --shm 2000 --json   # the CI version
 
 One ``inferd run`` subprocess serves the identity model; a DEALER per socket sends
 messages made by mutating valid requests (wrong types for every header field,
 msgpack extension types such as timestamps, non-UTF-8 strings, deep nesting,
 huge and negative numbers, shapes and dtypes that do not fit, missing and extra
 frames, bytes that are not msgpack), a few valid requests among them, with at
-most ``--window`` in flight.  Every message carries a fresh integer id where the
+most ``--window`` in flight.  A registration connection to ``shm.sock`` gets
+region references, descriptors and registrations mutated the same way
+(``fuzz_shm.py``).  Every message carries a fresh integer id where the
 mutation leaves one, so each reply can be matched to its request.
 
 It prints, side by side: replies by code, replies whose id is not the request's
 (must be 0), requests never answered (must be 0), ``INTERNAL`` replies (an
 unhandled exception: must be 0), whether the daemon is still alive and serving,
-and its RSS before and after.  Exit status 1 when one of the must-be-0 counts is
-not, or the daemon died.  ``tests/integration/test_fuzz.py`` runs the small size.
+its RSS before and after, and the regions it still holds once the shm
+connection has closed (must be none).  Exit status 1 when one of the must-be-0
+counts is not, or the daemon died.  ``tests/integration/test_fuzz.py`` runs the small size.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
+from fuzz_shm import throw_shm  # noqa: E402
 from fuzz_values import Message, Tally, echoed_id, odd_value, pack  # noqa: E402
 from inferd.demo_model import write_identity_model  # noqa: E402
 from inferd_client import InferenceClient, OperatorClient  # noqa: E402
@@ -244,7 +248,9 @@ def throw(endpoint: str, messages: Iterator[Message], *, window: int, timeout_s:
     return tally
 
 
-def run(infer_count: int, control_count: int, window: int, seed: int) -> dict[str, Any]:
+def run(
+    infer_count: int, control_count: int, shm_count: int, window: int, seed: int
+) -> dict[str, Any]:
     from tests.conftest import render_config, start_daemon
 
     workdir = Path(tempfile.mkdtemp(prefix="ifd-f-"))  # short: ipc paths max 107 bytes
@@ -272,10 +278,16 @@ def run(infer_count: int, control_count: int, window: int, seed: int) -> dict[st
             window=window,
             timeout_s=30,
         )
+        # Below shm.max_requests_per_connection, whose refusal would be another code.
+        shm_path = str(workdir / "run" / "shm.sock")
+        shm = throw_shm(shm_path, shm_count, seed, window=min(window, 32), timeout_s=30)
         elapsed = time.monotonic() - started
         alive = daemon.process.poll() is None
         serving = False
+        regions_left: int | None = None
         if alive:
+            with OperatorClient(daemon.control, timeout=10) as operator:
+                regions_left = wait_for_no_regions(operator, timeout_s=30)
             with InferenceClient(daemon.infer, timeout=10) as client:
                 out = client.infer("identity", {"input": np.ones(SHAPE, np.float32)})
                 serving = bool(np.array_equal(out["output"], np.ones(SHAPE, np.float32)))
@@ -287,6 +299,8 @@ def run(infer_count: int, control_count: int, window: int, seed: int) -> dict[st
             "elapsed_s": round(elapsed, 2),
             "infer": _summary(infer),
             "control": _summary(control),
+            "shm": _summary(shm),
+            "regions_left": regions_left,
             "daemon_alive": alive,
             "daemon_serving": serving,
             "rss_kib_before": rss_before,
@@ -297,6 +311,18 @@ def run(infer_count: int, control_count: int, window: int, seed: int) -> dict[st
         if daemon is not None and daemon.process.poll() is None:
             daemon.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def wait_for_no_regions(operator: OperatorClient, timeout_s: float) -> int:
+    """The regions the daemon still holds once none should be left (0), or how many
+    are left after ``timeout_s``: a closed connection's are unmapped when the
+    registration thread gets to them."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        left = len(operator.status()["shm"]["regions"])
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.05)  # a polling period: the count above is what is awaited
 
 
 def _summary(tally: Tally) -> dict[str, Any]:
@@ -314,7 +340,7 @@ def _summary(tally: Tally) -> dict[str, Any]:
 def failures(result: dict[str, Any]) -> list[str]:
     """What must be zero and is not."""
     found = []
-    for socket in ("infer", "control"):
+    for socket in ("infer", "control", "shm"):
         summary = result[socket]
         for key in ("id_mismatches", "unanswered", "accepted_bad"):
             if summary[key]:
@@ -323,20 +349,23 @@ def failures(result: dict[str, Any]) -> list[str]:
             found.append(f"{socket}: {summary['codes']['INTERNAL']} INTERNAL replies")
     if not (result["daemon_alive"] and result["daemon_serving"]):
         found.append("the daemon died or stopped serving")
+    if result["regions_left"]:
+        found.append(f"{result['regions_left']} regions left after the shm connection closed")
     return found
 
 
 def print_table(result: dict[str, Any]) -> None:
-    infer, control = result["infer"], result["control"]
-    codes = sorted(set(infer["codes"]) | set(control["codes"]))
+    sockets = [result[name] for name in ("infer", "control", "shm")]
+    codes = sorted(set().union(*(summary["codes"] for summary in sockets)))
     print(f"fuzz run {datetime.date.today()} seed {result['seed']}, {result['elapsed_s']} s")
-    print(f"{'':<22}{'infer':>12}{'control':>12}")
+    print(f"{'':<22}{'infer':>12}{'control':>12}{'shm':>12}")
     for key in ("sent", "replies"):
-        print(f"{key:<22}{infer[key]:>12,}{control[key]:>12,}")
+        print(f"{key:<22}" + "".join(f"{summary[key]:>12,}" for summary in sockets))
     for code in codes:
-        print(f"  {code:<20}{infer['codes'].get(code, 0):>12,}{control['codes'].get(code, 0):>12,}")
+        print(f"  {code:<20}" + "".join(f"{s['codes'].get(code, 0):>12,}" for s in sockets))
     for key in ("unreadable_ids", "id_mismatches", "unanswered", "accepted_bad"):
-        print(f"{key:<22}{infer[key]:>12,}{control[key]:>12,}")
+        print(f"{key:<22}" + "".join(f"{summary[key]:>12,}" for summary in sockets))
+    print(f"regions left          {result['regions_left']}")
     before, after = result["rss_kib_before"], result["rss_kib_after"]
     print(f"daemon alive/serving  {result['daemon_alive']}/{result['daemon_serving']}")
     print(f"daemon RSS            {before / 1024:.1f} MiB before, {after / 1024:.1f} MiB after")
@@ -348,11 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--infer", type=int, default=100_000, help="messages to the infer socket")
     parser.add_argument("--control", type=int, default=20_000, help="to the control socket")
+    parser.add_argument("--shm", type=int, default=20_000, help="to the shm socket")
     parser.add_argument("--window", type=int, default=64, help="messages in flight")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
-    result = run(args.infer, args.control, args.window, args.seed)
+    result = run(args.infer, args.control, args.shm, args.window, args.seed)
     if args.json:
         print(json.dumps({**result, "failures": failures(result)}))
     else:

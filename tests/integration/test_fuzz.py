@@ -1,7 +1,8 @@
 """The fuzz harness's short version (``bench/fuzz.py``): thousands of malformed
-messages at a real daemon's infer and control sockets, each answered once with its
-own id (or ``null`` when the id was unreadable), none with ``INTERNAL``, and the
-daemon still serving afterwards."""
+messages at a real daemon's infer, control and shm sockets, each answered once
+with its own id (or ``null`` when the id was unreadable), none with
+``INTERNAL``, the daemon still serving afterwards and holding no region once the
+shm connection has closed."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ pytestmark = pytest.mark.integration
 
 def test_malformed_floods_are_each_answered_once_and_the_daemon_keeps_serving() -> None:
     done = subprocess.run(
-        [sys.executable, "bench/fuzz.py", "--infer", "3000", "--control", "1000", "--json"],
+        [
+            sys.executable,
+            "bench/fuzz.py",
+            *("--infer", "3000", "--control", "1000", "--shm", "2000", "--json"),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -27,9 +32,13 @@ def test_malformed_floods_are_each_answered_once_and_the_daemon_keeps_serving() 
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["failures"] == [], result
     assert done.returncode == 0, done.stderr[-2000:]
-    for socket, sent in (("infer", 3000), ("control", 1000)):
+    for socket, sent in (("infer", 3000), ("control", 1000), ("shm", 2000)):
         summary = result[socket]
         assert (summary["sent"], summary["replies"]) == (sent, sent)
         assert summary["codes"]["INVALID_ARGUMENT"] > sent / 2, summary  # mostly refused
         assert "INTERNAL" not in summary["codes"]
     assert result["daemon_alive"] and result["daemon_serving"]
+    # Valid requests among the malformed ones were served on shm.sock too, and what
+    # the fuzzer's connection registered went with it.
+    assert result["shm"]["codes"]["OK"] > 0
+    assert result["regions_left"] == 0

@@ -1,0 +1,231 @@
+"""The ``shm.sock`` half of ``fuzz.py``: malformed messages on one registration
+connection (issue 12), each answered once on it, none ``INTERNAL``.
+
+The connection registers one sealed 8 MiB region first, so requests can name a
+real region; then it sends infer requests made by mutating a valid one (region
+ids unknown, malformed or of odd types; offsets negative, huge, misaligned or
+past the end; ``nbytes`` that do not match; dtypes and shapes that do not fit;
+outputs missing, overlapping their input or outside the region; fields of every
+wrong type), registrations carrying the wrong descriptors (none, two, a pipe, a
+socket, ``/dev/null``, an unsealed memfd, a sealed one of an odd size) or an
+infer request carrying one, unregisters of ids that are not registered, unknown
+ops and bytes that are not msgpack; a few valid requests among them.  Every
+message carries a fresh id where the mutation leaves one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import random
+import select
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from fuzz_values import Tally, echoed_id, odd_value, pack
+from inferd_client.shm import SharedRegion
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
+
+SHAPE = (1, 3, 224, 224)
+NBYTES = int(np.prod(SHAPE)) * 4
+REGION_BYTES = 8 * 1024 * 1024
+#: Where the valid request's output lies in the region (its input is at 0).
+OUTPUT_OFFSET = 1024 * 1024
+
+
+@dataclass
+class ShmMessage:
+    data: bytes
+    request_id: int | str | None  # the id a reply must echo (None: unreadable)
+    fds: str | None = None  # the descriptors it carries (``DESCRIPTORS``)
+    must_refuse: bool = False  # known to break the protocol: an ok reply is a bug
+
+
+def _memfd(size: int, seals: int) -> int:
+    fd = os.memfd_create("fuzz", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def _pipe() -> list[int]:
+    read, write = os.pipe()
+    os.close(write)
+    return [read]
+
+
+def _socket() -> list[int]:
+    one, other = socket.socketpair()
+    other.close()
+    return [one.detach()]
+
+
+#: Descriptors a message may carry, made fresh for each send and closed after it.
+DESCRIPTORS: dict[str, Callable[[], list[int]]] = {
+    "sealed memfd": lambda: [_memfd(mmap.PAGESIZE, fcntl.F_SEAL_SHRINK)],
+    "unsealed memfd": lambda: [_memfd(mmap.PAGESIZE, 0)],
+    "odd-sized memfd": lambda: [_memfd(mmap.PAGESIZE + 1, fcntl.F_SEAL_SHRINK)],
+    "empty memfd": lambda: [_memfd(0, fcntl.F_SEAL_SHRINK)],
+    "two memfds": lambda: [_memfd(mmap.PAGESIZE, fcntl.F_SEAL_SHRINK) for _ in range(2)],
+    "pipe": _pipe,
+    "socket": _socket,
+    "/dev/null": lambda: [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)],
+}
+
+
+def shm_messages(
+    rng: random.Random, count: int, first_id: int, region_id: str
+) -> Iterator[ShmMessage]:
+    for index in range(count):
+        request_id = first_id + index
+        ref: dict[str, Any] = {
+            "name": "input",
+            "dtype": "float32",
+            "shape": list(SHAPE),
+            "region": region_id,
+            "offset": 0,
+            "nbytes": NBYTES,
+        }
+        out = {**ref, "name": "output", "offset": OUTPUT_OFFSET}
+        header: dict[str, Any] = {
+            "v": 1,
+            "id": request_id,
+            "op": "infer",
+            "model": "identity",
+            "inputs": [ref],
+            "outputs": [out],
+        }
+        fds: str | None = None
+        kind = rng.randrange(12)
+        if kind == 0 and rng.random() < 0.3:
+            pass  # a valid request now and then: the daemon must go on serving
+        elif kind <= 2:  # a reference's field of the wrong type, or out of range
+            target = rng.choice((ref, out))
+            key = rng.choice(("region", "offset", "nbytes", "dtype", "shape", "name", "extra"))
+            target[key] = rng.choice(
+                (
+                    odd_value(rng),
+                    rng.choice((-256, 64, REGION_BYTES, REGION_BYTES - 256, 2**64 - 256)),
+                    "0123456789abcdef" * 2,  # well-formed, never registered
+                    region_id.upper(),
+                    region_id[:-1],
+                )
+            )
+        elif kind == 3:  # outputs that overlap the input, are missing or doubled
+            header["outputs"] = rng.choice(([{**out, "offset": 0}], [], [out, out]))
+            if not header["outputs"] and rng.random() < 0.5:
+                del header["outputs"]
+        elif kind == 4:  # a header field of the wrong type
+            key = rng.choice(("v", "op", "model", "inputs", "outputs", "deadline_ms", "extra"))
+            header[key] = odd_value(rng)
+        elif kind == 5:  # an inline tensor: shm.sock carries none
+            header["inputs"] = [{"name": "input", "dtype": "float32", "shape": list(SHAPE)}]
+        elif kind == 6:  # a registration with the wrong descriptors, or none
+            header = {"v": 1, "id": request_id, "op": "register"}
+            if rng.random() < 0.3:
+                header["label"] = odd_value(rng)
+            fds = rng.choice([None, *DESCRIPTORS])
+        elif kind == 7:  # an infer request carrying a descriptor
+            fds = rng.choice(list(DESCRIPTORS))
+        elif kind == 8:  # an unregister of what is not registered here
+            header = {"v": 1, "id": request_id, "op": "unregister"}
+            header["region"] = rng.choice(("0123456789abcdef" * 2, odd_value(rng)))
+        elif kind == 9:  # an op shm.sock does not serve
+            header["op"] = rng.choice(("status", "steal", "", "register ", odd_value(rng)))
+        elif kind == 10:  # not msgpack, not a map, or over the message bound
+            raw = rng.choice(
+                (
+                    bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64))),
+                    pack([1, 2, 3]),
+                    b"\xc1",
+                    b"\xdf\xff\xff\xff\xff",
+                    b"\x81\xa1v" + b"\x01" * MAX_SHM_MESSAGE_BYTES,
+                )
+            )
+            yield ShmMessage(raw, None if len(raw) > MAX_SHM_MESSAGE_BYTES else echoed_id([raw]))
+            continue
+        else:  # several fields at once
+            for _ in range(rng.randint(2, 5)):
+                target = rng.choice((header, ref, out))
+                target[rng.choice(("model", "region", "offset", "shape", "v"))] = odd_value(rng)
+        data = pack(header)
+        must_refuse = fds is not None and header.get("op") == "infer"
+        yield ShmMessage(data, echoed_id([data]), fds, must_refuse)
+
+
+def register(conn: socket.socket, region: SharedRegion) -> str:
+    socket.send_fds(conn, [msgpack.packb({"v": 1, "id": 0, "op": "register"})], [region.fd])
+    reply = msgpack.unpackb(conn.recv(MAX_SHM_MESSAGE_BYTES))
+    if not reply.get("ok"):
+        raise RuntimeError(f"the fuzzer's own region was refused: {reply}")
+    return str(reply["result"]["region"])
+
+
+def throw_shm(path: str, count: int, seed: int, *, window: int, timeout_s: float) -> Tally:
+    """Register a region, then send ``count`` messages with at most ``window``
+    unanswered (below ``shm.max_requests_per_connection``); match replies by id."""
+    tally = Tally()
+    rng = random.Random(seed)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    conn.settimeout(timeout_s)
+    conn.connect(path)
+    waiting: Counter[int | str | None] = Counter()
+    must_refuse: set[int | str] = set()
+    in_flight, last_reply = 0, time.monotonic()
+    with SharedRegion(REGION_BYTES, label="fuzz") as region:
+        region.array(SHAPE, np.float32)[...] = 1.0
+        messages = shm_messages(rng, count, 1, register(conn, region))
+        exhausted = False
+        try:
+            while not exhausted or in_flight:
+                while not exhausted and in_flight < window:
+                    message = next(messages, None)
+                    if message is None:
+                        exhausted = True
+                        break
+                    fds = DESCRIPTORS[message.fds]() if message.fds else []
+                    try:
+                        socket.send_fds(conn, [message.data], fds)
+                    finally:
+                        for fd in fds:
+                            os.close(fd)
+                    waiting[message.request_id] += 1
+                    if message.must_refuse and message.request_id is not None:
+                        must_refuse.add(message.request_id)
+                    tally.sent += 1
+                    in_flight += 1
+                if not select.select([conn], [], [], 0.1)[0]:
+                    if time.monotonic() - last_reply > timeout_s:
+                        break  # what is left was never answered
+                    continue
+                data = conn.recv(MAX_SHM_MESSAGE_BYTES)
+                if not data:
+                    break  # the daemon closed the connection: what is left is unanswered
+                last_reply = time.monotonic()
+                in_flight -= 1
+                tally.replies += 1
+                header = msgpack.unpackb(data, raw=False)
+                code = "OK" if header.get("ok") else str(header.get("error", {}).get("code"))
+                tally.codes[code] += 1
+                reply_id = header.get("id")
+                if reply_id is None:
+                    tally.unreadable_ids += 1
+                elif header.get("ok") and reply_id in must_refuse:
+                    tally.accepted_bad += 1
+                if waiting[reply_id] > 0:
+                    waiting[reply_id] -= 1
+                else:
+                    tally.id_mismatches += 1
+        finally:
+            conn.close()  # the daemon releases what this connection registered
+    tally.unanswered = sum(waiting.values())
+    return tally
