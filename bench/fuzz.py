@@ -31,7 +31,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +39,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # for tests.conftest (daemon start-up helpers)
 
-import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 from fuzz_shm import throw_shm  # noqa: E402
-from fuzz_values import Message, Tally, echoed_id, odd_value, pack  # noqa: E402
+from fuzz_values import Message, Tally, echoed_id, exchange, odd_value, pack  # noqa: E402
 from inferd.demo_model import write_identity_model  # noqa: E402
 from inferd_client import InferenceClient, OperatorClient  # noqa: E402
 
@@ -196,55 +194,31 @@ def control_messages(rng: random.Random, count: int, first_id: int) -> Iterator[
 def throw(endpoint: str, messages: Iterator[Message], *, window: int, timeout_s: float) -> Tally:
     """Send every message with at most ``window`` unanswered; match replies by id."""
     tally = Tally()
-    context = zmq.Context.instance()
-    socket = context.socket(zmq.DEALER)
+    socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.connect(endpoint)
-    waiting: Counter[int | str | None] = Counter()
-    must_refuse: set[int | str] = set()
-    in_flight = 0
-    exhausted = False
-    last_reply = time.monotonic()
+
+    def receive(wait_s: float) -> bytes | None:
+        if not socket.poll(int(wait_s * 1000)):
+            return None
+        reply = socket.recv_multipart()
+        if reply[0] == b"" and len(reply) > 1:
+            reply = reply[1:]  # a message that began with an empty frame was read as a
+            # REQ envelope (delimiter, then header): its reply comes back the same way
+        return bytes(reply[0])
+
     try:
-        while not exhausted or in_flight:
-            while not exhausted and in_flight < window:
-                message = next(messages, None)
-                if message is None:
-                    exhausted = True
-                    break
-                socket.send_multipart(message.parts)
-                waiting[message.request_id] += 1
-                if message.must_refuse and message.request_id is not None:
-                    must_refuse.add(message.request_id)
-                tally.sent += 1
-                in_flight += 1
-            if not socket.poll(100):
-                if time.monotonic() - last_reply > timeout_s:
-                    break  # what is left was never answered
-                continue
-            reply = socket.recv_multipart()
-            last_reply = time.monotonic()
-            in_flight -= 1
-            tally.replies += 1
-            if reply[0] == b"" and len(reply) > 1:
-                reply = reply[1:]  # a message that began with an empty frame was read as a
-                # REQ envelope (delimiter, then header): its reply comes back the same way
-            header = msgpack.unpackb(reply[0], raw=False)
-            code = "OK" if header.get("ok") else str(header.get("error", {}).get("code"))
-            tally.codes[code] += 1
-            reply_id = header.get("id")
-            if reply_id is None:
-                tally.unreadable_ids += 1
-            elif header.get("ok") and reply_id in must_refuse:
-                tally.accepted_bad += 1
-            if waiting[reply_id] > 0:
-                waiting[reply_id] -= 1
-            else:
-                tally.id_mismatches += 1
+        exchange(
+            tally,
+            messages,
+            lambda message: socket.send_multipart(message.parts),
+            receive,
+            window=window,
+            timeout_s=timeout_s,
+        )
     finally:
         socket.close(linger=0)
-    tally.unanswered = sum(waiting.values())
     return tally
 
 

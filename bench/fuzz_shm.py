@@ -21,8 +21,6 @@ import os
 import random
 import select
 import socket
-import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +28,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fuzz_values import Tally, echoed_id, odd_value, pack
+from fuzz_values import Tally, echoed_id, exchange, odd_value, pack
 from inferd_client.shm import SharedRegion
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 
@@ -178,54 +176,25 @@ def throw_shm(path: str, count: int, seed: int, *, window: int, timeout_s: float
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     conn.settimeout(timeout_s)
     conn.connect(path)
-    waiting: Counter[int | str | None] = Counter()
-    must_refuse: set[int | str] = set()
-    in_flight, last_reply = 0, time.monotonic()
-    with SharedRegion(REGION_BYTES, label="fuzz") as region:
-        region.array(SHAPE, np.float32)[...] = 1.0
-        messages = shm_messages(rng, count, 1, register(conn, region))
-        exhausted = False
+
+    def send(message: ShmMessage) -> None:
+        fds = DESCRIPTORS[message.fds]() if message.fds else []
         try:
-            while not exhausted or in_flight:
-                while not exhausted and in_flight < window:
-                    message = next(messages, None)
-                    if message is None:
-                        exhausted = True
-                        break
-                    fds = DESCRIPTORS[message.fds]() if message.fds else []
-                    try:
-                        socket.send_fds(conn, [message.data], fds)
-                    finally:
-                        for fd in fds:
-                            os.close(fd)
-                    waiting[message.request_id] += 1
-                    if message.must_refuse and message.request_id is not None:
-                        must_refuse.add(message.request_id)
-                    tally.sent += 1
-                    in_flight += 1
-                if not select.select([conn], [], [], 0.1)[0]:
-                    if time.monotonic() - last_reply > timeout_s:
-                        break  # what is left was never answered
-                    continue
-                data = conn.recv(MAX_SHM_MESSAGE_BYTES)
-                if not data:
-                    break  # the daemon closed the connection: what is left is unanswered
-                last_reply = time.monotonic()
-                in_flight -= 1
-                tally.replies += 1
-                header = msgpack.unpackb(data, raw=False)
-                code = "OK" if header.get("ok") else str(header.get("error", {}).get("code"))
-                tally.codes[code] += 1
-                reply_id = header.get("id")
-                if reply_id is None:
-                    tally.unreadable_ids += 1
-                elif header.get("ok") and reply_id in must_refuse:
-                    tally.accepted_bad += 1
-                if waiting[reply_id] > 0:
-                    waiting[reply_id] -= 1
-                else:
-                    tally.id_mismatches += 1
+            socket.send_fds(conn, [message.data], fds)
         finally:
-            conn.close()  # the daemon releases what this connection registered
-    tally.unanswered = sum(waiting.values())
+            for fd in fds:
+                os.close(fd)
+
+    def receive(wait_s: float) -> bytes | None:
+        if not select.select([conn], [], [], wait_s)[0]:
+            return None
+        return conn.recv(MAX_SHM_MESSAGE_BYTES)  # b"": the daemon closed the connection
+
+    try:
+        with SharedRegion(REGION_BYTES, label="fuzz") as region:
+            region.array(SHAPE, np.float32)[...] = 1.0
+            messages = shm_messages(rng, count, 1, register(conn, region))
+            exchange(tally, messages, send, receive, window=window, timeout_s=timeout_s)
+    finally:
+        conn.close()  # the daemon releases what this connection registered
     return tally

@@ -5,10 +5,11 @@ of what came back."""
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgpack
 
@@ -98,8 +99,24 @@ def echoed_id(parts: list[bytes]) -> int | str | None:
     return value
 
 
+class Sent(Protocol):
+    """What ``exchange`` reads of a message: the id its reply must echo, and
+    whether an ``ok`` reply to it would be a bug."""
+
+    @property
+    def request_id(self) -> int | str | None: ...
+
+    @property
+    def must_refuse(self) -> bool: ...
+
+
+M = TypeVar("M", bound=Sent)
+
+
 @dataclass
 class Tally:
+    """What one socket was sent and answered, replies matched to requests by id."""
+
     sent: int = 0
     replies: int = 0
     codes: Counter[str] = field(default_factory=Counter)
@@ -107,3 +124,70 @@ class Tally:
     unreadable_ids: int = 0
     unanswered: int = 0
     accepted_bad: int = 0
+    waiting: Counter[int | str | None] = field(default_factory=Counter)
+    must_refuse: set[int | str] = field(default_factory=set)
+
+    def sent_one(self, request_id: int | str | None, must_refuse: bool) -> None:
+        """A message sent whose reply must echo ``request_id`` (and, ``must_refuse``,
+        must not be ``ok``)."""
+        self.sent += 1
+        self.waiting[request_id] += 1
+        if must_refuse and request_id is not None:
+            self.must_refuse.add(request_id)
+
+    def replied(self, header_bytes: bytes) -> None:
+        """Count a reply's header: its code, and whether its id was one still waited for."""
+        self.replies += 1
+        header = msgpack.unpackb(header_bytes, raw=False)
+        code = "OK" if header.get("ok") else str(header.get("error", {}).get("code"))
+        self.codes[code] += 1
+        reply_id = header.get("id")
+        if reply_id is None:
+            self.unreadable_ids += 1
+        elif header.get("ok") and reply_id in self.must_refuse:
+            self.accepted_bad += 1
+        if self.waiting[reply_id] > 0:
+            self.waiting[reply_id] -= 1
+        else:
+            self.id_mismatches += 1
+
+    def end(self) -> None:
+        """What is still waited for now was never answered."""
+        self.unanswered = sum(self.waiting.values())
+
+
+def exchange(
+    tally: Tally,
+    messages: Iterator[M],
+    send: Callable[[M], None],
+    receive: Callable[[float], bytes | None],
+    *,
+    window: int,
+    timeout_s: float,
+) -> None:
+    """Send every message (each with its ``request_id`` and ``must_refuse``) with
+    at most ``window`` unanswered, and count each reply in ``tally``.
+    ``receive(wait_s)`` returns a reply's header, None when none came within
+    ``wait_s``, or ``b""`` when the peer closed; what is unanswered after
+    ``timeout_s`` without a reply, or at the close, stays unanswered."""
+    in_flight, exhausted, last_reply = 0, False, time.monotonic()
+    while not exhausted or in_flight:
+        while not exhausted and in_flight < window:
+            message = next(messages, None)
+            if message is None:
+                exhausted = True
+                break
+            send(message)
+            tally.sent_one(message.request_id, message.must_refuse)
+            in_flight += 1
+        header = receive(0.1)
+        if header is None:
+            if time.monotonic() - last_reply > timeout_s:
+                break
+            continue
+        if not header:
+            break
+        last_reply = time.monotonic()
+        in_flight -= 1
+        tally.replied(header)
+    tally.end()

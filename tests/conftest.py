@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import shutil
 import signal
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
@@ -68,6 +71,39 @@ def vm_flags(address: int, pid: int | str = "self") -> set[str]:
         elif ours and first == "VmFlags:":
             return set(rest.split())
     raise AssertionError(f"no mapping of {pid} starts at {address:#x}")
+
+
+@contextmanager
+def bench_module(name: str) -> Iterator[ModuleType]:
+    """``bench/<name>.py`` imported, with ``bench/`` on ``sys.path`` meanwhile:
+    the scripts are not a package and import each other by name."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``bench/<script>`` run by this interpreter from the repository root, its
+    output captured (the short sizes the suite runs take seconds)."""
+    return subprocess.run(
+        [sys.executable, f"bench/{script}", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+
+
+def bench_result(script: str, *args: str) -> dict[str, Any]:
+    """The document ``bench/<script> --json`` printed last, once its list of
+    failures is empty and it exited 0."""
+    done = run_bench(script, *args, "--json")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["failures"] == [], result
+    assert done.returncode == 0, done.stderr[-2000:]
+    return result
 
 
 def wait_until(

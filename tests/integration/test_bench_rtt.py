@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_module, run_bench
 
 pytestmark = pytest.mark.integration
 
@@ -32,17 +30,15 @@ VERDICT = re.compile(
 )
 
 
-def bench(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=REPO, timeout=300
-    )
+def bench(script: str, *args: str) -> str:
+    done = run_bench(script, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
 def test_rtt_json_has_one_row_per_case_and_path() -> None:
     rows: list[dict[str, Any]] = json.loads(
-        bench("bench/rtt.py", "--iterations", "12", "--block", "4", "--warmup", "1", "--json")
+        bench("rtt.py", "--iterations", "12", "--block", "4", "--warmup", "1", "--json")
     )
     assert [(row["case"], row["path"]) for row in rows] == [
         (case, path) for case in CASES for path in PATHS
@@ -54,7 +50,7 @@ def test_rtt_json_has_one_row_per_case_and_path() -> None:
 
 
 def test_rtt_table_gives_each_target_an_interval_and_breaks_down_its_misses() -> None:
-    out = bench("bench/rtt.py", "--iterations", "10", "--block", "5", "--warmup", "1")
+    out = bench("rtt.py", "--iterations", "10", "--block", "5", "--warmup", "1")
     served = [line.split() for line in out.splitlines()]
     served = [f for f in served if len(f) > 2 and f[0] in CASES and f[1] in ("frames", "shm")]
     assert len(served) == len(CASES) * 2, out
@@ -94,7 +90,7 @@ def test_rtt_table_gives_each_target_an_interval_and_breaks_down_its_misses() ->
 def test_breakdown_json_times_every_step() -> None:
     (result,) = json.loads(
         bench(
-            "bench/breakdown.py",
+            "breakdown.py",
             "--iterations",
             "8",
             "--warmup",
@@ -106,12 +102,9 @@ def test_breakdown_json_times_every_step() -> None:
             "--json",
         )
     )
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import breakdown
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    assert list(result["steps_us"]) == [what for what, _, _ in breakdown.STEPS]
+    with bench_module("breakdown") as breakdown:
+        steps = [what for what, _, _ in breakdown.STEPS]
+    assert list(result["steps_us"]) == steps
     assert result["steps_us"]["ORT run (runtime.infer)"] > 0
     assert result["round_trip_us"] > result["steps_us"]["ORT run (runtime.infer)"]
     assert (result["case"], result["path"], result["n"]) == ("identity-0.6MB", "shm", 8)

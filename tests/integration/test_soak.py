@@ -7,28 +7,15 @@ theirs."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_result
 
 pytestmark = pytest.mark.integration
 
 
 def test_every_client_at_once_is_answered_and_leaves_nothing_behind() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/soak.py", "--minutes", "0.1", "--clients", "2", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["failures"] == [], result
-    assert done.returncode == 0, done.stderr[-2000:]
+    result = bench_result("soak.py", "--minutes", "0.1", "--clients", "2")
     assert result["daemon_alive"]
     sources = result["sources"]
     for name, source in sources.items():

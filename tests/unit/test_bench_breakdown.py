@@ -4,25 +4,19 @@ control requests before them."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def breakdown() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import breakdown
-
-        yield breakdown
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    with bench_module("breakdown") as module:
+        yield module
 
 
 def stamps_of(

@@ -3,25 +3,19 @@ that explain a miss, and the intervals that resample the run's rounds."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def rtt() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import rtt
-
-        yield rtt
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    with bench_module("rtt") as module:
+        yield module
 
 
 #: Medians (us) that meet every target: shm adds 100 us at 0.6 MB and 120 at 25 MB.
