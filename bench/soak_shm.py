@@ -23,7 +23,6 @@ mapping, connection or request of theirs.
 
 from __future__ import annotations
 
-import mmap
 import os
 import random
 import select
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
+from fuzz_shm import DESCRIPTORS
 from inferd_client import ClientError, InferenceClient, RemoteError
 from inferd_client.shm import RegionChannel, SharedRegion
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
@@ -180,12 +180,6 @@ class RawShm:
         self.socket.close()
 
 
-def _unsealed_memfd() -> int:
-    fd = os.memfd_create("soak-unsealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, mmap.PAGESIZE)
-    return fd
-
-
 def malformed_cases(region_id: str) -> list[tuple[str, bytes, bool, str]]:
     """``(case, message, with an unsealed memfd, the code it must get)``."""
     ref = {
@@ -235,7 +229,7 @@ def malformed(shm_path: str, stop: threading.Event, source: Source) -> None:
             cases = malformed_cases(registered["result"]["region"])
             while not stop.is_set():
                 for _case, message, unsealed, expected in cases:
-                    fds = [_unsealed_memfd()] if unsealed else []
+                    fds = DESCRIPTORS["unsealed memfd"]() if unsealed else []
                     try:
                         reply = raw.exchange(message, fds)
                     except (OSError, ValueError):
