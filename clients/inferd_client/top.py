@@ -169,6 +169,27 @@ def _models(status: dict[str, Any], rates: dict[str, float], stale: bool) -> Tab
     return table
 
 
+def _shm(shm: dict[str, Any]) -> Text:
+    """One line for the shared-memory regions (``status.shm``)."""
+    if not shm.get("enabled"):
+        return Text("shared memory off", style="dim")
+    mib = 1024 * 1024
+    line = Text(
+        f"shared memory  {shm['connections']}/{shm['max_connections']} connections  "
+        f"{len(shm['regions'])} regions  "
+        f"{shm['mapped_bytes'] / mib:.1f} of {shm['max_bytes_total'] / mib:.0f} MiB mapped  "
+        f"{shm['in_flight']} in flight"
+    )
+    refused = sum(shm.get("refused", {}).values())
+    if refused:
+        line.append(f"  {refused} refused", style="yellow")
+    if shm.get("unroutable_replies"):
+        line.append(f"  {shm['unroutable_replies']} replies to gone clients", style="yellow")
+    if not shm.get("thread_alive", True):
+        line.append("  registration thread DOWN", style="bold red")
+    return line
+
+
 def _builds(builds: list[dict[str, Any]], phases: dict[str, str]) -> Table:
     table = Table(title="builds", title_justify="left", expand=True, box=None)
     for column in ("BUILD", "MODEL", "BUILDER", "STATE", "ELAPSED s", "PHASE"):
@@ -205,6 +226,7 @@ def render(state: TopState, endpoint: str, interval: float, now: float) -> Rende
     parts: list[RenderableType] = [_header(state, endpoint, interval, now), Text()]
     if state.status is not None:
         parts += [_models(state.status, state.rates, state.error is not None), Text()]
+        parts += [_shm(state.status.get("shm") or {}), Text()]
     parts += [_builds(state.builds, state.phases), Text(), _alerts(state.alerts)]
     return Group(*parts)
 

@@ -118,9 +118,15 @@ def test_top_shows_models_rates_and_latency_then_quits_on_q(
 ) -> None:
     terminal.start(top_command(daemon.workdir))
     terminal.wait_for(r"^\s*demo\s+serving\s+onnx_trt_ep\s", "the demo model's row")
+    terminal.wait_for(r"^shared memory\s+0/\d+ connections\s+0 regions", "no region yet")
     with InferenceClient(daemon.infer, timeout=30) as client:
         for _ in range(5):
             client.infer("demo", {"image": np.zeros((1, 3, 224, 224), np.float32)})
+        client.shared_region(4 * 1024 * 1024, label="camera")
+        terminal.wait_for(
+            r"^shared memory\s+1/\d+ connections\s+1 regions\s+4\.0 of \d+ MiB mapped",
+            "the client's region shown",
+        )
     terminal.wait_for(r"^\s*demo\s+serving\s+onnx_trt_ep\s+\S+\s+5\s+5\s", "5 requests shown")
     screen = terminal.screen()
     row = next(m for m in ROW.finditer(screen) if m["model"] == "demo")

@@ -107,3 +107,39 @@ def test_unreachable_daemon_is_said_and_the_last_state_kept() -> None:
     text = " ".join(screen(state, 120).split())
     assert "daemon unreachable: no reply" in text and "last answer 10 s ago" in text
     assert "models (last known" in text and "detector" in text
+
+
+SHM = {
+    "enabled": True,
+    "thread_alive": True,
+    "connections": 3,
+    "max_connections": 16,
+    "regions": [{"id": "ab12…", "nbytes": 50331648}, {"id": "cd34…", "nbytes": 16777216}],
+    "mapped_bytes": 67108864,
+    "max_bytes_total": 1073741824,
+    "in_flight": 2,
+    "refused": {},
+    "unroutable_replies": 0,
+}
+
+
+def test_the_shared_memory_line_shows_connections_regions_and_mapped_bytes() -> None:
+    state = TopState()
+    state.on_status({**status(10), "shm": SHM}, [], at=10.0)
+    text = screen(state, 120)
+    line = next(line for line in text.splitlines() if line.startswith("shared memory"))
+    assert "3/16 connections" in line and "2 regions" in line
+    assert "64.0 of 1024 MiB mapped" in line and "2 in flight" in line
+    assert "refused" not in line and "gone" not in line and "DOWN" not in line
+    troubled = {
+        **SHM,
+        "refused": {"RESOURCE_EXHAUSTED": 4, "INVALID_ARGUMENT": 1},
+        "unroutable_replies": 7,
+        "thread_alive": False,
+    }
+    state.on_status({**status(20), "shm": troubled}, [], at=11.0)
+    line = next(line for line in screen(state, 160).splitlines() if "shared memory" in line)
+    assert "5 refused" in line and "7 replies to gone clients" in line
+    assert "registration thread DOWN" in line
+    state.on_status({**status(30), "shm": {"enabled": False}}, [], at=12.0)
+    assert "shared memory off" in screen(state, 120)
