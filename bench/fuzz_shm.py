@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 
 from fuzz_values import Tally, echoed_id, exchange, odd_value, pack
-from inferd_client.shm import SharedRegion
+from inferd_client.region import SharedRegion
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 
 SHAPE = (1, 3, 224, 224)

@@ -42,7 +42,8 @@ import numpy as np
 
 from fuzz_shm import DESCRIPTORS
 from inferd_client import ClientError, InferenceClient, RemoteError
-from inferd_client.shm import RegionChannel, SharedRegion
+from inferd_client.region import SharedRegion
+from inferd_client.shm import RegionChannel
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ SOURCES = ("shm_camera", "shm_churn", "shm_malformed", "shm_limits", "shm_killed
 DOOMED = """
 import socket, sys
 import msgpack
-from inferd_client.shm import SharedRegion
+from inferd_client.region import SharedRegion
 path, nbytes, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 conn.connect(path)

@@ -8,7 +8,7 @@ from inferd_client.errors import (
     RequestTimeout,
     UnsafeEndpoint,
 )
-from inferd_client.shm import SharedRegion
+from inferd_client.region import SharedRegion
 from inferd_wire.curve import ClientCurve, CurveKeyError
 from inferd_wire.endpoints import Endpoints, default_endpoints
 from inferd_wire.protocol import Code

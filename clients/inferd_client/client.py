@@ -38,12 +38,12 @@ from inferd_client.prepared import (
     frames_key,
     parse_outputs,
 )
+from inferd_client.region import SharedRegion
 from inferd_client.replies import check_infer_reply, check_reply_id, raise_if_error
 from inferd_client.shm import (
     Layout,
     RegionChannel,
     SameCall,
-    SharedRegion,
     ShmRequest,
     encode_inputs,
     layout_of,

@@ -1,27 +1,21 @@
 """Shared-memory regions on the client side: memory the daemon reads inputs from and
 writes outputs into, so that no tensor byte crosses the socket.
 
-``SharedRegion`` owns a sealed memfd and its mapping and hands out numpy arrays
-backed by it (``region.array(shape, dtype)``): allocate once, fill in place (a
-camera driver can write straight into one), infer, read the outputs in place.
-``RegionChannel`` is the connection to the daemon's ``shm.sock``: the daemon
-keeps a region mapped for as long as the connection that registered it stays
-open, so closing the channel (or the process ending, or being killed) releases
-every region it registered.  A request whose tensors all live in registered
-regions also travels on it (``RegionChannel.request``): one message each way,
-no ZeroMQ (DESIGN.md 104).  ``InferenceClient`` owns one channel
-(``InferenceClient.shared_region``).  Neither is thread-safe: one per thread,
-like the client itself.
+``SharedRegion`` (``inferd_client.region``) owns a sealed memfd and its mapping
+and hands out numpy arrays backed by it.  ``RegionChannel`` is the connection to
+the daemon's ``shm.sock``: the daemon keeps a region mapped for as long as the
+connection that registered it stays open, so closing the channel (or the
+process ending, or being killed) releases every region it registered.  A
+request whose tensors all live in registered regions also travels on it
+(``RegionChannel.request``): one message each way, no ZeroMQ (DESIGN.md 104).
+``InferenceClient`` owns one channel (``InferenceClient.shared_region``).
+Neither is thread-safe: one per thread, like the client itself.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import itertools
 import math
-import mmap
-import os
 import select
 import socket
 import time
@@ -40,106 +34,13 @@ from inferd_client.errors import (
 )
 from inferd_client.poll_window import Arrivals, PollWindow
 from inferd_client.prepared import PreparedHeader
+from inferd_client.region import SharedRegion
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.regions import (
     MAX_SHM_MESSAGE_BYTES,
-    REGION_ALIGNMENT,
     RegionRef,
-    advise_huge_pages,
 )
-
-#: Sealed against shrinking (what the daemon requires: it can then never fault on
-#: the memory), growing, and further sealing.
-_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-
-
-class SharedRegion:
-    """A sealed memfd of ``nbytes`` (rounded up to the page size), mapped read-write.
-
-    ``array`` allocates C-contiguous arrays in it, each at a 256-byte aligned
-    offset; ``locate`` says where an array lives in it.  ``close`` releases the
-    mapping once no array of it is alive (the daemon's own mapping, if
-    registered, is released when the registration is)."""
-
-    def __init__(self, nbytes: int, *, label: str | None = None) -> None:
-        if nbytes <= 0:
-            raise ValueError(f"a region needs a positive size, got {nbytes}")
-        self.nbytes = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.label = label
-        fd = os.memfd_create(f"inferd-{label or 'region'}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(fd, self.nbytes)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            self._mapping = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
-            advise_huge_pages(self._mapping)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
-        self._base: np.ndarray | None = np.frombuffer(self._mapping, np.uint8)
-        # The mapping never moves: its address is read once (``ctypes.data``
-        # costs microseconds, and ``locate`` runs per tensor per request).
-        self._address: int = self._base.__array_interface__["data"][0]
-        self._used = 0
-
-    @property
-    def is_open(self) -> bool:
-        return self._base is not None
-
-    @property
-    def address(self) -> int:
-        self._view()
-        return self._address
-
-    def _view(self) -> np.ndarray:
-        if self._base is None:
-            raise ClientError("the shared region is closed")
-        return self._base
-
-    def array(self, shape: Sequence[int] | int, dtype: Any) -> np.ndarray:
-        """A new writable array in the region (its contents are whatever was there)."""
-        dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(dims) * dtype.itemsize
-        offset = -(-self._used // REGION_ALIGNMENT) * REGION_ALIGNMENT
-        if offset + nbytes > self.nbytes:
-            raise ClientError(
-                f"the region has {self.nbytes - offset} bytes left; an array of {list(dims)} "
-                f"{dtype.name} needs {nbytes}"
-            )
-        self._used = offset + nbytes
-        view: np.ndarray = self._view()[offset : offset + nbytes].view(dtype).reshape(dims)
-        return view
-
-    def reset(self) -> None:
-        """Allocate from the start again (arrays handed out before now alias new ones)."""
-        self._used = 0
-
-    def locate(self, array: np.ndarray) -> tuple[int, int] | None:
-        """``(offset, nbytes)`` of ``array`` when it is a C-contiguous, 256-byte aligned
-        block of this region, else None (it then travels as a frame)."""
-        if self._base is None or not array.flags.c_contiguous:
-            return None
-        start = array.__array_interface__["data"][0] - self._address
-        if start < 0 or start + array.nbytes > self.nbytes or start % REGION_ALIGNMENT:
-            return None
-        return start, array.nbytes
-
-    def close(self) -> None:
-        """Unmap (once no array of the region is alive) and close the memfd."""
-        self._base = None
-        with contextlib.suppress(BufferError):  # arrays still alive keep it until they go
-            self._mapping.close()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __enter__(self) -> SharedRegion:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class RegionChannel:

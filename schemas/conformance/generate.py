@@ -34,7 +34,8 @@ import numpy as np
 
 from inferd_client.client import infer_request_header
 from inferd_client.prepared import PreparedHeader
-from inferd_client.shm import SharedRegion, encode_inputs, placed_outputs
+from inferd_client.region import SharedRegion
+from inferd_client.shm import encode_inputs, placed_outputs
 from inferd_wire import protocol
 
 HERE = Path(__file__).resolve().parent

@@ -733,6 +733,42 @@ def test_a_client_killed_mid_request_is_cleaned_up_and_the_daemon_serves_on(
     assert "shm_region_still_viewed" not in daemon.log()
 
 
+# -- a region made by another process -----------------------------------------------
+
+CAPTURE = """
+import os, sys
+import numpy as np
+fd = int(sys.argv[1])
+frame = np.full((1, 3, 224, 224), 2.5, np.float32)
+os.pwrite(fd, frame.tobytes(), 0)
+"""
+
+
+def test_a_memfd_filled_by_another_process_is_adopted_and_inferred_on_in_place(
+    daemon: DaemonProcess,
+) -> None:
+    """A capture service fills a memfd it shares; the client adopts it, registers
+    it, and the daemon reads the frame and writes the output in it: no copy."""
+    fd = os.memfd_create("capture", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4 * MIB)
+    subprocess.run([sys.executable, "-c", CAPTURE, str(fd)], pass_fds=[fd], check=True)
+    with InferenceClient(daemon.infer, timeout=10) as client:
+        region = SharedRegion.adopt(fd, label="capture")
+        try:
+            client.register_region(region)
+            frame = region.array((1, 3, 224, 224), np.float32)  # the bytes already there
+            out = region.array((1, 3, 224, 224), np.float32)
+            for _ in range(2):  # the first on the infer socket, by reference; then shm.sock
+                out[...] = 0.0
+                result = client.infer("identity", {"input": frame}, outputs={"output": out})
+                assert result["output"] is out and (out == 2.5).all()
+            assert client.last_transport == "shm"
+            assert shm_status(daemon)["regions"][0]["label"] == "capture"
+        finally:
+            client.unregister_region(region)
+            region.close()
+
+
 # -- shutdown -----------------------------------------------------------------------
 
 

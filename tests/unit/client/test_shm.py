@@ -17,10 +17,10 @@ import pytest
 
 from inferd_client.client import decode_outputs, infer_request_header
 from inferd_client.errors import ClientError, MalformedReply, RequestTimeout
+from inferd_client.region import SharedRegion
 from inferd_client.shm import (
     RegionChannel,
     SameCall,
-    SharedRegion,
     ShmRequest,
     encode_inputs,
     layout_of,
