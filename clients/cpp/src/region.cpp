@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -42,10 +43,42 @@ SharedRegion::SharedRegion(std::size_t nbytes, std::optional<std::string> label)
         release();
         throw ClientError(message);
     }
+    map();
+}
+
+SharedRegion SharedRegion::adopt(int fd, std::optional<std::string> label) {
+    SharedRegion region;
+    region.fd_ = fd;  // owned from here: closed by release() on every refusal
+    region.label_ = std::move(label);
+    int seals = fcntl(fd, F_GET_SEALS);
+    struct stat info {};
+    if (seals < 0 || (!(seals & F_SEAL_SHRINK) &&
+                      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ||
+        fstat(fd, &info) != 0) {
+        auto message = "descriptor " + std::to_string(fd) + " cannot be a region (" +
+                       std::strerror(errno) +
+                       "): it must be a memfd created with MFD_ALLOW_SEALING, sealed against "
+                       "shrinking or still sealable";
+        region.release();
+        throw ClientError(message);
+    }
+    auto page = page_size();
+    if (info.st_size <= 0 || static_cast<std::size_t>(info.st_size) % page != 0) {
+        region.release();
+        throw ClientError("the memfd holds " + std::to_string(info.st_size) +
+                          " bytes; a region must be a positive multiple of the page size (" +
+                          std::to_string(page) + ")");
+    }
+    region.size_ = static_cast<std::size_t>(info.st_size);
+    region.map();
+    return region;
+}
+
+void SharedRegion::map() {
     base_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     if (base_ == MAP_FAILED) {
         base_ = nullptr;
-        auto message = system_error("mmap");
+        auto message = system_error("the memfd cannot be mapped read-write: mmap");
         release();
         throw ClientError(message);
     }

@@ -6,6 +6,7 @@
 #include <msgpack.hpp>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -431,6 +433,54 @@ TEST(a_region_allocates_aligned_tensors_and_locates_them) {
     SharedRegion moved = std::move(region);
     CHECK(moved.locate(first.data, first.nbytes).has_value());
     CHECK(!region.locate(first.data, first.nbytes).has_value());
+}
+
+static int memfd_of(std::size_t size, int seals) {
+    int fd = memfd_create("camera-frames", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    CHECK(fd >= 0 && ftruncate(fd, static_cast<off_t>(size)) == 0);
+    if (seals != 0) CHECK(fcntl(fd, F_ADD_SEALS, seals) == 0);
+    return fd;
+}
+
+static bool is_closed(int fd) { return fcntl(fd, F_GETFD) == -1 && errno == EBADF; }
+
+TEST(an_adopted_memfd_is_sealed_and_reads_what_its_maker_wrote) {
+    auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    int fd = memfd_of(2 * page, 0);
+    const char frame[] = "a frame written by the capture service";
+    CHECK(pwrite(fd, frame, sizeof frame, 0) == static_cast<ssize_t>(sizeof frame));
+    auto region = SharedRegion::adopt(fd, std::string("camera"));
+    CHECK_EQ(region.size(), 2 * page);
+    CHECK_EQ(region.fd(), fd);
+    CHECK(std::memcmp(region.data(), frame, sizeof frame) == 0);
+    int seals = fcntl(fd, F_GET_SEALS);
+    CHECK((seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW) && (seals & F_SEAL_SEAL));
+    CHECK(ftruncate(fd, static_cast<off_t>(page)) != 0);  // can no longer shrink
+    int sealed = memfd_of(page, F_SEAL_SHRINK);
+    auto as_it_is = SharedRegion::adopt(sealed);
+    CHECK_EQ(fcntl(sealed, F_GET_SEALS), F_SEAL_SHRINK);
+}
+
+TEST(what_cannot_be_a_region_is_refused_and_its_descriptor_closed) {
+    auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    int pipe_fds[2];
+    CHECK(pipe(pipe_fds) == 0);
+    close(pipe_fds[1]);
+    struct Case {
+        int fd;
+        const char* fragment;
+    };
+    for (auto [fd, fragment] : {
+             Case{pipe_fds[0], "MFD_ALLOW_SEALING"},
+             Case{memfd_of(page + 1, 0), "positive multiple of the page size"},
+             Case{memfd_of(0, 0), "holds 0 bytes"},
+             Case{memfd_of(page, F_SEAL_SEAL), "still sealable"},
+             Case{memfd_of(page, F_SEAL_SHRINK | F_SEAL_WRITE), "mapped read-write"},
+         }) {
+        CHECK_THROWS(ClientError, SharedRegion::adopt(fd),
+                     std::string(error.what()).find(fragment) != std::string::npos);
+        CHECK(is_closed(fd));
+    }
 }
 
 TEST(requests_encode_ids_last_and_smallest_integers) {

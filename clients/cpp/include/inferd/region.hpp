@@ -17,6 +17,12 @@ public:
     // At least nbytes, rounded up to the page size; sealed against shrinking,
     // growing and further seals.
     explicit SharedRegion(std::size_t nbytes, std::optional<std::string> label = std::nullopt);
+    // A region over a memfd made elsewhere (a capture service's frame buffer,
+    // received with SCM_RIGHTS), which the region owns from now on: a memfd made
+    // with MFD_ALLOW_SEALING, a positive multiple of the page size, writable;
+    // sealed against shrinking, growing and further seals here unless it already
+    // is against shrinking. ClientError with the reason otherwise, fd closed.
+    static SharedRegion adopt(int fd, std::optional<std::string> label = std::nullopt);
     ~SharedRegion();
     SharedRegion(SharedRegion&& other) noexcept;
     SharedRegion& operator=(SharedRegion&& other) noexcept;
@@ -37,6 +43,10 @@ public:
     const std::optional<std::string>& label() const { return label_; }
 
 private:
+    SharedRegion() = default;
+    // Map fd_ (size_ bytes) read-write, shared, with huge pages advised; releases
+    // and throws on failure.
+    void map();
     void release() noexcept;
 
     int fd_ = -1;
