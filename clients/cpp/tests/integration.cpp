@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <iterator>
@@ -97,6 +98,11 @@ struct DemoInRegion {
     }
 };
 
+// Returns once every thread of `pid` is stopped: a SIGSTOP stops a process only
+// when one of its threads, woken for it, gets a CPU and stops the others; under
+// load a busy thread meanwhile still answers a request sent after kill().
+void wait_until_stopped(pid_t pid);
+
 // Stops the daemon (SIGSTOP) while a request's first attempt waits, and continues
 // it as the client retries: both attempts are answered, the first one too late.
 struct RetryAfterStop {
@@ -120,10 +126,12 @@ struct RetryAfterStop {
     void stop() {
         ids.clear();
         CHECK_EQ(kill(pid, SIGSTOP), 0);
+        wait_until_stopped(pid);
     }
     // The result is the second attempt's; the first one's reply came and was let go.
     void check(const InferResult& result, const InferenceClient& client) const {
         CHECK_EQ(ids.size(), 2u);
+        if (ids.size() != 2u) return;
         CHECK(ids[0] != ids[1]);
         CHECK(std::get<std::uint64_t>(result.reply.id) == ids[1]);
         CHECK_EQ(client.discarded_replies(), 1u);
@@ -139,6 +147,25 @@ void wait_until(Predicate predicate, const std::string& what) {
         }
         std::this_thread::sleep_for(2ms);  // the polling interval, not a guess at when
     }
+}
+
+// Whether /proc/<pid>/task/<tid>/stat says stopped ('T') for every thread.
+bool all_threads_stopped(pid_t pid) {
+    auto tasks = std::filesystem::path("/proc") / std::to_string(pid) / "task";
+    for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+        std::ifstream stat(task.path() / "stat");
+        std::string line;
+        std::getline(stat, line);
+        auto state = line.rfind(')');  // the command name may hold spaces and parentheses
+        if (state == std::string::npos || state + 2 >= line.size() || line[state + 2] != 'T') {
+            return false;
+        }
+    }
+    return true;
+}
+
+void wait_until_stopped(pid_t pid) {
+    wait_until([pid] { return all_threads_stopped(pid); }, "the daemon's every thread stopped");
 }
 
 ModelStatus model_status(OperatorClient& operator_client, const std::string& name) {
