@@ -17,11 +17,14 @@ from typing import Any
 import numpy as np
 
 from inferd_client.errors import ClientError
-from inferd_wire.regions import REGION_ALIGNMENT, advise_huge_pages
+from inferd_wire.regions import REGION_ALIGNMENT, advise_huge_pages, region_size_problem
 
 #: Sealed against shrinking (what the daemon requires: it can then never fault on
 #: the memory), growing, and further sealing.
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+#: Seals that forbid writing through a shared mapping (``F_SEAL_FUTURE_WRITE``:
+#: Linux 5.1, ``include/uapi/linux/fcntl.h``; not exported by Python's ``fcntl``).
+_WRITE_SEALS = fcntl.F_SEAL_WRITE | getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
 
 
 class SharedRegion:
@@ -50,30 +53,17 @@ class SharedRegion:
         """A region over a memfd made elsewhere (a camera service's frame buffer,
         handed over with ``SCM_RIGHTS``), which the region then owns and closes.
 
-        It must be a memfd created with ``MFD_ALLOW_SEALING`` whose size is a
-        positive multiple of the page size, writable; it is sealed against
-        shrinking and growing here unless it already is against shrinking
-        (``ClientError`` when it is neither and ``F_SEAL_SEAL`` forbids it, and
-        ``fd`` is closed)."""
+        It must be a memfd open read-write, not sealed against writing, whose size
+        is a positive multiple of the page size, and either sealed against
+        shrinking or still sealable: then it is sealed here against shrinking,
+        growing and further sealing, as ``SharedRegion(n)`` seals its own.
+        Anything else is refused (``ClientError``, ``fd`` closed) before a seal is
+        added, so a refused memfd is left to its maker as it came."""
         try:
-            try:
-                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-                if not seals & fcntl.F_SEAL_SHRINK:
-                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-                size = os.fstat(fd).st_size
-            except OSError as exc:
-                raise ClientError(
-                    f"descriptor {fd} cannot be a region ({exc.strerror}): it must be a "
-                    "memfd created with MFD_ALLOW_SEALING, sealed against shrinking or still "
-                    "sealable"
-                ) from None
-            if size <= 0 or size % mmap.PAGESIZE:
-                raise ClientError(
-                    f"the memfd holds {size} bytes; a region must be a positive multiple of "
-                    f"the page size ({mmap.PAGESIZE})"
-                )
+            size = _seal_for_adoption(fd)
         except BaseException:
-            os.close(fd)
+            with contextlib.suppress(OSError):  # not a descriptor at all: nothing to close
+                os.close(fd)
             raise
         region = cls.__new__(cls)
         region._open(fd, size, label)
@@ -151,3 +141,47 @@ class SharedRegion:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _seal_for_adoption(fd: int) -> int:
+    """The size of ``fd``, a memfd ``SharedRegion.adopt`` may take, once sealed
+    against shrinking; ``ClientError`` with the reason otherwise.  Seals belong to
+    the memfd, not to this descriptor, and cannot be taken back: every check that
+    can refuse it comes first."""
+    if fd < 0:
+        raise ClientError(f"descriptor {fd} cannot be a region: it is not a descriptor")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        size = os.fstat(fd).st_size
+    except OSError as exc:
+        raise ClientError(
+            f"descriptor {fd} cannot be a region ({exc.strerror}): it must be a memfd"
+        ) from None
+    if access != os.O_RDWR:
+        raise ClientError(
+            f"descriptor {fd} is not open read-write: outputs are written into regions"
+        )
+    if seals & _WRITE_SEALS:
+        raise ClientError(
+            f"the memfd is sealed against writing (seals {seals:#x}): outputs are written "
+            "into regions"
+        )
+    problem = region_size_problem(size)
+    if problem is not None:
+        raise ClientError(problem)
+    if seals & fcntl.F_SEAL_SHRINK:
+        return size
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except OSError as exc:
+        raise ClientError(
+            f"the memfd cannot be sealed against shrinking ({exc.strerror}): it must be "
+            "created with MFD_ALLOW_SEALING and not sealed with F_SEAL_SEAL"
+        ) from None
+    # Its maker may have resized it between the check and the seal; now it cannot.
+    size = os.fstat(fd).st_size
+    problem = region_size_problem(size)
+    if problem is not None:
+        raise ClientError(problem)
+    return size

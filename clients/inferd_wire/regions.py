@@ -17,6 +17,7 @@ and ``common.json#/$defs/region_tensor_descriptor`` are the normative text.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import re
 from dataclasses import dataclass
@@ -43,18 +44,27 @@ MAX_REGION_TENSORS = 64
 SHMEM_HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 
 
-def advise_huge_pages(mapping: mmap.mmap) -> bool:
-    """Ask for transparent huge pages on a region's mapping (``MADV_HUGEPAGE``);
-    whether the kernel took the advice (False without THP).  Both sides ask: the
+def region_size_problem(size: int) -> str | None:
+    """Why a memfd of ``size`` bytes cannot be a region, or None when it can: a
+    region is a positive multiple of the page size (what both sides map and CUDA
+    registers)."""
+    if size <= 0 or size % mmap.PAGESIZE:
+        return (
+            f"the memfd holds {size} bytes; a region must be a positive multiple of the "
+            f"page size ({mmap.PAGESIZE})"
+        )
+    return None
+
+
+def advise_huge_pages(mapping: mmap.mmap) -> None:
+    """Ask for transparent huge pages on a region's mapping (``MADV_HUGEPAGE``),
+    advice a kernel without THP may ignore or refuse.  Both sides ask: the
     side that first touches a page decides its size, and a page of 2 MiB is
     mapped as one by a mapping that asked.  A 25 MB tensor copied between 4 KiB
     pages took 2.5-2.7 ms on the 2-vCPU VM, between huge pages 1.9-2.0 ms (the
     TLB; DESIGN.md 118).  Effective where ``SHMEM_HUGE_PAGES`` allows it."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE, or no THP
         mapping.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError):  # no MADV_HUGEPAGE, or a kernel without THP
-        return False
-    return True
 
 
 def shmem_huge_pages() -> str:

@@ -46,30 +46,66 @@ SharedRegion::SharedRegion(std::size_t nbytes, std::optional<std::string> label)
     map();
 }
 
+namespace {
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1, include/uapi/linux/fcntl.h
+#endif
+
+std::string size_problem(off_t size) {
+    auto page = page_size();
+    if (size > 0 && static_cast<std::size_t>(size) % page == 0) return {};
+    return "the memfd holds " + std::to_string(size) +
+           " bytes; a region must be a positive multiple of the page size (" +
+           std::to_string(page) + ")";
+}
+
+// Why `fd` cannot be adopted, empty once it is sealed against shrinking and its size
+// is in `size`. Seals belong to the memfd, not to this descriptor, and cannot be
+// taken back: every check that can refuse it comes first, so a refused memfd is
+// left to its maker as it came.
+std::string seal_for_adoption(int fd, std::size_t& size) {
+    if (fd < 0) return "descriptor " + std::to_string(fd) + " cannot be a region: it is not a descriptor";
+    int seals = fcntl(fd, F_GET_SEALS);
+    int flags = seals < 0 ? -1 : fcntl(fd, F_GETFL);
+    struct stat info {};
+    if (seals < 0 || flags < 0 || fstat(fd, &info) != 0) {
+        return "descriptor " + std::to_string(fd) + " cannot be a region (" +
+               std::strerror(errno) + "): it must be a memfd";
+    }
+    if ((flags & O_ACCMODE) != O_RDWR) {
+        return "descriptor " + std::to_string(fd) +
+               " is not open read-write: outputs are written into regions";
+    }
+    if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+        return "the memfd is sealed against writing (seals " + std::to_string(seals) +
+               "): outputs are written into regions";
+    }
+    if (auto problem = size_problem(info.st_size); !problem.empty()) return problem;
+    if (!(seals & F_SEAL_SHRINK)) {
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+            return std::string("the memfd cannot be sealed against shrinking (") +
+                   std::strerror(errno) +
+                   "): it must be created with MFD_ALLOW_SEALING and not sealed with F_SEAL_SEAL";
+        }
+        // Its maker may have resized it between the check and the seal; now it cannot.
+        if (fstat(fd, &info) != 0) return system_error("fstat");
+        if (auto problem = size_problem(info.st_size); !problem.empty()) return problem;
+    }
+    size = static_cast<std::size_t>(info.st_size);
+    return {};
+}
+
+}  // namespace
+
 SharedRegion SharedRegion::adopt(int fd, std::optional<std::string> label) {
     SharedRegion region;
     region.fd_ = fd;  // owned from here: closed by release() on every refusal
     region.label_ = std::move(label);
-    int seals = fcntl(fd, F_GET_SEALS);
-    struct stat info {};
-    if (seals < 0 || (!(seals & F_SEAL_SHRINK) &&
-                      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ||
-        fstat(fd, &info) != 0) {
-        auto message = "descriptor " + std::to_string(fd) + " cannot be a region (" +
-                       std::strerror(errno) +
-                       "): it must be a memfd created with MFD_ALLOW_SEALING, sealed against "
-                       "shrinking or still sealable";
+    if (auto problem = seal_for_adoption(fd, region.size_); !problem.empty()) {
         region.release();
-        throw ClientError(message);
+        throw ClientError(problem);
     }
-    auto page = page_size();
-    if (info.st_size <= 0 || static_cast<std::size_t>(info.st_size) % page != 0) {
-        region.release();
-        throw ClientError("the memfd holds " + std::to_string(info.st_size) +
-                          " bytes; a region must be a positive multiple of the page size (" +
-                          std::to_string(page) + ")");
-    }
-    region.size_ = static_cast<std::size_t>(info.st_size);
     region.map();
     return region;
 }
@@ -149,12 +185,8 @@ RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds 
     wait.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
     setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait);
-    sockaddr_un address{};
+    sockaddr_un address{};  // check_client_endpoint refused a path sun_path cannot hold
     address.sun_family = AF_UNIX;
-    if (path.size() >= sizeof address.sun_path) {
-        close(fd_);
-        throw ClientError("the shm socket path " + path + " is too long");
-    }
     std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
     if (connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
         auto message = system_error("cannot connect to the shm socket " + path);

@@ -444,6 +444,14 @@ static int memfd_of(std::size_t size, int seals) {
 
 static bool is_closed(int fd) { return fcntl(fd, F_GETFD) == -1 && errno == EBADF; }
 
+// Another descriptor of `fd`'s memfd, opened with `flags` (closing `fd` when `close_it`).
+static int reopened(int fd, int flags, bool close_it) {
+    int other = open(("/proc/self/fd/" + std::to_string(fd)).c_str(), flags | O_CLOEXEC);
+    CHECK(other >= 0);
+    if (close_it) close(fd);
+    return other;
+}
+
 TEST(an_adopted_memfd_is_sealed_and_reads_what_its_maker_wrote) {
     auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     int fd = memfd_of(2 * page, 0);
@@ -471,15 +479,40 @@ TEST(what_cannot_be_a_region_is_refused_and_its_descriptor_closed) {
         const char* fragment;
     };
     for (auto [fd, fragment] : {
-             Case{pipe_fds[0], "MFD_ALLOW_SEALING"},
+             Case{pipe_fds[0], "must be a memfd"},
              Case{memfd_of(page + 1, 0), "positive multiple of the page size"},
              Case{memfd_of(0, 0), "holds 0 bytes"},
-             Case{memfd_of(page, F_SEAL_SEAL), "still sealable"},
-             Case{memfd_of(page, F_SEAL_SHRINK | F_SEAL_WRITE), "mapped read-write"},
+             Case{memfd_of(page, F_SEAL_SEAL), "cannot be sealed against shrinking"},
+             Case{memfd_of(page, F_SEAL_SHRINK | F_SEAL_WRITE), "sealed against writing"},
+             Case{reopened(memfd_of(page, 0), O_RDONLY, true), "not open read-write"},
+             Case{-1, "not a descriptor"},
          }) {
         CHECK_THROWS(ClientError, SharedRegion::adopt(fd),
                      std::string(error.what()).find(fragment) != std::string::npos);
-        CHECK(is_closed(fd));
+        CHECK(fd < 0 || is_closed(fd));
+    }
+}
+
+TEST(a_refused_memfd_is_left_to_its_maker_unsealed) {
+    // Seals belong to the memfd: a refusal must not leave the maker's buffer
+    // sealed (an empty one, sent before its maker sized it, could never grow).
+    auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    struct Case {
+        std::size_t size;
+        int seals;
+        int opened;
+    };
+    for (auto [size, seals, opened] : {
+             Case{page + 1, 0, O_RDWR},
+             Case{0, 0, O_RDWR},
+             Case{page, 0, O_RDONLY},
+             Case{page, F_SEAL_WRITE, O_RDWR},
+         }) {
+        int maker = memfd_of(size, seals);
+        CHECK_THROWS(ClientError, SharedRegion::adopt(reopened(maker, opened, false)), true);
+        CHECK_EQ(fcntl(maker, F_GET_SEALS), seals);
+        CHECK(ftruncate(maker, static_cast<off_t>(4 * page)) == 0);  // the maker can still size it
+        close(maker);
     }
 }
 

@@ -23,13 +23,12 @@ import os
 import stat
 
 from inferd_wire.protocol import Code, ProtocolError
-from inferd_wire.regions import advise_huge_pages
+from inferd_wire.regions import advise_huge_pages, region_size_problem
 
 #: The kernel's values, exported by Python's ``fcntl`` since 3.8 (bpo-26835);
 #: ``include/uapi/linux/fcntl.h``: F_LINUX_SPECIFIC_BASE (1024) + 10, and 0x0002.
 F_GET_SEALS: int = getattr(fcntl, "F_GET_SEALS", 1034)
 F_SEAL_SHRINK: int = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
-PAGE_SIZE = mmap.PAGESIZE
 
 
 def refused(message: str) -> ProtocolError:
@@ -67,11 +66,9 @@ def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
     if not stat.S_ISREG(info.st_mode):
         raise refused("the descriptor is not a regular memfd")
     size = info.st_size
-    if size <= 0 or size % PAGE_SIZE:
-        raise refused(
-            f"the memfd holds {size} bytes; a region must be a positive multiple of the "
-            f"page size ({PAGE_SIZE})"
-        )
+    problem = region_size_problem(size)
+    if problem is not None:
+        raise refused(problem)
     try:
         mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except PermissionError:

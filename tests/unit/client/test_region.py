@@ -73,17 +73,34 @@ def _plain_file() -> int:
         return os.dup(handle.fileno())
 
 
+def _read_only() -> int:
+    fd = memfd(PAGE)
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [
-        (_pipe, "must be a memfd created with MFD_ALLOW_SEALING"),
-        (_plain_file, "must be a memfd created with MFD_ALLOW_SEALING"),
+        (_pipe, "must be a memfd"),
+        (_plain_file, "must be a memfd"),
         (lambda: memfd(PAGE + 1), f"holds {PAGE + 1} bytes"),
         (lambda: memfd(0), "holds 0 bytes"),
-        (lambda: memfd(PAGE, fcntl.F_SEAL_SEAL), "sealed against shrinking or still sealable"),
-        (lambda: memfd(PAGE, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE), "mapped read-write"),
+        (lambda: memfd(PAGE, fcntl.F_SEAL_SEAL), "cannot be sealed against shrinking"),
+        (lambda: memfd(PAGE, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE), "sealed against writing"),
+        (_read_only, "not open read-write"),
     ],
-    ids=["pipe", "plain-file", "odd-size", "empty", "sealed-unsealable", "write-sealed"],
+    ids=[
+        "pipe",
+        "plain-file",
+        "odd-size",
+        "empty",
+        "sealed-unsealable",
+        "write-sealed",
+        "read-only",
+    ],
 )
 def test_what_cannot_be_a_region_is_refused_and_its_descriptor_closed(
     make: Callable[[], int], fragment: str
@@ -92,3 +109,35 @@ def test_what_cannot_be_a_region_is_refused_and_its_descriptor_closed(
     with pytest.raises(ClientError, match=fragment):
         SharedRegion.adopt(fd)
     assert is_closed(fd)
+
+
+@pytest.mark.parametrize(
+    ("size", "seals", "opened"),
+    [
+        (PAGE + 1, 0, os.O_RDWR),
+        (0, 0, os.O_RDWR),
+        (PAGE, 0, os.O_RDONLY),
+        (PAGE, fcntl.F_SEAL_WRITE, os.O_RDWR),
+    ],
+    ids=["odd-size", "empty", "read-only", "write-sealed"],
+)
+def test_a_refused_memfd_is_left_to_its_maker_unsealed(size: int, seals: int, opened: int) -> None:
+    """Seals belong to the memfd: a refusal must not leave the maker's buffer sealed
+    (an empty one, sent before its maker sized it, could never grow)."""
+    maker = memfd(size, seals)
+    try:
+        handed = os.open(f"/proc/self/fd/{maker}", opened | os.O_CLOEXEC)
+        with pytest.raises(ClientError):
+            SharedRegion.adopt(handed)
+        assert fcntl.fcntl(maker, fcntl.F_GET_SEALS) == seals
+        os.ftruncate(maker, 4 * PAGE)  # the maker can still size it
+    finally:
+        os.close(maker)
+
+
+def test_a_descriptor_that_is_not_open_is_refused_as_such() -> None:
+    fd = memfd(PAGE)
+    os.close(fd)
+    for bad in (fd, -1):
+        with pytest.raises(ClientError, match="cannot be a region"):
+            SharedRegion.adopt(bad)

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from inferd.shm.memfd import F_GET_SEALS, F_SEAL_SHRINK, PAGE_SIZE, map_sealed_memfd
+from inferd.shm.memfd import F_GET_SEALS, F_SEAL_SHRINK, map_sealed_memfd
 from inferd_wire import regions
 from inferd_wire.protocol import Code, ProtocolError
 from tests.conftest import vm_flags
+
+PAGE_SIZE = mmap.PAGESIZE
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 

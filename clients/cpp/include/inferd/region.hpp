@@ -18,10 +18,12 @@ public:
     // growing and further seals.
     explicit SharedRegion(std::size_t nbytes, std::optional<std::string> label = std::nullopt);
     // A region over a memfd made elsewhere (a capture service's frame buffer,
-    // received with SCM_RIGHTS), which the region owns from now on: a memfd made
-    // with MFD_ALLOW_SEALING, a positive multiple of the page size, writable;
-    // sealed against shrinking, growing and further seals here unless it already
-    // is against shrinking. ClientError with the reason otherwise, fd closed.
+    // received with SCM_RIGHTS), which the region owns from now on: a memfd open
+    // read-write, not sealed against writing, a positive multiple of the page
+    // size, and sealed against shrinking or still sealable; sealed against
+    // shrinking, growing and further seals here unless it already is against
+    // shrinking. ClientError with the reason otherwise, fd closed, and no seal
+    // added: a refused memfd is left to its maker as it came.
     static SharedRegion adopt(int fd, std::optional<std::string> label = std::nullopt);
     ~SharedRegion();
     SharedRegion(SharedRegion&& other) noexcept;
