@@ -417,9 +417,9 @@ class BusServer(threading.Thread):
 
     def _send(self, sock: zmq.Socket[Any], name: str, parts: list[Any]) -> bool:
         """Send a reply within the reply budget; never block for one peer, never
-        lose a reply silently (every drop is counted, and the peer gets a notice in
-        its place).  Whether ``sock`` was used (not for a reply to a shm
-        connection, or by a bus that has closed it)."""
+        lose a reply silently (every drop is counted; one the budget refused is
+        sent as a notice, one ZeroMQ's full queue refused cannot be).  Whether
+        ``sock`` was used (not for a reply to a shm connection, or by a closed bus)."""
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
         if self._shm is not None and is_shm_route(routing_id):
