@@ -31,6 +31,7 @@ import numpy as np
 from fuzz_values import Tally, echoed_id, exchange, odd_value, pack
 from inferd_client.region import SharedRegion
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
+from tests.conftest import make_memfd
 
 SHAPE = (1, 3, 224, 224)
 NBYTES = int(np.prod(SHAPE)) * 4
@@ -47,14 +48,6 @@ class ShmMessage:
     must_refuse: bool = False  # known to break the protocol: an ok reply is a bug
 
 
-def _memfd(size: int, seals: int) -> int:
-    fd = os.memfd_create("fuzz", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, size)
-    if seals:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
-
-
 def _pipe() -> list[int]:
     read, write = os.pipe()
     os.close(write)
@@ -69,11 +62,11 @@ def _socket() -> list[int]:
 
 #: Descriptors a message may carry, made fresh for each send and closed after it.
 DESCRIPTORS: dict[str, Callable[[], list[int]]] = {
-    "sealed memfd": lambda: [_memfd(mmap.PAGESIZE, fcntl.F_SEAL_SHRINK)],
-    "unsealed memfd": lambda: [_memfd(mmap.PAGESIZE, 0)],
-    "odd-sized memfd": lambda: [_memfd(mmap.PAGESIZE + 1, fcntl.F_SEAL_SHRINK)],
-    "empty memfd": lambda: [_memfd(0, fcntl.F_SEAL_SHRINK)],
-    "two memfds": lambda: [_memfd(mmap.PAGESIZE, fcntl.F_SEAL_SHRINK) for _ in range(2)],
+    "sealed memfd": lambda: [make_memfd(mmap.PAGESIZE, fcntl.F_SEAL_SHRINK)],
+    "unsealed memfd": lambda: [make_memfd(mmap.PAGESIZE, 0)],
+    "odd-sized memfd": lambda: [make_memfd(mmap.PAGESIZE + 1, fcntl.F_SEAL_SHRINK)],
+    "empty memfd": lambda: [make_memfd(0, fcntl.F_SEAL_SHRINK)],
+    "two memfds": lambda: [make_memfd(mmap.PAGESIZE, fcntl.F_SEAL_SHRINK) for _ in range(2)],
     "pipe": _pipe,
     "socket": _socket,
     "/dev/null": lambda: [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)],
@@ -103,6 +96,7 @@ def shm_messages(
             "outputs": [out],
         }
         fds: str | None = None
+        refused = False  # whatever else the daemon decides, never OK
         kind = rng.randrange(12)
         if kind == 0 and rng.random() < 0.3:
             pass  # a valid request now and then: the daemon must go on serving
@@ -122,11 +116,13 @@ def shm_messages(
             header["outputs"] = rng.choice(([{**out, "offset": 0}], [], [out, out]))
             if not header["outputs"] and rng.random() < 0.5:
                 del header["outputs"]
+            refused = True
         elif kind == 4:  # a header field of the wrong type
             key = rng.choice(("v", "op", "model", "inputs", "outputs", "deadline_ms", "extra"))
             header[key] = odd_value(rng)
         elif kind == 5:  # an inline tensor: shm.sock carries none
             header["inputs"] = [{"name": "input", "dtype": "float32", "shape": list(SHAPE)}]
+            refused = True
         elif kind == 6:  # a registration with the wrong descriptors, or none
             header = {"v": 1, "id": request_id, "op": "register"}
             if rng.random() < 0.3:
@@ -137,8 +133,10 @@ def shm_messages(
         elif kind == 8:  # an unregister of what is not registered here
             header = {"v": 1, "id": request_id, "op": "unregister"}
             header["region"] = rng.choice(("0123456789abcdef" * 2, odd_value(rng)))
+            refused = True
         elif kind == 9:  # an op shm.sock does not serve
             header["op"] = rng.choice(("status", "steal", "", "register ", odd_value(rng)))
+            refused = True
         elif kind == 10:  # not msgpack, not a map, or over the message bound
             raw = rng.choice(
                 (
@@ -156,7 +154,7 @@ def shm_messages(
                 target = rng.choice((header, ref, out))
                 target[rng.choice(("model", "region", "offset", "shape", "v"))] = odd_value(rng)
         data = pack(header)
-        must_refuse = fds is not None and header.get("op") == "infer"
+        must_refuse = refused or (fds is not None and header.get("op") == "infer")
         yield ShmMessage(data, echoed_id([data]), fds, must_refuse)
 
 

@@ -27,14 +27,12 @@ import os
 import random
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -44,7 +42,8 @@ from fuzz_shm import DESCRIPTORS
 from inferd_client import ClientError, InferenceClient, RemoteError
 from inferd_client.region import SharedRegion
 from inferd_client.shm import RegionChannel
-from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
+from tests.conftest import memfds_mapped
+from tests.integration.wire import RawShm
 
 if TYPE_CHECKING:
     from soak import Source
@@ -163,24 +162,6 @@ def churn(endpoint: str, shm_path: str, stop: threading.Event, source: Source) -
             channel.close()
 
 
-class RawShm:
-    """A connection to ``shm.sock`` that sends exactly the bytes it is given."""
-
-    def __init__(self, path: str) -> None:
-        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.socket.settimeout(30)
-        self.socket.connect(path)
-
-    def exchange(self, message: bytes, fds: list[int] | None = None) -> dict[str, Any]:
-        socket.send_fds(self.socket, [message], fds or [])
-        reply = msgpack.unpackb(self.socket.recv(MAX_SHM_MESSAGE_BYTES))
-        assert isinstance(reply, dict)
-        return reply
-
-    def close(self) -> None:
-        self.socket.close()
-
-
 def malformed_cases(region_id: str) -> list[tuple[str, bytes, bool, str]]:
     """``(case, message, with an unsealed memfd, the code it must get)``."""
     ref = {
@@ -218,7 +199,7 @@ def malformed_cases(region_id: str) -> list[tuple[str, bytes, bool, str]]:
 
 
 def malformed(shm_path: str, stop: threading.Event, source: Source) -> None:
-    raw = RawShm(shm_path)
+    raw = RawShm(shm_path, timeout=30)
     try:
         with SharedRegion(4 * MIB, label="malformed") as region:
             registered = raw.exchange(
@@ -307,12 +288,6 @@ def threads_for(
     ]
 
 
-def memfds_mapped(pid: int) -> int:
-    """The daemon's mappings of memfds: a region it still holds."""
-    maps = Path(f"/proc/{pid}/maps").read_text()
-    return sum(1 for line in maps.splitlines() if "/memfd:" in line)
-
-
 def descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -325,7 +300,7 @@ def residue(shm_status: dict[str, Any], pid: int, fds_start: int) -> dict[str, i
         "mapped_bytes": int(shm_status.get("mapped_bytes", 0)),
         "connections": int(shm_status.get("connections", 0)),
         "in_flight": int(shm_status.get("in_flight", 0)),
-        "memfds_mapped": memfds_mapped(pid),
+        "memfds_mapped": len(memfds_mapped(pid)),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
@@ -71,6 +72,29 @@ def vm_flags(address: int, pid: int | str = "self") -> set[str]:
         elif ours and first == "VmFlags:":
             return set(rest.split())
     raise AssertionError(f"no mapping of {pid} starts at {address:#x}")
+
+
+def make_memfd(size: int, seals: int = 0, name: str = "inferd-test") -> int:
+    """A memfd of ``size`` bytes that may be sealed, with ``seals`` added."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def transparent_huge_pages() -> bool:
+    """Whether this kernel has transparent huge pages: only then does
+    ``MADV_HUGEPAGE`` mark a mapping ``hg`` (elsewhere the advice is refused, and
+    ignored by design)."""
+    return Path("/sys/kernel/mm/transparent_hugepage").is_dir()
+
+
+def memfds_mapped(pid: int) -> list[str]:
+    """The lines of ``/proc/<pid>/maps`` that map a memfd: the regions it holds
+    (a process of the daemon's maps none of its own)."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return [line for line in maps if "/memfd:" in line]
 
 
 @contextmanager

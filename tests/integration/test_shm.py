@@ -10,8 +10,8 @@ import fcntl
 import json
 import mmap
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,13 +33,15 @@ from tests.conftest import (
     HANG_S,
     REPO,
     DaemonProcess,
+    make_memfd,
+    memfds_mapped,
     render_config,
     start_daemon,
     wait_until,
     write_slow_model,
 )
 from tests.integration.test_schemas import assert_valid
-from tests.integration.wire import RawDealer, assert_error, pack
+from tests.integration.wire import RawDealer, RawShm, assert_error, pack
 
 pytestmark = pytest.mark.integration
 
@@ -65,9 +67,13 @@ def served(demo_model: Path, identity_model: Path) -> Iterator[DaemonProcess]:
         {"name": "slow", "path": str(slow)},
     ]
     daemon = start_daemon(render_config(workdir, models, shm=LIMITS), workdir)
-    yield daemon
-    assert daemon.stop() == 0, daemon.log()  # shutdown releases what is still registered
-    assert "shm_region_still_viewed" not in daemon.log()
+    try:
+        yield daemon
+        assert daemon.stop() == 0, daemon.log()  # shutdown releases what is still registered
+        assert "shm_region_still_viewed" not in daemon.log()
+    finally:
+        daemon.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -86,12 +92,6 @@ def shm_status(daemon: DaemonProcess) -> dict[str, Any]:
 
 def shm_path(daemon: DaemonProcess) -> str:
     return str(daemon.workdir / "run" / "shm.sock")
-
-
-def memfds_mapped(daemon: DaemonProcess) -> list[str]:
-    """The daemon's mappings of client memfds (``/proc/<pid>/maps``)."""
-    maps = Path(f"/proc/{daemon.process.pid}/maps").read_text().splitlines()
-    return [line for line in maps if "memfd:inferd-" in line]
 
 
 def serves(daemon: DaemonProcess) -> None:
@@ -128,10 +128,13 @@ def test_inputs_and_outputs_in_a_region_match_onnx_runtime_with_no_tensor_frames
         [shown] = status["regions"]
         assert shown["label"] == "camera0" and shown["owner"]["pid"] == os.getpid()
         assert shown["in_use"] == 0 and status["mapped_bytes"] == region.nbytes
-        assert len(memfds_mapped(daemon)) == 1
+        assert len(memfds_mapped(daemon.process.pid)) == 1
     # The client went: its region is released and unmapped.
     wait_until(lambda: shm_status(daemon)["regions"] == [], message="the region released")
-    assert memfds_mapped(daemon) == [] and shm_status(daemon)["released_on_disconnect"] >= 1
+    assert (
+        memfds_mapped(daemon.process.pid) == []
+        and shm_status(daemon)["released_on_disconnect"] >= 1
+    )
 
 
 def test_on_the_wire_the_reply_is_the_header_alone_and_both_match_the_schemas(
@@ -307,7 +310,7 @@ def shm_infer(
 def test_on_the_shm_socket_every_output_is_placed_and_refusals_are_clear(
     daemon: DaemonProcess,
 ) -> None:
-    with SharedRegion(4 * MIB) as region, RawShm(daemon) as raw:
+    with SharedRegion(4 * MIB) as region, RawShm(shm_path(daemon)) as raw:
         registered = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])
         region_id = registered["result"]["region"]
         x = region.array((1, 3, 224, 224), np.float32)
@@ -351,7 +354,7 @@ def test_a_repeated_request_is_admitted_from_its_first_admission_and_checked_as_
         return count
 
     before = admitted_prepared()
-    with SharedRegion(4 * MIB) as region, RawShm(daemon) as raw:
+    with SharedRegion(4 * MIB) as region, RawShm(shm_path(daemon)) as raw:
         region_id = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])["result"]["region"]
         x = region.array((1, 3, 224, 224), np.float32)
         y = region.array((1, 3, 224, 224), np.float32)
@@ -373,7 +376,7 @@ def test_a_repeated_request_is_admitted_from_its_first_admission_and_checked_as_
 def test_a_deadline_passing_in_the_queue_is_answered_on_the_shm_socket(
     daemon: DaemonProcess,
 ) -> None:
-    with SharedRegion(8 * MIB) as region, RawShm(daemon) as raw:
+    with SharedRegion(8 * MIB) as region, RawShm(shm_path(daemon)) as raw:
         region_id = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])["result"]["region"]
         tensors = [region.array(SLOW, np.float32) for _ in range(4)]
         for tensor in tensors:
@@ -404,7 +407,7 @@ def test_a_deadline_passing_in_the_queue_is_answered_on_the_shm_socket(
 
 
 def test_registration_messages_match_the_schemas(daemon: DaemonProcess) -> None:
-    with SharedRegion(mmap.PAGESIZE) as region, RawShm(daemon) as raw:
+    with SharedRegion(mmap.PAGESIZE) as region, RawShm(shm_path(daemon)) as raw:
         request = {"v": 1, "id": 1, "op": "register", "label": "x"}
         assert_valid("shm_request.json", request)
         registered = raw.call(request, [region.fd])
@@ -521,48 +524,16 @@ def test_a_region_of_another_client_is_a_capability_and_cannot_be_unregistered_b
 # -- registration refusals ----------------------------------------------------------------
 
 
-class RawShm:
-    """A registration connection that sends exactly what a test says."""
-
-    def __init__(self, daemon: DaemonProcess) -> None:
-        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.socket.settimeout(10)
-        self.socket.connect(shm_path(daemon))
-
-    def send(self, data: bytes, fds: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
-        socket.send_fds(self.socket, [data], list(fds))
-        reply = protocol.unpack_header(self.socket.recv(MAX_SHM_MESSAGE_BYTES))
-        return reply
-
-    def call(self, header: dict[str, Any], fds: list[int] = ()) -> dict[str, Any]:  # type: ignore[assignment]
-        return self.send(pack(header), fds)
-
-    def close(self) -> None:
-        self.socket.close()
-
-    def __enter__(self) -> RawShm:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def unsealed_memfd(size: int = mmap.PAGESIZE) -> int:
-    fd = os.memfd_create("inferd-unsealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, size)
-    return fd
-
-
 def test_registration_refusals_are_clear_and_the_connection_stays_usable(
     daemon: DaemonProcess,
 ) -> None:
     register = {"v": 1, "id": 1, "op": "register"}
-    unsealed = unsealed_memfd()
+    unsealed = make_memfd(mmap.PAGESIZE)
     read, write = os.pipe()
-    odd = unsealed_memfd(mmap.PAGESIZE + 1)
+    odd = make_memfd(mmap.PAGESIZE + 1)
     fcntl.fcntl(odd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     try:
-        with RawShm(daemon) as raw, SharedRegion(mmap.PAGESIZE) as good:
+        with RawShm(shm_path(daemon)) as raw, SharedRegion(mmap.PAGESIZE) as good:
             for fds, header, fragment in [
                 ([unsealed], register, "F_SEAL_SHRINK"),
                 ([read], register, "not a memfd"),
@@ -580,9 +551,9 @@ def test_registration_refusals_are_clear_and_the_connection_stays_usable(
             ]:
                 reply = raw.call(header, fds)
                 assert_error(reply, "INVALID_ARGUMENT", fragment, request_id=1)
-            oversized = raw.send(b"\x81\xa1v" + b"\x01" * MAX_SHM_MESSAGE_BYTES)
+            oversized = raw.exchange(b"\x81\xa1v" + b"\x01" * MAX_SHM_MESSAGE_BYTES)
             assert_error(oversized, "INVALID_ARGUMENT", f"over {MAX_SHM_MESSAGE_BYTES} bytes")
-            garbage = raw.send(b"\xc1")
+            garbage = raw.exchange(b"\xc1")
             assert_error(garbage, "INVALID_ARGUMENT", "not valid msgpack")
             assert shm_status(daemon)["regions"] == []  # nothing was mapped
             accepted = raw.call(register, [good.fd])
@@ -721,7 +692,7 @@ def test_a_client_killed_mid_request_is_cleaned_up_and_the_daemon_serves_on(
         assert status["regions"] == [] or status["regions"][0]["label"] == "doomed"
         # Released once the requests that use it are answered; then unmapped.
         wait_until(lambda: shm_status(daemon)["regions"] == [], message="the region released")
-        assert shm_status(daemon)["mapped_bytes"] == 0 and memfds_mapped(daemon) == []
+        assert shm_status(daemon)["mapped_bytes"] == 0 and memfds_mapped(daemon.process.pid) == []
         if transport == "shm":  # answered after its connection closed: counted, not lost
             assert shm_status(daemon)["unroutable_replies"] > unroutable
             assert shm_status(daemon)["in_flight"] == 0
@@ -772,11 +743,13 @@ def test_a_memfd_filled_by_another_process_is_adopted_and_inferred_on_in_place(
 # -- shutdown -----------------------------------------------------------------------
 
 
-def test_shutdown_answers_every_request_in_flight_then_releases_every_region() -> None:
+def test_shutdown_answers_every_request_in_flight_then_releases_every_region(
+    short_tmp_path: Path,
+) -> None:
     """SIGTERM with a region registered and a queue of requests placed in it: each
     request is answered once (run in the drain, else ``UNAVAILABLE``), then the
     connection closes, the region is released and the daemon exits 0."""
-    workdir = Path(tempfile.mkdtemp(prefix="ifd-shm-stop-"))
+    workdir = short_tmp_path
     slow = write_slow_model(workdir / "slow.onnx")
     config = render_config(
         workdir,
@@ -787,7 +760,7 @@ def test_shutdown_answers_every_request_in_flight_then_releases_every_region() -
     daemon = start_daemon(config, workdir)
     count = 40  # tens of ms each: most are still queued at the signal
     try:
-        with SharedRegion(4 * MIB, label="at-shutdown") as region, RawShm(daemon) as raw:
+        with SharedRegion(4 * MIB, label="at-shutdown") as region, RawShm(shm_path(daemon)) as raw:
             registered = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])
             assert registered["ok"] is True
             region_id = registered["result"]["region"]

@@ -1,9 +1,11 @@
-"""Raw-socket helpers for the integration tests: talk to the daemon with plain
-pyzmq + msgpack, without the client library, so malformed and concurrent
-traffic can be sent exactly as a foreign client would."""
+"""Raw-socket helpers for the integration tests and the benches: talk to the
+daemon with plain pyzmq, msgpack and ``SOCK_SEQPACKET``, without the client
+library, so malformed and concurrent traffic can be sent exactly as a foreign
+client would."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +14,8 @@ import numpy as np
 import zmq
 
 from inferd_client import OperatorClient
+from inferd_wire import protocol
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 
 IDENTITY_SHAPE = (1, 3, 224, 224)
 
@@ -104,3 +108,29 @@ def model_status(control: str, name: str) -> dict[str, Any]:
 def queue_depth(control: str, name: str) -> int:
     with OperatorClient(control, timeout=5) as operator:
         return int(operator.health()["models"][name]["queue_depth"])
+
+
+class RawShm:
+    """A connection to ``shm.sock`` that sends exactly the bytes it is given, one
+    message at a time, and reads the one reply each gets."""
+
+    def __init__(self, path: str, timeout: float = 10) -> None:
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self.socket.settimeout(timeout)
+        self.socket.connect(path)
+
+    def exchange(self, message: bytes, fds: Sequence[int] = ()) -> dict[str, Any]:
+        socket.send_fds(self.socket, [message], list(fds))
+        return protocol.unpack_header(self.socket.recv(MAX_SHM_MESSAGE_BYTES))
+
+    def call(self, header: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
+        return self.exchange(pack(header), fds)
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def __enter__(self) -> RawShm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

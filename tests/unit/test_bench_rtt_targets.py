@@ -144,7 +144,7 @@ def test_an_observer_runs_after_each_timed_call_outside_its_time(rtt: ModuleType
 
     def observe() -> None:
         seen.append("observe")
-        spin_until = time.perf_counter_ns() + 2_000_000  # 2 ms of work, never timed
+        spin_until = time.perf_counter_ns() + 50_000_000  # 50 ms of work, never timed
         while time.perf_counter_ns() < spin_until:
             pass
 
@@ -153,4 +153,4 @@ def test_an_observer_runs_after_each_timed_call_outside_its_time(rtt: ModuleType
     )
     # The warm-up calls are not observed; each timed one is, right after it.
     assert seen == ["call"] * 3 + ["call", "observe"] * 4
-    assert max(samples[("a", "x")]) < 1_000_000, samples
+    assert max(samples[("a", "x")]) < 25_000_000, samples

@@ -16,17 +16,10 @@ import pytest
 
 from inferd_client.errors import ClientError
 from inferd_client.region import SharedRegion
+from tests.conftest import make_memfd
 
 PAGE = mmap.PAGESIZE
 ALL_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-
-
-def memfd(size: int, seals: int = 0) -> int:
-    fd = os.memfd_create("camera-frames", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, size)
-    if seals:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
 
 
 def is_closed(fd: int) -> bool:
@@ -38,7 +31,7 @@ def is_closed(fd: int) -> bool:
 
 
 def test_an_unsealed_memfd_is_sealed_on_adoption_and_can_no_longer_shrink() -> None:
-    with SharedRegion.adopt(memfd(2 * PAGE), label="camera") as region:
+    with SharedRegion.adopt(make_memfd(2 * PAGE), label="camera") as region:
         assert region.nbytes == 2 * PAGE and region.label == "camera"
         assert fcntl.fcntl(region.fd, fcntl.F_GET_SEALS) & ALL_SEALS == ALL_SEALS
         with pytest.raises(PermissionError):
@@ -49,12 +42,12 @@ def test_an_unsealed_memfd_is_sealed_on_adoption_and_can_no_longer_shrink() -> N
 
 
 def test_a_memfd_already_sealed_against_shrinking_is_taken_as_it_is() -> None:
-    with SharedRegion.adopt(memfd(PAGE, fcntl.F_SEAL_SHRINK)) as region:
+    with SharedRegion.adopt(make_memfd(PAGE, fcntl.F_SEAL_SHRINK)) as region:
         assert fcntl.fcntl(region.fd, fcntl.F_GET_SEALS) == fcntl.F_SEAL_SHRINK
 
 
 def test_what_another_process_wrote_is_what_the_adopted_region_reads() -> None:
-    fd = memfd(PAGE)
+    fd = make_memfd(PAGE)
     writer = "import os, sys; os.pwrite(int(sys.argv[1]), bytes(range(256)) * 16, 0)"
     subprocess.run([sys.executable, "-c", writer, str(fd)], pass_fds=[fd], check=True)
     with SharedRegion.adopt(fd) as region:
@@ -74,7 +67,7 @@ def _plain_file() -> int:
 
 
 def _read_only() -> int:
-    fd = memfd(PAGE)
+    fd = make_memfd(PAGE)
     try:
         return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     finally:
@@ -86,10 +79,13 @@ def _read_only() -> int:
     [
         (_pipe, "must be a memfd"),
         (_plain_file, "must be a memfd"),
-        (lambda: memfd(PAGE + 1), f"holds {PAGE + 1} bytes"),
-        (lambda: memfd(0), "holds 0 bytes"),
-        (lambda: memfd(PAGE, fcntl.F_SEAL_SEAL), "cannot be sealed against shrinking"),
-        (lambda: memfd(PAGE, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE), "sealed against writing"),
+        (lambda: make_memfd(PAGE + 1), f"holds {PAGE + 1} bytes"),
+        (lambda: make_memfd(0), "holds 0 bytes"),
+        (lambda: make_memfd(PAGE, fcntl.F_SEAL_SEAL), "cannot be sealed against shrinking"),
+        (
+            lambda: make_memfd(PAGE, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE),
+            "sealed against writing",
+        ),
         (_read_only, "not open read-write"),
     ],
     ids=[
@@ -124,7 +120,7 @@ def test_what_cannot_be_a_region_is_refused_and_its_descriptor_closed(
 def test_a_refused_memfd_is_left_to_its_maker_unsealed(size: int, seals: int, opened: int) -> None:
     """Seals belong to the memfd: a refusal must not leave the maker's buffer sealed
     (an empty one, sent before its maker sized it, could never grow)."""
-    maker = memfd(size, seals)
+    maker = make_memfd(size, seals)
     try:
         handed = os.open(f"/proc/self/fd/{maker}", opened | os.O_CLOEXEC)
         with pytest.raises(ClientError):
@@ -136,7 +132,7 @@ def test_a_refused_memfd_is_left_to_its_maker_unsealed(size: int, seals: int, op
 
 
 def test_a_descriptor_that_is_not_open_is_refused_as_such() -> None:
-    fd = memfd(PAGE)
+    fd = make_memfd(PAGE)
     os.close(fd)
     for bad in (fd, -1):
         with pytest.raises(ClientError, match="cannot be a region"):

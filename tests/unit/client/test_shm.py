@@ -28,7 +28,7 @@ from inferd_client.shm import (
 )
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
-from tests.conftest import HANG_S, vm_flags
+from tests.conftest import HANG_S, transparent_huge_pages, vm_flags
 
 ID = "ab" * 16
 
@@ -43,6 +43,7 @@ def test_a_region_is_a_sealed_page_multiple_memfd() -> None:
             os.ftruncate(region.fd, 0)
 
 
+@pytest.mark.skipif(not transparent_huge_pages(), reason="a kernel without huge pages")
 def test_a_region_asks_for_transparent_huge_pages() -> None:
     with SharedRegion(4 * 1024 * 1024, label="huge") as region:
         assert "hg" in vm_flags(region.address)  # MADV_HUGEPAGE
