@@ -291,12 +291,12 @@ def wait_for_no_regions(operator: OperatorClient, timeout_s: float) -> int:
     """The regions the daemon still holds once none should be left (0), or how many
     are left after ``timeout_s``: a closed connection's are unmapped when the
     registration thread gets to them."""
-    give_up = time.monotonic() + timeout_s
-    while True:
-        left = len(operator.status()["shm"]["regions"])
-        if not left or time.monotonic() > give_up:
-            return left
-        time.sleep(0.05)  # a polling period: the count above is what is awaited
+    from tests.conftest import poll
+
+    def left() -> int:
+        return len(operator.status()["shm"]["regions"])
+
+    return poll(left, lambda count: count == 0, timeout_s, interval=0.05)
 
 
 def _summary(tally: Tally) -> dict[str, Any]:

@@ -55,8 +55,8 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 from inferd.demo_model import write_identity_model  # noqa: E402
-from inferd_client import ClientError, InferenceClient, OperatorClient, RemoteError  # noqa: E402
-from soak_shm import SHM_LIMITS, SOURCES, descriptors, settled, threads_for  # noqa: E402
+from inferd_client import InferenceClient, OperatorClient  # noqa: E402
+from soak_shm import SHM_LIMITS, SOURCES, answer, descriptors, settled, threads_for  # noqa: E402
 
 MIB = 1024 * 1024
 #: The limits the soak runs under (the daemon's own defaults are larger).
@@ -128,21 +128,11 @@ class Source:
             self.wrong += 1
 
 
-def _call(source: Source, request: Callable[[], object]) -> None:
-    try:
-        request()
-        source.add("OK")
-    except RemoteError as exc:
-        source.add(exc.code)
-    except ClientError:
-        source.lost()
-
-
 def overload(endpoint: str, stop: threading.Event, source: Source) -> None:
     image = np.ones(SMALL, np.float32)
     with InferenceClient(endpoint, timeout=30) as client:
         while not stop.is_set():
-            _call(source, lambda: client.infer("identity", {"input": image}, deadline_ms=20))
+            answer(source, lambda: client.infer("identity", {"input": image}, deadline_ms=20))
 
 
 def near_limit(endpoint: str, stop: threading.Event, source: Source) -> None:
@@ -150,7 +140,7 @@ def near_limit(endpoint: str, stop: threading.Event, source: Source) -> None:
     with InferenceClient(endpoint, timeout=60) as client:
         while not stop.is_set():
             for image in (under, over):
-                _call(source, lambda image=image: client.infer("identity", {"input": image}))
+                answer(source, lambda image=image: client.infer("identity", {"input": image}))
 
 
 def never_reads(endpoint: str, stop: threading.Event, source: Source) -> None:
@@ -183,7 +173,7 @@ def never_reads(endpoint: str, stop: threading.Event, source: Source) -> None:
 def build_flood(endpoint: str, stop: threading.Event, source: Source) -> None:
     with OperatorClient(endpoint, timeout=30) as operator:
         while not stop.is_set():
-            _call(
+            answer(
                 source,
                 lambda: operator.call(
                     "build.start",

@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -42,7 +41,7 @@ from fuzz_shm import DESCRIPTORS
 from inferd_client import ClientError, InferenceClient, RemoteError
 from inferd_client.region import SharedRegion
 from inferd_client.shm import RegionChannel
-from tests.conftest import memfds_mapped
+from tests.conftest import memfds_mapped, poll
 from tests.integration.wire import RawShm
 
 if TYPE_CHECKING:
@@ -88,7 +87,7 @@ sys.stdin.read()  # until killed
 """
 
 
-def _answer(source: Source, request: Callable[[], object]) -> str | None:
+def answer(source: Source, request: Callable[[], object]) -> str | None:
     """Count ``request``'s answer in ``source``: its code, None when it got none."""
     try:
         request()
@@ -122,7 +121,7 @@ def camera(endpoint: str, stop: threading.Event, source: Source) -> None:
             request = partial(
                 client.infer, "identity", {"input": x}, outputs={"output": y}, deadline_ms=20
             )
-            if _answer(source, request) == "OK" and (y.flat[0], y.flat[-1]) != (frame, -frame):
+            if answer(source, request) == "OK" and (y.flat[0], y.flat[-1]) != (frame, -frame):
                 source.wrong_answer()
 
 
@@ -143,7 +142,7 @@ def churn(endpoint: str, shm_path: str, stop: threading.Event, source: Source) -
                 for value in (1.0, 2.0, 3.0):
                     x[...] = value
                     request = partial(client.infer, "identity", {"input": x}, outputs={"output": y})
-                    if _answer(source, request) == "OK" and not (y == value).all():
+                    if answer(source, request) == "OK" and not (y == value).all():
                         source.wrong_answer()
             continue  # gone without unregistering: its connection's end releases it
         channel = RegionChannel(shm_path, timeout=30)
@@ -154,8 +153,8 @@ def churn(endpoint: str, shm_path: str, stop: threading.Event, source: Source) -
                 except RemoteError as exc:
                     source.add(exc.code)
                     continue
-                once = _answer(source, partial(channel.unregister, region_id))
-                twice = _answer(source, partial(channel.unregister, region_id))
+                once = answer(source, partial(channel.unregister, region_id))
+                twice = answer(source, partial(channel.unregister, region_id))
                 if (once, twice) != ("OK", "NOT_FOUND"):
                     source.wrong_answer()
         finally:
@@ -236,7 +235,7 @@ def limits(shm_path: str, stop: threading.Event, source: Source) -> None:
             while not stop.is_set():
                 region = SharedRegion(16 * MIB, label="limits")
                 regions.append(region)
-                code = _answer(source, partial(channel.register, region))
+                code = answer(source, partial(channel.register, region))
                 if code != "OK":
                     if code != "RESOURCE_EXHAUSTED":  # bytes or regions: the limits hold
                         source.wrong_answer()
@@ -311,9 +310,9 @@ def settled(
     still holds when ``timeout`` ends otherwise): a request answered after its
     client died is released when the worker answers it, and ZeroMQ closes a
     connection's descriptor when it sees the peer go."""
-    give_up = time.monotonic() + timeout
-    while True:
-        left = residue(read_status(), pid, fds_start)
-        if not any(left.values()) or time.monotonic() > give_up:
-            return left
-        time.sleep(0.05)  # a polling period: the condition above is what is awaited
+    return poll(
+        lambda: residue(read_status(), pid, fds_start),
+        lambda left: not any(left.values()),
+        timeout,
+        interval=0.05,
+    )

@@ -130,6 +130,19 @@ def bench_result(script: str, *args: str) -> dict[str, Any]:
     return result
 
 
+def poll(
+    probe: Callable[[], T], done: Callable[[T], bool], timeout: float, interval: float = 0.01
+) -> T:
+    """Call ``probe`` until ``done`` says its value is the awaited one, or until
+    ``timeout`` s have passed: its last value either way."""
+    give_up_at = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if done(value) or time.monotonic() >= give_up_at:
+            return value
+        time.sleep(interval)  # the polling interval, not a guess at when it happens
+
+
 def wait_until(
     predicate: Callable[[], T],
     timeout: float = HANG_S,
@@ -139,14 +152,10 @@ def wait_until(
 ) -> T:
     """Poll ``predicate`` until it returns a truthy value and return that value;
     fail after ``timeout`` s (a bound on a hang, not a decision)."""
-    give_up_at = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= give_up_at:
-            raise AssertionError(f"{message} not reached within {timeout} s")
-        time.sleep(interval)  # the polling interval, not a guess at when it happens
+    value = poll(predicate, bool, timeout, interval)
+    if not value:
+        raise AssertionError(f"{message} not reached within {timeout} s")
+    return value
 
 
 Event = tuple[str, dict[str, Any]]
