@@ -185,6 +185,10 @@ class EngineWorker(threading.Thread):
             ready = [fd for fd, _events in sources.poll(0)] if self._drained_one else []
             self._drained_one = False
             while port.serve_one(ready):
+                # Messages that queue no job (refusals, registrations) may keep
+                # coming: each one read is a beat, or a flood of them would look
+                # like a stall to the watchdog.
+                self.last_beat_ns = time.monotonic_ns()
                 self._drained_one = self._served = True
                 if scheduler.wakes != wakes:
                     return
@@ -194,6 +198,7 @@ class EngineWorker(threading.Thread):
             if not ready:
                 ready = self._wait_on(waiting)
             while ready and port.serve_one(ready):
+                self.last_beat_ns = time.monotonic_ns()
                 self._served = True
                 if scheduler.wakes != wakes:
                     return
