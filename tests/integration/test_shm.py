@@ -524,6 +524,16 @@ def test_a_region_of_another_client_is_a_capability_and_cannot_be_unregistered_b
 # -- registration refusals ----------------------------------------------------------------
 
 
+def unregister_of_size(size: int) -> bytes:
+    """An unregister of an unknown region whose message is exactly ``size`` bytes."""
+    header = {"v": 1, "id": 1, "op": "unregister", "region": ""}
+    fill = size - len(pack(header))
+    while len(message := pack({**header, "region": "r" * fill})) > size:
+        fill -= 1  # a longer string takes a longer length prefix
+    assert len(message) == size
+    return message
+
+
 def test_registration_refusals_are_clear_and_the_connection_stays_usable(
     daemon: DaemonProcess,
 ) -> None:
@@ -553,6 +563,13 @@ def test_registration_refusals_are_clear_and_the_connection_stays_usable(
                 assert_error(reply, "INVALID_ARGUMENT", fragment, request_id=1)
             oversized = raw.exchange(b"\x81\xa1v" + b"\x01" * MAX_SHM_MESSAGE_BYTES)
             assert_error(oversized, "INVALID_ARGUMENT", f"over {MAX_SHM_MESSAGE_BYTES} bytes")
+            # The bound is exact: a message of that many bytes is read, one more is not.
+            for size, fragment in (
+                (MAX_SHM_MESSAGE_BYTES, "32 lowercase hex digits"),  # read and decoded
+                (MAX_SHM_MESSAGE_BYTES + 1, f"over {MAX_SHM_MESSAGE_BYTES} bytes"),
+            ):
+                reply = raw.exchange(unregister_of_size(size))
+                assert fragment in reply["error"]["message"], (size, reply)
             garbage = raw.exchange(b"\xc1")
             assert_error(garbage, "INVALID_ARGUMENT", "not valid msgpack")
             assert shm_status(daemon)["regions"] == []  # nothing was mapped

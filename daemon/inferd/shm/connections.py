@@ -102,7 +102,7 @@ class ShmConnection:
                 return None
             try:
                 data, ancillary, flags, _ = self.sock.recvmsg(
-                    MAX_SHM_MESSAGE_BYTES + 1, socket.CMSG_SPACE(2 * _FD), socket.MSG_CMSG_CLOEXEC
+                    MAX_SHM_MESSAGE_BYTES, socket.CMSG_SPACE(2 * _FD), socket.MSG_CMSG_CLOEXEC
                 )
             except (BlockingIOError, InterruptedError):
                 return None
