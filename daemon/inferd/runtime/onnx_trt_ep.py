@@ -419,6 +419,8 @@ class OnnxTrtEpRuntime:
             values = resident.session.run(resident.output_names, dict(inputs))
         except MemoryError as exc:
             raise OutOfMemoryError(f"host memory exhausted during inference: {exc}") from exc
+        except OutputShapeError:
+            raise
         except Exception as exc:
             if "Failed to allocate memory" in str(exc):
                 raise OutOfMemoryError(f"onnxruntime could not allocate: {exc}") from exc

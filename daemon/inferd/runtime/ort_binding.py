@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from inferd.errors import OutputShapeError
+
 #: What ONNX Runtime says when a pre-allocated output has another shape than the
 #: one computed: 1.20+ ("... but the computed output shape for this run is ..."),
 #: earlier releases ("Shape mismatch attempting to re-use buffer"), and, for a
@@ -129,8 +131,18 @@ def run_in_place(
     session.run_with_iobinding(binding)
     results: dict[str, np.ndarray] = {}
     for name, value in zip(output_names, binding.get_outputs(), strict=True):
-        target = outputs.get(name)  # an empty one: nothing was written, nothing to write
-        results[name] = target if target is not None else value.numpy()
+        target = outputs.get(name)
+        if target is None:
+            results[name] = value.numpy()
+            continue
+        if not target.size and tuple(value.shape()) != target.shape:
+            # An empty one has no address to bind: ONNX Runtime allocated it, so
+            # its shape is checked here, as ONNX Runtime checks a bound one's.
+            raise OutputShapeError(
+                f"output {name!r} comes out as {list(value.shape())}; the request placed it "
+                f"as {list(target.shape)}"
+            )
+        results[name] = target  # an empty one: nothing was written, nothing to write
     return results
 
 

@@ -128,6 +128,22 @@ def test_a_placed_output_of_another_shape_is_refused_before_it_is_written(
     assert np.array_equal(runtime.infer(handle, {"input": x[:1]})["output"], x[:1])
 
 
+def test_an_empty_placed_output_of_another_shape_is_refused_too(
+    identity: tuple[OnnxTrtEpRuntime, EngineHandle], region: np.ndarray
+) -> None:
+    """An empty output has no address to bind, so ONNX Runtime allocates it: its
+    computed shape must still be the one placed, or the reply would say it was
+    written as placed when nothing was."""
+    runtime, handle = identity
+    x, _ = tensors(region)
+    empty = region[NBYTES:NBYTES].view(np.float32).reshape(0, 3, 224, 224)
+    with pytest.raises(OutputShapeError, match=r"comes out as \[48, 3, 224, 224\]"):
+        runtime.infer(handle, {"input": x}, outputs={"output": empty})
+    # An empty input computes an empty output: that one is as placed.
+    nothing = runtime.infer(handle, {"input": x[:0]}, outputs={"output": empty})
+    assert nothing["output"] is empty
+
+
 def test_unplaced_outputs_of_a_request_that_places_some_come_back_as_arrays(
     tmp_path: Path, region: np.ndarray
 ) -> None:
