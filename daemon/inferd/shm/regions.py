@@ -69,6 +69,9 @@ class Connection:
     connection_id: int
     peer: PeerCredentials
     regions: dict[str, Region] = field(default_factory=dict)
+    #: Its regions still mapped, unregistered ones leased by queued requests too:
+    #: what ``shm.max_regions_per_connection`` bounds.
+    mapped: int = 0
     #: Gone (``RegionTable.disconnect``): it registers nothing more.
     closed: bool = False
     unregistered: deque[str] = field(default_factory=lambda: deque(maxlen=_REMEMBERED_UNREGISTERED))
@@ -80,13 +83,14 @@ class Region:
     def __init__(
         self,
         region_id: str,
-        owner: PeerCredentials,
+        connection: Connection,
         mapping: mmap.mmap,
         size: int,
         label: str | None,
     ) -> None:
         self.region_id = region_id
-        self.owner = owner
+        self.connection = connection
+        self.owner = connection.peer
         self.size = size
         self.label = label
         self.created_unix_s = time.time()
@@ -184,11 +188,10 @@ class RegionTable:
         """Map ``fd`` for ``connection``; ``ProtocolError`` (nothing held) when it is
         not a sealed memfd or a limit would be exceeded."""
         limit = self._config.max_regions_per_connection
-        if len(connection.regions) >= limit:
-            raise ProtocolError(
-                Code.RESOURCE_EXHAUSTED,
-                f"this connection holds {limit} regions already (shm.max_regions_per_connection)",
-            )
+        if connection.mapped >= limit:
+            held = f"this connection holds {limit} regions already, counting those unregistered"
+            held += " but still used by its queued requests (shm.max_regions_per_connection)"
+            raise ProtocolError(Code.RESOURCE_EXHAUSTED, held)
         mapping, size = map_sealed_memfd(fd)
         uid = connection.peer.uid
         with self._lock:
@@ -210,9 +213,10 @@ class RegionTable:
                 # its end): nothing would ever release the region.
                 error, code = "the connection closed", Code.UNAVAILABLE
             if error is None:
-                region = Region(secrets.token_hex(16), connection.peer, mapping, size, label)
+                region = Region(secrets.token_hex(16), connection, mapping, size, label)
                 self._regions[region.region_id] = region
                 connection.regions[region.region_id] = region
+                connection.mapped += 1
                 self._mapped_by_uid[uid] = by_uid + size
                 self._mapped_total += size
                 self.registered += 1
@@ -238,16 +242,9 @@ class RegionTable:
                 self._close(region)
                 self.unregistered += 1
         if region is None:
-            already = region_id in connection.unregistered
-            raise ProtocolError(
-                Code.NOT_FOUND,
-                f"region {shown(region_id)} "
-                + (
-                    "was already unregistered"
-                    if already
-                    else "is not registered on this connection"
-                ),
-            )
+            known = region_id in connection.unregistered
+            state = "was already unregistered" if known else "is not registered on this connection"
+            raise ProtocolError(Code.NOT_FOUND, f"region {shown(region_id)} {state}")
         self._wake()  # unmapped on the registration thread
 
     def disconnect(self, connection: Connection) -> None:
@@ -283,6 +280,7 @@ class RegionTable:
             with self._lock:
                 if done:
                     self._closing.remove(region)
+                    region.connection.mapped -= 1
                     uid = region.owner.uid
                     self._mapped_by_uid[uid] -= region.size
                     if not self._mapped_by_uid[uid]:

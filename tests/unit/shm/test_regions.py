@@ -210,6 +210,28 @@ def test_limits_are_resource_exhausted_and_change_nothing(
         table.close()
 
 
+def test_a_region_unregistered_but_still_leased_counts_against_its_connections_limit() -> None:
+    """Unregistering a region a queued request still uses does not make room for
+    another: the connection's mappings stay bounded by the limit."""
+    table = Table(max_regions_per_connection=2)
+    try:
+        leases = RequestRegions(table.table, None)
+        for _ in range(2):
+            region = table.register(PAGE)
+            leases.lease("tensor 'x'", RegionRef(region.region_id, 0, 16))
+            table.table.unregister(table.connection, region.region_id)
+        with pytest.raises(ProtocolError) as caught:
+            table.register(PAGE)
+        assert caught.value.code == Code.RESOURCE_EXHAUSTED
+        assert "still used by its queued requests" in caught.value.message
+        leases.release()
+        table.table.release_due()  # unmapped: room again
+        assert table.connection.mapped == 0
+        table.register(PAGE)
+    finally:
+        table.close()
+
+
 def test_the_total_bound_holds_across_uids() -> None:
     table = Table(max_bytes_per_uid=2 * PAGE, max_bytes_total=3 * PAGE)
     try:
