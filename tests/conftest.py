@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -88,6 +90,39 @@ def transparent_huge_pages() -> bool:
     ``MADV_HUGEPAGE`` mark a mapping ``hg`` (elsewhere the advice is refused, and
     ignored by design)."""
     return Path("/sys/kernel/mm/transparent_hugepage").is_dir()
+
+
+class LingeringSocket:
+    """A connected TCP socket whose close blocks until ``drain`` lets it end, as a
+    hostile client's descriptor can: with ``SO_LINGER`` on and unsent data that its
+    peer does not read, ``close`` waits for the peer (here up to 120 s)."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.sock = socket.create_connection(self._server.getsockname())
+        self._peer, _ = self._server.accept()
+        self.sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            while True:  # fill both kernel buffers: the close has data to send
+                self.sock.send(b"x" * 65536)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 120))
+        self._peer.setblocking(False)
+
+    def detach(self) -> int:
+        """The descriptor, no longer this object's to close."""
+        return self.sock.detach()
+
+    def drain(self) -> None:
+        """Read what has arrived (the blocked close goes on sending)."""
+        try:
+            while self._peer.recv(1 << 20):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        self._peer.close()
+        self._server.close()
 
 
 def memfds_mapped(pid: int) -> list[str]:

@@ -33,6 +33,7 @@ from tests.conftest import (
     HANG_S,
     REPO,
     DaemonProcess,
+    LingeringSocket,
     make_memfd,
     memfds_mapped,
     render_config,
@@ -580,6 +581,32 @@ def test_registration_refusals_are_clear_and_the_connection_stays_usable(
         for fd in (unsealed, read, write, odd):
             os.close(fd)
     serves(daemon)
+
+
+def test_a_descriptor_whose_close_blocks_holds_up_no_request(daemon: DaemonProcess) -> None:
+    """A client can pass a descriptor whose close blocks as long as it likes (a
+    lingering TCP socket): the daemon closes it on a thread of its own, and goes on
+    serving and answering status meanwhile (DESIGN.md 120)."""
+    lingering = LingeringSocket()
+    try:
+        with RawShm(shm_path(daemon)) as raw:
+            unregister = {"v": 1, "id": 1, "op": "unregister", "region": "0" * 32}
+            reply = raw.call(unregister, [lingering.sock.fileno()])
+            assert_error(reply, "INVALID_ARGUMENT", "carries no descriptor", request_id=1)
+        lingering.sock.close()  # the daemon's copy is now the last: its close blocks
+        wait_until(
+            lambda: shm_status(daemon)["closing"]["blocked_s"] > 0, message="a close under way"
+        )
+        serves(daemon)
+        closing = shm_status(daemon)["closing"]
+        assert closing["blocked_s"] > 0 and closing["waiting"] >= 1  # still blocked, behind it
+        wait_until(
+            lambda: lingering.drain() or shm_status(daemon)["closing"]["waiting"] == 0,
+            message="every close done once the peer reads",
+        )
+        assert shm_status(daemon)["closing"]["blocked_s"] == 0
+    finally:
+        lingering.close()
 
 
 def test_truncating_or_unmapping_a_registered_region_cannot_hurt_the_daemon(

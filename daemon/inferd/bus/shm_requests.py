@@ -55,7 +55,7 @@ def admit_shm_message(
         shm.close(entry)
         return None
     finally:
-        message.close_fds()
+        shm.discard_fds(entry, message)
     if read is None:
         return None
     request, refusal = read

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import os
 import secrets
 import select
 import socket
@@ -38,6 +37,7 @@ from typing import Any
 
 import structlog
 
+from inferd.shm.closer import DescriptorCloser
 from inferd.shm.regions import Connection, RegionTable
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
@@ -52,6 +52,9 @@ from inferd_wire.regions import (
 log = structlog.get_logger("inferd.shm")
 
 _FD = array.array("i").itemsize
+#: The most descriptors one message can carry (Linux's ``SCM_MAX_FD``): room for
+#: all, so that the kernel never drops one (its last close would run on the reader).
+_MAX_FDS = 253
 #: The prefix of every shm connection's route (then its number as 8 big-endian
 #: bytes, then the daemon's random route key).
 _ROUTE_PREFIX = b"\x00shm"
@@ -68,8 +71,8 @@ def is_shm_route(routing_id: bytes) -> bool:
 @dataclass
 class Message:
     """One message read from a connection: its bytes, the descriptors it carried
-    (the reader closes them) and ``recvmsg``'s flags; ``data`` and ``fds`` both
-    empty: the peer closed the connection."""
+    (``ShmConnections.discard_fds`` has them closed) and ``recvmsg``'s flags;
+    ``data`` and ``fds`` both empty: the peer closed the connection."""
 
     data: bytes
     fds: list[int]
@@ -78,11 +81,6 @@ class Message:
     @property
     def closed(self) -> bool:
         return not self.data and not self.fds
-
-    def close_fds(self) -> None:
-        fds, self.fds = self.fds, []
-        for fd in fds:
-            os.close(fd)
 
 
 @dataclass
@@ -102,7 +100,9 @@ class ShmConnection:
                 return None
             try:
                 data, ancillary, flags, _ = self.sock.recvmsg(
-                    MAX_SHM_MESSAGE_BYTES, socket.CMSG_SPACE(2 * _FD), socket.MSG_CMSG_CLOEXEC
+                    MAX_SHM_MESSAGE_BYTES,
+                    socket.CMSG_SPACE(_MAX_FDS * _FD),
+                    socket.MSG_CMSG_CLOEXEC,
                 )
             except (BlockingIOError, InterruptedError):
                 return None
@@ -128,8 +128,11 @@ class ShmConnection:
 class ShmConnections:
     """The open connections, their epoll set and the counters of their requests."""
 
-    def __init__(self, table: RegionTable, max_requests_per_connection: int) -> None:
+    def __init__(
+        self, table: RegionTable, max_requests_per_connection: int, closer: DescriptorCloser
+    ) -> None:
         self.table = table
+        self.closer = closer
         self._max_in_flight = max_requests_per_connection
         self._epoll = select.epoll()
         self._route_key = secrets.token_bytes(_ROUTE_KEY_BYTES)
@@ -146,6 +149,7 @@ class ShmConnections:
         self.refused_in_flight = 0
         self.unroutable_replies = 0
         self.closed_not_reading = 0
+        self.closed_for_backlog = 0
 
     @property
     def fd(self) -> int:
@@ -161,7 +165,7 @@ class ShmConnections:
         entry = ShmConnection(sock, connection, route)
         with self._lock:
             if self._closed:
-                sock.close()
+                self.closer.close_later([sock])
                 raise RuntimeError("the shm connections are closed")
             self._by_fd[sock.fileno()] = entry
             self._by_route[entry.route] = entry
@@ -198,8 +202,22 @@ class ShmConnections:
                     with contextlib.suppress(OSError, ValueError):
                         self._epoll.unregister(entry.sock.fileno())
                 self._by_route.pop(entry.route, None)
-            entry.sock.close()
+            self.closer.close_later([entry.sock])  # its queue may hold descriptors
         self.table.disconnect(entry.connection)
+
+    def discard_fds(self, entry: ShmConnection, message: Message) -> None:
+        """Have the descriptors ``message`` carried closed (they are not kept: a
+        region maps its own); close ``entry`` when too many wait to be closed
+        (``closer``: a close that does not end)."""
+        if not message.fds:
+            return
+        fds, message.fds = message.fds, []
+        self.closer.close_later(fds)
+        if self.closer.backed_up:
+            with self._lock:
+                self.closed_for_backlog += 1
+            log.warning("shm_descriptors_not_closing", pid=entry.connection.peer.pid)
+            self.close(entry)
 
     def admit(self, entry: ShmConnection) -> None:
         """Count an infer request read from ``entry``; RESOURCE_EXHAUSTED (counted
@@ -316,6 +334,10 @@ class ShmConnections:
                 "refused_in_flight": self.refused_in_flight,
                 "unroutable_replies": self.unroutable_replies,
                 "closed_not_reading": self.closed_not_reading,
+                "closing": {
+                    **self.closer.status(),
+                    "connections_closed_for_backlog": self.closed_for_backlog,
+                },
             }
 
 

@@ -31,6 +31,7 @@ import structlog
 
 from inferd.config import ShmConfig
 from inferd.owned_files import ensure_owned_dir
+from inferd.shm.closer import DescriptorCloser
 from inferd.shm.connections import ShmConnections
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd_wire import protocol
@@ -43,6 +44,8 @@ log = structlog.get_logger("inferd.shm")
 SOCKET_MODE = 0o660
 #: The selector's timeout: how often, at the least, the thread looks for work.
 _POLL_S = 0.5
+#: How long shutdown waits for the descriptors still to be closed.
+_CLOSER_STOP_S = 2.0
 _UCRED = struct.Struct("3i")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
 
 #: Why a peer (uid, gid, pid) may not use the socket (None: it may).
@@ -58,7 +61,10 @@ class ShmServer(threading.Thread):
         self._config = config
         self._admit = admit
         self.table = RegionTable(config, wake=self.wake)
-        self.connections = ShmConnections(self.table, config.max_requests_per_connection)
+        self.closer = DescriptorCloser()
+        self.connections = ShmConnections(
+            self.table, config.max_requests_per_connection, self.closer
+        )
         self._selector = selectors.DefaultSelector()
         self._waker, self._wakee = socket.socketpair()
         self._waker.setblocking(False)
@@ -92,6 +98,7 @@ class ShmServer(threading.Thread):
 
     def start(self) -> None:
         self.bind()
+        self.closer.start()
         super().start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -127,8 +134,15 @@ class ShmServer(threading.Thread):
         assert listener is not None, "start() binds first"
         self._selector.register(listener, selectors.EVENT_READ)
         self._selector.register(self._wakee, selectors.EVENT_READ)
+        accepting = True
         try:
             while not self._stopping.is_set():
+                if accepting == self.closer.backed_up:  # no new connection while it is
+                    accepting = not accepting
+                    if accepting:
+                        self._selector.register(listener, selectors.EVENT_READ)
+                    else:
+                        self._selector.unregister(listener)
                 for key, _ in self._selector.select(_POLL_S):
                     try:
                         if key.fileobj is listener:
@@ -143,6 +157,7 @@ class ShmServer(threading.Thread):
         finally:
             self.connections.close_all()
             self.table.close_all()
+            self.closer.stop(_CLOSER_STOP_S)
             self._selector.close()
             listener.close()
             with contextlib.suppress(OSError):
@@ -182,4 +197,4 @@ class ShmServer(threading.Thread):
         )
         with contextlib.suppress(OSError):
             sock.send(protocol.pack(protocol.error_header(None, code, reason)))
-        sock.close()
+        self.closer.close_later([sock])  # its queue may hold descriptors
