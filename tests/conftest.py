@@ -125,6 +125,27 @@ class LingeringSocket:
         self._server.close()
 
 
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """``pid`` stopped (``SIGSTOP``) until the block ends: only once every thread of
+    it shows ``T``, since a thread busy elsewhere stops only when the one woken
+    for the signal gets a CPU and stops it."""
+
+    def every_thread_stopped() -> bool:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            stat = (task / "stat").read_text()
+            if stat[stat.rindex(")") + 2] != "T":
+                return False
+        return True
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(every_thread_stopped, message=f"every thread of {pid} stopped")
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def memfds_mapped(pid: int) -> list[str]:
     """The lines of ``/proc/<pid>/maps`` that map a memfd: the regions it holds
     (a process of the daemon's maps none of its own)."""

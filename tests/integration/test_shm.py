@@ -12,6 +12,7 @@ import mmap
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from tests.conftest import (
     memfds_mapped,
     render_config,
     start_daemon,
+    stopped,
     wait_until,
     write_slow_model,
 )
@@ -591,15 +593,16 @@ def test_a_descriptor_whose_close_blocks_holds_up_no_request(daemon: DaemonProce
     try:
         with RawShm(shm_path(daemon)) as raw:
             unregister = {"v": 1, "id": 1, "op": "unregister", "region": "0" * 32}
-            reply = raw.call(unregister, [lingering.sock.fileno()])
+            with stopped(daemon.process.pid):  # so that the daemon's copy is the last
+                socket.send_fds(raw.socket, [pack(unregister)], [lingering.sock.fileno()])
+                lingering.sock.close()
+            reply = protocol.unpack_header(raw.socket.recv(MAX_SHM_MESSAGE_BYTES))
             assert_error(reply, "INVALID_ARGUMENT", "carries no descriptor", request_id=1)
-        lingering.sock.close()  # the daemon's copy is now the last: its close blocks
         wait_until(
             lambda: shm_status(daemon)["closing"]["blocked_s"] > 0, message="a close under way"
         )
         serves(daemon)
-        closing = shm_status(daemon)["closing"]
-        assert closing["blocked_s"] > 0 and closing["waiting"] >= 1  # still blocked, behind it
+        assert shm_status(daemon)["closing"]["blocked_s"] > 0  # served while it still blocks
         wait_until(
             lambda: lingering.drain() or shm_status(daemon)["closing"]["waiting"] == 0,
             message="every close done once the peer reads",
@@ -607,6 +610,28 @@ def test_a_descriptor_whose_close_blocks_holds_up_no_request(daemon: DaemonProce
         assert shm_status(daemon)["closing"]["blocked_s"] == 0
     finally:
         lingering.close()
+
+
+def test_a_client_that_shuts_down_its_side_still_gets_every_reply(daemon: DaemonProcess) -> None:
+    """``shutdown(SHUT_WR)`` after the last request: the daemon reads no more, answers
+    every request in flight, then closes the connection and releases its region."""
+    count, unroutable = 6, shm_status(daemon)["unroutable_replies"]
+    with SharedRegion(4 * MIB, label="half-closed") as region, RawShm(shm_path(daemon)) as raw:
+        region_id = raw.call({"v": 1, "id": 1, "op": "register"}, [region.fd])["result"]["region"]
+        x = region.array(SLOW, np.float32)
+        x[:] = 2.0
+        ref, out = in_region("x", x, region_id, 0), in_region("y", x, region_id, 2 * MIB)
+        for number in range(2, count + 2):
+            header = {"v": 1, "id": number, "op": "infer", "model": "slow"}
+            raw.socket.send(pack({**header, "inputs": [ref], "outputs": [out]}))
+        raw.socket.shutdown(socket.SHUT_WR)
+        answered: list[int] = []
+        while reply_bytes := raw.socket.recv(MAX_SHM_MESSAGE_BYTES):  # b"": closed by it
+            reply = protocol.unpack_header(reply_bytes)
+            assert reply["ok"] is True, reply
+            answered.append(reply["id"])
+    assert sorted(answered) == list(range(2, count + 2))  # each once
+    assert shm_status(daemon)["unroutable_replies"] == unroutable
 
 
 def test_truncating_or_unmapping_a_registered_region_cannot_hurt_the_daemon(

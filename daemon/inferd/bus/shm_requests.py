@@ -83,7 +83,7 @@ def _read_message(
     the refusal its reply must carry when the connection has too many in flight,
     and what admits it; None for the request when the message was answered here
     (a registration op, a message no one could serve) or was the connection's
-    end (closed, its regions released)."""
+    end (closed once its requests in flight are answered)."""
     repeat = repeat_in(message)
     prepared = None if repeat is None else handler.prepared_for(entry.route, repeat.prefix)
     if prepared is not None and repeat is not None:
@@ -100,7 +100,7 @@ def _read(
     repeat: Repeat | None,
 ) -> tuple[Request, ProtocolError | None] | None:
     if message.closed:
-        shm.close(entry)
+        shm.end_of_input(entry)
         return None
     if message.flags & _MSG_TRUNC:
         error = f"message is over {MAX_SHM_MESSAGE_BYTES} bytes"

@@ -90,6 +90,9 @@ class ShmConnection:
     route: bytes
     #: Infer requests read and not yet answered (bounded per connection).
     in_flight: int = 0
+    #: Its client sent its last message (it shut down its side, or exited): no
+    #: longer read, closed once its requests in flight are answered.
+    draining: bool = False
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -205,6 +208,18 @@ class ShmConnections:
             self.closer.close_later([entry.sock])  # its queue may hold descriptors
         self.table.disconnect(entry.connection)
 
+    def end_of_input(self, entry: ShmConnection) -> None:
+        """``entry``'s client sent its last message: close it now if it is gone, or
+        has no request in flight; else (it shut down its writing side only, and
+        still reads) once the last of them is answered."""
+        with entry.lock, self._lock:
+            if not entry.closed and entry.in_flight > 0 and not _hung_up(entry.sock):
+                entry.draining = True
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(entry.sock.fileno())  # nothing more to read
+        if not entry.draining:
+            self.close(entry)
+
     def discard_fds(self, entry: ShmConnection, message: Message) -> None:
         """Have the descriptors ``message`` carried closed (they are not kept: a
         region maps its own); close ``entry`` when too many wait to be closed
@@ -243,6 +258,7 @@ class ShmConnections:
             entry = self._by_route.get(route)
             if entry is not None and entry.in_flight > 0:
                 entry.in_flight -= 1
+            drained = entry is not None and entry.draining and entry.in_flight == 0
         if entry is None:
             with self._lock:
                 self.unroutable_replies += 1
@@ -252,6 +268,8 @@ class ShmConnections:
         if failure is None:
             with self._lock:
                 self.replies += 1
+            if drained:
+                self.close(entry)
             return True
         with self._lock:
             if failure == "not reading":
@@ -339,6 +357,14 @@ class ShmConnections:
                     "connections_closed_for_backlog": self.closed_for_backlog,
                 },
             }
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer closed its end entirely (``POLLHUP``), not only its writing
+    side (``shutdown(SHUT_WR)``: ``POLLRDHUP`` alone)."""
+    poller = select.poll()
+    poller.register(sock, 0)  # POLLHUP is reported whatever is asked
+    return any(events & select.POLLHUP for _, events in poller.poll(0))
 
 
 def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
