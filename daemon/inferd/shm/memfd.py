@@ -52,9 +52,10 @@ def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
     """Map ``fd`` shared and read-write; returns the mapping and its size.
 
     Refused (``ProtocolError`` INVALID_ARGUMENT, nothing mapped) unless it is a
-    memfd sealed with ``F_SEAL_SHRINK``, a regular file of a positive size that
-    is a multiple of the page size (what CUDA registers), opened read-write and
-    not sealed against writing.  The caller keeps ownership of ``fd``."""
+    memfd sealed with ``F_SEAL_SHRINK``, a regular file of ordinary shared memory
+    (not hugetlbfs) of a positive size that is a multiple of the page size (what
+    CUDA registers), opened read-write and not sealed against writing.  The
+    caller keeps ownership of ``fd``."""
     seals = seal_state(fd)
     if not seals & F_SEAL_SHRINK:
         raise refused(
@@ -65,6 +66,13 @@ def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise refused("the descriptor is not a regular memfd")
+    if info.st_blksize != mmap.PAGESIZE:
+        # hugetlbfs (MFD_HUGETLB) gives its page size here: a page its client punches
+        # out comes back from a pool that may be empty, and the fault is a SIGBUS.
+        raise refused(
+            f"the memfd's pages are {info.st_blksize} bytes (MFD_HUGETLB): a region must be "
+            "ordinary shared memory (it may still use transparent huge pages)"
+        )
     size = info.st_size
     problem = region_size_problem(size)
     if problem is not None:

@@ -106,6 +106,20 @@ def test_sizes_that_are_not_whole_pages_are_refused(fds: list[int]) -> None:
         refused(fd, "multiple of the page size")
 
 
+def test_a_hugetlbfs_memfd_is_refused_before_it_is_mapped(fds: list[int]) -> None:
+    """Its pages can be punched out by the client and come back only from a pool
+    that may be empty: the daemon's next touch would be a SIGBUS."""
+    huge = 2 * 1024 * 1024
+    try:
+        fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING | os.MFD_HUGETLB)
+    except OSError as exc:
+        pytest.skip(f"this kernel makes no hugetlbfs memfd: {exc.strerror}")
+    fds.append(fd)
+    os.ftruncate(fd, huge)  # no huge page is taken before it is touched
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    refused(fd, "MFD_HUGETLB")
+
+
 def test_a_memfd_that_cannot_be_mapped_read_write_is_refused(fds: list[int]) -> None:
     fd = memfd()
     fds.append(fd)
