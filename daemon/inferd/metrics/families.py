@@ -221,6 +221,22 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
         "shm.sock connections closed because their client did not read its replies.",
         shm["closed_not_reading"],
     )
+    closing = shm["closing"]
+    yield _gauge(
+        "inferd_shm_descriptors_closing",
+        "Descriptors clients passed (and connection sockets) waiting to be closed.",
+        closing["waiting"],
+    )
+    yield _gauge(
+        "inferd_shm_close_blocked_seconds",
+        "How long the close in progress of a client's descriptor has taken (0: none).",
+        closing["blocked_s"],
+    )
+    yield _counter(
+        "inferd_shm_closed_for_backlog",
+        "shm.sock connections closed because too many descriptors waited to be closed.",
+        closing["connections_closed_for_backlog"],
+    )
 
 
 def _fdr(fdr: Mapping[str, Any]) -> Iterator[Metric]:

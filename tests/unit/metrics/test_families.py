@@ -158,6 +158,12 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
         "in_flight": 1,
         "unroutable_replies": 3,
         "closed_not_reading": 1,
+        "closing": {
+            "waiting": 5,
+            "closed": 9,
+            "blocked_s": 2.5,
+            "connections_closed_for_backlog": 1,
+        },
     }
     samples = scrape(status(shm=shm))
     assert samples[("inferd_shm_connections", ())] == 2
@@ -166,5 +172,8 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
     assert samples[("inferd_shm_requests_in_flight", ())] == 1
     assert samples[("inferd_shm_unroutable_replies_total", ())] == 3
     assert samples[("inferd_shm_closed_not_reading_total", ())] == 1
+    assert samples[("inferd_shm_descriptors_closing", ())] == 5
+    assert samples[("inferd_shm_close_blocked_seconds", ())] == 2.5
+    assert samples[("inferd_shm_closed_for_backlog_total", ())] == 1
     off = scrape(status(shm={"enabled": False}))
     assert not any(name.startswith("inferd_shm_") for name, _ in off)
