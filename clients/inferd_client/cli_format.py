@@ -235,6 +235,13 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
         f"{shm.get('max_requests_per_connection', 0)} per connection, "
         f"{shm.get('closed_not_reading', 0)} connections closed for not reading",
     ]
+    closing = shm.get("closing") or {}
+    if closing.get("waiting") or closing.get("connections_closed_for_backlog"):
+        lines.append(  # a client passes descriptors whose close blocks (DESIGN.md 120)
+            f"  descriptors waiting to be closed: {closing.get('waiting', 0)} (the close in "
+            f"progress for {closing.get('blocked_s', 0)} s), "
+            f"{closing.get('connections_closed_for_backlog', 0)} connections closed for it"
+        )
     if regions:
         lines += ["  " + line for line in table(regions, REGION_COLUMNS)]
     return lines

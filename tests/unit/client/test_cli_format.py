@@ -91,3 +91,18 @@ def test_the_shm_line_says_the_kernels_huge_page_policy() -> None:
     for policy in ("advise", "never"):
         text = "\n".join(cli_format.status({"models": [], "shm": {**shm, "huge_pages": policy}}))
         assert re.search(rf"^shm: 0 regions, .* connections, huge pages: {policy}$", text, re.M)
+
+
+def test_the_shm_lines_name_descriptors_waiting_to_be_closed_only_when_some_do() -> None:
+    shm = {"enabled": True, "regions": [], "mapped_bytes": 0, "max_bytes_total": 1 << 30}
+    idle = {"waiting": 0, "closed": 12, "blocked_s": 0.0, "connections_closed_for_backlog": 0}
+    text = "\n".join(cli_format.status({"models": [], "shm": {**shm, "closing": idle}}))
+    assert "waiting to be closed" not in text
+    stuck = {"waiting": 3, "closed": 12, "blocked_s": 41.5, "connections_closed_for_backlog": 1}
+    text = "\n".join(cli_format.status({"models": [], "shm": {**shm, "closing": stuck}}))
+    assert re.search(
+        r"^  descriptors waiting to be closed: 3 \(the close in progress for 41.5 s\), "
+        r"1 connections closed for it$",
+        text,
+        re.M,
+    )
