@@ -30,7 +30,7 @@ from msgspec import UNSET
 
 from inferd.bus.headers import MAX_DEADLINE_MS, Header, InferHeader, decode_infer
 from inferd.bus.region_refs import check_nbytes
-from inferd.shm.regions import RequestRegions
+from inferd.shm.leases import RequestRegions
 from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId

@@ -17,7 +17,8 @@ from msgspec import UNSET
 
 from inferd.bus.headers import Descriptor, InferHeader
 from inferd.bus.zap import peer_of
-from inferd.shm.regions import OutputPlacement, RegionTable, RequestRegions
+from inferd.shm.leases import OutputPlacement, RequestRegions
+from inferd.shm.regions import RegionTable
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import (

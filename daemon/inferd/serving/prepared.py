@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from inferd.bus.headers import InferHeader
 from inferd.bus.plans import AdmissionPlan
 from inferd.serving.slot import ModelSlot
-from inferd.shm.regions import Placement
+from inferd.shm.leases import Placement
 
 #: Prepared admissions kept (a camera loop needs one per connection; a message is
 #: at most 16 KiB, so this bounds them to 1 MiB).

@@ -46,7 +46,8 @@ from inferd.serving.scheduler import (
 )
 from inferd.serving.slot import ModelSlot
 from inferd.shm.connections import is_shm_route
-from inferd.shm.regions import RegionTable, RequestRegions
+from inferd.shm.leases import RequestRegions
+from inferd.shm.regions import RegionTable
 from inferd.types import Peer
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError

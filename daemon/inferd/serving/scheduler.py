@@ -27,7 +27,7 @@ import numpy as np
 
 from inferd.bus.headers import Header
 from inferd.config import QueuePolicy
-from inferd.shm.regions import RequestRegions
+from inferd.shm.leases import RequestRegions
 from inferd_wire.protocol import RequestId
 
 

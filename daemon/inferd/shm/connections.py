@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import os
 import secrets
 import select
 import socket
@@ -117,14 +118,18 @@ class ShmConnection:
         """Send one message without waiting; None when sent, else why not
         (``"closed"``, ``"not reading"``: the kernel buffer is full, ``"gone"``)."""
         with self.lock:
-            if self.closed:
-                return "closed"
-            try:
-                self.sock.send(data, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return "not reading"
-            except OSError:
-                return "gone"
+            return self.send_holding_lock(data)
+
+    def send_holding_lock(self, data: bytes) -> str | None:
+        """``send``, for a caller that holds ``lock``."""
+        if self.closed:
+            return "closed"
+        try:
+            self.sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return "not reading"
+        except OSError:
+            return "gone"
         return None
 
 
@@ -168,7 +173,7 @@ class ShmConnections:
         entry = ShmConnection(sock, connection, route)
         with self._lock:
             if self._closed:
-                self.closer.close_later([sock])
+                hand_over(sock, self.closer)
                 raise RuntimeError("the shm connections are closed")
             self._by_fd[sock.fileno()] = entry
             self._by_route[entry.route] = entry
@@ -205,7 +210,7 @@ class ShmConnections:
                     with contextlib.suppress(OSError, ValueError):
                         self._epoll.unregister(entry.sock.fileno())
                 self._by_route.pop(entry.route, None)
-            self.closer.close_later([entry.sock])  # its queue may hold descriptors
+            hand_over(entry.sock, self.closer)
         self.table.disconnect(entry.connection)
 
     def end_of_input(self, entry: ShmConnection) -> None:
@@ -256,15 +261,19 @@ class ShmConnections:
         replies is closed)."""
         with self._lock:
             entry = self._by_route.get(route)
-            if entry is not None and entry.in_flight > 0:
-                entry.in_flight -= 1
-            drained = entry is not None and entry.draining and entry.in_flight == 0
-        if entry is None:
-            with self._lock:
+            if entry is None:
                 self.unroutable_replies += 1
+        if entry is None:
             log.warning("reply_undeliverable", error="the shm connection has closed")
             return False
-        failure = entry.send(header)
+        with entry.lock:
+            # Counted down and sent together: the reply that leaves a draining
+            # connection with nothing in flight is the last one sent on it.
+            with self._lock:
+                if entry.in_flight > 0:
+                    entry.in_flight -= 1
+                drained = entry.draining and entry.in_flight == 0
+            failure = entry.send_holding_lock(header)
         if failure is None:
             with self._lock:
                 self.replies += 1
@@ -328,6 +337,9 @@ class ShmConnections:
                     "'register' carries the memfd as SCM_RIGHTS ancillary data; none came",
                 )
             region = self.table.register(connection, fds[0], label)
+            # A memfd now mapped: the mapping holds the file, so this close is not
+            # its last and cannot block; it need not wait behind others' (closer).
+            os.close(fds.pop(0))
             return {"region": region.region_id, "nbytes": region.size}
         if op == "unregister":
             if fds:
@@ -357,6 +369,15 @@ class ShmConnections:
                     "connections_closed_for_backlog": self.closed_for_backlog,
                 },
             }
+
+
+def hand_over(sock: socket.socket, closer: DescriptorCloser) -> None:
+    """Close a client's connection: its peer sees the end at once (``shutdown``
+    never blocks), and the socket is closed on the closer's thread, since its
+    queue may hold descriptors whose close blocks."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    closer.close_later([sock])
 
 
 def _hung_up(sock: socket.socket) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import mmap
 import os
 import stat
@@ -48,6 +49,17 @@ def seal_state(fd: int) -> int:
         raise refused(f"the descriptor's seals cannot be read: {exc.strerror}") from None
 
 
+@functools.cache
+def shmem_device() -> int:
+    """The device of every ordinary memfd (the kernel's internal shmem mount), read
+    from one made here; a hugetlbfs memfd lies on another."""
+    fd = os.memfd_create("inferd-probe", os.MFD_CLOEXEC)
+    try:
+        return os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+
+
 def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
     """Map ``fd`` shared and read-write; returns the mapping and its size.
 
@@ -66,12 +78,12 @@ def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise refused("the descriptor is not a regular memfd")
-    if info.st_blksize != mmap.PAGESIZE:
-        # hugetlbfs (MFD_HUGETLB) gives its page size here: a page its client punches
-        # out comes back from a pool that may be empty, and the fault is a SIGBUS.
+    if info.st_dev != shmem_device():
+        # hugetlbfs (MFD_HUGETLB): a page its client punches out comes back from a
+        # pool that may be empty, and the daemon's touch would be a SIGBUS.
         raise refused(
-            f"the memfd's pages are {info.st_blksize} bytes (MFD_HUGETLB): a region must be "
-            "ordinary shared memory (it may still use transparent huge pages)"
+            "the memfd is not ordinary shared memory (made with MFD_HUGETLB?): a region "
+            "must be (it may still use transparent huge pages)"
         )
     size = info.st_size
     problem = region_size_problem(size)

@@ -4,7 +4,7 @@ A ``Region`` is one client's sealed memfd, mapped (``memfd.map_sealed_memfd``)
 and named by 128 random bits.  It belongs to the ``shm.sock`` connection that
 brought it (``Connection``: the peer's pid/uid/gid from ``SO_PEERCRED``) and
 lives until that connection unregisters it or goes away, or the daemon stops.
-A request that names it holds a lease (``RequestRegions``) from admission on
+A request that names it holds a lease (``leases.RequestRegions``) from admission on
 the bus thread until its reply is built on the engine worker (or until it is
 answered without running); a closed region keeps its mapping while any lease
 holds it, and is unmapped on the registration thread once none does: the
@@ -32,7 +32,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -40,7 +39,6 @@ import structlog
 
 from inferd.config import ShmConfig
 from inferd.shm.memfd import map_sealed_memfd
-from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import RegionRef, shown
 
@@ -69,9 +67,9 @@ class Connection:
     connection_id: int
     peer: PeerCredentials
     regions: dict[str, Region] = field(default_factory=dict)
-    #: Its regions still mapped, unregistered ones leased by queued requests too:
-    #: what ``shm.max_regions_per_connection`` bounds.
-    mapped: int = 0
+    #: Its regions, and those unregistered that queued requests still lease: what
+    #: ``shm.max_regions_per_connection`` bounds (``RegionTable._uncount``).
+    held: int = 0
     #: Gone (``RegionTable.disconnect``): it registers nothing more.
     closed: bool = False
     unregistered: deque[str] = field(default_factory=lambda: deque(maxlen=_REMEMBERED_UNREGISTERED))
@@ -97,6 +95,8 @@ class Region:
         self.leases = 0
         #: Unregistered, or its connection gone: no new lease; unmapped at 0 leases.
         self.closing = False
+        #: Still counted in its connection's ``held``.
+        self.counted = True
         self.unmap_failed = False
         self._mapping = mapping
         self._base: np.ndarray | None = np.frombuffer(mapping, np.uint8)
@@ -188,7 +188,7 @@ class RegionTable:
         """Map ``fd`` for ``connection``; ``ProtocolError`` (nothing held) when it is
         not a sealed memfd or a limit would be exceeded."""
         limit = self._config.max_regions_per_connection
-        if connection.mapped >= limit:
+        if connection.held >= limit:
             held = f"this connection holds {limit} regions already, counting those unregistered"
             held += " but still used by its queued requests (shm.max_regions_per_connection)"
             raise ProtocolError(Code.RESOURCE_EXHAUSTED, held)
@@ -216,7 +216,7 @@ class RegionTable:
                 region = Region(secrets.token_hex(16), connection, mapping, size, label)
                 self._regions[region.region_id] = region
                 connection.regions[region.region_id] = region
-                connection.mapped += 1
+                connection.held += 1
                 self._mapped_by_uid[uid] = by_uid + size
                 self._mapped_total += size
                 self.registered += 1
@@ -270,6 +270,16 @@ class RegionTable:
         self._regions.pop(region.region_id, None)
         region.closing = True
         self._closing.append(region)
+        if not region.leases:
+            self._uncount(region)
+
+    @staticmethod
+    def _uncount(region: Region) -> None:
+        """A closed region no request leases leaves its connection's count (with the
+        lock held): its unmapping is the registration thread's, and near."""
+        if region.counted:
+            region.counted = False
+            region.connection.held -= 1
 
     def release_due(self) -> None:
         """Unmap every closed region no lease holds (hooks run outside the lock)."""
@@ -280,7 +290,6 @@ class RegionTable:
             with self._lock:
                 if done:
                     self._closing.remove(region)
-                    region.connection.mapped -= 1
                     uid = region.owner.uid
                     self._mapped_by_uid[uid] -= region.size
                     if not self._mapped_by_uid[uid]:
@@ -324,6 +333,8 @@ class RegionTable:
         with self._lock:
             region.leases -= 1
             due = region.closing and region.leases == 0
+            if due:
+                self._uncount(region)
         if due:
             self._wake()  # unmapped on the registration thread, never here
 
@@ -360,89 +371,3 @@ def _describe(region: Region) -> dict[str, Any]:
         "state": "releasing" if region.closing else "registered",
         "created_unix_s": round(region.created_unix_s, 3),
     }
-
-
-@dataclass(frozen=True)
-class OutputPlacement:
-    """An output a request asked to have written into a region."""
-
-    name: str
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]
-    region: Region
-    ref: RegionRef
-
-    @cached_property
-    def wire(self) -> dict[str, Any]:
-        """Its descriptor in a reply, made once (a repeat of a request reuses its
-        placements, DESIGN.md 109): not to be changed."""
-        return {
-            "name": self.name,
-            "dtype": protocol.wire_dtype_name(self.name, self.dtype),
-            "shape": list(self.shape),
-            **self.ref.as_wire(),
-        }
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a request's region tensors were (``RequestRegions.placement``): each
-    region it leased, by id in the order leased, and its inputs and outputs."""
-
-    regions: tuple[tuple[str, Region], ...]
-    inputs: dict[int, tuple[Region, RegionRef]]
-    outputs: tuple[OutputPlacement, ...]
-
-
-class RequestRegions:
-    """The regions one request names, each leased once, until ``release``; and
-    where its tensors are: ``inputs`` by descriptor index, ``outputs`` in order."""
-
-    def __init__(self, table: RegionTable, peer_uid: int | None) -> None:
-        self._table = table
-        self._peer_uid = peer_uid
-        self._held: dict[str, Region] = {}
-        self.inputs: dict[int, tuple[Region, RegionRef]] = {}
-        self.outputs: list[OutputPlacement] = []
-
-    def lease(self, where: str, ref: RegionRef) -> Region:
-        region = self._held.get(ref.region)
-        if region is None:
-            region = self._table.lease(ref.region, self._peer_uid)
-            self._held[ref.region] = region
-        region.check_range(where, ref)
-        return region
-
-    def regions(self) -> list[Region]:
-        return list(self._held.values())
-
-    def placement(self) -> Placement:
-        """Where this request's tensors are, for a repeat of it (``lease_placement``)."""
-        return Placement(tuple(self._held.items()), dict(self.inputs), tuple(self.outputs))
-
-    def lease_placement(self, placement: Placement) -> bool:
-        """Lease the regions an identical earlier request held (``placement``) and
-        place the tensors where its were: True when each region leased is the
-        very one it held (whose size its ranges were checked against); False, and
-        nothing held, when one is another.  Refusals as ``lease``'s."""
-        if not placement.regions:  # a request with region tensors leased some
-            return False
-        try:
-            for region_id, region in placement.regions:
-                leased = self._table.lease(region_id, self._peer_uid)
-                self._held[region_id] = leased
-                if leased is not region:
-                    self.release()
-                    return False
-        except BaseException:
-            self.release()  # a refusal leaves nothing leased
-            raise
-        self.inputs = dict(placement.inputs)
-        self.outputs = list(placement.outputs)
-        return True
-
-    def release(self) -> None:
-        """Give every lease back (idempotent)."""
-        held, self._held = self._held, {}
-        for region in held.values():
-            self._table.unlease(region)

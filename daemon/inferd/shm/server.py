@@ -32,7 +32,7 @@ import structlog
 from inferd.config import ShmConfig
 from inferd.owned_files import ensure_owned_dir
 from inferd.shm.closer import DescriptorCloser
-from inferd.shm.connections import ShmConnections
+from inferd.shm.connections import ShmConnections, hand_over
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd_wire import protocol
 from inferd_wire.protocol import Code
@@ -197,4 +197,4 @@ class ShmServer(threading.Thread):
         )
         with contextlib.suppress(OSError):
             sock.send(protocol.pack(protocol.error_header(None, code, reason)))
-        self.closer.close_later([sock])  # its queue may hold descriptors
+        hand_over(sock, self.closer)

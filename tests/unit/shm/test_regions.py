@@ -15,7 +15,8 @@ import pytest
 
 from inferd.config import ShmConfig
 from inferd.shm import regions as regions_module
-from inferd.shm.regions import Connection, PeerCredentials, Region, RegionTable, RequestRegions
+from inferd.shm.leases import RequestRegions
+from inferd.shm.regions import Connection, PeerCredentials, Region, RegionTable
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import RegionRef
 
@@ -224,10 +225,23 @@ def test_a_region_unregistered_but_still_leased_counts_against_its_connections_l
             table.register(PAGE)
         assert caught.value.code == Code.RESOURCE_EXHAUSTED
         assert "still used by its queued requests" in caught.value.message
-        leases.release()
-        table.table.release_due()  # unmapped: room again
-        assert table.connection.mapped == 0
+        leases.release()  # no request uses them: room again, before they are unmapped
+        assert table.connection.held == 0
         table.register(PAGE)
+    finally:
+        table.close()
+
+
+def test_a_region_no_request_uses_makes_room_at_once_when_unregistered() -> None:
+    """A client at its limit that unregisters an idle region may register another
+    right away, before the registration thread unmaps the first."""
+    table = Table(max_regions_per_connection=2)
+    try:
+        first = table.register(PAGE)
+        table.register(PAGE)
+        table.table.unregister(table.connection, first.region_id)
+        table.register(PAGE)
+        assert table.table.status()["regions"][-1]["state"] == "releasing"  # not unmapped yet
     finally:
         table.close()
 
