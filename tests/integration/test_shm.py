@@ -575,6 +575,7 @@ def test_registration_refusals_are_clear_and_the_connection_stays_usable(
                 assert fragment in reply["error"]["message"], (size, reply)
             garbage = raw.exchange(b"\xc1")
             assert_error(garbage, "INVALID_ARGUMENT", "not valid msgpack")
+            assert raw.exchange(b"")["error"]["code"] == "INVALID_ARGUMENT"  # not the end
             assert shm_status(daemon)["regions"] == []  # nothing was mapped
             accepted = raw.call(register, [good.fd])
             assert accepted["ok"] is True

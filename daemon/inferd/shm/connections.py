@@ -63,6 +63,8 @@ _ROUTE_KEY_BYTES = 16
 _ROUTE_BYTES = len(_ROUTE_PREFIX) + 8 + _ROUTE_KEY_BYTES
 #: A connection with one of these waiting is read (its end, too, is readable).
 _READABLE = select.EPOLLIN | select.EPOLLRDHUP
+#: ``poll``'s word for a peer that sent its last message (closed, or shut down).
+_ENDED = select.POLLRDHUP | select.POLLHUP
 
 
 def is_shm_route(routing_id: bytes) -> bool:
@@ -72,16 +74,13 @@ def is_shm_route(routing_id: bytes) -> bool:
 @dataclass
 class Message:
     """One message read from a connection: its bytes, the descriptors it carried
-    (``ShmConnections.discard_fds`` has them closed) and ``recvmsg``'s flags;
-    ``data`` and ``fds`` both empty: the peer closed the connection."""
+    (``ShmConnections.discard_fds`` has them closed) and ``recvmsg``'s flags; or,
+    ``closed``, the end of the peer's input (it closed, or shut down its side)."""
 
     data: bytes
     fds: list[int]
     flags: int
-
-    @property
-    def closed(self) -> bool:
-        return not self.data and not self.fds
+    closed: bool = False
 
 
 @dataclass
@@ -111,7 +110,11 @@ class ShmConnection:
             except (BlockingIOError, InterruptedError):
                 return None
             except OSError:
-                return Message(b"", [], 0)  # reset by the peer: as if closed
+                return Message(b"", [], 0, closed=True)  # reset by the peer
+            if not data and not ancillary:
+                # The end of the peer's input reads as an empty message; a real
+                # one (refused as such) leaves no end to see.
+                return Message(b"", [], flags, closed=bool(_poll_events(self.sock) & _ENDED))
         return Message(data, _descriptors(ancillary), flags)
 
     def send(self, data: bytes) -> str | None:
@@ -380,12 +383,17 @@ def hand_over(sock: socket.socket, closer: DescriptorCloser) -> None:
     closer.close_later([sock])
 
 
+def _poll_events(sock: socket.socket) -> int:
+    """What ``poll`` says of ``sock`` now (its end, its peer's end: ``_ENDED``)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP)  # POLLHUP is reported whatever is asked
+    return sum(events for _, events in poller.poll(0))
+
+
 def _hung_up(sock: socket.socket) -> bool:
     """Whether the peer closed its end entirely (``POLLHUP``), not only its writing
     side (``shutdown(SHUT_WR)``: ``POLLRDHUP`` alone)."""
-    poller = select.poll()
-    poller.register(sock, 0)  # POLLHUP is reported whatever is asked
-    return any(events & select.POLLHUP for _, events in poller.poll(0))
+    return bool(_poll_events(sock) & select.POLLHUP)
 
 
 def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:

@@ -131,3 +131,14 @@ def test_the_reply_that_empties_a_draining_connection_is_the_last_sent_on_it(
     first.join(HANG_S)
     assert [setup.client.recv(64) for _ in range(3)] == [b"reply-2", b"reply-1", b""]
     assert entry.closed and connections.status()["unroutable_replies"] == 0
+
+
+def test_an_empty_message_is_a_message_and_the_end_of_input_is_the_end(setup: Setup) -> None:
+    """Both read as zero bytes: only ``poll`` tells the client's end from a message
+    that carries nothing (which is refused as such, and the connection read on)."""
+    setup.client.send(b"")
+    empty = setup.entry.receive()
+    assert empty is not None and empty.data == b"" and not empty.closed
+    setup.client.shutdown(socket.SHUT_WR)
+    end = setup.entry.receive()
+    assert end is not None and end.closed
