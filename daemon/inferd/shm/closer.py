@@ -12,7 +12,8 @@ registration thread (DESIGN.md 120).
 
 What waits here is bounded: past ``MAX_WAITING`` (a close that does not end,
 and clients that keep sending descriptors), the connection that brought more is
-closed, and the registration thread accepts no connection until fewer wait.
+closed and new connections are refused (``RESOURCE_EXHAUSTED``); past twice as
+many, the registration thread accepts none until fewer wait.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class DescriptorCloser(threading.Thread):
         """Whether more than ``max_waiting`` wait to be closed."""
         with self._changed:
             return len(self._waiting) > self.max_waiting
+
+    @property
+    def saturated(self) -> bool:
+        """Whether more than twice ``max_waiting`` wait: past refusing connections
+        (each refused one waits here too), not even accepting them."""
+        with self._changed:
+            return len(self._waiting) > 2 * self.max_waiting
 
     def run(self) -> None:
         while True:

@@ -137,7 +137,7 @@ class ShmServer(threading.Thread):
         accepting = True
         try:
             while not self._stopping.is_set():
-                if accepting == self.closer.backed_up:  # no new connection while it is
+                if accepting == self.closer.saturated:  # none accepted, even to refuse
                     accepting = not accepting
                     if accepting:
                         self._selector.register(listener, selectors.EVENT_READ)
@@ -178,6 +178,14 @@ class ShmServer(threading.Thread):
         refusal = self._admit(uid, gid, pid)
         if refusal is not None:
             self._refuse(sock, peer, Code.PERMISSION_DENIED, refusal)
+        elif self.closer.backed_up:
+            self._refuse(
+                sock,
+                peer,
+                Code.RESOURCE_EXHAUSTED,
+                "descriptors clients passed wait to be closed behind one whose close does not "
+                "end (status.shm.closing); try again later",
+            )
         elif len(self.connections) >= self._config.max_connections:
             self._refuse(
                 sock,

@@ -37,7 +37,7 @@ from inferd.serving.scheduler import Scheduler
 from inferd.shm.server import ShmServer
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
-from tests.conftest import HANG_S, wait_until
+from tests.conftest import HANG_S, LingeringSocket, wait_until
 from tests.integration.wire import RawDealer
 from tests.unit.bus.test_shared_infer_socket import RecordingHandler, listen_poller
 
@@ -358,6 +358,39 @@ def test_a_peer_the_allow_list_refuses_is_answered_and_closed_at_accept(
         assert client.recv(MAX_SHM_MESSAGE_BYTES) == b""  # closed
     assert setup.status()["connections"] == 0
     assert setup.status()["refused"]["PERMISSION_DENIED"] == 1
+
+
+def test_while_descriptors_pile_up_behind_a_stuck_close_new_connections_are_refused(
+    setup: Setup,
+) -> None:
+    """Past the closer's bound a newcomer is told why (``RESOURCE_EXHAUSTED``) and
+    sees the end at once; once the stuck close ends, connections are taken again."""
+    closer = setup.shm.closer
+    lingering = LingeringSocket()
+    pipes = [os.pipe() for _ in range(closer.max_waiting + 1)]
+    try:
+        closer.close_later([lingering.detach()])
+        wait_until(lambda: closer.status()["blocked_s"] > 0, message="a close under way")
+        closer.close_later(write for _, write in pipes)
+        assert closer.backed_up and not closer.saturated
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        client.settimeout(HANG_S)
+        with client:
+            client.connect(setup.path)
+            refusal = receive(client)
+            assert refusal["id"] is None and refusal["error"]["code"] == "RESOURCE_EXHAUSTED"
+            assert "wait to be closed" in refusal["error"]["message"]
+            assert client.recv(MAX_SHM_MESSAGE_BYTES) == b""
+        assert setup.status()["connections"] == 0
+        wait_until(
+            lambda: lingering.drain() or closer.status()["waiting"] == 0,
+            message="the stuck close ended and the rest closed",
+        )
+        setup.connect().close()  # accepted again
+    finally:
+        lingering.close()
+        for read, _ in pipes:
+            os.close(read)
 
 
 def test_a_failure_handling_one_connection_closes_that_connection_only(
