@@ -144,6 +144,20 @@ def receive(client: socket.socket) -> dict[str, Any]:
     return protocol.unpack_header(client.recv(MAX_SHM_MESSAGE_BYTES))
 
 
+def refusal_at_accept(path: str) -> dict[str, Any]:
+    """Connect to ``path`` and read the refusal sent at accept (id null): its error,
+    once the connection's end has followed it."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    client.settimeout(HANG_S)
+    with client:
+        client.connect(path)
+        refusal = receive(client)
+        assert refusal["id"] is None and refusal["ok"] is False, refusal
+        assert client.recv(MAX_SHM_MESSAGE_BYTES) == b""  # closed
+    error: dict[str, Any] = refusal["error"]
+    return error
+
+
 def worker_listens(setup: Setup) -> None:
     setup.bus.worker_listening(True)
     wait_until(lambda: not setup.bus._covering, HANG_S, message="the bus stops covering")
@@ -348,14 +362,8 @@ def test_a_peer_the_allow_list_refuses_is_answered_and_closed_at_accept(
 
     server_ucred = shm_server._UCRED
     monkeypatch.setattr(socket.socket, "getsockopt", as_other_uid)
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    client.settimeout(HANG_S)
-    with client:
-        client.connect(setup.path)
-        refusal = receive(client)
-        assert refusal["id"] is None and refusal["error"]["code"] == "PERMISSION_DENIED"
-        assert "refused by the test" in refusal["error"]["message"]
-        assert client.recv(MAX_SHM_MESSAGE_BYTES) == b""  # closed
+    refusal = refusal_at_accept(setup.path)
+    assert refusal["code"] == "PERMISSION_DENIED" and "refused by the test" in refusal["message"]
     assert setup.status()["connections"] == 0
     assert setup.status()["refused"]["PERMISSION_DENIED"] == 1
 
@@ -373,14 +381,8 @@ def test_while_descriptors_pile_up_behind_a_stuck_close_new_connections_are_refu
         wait_until(lambda: closer.status()["blocked_s"] > 0, message="a close under way")
         closer.close_later(write for _, write in pipes)
         assert closer.backed_up and not closer.saturated
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        client.settimeout(HANG_S)
-        with client:
-            client.connect(setup.path)
-            refusal = receive(client)
-            assert refusal["id"] is None and refusal["error"]["code"] == "RESOURCE_EXHAUSTED"
-            assert "wait to be closed" in refusal["error"]["message"]
-            assert client.recv(MAX_SHM_MESSAGE_BYTES) == b""
+        refusal = refusal_at_accept(setup.path)
+        assert refusal["code"] == "RESOURCE_EXHAUSTED" and "wait to be closed" in refusal["message"]
         assert setup.status()["connections"] == 0
         wait_until(
             lambda: lingering.drain() or closer.status()["waiting"] == 0,
