@@ -160,9 +160,8 @@ def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig
     engine_dir = table.take("engine_dir", str, "engines")
     if not engine_dir.strip():
         raise ConfigError("runtime.engine_dir must name a directory, got an empty string")
-    # NUL cannot occur in a TOML-given path, so it marks "not given".
-    engine_manifest = table.take("engine_manifest", str, "\0")
-    if not engine_manifest.strip():
+    engine_manifest = table.take_optional("engine_manifest", str)
+    if engine_manifest is not None and not engine_manifest.strip():
         raise ConfigError("runtime.engine_manifest must name a file, got an empty string")
     runtime = RuntimeConfig(
         enabled=table.take_strings("enabled", RUNTIME_LABELS),
@@ -174,7 +173,7 @@ def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig
         device_id=table.take("device_id", int, 0),
         engine_dir=_resolve(state_dir, engine_dir),
         # A manifest is a deployment artifact, like a model: relative to the config file.
-        engine_manifest=None if engine_manifest == "\0" else _resolve(base_dir, engine_manifest),
+        engine_manifest=None if engine_manifest is None else _resolve(base_dir, engine_manifest),
         rebuild_on_fallback=table.take("rebuild_on_fallback", bool, True),
         rebuild_backoff_s=table.take("rebuild_backoff_s", float, 60.0),
         rebuild_max_attempts=table.take("rebuild_max_attempts", int, 3),
@@ -221,14 +220,13 @@ def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
 
 def _thermal(table: TomlTable, runtime: RuntimeConfig) -> ThermalConfig:
     defaults = ThermalConfig()
-    enter_c = table.take("throttle_enter_c", float, -1.0)
     thermal = ThermalConfig(
         sources=table.take_strings("sources", defaults.sources),
         poll_hz=table.take("poll_hz", float, defaults.poll_hz),
         sysfs_root=Path(table.take("sysfs_root", str, str(defaults.sysfs_root))),
         cpu_zones=table.take_strings("cpu_zones", defaults.cpu_zones),
         gpu_zones=table.take_strings("gpu_zones", defaults.gpu_zones),
-        throttle_enter_c=None if enter_c == -1.0 else enter_c,
+        throttle_enter_c=table.take_optional("throttle_enter_c", float),
         hysteresis_c=table.take("hysteresis_c", float, defaults.hysteresis_c),
         nvml_device_index=table.take("nvml_device_index", int, runtime.device_id),
     )
@@ -285,14 +283,13 @@ def _security(table: TomlTable, state_dir: Path) -> SecurityConfig:
     """``[security]``: per socket a group and an allow-list, the operators, CURVE."""
     access: dict[str, SocketAccess] = {}
     for name in SOCKETS:
-        # NUL cannot occur in a TOML-given name, so it marks "not given".
-        group = table.take(f"{name}_group", str, "\0")
-        if not group.strip():
+        group = table.take_optional(f"{name}_group", str)
+        if group is not None and not group.strip():
             raise ConfigError(f"security.{name}_group must name a group, got an empty string")
         allow = table.take_strings(f"{name}_allow", ())
         access[name] = SocketAccess(
-            group=None if group == "\0" else resolve_group(f"security.{name}_group", group),
-            group_name=None if group == "\0" else group,
+            group=None if group is None else resolve_group(f"security.{name}_group", group),
+            group_name=group,
             allow=_principals(f"security.{name}_allow", allow),
         )
     defaults = SecurityConfig()

@@ -74,6 +74,18 @@ class TomlTable:
             self._errors.add(str(exc))
             return default
 
+    def take_optional(self, key: str, kind: type[T]) -> T | None:
+        """``key``'s value, or None when it is not given (or wrong: recorded in
+        ``errors``); no value of ``kind`` stands for "not given"."""
+        self._known.append(key)
+        if key not in self._data:
+            return None
+        try:
+            return self._convert(key, self._data.pop(key), kind)
+        except ConfigError as exc:
+            self._errors.add(str(exc))
+            return None
+
     def take_required(self, key: str, kind: type[T]) -> T:
         self._known.append(key)
         if key not in self._data:

@@ -7,6 +7,7 @@ import pytest
 from inferd import config
 from inferd.errors import ConfigError
 from inferd.types import PrecisionMode
+from tests.conftest import REPO
 
 
 def load_text(tmp_path: Path, text: str) -> config.Config:
@@ -244,6 +245,15 @@ def test_defaults_of_the_new_sections(tmp_path: Path) -> None:
     assert loaded.thermal.throttle_enter_c is None
     without_fdr = load_text(tmp_path, "[fdr]\nenabled = false\n" + MINIMAL)
     assert without_fdr.alerts.hooks == ("pub",)
+
+
+def test_a_key_without_a_default_value_is_kept_whatever_it_holds(tmp_path: Path) -> None:
+    # Once "not given" was a value of the key's own type (-1.0, NUL): a config
+    # that set that value was read as not setting the key, silently.
+    loaded = load_text(tmp_path, "[thermal]\nthrottle_enter_c = -1.0\n" + MINIMAL)
+    assert loaded.thermal.throttle_enter_c == -1.0
+    with pytest.raises(ConfigError, match=r"security.infer_group must be str, got int"):
+        load_text(tmp_path, "[security]\ninfer_group = 7\n" + MINIMAL)
 
 
 @pytest.mark.parametrize(
@@ -537,3 +547,14 @@ def test_invalid_shm_keys(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as error:
         load_text(tmp_path, text + MINIMAL)
     assert message in str(error.value)
+
+
+def test_the_configuration_reference_in_operations_md_loads(tmp_path: Path) -> None:
+    # The reference a newcomer copies from: a key written twice there once made
+    # it invalid TOML.
+    text = (REPO / "docs" / "OPERATIONS.md").read_text()
+    section = text[text.index("## Configuration reference") :]
+    reference = section[section.index("```toml\n") + len("```toml\n") :]
+    reference = reference[: reference.index("```")]
+    loaded = load_text(tmp_path, reference)
+    assert [model.name for model in loaded.models] == ["demo"]

@@ -125,6 +125,8 @@ def miss(count: int) -> dict[str, Any]:
 
 def test_every_kind_has_an_example_and_a_matching_schema() -> None:
     assert set(EXAMPLES) == set(KINDS)
+    record = json.loads((SCHEMAS / "record.json").read_text())
+    assert sorted(record["properties"]["kind"]["enum"]) == sorted(KINDS)
     for name, kind in KINDS.items():
         schema = json.loads((SCHEMAS / f"{name}.json").read_text())
         jsonschema.Draft202012Validator.check_schema(schema)
