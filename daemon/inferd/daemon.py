@@ -32,7 +32,7 @@ from inferd.serving.failover import ExecutionFailover
 from inferd.serving.model_report import model_health, model_status
 from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
-from inferd.serving.scheduler import Scheduler
+from inferd.serving.scheduler import Job, Scheduler
 from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
@@ -54,6 +54,9 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state = "starting"
+        #: Why the daemon cannot serve on and must exit to be restarted (the engine
+        #: worker died); the main loop then stops it and exits in failure.
+        self.failed: str | None = None
         self._started_ns = time.monotonic_ns()
         self._context: zmq.Context[Any] = zmq.Context()
         self.security = BusSecurity(self._context, config)
@@ -161,6 +164,7 @@ class Daemon:
             failover=self.failover,
             thermal_summary=self._thermal_summary,
             busy_poll_ns=config.bus.busy_poll_us * 1000,
+            on_died=self._worker_died,
         )
         self.metrics = MetricsExporter(config.metrics, self)  # reads status() at scrape time
 
@@ -196,7 +200,7 @@ class Daemon:
         """True once every model serves or has failed over (or failed for good)."""
         if not self.worker.activated.wait(timeout):
             return False
-        if self.state == "starting":
+        if self.state == "starting" and self.failed is None:
             self.state = self._serving_state()
             # Start-up's objects live as long as the daemon: frozen, a full collection
             # no longer walks them on the request path (bench/README.md).
@@ -349,6 +353,27 @@ class Daemon:
                     {"directory": str(self.config.fdr.directory)},
                 )
             )
+
+    def _worker_died(self, exc: BaseException, in_hand: Job | None) -> None:
+        """An exception ended the engine worker (on that thread; ``in_hand``: the
+        request it was answering): nothing will run again, so every queued request
+        is answered now, new ones are refused, and the process ends in failure for
+        systemd to restart (``failed``)."""
+        reason = f"the engine worker stopped on {type(exc).__name__}: {exc}"
+        self.failed = reason
+        self.router.accepting = False
+        if in_hand is not None:
+            self.router.fail([in_hand], Code.INTERNAL, f"{reason} while answering this request")
+        leftovers = self.scheduler.close()
+        self.router.fail(leftovers, Code.UNAVAILABLE, f"{reason}; inferd restarts")
+        self.alerts(
+            Alert(
+                "CRITICAL",
+                "engine_worker_died",
+                f"{reason}; inferd restarts",
+                {"queued": len(leftovers)},
+            )
+        )
 
     def _record(self, kind: str, payload: Mapping[str, Any]) -> None:
         if self.recorder is not None:

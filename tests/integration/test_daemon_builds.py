@@ -321,3 +321,22 @@ def start_build_after(daemon: DaemonProcess, cli_output: str) -> str:
     )
     assert build_status(daemon, build_id)["state"] == "completed"
     return build_id
+
+
+def test_a_build_directory_not_safely_the_daemons_is_refused_before_a_start_is_taken(
+    daemon_factory: DaemonFactory,
+) -> None:
+    """FAILED_PRECONDITION naming the directory, not INTERNAL; the peer's one start
+    (start_burst = 1) is still there for the build once the mode is fixed."""
+    daemon = daemon_factory(builds={"start_burst": 1})
+    model_dir = daemon.workdir / "state" / "builds" / "demo"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model_dir.chmod(0o777)
+    reply = control(daemon, "build.start", model="demo", builder="simulated")
+    assert_valid("error_reply.json", reply)
+    assert reply["error"]["code"] == "FAILED_PRECONDITION", reply
+    assert str(model_dir) in reply["error"]["message"]
+    assert "writable" in reply["error"]["message"]
+    model_dir.chmod(0o700)
+    build_id = start_build(daemon)
+    assert build_status(daemon, build_id)["state"] in ("running", "completed")

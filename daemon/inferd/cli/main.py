@@ -273,7 +273,7 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
         else None
     )
     _start_up(daemon, notifier, watchdog, stop, hangups)
-    if not stop.is_set():
+    if not stop.is_set() and daemon.failed is None:
         notifier.ready(daemon.status_line())
         _serve(daemon, notifier, watchdog, stop, hangups)
 
@@ -281,6 +281,11 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
         notifier.stopping(daemon.status_line(), extend_s=daemon.stop_budget_s())
 
     daemon.stop(on_stopping=stopping)
+    if daemon.failed is not None:
+        # Exit in failure: systemd's Restart=on-failure brings a fresh process.
+        print(f"inferd: {daemon.failed}", file=sys.stderr)
+        notifier.status(f"failed: {daemon.failed}")
+        return EXIT_FAILURE
     notifier.status("stopped")
     return EXIT_OK
 
@@ -316,7 +321,7 @@ def _start_up(
             watchdog.tick(ready=False)
         _status(daemon, notifier, watchdog)
         _log_hangups(hangups)
-        if daemon.wait_ready(timeout=0.2):
+        if daemon.wait_ready(timeout=0.2) or daemon.failed is not None:
             return
 
 
@@ -327,7 +332,7 @@ def _serve(
     stop: threading.Event,
     hangups: list[int],
 ) -> None:
-    while True:
+    while daemon.failed is None:
         if watchdog is not None:
             watchdog.tick()
         _status(daemon, notifier, watchdog)

@@ -57,6 +57,7 @@ from inferd.engine_build.pipe import (
 from inferd.engine_build.pipeline import record_trust
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.engines.manifest import MANIFEST_NAME
+from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
@@ -126,9 +127,18 @@ class BuildManager:
                         f"build {other.build_id} of model {model!r} is still running; "
                         "cancel it or wait for it to finish",
                     )
-            self.admission.admit(peer, [b.build_id for b in running])
             build_id = f"b{next(self._counter)}-{secrets.token_hex(3)}"
             engine_path = self._engine_path(model, builder, build_id)
+            try:
+                ensure_owned_dir(
+                    engine_path.parent if builder == "simulated" else engine_path,
+                    what="the build's directory",
+                )
+            except UnsafeDirectoryError as exc:
+                # An operator's to fix, not a daemon bug; checked before the
+                # admission takes one of the peer's starts.
+                raise ProtocolError(Code.FAILED_PRECONDITION, str(exc)) from None
+            self.admission.admit(peer, [b.build_id for b in running])
             spec = {
                 "build_id": build_id,
                 "builder": builder,
@@ -140,10 +150,6 @@ class BuildManager:
                 "simulation": args.simulation,
                 "build_config": build_config,
             }
-            ensure_owned_dir(
-                engine_path.parent if builder == "simulated" else engine_path,
-                what="the build's directory",
-            )
             try:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "inferd.engine_build.child", json.dumps(spec)],

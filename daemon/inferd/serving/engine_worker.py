@@ -84,6 +84,7 @@ class EngineWorker(threading.Thread):
         failover: ExecutionFailover | None = None,
         thermal_summary: Callable[[], str] = lambda: "unknown",
         busy_poll_ns: int = 0,
+        on_died: Callable[[BaseException, Job | None], None] = lambda exc, job: None,
     ) -> None:
         super().__init__(name="inferd-engine-worker", daemon=True)
         self._port = port
@@ -93,6 +94,10 @@ class EngineWorker(threading.Thread):
         self._failover = failover
         self._thermal_summary = thermal_summary
         self._busy_poll_ns = busy_poll_ns
+        #: Told when an exception ends the thread, with the job it was answering
+        #: (None: none, or its reply had left): no request may then wait for a
+        #: restart to be answered.
+        self._on_died = on_died
         #: Busy polls that ended with work (a request, or one the bus thread
         #: queued), that found none (the worker then slept), and the time they
         #: took in all (what the polling costs a core).
@@ -118,6 +123,7 @@ class EngineWorker(threading.Thread):
 
     def run(self) -> None:
         scheduler = self._scheduler
+        in_hand: Job | None = None
         try:
             for slot in self._slots.values():
                 what = f"loading {slot.name} ({slot.config.runtime})"
@@ -141,7 +147,12 @@ class EngineWorker(threading.Thread):
                     continue
                 # No reference to the reply outlives the send: the reply budget counts
                 # its bytes in flight until ZeroMQ and this process let go of them.
+                in_hand = job
                 self._port.send_reply(self._answer(job))
+                in_hand = None
+        except Exception as exc:
+            log.critical("engine_worker_died", error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            self._on_died(exc, in_hand)
         finally:
             self.activated.set()
             for slot in self._slots.values():

@@ -25,6 +25,7 @@ class StartingDaemon:
         self.config = SimpleNamespace(daemon=SimpleNamespace(startup_extend_s=300.0))
         self.busy = DeclaredOperation(LOAD, time.monotonic_ns(), allowed_s)
         self.checks = 0
+        self.failed: str | None = None
 
     def startup_progress(self) -> tuple[object, ...]:
         return ("det=loading", self.busy.started_ns if self.busy else None)
