@@ -169,7 +169,8 @@ def status(result: Mapping[str, Any]) -> list[str]:
                     f"malformed {bus.get('malformed', 0)}, oversized "
                     f"{bus.get('oversized_messages', 0)}, replies dropped "
                     f"{replies.get('dropped', 0)}, events published "
-                    f"{bus.get('events_published', 0)} (dropped {bus.get('events_dropped', 0)})",
+                    f"{bus.get('events_published', 0)} (dropped {bus.get('events_dropped', 0)}), "
+                    f"subscriptions refused {bus.get('events_subscriptions_refused', 0)}",
                 ),
                 ("busy poll", _busy_poll_line(bus.get("busy_poll") or {})),
                 ("send buffer", _send_buffer_line(bus.get("send_buffer") or {})),

@@ -1,8 +1,14 @@
-"""The publisher thread: owns the PUB ``events`` socket.
+"""The publisher thread: owns the ``events`` socket, an XPUB in manual mode.
 
 Other threads hand events over through a bounded in-process queue (cheaper than
 one inproc socket per producer, and producers never block); when the queue is
 full the event is counted as dropped and logged, never silently lost.
+
+What subscribers send is bounded (DESIGN.md 124): a message longer than
+``SUBSCRIBER_MAX_MESSAGE_BYTES`` ends its connection in libzmq, and each pass
+of the loop, before it publishes, applies the (un)subscriptions that can match
+a topic (``subscribers.SUBSCRIBABLE``); any other subscription, or a message
+that is no subscription, is refused, counted and ends its peer's connections.
 """
 
 from __future__ import annotations
@@ -18,13 +24,44 @@ import structlog
 import zmq
 
 from inferd.bus.binding import BindOutcome
-from inferd.bus.zap import SocketSecurity
+from inferd.bus.subscribers import SUBSCRIBE, UNSUBSCRIBE, PeerConnections, subscribable
+from inferd.bus.zap import SocketSecurity, peer_of
 from inferd_wire import protocol
+from inferd_wire.multipart import readable
 
 TOPICS: frozenset[str] = frozenset({"thermal", "runtime", "build", "alert", "health"})
+#: The subscriptions applied: those that can match a topic's frame (``_send``).
+SUBSCRIBABLE: frozenset[bytes] = subscribable(TOPICS)
+#: ``ZMQ_MAXMSGSIZE`` of the events socket: the longest message a subscriber may
+#: send; libzmq ends the connection of one that sends more.  The longest a
+#: subscriber needs is its handshake's, not a subscription (a ZMTP 3.1
+#: ``SUBSCRIBE`` command is 10 bytes and the topic, 17 for ``thermal``): 276
+#: bytes for a SUB's CURVE INITIATE (25 for NULL's READY), so 512 leaves 236
+#: bytes of ZMQ_METADATA properties.
+SUBSCRIBER_MAX_MESSAGE_BYTES = 512
+#: ``ZMQ_RCVHWM``: subscriber messages one connection may have waiting for the
+#: thread; libzmq then stops reading it.  libzmq takes a connection's messages
+#: (and keeps its subscriptions) while the pipe holds some, so this bounds what
+#: a flood adds before the thread sees its first refused message: with 64,
+#: three processes sending 500-byte subscriptions grew the daemon 454 MiB in a
+#: burst, with 16 about 20 MiB (DESIGN.md 124).  A subscriber sends its topics
+#: (at most five) and ``health`` at once, so they are still taken together.
+SUBSCRIBER_RCVHWM = 16
+#: Subscriber messages taken per pass, so that a flood of them cannot hold up
+#: the events queued or the liveness beat; the next pass then does not wait.
+_SUBSCRIPTIONS_PER_PASS = 1000
+#: A refused subscription is logged at most this often (the count always).
+_REFUSAL_LOG_INTERVAL_S = 10.0
+#: What a refusal's log line shows of the message.
+_SHOWN_BYTES = 40
 _STOP = object()
 #: The thread wakes at least this often so its liveness beat stays fresh.
 _BEAT_INTERVAL_S = 0.5
+
+#: A ZMTP 3.1 subscription: the command's name (its length byte, ``SUBSCRIBE``), then the topic.
+_SUBSCRIBE_COMMAND = b"\x09SUBSCRIBE"
+if len(_SUBSCRIBE_COMMAND) + max(map(len, TOPICS)) > SUBSCRIBER_MAX_MESSAGE_BYTES:
+    raise AssertionError("SUBSCRIBER_MAX_MESSAGE_BYTES must fit a subscription to every topic")
 
 log = structlog.get_logger("inferd.publisher")
 
@@ -51,6 +88,12 @@ class EventPublisher(threading.Thread):
         self._bind_outcome = BindOutcome("the publisher thread")
         self.dropped = 0
         self.published = 0
+        #: Subscriber messages refused: subscriptions no topic can match, and
+        #: messages that are no (un)subscription (``status.bus``).
+        self.subscriptions_refused = 0
+        self._refusals_logged_at: float | None = None
+        self._refused_at_last_line = 0
+        self._peers = PeerConnections("")
         #: Liveness for the watchdog: set every pass of the loop (at least every 0.5 s).
         self.last_beat_ns = time.monotonic_ns()
 
@@ -73,27 +116,34 @@ class EventPublisher(threading.Thread):
         self._queue.put(_STOP)
 
     def run(self) -> None:
-        sock = self._context.socket(zmq.PUB)
+        sock = self._context.socket(zmq.XPUB)
         try:
+            sock.setsockopt(zmq.XPUB_MANUAL, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, SUBSCRIBER_MAX_MESSAGE_BYTES)
+            sock.setsockopt(zmq.RCVHWM, SUBSCRIBER_RCVHWM)
             if self._security is not None:
                 self._security.apply("events", sock)
             sock.bind(self._endpoint)
+            self._peers = PeerConnections(sock.getsockopt_string(zmq.LAST_ENDPOINT))
         except BaseException as exc:
             self._bind_outcome.failed(exc)
             sock.close(linger=0)
             return
         self._bind_outcome.bound()
         next_health = time.monotonic()
+        behind = False
         try:
             while True:
                 self.last_beat_ns = time.monotonic_ns()
                 timeout = min(_BEAT_INTERVAL_S, max(0.0, next_health - time.monotonic()))
                 try:
-                    item = self._queue.get(timeout=timeout)
+                    item = self._queue.get(timeout=0.0 if behind else timeout)
                 except queue.Empty:
                     item = None
                 if item is _STOP:
                     return
+                # Before anything is sent: a subscription that came meanwhile applies to it.
+                behind = self._take_subscriptions(sock)
                 if item is not None:
                     self._send(sock, *item)
                 if time.monotonic() >= next_health:
@@ -102,8 +152,73 @@ class EventPublisher(threading.Thread):
         finally:
             sock.close(linger=0)
 
+    def _take_subscriptions(self, sock: zmq.Socket[Any]) -> bool:
+        """Apply the (un)subscriptions subscribers sent that can match a topic, for
+        the connection each came from (``ZMQ_XPUB_MANUAL``: libzmq applies
+        ``ZMQ_SUBSCRIBE`` to the connection of the message last received); refuse
+        the rest and end their peers' connections.  Whether more are waiting."""
+        if not readable(sock):
+            return False
+        refused: dict[str, zmq.Frame] = {}
+        closed = 0
+        more = True
+        for _ in range(_SUBSCRIPTIONS_PER_PASS):
+            try:
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                more = False
+                break
+            data = frame.bytes
+            kind, prefix = (data[0], data[1:]) if data else (None, b"")
+            if kind in (SUBSCRIBE, UNSUBSCRIBE) and prefix in SUBSCRIBABLE:
+                option = zmq.SUBSCRIBE if kind == SUBSCRIBE else zmq.UNSUBSCRIBE
+                sock.setsockopt(option, prefix)
+            elif kind != UNSUBSCRIBE:  # cancelling what was never applied changes nothing
+                self.subscriptions_refused += 1
+                address = _property(frame, "Peer-Address")
+                if address not in refused:
+                    refused[address] = frame
+                    # At once: libzmq keeps what the connection sends until it ends.
+                    closed += self._peers.close_from(address) if address else 0
+        if refused:
+            self._log_refusal(next(iter(refused.values())), len(refused), closed)
+        return more
+
+    def _log_refusal(self, frame: zmq.Frame, peers: int, closed: int) -> None:
+        """One line for a pass's refusals, at most every ``_REFUSAL_LOG_INTERVAL_S``."""
+        now = time.monotonic()
+        logged_at = self._refusals_logged_at
+        if logged_at is not None and now - logged_at < _REFUSAL_LOG_INTERVAL_S:
+            return
+        data = frame.bytes
+        peer = peer_of(frame)
+        subscription = data[:1] == bytes([SUBSCRIBE])
+        shown = data[1:] if subscription else data
+        log.warning(
+            "events_subscription_refused",
+            peer=peer.describe() if peer is not None else _property(frame, "Peer-Address"),
+            what="a subscription no topic can match" if subscription else "not a subscription",
+            message=repr(shown[:_SHOWN_BYTES]) + ("..." if len(shown) > _SHOWN_BYTES else ""),
+            message_bytes=len(data),
+            peers=peers,
+            connections_closed=closed,
+            refused_total=self.subscriptions_refused,
+            refused_since_last_line=self.subscriptions_refused - self._refused_at_last_line,
+            topics=sorted(TOPICS),
+        )
+        self._refusals_logged_at = now
+        self._refused_at_last_line = self.subscriptions_refused
+
     def _send(self, sock: zmq.Socket[Any], topic: str, payload: dict[str, Any]) -> None:
         payload.setdefault("ts_ns", time.time_ns())
         payload["seq"] = next(self._sequence)
         sock.send_multipart([topic.encode(), protocol.pack(payload)])
         self.published += 1
+
+
+def _property(frame: zmq.Frame, name: str) -> str:
+    """A message's connection property (libzmq's metadata), "" when it has none."""
+    try:
+        return str(frame.get(name))
+    except (zmq.ZMQError, AttributeError):
+        return ""

@@ -194,6 +194,11 @@ def _bus(bus: Mapping[str, Any]) -> Iterator[Metric]:
     yield _counter(
         "inferd_events_dropped", "Events lost to a full publisher queue.", bus["events_dropped"]
     )
+    yield _counter(
+        "inferd_events_subscriptions_refused",
+        "Subscriber messages refused: subscriptions no topic can match, or no subscription.",
+        bus.get("events_subscriptions_refused", 0),
+    )
 
 
 def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
