@@ -11,8 +11,11 @@ another user could swap it out of; and every file in them is opened with ``O_NOF
 (``open_nofollow``, ``open_for_reading``).  ``OWNED_UMASK`` is the systemd
 unit's ``UMask=0027``, applied by the command line outside systemd too, so
 files the daemon and its builds create are never world-readable.  Files
-operators point the daemon at (models, configs, calibration data, system files)
-are theirs, and symlinks there are followed.
+operators point the daemon at (models, configs, calibration data, staged
+engines, a deployment manifest, system files) are theirs, and symlinks there are
+followed: ``open_for_reading(path, follow=True)`` (DESIGN.md entries 54, 125).
+A directory the daemon only reads its own files from (the engine dir at load)
+is trusted only when ``unsafe_owned_dir_reason`` finds nothing wrong.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import stat
 from pathlib import Path
 
 from inferd.errors import UnsafeDirectoryError
@@ -36,6 +40,14 @@ def apply_owned_umask() -> None:
     os.umask(OWNED_UMASK)
 
 
+def unsafe_owned_dir_reason(path: Path) -> str | None:
+    """Why ``path`` is not safely this process's own directory (``unsafe_directory_reason``
+    for this uid, then ``unsafe_ancestor_reason``), or None.  "does not exist" when
+    it is missing.  For a directory the daemon reads its own files from without
+    creating it (``ensure_owned_dir`` is the check where it writes)."""
+    return unsafe_directory_reason(path, os.geteuid()) or unsafe_ancestor_reason(path)
+
+
 def ensure_owned_dir(path: Path, *, what: str) -> Path:
     """``path`` as a directory this process owns and only it may write; created
     (with missing parents) when absent.  ``UnsafeDirectoryError`` names ``what``
@@ -44,7 +56,7 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
         path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
     except OSError as exc:
         raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
-    reason = unsafe_directory_reason(path, os.geteuid()) or unsafe_ancestor_reason(path)
+    reason = unsafe_owned_dir_reason(path)
     if reason is not None:
         raise UnsafeDirectoryError(
             f"{what} {path} {reason}: inferd creates files and sockets only in a directory "
@@ -68,8 +80,44 @@ def open_nofollow(path: Path, flags: int, mode: int = FILE_MODE) -> int:
         raise
 
 
-def open_for_reading(path: Path) -> io.FileIO:
+def open_for_reading(path: Path, *, follow: bool = False) -> io.FileIO:
     """``path`` opened for binary reading without following a symlink; unbuffered
     (``readinto`` fills the caller's buffer directly; ``read(n)`` may return less
-    than ``n`` only at the end of the file, since these are regular files)."""
-    return io.FileIO(open_nofollow(path, os.O_RDONLY), "rb", closefd=True)
+    than ``n`` only at the end of the file, since these are regular files).
+    ``follow=True`` only for an operator's file (a staged engine and its sidecar, a
+    deployment manifest, a model): a symlink there is followed by design."""
+    return _file(_open_read_only(path, 0, follow=follow))
+
+
+def open_regular_file(path: Path, *, follow: bool = False) -> tuple[io.FileIO, os.stat_result]:
+    """``path`` opened as ``open_for_reading`` does, with its ``fstat``: ``OSError``
+    unless it is a regular file.  The check is made on the descriptor that is then
+    read, so the file checked is the file read (no ``stat`` of the path before an
+    ``open`` of it); opened ``O_NONBLOCK`` so that a FIFO there is refused instead
+    of blocking the open (the flag changes nothing for a regular file)."""
+    fd = _open_read_only(path, os.O_NONBLOCK, follow=follow)
+    try:
+        info = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "is not a regular file", str(path))
+    return _file(fd), info
+
+
+def _open_read_only(path: Path, flags: int, *, follow: bool) -> int:
+    if follow:
+        return os.open(path, os.O_RDONLY | flags | os.O_CLOEXEC)
+    return open_nofollow(path, os.O_RDONLY | flags)
+
+
+def _file(fd: int) -> io.FileIO:
+    """``fd`` as an unbuffered binary file that closes it; closed here if that fails
+    (``FileIO`` refuses a directory and then leaves a descriptor it was given open)."""
+    try:
+        return io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise

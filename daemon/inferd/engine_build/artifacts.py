@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,14 +36,19 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 
 
 def inventory(directory: Path) -> list[dict[str, Any]]:
-    """Every file under ``directory`` (relative path, size), sorted."""
+    """Every regular file under ``directory`` (relative path, size), sorted.  Symlinks
+    are neither followed nor listed (``lstat``): the engine dir is the daemon's own."""
     if not directory.exists():
         return []
-    return [
-        {"path": str(path.relative_to(directory)), "bytes": path.stat().st_size}
-        for path in sorted(directory.rglob("*"))
-        if path.is_file()
-    ]
+    files = []
+    for path in sorted(directory.rglob("*")):
+        try:
+            info = path.lstat()
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        if stat.S_ISREG(info.st_mode):
+            files.append({"path": str(path.relative_to(directory)), "bytes": info.st_size})
+    return files
 
 
 def _pid_alive(pid: int) -> bool:
@@ -96,13 +102,18 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
                 report.quarantined.append({"path": str(moved), "reason": why})
         except OSError as exc:
             report.errors.append(f"{entry.name}: {exc}")
-    if engine_path.exists():
+    if os.path.lexists(engine_path):
         reason: str | None = None
         try:
-            if read_sidecar(engine_path) != sha256_file(engine_path):
-                reason = "engine does not match its sidecar digest (partial or foreign write)"
+            expected = read_sidecar(engine_path)
         except Exception as exc:
             reason = f"engine without a valid sidecar: {exc}"
+        else:
+            try:  # not following a symlink: refused with the reason naming it
+                if expected != sha256_file(engine_path):
+                    reason = "engine does not match its sidecar digest (partial or foreign write)"
+            except OSError as exc:
+                reason = f"engine cannot be read: {exc}"
         if reason is not None:
             try:
                 moved = quarantine(engine_path, reason)
@@ -179,11 +190,21 @@ class TimingCacheManager:
         self.saved = False
 
     def load(self) -> bytes | None:
-        if self.path.exists() and self.path.stat().st_size == 0:
+        try:
+            info: os.stat_result | None = self.path.lstat()  # never follows a symlink
+        except FileNotFoundError:
+            info = None
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            self.quarantine(
+                "the timing cache is a symbolic link, which inferd does not follow in its "
+                "own directories"
+            )
+            return None
+        if info is not None and stat.S_ISREG(info.st_mode) and info.st_size == 0:
             self.quarantine("empty timing cache file")
             return None
         self.loaded = self.store.load()
-        if self.loaded is None and self.path.exists():
+        if self.loaded is None and info is not None:
             self.quarantine("timing cache could not be read")
         elif self.loaded is not None:
             self.decision = TimingCacheOutcome.REUSED

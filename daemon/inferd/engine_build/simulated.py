@@ -25,6 +25,7 @@ import numpy as np
 
 from inferd.engine_build.progress import ProgressAdapter
 from inferd.engine_build.validation import Infer
+from inferd.owned_files import open_for_reading
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 
 ENGINE_MAGIC = b"INFERD-SIMULATED-ENGINE\n"
@@ -216,7 +217,8 @@ class SimulatedBuilder:
     def simulated_infer(engine_path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import onnxruntime as ort
 
-        data = engine_path.read_bytes()
+        with open_for_reading(engine_path) as handle:  # the engine dir: no symlink followed
+            data = handle.readall()
         if not data.startswith(ENGINE_MAGIC):
             raise ValueError("not a simulated engine")
         header_line, _, model = data[len(ENGINE_MAGIC) :].partition(b"\n")

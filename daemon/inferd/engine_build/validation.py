@@ -166,7 +166,7 @@ def tensorrt_smoke_infer(
             )
             try:
                 entry = EngineCacheEntry(
-                    LABEL, engine_path, model_path, sha256_file(model_path), config
+                    LABEL, engine_path, model_path, sha256_file(model_path, follow=True), config
                 )
                 handle = runtime.deserialize_engine(entry)
                 try:

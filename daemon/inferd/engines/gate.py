@@ -11,7 +11,7 @@ step  name                 refuses with
 3     ``sidecar_present``  ``EngineSidecarMissingError``: no ``<engine>.sha256``
 4     ``sidecar_digest``   ``EngineHashMismatchError(stage="sidecar")``: the file's SHA-256
                            (streamed) differs from the sidecar, or the sidecar is malformed,
-                           or the file cannot be read
+                           or the file cannot be read (a symlink, or not a regular file)
 5     ``manifest_digest``  ``EngineHashMismatchError(stage="manifest")``: the deployment
                            manifest does not list the engine, or lists another digest
 ====  ===================  ==================================================================
@@ -24,7 +24,8 @@ every step that can run and return each verdict (``pass``, ``fail``,
 ``inferd verify`` prints.  The first ``fail`` of ``steps`` is always the step
 ``validate`` refuses at.
 
-The gate never writes: it opens files read-only and creates nothing.
+The gate never writes: it opens files read-only, never through a symlink unless
+``follow=True`` (a staged engine, an operator's file: DESIGN.md 125), and creates nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any, Literal
 
 import structlog
 
-from inferd.digest import sha256_file
+from inferd.digest import sha256_and_stat
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, build_config_hash, parse_engine_name
 from inferd.engines.sidecar import read_sidecar, sidecar_path
@@ -48,7 +49,7 @@ from inferd.errors import (
     EngineSidecarMissingError,
     InferdError,
 )
-from inferd.owned_files import open_for_reading
+from inferd.owned_files import open_regular_file
 from inferd.types import BuildConfig, HostTuple, RecordSink
 
 STEP_SCHEMA_PARSE = "schema_parse"
@@ -65,6 +66,7 @@ STEPS: tuple[str, ...] = (
 )
 RECORD_KIND = "engine_refused"
 _READ_CHUNK = 1024 * 1024
+_NOT_FOLLOWED = "is a symbolic link, which inferd does not follow in its own directories"
 
 Verdict = Literal["pass", "fail", "skipped"]
 
@@ -115,11 +117,12 @@ class ValidatedEngine:
     inode: int
     device: int
     manifest_source: str
+    follow: bool = False  # a staged engine: symlinks followed, as at the gate
 
     def unchanged(self) -> bool:
         """True while the file still has the size, mtime and inode it was validated with."""
         try:
-            now = os.stat(self.path)
+            now = os.stat(self.path, follow_symlinks=self.follow)
         except OSError:
             return False
         return (now.st_size, now.st_mtime_ns, now.st_ino, now.st_dev) == (
@@ -134,8 +137,9 @@ class ValidatedEngine:
         ``EngineHashMismatchError(stage="reread")`` if they are not the validated ones."""
         digest = hashlib.sha256()
         try:
-            with open_for_reading(self.path) as handle:
-                size = os.fstat(handle.fileno()).st_size
+            handle, info = open_regular_file(self.path, follow=self.follow)
+            with handle:
+                size = info.st_size
                 buffer = bytearray(size)
                 view = memoryview(buffer)
                 offset = 0
@@ -177,8 +181,10 @@ class _Evaluation:
         manifest: Manifest,
         model_sha256: str | None,
         build_config: BuildConfig | None,
+        follow: bool = False,
     ) -> None:
         self.path = path
+        self.follow = follow
         self.host = host
         self.host_error = host_error
         self.manifest = manifest
@@ -193,15 +199,11 @@ class _Evaluation:
     # -- inputs -------------------------------------------------------------------------
 
     def file_digest(self) -> str | None:
-        """The engine's SHA-256 (streamed, bounded memory); None with ``read_error`` set
-        when the file cannot be read."""
+        """The engine's SHA-256 (streamed) and, from the same descriptor, its ``fstat``;
+        None with ``read_error`` set when the file cannot be read."""
         if self._digest is None and self._read_error is None:
             try:
-                before = os.stat(self.path)
-                if not stat.S_ISREG(before.st_mode):
-                    raise OSError(f"{self.path} is not a regular file")
-                self._digest = sha256_file(self.path)
-                self._stat = before
+                self._digest, self._stat = sha256_and_stat(self.path, follow=self.follow)
             except OSError as exc:
                 self._read_error = str(exc) or type(exc).__name__
         return self._digest
@@ -240,7 +242,7 @@ class _Evaluation:
     def sidecar_present(self) -> str:
         sidecar = sidecar_path(self.path)
         try:
-            mode = os.stat(sidecar).st_mode
+            mode = os.stat(sidecar, follow_symlinks=self.follow).st_mode
         except (FileNotFoundError, NotADirectoryError):
             raise EngineSidecarMissingError(
                 f"engine {self.path.name!r} has no digest sidecar {sidecar.name!r}: the gate "
@@ -250,6 +252,8 @@ class _Evaluation:
             raise EngineSidecarMissingError(
                 f"digest sidecar {sidecar} cannot be examined: {exc}"
             ) from exc
+        if stat.S_ISLNK(mode):
+            raise EngineSidecarMissingError(f"digest sidecar {sidecar} {_NOT_FOLLOWED}")
         if not stat.S_ISREG(mode):
             raise EngineSidecarMissingError(f"digest sidecar {sidecar} is not a regular file")
         self.has_sidecar = True
@@ -259,7 +263,7 @@ class _Evaluation:
         if not self.has_sidecar:
             raise _Skip("needs the digest sidecar (step 3)")
         try:
-            expected = read_sidecar(self.path)
+            expected = read_sidecar(self.path, follow=self.follow)
         except EngineSidecarMissingError as exc:  # removed since step 3
             raise EngineHashMismatchError(str(exc), stage="sidecar") from exc
         actual = self.file_digest()
@@ -330,6 +334,7 @@ class _Evaluation:
             inode=self._stat.st_ino,
             device=self._stat.st_dev,
             manifest_source=self.manifest.source,
+            follow=self.follow,
         )
 
 
@@ -377,6 +382,7 @@ class EngineGate:
         *,
         model_sha256: str | None = None,
         build_config: BuildConfig | None = None,
+        follow: bool = False,
     ) -> ValidatedEngine:
         """The validated engine, or the first step's refusal (logged and recorded).
 
@@ -389,6 +395,7 @@ class EngineGate:
             manifest=self.manifest,
             model_sha256=model_sha256,
             build_config=build_config,
+            follow=follow,
         )
         verdicts = evaluation.run(stop_at_first_failure=True)
         refusal = first_failure(verdicts)

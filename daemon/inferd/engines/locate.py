@@ -8,11 +8,18 @@ any label (the gate's steps 1-4: name, host tuple, sidecar, digest); the
 manifest (step 5) is the loader's business, since rebuilding cannot make an
 engine trusted.  A file at the target path that fails steps 1-4 is
 quarantined (``inferd.engines.quarantine``) so a build can take its place.
+
+Nothing is trusted, and nothing moved, in an engine dir that is not safely the
+daemon's own (``inferd.engines.engine_dir``): the plan is then ``to_build`` with
+``untrusted`` saying why, as when no intact engine exists.  Engines there are
+examined without following a symlink (the gate's default): a symlink at the
+target path is refused, naming it, and quarantined.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -20,6 +27,7 @@ from typing import Literal
 import structlog
 
 from inferd.digest import sha256_file
+from inferd.engines.engine_dir import untrusted_engine_dir
 from inferd.engines.gate import STEP_MANIFEST_DIGEST, explain
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, engine_name_for
@@ -37,13 +45,15 @@ log = structlog.get_logger("inferd.engines.locate")
 class EnginePlan:
     """``reused``: ``entry.artifact_path`` is an intact engine for this host;
     ``to_build``: the path a build must write (``quarantined``: what was moved
-    out of the way first)."""
+    out of the way first; ``untrusted``: why nothing in the engine dir was
+    trusted, when it is not safely the daemon's own)."""
 
     entry: EngineCacheEntry
     engine_name: EngineName
     status: Literal["reused", "to_build"]
     host: HostTuple
     quarantined: Path | None = None
+    untrusted: str | None = None
 
 
 def locate_engine(
@@ -59,7 +69,7 @@ def locate_engine(
     if not model_path.is_file():
         raise EngineBuildError(f"model file {model_path} does not exist")
     try:
-        model_sha256 = sha256_file(model_path)
+        model_sha256 = sha256_file(model_path, follow=True)  # an operator's file
     except OSError as exc:
         raise EngineBuildError(f"cannot read model {model_path}: {exc}") from exc
     name = engine_name_for(
@@ -77,6 +87,9 @@ def locate_engine(
         build_config=build_config,
     )
     quarantined: Path | None = None
+    untrusted = untrusted_engine_dir(engine_dir)
+    if untrusted is not None:
+        return EnginePlan(entry, name, "to_build", host, untrusted=untrusted)
     if not force:
         found, refusal = _find_intact(path, host, model_sha256, build_config)
         if found is not None:
@@ -93,7 +106,7 @@ def _find_intact(
     """An intact engine for this model/host/config (any label), and why the file
     at ``path`` itself was unusable (None if it was usable or absent)."""
     rest = path.name.split("_", 1)[1]
-    candidates = [path] if path.exists() else []
+    candidates = [path] if os.path.lexists(path) else []
     with contextlib.suppress(OSError):
         candidates += sorted(other for other in path.parent.glob(f"*_{rest}") if other != path)
     refusal: str | None = None

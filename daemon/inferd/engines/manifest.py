@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.durable import atomic_write_text
+from inferd.engines.engine_dir import untrusted_engine_dir
 from inferd.errors import EngineHashMismatchError, EngineManifestError
 from inferd.owned_files import ensure_owned_dir, open_for_reading
 
@@ -127,10 +128,12 @@ class Manifest:
         return cls(engines, base_dir=base_dir, source=source)
 
     @classmethod
-    def load(cls, path: Path) -> Manifest:
-        """Read a manifest file; ``EngineManifestError`` if unreadable or malformed."""
+    def load(cls, path: Path, *, follow: bool = False) -> Manifest:
+        """Read a manifest file; ``EngineManifestError`` if unreadable or malformed.
+        A symlink is refused unless ``follow`` (a deployment's ``runtime.engine_manifest``,
+        an operator's file; the daemon-written one in the engine dir is not followed)."""
         try:
-            with open_for_reading(path) as handle:
+            with open_for_reading(path, follow=follow) as handle:
                 data = handle.read(MANIFEST_MAX_BYTES + 1)
         except OSError as exc:
             raise EngineManifestError(f"deployment manifest {path} cannot be read: {exc}") from exc
@@ -185,13 +188,18 @@ class Manifest:
 
 
 def deployment_manifest(configured: Path | None, engine_dir: Path) -> Manifest:
-    """The manifest the engine gate trusts: ``runtime.engine_manifest`` when set,
-    else ``<engine_dir>/manifest.json`` if it exists, else an empty manifest (which
-    refuses every engine at the gate's step 5)."""
+    """The manifest the engine gate trusts: ``runtime.engine_manifest`` when set (an
+    operator's file: a symlink is followed), else ``<engine_dir>/manifest.json`` if it
+    exists (the daemon's own: not followed) and the engine dir is safely the daemon's
+    own (``untrusted_engine_dir``), else an empty manifest (which refuses every engine
+    at the gate's step 5, its source saying why)."""
     if configured is not None:
-        return Manifest.load(configured)
+        return Manifest.load(configured, follow=True)
     default = engine_dir / MANIFEST_NAME
-    if default.exists():
+    distrust = untrusted_engine_dir(engine_dir)
+    if distrust is not None:
+        return Manifest.empty(source=f"<none: {default} is not trusted: {distrust}>")
+    if os.path.lexists(default):
         return Manifest.load(default)
     return Manifest.empty(source=f"<none: no {default}>")
 

@@ -61,12 +61,13 @@ def parse_sidecar(text: str, *, engine_name: str, source: str = "sidecar") -> st
     return match.group(1).lower()
 
 
-def read_sidecar(engine: Path) -> str:
+def read_sidecar(engine: Path, *, follow: bool = False) -> str:
     """The digest in ``engine``'s sidecar.  ``EngineSidecarMissingError`` when there is
-    none; ``EngineHashMismatchError(stage="sidecar")`` when it is unreadable or malformed."""
+    none; ``EngineHashMismatchError(stage="sidecar")`` when it is unreadable or malformed
+    (a symlink too, unless ``follow``: for a staged engine, an operator's file)."""
     path = sidecar_path(engine)
     try:
-        with open_for_reading(path) as handle:
+        with open_for_reading(path, follow=follow) as handle:
             data = handle.read(SIDECAR_MAX_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError):
         raise EngineSidecarMissingError(

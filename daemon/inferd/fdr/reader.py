@@ -5,10 +5,15 @@
 * A frame whose sync marker, length, CRC or body is wrong is *corruption*:
   the reader scans forward for the next sync marker whose frame checks out,
   and reports the bytes it skipped.  Only the damaged records are lost.
+* A segment is opened without following a symlink (the FDR directory is the
+  daemon's own): a symlink, or anything but a regular file, under a segment's
+  name is listed, so its index is never reused, and read as an *unreadable
+  segment* whose reason names it; what it points at is never read.
 """
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,7 @@ from inferd.fdr.framing import (
     decode_segment_header,
     segment_index,
 )
+from inferd.owned_files import open_regular_file
 
 _BODY_KEYS = ("kind", "schema_version", "seq", "wall_ns", "mono_ns", "boot_id", "payload")
 
@@ -92,11 +98,22 @@ def json_default(value: Any) -> Any:
 
 
 def list_segments(directory: Path) -> list[Path]:
-    """Segment files in write order (by their index)."""
+    """Segment files in write order (by their index): every entry with a segment's
+    name but a directory, symlinks included (``lstat``: never followed)."""
     if not directory.is_dir():
         return []
-    indexed = [(segment_index(p.name), p) for p in directory.iterdir() if p.is_file()]
-    return [path for index, path in sorted((i, p) for i, p in indexed if i is not None)]
+    indexed: list[tuple[int, Path]] = []
+    for path in directory.iterdir():
+        index = segment_index(path.name)
+        if index is None:
+            continue
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:  # deleted meanwhile
+            continue
+        if not stat.S_ISDIR(mode):
+            indexed.append((index, path))
+    return [path for _index, path in sorted(indexed)]
 
 
 def read_records(
@@ -121,7 +138,9 @@ def read_records(
 def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:
     report.segments += 1
     try:
-        data = path.read_bytes()
+        handle, _info = open_regular_file(path)  # a symlink is refused, naming it
+        with handle:
+            data = handle.readall()
     except OSError as exc:
         report.unreadable_segments.append(Damage(path.name, 0, 0, f"cannot read: {exc}"))
         return

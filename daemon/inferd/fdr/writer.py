@@ -129,13 +129,21 @@ class FlightRecorder:
             log.error("fdr_writer_did_not_stop", timeout_s=timeout)
 
     def _resume_point(self) -> tuple[int, int]:
+        """The last seq written and the highest segment index taken.  A segment that
+        cannot be read (a symlink, which is never followed) holds no seq to resume
+        from, but its index stays taken: the next segment comes after it."""
         segments = list_segments(self._directory)
         last_index = max((framing.segment_index(p.name) or 0 for p in segments), default=0)
-        for path in reversed(segments):
-            seqs = [record.seq for record in read_segment(path, ReadReport())]
-            if seqs:
-                return max(seqs), last_index
-        return 0, last_index
+        report = ReadReport()
+        try:
+            for path in reversed(segments):
+                seqs = [record.seq for record in read_segment(path, report)]
+                if seqs:
+                    return max(seqs), last_index
+            return 0, last_index
+        finally:
+            for damage in report.unreadable_segments:
+                log.warning("fdr_segment_unreadable", segment=damage.segment, reason=damage.reason)
 
     # -- producer side (any thread) -------------------------------------------
     def record(self, kind: str, payload: Mapping[str, Any]) -> None:
@@ -361,7 +369,7 @@ class FlightRecorder:
     def _enforce_size_cap(self) -> tuple[list[str], int] | None:
         """Delete the oldest closed segments until the next one fits under the cap."""
         segments = list_segments(self._directory)
-        sizes = {path: path.stat().st_size for path in segments}
+        sizes = {path: path.lstat().st_size for path in segments}  # a symlink: not followed
         total = sum(sizes.values())
         budget = self._config.max_total_bytes - self._config.segment_max_bytes
         deleted: list[str] = []

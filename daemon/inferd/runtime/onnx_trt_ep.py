@@ -197,7 +197,7 @@ class OnnxTrtEpRuntime:
             runtime_label=LABEL,
             artifact_path=model_path,
             model_path=model_path,
-            model_sha256=sha256_file(model_path),
+            model_sha256=sha256_file(model_path, follow=True),  # the operator's model
             build_config=build_config,
         )
 

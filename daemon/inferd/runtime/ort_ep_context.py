@@ -64,13 +64,17 @@ def gate_staged_engine(
     host_tuple: Callable[..., HostTuple],
 ) -> tuple[ValidatedEngine, HostTuple]:
     """The gate's verdict on ``engine`` for ``entry``'s model and build config on this
-    host; its refusal (or ``HostTupleUnavailableError``) propagates."""
+    host; its refusal (or ``HostTupleUnavailableError``) propagates.  A staged engine
+    is the operator's file: a symlink to it (and to its sidecar) is followed, and the
+    bytes embedded are those of the file the gate hashed (``read_verified``).  The
+    manifest is ``runtime.engine_manifest``, or the engine dir's own when that dir
+    is safely the daemon's (``deployment_manifest``)."""
     host = host_tuple(precision=entry.build_config.precision, device_index=config.device_id)
     gate = EngineGate(
         host, deployment_manifest(config.engine_manifest, config.engine_dir), record=record
     )
     validated = gate.validate(
-        engine, model_sha256=entry.model_sha256, build_config=entry.build_config
+        engine, model_sha256=entry.model_sha256, build_config=entry.build_config, follow=True
     )
     return validated, host
 

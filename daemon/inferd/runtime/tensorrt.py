@@ -5,6 +5,8 @@
   builds: with no intact engine for this host it raises
   ``EngineMissingError``, the model serves on the fallback and the daemon
   builds the engine in a build child (``inferd.serving.rebuild``).
+  Nothing in an engine dir that is not safely the daemon's own is trusted
+  (``inferd.engines.engine_dir``): ``EngineMissingError`` names why.
 * ``deserialize_engine``: the ``EngineGate`` first (its refusals propagate:
   they are ``InferdError`` and make the service fail over, and the gate logs
   and records ``engine_refused``); then the GPU memory budget, *before* any
@@ -34,6 +36,7 @@ import numpy as np
 import structlog
 
 from inferd.config import RuntimeConfig
+from inferd.engines.engine_dir import untrusted_engine_dir
 from inferd.engines.gate import EngineGate, ValidatedEngine
 from inferd.engines.host import read_host_tuple
 from inferd.engines.locate import locate_engine
@@ -46,6 +49,7 @@ from inferd.errors import (
     InferenceError,
     OutOfMemoryError,
     RuntimeNotAvailableError,
+    UnsafeDirectoryError,
 )
 from inferd.runtime.tensorrt_buffers import IOBuffers
 from inferd.runtime.tensorrt_cuda import CudaContext, is_sticky_cuda_error
@@ -172,6 +176,11 @@ class TensorRTRuntime:
         plan = locate_engine(
             model_path, build_config, engine_dir=self._config.engine_dir, host=host
         )
+        if plan.untrusted is not None:
+            raise EngineMissingError(
+                f"no trusted engine for this host: {plan.untrusted}",
+                engine_path=plan.entry.artifact_path,
+            )
         if plan.status == "to_build":
             moved = (
                 f"; the unusable file was moved to {plan.quarantined}" if plan.quarantined else ""
@@ -194,6 +203,9 @@ class TensorRTRuntime:
                 f"entry for {entry.artifact_path} was compiled by {entry.runtime_label!r}, "
                 f"not {LABEL!r}"
             )
+        untrusted = untrusted_engine_dir(entry.artifact_path.parent)
+        if untrusted is not None:  # an entry compile_engine did not locate (a build's)
+            raise UnsafeDirectoryError(f"engine {entry.artifact_path.name} not loaded: {untrusted}")
         host = self._host_tuple(
             precision=entry.build_config.precision, device_index=self._config.device_id
         )

@@ -44,7 +44,7 @@ def onnxruntime_demo(context: SelftestContext, sc: Scenario) -> str:
 
     model = context.demo_model()
     sc.notes["model"] = str(model)
-    sc.notes["modelSha256"] = sha256_file(model)
+    sc.notes["modelSha256"] = sha256_file(model, follow=True)
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     sc.notes["providers"] = session.get_providers()
     inputs = smoke_inputs(model)
@@ -68,7 +68,7 @@ def gate_selfmade(context: SelftestContext, sc: Scenario) -> str:
     directory = context.directory("gate")
     name = engine_name_for(
         label="selftest",
-        model_sha256=sha256_file(context.demo_model()),
+        model_sha256=sha256_file(context.demo_model(), follow=True),
         host=SYNTHETIC_HOST,
         build_config=BuildConfig(),
     ).format()

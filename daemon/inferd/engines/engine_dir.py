@@ -1,0 +1,39 @@
+"""Whether the engine dir can be trusted when engines are loaded from it.
+
+Builds write the engine dir only after ``ensure_owned_dir`` accepted it; loading
+only reads it, and used to trust whatever it held.  Anyone who may write it can
+swap an engine, its sidecar *and* the daemon-written ``manifest.json`` that
+vouches for it, so before anything there is trusted (an engine located there,
+that manifest) the directory must be safely the daemon's own
+(``inferd.owned_files.unsafe_owned_dir_reason``: a real directory owned by this
+uid, writable by neither group nor others, in no directory another user could
+swap it out of).  When it is not, nothing in it is trusted: the model behaves
+as when no trusted engine exists (DESIGN.md entry 125).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import structlog
+
+from inferd.owned_files import unsafe_owned_dir_reason
+
+log = structlog.get_logger("inferd.engines.engine_dir")
+
+
+def untrusted_engine_dir(engine_dir: Path) -> str | None:
+    """Why nothing in ``engine_dir`` may be trusted (a sentence naming the directory,
+    the reason and the fix; also logged as ``engine_dir_untrusted``), or None when it
+    is safely this process's own.  A missing directory holds nothing to trust: None."""
+    reason = unsafe_owned_dir_reason(engine_dir)
+    if reason is None or reason == "does not exist":
+        return None
+    log.warning("engine_dir_untrusted", engine_dir=str(engine_dir), reason=reason)
+    return (
+        f"the engine dir {engine_dir} {reason}: inferd trusts no engine and no manifest.json "
+        f"in a directory that is not safely its own user's (uid {os.geteuid()}, writable by "
+        "neither group nor others); fix its owner and mode (chown, chmod go-w) or point "
+        "runtime.engine_dir at another directory"
+    )
