@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -85,26 +84,23 @@ class Daemon:
         )
         self.recorder = FlightRecorder(config.fdr) if config.fdr.enabled else None
         self._refused_hooks: dict[str, str] = {}
-        self._progress: dict[str, str] = {}
-        self._progress_lock = threading.Lock()
-        self._progress_marks = 0
         self.alerts = AlertDispatcher(
             build_alert_hooks(
                 config.alerts,
                 events=self.publisher.publish,
-                record=self._record if self.recorder else None,
+                record=self.record if self.recorder else None,
                 on_refused=self._refused_hooks.__setitem__,
             ),
             rate_limit_s=config.alerts.rate_limit_s,
         )
         self.thermal = ThermalMonitor(
-            config.thermal, events=self.publisher.publish, record=self._record
+            config.thermal, events=self.publisher.publish, record=self.record
         )
-        self.deadline_misses = DeadlineMissReporter(self.slots, self._record)
+        self.deadline_misses = DeadlineMissReporter(self.slots, self.record)
         self._sinks = Sinks(
             alert=self.alerts,
             events=self.publisher.publish,
-            record=self._record,
+            record=self.record,
             thermal=self.thermal.snapshot,
         )
         self.switcher = RuntimeSwitcher(self.slots, self.scheduler, config.runtime, self._sinks)
@@ -113,7 +109,7 @@ class Daemon:
             build_dir=config.daemon.state_dir / "builds",
             engine_dir=config.runtime.engine_dir,
             publish=self.publisher.publish,
-            record=self._record,
+            record=self.record,
             grace_s=config.daemon.build_cancel_grace_s,
             device_id=config.runtime.device_id,
             gpu_memory_budget_bytes=config.runtime.gpu_memory_budget_bytes,
@@ -237,6 +233,7 @@ class Daemon:
         self.router.fail(
             leftovers, Code.UNAVAILABLE, "the daemon shut down before this request ran"
         )
+        self.switcher.stop()  # an operator's switch in progress is answered too
         self.worker.join(timeout=drain_s + 10)
         self.bus.stop()
         self.bus.join(timeout=10)
@@ -296,39 +293,24 @@ class Daemon:
 
     def record(self, kind: str, payload: Mapping[str, Any]) -> None:
         """Write a flight-data-recorder record (nothing when the recorder is off)."""
-        self._record(kind, payload)
+        if self.recorder is not None:
+            self.recorder.record(kind, payload)
 
-    def report_progress(self, model: str, text: str | None) -> None:
-        """Seam for long work on a model (engine builds): ``text`` (e.g.
-        ``"building engine 40%"``) shows in ``STATUS=`` and counts as start-up
-        progress; None clears it.  Safe from any thread."""
-        with self._progress_lock:
-            if text is None:
-                self._progress.pop(model, None)
-            else:
-                self._progress[model] = text
-            self._progress_marks += 1
-
-    def startup_progress(self) -> tuple[int, tuple[str, ...], int | None]:
+    def startup_progress(self) -> tuple[tuple[str, ...], int | None]:
         """Changes whenever start-up makes progress: a model started or finished
-        loading (serving or failed) or a progress report arrived."""
-        with self._progress_lock:
-            marks = self._progress_marks
+        loading (serving or failed)."""
         busy = self.worker.liveness().busy
         started = busy.started_ns if busy is not None else None
-        return marks, tuple(slot.state for slot in self.slots.values()), started
+        return tuple(slot.state for slot in self.slots.values()), started
 
     def status_line(self) -> str:
         """The one-line ``STATUS=`` (``inferd.supervision.status_line``)."""
-        with self._progress_lock:
-            progress = dict(self._progress)
         return format_status_line(
             self.state,
             {
                 name: ModelLine(slot.state, slot.handle, slot.config.runtime)
                 for name, slot in self.slots.items()
             },
-            progress=progress,
             queued=sum(self.scheduler.depth(name) for name in self.slots),
             throttling=self._thermal_summary() == "throttling",
         )
@@ -365,22 +347,12 @@ class Daemon:
         if in_hand is not None:
             self.router.fail([in_hand], Code.INTERNAL, f"{reason} while answering this request")
         leftovers = self.scheduler.close()
-        self.router.fail(leftovers, Code.UNAVAILABLE, f"{reason}; inferd restarts")
-        self.alerts(
-            Alert(
-                "CRITICAL",
-                "engine_worker_died",
-                f"{reason}; inferd restarts",
-                {"queued": len(leftovers)},
-            )
-        )
-
-    def _record(self, kind: str, payload: Mapping[str, Any]) -> None:
-        if self.recorder is not None:
-            self.recorder.record(kind, payload)
+        message = f"{reason}; inferd restarts"
+        self.router.fail(leftovers, Code.UNAVAILABLE, message)
+        self.alerts(Alert("CRITICAL", "engine_worker_died", message, {"queued": len(leftovers)}))
 
     def _lifecycle(self, event: str) -> None:
-        self._record(
+        self.record(
             "daemon_lifecycle",
             {
                 "event": event,
@@ -465,6 +437,7 @@ class Daemon:
                 "busy_poll": self.worker.busy_poll_status(),
                 "events_published": self.publisher.published,
                 "events_dropped": self.publisher.dropped,
+                "events_subscriptions_refused": self.publisher.subscriptions_refused,
             },
         }
 

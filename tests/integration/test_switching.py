@@ -171,3 +171,22 @@ def test_inferctl_switch(daemon_factory: DaemonFactory, identity_model: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["to_runtime"] == "onnx_trt_ep"
+
+
+def test_a_switch_preparing_when_the_daemon_stops_is_answered(
+    daemon_factory: DaemonFactory, tmp_path: Path
+) -> None:
+    """SIGTERM while a switch prepares: the operator is told UNAVAILABLE (or, had
+    the switch finished first, its result) before the daemon exits; never nothing."""
+    slow = write_slow_loading_model(tmp_path / "slow.onnx", nodes=40_000)
+    daemon = daemon_factory(models=[{"name": "slow", "path": str(slow)}])
+    with RawDealer(daemon.control) as dealer:
+        header = {"v": 1, "id": "s", "op": "runtime.switch", "model": "slow"}
+        dealer.send([pack({**header, "runtime": "onnx_trt_ep", "requested_by": "test"})])
+        wait_until(lambda: "runtime_switch_preparing" in daemon.log(), message="preparing")
+        assert daemon.stop() == 0
+        reply, _frames = dealer.recv(timeout=5)
+    assert reply["id"] == "s", reply
+    if not reply["ok"]:
+        assert reply["error"]["code"] == "UNAVAILABLE", reply
+        assert "not switched" in reply["error"]["message"]

@@ -29,6 +29,58 @@ Respond = Callable[[dict[str, Any] | ProtocolError], None]
 
 #: How long a prepared engine may wait for the worker to take it.
 _SWAP_TIMEOUT_S = 60.0
+#: How long ``stop`` waits for the switches' threads to end: a preparation still
+#: loading an engine when the interpreter exits can crash it (SIGSEGV, SIGABRT).
+_STOP_WAIT_S = 10.0
+
+
+class _Switch:
+    """One operator's switch in progress: its reply, given once (by the switch, or
+    by ``stop`` for it), and the state of its prepared engine once queued for the
+    worker: taken there, or given up (the switch waited too long, or ``stop``),
+    whichever comes first and never both, so a switch the operator was told did
+    not happen never happens later."""
+
+    def __init__(self, respond: Respond) -> None:
+        self._respond = respond
+        self._lock = threading.Lock()
+        self._answered = False
+        #: ``preparing``, then ``queued``, then ``taken`` or ``given_up``.
+        self.state = "preparing"
+        #: Set once the worker has swapped, or the swap was given up.
+        self.settled = threading.Event()
+
+    def answer(self, reply: dict[str, Any] | ProtocolError) -> None:
+        with self._lock:
+            if self._answered:
+                return
+            self._answered = True
+        self._respond(reply)
+
+    def queue(self) -> bool:
+        """About to queue the swap: False once given up (shutting down)."""
+        with self._lock:
+            if self.state != "preparing":
+                return False
+            self.state = "queued"
+            return True
+
+    def take(self) -> bool:
+        """On the worker: True when it is to swap now."""
+        with self._lock:
+            if self.state != "queued":
+                return False
+            self.state = "taken"
+            return True
+
+    def give_up(self) -> bool:
+        """True unless the worker has taken the swap (it now never will)."""
+        with self._lock:
+            if self.state == "taken":
+                return False
+            self.state = "given_up"
+        self.settled.set()
+        return True
 
 
 class RuntimeSwitcher:
@@ -45,6 +97,9 @@ class RuntimeSwitcher:
         self._sinks = sinks
         self._lock = threading.Lock()
         self._in_progress: set[str] = set()
+        #: Operators' switches running on their threads (``stop`` answers them).
+        self._running: dict[threading.Thread, _Switch] = {}
+        self._stopping = False
 
     def switch(self, header: dict[str, Any], peer: Peer, respond: Respond) -> None:
         """Control op ``runtime.switch {model, runtime, requested_by?}`` (bus thread) of
@@ -77,13 +132,44 @@ class RuntimeSwitcher:
                 Code.FAILED_PRECONDITION,
                 f"model {model!r} is {slot.state}; switch it once it serves",
             )
-        self._claim_or_refuse(model)
-        threading.Thread(
+        switch = _Switch(respond)
+        thread = threading.Thread(
             target=self._run,
-            args=(slot, label, requested_by, peer, respond),
+            args=(slot, label, requested_by, peer, switch),
             name=f"inferd-switch-{model}",
             daemon=True,
-        ).start()
+        )
+        self._claim_or_refuse(model)
+        with self._lock:
+            stopping = self._stopping
+            if not stopping:
+                self._running[thread] = switch
+        if stopping:
+            self.unclaim(model)
+            raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+        thread.start()
+
+    def stop(self) -> None:
+        """At shutdown, once the worker takes no more calls: every operator's switch
+        whose swap the worker has not taken is given up and told UNAVAILABLE now (a
+        prepared engine is released by its switch), so no operator is left without
+        a reply when the sockets close; then each switch's thread is waited for, up
+        to ``_STOP_WAIT_S`` in all, so that none is inside a runtime's native code
+        when the process exits."""
+        with self._lock:
+            self._stopping = True
+            running = dict(self._running)
+        refusal = ProtocolError(
+            Code.UNAVAILABLE, "the daemon is shutting down; the runtime was not switched"
+        )
+        deadline = time.monotonic() + _STOP_WAIT_S
+        for switch in running.values():
+            if switch.give_up():
+                switch.answer(refusal)
+        for thread in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in running):
+            log.warning("runtime_switch_still_preparing", waited_s=_STOP_WAIT_S)
 
     def switch_now(self, model: str, label: str, requested_by: str) -> dict[str, Any]:
         """The same make-before-break switch, asked for inside the daemon (a background
@@ -96,7 +182,8 @@ class RuntimeSwitcher:
             )
         self._claim_or_refuse(model)
         try:
-            return self._switch(slot, label, requested_by, Peer.internal(os.getuid(), os.getpid()))
+            peer = Peer.internal(os.getuid(), os.getpid())
+            return self._switch(slot, label, requested_by, peer, _Switch(lambda reply: None))
         finally:
             self.unclaim(model)
 
@@ -120,23 +207,34 @@ class RuntimeSwitcher:
             )
 
     def _run(
-        self, slot: ModelSlot, label: str, requested_by: str, peer: Peer, respond: Respond
+        self, slot: ModelSlot, label: str, requested_by: str, peer: Peer, switch: _Switch
     ) -> None:
         try:
-            respond(self._switch(slot, label, requested_by, peer))
+            switch.answer(self._switch(slot, label, requested_by, peer, switch))
         except ProtocolError as exc:
-            respond(exc)
+            switch.answer(exc)
         except Exception as exc:  # never leave the operator without an answer
             log.exception("runtime_switch_crashed", model=slot.name)
-            respond(ProtocolError(Code.INTERNAL, f"switch failed unexpectedly: {exc}"))
+            switch.answer(ProtocolError(Code.INTERNAL, f"switch failed unexpectedly: {exc}"))
         finally:
             self.unclaim(slot.name)
+            with self._lock:
+                self._running.pop(threading.current_thread(), None)
 
-    def _switch(self, slot: ModelSlot, label: str, requested_by: str, peer: Peer) -> dict[str, Any]:
+    def _switch(
+        self, slot: ModelSlot, label: str, requested_by: str, peer: Peer, switch: _Switch
+    ) -> dict[str, Any]:
         who = (requested_by, peer)
         current = slot.handle
         from_label = current.runtime_label if current is not None else None
         started = time.monotonic()
+        log.info(
+            "runtime_switch_preparing",
+            model=slot.name,
+            from_runtime=from_label,
+            to_runtime=label,
+            requested_by=requested_by,
+        )
         sinks = slot.sinks_for_model(self._sinks)
         try:
             runtime, handle = slot.prepare(label, self._runtime_config, sinks)
@@ -145,26 +243,41 @@ class RuntimeSwitcher:
             self._report(slot, from_label, label, who, "refused", reason, started)
             raise ProtocolError(Code.FAILED_PRECONDITION, reason) from None
         prepared = time.monotonic()
-        swapped = threading.Event()
         swap_s: list[float] = []
 
         def swap() -> None:  # runs on the engine worker, between two requests
+            if not switch.take():
+                return  # given up: the switch released the engine and said so
             began = time.monotonic()
-            old_runtime, old_handle = slot.swap(runtime, handle)
-            swap_s.append(time.monotonic() - began)
-            swapped.set()
+            try:
+                old_runtime, old_handle = slot.swap(runtime, handle)
+                swap_s.append(time.monotonic() - began)
+            finally:
+                switch.settled.set()
             if old_runtime is not None and old_handle is not None:
                 old_runtime.release_engine(old_handle)
 
+        def not_switched(outcome: str, reason: str, code: Code) -> ProtocolError:
+            runtime.release_engine(handle)
+            reason = f"{reason}; {from_label} keeps serving"
+            self._report(slot, from_label, label, who, outcome, reason, started)
+            return ProtocolError(code, reason)
+
+        shutting_down = "the daemon is shutting down"
         try:
+            if not switch.queue():
+                raise not_switched("refused", shutting_down, Code.UNAVAILABLE)
             self._scheduler.call_on_worker(swap)
         except SchedulerClosedError:
-            runtime.release_engine(handle)
-            raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down") from None
-        if not swapped.wait(_SWAP_TIMEOUT_S):
-            reason = f"the engine worker did not take the new engine within {_SWAP_TIMEOUT_S} s"
-            self._report(slot, from_label, label, who, "failed", reason, started)
-            raise ProtocolError(Code.INTERNAL, reason)
+            switch.give_up()
+            raise not_switched("refused", shutting_down, Code.UNAVAILABLE) from None
+        if not switch.settled.wait(_SWAP_TIMEOUT_S) and switch.give_up():
+            waited = f"the engine worker did not take the new engine within {_SWAP_TIMEOUT_S} s"
+            raise not_switched("failed", waited, Code.INTERNAL)
+        if switch.state == "given_up":  # by stop
+            raise not_switched("refused", shutting_down, Code.UNAVAILABLE)
+        if not switch.settled.wait(_SWAP_TIMEOUT_S) or not swap_s:
+            raise ProtocolError(Code.INTERNAL, "the engine worker failed to swap the engines")
         timings = {
             "prepare_ms": round((prepared - started) * 1000, 3),
             "swap_ms": round(swap_s[0] * 1000, 3),

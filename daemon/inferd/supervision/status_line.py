@@ -2,8 +2,8 @@
 
 The daemon state (``starting 1/2``, ``serving``, ``degraded``, ``stopping
 (draining 3 queued)``), then per model ``name=runtime`` with ``(fallback from
-X)``, or its state (``loading``, ``failed``), and any progress text in
-brackets; `` thermal=throttling`` when the GPU throttles.
+X)``, or its state (``loading``, ``failed``); `` thermal=throttling`` when the
+GPU throttles.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ def format_status_line(
     state: str,
     models: Mapping[str, ModelLine],
     *,
-    progress: Mapping[str, str],
     queued: int,
     throttling: bool,
 ) -> str:
@@ -40,8 +39,6 @@ def format_status_line(
                 text += f"(fallback from {model.configured_runtime})"
         else:
             text = f"{name}={model.state}"
-        if name in progress:
-            text += f"[{progress[name]}]"
         parts.append(text)
     if state == "starting":
         done = sum(1 for model in models.values() if model.state != "loading")
