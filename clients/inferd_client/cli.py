@@ -27,6 +27,7 @@ from inferd_wire import __version__
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints, runtime_dir_and_origin
 from inferd_wire.regions import REGION_ALIGNMENT
+from inferd_wire.topics import TOPICS, check_topic
 
 EXIT_OK = 0
 EXIT_REMOTE_ERROR = 1
@@ -138,12 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     top = commands.add_parser("top", help="live view: models, rates, latency, queues, builds")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between status polls")
     events = commands.add_parser("events", parents=[json_option], help="print published events")
-    events.add_argument("--topic", action="append", default=[], help="repeatable; default all")
+    events.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        help=f"repeatable; {', '.join(sorted(TOPICS))} or a prefix of one; default all",
+    )
     events.add_argument("--count", type=int, default=0, help="stop after N events (0: forever)")
 
     args = parser.parse_args(argv)
     try:
         args.curve = _curve(args)
+        _check_topics(args)
         _check_sockets(args)
         return _dispatch(args)
     except BrokenPipeError:
@@ -179,6 +186,14 @@ def _endpoints_used(args: argparse.Namespace) -> list[tuple[str, str]]:
     if args.command == "build" and args.build_command == "follow":
         return [events] + ([control] if args.build_id else [])
     return [control]
+
+
+def _check_topics(args: argparse.Namespace) -> None:
+    """A topic the daemon would refuse (it closes such a subscriber's connection,
+    which would only time out here) is a usage error, before any socket."""
+    if args.command == "events":
+        for topic in args.topic:
+            check_topic(topic)
 
 
 def _check_sockets(args: argparse.Namespace) -> None:

@@ -60,6 +60,7 @@ from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.regions import shm_socket_path
 from inferd_wire.send_buffer import SendBuffer
+from inferd_wire.topics import check_topic
 
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
@@ -567,10 +568,15 @@ class OperatorClient:
 
 
 class EventSubscriber:
-    """Receive ``(topic, payload)`` events from the daemon's PUB socket.
+    """Receive ``(topic, payload)`` events from the daemon's events socket.
 
     PUB/SUB joins asynchronously: events published before the subscription
     reached the daemon are not delivered (ZeroMQ's slow-joiner behaviour).
+
+    Each of ``topics`` (none: every topic) must be a topic's name
+    (``inferd_wire.topics.TOPICS``) or a prefix of one: the daemon closes the
+    connection of a subscriber to anything else (DESIGN.md 124), so any other
+    raises ``ValueError`` naming the topics, before a socket is made.
     """
 
     def __init__(
@@ -581,6 +587,7 @@ class EventSubscriber:
         context: zmq.Context[Any] | None = None,
         curve: ClientCurve | None = None,
     ) -> None:
+        subscribed = tuple(check_topic(topic) for topic in topics)  # before any socket
         self._endpoint = trusted_endpoint(endpoint or default_endpoints().events)
         self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -589,8 +596,8 @@ class EventSubscriber:
         except BaseException:
             self._socket.close(linger=0)
             raise
-        self._topics = tuple(topics)
-        for topic in topics or ("",):
+        self._topics = subscribed
+        for topic in subscribed or ("",):
             self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self._socket.connect(self._endpoint)
         #: Events read while waiting to join, handed out before any newer one.
