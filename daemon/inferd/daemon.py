@@ -37,6 +37,7 @@ from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
+from inferd.supervision.open_files import raise_open_files_limit
 from inferd.supervision.status_line import ModelLine, format_status_line
 from inferd.thermal.monitor import ThermalMonitor
 from inferd.types import Alert, Liveness, Peer
@@ -177,6 +178,7 @@ class Daemon:
             pid=os.getpid(),
             **(supervision or {}),
         )
+        raise_open_files_limit(self.config.bus.max_connections)
         self._start_recorder()
         self._lifecycle("start")
         self.builds.prune("daemon_start")  # the cap holds for what an earlier run left

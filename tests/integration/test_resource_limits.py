@@ -14,7 +14,7 @@ import pytest
 import zmq
 from onnx import TensorProto, helper, numpy_helper
 
-from inferd_client import InferenceClient, OperatorClient
+from inferd_client import InferenceClient, OperatorClient, RequestTimeout
 from inferd_wire.protocol import unpack_header
 from tests.conftest import (
     HANG_S,
@@ -311,3 +311,40 @@ def test_queued_bytes_per_model_are_bounded(
     model = next(m for m in status(daemon)["models"] if m["model"] == "slow")
     assert (model["queue_depth"], model["queue_bytes"]) == (0, 0)
     assert model["responses"] == {"OK": 2, "RESOURCE_EXHAUSTED": 1, "INVALID_ARGUMENT": 1}
+
+
+def test_connections_over_max_connections_are_refused_and_a_closed_one_makes_room(
+    daemon_factory: DaemonFactory, identity_model: Path
+) -> None:
+    """``bus.max_connections`` (DESIGN.md 128) on a real daemon's infer socket: two
+    clients are served, a third's handshake is refused (counted, nothing held for
+    it), and once one of the two leaves a new client is served."""
+    daemon = daemon_factory(
+        models=[{"name": "identity", "path": str(identity_model)}], bus={"max_connections": 2}
+    )
+    x = np.zeros(IDENTITY_SHAPE, np.float32)
+
+    def infer_socket() -> dict[str, Any]:
+        with OperatorClient(daemon.control, timeout=5) as operator:
+            return dict(operator.status()["security"]["sockets"]["infer"])
+
+    served = [InferenceClient(daemon.infer, timeout=10) for _ in range(2)]
+    try:
+        for client in served:
+            client.infer("identity", {"input": x})
+        refused = InferenceClient(daemon.infer, timeout=1)
+        with pytest.raises(RequestTimeout):
+            refused.infer("identity", {"input": x})
+        refused.close()
+        wait_until(lambda: infer_socket()["connections"] == 2, message="two connections held")
+        assert infer_socket()["connections_refused"] >= 1
+        with OperatorClient(daemon.control, timeout=5) as operator:
+            assert operator.status()["security"]["max_connections"] == 2
+        served.pop().close()
+        wait_until(lambda: infer_socket()["connections"] == 1, message="the closed one let go")
+        with InferenceClient(daemon.infer, timeout=10) as newcomer:
+            assert newcomer.infer("identity", {"input": x})["output"].shape == IDENTITY_SHAPE
+    finally:
+        for client in served:
+            client.close()
+    assert "over bus.max_connections (2)" in daemon.log()

@@ -88,6 +88,8 @@ def bind_infer_and_control(
             bound.append(
                 bound_router(context, endpoints[name], max_message_bytes, config, secure, sizes)
             )
+            if security is not None:
+                security.bound(name, bound[-1])
     except BaseException:
         send_buffer.close()
         for sock in bound:

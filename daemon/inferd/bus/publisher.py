@@ -24,12 +24,13 @@ import structlog
 import zmq
 
 from inferd.bus.binding import BindOutcome
-from inferd.bus.subscribers import SUBSCRIBE, UNSUBSCRIBE, PeerConnections, subscribable
+from inferd.bus.endpoint_connections import EndpointConnections
+from inferd.bus.subscribers import SUBSCRIBE, UNSUBSCRIBE, subscribable
 from inferd.bus.zap import SocketSecurity, peer_of
 from inferd_wire import protocol
 from inferd_wire.multipart import readable
+from inferd_wire.topics import TOPICS
 
-TOPICS: frozenset[str] = frozenset({"thermal", "runtime", "build", "alert", "health"})
 #: The subscriptions applied: those that can match a topic's frame (``_send``).
 SUBSCRIBABLE: frozenset[bytes] = subscribable(TOPICS)
 #: ``ZMQ_MAXMSGSIZE`` of the events socket: the longest message a subscriber may
@@ -93,7 +94,7 @@ class EventPublisher(threading.Thread):
         self.subscriptions_refused = 0
         self._refusals_logged_at: float | None = None
         self._refused_at_last_line = 0
-        self._peers = PeerConnections("")
+        self._peers = EndpointConnections("")
         #: Liveness for the watchdog: set every pass of the loop (at least every 0.5 s).
         self.last_beat_ns = time.monotonic_ns()
 
@@ -124,7 +125,9 @@ class EventPublisher(threading.Thread):
             if self._security is not None:
                 self._security.apply("events", sock)
             sock.bind(self._endpoint)
-            self._peers = PeerConnections(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+            self._peers = EndpointConnections(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+            if self._security is not None:
+                self._security.bound("events", sock)
         except BaseException as exc:
             self._bind_outcome.failed(exc)
             sock.close(linger=0)

@@ -80,7 +80,8 @@ class BusSecurity:
         transports = {
             name: "tcp" if name in self.sockets.tcp_sockets else "ipc" for name in SOCKETS
         }
-        self.zap = ZapHandler(self._context, AccessPolicy(security, transports, clients))
+        policy = AccessPolicy(security, transports, clients)
+        self.zap = ZapHandler(self._context, policy, self.sockets, self._config.bus.max_connections)
         self.zap.start()
         self.zap.wait_bound(timeout=10)
 
@@ -107,6 +108,7 @@ class BusSecurity:
         the ZAP handler admitted and refused, the operator ops refused."""
         security = self._config.security
         counts = self.zap.describe() if self.zap is not None else {"accepted": {}, "refused": {}}
+        held = self.zap.connection_counts() if self.zap is not None else {}
         return {
             "sockets": {
                 name: {
@@ -116,9 +118,11 @@ class BusSecurity:
                     "allow": [p.text for p in security.access(name).allow],
                     "connections_accepted": counts["accepted"].get(name, 0),
                     "connections_refused": counts["refused"].get(name, 0),
+                    "connections": held.get(name, 0),
                 }
                 for name in SOCKETS
             },
+            "max_connections": self._config.bus.max_connections,
             "operators": [p.text for p in security.operators],
             "permission_denied": permission_denied,
         }

@@ -7,6 +7,12 @@ connection is refused when this handler is not running (fail closed).  For an
 admitted connection the reply's User-Id carries the verified ``Peer`` as JSON;
 libzmq attaches it to every message of that connection as the ``User-Id``
 property, which ``peer_of`` reads: the request never gets to say who it is.
+An admitted handshake is refused all the same while its socket holds more than
+``bus.max_connections`` connections (``EndpointConnections.count``, this one
+included), and a connection must finish its handshake within
+``HANDSHAKE_TIMEOUT_MS``: what one peer can make a socket hold is bounded
+(DESIGN.md 128).
+
 The handler is a thread with a REP socket on ``inproc://zeromq.zap.01`` of the
 daemon's context (only one handler can bind it).  pyzmq's ``ThreadAuthenticator``
 is not used: it matches addresses as strings, cannot check a uid or group, and
@@ -27,9 +33,14 @@ import zmq
 
 from inferd.bus.access import AccessPolicy
 from inferd.bus.binding import BindOutcome
+from inferd.bus.endpoint_connections import EndpointConnections
 from inferd.types import Peer
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+#: ``ZMQ_HANDSHAKE_IVL`` of every bound socket: a connection that has not
+#: finished its handshake by then is closed (libzmq's default is 30 s; a client
+#: on this machine or its link needs milliseconds, CURVE included).
+HANDSHAKE_TIMEOUT_MS = 5000
 _VERSION = b"1.0"
 _POLL_MS = 100
 
@@ -50,15 +61,23 @@ class SocketSecurity:
 
     curve: ServerKeys | None = None
     tcp_sockets: frozenset[str] = frozenset()
+    #: Each bound socket's connections, by name (``bound``), for the ZAP handler.
+    connections: dict[str, EndpointConnections] = field(default_factory=dict)
 
     def apply(self, name: str, sock: zmq.Socket[Any]) -> None:
         """Before ``sock`` (the socket ``name``) binds."""
         sock.setsockopt(zmq.ZAP_DOMAIN, name.encode())
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
         if self.curve is not None and name in self.tcp_sockets:
             sock.curve_secretkey = self.curve.secret.encode()
             sock.curve_publickey = self.curve.public.encode()
             sock.curve_server = True
+
+    def bound(self, name: str, sock: zmq.Socket[Any]) -> None:
+        """After ``sock`` (the socket ``name``) bound: its connections are counted at
+        the endpoint it got (a ``tcp://`` port chosen at the bind included)."""
+        self.connections[name] = EndpointConnections(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
     def mechanism(self, name: str) -> str:
         return "CURVE" if self.curve is not None and name in self.tcp_sockets else "NULL"
@@ -92,10 +111,20 @@ class ZapCounters:
 
 
 class ZapHandler(threading.Thread):
-    def __init__(self, context: zmq.Context[Any], policy: AccessPolicy) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        policy: AccessPolicy,
+        sockets: SocketSecurity | None = None,
+        max_connections: int = 0,
+    ) -> None:
+        """``sockets``' connections are held to ``max_connections`` each (0: no
+        bound, for a handler that only decides who may connect)."""
         super().__init__(name="inferd-zap", daemon=True)
         self._context = context
         self._policy = policy
+        self._sockets = sockets or SocketSecurity()
+        self._max_connections = max_connections
         self._stop_requested = threading.Event()
         self._bind_outcome = BindOutcome("the ZAP handler")
         self.counters = ZapCounters()
@@ -134,20 +163,42 @@ class ZapHandler(threading.Thread):
             socket, address.decode(errors="replace"), mechanism, request[6:]
         )
         if decision.peer is None:
+            refusal: str | None = decision.refusal or "refused"
+        else:
+            refusal = self._over_bound(socket)
+        if refusal is not None:
             self._count(self.counters.refused, socket)
             log.warning(
                 "peer_refused",
                 socket=socket,
                 address=address.decode(errors="replace"),
                 mechanism=mechanism.decode(errors="replace"),
-                reason=decision.refusal,
+                reason=refusal,
             )
-            reason = (decision.refusal or "refused").encode()
+            reason = refusal.encode()
             return [_VERSION, request_id, b"400", reason, b"", b""]
+        assert decision.peer is not None  # refused above otherwise
         self._count(self.counters.accepted, socket)
         log.debug("peer_admitted", socket=socket, **decision.peer.as_record())
         user_id = json.dumps(decision.peer.as_record(), separators=(",", ":")).encode()
         return [_VERSION, request_id, b"200", b"OK", user_id, b""]
+
+    def _over_bound(self, socket: str) -> str | None:
+        """Why ``socket`` takes no more connections (None: it may)."""
+        connections = self._sockets.connections.get(socket)
+        if not self._max_connections or connections is None:
+            return None
+        held = connections.count()  # this connection's own descriptor included
+        if held <= self._max_connections:
+            return None
+        return (
+            f"the {socket} socket holds {held} connections, over bus.max_connections "
+            f"({self._max_connections}); close one and reconnect"
+        )
+
+    def connection_counts(self) -> dict[str, int]:
+        """The connections each bound socket holds now."""
+        return {name: found.count() for name, found in self._sockets.connections.items()}
 
     @staticmethod
     def _count(counts: dict[str, int], socket: str) -> None:

@@ -148,6 +148,7 @@ def _bus(table: TomlTable, endpoints: Endpoints) -> BusConfig:
         heartbeat_timeout_ms=table.take("heartbeat_timeout_ms", int, 5000),
         busy_poll_us=table.take("busy_poll_us", int, 50),
         send_buffer_bytes=table.take("send_buffer_bytes", int, DEFAULT_SEND_BUFFER_BYTES),
+        max_connections=table.take("max_connections", int, 256),
     )
     table.finish()
     return bus

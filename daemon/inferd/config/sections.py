@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from inferd.config.checks import finite, non_negative, one_of, positive, up_to
 from inferd.config.metrics import MetricsConfig
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
@@ -50,6 +50,8 @@ MAX_LOAD_S = 86_400.0
 _MAX_HEARTBEAT_MS = 3_600_000
 #: A longer busy poll is a core spent waiting, not a shorter wake-up.
 MAX_BUSY_POLL_US = 1000
+#: ``bus.max_connections``'s ceiling: each connection holds a descriptor.
+MAX_CONNECTIONS_PER_SOCKET = 16384
 
 #: Sensors change over seconds; faster polling only burns a core.
 MAX_THERMAL_POLL_HZ = 100.0
@@ -73,13 +75,13 @@ class DaemonConfig:
     build_cancel_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
-        _one_of("daemon.log_level", self.log_level, LOG_LEVELS)
-        _one_of("daemon.log_format", self.log_format, LOG_FORMATS)
-        _positive("daemon.health_interval_s", self.health_interval_s)
-        _non_negative("daemon.shutdown_drain_ms", self.shutdown_drain_ms)
-        _non_negative("daemon.shutdown_linger_ms", self.shutdown_linger_ms)
-        _positive("daemon.startup_extend_s", self.startup_extend_s)
-        _positive("daemon.build_cancel_grace_s", self.build_cancel_grace_s)
+        one_of("daemon.log_level", self.log_level, LOG_LEVELS)
+        one_of("daemon.log_format", self.log_format, LOG_FORMATS)
+        positive("daemon.health_interval_s", self.health_interval_s)
+        non_negative("daemon.shutdown_drain_ms", self.shutdown_drain_ms)
+        non_negative("daemon.shutdown_linger_ms", self.shutdown_linger_ms)
+        positive("daemon.startup_extend_s", self.startup_extend_s)
+        positive("daemon.build_cancel_grace_s", self.build_cancel_grace_s)
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class BusConfig:
     #: kernel's default; DESIGN.md 116).  Each connection may hold this much of a
     #: reply in the kernel, beyond the reply budget.
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES
+    #: Connections each ZeroMQ socket may hold; ZAP refuses more (DESIGN.md 128).
+    max_connections: int = 256
 
     def __post_init__(self) -> None:
         for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
@@ -113,19 +117,21 @@ class BusConfig:
         endpoints = [self.infer_endpoint, self.control_endpoint, self.events_endpoint]
         if len(set(endpoints)) != 3:
             raise ConfigError("bus: infer, control and events endpoints must all differ")
-        _positive("bus.max_message_bytes", self.max_message_bytes)
-        _positive("bus.max_header_bytes", self.max_header_bytes)
-        _positive("bus.max_frames", self.max_frames)
-        _positive("bus.max_reply_bytes_per_peer", self.max_reply_bytes_per_peer)
+        positive("bus.max_message_bytes", self.max_message_bytes)
+        positive("bus.max_header_bytes", self.max_header_bytes)
+        positive("bus.max_frames", self.max_frames)
+        positive("bus.max_reply_bytes_per_peer", self.max_reply_bytes_per_peer)
         if self.max_reply_bytes_total < self.max_reply_bytes_per_peer:
             raise ConfigError(
                 f"bus.max_reply_bytes_total ({self.max_reply_bytes_total}) must be at least "
                 f"bus.max_reply_bytes_per_peer ({self.max_reply_bytes_per_peer})"
             )
         for key in ("heartbeat_interval_ms", "heartbeat_timeout_ms"):
-            _up_to(f"bus.{key}", getattr(self, key), _MAX_HEARTBEAT_MS, " ms")
-        _up_to("bus.busy_poll_us", self.busy_poll_us, MAX_BUSY_POLL_US)
-        _up_to("bus.send_buffer_bytes", self.send_buffer_bytes, MAX_SEND_BUFFER_BYTES)
+            up_to(f"bus.{key}", getattr(self, key), _MAX_HEARTBEAT_MS, " ms")
+        up_to("bus.busy_poll_us", self.busy_poll_us, MAX_BUSY_POLL_US)
+        up_to("bus.send_buffer_bytes", self.send_buffer_bytes, MAX_SEND_BUFFER_BYTES)
+        positive("bus.max_connections", self.max_connections)
+        up_to("bus.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
         if self.heartbeat_interval_ms and self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
             raise ConfigError(
                 f"bus.heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be at least "
@@ -168,19 +174,19 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         for label in self.enabled:
-            _one_of("runtime.enabled", label, RUNTIME_LABELS)
-        _positive("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes)
+            one_of("runtime.enabled", label, RUNTIME_LABELS)
+        positive("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes)
         if str(self.ort_trt_cache_dir).strip() in ("", "."):
             raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty path")
         if str(self.engine_dir).strip() in ("", "."):
             raise ConfigError("runtime.engine_dir must name a directory, got an empty path")
         if self.engine_manifest is not None and str(self.engine_manifest).strip() in ("", "."):
             raise ConfigError("runtime.engine_manifest must name a file, got an empty path")
-        _non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
-        _non_negative("runtime.device_id", self.device_id)
-        _finite("runtime.rebuild_backoff_s", self.rebuild_backoff_s)
-        _up_to("runtime.rebuild_backoff_s", self.rebuild_backoff_s, 86_400)
-        _positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
+        non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
+        non_negative("runtime.device_id", self.device_id)
+        finite("runtime.rebuild_backoff_s", self.rebuild_backoff_s)
+        up_to("runtime.rebuild_backoff_s", self.rebuild_backoff_s, 86_400)
+        positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
         if not 0 <= self.tensorrt_failover_after_errors <= 1000:
             raise ConfigError(
                 "runtime.tensorrt_failover_after_errors must be 0..1000 (0: never fail over), "
@@ -212,18 +218,18 @@ class ModelConfig:
         where = f"models[{self.name!r}]"
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"{where}.name must be non-empty letters, digits, '-' or '_'")
-        _one_of(f"{where}.runtime", self.runtime, RUNTIME_LABELS)
-        _one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
-        _positive(f"{where}.queue_capacity", self.queue_capacity)
-        _positive(f"{where}.queue_max_bytes", self.queue_max_bytes)
-        _non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
+        one_of(f"{where}.runtime", self.runtime, RUNTIME_LABELS)
+        one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
+        positive(f"{where}.queue_capacity", self.queue_capacity)
+        positive(f"{where}.queue_max_bytes", self.queue_max_bytes)
+        non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
         if len(self.staged_engines) > 1:
             raise ConfigError(
                 f"{where}.staged_engines: onnx_trt_ep loads one prebuilt engine per model (an "
                 f"EP-context model whose one node is the whole graph), got "
                 f"{len(self.staged_engines)}: {[str(path) for path in self.staged_engines]}"
             )
-        _positive(f"{where}.max_load_s", self.max_load_s)
+        positive(f"{where}.max_load_s", self.max_load_s)
         if self.max_load_s > MAX_LOAD_S:
             raise ConfigError(
                 f"{where}.max_load_s must be at most {MAX_LOAD_S}, got {self.max_load_s}"
@@ -267,7 +273,7 @@ class ShmConfig:
             "max_requests_per_connection",
             "max_bytes_per_uid",
         ):
-            _positive(f"shm.{key}", getattr(self, key))
+            positive(f"shm.{key}", getattr(self, key))
         if self.max_bytes_total < self.max_bytes_per_uid:
             raise ConfigError(
                 f"shm.max_bytes_total ({self.max_bytes_total}) must be at least "
@@ -291,9 +297,9 @@ class FdrConfig:
     queue_capacity: int = 4096
 
     def __post_init__(self) -> None:
-        _positive("fdr.fsync_interval_ms", self.fsync_interval_ms)
-        _positive("fdr.segment_max_bytes", self.segment_max_bytes)
-        _positive("fdr.queue_capacity", self.queue_capacity)
+        positive("fdr.fsync_interval_ms", self.fsync_interval_ms)
+        positive("fdr.segment_max_bytes", self.segment_max_bytes)
+        positive("fdr.queue_capacity", self.queue_capacity)
         if self.max_total_bytes < 2 * self.segment_max_bytes:
             raise ConfigError(
                 f"fdr.max_total_bytes ({self.max_total_bytes}) must hold at least two segments "
@@ -316,8 +322,8 @@ class AlertsConfig:
 
     def __post_init__(self) -> None:
         for hook in self.hooks:
-            _one_of("alerts.hooks", hook, ALERT_HOOKS)
-        _non_negative("alerts.rate_limit_s", self.rate_limit_s)
+            one_of("alerts.hooks", hook, ALERT_HOOKS)
+        non_negative("alerts.rate_limit_s", self.rate_limit_s)
         if not self.mavlink_endpoint.startswith(("udpout:", "udpin:", "tcp:", "udp:")):
             raise ConfigError(
                 f"alerts.mavlink_endpoint: {self.mavlink_endpoint!r} must be a pymavlink "
@@ -347,16 +353,16 @@ class ThermalConfig:
 
     def __post_init__(self) -> None:
         for source in self.sources:
-            _one_of("thermal.sources", source, THERMAL_SOURCES)
-        _positive("thermal.poll_hz", self.poll_hz)
+            one_of("thermal.sources", source, THERMAL_SOURCES)
+        positive("thermal.poll_hz", self.poll_hz)
         if self.poll_hz > MAX_THERMAL_POLL_HZ:
             raise ConfigError(
                 f"thermal.poll_hz must be at most {MAX_THERMAL_POLL_HZ}, got {self.poll_hz}"
             )
         if self.throttle_enter_c is not None:
-            _finite("thermal.throttle_enter_c", self.throttle_enter_c)
-        _non_negative("thermal.hysteresis_c", self.hysteresis_c)
-        _non_negative("thermal.nvml_device_index", self.nvml_device_index)
+            finite("thermal.throttle_enter_c", self.throttle_enter_c)
+        non_negative("thermal.hysteresis_c", self.hysteresis_c)
+        non_negative("thermal.nvml_device_index", self.nvml_device_index)
 
 
 @dataclass(frozen=True)
@@ -402,35 +408,6 @@ class Config:
     def fingerprint(self) -> str:
         """Stable hash of the effective configuration (for logs and the FDR)."""
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
-
-
-def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
-
-
-def _finite(key: str, value: float) -> None:
-    # NaN passes every "<= 0" test (all its comparisons are False) and inf is
-    # positive: both would reach timers and sleeps as a spin or a hang
-    if not math.isfinite(value):
-        raise ConfigError(f"{key} must be a finite number, got {value}")
-
-
-def _positive(key: str, value: float) -> None:
-    _finite(key, value)
-    if value <= 0:
-        raise ConfigError(f"{key} must be positive, got {value}")
-
-
-def _non_negative(key: str, value: float) -> None:
-    _finite(key, value)
-    if value < 0:
-        raise ConfigError(f"{key} must be zero or positive, got {value}")
-
-
-def _up_to(key: str, value: float, most: float, unit: str = "") -> None:
-    if not 0 <= value <= most:
-        raise ConfigError(f"{key} must be 0..{most}{unit}, got {value}")
 
 
 def _endpoint(key: str, value: str) -> None:

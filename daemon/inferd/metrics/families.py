@@ -324,12 +324,21 @@ def _thermal(thermal: Mapping[str, Any]) -> Iterator[Metric]:
 def _security(security: Mapping[str, Any]) -> Iterator[Metric]:
     refused = _labelled_counter(
         "inferd_connections_refused",
-        "Handshakes the daemon refused (allow-lists, unknown CURVE keys), by socket.",
+        "Handshakes the daemon refused (allow-lists, unknown CURVE keys, over "
+        "bus.max_connections), by socket.",
+        ["socket"],
+    )
+    held = _labelled_gauge(
+        "inferd_connections",
+        "Connections each socket holds (bus.max_connections bounds them), by socket.",
         ["socket"],
     )
     for name, socket in security["sockets"].items():
         refused.add_metric([name], socket["connections_refused"])
+        held.add_metric([name], socket["connections"])
     yield refused
+    yield held
+    yield _gauge("inferd_max_connections", "bus.max_connections.", security["max_connections"])
     yield _counter(
         "inferd_permission_denied",
         "Operator ops refused PERMISSION_DENIED.",

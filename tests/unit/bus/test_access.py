@@ -19,7 +19,7 @@ from inferd.bus.access import AccessPolicy
 from inferd.bus.zap import SocketSecurity, ZapHandler, peer_of
 from inferd.config import Principal, SecurityConfig, SocketAccess
 from inferd.types import Peer
-from tests.conftest import HANG_S
+from tests.conftest import HANG_S, wait_until
 
 IPC = {"infer": "ipc", "control": "ipc", "events": "ipc"}
 GROUND = bytes(range(32))
@@ -243,3 +243,48 @@ def test_with_infer_on_tcp_shm_sock_admits_only_local_peers_the_allow_list_names
     assert security(on_tcp).local_refusal("infer", me, os.getgid(), 7) is None  # the daemon's user
     named = on_tcp + f"[security]\ninfer_allow = ['user:{other}']\n"
     assert security(named).local_refusal("infer", other, 100, 7) is None
+
+
+def test_a_handshake_over_max_connections_is_refused_and_a_new_one_gets_in_later(
+    context: zmq.Context[Any], tmp_path: Path
+) -> None:
+    """``bus.max_connections`` (DESIGN.md 128): with two held, a third DEALER's
+    handshake is refused (libzmq does not retry a refused handshake); once one of
+    the two closes, a new connection gets in."""
+    sockets = SocketSecurity()
+    handler = ZapHandler(context, AccessPolicy(SecurityConfig(), IPC, {}), sockets, 2)
+    handler.start()
+    handler.wait_bound(5)
+    server = context.socket(zmq.ROUTER)
+    sockets.apply("control", server)
+    endpoint = f"ipc://{tmp_path}/control.sock"
+    server.bind(endpoint)
+    sockets.bound("control", server)
+    clients = []
+
+    def connect(text: bytes) -> None:
+        client = context.socket(zmq.DEALER)
+        client.connect(endpoint)
+        client.send(text)
+        clients.append(client)
+
+    try:
+        for text in (b"first", b"second"):
+            connect(text)
+            assert server.poll(int(HANG_S * 1000))
+            assert server.recv_multipart()[-1] == text
+        connect(b"third")
+        wait_until(lambda: handler.describe()["refused"] == {"control": 1}, HANG_S)
+        wait_until(lambda: handler.connection_counts() == {"control": 2}, HANG_S)
+        assert not server.poll(0)  # the third one's message did not get in
+        clients.pop(0).close(linger=0)
+        wait_until(lambda: handler.connection_counts() == {"control": 1}, HANG_S)
+        connect(b"fourth")
+        assert server.poll(int(HANG_S * 1000))
+        assert server.recv_multipart()[-1] == b"fourth"
+        assert handler.describe() == {"accepted": {"control": 3}, "refused": {"control": 1}}
+    finally:
+        for sock in [*clients, server]:
+            sock.close(linger=0)
+        handler.stop()
+        handler.join(5)

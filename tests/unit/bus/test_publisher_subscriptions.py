@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import zmq
 
+from inferd.bus.endpoint_connections import EndpointConnections
 from inferd.bus.publisher import (
     SUBSCRIBABLE,
     SUBSCRIBER_MAX_MESSAGE_BYTES,
     TOPICS,
     EventPublisher,
 )
-from inferd.bus.subscribers import PeerConnections
 from inferd_wire.protocol import unpack_header
 from tests.conftest import HANG_S, wait_until
 from tests.events_peers import (
@@ -218,7 +218,7 @@ def test_peer_connections_closes_only_that_processs_connections_on_the_path(
         mine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         mine.connect(path)
         from_me, _ = listener.accept()
-        connections = PeerConnections(f"ipc://{path}")
+        connections = EndpointConnections(f"ipc://{path}")
         uid, gid = os.getuid(), os.getgid()
         assert connections.close_from(f"localhost:{uid}:{gid}:{child.pid}") == 1
         assert from_child.recv(8) == b"x" and from_child.recv(8) == b""  # shut down
@@ -229,7 +229,7 @@ def test_peer_connections_closes_only_that_processs_connections_on_the_path(
                 untouched.recv(8)
         assert connections.close_from("localhost:x:y:z") == 0
         assert connections.close_from("") == 0
-        assert PeerConnections("inproc://events").close_from(f"localhost:{uid}:{gid}:1") == 0
+        assert EndpointConnections("inproc://events").close_from(f"localhost:{uid}:{gid}:1") == 0
     finally:
         child.kill()
         child.wait()
@@ -246,7 +246,7 @@ def test_peer_connections_on_tcp_closes_that_addresss_connections_on_the_port() 
         accepted = [listener.accept()[0] for _ in clients]
         elsewhere = socket.create_connection(("127.0.0.1", other.getsockname()[1]))
         accepted_elsewhere, _ = other.accept()
-        connections = PeerConnections(f"tcp://127.0.0.1:{port}")
+        connections = EndpointConnections(f"tcp://127.0.0.1:{port}")
         assert connections.close_from("10.9.8.7") == 0
         assert connections.close_from("127.0.0.1") == 2
         for client in clients:

@@ -71,10 +71,11 @@ def status(**overrides: Any) -> dict[str, Any]:
         },
         "security": {
             "sockets": {
-                "infer": {"connections_refused": 0},
-                "control": {"connections_refused": 2},
-                "events": {"connections_refused": 0},
+                "infer": {"connections_refused": 0, "connections": 3},
+                "control": {"connections_refused": 2, "connections": 1},
+                "events": {"connections_refused": 0, "connections": 0},
             },
+            "max_connections": 256,
             "permission_denied": 1,
         },
     }
@@ -125,6 +126,8 @@ def test_models_state_and_counters() -> None:
     assert got[("inferd_fdr_records_dropped_total", ())] == 3
     assert got[("inferd_bus_busy_poll_seconds_total", ())] == 2.5
     assert got[("inferd_connections_refused_total", (("socket", "control"),))] == 2
+    assert got[("inferd_connections", (("socket", "infer"),))] == 3
+    assert got[("inferd_max_connections", ())] == 256
 
 
 def test_gpu_readings_in_base_units_and_absent_when_not_reported() -> None:

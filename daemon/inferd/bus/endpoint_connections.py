@@ -1,0 +1,127 @@
+"""The connections of one of the daemon's bound ZeroMQ sockets, found among the
+process's descriptors: how many there are (``bus.max_connections``, checked by
+the ZAP handler at each handshake, DESIGN.md 128), and ending those of one peer
+(the events socket's refusals, DESIGN.md 124).
+
+ZeroMQ gives no descriptor with a message or a handshake, so a socket's
+connections are the stream sockets accepted on its endpoint: their local address
+is the endpoint's path (``ipc://``) or port (``tcp://``), and a peer is told
+by ``SO_PEERCRED`` or its address.  A descriptor closed and its number reused
+between the look and the act is touched only if it is another connection of the
+same peer to this socket, which is closed anyway; a count is a snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Callable
+
+#: ``struct ucred`` (``SO_PEERCRED``): pid, uid, gid.
+_UCRED = struct.Struct("3i")
+
+
+def _ipc_path(endpoint: str) -> str | bytes | None:
+    """The local address ``getsockname`` gives a connection accepted on an
+    ``ipc://`` endpoint (an abstract one, ``ipc://@name``, as bytes)."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    path = endpoint[len("ipc://") :]
+    return b"\0" + path[1:].encode() if path.startswith("@") else path
+
+
+def _tcp_port(endpoint: str) -> int | None:
+    if not endpoint.startswith("tcp://"):
+        return None
+    try:
+        return int(endpoint.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _credentials(peer_address: str) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) from libzmq's ``Peer-Address`` of an ``ipc://`` peer
+    (``<host>:<uid>:<gid>:<pid>``, from the connection's ``SO_PEERCRED``)."""
+    parts = peer_address.rsplit(":", 3)
+    if len(parts) != 4:
+        return None
+    try:
+        uid, gid, pid = (int(part) for part in parts[1:])
+    except ValueError:
+        return None
+    return pid, uid, gid
+
+
+class EndpointConnections:
+    """The connections of one bound socket: how many, and ending those of one peer.
+
+    ``endpoint`` is the socket's bound endpoint (``ZMQ_LAST_ENDPOINT``: a
+    ``tcp://`` port chosen at the bind is known there).  Another transport
+    (``inproc://``) has no descriptors: nothing is closed."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._path = _ipc_path(endpoint)
+        self._port = _tcp_port(endpoint)
+
+    def close_from(self, peer_address: str) -> int:
+        """Shut down each connection from the peer ``peer_address`` names; how many."""
+        if self._path is not None:
+            credentials = _credentials(peer_address)
+            if credentials is None:
+                return 0
+            return self._scan(lambda conn: self._ipc_peer(conn, credentials), shut_down=True)
+        if self._port is not None and peer_address:
+            return self._scan(lambda conn: self._tcp_peer(conn, peer_address), shut_down=True)
+        return 0
+
+    def count(self) -> int:
+        """How many connections the socket holds now (handshaking ones included):
+        0 for a transport without descriptors."""
+        if self._path is not None:
+            return self._scan(self._on_ipc_endpoint, shut_down=False)
+        if self._port is not None:
+            return self._scan(self._on_tcp_port, shut_down=False)
+        return 0
+
+    def _on_ipc_endpoint(self, conn: socket.socket) -> bool:
+        return bool(conn.family == socket.AF_UNIX and conn.getsockname() == self._path)
+
+    def _on_tcp_port(self, conn: socket.socket) -> bool:
+        if conn.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        return bool(conn.getsockname()[1] == self._port)
+
+    def _ipc_peer(self, conn: socket.socket, credentials: tuple[int, int, int]) -> bool:
+        if not self._on_ipc_endpoint(conn):
+            return False
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        return _UCRED.unpack(raw) == credentials
+
+    def _tcp_peer(self, conn: socket.socket, address: str) -> bool:
+        return self._on_tcp_port(conn) and conn.getpeername()[0] == address
+
+    @staticmethod
+    def _scan(belongs: Callable[[socket.socket], bool], *, shut_down: bool) -> int:
+        """The accepted stream sockets among this process's descriptors that
+        ``belongs`` picks (shut down, with ``shut_down``): how many."""
+        found = 0
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                conn = socket.socket(fileno=int(name))  # fails on a descriptor that is no socket
+            except (OSError, ValueError):
+                continue
+            try:
+                if (
+                    conn.type == socket.SOCK_STREAM
+                    and not conn.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                    and belongs(conn)
+                ):
+                    if shut_down:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    found += 1
+            except OSError:
+                pass  # closed meanwhile
+            finally:
+                conn.detach()  # the descriptor stays ZeroMQ's
+        return found
