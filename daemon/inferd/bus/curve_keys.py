@@ -22,9 +22,8 @@ from inferd.bus.zap import ServerKeys
 from inferd.config import SecurityConfig
 from inferd.config.security import KEY_NAME
 from inferd.errors import ConfigError
-from inferd.owned_files import open_for_reading
+from inferd.owned_files import open_for_reading, unsafe_owned_dir_reason
 from inferd_wire.curve import CurveKeyError, parse_certificate
-from inferd_wire.endpoints import unsafe_directory_reason
 
 SERVER_PUBLIC_SUFFIX = ".key"
 #: A public certificate is small; anything larger is not one.
@@ -93,7 +92,8 @@ def load_curve(security: SecurityConfig) -> CurveSetup:
 
 def load_clients(directory: Path) -> dict[bytes, str]:
     """``NAME.key`` public certificates of ``directory``; none when it does not exist."""
-    reason = unsafe_directory_reason(directory, os.geteuid())
+    # A directory above it that another user may write could swap in their keys.
+    reason = unsafe_owned_dir_reason(directory)
     if reason == "does not exist":
         return {}
     if reason is not None:

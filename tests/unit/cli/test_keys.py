@@ -13,7 +13,7 @@ import zmq.auth
 from zmq.utils import z85
 
 from inferd import config
-from inferd.bus.curve_keys import load_curve
+from inferd.bus.curve_keys import load_clients, load_curve
 from inferd.cli.main import main
 from inferd.errors import ConfigError
 from inferd_client import ClientCurve, ClientError, CurveKeyError, OperatorClient
@@ -162,3 +162,20 @@ def test_a_client_refuses_its_own_secret_readable_by_others(tmp_path: Path) -> N
     curve = ClientCurve.from_files(public.decode(), certificate)
     with pytest.raises(ClientError, match="CURVE is for tcp:// endpoints"):
         OperatorClient(f"ipc://{tmp_path}/control.sock", curve=curve)
+
+
+def test_client_keys_in_a_directory_another_user_could_swap_are_refused(
+    config_path: Path, tmp_path: Path
+) -> None:
+    """The clients dir itself may be the daemon's own, but a directory above it that
+    others may write (no sticky bit) lets them put their own keys in its place."""
+    assert keys(config_path, "init") == 0
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    clients = shared / "clients"
+    clients.mkdir(mode=0o700)
+    shared.chmod(0o777)
+    with pytest.raises(CurveKeyError, match=r"which others may write"):
+        load_clients(clients)
+    shared.chmod(0o755)
+    assert load_clients(clients) == {}
