@@ -91,12 +91,13 @@ class SecurityConfig:
 
 @dataclass(frozen=True)
 class BuildsConfig:
-    """Daemon builds (``[builds]``): the cap on ``<state_dir>/builds`` and the
+    """Daemon builds (``[builds]``): the cap on what they leave (``<state_dir>/builds``
+    and TensorRT builds' outputs in the engine dir, counted together) and the
     per-peer rate of ``build.start``."""
 
-    #: Build artifact sets (engine, sidecar, summary) kept in the builds dir.
+    #: Build artifact sets (engine, sidecar, summary) kept in both directories.
     max_count: int = 8
-    #: Bytes the builds dir may hold.
+    #: Bytes the builds' artifact sets may hold in both directories.
     max_bytes: int = 2 * 1024**3
     #: ``build.start`` a peer may send at once ...
     start_burst: int = 3

@@ -1,5 +1,6 @@
-"""Whether a ``build.start`` may start a build now: room in the builds dir
-(``retention.py``) and in the peer's rate (``start_limit.py``).
+"""Whether a ``build.start`` may start a build now: room under the builds cap
+(``retention.py``: the builds dir and the engine dir's daemon-build outputs,
+``engine_outputs.py``) and in the peer's rate (``start_limit.py``).
 
 The checks run in that order, after the op's arguments and preconditions, so a
 request refused for either changes nothing and does not use up the peer's rate.
@@ -15,9 +16,13 @@ from typing import Any
 
 import structlog
 
-from inferd.config import BuildsConfig
-from inferd.engine_build.retention import BuildsRetention
+from inferd.config import BuildsConfig, ModelConfig
+from inferd.engine_build.build_record import Build
+from inferd.engine_build.engine_outputs import EngineOutputs
+from inferd.engine_build.retention import BuildsRetention, Pending
 from inferd.engine_build.start_limit import StartRateLimiter
+from inferd.engines.build_config import parse_build_config
+from inferd.engines.naming import build_config_hash, sanitize_label
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -34,16 +39,56 @@ class BuildAdmission:
         record: Record,
         serving: Callable[[], Collection[Path]],
     ) -> None:
+        self._build_dir = build_dir
+        self._engine_dir: Path | None = None
+        self._models: dict[str, ModelConfig] = {}
         self.retention = BuildsRetention(build_dir, limits.max_count, limits.max_bytes, record)
         self.start_limit = StartRateLimiter(limits.start_burst, limits.start_refill_s)
         #: Engine files in use, never removed by the cap.
         self._serving = serving
 
-    def admit(self, peer: Peer, running: Collection[str]) -> None:
-        """Take one of ``peer``'s starts, or ``RESOURCE_EXHAUSTED`` saying why not
-        (``running``: build ids of the running builds, whose files stay)."""
-        left = self.retention.prune(keep=running, serving=self._serving(), trigger="build.start")
-        full = self.retention.over_caps(left)
+    def cover_engine_dir(
+        self,
+        engine_dir: Path,
+        engine_manifest: Path | None,
+        models: Mapping[str, ModelConfig],
+    ) -> None:
+        """Count what TensorRT builds leave in ``engine_dir`` under the same caps
+        (``engine_outputs.py``; ``engine_manifest``: ``runtime.engine_manifest``)."""
+        self._engine_dir, self._models = engine_dir, dict(models)
+        paths = [model.path for model in self._models.values()]
+        self.retention.engine_outputs = EngineOutputs(engine_dir, engine_manifest, lambda: paths)
+
+    def pending(
+        self, build_id: str, model: str, builder: str, build_config: Mapping[str, Any], engine: Path
+    ) -> Pending:
+        """What a build of ``model`` adds under the cap (``engine``: the path it writes,
+        or the engine dir while a TensorRT child has not named its file yet)."""
+        if builder == "simulated" or self._engine_dir is None or model not in self._models:
+            return Pending(build_id, self._build_dir, model, engine=engine)
+        config = parse_build_config(build_config, source="build.start")
+        return Pending(
+            build_id,
+            self._engine_dir,
+            sanitize_label(self._models[model].path.stem),  # the label the child names it by
+            build_config_hash(config),
+            engine=None if engine == self._engine_dir else engine,
+        )
+
+    def pending_of(self, build: Build) -> Pending:
+        with build.lock:
+            engine = build.engine_path
+        return self.pending(build.build_id, build.model, build.builder, build.build_config, engine)
+
+    def admit(
+        self, peer: Peer, running: Collection[Build], incoming: Pending | None = None
+    ) -> None:
+        """Take one of ``peer``'s starts for ``incoming``, or ``RESOURCE_EXHAUSTED``
+        saying why not (``running``: the running builds, whose files stay)."""
+        serving = self._serving()
+        pending = [self.pending_of(build) for build in running]
+        left = self.retention.prune(keep=pending, serving=serving, trigger="build.start")
+        full = self.retention.over_caps(left, [*pending, *filter(None, [incoming])], serving)
         if full is not None:
             raise ProtocolError(Code.RESOURCE_EXHAUSTED, full)
         if peer.transport == "internal":
@@ -60,8 +105,9 @@ class BuildAdmission:
             )
         self.start_limit.take(peer.key)
 
-    def prune(self, running: Collection[str], trigger: str) -> None:
-        self.retention.prune(keep=running, serving=self._serving(), trigger=trigger)
+    def prune(self, running: Collection[Build], trigger: str) -> None:
+        pending = [self.pending_of(build) for build in running]
+        self.retention.prune(keep=pending, serving=self._serving(), trigger=trigger)
 
     def describe(self) -> dict[str, Any]:
         limit = self.start_limit

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 from inferd.digest import sha256_file
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engine_build.cancel import CancellationToken
-from inferd.engines.quarantine import quarantine
+from inferd.engines.quarantine import QUARANTINE_DIR, quarantine
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
 from inferd.owned_files import ensure_owned_dir
@@ -49,6 +49,35 @@ def inventory(directory: Path) -> list[dict[str, Any]]:
         if stat.S_ISREG(info.st_mode):
             files.append({"path": str(path.relative_to(directory)), "bytes": info.st_size})
     return files
+
+
+#: Files a build summary lists in ``artifacts.before`` and ``after``, each at most.
+LISTED_MAX = 32
+
+
+def build_files(directory: Path, names: Collection[str]) -> tuple[list[dict[str, Any]], int]:
+    """One build's files in ``directory`` and its ``quarantine/`` (relative path, size),
+    sorted: those named after ``names`` (its engine's stem, its timing cache's name),
+    temp files too; at most ``LISTED_MAX``, and how many more there were.  What a build
+    summary lists: never the whole directory, which grows with every build."""
+    found: list[dict[str, Any]] = []
+    for folder in (directory, directory / QUARANTINE_DIR):
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if not entry.name.lstrip(".").startswith(tuple(names)):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed meanwhile
+                continue
+            if stat.S_ISREG(info.st_mode):
+                path = str(Path(entry.path).relative_to(directory))
+                found.append({"path": path, "bytes": info.st_size})
+    found.sort(key=lambda item: item["path"])
+    return found[:LISTED_MAX], max(0, len(found) - LISTED_MAX)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,19 +1,24 @@
-"""The cap on ``<state_dir>/builds`` (``builds.max_count``, ``builds.max_bytes``).
+"""The cap on what daemon builds leave on disk (``builds.max_count``, ``builds.max_bytes``).
 
-Every daemon build leaves its artifact set there: ``<model>/<model>.<build_id>.*``
-(the engine, its ``.sha256`` sidecar, the ``.build.json`` summary, and what a
-cleanup moved to ``<model>/quarantine/``).  The inventory is read from the disk
-each time, never kept only in memory, so the cap holds across restarts and
-counts what an earlier daemon left.
+Two places hold it.  ``<state_dir>/builds``: each simulated build's artifact set
+``<model>/<model>.<build_id>.*`` (the engine, its ``.sha256`` sidecar, the
+``.build.json`` summary, and what a cleanup moved to ``<model>/quarantine/``);
+every byte under that dir counts.  ``runtime.engine_dir``: each TensorRT daemon
+build's summary, with the engine and sidecar it owns (``engine_outputs.py``; the
+model there is the engine's label); only those count, never an operator's file.
+The inventory is read from the disk each time, never kept only in memory, so the
+cap holds across restarts and counts what an earlier daemon left.
 
-A set is removable when it is *superseded*: its model has a newer set with an
-engine, or it has no engine itself (a failed or cancelled build's summary and
-leftovers).  A model's newest engine, a running build's set and an engine that
-serves are never removed.  Removal goes oldest first until the directory is
-within both caps; each removed set is a ``build_artifact_removed`` FDR record.
-The daemon prunes at start, before a build starts (refusing it when what cannot
-be removed already fills the caps) and after each build ends, so between builds
-the directory stays within its caps and a running build may add one set on top.
+A set stays while it belongs to a running build, its engine serves, it is pinned
+(an engine the manifest trusts and no newer trusted one supersedes), or it is its
+model's newest engine in its directory; every other set is removable (superseded,
+or a failed or cancelled build's summary).  Removal goes oldest first until both
+caps hold; each removed set is a ``build_artifact_removed`` FDR record.  The
+daemon prunes at start, before a build starts and after each build ends.  A
+build starts only when what must stay, with this build's set and one per running
+build on top (less the sets they will supersede), fits ``max_count`` and what is
+left fits ``max_bytes`` (``over_caps``): between builds both dirs stay within the
+caps, and a build's own set is the most a running build adds.
 """
 
 from __future__ import annotations
@@ -24,17 +29,21 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
+from inferd.engines.manifest import forget_in_manifest
 from inferd.engines.quarantine import QUARANTINE_DIR
 
 log = structlog.get_logger("inferd.builds.retention")
 
 REMOVED_RECORD = "build_artifact_removed"
-#: ``<model>.<build_id>.``: build ids are ``b<counter>-<6 hex>`` (``BuildManager``).
-_ARTIFACT = re.compile(r"^(?P<model>[A-Za-z0-9_-]+)\.(?P<build_id>b[0-9]+-[0-9a-f]{6})\.")
+#: The daemon's build ids: ``b<counter>-<6 hex>`` (``BuildManager``).
+BUILD_ID = r"b[0-9]+-[0-9a-f]{6}"
+_ARTIFACT = re.compile(rf"^(?P<model>[A-Za-z0-9_-]+)\.(?P<build_id>{BUILD_ID})\.")
+
+RUNNING, SERVING, NEWEST = "running", "serving", "its model's newest engine"
 
 Record = Callable[[str, Mapping[str, Any]], None]
 
@@ -47,6 +56,16 @@ class ArtifactSet:
     size: int
     #: The newest modification time of its files.
     mtime_ns: int
+    #: The directory it was found in (the builds dir or the engine dir).
+    root: Path
+    #: Why it stays whatever the caps (an engine the manifest trusts), or None.
+    pinned: str | None = None
+    #: The engine's build-config hash (engine dir), for ``over_caps``'s projection.
+    config: str | None = None
+    #: A newer trusted engine supersedes this trusted one (``engine_outputs.py``): not
+    #: even its model's newest; ``trust_entry``: its manifest entry, dropped with it.
+    superseded: bool = False
+    trust_entry: tuple[Path, str, str] | None = None
 
     @property
     def has_engine(self) -> bool:
@@ -57,8 +76,30 @@ class ArtifactSet:
 class Inventory:
     #: Oldest first.
     sets: tuple[ArtifactSet, ...]
-    #: Every file under the builds dir (shared timing caches too).
+    #: Every file under the builds dir (shared timing caches too) and the engine
+    #: dir's daemon-build sets.
     total_bytes: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A running build, or one about to start: it adds one set to ``root`` as
+    ``model``'s newest (``config``: its engine's build-config hash in the engine dir)."""
+
+    build_id: str
+    root: Path
+    model: str
+    config: str | None = None
+    #: The engine it writes, once known: never removed meanwhile.
+    engine: Path | None = None
+
+
+class EngineDirOutputs(Protocol):
+    """``engine_outputs.EngineOutputs``: the engine dir's daemon-build sets."""
+
+    directory: Path
+
+    def scan(self) -> tuple[ArtifactSet, ...]: ...
 
 
 def scan(build_dir: Path) -> Inventory:
@@ -87,31 +128,58 @@ def scan(build_dir: Path) -> Inventory:
             paths=tuple(sorted(path for path, _ in entries)),
             size=sum(info.st_size for _, info in entries),
             mtime_ns=max(info.st_mtime_ns for _, info in entries),
+            root=build_dir,
         )
         for (model, build_id), entries in files.items()
     ]
+    return _inventory(sets, total)
+
+
+def _inventory(sets: list[ArtifactSet], total: int) -> Inventory:
     sets.sort(key=lambda s: (s.mtime_ns, s.build_id))
     return Inventory(tuple(sets), total)
 
 
 class BuildsRetention:
-    def __init__(self, build_dir: Path, max_count: int, max_bytes: int, record: Record) -> None:
+    def __init__(
+        self,
+        build_dir: Path,
+        max_count: int,
+        max_bytes: int,
+        record: Record,
+        engine_outputs: EngineDirOutputs | None = None,
+    ) -> None:
         self.build_dir = build_dir
         self.max_count = max_count
         self.max_bytes = max_bytes
         self._record = record
+        #: The engine dir's daemon-build sets, when it is covered too.
+        self.engine_outputs = engine_outputs
         self._lock = threading.Lock()
         #: Artifact sets removed over this run.
         self.removed = 0
 
-    def prune(self, *, keep: Collection[str], serving: Collection[Path], trigger: str) -> Inventory:
+    def scan(self) -> Inventory:
+        """Both directories' sets, oldest first."""
+        inventory = scan(self.build_dir)
+        if self.engine_outputs is None:
+            return inventory
+        engine_sets = self.engine_outputs.scan()
+        return _inventory(
+            [*inventory.sets, *engine_sets],
+            inventory.total_bytes + sum(s.size for s in engine_sets),
+        )
+
+    def prune(
+        self, *, keep: Collection[Pending | str], serving: Collection[Path], trigger: str
+    ) -> Inventory:
         """Remove the oldest removable sets until within both caps; returns what is
-        left.  ``keep``: build ids of running builds; ``serving``: engine files in use."""
+        left.  ``keep``: the running builds (or their ids); ``serving``: engine files in use."""
         with self._lock:
-            inventory = scan(self.build_dir)
-            removable = self._removable(inventory, keep, serving)
+            inventory = self.scan()
+            protected = _protected(inventory, keep, serving)
             sets, total = list(inventory.sets), inventory.total_bytes
-            for victim in removable:
+            for victim in [s for s in inventory.sets if s not in protected]:
                 if len(sets) <= self.max_count and total <= self.max_bytes:
                     break
                 reason = "max_count" if len(sets) > self.max_count else "max_bytes"
@@ -124,6 +192,7 @@ class BuildsRetention:
                     {
                         "model": victim.model,
                         "build_id": victim.build_id,
+                        "directory": str(victim.root),
                         "files": [str(path) for path in victim.paths],
                         "bytes": freed,
                         "reason": reason,
@@ -138,28 +207,64 @@ class BuildsRetention:
                     "build_artifacts_removed",
                     model=victim.model,
                     build_id=victim.build_id,
+                    directory=str(victim.root),
                     bytes=freed,
                     reason=reason,
                     trigger=trigger,
                 )
             return Inventory(tuple(sets), total)
 
-    def over_caps(self, inventory: Inventory) -> str | None:
-        """Why ``inventory`` (what pruning left) leaves no room for a build, or None."""
-        count, total = len(inventory.sets), inventory.total_bytes
+    def over_caps(
+        self,
+        inventory: Inventory,
+        pending: Collection[Pending] = (),
+        serving: Collection[Path] = (),
+    ) -> str | None:
+        """Why ``inventory`` (what pruning left) leaves no room for the ``pending``
+        builds' sets (the one to start and the running ones), or None.
+
+        What must stay now, plus a set per pending build not yet on disk, less the
+        sets each pending build supersedes when it ends (its model's newest engine
+        in its directory, and an engine of the same model and build config, which
+        it rewrites), must fit ``max_count``; what is left must fit ``max_bytes``."""
+        protected = _protected(inventory, pending, serving)
+        on_disk = {s.build_id for s in inventory.sets}
+        replaced: set[ArtifactSet] = set()
+        for build in pending:
+            for artifact, why in protected.items():
+                if artifact.build_id == build.build_id or (artifact.root, artifact.model) != (
+                    build.root,
+                    build.model,
+                ):
+                    continue
+                rewritten = build.config is not None and build.config == artifact.config
+                if why == NEWEST or (rewritten and why != RUNNING):
+                    replaced.add(artifact)
+        arriving = sum(1 for build in pending if build.build_id not in on_disk)
+        count = len(protected) - len(replaced) + arriving
+        total = inventory.total_bytes
         if count <= self.max_count and total <= self.max_bytes:
             return None
+        reasons: dict[str, int] = {}
+        for why in protected.values():
+            reasons[why] = reasons.get(why, 0) + 1
+        kept = ", ".join(f"{why} ({n})" for why, n in sorted(reasons.items())) or "none"
+        where = str(self.build_dir)
+        if self.engine_outputs is not None:
+            where += f" and the engine dir {self.engine_outputs.directory}"
         return (
-            f"the builds dir {self.build_dir} holds {count} build(s) and {total} bytes "
+            f"daemon builds hold {len(inventory.sets)} build(s) and {total} bytes in {where} "
             f"(builds.max_count {self.max_count}, builds.max_bytes {self.max_bytes}) and "
-            "nothing more can be removed: each remaining build is its model's newest engine, "
-            "running or serving"
+            f"nothing more can be removed to make room for a new build; what stays: {kept}. "
+            "Remove engines no longer needed (with their .sha256 sidecar and manifest "
+            "entry) or raise the caps"
         )
 
     def describe(self) -> dict[str, Any]:
-        inventory = scan(self.build_dir)
+        inventory = self.scan()
         return {
             "directory": str(self.build_dir),
+            "engine_dir": str(outputs.directory) if (outputs := self.engine_outputs) else None,
             "count": len(inventory.sets),
             "bytes": inventory.total_bytes,
             "max_count": self.max_count,
@@ -168,24 +273,10 @@ class BuildsRetention:
         }
 
     @staticmethod
-    def _removable(
-        inventory: Inventory, keep: Collection[str], serving: Collection[Path]
-    ) -> list[ArtifactSet]:
-        newest: dict[str, ArtifactSet] = {}
-        for artifact in inventory.sets:  # oldest first: the last one wins
-            if artifact.has_engine and artifact.build_id not in keep:
-                newest[artifact.model] = artifact
-        in_use = {Path(path) for path in serving}
-        return [
-            artifact
-            for artifact in inventory.sets
-            if artifact.build_id not in keep
-            and newest.get(artifact.model) is not artifact
-            and not in_use.intersection(artifact.paths)
-        ]
-
-    @staticmethod
     def _remove(artifact: ArtifactSet) -> int:
+        if artifact.trust_entry is not None:
+            manifest, name, digest = artifact.trust_entry
+            forget_in_manifest(manifest, name, digest)  # no trust left for a missing file
         freed = 0
         for path in artifact.paths:
             try:
@@ -195,3 +286,27 @@ class BuildsRetention:
                 continue
             freed += size
         return freed
+
+
+def _protected(
+    inventory: Inventory, keep: Collection[Pending | str], serving: Collection[Path]
+) -> dict[ArtifactSet, str]:
+    """Each set that must stay, and why (the others are removable, oldest first)."""
+    running = {item if isinstance(item, str) else item.build_id for item in keep}
+    targets = {item.engine for item in keep if isinstance(item, Pending) and item.engine}
+    in_use = {Path(path) for path in serving}
+    newest: dict[tuple[Path, str], ArtifactSet] = {}
+    for artifact in inventory.sets:  # oldest first: the last one wins
+        if artifact.has_engine and artifact.build_id not in running and not artifact.superseded:
+            newest[(artifact.root, artifact.model)] = artifact
+    protected: dict[ArtifactSet, str] = {}
+    for artifact in inventory.sets:
+        if artifact.build_id in running or targets.intersection(artifact.paths):
+            protected[artifact] = RUNNING
+        elif in_use.intersection(artifact.paths):
+            protected[artifact] = SERVING
+        elif artifact.pinned is not None:
+            protected[artifact] = artifact.pinned
+        elif newest.get((artifact.root, artifact.model)) is artifact:
+            protected[artifact] = NEWEST
+    return protected

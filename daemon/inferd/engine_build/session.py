@@ -24,9 +24,9 @@ from typing import Any, Protocol
 from inferd.engine_build.artifacts import (
     TimingCacheManager,
     TimingCacheOutcome,
+    build_files,
     clean_up,
     commit_engine,
-    inventory,
     write_json,
 )
 from inferd.engine_build.cancel import CancellationToken
@@ -149,12 +149,14 @@ def run_build(
     adapter = ProgressAdapter(build_id, token, queue=queue, listener=listener)
     engine_dir = request.engine_path.parent
     ensure_owned_dir(engine_dir, what="the engine dir")
-    before = inventory(engine_dir)
+    cache = TimingCacheManager(engine_dir, request.host)
+    # This build's files only (its engine's stem, its timing cache): not the directory.
+    own = (request.engine_path.name.removesuffix(".engine") + ".", cache.path.name)
+    before, before_omitted = build_files(engine_dir, own)
     started_mono, started_wall = time.monotonic(), time.time()
     model_sha = hashlib.sha256(request.model_path.read_bytes()).hexdigest()
     config_hash = build_config_hash(request, model_sha, builder.tensorrt_version)
 
-    cache = TimingCacheManager(engine_dir, request.host)
     cache_data = cache.load()
     cache_loaded = cache_data is not None
     if cache_data is not None:
@@ -305,7 +307,7 @@ def run_build(
         "stalls": [{k: v for k, v in s.items() if k != "sinceNs"} for s in stalls],
         "events": {"accepted": queue.accepted, "dropped": queue.dropped},
         "builderStats": result.stats,
-        "artifacts": {"before": before, "after": inventory(engine_dir)},
+        "artifacts": _artifacts(engine_dir, own, before, before_omitted),
         "phaseTree": adapter.snapshot(),
     }
     summary_path = engine_dir / f"{request.engine_path.name}.{build_id}.build.json"
@@ -330,3 +332,14 @@ def run_build(
             },
         )
     return BuildReport(summary, summary_path, queue.drain(), snapshots)
+
+
+def _artifacts(
+    directory: Path, own: tuple[str, ...], before: list[dict[str, Any]], before_omitted: int
+) -> dict[str, Any]:
+    after, after_omitted = build_files(directory, own)
+    return {
+        "before": before,
+        "after": after,
+        "omitted": {"before": before_omitted, "after": after_omitted},
+    }

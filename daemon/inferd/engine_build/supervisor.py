@@ -11,7 +11,7 @@ still alive ``build_cancel_grace_s`` later is killed, and the build is recorded
 as cancelled with ``escalated: true`` (status, ``build`` event, FDR record;
 rendered by ``build_record.py``).  ``build.start`` and ``build.cancel`` are operator
 ops (the verified ``Peer`` is recorded); ``build.start`` is rate limited per peer
-(``start_limit.py``) and the builds dir is kept within its caps (``retention.py``).
+(``start_limit.py``) and what builds leave is kept within the caps (``retention.py``).
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class BuildManager:
         self._accepting = True
         self._counter = itertools.count(1)
         self.admission = BuildAdmission(build_dir, limits or BuildsConfig(), record, serving)
+        self.admission.cover_engine_dir(engine_dir, engine_manifest, models)
 
     # -- control ops (bus thread) -------------------------------------------------
     def start(self, header: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -138,7 +139,8 @@ class BuildManager:
                 # An operator's to fix, not a daemon bug; checked before the
                 # admission takes one of the peer's starts.
                 raise ProtocolError(Code.FAILED_PRECONDITION, str(exc)) from None
-            self.admission.admit(peer, [b.build_id for b in running])
+            incoming = self.admission.pending(build_id, model, builder, build_config, engine_path)
+            self.admission.admit(peer, running, incoming)
             spec = {
                 "build_id": build_id,
                 "builder": builder,
@@ -249,10 +251,10 @@ class BuildManager:
             return sum(1 for b in self._builds.values() if b.state == "running")
 
     def prune(self, trigger: str) -> None:
-        """Keep the builds dir within its caps (at start, after each build); a failure
+        """Keep what builds leave within the caps (at start, after each build); a failure
         is logged (the next build.start prunes again, or refuses)."""
         with self._lock:
-            running = [b.build_id for b in self._builds.values() if b.state == "running"]
+            running = [b for b in self._builds.values() if b.state == "running"]
         try:
             self.admission.prune(running, trigger)
         except Exception:

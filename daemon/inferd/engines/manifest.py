@@ -236,3 +236,19 @@ def record_in_manifest(path: Path, engine_name: str, sha256: str) -> None:
         entries[engine_name] = sha256
         ensure_owned_dir(path.parent, what="the manifest's directory")
         write_manifest(path, entries)
+
+
+def forget_in_manifest(path: Path, engine_name: str, sha256: str) -> bool:
+    """Drop ``engine_name``'s entry from the manifest at ``path`` when it trusts exactly
+    ``sha256``, keeping every other entry (the daemon's builds cap removing an engine
+    it built: a trusted name with no file would only grow the manifest).  Whether
+    an entry was dropped; a missing manifest drops nothing."""
+    with _RECORD_LOCK:
+        if not path.exists():
+            return False
+        entries = Manifest.load(path).entries()
+        if entries.get(engine_name, "").lower() != sha256.lower():
+            return False
+        del entries[engine_name]
+        write_manifest(path, entries)
+        return True

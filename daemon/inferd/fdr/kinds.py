@@ -121,8 +121,8 @@ KINDS: dict[str, RecordKind] = {
             "build_artifact_removed",
             {"model", "build_id", "files", "bytes", "reason"},
             critical=False,
-            description="The builds dir cap removed a superseded build's artifacts "
-            "(builds.max_count, builds.max_bytes).",
+            description="The builds cap removed a superseded build's artifacts from the "
+            "builds dir or the engine dir (builds.max_count, builds.max_bytes).",
         ),
         _kind(
             "watchdog_withheld",
