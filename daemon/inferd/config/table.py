@@ -65,14 +65,8 @@ class TomlTable:
         self._data: dict[str, Any] = dict(data)
 
     def take(self, key: str, kind: type[T], default: T) -> T:
-        self._known.append(key)
-        if key not in self._data:
-            return default
-        try:
-            return self._convert(key, self._data.pop(key), kind)
-        except ConfigError as exc:
-            self._errors.add(str(exc))
-            return default
+        value = self.take_optional(key, kind)
+        return default if value is None else value
 
     def take_optional(self, key: str, kind: type[T]) -> T | None:
         """``key``'s value, or None when it is not given (or wrong: recorded in

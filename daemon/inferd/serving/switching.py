@@ -59,18 +59,17 @@ class _Switch:
 
     def queue(self) -> bool:
         """About to queue the swap: False once given up (shutting down)."""
-        with self._lock:
-            if self.state != "preparing":
-                return False
-            self.state = "queued"
-            return True
+        return self._advance("preparing", "queued")
 
     def take(self) -> bool:
         """On the worker: True when it is to swap now."""
+        return self._advance("queued", "taken")
+
+    def _advance(self, state: str, to: str) -> bool:
         with self._lock:
-            if self.state != "queued":
+            if self.state != state:
                 return False
-            self.state = "taken"
+            self.state = to
             return True
 
     def give_up(self) -> bool:
