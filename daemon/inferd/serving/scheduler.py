@@ -283,6 +283,8 @@ class Scheduler:
                     for job in gone:
                         self._forget(model_queue, job)
                     expired += gone
+            if expired and self._condition_waiters:
+                self._condition.notify_all()  # wait_idle may be waiting on the last of them
         return expired
 
     def next_deadline_ns(self) -> int | None:

@@ -13,6 +13,7 @@ from inferd.serving.scheduler import (
     Scheduler,
     SchedulerClosedError,
 )
+from tests.conftest import HANG_S, wait_until
 
 
 def job(
@@ -83,6 +84,21 @@ def test_expire_removes_only_due_jobs_and_reports_next_deadline() -> None:
     assert [j.request_id for j in s.expire(now)] == [1]
     assert s.next_deadline_ns() == now + 10**9
     assert s.depth("a") == 2
+
+
+def test_expiring_the_last_queued_job_ends_a_wait_for_idle() -> None:
+    # Shutdown's drain waits for idle: a queue emptied by deadlines must end it,
+    # not leave it to run out its whole shutdown_drain_ms.
+    s = scheduler()
+    now = time.monotonic_ns()
+    s.submit(job(deadline_ns=now - 1))
+    idle: list[bool] = []
+    waiting = threading.Thread(target=lambda: idle.append(s.wait_idle(timeout=10 * HANG_S)))
+    waiting.start()
+    wait_until(lambda: s._condition_waiters == 1, HANG_S, message="the wait began")
+    assert [j.request_id for j in s.expire(now)] == [1]
+    waiting.join(HANG_S)
+    assert not waiting.is_alive() and idle == [True]
 
 
 def test_take_blocks_until_submit_and_close_wakes_the_worker() -> None:
