@@ -1,7 +1,7 @@
 """The connections of one of the daemon's bound ZeroMQ sockets, found among the
-process's descriptors: how many there are (``bus.max_connections``, checked by
-the ZAP handler at each handshake, DESIGN.md 128), and ending those of one peer
-(the events socket's refusals, DESIGN.md 124).
+process's descriptors: how many there are, in all or of one peer
+(``bus.max_connections``, checked by the ZAP handler at each handshake, DESIGN.md
+128), and ending those of one peer (the events socket's refusals, DESIGN.md 124).
 
 ZeroMQ gives no descriptor with a message or a handshake, so a socket's
 connections are the stream sockets accepted on its endpoint: their local address
@@ -75,6 +75,20 @@ class EndpointConnections:
             return self._scan(lambda conn: self._tcp_peer(conn, peer_address), shut_down=True)
         return 0
 
+    def count_from(self, peer_address: str) -> int:
+        """How many connections the peer ``peer_address`` names holds now: on
+        ``ipc://`` those of its user (uid; its other processes included), on
+        ``tcp://`` those from its address."""
+        if self._path is not None:
+            credentials = _credentials(peer_address)
+            if credentials is None:
+                return 0
+            uid = credentials[1]
+            return self._scan(lambda conn: self._ipc_user(conn, uid), shut_down=False)
+        if self._port is not None and peer_address:
+            return self._scan(lambda conn: self._tcp_peer(conn, peer_address), shut_down=False)
+        return 0
+
     def count(self) -> int:
         """How many connections the socket holds now (handshaking ones included):
         0 for a transport without descriptors."""
@@ -97,6 +111,12 @@ class EndpointConnections:
             return False
         raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
         return _UCRED.unpack(raw) == credentials
+
+    def _ipc_user(self, conn: socket.socket, uid: int) -> bool:
+        if not self._on_ipc_endpoint(conn):
+            return False
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        return bool(_UCRED.unpack(raw)[1] == uid)
 
     def _tcp_peer(self, conn: socket.socket, address: str) -> bool:
         return self._on_tcp_port(conn) and conn.getpeername()[0] == address

@@ -7,11 +7,11 @@ connection is refused when this handler is not running (fail closed).  For an
 admitted connection the reply's User-Id carries the verified ``Peer`` as JSON;
 libzmq attaches it to every message of that connection as the ``User-Id``
 property, which ``peer_of`` reads: the request never gets to say who it is.
-An admitted handshake is refused all the same while its socket holds more than
-``bus.max_connections`` connections (``EndpointConnections.count``, this one
-included), and a connection must finish its handshake within
-``HANDSHAKE_TIMEOUT_MS``: what one peer can make a socket hold is bounded
-(DESIGN.md 128).
+An admitted handshake is refused all the same while its peer (a local user, a
+remote address) holds more than ``bus.max_connections`` connections to the socket
+(``EndpointConnections.count_from``, this one included), and a connection must
+finish its handshake within ``HANDSHAKE_TIMEOUT_MS``: what one peer can make a
+socket hold is bounded (DESIGN.md 128).
 
 The handler is a thread with a REP socket on ``inproc://zeromq.zap.01`` of the
 daemon's context (only one handler can bind it).  pyzmq's ``ThreadAuthenticator``
@@ -165,7 +165,7 @@ class ZapHandler(threading.Thread):
         if decision.peer is None:
             refusal: str | None = decision.refusal or "refused"
         else:
-            refusal = self._over_bound(socket)
+            refusal = self._over_bound(socket, address.decode(errors="replace"))
         if refusal is not None:
             self._count(self.counters.refused, socket)
             log.warning(
@@ -183,17 +183,19 @@ class ZapHandler(threading.Thread):
         user_id = json.dumps(decision.peer.as_record(), separators=(",", ":")).encode()
         return [_VERSION, request_id, b"200", b"OK", user_id, b""]
 
-    def _over_bound(self, socket: str) -> str | None:
-        """Why ``socket`` takes no more connections (None: it may)."""
+    def _over_bound(self, socket: str, address: str) -> str | None:
+        """Why the peer at ``address`` may hold no more connections to ``socket``
+        (None: it may).  Counted per peer (a local user, a remote address), so one
+        peer's connections, handshaking ones included, never keep out another's."""
         connections = self._sockets.connections.get(socket)
         if not self._max_connections or connections is None:
             return None
-        held = connections.count()  # this connection's own descriptor included
+        held = connections.count_from(address)  # this connection's own included
         if held <= self._max_connections:
             return None
         return (
-            f"the {socket} socket holds {held} connections, over bus.max_connections "
-            f"({self._max_connections}); close one and reconnect"
+            f"this peer holds {held} connections to the {socket} socket, over "
+            f"bus.max_connections ({self._max_connections}); close one and reconnect"
         )
 
     def connection_counts(self) -> dict[str, int]:

@@ -108,7 +108,7 @@ class BusConfig:
     #: kernel's default; DESIGN.md 116).  Each connection may hold this much of a
     #: reply in the kernel, beyond the reply budget.
     send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES
-    #: Connections each ZeroMQ socket may hold; ZAP refuses more (DESIGN.md 128).
+    #: Connections one peer may hold on each ZeroMQ socket; ZAP refuses more (DESIGN 128).
     max_connections: int = 256
 
     def __post_init__(self) -> None:

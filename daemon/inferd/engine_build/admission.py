@@ -84,15 +84,20 @@ class BuildAdmission:
         self, peer: Peer, running: Collection[Build], incoming: Pending | None = None
     ) -> None:
         """Take one of ``peer``'s starts for ``incoming``, or ``RESOURCE_EXHAUSTED``
-        saying why not (``running``: the running builds, whose files stay)."""
+        saying why not (``running``: the running builds, whose files stay).  The
+        daemon's own rebuilds (an internal peer) are neither capped nor rate limited."""
         serving = self._serving()
         pending = [self.pending_of(build) for build in running]
         left = self.retention.prune(keep=pending, serving=serving, trigger="build.start")
         full = self.retention.over_caps(left, [*pending, *filter(None, [incoming])], serving)
+        if peer.transport == "internal":
+            # The daemon's own rebuild after a fallback: recovery is never held up by
+            # the cap on what builds leave (at most rebuild_max_attempts per model).
+            if full is not None:
+                log.warning("builds_over_cap_for_rebuild", reason=full)
+            return
         if full is not None:
             raise ProtocolError(Code.RESOURCE_EXHAUSTED, full)
-        if peer.transport == "internal":
-            return
         wait_s = self.start_limit.retry_after(peer.key)
         if wait_s is not None:
             log.warning("build_start_rate_limited", peer=peer.as_record(), retry_after_s=wait_s)

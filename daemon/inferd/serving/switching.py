@@ -142,11 +142,12 @@ class RuntimeSwitcher:
         with self._lock:
             stopping = self._stopping
             if not stopping:
+                # Started under the lock: ``stop`` never sees a thread it cannot join.
                 self._running[thread] = switch
+                thread.start()
         if stopping:
             self.unclaim(model)
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
-        thread.start()
 
     def stop(self) -> None:
         """At shutdown, once the worker takes no more calls: every operator's switch

@@ -248,9 +248,9 @@ def test_with_infer_on_tcp_shm_sock_admits_only_local_peers_the_allow_list_names
 def test_a_handshake_over_max_connections_is_refused_and_a_new_one_gets_in_later(
     context: zmq.Context[Any], tmp_path: Path
 ) -> None:
-    """``bus.max_connections`` (DESIGN.md 128): with two held, a third DEALER's
-    handshake is refused (libzmq does not retry a refused handshake); once one of
-    the two closes, a new connection gets in."""
+    """``bus.max_connections`` (DESIGN.md 128): with two held by this user, its
+    third DEALER's handshake is refused (libzmq does not retry a refused
+    handshake); once one of the two closes, a new connection gets in."""
     sockets = SocketSecurity()
     handler = ZapHandler(context, AccessPolicy(SecurityConfig(), IPC, {}), sockets, 2)
     handler.start()
@@ -277,6 +277,10 @@ def test_a_handshake_over_max_connections_is_refused_and_a_new_one_gets_in_later
         wait_until(lambda: handler.describe()["refused"] == {"control": 1}, HANG_S)
         wait_until(lambda: handler.connection_counts() == {"control": 2}, HANG_S)
         assert not server.poll(0)  # the third one's message did not get in
+        # Counted per peer: this user's two, none of another user's.
+        held = sockets.connections["control"]
+        assert held.count_from(ipc_address(os.geteuid(), os.getegid(), 1)) == 2
+        assert held.count_from(ipc_address(unnamed_uid())) == 0
         clients.pop(0).close(linger=0)
         wait_until(lambda: handler.connection_counts() == {"control": 1}, HANG_S)
         connect(b"fourth")

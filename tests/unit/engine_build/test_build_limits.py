@@ -144,6 +144,7 @@ def test_admission_refuses_when_what_stays_fills_the_caps(tmp_path: Path) -> Non
     artifact(tmp_path, "a", "b1-000001", 1)
     artifact(tmp_path, "b", "b2-000002", 2)
     admission = BuildAdmission(tmp_path, BuildsConfig(max_count=1), Records(), lambda: [])
+    operator = Peer("ipc", uid=1000, gid=1000, pid=7, operator=True)
     with pytest.raises(ProtocolError, match=r"builds\.max_count 1") as refused:
-        admission.admit(Peer.internal(0, 1), [])
+        admission.admit(operator, [])
     assert refused.value.code is Code.RESOURCE_EXHAUSTED

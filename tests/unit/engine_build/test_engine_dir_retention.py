@@ -286,12 +286,14 @@ def test_admission_refuses_a_trt_build_when_what_stays_fills_the_caps(
     config = ModelConfig(name="demo", path=model)
     admission = BuildAdmission(tmp_path / "builds", BuildsConfig(max_count=1), Records(), list)
     admission.cover_engine_dir(engine_dir, None, {"demo": config})
-    peer = Peer.internal(0, 1)
+    peer = Peer("ipc", uid=1000, gid=1000, pid=7, operator=True)
     other = {"precision": "fp32", "workspace_bytes": 1 << 20, "optimization_level": 3}
     incoming = admission.pending("b2-000002", "demo", "tensorrt", other, engine_dir)
     with pytest.raises(ProtocolError, match=r"builds\.max_count 1") as refused:
         admission.admit(peer, [], incoming)
     assert refused.value.code is Code.RESOURCE_EXHAUSTED
+    # The daemon's own rebuild after a fallback is never refused by the cap.
+    admission.admit(Peer.internal(0, 1), [], incoming)
     same = {"precision": "fp32", "workspace_bytes": DEFAULT.workspace_bytes,
             "optimization_level": DEFAULT.optimization_level, "profiles": []}  # fmt: skip
     admission.admit(peer, [], admission.pending("b2-000002", "demo", "tensorrt", same, engine_dir))
