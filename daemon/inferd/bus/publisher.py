@@ -95,6 +95,10 @@ class EventPublisher(threading.Thread):
         self._refusals_logged_at: float | None = None
         self._refused_at_last_line = 0
         self._peers = EndpointConnections("")
+        #: A message that is no subscription was read and the queue has not been
+        #: empty since: libzmq queued no connection for it, so a subscription read
+        #: now would be applied to another connection (``_take_subscriptions``).
+        self._misaligned = False
         #: Liveness for the watchdog: set every pass of the loop (at least every 0.5 s).
         self.last_beat_ns = time.monotonic_ns()
 
@@ -163,17 +167,30 @@ class EventPublisher(threading.Thread):
         if not readable(sock):
             return False
         refused: dict[str, zmq.Frame] = {}
+        resubscribing: set[str] = set()
         closed = 0
         more = True
         for _ in range(_SUBSCRIPTIONS_PER_PASS):
             try:
                 frame = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                more = False
+                more = self._misaligned = False
                 break
             data = frame.bytes
             kind, prefix = (data[0], data[1:]) if data else (None, b"")
-            if kind in (SUBSCRIBE, UNSUBSCRIBE) and prefix in SUBSCRIBABLE:
+            subscription = kind in (SUBSCRIBE, UNSUBSCRIBE)
+            # libzmq (4.3.5) queues no connection with a message that is no
+            # subscription, so until its queue is empty each subscription would be
+            # applied to the connection of the one queued after it: none is
+            # applied, and their senders are disconnected to subscribe again.
+            self._misaligned = self._misaligned or not subscription
+            if self._misaligned and subscription:
+                address = _property(frame, "Peer-Address")
+                if address and address not in resubscribing:
+                    resubscribing.add(address)
+                    closed += self._peers.close_from(address)
+                continue
+            if subscription and prefix in SUBSCRIBABLE:
                 option = zmq.SUBSCRIBE if kind == SUBSCRIBE else zmq.UNSUBSCRIBE
                 sock.setsockopt(option, prefix)
             elif kind != UNSUBSCRIBE:  # cancelling what was never applied changes nothing

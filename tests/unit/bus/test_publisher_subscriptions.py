@@ -260,3 +260,63 @@ def test_peer_connections_on_tcp_closes_that_addresss_connections_on_the_port() 
     finally:
         listener.close()
         other.close()
+
+
+class QueuedMessages:
+    """What ``_take_subscriptions`` uses of an XPUB, holding what subscribers sent:
+    each message a frame with its ``Peer-Address``; ``applied``: the
+    ``ZMQ_SUBSCRIBE``/``UNSUBSCRIBE`` options set, in order."""
+
+    def __init__(self, messages: list[tuple[bytes, str]]) -> None:
+        self.messages = messages
+        self.applied: list[tuple[int, bytes]] = []
+
+    def get(self, option: int) -> int:
+        assert option == zmq.EVENTS
+        return zmq.POLLIN if self.messages else 0
+
+    def recv(self, flags: int, copy: bool) -> Any:
+        if not self.messages:
+            raise zmq.Again
+        data, address = self.messages.pop(0)
+        return type("Frame", (), {"bytes": data, "get": lambda self, name: address})()
+
+    def setsockopt(self, option: int, value: bytes) -> None:
+        self.applied.append((option, value))
+
+
+class ClosedPeers:
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
+    def close_from(self, address: str) -> int:
+        self.closed.append(address)
+        return 1
+
+
+def test_no_subscription_after_one_that_is_none_is_applied_until_the_queue_empties() -> None:
+    """libzmq 4.3.5 queues no connection with an XSUB's message that is no
+    subscription, so the subscriptions read after it, until the queue is empty,
+    would be applied to other subscribers' connections (DESIGN.md 124): none is,
+    and their senders are disconnected to subscribe again."""
+    publisher = EventPublisher(
+        zmq.Context.instance(), "inproc://unused", health=dict, health_interval_s=1.0
+    )
+    peers = ClosedPeers()
+    publisher._peers = peers  # type: ignore[assignment]
+    queued = QueuedMessages(
+        [
+            (b"\x01health", "a"),
+            (b"junk", "x"),
+            (b"\x01alert", "a"),
+            (b"\x01thermal", "b"),
+        ]
+    )
+    assert publisher._take_subscriptions(queued) is False  # type: ignore[arg-type]
+    assert queued.applied == [(zmq.SUBSCRIBE, b"health")]  # only the one before the junk
+    assert peers.closed == ["x", "a", "b"]
+    assert publisher.subscriptions_refused == 1
+    # The queue was empty: what comes next is applied again.
+    queued.messages = [(b"\x01alert", "a")]
+    publisher._take_subscriptions(queued)  # type: ignore[arg-type]
+    assert queued.applied[-1] == (zmq.SUBSCRIBE, b"alert")
