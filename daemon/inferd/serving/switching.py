@@ -181,10 +181,18 @@ class RuntimeSwitcher:
                 Code.FAILED_PRECONDITION, f"model {model!r} is {slot.state}; not switched"
             )
         self._claim_or_refuse(model)
+        switch, thread = _Switch(lambda reply: None), threading.current_thread()
         try:
+            with self._lock:
+                if self._stopping:
+                    raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
+                # ``stop`` gives it up and waits for it like an operator's.
+                self._running[thread] = switch
             peer = Peer.internal(os.getuid(), os.getpid())
-            return self._switch(slot, label, requested_by, peer, _Switch(lambda reply: None))
+            return self._switch(slot, label, requested_by, peer, switch)
         finally:
+            with self._lock:
+                self._running.pop(thread, None)
             self.unclaim(model)
 
     def claim(self, model: str) -> bool:

@@ -182,3 +182,30 @@ def test_after_stop_a_new_switch_is_refused_at_once(rig: Rig) -> None:
         rig.switch()
     assert refused.value.code == Code.UNAVAILABLE
     assert rig.switcher.claim("m")  # the refusal claimed nothing
+
+
+def test_stop_gives_up_and_waits_for_the_daemons_own_switch_too(rig: Rig) -> None:
+    """A rebuilt engine being adopted (``switch_now``, on a build's thread) when the
+    daemon stops: given up like an operator's switch, and waited for."""
+    outcome: list[object] = []
+
+    def adopt() -> None:
+        try:
+            outcome.append(rig.switcher.switch_now("m", "tensorrt", "inferd: build b1"))
+        except ProtocolError as exc:
+            outcome.append(exc)
+
+    adopting = threading.Thread(target=adopt)
+    adopting.start()
+    wait_until(lambda: "m" in rig.switcher._in_progress, HANG_S, message="the switch began")
+    stopping = threading.Thread(target=rig.switcher.stop)
+    stopping.start()
+    wait_until(lambda: rig.switcher._stopping, HANG_S, message="stop began")
+    assert stopping.is_alive()  # waiting for the switch still preparing
+    rig.prepared.set()
+    stopping.join(HANG_S)
+    adopting.join(HANG_S)
+    assert not stopping.is_alive() and not adopting.is_alive()
+    assert refusal(outcome[0]) == Code.UNAVAILABLE
+    assert rig.new_runtime.handles == [2]
+    assert rig.slot.handle is not None and rig.slot.handle.handle_id == 1
