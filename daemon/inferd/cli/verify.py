@@ -99,7 +99,7 @@ def run(
         return EXIT_USAGE
     try:
         trusted = (
-            Manifest.load(manifest)
+            Manifest.load(manifest, follow=True)  # an operator's file, as the daemon reads it
             if manifest is not None
             else Manifest.empty("<none: pass --manifest>")
         )

@@ -120,3 +120,19 @@ def test_verify_reads_the_host_with_the_requested_precision(deployment: Deployme
     code, out, _ = _verify(path, None, host=None, read_host=host_for, precision=PrecisionMode.FP32)
     assert asked == [PrecisionMode.FP32] and code == 1
     assert "precision fp16 (engine) vs fp32 (expected)" in out
+
+
+def test_verify_follows_a_symlinked_deployment_manifest_as_the_daemon_does(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """``--manifest`` is an operator's file (``runtime.engine_manifest``): a symlink to
+    it is followed, as the daemon follows the configured one (DESIGN.md 125)."""
+    path = deployment.engine()
+    real = tmp_path / "deploy" / "manifest.json"
+    real.parent.mkdir()
+    write_manifest(real, deployment.entries)
+    link = tmp_path / "manifest-link.json"
+    link.symlink_to(real)
+    code, out, err = _verify(path, link)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == "TRUSTED: all five steps pass"
