@@ -56,7 +56,7 @@ log = structlog.get_logger("inferd.builds.retention")
 #: A summary larger than this is not read (its engine then stays nobody's).
 SUMMARY_MAX_BYTES = 4 * 1024 * 1024
 #: Why an owned engine stays (None: superseded), and the manifest entry to drop with it.
-_Pin = tuple[str | None, tuple[Path, str, str] | None]
+_Pin = tuple[str | None, tuple[Path, Path, str] | None]
 _SUMMARY = re.compile(rf"^(?P<engine>.+\.engine)\.(?P<build_id>{BUILD_ID})\.build\.json$")
 
 
@@ -193,7 +193,7 @@ class EngineOutputs:
         pins: dict[Path, _Pin] = {}
         for item in trusted:
             if self._configured is None and self._superseded(item, trusted):
-                entry = (manifest_path, item.summary.engine.name, item.digest)
+                entry = (manifest_path, item.summary.engine, item.digest)
                 pins[item.summary.path] = (None, entry)
             else:
                 pins[item.summary.path] = (why, None)

@@ -65,7 +65,7 @@ class ArtifactSet:
     #: A newer trusted engine supersedes this trusted one (``engine_outputs.py``): not
     #: even its model's newest; ``trust_entry``: its manifest entry, dropped with it.
     superseded: bool = False
-    trust_entry: tuple[Path, str, str] | None = None
+    trust_entry: tuple[Path, Path, str] | None = None
 
     @property
     def has_engine(self) -> bool:
@@ -275,8 +275,8 @@ class BuildsRetention:
     @staticmethod
     def _remove(artifact: ArtifactSet) -> int:
         if artifact.trust_entry is not None:
-            manifest, name, digest = artifact.trust_entry
-            forget_in_manifest(manifest, name, digest)  # no trust left for a missing file
+            manifest, engine, digest = artifact.trust_entry
+            forget_in_manifest(manifest, engine, digest)  # no trust left for a missing file
         freed = 0
         for path in artifact.paths:
             try:

@@ -179,6 +179,16 @@ class Manifest:
             )
         return digest
 
+    def keys_naming(self, engine: Path) -> list[str]:
+        """The keys, as written, that name ``engine``: a path that resolves to it, and
+        its file name."""
+        keys = []
+        if (by_path := self._by_path.get(_absolute(engine))) is not None:
+            keys.append(by_path[0])
+        if engine.name in self._by_name:
+            keys.append(engine.name)
+        return keys
+
     def entries(self) -> dict[str, str]:
         """The entries as they were keyed (for writing back)."""
         return {
@@ -238,17 +248,20 @@ def record_in_manifest(path: Path, engine_name: str, sha256: str) -> None:
         write_manifest(path, entries)
 
 
-def forget_in_manifest(path: Path, engine_name: str, sha256: str) -> bool:
-    """Drop ``engine_name``'s entry from the manifest at ``path`` when it trusts exactly
-    ``sha256``, keeping every other entry (the daemon's builds cap removing an engine
-    it built: a trusted name with no file would only grow the manifest).  Whether
-    an entry was dropped; a missing manifest drops nothing."""
+def forget_in_manifest(path: Path, engine: Path, sha256: str) -> bool:
+    """Drop the entries of the manifest at ``path`` that trust ``engine`` with exactly
+    ``sha256`` (keyed by its file name, or by a path that names it), keeping every
+    other entry (the daemon's builds cap removing an engine it built: a trusted
+    name with no file would only grow the manifest).  Whether one was dropped; a
+    missing manifest drops nothing."""
     with _RECORD_LOCK:
         if not path.exists():
             return False
-        entries = Manifest.load(path).entries()
-        if entries.get(engine_name, "").lower() != sha256.lower():
-            return False
-        del entries[engine_name]
-        write_manifest(path, entries)
-        return True
+        manifest = Manifest.load(path)
+        entries = manifest.entries()
+        keys = [key for key in manifest.keys_naming(engine) if entries[key] == sha256.lower()]
+        for key in keys:
+            del entries[key]
+        if keys:
+            write_manifest(path, entries)
+        return bool(keys)

@@ -303,10 +303,20 @@ def test_admission_refuses_a_trt_build_when_what_stays_fills_the_caps(
 def test_forget_in_manifest_drops_only_the_entry_with_that_digest(tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.json"
     write_manifest(manifest, {"a.engine": "a" * 64, "b.engine": "b" * 64})
-    assert forget_in_manifest(manifest, "a.engine", "c" * 64) is False
-    assert forget_in_manifest(manifest, "a.engine", "a" * 64) is True
+    assert forget_in_manifest(manifest, tmp_path / "a.engine", "c" * 64) is False
+    assert forget_in_manifest(manifest, tmp_path / "a.engine", "a" * 64) is True
     assert json.loads(manifest.read_text())["engines"] == {"b.engine": "b" * 64}
-    assert forget_in_manifest(tmp_path / "none.json", "b.engine", "b" * 64) is False
+    assert forget_in_manifest(tmp_path / "none.json", tmp_path / "b.engine", "b" * 64) is False
+
+
+def test_forget_in_manifest_drops_an_entry_keyed_by_path_too(tmp_path: Path) -> None:
+    # ``inferd build --manifest`` may key an engine by its path: that entry must not
+    # outlive the file either.
+    manifest = tmp_path / "manifest.json"
+    engine = tmp_path / "engines" / "c.engine"
+    write_manifest(manifest, {str(engine): "c" * 64, "d.engine": "d" * 64})
+    assert forget_in_manifest(manifest, engine, "c" * 64) is True
+    assert json.loads(manifest.read_text())["engines"] == {"d.engine": "d" * 64}
 
 
 def test_a_summary_lists_its_own_files_and_at_most_listed_max(tmp_path: Path) -> None:
