@@ -20,7 +20,8 @@ with the sidecar's digest (``runtime.engine_manifest``, else
 supersedes it for the same model, host tuple and build config: the same ONNX
 under another label (the runtime reuses an engine of any label), or the same label
 built from another ONNX when no configured model has the older ONNX any more (the
-gate refuses it for every model).  Only the daemon's own manifest is superseded
+gate refuses it for every model; each model's ONNX as the daemon hashed it to load
+it, never hashed here).  Only the daemon's own manifest is superseded
 that way, and the engine's entry goes with it; a deployment's manifest is its
 operator's, and every engine it trusts stays.  A manifest that cannot be read
 pins every engine: trust unknown.
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import structlog
 
-from inferd.digest import sha256_file
+from inferd.digest import remembered_sha256
 from inferd.engine_build.retention import BUILD_ID, ArtifactSet
 from inferd.engines.manifest import MANIFEST_NAME, Manifest
 from inferd.engines.naming import MODEL_HASH_CHARS, EngineName, parse_engine_name
@@ -97,7 +98,6 @@ class EngineOutputs:
         self._configured = engine_manifest
         #: The configured models' ONNX files (which ONNX an engine may still serve).
         self._models = models
-        self._digests: dict[Path, tuple[tuple[int, int, int, int], str]] = {}
 
     def scan(self) -> tuple[ArtifactSet, ...]:
         if unsafe_owned_dir_reason(self.directory) is not None:
@@ -216,20 +216,16 @@ class EngineOutputs:
         return False
 
     def _configured_digests(self) -> set[str] | None:
-        """The configured models' ONNX digest prefixes (hashed once per file version),
-        or None when one cannot be read (then nothing is superseded by model)."""
+        """The configured models' ONNX digest prefixes, as the daemon hashed them to load
+        them, or None when one is not known (never hashed here, or changed since): then
+        nothing is superseded by model.  This runs on the bus thread, where hashing a
+        multi-GB model would stall every request (DESIGN.md entry 130)."""
         prefixes = set()
         for path in self._models():
-            try:
-                info = os.stat(path)
-                key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-                cached = self._digests.get(path)
-                if cached is None or cached[0] != key:
-                    cached = (key, sha256_file(path, follow=True))  # an operator's file
-                    self._digests[path] = cached
-            except OSError:
+            digest = remembered_sha256(path)
+            if digest is None:
                 return None
-            prefixes.add(cached[1][:MODEL_HASH_CHARS])
+            prefixes.add(digest[:MODEL_HASH_CHARS])
         return prefixes
 
 

@@ -26,7 +26,7 @@ from typing import Literal
 
 import structlog
 
-from inferd.digest import sha256_file
+from inferd.digest import sha256_remembered
 from inferd.engines.engine_dir import untrusted_engine_dir
 from inferd.engines.gate import STEP_MANIFEST_DIGEST, explain
 from inferd.engines.manifest import Manifest
@@ -69,7 +69,7 @@ def locate_engine(
     if not model_path.is_file():
         raise EngineBuildError(f"model file {model_path} does not exist")
     try:
-        model_sha256 = sha256_file(model_path, follow=True)  # an operator's file
+        model_sha256 = sha256_remembered(model_path)  # an operator's file
     except OSError as exc:
         raise EngineBuildError(f"cannot read model {model_path}: {exc}") from exc
     name = engine_name_for(

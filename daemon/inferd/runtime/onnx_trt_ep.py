@@ -23,7 +23,7 @@ import numpy as np
 import structlog
 
 from inferd.config import RuntimeConfig
-from inferd.digest import sha256_file
+from inferd.digest import sha256_remembered
 from inferd.engines.build_config import workspace_cap_bytes
 from inferd.engines.host import read_host_tuple
 from inferd.errors import (
@@ -197,7 +197,7 @@ class OnnxTrtEpRuntime:
             runtime_label=LABEL,
             artifact_path=model_path,
             model_path=model_path,
-            model_sha256=sha256_file(model_path, follow=True),  # the operator's model
+            model_sha256=sha256_remembered(model_path),  # the operator's model
             build_config=build_config,
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from inferd.config import BuildsConfig, ModelConfig
+from inferd.digest import sha256_remembered
 from inferd.engine_build.admission import BuildAdmission
 from inferd.engine_build.artifacts import LISTED_MAX, build_files
 from inferd.engine_build.engine_outputs import EngineOutputs
@@ -105,6 +106,9 @@ def retention(
     manifest: Path | None = None,
     models: tuple[Path, ...] = (),
 ) -> BuildsRetention:
+    """The cap over ``engine_dir`` with ``models`` configured, each loaded (hashed)."""
+    for model in models:
+        sha256_remembered(model)  # what the runtime's load does
     outputs = EngineOutputs(engine_dir, manifest, lambda: models)
     build_dir = tmp_path / "builds"
     build_dir.mkdir(exist_ok=True)
@@ -236,6 +240,32 @@ def test_a_trusted_engine_is_superseded_by_a_newer_one_for_the_same_model_host_c
     )
     assert [p["build_id"] for _, p in records] == ["b1-000001", "b2-000002"]
     assert left(engine_dir) == sorted(["manifest.json", *(p.name for p in relabelled.values())])
+
+
+def test_supersession_by_model_uses_the_digests_taken_at_load_and_never_reads_a_model(
+    engine_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prune runs on the bus thread: which ONNX a configured model has is the digest
+    its load took; a model changed since (or never loaded) supersedes nothing."""
+    old_onnx, new_onnx = onnx(tmp_path, content=b"onnx-1"), onnx(tmp_path, content=b"onnx-2")
+    old = daemon_build(engine_dir, engine_name(old_onnx), "b1-000001", 1)
+    daemon_build(engine_dir, engine_name(new_onnx), "b2-000002", 2)
+    trust(engine_dir, old["engine"], engine_dir / engine_name(new_onnx))
+    records = Records()
+    cap = retention(engine_dir, tmp_path, records, max_count=1, models=(new_onnx,))
+    new_onnx.write_bytes(b"onnx-3")  # changed on disk since it was loaded
+    os.utime(new_onnx, ns=(1, 1))  # even with an old mtime: the ctime moved
+
+    def no_hashing(*args: object, **kwargs: object) -> str:
+        raise AssertionError("a model was hashed during a prune")
+
+    monkeypatch.setattr("inferd.digest.sha256_handle", no_hashing)
+    cap.prune(keep=(), serving=(), trigger="t")
+    assert records == [] and old["engine"].exists()  # not known: kept
+    monkeypatch.undo()
+    sha256_remembered(new_onnx)  # loaded again: "onnx-3", so neither is configured
+    cap.prune(keep=(), serving=(), trigger="t")
+    assert [p["build_id"] for _, p in records] == ["b1-000001"]
 
 
 def test_what_a_deployment_manifest_trusts_is_never_superseded(
