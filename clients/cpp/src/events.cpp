@@ -4,8 +4,10 @@
 #include <zmq_addon.hpp>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <limits>
+#include <stdexcept>
 
 #include "decode.hpp"
 #include "inferd/client.hpp"
@@ -18,6 +20,8 @@ namespace {
 using detail::Fields;
 
 constexpr std::string_view kHealth = "health";
+constexpr std::array<std::string_view, 5> kTopics{"alert", "build", "health", "runtime",
+                                                  "thermal"};
 
 EventStamp read_stamp(const Fields& payload) {
     EventStamp stamp;
@@ -227,7 +231,18 @@ struct EventSubscriber::Impl {
     }
 };
 
+const std::string& check_topic(const std::string& topic) {
+    for (auto name : kTopics) {
+        if (name.substr(0, topic.size()) == topic) return topic;
+    }
+    std::string known;
+    for (auto name : kTopics) known += (known.empty() ? "" : ", ") + std::string(name);
+    throw std::invalid_argument("unknown event topic '" + topic + "'; known: " + known +
+                                " (or a prefix of one; none for every topic)");
+}
+
 EventSubscriber::EventSubscriber(SubscriberOptions options) : impl_(std::make_unique<Impl>()) {
+    for (const auto& topic : options.topics) check_topic(topic);
     impl_->context = options.context ? options.context : shared_context();
     impl_->endpoint = check_client_endpoint(options.endpoint.empty() ? default_endpoints().events
                                                                      : options.endpoint);

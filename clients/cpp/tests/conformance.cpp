@@ -284,6 +284,16 @@ std::string run(const std::string& kind, std::istream& in, const std::string& di
         request.outputs = read_descriptors(in);
         return testing::quote(hex(wire::encode_infer_request(request)));
     }
+    if (kind == "topic") {  // not a wire vector: which subscriptions the client sends
+        std::string topic;
+        in >> topic;
+        try {
+            check_topic(topic == "-" ? "" : topic);
+            return "true";
+        } catch (const std::invalid_argument&) {
+            return "false";
+        }
+    }
     if (kind == "describe_request") {
         std::uint64_t id = 0;
         in >> id;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 #include <fcntl.h>
 #include <poll.h>
@@ -366,6 +367,25 @@ TEST(endpoint_defaults_follow_the_python_client) {
     unsetenv("TMPDIR");
     CHECK_EQ(default_runtime_dir(), "/tmp/inferd-" + std::to_string(getuid()));
     CHECK_EQ(shm_socket_path("tcp://127.0.0.1:5555"), "/tmp/inferd-" + std::to_string(getuid()) + "/shm.sock");
+}
+
+TEST(a_subscriber_refuses_a_topic_the_daemon_would_disconnect_it_for) {
+    // The endpoint is a directory others may write: reaching it would throw
+    // UnsafeEndpoint, so invalid_argument proves the topic is checked first.
+    auto refused = [](std::vector<std::string> topics) {
+        try {
+            EventSubscriber subscriber(SubscriberOptions{"ipc:///tmp/events.sock", topics, {}, {}});
+        } catch (const std::invalid_argument& error) {
+            return std::string(error.what());
+        } catch (const ClientError&) {
+        }
+        return std::string();
+    };
+    auto why = refused({"thermal", "thermals"});
+    CHECK(why.find("unknown event topic 'thermals'") != std::string::npos);
+    CHECK(why.find("alert, build, health, runtime, thermal") != std::string::npos);
+    CHECK(!refused({"Health"}).empty());
+    CHECK(refused({"therm", "build", ""}).empty());
 }
 
 TEST(an_ipc_socket_in_a_directory_others_may_write_is_refused) {

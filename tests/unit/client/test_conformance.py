@@ -35,6 +35,7 @@ from inferd_client.replies import (
 )
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
+from inferd_wire.topics import TOPICS, check_topic
 from tests.integration.test_schemas import assert_valid, schemas
 
 REPO = Path(__file__).resolve().parents[3]
@@ -199,20 +200,25 @@ def plan_line(entry: dict[str, Any]) -> str:
     return " ".join(words)
 
 
-@cache
-def cpp_results() -> dict[str, Any]:
+def run_cpp_plan(lines: list[str]) -> dict[str, Any]:
+    """The C++ conformance program's result for each line of ``lines``, by name."""
     program = os.environ.get("INFERD_CPP_CONFORMANCE")
     if not program:
         if os.environ.get("INFERD_CPP_REQUIRED"):
             pytest.fail("INFERD_CPP_CONFORMANCE does not name the C++ conformance program")
         pytest.skip("the C++ client is not built here (make test-cpp runs this with it)")
-    plan = "".join(plan_line(entry) + "\n" for entry in manifest())
+    plan = "".join(line + "\n" for line in lines)
     done = subprocess.run(
         [program, str(VECTORS)], input=plan, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
-    return {line["name"]: line["result"] for line in lines}
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    return {result["name"]: result["result"] for result in results}
+
+
+@cache
+def cpp_results() -> dict[str, Any]:
+    return run_cpp_plan([plan_line(entry) for entry in manifest()])
 
 
 @by_name(("infer_request", "describe_request", "control_request"))
@@ -228,3 +234,22 @@ def test_the_cpp_client_decodes_each_vector_as_expected(entry: dict[str, Any]) -
 
 def test_the_cpp_client_saw_every_vector() -> None:
     assert sorted(cpp_results()) == sorted(entry["name"] for entry in manifest())
+
+
+def test_the_cpp_client_subscribes_to_exactly_the_topics_the_python_client_does() -> None:
+    """Both refuse, before connecting, a subscription the daemon answers by closing
+    the subscriber's events connections (DESIGN.md 124)."""
+    asked = {"-", *TOPICS, *(name[:n] for name in TOPICS for n in range(1, len(name)))}
+    asked |= {"thermals", "Health", "x", "buildx", "alert.", "runtime/"}
+
+    def python_accepts(topic: str) -> bool:
+        try:
+            check_topic("" if topic == "-" else topic)
+        except ValueError:
+            return False
+        return True
+
+    results = run_cpp_plan([f"topic t{i} {topic}" for i, topic in enumerate(sorted(asked))])
+    cpp = {topic: results[f"t{i}"] for i, topic in enumerate(sorted(asked))}
+    assert cpp == {topic: python_accepts(topic) for topic in asked}
+    assert sum(cpp.values()) == 1 + sum(map(len, TOPICS))  # the empty one and each prefix

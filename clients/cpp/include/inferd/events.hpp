@@ -110,9 +110,16 @@ using Event = std::variant<HealthEvent, RuntimeEvent, AlertEvent, ThermalEvent, 
 Event decode_event(const std::string& topic, const void* payload, std::size_t size);
 std::string event_topic(const Event& event);
 
+// `topic` when the daemon applies a subscription to it: one of the five topics'
+// names, a prefix of one, or "" for every topic (inferd_wire/topics.py holds the
+// same list). Otherwise std::invalid_argument naming the topics: the daemon
+// closes every events connection of a subscriber that sends any other
+// subscription (docs/PROTOCOL.md), so the client refuses it before connecting.
+const std::string& check_topic(const std::string& topic);
+
 struct SubscriberOptions {
     std::string endpoint;              // empty: default_endpoints().events
-    std::vector<std::string> topics;   // empty: every topic
+    std::vector<std::string> topics;   // empty: every topic; each one check_topic's
     std::shared_ptr<zmq::context_t> context;  // null: the library's shared context
     std::optional<ClientCurve> curve;  // for a tcp:// endpoint of a daemon with security.curve
 };
@@ -123,6 +130,7 @@ struct SubscriberOptions {
 // that came before it.
 class EventSubscriber {
 public:
+    // Throws std::invalid_argument for a topic check_topic refuses.
     explicit EventSubscriber(SubscriberOptions options = {});
     ~EventSubscriber();
     EventSubscriber(const EventSubscriber&) = delete;
