@@ -56,6 +56,7 @@ def odd_value(rng: random.Random) -> Any:
         lambda: [],
         lambda: [rng.randint(-5, 5) for _ in range(rng.randint(1, 6))],
         lambda: {"nested": {"deeper": [1, 2, {"x": None}]}},
+        lambda: {b"bin key": 1, "str key": [{b"deeper": 2, "x": 3}]},  # keys sorted as text
         lambda: msgpack.Timestamp(1234567890),  # ext type -1
         lambda: msgpack.ExtType(rng.randint(0, 127), b"\x00" * rng.randint(0, 9)),
         lambda: _deep(rng.randint(50, 600)),

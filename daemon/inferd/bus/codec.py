@@ -109,6 +109,7 @@ def check_request(request: Request, limits: Limits) -> None:
     if isinstance(request.header, dict):  # the typed decoder checked the first three
         protocol.require_version(request.header)
         protocol.require_request_id(request.header)
+        protocol.require_str_keys(request.header)
         if not isinstance(request.header.get("op"), str):
             raise ProtocolError(Code.INVALID_ARGUMENT, "'op' must be a string")
     if len(request.tensors) > limits.max_frames:

@@ -115,6 +115,11 @@ def _read(
         header = request.header
         if not isinstance(header, dict):  # a register without a label reads as typed
             header = protocol.unpack_header(message.data, check_version=False)
+        try:
+            protocol.require_str_keys(header)
+        except ProtocolError as exc:
+            shm.refuse(entry, request.request_id, exc)
+            return None
         shm.answer(entry, message, header)
         return None
     if request.op != "infer" or message.fds:

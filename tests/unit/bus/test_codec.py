@@ -246,3 +246,26 @@ def test_the_served_spec_carries_the_profile() -> None:
         },
     }
     assert "profile" not in SPECS[0].as_wire()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {b"model": "m"},
+        {"build_config": {b"precison": "fp16", "workspace_bytes": 1}},
+        {"inputs": [{"name": "x", b"dtype": "float32"}]},
+        {"simulation": {"steps": [{b"fail": "x"}]}},
+    ],
+    ids=["top level", "nested map", "map in a list", "deeper"],
+)
+def test_a_bin_map_key_at_any_depth_is_refused_with_the_id_echoed(extra: dict[Any, Any]) -> None:
+    """msgpack's strict_map_key lets bin keys through; one among str keys made the
+    control handlers' ``sorted`` raise (INTERNAL).  Refused before any handler."""
+    header = {"v": 1, "id": 9, "op": "build.start", **extra}
+    frames = [Frame(msgpack.packb(header, use_bin_type=True))]
+    decoded = decode_request(frames, LIMITS, typed=False)
+    assert decoded.request_id == 9
+    with pytest.raises(ProtocolError) as caught:
+        check_request(decoded, LIMITS)
+    assert caught.value.code == Code.INVALID_ARGUMENT
+    assert "map keys must be msgpack strings; found bytes b'" in caught.value.message

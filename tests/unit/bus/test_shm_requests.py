@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 
@@ -294,6 +295,10 @@ def test_refusals_of_the_shm_socket_never_reach_the_handler_or_count_in_flight(
             assert "not valid msgpack" in receive(client)["error"]["message"]
             client.send(b"\x81\xa1v" + b"\x01" * MAX_SHM_MESSAGE_BYTES)
             assert f"over {MAX_SHM_MESSAGE_BYTES} bytes" in receive(client)["error"]["message"]
+            bin_key = {"v": 1, "id": 4, "op": "register", "label": "x", b"labels": {}}
+            socket.send_fds(client, [msgpack.packb(bin_key, use_bin_type=True)], [memfd])
+            refused = receive(client)
+            assert refused["id"] == 4 and "map keys must be msgpack strings" in str(refused)
             # The same connection registers regions (a header the typed decoder reads).
             socket.send_fds(client, [protocol.pack({"v": 1, "id": 3, "op": "register"})], [memfd])
             registered = receive(client)
@@ -305,7 +310,7 @@ def test_refusals_of_the_shm_socket_never_reach_the_handler_or_count_in_flight(
     assert (status["requests"], status["in_flight"], status["refused"]["INVALID_ARGUMENT"]) == (
         0,
         0,
-        4,
+        5,
     )
 
 
