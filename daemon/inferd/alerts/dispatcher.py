@@ -91,7 +91,6 @@ class AlertDispatcher:
         self._sent = 0
         self._suppressed = 0
         self._dropped = 0
-        self._closing = False
         self._closed = False
 
     @property
@@ -149,14 +148,18 @@ class AlertDispatcher:
 
     def close(self) -> None:
         """Flush every held-back repeat regardless of its window, then close
-        the hooks.  Later alerts are logged but not delivered."""
+        the hooks.  Later alerts, and those raised while the flush is being
+        delivered, are logged but not delivered (``dropped_after_close``)."""
         with self._lock:
-            if self._closing:
+            if self._closed:
                 return
-            self._closing = True
-        self._flush(force=True)
-        with self._lock:
+            due = self._take_due(self._clock(), force=True)
+            # Closed in the same critical section as the last flush: an alert
+            # raised while these are delivered is dropped and counted, not held
+            # back in a window that nothing will ever flush.
             self._closed = True
+        for alert, suppressed in due:
+            self._deliver(alert, suppressed)
         for state in self._hooks:
             try:
                 state.hook.close()
@@ -165,28 +168,33 @@ class AlertDispatcher:
 
     def _flush(self, *, force: bool) -> int:
         now = self._clock()
-        due: list[tuple[Alert, int]] = []
         with self._lock:
             if self._closed:
                 return 0
-            for key, window in self._windows.items():
-                if window.last is None:
-                    continue
-                if force or now - window.opened_at >= self.rate_limit_s:
-                    due.append((window.last, window.pending - 1))
-                    self._windows[key] = _Window(opened_at=now)
-                    self._sent += 1
-                    self._suppressed -= 1
-            # A key quiet for a whole window needs no state.
-            for key in [
-                key
-                for key, window in self._windows.items()
-                if window.last is None and now - window.opened_at >= self.rate_limit_s
-            ]:
-                del self._windows[key]
+            due = self._take_due(now, force=force)
         for alert, suppressed in due:
             self._deliver(alert, suppressed)
         return len(due)
+
+    def _take_due(self, now: float, *, force: bool) -> list[tuple[Alert, int]]:
+        """The held-back repeats to send now, counted as sent; call with the lock held."""
+        due: list[tuple[Alert, int]] = []
+        for key, window in self._windows.items():
+            if window.last is None:
+                continue
+            if force or now - window.opened_at >= self.rate_limit_s:
+                due.append((window.last, window.pending - 1))
+                self._windows[key] = _Window(opened_at=now)
+                self._sent += 1
+                self._suppressed -= 1
+        # A key quiet for a whole window needs no state.
+        for key in [
+            key
+            for key, window in self._windows.items()
+            if window.last is None and now - window.opened_at >= self.rate_limit_s
+        ]:
+            del self._windows[key]
+        return due
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -32,6 +32,7 @@ import structlog
 from inferd.alerts.hooks import SUPPRESSED_FIELD
 from inferd.alerts.interface import AlertHookUnavailableError
 from inferd.alerts.levels import mav_severity
+from inferd.alerts.tcp_link import TcpLink
 from inferd.types import AlertLevel
 
 log = structlog.get_logger("inferd.alerts.mavlink")
@@ -45,6 +46,7 @@ MAX_CHUNKS_LIMIT = 256
 _ELLIPSIS = "..."
 #: Datagrams read per alert to learn ground stations on a ``udpin:`` link.
 _MAX_PEER_READS = 64
+_TCP_PREFIX = "tcp:"
 
 
 def statustext_chunks(
@@ -100,7 +102,10 @@ class MavlinkAlertHook:
     ``endpoint`` is a pymavlink connection string; ``udpout:host:port`` is the
     usual one (the ground station or a MAVLink router listens there).  On a
     ``udpin:`` endpoint pymavlink answers only peers it has heard from, so the
-    hook reads pending datagrams before each send to learn them.
+    hook reads pending datagrams before each send to learn them.  A ``tcp:``
+    endpoint is a ``TcpLink``: connected in the background (the daemon never
+    waits for its ground station) and every frame it cannot send raises, so
+    the dispatcher counts the alert as a failure rather than as sent.
 
     Ground stations file STATUSTEXT under the vehicle with the same system
     id, so ``source_system`` should be the autopilot's; ``source_component``
@@ -139,9 +144,12 @@ class MavlinkAlertHook:
                 self.name, f"pymavlink is not installed ({exc}); install inferd[mavlink]"
             ) from None
         try:
-            connection = mavutil.mavlink_connection(
-                endpoint, source_system=source_system, source_component=source_component
-            )
+            if endpoint.startswith(_TCP_PREFIX):
+                connection: Any = _tcp_link(endpoint)
+            else:
+                connection = mavutil.mavlink_connection(
+                    endpoint, source_system=source_system, source_component=source_component
+                )
         except Exception as exc:
             raise AlertHookUnavailableError(
                 self.name, f"cannot open MAVLink endpoint {endpoint!r}: {exc}"
@@ -149,7 +157,7 @@ class MavlinkAlertHook:
         self.endpoint = endpoint
         self.mavlink2 = mavlink2
         self.max_chunks = max_chunks if mavlink2 else 1
-        self._connection: Any = connection
+        self._connection = connection
         # Our own encoder, so the wire version is what was asked for and not
         # what pymavlink's process-wide dialect (``MAVLINK20``) happens to be.
         self._mav: Any = dialect.MAVLink(
@@ -191,9 +199,22 @@ class MavlinkAlertHook:
         self._last_id = self._last_id % 0xFFFF + 1
         return self._last_id
 
+    @property
+    def connected(self) -> bool:
+        """Whether a ``tcp:`` link is up; a datagram endpoint has no connection."""
+        return bool(getattr(self._connection, "connected", True))
+
     def _learn_peers(self) -> None:
         if not getattr(self._connection, "udp_server", False):
             return
         for _ in range(_MAX_PEER_READS):
             if not self._connection.recv():
                 return
+
+
+def _tcp_link(endpoint: str) -> TcpLink:
+    """``tcp:host:port``, as pymavlink spells it."""
+    host, _, port = endpoint.removeprefix(_TCP_PREFIX).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("TCP endpoints are tcp:<host>:<port>")
+    return TcpLink(host, int(port))

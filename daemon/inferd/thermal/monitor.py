@@ -5,6 +5,8 @@ attribute assignment, so ``snapshot()`` needs no lock and does no I/O),
 decides throttle transitions with hysteresis, writes each transition to the
 flight data recorder and publishes a ``thermal`` event at every poll.  Sinks
 are plain callables; a failing sink is logged and never stops the thread.
+Each read runs on a helper thread with a deadline (``bounded_read``): a hung
+sensor is lost telemetry, never a hung monitor.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
+from inferd.thermal.bounded_read import BoundedReader
 from inferd.thermal.reading import GpuUsage, ThermalReading, ThermalSource
 from inferd.thermal.selection import SourceSelection, open_source
 from inferd.thermal.throttle import ThrottleDecision, ThrottleTracker
@@ -89,6 +92,8 @@ class ThermalMonitor:
             # past this the snapshot no longer claims to be telemetry.
             stale_after_s = max(3.0 * self._period_s, 5.0)
         self._stale_ns = int(stale_after_s * _NS_PER_S)
+        # A read slower than the snapshot may be old is lost telemetry.
+        self._reader = BoundedReader(stale_after_s)
         self._tracker = ThrottleTracker(config.throttle_enter_c, config.hysteresis_c)
         self._log = structlog.get_logger("inferd.thermal")
         self._unavailable_warn = _RateLimit(int(warn_interval_s * _NS_PER_S))
@@ -125,6 +130,10 @@ class ThermalMonitor:
     def describe(self) -> dict[str, Any]:
         """Status for ``inferd status``: source, availability, throttle, last reading, counters."""
         description = dict(self._description)
+        # What snapshot() says: a stale state is not fresh telemetry here either.
+        state = self.snapshot()
+        description["available"] = state.is_telemetry_available
+        description["throttle_active"] = state.thermal_throttle_active
         thread = self._thread
         description["running"] = thread is not None and thread.is_alive()
         return description
@@ -143,14 +152,20 @@ class ThermalMonitor:
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Stop polling, join the thread and close the source.  False if the
-        thread did not finish within ``timeout`` (the source is then left open)."""
+        thread, or a read that missed its deadline, did not finish within
+        ``timeout`` (the source is then left open: a read may still use it)."""
         self._stop.set()
+        give_up_at = time.monotonic() + timeout
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is threading.current_thread():
+            thread = None  # stopped from a sink: the loop ends after this poll
+        if thread is not None:
             thread.join(timeout)
-            if thread.is_alive():
-                self._log.error("thermal_monitor_stop_timeout", timeout_s=timeout)
-                return False
+        if (thread is not None and thread.is_alive()) or not self._reader.join(
+            give_up_at - time.monotonic()
+        ):
+            self._log.error("thermal_monitor_stop_timeout", timeout_s=timeout)
+            return False
         self._thread = None
         self._close_source()
         self._last_probe_ns = None  # a later start() probes at once
@@ -222,12 +237,17 @@ class ThermalMonitor:
         return state
 
     def _read(self, now: int) -> tuple[ThermalReading | None, str]:
+        hung_for = self._reader.hung_for_s()
+        if hung_for is not None:
+            # Checked before _ensure_source: a re-probe must not close the
+            # source under the read that still uses it.
+            return None, f"{self.source_name}: a read has not returned for {hung_for:.1f} s"
         source = self._ensure_source(now)
         if source is None:
             reasons = "; ".join(f"{name}: {reason}" for name, reason in self._skipped)
             return None, f"no thermal source available ({reasons or 'none configured'})"
         try:
-            reading = source.read()
+            reading = self._reader.read(source)
         except TelemetryUnavailableError as exc:
             return None, str(exc)
         except Exception as exc:

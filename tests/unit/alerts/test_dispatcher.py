@@ -100,6 +100,36 @@ def test_close_flushes_pending_repeats_closes_hooks_and_drops_later_alerts() -> 
     dispatcher.close()  # idempotent
 
 
+def test_a_repeat_raised_while_close_flushes_is_counted_dropped_not_held_back() -> None:
+    clock = FakeClock()
+
+    class RaisesDuringClose(RecordingHook):
+        """Raises the same (code, model) again while close() delivers the held repeat,
+        as another thread or the hook itself may."""
+
+        def alert(
+            self, level: AlertLevel, code: str, message: str, fields: Mapping[str, Any]
+        ) -> None:
+            super().alert(level, code, message, fields)
+            if len(self.calls) == 2:
+                dispatcher(alert(level="CRITICAL"))
+
+    hook = RaisesDuringClose()
+    dispatcher = AlertDispatcher([hook], rate_limit_s=10.0, clock=clock)
+    dispatcher(alert())
+    dispatcher(alert())  # inside the window: held back until close() flushes it
+    with capture_logs() as logs:
+        dispatcher.close()
+    assert len(hook.calls) == 2 and hook.calls[1][3] == {"model": "demo"}
+    status = dispatcher.status()
+    assert (status["raised"], status["sent"], status["suppressed"]) == (3, 2, 0)
+    assert (status["dropped_after_close"], status["pending"]) == (1, 0)
+    assert [entry.get("delivered") for entry in logs if entry["event"] == "alert"] == [
+        None,
+        False,
+    ]
+
+
 def test_hooks_get_a_read_only_view_and_raisers_cannot_fake_suppressed() -> None:
     seen: list[Mapping[str, Any]] = []
 

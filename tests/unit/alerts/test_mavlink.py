@@ -1,21 +1,26 @@
 """The MAVLink hook (``inferd.alerts.mavlink``): STATUSTEXT text and chunking,
-and the hook over a real UDP socket."""
+and the hook over real UDP and TCP sockets."""
 
 from __future__ import annotations
 
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
-from inferd.alerts import AlertHookUnavailableError
+from inferd.alerts import AlertDispatcher, AlertHookUnavailableError
 from inferd.alerts.mavlink import (
     STATUSTEXT_LEN,
     MavlinkAlertHook,
     repeats_suffix,
     statustext_chunks,
 )
+from inferd.types import Alert
+from tests.conftest import HANG_S, wait_until
 
 
 def test_short_text_is_one_unchunked_message() -> None:
@@ -165,3 +170,98 @@ def test_mavlink_hook_bad_endpoint_is_unavailable() -> None:
 def test_mavlink_hook_validates_its_arguments(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MavlinkAlertHook("udpout:127.0.0.1:14550", **kwargs)
+
+
+@pytest.fixture
+def tcp_ground() -> Iterator[socket.socket]:
+    """A ground station (or MAVLink router) listening for the hook's ``tcp:`` link."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(HANG_S)
+    yield server
+    server.close()
+
+
+def _accept_hook(server: socket.socket, hook: MavlinkAlertHook) -> socket.socket:
+    connection, _ = server.accept()
+    connection.settimeout(HANG_S)
+    wait_until(lambda: hook.connected, message="the hook's TCP connection")
+    return connection
+
+
+def test_tcp_alerts_after_the_ground_station_left_are_failures_not_deliveries(
+    tcp_ground: socket.socket, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # structlog's console renderer writes to stdout in tests: capture it.
+    with capture_logs() as logs:
+        hook = MavlinkAlertHook(f"tcp:127.0.0.1:{tcp_ground.getsockname()[1]}")
+        dispatcher = AlertDispatcher([hook], rate_limit_s=0)
+        try:
+            connection = _accept_hook(tcp_ground, hook)
+            dispatcher(Alert("ERROR", "first", "delivered"))
+            assert _parse(connection.recv(512)).text == "first: delivered"
+            connection.close()  # the ground station drops the link and is gone
+            tcp_ground.close()
+            for index in range(5):
+                dispatcher(Alert("CRITICAL", f"lost{index}", "nobody receives this"))
+            status = dispatcher.status()["hooks"]["mavlink"]
+        finally:
+            dispatcher.close()
+    # TCP cannot tell a frame the kernel took before the peer's FIN arrived
+    # from a delivered one; every later alert must count as a failure.
+    assert status["failures"] >= 4 and status["sent"] + status["failures"] == 6, status
+    assert status["last_error"] is not None
+    assert capfd.readouterr().out == ""  # pymavlink's mavtcp prints on a reset
+    assert [entry["event"] for entry in logs].count("mavlink_tcp_connected") == 1
+
+
+def test_tcp_hook_reconnects_and_sends_again_when_the_ground_station_is_back(
+    tcp_ground: socket.socket,
+) -> None:
+    hook = MavlinkAlertHook(f"tcp:127.0.0.1:{tcp_ground.getsockname()[1]}")
+    try:
+        _accept_hook(tcp_ground, hook).close()  # the ground station restarts
+
+        def send_fails() -> bool:
+            try:
+                hook.alert("WARNING", "while_down", "lost", {})
+            except OSError:
+                return True
+            return False
+
+        wait_until(send_fails, message="a send failing on the closed connection")
+        connection = _accept_hook(tcp_ground, hook)
+        hook.alert("NOTICE", "back", "ground link restored", {})
+        assert _parse(connection.recv(512)).text == "back: ground link restored"
+        connection.close()
+    finally:
+        hook.close()
+
+
+def test_tcp_hook_is_built_at_once_when_the_ground_station_does_not_answer() -> None:
+    # A listener whose accept queue is full drops new SYNs, as a host that is
+    # down or out of radio range does: connect() waits out the SYN retries.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    filler = socket.create_connection(server.getsockname())
+    built: list[MavlinkAlertHook] = []
+    endpoint = f"tcp:127.0.0.1:{server.getsockname()[1]}"
+    builder = threading.Thread(target=lambda: built.append(MavlinkAlertHook(endpoint)), daemon=True)
+    try:
+        builder.start()
+        builder.join(HANG_S)
+        assert built, "building the hook waited for the ground station (daemon start-up blocked)"
+        with pytest.raises(ConnectionError, match="not connected"):
+            built[0].alert("ERROR", "no_ground", "not connected yet", {})
+    finally:
+        for hook in built:
+            hook.close()
+        filler.close()
+        server.close()
+
+
+def test_tcp_endpoint_without_a_port_is_unavailable() -> None:
+    with pytest.raises(AlertHookUnavailableError, match="tcp:<host>:<port>"):
+        MavlinkAlertHook("tcp:ground-station")

@@ -14,6 +14,7 @@ import pytest
 
 from inferd.config import ThermalConfig
 from inferd.thermal import SourceSelection, ThermalMonitor, ThermalReading
+from tests.conftest import HANG_S
 from tests.fakes import fake_jtop, fake_pynvml
 
 
@@ -94,6 +95,22 @@ class ScriptedSource:
 
     def close(self) -> None:
         self.closed += 1
+
+
+class HangingSource(ScriptedSource):
+    """A ScriptedSource whose reads, from the ``hang_from``-th on, block like an I2C
+    sensor or a jtop socket that stopped answering, until ``release`` is set."""
+
+    def __init__(self, step: ThermalReading, *, hang_from: int) -> None:
+        super().__init__(step, name="hanging")
+        self.hang_from = hang_from
+        self.release = threading.Event()
+
+    def read(self) -> ThermalReading:
+        result = super().read()
+        if self.reads >= self.hang_from:
+            self.release.wait(HANG_S)
+        return result
 
 
 def reading(cpu: float | None = None, gpu: float | None = None, **fields: Any) -> ThermalReading:

@@ -23,9 +23,17 @@ from inferd.thermal import (
     ThermalMonitor,
     ThermalReading,
 )
+from inferd.thermal.throttle import REASON_ENTER, REASON_UNAVAILABLE
 from inferd.types import ThermalState
 from tests.conftest import wait_until
-from tests.unit.thermal.conftest import FakeClock, ScriptedSource, Sinks, make_monitor, reading
+from tests.unit.thermal.conftest import (
+    FakeClock,
+    HangingSource,
+    ScriptedSource,
+    Sinks,
+    make_monitor,
+    reading,
+)
 
 EVENT_KEYS = {
     "source",
@@ -129,6 +137,70 @@ def test_a_stale_snapshot_is_not_claimed_fresh() -> None:
     clock.advance(0.001)
     stale = monitor.snapshot()
     assert not stale.is_telemetry_available and not stale.thermal_throttle_active
+
+
+def test_describe_is_as_stale_as_the_snapshot() -> None:
+    source = ScriptedSource(reading(cpu=85.0))
+    monitor, _, clock = make_monitor(source, stale_after_s=3.0)
+    monitor._poll_once()
+    fresh = monitor.describe()
+    assert fresh["available"] and fresh["throttle_active"]
+    clock.advance(3.001)  # no poll since: the monitor thread hangs somewhere
+    stale = monitor.describe()
+    assert not stale["available"] and not stale["throttle_active"]
+
+
+def test_a_sensor_hanging_while_throttled_is_a_recorded_transition_with_no_second_read() -> None:
+    source = HangingSource(reading(cpu=90.0), hang_from=2)
+    monitor, sinks, _ = make_monitor(
+        source,
+        ThermalConfig(throttle_enter_c=80.0, hysteresis_c=5.0, poll_hz=20.0),
+        stale_after_s=0.2,
+    )
+
+    def transitions() -> list[tuple[bool, str]]:
+        return [(payload["throttle_active"], payload["reason"]) for _, payload in sinks.records]
+
+    monitor.start()
+    try:
+        wait_until(
+            lambda: (False, REASON_UNAVAILABLE) in transitions(),
+            message="the read deadline passing as a telemetry_unavailable transition",
+        )
+        assert not monitor.snapshot().is_telemetry_available
+        described = monitor.describe()
+        assert not described["available"] and not described["throttle_active"]
+        polls = described["polls"]
+        wait_until(lambda: monitor.describe()["polls"] >= polls + 3, message="polls going on")
+        assert source.reads == 2  # never a second read while one hangs
+        assert sum(thread.is_alive() for thread in source.readers) == 1
+        source.release.set()  # the sensor answers again
+        wait_until(lambda: monitor.snapshot().thermal_throttle_active, message="recovery")
+    finally:
+        source.release.set()
+        assert monitor.stop(timeout=2.0)
+    assert transitions() == [
+        (True, REASON_ENTER),
+        (False, REASON_UNAVAILABLE),
+        (True, REASON_ENTER),
+    ]
+    assert sinks.records[1][0] == TRANSITION_RECORD_KIND and sinks.records[1][1]["previous"]
+
+
+def test_stop_leaves_the_source_open_while_a_read_past_its_deadline_runs() -> None:
+    source = HangingSource(reading(cpu=50.0), hang_from=1)
+    monitor, _, _ = make_monitor(source, ThermalConfig(poll_hz=20.0), stale_after_s=0.05)
+    monitor.start()
+    try:
+        wait_until(lambda: monitor.describe()["errors"] >= 2, message="polls past the hung read")
+        with capture_logs() as logs:
+            assert monitor.stop(timeout=0.05) is False  # the read may still use the source
+        assert source.closed == 0 and not monitor.describe()["running"]
+        assert [entry["event"] for entry in logs] == ["thermal_monitor_stop_timeout"]
+    finally:
+        source.release.set()
+    assert monitor.stop(timeout=2.0) is True
+    assert source.closed == 1 and not any(thread.is_alive() for thread in source.readers)
 
 
 def test_unavailable_state_and_rate_limited_warning() -> None:
