@@ -285,6 +285,11 @@ ALERT_HOOKS: tuple[str, ...] = ("pub", "fdr", "mavlink")
 THERMAL_SOURCES: tuple[str, ...] = ("jtop", "nvml", "sysfs")
 
 
+#: The smallest ``fdr.segment_max_bytes``: a segment holds the writer's own records
+#: (an ``fdr_dropped`` is at most 459 bytes, a one-name ``fdr_retention`` 263).
+FDR_SEGMENT_MIN_BYTES = 1024
+
+
 @dataclass(frozen=True)
 class FdrConfig:
     """Flight data recorder (``[fdr]``)."""
@@ -298,7 +303,11 @@ class FdrConfig:
 
     def __post_init__(self) -> None:
         positive("fdr.fsync_interval_ms", self.fsync_interval_ms)
-        positive("fdr.segment_max_bytes", self.segment_max_bytes)
+        if self.segment_max_bytes < FDR_SEGMENT_MIN_BYTES:
+            raise ConfigError(
+                f"fdr.segment_max_bytes ({self.segment_max_bytes}) must be at least "
+                f"{FDR_SEGMENT_MIN_BYTES}: a segment must hold the recorder's own records"
+            )
         positive("fdr.queue_capacity", self.queue_capacity)
         if self.max_total_bytes < 2 * self.segment_max_bytes:
             raise ConfigError(

@@ -15,6 +15,7 @@ logs cannot detect.  A record body is a msgpack map with ``kind``,
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -65,7 +66,70 @@ def decode_segment_header(data: bytes) -> tuple[int, int]:
 
 
 def encode_body(record: Mapping[str, Any]) -> bytes:
-    return msgpack.packb(record, use_bin_type=True)  # type: ignore[no-any-return]
+    return _pack(record)
+
+
+def _pack(item: Any) -> bytes:
+    return msgpack.packb(item, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+#: The most bytes a seq takes in a body (msgpack's uint64: a marker and 8 bytes).
+MAX_SEQ_BYTES = 9
+_SEQ_KEY = _pack("seq")
+
+
+def encode_body_parts(
+    kind: str, schema_version: int, wall_ns: int, mono_ns: int, boot_id: str, payload: Any
+) -> tuple[bytes, bytes]:
+    """A record body without its seq: the bytes before and after the seq's value.
+
+    The seq is assigned at write time, on the writer's thread, but the payload is
+    encoded once, by the caller, who learns there that it cannot be (TypeError,
+    ValueError, OverflowError).  msgpack is a stream: ``join_body`` gives what
+    ``encode_body`` gives for the whole map, keys in this order.  Each part is
+    packed as a small map (one msgpack call, not one per item) whose one-byte
+    fixmap marker is then cut off."""
+    tail = _pack({"wall_ns": wall_ns, "mono_ns": mono_ns, "boot_id": boot_id, "payload": payload})
+    return _body_head(kind, schema_version), tail[1:]
+
+
+@functools.cache  # one per registered kind
+def _body_head(kind: str, schema_version: int) -> bytes:
+    head = _pack({"kind": kind, "schema_version": schema_version})
+    return b"\x87" + head[1:] + _SEQ_KEY  # 0x87: a fixmap of the 7 body keys
+
+
+def encode_record_parts(
+    kind: str,
+    schema_version: int,
+    wall_ns: int,
+    mono_ns: int,
+    boot_id: str,
+    payload: Any,
+    *,
+    segment_max_bytes: int,
+) -> tuple[bytes, bytes]:
+    """``encode_body_parts``, checked: ValueError if the payload cannot be
+    encoded, or if the record, whatever its seq, is over MAX_BODY_BYTES or would
+    not fit an empty segment (no segment may outgrow ``segment_max_bytes``)."""
+    try:
+        head, tail = encode_body_parts(kind, schema_version, wall_ns, mono_ns, boot_id, payload)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"payload cannot be encoded: {exc}") from exc
+    body = len(head) + MAX_SEQ_BYTES + len(tail)
+    if body > MAX_BODY_BYTES:
+        raise ValueError(f"record body is {body} bytes; the limit is {MAX_BODY_BYTES}")
+    room = segment_max_bytes - SEGMENT_HEADER.size
+    if FRAME_HEADER.size + body > room:
+        raise ValueError(
+            f"record is {FRAME_HEADER.size + body} bytes; a segment (fdr.segment_max_bytes "
+            f"{segment_max_bytes}) holds {room} after its header"
+        )
+    return head, tail
+
+
+def join_body(head: bytes, seq: int, tail: bytes) -> bytes:
+    return head + _pack(seq) + tail
 
 
 def encode_frame(body: bytes) -> bytes:

@@ -1,24 +1,24 @@
 """The recorder's writer: a thread with a bounded queue and group commit.
 
-``record()`` validates in the caller (a bad payload is a bug and raises there)
-and enqueues without ever blocking: a full queue or a failing disk drops
-records, counts them, logs at ERROR and says so in ``status()``; serving goes
-on.  The writer thread appends frames to the current segment and makes them
-durable (``fdatasync``) at most every ``fsync_interval_ms``, or at once when a
-critical kind is in the batch.  After a failed write or sync it never appends
-to that segment again (what reached the disk is unknown): it opens a new one.
+``record()`` validates and encodes in the caller (a bad payload is a bug and
+raises there) and enqueues without ever blocking: a full queue or a failing
+disk drops records, counts them, logs at ERROR and says so in ``status()``;
+serving goes on.  The writer thread appends frames to the current segment and
+makes them durable (``fdatasync``) at most every ``fsync_interval_ms``, or at
+once when a critical kind was written.  After a failed write or sync it never
+appends to that segment again (what reached the disk is unknown): it opens a
+new one, and counts what was written there but not yet synced as dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
 import queue
 import threading
 import time
-from collections import Counter
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,16 +27,17 @@ from typing import Any
 import structlog
 
 from inferd.config import FdrConfig
-from inferd.durable import fsync_directory, write_all
-from inferd.fdr import framing, kinds
-from inferd.fdr.reader import ReadReport, list_segments, read_segment
-from inferd.owned_files import ensure_owned_dir, open_nofollow
+from inferd.durable import write_all
+from inferd.fdr import framing, kinds, segments
+from inferd.owned_files import ensure_owned_dir
 
 log = structlog.get_logger("inferd.fdr")
 
 _STOP = object()
 _RETRY_AFTER_FAILURE_NS = 1_000_000_000
 _BATCH = 256
+_DROPPED = kinds.KINDS["fdr_dropped"]
+_RETENTION = kinds.KINDS["fdr_retention"]
 
 
 def read_boot_id() -> str:
@@ -48,10 +49,14 @@ def read_boot_id() -> str:
 
 @dataclass
 class _Pending:
+    """A record encoded but for its seq (assigned when it is written)."""
+
     kind: kinds.RecordKind
-    payload: dict[str, Any]
-    wall_ns: int
-    mono_ns: int
+    head: bytes
+    tail: bytes
+    #: What an fdr_dropped / fdr_retention record reports (again, if it is lost).
+    dropped: tuple[int, list[str]] | None = None
+    deleted: list[tuple[str, int]] | None = None
 
 
 class _Marker(threading.Event):
@@ -61,17 +66,8 @@ class _Marker(threading.Event):
 
 
 class _BackingOff(OSError):
-    """No segment is opened for a while after a failure: records are dropped
-    (and counted) without touching the disk, the failure that started the
-    pause stays in ``last_error`` and the pause is not extended."""
-
-
-@dataclass
-class _Segment:
-    index: int
-    path: Path
-    fd: int
-    size: int
+    """No segment is opened for a second after a failure: records are dropped (and counted)
+    without touching the disk or extending the pause; ``last_error`` keeps its cause."""
 
 
 class FlightRecorder:
@@ -88,17 +84,27 @@ class FlightRecorder:
         self._wall_clock = wall_clock
         self._mono_clock = mono_clock
         self._boot_id = boot_id if boot_id is not None else read_boot_id()
+        self._interval_s = config.fsync_interval_ms / 1000
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_capacity)
         self._thread = threading.Thread(target=self._run, name="inferd-fdr", daemon=True)
+        self._stopped = threading.Event()
         self._lock = threading.Lock()
-        self._segment: _Segment | None = None
+        self._segment: segments.Segment | None = None
         self._next_index = 1
-        self._seq = itertools.count(1)
+        self._next_seq = 1
         self._last_failure_mono_ns: int | None = None
         #: Highest seq written to the current segment's file (not merely framed):
         #: what a successful fdatasync makes durable.
         self._written_seq = 0
-        self._durable = threading.Condition()
+        # Written to the current segment since its last fdatasync: lost with it
+        # if a write or sync fails (DESIGN.md entry 13).
+        self._unsynced_records = 0
+        self._unsynced_reports: list[_Pending] = []
+        self._unsynced_critical = False
+        #: Drops counted by fdr_dropped records that are durable.
+        self._reported_drops = 0
+        #: Segments the size cap deleted that no durable fdr_retention names yet.
+        self._deleted: list[tuple[str, int]] = []
         # Counters (read by status() from other threads; ints are updated atomically).
         self.records_written = 0
         self.records_dropped = 0
@@ -114,49 +120,39 @@ class FlightRecorder:
     def start(self) -> None:
         """Find where earlier runs stopped (seq, segment index), then start writing."""
         ensure_owned_dir(self._directory, what="fdr.directory")
-        last_seq, last_index = self._resume_point()
-        self._seq = itertools.count(last_seq + 1)
-        self._next_index = last_index + 1
+        self._next_seq = segments.last_seq(self._directory) + 1
+        self._next_index = segments.highest_index(self._directory) + 1
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Write and sync everything queued, close the segment, join the thread."""
+        """Write and sync everything queued, close the segment, join the thread;
+        give up after ``timeout`` s (a hung disk must not hang the daemon's stop)."""
+        self._stopped.set()  # later records are dropped; the writer leaves once drained
         if not self._thread.is_alive():
             return
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(queue.Full):  # busy: it sees _stopped once drained
+            self._queue.put(_STOP, timeout=timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             log.error("fdr_writer_did_not_stop", timeout_s=timeout)
 
-    def _resume_point(self) -> tuple[int, int]:
-        """The last seq written and the highest segment index taken.  A segment that
-        cannot be read (a symlink, which is never followed) holds no seq to resume
-        from, but its index stays taken: the next segment comes after it."""
-        segments = list_segments(self._directory)
-        last_index = max((framing.segment_index(p.name) or 0 for p in segments), default=0)
-        report = ReadReport()
-        try:
-            for path in reversed(segments):
-                seqs = [record.seq for record in read_segment(path, report)]
-                if seqs:
-                    return max(seqs), last_index
-            return 0, last_index
-        finally:
-            for damage in report.unreadable_segments:
-                log.warning("fdr_segment_unreadable", segment=damage.segment, reason=damage.reason)
-
     # -- producer side (any thread) -------------------------------------------
     def record(self, kind: str, payload: Mapping[str, Any]) -> None:
-        """Queue a record; raises RecordPayloadError for an unknown kind or missing keys."""
-        registered = kinds.validate(kind, payload)
-        pending = _Pending(registered, dict(payload), self._wall_clock(), self._mono_clock())
+        """Queue a record; raises RecordPayloadError for an unknown kind, missing
+        keys, a payload msgpack cannot encode, or a record too large to write."""
+        pending = self._encode(kinds.validate(kind, payload), payload)
+        if self._stopped.is_set():
+            self._drop(1, "recorder stopped")
+            return
         try:
             self._queue.put_nowait(pending)
         except queue.Full:
             self._drop(1, "queue full")
 
     def wait_durable(self, timeout: float) -> bool:
-        """Block until every record queued before this call is on disk and synced."""
+        """Block until every record queued before this call is on disk and synced;
+        False if one was lost (unless an fdr_dropped record saying so is durable)."""
         marker = _Marker()
         try:
             self._queue.put(marker, timeout=timeout)
@@ -179,7 +175,25 @@ class FlightRecorder:
             "last_error": self.last_error,
         }
 
+    def _encode(self, kind: kinds.RecordKind, payload: Mapping[str, Any]) -> _Pending:
+        """Encode once, here: the writer thread only adds the seq and the frame."""
+        clocks = (self._wall_clock(), self._mono_clock())
+        try:
+            head, tail = framing.encode_record_parts(
+                kind.name,
+                kind.schema_version,
+                *clocks,
+                self._boot_id,
+                payload,
+                segment_max_bytes=self._config.segment_max_bytes,
+            )
+        except ValueError as exc:
+            raise kinds.RecordPayloadError(f"{kind.name}: {exc}") from exc
+        return _Pending(kind, head, tail)
+
     def _drop(self, count: int, reason: str) -> None:
+        if count <= 0:
+            return
         with self._lock:
             self.records_dropped += count
             self._unreported_drops += count
@@ -191,33 +205,54 @@ class FlightRecorder:
     # -- writer thread -------------------------------------------------------
     def _run(self) -> None:
         dirty_since: float | None = None
-        interval_s = self._config.fsync_interval_ms / 1000
         stopping = False
         while not stopping:
             timeout = None
-            if dirty_since is not None:
-                timeout = max(0.0, dirty_since + interval_s - time.monotonic())
+            if self._stopped.is_set():
+                timeout = 0.0  # drain, then leave (stop() may not have queued _STOP)
+            elif dirty_since is not None:
+                timeout = max(0.0, dirty_since + self._interval_s - time.monotonic())
             batch = self._take_batch(timeout)
-            stopping = any(item is _STOP for item in batch)
-            markers = [item for item in batch if isinstance(item, _Marker)]
-            records = [item for item in batch if isinstance(item, _Pending)]
-            failed = False
-            if records:
-                if self._write(records):
-                    dirty_since = dirty_since if dirty_since is not None else time.monotonic()
-                else:
-                    failed, dirty_since = True, None  # the abandoned segment cannot be synced
-            critical = any(item.kind.critical for item in records)
-            due = dirty_since is not None and time.monotonic() - dirty_since >= interval_s
-            if dirty_since is not None and (critical or due or markers or stopping):
-                if self._sync():
-                    dirty_since = None
-                else:
-                    failed, dirty_since = True, None
-            for marker in markers:
-                marker.durable = not failed and dirty_since is None
-                marker.set()
+            stopping = _STOP in batch or (not batch and self._stopped.is_set())
+            try:
+                failed, dirty_since = self._process(batch, dirty_since, stopping)
+            except Exception as exc:  # a recorder thread must never die
+                self._fail(exc, "writer")
+                failed, dirty_since = True, None
+            # Durable: written and synced, and any loss before it durably reported.
+            durable = not failed and dirty_since is None
+            self._set_markers(batch, durable and self._reported_drops == self.records_dropped)
         self._close_segment()
+        while leftover := self._take_batch(0.0):  # came after the last batch: never written
+            self._drop(sum(isinstance(item, _Pending) for item in leftover), "recorder stopped")
+            self._set_markers(leftover, False)
+
+    def _process(
+        self, batch: list[Any], dirty_since: float | None, stopping: bool
+    ) -> tuple[bool, float | None]:
+        """Write a batch and sync when due; returns (failed, dirty since)."""
+        records = [item for item in batch if isinstance(item, _Pending)]
+        failed = False
+        if records:
+            if self._write(records):
+                dirty_since = dirty_since if dirty_since is not None else time.monotonic()
+            else:
+                failed, dirty_since = True, None  # the abandoned segment cannot be synced
+        due = dirty_since is not None and time.monotonic() - dirty_since >= self._interval_s
+        markers = any(isinstance(item, _Marker) for item in batch)
+        if dirty_since is not None and (self._unsynced_critical or due or markers or stopping):
+            if self._sync():
+                dirty_since = None
+            else:
+                failed, dirty_since = True, None
+        return failed, dirty_since
+
+    @staticmethod
+    def _set_markers(batch: list[Any], durable: bool) -> None:
+        for marker in batch:
+            if isinstance(marker, _Marker):
+                marker.durable = durable
+                marker.set()
 
     def _take_batch(self, timeout: float | None) -> list[Any]:
         try:
@@ -236,75 +271,102 @@ class FlightRecorder:
 
         A batch goes to the file in one ``write`` per segment: a write releases
         the GIL, and a writer that wrote frame by frame would wait for it after
-        every frame behind a busy Python thread (bench/fdr_throughput.py).
+        every frame behind a busy Python thread (bench/fdr_throughput.py).  No
+        frame goes past ``segment_max_bytes`` (``_encode`` refused any record an
+        empty segment cannot hold), so the size cap holds (``_open_segment``).
         """
-        report = self._drop_report() if self._unreported_drops else None
-        flushed: Counter[str] = Counter()
-        frames: list[tuple[bytes, str, int]] = []  # (frame, "report"|"record"|"retention", seq)
+        work: deque[_Pending] = deque(records)
+        frames: list[tuple[bytes, _Pending, int]] = []  # framed, not yet written
         try:
+            if self._unreported_drops:
+                work.appendleft(self._drop_report())
             segment = self._segment_for_writing()
             size = segment.size
-            for pending in [report, *records] if report else records:
-                frame, seq = self._frame(pending)
-                retention = None
-                if size + len(frame) > self._config.segment_max_bytes and (
-                    size > framing.SEGMENT_HEADER.size
-                ):
-                    flushed += self._flush(segment, frames)
+            while work:
+                pending = work[0]
+                seq = self._next_seq
+                frame = framing.encode_frame(framing.join_body(pending.head, seq, pending.tail))
+                if size + len(frame) > self._config.segment_max_bytes:
+                    self._flush(segment, frames)
                     frames = []
-                    segment, retention = self._rotate()
+                    self._close_segment()
+                    segment = self._open_segment()
                     size = segment.size
-                frames.append((frame, "report" if pending is report else "record", seq))
+                    continue
+                work.popleft()
+                frames.append((frame, pending, seq))
+                self._next_seq += 1
                 size += len(frame)
-                if retention is not None:  # after the record whose seq came first
-                    retention_frame, retention_seq = self._frame(retention)
-                    frames.append((retention_frame, "retention", retention_seq))
-                    size += len(retention_frame)
-            flushed += self._flush(segment, frames)
-        except OSError as exc:
+                if self._deleted:  # after the record whose frame opened the segment
+                    work.appendleft(self._retention_report())
+            self._flush(segment, frames)
+        except Exception as exc:
             if not isinstance(exc, _BackingOff):
                 self._fail(exc, "write")
-            if report is not None and not flushed["report"]:
-                with self._lock:  # the report was not written: report it (and why) later
-                    self._unreported_drops += int(report.payload["dropped"])
-                    self._drop_reasons.update(str(report.payload["reason"]).split("; "))
-            self._drop(len(records) - flushed["record"], f"write failed: {exc.strerror or exc}")
+            lost = [pending for _, pending, _ in frames] + list(work)
+            for pending in lost:
+                self._give_back(pending)
+            count = sum(p.dropped is None and p.deleted is None for p in lost)  # records
+            self._drop(count, f"write failed: {_describe(exc)}")
             return False
         return True
 
-    def _flush(self, segment: _Segment, frames: list[tuple[bytes, str, int]]) -> Counter[str]:
-        """Write frames (in seq order) in one go; returns how many of each role were written."""
+    def _flush(self, segment: segments.Segment, frames: list[tuple[bytes, _Pending, int]]) -> None:
+        """Write frames (in seq order) in one go."""
         if not frames:
-            return Counter()
+            return
         data = b"".join(frame for frame, _, _ in frames)
         write_all(segment.fd, data)
         segment.size += len(data)
         self.bytes_written += len(data)
         self.records_written += len(frames)
         self._written_seq = frames[-1][2]
-        return Counter(role for _, role, _ in frames)
+        for _, pending, _ in frames:
+            self._unsynced_critical = self._unsynced_critical or pending.kind.critical
+            if pending.dropped is not None or pending.deleted is not None:
+                self._unsynced_reports.append(pending)
+            else:
+                self._unsynced_records += 1
 
     def _drop_report(self) -> _Pending:
         with self._lock:
             count, self._unreported_drops = self._unreported_drops, 0
             reasons, self._drop_reasons = sorted(self._drop_reasons), set()
-        payload = {"dropped": count, "reason": "; ".join(reasons)}
-        return _Pending(kinds.KINDS["fdr_dropped"], payload, self._wall_clock(), self._mono_clock())
+        reason = "; ".join(reasons)[:256]  # bounded: the report must fit any segment
+        pending = self._encode(_DROPPED, {"dropped": count, "reason": reason})
+        pending.dropped = (count, reasons)
+        return pending
 
-    def _frame(self, pending: _Pending) -> tuple[bytes, int]:
-        seq = next(self._seq)
-        body = framing.encode_body(
-            {
-                "kind": pending.kind.name,
-                "schema_version": pending.kind.schema_version,
-                "seq": seq,
-                "wall_ns": pending.wall_ns,
-                "mono_ns": pending.mono_ns,
-                "boot_id": self._boot_id,
-                "payload": pending.payload,
+    def _retention_report(self) -> _Pending:
+        """An fdr_retention record naming as many deleted segments as a segment holds."""
+        count = len(self._deleted)
+        while True:
+            deleted = self._deleted[:count]
+            payload = {
+                "deleted_segments": [name for name, _ in deleted],
+                "deleted_bytes": sum(size for _, size in deleted),
+                "max_total_bytes": self._config.max_total_bytes,
             }
-        )
-        return framing.encode_frame(body), seq
+            try:
+                pending = self._encode(_RETENTION, payload)
+                break
+            except kinds.RecordPayloadError:
+                if count == 1:
+                    raise
+                count //= 2
+        del self._deleted[:count]
+        pending.deleted = deleted
+        return pending
+
+    def _give_back(self, pending: _Pending) -> None:
+        """What a lost fdr_dropped or fdr_retention record said is reported again."""
+        if pending.dropped is not None:
+            count, reasons = pending.dropped
+            with self._lock:
+                self._unreported_drops += count
+                self._drop_reasons.update(reasons)
+        if pending.deleted is not None:
+            self._deleted[:0] = pending.deleted
 
     def _sync(self) -> bool:
         segment = self._segment
@@ -317,11 +379,16 @@ class FlightRecorder:
             # PostgreSQL treat it as fatal for the file): never reuse the segment.
             self._fail(exc, "fdatasync")
             return False
-        self.syncs += 1
-        self.durable_seq = self._written_seq
+        self._synced()
         return True
 
-    def _segment_for_writing(self) -> _Segment:
+    def _synced(self) -> None:
+        self.syncs += 1
+        self.durable_seq = self._written_seq
+        self._reported_drops += sum(p.dropped[0] for p in self._unsynced_reports if p.dropped)
+        self._unsynced_records, self._unsynced_reports, self._unsynced_critical = 0, [], False
+
+    def _segment_for_writing(self) -> segments.Segment:
         if self._segment is not None:
             return self._segment
         failed_at = self._last_failure_mono_ns
@@ -329,63 +396,19 @@ class FlightRecorder:
             raise _BackingOff(errno.EAGAIN, "recorder is backing off after a failure")
         return self._open_segment()
 
-    def _open_segment(self) -> _Segment:
-        index = self._next_index
-        path = self._directory / framing.segment_name(index)
-        fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
-        self._next_index = index + 1
-        try:
-            header = framing.encode_segment_header(index, self._wall_clock())
-            write_all(fd, header)
-            os.fdatasync(fd)
-            fsync_directory(self._directory)
-        except OSError:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                path.unlink()  # holds no record; on a full disk, retries would litter
-            raise
-        self._segment = _Segment(index, path, fd, len(header))
-        return self._segment
-
-    def _rotate(self) -> tuple[_Segment, _Pending | None]:
-        """Close the full segment, apply the size cap, open the next one; returns
-        the retention record to write if segments were deleted."""
-        self._close_segment()
-        deleted = self._enforce_size_cap()
-        segment = self._open_segment()
-        if not deleted:
-            return segment, None
-        names, size = deleted
-        payload = {
-            "deleted_segments": names,
-            "deleted_bytes": size,
-            "max_total_bytes": self._config.max_total_bytes,
-        }
-        retention = _Pending(
-            kinds.KINDS["fdr_retention"], payload, self._wall_clock(), self._mono_clock()
-        )
-        return segment, retention
-
-    def _enforce_size_cap(self) -> tuple[list[str], int] | None:
-        """Delete the oldest closed segments until the next one fits under the cap."""
-        segments = list_segments(self._directory)
-        sizes = {path: path.lstat().st_size for path in segments}  # a symlink: not followed
-        total = sum(sizes.values())
+    def _open_segment(self) -> segments.Segment:
+        """Apply the size cap, then create the next segment.  Every segment is at
+        most segment_max_bytes, so closed ones within max_total_bytes minus one
+        segment keep the directory within max_total_bytes."""
         budget = self._config.max_total_bytes - self._config.segment_max_bytes
-        deleted: list[str] = []
-        freed = 0
-        for path in segments:
-            if total - freed <= budget:
-                break
-            path.unlink()
-            deleted.append(path.name)
-            freed += sizes[path]
-        if not deleted:
-            return None
-        fsync_directory(self._directory)
-        self.segments_deleted += len(deleted)
-        log.info("fdr_segments_deleted", segments=deleted, bytes=freed)
-        return deleted, freed
+        before = len(self._deleted)
+        try:
+            segments.delete_oldest(self._directory, budget, self._deleted)
+        finally:
+            self.segments_deleted += len(self._deleted) - before
+        self._segment = segments.create_next(self._directory, self._next_index, self._wall_clock)
+        self._next_index = self._segment.index + 1
+        return self._segment
 
     def _close_segment(self) -> None:
         segment, self._segment = self._segment, None
@@ -393,18 +416,35 @@ class FlightRecorder:
             return
         try:
             os.fdatasync(segment.fd)
-            self.syncs += 1
-            self.durable_seq = self._written_seq
+            self._synced()
         except OSError as exc:
-            self.last_error = f"fdatasync on close: {exc}"
+            self._fail(exc, "fdatasync on close")
         finally:
             os.close(segment.fd)
 
-    def _fail(self, exc: OSError, operation: str) -> None:
-        self.last_error = f"{operation}: {exc}"
+    def _fail(self, exc: Exception, operation: str) -> None:
+        """Abandon the current segment: what was written there since its last sync
+        may not be on disk, so it is counted as dropped (and reported again)."""
+        self.last_error = f"{operation}: {_describe(exc)}"
         self._last_failure_mono_ns = self._mono_clock()
-        log.error("fdr_write_failed", operation=operation, error=str(exc))
+        log.error(
+            "fdr_write_failed",
+            operation=operation,
+            error=str(exc),
+            exc_info=not isinstance(exc, OSError),  # not a disk: a bug, with its traceback
+        )
+        for pending in self._unsynced_reports:
+            self._give_back(pending)
+        lost = self._unsynced_records
+        self._unsynced_records, self._unsynced_reports, self._unsynced_critical = 0, [], False
+        self._drop(lost, f"{operation} failed before they were synced: {_describe(exc)}")
         segment, self._segment = self._segment, None
         if segment is not None:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

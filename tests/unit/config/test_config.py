@@ -261,6 +261,7 @@ def test_a_key_without_a_default_value_is_kept_whatever_it_holds(tmp_path: Path)
     [
         ("[fdr]\nfsync_interval_ms = 0\n", "fdr.fsync_interval_ms must be positive"),
         ("[fdr]\nmax_total_bytes = 100\n", "must hold at least two segments"),
+        ("[fdr]\nsegment_max_bytes = 1023\n", "must be at least 1024: a segment must hold"),
         ("[fdr]\nbogus = 1\n", "fdr: unknown key 'bogus'"),
         (
             "[fdr]\nenabled = false\n[alerts]\nhooks = ['fdr']\n",

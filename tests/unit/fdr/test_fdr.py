@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from structlog.testing import capture_logs
 
 from inferd.cli.fdr import dump, parse_since, verify
 from inferd.config import FdrConfig
@@ -22,7 +24,7 @@ from inferd.fdr import framing
 from inferd.fdr.kinds import KINDS, RecordPayloadError, validate
 from inferd.fdr.reader import ReadReport, list_segments, read_records
 from inferd.fdr.writer import FlightRecorder
-from tests.conftest import REPO, wait_until
+from tests.conftest import HANG_S, REPO, wait_until
 
 SCHEMAS = REPO / "schemas" / "fdr"
 
@@ -440,3 +442,328 @@ def test_durable_seq_at_rotation_counts_only_written_records(
             for seq in seqs
         ]
         assert durable == max(closed), (index, durable, max(closed))
+
+
+# -- what the writer thread must survive, and what it must report (review findings) ----------
+ALERT = EXAMPLES["alert"]
+
+
+def alert(message_bytes: int) -> dict[str, Any]:
+    return {**ALERT, "message": "x" * message_bytes}
+
+
+def test_the_body_is_encoded_in_two_parts_around_the_seq_as_one_map() -> None:
+    """The caller encodes a record once; the writer adds the seq: same bytes as before."""
+    head, tail = framing.encode_body_parts("alert", 1, 7, 8, "boot", ALERT)
+    for seq in (1, 127, 128, 65_536, 2**40):
+        whole = {"kind": "alert", "schema_version": 1, "seq": seq}
+        whole.update(wall_ns=7, mono_ns=8, boot_id="boot", payload=ALERT)
+        assert framing.join_body(head, seq, tail) == framing.encode_body(whole)
+
+
+def test_a_payload_msgpack_cannot_encode_is_refused_in_the_caller(tmp_path: Path) -> None:
+    """It used to be encoded on the writer thread, whose TypeError killed it: the
+    good records around it and every later one were lost, status said nothing."""
+    fdr = FlightRecorder(config(tmp_path), boot_id="b")
+    fdr.start()
+    try:
+        fdr.record("deadline_miss", miss(1))
+        with pytest.raises(RecordPayloadError, match="alert: payload cannot be encoded"):
+            fdr.record("alert", {**ALERT, "fields": {"path": Path("/x")}})
+        with pytest.raises(RecordPayloadError, match="cannot be encoded"):
+            fdr.record("deadline_miss", {**miss(1), "count": 2**70})
+        fdr.record("daemon_lifecycle", EXAMPLES["daemon_lifecycle"])
+        assert fdr.wait_durable(5), fdr.status()
+    finally:
+        fdr.stop()
+    assert [r.kind for r in read_records(tmp_path)] == ["deadline_miss", "daemon_lifecycle"]
+    assert fdr.status()["records_dropped"] == 0
+
+
+def test_a_record_over_max_body_bytes_is_refused_in_the_caller(tmp_path: Path) -> None:
+    fdr = FlightRecorder(config(tmp_path), boot_id="b")
+    fdr.start()
+    try:
+        with pytest.raises(
+            RecordPayloadError, match=r"alert: record body is \d+ bytes; the limit is"
+        ):
+            fdr.record("alert", alert(framing.MAX_BODY_BYTES))
+        fdr.record("daemon_lifecycle", EXAMPLES["daemon_lifecycle"])
+        assert fdr.wait_durable(5), fdr.status()
+    finally:
+        fdr.stop()
+    assert [r.kind for r in read_records(tmp_path)] == ["daemon_lifecycle"]
+
+
+def test_an_unexpected_error_on_the_writer_thread_is_dropped_counted_and_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a batch raises, the thread goes on: its records are dropped and
+    counted, status says why, and an fdr_dropped record marks the gap."""
+    real = framing.encode_frame
+    failures = [1]
+
+    def encode_frame(body: bytes) -> bytes:
+        if failures[0]:
+            failures[0] -= 1
+            raise RuntimeError("a bug")
+        return real(body)
+
+    monkeypatch.setattr(framing, "encode_frame", encode_frame)
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(tmp_path), mono_clock=clock)
+    fdr.start()
+    try:
+        fdr.record("deadline_miss", miss(1))
+        assert not fdr.wait_durable(5)
+        assert fdr.status()["records_dropped"] == 1
+        assert "write: a bug" in (fdr.status()["last_error"] or "")
+        clock.advance(1.01)  # past the back-off that follows any failure
+        fdr.record("deadline_miss", miss(2))
+        assert fdr.wait_durable(5), fdr.status()
+    finally:
+        fdr.stop()
+    records = list(read_records(tmp_path))
+    assert [(r.kind, r.payload.get("dropped")) for r in records] == [
+        ("fdr_dropped", 1),
+        ("deadline_miss", None),
+    ]
+
+
+def test_fdr_dropped_is_synced_at_once_as_a_critical_kind(tmp_path: Path) -> None:
+    """The group commit looked at the batch's records only, never at the drop
+    report the writer adds itself: it waited for the interval (here 60 s)."""
+    fdr = FlightRecorder(config(tmp_path, fsync_interval_ms=60_000, queue_capacity=1))
+    fdr.record("deadline_miss", miss(1))
+    fdr.record("deadline_miss", miss(2))  # queue full: dropped, reported when writing resumes
+    fdr.start()
+    try:
+        wait_until(lambda: fdr.status()["records_written"] == 2, message="both frames written")
+        records = list(read_records(tmp_path))
+        assert [r.kind for r in records] == ["fdr_dropped", "deadline_miss"]
+        wait_until(lambda: fdr.status()["durable_seq"] == 2, 5, message="synced at once")
+    finally:
+        fdr.stop()
+
+
+def test_stop_honours_its_timeout_when_the_queue_is_full_and_the_disk_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() queued its stop mark without a timeout: with a full queue and the writer
+    stuck in fdatasync (a dying SD card) the daemon's stop blocked for ever."""
+    gate = threading.Event()
+    real = os.fdatasync
+    calls = [0]
+
+    def fdatasync(fd: int) -> None:
+        calls[0] += 1
+        if calls[0] > 1:  # the header's sync passes, the first record's hangs
+            gate.wait(30)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    fdr = FlightRecorder(config(tmp_path, queue_capacity=4))
+    fdr.start()
+    fdr.record("daemon_lifecycle", EXAMPLES["daemon_lifecycle"])
+    wait_until(lambda: calls[0] >= 2, message="the writer stuck in fdatasync")
+    for index in range(10):
+        fdr.record("deadline_miss", miss(index + 1))
+    with capture_logs() as logs:
+        stopper = threading.Thread(target=fdr.stop, kwargs={"timeout": 0.5}, daemon=True)
+        stopper.start()
+        stopper.join(5)  # bounds a hang
+        stuck = stopper.is_alive()
+        gate.set()
+        stopper.join(HANG_S)
+    assert not stuck, "stop(timeout=0.5) still blocked after 5 s"
+    assert [e["timeout_s"] for e in logs if e["event"] == "fdr_writer_did_not_stop"] == [0.5]
+    fdr.record("deadline_miss", miss(11))  # after stop: dropped and counted, never queued
+    fdr.stop()  # released, the writer drains what was queued and leaves
+    kinds = [r.kind for r in read_records(tmp_path)]
+    assert kinds == ["daemon_lifecycle", "fdr_dropped", *["deadline_miss"] * 4]
+    assert fdr.status()["records_dropped"] == 10 - 4 + 1
+
+
+def test_a_record_after_stop_is_counted_as_dropped(tmp_path: Path) -> None:
+    fdr = FlightRecorder(config(tmp_path))
+    fdr.start()
+    fdr.stop()
+    fdr.record("deadline_miss", miss(1))
+    assert fdr.status()["records_dropped"] == 1
+    assert not fdr.wait_durable(0.1)  # nothing is written any more
+
+
+def segment_sizes(directory: Path) -> list[int]:
+    return [path.lstat().st_size for path in list_segments(directory)]
+
+
+def test_no_segment_outgrows_segment_max_bytes_nor_the_directory_max_total_bytes(
+    tmp_path: Path,
+) -> None:
+    """The fdr_retention frame was appended to the new segment with no size check:
+    2154 bytes on disk with max_total_bytes 2048, a segment over 1024."""
+    fdr = FlightRecorder(config(tmp_path, segment_max_bytes=1024, max_total_bytes=2048))
+    fdr.start()
+    worst = largest = 0
+    try:
+        for size in (50, 400, 400, 800, 400, 50, 800, 400, 400, 400, 50, 800, 800, 50):
+            fdr.record("alert", alert(size))
+            assert fdr.wait_durable(5)
+            sizes = segment_sizes(tmp_path)
+            worst, largest = max(worst, sum(sizes)), max(largest, *sizes)
+    finally:
+        fdr.stop()
+    assert worst <= 2048, f"{worst} bytes on disk, max_total_bytes is 2048"
+    assert largest <= 1024, f"a {largest}-byte segment, segment_max_bytes is 1024"
+    assert fdr.status()["segments_deleted"] > 0
+    assert list(read_records(tmp_path, kinds=["fdr_retention"]))
+
+
+def test_a_record_larger_than_a_segment_is_refused_in_the_caller(tmp_path: Path) -> None:
+    fdr = FlightRecorder(config(tmp_path, segment_max_bytes=1024, max_total_bytes=2048))
+    with pytest.raises(RecordPayloadError, match=r"segment_max_bytes 1024\) holds 996"):
+        fdr.record("alert", alert(850))
+
+
+def test_the_size_cap_holds_across_restarts(tmp_path: Path) -> None:
+    """Every run opens a new segment; the cap was applied only at rotation, so
+    restarts that never filled a segment grew the directory without bound."""
+    small = config(tmp_path, segment_max_bytes=1024, max_total_bytes=2048)
+    for run in range(5):
+        fdr = FlightRecorder(small, boot_id=f"boot-{run}")
+        fdr.start()
+        fdr.record("alert", alert(800))
+        fdr.stop()
+        assert sum(segment_sizes(tmp_path)) <= 2048, (run, segment_sizes(tmp_path))
+    named = {
+        n
+        for r in read_records(tmp_path, kinds=["fdr_retention"])
+        for n in r.payload["deleted_segments"]
+    }
+    assert named and not named & {p.name for p in list_segments(tmp_path)}
+
+
+def test_segments_the_cap_deleted_before_a_failed_open_are_still_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deletions lived only in the rotation that failed: no fdr_retention."""
+    clock = SteppedClock()
+    fdr = FlightRecorder(
+        config(tmp_path, segment_max_bytes=1024, max_total_bytes=2048), mono_clock=clock
+    )
+    fdr.start()
+    real_open = os.open
+    failing = [False]
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if failing[0] and flags & os.O_CREAT:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    try:
+        for _ in range(2):  # segment 1 full, segment 2 being written
+            fdr.record("alert", alert(800))
+            assert fdr.wait_durable(5)
+        failing[0] = True
+        fdr.record("alert", alert(800))  # rotates: deletes segment 1, cannot open 3
+        assert not fdr.wait_durable(5)
+        assert fdr.status()["segments_deleted"] == 1 and fdr.status()["records_dropped"] == 1
+        failing[0] = False
+        clock.advance(1.01)
+        fdr.record("deadline_miss", miss(1))
+        assert fdr.wait_durable(5), fdr.status()
+    finally:
+        fdr.stop()
+    (retention,) = read_records(tmp_path, kinds=["fdr_retention"])
+    assert retention.payload["deleted_segments"] == ["seg-0000000001.fdr"]
+
+
+def test_wait_durable_is_false_when_a_record_queued_before_it_was_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the marker's own batch could fail it: a record lost in an earlier batch
+    (and not yet reported by a durable fdr_dropped) went unnoticed."""
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if len(data) > framing.SEGMENT_HEADER.size:  # records fail; segment headers pass
+            raise OSError(errno.EIO, "Input/output error")
+        return real_write(fd, data)
+
+    fdr = FlightRecorder(config(tmp_path))
+    fdr.start()
+    try:
+        monkeypatch.setattr(os, "write", write)
+        fdr.record("daemon_lifecycle", EXAMPLES["daemon_lifecycle"])
+        wait_until(lambda: fdr.status()["records_dropped"] == 1, message="the drop")
+        assert not fdr.wait_durable(5), "the record queued before it was lost"
+    finally:
+        monkeypatch.setattr(os, "write", real_write)
+        fdr.stop()
+
+
+def test_records_written_but_not_synced_when_fdatasync_fails_are_reported_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed fdatasync what was written since the last sync may not be on
+    disk: they were counted as written and no fdr_dropped said otherwise."""
+    real = os.fdatasync
+    failing = [False]
+
+    def fdatasync(fd: int) -> None:
+        if failing[0]:
+            failing[0] = False
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(tmp_path, fsync_interval_ms=60_000), mono_clock=clock)
+    fdr.start()
+    try:
+        for index in range(3):
+            fdr.record("deadline_miss", miss(index + 1))
+        wait_until(lambda: fdr.status()["records_written"] == 3, message="three records written")
+        failing[0] = True
+        assert not fdr.wait_durable(5)  # its sync fails
+        assert fdr.status()["records_dropped"] == 3
+        clock.advance(1.01)
+        fdr.record("deadline_miss", miss(4))
+        assert fdr.wait_durable(5), fdr.status()
+    finally:
+        fdr.stop()
+    (dropped,) = read_records(tmp_path, kinds=["fdr_dropped"])
+    assert dropped.payload["dropped"] == 3
+    assert "fdatasync failed before they were synced" in dropped.payload["reason"]
+
+
+def test_a_directory_under_a_segment_name_at_start_is_skipped(tmp_path: Path) -> None:
+    """list_segments skips directories, so its index was not reserved and the
+    recorder retried that O_EXCL name for ever, dropping every record."""
+    (tmp_path / framing.segment_name(1)).mkdir()
+    fdr = FlightRecorder(config(tmp_path), boot_id="b")
+    fdr.start()
+    try:
+        fdr.record("daemon_lifecycle", EXAMPLES["daemon_lifecycle"])
+        assert fdr.wait_durable(5), fdr.status()
+    finally:
+        fdr.stop()
+    assert [p.name for p in list_segments(tmp_path)] == [framing.segment_name(2)]
+    assert fdr.status()["records_dropped"] == 0
+
+
+def test_a_segment_name_taken_while_recording_is_skipped(tmp_path: Path) -> None:
+    fdr = FlightRecorder(config(tmp_path, segment_max_bytes=1024, max_total_bytes=1 << 20))
+    fdr.start()
+    try:
+        fdr.record("alert", alert(800))
+        assert fdr.wait_durable(5)
+        (tmp_path / framing.segment_name(2)).mkdir()  # the name rotation goes to next
+        fdr.record("alert", alert(800))
+        assert fdr.wait_durable(5), fdr.status()
+    finally:
+        fdr.stop()
+    names = [p.name for p in list_segments(tmp_path)]
+    assert names == [framing.segment_name(1), framing.segment_name(3)]
+    assert fdr.status()["records_dropped"] == 0
