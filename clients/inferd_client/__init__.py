@@ -3,9 +3,11 @@
 from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
+    InvalidArgument,
     MalformedReply,
     RemoteError,
     RequestTimeout,
+    Unreachable,
     UnsafeEndpoint,
 )
 from inferd_client.region import SharedRegion
@@ -21,11 +23,13 @@ __all__ = [
     "Endpoints",
     "EventSubscriber",
     "InferenceClient",
+    "InvalidArgument",
     "MalformedReply",
     "OperatorClient",
     "RemoteError",
     "RequestTimeout",
     "SharedRegion",
+    "Unreachable",
     "UnsafeEndpoint",
     "default_endpoints",
 ]

@@ -2,9 +2,12 @@
 
 Human-readable output by default (``cli_format``); ``--json`` prints one JSON
 document per result for scripts, and nothing else on stdout.  Exit codes: 0 ok,
-1 the daemon answered with an error, 2 usage, 3 unreachable (no socket, no
-reply within ``--timeout``, or a followed stream went silent), 4 ``health``:
-the daemon answers but is not serving (starting, degraded, failed, stopping).
+1 the daemon answered with an error (or with a reply that breaks the protocol),
+2 usage (what was asked cannot be sent or done: a bad option, an input whose
+dtype the wire has no name for), 3 unreachable (no socket, a socket inferctl
+will not use, no reply within ``--timeout``, or a followed stream went silent),
+4 ``health``: the daemon answers but is not serving (starting, degraded,
+failed, stopping).
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import numpy as np
 
 from inferd_client import cli_format
 from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
-from inferd_client.errors import ClientError, RemoteError
+from inferd_client.errors import (
+    ClientError,
+    MalformedReply,
+    RemoteError,
+    RequestTimeout,
+    Unreachable,
+    UnsafeEndpoint,
+)
 from inferd_wire import __version__
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints, runtime_dir_and_origin
@@ -161,10 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteError as exc:
         _emit_error(args, exc.code, exc.message)
         return EXIT_REMOTE_ERROR
-    except ClientError as exc:
+    except MalformedReply as exc:
+        _emit_error(args, "MALFORMED_REPLY", str(exc))
+        return EXIT_REMOTE_ERROR
+    except (RequestTimeout, Unreachable, UnsafeEndpoint) as exc:
         _emit_error(args, "UNREACHABLE", str(exc))
         return EXIT_UNREACHABLE
-    except (OSError, ValueError) as exc:
+    except (ClientError, OSError, ValueError) as exc:
+        # The rest of the client's errors are about what was asked (InvalidArgument,
+        # a region too small): the daemon was not at fault, nor out of reach.
         _emit_error(args, "USAGE", str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -210,7 +225,7 @@ def _check_sockets(args: argparse.Namespace) -> None:
             if path.parent == runtime_dir
             else f"{path.parent} ({option})"
         )
-        raise ClientError(
+        raise Unreachable(
             f"no daemon socket at {path}: is inferd running? inferctl looked in {where}; "
             "point it elsewhere with INFERD_RUNTIME_DIR=DIR (the daemon's runtime_dir) or "
             f"{option}"
@@ -353,7 +368,8 @@ def _in_region(
     region = client.shared_region(sum(size + REGION_ALIGNMENT for size in sizes), label="inferctl")
     in_region = {}
     for name, array in inputs.items():
-        in_region[name] = region.array(array.shape, array.dtype)
+        # Regions hold little-endian tensors: a big-endian .npy is converted.
+        in_region[name] = region.array(array.shape, array.dtype.newbyteorder("<"))
         np.copyto(in_region[name], array)
     outputs = {e["name"]: region.array(e["shape"], e["dtype"]) for e in static}
     return in_region, outputs

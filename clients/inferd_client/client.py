@@ -23,11 +23,13 @@ import msgpack
 import numpy as np
 import zmq
 
-from inferd_client.endpoint_trust import trusted_endpoint
+from inferd_client.endpoint_trust import connect, trusted_endpoint
 from inferd_client.errors import (
     ClientError,
+    InvalidArgument,
     MalformedReply,
     RequestTimeout,
+    Unreachable,
 )
 from inferd_client.poll_window import PollWindow
 from inferd_client.prepared import (
@@ -45,6 +47,7 @@ from inferd_client.shm import (
     RegionChannel,
     SameCall,
     ShmRequest,
+    encode_frames,
     encode_inputs,
     layout_of,
     placed_outputs,
@@ -71,7 +74,7 @@ def _secure(sock: zmq.Socket[Any], endpoint: str, curve: ClientCurve | None) -> 
     if curve is None:
         return
     if not endpoint.startswith("tcp://"):
-        raise ClientError(
+        raise InvalidArgument(
             f"CURVE is for tcp:// endpoints; {endpoint} is reached through the file system's "
             "permissions and the daemon's check of the connecting user"
         )
@@ -95,21 +98,27 @@ class _RequestChannel:
         send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     ) -> None:
         endpoint = trusted_endpoint(endpoint)
+        #: Sizes the kernel's buffer for each connection (DESIGN.md 116); made before
+        #: the socket, as it may refuse ``send_buffer_bytes``.
+        self.send_buffer = SendBuffer(endpoint, send_buffer_bytes)
         self._context = context or zmq.Context.instance()
         self._socket: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
+        # Queue a request only on a connection that is up: without it, requests sent
+        # while no daemon is there wait in the socket's queue past their timeout and
+        # run all at once when one appears, and a full queue blocks every send.
+        # (Making the socket again after each timeout would do the same at the cost
+        # of a reconnect, and of the daemon seeing a new peer, each time.)
+        self._socket.setsockopt(zmq.IMMEDIATE, 1)
         try:
             _secure(self._socket, endpoint, curve)
-            #: Sizes the kernel's buffer for each connection (DESIGN.md 116).
-            self.send_buffer = SendBuffer(endpoint, send_buffer_bytes)
             self.send_buffer.watch(self._socket)
+            connect(self._socket, endpoint)
         except BaseException:
-            self._socket.close(linger=0)
+            self.close()
             raise
-        self._socket.connect(endpoint)
-        #: The receive timeout last set (``_await`` changes it only when it must).
-        self._rcvtimeo = -1
+        #: The send and receive timeouts last set (changed only when they must).
+        self._sndtimeo = self._rcvtimeo = -1
         self.endpoint = endpoint
         self.timeout = timeout
         # A random 24-bit prefix keeps ids from different client objects apart
@@ -134,11 +143,10 @@ class _RequestChannel:
         wait = self.timeout if timeout is None else timeout
         for _attempt in range(retries + 1):
             request_id = self.next_id()
-            try:
-                send_frames(self._socket, [header.encode(request_id), *frames])
-            except zmq.Again:
+            give_up_at = time.monotonic() + wait
+            if not self._send([header.encode(request_id), *frames], give_up_at):
                 continue
-            reply = self._await(request_id, time.monotonic() + wait)
+            reply = self._await(request_id, give_up_at)
             if reply is not None:
                 # A reply came on a connection: its monitor event is in by now.
                 self.send_buffer.apply()
@@ -146,6 +154,26 @@ class _RequestChannel:
         raise RequestTimeout(
             f"no reply from {self.endpoint} within {wait:.3f}s after {retries + 1} attempt(s)"
         )
+
+    def _send(self, parts: list[Any], give_up_at: float) -> bool:
+        """Send one request; False when it could not leave before ``give_up_at`` (no
+        connection up, or the daemon not reading)."""
+        # Rounded up, and set again only when the one set is off by more than the
+        # rounding, as the receive timeout (``_await``).
+        remaining_ms = math.ceil((give_up_at - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            return False
+        try:
+            if not 0 <= self._sndtimeo - remaining_ms <= 1:
+                self._socket.setsockopt(zmq.SNDTIMEO, remaining_ms)
+                self._sndtimeo = remaining_ms
+            send_frames(self._socket, parts)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            closed = self._socket.closed
+            raise ClientError("the client is closed" if closed else str(exc)) from None
+        return True
 
     def _await(
         self, request_id: int, give_up_at: float
@@ -390,7 +418,7 @@ class InferenceClient:
 
     def _prepare_frames(self, key: FramesKey, inputs: Mapping[str, np.ndarray]) -> FramesRequest:
         model, deadline_ms, _ = key
-        descriptors, _ = protocol.encode_tensors(inputs)
+        descriptors, _ = encode_frames(inputs)
         request = FramesRequest(infer_request_header(model, descriptors, [], deadline_ms))
         if len(self._frames_requests) >= _MAX_PREPARED_REQUESTS:
             self._frames_requests.clear()
@@ -437,7 +465,7 @@ class InferenceClient:
             self._forget_shm_requests()
         raise_if_error(reply)
         check_infer_reply(reply)
-        if reply["outputs"] == request.placed:  # written where asked, every one
+        if request.written_as_placed(reply["outputs"]):  # written where asked, every one
             return {placed["name"]: outputs[placed["name"]] for placed in request.placed}
         return decode_outputs(reply, [], outputs, request.placed)
 
@@ -497,6 +525,7 @@ def decode_outputs(
         )
     asked = {entry["name"]: entry for entry in placed}
     outputs: dict[str, np.ndarray] = {}
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
     remaining = iter(frames)
     try:
         for name, dtype, shape, descriptor in parsed:
@@ -511,21 +540,34 @@ def decode_outputs(
                     )
                 ):
                     raise MalformedReply(f"output {name!r} was written where it was not asked")
+                # The bytes are where they were asked, but the caller's array reads
+                # them as the dtype and shape it was placed with.
+                # (Both checked by ``parse_outputs``: compared as they are, exactly.)
+                if descriptor["dtype"] != expected["dtype"] or list(shape) != expected["shape"]:
+                    raise MalformedReply(
+                        f"output {name!r} was written as {list(shape)} {descriptor['dtype']}; "
+                        f"it was placed as {expected['shape']} {expected['dtype']}"
+                    )
                 outputs[name] = into[name]
                 continue
             array = protocol.frame_to_array(name, dtype, shape, next(remaining).buffer)
             target = into.get(name) if into else None
             if target is not None:
                 if target.shape != array.shape or target.dtype != array.dtype:
-                    raise ClientError(
+                    raise InvalidArgument(
                         f"output {name!r} is {list(array.shape)} {array.dtype}; the array "
                         f"given for it is {list(target.shape)} {target.dtype}"
                     )
-                np.copyto(target, array)
+                if not target.flags.writeable:
+                    raise InvalidArgument(f"the array given for output {name!r} is read-only")
+                copies.append((target, array))
                 array = target
             outputs[name] = array
     except ProtocolError as exc:
         raise MalformedReply(str(exc)) from None
+    # Only once every output is known to fit: a refused one leaves none written.
+    for target, array in copies:
+        np.copyto(target, array)
     return outputs
 
 
@@ -593,13 +635,16 @@ class EventSubscriber:
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
             _secure(self._socket, self._endpoint, curve)
+            for topic in subscribed or ("",):
+                self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            connect(self._socket, self._endpoint)
         except BaseException:
             self._socket.close(linger=0)
             raise
         self._topics = subscribed
-        for topic in subscribed or ("",):
-            self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self._socket.connect(self._endpoint)
+        #: Whether the subscription covers ``health`` (``""``, ``"he"``, ``"health"``):
+        #: only health events nobody asked for are hidden.
+        self._health_asked = not subscribed or any(_HEALTH.startswith(t) for t in subscribed)
         #: Events read while waiting to join, handed out before any newer one.
         self._pending: deque[tuple[str, dict[str, Any]]] = deque()
         #: ``health`` when it was subscribed only to detect the join.
@@ -615,11 +660,11 @@ class EventSubscriber:
         the first one received proves the subscription is live. Events of the
         subscribed topics that arrive first are kept and returned by ``receive``
         in order; ``health`` events are hidden unless they were asked for.
-        Raises ``ClientError`` when no health event arrives within ``timeout``.
+        Raises ``Unreachable`` when no health event arrives within ``timeout``.
         ``keep_health`` stays subscribed to (hidden) health events after the join,
         as proof that the daemon is still there (``follow``).
         """
-        if self._topics and _HEALTH not in self._topics:
+        if not self._health_asked:
             self._hidden = _HEALTH
             self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
         give_up_at = time.monotonic() + timeout
@@ -627,7 +672,7 @@ class EventSubscriber:
             left = give_up_at - time.monotonic()
             event = self._receive_frames(left) if left > 0 else None
             if event is None:
-                raise ClientError(
+                raise Unreachable(
                     f"no health event from {self._endpoint} within {timeout:g} s:"
                     " is the daemon running and publishing there?"
                 )
@@ -642,7 +687,7 @@ class EventSubscriber:
     def follow(self, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
         """Join, then every event of the subscribed topics for as long as the daemon
         is there: it publishes ``health`` every ``daemon.health_interval_s``, so
-        ``ClientError`` when nothing at all arrives for ``timeout`` seconds (the
+        ``Unreachable`` when nothing at all arrives for ``timeout`` seconds (the
         daemon stopped, or the socket is another's) instead of waiting forever.
         Joins first unless ``wait_joined(..., keep_health=True)`` already did."""
         if not self._hearing_health:
@@ -653,7 +698,7 @@ class EventSubscriber:
                 continue
             event = self._receive_frames(timeout)
             if event is None:
-                raise ClientError(
+                raise Unreachable(
                     f"nothing from {self._endpoint} for {timeout:g} s (not even its health "
                     "events): the daemon stopped or is unreachable"
                 )

@@ -3,16 +3,29 @@
 
 from __future__ import annotations
 
-from inferd_client.errors import ClientError, UnsafeEndpoint
+from typing import Any
+
+import zmq
+
+from inferd_client.errors import InvalidArgument, UnsafeEndpoint
 from inferd_wire.endpoints import EndpointError, UnsafeEndpointError, check_client_endpoint
 
 
 def trusted_endpoint(endpoint: str) -> str:
     """``endpoint``; ``UnsafeEndpoint`` when it is a socket in a directory another
-    user could write, ``ClientError`` when no socket can have its address."""
+    user could write, ``InvalidArgument`` when no socket can have its address."""
     try:
         return check_client_endpoint(endpoint)
     except UnsafeEndpointError as exc:
         raise UnsafeEndpoint(str(exc)) from None
     except EndpointError as exc:
-        raise ClientError(str(exc)) from None
+        raise InvalidArgument(str(exc)) from None
+
+
+def connect(sock: zmq.Socket[Any], endpoint: str) -> None:
+    """``sock.connect(endpoint)``; ``InvalidArgument`` naming the endpoint when ZeroMQ
+    cannot parse it (``tcp://host`` without a port): the caller closes ``sock``."""
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        raise InvalidArgument(f"cannot connect to {endpoint!r}: {exc}") from None

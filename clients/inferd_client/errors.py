@@ -20,6 +20,17 @@ class RequestTimeout(ClientError):
     """No reply arrived within the timeout, after every allowed retry."""
 
 
+class Unreachable(ClientError):
+    """The daemon's socket is not there, could not be connected to, was closed by the
+    daemon, or stayed silent (no event at all) for the timeout."""
+
+
+class InvalidArgument(ClientError, ValueError):
+    """What the caller asked for cannot be sent or done (a dtype the wire has no name
+    for, a malformed endpoint, an array that cannot take an output); nothing was sent.
+    Also a ``ValueError``, as Python callers expect of a bad argument."""
+
+
 class MalformedReply(ClientError):
     """The daemon's reply broke the wire contract (a bug on one side)."""
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd_client.errors import ClientError
+from inferd_client.errors import ClientError, InvalidArgument
 from inferd_wire.regions import REGION_ALIGNMENT, advise_huge_pages, region_size_problem
 
 #: Sealed against shrinking (what the daemon requires: it can then never fault on
@@ -102,6 +102,8 @@ class SharedRegion:
         """A new writable array in the region (its contents are whatever was there)."""
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
+        if any(dim < 0 for dim in dims):
+            raise InvalidArgument(f"an array of shape {list(dims)}: a dimension is negative")
         nbytes = math.prod(dims) * dtype.itemsize
         offset = -(-self._used // REGION_ALIGNMENT) * REGION_ALIGNMENT
         if offset + nbytes > self.nbytes:
@@ -109,8 +111,8 @@ class SharedRegion:
                 f"the region has {self.nbytes - offset} bytes left; an array of {list(dims)} "
                 f"{dtype.name} needs {nbytes}"
             )
-        self._used = offset + nbytes
         view: np.ndarray = self._view()[offset : offset + nbytes].view(dtype).reshape(dims)
+        self._used = offset + nbytes  # only once the array is made: a refused one takes nothing
         return view
 
     def reset(self) -> None:

@@ -14,6 +14,7 @@ Neither is thread-safe: one per thread, like the client itself.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import select
@@ -27,13 +28,14 @@ import numpy as np
 
 from inferd_client.endpoint_trust import trusted_endpoint
 from inferd_client.errors import (
-    ClientError,
+    InvalidArgument,
     MalformedReply,
     RemoteError,
     RequestTimeout,
+    Unreachable,
 )
 from inferd_client.poll_window import Arrivals, PollWindow
-from inferd_client.prepared import PreparedHeader
+from inferd_client.prepared import ExactMatch, PreparedHeader
 from inferd_client.region import SharedRegion
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
@@ -59,7 +61,7 @@ class RegionChannel:
             self._socket.connect(path)
         except OSError as exc:
             self._socket.close()
-            raise ClientError(f"cannot connect to the shm socket {path}: {exc}") from None
+            raise Unreachable(f"cannot connect to the shm socket {path}: {exc}") from None
         # Non-blocking, and waited on with poll(2) against a deadline only when a
         # call would block: a Python timeout polls before every send as well, and
         # the kernel's SO_RCVTIMEO starts again in full after each signal.
@@ -71,6 +73,9 @@ class RegionChannel:
         self._timeout = timeout
         self._ids = itertools.count(1)
         self.discarded_replies = 0
+        #: Ids of registrations that timed out: the daemon may still register the
+        #: region, under an id we would never learn; its late reply unregisters it.
+        self._unanswered_registrations: set[int] = set()
         #: The polling window before an infer reply is due (``reply_spin``).
         self.spin = spin
 
@@ -111,10 +116,11 @@ class RegionChannel:
 
     def _call(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         """A registration op: its result, or RemoteError."""
-        request_id = next(self._ids)
-        message = protocol.pack({"v": protocol.PROTOCOL_VERSION, "id": request_id, **header})
+        request_id, message = self._message(header)
         reply = self._exchange(message, fds, request_id, self._timeout)
         if reply is None:
+            if header["op"] == "register":
+                self._unanswered_registrations.add(request_id)
             raise RequestTimeout(f"no reply from {self.path}")
         if reply.get("ok") is not True:
             error = reply.get("error") or {}
@@ -153,7 +159,7 @@ class RegionChannel:
                 if data is None:
                     return None
                 if not data:
-                    raise ClientError(f"the daemon closed the shm socket {self.path}")
+                    raise Unreachable(f"the daemon closed the shm socket {self.path}")
                 try:
                     reply = protocol.unpack_header(data, MAX_SHM_MESSAGE_BYTES)
                 except ProtocolError as exc:
@@ -166,8 +172,31 @@ class RegionChannel:
                 if reply_id is None and reply.get("ok") is False:
                     return reply  # refused before its id could be read (or at connect)
                 self.discarded_replies += 1
+                if reply_id in self._unanswered_registrations:
+                    self._unanswered_registrations.discard(reply_id)
+                    self._release(reply, give_up_at)
         except OSError as exc:
-            raise ClientError(f"the shm socket {self.path} failed: {exc}") from None
+            raise Unreachable(f"the shm socket {self.path} failed: {exc}") from None
+
+    def _message(self, header: dict[str, Any]) -> tuple[int, bytes]:
+        """A registration op's id and message."""
+        request_id = next(self._ids)
+        return request_id, protocol.pack(
+            {"v": protocol.PROTOCOL_VERSION, "id": request_id, **header}
+        )
+
+    def _release(self, late: dict[str, Any], give_up_at: float) -> None:
+        """Unregister the region a late registration reply names, without waiting for
+        the answer (discarded as any reply to an id no longer waited for): a reply
+        awaited here could be the one the current exchange waits for."""
+        result = late.get("result")
+        region_id = result.get("region") if isinstance(result, dict) else None
+        if late.get("ok") is True and isinstance(region_id, str):
+            _, message = self._message({"op": "unregister", "region": region_id})
+            # Not sent (the daemon not reading, or gone): the connection's close
+            # releases it, and the exchange sees a closed connection for itself.
+            with contextlib.suppress(OSError):
+                self._send(message, [], give_up_at)
 
     def _send(self, message: bytes, fds: list[int], give_up_at: float) -> bool:
         """Send one message; False when it could not go before ``give_up_at`` (the
@@ -216,6 +245,25 @@ def region_ref(regions: dict[str, SharedRegion], array: np.ndarray) -> RegionRef
     return None
 
 
+def wire_dtype(name: str, dtype: np.dtype[Any]) -> str:
+    """``protocol.wire_dtype_name``; a dtype the wire has no name for is the caller's
+    ``InvalidArgument``, not a protocol error."""
+    try:
+        return protocol.wire_dtype_name(name, dtype)
+    except ProtocolError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def encode_frames(
+    tensors: Mapping[str, np.ndarray],
+) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """``protocol.encode_tensors``, refusing what cannot be sent as ``wire_dtype`` does."""
+    try:
+        return protocol.encode_tensors(tensors)
+    except ProtocolError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
 def encode_inputs(
     inputs: dict[str, np.ndarray], regions: dict[str, SharedRegion]
 ) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
@@ -227,13 +275,13 @@ def encode_inputs(
         array = np.asarray(value)
         ref = region_ref(regions, array) if regions else None
         if ref is None:
-            described, framed = protocol.encode_tensors({name: array})
+            described, framed = encode_frames({name: array})
             descriptors += described
             frames += framed
         else:
-            dtype_name = protocol.wire_dtype_name(name, array.dtype)
+            dtype_name = wire_dtype(name, array.dtype)
             if array.dtype.byteorder == ">":
-                raise ClientError(f"input {name!r} is big-endian; regions hold little-endian")
+                raise InvalidArgument(f"input {name!r} is big-endian; regions hold little-endian")
             descriptors.append(
                 {"name": name, "dtype": dtype_name, "shape": list(array.shape), **ref.as_wire()}
             )
@@ -249,7 +297,7 @@ def placed_outputs(
     for name, array in outputs.items():
         ref = region_ref(regions, array) if regions else None
         if ref is not None:
-            dtype_name = protocol.wire_dtype_name(name, array.dtype)
+            dtype_name = wire_dtype(name, array.dtype)
             placed.append(
                 {"name": name, "dtype": dtype_name, "shape": list(array.shape), **ref.as_wire()}
             )
@@ -332,6 +380,8 @@ class ShmRequest:
         self._header = PreparedHeader(header)
         #: The placed outputs' descriptors, as the reply should give them back.
         self.placed = placed
+        #: Whether a reply's ``outputs`` are ``placed``, exactly (types included).
+        self.written_as_placed = ExactMatch(placed).matches
         self._regions = tuple(regions)
         #: When its replies arrive (``reply_spin``).
         self.timing = Arrivals()

@@ -95,14 +95,20 @@ class ClientCurve:
 
     @classmethod
     def from_files(cls, server_key: str | Path, certificate: Path) -> ClientCurve:
-        """``server_key``: the daemon's public key itself, or a file holding it (a
-        public certificate, or the bare key); ``certificate``: this client's secret
-        certificate, which only its owner may read."""
+        """``server_key``: a file holding the daemon's public key (a public
+        certificate, or the bare key), or else the key itself; ``certificate``: this
+        client's secret certificate, which only its owner may read."""
         server = str(server_key)
-        if not _Z85.match(server):
+        # The file first: a path may well be 40 characters that Z85 allows.
+        if Path(server).is_file():
             data = Path(server).read_bytes()
             bare = data.decode("utf-8", "replace").strip()
             server = bare if _Z85.match(bare) else parse_certificate(data, server).public
+        elif not _Z85.match(server):
+            raise CurveKeyError(
+                f"the server key {server[:48]!r} is neither a file nor a CURVE key "
+                "(40 Z85 characters)"
+            )
         mode = os.stat(certificate).st_mode
         if stat.S_IMODE(mode) & 0o077:
             raise CurveKeyError(

@@ -125,6 +125,31 @@ def test_inferctl_npy_inputs_and_error_exit_codes(
     assert result.returncode == 2 and "pickle" in result.stderr.lower()
 
 
+def test_inferctl_sends_an_npy_of_either_byte_order_and_refuses_an_unsendable_one(
+    default_daemon: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    env, _ = default_daemon
+    image = np.random.default_rng(3).random((1, 3, 224, 224), np.float32)
+    results = []
+    for name, array in (("little", image), ("big", image.astype(">f4"))):
+        np.save(tmp_path / f"{name}.npy", array)
+        for shm in ([], ["--shm"]):
+            npy = f"image={tmp_path / name}.npy"
+            result = inferctl(env, "--json", "infer", "--model", "demo", *shm, "--npy", npy)
+            assert result.returncode == 0, result.stdout + result.stderr
+            results.append(json.loads(result.stdout)["outputs"]["descriptors"]["sha256"])
+    assert len(set(results)) == 1
+
+    np.save(tmp_path / "u32.npy", np.zeros(4, np.uint32))
+    npy = f"image={tmp_path / 'u32.npy'}"
+    result = inferctl(env, "--json", "infer", "--model", "demo", "--npy", npy)
+    assert result.returncode == 2, result.stdout + result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "USAGE" and "not sendable" in error["message"]
+    result = inferctl(env, "infer", "--model", "demo", "--npy", npy)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+
+
 def test_inferctl_reports_an_unreachable_daemon(tmp_path: Path) -> None:
     env = {**os.environ, "INFERD_RUNTIME_DIR": str(tmp_path)}
     result = inferctl(env, "--timeout", "0.3", "status")

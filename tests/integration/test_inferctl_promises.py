@@ -108,6 +108,18 @@ def test_following_ends_when_the_daemon_goes_away(
     assert follower.stderr is not None and "nothing from" in follower.stderr.read()
 
 
+def test_events_on_a_prefix_of_health_prints_health_and_ends(
+    daemon_factory: DaemonFactory,
+) -> None:
+    """``--topic he`` asks for health events: they are printed, not hidden as those
+    used only to join (hidden, they kept ``--count 2`` from ever being reached)."""
+    daemon = daemon_factory()
+    command = ["--timeout", "5", "events", "--topic", "he", "--count", "2"]
+    result = inferctl(*endpoints(daemon.workdir), *command, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("health") == 2, result.stdout
+
+
 def test_health_is_a_probe(daemon_factory: DaemonFactory, demo_model: Path) -> None:
     serving = daemon_factory()
     assert inferctl(*endpoints(serving.workdir), "health").returncode == 0

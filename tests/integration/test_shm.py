@@ -26,7 +26,14 @@ import onnxruntime as ort
 import pytest
 
 from inferd.demo_model import DEMO_INPUT, DEMO_INPUT_SHAPE, DEMO_OUTPUT, DEMO_OUTPUT_SHAPE
-from inferd_client import InferenceClient, OperatorClient, RemoteError, SharedRegion, cli_format
+from inferd_client import (
+    InferenceClient,
+    OperatorClient,
+    RemoteError,
+    RequestTimeout,
+    SharedRegion,
+    cli_format,
+)
 from inferd_client.shm import RegionChannel
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
@@ -945,3 +952,22 @@ def test_inferctl_infer_shm_and_status_show_it(daemon: DaemonProcess) -> None:
         assert f"(per uid {cli_format.size(LIMIT_BYTES)})" in summary_line
         (row,) = [line for line in status.stdout.splitlines() if " shown " in line]
         assert f"uid {os.getuid()} pid {os.getpid()}" in row and "registered" in row
+
+
+def test_a_registration_that_timed_out_is_unregistered_when_its_reply_comes(
+    daemon: DaemonProcess,
+) -> None:
+    """The daemon, stopped, registers the region late, under an id the client never
+    learnt; that late reply makes the client unregister it, so a retry leaves the
+    region registered once."""
+    with InferenceClient(daemon.infer, timeout=0.5) as client:
+        client.shared_region(4096)  # the registration connection is open
+        with SharedRegion(4096) as region:
+            with stopped(daemon.process.pid), pytest.raises(RequestTimeout):
+                client.register_region(region)
+            client.register_region(region)  # reads the late reply before its own
+            # Answered in order on the connection: the late one's release came first.
+            client.unregister_region(region)
+            with OperatorClient(daemon.control, timeout=5) as operator:
+                held = [r["id"] for r in operator.status()["shm"]["regions"]]
+            assert len(held) == 1, held  # the first one only

@@ -262,7 +262,10 @@ EventSubscriber::~EventSubscriber() = default;
 void EventSubscriber::wait_joined(std::chrono::milliseconds timeout) {
     auto& self = *impl_;
     bool health_asked = self.topics.empty();
-    for (const auto& topic : self.topics) health_asked = health_asked || topic == kHealth;
+    // A prefix of "health" ("he", "") subscribes to it too: then nothing is hidden.
+    for (const auto& topic : self.topics) {
+        health_asked = health_asked || kHealth.substr(0, topic.size()) == topic;
+    }
     if (!health_asked) {
         self.hide_health = true;
         self.socket.set(zmq::sockopt::subscribe, std::string(kHealth));

@@ -435,6 +435,18 @@ TEST(a_retry_on_the_shm_socket_goes_under_a_fresh_id_and_the_late_reply_is_disca
     CHECK(max_difference(demo.descriptors.as<float>(), reference().descriptors) < 1e-4f);
 }
 
+TEST(a_prefix_of_health_receives_health_events) {
+    SubscriberOptions options;
+    options.endpoint = env("INFERD_EVENTS");
+    options.topics = {"he"};
+    EventSubscriber events(options);
+    events.wait_joined(kHang);
+    for (int i = 0; i < 2; ++i) {  // the join's own event, then a later one
+        auto event = events.receive(kHang);
+        CHECK(event && std::holds_alternative<HealthEvent>(*event));
+    }
+}
+
 TEST(events_arrive_decoded) {
     SubscriberOptions options;
     options.endpoint = env("INFERD_EVENTS");

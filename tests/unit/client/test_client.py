@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -12,10 +16,16 @@ import numpy as np
 import pytest
 import zmq
 
-from inferd_client import EventSubscriber, InferenceClient, RemoteError, RequestTimeout
+from inferd_client import (
+    EventSubscriber,
+    InferenceClient,
+    OperatorClient,
+    RemoteError,
+    RequestTimeout,
+)
 from inferd_client import client as client_module
 from inferd_client.client import decode_outputs, infer_request_header
-from inferd_client.errors import ClientError, MalformedReply
+from inferd_client.errors import ClientError, InvalidArgument, MalformedReply, Unreachable
 from inferd_wire import protocol
 
 Script = Callable[[zmq.Socket[Any], list[bytes]], None]
@@ -224,12 +234,22 @@ def test_health_stays_visible_when_it_was_asked_for(publisher: Callable[[bool], 
     assert topics == {"build", "health"}
 
 
+@pytest.mark.parametrize("topic", ["he", "h", ""])
+def test_health_stays_visible_when_a_prefix_of_it_or_every_topic_was_asked_for(
+    publisher: Callable[[bool], str], topic: str
+) -> None:
+    with EventSubscriber(publisher(True), topics=[topic]) as subscriber:
+        subscriber.wait_joined(timeout=5)
+        topics = {event[0] for event in (subscriber.receive(timeout=5) for _ in range(10)) if event}
+    assert "health" in topics
+
+
 def test_joining_a_daemon_that_publishes_no_health_is_an_error(
     publisher: Callable[[bool], str],
 ) -> None:
     with (
         EventSubscriber(publisher(False), topics=["build"]) as subscriber,
-        pytest.raises(ClientError, match=r"no health event .* within 0\.2 s"),
+        pytest.raises(Unreachable, match=r"no health event .* within 0\.2 s"),
     ):
         subscriber.wait_joined(timeout=0.2)
 
@@ -326,3 +346,110 @@ def test_a_malformed_reply_after_good_ones_is_refused(server: Callable[[Script],
             client.infer("m", {"x": x})
         short.clear()
         np.testing.assert_array_equal(client.infer("m", {"x": x})["out0"], np.ones(4))
+
+
+def test_a_calls_timeout_bounds_its_send_when_no_daemon_is_there(tmp_path: Path) -> None:
+    """The send waits at most the call's own time left, not the constructor's timeout,
+    also once ZeroMQ's queue for the endpoint would be full (SNDHWM 1000)."""
+    with InferenceClient(f"ipc://{tmp_path}/infer.sock", timeout=3.0) as client:
+        for _ in range(1000):
+            with pytest.raises(RequestTimeout):
+                client.describe(timeout=0.001)
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            client.describe(timeout=0.05)
+        assert time.monotonic() - started < 1.0
+
+
+def test_a_request_that_timed_out_with_no_daemon_there_is_never_delivered(
+    tmp_path: Path,
+) -> None:
+    """ZMQ_IMMEDIATE: nothing is queued for a connection that is not up, so requests
+    given up on are not run all at once when a daemon appears."""
+    endpoint = f"ipc://{tmp_path}/control.sock"
+    with OperatorClient(endpoint, timeout=0.001) as operator:
+        for _ in range(20):
+            with pytest.raises(RequestTimeout):
+                operator.call("stale")
+        router = zmq.Context.instance().socket(zmq.ROUTER)
+        router.bind(endpoint)
+        try:
+            with pytest.raises(RequestTimeout):
+                operator.call("fresh", timeout=5)  # waits for the connection, then no reply
+            assert router.poll(5000)
+            assert msgpack.unpackb(router.recv_multipart()[1])["op"] == "fresh"
+            assert not router.poll(0)
+        finally:
+            router.close(linger=0)
+
+
+def test_an_unsendable_dtype_is_an_invalid_argument_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    with InferenceClient(f"ipc://{tmp_path}/infer.sock", timeout=0.5) as client:
+        with pytest.raises(InvalidArgument, match="not sendable"):
+            client.infer("m", {"x": np.zeros(4, np.uint32)})
+        with pytest.raises(InvalidArgument, match="not sendable"):
+            client.infer("m", {"x": np.zeros(4, np.uint32)[::2]})  # not prepared either
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://localhost", "tcp://127.0.0.1:notaport"])
+@pytest.mark.parametrize("connector", [InferenceClient, OperatorClient, EventSubscriber])
+def test_a_malformed_endpoint_is_an_invalid_argument_naming_it_and_leaks_no_socket(
+    endpoint: str, connector: Callable[[str], Any]
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(InvalidArgument, match=re.escape(endpoint)):
+            connector(endpoint)
+        gc.collect()
+    unclosed = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == [], [str(w.message) for w in unclosed]
+
+
+def test_a_closed_client_raises_a_client_error(tmp_path: Path) -> None:
+    client = InferenceClient(f"ipc://{tmp_path}/infer.sock", timeout=0.5)
+    client.close()
+    with pytest.raises(ClientError, match="closed"):
+        client.infer("m", {"x": np.zeros(2, np.float32)})
+
+
+def test_an_output_array_that_cannot_take_its_output_leaves_every_array_unwritten() -> None:
+    reply = {
+        "outputs": [
+            {"name": "a", "dtype": "float32", "shape": [2]},
+            {"name": "b", "dtype": "float32", "shape": [2]},
+        ]
+    }
+    frames = [zmq.Frame(np.ones(2, np.float32).tobytes()) for _ in range(2)]
+    a, read_only = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(InvalidArgument, match="read-only"):
+        decode_outputs(reply, frames, {"a": a, "b": read_only})
+    with pytest.raises(InvalidArgument, match="given for it is"):
+        decode_outputs(reply, frames, {"a": a, "b": np.zeros(3)})
+    np.testing.assert_array_equal(a, [0, 0])
+
+
+def test_a_reply_with_a_float_shape_is_refused_after_good_replies_too(
+    server: Callable[[Script], str],
+) -> None:
+    floats = threading.Event()
+
+    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        parts = reply_to(frames, msgpack.unpackb(frames[1])["id"], np.ones(4, np.float32))
+        if floats.is_set():
+            header = msgpack.unpackb(parts[1])
+            header["outputs"][0]["shape"] = [4.0]
+            parts[1] = msgpack.packb(header)
+        sock.send_multipart(parts)
+
+    with InferenceClient(server(script), timeout=5) as client:
+        x = np.zeros(2, np.float32)
+        for good in (False, True):
+            if good:
+                floats.clear()
+                client.infer("m", {"x": x})
+            floats.set()
+            with pytest.raises(MalformedReply, match="non-negative integers"):
+                client.infer("m", {"x": x})

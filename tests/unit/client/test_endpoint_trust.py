@@ -15,7 +15,7 @@ import pytest
 
 from inferd_client import EventSubscriber, InferenceClient, OperatorClient
 from inferd_client.endpoint_trust import trusted_endpoint
-from inferd_client.errors import ClientError, UnsafeEndpoint
+from inferd_client.errors import ClientError, InvalidArgument, UnsafeEndpoint
 from inferd_client.shm import RegionChannel
 from inferd_wire.endpoints import MAX_IPC_PATH_BYTES
 
@@ -53,7 +53,7 @@ def test_a_path_one_byte_longer_is_refused_with_its_length(
     expected = f"cannot connect to {endpoint}: ipc path is 108 bytes; Unix sockets allow 107"
     with pytest.raises(ClientError) as raised:
         CONNECTORS[connector](endpoint)
-    assert type(raised.value) is ClientError and str(raised.value) == expected
+    assert type(raised.value) is InvalidArgument and str(raised.value) == expected
     assert list(private_dir.iterdir()) == []
 
 

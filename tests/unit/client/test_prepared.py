@@ -93,3 +93,13 @@ def test_a_malformed_reply_is_refused_however_many_good_ones_came_before(outputs
     assert request.outputs_of(reply(dict(DESCRIPTOR))) is good  # the refusal changed nothing
     with pytest.raises(MalformedReply):
         request.outputs_of({})  # no outputs at all
+
+
+@pytest.mark.parametrize("shape", [[1.0, 3, 4, 4], [True, 3, 4, 4]])
+def test_a_reply_equal_to_the_last_only_by_python_equality_is_refused(shape: list[Any]) -> None:
+    """4.0 == 4 and True == 1 in Python: compared that way, a reply the checks refuse
+    would pass once a good one came, and strictness would depend on history."""
+    request = FramesRequest(infer_request_header("m", [DESCRIPTOR], [], None))
+    request.outputs_of(reply(dict(DESCRIPTOR)))
+    with pytest.raises(MalformedReply, match="non-negative integers"):
+        request.outputs_of(reply({**DESCRIPTOR, "shape": shape}))

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
-from inferd_client.errors import ClientError
+from inferd_client.errors import ClientError, InvalidArgument
 from inferd_client.region import SharedRegion
 from tests.conftest import make_memfd
 
@@ -137,3 +138,16 @@ def test_a_descriptor_that_is_not_open_is_refused_as_such() -> None:
     for bad in (fd, -1):
         with pytest.raises(ClientError, match="cannot be a region"):
             SharedRegion.adopt(bad)
+
+
+@pytest.mark.parametrize("shape", [(-1, 1000), (2, -3), -4])
+def test_a_refused_array_takes_nothing_from_the_region(shape: Any) -> None:
+    """A negative dimension makes a negative size that passed the bounds check and
+    moved the allocator back over arrays already handed out."""
+    with SharedRegion(8192) as region:
+        first = region.array(100, np.uint8)
+        with pytest.raises(InvalidArgument, match="negative"):
+            region.array(shape, np.float32)
+        later = [region.locate(region.array(64, np.uint8)) for _ in range(16)]
+        assert region.locate(first) == (0, 100)
+        assert later[0] == (256, 64)  # after the first, none aliasing it

@@ -124,6 +124,27 @@ def test_replies_return_the_callers_arrays() -> None:
         decode_outputs(reply, frames, {"y": y, "w": np.zeros(3, np.float32)}, [placed])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("written", [{"dtype": "int32"}, {"shape": [1, 2]}])
+def test_an_output_written_as_another_dtype_or_shape_than_placed_is_malformed(
+    written: dict[str, Any],
+) -> None:
+    """The same bytes, where they were asked, but not what the caller's array reads."""
+    placed = {"name": "y", "dtype": "float32", "shape": [2], "region": ID, "offset": 0, "nbytes": 8}
+    reply = {"outputs": [{**placed, **written}]}
+    with pytest.raises(MalformedReply, match="it was placed as"):
+        decode_outputs(reply, [], {"y": np.zeros(2, np.float32)}, [placed])
+
+
+@pytest.mark.parametrize("written", [{"offset": False}, {"shape": [2.0]}, {"nbytes": 8.0}])
+def test_a_shm_reply_equal_to_its_placements_only_by_python_equality_is_not_taken_as_them(
+    written: dict[str, Any],
+) -> None:
+    placed = {"name": "y", "dtype": "float32", "shape": [2], "region": ID, "offset": 0, "nbytes": 8}
+    request = ShmRequest({"op": "infer"}, [placed])
+    assert request.written_as_placed([dict(placed)])
+    assert not request.written_as_placed([{**placed, **written}])
+
+
 def test_a_prepared_shm_request_encodes_exactly_the_header_with_its_id_last() -> None:
     with SharedRegion(4 * mmap.PAGESIZE) as region:
         x, y = region.array((2, 8), np.float32), region.array((2, 8), np.float32)
