@@ -1,6 +1,6 @@
 """Client library for the inferd inference daemon (pyzmq, msgpack, numpy only)."""
 
-from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
+from inferd_client.client import InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
     InvalidArgument,
@@ -10,6 +10,7 @@ from inferd_client.errors import (
     Unreachable,
     UnsafeEndpoint,
 )
+from inferd_client.events import EventSubscriber
 from inferd_client.region import SharedRegion
 from inferd_wire.curve import ClientCurve, CurveKeyError
 from inferd_wire.endpoints import Endpoints, default_endpoints

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from inferd_client import cli_format
-from inferd_client.client import EventSubscriber, InferenceClient, OperatorClient
+from inferd_client.client import InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
     MalformedReply,
@@ -33,6 +33,7 @@ from inferd_client.errors import (
     Unreachable,
     UnsafeEndpoint,
 )
+from inferd_client.events import EventSubscriber
 from inferd_wire import __version__
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints, runtime_dir_and_origin

@@ -11,25 +11,16 @@ A ``tcp://`` endpoint of a daemon with ``security.curve`` needs ``curve=``: a
 
 from __future__ import annotations
 
-import itertools
-import math
-import os
-import time
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import msgpack
 import numpy as np
 import zmq
 
-from inferd_client.endpoint_trust import connect, trusted_endpoint
+from inferd_client.channel import RequestChannel
 from inferd_client.errors import (
-    ClientError,
     InvalidArgument,
     MalformedReply,
-    RequestTimeout,
-    Unreachable,
 )
 from inferd_client.poll_window import PollWindow
 from inferd_client.prepared import (
@@ -41,7 +32,7 @@ from inferd_client.prepared import (
     parse_outputs,
 )
 from inferd_client.region import SharedRegion
-from inferd_client.replies import check_infer_reply, check_reply_id, raise_if_error
+from inferd_client.replies import check_infer_reply, raise_if_error
 from inferd_client.shm import (
     Layout,
     RegionChannel,
@@ -59,155 +50,8 @@ from inferd_wire.endpoints import (
     default_endpoints,
     default_runtime_dir,
 )
-from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.regions import shm_socket_path
-from inferd_wire.send_buffer import SendBuffer
-from inferd_wire.topics import check_topic
-
-#: The topic the daemon publishes on every ``daemon.health_interval_s``.
-_HEALTH = "health"
-
-
-def _secure(sock: zmq.Socket[Any], endpoint: str, curve: ClientCurve | None) -> None:
-    """CURVE on ``sock`` before it connects; only a tcp:// endpoint uses it."""
-    if curve is None:
-        return
-    if not endpoint.startswith("tcp://"):
-        raise InvalidArgument(
-            f"CURVE is for tcp:// endpoints; {endpoint} is reached through the file system's "
-            "permissions and the daemon's check of the connecting user"
-        )
-    curve.apply(sock)
-
-
-class _RequestChannel:
-    """A DEALER that sends ``[header, *frames]`` and waits for the reply with the same id.
-
-    Replies to ids this channel no longer waits for (late answers to a request
-    that timed out and was retried) are discarded and counted, never returned
-    for a newer request.
-    """
-
-    def __init__(
-        self,
-        endpoint: str,
-        context: zmq.Context[Any] | None,
-        timeout: float,
-        curve: ClientCurve | None = None,
-        send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
-    ) -> None:
-        endpoint = trusted_endpoint(endpoint)
-        #: Sizes the kernel's buffer for each connection (DESIGN.md 116); made before
-        #: the socket, as it may refuse ``send_buffer_bytes``.
-        self.send_buffer = SendBuffer(endpoint, send_buffer_bytes)
-        self._context = context or zmq.Context.instance()
-        self._socket: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        # Queue a request only on a connection that is up: without it, requests sent
-        # while no daemon is there wait in the socket's queue past their timeout and
-        # run all at once when one appears, and a full queue blocks every send.
-        # (Making the socket again after each timeout would do the same at the cost
-        # of a reconnect, and of the daemon seeing a new peer, each time.)
-        self._socket.setsockopt(zmq.IMMEDIATE, 1)
-        try:
-            _secure(self._socket, endpoint, curve)
-            self.send_buffer.watch(self._socket)
-            connect(self._socket, endpoint)
-        except BaseException:
-            self.close()
-            raise
-        #: The send and receive timeouts last set (changed only when they must).
-        self._sndtimeo = self._rcvtimeo = -1
-        self.endpoint = endpoint
-        self.timeout = timeout
-        # A random 24-bit prefix keeps ids from different client objects apart
-        # in daemon logs; the counter makes them unique within this client.
-        prefix = int.from_bytes(os.urandom(3), "little") << 40
-        self._ids = itertools.count(prefix + 1)
-        self.discarded_replies = 0
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def request(
-        self,
-        header: PreparedHeader,
-        frames: Sequence[Any] = (),
-        *,
-        timeout: float | None = None,
-        retries: int = 0,
-    ) -> tuple[dict[str, Any], list[zmq.Frame]]:
-        """Send ``header`` and ``frames``, and wait; on timeout resend under a fresh
-        id up to ``retries`` times."""
-        wait = self.timeout if timeout is None else timeout
-        for _attempt in range(retries + 1):
-            request_id = self.next_id()
-            give_up_at = time.monotonic() + wait
-            if not self._send([header.encode(request_id), *frames], give_up_at):
-                continue
-            reply = self._await(request_id, give_up_at)
-            if reply is not None:
-                # A reply came on a connection: its monitor event is in by now.
-                self.send_buffer.apply()
-                return reply
-        raise RequestTimeout(
-            f"no reply from {self.endpoint} within {wait:.3f}s after {retries + 1} attempt(s)"
-        )
-
-    def _send(self, parts: list[Any], give_up_at: float) -> bool:
-        """Send one request; False when it could not leave before ``give_up_at`` (no
-        connection up, or the daemon not reading)."""
-        # Rounded up, and set again only when the one set is off by more than the
-        # rounding, as the receive timeout (``_await``).
-        remaining_ms = math.ceil((give_up_at - time.monotonic()) * 1000)
-        if remaining_ms <= 0:
-            return False
-        try:
-            if not 0 <= self._sndtimeo - remaining_ms <= 1:
-                self._socket.setsockopt(zmq.SNDTIMEO, remaining_ms)
-                self._sndtimeo = remaining_ms
-            send_frames(self._socket, parts)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            closed = self._socket.closed
-            raise ClientError("the client is closed" if closed else str(exc)) from None
-        return True
-
-    def _await(
-        self, request_id: int, give_up_at: float
-    ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
-        while True:
-            # Rounded up: a wait never ends before the caller's timeout.
-            remaining_ms = math.ceil((give_up_at - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                return None
-            # A blocking receive with a timeout rather than poll-then-receive: one
-            # call per reply.  The option is set again unless the one set waits at
-            # most a millisecond (its rounding) longer than asked, never shorter.
-            if not 0 <= self._rcvtimeo - remaining_ms <= 1:
-                self._socket.setsockopt(zmq.RCVTIMEO, remaining_ms)
-                self._rcvtimeo = remaining_ms
-            try:
-                parts = recv_frames(self._socket)
-            except zmq.Again:
-                # libzmq times the wait on a clock that may lag by a millisecond:
-                # the time left is measured again here, and waited out if any.
-                continue
-            try:
-                header = protocol.unpack_header(parts[0].buffer)
-            except ProtocolError as exc:
-                raise MalformedReply(str(exc)) from None
-            check_reply_id(header)
-            if header.get("id") != request_id:
-                self.discarded_replies += 1
-                continue
-            return header, list(parts[1:])
-
-    def close(self) -> None:
-        self.send_buffer.close()
-        self._socket.close(linger=0)
 
 
 def infer_request_header(
@@ -267,7 +111,7 @@ class InferenceClient:
     ) -> None:
         PollWindow(reply_spin_us, "reply_spin_us")  # fails here, not at the first region
         self._reply_spin_us = reply_spin_us
-        self._channel = _RequestChannel(
+        self._channel = RequestChannel(
             endpoint or default_endpoints().infer, context, timeout, curve, send_buffer_bytes
         )
         self._retries = retries
@@ -583,7 +427,7 @@ class OperatorClient:
         curve: ClientCurve | None = None,
     ) -> None:
         # Small messages: the kernel's default send buffer takes each in one write.
-        self._channel = _RequestChannel(
+        self._channel = RequestChannel(
             endpoint or default_endpoints().control, context, timeout, curve, 0
         )
 
@@ -603,142 +447,6 @@ class OperatorClient:
         self._channel.close()
 
     def __enter__(self) -> OperatorClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class EventSubscriber:
-    """Receive ``(topic, payload)`` events from the daemon's events socket.
-
-    PUB/SUB joins asynchronously: events published before the subscription
-    reached the daemon are not delivered (ZeroMQ's slow-joiner behaviour).
-
-    Each of ``topics`` (none: every topic) must be a topic's name
-    (``inferd_wire.topics.TOPICS``) or a prefix of one: the daemon closes the
-    connection of a subscriber to anything else (DESIGN.md 124), so any other
-    raises ``ValueError`` naming the topics, before a socket is made.
-    """
-
-    def __init__(
-        self,
-        endpoint: str | None = None,
-        *,
-        topics: Sequence[str] = (),
-        context: zmq.Context[Any] | None = None,
-        curve: ClientCurve | None = None,
-    ) -> None:
-        subscribed = tuple(check_topic(topic) for topic in topics)  # before any socket
-        self._endpoint = trusted_endpoint(endpoint or default_endpoints().events)
-        self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        try:
-            _secure(self._socket, self._endpoint, curve)
-            for topic in subscribed or ("",):
-                self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            connect(self._socket, self._endpoint)
-        except BaseException:
-            self._socket.close(linger=0)
-            raise
-        self._topics = subscribed
-        #: Whether the subscription covers ``health`` (``""``, ``"he"``, ``"health"``):
-        #: only health events nobody asked for are hidden.
-        self._health_asked = not subscribed or any(_HEALTH.startswith(t) for t in subscribed)
-        #: Events read while waiting to join, handed out before any newer one.
-        self._pending: deque[tuple[str, dict[str, Any]]] = deque()
-        #: ``health`` when it was subscribed only to detect the join.
-        self._hidden: str | None = None
-        #: Joined, and still receiving health events (hidden or asked for).
-        self._hearing_health = False
-
-    def wait_joined(self, timeout: float, *, keep_health: bool = False) -> None:
-        """Block until the subscription has reached the daemon, so that nothing the
-        daemon publishes from now on is missed.
-
-        The daemon publishes a ``health`` event every ``daemon.health_interval_s``;
-        the first one received proves the subscription is live. Events of the
-        subscribed topics that arrive first are kept and returned by ``receive``
-        in order; ``health`` events are hidden unless they were asked for.
-        Raises ``Unreachable`` when no health event arrives within ``timeout``.
-        ``keep_health`` stays subscribed to (hidden) health events after the join,
-        as proof that the daemon is still there (``follow``).
-        """
-        if not self._health_asked:
-            self._hidden = _HEALTH
-            self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
-        give_up_at = time.monotonic() + timeout
-        while True:
-            left = give_up_at - time.monotonic()
-            event = self._receive_frames(left) if left > 0 else None
-            if event is None:
-                raise Unreachable(
-                    f"no health event from {self._endpoint} within {timeout:g} s:"
-                    " is the daemon running and publishing there?"
-                )
-            if event[0] != self._hidden:
-                self._pending.append(event)
-            if event[0] == _HEALTH:
-                break
-        if self._hidden is not None and not keep_health:
-            self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
-        self._hearing_health = keep_health or self._hidden is None
-
-    def follow(self, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Join, then every event of the subscribed topics for as long as the daemon
-        is there: it publishes ``health`` every ``daemon.health_interval_s``, so
-        ``Unreachable`` when nothing at all arrives for ``timeout`` seconds (the
-        daemon stopped, or the socket is another's) instead of waiting forever.
-        Joins first unless ``wait_joined(..., keep_health=True)`` already did."""
-        if not self._hearing_health:
-            self.wait_joined(timeout, keep_health=True)
-        while True:
-            if self._pending:
-                yield self._pending.popleft()
-                continue
-            event = self._receive_frames(timeout)
-            if event is None:
-                raise Unreachable(
-                    f"nothing from {self._endpoint} for {timeout:g} s (not even its health "
-                    "events): the daemon stopped or is unreachable"
-                )
-            if event[0] != self._hidden:
-                yield event
-
-    def receive(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
-        """Next event, or None after ``timeout`` seconds (None waits forever)."""
-        if self._pending:
-            return self._pending.popleft()
-        give_up_at = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if give_up_at is None else max(0.0, give_up_at - time.monotonic())
-            event = self._receive_frames(left)
-            # health events already in flight when the join unsubscribed them
-            if event is None or event[0] != self._hidden:
-                return event
-
-    def _receive_frames(self, timeout: float | None) -> tuple[str, dict[str, Any]] | None:
-        wait_ms = None if timeout is None else int(timeout * 1000)
-        if not self._socket.poll(wait_ms, zmq.POLLIN):
-            return None
-        parts = self._socket.recv_multipart()
-        if len(parts) != 2:
-            raise MalformedReply(f"event has {len(parts)} frames; expected [topic, payload]")
-        payload = msgpack.unpackb(parts[1], raw=False)
-        if not isinstance(payload, dict):
-            raise MalformedReply("event payload is not a map")
-        return parts[0].decode(), payload
-
-    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        while True:
-            event = self.receive()
-            if event is not None:
-                yield event
-
-    def close(self) -> None:
-        self._socket.close(linger=0)
-
-    def __enter__(self) -> EventSubscriber:
         return self
 
     def __exit__(self, *exc: object) -> None:

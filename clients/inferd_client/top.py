@@ -30,8 +30,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from inferd_client.client import EventSubscriber, OperatorClient
+from inferd_client.client import OperatorClient
 from inferd_client.errors import ClientError
+from inferd_client.events import EventSubscriber
 
 EVENT_TOPICS = ("alert", "build", "runtime")
 RECENT_ALERTS = 5

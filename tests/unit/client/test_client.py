@@ -140,7 +140,7 @@ def test_a_receive_timeout_that_ends_early_is_waited_out(
     """libzmq times ``ZMQ_RCVTIMEO`` on a clock that may lag by a millisecond, so
     a receive can give up before the caller's deadline: the client measures the
     time left again and waits on, never returning early."""
-    from inferd_client import client as client_module
+    from inferd_client import channel as channel_module
 
     calls: list[float] = []
 
@@ -150,7 +150,7 @@ def test_a_receive_timeout_that_ends_early_is_waited_out(
 
     endpoint = server(lambda sock, frames: None)
     with InferenceClient(endpoint, timeout=1) as client:
-        monkeypatch.setattr(client_module, "recv_frames", gives_up_at_once)
+        monkeypatch.setattr(channel_module, "recv_frames", gives_up_at_once)
         started = time.monotonic()
         with pytest.raises(RequestTimeout):
             client.infer("m", {"x": np.zeros(2, np.float32)}, timeout=0.05)

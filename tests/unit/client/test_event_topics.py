@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from inferd_client import EventSubscriber
-from inferd_client import client as client_module
+from inferd_client import events as events_module
 from inferd_client.cli import EXIT_UNREACHABLE, EXIT_USAGE, main
 from inferd_wire.topics import TOPICS, check_topic
 
@@ -50,7 +50,7 @@ def test_the_subscriber_refuses_an_unknown_topic_before_any_socket_work(
     def no_endpoint_check(endpoint: str) -> str:
         raise AssertionError("the endpoint was checked for a topic the daemon refuses")
 
-    monkeypatch.setattr(client_module, "trusted_endpoint", no_endpoint_check)
+    monkeypatch.setattr(events_module, "trusted_endpoint", no_endpoint_check)
     with pytest.raises(ValueError, match=r"unknown event topic 'bogus'") as raised:
         EventSubscriber(
             "ipc:///nowhere/events.sock", topics=["health", "bogus"], context=_NoSockets()

@@ -1,0 +1,157 @@
+"""``EventSubscriber``: the daemon's events socket (thermal, runtime, build,
+alert and health events) as ``(topic, payload)`` pairs, for one thread."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import msgpack
+import zmq
+
+from inferd_client.endpoint_trust import connect, secure, trusted_endpoint
+from inferd_client.errors import MalformedReply, Unreachable
+from inferd_wire.curve import ClientCurve
+from inferd_wire.endpoints import default_endpoints
+from inferd_wire.topics import check_topic
+
+#: The topic the daemon publishes on every ``daemon.health_interval_s``.
+_HEALTH = "health"
+
+
+class EventSubscriber:
+    """Receive ``(topic, payload)`` events from the daemon's events socket.
+
+    PUB/SUB joins asynchronously: events published before the subscription
+    reached the daemon are not delivered (ZeroMQ's slow-joiner behaviour).
+
+    Each of ``topics`` (none: every topic) must be a topic's name
+    (``inferd_wire.topics.TOPICS``) or a prefix of one: the daemon closes the
+    connection of a subscriber to anything else (DESIGN.md 124), so any other
+    raises ``ValueError`` naming the topics, before a socket is made.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        topics: Sequence[str] = (),
+        context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
+    ) -> None:
+        subscribed = tuple(check_topic(topic) for topic in topics)  # before any socket
+        self._endpoint = trusted_endpoint(endpoint or default_endpoints().events)
+        self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            secure(self._socket, self._endpoint, curve)
+            for topic in subscribed or ("",):
+                self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            connect(self._socket, self._endpoint)
+        except BaseException:
+            self._socket.close(linger=0)
+            raise
+        self._topics = subscribed
+        #: Whether the subscription covers ``health`` (``""``, ``"he"``, ``"health"``):
+        #: only health events nobody asked for are hidden.
+        self._health_asked = not subscribed or any(_HEALTH.startswith(t) for t in subscribed)
+        #: Events read while waiting to join, handed out before any newer one.
+        self._pending: deque[tuple[str, dict[str, Any]]] = deque()
+        #: ``health`` when it was subscribed only to detect the join.
+        self._hidden: str | None = None
+        #: Joined, and still receiving health events (hidden or asked for).
+        self._hearing_health = False
+
+    def wait_joined(self, timeout: float, *, keep_health: bool = False) -> None:
+        """Block until the subscription has reached the daemon, so that nothing the
+        daemon publishes from now on is missed.
+
+        The daemon publishes a ``health`` event every ``daemon.health_interval_s``;
+        the first one received proves the subscription is live. Events of the
+        subscribed topics that arrive first are kept and returned by ``receive``
+        in order; ``health`` events are hidden unless they were asked for.
+        Raises ``Unreachable`` when no health event arrives within ``timeout``.
+        ``keep_health`` stays subscribed to (hidden) health events after the join,
+        as proof that the daemon is still there (``follow``).
+        """
+        if not self._health_asked:
+            self._hidden = _HEALTH
+            self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
+        give_up_at = time.monotonic() + timeout
+        while True:
+            left = give_up_at - time.monotonic()
+            event = self._receive_frames(left) if left > 0 else None
+            if event is None:
+                raise Unreachable(
+                    f"no health event from {self._endpoint} within {timeout:g} s:"
+                    " is the daemon running and publishing there?"
+                )
+            if event[0] != self._hidden:
+                self._pending.append(event)
+            if event[0] == _HEALTH:
+                break
+        if self._hidden is not None and not keep_health:
+            self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
+        self._hearing_health = keep_health or self._hidden is None
+
+    def follow(self, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Join, then every event of the subscribed topics for as long as the daemon
+        is there: it publishes ``health`` every ``daemon.health_interval_s``, so
+        ``Unreachable`` when nothing at all arrives for ``timeout`` seconds (the
+        daemon stopped, or the socket is another's) instead of waiting forever.
+        Joins first unless ``wait_joined(..., keep_health=True)`` already did."""
+        if not self._hearing_health:
+            self.wait_joined(timeout, keep_health=True)
+        while True:
+            if self._pending:
+                yield self._pending.popleft()
+                continue
+            event = self._receive_frames(timeout)
+            if event is None:
+                raise Unreachable(
+                    f"nothing from {self._endpoint} for {timeout:g} s (not even its health "
+                    "events): the daemon stopped or is unreachable"
+                )
+            if event[0] != self._hidden:
+                yield event
+
+    def receive(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
+        """Next event, or None after ``timeout`` seconds (None waits forever)."""
+        if self._pending:
+            return self._pending.popleft()
+        give_up_at = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if give_up_at is None else max(0.0, give_up_at - time.monotonic())
+            event = self._receive_frames(left)
+            # health events already in flight when the join unsubscribed them
+            if event is None or event[0] != self._hidden:
+                return event
+
+    def _receive_frames(self, timeout: float | None) -> tuple[str, dict[str, Any]] | None:
+        wait_ms = None if timeout is None else int(timeout * 1000)
+        if not self._socket.poll(wait_ms, zmq.POLLIN):
+            return None
+        parts = self._socket.recv_multipart()
+        if len(parts) != 2:
+            raise MalformedReply(f"event has {len(parts)} frames; expected [topic, payload]")
+        payload = msgpack.unpackb(parts[1], raw=False)
+        if not isinstance(payload, dict):
+            raise MalformedReply("event payload is not a map")
+        return parts[0].decode(), payload
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        while True:
+            event = self.receive()
+            if event is not None:
+                yield event
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+    def __enter__(self) -> EventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
