@@ -203,3 +203,102 @@ def test_a_terminal_gets_a_live_tree(demo_model: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, shown
     assert any(line.startswith("built ") for line in stdout.splitlines())
     assert "Timing graph nodes" in shown and "8/8" in shown and "start     " not in shown
+
+
+def _build(
+    model: Path, tmp_path: Path, *extra: str, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _command(model, tmp_path, "--json", *extra),
+        env=fake_gpu_env(None, **settings),
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def test_an_engine_that_failed_validation_is_quarantined_never_reused_or_trusted(
+    demo_model: Path, tmp_path: Path
+) -> None:
+    failed = _build(demo_model, tmp_path, INFERD_FAKE_TRT_EXECUTE_ERROR="injected: bad kernel")
+    assert failed.returncode == 1, failed.stderr
+    assert "failed validation" in failed.stderr and "quarantined" in failed.stderr
+    assert _engines(tmp_path) == []
+    assert list((tmp_path / "engines").glob("*.sha256")) == []
+    (summary,) = _summaries(tmp_path)
+    moved = Path(summary["validation"]["quarantinedTo"])
+    assert moved.parent == tmp_path / "engines" / "quarantine" and moved.exists()
+    manifest = tmp_path / "deploy-manifest.json"
+    again = _build(demo_model, tmp_path, "--manifest", str(manifest))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "built"
+
+
+def test_a_rebuild_that_fails_validation_leaves_the_trusted_engine_as_it_was(
+    demo_model: Path, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "deploy-manifest.json"
+    first = _build(demo_model, tmp_path, "--manifest", str(manifest))
+    assert first.returncode == 0, first.stderr
+    (engine,) = _engines(tmp_path)
+    before = engine.stat()
+    trusted = json.loads(manifest.read_text())
+    failed = _build(
+        demo_model, tmp_path, "--force", INFERD_FAKE_TRT_EXECUTE_ERROR="injected: bad kernel"
+    )
+    assert failed.returncode == 1, failed.stderr
+    after = engine.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert json.loads(manifest.read_text()) == trusted
+
+
+# In the build process only: validation marks that it started, then takes long.
+SLOW_VALIDATION = """
+import os, time
+from pathlib import Path
+from inferd.engine_build import session as _session
+_validate = _session.validate_build
+def _slow(*args, **kwargs):
+    Path(os.environ["INFERD_TEST_VALIDATING"]).touch()
+    time.sleep(60)  # a long smoke inference; the test forces the exit meanwhile
+    return _validate(*args, **kwargs)
+_session.validate_build = _slow
+"""
+
+
+def test_a_forced_exit_during_validation_leaves_no_engine_to_reuse(
+    demo_model: Path, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_VALIDATION)
+    validating = tmp_path / "validating"
+    env = fake_gpu_env(None, INFERD_TEST_VALIDATING=str(validating))
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    proc = subprocess.Popen(
+        _command(demo_model, tmp_path),
+        env=env,
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(
+            lambda: proc.poll() is None and validating.exists(), timeout=60, message="validation"
+        )
+        proc.send_signal(signal.SIGINT)
+        _wait_for_event(proc, tmp_path, "cancel_requested")
+        proc.send_signal(signal.SIGINT)  # forced
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_FORCED, err
+    _no_partial_files(tmp_path)
+    assert not (tmp_path / "engines" / "staging").exists()
+    manifest = tmp_path / "deploy-manifest.json"
+    again = _build(demo_model, tmp_path, "--manifest", str(manifest))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "built"

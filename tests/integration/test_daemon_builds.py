@@ -16,13 +16,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from inferd.config import ModelConfig
+from inferd.engine_build.build_record import describe, fdr_record
+from inferd.engine_build.supervisor import BuildManager
 from inferd.fdr.reader import ReadReport, read_records
+from inferd.types import Peer
 from inferd_client import InferenceClient
 from tests.conftest import HANG_S, REPO, DaemonFactory, DaemonProcess, Events, wait_until
 from tests.integration.test_schemas import assert_valid, call
@@ -340,3 +345,162 @@ def test_a_build_directory_not_safely_the_daemons_is_refused_before_a_start_is_t
     model_dir.chmod(0o700)
     build_id = start_build(daemon)
     assert build_status(daemon, build_id)["state"] in ("running", "completed")
+
+
+# -- what a build child leaves when it dies or is cancelled late (BuildManager) ------------
+
+OPERATOR = Peer("ipc", uid=os.getuid(), pid=os.getpid(), operator=True)
+
+# In the child only: the staged engine's fsync takes long (a big engine on a slow disk).
+SLOW_ENGINE_WRITE = """
+import os, time
+_fsync = os.fsync
+def _slow(fd):
+    try:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        name = ""
+    if ".simulated.engine.tmp-" in name:
+        time.sleep(60)
+    return _fsync(fd)
+os.fsync = _slow
+"""
+
+# In the child only: validation marks that it started, then waits until the build's
+# token is cancelled (bounded by INFERD_TEST_VALIDATION_S), like a slow smoke inference.
+SLOW_VALIDATION = """
+import os, threading
+from pathlib import Path
+from inferd.engine_build import cancel as _cancel, session as _session
+_cancelled = threading.Event()
+_cancel_original = _cancel.CancellationToken.cancel
+def _cancel_and_tell(self, *args, **kwargs):
+    first = _cancel_original(self, *args, **kwargs)
+    _cancelled.set()
+    return first
+_cancel.CancellationToken.cancel = _cancel_and_tell
+_validate = _session.validate_build
+def _slow(*args, **kwargs):
+    Path(os.environ["INFERD_TEST_VALIDATING"]).touch()
+    _cancelled.wait(float(os.environ["INFERD_TEST_VALIDATION_S"]))
+    return _validate(*args, **kwargs)
+_session.validate_build = _slow
+"""
+
+
+def _in_the_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(code)
+    paths = [str(site), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
+
+
+def _manager(
+    tmp_path: Path, model: Path, grace_s: float, published: list[dict[str, Any]]
+) -> BuildManager:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    return BuildManager(
+        {"demo": ModelConfig("demo", model)},
+        build_dir=state / "builds",
+        engine_dir=state / "engines",
+        publish=lambda _topic, payload: published.append(dict(payload)),
+        record=lambda _kind, _payload: None,
+        grace_s=grace_s,
+        tensorrt_available=lambda: False,
+    )
+
+
+def _files_left(tmp_path: Path) -> list[str]:
+    root = tmp_path / "state" / "builds"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _start_simulated(manager: BuildManager, tmp_path: Path, until: Callable[[], bool]) -> Any:
+    started = manager.start(
+        {"model": "demo", "builder": "simulated", "simulation": {"step_s": 0}}, OPERATOR
+    )
+    wait_until(until, timeout=60, message="the child at the point under test")
+    return manager._get(started["build_id"])
+
+
+def _writing(tmp_path: Path) -> Callable[[], bool]:
+    folder = tmp_path / "state" / "builds" / "demo"
+    return lambda: any(".tmp-" in p.name for p in folder.rglob("*"))
+
+
+def test_a_build_child_killed_while_it_writes_its_engine_leaves_no_file(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_the_child(tmp_path, monkeypatch, SLOW_ENGINE_WRITE)
+    published: list[dict[str, Any]] = []
+    manager = _manager(tmp_path, demo_model, 1.0, published)
+    build = _start_simulated(manager, tmp_path, _writing(tmp_path))
+    os.kill(build.process.pid, signal.SIGKILL)  # the OOM killer, a crash
+    assert build.done.wait(HANG_S)
+    assert build.state == "failed"
+    assert _files_left(tmp_path) == [], "partial files of a dead build child left behind"
+    record = fdr_record(build)
+    assert record["cleanup_status"] == "cleaned" and record["cleanup"]["removed"]
+    assert record["timing_cache"] == "discarded"
+    assert describe(build)["cleanup_status"] == "cleaned"
+
+
+def test_a_build_child_killed_at_shutdown_while_it_writes_leaves_no_file(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_the_child(tmp_path, monkeypatch, SLOW_ENGINE_WRITE)
+    published: list[dict[str, Any]] = []
+    manager = _manager(tmp_path, demo_model, 1.0, published)
+    build = _start_simulated(manager, tmp_path, _writing(tmp_path))
+    manager.shutdown("sigterm")  # cancel; the child, deaf in its fsync, is killed
+    assert build.done.is_set()
+    assert build.state == "cancelled" and build.escalated is True
+    assert _files_left(tmp_path) == [], "partial files of a killed build child left behind"
+    assert fdr_record(build)["cleanup_status"] == "cleaned"
+
+
+def test_a_build_killed_while_it_validates_leaves_no_engine(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child ignores the cancel while validating (a smoke inference cannot be
+    interrupted) and is killed after the grace: its staged engine is removed."""
+    _in_the_child(tmp_path, monkeypatch, SLOW_VALIDATION)
+    validating = tmp_path / "validating"
+    monkeypatch.setenv("INFERD_TEST_VALIDATING", str(validating))
+    monkeypatch.setenv("INFERD_TEST_VALIDATION_S", "60")
+    published: list[dict[str, Any]] = []
+    manager = _manager(tmp_path, demo_model, 1.0, published)
+    build = _start_simulated(manager, tmp_path, validating.exists)
+    os.kill(build.process.pid, signal.SIGSTOP)  # deaf to the cancel: killed after the grace
+    reply = manager.cancel({"build_id": build.build_id}, OPERATOR)
+    assert reply["accepted"] is True
+    assert build.done.wait(HANG_S)
+    assert build.state == "cancelled" and build.escalated is True
+    engines = [name for name in _files_left(tmp_path) if ".engine" in name]
+    assert engines == [], f"a cancelled build left {engines}"
+
+
+def test_a_cancel_accepted_while_the_engine_is_validated_ends_cancelled(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _in_the_child(tmp_path, monkeypatch, SLOW_VALIDATION)
+    validating = tmp_path / "validating"
+    monkeypatch.setenv("INFERD_TEST_VALIDATING", str(validating))
+    monkeypatch.setenv("INFERD_TEST_VALIDATION_S", str(HANG_S))
+    published: list[dict[str, Any]] = []
+    manager = _manager(tmp_path, demo_model, HANG_S, published)
+    build = _start_simulated(manager, tmp_path, validating.exists)
+    reply = manager.cancel({"build_id": build.build_id}, OPERATOR)
+    assert reply["accepted"] is True and reply["cancel_source"] == "control"
+    assert build.done.wait(HANG_S)
+    terminal = published[-1]
+    assert build.state == "cancelled" and not build.escalated
+    assert terminal["type"] == "cancelled" and terminal["cancelState"] == "cleaned_up"
+    assert build.summary is not None and build.summary["outcome"] == "cancelled"
+    assert build.summary["timingCacheMode"] == "discarded"
+    assert build.summary["baseline"]["engineSha256"] is None
+    assert fdr_record(build)["outcome"] == "cancelled"
+    left = [name for name in _files_left(tmp_path) if not name.endswith(".build.json")]
+    assert [name for name in left if ".engine" in name] == []

@@ -6,6 +6,7 @@ the child, trusted in ``<engine_dir>/manifest.json``, and adopted by
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inferd.config import ModelConfig
 from inferd.digest import sha256_file
+from inferd.engine_build.build_record import Build, BuildFinished
+from inferd.engine_build.child_exit import settle
+from inferd.engine_build.supervisor import BuildManager
 from inferd.engines.sidecar import read_sidecar, sidecar_path
+from inferd.types import Peer
 from inferd_client import InferenceClient, OperatorClient
 from inferd_client.errors import RemoteError
 from tests.conftest import DaemonFactory, wait_until
@@ -164,3 +170,61 @@ def test_daemon_build_and_inferd_build_give_the_same_workspace_for_the_same_budg
     cli_summary = json.loads(Path(report["build"]["summary"]).read_text())
     assert report["build"]["workspace_bytes"] == cli_summary["builderStats"]["workspaceBytes"]
     assert daemon_workspace == report["build"]["workspace_bytes"] == budget // 4
+
+
+def test_an_unreadable_daemon_manifest_ends_the_build_untrusted_never_running(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``record_trust`` reports a manifest it cannot read as "not recorded"; the reader
+    thread records the end (state, terminal event, FDR record, hook) whatever happens."""
+    env = fake_gpu_env(None)
+    for key in ("PYTHONPATH", "INFERD_FAKE_TRT_VIOLATIONS"):
+        monkeypatch.setenv(key, env[key])
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    engine_dir = state / "engines"
+    engine_dir.mkdir(mode=0o700)
+    (engine_dir / "manifest.json").write_text("{ truncated by an editor")
+    published: list[dict[str, Any]] = []
+    records: list[str] = []
+    finished: list[BuildFinished] = []
+    manager = BuildManager(
+        {"demo": ModelConfig("demo", demo_model)},
+        build_dir=state / "builds",
+        engine_dir=engine_dir,
+        publish=lambda _topic, payload: published.append(dict(payload)),
+        record=lambda kind, _payload: records.append(kind),
+        grace_s=2.0,
+        tensorrt_available=lambda: True,
+        on_finished=finished.append,
+    )
+    peer = Peer("ipc", uid=os.getuid(), pid=os.getpid(), operator=True)
+    started = manager.start({"model": "demo"}, peer)
+    assert started["builder"] == "tensorrt"
+    build = manager._get(started["build_id"])
+    assert build.done.wait(120)
+    assert build.state == "completed" and build.manifest is None
+    assert build.manifest_note is not None and build.manifest_note.startswith("not recorded")
+    assert published[-1]["type"] == "completed" and "engine_build" in records
+    assert [f.trusted for f in finished] == [False]
+    again = manager.start({"model": "demo"}, peer)  # not refused as "still running"
+    assert manager._get(again["build_id"]).done.wait(120)
+
+
+def test_settle_never_leaves_a_build_running(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    build = Build(
+        build_id="b1-000000",
+        model="demo",
+        builder="tensorrt",
+        build_config={},
+        engine_path=tmp_path,
+        process=process,
+        requested_by="test",
+        peer=Peer("internal"),
+        started_wall_ns=0,
+        started_mono=0.0,
+    )
+    settle(build)
+    assert build.state == "failed" and build.done.is_set() and build.error

@@ -165,7 +165,7 @@ BuildEvent read_build(const Fields& payload) {
     event.wall_ns = payload.uint("wallNs");
     event.thread = payload.string("thread");
     event.cancel_state =
-        one_of(payload, "cancelState", {"none", "requested", "acknowledged", "cleaned_up"});
+        one_of(payload, "cancelState", {"none", "requested", "acknowledged", "cleaned_up", "too_late"});
     if (payload.find("detail") != nullptr) {
         payload.map("detail");
         event.detail_json = payload.json("detail");

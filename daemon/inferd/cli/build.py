@@ -38,8 +38,10 @@ trusted (``inferd.engines.calibration``) and a fresh one is written only when
 the build completes.
 
 A completed build is validated before it counts: the gate's sidecar check and
-a smoke inference compared with ONNX Runtime; only then is it recorded in
-``--manifest``.
+a smoke inference compared with ONNX Runtime, on the engine staged under
+``<engine dir>/staging/``; only an engine that passed is committed to its final
+path (so a later run reuses only validated engines) and recorded in
+``--manifest``; one that failed is quarantined.
 
 Exit status: 0 built and validated, or reused; 1 the build or its validation
 failed; 2 usage or environment
@@ -324,7 +326,13 @@ def run(
                 )
                 code = EXIT_CANCELLED
             elif summary["validationStatus"] == "fail":
-                err.write("inferd build: the built engine failed validation\n")
+                validation = summary["validation"] or {}
+                moved = validation.get("quarantinedTo")
+                kept = f"quarantined to {moved}" if moved else "removed"
+                err.write(
+                    f"inferd build: the built engine failed validation "
+                    f"({validation.get('reason')}); it was not kept at {engine.name}: {kept}\n"
+                )
                 code = EXIT_FAILED
         else:
             digest = sha256_file(engine)  # reused: the gate's steps 1-4 checked it

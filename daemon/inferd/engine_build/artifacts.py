@@ -1,18 +1,25 @@
-"""Build artifacts: the final write, leftovers cleanup/quarantine, inventory;
-and the timing-cache policy per host tuple (``TimingCacheOutcome``).
+"""Build artifacts: staging, validation's verdict, the commit, leftovers
+cleanup/quarantine, inventory; and the timing-cache policy per host tuple
+(``TimingCacheOutcome``).
 
-The engine goes to a temp file beside its final path, is fsynced, renamed and
-the directory fsynced (``inferd.durable``), then its ``.sha256`` sidecar
-(``engines.sidecar``); all inside the token's no-cancel zone.  After a cancel
-or failure, ``clean_up`` removes this build's temp files and quarantines
-(moves to ``quarantine/`` with a ``.reason`` file) anything whose state is
-unclear: an engine at the final path without a matching sidecar, or a temp
-file of a process that may still be alive.
+The engine is first staged: written (temp + fsync + rename, ``inferd.durable``)
+with its ``.sha256`` sidecar under ``<dir>/staging/<pid>/`` with its final file
+name (the gate's name rule holds while it is validated), where no locator looks.
+Only an engine that passed validation (or was not validated: ``pending``) is
+committed: renamed to its final path with its sidecar, the directory fsynced, in
+the token's no-cancel zone; one that failed validation is quarantined.  So a
+file at the final path with a matching sidecar is always a committed build's
+(``locate_engine`` reuses it).  After a cancel, a failure or a dead build
+process, ``clean_up`` removes that process's temp and staged files and
+quarantines (moves to ``quarantine/`` with a ``.reason`` file) anything whose
+state is unclear: an engine at the final path without a matching sidecar, or a
+temp file of a process that may still be alive.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -33,6 +40,8 @@ from inferd.types import HostTuple
 from inferd_wire.compat import StrEnum
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+#: Engines being validated: ``<dir>/staging/<pid>/<engine name>`` and its sidecar.
+STAGING_DIR = "staging"
 
 
 def inventory(directory: Path) -> list[dict[str, Any]]:
@@ -107,9 +116,10 @@ class CleanupReport:
 
 
 def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
-    """Leave no partial engine: remove temp files of ``engine_path`` written by this
-    process or a dead one; quarantine a live process's temp and an engine at the
-    final path whose sidecar is missing or does not match."""
+    """Leave no partial or unvalidated engine: remove temp and staged files of
+    ``engine_path`` written by this process (``own_pid``: the build process, when a
+    supervisor cleans after it) or a dead one; quarantine a live process's temp and
+    an engine at the final path whose sidecar is missing or does not match."""
     own_pid = os.getpid() if own_pid is None else own_pid
     report = CleanupReport()
     directory = engine_path.parent
@@ -131,6 +141,7 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
                 report.quarantined.append({"path": str(moved), "reason": why})
         except OSError as exc:
             report.errors.append(f"{entry.name}: {exc}")
+    _remove_staged(engine_path, own_pid, report)
     if os.path.lexists(engine_path):
         reason: str | None = None
         try:
@@ -160,25 +171,90 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
     return report
 
 
+def _remove_staged(engine_path: Path, own_pid: int, report: CleanupReport) -> None:
+    """Remove ``engine_path``'s staged engine, sidecar and their temp files of
+    ``own_pid`` or a dead process (never validated: nothing to keep), and the
+    staging folders they leave empty.  A live process's staging is its own."""
+    staging = engine_path.parent / STAGING_DIR
+    try:
+        folders = sorted(staging.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    names = {engine_path.name, sidecar_path(engine_path).name}
+    for folder in folders:
+        if not folder.name.isdigit():
+            continue
+        pid = int(folder.name)
+        if pid != own_pid and _pid_alive(pid):
+            continue
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            match = _TEMP.match(entry.name)
+            if entry.name not in names and (match is None or match["name"] not in names):
+                continue
+            try:
+                entry.unlink()
+                report.removed.append(str(entry.relative_to(engine_path.parent)))
+            except OSError as exc:
+                report.errors.append(f"{entry.name}: {exc}")
+        with contextlib.suppress(OSError):  # not empty: another engine's, or removed
+            folder.rmdir()
+    with contextlib.suppress(OSError):
+        staging.rmdir()
+
+
+def staged_path(engine_path: Path) -> Path:
+    """Where this process stages ``engine_path`` until it passed validation."""
+    return engine_path.parent / STAGING_DIR / str(os.getpid()) / engine_path.name
+
+
+def stage_engine(engine_path: Path, data: bytes) -> tuple[str, Path]:
+    """Write the built engine and its sidecar to its staged path (durable, atomic);
+    returns (sha256, staged path).  Nothing at the final path changes."""
+    staged = staged_path(engine_path)
+    ensure_owned_dir(staged.parent, what="the engine staging directory")
+    atomic_write_bytes(staged, data)
+    digest = hashlib.sha256(data).hexdigest()
+    write_sidecar(staged, digest)
+    return digest, staged
+
+
+def quarantine_staged(staged: Path, engine_path: Path, reason: str) -> Path:
+    """An engine that failed validation: never at its final path, kept for analysis
+    in the engine dir's ``quarantine/`` (with its sidecar and a ``.reason``)."""
+    moved = quarantine(staged, reason, directory=engine_path.parent)
+    with contextlib.suppress(OSError):
+        staged.parent.rmdir()
+        staged.parent.parent.rmdir()
+    return moved
+
+
 def commit_engine(
+    staged: Path,
     engine_path: Path,
-    data: bytes,
     token: CancellationToken,
     *,
     during_write: Callable[[], None] | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """Final write in the no-cancel zone: temp + fsync + rename + dir fsync, then
-    the sidecar.  Returns (sha256, zone record)."""
-    import hashlib
-
-    ensure_owned_dir(engine_path.parent, what="the engine dir")
-    with token.no_cancel_zone("final engine write"):
+) -> dict[str, Any] | None:
+    """The last step of a build, in the no-cancel zone: the staged engine and its
+    sidecar renamed to their final paths, the directory fsynced.  Returns the zone
+    record, or None when a cancel came first (nothing committed: the caller's
+    ``clean_up`` removes the staged files)."""
+    with token.no_cancel_zone("final engine commit") as entered:
+        if not entered:
+            return None
         if during_write is not None:
             during_write()
-        atomic_write_bytes(engine_path, data)
-        digest = hashlib.sha256(data).hexdigest()
-        write_sidecar(engine_path, digest)
-    return digest, token.zone_log[-1]
+        os.replace(staged, engine_path)
+        os.replace(sidecar_path(staged), sidecar_path(engine_path))
+        fsync_directory(engine_path.parent)
+    with contextlib.suppress(OSError):
+        staged.parent.rmdir()
+        staged.parent.parent.rmdir()
+    return token.zone_log[-1]
 
 
 class TimingCacheOutcome(StrEnum):

@@ -51,6 +51,10 @@ class Build:
     manifest: str | None = None
     manifest_note: str | None = None
     record: dict[str, Any] | None = None
+    #: A child that exited without a report: what the daemon cleaned after it
+    #: (``child_exit.clean_after``) and the timing-cache decision it records.
+    cleanup: dict[str, Any] | None = None
+    timing_cache: str | None = None
     error: str | None = None
     received: int = 0
     published: int = 0
@@ -89,7 +93,9 @@ def fdr_record(build: Build) -> dict[str, Any]:
         "build_id": build.build_id,
         "simulated": build.simulated,
         "cancel_source": build.cancel_source,
-        "cleanup_status": "unknown (child terminated)" if build.escalated else "unknown",
+        "cleanup_status": _cleanup_status(build),
+        "cleanup": build.cleanup,
+        "timing_cache": build.timing_cache,
     }
     return {
         **base,
@@ -104,8 +110,21 @@ def fdr_record(build: Build) -> dict[str, Any]:
         "peer": build.peer.as_record(),
         "cancelled_by": None if build.cancel_peer is None else build.cancel_peer.as_record(),
         "manifest": build.manifest,
+        "cancel_too_late": cancel_too_late(build),
         **{key: value for key, value in latencies(build).items() if value is not None},
     }
+
+
+def _cleanup_status(build: Build) -> str:
+    if build.cleanup is not None:
+        return str(build.cleanup["status"])
+    return "unknown (child terminated)" if build.escalated else "unknown"
+
+
+def cancel_too_late(build: Build) -> bool:
+    """A cancel the child received only inside its commit (the last step): the
+    build completed, and says so (``cancelState`` ``too_late``)."""
+    return build.state == "completed" and build.cancel_source is not None
 
 
 def describe(build: Build) -> dict[str, Any]:
@@ -149,7 +168,8 @@ def describe(build: Build) -> dict[str, Any]:
             "cancel_reason": build.cancel_reason,
             "escalated": build.escalated,
             **latencies(build),
-            "cleanup_status": summary.get("cleanupStatus"),
+            "cleanup_status": summary.get("cleanupStatus")
+            or (None if build.cleanup is None else build.cleanup["status"]),
             "retry_policy": summary.get("retryPolicy"),
             "validation_status": summary.get("validationStatus"),
             "summary_path": build.summary_path,
@@ -195,7 +215,9 @@ def terminal_event(build: Build, state: str, code: int) -> dict[str, Any]:
         "monotonicNs": time.monotonic_ns(),
         "wallNs": time.time_ns(),
         "thread": "inferd-daemon",
-        "cancelState": "cleaned_up" if build.cancel_source else "none",
+        "cancelState": "too_late"
+        if cancel_too_late(build)
+        else ("cleaned_up" if build.cancel_source else "none"),
         "detail": {
             "cancelSource": build.cancel_source,
             "escalated": build.escalated,

@@ -138,19 +138,25 @@ class CancellationToken:
 
     # -- no-cancel zone -----------------------------------------------------------------
     @contextlib.contextmanager
-    def no_cancel_zone(self, what: str) -> Iterator[None]:
-        """Around the final write + rename: a cancel arriving inside is deferred
-        (the write completes; the request is recorded with ``in_no_cancel_zone``)."""
+    def no_cancel_zone(self, what: str) -> Iterator[bool]:
+        """Around the final commit: a cancel arriving inside is deferred (the commit
+        completes; the request is recorded with ``in_no_cancel_zone``).  Yields False,
+        and enters no zone, when a cancel came first: checked under the same lock as
+        the entry, so every cancel either stops the commit or is recorded deferred."""
         with self._lock:
-            self.zone = what
             before = self.request
+            if before is None:
+                self.zone = what
+        if before is not None:
+            yield False
+            return
         entered = time.monotonic_ns()
         try:
-            yield
+            yield True
         finally:
             with self._lock:
                 self.zone = None
-                arrived = self.request if self.request is not before else None
+                arrived = self.request
             self.zone_log.append(
                 {
                     "zone": what,

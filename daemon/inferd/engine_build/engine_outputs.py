@@ -248,7 +248,7 @@ def _engine_files(engine: Path) -> tuple[str | None, list[tuple[Path, os.stat_re
 
 
 def _completed_digest(path: Path) -> str | None:
-    """The engine digest ``path``'s build recorded, when it completed a real engine."""
+    """The engine digest ``path``'s build recorded, when it committed a real engine."""
     try:
         with open_for_reading(path) as handle:
             data = handle.read(SUMMARY_MAX_BYTES + 1)
@@ -259,6 +259,8 @@ def _completed_digest(path: Path) -> str | None:
         return None
     if not isinstance(document, dict) or document.get("outcome") != "completed":
         return None
+    if document.get("validationStatus") == "fail":
+        return None  # quarantined, never committed: the engine there is not this build's
     if document.get("simulated") is not False:
         return None
     digest = (document.get("baseline") or {}).get("engineSha256")

@@ -35,6 +35,7 @@ from inferd.engine_build.validation import eligible_to_serve, tensorrt_smoke_inf
 from inferd.engines.calibration import calibration_cache_path
 from inferd.engines.locate import EnginePlan
 from inferd.engines.manifest import record_in_manifest
+from inferd.errors import EngineManifestError, UnsafeDirectoryError
 from inferd.types import BuildConfig
 
 
@@ -129,6 +130,8 @@ def record_trust(
         )
     try:
         record_in_manifest(manifest, engine_path.name, digest)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EngineManifestError, UnsafeDirectoryError) as exc:
+        # An unreadable manifest or its directory: the build is still reported
+        # (not trusted, saying why), never left unfinished.
         return TrustDecision(False, f"not recorded in {manifest}: {type(exc).__name__}: {exc}")
     return TrustDecision(True, f"recorded in {manifest}", manifest)

@@ -4,8 +4,9 @@ Ties the pieces together: a token (shared with signal handlers, the control
 op, timeouts and asyncio), the progress adapter and stall watchdog, the
 timing-cache policy, the builder (run in a worker thread so the main thread
 keeps handling signals: TensorRT's ``build_serialized_network`` releases the
-GIL and holds its caller until it returns), the no-cancel final write,
-cleanup, validation, and the build summary (``schemas/build/summary.json``),
+GIL and holds its caller until it returns), the staged engine, its validation,
+the commit (the last step, in the no-cancel zone, after a last look at the
+token), cleanup, and the build summary (``schemas/build/summary.json``),
 written next to the engine and recorded as a ``engine_build`` FDR record.
 """
 
@@ -27,6 +28,8 @@ from inferd.engine_build.artifacts import (
     build_files,
     clean_up,
     commit_engine,
+    quarantine_staged,
+    stage_engine,
     write_json,
 )
 from inferd.engine_build.cancel import CancellationToken
@@ -35,6 +38,7 @@ from inferd.engine_build.host_evidence import read_host_evidence
 from inferd.engine_build.progress import ProgressAdapter, StallWatchdog
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.validation import Infer, ValidationResult, validate_build
+from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import BuildConfig, HostTuple
 
@@ -204,11 +208,11 @@ def run_build(
     result = output[0] if output else BuilderOutput(None, None, error=repr(crash[0]))
     engine_sha: str | None = None
     zone: dict[str, Any] | None = None
+    validation: ValidationResult | None = None
+    quarantined_to: str | None = None
     if result.engine is not None and not token.is_set():
         try:
-            engine_sha, zone = commit_engine(
-                request.engine_path, result.engine, token, during_write=during_write
-            )
+            engine_sha, staged = stage_engine(request.engine_path, result.engine)
             outcome = "completed"
         except OSError as exc:
             outcome, result.error = "failed", f"cannot write engine: {exc}"
@@ -216,18 +220,26 @@ def run_build(
         outcome = "cancelled"
     else:
         outcome = "failed"
+    if outcome == "completed":
+        # Validated where it was staged: only an engine that passed (or was not
+        # validated: pending) ever reaches the path a locator reuses.
+        if request.validate and builder.infer is not None:
+            validation = validate_build(
+                staged, request.model_path, request.build_config.precision, builder.infer
+            )
+        if validation is not None and validation.status == "fail" and not token.is_set():
+            quarantined_to = _quarantine_failed(staged, request.engine_path, validation)
+        else:  # a cancel, whatever validation said, ends the build cancelled
+            try:
+                zone = commit_engine(staged, request.engine_path, token, during_write=during_write)
+                if zone is None:  # a cancel came before the commit: nothing is kept
+                    outcome, engine_sha = "cancelled", None
+            except OSError as exc:
+                outcome, result.error = "failed", f"cannot commit engine: {exc}"
     cleanup = clean_up(request.engine_path)
     token.cleanup_done()
     cache_decision = cache.finish(outcome == "completed", result.timing_cache)
 
-    validation: ValidationResult | None = None
-    if outcome == "completed" and request.validate and builder.infer is not None:
-        validation = validate_build(
-            request.engine_path,
-            request.model_path,
-            request.build_config.precision,
-            builder.infer,
-        )
     validation_status = (
         validation.status
         if validation is not None
@@ -275,8 +287,10 @@ def run_build(
         "retryPolicy": policy,
         "retryReason": policy_reason,
         "validationStatus": validation_status,
-        "validation": None if validation is None else validation.as_dict(),
-        "eligibleToServe": validation_status == "pass",
+        "validation": None
+        if validation is None
+        else {**validation.as_dict(), "quarantinedTo": quarantined_to},
+        "eligibleToServe": outcome == "completed" and validation_status == "pass",
         "baseline": {
             "tensorrtVersion": builder.tensorrt_version,
             "driver": evidence.driver_version,
@@ -332,6 +346,17 @@ def run_build(
             },
         )
     return BuildReport(summary, summary_path, queue.drain(), snapshots)
+
+
+def _quarantine_failed(staged: Path, engine_path: Path, validation: ValidationResult) -> str | None:
+    """Where the engine that failed validation went (None: it could not be moved,
+    and ``clean_up`` removes it: either way nothing is left to reuse)."""
+    try:
+        return str(
+            quarantine_staged(staged, engine_path, f"failed validation: {validation.reason}")
+        )
+    except (OSError, UnsafeDirectoryError):
+        return None
 
 
 def _artifacts(

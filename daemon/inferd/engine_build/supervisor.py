@@ -42,6 +42,7 @@ from inferd.engine_build.build_record import (
     fdr_record,
     terminal_event,
 )
+from inferd.engine_build.child_exit import clean_after, settle, trust
 from inferd.engine_build.events import TERMINAL_EVENTS
 from inferd.engine_build.pipe import (
     CancelCommand,
@@ -54,7 +55,6 @@ from inferd.engine_build.pipe import (
     child_message_decoder,
     encode,
 )
-from inferd.engine_build.pipeline import record_trust
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.engines.manifest import MANIFEST_NAME
 from inferd.errors import UnsafeDirectoryError
@@ -343,7 +343,12 @@ class BuildManager:
             if build.process.stdin is not None:
                 with contextlib.suppress(OSError, BrokenPipeError):
                     build.process.stdin.close()
-            self._finish(build, code)
+            try:
+                self._finish(build, code)
+            except Exception:
+                log.exception("build_finish_failed", build_id=build.build_id)
+            finally:
+                settle(build)
 
     def _on_message(self, build: Build, message: ChildMessage) -> None:
         if isinstance(message, EventMessage):
@@ -380,8 +385,11 @@ class BuildManager:
     def _finish(self, build: Build, code: int) -> None:
         exited = time.monotonic()
         summary = build.summary
-        if summary is not None and summary.get("outcome") == "completed" and not build.simulated:
-            self._trust(build)  # before the state turns "completed": status then shows it
+        if summary is None:
+            clean_after(build, build.simulated or build.engine_path != self._engine_dir)
+        elif summary.get("outcome") == "completed" and not build.simulated:
+            # Before the state turns "completed": status then shows it.
+            trust(build, self._engine_dir / MANIFEST_NAME, self._engine_manifest)
         with build.lock:
             build.exited_mono, build.exit_code = exited, code
             if summary is not None:
@@ -430,21 +438,3 @@ class BuildManager:
                 self._on_finished(finished)
             except Exception:  # the build's own record is already complete
                 log.exception("build_finished_hook_failed", build_id=build.build_id)
-
-    def _trust(self, build: Build) -> None:
-        """Step 4 of the engine pipeline: a validated TensorRT build is recorded in
-        ``<engine_dir>/manifest.json`` (DESIGN.md, "Daemon builds and the engine
-        manifest"): it was built on this host, by this daemon, and matched ONNX
-        Runtime; a configured ``runtime.engine_manifest`` belongs to the deployment
-        and is never written."""
-        decision = record_trust(
-            build.summary or {},
-            build.engine_path,
-            manifest=self._engine_dir / MANIFEST_NAME,
-            deployment_manifest=self._engine_manifest,
-        )
-        if decision.trusted:
-            log.info("build_engine_trusted", build_id=build.build_id, manifest=decision.note)
-        with build.lock:
-            build.manifest = str(decision.manifest) if decision.manifest else None
-            build.manifest_note = decision.note

@@ -11,11 +11,14 @@ import pytest
 
 from inferd.engine_build import CancellationToken
 from inferd.engine_build.artifacts import (
+    STAGING_DIR,
     TimingCacheManager,
     TimingCacheOutcome,
     clean_up,
     commit_engine,
     inventory,
+    stage_engine,
+    staged_path,
 )
 from inferd.engines.sidecar import read_sidecar
 from inferd.types import HostTuple, PrecisionMode
@@ -30,22 +33,70 @@ def dead_pid() -> int:
     return child.pid
 
 
-def test_commit_writes_engine_and_sidecar_atomically(tmp_path: Path) -> None:
+def test_an_engine_is_staged_then_committed_with_its_sidecar(tmp_path: Path) -> None:
     engine = tmp_path / "e" / "m.engine"
     token = CancellationToken()
-    digest, zone = commit_engine(engine, b"engine bytes", token)
+    digest, staged = stage_engine(engine, b"engine bytes")
+    assert staged == staged_path(engine) and staged.name == engine.name
+    assert read_sidecar(staged) == digest and not engine.exists()
+    zone = commit_engine(staged, engine, token)
+    assert zone is not None
     assert engine.read_bytes() == b"engine bytes"
     assert read_sidecar(engine) == digest
-    assert zone["zone"] == "final engine write" and zone["deferredCancel"] is None
+    assert zone["zone"] == "final engine commit" and zone["deferredCancel"] is None
     assert [p.name for p in engine.parent.iterdir() if ".tmp-" in p.name] == []
+    assert not (engine.parent / STAGING_DIR).exists()
 
 
-def test_cancel_during_final_write_is_deferred_until_rename(tmp_path: Path) -> None:
+def test_cancel_during_the_commit_is_deferred_until_rename(tmp_path: Path) -> None:
     engine = tmp_path / "m.engine"
     token = CancellationToken()
-    _, zone = commit_engine(engine, b"x" * 1000, token, during_write=lambda: token.cancel("ide"))
-    assert zone["deferredCancel"] == "ide"
+    _, staged = stage_engine(engine, b"x" * 1000)
+    zone = commit_engine(staged, engine, token, during_write=lambda: token.cancel("ide"))
+    assert zone is not None and zone["deferredCancel"] == "ide"
     assert engine.read_bytes() == b"x" * 1000
+
+
+def test_a_cancel_before_the_commit_commits_nothing_and_clean_up_removes_the_staged_engine(
+    tmp_path: Path,
+) -> None:
+    engine = tmp_path / "m.engine"
+    token = CancellationToken()
+    _, staged = stage_engine(engine, b"validated bytes")
+    token.cancel("control")
+    assert commit_engine(staged, engine, token) is None
+    assert not engine.exists() and staged.exists()
+    report = clean_up(engine)
+    assert report.status == "cleaned" and not engine.exists()
+    assert not (tmp_path / STAGING_DIR).exists()
+    assert sorted(report.removed) == [
+        f"{STAGING_DIR}/{os.getpid()}/m.engine",
+        f"{STAGING_DIR}/{os.getpid()}/m.engine.sha256",
+    ]
+
+
+def test_clean_up_removes_a_dead_build_process_staging_not_a_live_one(tmp_path: Path) -> None:
+    """What a killed build left while its engine was validated is never reusable and
+    never stays: its staged engine is removed; a running build's staging is its own."""
+    engine = tmp_path / "m.engine"
+    dead, live = dead_pid(), os.getppid()
+    for pid in (dead, live):
+        folder = tmp_path / STAGING_DIR / str(pid)
+        folder.mkdir(parents=True)
+        (folder / "m.engine").write_bytes(b"unvalidated")
+        (folder / "m.engine.sha256").write_text("x")
+        (folder / f".m.engine.tmp-{pid}-aaaa0001").write_bytes(b"partial")
+        (folder / "other.engine").write_bytes(b"another engine's")
+    report = clean_up(engine)
+    assert report.status == "cleaned"
+    assert sorted(p.name for p in (tmp_path / STAGING_DIR / str(dead)).iterdir()) == [
+        "other.engine"
+    ]
+    assert len(list((tmp_path / STAGING_DIR / str(live)).iterdir())) == 4
+    report = clean_up(engine, own_pid=live)  # a supervisor cleaning after its dead child
+    assert sorted(p.name for p in (tmp_path / STAGING_DIR / str(live)).iterdir()) == [
+        "other.engine"
+    ]
 
 
 def test_clean_up_removes_own_and_dead_temps_and_quarantines_unclear(tmp_path: Path) -> None:
@@ -72,7 +123,8 @@ def test_clean_up_removes_own_and_dead_temps_and_quarantines_unclear(tmp_path: P
 
 def test_clean_up_keeps_a_complete_engine(tmp_path: Path) -> None:
     engine = tmp_path / "m.engine"
-    commit_engine(engine, b"complete", CancellationToken())
+    _, staged = stage_engine(engine, b"complete")
+    commit_engine(staged, engine, CancellationToken())
     report = clean_up(engine)
     assert report.status == "cleaned" and engine.exists()
 

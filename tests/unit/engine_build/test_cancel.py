@@ -66,9 +66,19 @@ def test_no_cancel_zone_records_a_deferred_cancel() -> None:
         token.cancel("control")
         assert token.request is not None and token.request.in_no_cancel_zone
     assert token.zone_log[-1]["deferredCancel"] == "control"
-    with token.no_cancel_zone("again"):
-        pass
+
+
+def test_no_cancel_zone_is_not_entered_after_a_cancel() -> None:
+    """The check and the entry are one step: a cancel either stops the commit or is
+    recorded as deferred, never neither."""
+    token = CancellationToken()
+    with token.no_cancel_zone("first") as entered:
+        assert entered
     assert token.zone_log[-1]["deferredCancel"] is None
+    token.cancel("control")
+    with token.no_cancel_zone("final engine commit") as entered:
+        assert not entered and token.zone is None
+    assert [entry["zone"] for entry in token.zone_log] == ["first"]
 
 
 def test_timeout_source() -> None:
