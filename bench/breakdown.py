@@ -159,11 +159,11 @@ if os.environ.get("INFERD_BENCH_TRACE"):
 
 # -- in the client ---------------------------------------------------------------
 def trace_client() -> dict[str, list[int]]:
-    from inferd_client import client
+    from inferd_client import channel
 
     clock = time.monotonic_ns
     stamps: dict[str, list[int]] = {name: [] for name in CLIENT_STAMPS}
-    send_frames, recv_frames = client.send_frames, client.recv_frames
+    send_frames, recv_frames = channel.send_frames, channel.recv_frames
 
     def traced_send(*args: Any, **kwargs: Any) -> None:
         send_frames(*args, **kwargs)
@@ -174,8 +174,8 @@ def trace_client() -> dict[str, list[int]]:
         stamps["client_received"].append(clock())
         return frames
 
-    client.send_frames = traced_send  # type: ignore[assignment]
-    client.recv_frames = traced_recv  # type: ignore[assignment]
+    channel.send_frames = traced_send  # type: ignore[assignment]
+    channel.recv_frames = traced_recv  # type: ignore[assignment]
     return stamps
 
 
