@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import sys
 import time
@@ -24,11 +25,13 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
     now = time.time_ns() if now_ns is None else now_ns
     relative = _RELATIVE.match(text.strip())
     if relative:
-        return now - int(float(relative.group(1)) * _UNIT_S[relative.group(2)] * 1e9)
+        return now - _ns(text, float(relative.group(1)) * _UNIT_S[relative.group(2)])
     try:
-        return int(float(text) * 1e9)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return _ns(text, seconds)
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -38,6 +41,14 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1e9)
+
+
+def _ns(text: str, seconds: float) -> int:
+    nanoseconds = seconds * 1e9
+    # inf, nan, 1e400 (inf) and 1e300 (inf once in ns) have no int form
+    if not math.isfinite(nanoseconds):
+        raise ValueError(f"--since {text!r} is out of range")
+    return int(nanoseconds)
 
 
 def _iso(wall_ns: int) -> str:
@@ -111,10 +122,16 @@ def export(
     err: TextIO | None = None,
 ) -> int:
     """Write the records to ``mcap`` (``inferd.fdr.mcap_export``); damage is skipped
-    and summarised on ``err`` (stderr) as ``dump`` does."""
+    and summarised on ``err`` (stderr) as ``dump`` does.  Exit 2 for an ``--mcap``
+    that names a directory or a file in none (checked before reading), 1 when
+    writing fails; either way nothing is left behind (the temp file is removed)."""
     from inferd.fdr.mcap_export import export_mcap
 
     err = sys.stderr if err is None else err
+    if mcap.is_dir() or not mcap.parent.is_dir():
+        what = "is a directory" if mcap.is_dir() else f"is in no directory ({mcap.parent})"
+        err.write(f"inferd: --mcap {mcap} {what}: name a file in an existing directory\n")
+        return 2
     report = ReadReport()
     records = read_records(directory, report, kinds=kinds, since_wall_ns=since_wall_ns)
     try:
@@ -124,6 +141,9 @@ def export(
             f"inferd: fdr export --mcap needs the mcap package: {exc} (pip install 'inferd[ops]')\n"
         )
         return 2
+    except OSError as exc:  # permission, a full disk: the recorder's own reads never raise
+        err.write(f"inferd: cannot write {mcap}: {exc.strerror or exc}\n")
+        return 1
     channels = ", ".join(f"{kind} {count}" for kind, count in sorted(summary.channels.items()))
     err.write(f"wrote {summary.records} record(s) to {mcap}: {channels or 'none'}\n")
     if summary.schemaless:

@@ -2,7 +2,8 @@
 (``security.curve``; docs/SECURITY.md).
 
 - ``init`` writes the daemon's keypair (``security.curve_secret_key``, ``0600``,
-  and the public certificate next to it) unless it exists; prints the public key.
+  and the public certificate next to it: ``public_certificate``) unless it exists;
+  prints the public key.
 - ``show`` prints the daemon's public key (what clients need).
 - ``client NAME --out DIR`` makes a client keypair: its secret certificate goes to
   ``DIR/NAME.key_secret`` (give it to the client), its public certificate into
@@ -88,8 +89,11 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def public_certificate(secret: Path) -> Path:
-    """``server.key_secret`` -> ``server.key``."""
-    return secret.with_name(secret.name.removesuffix("_secret").removesuffix(".key") + ".key")
+    """``server.key_secret`` -> ``server.key``, ``server`` -> ``server.key``; a secret
+    already named ``*.key`` -> ``server.key.pub``, never the secret's own path (which
+    the public certificate would overwrite)."""
+    public = secret.with_name(secret.name.removesuffix("_secret").removesuffix(".key") + ".key")
+    return secret.with_name(secret.name + ".pub") if public == secret else public
 
 
 def _server_keys(security: SecurityConfig) -> CurveKeys:
@@ -118,10 +122,13 @@ def _init(security: SecurityConfig, force: bool) -> int:
 def _client(security: SecurityConfig, name: str, out: Path, force: bool) -> int:
     if not out.is_dir():
         raise CurveKeyError(f"--out {out} is not a directory")
-    keys = new_keys()
     secret = out / f"{name}.key_secret"
     if secret.exists() and not force:
         raise CurveKeyError(f"{secret} exists (--force replaces it)")
+    # Refused before the secret is written: a secret matching no allow-listed key
+    # would be handed to a client the daemon then turns away.
+    _allow_list_path(security, name, force)
+    keys = new_keys()
     atomic_write_bytes(secret, format_certificate(keys, name), mode=SECRET_MODE)
     allowed = _allow_listed(security, name, keys.public, force)
     print(f"inferd: wrote {secret} (0600, for the client) and {allowed}", file=sys.stderr)
@@ -140,9 +147,16 @@ def _allow(security: SecurityConfig, name: str, key: str, force: bool) -> int:
 
 
 def _allow_listed(security: SecurityConfig, name: str, public: str, force: bool) -> Path:
+    path = _allow_list_path(security, name, force)
+    atomic_write_bytes(path, format_certificate(CurveKeys(public), name))
+    return path
+
+
+def _allow_list_path(security: SecurityConfig, name: str, force: bool) -> Path:
+    """Where client ``name``'s public certificate goes; ``CurveKeyError`` if a client
+    of that name is allow-listed and ``force`` is not given."""
     directory = ensure_owned_dir(security.curve_clients_dir, what="security.curve_clients_dir")
     path = directory / f"{name}.key"
     if path.exists() and not force:
         raise CurveKeyError(f"a client named {name!r} exists: {path} (--force replaces it)")
-    atomic_write_bytes(path, format_certificate(CurveKeys(public), name))
     return path

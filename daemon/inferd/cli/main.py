@@ -178,11 +178,16 @@ def _fdr(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        raise  # `inferd fdr dump | head`: main() ends quietly
+    except OSError as exc:  # a recorder directory this user may not list
+        print(f"inferd: cannot read the recorder directory: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def _check_config(path: Path) -> int:
-    """Every mistake at once (the loader's, and model files that are not there), or
-    the config resolved, as TOML (``inferd.config.render``)."""
+    """Every mistake at once (the loader's, and model files or ``key:NAME`` client
+    keys that are not there), or the config resolved, as TOML (``inferd.config.render``)."""
     from inferd import config
     from inferd.config.render import config_to_toml
 
@@ -197,6 +202,12 @@ def _check_config(path: Path) -> int:
         for key, files in (("path", (model.path,)), ("staged_engines", model.staged_engines))
         for file in files
         if not file.is_file()
+    ]
+    clients = loaded.security.curve_clients_dir
+    missing += [
+        f"{key}: no client key {name!r} ({clients / name}.key is not a file)"
+        for key, name in loaded.security.key_names()
+        if not (clients / f"{name}.key").is_file()
     ]
     if missing:
         listed = "\n".join(f"  - {line}" for line in missing)
@@ -260,6 +271,10 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     }
     try:
         daemon.start(supervision)
+    except ConfigError as exc:  # found only at start (a key:NAME without its key file)
+        print(f"inferd: invalid config: {exc}", file=sys.stderr)
+        notifier.failed(f"invalid config: {exc}")
+        return EXIT_USAGE  # RestartPreventExitStatus=2: a restart would fail the same way
     except Exception as exc:  # lock held, bind failure (zmq.ZMQError), recorder...
         print(f"inferd: cannot start: {exc}", file=sys.stderr)
         notifier.failed(

@@ -33,5 +33,10 @@ def non_negative(key: str, value: float) -> None:
 
 
 def up_to(key: str, value: float, most: float, unit: str = "") -> None:
-    if not 0 <= value <= most:
-        raise ConfigError(f"{key} must be 0..{most}{unit}, got {value}")
+    between(key, value, 0, most, unit)
+
+
+def between(key: str, value: float, least: float, most: float, unit: str = "") -> None:
+    finite(key, value)
+    if not least <= value <= most:
+        raise ConfigError(f"{key} must be {least}..{most}{unit}, got {value}")

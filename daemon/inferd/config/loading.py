@@ -58,6 +58,13 @@ def _resolve(base: Path, value: str) -> Path:
     return path if path.is_absolute() else base / path
 
 
+def _default_dirs() -> tuple[Path, Path]:
+    """The state and runtime dirs the environment names, absolute against the working
+    directory as the clients resolve them: only paths written in a config file
+    resolve against its directory (a relative one would otherwise resolve twice)."""
+    return default_state_dir().absolute(), default_runtime_dir().absolute()
+
+
 def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Config:
     """Build a Config from parsed TOML; relative paths resolve against ``base_dir``
     (the config file's directory) or, for state files, the state dir.  Every
@@ -66,7 +73,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
     top = TomlTable(data, "config", errors)
     daemon = errors.section(
         lambda: _daemon(top.table("daemon"), base_dir),
-        lambda: DaemonConfig(state_dir=default_state_dir(), runtime_dir=default_runtime_dir()),
+        lambda: DaemonConfig(*_default_dirs()),
     )
     state_dir, runtime_dir = daemon.state_dir, daemon.runtime_dir
     endpoints = default_endpoints(runtime_dir)
@@ -117,8 +124,9 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
 
 
 def _daemon(table: TomlTable, base_dir: Path) -> DaemonConfig:
-    state_dir = _resolve(base_dir, table.take("state_dir", str, str(default_state_dir())))
-    runtime_dir = _resolve(base_dir, table.take("runtime_dir", str, str(default_runtime_dir())))
+    default_state, default_runtime = _default_dirs()
+    state_dir = _resolve(base_dir, table.take("state_dir", str, str(default_state)))
+    runtime_dir = _resolve(base_dir, table.take("runtime_dir", str, str(default_runtime)))
     daemon = DaemonConfig(
         state_dir=state_dir,
         runtime_dir=runtime_dir,
@@ -381,7 +389,7 @@ def load(path: Path) -> Config:
 def embedded_default() -> Config:
     """What ``inferd run`` serves without ``--config``: the demo model in the
     per-user state dir, ``ipc://`` sockets in the per-user runtime dir."""
-    state_dir = default_state_dir()
+    state_dir, _runtime_dir = _default_dirs()
     return from_mapping(
         {"models": [{"name": DEFAULT_MODEL_NAME, "path": str(state_dir / "models" / "demo.onnx")}]},
         source="<embedded default>",

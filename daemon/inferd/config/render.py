@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +17,14 @@ from typing import Any
 
 from inferd.config.sections import Config, ModelConfig
 from inferd.config.security import SOCKETS, SecurityConfig
+
+#: What a TOML basic string cannot hold as it is: ``"``, ``\`` and the control
+#: characters (U+0000..U+001F and DEL).  Everything else is written as it is: JSON's
+#: ``\ud83d\ude81`` surrogate pairs for a non-BMP character are not TOML.
+_STRING_ESCAPES = {code: f"\\u{code:04x}" for code in (*range(0x20), 0x7F)} | {
+    ord('"'): '\\"',
+    ord("\\"): "\\\\",
+}
 
 #: The sections whose dataclass fields are their TOML keys, in the loader's order.
 _SECTIONS = ("daemon", "bus", "runtime", "fdr", "alerts", "thermal", "builds", "shm", "metrics")
@@ -57,10 +64,8 @@ def _value(value: Any) -> str | None:
         return str(value)
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else None
-    if isinstance(value, Path):
-        return json.dumps(str(value))
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string is a JSON string for these
+    if isinstance(value, Path | str):
+        return '"' + str(value).translate(_STRING_ESCAPES) + '"'
     if isinstance(value, tuple | list):
         items = [_value(item) for item in value]
         return "[" + ", ".join(item for item in items if item is not None) + "]"

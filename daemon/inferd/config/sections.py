@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from inferd.config.checks import finite, non_negative, one_of, positive, up_to
+from inferd.config.checks import between, finite, non_negative, one_of, positive, up_to
 from inferd.config.metrics import MetricsConfig
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
@@ -53,8 +53,24 @@ MAX_BUSY_POLL_US = 1000
 #: ``bus.max_connections``'s ceiling: each connection holds a descriptor.
 MAX_CONNECTIONS_PER_SOCKET = 16384
 
-#: Sensors change over seconds; faster polling only burns a core.
+#: Sensors change over seconds; faster polling only burns a core, and a reading
+#: older than 20 s cannot decide a throttle (nor be waited for: a wait overflows).
 MAX_THERMAL_POLL_HZ = 100.0
+MIN_THERMAL_POLL_HZ = 0.05
+#: Caps within the C types values reach (int64, C int, threading.TIMEOUT_MAX), far
+#: above any deployment's needs.  A bus message over 4 GiB belongs in shared memory.
+MAX_MESSAGE_BYTES = 4 * 1024**3
+#: A shutdown wait over an hour outlasts any TimeoutStopSec=.
+MAX_SHUTDOWN_MS = 3_600_000
+#: More ORT threads than an onboard CPU has cores only contend.
+MAX_THREADS = 1024
+#: No board has more GPUs, or a GPU more than a TiB of memory.
+MAX_DEVICE_INDEX = 255
+MAX_GPU_BUDGET_BYTES = 1024**4
+#: A recorder synced less than once a minute is not crash-safe.
+MAX_FSYNC_INTERVAL_MS = 60_000
+#: The backoff doubles per failed build: beyond ten it outgrows any wait.
+MAX_REBUILD_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -78,10 +94,12 @@ class DaemonConfig:
         one_of("daemon.log_level", self.log_level, LOG_LEVELS)
         one_of("daemon.log_format", self.log_format, LOG_FORMATS)
         positive("daemon.health_interval_s", self.health_interval_s)
-        non_negative("daemon.shutdown_drain_ms", self.shutdown_drain_ms)
-        non_negative("daemon.shutdown_linger_ms", self.shutdown_linger_ms)
+        up_to("daemon.shutdown_drain_ms", self.shutdown_drain_ms, MAX_SHUTDOWN_MS, " ms")
+        up_to("daemon.shutdown_linger_ms", self.shutdown_linger_ms, MAX_SHUTDOWN_MS, " ms")
         positive("daemon.startup_extend_s", self.startup_extend_s)
+        up_to("daemon.startup_extend_s", self.startup_extend_s, MAX_LOAD_S, " s")
         positive("daemon.build_cancel_grace_s", self.build_cancel_grace_s)
+        up_to("daemon.build_cancel_grace_s", self.build_cancel_grace_s, MAX_SHUTDOWN_MS / 1000)
 
 
 @dataclass(frozen=True)
@@ -118,6 +136,7 @@ class BusConfig:
         if len(set(endpoints)) != 3:
             raise ConfigError("bus: infer, control and events endpoints must all differ")
         positive("bus.max_message_bytes", self.max_message_bytes)
+        up_to("bus.max_message_bytes", self.max_message_bytes, MAX_MESSAGE_BYTES)
         positive("bus.max_header_bytes", self.max_header_bytes)
         positive("bus.max_frames", self.max_frames)
         positive("bus.max_reply_bytes_per_peer", self.max_reply_bytes_per_peer)
@@ -176,22 +195,20 @@ class RuntimeConfig:
         for label in self.enabled:
             one_of("runtime.enabled", label, RUNTIME_LABELS)
         positive("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes)
+        up_to("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes, MAX_GPU_BUDGET_BYTES)
         if str(self.ort_trt_cache_dir).strip() in ("", "."):
             raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty path")
         if str(self.engine_dir).strip() in ("", "."):
             raise ConfigError("runtime.engine_dir must name a directory, got an empty path")
         if self.engine_manifest is not None and str(self.engine_manifest).strip() in ("", "."):
             raise ConfigError("runtime.engine_manifest must name a file, got an empty path")
-        non_negative("runtime.ort_intra_op_threads", self.ort_intra_op_threads)
-        non_negative("runtime.device_id", self.device_id)
+        up_to("runtime.ort_intra_op_threads", self.ort_intra_op_threads, MAX_THREADS)
+        up_to("runtime.device_id", self.device_id, MAX_DEVICE_INDEX)
         finite("runtime.rebuild_backoff_s", self.rebuild_backoff_s)
         up_to("runtime.rebuild_backoff_s", self.rebuild_backoff_s, 86_400)
         positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
-        if not 0 <= self.tensorrt_failover_after_errors <= 1000:
-            raise ConfigError(
-                "runtime.tensorrt_failover_after_errors must be 0..1000 (0: never fail over), "
-                f"got {self.tensorrt_failover_after_errors}"
-            )
+        up_to("runtime.rebuild_max_attempts", self.rebuild_max_attempts, MAX_REBUILD_ATTEMPTS)
+        up_to("runtime.tensorrt_failover_after_errors", self.tensorrt_failover_after_errors, 1000)
 
 
 @dataclass(frozen=True)
@@ -230,10 +247,7 @@ class ModelConfig:
                 f"{len(self.staged_engines)}: {[str(path) for path in self.staged_engines]}"
             )
         positive(f"{where}.max_load_s", self.max_load_s)
-        if self.max_load_s > MAX_LOAD_S:
-            raise ConfigError(
-                f"{where}.max_load_s must be at most {MAX_LOAD_S}, got {self.max_load_s}"
-            )
+        up_to(f"{where}.max_load_s", self.max_load_s, MAX_LOAD_S, " s")
         names = [profile.input_name for profile in self.profiles]
         for index, name in enumerate(names):
             if names.index(name) != index:
@@ -274,6 +288,7 @@ class ShmConfig:
             "max_bytes_per_uid",
         ):
             positive(f"shm.{key}", getattr(self, key))
+        up_to("shm.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
         if self.max_bytes_total < self.max_bytes_per_uid:
             raise ConfigError(
                 f"shm.max_bytes_total ({self.max_bytes_total}) must be at least "
@@ -303,6 +318,7 @@ class FdrConfig:
 
     def __post_init__(self) -> None:
         positive("fdr.fsync_interval_ms", self.fsync_interval_ms)
+        up_to("fdr.fsync_interval_ms", self.fsync_interval_ms, MAX_FSYNC_INTERVAL_MS, " ms")
         if self.segment_max_bytes < FDR_SEGMENT_MIN_BYTES:
             raise ConfigError(
                 f"fdr.segment_max_bytes ({self.segment_max_bytes}) must be at least "
@@ -363,15 +379,11 @@ class ThermalConfig:
     def __post_init__(self) -> None:
         for source in self.sources:
             one_of("thermal.sources", source, THERMAL_SOURCES)
-        positive("thermal.poll_hz", self.poll_hz)
-        if self.poll_hz > MAX_THERMAL_POLL_HZ:
-            raise ConfigError(
-                f"thermal.poll_hz must be at most {MAX_THERMAL_POLL_HZ}, got {self.poll_hz}"
-            )
+        between("thermal.poll_hz", self.poll_hz, MIN_THERMAL_POLL_HZ, MAX_THERMAL_POLL_HZ)
         if self.throttle_enter_c is not None:
             finite("thermal.throttle_enter_c", self.throttle_enter_c)
         non_negative("thermal.hysteresis_c", self.hysteresis_c)
-        non_negative("thermal.nvml_device_index", self.nvml_device_index)
+        up_to("thermal.nvml_device_index", self.nvml_device_index, MAX_DEVICE_INDEX)
 
 
 @dataclass(frozen=True)

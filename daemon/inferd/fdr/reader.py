@@ -4,7 +4,11 @@
   *torn tail*: reading that segment stops there cleanly.
 * A frame whose sync marker, length, CRC or body is wrong is *corruption*:
   the reader scans forward for the next sync marker whose frame checks out,
-  and reports the bytes it skipped.  Only the damaged records are lost.
+  and reports the bytes it skipped.  Only the damaged records are lost.  A frame
+  whose length runs past the end while its CRC matches the bytes up to the end
+  (or to the next sync marker) was written whole: its length field is damaged,
+  which is corruption, not a torn tail.  A CRC-valid body that is not a record
+  (a field of the wrong type, a map key that is not a string) is corruption too.
 * A segment is opened without following a symlink (the FDR directory is the
   daemon's own): a symlink, or anything but a regular file, under a segment's
   name is listed, so its index is never reused, and read as an *unreadable
@@ -123,10 +127,17 @@ def read_records(
     kinds: Iterable[str] = (),
     since_wall_ns: int | None = None,
 ) -> Iterator[Record]:
-    """Every intact record of every segment, in order; damage goes to ``report``."""
+    """Every intact record of every segment, in order; damage goes to ``report``.
+    ``OSError`` here, not at the first record, when ``directory`` cannot be listed."""
     report = report if report is not None else ReadReport()
     wanted = {current_kind_name(kind) for kind in kinds}
-    for path in list_segments(directory):
+    return _records(list_segments(directory), report, wanted, since_wall_ns)
+
+
+def _records(
+    paths: list[Path], report: ReadReport, wanted: set[str], since_wall_ns: int | None
+) -> Iterator[Record]:
+    for path in paths:
         for record in read_segment(path, report):
             if wanted and record.kind not in wanted:
                 continue
@@ -172,11 +183,10 @@ def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator
             report.corrupt.append(Damage(name, offset, resync - offset, reason))
             offset = resync
             continue
-        damage = Damage(name, offset, end - offset, outcome)
-        if outcome == "torn" or _starts_plausible_frame(data, offset):
+        if outcome == "torn":
             report.torn_tails.append(Damage(name, offset, end - offset, "incomplete frame at end"))
         else:
-            report.corrupt.append(damage)
+            report.corrupt.append(Damage(name, offset, end - offset, outcome))
         return
 
 
@@ -196,6 +206,8 @@ def _frame_at(name: str, data: bytes, offset: int) -> Record | str:
         return f"implausible length {length}"
     start = offset + FRAME_HEADER.size
     if start + length > len(data):
+        if _written_whole(data, start, checksum):
+            return f"damaged length {length}: the frame's CRC matches a shorter body"
         return "torn"
     body = data[start : start + length]
     if crc32c(body) != checksum:
@@ -204,17 +216,57 @@ def _frame_at(name: str, data: bytes, offset: int) -> Record | str:
     return record if record is not None else "undecodable body"
 
 
+def _written_whole(data: bytes, start: int, checksum: int) -> bool:
+    """Whether the bytes from ``start`` to the end, or to the next sync marker (a torn
+    frame written after it), have the CRC ``checksum``: the body is all there and the
+    length that runs past the end is damaged.  A crash leaves a prefix of the body,
+    whose CRC matches the whole body's with odds of 2**-32: a torn tail is not
+    called corruption by this."""
+    following = data.find(SYNC, start)
+    ends = (len(data),) if following == -1 else (following, len(data))
+    return any(crc32c(data[start:end]) == checksum for end in ends)
+
+
+#: The body fields that are integers (never ``bool``) and strings.
+_INT_KEYS = ("schema_version", "seq", "wall_ns", "mono_ns")
+_STR_KEYS = ("kind", "boot_id")
+
+
 def _decode(name: str, offset: int, body: bytes) -> Record | None:
+    """The record ``body`` holds, or None when it is not one: its fields of the
+    wrong type would be tracebacks in ``dump``, ``verify`` and ``export``."""
     try:
         fields = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
         return None
     if not isinstance(fields, dict) or not all(key in fields for key in _BODY_KEYS):
         return None
-    if not isinstance(fields["payload"], dict) or not isinstance(fields["kind"], str):
+    if not all(type(fields[key]) is int for key in _INT_KEYS):
+        return None
+    if not all(isinstance(fields[key], str) for key in _STR_KEYS):
+        return None
+    if not isinstance(fields["payload"], dict) or not _has_json_form(fields["payload"]):
         return None
     fields["kind"] = current_kind_name(fields["kind"])
     return Record(**{key: fields[key] for key in _BODY_KEYS}, segment=name, offset=offset)
+
+
+def _has_json_form(value: Any) -> bool:
+    """Whether ``value`` is maps with string keys, lists, strings, numbers, booleans,
+    nil and bytes (hex in JSON): not a bytes key, an ext type, a msgpack Timestamp.
+    A loop, not recursion: msgpack nests deeper than Python's recursion limit."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if not all(isinstance(key, str) for key in item):
+                return False
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif item is not None and not isinstance(item, str | bytes | int | float):
+            return False
+    return True
 
 
 #: Record kinds were written as ``c7.<name>`` before they got user-facing names.
@@ -235,14 +287,3 @@ def _next_good_frame(name: str, data: bytes, start: int) -> int | None:
             return position
         position = data.find(SYNC, position + 1)
     return None
-
-
-def _starts_plausible_frame(data: bytes, offset: int) -> bool:
-    """Whether the bytes from ``offset`` to the end look like one frame cut short."""
-    tail = data[offset:]
-    if len(tail) < FRAME_HEADER.size:
-        return SYNC.startswith(tail[: len(SYNC)])
-    sync, length, _ = FRAME_HEADER.unpack_from(tail)
-    return bool(
-        sync == SYNC and length <= MAX_BODY_BYTES and FRAME_HEADER.size + length > len(tail)
-    )

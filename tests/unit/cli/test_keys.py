@@ -179,3 +179,48 @@ def test_client_keys_in_a_directory_another_user_could_swap_are_refused(
         load_clients(clients)
     shared.chmod(0o755)
     assert load_clients(clients) == {}
+
+
+def test_public_certificate_is_never_the_secret_key_itself() -> None:
+    from inferd.cli.keys import public_certificate
+
+    assert public_certificate(Path("k/server.key_secret")) == Path("k/server.key")
+    assert public_certificate(Path("k/server")) == Path("k/server.key")
+    assert public_certificate(Path("k/server.key")) == Path("k/server.key.pub")
+
+
+def test_init_keeps_a_secret_key_named_like_a_public_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """curve_secret_key = "keys/server.key" once mapped its public certificate to
+    itself: the 0600 secret was replaced by the 0640 public certificate."""
+    path = tmp_path / "inferd.toml"
+    path.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        '[security]\ncurve_secret_key = "keys/server.key"\n'
+        '[[models]]\nname = "demo"\npath = "demo.onnx"\n'
+    )
+    assert keys(path, "init") == 0
+    public = capsys.readouterr().out.strip()
+    secret = secret_file(path)
+    assert zmq.auth.load_certificate(secret)[0] == public.encode()
+    assert zmq.auth.load_certificate(secret)[1] is not None, "the secret key was overwritten"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert zmq.auth.load_certificate(secret.with_name("server.key.pub")) == (public.encode(), None)
+    assert keys(path, "show") == 0
+    assert capsys.readouterr().out.strip() == public
+
+
+def test_client_refused_for_an_allow_listed_name_writes_no_secret(
+    config_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SECURITY.md: hand DIR/NAME.key_secret over, then delete it.  Running `keys
+    client NAME` again (no --force) is refused because NAME is allow-listed, and
+    leaves no new secret that would match no allow-listed key."""
+    first, second = tmp_path / "out1", tmp_path / "out2"
+    first.mkdir()
+    second.mkdir()
+    assert keys(config_path, "client", "ground", "--out", str(first)) == 0
+    assert keys(config_path, "client", "ground", "--out", str(second)) == 1
+    assert "a client named 'ground' exists" in capsys.readouterr().err
+    assert list(second.iterdir()) == []

@@ -91,3 +91,67 @@ def test_check_config_prints_the_resolved_config_as_toml_that_loads_back(
     resolved = tmp_path / "resolved.toml"
     resolved.write_text(printed)
     assert config_module.load(resolved) == config_module.load(config)
+
+
+def test_check_config_refuses_a_key_principal_without_its_key_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon refuses it at start (exit 2); check-config says so without starting."""
+    from inferd.cli.main import main
+    from inferd.demo_model import write_demo_model
+
+    write_demo_model(tmp_path / "a.onnx")
+    config = tmp_path / "inferd.toml"
+    config.write_text(
+        f"[daemon]\nstate_dir = '{tmp_path / 'state'}'\n"
+        "[security]\ncurve = true\noperators = ['key:ghost']\n"
+        "[[models]]\nname = 'a'\npath = 'a.onnx'\n"
+    )
+    assert main(["check-config", str(config)]) == 2
+    clients = tmp_path / "state" / "keys" / "clients"
+    assert (
+        f"security.operators[0]: no client key 'ghost' ({clients / 'ghost'}.key is not a file)"
+        in capsys.readouterr().err
+    )
+    clients.mkdir(parents=True)
+    (clients / "ghost.key").write_text("")  # what check-config looks at: the file is there
+    assert main(["check-config", str(config)]) == 0
+
+
+def test_a_config_error_found_only_at_start_exits_2_as_invalid_config() -> None:
+    """OPERATIONS.md, "Configuration errors are not retried": exit 2, as the units'
+    RestartPreventExitStatus=2 expects, for a key:NAME without its key file too."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from inferd.cli.main import main
+    from inferd.demo_model import write_demo_model
+    from tests.conftest import REPO
+
+    base = Path(tempfile.mkdtemp(prefix="rv-", dir="/tmp"))  # 0700, short ipc paths
+    try:
+        write_demo_model(base / "m.onnx")
+        config = base / "c.toml"
+        config.write_text(
+            f"[daemon]\nstate_dir = '{base / 's'}'\nruntime_dir = '{base / 'r'}'\n"
+            "[bus]\ncontrol_endpoint = 'tcp://127.0.0.1:0'\n"
+            "[security]\ncurve = true\noperators = ['key:ghost']\n"
+            "[[models]]\nname = 'a'\npath = 'm.onnx'\n"
+        )
+        assert main(["keys", "init", "--config", str(config)]) == 0
+        result = subprocess.run(
+            [sys.executable, "-m", "inferd.cli", "run", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+            check=False,
+        )
+        assert "inferd: invalid config: security.operators[0]: no client key 'ghost'" in (
+            result.stderr
+        )
+        assert result.returncode == 2, result.stderr[-500:]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -272,7 +272,8 @@ def test_a_key_without_a_default_value_is_kept_whatever_it_holds(tmp_path: Path)
         ("[alerts]\nmavlink_endpoint = '10.0.0.1'\n", "pymavlink connection string"),
         ("[alerts]\nmavlink_source_system = 0\n", "mavlink_source_system must be 1..255"),
         ("[thermal]\nsources = ['tegrastats']\n", "thermal.sources: 'tegrastats' is not one of"),
-        ("[thermal]\npoll_hz = 0\n", "thermal.poll_hz must be positive"),
+        ("[thermal]\npoll_hz = 0\n", "thermal.poll_hz must be 0.05..100.0, got 0"),
+        ("[thermal]\npoll_hz = 1e-300\n", "thermal.poll_hz must be 0.05..100.0"),
         ("[thermal]\nhysteresis_c = -1\n", "thermal.hysteresis_c must be zero or positive"),
     ],
 )
@@ -309,7 +310,7 @@ def test_engine_dir_and_manifest_config_keys(tmp_path: Path) -> None:
         ("[daemon]\nhealth_interval_s = nan\n", "daemon.health_interval_s must be a finite"),
         ("[daemon]\nhealth_interval_s = inf\n", "daemon.health_interval_s must be a finite"),
         ("[thermal]\npoll_hz = inf\n", "thermal.poll_hz must be a finite number, got inf"),
-        ("[thermal]\npoll_hz = 1e9\n", "thermal.poll_hz must be at most 100.0"),
+        ("[thermal]\npoll_hz = 1e9\n", "thermal.poll_hz must be 0.05..100.0"),
         ("[thermal]\nthrottle_enter_c = -inf\n", "thermal.throttle_enter_c must be a finite"),
         ("[runtime]\nrebuild_backoff_s = nan\n", "runtime.rebuild_backoff_s must be a finite"),
         ("[alerts]\nrate_limit_s = nan\n", "alerts.rate_limit_s must be a finite"),
@@ -347,7 +348,7 @@ def test_tensorrt_failover_after_errors(tmp_path: Path) -> None:
         text = f"[runtime]\ntensorrt_failover_after_errors = {value}\n" + MINIMAL
         assert load_text(tmp_path, text).runtime.tensorrt_failover_after_errors == value
     for value, message in (
-        ("-1", "runtime.tensorrt_failover_after_errors must be 0..1000 (0: never fail over)"),
+        ("-1", "runtime.tensorrt_failover_after_errors must be 0..1000"),
         ("1001", "runtime.tensorrt_failover_after_errors must be 0..1000"),
         ("2.5", "runtime.tensorrt_failover_after_errors must be int, got float"),
         ("true", "runtime.tensorrt_failover_after_errors must be int, got bool"),
@@ -443,7 +444,7 @@ def test_invalid_profiles_name_the_key(tmp_path: Path, profile: str, message: st
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("0", "must be positive"), ("90000", "must be at most 86400"), ("'x'", "must be float")],
+    [("0", "must be positive"), ("90000", "must be 0..86400.0 s"), ("'x'", "must be float")],
 )
 def test_invalid_max_load_s(tmp_path: Path, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=r"models\[.*max_load_s") as caught:
@@ -559,3 +560,78 @@ def test_the_configuration_reference_in_operations_md_loads(tmp_path: Path) -> N
     reference = reference[: reference.index("```")]
     loaded = load_text(tmp_path, reference)
     assert [model.name for model in loaded.models] == ["demo"]
+
+
+# Each value above its cap was accepted at load and the daemon then failed with it
+# (the reviewer's findings first, then the other values that reach a C type or a wait).
+@pytest.mark.parametrize(
+    ("section", "key", "cap"),
+    [
+        ("bus", "max_message_bytes", 4 * 1024**3),  # ZMQ_MAXMSGSIZE = 2x, an int64
+        ("shm", "max_connections", 16384),  # listen(backlog): a C int
+        ("runtime", "ort_intra_op_threads", 1024),  # SessionOptions: a C int
+        ("daemon", "shutdown_linger_ms", 3_600_000),  # close(linger=): a C int
+        ("daemon", "shutdown_drain_ms", 3_600_000),  # join(timeout) > TIMEOUT_MAX
+        ("daemon", "build_cancel_grace_s", 3600),  # done.wait(grace_s + 10)
+        ("daemon", "startup_extend_s", 86_400),  # EXTEND_TIMEOUT_USEC
+        ("runtime", "device_id", 255),  # cuda.Device(), ORT's device_id
+        ("thermal", "nvml_device_index", 255),  # nvmlDeviceGetHandleByIndex
+        ("runtime", "gpu_memory_budget_bytes", 1024**4),  # TensorRT's pool limit: size_t
+        ("fdr", "fsync_interval_ms", 60_000),  # queue.get(timeout)
+        ("runtime", "rebuild_max_attempts", 10),  # the doubled backoff's wait
+    ],
+)
+def test_values_the_daemon_cannot_use_are_refused_at_load_and_the_cap_is_accepted(
+    tmp_path: Path, section: str, key: str, cap: int
+) -> None:
+    assert (
+        getattr(
+            getattr(load_text(tmp_path, f"[{section}]\n{key} = {cap}\n" + MINIMAL), section), key
+        )
+        == cap
+    )
+    for value in (cap + 1, 2**62):
+        with pytest.raises(ConfigError, match=rf"{section}\.{key} must be 0\.\.{cap}"):
+            load_text(tmp_path, f"[{section}]\n{key} = {value}\n" + MINIMAL)
+
+
+def test_relative_state_and_runtime_dirs_from_the_environment_resolve_once_against_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the clients resolve INFERD_RUNTIME_DIR (inferd_wire.default_endpoints); a
+    relative value was joined to itself (relstate/relstate)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("INFERD_STATE_DIR", "relstate")
+    monkeypatch.setenv("INFERD_RUNTIME_DIR", "relrun")
+    default = config.embedded_default()
+    assert default.daemon.state_dir == tmp_path / "relstate"
+    assert default.models[0].path == tmp_path / "relstate" / "models" / "demo.onnx"
+    assert default.daemon.runtime_dir == tmp_path / "relrun"
+    assert default.bus.infer_endpoint == f"ipc://{tmp_path}/relrun/infer.sock"
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    loaded = load_text(elsewhere, "[runtime]\nengine_dir = 'e'\n" + MINIMAL)
+    assert loaded.daemon.state_dir == tmp_path / "relstate"  # not etc/relstate
+    assert loaded.runtime.engine_dir == tmp_path / "relstate" / "e"
+    written = load_text(elsewhere, "[daemon]\nstate_dir = 'written'\n" + MINIMAL)
+    assert written.daemon.state_dir == elsewhere / "written"  # a file's: its directory
+
+
+@pytest.mark.parametrize(
+    "name", ["fdr-\U0001f681", "del\x7fete", "tab\there", 'quote"back\\slash', "é\u2028"]
+)
+def test_the_rendered_config_loads_back_whatever_characters_its_strings_hold(
+    tmp_path: Path, name: str
+) -> None:
+    """JSON's surrogate-pair escapes of a non-BMP character, and a raw DEL, are not TOML."""
+    import tomllib
+
+    from inferd.config.render import config_to_toml
+
+    escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or c in '\x7f"\\' else c for c in name)
+    loaded = load_text(tmp_path, f'[fdr]\ndirectory = "{escaped}"\n' + MINIMAL)
+    assert loaded.fdr.directory.name == name
+    rendered = tmp_path / "rendered.toml"
+    rendered.write_text(config_to_toml(loaded))
+    assert tomllib.loads(rendered.read_text())["fdr"]["directory"] == str(loaded.fdr.directory)
+    assert config.load(rendered) == loaded
