@@ -236,6 +236,7 @@ class Daemon:
             leftovers, Code.UNAVAILABLE, "the daemon shut down before this request ran"
         )
         self.switcher.stop()  # an operator's switch in progress is answered too
+        self.failover.stop()  # a failover in progress is given up, its thread waited for
         self.worker.join(timeout=drain_s + 10)
         self.bus.stop()
         self.bus.join(timeout=10)

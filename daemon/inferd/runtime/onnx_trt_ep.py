@@ -1,14 +1,13 @@
 """ONNX Runtime strategy (label ``onnx_trt_ep``): the degraded-latency fallback.
 
-Sessions ask for ``[TensorRT EP, CUDA EP, CPU EP]`` filtered to what this ONNX
-Runtime build offers.  ONNX Runtime drops a provider it cannot create, and its
-Python session retries a failed creation with ``[CUDA EP, CPU EP]``, so the
-runtime compares the providers the session really registered with the ones it
-wants (``ort_providers``): every difference is a ``provider_degraded`` record
-and, when ONNX Runtime dropped what it was asked for, one alert; it is refused
-when ``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback``
-forbids it.  A model's staged engine is gated and served through an EP-context
-model (``ort_ep_context``).
+Sessions ask for ``[TensorRT EP, CUDA EP, CPU EP]`` filtered to what this ONNX Runtime build
+offers.  ONNX Runtime drops a provider it cannot create, and its Python session retries a failed
+creation with ``[CUDA EP, CPU EP]``, so the runtime compares the providers the session really
+registered with the ones it wants (``ort_providers``): every difference is a
+``provider_degraded`` record and, when ONNX Runtime dropped what it was asked for, one alert; it
+is refused when ``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback``
+forbids it.  A model's staged engine is gated and served through an EP-context model
+(``ort_ep_context``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from inferd.errors import (
     InferenceError,
     OutOfMemoryError,
     OutputShapeError,
+    RuntimeNotAvailableError,
     UnsafeDirectoryError,
 )
 from inferd.owned_files import ensure_owned_dir
@@ -170,8 +170,10 @@ class OnnxTrtEpRuntime:
         record: RecordSink | None = None,
         host_tuple: Callable[..., HostTuple] | None = None,
     ) -> None:
-        import onnxruntime  # heavy: imported only when this strategy is composed
-
+        try:
+            import onnxruntime  # heavy: imported only when this strategy is composed
+        except Exception as exc:  # ImportError, or a broken wheel (numpy ABI, libonnxruntime)
+            raise RuntimeNotAvailableError(LABEL, f"cannot import onnxruntime: {exc}") from None
         self._ort = onnxruntime
         self._config = config
         self._is_fallback = is_fallback
@@ -193,11 +195,15 @@ class OnnxTrtEpRuntime:
         """No build step: ORT compiles on session creation, so the entry is the ``.onnx``."""
         if not model_path.is_file():
             raise EngineBuildError(f"model file {model_path} does not exist")
+        try:
+            model_sha256 = sha256_remembered(model_path)  # the operator's model
+        except OSError as exc:
+            raise EngineBuildError(f"cannot read model {model_path}: {exc}") from exc
         return EngineCacheEntry(
             runtime_label=LABEL,
             artifact_path=model_path,
             model_path=model_path,
-            model_sha256=sha256_remembered(model_path),  # the operator's model
+            model_sha256=model_sha256,
             build_config=build_config,
         )
 
@@ -435,14 +441,10 @@ class OnnxTrtEpRuntime:
             "active_providers": list(handle.active_providers),
         }
         log.warning(FALLBACK_EVENT, **fields)
-        self._alert(
-            Alert(
-                "WARNING",
-                FALLBACK_EVENT,
-                "serving on ONNX Runtime (degraded latency): the configured runtime is unavailable",
-                fields,
-            )
+        message = (
+            "serving on ONNX Runtime (degraded latency): the configured runtime is unavailable"
         )
+        self._alert(Alert("WARNING", FALLBACK_EVENT, message, fields))
 
     def release_engine(self, handle: EngineHandle) -> None:
         self._residents.pop(handle.handle_id, None)

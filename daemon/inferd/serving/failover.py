@@ -28,7 +28,11 @@ model over:
 
 A failover takes the model as a switch does (``RuntimeSwitcher.claim``): while
 a switch of the model is in progress it is not started, and the next failure
-tries again.
+tries again.  Its swap is handed over as a switch's is (``serving/handover.py``):
+one the worker has not taken within ``_SWAP_TIMEOUT_S``, or when the daemon stops
+(``stop``), is given up and never made later; the prepared engine is released,
+nothing is quarantined, recorded or alerted, and the model serves on what it had
+(its TensorRT engine; the next failure tries again).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from inferd.config import RuntimeConfig
 from inferd.engines.quarantine import quarantine
 from inferd.errors import ExecutionFailedError, InferdError, RuntimeNotAvailableError
 from inferd.runtime import InferenceRuntime
+from inferd.serving.handover import Handover, Preparers
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
 from inferd.serving.slot import FALLBACK_LABEL, ModelSlot, Sinks
 from inferd.serving.switching import RuntimeSwitcher
@@ -54,6 +59,8 @@ ALERT_CODE = "tensorrt_execution_failover"
 
 #: How long the failover thread waits for the worker to take the swap.
 _SWAP_TIMEOUT_S = 60.0
+#: How long ``stop`` waits for the failover threads to end (``serving/handover.py``).
+_STOP_WAIT_S = 10.0
 
 log = structlog.get_logger("inferd.failover")
 
@@ -81,6 +88,7 @@ class ExecutionFailover:
         self._threshold = runtime_config.tensorrt_failover_after_errors
         self._sinks = sinks
         self._on_fallback = on_fallback
+        self._preparers: Preparers[Handover] = Preparers()
 
     # -- the engine worker's reports ------------------------------------------------------
     def succeeded(self, slot: ModelSlot) -> None:
@@ -109,20 +117,34 @@ class ExecutionFailover:
             )
             return
         failure = _Failure(slot.execution_failures, error.sticky, str(error), handle)
-        slot.state = "loading"  # requests wait, as while loading (serving/requests.py)
-        self._scheduler.pause(slot.name)
-        threading.Thread(
+        handover = Handover()
+        thread = threading.Thread(
             target=self._run,
-            args=(slot, failure),
+            args=(slot, failure, handover),
             name=f"inferd-failover-{slot.name}",
             daemon=True,
-        ).start()
+        )
+        slot.state = "loading"  # requests wait, as while loading (serving/requests.py)
+        self._scheduler.pause(slot.name)
+        if not self._preparers.start(thread, handover):  # shutting down: no failover
+            slot.state = "serving"
+            self._scheduler.resume(slot.name)
+            self._switcher.unclaim(slot.name)
+
+    def stop(self) -> None:
+        """At shutdown, once the worker takes no more calls: every failover whose swap
+        the worker has not taken is given up (its thread releases the prepared engine;
+        nothing is quarantined, recorded or alerted), then the failover threads are
+        waited for, up to ``_STOP_WAIT_S`` in all, so that none is inside ONNX
+        Runtime's native code when the process exits."""
+        if not self._preparers.stop(_STOP_WAIT_S, lambda _handover: None):
+            log.warning("execution_failover_still_preparing", waited_s=_STOP_WAIT_S)
 
     # -- the failover thread ----------------------------------------------------------------
-    def _run(self, slot: ModelSlot, failure: _Failure) -> None:
+    def _run(self, slot: ModelSlot, failure: _Failure, handover: Handover) -> None:
         swapped = False
         try:
-            swapped = self._fail_over(slot, failure)
+            swapped = self._fail_over(slot, failure, handover)
         except Exception:
             log.exception("execution_failover_crashed", model=slot.name)
         finally:
@@ -131,8 +153,9 @@ class ExecutionFailover:
                     slot.state = "serving"
                 self._scheduler.resume(slot.name)
             self._switcher.unclaim(slot.name)
+            self._preparers.leave()
 
-    def _fail_over(self, slot: ModelSlot, failure: _Failure) -> bool:
+    def _fail_over(self, slot: ModelSlot, failure: _Failure, handover: Handover) -> bool:
         what = (
             "a sticky CUDA error"
             if failure.sticky
@@ -149,11 +172,11 @@ class ExecutionFailover:
         sinks = slot.sinks_for_model(self._sinks)
         is_fallback = slot.config.runtime != FALLBACK_LABEL
         prepared: tuple[InferenceRuntime, EngineHandle] | None = None
-        try:
+        try:  # ``prepare`` raises nothing else, whatever the runtime's library does
             prepared = slot.prepare(FALLBACK_LABEL, self._runtime_config, sinks, is_fallback)
         except (RuntimeNotAvailableError, InferdError) as exc:
             reason = f"{reason}; fallback failed: {exc}"
-        if not self._swap(slot, prepared, reason if is_fallback else None, reason):
+        if not self._swap(slot, prepared, reason if is_fallback else None, reason, handover):
             return False
         quarantined = self._quarantine(failure.handle, reason)
         if prepared is None:
@@ -199,34 +222,51 @@ class ExecutionFailover:
         prepared: tuple[InferenceRuntime, EngineHandle] | None,
         shown_reason: str | None,
         reason: str,
+        handover: Handover,
     ) -> bool:
         """Swap on the engine worker (or fail the model when nothing was prepared),
-        resume its queue and release the TensorRT engine there."""
-        done = threading.Event()
+        resume its queue and release the TensorRT engine there.  False when the swap
+        was not made: given up (not taken in time, or shutting down), the prepared
+        engine released here."""
+        made: list[bool] = []
 
         def swap() -> None:  # runs on the engine worker, between two requests
+            if not handover.take():
+                return  # given up: the failover thread released the engine
             try:
                 if prepared is not None:
                     old_runtime, old_handle = slot.swap(*prepared, shown_reason)
                 else:
                     old_runtime, old_handle = slot.drop(reason, self._sinks)
+                made.append(True)
             finally:
                 self._scheduler.resume(slot.name)
-                done.set()
+                handover.settled.set()
             if old_runtime is not None and old_handle is not None:
                 old_runtime.release_engine(old_handle)
 
-        try:
-            self._scheduler.call_on_worker(swap)
-        except SchedulerClosedError:  # shutting down: queued requests are answered there
-            if prepared is not None:
-                prepared[0].release_engine(prepared[1])
-            return False
-        if not done.wait(_SWAP_TIMEOUT_S):
-            log.error(
-                "execution_failover_swap_not_taken", model=slot.name, waited_s=_SWAP_TIMEOUT_S
+        if handover.queue():  # else given up by ``stop``
+            try:
+                self._scheduler.call_on_worker(swap)
+            except SchedulerClosedError:  # queued requests are answered at shutdown
+                handover.give_up()
+        outcome = handover.wait(_SWAP_TIMEOUT_S)
+        if outcome == "settled":
+            return bool(made)
+        if outcome == "given_up":
+            log.warning(
+                "execution_failover_abandoned", model=slot.name, reason="the daemon is stopping"
             )
-        return True
+        else:
+            log.error(
+                "execution_failover_swap_not_taken",
+                model=slot.name,
+                waited_s=_SWAP_TIMEOUT_S,
+                taken=outcome == "stuck",
+            )
+        if outcome != "stuck" and prepared is not None:  # never installed: never will be
+            prepared[0].release_engine(prepared[1])
+        return False
 
     def _quarantine(self, handle: EngineHandle, reason: str) -> Path | None:
         path = handle.engine_path

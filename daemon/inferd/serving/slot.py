@@ -118,18 +118,29 @@ class ModelSlot:
         is_fallback: bool = False,
     ) -> tuple[InferenceRuntime, EngineHandle]:
         """Build ``label``'s runtime and make this model's engine resident and warm,
-        without touching what serves now.  Raises RuntimeNotAvailableError or InferdError."""
-        runtime = build_inference_runtime(
-            label,
-            runtime_config,
-            is_fallback=is_fallback,
-            alert=sinks.alert,
-            record=sinks.record,
-            thermal=sinks.thermal,
-        )
-        entry = runtime.compile_engine(self.config.path, self.config.build_config())
-        entry = dataclasses.replace(entry, staged_engines=self.config.staged_engines)
-        return runtime, runtime.deserialize_engine(entry)
+        without touching what serves now.  Raises RuntimeNotAvailableError or InferdError
+        only, so that every caller treats any failure as a failed preparation."""
+        try:
+            runtime = build_inference_runtime(
+                label,
+                runtime_config,
+                is_fallback=is_fallback,
+                alert=sinks.alert,
+                record=sinks.record,
+                thermal=sinks.thermal,
+            )
+            entry = runtime.compile_engine(self.config.path, self.config.build_config())
+            entry = dataclasses.replace(entry, staged_engines=self.config.staged_engines)
+            return runtime, runtime.deserialize_engine(entry)
+        except (RuntimeNotAvailableError, InferdError):
+            raise
+        except Exception as exc:
+            # A strategy let its library's error escape (runtime/interface.py forbids
+            # it): a bug to fix, but still a failed preparation, so an activation fails
+            # the model instead of killing the worker, and a failover drops the model
+            # instead of leaving it on the engine that failed.
+            log.exception("runtime_preparation_crashed", model=self.name, runtime=label)
+            raise InferdError(f"preparing {label} failed unexpectedly: {exc!r}") from exc
 
     def swap(
         self, runtime: InferenceRuntime, handle: EngineHandle, reason: str | None = None

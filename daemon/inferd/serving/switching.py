@@ -18,6 +18,7 @@ import structlog
 
 from inferd.config import RUNTIME_LABELS, RuntimeConfig
 from inferd.errors import InferdError, RuntimeNotAvailableError
+from inferd.serving.handover import Handover, Preparers
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import EngineHandle, Peer
@@ -34,21 +35,14 @@ _SWAP_TIMEOUT_S = 60.0
 _STOP_WAIT_S = 10.0
 
 
-class _Switch:
-    """One operator's switch in progress: its reply, given once (by the switch, or
-    by ``stop`` for it), and the state of its prepared engine once queued for the
-    worker: taken there, or given up (the switch waited too long, or ``stop``),
-    whichever comes first and never both, so a switch the operator was told did
-    not happen never happens later."""
+class _Switch(Handover):
+    """One operator's switch in progress: its swap's handover, and its reply, given
+    once (by the switch, or by ``stop`` for it)."""
 
     def __init__(self, respond: Respond) -> None:
+        super().__init__()
         self._respond = respond
-        self._lock = threading.Lock()
         self._answered = False
-        #: ``preparing``, then ``queued``, then ``taken`` or ``given_up``.
-        self.state = "preparing"
-        #: Set once the worker has swapped, or the swap was given up.
-        self.settled = threading.Event()
 
     def answer(self, reply: dict[str, Any] | ProtocolError) -> None:
         with self._lock:
@@ -56,30 +50,6 @@ class _Switch:
                 return
             self._answered = True
         self._respond(reply)
-
-    def queue(self) -> bool:
-        """About to queue the swap: False once given up (shutting down)."""
-        return self._advance("preparing", "queued")
-
-    def take(self) -> bool:
-        """On the worker: True when it is to swap now."""
-        return self._advance("queued", "taken")
-
-    def _advance(self, state: str, to: str) -> bool:
-        with self._lock:
-            if self.state != state:
-                return False
-            self.state = to
-            return True
-
-    def give_up(self) -> bool:
-        """True unless the worker has taken the swap (it now never will)."""
-        with self._lock:
-            if self.state == "taken":
-                return False
-            self.state = "given_up"
-        self.settled.set()
-        return True
 
 
 class RuntimeSwitcher:
@@ -96,9 +66,8 @@ class RuntimeSwitcher:
         self._sinks = sinks
         self._lock = threading.Lock()
         self._in_progress: set[str] = set()
-        #: Operators' switches running on their threads (``stop`` answers them).
-        self._running: dict[threading.Thread, _Switch] = {}
-        self._stopping = False
+        #: Switches preparing (``stop`` answers them and waits for them).
+        self._preparers: Preparers[_Switch] = Preparers()
 
     def switch(self, header: dict[str, Any], peer: Peer, respond: Respond) -> None:
         """Control op ``runtime.switch {model, runtime, requested_by?}`` (bus thread) of
@@ -139,13 +108,7 @@ class RuntimeSwitcher:
             daemon=True,
         )
         self._claim_or_refuse(model)
-        with self._lock:
-            stopping = self._stopping
-            if not stopping:
-                # Started under the lock: ``stop`` never sees a thread it cannot join.
-                self._running[thread] = switch
-                thread.start()
-        if stopping:
+        if not self._preparers.start(thread, switch):
             self.unclaim(model)
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
 
@@ -156,19 +119,10 @@ class RuntimeSwitcher:
         a reply when the sockets close; then each switch's thread is waited for, up
         to ``_STOP_WAIT_S`` in all, so that none is inside a runtime's native code
         when the process exits."""
-        with self._lock:
-            self._stopping = True
-            running = dict(self._running)
         refusal = ProtocolError(
             Code.UNAVAILABLE, "the daemon is shutting down; the runtime was not switched"
         )
-        deadline = time.monotonic() + _STOP_WAIT_S
-        for switch in running.values():
-            if switch.give_up():
-                switch.answer(refusal)
-        for thread in running:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        if any(thread.is_alive() for thread in running):
+        if not self._preparers.stop(_STOP_WAIT_S, lambda switch: switch.answer(refusal)):
             log.warning("runtime_switch_still_preparing", waited_s=_STOP_WAIT_S)
 
     def switch_now(self, model: str, label: str, requested_by: str) -> dict[str, Any]:
@@ -181,18 +135,15 @@ class RuntimeSwitcher:
                 Code.FAILED_PRECONDITION, f"model {model!r} is {slot.state}; not switched"
             )
         self._claim_or_refuse(model)
-        switch, thread = _Switch(lambda reply: None), threading.current_thread()
+        switch = _Switch(lambda reply: None)
         try:
-            with self._lock:
-                if self._stopping:
-                    raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
-                # ``stop`` gives it up and waits for it like an operator's.
-                self._running[thread] = switch
+            # ``stop`` gives it up and waits for it like an operator's.
+            if not self._preparers.enter(switch):
+                raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
             peer = Peer.internal(os.getuid(), os.getpid())
             return self._switch(slot, label, requested_by, peer, switch)
         finally:
-            with self._lock:
-                self._running.pop(thread, None)
+            self._preparers.leave()
             self.unclaim(model)
 
     def claim(self, model: str) -> bool:
@@ -226,8 +177,7 @@ class RuntimeSwitcher:
             switch.answer(ProtocolError(Code.INTERNAL, f"switch failed unexpectedly: {exc}"))
         finally:
             self.unclaim(slot.name)
-            with self._lock:
-                self._running.pop(threading.current_thread(), None)
+            self._preparers.leave()
 
     def _switch(
         self, slot: ModelSlot, label: str, requested_by: str, peer: Peer, switch: _Switch
@@ -271,20 +221,18 @@ class RuntimeSwitcher:
             self._report(slot, from_label, label, who, outcome, reason, started)
             return ProtocolError(code, reason)
 
-        shutting_down = "the daemon is shutting down"
-        try:
-            if not switch.queue():
-                raise not_switched("refused", shutting_down, Code.UNAVAILABLE)
-            self._scheduler.call_on_worker(swap)
-        except SchedulerClosedError:
-            switch.give_up()
-            raise not_switched("refused", shutting_down, Code.UNAVAILABLE) from None
-        if not switch.settled.wait(_SWAP_TIMEOUT_S) and switch.give_up():
+        if switch.queue():  # else given up by ``stop``
+            try:
+                self._scheduler.call_on_worker(swap)
+            except SchedulerClosedError:
+                switch.give_up()
+        outcome = switch.wait(_SWAP_TIMEOUT_S)
+        if outcome == "not_taken":
             waited = f"the engine worker did not take the new engine within {_SWAP_TIMEOUT_S} s"
             raise not_switched("failed", waited, Code.INTERNAL)
-        if switch.state == "given_up":  # by stop
-            raise not_switched("refused", shutting_down, Code.UNAVAILABLE)
-        if not switch.settled.wait(_SWAP_TIMEOUT_S) or not swap_s:
+        if outcome == "given_up":  # shutting down: by ``stop``, or the scheduler closed
+            raise not_switched("refused", "the daemon is shutting down", Code.UNAVAILABLE)
+        if outcome == "stuck" or not swap_s:
             raise ProtocolError(Code.INTERNAL, "the engine worker failed to swap the engines")
         timings = {
             "prepare_ms": round((prepared - started) * 1000, 3),

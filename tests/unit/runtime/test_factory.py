@@ -85,3 +85,15 @@ def test_tensorrt_without_the_library_is_not_available(tmp_path: Path) -> None:
         build_inference_runtime("tensorrt", RuntimeConfig(ort_trt_cache_dir=tmp_path))
     assert caught.value.label == "tensorrt"
     assert "tensorrt" in caught.value.reason
+
+
+def test_onnx_trt_ep_without_an_importable_onnxruntime_is_not_available(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken onnxruntime (a bad wheel, a numpy ABI mismatch) refuses at composition
+    time like a missing TensorRT: never an ImportError escaping the strategy."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # importing it raises ImportError
+    with pytest.raises(RuntimeNotAvailableError) as caught:
+        build_inference_runtime("onnx_trt_ep", RuntimeConfig(ort_trt_cache_dir=tmp_path))
+    assert caught.value.label == "onnx_trt_ep"
+    assert "cannot import onnxruntime" in caught.value.reason

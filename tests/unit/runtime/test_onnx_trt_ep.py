@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from inferd.config import RuntimeConfig
 from inferd.demo_model import build_demo_model, write_demo_model
 from inferd.errors import EngineBuildError, EngineDeserializeError, InferenceError
+from inferd.runtime import onnx_trt_ep
 from inferd.runtime.onnx_trt_ep import (
     CPU_EP,
     CUDA_EP,
@@ -71,6 +73,17 @@ def test_compile_is_a_no_op_pointing_at_the_onnx(tmp_path: Path, demo_model: Pat
     assert entry.build_config.precision is PrecisionMode.FP16
     with pytest.raises(EngineBuildError, match="does not exist"):
         runtime.compile_engine(tmp_path / "absent.onnx", BuildConfig())
+
+
+def test_a_model_that_cannot_be_read_is_an_engine_build_error(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(path: Path) -> str:
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(onnx_trt_ep, "sha256_remembered", unreadable)
+    with pytest.raises(EngineBuildError, match=r"cannot read model .*Input/output error"):
+        make_runtime(tmp_path).compile_engine(demo_model, BuildConfig())
 
 
 def test_deserialize_reports_io_specs_and_active_providers(

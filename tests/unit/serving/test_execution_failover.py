@@ -3,23 +3,29 @@ rule as the engine worker applies it (consecutive execution failures of a model 
 ``tensorrt``, reset by a success; request errors, out-of-memory and deadline misses not
 counted; a sticky CUDA error at once; 0 never), and the failover itself (requests held,
 fallback swapped in on the worker, the failed engine released and quarantined, record,
-alert, event, rebuild asked for; or, when the fallback fails too, the model failed)."""
+alert, event, rebuild asked for; or, when the fallback fails too, in whatever way, the model
+failed), and a failover whose swap is given up (not taken in time, or ``stop``) never made."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 
 from inferd.config import ModelConfig, RuntimeConfig
 from inferd.engines.quarantine import QUARANTINE_DIR
 from inferd.engines.sidecar import write_sidecar
 from inferd.errors import ExecutionFailedError, InferenceError, OutOfMemoryError
+from inferd.serving import failover as failover_module
+from inferd.serving import slot as slot_module
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.failover import ALERT_CODE, ExecutionFailover
 from inferd.serving.rebuild import FallbackRebuilder
@@ -35,7 +41,7 @@ from inferd.types import (
     ThermalState,
 )
 from inferd_wire import protocol
-from tests.conftest import wait_until
+from tests.conftest import HANG_S, wait_until
 from tests.unit.serving.reply_queue import ReplyQueue
 
 X = TensorSpec("image", "float32", (1, 3, 224, 224))
@@ -155,7 +161,7 @@ def rig_factory(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatc
         )
         started: list[str] = []
         if not run_failover:  # the rule alone: record that the failover thread started
-            monkeypatch.setattr(failover, "_run", lambda s, f: started.append(f.error))
+            monkeypatch.setattr(failover, "_run", lambda s, f, h: started.append(f.error))
         worker = EngineWorker(
             ReplyQueue(), scheduler, {"demo": slot}, activate=lambda _slot: None, failover=failover
         )
@@ -271,11 +277,16 @@ def test_a_switch_in_progress_defers_the_failover_to_the_next_failure(rig_factor
 # -- the failover --------------------------------------------------------------------------
 
 
+def queued_swap(rig: Rig) -> Callable[[], None]:
+    """The swap the failover thread queued for the engine worker (waited for)."""
+    call = rig.scheduler.take(timeout=HANG_S)
+    assert call is not None and not isinstance(call, Job), call
+    return call
+
+
 def take_the_swap(rig: Rig) -> None:
     """Act as the engine worker: run the swap the failover thread queued."""
-    call = rig.scheduler.take(timeout=60)
-    assert call is not None and not isinstance(call, Job), call
-    call()
+    queued_swap(rig)()
 
 
 def test_the_failover_swaps_in_onnx_trt_ep_releases_and_quarantines_the_engine(
@@ -336,6 +347,157 @@ def test_when_the_fallback_fails_too_the_model_fails_and_waiting_requests_are_re
     assert rig.runtime.released == [7] and rig.rebuilds == []
     assert "fallback failed" in str(rig.slot.last_error)
     assert error(rig.run()) == "UNAVAILABLE"
+
+
+class BrokenLibrary:
+    """A strategy that lets its library's own error escape (``runtime/interface.py``
+    forbids it: a bug, but one that must not cost more than the preparation)."""
+
+    def compile_engine(self, model_path: Path, build_config: BuildConfig) -> EngineCacheEntry:
+        raise ValueError("a library's own exception type")
+
+
+@pytest.mark.parametrize("cause", ["onnxruntime cannot be imported", "a library error escapes"])
+def test_a_fallback_failing_in_any_way_fails_the_model_never_serving_the_failed_engine(
+    rig_factory: Any, monkeypatch: pytest.MonkeyPatch, cause: str
+) -> None:
+    if cause == "onnxruntime cannot be imported":  # a broken wheel, a numpy ABI mismatch
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    else:
+        monkeypatch.setattr(slot_module, "build_inference_runtime", lambda *a, **k: BrokenLibrary())
+    rig: Rig = rig_factory(
+        [ExecutionFailedError("illegal memory access", sticky=True)], run_failover=True
+    )
+    rig.run()
+    take_the_swap(rig)
+    wait_until(lambda: rig.switcher.claim("demo"), message="the failover thread done")
+    assert rig.slot.state == "failed" and rig.slot.handle is None
+    assert [alert.code for alert in rig.alerts] == ["model_unavailable"]
+    assert "fallback failed" in str(rig.slot.last_error)
+    assert rig.runtime.released == [7] and rig.rebuilds == []
+    assert "fallback_to_onnx_trt_ep" not in [kind for kind, _ in rig.records]
+    assert error(rig.run()) == "UNAVAILABLE"
+
+
+class Prepared:
+    """The fallback's runtime as the failover prepared it: what it released."""
+
+    def __init__(self) -> None:
+        self.released: list[int] = []
+
+    def release_engine(self, handle: EngineHandle) -> None:
+        self.released.append(handle.handle_id)
+
+
+def fallback_prepared(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, ready: threading.Event | None = None
+) -> Prepared:
+    """Make the failover's preparation give a ``Prepared`` (once ``ready`` is set)."""
+    runtime = Prepared()
+    assert rig.slot.handle is not None
+    handle = dataclasses.replace(rig.slot.handle, handle_id=8, runtime_label="onnx_trt_ep")
+
+    def prepare(*args: Any) -> tuple[Any, EngineHandle]:
+        assert ready is None or ready.wait(HANG_S)
+        return runtime, handle
+
+    monkeypatch.setattr(rig.slot, "prepare", prepare)
+    return runtime
+
+
+def assert_not_failed_over(rig: Rig, engine: Path) -> None:
+    """The model serves what it had, its queue runs, nothing says it failed over."""
+    assert rig.slot.state == "serving"
+    assert rig.slot.handle is not None and rig.slot.handle.handle_id == 7
+    assert engine.exists()  # not quarantined
+    assert (rig.records, rig.alerts, rig.rebuilds, rig.runtime.released) == ([], [], [], [])
+    waiting = Job([b"c", b""], 1, "demo", None, time.monotonic_ns(), None)
+    rig.scheduler.submit(waiting)
+    assert rig.scheduler.take(timeout=0) is waiting  # resumed
+
+
+STICKY = ExecutionFailedError("illegal memory access", sticky=True)
+
+
+def test_a_failover_swap_not_taken_in_time_is_given_up_and_never_made(
+    rig_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E.g. the scheduler closed (shutdown) after the swap was queued: it never runs, so
+    nothing is quarantined, recorded or alerted, and the prepared engine is released."""
+    monkeypatch.setattr(failover_module, "_SWAP_TIMEOUT_S", 0.05)  # the bound under test
+    rig: Rig = rig_factory([STICKY], run_failover=True)
+    fallback = fallback_prepared(rig, monkeypatch)
+    engine = rig.slot.handle.engine_path if rig.slot.handle else None
+    assert engine is not None
+    rig.run()
+    wait_until(lambda: rig.switcher.claim("demo"), message="the failover given up")
+    assert fallback.released == [8]
+    swap = queued_swap(rig)
+    swap()  # the worker gets to it at last: it does nothing
+    assert fallback.released == [8]
+    assert_not_failed_over(rig, engine)
+
+
+def test_stop_gives_up_a_failover_whose_swap_waits_and_waits_for_its_thread(
+    rig_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig: Rig = rig_factory([STICKY], run_failover=True)
+    fallback = fallback_prepared(rig, monkeypatch)
+    engine = rig.slot.handle.engine_path if rig.slot.handle else None
+    assert engine is not None
+    rig.run()
+    swap = queued_swap(rig)
+    rig.failover.stop()
+    assert fallback.released == [8]  # before stop returned: it waited for the thread
+    assert rig.switcher.claim("demo")
+    swap()
+    assert fallback.released == [8]
+    assert_not_failed_over(rig, engine)
+
+
+def test_stop_waits_for_a_failover_still_preparing_and_it_never_swaps(
+    rig_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig: Rig = rig_factory([STICKY], run_failover=True)
+    ready = threading.Event()
+    fallback = fallback_prepared(rig, monkeypatch, ready)
+    engine = rig.slot.handle.engine_path if rig.slot.handle else None
+    assert engine is not None
+    rig.run()
+    stopping = threading.Thread(target=rig.failover.stop)
+    stopping.start()
+    wait_until(lambda: rig.failover._preparers.stopping, message="stop began")
+    assert stopping.is_alive()  # waiting for the preparation
+    ready.set()
+    stopping.join(HANG_S)
+    assert not stopping.is_alive()
+    assert fallback.released == [8]
+    assert rig.scheduler.take(timeout=0) is None  # nothing was queued for the worker
+    assert_not_failed_over(rig, engine)
+
+
+def test_stop_waits_a_bounded_time_for_a_failover_still_preparing(
+    rig_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(failover_module, "_STOP_WAIT_S", 0.05)  # the bound under test
+    rig: Rig = rig_factory([STICKY], run_failover=True)
+    ready = threading.Event()
+    fallback = fallback_prepared(rig, monkeypatch, ready)
+    rig.run()
+    with structlog.testing.capture_logs() as logs:
+        rig.failover.stop()
+    (warned,) = [entry for entry in logs if entry["event"] == "execution_failover_still_preparing"]
+    assert warned["waited_s"] == 0.05
+    ready.set()
+    wait_until(lambda: fallback.released == [8], message="the engine released")
+
+
+def test_after_stop_a_failure_starts_no_failover(rig_factory: Any) -> None:
+    rig: Rig = rig_factory([STICKY], run_failover=True)
+    rig.failover.stop()
+    assert error(rig.run()) == "INTERNAL"
+    assert rig.slot.state == "serving" and rig.switcher.claim("demo")
+    assert rig.scheduler.take(timeout=0) is None
 
 
 # -- the rebuild that follows ----------------------------------------------------------------

@@ -200,7 +200,7 @@ def test_stop_gives_up_and_waits_for_the_daemons_own_switch_too(rig: Rig) -> Non
     wait_until(lambda: "m" in rig.switcher._in_progress, HANG_S, message="the switch began")
     stopping = threading.Thread(target=rig.switcher.stop)
     stopping.start()
-    wait_until(lambda: rig.switcher._stopping, HANG_S, message="stop began")
+    wait_until(lambda: rig.switcher._preparers.stopping, HANG_S, message="stop began")
     assert stopping.is_alive()  # waiting for the switch still preparing
     rig.prepared.set()
     stopping.join(HANG_S)
