@@ -452,12 +452,14 @@ def start_daemon(
     args: list[str] | None = None,
     endpoints: dict[str, str] | None = None,
     curve: ClientCurve | None = None,
+    launcher: list[str] | None = None,
 ) -> DaemonProcess:
     """Start ``inferd run``; return once it is ready (or, with ``wait_ready=False``,
     as soon as its control socket answers, possibly while models still load).
     ``env`` adds environment variables (``NOTIFY_SOCKET``...), ``args`` run options;
     ``endpoints`` replaces the ipc:// ones the config got (``infer``, ``control``,
-    ``events``), and ``curve`` is the client keys for a tcp:// control socket."""
+    ``events``), ``curve`` is the client keys for a tcp:// control socket, and
+    ``launcher`` a command the daemon's command line is appended to (a sandbox)."""
     config_path = workdir / "inferd.toml"
     config_path.write_text(config_text)
     log_path = workdir / "inferd.log"
@@ -465,6 +467,7 @@ def start_daemon(
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
             [
+                *(launcher or []),
                 sys.executable,
                 "-m",
                 "inferd.cli",

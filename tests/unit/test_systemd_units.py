@@ -24,8 +24,8 @@ from tests.conftest import REPO
 
 UNITS = ("inferd.service", "inferd@.service")
 INSTALLED_INFERD = "/opt/inferd/venv/bin/inferd"
-#: Overall exposure of both units, as recorded in docs/OPERATIONS.md (``1.4 OK``).
-MAX_EXPOSURE = 1.5
+#: Overall exposure of both units, as recorded in docs/OPERATIONS.md (``1.6 OK``).
+MAX_EXPOSURE = 1.6
 
 
 def _analyze() -> str:

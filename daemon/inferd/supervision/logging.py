@@ -30,6 +30,7 @@ import structlog
 
 from inferd.supervision.journal_fields import journal_fields
 from inferd.supervision.journal_sender import JournalSender, default_journal_sender
+from inferd.supervision.journal_writer import DEFAULT_CAPACITY, Entry, JournalWriter
 from inferd.supervision.repeat_limiter import RepeatLimiter
 
 _LEVELS = {
@@ -67,36 +68,34 @@ _STDERR_LOCK = threading.Lock()
 
 
 class JournaldRenderer:
-    """The last processor in ``journald`` mode: sends the entry and drops the
-    event (nothing is printed).  When the journal cannot be reached the event is
-    printed as a console line on ``fallback`` (stderr), with a notice at most once
-    a minute, so nothing is silently lost."""
+    """The last processor in ``journald`` mode: queues the entry for the journal
+    (``journal_writer``: the thread that logs never waits for journald) and drops
+    the event (nothing is printed).  When the journal cannot be reached the event
+    is printed as a console line on ``fallback`` (stderr), with a notice at most
+    once a minute, so nothing is silently lost."""
 
     _NOTICE_INTERVAL_S = 60.0
 
-    def __init__(self, sender: JournalSender, fallback: TextIO | None = None) -> None:
-        self._sender = sender
+    def __init__(
+        self,
+        sender: JournalSender,
+        fallback: TextIO | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
         self._fallback = fallback
         self._console = structlog.dev.ConsoleRenderer(colors=False)
         self._lock = threading.Lock()
         self._last_notice: float | None = None
         self.failures = 0
+        self.writer = JournalWriter(sender, self._fall_back, capacity)
 
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
         fields = journal_fields(event_dict, method_name)
-        try:
-            self._sender(fields)
-        except OSError as exc:
-            self._fall_back(logger, method_name, event_dict, exc)
+        self.writer.submit(Entry(fields, method_name, dict(event_dict)))
         raise structlog.DropEvent
 
-    def _fall_back(
-        self,
-        logger: Any,
-        method_name: str,
-        event_dict: MutableMapping[str, Any],
-        exc: OSError,
-    ) -> None:
+    def _fall_back(self, entry: Entry, exc: OSError) -> None:
+        method_name, event_dict = entry.method_name, entry.event_dict
         out = self._fallback if self._fallback is not None else sys.stderr
         now = time.monotonic()
         with self._lock:
@@ -106,7 +105,7 @@ class JournaldRenderer:
                 self._last_notice = now
         for key in ("pathname", "lineno", "func_name", "thread_name"):
             event_dict.pop(key, None)
-        line = str(self._console(logger, method_name, dict(event_dict))) + "\n"
+        line = str(self._console(None, method_name, dict(event_dict))) + "\n"
         try:
             with _STDERR_LOCK:
                 if notice:
@@ -121,6 +120,13 @@ class JournaldRenderer:
 
 
 _limiter = RepeatLimiter()
+#: The journald renderer in effect (``flush_journal``), if any.
+_journal: JournaldRenderer | None = None
+
+
+def flush_journal(timeout: float = 2.0) -> bool:
+    """Wait until every entry logged so far was handed to journald (or printed)."""
+    return _journal is None or _journal.writer.flush(timeout)
 
 
 def flush_suppressed() -> None:
@@ -145,7 +151,7 @@ def configure_logging(
     limiter: RepeatLimiter | None = None,
 ) -> str:
     """Configure structlog; returns the format in effect (``auto`` resolved)."""
-    global _limiter
+    global _limiter, _journal
     if limiter is not None:
         _limiter = limiter
     resolved = resolve_format(fmt)
@@ -166,8 +172,9 @@ def configure_logging(
                 ]
             ),
             structlog.processors.format_exc_info,
-            JournaldRenderer(sender if sender is not None else default_journal_sender()),
         ]
+        _journal = JournaldRenderer(sender if sender is not None else default_journal_sender())
+        processors.append(_journal)
     elif resolved == "json":
         processors += [
             structlog.processors.TimeStamper(fmt="iso", utc=True),

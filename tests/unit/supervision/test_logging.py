@@ -35,6 +35,7 @@ def test_an_unreachable_journal_falls_back_to_stderr(tmp_path: Path) -> None:
     for _ in range(3):
         with pytest.raises(structlog.DropEvent):
             renderer(None, "error", {"event": "inference_failed", "level": "error", "model": "m"})
+    assert renderer.writer.flush(5)
     sender.close()
     lines = out.getvalue().splitlines()
     assert len(lines) == 4  # one notice, then every event
@@ -70,6 +71,7 @@ def test_structlog_events_reach_the_journal_with_fields() -> None:
         raise RuntimeError("boom")
     except RuntimeError:
         logger.exception("inference_crashed", model="det")
+    assert inferd_logging.flush_journal(5)
     first, second, third = entries
     assert first["INFERD_EVENT"] == ["fallback_to_onnx_trt_ep"]
     assert first["PRIORITY"] == ["4"] and first["INFERD_MODEL"] == ["det"]
@@ -149,6 +151,7 @@ def test_flush_suppressed_logs_a_summary() -> None:
             logger.warning("reply_undeliverable", error="Host unreachable")
         clock.now += 1.0
         inferd_logging.flush_suppressed()
+        assert inferd_logging.flush_journal(5)
     finally:
         inferd_logging._limiter = RepeatLimiter()
     assert [entry["INFERD_EVENT"][0] for entry in entries] == [

@@ -1,0 +1,94 @@
+"""``inferd.supervision.journal_writer``: a thread that logs never waits for
+journald.  Entries go out in order from the writer's thread; an entry that finds
+the queue full is dropped and counted, and one ``journal_entries_dropped`` entry
+says how many once the writer has caught up (DESIGN.md entry 141)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from inferd.supervision.journal_sender import NativeJournalSender
+from inferd.supervision.logging import JournaldRenderer
+from tests.unit.supervision.conftest import as_dict
+
+HANG_S = 5.0
+
+
+class StuckJournal:
+    """A sender that blocks until released, as a send to a journald that stopped
+    reading does; records what it was given."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.sent: list[dict[str, list[str]]] = []
+
+    def __call__(self, fields: Sequence[tuple[str, bytes]]) -> None:
+        self.entered.set()
+        assert self.release.wait(HANG_S)
+        self.sent.append(as_dict(list(fields)))
+
+
+def log(renderer: JournaldRenderer, index: int) -> None:
+    with contextlib.suppress(structlog.DropEvent):  # the renderer always drops the event
+        renderer(None, "warning", {"event": "request_refused", "level": "warning", "i": index})
+
+
+def test_a_stuck_journal_blocks_no_logging_thread_and_drops_are_reported() -> None:
+    journal = StuckJournal()
+    renderer = JournaldRenderer(journal, fallback=io.StringIO(), capacity=4)
+    log(renderer, 0)
+    assert journal.entered.wait(HANG_S)  # the writer holds entry 0 in a blocked send
+    finished = threading.Event()
+
+    def log_many() -> None:
+        for index in range(1, 11):
+            log(renderer, index)
+        finished.set()
+
+    threading.Thread(target=log_many, daemon=True).start()
+    assert finished.wait(HANG_S), "a thread that logs waited for the journal"
+    assert renderer.writer.dropped == 6  # 1..4 queued, 5..10 dropped
+    journal.release.set()
+    assert renderer.writer.flush(HANG_S)
+    events = [entry["INFERD_EVENT"][0] for entry in journal.sent]
+    assert events == ["request_refused"] * 5 + ["journal_entries_dropped"]
+    assert [entry["INFERD_I"][0] for entry in journal.sent[:5]] == ["0", "1", "2", "3", "4"]
+    assert journal.sent[5]["INFERD_COUNT"] == ["6"] and journal.sent[5]["PRIORITY"] == ["4"]
+
+
+def test_a_journald_that_does_not_read_blocks_no_logging_thread() -> None:
+    """The built-in sender against a bound socket nobody reads: its queue fills after
+    ``net.unix.max_dgram_qlen`` datagrams and then every send blocks."""
+    directory = Path(tempfile.mkdtemp(prefix="ifdj-", dir="/tmp"))
+    path = str(directory / "journal.sock")
+    journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    journal.bind(path)
+    qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
+    sender = NativeJournalSender(path)
+    renderer = JournaldRenderer(sender, fallback=io.StringIO(), capacity=16)
+    finished = threading.Event()
+
+    def log_many() -> None:
+        for index in range(qlen + 64):
+            log(renderer, index)
+        finished.set()
+
+    threading.Thread(target=log_many, daemon=True).start()
+    try:
+        assert finished.wait(HANG_S), "a thread that logs waited for the journal"
+        assert renderer.writer.dropped > 0
+    finally:
+        journal.close()  # the blocked send fails: the rest go to the stderr fallback
+        assert renderer.writer.flush(HANG_S)
+        sender.close()
+        shutil.rmtree(directory, ignore_errors=True)
