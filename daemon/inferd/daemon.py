@@ -181,6 +181,15 @@ class Daemon:
         raise_open_files_limit(self.config.bus.max_connections)
         self._start_recorder()
         self._lifecycle("start")
+        try:
+            self._start_serving()
+        except Exception as exc:  # recorded and made durable: the process exits next
+            self._lifecycle("start_failed", error=str(exc)[:512])
+            if self.recorder is not None:
+                self.recorder.stop(timeout=5)
+            raise
+
+    def _start_serving(self) -> None:
         self.builds.prune("daemon_start")  # the cap holds for what an earlier run left
         self.security.start()  # ZAP before any socket binds; CURVE keys or no start
         self.publisher.start()
@@ -252,16 +261,11 @@ class Daemon:
         self.security.stop()
         if self.recorder is not None:
             self.recorder.stop()  # writes what is queued, fdatasyncs, closes the segment
-        threads = (self.worker, self.bus, self.publisher, self.security)
-        if any(thread.is_alive() for thread in threads):
+        alive = {"worker": self.worker.is_alive(), "bus": self.bus.is_alive()}
+        alive |= {"publisher": self.publisher.is_alive(), "zap": self.security.is_alive()}
+        if any(alive.values()):
             # A thread still holds a socket: terminating the context would hang.
-            log.error(
-                "threads_did_not_stop",
-                worker=self.worker.is_alive(),
-                bus=self.bus.is_alive(),
-                publisher=self.publisher.is_alive(),
-                zap=self.security.is_alive(),
-            )
+            log.error("threads_did_not_stop", **alive)
         else:
             self._context.term()
         self._instance_lock.release()
@@ -354,17 +358,10 @@ class Daemon:
         self.router.fail(leftovers, Code.UNAVAILABLE, message)
         self.alerts(Alert("CRITICAL", "engine_worker_died", message, {"queued": len(leftovers)}))
 
-    def _lifecycle(self, event: str) -> None:
-        self.record(
-            "daemon_lifecycle",
-            {
-                "event": event,
-                "version": inferd.__version__,
-                "config_fingerprint": self.config.fingerprint(),
-                "pid": os.getpid(),
-                "state": self.state,
-            },
-        )
+    def _lifecycle(self, event: str, **extra: str) -> None:
+        version, fingerprint = inferd.__version__, self.config.fingerprint()
+        identity = {"version": version, "config_fingerprint": fingerprint, "pid": os.getpid()}
+        self.record("daemon_lifecycle", {"event": event, **identity, "state": self.state, **extra})
 
     def _activate(self, slot: ModelSlot) -> None:
         # Runtime log lines during activation name the model (journald INFERD_MODEL).

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -488,3 +489,37 @@ def test_unusable_fdr_directory_serves_without_the_recorder(
     assert daemon.stop() == 0, daemon.log()
     assert "fdr_unavailable" in daemon.log()
     assert not_a_directory.read_text() == "not a directory\n"
+
+
+def test_a_start_that_fails_after_the_recorder_started_is_a_durable_record(
+    short_tmp_path: Path, identity_model: Path
+) -> None:
+    """A socket that cannot be bound (its port taken): the process exits 1, and its
+    flight data recorder holds the start and why it failed (no record lost at exit)."""
+    from inferd.fdr.reader import read_records
+    from tests.conftest import render_config
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = short_tmp_path / "inferd.toml"
+        config.write_text(
+            render_config(
+                short_tmp_path,
+                [{"name": "identity", "path": str(identity_model)}],
+                bus={"events_endpoint": f"tcp://127.0.0.1:{port}"},
+            )
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "inferd.cli", "run", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+    assert done.returncode == 1, done.stderr
+    assert "cannot start: Address already in use" in done.stderr
+    records = list(read_records(short_tmp_path / "state" / "fdr", kinds=("daemon_lifecycle",)))
+    assert [record.payload["event"] for record in records] == ["start", "start_failed"]
+    assert "Address already in use" in records[1].payload["error"]
