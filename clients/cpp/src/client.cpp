@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 
 #include "decode.hpp"
 #include "internal.hpp"
@@ -109,8 +110,10 @@ public:
         for (int attempt = 0; attempt <= retries; ++attempt) {
             auto request_id = next_id();
             if (on_attempt_) on_attempt_(request_id, attempt);
-            if (!send(encode(request_id), frames)) continue;
-            auto reply = await(request_id, std::chrono::steady_clock::now() + wait);
+            // The attempt's timeout bounds its send and its wait together.
+            auto give_up_at = detail::deadline_after(wait);
+            if (!send(encode(request_id), frames, give_up_at)) continue;
+            auto reply = await(request_id, give_up_at);
             if (!reply.empty()) {
                 // A reply came on a connection: its monitor event is in by now.
                 send_buffer_.apply();
@@ -133,13 +136,35 @@ private:
     void open() {
         socket_ = zmq::socket_t(*context_, zmq::socket_type::dealer);
         socket_.set(zmq::sockopt::linger, 0);
-        socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(std::max<long>(1, timeout_.count())));
+        // Queue a request only on a connection that is up: without it, requests
+        // sent while no daemon is there wait in the socket's queue past their
+        // timeout and all run when one appears, and a full queue blocks every send.
+        // (Making the socket again after each timeout would do the same at the
+        // cost of a reconnect, and of the daemon seeing a new peer, each time.)
+        socket_.set(zmq::sockopt::immediate, true);
+        sndtimeo_ = -1;
         detail::secure(socket_, endpoint_, curve_);
         send_buffer_.watch(*context_, socket_);  // before the connection it sizes
-        socket_.connect(endpoint_);
+        try {
+            socket_.connect(endpoint_);
+        } catch (const zmq::error_t& error) {
+            send_buffer_.close(socket_);
+            throw std::invalid_argument("cannot connect to " + endpoint_ + ": " + error.what());
+        }
     }
 
-    bool send(const std::string& header, const std::vector<Frame>& frames) {
+    // False when the request could not leave before `give_up_at` (no connection
+    // up, or the daemon not reading).
+    bool send(const std::string& header, const std::vector<Frame>& frames,
+              std::chrono::steady_clock::time_point give_up_at) {
+        auto left = detail::milliseconds_left(give_up_at);
+        if (left <= 0) return false;
+        // The time left, set again only when the one set is off by more than its
+        // rounding (a send never gives up before the caller's timeout).
+        if (!(sndtimeo_ >= left && sndtimeo_ - left <= 1)) {
+            socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(left));
+            sndtimeo_ = left;
+        }
         zmq::message_t head(header.data(), header.size());
         auto more = frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
         // ZeroMQ queues a multipart message atomically: only the first part can be refused.
@@ -169,11 +194,10 @@ private:
             // Rounded up, and measured again after a poll that found nothing:
             // zmq_poll times its wait on a clock that may lag by a millisecond,
             // and a wait never ends before the caller's timeout.
-            auto left = std::chrono::ceil<std::chrono::milliseconds>(
-                give_up_at - std::chrono::steady_clock::now());
-            if (left.count() <= 0) return {};
+            auto left = detail::milliseconds_left(give_up_at);
+            if (left <= 0) return {};
             zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-            if (zmq::poll(&item, 1, left) == 0) continue;
+            if (zmq::poll(&item, 1, std::chrono::milliseconds(left)) == 0) continue;
             std::vector<zmq::message_t> parts;
             (void)zmq::recv_multipart(socket_, std::back_inserter(parts));
             auto id = wire::decode_reply_id(parts[0].data(), parts[0].size());
@@ -198,7 +222,7 @@ private:
         wait_released();
         try {
             open();
-        } catch (const zmq::error_t&) {
+        } catch (const std::exception&) {
             // Out of file descriptors or a terminated context: the next call
             // on this channel fails on the closed socket and says so.
         }
@@ -215,6 +239,7 @@ private:
     std::optional<ClientCurve> curve_;
     std::function<void(std::uint64_t, int)> on_attempt_;
     zmq::socket_t socket_;
+    long long sndtimeo_ = -1;  // the send timeout last set (ms)
     std::uint64_t next_id_ = 1;
     std::uint64_t discarded_ = 0;
     InFlight in_flight_;
@@ -265,22 +290,36 @@ SharedRegion& InferenceClient::shared_region(std::size_t nbytes, std::optional<s
     return *owned_.back();
 }
 
+void InferenceClient::release_ended_regions() {
+    for (auto it = regions_.begin(); it != regions_.end();) {
+        if (it->second->base != nullptr) {
+            ++it;
+            continue;
+        }
+        if (shm_) shm_->release(it->first);
+        it = regions_.erase(it);
+    }
+}
+
 std::string InferenceClient::register_region(SharedRegion& region) {
+    release_ended_regions();
+    if (!region.mapping_) throw ClientError("the shared region is closed");
     for (const auto& [id, known] : regions_) {
-        if (known == &region) return id;
+        if (known == region.mapping_) return id;
     }
     if (!shm_) {
         shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout,
                                                options_.reply_spin_us);
     }
     auto id = shm_->register_region(region);
-    regions_.emplace_back(id, &region);
+    regions_.emplace_back(id, region.mapping_);
     return id;
 }
 
 void InferenceClient::unregister_region(SharedRegion& region) {
+    release_ended_regions();
     for (auto it = regions_.begin(); it != regions_.end(); ++it) {
-        if (it->second == &region) {
+        if (it->second == region.mapping_ && region.mapping_) {
             auto id = it->first;
             regions_.erase(it);
             if (shm_) shm_->unregister_region(id);
@@ -292,10 +331,10 @@ void InferenceClient::unregister_region(SharedRegion& region) {
 namespace {
 
 std::optional<wire::RegionRef> locate(
-    const std::vector<std::pair<std::string, SharedRegion*>>& regions, const void* data,
-    std::size_t nbytes) {
-    for (const auto& [id, region] : regions) {
-        if (auto offset = region->locate(data, nbytes)) return wire::RegionRef{id, *offset, nbytes};
+    const std::vector<std::pair<std::string, std::shared_ptr<const detail::RegionMapping>>>& regions,
+    const void* data, std::size_t nbytes) {
+    for (const auto& [id, mapping] : regions) {
+        if (auto offset = mapping->locate(data, nbytes)) return wire::RegionRef{id, *offset, nbytes};
     }
     return std::nullopt;
 }
@@ -315,6 +354,7 @@ std::set<std::string> names_of(const std::vector<Named>& items) {
 
 InferResult InferenceClient::infer(const std::string& model, const std::vector<NamedTensor>& inputs,
                                    const InferOptions& options) {
+    release_ended_regions();
     wire::InferRequest request;
     request.model = model;
     request.deadline_ms = options.deadline_ms;
@@ -333,6 +373,11 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     }
     for (const auto& output : options.outputs) {
         const auto& buffer = output.buffer;
+        if (tensor_bytes(buffer.dtype, buffer.shape) != buffer.nbytes) {
+            throw ClientError("output '" + output.name + "': its shape and dtype need " +
+                              std::to_string(tensor_bytes(buffer.dtype, buffer.shape)) +
+                              " bytes, the buffer has " + std::to_string(buffer.nbytes));
+        }
         if (auto ref = locate(regions_, buffer.data, buffer.nbytes)) {
             request.outputs.push_back({output.name, buffer.dtype, buffer.shape, ref});
         }

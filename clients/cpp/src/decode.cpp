@@ -1,6 +1,7 @@
 // Strict msgpack reading (decode.hpp) and msgpack as JSON text.
 #include "decode.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -267,6 +268,17 @@ wire::TensorDescriptor read_descriptor(std::size_t index, const msgpack::object&
             malformed(fields.where() + ": shape must hold non-negative integers");
         }
         descriptor.shape.push_back(static_cast<std::int64_t>(dimension.via.u64));
+    }
+    // Sixteen dimensions below 2^31 can still multiply past 2^64: a wrapped size
+    // would let a short frame (or region) pass for the tensor.
+    std::size_t bytes = itemsize(descriptor.dtype);
+    bool overflow = false;
+    for (auto dimension : descriptor.shape) {
+        overflow = __builtin_mul_overflow(bytes, static_cast<std::size_t>(dimension), &bytes) || overflow;
+    }
+    bool empty = std::find(descriptor.shape.begin(), descriptor.shape.end(), 0) != descriptor.shape.end();
+    if (overflow && !empty) {
+        malformed(fields.where() + ": its shape needs more than 2^64 bytes");
     }
     if (fields.find("region") == nullptr) {
         fields.only({"name", "dtype", "shape"});

@@ -107,11 +107,17 @@ std::pair<std::string, std::string> certificate_keys(const std::string& text, co
 
 ClientCurve ClientCurve::from_files(const std::string& server_key, const std::string& certificate) {
     ClientCurve curve;
-    curve.server_public_key = server_key;
-    if (!is_z85_key(server_key)) {
+    // A file whenever the path names one (a 40-character path is no key), else the
+    // key itself.
+    struct stat key_file {};
+    if (stat(server_key.c_str(), &key_file) == 0 && S_ISREG(key_file.st_mode)) {
         auto text = read_text(server_key);
         auto bare = trimmed(text);
         curve.server_public_key = is_z85_key(bare) ? bare : certificate_keys(text, server_key).first;
+    } else if (is_z85_key(server_key)) {
+        curve.server_public_key = server_key;
+    } else {
+        throw ClientError(server_key + ": neither a file holding the daemon's public key nor the key");
     }
     struct stat info {};
     if (stat(certificate.c_str(), &info) != 0) throw ClientError(certificate + ": cannot be read");

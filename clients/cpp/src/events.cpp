@@ -254,7 +254,11 @@ EventSubscriber::EventSubscriber(SubscriberOptions options) : impl_(std::make_un
         impl_->socket.set(zmq::sockopt::subscribe, "");
     }
     for (const auto& topic : options.topics) impl_->socket.set(zmq::sockopt::subscribe, topic);
-    impl_->socket.connect(impl_->endpoint);
+    try {
+        impl_->socket.connect(impl_->endpoint);
+    } catch (const zmq::error_t& error) {
+        throw std::invalid_argument("cannot connect to " + impl_->endpoint + ": " + error.what());
+    }
 }
 
 EventSubscriber::~EventSubscriber() = default;

@@ -8,12 +8,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 #include <variant>
 
 #include "decode.hpp"
+#include "internal.hpp"
 #include "inferd/endpoints.hpp"
 #include "inferd/errors.hpp"
 #include "region_channel.hpp"
@@ -122,6 +124,7 @@ void SharedRegion::map() {
     // inferd_wire.regions.advise_huge_pages): a big tensor's copies then miss
     // the TLB far less. Advice only: a kernel without THP keeps 4 KiB pages.
     (void)madvise(base_, size_, MADV_HUGEPAGE);
+    mapping_ = std::make_shared<detail::RegionMapping>(detail::RegionMapping{base_, size_});
 }
 
 SharedRegion::~SharedRegion() { release(); }
@@ -131,7 +134,8 @@ SharedRegion::SharedRegion(SharedRegion&& other) noexcept
       base_(std::exchange(other.base_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       used_(std::exchange(other.used_, 0)),
-      label_(std::move(other.label_)) {}
+      label_(std::move(other.label_)),
+      mapping_(std::move(other.mapping_)) {}
 
 SharedRegion& SharedRegion::operator=(SharedRegion&& other) noexcept {
     if (this != &other) {
@@ -141,11 +145,16 @@ SharedRegion& SharedRegion::operator=(SharedRegion&& other) noexcept {
         size_ = std::exchange(other.size_, 0);
         used_ = std::exchange(other.used_, 0);
         label_ = std::move(other.label_);
+        mapping_ = std::move(other.mapping_);
     }
     return *this;
 }
 
 void SharedRegion::release() noexcept {
+    // A client that registered the region stops finding tensors in it from here
+    // (and unregisters it at its next call).
+    if (mapping_) mapping_->base = nullptr;
+    mapping_.reset();
     if (base_ != nullptr) munmap(base_, size_);
     if (fd_ >= 0) close(fd_);
     base_ = nullptr;
@@ -154,9 +163,10 @@ void SharedRegion::release() noexcept {
 
 MutableTensorView SharedRegion::allocate(DType dtype, const Shape& shape) {
     if (base_ == nullptr) throw ClientError("the shared region is closed");
-    auto nbytes = tensor_bytes(dtype, shape);
+    auto nbytes = tensor_bytes(dtype, shape);  // checked: never wraps
     auto offset = (used_ + wire::kRegionAlignment - 1) / wire::kRegionAlignment * wire::kRegionAlignment;
-    if (offset + nbytes > size_) {
+    // Written so that nothing wraps: offset + nbytes could.
+    if (nbytes > size_ || offset > size_ - nbytes) {
         throw ClientError("the region has " + std::to_string(size_ - std::min(offset, size_)) +
                           " bytes left; the tensor needs " + std::to_string(nbytes));
     }
@@ -165,14 +175,50 @@ MutableTensorView SharedRegion::allocate(DType dtype, const Shape& shape) {
 }
 
 std::optional<std::size_t> SharedRegion::locate(const void* data, std::size_t nbytes) const {
-    if (base_ == nullptr || data == nullptr) return std::nullopt;
+    return detail::RegionMapping{base_, size_}.locate(data, nbytes);
+}
+
+std::optional<std::size_t> detail::RegionMapping::locate(const void* data, std::size_t nbytes) const {
+    if (base == nullptr || data == nullptr) return std::nullopt;
     auto start = reinterpret_cast<std::uintptr_t>(data);
-    auto base = reinterpret_cast<std::uintptr_t>(base_);
-    if (start < base || start - base + nbytes > size_) return std::nullopt;
-    auto offset = static_cast<std::size_t>(start - base);
+    auto first = reinterpret_cast<std::uintptr_t>(base);
+    if (start < first || nbytes > size || start - first > size - nbytes) return std::nullopt;
+    auto offset = static_cast<std::size_t>(start - first);
     if (offset % wire::kRegionAlignment) return std::nullopt;
     return offset;
 }
+
+namespace {
+
+// At most this many unanswered ids are remembered (the daemon answers every
+// message it reads, so only a flood of timed-out requests comes near it).
+constexpr std::size_t kMaxUnanswered = 4096;
+
+// What the channel reads of any reply before it knows whose it is.
+struct Envelope {
+    wire::RequestId id;
+    bool ok = false;  // `ok` is true (false also when it is missing or not a boolean)
+    std::optional<std::string> region;  // result.region, when the result names one
+};
+
+Envelope read_envelope(const std::string& reply) {
+    auto handle = detail::unpack(reply.data(), reply.size(), wire::kMaxShmMessageBytes);
+    detail::Fields header(handle.get(), "reply");
+    Envelope envelope;
+    envelope.id = detail::read_envelope(header, true);
+    const auto* ok = header.find("ok");
+    envelope.ok = ok != nullptr && ok->type == msgpack::type::BOOLEAN && ok->via.boolean;
+    const auto* result = header.find("result");
+    if (envelope.ok && result != nullptr && result->type == msgpack::type::MAP) {
+        const auto* region = detail::Fields(*result, "result").find("region");
+        if (region != nullptr && region->type == msgpack::type::STR) {
+            envelope.region.emplace(region->via.str.ptr, region->via.str.size);
+        }
+    }
+    return envelope;
+}
+
+}  // namespace
 
 RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds timeout,
                              int reply_spin_us)
@@ -180,10 +226,13 @@ RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds 
     check_client_endpoint("ipc://" + path);  // the same trust rule as for the ipc sockets
     fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw ClientError(system_error("socket"));
+    // SO_SNDTIMEO bounds connect(2) (a listener whose backlog is full); 0 would be
+    // no bound at all, so a timeout of 0 waits a millisecond. Sends are
+    // non-blocking and waited for against each call's own deadline (send_message).
+    auto bound = std::max(timeout, std::chrono::milliseconds(1));
     timeval wait{};
-    wait.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-    wait.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    wait.tv_sec = static_cast<time_t>(bound.count() / 1000);
+    wait.tv_usec = static_cast<suseconds_t>((bound.count() % 1000) * 1000);
     setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait);
     sockaddr_un address{};  // check_client_endpoint refused a path sun_path cannot hold
     address.sun_family = AF_UNIX;
@@ -212,17 +261,30 @@ void RegionChannel::unregister_region(const std::string& region_id) {
     call("unregister", {{"region", region_id}}, -1);
 }
 
+void RegionChannel::release(const std::string& region_id) {
+    auto request_id = next_id_++;
+    // Not sent (the daemon not reading, or gone): closing the connection releases
+    // it, and the next call sees the closed connection for itself.
+    (void)send_message(request_id,
+                       wire::encode_control_request(request_id, "unregister", {{"region", region_id}}),
+                       -1, detail::deadline_after(timeout_));
+}
+
 // {v, op, ...arguments, id} as the control requests (the Python client sends
 // {v, id, op, ...}; the daemon reads keys, not their order).
 std::string RegionChannel::call(const std::string& op, const wire::ControlArguments& arguments,
                                 int fd) {
     auto request_id = next_id_++;
-    auto give_up_at = std::chrono::steady_clock::now() + timeout_;
-    if (!send_message(wire::encode_control_request(request_id, op, arguments), fd)) {
+    auto give_up_at = detail::deadline_after(timeout_);
+    if (!send_message(request_id, wire::encode_control_request(request_id, op, arguments), fd,
+                      give_up_at)) {
         throw Timeout("the daemon does not read the shm socket " + path_);
     }
     auto reply = await(request_id, give_up_at);
-    if (!reply) throw Timeout("no reply from " + path_);
+    if (!reply) {
+        if (op == "register") late_registrations_.insert(request_id);
+        throw Timeout("no reply from " + path_);
+    }
     auto decoded = wire::decode_control_reply(reply->data(), reply->size());
     if (!decoded.ok) throw RemoteError(decoded.error->code, decoded.error->message);
     return decoded.result_msgpack;
@@ -237,15 +299,15 @@ std::string RegionChannel::request(const std::string& model,
     for (int attempt = 0; attempt <= retries; ++attempt) {
         auto request_id = next_id();
         if (on_attempt) on_attempt(request_id, attempt);
-        auto give_up_at = std::chrono::steady_clock::now() + timeout;
-        if (!send_message(encode(request_id), -1)) continue;
-        auto sent = std::chrono::steady_clock::now();
+        // The attempt's timeout bounds its send and its wait together.
+        auto give_up_at = detail::deadline_after(timeout);
+        if (!send_message(request_id, encode(request_id), -1, give_up_at)) continue;
+        auto sent = Clock::now();
         bool ready = spin_.wait(fd_, arrivals, sent, give_up_at);
         if (auto reply = await(request_id, give_up_at, ready)) {
-            arrivals.observed(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now() - sent)
-                                  .count(),
-                              spin_.width_ns());
+            arrivals.observed(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sent).count(),
+                spin_.width_ns());
             return *reply;
         }
     }
@@ -253,7 +315,8 @@ std::string RegionChannel::request(const std::string& model,
                   " ms after " + std::to_string(retries + 1) + " attempt(s)");
 }
 
-bool RegionChannel::send_message(const std::string& message, int fd) {
+bool RegionChannel::send_message(std::uint64_t request_id, const std::string& message, int fd,
+                                 Clock::time_point give_up_at) {
     iovec part{const_cast<char*>(message.data()), message.size()};
     msghdr header{};
     header.msg_iov = &part;
@@ -268,23 +331,42 @@ bool RegionChannel::send_message(const std::string& message, int fd) {
         ancillary->cmsg_len = CMSG_LEN(sizeof(int));
         std::memcpy(CMSG_DATA(ancillary), &fd, sizeof(int));
     }
-    // SO_SNDTIMEO bounds the send: a seqpacket message goes whole or not at all.
-    if (sendmsg(fd_, &header, MSG_NOSIGNAL) >= 0) return true;
-    // A connection refused at connect (shm.max_connections) has its refusal
-    // queued for us: a send that failed otherwise still reads the reply.
-    return errno != EAGAIN && errno != EWOULDBLOCK;
+    // Non-blocking, and waited for until the caller's deadline: SO_SNDTIMEO would
+    // be one bound for every call (and 0 there is none at all).
+    while (sendmsg(fd_, &header, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+        if (errno == EINTR) continue;
+        // A connection refused at connect (shm.max_connections) has its refusal
+        // queued for us: a send that failed otherwise still reads the reply.
+        if (errno != EAGAIN && errno != EWOULDBLOCK) break;
+        auto left = detail::milliseconds_left(give_up_at);
+        if (left <= 0) return false;
+        pollfd writable{fd_, POLLOUT, 0};
+        if (poll(&writable, 1, static_cast<int>(left)) < 0 && errno != EINTR) break;
+    }
+    unanswered_.push_back(request_id);
+    if (unanswered_.size() > kMaxUnanswered) unanswered_.pop_front();
+    return true;
 }
 
-std::optional<std::string> RegionChannel::await(std::uint64_t request_id,
-                                                std::chrono::steady_clock::time_point give_up_at,
+void RegionChannel::discard(const wire::RequestId& id, bool ok,
+                            const std::optional<std::string>& region) {
+    ++discarded_;
+    const auto* number = std::get_if<std::uint64_t>(&id);
+    if (number == nullptr || late_registrations_.erase(*number) == 0) return;
+    // The daemon made a registration the caller was told had timed out: nobody
+    // knows its id but this reply, so it is let go here. Its answer is not waited
+    // for (a reply awaited here could be the one the current call waits for).
+    if (ok && region) release(*region);
+}
+
+std::optional<std::string> RegionChannel::await(std::uint64_t request_id, Clock::time_point give_up_at,
                                                 bool ready_now) {
     while (true) {
         if (!ready_now) {
-            auto left = std::chrono::ceil<std::chrono::milliseconds>(
-                give_up_at - std::chrono::steady_clock::now());
-            if (left.count() <= 0) return std::nullopt;
+            auto left = detail::milliseconds_left(give_up_at);
+            if (left <= 0) return std::nullopt;
             pollfd readable{fd_, POLLIN, 0};
-            auto ready = poll(&readable, 1, static_cast<int>(left.count()));
+            auto ready = poll(&readable, 1, static_cast<int>(left));
             if (ready < 0 && errno == EINTR) continue;
             if (ready < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
             if (ready == 0) return std::nullopt;
@@ -302,12 +384,31 @@ std::optional<std::string> RegionChannel::await(std::uint64_t request_id,
         if (received < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
         if (received == 0) throw ClientError("the daemon closed the shm socket " + path_);
         reply.resize(static_cast<std::size_t>(received));
-        auto id = wire::decode_reply_id(reply.data(), reply.size());
-        // A null id: refused before its id could be read (or at connect).
-        if (id == wire::RequestId{request_id} || std::holds_alternative<std::monostate>(id)) {
+        auto envelope = read_envelope(reply);
+        if (std::holds_alternative<std::monostate>(envelope.id)) {
+            // Refused before its id could be read (or at connect). The daemon reads
+            // messages in order, so while an earlier one is unanswered the refusal
+            // may be that one's: it is taken as the earliest's, never as this
+            // request's (which then gets its own answer, or times out).
+            if (envelope.ok) {
+                ++discarded_;
+                continue;
+            }
+            if (!unanswered_.empty() && unanswered_.front() != request_id) {
+                auto earliest = unanswered_.front();
+                unanswered_.pop_front();
+                discard(wire::RequestId{earliest}, false, std::nullopt);
+                continue;
+            }
+            if (!unanswered_.empty()) unanswered_.pop_front();  // this request's
             return reply;
         }
-        ++discarded_;
+        if (const auto* number = std::get_if<std::uint64_t>(&envelope.id)) {
+            auto it = std::find(unanswered_.begin(), unanswered_.end(), *number);
+            if (it != unanswered_.end()) unanswered_.erase(it);
+        }
+        if (envelope.id == wire::RequestId{request_id}) return reply;
+        discard(envelope.id, envelope.ok, envelope.region);
     }
 }
 

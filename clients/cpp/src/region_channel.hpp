@@ -4,9 +4,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "inferd/client.hpp"
@@ -27,6 +29,9 @@ public:
 
     std::string register_region(const SharedRegion& region);
     void unregister_region(const std::string& region_id);
+    // Unregisters without waiting for the answer (discarded when it comes): for a
+    // region destroyed while registered, and one a late registration reply names.
+    void release(const std::string& region_id);
 
     // An infer request of `model`: each attempt sends `encode(id)` under the id
     // `next_id()` gives (after `on_attempt(id, attempt)`, when set) and waits up to
@@ -43,14 +48,20 @@ public:
     const PollWindow& spin() const { return spin_; }
 
 private:
+    using Clock = std::chrono::steady_clock;
     std::string call(const std::string& op, const wire::ControlArguments& arguments, int fd);
-    // False when the daemon did not take the message (its socket buffer is full).
-    bool send_message(const std::string& message, int fd);
-    // The reply to `request_id` (or an error reply whose id was unreadable), or
-    // none by `give_up_at`; replies to other ids are discarded and counted.
-    std::optional<std::string> await(std::uint64_t request_id,
-                                     std::chrono::steady_clock::time_point give_up_at,
+    // Sends one message, waiting for room until `give_up_at` at most; false when
+    // the daemon did not take it by then (it does not read: a seqpacket message
+    // goes whole or not at all). The id goes on the list of those unanswered.
+    bool send_message(std::uint64_t request_id, const std::string& message, int fd,
+                      Clock::time_point give_up_at);
+    // The reply to `request_id` (or a null-id error reply that can only be its
+    // own), or none by `give_up_at`; replies to other ids are discarded and counted.
+    std::optional<std::string> await(std::uint64_t request_id, Clock::time_point give_up_at,
                                      bool ready = false);
+    // A reply to an id no longer waited for: counted, and when it is the late
+    // success of a registration that timed out, the region it names is released.
+    void discard(const wire::RequestId& id, bool ok, const std::optional<std::string>& region);
     std::string path_;
     std::chrono::milliseconds timeout_;
     int fd_ = -1;
@@ -58,6 +69,13 @@ private:
     std::uint64_t discarded_ = 0;
     PollWindow spin_;
     std::map<std::string, Arrivals> arrivals_;  // by model: when its replies arrive
+    // Ids sent and not answered yet, oldest first: the daemon answers a message it
+    // cannot read the id of with a null id, so a null-id error is the current
+    // request's only when no earlier one is still unanswered.
+    std::deque<std::uint64_t> unanswered_;
+    // Registrations that timed out: the daemon may still make them, under a region
+    // id only their late reply names.
+    std::set<std::uint64_t> late_registrations_;
 };
 
 }  // namespace inferd

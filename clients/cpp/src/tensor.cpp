@@ -1,6 +1,7 @@
 #include "inferd/tensor.hpp"
 
 #include <array>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -49,12 +50,22 @@ DType parse_dtype(std::string_view name) {
 }
 
 std::size_t tensor_bytes(DType dtype, const Shape& shape) {
-    std::size_t count = 1;
+    bool empty = false;
     for (auto dimension : shape) {
         if (dimension < 0) throw ClientError("a tensor dimension cannot be negative");
-        count *= static_cast<std::size_t>(dimension);
+        empty = empty || dimension == 0;
     }
-    return count * itemsize(dtype);
+    if (empty) return 0;
+    // Checked: a wrapped size would pass every bounds check after it (a region's
+    // allocation, a view's size, a frame's) and alias memory it does not own.
+    std::size_t bytes = itemsize(dtype);
+    for (auto dimension : shape) {
+        if (__builtin_mul_overflow(bytes, static_cast<std::size_t>(dimension), &bytes)) {
+            throw std::invalid_argument("a " + std::string(dtype_name(dtype)) +
+                                        " tensor of that shape would hold more than 2^64 bytes");
+        }
+    }
+    return bytes;
 }
 
 namespace {

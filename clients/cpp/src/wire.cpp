@@ -152,14 +152,19 @@ std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vect
                           " outputs in frames but carries " + std::to_string(frames.size()) +
                           " frames");
     }
-    std::vector<NamedTensor> outputs;
-    std::size_t next_frame = 0;
-    for (const auto& descriptor : reply.outputs) {
+    auto buffer_of = [&into](const std::string& name) {
         const NamedOutputBuffer* buffer = nullptr;
         for (const auto& candidate : into) {
-            if (candidate.name == descriptor.name) buffer = &candidate;
+            if (candidate.name == name) buffer = &candidate;
         }
-        auto expected = tensor_bytes(descriptor.dtype, descriptor.shape);
+        return buffer;
+    };
+    // Every output is checked before any is written: a buffer is filled whole or
+    // left as it was, and none is written past its end.
+    std::size_t next_frame = 0;
+    for (const auto& descriptor : reply.outputs) {
+        const auto* buffer = buffer_of(descriptor.name);
+        auto expected = tensor_bytes(descriptor.dtype, descriptor.shape);  // checked when decoded
         if (descriptor.region) {
             const TensorDescriptor* asked = nullptr;
             for (const auto& candidate : placed) {
@@ -172,8 +177,11 @@ std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vect
                 detail::malformed("output '" + descriptor.name +
                                   "' was written where it was not asked");
             }
-            outputs.push_back({descriptor.name, TensorView{descriptor.dtype, descriptor.shape,
-                                                           buffer->buffer.data, buffer->buffer.nbytes}});
+            if (asked->dtype != descriptor.dtype || asked->shape != descriptor.shape ||
+                expected != where.nbytes) {
+                detail::malformed("output '" + descriptor.name +
+                                  "' was written with another dtype or shape than it was placed with");
+            }
             continue;
         }
         const auto& frame = frames[next_frame++];
@@ -182,18 +190,35 @@ std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vect
                               std::to_string(frame.size) + " bytes but its shape needs " +
                               std::to_string(expected));
         }
-        if (buffer == nullptr) {
-            outputs.push_back(
-                {descriptor.name, TensorView{descriptor.dtype, descriptor.shape, frame.data, expected}});
-            continue;
-        }
+        if (buffer == nullptr) continue;
         if (buffer->buffer.dtype != descriptor.dtype || buffer->buffer.shape != descriptor.shape) {
             throw ClientError("output '" + descriptor.name +
                               "' does not have the dtype and shape of the buffer given for it");
         }
-        if (expected > 0) std::memcpy(buffer->buffer.data, frame.data, expected);
+        if (buffer->buffer.nbytes != expected) {
+            throw ClientError("output '" + descriptor.name + "' needs " + std::to_string(expected) +
+                              " bytes; the buffer given for it holds " +
+                              std::to_string(buffer->buffer.nbytes));
+        }
+    }
+    std::vector<NamedTensor> outputs;
+    next_frame = 0;
+    for (const auto& descriptor : reply.outputs) {
+        const auto* buffer = buffer_of(descriptor.name);
+        if (descriptor.region) {
+            outputs.push_back({descriptor.name, TensorView{descriptor.dtype, descriptor.shape,
+                                                           buffer->buffer.data, buffer->buffer.nbytes}});
+            continue;
+        }
+        const auto& frame = frames[next_frame++];
+        if (buffer == nullptr) {
+            outputs.push_back(
+                {descriptor.name, TensorView{descriptor.dtype, descriptor.shape, frame.data, frame.size}});
+            continue;
+        }
+        if (frame.size > 0) std::memcpy(buffer->buffer.data, frame.data, frame.size);
         outputs.push_back({descriptor.name, TensorView{descriptor.dtype, descriptor.shape,
-                                                       buffer->buffer.data, expected}});
+                                                       buffer->buffer.data, frame.size}});
     }
     return outputs;
 }

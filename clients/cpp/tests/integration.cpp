@@ -417,6 +417,9 @@ TEST(a_result_after_its_deadline_is_served_and_flagged_late) {
 TEST(a_retry_goes_under_a_fresh_id_and_the_late_reply_is_discarded) {
     RetryAfterStop retry;
     InferenceClient client(retry.options());
+    // Connected first: a request is queued only on a connection that is up
+    // (ZMQ_IMMEDIATE), so one sent before the daemon's handshake would wait.
+    client.infer("demo", reference().inputs());
     retry.stop();
     auto result = client.infer("demo", reference().inputs());
     retry.check(result, client);
@@ -433,6 +436,38 @@ TEST(a_retry_on_the_shm_socket_goes_under_a_fresh_id_and_the_late_reply_is_disca
     CHECK_EQ(client.last_transport(), std::string("shm"));
     retry.check(result, client);
     CHECK(max_difference(demo.descriptors.as<float>(), reference().descriptors) < 1e-4f);
+}
+
+// How many regions the daemon holds under `label` (status: shm.regions).
+std::size_t regions_labelled(OperatorClient& operator_client, const std::string& label) {
+    auto json = operator_client.status().json;
+    std::size_t count = 0;
+    for (auto at = json.find("\"" + label + "\""); at != std::string::npos;
+         at = json.find("\"" + label + "\"", at + 1)) {
+        ++count;
+    }
+    return count;
+}
+
+TEST(a_registration_that_timed_out_is_released_when_the_daemon_makes_it_late) {
+    pid_t pid = static_cast<pid_t>(std::stol(env("INFERD_DAEMON_PID")));
+    InferenceClient client(infer_options(1s));
+    client.shared_region(4096, std::string("cpp-late-open"));  // the shm connection is up
+    OperatorClient operator_client(control_options());
+    SharedRegion region(4096, std::string("cpp-late-register"));
+    CHECK_EQ(kill(pid, SIGSTOP), 0);
+    wait_until_stopped(pid);
+    CHECK_THROWS(Timeout, client.register_region(region), true);
+    CHECK_EQ(kill(pid, SIGCONT), 0);
+    // The daemon registers it late (the reply names a region nobody was told
+    // of), then again for the retry: the client lets the first go.
+    auto id = client.register_region(region);
+    CHECK_EQ(id.size(), 32u);
+    wait_until([&] { return regions_labelled(operator_client, "cpp-late-register") == 1; },
+               "one registration of the region");
+    client.unregister_region(region);
+    CHECK_EQ(regions_labelled(operator_client, "cpp-late-register"), 0u);
+    CHECK(client.discarded_replies() >= 1u);
 }
 
 TEST(a_prefix_of_health_receives_health_events) {

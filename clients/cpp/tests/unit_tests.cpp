@@ -5,7 +5,13 @@
 
 #include <msgpack.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -41,8 +47,9 @@ class ScriptedPeer {
 public:
     using Script = std::function<void(zmq::socket_t&, std::vector<zmq::message_t>&)>;
 
-    explicit ScriptedPeer(Script script)
-        : endpoint_("ipc://" + temp_dir() + "/s.sock"), router_(*shared_context(), zmq::socket_type::router) {
+    explicit ScriptedPeer(Script script) : ScriptedPeer("ipc://" + temp_dir() + "/s.sock", std::move(script)) {}
+    ScriptedPeer(std::string endpoint, Script script)
+        : endpoint_(std::move(endpoint)), router_(*shared_context(), zmq::socket_type::router) {
         router_.set(zmq::sockopt::linger, 0);
         router_.bind(endpoint_);
         thread_ = std::thread([this, script] {
@@ -717,6 +724,532 @@ TEST(the_window_is_off_at_width_zero_unlearned_or_on_one_cpu_and_refuses_bad_wid
     first.observed(1'600'000, 100'000);
     first.observed(9'000'000, 100'000);
     CHECK_EQ(first.opens_ns, std::int64_t{1'500'000});
+}
+
+
+// -- the review of this client (DESIGN.md 136's bugs, in C++) --
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// A fake shm.sock: a seqpacket listener whose one connection's requests go to
+// `script` in its own thread (descriptors received are closed). `reading = false`
+// stops reading, as a daemon that does not keep up.
+class ScriptedShm {
+public:
+    using Header = std::map<std::string, msgpack::object>;
+    using Script = std::function<void(ScriptedShm&, const Header&)>;
+
+    explicit ScriptedShm(Script script) : path_(temp_dir() + "/shm.sock") {
+        listener_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        sockaddr_un address{};
+        address.sun_family = AF_UNIX;
+        std::strncpy(address.sun_path, path_.c_str(), sizeof address.sun_path - 1);
+        CHECK_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+        CHECK_EQ(listen(listener_, 4), 0);
+        thread_ = std::thread([this, script] {
+            while (!stop_) {
+                pollfd fds[2] = {{listener_, POLLIN, 0}, {reading ? connection_ : -1, POLLIN, 0}};
+                if (poll(fds, 2, 20) <= 0) continue;
+                if (fds[0].revents & POLLIN) {
+                    connection_ = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+                    continue;
+                }
+                if (!(fds[1].revents & POLLIN)) continue;
+                std::string data(16384, '\0');
+                iovec part{data.data(), data.size()};
+                alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+                msghdr header{};
+                header.msg_iov = &part;
+                header.msg_iovlen = 1;
+                header.msg_control = control;
+                header.msg_controllen = sizeof control;
+                auto received = recvmsg(connection_, &header, 0);
+                if (received <= 0) break;
+                for (auto* item = CMSG_FIRSTHDR(&header); item != nullptr; item = CMSG_NXTHDR(&header, item)) {
+                    int fd = -1;
+                    std::memcpy(&fd, CMSG_DATA(item), sizeof fd);
+                    close(fd);
+                }
+                auto handle = msgpack::unpack(data.data(), static_cast<std::size_t>(received));
+                script(*this, handle.get().as<Header>());
+            }
+        });
+    }
+    ~ScriptedShm() {
+        stop_ = true;
+        thread_.join();
+        if (connection_ >= 0) close(connection_);
+        close(listener_);
+    }
+    const std::string& path() const { return path_; }
+    void send(const std::string& message) { (void)!::send(connection_, message.data(), message.size(), 0); }
+    // What the script noted; waits (bounded, never a sleep) for `done` to hold.
+    void note(const std::string& what) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        notes_.push_back(what);
+        noted_.notify_all();
+    }
+    bool wait_for(const std::function<bool(const std::vector<std::string>&)>& done) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        return noted_.wait_for(lock, 10s, [&] { return done(notes_); });
+    }
+    std::vector<std::string> notes() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return notes_;
+    }
+    std::atomic<bool> reading{true};
+
+private:
+    std::string path_;
+    int listener_ = -1;
+    int connection_ = -1;
+    std::atomic<bool> stop_{false};
+    std::mutex mutex_;
+    std::condition_variable noted_;
+    std::vector<std::string> notes_;
+    std::thread thread_;
+};
+
+bool has(const std::vector<std::string>& notes, const std::string& what) {
+    return std::find(notes.begin(), notes.end(), what) != notes.end();
+}
+
+std::string region_id(int n) {
+    auto digits = std::to_string(n);
+    return std::string(32 - digits.size(), '0') + digits;
+}
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+std::string packed(const std::function<void(Packer&)>& body) {
+    msgpack::sbuffer buffer;
+    Packer packer(buffer);
+    body(packer);
+    return std::string(buffer.data(), buffer.size());
+}
+
+// {v, id, ok: true, result: {region?}} (a registration op's answer).
+std::string op_reply(std::uint64_t id, const std::optional<std::string>& region) {
+    return packed([&](Packer& packer) {
+        packer.pack_map(4);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack(id);
+        packer.pack(std::string("ok")), packer.pack(true);
+        packer.pack(std::string("result"));
+        packer.pack_map(region ? 1 : 0);
+        if (region) packer.pack(std::string("region")), packer.pack(*region);
+    });
+}
+
+// An error reply whose id the daemon could not read (id: null).
+std::string null_id_refusal() {
+    return packed([](Packer& packer) {
+        packer.pack_map(4);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack_nil();
+        packer.pack(std::string("ok")), packer.pack(false);
+        packer.pack(std::string("error"));
+        packer.pack(std::map<std::string, std::string>{{"code", "INVALID_ARGUMENT"},
+                                                       {"message", "not a request"}});
+    });
+}
+
+struct ReplyOutput {
+    std::string name, dtype;
+    std::vector<std::uint64_t> shape;
+    std::optional<wire::RegionRef> region;
+};
+
+// An ok infer reply (as ok_reply) with these outputs.
+std::string infer_reply(std::uint64_t id, const std::vector<ReplyOutput>& outputs) {
+    return packed([&](Packer& packer) {
+        packer.pack_map(11);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack(id);
+        packer.pack(std::string("ok")), packer.pack(true);
+        packer.pack(std::string("model")), packer.pack(std::string("m"));
+        packer.pack(std::string("runtime")), packer.pack(std::string("onnx_trt_ep"));
+        packer.pack(std::string("fallback")), packer.pack(false);
+        packer.pack(std::string("latency_us")), packer.pack(10);
+        packer.pack(std::string("queue_us")), packer.pack(1);
+        packer.pack(std::string("late")), packer.pack(false);
+        packer.pack(std::string("thermal")), packer.pack(std::string("nominal"));
+        packer.pack(std::string("outputs"));
+        packer.pack_array(static_cast<std::uint32_t>(outputs.size()));
+        for (const auto& output : outputs) {
+            packer.pack_map(output.region ? 6 : 3);
+            packer.pack(std::string("name")), packer.pack(output.name);
+            packer.pack(std::string("dtype")), packer.pack(output.dtype);
+            packer.pack(std::string("shape")), packer.pack(output.shape);
+            if (output.region) {
+                packer.pack(std::string("region")), packer.pack(output.region->region);
+                packer.pack(std::string("offset")), packer.pack(output.region->offset);
+                packer.pack(std::string("nbytes")), packer.pack(output.region->nbytes);
+            }
+        }
+    });
+}
+
+std::string op_of(const ScriptedShm::Header& header) { return header.at("op").as<std::string>(); }
+std::uint64_t id_of(const ScriptedShm::Header& header) { return header.at("id").as<std::uint64_t>(); }
+
+// The shm answer to an infer request placing out0: written where it was placed.
+std::string placed_reply(const ScriptedShm::Header& header) {
+    auto output = header.at("outputs").via.array.ptr[0].as<std::map<std::string, msgpack::object>>();
+    wire::RegionRef where{output.at("region").as<std::string>(), output.at("offset").as<std::uint64_t>(),
+                          output.at("nbytes").as<std::uint64_t>()};
+    return infer_reply(id_of(header), {{"out0", "float32", {2}, where}});
+}
+
+// A client of `peer` (infer) and `shm`, which has learnt model m's outputs (out0)
+// from a reply on the infer socket, and a region (registered as region_id(1))
+// holding an input and out0: an infer placing them goes on the shm socket.
+struct OnShm {
+    InferenceClient client;
+    SharedRegion& region;
+    MutableTensorView x, out0;
+    InferOptions infer;
+
+    OnShm(const ScriptedPeer& peer, const ScriptedShm& shm, std::chrono::milliseconds timeout = 5s)
+        : client(options(peer, shm, timeout)),
+          region(client.shared_region(4096)),
+          x(region.allocate(DType::Float32, {2})),
+          out0(region.allocate(DType::Float32, {2})) {
+        float input[2] = {0, 0};
+        client.infer("m", two_floats(input));  // names out0
+        infer.outputs.push_back({"out0", out0});
+    }
+    static ClientOptions options(const ScriptedPeer& peer, const ScriptedShm& shm,
+                                 std::chrono::milliseconds timeout) {
+        ClientOptions options;
+        options.endpoint = peer.endpoint();
+        options.shm_socket = shm.path();
+        options.timeout = timeout;
+        options.reply_spin_us = 0;
+        return options;
+    }
+    std::vector<NamedTensor> inputs() const { return {{"x", TensorView{x.dtype, x.shape, x.data, x.nbytes}}}; }
+};
+
+// Registrations answered region_id(1), region_id(2)...; unregisters answered and
+// noted ("unregister <id>"); infer requests go to `on_infer`.
+ScriptedShm::Script registrar(std::function<void(ScriptedShm&, const ScriptedShm::Header&)> on_infer = {}) {
+    auto registered = std::make_shared<int>(0);
+    return [registered, on_infer](ScriptedShm& shm, const ScriptedShm::Header& header) {
+        auto op = op_of(header);
+        if (op == "register") {
+            auto id = region_id(++*registered);
+            shm.note("register " + id);
+            shm.send(op_reply(id_of(header), id));
+        } else if (op == "unregister") {
+            shm.note("unregister " + header.at("region").as<std::string>());
+            shm.send(op_reply(id_of(header), std::nullopt));
+        } else if (on_infer) {
+            on_infer(shm, header);
+        }
+    };
+}
+
+// This process's connections to the seqpacket socket at `path`.
+std::vector<int> seqpacket_connections(const std::string& path) {
+    std::vector<int> found;
+    for (int fd = 0; fd < 4096; ++fd) {
+        int type = 0;
+        socklen_t length = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_SEQPACKET) continue;
+        sockaddr_un peer{};
+        socklen_t peer_length = sizeof peer;
+        if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) continue;
+        if (peer.sun_family == AF_UNIX && std::string(peer.sun_path) == path) found.push_back(fd);
+    }
+    return found;
+}
+
+}  // namespace
+
+TEST(a_calls_timeout_bounds_its_send_on_the_infer_socket) {
+    // No daemon: the send waits for a connection, as long as the call's timeout
+    // allows, not the client's (3 s).
+    ClientOptions options;
+    options.endpoint = "ipc://" + temp_dir() + "/nobody.sock";
+    options.timeout = 3s;
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    InferOptions quick;
+    quick.timeout = 50ms;
+    for (int i = 0; i < 3; ++i) {
+        auto started = std::chrono::steady_clock::now();
+        CHECK_THROWS(Timeout, client.infer("m", two_floats(input), quick), true);
+        auto waited = std::chrono::steady_clock::now() - started;
+        CHECK(waited >= 50ms);
+        CHECK(waited < 1s);
+    }
+}
+
+TEST(a_timeout_past_int_max_milliseconds_bounds_the_send_whole) {
+    // 2^32 ms was cast to an int send timeout of 0 (give up at once), and
+    // milliseconds::max() overflowed the deadline's arithmetic.
+    for (auto timeout : {std::chrono::milliseconds(std::int64_t{1} << 32), std::chrono::milliseconds::max()}) {
+        auto endpoint = "ipc://" + temp_dir() + "/later.sock";
+        std::optional<ScriptedPeer> peer;
+        ClientOptions options;
+        options.endpoint = endpoint;
+        options.timeout = timeout;
+        // The daemon appears as the request is sent: the send waits for it.
+        options.on_attempt = [&](std::uint64_t, int) { peer.emplace(endpoint, answer_two_floats()); };
+        InferenceClient client(options);
+        float input[2] = {0, 0};
+        auto result = client.infer("m", two_floats(input));
+        CHECK_EQ(result.output("out0").as<float>()[1], 2.0f);
+    }
+}
+
+TEST(requests_that_timed_out_with_no_daemon_are_not_sent_when_one_appears) {
+    auto endpoint = "ipc://" + temp_dir() + "/late.sock";
+    ClientOptions options;
+    options.endpoint = endpoint;
+    options.timeout = 20ms;
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    for (int i = 0; i < 5; ++i) CHECK_THROWS(Timeout, client.infer("m", two_floats(input)), true);
+    std::vector<std::uint64_t> seen;
+    ScriptedPeer peer(endpoint, [&](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        seen.push_back(request_id(parts[1]));
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+    });
+    InferOptions patient;
+    patient.timeout = 10s;
+    client.infer("m", two_floats(input), patient);
+    CHECK_EQ(seen.size(), 1u);  // this request alone: the five were never queued
+    CHECK_EQ(client.discarded_replies(), 0u);
+}
+
+TEST(a_calls_timeout_bounds_its_send_on_the_shm_socket) {
+    ScriptedPeer peer(answer_two_floats());
+    ScriptedShm shm(registrar([](ScriptedShm& self, const ScriptedShm::Header&) {
+        self.reading = false;  // a daemon that stops reading
+    }));
+    OnShm on_shm(peer, shm, 3s);
+    auto connections = seqpacket_connections(shm.path());
+    CHECK_EQ(connections.size(), 1u);
+    if (connections.size() != 1u) return;
+    int smallest = 1;  // the kernel's minimum: a few requests fill it
+    setsockopt(connections[0], SOL_SOCKET, SO_SNDBUF, &smallest, sizeof smallest);
+    on_shm.infer.timeout = 1ms;
+    for (int i = 0; i < 40; ++i) {
+        auto started = std::chrono::steady_clock::now();
+        CHECK_THROWS(Timeout, on_shm.client.infer("m", on_shm.inputs(), on_shm.infer), true);
+        CHECK(std::chrono::steady_clock::now() - started < 1s);
+    }
+    CHECK_EQ(on_shm.client.last_transport(), "infer");  // set by the last call that succeeded
+    // The socket is full: the calls above met a daemon that takes nothing.
+    CHECK(send(connections[0], "x", 1, MSG_DONTWAIT) < 0 && errno == EAGAIN);
+}
+
+TEST(a_registration_that_timed_out_is_released_when_its_late_reply_comes) {
+    auto first = std::make_shared<std::uint64_t>(0);
+    ScriptedShm shm([first](ScriptedShm& self, const ScriptedShm::Header& header) {
+        auto op = op_of(header);
+        if (op == "register" && *first == 0) {
+            *first = id_of(header);  // unanswered until the client tries again
+        } else if (op == "register") {
+            self.send(op_reply(*first, region_id(1)));  // the late reply: registered after all
+            self.send(op_reply(id_of(header), region_id(2)));
+        } else if (op == "unregister") {
+            self.note("unregister " + header.at("region").as<std::string>());
+            self.send(op_reply(id_of(header), std::nullopt));
+        }
+    });
+    ClientOptions options;
+    options.endpoint = "ipc://" + temp_dir() + "/infer.sock";
+    options.shm_socket = shm.path();
+    options.timeout = 200ms;
+    InferenceClient client(options);
+    SharedRegion region(4096);
+    CHECK_THROWS(Timeout, client.register_region(region), true);
+    CHECK_EQ(client.register_region(region), region_id(2));
+    // The region the late reply named is let go: registered once, not twice.
+    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(1)); }));
+    client.unregister_region(region);  // its answer comes after the release's, which is discarded
+    CHECK_EQ(shm.notes(), (std::vector<std::string>{"unregister " + region_id(1), "unregister " + region_id(2)}));
+    CHECK_EQ(client.discarded_replies(), 2u);
+}
+
+TEST(a_null_id_refusal_is_never_taken_for_a_later_requests_answer) {
+    ScriptedPeer peer(answer_two_floats());
+    auto infers = std::make_shared<int>(0);
+    ScriptedShm shm(registrar([infers](ScriptedShm& self, const ScriptedShm::Header& header) {
+        ++*infers;
+        if (*infers == 1) return;  // the first: unanswered (it times out)
+        if (*infers == 2) {
+            self.send(null_id_refusal());  // the first one's, as far as the client can know
+            self.send(placed_reply(header));
+            return;
+        }
+        self.send(null_id_refusal());  // nothing else unanswered: this one's own
+    }));
+    OnShm on_shm(peer, shm);
+    InferOptions quick = on_shm.infer;
+    quick.timeout = 100ms;
+    CHECK_THROWS(Timeout, on_shm.client.infer("m", on_shm.inputs(), quick), true);
+    auto result = on_shm.client.infer("m", on_shm.inputs(), on_shm.infer);
+    CHECK_EQ(on_shm.client.last_transport(), "shm");
+    CHECK(result.output("out0").data == on_shm.out0.data);
+    CHECK_EQ(on_shm.client.discarded_replies(), 1u);
+    CHECK_THROWS(RemoteError, on_shm.client.infer("m", on_shm.inputs(), on_shm.infer),
+                 error.code() == ErrorCode::InvalidArgument && error.message() == "not a request");
+}
+
+TEST(sizes_that_overflow_are_refused_not_wrapped) {
+    const std::int64_t big = std::int64_t{1} << 32;
+    CHECK_THROWS(std::invalid_argument, tensor_bytes(DType::Float32, {big, big / 4}), true);
+    CHECK_THROWS(std::invalid_argument, tensor_bytes(DType::Float64, {std::int64_t{1} << 61}), true);
+    CHECK_EQ(tensor_bytes(DType::Float32, {big, big, 0}), 0u);  // empty: nothing to overflow
+    SharedRegion region(4096);
+    auto first = region.allocate(DType::Float32, {16});
+    // (2^62 - 1) * 4 bytes at offset 256 wrapped to 252 <= 4096.
+    CHECK_THROWS(ClientError, region.allocate(DType::Float32, {(std::int64_t{1} << 62) - 1}), true);
+    CHECK_THROWS(std::invalid_argument, region.allocate(DType::Float32, {(std::int64_t{1} << 62) + 1}), true);
+    auto second = region.allocate(DType::Float32, {16});
+    CHECK(second.data != first.data);  // the refusals took nothing
+    CHECK(!region.locate(first.data, std::numeric_limits<std::size_t>::max() - 100));
+    auto header = infer_reply(7, {{"y", "float32", {1u << 30, 1u << 30, 4}, std::nullopt}});
+    CHECK_THROWS(MalformedReply, wire::decode_infer_reply(header.data(), header.size()),
+                 std::string(error.what()).find("more than 2^64 bytes") != std::string::npos);
+    auto empty = infer_reply(7, {{"y", "float32", {1u << 30, 1u << 30, 1u << 30, 0}, std::nullopt}});
+    CHECK_EQ(wire::decode_infer_reply(empty.data(), empty.size()).outputs.size(), 1u);
+}
+
+TEST(a_server_key_path_of_forty_characters_is_read_as_a_file) {
+    char directory[] = "/tmp/ifd-key-XXXXXX";
+    std::string base = mkdtemp(directory);
+    char public_key[41], secret_key[41], server_key[41], server_secret[41];
+    zmq_curve_keypair(public_key, secret_key);
+    zmq_curve_keypair(server_key, server_secret);
+    auto certificate = base + "/me.key_secret";
+    std::ofstream(certificate) << "curve\n    public-key = \"" << public_key << "\"\n    secret-key = \""
+                               << secret_key << "\"\n";
+    chmod(certificate.c_str(), 0600);
+    auto path = base + "/";
+    path += std::string(40 - path.size(), 'k');  // as long as a key
+    std::ofstream(path) << server_key << "\n";
+    CHECK_EQ(ClientCurve::from_files(path, certificate).server_public_key, std::string(server_key));
+    CHECK_EQ(ClientCurve::from_files(server_key, certificate).server_public_key, std::string(server_key));
+    CHECK_THROWS(ClientError, ClientCurve::from_files(base + "/missing", certificate),
+                 std::string(error.what()).find("neither a file") != std::string::npos);
+}
+
+TEST(a_region_output_must_come_back_as_it_was_placed) {
+    const wire::RegionRef where{region_id(9), 0, 16};
+    std::vector<float> memory(4);
+    std::vector<NamedOutputBuffer> into{{"y", mutable_view(DType::Float32, {4}, memory.data(), 16)}};
+    std::vector<wire::TensorDescriptor> placed{{"y", DType::Float32, {4}, where}};
+    auto decoded = [&](const ReplyOutput& output) {
+        auto header = infer_reply(7, {output});
+        return wire::decode_outputs(wire::decode_infer_reply(header.data(), header.size()), {}, placed, into);
+    };
+    CHECK_EQ(decoded({"y", "float32", {4}, where}).at(0).tensor.nbytes, 16u);
+    CHECK_THROWS(MalformedReply, decoded({"y", "float64", {1000}, where}), true);
+    CHECK_THROWS(MalformedReply, decoded({"y", "float32", {2, 2}, where}), true);
+    CHECK_THROWS(MalformedReply, decoded({"y", "int32", {4}, where}), true);
+}
+
+TEST(a_malformed_endpoint_is_an_invalid_argument_naming_it) {
+    for (std::string endpoint : {"bogus://x", "tcp://host-without-port", "tcp://"}) {
+        auto names_it = [&](const std::invalid_argument& error) {
+            return std::string(error.what()).find("cannot connect to " + endpoint) != std::string::npos;
+        };
+        ClientOptions options;
+        options.endpoint = endpoint;
+        CHECK_THROWS(std::invalid_argument, InferenceClient{options}, names_it(error));
+        CHECK_THROWS(std::invalid_argument, OperatorClient{options}, names_it(error));
+        SubscriberOptions subscription;
+        subscription.endpoint = endpoint;
+        CHECK_THROWS(std::invalid_argument, EventSubscriber{subscription}, names_it(error));
+    }
+}
+
+TEST(outputs_are_checked_before_any_is_written) {
+    auto header = infer_reply(7, {{"a", "float32", {4}, std::nullopt}, {"b", "float32", {4}, std::nullopt}});
+    auto reply = wire::decode_infer_reply(header.data(), header.size());
+    float a_frame[4] = {1, 2, 3, 4}, b_frame[4] = {5, 6, 7, 8};
+    std::vector<wire::FrameBytes> frames{{a_frame, 16}, {b_frame, 16}};
+    std::vector<float> a(4, -1);
+    std::vector<std::int32_t> b(4, -1);
+    std::vector<NamedOutputBuffer> wrong_dtype{{"a", mutable_view(DType::Float32, {4}, a.data(), 16)},
+                                               {"b", mutable_view(DType::Int32, {4}, b.data(), 16)}};
+    CHECK_THROWS(ClientError, wire::decode_outputs(reply, frames, {}, wrong_dtype), true);
+    CHECK_EQ(a, std::vector<float>(4, -1));  // not written: b could not take its output
+    // A buffer that says it holds less than its shape needs is never written past its end.
+    auto small = std::make_unique<float[]>(2);
+    std::vector<NamedOutputBuffer> too_small{{"a", mutable_view(DType::Float32, {4}, a.data(), 16)},
+                                             {"b", MutableTensorView{DType::Float32, {4}, small.get(), 8}}};
+    CHECK_THROWS(ClientError, wire::decode_outputs(reply, frames, {}, too_small),
+                 std::string(error.what()).find("holds 8") != std::string::npos);
+    CHECK_EQ(a, std::vector<float>(4, -1));
+    // infer refuses such a buffer before sending anything.
+    std::vector<std::uint64_t> seen;
+    ScriptedPeer peer([&](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        seen.push_back(request_id(parts[1]));
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 4), {1, 2, 3, 4});
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    InferOptions infer;
+    infer.outputs.push_back({"out0", MutableTensorView{DType::Float32, {4}, small.get(), 8}});
+    CHECK_THROWS(ClientError, client.infer("m", two_floats(input), infer), true);
+    CHECK(seen.empty());
+}
+
+TEST(a_registered_region_moved_or_destroyed_is_followed_or_let_go) {
+    std::mutex mutex;
+    std::vector<std::string> regions_sent;  // each request's first input's region ("" = a frame)
+    ScriptedPeer peer([&](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        auto handle = msgpack::unpack(static_cast<const char*>(parts[1].data()), parts[1].size());
+        auto header = handle.get().as<std::map<std::string, msgpack::object>>();
+        auto input = header.at("inputs").via.array.ptr[0].as<std::map<std::string, msgpack::object>>();
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            regions_sent.push_back(input.count("region") ? input.at("region").as<std::string>() : "");
+        }
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+    });
+    ScriptedShm shm(registrar());
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    options.shm_socket = shm.path();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    // Destroyed while registered: never read again (ASan: no use after free),
+    // and unregistered at the next call.
+    auto doomed = std::make_unique<SharedRegion>(4096);
+    CHECK_EQ(client.register_region(*doomed), region_id(1));
+    doomed.reset();
+    client.infer("m", two_floats(input));
+    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(1)); }));
+    // Moved: the registration follows the memory.
+    SharedRegion first(4096);
+    CHECK_EQ(client.register_region(first), region_id(2));
+    SharedRegion moved(std::move(first));
+    CHECK_EQ(client.register_region(moved), region_id(2));  // already registered
+    auto x = moved.allocate(DType::Float32, {2});
+    client.infer("m", {{"x", TensorView{x.dtype, x.shape, x.data, x.nbytes}}});
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        CHECK_EQ(regions_sent, (std::vector<std::string>{"", region_id(2)}));
+    }
+    client.unregister_region(moved);
+    CHECK(has(shm.notes(), "unregister " + region_id(2)));
+    // Assigned over: the old memory is let go as a destroyed region's.
+    SharedRegion other(4096);
+    CHECK_EQ(client.register_region(other), region_id(3));
+    other = SharedRegion(4096);
+    CHECK_EQ(client.register_region(other), region_id(4));
+    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(3)); }));
 }
 
 int main(int argc, char** argv) { return inferd::testing::run_all(argc, argv); }

@@ -32,7 +32,7 @@ std::shared_ptr<zmq::context_t> shared_context();
 
 struct ClientOptions {
     std::string endpoint;  // empty: the default for the socket
-    std::chrono::milliseconds timeout{5000};  // per attempt
+    std::chrono::milliseconds timeout{5000};  // per attempt: its send and its wait together
     int retries = 0;  // resends under a fresh id after a timeout
     std::string shm_socket;  // empty: next to the infer socket
     std::shared_ptr<zmq::context_t> context;  // null: shared_context()
@@ -108,6 +108,7 @@ class RegionChannel;
 
 class InferenceClient {
 public:
+    // std::invalid_argument for a malformed endpoint or an option out of range.
     explicit InferenceClient(ClientOptions options = {});
     ~InferenceClient();
     InferenceClient(const InferenceClient&) = delete;
@@ -128,7 +129,10 @@ public:
     // A new region of at least nbytes, registered with the daemon and owned by
     // this client (released when it closes).
     SharedRegion& shared_region(std::size_t nbytes, std::optional<std::string> label = {});
-    // Registers a region the caller owns (once); returns its id.
+    // Registers a region the caller owns (once); returns its id. The registration
+    // follows the region when it is moved; a region destroyed (or assigned over)
+    // while registered is no longer used from that moment and is unregistered at
+    // this client's next call. It must not end while a call that uses it runs.
     std::string register_region(SharedRegion& region);
     void unregister_region(SharedRegion& region);
 
@@ -146,13 +150,17 @@ private:
     std::unique_ptr<RequestChannel> channel_;
     ClientOptions options_;
     std::unique_ptr<RegionChannel> shm_;
-    std::vector<std::pair<std::string, SharedRegion*>> regions_;  // registered, by id
+    // Registered regions by id: their mappings, not the objects, which the caller
+    // may move or destroy (an emptied mapping is unregistered at the next call).
+    std::vector<std::pair<std::string, std::shared_ptr<const detail::RegionMapping>>> regions_;
     std::vector<std::unique_ptr<SharedRegion>> owned_;
     // Each model's output names, as the last reply on the infer socket (or
     // describe) named them: a request placing all of them may go on shm.sock.
     std::map<std::string, std::set<std::string>> output_names_;
     std::string last_transport_;
 
+    // Unregisters the regions destroyed since the last call (without waiting).
+    void release_ended_regions();
     bool places_every_output(const std::string& model,
                              const std::vector<wire::TensorDescriptor>& placed) const;
 };

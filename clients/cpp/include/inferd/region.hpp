@@ -3,12 +3,28 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "inferd/tensor.hpp"
 
 namespace inferd {
+
+class InferenceClient;
+
+namespace detail {
+// Where a region's memory is mapped, shared by the region and the clients that
+// registered it: a move hands it to the new region whole, and the region's end
+// (destruction, or being assigned over) empties it before unmapping, so a client
+// never finds bytes in memory that is no longer the region's.
+struct RegionMapping {
+    const void* base = nullptr;  // null: the region is gone
+    std::size_t size = 0;
+    // The offset of [data, data + nbytes) when it is an aligned block of the mapping.
+    std::optional<std::size_t> locate(const void* data, std::size_t nbytes) const;
+};
+}  // namespace detail
 
 // Owns the memfd and its mapping; moves, never copies. Tensors allocated in it
 // start at 256-byte aligned offsets (what the daemon requires of a region tensor).
@@ -56,6 +72,8 @@ private:
     std::size_t size_ = 0;
     std::size_t used_ = 0;
     std::optional<std::string> label_;
+    std::shared_ptr<detail::RegionMapping> mapping_;  // what a registering client keeps
+    friend class InferenceClient;
 };
 
 }  // namespace inferd

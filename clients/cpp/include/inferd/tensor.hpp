@@ -20,7 +20,8 @@ std::size_t itemsize(DType dtype);
 
 using Shape = std::vector<std::int64_t>;
 
-// prod(shape) * itemsize(dtype): the bytes a C-contiguous tensor of that shape holds.
+// prod(shape) * itemsize(dtype): the bytes a C-contiguous tensor of that shape holds
+// (ClientError for a negative dimension, std::invalid_argument past 2^64 bytes).
 std::size_t tensor_bytes(DType dtype, const Shape& shape);
 
 // A C-contiguous little-endian tensor in memory someone else owns (the caller's

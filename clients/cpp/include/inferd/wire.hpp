@@ -94,8 +94,11 @@ struct FrameBytes {
 // The outputs of an ok reply, as InferenceClient::infer returns them: an output
 // the request placed in a region (`placed`) is the caller's buffer of `into`; any
 // other is a view of its frame, or, when `into` has a buffer for it, that buffer
-// filled from the frame. MalformedReply when frames and descriptors disagree or
-// an output was written into a region the request did not name.
+// filled from the frame. MalformedReply when frames and descriptors disagree, an
+// output was written into a region the request did not name, or with another
+// dtype or shape than it was placed with; ClientError when a buffer cannot take
+// its output (dtype, shape, nbytes). Every output is checked before any buffer
+// is written.
 std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vector<FrameBytes>& frames,
                                         const std::vector<TensorDescriptor>& placed,
                                         const std::vector<NamedOutputBuffer>& into);
