@@ -21,6 +21,7 @@ import select
 import socket
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ from inferd_wire.regions import (
     MAX_SHM_MESSAGE_BYTES,
     RegionRef,
 )
+
+#: Timed-out requests remembered (``RegionChannel._unanswered``).
+_UNANSWERED_KEPT = 4096
 
 
 class RegionChannel:
@@ -76,6 +80,10 @@ class RegionChannel:
         #: Ids of registrations that timed out: the daemon may still register the
         #: region, under an id we would never learn; its late reply unregisters it.
         self._unanswered_registrations: set[int] = set()
+        #: Ids of requests that timed out, oldest first: the daemon refuses a message
+        #: it cannot read with a null id, so such a refusal is the oldest of these's
+        #: late answer, never the answer of the request that waits now.
+        self._unanswered: OrderedDict[int, None] = OrderedDict()
         #: The polling window before an infer reply is due (``reply_spin``).
         self.spin = spin
 
@@ -157,6 +165,9 @@ class RegionChannel:
                 data = self._receive(give_up_at, ready)
                 ready = False
                 if data is None:
+                    self._unanswered[request_id] = None
+                    while len(self._unanswered) > _UNANSWERED_KEPT:
+                        self._unanswered.popitem(last=False)
                     return None
                 if not data:
                     raise Unreachable(f"the daemon closed the shm socket {self.path}")
@@ -170,7 +181,11 @@ class RegionChannel:
                         timing.observed(time.monotonic_ns() - sent_ns, self.spin.width_ns)
                     return reply
                 if reply_id is None and reply.get("ok") is False:
-                    return reply  # refused before its id could be read (or at connect)
+                    if not self._unanswered:
+                        return reply  # refused before its id could be read (or at connect)
+                    self._unanswered.popitem(last=False)
+                elif isinstance(reply_id, int):
+                    self._unanswered.pop(reply_id, None)
                 self.discarded_replies += 1
                 if reply_id in self._unanswered_registrations:
                     self._unanswered_registrations.discard(reply_id)

@@ -27,6 +27,7 @@ from inferd_client.shm import (
     placed_outputs,
 )
 from inferd_wire import protocol
+from inferd_wire.protocol import Code
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 from tests.conftest import HANG_S, transparent_huge_pages, vm_flags
 
@@ -270,5 +271,31 @@ def test_signals_do_not_stretch_a_requests_timeout(tmp_path: Path) -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         signal.signal(signal.SIGALRM, previous)
+        channel.close()
+        server.close()
+
+
+def test_a_null_id_refusal_after_a_timeout_is_never_the_next_requests_answer(
+    tmp_path: Path,
+) -> None:
+    """The daemon refuses a message it cannot read with a null id: such a refusal
+    arriving after a request timed out is that request's late answer."""
+    server = SilentShmSocket(str(tmp_path / "shm.sock"))
+    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S)
+    ids = iter(range(1, 100))
+    request = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
+    try:
+        with pytest.raises(RequestTimeout):
+            channel.request(request, lambda: next(ids), timeout=0.1)
+        assert server.received()["id"] == 1
+        assert server.peer is not None
+        server.peer.send(protocol.pack(protocol.error_header(None, Code.INVALID_ARGUMENT, "x")))
+        server.answer(2)
+        assert channel.request(request, lambda: next(ids), timeout=HANG_S)["ok"] is True
+        assert server.received()["id"] == 2 and channel.discarded_replies == 1
+        # With no request left unanswered, a null-id refusal is the current one's.
+        server.peer.send(protocol.pack(protocol.error_header(None, Code.INVALID_ARGUMENT, "y")))
+        assert channel.request(request, lambda: next(ids), timeout=HANG_S)["ok"] is False
+    finally:
         channel.close()
         server.close()
