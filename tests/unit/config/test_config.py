@@ -624,8 +624,7 @@ def test_the_rendered_config_loads_back_whatever_characters_its_strings_hold(
     tmp_path: Path, name: str
 ) -> None:
     """JSON's surrogate-pair escapes of a non-BMP character, and a raw DEL, are not TOML."""
-    import tomllib
-
+    from inferd.config.loading import tomllib
     from inferd.config.render import config_to_toml
 
     escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or c in '\x7f"\\' else c for c in name)
