@@ -24,8 +24,10 @@ from typing import Any, TypeVar
 import pytest
 import structlog
 
+from inferd.config import FdrConfig
 from inferd.demo_model import write_demo_model, write_identity_model
 from inferd.fdr.reader import Record, read_records
+from inferd.fdr.writer import FlightRecorder
 from inferd_client import ClientCurve, EventSubscriber, OperatorClient
 from inferd_client.errors import ClientError
 from tests.fakes import gpu_site
@@ -318,6 +320,17 @@ def demo_model(model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def identity_model(model_dir: Path) -> Path:
     return model_dir / "identity.onnx"
+
+
+def written_recorder(directory: Path, count: int) -> Path:
+    """A flight data recorder in ``directory`` holding ``count`` deadline_miss
+    records, written and closed by a real ``FlightRecorder``."""
+    writer = FlightRecorder(FdrConfig(directory=directory))
+    writer.start()
+    for index in range(count):
+        writer.record("deadline_miss", {"model": "demo", "count": index + 1, "window_s": 1.0})
+    writer.stop()
+    return directory
 
 
 def write_slow_model(path: Path, matmuls: int = 6, size: int = 512) -> Path:

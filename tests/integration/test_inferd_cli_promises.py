@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 
 import inferd_wire
-from inferd.config import FdrConfig
-from inferd.fdr.writer import FlightRecorder
-from tests.conftest import REPO
+from tests.conftest import REPO, written_recorder
 
 pytestmark = pytest.mark.integration
 
@@ -35,16 +33,8 @@ def test_version_is_the_one_version() -> None:
     assert (result.returncode, result.stdout.strip()) == (0, f"inferd {inferd_wire.__version__}")
 
 
-def recorder_with(directory: Path, count: int) -> None:
-    recorder = FlightRecorder(FdrConfig(directory=directory))
-    recorder.start()
-    for index in range(count):
-        recorder.record("deadline_miss", {"model": "demo", "count": index + 1, "window_s": 1.0})
-    recorder.stop()
-
-
 def test_fdr_dump_json_is_json_only_and_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
-    recorder_with(tmp_path / "fdr", 2000)
+    written_recorder(tmp_path / "fdr", 2000)
     dumped = inferd("fdr", "dump", "--json", "--dir", str(tmp_path / "fdr"))
     assert dumped.returncode == 0, dumped.stderr
     records = [json.loads(line) for line in dumped.stdout.splitlines()]  # every line is JSON

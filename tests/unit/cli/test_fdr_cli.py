@@ -10,18 +10,8 @@ import pytest
 
 from inferd.cli.fdr import parse_since
 from inferd.cli.main import main
-from inferd.config import FdrConfig
 from inferd.fdr import reader
-from inferd.fdr.writer import FlightRecorder
-
-
-def recorder(directory: Path, count: int = 5) -> Path:
-    writer = FlightRecorder(FdrConfig(directory=directory))
-    writer.start()
-    for index in range(count):
-        writer.record("deadline_miss", {"model": "demo", "count": index + 1, "window_s": 1.0})
-    writer.stop()
-    return directory
+from tests.conftest import written_recorder
 
 
 @pytest.mark.parametrize(
@@ -32,7 +22,7 @@ def test_export_to_an_unusable_mcap_path_is_a_usage_error_leaving_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, message: str
 ) -> None:
     pytest.importorskip("mcap")
-    fdr = recorder(tmp_path / "fdr")
+    fdr = written_recorder(tmp_path / "fdr", 5)
     (tmp_path / "a-directory").mkdir()
     before = sorted(tmp_path.rglob("*"))
     assert main(["fdr", "export", "--dir", str(fdr), "--mcap", str(tmp_path / target)]) == 2
@@ -47,7 +37,7 @@ def test_export_that_cannot_write_exits_1_and_removes_its_temp_file(
     pytest.importorskip("mcap")
     import os
 
-    fdr = recorder(tmp_path / "fdr")
+    fdr = written_recorder(tmp_path / "fdr", 5)
     out = tmp_path / "out"
     out.mkdir()
 
@@ -66,7 +56,7 @@ def test_export_that_cannot_write_exits_1_and_removes_its_temp_file(
 def test_since_without_a_nanosecond_form_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], since: str
 ) -> None:
-    fdr = recorder(tmp_path / "fdr")
+    fdr = written_recorder(tmp_path / "fdr", 5)
     for command in ("dump", "export"):
         args = ["fdr", command, "--dir", str(fdr), f"--since={since}"]
         assert (
@@ -83,7 +73,7 @@ def test_since_far_but_finite_still_parses() -> None:
 def test_a_recorder_directory_that_cannot_be_listed_exits_1_without_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fdr = recorder(tmp_path / "fdr")
+    fdr = written_recorder(tmp_path / "fdr", 5)
 
     def refused(directory: Path) -> list[Path]:  # as os.scandir on a 0700 dir of another user
         raise PermissionError(13, "Permission denied", str(directory))

@@ -13,19 +13,9 @@ import msgpack
 import pytest
 
 from inferd.cli.fdr import dump, export, verify
-from inferd.config import FdrConfig
 from inferd.fdr import framing
 from inferd.fdr.reader import ReadReport, list_segments, read_records
-from inferd.fdr.writer import FlightRecorder
-
-
-def recorder(directory: Path, count: int = 20) -> Path:
-    writer = FlightRecorder(FdrConfig(directory=directory))
-    writer.start()
-    for index in range(count):
-        writer.record("deadline_miss", {"model": "demo", "count": index + 1, "window_s": 1.0})
-    writer.stop()
-    return directory
+from tests.conftest import written_recorder
 
 
 def damaged_last_length(directory: Path) -> tuple[Path, int]:
@@ -40,7 +30,7 @@ def damaged_last_length(directory: Path) -> tuple[Path, int]:
 
 
 def test_a_complete_last_frame_with_a_damaged_length_is_corruption(tmp_path: Path) -> None:
-    fdr = recorder(tmp_path / "fdr")
+    fdr = written_recorder(tmp_path / "fdr", 20)
     _segment, last = damaged_last_length(fdr)
     report = ReadReport()
     assert [r.seq for r in read_records(fdr, report)] == list(range(1, 20))
@@ -54,7 +44,7 @@ def test_a_complete_last_frame_with_a_damaged_length_is_corruption(tmp_path: Pat
 def test_a_damaged_length_followed_by_a_torn_frame_is_corruption_too(tmp_path: Path) -> None:
     """The crash came after the damage: the damaged frame ends where the torn one's
     sync marker begins."""
-    fdr = recorder(tmp_path / "fdr")
+    fdr = written_recorder(tmp_path / "fdr", 20)
     segment, _last = damaged_last_length(fdr)
     torn = framing.encode_frame(b"\x80" * 40)[:30]
     segment.write_bytes(segment.read_bytes() + torn)
@@ -64,7 +54,7 @@ def test_a_damaged_length_followed_by_a_torn_frame_is_corruption_too(tmp_path: P
 def test_a_crash_cut_at_every_byte_of_the_last_frame_is_still_a_torn_tail(
     tmp_path: Path,
 ) -> None:
-    source = recorder(tmp_path / "source", 3)
+    source = written_recorder(tmp_path / "source", 3)
     (segment,) = list_segments(source)
     data = segment.read_bytes()
     last = data.rfind(framing.SYNC)
@@ -108,7 +98,7 @@ def body(**changes: Any) -> bytes:
 def test_a_crc_valid_body_with_fields_of_the_wrong_type_is_corruption_not_a_traceback(
     tmp_path: Path, changes: dict[str, Any]
 ) -> None:
-    fdr = recorder(tmp_path / "fdr", 2)
+    fdr = written_recorder(tmp_path / "fdr", 2)
     (segment,) = list_segments(fdr)
     segment.write_bytes(segment.read_bytes() + framing.encode_frame(body(**changes)))
     report = ReadReport()
@@ -125,7 +115,7 @@ def test_a_crc_valid_body_with_fields_of_the_wrong_type_is_corruption_not_a_trac
 
 
 def test_a_body_of_the_right_types_is_a_record(tmp_path: Path) -> None:
-    fdr = recorder(tmp_path / "fdr", 1)
+    fdr = written_recorder(tmp_path / "fdr", 1)
     (segment,) = list_segments(fdr)
     payload = {"model": "demo", "count": 2, "window_s": 1.0, "raw": b"\x00", "list": [None, True]}
     segment.write_bytes(segment.read_bytes() + framing.encode_frame(body(seq=2, payload=payload)))
