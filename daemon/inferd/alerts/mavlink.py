@@ -217,4 +217,5 @@ def _tcp_link(endpoint: str) -> TcpLink:
     host, _, port = endpoint.removeprefix(_TCP_PREFIX).rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError("TCP endpoints are tcp:<host>:<port>")
+    host.encode("idna")  # UnicodeError (a ValueError) for a name no resolver takes
     return TcpLink(host, int(port))

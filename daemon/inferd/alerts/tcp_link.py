@@ -96,12 +96,22 @@ class TcpLink:
         self._connector.start()
 
     def _connect_until_up(self) -> None:
+        try:
+            self._connect_loop()
+        finally:  # however it ended, a later write may start another
+            with self._lock:
+                if self._connector is threading.current_thread():
+                    self._connector = None
+
+    def _connect_loop(self) -> None:
         attempts = 0
         while not self._closed.is_set():
             attempts += 1
             try:
                 sock = socket.create_connection(self.address, timeout=self._connect_timeout_s)
-            except OSError as exc:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except Exception as exc:  # OSError, and a host getaddrinfo cannot encode
                 with self._lock:
                     self._last_error = repr(exc)
                 if attempts == 1:  # once per outage: the dispatcher reports each lost alert
@@ -113,18 +123,14 @@ class TcpLink:
                     )
                 self._closed.wait(self._retry_interval_s)
                 continue
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                self._connector = None
+                self._connector = None  # with the socket: a failing write starts the next
                 if self._closed.is_set():
                     sock.close()
                     return
                 self._sock = sock
             log.info("mavlink_tcp_connected", endpoint=self.endpoint, attempts=attempts)
             return
-        with self._lock:
-            self._connector = None
 
 
 def _discard_received(sock: socket.socket) -> None:

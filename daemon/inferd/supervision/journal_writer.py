@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,12 +72,13 @@ class JournalWriter:
         """Wait until everything queued before this call was handed to journald."""
         if self._thread is None:
             return True
+        give_up_at = time.monotonic() + timeout
         marker = threading.Event()
         try:
             self._queue.put(marker, timeout=timeout)
         except queue.Full:
             return False
-        return marker.wait(timeout)
+        return marker.wait(max(0.0, give_up_at - time.monotonic()))
 
     def _start(self) -> None:
         if self._thread is not None:
@@ -91,12 +93,13 @@ class JournalWriter:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
+            if not isinstance(item, threading.Event):
+                self._send(item)
+            # Caught up (or asked to flush): the drops are told before the flush returns.
+            if self._unreported and (self._queue.empty() or isinstance(item, threading.Event)):
+                self._send(self._dropped_report())
             if isinstance(item, threading.Event):
                 item.set()
-                continue
-            self._send(item)
-            if self._unreported and self._queue.empty():
-                self._send(self._dropped_report())
 
     def _send(self, entry: Entry) -> None:
         try:

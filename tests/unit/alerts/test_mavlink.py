@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from inferd.alerts import AlertDispatcher, AlertHookUnavailableError
+from inferd.alerts import AlertDispatcher, AlertHookUnavailableError, tcp_link
 from inferd.alerts.mavlink import (
     STATUSTEXT_LEN,
     MavlinkAlertHook,
+    _tcp_link,
     repeats_suffix,
     statustext_chunks,
 )
@@ -265,3 +266,29 @@ def test_tcp_hook_is_built_at_once_when_the_ground_station_does_not_answer() -> 
 def test_tcp_endpoint_without_a_port_is_unavailable() -> None:
     with pytest.raises(AlertHookUnavailableError, match="tcp:<host>:<port>"):
         MavlinkAlertHook("tcp:ground-station")
+
+
+def test_tcp_host_no_resolver_takes_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError):
+        _tcp_link("tcp:" + "a" * 64 + ".example:5760")  # a DNS label is 63 bytes at most
+
+
+def test_tcp_connector_survives_an_error_that_is_not_an_oserror(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connecting thread retries after any error, records it, and never dies
+    leaving a dead thread that no later write replaces."""
+    attempts: list[int] = []
+
+    def refuses(*args: object, **kwargs: object) -> socket.socket:
+        attempts.append(1)
+        raise UnicodeError("encoding with 'idna' codec failed")
+
+    monkeypatch.setattr(tcp_link.socket, "create_connection", refuses)
+    link = tcp_link.TcpLink("127.0.0.1", 9, retry_interval_s=0.01)
+    try:
+        wait_until(lambda: len(attempts) >= 3, HANG_S, message="the connector retried")
+        with pytest.raises(OSError, match="UnicodeError"):
+            link.write(b"frame")
+    finally:
+        link.close()

@@ -18,6 +18,7 @@ import structlog
 
 from inferd.supervision.journal_sender import NativeJournalSender
 from inferd.supervision.logging import JournaldRenderer
+from tests.conftest import wait_until
 from tests.unit.supervision.conftest import as_dict
 
 HANG_S = 5.0
@@ -92,3 +93,42 @@ def test_a_journald_that_does_not_read_blocks_no_logging_thread() -> None:
         assert renderer.writer.flush(HANG_S)
         sender.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+class GatedJournal:
+    """A sender that blocks on the entries it is told to (by their ``i`` field)."""
+
+    def __init__(self, *gated: int) -> None:
+        self.gates = {index: threading.Event() for index in gated}
+        self.entered = {index: threading.Event() for index in gated}
+        self.sent: list[dict[str, list[str]]] = []
+
+    def __call__(self, fields: Sequence[tuple[str, bytes]]) -> None:
+        entry = as_dict(list(fields))
+        index = int(entry.get("INFERD_I", ["-1"])[0])
+        if index in self.gates:
+            self.entered[index].set()
+            assert self.gates[index].wait(HANG_S)
+        self.sent.append(entry)
+
+
+def test_a_flush_queued_behind_the_last_entry_returns_after_the_drops_were_told() -> None:
+    """The report of drops went out only when the queue was empty after an entry, so a
+    flush (the one at exit) queued behind the last entry returned without it."""
+    journal = GatedJournal(0, 4)
+    renderer = JournaldRenderer(journal, fallback=io.StringIO(), capacity=4)
+    log(renderer, 0)
+    assert journal.entered[0].wait(HANG_S)
+    for index in range(1, 11):
+        log(renderer, index)  # 1..4 queued, 5..10 dropped
+    journal.gates[0].set()
+    assert journal.entered[4].wait(HANG_S)  # the writer is in entry 4's send, queue empty
+    flushed: list[bool] = []
+    flusher = threading.Thread(target=lambda: flushed.append(renderer.writer.flush(HANG_S)))
+    flusher.start()
+    wait_until(lambda: renderer.writer._queue.qsize() == 1, HANG_S, message="flush queued")
+    journal.gates[4].set()
+    flusher.join(HANG_S)
+    assert flushed == [True]
+    assert journal.sent[-1]["INFERD_EVENT"] == ["journal_entries_dropped"]
+    assert journal.sent[-1]["INFERD_COUNT"] == ["6"]
