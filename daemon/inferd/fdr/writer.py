@@ -6,9 +6,9 @@ disk drops records, counts them, logs at ERROR and says so in ``status()``;
 serving goes on.  The writer thread appends frames to the current segment and
 makes them durable (``fdatasync``) at most every ``fsync_interval_ms``, or at
 once when a critical kind was written.  After a failed write or sync it never
-appends to that segment again (what reached the disk is unknown): it opens a
-new one, and counts what was written there but not yet synced as dropped.
-"""
+appends to that segment again: it syncs what earlier writes left there (after a
+failed write), counts what was written but could not be synced as dropped, and
+opens a new one."""
 
 from __future__ import annotations
 
@@ -302,6 +302,7 @@ class FlightRecorder:
             self._flush(segment, frames)
         except Exception as exc:
             if not isinstance(exc, _BackingOff):
+                self._sync()  # what earlier writes left there is kept if it still syncs
                 self._fail(exc, "write")
             lost = [pending for _, pending, _ in frames] + list(work)
             for pending in lost:
@@ -445,6 +446,5 @@ class FlightRecorder:
 
 
 def _describe(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
+    strerror = exc.strerror if isinstance(exc, OSError) else None
+    return strerror or str(exc) or type(exc).__name__

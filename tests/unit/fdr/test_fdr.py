@@ -767,3 +767,35 @@ def test_a_segment_name_taken_while_recording_is_skipped(tmp_path: Path) -> None
     names = [p.name for p in list_segments(tmp_path)]
     assert names == [framing.segment_name(1), framing.segment_name(3)]
     assert fdr.status()["records_dropped"] == 0
+
+
+def test_a_failed_write_syncs_what_earlier_writes_left_and_drops_only_its_own_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    failing = [False]
+
+    def write(fd: int, data: Any) -> int:
+        if failing[0] and len(data) > framing.SEGMENT_HEADER.size:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(tmp_path, fsync_interval_ms=60_000), mono_clock=clock)
+    fdr.start()
+    for index in range(3):
+        fdr.record("deadline_miss", miss(index + 1))
+    wait_until(lambda: fdr.status()["records_written"] == 3, message="three written")
+    failing[0] = True
+    fdr.record("deadline_miss", miss(4))
+    wait_until(lambda: fdr.status()["records_dropped"] > 0, message="the drop")
+    failing[0] = False
+    clock.advance(1.01)
+    fdr.record("deadline_miss", miss(5))
+    assert fdr.wait_durable(5)
+    fdr.stop()
+    records = list(read_records(tmp_path))
+    on_disk = [r.payload["count"] for r in records if r.kind == "deadline_miss"]
+    reported = sum(r.payload["dropped"] for r in records if r.kind == "fdr_dropped")
+    assert (on_disk, reported) == ([1, 2, 3, 5], 1)  # nothing counted twice
