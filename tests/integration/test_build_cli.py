@@ -302,3 +302,43 @@ def test_a_forced_exit_during_validation_leaves_no_engine_to_reuse(
     again = _build(demo_model, tmp_path, "--manifest", str(manifest))
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "built"
+
+
+def test_a_killed_build_s_staging_is_removed_by_the_next_build_of_any_engine(
+    demo_model: Path, tmp_path: Path
+) -> None:
+    """A build SIGKILLed while validating (OOM killer, power loss) leaves its staged
+    engine; a later build of another engine name removes it (no live process holds
+    its staging lock)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_VALIDATION)
+    validating = tmp_path / "validating"
+    env = fake_gpu_env(None, INFERD_TEST_VALIDATING=str(validating))
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    proc = subprocess.Popen(
+        _command(demo_model, tmp_path),
+        env=env,
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: proc.poll() is None and validating.exists(), timeout=60, message="validation"
+        )
+        proc.send_signal(signal.SIGKILL)  # OOM killer, power loss, kill -9
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    staging = tmp_path / "engines" / "staging"
+    leaked = sorted(p for p in staging.rglob("*") if p.is_file())
+    assert leaked, "the killed build staged nothing?"
+    # The model is rebuilt under another label (or a new model version, another
+    # precision: any other engine name).  Its cleanup never looks at the old name.
+    again = _build(demo_model, tmp_path, "--model-name", "demo2")
+    assert again.returncode == 0, again.stderr
+    left = sorted(p for p in staging.rglob("*") if p.is_file()) if staging.exists() else []
+    assert left == [], f"staged, never validated, never removed: {left}"

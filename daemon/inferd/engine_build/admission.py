@@ -5,11 +5,15 @@
 The checks run in that order, after the op's arguments and preconditions, so a
 request refused for either changes nothing and does not use up the peer's rate.
 The daemon's own background rebuilds (``Peer.internal``) have their own back-off
-and are not rate limited; they need room like any build.
+and are not rate limited; they need room like any build.  Before each count
+(at the daemon's start, each ``build.start``, after each build) the staging
+folders of build processes that died are removed (``artifacts.sweep_staging``):
+a killed build's staged engine is otherwise never counted nor removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,7 @@ from typing import Any
 import structlog
 
 from inferd.config import BuildsConfig, ModelConfig
+from inferd.engine_build.artifacts import sweep_staging
 from inferd.engine_build.build_record import Build
 from inferd.engine_build.engine_outputs import EngineOutputs
 from inferd.engine_build.retention import BuildsRetention, Pending
@@ -86,6 +91,7 @@ class BuildAdmission:
         """Take one of ``peer``'s starts for ``incoming``, or ``RESOURCE_EXHAUSTED``
         saying why not (``running``: the running builds, whose files stay).  The
         daemon's own rebuilds (an internal peer) are neither capped nor rate limited."""
+        self.sweep_staging()
         serving = self._serving()
         pending = [self.pending_of(build) for build in running]
         left = self.retention.prune(keep=pending, serving=serving, trigger="build.start")
@@ -111,8 +117,23 @@ class BuildAdmission:
         self.start_limit.take(peer.key)
 
     def prune(self, running: Collection[Build], trigger: str) -> None:
+        self.sweep_staging()
         pending = [self.pending_of(build) for build in running]
         self.retention.prune(keep=pending, serving=self._serving(), trigger=trigger)
+
+    def sweep_staging(self) -> None:
+        """Remove dead build processes' staging in the engine dir and each model's
+        builds folder (a simulated build stages beside its engine); a few listings
+        and lock probes: a live build's folder is locked, and left."""
+        folders = [self._engine_dir] if self._engine_dir is not None else []
+        with contextlib.suppress(OSError):  # no builds dir yet
+            folders += [p for p in self._build_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+        for folder in folders:
+            removed, errors = sweep_staging(folder)
+            if removed or errors:
+                log.warning(
+                    "build_staging_swept", directory=str(folder), removed=removed, errors=errors
+                )
 
     def describe(self) -> dict[str, Any]:
         limit = self.start_limit

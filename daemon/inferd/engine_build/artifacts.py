@@ -9,21 +9,27 @@ Only an engine that passed validation (or was not validated: ``pending``) is
 committed: renamed to its final path with its sidecar, the directory fsynced, in
 the token's no-cancel zone; one that failed validation is quarantined.  So a
 file at the final path with a matching sidecar is always a committed build's
-(``locate_engine`` reuses it).  After a cancel, a failure or a dead build
-process, ``clean_up`` removes that process's temp and staged files and
-quarantines (moves to ``quarantine/`` with a ``.reason`` file) anything whose
-state is unclear: an engine at the final path without a matching sidecar, or a
-temp file of a process that may still be alive.
+(``locate_engine`` reuses it).  The staging process holds an ``flock`` on its
+folder's ``.lock`` until its engine is committed, quarantined or cleaned up (its
+exit releases it), so a staging folder is live exactly while that lock is held,
+whatever process its pid number names now.  After a cancel, a failure or a dead
+build process, ``clean_up`` removes that process's temp and staged files and all
+of each dead process's staging folder (``sweep_staging``; the daemon sweeps too,
+at start and each ``build.start``), and quarantines (moves to ``quarantine/``
+with a ``.reason``) anything whose state is unclear: an engine at the final path
+without a matching sidecar, or a temp file of a process that may still be alive.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +41,15 @@ from inferd.engine_build.cancel import CancellationToken
 from inferd.engines.quarantine import QUARANTINE_DIR, quarantine
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
-from inferd.owned_files import ensure_owned_dir
+from inferd.owned_files import ensure_owned_dir, open_nofollow
 from inferd.types import HostTuple
 from inferd_wire.compat import StrEnum
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 #: Engines being validated: ``<dir>/staging/<pid>/<engine name>`` and its sidecar.
 STAGING_DIR = "staging"
+#: In each staging folder: locked by the process staging there (see the module doc).
+STAGING_LOCK = ".lock"
 
 
 def inventory(directory: Path) -> list[dict[str, Any]]:
@@ -94,9 +102,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return True  # PermissionError: alive, another user's
 
 
 @dataclass
@@ -116,10 +122,11 @@ class CleanupReport:
 
 
 def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
-    """Leave no partial or unvalidated engine: remove temp and staged files of
-    ``engine_path`` written by this process (``own_pid``: the build process, when a
-    supervisor cleans after it) or a dead one; quarantine a live process's temp and
-    an engine at the final path whose sidecar is missing or does not match."""
+    """Leave no partial or unvalidated engine: remove temp files of ``engine_path``
+    written by this process (``own_pid``: the build process, when a supervisor cleans
+    after it) or a dead one, its staged files and dead processes' staging; quarantine
+    a live process's temp and an engine at the final path whose sidecar is missing or
+    does not match."""
     own_pid = os.getpid() if own_pid is None else own_pid
     report = CleanupReport()
     directory = engine_path.parent
@@ -141,7 +148,7 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
                 report.quarantined.append({"path": str(moved), "reason": why})
         except OSError as exc:
             report.errors.append(f"{entry.name}: {exc}")
-    _remove_staged(engine_path, own_pid, report)
+    _remove_staged(engine_path, report)
     if os.path.lexists(engine_path):
         reason: str | None = None
         try:
@@ -171,27 +178,16 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
     return report
 
 
-def _remove_staged(engine_path: Path, own_pid: int, report: CleanupReport) -> None:
-    """Remove ``engine_path``'s staged engine, sidecar and their temp files of
-    ``own_pid`` or a dead process (never validated: nothing to keep), and the
-    staging folders they leave empty.  A live process's staging is its own."""
-    staging = engine_path.parent / STAGING_DIR
-    try:
-        folders = sorted(staging.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    names = {engine_path.name, sidecar_path(engine_path).name}
-    for folder in folders:
-        if not folder.name.isdigit():
-            continue
-        pid = int(folder.name)
-        if pid != own_pid and _pid_alive(pid):
-            continue
-        try:
-            entries = sorted(folder.iterdir())
-        except OSError:
-            continue
-        for entry in entries:
+def _remove_staged(engine_path: Path, report: CleanupReport) -> None:
+    """Remove ``engine_path``'s staged engine, sidecar and their temp files of this
+    process (never validated: nothing to keep), then every dead process's staging
+    (``sweep_staging``).  Another engine this process stages meanwhile is its own."""
+    folder = engine_path.parent / STAGING_DIR / str(os.getpid())
+    with _held_lock:
+        mine = folder in _held
+    if mine:
+        names = {engine_path.name, sidecar_path(engine_path).name}
+        for entry in sorted(folder.iterdir()):
             match = _TEMP.match(entry.name)
             if entry.name not in names and (match is None or match["name"] not in names):
                 continue
@@ -200,10 +196,109 @@ def _remove_staged(engine_path: Path, own_pid: int, report: CleanupReport) -> No
                 report.removed.append(str(entry.relative_to(engine_path.parent)))
             except OSError as exc:
                 report.errors.append(f"{entry.name}: {exc}")
-        with contextlib.suppress(OSError):  # not empty: another engine's, or removed
-            folder.rmdir()
-    with contextlib.suppress(OSError):
+        _release_staging(folder / engine_path.name)
+    removed, errors = sweep_staging(engine_path.parent)
+    report.removed, report.errors = report.removed + removed, report.errors + errors
+
+
+def sweep_staging(directory: Path) -> tuple[list[str], list[str]]:
+    """Remove every file of each staging folder under ``directory`` whose lock no live
+    process holds (a killed build's, whatever engine it staged; one without a lock),
+    and the folder: (removed paths relative to ``directory``, errors).  The lock is
+    held while removing, so a process starting to stage there waits and retries."""
+    staging = directory / STAGING_DIR
+    try:
+        folders = sorted(staging.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return [], []
+    removed: list[str] = []
+    errors: list[str] = []
+    for folder in folders:
+        if not folder.name.isdigit() or folder.is_symlink():
+            continue  # not a staging process's folder
+        try:
+            fd = _lock_staging(folder, wait=False)
+        except OSError as exc:  # not a folder, or its .lock a symlink: left, reported
+            errors.append(f"{folder.name}: {exc}")
+            continue
+        if fd is None:  # a live process's, or removed meanwhile
+            continue
+        try:
+            for entry in sorted(os.scandir(folder), key=lambda item: item.name):
+                try:
+                    os.unlink(entry.path)
+                except OSError as exc:
+                    errors.append(f"{entry.name}: {exc}")
+                    continue
+                if entry.name != STAGING_LOCK:
+                    removed.append(str(Path(entry.path).relative_to(directory)))
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        finally:
+            os.close(fd)
+    with contextlib.suppress(OSError):  # not empty: a live build's
         staging.rmdir()
+    return removed, errors
+
+
+def _lock_staging(folder: Path, *, wait: bool) -> int | None:
+    """A descriptor holding the lock of ``folder`` (its ``.lock`` created if missing),
+    or None: the folder is gone, the lock file was removed while this waited (it
+    guards nothing then), or (``wait`` False) another process holds it."""
+    lock = folder / STAGING_LOCK
+    try:
+        fd = open_nofollow(lock, os.O_RDWR | os.O_CREAT)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held, now = os.fstat(fd), os.lstat(lock)
+    except (BlockingIOError, FileNotFoundError):
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
+        os.close(fd)
+        return None
+    return fd
+
+
+#: This process's staging folders: the descriptor holding each one's lock, and the
+#: engines staged there (the lock goes with the last of them).
+_held: dict[Path, tuple[int, set[str]]] = {}
+_held_lock = threading.Lock()
+
+
+def _hold_staging(staged: Path) -> None:
+    """Lock ``staged``'s folder for this process (once) before anything is staged in it."""
+    folder = staged.parent
+    with _held_lock:
+        while folder not in _held:  # retried when a sweep removed a dead namesake's folder
+            ensure_owned_dir(folder, what="the engine staging directory")
+            fd = _lock_staging(folder, wait=True)
+            if fd is not None:
+                _held[folder] = (fd, set())
+        _held[folder][1].add(staged.name)
+
+
+def _release_staging(staged: Path) -> None:
+    """``staged`` was committed, quarantined or removed: once nothing else is staged in
+    its folder, remove the lock and the folder (and ``staging/`` when empty)."""
+    folder = staged.parent
+    with _held_lock:
+        fd, names = _held.get(folder, (None, set()))
+        names.discard(staged.name)
+        if fd is None or names:  # not this process's folder, or still in use
+            return
+        del _held[folder]
+        with contextlib.suppress(OSError):
+            (folder / STAGING_LOCK).unlink()
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+        folder.parent.rmdir()
 
 
 def staged_path(engine_path: Path) -> Path:
@@ -212,10 +307,10 @@ def staged_path(engine_path: Path) -> Path:
 
 
 def stage_engine(engine_path: Path, data: bytes) -> tuple[str, Path]:
-    """Write the built engine and its sidecar to its staged path (durable, atomic);
-    returns (sha256, staged path).  Nothing at the final path changes."""
+    """Write the built engine and its sidecar to its staged path (durable, atomic), its
+    folder locked; returns (sha256, staged path).  Nothing at the final path changes."""
     staged = staged_path(engine_path)
-    ensure_owned_dir(staged.parent, what="the engine staging directory")
+    _hold_staging(staged)
     atomic_write_bytes(staged, data)
     digest = hashlib.sha256(data).hexdigest()
     write_sidecar(staged, digest)
@@ -226,9 +321,7 @@ def quarantine_staged(staged: Path, engine_path: Path, reason: str) -> Path:
     """An engine that failed validation: never at its final path, kept for analysis
     in the engine dir's ``quarantine/`` (with its sidecar and a ``.reason``)."""
     moved = quarantine(staged, reason, directory=engine_path.parent)
-    with contextlib.suppress(OSError):
-        staged.parent.rmdir()
-        staged.parent.parent.rmdir()
+    _release_staging(staged)
     return moved
 
 
@@ -251,9 +344,7 @@ def commit_engine(
         os.replace(staged, engine_path)
         os.replace(sidecar_path(staged), sidecar_path(engine_path))
         fsync_directory(engine_path.parent)
-    with contextlib.suppress(OSError):
-        staged.parent.rmdir()
-        staged.parent.parent.rmdir()
+    _release_staging(staged)
     return token.zone_log[-1]
 
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from inferd.engine_build import CancellationToken
+from inferd.engine_build import CancellationToken, artifacts
 from inferd.engine_build.artifacts import (
     STAGING_DIR,
+    STAGING_LOCK,
     TimingCacheManager,
     TimingCacheOutcome,
     clean_up,
@@ -19,6 +23,7 @@ from inferd.engine_build.artifacts import (
     inventory,
     stage_engine,
     staged_path,
+    sweep_staging,
 )
 from inferd.engines.sidecar import read_sidecar
 from inferd.types import HostTuple, PrecisionMode
@@ -75,28 +80,108 @@ def test_a_cancel_before_the_commit_commits_nothing_and_clean_up_removes_the_sta
     ]
 
 
-def test_clean_up_removes_a_dead_build_process_staging_not_a_live_one(tmp_path: Path) -> None:
-    """What a killed build left while its engine was validated is never reusable and
-    never stays: its staged engine is removed; a running build's staging is its own."""
+def stale_staging(directory: Path, pid: int) -> Path:
+    """What a build process killed while validating leaves: its staged engine, sidecar
+    and temp file, another engine name's files too, and its (now unheld) lock."""
+    folder = directory / STAGING_DIR / str(pid)
+    folder.mkdir(parents=True)
+    (folder / STAGING_LOCK).touch()
+    (folder / "m.engine").write_bytes(b"unvalidated")
+    (folder / "m.engine.sha256").write_text("x")
+    (folder / f".m.engine.tmp-{pid}-aaaa0001").write_bytes(b"partial")
+    (folder / "other.engine").write_bytes(b"another engine's")
+    return folder
+
+
+@contextlib.contextmanager
+def held_lock(folder: Path) -> Iterator[None]:
+    """``folder``'s lock held as its live staging process holds it (an ``flock`` on
+    another open file conflicts even within one process)."""
+    fd = os.open(folder / STAGING_LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_clean_up_removes_all_of_a_dead_process_staging_whatever_engine_it_staged(
+    tmp_path: Path,
+) -> None:
+    """What a killed build left while its engine was validated never stays, though no
+    later build is of its engine name; a running build's staging (locked) is its own."""
+    engine = tmp_path / "m2.engine"
+    dead, live = stale_staging(tmp_path, dead_pid()), stale_staging(tmp_path, os.getppid())
+    with held_lock(live):
+        report = clean_up(engine)
+        assert report.status == "cleaned" and not dead.exists()
+        temp = f".m.engine.tmp-{dead.name}-aaaa0001"
+        assert sorted(report.removed) == sorted(
+            f"{STAGING_DIR}/{dead.name}/{name}"
+            for name in ("m.engine", "m.engine.sha256", "other.engine", temp)
+        )
+        assert len(list(live.iterdir())) == 5
+    clean_up(engine, own_pid=int(live.name))  # a supervisor cleaning after its dead child
+    assert not (tmp_path / STAGING_DIR).exists()
+
+
+def test_a_staging_folder_is_live_by_its_lock_not_by_its_pid_number(tmp_path: Path) -> None:
+    """After a power loss the dead build's staging stays; after the reboot its pid
+    number names another live process (pid 1 here): still dead, since no one holds
+    its lock (or it has none: a build of before the lock)."""
+    locked, unlocked = stale_staging(tmp_path, 1), tmp_path / STAGING_DIR / "2"
+    unlocked.mkdir()
+    (unlocked / "m.engine").write_bytes(b"unvalidated")
+    clean_up(tmp_path / "m.engine")
+    assert not locked.exists() and not unlocked.exists()
+
+
+def test_a_staged_engine_s_folder_stays_locked_until_its_commit(tmp_path: Path) -> None:
     engine = tmp_path / "m.engine"
-    dead, live = dead_pid(), os.getppid()
-    for pid in (dead, live):
-        folder = tmp_path / STAGING_DIR / str(pid)
-        folder.mkdir(parents=True)
-        (folder / "m.engine").write_bytes(b"unvalidated")
-        (folder / "m.engine.sha256").write_text("x")
-        (folder / f".m.engine.tmp-{pid}-aaaa0001").write_bytes(b"partial")
-        (folder / "other.engine").write_bytes(b"another engine's")
-    report = clean_up(engine)
-    assert report.status == "cleaned"
-    assert sorted(p.name for p in (tmp_path / STAGING_DIR / str(dead)).iterdir()) == [
-        "other.engine"
-    ]
-    assert len(list((tmp_path / STAGING_DIR / str(live)).iterdir())) == 4
-    report = clean_up(engine, own_pid=live)  # a supervisor cleaning after its dead child
-    assert sorted(p.name for p in (tmp_path / STAGING_DIR / str(live)).iterdir()) == [
-        "other.engine"
-    ]
+    _, staged = stage_engine(engine, b"being validated")
+    fd = os.open(staged.parent / STAGING_LOCK, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    assert sweep_staging(tmp_path) == ([], []) and staged.exists()
+    clean_up(tmp_path / "other.engine")  # another build's cleanup in this process
+    assert staged.exists()
+    assert commit_engine(staged, engine, CancellationToken()) is not None
+    assert not (tmp_path / STAGING_DIR).exists()
+
+
+def test_staging_where_a_sweep_removed_the_lock_meanwhile_locks_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead namesake's folder (same pid number, before a reboot): a sweep holding its
+    lock removes it while this process waits for the lock, so the lock it then gets
+    guards nothing; it locks the folder again instead."""
+    folder = stale_staging(tmp_path, os.getpid())
+    real_flock = fcntl.flock
+    calls = []
+
+    def sweep_first(fd: int, operation: int) -> None:
+        calls.append(operation)
+        if len(calls) == 1:
+            assert sweep_staging(tmp_path)[1] == []  # the sweep that held the lock
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(artifacts.fcntl, "flock", sweep_first)
+    _, staged = stage_engine(tmp_path / "m.engine", b"new")
+    monkeypatch.setattr(artifacts.fcntl, "flock", real_flock)
+    exclusive = fcntl.LOCK_EX
+    assert calls == [exclusive, exclusive | fcntl.LOCK_NB, exclusive] and staged.parent == folder
+    assert sorted(p.name for p in folder.iterdir()) == [STAGING_LOCK, "m.engine", "m.engine.sha256"]
+    fd = os.open(folder / STAGING_LOCK, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    clean_up(tmp_path / "m.engine")
+    assert not (tmp_path / STAGING_DIR).exists()
 
 
 def test_clean_up_removes_own_and_dead_temps_and_quarantines_unclear(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from inferd.config import BuildsConfig
 from inferd.engine_build.admission import BuildAdmission
+from inferd.engine_build.artifacts import STAGING_DIR, clean_up, stage_engine
 from inferd.engine_build.retention import REMOVED_RECORD, BuildsRetention, scan
 from inferd.engine_build.start_limit import StartRateLimiter
 from inferd.types import Peer
@@ -148,3 +149,26 @@ def test_admission_refuses_when_what_stays_fills_the_caps(tmp_path: Path) -> Non
     with pytest.raises(ProtocolError, match=r"builds\.max_count 1") as refused:
         admission.admit(operator, [])
     assert refused.value.code is Code.RESOURCE_EXHAUSTED
+
+
+def test_admission_sweeps_dead_build_processes_staging_before_it_counts(tmp_path: Path) -> None:
+    """At the daemon's start and each build.start: what build processes killed while
+    validating staged (in the engine dir, or a model's builds folder for a simulated
+    build) goes, whatever engine it was; a live build's (locked) stays."""
+    build_dir, engine_dir = tmp_path / "builds", tmp_path / "engines"
+    dead = [build_dir / "demo" / STAGING_DIR / "1", engine_dir / STAGING_DIR / "2"]
+    for folder in dead:
+        folder.mkdir(parents=True)
+        (folder / "gone.engine").write_bytes(b"x" * ENGINE)
+    live = engine_dir / STAGING_DIR / str(os.getpid())
+    _, staged = stage_engine(engine_dir / "running.engine", b"being validated")
+    admission = BuildAdmission(build_dir, BuildsConfig(), Records(), lambda: [])
+    admission.cover_engine_dir(engine_dir, None, {})
+    admission.prune([], "daemon_start")
+    assert not any(folder.exists() for folder in dead) and staged.parent == live
+    assert staged.exists()
+    (folder := dead[1]).mkdir()
+    (folder / "gone.engine").write_bytes(b"x")
+    admission.admit(Peer("ipc", uid=1000, gid=1000, pid=7, operator=True), [])
+    assert not folder.exists() and staged.exists()
+    clean_up(engine_dir / "running.engine")

@@ -3,6 +3,7 @@ summary against its JSON Schema, the FDR record, failures and the retry policy."
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -90,6 +91,31 @@ def test_builder_exception_is_a_failed_build(tmp_path: Path, demo_model: Path) -
     assert report.summary["outcome"] == "failed"
     assert "segfault-ish" in (report.summary["error"] or "")
     assert report.summary["retryPolicy"] == "investigate"
+
+
+def test_an_engine_that_failed_validation_stays_where_quarantined_to_says(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    """A rebuild over a final path whose engine does not match its sidecar (a crash
+    between the commit's two renames): the failed engine is quarantined, then
+    clean_up quarantines the final path's engine under the same name in the same
+    second and process, never over the first."""
+    engine = tmp_path / "demo.engine"
+    engine.write_bytes(b"left by a crash between the renames")
+    engine.with_name("demo.engine.sha256").write_text("0" * 64 + "  demo.engine\n")
+    request = BuildRequest(demo_model, engine, BuildConfig(), HOST)
+    builder = SimulatedBuilder(demo_model, request.build_config, HOST)
+
+    def failing(_path: Path, _inputs: object) -> dict[str, object]:
+        raise RuntimeError("injected: bad kernel")
+
+    builder.infer = failing
+    summary = run_build(request, builder).summary
+    assert summary["validationStatus"] == "fail"
+    moved = Path(summary["validation"]["quarantinedTo"])
+    reason = moved.with_name(moved.name + ".reason").read_text()
+    assert "failed validation" in reason, f"{moved} now holds: {reason!r}"
+    assert hashlib.sha256(moved.read_bytes()).hexdigest() == summary["baseline"]["engineSha256"]
 
 
 @pytest.mark.parametrize(
