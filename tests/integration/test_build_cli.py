@@ -267,9 +267,8 @@ _session.validate_build = _slow
 """
 
 
-def test_a_forced_exit_during_validation_leaves_no_engine_to_reuse(
-    demo_model: Path, tmp_path: Path
-) -> None:
+def _validating_build(demo_model: Path, tmp_path: Path) -> subprocess.Popen[str]:
+    """``inferd build`` held in its validation (``SLOW_VALIDATION``), once it is there."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_VALIDATION)
@@ -288,6 +287,18 @@ def test_a_forced_exit_during_validation_leaves_no_engine_to_reuse(
         wait_until(
             lambda: proc.poll() is None and validating.exists(), timeout=60, message="validation"
         )
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc
+
+
+def test_a_forced_exit_during_validation_leaves_no_engine_to_reuse(
+    demo_model: Path, tmp_path: Path
+) -> None:
+    proc = _validating_build(demo_model, tmp_path)
+    try:
         proc.send_signal(signal.SIGINT)
         _wait_for_event(proc, tmp_path, "cancel_requested")
         proc.send_signal(signal.SIGINT)  # forced
@@ -310,26 +321,10 @@ def test_a_killed_build_s_staging_is_removed_by_the_next_build_of_any_engine(
     """A build SIGKILLed while validating (OOM killer, power loss) leaves its staged
     engine; a later build of another engine name removes it (no live process holds
     its staging lock)."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_VALIDATION)
-    validating = tmp_path / "validating"
-    env = fake_gpu_env(None, INFERD_TEST_VALIDATING=str(validating))
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
-    proc = subprocess.Popen(
-        _command(demo_model, tmp_path),
-        env=env,
-        cwd=REPO,
-        text=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = _validating_build(demo_model, tmp_path)
     try:
-        wait_until(
-            lambda: proc.poll() is None and validating.exists(), timeout=60, message="validation"
-        )
         proc.send_signal(signal.SIGKILL)  # OOM killer, power loss, kill -9
-        proc.wait(timeout=30)
+        proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
