@@ -16,7 +16,7 @@ import pytest
 from inferd.engines.sidecar import read_sidecar
 from inferd.fdr.reader import ReadReport, read_records
 from inferd_client import InferenceClient, OperatorClient
-from tests.conftest import DaemonFactory, DaemonProcess
+from tests.conftest import DaemonFactory, DaemonProcess, wait_until
 from tests.fakes.gpu_site import fake_gpu_env
 from tests.integration.test_daemon_builds import control
 from tests.integration.test_daemon_trt_build import wait_finished
@@ -52,10 +52,20 @@ def assert_within_caps(engine_dir: Path) -> None:
 
 
 def build(daemon: DaemonProcess, **arguments: Any) -> dict[str, Any]:
+    """A build run to its end: its ``engine_build`` record, which the daemon writes
+    after pruning (its state reads ``completed`` in ``build.status`` just before)."""
     reply = control(daemon, "build.start", model="demo", **arguments)
     assert reply.get("ok"), reply
-    status = wait_finished(daemon, str(reply["result"]["build_id"]))
+    build_id = str(reply["result"]["build_id"])
+    status = wait_finished(daemon, build_id)
     assert status["state"] == "completed", status["error"]
+    directory = daemon.workdir / "state" / "fdr"
+
+    def recorded() -> bool:
+        records = read_records(directory, ReadReport(), kinds=["engine_build"])
+        return any(record.payload.get("build_id") == build_id for record in records)
+
+    wait_until(recorded, message=f"the engine_build record of {build_id}")
     return status
 
 
