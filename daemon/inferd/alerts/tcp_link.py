@@ -80,11 +80,16 @@ class TcpLink:
                 raise
 
     def close(self) -> None:
+        """Close the connection and wait (one connect timeout at most) for a connecting
+        thread: nothing of the link outlives its hook."""
         self._closed.set()
         with self._lock:
             sock, self._sock = self._sock, None
+            connector = self._connector
         if sock is not None:
             sock.close()
+        if connector is not None and connector is not threading.current_thread():
+            connector.join(self._connect_timeout_s + 1.0)
 
     def _start_connector(self) -> None:
         """Call with the lock held."""
@@ -114,6 +119,8 @@ class TcpLink:
             except Exception as exc:  # OSError, and a host getaddrinfo cannot encode
                 with self._lock:
                     self._last_error = repr(exc)
+                if self._closed.is_set():
+                    return  # closed while connecting: nothing to report
                 if attempts == 1:  # once per outage: the dispatcher reports each lost alert
                     log.warning(
                         "mavlink_tcp_connect_failed",
