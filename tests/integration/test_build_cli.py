@@ -229,6 +229,11 @@ def test_an_engine_that_failed_validation_is_quarantined_never_reused_or_trusted
     (summary,) = _summaries(tmp_path)
     moved = Path(summary["validation"]["quarantinedTo"])
     assert moved.parent == tmp_path / "engines" / "quarantine" and moved.exists()
+    _assert_the_next_build_builds_rather_than_reuses(demo_model, tmp_path)
+
+
+def _assert_the_next_build_builds_rather_than_reuses(demo_model: Path, tmp_path: Path) -> None:
+    """Nothing an unvalidated build left is reused, nor recorded in a manifest."""
     manifest = tmp_path / "deploy-manifest.json"
     again = _build(demo_model, tmp_path, "--manifest", str(manifest))
     assert again.returncode == 0, again.stderr
@@ -309,10 +314,7 @@ def test_a_forced_exit_during_validation_leaves_no_engine_to_reuse(
     assert proc.returncode == EXIT_FORCED, err
     _no_partial_files(tmp_path)
     assert not (tmp_path / "engines" / "staging").exists()
-    manifest = tmp_path / "deploy-manifest.json"
-    again = _build(demo_model, tmp_path, "--manifest", str(manifest))
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "built"
+    _assert_the_next_build_builds_rather_than_reuses(demo_model, tmp_path)
 
 
 def test_a_killed_build_s_staging_is_removed_by_the_next_build_of_any_engine(
