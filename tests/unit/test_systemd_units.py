@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from inferd.cli.main import EXIT_USAGE
+from inferd.config.sections import DaemonConfig
 from tests.conftest import REPO
 
 UNITS = ("inferd.service", "inferd@.service")
@@ -108,14 +109,19 @@ def test_unit_settings(unit: str) -> None:
         "Service.DevicePolicy": ["closed"],
         "Service.ProtectSystem": ["strict"],
         "Service.NoNewPrivileges": ["yes"],
+        # The daemon raises its soft descriptor limit to the hard one (DESIGN.md 128).
+        "Service.LimitNOFILE": ["65536"],
     }
     for key, value in expect.items():
         assert settings.get(key) == value, key
     assert "Unit.StartLimitIntervalSec" in settings and "Unit.StartLimitBurst" in settings
     watchdog_s = int(settings["Service.WatchdogSec"][0])
     stop_s = int(settings["Service.TimeoutStopSec"][0])
-    # Stop must cover the default drain (2 s) plus the joins and the FDR flush.
-    assert stop_s >= 2 + 30 and watchdog_s >= 4
+    # Stop must cover what the daemon asks for by default: the drain, the builds'
+    # cancel grace, and the joins and the FDR flush.
+    defaults = DaemonConfig(state_dir=Path("/var/lib/inferd"), runtime_dir=Path("/run/inferd"))
+    asked_s = defaults.shutdown_drain_ms / 1000 + defaults.build_cancel_grace_s + 30
+    assert stop_s >= asked_s and watchdog_s >= 4
     devices = " ".join(settings["Service.DeviceAllow"])
     for node in ("/dev/nvmap", "/dev/nvhost-ctrl-gpu", "/dev/nvgpu/igpu0/ctrl", "char-nvidia*"):
         assert node in devices

@@ -127,7 +127,8 @@ def _daemon(table: TomlTable, base_dir: Path) -> DaemonConfig:
     default_state, default_runtime = _default_dirs()
     state_dir = _resolve(base_dir, table.take("state_dir", str, str(default_state)))
     runtime_dir = _resolve(base_dir, table.take("runtime_dir", str, str(default_runtime)))
-    daemon = DaemonConfig(
+    return table.finish_into(
+        DaemonConfig,
         state_dir=state_dir,
         runtime_dir=runtime_dir,
         log_level=table.take("log_level", str, "info"),
@@ -138,12 +139,11 @@ def _daemon(table: TomlTable, base_dir: Path) -> DaemonConfig:
         startup_extend_s=table.take("startup_extend_s", float, 300.0),
         build_cancel_grace_s=table.take("build_cancel_grace_s", float, 10.0),
     )
-    table.finish()
-    return daemon
 
 
 def _bus(table: TomlTable, endpoints: Endpoints) -> BusConfig:
-    bus = BusConfig(
+    return table.finish_into(
+        BusConfig,
         infer_endpoint=table.take("infer_endpoint", str, endpoints.infer),
         control_endpoint=table.take("control_endpoint", str, endpoints.control),
         events_endpoint=table.take("events_endpoint", str, endpoints.events),
@@ -158,8 +158,6 @@ def _bus(table: TomlTable, endpoints: Endpoints) -> BusConfig:
         send_buffer_bytes=table.take("send_buffer_bytes", int, DEFAULT_SEND_BUFFER_BYTES),
         max_connections=table.take("max_connections", int, 256),
     )
-    table.finish()
-    return bus
 
 
 def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig:
@@ -172,7 +170,8 @@ def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig
     engine_manifest = table.take_optional("engine_manifest", str)
     if engine_manifest is not None and not engine_manifest.strip():
         raise ConfigError("runtime.engine_manifest must name a file, got an empty string")
-    runtime = RuntimeConfig(
+    return table.finish_into(
+        RuntimeConfig,
         enabled=table.take_strings("enabled", RUNTIME_LABELS),
         gpu_memory_budget_bytes=table.take("gpu_memory_budget_bytes", int, 4 * 1024**3),
         ort_trt_cache_dir=_resolve(state_dir, cache_dir),
@@ -188,12 +187,11 @@ def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig
         rebuild_max_attempts=table.take("rebuild_max_attempts", int, 3),
         tensorrt_failover_after_errors=table.take("tensorrt_failover_after_errors", int, 3),
     )
-    table.finish()
-    return runtime
 
 
 def _fdr(table: TomlTable, state_dir: Path) -> FdrConfig:
-    fdr = FdrConfig(
+    return table.finish_into(
+        FdrConfig,
         directory=_resolve(state_dir, table.take("directory", str, "fdr")),
         enabled=table.take("enabled", bool, True),
         fsync_interval_ms=table.take("fsync_interval_ms", int, 100),
@@ -201,8 +199,6 @@ def _fdr(table: TomlTable, state_dir: Path) -> FdrConfig:
         max_total_bytes=table.take("max_total_bytes", int, 256 * 1024 * 1024),
         queue_capacity=table.take("queue_capacity", int, 4096),
     )
-    table.finish()
-    return fdr
 
 
 def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
@@ -210,7 +206,8 @@ def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
     # With the recorder disabled the default hooks leave out 'fdr'; naming it
     # explicitly is still an error below.
     default_hooks = tuple(h for h in defaults.hooks if fdr.enabled or h != "fdr")
-    alerts = AlertsConfig(
+    alerts = table.finish_into(
+        AlertsConfig,
         hooks=table.take_strings("hooks", default_hooks),
         rate_limit_s=table.take("rate_limit_s", float, defaults.rate_limit_s),
         mavlink_endpoint=table.take("mavlink_endpoint", str, defaults.mavlink_endpoint),
@@ -221,7 +218,6 @@ def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
             "mavlink_source_component", int, defaults.mavlink_source_component
         ),
     )
-    table.finish()
     if "fdr" in alerts.hooks and not fdr.enabled:
         raise ConfigError("alerts.hooks includes 'fdr' but fdr.enabled is false")
     return alerts
@@ -229,7 +225,8 @@ def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
 
 def _thermal(table: TomlTable, runtime: RuntimeConfig) -> ThermalConfig:
     defaults = ThermalConfig()
-    thermal = ThermalConfig(
+    return table.finish_into(
+        ThermalConfig,
         sources=table.take_strings("sources", defaults.sources),
         poll_hz=table.take("poll_hz", float, defaults.poll_hz),
         sysfs_root=Path(table.take("sysfs_root", str, str(defaults.sysfs_root))),
@@ -239,25 +236,23 @@ def _thermal(table: TomlTable, runtime: RuntimeConfig) -> ThermalConfig:
         hysteresis_c=table.take("hysteresis_c", float, defaults.hysteresis_c),
         nvml_device_index=table.take("nvml_device_index", int, runtime.device_id),
     )
-    table.finish()
-    return thermal
 
 
 def _builds(table: TomlTable) -> BuildsConfig:
     defaults = BuildsConfig()
-    builds = BuildsConfig(
+    return table.finish_into(
+        BuildsConfig,
         max_count=table.take("max_count", int, defaults.max_count),
         max_bytes=table.take("max_bytes", int, defaults.max_bytes),
         start_burst=table.take("start_burst", int, defaults.start_burst),
         start_refill_s=table.take("start_refill_s", float, defaults.start_refill_s),
     )
-    table.finish()
-    return builds
 
 
 def _shm(table: TomlTable, socket: Path, runtime_dir: Path) -> ShmConfig:
     defaults = ShmConfig(socket=socket)
-    shm = ShmConfig(
+    return table.finish_into(
+        ShmConfig,
         socket=_resolve(runtime_dir, table.take("socket", str, str(defaults.socket))),
         enabled=table.take("enabled", bool, defaults.enabled),
         max_connections=table.take("max_connections", int, defaults.max_connections),
@@ -270,22 +265,19 @@ def _shm(table: TomlTable, socket: Path, runtime_dir: Path) -> ShmConfig:
         max_bytes_per_uid=table.take("max_bytes_per_uid", int, defaults.max_bytes_per_uid),
         max_bytes_total=table.take("max_bytes_total", int, defaults.max_bytes_total),
     )
-    table.finish()
-    return shm
 
 
 def _metrics(table: TomlTable, state_dir: Path) -> MetricsConfig:
     textfile_dir = table.take("textfile_dir", str, "")  # "": no textfile
     if textfile_dir and not textfile_dir.strip():
         raise ConfigError("metrics.textfile_dir must name a directory, got blanks")
-    metrics = MetricsConfig(
+    return table.finish_into(
+        MetricsConfig,
         listen=table.take("listen", str, ""),
         allow_non_loopback=table.take("allow_non_loopback", bool, False),
         textfile_dir=_resolve(state_dir, textfile_dir) if textfile_dir else None,
         textfile_interval_s=table.take("textfile_interval_s", float, 15.0),
     )
-    table.finish()
-    return metrics
 
 
 def _security(table: TomlTable, state_dir: Path) -> SecurityConfig:
@@ -307,7 +299,8 @@ def _security(table: TomlTable, state_dir: Path) -> SecurityConfig:
     for key, value in (("curve_secret_key", secret), ("curve_clients_dir", clients)):
         if not value.strip():
             raise ConfigError(f"security.{key} must name a path, got an empty string")
-    security = SecurityConfig(
+    return table.finish_into(
+        SecurityConfig,
         infer=access["infer"],
         control=access["control"],
         events=access["events"],
@@ -316,8 +309,6 @@ def _security(table: TomlTable, state_dir: Path) -> SecurityConfig:
         curve_secret_key=_resolve(state_dir, secret),
         curve_clients_dir=_resolve(state_dir, clients),
     )
-    table.finish()
-    return security
 
 
 def _principals(key: str, texts: tuple[str, ...]) -> tuple[Principal, ...]:
@@ -334,7 +325,8 @@ def _model(table: TomlTable, base_dir: Path) -> ModelConfig:
             f"models[{name!r}].precision: {precision!r} is not one of "
             f"{[mode.value for mode in PrecisionMode]}"
         ) from None
-    model = ModelConfig(
+    return table.finish_into(
+        ModelConfig,
         name=name,
         path=_resolve(base_dir, table.take_required("path", str)),
         runtime=table.take("runtime", str, "onnx_trt_ep"),
@@ -352,8 +344,6 @@ def _model(table: TomlTable, base_dir: Path) -> ModelConfig:
         ),
         max_load_s=table.take("max_load_s", float, DEFAULT_MAX_LOAD_S),
     )
-    table.finish()
-    return model
 
 
 def _profile(table: TomlTable) -> OptimizationProfile:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from inferd.errors import ConfigError
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class ConfigErrors:
@@ -83,7 +84,11 @@ class TomlTable:
     def take_required(self, key: str, kind: type[T]) -> T:
         self._known.append(key)
         if key not in self._data:
-            self._errors.add(f"{self._where}.{key} is required")
+            # The section stops here, before its unknown keys are listed: name the
+            # one that looks like a misspelling of this key now.
+            near = difflib.get_close_matches(key, list(self._data), n=1)
+            hint = f" (is {near[0]!r} a misspelling of it?)" if near else ""
+            self._errors.add(f"{self._where}.{key} is required{hint}")
             raise SectionAbandoned
         try:
             return self._convert(key, self._data.pop(key), kind)
@@ -147,6 +152,13 @@ class TomlTable:
     @property
     def errors(self) -> ConfigErrors:
         return self._errors
+
+    def finish_into(self, factory: Callable[P, T], *args: P.args, **values: P.kwargs) -> T:
+        """``factory(**values)`` once the table is finished: every value is taken
+        (the arguments are evaluated first), so a value that the factory's own
+        rules refuse never hides an unknown key of the same table."""
+        self.finish()
+        return factory(*args, **values)
 
     def finish(self) -> None:
         for key in sorted(self._data):

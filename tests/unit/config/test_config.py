@@ -150,6 +150,32 @@ def test_invalid_configs_are_refused_with_a_precise_message(
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "messages"),
+    [
+        (
+            "[daemon]\nlog_levl = 'info'\nshutdown_drain_ms = -1\n" + MINIMAL,
+            ["daemon: unknown key 'log_levl'", "daemon.shutdown_drain_ms must be"],
+        ),
+        (
+            "[[models]]\nnam = 'demo'\npath = 'demo.onnx'\n",
+            ["models[0].name is required (is 'nam' a misspelling of it?)"],
+        ),
+    ],
+)
+def test_a_section_refused_still_names_its_misspelt_keys(
+    tmp_path: Path, text: str, messages: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_text(tmp_path, text)
+    listed = [line.removeprefix("  - ") for line in str(raised.value).splitlines()[1:]]
+    if len(messages) == 1:
+        listed = [str(raised.value)]
+    assert len(listed) == len(messages), str(raised.value)
+    for message, line in zip(messages, listed, strict=True):
+        assert line.startswith(message), str(raised.value)
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config"):
         config.load(tmp_path / "absent.toml")

@@ -12,7 +12,7 @@ import pytest
 
 
 def decode_entry(data: bytes) -> list[tuple[str, bytes]]:
-    """The journald side of the native protocol (docs/JOURNAL_NATIVE_PROTOCOL.md)."""
+    """The journald side of the native protocol (https://systemd.io/JOURNAL_NATIVE_PROTOCOL/)."""
     fields, offset = [], 0
     while offset < len(data):
         newline = data.index(b"\n", offset)
