@@ -283,7 +283,9 @@ def health(result: Mapping[str, Any]) -> list[str]:
         ]
     )
     models = [{"model": name, **model} for name, model in result.get("models", {}).items()]
-    return [*lines, "", *table(models, [*MODEL_COLUMNS[:3], MODEL_COLUMNS[4]])]
+    # health carries the queue's depth, not its capacity (that is in status).
+    queued: Column = ("QUEUED", lambda m: m.get("queue_depth", 0))
+    return [*lines, "", *table(models, [*MODEL_COLUMNS[:3], queued])]
 
 
 def models(result: Mapping[str, Any]) -> list[str]:

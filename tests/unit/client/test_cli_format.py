@@ -71,6 +71,21 @@ def test_status_is_a_table_with_fallback_and_reasons() -> None:
     assert all(line == line.rstrip() for line in text.splitlines())
 
 
+def test_health_shows_each_models_queued_requests() -> None:
+    reply = {
+        "state": "serving",
+        "uptime_s": 3,
+        "thermal": "nominal",
+        "threads": {"bus": True},
+        "models": {"demo": {"state": "serving", "runtime": "onnx_trt_ep", "queue_depth": 3}},
+    }
+    lines = cli_format.health(reply)
+    heading = next(line for line in lines if line.startswith("MODEL"))
+    row = next(line for line in lines if line.startswith("demo"))
+    assert heading.split() == ["MODEL", "STATE", "RUNTIME", "QUEUED"]
+    assert row.split() == ["demo", "serving", "onnx_trt_ep", "3"]
+
+
 def test_generic_documents_indent_maps_and_tabulate_lists() -> None:
     lines = cli_format.generic(
         {"build_id": "b1", "config": {"precision": "fp16"}, "rows": [{"k": 1}, {"k": 2}]}
