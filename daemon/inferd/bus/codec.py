@@ -21,6 +21,7 @@ and checked here, as before: every function below takes either.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,10 @@ from inferd_wire.protocol import Code, ProtocolError, RequestId
 
 #: A described tensor: name, wire dtype name, dtype, shape.
 Parsed = tuple[str, str, np.dtype[Any], tuple[int, ...]]
+
+#: The most bytes an array's dimensions may span (numpy's ``intp``), even one of
+#: no element: numpy refuses a shape past it with ``ValueError``.
+_MAX_SPAN_BYTES = int(np.iinfo(np.intp).max)
 
 
 @dataclass(frozen=True)
@@ -174,16 +179,36 @@ def _descriptors(
             + (f" in frames (and {placed} in regions)" if placed else "")
             + f" but the message carries {len(tensors)} tensor frames",
         )
+    parsed: list[Parsed]
     if isinstance(header, InferHeader):
         dtypes = protocol.WIRE_DTYPES
-        return [(d.name, d.dtype, dtypes[d.dtype], tuple(d.shape)) for d in header.inputs or ()]
-    parsed = []
-    for index, descriptor in enumerate(descriptors):
-        name, dtype, shape = protocol.parse_descriptor(index, descriptor)
-        # parse_descriptor accepted descriptor["dtype"] only as an allowed numpy
-        # dtype name, so it equals dtype.name (a slow property: ~5 us a call).
-        parsed.append((name, descriptor["dtype"], dtype, shape))
+        parsed = [(d.name, d.dtype, dtypes[d.dtype], tuple(d.shape)) for d in header.inputs or ()]
+    else:
+        parsed = []
+        for index, descriptor in enumerate(descriptors):
+            name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+            # parse_descriptor accepted descriptor["dtype"] only as an allowed numpy
+            # dtype name, so it equals dtype.name (a slow property: ~5 us a call).
+            parsed.append((name, descriptor["dtype"], dtype, shape))
+    for name, _, dtype, shape in parsed:
+        check_span(f"tensor {name!r}", dtype, shape)
     return parsed
+
+
+def check_span(where: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
+    """Refuse an empty tensor whose other dimensions span more than an array may:
+    its 0 bytes pass the length check, and viewing it raised ``ValueError``
+    (``INTERNAL`` at admission; validated late, on the engine worker, the end of
+    the thread).  A tensor with elements is bounded by its frame or range."""
+    if 0 not in shape:
+        return
+    span = math.prod(dim for dim in shape if dim) * dtype.itemsize
+    if span > _MAX_SPAN_BYTES:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{where}: shape {list(shape)} holds no element, but its other dimensions of "
+            f"{dtype.name} span {span} bytes; an array spans at most {_MAX_SPAN_BYTES}",
+        )
 
 
 def _views(
@@ -211,8 +236,11 @@ def check_descriptors(
     header: Header, tensors: Sequence[memoryview], regions: RequestRegions | None = None
 ) -> None:
     """What can be checked without the model's IO spec: descriptor syntax,
-    frame count and each frame's (or region range's) byte length."""
+    frame count and each frame's (or region range's) byte length, and that each
+    placed output can be viewed."""
     _views(_descriptors(header, tensors, regions), tensors, regions)
+    for placement in regions.outputs if regions is not None else ():
+        check_span(f"output {placement.name!r}", placement.dtype, placement.shape)
 
 
 def validate_inputs(
@@ -312,6 +340,7 @@ def check_outputs(
         _check_spec(
             where, protocol.wire_dtype_name(placement.name, placement.dtype), placement.shape, spec
         )
+        check_span(where, placement.dtype, placement.shape)
 
 
 def output_views(regions: RequestRegions | None) -> dict[str, np.ndarray]:

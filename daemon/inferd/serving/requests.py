@@ -76,6 +76,12 @@ def job_error(job: Job, code: Code, message: str) -> Reply:
     return Reply(job.envelope, protocol.error_header(job.request_id, code, message))
 
 
+def _answered_internal(slot: ModelSlot) -> None:
+    """Count an admission that failed on a bug: the dispatcher answers it
+    ``INTERNAL`` (``Dispatcher.answer``), and ``status`` must count every answer."""
+    slot.stats.answered(str(Code.INTERNAL))
+
+
 class RequestRouter:
     def __init__(
         self,
@@ -137,6 +143,9 @@ class RequestRouter:
         except ProtocolError as exc:
             slot.stats.answered(str(exc.code))
             raise
+        except Exception:
+            _answered_internal(slot)
+            raise
         return None
 
     def admission_status(self) -> dict[str, int]:
@@ -180,6 +189,9 @@ class RequestRouter:
         except ProtocolError as exc:
             slot.stats.answered(str(exc.code))
             raise
+        except Exception:
+            _answered_internal(slot)
+            raise
         return None
 
     def _lease_prepared(self, prepared: PreparedRequest, request: Request) -> RequestRegions:
@@ -202,16 +214,20 @@ class RequestRouter:
         plan: AdmissionPlan | None,
         key: bytes | None,
     ) -> None:
+        # The state before the handle: the worker sets the handle, then "serving"
+        # (activation, a swap), so a handle read after "serving" is set; read the
+        # other way round, a model becoming serving between the reads was refused.
+        state = slot.state
         handle = slot.handle
         if plan is not None and plan.handle is not handle:
             plan = None  # the handle changed since the plan was looked up: check again
         outputs = None
-        if slot.state == "loading":
+        if state == "loading":
             # Loading or failing over: the request waits (up to its deadline)
             # and is validated against the IO spec once the model serves.
             check_descriptors(request.header, request.tensors, regions)
             inputs = None
-        elif slot.state == "serving" and handle is not None:
+        elif state == "serving" and handle is not None:
             # The checks in the order validate_inputs, validate_outputs make them.
             if plan is not None:  # an identical header passed them against this handle
                 inputs = input_views(plan.inputs, request.tensors, regions)
