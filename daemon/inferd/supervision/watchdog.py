@@ -202,6 +202,7 @@ class Watchdog:
         self.silent: dict[str, float] = {}
         self.stalls: dict[str, Stall] = {}
         self.waiting: dict[str, DeclaredOperation] = {}
+        self._ready = False
         self.pings = 0
         self.withheld = 0
 
@@ -224,7 +225,11 @@ class Watchdog:
         it; True when a ping went out.  Before ``READY=1`` (``ready=False``) it only
         reports: systemd arms its watchdog once start-up is complete."""
         now = self._clock()
-        if self._next_check_ns is not None and now < self._next_check_ns:
+        became_ready = ready and not self._ready
+        self._ready = ready
+        # At READY=1 the load start-up waited for is over: re-read the threads at
+        # once, or STATUS= would say it still waits until the next check.
+        if not became_ready and self._next_check_ns is not None and now < self._next_check_ns:
             return False
         self._now_ns = now
         stalls, waiting = assess(self._probe(), now, self.settings.silence_limit_s)

@@ -170,3 +170,20 @@ def test_before_ready_it_reports_but_never_pings(receiver: tuple[socket.socket, 
     clock.now += 600 * S
     assert startup_extension_s(main.threads, clock.now, minimum_s=300.0) == 297.0 + STARTUP_GRACE_S
     assert startup_extension_s({"bus": Liveness(clock.now)}, clock.now, 300.0) == 300.0
+
+
+def test_at_ready_status_no_longer_says_it_waits_for_the_load(
+    receiver: tuple[socket.socket, str],
+) -> None:
+    """The first tick after READY=1 re-reads the threads: a load that ended with
+    start-up is not still shown as waited for until the next scheduled check."""
+    clock = Clock()
+    main = Daemonish(receiver, clock)
+    main.threads["engine_worker"] = Liveness(clock.now, DeclaredOperation(LOAD, clock.now, 900.0))
+    main.run_for(1, ready=False)
+    assert any("waiting: engine_worker" in line for line in main.received())
+    main.threads["engine_worker"] = Liveness(clock.now)  # loaded: the worker beats again
+    main.run_for(0.01, step_s=0.01)  # the main loop's first tick, just after READY=1
+    lines = main.received()
+    assert "WATCHDOG=1" in lines
+    assert [line for line in lines if line.startswith("STATUS=")] == ["STATUS=ok"]
