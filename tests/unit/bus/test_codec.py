@@ -71,10 +71,16 @@ def decode_and_validate(frames: list[Frame]) -> dict[str, np.ndarray]:
 
 def test_valid_request_round_trips_zero_copy_read_only() -> None:
     inputs = valid_inputs()
-    arrays = decode_and_validate(encoded(inputs))
+    frames = encoded(inputs)
+    arrays = decode_and_validate(frames)
     for name, value in inputs.items():
         np.testing.assert_array_equal(arrays[name], value)
         assert not arrays[name].flags.writeable
+    for typed in (True, False):  # each input a view of its own frame, on both paths
+        decoded = decode_request(frames, LIMITS, typed=typed)
+        views = validate_inputs(decoded.header, decoded.tensors, SPECS)
+        for frame, name in zip(frames[1:], inputs, strict=True):
+            assert np.shares_memory(views[name], np.frombuffer(frame.buffer, np.uint8)), name
 
 
 def test_big_endian_and_non_contiguous_inputs_are_normalised_by_the_client() -> None:

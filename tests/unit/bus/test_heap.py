@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from inferd.bus import heap
 from inferd.bus.heap import HeapTrimmer
 
 MS = 1_000_000
@@ -25,10 +28,19 @@ def test_trims_after_the_delay_and_at_most_once_per_interval() -> None:
     assert len(calls) == 2
 
 
-def test_without_malloc_trim_nothing_happens() -> None:
+def test_without_malloc_trim_nothing_happens(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A C library without malloc_trim (musl), whatever this machine's is.
+    monkeypatch.setattr(heap, "glibc_malloc_trim", lambda: None)
     trimmer = HeapTrimmer(trim=None)
-    if trimmer.available:  # glibc: the real one was found
-        return
+    assert not trimmer.available
+    trimmer.request(0)
+    trimmer.run_due(10**12)  # would call the missing function
+    assert trimmer.trims == 0
+
+
+def test_on_glibc_the_real_malloc_trim_is_found_and_runs() -> None:
+    trimmer = HeapTrimmer(trim=None)
+    assert trimmer.available, "no malloc_trim in this process's C library"
     trimmer.request(0)
     trimmer.run_due(10**12)
-    assert trimmer.trims == 0
+    assert trimmer.trims == 1

@@ -15,6 +15,7 @@ from inferd_client import EventSubscriber
 from inferd_client import events as events_module
 from inferd_client.cli import EXIT_UNREACHABLE, EXIT_USAGE, main
 from inferd_wire.topics import TOPICS, check_topic
+from tests.conftest import HANG_S
 
 REFUSED = ["bogus", "thermals", "healthy", "Health", " health", "health ", "h*"]
 ACCEPTED = ["", "h", "he", "health", "therm", "build", "alert", "run", "runtime"]
@@ -60,10 +61,23 @@ def test_the_subscriber_refuses_an_unknown_topic_before_any_socket_work(
 
 @pytest.mark.parametrize("topics", [(), ("",), ("he",), ("build", "thermal")])
 def test_the_subscriber_takes_topics_and_their_prefixes(topics: tuple[str, ...]) -> None:
+    """And subscribes to exactly those (none: every topic), as the publisher sees it."""
     context: zmq.Context[Any] = zmq.Context()
     try:
+        publisher = context.socket(zmq.XPUB)  # receives each (un)subscription
+        publisher.bind("inproc://events")
         with EventSubscriber("inproc://events", topics=topics, context=context):
             pass
+        # Its subscriptions, then, as it closed, their cancellations: these end the list.
+        messages: list[bytes] = []
+        open_: set[bytes] = set()
+        while not messages or open_:
+            assert publisher.poll(int(HANG_S * 1000)), f"no more subscriptions after {messages}"
+            message = publisher.recv()
+            messages.append(message)
+            (open_.add if message[:1] == b"\x01" else open_.discard)(message[1:])
+        taken = sorted(message[1:] for message in messages if message[:1] == b"\x01")
+        assert taken == sorted({topic.encode() for topic in topics} or {b""})
     finally:
         context.destroy(linger=0)
 

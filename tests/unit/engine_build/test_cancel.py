@@ -163,4 +163,12 @@ def test_asyncio_cancellation_sets_the_token_and_waits_for_the_build() -> None:
 
 
 def test_run_build_async_returns_the_result() -> None:
-    assert asyncio.run(run_build_async(lambda token: token.is_set())) is False
+    result = object()  # no value the call could make up
+    tokens: list[CancellationToken] = []
+
+    def build(token: CancellationToken) -> object:
+        tokens.append(token)
+        return result
+
+    assert asyncio.run(run_build_async(build)) is result
+    assert len(tokens) == 1 and not tokens[0].is_set()  # a fresh token of its own
