@@ -24,7 +24,8 @@ from inferd.bus.dispatch import Dispatcher
 from inferd.bus.handler import Prepared, Reply, RequestHandler, error_reply
 from inferd.bus.headers import InferHeader
 from inferd.bus.repeats import Repeat, repeat_of
-from inferd.shm.connections import Message, ShmConnection, ShmConnections
+from inferd.shm.connections import ShmConnection, ShmConnections
+from inferd.shm.messages import Message, fitted
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES, SHM_OPS
@@ -99,6 +100,9 @@ def _read(
     limits: Limits,
     repeat: Repeat | None,
 ) -> tuple[Request, ProtocolError | None] | None:
+    if message.unread:
+        shm.leave_unread(entry)
+        return None
     if message.closed:
         shm.end_of_input(entry)
         return None
@@ -168,6 +172,8 @@ def _admit(
 def send_shm_reply(shm: ShmConnections, parts: list[Any]) -> None:
     """Send a reply (``[route, header]``) to its shm connection: one message."""
     route, header = parts[0], parts[1]
+    if len(parts) == 2 and len(header) > MAX_SHM_MESSAGE_BYTES:
+        header = _refitted(header)
     if len(parts) > 2 or len(header) > MAX_SHM_MESSAGE_BYTES:
         # Never expected (every output is placed; headers are small): answered with
         # what went wrong rather than cut short.
@@ -184,3 +190,14 @@ def send_shm_reply(shm: ShmConnections, parts: list[Any]) -> None:
             )
         )
     shm.reply(route, header)
+
+
+def _refitted(header: bytes) -> bytes:
+    """An error reply over the bound (its message quotes the request: a long model
+    name, escaped) cut to fit, keeping its code (``shm.messages.fitted``); any other
+    reply as it is."""
+    with contextlib.suppress(ProtocolError):
+        unpacked = protocol.unpack_header(header, len(header))
+        if unpacked.get("ok") is False:
+            return fitted(unpacked)
+    return header

@@ -16,8 +16,11 @@ the views, the deadline, the queue).
 
 At most ``MAX_PREPARED`` are kept, ``MAX_PREPARED_PER_CONNECTION`` of them one
 connection's, the oldest dropped; a closed connection's route is never used
-again (a ZeroMQ peer may choose its routing id, but what is kept for frames
-alone depends on nothing of the peer), so its entries only wait to be dropped.
+again, so its entries only wait to be dropped.  A ZeroMQ peer chooses its own
+routing id, so another peer may take over a routing id used before: what is
+kept under one depends on nothing of the peer (frames alone), and a request
+with regions is kept only under a shm connection's route, whose uid is fixed
+(its placement is leased for that uid).
 Nothing here holds a view or a lease: the regions are leased per request by
 id, and the tensors placed as the last time when the regions leased are the
 same objects.
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from inferd.bus.headers import InferHeader
 from inferd.bus.plans import AdmissionPlan
 from inferd.serving.slot import ModelSlot
+from inferd.shm.connections import is_shm_route
 from inferd.shm.leases import Placement
 
 #: Prepared admissions kept (a camera loop needs one per connection; a message is
@@ -72,6 +76,11 @@ class PreparedRequests:
         return self._prepared.get((route, prefix))
 
     def remember(self, route: bytes, prefix: bytes, prepared: PreparedRequest) -> None:
+        if prepared.placement is not None and not is_shm_route(route):
+            # On the infer socket the uid is the header frame's, per message, and a
+            # routing id may pass to a peer of another uid: leasing the placement
+            # for a repeat would skip the regions' owner check (a review found it).
+            return
         key = (route, prefix)
         if key not in self._prepared:
             own = [known for known in self._prepared if known[0] == route]

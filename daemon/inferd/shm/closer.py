@@ -12,8 +12,10 @@ registration thread (DESIGN.md 120).
 
 What waits here is bounded: past ``MAX_WAITING`` (a close that does not end,
 and clients that keep sending descriptors), the connection that brought more is
-closed and new connections are refused (``RESOURCE_EXHAUSTED``); past twice as
-many, the registration thread accepts none until fewer wait.
+closed, a message bringing more than one memfd is not read at all (its
+connection is closed: ``shm.messages``) and new connections are refused
+(``RESOURCE_EXHAUSTED``); past twice as many, the registration thread accepts
+none until fewer wait.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ client's routing id.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import os
 import secrets
@@ -39,11 +38,11 @@ from typing import Any
 import structlog
 
 from inferd.shm.closer import DescriptorCloser
+from inferd.shm.messages import Message, fitted, hung_up, read_message
 from inferd.shm.regions import Connection, RegionTable
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
 from inferd_wire.regions import (
-    MAX_SHM_MESSAGE_BYTES,
     SHM_OPS,
     parse_label,
     parse_region_id,
@@ -52,10 +51,6 @@ from inferd_wire.regions import (
 
 log = structlog.get_logger("inferd.shm")
 
-_FD = array.array("i").itemsize
-#: The most descriptors one message can carry (Linux's ``SCM_MAX_FD``): room for
-#: all, so that the kernel never drops one (its last close would run on the reader).
-_MAX_FDS = 253
 #: The prefix of every shm connection's route (then its number as 8 big-endian
 #: bytes, then the daemon's random route key).
 _ROUTE_PREFIX = b"\x00shm"
@@ -63,24 +58,10 @@ _ROUTE_KEY_BYTES = 16
 _ROUTE_BYTES = len(_ROUTE_PREFIX) + 8 + _ROUTE_KEY_BYTES
 #: A connection with one of these waiting is read (its end, too, is readable).
 _READABLE = select.EPOLLIN | select.EPOLLRDHUP
-#: ``poll``'s word for a peer that sent its last message (closed, or shut down).
-_ENDED = select.POLLRDHUP | select.POLLHUP
 
 
 def is_shm_route(routing_id: bytes) -> bool:
     return len(routing_id) == _ROUTE_BYTES and routing_id.startswith(_ROUTE_PREFIX)
-
-
-@dataclass
-class Message:
-    """One message read from a connection: its bytes, the descriptors it carried
-    (``ShmConnections.discard_fds`` has them closed) and ``recvmsg``'s flags; or,
-    ``closed``, the end of the peer's input (it closed, or shut down its side)."""
-
-    data: bytes
-    fds: list[int]
-    flags: int
-    closed: bool = False
 
 
 @dataclass
@@ -95,27 +76,16 @@ class ShmConnection:
     draining: bool = False
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Where the descriptors clients pass are closed: while it is backed up, a
+    #: message bringing more than a memfd is left unread (``receive``).
+    closer: DescriptorCloser | None = None
 
     def receive(self) -> Message | None:
         """The next message, or None when none waits (another reader took it)."""
         with self.lock:
             if self.closed:
                 return None
-            try:
-                data, ancillary, flags, _ = self.sock.recvmsg(
-                    MAX_SHM_MESSAGE_BYTES,
-                    socket.CMSG_SPACE(_MAX_FDS * _FD),
-                    socket.MSG_CMSG_CLOEXEC,
-                )
-            except (BlockingIOError, InterruptedError):
-                return None
-            except OSError:
-                return Message(b"", [], 0, closed=True)  # reset by the peer
-            if not data and not ancillary:
-                # The end of the peer's input reads as an empty message; a real
-                # one (refused as such) leaves no end to see.
-                return Message(b"", [], flags, closed=bool(_poll_events(self.sock) & _ENDED))
-        return Message(data, _descriptors(ancillary), flags)
+            return read_message(self.sock, self.closer)
 
     def send(self, data: bytes) -> str | None:
         """Send one message without waiting; None when sent, else why not
@@ -173,7 +143,7 @@ class ShmConnections:
     # -- the registration thread ----------------------------------------------------
     def add(self, sock: socket.socket, connection: Connection) -> ShmConnection:
         route = _ROUTE_PREFIX + connection.connection_id.to_bytes(8, "big") + self._route_key
-        entry = ShmConnection(sock, connection, route)
+        entry = ShmConnection(sock, connection, route, closer=self.closer)
         with self._lock:
             if self._closed:
                 hand_over(sock, self.closer)
@@ -221,7 +191,7 @@ class ShmConnections:
         has no request in flight; else (it shut down its writing side only, and
         still reads) once the last of them is answered."""
         with entry.lock, self._lock:
-            if not entry.closed and entry.in_flight > 0 and not _hung_up(entry.sock):
+            if not entry.closed and entry.in_flight > 0 and not hung_up(entry.sock):
                 entry.draining = True
                 with contextlib.suppress(OSError, ValueError):
                     self._epoll.unregister(entry.sock.fileno())  # nothing more to read
@@ -237,10 +207,23 @@ class ShmConnections:
         fds, message.fds = message.fds, []
         self.closer.close_later(fds)
         if self.closer.backed_up:
-            with self._lock:
-                self.closed_for_backlog += 1
-            log.warning("shm_descriptors_not_closing", pid=entry.connection.peer.pid)
-            self.close(entry)
+            self._close_for_backlog(entry)
+
+    def leave_unread(self, entry: ShmConnection) -> None:
+        """Close ``entry``, whose next message brings descriptors while too many wait
+        to be closed (``ShmConnection.receive`` left it unread, descriptors and all,
+        for the closer to drop with the socket), telling its client why (id null:
+        its message was not read)."""
+        reason = "descriptors clients passed wait to be closed behind one whose close "
+        reason += "does not end (status.shm.closing); this connection brought more"
+        self.refuse(entry, None, ProtocolError(Code.RESOURCE_EXHAUSTED, reason))
+        self._close_for_backlog(entry)
+
+    def _close_for_backlog(self, entry: ShmConnection) -> None:
+        with self._lock:
+            self.closed_for_backlog += 1
+        log.warning("shm_descriptors_not_closing", pid=entry.connection.peer.pid)
+        self.close(entry)
 
     def admit(self, entry: ShmConnection) -> None:
         """Count an infer request read from ``entry``; RESOURCE_EXHAUSTED (counted
@@ -320,7 +303,7 @@ class ShmConnections:
         self._send_answer(entry, protocol.error_header(request_id, exc.code, exc.message))
 
     def _send_answer(self, entry: ShmConnection, header: dict[str, Any]) -> None:
-        failure = entry.send(protocol.pack(header))
+        failure = entry.send(fitted(header))  # a refusal may quote a long request
         if failure == "not reading":
             with self._lock:
                 self.closed_not_reading += 1
@@ -381,26 +364,3 @@ def hand_over(sock: socket.socket, closer: DescriptorCloser) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     closer.close_later([sock])
-
-
-def _poll_events(sock: socket.socket) -> int:
-    """What ``poll`` says of ``sock`` now (its end, its peer's end: ``_ENDED``)."""
-    poller = select.poll()
-    poller.register(sock, select.POLLRDHUP)  # POLLHUP is reported whatever is asked
-    return sum(events for _, events in poller.poll(0))
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """Whether the peer closed its end entirely (``POLLHUP``), not only its writing
-    side (``shutdown(SHUT_WR)``: ``POLLRDHUP`` alone)."""
-    return bool(_poll_events(sock) & select.POLLHUP)
-
-
-def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
-    if not ancillary:  # an infer request: no descriptor
-        return []
-    fds = array.array("i")
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % _FD])
-    return list(fds)

@@ -49,6 +49,15 @@ def seal_state(fd: int) -> int:
         raise refused(f"the descriptor's seals cannot be read: {exc.strerror}") from None
 
 
+def is_memfd(fd: int) -> bool:
+    """Whether ``fd`` is a file that can carry seals (a memfd, shared memory)."""
+    try:
+        fcntl.fcntl(fd, F_GET_SEALS)
+    except OSError:
+        return False
+    return True
+
+
 @functools.cache
 def shmem_device() -> int:
     """The device of every ordinary memfd (the kernel's internal shmem mount), read

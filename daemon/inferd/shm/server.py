@@ -46,7 +46,9 @@ SOCKET_MODE = 0o660
 _POLL_S = 0.5
 #: How long shutdown waits for the descriptors still to be closed.
 _CLOSER_STOP_S = 2.0
-_UCRED = struct.Struct("3i")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
+#: struct ucred: pid_t pid; uid_t uid; gid_t gid (unsigned: a uid may be past 2**31,
+#: and libzmq, hence the infer socket, reads it so).
+_UCRED = struct.Struct("iII")
 
 #: Why a peer (uid, gid, pid) may not use the socket (None: it may).
 AdmitPeer = Callable[[int, int, int], str | None]
