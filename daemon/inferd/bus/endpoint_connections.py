@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 from collections.abc import Callable
 
-#: ``struct ucred`` (``SO_PEERCRED``): pid, uid, gid.
-_UCRED = struct.Struct("3i")
+from inferd.shm.regions import PeerCredentials
 
 
 def _ipc_path(endpoint: str) -> str | bytes | None:
@@ -109,14 +107,13 @@ class EndpointConnections:
     def _ipc_peer(self, conn: socket.socket, credentials: tuple[int, int, int]) -> bool:
         if not self._on_ipc_endpoint(conn):
             return False
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-        return _UCRED.unpack(raw) == credentials
+        peer = PeerCredentials.of(conn)
+        return (peer.pid, peer.uid, peer.gid) == credentials
 
     def _ipc_user(self, conn: socket.socket, uid: int) -> bool:
         if not self._on_ipc_endpoint(conn):
             return False
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-        return bool(_UCRED.unpack(raw)[1] == uid)
+        return PeerCredentials.of(conn).uid == uid
 
     def _tcp_peer(self, conn: socket.socket, address: str) -> bool:
         return self._on_tcp_port(conn) and conn.getpeername()[0] == address

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import mmap
 import secrets
+import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -51,6 +53,11 @@ _REMEMBERED_UNREGISTERED = 64
 _MAX_VIEWS = 32
 
 
+#: struct ucred: pid_t pid; uid_t uid; gid_t gid (unsigned: a uid may be past 2**31,
+#: and libzmq, hence the infer socket, reads it so).
+_UCRED = struct.Struct("iII")
+
+
 @dataclass(frozen=True)
 class PeerCredentials:
     """``struct ucred`` of the peer when it connected (``SO_PEERCRED``)."""
@@ -58,6 +65,13 @@ class PeerCredentials:
     pid: int
     uid: int
     gid: int
+
+    @classmethod
+    def of(cls, sock: socket.socket) -> PeerCredentials:
+        """The kernel's credentials of the peer connected to the Unix socket ``sock``."""
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        pid, uid, gid = _UCRED.unpack(raw)
+        return cls(pid, uid, gid)
 
 
 @dataclass

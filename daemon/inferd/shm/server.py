@@ -21,7 +21,6 @@ import os
 import selectors
 import socket
 import stat
-import struct
 import threading
 from collections.abc import Callable
 from itertools import count
@@ -46,9 +45,6 @@ SOCKET_MODE = 0o660
 _POLL_S = 0.5
 #: How long shutdown waits for the descriptors still to be closed.
 _CLOSER_STOP_S = 2.0
-#: struct ucred: pid_t pid; uid_t uid; gid_t gid (unsigned: a uid may be past 2**31,
-#: and libzmq, hence the infer socket, reads it so).
-_UCRED = struct.Struct("iII")
 
 #: Why a peer (uid, gid, pid) may not use the socket (None: it may).
 AdmitPeer = Callable[[int, int, int], str | None]
@@ -173,11 +169,8 @@ class ShmServer(threading.Thread):
         except (BlockingIOError, InterruptedError):
             return
         sock.setblocking(False)
-        pid, uid, gid = _UCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-        )
-        peer = PeerCredentials(pid, uid, gid)
-        refusal = self._admit(uid, gid, pid)
+        peer = PeerCredentials.of(sock)
+        refusal = self._admit(peer.uid, peer.gid, peer.pid)
         if refusal is not None:
             self._refuse(sock, peer, Code.PERMISSION_DENIED, refusal)
         elif self.closer.backed_up:

@@ -35,6 +35,7 @@ from inferd.bus.server import BusServer
 from inferd.config import BusConfig, ShmConfig
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.scheduler import Scheduler
+from inferd.shm.regions import PeerCredentials
 from inferd.shm.server import ShmServer
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
@@ -354,19 +355,13 @@ def test_a_peer_the_allow_list_refuses_is_answered_and_closed_at_accept(
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The test's admission refuses uid + 7: make this process look like it.
-    real = socket.socket.getsockopt
+    real = PeerCredentials.of
 
-    def as_other_uid(sock: socket.socket, *args: Any) -> Any:
-        value = real(sock, *args)
-        if args[:2] == (socket.SOL_SOCKET, socket.SO_PEERCRED):
-            pid, uid, gid = server_ucred.unpack(value)
-            return server_ucred.pack(pid, uid + 7, gid)
-        return value
+    def as_other_uid(cls: type[PeerCredentials], sock: socket.socket) -> PeerCredentials:
+        peer = real(sock)
+        return PeerCredentials(peer.pid, peer.uid + 7, peer.gid)
 
-    from inferd.shm import server as shm_server
-
-    server_ucred = shm_server._UCRED
-    monkeypatch.setattr(socket.socket, "getsockopt", as_other_uid)
+    monkeypatch.setattr(PeerCredentials, "of", classmethod(as_other_uid))
     refusal = refusal_at_accept(setup.path)
     assert refusal["code"] == "PERMISSION_DENIED" and "refused by the test" in refusal["message"]
     assert setup.status()["connections"] == 0
