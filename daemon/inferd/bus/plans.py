@@ -29,6 +29,7 @@ import msgspec
 from inferd.bus.codec import Parsed, Request
 from inferd.bus.headers import InferHeader
 from inferd.bus.region_refs import Refs
+from inferd.types import EngineHandle
 
 #: Plans one model keeps (a client's loop needs one; several cameras, a few).
 MAX_PLANS = 32
@@ -38,8 +39,8 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 @dataclass(frozen=True)
 class AdmissionPlan:
-    #: The ``EngineHandle`` the inputs and outputs were checked against.
-    handle: object
+    #: The engine the inputs and outputs were checked against.
+    handle: EngineHandle
     refs: Refs
     inputs: list[Parsed]
 

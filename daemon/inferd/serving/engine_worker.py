@@ -315,7 +315,10 @@ class EngineWorker(threading.Thread):
                 job, slot, Code.UNAVAILABLE, f"model {job.model!r} is {slot.state}{reason}"
             )
         inputs, placed = job.inputs, job.outputs
-        if inputs is None:  # arrived while the model was loading
+        # Arrived while the model was loading, or checked against an engine that a
+        # switch or failover has since replaced (whose shapes may not fit this one).
+        checked_against = job.checked_against
+        if inputs is None or (checked_against is not None and checked_against is not handle):
             try:
                 inputs = validate_inputs(job.header, job.frames, handle.inputs, job.regions)
                 placed = job.outputs = validate_outputs(

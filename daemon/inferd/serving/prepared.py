@@ -35,6 +35,7 @@ from inferd.bus.plans import AdmissionPlan
 from inferd.serving.slot import ModelSlot
 from inferd.shm.connections import is_shm_route
 from inferd.shm.leases import Placement
+from inferd.types import EngineHandle
 
 #: Prepared admissions kept (a camera loop needs one per connection; a message is
 #: at most 16 KiB, so this bounds them to 1 MiB).
@@ -48,8 +49,8 @@ class PreparedRequest:
     """What admitting a request concluded, for the next with the same bytes."""
 
     slot: ModelSlot
-    #: The ``EngineHandle`` the plan was checked against.
-    handle: object
+    #: The engine the plan was checked against.
+    handle: EngineHandle
     #: The typed header of the request it was prepared from (its ``id`` is that
     #: request's; a repeat's id is the one it carries).
     header: InferHeader

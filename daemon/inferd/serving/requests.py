@@ -48,7 +48,7 @@ from inferd.serving.slot import ModelSlot
 from inferd.shm.connections import is_shm_route
 from inferd.shm.leases import RequestRegions
 from inferd.shm.regions import RegionTable
-from inferd.types import Peer
+from inferd.types import EngineHandle, Peer
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -181,7 +181,14 @@ class RequestRouter:
                 inputs = input_views(prepared.plan.inputs, request.tensors, regions)
                 outputs = output_views(regions)
                 nbytes = self._queued_bytes(request, slot)
-                self._queue(request, slot, inputs, outputs, regions, prepared.deadline_ms, nbytes)
+                self._queue(
+                    request,
+                    slot,
+                    (inputs, outputs, prepared.handle),
+                    regions,
+                    prepared.deadline_ms,
+                    nbytes,
+                )
             except BaseException:
                 if regions is not None:
                     regions.release()
@@ -253,7 +260,8 @@ class RequestRouter:
         # Prepared before it is queued: from then on the worker may run it and
         # release its regions at any moment.
         prepared = self._prepare(request, slot, regions, plan, deadline_ms)
-        self._queue(request, slot, inputs, outputs, regions, deadline_ms, nbytes)
+        checked = (inputs, outputs, None if inputs is None else handle)
+        self._queue(request, slot, checked, regions, deadline_ms, nbytes)
         if prepared is not None and request.repeat is not None:
             self.prepared.remember(request.envelope[0], request.repeat, prepared)
 
@@ -293,13 +301,15 @@ class RequestRouter:
         self,
         request: Request,
         slot: ModelSlot,
-        inputs: dict[str, Any] | None,
-        outputs: dict[str, Any] | None,
+        checked: tuple[dict[str, Any] | None, dict[str, Any] | None, EngineHandle | None],
         regions: RequestRegions | None,
         deadline_ms: int,
         nbytes: int,
     ) -> None:
-        """Queue the admitted request as a job; a job it supersedes is answered."""
+        """Queue the admitted request as a job; a job it supersedes is answered.
+        ``checked``: its input and output views and the engine they were checked
+        against (all None while its model loads)."""
+        inputs, outputs, checked_against = checked
         now_ns = time.monotonic_ns()
         assert request.request_id is not None  # check_request guarantees it
         job = Job(
@@ -314,6 +324,7 @@ class RequestRouter:
             nbytes=nbytes,
             regions=regions,
             outputs=outputs,
+            checked_against=checked_against,
         )
         try:
             superseded = self._scheduler.submit(job)

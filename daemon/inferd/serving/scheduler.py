@@ -28,6 +28,7 @@ import numpy as np
 from inferd.bus.headers import Header
 from inferd.config import QueuePolicy
 from inferd.shm.leases import RequestRegions
+from inferd.types import EngineHandle
 from inferd_wire.protocol import RequestId
 
 
@@ -52,6 +53,9 @@ class Job:
     #: Writable region views of the outputs it placed (validated like ``inputs``;
     #: None until then).
     outputs: dict[str, np.ndarray] | None = field(default=None, repr=False)
+    #: The engine whose IO spec ``inputs`` and ``outputs`` were checked against: a
+    #: job that another engine (a switch, a failover) is to run is checked anew.
+    checked_against: EngineHandle | None = field(default=None, repr=False)
 
     def finish(self) -> None:
         """The job is answered: drop its views of tensors and give its region leases
