@@ -1,13 +1,17 @@
-"""A fake ``jtop`` package mimicking jetson-stats 4.x (``from jtop import jtop,
-JtopException``).
+"""A fake ``jtop`` package mimicking jetson-stats 4.x to 7.x (``from jtop import
+jtop, JtopException``; checked against ``jtop/jtop.py`` of 4.2.12 and 7.2.2,
+which agree on every name below; ``SERVICE_NOT_ACTIVE`` is 7.x's wording).
 
 ``make_module(state)`` builds a fresh module with the two real names. The
 ``jtop`` class keeps the real client's shape for what inferd uses:
 ``jtop(interval=...)``, ``start()`` (connects to ``jtop.service``; raises
-``JtopException`` when it is not running), ``with jtop() as jetson`` (enter =
-``start``), ``ok(spin=False)`` (returns the running flag and re-raises the
-reader thread's error), ``close()``, and the ``temperature`` and ``gpu``
-properties:
+``JtopException`` when it is not running; the client is a ``threading.Thread``,
+so a second ``start()`` after a successful one raises ``RuntimeError``),
+``with jtop() as jetson`` (enter = ``start``), ``ok(spin=False)`` (returns the
+running flag and re-raises the reader thread's error), ``close()``,
+``interval`` (the *service's* interval, known only once started:
+``AttributeError`` before), ``interval_user`` (the one asked for), and the
+``temperature`` and ``gpu`` properties:
 
 - ``temperature``: ``{name: {"temp": float C, "online": bool}}`` where
   ``name`` is the thermal zone ``type`` cut at the first ``-`` (else ``_``),
@@ -101,7 +105,7 @@ def _started(client: Client) -> None:
 
 
 def make_module(state: FakeJtop) -> types.ModuleType:
-    module = types.ModuleType("jtop", "fake jetson-stats 4.x (tests/fakes/fake_jtop.py)")
+    module = types.ModuleType("jtop", "fake jetson-stats 4.x-7.x (tests/fakes/fake_jtop.py)")
 
     class jtop:  # the real class name
         __slots__ = ("_fake",)
@@ -111,13 +115,25 @@ def make_module(state: FakeJtop) -> types.ModuleType:
             state.clients.append(self._fake)
 
         def __getattr__(self, name: str) -> Any:
-            raise AttributeError(f"fake jtop (jetson-stats 4.x): {name!r} is not faked")
+            if name == "interval":  # the property found no _server_interval
+                raise AttributeError("'jtop' object has no attribute '_server_interval'")
+            raise AttributeError(f"fake jtop (jetson-stats 4.x-7.x): {name!r} is not faked")
 
         @property
         def interval(self) -> float:
+            """The service's interval (``_server_interval``, set by ``start``); this
+            fake's service runs at the interval its client asked for."""
+            if not self._fake.started:
+                raise AttributeError("'jtop' object has no attribute '_server_interval'")
+            return self._fake.interval
+
+        @property
+        def interval_user(self) -> float:
             return self._fake.interval
 
         def start(self) -> None:
+            if self._fake.started:  # Thread.start, after the (re)connection
+                raise RuntimeError("threads can only be started once")
             if not state.service_active:
                 raise JtopException(SERVICE_NOT_ACTIVE)
             self._fake.started = True

@@ -37,8 +37,15 @@ option: ", key)``) and its EP-context loading
   in the build and both TensorRT and CUDA were requested, else
   ``['CPUExecutionProvider']``, *without* the provider options; then it
   disables fallback.  A second failure is raised ``from`` the first.
+* A GPU provider's ``device_id`` must be below ``FakeOrt.device_count``
+  (``cudaGetDeviceCount``), else creating it raises ``RuntimeError`` (the CUDA
+  EP's option parser: "Invalid device ID: <n>, must be between 0 (inclusive)
+  and <count> (exclusive)."; the TensorRT EP's ``cudaSetDevice``: "CUDA failure
+  101: invalid device ordinal"): the fallback above then retries without the
+  provider options, that is on device 0.
 * ``get_providers()`` returns what was registered; ``get_provider_options()``
-  the options each registered provider got.
+  the options each registered provider got, with ``device_id`` ``"0"`` where it
+  got none (the real one lists every option with its default, a superset).
 * A model that is one ``com.microsoft:EPContext`` node is claimed by the
   TensorRT EP when it is registered (``graph.NumberOfNodes() == 1 &&
   GraphHasCtxNode``).  ``embed_mode`` 1: ``ep_cache_context`` holds the engine
@@ -143,6 +150,8 @@ class FakeOrt:
     tensorrt_version: str = fake_tensorrt.TRT10_VERSION
     #: This GPU's compute capability as the TensorRT EP writes it (``major*10+minor``).
     compute_capability: str = "87"
+    #: ``cudaGetDeviceCount()``: a GPU provider's ``device_id`` must be below it.
+    device_count: int = 1
     #: One entry per session created: model, requested and registered providers.
     sessions: list[dict[str, Any]] = field(default_factory=list)
     #: What the C++ side logged (warnings), in order.
@@ -183,6 +192,30 @@ def _normalize(
             continue
         names[name] = {str(key): str(value) for key, value in options.items()}
     return list(names), list(names.values())
+
+
+def _check_device_id(provider: str, value: str, device_count: int) -> None:
+    """A GPU provider's ``device_id`` as creating it checks it: the CUDA EP's option
+    parser (``CUDAExecutionProviderInfo::FromProviderOptions``, ``ORT_THROW_IF_ERROR``)
+    and the TensorRT EP's constructor (``CUDA_CALL_THROW(cudaSetDevice(device_id_))``)
+    throw, a ``RuntimeError`` in Python, so the session's fallback retries without
+    the provider options."""
+    try:
+        device_id = int(value)
+    except ValueError:
+        raise RuntimeError(f'Failed to parse provider option "device_id": {value}') from None
+    if 0 <= device_id < device_count:
+        return
+    if provider == TRT_EP:
+        raise RuntimeError(
+            "/onnxruntime_src/onnxruntime/core/providers/tensorrt/"
+            "tensorrt_execution_provider.cc CUDA failure 101: invalid device ordinal ; "
+            f"GPU={device_id} ; expr=cudaSetDevice(device_id_);"
+        )
+    raise RuntimeError(
+        f"Invalid device ID: {device_id}, must be between 0 (inclusive) and "
+        f"{device_count} (exclusive)."
+    )
 
 
 def _read_model(path_or_bytes: Any) -> Any:
@@ -294,6 +327,8 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
                                 "TensorrtExecutionProviderInfo::FromProviderOptions(const "
                                 f"onnxruntime::ProviderOptions&) Invalid TensorRT EP option: {key}"
                             )
+                if name not in state.not_creatable and "device_id" in values:
+                    _check_device_id(name, values["device_id"], state.device_count)
                 if name in state.not_creatable:
                     _warn_cpp(
                         state,
@@ -307,7 +342,9 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
                     )
                     continue
                 registered.append(name)
-                registered_options[name] = values
+                # The provider's effective options (``ToProviderOptions``): a GPU
+                # provider created without a ``device_id`` runs on device 0.
+                registered_options[name] = {"device_id": "0", **values}
             registered.append(CPU_EP)
             registered_options[CPU_EP] = {}
             self._inner = self._inner_session(registered)

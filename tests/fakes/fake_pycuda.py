@@ -72,6 +72,19 @@ Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp`` and ``src/cpp/cuda.hp
   context was detached it does nothing (the registration died with it, as
   pycuda's CUDAPP_CATCH_CLEANUP_ON_DEAD_CONTEXT).  Registered memory counts as
   pinned for async copies; ``FakeCuda.registrations`` holds the live ones.
+* Releases (``DeviceAllocation.free``, ``PagelockedHostAllocation.free``,
+  ``RegisteredHostMemory.unregister``, and the same done by the garbage
+  collector, as pycuda's destructors do, also for a ``Stream``) follow pycuda's
+  ``scoped_context_activation``: they work when the owner's context is current
+  on the calling thread or the calling thread created it (pycuda pushes it for
+  the call); after the context was detached they do nothing (the memory went
+  with it); on any other thread pycuda cannot activate the context, warns
+  "<type> in out-of-thread context could not be cleaned up" and the memory is
+  never freed (never unregistered): a ``UserWarning`` here too, the bytes stay
+  allocated (``FakeCuda.leaked_frees``) and ``FakeCuda.violations`` gets a
+  sentence (``fake_tensorrt.make_stack`` forwards it to
+  ``FakeTensorRT.violations``).  A second ``free()`` raises ``LogicError``
+  ("...::free failed: invalid resource handle").
 * The exception family: ``Error`` and its subclasses ``LogicError``,
   ``RuntimeError``, ``LaunchError``, ``MemoryError`` (the fake's
   ``MemoryError`` also derives from the builtin ``MemoryError``).
@@ -85,9 +98,12 @@ fake TensorRT (``tests/fakes/fake_tensorrt.py``) reads and writes through
 from __future__ import annotations
 
 import builtins
+import contextlib
 import sys
 import threading
 import types
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,13 +183,25 @@ class FakeCuda:
     leaked_contexts: int = 0
     pushes: int = 0
     pops: int = 0
-    streams: dict[int, Any] = field(default_factory=dict)
+    #: Live streams by handle (the garbage collector destroys a stream, as pycuda's).
+    streams: weakref.WeakValueDictionary[int, Any] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+    streams_created: int = 0
     pagelocked_live: int = 0
     pageable_async_copies: int = 0
     #: Live host registrations by host address: (host bytes, device address, context).
     registrations: dict[int, Allocation] = field(default_factory=dict)
     #: Sticky errors by context: (exception class, cuGetErrorString text).
     sticky_errors: dict[Any, tuple[type[Error], str]] = field(default_factory=dict)
+    #: pycuda rules the code under test broke, one sentence each (memory freed where
+    #: pycuda cannot make its context current: a warning and a leak on the real one).
+    violations: list[str] = field(default_factory=list)
+    #: Also told each violation (``fake_tensorrt.make_stack`` passes its own, so a
+    #: test on the fake GPU stack, or a daemon subprocess, sees them with TensorRT's).
+    on_violation: Callable[[str], None] | None = None
+    #: Frees pycuda could not do (out-of-thread): the memory stays allocated.
+    leaked_frees: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     # -- helpers for tests and for the fake TensorRT (not part of pycuda) -------------
@@ -200,6 +228,33 @@ class FakeCuda:
         sticky = self.sticky_errors.get(context)
         if sticky is not None:
             raise sticky[0](f"{what} failed: {sticky[1]}")
+
+    def violation(self, sentence: str) -> None:
+        self.violations.append(sentence)
+        if self.on_violation is not None:
+            self.on_violation(sentence)
+
+    def activate_for_release(self, context: Any, what: str) -> str:
+        """How pycuda frees ``what`` of ``context`` (``scoped_context_activation`` and
+        ``CUDAPP_CATCH_CLEANUP_ON_DEAD_CONTEXT`` in ``src/cpp/cuda.hpp``): ``"ok"`` when
+        the context is current on this thread, or this thread created it (pycuda then
+        pushes it for the call); ``"dead"`` when it was detached (nothing to free: the
+        memory went with it); ``"leaked"`` otherwise: pycuda cannot activate an
+        out-of-thread context, warns "<type> in out-of-thread context could not be
+        cleaned up" and never frees the memory (a violation here)."""
+        if context is None:
+            return "ok"
+        if not context._valid:
+            return "dead"
+        if self.current_context() is context or context._thread == threading.get_ident():
+            return "ok"
+        self.leaked_frees += 1
+        warnings.warn(f"{what} in out-of-thread context could not be cleaned up", stacklevel=3)
+        self.violation(
+            f"{what} freed on a thread where its CUDA context is neither current nor its "
+            "creator: pycuda cannot activate the context, so the memory is leaked"
+        )
+        return "leaked"
 
     def capacity(self) -> int:
         return (
@@ -466,7 +521,10 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             return context
 
     class DeviceAllocation:
-        __slots__ = ("_allocation",)
+        """``free()`` (and the garbage collector, as pycuda's destructor) frees it in its
+        own context: see ``FakeCuda.activate_for_release``."""
+
+        __slots__ = ("_allocation", "_valid")
 
         def __init__(self) -> None:
             raise TypeError("pycuda._driver.DeviceAllocation cannot be instantiated from Python")
@@ -479,32 +537,71 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
 
         def free(self) -> None:
             state.calls.append("DeviceAllocation.free")
-            state.release(self._allocation)
+            if not self._valid:
+                raise LogicError("device_allocation::free failed: invalid resource handle")
+            self._release()
+
+        def _release(self) -> None:
+            self._valid = False
+            allocation = self._allocation
+            rule = state.activate_for_release(allocation.context, "device_allocation")
+            if rule != "leaked" and not allocation.freed:
+                state.release(allocation)
+
+        def __del__(self) -> None:
+            if getattr(self, "_valid", False):
+                with contextlib.suppress(Exception):  # interpreter shutdown
+                    self._release()
 
     class PagelockedHostAllocation(bytearray):
         """The ``.base`` of a ``pagelocked_empty`` array (a bytearray underneath so
-        numpy can use it as a buffer; only ``free``/``get_flags`` are pycuda's)."""
+        numpy can use it as a buffer; only ``free``/``get_flags`` are pycuda's).
+        ``free()`` (and the garbage collector) frees it in its own context, as
+        ``DeviceAllocation``; a second ``free()`` raises, as pycuda does."""
 
-        __slots__ = ("_flags", "_freed")
+        __slots__ = ("_context", "_flags", "_freed")
 
         def free(self) -> None:
             state.calls.append("PagelockedHostAllocation.free")
-            if not self._freed:
-                self._freed = True
+            if self._freed:
+                raise LogicError("pagelocked_host_allocation::free failed: invalid resource handle")
+            self._release()
+
+        def _release(self) -> None:
+            self._freed = True
+            if state.activate_for_release(self._context, "pagelocked_host_allocation") != (
+                "leaked"
+            ):
                 state.pagelocked_live -= 1
+
+        def __del__(self) -> None:
+            if not getattr(self, "_freed", True):
+                with contextlib.suppress(Exception):  # interpreter shutdown
+                    self._release()
 
         def get_flags(self) -> int:
             return self._flags
 
     class Stream:
-        __slots__ = ("_context", "_handle", "_pending")
+        """Destroyed (``cuStreamDestroy``) when the garbage collector takes it, in its
+        own context, as pycuda's destructor: see ``FakeCuda.activate_for_release``."""
+
+        __slots__ = ("__weakref__", "_context", "_handle", "_live", "_pending")
 
         def __init__(self, flags: int = 0) -> None:
             state.calls.append("Stream")
             self._context = state.require_context("cuStreamCreate")
             self._pending: list[Callable[[], None]] = []
-            self._handle = 0x5000 + len(state.streams) + 1
+            state.streams_created += 1
+            self._handle = 0x5000 + state.streams_created
             state.streams[self._handle] = self
+            self._live = True
+
+        def __del__(self) -> None:
+            if getattr(self, "_live", False):
+                self._live = False
+                with contextlib.suppress(Exception):  # interpreter shutdown
+                    state.activate_for_release(self._context, "stream")
 
         @property
         def handle(self) -> int:
@@ -557,10 +654,21 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             state.calls.append("RegisteredHostMemory.unregister")
             if not self._valid:
                 raise LogicError("registered_host_memory::free failed: invalid resource handle")
+            self._release()
+
+        def _release(self) -> None:
             self._valid = False
-            # pycuda activates the registration's own context; a dead one took it along.
-            # Like pycuda's m_base, ``ary`` stays referenced until this object goes.
-            state.unregister_host(self._host, self._device)
+            # pycuda activates the registration's own context (a dead one took the
+            # registration along; an out-of-thread one cannot be activated: the memory
+            # stays registered).  Like pycuda's m_base, ``ary`` stays referenced until
+            # this object goes.
+            if state.activate_for_release(self._context, "host_allocation") == "ok":
+                state.unregister_host(self._host, self._device)
+
+        def __del__(self) -> None:
+            if getattr(self, "_valid", False):
+                with contextlib.suppress(Exception):  # interpreter shutdown
+                    self._release()
 
     def register_host_memory(ary: Any, flags: int = 0) -> np.ndarray:
         state.calls.append("register_host_memory")
@@ -616,6 +724,7 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
         context = state.require_context("cuMemAlloc")
         handle = object.__new__(DeviceAllocation)
         handle._allocation = state.allocate(int(nbytes), context)
+        handle._valid = True
         return handle
 
     def mem_get_info() -> tuple[int, int]:
@@ -626,11 +735,12 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
         shape: Any, dtype: Any, order: str = "C", mem_flags: int = 0
     ) -> np.ndarray:
         state.calls.append("pagelocked_empty")
-        state.require_context("cuMemHostAlloc")
+        context = state.require_context("cuMemHostAlloc")
         dtype = np.dtype(dtype)
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         count = int(np.prod(dims, dtype=np.int64))
         allocation = PagelockedHostAllocation(max(count * dtype.itemsize, 1))
+        allocation._context = context
         allocation._flags = mem_flags
         allocation._freed = False
         state.pagelocked_live += 1

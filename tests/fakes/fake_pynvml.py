@@ -1,7 +1,10 @@
 """A fake ``pynvml`` module mimicking nvidia-ml-py 12.x (12.535+, where the
 ``nvmlDeviceGetCurrentClocksEventReasons`` name and the
 ``nvmlClocksEventReason*`` constants exist next to the deprecated
-``...ThrottleReasons`` names).
+``...ThrottleReasons`` names).  Every name and constant value here was checked
+against nvidia-ml-py 13.615.71's ``pynvml.py`` too (jetson-stats 7.2.2 requires
+>= 13.595.45), where ``nvmlDeviceGetTemperature`` and the ``...ThrottleReasons``
+function are marked deprecated but still work.
 
 ``make_module(state)`` builds a fresh module object holding only names the real
 binding has (a subset of them); anything else raises ``AttributeError``, as on

@@ -98,14 +98,18 @@ file, so a daemon subprocess can tell its test):
   that context was detached is a violation.  The order of destruction follows
   the bindings' ``py::keep_alive``: a network and a config keep their builder
   alive, an engine its runtime, an execution context its engine (pyCore.cpp,
-  release/10.x), so from Python children always die before their factories;
-  only the context they die in can be wrong.
+  release/10.x), a network the ONNX parser made for it (pyOnnx.cpp), so from
+  Python children always die before their factories; only the context they die
+  in can be wrong.
 
 TensorRT 11 flavour (``FakeTensorRT(flavour=11)``, version ``11.1.0.0``, build
 number illustrative): the precision builder flags (``FP16``, ``INT8``,
 ``BF16``, ``FP8``, ``INT4``, ``OBEY/PREFER_PRECISION_CONSTRAINTS``),
-``EXPLICIT_BATCH`` and the INT8 calibrator classes are gone; every network is
-strongly typed (``STRONGLY_TYPED`` is accepted and ignored).
+``EXPLICIT_BATCH``, the INT8 calibrator classes (and ``int8_calibrator`` /
+``set_calibration_profile``), ``Builder.platform_has_fast_fp16`` /
+``platform_has_fast_int8`` and ``ICudaEngine.device_memory_size`` (use
+``device_memory_size_v2``) are gone, as in ``release/11.1``'s bindings; every
+network is strongly typed (``STRONGLY_TYPED`` is accepted and ignored).
 """
 
 from __future__ import annotations
@@ -544,11 +548,13 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
 
     class INetworkDefinition:
         __slots__ = (
+            "__weakref__",
             "_builder",
             "_context",
             "_inputs",
             "_model",
             "_outputs",
+            "_parsers",
             "_strongly_typed",
             "name",
         )
@@ -609,15 +615,28 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
     ParserError.__name__ = ParserError.__qualname__ = "IParserError"
 
     class OnnxParser:
-        __slots__ = ("_context", "_errors", "_logger", "_network")
+        """``py::keep_alive<1, 3>`` (the parser keeps its logger) and
+        ``py::keep_alive<2, 1>`` (the *network* keeps the parser, whose weights it
+        uses: ``release/10.3`` ``python/src/parsers/pyOnnx.cpp``); the parser refers
+        to its network without keeping it alive."""
+
+        __slots__ = ("__weakref__", "_context", "_errors", "_logger", "_network_ref")
 
         def __init__(self, network: INetworkDefinition, logger: Any) -> None:
             if not isinstance(network, INetworkDefinition):
                 raise TypeError("OnnxParser(): incompatible constructor arguments")
             self._context = made_in()
-            self._network = network
+            self._network_ref = weakref.ref(network)
+            network._parsers.append(self)  # keep_alive<2, 1>
             self._logger = check_logger(logger, "OnnxParser")
             self._errors: list[ParserError] = []
+
+        @property
+        def _network(self) -> INetworkDefinition:
+            network = self._network_ref()
+            if network is None:  # cannot happen from Python: the network keeps the parser
+                raise RuntimeError("OnnxParser used after its network was destroyed")
+            return network
 
         def __del__(self) -> None:
             check_release("OnnxParser", getattr(self, "_context", None))
@@ -715,12 +734,26 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             raise TypeError("IOptimizationProfile: use Builder.create_optimization_profile()")
 
         def set_shape(self, input: str, min: Any, opt: Any, max: Any) -> None:
+            """The binding's ``opt_profile_set_shape``: ``setDimensions`` for kMIN, kOPT,
+            kMAX in turn, each ``PY_ASSERT_RUNTIME_ERROR``-ed: an inconsistent shape
+            raises ``RuntimeError`` (it is not left for ``add_optimization_profile``)."""
             low, mid, high = (tuple(int(d) for d in value) for value in (min, opt, max))
-            if not (len(low) == len(mid) == len(high)) or not all(
-                0 <= a <= b <= c for a, b, c in zip(low, mid, high, strict=True)
-            ):
-                self._valid = False
-                return
+            checks = (
+                ("min", all(dim >= 0 for dim in low)),
+                (
+                    "opt",
+                    len(mid) == len(low) and all(a <= b for a, b in zip(low, mid, strict=True)),
+                ),
+                (
+                    "max",
+                    len(high) == len(mid) and all(b <= c for b, c in zip(mid, high, strict=True)),
+                ),
+            )
+            for selector, consistent in checks:
+                if not consistent:
+                    raise RuntimeError(
+                        f"Shape provided for {selector} is inconsistent with other shapes."
+                    )
             self._shapes[input] = (low, mid, high)
 
         def get_shape(self, input: str) -> list[Dims]:
@@ -951,6 +984,7 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             network._builder = self  # py::keep_alive<0, 1>: the network keeps its builder
             network._context = made_in()
             network._inputs, network._outputs, network._model = [], [], None
+            network._parsers = []
             network.name = "network"
             strongly = modern or bool(
                 flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -1535,6 +1569,10 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
                 return False
             return True
 
+    if modern:  # gone from the 11.0/11.1 bindings (python/src/infer/pyCore.cpp)
+        del Builder.platform_has_fast_fp16, Builder.platform_has_fast_int8
+        del ICudaEngine.device_memory_size
+
     exported: dict[str, Any] = {
         "__version__": state.version,
         "ILogger": ILogger,
@@ -1594,6 +1632,7 @@ def make_stack(
     cuda = cuda or fake_pycuda.FakeCuda()
     trt = trt or FakeTensorRT()
     trt.cuda = cuda
+    cuda.on_violation = trt.violation  # pycuda's release rules count as broken rules too
     modules = {**fake_pycuda.make_modules(cuda), "tensorrt": make_module(trt)}
     return FakeGpuStack(cuda=cuda, trt=trt, modules=modules)
 
