@@ -35,6 +35,7 @@ from inferd.serving.scheduler import Job, Scheduler
 from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
+from inferd.shutdown import StopSteps, drain, joined, terminate
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.supervision.open_files import raise_open_files_limit
@@ -170,23 +171,26 @@ class Daemon:
         """Bind the sockets and start every thread; models load on the worker.
         ``supervision`` (log format, notify backend, watchdog) goes into the start line."""
         self._instance_lock.acquire()
-        log.info(
-            "daemon_starting",
-            version=inferd.__version__,
-            config=self.config.source,
-            config_fingerprint=self.config.fingerprint(),
-            pid=os.getpid(),
-            **(supervision or {}),
-        )
-        raise_open_files_limit(self.config.bus.max_connections)
-        self._start_recorder()
-        self._lifecycle("start")
         try:
+            log.info(
+                "daemon_starting",
+                version=inferd.__version__,
+                config=self.config.source,
+                config_fingerprint=self.config.fingerprint(),
+                pid=os.getpid(),
+                **(supervision or {}),
+            )
+            raise_open_files_limit(self.config.bus.max_connections)
+            self._start_recorder()
+            self._lifecycle("start")
             self._start_serving()
-        except Exception as exc:  # recorded and made durable: the process exits next
-            self._lifecycle("start_failed", error=str(exc)[:512])
-            if self.recorder is not None:
-                self.recorder.stop(timeout=5)
+        except BaseException as exc:  # recorded, and all acquired so far released
+            step = StopSteps()
+            step("fdr", partial(self._lifecycle, "start_failed", error=str(exc)[:512]))
+            self.state = "stopping"  # a model not loading yet is not loaded now
+            self.router.accepting = False
+            step("scheduler.drain", drain, self.scheduler, self.router, 0.0)  # any queued: answered
+            self._close(step, None, self.config.daemon.shutdown_drain_ms / 1000 + 10)
             raise
 
     def _start_serving(self) -> None:
@@ -223,56 +227,53 @@ class Daemon:
 
     def stop(self, on_stopping: Callable[[], None] | None = None) -> None:
         """Stop accepting, drain (bounded), answer what is left, close everything.
+        A step that raises is logged and the next ones still run (``shutdown.py``).
 
         ``on_stopping`` runs once new requests are refused, before the drain
         (the CLI sends systemd ``STOPPING=1`` there)."""
         log.info("daemon_stopping")
         self.state = "stopping"
         self.router.accepting = False
+        step = StopSteps()
         if on_stopping is not None:
-            on_stopping()
+            step("on_stopping", on_stopping)
         # Builds first: cooperative cancel (source sigterm), killed after the grace
         # period; their engine_build records reach the FDR before it closes.
         if self.rebuilder is not None:
-            self.rebuilder.stop()
-        self.builds.shutdown("sigterm")
+            step("rebuilder.stop", self.rebuilder.stop)
+        step("builds.shutdown", self.builds.shutdown, "sigterm")
         drain_s = self.config.daemon.shutdown_drain_ms / 1000
-        drained = self.scheduler.wait_idle(drain_s)
-        leftovers = self.scheduler.close()
-        if leftovers:
-            log.warning("requests_failed_at_shutdown", count=len(leftovers), drained=drained)
-        self.router.fail(
-            leftovers, Code.UNAVAILABLE, "the daemon shut down before this request ran"
-        )
-        self.switcher.stop()  # an operator's switch in progress is answered too
-        self.failover.stop()  # a failover in progress is given up, its thread waited for
-        self.worker.join(timeout=drain_s + 10)
-        self.bus.stop()
-        self.bus.join(timeout=10)
+        step("scheduler.drain", drain, self.scheduler, self.router, drain_s)
+        step("switcher.stop", self.switcher.stop)  # an operator's switch in progress is answered
+        step("failover.stop", self.failover.stop)  # a failover in progress is given up, waited for
+        self._close(step, "stop", drain_s + 10)
+
+    def _close(self, step: StopSteps, event: str | None, worker_s: float) -> None:
+        """Once the scheduler is closed: stop every thread that started, record
+        ``event``, terminate the context, release the instance locks."""
+        step("worker.join", joined, self.worker, worker_s)
+        step("bus.stop", self.bus.stop)
+        step("bus.join", joined, self.bus, 10)
         if self.shm is not None:  # every request is answered: release every region
-            self.shm.stop()
-        self.thermal.stop()
-        self.metrics.stop()
-        self.deadline_misses.flush()
-        self._lifecycle("stop")
-        self.alerts.close()
-        self.publisher.stop()
-        self.publisher.join(timeout=10)
-        self.security.stop()
+            step("shm.stop", self.shm.stop)
+        step("thermal.stop", self.thermal.stop)
+        step("metrics.stop", self.metrics.stop)
+        step("deadline_misses.flush", self.deadline_misses.flush)
+        if event is not None:
+            step("fdr", self._lifecycle, event)
+        step("alerts.close", self.alerts.close)
+        step("publisher.stop", self.publisher.stop)
+        step("publisher.join", joined, self.publisher, 10)
+        step("security.stop", self.security.stop)
         if self.recorder is not None:
-            self.recorder.stop()  # writes what is queued, fdatasyncs, closes the segment
+            # What is queued written, fdatasync (5 s at most after a failed start).
+            step("recorder.stop", self.recorder.stop, 10 if event is not None else 5)
         alive = {"worker": self.worker.is_alive(), "bus": self.bus.is_alive()}
         alive |= {"publisher": self.publisher.is_alive(), "zap": self.security.is_alive()}
-        if any(alive.values()):
-            # A thread still holds a socket: terminating the context would hang.
-            log.error("threads_did_not_stop", **alive)
-        else:
-            self._context.term()
+        step("context.term", terminate, self._context, alive)
         self._instance_lock.release()
-        log.info(
-            "daemon_stopped",
-            fdr_durable_seq=self.recorder.durable_seq if self.recorder is not None else None,
-        )
+        durable_seq = self.recorder.durable_seq if self.recorder is not None else None
+        log.info("daemon_stopped", fdr_durable_seq=durable_seq)
 
     def stop_budget_s(self) -> float:
         """An upper bound on how long ``stop()`` takes (for ``EXTEND_TIMEOUT_USEC``)."""
@@ -364,6 +365,8 @@ class Daemon:
         self.record("daemon_lifecycle", {"event": event, **identity, "state": self.state, **extra})
 
     def _activate(self, slot: ModelSlot) -> None:
+        if self.state == "stopping":  # stopped during start-up: load no further model
+            return
         # Runtime log lines during activation name the model (journald INFERD_MODEL).
         with structlog.contextvars.bound_contextvars(model=slot.name):
             slot.activate(self.config.runtime, self._sinks)

@@ -2,7 +2,10 @@
 
 Other threads hand events over through a bounded in-process queue (cheaper than
 one inproc socket per producer, and producers never block); when the queue is
-full the event is counted as dropped and logged, never silently lost.
+full the event is counted as dropped and logged, never silently lost; so is one
+msgpack cannot encode (the thread goes on), one published once ``stop`` was
+called, and one left in the queue when the thread ended.  ``stop`` never waits
+for room in the queue: the thread sends what was queued before it, then ends.
 
 What subscribers send is bounded (DESIGN.md 124): a message longer than
 ``SUBSCRIBER_MAX_MESSAGE_BYTES`` ends its connection in libzmq, and each pass
@@ -13,6 +16,7 @@ that is no subscription, is refused, counted and ends its peer's connections.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -85,6 +89,11 @@ class EventPublisher(threading.Thread):
         self._health = health
         self._interval_s = health_interval_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=capacity)
+        #: Set by ``stop`` (or the thread's end) under ``_lock``, which ``publish``
+        #: holds while it queues: an event queued before it is sent (or counted when
+        #: the thread cannot), one published after it is counted as dropped.
+        self._stopping = False
+        self._lock = threading.Lock()
         self._sequence = itertools.count(1)
         self._bind_outcome = BindOutcome("the publisher thread")
         self.dropped = 0
@@ -106,19 +115,48 @@ class EventPublisher(threading.Thread):
         """Queue an event; safe from any thread, never blocks."""
         if topic not in TOPICS:
             raise ValueError(f"unknown event topic {topic!r}; known: {sorted(TOPICS)}")
-        try:
-            self._queue.put_nowait((topic, dict(payload)))
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.error("events_dropped", topic=topic, dropped_total=self.dropped)
+        with self._lock:
+            if self._stopping:
+                self._drop(topic, "the publisher has stopped")
+                return
+            try:
+                self._queue.put_nowait((topic, dict(payload)))
+            except queue.Full:
+                self._drop(topic, "queue full")
+
+    def _drop(self, topic: str, reason: str, count: int = 1, error: str | None = None) -> None:
+        """Count ``count`` events not sent; logged the first time and every 1000th."""
+        before, self.dropped = self.dropped, self.dropped + count
+        if before == 0 or before // 1000 != self.dropped // 1000:
+            log.error(
+                "events_dropped",
+                topic=topic,
+                dropped_total=self.dropped,
+                reason=reason,
+                error=error,
+            )
 
     def wait_bound(self, timeout: float) -> None:
         self._bind_outcome.wait(timeout)
 
     def stop(self) -> None:
-        """Publish what is queued, then close the socket."""
-        self._queue.put(_STOP)
+        """Publish what is queued, then close the socket; never blocks.  Events
+        published from now on are counted as dropped."""
+        with self._lock:
+            self._stopping = True
+        with contextlib.suppress(queue.Full):  # wakes the thread; when full it sees the flag
+            self._queue.put_nowait(_STOP)
+        if not self.is_alive():  # never started, or ended: nothing will send these
+            self._drop_queued()
+
+    def _drop_queued(self) -> None:
+        """Count what is left in the queue as dropped (no thread will send it)."""
+        left = 0
+        with contextlib.suppress(queue.Empty):
+            while True:
+                left += self._queue.get_nowait() is not _STOP
+        if left:
+            self._drop("*", "the publisher thread has ended", left)
 
     def run(self) -> None:
         sock = self._context.socket(zmq.XPUB)
@@ -137,27 +175,40 @@ class EventPublisher(threading.Thread):
             sock.close(linger=0)
             return
         self._bind_outcome.bound()
-        next_health = time.monotonic()
-        behind = False
         try:
-            while True:
-                self.last_beat_ns = time.monotonic_ns()
-                timeout = min(_BEAT_INTERVAL_S, max(0.0, next_health - time.monotonic()))
-                try:
-                    item = self._queue.get(timeout=0.0 if behind else timeout)
-                except queue.Empty:
-                    item = None
-                if item is _STOP:
-                    return
-                # Before anything is sent: a subscription that came meanwhile applies to it.
-                behind = self._take_subscriptions(sock)
-                if item is not None:
-                    self._send(sock, *item)
-                if time.monotonic() >= next_health:
-                    self._send(sock, "health", self._health())
-                    next_health = time.monotonic() + self._interval_s
+            self._loop(sock)
         finally:
             sock.close(linger=0)
+            with self._lock:  # from now on a publish is counted, never queued
+                self._stopping = True
+            self._drop_queued()
+
+    def _loop(self, sock: zmq.Socket[Any]) -> None:
+        next_health = time.monotonic()
+        behind = False
+        while True:
+            self.last_beat_ns = time.monotonic_ns()
+            timeout = min(_BEAT_INTERVAL_S, max(0.0, next_health - time.monotonic()))
+            try:
+                item = self._queue.get(timeout=0.0 if behind else timeout)
+            except queue.Empty:
+                item = None
+            if item is _STOP or self._stopping:
+                # What was queued before ``stop`` is sent (``stop`` may have found
+                # the queue full and queued no marker), then the thread ends.
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        if item is not None and item is not _STOP:
+                            self._send(sock, *item)
+                        item = self._queue.get_nowait()
+                return
+            # Before anything is sent: a subscription that came meanwhile applies to it.
+            behind = self._take_subscriptions(sock)
+            if item is not None:
+                self._send(sock, *item)
+            if time.monotonic() >= next_health:
+                self._send(sock, "health", self._health())
+                next_health = time.monotonic() + self._interval_s
 
     def _take_subscriptions(self, sock: zmq.Socket[Any]) -> bool:
         """Apply the (un)subscriptions subscribers sent that can match a topic, for
@@ -232,7 +283,14 @@ class EventPublisher(threading.Thread):
     def _send(self, sock: zmq.Socket[Any], topic: str, payload: dict[str, Any]) -> None:
         payload.setdefault("ts_ns", time.time_ns())
         payload["seq"] = next(self._sequence)
-        sock.send_multipart([topic.encode(), protocol.pack(payload)])
+        try:
+            packed = protocol.pack(payload)
+        except (TypeError, ValueError, OverflowError) as exc:
+            # One producer's bad payload must not end the thread (every event after
+            # it, and the liveness beat): dropped and counted; its seq is a gap.
+            self._drop(topic, "its payload cannot be encoded", error=repr(exc)[:200])
+            return
+        sock.send_multipart([topic.encode(), packed])
         self.published += 1
 
 

@@ -282,20 +282,22 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
             exc.errno if isinstance(exc, OSError) and exc.errno else None,
         )
         return EXIT_FAILURE
-    watchdog = (
-        Watchdog(notifier, watchdog_settings, daemon.liveness, record=daemon.record)
-        if watchdog_settings
-        else None
-    )
-    _start_up(daemon, notifier, watchdog, stop, hangups)
-    if not stop.is_set() and daemon.failed is None:
-        notifier.ready(daemon.status_line())
-        _serve(daemon, notifier, watchdog, stop, hangups)
 
     def stopping() -> None:
         notifier.stopping(daemon.status_line(), extend_s=daemon.stop_budget_s())
 
-    daemon.stop(on_stopping=stopping)
+    try:
+        watchdog = (
+            Watchdog(notifier, watchdog_settings, daemon.liveness, record=daemon.record)
+            if watchdog_settings
+            else None
+        )
+        _start_up(daemon, notifier, watchdog, stop, hangups)
+        if not stop.is_set() and daemon.failed is None:
+            notifier.ready(daemon.status_line())
+            _serve(daemon, notifier, watchdog, stop, hangups)
+    finally:  # also after a bug in the loop (it then goes on, with its traceback, exit 1)
+        daemon.stop(on_stopping=stopping)
     if daemon.failed is not None:
         # Exit in failure: systemd's Restart=on-failure brings a fresh process.
         print(f"inferd: {daemon.failed}", file=sys.stderr)

@@ -84,7 +84,11 @@ class Preparers(Generic[H]):
                 return False
             # Started under the lock: ``stop`` never sees a thread it cannot join.
             self._running[thread] = handover
-            thread.start()
+            try:
+                thread.start()
+            except BaseException:  # e.g. at the process's thread limit: not ours then
+                del self._running[thread]
+                raise
             return True
 
     def enter(self, handover: H) -> bool:

@@ -214,6 +214,16 @@ class FallbackRebuilder:
         )
 
     def _adopt(self, finished: FinishedBuild) -> None:
+        if self._stopped:
+            # Completed as the daemon stops: loading it now would race the exit (the
+            # switch's thread is waited for 10 s); trusted, it is located next start.
+            log.info(
+                "engine_rebuild_not_adopted",
+                model=finished.model,
+                build_id=finished.build_id,
+                reason="the daemon is stopping; the next start loads the engine",
+            )
+            return
         try:
             self._switch(finished.model, TENSORRT, f"inferd: build {finished.build_id}"[:64])
         except ProtocolError as exc:

@@ -108,7 +108,12 @@ class RuntimeSwitcher:
             daemon=True,
         )
         self._claim_or_refuse(model)
-        if not self._preparers.start(thread, switch):
+        try:
+            started = self._preparers.start(thread, switch)
+        except BaseException:  # its thread could not start (the thread limit)
+            self.unclaim(model)
+            raise
+        if not started:
             self.unclaim(model)
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
 
