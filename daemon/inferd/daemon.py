@@ -345,12 +345,12 @@ class Daemon:
             )
 
     def _worker_died(self, exc: BaseException, in_hand: Job | None) -> None:
-        """An exception ended the engine worker (on that thread; ``in_hand``: the
-        request it was answering): nothing will run again, so every queued request
-        is answered now, new ones are refused, and the process ends in failure for
-        systemd to restart (``failed``)."""
+        """An exception ended the engine worker (``in_hand``: the request it was
+        answering): nothing runs again, so every queued request is answered, new
+        ones are refused, and the process ends in failure for systemd (``failed``)."""
         reason = f"the engine worker stopped on {type(exc).__name__}: {exc}"
         self.failed = reason
+        self.state = "stopping"  # the main loop stops it next; health says so now
         self.router.accepting = False
         if in_hand is not None:
             self.router.fail([in_hand], Code.INTERNAL, f"{reason} while answering this request")

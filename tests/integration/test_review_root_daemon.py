@@ -217,3 +217,22 @@ def test_a_stop_while_models_load_loads_no_further_model(
     assert loaded == ["a"]
     assert [slot.state for slot in daemon.slots.values()] == ["released"] * 3
     _assert_released(daemon, short_tmp_path)
+
+
+def test_once_the_engine_worker_died_health_says_stopping_not_serving(
+    short_tmp_path: Path, demo_model: Path, no_threads_before: None
+) -> None:
+    """The worker's death sets ``failed`` and the main loop stops the daemon at its
+    next tick; meanwhile a probe must not read ``serving`` from a daemon that will
+    never run another request."""
+    daemon = _daemon(short_tmp_path, demo_model)
+    daemon.start()
+    try:
+        assert daemon.wait_ready(HANG_S)
+        assert daemon.health()["state"] == "serving"
+        daemon._worker_died(RuntimeError("injected by the test"), None)
+        assert daemon.failed is not None
+        assert daemon.health()["state"] == "stopping"
+    finally:
+        daemon.stop()
+    _assert_released(daemon, short_tmp_path)
