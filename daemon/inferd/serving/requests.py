@@ -360,6 +360,11 @@ class RequestRouter:
         operation = self._control_ops.get(request.op)
         if operation is not None:
             return ok_reply(request, operation(request.header))
+        if not self.accepting and request.op in (*self._deferred_ops, *self._operator_ops):
+            # Stopping: a switch begun now would only be given up, a build cancelled.
+            raise ProtocolError(
+                Code.UNAVAILABLE, f"the daemon is shutting down; {request.op} was not run"
+            )
         deferred = self._deferred_ops.get(request.op)
         if deferred is not None:
             deferred(request.header, self._operator(request), self._responder(request))

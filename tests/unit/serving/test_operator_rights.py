@@ -102,3 +102,21 @@ def test_an_unknown_op_is_invalid_for_everyone() -> None:
         Ops().router().handle_control(request("build.nuke", VIEWER))
     assert refused.value.code is Code.INVALID_ARGUMENT
     assert "['build.start', 'runtime.switch', 'status']" in refused.value.message
+
+
+@pytest.mark.parametrize("op", ["build.start", "runtime.switch"])
+def test_once_the_daemon_stops_accepting_operator_ops_are_refused_and_reads_answered(
+    op: str,
+) -> None:
+    """Between the stop's first step and the switcher's and builds' own stops, a
+    switch would start preparing an engine only to be given up."""
+    ops = Ops()
+    router = ops.router()
+    router.accepting = False
+    with pytest.raises(ProtocolError) as refused:
+        router.handle_control(request(op, OPERATOR, model="demo"))
+    assert refused.value.code is Code.UNAVAILABLE
+    assert refused.value.message == f"the daemon is shutting down; {op} was not run"
+    reply = router.handle_control(request("status", VIEWER))
+    assert reply is not None and reply.header["ok"] is True
+    assert ops.calls == [("status", None)]
