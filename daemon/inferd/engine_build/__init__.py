@@ -6,9 +6,10 @@
   ``StallWatchdog``.
 * ``cancel``: ``CancellationToken`` (one shared stop state), ``cancel_on_signals``,
   ``run_build_async``.
-* ``artifacts``: final write in a no-cancel zone, cleanup / quarantine,
-  ``TimingCacheManager`` and ``TimingCacheOutcome`` (cold / reused / updated /
-  discarded / quarantined, each defined there once).
+* ``artifacts``: final write in a no-cancel zone, cleanup / quarantine, staging
+  (never through a symlink); ``timing_cache_policy``: ``TimingCacheManager`` and
+  ``TimingCacheOutcome`` (cold / reused / updated / discarded / quarantined, each
+  defined there once; re-exported by ``artifacts``).
 * ``validation``: gate + smoke inference vs ONNX Runtime; ``eligible_to_serve``.
 * ``session``: ``run_build`` -> build summary (``schemas/build/summary.json``)
   and a ``engine_build`` FDR record.

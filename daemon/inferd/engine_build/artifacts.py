@@ -1,6 +1,7 @@
 """Build artifacts: staging, validation's verdict, the commit, leftovers
-cleanup/quarantine, inventory; and the timing-cache policy per host tuple
-(``TimingCacheOutcome``).
+cleanup/quarantine, inventory.  The timing-cache policy per host tuple
+(``TimingCacheOutcome``, ``TimingCacheManager``) is ``timing_cache_policy``'s,
+re-exported here.
 
 The engine is first staged: written (temp + fsync + rename, ``inferd.durable``)
 with its ``.sha256`` sidecar under ``<dir>/staging/<pid>/`` with its final file
@@ -18,6 +19,9 @@ of each dead process's staging folder (``sweep_staging``; the daemon sweeps too,
 at start and each ``build.start``), and quarantines (moves to ``quarantine/``
 with a ``.reason``) anything whose state is unclear: an engine at the final path
 without a matching sidecar, or a temp file of a process that may still be alive.
+``<dir>/staging`` is the daemon's own directory like the engine dir: a symlink there,
+or one another user owns or may write (or that lies in such a directory), is
+neither staged in nor swept, so nothing outside it is created or removed.
 """
 
 from __future__ import annotations
@@ -38,12 +42,11 @@ from typing import Any
 from inferd.digest import sha256_file
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engine_build.cancel import CancellationToken
+from inferd.engine_build.timing_cache_policy import TimingCacheManager as TimingCacheManager
+from inferd.engine_build.timing_cache_policy import TimingCacheOutcome as TimingCacheOutcome
 from inferd.engines.quarantine import QUARANTINE_DIR, quarantine
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
-from inferd.engines.timing_cache import TimingCacheFile, timing_cache_path
-from inferd.owned_files import ensure_owned_dir, open_nofollow
-from inferd.types import HostTuple
-from inferd_wire.compat import StrEnum
+from inferd.owned_files import ensure_owned_dir, open_nofollow, unsafe_owned_dir_reason
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 #: Engines being validated: ``<dir>/staging/<pid>/<engine name>`` and its sidecar.
@@ -78,7 +81,9 @@ def build_files(directory: Path, names: Collection[str]) -> tuple[list[dict[str,
     temp files too; at most ``LISTED_MAX``, and how many more there were.  What a build
     summary lists: never the whole directory, which grows with every build."""
     found: list[dict[str, Any]] = []
-    for folder in (directory, directory / QUARANTINE_DIR):
+    quarantined = directory / QUARANTINE_DIR
+    # A symlink there is not the daemon's quarantine: nothing it points at is listed.
+    for folder in (directory,) if quarantined.is_symlink() else (directory, quarantined):
         try:
             entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
         except (FileNotFoundError, NotADirectoryError):
@@ -207,9 +212,17 @@ def sweep_staging(directory: Path) -> tuple[list[str], list[str]]:
     and the folder: (removed paths relative to ``directory``, errors).  The lock is
     held while removing, so a process starting to stage there waits and retries."""
     staging = directory / STAGING_DIR
+    # Checked as the daemon's own before anything is listed: through a symlink here
+    # (or in a directory another user could swap it in) the sweep would lock and
+    # remove files in whatever digit-named folders the target holds.
+    unsafe = unsafe_owned_dir_reason(staging)
+    if unsafe == "does not exist":
+        return [], []
+    if unsafe is not None:
+        return [], [f"{staging} {unsafe}: not swept (inferd removes files only in its own)"]
     try:
         folders = sorted(staging.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:  # removed meanwhile
         return [], []
     removed: list[str] = []
     errors: list[str] = []
@@ -276,6 +289,7 @@ def _hold_staging(staged: Path) -> None:
     folder = staged.parent
     with _held_lock:
         while folder not in _held:  # retried when a sweep removed a dead namesake's folder
+            ensure_owned_dir(folder.parent, what="the engine staging directory")  # no symlink
             ensure_owned_dir(folder, what="the engine staging directory")
             fd = _lock_staging(folder, wait=True)
             if fd is not None:
@@ -346,104 +360,6 @@ def commit_engine(
         fsync_directory(engine_path.parent)
     _release_staging(staged)
     return token.zone_log[-1]
-
-
-class TimingCacheOutcome(StrEnum):
-    """What one build did with its host's timing cache: the summary's
-    ``timingCacheMode`` and ``timingCache.decision`` (``schemas/build/summary.json``,
-    docs/DESIGN.md "Timing cache").  The only place these words are defined; each
-    has one meaning for every builder (TensorRT and simulated) and every caller."""
-
-    #: No stored cache to load: the build started from an empty cache; a completed
-    #: build saved the cache it produced (``saved``).
-    COLD = "cold"
-    #: The stored cache was loaded and the completed build left it as it was.
-    REUSED = "reused"
-    #: The stored cache was loaded and replaced by the completed build's grown one.
-    UPDATED = "updated"
-    #: The cache this build produced was thrown away, never written: the build was
-    #: cancelled or failed, or saving it failed (``reason``).  The stored file, if
-    #: any, is exactly as it was.
-    DISCARDED = "discarded"
-    #: The stored cache was unusable (empty, unreadable, oversized) or the builder
-    #: refused it (TensorRT: ``set_timing_cache`` False): moved to ``quarantine/``
-    #: with a ``.reason`` file and the build went cold; a completed build saved the
-    #: cache it produced (``saved``).
-    QUARANTINED = "quarantined"
-
-
-class TimingCacheManager:
-    """Timing cache of one host tuple (``timing_cache_path``): loads it, quarantines
-    it, saves the completed build's cache, and decides the ``TimingCacheOutcome``."""
-
-    def __init__(self, engine_dir: Path, host: HostTuple) -> None:
-        self.path = timing_cache_path(engine_dir, host)
-        self.store = TimingCacheFile(self.path)
-        self.loaded: bytes | None = None
-        self.decision = TimingCacheOutcome.COLD
-        self.quarantined_to: str | None = None
-        self.reason: str | None = None
-        self.saved = False
-
-    def load(self) -> bytes | None:
-        try:
-            info: os.stat_result | None = self.path.lstat()  # never follows a symlink
-        except FileNotFoundError:
-            info = None
-        if info is not None and stat.S_ISLNK(info.st_mode):
-            self.quarantine(
-                "the timing cache is a symbolic link, which inferd does not follow in its "
-                "own directories"
-            )
-            return None
-        if info is not None and stat.S_ISREG(info.st_mode) and info.st_size == 0:
-            self.quarantine("empty timing cache file")
-            return None
-        self.loaded = self.store.load()
-        if self.loaded is None and info is not None:
-            self.quarantine("timing cache could not be read")
-        elif self.loaded is not None:
-            self.decision = TimingCacheOutcome.REUSED
-        return self.loaded
-
-    def quarantine(self, reason: str) -> None:
-        """The stored cache failed to load or the builder refused it."""
-        self.reason = reason
-        self.loaded = None
-        self.decision = TimingCacheOutcome.QUARANTINED
-        with contextlib.suppress(FileNotFoundError):
-            self.quarantined_to = str(quarantine(self.path, f"timing cache: {reason}"))
-
-    def finish(self, completed: bool, data: bytes | None) -> TimingCacheOutcome:
-        """Save a completed build's cache when it differs from the stored one; the
-        outcome (a quarantine stays the outcome: it is what happened to the file)."""
-        if not completed:
-            self._discard("the build did not complete")
-            return self.decision
-        if data is not None and data != self.loaded:
-            try:
-                self.store.store(data)  # atomic: the stored file is old or new, never torn
-            except OSError as exc:
-                self._discard(f"could not be saved: {exc}")
-                return self.decision
-            self.saved = True
-            if self.decision is TimingCacheOutcome.REUSED:
-                self.decision = TimingCacheOutcome.UPDATED
-        return self.decision
-
-    def _discard(self, why: str) -> None:
-        if self.decision is not TimingCacheOutcome.QUARANTINED:
-            self.decision = TimingCacheOutcome.DISCARDED
-            self.reason = f"this build's timing cache was not kept: {why}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "decision": self.decision.value,
-            "path": str(self.path),
-            "saved": self.saved,
-            "quarantinedTo": self.quarantined_to,
-            "reason": self.reason,
-        }
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ model or precision, so one file per host serves every build::
 The file name never ends in ``.engine``, so the engine gate never looks at it.
 This module only stores bytes (bounded read, atomic write); *whether* to reuse,
 update, discard or quarantine a cache is the build session's timing-cache policy
-(``inferd.engine_build.artifacts.TimingCacheManager``; the outcomes and what each
-means: ``TimingCacheOutcome``).
+(``inferd.engine_build.timing_cache_policy.TimingCacheManager``; the outcomes and what
+each means: ``TimingCacheOutcome``).
 """
 
 from __future__ import annotations
