@@ -180,7 +180,7 @@ class Daemon:
                 pid=os.getpid(),
                 **(supervision or {}),
             )
-            raise_open_files_limit(self.config.bus.max_connections)
+            raise_open_files_limit(self.config.bus.max_connections, self.config.shm)
             self._start_recorder()
             self._lifecycle("start")
             self._start_serving()

@@ -52,6 +52,9 @@ _MAX_HEARTBEAT_MS = 3_600_000
 MAX_BUSY_POLL_US = 1000
 #: ``bus.max_connections``'s ceiling: each connection holds a descriptor.
 MAX_CONNECTIONS_PER_SOCKET = 16384
+#: ``shm.max_regions_per_connection``'s ceiling (a request names at most 64): each
+#: region holds a descriptor and a mapping (``vm.max_map_count``: 65530).
+MAX_REGIONS_PER_CONNECTION = 1024
 
 #: Sensors change over seconds; faster polling only burns a core, and a reading
 #: older than 20 s cannot decide a throttle (nor be waited for: a wait overflows).
@@ -265,8 +268,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ShmConfig:
-    """Shared-memory tensor regions (``[shm]``): every byte and mapping a client can
-    make the daemon hold through the registration socket is bounded here."""
+    """Shared-memory tensor regions (``[shm]``): every byte, mapping and descriptor a
+    client can make the daemon hold through the registration socket is bounded here."""
 
     #: The registration socket; clients find it next to the infer socket.
     socket: Path
@@ -281,14 +284,15 @@ class ShmConfig:
 
     def __post_init__(self) -> None:
         _endpoint("shm.socket", f"ipc://{self.socket}")
-        for key in (
-            "max_connections",
-            "max_regions_per_connection",
-            "max_requests_per_connection",
-            "max_bytes_per_uid",
-        ):
+        for key in ("max_connections", "max_regions_per_connection", "max_requests_per_connection"):
             positive(f"shm.{key}", getattr(self, key))
+        positive("shm.max_bytes_per_uid", self.max_bytes_per_uid)
         up_to("shm.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
+        up_to(
+            "shm.max_regions_per_connection",
+            self.max_regions_per_connection,
+            MAX_REGIONS_PER_CONNECTION,
+        )
         if self.max_bytes_total < self.max_bytes_per_uid:
             raise ConfigError(
                 f"shm.max_bytes_total ({self.max_bytes_total}) must be at least "

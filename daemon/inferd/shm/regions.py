@@ -19,7 +19,10 @@ tensor view that outlived its lease can never point into unmapped memory: the
 region then stays mapped (and counted) and the close is retried.
 
 Mapped bytes are counted per uid and in total, from registration until the
-mapping is really gone, and bounded by ``[shm]`` (``RESOURCE_EXHAUSTED``).
+mapping is really gone, and bounded by ``[shm]`` (``RESOURCE_EXHAUSTED``); so are
+the regions held in all (each a mapping and a descriptor: ``mmap`` keeps a
+duplicate of the memfd), those of closed connections that queued requests still
+lease included, to ``max_connections`` x ``max_regions_per_connection``.
 All state is behind one lock; nothing blocking runs under it.
 """
 
@@ -191,6 +194,8 @@ class RegionTable:
         self._closing: list[Region] = []
         self._mapped_by_uid: dict[int, int] = {}
         self._mapped_total = 0
+        #: Regions counted in a connection's ``held``, closed connections' included.
+        self._held = 0
         self.registered = 0
         self.unregistered = 0
         self.released_on_disconnect = 0
@@ -206,12 +211,16 @@ class RegionTable:
             held = f"this connection holds {limit} regions already, counting those unregistered"
             held += " but still used by its queued requests (shm.max_regions_per_connection)"
             raise ProtocolError(Code.RESOURCE_EXHAUSTED, held)
+        if self._held >= self._max_held:  # checked again below, under the lock
+            raise ProtocolError(Code.RESOURCE_EXHAUSTED, self._held_in_all())
         mapping, size = map_sealed_memfd(fd)
         uid = connection.peer.uid
         with self._lock:
             by_uid = self._mapped_by_uid.get(uid, 0)
             error = None
-            if by_uid + size > self._config.max_bytes_per_uid:
+            if self._held >= self._max_held:
+                error = self._held_in_all()
+            elif by_uid + size > self._config.max_bytes_per_uid:
                 error = (
                     f"uid {uid} has {by_uid} bytes mapped; this region's {size} would exceed "
                     f"shm.max_bytes_per_uid ({self._config.max_bytes_per_uid})"
@@ -231,6 +240,7 @@ class RegionTable:
                 self._regions[region.region_id] = region
                 connection.regions[region.region_id] = region
                 connection.held += 1
+                self._held += 1
                 self._mapped_by_uid[uid] = by_uid + size
                 self._mapped_total += size
                 self.registered += 1
@@ -287,13 +297,26 @@ class RegionTable:
         if not region.leases:
             self._uncount(region)
 
-    @staticmethod
-    def _uncount(region: Region) -> None:
-        """A closed region no request leases leaves its connection's count (with the
-        lock held): its unmapping is the registration thread's, and near."""
+    def _uncount(self, region: Region) -> None:
+        """A closed region no request leases leaves its connection's count and the
+        daemon's (with the lock held): its unmapping is the registration thread's,
+        and near."""
         if region.counted:
             region.counted = False
             region.connection.held -= 1
+            self._held -= 1
+
+    @property
+    def _max_held(self) -> int:
+        return self._config.max_connections * self._config.max_regions_per_connection
+
+    def _held_in_all(self) -> str:
+        return (
+            f"the daemon holds {self._held} regions, counting those of closed connections "
+            "that queued requests still use (shm.max_connections x "
+            f"shm.max_regions_per_connection = {self._max_held}); try again once they are "
+            "answered"
+        )
 
     def release_due(self) -> None:
         """Unmap every closed region no lease holds (hooks run outside the lock)."""

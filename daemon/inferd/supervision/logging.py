@@ -13,7 +13,9 @@ structlog stays the logging API everywhere.  The output format is chosen by
 
 If the journal cannot be reached the event is written to stderr as a console
 line instead: logs are never silently lost.  Every format goes through one
-process-wide ``RepeatLimiter`` (``repeat_limiter``) that bounds log volume.
+process-wide ``RepeatLimiter`` (``repeat_limiter``) that bounds log volume in
+lines, and ``cut_long_values``, which bounds each line: a refusal quotes what a
+client sent (up to ``bus.max_header_bytes``, escaped).
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ _LEVELS = {
 }
 
 log = structlog.get_logger("inferd.logging")
+
+#: The most characters of one string field a log line carries (a traceback, added
+#: later, is not cut): what a client's request can make one line hold.
+MAX_FIELD_CHARS = 4096
+
+
+def cut_long_values(
+    _logger: Any, _method_name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """A structlog processor: each string longer than ``MAX_FIELD_CHARS`` is cut to
+    it, saying how long it was."""
+    for key, value in event_dict.items():
+        if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+            event_dict[key] = f"{value[:MAX_FIELD_CHARS]} [cut: {len(value)} characters]"
+    return event_dict
 
 
 def journal_stream_matches(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
@@ -159,6 +176,7 @@ def configure_logging(
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         _limiter,
+        cut_long_values,
     ]
     if resolved == "journald":
         # journald stamps entries itself; it wants the caller and the thread.

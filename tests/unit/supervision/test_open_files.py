@@ -8,34 +8,48 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 from tests.conftest import REPO
 
 CHILD = """
 import json, resource, sys
+from pathlib import Path
 import structlog
 events = []
 structlog.configure(processors=[lambda _l, _m, event: events.append(event) or ""],
                     logger_factory=structlog.ReturnLoggerFactory())
-soft, hard = (int(value) for value in sys.argv[1:3])
+soft, hard, connections = (int(value) for value in sys.argv[1:4])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+from inferd.config import ShmConfig
 from inferd.supervision.open_files import raise_open_files_limit
-limit = raise_open_files_limit(int(sys.argv[3]))
+shm = ShmConfig(socket=Path("/run/inferd/shm.sock"), enabled=False)
+if len(sys.argv) > 4:
+    shm_connections, regions = (int(value) for value in sys.argv[4:6])
+    shm = ShmConfig(socket=Path("/run/inferd/shm.sock"), max_connections=shm_connections,
+                    max_regions_per_connection=regions)
+limit = raise_open_files_limit(connections, shm)
 print(json.dumps({"limit": limit, "now": resource.getrlimit(resource.RLIMIT_NOFILE),
-                  "events": [event["event"] for event in events]}))
+                  "events": [event["event"] for event in events],
+                  "needed": [event.get("needed") for event in events]}))
 """
 
 
-def run(soft: int, hard: int, max_connections: int) -> dict[str, object]:
+def run(
+    soft: int, hard: int, max_connections: int, shm: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """``raise_open_files_limit`` in a child with these limits; ``shm``: its
+    ``shm.max_connections`` and ``max_regions_per_connection`` (None: disabled)."""
+    shm_args = [] if shm is None else [str(value) for value in shm]
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(soft), str(hard), str(max_connections)],
+        [sys.executable, "-c", CHILD, str(soft), str(hard), str(max_connections), *shm_args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=REPO,
         check=True,
     )
-    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return result
 
 
