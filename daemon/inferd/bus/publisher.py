@@ -52,6 +52,10 @@ SUBSCRIBER_MAX_MESSAGE_BYTES = 512
 #: burst, with 16 about 20 MiB (DESIGN.md 124).  A subscriber sends its topics
 #: (at most five) and ``health`` at once, so they are still taken together.
 SUBSCRIBER_RCVHWM = 16
+#: Events queued for one subscriber that does not read before the next are dropped
+#: for it (a PUB never blocks): libzmq's default, set here so that the bound is
+#: this daemon's. Events are at most a few hundred bytes: under 1 MB a subscriber.
+SUBSCRIBER_SNDHWM = 1000
 #: Subscriber messages taken per pass, so that a flood of them cannot hold up
 #: the events queued or the liveness beat; the next pass then does not wait.
 _SUBSCRIPTIONS_PER_PASS = 1000
@@ -164,6 +168,7 @@ class EventPublisher(threading.Thread):
             sock.setsockopt(zmq.XPUB_MANUAL, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, SUBSCRIBER_MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.RCVHWM, SUBSCRIBER_RCVHWM)
+            sock.setsockopt(zmq.SNDHWM, SUBSCRIBER_SNDHWM)
             if self._security is not None:
                 self._security.apply("events", sock)
             sock.bind(self._endpoint)
