@@ -29,6 +29,8 @@ FRAME_HEADER = struct.Struct("<4sII")
 #: A record describes an event; anything larger is corruption, not data.
 MAX_BODY_BYTES = 1024 * 1024
 SEGMENT_SUFFIX = ".fdr"
+#: The header's u64: a name with a larger index is not a segment the writer made.
+MAX_SEGMENT_INDEX = 2**64 - 1
 
 
 def crc32c(data: bytes) -> int:
@@ -45,7 +47,11 @@ def segment_index(name: str) -> int | None:
     if not (name.startswith("seg-") and name.endswith(SEGMENT_SUFFIX)):
         return None
     digits = name[4 : -len(SEGMENT_SUFFIX)]
-    return int(digits) if digits.isdigit() else None
+    # ASCII only: str.isdigit() takes "²", which int() refuses, and "٣", which it reads as 3
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    index = int(digits)
+    return index if index <= MAX_SEGMENT_INDEX else None
 
 
 def encode_segment_header(index: int, created_wall_ns: int) -> bytes:
@@ -116,6 +122,11 @@ def encode_record_parts(
         head, tail = encode_body_parts(kind, schema_version, wall_ns, mono_ns, boot_id, payload)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"payload cannot be encoded: {exc}") from exc
+    if not _readable(payload):
+        raise ValueError(
+            "payload cannot be encoded: a map key that is not a string, or a msgpack ext "
+            "type (the reader would take the record for corruption)"
+        )
     body = len(head) + MAX_SEQ_BYTES + len(tail)
     if body > MAX_BODY_BYTES:
         raise ValueError(f"record body is {body} bytes; the limit is {MAX_BODY_BYTES}")
@@ -126,6 +137,33 @@ def encode_record_parts(
             f"{segment_max_bytes}) holds {room} after its header"
         )
     return head, tail
+
+
+#: Values the walk below need not look into (their subclasses are looked at).
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+_EXT_TYPES = (msgpack.ExtType, msgpack.Timestamp)  # ExtType is a tuple
+
+
+def _readable(payload: Any) -> bool:
+    """Whether the reader takes ``payload``, once encoded, for a record: maps with
+    string keys at every depth, no ext type or Timestamp.  Called once msgpack
+    encoded it, so it is a finite tree (msgpack refuses cycles and deep nesting).
+    About 1 us for an alert's payload: a loop, not ``all()`` over a generator."""
+    pending = [payload]
+    while pending:
+        item = pending.pop()
+        if type(item) in _SCALARS:
+            continue
+        if isinstance(item, _EXT_TYPES):
+            return False
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return False
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return True
 
 
 def join_body(head: bytes, seq: int, tail: bytes) -> bytes:

@@ -12,7 +12,9 @@
 * A segment is opened without following a symlink (the FDR directory is the
   daemon's own): a symlink, or anything but a regular file, under a segment's
   name is listed, so its index is never reused, and read as an *unreadable
-  segment* whose reason names it; what it points at is never read.
+  segment* whose reason names it; what it points at is never read.  One listed
+  and then deleted before it is opened (the size cap of a recorder writing
+  meanwhile) is skipped: it is not damage.
 """
 
 from __future__ import annotations
@@ -147,14 +149,17 @@ def _records(
 
 
 def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:
-    report.segments += 1
     try:
         handle, _info = open_regular_file(path)  # a symlink is refused, naming it
         with handle:
             data = handle.readall()
+    except FileNotFoundError:  # listed, then deleted (the size cap of a running recorder)
+        return
     except OSError as exc:
+        report.segments += 1
         report.unreadable_segments.append(Damage(path.name, 0, 0, f"cannot read: {exc}"))
         return
+    report.segments += 1
     try:
         decode_segment_header(data)
     except ValueError as exc:

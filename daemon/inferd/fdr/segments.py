@@ -73,6 +73,16 @@ def create(directory: Path, index: int, created_wall_ns: int) -> Segment | None:
     return Segment(index, path, fd, len(header))
 
 
+def append(segment: Segment, data: bytes) -> None:
+    """Write ``data`` at the segment's end.  ``segment.size`` counts every byte
+    written, also when a write fails part way (a short write, then ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(segment.fd, view)
+        segment.size += written
+        view = view[written:]
+
+
 def create_next(directory: Path, index: int, wall_clock: Callable[[], int]) -> Segment:
     """A new segment at ``index`` or, where that name is taken, the next free one."""
     while (segment := create(directory, index, wall_clock())) is None:

@@ -6,9 +6,9 @@ disk drops records, counts them, logs at ERROR and says so in ``status()``;
 serving goes on.  The writer thread appends frames to the current segment and
 makes them durable (``fdatasync``) at most every ``fsync_interval_ms``, or at
 once when a critical kind was written.  After a failed write or sync it never
-appends to that segment again: it syncs what earlier writes left there (after a
-failed write), counts what was written but could not be synced as dropped, and
-opens a new one."""
+appends to that segment again: it syncs what earlier writes, and the frames a
+failed write wrote whole, left there, counts what was written but could not be
+synced as dropped, and opens a new one."""
 
 from __future__ import annotations
 
@@ -20,15 +20,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from inferd.config import FdrConfig
-from inferd.durable import write_all
 from inferd.fdr import framing, kinds, segments
+from inferd.fdr.queued import Marker, Pending
 from inferd.owned_files import ensure_owned_dir
 
 log = structlog.get_logger("inferd.fdr")
@@ -45,24 +44,6 @@ def read_boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return "unknown"
-
-
-@dataclass
-class _Pending:
-    """A record encoded but for its seq (assigned when it is written)."""
-
-    kind: kinds.RecordKind
-    head: bytes
-    tail: bytes
-    #: What an fdr_dropped / fdr_retention record reports (again, if it is lost).
-    dropped: tuple[int, list[str]] | None = None
-    deleted: list[tuple[str, int]] | None = None
-
-
-class _Marker(threading.Event):
-    """Queued by ``wait_durable``; set once everything before it was processed."""
-
-    durable = False
 
 
 class _BackingOff(OSError):
@@ -99,7 +80,7 @@ class FlightRecorder:
         # Written to the current segment since its last fdatasync: lost with it
         # if a write or sync fails (DESIGN.md entry 13).
         self._unsynced_records = 0
-        self._unsynced_reports: list[_Pending] = []
+        self._unsynced_reports: list[Pending] = []
         self._unsynced_critical = False
         #: Drops counted by fdr_dropped records that are durable.
         self._reported_drops = 0
@@ -153,7 +134,7 @@ class FlightRecorder:
     def wait_durable(self, timeout: float) -> bool:
         """Block until every record queued before this call is on disk and synced;
         False if one was lost (unless an fdr_dropped record saying so is durable)."""
-        marker = _Marker()
+        marker = Marker()
         try:
             self._queue.put(marker, timeout=timeout)
         except queue.Full:
@@ -175,7 +156,7 @@ class FlightRecorder:
             "last_error": self.last_error,
         }
 
-    def _encode(self, kind: kinds.RecordKind, payload: Mapping[str, Any]) -> _Pending:
+    def _encode(self, kind: kinds.RecordKind, payload: Mapping[str, Any]) -> Pending:
         """Encode once, here: the writer thread only adds the seq and the frame."""
         clocks = (self._wall_clock(), self._mono_clock())
         try:
@@ -189,7 +170,7 @@ class FlightRecorder:
             )
         except ValueError as exc:
             raise kinds.RecordPayloadError(f"{kind.name}: {exc}") from exc
-        return _Pending(kind, head, tail)
+        return Pending(kind, head, tail)
 
     def _drop(self, count: int, reason: str) -> None:
         if count <= 0:
@@ -224,14 +205,14 @@ class FlightRecorder:
             self._set_markers(batch, durable and self._reported_drops == self.records_dropped)
         self._close_segment()
         while leftover := self._take_batch(0.0):  # came after the last batch: never written
-            self._drop(sum(isinstance(item, _Pending) for item in leftover), "recorder stopped")
+            self._drop(sum(isinstance(item, Pending) for item in leftover), "recorder stopped")
             self._set_markers(leftover, False)
 
     def _process(
         self, batch: list[Any], dirty_since: float | None, stopping: bool
     ) -> tuple[bool, float | None]:
         """Write a batch and sync when due; returns (failed, dirty since)."""
-        records = [item for item in batch if isinstance(item, _Pending)]
+        records = [item for item in batch if isinstance(item, Pending)]
         failed = False
         if records:
             if self._write(records):
@@ -239,7 +220,7 @@ class FlightRecorder:
             else:
                 failed, dirty_since = True, None  # the abandoned segment cannot be synced
         due = dirty_since is not None and time.monotonic() - dirty_since >= self._interval_s
-        markers = any(isinstance(item, _Marker) for item in batch)
+        markers = any(isinstance(item, Marker) for item in batch)
         if dirty_since is not None and (self._unsynced_critical or due or markers or stopping):
             if self._sync():
                 dirty_since = None
@@ -250,7 +231,7 @@ class FlightRecorder:
     @staticmethod
     def _set_markers(batch: list[Any], durable: bool) -> None:
         for marker in batch:
-            if isinstance(marker, _Marker):
+            if isinstance(marker, Marker):
                 marker.durable = durable
                 marker.set()
 
@@ -266,7 +247,7 @@ class FlightRecorder:
                 break
         return batch
 
-    def _write(self, records: list[_Pending]) -> bool:
+    def _write(self, records: list[Pending]) -> bool:
         """Append records; on failure drop the rest (counted) and abandon the segment.
 
         A batch goes to the file in one ``write`` per segment: a write releases
@@ -275,8 +256,8 @@ class FlightRecorder:
         frame goes past ``segment_max_bytes`` (``_encode`` refused any record an
         empty segment cannot hold), so the size cap holds (``_open_segment``).
         """
-        work: deque[_Pending] = deque(records)
-        frames: list[tuple[bytes, _Pending, int]] = []  # framed, not yet written
+        work: deque[Pending] = deque(records)
+        frames: list[tuple[bytes, Pending, int]] = []  # framed, not yet written
         try:
             if self._unreported_drops:
                 work.appendleft(self._drop_report())
@@ -312,14 +293,24 @@ class FlightRecorder:
             return False
         return True
 
-    def _flush(self, segment: segments.Segment, frames: list[tuple[bytes, _Pending, int]]) -> None:
-        """Write frames (in seq order) in one go."""
+    def _flush(self, segment: segments.Segment, frames: list[tuple[bytes, Pending, int]]) -> None:
+        """Write frames (in seq order) in one go.  If the write fails part way, the
+        frames it wrote whole are written (the caller syncs them) and leave ``frames``."""
+        start = segment.size
+        try:
+            segments.append(segment, b"".join(frame for frame, _, _ in frames))
+        finally:
+            length, whole = segment.size - start, 0
+            while whole < len(frames) and len(frames[whole][0]) <= length:
+                length -= len(frames[whole][0])
+                whole += 1
+            self._written(frames[:whole], segment.size - start)
+            del frames[:whole]
+
+    def _written(self, frames: list[tuple[bytes, Pending, int]], length: int) -> None:
+        self.bytes_written += length
         if not frames:
             return
-        data = b"".join(frame for frame, _, _ in frames)
-        write_all(segment.fd, data)
-        segment.size += len(data)
-        self.bytes_written += len(data)
         self.records_written += len(frames)
         self._written_seq = frames[-1][2]
         for _, pending, _ in frames:
@@ -329,7 +320,7 @@ class FlightRecorder:
             else:
                 self._unsynced_records += 1
 
-    def _drop_report(self) -> _Pending:
+    def _drop_report(self) -> Pending:
         with self._lock:
             count, self._unreported_drops = self._unreported_drops, 0
             reasons, self._drop_reasons = sorted(self._drop_reasons), set()
@@ -338,7 +329,7 @@ class FlightRecorder:
         pending.dropped = (count, reasons)
         return pending
 
-    def _retention_report(self) -> _Pending:
+    def _retention_report(self) -> Pending:
         """An fdr_retention record naming as many deleted segments as a segment holds."""
         count = len(self._deleted)
         while True:
@@ -359,7 +350,7 @@ class FlightRecorder:
         pending.deleted = deleted
         return pending
 
-    def _give_back(self, pending: _Pending) -> None:
+    def _give_back(self, pending: Pending) -> None:
         """What a lost fdr_dropped or fdr_retention record said is reported again."""
         if pending.dropped is not None:
             count, reasons = pending.dropped
