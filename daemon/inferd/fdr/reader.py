@@ -2,6 +2,8 @@
 
 * A frame cut off by the end of its file (the writer died mid-write) is a
   *torn tail*: reading that segment stops there cleanly.
+  So is one followed only by zeros to the end (the blocks a power cut left
+  unwritten after the file grew): a crash's leftovers, not damage.
 * A frame whose sync marker, length, CRC or body is wrong is *corruption*:
   the reader scans forward for the next sync marker whose frame checks out,
   and reports the bytes it skipped.  Only the damaged records are lost.  A frame
@@ -190,9 +192,33 @@ def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator
             continue
         if outcome == "torn":
             report.torn_tails.append(Damage(name, offset, end - offset, "incomplete frame at end"))
+        elif not outcome.startswith(_WRITTEN_WHOLE) and _torn_before_zeros(name, data, offset):
+            reason = "incomplete frame at end, then zeros the file system never wrote"
+            report.torn_tails.append(Damage(name, offset, end - offset, reason))
         else:
             report.corrupt.append(Damage(name, offset, end - offset, outcome))
         return
+
+
+#: What ``_frame_at`` says of a frame whose CRC matched: it was written whole,
+#: whatever zeros end it, so it is never a torn tail.
+_WRITTEN_WHOLE = ("undecodable body", "damaged length")
+#: The smallest unit a file system writes: the zeros a power cut leaves in a file
+#: that grew begin at a multiple of it.
+_SECTOR_BYTES = 512
+
+
+def _torn_before_zeros(name: str, data: bytes, offset: int) -> bool:
+    """Whether the bytes from ``offset`` are a frame cut off (or nothing) followed by
+    zeros to the end that begin on a sector: a file system that grew the file but
+    never wrote its last blocks before a power cut (delayed allocation) leaves
+    them after a torn tail.  A damaged frame whose own last bytes are zeros does
+    not start them on a sector but by chance (1 in 512)."""
+    written = offset + len(data[offset:].rstrip(b"\0"))
+    zeros_from = -(-written // _SECTOR_BYTES) * _SECTOR_BYTES  # before it: the frame's own
+    if zeros_from >= len(data):
+        return False
+    return written == offset or _frame_at(name, data[:zeros_from], offset) == "torn"
 
 
 def _body_length(data: bytes, offset: int) -> int:
