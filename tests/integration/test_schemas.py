@@ -30,9 +30,9 @@ from jsonschema.exceptions import best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from inferd.bus.codec import MAX_DEADLINE_MS
 from inferd.bus.publisher import TOPICS, EventPublisher
 from inferd.config import QUEUE_POLICIES, RUNTIME_LABELS, ModelConfig, RuntimeConfig
+from inferd.config.sections import MAX_DEADLINE_MS
 from inferd.runtime.ort_providers import Degradation
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import AlertLevel, ThermalState

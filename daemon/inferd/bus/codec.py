@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 from msgspec import UNSET
 
-from inferd.bus.headers import MAX_DEADLINE_MS, Header, InferHeader, decode_infer
+from inferd.bus.headers import Header, InferHeader, decode_infer
 from inferd.bus.region_refs import check_nbytes
+from inferd.config.sections import MAX_DEADLINE_MS
 from inferd.shm.leases import RequestRegions
 from inferd.types import TensorSpec
 from inferd_wire import protocol

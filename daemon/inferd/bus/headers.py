@@ -28,11 +28,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from inferd.config.sections import MAX_DEADLINE_MS
 from inferd_wire.protocol import ALLOWED_DTYPES, MAX_ID_CHARS, PROTOCOL_VERSION, RequestId
 from inferd_wire.regions import MAX_REGION_TENSORS
 
-#: ``codec.MAX_DEADLINE_MS`` (kept here so codec can import this module).
-MAX_DEADLINE_MS = 3_600_000
 #: Bounds ``parse_descriptor`` and ``parse_region_ref`` apply.
 _MAX_DIMS = 16
 _MAX_DIM = 2**31

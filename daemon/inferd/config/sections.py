@@ -63,8 +63,8 @@ MIN_THERMAL_POLL_HZ = 0.05
 #: Caps within the C types values reach (int64, C int, threading.TIMEOUT_MAX), far
 #: above any deployment's needs.  A bus message over 4 GiB belongs in shared memory.
 MAX_MESSAGE_BYTES = 4 * 1024**3
-#: A shutdown wait over an hour outlasts any TimeoutStopSec=.
-MAX_SHUTDOWN_MS = 3_600_000
+#: An hour: longer than any TimeoutStopSec=, and than any request's deadline_ms.
+MAX_SHUTDOWN_MS = MAX_DEADLINE_MS = 3_600_000
 #: More ORT threads than an onboard CPU has cores only contend.
 MAX_THREADS = 1024
 #: No board has more GPUs, or a GPU more than a TiB of memory.
@@ -242,7 +242,7 @@ class ModelConfig:
         one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
         positive(f"{where}.queue_capacity", self.queue_capacity)
         positive(f"{where}.queue_max_bytes", self.queue_max_bytes)
-        non_negative(f"{where}.default_deadline_ms", self.default_deadline_ms)
+        up_to(f"{where}.default_deadline_ms", self.default_deadline_ms, MAX_DEADLINE_MS, " ms")
         if len(self.staged_engines) > 1:
             raise ConfigError(
                 f"{where}.staged_engines: onnx_trt_ep loads one prebuilt engine per model (an "

@@ -478,6 +478,25 @@ def test_invalid_max_load_s(tmp_path: Path, value: str, message: str) -> None:
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("-1", "must be 0..3600000 ms, got -1"), ("3600001", "must be 0..3600000 ms, got 3600001")],
+)
+def test_the_default_deadline_is_at_most_the_wires(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    """A default beyond what a request may ask for (``deadline_ms``) is refused at load."""
+    assert (
+        load_text(tmp_path, MINIMAL + "default_deadline_ms = 3600000\n")
+        .models[0]
+        .default_deadline_ms
+        == 3_600_000
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_text(tmp_path, MINIMAL + f"default_deadline_ms = {value}\n")
+    assert f"models['demo'].default_deadline_ms {message}" in str(caught.value)
+
+
 def test_resource_limit_keys(tmp_path: Path) -> None:
     defaults = load_text(tmp_path, MINIMAL)
     assert defaults.bus.max_reply_bytes_per_peer == 32 * 1024**2
