@@ -13,8 +13,9 @@ JSON given with ``--build-config`` (``schemas/build/config.json``)::
      "profiles": [{"input_name": "x", "min_shape": [1, 3], "opt_shape": [4, 3],
                    "max_shape": [8, 3]}]}
 
-(every key optional; defaults as ``inferd.types.BuildConfig``; unknown keys
-are an error; parsed by ``inferd.engines.build_config``, like ``build.start``'s).
+(every key optional: for a model the daemon config serves, a key it lacks is the
+model's, as for ``build.start``, else ``inferd.types.BuildConfig``'s default;
+unknown keys are an error; parsed by ``inferd.engines.build_config``).
 The engine directory, GPU memory budget (workspace cap) and device come from
 the daemon config (``--config``, else the embedded default),
 ``--engine-dir`` overrides the directory.  ``--manifest M`` also records the
@@ -210,17 +211,18 @@ def _build_config_for(
     """``path``'s build config (``--build-config``), or without one the model's own
     (precision and profiles of the daemon config's ``[[models]]`` entry serving
     ``onnx``; the defaults when it serves none).  For a model the daemon config
-    serves, its profiles come from ``[[models.profiles]]`` (the one source of a
-    model's profiles): a build config without ``profiles`` gets them, one with
-    others is refused, since the daemon would never find (or could not serve) that
-    engine."""
+    serves, the keys ``path`` lacks come from the model, as for ``build.start``
+    (``build_args.parse_build_config_arg``), so one document names one engine
+    either way; its profiles come from ``[[models.profiles]]`` (the one source of a
+    model's profiles): a build config with others is refused, since the daemon
+    would never find (or could not serve) that engine."""
     served = [model for model in models if model.path.resolve() == onnx.resolve()]
     if path is None:
         return served[0].build_config() if served else BuildConfig()
     if not served:
         return load_build_config(path)
     model = served[0]
-    wanted = load_build_config(path, defaults=BuildConfig(profiles=model.profiles))
+    wanted = load_build_config(path, defaults=model.build_config())
     for other in served:
         if wanted.profiles != other.profiles:
             raise ConfigError(

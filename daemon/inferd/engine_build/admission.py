@@ -116,6 +116,11 @@ class BuildAdmission:
             )
         self.start_limit.take(peer.key)
 
+    def not_started(self, peer: Peer) -> None:
+        """``admit`` took one of ``peer``'s starts for a build that did not start."""
+        if peer.transport != "internal":
+            self.start_limit.give_back(peer.key)
+
     def prune(self, running: Collection[Build], trigger: str) -> None:
         self.sweep_staging()
         pending = [self.pending_of(build) for build in running]

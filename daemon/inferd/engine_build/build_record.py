@@ -86,7 +86,10 @@ def fdr_record(build: Build) -> dict[str, Any]:
     """The ``engine_build`` FDR payload: the child's record (or one made up when
     there is none) with what only the daemon knows."""
     duration = round((build.exited_mono or time.monotonic()) - build.started_mono, 4)
-    base = build.record or {
+    # The child's record says how its build ended only if its report came too (a
+    # child killed between the two: the build is what the daemon saw, ``failed``).
+    child = build.record if build.summary is not None else None
+    base = child or {
         "model": build.model,
         "outcome": {"cancelled": "cancelled", "completed": "succeeded"}.get(build.state, "failed"),
         "duration_s": duration,
@@ -244,3 +247,18 @@ class BuildFinished:
     engine_path: Path
     requested_by: str
     error: str | None
+
+    @classmethod
+    def of(cls, build: Build) -> BuildFinished:
+        """The hook's view of ``build``, once its state is set."""
+        return cls(
+            build_id=build.build_id,
+            model=build.model,
+            state=build.state,
+            builder=build.builder,
+            trusted=build.manifest is not None,
+            note=build.manifest_note,
+            engine_path=build.engine_path,
+            requested_by=build.requested_by,
+            error=build.error,
+        )

@@ -7,6 +7,11 @@ recorded cause.  ``step_complete`` returns False once it is set.  The token
 also measures request -> acknowledgement (the builder returned) and
 acknowledgement -> cleanup done, and holds the no-cancel zone around the final
 write: a cancel arriving inside it is recorded as deferred.
+
+``cancel`` runs in signal handlers, on the main thread, which may itself be
+inside a section holding the token's lock (the zone's entry) or, through the
+listeners, the progress adapter's or the event queue's: those locks are
+reentrant, so a handler never waits for the very frame it interrupted.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class CancelRequest:
 class CancellationToken:
     def __init__(self) -> None:
         self._event = threading.Event()
-        self._lock = threading.Lock()
+        #: Reentrant: a signal handler's ``cancel`` may interrupt its own thread here.
+        self._lock = threading.RLock()
         self.request: CancelRequest | None = None
         self.ignored: list[CancelRequest] = []
         self.acknowledged_ns: int | None = None

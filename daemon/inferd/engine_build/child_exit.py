@@ -7,8 +7,9 @@ A child that reported: a validated TensorRT engine is trusted in
 write failed) cleaned up nothing: ``clean_after`` removes what it wrote (its temp
 files, its staged engine; an engine left half-committed is quarantined) and
 records the result and the timing-cache decision on the build, for its FDR
-record and ``build.status``.  ``settle`` is the last word: whatever went wrong,
-a build never stays ``running``.
+record and ``build.status``.  ``conclude`` does either and sets the build's end
+from its report, or from how its child exited.  ``settle`` is the last word:
+whatever went wrong, a build never stays ``running``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,37 @@ import structlog
 from inferd.engine_build.artifacts import TimingCacheOutcome, clean_up
 from inferd.engine_build.build_record import Build
 from inferd.engine_build.pipeline import record_trust
+from inferd.engines.manifest import MANIFEST_NAME
+from inferd.errors import InferdError
 
 log = structlog.get_logger("inferd.builds")
+
+_OUTCOME_STATE = {"completed": "completed", "cancelled": "cancelled", "failed": "failed"}
+
+
+def conclude(build: Build, engine_dir: Path, deployment_manifest: Path | None) -> str:
+    """The child has exited and is reaped: trust its validated TensorRT engine, or
+    clean after a child without a report, then set and return the build's state."""
+    summary = build.summary
+    if summary is None:
+        clean_after(build, build.simulated or build.engine_path != engine_dir)
+    elif summary.get("outcome") == "completed" and not build.simulated:
+        # Before the state turns "completed": status then shows it.
+        trust(build, engine_dir / MANIFEST_NAME, deployment_manifest)
+    with build.lock:
+        if summary is not None:
+            state = _OUTCOME_STATE.get(summary.get("outcome", ""), "failed")
+            if summary.get("cancelSource") and build.cancel_source is None:
+                build.cancel_source = summary["cancelSource"]
+        elif build.cancel_source is not None:  # accepted before the child exited
+            state = "cancelled"
+        else:
+            state = "failed"
+            build.error = build.error or f"build process exited with code {build.exit_code}"
+        if summary is not None and summary.get("error") and state == "failed":
+            build.error = str(summary["error"])
+        build.state = build.tree.state = state
+    return state
 
 
 def trust(build: Build, manifest: Path, deployment_manifest: Path | None) -> None:
@@ -50,8 +80,12 @@ def clean_after(build: Build, engine_path_known: bool) -> None:
         return
     try:
         report = clean_up(build.engine_path, own_pid=build.process.pid)
-    except OSError as exc:  # clean_up collects per-file errors; this is the directory
+    except (OSError, InferdError) as exc:  # the directory, or a quarantine not its own
         log.error("build_cleanup_failed", build_id=build.build_id, error=str(exc))
+        with build.lock:
+            errors = [f"{type(exc).__name__}: {exc}"]
+            build.cleanup = {"status": "failed", "removed": [], "quarantined": [], "errors": errors}
+            build.timing_cache = TimingCacheOutcome.DISCARDED.value
         return
     with build.lock:
         build.cleanup = report.as_dict()
@@ -66,11 +100,14 @@ def clean_after(build: Build, engine_path_known: bool) -> None:
     )
 
 
-def settle(build: Build) -> None:
+def settle(build: Build) -> bool:
     """Never leave a build running: an exception while its end was recorded ends
-    it ``failed`` (logged with its traceback by the caller) and wakes its waiters."""
+    it ``failed`` (logged with its traceback by the caller) and wakes its waiters.
+    True when it ended the build (its terminal event is the caller's to send)."""
     with build.lock:
-        if build.state == "running":
+        ended = build.state == "running"
+        if ended:
             build.state = build.tree.state = "failed"
             build.error = build.error or "the daemon failed to record the build's end"
     build.done.set()
+    return ended

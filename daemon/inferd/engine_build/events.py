@@ -78,7 +78,7 @@ class EventQueue:
             raise ValueError("maxsize must be positive")
         self.maxsize = maxsize
         self._items: deque[BuildEvent] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler's cancel may put while it is held
         self.dropped = 0
         self.accepted = 0
 

@@ -20,6 +20,8 @@ msgpack maps (``use_bin_type``; decoded with ``raw=False``) in both directions:
 arrive split across reads, several in one read) and refuses a malformed one
 (not a map, an unknown kind or op, a missing or mistyped field, undecodable
 bytes): it is logged, counted in ``Decoder.malformed`` and skipped, never raised.
+It holds at most ``MAX_MESSAGE_BYTES`` of one unfinished message: a longer one is
+refused and, its end being unknown, so is the rest of the stream (``broken``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from inferd.engine_build.events import BuildEvent
 log = structlog.get_logger("inferd.builds.pipe")
 
 T = TypeVar("T")
+
+#: The longest message a decoder buffers (a build's report, the largest, is a few
+#: hundred KiB: one phase tree); msgpack's own default bound is 100 MiB.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class MalformedMessage(ValueError):
@@ -187,12 +193,26 @@ class Decoder(Generic[T]):
     def __init__(self, parse: Callable[[object], T], stream: str, **context: Any) -> None:
         self._parse = parse
         self._context = {"stream": stream, **context}
-        self._unpacker = msgpack.Unpacker(raw=False)
+        self._unpacker = self._new_unpacker()
         #: Messages refused so far (each one logged).
         self.malformed = 0
+        #: Why the rest of the stream is dropped (None: it is read).
+        self.broken: str | None = None
+
+    @staticmethod
+    def _new_unpacker() -> msgpack.Unpacker:
+        return msgpack.Unpacker(raw=False, max_buffer_size=MAX_MESSAGE_BYTES)
 
     def feed(self, chunk: bytes) -> list[T]:
-        self._unpacker.feed(chunk)
+        if self.broken is not None:
+            return []
+        try:
+            self._unpacker.feed(chunk)
+        except msgpack.BufferFull:
+            self.broken = f"a message larger than {MAX_MESSAGE_BYTES} bytes"
+            self._refuse(f"{self.broken}: it and the rest of the stream are dropped")
+            self._unpacker = self._new_unpacker()
+            return []
         messages: list[T] = []
         while True:
             try:
@@ -202,7 +222,7 @@ class Decoder(Generic[T]):
             except (ValueError, TypeError, msgpack.UnpackException) as exc:
                 # Undecodable bytes: the stream cannot be resynchronised; start afresh.
                 self._refuse(f"undecodable: {type(exc).__name__}: {exc}")
-                self._unpacker = msgpack.Unpacker(raw=False)
+                self._unpacker = self._new_unpacker()
                 return messages
             try:
                 messages.append(self._parse(obj))

@@ -6,14 +6,16 @@ and the real one drive the same code; ``make_trt_progress_monitor`` wraps it in
 a lazily defined ``trt.IProgressMonitor`` subclass for ``IBuilderConfig``.
 
 Callbacks come from several builder threads.  Each one takes a short lock
-(no I/O, no waiting on consumers), updates the adapter's own phase tree and
-puts an event into the bounded ``EventQueue``; a full queue drops the event
-(counted).  No exception ever escapes into TensorRT: ``step_complete`` answers
-``not token.is_set()`` whatever happens.
+(no I/O, no waiting on consumers; reentrant, since a signal handler's cancel
+emits ``cancel_requested`` on the main thread, which may hold it), updates the
+adapter's own phase tree and puts an event into the bounded ``EventQueue``; a
+full queue drops the event (counted).  No exception ever escapes into TensorRT:
+``step_complete`` answers ``not token.is_set()`` whatever happens.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -40,8 +42,8 @@ class ProgressAdapter:
         self.callback_errors = 0
         self.unknown_finishes = 0
         self.first_false_ns: int | None = None
-        self._lock = threading.Lock()
-        self._seq = 0
+        self._lock = threading.RLock()
+        self._seq = itertools.count(1)  # one step even for an emit a signal handler nests
         self._next_phase = 0
         self._active: dict[str, str] = {}  # phase name -> phase id (names are unique while active)
         self.last_event_mono_ns = time.monotonic_ns()
@@ -62,10 +64,9 @@ class ProgressAdapter:
     ) -> BuildEvent:
         mono, wall = now_ns()
         with self._lock:
-            self._seq += 1
             event = BuildEvent(
                 build_id=self.build_id,
-                seq=self._seq,
+                seq=next(self._seq),
                 type=type_,
                 phase_id=phase_id,
                 parent_id=parent_id,

@@ -46,6 +46,12 @@ class StartRateLimiter:
             bucket = self._refilled(key)
             bucket.tokens = max(0.0, bucket.tokens - 1.0)
 
+    def give_back(self, key: str) -> None:
+        """A start ``take`` counted did not happen (its process could not be started)."""
+        with self._lock:
+            bucket = self._refilled(key)
+            bucket.tokens = min(float(self.burst), bucket.tokens + 1.0)
+
     def _refilled(self, key: str) -> _Bucket:
         now = self._clock()
         bucket = self._buckets.get(key)

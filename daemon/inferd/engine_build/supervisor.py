@@ -1,28 +1,27 @@
 """Engine builds run by the daemon: ``build.start``, ``build.status``, ``build.cancel``.
 
-Each build runs in a child process (``python -m inferd.engine_build.child``, a fresh
-interpreter: it inherits no ZeroMQ socket) while the resident engine keeps
-serving.  The child streams ``BuildEvent``s over a pipe (``pipe.py``); a reader
-thread per build folds them into a ``PhaseTree`` (``build.status``) and
-publishes them on the ``build`` topic, coalescing ``step`` events (at most one
-per build every ``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling
-sends a message to the child, which sets its ``CancellationToken``; a child
-still alive ``build_cancel_grace_s`` later is killed, and the build is recorded
-as cancelled with ``escalated: true`` (status, ``build`` event, FDR record;
-rendered by ``build_record.py``).  ``build.start`` and ``build.cancel`` are operator
-ops (the verified ``Peer`` is recorded); ``build.start`` is rate limited per peer
-(``start_limit.py``) and what builds leave is kept within the caps (``retention.py``).
+Each build runs in a child process (``inferd.engine_build.child`` in a fresh
+interpreter, started, killed and reaped by ``child_process.py``: it inherits no
+ZeroMQ socket) while the resident engine keeps serving.  The child streams
+``BuildEvent``s over a pipe (``pipe.py``); a reader thread per build folds them
+into a ``PhaseTree`` (``build.status``) and publishes them on the ``build``
+topic, coalescing ``step`` events (at most one per build every
+``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling sends a message
+to the child, which sets its ``CancellationToken``; a child still alive
+``build_cancel_grace_s`` later is killed with its process group, and the build
+is recorded as cancelled with ``escalated: true`` (status, ``build`` event, FDR
+record; rendered by ``build_record.py``).  A cancel that comes once the child
+has exited is not accepted: its end is its own.  ``build.start`` and
+``build.cancel`` are operator ops (the verified ``Peer`` is recorded);
+``build.start`` is rate limited per peer (``start_limit.py``) and what builds
+leave is kept within the caps (``retention.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import os
 import secrets
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -32,6 +31,7 @@ from typing import Any
 import structlog
 
 from inferd.config import BuildsConfig, ModelConfig
+from inferd.engine_build import child_process
 from inferd.engine_build.admission import BuildAdmission
 from inferd.engine_build.build_args import parse_cancel, parse_start, tensorrt_importable
 from inferd.engine_build.build_record import (
@@ -42,7 +42,7 @@ from inferd.engine_build.build_record import (
     fdr_record,
     terminal_event,
 )
-from inferd.engine_build.child_exit import clean_after, settle, trust
+from inferd.engine_build.child_exit import conclude, settle
 from inferd.engine_build.events import TERMINAL_EVENTS
 from inferd.engine_build.pipe import (
     CancelCommand,
@@ -56,7 +56,6 @@ from inferd.engine_build.pipe import (
     encode,
 )
 from inferd.engine_build.session import BUILD_RECORD
-from inferd.engines.manifest import MANIFEST_NAME
 from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
@@ -70,7 +69,6 @@ Record = Callable[[str, Mapping[str, Any]], None]
 STEP_PUBLISH_INTERVAL_S = 0.05
 #: Finished builds kept for ``build.status`` (oldest forgotten first).
 KEEP_FINISHED = 32
-_OUTCOME_STATE = {"completed": "completed", "cancelled": "cancelled", "failed": "failed"}
 
 
 class BuildManager:
@@ -153,15 +151,9 @@ class BuildManager:
                 "build_config": build_config,
             }
             try:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "inferd.engine_build.child", json.dumps(spec)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    close_fds=True,  # no ZeroMQ socket (or any other fd) leaks into the child
-                    start_new_session=True,  # a terminal's Ctrl-C is the daemon's, not the build's
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
+                process = child_process.spawn(spec)
             except OSError as exc:
+                self.admission.not_started(peer)
                 reason = f"cannot start the build process: {exc}"
                 raise ProtocolError(Code.INTERNAL, reason) from exc
             build = Build(
@@ -178,9 +170,13 @@ class BuildManager:
             )
             self._builds[build_id] = build
             self._forget_old()
-        threading.Thread(
-            target=self._follow, args=(build,), name=f"inferd-build-{build_id}", daemon=True
-        ).start()
+        try:
+            threading.Thread(
+                target=self._follow, args=(build,), name=f"inferd-build-{build_id}", daemon=True
+            ).start()
+        except RuntimeError as exc:  # can't start new thread: nobody would read or reap it
+            self._abandon(build, str(exc))
+            raise ProtocolError(Code.INTERNAL, f"cannot follow the build process: {exc}") from exc
         log.info(
             "build_started",
             build_id=build_id,
@@ -282,9 +278,23 @@ class BuildManager:
         for build in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             del self._builds[build.build_id]
 
+    def _abandon(self, build: Build, error: str) -> None:
+        """A build whose reader thread could not start: its child killed and reaped,
+        the build forgotten (the request failed), the peer's start given back."""
+        log.error("build_reader_failed", build_id=build.build_id, error=error)
+        with build.lock:  # reaped under it, as by the reader: no escalation after
+            build.exit_code = child_process.reap(build.process)
+            build.state = build.tree.state = "failed"
+        child_process.close_pipes(build.process)
+        with self._lock:
+            self._builds.pop(build.build_id, None)
+        self.admission.not_started(build.peer)
+        build.done.set()
+
     def _request_cancel(self, build: Build, source: str, reason: str, peer: Peer | None) -> bool:
         with build.lock:
-            if build.state != "running" or build.cancel_source is not None:
+            # Once the child has exited there is nothing to cancel: its end is its own.
+            if build.state != "running" or build.cancel_source or build.exit_code is not None:
                 return False
             build.cancel_source, build.cancel_reason = source, reason
             build.cancel_requested_mono = time.monotonic()
@@ -309,18 +319,17 @@ class BuildManager:
         return True
 
     def _escalate(self, build: Build) -> None:
-        if build.done.is_set() or build.process.poll() is not None:
-            return
-        with build.lock:
+        with build.lock:  # the reader reaps under it: the group is still the child's
+            if build.exit_code is not None:
+                return
             build.escalated = True
+            child_process.kill(build.process)
         log.warning(
             "build_cancel_escalated",
             build_id=build.build_id,
             grace_s=self.grace_s,
             pid=build.process.pid,
         )
-        with contextlib.suppress(OSError):
-            build.process.kill()
 
     def _follow(self, build: Build) -> None:
         """Reader thread: the child's messages until EOF, then the final record."""
@@ -337,16 +346,19 @@ class BuildManager:
         except Exception:
             log.exception("build_reader_failed", build_id=build.build_id)
         finally:
-            code = build.process.wait()
-            with contextlib.suppress(OSError):
-                stdout.close()
-            if build.process.stdin is not None:
-                with contextlib.suppress(OSError, BrokenPipeError):
-                    build.process.stdin.close()
+            if decoder.broken is not None:
+                build.error = f"the build process's messages could not be read: {decoder.broken}"
+            child_process.wait_exited(build.process)
+            with build.lock:  # no escalation between the reap and the exit code
+                build.exit_code = code = child_process.reap(build.process)
+                build.exited_mono = time.monotonic()
+            child_process.close_pipes(build.process)
             try:
                 self._finish(build, code)
             except Exception:
                 log.exception("build_finish_failed", build_id=build.build_id)
+                if settle(build):  # ended here: still with its terminal event
+                    self._publish_event(build, terminal_event(build, build.state, code))
             finally:
                 settle(build)
 
@@ -383,28 +395,7 @@ class BuildManager:
         self._publish("build", payload)
 
     def _finish(self, build: Build, code: int) -> None:
-        exited = time.monotonic()
-        summary = build.summary
-        if summary is None:
-            clean_after(build, build.simulated or build.engine_path != self._engine_dir)
-        elif summary.get("outcome") == "completed" and not build.simulated:
-            # Before the state turns "completed": status then shows it.
-            trust(build, self._engine_dir / MANIFEST_NAME, self._engine_manifest)
-        with build.lock:
-            build.exited_mono, build.exit_code = exited, code
-            if summary is not None:
-                state = _OUTCOME_STATE.get(summary.get("outcome", ""), "failed")
-                if summary.get("cancelSource") and build.cancel_source is None:
-                    build.cancel_source = summary["cancelSource"]
-            elif build.cancel_source is not None:
-                state = "cancelled"
-            else:
-                state = "failed"
-                build.error = build.error or f"build process exited with code {code}"
-            if summary is not None and summary.get("error") and state == "failed":
-                build.error = str(summary["error"])
-            build.state = state
-            build.tree.state = state
+        state = conclude(build, self._engine_dir, self._engine_manifest)
         # Before the terminal event: whoever saw it sees the builds dir within its caps.
         self.prune(f"build {build.build_id} finished")
         self._record(BUILD_RECORD, fdr_record(build))
@@ -423,18 +414,7 @@ class BuildManager:
         )
         build.done.set()
         if self._on_finished is not None:
-            finished = BuildFinished(
-                build_id=build.build_id,
-                model=build.model,
-                state=state,
-                builder=build.builder,
-                trusted=build.manifest is not None,
-                note=build.manifest_note,
-                engine_path=build.engine_path,
-                requested_by=build.requested_by,
-                error=build.error,
-            )
             try:
-                self._on_finished(finished)
+                self._on_finished(BuildFinished.of(build))
             except Exception:  # the build's own record is already complete
                 log.exception("build_finished_hook_failed", build_id=build.build_id)

@@ -1,0 +1,74 @@
+"""The build child as a process: started apart from the daemon, stopped with all it
+started, reaped once (``supervisor.BuildManager``).
+
+``spawn`` runs ``python -c`` importing ``inferd.engine_build.child`` with ``exec``,
+``close_fds`` (no ZeroMQ socket, memfd or FDR segment of the daemon leaks into it)
+and its own session, whose process group is the build's.  ``-m`` (and ``-c``) put
+the daemon's working directory first on ``sys.path``, where a file named like any
+module the child imports would run as the daemon's user; the bootstrap takes it off
+before importing anything (``-P`` would, from Python 3.11 only).  ``kill`` sends
+SIGKILL to the whole group (a helper process the child started dies with it) and
+``wait_exited`` waits for the child's exit without reaping it, then ``reap`` kills
+what is left of its group and reaps it: while the child is unreaped its pid, the
+group's id, cannot be reused, so no SIGKILL reaches another process.  The caller
+serialises ``kill`` and ``reap``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+#: Runs the child's ``main`` with ``sys.argv[1:]``, the working directory off ``sys.path``.
+BOOTSTRAP = (
+    "import sys\n"
+    "if not getattr(sys.flags, 'safe_path', False):\n"
+    "    del sys.path[0]\n"
+    "from inferd.engine_build.child import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def spawn(spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+    """Start the build child of ``spec`` (``OSError`` if it cannot be started)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", BOOTSTRAP, json.dumps(spec)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        close_fds=True,  # no ZeroMQ socket (or any other fd) leaks into the child
+        start_new_session=True,  # a terminal's Ctrl-C is the daemon's, not the build's
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def kill(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's process group; only while the child is not reaped."""
+    with contextlib.suppress(OSError):  # gone meanwhile
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def wait_exited(process: subprocess.Popen[bytes]) -> None:
+    """Block until the child has exited, leaving it unreaped (its pid still its own)."""
+    with contextlib.suppress(ChildProcessError):  # already reaped
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+
+
+def reap(process: subprocess.Popen[bytes]) -> int:
+    """Kill what is left of the child's group (the child too, if it has not exited:
+    see ``wait_exited``), then reap it; its exit code (negative: the signal)."""
+    if process.returncode is None:
+        kill(process)
+    return process.wait()
+
+
+def close_pipes(process: subprocess.Popen[bytes]) -> None:
+    for pipe in (process.stdout, process.stdin):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
