@@ -1,12 +1,10 @@
 """The build child as a process: started apart from the daemon, stopped with all it
 started, reaped once (``supervisor.BuildManager``).
 
-``spawn`` runs ``python -c`` importing ``inferd.engine_build.child`` with ``exec``,
-``close_fds`` (no ZeroMQ socket, memfd or FDR segment of the daemon leaks into it)
-and its own session, whose process group is the build's.  ``-m`` (and ``-c``) put
-the daemon's working directory first on ``sys.path``, where a file named like any
-module the child imports would run as the daemon's user; the bootstrap takes it off
-before importing anything (``-P`` would, from Python 3.11 only).  ``kill`` sends
+``spawn`` runs ``inferd.engine_build.child`` (``inferd.python_module``: nothing is
+imported from the daemon's working directory) with ``close_fds`` (no ZeroMQ
+socket, memfd or FDR segment of the daemon leaks into it) and its own session,
+whose process group is the build's.  ``kill`` sends
 SIGKILL to the whole group (a helper process the child started dies with it) and
 ``wait_exited`` waits for the child's exit without reaping it, then ``reap`` kills
 what is left of its group and reaps it: while the child is unreaped its pid, the
@@ -21,24 +19,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-#: Runs the child's ``main`` with ``sys.argv[1:]``, the working directory off ``sys.path``.
-BOOTSTRAP = (
-    "import sys\n"
-    "if not getattr(sys.flags, 'safe_path', False):\n"
-    "    del sys.path[0]\n"
-    "from inferd.engine_build.child import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
+from inferd.python_module import python_module
 
 
 def spawn(spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
     """Start the build child of ``spec`` (``OSError`` if it cannot be started)."""
     return subprocess.Popen(
-        [sys.executable, "-c", BOOTSTRAP, json.dumps(spec)],
+        [*python_module("inferd.engine_build.child"), json.dumps(spec)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         close_fds=True,  # no ZeroMQ socket (or any other fd) leaks into the child

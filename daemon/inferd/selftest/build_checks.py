@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from inferd.engines.manifest import MANIFEST_NAME
 from inferd.engines.quarantine import QUARANTINE_DIR
 from inferd.engines.sidecar import sidecar_path
 from inferd.engines.timing_cache import timing_cache_path
+from inferd.python_module import python_module
 from inferd.selftest.check import Check
 from inferd.selftest.context import SelftestContext
 from inferd.selftest.cpu_checks import flip_byte
@@ -175,7 +175,9 @@ def _verify(engine: Path, manifest: Path) -> tuple[int, dict[str, Any] | str]:
     """Run the real ``inferd verify --json``; its exit status and report (or stderr)."""
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "inferd.cli", "verify", str(engine)),
+            *python_module("inferd.cli"),
+            "verify",
+            str(engine),
             *("--manifest", str(manifest), "--json"),
         ],
         capture_output=True,

@@ -9,12 +9,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferd.python_module import python_module
 from inferd_client import ClientError, OperatorClient
 
 #: How long one readiness probe waits for an answer (also the probing pace).
@@ -141,7 +141,7 @@ def start_daemon(directory: Path, config_text: str, *, ready_timeout_s: float) -
     env["PYTHONUNBUFFERED"] = "1"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "inferd.cli", "run", "--config", str(config)],
+            [*python_module("inferd.cli"), "run", "--config", str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

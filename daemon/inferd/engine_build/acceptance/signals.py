@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from inferd.engine_build.events import BuildEvent, render_snapshot
 from inferd.engine_build.session import BuildRequest, run_build
 from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
 from inferd.engine_build.validation import eligible_to_serve
+from inferd.python_module import python_module
 from inferd.types import BuildConfig
 
 
@@ -35,9 +35,7 @@ def signal_scenario(bench: Bench, sc: Scenario, signum: int, source: str) -> Non
     )
     child = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "inferd.engine_build.acceptance",
+            *python_module("inferd.engine_build.acceptance"),
             "--child",
             "--work",
             str(work),
