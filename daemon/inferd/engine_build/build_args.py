@@ -123,12 +123,20 @@ def parse_build_config_arg(raw: object, model: ModelConfig) -> dict[str, Any]:
     return build_config_to_mapping(config)
 
 
+#: ``build.cancel``'s ``reason``: a sentence, not a document.
+MAX_CANCEL_REASON_CHARS = 256
+
+
 def parse_cancel(header: Mapping[str, Any]) -> tuple[str, str]:
     """``build.cancel``'s ``(source, reason)`` (the build itself is looked up first)."""
     source = header.get("source", "control")
     if source not in CONTROL_SOURCES:
         raise ProtocolError(Code.INVALID_ARGUMENT, f"'source' must be one of {CONTROL_SOURCES}")
     reason = header.get("reason", f"build.cancel from {source}")
-    if not isinstance(reason, str):
-        raise ProtocolError(Code.INVALID_ARGUMENT, "'reason' must be a string")
+    # Recorded in the FDR and written to the child's pipe on the bus thread.
+    if not isinstance(reason, str) or not 0 < len(reason) <= MAX_CANCEL_REASON_CHARS:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"'reason' must be a string of 1..{MAX_CANCEL_REASON_CHARS} characters",
+        )
     return str(source), reason

@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from inferd.config import ModelConfig
-from inferd.engine_build.build_args import parse_build_config_arg
+from inferd.engine_build.build_args import (
+    MAX_CANCEL_REASON_CHARS,
+    parse_build_config_arg,
+    parse_cancel,
+)
 from inferd.engines.build_config import parse_build_config
 from inferd.types import OptimizationProfile, PrecisionMode
 from inferd_wire.protocol import Code, ProtocolError
@@ -42,3 +46,14 @@ def test_build_start_refuses_profiles_other_than_the_model_config() -> None:
         parse_build_config_arg(other, MODEL)
     assert refused.value.code is Code.INVALID_ARGUMENT
     assert "models['det'].profiles" in refused.value.message
+
+
+def test_a_cancel_reason_is_a_sentence_of_bounded_length() -> None:
+    """It is recorded in the FDR and written to the child's pipe on the bus thread."""
+    assert parse_cancel({}) == ("control", "build.cancel from control")
+    assert parse_cancel({"reason": "x" * MAX_CANCEL_REASON_CHARS})[1] == "x" * 256
+    for reason in ("", "x" * (MAX_CANCEL_REASON_CHARS + 1), 7):
+        with pytest.raises(ProtocolError) as refused:
+            parse_cancel({"reason": reason})
+        assert refused.value.code is Code.INVALID_ARGUMENT
+        assert refused.value.message == "'reason' must be a string of 1..256 characters"
