@@ -13,8 +13,14 @@ from typing import Any
 
 import zmq
 
-from inferd_client.endpoint_trust import connect, secure, trusted_endpoint
-from inferd_client.errors import ClientError, MalformedReply, RequestTimeout
+from inferd_client.endpoint_trust import (
+    check_process,
+    connect,
+    process_generation,
+    secure,
+    trusted_endpoint,
+)
+from inferd_client.errors import ClientError, InvalidArgument, MalformedReply, RequestTimeout
 from inferd_client.prepared import PreparedHeader
 from inferd_client.replies import check_reply_id
 from inferd_wire import protocol
@@ -23,6 +29,27 @@ from inferd_wire.endpoints import DEFAULT_SEND_BUFFER_BYTES
 from inferd_wire.multipart import recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.send_buffer import SendBuffer
+
+#: The longest one wait of libzmq or poll(2) may be (a C int of milliseconds, 24.8
+#: days): a longer timeout is waited out in turns.
+MAX_WAIT_MS = 2**31 - 1
+#: What a longer timeout (``math.inf`` included) waits: a century, without end in
+#: practice, but a deadline that is still a number.
+MAX_TIMEOUT_S = 100 * 365 * 86400.0
+
+
+def checked_timeout(seconds: float) -> float:
+    """A call's ``timeout``: ``InvalidArgument`` for NaN, at most ``MAX_TIMEOUT_S``
+    (so ``math.inf`` waits without end instead of overflowing a C int)."""
+    if math.isnan(seconds):
+        raise InvalidArgument("a timeout must be a number of seconds, not NaN")
+    return min(seconds, MAX_TIMEOUT_S)
+
+
+def wait_ms(seconds: float) -> int:
+    """The milliseconds one wait for ``seconds`` takes: rounded up (never shorter),
+    at most ``MAX_WAIT_MS`` (the caller measures the time left again after it)."""
+    return min(math.ceil(seconds * 1000), MAX_WAIT_MS)
 
 
 class RequestChannel:
@@ -41,6 +68,7 @@ class RequestChannel:
         curve: ClientCurve | None = None,
         send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
     ) -> None:
+        timeout = checked_timeout(timeout)  # before any socket
         endpoint = trusted_endpoint(endpoint)
         #: Sizes the kernel's buffer for each connection (DESIGN.md 116); made before
         #: the socket, as it may refuse ``send_buffer_bytes``.
@@ -70,6 +98,7 @@ class RequestChannel:
         prefix = int.from_bytes(os.urandom(3), "little") << 40
         self._ids = itertools.count(prefix + 1)
         self.discarded_replies = 0
+        self._generation = process_generation()
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -84,7 +113,8 @@ class RequestChannel:
     ) -> tuple[dict[str, Any], list[zmq.Frame]]:
         """Send ``header`` and ``frames``, and wait; on timeout resend under a fresh
         id up to ``retries`` times."""
-        wait = self.timeout if timeout is None else timeout
+        check_process(self._generation, "the client")
+        wait = self.timeout if timeout is None else checked_timeout(timeout)
         for _attempt in range(retries + 1):
             request_id = self.next_id()
             give_up_at = time.monotonic() + wait
@@ -104,7 +134,7 @@ class RequestChannel:
         connection up, or the daemon not reading)."""
         # Rounded up, and set again only when the one set is off by more than the
         # rounding, as the receive timeout (``_await``).
-        remaining_ms = math.ceil((give_up_at - time.monotonic()) * 1000)
+        remaining_ms = wait_ms(give_up_at - time.monotonic())
         if remaining_ms <= 0:
             return False
         try:
@@ -124,7 +154,7 @@ class RequestChannel:
     ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
         while True:
             # Rounded up: a wait never ends before the caller's timeout.
-            remaining_ms = math.ceil((give_up_at - time.monotonic()) * 1000)
+            remaining_ms = wait_ms(give_up_at - time.monotonic())
             if remaining_ms <= 0:
                 return None
             # A blocking receive with a timeout rather than poll-then-receive: one

@@ -406,12 +406,23 @@ def _load_npy(items: list[str]) -> dict[str, np.ndarray]:
         if not separator or not name or not path:
             raise ValueError(f"--npy takes NAME=FILE.npy, got {item!r}")
         # allow_pickle=False: loading an .npy file never executes code.
-        inputs[name] = np.load(path, allow_pickle=False)
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except (EOFError, MemoryError) as exc:
+            # An empty file; a header that claims more than memory holds.
+            raise ValueError(f"--npy {item}: not an array's .npy file: {exc}") from None
+        if not isinstance(loaded, np.ndarray):
+            loaded.close()  # an .npz archive of arrays
+            raise ValueError(f"--npy {item}: an .npz archive; --npy takes one array's .npy file")
+        inputs[name] = loaded
     return inputs
 
 
 def _describe_array(array: np.ndarray) -> dict[str, Any]:
-    contiguous = np.ascontiguousarray(array)
+    # The bytes as the wire carries them, little-endian (a big-endian .npy is sent
+    # so): the same tensor has the same sha256 with or without --shm.
+    wire = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    contiguous = np.ascontiguousarray(array, dtype=wire)
     return {
         "dtype": array.dtype.name,
         "shape": list(array.shape),

@@ -21,6 +21,8 @@ from inferd_client.channel import RequestChannel
 from inferd_client.errors import (
     InvalidArgument,
     MalformedReply,
+    RemoteError,
+    Unreachable,
 )
 from inferd_client.poll_window import PollWindow
 from inferd_client.prepared import (
@@ -32,7 +34,7 @@ from inferd_client.prepared import (
     parse_outputs,
 )
 from inferd_client.region import SharedRegion
-from inferd_client.replies import check_infer_reply, raise_if_error
+from inferd_client.replies import check_infer_reply, raise_if_error, result_of
 from inferd_client.shm import (
     Layout,
     RegionChannel,
@@ -125,6 +127,11 @@ class InferenceClient:
         #: Registered regions by id; those ``shared_region`` made are closed with us.
         self._regions: dict[str, SharedRegion] = {}
         self._owned: list[SharedRegion] = []
+        #: Regions that were registered on a shm connection the daemon closed (it
+        #: restarted, say: it released them all): the next call registers them again.
+        self._released: list[SharedRegion] = []
+        #: Replies discarded by shm connections that are gone.
+        self._shm_discarded = 0
         #: Each model's output names, as its last reply on the infer socket listed
         #: them: a request placing all of them may go on the shm socket.
         self._output_names: dict[str, frozenset[str]] = {}
@@ -156,7 +163,7 @@ class InferenceClient:
     @property
     def discarded_replies(self) -> int:
         shm = self._shm.discarded_replies if self._shm is not None else 0
-        return self._channel.discarded_replies + shm
+        return self._channel.discarded_replies + self._shm_discarded + shm
 
     def shared_region(self, nbytes: int, *, label: str | None = None) -> SharedRegion:
         """A new region of at least ``nbytes``, registered with the daemon (and closed
@@ -172,26 +179,72 @@ class InferenceClient:
 
     def register_region(self, region: SharedRegion) -> str:
         """Register ``region`` (once per client); returns its id.  The daemon keeps it
-        until ``unregister_region`` or until this client closes."""
+        until ``unregister_region`` or until this client closes.  Should the daemon
+        close the connection (a restart releases every region), the call that finds
+        it closed raises ``Unreachable`` and the next registers them again."""
+        if self._released:
+            self._register_again()
+        return self._register(region)
+
+    def _register(self, region: SharedRegion) -> str:
         for region_id, known in self._regions.items():
             if known is region:
                 return region_id
+        if not region.is_open:
+            raise InvalidArgument("the shared region is closed: it cannot be registered")
         if self._shm is None:
             self._shm = RegionChannel(
                 self._shm_socket, timeout=self._channel.timeout, reply_spin_us=self._reply_spin_us
             )
-        region_id = self._shm.register(region)
+        try:
+            region_id = self._shm.register(region)
+        except Unreachable:
+            self._shm_closed()
+            raise
+        except RemoteError:
+            if self._shm.hung_up():  # refused at connect (a limit, the allow-list), closed
+                self._shm_closed()
+            raise
         self._regions[region_id] = region
         self._forget_shm_requests()
         return region_id
 
+    def _shm_closed(self) -> None:
+        """The shm connection failed or the daemon closed it, releasing every region
+        registered on it: they are registered again, on a new one, by the next call.
+        Region ids are never reused, so a request naming the old ones would only be
+        refused (``NOT_FOUND``) by a daemon that restarted."""
+        for region in self._regions.values():
+            if region.is_open and all(region is not known for known in self._released):
+                self._released.append(region)
+        self._regions.clear()
+        self._forget_shm_requests()
+        if self._shm is not None:
+            self._shm_discarded += self._shm.discarded_replies
+            self._shm.close()
+            self._shm = None
+
+    def _register_again(self) -> None:
+        """Register the regions of a closed shm connection on a new one; any that
+        fails stays to be tried by the next call (``Unreachable`` while the daemon
+        is not there)."""
+        while self._released:
+            region = self._released[0]
+            if region.is_open:
+                self._register(region)
+            self._released.pop(0)
+
     def unregister_region(self, region: SharedRegion) -> None:
         """Tell the daemon to let ``region`` go (once no request in flight uses it)."""
+        self._released = [known for known in self._released if known is not region]
         for region_id, known in list(self._regions.items()):
             if known is region and self._shm is not None:
                 del self._regions[region_id]
                 self._forget_shm_requests()
-                self._shm.unregister(region_id)
+                try:
+                    self._shm.unregister(region_id)
+                except Unreachable:
+                    self._shm_closed()  # a closed connection released it with the rest
 
     def _forget_shm_requests(self) -> None:
         self._shm_requests.clear()
@@ -216,12 +269,18 @@ class InferenceClient:
         ``outputs`` maps output names to arrays to write them into: one in a
         registered region is written there by the daemon (no frame comes back),
         any other is filled from the reply's frame; the result holds those arrays.
+        Each must be a writable numpy array of an output the model has
+        (``InvalidArgument`` otherwise; a read-only one before anything is sent).
         Other outputs are read-only views of their frames.  Raises ``RemoteError``
         with the daemon's code, or ``RequestTimeout``.  The reply header (runtime
         label, fallback flag, latency, and ``late``: true when the result was
         finished after ``deadline_ms``) is kept in ``last_reply``.
         """
         attempts = self._retries if retries is None else retries
+        if outputs:
+            check_output_arrays(outputs)  # before anything is sent, wherever they live
+        if self._released:
+            self._register_again()
         key = None
         if self._shm is not None and outputs:
             last = self._last_shm_call
@@ -244,10 +303,20 @@ class InferenceClient:
                 return self._infer_on_frames(
                     model, request.header, frames, outputs, [], timeout, attempts, request
                 )
+        if self._shm is not None and self._shm.hung_up():
+            # Not used since the daemon closed it (requests naming regions went on the
+            # infer socket): their ids died with it.
+            self._shm_closed()
+            self._register_again()
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
         header = infer_request_header(model, descriptors, placed, deadline_ms)
-        if self._shm is not None and not frames and self._places_every_output(model, placed):
+        if (
+            self._shm is not None
+            and not frames
+            and self._places_every_output(model, placed)
+            and len(placed) == len(outputs or ())  # else one not placed is checked on the reply
+        ):
             prepared = ShmRequest(header, placed, list(self._regions.values()))
             assert outputs is not None  # placed is not empty
             if key is not None:
@@ -302,7 +371,15 @@ class InferenceClient:
         retries: int,
     ) -> dict[str, np.ndarray]:
         assert self._shm is not None
-        reply = self._shm.request(request, self._channel.next_id, timeout=timeout, retries=retries)
+        try:
+            reply = self._shm.request(
+                request, self._channel.next_id, timeout=timeout, retries=retries
+            )
+        except Unreachable as exc:
+            self._shm_closed()
+            raise Unreachable(
+                f"{exc}: it released this client's regions, which the next call registers again"
+            ) from None
         self.last_reply, self.last_transport = reply, "shm"
         if reply.get("ok") is False:
             self._output_names.pop(model, None)  # learn them again (a reloaded model)
@@ -322,11 +399,19 @@ class InferenceClient:
         reply, _ = self._channel.request(
             PreparedHeader({"v": protocol.PROTOCOL_VERSION, "op": "describe"}), timeout=timeout
         )
-        raise_if_error(reply)
-        result = dict(reply["result"])
-        for model in result.get("models", []):
+        result = result_of(reply)
+        models = result.get("models", [])
+        if not isinstance(models, list):
+            raise MalformedReply(f"describe: 'models' is not a list: {models!r:.200}")
+        for model in models:
             if isinstance(model, dict) and model.get("outputs"):
-                names = frozenset(output.get("name") for output in model["outputs"])
+                outputs = model["outputs"]
+                if not isinstance(outputs, list) or not all(
+                    isinstance(output, dict) and isinstance(output.get("name"), str)
+                    for output in outputs
+                ):
+                    raise MalformedReply(f"describe: outputs without names: {outputs!r:.200}")
+                names = frozenset(output["name"] for output in outputs)
                 self._output_names[str(model.get("name"))] = names
         return result
 
@@ -337,6 +422,7 @@ class InferenceClient:
             self._shm.close()
             self._shm = None
         self._regions.clear()
+        self._released.clear()
         self._forget_shm_requests()
         for region in self._owned:
             region.close()
@@ -347,6 +433,19 @@ class InferenceClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_output_arrays(outputs: Mapping[str, Any]) -> None:
+    """``InvalidArgument`` for an ``outputs=`` value that cannot be written: not a
+    numpy array, or read-only (in a region the daemon would write it all the same)."""
+    for name, array in outputs.items():
+        if not isinstance(array, np.ndarray):
+            raise InvalidArgument(
+                f"the value given for output {name!r} is a {type(array).__name__}, "
+                "not a numpy array"
+            )
+        if not array.flags.writeable:
+            raise InvalidArgument(f"the array given for output {name!r} is read-only")
 
 
 def decode_outputs(
@@ -367,6 +466,15 @@ def decode_outputs(
         raise MalformedReply(
             f"reply describes {framed} outputs in frames but carries {len(frames)} frames"
         )
+    if into:
+        # An array for an output the model does not have would be left as it was,
+        # as if written (a region's is refused by the daemon: INVALID_ARGUMENT).
+        unknown = into.keys() - {name for name, *_ in parsed}
+        if unknown:
+            raise InvalidArgument(
+                f"outputs {sorted(unknown)} given arrays: the model's outputs are "
+                f"{sorted(name for name, *_ in parsed)}"
+            )
     asked = {entry["name"]: entry for entry in placed}
     outputs: dict[str, np.ndarray] = {}
     copies: list[tuple[np.ndarray, np.ndarray]] = []
@@ -434,8 +542,7 @@ class OperatorClient:
     def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:
         header = {"v": protocol.PROTOCOL_VERSION, "op": op, **arguments}
         reply, _ = self._channel.request(PreparedHeader(header), timeout=timeout)
-        raise_if_error(reply)
-        return dict(reply["result"])
+        return result_of(reply)
 
     def status(self) -> dict[str, Any]:
         return self.call("status")

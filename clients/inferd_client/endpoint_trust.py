@@ -1,16 +1,49 @@
 """What every client socket does before it connects: the rules of
 ``inferd_wire.endpoints.check_client_endpoint``, raised as client errors, and
-CURVE where the endpoint is ``tcp://``."""
+CURVE where the endpoint is ``tcp://``; and after: it is used only in the process
+that made it (``check_process``)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import zmq
 
-from inferd_client.errors import InvalidArgument, UnsafeEndpoint
+from inferd_client.errors import ClientError, InvalidArgument, UnsafeEndpoint
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import EndpointError, UnsafeEndpointError, check_client_endpoint
+
+#: How many ``fork()``s this process is from the one that imported the client:
+#: each socket notes it when made (``process_generation``).
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+# Counted at each fork rather than asking ``os.getpid()`` per call (a system call,
+# 0.2 us here, on every request).  A fork from C that does not exec is not seen.
+os.register_at_fork(after_in_child=_forked)
+
+
+def process_generation() -> int:
+    """What ``check_process`` compares against: note it when a socket is made."""
+    return _forks
+
+
+def check_process(generation: int, what: str) -> None:
+    """``ClientError`` when ``what`` (a socket made at ``generation``) is used in a
+    child ``fork()`` made since: a ZeroMQ socket there has no I/O thread and its
+    calls retry forever, whatever their timeout, and a ``shm.sock`` connection is
+    the parent's too, so one process could read the other's replies."""
+    if generation != _forks:
+        raise ClientError(
+            f"{what} was made in a parent of this process (before a fork()) and cannot be "
+            "used here: make a new client in this process"
+        )
 
 
 def trusted_endpoint(endpoint: str) -> str:

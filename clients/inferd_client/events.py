@@ -11,7 +11,14 @@ from typing import Any
 import msgpack
 import zmq
 
-from inferd_client.endpoint_trust import connect, secure, trusted_endpoint
+from inferd_client.channel import checked_timeout, wait_ms
+from inferd_client.endpoint_trust import (
+    check_process,
+    connect,
+    process_generation,
+    secure,
+    trusted_endpoint,
+)
 from inferd_client.errors import MalformedReply, Unreachable
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints
@@ -63,6 +70,7 @@ class EventSubscriber:
         self._hidden: str | None = None
         #: Joined, and still receiving health events (hidden or asked for).
         self._hearing_health = False
+        self._generation = process_generation()
 
     def wait_joined(self, timeout: float, *, keep_health: bool = False) -> None:
         """Block until the subscription has reached the daemon, so that nothing the
@@ -76,6 +84,7 @@ class EventSubscriber:
         ``keep_health`` stays subscribed to (hidden) health events after the join,
         as proof that the daemon is still there (``follow``).
         """
+        timeout = checked_timeout(timeout)
         if not self._health_asked:
             self._hidden = _HEALTH
             self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
@@ -102,6 +111,7 @@ class EventSubscriber:
         ``Unreachable`` when nothing at all arrives for ``timeout`` seconds (the
         daemon stopped, or the socket is another's) instead of waiting forever.
         Joins first unless ``wait_joined(..., keep_health=True)`` already did."""
+        timeout = checked_timeout(timeout)
         if not self._hearing_health:
             self.wait_joined(timeout, keep_health=True)
         while True:
@@ -119,6 +129,7 @@ class EventSubscriber:
 
     def receive(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
         """Next event, or None after ``timeout`` seconds (None waits forever)."""
+        timeout = None if timeout is None else checked_timeout(timeout)
         if self._pending:
             return self._pending.popleft()
         give_up_at = None if timeout is None else time.monotonic() + timeout
@@ -130,16 +141,26 @@ class EventSubscriber:
                 return event
 
     def _receive_frames(self, timeout: float | None) -> tuple[str, dict[str, Any]] | None:
-        wait_ms = None if timeout is None else int(timeout * 1000)
-        if not self._socket.poll(wait_ms, zmq.POLLIN):
-            return None
+        check_process(self._generation, "the subscriber")
+        give_up_at = None if timeout is None else time.monotonic() + checked_timeout(timeout)
+        while True:
+            # Rounded up, and waited again when libzmq's clock ended it early or one
+            # wait could not take it all (``wait_ms``): never shorter than asked.
+            wait = None if give_up_at is None else max(0, wait_ms(give_up_at - time.monotonic()))
+            if self._socket.poll(wait, zmq.POLLIN):
+                break
+            if give_up_at is not None and time.monotonic() >= give_up_at:
+                return None
         parts = self._socket.recv_multipart()
         if len(parts) != 2:
             raise MalformedReply(f"event has {len(parts)} frames; expected [topic, payload]")
-        payload = msgpack.unpackb(parts[1], raw=False)
+        try:  # msgpack's errors, and a topic that is not UTF-8, are ValueErrors
+            topic, payload = parts[0].decode(), msgpack.unpackb(parts[1], raw=False)
+        except ValueError as exc:
+            raise MalformedReply(f"event is not a topic and a msgpack payload: {exc}") from None
         if not isinstance(payload, dict):
             raise MalformedReply("event payload is not a map")
-        return parts[0].decode(), payload
+        return topic, payload
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         while True:

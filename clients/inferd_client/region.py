@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import math
 import mmap
+import operator
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +38,7 @@ class SharedRegion:
 
     def __init__(self, nbytes: int, *, label: str | None = None) -> None:
         if nbytes <= 0:
-            raise ValueError(f"a region needs a positive size, got {nbytes}")
+            raise InvalidArgument(f"a region needs a positive size, got {nbytes}")
         size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
         fd = os.memfd_create(f"inferd-{label or 'region'}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
@@ -100,10 +101,20 @@ class SharedRegion:
 
     def array(self, shape: Sequence[int] | int, dtype: Any) -> np.ndarray:
         """A new writable array in the region (its contents are whatever was there)."""
-        dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        dtype = np.dtype(dtype)
+        try:
+            try:
+                dims: tuple[int, ...] = (operator.index(shape),)  # type: ignore[arg-type]
+            except TypeError:
+                dims = tuple(operator.index(dim) for dim in shape)  # type: ignore[union-attr]
+            dtype = np.dtype(dtype)
+        except TypeError as exc:
+            raise InvalidArgument(
+                f"an array of shape {shape!r} and dtype {dtype!r}: {exc}"
+            ) from None
         if any(dim < 0 for dim in dims):
             raise InvalidArgument(f"an array of shape {list(dims)}: a dimension is negative")
+        if dtype.hasobject or dtype.itemsize == 0:
+            raise InvalidArgument(f"an array of {dtype} cannot live in shared memory")
         nbytes = math.prod(dims) * dtype.itemsize
         offset = -(-self._used // REGION_ALIGNMENT) * REGION_ALIGNMENT
         if offset + nbytes > self.nbytes:
@@ -137,6 +148,16 @@ class SharedRegion:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def __del__(self) -> None:
+        # Dropped unclosed: the memfd, and so every page of the region, would stay
+        # for as long as the process (the mapping holds a descriptor of its own,
+        # closed with it once no array of the region is alive).
+        fd = getattr(self, "fd", -1)  # not there when __init__ failed
+        if fd >= 0:
+            self.fd = -1
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def __enter__(self) -> SharedRegion:
         return self

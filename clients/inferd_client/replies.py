@@ -71,6 +71,16 @@ def raise_if_error(header: Mapping[str, Any]) -> None:
     raise RemoteError(str(code), message)
 
 
+def result_of(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """A control reply's ``result`` map; ``RemoteError`` for an error reply,
+    ``MalformedReply`` for an ok one without it."""
+    raise_if_error(reply)
+    result = reply.get("result")
+    if not isinstance(result, dict):
+        raise MalformedReply(f"reply has no 'result' map: {reply!r:.200}")
+    return dict(result)
+
+
 def check_infer_reply(header: Mapping[str, Any]) -> None:
     """A successful infer reply carries exactly ``INFER_REPLY_FIELDS``, typed as
     infer_reply.json says (the outputs are checked by ``decode_outputs``)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import select
 import socket
 import time
@@ -27,17 +26,18 @@ from typing import Any
 
 import numpy as np
 
-from inferd_client.endpoint_trust import trusted_endpoint
+from inferd_client.channel import checked_timeout, wait_ms
+from inferd_client.endpoint_trust import check_process, process_generation, trusted_endpoint
 from inferd_client.errors import (
     InvalidArgument,
     MalformedReply,
-    RemoteError,
     RequestTimeout,
     Unreachable,
 )
 from inferd_client.poll_window import Arrivals, PollWindow
 from inferd_client.prepared import ExactMatch, PreparedHeader
 from inferd_client.region import SharedRegion
+from inferd_client.replies import check_reply_id, raise_if_error
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.regions import (
@@ -58,6 +58,7 @@ class RegionChannel:
 
     def __init__(self, path: str, *, timeout: float = 5.0, reply_spin_us: int = 0) -> None:
         spin = PollWindow(reply_spin_us, "reply_spin_us")  # fails before any connection
+        timeout = checked_timeout(timeout)
         trusted_endpoint(f"ipc://{path}")  # the same rules as for the ipc sockets
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self._socket.settimeout(timeout)
@@ -73,6 +74,9 @@ class RegionChannel:
         self._readable, self._writable = select.poll(), select.poll()
         self._readable.register(self._socket, select.POLLIN)
         self._writable.register(self._socket, select.POLLOUT)
+        self._hangup = select.poll()  # POLLHUP and POLLERR are always polled for
+        self._hangup.register(self._socket, select.POLLRDHUP)
+        self._refused = False
         self.path = path
         self._timeout = timeout
         self._ids = itertools.count(1)
@@ -86,6 +90,7 @@ class RegionChannel:
         self._unanswered: OrderedDict[int, None] = OrderedDict()
         #: The polling window before an infer reply is due (``reply_spin``).
         self.spin = spin
+        self._generation = process_generation()
 
     def register(self, region: SharedRegion) -> str:
         """Hand ``region``'s memfd to the daemon; returns the region id."""
@@ -112,7 +117,7 @@ class RegionChannel:
         """Send an infer request (each attempt under the id ``next_id()`` gives) and
         return its reply header; on timeout resend under a fresh id up to
         ``retries`` times."""
-        wait = self._timeout if timeout is None else timeout
+        wait = self._timeout if timeout is None else checked_timeout(timeout)
         for _attempt in range(retries + 1):
             request_id = next_id()
             reply = self._exchange(request.encode(request_id), [], request_id, wait, request.timing)
@@ -130,9 +135,12 @@ class RegionChannel:
             if header["op"] == "register":
                 self._unanswered_registrations.add(request_id)
             raise RequestTimeout(f"no reply from {self.path}")
-        if reply.get("ok") is not True:
-            error = reply.get("error") or {}
-            raise RemoteError(str(error.get("code")), str(error.get("message")))
+        if reply.get("id") is None:
+            # Our registration messages are always readable: this is the refusal of
+            # the connection at accept (a limit, the allow-list), which the daemon
+            # closes once it is sent.
+            self._refused = True
+        raise_if_error(reply)  # RemoteError, or MalformedReply for neither ok nor an error
         result = reply.get("result")
         if not isinstance(result, dict):
             raise MalformedReply(f"reply has no result: {reply!r}")
@@ -150,6 +158,7 @@ class RegionChannel:
         ``request_id`` (None: none came); replies to other ids are discarded.
         With ``timing`` (an infer request's), the reply is polled for around the
         time it is due (``reply_spin``)."""
+        check_process(self._generation, "the client's shm connection")
         give_up_at = time.monotonic() + wait
         try:
             try:
@@ -175,6 +184,7 @@ class RegionChannel:
                     reply = protocol.unpack_header(data, MAX_SHM_MESSAGE_BYTES)
                 except ProtocolError as exc:
                     raise MalformedReply(str(exc)) from None
+                check_reply_id(reply)  # ``True == 1``, and a list is no set member
                 reply_id = reply.get("id")
                 if reply_id == request_id:
                     if timing is not None:
@@ -246,6 +256,12 @@ class RegionChannel:
                 except OSError:
                     return b""
 
+    def hung_up(self) -> bool:
+        """Whether the daemon closed the connection (so released every region
+        registered on it), or refused it at connect and closes it: a poll that
+        does not wait, for a call that has not otherwise used the connection."""
+        return self._refused or bool(self._hangup.poll(0))
+
     def close(self) -> None:
         """Close the connection: the daemon releases every region it registered."""
         self._socket.close()
@@ -313,6 +329,8 @@ def placed_outputs(
         ref = region_ref(regions, array) if regions else None
         if ref is not None:
             dtype_name = wire_dtype(name, array.dtype)
+            if array.dtype.byteorder == ">":  # the daemon writes little-endian bytes
+                raise InvalidArgument(f"output {name!r} is big-endian; regions hold little-endian")
             placed.append(
                 {"name": name, "dtype": dtype_name, "shape": list(array.shape), **ref.as_wire()}
             )
@@ -414,4 +432,4 @@ class ShmRequest:
 def _wait(poller: select.poll, give_up_at: float) -> bool:
     """Whether ``poller``'s socket became ready before ``give_up_at`` (monotonic)."""
     remaining = give_up_at - time.monotonic()
-    return remaining > 0 and bool(poller.poll(math.ceil(remaining * 1000)))
+    return remaining > 0 and bool(poller.poll(wait_ms(remaining)))
