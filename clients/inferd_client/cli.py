@@ -7,7 +7,8 @@ document per result for scripts, and nothing else on stdout.  Exit codes: 0 ok,
 dtype the wire has no name for), 3 unreachable (no socket, a socket inferctl
 will not use, no reply within ``--timeout``, or a followed stream went silent),
 4 ``health``: the daemon answers but is not serving (starting, degraded,
-failed, stopping).
+stopping), 130 a command cut short by Ctrl-C (a followed stream or ``top``,
+which Ctrl-C ends, exit 0).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ EXIT_REMOTE_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_NOT_SERVING = 4
+#: 128 + SIGINT, as a shell reports a command Ctrl-C stopped.
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,7 +187,18 @@ def main(argv: list[str] | None = None) -> int:
         _emit_error(args, "USAGE", str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return EXIT_OK
+        # Ctrl-C is how a followed stream or the live view ends; any other command
+        # was cut short, and a script must not read that as success.
+        return EXIT_OK if _follows(args) else EXIT_INTERRUPTED
+
+
+def _follows(args: argparse.Namespace) -> bool:
+    """Whether the command runs until it is stopped (unless given a ``--count``)."""
+    return (
+        args.command in ("top", "events")
+        or (args.command == "thermal" and args.follow)
+        or (args.command == "build" and args.build_command == "follow")
+    )
 
 
 def _endpoints_used(args: argparse.Namespace) -> list[tuple[str, str]]:
