@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from inferd_client.cli import _random_inputs
+from inferd_client.cli_inputs import random_inputs
 from tests.conftest import REPO, DaemonProcess, wait_until
 
 
@@ -74,7 +74,7 @@ def test_embedded_default_serves_the_demo_model_identically_to_ort(
     assert summary["runtime"] == "onnx_trt_ep" and summary["fallback"] is False
 
     described = json.loads(inferctl(env, "--json", "models").stdout)
-    inputs = _random_inputs(described, "demo", 11)
+    inputs = random_inputs(described, "demo", 11)
     session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     (expected,) = session.run(None, inputs)
     assert summary["inputs"]["image"]["sha256"] == hashlib.sha256(inputs["image"]).hexdigest()

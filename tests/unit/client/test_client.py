@@ -24,8 +24,9 @@ from inferd_client import (
     RequestTimeout,
 )
 from inferd_client import client as client_module
-from inferd_client.client import decode_outputs, infer_request_header
+from inferd_client.client import infer_request_header
 from inferd_client.errors import ClientError, InvalidArgument, MalformedReply, Unreachable
+from inferd_client.outputs import decode_outputs
 from inferd_wire import protocol
 
 Script = Callable[[zmq.Socket[Any], list[bytes]], None]

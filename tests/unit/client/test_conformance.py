@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import zmq
 
-from inferd_client.client import decode_outputs
 from inferd_client.errors import MalformedReply, RemoteError
+from inferd_client.outputs import decode_outputs
 from inferd_client.replies import (
     INFER_REPLY_FIELDS,
     check_infer_reply,

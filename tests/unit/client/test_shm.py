@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd_client.client import decode_outputs, infer_request_header
+from inferd_client.client import infer_request_header
 from inferd_client.errors import ClientError, MalformedReply, RequestTimeout
+from inferd_client.outputs import decode_outputs
 from inferd_client.region import SharedRegion
 from inferd_client.shm import (
     RegionChannel,
