@@ -192,7 +192,10 @@ class InferenceClient:
             raise InvalidArgument("the shared region is closed: it cannot be registered")
         if self._shm is None:
             self._shm = RegionChannel(
-                self._shm_socket, timeout=self._channel.timeout, reply_spin_us=self._reply_spin_us
+                self._shm_socket,
+                timeout=self._channel.timeout,
+                reply_spin_us=self._reply_spin_us,
+                next_id=self._channel.next_id,
             )
         try:
             region_id = self._shm.register(region)
@@ -370,9 +373,7 @@ class InferenceClient:
     ) -> dict[str, np.ndarray]:
         assert self._shm is not None
         try:
-            reply = self._shm.request(
-                request, self._channel.next_id, timeout=timeout, retries=retries
-            )
+            reply = self._shm.request(request, timeout=timeout, retries=retries)
         except Unreachable as exc:
             self._shm_closed()
             raise Unreachable(

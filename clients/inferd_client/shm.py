@@ -56,7 +56,17 @@ class RegionChannel:
     Replies to ids this channel no longer waits for (a request that timed out)
     are discarded and counted, never returned for another request."""
 
-    def __init__(self, path: str, *, timeout: float = 5.0, reply_spin_us: int = 0) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        timeout: float = 5.0,
+        reply_spin_us: int = 0,
+        next_id: Callable[[], int] | None = None,
+    ) -> None:
+        """``next_id``: where every message's id comes from (the client's one counter,
+        shared with its infer socket, so that no late reply is taken for another
+        message's; by default a counter of this channel's own)."""
         spin = PollWindow(reply_spin_us, "reply_spin_us")  # fails before any connection
         timeout = checked_timeout(timeout)
         trusted_endpoint(f"ipc://{path}")  # the same rules as for the ipc sockets
@@ -79,7 +89,7 @@ class RegionChannel:
         self._refused = False
         self.path = path
         self._timeout = timeout
-        self._ids = itertools.count(1)
+        self._next_id = next_id or itertools.count(1).__next__
         self.discarded_replies = 0
         #: Ids of registrations that timed out: the daemon may still register the
         #: region, under an id we would never learn; its late reply unregisters it.
@@ -109,17 +119,15 @@ class RegionChannel:
     def request(
         self,
         request: ShmRequest,
-        next_id: Callable[[], int],
         *,
         timeout: float | None = None,
         retries: int = 0,
     ) -> dict[str, Any]:
-        """Send an infer request (each attempt under the id ``next_id()`` gives) and
-        return its reply header; on timeout resend under a fresh id up to
-        ``retries`` times."""
+        """Send an infer request (each attempt under a fresh id) and return its reply
+        header; on timeout resend up to ``retries`` times."""
         wait = self._timeout if timeout is None else checked_timeout(timeout)
         for _attempt in range(retries + 1):
-            request_id = next_id()
+            request_id = self._next_id()
             reply = self._exchange(request.encode(request_id), [], request_id, wait, request.timing)
             if reply is not None:
                 return reply
@@ -205,7 +213,7 @@ class RegionChannel:
 
     def _message(self, header: dict[str, Any]) -> tuple[int, bytes]:
         """A registration op's id and message."""
-        request_id = next(self._ids)
+        request_id = self._next_id()
         return request_id, protocol.pack(
             {"v": protocol.PROTOCOL_VERSION, "id": request_id, **header}
         )

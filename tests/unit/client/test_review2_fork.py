@@ -129,11 +129,12 @@ def test_a_shm_connection_used_after_fork_sends_nothing_on_the_parents_connectio
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(1)
-    channel = RegionChannel(path, timeout=HANG_S)
+    ids = iter((7, 8))
+    channel = RegionChannel(path, timeout=HANG_S, next_id=lambda: next(ids))
     peer, _ = listener.accept()
     request = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
     try:
-        outcome = in_child(lambda: channel.request(request, lambda: 7, timeout=0.5))
+        outcome = in_child(lambda: channel.request(request, timeout=0.5))
         assert outcome.startswith("ClientError:") and "fork()" in outcome, outcome
         # Nothing of the child's reached the daemon's end of the parent's connection.
         peer.settimeout(0.2)
@@ -148,7 +149,7 @@ def test_a_shm_connection_used_after_fork_sends_nothing_on_the_parents_connectio
             ),
         )
         reply.start()
-        assert channel.request(request, lambda: 8, timeout=HANG_S)["id"] == 8
+        assert channel.request(request, timeout=HANG_S)["id"] == 7  # the child took none
         reply.join()
     finally:
         channel.close()

@@ -103,7 +103,7 @@ def test_a_shm_request_may_wait_without_end(tmp_path: Path, timeout: float) -> N
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(1)
-    channel = RegionChannel(path, timeout=timeout)
+    channel = RegionChannel(path, timeout=timeout, next_id=lambda: 5)
     peer, _ = listener.accept()
     peer.settimeout(HANG_S)
 
@@ -116,7 +116,7 @@ def test_a_shm_request_may_wait_without_end(tmp_path: Path, timeout: float) -> N
         for per_call in (None, timeout):
             answering = threading.Thread(target=answer)
             answering.start()
-            assert channel.request(request, lambda: 5, timeout=per_call)["id"] == 5
+            assert channel.request(request, timeout=per_call)["id"] == 5
             answering.join()
     finally:
         channel.close()

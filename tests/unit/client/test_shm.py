@@ -232,20 +232,20 @@ class SilentShmSocket:
 
 def test_a_request_times_out_and_late_replies_are_discarded(tmp_path: Path) -> None:
     server = SilentShmSocket(str(tmp_path / "shm.sock"))
-    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S)
     ids = iter(range(1, 100))
+    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S, next_id=lambda: next(ids))
     request = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
     try:
         started = time.monotonic()
         with pytest.raises(RequestTimeout, match="after 2 attempt"):
-            channel.request(request, lambda: next(ids), timeout=0.2, retries=1)
+            channel.request(request, timeout=0.2, retries=1)
         assert 0.4 <= time.monotonic() - started < HANG_S  # two waits of 0.2 s
         assert [server.received()["id"], server.received()["id"]] == [1, 2]
         # The late replies come in before the next one; each is counted, none returned.
         server.answer(1)
         server.answer(2)
         server.answer(3)
-        assert channel.request(request, lambda: next(ids), timeout=HANG_S)["id"] == 3
+        assert channel.request(request, timeout=HANG_S)["id"] == 3
         assert server.received()["id"] == 3
         assert channel.discarded_replies == 2
     finally:
@@ -266,7 +266,7 @@ def test_signals_do_not_stretch_a_requests_timeout(tmp_path: Path) -> None:
     try:
         started = time.monotonic()
         with pytest.raises(RequestTimeout):
-            channel.request(request, lambda: 1, timeout=0.3)
+            channel.request(request, timeout=0.3)
         assert time.monotonic() - started < HANG_S / 2
         assert len(interrupted) >= 3
     finally:
@@ -282,21 +282,42 @@ def test_a_null_id_refusal_after_a_timeout_is_never_the_next_requests_answer(
     """The daemon refuses a message it cannot read with a null id: such a refusal
     arriving after a request timed out is that request's late answer."""
     server = SilentShmSocket(str(tmp_path / "shm.sock"))
-    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S)
     ids = iter(range(1, 100))
+    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S, next_id=lambda: next(ids))
     request = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
     try:
         with pytest.raises(RequestTimeout):
-            channel.request(request, lambda: next(ids), timeout=0.1)
+            channel.request(request, timeout=0.1)
         assert server.received()["id"] == 1
         assert server.peer is not None
         server.peer.send(protocol.pack(protocol.error_header(None, Code.INVALID_ARGUMENT, "x")))
         server.answer(2)
-        assert channel.request(request, lambda: next(ids), timeout=HANG_S)["ok"] is True
+        assert channel.request(request, timeout=HANG_S)["ok"] is True
         assert server.received()["id"] == 2 and channel.discarded_replies == 1
         # With no request left unanswered, a null-id refusal is the current one's.
         server.peer.send(protocol.pack(protocol.error_header(None, Code.INVALID_ARGUMENT, "y")))
-        assert channel.request(request, lambda: next(ids), timeout=HANG_S)["ok"] is False
+        assert channel.request(request, timeout=HANG_S)["ok"] is False
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_registrations_and_requests_on_the_shm_socket_take_ids_from_one_counter(
+    tmp_path: Path,
+) -> None:
+    """The client hands its channel its one counter (its infer socket's too): a
+    registration numbered 1, 2, ... beside requests numbered by the client could
+    share an id with one, and a late reply to one be taken for the other's."""
+    server = SilentShmSocket(str(tmp_path / "shm.sock"))
+    ids = iter(range(7 << 40, (7 << 40) + 100))
+    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=0.1, next_id=lambda: next(ids))
+    request = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
+    try:
+        with SharedRegion(mmap.PAGESIZE) as region, pytest.raises(RequestTimeout):
+            channel.register(region)
+        with pytest.raises(RequestTimeout):
+            channel.request(request)
+        assert [server.received()["id"], server.received()["id"]] == [7 << 40, (7 << 40) + 1]
     finally:
         channel.close()
         server.close()
