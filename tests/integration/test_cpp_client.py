@@ -173,6 +173,22 @@ def test_the_cpp_example_runs_its_loop_against_a_daemon(daemon_factory: DaemonFa
     assert lines[2] == "thermal: unknown (no telemetry on this machine)", lines
 
 
+@_built("INFERD_CPP_EXAMPLE")
+def test_the_cpp_example_refuses_a_rate_that_is_no_period(daemon_factory: DaemonFactory) -> None:
+    """A rate of 0 or NaN made the period infinite: converting it to the clock's
+    integer ticks is undefined, and the loop's next wake-up overflowed (UBSan); a
+    negative or infinite one ran the loop flat out."""
+    program = _program("INFERD_CPP_EXAMPLE")
+    daemon = daemon_factory()
+    command = [program, "--endpoint", daemon.infer, "--events", daemon.events, "--count", "3"]
+    for rate in ("0", "nan", "-5", "inf", "0.0001"):
+        done = subprocess.run(
+            [*command, "--rate-hz", rate], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 1, f"{rate}: {done.stdout}\n{done.stderr}"
+        assert "--rate-hz must be a positive number" in done.stderr, done.stderr
+
+
 @_built("INFERD_CPP_INTEGRATION")
 def test_cpp_client_with_curve_on_tcp(
     curve_daemon: CurveDaemon, demo_model: Path, tmp_path: Path

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -48,6 +49,12 @@ Arguments parse(int argc, char** argv) {
         else if (flag == "--endpoint") arguments.endpoint = value;
         else if (flag == "--events") arguments.events = value;
         else throw std::invalid_argument("unknown option " + flag);
+    }
+    // The period is the deadline: at most an hour (the wire's longest). A rate of
+    // 0 or NaN made it infinite, and converting that to clock ticks is undefined.
+    if (!(arguments.rate_hz >= 1.0 / 3600) || !std::isfinite(arguments.rate_hz)) {
+        throw std::invalid_argument("--rate-hz must be a positive number, at least 1/3600 "
+                                    "(one request an hour: the longest deadline)");
     }
     return arguments;
 }

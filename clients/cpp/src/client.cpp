@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <type_traits>
 
 #include "decode.hpp"
 #include "internal.hpp"
@@ -31,6 +33,16 @@ void secure(zmq::socket_t& socket, const std::string& endpoint, const std::optio
     socket.set(zmq::sockopt::curve_serverkey, curve->server_public_key);
     socket.set(zmq::sockopt::curve_publickey, curve->public_key);
     socket.set(zmq::sockopt::curve_secretkey, curve->secret_key);
+}
+
+std::optional<bool> poll_in(zmq::socket_t& socket, long long timeout_ms) {
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+        return zmq::poll(&item, 1, std::chrono::milliseconds(std::max(0LL, timeout_ms))) > 0;
+    } catch (const zmq::error_t& error) {
+        if (error.num() != EINTR) throw;
+        return std::nullopt;
+    }
 }
 
 }  // namespace detail
@@ -126,8 +138,9 @@ public:
 
     std::uint64_t discarded_replies() const { return discarded_; }
     const std::string& endpoint() const { return endpoint_; }
-    // The next request id; the shm socket's requests draw from it too, so every
-    // id of this client is unique across both sockets.
+    // The next request id; every message on the shm socket draws from it too
+    // (registrations included), so every id of this client is unique across
+    // both sockets.
     std::uint64_t next_id() { return next_id_++; }
     const std::function<void(std::uint64_t, int)>& on_attempt() const { return on_attempt_; }
     const SendBufferStatus& send_buffer() const { return send_buffer_.status(); }
@@ -157,24 +170,30 @@ private:
     // up, or the daemon not reading).
     bool send(const std::string& header, const std::vector<Frame>& frames,
               std::chrono::steady_clock::time_point give_up_at) {
-        auto left = detail::milliseconds_left(give_up_at);
-        if (left <= 0) return false;
-        // The time left, set again only when the one set is off by more than its
-        // rounding (a send never gives up before the caller's timeout).
-        if (!(sndtimeo_ >= left && sndtimeo_ - left <= 1)) {
-            socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(left));
-            sndtimeo_ = left;
-        }
         zmq::message_t head(header.data(), header.size());
         auto more = frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
-        // ZeroMQ queues a multipart message atomically: only the first part can be refused.
-        if (!socket_.send(head, more)) return false;
+        // ZeroMQ queues a multipart message atomically: only the first part can be
+        // refused, or interrupted while it waits for a connection.
+        while (true) {
+            auto left = detail::milliseconds_left(give_up_at);
+            if (left <= 0) return false;
+            // The time left, set again only when the one set is off by more than its
+            // rounding (a send never gives up before the caller's timeout).
+            if (!(sndtimeo_ >= left && sndtimeo_ - left <= 1)) {
+                socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(left));
+                sndtimeo_ = left;
+            }
+            auto sent = interrupted_or([&] { return socket_.send(head, more); });
+            if (!sent) continue;  // a signal handler ran: wait for the time left
+            if (!*sent) return false;
+            break;
+        }
         for (std::size_t i = 0; i < frames.size(); ++i) {
             auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
             const auto& frame = frames[i];
             if (frame.size < kZeroCopyBytes) {
                 zmq::message_t part(frame.data, frame.size);
-                socket_.send(part, flags);
+                while (!interrupted_or([&] { return socket_.send(part, flags); })) {}
                 continue;
             }
             {
@@ -183,9 +202,22 @@ private:
             }
             zmq::message_t part(const_cast<void*>(frame.data), frame.size, release_frame,
                                 &in_flight_);
-            socket_.send(part, flags);
+            while (!interrupted_or([&] { return socket_.send(part, flags); })) {}
         }
         return true;
+    }
+
+    // `call()`, or nullopt when a signal handler interrupted it (EINTR: a
+    // zmq_send waiting for a connection returns it; cppzmq throws it). The caller
+    // tries again, as pyzmq does.
+    template <typename Call>
+    static std::optional<std::invoke_result_t<Call>> interrupted_or(Call call) {
+        try {
+            return call();
+        } catch (const zmq::error_t& error) {
+            if (error.num() != EINTR) throw;
+            return std::nullopt;
+        }
     }
 
     std::vector<zmq::message_t> await(std::uint64_t request_id,
@@ -196,10 +228,13 @@ private:
             // and a wait never ends before the caller's timeout.
             auto left = detail::milliseconds_left(give_up_at);
             if (left <= 0) return {};
-            zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-            if (zmq::poll(&item, 1, std::chrono::milliseconds(left)) == 0) continue;
+            auto ready = detail::poll_in(socket_, left);
+            if (!ready || !*ready) continue;
             std::vector<zmq::message_t> parts;
-            (void)zmq::recv_multipart(socket_, std::back_inserter(parts));
+            if (!zmq::recv_multipart(socket_, std::back_inserter(parts),
+                                     zmq::recv_flags::dontwait)) {
+                continue;  // poll's answer was stale: wait again for the time left
+            }
             auto id = wire::decode_reply_id(parts[0].data(), parts[0].size());
             if (id != wire::RequestId{request_id}) {
                 ++discarded_;
@@ -309,7 +344,8 @@ std::string InferenceClient::register_region(SharedRegion& region) {
     }
     if (!shm_) {
         shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout,
-                                               options_.reply_spin_us);
+                                               options_.reply_spin_us,
+                                               [this] { return channel_->next_id(); });
     }
     auto id = shm_->register_region(region);
     regions_.emplace_back(id, region.mapping_);
@@ -388,9 +424,8 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     };
     auto retries = options.retries.value_or(options_.retries);
     if (shm_ && frames.empty() && places_every_output(model, request.outputs)) {
-        auto header = shm_->request(
-            model, encode, [this] { return channel_->next_id(); }, channel_->on_attempt(),
-            options.timeout.value_or(options_.timeout), retries);
+        auto header = shm_->request(model, encode, channel_->on_attempt(),
+                                    options.timeout.value_or(options_.timeout), retries);
         last_transport_ = "shm";
         InferResult result;
         result.reply = wire::decode_infer_reply(header.data(), header.size());
@@ -441,15 +476,19 @@ TensorSpec read_spec(const msgpack::object& value, const std::string& where) {
     spec.name = fields.string("name");
     spec.dtype = parse_dtype(fields.string("dtype"));
     const auto& shape = fields.required("shape");
-    if (shape.type != msgpack::type::ARRAY) detail::malformed(where + ".shape must be a list");
+    // As a reply's descriptor (tensor_spec): a dimension past 2^63 read as an
+    // int64 would be negative.
+    if (shape.type != msgpack::type::ARRAY || shape.via.array.size > wire::kMaxDimensions) {
+        detail::malformed(where + ".shape must be a list of at most 16 dimensions");
+    }
     for (std::uint32_t i = 0; i < shape.via.array.size; ++i) {
         const auto& dimension = shape.via.array.ptr[i];
         if (dimension.type == msgpack::type::NIL) {
             spec.shape.emplace_back(std::nullopt);
-        } else if (detail::is_uint(dimension)) {
+        } else if (detail::is_uint(dimension) && dimension.via.u64 < (1ULL << 31)) {
             spec.shape.emplace_back(static_cast<std::int64_t>(dimension.via.u64));
         } else {
-            detail::malformed(where + ".shape holds a dimension that is neither an integer nor null");
+            detail::malformed(where + ".shape holds a dimension that is neither 0..2^31-1 nor null");
         }
     }
     if (fields.find("profile") != nullptr) spec.profile_json = fields.json("profile");

@@ -18,8 +18,14 @@ msgpack::object_handle unpack(const void* data, std::size_t size, std::size_t ma
     }
     msgpack::object_handle handle;
     std::size_t offset = 0;
+    // msgpack-cxx allocates an array's or map's elements when it reads the count,
+    // before their bytes: a 5-byte header counting 2^32 - 1 elements asked for
+    // 96 GiB (ASan aborted; 64 KiB of nested counts took minutes). Each element
+    // takes a byte at least (a pair two), as Python's unpackb bounds them; and
+    // nesting is bounded (to_json recurses once per level).
+    const msgpack::unpack_limit limit(size, size / 2, size, size, size, kMaxNesting);
     try {
-        handle = msgpack::unpack(static_cast<const char*>(data), size, offset);
+        handle = msgpack::unpack(static_cast<const char*>(data), size, offset, nullptr, nullptr, limit);
     } catch (const std::exception& error) {
         malformed(std::string("header is not valid msgpack: ") + error.what());
     }

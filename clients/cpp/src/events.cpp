@@ -213,15 +213,21 @@ struct EventSubscriber::Impl {
     bool hide_health = false;  // subscribed to health only to detect the join
     std::deque<Event> pending;
 
-    // One [topic, payload] message, or nullopt after timeout.
-    std::optional<std::pair<std::string, Event>> read(std::chrono::milliseconds timeout) {
-        zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-        if (zmq::poll(&item, 1, std::chrono::milliseconds(std::max<long>(0, timeout.count()))) ==
-            0) {
-            return std::nullopt;
-        }
+    // One [topic, payload] message, or nullopt once `give_up_at` has passed (a
+    // message already there is read even then).
+    std::optional<std::pair<std::string, Event>> read(
+        std::chrono::steady_clock::time_point give_up_at) {
         std::vector<zmq::message_t> parts;
-        (void)zmq::recv_multipart(socket, std::back_inserter(parts));
+        while (true) {
+            auto left = std::max(0LL, detail::milliseconds_left(give_up_at));
+            auto ready = detail::poll_in(socket, left);
+            if (!ready) continue;  // a signal handler ran: wait for the time left
+            if (!*ready && left == 0) return std::nullopt;
+            if (*ready && zmq::recv_multipart(socket, std::back_inserter(parts),
+                                              zmq::recv_flags::dontwait)) {
+                break;
+            }
+        }
         if (parts.size() != 2) {
             detail::malformed("event has " + std::to_string(parts.size()) +
                               " frames; expected [topic, payload]");
@@ -274,11 +280,10 @@ void EventSubscriber::wait_joined(std::chrono::milliseconds timeout) {
         self.hide_health = true;
         self.socket.set(zmq::sockopt::subscribe, std::string(kHealth));
     }
-    auto give_up_at = std::chrono::steady_clock::now() + timeout;
+    // Saturated: milliseconds::max() waits for ever, without overflowing.
+    auto give_up_at = detail::deadline_after(timeout);
     while (true) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            give_up_at - std::chrono::steady_clock::now());
-        auto event = left.count() > 0 ? self.read(left) : std::nullopt;
+        auto event = self.read(give_up_at);
         if (!event) {
             throw ClientError("no health event from " + self.endpoint + " within " +
                               std::to_string(timeout.count()) +
@@ -298,11 +303,9 @@ std::optional<Event> EventSubscriber::receive(std::chrono::milliseconds timeout)
         self.pending.pop_front();
         return event;
     }
-    auto give_up_at = std::chrono::steady_clock::now() + timeout;
+    auto give_up_at = detail::deadline_after(timeout);
     while (true) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            give_up_at - std::chrono::steady_clock::now());
-        auto event = self.read(std::max(left, std::chrono::milliseconds(0)));
+        auto event = self.read(give_up_at);
         if (!event) return std::nullopt;
         // health events already in flight when the join unsubscribed them
         if (!(self.hide_health && event->first == kHealth)) return std::move(event->second);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <climits>
 #include <initializer_list>
+#include <optional>
 #include <string_view>
 
 #include "decode.hpp"
@@ -19,6 +20,12 @@ namespace inferd::detail {
 
 // A health snapshot from `fields`, which may also hold the `extra` keys (an event's stamp).
 HealthSnapshot read_health(const Fields& fields, std::initializer_list<std::string_view> extra);
+
+// Whether `socket` has a message within `timeout_ms` (0 or less: now), or nullopt
+// when a signal handler interrupted the wait: zmq_poll returns EINTR then, as
+// poll(2) does whatever SA_RESTART says, and cppzmq throws it as zmq::error_t
+// (no ClientError). The caller waits again for the time left, as pyzmq does.
+std::optional<bool> poll_in(zmq::socket_t& socket, long long timeout_ms);
 
 // CURVE on `socket` before it connects; only a tcp:// endpoint uses it.
 void secure(zmq::socket_t& socket, const std::string& endpoint, const std::optional<ClientCurve>& curve);

@@ -221,8 +221,8 @@ Envelope read_envelope(const std::string& reply) {
 }  // namespace
 
 RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds timeout,
-                             int reply_spin_us)
-    : path_(path), timeout_(timeout), spin_(reply_spin_us) {
+                             int reply_spin_us, std::function<std::uint64_t()> next_id)
+    : path_(path), timeout_(timeout), next_id_(std::move(next_id)), spin_(reply_spin_us) {
     check_client_endpoint("ipc://" + path);  // the same trust rule as for the ipc sockets
     fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw ClientError(system_error("socket"));
@@ -262,7 +262,7 @@ void RegionChannel::unregister_region(const std::string& region_id) {
 }
 
 void RegionChannel::release(const std::string& region_id) {
-    auto request_id = next_id_++;
+    auto request_id = next_id_();
     // Not sent (the daemon not reading, or gone): closing the connection releases
     // it, and the next call sees the closed connection for itself.
     (void)send_message(request_id,
@@ -274,13 +274,21 @@ void RegionChannel::release(const std::string& region_id) {
 // {v, id, op, ...}; the daemon reads keys, not their order).
 std::string RegionChannel::call(const std::string& op, const wire::ControlArguments& arguments,
                                 int fd) {
-    auto request_id = next_id_++;
+    auto request_id = next_id_();
     auto give_up_at = detail::deadline_after(timeout_);
     if (!send_message(request_id, wire::encode_control_request(request_id, op, arguments), fd,
                       give_up_at)) {
         throw Timeout("the daemon does not read the shm socket " + path_);
     }
-    auto reply = await(request_id, give_up_at);
+    // A registration sent and not answered (a timeout, or a wait that failed on
+    // another message) may still be made: its late reply names the region to free.
+    std::optional<std::string> reply;
+    try {
+        reply = await(request_id, give_up_at);
+    } catch (...) {
+        if (op == "register") late_registrations_.insert(request_id);
+        throw;
+    }
     if (!reply) {
         if (op == "register") late_registrations_.insert(request_id);
         throw Timeout("no reply from " + path_);
@@ -292,12 +300,11 @@ std::string RegionChannel::call(const std::string& op, const wire::ControlArgume
 
 std::string RegionChannel::request(const std::string& model,
                                    const std::function<std::string(std::uint64_t)>& encode,
-                                   const std::function<std::uint64_t()>& next_id,
                                    const std::function<void(std::uint64_t, int)>& on_attempt,
                                    std::chrono::milliseconds timeout, int retries) {
     auto& arrivals = arrivals_[model];
     for (int attempt = 0; attempt <= retries; ++attempt) {
-        auto request_id = next_id();
+        auto request_id = next_id_();
         if (on_attempt) on_attempt(request_id, attempt);
         // The attempt's timeout bounds its send and its wait together.
         auto give_up_at = detail::deadline_after(timeout);

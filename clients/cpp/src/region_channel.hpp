@@ -22,7 +22,10 @@ namespace inferd {
 // open: closing this releases every region it registered.
 class RegionChannel {
 public:
-    RegionChannel(const std::string& path, std::chrono::milliseconds timeout, int reply_spin_us);
+    // `next_id` numbers every message sent here: the client's one counter, so no
+    // id is ever both a registration's and an infer request's.
+    RegionChannel(const std::string& path, std::chrono::milliseconds timeout, int reply_spin_us,
+                  std::function<std::uint64_t()> next_id);
     ~RegionChannel();
     RegionChannel(const RegionChannel&) = delete;
     RegionChannel& operator=(const RegionChannel&) = delete;
@@ -33,13 +36,12 @@ public:
     // region destroyed while registered, and one a late registration reply names.
     void release(const std::string& region_id);
 
-    // An infer request of `model`: each attempt sends `encode(id)` under the id
-    // `next_id()` gives (after `on_attempt(id, attempt)`, when set) and waits up to
-    // `timeout`, polling in the model's window; returns the reply header. Throws
-    // Timeout after `retries` resends.
+    // An infer request of `model`: each attempt sends `encode(id)` under a fresh id
+    // (after `on_attempt(id, attempt)`, when set) and waits up to `timeout`,
+    // polling in the model's window; returns the reply header. Throws Timeout
+    // after `retries` resends.
     std::string request(const std::string& model,
                         const std::function<std::string(std::uint64_t)>& encode,
-                        const std::function<std::uint64_t()>& next_id,
                         const std::function<void(std::uint64_t, int)>& on_attempt,
                         std::chrono::milliseconds timeout, int retries);
 
@@ -65,7 +67,7 @@ private:
     std::string path_;
     std::chrono::milliseconds timeout_;
     int fd_ = -1;
-    std::uint64_t next_id_ = 1;
+    std::function<std::uint64_t()> next_id_;
     std::uint64_t discarded_ = 0;
     PollWindow spin_;
     std::map<std::string, Arrivals> arrivals_;  // by model: when its replies arrive

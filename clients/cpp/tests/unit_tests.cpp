@@ -22,7 +22,9 @@
 #include <thread>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1250,6 +1252,316 @@ TEST(a_registered_region_moved_or_destroyed_is_followed_or_let_go) {
     other = SharedRegion(4096);
     CHECK_EQ(client.register_region(other), region_id(4));
     CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(3)); }));
+}
+
+
+// -- the second review of this client --
+
+namespace {
+
+// A header whose bytes are `prefix` and then `count` times `level`.
+std::string repeated(const std::string& prefix, const std::string& level, std::size_t count,
+                     const std::string& suffix = "") {
+    std::string bytes = prefix;
+    for (std::size_t i = 0; i < count; ++i) bytes += level;
+    return bytes + suffix;
+}
+
+// {"v": 1, "id": 7, "ok": true, "result": {"x": <value>}} around `value`'s bytes.
+std::string control_reply_around(const std::string& value) {
+    return packed([](Packer& packer) {
+               packer.pack_map(4);
+               packer.pack(std::string("v")), packer.pack(1);
+               packer.pack(std::string("id")), packer.pack(7);
+               packer.pack(std::string("ok")), packer.pack(true);
+               packer.pack(std::string("result"));
+               packer.pack_map(1);
+               packer.pack(std::string("x"));
+           }) +
+           value;
+}
+
+// An alert event's payload whose `fields` is {"x": <value>}.
+std::string alert_around(const std::string& value) {
+    return packed([](Packer& packer) {
+               packer.pack_map(6);
+               packer.pack(std::string("level")), packer.pack(std::string("INFO"));
+               packer.pack(std::string("code")), packer.pack(std::string("c"));
+               packer.pack(std::string("message")), packer.pack(std::string("m"));
+               packer.pack(std::string("ts_ns")), packer.pack(1);
+               packer.pack(std::string("seq")), packer.pack(1);
+               packer.pack(std::string("fields"));
+               packer.pack_map(1);
+               packer.pack(std::string("x"));
+           }) +
+           value;
+}
+
+}  // namespace
+
+TEST(hostile_counts_and_nesting_are_refused_not_allocated_or_recursed) {
+    // Five bytes counting 2^32 - 1 array elements (ASan: out of memory asking for
+    // 128 GiB), a map of 2^28 pairs, and 64 KiB of arrays of 2^25 nested
+    // (minutes of allocating, under ASan): each element takes a byte at least.
+    const std::string huge_array("\xdd\xff\xff\xff\xff", 5), huge_map("\xdf\x0f\xff\xff\xff", 5);
+    CHECK_THROWS(MalformedReply, wire::decode_infer_reply(huge_array.data(), huge_array.size()), true);
+    CHECK_THROWS(MalformedReply, wire::decode_infer_reply(huge_map.data(), huge_map.size()), true);
+    auto nested_counts = repeated(std::string("\x81\xa1x", 3), std::string("\xdd\x02\x00\x00\x00", 5), 13000);
+    auto started = std::chrono::steady_clock::now();
+    CHECK_THROWS(MalformedReply, wire::decode_control_reply(nested_counts.data(), nested_counts.size()), true);
+    CHECK(std::chrono::steady_clock::now() - started < 1s);
+    // Nesting: a 30 KB control result, or an alert's fields, of arrays inside
+    // arrays overflowed the stack turning them into JSON (a segfault, also
+    // optimised); the events socket has no size bound at all.
+    auto deep = control_reply_around(repeated("", "\x91", 30000, "\xc0"));
+    CHECK_THROWS(MalformedReply, wire::decode_control_reply(deep.data(), deep.size()), true);
+    auto deep_value = repeated("", "\x91", 30000, "\xc0");
+    CHECK_THROWS(MalformedReply, wire::msgpack_to_json(deep_value.data(), deep_value.size()), true);
+    auto deep_alert = alert_around(repeated("", "\x91", 1000000, "\xc0"));
+    CHECK_THROWS(MalformedReply, decode_event("alert", deep_alert.data(), deep_alert.size()), true);
+    // What the protocol nests (describe: 8 levels) and well beyond still decodes.
+    auto fine = control_reply_around(repeated("", "\x91", 60, "\xc0"));
+    auto reply = wire::decode_control_reply(fine.data(), fine.size());
+    CHECK_EQ(wire::msgpack_to_json(reply.result_msgpack.data(), reply.result_msgpack.size()),
+             "{\"x\":" + std::string(60, '[') + "null" + std::string(60, ']') + "}");
+    auto fine_alert = alert_around(repeated("", "\x91", 60, "\xc0"));
+    auto event = decode_event("alert", fine_alert.data(), fine_alert.size());
+    CHECK_EQ(std::get<AlertEvent>(event).fields_json, "{\"x\":" + std::string(60, '[') + "null" + std::string(60, ']') + "}");
+}
+
+namespace {
+
+// SIGUSR1 with a handler that does nothing (no SA_RESTART, as many programs
+// install theirs), sent to the calling thread every 5 ms while it lives.
+class Interrupter {
+public:
+    Interrupter() : target_(pthread_self()) {
+        struct sigaction action {};
+        action.sa_handler = [](int) {};
+        sigemptyset(&action.sa_mask);
+        sigaction(SIGUSR1, &action, &previous_);
+        thread_ = std::thread([this] {
+            while (!stop_) {
+                pthread_kill(target_, SIGUSR1);
+                ++sent;
+                std::this_thread::sleep_for(5ms);
+            }
+        });
+    }
+    ~Interrupter() {
+        stop_ = true;
+        thread_.join();
+        sigaction(SIGUSR1, &previous_, nullptr);
+    }
+    std::atomic<int> sent{0};
+
+private:
+    pthread_t target_;
+    struct sigaction previous_ {};
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+// A health event's payload, stamped `seq`.
+std::string health_event(std::uint64_t seq) {
+    return packed([&](Packer& packer) {
+        packer.pack_map(7);
+        packer.pack(std::string("state")), packer.pack(std::string("serving"));
+        packer.pack(std::string("uptime_s")), packer.pack(1.5);
+        packer.pack(std::string("threads"));
+        packer.pack(std::map<std::string, bool>{{"engine_worker", true}, {"bus", true}, {"publisher", true}});
+        packer.pack(std::string("models"));
+        packer.pack_map(0);
+        packer.pack(std::string("thermal")), packer.pack(std::string("unknown"));
+        packer.pack(std::string("ts_ns")), packer.pack(1);
+        packer.pack(std::string("seq")), packer.pack(seq);
+    });
+}
+
+// A PUB socket publishing a health event every 10 ms from its own thread.
+class Publisher {
+public:
+    Publisher() : endpoint_("ipc://" + temp_dir() + "/events.sock"), pub_(*shared_context(), zmq::socket_type::pub) {
+        pub_.set(zmq::sockopt::linger, 0);
+        pub_.bind(endpoint_);
+        thread_ = std::thread([this] {
+            for (std::uint64_t seq = 1; !stop_; ++seq) {
+                auto payload = health_event(seq);
+                pub_.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
+                pub_.send(zmq::buffer(payload), zmq::send_flags::none);
+                std::this_thread::sleep_for(10ms);
+            }
+        });
+    }
+    ~Publisher() {
+        stop_ = true;
+        thread_.join();
+    }
+    const std::string& endpoint() const { return endpoint_; }
+
+private:
+    std::string endpoint_;
+    zmq::socket_t pub_;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+}  // namespace
+
+TEST(a_signal_during_a_call_neither_fails_nor_shortens_it) {
+    // zmq_poll and a blocking zmq_send return EINTR when a signal handler runs
+    // (poll(2) is never restarted): cppzmq threw it as zmq::error_t, which is no
+    // ClientError, and the call ended before its reply or its timeout.
+    ScriptedPeer peer([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        std::this_thread::sleep_for(150ms);  // the client waits, and is interrupted
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    {
+        Interrupter signals;
+        auto result = client.infer("m", two_floats(input));
+        CHECK_EQ(result.output("out0").as<float>()[1], 2.0f);
+        CHECK(signals.sent > 5);
+    }
+    // No daemon: the send waits for one, interrupted, until the call's timeout.
+    ClientOptions nobody;
+    nobody.endpoint = "ipc://" + temp_dir() + "/nobody.sock";
+    nobody.timeout = 150ms;
+    InferenceClient lonely(nobody);
+    {
+        Interrupter signals;
+        auto started = std::chrono::steady_clock::now();
+        CHECK_THROWS(Timeout, lonely.infer("m", two_floats(input)), true);
+        CHECK(std::chrono::steady_clock::now() - started >= 150ms);
+    }
+    // The subscriber's waits likewise.
+    Publisher publisher;
+    SubscriberOptions subscription;
+    subscription.endpoint = publisher.endpoint();
+    EventSubscriber events(subscription);
+    Interrupter signals;
+    events.wait_joined(5s);
+    CHECK(events.receive(5s).has_value());
+}
+
+TEST(a_subscribers_wait_may_be_unbounded) {
+    // receive(milliseconds::max()), the way to wait for ever, overflowed the
+    // deadline's arithmetic (UBSan: signed integer overflow), as the request
+    // channel's did (DESIGN.md 144).
+    Publisher publisher;
+    SubscriberOptions subscription;
+    subscription.endpoint = publisher.endpoint();
+    EventSubscriber events(subscription);
+    events.wait_joined(std::chrono::milliseconds::max());
+    auto event = events.receive(std::chrono::milliseconds::max());
+    CHECK(event.has_value() && std::holds_alternative<HealthEvent>(*event));
+}
+
+TEST(a_described_shape_is_held_to_the_schemas_bounds) {
+    // tensor_spec: at most 16 dimensions, each 0..2^31-1 or null. A dimension of
+    // 2^63 came back as a negative int64, 2^40 and 17 dimensions as given.
+    auto described = [](const std::vector<std::optional<std::uint64_t>>& shape) {
+        auto result = packed([&](Packer& packer) {
+            packer.pack_map(1);
+            packer.pack(std::string("models"));
+            packer.pack_array(1);
+            packer.pack_map(4);
+            packer.pack(std::string("name")), packer.pack(std::string("m"));
+            packer.pack(std::string("state")), packer.pack(std::string("serving"));
+            packer.pack(std::string("inputs"));
+            packer.pack_array(1);
+            packer.pack_map(3);
+            packer.pack(std::string("name")), packer.pack(std::string("x"));
+            packer.pack(std::string("dtype")), packer.pack(std::string("float32"));
+            packer.pack(std::string("shape"));
+            packer.pack_array(static_cast<std::uint32_t>(shape.size()));
+            for (const auto& dimension : shape) dimension ? packer.pack(*dimension) : packer.pack_nil();
+            packer.pack(std::string("outputs"));
+            packer.pack_array(0);
+        });
+        return wire::decode_describe_result(result.data(), result.size());
+    };
+    auto fine = described({1, std::nullopt, (1u << 31) - 1});
+    CHECK(fine.at(0).inputs.at(0).shape ==
+          (std::vector<std::optional<std::int64_t>>{1, std::nullopt, (std::int64_t{1} << 31) - 1}));
+    CHECK_THROWS(MalformedReply, described({std::uint64_t{1} << 63}), true);
+    CHECK_THROWS(MalformedReply, described({std::uint64_t{1} << 31}), true);
+    CHECK_THROWS(MalformedReply, described(std::vector<std::optional<std::uint64_t>>(17, 1)), true);
+}
+
+TEST(a_registration_whose_wait_failed_is_released_when_its_reply_comes) {
+    // A malformed message ahead of a registration's answer ended the wait with
+    // MalformedReply; the answer then came to a channel that no longer knew whose
+    // it was, and the region stayed registered on the daemon with no id to free it.
+    auto registered = std::make_shared<int>(0);
+    ScriptedShm shm([registered](ScriptedShm& self, const ScriptedShm::Header& header) {
+        auto op = op_of(header);
+        if (op == "register") {
+            if (++*registered == 1) self.send(std::string("\xc1", 1));  // not msgpack
+            self.send(op_reply(id_of(header), region_id(*registered)));
+        } else if (op == "unregister") {
+            self.note("unregister " + header.at("region").as<std::string>());
+            self.send(op_reply(id_of(header), std::nullopt));
+        }
+    });
+    ClientOptions options;
+    options.endpoint = "ipc://" + temp_dir() + "/infer.sock";
+    options.shm_socket = shm.path();
+    InferenceClient client(options);
+    SharedRegion region(4096);
+    CHECK_THROWS(MalformedReply, client.register_region(region), true);
+    CHECK_EQ(client.register_region(region), region_id(2));
+    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(1)); }));
+}
+
+TEST(every_id_on_the_shm_socket_comes_from_the_clients_one_counter) {
+    // Registrations were numbered 1, 2... by the shm channel while infer requests
+    // on the same socket took the client's ids (a random 24-bit prefix << 40 plus
+    // a counter): with a prefix of 0 (1 in 2^24) a late error reply to one could
+    // be taken for the answer of the other.
+    std::mutex mutex;
+    std::vector<std::uint64_t> infer_ids;
+    ScriptedPeer peer([&](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            infer_ids.push_back(request_id(parts[1]));
+        }
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+    });
+    auto registered = std::make_shared<int>(0);
+    ScriptedShm shm([registered](ScriptedShm& self, const ScriptedShm::Header& header) {
+        auto op = op_of(header);
+        self.note(std::to_string(id_of(header)));
+        if (op == "register") {
+            self.send(op_reply(id_of(header), region_id(++*registered)));
+        } else if (op == "unregister") {
+            self.send(op_reply(id_of(header), std::nullopt));
+        } else {
+            self.send(placed_reply(header));
+        }
+    });
+    OnShm on_shm(peer, shm);  // an infer on the infer socket, then a registration
+    on_shm.client.infer("m", on_shm.inputs(), on_shm.infer);  // on shm.sock
+    SharedRegion other(4096);
+    on_shm.client.register_region(other);
+    on_shm.client.unregister_region(other);
+    CHECK_EQ(on_shm.client.last_transport(), "shm");
+    std::vector<std::uint64_t> ids;
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        ids = infer_ids;
+    }
+    // shm.sock: the first registration, the infer, the second one, its unregister.
+    for (const auto& note : shm.notes()) ids.push_back(std::stoull(note));
+    CHECK_EQ(ids.size(), 5u);
+    if (ids.size() != 5u) return;
+    std::vector<std::uint64_t> in_order{ids[1], ids[0], ids[2], ids[3], ids[4]};  // as sent
+    for (std::size_t i = 1; i < in_order.size(); ++i) {
+        CHECK_EQ(in_order[i], in_order[i - 1] + 1);
+    }
 }
 
 int main(int argc, char** argv) { return inferd::testing::run_all(argc, argv); }
