@@ -28,37 +28,7 @@ from inferd_client.client import infer_request_header
 from inferd_client.errors import ClientError, InvalidArgument, MalformedReply, Unreachable
 from inferd_client.outputs import decode_outputs
 from inferd_wire import protocol
-
-Script = Callable[[zmq.Socket[Any], list[bytes]], None]
-
-
-@pytest.fixture
-def server(tmp_path: Any) -> Iterator[Callable[[Script], str]]:
-    """Run a ROUTER in a thread that answers each request with ``script``."""
-    context = zmq.Context.instance()
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
-
-    def start(script: Script) -> str:
-        endpoint = f"ipc://{tmp_path}/s.sock"
-        sock = context.socket(zmq.ROUTER)
-        sock.bind(endpoint)
-
-        def loop() -> None:
-            while not stop.is_set():
-                if sock.poll(50):
-                    script(sock, sock.recv_multipart())
-            sock.close(linger=0)
-
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        threads.append(thread)
-        return endpoint
-
-    yield start
-    stop.set()
-    for thread in threads:
-        thread.join(2)
+from tests.unit.client.scripted import Script
 
 
 def reply_to(frames: list[bytes], request_id: Any, *tensors: np.ndarray) -> list[bytes]:

@@ -11,11 +11,10 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -25,6 +24,7 @@ from inferd_client.shm import RegionChannel, ShmRequest
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 from tests.conftest import HANG_S
+from tests.unit.client.scripted import Script, answer_ok
 
 #: How long a child may take to answer before it is taken as hung (each call in
 #: it is given 0.5 s).
@@ -61,39 +61,9 @@ def in_child(call: Callable[[], Any]) -> str:
 
 
 @pytest.fixture
-def answering_router(tmp_path: Path) -> Iterator[str]:
+def answering_router(server: Callable[[Script], str]) -> str:
     """A ROUTER that answers every infer request with an empty ok reply."""
-    endpoint = f"ipc://{tmp_path}/infer.sock"
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.bind(endpoint)
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            if sock.poll(50):
-                frames = sock.recv_multipart()
-                request = msgpack.unpackb(frames[1])
-                reply = {
-                    "v": 1,
-                    "id": request["id"],
-                    "ok": True,
-                    "model": "m",
-                    "runtime": "onnx_trt_ep",
-                    "fallback": False,
-                    "latency_us": 1,
-                    "queue_us": 1,
-                    "late": False,
-                    "outputs": [],
-                    "thermal": "unknown",
-                }
-                sock.send_multipart([frames[0], msgpack.packb(reply)])
-        sock.close(linger=0)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    yield endpoint
-    stop.set()
-    thread.join(2)
+    return server(answer_ok)
 
 
 def test_an_inference_client_used_after_fork_fails_at_once_and_never_hangs(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from inferd_client.shm import RegionChannel
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 from tests.conftest import HANG_S
+from tests.unit.client.scripted import Script
 
 REGION_ID = "ab" * 16
 
@@ -81,33 +82,17 @@ def test_a_malformed_registration_reply_is_malformed(
 
 
 @pytest.fixture
-def control(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], str]]:
+def control(server: Callable[[Script], str]) -> Callable[[dict[str, Any]], str]:
     """``control(reply)``: a ROUTER that answers every request with ``reply`` and its id."""
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
 
     def start(reply: dict[str, Any]) -> str:
-        endpoint = f"ipc://{tmp_path}/control{len(threads)}.sock"
-        sock = zmq.Context.instance().socket(zmq.ROUTER)
-        sock.bind(endpoint)
+        def answer(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+            answered = {**reply, "id": msgpack.unpackb(frames[1])["id"]}
+            sock.send_multipart([frames[0], msgpack.packb(answered)])
 
-        def loop() -> None:
-            while not stop.is_set():
-                if sock.poll(50):
-                    frames = sock.recv_multipart()
-                    answer = {**reply, "id": msgpack.unpackb(frames[1])["id"]}
-                    sock.send_multipart([frames[0], msgpack.packb(answer)])
-            sock.close(linger=0)
+        return server(answer)
 
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        threads.append(thread)
-        return endpoint
-
-    yield start
-    stop.set()
-    for thread in threads:
-        thread.join(2)
+    return start
 
 
 @pytest.mark.parametrize(

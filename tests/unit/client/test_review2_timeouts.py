@@ -8,9 +8,8 @@ from __future__ import annotations
 import math
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import numpy as np
@@ -23,64 +22,17 @@ from inferd_client.shm import RegionChannel, ShmRequest
 from inferd_wire import protocol
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 from tests.conftest import HANG_S
+from tests.unit.client.scripted import Script, answer_ok
 
 #: Past 2**31 - 1 ms: a C int of milliseconds cannot hold it.
 DAYS_100 = 100 * 86400.0
 
 
-def ok_reply(request: dict[str, Any]) -> dict[str, Any]:
-    if request["op"] != "infer":
-        return {"v": 1, "id": request["id"], "ok": True, "result": {"done": True}}
-    return {
-        "v": 1,
-        "id": request["id"],
-        "ok": True,
-        "model": "m",
-        "runtime": "onnx_trt_ep",
-        "fallback": False,
-        "latency_us": 1,
-        "queue_us": 1,
-        "late": False,
-        "outputs": [],
-        "thermal": "unknown",
-    }
-
-
-@pytest.fixture
-def router(tmp_path: Path) -> Iterator[Callable[[str], str]]:
-    """``router(name)``: the endpoint of a ROUTER that answers every request ok."""
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
-
-    def start(name: str) -> str:
-        endpoint = f"ipc://{tmp_path}/{name}"
-        sock = zmq.Context.instance().socket(zmq.ROUTER)
-        sock.bind(endpoint)
-
-        def loop() -> None:
-            while not stop.is_set():
-                if sock.poll(50):
-                    frames = sock.recv_multipart()
-                    reply = ok_reply(msgpack.unpackb(frames[1]))
-                    sock.send_multipart([frames[0], msgpack.packb(reply)])
-            sock.close(linger=0)
-
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        threads.append(thread)
-        return endpoint
-
-    yield start
-    stop.set()
-    for thread in threads:
-        thread.join(2)
-
-
 @pytest.mark.parametrize("timeout", [math.inf, DAYS_100])
 def test_a_call_may_wait_without_end_or_longer_than_a_c_int_of_milliseconds(
-    router: Callable[[str], str], timeout: float
+    server: Callable[[Script], str], timeout: float
 ) -> None:
-    endpoint = router("infer.sock")
+    endpoint = server(answer_ok)
     with InferenceClient(endpoint, timeout=timeout) as client:
         assert client.infer("m", {"x": np.zeros(2, np.float32)}) == {}
     with InferenceClient(endpoint) as client:
@@ -89,8 +41,8 @@ def test_a_call_may_wait_without_end_or_longer_than_a_c_int_of_milliseconds(
         assert operator.call("status") == {"done": True}
 
 
-def test_a_nan_timeout_is_an_invalid_argument(router: Callable[[str], str]) -> None:
-    endpoint = router("infer.sock")
+def test_a_nan_timeout_is_an_invalid_argument(server: Callable[[Script], str]) -> None:
+    endpoint = server(answer_ok)
     with pytest.raises(InvalidArgument, match="NaN"):
         InferenceClient(endpoint, timeout=math.nan)
     with InferenceClient(endpoint) as client, pytest.raises(InvalidArgument, match="NaN"):
@@ -152,9 +104,9 @@ def test_a_subscriber_waits_any_timeout_and_refuses_nan(tmp_path: Path) -> None:
 
 
 def test_inferctl_takes_an_infinite_timeout(
-    router: Callable[[str], str], capsys: pytest.CaptureFixture[str]
+    server: Callable[[Script], str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    endpoint = router("control.sock")
+    endpoint = server(answer_ok)
     argv = ["--json", "--timeout", "inf", "--control-endpoint", endpoint, "switch", "m", "tensorrt"]
     assert main(argv) == 0
     assert '"done": true' in capsys.readouterr().out
