@@ -94,8 +94,8 @@ class Admission:
         return job
 
 
-@pytest.fixture
-def admission(tmp_path: Path) -> Iterator[Admission]:
+def serving_identity(tmp_path: Path) -> tuple[ModelSlot, Scheduler]:
+    """The identity model serving on ONNX Runtime's CPU provider, and its queue."""
     model = ModelConfig(name="identity", path=write_identity_model(tmp_path / "identity.onnx"))
     slot = ModelSlot(model)
     sinks = Sinks(
@@ -108,6 +108,12 @@ def admission(tmp_path: Path) -> Iterator[Admission]:
     assert slot.state == "serving", slot.last_error
     scheduler = Scheduler()
     scheduler.add_model("identity", 64, "fifo")
+    return slot, scheduler
+
+
+@pytest.fixture
+def admission(tmp_path: Path) -> Iterator[Admission]:
+    slot, scheduler = serving_identity(tmp_path)
     table = RegionTable(ShmConfig(socket=tmp_path / "shm.sock"))
     fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, 2 * NBYTES)

@@ -19,14 +19,13 @@ import zmq
 
 from inferd.bus.codec import Limits
 from inferd.bus.dispatch import Dispatcher
-from inferd.config import ModelConfig, RuntimeConfig, ShmConfig
-from inferd.demo_model import write_identity_model
+from inferd.config import ShmConfig
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Job, Scheduler
-from inferd.serving.slot import ModelSlot, Sinks
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
-from inferd.types import Peer, ThermalState
+from inferd.types import Peer
 from inferd_wire import protocol
+from tests.unit.serving.test_admission_plans import serving_identity
 
 LIMITS = Limits(max_message_bytes=1 << 28, max_header_bytes=1 << 16, max_frames=4)
 SHAPE = [1, 3, 224, 224]
@@ -57,18 +56,7 @@ class Frame:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Dispatcher, Scheduler, RegionTable, str]]:
-    model = ModelConfig(name="identity", path=write_identity_model(tmp_path / "identity.onnx"))
-    slot = ModelSlot(model)
-    sinks = Sinks(
-        alert=lambda _alert: None,
-        events=lambda _topic, _payload: None,
-        record=lambda _kind, _payload: None,
-        thermal=ThermalState.unavailable,
-    )
-    slot.activate(RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache"), sinks)
-    assert slot.state == "serving", slot.last_error
-    scheduler = Scheduler()
-    scheduler.add_model("identity", 64, "fifo")
+    slot, scheduler = serving_identity(tmp_path)
     table = RegionTable(ShmConfig(socket=tmp_path / "shm.sock"))
     fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, 2 * NBYTES)
