@@ -3,24 +3,13 @@ stops is not adopted (``FallbackRebuilder.stop``)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import structlog
 
 from inferd.serving.rebuild import FallbackRebuilder
 from inferd.types import Alert
-
-
-@dataclasses.dataclass(frozen=True)
-class Finished:
-    build_id: str
-    model: str = "demo"
-    state: str = "completed"
-    trusted: bool = True
-    note: str | None = None
-    requested_by: str = "inferd: engine missing"
-    error: str | None = None
+from tests.unit.serving.test_execution_failover import Finished
 
 
 def test_a_build_that_completes_once_the_daemon_stops_is_not_adopted() -> None:
