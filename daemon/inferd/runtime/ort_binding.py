@@ -101,7 +101,7 @@ class InPlaceRunner:
         if last is None or not _same_arrays(last.arrays, tensors):
             # (The arrays of the last binding passed these checks.)
             if len(outputs) != len(self._output_names) or not all(
-                array.size for _, array in tensors
+                _by_address(array) for _, array in tensors
             ):
                 return run_in_place(self._session, self._output_names, inputs, outputs)
             key = tuple(
@@ -135,14 +135,16 @@ def run_in_place(
         if target is None:
             results[name] = value.numpy()
             continue
-        if not target.size and tuple(value.shape()) != target.shape:
-            # An empty one has no address to bind: ONNX Runtime allocated it, so
-            # its shape is checked here, as ONNX Runtime checks a bound one's.
-            raise OutputShapeError(
-                f"output {name!r} comes out as {list(value.shape())}; the request placed it "
-                f"as {list(target.shape)}"
-            )
-        results[name] = target  # an empty one: nothing was written, nothing to write
+        if not _by_address(target):
+            # Not bound (empty, or not contiguous): ONNX Runtime allocated it, so its
+            # shape is checked here, as ONNX Runtime checks a bound one's, then copied.
+            if tuple(value.shape()) != target.shape:
+                raise OutputShapeError(
+                    f"output {name!r} comes out as {list(value.shape())}; the request "
+                    f"placed it as {list(target.shape)}"
+                )
+            np.copyto(target, value.numpy())
+        results[name] = target
     return results
 
 
@@ -154,17 +156,25 @@ def _bind(
 ) -> Any:
     binding = session.io_binding()
     for name, array in inputs.items():
-        if array.size:
+        if _by_address(array):
             binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-        else:  # no address to bind: nothing to copy either
+        else:  # empty (no address), or strided: a contiguous copy
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
     for name in output_names:
         target = outputs.get(name)
-        if target is not None and target.size:
+        if target is not None and _by_address(target):
             binding.bind_output(name, "cpu", 0, target.dtype, target.shape, target.ctypes.data)
         else:
             binding.bind_output(name, "cpu")
     return binding
+
+
+def _by_address(array: np.ndarray) -> bool:
+    """Whether ``array`` can be bound by its address: ONNX Runtime reads or writes
+    ``nbytes`` from it in C order, which only a non-empty, C-contiguous, aligned
+    array holds (a reversed view's bytes lie before its first element's)."""
+    flags = array.flags
+    return bool(array.size and flags.c_contiguous and flags.aligned)
 
 
 def is_output_shape_error(exc: BaseException) -> bool:

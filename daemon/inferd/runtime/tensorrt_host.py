@@ -65,8 +65,8 @@ class HostRegistrations:
     def device_address(self, array: np.ndarray, regions: Sequence[HostRegion]) -> int | None:
         """The device address of ``array`` when it lies in one of ``regions`` (which
         is registered on first use), else None.  Inside the runtime's CUDA section."""
-        if not regions or not array.size:
-            return None
+        if not regions or not array.size or not array.flags.c_contiguous:
+            return None  # a strided view's bytes are not the nbytes from its address
         start = int(array.ctypes.data)
         end = start + array.nbytes
         for region in regions:
