@@ -4,7 +4,8 @@ The secret key is refused unless it is a regular file of the daemon's own user
 that nobody else may read (``0600``), opened without following a symlink.  The
 client keys are the public certificates ``NAME.key`` in
 ``security.curve_clients_dir`` (a directory of the daemon's own that others
-cannot write): each allow-lists one client, named NAME in the FDR and the logs.
+cannot write), each a file of the daemon's own that others cannot write either:
+each allow-lists one client, named NAME in the FDR and the logs.
 Any problem stops the daemon at start, naming the file; nothing falls back to
 accepting everyone.
 """
@@ -63,6 +64,14 @@ def read_owned_file(path: Path, what: str, *, secret: bool) -> bytes:
             raise CurveKeyError(
                 f"{what} {path} has mode {mode:04o}: others may read the daemon's secret key; "
                 f"chmod 600 {path} (and replace the key: inferd keys init --force)"
+            )
+        # Whoever may write a key file may put their own key in it (an allow-listed
+        # client's, with its operator rights).
+        writable = [who for who, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit]
+        if writable:
+            raise CurveKeyError(
+                f"{what} {path} is writable by {' and '.join(writable)} (mode {mode:04o}): "
+                f"they could replace the key with their own; chmod go-w {path}"
             )
         data = handle.read(_MAX_CERT_BYTES + 1)
     if len(data) > _MAX_CERT_BYTES:
