@@ -147,9 +147,19 @@ class ZapHandler(threading.Thread):
         try:
             while not self._stop_requested.is_set():
                 if sock.poll(_POLL_MS, zmq.POLLIN):
-                    sock.send_multipart(self.answer(sock.recv_multipart()))
+                    sock.send_multipart(self._answer_or_refuse(sock.recv_multipart()))
         finally:
             sock.close(linger=0)
+
+    def _answer_or_refuse(self, request: list[bytes]) -> list[bytes]:
+        """``answer``, or a refusal when it raises (a bug): the thread must go on,
+        since without it no connection to any socket is admitted."""
+        try:
+            return self.answer(request)
+        except Exception:
+            log.exception("zap_answer_failed")
+            request_id = request[1] if len(request) > 1 else b""
+            return [_VERSION, request_id, b"500", b"internal error", b"", b""]
 
     def answer(self, request: list[bytes]) -> list[bytes]:
         """The ZAP reply to one request (RFC 27): 200 with the peer as User-Id, or 400."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
@@ -292,3 +293,43 @@ def test_a_handshake_over_max_connections_is_refused_and_a_new_one_gets_in_later
             sock.close(linger=0)
         handler.stop()
         handler.join(5)
+
+
+def test_a_request_the_handler_fails_on_is_refused_and_the_handler_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception in a decision (a bug) ended the ZAP thread: from then on no
+    connection to any of the daemon's sockets was admitted. It is refused (500),
+    logged, and the next request is decided as ever."""
+    context: zmq.Context[Any] = zmq.Context()
+    handler = ZapHandler(context, policy())
+    real = handler._policy.decide
+    calls: list[int] = []
+
+    def fails_once(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected by the test")
+        return real(*args)
+
+    monkeypatch.setattr(handler._policy, "decide", fails_once)
+    handler.start()
+    handler.wait_bound(5)
+    zap = context.socket(zmq.REQ)
+    zap.connect("inproc://zeromq.zap.01")
+    request = [b"1.0", b"7", b"control", ipc_address(unnamed_uid()).encode(), b"", b"NULL"]
+    try:
+        with structlog.testing.capture_logs() as logs:
+            zap.send_multipart(request)
+            assert zap.poll(int(HANG_S * 1000))
+            assert zap.recv_multipart()[:3] == [b"1.0", b"7", b"500"]
+        assert [line["event"] for line in logs] == ["zap_answer_failed"]
+        zap.send_multipart(request)
+        assert zap.poll(int(HANG_S * 1000))
+        assert zap.recv_multipart()[:3] == [b"1.0", b"7", b"200"]
+        assert handler.is_alive()
+    finally:
+        zap.close(linger=0)
+        handler.stop()
+        handler.join(5)
+        context.term()
