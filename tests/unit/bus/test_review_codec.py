@@ -6,8 +6,6 @@ the model's statistics count the refusal."""
 
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 from tests.unit.bus.test_codec_regions import descriptor, request
+from tests.unit.bus.test_shm_requests import sealed_memfd
 
 #: No element, and 3 x (2**31 - 1)**2 float32s: far past 2**63 bytes.
 TOO_WIDE = (0, 3, 2**31 - 1, 2**31 - 1)
@@ -91,9 +90,7 @@ def test_a_serving_models_dynamic_dimensions_do_not_let_one_through() -> None:
 @pytest.fixture
 def table() -> Iterator[tuple[RegionTable, Region]]:
     table = RegionTable(ShmConfig(socket=Path("/run/inferd/shm.sock")))
-    fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, mmap.PAGESIZE)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    fd = sealed_memfd()
     region = table.register(Connection(1, PeerCredentials(1, os.getuid(), 0)), fd, None)
     os.close(fd)
     yield table, region

@@ -18,6 +18,7 @@ import zmq
 
 from inferd_client import InferenceClient, InvalidArgument, SharedRegion
 from inferd_client.shm import placed_outputs
+from tests.unit.client.scripted import ok_reply
 
 
 class EchoRouter:
@@ -39,19 +40,7 @@ class EchoRouter:
                 request = msgpack.unpackb(header)
                 self.requests += 1
                 (described,) = request["inputs"]
-                reply = {
-                    "v": 1,
-                    "id": request["id"],
-                    "ok": True,
-                    "model": "m",
-                    "runtime": "onnx_trt_ep",
-                    "fallback": False,
-                    "latency_us": 1,
-                    "queue_us": 1,
-                    "late": False,
-                    "outputs": [{**described, "name": "y"}],
-                    "thermal": "unknown",
-                }
+                reply = ok_reply(request, outputs=[{**described, "name": "y"}])
                 self._sock.send_multipart([routing, msgpack.packb(reply), frame])
         self._sock.close(linger=0)
 

@@ -6,8 +6,6 @@ and the worker goes on."""
 
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
 import queue
 import time
@@ -24,15 +22,14 @@ from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd.types import EngineHandle, TensorSpec
 from tests.conftest import HANG_S
 from tests.unit.bus.test_codec_regions import descriptor, request
+from tests.unit.bus.test_shm_requests import sealed_memfd
 from tests.unit.serving.reply_queue import ReplyQueue
 from tests.unit.serving.test_busy_poll import serving_slot
 
 
 def test_a_late_validated_output_too_wide_to_view_is_refused_and_the_worker_goes_on() -> None:
     table = RegionTable(ShmConfig(socket=Path("/run/inferd/shm.sock")))
-    fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, mmap.PAGESIZE)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    fd = sealed_memfd()
     region = table.register(Connection(1, PeerCredentials(1, os.getuid(), 0)), fd, None)
     os.close(fd)
     slot = serving_slot(0.0)
