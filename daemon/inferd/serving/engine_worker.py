@@ -118,6 +118,10 @@ class EngineWorker(threading.Thread):
         self._served = False
         #: How long the last successful run took (``RequestPort.worker_listening``).
         self._last_run_ns = 0
+        #: The port was told the worker listens, and not since that it stopped: it
+        #: goes on listening across waits that end with no work (an idle beat, a
+        #: refusal), so the bus thread arms no cover between them.
+        self._listening = False
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
 
@@ -141,6 +145,7 @@ class EngineWorker(threading.Thread):
                 if job is None:
                     self._wait_for_work(wakes)
                     continue
+                self._stop_listening()
                 self._served = True
                 if not isinstance(job, Job):
                     self._call(job)
@@ -154,6 +159,7 @@ class EngineWorker(threading.Thread):
             log.critical("engine_worker_died", error=f"{type(exc).__name__}: {exc}", exc_info=True)
             self._on_died(exc, in_hand)
         finally:
+            self._stop_listening()  # the bus thread reads for the drain, or a restart
             self.activated.set()
             for slot in self._slots.values():
                 slot.release()
@@ -184,10 +190,13 @@ class EngineWorker(threading.Thread):
             self._waiting = (listen_fds, waiting, sources)
         _, waiting, sources = self._waiting
         if not listen_fds:
+            self._stop_listening()
             self._wait_on(waiting)
             return
         self._bind_model(None)  # the handler's log lines name no model of a past run
-        port.worker_listening(True)
+        if not self._listening:
+            port.worker_listening(True)
+            self._listening = True
         try:
             # The drain: after one that read a request (a source may have a
             # backlog), every source that is readable now, so that neither
@@ -213,8 +222,16 @@ class EngineWorker(threading.Thread):
                 self._served = True
                 if scheduler.wakes != wakes:
                     return
-        finally:
-            port.worker_listening(False, self._last_run_ns)
+        except BaseException:
+            self._stop_listening()
+            raise
+
+    def _stop_listening(self) -> None:
+        """Tell the port the worker no longer waits on it (before a run or a call
+        on this thread, and when the thread ends): the bus thread covers."""
+        if self._listening:
+            self._listening = False
+            self._port.worker_listening(False, self._last_run_ns)
 
     def _poll_busily(self, sources: select.poll, wakes: int) -> list[int]:
         """Poll the port's sources without sleeping for up to ``busy_poll_ns``, if

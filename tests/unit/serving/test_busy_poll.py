@@ -43,6 +43,7 @@ class EventfdPort:
         #: The ``last_run_ns`` of each ``worker_listening(False, ...)``.
         self.run_hints: queue.Queue[int] = queue.Queue()
         self.replies: queue.Queue[list[Any]] = queue.Queue()
+        self.listening = False
 
     def close(self) -> None:
         os.close(self.source)
@@ -51,6 +52,9 @@ class EventfdPort:
         os.eventfd_write(self.source, 1)
 
     def worker_listening(self, listening: bool, last_run_ns: int = 0) -> None:
+        # The bus arms its cover timer at each False and disarms it at each True.
+        assert listening != self.listening, f"told listening={listening} twice"
+        self.listening = listening
         if not listening:
             self.run_hints.put(last_run_ns)
 
@@ -213,11 +217,40 @@ def test_the_worker_tells_the_port_how_long_its_last_run_took() -> None:
             port.drains.get(timeout=HANG_S)
             port.arrive()
             port.replies.get(timeout=HANG_S)
-        # Each time it stopped listening (an idle beat's too): 0 until a run
-        # had finished, then that run's time.
+        # Each time it stopped listening, to run: 0 until a run had finished,
+        # then that run's time.
         hints = [port.run_hints.get(timeout=HANG_S)]
         while not port.run_hints.empty():
             hints.append(port.run_hints.get())
         assert hints[0] == 0
         after_runs = [hint for hint in hints if hint]
         assert after_runs and all(run_s * 1e9 <= hint < HANG_S * 1e9 for hint in after_runs)
+
+
+def test_a_wait_that_ends_with_no_work_leaves_the_worker_listening() -> None:
+    """A refusal (a request that queues no job) and an idle beat end a wait without
+    work: the worker listens on, so the bus thread arms no cover in between (a
+    cover that fired while the worker was descheduled there read the next
+    request on the bus thread).  It stops listening to run, and when it ends."""
+    with running_worker(busy_poll_ns=0, slots={"m": serving_slot(0.0)}) as (_, port, scheduler):
+        port.drains.get(timeout=HANG_S)
+        port.arrive()  # refused: no job
+        assert port.served.wait(HANG_S)
+        port.served.clear()
+        port.drains.get(timeout=HANG_S)  # it waits again
+        port.drains.get(timeout=HANG_S)  # and again, after an idle beat
+        assert port.listening and port.run_hints.empty()
+
+        def queue_a_job() -> None:
+            job = Job(
+                [b"client"], 1, "m", {"x": np.zeros(1, np.float32)}, time.monotonic_ns(), None
+            )
+            scheduler.submit(job)
+
+        port.on_request = queue_a_job
+        port.arrive()
+        port.replies.get(timeout=HANG_S)
+        assert port.run_hints.get(timeout=HANG_S) == 0  # stopped listening to run
+        port.drains.get(timeout=HANG_S)
+        assert port.listening
+    assert not port.listening  # the thread ended: the bus thread reads
