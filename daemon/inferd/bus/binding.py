@@ -121,9 +121,14 @@ class BindOutcome:
     def bound(self) -> None:
         self._settled.set()
 
-    def failed(self, error: BaseException) -> None:
+    def failed(self, error: BaseException) -> bool:
+        """The thread cannot serve: its start fails with ``error``; False once it
+        was bound (the start has succeeded, the error is the thread's own)."""
+        if self._settled.is_set():
+            return False
         self._error = error
         self._settled.set()
+        return True
 
     def wait(self, timeout: float) -> None:
         """Return once bound; raise the bind failure, or ``TimeoutError``."""

@@ -6,11 +6,10 @@ at a time (DESIGN.md 101): it sends its replies itself (``send_reply``) and,
 while it has nothing to run, waits on the socket and reads the next request
 itself (``serve_one``), so an idle daemon's round trip has the thread wake-ups
 of a bare echo.  This thread looks at the socket every ``COVER_AFTER_NS`` of a
-run (a timer the worker arms, so shorter runs wake nobody) and waits on it once
-a run has lasted ``COVER_TICKS`` of those; it waits on it from the start of a run
-that follows one as long as the cover delay (DESIGN.md 111), while the worker
-loads models, and after it has stopped.  Its wait on the sources is switched on
-and off in an epoll set of its own (``_cover_set``), which wakes nobody.
+run (a timer the worker arms: shorter runs wake nobody), waits on it once a run
+has lasted ``COVER_TICKS`` of those, from the start of a run after one as long as
+the cover delay (DESIGN.md 111), while the worker loads models and after it has
+stopped: a switch in an epoll set of its own (``_cover_set``) that wakes nobody.
 
 ZeroMQ sockets are not thread-safe but may move between threads across a full
 memory barrier: every use of the infer socket, its intake and the reply budget
@@ -84,11 +83,7 @@ class BusServer(threading.Thread):
         self._security = security
         self._context = context
         self._config = config
-        self._limits = Limits(
-            max_message_bytes=config.max_message_bytes,
-            max_header_bytes=config.max_header_bytes,
-            max_frames=config.max_frames,
-        )
+        self._limits = Limits(config.max_message_bytes, config.max_header_bytes, config.max_frames)
         self._handler = handler
         self._linger_ms = linger_ms
         self._endpoints = {"infer": config.infer_endpoint, "control": config.control_endpoint}
@@ -246,15 +241,18 @@ class BusServer(threading.Thread):
         except BaseException as exc:
             self._bind_outcome.failed(exc)
             return
-        self._infer = infer
-        self._infer_intake = Intake(infer, self._limits)
-        self._infer_fd = cast(int, infer.get(zmq.FD))
-        self._requests.register(self._infer_fd, select.EPOLLIN)
-        if self._shm is not None:
-            self._requests.register(self._shm.fd, select.EPOLLIN)
-        self._bind_outcome.bound()
         try:
+            self._infer = infer
+            self._infer_intake = Intake(infer, self._limits)
+            self._infer_fd = cast(int, infer.get(zmq.FD))
+            self._requests.register(self._infer_fd, select.EPOLLIN)
+            if self._shm is not None:
+                self._requests.register(self._shm.fd, select.EPOLLIN)
+            self._bind_outcome.bound()
             self._loop(infer, control)
+        except BaseException as exc:
+            if not self._bind_outcome.failed(exc):  # else the start fails with it
+                raise
         finally:
             with self._wire_lock:
                 self._closed = True

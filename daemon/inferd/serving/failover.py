@@ -126,7 +126,17 @@ class ExecutionFailover:
         )
         slot.state = "loading"  # requests wait, as while loading (serving/requests.py)
         self._scheduler.pause(slot.name)
-        if not self._preparers.start(thread, handover):  # shutting down: no failover
+        try:
+            started = self._preparers.start(thread, handover)  # False: shutting down
+        except RuntimeError as exc:  # the process's thread limit: serve on, as it was
+            started = False
+            log.warning(
+                "execution_failover_deferred",
+                model=slot.name,
+                failures=slot.execution_failures,
+                reason=f"its thread could not start ({exc}); the next failure tries again",
+            )
+        if not started:
             slot.state = "serving"
             self._scheduler.resume(slot.name)
             self._switcher.unclaim(slot.name)

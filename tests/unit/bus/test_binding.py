@@ -3,18 +3,23 @@ buffer the kernel caps is logged once."""
 
 from __future__ import annotations
 
+import errno
+import select
 import threading
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import structlog
 import zmq
 
 from inferd.bus.binding import BindOutcome, size_new_connections
+from inferd.bus.handler import RequestHandler
 from inferd.bus.publisher import EventPublisher
+from inferd.bus.server import BusServer
+from inferd.config import BusConfig
 from inferd_wire.endpoints import MAX_SEND_BUFFER_BYTES
 from inferd_wire.send_buffer import SendBuffer
-from tests.conftest import net_core
+from tests.conftest import HANG_S, net_core
 
 
 def test_the_bind_error_itself_is_raised_in_the_waiting_thread() -> None:
@@ -82,3 +87,37 @@ def test_a_send_buffer_the_kernel_caps_is_logged_once(tmp_path: Any) -> None:
     finally:
         send_buffer.close()
         context.destroy(linger=0)
+
+
+class _RefusingEpoll:
+    """An epoll set whose ``register`` fails as the kernel's may (``ENOMEM``)."""
+
+    def register(self, fd: int, eventmask: int = 0) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+
+def test_a_bus_that_bound_but_cannot_wait_on_its_sockets_fails_its_start(tmp_path: Any) -> None:
+    """What follows the bind (the request sources' epoll set) failing is the start's
+    failure, raised to the waiting thread, with both sockets closed: the context
+    terminates (it hung with a socket open), and the endpoints bind again."""
+    config = BusConfig(
+        infer_endpoint=f"ipc://{tmp_path}/infer.sock",
+        control_endpoint=f"ipc://{tmp_path}/control.sock",
+        events_endpoint=f"ipc://{tmp_path}/events.sock",
+    )
+    context: zmq.Context[Any] = zmq.Context()
+    bus = BusServer(context, config, handler=cast(RequestHandler, None), linger_ms=0)
+    bus._requests = cast(select.epoll, _RefusingEpoll())
+    bus.start()
+    with pytest.raises(OSError) as raised:
+        bus.wait_bound(timeout=HANG_S)
+    assert raised.value.errno == errno.ENOMEM
+    bus.join(HANG_S)
+    assert not bus.is_alive()
+    terminating = threading.Thread(target=context.term, daemon=True)
+    terminating.start()
+    terminating.join(HANG_S)
+    assert not terminating.is_alive(), "a socket of the failed bus was left open"
+    with zmq.Context() as again, again.socket(zmq.ROUTER) as router:
+        router.bind(config.infer_endpoint)
+        router.close(linger=0)

@@ -12,6 +12,7 @@ import dataclasses
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -498,6 +499,33 @@ def test_after_stop_a_failure_starts_no_failover(rig_factory: Any) -> None:
     assert error(rig.run()) == "INTERNAL"
     assert rig.slot.state == "serving" and rig.switcher.claim("demo")
     assert rig.scheduler.take(timeout=0) is None
+
+
+class _UnstartableThread(threading.Thread):
+    """A thread the process cannot start (at its thread limit, as CPython says)."""
+
+    def start(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_failover_whose_thread_cannot_start_serves_on_and_tries_again_next_failure(
+    rig_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig: Rig = rig_factory([STICKY, STICKY])
+    monkeypatch.setattr(
+        failover_module, "threading", types.SimpleNamespace(Thread=_UnstartableThread)
+    )
+    with structlog.testing.capture_logs() as logs:
+        assert error(rig.run()) == "INTERNAL"  # the worker lives on to answer it
+    assert rig.started == [] and rig.slot.state == "serving"
+    deferred = [entry for entry in logs if entry["event"] == "execution_failover_deferred"]
+    assert len(deferred) == 1 and "can't start new thread" in deferred[0]["reason"]
+    queued = Job([b"c", b""], 1, "demo", None, time.monotonic_ns(), None)
+    rig.scheduler.submit(queued)
+    assert rig.scheduler.take(timeout=0) is queued  # not held
+    monkeypatch.setattr(failover_module, "threading", threading)
+    rig.run()
+    assert rig.started == [str(STICKY)]  # the claim was let go
 
 
 # -- the rebuild that follows ----------------------------------------------------------------
