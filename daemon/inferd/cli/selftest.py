@@ -56,6 +56,18 @@ def _usage_problem(work_dir: Path | None, device: int) -> str | None:
     return _socket_problem(work_dir)
 
 
+def _made(work_dir: Path | None) -> str | None:
+    """Why ``work_dir`` cannot be made (a parent is a file, no permission), or None
+    once it exists."""
+    if work_dir is None:
+        return None
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--work-dir {work_dir} cannot be made: {exc.strerror or exc}"
+    return None
+
+
 def _socket_problem(work_dir: Path) -> str | None:
     """Why the daemon checks could not bind their sockets under ``work_dir``
     (a Unix socket's path has a bounded length), or None."""
@@ -89,7 +101,7 @@ def run(
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    problem = _usage_problem(work_dir, device)
+    problem = _usage_problem(work_dir, device) or _made(work_dir)
     if problem is not None:
         err.write(f"inferd selftest: {problem}\n")
         return EXIT_USAGE

@@ -175,7 +175,10 @@ class MetricsExporter:
     def _render(self, accept: str) -> tuple[bytes, str]:
         from prometheus_client.exposition import choose_encoder
 
-        encoder, content_type = choose_encoder(accept)
+        try:
+            encoder, content_type = choose_encoder(accept)
+        except Exception:  # a version it cannot parse: the format of no preference
+            encoder, content_type = choose_encoder("")
         assert self._registry is not None
         try:
             return encoder(self._registry), content_type

@@ -269,8 +269,13 @@ def _fdr(fdr: Mapping[str, Any]) -> Iterator[Metric]:
 
 def _alerts(alerts: Mapping[str, Any]) -> Iterator[Metric]:
     yield _counter("inferd_alerts_raised", "Alerts raised.", alerts["raised"])
-    yield _counter(
-        "inferd_alerts_suppressed", "Alerts held back by the rate limit.", alerts["suppressed"]
+    yield _counter("inferd_alerts_sent", "Alerts delivered to the hooks.", alerts["sent"])
+    # Not a counter: a held-back repeat the rate limit sends later leaves it for ``sent``.
+    yield _gauge(
+        "inferd_alerts_suppressed",
+        "Alerts raised and not delivered on their own: held back by the rate limit now, "
+        "or counted in a delivered repeat's suppressed field.",
+        alerts["suppressed"],
     )
 
 

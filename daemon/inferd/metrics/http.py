@@ -35,8 +35,13 @@ METRICS_PATH = "/metrics"
 #: ``render(accept_header) -> (body, content_type)``.
 Render = Callable[[str], tuple[bytes, str]]
 #: ``count(outcome)``: ``scrape``, ``not_found``, ``bad_method``, ``too_large``,
-#: ``timeout``, ``error``.
+#: ``bad_request``, ``timeout``, ``error``.
 Count = Callable[[str], None]
+#: The outcome of each error ``BaseHTTPRequestHandler`` answers itself while parsing
+#: a request (501: a method other than GET; 431: over 100 headers); any other
+#: (400: a malformed request line or header, 505: an HTTP version it does not speak)
+#: is ``bad_request``.
+_PARSE_ERRORS = {501: "bad_method", 431: "too_large"}
 
 
 class _TooLarge(Exception):
@@ -105,8 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, body, content_type)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        if code == 501:  # a method other than GET
-            self.server.count("bad_method")
+        self.server.count(_PARSE_ERRORS.get(code, "bad_request"))
         super().send_error(code, message, explain)
 
     def _reply(self, code: int, body: bytes, content_type: str) -> None:

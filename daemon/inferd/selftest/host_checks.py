@@ -117,6 +117,18 @@ def thermal_nvml(context: SelftestContext, sc: Scenario) -> str:
         temp is not None and low <= temp <= high,
         temp,
     )
+    # None: the driver answered neither reasons function, so the daemon can tell a
+    # thermal slowdown only from the temperature threshold.
+    sc.check(
+        "NVML reads the clock event reasons (thermal slowdown bits)",
+        reading.throttle is not None,
+        reading.throttle_reason,
+    )
+    sc.check(
+        "NVML reads the SM clock",
+        reading.clock_mhz is not None and reading.clock_mhz > 0,
+        reading.clock_mhz,
+    )
     throttle = "unknown" if reading.throttle is None else str(reading.throttle).lower()
     return f"GPU {temp} C, thermal throttle {throttle}, SM clock {reading.clock_mhz} MHz"
 

@@ -18,12 +18,18 @@ MakeInputs = Callable[[np.random.Generator], dict[str, np.ndarray]]
 CheckOutputs = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], bool]
 #: Bounds one request of the load (an engine load on a Jetson takes seconds).
 REQUEST_TIMEOUT_S = 30.0
+#: Failure messages kept (the first ones); every failure is counted in ``failed``.
+#: A model that refuses every request at once fails thousands a second per client.
+FAILURES_KEPT = 100
 
 
 @dataclass
 class Load:
     served: Counter[str] = field(default_factory=Counter)  # by the runtime that answered
+    #: The first ``FAILURES_KEPT`` failures' messages.
     failures: list[str] = field(default_factory=list)
+    #: Every failure (a refused request, a wrong output).
+    failed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def answered(self) -> int:
@@ -36,7 +42,9 @@ class Load:
 
     def _failed(self, what: str) -> None:
         with self._lock:
-            self.failures.append(what)
+            self.failed += 1
+            if len(self.failures) < FAILURES_KEPT:
+                self.failures.append(what)
 
 
 @contextmanager

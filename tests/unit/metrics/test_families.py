@@ -53,7 +53,7 @@ def status(**overrides: Any) -> dict[str, Any]:
             "queue_depth": 0,
             "segments_deleted": 0,
         },
-        "alerts": {"raised": 5, "suppressed": 2},
+        "alerts": {"raised": 5, "sent": 3, "suppressed": 2},
         "thermal": {
             "source": "nvml",
             "available": True,
