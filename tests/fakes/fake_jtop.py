@@ -19,7 +19,15 @@ running flag and re-raises the reader thread's error), ``close()``,
 - ``gpu``: ``{name: {"type", "status": {...}, "freq": {"governor", "cur",
   "max", "min", "GPC"}}}`` with frequencies in kHz;
 - ``power``: ``{"rail": {name: {...}}, "tot": {"power": mW, "avg": mW, ...}}``
-  (a module without a power monitor: ``FakeJtop.power`` is ``{}``).
+  (a module without a power monitor: ``FakeJtop.power`` is ``{}``);
+- ``uptime``: ``timedelta(seconds=stats["uptime"])``, ``/proc/uptime`` when the
+  *service* last read its sensors (``jtop_decode``).  The real client never
+  says its data is old: when the service's stats stop coming, ``_get_data``
+  waits ``interval * 3`` for the sync event, then decodes the same
+  ``sync_data`` again and ``ok(spin=True)`` stays True (4.2.12 and 7.2.0
+  alike).  ``FakeJtop.uptime_s`` None is a service that keeps reading (the
+  host's ``CLOCK_BOOTTIME``, what ``/proc/uptime`` shows); a number is a
+  service whose stats stopped there.
 
 Any other attribute raises ``AttributeError``.  The test drives it through
 the ``FakeJtop`` state object, which is not part of the module.
@@ -27,8 +35,10 @@ the ``FakeJtop`` state object, which is not part of the module.
 
 from __future__ import annotations
 
+import time
 import types
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 TEMPERATURE_OFFLINE = -256
@@ -95,6 +105,8 @@ class FakeJtop:
     power: dict[str, Any] = field(default_factory=lambda: total_power(7_500))
     #: Raised from ``ok()`` (the real client stores the reader thread's error).
     reader_error: Exception | None = None
+    #: The service's ``uptime`` stamp; None: it keeps updating (``CLOCK_BOOTTIME``).
+    uptime_s: float | None = None
     clients: list[Client] = field(default_factory=list)
 
 
@@ -160,6 +172,14 @@ def make_module(state: FakeJtop) -> types.ModuleType:
         def power(self) -> dict[str, Any]:
             _started(self._fake)
             return state.power
+
+        @property
+        def uptime(self) -> timedelta:
+            _started(self._fake)
+            stamp = state.uptime_s
+            if stamp is None:
+                stamp = time.clock_gettime(time.CLOCK_BOOTTIME)
+            return timedelta(seconds=stamp)
 
         def __enter__(self) -> jtop:
             self.start()

@@ -33,6 +33,7 @@ from inferd.alerts.hooks import SUPPRESSED_FIELD
 from inferd.alerts.interface import AlertHookUnavailableError
 from inferd.alerts.levels import mav_severity
 from inferd.alerts.tcp_link import TcpLink
+from inferd.alerts.udp_link import UdpOut, UdpPeers
 from inferd.types import AlertLevel
 
 log = structlog.get_logger("inferd.alerts.mavlink")
@@ -44,8 +45,6 @@ DEFAULT_MAX_CHUNKS = 4
 #: ``chunk_seq`` is a uint8.
 MAX_CHUNKS_LIMIT = 256
 _ELLIPSIS = "..."
-#: Datagrams read per alert to learn ground stations on a ``udpin:`` link.
-_MAX_PEER_READS = 64
 _TCP_PREFIX = "tcp:"
 
 
@@ -100,9 +99,12 @@ class MavlinkAlertHook:
     """Sends each alert as STATUSTEXT with the level's ``MAV_SEVERITY``.
 
     ``endpoint`` is a pymavlink connection string; ``udpout:host:port`` is the
-    usual one (the ground station or a MAVLink router listens there).  On a
-    ``udpin:`` endpoint pymavlink answers only peers it has heard from, so the
-    hook reads pending datagrams before each send to learn them.  A ``tcp:``
+    usual one (the ground station or a MAVLink router listens there; a host
+    name is resolved on a thread of its own, ``UdpOut``, and a send the kernel
+    refuses raises).  On a
+    ``udpin:`` (``udp:``) endpoint the hook answers the peers it heard from last
+    (``UdpPeers``), reading pending datagrams before each send to learn them; an
+    alert with nobody to answer fails.  A ``tcp:``
     endpoint is a ``TcpLink``: connected in the background (the daemon never
     waits for its ground station) and every frame it cannot send raises, so
     the dispatcher counts the alert as a failure rather than as sent.
@@ -158,10 +160,26 @@ class MavlinkAlertHook:
         self.mavlink2 = mavlink2
         self.max_chunks = max_chunks if mavlink2 else 1
         self._connection = connection
+        #: Whom a ``udpin:`` endpoint answers; None for the other endpoints.
+        self._peers: UdpPeers | None = None
+        #: Where a ``udpout:`` endpoint sends; None for the other endpoints.
+        self._out: UdpOut | None = None
+        file: Any = connection
+        if getattr(connection, "udp_server", False):
+            file = self._peers = UdpPeers(connection.port, endpoint)
+        elif isinstance(getattr(connection, "destination_addr", None), tuple) and not getattr(
+            connection, "broadcast", False
+        ):
+            host, port = connection.destination_addr
+            try:
+                file = self._out = UdpOut(connection.port, host, port, endpoint)
+            except Exception as exc:  # the resolving thread cannot start
+                connection.close()
+                raise AlertHookUnavailableError(self.name, f"{endpoint!r}: {exc}") from None
         # Our own encoder, so the wire version is what was asked for and not
         # what pymavlink's process-wide dialect (``MAVLINK20``) happens to be.
         self._mav: Any = dialect.MAVLink(
-            connection, srcSystem=source_system, srcComponent=source_component
+            file, srcSystem=source_system, srcComponent=source_component
         )
         self._lock = threading.Lock()
         self._closed = False
@@ -179,7 +197,8 @@ class MavlinkAlertHook:
             if self._closed:
                 log.debug("mavlink_alert_after_close", alert_code=code)
                 return
-            self._learn_peers()
+            if self._peers is not None:
+                self._peers.learn()
             if len(chunks) == 1:
                 self._mav.statustext_send(severity, chunks[0])
                 return
@@ -192,6 +211,8 @@ class MavlinkAlertHook:
             if self._closed:
                 return
             self._closed = True
+            if self._out is not None:
+                self._out.close()
             self._connection.close()
 
     def _next_id(self) -> int:
@@ -203,13 +224,6 @@ class MavlinkAlertHook:
     def connected(self) -> bool:
         """Whether a ``tcp:`` link is up; a datagram endpoint has no connection."""
         return bool(getattr(self._connection, "connected", True))
-
-    def _learn_peers(self) -> None:
-        if not getattr(self._connection, "udp_server", False):
-            return
-        for _ in range(_MAX_PEER_READS):
-            if not self._connection.recv():
-                return
 
 
 def _tcp_link(endpoint: str) -> TcpLink:

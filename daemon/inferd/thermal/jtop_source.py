@@ -9,12 +9,21 @@ GPU load comes from ``gpu[name].status.load`` (percent) and power from
 ``power.tot.power`` (mW, the module's total input); jtop reports no separate
 GPU memory (a Jetson's GPU shares the system RAM), so that stays absent.
 ``jtop`` is imported inside ``open_jtop`` only.
+
+The client never says its data is old: when the service's stats stop coming
+(the service stuck in a sensor read), it decodes the last ones again every
+``interval * 3`` and ``ok(spin=True)`` stays True.  Each of the service's stats
+carries ``/proc/uptime`` as the service read it (``uptime``), the host's
+``CLOCK_BOOTTIME``: data older than ``max(4 service intervals, 3 s)`` makes the
+read unavailable (DESIGN.md 168).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -27,6 +36,11 @@ from inferd.thermal.sysfs_source import OFFLINE_BELOW_C, passive_trip_c
 #: jtop's update interval is shared by every client of the service; never ask
 #: it for more than this.
 _MIN_INTERVAL_S = 0.5
+#: The service's data is stale once older than this many of its intervals
+#: (the client re-serves old data after 3), or ...
+_STALE_INTERVALS = 4
+#: ... this long, whichever is longer (a loaded service runs late).
+_MIN_STALE_S = 3.0
 
 log = structlog.get_logger("inferd.thermal")
 
@@ -73,12 +87,17 @@ class JtopSource:
         cpu_names: tuple[str, ...],
         gpu_names: tuple[str, ...],
         trip_point_c: float | None,
+        stale_after_s: float = _MIN_STALE_S,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._jetson = jetson
         self._closed = False
         self.cpu_names = cpu_names
         self.gpu_names = gpu_names
         self.trip_point_c = trip_point_c
+        self.stale_after_s = stale_after_s
+        #: The host's uptime now (what ``/proc/uptime`` says); None: not Linux.
+        self._clock = clock if clock is not None else _boot_clock()
 
     def read(self) -> ThermalReading:
         try:
@@ -92,6 +111,7 @@ class JtopSource:
             raise TelemetryUnavailableError("jtop: the client is no longer running")
         if not isinstance(sensors, Mapping):
             raise TelemetryUnavailableError(f"jtop: temperature is a {type(sensors).__name__}")
+        self._check_fresh()
         cpu = _temperature(sensors, self.cpu_names)
         gpu = _temperature(sensors, self.gpu_names)
         if cpu is None and gpu is None:
@@ -106,6 +126,24 @@ class JtopSource:
             trip_point_c=self.trip_point_c,
             gpu=GpuUsage(utilization_pct=self._gpu_load_pct(), power_w=self._total_power_w()),
         )
+
+    def _check_fresh(self) -> None:
+        """Raises when the service's data is older than ``stale_after_s``; a jtop
+        without an ``uptime`` stamp is taken as it comes."""
+        if self._clock is None:
+            return
+        try:
+            uptime = self._jetson.uptime
+        except Exception:
+            return
+        if not isinstance(uptime, timedelta):
+            return
+        age_s = self._clock() - uptime.total_seconds()
+        if age_s > self.stale_after_s:
+            raise TelemetryUnavailableError(
+                f"jtop: the service's data is {age_s:.1f} s old "
+                f"(stale after {self.stale_after_s:g} s: the service stopped reading)"
+            )
 
     def _gpu_load_pct(self) -> float | None:
         try:
@@ -146,7 +184,7 @@ class JtopSource:
             log.warning("thermal_jtop_close_failed", error=str(exc))
 
 
-def open_jtop(config: ThermalConfig) -> JtopSource:
+def open_jtop(config: ThermalConfig, *, clock: Callable[[], float] | None = None) -> JtopSource:
     try:
         from jtop import JtopException, jtop
     except Exception as exc:  # ImportError, or a broken install raising anything
@@ -161,12 +199,24 @@ def open_jtop(config: ThermalConfig) -> JtopSource:
         _close_quietly(jetson)
         raise TelemetryUnavailableError(f"jtop: start failed: {type(exc).__name__}: {exc}") from exc
     trip = passive_trip_c(config) if config.throttle_enter_c is None else None
+    interval = max(_MIN_INTERVAL_S, 1.0 / config.poll_hz)
+    with contextlib.suppress(Exception):  # the service's, which another client may have set
+        interval = max(interval, float(jetson.interval))
     return JtopSource(
         jetson,
         cpu_names=_sensor_names(config.cpu_zones),
         gpu_names=_sensor_names(config.gpu_zones),
         trip_point_c=trip,
+        stale_after_s=max(_STALE_INTERVALS * interval, _MIN_STALE_S),
+        clock=clock,
     )
+
+
+def _boot_clock() -> Callable[[], float] | None:
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return None
+    return lambda: time.clock_gettime(clock_id)
 
 
 def _close_quietly(jetson: Any) -> None:

@@ -22,6 +22,10 @@ _TRIP_TYPE_RE = re.compile(r"^trip_point_(\d+)_type$")
 #: Readings below this are a sensor reporting itself offline (jtop and some
 #: Tegra drivers report -256 C), not a temperature.
 OFFLINE_BELOW_C = -100.0
+#: A passive trip point at or below this is one nobody set: ``x86_pkg_temp``
+#: reports its unset trip points as 0 on kernels before ``THERMAL_TEMP_INVALID``
+#: ("Setting 0, stops sending thermal notifications"); no board throttles there.
+UNSET_TRIP_AT_OR_BELOW_C = 0.0
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ def scan_zones(root: Path) -> dict[str, Path]:
 
 
 def lowest_passive_trip_c(zone: Path) -> float | None:
-    """The lowest ``passive`` trip point of a zone, or ``None``; garbage is ignored."""
+    """The lowest ``passive`` trip point of a zone, or ``None``; garbage and unset
+    trip points (at or below 0 C) are ignored."""
     trips: list[float] = []
     try:
         entries = list(zone.iterdir())
@@ -78,9 +83,11 @@ def lowest_passive_trip_c(zone: Path) -> float | None:
         try:
             if _read_text(entry) != "passive":
                 continue
-            trips.append(read_millidegrees(zone / f"trip_point_{match.group(1)}_temp"))
+            trip_c = read_millidegrees(zone / f"trip_point_{match.group(1)}_temp")
         except (OSError, UnicodeDecodeError, ValueError):
             continue
+        if trip_c > UNSET_TRIP_AT_OR_BELOW_C:
+            trips.append(trip_c)
     return min(trips) if trips else None
 
 

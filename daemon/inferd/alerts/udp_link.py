@@ -1,0 +1,127 @@
+"""Where a ``udp*:`` MAVLink hook sends, decided here rather than by pymavlink.
+
+``udpout:host:port``: pymavlink's ``mavudp.write`` resolves a host name with
+``socket.gethostbyname`` in the first send, on the thread that raised the alert,
+swallows the failure, and then hands the name to ``sendto``, which resolves it
+again in every send: with no route to a DNS server (the ground link down) each
+alert waited out the resolver and counted as sent.  ``UdpOut`` resolves the name
+once on a thread of its own (``inferd-mavlink-resolve``, again every 5 s until
+it resolves) and raises until then; a send the kernel refuses raises too.
+
+``udpin:`` / ``udp:``: on such an endpoint pymavlink's ``mavudp`` answers every
+address it ever heard a datagram from (``clients``, never forgotten with
+``udp_timeout`` 0): each ground-station restart on a new port, and anyone who
+can reach the port, adds one for good, and every alert is sent to all of them on
+the thread that raised it.  Before it heard anyone it sends to nobody and says
+nothing, so the dispatcher counted those alerts sent.  ``UdpPeers`` is the
+hook's encoder file instead: it remembers the ``MAX_UDP_PEERS`` addresses heard
+from last and raises ``ConnectionError`` when it has nobody to send to
+(DESIGN.md 168).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+
+RESOLVE_THREAD_NAME = "inferd-mavlink-resolve"
+#: Pause between tries while the ground station's name does not resolve.
+RETRY_INTERVAL_S = 5.0
+#: Ground stations answered at once (a GCS, a MAVLink router, a spare).
+MAX_UDP_PEERS = 8
+#: Datagrams read per alert to learn ground stations (heartbeats, 1 Hz each).
+MAX_PEER_READS = 64
+_READ_SIZE = 2048
+
+
+class UdpPeers:
+    """``write`` (the encoder's, once per frame) sends to the newest peers heard
+    on ``sock``; ``learn`` reads what they sent.  Not thread-safe: the hook's
+    lock serialises both.  ``sock`` stays pymavlink's, closed with it."""
+
+    def __init__(self, sock: socket.socket, endpoint: str) -> None:
+        self._sock = sock
+        self._endpoint = endpoint
+        #: Insertion order is the order heard: the newest last.
+        self._peers: dict[tuple[str, int], None] = {}
+
+    @property
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        return tuple(self._peers)
+
+    def learn(self) -> None:
+        for _ in range(MAX_PEER_READS):
+            try:
+                _data, address = self._sock.recvfrom(_READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # an ICMP error left by an earlier send: read on
+                continue
+            self._peers.pop(address, None)
+            self._peers[address] = None
+            while len(self._peers) > MAX_UDP_PEERS:
+                del self._peers[next(iter(self._peers))]
+
+    def write(self, data: bytes) -> None:
+        if not self._peers:
+            raise ConnectionError(
+                f"no ground station has sent anything to {self._endpoint} yet: nobody to answer"
+            )
+        error: OSError | None = None
+        sent = False
+        for address in self._peers:
+            try:
+                self._sock.sendto(data, address)
+                sent = True
+            except OSError as exc:
+                error = exc
+        if not sent and error is not None:
+            raise error
+
+
+class UdpOut:
+    """``write`` sends to ``host:port`` on ``sock`` (pymavlink's, closed with it),
+    or raises ``OSError``: while the host name is not resolved yet, or when the
+    kernel refuses the datagram.  Never resolves a name on the caller's thread."""
+
+    def __init__(self, sock: socket.socket, host: str, port: int, endpoint: str) -> None:
+        self._sock = sock
+        self._host = host
+        self._port = port
+        self._endpoint = endpoint
+        self._closed = threading.Event()
+        self._last_error = "not tried yet"
+        self._address: tuple[str, int] | None = None
+        self._resolver: threading.Thread | None = None
+        try:
+            self._address = (str(ipaddress.IPv4Address(host)), port)
+        except ValueError:  # a name: pymavlink's socket is IPv4
+            self._resolver = threading.Thread(
+                target=self._resolve, name=RESOLVE_THREAD_NAME, daemon=True
+            )
+            self._resolver.start()
+
+    def write(self, data: bytes) -> None:
+        address = self._address
+        if address is None:
+            raise ConnectionError(
+                f"{self._endpoint}: {self._host!r} is not resolved yet ({self._last_error})"
+            )
+        self._sock.sendto(data, address)
+
+    def close(self) -> None:
+        """Ends the resolving thread at its next try; one that waits on the
+        resolver is left to it (a daemon thread holding no socket)."""
+        self._closed.set()
+
+    def _resolve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                ip = socket.gethostbyname(self._host)
+            except Exception as exc:  # OSError (gaierror), UnicodeError
+                self._last_error = repr(exc)
+                self._closed.wait(RETRY_INTERVAL_S)
+                continue
+            self._address = (ip, self._port)
+            return
