@@ -20,6 +20,7 @@ client sent (up to ``bus.max_header_bytes``, escaped).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -32,7 +33,12 @@ import structlog
 
 from inferd.supervision.journal_fields import journal_fields
 from inferd.supervision.journal_sender import JournalSender, default_journal_sender
-from inferd.supervision.journal_writer import DEFAULT_CAPACITY, Entry, JournalWriter
+from inferd.supervision.journal_writer import (
+    DEFAULT_CAPACITY,
+    EXIT_FLUSH_S,
+    Entry,
+    JournalWriter,
+)
 from inferd.supervision.repeat_limiter import RepeatLimiter
 
 _LEVELS = {
@@ -139,6 +145,7 @@ class JournaldRenderer:
 _limiter = RepeatLimiter()
 #: The journald renderer in effect (``flush_journal``), if any.
 _journal: JournaldRenderer | None = None
+_exit_report_registered = False
 
 
 def flush_journal(timeout: float = 2.0) -> bool:
@@ -146,10 +153,12 @@ def flush_journal(timeout: float = 2.0) -> bool:
     return _journal is None or _journal.writer.flush(timeout)
 
 
-def flush_suppressed() -> None:
+def flush_suppressed(*, ended_only: bool = True) -> int:
     """Log what the repeat limiter held back in windows that have ended (called
-    from the daemon's housekeeping tick)."""
-    for (event, model, code), count in _limiter.flush():
+    from the daemon's housekeeping tick), or in every window (at exit); the
+    number of summary lines logged."""
+    reports = _limiter.flush(ended_only=ended_only)
+    for (event, model, code), count in reports:
         log.warning(
             RepeatLimiter.SUMMARY_EVENT,
             repeated_event=event,
@@ -158,6 +167,16 @@ def flush_suppressed() -> None:
             count=count,
             window_s=_limiter.window_s,
         )
+    return len(reports)
+
+
+def _report_held_back_at_exit() -> None:
+    """At exit, what the repeat limiter still holds back (the last window's lines,
+    and windows housekeeping had not reached yet) is logged, and handed to
+    journald before the process goes: registered before the journal writer's own
+    exit flush, so run after it (``atexit`` is last in, first out)."""
+    if flush_suppressed(ended_only=False):
+        flush_journal(EXIT_FLUSH_S)
 
 
 def configure_logging(
@@ -168,9 +187,12 @@ def configure_logging(
     limiter: RepeatLimiter | None = None,
 ) -> str:
     """Configure structlog; returns the format in effect (``auto`` resolved)."""
-    global _limiter, _journal
+    global _limiter, _journal, _exit_report_registered
     if limiter is not None:
         _limiter = limiter
+    if not _exit_report_registered:
+        atexit.register(_report_held_back_at_exit)
+        _exit_report_registered = True
     resolved = resolve_format(fmt)
     processors: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -218,13 +240,21 @@ class CurrentStderrLogger:
     """structlog's last stop: writes to whatever ``sys.stderr`` is when the line is
     written, so a live display that redirects stderr (``inferd build``'s phase tree)
     shows log lines above itself instead of being garbled by them.  A line is one
-    write under one lock, whichever thread logs it."""
+    write under one lock, whichever thread logs it.  A line stderr does not take (a
+    log file on a full disk, a closed pipe) is lost and counted, never raised into
+    the thread that logs: the engine worker would die of it."""
+
+    #: Lines lost to a failing stderr, in all.
+    lines_lost = 0
 
     def msg(self, message: str) -> None:
         with _STDERR_LOCK:
             stream = sys.stderr
-            stream.write(message + "\n")
-            stream.flush()
+            try:
+                stream.write(message + "\n")
+                stream.flush()
+            except (OSError, ValueError):  # ENOSPC, EPIPE, a closed file
+                CurrentStderrLogger.lines_lost += 1
 
     log = debug = info = warn = warning = err = error = critical = exception = msg
     fatal = failure = msg

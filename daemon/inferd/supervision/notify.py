@@ -25,6 +25,9 @@ import structlog
 NOTIFY_SOCKET_ENV = "NOTIFY_SOCKET"
 #: ``STATUS=`` is one line; longer texts are cut here (``systemctl status`` shows one line).
 MAX_STATUS_CHARS = 400
+#: What follows the daemon's line in ``STATUS=`` (``cli.main._status``): why the
+#: watchdog withholds the pings, or what it waits for; kept whole when a line is cut.
+STATUS_NOTE_SEPARATOR = " | "
 _ERROR_LOG_INTERVAL_S = 60.0
 
 log = structlog.get_logger("inferd.notify")
@@ -63,9 +66,17 @@ def _libsystemd_backend() -> Backend | None:
 
 
 def one_line(text: str, limit: int = MAX_STATUS_CHARS) -> str:
-    """``STATUS=`` must be a single line of UTF-8."""
+    """``STATUS=`` must be a single line of UTF-8.  A text too long is cut before
+    its note (after the last ``STATUS_NOTE_SEPARATOR``), which stays whole when it
+    fits in half the limit: the model list is what gives way."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    if len(flat) <= limit:
+        return flat
+    line, separator, note = flat.rpartition(STATUS_NOTE_SEPARATOR)
+    if separator and len(separator + note) <= limit // 2:
+        room = limit - len(separator + note)
+        return line[: room - 1] + "…" + separator + note
+    return flat[: limit - 1] + "…"
 
 
 class Notifier:

@@ -70,13 +70,14 @@ class RepeatLimiter:
             if not self._windows[key].suppressed:
                 del self._windows[key]
 
-    def flush(self) -> list[tuple[tuple[str, str, str], int]]:
-        """Counts held back in windows that have ended (and were not yet reported)."""
+    def flush(self, *, ended_only: bool = True) -> list[tuple[tuple[str, str, str], int]]:
+        """Counts held back in windows that have ended (and were not yet reported);
+        with ``ended_only=False`` (at exit) in every window, ended or not."""
         now = self._clock()
         reports: list[tuple[tuple[str, str, str], int]] = []
         with self._lock:
             for key, window in list(self._windows.items()):
-                if now - window.started < self.window_s:
+                if ended_only and now - window.started < self.window_s:
                     continue
                 if window.suppressed:
                     reports.append((key, window.suppressed))
