@@ -6,7 +6,8 @@ of the daemon's own directories (engines) is hashed with the default
 symbolic link" ``OSError``; ``follow=True`` is for an operator's file (a model, a
 staged engine), where a symlink is followed by design (DESIGN.md entries 54 and
 125).  Either way only a regular file is hashed, checked on the descriptor that
-is read.
+is read; without ``follow`` also only one that no one who may not write its
+directory could rewrite in place (``owned_files.open_own_file``).
 
 An operator's file hashed to be loaded (a model) is remembered with the version
 of the file hashed (``sha256_remembered``), so that a later question about it
@@ -23,7 +24,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from inferd.owned_files import open_regular_file
+from inferd.owned_files import open_own_file
 
 _CHUNK_BYTES = 1024 * 1024
 #: Files remembered at most (configured models and the staged engines beside them).
@@ -36,14 +37,15 @@ _remembered_lock = threading.Lock()
 
 def sha256_file(path: Path, *, follow: bool = False) -> str:
     """The SHA-256 of the regular file at ``path``; ``OSError`` when it cannot be
-    opened, is not a regular file, or (``follow=False``) is a symlink."""
+    opened, is not a regular file, or (``follow=False``) is a symlink or a file others
+    could rewrite (``open_own_file``)."""
     return sha256_and_stat(path, follow=follow)[0]
 
 
 def sha256_and_stat(path: Path, *, follow: bool = False) -> tuple[str, os.stat_result]:
     """``sha256_file``'s digest and the ``fstat`` of the descriptor it hashed: the
     size and identity of the very file hashed, not of whatever the path names later."""
-    handle, info = open_regular_file(path, follow=follow)
+    handle, info = open_own_file(path, follow=follow)
     with handle:
         return sha256_handle(handle), info
 

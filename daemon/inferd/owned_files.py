@@ -8,7 +8,10 @@ accepted only when ``inferd_wire.endpoints.unsafe_directory_reason`` finds
 nothing wrong (a real directory, owned by this uid, writable by neither group
 nor others) and ``unsafe_ancestor_reason`` finds no directory above it that
 another user could swap it out of; and every file in them is opened with ``O_NOFOLLOW | O_CLOEXEC``
-(``open_nofollow``, ``open_for_reading``).  ``OWNED_UMASK`` is the systemd
+(``open_nofollow``, ``open_for_reading``); a file whose content the daemon trusts
+(engines, sidecars, ``manifest.json``, timing and calibration caches) is opened with
+``open_own_file``, which also refuses what is not a regular file and a file someone
+who may not write its directory could rewrite in place.  ``OWNED_UMASK`` is the systemd
 unit's ``UMask=0027``, applied by the command line outside systemd too, so
 files the daemon and its builds create are never world-readable.  Files
 operators point the daemon at (models, configs, calibration data, staged
@@ -20,12 +23,14 @@ is trusted only when ``unsafe_owned_dir_reason`` finds nothing wrong.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import stat
 from pathlib import Path
 
+from inferd.durable import fsync_directory
 from inferd.errors import UnsafeDirectoryError
 from inferd_wire.endpoints import unsafe_ancestor_reason, unsafe_directory_reason
 
@@ -53,7 +58,7 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
     (with missing parents) when absent.  ``UnsafeDirectoryError`` names ``what``
     (e.g. ``daemon.state_dir``), the reason and the fix."""
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        _make_durably(path)
     except OSError as exc:
         raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
     reason = unsafe_owned_dir_reason(path)
@@ -64,6 +69,27 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
             "and mode (chown, chmod go-w) or point the key at another directory"
         )
     return path
+
+
+def _make_durably(path: Path) -> None:
+    """``mkdir -p path`` (mode ``DIR_MODE``, a symlink followed as ``Path.mkdir`` does),
+    each directory made fsynced into its parent: a file written durably in it is then
+    reachable after a power cut too."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue  # made meanwhile by someone else, who makes it durable
+        with contextlib.suppress(PermissionError):  # a parent it may write but not read
+            fsync_directory(directory.parent)
 
 
 def open_nofollow(path: Path, flags: int, mode: int = FILE_MODE) -> int:
@@ -105,6 +131,36 @@ def open_regular_file(path: Path, *, follow: bool = False) -> tuple[io.FileIO, o
         os.close(fd)
         raise OSError(errno.EINVAL, "is not a regular file", str(path))
     return _file(fd), info
+
+
+def open_own_file(path: Path, *, follow: bool = False) -> tuple[io.FileIO, os.stat_result]:
+    """A file whose content the daemon trusts, opened as ``open_regular_file`` opens it
+    (so a FIFO is refused, never waited on).  Unless ``follow`` (an operator's file,
+    trusted by its digest only), also ``OSError(EPERM)`` when someone who may not write
+    its directory could rewrite it in place: another owner than root, this uid or the
+    directory's owner, or writable by its group or others (DESIGN.md entry 125)."""
+    handle, info = open_regular_file(path, follow=follow)
+    try:
+        reason = None if follow else _rewritable_reason(path, info)
+        if reason is not None:
+            raise OSError(errno.EPERM, reason, str(path))
+    except BaseException:
+        handle.close()
+        raise
+    return handle, info
+
+
+def _rewritable_reason(path: Path, info: os.stat_result) -> str | None:
+    mode = stat.S_IMODE(info.st_mode)
+    bits = (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH))
+    writable = [who for who, bit in bits if mode & bit]
+    if writable:
+        return f"is writable by {' and '.join(writable)} (mode {mode:04o})"
+    if info.st_uid in (0, os.geteuid()) or info.st_uid == os.stat(path.parent).st_uid:
+        return None
+    return (
+        f"is owned by uid {info.st_uid}, neither root, uid {os.geteuid()} nor its directory's owner"
+    )
 
 
 def _open_read_only(path: Path, flags: int, *, follow: bool) -> int:

@@ -46,7 +46,7 @@ from typing import Literal
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engines.naming import ENGINE_SUFFIX
 from inferd.errors import CalibrationCacheError
-from inferd.owned_files import ensure_owned_dir, open_for_reading
+from inferd.owned_files import ensure_owned_dir, open_own_file
 
 CACHE_SUFFIX = ".calib_cache"
 INTEGRITY_SUFFIX = ".sha256"
@@ -130,7 +130,7 @@ def _read_small(path: Path, limit: int, what: str) -> bytes | None:
     """The file's bytes, None when it does not exist; CalibrationCacheError when it
     cannot be read or is larger than ``limit``."""
     try:
-        with open_for_reading(path) as handle:
+        with open_own_file(path)[0] as handle:
             data = handle.read(limit + 1)
     except (FileNotFoundError, NotADirectoryError):
         return None

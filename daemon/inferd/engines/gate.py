@@ -49,7 +49,7 @@ from inferd.errors import (
     EngineSidecarMissingError,
     InferdError,
 )
-from inferd.owned_files import open_regular_file
+from inferd.owned_files import open_own_file
 from inferd.types import BuildConfig, HostTuple, RecordSink
 
 STEP_SCHEMA_PARSE = "schema_parse"
@@ -137,7 +137,7 @@ class ValidatedEngine:
         ``EngineHashMismatchError(stage="reread")`` if they are not the validated ones."""
         digest = hashlib.sha256()
         try:
-            handle, info = open_regular_file(self.path, follow=self.follow)
+            handle, info = open_own_file(self.path, follow=self.follow)
             with handle:
                 size = info.st_size
                 buffer = bytearray(size)

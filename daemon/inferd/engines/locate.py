@@ -6,7 +6,10 @@ An engine's file name encodes the model hash, host tuple and build-config hash
 path per label.  ``locate_engine`` reuses an intact engine for this host under
 any label (the gate's steps 1-4: name, host tuple, sidecar, digest); the
 manifest (step 5) is the loader's business, since rebuilding cannot make an
-engine trusted.  A file at the target path that fails steps 1-4 is
+engine trusted.  But a loader that passes the manifest it will load with gets an
+engine that manifest trusts when there is one: an intact engine awaiting
+approval (a ``build.start`` under the ONNX stem) must not hide a trusted one
+under another label.  A file at the target path that fails steps 1-4 is
 quarantined (``inferd.engines.quarantine``) so a build can take its place.
 
 Nothing is trusted, and nothing moved, in an engine dir that is not safely the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -32,7 +36,7 @@ from inferd.engines.gate import STEP_MANIFEST_DIGEST, explain
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, engine_name_for
 from inferd.engines.quarantine import quarantine
-from inferd.errors import EngineBuildError
+from inferd.errors import EngineBuildError, EngineHashMismatchError
 from inferd.types import BuildConfig, EngineCacheEntry, HostTuple
 
 #: The runtime label of entries for TensorRT engine files.
@@ -64,8 +68,11 @@ def locate_engine(
     host: HostTuple,
     label: str | None = None,
     force: bool = False,
+    manifest: Callable[[], Manifest] | None = None,
 ) -> EnginePlan:
-    """The plan for ``model_path``'s engine (``force``: always ``to_build``)."""
+    """The plan for ``model_path``'s engine (``force``: always ``to_build``).  With
+    ``manifest`` (the loader's, read once the engine dir is found safe), an intact
+    engine it trusts is reused before others."""
     if not model_path.is_file():
         raise EngineBuildError(f"model file {model_path} does not exist")
     try:
@@ -91,7 +98,8 @@ def locate_engine(
     if untrusted is not None:
         return EnginePlan(entry, name, "to_build", host, untrusted=untrusted)
     if not force:
-        found, refusal = _find_intact(path, host, model_sha256, build_config)
+        trusted = manifest() if manifest is not None else Manifest.empty()
+        found, refusal = _find_intact(path, host, model_sha256, build_config, trusted)
         if found is not None:
             log.info("engine_reused", engine=str(found), model=str(model_path))
             return EnginePlan(replace(entry, artifact_path=found), name, "reused", host)
@@ -101,29 +109,44 @@ def locate_engine(
 
 
 def _find_intact(
-    path: Path, host: HostTuple, model_sha256: str, build_config: BuildConfig
+    path: Path, host: HostTuple, model_sha256: str, build_config: BuildConfig, manifest: Manifest
 ) -> tuple[Path | None, str | None]:
-    """An intact engine for this model/host/config (any label), and why the file
-    at ``path`` itself was unusable (None if it was usable or absent)."""
+    """An intact engine for this model/host/config (any label; one ``manifest`` trusts
+    first), and why the file at ``path`` itself was unusable (None if it was usable or
+    absent).  Only engines the manifest lists are looked at before the first intact one
+    is taken, so no more engines are hashed than before when it lists none."""
     rest = path.name.split("_", 1)[1]
     candidates = [path] if os.path.lexists(path) else []
     with contextlib.suppress(OSError):
         candidates += sorted(other for other in path.parent.glob(f"*_{rest}") if other != path)
+    listed = [candidate for candidate in candidates if _listed(manifest, candidate)]
     refusal: str | None = None
-    for candidate in candidates:
+    intact: Path | None = None
+    for candidate in listed + [other for other in candidates if other not in listed]:
+        if intact is not None and candidate not in listed:
+            break  # nothing unlisted is trusted: the first intact one it is
         verdicts = explain(
             candidate,
             host=host,
-            manifest=Manifest.empty(),
+            manifest=manifest,
             model_sha256=model_sha256,
             build_config=build_config,
         )
         failed = [v for v in verdicts if v.step != STEP_MANIFEST_DIGEST and not v.passed]
+        if not failed and all(v.passed for v in verdicts):
+            return candidate, None  # trusted too
         if not failed:
-            return candidate, None
-        if candidate == path:
+            intact = intact or candidate
+        elif candidate == path:
             refusal = f"step {failed[0].number} ({failed[0].step}): {failed[0].message}"
-    return None, refusal
+    return intact, None if intact is not None else refusal
+
+
+def _listed(manifest: Manifest, engine: Path) -> bool:
+    try:
+        return manifest.get(engine) is not None
+    except EngineHashMismatchError:  # listed twice, differently: the gate refuses it
+        return True
 
 
 def _move_aside(path: Path, reason: str) -> Path:

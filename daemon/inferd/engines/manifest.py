@@ -17,18 +17,20 @@ duplicate keys, bad digests or a file over 16 MiB raise
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from inferd.durable import atomic_write_text
 from inferd.engines.engine_dir import untrusted_engine_dir
 from inferd.errors import EngineHashMismatchError, EngineManifestError
-from inferd.owned_files import ensure_owned_dir, open_for_reading
+from inferd.owned_files import ensure_owned_dir, open_own_file
 
 MANIFEST_VERSION = 1
 MANIFEST_MAX_BYTES = 16 * 1024 * 1024
@@ -130,10 +132,11 @@ class Manifest:
     @classmethod
     def load(cls, path: Path, *, follow: bool = False) -> Manifest:
         """Read a manifest file; ``EngineManifestError`` if unreadable or malformed.
-        A symlink is refused unless ``follow`` (a deployment's ``runtime.engine_manifest``,
-        an operator's file; the daemon-written one in the engine dir is not followed)."""
+        A symlink, or a file others could rewrite (``open_own_file``), is refused unless
+        ``follow`` (a deployment's ``runtime.engine_manifest``, an operator's file; the
+        daemon-written one in the engine dir is not followed); a FIFO is refused either way."""
         try:
-            with open_for_reading(path, follow=follow) as handle:
+            with open_own_file(path, follow=follow)[0] as handle:
                 data = handle.read(MANIFEST_MAX_BYTES + 1)
         except OSError as exc:
             raise EngineManifestError(f"deployment manifest {path} cannot be read: {exc}") from exc
@@ -237,14 +240,29 @@ MANIFEST_NAME = "manifest.json"
 _RECORD_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def _one_writer(directory: Path) -> Iterator[None]:
+    """One read-change-write of a manifest in ``directory`` at a time: among this
+    process's threads (``_RECORD_LOCK``) and among processes (the daemon recording a
+    build while ``inferd build --manifest`` records another): an ``flock`` on the
+    directory itself, so no lock file is left beside the engines."""
+    with _RECORD_LOCK:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # gives the flock back
+
+
 def record_in_manifest(path: Path, engine_name: str, sha256: str) -> None:
     """Add (or replace) ``engine_name``'s trusted digest in the manifest at ``path``,
     keeping every other entry: the one way an engine becomes trusted (``inferd
     build --manifest``, and a daemon build that passed validation)."""
-    with _RECORD_LOCK:
+    ensure_owned_dir(path.parent, what="the manifest's directory")
+    with _one_writer(path.parent):
         entries = Manifest.load(path).entries() if path.exists() else {}
         entries[engine_name] = sha256
-        ensure_owned_dir(path.parent, what="the manifest's directory")
         write_manifest(path, entries)
 
 
@@ -254,7 +272,9 @@ def forget_in_manifest(path: Path, engine: Path, sha256: str) -> bool:
     other entry (the daemon's builds cap removing an engine it built: a trusted
     name with no file would only grow the manifest).  Whether one was dropped; a
     missing manifest drops nothing."""
-    with _RECORD_LOCK:
+    if not path.exists():
+        return False
+    with _one_writer(path.parent):
         if not path.exists():
             return False
         manifest = Manifest.load(path)

@@ -8,13 +8,14 @@ in 1 MiB chunks: a 2 GiB engine needs about 1 MiB of memory to hash.
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 
 from inferd.digest import sha256_file
 from inferd.durable import atomic_write_text
 from inferd.errors import EngineHashMismatchError, EngineSidecarMissingError
-from inferd.owned_files import open_for_reading
+from inferd.owned_files import open_own_file
 
 SIDECAR_SUFFIX = ".sha256"
 #: A sidecar is one short line; a larger file is malformed, not read whole.
@@ -63,22 +64,23 @@ def parse_sidecar(text: str, *, engine_name: str, source: str = "sidecar") -> st
 
 def read_sidecar(engine: Path, *, follow: bool = False) -> str:
     """The digest in ``engine``'s sidecar.  ``EngineSidecarMissingError`` when there is
-    none; ``EngineHashMismatchError(stage="sidecar")`` when it is unreadable or malformed
-    (a symlink too, unless ``follow``: for a staged engine, an operator's file)."""
+    none (or not a regular file); ``EngineHashMismatchError(stage="sidecar")`` when it is
+    unreadable or malformed (a symlink too, or a file others could rewrite, unless
+    ``follow``: for a staged engine, an operator's file)."""
     path = sidecar_path(engine)
     try:
-        with open_for_reading(path, follow=follow) as handle:
+        with open_own_file(path, follow=follow)[0] as handle:
             data = handle.read(SIDECAR_MAX_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError):
         raise EngineSidecarMissingError(
             f"engine {engine.name!r} has no digest sidecar {path.name!r}: the gate trusts only "
             "engines with one"
         ) from None
-    except IsADirectoryError:
-        raise EngineSidecarMissingError(
-            f"digest sidecar {path} is a directory, not a file"
-        ) from None
     except OSError as exc:
+        if exc.errno == errno.EINVAL:  # a directory, a FIFO (refused, never waited on)
+            raise EngineSidecarMissingError(
+                f"digest sidecar {path} is not a regular file"
+            ) from None
         raise EngineHashMismatchError(
             f"digest sidecar {path} cannot be read: {exc}", stage="sidecar"
         ) from exc

@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from inferd.durable import atomic_write_bytes
-from inferd.owned_files import ensure_owned_dir, open_for_reading
+from inferd.owned_files import ensure_owned_dir, open_own_file
 from inferd.types import HostTuple
 
 TIMING_CACHE_SUFFIX = ".cache"
@@ -47,7 +47,7 @@ class TimingCacheFile:
 
     def load(self) -> bytes | None:
         try:
-            with open_for_reading(self.path) as handle:
+            with open_own_file(self.path)[0] as handle:
                 data = handle.read(TIMING_CACHE_MAX_BYTES + 1)
         except FileNotFoundError:
             return None

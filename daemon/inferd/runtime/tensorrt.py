@@ -43,6 +43,7 @@ from inferd.engines.locate import locate_engine
 from inferd.engines.manifest import Manifest, deployment_manifest
 from inferd.errors import (
     EngineDeserializeError,
+    EngineManifestError,
     EngineMissingError,
     ExecutionFailedError,
     InferdError,
@@ -174,7 +175,11 @@ class TensorRTRuntime:
             precision=build_config.precision, device_index=self._config.device_id
         )
         plan = locate_engine(
-            model_path, build_config, engine_dir=self._config.engine_dir, host=host
+            model_path,
+            build_config,
+            engine_dir=self._config.engine_dir,
+            host=host,
+            manifest=self._manifest_for_locate,
         )
         if plan.untrusted is not None:
             raise EngineMissingError(
@@ -196,6 +201,14 @@ class TensorRTRuntime:
 
     def _manifest(self) -> Manifest:
         return deployment_manifest(self._config.engine_manifest, self._config.engine_dir)
+
+    def _manifest_for_locate(self) -> Manifest:
+        """The manifest, so that locate prefers an engine it trusts; one that cannot
+        be read trusts nothing here (``deserialize_engine`` reports why)."""
+        try:
+            return self._manifest()
+        except EngineManifestError:
+            return Manifest.empty()
 
     def deserialize_engine(self, entry: EngineCacheEntry) -> EngineHandle:
         if entry.runtime_label != LABEL:

@@ -483,3 +483,19 @@ def test_the_fakes_fail_loudly_on_what_the_real_apis_lack(
 
     with pytest.raises(TypeError, match="must be called"):
         trt.Runtime(Forgetful())
+
+
+def test_locate_takes_the_engine_the_manifest_trusts_over_one_awaiting_approval(
+    bench: Bench, demo_model: Path
+) -> None:
+    """A deployment trusts ``det_<...>``; a later ``build.start`` wrote the ONNX stem's
+    engine for the same model, host and config, validated but not trusted: the
+    runtime still locates (and so loads) the trusted one."""
+    deployed = run_pipeline(bench, demo_model, BuildConfig(), label="det").entry
+    bench.trust(deployed.artifact_path)
+    awaiting = run_pipeline(bench, demo_model, BuildConfig(), force=True).entry
+    assert awaiting.artifact_path != deployed.artifact_path
+    runtime = bench.runtime()
+    entry = runtime.compile_engine(demo_model, BuildConfig())
+    assert entry.artifact_path == deployed.artifact_path
+    assert runtime.deserialize_engine(entry).runtime_label == "tensorrt"
