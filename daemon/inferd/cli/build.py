@@ -87,6 +87,8 @@ EXIT_CANCELLED = 3
 EXIT_FORCED = 130
 #: How long a forced exit waits for the display to show what is queued.
 _FORCED_RENDER_S = 1.0
+#: ``--timeout`` and ``--stall-after``: a day, as ``models.max_load_s``.
+_MAX_WAIT_S = 86_400.0
 
 
 class _Forced(BaseException):
@@ -261,10 +263,11 @@ def run(
     try:
         if not onnx.is_file():
             raise ConfigError(f"model file {onnx} does not exist")
-        if timeout_s is not None and timeout_s <= 0:
-            raise ConfigError(f"--timeout must be positive, got {timeout_s}")
-        if stall_after_s is not None and stall_after_s <= 0:
-            raise ConfigError(f"--stall-after must be positive, got {stall_after_s}")
+        for flag, seconds in (("--timeout", timeout_s), ("--stall-after", stall_after_s)):
+            # NaN passed "<= 0" (a NaN timeout cancelled at once); inf or 1e300 killed the
+            # timer's thread (OverflowError) and the build ran without a timeout
+            if seconds is not None and not 0 < seconds <= _MAX_WAIT_S:
+                raise ConfigError(f"{flag} must be more than 0 and at most 86400 s, got {seconds}")
         loaded = (
             config_module.load(daemon_config)
             if daemon_config is not None

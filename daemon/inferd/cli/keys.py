@@ -20,7 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from inferd.bus.curve_keys import read_owned_file
+from zmq.utils import z85
+
+from inferd.bus.curve_keys import load_clients, read_owned_file
 from inferd.config import Config, SecurityConfig
 from inferd.config.security import KEY_NAME
 from inferd.durable import atomic_write_bytes
@@ -148,14 +150,23 @@ def _allow(security: SecurityConfig, name: str, key: str, force: bool) -> int:
 
 def _allow_listed(security: SecurityConfig, name: str, public: str, force: bool) -> Path:
     path = _allow_list_path(security, name, force)
+    # The daemon refuses to start with one key under two names ("is the same key as").
+    other = load_clients(path.parent).get(z85.decode(public.encode()))
+    if other is not None and other != name:
+        raise CurveKeyError(
+            f"that key is allow-listed already as {other!r} "
+            f"({path.parent / other}.key): one key, one name"
+        )
     atomic_write_bytes(path, format_certificate(CurveKeys(public), name))
     return path
 
 
 def _allow_list_path(security: SecurityConfig, name: str, force: bool) -> Path:
     """Where client ``name``'s public certificate goes; ``CurveKeyError`` if a client
-    of that name is allow-listed and ``force`` is not given."""
+    of that name is allow-listed and ``force`` is not given, or if the daemon would
+    refuse the keys already there (``load_clients``: it would not start)."""
     directory = ensure_owned_dir(security.curve_clients_dir, what="security.curve_clients_dir")
+    load_clients(directory)
     path = directory / f"{name}.key"
     if path.exists() and not force:
         raise CurveKeyError(f"a client named {name!r} exists: {path} (--force replaces it)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from inferd.errors import ConfigError
+from inferd_wire.endpoints import ipc_path_problem
 
 
 def one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -40,3 +41,31 @@ def between(key: str, value: float, least: float, most: float, unit: str = "") -
     finite(key, value)
     if not least <= value <= most:
         raise ConfigError(f"{key} must be {least}..{most}{unit}, got {value}")
+
+
+def endpoint(key: str, value: str) -> None:
+    """An ``ipc://`` path a socket can have, or a ``tcp://`` address whose port
+    libzmq binds as written."""
+    if value.startswith("ipc://"):
+        path = value.removeprefix("ipc://")
+        if not path or path.startswith("@"):
+            raise ConfigError(
+                f"{key}: {value!r}: ipc endpoints must be filesystem paths (abstract sockets "
+                "have no permissions)"
+            )
+        problem = ipc_path_problem(path)
+        if problem is not None:
+            raise ConfigError(f"{key}: {problem}")
+    elif value.startswith("tcp://"):
+        # libzmq binds what follows a ';' (a connect's source address comes before it)
+        host, colon, port = value.removeprefix("tcp://").split(";")[-1].rpartition(":")
+        # libzmq takes a port past 65535 modulo 65536 (99999 binds 34463): no client
+        # would find the daemon there; 0 and '*' are any free port, as libzmq says
+        number = port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536
+        if not (host and colon and (number or port == "*")):
+            raise ConfigError(
+                f"{key}: {value!r} must name a host and a port 0..65535 (0 or '*': any "
+                "free one), as in tcp://127.0.0.1:5555"
+            )
+    else:
+        raise ConfigError(f"{key}: {value!r} must start with ipc:// or tcp://")

@@ -58,6 +58,16 @@ def _resolve(base: Path, value: str) -> Path:
     return path if path.is_absolute() else base / path
 
 
+def _resolve_ipc(base: Path, endpoint: str) -> str:
+    """An ``ipc://`` endpoint with a relative path made absolute against ``base``, as
+    every path written in the file: libzmq would bind it in the working directory,
+    and the shm socket's default is beside it (``shm_socket_path``)."""
+    path = endpoint.removeprefix("ipc://")
+    if path == endpoint or not path or path.startswith("@"):  # tcp://, or refused later
+        return endpoint
+    return f"ipc://{_resolve(base, path)}"
+
+
 def _default_dirs() -> tuple[Path, Path]:
     """The state and runtime dirs the environment names, absolute against the working
     directory as the clients resolve them: only paths written in a config file
@@ -78,7 +88,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
     state_dir, runtime_dir = daemon.state_dir, daemon.runtime_dir
     endpoints = default_endpoints(runtime_dir)
     bus = errors.section(
-        lambda: _bus(top.table("bus"), endpoints),
+        lambda: _bus(top.table("bus"), endpoints, base_dir),
         lambda: BusConfig(endpoints.infer, endpoints.control, endpoints.events),
     )
     runtime = errors.section(
@@ -88,7 +98,9 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
         lambda: _fdr(top.table("fdr"), state_dir), lambda: FdrConfig(directory=state_dir / "fdr")
     )
     alerts = errors.section(lambda: _alerts(top.table("alerts"), fdr), AlertsConfig)
-    thermal = errors.section(lambda: _thermal(top.table("thermal"), runtime), ThermalConfig)
+    thermal = errors.section(
+        lambda: _thermal(top.table("thermal"), runtime, base_dir), ThermalConfig
+    )
     security = errors.section(lambda: _security(top.table("security"), state_dir), SecurityConfig)
     builds = errors.section(lambda: _builds(top.table("builds")), BuildsConfig)
     shm_socket = shm_socket_path(bus.infer_endpoint, runtime_dir)
@@ -141,12 +153,16 @@ def _daemon(table: TomlTable, base_dir: Path) -> DaemonConfig:
     )
 
 
-def _bus(table: TomlTable, endpoints: Endpoints) -> BusConfig:
+def _bus(table: TomlTable, endpoints: Endpoints, base_dir: Path) -> BusConfig:
+    infer, control, events = (
+        _resolve_ipc(base_dir, table.take(f"{name}_endpoint", str, getattr(endpoints, name)))
+        for name in ("infer", "control", "events")
+    )
     return table.finish_into(
         BusConfig,
-        infer_endpoint=table.take("infer_endpoint", str, endpoints.infer),
-        control_endpoint=table.take("control_endpoint", str, endpoints.control),
-        events_endpoint=table.take("events_endpoint", str, endpoints.events),
+        infer_endpoint=infer,
+        control_endpoint=control,
+        events_endpoint=events,
         max_message_bytes=table.take("max_message_bytes", int, 256 * 1024 * 1024),
         max_header_bytes=table.take("max_header_bytes", int, 64 * 1024),
         max_frames=table.take("max_frames", int, 64),
@@ -223,13 +239,13 @@ def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
     return alerts
 
 
-def _thermal(table: TomlTable, runtime: RuntimeConfig) -> ThermalConfig:
+def _thermal(table: TomlTable, runtime: RuntimeConfig, base_dir: Path) -> ThermalConfig:
     defaults = ThermalConfig()
     return table.finish_into(
         ThermalConfig,
         sources=table.take_strings("sources", defaults.sources),
         poll_hz=table.take("poll_hz", float, defaults.poll_hz),
-        sysfs_root=Path(table.take("sysfs_root", str, str(defaults.sysfs_root))),
+        sysfs_root=_resolve(base_dir, table.take("sysfs_root", str, str(defaults.sysfs_root))),
         cpu_zones=table.take_strings("cpu_zones", defaults.cpu_zones),
         gpu_zones=table.take_strings("gpu_zones", defaults.gpu_zones),
         throttle_enter_c=table.take_optional("throttle_enter_c", float),

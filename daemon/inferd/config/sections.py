@@ -9,16 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from inferd.config.checks import between, finite, non_negative, one_of, positive, up_to
+from inferd.config.checks import between, endpoint, finite, non_negative, one_of, positive, up_to
 from inferd.config.metrics import MetricsConfig
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
-from inferd_wire.endpoints import (
-    DEFAULT_SEND_BUFFER_BYTES,
-    MAX_SEND_BUFFER_BYTES,
-    ipc_path_problem,
-)
+from inferd_wire.endpoints import DEFAULT_SEND_BUFFER_BYTES, MAX_SEND_BUFFER_BYTES
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
 QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")
@@ -134,7 +130,7 @@ class BusConfig:
 
     def __post_init__(self) -> None:
         for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
-            _endpoint(f"bus.{key}", getattr(self, key))
+            endpoint(f"bus.{key}", getattr(self, key))
         endpoints = [self.infer_endpoint, self.control_endpoint, self.events_endpoint]
         if len(set(endpoints)) != 3:
             raise ConfigError("bus: infer, control and events endpoints must all differ")
@@ -283,7 +279,7 @@ class ShmConfig:
     max_bytes_total: int = 1024**3
 
     def __post_init__(self) -> None:
-        _endpoint("shm.socket", f"ipc://{self.socket}")
+        endpoint("shm.socket", f"ipc://{self.socket}")
         for key in ("max_connections", "max_regions_per_connection", "max_requests_per_connection"):
             positive(f"shm.{key}", getattr(self, key))
         positive("shm.max_bytes_per_uid", self.max_bytes_per_uid)
@@ -433,18 +429,3 @@ class Config:
     def fingerprint(self) -> str:
         """Stable hash of the effective configuration (for logs and the FDR)."""
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
-
-
-def _endpoint(key: str, value: str) -> None:
-    if value.startswith("ipc://"):
-        path = value.removeprefix("ipc://")
-        if not path or path.startswith("@"):
-            raise ConfigError(
-                f"{key}: {value!r}: ipc endpoints must be filesystem paths (abstract sockets "
-                "have no permissions)"
-            )
-        problem = ipc_path_problem(path)
-        if problem is not None:
-            raise ConfigError(f"{key}: {problem}")
-    elif not value.startswith("tcp://"):
-        raise ConfigError(f"{key}: {value!r} must start with ipc:// or tcp://")

@@ -117,10 +117,26 @@ class BuildsConfig:
             )
 
 
+#: The largest uid or gid: ``uid_t`` and ``gid_t`` are 32 bits, and their -1 tells
+#: ``chown`` to leave the group as it is.
+MAX_ID = 2**32 - 2
+
+
+def _number(key: str, name: str) -> int | None:
+    """``name`` as a uid or gid when it is one written in ASCII digits, else None (a
+    name): ``'²'.isdigit()`` holds but ``int`` refuses it, and ``int('٣')`` is 3."""
+    if not (name.isascii() and name.isdigit()):
+        return None
+    if len(name) > len(str(MAX_ID)) or int(name) > MAX_ID:  # int() refuses 4,301 digits
+        raise ConfigError(f"{key}: {name} is no uid or gid (0..{MAX_ID})")
+    return int(name)
+
+
 def resolve_group(key: str, name: str) -> int:
     """A group name (or a number) as its gid; ``ConfigError`` naming ``key``."""
-    if name.isdigit():
-        return int(name)
+    number = _number(key, name)
+    if number is not None:
+        return number
     try:
         return grp.getgrnam(name).gr_gid
     except KeyError:
@@ -130,8 +146,9 @@ def resolve_group(key: str, name: str) -> int:
 
 
 def resolve_user(key: str, name: str) -> int:
-    if name.isdigit():
-        return int(name)
+    number = _number(key, name)
+    if number is not None:
+        return number
     try:
         return pwd.getpwnam(name).pw_uid
     except KeyError:
