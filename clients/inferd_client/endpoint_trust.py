@@ -12,7 +12,12 @@ import zmq
 
 from inferd_client.errors import ClientError, InvalidArgument, UnsafeEndpoint
 from inferd_wire.curve import ClientCurve
-from inferd_wire.endpoints import EndpointError, UnsafeEndpointError, check_client_endpoint
+from inferd_wire.endpoints import (
+    EndpointError,
+    UnsafeEndpointError,
+    check_client_endpoint,
+    wants_ipv6,
+)
 
 #: How many ``fork()``s this process is from the one that imported the client:
 #: each socket notes it when made (``process_generation``).
@@ -61,6 +66,7 @@ def connect(sock: zmq.Socket[Any], endpoint: str) -> None:
     """``sock.connect(endpoint)``; ``InvalidArgument`` naming the endpoint when ZeroMQ
     cannot parse it (``tcp://host`` without a port): the caller closes ``sock``."""
     try:
+        sock.setsockopt(zmq.IPV6, wants_ipv6(endpoint))
         sock.connect(endpoint)
     except zmq.ZMQError as exc:
         raise InvalidArgument(f"cannot connect to {endpoint!r}: {exc}") from None

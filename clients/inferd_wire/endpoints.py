@@ -155,3 +155,11 @@ def check_client_endpoint(endpoint: str) -> str:
             "user can write (INFERD_RUNTIME_DIR, or the daemon's runtime_dir)"
         )
     return endpoint
+
+
+def wants_ipv6(endpoint: str) -> bool:
+    """Whether a socket for ``endpoint`` needs ``ZMQ_IPV6`` (libzmq's tcp sockets are
+    IPv4 only without it, and an IPv6 literal, ``tcp://[::1]:5555``, then fails to
+    bind or connect).  Only for such a literal: a wildcard or host name stays IPv4, so
+    the addresses the access lists see stay what they were."""
+    return endpoint.startswith("tcp://[") or ";[" in endpoint

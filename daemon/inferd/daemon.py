@@ -28,7 +28,7 @@ from inferd.metrics import MetricsExporter
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.failover import ExecutionFailover
-from inferd.serving.model_report import model_health, model_status
+from inferd.serving.model_report import READY, DaemonState, model_health, model_status
 from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Job, Scheduler
@@ -51,7 +51,7 @@ log = structlog.get_logger("inferd.daemon")
 _STOP_MARGIN_S = 30.0
 
 
-class Daemon:
+class Daemon(DaemonState):
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state = "starting"
@@ -212,7 +212,7 @@ class Daemon:
         if not self.worker.activated.wait(timeout):
             return False
         if self.state == "starting" and self.failed is None:
-            self.state = self._serving_state()
+            self.state = READY  # from now on: serving or degraded, as the models serve
             # Start-up's objects live as long as the daemon: frozen, a full collection
             # no longer walks them on the request path (bench/README.md).
             gc.collect()
@@ -391,11 +391,6 @@ class Daemon:
         if not state.is_telemetry_available:
             return "unknown"
         return "throttling" if state.thermal_throttle_active else "nominal"
-
-    def _serving_state(self) -> str:
-        if all(slot.state == "serving" and not slot.is_fallback for slot in self.slots.values()):
-            return "serving"
-        return "degraded"
 
     # -- control ops --------------------------------------------------------
     def uptime_s(self) -> float:

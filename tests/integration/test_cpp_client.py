@@ -118,9 +118,10 @@ def test_cpp_client_against_a_real_daemon(
         thermal={"poll_hz": 5.0},
     )
     # A second daemon with its control socket on loopback tcp:// without CURVE: its
-    # peers are anonymous, never operators (PERMISSION_DENIED).
+    # peers are anonymous, never operators (PERMISSION_DENIED).  IPv6 loopback, so
+    # the client's ZMQ_IPV6 is exercised too (IPv4 needs nothing of it).
     workdir = Path(tempfile.mkdtemp(prefix="ifd-"))
-    tcp_control = f"tcp://127.0.0.1:{free_port()}"
+    tcp_control = f"tcp://[::1]:{free_port()}"
     text = render_config(
         workdir, [{"name": "demo", "path": str(demo_model)}], bus={"control_endpoint": tcp_control}
     )

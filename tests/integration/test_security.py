@@ -470,3 +470,27 @@ def test_curve_refuses_unknown_keys_and_plain_clients(curve_daemon: CurveDaemon)
         assert outcome(plain.status) == "timeout"  # no CURVE: the handshake itself fails
     refused = [line for line in daemon.log().splitlines() if "peer_refused" in line]
     assert refused and "not in security.curve_clients_dir" in refused[0]
+
+
+def test_an_ipv6_loopback_endpoint_binds_and_serves(tmp_path: Path, demo_model: Path) -> None:
+    """``tcp://[::1]:PORT`` passes the config's checks; its sockets (the daemon's
+    ROUTER and XPUB, the clients' DEALER and SUB) set ``ZMQ_IPV6``, without which
+    libzmq refuses an IPv6 literal (the daemon once exited 1 at the bind)."""
+    workdir = Path(tempfile.mkdtemp(prefix="ifd-"))
+    control, events = (f"tcp://[::1]:{free_port()}" for _ in range(2))
+    text = render_config(
+        workdir,
+        [{"name": "demo", "path": str(demo_model)}],
+        bus={"control_endpoint": control, "events_endpoint": events},
+    )
+    daemon = start_daemon(text, workdir, endpoints={"control": control})
+    try:
+        with EventSubscriber(events) as subscriber:
+            subscriber.wait_joined(HANG_S)  # a health event came over IPv6
+        with OperatorClient(daemon.control) as anonymous:
+            sockets = anonymous.status()["security"]["sockets"]
+    finally:
+        daemon.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert sockets["control"]["mechanism"] == "NULL"
+    assert sockets["events"]["endpoint"].startswith("tcp://[::1]:")

@@ -24,6 +24,9 @@ namespace inferd {
 namespace detail {
 
 void secure(zmq::socket_t& socket, const std::string& endpoint, const std::optional<ClientCurve>& curve) {
+    // An IPv6 literal (tcp://[::1]:5555) needs ZMQ_IPV6 before the connect, as in
+    // inferd_wire.endpoints.wants_ipv6; other endpoints stay as libzmq makes them.
+    socket.set(zmq::sockopt::ipv6, endpoint.rfind("tcp://[", 0) == 0);
     if (!curve) return;
     if (endpoint.rfind("tcp://", 0) != 0) {
         throw ClientError("CURVE is for tcp:// endpoints; " + endpoint +

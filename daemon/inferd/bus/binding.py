@@ -17,6 +17,7 @@ import structlog
 import zmq
 
 from inferd.config import BusConfig
+from inferd_wire.endpoints import wants_ipv6
 from inferd_wire.send_buffer import SendBuffer
 
 if TYPE_CHECKING:  # zap.py binds its own socket with BindOutcome
@@ -54,6 +55,7 @@ def bound_router(
     # disconnected and its pipe, with the replies queued to it, freed.
     sock.setsockopt(zmq.HEARTBEAT_IVL, config.heartbeat_interval_ms)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_timeout_ms)
+    sock.setsockopt(zmq.IPV6, wants_ipv6(endpoint))
     try:
         if secure is not None:
             secure(sock)

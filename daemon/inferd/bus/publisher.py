@@ -32,6 +32,7 @@ from inferd.bus.endpoint_connections import EndpointConnections
 from inferd.bus.subscribers import SUBSCRIBE, UNSUBSCRIBE, subscribable
 from inferd.bus.zap import SocketSecurity, peer_of
 from inferd_wire import protocol
+from inferd_wire.endpoints import wants_ipv6
 from inferd_wire.multipart import readable
 from inferd_wire.topics import TOPICS
 
@@ -169,6 +170,7 @@ class EventPublisher(threading.Thread):
             sock.setsockopt(zmq.MAXMSGSIZE, SUBSCRIBER_MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.RCVHWM, SUBSCRIBER_RCVHWM)
             sock.setsockopt(zmq.SNDHWM, SUBSCRIBER_SNDHWM)
+            sock.setsockopt(zmq.IPV6, wants_ipv6(self._endpoint))
             if self._security is not None:
                 self._security.apply("events", sock)
             sock.bind(self._endpoint)
