@@ -21,6 +21,7 @@ from pathlib import Path
 
 import structlog
 
+from inferd.errors import ConfigError
 from inferd.owned_files import ensure_owned_dir, open_nofollow
 
 #: Mode of ipc:// socket files: the group (e.g. ``inferd`` under systemd, with
@@ -37,6 +38,12 @@ class DaemonAlreadyRunningError(RuntimeError):
 
 class SocketGroupError(RuntimeError):
     """A socket's configured group cannot be given to its file."""
+
+
+class SocketGroupMembershipError(SocketGroupError, ConfigError):
+    """The daemon's user is not in a socket's configured group: a deployment that
+    fails the same way at every start, so ``inferd run`` exits 2 (a config error,
+    ``RestartPreventExitStatus=2``) rather than 1 and a restart loop."""
 
 
 def _ipc_paths(endpoints: Iterable[str]) -> list[Path]:
@@ -110,7 +117,7 @@ def open_ipc_sockets_to_group(sockets: Iterable[tuple[str, str, int | None]]) ->
 def _give_group(name: str, socket_path: Path, gid: int) -> None:
     key = f"security.{name}_group"
     if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
-        raise SocketGroupError(
+        raise SocketGroupMembershipError(
             f"{key} (gid {gid}): the daemon's user (uid {os.geteuid()}) is not a member, so "
             f"it cannot give {socket_path} to that group; add the group to the daemon's user "
             "(SupplementaryGroups= in the systemd unit, docs/SECURITY.md)"

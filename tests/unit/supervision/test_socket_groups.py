@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd.errors import ConfigError
 from inferd.supervision import instance
 from inferd.supervision.instance import SocketGroupError, open_ipc_sockets_to_group
 
@@ -46,9 +47,12 @@ def test_a_group_the_daemon_is_not_in_stops_it(
     monkeypatch.setattr(instance.os, "getegid", lambda: 998)
     with pytest.raises(
         SocketGroupError, match=r"security\.control_group \(gid 4242\).*not a member"
-    ):
+    ) as raised:
         open_ipc_sockets_to_group([("control", f"ipc://{bound}", 4242)])
     assert stat.S_IMODE(bound.lstat().st_mode) == 0o750  # never opened to the wrong group
+    # A config error: ``inferd run`` exits 2, which the unit does not restart (it
+    # failed the same way at every start: exit 1 and five restarts before).
+    assert isinstance(raised.value, ConfigError)
 
 
 def test_a_file_that_is_not_the_socket_is_refused(tmp_path: Path) -> None:
