@@ -90,6 +90,11 @@ def resolve_format(fmt: str, environ: Mapping[str, str] | None = None) -> str:
 _STDERR_LOCK = threading.Lock()
 
 
+#: When the line was logged (CLOCK_REALTIME, microseconds since the epoch, as
+#: journald's ``__REALTIME_TIMESTAMP``), beside the time journald received it.
+LOGGED_AT_FIELD = "INFERD_LOGGED_AT_USEC"
+
+
 class JournaldRenderer:
     """The last processor in ``journald`` mode: queues the entry for the journal
     (``journal_writer``: the thread that logs never waits for journald) and drops
@@ -114,6 +119,9 @@ class JournaldRenderer:
 
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
         fields = journal_fields(event_dict, method_name)
+        # journald stamps an entry when it receives it; behind a journald that reads
+        # slowly (when things go wrong) that is later than the line was logged.
+        fields.append((LOGGED_AT_FIELD, str(time.time_ns() // 1000).encode()))
         self.writer.submit(Entry(fields, method_name, dict(event_dict)))
         raise structlog.DropEvent
 

@@ -11,13 +11,14 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
 from inferd.supervision.journal_sender import NativeJournalSender
-from inferd.supervision.logging import JournaldRenderer
+from inferd.supervision.logging import LOGGED_AT_FIELD, JournaldRenderer
 from tests.conftest import wait_until
 from tests.unit.supervision.conftest import as_dict
 
@@ -132,3 +133,17 @@ def test_a_flush_queued_behind_the_last_entry_returns_after_the_drops_were_told(
     assert flushed == [True]
     assert journal.sent[-1]["INFERD_EVENT"] == ["journal_entries_dropped"]
     assert journal.sent[-1]["INFERD_COUNT"] == ["6"]
+
+
+def test_each_entry_says_when_it_was_logged_not_only_when_journald_got_it() -> None:
+    """The writer may send an entry long after it was logged (a journald that reads
+    slowly): ``INFERD_LOGGED_AT_USEC`` keeps the logging time, in journald's units."""
+    journal = StuckJournal()
+    renderer = JournaldRenderer(journal, fallback=io.StringIO(), capacity=4)
+    before_us = time.time_ns() // 1000
+    log(renderer, 0)
+    after_us = time.time_ns() // 1000
+    journal.release.set()
+    wait_until(lambda: len(journal.sent) == 1, HANG_S, message="the entry is sent")
+    (logged_at,) = journal.sent[0][LOGGED_AT_FIELD]
+    assert before_us <= int(logged_at) <= after_us
