@@ -1,10 +1,14 @@
 """``inferctl``: talk to a running inferd from a shell.
 
-Human-readable output by default (``cli_format``); ``--json`` prints one JSON
-document per result for scripts, and nothing else on stdout.  Exit codes: 0 ok,
+This module holds the options, the exit codes and the commands but ``build``
+(``cli_build``); what ``infer`` sends is made in ``cli_inputs``, and every result
+is written by ``cli_output``: human-readable by default (``cli_format``), while
+``--json`` prints one JSON document per result for scripts (strict JSON: a NaN
+or an infinity is ``null``), and nothing else on stdout.  Exit codes: 0 ok,
 1 the daemon answered with an error (or with a reply that breaks the protocol),
-2 usage (what was asked cannot be sent or done: a bad option, an input whose
-dtype the wire has no name for), 3 unreachable (no socket, a socket inferctl
+2 usage (what was asked cannot be sent or done: a bad option, a ``--timeout``
+of 0 or less, an ``--npy`` that is not a regular .npy file or names an input
+twice, an input whose dtype the wire has no name for), 3 unreachable (no socket, a socket inferctl
 will not use, no reply within ``--timeout``, or a followed stream went silent),
 4 ``health``: the daemon answers but is not serving (starting, degraded,
 stopping), 130 a command cut short by Ctrl-C (a followed stream or ``top``,
@@ -14,17 +18,17 @@ which Ctrl-C ends, exit 0).
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from inferd_client import cli_format
+from inferd_client import cli_build, cli_format
 from inferd_client.cli_inputs import describe_array, in_region, load_npy, random_inputs, spec_of
+from inferd_client.cli_output import Layout, emit, emit_error, json_line
 from inferd_client.client import InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
@@ -163,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.curve = _curve(args)
+        _check_values(args)
         _check_topics(args)
         _check_sockets(args)
         return _dispatch(args)
@@ -215,6 +220,18 @@ def _endpoints_used(args: argparse.Namespace) -> list[tuple[str, str]]:
     if args.command == "build" and args.build_command == "follow":
         return [events] + ([control] if args.build_id else [])
     return [control]
+
+
+def _check_values(args: argparse.Namespace) -> None:
+    """Option values no command can use are usage errors, before any socket: a
+    ``--timeout`` of 0 s or less would report a daemon that answers as unreachable,
+    and a negative ``--count`` would stop after the first event."""
+    if not args.timeout > 0:  # NaN too
+        shown = "NaN" if math.isnan(args.timeout) else f"{args.timeout:g}"
+        raise ValueError(f"--timeout must be a positive number of seconds, got {shown}")
+    count = getattr(args, "count", 0)
+    if count < 0:
+        raise ValueError(f"--count must be 0 (no limit) or more, got {count}")
 
 
 def _check_topics(args: argparse.Namespace) -> None:
@@ -295,7 +312,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return EXIT_OK
     if args.command == "build":
-        return _build(args)
+        cli_build.run(args, lambda: _operator(args), lambda topics: _subscriber(args, topics))
+        return EXIT_OK
     if args.command == "top":
         from inferd_client import top
 
@@ -339,7 +357,9 @@ def _infer(args: argparse.Namespace) -> int:
         )
         reply = client.last_reply
         if args.save:
-            np.savez(args.save, **outputs)  # type: ignore[arg-type]
+            # Into the file named: given a path, savez would add ".npz" to it.
+            with args.save.open("wb") as saved:
+                np.savez(saved, **outputs)  # type: ignore[arg-type]
         summary: dict[str, Any] = {
             "model": args.model,
             "runtime": reply.get("runtime"),
@@ -361,124 +381,6 @@ def _infer(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _build(args: argparse.Namespace) -> int:
-    if args.build_command == "follow":
-        return _follow_build(args)
-    with _operator(args) as operator:
-        if args.build_command == "start":
-            config = {
-                key: value
-                for key, value in (
-                    ("precision", args.precision),
-                    ("workspace_bytes", args.workspace_bytes),
-                    ("optimization_level", args.optimization_level),
-                )
-                if value is not None
-            }
-            arguments: dict[str, Any] = {"model": args.model}
-            if config:
-                arguments["build_config"] = config
-            if args.simulated:
-                arguments["builder"] = "simulated"
-            _emit(args, operator.call("build.start", **arguments))
-        elif args.build_command == "status":
-            arguments = {} if args.build_id is None else {"build_id": args.build_id}
-            reply = operator.call("build.status", **arguments)
-            if args.json:
-                _emit(args, reply)
-            else:
-                for build in reply.get("builds", [reply.get("build")]):
-                    _print_build(build)
-        else:
-            _emit(
-                args,
-                operator.call("build.cancel", build_id=args.build_id, source=args.source),
-            )
-    return EXIT_OK
-
-
-def _print_build(build: dict[str, Any]) -> None:
-    label = " (SIMULATED)" if build["simulated"] else ""
-    print(f"build {build['build_id']} model={build['model']} builder={build['builder']}{label}")
-    print(f"  state: {build['state']}  elapsed: {build['elapsed_s']} s")
-    if build["cancel_source"]:
-        print(
-            f"  cancelled by {build['cancel_source']}"
-            f"{' (escalated: child killed)' if build['escalated'] else ''};"
-            f" request->ack {build['cancel_latency_ms']} ms,"
-            f" ack->cleanup {build['cleanup_latency_ms']} ms,"
-            f" request->exit {build['cancel_to_exit_ms']} ms"
-        )
-    for key in ("cleanup_status", "retry_policy", "summary_path", "error", "adoption"):
-        if build.get(key):
-            print(f"  {key}: {build[key]}")
-
-    def walk(node: dict[str, Any], depth: int) -> None:
-        done = f"{node['completedSteps']}/{node['numSteps']}"
-        print(f"  {'  ' * depth}- {node['name']} [{node['status']} {done}]")
-        for child in node["children"]:
-            walk(child, depth + 1)
-
-    for root in build["phase_tree"]["roots"]:
-        walk(root, 0)
-    sys.stdout.flush()
-
-
-_TERMINAL = ("cancelled", "completed", "failed")
-
-
-def _follow_build(args: argparse.Namespace) -> int:
-    """Print one build's events until it ends: JSON lines, or indented by phase depth."""
-    depth: dict[str, int] = {}
-    followed: str | None = args.build_id
-    received = 0
-    with _subscriber(args, ["build"]) as subscriber:
-        # Join first (follow joins before its first event), then read the build's
-        # state: an event published after the snapshot is then never lost to
-        # ZeroMQ's slow joiner.
-        subscriber.wait_joined(args.timeout, keep_health=True)
-        print("following build events", file=sys.stderr, flush=True)
-        if followed is not None:
-            with _operator(args) as operator:
-                build = operator.call("build.status", build_id=followed)["build"]
-            if args.json:
-                print(json.dumps({"type": "status", "build": build}, sort_keys=True), flush=True)
-            else:
-                _print_build(build)
-            if build["state"] in _TERMINAL:
-                return EXIT_OK
-        for _topic, event in subscriber.follow(args.timeout):
-            followed = followed or event.get("buildId")
-            if event.get("buildId") != followed:
-                continue
-            received += 1
-            if args.json:
-                print(json.dumps(event, sort_keys=True), flush=True)
-            else:
-                _print_build_event(event, depth)
-            if event.get("type") in _TERMINAL or (args.count and received >= args.count):
-                return EXIT_OK
-    return EXIT_OK
-
-
-def _print_build_event(event: dict[str, Any], depth: dict[str, int]) -> None:
-    kind, phase = event.get("type"), event.get("phaseId")
-    if kind == "phase_start" and phase is not None:
-        depth[phase] = depth.get(event.get("parentId") or "", -1) + 1
-    pad = "  " * depth.get(phase or "", 0)
-    label = " [simulated]" if event.get("simulated") else ""
-    if kind == "phase_start":
-        text = f"{pad}+ {event.get('name')} ({event.get('numSteps')} steps)"
-    elif kind == "step":
-        text = f"{pad}  . {event.get('name')} step {(event.get('step') or 0) + 1}"
-    elif kind == "phase_finish":
-        text = f"{pad}- {event.get('name')} done"
-    else:
-        detail = event.get("detail") or {}
-        text = f"{str(kind).upper()} build {event.get('buildId')}{label} {json.dumps(detail)}"
-    print(text, flush=True)
-
-
 def _events(args: argparse.Namespace) -> int:
     received = 0
     with _subscriber(args, args.topic) as subscriber:
@@ -487,7 +389,7 @@ def _events(args: argparse.Namespace) -> int:
         print(f"following events ({topics})", file=sys.stderr, flush=True)
         for topic, payload in subscriber.follow(args.timeout):
             if args.json:
-                print(json.dumps({"topic": topic, **payload}, sort_keys=True), flush=True)
+                print(json_line({"topic": topic, **payload}), flush=True)
             else:
                 print(cli_format.event(topic, payload), flush=True)
             received += 1
@@ -496,21 +398,12 @@ def _events(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-Layout = Callable[[dict[str, Any]], list[str]]
-
-
 def _emit(args: argparse.Namespace, document: dict[str, Any], layout: Layout | None = None) -> None:
-    if args.json:
-        print(json.dumps(document, sort_keys=True), flush=True)
-    else:
-        print("\n".join((layout or cli_format.generic)(document)), flush=True)
+    emit(args.json, document, layout)
 
 
 def _emit_error(args: argparse.Namespace, code: str, message: str) -> None:
-    if args.json:
-        print(json.dumps({"ok": False, "error": {"code": code, "message": message}}))
-    else:
-        print(f"inferctl: {code}: {message}", file=sys.stderr)
+    emit_error(args.json, code, message)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ own layout; anything else is shown as indented ``key: value`` lines
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -341,11 +342,7 @@ def inference(summary: Mapping[str, Any]) -> list[str]:
             ("runtime", _runtime(summary)),
             ("latency_us", summary.get("latency_us")),
             ("late", summary.get("late")),
-            *(
-                [("socket", f"{shm.get('socket')} (tensors in shared memory)")]
-                if (shm := summary.get("shm"))
-                else []
-            ),
+            *([("socket", _placement(shm, summary))] if (shm := summary.get("shm")) else []),
         ]
     )
     rows = [
@@ -372,6 +369,17 @@ def inference(summary: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _placement(shm: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """The socket an ``infer --shm`` request went on, and which tensors were in the
+    region (an output of dynamic shape comes back as a frame)."""
+    outputs = shm.get("outputs_in_region", [])
+    frames = [name for name in summary.get("outputs", {}) if name not in outputs]
+    placement = f"in shared memory: {text([*shm.get('inputs_in_region', []), *outputs])}"
+    if frames:
+        placement += f"; as frames: {text(frames)}"
+    return f"{shm.get('socket')} ({placement})"
+
+
 def event(topic: str, payload: Mapping[str, Any]) -> str:
     """One line per event: local time, topic, what happened."""
     when = timestamp(payload["ts_ns"]) if isinstance(payload.get("ts_ns"), int) else "-"
@@ -389,3 +397,56 @@ def event(topic: str, payload: Mapping[str, Any]) -> str:
     else:
         detail = text(shown)
     return f"{when}  {topic:<8} {detail}"
+
+
+def build(build: Mapping[str, Any]) -> list[str]:
+    """One build of ``build.status``: its state, a cancel's latencies, its outcome,
+    then its phase tree indented by depth."""
+    label = " (SIMULATED)" if build["simulated"] else ""
+    lines = [
+        f"build {build['build_id']} model={build['model']} builder={build['builder']}{label}",
+        f"  state: {build['state']}  elapsed: {build['elapsed_s']} s",
+    ]
+    if build["cancel_source"]:
+        # A latency not measured yet (a cancel in progress) is "-", never "None ms".
+        def ms(key: str) -> str:
+            return "-" if build.get(key) is None else f"{build[key]} ms"
+
+        lines.append(
+            f"  cancelled by {build['cancel_source']}"
+            f"{' (escalated: child killed)' if build['escalated'] else ''};"
+            f" request->ack {ms('cancel_latency_ms')},"
+            f" ack->cleanup {ms('cleanup_latency_ms')},"
+            f" request->exit {ms('cancel_to_exit_ms')}"
+        )
+    for key in ("cleanup_status", "retry_policy", "summary_path", "error", "adoption"):
+        if build.get(key):
+            lines.append(f"  {key}: {text(build[key], key)}")
+
+    def walk(node: Mapping[str, Any], depth: int) -> None:
+        done = f"{node['completedSteps']}/{node['numSteps']}"
+        lines.append(f"  {'  ' * depth}- {node['name']} [{node['status']} {done}]")
+        for child in node["children"]:
+            walk(child, depth + 1)
+
+    for root in build["phase_tree"]["roots"]:
+        walk(root, 0)
+    return lines
+
+
+def build_event(event: Mapping[str, Any], depth: dict[str, int]) -> str:
+    """One ``build`` event, indented by its phase's depth (``depth``: each phase's,
+    kept by the caller across events)."""
+    kind, phase = event.get("type"), event.get("phaseId")
+    if kind == "phase_start" and phase is not None:
+        depth[phase] = depth.get(event.get("parentId") or "", -1) + 1
+    pad = "  " * depth.get(phase or "", 0)
+    label = " [simulated]" if event.get("simulated") else ""
+    if kind == "phase_start":
+        return f"{pad}+ {event.get('name')} ({event.get('numSteps')} steps)"
+    if kind == "step":
+        return f"{pad}  . {event.get('name')} step {(event.get('step') or 0) + 1}"
+    if kind == "phase_finish":
+        return f"{pad}- {event.get('name')} done"
+    detail = event.get("detail") or {}
+    return f"{str(kind).upper()} build {event.get('buildId')}{label} {json.dumps(detail)}"

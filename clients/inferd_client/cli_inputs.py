@@ -5,13 +5,19 @@ arrays from ``.npy`` files (never unpickled), copies in a shared region for
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+import os
+import stat
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from inferd_client.client import InferenceClient
 from inferd_client.errors import RemoteError
 from inferd_wire.regions import REGION_ALIGNMENT
+
+#: How an .npy file starts (``numpy.lib.format.MAGIC_PREFIX``), and a zip (.npz).
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 def spec_of(described: dict[str, Any], model: str) -> dict[str, Any]:
@@ -71,17 +77,52 @@ def load_npy(items: list[str]) -> dict[str, np.ndarray]:
         name, separator, path = item.partition("=")
         if not separator or not name or not path:
             raise ValueError(f"--npy takes NAME=FILE.npy, got {item!r}")
-        # allow_pickle=False: loading an .npy file never executes code.
-        try:
-            loaded = np.load(path, allow_pickle=False)
-        except (EOFError, MemoryError) as exc:
-            # An empty file; a header that claims more than memory holds.
-            raise ValueError(f"--npy {item}: not an array's .npy file: {exc}") from None
-        if not isinstance(loaded, np.ndarray):
-            loaded.close()  # an .npz archive of arrays
-            raise ValueError(f"--npy {item}: an .npz archive; --npy takes one array's .npy file")
-        inputs[name] = loaded
+        if name in inputs:
+            raise ValueError(f"--npy {item}: input {name!r} is given twice")
+        with _regular_file(item, path) as file:
+            inputs[name] = _read_npy(item, file)
     return inputs
+
+
+def _regular_file(item: str, path: str) -> BinaryIO:
+    """``path`` open for reading, when it is a regular file: a FIFO would be waited
+    on for a writer (for ever, past ``--timeout``), and a device read as data."""
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"--npy {item}: cannot open it: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(
+                f"--npy {item}: not a regular file (a FIFO, a device or a directory); "
+                "--npy reads an array's .npy file"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_npy(item: str, file: BinaryIO) -> np.ndarray:
+    """The array of an .npy file; never unpickled (``allow_pickle=False``: loading
+    an .npy file never executes code)."""
+    magic = file.read(len(_NPY_MAGIC))
+    if magic.startswith(_ZIP_MAGIC):
+        raise ValueError(f"--npy {item}: an .npz archive; --npy takes one array's .npy file")
+    if magic != _NPY_MAGIC:
+        # numpy would call it pickled data, and advise loading it with allow_pickle.
+        raise ValueError(f"--npy {item}: not an .npy file (it does not start with {_NPY_MAGIC!r})")
+    file.seek(0)
+    try:
+        array: np.ndarray = np.lib.format.read_array(file, allow_pickle=False)
+    except ValueError as exc:  # truncated, an object dtype (pickled), a bad header
+        raise ValueError(f"--npy {item}: {exc}") from None
+    except (EOFError, MemoryError) as exc:
+        # A header cut short; one that claims more than memory holds.
+        raise ValueError(f"--npy {item}: not an array's .npy file: {exc}") from None
+    return array
 
 
 def describe_array(array: np.ndarray) -> dict[str, Any]:

@@ -1,0 +1,104 @@
+"""``inferctl build start|status|cancel|follow``: engine builds run by the daemon.
+
+``start``, ``status`` and ``cancel`` are one control op each; ``follow`` prints
+the ``build`` topic of the events socket, one build's events, until it ends.
+The clients come from ``cli`` (its endpoints, timeout and CURVE keys)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from inferd_client import cli_format
+from inferd_client.cli_output import emit, json_line
+from inferd_client.client import OperatorClient
+from inferd_client.events import EventSubscriber
+
+#: The states, and the event types, of a build that has ended.
+TERMINAL = ("cancelled", "completed", "failed")
+
+
+def run(
+    args: argparse.Namespace,
+    operator: Callable[[], OperatorClient],
+    subscriber: Callable[[list[str]], EventSubscriber],
+) -> None:
+    """The ``build`` subcommand in ``args``; raises the client's errors."""
+    if args.build_command == "follow":
+        follow(args, operator, subscriber)
+        return
+    with operator() as control:
+        if args.build_command == "start":
+            config = {
+                key: value
+                for key, value in (
+                    ("precision", args.precision),
+                    ("workspace_bytes", args.workspace_bytes),
+                    ("optimization_level", args.optimization_level),
+                )
+                if value is not None
+            }
+            arguments: dict[str, Any] = {"model": args.model}
+            if config:
+                arguments["build_config"] = config
+            if args.simulated:
+                arguments["builder"] = "simulated"
+            emit(args.json, control.call("build.start", **arguments))
+        elif args.build_command == "status":
+            arguments = {} if args.build_id is None else {"build_id": args.build_id}
+            reply = control.call("build.status", **arguments)
+            if args.json:
+                emit(args.json, reply)
+            else:
+                for build in reply.get("builds", [reply.get("build")]):
+                    _print(cli_format.build(build))
+        else:
+            emit(
+                args.json,
+                control.call("build.cancel", build_id=args.build_id, source=args.source),
+            )
+
+
+def follow(
+    args: argparse.Namespace,
+    operator: Callable[[], OperatorClient],
+    subscriber: Callable[[list[str]], EventSubscriber],
+) -> None:
+    """Print one build's events until it ends: JSON lines, or indented by phase depth."""
+    depth: dict[str, int] = {}
+    followed: str | None = args.build_id
+    received = 0
+    with subscriber(["build"]) as events:
+        # Join first (follow joins before its first event), then read the build's
+        # state: an event published after the snapshot is then never lost to
+        # ZeroMQ's slow joiner.
+        events.wait_joined(args.timeout, keep_health=True)
+        print("following build events", file=sys.stderr, flush=True)
+        if followed is not None:
+            with operator() as control:
+                build = control.call("build.status", build_id=followed)["build"]
+            if args.json:
+                print(json_line({"type": "status", "build": build}), flush=True)
+            else:
+                _print(cli_format.build(build))
+            if build["state"] in TERMINAL:
+                return
+        for _topic, event in events.follow(args.timeout):
+            followed = followed or event.get("buildId")
+            if event.get("buildId") != followed:
+                continue
+            received += 1
+            if args.json:
+                print(json_line(event), flush=True)
+            else:
+                print(cli_format.build_event(event, depth), flush=True)
+            if event.get("type") in TERMINAL or (args.count and received >= args.count):
+                return
+
+
+def _print(lines: list[str]) -> None:
+    for line in lines:
+        print(line)
+    sys.stdout.flush()

@@ -1,0 +1,49 @@
+"""Where ``inferctl`` writes what it has to say: each result on stdout, as one line
+of JSON with ``--json`` or in its human layout (``cli_format``) without, and an
+error as a JSON document on stdout (``--json``) or one line on stderr."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from inferd_client import cli_format
+
+#: A human layout: a document as the lines a person reads.
+Layout = Callable[[dict[str, Any]], list[str]]
+
+
+def emit(as_json: bool, document: dict[str, Any], layout: Layout | None = None) -> None:
+    """One result: a JSON line, or ``layout``'s lines (``cli_format.generic`` by
+    default)."""
+    if as_json:
+        print(json_line(document), flush=True)
+    else:
+        print("\n".join((layout or cli_format.generic)(document)), flush=True)
+
+
+def emit_error(as_json: bool, code: str, message: str) -> None:
+    if as_json:
+        print(json_line({"ok": False, "error": {"code": code, "message": message}}))
+    else:
+        print(f"inferctl: {code}: {message}", file=sys.stderr)
+
+
+def json_line(document: dict[str, Any]) -> str:
+    """``document`` as one line of JSON (RFC 8259): a float that is no number (a
+    tensor's NaN or infinity) is ``null``, as JavaScript's ``JSON.stringify`` writes
+    it, since ``NaN`` and ``Infinity`` are not JSON and strict parsers refuse them."""
+    return json.dumps(_finite(document), sort_keys=True, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
