@@ -312,8 +312,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return EXIT_OK
     if args.command == "build":
-        cli_build.run(args, lambda: _operator(args), lambda topics: _subscriber(args, topics))
-        return EXIT_OK
+        ended_well = cli_build.run(
+            args, lambda: _operator(args), lambda topics: _subscriber(args, topics)
+        )
+        return EXIT_OK if ended_well else EXIT_REMOTE_ERROR
     if args.command == "top":
         from inferd_client import top
 

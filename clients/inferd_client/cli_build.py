@@ -18,17 +18,20 @@ from inferd_client.events import EventSubscriber
 
 #: The states, and the event types, of a build that has ended.
 TERMINAL = ("cancelled", "completed", "failed")
+#: Those of a build that ended without its engine.
+UNFINISHED = ("cancelled", "failed")
 
 
 def run(
     args: argparse.Namespace,
     operator: Callable[[], OperatorClient],
     subscriber: Callable[[list[str]], EventSubscriber],
-) -> None:
-    """The ``build`` subcommand in ``args``; raises the client's errors."""
+) -> bool:
+    """The ``build`` subcommand in ``args``; raises the client's errors.  False when
+    ``follow`` saw its build end failed or cancelled (``inferctl`` exits 1 then, so
+    ``build follow ID && ...`` stops there)."""
     if args.build_command == "follow":
-        follow(args, operator, subscriber)
-        return
+        return follow(args, operator, subscriber)
     with operator() as control:
         if args.build_command == "start":
             config = {
@@ -59,14 +62,16 @@ def run(
                 args.json,
                 control.call("build.cancel", build_id=args.build_id, source=args.source),
             )
+    return True
 
 
 def follow(
     args: argparse.Namespace,
     operator: Callable[[], OperatorClient],
     subscriber: Callable[[list[str]], EventSubscriber],
-) -> None:
-    """Print one build's events until it ends: JSON lines, or indented by phase depth."""
+) -> bool:
+    """Print one build's events until it ends: JSON lines, or indented by phase depth.
+    False when it ended failed or cancelled."""
     depth: dict[str, int] = {}
     followed: str | None = args.build_id
     received = 0
@@ -84,7 +89,7 @@ def follow(
             else:
                 _print(cli_format.build(build))
             if build["state"] in TERMINAL:
-                return
+                return build["state"] not in UNFINISHED
         for _topic, event in events.follow(args.timeout):
             followed = followed or event.get("buildId")
             if event.get("buildId") != followed:
@@ -94,8 +99,11 @@ def follow(
                 print(json_line(event), flush=True)
             else:
                 print(cli_format.build_event(event, depth), flush=True)
-            if event.get("type") in TERMINAL or (args.count and received >= args.count):
-                return
+            if event.get("type") in TERMINAL:
+                return event.get("type") not in UNFINISHED
+            if args.count and received >= args.count:
+                return True
+    return True
 
 
 def _print(lines: list[str]) -> None:
