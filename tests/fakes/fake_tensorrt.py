@@ -26,7 +26,20 @@ signatures follow ``release/10.3`` ``python/src/infer/pyCore.cpp``:
   ``parse_from_file(model)``, ``num_errors``, ``get_error(i)`` (``desc()``,
   ``code()``, ``node()``, ``file()``, ``line()``, ``func()``), ``clear_errors()``.
   The model is read with the ``onnx`` package: IO names, dtypes and shapes
-  (``-1`` for symbolic dims) come from the real graph.
+  (``-1`` for symbolic dims) come from the real graph.  ``parse`` takes any
+  buffer (``py::buffer``) and copies it ("We store a copy of the model so that
+  weight arrays will persist", ``ModelImporter::parseWithWeightDescriptors``):
+  the caller's buffer may go once it returns.  External weights
+  (``data_location`` EXTERNAL) are read from the ``location`` relative to the
+  directory of ``path`` (``parse``; "Absolute path to the model file for loading
+  external weights if required", ``NvOnnxParser.h``), or of the file itself
+  (``parse_from_file``); without a ``path`` the location is taken as it is
+  (relative to the working directory), as ``WeightsContext::parseExternalWeights``
+  does (onnx-tensorrt ``release/10.x``); a ``../`` in it is refused and a file it
+  cannot open fails the parse ("Failed to open file: <path>").
+  ``path`` is a ``char const*``: a ``str`` (or ``bytes``) or None, never a
+  ``pathlib.Path`` (pybind11 refuses it).  ``FakeTensorRT.parses`` records each
+  parse (method, path, SHA-256 of the model bytes).
 * ``IBuilderConfig``: ``set_flag/clear_flag/get_flag(BuilderFlag.*)``,
   ``set_memory_pool_limit/get_memory_pool_limit(MemoryPoolType.*)``,
   ``builder_optimization_level``, ``progress_monitor``, ``int8_calibrator``,
@@ -206,6 +219,8 @@ class FakeTensorRT:
     timing_cache_hits: int = 0
     timing_cache_misses: int = 0
     last_build: dict[str, Any] = field(default_factory=dict)
+    #: Each ONNX parse: ``{"method", "path", "sha256"}`` (of the model bytes parsed).
+    parses: list[dict[str, Any]] = field(default_factory=list)
     #: TensorRT rules the code under test broke, one sentence each (see the module doc).
     violations: list[str] = field(default_factory=list)
     #: Also append each violation to this file (a daemon subprocess tells its test).
@@ -253,6 +268,39 @@ def _execute_failure(path: str | None) -> str | None:
     except FileNotFoundError:
         return None
     return text or ENQUEUE_FAILURE
+
+
+def _load_external_weights(model: Any, onnx_file: str) -> str | None:
+    """Read every external initializer into the model, as onnx-tensorrt's
+    ``WeightsContext::parseExternalWeights`` finds it: ``location`` normalised,
+    ``../`` refused, then relative to the directory of ``onnx_file`` (the path given
+    to the parser), or taken as it is when that has no ``/``.  The parser's error
+    message when it cannot, else None."""
+    from onnx import TensorProto
+
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        normalized = os.path.normpath(info.get("location", ""))
+        if "../" in normalized + "/":
+            return (
+                "Relative paths to parent (../) are not allowed in ONNX external weights! "
+                f"Normalized path is: {normalized}"
+            )
+        slash = onnx_file.rfind("/")
+        path = onnx_file[: slash + 1] + normalized if slash >= 0 else normalized
+        offset, length = int(info.get("offset", 0)), int(info.get("length", 0))
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                raw = handle.read(length) if length else handle.read()
+        except OSError:
+            return f"Failed to open file: {path}"
+        tensor.raw_data = raw
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+    return None
 
 
 def _version_code(version: str) -> int:
@@ -659,9 +707,12 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
             self._logger.log(Severity.ERROR, f"ModelImporter.cpp: {message}")
             return False
 
-        def parse(self, model: bytes, path: str | None = None) -> bool:
+        def parse(self, model: Any, path: str | None = None) -> bool:
+            if path is not None and not isinstance(path, str | bytes):  # char const*
+                raise TypeError("parse(): incompatible function arguments (path: str)")
             state.calls.append("OnnxParser.parse")
-            return self._load(bytes(model))
+            data = bytes(memoryview(model))  # py::buffer, copied by the parser
+            return self._load(data, "parse", None if path is None else os.fsdecode(path))
 
         def parse_from_file(self, model: str) -> bool:
             state.calls.append("OnnxParser.parse_from_file")
@@ -670,15 +721,21 @@ def make_module(state: FakeTensorRT) -> types.ModuleType:
                     data = handle.read()
             except OSError as exc:
                 return self._error(f"Failed to parse ONNX model from file: {model}: {exc}")
-            return self._load(data)
+            return self._load(data, "parse_from_file", str(model))
 
-        def _load(self, data: bytes) -> bool:
+        def _load(self, data: bytes, method: str, location: str | None) -> bool:
             import onnx
 
+            state.parses.append(
+                {"method": method, "path": location, "sha256": hashlib.sha256(data).hexdigest()}
+            )
             try:
                 model = onnx.load_model_from_string(data)
             except Exception as exc:
                 return self._error(f"Failed to parse ONNX model: {exc}")
+            failed = _load_external_weights(model, location or "")
+            if failed is not None:
+                return self._error(failed)
             if not model.graph.node and not model.graph.output:
                 return self._error("Failed to parse ONNX model: the graph is empty")
             for index, node in enumerate(model.graph.node):

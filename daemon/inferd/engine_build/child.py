@@ -135,13 +135,15 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, BuildR
         SIMULATED_HOST.tensorrt_version,
         config.precision,
     )
+    builder = SimulatedBuilder(model_path, config, host, settings=settings)
     request = BuildRequest(
         model_path=model_path,
         engine_path=Path(spec["engine_path"]),
         build_config=config,
         host=host,
+        model_sha256=builder.model_sha,  # of the bytes it builds from (read once)
     )
-    return SimulatedBuilder(model_path, config, host, settings=settings), request
+    return builder, request
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,8 +8,11 @@ steps (Polygraphy's loaders are the model: small callables that compose):
 2. **compile** (``compose_tensorrt_build`` + ``inferd.engine_build.session.run_build``):
    the build session: phase events, one cancellation token, atomic artifacts
    and a no-cancel zone, timing-cache policy, stall detection, summary.
+   TensorRT parses the model's bytes only once their digest is the one step 1
+   named the engine by (``inferd.engine_build.model_source``).
 3. **validate** (inside the session: ``inferd.engine_build.validation``): the
-   gate's sidecar check and a smoke inference compared with ONNX Runtime.
+   gate's sidecar check and a smoke inference compared with ONNX Runtime (a
+   reference from model bytes with that same digest).
 4. **record trust** (``record_trust``): only a completed build that passed
    validation, whose file still has the digest the build wrote, is added to a
    manifest (``inferd.engines.manifest.record_in_manifest``, the one writer).
@@ -56,6 +59,9 @@ def compose_tensorrt_build(
 
     model_path = plan.entry.model_path
     engine_path = plan.entry.artifact_path
+    # The digest the engine is named by: the builder parses, and validation reads,
+    # only model bytes that have it (``model_source``).
+    model_sha256 = plan.entry.model_sha256
     builder = TensorRTBuilder(
         trt,
         cuda,
@@ -63,9 +69,10 @@ def compose_tensorrt_build(
         build_config,
         gpu_memory_budget_bytes=gpu_memory_budget_bytes,
         device_id=device_id,
-        infer=tensorrt_smoke_infer(trt, cuda, model_path, build_config, device_id),
+        infer=tensorrt_smoke_infer(trt, cuda, model_path, build_config, device_id, model_sha256),
         calibration_data=calibration_data,
         calibration_cache=calibration_cache_path(engine_path),
+        model_sha256=model_sha256,
     )
     request = BuildRequest(
         model_path=model_path,
@@ -76,6 +83,7 @@ def compose_tensorrt_build(
         device_index=device_id,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,
+        model_sha256=model_sha256,
     )
     return builder, request
 

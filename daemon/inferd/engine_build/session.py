@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from inferd.digest import sha256_file
 from inferd.engine_build.artifacts import (
     TimingCacheManager,
     TimingCacheOutcome,
@@ -35,6 +36,7 @@ from inferd.engine_build.artifacts import (
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.events import BuildEvent, EventQueue
 from inferd.engine_build.host_evidence import read_host_evidence
+from inferd.engine_build.model_source import ModelSource
 from inferd.engine_build.progress import ProgressAdapter, StallWatchdog
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.validation import Infer, ValidationResult, validate_build
@@ -76,6 +78,9 @@ class BuildRequest:
     timeout_s: float | None = None
     validate: bool = True
     queue_size: int = 4096
+    #: The digest the engine is named by (``locate_engine``); None: the model's now.
+    #: Validation uses only model bytes that have it (``model_source``).
+    model_sha256: str | None = None
 
 
 @dataclass
@@ -158,7 +163,7 @@ def run_build(
     own = (request.engine_path.name.removesuffix(".engine") + ".", cache.path.name)
     before, before_omitted = build_files(engine_dir, own)
     started_mono, started_wall = time.monotonic(), time.time()
-    model_sha = hashlib.sha256(request.model_path.read_bytes()).hexdigest()
+    model_sha = request.model_sha256 or sha256_file(request.model_path, follow=True)
     config_hash = build_config_hash(request, model_sha, builder.tensorrt_version)
 
     cache_data = cache.load()
@@ -225,7 +230,10 @@ def run_build(
         # validated: pending) ever reaches the path a locator reuses.
         if request.validate and builder.infer is not None:
             validation = validate_build(
-                staged, request.model_path, request.build_config.precision, builder.infer
+                staged,
+                ModelSource(request.model_path, model_sha),
+                request.build_config.precision,
+                builder.infer,
             )
         if validation is not None and validation.status == "fail" and not token.is_set():
             quarantined_to = _quarantine_failed(staged, request.engine_path, validation)

@@ -9,6 +9,13 @@ TensorRT object of the call is released, newest first, while it is still
 current (``inferd.runtime.tensorrt_release``).  TensorRT's messages reach this
 build through the process's one logger (``inferd.runtime.tensorrt_log``).
 
+The model TensorRT parses is the one the engine is named by: its bytes are read
+once when the build starts, checked against ``model_sha256`` (the digest in the
+engine's name, ``engines/locate.py``) and handed to ``OnnxParser.parse`` with the
+model's path (for external weights), never ``parse_from_file``, so a model file
+replaced since it was hashed fails the build (``model_source.ModelChangedError``)
+instead of being built under the old model's name.
+
 Smoke inference needs device buffers and an execution context, which the
 serving runtime owns: pass ``infer`` (e.g. a function loading the engine into a
 ``TensorRTRuntime``); without it validation stays ``pending``.
@@ -38,6 +45,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inferd.config import RuntimeConfig
+from inferd.digest import sha256_file
+from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engine_build.progress import ProgressAdapter, make_trt_progress_monitor
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.tensorrt_build import (
@@ -80,12 +89,19 @@ class TensorRTBuilder:
         infer: Infer | None = None,
         calibration_data: Path | None = None,
         calibration_cache: Path | None = None,
+        model_sha256: str | None = None,
     ) -> None:
+        """``model_sha256``: the digest the engine is named by (None: the model's
+        digest now); the bytes parsed must have it."""
         if calibration_data is not None and calibration_cache is None:
             raise ValueError("calibration_data needs calibration_cache (where the cache lives)")
         self.trt = trt
         self.cuda = cuda
         self.onnx_path = onnx_path
+        self.model = ModelSource(
+            onnx_path,
+            model_sha256 if model_sha256 is not None else sha256_file(onnx_path, follow=True),
+        )
         self.config = build_config
         #: The one workspace rule (``inferd.engines.build_config.build_workspace_bytes``).
         self.workspace_bytes = build_workspace_bytes(build_config, gpu_memory_budget_bytes)
@@ -145,13 +161,22 @@ class TensorRTBuilder:
     ) -> BuilderOutput:
         trt = self.trt
         model = self.onnx_path.name
+        try:
+            onnx_bytes = self.model.read()  # the bytes the engine's name is the digest of
+        except ModelChangedError as exc:
+            return BuilderOutput(None, None, error=str(exc))
+        except OSError as exc:
+            return BuilderOutput(None, None, error=f"cannot read {model}: {exc}")
         builder = held.hold(trt.Builder(self.tlog.logger))
         network = held.hold(
             builder.create_network(network_flags(trt, strongly_typed=self.strongly_typed))
         )
         parser = held.hold(trt.OnnxParser(network, self.tlog.logger))
         mark = self.tlog.mark()
-        if not parser.parse_from_file(str(self.onnx_path)):
+        # The parser keeps its own copy of the model (weights included): ours goes now.
+        parsed = parser.parse(onnx_bytes, self.model.parser_path)
+        del onnx_bytes
+        if not parsed:
             errors = [parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
             reasons = errors or self.tlog.since(mark) or ["no reason given"]
             return BuilderOutput(

@@ -3,10 +3,20 @@
 A completed (re)build is eligible to serve only after the gate (the sidecar
 digest matches the engine) and a smoke inference whose outputs match ONNX
 Runtime's reference within a precision-dependent tolerance.
+
+The reference is computed from the model the engine is named by: its bytes are
+read once and checked against that digest (``model_source.ModelSource``), and one
+ONNX Runtime session is made from exactly those bytes, its external data found
+beside the model (``session.model_external_initializers_file_folder_path``,
+ONNX Runtime 1.21 on).  An ONNX Runtime that cannot load them from memory (before
+1.21, a model with external data) loads the model from its path, and the file's
+digest is checked again once it is loaded.  A model changed meanwhile fails
+validation, saying so; the engine is never compared with another model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from inferd.digest import sha256_file
+from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engines.sidecar import read_sidecar
 from inferd.types import BuildConfig, PrecisionMode
 
@@ -27,6 +38,10 @@ TOLERANCES: dict[PrecisionMode, tuple[float, float]] = {
     PrecisionMode.MIXED: (1e-1, 1e-1),
 }
 VALIDATION_STATUSES = ("not_applicable", "pending", "pass", "fail")
+#: ONNX Runtime's session option (1.21 on) naming the folder of a model's external
+#: data when the model is loaded from memory; earlier versions ignore the key.
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+_CPU = ["CPUExecutionProvider"]
 
 Arrays = dict[str, np.ndarray]
 Infer = Callable[[Path, Arrays], Mapping[str, np.ndarray]]
@@ -62,7 +77,16 @@ def smoke_inputs(onnx_path: Path, seed: int = 0) -> Arrays:
     """Deterministic random inputs for every model input (symbolic dims -> 1)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    return _smoke_inputs(ort.InferenceSession(str(onnx_path), providers=_CPU), seed)
+
+
+def reference_outputs(onnx_path: Path, inputs: Arrays) -> Arrays:
+    import onnxruntime as ort
+
+    return _run(ort.InferenceSession(str(onnx_path), providers=_CPU), inputs)
+
+
+def _smoke_inputs(session: Any, seed: int) -> Arrays:
     rng = np.random.default_rng(seed)
     inputs: Arrays = {}
     for spec in session.get_inputs():
@@ -72,17 +96,42 @@ def smoke_inputs(onnx_path: Path, seed: int = 0) -> Arrays:
     return inputs
 
 
-def reference_outputs(onnx_path: Path, inputs: Arrays) -> Arrays:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+def _run(session: Any, inputs: Arrays) -> Arrays:
     names = [output.name for output in session.get_outputs()]
     return dict(zip(names, session.run(names, inputs), strict=True))
 
 
+def reference_session(model: ModelSource) -> Any:
+    """An ONNX Runtime CPU session of the model whose digest is ``model.sha256``
+    (``ModelChangedError`` when the file has another); see the module's doc."""
+    import onnxruntime as ort
+
+    data = model.read()
+    options = ort.SessionOptions()
+    options.add_session_config_entry(EXTERNAL_DATA_FOLDER, model.directory)
+    loaded: Any = None
+    with contextlib.suppress(Exception):  # its error is the path's too, or the case below
+        loaded = ort.InferenceSession(data, options, providers=_CPU)
+    del data  # the session keeps its own reference
+    if loaded is not None:
+        return loaded
+    # An ONNX Runtime before 1.21 cannot find external data for a model in memory.
+    session = ort.InferenceSession(str(model.path), providers=_CPU)
+    model.check_unchanged()
+    return session
+
+
+def reference_case(model: ModelSource, seed: int = 0) -> tuple[Arrays, Arrays]:
+    """Smoke inputs and ONNX Runtime's outputs for them, from one session of the
+    verified model (released before the engine under test runs)."""
+    session = reference_session(model)
+    inputs = _smoke_inputs(session, seed)
+    return inputs, _run(session, inputs)
+
+
 def validate_build(
     engine_path: Path,
-    onnx_path: Path,
+    model: ModelSource | Path,
     precision: PrecisionMode,
     infer: Infer,
     *,
@@ -95,9 +144,12 @@ def validate_build(
     except Exception as exc:
         return ValidationResult("fail", "refused", None, atol, rtol, f"gate: {exc}")
     try:
-        inputs = smoke_inputs(onnx_path, seed)
-        expected = reference_outputs(onnx_path, inputs)
+        if not isinstance(model, ModelSource):  # the model as it is now
+            model = ModelSource(model, sha256_file(model, follow=True))
+        inputs, expected = reference_case(model, seed)
         actual = infer(engine_path, inputs)
+    except ModelChangedError as exc:
+        return ValidationResult("fail", "passed", None, atol, rtol, str(exc))
     except Exception as exc:
         return ValidationResult("fail", "passed", None, atol, rtol, f"smoke inference: {exc}")
     worst = 0.0
@@ -136,13 +188,19 @@ def eligible_to_serve(summary: Mapping[str, Any]) -> bool:
 
 
 def tensorrt_smoke_infer(
-    trt: Any, cuda: Any, model_path: Path, config: BuildConfig, device_id: int
+    trt: Any,
+    cuda: Any,
+    model_path: Path,
+    config: BuildConfig,
+    device_id: int,
+    model_sha256: str | None = None,
 ) -> Infer:
     """Validation's smoke inference for a TensorRT build: load the new engine into
     a ``TensorRTRuntime`` in this process (its own CUDA context) and run it.  The
     runtime's gate wants the engine in a manifest; a temporary one lists just this
     engine's digest (the sidecar gate has already checked it), so validating
-    trusts nothing else."""
+    trusts nothing else.  ``model_sha256``: the digest the engine is named by (the
+    gate's name step checks it; None: the model's digest at load)."""
 
     def infer(engine_path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from inferd.config import RuntimeConfig
@@ -165,9 +223,8 @@ def tensorrt_smoke_infer(
                 thermal=ThermalState,
             )
             try:
-                entry = EngineCacheEntry(
-                    LABEL, engine_path, model_path, sha256_file(model_path, follow=True), config
-                )
+                digest = model_sha256 or sha256_file(model_path, follow=True)
+                entry = EngineCacheEntry(LABEL, engine_path, model_path, digest, config)
                 handle = runtime.deserialize_engine(entry)
                 try:
                     return runtime.infer(handle, inputs)
