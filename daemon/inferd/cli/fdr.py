@@ -3,19 +3,17 @@ recorder directory."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
 import re
 import sys
 import time
-from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from inferd.fdr.reader import ReadReport, Record, json_default, read_records
+from inferd.fdr.reader import ReadReport, Record, json_default, json_text, read_records
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -80,65 +78,6 @@ def _human(record: Record) -> str:
     return f"{_iso(record.wall_ns)}  seq={record.seq:<8} {_value_text(record.kind):<28} {fields}"
 
 
-#: msgpack's packer nests at most 511 levels, so the recorder never wrote a deeper
-#: payload; ``json.dumps`` recurses, and raised RecursionError on ~1,000.
-MAX_PAYLOAD_DEPTH = 511
-
-
-class _TooDeep(ValueError):
-    pass
-
-
-def _shown(payload: Any, *, as_json: bool) -> Any:
-    """``payload`` as ``json.dumps`` can write it: ``_TooDeep`` when nested deeper than
-    the recorder writes; with ``as_json``, a copy with every NaN and infinity as
-    null (``json.dumps`` writes ``NaN``, which no JSON parser reads).  A loop, not
-    recursion, as the reader's checks."""
-    root: list[Any] = [None]
-    pending: list[tuple[Any, Any, Any, int]] = [(root, 0, payload, 0)]
-    while pending:
-        parent, slot, item, depth = pending.pop()
-        if depth > MAX_PAYLOAD_DEPTH:
-            raise _TooDeep(f"payload nested deeper than {MAX_PAYLOAD_DEPTH} levels")
-        if isinstance(item, dict):
-            children: Iterable[tuple[Any, Any]] = item.items()
-            item = dict.fromkeys(item) if as_json else item
-        elif isinstance(item, list):
-            children = enumerate(item)
-            item = [None] * len(item) if as_json else item
-        else:
-            children = ()
-            if as_json and isinstance(item, float) and not math.isfinite(item):
-                item = None
-        pending.extend((item, key, child, depth + 1) for key, child in children)
-        if as_json or parent is root:
-            parent[slot] = item
-    return root[0]
-
-
-def _shown_record(record: Record, skipped: list[str], *, as_json: bool) -> Record | None:
-    """``record`` with its payload as ``_shown`` gives it, or None, its place and
-    reason added to ``skipped``."""
-    try:
-        payload = _shown(record.payload, as_json=as_json)
-    except _TooDeep as exc:
-        skipped.append(f"{record.segment}@{record.offset}: {exc}")
-        return None
-    return dataclasses.replace(record, payload=payload) if as_json else record
-
-
-def _printable(records: Iterable[Record], skipped: list[str], *, as_json: bool) -> Iterator[Record]:
-    for record in records:
-        shown = _shown_record(record, skipped, as_json=as_json)
-        if shown is not None:
-            yield shown
-
-
-def _not_shown(skipped: list[str]) -> str:
-    reasons = sorted({reason.split(": ", 1)[1] for reason in skipped})
-    return f"{len(skipped)} record(s) not shown: {'; '.join(reasons)} ({', '.join(skipped[:3])})"
-
-
 def check_kinds(kinds: list[str]) -> list[str]:
     """``--kind`` values as record kinds (``c7.`` names of old recorders accepted);
     ``ValueError`` naming an unknown one and the nearest known kinds."""
@@ -170,17 +109,10 @@ def dump(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     report = ReadReport()
-    skipped: list[str] = []
-    records = read_records(directory, report, kinds=kinds, since_wall_ns=since_wall_ns)
-    for record in _printable(records, skipped, as_json=as_json):
-        if as_json:
-            out.write(json.dumps(record.as_dict(), default=json_default) + "\n")
-        else:
-            out.write(_human(record) + "\n")
+    for record in read_records(directory, report, kinds=kinds, since_wall_ns=since_wall_ns):
+        out.write((json_text(record.as_dict()) if as_json else _human(record)) + "\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
-    if skipped:
-        err.write(_not_shown(skipped) + "\n")
     return 0
 
 
@@ -204,12 +136,7 @@ def export(
         err.write(f"inferd: --mcap {mcap} {what}: name a file in an existing directory\n")
         return 2
     report = ReadReport()
-    skipped: list[str] = []
-    records = _printable(
-        read_records(directory, report, kinds=kinds, since_wall_ns=since_wall_ns),
-        skipped,
-        as_json=True,  # each message is JSON
-    )
+    records = read_records(directory, report, kinds=kinds, since_wall_ns=since_wall_ns)
     try:
         summary = export_mcap(records, mcap, report=report, source=str(directory))
     except ImportError as exc:
@@ -226,27 +153,20 @@ def export(
         err.write(f"  no schema for {', '.join(summary.schemaless)}: schemaless channels\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
-    if skipped:
-        err.write(_not_shown(skipped) + "\n")
     return 0
 
 
 def verify(directory: Path, *, as_json: bool, out: TextIO | None = None) -> int:
-    """Exit 1 on corruption other than torn tails, or on records ``dump`` cannot
-    show (a payload nested deeper than the recorder writes), with a summary."""
+    """Exit 1 on corruption other than torn tails (a payload nested deeper than
+    the recorder writes included: the reader calls it so), with a summary."""
     out = sys.stdout if out is None else out
     report = ReadReport()
-    seqs: list[int] = []
-    skipped: list[str] = []
-    for record in read_records(directory, report):
-        seqs.append(record.seq)
-        _shown_record(record, skipped, as_json=False)
+    seqs = [record.seq for record in read_records(directory, report)]
     gaps = sum(1 for a, b in itertools.pairwise(seqs) if b != a + 1)
     result = {
         **report.as_dict(),
         "seq_gaps": gaps,
-        "unprintable_records": len(skipped),
-        "ok": not report.is_corrupt and not skipped,
+        "ok": not report.is_corrupt,
         "directory": str(directory),
     }
     if as_json:
@@ -261,8 +181,6 @@ def verify(directory: Path, *, as_json: bool, out: TextIO | None = None) -> int:
             )
         for damage in report.torn_tails:
             out.write(f"  torn tail {damage.segment} @{damage.offset} ({damage.length} bytes)\n")
-        if skipped:
-            out.write(f"  {_not_shown(skipped)}\n")
     return 0 if result["ok"] else 1
 
 

@@ -33,6 +33,13 @@ def non_negative(key: str, value: float) -> None:
         raise ConfigError(f"{key} must be zero or positive, got {value}")
 
 
+def one_to(key: str, value: float, most: float, unit: str = "") -> None:
+    """A count or a size: positive (said so, as before a ceiling), then at most
+    ``most``, the range named."""
+    positive(key, value)
+    between(key, value, 1, most, unit)
+
+
 def up_to(key: str, value: float, most: float, unit: str = "") -> None:
     between(key, value, 0, most, unit)
 

@@ -9,7 +9,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from inferd.config.checks import between, endpoint, finite, non_negative, one_of, positive, up_to
+from inferd.config.ceilings import (
+    FDR_SEGMENT_MIN_BYTES,
+    MAX_BUSY_POLL_US,
+    MAX_CONNECTIONS_PER_SOCKET,
+    MAX_DEVICE_INDEX,
+    MAX_FDR_QUEUE_RECORDS,
+    MAX_FDR_SEGMENT_BYTES,
+    MAX_FRAMES,
+    MAX_FSYNC_INTERVAL_MS,
+    MAX_GPU_BUDGET_BYTES,
+    MAX_HEADER_FRAME_BYTES,
+    MAX_HEARTBEAT_MS,
+    MAX_LOAD_S,
+    MAX_MEMORY_BYTES,
+    MAX_MESSAGE_BYTES,
+    MAX_QUEUE_CAPACITY,
+    MAX_REBUILD_ATTEMPTS,
+    MAX_REQUESTS_IN_FLIGHT,
+    MAX_SHUTDOWN_MS,
+    MAX_THERMAL_POLL_HZ,
+    MAX_THREADS,
+    MIN_THERMAL_POLL_HZ,
+)
+from inferd.config.ceilings import MAX_DEADLINE_MS as MAX_DEADLINE_MS  # bus/codec.py, headers.py
+from inferd.config.ceilings import MAX_REGIONS_PER_CONNECTION as MAX_REGIONS_PER_CONNECTION
+from inferd.config.checks import (
+    between,
+    endpoint,
+    finite,
+    non_negative,
+    one_of,
+    one_to,
+    positive,
+    up_to,
+)
 from inferd.config.metrics import MetricsConfig
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
 from inferd.errors import ConfigError
@@ -41,35 +75,6 @@ def default_state_dir() -> Path:
 #: the session loads, reported at 50-60 s on a Xavier NX without a cache and
 #: minutes for large models (onnxruntime #7499, its "TensorRT EP Caches" docs).
 DEFAULT_MAX_LOAD_S = 600.0
-MAX_LOAD_S = 86_400.0
-#: ZeroMQ stores heartbeat times as int milliseconds; an hour is plenty.
-_MAX_HEARTBEAT_MS = 3_600_000
-#: A longer busy poll is a core spent waiting, not a shorter wake-up.
-MAX_BUSY_POLL_US = 1000
-#: ``bus.max_connections``'s ceiling: each connection holds a descriptor.
-MAX_CONNECTIONS_PER_SOCKET = 16384
-#: ``shm.max_regions_per_connection``'s ceiling (a request names at most 64): each
-#: region holds a descriptor and a mapping (``vm.max_map_count``: 65530).
-MAX_REGIONS_PER_CONNECTION = 1024
-
-#: Sensors change over seconds; faster polling only burns a core, and a reading
-#: older than 20 s cannot decide a throttle (nor be waited for: a wait overflows).
-MAX_THERMAL_POLL_HZ = 100.0
-MIN_THERMAL_POLL_HZ = 0.05
-#: Caps within the C types values reach (int64, C int, threading.TIMEOUT_MAX), far
-#: above any deployment's needs.  A bus message over 4 GiB belongs in shared memory.
-MAX_MESSAGE_BYTES = 4 * 1024**3
-#: An hour: longer than any TimeoutStopSec=, and than any request's deadline_ms.
-MAX_SHUTDOWN_MS = MAX_DEADLINE_MS = 3_600_000
-#: More ORT threads than an onboard CPU has cores only contend.
-MAX_THREADS = 1024
-#: No board has more GPUs, or a GPU more than a TiB of memory.
-MAX_DEVICE_INDEX = 255
-MAX_GPU_BUDGET_BYTES = 1024**4
-#: A recorder synced less than once a minute is not crash-safe.
-MAX_FSYNC_INTERVAL_MS = 60_000
-#: The backoff doubles per failed build: beyond ten it outgrows any wait.
-MAX_REBUILD_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -136,16 +141,17 @@ class BusConfig:
             raise ConfigError("bus: infer, control and events endpoints must all differ")
         positive("bus.max_message_bytes", self.max_message_bytes)
         up_to("bus.max_message_bytes", self.max_message_bytes, MAX_MESSAGE_BYTES)
-        positive("bus.max_header_bytes", self.max_header_bytes)
-        positive("bus.max_frames", self.max_frames)
+        one_to("bus.max_header_bytes", self.max_header_bytes, MAX_HEADER_FRAME_BYTES)
+        one_to("bus.max_frames", self.max_frames, MAX_FRAMES)
         positive("bus.max_reply_bytes_per_peer", self.max_reply_bytes_per_peer)
+        one_to("bus.max_reply_bytes_total", self.max_reply_bytes_total, MAX_MEMORY_BYTES)
         if self.max_reply_bytes_total < self.max_reply_bytes_per_peer:
             raise ConfigError(
                 f"bus.max_reply_bytes_total ({self.max_reply_bytes_total}) must be at least "
                 f"bus.max_reply_bytes_per_peer ({self.max_reply_bytes_per_peer})"
             )
         for key in ("heartbeat_interval_ms", "heartbeat_timeout_ms"):
-            up_to(f"bus.{key}", getattr(self, key), _MAX_HEARTBEAT_MS, " ms")
+            up_to(f"bus.{key}", getattr(self, key), MAX_HEARTBEAT_MS, " ms")
         up_to("bus.busy_poll_us", self.busy_poll_us, MAX_BUSY_POLL_US)
         up_to("bus.send_buffer_bytes", self.send_buffer_bytes, MAX_SEND_BUFFER_BYTES)
         positive("bus.max_connections", self.max_connections)
@@ -236,8 +242,8 @@ class ModelConfig:
             raise ConfigError(f"{where}.name must be non-empty letters, digits, '-' or '_'")
         one_of(f"{where}.runtime", self.runtime, RUNTIME_LABELS)
         one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
-        positive(f"{where}.queue_capacity", self.queue_capacity)
-        positive(f"{where}.queue_max_bytes", self.queue_max_bytes)
+        one_to(f"{where}.queue_capacity", self.queue_capacity, MAX_QUEUE_CAPACITY)
+        one_to(f"{where}.queue_max_bytes", self.queue_max_bytes, MAX_MEMORY_BYTES)
         up_to(f"{where}.default_deadline_ms", self.default_deadline_ms, MAX_DEADLINE_MS, " ms")
         if len(self.staged_engines) > 1:
             raise ConfigError(
@@ -280,9 +286,12 @@ class ShmConfig:
 
     def __post_init__(self) -> None:
         endpoint("shm.socket", f"ipc://{self.socket}")
-        for key in ("max_connections", "max_regions_per_connection", "max_requests_per_connection"):
+        for key in ("max_connections", "max_regions_per_connection"):
             positive(f"shm.{key}", getattr(self, key))
+        requests = self.max_requests_per_connection
+        one_to("shm.max_requests_per_connection", requests, MAX_REQUESTS_IN_FLIGHT)
         positive("shm.max_bytes_per_uid", self.max_bytes_per_uid)
+        one_to("shm.max_bytes_total", self.max_bytes_total, MAX_MEMORY_BYTES)
         up_to("shm.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
         up_to(
             "shm.max_regions_per_connection",
@@ -298,11 +307,6 @@ class ShmConfig:
 
 ALERT_HOOKS: tuple[str, ...] = ("pub", "fdr", "mavlink")
 THERMAL_SOURCES: tuple[str, ...] = ("jtop", "nvml", "sysfs")
-
-
-#: The smallest ``fdr.segment_max_bytes``: a segment holds the writer's own records
-#: (an ``fdr_dropped`` is at most 459 bytes, a one-name ``fdr_retention`` 263).
-FDR_SEGMENT_MIN_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,13 @@ class FdrConfig:
                 f"fdr.segment_max_bytes ({self.segment_max_bytes}) must be at least "
                 f"{FDR_SEGMENT_MIN_BYTES}: a segment must hold the recorder's own records"
             )
-        positive("fdr.queue_capacity", self.queue_capacity)
+        between(
+            "fdr.segment_max_bytes",
+            self.segment_max_bytes,
+            FDR_SEGMENT_MIN_BYTES,
+            MAX_FDR_SEGMENT_BYTES,
+        )
+        one_to("fdr.queue_capacity", self.queue_capacity, MAX_FDR_QUEUE_RECORDS)
         if self.max_total_bytes < 2 * self.segment_max_bytes:
             raise ConfigError(
                 f"fdr.max_total_bytes ({self.max_total_bytes}) must hold at least two segments "

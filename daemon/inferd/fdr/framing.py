@@ -122,10 +122,11 @@ def encode_record_parts(
         head, tail = encode_body_parts(kind, schema_version, wall_ns, mono_ns, boot_id, payload)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"payload cannot be encoded: {exc}") from exc
-    if not _readable(payload):
+    unreadable = _unreadable(payload)
+    if unreadable is not None:
         raise ValueError(
-            "payload cannot be encoded: a map key that is not a string, or a msgpack ext "
-            "type (the reader would take the record for corruption)"
+            f"payload cannot be encoded: {unreadable} (the reader would take the record "
+            "for corruption)"
         )
     body = len(head) + MAX_SEQ_BYTES + len(tail)
     if body > MAX_BODY_BYTES:
@@ -142,28 +143,39 @@ def encode_record_parts(
 #: Values the walk below need not look into (their subclasses are looked at).
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 _EXT_TYPES = (msgpack.ExtType, msgpack.Timestamp)  # ExtType is a tuple
+#: The deepest a value may lie below its payload (the payload's own items are at
+#: 1).  msgpack's packer took 511 levels before 1.2.0 and 1,024 since; the reader
+#: refuses deeper ones, which ``json.dumps`` (every consumer of a record) cannot
+#: write past ~1,000 (RecursionError).  No record kind nests more than a few.
+MAX_PAYLOAD_DEPTH = 511
+TOO_DEEP = f"payload nested deeper than {MAX_PAYLOAD_DEPTH} levels"
 
 
-def _readable(payload: Any) -> bool:
-    """Whether the reader takes ``payload``, once encoded, for a record: maps with
-    string keys at every depth, no ext type or Timestamp.  Called once msgpack
-    encoded it, so it is a finite tree (msgpack refuses cycles and deep nesting).
-    About 1 us for an alert's payload: a loop, not ``all()`` over a generator."""
-    pending = [payload]
-    while pending:
-        item = pending.pop()
-        if type(item) in _SCALARS:
-            continue
-        if isinstance(item, _EXT_TYPES):
-            return False
-        if isinstance(item, dict):
-            for key in item:
-                if not isinstance(key, str):
-                    return False
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-    return True
+def _unreadable(payload: Any) -> str | None:
+    """Why the reader would not take ``payload``, once encoded, for a record: a map
+    key that is not a string, an ext type or Timestamp, or nesting deeper than
+    MAX_PAYLOAD_DEPTH; None when it would.  Called once msgpack encoded it, so it
+    is a finite tree (msgpack refuses cycles).  Level by level, in a loop (not
+    ``all()`` over a generator): about 1 us for an alert's payload."""
+    level = [payload]
+    for _depth in range(MAX_PAYLOAD_DEPTH + 1):
+        below: list[Any] = []
+        for item in level:
+            if type(item) in _SCALARS:
+                continue
+            if isinstance(item, _EXT_TYPES):
+                return "a msgpack ext type or Timestamp"
+            if isinstance(item, dict):
+                for key in item:
+                    if not isinstance(key, str):
+                        return "a map key that is not a string"
+                below.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                below.extend(item)
+        if not below:
+            return None
+        level = below
+    return TOO_DEEP
 
 
 def join_body(head: bytes, seq: int, tail: bytes) -> bytes:

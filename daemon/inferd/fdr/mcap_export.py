@@ -17,7 +17,6 @@ boot to the wall clock).  ``mcap`` is imported here only, when exporting.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable
@@ -28,7 +27,7 @@ from typing import Any
 
 import inferd
 from inferd.durable import atomic_output
-from inferd.fdr.reader import ReadReport, Record, json_default
+from inferd.fdr.reader import ReadReport, Record, json_text
 
 TOPIC_PREFIX = "/inferd/"
 MESSAGE_ENCODING = "json"
@@ -89,7 +88,7 @@ def export_mcap(
             writer.add_message(
                 channel,
                 log_time=wall_ns,
-                data=json.dumps(record.payload, default=json_default).encode(),
+                data=json_text(record.payload).encode(),  # NaN and infinities as null
                 publish_time=wall_ns,
                 sequence=record.seq & _UINT32,
             )

@@ -10,7 +10,9 @@
   whose length runs past the end while its CRC matches the bytes up to the end
   (or to the next sync marker) was written whole: its length field is damaged,
   which is corruption, not a torn tail.  A CRC-valid body that is not a record
-  (a field of the wrong type, a map key that is not a string) is corruption too.
+  (a field of the wrong type, a map key that is not a string, a payload nested
+  deeper than the recorder writes, which ``json.dumps`` could not write) is
+  corruption too: every record the reader hands on has a JSON form.
 * A segment is opened without following a symlink (the FDR directory is the
   daemon's own): a symlink, or anything but a regular file, under a segment's
   name is listed, so its index is never reused, and read as an *unreadable
@@ -21,6 +23,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,8 +36,10 @@ import msgpack
 from inferd.fdr.framing import (
     FRAME_HEADER,
     MAX_BODY_BYTES,
+    MAX_PAYLOAD_DEPTH,
     SEGMENT_HEADER,
     SYNC,
+    TOO_DEEP,
     crc32c,
     decode_segment_header,
     segment_index,
@@ -103,6 +109,36 @@ def json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def json_text(value: Any) -> str:
+    """A record's payload (or ``Record.as_dict()``) as JSON that any parser reads:
+    bytes as hex, NaN and infinities as ``null`` (the recorder takes them, and
+    ``json.dumps`` writes ``NaN``, which is no JSON).  ``dump --json`` and the MCAP
+    export write through this."""
+    try:
+        return json.dumps(value, default=json_default, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: copied only then
+        return json.dumps(_finite(value), default=json_default, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """A copy of ``value`` with every NaN and infinity as None.  A loop, not
+    recursion, as the reader's checks."""
+    root = [value]
+    pending: list[tuple[Any, Any]] = [(root, 0)]
+    while pending:
+        parent, slot = pending.pop()
+        item = parent[slot]
+        if isinstance(item, dict):
+            parent[slot] = copy = dict(item)
+            pending.extend((copy, key) for key in copy)
+        elif isinstance(item, list | tuple):
+            parent[slot] = items = list(item)
+            pending.extend((items, index) for index in range(len(items)))
+        elif isinstance(item, float) and not math.isfinite(item):
+            parent[slot] = None
+    return root[0]
 
 
 def list_segments(directory: Path) -> list[Path]:
@@ -200,9 +236,11 @@ def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator
         return
 
 
+#: A CRC-valid body that is no record (``_decode``; a reason may follow it).
+_UNDECODABLE = "undecodable body"
 #: What ``_frame_at`` says of a frame whose CRC matched: it was written whole,
 #: whatever zeros end it, so it is never a torn tail.
-_WRITTEN_WHOLE = ("undecodable body", "damaged length")
+_WRITTEN_WHOLE = (_UNDECODABLE, "damaged length")
 #: The smallest unit a file system writes: the zeros a power cut leaves in a file
 #: that grew begin at a multiple of it.
 _SECTOR_BYTES = 512
@@ -243,8 +281,7 @@ def _frame_at(name: str, data: bytes, offset: int) -> Record | str:
     body = data[start : start + length]
     if crc32c(body) != checksum:
         return "CRC mismatch"
-    record = _decode(name, offset, body)
-    return record if record is not None else "undecodable body"
+    return _decode(name, offset, body)
 
 
 def _written_whole(data: bytes, start: int, checksum: int) -> bool:
@@ -263,41 +300,51 @@ _INT_KEYS = ("schema_version", "seq", "wall_ns", "mono_ns")
 _STR_KEYS = ("kind", "boot_id")
 
 
-def _decode(name: str, offset: int, body: bytes) -> Record | None:
-    """The record ``body`` holds, or None when it is not one: its fields of the
-    wrong type would be tracebacks in ``dump``, ``verify`` and ``export``."""
+def _decode(name: str, offset: int, body: bytes) -> Record | str:
+    """The record ``body`` holds, or why it is none (``_UNDECODABLE`` first): its
+    fields of the wrong type would be tracebacks in ``dump``, ``verify`` and
+    ``export``."""
     try:
         fields = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
-        return None
+        return _UNDECODABLE
     if not isinstance(fields, dict) or not all(key in fields for key in _BODY_KEYS):
-        return None
+        return _UNDECODABLE
     if not all(type(fields[key]) is int for key in _INT_KEYS):
-        return None
+        return _UNDECODABLE
     if not all(isinstance(fields[key], str) for key in _STR_KEYS):
-        return None
-    if not isinstance(fields["payload"], dict) or not _has_json_form(fields["payload"]):
-        return None
+        return _UNDECODABLE
+    if not isinstance(fields["payload"], dict):
+        return _UNDECODABLE
+    no_json_form = _no_json_form(fields["payload"])
+    if no_json_form is not None:
+        return no_json_form
     fields["kind"] = current_kind_name(fields["kind"])
     return Record(**{key: fields[key] for key in _BODY_KEYS}, segment=name, offset=offset)
 
 
-def _has_json_form(value: Any) -> bool:
-    """Whether ``value`` is maps with string keys, lists, strings, numbers, booleans,
-    nil and bytes (hex in JSON): not a bytes key, an ext type, a msgpack Timestamp.
-    A loop, not recursion: msgpack nests deeper than Python's recursion limit."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            if not all(isinstance(key, str) for key in item):
-                return False
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-        elif item is not None and not isinstance(item, str | bytes | int | float):
-            return False
-    return True
+def _no_json_form(payload: Any) -> str | None:
+    """Why ``payload`` has no JSON form, or None when it has one: maps with string
+    keys, lists, strings, numbers, booleans, nil and bytes (hex in JSON), no value
+    deeper than MAX_PAYLOAD_DEPTH below it (msgpack reads 1,020 levels; past
+    ~1,000 ``json.dumps`` raises RecursionError).  Not a bytes key, an ext type, a
+    msgpack Timestamp.  Level by level, in a loop: no recursion here either."""
+    level = [payload]
+    for _depth in range(MAX_PAYLOAD_DEPTH + 1):
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                if not all(isinstance(key, str) for key in item):
+                    return _UNDECODABLE
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+            elif item is not None and not isinstance(item, str | bytes | int | float):
+                return _UNDECODABLE
+        if not below:
+            return None
+        level = below
+    return f"{_UNDECODABLE}: {TOO_DEEP}"
 
 
 #: Record kinds were written as ``c7.<name>`` before they got user-facing names.

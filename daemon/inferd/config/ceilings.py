@@ -1,0 +1,86 @@
+"""The largest value each bounded config key may take, and why.
+
+Every number that reaches a C type or a wait, and every bound on what the daemon
+can be made to hold (requests, frames, bytes, records), has a ceiling far above
+any deployment's need: a value past it is one the daemon could not use, or a
+bound that bounds nothing, and is refused at load naming the key and its range.
+The memory figures were measured on CPython 3.11 with tracemalloc.
+"""
+
+from __future__ import annotations
+
+#: ``[[models]] max_load_s``: a day.
+MAX_LOAD_S = 86_400.0
+#: ZeroMQ stores heartbeat times as int milliseconds; an hour is plenty.
+MAX_HEARTBEAT_MS = 3_600_000
+#: A longer busy poll is a core spent waiting, not a shorter wake-up.
+MAX_BUSY_POLL_US = 1000
+#: ``bus.max_connections``'s ceiling: each connection holds a descriptor.
+MAX_CONNECTIONS_PER_SOCKET = 16384
+#: ``shm.max_regions_per_connection``'s ceiling (a request names at most 64): each
+#: region holds a descriptor and a mapping (``vm.max_map_count``: 65530).
+MAX_REGIONS_PER_CONNECTION = 1024
+
+#: Sensors change over seconds; faster polling only burns a core, and a reading
+#: older than 20 s cannot decide a throttle (nor be waited for: a wait overflows).
+MAX_THERMAL_POLL_HZ = 100.0
+MIN_THERMAL_POLL_HZ = 0.05
+#: Caps within the C types values reach (int64, C int, threading.TIMEOUT_MAX), far
+#: above any deployment's needs.  A bus message over 4 GiB belongs in shared memory.
+MAX_MESSAGE_BYTES = 4 * 1024**3
+#: An hour: longer than any TimeoutStopSec=, and than any request's deadline_ms.
+MAX_SHUTDOWN_MS = MAX_DEADLINE_MS = 3_600_000
+#: More ORT threads than an onboard CPU has cores only contend.
+MAX_THREADS = 1024
+#: No board has more GPUs, or a GPU more than a TiB of memory.
+MAX_DEVICE_INDEX = 255
+MAX_GPU_BUDGET_BYTES = 1024**4
+#: A recorder synced less than once a minute is not crash-safe.
+MAX_FSYNC_INTERVAL_MS = 60_000
+#: The backoff doubles per failed build: beyond ten it outgrows any wait.
+MAX_REBUILD_ATTEMPTS = 10
+
+#: ``[[models]] queue_capacity`` (64 by default).  One engine worker runs a model's
+#: queue in order, so its last request waits capacity x the inference time: 4,096
+#: is seconds even for a 1 ms model, past any onboard deadline.  What one queued
+#: request holds besides its tensor bytes (``queue_max_bytes``): about 2 KB for a
+#: one-input request; its decoded header, up to ~72x ``bus.max_header_bytes`` (one
+#: padded with empty maps under a key the contract lets through: 4.5 MiB at the
+#: default 64 KiB); while its model loads, a ``zmq.Frame`` and views per tensor
+#: frame (~790 B each, up to ``bus.max_frames``).  At this ceiling and the
+#: defaults: 8 MiB typical, ~18 GiB at worst (288 MiB at the default 64).
+MAX_QUEUE_CAPACITY = 4096
+#: ``bus.max_frames`` (64 by default): tensor frames of one request, each held as
+#: a ``zmq.Frame`` and a ``memoryview`` (~570 B) while the bus reads the message,
+#: and by a request queued for a loading model.  The largest ONNX decoders with KV
+#: caches have a few hundred inputs (two per layer: 80 layers, 163).  Up to
+#: ~0.6 MiB per message being read.
+MAX_FRAMES = 1024
+#: ``bus.max_header_bytes`` (64 KiB, the wire's default): a header describes
+#: tensors (~100 bytes each: ``MAX_FRAMES`` of them fit in 100 KiB) and never holds
+#: them.  Decoded, a header can hold ~72x its bytes (18 MiB at this ceiling).
+MAX_HEADER_FRAME_BYTES = 256 * 1024
+#: ``shm.max_requests_per_connection`` (64 by default): a connection's requests in
+#: flight are queued or running (one past a full queue is answered at once), so
+#: the models' queues, not this, bound what they hold; sixteen models' queues at
+#: ``MAX_QUEUE_CAPACITY``.
+MAX_REQUESTS_IN_FLIGHT = 16 * MAX_QUEUE_CAPACITY
+#: Byte caps on the daemon's memory: ``[[models]] queue_max_bytes``,
+#: ``bus.max_reply_bytes_total`` (and so ``_per_peer``), ``shm.max_bytes_total``
+#: (and so ``_per_uid``).  No host inferd runs on has a TiB of memory: a cap past
+#: it bounds nothing.
+MAX_MEMORY_BYTES = 1024**4
+#: ``fdr.queue_capacity`` (4,096 by default): records queued for the writer while
+#: it writes or syncs; a full queue drops and counts.  The daemon's records are
+#: 280-350 bytes each in the queue (65,536: ~22 MiB; a record is at most 1 MiB,
+#: ``MAX_BODY_BYTES``, so 64 GiB in theory), and the daemon makes a few a second
+#: (a deadline-miss summary per model per 10 s; alerts are rate-limited): minutes
+#: of a disk that stopped.
+MAX_FDR_QUEUE_RECORDS = 65536
+#: ``fdr.segment_max_bytes`` (8 MiB by default): the recorder's start reads its
+#: newest segment whole to resume the seq (1.2x its size in memory, ~47 ms per MiB
+#: on a loaded 2-core VM: 310 MiB and ~12 s at this ceiling), as ``inferd fdr``
+#: reads each.  The smallest holds the writer's own records (an ``fdr_dropped`` is
+#: at most 459 bytes, a one-name ``fdr_retention`` 263).
+MAX_FDR_SEGMENT_BYTES = 256 * 1024**2
+FDR_SEGMENT_MIN_BYTES = 1024
