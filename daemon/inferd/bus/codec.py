@@ -235,13 +235,16 @@ def _views(
 
 def check_descriptors(
     header: Header, tensors: Sequence[memoryview], regions: RequestRegions | None = None
-) -> None:
+) -> list[Parsed]:
     """What can be checked without the model's IO spec: descriptor syntax,
     frame count and each frame's (or region range's) byte length, and that each
-    placed output can be viewed."""
-    _views(_descriptors(header, tensors, regions), tensors, regions)
+    placed output can be viewed; the described inputs, parsed (what a job keeps
+    for ``validate_parsed``, not the header a client may have padded)."""
+    parsed = _descriptors(header, tensors, regions)
+    _views(parsed, tensors, regions)
     for placement in regions.outputs if regions is not None else ():
         check_span(f"output {placement.name!r}", placement.dtype, placement.shape)
+    return parsed
 
 
 def validate_inputs(
@@ -262,7 +265,22 @@ def checked_inputs(
 ) -> list[Parsed]:
     """The described inputs, checked against the model's (``validate_inputs`` without
     the views): what an identical header gets again (``bus.plans``)."""
-    parsed = _descriptors(header, tensors, regions)
+    return checked_parsed(_descriptors(header, tensors, regions), specs)
+
+
+def validate_parsed(
+    parsed: list[Parsed],
+    tensors: Sequence[memoryview],
+    specs: Sequence[TensorSpec],
+    regions: RequestRegions | None = None,
+) -> dict[str, np.ndarray]:
+    """``validate_inputs`` of inputs parsed before (``check_descriptors``): a job
+    validated once its model serves, or again against another engine."""
+    return input_views(checked_parsed(parsed, specs), tensors, regions)
+
+
+def checked_parsed(parsed: list[Parsed], specs: Sequence[TensorSpec]) -> list[Parsed]:
+    """Parsed inputs checked against the model's: names, dtypes, shapes, profiles."""
     by_name = {spec.name: spec for spec in specs}
     names = [name for name, _, _, _ in parsed]
     name_set = set(names)

@@ -44,11 +44,10 @@ MAX_REBUILD_ATTEMPTS = 10
 #: queue in order, so its last request waits capacity x the inference time: 4,096
 #: is seconds even for a 1 ms model, past any onboard deadline.  What one queued
 #: request holds besides its tensor bytes (``queue_max_bytes``): about 2 KB for a
-#: one-input request; its decoded header, up to ~72x ``bus.max_header_bytes`` (one
-#: padded with empty maps under a key the contract lets through: 4.5 MiB at the
-#: default 64 KiB); while its model loads, a ``zmq.Frame`` and views per tensor
-#: frame (~790 B each, up to ``bus.max_frames``).  At this ceiling and the
-#: defaults: 8 MiB typical, ~18 GiB at worst (288 MiB at the default 64).
+#: one-input request (its inputs as parsed, never its decoded header, which a
+#: client may pad to ~72x its bytes: DESIGN.md 180); while its model loads, a
+#: ``zmq.Frame`` and views per tensor frame (~790 B each, up to
+#: ``bus.max_frames``).  At this ceiling and the defaults: about 8 MiB.
 MAX_QUEUE_CAPACITY = 4096
 #: ``bus.max_frames`` (64 by default): tensor frames of one request, each held as
 #: a ``zmq.Frame`` and a ``memoryview`` (~570 B) while the bus reads the message,

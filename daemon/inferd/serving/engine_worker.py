@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 import structlog
 
-from inferd.bus.codec import validate_inputs, validate_outputs
+from inferd.bus.codec import validate_outputs, validate_parsed
 from inferd.bus.headers import InferReply, encode_infer_reply
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
@@ -337,7 +337,7 @@ class EngineWorker(threading.Thread):
         checked_against = job.checked_against
         if inputs is None or (checked_against is not None and checked_against is not handle):
             try:
-                inputs = validate_inputs(job.header, job.frames, handle.inputs, job.regions)
+                inputs = validate_parsed(job.described, job.frames, handle.inputs, job.regions)
                 placed = job.outputs = validate_outputs(
                     job.regions, handle.outputs, every=is_shm_route(job.client)
                 )

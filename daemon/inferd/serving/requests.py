@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from inferd.bus.codec import (
+    Parsed,
     Request,
     check_descriptors,
     check_outputs,
@@ -184,7 +185,7 @@ class RequestRouter:
                 self._queue(
                     request,
                     slot,
-                    (inputs, outputs, prepared.handle),
+                    (prepared.plan.inputs, inputs, outputs, prepared.handle),
                     regions,
                     prepared.deadline_ms,
                     nbytes,
@@ -232,12 +233,13 @@ class RequestRouter:
         if state == "loading":
             # Loading or failing over: the request waits (up to its deadline)
             # and is validated against the IO spec once the model serves.
-            check_descriptors(request.header, request.tensors, regions)
+            parsed = check_descriptors(request.header, request.tensors, regions)
             inputs = None
         elif state == "serving" and handle is not None:
             # The checks in the order validate_inputs, validate_outputs make them.
             if plan is not None:  # an identical header passed them against this handle
-                inputs = input_views(plan.inputs, request.tensors, regions)
+                parsed = plan.inputs
+                inputs = input_views(parsed, request.tensors, regions)
             else:
                 parsed = checked_inputs(request.header, request.tensors, handle.inputs, regions)
                 inputs = input_views(parsed, request.tensors, regions)
@@ -260,7 +262,7 @@ class RequestRouter:
         # Prepared before it is queued: from then on the worker may run it and
         # release its regions at any moment.
         prepared = self._prepare(request, slot, regions, plan, deadline_ms)
-        checked = (inputs, outputs, None if inputs is None else handle)
+        checked = (parsed, inputs, outputs, None if inputs is None else handle)
         self._queue(request, slot, checked, regions, deadline_ms, nbytes)
         if prepared is not None and request.repeat is not None:
             self.prepared.remember(request.envelope[0], request.repeat, prepared)
@@ -301,15 +303,17 @@ class RequestRouter:
         self,
         request: Request,
         slot: ModelSlot,
-        checked: tuple[dict[str, Any] | None, dict[str, Any] | None, EngineHandle | None],
+        checked: tuple[
+            list[Parsed], dict[str, Any] | None, dict[str, Any] | None, EngineHandle | None
+        ],
         regions: RequestRegions | None,
         deadline_ms: int,
         nbytes: int,
     ) -> None:
         """Queue the admitted request as a job; a job it supersedes is answered.
-        ``checked``: its input and output views and the engine they were checked
-        against (all None while its model loads)."""
-        inputs, outputs, checked_against = checked
+        ``checked``: its parsed inputs, its input and output views and the engine
+        they were checked against (the last three None while its model loads)."""
+        described, inputs, outputs, checked_against = checked
         now_ns = time.monotonic_ns()
         assert request.request_id is not None  # check_request guarantees it
         job = Job(
@@ -320,7 +324,7 @@ class RequestRouter:
             received_ns=now_ns,
             deadline_ns=now_ns + deadline_ms * 1_000_000 if deadline_ms else None,
             frames=request.tensors,
-            header=request.header,
+            described=described,
             nbytes=nbytes,
             regions=regions,
             outputs=outputs,

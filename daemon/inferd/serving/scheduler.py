@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.bus.headers import Header
+from inferd.bus.codec import Parsed
 from inferd.config import QueuePolicy
 from inferd.shm.leases import RequestRegions
 from inferd.types import EngineHandle
@@ -44,8 +44,10 @@ class Job:
     deadline_ns: int | None
     #: The received tensor frames (``inputs`` views their memory).
     frames: Any = field(default=None, repr=False)
-    #: The request header, kept for late validation.
-    header: Header = field(default_factory=dict, repr=False)
+    #: Its inputs as the header described them, parsed (``bus.codec.check_descriptors``),
+    #: kept for late validation: never the header, which unknown keys a client may
+    #: fill (a 64 KiB header of empty maps decodes to 4.5 MiB) would make large.
+    described: list[Parsed] = field(default_factory=list, repr=False)
     #: Bytes of the tensor frames: what the job holds while it is queued.
     nbytes: int = 0
     #: The shared-memory regions its tensors live in, leased until ``finish``.

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import gc
 import os
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -237,7 +239,8 @@ def test_a_repeat_is_admitted_from_what_the_first_admission_prepared(
     router.admit_prepared(prepared, request)
     second = admission.scheduler.take(timeout=0)
     assert isinstance(second, Job)
-    assert (second.request_id, second.envelope, second.header) == (2, [SHM_ROUTE], prepared.header)
+    assert (second.request_id, second.envelope) == (2, [SHM_ROUTE])
+    assert second.described is prepared.plan.inputs  # parsed once, by the first
     # Neither decoded, planned nor checked against the model again; leased again.
     assert (router.plans.made, router.plans.used, router.prepared.used) == (1, 0, 1)
     assert second.regions is not None and second.regions.regions()[0].leases == 1
@@ -371,3 +374,29 @@ def test_a_request_is_prepared_only_when_its_last_bytes_are_its_id(admission: Ad
     request.repeat = request.repeat + b"\x05"  # as if the id were elsewhere
     admission.admit(request).finish()
     assert admission.router.prepared.made == 0
+
+
+def test_a_queued_request_keeps_its_parsed_inputs_not_its_padded_header(
+    admission: Admission,
+) -> None:
+    """A header with a key the typed decoder does not know goes the dict way, whole;
+    64 KiB of empty maps decode to megabytes.  A request queued while its model
+    loads keeps its inputs as parsed, not that header: what the queue holds stays
+    bounded by ``queue_max_bytes`` and ``queue_capacity`` (DESIGN.md 180)."""
+    admission.slot.state = "loading"  # validated late: the job must keep its inputs
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        request = admission.request(1, pad=[{}] * 60_000)  # 60 KB on the wire
+        decoded = tracemalloc.get_traced_memory()[0] - before
+        job = admission.admit(request)
+        del request
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert decoded > 2_000_000, decoded
+    assert held < 200_000, (held, decoded)
+    assert job.inputs is None and [name for name, *_ in job.described] == ["input"]
+    admission.slot.state = "serving"
+    job.finish()

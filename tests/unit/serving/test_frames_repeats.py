@@ -98,7 +98,7 @@ def test_a_camera_loop_of_frames_is_admitted_from_its_first_admission(serving: S
     for request_id in (2, 3, 2**40 + 7):  # a fixint, then the clients' uint64 ids
         job = serving.admit(message(header_frame(request_id), tensor(request_id)))
         assert job.request_id == request_id and job.envelope == [CLIENT]
-        assert job.header is first.header  # not decoded again
+        assert job.described is first.described  # not decoded and parsed again
         assert job.inputs is not None
         np.testing.assert_array_equal(job.inputs["input"], tensor(request_id))
         assert not job.inputs["input"].flags.writeable

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.bus.codec import validate_inputs
+from inferd.bus.codec import check_descriptors, validate_inputs
 from inferd.config import ModelConfig
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.requests import RequestRouter
@@ -64,6 +64,7 @@ def job_checked_against(handle: EngineHandle, request_id: int, x: np.ndarray) ->
         "inputs": [{"name": "x", "dtype": "float32", "shape": list(x.shape)}],
     }
     frames = [memoryview(x.tobytes())]
+    described = check_descriptors(header, frames)
     inputs = validate_inputs(header, frames, handle.inputs)
     return Job(
         [str(request_id).encode()],
@@ -73,7 +74,7 @@ def job_checked_against(handle: EngineHandle, request_id: int, x: np.ndarray) ->
         time.monotonic_ns(),
         None,
         frames,
-        header,
+        described,
         nbytes=x.nbytes,
         checked_against=handle,
     )

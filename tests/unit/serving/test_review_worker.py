@@ -59,7 +59,8 @@ def test_a_late_validated_output_too_wide_to_view_is_refused_and_the_worker_goes
     try:
         assert worker.activated.wait(HANG_S)
         # As admitted while the model loaded: no inputs yet, validated by the worker.
-        late = Job([b"a"], 1, "m", None, time.monotonic_ns(), None, [], header, regions=regions)
+        described = [("x", "float32", np.dtype(np.float32), (2, 4))]  # as parsed at admission
+        late = Job([b"a"], 1, "m", None, time.monotonic_ns(), None, [], described, regions=regions)
         scheduler.submit(late)
         reply = port.next_reply([b"a"])
         assert reply["error"]["code"] == "INVALID_ARGUMENT", reply
