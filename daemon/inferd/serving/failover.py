@@ -46,7 +46,12 @@ import structlog
 
 from inferd.config import RuntimeConfig
 from inferd.engines.quarantine import quarantine
-from inferd.errors import ExecutionFailedError, InferdError, RuntimeNotAvailableError
+from inferd.errors import (
+    ExecutionFailedError,
+    InferdError,
+    RuntimeNotAvailableError,
+    UnsafeDirectoryError,
+)
 from inferd.runtime import InferenceRuntime
 from inferd.serving.handover import Handover, Preparers
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
@@ -288,7 +293,7 @@ class ExecutionFailover:
                 f"TensorRT failed to execute this engine while serving: {reason}; it is not "
                 "loaded again as-is (a rebuilt, validated engine takes its place)",
             )
-        except OSError as exc:
+        except (OSError, UnsafeDirectoryError) as exc:  # a quarantine dir not safely ours
             log.error("failed_engine_not_quarantined", engine=str(path), error=str(exc))
             return None
         log.warning("engine_quarantined", engine=str(path), moved_to=str(moved), reason=reason)

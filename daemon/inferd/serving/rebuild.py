@@ -112,6 +112,8 @@ class FallbackRebuilder:
             state = self._models.setdefault(model, _Model())
             if state.build_id is not None or state.timer is not None:
                 return  # already building, or waiting to retry
+            if self._stopped:  # a failover as the daemon stops: the next start decides
+                return
             state.adopted = False
             attempts = state.attempts
         if attempts >= self._max_attempts:
@@ -147,6 +149,15 @@ class FallbackRebuilder:
                 f"engine built by {finished.build_id} is not adopted: {finished.note}; "
                 f"model {finished.model!r} stays on onnx_trt_ep",
             )
+        elif finished.state == "cancelled" and self._stopped:
+            # Cancelled by the daemon's own stop (it stops the rebuilder, then cancels
+            # every build): no one stopped it, and the next start builds it again.
+            log.info(
+                "engine_rebuild_stopped",
+                model=finished.model,
+                build_id=finished.build_id,
+                reason="cancelled as the daemon stops; the next start builds it again",
+            )
         elif finished.state == "cancelled":
             self._raise(
                 "WARNING",
@@ -181,6 +192,11 @@ class FallbackRebuilder:
             }
 
     # -- internals ----------------------------------------------------------------------
+    def _stopping(self) -> bool:
+        """Whether ``stop`` has run by now, on any thread (a method, so that a check
+        made earlier in the caller does not settle it for the type checker)."""
+        return self._stopped
+
     def _start(self, model: str, reason: str) -> None:
         with self._lock:
             state = self._models[model]
@@ -193,6 +209,8 @@ class FallbackRebuilder:
             reply = self._start_build({"model": model, "requested_by": REQUESTED_BY})
         except ProtocolError as exc:
             log.warning("engine_rebuild_not_started", model=model, error=exc.message)
+            if self._stopping():  # refused because the daemon stops: nothing to report
+                return
             self._alert(
                 Alert(
                     "WARNING",
@@ -227,6 +245,14 @@ class FallbackRebuilder:
         try:
             self._switch(finished.model, TENSORRT, f"inferd: build {finished.build_id}"[:64])
         except ProtocolError as exc:
+            if self._stopping():  # given up by the stop that began meanwhile (as above)
+                log.info(
+                    "engine_rebuild_not_adopted",
+                    model=finished.model,
+                    build_id=finished.build_id,
+                    reason=f"the daemon stopped while it was adopted: {exc.message}",
+                )
+                return
             self._failed(finished, f"the built engine could not be adopted: {exc.message}")
             return
         with self._lock:
@@ -239,11 +265,16 @@ class FallbackRebuilder:
             retry = not self._stopped and state.attempts < self._max_attempts
             delay = self._backoff_s * 2 ** (state.attempts - 1)
             if retry:
-                state.timer = threading.Timer(
+                timer = threading.Timer(
                     delay, self._start, args=(finished.model, f"retry after: {why}")
                 )
-                state.timer.daemon = True
-                state.timer.start()
+                timer.daemon = True
+                try:
+                    timer.start()
+                except RuntimeError as exc:  # the process's thread limit: no retry waits
+                    retry, why = False, f"{why}; its retry could not be scheduled ({exc})"
+                else:
+                    state.timer = timer
         then = (
             f"retry {state.attempts + 1} of {self._max_attempts} in {delay:.0f} s"
             if retry
