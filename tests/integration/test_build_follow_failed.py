@@ -5,14 +5,12 @@ found it failed already.  ``simulation.fail`` makes the simulated build fail."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 
 import pytest
 
-from tests.conftest import HANG_S, REPO, DaemonFactory, wait_until
-from tests.integration.test_daemon_builds import build_status, control, endpoints, inferctl
+from tests.conftest import HANG_S, DaemonFactory, wait_until
+from tests.integration.test_daemon_builds import build_status, control, follow_builds, inferctl
 
 pytestmark = pytest.mark.integration
 
@@ -21,13 +19,7 @@ def test_build_follow_exits_1_for_a_failed_build_seen_live_and_ended(
     daemon_factory: DaemonFactory,
 ) -> None:
     daemon = daemon_factory()
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), "build", "follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    follow = follow_builds(daemon)
     watchdog = threading.Timer(HANG_S, follow.kill)  # a follower that hangs fails
     watchdog.start()
     try:

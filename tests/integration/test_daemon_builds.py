@@ -231,13 +231,7 @@ def test_inferctl_build_start_status_cancel_follow(daemon_factory: DaemonFactory
 
     build_id = start_build_after(daemon, started.stdout)
     # inferctl says on stderr when its subscription has reached the daemon.
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), "build", "follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    follow = follow_builds(daemon)
     hang = threading.Timer(HANG_S, follow.kill)  # a follower that never subscribes fails
     hang.start()
     try:
@@ -281,14 +275,7 @@ def test_inferctl_build_follow_by_id_prints_the_state_then_every_later_event(
 ) -> None:
     daemon = daemon_factory(daemon={"build_cancel_grace_s": GRACE_S})
     build_id = start_build(daemon)  # the slow simulation: still running when followed
-    command = ["build", "follow", build_id, "--json"]
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    follow = follow_builds(daemon, build_id, "--json")
     watchdog = threading.Timer(HANG_S, follow.kill)  # a follower that hangs fails
     watchdog.start()
     try:
@@ -314,6 +301,17 @@ def test_inferctl_build_follow_by_id_prints_the_state_then_every_later_event(
     assert json.loads(only)["build"]["state"] == "cancelled"
     unknown = inferctl(daemon, "build", "follow", "nope")
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+
+
+def follow_builds(daemon: DaemonProcess, *args: str) -> subprocess.Popen[str]:
+    """``inferctl build follow ARGS`` running, its stdout and stderr piped as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), "build", "follow", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
 
 
 def start_build_after(daemon: DaemonProcess, cli_output: str) -> str:

@@ -6,6 +6,7 @@ threads with events, never with sleeps; each failed before its fix."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,28 @@ from tests.unit.serving.test_switching import rig  # noqa: F401  (the fixture)
 # -- a rebuilt engine being adopted as the daemon stops ---------------------------------
 
 
-def rebuilder_of(rig: SwitchRig, alerts: list[Alert]) -> FallbackRebuilder:  # noqa: F811
-    """The daemon's wiring: the rebuilder adopts through the real switcher."""
+def make_rebuilder(
+    alerts: list[Alert],
+    *,
+    start_build: Callable[[dict[str, Any]], dict[str, Any]] = lambda _request: {"build_id": "b1"},
+    switch: Callable[..., dict[str, Any]] = lambda *_args: {},
+    backoff_s: float = 0.0,
+    max_attempts: int = 3,
+) -> FallbackRebuilder:
+    """A rebuilder whose builds start as ``start_build`` says, alerting into ``alerts``."""
     return FallbackRebuilder(
-        start_build=lambda _request: {"build_id": "b1"},
-        switch=rig.switcher.switch_now,
+        start_build=start_build,
+        switch=switch,
         alert=alerts.append,
         can_build=lambda: True,
-        backoff_s=0.0,
-        max_attempts=3,
+        backoff_s=backoff_s,
+        max_attempts=max_attempts,
     )
+
+
+def rebuilder_of(rig: SwitchRig, alerts: list[Alert]) -> FallbackRebuilder:  # noqa: F811
+    """The daemon's wiring: the rebuilder adopts through the real switcher."""
+    return make_rebuilder(alerts, switch=rig.switcher.switch_now)
 
 
 def test_an_adoption_under_way_when_the_daemon_stops_raises_no_alert(
@@ -105,14 +118,7 @@ def test_a_background_build_cancelled_by_the_daemons_stop_raises_no_alert() -> N
     "not retried: start one with build.start", on every shutdown during a rebuild;
     the next start rebuilds it by itself."""
     alerts: list[Alert] = []
-    rebuilder = FallbackRebuilder(
-        start_build=lambda _request: {"build_id": "b1"},
-        switch=lambda *_args: {},
-        alert=alerts.append,
-        can_build=lambda: True,
-        backoff_s=0.0,
-        max_attempts=3,
-    )
+    rebuilder = make_rebuilder(alerts)
     rebuilder.on_fallback("demo", "engine missing")
     rebuilder.stop()
     with structlog.testing.capture_logs() as logs:
@@ -133,14 +139,7 @@ def test_a_retry_that_starts_as_the_daemon_stops_raises_no_alert() -> None:
         rebuilder.stop()  # Daemon.stop ran between the timer's check and this call
         raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
 
-    rebuilder = FallbackRebuilder(
-        start_build=start_build,
-        switch=lambda *_args: {},
-        alert=alerts.append,
-        can_build=lambda: True,
-        backoff_s=0.0,
-        max_attempts=3,
-    )
+    rebuilder = make_rebuilder(alerts, start_build=start_build)
     with structlog.testing.capture_logs() as logs:
         rebuilder.on_fallback("demo", "engine missing")
     assert alerts == []
@@ -153,14 +152,7 @@ def test_a_failover_that_ends_as_the_daemon_stops_raises_no_build_alert() -> Non
     ``rebuild_max_attempts`` also got an ERROR alert ``engine_build_gave_up``
     ("not rebuilt again") for it, although no build was refused for its attempts."""
     alerts: list[Alert] = []
-    rebuilder = FallbackRebuilder(
-        start_build=lambda _request: {"build_id": "b1"},
-        switch=lambda *_args: {},
-        alert=alerts.append,
-        can_build=lambda: True,
-        backoff_s=0.0,
-        max_attempts=1,
-    )
+    rebuilder = make_rebuilder(alerts, max_attempts=1)
     rebuilder.on_fallback("demo", "engine missing")
     rebuilder.on_build_finished(Finished("b1"))  # adopted: the model is on tensorrt
     rebuilder.stop()
@@ -184,14 +176,7 @@ def test_a_retry_whose_timer_cannot_start_gives_up_and_leaves_nothing_waiting(
         started.append(f"b{len(started) + 1}")
         return {"build_id": started[-1]}
 
-    rebuilder = FallbackRebuilder(
-        start_build=start_build,
-        switch=lambda *_args: {},
-        alert=alerts.append,
-        can_build=lambda: True,
-        backoff_s=60.0,
-        max_attempts=3,
-    )
+    rebuilder = make_rebuilder(alerts, start_build=start_build, backoff_s=60.0)
     rebuilder.on_fallback("demo", "engine missing")
     start = threading.Thread.start
 

@@ -18,16 +18,18 @@ from tests.unit.shm.test_regions import ME, PAGE, Table
 
 
 def mapped_descriptors(table: Table) -> int:
-    """Descriptors of this process that are the test's memfds' duplicates (held by
-    the mappings) or the memfds themselves."""
+    """Descriptors of this process that are duplicates of the test's memfds (held
+    by the mappings): the same file, another descriptor.  By inode, so that a memfd
+    another test of this process left to the garbage collector is not counted."""
     mine = set(table.fds)
+    files = {(info.st_dev, info.st_ino) for info in map(os.fstat, mine)}
     memfds = 0
     for name in os.listdir("/proc/self/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{name}")
+            info = os.stat(f"/proc/self/fd/{name}")
         except OSError:
             continue
-        if target.startswith("/memfd:inferd-test") and int(name) not in mine:
+        if (info.st_dev, info.st_ino) in files and int(name) not in mine:
             memfds += 1
     return memfds
 
