@@ -229,7 +229,7 @@ def test_infer_shm_says_which_tensors_were_in_shared_memory(
 def test_build_status_of_a_cancel_in_progress_shows_no_python_none(
     daemon_factory: DaemonFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    daemon = daemon_factory(daemon={"build_cancel_grace_s": 5.0})
+    daemon = daemon_factory(daemon={"build_cancel_grace_s": 2.0})
     with OperatorClient(daemon.control, timeout=HANG_S) as operator:
         started = operator.call(
             "build.start",
