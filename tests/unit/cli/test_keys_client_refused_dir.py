@@ -12,16 +12,7 @@ import zmq
 
 from inferd import config
 from inferd.cli.main import main
-
-
-@pytest.fixture
-def config_path(tmp_path: Path) -> Path:
-    path = tmp_path / "inferd.toml"
-    path.write_text(
-        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[security]\ncurve = true\n'
-        '[[models]]\nname = "demo"\npath = "demo.onnx"\n'
-    )
-    return path
+from tests.unit.cli.test_review2_cli import config_path  # noqa: F401  (the fixture)
 
 
 @pytest.mark.parametrize("spoiled", ["a broken key file", "one key under two names"])

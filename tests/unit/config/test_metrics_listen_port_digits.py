@@ -4,15 +4,13 @@ digit (superscripts, other scripts' digits) is a config error, exit 2 from
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from inferd import config
 from inferd.errors import ConfigError
-from tests.conftest import REPO
+from tests.integration.test_inferd_cli_promises import inferd
 
 MODEL = '\n[[models]]\nname = "demo"\npath = "demo.onnx"\n'
 
@@ -34,14 +32,7 @@ def test_a_port_of_non_ascii_digits_is_a_config_error(tmp_path: Path, port: str)
 
 def test_check_config_exits_2_on_it(tmp_path: Path) -> None:
     (tmp_path / "demo.onnx").write_bytes(b"")
-    done = subprocess.run(
-        [sys.executable, "-m", "inferd.cli", "check-config", str(_write(tmp_path, "[::1]:\u00b2"))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
+    done = inferd("check-config", str(_write(tmp_path, "[::1]:\u00b2")))
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert "metrics.listen" in done.stderr
