@@ -17,7 +17,10 @@ from tests.unit.cli.test_review2_cli import config_path  # noqa: F401  (the fixt
 
 @pytest.mark.parametrize("spoiled", ["a broken key file", "one key under two names"])
 def test_a_client_for_a_clients_dir_the_daemon_refuses_gets_no_secret(
-    config_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], spoiled: str
+    config_path: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    spoiled: str,
 ) -> None:
     assert main(["keys", "init", "--config", str(config_path)]) == 0
     clients = config.load(config_path).security.curve_clients_dir
