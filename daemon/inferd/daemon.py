@@ -105,7 +105,9 @@ class Daemon(DaemonState):
             record=self.record,
             thermal=self.thermal.snapshot,
         )
-        self.switcher = RuntimeSwitcher(self.slots, self.scheduler, config.runtime, self._sinks)
+        self.switcher = RuntimeSwitcher(
+            self.slots, self.scheduler, config.runtime, self._sinks, ready=self._models_loaded
+        )
         self.builds = BuildManager(
             {model.name: model for model in config.models},
             build_dir=config.daemon.state_dir / "builds",
@@ -391,6 +393,9 @@ class Daemon(DaemonState):
         if not state.is_telemetry_available:
             return "unknown"
         return "throttling" if state.thermal_throttle_active else "nominal"
+
+    def _models_loaded(self) -> bool:
+        return self.worker.activated.is_set()
 
     # -- control ops --------------------------------------------------------
     def uptime_s(self) -> float:

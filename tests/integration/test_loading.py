@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from inferd_client import InferenceClient, OperatorClient, RemoteError
-from tests.conftest import DaemonFactory, write_slow_loading_model
+from tests.conftest import DaemonFactory, wait_until, write_slow_loading_model
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +84,28 @@ def test_requests_for_a_model_that_fails_to_load_get_unavailable(
         client.infer("broken", {"x": np.zeros(4, np.float32)})
     assert caught.value.code == "UNAVAILABLE"
     assert "broken" in caught.value.message and time.monotonic() - started < 30
+
+
+def test_a_switch_while_another_model_loads_is_refused_at_once(
+    daemon_factory: DaemonFactory, demo_model: Path, slow_model: Path
+) -> None:
+    """``demo`` serves while ``slow`` still loads: the engine worker takes no swap
+    until every model is loaded, so a switch of ``demo`` is refused UNAVAILABLE at
+    once (it waited 60 s for an INTERNAL before, DESIGN.md 183)."""
+    daemon = daemon_factory(
+        models=[
+            {"name": "demo", "path": str(demo_model)},
+            {"name": "slow", "path": str(slow_model)},
+        ],
+        wait_ready=False,
+    )
+    with OperatorClient(daemon.control, timeout=30) as operator:
+        wait_until(
+            lambda: operator.health()["models"]["demo"]["state"] == "serving",
+            message="demo serves",
+        )
+        with pytest.raises(RemoteError) as refused:  # a client timeout (30 s) before
+            operator.call("runtime.switch", model="demo", runtime="onnx_trt_ep")
+        health = operator.health()
+    assert health["state"] == "starting", "slow must still be loading when the switch is asked"
+    assert refused.value.code == "UNAVAILABLE" and "still loading" in refused.value.message

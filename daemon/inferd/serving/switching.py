@@ -59,7 +59,11 @@ class RuntimeSwitcher:
         scheduler: Scheduler,
         runtime_config: RuntimeConfig,
         sinks: Sinks,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``ready``: whether the engine worker takes swaps (it loads every model
+        first: a swap queued before would wait out ``_SWAP_TIMEOUT_S``)."""
+        self._ready = ready
         self._slots = slots
         self._scheduler = scheduler
         self._runtime_config = runtime_config
@@ -94,6 +98,12 @@ class RuntimeSwitcher:
             raise ProtocolError(
                 Code.INVALID_ARGUMENT,
                 f"unknown runtime {label!r}; known: {list(RUNTIME_LABELS)}",
+            )
+        if not self._ready():
+            raise ProtocolError(
+                Code.UNAVAILABLE,
+                "the daemon is still loading its models and swaps no engine until it has "
+                "loaded them all; switch once inferctl health says serving or degraded",
             )
         if slot.state != "serving" or slot.handle is None:
             raise ProtocolError(

@@ -209,3 +209,25 @@ def test_stop_gives_up_and_waits_for_the_daemons_own_switch_too(rig: Rig) -> Non
     assert refusal(outcome[0]) == Code.UNAVAILABLE
     assert rig.new_runtime.handles == [2]
     assert rig.slot.handle is not None and rig.slot.handle.handle_id == 1
+
+
+def test_a_switch_while_the_daemon_still_loads_models_is_refused_at_once(rig: Rig) -> None:
+    """The engine worker loads every model before it takes any swap: a switch of a
+    model that already serves while another still loads was refused INTERNAL after
+    60 s (the swap never taken).  Now UNAVAILABLE at once, nothing claimed, and the
+    same switch goes through once the models are loaded."""
+    loaded = threading.Event()
+    rig.switcher._ready = loaded.is_set  # as Daemon wires it: the worker's `activated`
+    with pytest.raises(ProtocolError) as refused:
+        rig.switch()
+    assert refused.value.code == Code.UNAVAILABLE
+    assert "still loading" in refused.value.message
+    assert rig.switcher.claim("m")  # the refusal claimed nothing
+    rig.switcher.unclaim("m")
+    loaded.set()
+    rig.switch()
+    rig.prepared.set()
+    rig.take_swap()()
+    reply = rig.replies.get(timeout=HANG_S)
+    assert isinstance(reply, dict) and reply["to_runtime"] == "tensorrt"
+    assert rig.slot.handle is not None and rig.slot.handle.handle_id == 2
