@@ -202,9 +202,9 @@ class Daemon(DaemonState):
         self.publisher.wait_bound(timeout=10)
         self.bus.start()
         self.bus.wait_bound(timeout=10)
-        open_ipc_sockets_to_group(self.security.socket_groups())
         if self.shm is not None:
             self.shm.start()
+        open_ipc_sockets_to_group(self.security.socket_groups())
         self.thermal.start()
         self.worker.start()
         self.metrics.start()

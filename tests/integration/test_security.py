@@ -41,6 +41,7 @@ from inferd_client import (
     RemoteError,
     RequestTimeout,
 )
+from inferd_wire.regions import shm_socket_path
 from tests.conftest import HANG_S, REPO, DaemonProcess, render_config, start_daemon, wait_until
 from tests.integration.test_schemas import assert_valid
 
@@ -278,11 +279,17 @@ def test_the_fdr_records_who_the_kernel_says_operated(
 def test_a_user_outside_the_sockets_group_cannot_connect(
     accounts: Accounts, shared: DaemonProcess
 ) -> None:
+    shm_sock = str(shm_socket_path(shared.infer, Path("/nonexistent")))
+
     def connect() -> dict[str, Any]:
         results = {}
-        for name in ("infer", "control", "events"):
-            path = getattr(shared, name).removeprefix("ipc://")
-            probe = socket.socket(socket.AF_UNIX)
+        paths = {
+            name: getattr(shared, name).removeprefix("ipc://")
+            for name in ("infer", "control", "events")
+        }
+        for name, path in {**paths, "shm": shm_sock}.items():
+            kind = socket.SOCK_SEQPACKET if name == "shm" else socket.SOCK_STREAM
+            probe = socket.socket(socket.AF_UNIX, kind)
             try:
                 probe.connect(path)
                 results[name] = "connected"
@@ -298,10 +305,14 @@ def test_a_user_outside_the_sockets_group_cannot_connect(
         "infer": "EACCES",
         "control": "EACCES",
         "events": "EACCES",
+        "shm": "EACCES",
     }
     for name in ("infer", "control", "events"):
         info = Path(getattr(shared, name).removeprefix("ipc://")).lstat()
         assert (info.st_gid, info.st_mode & 0o777) == (accounts.clients_gid, 0o660)
+    # shm.sock serves infer requests: the infer socket's group (it kept the daemon's)
+    info = Path(shm_sock).lstat()
+    assert (info.st_gid, info.st_mode & 0o777) == (accounts.clients_gid, 0o660)
 
 
 # -- tcp ---------------------------------------------------------------------------

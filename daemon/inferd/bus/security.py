@@ -97,11 +97,14 @@ class BusSecurity:
         return list(self._endpoints.values())
 
     def socket_groups(self) -> list[tuple[str, str, int | None]]:
-        """``(socket, endpoint, gid)``: the group each ipc:// socket file gets."""
-        return [
-            (name, self._endpoints[name], self._config.security.access(name).group)
-            for name in SOCKETS
-        ]
+        """``(socket, endpoint, gid)``: the group each ipc:// socket file gets;
+        ``shm.sock`` serves infer requests, so it gets the infer socket's."""
+        security = self._config.security
+        groups = [(name, self._endpoints[name], security.access(name).group) for name in SOCKETS]
+        if self._config.shm.enabled:
+            shm = f"ipc://{self._config.shm.socket}"
+            groups.append(("infer", shm, security.access("infer").group))
+        return groups
 
     def describe(self, permission_denied: int) -> dict[str, Any]:
         """``status.security``: each socket's mechanism and group, the connections

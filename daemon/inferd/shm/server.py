@@ -39,8 +39,6 @@ from inferd_wire.regions import shmem_huge_pages
 
 log = structlog.get_logger("inferd.shm")
 
-#: Mode of the socket file: the daemon's group may connect (as to ``infer.sock``).
-SOCKET_MODE = 0o660
 #: The selector's timeout: how often, at the least, the thread looks for work.
 _POLL_S = 0.5
 #: How long shutdown waits for the descriptors still to be closed.
@@ -86,8 +84,10 @@ class ShmServer(threading.Thread):
             socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
         )
         try:
+            # Its group (``security.infer_group``) and then mode 0660 are given with
+            # the ipc sockets' (``open_ipc_sockets_to_group``): until then the umask's
+            # mode admits no one but the daemon's user.
             listener.bind(str(path))
-            os.chmod(path, SOCKET_MODE)
             listener.listen(self._config.max_connections)
         except BaseException:
             listener.close()
