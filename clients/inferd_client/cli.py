@@ -32,6 +32,7 @@ from inferd_client.cli_output import Layout, emit, emit_error, json_line
 from inferd_client.client import InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
+    InvalidArgument,
     MalformedReply,
     RemoteError,
     RequestTimeout,
@@ -317,8 +318,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         return EXIT_OK if ended_well else EXIT_REMOTE_ERROR
     if args.command == "top":
-        from inferd_client import top
-
+        try:
+            from inferd_client import top
+        except ImportError as exc:  # rich: the [cli] extra, which the library never needs
+            raise InvalidArgument(
+                f"inferctl top needs rich: pip install 'inferd-client[cli]' ({exc})"
+            ) from None
         subscriber = _subscriber(args, list(top.EVENT_TOPICS))
         return top.run(
             lambda: _operator(args),

@@ -60,23 +60,33 @@ def test_inferd_verify_json_is_json_only(tmp_path: Path) -> None:
 
 
 def write_old_segment(directory: Path) -> None:
-    """A segment as a recorder before the rename wrote it: kinds named ``c7.<name>``."""
+    """A segment as a recorder before the rename wrote it: kinds named ``c7.<name>``,
+    and a ``cpu_fallback`` record (a kind since replaced by ``provider_degraded``)."""
     from inferd.fdr import framing
 
     directory.mkdir(parents=True)
-    body = framing.encode_body(
-        {
-            "kind": "c7.deadline_miss",
-            "schema_version": 1,
-            "seq": 1,
-            "wall_ns": 1_790_000_000_000_000_000,
-            "mono_ns": 1,
-            "boot_id": "old-boot",
-            "payload": {"model": "demo", "count": 3, "window_s": 10.0},
-        }
+    records = [
+        ("c7.deadline_miss", {"model": "demo", "count": 3, "window_s": 10.0}),
+        ("c7.cpu_fallback", {"model": "demo", "requested": ["CUDAExecutionProvider"]}),
+    ]
+    frames = b"".join(
+        framing.encode_frame(
+            framing.encode_body(
+                {
+                    "kind": kind,
+                    "schema_version": 1,
+                    "seq": seq,
+                    "wall_ns": 1_790_000_000_000_000_000 + seq,
+                    "mono_ns": seq,
+                    "boot_id": "old-boot",
+                    "payload": payload,
+                }
+            )
+        )
+        for seq, (kind, payload) in enumerate(records, start=1)
     )
     (directory / framing.segment_name(1)).write_bytes(
-        framing.encode_segment_header(1, 1_790_000_000_000_000_000) + framing.encode_frame(body)
+        framing.encode_segment_header(1, 1_790_000_000_000_000_000) + frames
     )
 
 
@@ -95,3 +105,12 @@ def test_old_recorder_files_read_with_todays_names_and_an_unknown_kind_is_refuse
     refused = inferd("fdr", "dump", "--dir", str(tmp_path / "fdr"), "--kind", "deadline_mis")
     assert refused.returncode == 2 and refused.stdout == ""
     assert "'deadline_mis' is no record kind; did you mean deadline_miss?" in refused.stderr
+    # A kind only earlier versions wrote is still one to filter by.
+    retired = inferd(
+        "fdr", "dump", "--json", "--dir", str(tmp_path / "fdr"), "--kind", "cpu_fallback"
+    )
+    assert retired.returncode == 0, retired.stderr
+    (record,) = [json.loads(line) for line in retired.stdout.splitlines()]
+    assert record["kind"] == "cpu_fallback" and record["payload"]["model"] == "demo"
+    unknown = inferd("fdr", "dump", "--dir", str(tmp_path / "fdr"), "--kind", "zzzzzz")
+    assert unknown.returncode == 2 and "is no record kind. Known: [" in unknown.stderr

@@ -83,15 +83,15 @@ def check_kinds(kinds: list[str]) -> list[str]:
     ``ValueError`` naming an unknown one and the nearest known kinds."""
     import difflib
 
-    from inferd.fdr.kinds import KINDS
+    from inferd.fdr.kinds import KINDS, RETIRED_KINDS
     from inferd.fdr.reader import current_kind_name
 
     checked = []
     for kind in kinds:
         name = current_kind_name(kind)
-        if name not in KINDS:
-            near = difflib.get_close_matches(name, KINDS, n=3)
-            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        if name not in KINDS and name not in RETIRED_KINDS:
+            near = difflib.get_close_matches(name, [*KINDS, *RETIRED_KINDS], n=3)
+            hint = f"; did you mean {' or '.join(near)}?" if near else "."
             raise ValueError(f"--kind {kind!r} is no record kind{hint} Known: {sorted(KINDS)}")
         checked.append(name)
     return checked

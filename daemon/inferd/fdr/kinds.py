@@ -27,6 +27,10 @@ def _kind(name: str, required: set[str], *, critical: bool, description: str) ->
     return RecordKind(name, frozenset(required), critical, description)
 
 
+#: Kinds earlier versions wrote, which recordings may still hold (readers show and
+#: filter them; nothing records them now), with the kind that replaced each.
+RETIRED_KINDS: dict[str, str] = {"cpu_fallback": "provider_degraded"}
+
 KINDS: dict[str, RecordKind] = {
     kind.name: kind
     for kind in (
