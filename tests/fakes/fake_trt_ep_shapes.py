@@ -27,9 +27,10 @@ microsoft/onnxruntime#15546:
 
 Only the names the daemon uses exist: ``get_available_providers``,
 ``SessionOptions``, ``InferenceSession(path, sess_options=, providers=,
-provider_options=)`` with ``get_providers``, ``get_inputs``, ``get_outputs``,
-``disable_fallback`` and ``run``.  Kept apart from ``fake_onnxruntime.py``
-(provider fallback, another change) so the two can be folded together later.
+provider_options=)`` with ``get_providers``, ``get_provider_options``,
+``get_inputs``, ``get_outputs``, ``disable_fallback`` and ``run``.  Kept apart
+from ``fake_onnxruntime.py`` (provider fallback, another change) so the two can
+be folded together later.
 Install with ``install(monkeypatch)``.
 """
 
@@ -183,6 +184,12 @@ class FakeSession:
     # -- the InferenceSession API -------------------------------------------------
     def get_providers(self) -> list[str]:
         return [TRT_EP, CPU_EP] if self.trt else [CPU_EP]
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """What each registered provider runs with (the real one lists every option,
+        ``device_id`` "0" when none was given)."""
+        trt = {TRT_EP: {"device_id": "0", **self.options}} if self.trt else {}
+        return {**trt, CPU_EP: {}}
 
     def get_inputs(self) -> Any:
         return self._real.get_inputs()

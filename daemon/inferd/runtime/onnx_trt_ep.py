@@ -2,12 +2,13 @@
 
 Sessions ask for ``[TensorRT EP, CUDA EP, CPU EP]`` filtered to what this ONNX Runtime build
 offers.  ONNX Runtime drops a provider it cannot create, and its Python session retries a failed
-creation with ``[CUDA EP, CPU EP]``, so the runtime compares the providers the session really
-registered with the ones it wants (``ort_providers``): every difference is a
-``provider_degraded`` record and, when ONNX Runtime dropped what it was asked for, one alert; it
-is refused when ``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback``
-forbids it.  A model's staged engine is gated and served through an EP-context model
-(``ort_ep_context``).
+creation with ``[CUDA EP, CPU EP]`` and no options, that is on device 0 (a session with a GPU
+provider off ``runtime.device_id`` is made again there, ``ort_session``), so the runtime
+compares the providers the session really registered with the ones it wants
+(``ort_providers``): every difference is a ``provider_degraded`` record and, when ONNX
+Runtime dropped what it was asked for, one alert; it is refused when
+``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback`` forbids it.  A
+model's staged engine is gated and served through an EP-context model (``ort_ep_context``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from inferd.errors import (
 )
 from inferd.owned_files import ensure_owned_dir
 from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_options
-from inferd.runtime.ort_binding import InPlaceRunner, is_output_shape_error
+from inferd.runtime.ort_binding import InPlaceRunner
 from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
+from inferd.runtime.ort_errors import is_out_of_memory, is_output_shape_error
 from inferd.runtime.ort_precision import int8_refusal
 from inferd.runtime.ort_providers import (
     CPU_EP,
@@ -49,6 +51,7 @@ from inferd.runtime.ort_providers import (
     degradation_payload,
     requested_providers,
 )
+from inferd.runtime.ort_session import create_session
 from inferd.types import (
     Alert,
     AlertSink,
@@ -349,29 +352,22 @@ class OnnxTrtEpRuntime:
         options.log_severity_level = 3
         if self._config.ort_intra_op_threads:
             options.intra_op_num_threads = self._config.ort_intra_op_threads
-        path = entry.artifact_path
+        path, what = entry.artifact_path, str(entry.artifact_path)
         if context is not None:
             # The graph is one EPContext node: nothing for ORT to optimise, and
             # ONNX Runtime's TensorRT EP asks for level 0 with context models.
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             path = context.path
-        try:
-            session = ort.InferenceSession(
-                str(path),
-                sess_options=options,
-                providers=requested,
-                provider_options=[all_options[name] for name in requested],
-            )
-        except Exception as exc:  # ORT raises its own pybind exception types
-            what = (
-                f"the EP-context model {path} of staged engine {context.engine.path.name}"
-                if context is not None
-                else str(path)
-            )
-            raise EngineDeserializeError(f"onnxruntime could not load {what}: {exc}") from exc
-        # ORT's Python wrapper otherwise retries a failing run on CPU behind our back.
-        session.disable_fallback()
-        return session
+            what = f"the EP-context model {path} of staged engine {context.engine.path.name}"
+        return create_session(
+            ort,
+            path,
+            options,
+            requested,
+            all_options,
+            device_id=self._config.device_id,
+            what=what,
+        )
 
     def _check_providers(
         self, entry: EngineCacheEntry, resolution: ProviderResolution, unused: str | None
@@ -428,7 +424,7 @@ class OnnxTrtEpRuntime:
         except OutputShapeError:
             raise
         except Exception as exc:
-            if "Failed to allocate memory" in str(exc):
+            if is_out_of_memory(exc):
                 raise OutOfMemoryError(f"onnxruntime could not allocate: {exc}") from exc
             if outputs and is_output_shape_error(exc):
                 raise OutputShapeError(f"onnxruntime refused a placed output: {exc}") from exc

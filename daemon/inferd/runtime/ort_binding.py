@@ -10,7 +10,8 @@ with a pointer: ONNX Runtime's kernels write there, no intermediate buffer), and
 ``run_with_iobinding`` runs it.  Outputs the request did not place are left to
 ONNX Runtime (``bind_output(name, "cpu")``) and read back as arrays.  A placed
 output whose computed shape differs from the one bound (a dynamic dimension)
-makes ONNX Runtime refuse the run before its kernel writes anything.
+makes ONNX Runtime refuse the run before its kernel writes anything
+(``ort_errors.is_output_shape_error``).
 
 A client that places every output usually sends the same arrays of the same
 region request after request.  Building the binding costs more than the run of
@@ -33,18 +34,6 @@ from typing import Any
 import numpy as np
 
 from inferd.errors import OutputShapeError
-
-#: What ONNX Runtime says when a pre-allocated output has another shape than the
-#: one computed: 1.20+ ("... but the computed output shape for this run is ..."),
-#: earlier releases ("Shape mismatch attempting to re-use buffer"), and, for a
-#: node whose output aliases its input (Identity, Reshape) up to at least 1.23,
-#: "OrtValue shape verification failed" (checked before the kernel runs).
-_SHAPE_MISMATCH = (
-    "computed output shape",
-    "Shape mismatch attempting to re-use buffer",
-    "OrtValue shape verification failed",
-)
-
 
 #: What a binding was made for: (name, address, shape, dtype) of each tensor.
 _BindingKey = tuple[tuple[str, int, tuple[int, ...], np.dtype[Any]], ...]
@@ -175,9 +164,3 @@ def _by_address(array: np.ndarray) -> bool:
     array holds (a reversed view's bytes lie before its first element's)."""
     flags = array.flags
     return bool(array.size and flags.c_contiguous and flags.aligned)
-
-
-def is_output_shape_error(exc: BaseException) -> bool:
-    """Whether ONNX Runtime refused a run for a bound output's shape."""
-    text = str(exc)
-    return any(marker in text for marker in _SHAPE_MISMATCH)

@@ -7,7 +7,10 @@ TensorrtExecutionProvider ..."), and its Python ``InferenceSession`` retries a
 session that failed at creation with ``['CUDAExecutionProvider',
 'CPUExecutionProvider']`` (or CPU only), printing "EP Error ... Falling back to
 ... and retrying." before user code can intervene.  Only
-``session.get_providers()`` says what was registered.
+``session.get_providers()`` says what was registered, and only
+``session.get_provider_options()`` on which device: that retry passes no
+options, so its CUDA EP runs on device 0 (``off_device``; ``ort_session``
+makes such a session again on the configured device).
 
 ``ProviderResolution`` holds the three lists (what this runtime wants, what it
 passed to ONNX Runtime, what the session registered); ``degradation`` names what
@@ -47,6 +50,19 @@ def requested_providers(available: Sequence[str]) -> tuple[str, ...]:
     names" and skip them)."""
     offered = set(available)
     return tuple(name for name in PREFERRED_PROVIDERS if name in offered)
+
+
+def off_device(registered: Mapping[str, Mapping[str, str]], device_id: int) -> dict[str, int]:
+    """Each GPU provider in ``registered`` (``session.get_provider_options()``: the
+    options each registered provider runs with) on another device than ``device_id``,
+    with the device it is on.  A GPU provider given no ``device_id`` runs on device 0,
+    as one made by the Python session's retry (which passes no options) does."""
+    devices = {
+        name: int(options.get("device_id", "0"))
+        for name, options in registered.items()
+        if name in GPU_PROVIDERS
+    }
+    return {name: device for name, device in devices.items() if device != device_id}
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ the provider: the CUDA EP's option parser ("Invalid device ID: <n>, must be betw
 TensorRT EP's constructor (``CUDA_CALL_THROW(cudaSetDevice(device_id_))``) throw, and
 the Python session's fallback retries with ``['CUDAExecutionProvider',
 'CPUExecutionProvider']`` *without* the options, that is on device 0.  The fake used
-to accept any ``device_id``.  The daemon sees the session it got: the TensorRT EP
-missing is its recorded degradation, as for any other creation failure."""
+to accept any ``device_id``.  What the runtime makes of it (a session made again on
+the configured device, never served on device 0): ``test_ort_device_fallback.py``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 from inferd.runtime.onnx_trt_ep import CPU_EP, CUDA_EP, TRT_EP
 from tests.fakes import fake_onnxruntime
 from tests.fakes.fake_onnxruntime import FakeOrt
-from tests.unit.runtime.test_ort_providers import Sinks, load, make_runtime
 
 
 def test_a_device_id_the_host_lacks_fails_the_gpu_providers(
@@ -38,14 +37,3 @@ def test_a_device_id_the_host_lacks_fails_the_gpu_providers(
     out = capsys.readouterr().out
     assert "Invalid device ID: 1, must be between 0 (inclusive) and 1 (exclusive)." in out
     assert "invalid device ordinal" in out
-
-
-def test_the_runtime_records_the_degradation_of_a_device_id_the_host_lacks(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, demo_model: Path
-) -> None:
-    fake_onnxruntime.install(monkeypatch, FakeOrt(device_count=1))
-    sinks = Sinks()
-    handle = load(make_runtime(tmp_path, sinks, device_id=1), demo_model)
-    assert handle.active_providers == (CUDA_EP, CPU_EP)
-    (kind, payload), *_ = sinks.records
-    assert kind == "provider_degraded" and payload["missing"] == {TRT_EP: "not_created"}

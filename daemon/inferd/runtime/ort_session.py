@@ -1,0 +1,82 @@
+"""An ONNX Runtime session made on the GPU ``runtime.device_id`` names, or refused.
+
+ONNX Runtime's Python ``InferenceSession`` retries a creation that raised (the
+TensorRT EP's library missing, an option key its version does not know, a
+device the host lacks) once with ``['CUDAExecutionProvider',
+'CPUExecutionProvider']`` (``['CPUExecutionProvider']`` unless both GPU
+providers were asked for) and *without the provider options*
+(``onnxruntime_inference_collection.py``:
+``self._create_inference_session(self._fallback_providers, None)``).  A CUDA EP
+made without options runs on device 0: on a host with several GPUs and
+``runtime.device_id`` 1, the model served on GPU 0, outside the memory budget
+and the thermal watch of the GPU the daemon was given, and nothing said so but
+the registered providers' options (``session.get_provider_options()``).
+
+``create_session`` reads them after every creation: a session with a GPU
+provider on another device is dropped and made again with the providers it
+registered and the runtime's options for them, so on the configured device.
+A device the host lacks then fails that provider too, and ONNX Runtime's retry
+of that creation is the CPU alone (a degradation the provider check records,
+alerts and refuses by configuration).  A session still on another device is
+refused.  Left: the dropped session's CUDA EP did initialise device 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from inferd.errors import EngineDeserializeError
+from inferd.runtime.ort_providers import off_device
+
+
+def create_session(
+    ort: Any,
+    path: Path,
+    sess_options: Any,
+    providers: Sequence[str],
+    options: Mapping[str, Mapping[str, str]],
+    *,
+    device_id: int,
+    what: str,
+) -> Any:
+    """A session of ``path`` with ``providers`` (``options`` by provider name), each
+    GPU provider it registered on ``device_id``; ``what`` names the model in errors.
+    Raises ``EngineDeserializeError``."""
+    session = _session(ort, path, sess_options, providers, options, what)
+    elsewhere = off_device(session.get_provider_options(), device_id)
+    if elsewhere:
+        registered = list(session.get_providers())
+        del session  # its memory goes before the next session takes its own
+        session = _session(ort, path, sess_options, registered, options, what)
+        elsewhere = off_device(session.get_provider_options(), device_id)
+    if elsewhere:
+        placed = ", ".join(f"{name} on device {device}" for name, device in elsewhere.items())
+        raise EngineDeserializeError(
+            f"{what}: onnxruntime registered {placed} though runtime.device_id is "
+            f"{device_id} and the session was made again with that device_id: refused (a "
+            "model serves only on the GPU the daemon is given)"
+        )
+    # ORT's Python wrapper otherwise retries a failing run on CPU behind our back.
+    session.disable_fallback()
+    return session
+
+
+def _session(
+    ort: Any,
+    path: Path,
+    sess_options: Any,
+    providers: Sequence[str],
+    options: Mapping[str, Mapping[str, str]],
+    what: str,
+) -> Any:
+    try:
+        return ort.InferenceSession(
+            str(path),
+            sess_options=sess_options,
+            providers=list(providers),
+            provider_options=[dict(options.get(name, {})) for name in providers],
+        )
+    except Exception as exc:  # ORT raises its own pybind exception types
+        raise EngineDeserializeError(f"onnxruntime could not load {what}: {exc}") from exc
