@@ -138,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     build_start.add_argument(
         "--simulated", action="store_true", help="use the simulated builder even with TensorRT"
     )
+    build_start.add_argument(
+        "--timeout",
+        dest="build_timeout_s",
+        type=float,
+        metavar="S",
+        help="the build's deadline: cancelled (source timeout) S seconds after it starts; "
+        "at most builds.max_duration_s, the default (not the reply's wait: inferctl --timeout)",
+    )
     build_status = build_commands.add_parser(
         "status", parents=[json_option], help="phase tree and outcome of one build, or all"
     )
@@ -226,10 +234,17 @@ def _endpoints_used(args: argparse.Namespace) -> list[tuple[str, str]]:
 def _check_values(args: argparse.Namespace) -> None:
     """Option values no command can use are usage errors, before any socket: a
     ``--timeout`` of 0 s or less would report a daemon that answers as unreachable,
-    and a negative ``--count`` would stop after the first event."""
+    a build's of 0 s or less, or no end, is one the daemon refuses, and a negative
+    ``--count`` would stop after the first event."""
     if not args.timeout > 0:  # NaN too
         shown = "NaN" if math.isnan(args.timeout) else f"{args.timeout:g}"
         raise ValueError(f"--timeout must be a positive number of seconds, got {shown}")
+    build_timeout_s = getattr(args, "build_timeout_s", None)
+    if build_timeout_s is not None and not 0 < build_timeout_s < math.inf:  # NaN too
+        raise ValueError(
+            "build start --timeout must be a finite number of seconds more than 0, "
+            f"got {build_timeout_s:g}"
+        )
     count = getattr(args, "count", 0)
     if count < 0:
         raise ValueError(f"--count must be 0 (no limit) or more, got {count}")

@@ -48,6 +48,8 @@ def run(
                 arguments["build_config"] = config
             if args.simulated:
                 arguments["builder"] = "simulated"
+            if args.build_timeout_s is not None:
+                arguments["timeout_s"] = args.build_timeout_s
             emit(args.json, control.call("build.start", **arguments))
         elif args.build_command == "status":
             arguments = {} if args.build_id is None else {"build_id": args.build_id}

@@ -405,7 +405,9 @@ def build(build: Mapping[str, Any]) -> list[str]:
     label = " (SIMULATED)" if build["simulated"] else ""
     lines = [
         f"build {build['build_id']} model={build['model']} builder={build['builder']}{label}",
-        f"  state: {build['state']}  elapsed: {build['elapsed_s']} s",
+        f"  state: {build['state']}  elapsed: {build['elapsed_s']} s"
+        # A daemon before build deadlines does not say it.
+        + ("" if build.get("deadline_s") is None else f"  deadline: {build['deadline_s']:g} s"),
     ]
     if build["cancel_source"]:
         # A latency not measured yet (a cancel in progress) is "-", never "None ms".

@@ -46,8 +46,7 @@ from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
 
-#: What ``stop()`` may take beyond the drain: worker, bus and publisher joins,
-#: the recorder's final flush.
+#: What ``stop()`` may take beyond the drain: the threads' joins, the recorder's flush.
 _STOP_MARGIN_S = 30.0
 
 
@@ -287,6 +286,7 @@ class Daemon(DaemonState):
         self.deadline_misses.tick()
         self.alerts.flush()  # report repeats held back by the rate limit once it allows
         flush_suppressed()  # the same for log lines held back by the repeat limiter
+        self.switcher.flush_refusals()  # and for refused runtime switches' FDR records
 
     # -- supervision (systemd) ------------------------------------------------
     def liveness(self) -> dict[str, Liveness]:

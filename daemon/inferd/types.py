@@ -173,6 +173,17 @@ class TensorSpec:
         return tuple(1 if dim is None else dim for dim in self.shape)
 
 
+@dataclass(frozen=True)
+class EngineFile:
+    """Which file an engine was loaded from: the one the gate validated, by its
+    device and inode and its digest.  Its path may name another file later (a
+    rebuild or an install there since): this says whether it still is that engine."""
+
+    device: int
+    inode: int
+    sha256: str
+
+
 @dataclass(frozen=True, eq=False)
 class EngineHandle:
     """A resident engine.  Opaque: the runtime keeps the real object; callers
@@ -188,6 +199,8 @@ class EngineHandle:
     #: The engine file the ``tensorrt`` runtime deserialized (the one the gate
     #: passed); None for a runtime that loads the model itself.
     engine_path: Path | None = None
+    #: Which file that was (``engine_path`` may name another one later); None with it.
+    engine_file: EngineFile | None = None
     #: The providers the runtime asked for; None when it has no choice (TensorRT
     #: direct): what it asked for is then what is active.
     requested_providers: tuple[str, ...] | None = None

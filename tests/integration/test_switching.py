@@ -66,8 +66,12 @@ def test_refused_switch_keeps_the_old_runtime_and_is_recorded(
     daemon_factory: DaemonFactory, identity_model: Path
 ) -> None:
     daemon = daemon_factory(models=identity_models(identity_model))
-    with pytest.raises(RemoteError) as caught:
-        switch(daemon, "identity", "tensorrt")
+    refusals = []
+    for _ in range(3):  # a script in a loop: each refused alike, recorded once
+        with pytest.raises(RemoteError) as caught:
+            switch(daemon, "identity", "tensorrt")
+        refusals.append((caught.value.code, caught.value.message))
+    assert len(set(refusals)) == 1
     assert caught.value.code == "FAILED_PRECONDITION"
     assert "cannot prepare tensorrt" in caught.value.message
     assert "onnx_trt_ep keeps serving" in caught.value.message
@@ -79,6 +83,8 @@ def test_refused_switch_keeps_the_old_runtime_and_is_recorded(
     assert [(r.payload["outcome"], r.payload["requested_by"]) for r in records] == [
         ("refused", "test")
     ]
+    (repeats,) = daemon.fdr_records("runtime_switch_refusals")  # counted until the stop
+    assert (repeats.payload["count"], repeats.payload["reason"]) == (2, caught.value.message)
 
 
 def test_switching_a_failed_over_model_clears_the_fallback(

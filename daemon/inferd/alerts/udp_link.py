@@ -5,8 +5,12 @@
 swallows the failure, and then hands the name to ``sendto``, which resolves it
 again in every send: with no route to a DNS server (the ground link down) each
 alert waited out the resolver and counted as sent.  ``UdpOut`` resolves the name
-once on a thread of its own (``inferd-mavlink-resolve``, again every 5 s until
-it resolves) and raises until then; a send the kernel refuses raises too.
+on a thread of its own (``inferd-mavlink-resolve``: again every 5 s until it
+resolves) and raises until then; a send the kernel refuses raises too.  A ground
+station's address can change (DHCP, a spare station taking over its name), so
+the thread resolves the name again every ``REFRESH_INTERVAL_S`` and at once
+after a send the kernel refused; meanwhile alerts go to the last address it
+resolved to.  The thread raising an alert never waits for any of it.
 
 ``udpin:`` / ``udp:``: on such an endpoint pymavlink's ``mavudp`` answers every
 address it ever heard a datagram from (``clients``, never forgotten with
@@ -24,10 +28,18 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+from collections.abc import Callable
+
+import structlog
+
+log = structlog.get_logger("inferd.alerts.mavlink")
 
 RESOLVE_THREAD_NAME = "inferd-mavlink-resolve"
 #: Pause between tries while the ground station's name does not resolve.
 RETRY_INTERVAL_S = 5.0
+#: Pause before resolving a name again once it resolved: how long a ground
+#: station whose address changed may go without alerts when no send is refused.
+REFRESH_INTERVAL_S = 60.0
 #: Ground stations answered at once (a GCS, a MAVLink router, a spare).
 MAX_UDP_PEERS = 8
 #: Datagrams read per alert to learn ground stations (heartbeats, 1 Hz each).
@@ -83,14 +95,29 @@ class UdpPeers:
 class UdpOut:
     """``write`` sends to ``host:port`` on ``sock`` (pymavlink's, closed with it),
     or raises ``OSError``: while the host name is not resolved yet, or when the
-    kernel refuses the datagram.  Never resolves a name on the caller's thread."""
+    kernel refuses the datagram (which asks for the name to be resolved again).
+    Never resolves a name on the caller's thread.  ``resolve``: the name's IPv4
+    address (``socket.gethostbyname``, looked up at each call)."""
 
-    def __init__(self, sock: socket.socket, host: str, port: int, endpoint: str) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        host: str,
+        port: int,
+        endpoint: str,
+        *,
+        resolve: Callable[[str], str] | None = None,
+        refresh_interval_s: float = REFRESH_INTERVAL_S,
+    ) -> None:
         self._sock = sock
         self._host = host
         self._port = port
         self._endpoint = endpoint
+        self._lookup = resolve if resolve is not None else _gethostbyname
+        self._refresh_interval_s = refresh_interval_s
         self._closed = threading.Event()
+        #: Set to end the resolving thread's pause: by a refused send, by ``close``.
+        self._wake = threading.Event()
         self._last_error = "not tried yet"
         self._address: tuple[str, int] | None = None
         self._resolver: threading.Thread | None = None
@@ -108,20 +135,46 @@ class UdpOut:
             raise ConnectionError(
                 f"{self._endpoint}: {self._host!r} is not resolved yet ({self._last_error})"
             )
-        self._sock.sendto(data, address)
+        try:
+            self._sock.sendto(data, address)
+        except BlockingIOError:  # a full send buffer: nothing to say about the address
+            raise
+        except OSError:  # unreachable, refused: the station may have moved, ask again now
+            if self._resolver is not None:
+                self._wake.set()
+            raise
 
     def close(self) -> None:
-        """Ends the resolving thread at its next try; one that waits on the
-        resolver is left to it (a daemon thread holding no socket)."""
+        """Ends the resolving thread at once, or after the try it is in; one that
+        waits on the resolver is left to it (a daemon thread holding no socket)."""
         self._closed.set()
+        self._wake.set()
 
     def _resolve(self) -> None:
-        while not self._closed.is_set():
+        """Resolve the name: again every ``RETRY_INTERVAL_S`` while it fails, every
+        ``refresh_interval_s`` once it resolved, and at once after a refused send
+        (one asked for during a try makes one more after it)."""
+        while True:
+            self._wake.clear()  # before the look at ``_closed``: a close after it wakes
+            if self._closed.is_set():
+                return
             try:
-                ip = socket.gethostbyname(self._host)
+                ip = self._lookup(self._host)
             except Exception as exc:  # OSError (gaierror), UnicodeError
-                self._last_error = repr(exc)
-                self._closed.wait(RETRY_INTERVAL_S)
-                continue
-            self._address = (ip, self._port)
-            return
+                self._last_error = repr(exc)  # alerts go where it last resolved to
+                pause = RETRY_INTERVAL_S
+            else:
+                previous, self._address = self._address, (ip, self._port)
+                if previous is not None and previous[0] != ip:
+                    log.info(
+                        "mavlink_udpout_readdressed",
+                        endpoint=self._endpoint,
+                        address=ip,
+                        previous=previous[0],
+                    )
+                pause = self._refresh_interval_s
+            self._wake.wait(pause)
+
+
+def _gethostbyname(host: str) -> str:
+    return socket.gethostbyname(host)  # looked up at each call, as tests replace it

@@ -39,6 +39,13 @@ MAX_GPU_BUDGET_BYTES = 1024**4
 MAX_FSYNC_INTERVAL_MS = 60_000
 #: The backoff doubles per failed build: beyond ten it outgrows any wait.
 MAX_REBUILD_ATTEMPTS = 10
+#: ``builds.max_duration_s`` (4 h by default) and ``build.start``'s ``timeout_s``:
+#: a day, as ``models.max_load_s`` and ``inferd build --timeout``.  The slowest
+#: TensorRT builds on a Jetson (large models at optimization level 5, a cold timing
+#: cache) take hours; a build still running after a day is hung, and a longer
+#: bound would hold its child, its model's one build and its GPU memory about as
+#: long as none.
+MAX_BUILD_DURATION_S = 86_400.0
 
 #: ``[[models]] queue_capacity`` (64 by default).  One engine worker runs a model's
 #: queue in order, so its last request waits capacity x the inference time: 4,096
@@ -72,10 +79,18 @@ MAX_MEMORY_BYTES = 1024**4
 #: ``fdr.queue_capacity`` (4,096 by default): records queued for the writer while
 #: it writes or syncs; a full queue drops and counts.  The daemon's records are
 #: 280-350 bytes each in the queue (65,536: ~22 MiB; a record is at most 1 MiB,
-#: ``MAX_BODY_BYTES``, so 64 GiB in theory), and the daemon makes a few a second
-#: (a deadline-miss summary per model per 10 s; alerts are rate-limited): minutes
-#: of a disk that stopped.
+#: ``MAX_BODY_BYTES``, so 64 GiB but for ``fdr.queue_max_bytes``, below), and the
+#: daemon makes a few a second (a deadline-miss summary per model per 10 s; alerts
+#: are rate-limited): minutes of a disk that stopped.
 MAX_FDR_QUEUE_RECORDS = 65536
+#: ``fdr.queue_max_bytes`` (16 MiB by default): the frames of the records queued
+#: for the writer or in its batch.  A refused ``runtime.switch`` is ~700 bytes in
+#: the queue, but a record the recorder takes may be 1 MiB (``MAX_BODY_BYTES``):
+#: without a byte bound a full queue held 4 GiB at the default capacity and 64 GiB
+#: at its ceiling.  The ceiling is that 64 GiB, past which the byte bound bounds
+#: nothing; the least holds the largest frame (1 MiB and its 12-byte header).
+MAX_FDR_QUEUE_BYTES = MAX_FDR_QUEUE_RECORDS * 1024**2
+FDR_QUEUE_MIN_BYTES = 2 * 1024**2
 #: ``fdr.segment_max_bytes`` (8 MiB by default): the recorder's start reads its
 #: newest segment whole to resume the seq (1.2x its size in memory, ~47 ms per MiB
 #: on a loaded 2-core VM: 310 MiB and ~12 s at this ceiling), as ``inferd fdr``

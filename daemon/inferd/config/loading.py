@@ -214,6 +214,7 @@ def _fdr(table: TomlTable, state_dir: Path) -> FdrConfig:
         segment_max_bytes=table.take("segment_max_bytes", int, 8 * 1024 * 1024),
         max_total_bytes=table.take("max_total_bytes", int, 256 * 1024 * 1024),
         queue_capacity=table.take("queue_capacity", int, 4096),
+        queue_max_bytes=table.take("queue_max_bytes", int, 16 * 1024 * 1024),
     )
 
 
@@ -262,6 +263,7 @@ def _builds(table: TomlTable) -> BuildsConfig:
         max_bytes=table.take("max_bytes", int, defaults.max_bytes),
         start_burst=table.take("start_burst", int, defaults.start_burst),
         start_refill_s=table.take("start_refill_s", float, defaults.start_refill_s),
+        max_duration_s=table.take("max_duration_s", float, defaults.max_duration_s),
     )
 
 

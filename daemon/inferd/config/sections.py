@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Literal
 
 from inferd.config.ceilings import (
+    FDR_QUEUE_MIN_BYTES,
     FDR_SEGMENT_MIN_BYTES,
     MAX_BUSY_POLL_US,
     MAX_CONNECTIONS_PER_SOCKET,
     MAX_DEVICE_INDEX,
+    MAX_FDR_QUEUE_BYTES,
     MAX_FDR_QUEUE_RECORDS,
     MAX_FDR_SEGMENT_BYTES,
     MAX_FRAMES,
@@ -319,6 +321,7 @@ class FdrConfig:
     segment_max_bytes: int = 8 * 1024 * 1024
     max_total_bytes: int = 256 * 1024 * 1024
     queue_capacity: int = 4096
+    queue_max_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         positive("fdr.fsync_interval_ms", self.fsync_interval_ms)
@@ -335,6 +338,9 @@ class FdrConfig:
             MAX_FDR_SEGMENT_BYTES,
         )
         one_to("fdr.queue_capacity", self.queue_capacity, MAX_FDR_QUEUE_RECORDS)
+        between(
+            "fdr.queue_max_bytes", self.queue_max_bytes, FDR_QUEUE_MIN_BYTES, MAX_FDR_QUEUE_BYTES
+        )
         if self.max_total_bytes < 2 * self.segment_max_bytes:
             raise ConfigError(
                 f"fdr.max_total_bytes ({self.max_total_bytes}) must hold at least two segments "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from inferd.config.ceilings import MAX_BUILD_DURATION_S
 from inferd.errors import ConfigError
 
 PrincipalKind = Literal["user", "group", "key"]
@@ -89,11 +90,18 @@ class SecurityConfig:
         ]
 
 
+#: ``builds.max_duration_s``'s default.  TensorRT builds on a Jetson take minutes
+#: for detection models and can take hours for large ones (optimization level 5, a
+#: cold timing cache); a build still running after 4 h is taken as stuck (a
+#: deployment with slower builds raises it; not measured on a Jetson here).
+DEFAULT_MAX_BUILD_DURATION_S = 4 * 3600.0
+
+
 @dataclass(frozen=True)
 class BuildsConfig:
     """Daemon builds (``[builds]``): the cap on what they leave (``<state_dir>/builds``
-    and TensorRT builds' outputs in the engine dir, counted together) and the
-    per-peer rate of ``build.start``."""
+    and TensorRT builds' outputs in the engine dir, counted together), the
+    per-peer rate of ``build.start`` and how long one build may run."""
 
     #: Build artifact sets (engine, sidecar, summary) kept in both directories.
     max_count: int = 8
@@ -103,6 +111,9 @@ class BuildsConfig:
     start_burst: int = 3
     #: ... and then one more every this many seconds.
     start_refill_s: float = 20.0
+    #: A build still running this long after its start is cancelled (source
+    #: ``timeout``), and killed if it has not stopped ``build_cancel_grace_s`` later.
+    max_duration_s: float = DEFAULT_MAX_BUILD_DURATION_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_count <= 10_000:
@@ -114,6 +125,12 @@ class BuildsConfig:
         if not 0.0 < self.start_refill_s <= 86_400.0:
             raise ConfigError(
                 f"builds.start_refill_s must be in (0, 86400], got {self.start_refill_s}"
+            )
+        # NaN and inf fail the comparison too: neither could reach a wait
+        if not 0.0 < self.max_duration_s <= MAX_BUILD_DURATION_S:
+            raise ConfigError(
+                f"builds.max_duration_s must be in (0, {MAX_BUILD_DURATION_S:g}] seconds, "
+                f"got {self.max_duration_s}"
             )
 
 

@@ -43,14 +43,18 @@ class StartArgs:
     requested_by: str
     builder: str
     simulation: dict[str, Any] | None
+    #: Seconds the build may run: ``timeout_s``, else ``builds.max_duration_s``.
+    deadline_s: float
 
 
 def parse_start(
     header: Mapping[str, Any],
     models: Mapping[str, ModelConfig],
     tensorrt_available: Callable[[], bool],
+    max_duration_s: float,
 ) -> StartArgs:
-    """``build.start {model, build_config?, builder?, simulation?, requested_by?}``."""
+    """``build.start {model, build_config?, builder?, simulation?, requested_by?,
+    timeout_s?}`` (``max_duration_s``: ``builds.max_duration_s``)."""
     model = header.get("model")
     if not isinstance(model, str):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'model' must be a string")
@@ -95,11 +99,30 @@ def parse_start(
                 f"'simulation.fail' must be a string of 1..{_MAX_FAIL_CHARS} characters"
                 " (the simulated builder's error)",
             )
+    deadline_s = parse_timeout(header.get("timeout_s"), max_duration_s)
     if not config.path.is_file():
         raise ProtocolError(
             Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} does not exist"
         )
-    return StartArgs(model, config, build_config, requested_by, builder, simulation)
+    return StartArgs(model, config, build_config, requested_by, builder, simulation, deadline_s)
+
+
+def parse_timeout(raw: object, max_duration_s: float) -> float:
+    """``build.start``'s ``timeout_s``: it may only shorten ``builds.max_duration_s``
+    (the operator's bound on every build), which applies when it is absent."""
+    if raw is None:
+        return max_duration_s
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        if 0 < raw <= max_duration_s:  # NaN and inf fail it too
+            return float(raw)
+        got = repr(raw)
+    else:  # not echoed: it may be any msgpack value, of any size
+        got = f"a {type(raw).__name__}"
+    raise ProtocolError(
+        Code.INVALID_ARGUMENT,
+        f"'timeout_s' must be a number of seconds more than 0 and at most {max_duration_s:g} "
+        f"(builds.max_duration_s, which it may only shorten), got {got}",
+    )
 
 
 def parse_build_config_arg(raw: object, model: ModelConfig) -> dict[str, Any]:

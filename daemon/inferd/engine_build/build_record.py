@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferd.config.security import DEFAULT_MAX_BUILD_DURATION_S
 from inferd.engine_build.events import PhaseTree
 from inferd.types import Peer
 
@@ -36,6 +37,8 @@ class Build:
     peer: Peer
     started_wall_ns: int
     started_mono: float
+    #: Seconds after ``started_mono`` the daemon cancels it (source ``timeout``).
+    deadline_s: float = DEFAULT_MAX_BUILD_DURATION_S
     tree: PhaseTree = field(default_factory=PhaseTree)
     state: str = "running"
     cancel_source: str | None = None
@@ -105,6 +108,8 @@ def fdr_record(build: Build) -> dict[str, Any]:
         "model": build.model,
         "builder": build.builder,
         "cancel_source": build.cancel_source,
+        "cancel_reason": build.cancel_reason,
+        "deadline_s": build.deadline_s,
         "escalated": build.escalated,
         "exit_code": build.exit_code,
         "error": build.error,
@@ -167,6 +172,7 @@ def describe(build: Build) -> dict[str, Any]:
             "requested_by": build.requested_by,
             "peer": build.peer.as_record(),
             "elapsed_s": round((build.exited_mono or time.monotonic()) - build.started_mono, 3),
+            "deadline_s": build.deadline_s,
             "cancel_source": build.cancel_source,
             "cancel_reason": build.cancel_reason,
             "escalated": build.escalated,
@@ -223,6 +229,7 @@ def terminal_event(build: Build, state: str, code: int) -> dict[str, Any]:
         else ("cleaned_up" if build.cancel_source else "none"),
         "detail": {
             "cancelSource": build.cancel_source,
+            "cancelReason": build.cancel_reason,
             "escalated": build.escalated,
             "exitCode": code,
             "summaryPath": build.summary_path,
@@ -247,6 +254,8 @@ class BuildFinished:
     engine_path: Path
     requested_by: str
     error: str | None
+    #: Who cancelled it (``timeout``: it ran past its deadline), None if no one did.
+    cancel_source: str | None = None
 
     @classmethod
     def of(cls, build: Build) -> BuildFinished:
@@ -261,4 +270,5 @@ class BuildFinished:
             engine_path=build.engine_path,
             requested_by=build.requested_by,
             error=build.error,
+            cancel_source=build.cancel_source,
         )

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import select
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -35,6 +37,17 @@ def spawn(spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
         start_new_session=True,  # a terminal's Ctrl-C is the daemon's, not the build's
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+
+def readable(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Whether the child's stdout has something to read (a message, or its end)
+    within ``timeout_s``; ``poll``, not ``select``: the daemon's descriptors may
+    number over 1024 (``supervision/open_files.py``)."""
+    assert process.stdout is not None
+    poller = select.poll()
+    poller.register(process.stdout.fileno(), select.POLLIN)
+    # A negative timeout would wait for ever: a deadline already passed is 0 ms.
+    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:

@@ -1,41 +1,47 @@
-"""The ONNX model a build is for: its path and the SHA-256 its engine is named by.
+"""The ONNX model a build is for: its path and the digest its engine is named by.
 
 An engine's file name carries the digest ``engines/locate.py`` took of the model
-(``inferd.engines.naming``); the build reads the model again later, seconds to
-minutes after (TensorRT's parser, ONNX Runtime's reference for validation).  A
-model file replaced in between (an operator copying a new model in, a
-deployment tool) must never give an engine named and trusted as the old model
-but built or validated from the new one.  So every consumer in a build reads the
-model's bytes once, here, checks their digest against the one the engine is
-named by, and uses exactly those bytes (``OnnxParser.parse(bytes, path)``,
-``InferenceSession(bytes)``); a model that changed fails with
+(``inferd.digest.model_digest``: of its file, and of its external data files when
+it has some; ``inferd.engines.naming``); the build reads the model again later,
+seconds to minutes after (TensorRT's parser, ONNX Runtime's reference for
+validation).  A model file replaced in between (an operator copying a new model
+in, a deployment tool) must never give an engine named and trusted as the old
+model but built or validated from the new one.  So every consumer in a build
+reads the model's bytes once, here, checks their digest against the one the
+engine is named by, and uses exactly those bytes (``OnnxParser.parse(bytes,
+path)``, ``InferenceSession(bytes)``); a model that changed fails with
 ``ModelChangedError`` saying so.  The bytes are the caller's to drop once used:
 a model can be hundreds of MB.
 
-Not covered by the digest, here as in the engine's name: external data files
-(weights beside the ``.onnx`` file, which TensorRT and ONNX Runtime read by path).
+External data files (weights beside the ``.onnx`` file) cannot be handed over as
+bytes: TensorRT's parser and ONNX Runtime read them by path.  They are hashed
+with the model's bytes (``read``), and once the consumer has read them they are
+checked again (``check_unchanged``): the same digest and the very files hashed
+(each file's inode, size, mtime and ctime, so a swap undone before the check is
+caught too); else ``ModelChangedError``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferd.digest import sha256_file
+from inferd.digest import FileVersion, ModelDigest, model_digest, model_digest_of
 from inferd.errors import EngineBuildError
+from inferd.external_data import model_directory
 from inferd.owned_files import open_own_file
 
 
 class ModelChangedError(EngineBuildError):
-    """The model file no longer has the digest its engine is named by."""
+    """The model file, or one of its external data files, no longer has the digest
+    its engine is named by (or is no longer the very file hashed)."""
 
 
 @dataclass(frozen=True)
 class ModelSource:
     """``path``: the operator's model (a symlink is followed, as ``locate_engine``
-    hashed it); ``sha256``: the digest the engine's name carries."""
+    hashed it); ``sha256``: the digest the engine's name carries (``model_digest``)."""
 
     path: Path
     sha256: str
@@ -49,26 +55,58 @@ class ModelSource:
     @property
     def directory(self) -> str:
         """The folder of the model's external data files."""
-        return os.path.dirname(self.parser_path)
+        return model_directory(self.path)
 
-    def read(self) -> bytes:
-        """The model's bytes, read once, whose digest is ``sha256``; ``OSError`` when
-        it cannot be read, ``ModelChangedError`` when they are another model's."""
-        handle, _info = open_own_file(self.path, follow=True)
+    def read(self) -> tuple[bytes, ModelDigest]:
+        """The model's bytes, read once, and what was hashed with them (its external
+        data files too), whose digest is ``sha256``; ``OSError`` when the model or
+        one of its files cannot be read or names a file outside its folder
+        (``inferd.external_data``), ``ModelChangedError`` when it is another model."""
+        handle, info = open_own_file(self.path, follow=True)
         with handle:
             data = handle.readall()
-        self._check(hashlib.sha256(data).hexdigest())
-        return data
+        hashed = model_digest_of(data, self.path, info)
+        if hashed.sha256 != self.sha256:
+            raise self._changed(hashed.sha256, "")
+        return data, hashed
 
-    def check_unchanged(self) -> None:
-        """``ModelChangedError`` unless the file still has ``sha256`` (after something
-        read it by path, for want of a way to hand it the bytes)."""
-        self._check(sha256_file(self.path, follow=True))
-
-    def _check(self, digest: str) -> None:
-        if digest != self.sha256:
+    def check_unchanged(self, hashed: ModelDigest) -> None:
+        """``ModelChangedError`` unless the model and its external data files are still
+        the very files ``read`` hashed (``hashed``), with the digest ``sha256``: after
+        something read them by path, for want of a way to hand it their bytes."""
+        now = model_digest(self.path)
+        if now.sha256 != self.sha256:
+            raise self._changed(now.sha256, _which(hashed, now))
+        was, is_ = _versions(hashed), _versions(now)
+        replaced = [file for file, version in was.items() if is_.get(file) != version]
+        if replaced:
             raise ModelChangedError(
-                f"the model file {self.path} changed during the build: its SHA-256 is now "
-                f"{digest[:16]}, the engine is named for {self.sha256[:16]}; nothing is "
-                "built or validated from another model than the one named: build again"
+                f"the model {self.path} changed during the build: {', '.join(replaced)} "
+                "was written or replaced since the build hashed it (its content is the "
+                "one named again, but what was read meanwhile is not known); nothing is "
+                "built or validated from another file than the one hashed: build again"
             )
+
+    def _changed(self, digest: str, which: str) -> ModelChangedError:
+        return ModelChangedError(
+            f"the model {self.path} changed during the build{which}: its digest is "
+            f"now {digest[:16]}, the engine is named for {self.sha256[:16]}; nothing is "
+            "built or validated from another model than the one named: build again"
+        )
+
+
+def _which(hashed: ModelDigest, now: ModelDigest) -> str:
+    """`` (its external data file w.bin)`` naming what differs, or nothing when the
+    model file itself (or the list of its files) changed."""
+    was = {file.location: file.sha256 for file in hashed.external}
+    is_ = {file.location: file.sha256 for file in now.external}
+    if hashed.file_sha256 != now.file_sha256 or was.keys() != is_.keys():
+        return ""
+    changed = sorted(location for location, digest in was.items() if is_[location] != digest)
+    return f" (its external data file {', '.join(changed)})" if changed else ""
+
+
+def _versions(digest: ModelDigest) -> dict[str, FileVersion]:
+    """The version of each file ``digest`` was taken over, by what a message calls it."""
+    external = {f"its external data file {file.location}": file.version for file in digest.external}
+    return {"the model file": digest.version, **external}

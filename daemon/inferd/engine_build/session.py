@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from inferd.digest import sha256_file
+from inferd.digest import model_digest
 from inferd.engine_build.artifacts import (
     TimingCacheManager,
     TimingCacheOutcome,
@@ -163,7 +163,7 @@ def run_build(
     own = (request.engine_path.name.removesuffix(".engine") + ".", cache.path.name)
     before, before_omitted = build_files(engine_dir, own)
     started_mono, started_wall = time.monotonic(), time.time()
-    model_sha = request.model_sha256 or sha256_file(request.model_path, follow=True)
+    model_sha = request.model_sha256 or model_digest(request.model_path).sha256
     config_hash = build_config_hash(request, model_sha, builder.tensorrt_version)
 
     cache_data = cache.load()

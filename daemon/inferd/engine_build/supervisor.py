@@ -10,11 +10,12 @@ topic, coalescing ``step`` events (at most one per build every
 to the child, which sets its ``CancellationToken``; a child still alive
 ``build_cancel_grace_s`` later is killed with its process group, and the build
 is recorded as cancelled with ``escalated: true`` (status, ``build`` event, FDR
-record; rendered by ``build_record.py``).  A cancel that comes once the child
-has exited is not accepted: its end is its own.  ``build.start`` and
-``build.cancel`` are operator ops (the verified ``Peer`` is recorded);
-``build.start`` is rate limited per peer (``start_limit.py``) and what builds
-leave is kept within the caps (``retention.py``).
+record; rendered by ``build_record.py``).  At its deadline (``builds.max_duration_s``,
+or a shorter ``timeout_s``) its reader thread cancels it so, source ``timeout``.  A
+cancel that comes once the child has exited is not accepted: its end is its own.
+``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is
+recorded); ``build.start`` is rate limited per peer (``start_limit.py``) and what
+builds leave is kept within the caps (``retention.py``).
 """
 
 from __future__ import annotations
@@ -106,14 +107,16 @@ class BuildManager:
         self._lock = threading.Lock()
         self._accepting = True
         self._counter = itertools.count(1)
-        self.admission = BuildAdmission(build_dir, limits or BuildsConfig(), record, serving)
+        limits = limits or BuildsConfig()
+        self.max_duration_s = limits.max_duration_s
+        self.admission = BuildAdmission(build_dir, limits, record, serving)
         self.admission.cover_engine_dir(engine_dir, engine_manifest, models)
 
     # -- control ops (bus thread) -------------------------------------------------
     def start(self, header: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        """``build.start {model, build_config?, builder?, simulation?}`` of ``peer``:
-        returns at once."""
-        args = parse_start(header, self._models, self._tensorrt_available)
+        """``build.start {model, build_config?, builder?, simulation?, timeout_s?}`` of
+        ``peer``: returns at once."""
+        args = parse_start(header, self._models, self._tensorrt_available, self.max_duration_s)
         model, builder, build_config = args.model, args.builder, args.build_config
         with self._lock:
             if not self._accepting:
@@ -167,6 +170,7 @@ class BuildManager:
                 peer=peer,
                 started_wall_ns=time.time_ns(),
                 started_mono=time.monotonic(),
+                deadline_s=args.deadline_s,
             )
             self._builds[build_id] = build
             self._forget_old()
@@ -185,6 +189,7 @@ class BuildManager:
             pid=process.pid,
             requested_by=args.requested_by,
             peer=peer.as_record(),
+            deadline_s=args.deadline_s,
             **build_config,
         )
         return {
@@ -195,6 +200,7 @@ class BuildManager:
             "pid": process.pid,
             "engine_path": str(engine_path),
             "build_config": build_config,
+            "deadline_s": args.deadline_s,
         }
 
     def status(self, header: dict[str, Any]) -> dict[str, Any]:
@@ -207,6 +213,7 @@ class BuildManager:
                 "builds": [describe(b) for b in builds],
                 "tensorrt_available": self._tensorrt_available(),
                 "cancel_grace_s": self.grace_s,
+                "max_duration_s": self.max_duration_s,
                 **self.admission.describe(),
             }
         return {"build": describe(self._get(build_id))}
@@ -331,13 +338,34 @@ class BuildManager:
             pid=build.process.pid,
         )
 
+    def _deadline_passed(self, build: Build) -> None:
+        """Cancelled as by an operator, source ``timeout`` (killed after the grace)."""
+        bound = "builds.max_duration_s" if build.deadline_s == self.max_duration_s else "timeout_s"
+        reason = f"the build ran past its deadline of {build.deadline_s:g} s ({bound})"
+        if self._request_cancel(build, "timeout", reason, None):
+            log.warning(
+                "build_deadline_exceeded",
+                build_id=build.build_id,
+                model=build.model,
+                deadline_s=build.deadline_s,
+                grace_s=self.grace_s,
+            )
+
     def _follow(self, build: Build) -> None:
-        """Reader thread: the child's messages until EOF, then the final record."""
+        """Reader thread: the child's messages until EOF (cancelling the build at its
+        deadline meanwhile), then the final record."""
         stdout = build.process.stdout
         assert stdout is not None
         decoder = child_message_decoder(build_id=build.build_id)
+        deadline: float | None = build.started_mono + build.deadline_s
         try:
             while True:
+                if deadline is not None and not child_process.readable(
+                    build.process, deadline - time.monotonic()
+                ):
+                    deadline = None  # from here on the cancel's grace bounds the build
+                    self._deadline_passed(build)
+                    continue
                 chunk = os.read(stdout.fileno(), 65536)
                 if not chunk:
                     break

@@ -14,7 +14,9 @@ once when the build starts, checked against ``model_sha256`` (the digest in the
 engine's name, ``engines/locate.py``) and handed to ``OnnxParser.parse`` with the
 model's path (for external weights), never ``parse_from_file``, so a model file
 replaced since it was hashed fails the build (``model_source.ModelChangedError``)
-instead of being built under the old model's name.
+instead of being built under the old model's name.  External weights, which the
+parser reads by path, are hashed with the model and checked again once it has
+read them.
 
 Smoke inference needs device buffers and an execution context, which the
 serving runtime owns: pass ``infer`` (e.g. a function loading the engine into a
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inferd.config import RuntimeConfig
-from inferd.digest import sha256_file
+from inferd.digest import model_digest
 from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engine_build.progress import ProgressAdapter, make_trt_progress_monitor
 from inferd.engine_build.simulated import BuilderOutput
@@ -100,7 +102,7 @@ class TensorRTBuilder:
         self.onnx_path = onnx_path
         self.model = ModelSource(
             onnx_path,
-            model_sha256 if model_sha256 is not None else sha256_file(onnx_path, follow=True),
+            model_sha256 if model_sha256 is not None else model_digest(onnx_path).sha256,
         )
         self.config = build_config
         #: The one workspace rule (``inferd.engines.build_config.build_workspace_bytes``).
@@ -162,7 +164,8 @@ class TensorRTBuilder:
         trt = self.trt
         model = self.onnx_path.name
         try:
-            onnx_bytes = self.model.read()  # the bytes the engine's name is the digest of
+            # the bytes the engine's name is the digest of, with its external weights
+            onnx_bytes, hashed = self.model.read()
         except ModelChangedError as exc:
             return BuilderOutput(None, None, error=str(exc))
         except OSError as exc:
@@ -176,6 +179,13 @@ class TensorRTBuilder:
         # The parser keeps its own copy of the model (weights included): ours goes now.
         parsed = parser.parse(onnx_bytes, self.model.parser_path)
         del onnx_bytes
+        if hashed.external:  # the parser read them by path: the ones hashed?
+            try:
+                self.model.check_unchanged(hashed)
+            except ModelChangedError as exc:
+                return BuilderOutput(None, None, error=str(exc))
+            except OSError as exc:
+                return BuilderOutput(None, None, error=f"cannot read {model} again: {exc}")
         if not parsed:
             errors = [parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
             reasons = errors or self.tlog.since(mark) or ["no reason given"]

@@ -8,10 +8,12 @@ The reference is computed from the model the engine is named by: its bytes are
 read once and checked against that digest (``model_source.ModelSource``), and one
 ONNX Runtime session is made from exactly those bytes, its external data found
 beside the model (``session.model_external_initializers_file_folder_path``,
-ONNX Runtime 1.21 on).  An ONNX Runtime that cannot load them from memory (before
-1.21, a model with external data) loads the model from its path, and the file's
-digest is checked again once it is loaded.  A model changed meanwhile fails
-validation, saying so; the engine is never compared with another model.
+ONNX Runtime 1.21 on), which ONNX Runtime reads by path: once the session is
+made, those files are checked again.  An ONNX Runtime that cannot load them from
+memory (before 1.21, a model with external data) loads the model from its path,
+and the model's digest is checked again once it is loaded.  A model changed
+meanwhile fails validation, saying so; the engine is never compared with another
+model.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.digest import sha256_file
+from inferd.digest import model_digest, sha256_file
 from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engines.sidecar import read_sidecar
 from inferd.types import BuildConfig, PrecisionMode
@@ -106,7 +108,7 @@ def reference_session(model: ModelSource) -> Any:
     (``ModelChangedError`` when the file has another); see the module's doc."""
     import onnxruntime as ort
 
-    data = model.read()
+    data, hashed = model.read()
     options = ort.SessionOptions()
     options.add_session_config_entry(EXTERNAL_DATA_FOLDER, model.directory)
     loaded: Any = None
@@ -114,10 +116,12 @@ def reference_session(model: ModelSource) -> Any:
         loaded = ort.InferenceSession(data, options, providers=_CPU)
     del data  # the session keeps its own reference
     if loaded is not None:
+        if hashed.external:  # read by path
+            model.check_unchanged(hashed)
         return loaded
     # An ONNX Runtime before 1.21 cannot find external data for a model in memory.
     session = ort.InferenceSession(str(model.path), providers=_CPU)
-    model.check_unchanged()
+    model.check_unchanged(hashed)
     return session
 
 
@@ -145,7 +149,7 @@ def validate_build(
         return ValidationResult("fail", "refused", None, atol, rtol, f"gate: {exc}")
     try:
         if not isinstance(model, ModelSource):  # the model as it is now
-            model = ModelSource(model, sha256_file(model, follow=True))
+            model = ModelSource(model, model_digest(model).sha256)
         inputs, expected = reference_case(model, seed)
         actual = infer(engine_path, inputs)
     except ModelChangedError as exc:
@@ -223,7 +227,7 @@ def tensorrt_smoke_infer(
                 thermal=ThermalState,
             )
             try:
-                digest = model_sha256 or sha256_file(model_path, follow=True)
+                digest = model_sha256 or model_digest(model_path).sha256
                 entry = EngineCacheEntry(LABEL, engine_path, model_path, digest, config)
                 handle = runtime.deserialize_engine(entry)
                 try:

@@ -3,14 +3,19 @@ engine pipeline (locate -> compile -> validate -> record trust -> load).
 
 An engine's file name encodes the model hash, host tuple and build-config hash
 (``inferd.engines.naming``), so the engine for (model, host, config) has one
-path per label.  ``locate_engine`` reuses an intact engine for this host under
-any label (the gate's steps 1-4: name, host tuple, sidecar, digest); the
-manifest (step 5) is the loader's business, since rebuilding cannot make an
-engine trusted.  But a loader that passes the manifest it will load with gets an
-engine that manifest trusts when there is one: an intact engine awaiting
-approval (a ``build.start`` under the ONNX stem) must not hide a trusted one
-under another label.  A file at the target path that fails steps 1-4 is
-quarantined (``inferd.engines.quarantine``) so a build can take its place.
+path per label.  The model hash is the model's digest (``inferd.digest``): its
+file's SHA-256, or, for a model with external data files, one over the file and
+each of them, so an engine is never reused for other weights beside the same
+``.onnx``; a model naming a file outside its folder is refused
+(``EngineBuildError`` from ``ExternalDataEscapeError``).  ``locate_engine``
+reuses an intact engine for this host under any label (the gate's steps 1-4:
+name, host tuple, sidecar, digest); the manifest (step 5) is the loader's
+business, since rebuilding cannot make an engine trusted.  But a loader that
+passes the manifest it will load with gets an engine that manifest trusts when
+there is one: an intact engine awaiting approval (a ``build.start`` under the
+ONNX stem) must not hide a trusted one under another label.  A file at the
+target path that fails steps 1-4 is quarantined (``inferd.engines.quarantine``)
+so a build can take its place.
 
 Nothing is trusted, and nothing moved, in an engine dir that is not safely the
 daemon's own (``inferd.engines.engine_dir``): the plan is then ``to_build`` with
@@ -76,7 +81,7 @@ def locate_engine(
     if not model_path.is_file():
         raise EngineBuildError(f"model file {model_path} does not exist")
     try:
-        model_sha256 = sha256_remembered(model_path)  # an operator's file
+        model_sha256 = sha256_remembered(model_path)  # an operator's, external data too
     except OSError as exc:
         raise EngineBuildError(f"cannot read model {model_path}: {exc}") from exc
     name = engine_name_for(

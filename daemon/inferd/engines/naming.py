@@ -14,8 +14,10 @@ field          value
 =============  ======================================================================
 ``label``      a human hint (model name): ``[a-z0-9]`` words joined by ``-``, at most
                48 characters (``sanitize_label`` makes one).  Not compared.
-``m<model16>`` the first 16 hex digits of the ONNX model's SHA-256 (64 bits: an
-               identity, not the integrity check; sidecar and manifest do that).
+``m<model16>`` the first 16 hex digits of the ONNX model's digest (64 bits: an
+               identity, not the integrity check; sidecar and manifest do that):
+               its file's SHA-256, or with external data files one over them too
+               (``inferd.digest``).
 ``cc…-<sku>``  CUDA compute capability ``major.minor`` (``cc8.7``; ``cc10.0`` is not
                ``cc1.00``) and the GPU name sanitized by ``sanitize_sku``
                (``NVIDIA GeForce RTX 4090`` -> ``geforce-rtx-4090``).

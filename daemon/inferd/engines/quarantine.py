@@ -13,6 +13,18 @@ ones go, with their sidecar and reason, logged (DESIGN.md entry 138).
 Used by engine location (an engine file that fails the gate's steps 1-4), by
 build cleanup (a temp file or an engine whose write was interrupted, an engine
 that failed validation) and by the timing-cache policy (an unreadable cache).
+
+An engine that failed while serving was loaded minutes or days before: its path
+may name another file by then (rebuilt or installed there since).
+``quarantine_loaded`` moves the file that was loaded and nothing else: it opens
+the path without following a symlink and compares the descriptor's device and
+inode and its SHA-256 with those the gate recorded at load (``EngineFile``);
+another file is left where it is (``NotTheLoadedEngineError``).  The descriptor
+stays open until the move is done, so the inode cannot be freed and reused
+meanwhile; the move is a ``rename`` onto a name reserved in the quarantine, and
+what it moved is checked again: a file swapped in at the path between the last
+check and the ``rename`` (a few microseconds) is put back, never lost
+(DESIGN.md, "A failover quarantines the engine it loaded").
 """
 
 from __future__ import annotations
@@ -26,9 +38,12 @@ from pathlib import Path
 
 import structlog
 
+from inferd.digest import sha256_handle
 from inferd.durable import atomic_write_text, fsync_directory
-from inferd.engines.sidecar import sidecar_path
-from inferd.owned_files import ensure_owned_dir
+from inferd.engines.sidecar import SIDECAR_MAX_BYTES, parse_sidecar, sidecar_path
+from inferd.errors import EngineHashMismatchError
+from inferd.owned_files import ensure_owned_dir, open_nofollow, open_regular_file
+from inferd.types import EngineFile
 
 QUARANTINE_DIR = "quarantine"
 #: Files a quarantine keeps (with their ``.sha256`` and ``.reason``), newest first.
@@ -53,6 +68,112 @@ def quarantine(path: Path, reason: str, *, directory: Path | None = None) -> Pat
     fsync_directory(path.parent)
     _prune(target_dir, keep=target)
     return target
+
+
+class NotTheLoadedEngineError(Exception):
+    """The file an engine's path names is not the engine that was loaded from it:
+    left where it is (the message says how it differs)."""
+
+
+def quarantine_loaded(path: Path, loaded: EngineFile, reason: str) -> Path:
+    """Move the engine file that was loaded from ``path`` (and its sidecar, when it
+    holds that engine's digest) into ``<its dir>/quarantine/`` as ``quarantine``
+    does, and only that file; returns the new path.  ``NotTheLoadedEngineError``
+    when ``path`` names another file now (nothing moved); ``OSError`` when it cannot
+    be read or moved, ``UnsafeDirectoryError`` for a quarantine not safely ours."""
+    try:
+        handle, info = open_regular_file(path)  # a symlink is never followed here
+    except FileNotFoundError:
+        raise NotTheLoadedEngineError(
+            f"nothing is at {path} now: removed or renamed since it was loaded"
+        ) from None
+    with handle:  # open until the move is checked: the inode cannot be reused meanwhile
+        if (info.st_dev, info.st_ino) != (loaded.device, loaded.inode):
+            raise NotTheLoadedEngineError(
+                f"{path} is another file now (inode {info.st_ino}, the engine loaded was "
+                f"inode {loaded.inode}): rebuilt or installed there since it was loaded"
+            )
+        digest = sha256_handle(handle)
+        if digest != loaded.sha256:
+            raise NotTheLoadedEngineError(
+                f"{path} holds other bytes now (sha256 {digest}, the engine loaded had "
+                f"{loaded.sha256}): rewritten in place since it was loaded"
+            )
+        target_dir = ensure_owned_dir(path.parent / QUARANTINE_DIR, what="the quarantine directory")
+        target = _reserve_name(path, target_dir)
+        not_moved = _move_if_same(path, target, info)
+        if not_moved is not None:
+            raise NotTheLoadedEngineError(
+                f"{path} was replaced by another file while it was being moved: {not_moved}"
+            )
+    _move_sidecar(path, target, loaded.sha256)
+    atomic_write_text(target.with_name(target.name + ".reason"), reason.rstrip() + "\n")
+    fsync_directory(path.parent)
+    _prune(target_dir, keep=target)
+    return target
+
+
+def _reserve_name(path: Path, target_dir: Path) -> Path:
+    """A new name in ``target_dir`` for ``path``, taken by an empty file made there
+    exclusively: a ``rename`` onto it then replaces nothing but that placeholder."""
+    stamp = f"{path.name}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    while True:
+        target = target_dir / f"{stamp}-{secrets.token_hex(3)}"
+        try:
+            os.close(open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue
+        return target
+
+
+def _move_if_same(source: Path, target: Path, info: os.stat_result) -> str | None:
+    """Rename ``source`` onto ``target`` (a name no one else uses: a placeholder this
+    process reserved, or that name's companion) if it still is the file ``info``
+    describes (the ``fstat`` of a descriptor the caller holds open).  None when
+    moved; else what became of the other file that ``source`` names: left there, or
+    (swapped in between the last look and the ``rename``) moved back, never over a
+    file that took its place meanwhile.  A placeholder left unused is removed."""
+    same = (info.st_dev, info.st_ino)
+    try:
+        now = os.lstat(source)
+        if (now.st_dev, now.st_ino) != same:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
+            return "that file was left there"
+        os.rename(source, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+        raise
+    moved = os.lstat(target)
+    if (moved.st_dev, moved.st_ino) == same:
+        return None
+    try:
+        os.link(target, source, follow_symlinks=False)
+    except FileExistsError:  # yet another file took its place: never replaced
+        log.error("quarantine_moved_another_file", path=str(source), kept_at=str(target))
+        return f"that file was moved to {target} and cannot go back (move it back by hand)"
+    os.unlink(target)
+    return "that file was moved back"
+
+
+def _move_sidecar(engine: Path, moved: Path, sha256: str) -> None:
+    """Move ``engine``'s sidecar beside ``moved`` when it holds ``sha256`` (the digest
+    of the engine moved); one that holds another digest (the sidecar of an engine
+    installed since), is malformed or is missing stays where it is."""
+    source = sidecar_path(engine)
+    try:
+        handle, info = open_regular_file(source)
+    except FileNotFoundError:
+        return
+    with handle:
+        data = handle.read(SIDECAR_MAX_BYTES + 1)
+        try:
+            digest = parse_sidecar(data.decode("ascii"), engine_name=engine.name)
+        except (UnicodeDecodeError, EngineHashMismatchError):
+            return
+        if digest == sha256:
+            _move_if_same(source, sidecar_path(moved), info)
 
 
 def _move_exclusively(path: Path, target_dir: Path) -> Path:

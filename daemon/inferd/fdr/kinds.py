@@ -85,6 +85,14 @@ KINDS: dict[str, RecordKind] = {
             description="A model's runtime was switched (or a switch was refused).",
         ),
         _kind(
+            "runtime_switch_refusals",
+            {"model", "reason", "count", "window_s"},
+            critical=False,
+            description="Rate-limited summary: runtime switches of a model refused for the "
+            "same reason as a runtime_switch record before it, during its window, and not "
+            "recorded one by one.",
+        ),
+        _kind(
             "engine_refused",
             {"engine", "step", "reason"},
             critical=True,

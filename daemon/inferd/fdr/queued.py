@@ -1,12 +1,20 @@
-"""What goes through the recorder's queue to its writer thread: records encoded
-but for their seq, and the markers ``wait_durable`` waits on."""
+"""What goes through the recorder's queue to its writer thread (records encoded
+but for their seq, and the markers ``wait_durable`` waits on), and the queue
+itself, bounded in items and in the bytes of the records it holds."""
 
 from __future__ import annotations
 
+import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from inferd.fdr import kinds
+from inferd.fdr import framing, kinds
+
+#: Why a record was not queued (the ``fdr_dropped`` reasons of a full queue).
+QUEUE_FULL = "queue full"
+QUEUE_BYTES_FULL = "queue bytes full"
+_FRAME_OVERHEAD = framing.FRAME_HEADER.size + framing.MAX_SEQ_BYTES
 
 
 @dataclass
@@ -19,9 +27,69 @@ class Pending:
     #: What an fdr_dropped / fdr_retention record reports (again, if it is lost).
     dropped: tuple[int, list[str]] | None = None
     deleted: list[tuple[str, int]] | None = None
+    #: The most its frame takes, whatever its seq: what it counts for queued.
+    frame_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frame_bytes = _FRAME_OVERHEAD + len(self.head) + len(self.tail)
 
 
 class Marker(threading.Event):
     """Queued by ``wait_durable``; set once everything before it was processed."""
 
     durable = False
+
+
+class RecordQueue:
+    """The queue between the daemon's threads and the writer: at most ``capacity``
+    items, and records whose frames add up to at most ``max_bytes`` from their
+    ``offer`` until the writer ``release``s them (written or dropped), so a batch
+    in the writer's hands counts too.  A record's size is the length of the bytes
+    it was encoded into, taken once when it is made."""
+
+    def __init__(self, capacity: int, max_bytes: int) -> None:
+        self._items: queue.Queue[Any] = queue.Queue(maxsize=capacity)
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+        #: Bytes of the records offered and not yet released.
+        self.bytes = 0
+
+    def offer(self, pending: Pending) -> str | None:
+        """Queue ``pending`` without blocking: None, or why it was not (nothing held)."""
+        size = pending.frame_bytes
+        with self._lock:
+            if self.bytes + size > self._max_bytes:
+                return QUEUE_BYTES_FULL
+            self.bytes += size
+        try:
+            self._items.put_nowait(pending)
+        except queue.Full:
+            self.release([pending])
+            return QUEUE_FULL
+        return None
+
+    def put(self, item: Any, timeout: float) -> None:
+        """Queue a marker (not a record); raises ``queue.Full`` after ``timeout`` s."""
+        self._items.put(item, timeout=timeout)
+
+    def take_batch(self, timeout: float | None, most: int) -> list[Any]:
+        """Up to ``most`` items, waiting up to ``timeout`` s for the first ([] if none)."""
+        try:
+            batch = [self._items.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while len(batch) < most:
+            try:
+                batch.append(self._items.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def release(self, batch: list[Any]) -> None:
+        """The records of ``batch`` are written or dropped: their bytes no longer count."""
+        size = sum(item.frame_bytes for item in batch if isinstance(item, Pending))
+        with self._lock:
+            self.bytes -= size
+
+    def qsize(self) -> int:
+        return self._items.qsize()

@@ -1,14 +1,16 @@
 """The recorder's writer: a thread with a bounded queue and group commit.
 
 ``record()`` validates and encodes in the caller (a bad payload is a bug and
-raises there) and enqueues without ever blocking: a full queue or a failing
-disk drops records, counts them, logs at ERROR and says so in ``status()``;
-serving goes on.  The writer thread appends frames to the current segment and
-makes them durable (``fdatasync``) at most every ``fsync_interval_ms``, or at
-once when a critical kind was written.  After a failed write or sync it never
-appends to that segment again: it syncs what earlier writes, and the frames a
-failed write wrote whole, left there, counts what was written but could not be
-synced as dropped, and opens a new one."""
+raises there) and enqueues without ever blocking: a full queue (in records,
+``queue_capacity``, or in bytes, ``queue_max_bytes``: ``queued.RecordQueue``)
+or a failing disk drops records, counts them, logs at ERROR and says so in
+``status()`` and an ``fdr_dropped`` record; serving goes on.  The writer
+thread appends frames to the current segment and makes them durable
+(``fdatasync``) at most every ``fsync_interval_ms``, or at once when a critical
+kind was written.  After a failed write or sync it never appends to that
+segment again: it syncs what earlier writes, and the frames a failed write wrote
+whole, left there, counts what was written but could not be synced as dropped,
+and opens a new one."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import structlog
 
 from inferd.config import FdrConfig
 from inferd.fdr import framing, kinds, segments
-from inferd.fdr.queued import Marker, Pending
+from inferd.fdr.queued import Marker, Pending, RecordQueue
 from inferd.owned_files import ensure_owned_dir
 
 log = structlog.get_logger("inferd.fdr")
@@ -66,7 +68,7 @@ class FlightRecorder:
         self._mono_clock = mono_clock
         self._boot_id = boot_id if boot_id is not None else read_boot_id()
         self._interval_s = config.fsync_interval_ms / 1000
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_capacity)
+        self._queue = RecordQueue(config.queue_capacity, config.queue_max_bytes)
         self._thread = threading.Thread(target=self._run, name="inferd-fdr", daemon=True)
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -113,7 +115,7 @@ class FlightRecorder:
             return
         deadline = time.monotonic() + timeout
         with contextlib.suppress(queue.Full):  # busy: it sees _stopped once drained
-            self._queue.put(_STOP, timeout=timeout)
+            self._queue.put(_STOP, timeout)
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             log.error("fdr_writer_did_not_stop", timeout_s=timeout)
@@ -126,17 +128,16 @@ class FlightRecorder:
         if self._stopped.is_set():
             self._drop(1, "recorder stopped")
             return
-        try:
-            self._queue.put_nowait(pending)
-        except queue.Full:
-            self._drop(1, "queue full")
+        refused = self._queue.offer(pending)  # full, in records or in bytes
+        if refused is not None:
+            self._drop(1, refused)
 
     def wait_durable(self, timeout: float) -> bool:
         """Block until every record queued before this call is on disk and synced;
         False if one was lost (unless an fdr_dropped record saying so is durable)."""
         marker = Marker()
         try:
-            self._queue.put(marker, timeout=timeout)
+            self._queue.put(marker, timeout)
         except queue.Full:
             return False
         return marker.wait(timeout) and marker.durable
@@ -193,7 +194,7 @@ class FlightRecorder:
                 timeout = 0.0  # drain, then leave (stop() may not have queued _STOP)
             elif dirty_since is not None:
                 timeout = max(0.0, dirty_since + self._interval_s - time.monotonic())
-            batch = self._take_batch(timeout)
+            batch = self._queue.take_batch(timeout, _BATCH)
             stopping = _STOP in batch or (not batch and self._stopped.is_set())
             try:
                 failed, dirty_since = self._process(batch, dirty_since, stopping)
@@ -202,10 +203,12 @@ class FlightRecorder:
                 failed, dirty_since = True, None
             # Durable: written and synced, and any loss before it durably reported.
             durable = not failed and dirty_since is None
+            self._queue.release(batch)  # written or dropped: their bytes are free
             self._set_markers(batch, durable and self._reported_drops == self.records_dropped)
         self._close_segment()
-        while leftover := self._take_batch(0.0):  # came after the last batch: never written
+        while leftover := self._queue.take_batch(0.0, _BATCH):  # never written
             self._drop(sum(isinstance(item, Pending) for item in leftover), "recorder stopped")
+            self._queue.release(leftover)
             self._set_markers(leftover, False)
 
     def _process(
@@ -234,18 +237,6 @@ class FlightRecorder:
             if isinstance(marker, Marker):
                 marker.durable = durable
                 marker.set()
-
-    def _take_batch(self, timeout: float | None) -> list[Any]:
-        try:
-            batch = [self._queue.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while len(batch) < _BATCH:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return batch
 
     def _write(self, records: list[Pending]) -> bool:
         """Append records; on failure drop the rest (counted) and abandon the segment.

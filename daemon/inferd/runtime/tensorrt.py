@@ -67,6 +67,7 @@ from inferd.types import (
     AlertSink,
     BuildConfig,
     EngineCacheEntry,
+    EngineFile,
     EngineHandle,
     HostRegion,
     HostTuple,
@@ -249,6 +250,7 @@ class TensorRTRuntime:
                     active_providers=ACTIVE_PROVIDERS,
                     is_fallback=self._is_fallback,
                     engine_path=validated.path,
+                    engine_file=EngineFile(validated.device, validated.inode, validated.sha256),
                 )
                 state.residents[handle.handle_id] = resident  # under the lock: close() may run
         except BaseException:

@@ -36,6 +36,7 @@ from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, O
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
+from inferd.serving.stats import ModelStats
 from inferd.shm.connections import is_shm_route
 from inferd.types import DeclaredOperation, Liveness
 from inferd_wire import protocol
@@ -124,6 +125,8 @@ class EngineWorker(threading.Thread):
         self._listening = False
         #: The model bound into this thread's log context (see ``_bind_model``).
         self._log_model: str | None = None
+        #: How the request in hand was counted (``_count``), taken back if its send raises.
+        self._counted: tuple[ModelStats, str, int | None, bool] | None = None
 
     def run(self) -> None:
         scheduler = self._scheduler
@@ -152,11 +155,15 @@ class EngineWorker(threading.Thread):
                     continue
                 # No reference to the reply outlives the send: the reply budget counts
                 # its bytes in flight until ZeroMQ and this process let go of them.
-                in_hand = job
+                in_hand, self._counted = job, None
                 self._port.send_reply(self._answer(job))
                 in_hand = None
         except Exception as exc:
             log.critical("engine_worker_died", error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            if in_hand is not None and self._counted is not None:
+                # Counted, never sent: ``on_died`` answers it INTERNAL, counted there.
+                stats, code, latency_us, late = self._counted
+                stats.retract(code, latency_us, late=late)
             self._on_died(exc, in_hand)
         finally:
             self._stop_listening()  # the bus thread reads for the drain, or a restart
@@ -393,12 +400,21 @@ class EngineWorker(threading.Thread):
                 outputs=descriptors,
             )
         )
-        slot.stats.answered("OK", (finished_ns - job.received_ns) // 1000, late=late)
+        self._count(slot, "OK", (finished_ns - job.received_ns) // 1000, late)
         return [*job.envelope, header, *frames]
 
     def _error(self, job: Job, slot: ModelSlot, code: Code, message: str) -> list[Any]:
-        slot.stats.answered(str(code))
+        self._count(slot, str(code))
         return [*job.envelope, protocol.pack(protocol.error_header(job.request_id, code, message))]
+
+    def _count(
+        self, slot: ModelSlot, code: str, latency_us: int | None = None, late: bool = False
+    ) -> None:
+        """Count the answer made before it is sent (a client that has its reply finds
+        it in ``status``), remembered until the send returns: a send that raises ends
+        the thread and ``on_died`` answers the request again, so each is counted once."""
+        slot.stats.answered(code, latency_us, late=late)
+        self._counted = (slot.stats, code, latency_us, late)
 
 
 def _reply_tensors(

@@ -18,8 +18,11 @@ model over:
 3. on the worker, between two requests: the swap (or, when the fallback cannot
    load either, the model fails), the queue resumes, the TensorRT engine is
    released;
-4. the failed engine file is quarantined (``engines/quarantine.py``), so it is
-   never loaded again as-is (not by a switch, not after a restart); a
+4. the failed engine file is quarantined (``engines/quarantine.quarantine_loaded``),
+   so it is never loaded again as-is (not by a switch, not after a restart): the
+   file that was loaded, known by its inode and digest, never another one its path
+   names by then (rebuilt or installed since: left in place, and the record, the
+   alert and ``failed_engine_replaced`` say so); a
    ``fallback_to_onnx_trt_ep`` FDR record (``cause: "execution"``), an
    ERROR alert ``tensorrt_execution_failover`` and a ``runtime`` event say
    so, and the background rebuild (``serving/rebuild.py``) decides when
@@ -45,7 +48,7 @@ from pathlib import Path
 import structlog
 
 from inferd.config import RuntimeConfig
-from inferd.engines.quarantine import quarantine
+from inferd.engines.quarantine import NotTheLoadedEngineError, quarantine_loaded
 from inferd.errors import (
     ExecutionFailedError,
     InferdError,
@@ -193,7 +196,7 @@ class ExecutionFailover:
             reason = f"{reason}; fallback failed: {exc}"
         if not self._swap(slot, prepared, reason if is_fallback else None, reason, handover):
             return False
-        quarantined = self._quarantine(failure.handle, reason)
+        quarantined, not_quarantined = self._quarantine(failure.handle, reason)
         if prepared is None:
             return True  # the model failed: slot.drop raised model_unavailable
         log.warning("execution_failed_over", model=slot.name, quarantined=str(quarantined))
@@ -211,12 +214,11 @@ class ExecutionFailover:
                 "active_providers": list(prepared[1].active_providers),
                 "cause": "execution",
                 **details,
+                **({"not_quarantined": not_quarantined} if not_quarantined else {}),
             },
         )
         kept = (
-            f"the engine was moved to {quarantined}"
-            if quarantined is not None
-            else "the engine could not be moved aside (see the log)"
+            f"the engine was moved to {quarantined}" if quarantined is not None else not_quarantined
         )
         sinks.alert(
             Alert(
@@ -283,18 +285,26 @@ class ExecutionFailover:
             prepared[0].release_engine(prepared[1])
         return False
 
-    def _quarantine(self, handle: EngineHandle, reason: str) -> Path | None:
-        path = handle.engine_path
-        if path is None:
-            return None
+    def _quarantine(self, handle: EngineHandle, reason: str) -> tuple[Path | None, str | None]:
+        """Move the engine that failed aside: where it went (None: not moved), and why
+        not (None: moved)."""
+        path, loaded = handle.engine_path, handle.engine_file
+        if path is None or loaded is None:  # a handle the tensorrt runtime did not make
+            why = "which engine file was loaded is not known: nothing was moved aside"
+            log.error("failed_engine_not_quarantined", engine=str(path), error=why)
+            return None, why
         try:
-            moved = quarantine(
+            moved = quarantine_loaded(
                 path,
+                loaded,
                 f"TensorRT failed to execute this engine while serving: {reason}; it is not "
                 "loaded again as-is (a rebuilt, validated engine takes its place)",
             )
+        except NotTheLoadedEngineError as exc:  # the failed engine is not there any more
+            log.warning("failed_engine_replaced", engine=str(path), reason=str(exc))
+            return None, f"the engine that failed is not at its path any more: {exc}"
         except (OSError, UnsafeDirectoryError) as exc:  # a quarantine dir not safely ours
             log.error("failed_engine_not_quarantined", engine=str(path), error=str(exc))
-            return None
+            return None, f"the engine could not be moved aside (see the log): {exc}"
         log.warning("engine_quarantined", engine=str(path), moved_to=str(moved), reason=reason)
-        return moved
+        return moved, None

@@ -10,8 +10,9 @@ validation and was recorded as trusted, the model is switched to
 ``tensorrt`` make-before-break (``RuntimeSwitcher.switch_now``: a
 ``runtime_switch`` FDR record and a ``runtime`` event).  Otherwise it stays
 on the fallback and an alert says why: a deployment manifest that must list
-the new digest (what the operator has to approve), a cancelled build (not
-retried: someone stopped it), or a failed one (retried after
+the new digest (what the operator has to approve), a build an operator
+cancelled (not retried: someone stopped it), or a failed one, which includes one
+the daemon stopped at its deadline, ``builds.max_duration_s`` (retried after
 ``runtime.rebuild_backoff_s``, doubling, at most ``runtime.rebuild_max_attempts``
 builds, then ``engine_build_gave_up``; never a loop).  A model whose adopted
 engine later fails while serving (``serving/failover.py``) comes back here; the
@@ -60,6 +61,9 @@ class FinishedBuild(Protocol):
 
     @property
     def error(self) -> str | None: ...
+
+    @property
+    def cancel_source(self) -> str | None: ...
 
 
 StartBuild = Callable[[dict[str, Any]], Mapping[str, Any]]
@@ -158,6 +162,8 @@ class FallbackRebuilder:
                 build_id=finished.build_id,
                 reason="cancelled as the daemon stops; the next start builds it again",
             )
+        elif finished.state == "cancelled" and finished.cancel_source == "timeout":
+            self._failed(finished, "it ran past its deadline (builds.max_duration_s)")
         elif finished.state == "cancelled":
             self._raise(
                 "WARNING",

@@ -8,6 +8,7 @@ The one record of what a model answered: the ``status`` op reports
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from bisect import bisect_left
 from collections import Counter, deque
@@ -79,6 +80,21 @@ class ModelStats:
                 self._latency_sum_us += latency_us
             if late:
                 self._late_results += 1
+
+    def retract(self, code: str, latency_us: int | None = None, *, late: bool = False) -> None:
+        """Take back one ``answered`` with these arguments: a reply counted but never
+        sent, whose request is answered, and counted, as what it gets instead."""
+        with self._lock:
+            self._responses[code] -= 1
+            if self._responses[code] <= 0:
+                del self._responses[code]
+            if latency_us is not None:
+                with contextlib.suppress(ValueError):  # no longer in the window
+                    self._latencies_us.remove(latency_us)
+                self._buckets[bisect_left(LATENCY_BUCKETS_US, latency_us)] -= 1
+                self._latency_sum_us -= latency_us
+            if late:
+                self._late_results -= 1
 
     def count(self, code: str) -> int:
         """Replies answered with ``code`` so far."""

@@ -4,6 +4,14 @@ The new runtime is prepared (engine deserialised and warmed up) on a switch
 thread while the current one keeps serving; the swap itself runs on the
 engine worker between two requests, and the old engine is released there
 right after.  If preparing fails nothing changes and the operator is told why.
+
+Every switch is a ``runtime_switch`` FDR record, but a refusal repeated (an
+operator's script in a loop) would push the flight's history out of the
+recorder's size cap: the first refusal of a model for a reason is recorded, and
+those after it within ``REFUSAL_WINDOW_S`` are counted by a ``RepeatLimiter``
+and recorded as one ``runtime_switch_refusals`` record when the window ends (the
+daemon's housekeeping), before the next one recorded, or at ``stop``.  The
+operator's reply is the same either way.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import structlog
 
 from inferd.config import RUNTIME_LABELS, RuntimeConfig
 from inferd.errors import InferdError, RuntimeNotAvailableError
+from inferd.repeat_limiter import RepeatLimiter
 from inferd.serving.handover import Handover, Preparers
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot, Sinks
@@ -33,6 +42,10 @@ _SWAP_TIMEOUT_S = 60.0
 #: How long ``stop`` waits for the switches' threads to end: a preparation still
 #: loading an engine when the interpreter exits can crash it (SIGSEGV, SIGABRT).
 _STOP_WAIT_S = 10.0
+#: How long refusals of a model for one reason are counted, not recorded, after one
+#: is recorded (as alerts' ``rate_limit_s`` and the log repeat limiter's window).
+REFUSAL_WINDOW_S = 10.0
+REFUSALS_KIND = "runtime_switch_refusals"
 
 
 class _Switch(Handover):
@@ -60,9 +73,11 @@ class RuntimeSwitcher:
         runtime_config: RuntimeConfig,
         sinks: Sinks,
         ready: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``ready``: whether the engine worker takes swaps (it loads every model
-        first: a swap queued before would wait out ``_SWAP_TIMEOUT_S``)."""
+        first: a swap queued before would wait out ``_SWAP_TIMEOUT_S``); ``clock``:
+        what the windows of repeated refusals are timed by."""
         self._ready = ready
         self._slots = slots
         self._scheduler = scheduler
@@ -72,6 +87,7 @@ class RuntimeSwitcher:
         self._in_progress: set[str] = set()
         #: Switches preparing (``stop`` answers them and waits for them).
         self._preparers: Preparers[_Switch] = Preparers()
+        self._refusals = RepeatLimiter(burst=1, window_s=REFUSAL_WINDOW_S, clock=clock)
 
     def switch(self, header: dict[str, Any], peer: Peer, respond: Respond) -> None:
         """Control op ``runtime.switch {model, runtime, requested_by?}`` (bus thread) of
@@ -133,12 +149,19 @@ class RuntimeSwitcher:
         prepared engine is released by its switch), so no operator is left without
         a reply when the sockets close; then each switch's thread is waited for, up
         to ``_STOP_WAIT_S`` in all, so that none is inside a runtime's native code
-        when the process exits."""
+        when the process exits.  Last, the refusals still counted are recorded."""
         refusal = ProtocolError(
             Code.UNAVAILABLE, "the daemon is shutting down; the runtime was not switched"
         )
         if not self._preparers.stop(_STOP_WAIT_S, lambda switch: switch.answer(refusal)):
             log.warning("runtime_switch_still_preparing", waited_s=_STOP_WAIT_S)
+        self.flush_refusals(ended_only=False)  # before the recorder stops
+
+    def flush_refusals(self, *, ended_only: bool = True) -> None:
+        """Record the refusals counted in windows that have ended (the daemon's
+        housekeeping), or in every window (``stop``)."""
+        for (_, model, reason), count in self._refusals.flush(ended_only=ended_only):
+            self._record_refusals(model, reason, count)
 
     def switch_now(self, model: str, label: str, requested_by: str) -> dict[str, Any]:
         """The same make-before-break switch, asked for inside the daemon (a background
@@ -288,7 +311,19 @@ class RuntimeSwitcher:
         }
         method = log.info if outcome == "switched" else log.warning
         method("runtime_switch", **payload)
+        if outcome == "refused":
+            held_back = self._refusals.admit(("runtime_switch", slot.name, str(reason)))
+            if held_back is None:
+                return  # counted: recorded with the others when its window ends
+            self._record_refusals(slot.name, str(reason), held_back)
         self._sinks.record("runtime_switch", payload)
+
+    def _record_refusals(self, model: str, reason: str, count: int) -> None:
+        if count > 0:
+            self._sinks.record(
+                REFUSALS_KIND,
+                {"model": model, "reason": reason, "count": count, "window_s": REFUSAL_WINDOW_S},
+            )
 
 
 def _providers(handle: EngineHandle | None) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from inferd.repeat_limiter import RepeatLimiter
 from inferd.supervision.journal_fields import journal_fields
 from inferd.supervision.journal_sender import JournalSender, default_journal_sender
 from inferd.supervision.journal_writer import (
@@ -39,7 +40,6 @@ from inferd.supervision.journal_writer import (
     Entry,
     JournalWriter,
 )
-from inferd.supervision.repeat_limiter import RepeatLimiter
 
 _LEVELS = {
     "debug": logging.DEBUG,

@@ -68,6 +68,12 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "outcome": "switched",
         "reason": None,
     },
+    "runtime_switch_refusals": {
+        "model": "demo",
+        "reason": "cannot prepare tensorrt: no engine; onnx_trt_ep keeps serving",
+        "count": 41,
+        "window_s": 10.0,
+    },
     "engine_refused": {"engine": "x.engine", "step": "sidecar", "reason": "missing"},
     "engine_build": {"model": "demo", "outcome": "cancelled", "duration_s": 1.5},
     "daemon_lifecycle": {

@@ -22,8 +22,9 @@ import pytest
 import structlog
 
 from inferd.config import ModelConfig, RuntimeConfig
+from inferd.digest import sha256_file
 from inferd.engines.quarantine import QUARANTINE_DIR
-from inferd.engines.sidecar import write_sidecar
+from inferd.engines.sidecar import read_sidecar, write_sidecar
 from inferd.errors import ExecutionFailedError, InferenceError, OutOfMemoryError
 from inferd.serving import failover as failover_module
 from inferd.serving import slot as slot_module
@@ -37,6 +38,7 @@ from inferd.types import (
     Alert,
     BuildConfig,
     EngineCacheEntry,
+    EngineFile,
     EngineHandle,
     TensorSpec,
     ThermalState,
@@ -127,6 +129,7 @@ def rig_factory(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatc
         engine.parent.mkdir(exist_ok=True)
         engine.write_bytes(b"an engine")
         write_sidecar(engine)
+        loaded = engine.stat()
         slot = ModelSlot(ModelConfig(name="demo", path=model, runtime="tensorrt"))
         runtime = ScriptedRuntime(script)
         slot.runtime = runtime
@@ -137,6 +140,7 @@ def rig_factory(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatc
             inputs=(X,),
             outputs=(TensorSpec("descriptors", "float32", (1, 4)),),
             engine_path=engine,
+            engine_file=EngineFile(loaded.st_dev, loaded.st_ino, sha256_file(engine)),
         )
         slot.state = "serving"
         scheduler = Scheduler()
@@ -328,6 +332,46 @@ def test_the_failover_swaps_in_onnx_trt_ep_releases_and_quarantines_the_engine(
     assert raised.level == "ERROR" and raised.fields["model"] == "demo"
     assert rig.events[-1] == ("runtime", description)
     wait_until(lambda: rig.switcher.claim("demo"), message="the model given back")
+
+
+@pytest.mark.parametrize("since", ["rebuilt at its path", "rewritten in place"])
+def test_a_failover_leaves_in_place_a_file_at_its_engine_path_that_is_not_the_failed_engine(
+    rig_factory: Any, monkeypatch: pytest.MonkeyPatch, since: str
+) -> None:
+    """The engine that failed was loaded long before; the file its path names now may
+    be another one (a rebuild or an install there since).  Before, that file, the new
+    engine, was moved to quarantine (and the failed one, wherever it was, was not)."""
+    rig: Rig = rig_factory([failure("launch failed")] * 3, run_failover=True)
+    fallback_prepared(rig, monkeypatch)
+    assert rig.slot.handle is not None and rig.slot.handle.engine_path is not None
+    engine = rig.slot.handle.engine_path
+    if since == "rebuilt at its path":  # written aside, renamed over it: a new inode
+        staged = engine.with_name("demo.engine.staged")
+        staged.write_bytes(b"a rebuilt engine")
+        staged.replace(engine)
+    else:
+        engine.write_bytes(b"a rebuilt engine")
+    write_sidecar(engine)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            rig.run()
+        take_the_swap(rig)
+        wait_until(lambda: rig.rebuilds, message="the rebuild asked for")
+    assert engine.read_bytes() == b"a rebuilt engine"  # left where it is, with its sidecar
+    assert read_sidecar(engine) == sha256_file(engine)
+    assert not (engine.parent / QUARANTINE_DIR).exists()  # nothing was moved
+    (replaced,) = [line for line in logs if line["event"] == "failed_engine_replaced"]
+    assert replaced["engine"] == str(engine)
+    assert "engine_quarantined" not in [line["event"] for line in logs]
+    (record,) = [payload for kind, payload in rig.records if kind == "fallback_to_onnx_trt_ep"]
+    assert record["quarantined"] is None and record["engine"] == str(engine)
+    assert "not at its path any more" in record["not_quarantined"]
+    assert ("another file now" if since == "rebuilt at its path" else "other bytes now") in (
+        record["not_quarantined"]
+    )
+    (raised,) = [alert for alert in rig.alerts if alert.code == ALERT_CODE]
+    assert "not at its path any more" in raised.message
+    assert raised.fields["quarantined"] is None
 
 
 def test_when_the_fallback_fails_too_the_model_fails_and_waiting_requests_are_refused(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from inferd.repeat_limiter import RepeatLimiter
 from inferd.supervision import logging as inferd_logging
 from inferd.supervision.journal_sender import NativeJournalSender
 from inferd.supervision.logging import (
@@ -22,7 +23,6 @@ from inferd.supervision.logging import (
     journal_stream_matches,
     resolve_format,
 )
-from inferd.supervision.repeat_limiter import RepeatLimiter
 from tests.unit.supervision.conftest import Clock, as_dict
 
 pytestmark = pytest.mark.systemd

@@ -1,4 +1,4 @@
-"""The repeat limiter that bounds log volume (``inferd.supervision.repeat_limiter``)."""
+"""The repeat limiter that bounds log volume (``inferd.repeat_limiter``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import structlog
 
-from inferd.supervision.repeat_limiter import RepeatLimiter
+from inferd.repeat_limiter import RepeatLimiter
 from tests.unit.supervision.conftest import Clock
 
 pytestmark = pytest.mark.systemd

@@ -18,9 +18,9 @@ from typing import TextIO
 import pytest
 import structlog
 
+from inferd.repeat_limiter import RepeatLimiter
 from inferd.supervision.logging import CurrentStderrLogger, configure_logging
 from inferd.supervision.notify import MAX_STATUS_CHARS, Notifier
-from inferd.supervision.repeat_limiter import RepeatLimiter
 from inferd.supervision.status_line import ModelLine, format_status_line
 from tests.conftest import HANG_S, REPO
 from tests.unit.supervision.conftest import as_dict, decode_entry
@@ -33,7 +33,7 @@ import sys
 import structlog
 from inferd.supervision.journal_sender import NativeJournalSender
 from inferd.supervision.logging import configure_logging
-from inferd.supervision.repeat_limiter import RepeatLimiter
+from inferd.repeat_limiter import RepeatLimiter
 
 fmt, path = sys.argv[1], sys.argv[2]
 sender = NativeJournalSender(path) if fmt == "journald" else None

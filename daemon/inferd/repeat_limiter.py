@@ -1,5 +1,7 @@
 """Bounded log volume: ``RepeatLimiter`` lets at most ``burst`` lines per
-(event, model, code) through per window and reports what it held back."""
+(event, model, code) through per window and reports what it held back.  The
+daemon's refused ``runtime.switch`` FDR records go through one of their own
+(``admit``, ``serving/switching.py``)."""
 
 from __future__ import annotations
 
@@ -47,7 +49,16 @@ class RepeatLimiter:
     ) -> MutableMapping[str, Any]:
         if event_dict.get("event") == self.SUMMARY_EVENT:
             return event_dict
-        key = self.key(event_dict)
+        held_back = self.admit(self.key(event_dict))
+        if held_back is None:
+            raise structlog.DropEvent
+        if held_back:
+            event_dict["repeats_suppressed"] = held_back
+        return event_dict
+
+    def admit(self, key: tuple[str, str, str]) -> int | None:
+        """Whether one more of ``key`` goes through now: None when it is held back
+        (counted), else how many were held back before it and not yet reported."""
         now = self._clock()
         with self._lock:
             window = self._windows.get(key)
@@ -56,14 +67,12 @@ class RepeatLimiter:
                 if len(self._windows) >= self._MAX_KEYS:
                     self._prune(now)
                 self._windows[key] = _Window(started=now, count=1, suppressed=0)
-                if held_back:
-                    event_dict["repeats_suppressed"] = held_back
-                return event_dict
+                return held_back
             if window.count < self.burst:
                 window.count += 1
-                return event_dict
+                return 0
             window.suppressed += 1
-        raise structlog.DropEvent
+            return None
 
     def _prune(self, now: float) -> None:
         for key in [k for k, w in self._windows.items() if now - w.started >= self.window_s]:

@@ -1,0 +1,183 @@
+"""A model's digest covers its external data files (``inferd.digest``,
+``inferd.external_data``): new weights beside the same ``.onnx`` are another model, a
+model without external data keeps its file's SHA-256, and a location that could name
+a file outside the model's folder is refused.  Asked through ``sha256_remembered``,
+what ``locate_engine`` and the ``onnx_trt_ep`` runtime name and key a model by."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferd import digest
+from inferd.config import RuntimeConfig
+from inferd.digest import remembered_sha256, sha256_remembered
+from inferd.errors import EngineBuildError
+from inferd.external_data import ExternalDataEscapeError, open_external_file
+from inferd.runtime.onnx_trt_ep import OnnxTrtEpRuntime
+from inferd.types import BuildConfig, ThermalState
+from tests.tensorrt_bench import W
+from tests.unit.engine_build.test_build_model_identity import write_affine
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def new_weights(model: Path, bias: float) -> None:
+    """Another model's weights written over ``model``'s external data file, in place
+    (same size, same offsets: the ``.onnx`` is byte for byte the same)."""
+    other = write_affine(model.parent / "incoming" / model.name, bias, external=True)
+    assert other.read_bytes() == model.read_bytes()
+    (model.parent / f"{model.name}.data").write_bytes(
+        (other.parent / f"{model.name}.data").read_bytes()
+    )
+
+
+def relocate(model: Path, location: str) -> None:
+    """Point every external tensor of ``model`` at ``location``."""
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    model.write_bytes(proto.SerializeToString())
+
+
+def test_a_model_without_external_data_keeps_its_files_sha256(tmp_path: Path) -> None:
+    """What engines built before were named by: existing engines stay valid."""
+    import onnx
+
+    model = write_affine(tmp_path / "m.onnx", 1.0)
+    assert sha256_remembered(model) == sha256(model)
+    # a model that mentions "location" (parsed to look) but keeps its data inline
+    proto = onnx.load(str(model))
+    proto.graph.node[0].name = "location"
+    mentions = tmp_path / "mentions.onnx"
+    onnx.save(proto, str(mentions))
+    assert b"location" in mentions.read_bytes()
+    assert sha256_remembered(mentions) == sha256(mentions)
+
+
+def test_new_weights_beside_the_same_onnx_are_another_model(tmp_path: Path) -> None:
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    data = model.parent / "m.onnx.data"
+    before = sha256_remembered(model)
+    # the shell recipe OPERATIONS.md gives an operator
+    recipe = 'cd "$1" && { sha256sum - < m.onnx; sha256sum m.onnx.data; } | sha256sum'
+    shell = subprocess.run(
+        ["sh", "-c", recipe, "sh", str(model.parent)], capture_output=True, text=True, check=True
+    )
+    assert before == shell.stdout.split()[0] != sha256(model)
+    assert remembered_sha256(model) == before
+
+    stat = data.stat()
+    new_weights(model, 1.05)
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime put back
+    assert remembered_sha256(model) is None  # never a digest of other weights
+    assert sha256_remembered(model) not in (before, sha256(model))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 100])
+def test_a_location_across_two_reads_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """A big model is hashed in chunks: its external data is found wherever they end."""
+    model = write_affine(tmp_path / "m.onnx", 1.0, external=True)
+    whole = sha256_remembered(model)
+    monkeypatch.setattr(digest, "_CHUNK_BYTES", chunk)
+    assert sha256_remembered(model) == whole != sha256(model)
+
+
+def _absolute(model: Path) -> str:
+    return str(model.parent / "m.onnx.data")
+
+
+def _parent(model: Path) -> str:
+    shutil.copy(model.parent / "m.onnx.data", model.parent.parent / "m.onnx.data")
+    return "../m.onnx.data"
+
+
+def _inner_parent(model: Path) -> str:
+    (model.parent / "sub").mkdir()
+    return "sub/../../m.onnx.data"
+
+
+def _file_symlink(model: Path) -> str:
+    (model.parent / "link.data").symlink_to(model.parent / "m.onnx.data")
+    return "link.data"
+
+
+def _folder_symlink(model: Path) -> str:
+    (model.parent / "weights").symlink_to(model.parent)
+    return "weights/m.onnx.data"
+
+
+@pytest.mark.parametrize(
+    ("escape", "why"),
+    [
+        (_absolute, "is an absolute path"),
+        (_parent, "has a '..' component"),
+        (_inner_parent, "has a '..' component"),
+        (_file_symlink, "goes through a symbolic link (link.data)"),
+        (_folder_symlink, "goes through a symbolic link (weights)"),
+    ],
+    ids=["absolute", "parent", "inner-parent", "file-symlink", "folder-symlink"],
+)
+def test_a_location_that_may_name_a_file_outside_the_models_folder_is_refused(
+    tmp_path: Path, escape: Callable[[Path], str], why: str
+) -> None:
+    """Each names a readable file.  ONNX Runtime 1.32 refuses an absolute path, a
+    ``..`` and a link out of the folder itself, but not every version inferd supports
+    (1.17 on) does, and TensorRT's parser refuses only ``..``; both follow a link."""
+    import onnxruntime
+
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    relocate(model, escape(model))
+    with pytest.raises(ExternalDataEscapeError, match="refused") as refused:
+        sha256_remembered(model)
+    assert why in str(refused.value)
+    if why.startswith("goes through"):  # ONNX Runtime 1.32 itself follows the link
+        session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        (y,) = session.run(None, {"x": np.ones((2, W), np.float32)})
+        assert np.allclose(y, 3.0)
+
+
+def test_a_model_whose_external_data_file_is_missing_or_not_a_file_cannot_be_hashed(
+    tmp_path: Path,
+) -> None:
+    model = write_affine(tmp_path / "m.onnx", 1.0, external=True)
+    (tmp_path / "m.onnx.data").unlink()
+    with pytest.raises(FileNotFoundError):
+        sha256_remembered(model)
+    (tmp_path / "m.onnx.data").mkdir()
+    with pytest.raises(OSError, match="not a regular file"):
+        open_external_file(str(tmp_path), "m.onnx.data")
+
+
+def test_onnx_runtime_serving_keys_a_model_by_its_weights_and_refuses_an_escape(
+    tmp_path: Path,
+) -> None:
+    """``onnx_trt_ep`` names its TensorRT EP cache and gates a staged engine by the
+    digest ``compile_engine`` takes: new weights are another model there too."""
+    runtime = OnnxTrtEpRuntime(
+        RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache"),
+        alert=lambda _alert: None,
+        thermal=ThermalState.unavailable,
+    )
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    before = runtime.compile_engine(model, BuildConfig()).model_sha256
+    new_weights(model, 1.05)
+    assert runtime.compile_engine(model, BuildConfig()).model_sha256 != before
+    relocate(model, "../m.onnx.data")
+    with pytest.raises(EngineBuildError, match=r"has a '\.\.' component: refused"):
+        runtime.compile_engine(model, BuildConfig())
