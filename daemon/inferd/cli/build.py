@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from inferd.cli.build_progress import BuildProgress
 from inferd.cli.build_report import report_outcome
+from inferd.config.ceilings import MAX_BUILD_DURATION_S
 from inferd.engines.build_config import load_build_config
 from inferd.errors import (
     CalibrationCacheError,
@@ -87,8 +88,6 @@ EXIT_CANCELLED = 3
 EXIT_FORCED = 130
 #: How long a forced exit waits for the display to show what is queued.
 _FORCED_RENDER_S = 1.0
-#: ``--timeout`` and ``--stall-after``: a day, as ``models.max_load_s``.
-_MAX_WAIT_S = 86_400.0
 
 
 class _Forced(BaseException):
@@ -266,8 +265,11 @@ def run(
         for flag, seconds in (("--timeout", timeout_s), ("--stall-after", stall_after_s)):
             # NaN passed "<= 0" (a NaN timeout cancelled at once); inf or 1e300 killed the
             # timer's thread (OverflowError) and the build ran without a timeout
-            if seconds is not None and not 0 < seconds <= _MAX_WAIT_S:
-                raise ConfigError(f"{flag} must be more than 0 and at most 86400 s, got {seconds}")
+            if seconds is not None and not 0 < seconds <= MAX_BUILD_DURATION_S:
+                raise ConfigError(
+                    f"{flag} must be more than 0 and at most {MAX_BUILD_DURATION_S:g} s, "
+                    f"got {seconds}"
+                )
         loaded = (
             config_module.load(daemon_config)
             if daemon_config is not None

@@ -40,7 +40,8 @@ MAX_FSYNC_INTERVAL_MS = 60_000
 #: The backoff doubles per failed build: beyond ten it outgrows any wait.
 MAX_REBUILD_ATTEMPTS = 10
 #: ``builds.max_duration_s`` (4 h by default) and ``build.start``'s ``timeout_s``:
-#: a day, as ``models.max_load_s`` and ``inferd build --timeout``.  The slowest
+#: a day, as ``models.max_load_s``; ``inferd build --timeout`` and ``--stall-after``
+#: are bounded by it too.  The slowest
 #: TensorRT builds on a Jetson (large models at optimization level 5, a cold timing
 #: cache) take hours; a build still running after a day is hung, and a longer
 #: bound would hold its child, its model's one build and its GPU memory about as
