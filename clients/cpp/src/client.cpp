@@ -24,9 +24,11 @@ namespace inferd {
 namespace detail {
 
 void secure(zmq::socket_t& socket, const std::string& endpoint, const std::optional<ClientCurve>& curve) {
-    // An IPv6 literal (tcp://[::1]:5555) needs ZMQ_IPV6 before the connect, as in
+    // An IPv6 literal (tcp://[::1]:5555, or after a source address:
+    // tcp://lo:0;[::1]:5555) needs ZMQ_IPV6 before the connect, as in
     // inferd_wire.endpoints.wants_ipv6; other endpoints stay as libzmq makes them.
-    socket.set(zmq::sockopt::ipv6, endpoint.rfind("tcp://[", 0) == 0);
+    socket.set(zmq::sockopt::ipv6,
+               endpoint.rfind("tcp://[", 0) == 0 || endpoint.find(";[") != std::string::npos);
     if (!curve) return;
     if (endpoint.rfind("tcp://", 0) != 0) {
         throw ClientError("CURVE is for tcp:// endpoints; " + endpoint +
@@ -310,7 +312,8 @@ InferenceClient::~InferenceClient() {
 }
 
 std::uint64_t InferenceClient::discarded_replies() const {
-    return channel_->discarded_replies() + (shm_ ? shm_->discarded_replies() : 0);
+    return channel_->discarded_replies() + closed_shm_discarded_ +
+           (shm_ ? shm_->discarded_replies() : 0);
 }
 
 SendBufferStatus InferenceClient::send_buffer() const { return channel_->send_buffer(); }
@@ -337,31 +340,70 @@ void InferenceClient::release_ended_regions() {
         if (shm_) shm_->release(it->first);
         it = regions_.erase(it);
     }
+    released_.erase(std::remove_if(released_.begin(), released_.end(),
+                                   [](const auto& mapping) { return mapping->base == nullptr; }),
+                    released_.end());
 }
 
-std::string InferenceClient::register_region(SharedRegion& region) {
-    release_ended_regions();
-    if (!region.mapping_) throw ClientError("the shared region is closed");
-    for (const auto& [id, known] : regions_) {
-        if (known == region.mapping_) return id;
+void InferenceClient::shm_closed() {
+    for (const auto& [id, mapping] : regions_) {
+        if (mapping->base != nullptr) released_.push_back(mapping);
     }
+    regions_.clear();
+    closed_shm_discarded_ += shm_->discarded_replies();
+    shm_.reset();
+}
+
+std::string InferenceClient::register_mapping(
+    const std::shared_ptr<const detail::RegionMapping>& mapping) {
     if (!shm_) {
         shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout,
                                                options_.reply_spin_us,
                                                [this] { return channel_->next_id(); });
     }
-    auto id = shm_->register_region(region);
-    regions_.emplace_back(id, region.mapping_);
+    std::string id;
+    try {
+        id = shm_->register_region(*mapping);
+    } catch (const ClientError&) {
+        if (shm_->hung_up()) shm_closed();  // its next registration is on a new connection
+        throw;
+    }
+    regions_.emplace_back(id, mapping);
     return id;
+}
+
+void InferenceClient::register_again() {
+    // One at a time: one that fails (the daemon not back yet) stays for the next call.
+    while (!released_.empty()) {
+        register_mapping(released_.front());
+        released_.erase(released_.begin());
+    }
+}
+
+std::string InferenceClient::register_region(SharedRegion& region) {
+    release_ended_regions();
+    if (!region.mapping_) throw ClientError("the shared region is closed");
+    register_again();
+    for (const auto& [id, known] : regions_) {
+        if (known == region.mapping_) return id;
+    }
+    return register_mapping(region.mapping_);
 }
 
 void InferenceClient::unregister_region(SharedRegion& region) {
     release_ended_regions();
+    released_.erase(std::remove(released_.begin(), released_.end(), region.mapping_), released_.end());
     for (auto it = regions_.begin(); it != regions_.end(); ++it) {
         if (it->second == region.mapping_ && region.mapping_) {
             auto id = it->first;
             regions_.erase(it);
-            if (shm_) shm_->unregister_region(id);
+            if (!shm_) return;
+            try {
+                shm_->unregister_region(id);
+            } catch (const ClientError&) {
+                if (!shm_->hung_up()) throw;
+                shm_closed();  // the connection's end released it with the rest
+            }
             return;
         }
     }
@@ -369,9 +411,9 @@ void InferenceClient::unregister_region(SharedRegion& region) {
 
 namespace {
 
-std::optional<wire::RegionRef> locate(
-    const std::vector<std::pair<std::string, std::shared_ptr<const detail::RegionMapping>>>& regions,
-    const void* data, std::size_t nbytes) {
+using Regions = std::vector<std::pair<std::string, std::shared_ptr<const detail::RegionMapping>>>;
+
+std::optional<wire::RegionRef> locate(const Regions& regions, const void* data, std::size_t nbytes) {
     for (const auto& [id, mapping] : regions) {
         if (auto offset = mapping->locate(data, nbytes)) return wire::RegionRef{id, *offset, nbytes};
     }
@@ -389,15 +431,15 @@ std::set<std::string> names_of(const std::vector<Named>& items) {
     return names;
 }
 
-}  // namespace
-
-InferResult InferenceClient::infer(const std::string& model, const std::vector<NamedTensor>& inputs,
-                                   const InferOptions& options) {
-    release_ended_regions();
-    wire::InferRequest request;
+// The request's descriptors (a tensor in a registered region by reference) and
+// the frames of the others.
+void prepare_request(const Regions& regions, const std::string& model,
+                     const std::vector<NamedTensor>& inputs, const InferOptions& options,
+                     wire::InferRequest& request, std::vector<RequestChannel::Frame>& frames) {
+    request = wire::InferRequest{};
+    frames.clear();
     request.model = model;
     request.deadline_ms = options.deadline_ms;
-    std::vector<RequestChannel::Frame> frames;
     for (const auto& input : inputs) {
         const auto& tensor = input.tensor;
         if (tensor_bytes(tensor.dtype, tensor.shape) != tensor.nbytes) {
@@ -406,7 +448,7 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
                               " bytes, the view has " + std::to_string(tensor.nbytes));
         }
         wire::TensorDescriptor descriptor{input.name, tensor.dtype, tensor.shape, std::nullopt};
-        descriptor.region = locate(regions_, tensor.data, tensor.nbytes);
+        descriptor.region = locate(regions, tensor.data, tensor.nbytes);
         if (!descriptor.region) frames.push_back({tensor.data, tensor.nbytes});
         request.inputs.push_back(std::move(descriptor));
     }
@@ -417,18 +459,49 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
                               std::to_string(tensor_bytes(buffer.dtype, buffer.shape)) +
                               " bytes, the buffer has " + std::to_string(buffer.nbytes));
         }
-        if (auto ref = locate(regions_, buffer.data, buffer.nbytes)) {
+        if (auto ref = locate(regions, buffer.data, buffer.nbytes)) {
             request.outputs.push_back({output.name, buffer.dtype, buffer.shape, ref});
         }
+    }
+}
+
+bool names_a_region(const wire::InferRequest& request) {
+    auto in_region = [](const wire::TensorDescriptor& tensor) { return tensor.region.has_value(); };
+    return !request.outputs.empty() ||
+           std::any_of(request.inputs.begin(), request.inputs.end(), in_region);
+}
+
+}  // namespace
+
+InferResult InferenceClient::infer(const std::string& model, const std::vector<NamedTensor>& inputs,
+                                   const InferOptions& options) {
+    release_ended_regions();
+    register_again();
+    wire::InferRequest request;
+    std::vector<RequestChannel::Frame> frames;
+    prepare_request(regions_, model, inputs, options, request, frames);
+    bool on_shm = shm_ && frames.empty() && places_every_output(model, request.outputs);
+    if (!on_shm && shm_ && names_a_region(request) && shm_->hung_up()) {
+        // Closed while nothing used it (a restart): the ids it named died with it.
+        shm_closed();
+        register_again();
+        prepare_request(regions_, model, inputs, options, request, frames);
+        on_shm = shm_ && frames.empty() && places_every_output(model, request.outputs);
     }
     auto encode = [&request](std::uint64_t id) {
         request.id = id;
         return wire::encode_infer_request(request);
     };
     auto retries = options.retries.value_or(options_.retries);
-    if (shm_ && frames.empty() && places_every_output(model, request.outputs)) {
-        auto header = shm_->request(model, encode, channel_->on_attempt(),
-                                    options.timeout.value_or(options_.timeout), retries);
+    if (on_shm) {
+        std::string header;
+        try {
+            header = shm_->request(model, encode, channel_->on_attempt(),
+                                   options.timeout.value_or(options_.timeout), retries);
+        } catch (const ClientError&) {
+            if (shm_->hung_up()) shm_closed();  // the next call registers its regions again
+            throw;
+        }
         last_transport_ = "shm";
         InferResult result;
         result.reply = wire::decode_infer_reply(header.data(), header.size());
@@ -469,6 +542,7 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     result.frames_ = std::move(parts);
     return result;
 }
+
 
 namespace {
 

@@ -10,19 +10,67 @@ namespace inferd::detail {
 
 void malformed(const std::string& what) { throw MalformedReply(what); }
 
+namespace {
+
+// Reads a msgpack value without building it, refusing it as soon as its arrays
+// and maps, open at once, count more elements than the message has bytes (each
+// value takes a byte at least, so the message must end first), or nest deeper
+// than kMaxNesting. What it cannot parse is left to msgpack::unpack to name.
+class ShapeCheck : public msgpack::null_visitor {
+public:
+    explicit ShapeCheck(std::size_t size) : size_(size) {}
+    bool start_array(std::uint32_t elements) { return open(elements); }
+    bool start_map(std::uint32_t pairs) { return open(std::uint64_t{pairs} * 2); }
+    bool end_array() { return close(); }
+    bool end_map() { return close(); }
+    const std::string& refusal() const { return refusal_; }
+
+private:
+    bool open(std::uint64_t elements) {
+        values_ += elements;
+        if (values_ > size_) {
+            refusal_ = "counts more array and map elements than its " + std::to_string(size_) +
+                       " bytes can hold (a truncated or hostile message)";
+            return false;
+        }
+        if (++depth_ > kMaxNesting) {
+            refusal_ = "nests arrays and maps more than " + std::to_string(kMaxNesting) +
+                       " deep (this client's limit; the protocol's messages nest about 10)";
+            return false;
+        }
+        return true;
+    }
+    bool close() {
+        --depth_;
+        return true;
+    }
+    std::uint64_t size_;
+    std::uint64_t values_ = 1;  // the value itself
+    std::size_t depth_ = 0;
+    std::string refusal_;
+};
+
+}  // namespace
+
 msgpack::object_handle unpack(const void* data, std::size_t size, std::size_t max_bytes, bool map) {
     if (size == 0) malformed("header frame is empty");
     if (size > max_bytes) {
         malformed("header frame is " + std::to_string(size) + " bytes; the limit is " +
                   std::to_string(max_bytes));
     }
+    // msgpack-cxx allocates an array's or map's elements (24 bytes each) when it
+    // reads the count, before their bytes: the 5-byte header dd ff ff ff ff asked
+    // for 96 GiB, and 64 nested counts each as big as the message reserved 1,536
+    // times its size (2 GB for a 1 MB event). The check bounds them all together,
+    // so what unpack reserves is at most 24 bytes per byte of the message; and
+    // nesting is bounded (to_json recurses once per level).
+    ShapeCheck check(size);
+    std::size_t checked = 0;
+    msgpack::parse(static_cast<const char*>(data), size, checked, check);
+    if (!check.refusal().empty()) malformed("msgpack value " + check.refusal());
     msgpack::object_handle handle;
     std::size_t offset = 0;
-    // msgpack-cxx allocates an array's or map's elements when it reads the count,
-    // before their bytes: a 5-byte header counting 2^32 - 1 elements asked for
-    // 96 GiB (ASan aborted; 64 KiB of nested counts took minutes). Each element
-    // takes a byte at least (a pair two), as Python's unpackb bounds them; and
-    // nesting is bounded (to_json recurses once per level).
+    // The check holds these already; msgpack-cxx's own limits stay a second guard.
     const msgpack::unpack_limit limit(size, size / 2, size, size, size, kMaxNesting);
     try {
         handle = msgpack::unpack(static_cast<const char*>(data), size, offset, nullptr, nullptr, limit);

@@ -16,16 +16,19 @@
 
 namespace inferd::detail {
 
-// Arrays and maps nested deeper than this are refused (MalformedReply): the
-// protocol's messages nest about 8 deep (describe; build.status's phase tree two
-// more per phase level), and to_json recurses once per level (30,000 levels
-// overflowed an 8 MiB stack). Python's msgpack refuses more than 1,024.
+// Arrays and maps nested deeper than this are refused (MalformedReply, saying
+// so): the protocol's messages nest about 8 deep (describe; build.status's phase
+// tree two more per phase level), and to_json and msgpack-cxx's packing of an
+// object recurse once per level (30,000 levels overflowed an 8 MiB stack). The
+// Python client's msgpack refuses past 1,024; this client keeps to 64 so that a
+// hostile reply's recursion stays within a small thread stack (to_json takes 560
+// bytes a level optimised: 35 KiB at 64 levels, 560 KiB at 1,024).
 constexpr std::size_t kMaxNesting = 64;
 
 // One msgpack value decoded from `size` bytes: the whole buffer, nothing after it,
-// and a map with string keys when `map` (as protocol.unpack_header). No array or
-// map may count more elements than the buffer has bytes, nor nest deeper than
-// kMaxNesting.
+// and a map with string keys when `map` (as protocol.unpack_header). Its arrays
+// and maps, all together, may count no more elements than the buffer has bytes,
+// nor nest deeper than kMaxNesting.
 msgpack::object_handle unpack(const void* data, std::size_t size, std::size_t max_bytes,
                               bool map = true);
 

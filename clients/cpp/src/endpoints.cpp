@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -32,12 +33,18 @@ std::string parent_of(const std::string& path) {
     return path.substr(0, slash);
 }
 
+// `path` written one way ("/tmp//a/./b/" is "/tmp/a/b"), so that two ways of
+// writing one directory compare equal, as the Python client's pathlib paths do.
+std::string lexical(const std::string& path) {
+    auto text = std::filesystem::path(path).lexically_normal().string();
+    while (text.size() > 1 && text.back() == '/') text.pop_back();
+    return text;
+}
+
 std::string fallback_runtime_dir() {
-    // Python's tempfile.gettempdir(): $TMPDIR, else /tmp.
+    // Python's tempfile.gettempdir(): $TMPDIR, else /tmp (normalised).
     const char* tmp = environment("TMPDIR");
-    std::string base = tmp != nullptr ? tmp : "/tmp";
-    while (base.size() > 1 && base.back() == '/') base.pop_back();
-    return base + "/inferd-" + std::to_string(getuid());
+    return lexical(std::string(tmp != nullptr ? tmp : "/tmp") + "/inferd-" + std::to_string(getuid()));
 }
 
 // Why `path` is not a directory to trust (endpoints.unsafe_directory_reason), or nullopt.
@@ -177,7 +184,9 @@ std::string check_client_endpoint(const std::string& endpoint) {
     }
     auto directory = parent_of(path);
     std::optional<uid_t> owner;
-    if (directory == fallback_runtime_dir()) owner = getuid();
+    // Compared as paths: "/tmp//inferd-1000" skipped the rule. (The directory
+    // examined stays the one written: ".." through a symlink leads elsewhere.)
+    if (lexical(directory) == fallback_runtime_dir()) owner = getuid();
     auto reason = unsafe_directory_reason(directory, owner);
     if (reason && *reason != "does not exist") {
         throw UnsafeEndpoint("not connecting to " + endpoint + ": its directory " + directory +

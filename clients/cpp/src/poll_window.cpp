@@ -24,10 +24,13 @@ std::int64_t ns_since(std::chrono::steady_clock::time_point from,
 
 bool ppoll_ready(int fd, std::int64_t timeout_ns) {
     pollfd readable{fd, POLLIN, 0};
-    timespec timeout{static_cast<time_t>(timeout_ns / 1000000000),
-                     static_cast<long>(timeout_ns % 1000000000)};
+    // After a signal, only the time left: glibc's ppoll leaves its timeout as it
+    // was, and a sleep begun again in full never ended under a timer faster than it.
+    auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
     int ready;
     do {
+        auto left = std::max<std::int64_t>(0, ns_since(std::chrono::steady_clock::now(), until));
+        timespec timeout{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
         ready = ppoll(&readable, 1, &timeout, nullptr);
     } while (ready < 0 && errno == EINTR);
     return ready > 0;

@@ -124,7 +124,7 @@ void SharedRegion::map() {
     // inferd_wire.regions.advise_huge_pages): a big tensor's copies then miss
     // the TLB far less. Advice only: a kernel without THP keeps 4 KiB pages.
     (void)madvise(base_, size_, MADV_HUGEPAGE);
-    mapping_ = std::make_shared<detail::RegionMapping>(detail::RegionMapping{base_, size_});
+    mapping_ = std::make_shared<detail::RegionMapping>(detail::RegionMapping{base_, size_, fd_, label_});
 }
 
 SharedRegion::~SharedRegion() { release(); }
@@ -153,7 +153,10 @@ SharedRegion& SharedRegion::operator=(SharedRegion&& other) noexcept {
 void SharedRegion::release() noexcept {
     // A client that registered the region stops finding tensors in it from here
     // (and unregisters it at its next call).
-    if (mapping_) mapping_->base = nullptr;
+    if (mapping_) {
+        mapping_->base = nullptr;
+        mapping_->fd = -1;
+    }
     mapping_.reset();
     if (base_ != nullptr) munmap(base_, size_);
     if (fd_ >= 0) close(fd_);
@@ -175,7 +178,7 @@ MutableTensorView SharedRegion::allocate(DType dtype, const Shape& shape) {
 }
 
 std::optional<std::size_t> SharedRegion::locate(const void* data, std::size_t nbytes) const {
-    return detail::RegionMapping{base_, size_}.locate(data, nbytes);
+    return mapping_ ? mapping_->locate(data, nbytes) : std::nullopt;
 }
 
 std::optional<std::size_t> detail::RegionMapping::locate(const void* data, std::size_t nbytes) const {
@@ -248,10 +251,10 @@ RegionChannel::~RegionChannel() {
     if (fd_ >= 0) close(fd_);
 }
 
-std::string RegionChannel::register_region(const SharedRegion& region) {
+std::string RegionChannel::register_region(const detail::RegionMapping& region) {
     wire::ControlArguments arguments;
-    if (region.label()) arguments.emplace_back("label", *region.label());
-    auto result = call("register", arguments, region.fd());
+    if (region.label) arguments.emplace_back("label", *region.label);
+    auto result = call("register", arguments, region.fd);
     auto handle = detail::unpack(result.data(), result.size(), wire::kMaxShmMessageBytes);
     detail::Fields fields(handle.get(), "register result");
     return fields.string("region");
@@ -294,8 +297,25 @@ std::string RegionChannel::call(const std::string& op, const wire::ControlArgume
         throw Timeout("no reply from " + path_);
     }
     auto decoded = wire::decode_control_reply(reply->data(), reply->size());
-    if (!decoded.ok) throw RemoteError(decoded.error->code, decoded.error->message);
+    if (!decoded.ok) {
+        // Ours are always readable: a null id is the connection's refusal at
+        // connect (a limit, the allow-list), which the daemon then closes.
+        refused_ = refused_ || std::holds_alternative<std::monostate>(decoded.id);
+        throw RemoteError(decoded.error->code, decoded.error->message);
+    }
     return decoded.result_msgpack;
+}
+
+bool RegionChannel::hung_up() const {
+    if (refused_ || failed_) return true;
+    pollfd peer{fd_, POLLRDHUP, 0};  // POLLHUP and POLLERR are always reported
+    return poll(&peer, 1, 0) > 0 && (peer.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL));
+}
+
+std::string RegionChannel::failed(const std::string& what) {
+    failed_ = true;
+    return what + " (the regions registered there are released; the client's next call registers "
+                  "them again)";
 }
 
 std::string RegionChannel::request(const std::string& model,
@@ -375,7 +395,7 @@ std::optional<std::string> RegionChannel::await(std::uint64_t request_id, Clock:
             pollfd readable{fd_, POLLIN, 0};
             auto ready = poll(&readable, 1, static_cast<int>(left));
             if (ready < 0 && errno == EINTR) continue;
-            if (ready < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
+            if (ready < 0) throw ClientError(failed(system_error("the shm socket " + path_ + " failed")));
             if (ready == 0) return std::nullopt;
         }
         ready_now = false;
@@ -388,8 +408,8 @@ std::optional<std::string> RegionChannel::await(std::uint64_t request_id, Clock:
             if (received < 0) received = 0;
         }
         if (received < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-        if (received < 0) throw ClientError(system_error("the shm socket " + path_ + " failed"));
-        if (received == 0) throw ClientError("the daemon closed the shm socket " + path_);
+        if (received < 0) throw ClientError(failed(system_error("the shm socket " + path_ + " failed")));
+        if (received == 0) throw ClientError(failed("the daemon closed the shm socket " + path_));
         reply.resize(static_cast<std::size_t>(received));
         auto envelope = read_envelope(reply);
         if (std::holds_alternative<std::monostate>(envelope.id)) {

@@ -30,7 +30,7 @@ public:
     RegionChannel(const RegionChannel&) = delete;
     RegionChannel& operator=(const RegionChannel&) = delete;
 
-    std::string register_region(const SharedRegion& region);
+    std::string register_region(const detail::RegionMapping& region);
     void unregister_region(const std::string& region_id);
     // Unregisters without waiting for the answer (discarded when it comes): for a
     // region destroyed while registered, and one a late registration reply names.
@@ -44,6 +44,11 @@ public:
                         const std::function<std::string(std::uint64_t)>& encode,
                         const std::function<void(std::uint64_t, int)>& on_attempt,
                         std::chrono::milliseconds timeout, int retries);
+
+    // Whether the daemon closed the connection (a restart), refused it at connect
+    // (and closes it), or it failed: the regions registered on it are released.
+    // A poll that does not wait, for a call that has not used the connection.
+    bool hung_up() const;
 
     // Replies to ids no longer waited for (attempts that timed out).
     std::uint64_t discarded_replies() const { return discarded_; }
@@ -64,7 +69,11 @@ private:
     // A reply to an id no longer waited for: counted, and when it is the late
     // success of a registration that timed out, the region it names is released.
     void discard(const wire::RequestId& id, bool ok, const std::optional<std::string>& region);
+    // Notes that the connection is done for; `what`, saying what follows.
+    std::string failed(const std::string& what);
     std::string path_;
+    bool refused_ = false;
+    bool failed_ = false;
     std::chrono::milliseconds timeout_;
     int fd_ = -1;
     std::function<std::uint64_t()> next_id_;

@@ -152,6 +152,20 @@ std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vect
                           " outputs in frames but carries " + std::to_string(frames.size()) +
                           " frames");
     }
+    // A buffer for an output the reply does not have (a misspelt name) would be
+    // left as it was, as if written: refused, before any buffer is written.
+    for (const auto& buffer : into) {
+        std::string names;
+        bool known = false;
+        for (const auto& descriptor : reply.outputs) {
+            known = known || descriptor.name == buffer.name;
+            names += (names.empty() ? "'" : ", '") + descriptor.name + "'";
+        }
+        if (!known) {
+            throw ClientError("output '" + buffer.name + "' was given a buffer; the reply's outputs are " +
+                              (names.empty() ? std::string("none") : names));
+        }
+    }
     auto buffer_of = [&into](const std::string& name) {
         const NamedOutputBuffer* buffer = nullptr;
         for (const auto& candidate : into) {

@@ -133,6 +133,9 @@ public:
     // follows the region when it is moved; a region destroyed (or assigned over)
     // while registered is no longer used from that moment and is unregistered at
     // this client's next call. It must not end while a call that uses it runs.
+    // Should the daemon close the shm connection (a restart releases every region),
+    // the call that finds it closed throws ClientError and the next call (infer or
+    // register_region) registers the regions again, under new ids.
     std::string register_region(SharedRegion& region);
     void unregister_region(SharedRegion& region);
 
@@ -153,6 +156,9 @@ private:
     // Registered regions by id: their mappings, not the objects, which the caller
     // may move or destroy (an emptied mapping is unregistered at the next call).
     std::vector<std::pair<std::string, std::shared_ptr<const detail::RegionMapping>>> regions_;
+    // Regions a closed shm connection released, to register again at the next call.
+    std::vector<std::shared_ptr<const detail::RegionMapping>> released_;
+    std::uint64_t closed_shm_discarded_ = 0;  // discarded_replies() of closed shm connections
     std::vector<std::unique_ptr<SharedRegion>> owned_;
     // Each model's output names, as the last reply on the infer socket (or
     // describe) named them: a request placing all of them may go on shm.sock.
@@ -161,6 +167,11 @@ private:
 
     // Unregisters the regions destroyed since the last call (without waiting).
     void release_ended_regions();
+    std::string register_mapping(const std::shared_ptr<const detail::RegionMapping>& mapping);
+    // The shm connection is closed (the daemon's restart released its regions):
+    // dropped, and its regions kept for register_again.
+    void shm_closed();
+    void register_again();
     bool places_every_output(const std::string& model,
                              const std::vector<wire::TensorDescriptor>& placed) const;
 };

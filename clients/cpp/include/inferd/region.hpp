@@ -17,10 +17,13 @@ namespace detail {
 // Where a region's memory is mapped, shared by the region and the clients that
 // registered it: a move hands it to the new region whole, and the region's end
 // (destruction, or being assigned over) empties it before unmapping, so a client
-// never finds bytes in memory that is no longer the region's.
+// never finds bytes in memory that is no longer the region's. A client registers
+// it again from its descriptor and label when the daemon restarted.
 struct RegionMapping {
     const void* base = nullptr;  // null: the region is gone
     std::size_t size = 0;
+    int fd = -1;  // the region's memfd, while it lives
+    std::optional<std::string> label;
     // The offset of [data, data + nbytes) when it is an aligned block of the mapping.
     std::optional<std::size_t> locate(const void* data, std::size_t nbytes) const;
 };

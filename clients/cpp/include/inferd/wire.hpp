@@ -97,8 +97,8 @@ struct FrameBytes {
 // filled from the frame. MalformedReply when frames and descriptors disagree, an
 // output was written into a region the request did not name, or with another
 // dtype or shape than it was placed with; ClientError when a buffer cannot take
-// its output (dtype, shape, nbytes). Every output is checked before any buffer
-// is written.
+// its output (dtype, shape, nbytes) or names no output of the reply. Every
+// output is checked before any buffer is written.
 std::vector<NamedTensor> decode_outputs(const InferReply& reply, const std::vector<FrameBytes>& frames,
                                         const std::vector<TensorDescriptor>& placed,
                                         const std::vector<NamedOutputBuffer>& into);
