@@ -266,10 +266,8 @@ def run(
             # NaN passed "<= 0" (a NaN timeout cancelled at once); inf or 1e300 killed the
             # timer's thread (OverflowError) and the build ran without a timeout
             if seconds is not None and not 0 < seconds <= MAX_BUILD_DURATION_S:
-                raise ConfigError(
-                    f"{flag} must be more than 0 and at most {MAX_BUILD_DURATION_S:g} s, "
-                    f"got {seconds}"
-                )
+                limit = f"at most {MAX_BUILD_DURATION_S:g} s"
+                raise ConfigError(f"{flag} must be more than 0 and {limit}, got {seconds}")
         loaded = (
             config_module.load(daemon_config)
             if daemon_config is not None
