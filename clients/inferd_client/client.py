@@ -266,7 +266,8 @@ class InferenceClient:
         Inputs that live in a registered region are sent by reference, the rest as
         frames.  A request with every input and every output in registered regions
         travels on the shm socket (one message each way, no ZeroMQ), once a reply
-        on the infer socket (or ``describe``) has named the model's outputs.
+        on the infer socket (or ``describe``) has named the model's outputs, unless
+        its header is over the socket's bound (``MAX_SHM_MESSAGE_BYTES``, 16 KiB).
         ``outputs`` maps output names to arrays to write them into: one in a
         registered region is written there by the daemon (no frame comes back),
         any other is filled from the reply's frame; the result holds those arrays.
@@ -319,6 +320,10 @@ class InferenceClient:
             and len(placed) == len(outputs or ())  # else one not placed is checked on the reply
         ):
             prepared = ShmRequest(header, placed, list(self._regions.values()))
+            if not prepared.fits:  # the shm socket would refuse it, unread: the infer socket
+                return self._infer_on_frames(
+                    model, PreparedHeader(header), [], outputs, placed, timeout, attempts
+                )
             assert outputs is not None  # placed is not empty
             if key is not None:
                 if len(self._shm_requests) >= _MAX_PREPARED_REQUESTS:

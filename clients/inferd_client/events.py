@@ -8,7 +8,6 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import msgpack
 import zmq
 
 from inferd_client.channel import checked_timeout, wait_ms
@@ -20,12 +19,17 @@ from inferd_client.endpoint_trust import (
     trusted_endpoint,
 )
 from inferd_client.errors import MalformedReply, Unreachable
+from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints
+from inferd_wire.protocol import ProtocolError
 from inferd_wire.topics import check_topic
 
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
+#: The largest event payload taken: a reply header's bound, since the daemon's
+#: events carry what its control replies do (``health``, a build's state).
+MAX_EVENT_BYTES = protocol.MAX_HEADER_BYTES
 
 
 class EventSubscriber:
@@ -154,12 +158,14 @@ class EventSubscriber:
         parts = self._socket.recv_multipart()
         if len(parts) != 2:
             raise MalformedReply(f"event has {len(parts)} frames; expected [topic, payload]")
-        try:  # msgpack's errors, and a topic that is not UTF-8, are ValueErrors
-            topic, payload = parts[0].decode(), msgpack.unpackb(parts[1], raw=False)
+        try:
+            topic = parts[0].decode()
         except ValueError as exc:
-            raise MalformedReply(f"event is not a topic and a msgpack payload: {exc}") from None
-        if not isinstance(payload, dict):
-            raise MalformedReply("event payload is not a map")
+            raise MalformedReply(f"event topic is not UTF-8: {exc}") from None
+        try:
+            payload = protocol.unpack_map(parts[1], MAX_EVENT_BYTES, "event payload")
+        except ProtocolError as exc:
+            raise MalformedReply(exc.message) from None
         return topic, payload
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:

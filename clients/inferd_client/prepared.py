@@ -30,6 +30,10 @@ ParsedOutput = tuple[str, np.dtype[Any], tuple[int, ...], Mapping[str, Any]]
 FramesKey = tuple[str, int | None, tuple[tuple[str, str, tuple[int, ...]], ...]]
 
 
+#: The most bytes msgpack packs an unsigned 64-bit integer into.
+_MAX_ID_BYTES = 9
+
+
 def _map_header(entries: int) -> bytes:
     """The msgpack bytes that open a map of ``entries`` (as msgpack packs them)."""
     if entries < 16:
@@ -59,6 +63,11 @@ class PreparedHeader:
 
     def encode(self, request_id: int) -> bytes:
         return self._prefix + _pack(request_id)
+
+    @property
+    def max_bytes(self) -> int:
+        """The length of ``encode`` for the longest id (an unsigned 64-bit integer)."""
+        return len(self._prefix) + _MAX_ID_BYTES
 
 
 def parse_outputs(descriptors: Any) -> list[ParsedOutput]:

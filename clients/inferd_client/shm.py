@@ -20,7 +20,6 @@ import select
 import socket
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,16 +44,17 @@ from inferd_wire.regions import (
     RegionRef,
 )
 
-#: Timed-out requests remembered (``RegionChannel._unanswered``).
-_UNANSWERED_KEPT = 4096
-
 
 class RegionChannel:
     """The connection to the daemon's ``shm.sock`` (``SOCK_SEQPACKET``): regions'
     registrations, and requests whose tensors all live in them.
 
     Replies to ids this channel no longer waits for (a request that timed out)
-    are discarded and counted, never returned for another request."""
+    are discarded and counted, never returned for another request.  A message
+    over ``MAX_SHM_MESSAGE_BYTES`` is never sent (``InvalidArgument``): every
+    message sent is one the daemon reads whole, so an error reply without an id
+    (a refusal at connect, or of a header over its ``bus.max_header_bytes``) is
+    the answer of the message that waits now, never taken for another's."""
 
     def __init__(
         self,
@@ -94,10 +94,6 @@ class RegionChannel:
         #: Ids of registrations that timed out: the daemon may still register the
         #: region, under an id we would never learn; its late reply unregisters it.
         self._unanswered_registrations: set[int] = set()
-        #: Ids of requests that timed out, oldest first: the daemon refuses a message
-        #: it cannot read with a null id, so such a refusal is the oldest of these's
-        #: late answer, never the answer of the request that waits now.
-        self._unanswered: OrderedDict[int, None] = OrderedDict()
         #: The polling window before an infer reply is due (``reply_spin``).
         self.spin = spin
         self._generation = process_generation()
@@ -124,7 +120,8 @@ class RegionChannel:
         retries: int = 0,
     ) -> dict[str, Any]:
         """Send an infer request (each attempt under a fresh id) and return its reply
-        header; on timeout resend up to ``retries`` times."""
+        header; on timeout resend up to ``retries`` times.  ``InvalidArgument``, and
+        nothing sent, for one that does not fit a message (``ShmRequest.fits``)."""
         wait = self._timeout if timeout is None else checked_timeout(timeout)
         for _attempt in range(retries + 1):
             request_id = self._next_id()
@@ -167,6 +164,12 @@ class RegionChannel:
         With ``timing`` (an infer request's), the reply is polled for around the
         time it is due (``reply_spin``)."""
         check_process(self._generation, "the client's shm connection")
+        if len(message) > MAX_SHM_MESSAGE_BYTES:
+            # The daemon could read neither it nor its id: its refusal would carry none.
+            raise InvalidArgument(
+                f"a message of {len(message)} bytes cannot go on the shm socket, whose "
+                f"messages hold at most {MAX_SHM_MESSAGE_BYTES} bytes"
+            )
         give_up_at = time.monotonic() + wait
         try:
             try:
@@ -182,9 +185,6 @@ class RegionChannel:
                 data = self._receive(give_up_at, ready)
                 ready = False
                 if data is None:
-                    self._unanswered[request_id] = None
-                    while len(self._unanswered) > _UNANSWERED_KEPT:
-                        self._unanswered.popitem(last=False)
                     return None
                 if not data:
                     raise Unreachable(f"the daemon closed the shm socket {self.path}")
@@ -198,12 +198,8 @@ class RegionChannel:
                     if timing is not None:
                         timing.observed(time.monotonic_ns() - sent_ns, self.spin.width_ns)
                     return reply
-                if reply_id is None and reply.get("ok") is False:
-                    if not self._unanswered:
-                        return reply  # refused before its id could be read (or at connect)
-                    self._unanswered.popitem(last=False)
-                elif isinstance(reply_id, int):
-                    self._unanswered.pop(reply_id, None)
+                if reply_id is None:  # an error (``check_reply_id``): see the class
+                    return reply
                 self.discarded_replies += 1
                 if reply_id in self._unanswered_registrations:
                     self._unanswered_registrations.discard(reply_id)
@@ -426,6 +422,9 @@ class ShmRequest:
         self._regions = tuple(regions)
         #: When its replies arrive (``reply_spin``).
         self.timing = Arrivals()
+        #: Whether it fits one message of the shm socket whatever its id (else it
+        #: must go on the infer socket, whose headers may be larger).
+        self.fits = self._header.max_bytes <= MAX_SHM_MESSAGE_BYTES
 
     @property
     def valid(self) -> bool:

@@ -36,6 +36,19 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 #: Longest accepted request id string; ids are correlation tokens, not payload.
 MAX_ID_CHARS = 128
 
+#: The most items one msgpack array of a message may count.  msgpack allocates an
+#: array's item pointers when it reads its count, before any item, and ``unpackb``
+#: bounds a count only by the message's length: 1,000 nested counts of 65,535 in
+#: a 64 KiB header allocated 77 MiB (67 MB more peak RSS) and took 60 ms before
+#: the refusal.  At this bound that header is refused at its first count; the
+#: worst, 1,024 nested counts (msgpack's deepest) of 2,048, allocates 16 MiB.  A
+#: map allocates nothing ahead.  The protocol's longest arrays: a request's
+#: ``inputs``, ``bus.max_frames``' ceiling (1,024) plus 64 region tensors; a
+#: model's outputs in a reply, a few hundred in the largest decoders.
+MAX_ARRAY_ITEMS = 2048
+#: How deep msgpack-python's unpacker nests arrays and maps (its stack).
+MSGPACK_MAX_NESTING = 1024
+
 
 class Code(StrEnum):
     """Error codes carried in ``error.code`` (gRPC status names)."""
@@ -74,25 +87,41 @@ def unpack_header(
 
     With ``check_version=False`` the caller checks ``v`` later with
     ``require_version`` (the daemon does, so that it can still echo the id)."""
-    if len(frame) == 0:
-        raise ProtocolError(Code.INVALID_ARGUMENT, "header frame is empty")
-    if len(frame) > max_bytes:
-        raise ProtocolError(
-            Code.INVALID_ARGUMENT, f"header frame is {len(frame)} bytes; the limit is {max_bytes}"
-        )
-    try:
-        # unpackb bounds every str/bin/array/map length by len(frame), and
-        # strict_map_key refuses keys other than str and bin (hash-flooding guard).
-        header = msgpack.unpackb(bytes(frame), raw=False, strict_map_key=True)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise ProtocolError(Code.INVALID_ARGUMENT, f"header is not valid msgpack: {exc}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(
-            Code.INVALID_ARGUMENT, f"header must be a msgpack map, got {type(header).__name__}"
-        )
+    header = unpack_map(frame, max_bytes, "header")
     if check_version:
         require_version(header)
     return header
+
+
+def unpack_map(frame: bytes | memoryview, max_bytes: int, what: str) -> dict[str, Any]:
+    """``frame`` as a msgpack map of at most ``max_bytes`` whose arrays hold at most
+    ``MAX_ARRAY_ITEMS`` items, or INVALID_ARGUMENT saying why ``what`` is not one."""
+    if len(frame) == 0:
+        raise ProtocolError(Code.INVALID_ARGUMENT, f"{what} frame is empty")
+    if len(frame) > max_bytes:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"{what} frame is {len(frame)} bytes; the limit is {max_bytes}"
+        )
+    try:
+        # unpackb bounds every str/bin/map length by len(frame), arrays by
+        # ``MAX_ARRAY_ITEMS``, and strict_map_key refuses keys other than str
+        # and bin (hash-flooding guard).
+        value = msgpack.unpackb(
+            bytes(frame), raw=False, strict_map_key=True, max_array_len=MAX_ARRAY_ITEMS
+        )
+    except msgpack.StackError:  # its message is empty
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"{what} is not valid msgpack: it nests arrays and maps more than "
+            f"{MSGPACK_MAX_NESTING} deep",
+        ) from None
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError) as exc:
+        raise ProtocolError(Code.INVALID_ARGUMENT, f"{what} is not valid msgpack: {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"{what} must be a msgpack map, got {type(value).__name__}"
+        )
+    return value
 
 
 def require_str_keys(header: dict[Any, Any]) -> None:

@@ -35,14 +35,13 @@ from inferd.serving.scheduler import Job, Scheduler
 from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
-from inferd.shutdown import StopSteps, drain, joined, terminate
+from inferd.shutdown import StopSteps, answer_after_worker_death, drain, joined, terminate
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.supervision.open_files import raise_open_files_limit
 from inferd.supervision.status_line import ModelLine, format_status_line
 from inferd.thermal.monitor import ThermalMonitor
 from inferd.types import Alert, Liveness, Peer
-from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
 
@@ -350,16 +349,12 @@ class Daemon(DaemonState):
         """An exception ended the engine worker (``in_hand``: the request it was
         answering): nothing runs again, so every queued request is answered, new
         ones are refused, and the process ends in failure for systemd (``failed``)."""
-        reason = f"the engine worker stopped on {type(exc).__name__}: {exc}"
-        self.failed = reason
+        self.failed = f"the engine worker stopped on {type(exc).__name__}: {exc}"
         self.state = "stopping"  # the main loop stops it next; health says so now
         self.router.accepting = False
-        if in_hand is not None:
-            self.router.fail([in_hand], Code.INTERNAL, f"{reason} while answering this request")
-        leftovers = self.scheduler.close()
-        message = f"{reason}; inferd restarts"
-        self.router.fail(leftovers, Code.UNAVAILABLE, message)
-        self.alerts(Alert("CRITICAL", "engine_worker_died", message, {"queued": len(leftovers)}))
+        queued = answer_after_worker_death(self.router, self.scheduler, exc, in_hand)
+        message = f"{self.failed}; inferd restarts"
+        self.alerts(Alert("CRITICAL", "engine_worker_died", message, {"queued": queued}))
 
     def _lifecycle(self, event: str, **extra: str) -> None:
         version, fingerprint = inferd.__version__, self.config.fingerprint()
@@ -431,7 +426,7 @@ class Daemon(DaemonState):
             "fdr": self._recorder_status(),
             "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
             "thermal": self.thermal.describe(),
-            "security": self.security.describe(self.router.permission_denied),
+            "security": self.security.describe(self.router.permission_denied, self.switcher.rate),
             "shm": self.shm.status() if self.shm else {"enabled": False},
             "metrics": self.metrics.describe(),
             "bus": {

@@ -17,8 +17,9 @@ from typing import Any
 import structlog
 import zmq
 
+from inferd.bus.internal_errors import internal_message
 from inferd.serving.requests import RequestRouter
-from inferd.serving.scheduler import Scheduler
+from inferd.serving.scheduler import Job, Scheduler
 from inferd_wire.protocol import Code
 
 log = structlog.get_logger("inferd.daemon")
@@ -48,6 +49,22 @@ def drain(scheduler: Scheduler, router: RequestRouter, drain_s: float) -> None:
     if leftovers:
         log.warning("requests_failed_at_shutdown", count=len(leftovers), drained=drained)
     router.fail(leftovers, Code.UNAVAILABLE, "the daemon shut down before this request ran")
+
+
+def answer_after_worker_death(
+    router: RequestRouter, scheduler: Scheduler, exc: BaseException, in_hand: Job | None
+) -> int:
+    """Answer what a dead engine worker leaves (nothing runs again): the request it
+    was answering ``INTERNAL`` and every queued one ``UNAVAILABLE``; how many were
+    queued.  The exception's text stays in the log, which the worker wrote
+    (``engine_worker_died``, once in a process's life; ``bus.internal_errors``)."""
+    stopped = f"the engine worker stopped ({type(exc).__name__})"
+    if in_hand is not None:
+        what = f"{stopped} while answering this request"
+        router.fail([in_hand], Code.INTERNAL, internal_message(what, "engine_worker_died"))
+    leftovers = scheduler.close()
+    router.fail(leftovers, Code.UNAVAILABLE, f"{stopped}; inferd restarts")
+    return len(leftovers)
 
 
 def joined(thread: threading.Thread, timeout: float) -> None:

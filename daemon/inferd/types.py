@@ -148,12 +148,18 @@ class TensorSpec:
 
     ``profile``: an input's optimisation profile (the model config's
     ``[[models.profiles]]``, or the engine's own): a request's shape must lie
-    within min..max on every axis, and warm-up runs at its opt shape."""
+    within min..max on every axis, and warm-up runs at its opt shape.
+
+    ``shared_dims``: ``(axis, name)`` for each axis whose size the model names
+    (ONNX ``dim_param``) with a name it also gives another axis of its inputs or
+    outputs: one name is one size, so a request's sizes for it must be equal
+    (``bus.codec``).  A name given to one axis alone constrains nothing: not kept."""
 
     name: str
     dtype: str
     shape: tuple[int | None, ...]
     profile: OptimizationProfile | None = None
+    shared_dims: tuple[tuple[int, str], ...] = ()
 
     def as_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}

@@ -43,9 +43,34 @@ option: ", key)``) and its EP-context loading
   and <count> (exclusive)."; the TensorRT EP's ``cudaSetDevice``: "CUDA failure
   101: invalid device ordinal"): the fallback above then retries without the
   provider options, that is on device 0.
+* The CUDA EP's options are parsed as ``CUDAExecutionProviderInfo::
+  FromProviderOptions`` does (``cuda_execution_provider_info.cc`` through
+  ``ProviderOptionsParser``): a key not in ``CUDA_OPTION_KEYS`` raises
+  ``RuntimeError('Unknown provider option: "<key>".')``, a ``gpu_mem_limit`` that
+  is not a number or an ``arena_extend_strategy`` other than ``kNextPowerOfTwo`` /
+  ``kSameAsRequested`` ``'Failed to parse provider option "<key>": ...'``; the
+  Python session's fallback then retries without the options.
 * ``get_providers()`` returns what was registered; ``get_provider_options()``
   the options each registered provider got, with ``device_id`` ``"0"`` where it
-  got none (the real one lists every option with its default, a superset).
+  got none, and for the CUDA EP ``gpu_mem_limit`` SIZE_MAX and
+  ``arena_extend_strategy`` ``kNextPowerOfTwo`` where it got none (the real one
+  lists every option with its default, a superset).
+* The session's GPU memory comes from one BFC arena, the first registered GPU
+  provider's (``session_state.cc``: "Each location (OrtDevice) will only have 1
+  allocator used for whole session. The EP which is registered first will have
+  higher priority"): the CUDA EP's has its ``gpu_mem_limit``, the TensorRT EP's
+  none (``CreatePreferredAllocators``: ``CreateCUDAAllocator`` with the defaults).
+  ``run`` allocates each input and output there (rounded up to 256 bytes,
+  ``kMinAllocationSize``); the arena extends when its free bytes do not hold the
+  next one, by it (``kSameAsRequested``) or by a region that doubles from 1 MiB
+  (``kNextPowerOfTwo``), keeps what it extended by for the session's life
+  (``FakeArena.held``), and an extension past the cap raises the text of
+  ``bfc_arena.cc`` (``Extend``, thrown by ``AllocateRawInternal``) as ONNX
+  Runtime 1.20.1 words a failed run (microsoft/onnxruntime#23121), ``RuntimeException``
+  "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned
+  while running <op> node. Name:'<name>' Status Message: ... Available memory of
+  <cap - held> is smaller than requested bytes of <n>" (1.32 says "1 : FAIL" and
+  raises ``Fail``, same words after "Status Message").  The session serves on.
 * A model that is one ``com.microsoft:EPContext`` node is claimed by the
   TensorRT EP when it is registered (``graph.NumberOfNodes() == 1 &&
   GraphHasCtxNode``).  ``embed_mode`` 1: ``ep_cache_context`` holds the engine
@@ -62,12 +87,15 @@ option: ", key)``) and its EP-context loading
   real module's.
 
 Not modelled: ``Session.run``'s own fallback on ``EPFail`` (the runtime disables
-it), CUDA EP option checking, and real GPU placement: ``run`` is CPU inference.
+it), the CUDA EP's checks of option values other than those above, the arena in
+``run_with_iobinding`` and the arena's bins and fragmentation, and real GPU
+placement: ``run`` is CPU inference.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import types
 import warnings
@@ -137,6 +165,79 @@ TRT_OPTION_KEYS = frozenset(
 )
 
 
+#: ``CUDAExecutionProviderInfo``'s option keys (``cuda_execution_provider_info.cc``
+#: of the 1.17-1.20 releases); any other key is refused.
+CUDA_OPTION_KEYS = frozenset(
+    {
+        "device_id",
+        "has_user_compute_stream",
+        "user_compute_stream",
+        "gpu_mem_limit",
+        "arena_extend_strategy",
+        "cudnn_conv_algo_search",
+        "do_copy_in_default_stream",
+        "gpu_external_alloc",
+        "gpu_external_free",
+        "gpu_external_empty_cache",
+        "cudnn_conv_use_max_workspace",
+        "enable_cuda_graph",
+        "cudnn_conv1d_pad_to_nc1d",
+        "tunable_op_enable",
+        "tunable_op_tuning_enable",
+        "tunable_op_max_tuning_duration_ms",
+        "enable_skip_layer_norm_strict_mode",
+        "prefer_nhwc",
+        "use_ep_level_unified_stream",
+        "use_tf32",
+    }
+)
+SIZE_MAX = 2**64 - 1
+ARENA_STRATEGIES = ("kNextPowerOfTwo", "kSameAsRequested")
+#: ``BFCArena::kMinAllocationSize`` and the default ``initial_chunk_size_bytes``.
+_MIN_ALLOCATION = 256
+_INITIAL_CHUNK = 1024 * 1024
+
+
+@dataclass
+class FakeArena:
+    """The BFC arena that holds a session's GPU memory (see the module docstring)."""
+
+    limit: int = SIZE_MAX
+    strategy: str = "kNextPowerOfTwo"
+    #: What it extended by (``total_allocated_bytes``): it never gives it back.
+    held: int = 0
+    _region: int = _INITIAL_CHUNK
+
+    def allocate_run(self, arrays: Sequence[Any], real: Any, node: tuple[str, str]) -> None:
+        """Allocate each of ``arrays`` for one run (freed at its end), or raise."""
+        in_use = 0
+        for array in arrays:
+            size = max(1, math.ceil(array.nbytes / _MIN_ALLOCATION)) * _MIN_ALLOCATION
+            if self.held - in_use < size:
+                self._extend(size, real, node)
+            in_use += size
+
+    def _extend(self, size: int, real: Any, node: tuple[str, str]) -> None:
+        available = (self.limit - self.held) // _MIN_ALLOCATION * _MIN_ALLOCATION
+        if size > available:
+            op, name = node
+            raise real.capi.onnxruntime_pybind11_state.RuntimeException(
+                "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned "
+                f"while running {op} node. Name:'{name}' Status Message: /onnxruntime_src/"
+                "onnxruntime/core/framework/bfc_arena.cc:376 void* onnxruntime::BFCArena::"
+                "AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, onnxruntime::"
+                f"WaitNotificationFn) Available memory of {available} is smaller than "
+                f"requested bytes of {size}"
+            )
+        extension = size
+        if self.strategy == "kNextPowerOfTwo":
+            while self._region < size:
+                self._region *= 2
+            extension = min(self._region, available)
+            self._region *= 2
+        self.held += extension
+
+
 @dataclass
 class FakeOrt:
     """Knobs and observations of one fake ONNX Runtime; not part of the module."""
@@ -192,6 +293,43 @@ def _normalize(
             continue
         names[name] = {str(key): str(value) for key, value in options.items()}
     return list(names), list(names.values())
+
+
+def _check_cuda_options(values: dict[str, str]) -> None:
+    """``CUDAExecutionProviderInfo::FromProviderOptions`` for the keys and the arena's
+    options (``ProviderOptionsParser::Parse``: ``ORT_THROW_IF_ERROR``, a
+    ``RuntimeError`` in Python)."""
+    for key, value in values.items():
+        if key not in CUDA_OPTION_KEYS:
+            raise RuntimeError(f'Unknown provider option: "{key}".')
+        if key == "gpu_mem_limit" and not (value.isascii() and value.isdigit()):
+            raise RuntimeError(
+                f'Failed to parse provider option "{key}": Failed to parse value: "{value}"'
+            )
+        if key == "arena_extend_strategy" and value not in ARENA_STRATEGIES:
+            raise RuntimeError(
+                f'Failed to parse provider option "{key}": Failed to get enum value from '
+                f'name "{value}"'
+            )
+
+
+def _registered_options(name: str, values: dict[str, str]) -> dict[str, str]:
+    """The provider's effective options (``ToProviderOptions``): a GPU provider made
+    without a ``device_id`` runs on device 0, a CUDA EP without ``gpu_mem_limit`` has
+    an arena without a cap that doubles."""
+    defaults = {"device_id": "0"}
+    if name == CUDA_EP:
+        defaults |= {"gpu_mem_limit": str(SIZE_MAX), "arena_extend_strategy": ARENA_STRATEGIES[0]}
+    return {**defaults, **values}
+
+
+def _session_arena(registered: Sequence[str], options: dict[str, dict[str, str]]) -> FakeArena:
+    """The arena of the first registered GPU provider (the session's one for the GPU)."""
+    first = next((name for name in registered if name in (TRT_EP, CUDA_EP)), None)
+    if first != CUDA_EP:
+        return FakeArena()  # the TensorRT EP's (no cap), or none used: the CPU's
+    values = options[CUDA_EP]
+    return FakeArena(int(values["gpu_mem_limit"]), values["arena_extend_strategy"])
 
 
 def _check_device_id(provider: str, value: str, device_count: int) -> None:
@@ -327,6 +465,8 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
                                 "TensorrtExecutionProviderInfo::FromProviderOptions(const "
                                 f"onnxruntime::ProviderOptions&) Invalid TensorRT EP option: {key}"
                             )
+                if name == CUDA_EP and name not in state.not_creatable:
+                    _check_cuda_options(values)
                 if name not in state.not_creatable and "device_id" in values:
                     _check_device_id(name, values["device_id"], state.device_count)
                 if name in state.not_creatable:
@@ -342,20 +482,22 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
                     )
                     continue
                 registered.append(name)
-                # The provider's effective options (``ToProviderOptions``): a GPU
-                # provider created without a ``device_id`` runs on device 0.
-                registered_options[name] = {"device_id": "0", **values}
+                registered_options[name] = _registered_options(name, values)
             registered.append(CPU_EP)
             registered_options[CPU_EP] = {}
             self._inner = self._inner_session(registered)
             self._providers = registered
             self._provider_options = registered_options
+            self.arena = _session_arena(registered, registered_options)
+            nodes = _read_model(self._model_path).graph.node
+            self._first_node = next(((node.op_type, node.name) for node in nodes), ("", ""))
             state.sessions.append(
                 {
                     "model": self._model_path,
                     "requested": names,
                     "registered": list(registered),
                     "options": registered_options,
+                    "arena": self.arena,
                 }
             )
 
@@ -432,7 +574,10 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
             return self._inner.get_outputs()
 
         def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
-            return self._inner.run(output_names, input_feed, run_options)
+            outputs = self._inner.run(output_names, input_feed, run_options)
+            tensors = [*input_feed.values(), *outputs]
+            self.arena.allocate_run(tensors, real, self._first_node)
+            return outputs
 
         def io_binding(self) -> Any:
             return self._inner.io_binding()

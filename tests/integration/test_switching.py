@@ -65,7 +65,8 @@ def test_switching_under_load_loses_no_request(
 def test_refused_switch_keeps_the_old_runtime_and_is_recorded(
     daemon_factory: DaemonFactory, identity_model: Path
 ) -> None:
-    daemon = daemon_factory(models=identity_models(identity_model))
+    rate = {"switch_burst": 3, "switch_refill_s": 3600}  # a token an hour: none comes back
+    daemon = daemon_factory(models=identity_models(identity_model), runtime=rate)
     refusals = []
     for _ in range(3):  # a script in a loop: each refused alike, recorded once
         with pytest.raises(RemoteError) as caught:
@@ -75,6 +76,16 @@ def test_refused_switch_keeps_the_old_runtime_and_is_recorded(
     assert caught.value.code == "FAILED_PRECONDITION"
     assert "cannot prepare tensorrt" in caught.value.message
     assert "onnx_trt_ep keeps serving" in caught.value.message
+    # Past the peer's burst: refused before preparing, not recorded, counted.
+    with pytest.raises(RemoteError) as limited:
+        switch(daemon, "identity", "tensorrt")
+    assert limited.value.code == "RESOURCE_EXHAUSTED"
+    assert "runtime.switch rate limit for uid" in limited.value.message
+    assert "retry after" in limited.value.message
+    with OperatorClient(daemon.control) as operator:
+        status = operator.status()
+    assert status["security"]["switch_limit"] == {"burst": 3, "refill_s": 3600.0, "refused": 1}
+    assert_valid("status_reply.json#/$defs/ok", {"v": 1, "id": 1, "ok": True, "result": status})
     with InferenceClient(daemon.infer) as client:
         client.infer("identity", {"input": np.zeros((1, 3, 224, 224), np.float32)})
         assert client.last_reply["runtime"] == "onnx_trt_ep"

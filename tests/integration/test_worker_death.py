@@ -79,10 +79,14 @@ def test_a_dead_worker_answers_every_request_and_the_daemon_exits_to_be_restarte
     for reply in (replies[2], replies[3], replies[4]):
         assert_valid("error_reply.json", reply)
     assert replies[2]["error"]["code"] == "INTERNAL"
-    assert "injected by the test" in replies[2]["error"]["message"]
+    assert "(RuntimeError)" in replies[2]["error"]["message"]
+    assert "(engine_worker_died)" in replies[2]["error"]["message"]  # where the text is
     assert [replies[i]["error"]["code"] for i in (3, 4)] == ["UNAVAILABLE", "UNAVAILABLE"]
+    # The exception's text is the operator's (bus.internal_errors): in the log alone.
+    assert not any("injected by the test" in replies[i]["error"]["message"] for i in (2, 3, 4))
     assert daemon.process.wait(timeout=HANG_S) == 1
     log = daemon.log()
     assert "engine_worker_died" in log and "Traceback" in log
+    assert "injected by the test" in log
     alerts = [record.payload for record in daemon.fdr_records("alert")]
     assert any(alert["code"] == "engine_worker_died" for alert in alerts), alerts

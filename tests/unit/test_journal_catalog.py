@@ -28,12 +28,13 @@ _LEVELS = {"debug", "info", "warning", "error", "exception", "critical", "warn",
 _LOGGER = re.compile(r"(^|\.)_?log$|get_logger\(")
 
 
-def _raised_codes(tree: ast.Module, function: str) -> set[str]:
-    """The string constants of the code (second) argument of calls of ``function``."""
+def _raised_codes(tree: ast.Module, function: str, position: int = 1) -> set[str]:
+    """The string constants of the argument at ``position`` (the code, second, by
+    default) of calls of ``function``."""
     codes = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(function):
-            for argument in ast.walk(node.args[1]):
+            for argument in ast.walk(node.args[position]):
                 if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
                     codes.add(argument.value)
     return codes
@@ -43,6 +44,10 @@ def _raised_codes(tree: ast.Module, function: str) -> set[str]:
 COMPUTED = {
     # FallbackRebuilder._raise logs the alert code passed to it as the event name.
     ("serving/rebuild.py", "_raise"): lambda tree: _raised_codes(tree, "self._raise"),
+    # EngineWorker._internal logs the event name passed to it (its fourth argument).
+    ("serving/engine_worker.py", "_internal"): lambda tree: _raised_codes(
+        tree, "self._internal", 3
+    ),
 }
 
 

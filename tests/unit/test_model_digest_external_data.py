@@ -181,3 +181,47 @@ def test_onnx_runtime_serving_keys_a_model_by_its_weights_and_refuses_an_escape(
     relocate(model, "../m.onnx.data")
     with pytest.raises(EngineBuildError, match=r"has a '\.\.' component: refused"):
         runtime.compile_engine(model, BuildConfig())
+
+
+def _runtime(tmp_path: Path) -> OnnxTrtEpRuntime:
+    return OnnxTrtEpRuntime(
+        RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache"),
+        alert=lambda _alert: None,
+        thermal=ThermalState.unavailable,
+    )
+
+
+def test_weights_changed_while_onnx_runtime_loads_the_model_refuse_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Serving loads the model by path after ``compile_engine`` hashed it: weights
+    swapped in between (here: while the session is made) load nothing."""
+    from inferd.errors import EngineDeserializeError
+    from inferd.runtime import onnx_trt_ep
+
+    runtime = _runtime(tmp_path)
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    entry = runtime.compile_engine(model, BuildConfig())
+    real_create = onnx_trt_ep.create_session
+
+    def swapped_then_created(*args: object, **kwargs: object) -> object:
+        new_weights(model, 1.05)
+        return real_create(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onnx_trt_ep, "create_session", swapped_then_created)
+    with pytest.raises(EngineDeserializeError, match="changed while ONNX Runtime loaded it"):
+        runtime.deserialize_engine(entry)
+
+
+def test_a_model_touched_but_not_changed_since_it_was_hashed_still_loads(
+    tmp_path: Path,
+) -> None:
+    """A new mtime alone (a copy that kept the bytes) is hashed again, not refused."""
+    runtime = _runtime(tmp_path)
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    entry = runtime.compile_engine(model, BuildConfig())
+    os.utime(model.parent / "m.onnx.data", ns=(1, 1))
+    assert remembered_sha256(model) is None
+    handle = runtime.deserialize_engine(entry)
+    assert handle.model_sha256 == entry.model_sha256
+    runtime.release_engine(handle)

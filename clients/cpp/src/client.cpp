@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <set>
@@ -465,6 +466,14 @@ void prepare_request(const Regions& regions, const std::string& model,
     }
 }
 
+// Whether the request fits one message of shm.sock under any id (it sets the id
+// to the one msgpack packs longest): the daemon reads no more of a longer
+// message, its id included, and refuses it with id null.
+bool fits_shm_message(wire::InferRequest& request) {
+    request.id = std::numeric_limits<std::uint64_t>::max();
+    return wire::encode_infer_request(request).size() <= wire::kMaxShmMessageBytes;
+}
+
 bool names_a_region(const wire::InferRequest& request) {
     auto in_region = [](const wire::TensorDescriptor& tensor) { return tensor.region.has_value(); };
     return !request.outputs.empty() ||
@@ -488,6 +497,8 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
         prepare_request(regions_, model, inputs, options, request, frames);
         on_shm = shm_ && frames.empty() && places_every_output(model, request.outputs);
     }
+    // One too long for shm.sock goes on the infer socket, regions and placed outputs as they are.
+    on_shm = on_shm && fits_shm_message(request);
     auto encode = [&request](std::uint64_t id) {
         request.id = id;
         return wire::encode_infer_request(request);

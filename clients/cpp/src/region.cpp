@@ -193,10 +193,6 @@ std::optional<std::size_t> detail::RegionMapping::locate(const void* data, std::
 
 namespace {
 
-// At most this many unanswered ids are remembered (the daemon answers every
-// message it reads, so only a flood of timed-out requests comes near it).
-constexpr std::size_t kMaxUnanswered = 4096;
-
 // What the channel reads of any reply before it knows whose it is.
 struct Envelope {
     wire::RequestId id;
@@ -268,9 +264,8 @@ void RegionChannel::release(const std::string& region_id) {
     auto request_id = next_id_();
     // Not sent (the daemon not reading, or gone): closing the connection releases
     // it, and the next call sees the closed connection for itself.
-    (void)send_message(request_id,
-                       wire::encode_control_request(request_id, "unregister", {{"region", region_id}}),
-                       -1, detail::deadline_after(timeout_));
+    auto message = wire::encode_control_request(request_id, "unregister", {{"region", region_id}});
+    (void)send_message(message, -1, detail::deadline_after(timeout_));
 }
 
 // {v, op, ...arguments, id} as the control requests (the Python client sends
@@ -279,8 +274,7 @@ std::string RegionChannel::call(const std::string& op, const wire::ControlArgume
                                 int fd) {
     auto request_id = next_id_();
     auto give_up_at = detail::deadline_after(timeout_);
-    if (!send_message(request_id, wire::encode_control_request(request_id, op, arguments), fd,
-                      give_up_at)) {
+    if (!send_message(wire::encode_control_request(request_id, op, arguments), fd, give_up_at)) {
         throw Timeout("the daemon does not read the shm socket " + path_);
     }
     // A registration sent and not answered (a timeout, or a wait that failed on
@@ -328,7 +322,7 @@ std::string RegionChannel::request(const std::string& model,
         if (on_attempt) on_attempt(request_id, attempt);
         // The attempt's timeout bounds its send and its wait together.
         auto give_up_at = detail::deadline_after(timeout);
-        if (!send_message(request_id, encode(request_id), -1, give_up_at)) continue;
+        if (!send_message(encode(request_id), -1, give_up_at)) continue;
         auto sent = Clock::now();
         bool ready = spin_.wait(fd_, arrivals, sent, give_up_at);
         if (auto reply = await(request_id, give_up_at, ready)) {
@@ -342,8 +336,15 @@ std::string RegionChannel::request(const std::string& model,
                   " ms after " + std::to_string(retries + 1) + " attempt(s)");
 }
 
-bool RegionChannel::send_message(std::uint64_t request_id, const std::string& message, int fd,
-                                 Clock::time_point give_up_at) {
+bool RegionChannel::send_message(const std::string& message, int fd, Clock::time_point give_up_at) {
+    if (message.size() > wire::kMaxShmMessageBytes) {
+        // The daemon would read none of it, its id included: its refusal would
+        // carry no id (see await).
+        throw ClientError("a message of " + std::to_string(message.size()) +
+                          " bytes cannot go on the shm socket " + path_ +
+                          ", whose messages hold at most " +
+                          std::to_string(wire::kMaxShmMessageBytes) + " bytes");
+    }
     iovec part{const_cast<char*>(message.data()), message.size()};
     msghdr header{};
     header.msg_iov = &part;
@@ -370,8 +371,6 @@ bool RegionChannel::send_message(std::uint64_t request_id, const std::string& me
         pollfd writable{fd_, POLLOUT, 0};
         if (poll(&writable, 1, static_cast<int>(left)) < 0 && errno != EINTR) break;
     }
-    unanswered_.push_back(request_id);
-    if (unanswered_.size() > kMaxUnanswered) unanswered_.pop_front();
     return true;
 }
 
@@ -412,27 +411,12 @@ std::optional<std::string> RegionChannel::await(std::uint64_t request_id, Clock:
         if (received == 0) throw ClientError(failed("the daemon closed the shm socket " + path_));
         reply.resize(static_cast<std::size_t>(received));
         auto envelope = read_envelope(reply);
-        if (std::holds_alternative<std::monostate>(envelope.id)) {
-            // Refused before its id could be read (or at connect). The daemon reads
-            // messages in order, so while an earlier one is unanswered the refusal
-            // may be that one's: it is taken as the earliest's, never as this
-            // request's (which then gets its own answer, or times out).
-            if (envelope.ok) {
-                ++discarded_;
-                continue;
-            }
-            if (!unanswered_.empty() && unanswered_.front() != request_id) {
-                auto earliest = unanswered_.front();
-                unanswered_.pop_front();
-                discard(wire::RequestId{earliest}, false, std::nullopt);
-                continue;
-            }
-            if (!unanswered_.empty()) unanswered_.pop_front();  // this request's
+        if (std::holds_alternative<std::monostate>(envelope.id) && !envelope.ok) {
+            // Every message sent here is one the daemon reads whole (send_message)
+            // and answers under its id: an error without one is the connection's
+            // refusal at connect, the answer of the call that waits now. (Taken for
+            // the late answer of one that timed out, it left this call to time out.)
             return reply;
-        }
-        if (const auto* number = std::get_if<std::uint64_t>(&envelope.id)) {
-            auto it = std::find(unanswered_.begin(), unanswered_.end(), *number);
-            if (it != unanswered_.end()) unanswered_.erase(it);
         }
         if (envelope.id == wire::RequestId{request_id}) return reply;
         discard(envelope.id, envelope.ok, envelope.region);

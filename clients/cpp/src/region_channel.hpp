@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -39,7 +38,8 @@ public:
     // An infer request of `model`: each attempt sends `encode(id)` under a fresh id
     // (after `on_attempt(id, attempt)`, when set) and waits up to `timeout`,
     // polling in the model's window; returns the reply header. Throws Timeout
-    // after `retries` resends.
+    // after `retries` resends, ClientError (nothing sent) for a message over
+    // wire::kMaxShmMessageBytes.
     std::string request(const std::string& model,
                         const std::function<std::string(std::uint64_t)>& encode,
                         const std::function<void(std::uint64_t, int)>& on_attempt,
@@ -59,11 +59,12 @@ private:
     std::string call(const std::string& op, const wire::ControlArguments& arguments, int fd);
     // Sends one message, waiting for room until `give_up_at` at most; false when
     // the daemon did not take it by then (it does not read: a seqpacket message
-    // goes whole or not at all). The id goes on the list of those unanswered.
-    bool send_message(std::uint64_t request_id, const std::string& message, int fd,
-                      Clock::time_point give_up_at);
-    // The reply to `request_id` (or a null-id error reply that can only be its
-    // own), or none by `give_up_at`; replies to other ids are discarded and counted.
+    // goes whole or not at all). ClientError, and nothing sent, for one over
+    // wire::kMaxShmMessageBytes: the daemon would refuse it unread, with id null.
+    bool send_message(const std::string& message, int fd, Clock::time_point give_up_at);
+    // The reply to `request_id` (or an error reply with id null: every message
+    // sent is read whole, so that refusal, at connect, is the waiting call's), or
+    // none by `give_up_at`; replies to other ids are discarded and counted.
     std::optional<std::string> await(std::uint64_t request_id, Clock::time_point give_up_at,
                                      bool ready = false);
     // A reply to an id no longer waited for: counted, and when it is the late
@@ -80,10 +81,6 @@ private:
     std::uint64_t discarded_ = 0;
     PollWindow spin_;
     std::map<std::string, Arrivals> arrivals_;  // by model: when its replies arrive
-    // Ids sent and not answered yet, oldest first: the daemon answers a message it
-    // cannot read the id of with a null id, so a null-id error is the current
-    // request's only when no earlier one is still unanswered.
-    std::deque<std::uint64_t> unanswered_;
     // Registrations that timed out: the daemon may still make them, under a region
     // id only their late reply names.
     std::set<std::uint64_t> late_registrations_;

@@ -737,11 +737,34 @@ namespace {
 
 using namespace std::chrono_literals;
 
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+std::string packed(const std::function<void(Packer&)>& body) {
+    msgpack::sbuffer buffer;
+    Packer packer(buffer);
+    body(packer);
+    return std::string(buffer.data(), buffer.size());
+}
+
+// An error reply whose id the daemon could not read (id: null).
+std::string null_id_refusal(const std::string& message = "not a request") {
+    return packed([&](Packer& packer) {
+        packer.pack_map(4);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack_nil();
+        packer.pack(std::string("ok")), packer.pack(false);
+        packer.pack(std::string("error"));
+        packer.pack(std::map<std::string, std::string>{{"code", "INVALID_ARGUMENT"},
+                                                       {"message", message}});
+    });
+}
+
 // A fake shm.sock: a seqpacket listener whose connection's requests go to
 // `script` in its own thread (descriptors received are closed); a connection
-// the client closes makes way for its next. `reading = false` stops reading, as
-// a daemon that does not keep up; `hang_up()` closes the connection, as a
-// daemon that stops (noted "hung up").
+// the client closes makes way for its next. A message over 16 KiB is refused
+// with id null, as the daemon does (it reads no more of it; noted "refused
+// unread"). `reading = false` stops reading, as a daemon that does not keep up;
+// `hang_up()` closes the connection, as a daemon that stops (noted "hung up").
 class ScriptedShm {
 public:
     using Header = std::map<std::string, msgpack::object>;
@@ -769,7 +792,7 @@ public:
                     continue;
                 }
                 if (!(fds[1].revents & POLLIN)) continue;
-                std::string data(16384, '\0');
+                std::string data(wire::kMaxShmMessageBytes, '\0');
                 iovec part{data.data(), data.size()};
                 alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
                 msghdr header{};
@@ -787,6 +810,11 @@ public:
                     int fd = -1;
                     std::memcpy(&fd, CMSG_DATA(item), sizeof fd);
                     close(fd);
+                }
+                if (header.msg_flags & MSG_TRUNC) {
+                    note("refused unread");
+                    send(null_id_refusal("message is over " + std::to_string(data.size()) + " bytes"));
+                    continue;
                 }
                 auto handle = msgpack::unpack(data.data(), static_cast<std::size_t>(received));
                 script(*this, handle.get().as<Header>());
@@ -839,15 +867,6 @@ std::string region_id(int n) {
     return std::string(32 - digits.size(), '0') + digits;
 }
 
-using Packer = msgpack::packer<msgpack::sbuffer>;
-
-std::string packed(const std::function<void(Packer&)>& body) {
-    msgpack::sbuffer buffer;
-    Packer packer(buffer);
-    body(packer);
-    return std::string(buffer.data(), buffer.size());
-}
-
 // {v, id, ok: true, result: {region?}} (a registration op's answer).
 std::string op_reply(std::uint64_t id, const std::optional<std::string>& region) {
     return packed([&](Packer& packer) {
@@ -858,19 +877,6 @@ std::string op_reply(std::uint64_t id, const std::optional<std::string>& region)
         packer.pack(std::string("result"));
         packer.pack_map(region ? 1 : 0);
         if (region) packer.pack(std::string("region")), packer.pack(*region);
-    });
-}
-
-// An error reply whose id the daemon could not read (id: null).
-std::string null_id_refusal() {
-    return packed([](Packer& packer) {
-        packer.pack_map(4);
-        packer.pack(std::string("v")), packer.pack(1);
-        packer.pack(std::string("id")), packer.pack_nil();
-        packer.pack(std::string("ok")), packer.pack(false);
-        packer.pack(std::string("error"));
-        packer.pack(std::map<std::string, std::string>{{"code", "INVALID_ARGUMENT"},
-                                                       {"message", "not a request"}});
     });
 }
 
@@ -1095,29 +1101,101 @@ TEST(a_registration_that_timed_out_is_released_when_its_late_reply_comes) {
     CHECK_EQ(client.discarded_replies(), 2u);
 }
 
-TEST(a_null_id_refusal_is_never_taken_for_a_later_requests_answer) {
-    ScriptedPeer peer(answer_two_floats());
-    auto infers = std::make_shared<int>(0);
-    ScriptedShm shm(registrar([infers](ScriptedShm& self, const ScriptedShm::Header& header) {
-        ++*infers;
-        if (*infers == 1) return;  // the first: unanswered (it times out)
-        if (*infers == 2) {
-            self.send(null_id_refusal());  // the first one's, as far as the client can know
-            self.send(placed_reply(header));
+namespace {
+
+// The infer socket: a request placing outputs is answered with them placed (no
+// frame), any other with two floats (answer_two_floats).
+ScriptedPeer::Script answer_in_place() {
+    return [](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        auto handle = msgpack::unpack(static_cast<const char*>(parts[1].data()), parts[1].size());
+        auto header = handle.get().as<ScriptedShm::Header>();
+        if (header.count("outputs") == 0) {
+            send_reply(router, parts[0], ok_reply(id_of(header), 2), {1, 2});
             return;
         }
-        self.send(null_id_refusal());  // nothing else unanswered: this one's own
+        router.send(zmq::buffer(parts[0].data(), parts[0].size()), zmq::send_flags::sndmore);
+        router.send(zmq::buffer(placed_reply(header)), zmq::send_flags::none);
+    };
+}
+
+}  // namespace
+
+TEST(a_null_id_refusal_is_the_waiting_requests_answer_never_a_late_one) {
+    // Every message the client sends on shm.sock is one the daemon reads whole and
+    // answers under its id, so an error without one (a refusal at connect) is the
+    // answer of the request that waits. Taken for the late answer of one that had
+    // timed out, it was discarded and the request waiting timed out instead.
+    ScriptedPeer peer(answer_in_place());
+    auto ids = std::make_shared<std::vector<std::uint64_t>>();
+    ScriptedShm shm(registrar([ids](ScriptedShm& self, const ScriptedShm::Header& header) {
+        ids->push_back(id_of(header));
+        if (ids->size() == 1) return;  // unanswered: it times out
+        if (ids->size() == 2) {
+            self.send(null_id_refusal());
+            return;
+        }
+        // The late answers come first: each discarded, none taken for this one's.
+        self.send(op_reply((*ids)[0], std::nullopt));
+        self.send(op_reply((*ids)[1], std::nullopt));
+        self.send(placed_reply(header));
     }));
     OnShm on_shm(peer, shm);
     InferOptions quick = on_shm.infer;
     quick.timeout = 100ms;
     CHECK_THROWS(Timeout, on_shm.client.infer("m", on_shm.inputs(), quick), true);
+    CHECK_THROWS(RemoteError, on_shm.client.infer("m", on_shm.inputs(), on_shm.infer),
+                 error.code() == ErrorCode::InvalidArgument && error.message() == "not a request");
+    on_shm.client.infer("m", on_shm.inputs(), on_shm.infer);  // learns m's outputs again
+    CHECK_EQ(on_shm.client.last_transport(), "infer");
     auto result = on_shm.client.infer("m", on_shm.inputs(), on_shm.infer);
     CHECK_EQ(on_shm.client.last_transport(), "shm");
     CHECK(result.output("out0").data == on_shm.out0.data);
-    CHECK_EQ(on_shm.client.discarded_replies(), 1u);
-    CHECK_THROWS(RemoteError, on_shm.client.infer("m", on_shm.inputs(), on_shm.infer),
-                 error.code() == ErrorCode::InvalidArgument && error.message() == "not a request");
+    CHECK_EQ(on_shm.client.discarded_replies(), 2u);
+}
+
+TEST(a_request_over_the_shm_sockets_bound_goes_on_the_infer_socket) {
+    // The daemon reads at most 16 KiB of a shm.sock message and refuses a longer
+    // one with id null (it cannot read the id). After a request on shm.sock had
+    // timed out, the client charged that refusal to the one that timed out, and
+    // a request naming an input of a long name timed out too.
+    ScriptedPeer peer(answer_in_place());
+    ScriptedShm shm(registrar([](ScriptedShm& self, const ScriptedShm::Header& header) {
+        self.note("infer");
+        auto infers = self.notes();
+        if (std::count(infers.begin(), infers.end(), "infer") > 1) self.send(placed_reply(header));
+    }));  // the first infer: unanswered (it times out)
+    OnShm on_shm(peer, shm);
+    InferOptions quick = on_shm.infer;
+    quick.timeout = 100ms;
+    CHECK_THROWS(Timeout, on_shm.client.infer("m", on_shm.inputs(), quick), true);
+    auto long_named = on_shm.inputs();
+    long_named[0].name = std::string(wire::kMaxShmMessageBytes, 'x');
+    auto result = on_shm.client.infer("m", long_named, on_shm.infer);
+    CHECK_EQ(on_shm.client.last_transport(), "infer");
+    CHECK(result.output("out0").data == on_shm.out0.data);
+    // One that fits still goes on shm.sock; nothing sent there was over its bound.
+    on_shm.client.infer("m", on_shm.inputs(), on_shm.infer);
+    CHECK_EQ(on_shm.client.last_transport(), "shm");
+    CHECK_EQ(shm.notes(), (std::vector<std::string>{"register " + region_id(1), "infer", "infer"}));
+}
+
+TEST(a_message_over_the_shm_sockets_bound_is_refused_and_never_sent) {
+    // A registration with a label too long for one message: the daemon would read
+    // no more of it and refuse it with id null, which the client reads as a
+    // refusal of the connection itself.
+    ScriptedShm shm(registrar());
+    ClientOptions options;
+    options.endpoint = "ipc://" + temp_dir() + "/infer.sock";
+    options.shm_socket = shm.path();
+    InferenceClient client(options);
+    int fd = memfd_create("labelled", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    CHECK(ftruncate(fd, 4096) == 0);
+    auto labelled = SharedRegion::adopt(fd, std::string(wire::kMaxShmMessageBytes, 'l'));
+    CHECK_THROWS(ClientError, client.register_region(labelled),
+                 std::string(error.what()).find("at most 16384 bytes") != std::string::npos);
+    SharedRegion plain(4096);
+    CHECK_EQ(client.register_region(plain), region_id(1));  // on the same connection
+    CHECK_EQ(shm.notes(), (std::vector<std::string>{"register " + region_id(1)}));
 }
 
 TEST(sizes_that_overflow_are_refused_not_wrapped) {

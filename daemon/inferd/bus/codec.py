@@ -294,9 +294,12 @@ def checked_parsed(parsed: list[Parsed], specs: Sequence[TensorSpec]) -> list[Pa
             f"inputs do not match the model: missing {missing}, unknown {unknown}; "
             f"the model takes {sorted(by_name)}",
         )
+    shared: list[tuple[str, tuple[int, ...], TensorSpec]] = []
     for name, dtype_name, _, shape in parsed:
-        spec = by_name[name]
-        _check_spec(f"tensor {name!r}", dtype_name, shape, spec)
+        spec, where = by_name[name], f"tensor {name!r}"
+        _check_spec(where, dtype_name, shape, spec)
+        if spec.shared_dims:  # empty unless the model gives one size name to two axes
+            shared.append((where, shape, spec))
         profile = spec.profile
         if profile is not None and not all(
             low <= got <= high
@@ -306,10 +309,12 @@ def checked_parsed(parsed: list[Parsed], specs: Sequence[TensorSpec]) -> list[Pa
             # would rebuild its engine inside the inference (DESIGN.md 52).
             raise ProtocolError(
                 Code.INVALID_ARGUMENT,
-                f"tensor {name!r}: shape {list(shape)} is outside the model's optimisation "
+                f"{where}: shape {list(shape)} is outside the model's optimisation "
                 f"profile: min {list(profile.min_shape)}, max {list(profile.max_shape)} "
                 "(models.profiles)",
             )
+    if shared:
+        check_shared_dims(shared)
     return parsed
 
 
@@ -321,22 +326,37 @@ def input_views(
     return {name: view for (name, _, _, _), view in zip(parsed, views, strict=True)}
 
 
+#: A request's checked inputs with the model's input specs: what the sizes of a
+#: placed output are checked against where the model names them alike.
+CheckedInputs = tuple[Sequence[Parsed], Sequence[TensorSpec]]
+
+
 def validate_outputs(
-    regions: RequestRegions | None, specs: Sequence[TensorSpec], *, every: bool = False
+    regions: RequestRegions | None,
+    specs: Sequence[TensorSpec],
+    *,
+    every: bool = False,
+    inputs: CheckedInputs | None = None,
 ) -> dict[str, np.ndarray]:
     """The writable region views of the outputs a request placed, checked against the
     model's outputs (name, dtype, shape); empty when it placed none.  ``every``:
     the request must place every output (one on ``shm.sock``, whose replies carry
-    no tensor bytes)."""
-    check_outputs(regions, specs, every=every)
+    no tensor bytes).  ``inputs``: see ``check_outputs``."""
+    check_outputs(regions, specs, every=every, inputs=inputs)
     return output_views(regions)
 
 
 def check_outputs(
-    regions: RequestRegions | None, specs: Sequence[TensorSpec], *, every: bool = False
+    regions: RequestRegions | None,
+    specs: Sequence[TensorSpec],
+    *,
+    every: bool = False,
+    inputs: CheckedInputs | None = None,
 ) -> None:
     """The placed outputs against the model's (name, dtype, shape), and with
-    ``every``, that none is left out (``validate_outputs`` without the views)."""
+    ``every``, that none is left out (``validate_outputs`` without the views).
+    Sizes the model names alike must agree across the placed outputs and, given
+    ``inputs``, with the inputs' (``check_shared_dims``)."""
     if every:
         placed = {placement.name for placement in regions.outputs} if regions else set()
         missing = sorted(spec.name for spec in specs if spec.name not in placed)
@@ -349,6 +369,7 @@ def check_outputs(
     if regions is None:
         return
     by_name = {spec.name: spec for spec in specs}
+    shared: list[tuple[str, tuple[int, ...], TensorSpec]] = []
     for placement in regions.outputs:
         spec = by_name.get(placement.name)
         where = f"output {placement.name!r}"
@@ -360,6 +381,36 @@ def check_outputs(
             where, protocol.wire_dtype_name(placement.name, placement.dtype), placement.shape, spec
         )
         check_span(where, placement.dtype, placement.shape)
+        if spec.shared_dims:
+            shared.append((where, placement.shape, spec))
+    if shared:
+        if inputs is not None:  # first, so that a refusal names the input as the reference
+            parsed, input_specs = inputs
+            of_input = {spec.name: spec for spec in input_specs if spec.shared_dims}
+            shared[:0] = [
+                (f"tensor {name!r}", shape, of_input[name])
+                for name, _, _, shape in parsed
+                if name in of_input
+            ]
+        check_shared_dims(shared)
+
+
+def check_shared_dims(tensors: Sequence[tuple[str, tuple[int, ...], TensorSpec]]) -> None:
+    """Refuse sizes that differ for one name the model gives several axes (ONNX
+    ``dim_param``; ``TensorSpec.shared_dims``): ONNX Runtime would fail the run at
+    the first node that meets both (``INTERNAL``), or write outputs of other sizes.
+    ``tensors``: (where, shape, spec) of each tensor whose spec shares a name."""
+    first: dict[str, tuple[str, int, int]] = {}
+    for where, shape, spec in tensors:
+        for axis, name in spec.shared_dims:
+            size = shape[axis]
+            seen = first.setdefault(name, (where, axis, size))
+            if seen[2] != size:
+                raise ProtocolError(
+                    Code.INVALID_ARGUMENT,
+                    f"{where}: dimension {axis} is {size}, but {seen[0]} has {seen[2]} at "
+                    f"dimension {seen[1]}; the model names both {name!r}: they must be equal",
+                )
 
 
 def output_views(regions: RequestRegions | None) -> dict[str, np.ndarray]:

@@ -17,6 +17,7 @@ from inferd.bus.codec import Limits, Request, check_request, decode_request, spl
 from inferd.bus.handler import Reply, RequestHandler, error_reply
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES
 from inferd.bus.intake import Oversized
+from inferd.bus.internal_errors import internal_message
 from inferd.bus.repeats import MAX_REPEAT_BYTES, repeat_of
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -79,10 +80,12 @@ class Dispatcher:
         except ProtocolError as exc:
             return self.refused(request, request.envelope, exc)
         except Exception as exc:  # a handler bug must not take the bus down
-            log.exception("request_handler_failed")
-            return error_reply(
-                request, request.envelope, ProtocolError(Code.INTERNAL, f"internal error: {exc}")
-            )
+            # Its text (paths, host names) goes to the log alone (bus.internal_errors).
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("request_handler_failed", request_id=request.request_id, error=error)
+            what = f"the daemon failed to handle the request ({type(exc).__name__})"
+            message = internal_message(what, "request_handler_failed", request.request_id)
+            return error_reply(request, request.envelope, ProtocolError(Code.INTERNAL, message))
 
     def refused(
         self, request: Request | None, envelope: list[bytes], error: ProtocolError

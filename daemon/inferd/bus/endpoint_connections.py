@@ -2,6 +2,8 @@
 process's descriptors: how many there are, in all or of one peer
 (``bus.max_connections``, checked by the ZAP handler at each handshake, DESIGN.md
 128), and ending those of one peer (the events socket's refusals, DESIGN.md 124).
+The descriptor guard's pass over them, every peer's at once, is
+``descriptor_scan.py``.
 
 ZeroMQ gives no descriptor with a message or a handshake, so a socket's
 connections are the stream sockets accepted on its endpoint: their local address
@@ -61,6 +63,18 @@ class EndpointConnections:
     def __init__(self, endpoint: str) -> None:
         self._path = _ipc_path(endpoint)
         self._port = _tcp_port(endpoint)
+
+    @property
+    def ipc_address(self) -> str | bytes | None:
+        """The local address of this socket's connections on ``ipc://`` (None on
+        another transport)."""
+        return self._path
+
+    @property
+    def tcp_port(self) -> int | None:
+        """The local port of this socket's connections on ``tcp://`` (None on another
+        transport)."""
+        return self._port
 
     def close_from(self, peer_address: str) -> int:
         """Shut down each connection from the peer ``peer_address`` names; how many."""

@@ -1,7 +1,8 @@
 """The bus sockets' protection as one piece the daemon starts and stops
 (docs/SECURITY.md): the ZAP handler (``zap.py``) with the access policy
-(``access.py``), CURVE on tcp:// when ``security.curve`` (``curve_keys.py``), and
-what ``status`` reports about them.
+(``access.py``), CURVE on tcp:// when ``security.curve`` (``curve_keys.py``), the
+descriptor guard against connections that never greet (``descriptor_guard.py``),
+and what ``status`` reports about them.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import zmq
 
 from inferd.bus.access import AccessPolicy
 from inferd.bus.curve_keys import load_curve
+from inferd.bus.descriptor_guard import DescriptorGuard, GuardLimits, soft_open_files_limit
 from inferd.bus.zap import SocketSecurity, ZapHandler
 from inferd.config import Config
 from inferd.config.security import SOCKETS, is_loopback, tcp_host
+from inferd.peer_rate_limit import PeerRateLimiter
 
 log = structlog.get_logger("inferd.security")
 
@@ -34,6 +37,7 @@ class BusSecurity:
         #: the CURVE keys are filled in by ``start``.
         self.sockets = SocketSecurity(tcp_sockets=tcp)
         self.zap: ZapHandler | None = None
+        self.guard: DescriptorGuard | None = None
         #: Decisions for local peers the kernel names (``shm.sock``'s, SO_PEERCRED).
         self._local = AccessPolicy(config.security, dict.fromkeys(SOCKETS, "ipc"), {})
 
@@ -84,8 +88,16 @@ class BusSecurity:
         self.zap = ZapHandler(self._context, policy, self.sockets, self._config.bus.max_connections)
         self.zap.start()
         self.zap.wait_bound(timeout=10)
+        # After the limit was raised (``open_files``): the guard's threshold derives from it.
+        limits = GuardLimits.of(soft_open_files_limit())
+        max_connections = self._config.bus.max_connections
+        self.guard = DescriptorGuard(self.sockets.connections, max_connections, limits)
+        self.guard.start()
 
     def stop(self) -> None:
+        if self.guard is not None:
+            self.guard.stop()
+            self.guard.join(timeout=10)
         if self.zap is not None:
             self.zap.stop()
             self.zap.join(timeout=10)
@@ -106,9 +118,11 @@ class BusSecurity:
             groups.append(("infer", shm, security.access("infer").group))
         return groups
 
-    def describe(self, permission_denied: int) -> dict[str, Any]:
+    def describe(self, permission_denied: int, switch_limit: PeerRateLimiter) -> dict[str, Any]:
         """``status.security``: each socket's mechanism and group, the connections
-        the ZAP handler admitted and refused, the operator ops refused."""
+        the ZAP handler admitted and refused, the operator ops refused, and the
+        ``runtime.switch`` rate per peer (``serving/switching.py``) with its refusals,
+        and what the descriptor guard ended (None before the start)."""
         security = self._config.security
         counts = self.zap.describe() if self.zap is not None else {"accepted": {}, "refused": {}}
         held = self.zap.connection_counts() if self.zap is not None else {}
@@ -128,4 +142,6 @@ class BusSecurity:
             "max_connections": self._config.bus.max_connections,
             "operators": [p.text for p in security.operators],
             "permission_denied": permission_denied,
+            "switch_limit": switch_limit.describe(),
+            "descriptor_guard": self.guard.describe() if self.guard is not None else None,
         }

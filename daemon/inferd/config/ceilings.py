@@ -32,13 +32,20 @@ MAX_MESSAGE_BYTES = 4 * 1024**3
 MAX_SHUTDOWN_MS = MAX_DEADLINE_MS = 3_600_000
 #: More ORT threads than an onboard CPU has cores only contend.
 MAX_THREADS = 1024
-#: No board has more GPUs, or a GPU more than a TiB of memory.
+#: No board has more GPUs, or a GPU more than a TiB of memory (``runtime.
+#: gpu_memory_budget_bytes`` and ``ort_gpu_mem_limit_bytes``, the CUDA EP's arena cap).
 MAX_DEVICE_INDEX = 255
 MAX_GPU_BUDGET_BYTES = 1024**4
 #: A recorder synced less than once a minute is not crash-safe.
 MAX_FSYNC_INTERVAL_MS = 60_000
 #: The backoff doubles per failed build: beyond ten it outgrows any wait.
 MAX_REBUILD_ATTEMPTS = 10
+#: The per-peer rate of an operator op (``builds.start_burst``/``start_refill_s``,
+#: ``runtime.switch_burst``/``switch_refill_s``; ``inferd.peer_rate_limit``): each
+#: request let through costs a build or a runtime's preparation, so a burst past a
+#: thousand bounds nothing, and a refill slower than a day is the op switched off.
+MAX_OP_BURST = 1000
+MAX_OP_REFILL_S = 86_400.0
 #: ``builds.max_duration_s`` (4 h by default) and ``build.start``'s ``timeout_s``:
 #: a day, as ``models.max_load_s``; ``inferd build --timeout`` and ``--stall-after``
 #: are bounded by it too.  The slowest

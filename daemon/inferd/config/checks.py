@@ -1,36 +1,37 @@
-"""The checks a config section makes of one value, each ``ConfigError`` naming
-its key."""
+"""The checks a config section makes of one value, each refusal naming its key
+(``refuse``: recorded while the section runs every rule, else raised)."""
 
 from __future__ import annotations
 
 import math
 
-from inferd.errors import ConfigError
+from inferd.config.ceilings import MAX_OP_BURST, MAX_OP_REFILL_S
+from inferd.config.refusals import refuse
 from inferd_wire.endpoints import ipc_path_problem
 
 
 def one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
+        refuse(f"{key}: {value!r} is not one of {list(allowed)}", key)
 
 
 def finite(key: str, value: float) -> None:
     # NaN passes every "<= 0" test (all its comparisons are False) and inf is
     # positive: both would reach timers and sleeps as a spin or a hang
     if not math.isfinite(value):
-        raise ConfigError(f"{key} must be a finite number, got {value}")
+        refuse(f"{key} must be a finite number, got {value}", key)
 
 
 def positive(key: str, value: float) -> None:
     finite(key, value)
     if value <= 0:
-        raise ConfigError(f"{key} must be positive, got {value}")
+        refuse(f"{key} must be positive, got {value}", key)
 
 
 def non_negative(key: str, value: float) -> None:
     finite(key, value)
     if value < 0:
-        raise ConfigError(f"{key} must be zero or positive, got {value}")
+        refuse(f"{key} must be zero or positive, got {value}", key)
 
 
 def one_to(key: str, value: float, most: float, unit: str = "") -> None:
@@ -47,7 +48,21 @@ def up_to(key: str, value: float, most: float, unit: str = "") -> None:
 def between(key: str, value: float, least: float, most: float, unit: str = "") -> None:
     finite(key, value)
     if not least <= value <= most:
-        raise ConfigError(f"{key} must be {least}..{most}{unit}, got {value}")
+        refuse(f"{key} must be {least}..{most}{unit}, got {value}", key)
+
+
+def op_rate(section: str, op: str, burst: int, refill_s: float) -> None:
+    """An operator op's per-peer rate: ``<section>.<op>_burst`` at once, then one
+    more every ``<section>.<op>_refill_s`` seconds (``inferd.peer_rate_limit``)."""
+    if not 1 <= burst <= MAX_OP_BURST:
+        key = f"{section}.{op}_burst"
+        refuse(f"{key} must be 1..{MAX_OP_BURST}, got {burst}", key)
+    # NaN and inf fail the comparison too: neither is a refill
+    if not 0.0 < refill_s <= MAX_OP_REFILL_S:
+        refuse(
+            f"{section}.{op}_refill_s must be in (0, {MAX_OP_REFILL_S:g}], got {refill_s}",
+            f"{section}.{op}_refill_s",
+        )
 
 
 def endpoint(key: str, value: str) -> None:
@@ -56,13 +71,13 @@ def endpoint(key: str, value: str) -> None:
     if value.startswith("ipc://"):
         path = value.removeprefix("ipc://")
         if not path or path.startswith("@"):
-            raise ConfigError(
+            refuse(
                 f"{key}: {value!r}: ipc endpoints must be filesystem paths (abstract sockets "
-                "have no permissions)"
+                "have no permissions)",
+                key,
             )
-        problem = ipc_path_problem(path)
-        if problem is not None:
-            raise ConfigError(f"{key}: {problem}")
+        elif (problem := ipc_path_problem(path)) is not None:
+            refuse(f"{key}: {problem}", key)
     elif value.startswith("tcp://"):
         # libzmq binds what follows a ';' (a connect's source address comes before it)
         host, colon, port = value.removeprefix("tcp://").split(";")[-1].rpartition(":")
@@ -70,9 +85,10 @@ def endpoint(key: str, value: str) -> None:
         # would find the daemon there; 0 and '*' are any free port, as libzmq says
         number = port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536
         if not (host and colon and (number or port == "*")):
-            raise ConfigError(
+            refuse(
                 f"{key}: {value!r} must name a host and a port 0..65535 (0 or '*': any "
-                "free one), as in tcp://127.0.0.1:5555"
+                "free one), as in tcp://127.0.0.1:5555",
+                key,
             )
     else:
-        raise ConfigError(f"{key}: {value!r} must start with ipc:// or tcp://")
+        refuse(f"{key}: {value!r} must start with ipc:// or tcp://", key)

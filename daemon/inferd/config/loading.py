@@ -179,13 +179,16 @@ def _bus(table: TomlTable, endpoints: Endpoints, base_dir: Path) -> BusConfig:
 def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig:
     cache_dir = table.take("ort_trt_cache_dir", str, "ort_trt_cache")
     if not cache_dir.strip():
-        raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty string")
+        table.errors.add("runtime.ort_trt_cache_dir must name a directory, got an empty string")
+        cache_dir = "ort_trt_cache"  # the rest of the section is still checked
     engine_dir = table.take("engine_dir", str, "engines")
     if not engine_dir.strip():
-        raise ConfigError("runtime.engine_dir must name a directory, got an empty string")
+        table.errors.add("runtime.engine_dir must name a directory, got an empty string")
+        engine_dir = "engines"
     engine_manifest = table.take_optional("engine_manifest", str)
     if engine_manifest is not None and not engine_manifest.strip():
-        raise ConfigError("runtime.engine_manifest must name a file, got an empty string")
+        table.errors.add("runtime.engine_manifest must name a file, got an empty string")
+        engine_manifest = None
     return table.finish_into(
         RuntimeConfig,
         enabled=table.take_strings("enabled", RUNTIME_LABELS),
@@ -194,6 +197,7 @@ def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig
         ort_disallow_cpu_fallback=table.take("ort_disallow_cpu_fallback", bool, False),
         ort_require_tensorrt_ep=table.take("ort_require_tensorrt_ep", bool, False),
         ort_intra_op_threads=table.take("ort_intra_op_threads", int, 0),
+        ort_gpu_mem_limit_bytes=table.take("ort_gpu_mem_limit_bytes", int, 0),
         device_id=table.take("device_id", int, 0),
         engine_dir=_resolve(state_dir, engine_dir),
         # A manifest is a deployment artifact, like a model: relative to the config file.
@@ -202,6 +206,8 @@ def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig
         rebuild_backoff_s=table.take("rebuild_backoff_s", float, 60.0),
         rebuild_max_attempts=table.take("rebuild_max_attempts", int, 3),
         tensorrt_failover_after_errors=table.take("tensorrt_failover_after_errors", int, 3),
+        switch_burst=table.take("switch_burst", int, 10),
+        switch_refill_s=table.take("switch_refill_s", float, 6.0),
     )
 
 
@@ -223,9 +229,12 @@ def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
     # With the recorder disabled the default hooks leave out 'fdr'; naming it
     # explicitly is still an error below.
     default_hooks = tuple(h for h in defaults.hooks if fdr.enabled or h != "fdr")
-    alerts = table.finish_into(
+    hooks = table.take_strings("hooks", default_hooks)
+    if "fdr" in hooks and not fdr.enabled:
+        table.errors.add("alerts.hooks includes 'fdr' but fdr.enabled is false")
+    return table.finish_into(
         AlertsConfig,
-        hooks=table.take_strings("hooks", default_hooks),
+        hooks=hooks,
         rate_limit_s=table.take("rate_limit_s", float, defaults.rate_limit_s),
         mavlink_endpoint=table.take("mavlink_endpoint", str, defaults.mavlink_endpoint),
         mavlink_source_system=table.take(
@@ -235,9 +244,6 @@ def _alerts(table: TomlTable, fdr: FdrConfig) -> AlertsConfig:
             "mavlink_source_component", int, defaults.mavlink_source_component
         ),
     )
-    if "fdr" in alerts.hooks and not fdr.enabled:
-        raise ConfigError("alerts.hooks includes 'fdr' but fdr.enabled is false")
-    return alerts
 
 
 def _thermal(table: TomlTable, runtime: RuntimeConfig, base_dir: Path) -> ThermalConfig:
@@ -274,6 +280,9 @@ def _shm(table: TomlTable, socket: Path, runtime_dir: Path) -> ShmConfig:
         socket=_resolve(runtime_dir, table.take("socket", str, str(defaults.socket))),
         enabled=table.take("enabled", bool, defaults.enabled),
         max_connections=table.take("max_connections", int, defaults.max_connections),
+        max_connections_per_uid=table.take(
+            "max_connections_per_uid", int, defaults.max_connections_per_uid
+        ),
         max_regions_per_connection=table.take(
             "max_regions_per_connection", int, defaults.max_regions_per_connection
         ),
@@ -288,7 +297,8 @@ def _shm(table: TomlTable, socket: Path, runtime_dir: Path) -> ShmConfig:
 def _metrics(table: TomlTable, state_dir: Path) -> MetricsConfig:
     textfile_dir = table.take("textfile_dir", str, "")  # "": no textfile
     if textfile_dir and not textfile_dir.strip():
-        raise ConfigError("metrics.textfile_dir must name a directory, got blanks")
+        table.errors.add("metrics.textfile_dir must name a directory, got blanks")
+        textfile_dir = ""
     return table.finish_into(
         MetricsConfig,
         listen=table.take("listen", str, ""),
@@ -304,7 +314,8 @@ def _security(table: TomlTable, state_dir: Path) -> SecurityConfig:
     for name in SOCKETS:
         group = table.take_optional(f"{name}_group", str)
         if group is not None and not group.strip():
-            raise ConfigError(f"security.{name}_group must name a group, got an empty string")
+            table.errors.add(f"security.{name}_group must name a group, got an empty string")
+            group = None
         allow = table.take_strings(f"{name}_allow", ())
         access[name] = SocketAccess(
             group=None if group is None else resolve_group(f"security.{name}_group", group),
@@ -315,8 +326,8 @@ def _security(table: TomlTable, state_dir: Path) -> SecurityConfig:
     secret = table.take("curve_secret_key", str, str(defaults.curve_secret_key))
     clients = table.take("curve_clients_dir", str, str(defaults.curve_clients_dir))
     for key, value in (("curve_secret_key", secret), ("curve_clients_dir", clients)):
-        if not value.strip():
-            raise ConfigError(f"security.{key} must name a path, got an empty string")
+        if not value.strip():  # recorded; the rest of the section is still checked
+            table.errors.add(f"security.{key} must name a path, got an empty string")
     return table.finish_into(
         SecurityConfig,
         infer=access["infer"],
@@ -339,10 +350,11 @@ def _model(table: TomlTable, base_dir: Path) -> ModelConfig:
     try:
         precision_mode = PrecisionMode(precision)
     except ValueError:
-        raise ConfigError(
+        table.errors.add(
             f"models[{name!r}].precision: {precision!r} is not one of "
             f"{[mode.value for mode in PrecisionMode]}"
-        ) from None
+        )
+        precision_mode = PrecisionMode.FP32
     return table.finish_into(
         ModelConfig,
         name=name,

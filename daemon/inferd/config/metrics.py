@@ -14,6 +14,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.config.refusals import every_rule, refuse
 from inferd.config.security import is_loopback
 from inferd.errors import ConfigError
 
@@ -33,23 +34,31 @@ class MetricsConfig:
     textfile_dir: Path | None = None
     textfile_interval_s: float = 15.0
 
+    @every_rule
     def __post_init__(self) -> None:
         if self.listen:
-            host, _port = parse_listen(self.listen)
-            if not is_loopback(host) and not self.allow_non_loopback:
-                raise ConfigError(
-                    f"metrics.listen: {self.listen!r} is reachable from other hosts and the "
-                    "endpoint has no authentication: bind 127.0.0.1 or [::1] (scrape through "
-                    "an agent on this host), or set metrics.allow_non_loopback = true "
-                    "(docs/SECURITY.md)"
-                )
+            try:
+                host, _port = parse_listen(self.listen)
+            except ConfigError as exc:
+                refuse(str(exc), "metrics.listen")
+            else:
+                if not is_loopback(host) and not self.allow_non_loopback:
+                    refuse(
+                        f"metrics.listen: {self.listen!r} is reachable from other hosts and the "
+                        "endpoint has no authentication: bind 127.0.0.1 or [::1] (scrape "
+                        "through an agent on this host), or set metrics.allow_non_loopback = "
+                        "true (docs/SECURITY.md)",
+                        "metrics.listen",
+                    )
         if self.textfile_dir is not None and str(self.textfile_dir).strip() in ("", "."):
-            raise ConfigError("metrics.textfile_dir must name a directory, got an empty path")
+            key = "metrics.textfile_dir"
+            refuse(f"{key} must name a directory, got an empty path", key)
         interval = self.textfile_interval_s
         if not MIN_TEXTFILE_INTERVAL_S <= interval <= MAX_TEXTFILE_INTERVAL_S:
-            raise ConfigError(
+            refuse(
                 f"metrics.textfile_interval_s must be {MIN_TEXTFILE_INTERVAL_S:g}.."
-                f"{MAX_TEXTFILE_INTERVAL_S:g}, got {interval}"
+                f"{MAX_TEXTFILE_INTERVAL_S:g}, got {interval}",
+                "metrics.textfile_interval_s",
             )
 
     @property

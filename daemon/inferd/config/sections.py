@@ -1,5 +1,7 @@
 """The configuration's sections as frozen dataclasses that validate themselves
-(ranges and allowed values, each ``ConfigError`` naming its key)."""
+(ranges and allowed values, each refusal naming its key; ``every_rule`` runs all
+of a section's rules and raises the values they refused together).  ``[bus]`` and
+``[shm]`` are ``inferd.config.transport_sections``', re-exported here."""
 
 from __future__ import annotations
 
@@ -12,23 +14,16 @@ from typing import Literal
 from inferd.config.ceilings import (
     FDR_QUEUE_MIN_BYTES,
     FDR_SEGMENT_MIN_BYTES,
-    MAX_BUSY_POLL_US,
-    MAX_CONNECTIONS_PER_SOCKET,
     MAX_DEVICE_INDEX,
     MAX_FDR_QUEUE_BYTES,
     MAX_FDR_QUEUE_RECORDS,
     MAX_FDR_SEGMENT_BYTES,
-    MAX_FRAMES,
     MAX_FSYNC_INTERVAL_MS,
     MAX_GPU_BUDGET_BYTES,
-    MAX_HEADER_FRAME_BYTES,
-    MAX_HEARTBEAT_MS,
     MAX_LOAD_S,
     MAX_MEMORY_BYTES,
-    MAX_MESSAGE_BYTES,
     MAX_QUEUE_CAPACITY,
     MAX_REBUILD_ATTEMPTS,
-    MAX_REQUESTS_IN_FLIGHT,
     MAX_SHUTDOWN_MS,
     MAX_THERMAL_POLL_HZ,
     MAX_THREADS,
@@ -38,19 +33,20 @@ from inferd.config.ceilings import MAX_DEADLINE_MS as MAX_DEADLINE_MS  # bus/cod
 from inferd.config.ceilings import MAX_REGIONS_PER_CONNECTION as MAX_REGIONS_PER_CONNECTION
 from inferd.config.checks import (
     between,
-    endpoint,
     finite,
     non_negative,
     one_of,
     one_to,
+    op_rate,
     positive,
     up_to,
 )
 from inferd.config.metrics import MetricsConfig
+from inferd.config.refusals import every_rule, refuse
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
-from inferd.errors import ConfigError
+from inferd.config.transport_sections import BusConfig as BusConfig
+from inferd.config.transport_sections import ShmConfig as ShmConfig
 from inferd.types import BuildConfig, OptimizationProfile, PrecisionMode
-from inferd_wire.endpoints import DEFAULT_SEND_BUFFER_BYTES, MAX_SEND_BUFFER_BYTES
 
 RUNTIME_LABELS: tuple[str, ...] = ("tensorrt", "onnx_trt_ep")
 QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")
@@ -96,6 +92,7 @@ class DaemonConfig:
     #: cooperatively before it is killed (recorded as escalated).
     build_cancel_grace_s: float = 10.0
 
+    @every_rule
     def __post_init__(self) -> None:
         one_of("daemon.log_level", self.log_level, LOG_LEVELS)
         one_of("daemon.log_format", self.log_format, LOG_FORMATS)
@@ -106,63 +103,6 @@ class DaemonConfig:
         up_to("daemon.startup_extend_s", self.startup_extend_s, MAX_LOAD_S, " s")
         positive("daemon.build_cancel_grace_s", self.build_cancel_grace_s)
         up_to("daemon.build_cancel_grace_s", self.build_cancel_grace_s, MAX_SHUTDOWN_MS / 1000)
-
-
-@dataclass(frozen=True)
-class BusConfig:
-    infer_endpoint: str
-    control_endpoint: str
-    events_endpoint: str
-    max_message_bytes: int = 256 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024
-    max_frames: int = 64
-    #: Reply bytes handed to ZeroMQ and not yet written to a peer's connection:
-    #: per peer (a reply to a peer over it is dropped, counted) and in total.
-    max_reply_bytes_per_peer: int = 32 * 1024 * 1024
-    max_reply_bytes_total: int = 256 * 1024 * 1024
-    #: ZMTP heartbeats on the ROUTER sockets (0: off): a peer silent this long
-    #: after a PING is disconnected and its queue freed.
-    heartbeat_interval_ms: int = 1000
-    heartbeat_timeout_ms: int = 5000
-    #: After each reply the engine worker polls the request sources this long
-    #: without sleeping before it waits on them (0: never; DESIGN.md 110).
-    busy_poll_us: int = 50
-    #: ``SO_SNDBUF`` of each ``ipc://`` connection (``ZMQ_SNDBUF`` on ``tcp://``)
-    #: of the infer socket, so a reply's tensor leaves in one write (0: the
-    #: kernel's default; DESIGN.md 116).  Each connection may hold this much of a
-    #: reply in the kernel, beyond the reply budget.
-    send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES
-    #: Connections one peer may hold on each ZeroMQ socket; ZAP refuses more (DESIGN 128).
-    max_connections: int = 256
-
-    def __post_init__(self) -> None:
-        for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
-            endpoint(f"bus.{key}", getattr(self, key))
-        endpoints = [self.infer_endpoint, self.control_endpoint, self.events_endpoint]
-        if len(set(endpoints)) != 3:
-            raise ConfigError("bus: infer, control and events endpoints must all differ")
-        positive("bus.max_message_bytes", self.max_message_bytes)
-        up_to("bus.max_message_bytes", self.max_message_bytes, MAX_MESSAGE_BYTES)
-        one_to("bus.max_header_bytes", self.max_header_bytes, MAX_HEADER_FRAME_BYTES)
-        one_to("bus.max_frames", self.max_frames, MAX_FRAMES)
-        positive("bus.max_reply_bytes_per_peer", self.max_reply_bytes_per_peer)
-        one_to("bus.max_reply_bytes_total", self.max_reply_bytes_total, MAX_MEMORY_BYTES)
-        if self.max_reply_bytes_total < self.max_reply_bytes_per_peer:
-            raise ConfigError(
-                f"bus.max_reply_bytes_total ({self.max_reply_bytes_total}) must be at least "
-                f"bus.max_reply_bytes_per_peer ({self.max_reply_bytes_per_peer})"
-            )
-        for key in ("heartbeat_interval_ms", "heartbeat_timeout_ms"):
-            up_to(f"bus.{key}", getattr(self, key), MAX_HEARTBEAT_MS, " ms")
-        up_to("bus.busy_poll_us", self.busy_poll_us, MAX_BUSY_POLL_US)
-        up_to("bus.send_buffer_bytes", self.send_buffer_bytes, MAX_SEND_BUFFER_BYTES)
-        positive("bus.max_connections", self.max_connections)
-        up_to("bus.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
-        if self.heartbeat_interval_ms and self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
-            raise ConfigError(
-                f"bus.heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be at least "
-                f"bus.heartbeat_interval_ms ({self.heartbeat_interval_ms})"
-            )
 
 
 @dataclass(frozen=True)
@@ -178,6 +118,7 @@ class RuntimeConfig:
     #: CPU-only): the model fails over or is unavailable instead of serving slower.
     ort_require_tensorrt_ep: bool = False
     ort_intra_op_threads: int = 0
+    ort_gpu_mem_limit_bytes: int = 0  # the CUDA EP's arena cap; 0: gpu_memory_budget_bytes
     device_id: int = 0
     #: Where the ``tensorrt`` strategy keeps its engines, sidecars, timing and
     #: calibration caches (relative paths resolve against the state dir).
@@ -197,25 +138,30 @@ class RuntimeConfig:
     #: returned False, a CUDA error) that fail it over to ``onnx_trt_ep`` while
     #: serving; a sticky CUDA error fails over at once; 0: never fail over.
     tensorrt_failover_after_errors: int = 3
+    #: ``runtime.switch`` a peer may send at once, then one more every ``switch_refill_s``.
+    switch_burst: int = 10
+    switch_refill_s: float = 6.0
 
+    @every_rule
     def __post_init__(self) -> None:
         for label in self.enabled:
             one_of("runtime.enabled", label, RUNTIME_LABELS)
         positive("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes)
-        up_to("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes, MAX_GPU_BUDGET_BYTES)
-        if str(self.ort_trt_cache_dir).strip() in ("", "."):
-            raise ConfigError("runtime.ort_trt_cache_dir must name a directory, got an empty path")
-        if str(self.engine_dir).strip() in ("", "."):
-            raise ConfigError("runtime.engine_dir must name a directory, got an empty path")
+        for key in ("gpu_memory_budget_bytes", "ort_gpu_mem_limit_bytes"):
+            up_to(f"runtime.{key}", getattr(self, key), MAX_GPU_BUDGET_BYTES)
+        for key in ("ort_trt_cache_dir", "engine_dir"):
+            if str(getattr(self, key)).strip() in ("", "."):
+                refuse(f"runtime.{key} must name a directory, got an empty path", f"runtime.{key}")
         if self.engine_manifest is not None and str(self.engine_manifest).strip() in ("", "."):
-            raise ConfigError("runtime.engine_manifest must name a file, got an empty path")
+            key = "runtime.engine_manifest"
+            refuse(f"{key} must name a file, got an empty path", key)
         up_to("runtime.ort_intra_op_threads", self.ort_intra_op_threads, MAX_THREADS)
         up_to("runtime.device_id", self.device_id, MAX_DEVICE_INDEX)
-        finite("runtime.rebuild_backoff_s", self.rebuild_backoff_s)
-        up_to("runtime.rebuild_backoff_s", self.rebuild_backoff_s, 86_400)
+        up_to("runtime.rebuild_backoff_s", self.rebuild_backoff_s, 86_400)  # and finite
         positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
         up_to("runtime.rebuild_max_attempts", self.rebuild_max_attempts, MAX_REBUILD_ATTEMPTS)
         up_to("runtime.tensorrt_failover_after_errors", self.tensorrt_failover_after_errors, 1000)
+        op_rate("runtime", "switch", self.switch_burst, self.switch_refill_s)
 
 
 @dataclass(frozen=True)
@@ -238,29 +184,32 @@ class ModelConfig:
     #: may keep the engine worker busy before the watchdog treats it as stuck.
     max_load_s: float = DEFAULT_MAX_LOAD_S
 
+    @every_rule
     def __post_init__(self) -> None:
         where = f"models[{self.name!r}]"
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
-            raise ConfigError(f"{where}.name must be non-empty letters, digits, '-' or '_'")
+            refuse(f"{where}.name must be non-empty letters, digits, '-' or '_'", f"{where}.name")
         one_of(f"{where}.runtime", self.runtime, RUNTIME_LABELS)
         one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
         one_to(f"{where}.queue_capacity", self.queue_capacity, MAX_QUEUE_CAPACITY)
         one_to(f"{where}.queue_max_bytes", self.queue_max_bytes, MAX_MEMORY_BYTES)
         up_to(f"{where}.default_deadline_ms", self.default_deadline_ms, MAX_DEADLINE_MS, " ms")
         if len(self.staged_engines) > 1:
-            raise ConfigError(
+            refuse(
                 f"{where}.staged_engines: onnx_trt_ep loads one prebuilt engine per model (an "
                 f"EP-context model whose one node is the whole graph), got "
-                f"{len(self.staged_engines)}: {[str(path) for path in self.staged_engines]}"
+                f"{len(self.staged_engines)}: {[str(path) for path in self.staged_engines]}",
+                f"{where}.staged_engines",
             )
         positive(f"{where}.max_load_s", self.max_load_s)
         up_to(f"{where}.max_load_s", self.max_load_s, MAX_LOAD_S, " s")
         names = [profile.input_name for profile in self.profiles]
         for index, name in enumerate(names):
             if names.index(name) != index:
-                raise ConfigError(
+                refuse(
                     f"{where}.profiles[{index}].input_name: {name!r} already has a profile "
-                    f"(profiles[{names.index(name)}]); one profile per input"
+                    f"(profiles[{names.index(name)}]); one profile per input",
+                    f"{where}.profiles[{index}].input_name",
                 )
 
     def build_config(self) -> BuildConfig:
@@ -268,43 +217,6 @@ class ModelConfig:
         runtime locates, the background rebuild and ``build.start`` build by default,
         and ``onnx_trt_ep`` loads with."""
         return BuildConfig(precision=self.precision, profiles=self.profiles)
-
-
-@dataclass(frozen=True)
-class ShmConfig:
-    """Shared-memory tensor regions (``[shm]``): every byte, mapping and descriptor a
-    client can make the daemon hold through the registration socket is bounded here."""
-
-    #: The registration socket; clients find it next to the infer socket.
-    socket: Path
-    enabled: bool = True
-    max_connections: int = 16
-    max_regions_per_connection: int = 16
-    #: Infer requests one connection may have read and not yet answered.
-    max_requests_per_connection: int = 64
-    #: Mapped bytes of every region one uid (SO_PEERCRED) registered, and of all.
-    max_bytes_per_uid: int = 512 * 1024**2
-    max_bytes_total: int = 1024**3
-
-    def __post_init__(self) -> None:
-        endpoint("shm.socket", f"ipc://{self.socket}")
-        for key in ("max_connections", "max_regions_per_connection"):
-            positive(f"shm.{key}", getattr(self, key))
-        requests = self.max_requests_per_connection
-        one_to("shm.max_requests_per_connection", requests, MAX_REQUESTS_IN_FLIGHT)
-        positive("shm.max_bytes_per_uid", self.max_bytes_per_uid)
-        one_to("shm.max_bytes_total", self.max_bytes_total, MAX_MEMORY_BYTES)
-        up_to("shm.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
-        up_to(
-            "shm.max_regions_per_connection",
-            self.max_regions_per_connection,
-            MAX_REGIONS_PER_CONNECTION,
-        )
-        if self.max_bytes_total < self.max_bytes_per_uid:
-            raise ConfigError(
-                f"shm.max_bytes_total ({self.max_bytes_total}) must be at least "
-                f"shm.max_bytes_per_uid ({self.max_bytes_per_uid})"
-            )
 
 
 ALERT_HOOKS: tuple[str, ...] = ("pub", "fdr", "mavlink")
@@ -323,13 +235,15 @@ class FdrConfig:
     queue_capacity: int = 4096
     queue_max_bytes: int = 16 * 1024 * 1024
 
+    @every_rule
     def __post_init__(self) -> None:
         positive("fdr.fsync_interval_ms", self.fsync_interval_ms)
         up_to("fdr.fsync_interval_ms", self.fsync_interval_ms, MAX_FSYNC_INTERVAL_MS, " ms")
         if self.segment_max_bytes < FDR_SEGMENT_MIN_BYTES:
-            raise ConfigError(
+            refuse(
                 f"fdr.segment_max_bytes ({self.segment_max_bytes}) must be at least "
-                f"{FDR_SEGMENT_MIN_BYTES}: a segment must hold the recorder's own records"
+                f"{FDR_SEGMENT_MIN_BYTES}: a segment must hold the recorder's own records",
+                "fdr.segment_max_bytes",
             )
         between(
             "fdr.segment_max_bytes",
@@ -342,9 +256,11 @@ class FdrConfig:
             "fdr.queue_max_bytes", self.queue_max_bytes, FDR_QUEUE_MIN_BYTES, MAX_FDR_QUEUE_BYTES
         )
         if self.max_total_bytes < 2 * self.segment_max_bytes:
-            raise ConfigError(
+            refuse(
                 f"fdr.max_total_bytes ({self.max_total_bytes}) must hold at least two segments "
-                f"of fdr.segment_max_bytes ({self.segment_max_bytes})"
+                f"of fdr.segment_max_bytes ({self.segment_max_bytes})",
+                "fdr.max_total_bytes",
+                "fdr.segment_max_bytes",
             )
 
 
@@ -361,19 +277,23 @@ class AlertsConfig:
     #: MAV_COMP_ID_ONBOARD_COMPUTER
     mavlink_source_component: int = 191
 
+    @every_rule
     def __post_init__(self) -> None:
         for hook in self.hooks:
             one_of("alerts.hooks", hook, ALERT_HOOKS)
         non_negative("alerts.rate_limit_s", self.rate_limit_s)
         if not self.mavlink_endpoint.startswith(("udpout:", "udpin:", "tcp:", "udp:")):
-            raise ConfigError(
+            refuse(
                 f"alerts.mavlink_endpoint: {self.mavlink_endpoint!r} must be a pymavlink "
-                "connection string such as 'udpout:192.168.1.10:14550'"
+                "connection string such as 'udpout:192.168.1.10:14550'",
+                "alerts.mavlink_endpoint",
             )
         if not 1 <= self.mavlink_source_system <= 255:
-            raise ConfigError("alerts.mavlink_source_system must be 1..255")
+            key = "alerts.mavlink_source_system"
+            refuse(f"{key} must be 1..255", key)
         if not 0 <= self.mavlink_source_component <= 255:
-            raise ConfigError("alerts.mavlink_source_component must be 0..255")
+            key = "alerts.mavlink_source_component"
+            refuse(f"{key} must be 0..255", key)
 
 
 @dataclass(frozen=True)
@@ -392,6 +312,7 @@ class ThermalConfig:
     hysteresis_c: float = 5.0
     nvml_device_index: int = 0
 
+    @every_rule
     def __post_init__(self) -> None:
         for source in self.sources:
             one_of("thermal.sources", source, THERMAL_SOURCES)
@@ -417,29 +338,32 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = field(default="<embedded default>", compare=False)
 
+    @every_rule
     def __post_init__(self) -> None:
         if not self.models:
-            raise ConfigError("config needs at least one [[models]] entry")
+            refuse("config needs at least one [[models]] entry", "models")
         names = [model.name for model in self.models]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise ConfigError(f"models: duplicate model names {duplicates}")
+            refuse(f"models: duplicate model names {duplicates}", "models")
         for model in self.models:
             if (
                 model.runtime not in self.runtime.enabled
                 and "onnx_trt_ep" not in self.runtime.enabled
             ):
-                raise ConfigError(
+                refuse(
                     f"models[{model.name!r}].runtime {model.runtime!r} is disabled by "
-                    "runtime.enabled and no fallback runtime is enabled"
+                    "runtime.enabled and no fallback runtime is enabled",
+                    f"models[{model.name!r}].runtime",
                 )
         for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
             host = tcp_host(getattr(self.bus, key))
             if host is not None and not is_loopback(host) and not self.security.curve:
-                raise ConfigError(
+                refuse(
                     f"bus.{key}: {getattr(self.bus, key)!r} is reachable from other hosts "
                     "and would accept anyone: set security.curve = true (keys: inferd keys "
-                    "init; clients: inferd keys client NAME) or bind 127.0.0.1 (docs/SECURITY.md)"
+                    "init; clients: inferd keys client NAME) or bind 127.0.0.1 (docs/SECURITY.md)",
+                    f"bus.{key}",
                 )
 
     def fingerprint(self) -> str:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from inferd.config.ceilings import MAX_BUILD_DURATION_S
+from inferd.config.checks import op_rate
+from inferd.config.refusals import every_rule, refuse
 from inferd.errors import ConfigError
 
 PrincipalKind = Literal["user", "group", "key"]
@@ -65,15 +67,17 @@ class SecurityConfig:
         access: SocketAccess = getattr(self, socket)
         return access
 
+    @every_rule
     def __post_init__(self) -> None:
         if self.curve:
             return
         for where, principals in self._principal_lists():
             for index, principal in enumerate(principals):
                 if principal.kind == "key":
-                    raise ConfigError(
+                    refuse(
                         f"{where}[{index}]: {principal.text!r} names a CURVE key, but "
-                        "security.curve is false"
+                        "security.curve is false",
+                        f"{where}[{index}]",
                     )
 
     def _principal_lists(self) -> list[tuple[str, tuple[Principal, ...]]]:
@@ -115,22 +119,21 @@ class BuildsConfig:
     #: ``timeout``), and killed if it has not stopped ``build_cancel_grace_s`` later.
     max_duration_s: float = DEFAULT_MAX_BUILD_DURATION_S
 
+    @every_rule
     def __post_init__(self) -> None:
         if not 1 <= self.max_count <= 10_000:
-            raise ConfigError(f"builds.max_count must be 1..10000, got {self.max_count}")
+            key = "builds.max_count"
+            refuse(f"{key} must be 1..10000, got {self.max_count}", key)
         if self.max_bytes < 1024**2:
-            raise ConfigError(f"builds.max_bytes must be at least 1 MiB, got {self.max_bytes}")
-        if not 1 <= self.start_burst <= 1000:
-            raise ConfigError(f"builds.start_burst must be 1..1000, got {self.start_burst}")
-        if not 0.0 < self.start_refill_s <= 86_400.0:
-            raise ConfigError(
-                f"builds.start_refill_s must be in (0, 86400], got {self.start_refill_s}"
-            )
+            key = "builds.max_bytes"
+            refuse(f"{key} must be at least 1 MiB, got {self.max_bytes}", key)
+        op_rate("builds", "start", self.start_burst, self.start_refill_s)
         # NaN and inf fail the comparison too: neither could reach a wait
         if not 0.0 < self.max_duration_s <= MAX_BUILD_DURATION_S:
-            raise ConfigError(
+            refuse(
                 f"builds.max_duration_s must be in (0, {MAX_BUILD_DURATION_S:g}] seconds, "
-                f"got {self.max_duration_s}"
+                f"got {self.max_duration_s}",
+                "builds.max_duration_s",
             )
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+from inferd.config.refusals import ConfigErrorList, messages_of
 from inferd.errors import ConfigError
 
 T = TypeVar("T")
@@ -30,21 +31,19 @@ class ConfigErrors:
 
     def section(self, build: Callable[[], T], fallback: Callable[[], T]) -> T:
         """``build()``, or ``fallback()`` once its error is recorded: a broken section
-        must not hide the mistakes of the ones after it."""
+        must not hide the mistakes of the ones after it.  Each value a section
+        refused is recorded (``inferd.config.refusals``: it raises them together)."""
         try:
             return build()
         except ConfigError as exc:
-            self.add(str(exc))
+            self.messages.extend(messages_of(exc))
         except SectionAbandoned:
             pass  # its error is recorded already
         return fallback()
 
     def raise_any(self) -> None:
-        if len(self.messages) == 1:
-            raise ConfigError(self.messages[0])
         if self.messages:
-            listed = "\n".join(f"  - {message}" for message in self.messages)
-            raise ConfigError(f"{len(self.messages)} errors:\n{listed}")
+            raise ConfigErrorList(self.messages)
 
 
 class SectionAbandoned(Exception):

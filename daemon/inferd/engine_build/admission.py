@@ -1,6 +1,6 @@
 """Whether a ``build.start`` may start a build now: room under the builds cap
 (``retention.py``: the builds dir and the engine dir's daemon-build outputs,
-``engine_outputs.py``) and in the peer's rate (``start_limit.py``).
+``engine_outputs.py``) and in the peer's rate (``inferd.peer_rate_limit``).
 
 The checks run in that order, after the op's arguments and preconditions, so a
 request refused for either changes nothing and does not use up the peer's rate.
@@ -25,9 +25,9 @@ from inferd.engine_build.artifacts import sweep_staging
 from inferd.engine_build.build_record import Build
 from inferd.engine_build.engine_outputs import EngineOutputs
 from inferd.engine_build.retention import BuildsRetention, Pending
-from inferd.engine_build.start_limit import StartRateLimiter
 from inferd.engines.build_config import parse_build_config
 from inferd.engines.naming import build_config_hash, sanitize_label
+from inferd.peer_rate_limit import PeerRateLimiter
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -48,7 +48,12 @@ class BuildAdmission:
         self._engine_dir: Path | None = None
         self._models: dict[str, ModelConfig] = {}
         self.retention = BuildsRetention(build_dir, limits.max_count, limits.max_bytes, record)
-        self.start_limit = StartRateLimiter(limits.start_burst, limits.start_refill_s)
+        self.start_limit = PeerRateLimiter(
+            "build.start",
+            limits.start_burst,
+            limits.start_refill_s,
+            keys="builds.start_burst, builds.start_refill_s",
+        )
         #: Engine files in use, never removed by the cap.
         self._serving = serving
 
@@ -107,13 +112,7 @@ class BuildAdmission:
         wait_s = self.start_limit.retry_after(peer.key)
         if wait_s is not None:
             log.warning("build_start_rate_limited", peer=peer.as_record(), retry_after_s=wait_s)
-            limit = self.start_limit
-            raise ProtocolError(
-                Code.RESOURCE_EXHAUSTED,
-                f"build.start rate limit for {peer.describe()}: {limit.burst} at once, then "
-                f"one every {limit.refill_s:g} s (builds.start_burst, builds.start_refill_s); "
-                f"retry after {wait_s:.1f} s",
-            )
+            raise self.start_limit.refusal(peer, wait_s)
         self.start_limit.take(peer.key)
 
     def not_started(self, peer: Peer) -> None:
@@ -141,12 +140,4 @@ class BuildAdmission:
                 )
 
     def describe(self) -> dict[str, Any]:
-        limit = self.start_limit
-        return {
-            "retention": self.retention.describe(),
-            "start_limit": {
-                "burst": limit.burst,
-                "refill_s": limit.refill_s,
-                "refused": limit.refused,
-            },
-        }
+        return {"retention": self.retention.describe(), "start_limit": self.start_limit.describe()}

@@ -14,7 +14,7 @@ record; rendered by ``build_record.py``).  At its deadline (``builds.max_duratio
 or a shorter ``timeout_s``) its reader thread cancels it so, source ``timeout``.  A
 cancel that comes once the child has exited is not accepted: its end is its own.
 ``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is
-recorded); ``build.start`` is rate limited per peer (``start_limit.py``) and what
+recorded); ``build.start`` is rate limited per peer (``admission.py``) and what
 builds leave is kept within the caps (``retention.py``).
 """
 

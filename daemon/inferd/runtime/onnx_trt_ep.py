@@ -23,7 +23,7 @@ import numpy as np
 import structlog
 
 from inferd.config import RuntimeConfig
-from inferd.digest import sha256_remembered
+from inferd.digest import remembered_sha256, sha256_remembered
 from inferd.engines.build_config import workspace_cap_bytes
 from inferd.engines.host import read_host_tuple
 from inferd.errors import (
@@ -48,10 +48,12 @@ from inferd.runtime.ort_providers import (
     PREFERRED_PROVIDERS,
     TRT_EP,
     ProviderResolution,
+    cuda_ep_options,
     degradation_payload,
     requested_providers,
 )
 from inferd.runtime.ort_session import create_session
+from inferd.runtime.ort_specs import session_specs, warm_up_inputs
 from inferd.types import (
     Alert,
     AlertSink,
@@ -63,7 +65,6 @@ from inferd.types import (
     OptimizationProfile,
     PrecisionMode,
     RecordSink,
-    TensorSpec,
     ThermalState,
 )
 
@@ -72,20 +73,6 @@ __all__ = ["CPU_EP", "CUDA_EP", "LABEL", "PREFERRED_PROVIDERS", "TRT_EP", "OnnxT
 LABEL = "onnx_trt_ep"
 FALLBACK_EVENT = "fallback_to_onnx_trt_ep"
 CACHE_UNAVAILABLE_KIND = "ort_cache_unavailable"
-
-#: ONNX type strings -> numpy dtype names (the wire's dtype vocabulary).
-_ONNX_TO_NUMPY: dict[str, str] = {
-    "tensor(float)": "float32",
-    "tensor(float16)": "float16",
-    "tensor(double)": "float64",
-    "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8",
-    "tensor(int16)": "int16",
-    "tensor(uint16)": "uint16",
-    "tensor(int32)": "int32",
-    "tensor(int64)": "int64",
-    "tensor(bool)": "bool",
-}
 
 log = structlog.get_logger("inferd.runtime.onnx_trt_ep")
 
@@ -144,22 +131,9 @@ def _build_provider_args(
             # engine inside session.run (inferd.runtime.onnx_trt_ep_shapes).
             **profile_options(profiles),
         },
-        CUDA_EP: {"device_id": str(config.device_id)},
+        CUDA_EP: cuda_ep_options(config),  # its device and its arena's cap
         CPU_EP: {},
     }
-
-
-def _spec(node: Any, profile: OptimizationProfile | None = None) -> TensorSpec:
-    dtype = _ONNX_TO_NUMPY.get(node.type)
-    if dtype is None:
-        raise EngineDeserializeError(f"tensor {node.name!r} has unsupported type {node.type}")
-    shape = tuple(dim if isinstance(dim, int) and dim >= 0 else None for dim in node.shape)
-    return TensorSpec(name=node.name, dtype=dtype, shape=shape, profile=profile)
-
-
-def _warm_up_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
-    """Zeros at each input's opt shape (its static shape when it has no profile)."""
-    return {spec.name: np.zeros(spec.warm_up_shape(), spec.dtype) for spec in specs}
 
 
 class OnnxTrtEpRuntime:
@@ -234,13 +208,14 @@ class OnnxTrtEpRuntime:
         cache_dir, cache_error = self._engine_cache(entry, requested)
         context, unused = self._staged_context(entry, requested, cache_dir)
         session = self._create_session(entry, requested, cache_dir, context)
+        if context is None:
+            _check_model_unchanged(entry)
         resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
         self._check_providers(entry, resolution, unused)
-        inputs = tuple(_spec(node, by_input.get(node.name)) for node in session.get_inputs())
-        outputs = tuple(_spec(node) for node in session.get_outputs())
+        inputs, outputs = session_specs(session, entry.model_path, by_input)
         output_names = [spec.name for spec in outputs]
         try:
-            session.run(output_names, _warm_up_inputs(inputs))
+            session.run(output_names, warm_up_inputs(inputs))
         except Exception as exc:
             raise EngineDeserializeError(
                 f"warm-up run of {entry.model_path} failed: {exc}"
@@ -444,3 +419,21 @@ class OnnxTrtEpRuntime:
 
     def release_engine(self, handle: EngineHandle) -> None:
         self._residents.pop(handle.handle_id, None)
+
+
+def _check_model_unchanged(entry: EngineCacheEntry) -> None:
+    """ONNX Runtime read the model (and its external data) by path after
+    ``compile_engine`` hashed it: refuse a session made from other bytes.  Stats
+    only while the files are as hashed; hashes again when one was touched since."""
+    now = remembered_sha256(entry.model_path)
+    if now is None:
+        try:
+            now = sha256_remembered(entry.model_path)
+        except OSError as exc:
+            raise EngineDeserializeError(f"cannot read model {entry.model_path}: {exc}") from None
+    if now != entry.model_sha256:
+        raise EngineDeserializeError(
+            f"model {entry.model_path} changed while ONNX Runtime loaded it (its digest is "
+            f"now {now[:16]}, not {entry.model_sha256[:16]}): nothing was loaded from it; "
+            "load it again"
+        )

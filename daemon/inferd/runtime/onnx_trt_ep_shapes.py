@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from inferd.engines.build_config import check_profiles, unprofiled_dynamic_inputs
 from inferd.errors import EngineDeserializeError
@@ -37,17 +38,23 @@ CONFIG_KEY = "[[models.profiles]]"
 _OPTION_SEPARATORS = (",", ":")
 
 
-def graph_input_shapes(model_path: Path) -> dict[str, list[int | None]]:
-    """The model's inputs (initializers excluded, as ONNX Runtime's ``get_inputs``)
-    with ``None`` for a dynamic dimension, read without the weights."""
+def model_without_weights(model_path: Path) -> Any:
+    """``model_path``'s ``onnx.ModelProto`` without its external data files, to read
+    its inputs; ``EngineDeserializeError`` when it cannot be read."""
     import onnx
 
     try:
-        model = onnx.load(str(model_path), load_external_data=False)
+        return onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, ...
         raise EngineDeserializeError(
             f"could not load {model_path} to read its inputs: {exc}"
         ) from exc
+
+
+def graph_input_shapes(model_path: Path) -> dict[str, list[int | None]]:
+    """The model's inputs (initializers excluded, as ONNX Runtime's ``get_inputs``)
+    with ``None`` for a dynamic dimension, read without the weights."""
+    model = model_without_weights(model_path)
     initializers = {tensor.name for tensor in model.graph.initializer}
     shapes: dict[str, list[int | None]] = {}
     for value in model.graph.input:

@@ -7,11 +7,13 @@ raises a few pybind exception types whose text carries the cause).
   its input (Identity, Reshape) up to at least 1.23, "OrtValue shape
   verification failed" (checked before the kernel runs).
 * Memory exhausted: the BFC arena's "Failed to allocate memory for requested
-  buffer of size N" (host or GPU arena), and a CUDA, cuBLAS or cuDNN call the
-  CUDA EP makes outside the arena (``cuda_call.cc``: "CUDA failure 2: out of
-  memory ; GPU=..." for ``cudaErrorMemoryAllocation``; "CUBLAS failure 3:
-  CUBLAS_STATUS_ALLOC_FAILED" when a thread's first run creates its cuBLAS or
-  cuDNN handle on a full GPU).
+  buffer of size N" (host or GPU arena: the device refused), its "Available memory
+  of X is smaller than requested bytes of Y" (``bfc_arena.cc`` ``Extend``: the
+  arena's cap, the CUDA EP's ``gpu_mem_limit``, would be passed), and a CUDA,
+  cuBLAS or cuDNN call the CUDA EP makes outside the arena (``cuda_call.cc``:
+  "CUDA failure 2: out of memory ; GPU=..." for ``cudaErrorMemoryAllocation``;
+  "CUBLAS failure 3: CUBLAS_STATUS_ALLOC_FAILED" when a thread's first run
+  creates its cuBLAS or cuDNN handle on a full GPU).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _SHAPE_MISMATCH = (
 )
 _OUT_OF_MEMORY = (
     "Failed to allocate memory",
+    "is smaller than requested bytes of",
     "out of memory",
     "STATUS_ALLOC_FAILED",
 )

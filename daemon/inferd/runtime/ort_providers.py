@@ -9,8 +9,18 @@ session that failed at creation with ``['CUDAExecutionProvider',
 ... and retrying." before user code can intervene.  Only
 ``session.get_providers()`` says what was registered, and only
 ``session.get_provider_options()`` on which device: that retry passes no
-options, so its CUDA EP runs on device 0 (``off_device``; ``ort_session``
-makes such a session again on the configured device).
+options, so its CUDA EP runs on device 0 (``off_device``) and with an arena
+without a cap (``uncapped``); ``ort_session`` makes such a session again with
+the runtime's options.
+
+The CUDA EP's arena (a BFC arena) grows to what the largest run needed and never
+gives it back: without ``gpu_mem_limit`` (SIZE_MAX by default) one request with a
+large dynamic dimension holds GPU memory, which a Jetson shares with the CPU, for
+the session's life.  ``cuda_ep_options`` caps it (``runtime.ort_gpu_mem_limit_bytes``)
+and grows it by what a run asks for (``kSameAsRequested``), not by doubling.  A
+session that also registered the TensorRT EP takes its GPU memory from that EP's
+arena instead (the first registered provider's, ``session_state.cc``), which no
+option caps: its requests are bounded by the model's profiles, which that EP needs.
 
 ``ProviderResolution`` holds the three lists (what this runtime wants, what it
 passed to ONNX Runtime, what the session registered); ``degradation`` names what
@@ -63,6 +73,47 @@ def off_device(registered: Mapping[str, Mapping[str, str]], device_id: int) -> d
         if name in GPU_PROVIDERS
     }
     return {name: device for name, device in devices.items() if device != device_id}
+
+
+#: The CUDA EP's arena options as ``cuda_execution_provider_info.cc`` parses them
+#: (strings, as every provider option): the bytes its arena may hold, and how it grows.
+ARENA_OPTIONS: tuple[str, ...] = ("gpu_mem_limit", "arena_extend_strategy")
+#: Extend by the request, not by a region that doubles each time (up to what is left
+#: of the cap): the arena then holds what runs needed, not the next doubling.
+SAME_AS_REQUESTED = "kSameAsRequested"
+
+
+def cuda_arena_limit_bytes(config: RuntimeConfig) -> int:
+    """The CUDA EP's arena cap: ``runtime.ort_gpu_mem_limit_bytes``, or for 0 the GPU
+    memory budget (``runtime.gpu_memory_budget_bytes``)."""
+    return config.ort_gpu_mem_limit_bytes or config.gpu_memory_budget_bytes
+
+
+def cuda_ep_options(config: RuntimeConfig) -> dict[str, str]:
+    """The CUDA EP's options: its device and its arena's cap.  A run past the cap fails
+    with the arena's "Available memory of X is smaller than requested bytes of Y"
+    (``ort_errors``: ``RESOURCE_EXHAUSTED``) and the session serves on."""
+    return {
+        "device_id": str(config.device_id),
+        "gpu_mem_limit": str(cuda_arena_limit_bytes(config)),
+        "arena_extend_strategy": SAME_AS_REQUESTED,
+    }
+
+
+def uncapped(
+    registered: Mapping[str, Mapping[str, str]], asked: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """Each provider in ``registered`` (``session.get_provider_options()``) whose arena
+    options are not the ones ``asked`` for it, with the ``gpu_mem_limit`` it runs with
+    (the Python session's retry passes no options: SIZE_MAX, no cap)."""
+    return {
+        name: options.get("gpu_mem_limit", "(none)")
+        for name, options in registered.items()
+        if any(
+            key in asked.get(name, {}) and options.get(key) != asked[name][key]
+            for key in ARENA_OPTIONS
+        )
+    }
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,19 @@ made without options runs on device 0: on a host with several GPUs and
 and the thermal watch of the GPU the daemon was given, and nothing said so but
 the registered providers' options (``session.get_provider_options()``).
 
+The same retry drops the CUDA EP's arena cap (``gpu_mem_limit``, SIZE_MAX
+without it), on device 0 too: the session served, on a Jetson, with an arena
+that grows to the largest request and keeps it.
+
 ``create_session`` reads them after every creation: a session with a GPU
-provider on another device is dropped and made again with the providers it
-registered and the runtime's options for them, so on the configured device.
-A device the host lacks then fails that provider too, and ONNX Runtime's retry
-of that creation is the CPU alone (a degradation the provider check records,
-alerts and refuses by configuration).  A session still on another device is
-refused.  Left: the dropped session's CUDA EP did initialise device 0.
+provider on another device, or a CUDA EP whose arena options are not the
+runtime's, is dropped and made again with the providers it registered and the
+runtime's options for them, so on the configured device and capped.  A device
+the host lacks then fails that provider too, and ONNX Runtime's retry of that
+creation is the CPU alone (a degradation the provider check records, alerts and
+refuses by configuration).  A session still on another device, or still
+uncapped, is refused.  Left: the dropped session's CUDA EP did initialise
+device 0.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.errors import EngineDeserializeError
-from inferd.runtime.ort_providers import off_device
+from inferd.runtime.ort_providers import off_device, uncapped
 
 
 def create_session(
@@ -42,15 +48,15 @@ def create_session(
     what: str,
 ) -> Any:
     """A session of ``path`` with ``providers`` (``options`` by provider name), each
-    GPU provider it registered on ``device_id``; ``what`` names the model in errors.
-    Raises ``EngineDeserializeError``."""
+    GPU provider it registered on ``device_id`` and with the arena options asked for;
+    ``what`` names the model in errors.  Raises ``EngineDeserializeError``."""
     session = _session(ort, path, sess_options, providers, options, what)
-    elsewhere = off_device(session.get_provider_options(), device_id)
-    if elsewhere:
+    if _options_lost(session.get_provider_options(), options, device_id):
         registered = list(session.get_providers())
         del session  # its memory goes before the next session takes its own
         session = _session(ort, path, sess_options, registered, options, what)
-        elsewhere = off_device(session.get_provider_options(), device_id)
+    registered_options = session.get_provider_options()
+    elsewhere = off_device(registered_options, device_id)
     if elsewhere:
         placed = ", ".join(f"{name} on device {device}" for name, device in elsewhere.items())
         raise EngineDeserializeError(
@@ -58,9 +64,30 @@ def create_session(
             f"{device_id} and the session was made again with that device_id: refused (a "
             "model serves only on the GPU the daemon is given)"
         )
+    unbounded = uncapped(registered_options, options)
+    if unbounded:
+        limits = ", ".join(
+            f"{name} with gpu_mem_limit {limit} (asked {options[name].get('gpu_mem_limit')})"
+            for name, limit in unbounded.items()
+        )
+        raise EngineDeserializeError(
+            f"{what}: onnxruntime registered {limits} though the session was made again "
+            "with the runtime's arena options: refused (an arena without the cap of "
+            "runtime.ort_gpu_mem_limit_bytes grows to the largest request and keeps it)"
+        )
     # ORT's Python wrapper otherwise retries a failing run on CPU behind our back.
     session.disable_fallback()
     return session
+
+
+def _options_lost(
+    registered: Mapping[str, Mapping[str, str]],
+    options: Mapping[str, Mapping[str, str]],
+    device_id: int,
+) -> bool:
+    """Whether a registered GPU provider runs elsewhere or without the arena options
+    asked for (what ONNX Runtime's retry, which passes no options, does)."""
+    return bool(off_device(registered, device_id) or uncapped(registered, options))
 
 
 def _session(

@@ -32,6 +32,7 @@ import structlog
 
 from inferd.bus.codec import validate_outputs, validate_parsed
 from inferd.bus.headers import InferReply, encode_infer_reply
+from inferd.bus.internal_errors import internal_message
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
@@ -346,7 +347,10 @@ class EngineWorker(threading.Thread):
             try:
                 inputs = validate_parsed(job.described, job.frames, handle.inputs, job.regions)
                 placed = job.outputs = validate_outputs(
-                    job.regions, handle.outputs, every=is_shm_route(job.client)
+                    job.regions,
+                    handle.outputs,
+                    every=is_shm_route(job.client),
+                    inputs=(job.described, handle.inputs),
                 )
             except ProtocolError as exc:
                 return self._error(job, slot, exc.code, exc.message)
@@ -364,17 +368,14 @@ class EngineWorker(threading.Thread):
         except ExecutionFailedError as exc:
             # The engine or the GPU failed, not the request: answered INTERNAL like any
             # runtime error, and counted towards failing over (serving/failover.py).
-            log.error("inference_failed", model=job.model, error=str(exc), sticky=exc.sticky)
-            reply = self._error(job, slot, Code.INTERNAL, str(exc))
+            reply = self._internal(job, slot, exc, "inference_failed", sticky=exc.sticky)
             if self._failover is not None:
                 self._failover.failed(slot, exc)
             return reply
         except InferdError as exc:
-            log.error("inference_failed", model=job.model, error=str(exc))
-            return self._error(job, slot, Code.INTERNAL, str(exc))
+            return self._internal(job, slot, exc, "inference_failed")
         except Exception as exc:
-            log.exception("inference_crashed", model=job.model)
-            return self._error(job, slot, Code.INTERNAL, f"unexpected {type(exc).__name__}: {exc}")
+            return self._internal(job, slot, exc, "inference_crashed", exc_info=True)
         finished_ns = time.monotonic_ns()
         self._last_run_ns = finished_ns - started_ns
         if self._failover is not None:
@@ -402,6 +403,14 @@ class EngineWorker(threading.Thread):
         )
         self._count(slot, "OK", (finished_ns - job.received_ns) // 1000, late)
         return [*job.envelope, header, *frames]
+
+    def _internal(
+        self, job: Job, slot: ModelSlot, exc: Exception, event: str, **log_fields: Any
+    ) -> list[Any]:
+        """INTERNAL; the exception's text is logged, never sent (bus.internal_errors)."""
+        log.error(event, model=job.model, request_id=job.request_id, error=str(exc), **log_fields)
+        what = f"the inference failed ({type(exc).__name__})"
+        return self._error(job, slot, Code.INTERNAL, internal_message(what, event, job.request_id))
 
     def _error(self, job: Job, slot: ModelSlot, code: Code, message: str) -> list[Any]:
         self._count(slot, str(code))

@@ -243,7 +243,8 @@ class RequestRouter:
             else:
                 parsed = checked_inputs(request.header, request.tensors, handle.inputs, regions)
                 inputs = input_views(parsed, request.tensors, regions)
-                check_outputs(regions, handle.outputs, every=is_shm_route(request.envelope[0]))
+                every = is_shm_route(request.envelope[0])
+                check_outputs(regions, handle.outputs, every=every, inputs=(parsed, handle.inputs))
                 if key is not None and regions is not None:
                     names = [name for name, _, _, _ in parsed]
                     plan = AdmissionPlan(handle, refs_of(regions, names), parsed)

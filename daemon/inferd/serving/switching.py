@@ -12,6 +12,15 @@ those after it within ``REFUSAL_WINDOW_S`` are counted by a ``RepeatLimiter``
 and recorded as one ``runtime_switch_refusals`` record when the window ends (the
 daemon's housekeeping), before the next one recorded, or at ``stop``.  The
 operator's reply is the same either way.
+
+Each switch prepares a runtime (an engine loaded, an ONNX Runtime session built),
+and a preparation that fails writes its own records and alerts (``engine_refused``,
+``provider_degraded``): so ``runtime.switch`` is rate limited per verified peer
+(``runtime.switch_burst``, ``runtime.switch_refill_s``), as ``build.start`` is.  A
+token is taken only by a switch that is about to prepare (its arguments, model and
+the model's state checked, no switch of it in progress); one refused by the limit
+changes nothing and is logged and counted (``status.security.switch_limit``), not
+recorded.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import structlog
 
 from inferd.config import RUNTIME_LABELS, RuntimeConfig
 from inferd.errors import InferdError, RuntimeNotAvailableError
+from inferd.peer_rate_limit import PeerRateLimiter
 from inferd.repeat_limiter import RepeatLimiter
 from inferd.serving.handover import Handover, Preparers
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
@@ -77,7 +87,7 @@ class RuntimeSwitcher:
     ) -> None:
         """``ready``: whether the engine worker takes swaps (it loads every model
         first: a swap queued before would wait out ``_SWAP_TIMEOUT_S``); ``clock``:
-        what the windows of repeated refusals are timed by."""
+        what the windows of repeated refusals and the peers' rates are timed by."""
         self._ready = ready
         self._slots = slots
         self._scheduler = scheduler
@@ -88,6 +98,13 @@ class RuntimeSwitcher:
         #: Switches preparing (``stop`` answers them and waits for them).
         self._preparers: Preparers[_Switch] = Preparers()
         self._refusals = RepeatLimiter(burst=1, window_s=REFUSAL_WINDOW_S, clock=clock)
+        self.rate = PeerRateLimiter(
+            "runtime.switch",
+            runtime_config.switch_burst,
+            runtime_config.switch_refill_s,
+            keys="runtime.switch_burst, runtime.switch_refill_s",
+            clock=clock,
+        )
 
     def switch(self, header: dict[str, Any], peer: Peer, respond: Respond) -> None:
         """Control op ``runtime.switch {model, runtime, requested_by?}`` (bus thread) of
@@ -135,12 +152,17 @@ class RuntimeSwitcher:
         )
         self._claim_or_refuse(model)
         try:
-            started = self._preparers.start(thread, switch)
-        except BaseException:  # its thread could not start (the thread limit)
+            self._take_from_rate(model, peer)  # last: a switch refused above cost nothing
+        except ProtocolError:
             self.unclaim(model)
             raise
+        try:
+            started = self._preparers.start(thread, switch)
+        except BaseException:  # its thread could not start (the thread limit)
+            self._not_started(model, peer)
+            raise
         if not started:
-            self.unclaim(model)
+            self._not_started(model, peer)
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
 
     def stop(self) -> None:
@@ -196,6 +218,28 @@ class RuntimeSwitcher:
     def unclaim(self, model: str) -> None:
         with self._lock:
             self._in_progress.discard(model)
+
+    def _take_from_rate(self, model: str, peer: Peer) -> None:
+        """Take one of ``peer``'s switches, or RESOURCE_EXHAUSTED saying when to retry
+        (nothing taken, nothing changed).  The daemon's own are not counted."""
+        if peer.transport == "internal":
+            return
+        wait_s = self.rate.retry_after(peer.key)
+        if wait_s is not None:
+            log.warning(
+                "runtime_switch_rate_limited",
+                model=model,
+                peer=peer.as_record(),
+                retry_after_s=wait_s,
+            )
+            raise self.rate.refusal(peer, wait_s)
+        self.rate.take(peer.key)
+
+    def _not_started(self, model: str, peer: Peer) -> None:
+        """The switch ``_take_from_rate`` counted did not start: its thread did not."""
+        self.unclaim(model)
+        if peer.transport != "internal":
+            self.rate.give_back(peer.key)
 
     def _claim_or_refuse(self, model: str) -> None:
         if not self.claim(model):

@@ -32,6 +32,7 @@ import secrets
 import select
 import socket
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,8 @@ class ShmConnections:
         self._lock = threading.Lock()
         self._by_fd: dict[int, ShmConnection] = {}
         self._by_route: dict[bytes, ShmConnection] = {}
+        #: The open connections of each peer uid (``shm.max_connections_per_uid``).
+        self._by_uid: Counter[int] = Counter()
         self._closed = False
         #: Infer requests read from the connections, and replies sent to them.
         self.requests = 0
@@ -140,6 +143,11 @@ class ShmConnections:
     def __len__(self) -> int:
         return len(self._by_fd)
 
+    def held_by(self, uid: int) -> int:
+        """The connections peers of ``uid`` hold open now."""
+        with self._lock:
+            return self._by_uid[uid]
+
     # -- the registration thread ----------------------------------------------------
     def add(self, sock: socket.socket, connection: Connection) -> ShmConnection:
         route = _ROUTE_PREFIX + connection.connection_id.to_bytes(8, "big") + self._route_key
@@ -150,6 +158,7 @@ class ShmConnections:
                 raise RuntimeError("the shm connections are closed")
             self._by_fd[sock.fileno()] = entry
             self._by_route[entry.route] = entry
+            self._by_uid[connection.peer.uid] += 1
             self._epoll.register(sock.fileno(), _READABLE)
         return entry
 
@@ -180,6 +189,10 @@ class ShmConnections:
             with self._lock:
                 if self._by_fd.get(entry.sock.fileno()) is entry:
                     del self._by_fd[entry.sock.fileno()]
+                    uid = entry.connection.peer.uid
+                    self._by_uid[uid] -= 1
+                    if not self._by_uid[uid]:
+                        del self._by_uid[uid]
                     with contextlib.suppress(OSError, ValueError):
                         self._epoll.unregister(entry.sock.fileno())
                 self._by_route.pop(entry.route, None)
@@ -343,6 +356,7 @@ class ShmConnections:
         with self._lock:
             return {
                 "connections": len(self._by_fd),
+                "connections_by_uid": {str(uid): held for uid, held in self._by_uid.items()},
                 "requests": self.requests,
                 "replies": self.replies,
                 "in_flight": sum(entry.in_flight for entry in self._by_fd.values()),

@@ -22,6 +22,7 @@ import functools
 import mmap
 import os
 import stat
+from collections.abc import Callable
 
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import advise_huge_pages, region_size_problem
@@ -69,14 +70,19 @@ def shmem_device() -> int:
         os.close(fd)
 
 
-def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
+def map_sealed_memfd(
+    fd: int, admit_size: Callable[[int], None] = lambda _size: None
+) -> tuple[mmap.mmap, int]:
     """Map ``fd`` shared and read-write; returns the mapping and its size.
 
     Refused (``ProtocolError`` INVALID_ARGUMENT, nothing mapped) unless it is a
     memfd sealed with ``F_SEAL_SHRINK``, a regular file of ordinary shared memory
     (not hugetlbfs) of a positive size that is a multiple of the page size (what
-    CUDA registers), opened read-write and not sealed against writing.  The
-    caller keeps ownership of ``fd``."""
+    CUDA registers), opened read-write and not sealed against writing.
+    ``admit_size`` may refuse the size (its ``ProtocolError``) before anything is
+    mapped: a sparse memfd of 64 TiB costs its client nothing, and mapped even for
+    a moment it would take half the daemon's address space from its other threads.
+    The caller keeps ownership of ``fd``."""
     seals = seal_state(fd)
     if not seals & F_SEAL_SHRINK:
         raise refused(
@@ -98,6 +104,7 @@ def map_sealed_memfd(fd: int) -> tuple[mmap.mmap, int]:
     problem = region_size_problem(size)
     if problem is not None:
         raise refused(problem)
+    admit_size(size)
     try:
         mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except PermissionError:

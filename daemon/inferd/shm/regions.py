@@ -211,25 +211,11 @@ class RegionTable:
             held = f"this connection holds {limit} regions already, counting those unregistered"
             held += " but still used by its queued requests (shm.max_regions_per_connection)"
             raise ProtocolError(Code.RESOURCE_EXHAUSTED, held)
-        if self._held >= self._max_held:  # checked again below, under the lock
-            raise ProtocolError(Code.RESOURCE_EXHAUSTED, self._held_in_all())
-        mapping, size = map_sealed_memfd(fd)
         uid = connection.peer.uid
+        # The bounds are checked before the memfd is mapped, then again under the lock.
+        mapping, size = map_sealed_memfd(fd, lambda size: self._check_room(uid, size))
         with self._lock:
-            by_uid = self._mapped_by_uid.get(uid, 0)
-            error = None
-            if self._held >= self._max_held:
-                error = self._held_in_all()
-            elif by_uid + size > self._config.max_bytes_per_uid:
-                error = (
-                    f"uid {uid} has {by_uid} bytes mapped; this region's {size} would exceed "
-                    f"shm.max_bytes_per_uid ({self._config.max_bytes_per_uid})"
-                )
-            elif self._mapped_total + size > self._config.max_bytes_total:
-                error = (
-                    f"the daemon has {self._mapped_total} bytes mapped; this region's {size} "
-                    f"would exceed shm.max_bytes_total ({self._config.max_bytes_total})"
-                )
+            error = self._no_room(uid, size)
             code = Code.RESOURCE_EXHAUSTED
             if connection.closed:
                 # It went while this registration was mapped (another thread read
@@ -241,7 +227,7 @@ class RegionTable:
                 connection.regions[region.region_id] = region
                 connection.held += 1
                 self._held += 1
-                self._mapped_by_uid[uid] = by_uid + size
+                self._mapped_by_uid[uid] = self._mapped_by_uid.get(uid, 0) + size
                 self._mapped_total += size
                 self.registered += 1
         if error is not None:
@@ -256,6 +242,31 @@ class RegionTable:
             label=label,
         )
         return region
+
+    def _check_room(self, uid: int, size: int) -> None:
+        """RESOURCE_EXHAUSTED when a region of ``size`` bytes for ``uid`` would not fit."""
+        with self._lock:
+            error = self._no_room(uid, size)
+        if error is not None:
+            raise ProtocolError(Code.RESOURCE_EXHAUSTED, error)
+
+    def _no_room(self, uid: int, size: int) -> str | None:
+        """Why a region of ``size`` bytes for ``uid`` would exceed a bound, or None
+        (with the lock held)."""
+        by_uid = self._mapped_by_uid.get(uid, 0)
+        if self._held >= self._max_held:
+            return self._held_in_all()
+        if by_uid + size > self._config.max_bytes_per_uid:
+            return (
+                f"uid {uid} has {by_uid} bytes mapped; this region's {size} would exceed "
+                f"shm.max_bytes_per_uid ({self._config.max_bytes_per_uid})"
+            )
+        if self._mapped_total + size > self._config.max_bytes_total:
+            return (
+                f"the daemon has {self._mapped_total} bytes mapped; this region's {size} "
+                f"would exceed shm.max_bytes_total ({self._config.max_bytes_total})"
+            )
+        return None
 
     def unregister(self, connection: Connection, region_id: str) -> None:
         """Close one region of ``connection``; NOT_FOUND if it holds no such region."""

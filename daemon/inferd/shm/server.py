@@ -3,10 +3,11 @@ memfds and to send infer requests on them (DESIGN.md 104).
 
 A ``SOCK_SEQPACKET`` Unix socket (``shm.socket``, next to the infer socket by
 default) in a directory ``ensure_owned_dir`` accepts, mode ``0660`` like the
-ipc sockets.  This thread (``inferd-shm``) accepts connections: bounded
-(``shm.max_connections``; one more is answered ``RESOURCE_EXHAUSTED`` and
-closed), each peer's pid/uid/gid read once (``SO_PEERCRED``) and checked
-against ``security.infer_allow`` as the infer socket checks it (refused:
+ipc sockets.  This thread (``inferd-shm``) accepts connections: bounded per
+peer uid (``shm.max_connections_per_uid``) and in all (``shm.max_connections``;
+one more is answered ``RESOURCE_EXHAUSTED`` and closed), each peer's
+pid/uid/gid read once (``SO_PEERCRED``) and checked against
+``security.infer_allow`` as the infer socket checks it (refused:
 ``PERMISSION_DENIED``, closed).  An accepted connection goes to
 ``ShmConnections``, where the threads serving requests read it.  The thread
 also unmaps the regions whose last lease was given back or whose connection
@@ -22,6 +23,7 @@ import selectors
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 from itertools import count
 from typing import Any
@@ -43,6 +45,10 @@ log = structlog.get_logger("inferd.shm")
 _POLL_S = 0.5
 #: How long shutdown waits for the descriptors still to be closed.
 _CLOSER_STOP_S = 2.0
+#: How long the listener is left alone after ``accept`` failed (``EMFILE``,
+#: ``ENFILE``, ``ENOMEM``): the connection stays queued and the listener readable,
+#: so trying again at once spins the thread.
+_ACCEPT_PAUSE_S = _POLL_S
 
 #: Why a peer (uid, gid, pid) may not use the socket (None: it may).
 AdmitPeer = Callable[[int, int, int], str | None]
@@ -68,6 +74,10 @@ class ShmServer(threading.Thread):
         self._listener: socket.socket | None = None
         self._ids = count(1)
         self._stopping = threading.Event()
+        #: ``time.monotonic()`` before which no connection is accepted (a failed accept).
+        self._accept_paused_until = 0.0
+        #: Connections refused because their uid held ``max_connections_per_uid``.
+        self.refused_per_uid = 0
 
     # -- lifecycle (main thread) ----------------------------------------------------
     def bind(self) -> None:
@@ -118,6 +128,8 @@ class ShmServer(threading.Thread):
             "socket": str(config.socket),
             "thread_alive": self.is_alive(),
             "max_connections": config.max_connections,
+            "max_connections_per_uid": config.max_connections_per_uid,
+            "refused_per_uid": self.refused_per_uid,
             "max_regions_per_connection": config.max_regions_per_connection,
             "max_bytes_per_uid": config.max_bytes_per_uid,
             "max_bytes_total": config.max_bytes_total,
@@ -135,7 +147,10 @@ class ShmServer(threading.Thread):
         accepting = True
         try:
             while not self._stopping.is_set():
-                if accepting == self.closer.saturated:  # none accepted, even to refuse
+                # None accepted, even to refuse, while the closer is saturated or
+                # after an accept failed.
+                paused = time.monotonic() < self._accept_paused_until
+                if accepting == (self.closer.saturated or paused):
                     accepting = not accepting
                     if accepting:
                         self._selector.register(listener, selectors.EVENT_READ)
@@ -168,6 +183,10 @@ class ShmServer(threading.Thread):
             sock, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        except OSError as exc:  # out of descriptors or memory: not again at once
+            self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE_S
+            log.warning("shm_accept_failed", error=exc.strerror, retry_s=_ACCEPT_PAUSE_S)
+            return
         sock.setblocking(False)
         peer = PeerCredentials.of(sock)
         refusal = self._admit(peer.uid, peer.gid, peer.pid)
@@ -180,6 +199,16 @@ class ShmServer(threading.Thread):
                 Code.RESOURCE_EXHAUSTED,
                 "descriptors clients passed wait to be closed behind one whose close does not "
                 "end (status.shm.closing); try again later",
+            )
+        elif self.connections.held_by(peer.uid) >= self._config.max_connections_per_uid:
+            # Before the daemon-wide bound: the uid that fills it is told it is its own.
+            self.refused_per_uid += 1
+            self._refuse(
+                sock,
+                peer,
+                Code.RESOURCE_EXHAUSTED,
+                f"uid {peer.uid} holds {self._config.max_connections_per_uid} shm connections "
+                "already (shm.max_connections_per_uid); close one first",
             )
         elif len(self.connections) >= self._config.max_connections:
             self._refuse(

@@ -85,7 +85,11 @@ class PreparingHandler(UidRecordingHandler):
 
 class Setup:
     def __init__(
-        self, tmp_path: Path, max_in_flight: int, handler: UidRecordingHandler | None = None
+        self,
+        tmp_path: Path,
+        max_in_flight: int,
+        handler: UidRecordingHandler | None = None,
+        max_header_bytes: int = 64 * 1024,
     ) -> None:
         self.shm = ShmServer(
             ShmConfig(socket=tmp_path / "shm.sock", max_requests_per_connection=max_in_flight),
@@ -96,6 +100,7 @@ class Setup:
             infer_endpoint=f"ipc://{tmp_path}/infer.sock",
             control_endpoint=f"ipc://{tmp_path}/control.sock",
             events_endpoint=f"ipc://{tmp_path}/events.sock",
+            max_header_bytes=max_header_bytes,
         )
         self.handler = handler or UidRecordingHandler()
         self.bus = BusServer(
@@ -315,6 +320,34 @@ def test_refusals_of_the_shm_socket_never_reach_the_handler_or_count_in_flight(
     )
 
 
+@pytest.fixture
+def small_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
+    """A daemon whose ``bus.max_header_bytes`` (1 KiB) is below a shm message's bound."""
+    yield from running(Setup(tmp_path, max_in_flight=2, max_header_bytes=1024), monkeypatch)
+
+
+def test_a_whole_message_over_max_header_bytes_is_refused_under_its_id(
+    small_headers: Setup,
+) -> None:
+    """A message read whole but over ``bus.max_header_bytes`` was refused with id
+    null: after a request had timed out, a client could not tell whose refusal
+    that was.  Only a message with no id to read keeps id null."""
+    with small_headers.connect() as client:
+        for request_id in (7, 2**64 - 1, "a" * 128):
+            client.send(infer(request_id, model="m" * 2000))  # 2 KB, within 16 KiB
+            refused = receive(client)
+            assert refused["id"] == request_id, refused
+            assert "the limit is 1024" in refused["error"]["message"]
+        for unreadable in (
+            protocol.pack({"v": 1, "id": True, "op": "infer", "model": "m" * 2000}),
+            b"\x81\xa1x" + b"\x91" * 2000,  # nested deeper than any decoder reads
+        ):
+            client.send(unreadable)
+            assert receive(client)["id"] is None
+    assert small_headers.handler.requests == []
+    assert small_headers.status()["refused"]["INVALID_ARGUMENT"] == 5
+
+
 def register_and_send(setup: Setup, client: socket.socket, memfd: int) -> None:
     """Register ``memfd`` on ``client``'s connection, then send request 2 there."""
     socket.send_fds(client, [protocol.pack({"v": 1, "id": 1, "op": "register"})], [memfd])
@@ -400,7 +433,7 @@ def test_a_failure_handling_one_connection_closes_that_connection_only(
 ) -> None:
     from inferd.shm import regions
 
-    def broken(_fd: int) -> Any:
+    def broken(_fd: int, _admit_size: Any) -> Any:
         raise OSError(5, "Input/output error")  # what fstat or mmap may raise
 
     monkeypatch.setattr(regions, "map_sealed_memfd", broken)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from inferd_client.client import infer_request_header
-from inferd_client.errors import ClientError, MalformedReply, RequestTimeout
+from inferd_client.errors import ClientError, InvalidArgument, MalformedReply, RequestTimeout
 from inferd_client.outputs import decode_outputs
 from inferd_client.region import SharedRegion
 from inferd_client.shm import (
@@ -276,11 +276,14 @@ def test_signals_do_not_stretch_a_requests_timeout(tmp_path: Path) -> None:
         server.close()
 
 
-def test_a_null_id_refusal_after_a_timeout_is_never_the_next_requests_answer(
+def test_a_null_id_refusal_is_the_waiting_requests_answer_never_a_late_one(
     tmp_path: Path,
 ) -> None:
-    """The daemon refuses a message it cannot read with a null id: such a refusal
-    arriving after a request timed out is that request's late answer."""
+    """Every message the channel sends is one the daemon reads whole and answers
+    under its id, so an error without an id (a refusal at connect, a header over
+    the daemon's ``bus.max_header_bytes``) answers the request that waits now.
+    Taken for the late answer of one that had timed out, it was discarded and the
+    request waiting timed out instead of failing."""
     server = SilentShmSocket(str(tmp_path / "shm.sock"))
     ids = iter(range(1, 100))
     channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S, next_id=lambda: next(ids))
@@ -291,12 +294,40 @@ def test_a_null_id_refusal_after_a_timeout_is_never_the_next_requests_answer(
         assert server.received()["id"] == 1
         assert server.peer is not None
         server.peer.send(protocol.pack(protocol.error_header(None, Code.INVALID_ARGUMENT, "x")))
+        reply = channel.request(request, timeout=HANG_S)
+        assert reply["id"] is None and reply["error"]["message"] == "x"
+        assert server.received()["id"] == 2
+        # The late answers come next: each discarded, none taken for the next one's.
+        server.answer(1)
         server.answer(2)
-        assert channel.request(request, timeout=HANG_S)["ok"] is True
-        assert server.received()["id"] == 2 and channel.discarded_replies == 1
-        # With no request left unanswered, a null-id refusal is the current one's.
-        server.peer.send(protocol.pack(protocol.error_header(None, Code.INVALID_ARGUMENT, "y")))
-        assert channel.request(request, timeout=HANG_S)["ok"] is False
+        server.answer(3)
+        assert channel.request(request, timeout=HANG_S)["id"] == 3
+        assert server.received()["id"] == 3 and channel.discarded_replies == 2
+    finally:
+        channel.close()
+        server.close()
+
+
+def test_a_request_over_the_shm_sockets_bound_fails_at_once_and_is_never_sent(
+    tmp_path: Path,
+) -> None:
+    """The daemon refuses a message over ``MAX_SHM_MESSAGE_BYTES`` without an id (it
+    reads no more of it): after a request had timed out, that refusal was taken
+    for the late answer of the one that timed out, and the call timed out too."""
+    server = SilentShmSocket(str(tmp_path / "shm.sock"))
+    ids = iter(range(1, 100))
+    channel = RegionChannel(str(tmp_path / "shm.sock"), timeout=HANG_S, next_id=lambda: next(ids))
+    small = ShmRequest({"v": 1, "op": "infer", "model": "m", "inputs": []}, [])
+    large = ShmRequest({"v": 1, "op": "infer", "model": "m" * MAX_SHM_MESSAGE_BYTES}, [])
+    try:
+        with pytest.raises(RequestTimeout):
+            channel.request(small, timeout=0.1)
+        assert server.received()["id"] == 1
+        with pytest.raises(InvalidArgument, match=f"at most {MAX_SHM_MESSAGE_BYTES} bytes"):
+            channel.request(large, timeout=HANG_S)
+        server.answer(3)
+        assert channel.request(small, timeout=HANG_S)["id"] == 3
+        assert server.received()["id"] == 3  # the large one never went
     finally:
         channel.close()
         server.close()

@@ -1,9 +1,10 @@
 """The builds-dir cap (``retention.py``), the rate of ``build.start`` per peer
-(``start_limit.py``) and the two together (``admission.py``)."""
+(``inferd.peer_rate_limit``) and the two together (``admission.py``)."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from inferd.config import BuildsConfig
 from inferd.engine_build.admission import BuildAdmission
 from inferd.engine_build.artifacts import STAGING_DIR, clean_up, stage_engine
 from inferd.engine_build.retention import REMOVED_RECORD, BuildsRetention, scan
-from inferd.engine_build.start_limit import StartRateLimiter
+from inferd.peer_rate_limit import PeerRateLimiter
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -114,7 +115,7 @@ def test_the_bytes_cap_removes_until_the_dir_fits(tmp_path: Path) -> None:
 
 def test_the_rate_is_a_bucket_per_peer() -> None:
     now = [100.0]
-    limiter = StartRateLimiter(burst=2, refill_s=10.0, clock=lambda: now[0])
+    limiter = PeerRateLimiter("build.start", 2, 10.0, keys="k", clock=lambda: now[0])
     for _ in range(2):
         assert limiter.retry_after("uid:1") is None
         limiter.take("uid:1")
@@ -136,7 +137,11 @@ def test_admission_refuses_with_retry_after_and_takes_nothing_when_refused(
     with pytest.raises(ProtocolError) as refused:
         admission.admit(peer, [])
     assert refused.value.code is Code.RESOURCE_EXHAUSTED
-    assert "uid 1001 (alice)" in refused.value.message and "retry after" in refused.value.message
+    assert re.fullmatch(  # as before the limiter was shared with runtime.switch
+        r"build\.start rate limit for uid 1001 \(alice\) pid 5: 1 at once, then one every 20 s "
+        r"\(builds\.start_burst, builds\.start_refill_s\); retry after \d+\.\d s",
+        refused.value.message,
+    )
     admission.admit(Peer.internal(0, 1), [])  # the daemon's own rebuilds are not rate limited
     assert admission.describe()["start_limit"]["refused"] == 1
 

@@ -5,8 +5,9 @@
 The messages are ONNX Runtime's: the CUDA EP's ``CUDA_CALL_THROW`` /
 ``CUBLAS_CALL_THROW`` / ``CUDNN_CALL_THROW`` (``cuda_call.cc``: "%s failure %d: %s ;
 GPU=%d ; hostname=%s ; file=%s ; line=%d ; expr=%s; %s", the error string of
-``cudaErrorMemoryAllocation`` being "out of memory") and the BFC arena's "Failed to
-allocate memory for requested buffer of size"."""
+``cudaErrorMemoryAllocation`` being "out of memory"), the BFC arena's "Failed to
+allocate memory for requested buffer of size" and, past its cap (the CUDA EP's
+``gpu_mem_limit``), its "Available memory of X is smaller than requested bytes of Y"."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ ARENA = (
     "framework/bfc_arena.cc:376 void* onnxruntime::BFCArena::AllocateRawInternal(size_t, "
     "bool, onnxruntime::Stream*, bool, onnxruntime::WaitNotificationFn) Failed to allocate "
     "memory for requested buffer of size 1073741824"
+)
+#: Past the arena's cap, as ONNX Runtime 1.20.1 said it (microsoft/onnxruntime#23121) ...
+ARENA_CAP_1_20 = (
+    "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while "
+    "running TfIdfVectorizer node. Name:'TfIdfVectorizer' Status Message: /Users/runner/work/"
+    "1/s/onnxruntime/core/framework/bfc_arena.cc:376 void *onnxruntime::BFCArena::"
+    "AllocateRawInternal(size_t, bool, onnxruntime::Stream *, bool, onnxruntime::"
+    "WaitNotificationFn) Available memory of 0 is smaller than requested bytes of 2048"
+)
+#: ... and as the 1.32 wheel here says it (a CPU arena capped by ``OrtArenaCfg``).
+ARENA_CAP_1_32 = (
+    "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Mul node. "
+    "Name:'' Status Message: /onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:360 "
+    "void* onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*) "
+    "Available memory of 66977536 is smaller than requested bytes of 134217728\n"
 )
 NOT_MEMORY = (
     "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Add node. "
@@ -76,6 +92,8 @@ def served(tmp_path: Path, identity_model: Path) -> tuple[OnnxTrtEpRuntime, Engi
         (CUDA_OOM, OutOfMemoryError),
         (CUBLAS_ALLOC, OutOfMemoryError),
         (ARENA, OutOfMemoryError),
+        (ARENA_CAP_1_20, OutOfMemoryError),
+        (ARENA_CAP_1_32, OutOfMemoryError),
         (NOT_MEMORY, InferenceError),
     ],
 )

@@ -210,9 +210,11 @@ def test_consecutive_execution_failures_fail_over_at_the_threshold(rig_factory: 
 def test_the_failing_request_is_answered_with_the_error(rig_factory: Any) -> None:
     rig: Rig = rig_factory([failure("TensorRT could not enqueue the inference: launch failed")])
     reply = rig.run()
+    # The text stays in the log (bus.internal_errors): the reply says where.
     assert reply["error"] == {
         "code": "INTERNAL",
-        "message": "TensorRT could not enqueue the inference: launch failed",
+        "message": "the inference failed (ExecutionFailedError); "
+        "the daemon's log has why (inference_failed, request id 1)",
     }
     assert rig.slot.execution_failures == 1 and rig.started == []
 

@@ -119,8 +119,9 @@ public:
     // untouched until infer returns). A request with every input in a region and
     // every output placed in one travels on the shm socket (one message each
     // way, no ZeroMQ) once a reply on the infer socket or describe() has named
-    // the model's outputs. Throws RemoteError with the daemon's code, Timeout,
-    // or MalformedReply.
+    // the model's outputs, unless its header is over that socket's bound
+    // (wire::kMaxShmMessageBytes). Throws RemoteError with the daemon's code,
+    // Timeout, or MalformedReply.
     InferResult infer(const std::string& model, const std::vector<NamedTensor>& inputs,
                       const InferOptions& options = {});
 
