@@ -48,7 +48,9 @@ def identity_model(path: Path, shape: list[Any] | None) -> Path:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every supported ONNX Runtime loads (1.17 on)
+    onnx.save(model, path)
     return path
 
 

@@ -48,7 +48,9 @@ def pair_model(path: Path) -> Path:
         [tensor("a"), tensor("b")],
         [tensor("y")],
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every supported ONNX Runtime loads (1.17 on)
+    onnx.save(model, path)
     return path
 
 
@@ -148,7 +150,7 @@ def test_inputs_that_give_one_named_size_two_values_are_refused_naming_them(
     # What the check spares: ONNX Runtime fails such a run (answered INTERNAL).
     handle, runtime = served.slot.handle, served.slot.runtime
     assert handle is not None and runtime is not None
-    with pytest.raises(InferenceError, match="FAIL"):
+    with pytest.raises(InferenceError, match="broadcast"):  # FAIL or RUNTIME_EXCEPTION
         runtime.infer(handle, {"a": np.ones((2, 3), np.float32), "b": np.ones((3, 3), np.float32)})
 
 
