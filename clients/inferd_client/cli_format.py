@@ -175,6 +175,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
                 ),
                 ("busy poll", _busy_poll_line(bus.get("busy_poll") or {})),
                 ("send buffer", _send_buffer_line(bus.get("send_buffer") or {})),
+                ("security", _security_line(result.get("security") or {})),
                 (
                     "alerts",
                     f"raised {result.get('alerts', {}).get('raised', 0)}, sent "
@@ -209,6 +210,24 @@ def _busy_poll_line(busy_poll: Mapping[str, Any]) -> str:
     )
 
 
+def _security_line(security: Mapping[str, Any]) -> str:
+    """What the bounds on peers refused: runtime.switch's rate (DESIGN.md 199) and
+    the descriptor guard's floods (DESIGN.md 202)."""
+    switch = security.get("switch_limit") or {}
+    line = (
+        f"switch rate limited {switch.get('refused', 0)} (burst {text(switch.get('burst'))}, "
+        f"one every {text(switch.get('refill_s'))} s)"
+    )
+    guard = security.get("descriptor_guard")
+    if guard is None:
+        return line + ", descriptor guard not started"
+    return line + (
+        f", descriptor guard: {guard.get('episodes', 0)} floods, "
+        f"{guard.get('connections_ended', 0)} connections ended "
+        f"(past {guard.get('threshold', 0)} of {guard.get('limit', 0)} descriptors)"
+    )
+
+
 def _send_buffer_line(send_buffer: Mapping[str, Any]) -> str:
     """The kernel send buffer of the infer socket's connections (DESIGN.md 116):
     what is asked, how many connections got it, and a cap by the kernel."""
@@ -232,6 +251,9 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
         f"{size(shm.get('max_bytes_total', 0))} (per uid {size(shm.get('max_bytes_per_uid', 0))}), "
         f"{shm.get('connections', 0)}/{shm.get('max_connections', 0)} connections, "
         f"huge pages: {shm.get('huge_pages', 'unknown')}",
+        f"  connections per uid (at most {shm.get('max_connections_per_uid', 0)}): "
+        f"{_per_uid(shm.get('connections_by_uid') or {})}; "
+        f"{shm.get('refused_per_uid', 0)} refused over it",
         f"  requests on shm.sock: {shm.get('requests', 0)}, {shm.get('in_flight', 0)} in flight, "
         f"{shm.get('refused_in_flight', 0)} refused over "
         f"{shm.get('max_requests_per_connection', 0)} per connection, "
@@ -247,6 +269,10 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
     if regions:
         lines += ["  " + line for line in table(regions, REGION_COLUMNS)]
     return lines
+
+
+def _per_uid(held: Mapping[str, int]) -> str:
+    return ", ".join(f"uid {uid}: {count}" for uid, count in sorted(held.items())) or "none"
 
 
 def _thermal_line(thermal: Mapping[str, Any]) -> str:

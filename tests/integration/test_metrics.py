@@ -122,6 +122,13 @@ def test_scraped_metrics_agree_with_status(
     fdr = status["fdr"]
     assert _value(samples, "inferd_fdr_records_dropped_total") == fdr["records_dropped"] == 0
     assert _value(samples, "inferd_fdr_records_written_total") <= fdr["records_written"]
+    assert _value(samples, "inferd_fdr_queue_bytes") >= 0 and "queue_bytes" in fdr
+    security = status["security"]
+    assert _value(samples, "inferd_runtime_switch_rate_limited_total") == 0
+    assert security["switch_limit"]["refused"] == 0
+    guard = security["descriptor_guard"]
+    assert _value(samples, "inferd_descriptor_guard_episodes_total") == guard["episodes"] == 0
+    assert _value(samples, "inferd_descriptor_guard_connections_ended_total") == 0
     version = {"version": status["daemon"]["version"]}
     assert (
         _value(

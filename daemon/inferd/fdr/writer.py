@@ -152,6 +152,7 @@ class FlightRecorder:
             "syncs": self.syncs,
             "durable_seq": self.durable_seq,
             "queue_depth": self._queue.qsize(),
+            "queue_bytes": self._queue.bytes,
             "segment": segment.path.name if segment else None,
             "segments_deleted": self.segments_deleted,
             "last_error": self.last_error,

@@ -206,6 +206,24 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
     if not shm.get("enabled"):
         return
     yield _gauge("inferd_shm_connections", "Connections to shm.sock open now.", shm["connections"])
+    by_uid = _labelled_gauge(
+        "inferd_shm_connections_by_uid",
+        "Connections to shm.sock open now, by peer uid (only uids holding one).",
+        ["uid"],
+    )
+    for uid, held in sorted(shm["connections_by_uid"].items()):
+        by_uid.add_metric([str(uid)], held)
+    yield by_uid
+    yield _gauge(
+        "inferd_shm_max_connections_per_uid",
+        "shm.max_connections_per_uid.",
+        shm["max_connections_per_uid"],
+    )
+    yield _counter(
+        "inferd_shm_connections_refused_per_uid",
+        "shm.sock connections refused because their uid held shm.max_connections_per_uid.",
+        shm["refused_per_uid"],
+    )
     yield _gauge(
         "inferd_shm_mapped_bytes",
         "Bytes of client regions mapped now.",
@@ -260,6 +278,12 @@ def _fdr(fdr: Mapping[str, Any]) -> Iterator[Metric]:
         "inferd_fdr_written_bytes", "Bytes written to FDR segments.", fdr["bytes_written"], "bytes"
     )
     yield _gauge("inferd_fdr_queue_depth", "FDR records waiting to be written.", fdr["queue_depth"])
+    yield _gauge(
+        "inferd_fdr_queue_bytes",
+        "Frame bytes of the FDR records queued or being written (fdr.queue_max_bytes bounds them).",
+        fdr["queue_bytes"],
+        "bytes",
+    )
     yield _counter(
         "inferd_fdr_segments_deleted",
         "FDR segments deleted to stay under fdr.max_total_bytes.",
@@ -348,4 +372,22 @@ def _security(security: Mapping[str, Any]) -> Iterator[Metric]:
         "inferd_permission_denied",
         "Operator ops refused PERMISSION_DENIED.",
         security["permission_denied"],
+    )
+    yield _counter(
+        "inferd_runtime_switch_rate_limited",
+        "runtime.switch refused RESOURCE_EXHAUSTED by runtime.switch_burst/switch_refill_s.",
+        security["switch_limit"]["refused"],
+    )
+    guard = security["descriptor_guard"]
+    if guard is None:
+        return  # before the daemon started: no guard yet, so no series (never 0)
+    yield _counter(
+        "inferd_descriptor_guard_episodes",
+        "Descriptor floods the guard ended connections of (DESIGN.md 202).",
+        guard["episodes"],
+    )
+    yield _counter(
+        "inferd_descriptor_guard_connections_ended",
+        "Connections past bus.max_connections the descriptor guard shut down.",
+        guard["connections_ended"],
     )

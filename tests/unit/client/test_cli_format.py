@@ -121,3 +121,35 @@ def test_the_shm_lines_name_descriptors_waiting_to_be_closed_only_when_some_do()
         text,
         re.M,
     )
+
+
+def test_status_shows_what_the_bounds_on_peers_refused() -> None:
+    guard = {"limit": 65536, "threshold": 8192, "period_s": 0.1, "episodes": 2}
+    security = {
+        "switch_limit": {"burst": 10, "refill_s": 6.0, "refused": 7},
+        "descriptor_guard": {**guard, "connections_ended": 4093},
+    }
+    text = "\n".join(cli_format.status({"models": [], "security": security}))
+    assert re.search(
+        r"^security: +switch rate limited 7 \(burst 10, one every 6 s\), descriptor guard: "
+        r"2 floods, 4093 connections ended \(past 8192 of 65536 descriptors\)$",
+        text,
+        re.M,
+    )
+    before = {**security, "descriptor_guard": None}
+    text = "\n".join(cli_format.status({"models": [], "security": before}))
+    assert "switch rate limited 7 (burst 10, one every 6 s), descriptor guard not started" in text
+
+
+def test_the_shm_lines_show_connections_per_uid_and_their_refusals() -> None:
+    shm = {"enabled": True, "regions": [], "mapped_bytes": 0, "max_bytes_total": 1 << 30}
+    per_uid = {"connections_by_uid": {"1001": 1, "1000": 8}, "max_connections_per_uid": 8}
+    text = "\n".join(cli_format.status({"models": [], "shm": {**shm, **per_uid}}))
+    assert re.search(
+        r"^  connections per uid \(at most 8\): uid 1000: 8, uid 1001: 1; 0 refused over it$",
+        text,
+        re.M,
+    )
+    idle = {"connections_by_uid": {}, "max_connections_per_uid": 8, "refused_per_uid": 3}
+    text = "\n".join(cli_format.status({"models": [], "shm": {**shm, **idle}}))
+    assert "  connections per uid (at most 8): none; 3 refused over it" in text

@@ -40,6 +40,7 @@ def test_a_record_past_the_byte_bound_is_dropped_counted_and_reported(tmp_path: 
         fdr.record("deadline_miss", EXAMPLES["deadline_miss"])  # a small one still fits
     assert fdr.status()["records_dropped"] == 1
     assert fdr.status()["queue_depth"] == 4
+    assert 3 * 600_000 < fdr.status()["queue_bytes"] <= 2 * MIB  # shown in status.fdr
     (dropped,) = [entry for entry in logs if entry["event"] == "fdr_records_dropped"]
     assert dropped["reason"] == "queue bytes full" and dropped["log_level"] == "error"
     fdr.start()

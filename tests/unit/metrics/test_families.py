@@ -51,6 +51,7 @@ def status(**overrides: Any) -> dict[str, Any]:
             "records_dropped": 3,
             "bytes_written": 4000,
             "queue_depth": 0,
+            "queue_bytes": 0,
             "segments_deleted": 0,
         },
         "alerts": {"raised": 5, "sent": 3, "suppressed": 2},
@@ -77,6 +78,14 @@ def status(**overrides: Any) -> dict[str, Any]:
             },
             "max_connections": 256,
             "permission_denied": 1,
+            "switch_limit": {"burst": 10, "refill_s": 6.0, "refused": 0},
+            "descriptor_guard": {
+                "limit": 65536,
+                "threshold": 8192,
+                "period_s": 0.1,
+                "episodes": 0,
+                "connections_ended": 0,
+            },
         },
     }
     document.update(overrides)
@@ -156,6 +165,9 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
     shm = {
         "enabled": True,
         "connections": 2,
+        "connections_by_uid": {"1000": 2},
+        "max_connections_per_uid": 8,
+        "refused_per_uid": 0,
         "mapped_bytes": 8 << 20,
         "requests": 40,
         "in_flight": 1,
