@@ -15,11 +15,13 @@ import zmq
 
 from inferd.bus.codec import Limits, Request, check_request, decode_request, split_envelope
 from inferd.bus.handler import Reply, RequestHandler, error_reply
+from inferd.bus.headers import id_of_oversized
 from inferd.bus.heap import BULK_RELEASE_BYTES, FRAME_OVERHEAD_BYTES
 from inferd.bus.intake import Oversized
 from inferd.bus.internal_errors import internal_message
 from inferd.bus.repeats import MAX_REPEAT_BYTES, repeat_of
-from inferd_wire.protocol import Code, ProtocolError
+from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError, RequestId
 
 log = structlog.get_logger("inferd.bus")
 
@@ -63,8 +65,11 @@ class Dispatcher:
                 return self.answer(request, partial(self._handler.admit_prepared, prepared))
         try:
             request = decode_request(body, self._limits, typed=typed)
-        except ProtocolError as exc:
-            return self.refused(None, envelope, exc)
+        except ProtocolError as exc:  # its id, when it is refused for its size alone
+            size = self._limits.max_header_bytes
+            return self.refused(
+                id_of_oversized(body[0].buffer, size) if body else None, envelope, exc
+            )
         request.envelope = envelope
         if repeat is not None and request.request_id == repeat.request_id:
             request.repeat = repeat.prefix  # kept only for a typed header (_prepare)
@@ -78,7 +83,7 @@ class Dispatcher:
             check_request(request, self._limits)
             return handle(request)
         except ProtocolError as exc:
-            return self.refused(request, request.envelope, exc)
+            return self.refused(request.request_id, request.envelope, exc)
         except Exception as exc:  # a handler bug must not take the bus down
             # Its text (paths, host names) goes to the log alone (bus.internal_errors).
             error = f"{type(exc).__name__}: {exc}"
@@ -88,11 +93,11 @@ class Dispatcher:
             return error_reply(request, request.envelope, ProtocolError(Code.INTERNAL, message))
 
     def refused(
-        self, request: Request | None, envelope: list[bytes], error: ProtocolError
+        self, request_id: RequestId | None, envelope: list[bytes], error: ProtocolError
     ) -> Reply:
         self.malformed += 1
         log.info("request_refused", code=str(error.code), reason=error.message)
-        return error_reply(request, envelope, error)
+        return Reply(envelope, protocol.error_header(request_id, error.code, error.message))
 
     def oversized(self, oversized: Oversized) -> Reply:
         """Answer a message the intake read to its end without keeping it."""

@@ -17,18 +17,17 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import msgspec
 import structlog
 
 from inferd.bus.codec import Limits, Request, decode_header
 from inferd.bus.dispatch import Dispatcher
 from inferd.bus.handler import Prepared, Reply, RequestHandler, error_reply
-from inferd.bus.headers import InferHeader
+from inferd.bus.headers import InferHeader, id_of_oversized
 from inferd.bus.repeats import Repeat, repeat_of
 from inferd.shm.connections import ShmConnection, ShmConnections
 from inferd.shm.messages import Message, fitted
 from inferd_wire import protocol
-from inferd_wire.protocol import Code, ProtocolError, RequestId
+from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES, SHM_OPS
 
 log = structlog.get_logger("inferd.bus")
@@ -37,15 +36,6 @@ log = structlog.get_logger("inferd.bus")
 _OPS = [*SHM_OPS, "infer"]
 #: A plain int: ``int & socket.MSG_TRUNC`` goes through ``enum.Flag`` (a few us).
 _MSG_TRUNC = int(socket.MSG_TRUNC)
-
-
-class _IdOnly(msgspec.Struct):
-    """A header's ``id`` alone: msgspec skips every other value without building it."""
-
-    id: Any = None
-
-
-_ID_DECODER = msgspec.msgpack.Decoder(_IdOnly)
 
 
 def admit_shm_message(
@@ -123,7 +113,7 @@ def _read(
     try:
         request = decode_header(message.data, limits, typed=True)
     except ProtocolError as exc:
-        shm.refuse(entry, _id_of_whole(message.data, limits), exc)
+        shm.refuse(entry, id_of_oversized(message.data, limits.max_header_bytes), exc)
         return None
     if request.op in SHM_OPS:
         header = request.header
@@ -150,21 +140,6 @@ def _read(
     if typed and repeat is not None and request.request_id == repeat.request_id:
         request.repeat = repeat.prefix  # the id is the header's last value
     return _admit(shm, entry, request)
-
-
-def _id_of_whole(data: bytes, limits: Limits) -> RequestId | None:
-    """The id of a message read whole (at most ``MAX_SHM_MESSAGE_BYTES``) that
-    ``decode_header`` refused as over ``bus.max_header_bytes``, for its refusal to
-    carry: a client then knows whose refusal it is (after a request timed out, one
-    without an id could be either's).  None for a header refused for what it holds:
-    no id can be read from it."""
-    if len(data) <= limits.max_header_bytes:
-        return None
-    try:  # ~5 us for 16 KiB, where unpack_header takes ~50 us (and hostile counts 16 MiB)
-        value = _ID_DECODER.decode(data).id
-    except (msgspec.DecodeError, RecursionError):  # not a map of str keys, or nested too deep
-        return None
-    return protocol.request_id_of({"id": value})
 
 
 def _read_repeat(

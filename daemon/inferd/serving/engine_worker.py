@@ -32,7 +32,7 @@ import structlog
 
 from inferd.bus.codec import validate_outputs, validate_parsed
 from inferd.bus.headers import InferReply, encode_infer_reply
-from inferd.bus.internal_errors import internal_message
+from inferd.bus.internal_errors import internal_message, run_failure, unavailable_message
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
@@ -335,9 +335,8 @@ class EngineWorker(threading.Thread):
             )
         runtime, handle = slot.runtime, slot.handle
         if runtime is None or handle is None:
-            reason = f": {slot.last_error}" if slot.last_error else ""
             return self._error(
-                job, slot, Code.UNAVAILABLE, f"model {job.model!r} is {slot.state}{reason}"
+                job, slot, Code.UNAVAILABLE, unavailable_message(job.model, slot.state)
             )
         inputs, placed = job.inputs, job.outputs
         # Arrived while the model was loading, or checked against an engine that a
@@ -364,7 +363,7 @@ class EngineWorker(threading.Thread):
         except OutputShapeError as exc:
             return self._error(job, slot, Code.INVALID_ARGUMENT, str(exc))
         except OutOfMemoryError as exc:
-            return self._error(job, slot, Code.RESOURCE_EXHAUSTED, str(exc))
+            return self._internal(job, slot, exc, "inference_out_of_memory")
         except ExecutionFailedError as exc:
             # The engine or the GPU failed, not the request: answered INTERNAL like any
             # runtime error, and counted towards failing over (serving/failover.py).
@@ -407,10 +406,10 @@ class EngineWorker(threading.Thread):
     def _internal(
         self, job: Job, slot: ModelSlot, exc: Exception, event: str, **log_fields: Any
     ) -> list[Any]:
-        """INTERNAL; the exception's text is logged, never sent (bus.internal_errors)."""
+        """INTERNAL or RESOURCE_EXHAUSTED (run_failure): the text is logged, never sent."""
         log.error(event, model=job.model, request_id=job.request_id, error=str(exc), **log_fields)
-        what = f"the inference failed ({type(exc).__name__})"
-        return self._error(job, slot, Code.INTERNAL, internal_message(what, event, job.request_id))
+        code, what = run_failure(exc)
+        return self._error(job, slot, code, internal_message(what, event, job.request_id))
 
     def _error(self, job: Job, slot: ModelSlot, code: Code, message: str) -> list[Any]:
         self._count(slot, str(code))

@@ -33,6 +33,7 @@ from inferd.bus.codec import (
 )
 from inferd.bus.handler import Prepared, Reply
 from inferd.bus.headers import InferHeader
+from inferd.bus.internal_errors import unavailable_message
 from inferd.bus.plans import AdmissionPlan, AdmissionPlans, plan_key
 from inferd.bus.region_refs import NO_REFS, bind_regions, refs_of
 from inferd.bus.repeats import splits_at_id
@@ -255,9 +256,7 @@ class RequestRouter:
                     plan = AdmissionPlan(handle, NO_REFS, parsed)
             outputs = output_views(regions)
         else:
-            raise ProtocolError(
-                Code.UNAVAILABLE, f"model {slot.name!r} is {slot.state}: {slot.last_error or ''}"
-            )
+            raise ProtocolError(Code.UNAVAILABLE, unavailable_message(slot.name, state))
         deadline_ms = deadline_ms_of(request.header, slot.config.default_deadline_ms)
         nbytes = self._queued_bytes(request, slot)
         # Prepared before it is queued: from then on the worker may run it and

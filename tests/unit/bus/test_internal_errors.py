@@ -70,3 +70,21 @@ def test_an_event_that_happens_once_needs_no_request_id() -> None:
     assert internal_message("the engine worker stopped (RuntimeError)", "engine_worker_died") == (
         "the engine worker stopped (RuntimeError); the daemon's log has why (engine_worker_died)"
     )
+
+
+def test_a_failed_models_request_is_unavailable_without_its_last_error(
+    dispatcher: tuple[Dispatcher, ModelSlot],
+) -> None:
+    """The reply carried the model's ``last_error`` (its path, ONNX Runtime's text);
+    ``status`` and ``health`` (operators) keep it."""
+    handler, slot = dispatcher
+    slot.state, slot.last_error = "failed", f"loading /var/lib/inferd/models/m.onnx: {LEAKY}"
+    header = {"v": 1, "id": 42, "op": "infer", "model": "m", "inputs": []}
+    reply = handler.message([zmq.Frame(b"client"), zmq.Frame(protocol.pack(header))], True)
+    assert reply is not None and reply.header["id"] == 42
+    assert reply.header["error"] == {
+        "code": "UNAVAILABLE",
+        "message": "model 'm' is failed (it failed to load, or to fail over); "
+        "the daemon's status and log have why (model_unavailable)",
+    }
+    assert slot.describe_runtime()["reason"] == slot.last_error

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from inferd.bus.region_refs import bind_regions
 from inferd.config import ShmConfig
-from inferd.errors import ExecutionFailedError, InferenceError
+from inferd.errors import ExecutionFailedError, InferenceError, OutOfMemoryError
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.scheduler import Job, Scheduler
 from inferd.serving.slot import ModelSlot
@@ -129,3 +129,41 @@ def test_a_late_validated_output_must_agree_with_the_inputs_named_sizes() -> Non
         "output 'y': dimension 0 is 3, but tensor 'x' has 2 at dimension 0; "
         "the model names both 'batch': they must be equal"
     )
+
+
+def test_a_run_out_of_memory_is_resource_exhausted_without_its_text() -> None:
+    """ONNX Runtime's CUDA out-of-memory names the host; the reply carried it, and
+    nothing was logged."""
+    cuda_oom = LEAKY.replace("700: an illegal memory access was encountered", "2: out of memory")
+    slot = serving_slot(0.0)
+    exc = OutOfMemoryError(f"onnxruntime could not allocate: {cuda_oom}")
+    slot.runtime = FailingRuntime(exc)  # type: ignore[assignment]
+    with capture_logs() as logs, worker_of(slot) as (scheduler, port):
+        scheduler.submit(Job([b"a"], 42, "m", {"x": np.zeros(1, np.float32)}, 0, None))
+        error = port.next_reply([b"a"])["error"]
+    assert error == {
+        "code": "RESOURCE_EXHAUSTED",
+        "message": "the inference ran out of memory; "
+        "the daemon's log has why (inference_out_of_memory, request id 42)",
+    }
+    [logged] = [entry for entry in logs if entry["event"] == "inference_out_of_memory"]
+    assert logged["request_id"] == 42 and logged["model"] == "m"
+    assert "hostname=vehicle-7" in logged["error"] and "out of memory" in logged["error"]
+    assert slot.stats.snapshot()["responses"] == {"RESOURCE_EXHAUSTED": 1}
+
+
+def test_a_failed_models_request_is_unavailable_without_its_last_error() -> None:
+    """A request the worker takes for a model that failed meanwhile: the reply
+    carried ``last_error`` (the model's path), which ``status`` keeps for operators."""
+    slot = serving_slot(0.0)
+    slot.runtime, slot.handle = None, None
+    slot.state, slot.last_error = "failed", f"loading /var/lib/inferd/models/m.onnx: {LEAKY}"
+    with worker_of(slot) as (scheduler, port):
+        scheduler.submit(Job([b"a"], 42, "m", {"x": np.zeros(1, np.float32)}, 0, None))
+        error = port.next_reply([b"a"])["error"]
+    assert error == {
+        "code": "UNAVAILABLE",
+        "message": "model 'm' is failed (it failed to load, or to fail over); "
+        "the daemon's status and log have why (model_unavailable)",
+    }
+    assert "/var/lib/inferd" in slot.describe_runtime()["reason"]
