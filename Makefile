@@ -88,7 +88,7 @@ test-cpp: $(TEST_STAMP)
 	$(CMAKE) -S clients/cpp -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Debug -DINFERD_CLIENT_WERROR=ON \
 		-DINFERD_CLIENT_SANITIZE=ON -DINFERD_CLIENT_BENCH=OFF -DINFERD_PYTHON=$(abspath $(BIN)/python)
 	$(CMAKE) --build $(CPP_BUILD) -j2
-	cd $(CPP_BUILD) && ctest --output-on-failure
+	cd $(CPP_BUILD) && ctest --output-on-failure -j2
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/rtt.py
