@@ -22,8 +22,11 @@ from typing import Any
 import zmq
 
 from inferd.bus.codec import Limits, decode_request
-from inferd.bus.handler import Reply, error_reply
-from inferd_wire.protocol import Code, ProtocolError
+from inferd.bus.handler import Reply
+from inferd.bus.headers import id_of_oversized
+from inferd.config.ceilings import MAX_HEADER_FRAME_BYTES
+from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError, RequestId
 
 #: Frames read and let go per call while discarding an oversized message.
 FRAMES_PER_CALL = 1024
@@ -35,7 +38,7 @@ class Oversized:
 
     envelope: list[bytes]
     #: The header frame, kept to answer with the request's id (None when the
-    #: message has no header within ``max_header_bytes``).
+    #: message has no header, or one past ``MAX_HEADER_FRAME_BYTES``).
     header: zmq.Frame | None
     #: Tensor frames of the whole message and their bytes.
     frames: int
@@ -43,12 +46,16 @@ class Oversized:
     complete: bool = False
 
     def reply(self, limits: Limits) -> Reply:
-        """The refusal, with the request's id when its header is readable."""
-        request = None
-        if self.header is not None:
+        """The refusal, with the request's id when its header is readable: decoded
+        within ``max_header_bytes``, its id alone past it (``id_of_oversized``)."""
+        request_id: RequestId | None = None
+        if self.header is not None and len(self.header) > limits.max_header_bytes:
+            request_id = id_of_oversized(self.header.buffer, limits.max_header_bytes)
+        elif self.header is not None:
             with contextlib.suppress(ProtocolError):  # unreadable: answered without an id
-                request = decode_request([self.header], limits)
-        return error_reply(request, self.envelope, self.error(limits))
+                request_id = decode_request([self.header], limits).request_id
+        error = self.error(limits)
+        return Reply(self.envelope, protocol.error_header(request_id, error.code, error.message))
 
     def error(self, limits: Limits) -> ProtocolError:
         if self.frames > limits.max_frames:
@@ -110,7 +117,7 @@ class Intake:
                     header = frames[body]
                     return Oversized(
                         envelope=[frames[0].bytes, b""] if body == 2 else [frames[0].bytes],
-                        header=header if len(header) <= limits.max_header_bytes else None,
+                        header=header if len(header) <= MAX_HEADER_FRAME_BYTES else None,
                         frames=count - body - 1,
                         nbytes=nbytes,
                         complete=not frame.more,

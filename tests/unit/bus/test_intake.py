@@ -13,6 +13,7 @@ import zmq
 
 from inferd.bus.codec import Limits
 from inferd.bus.intake import Intake, Oversized
+from inferd.config.ceilings import MAX_HEADER_FRAME_BYTES
 from inferd_wire.protocol import Code
 
 LIMITS = Limits(max_message_bytes=1000, max_header_bytes=64, max_frames=4)
@@ -113,12 +114,31 @@ def test_the_frame_that_crosses_the_limit_may_be_the_last(
     assert isinstance(receive(intake), list)
 
 
-def test_a_header_over_its_limit_is_not_kept(
+def test_a_header_past_any_configurable_limit_is_not_kept(
     pair: tuple[zmq.Socket[Any], zmq.Socket[Any]],
 ) -> None:
     router, dealer = pair
     intake = Intake(router, LIMITS)
-    dealer.send_multipart([b"h" * 65, *([b""] * 5)])
+    dealer.send_multipart([b"h" * (MAX_HEADER_FRAME_BYTES + 1), *([b""] * 5)])
     refused = receive(intake)
     assert isinstance(refused, Oversized) and refused.header is None
     assert (refused.frames, refused.nbytes) == (5, 0)
+    assert refused.reply(LIMITS).header["id"] is None
+
+
+def test_a_header_over_max_header_bytes_gives_the_refusal_its_id(
+    pair: tuple[zmq.Socket[Any], zmq.Socket[Any]],
+) -> None:
+    """Refused for its frames, with a header also past ``max_header_bytes``: the
+    refusal carries the id read alone (``id_of_oversized``, DESIGN.md 207), so the
+    client fails at once instead of waiting out its timeout."""
+    router, dealer = pair
+    intake = Intake(router, LIMITS)
+    long_header = msgpack.packb({"v": 1, "op": "infer", "model": "m" * 100, "id": "r-9"})
+    assert len(long_header) > LIMITS.max_header_bytes
+    dealer.send_multipart([long_header, *([b""] * 5)])
+    refused = receive(intake)
+    assert isinstance(refused, Oversized)
+    reply = refused.reply(LIMITS).header
+    assert reply["id"] == "r-9" and reply["error"]["code"] == Code.INVALID_ARGUMENT
+    assert reply["error"]["message"] == "message carries 5 tensor frames; the limit is 4"
