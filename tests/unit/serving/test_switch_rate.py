@@ -9,7 +9,6 @@ token."""
 
 from __future__ import annotations
 
-import queue
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from inferd.serving.slot import ModelSlot, Sinks
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.types import EngineHandle, Peer, TensorSpec, ThermalState
 from inferd_wire.protocol import Code, ProtocolError
-from tests.conftest import HANG_S, wait_until
+from tests.unit.serving.test_switch_refusals import answered_switch
 
 SPEC = (TensorSpec("x", "float32", (1,)),)
 ALICE = Peer("ipc", uid=1001, gid=1001, pid=5, user="alice", operator=True)
@@ -66,22 +65,7 @@ class Rig:
     def switch(self, peer: Peer, model: str = "m") -> ProtocolError:
         """A ``runtime.switch`` of ``peer``: refused at once, or prepared (and refused
         by the preparation) with its thread done."""
-        replies: queue.Queue[Any] = queue.Queue()
-        header = {"model": model, "runtime": "tensorrt", "requested_by": "script"}
-        try:
-            self.switcher.switch(header, peer, replies.put)
-        except ProtocolError as refused:
-            return refused
-        reply = replies.get(timeout=HANG_S)
-        wait_until(self._switch_ended, message="the switch's thread done")
-        assert isinstance(reply, ProtocolError), reply
-        return reply
-
-    def _switch_ended(self) -> bool:
-        if not self.switcher.claim("m"):
-            return False
-        self.switcher.unclaim("m")
-        return True
+        return answered_switch(self.switcher, peer, model)
 
 
 @pytest.fixture

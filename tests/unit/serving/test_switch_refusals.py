@@ -29,6 +29,30 @@ SPEC = (TensorSpec("x", "float32", (1,)),)
 NO_TENSORRT = "cannot prepare tensorrt: no tensorrt here; onnx_trt_ep keeps serving"
 
 
+def answered_switch(
+    switcher: RuntimeSwitcher, peer: Peer, model: str, label: str = "tensorrt"
+) -> ProtocolError:
+    """A ``runtime.switch`` of ``peer``: refused at once, or answered (refused by its
+    preparation) with its thread done."""
+    replies: queue.Queue[Any] = queue.Queue()
+    header = {"model": model, "runtime": label, "requested_by": "script"}
+    try:
+        switcher.switch(header, peer, replies.put)
+    except ProtocolError as refused:
+        return refused
+    reply = replies.get(timeout=HANG_S)
+    wait_until(lambda: _switch_ended(switcher, model), message="the switch's thread done")
+    assert isinstance(reply, ProtocolError), reply
+    return reply
+
+
+def _switch_ended(switcher: RuntimeSwitcher, model: str) -> bool:
+    if not switcher.claim(model):
+        return False
+    switcher.unclaim(model)
+    return True
+
+
 class Rig:
     """One serving model whose switches are all refused, a clock the test moves,
     and the records the switcher writes."""
@@ -63,19 +87,7 @@ class Rig:
 
     def refuse(self, label: str = "tensorrt") -> ProtocolError:
         """An operator's runtime.switch, answered (refused) and its thread done."""
-        replies: queue.Queue[Any] = queue.Queue()
-        header = {"model": "m", "runtime": label, "requested_by": "script"}
-        self.switcher.switch(header, Peer.internal(0, 0), replies.put)
-        reply = replies.get(timeout=HANG_S)
-        wait_until(self._switch_ended, message="the switch's thread done")
-        assert isinstance(reply, ProtocolError), reply
-        return reply
-
-    def _switch_ended(self) -> bool:
-        if not self.switcher.claim("m"):
-            return False
-        self.switcher.unclaim("m")
-        return True
+        return answered_switch(self.switcher, Peer.internal(0, 0), "m", label)
 
     def taken(self) -> list[tuple[str, Any]]:
         """The records written since the last call: (kind, outcome or count)."""
