@@ -22,7 +22,7 @@ from inferd.digest import remembered_sha256, sha256_remembered
 from inferd.errors import EngineBuildError
 from inferd.external_data import ExternalDataEscapeError, open_external_file
 from inferd.runtime.onnx_trt_ep import OnnxTrtEpRuntime
-from inferd.types import BuildConfig, ThermalState
+from inferd.types import BuildConfig, EngineCacheEntry, ThermalState
 from tests.tensorrt_bench import W
 from tests.unit.engine_build.test_build_model_identity import write_affine
 
@@ -194,8 +194,8 @@ def _runtime(tmp_path: Path) -> OnnxTrtEpRuntime:
 def test_weights_changed_while_onnx_runtime_loads_the_model_refuse_the_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Serving loads the model by path after ``compile_engine`` hashed it: weights
-    swapped in between (here: while the session is made) load nothing."""
+    """ONNX Runtime reads external data by path after the load hashed it: weights
+    written over in place while the session is made load nothing."""
     from inferd.errors import EngineDeserializeError
     from inferd.runtime import onnx_trt_ep
 
@@ -225,3 +225,132 @@ def test_a_model_touched_but_not_changed_since_it_was_hashed_still_loads(
     handle = runtime.deserialize_engine(entry)
     assert handle.model_sha256 == entry.model_sha256
     runtime.release_engine(handle)
+
+
+def _swapped_while_the_session_is_made(
+    monkeypatch: pytest.MonkeyPatch, target: Path, other: Path
+) -> None:
+    """Every ONNX Runtime session is made while ``other`` is renamed over ``target``;
+    the original is renamed back before it returns (A to B to A: the same inode and
+    bytes as hashed, so a new hash of ``target`` finds A again)."""
+    import onnxruntime
+
+    real = onnxruntime.InferenceSession
+    aside = target.with_name(f"{target.name}.aside")
+
+    def swapping(*args: object, **kwargs: object) -> object:
+        os.rename(target, aside)
+        os.rename(other, target)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            os.rename(target, other)
+            os.rename(aside, target)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", swapping)
+
+
+def _served(runtime: OnnxTrtEpRuntime, entry: EngineCacheEntry) -> float:
+    """What the loaded model computes for x = 1: 3.0 for A (bias 1.0), 3.05 for B."""
+    handle = runtime.deserialize_engine(entry)
+    try:
+        (y,) = runtime.infer(handle, {"x": np.ones((2, W), np.float32)}).values()
+    finally:
+        runtime.release_engine(handle)
+    assert np.allclose(y, y.flat[0])
+    return float(y.flat[0])
+
+
+def test_a_model_file_swapped_and_back_while_the_session_is_made_is_not_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session is made from the very bytes hashed for the load: B renamed over
+    the ``.onnx`` and A renamed back while ONNX Runtime makes it serves A."""
+    runtime = _runtime(tmp_path)
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0)
+    other = write_affine(tmp_path / "incoming" / "m.onnx", 1.05)
+    entry = runtime.compile_engine(model, BuildConfig())
+    _swapped_while_the_session_is_made(monkeypatch, model, other)
+    assert _served(runtime, entry) == pytest.approx(3.0)
+    assert sha256(model) == entry.model_sha256
+
+
+def test_an_external_data_file_swapped_and_back_while_the_session_is_made_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ONNX Runtime reads external data by path: a data file replaced by rename and
+    put back while it reads is no longer the file hashed (its ctime moved), and the
+    load is refused although the model's digest is A's again."""
+    from inferd.errors import EngineDeserializeError
+
+    runtime = _runtime(tmp_path)
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    write_affine(tmp_path / "incoming" / "m.onnx", 1.05, external=True)
+    entry = runtime.compile_engine(model, BuildConfig())
+    data = model.parent / "m.onnx.data"
+    _swapped_while_the_session_is_made(monkeypatch, data, tmp_path / "incoming" / "m.onnx.data")
+    with pytest.raises(EngineDeserializeError, match="changed while ONNX Runtime loaded it"):
+        _served(runtime, entry)
+    assert sha256_remembered(model) == entry.model_sha256  # A again: a new hash cannot see it
+    monkeypatch.undo()
+    assert _served(runtime, entry) == pytest.approx(3.0)  # loaded again: A
+
+
+@pytest.mark.parametrize(
+    ("swapped", "named"),
+    [("m.onnx", "the model file"), ("m.onnx.data", "its external data file m.onnx.data")],
+)
+def test_before_onnx_runtime_1_21_a_model_with_external_data_loads_by_path_and_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swapped: str, named: str
+) -> None:
+    """Given bytes, ONNX Runtime before 1.21 finds no external data (it has no folder
+    option): such a model loads from its path, and every file, the ``.onnx`` too, must
+    be the very file hashed once the session exists."""
+    import onnxruntime
+
+    from inferd.errors import EngineDeserializeError
+
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
+    runtime = _runtime(tmp_path)
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    write_affine(tmp_path / "incoming" / "m.onnx", 1.05, external=True)
+    entry = runtime.compile_engine(model, BuildConfig())
+    assert _served(runtime, entry) == pytest.approx(3.0)
+    target = model.parent / swapped
+    _swapped_while_the_session_is_made(monkeypatch, target, tmp_path / "incoming" / swapped)
+    with pytest.raises(EngineDeserializeError, match=f"{named} was written or replaced"):
+        _served(runtime, entry)
+
+
+def test_a_model_changed_after_it_was_hashed_for_the_load_loads_nothing(tmp_path: Path) -> None:
+    """The bytes read for the session are checked against the digest ``compile_engine``
+    took (the one the TensorRT EP's cache is named by)."""
+    from inferd.errors import EngineDeserializeError
+
+    runtime = _runtime(tmp_path)
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=True)
+    entry = runtime.compile_engine(model, BuildConfig())
+    new_weights(model, 1.05)
+    with pytest.raises(EngineDeserializeError, match="changed since it was hashed for this load"):
+        runtime.deserialize_engine(entry)
+
+
+@pytest.mark.parametrize(
+    ("external", "tensorrt_ep", "by_path"),
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, False)],
+)
+def test_a_session_asking_for_the_tensorrt_ep_gets_a_model_with_external_data_by_path(
+    tmp_path: Path, external: bool, tensorrt_ep: bool, by_path: bool
+) -> None:
+    """That the TensorRT EP finds the external weights of a model given as bytes is
+    not confirmed on a GPU: such a session is made from the path, checked after like
+    one before ONNX Runtime 1.21; every other is made from the bytes hashed."""
+    import onnxruntime
+
+    from inferd.runtime.ort_model_source import read_session_model
+
+    runtime = _runtime(tmp_path)
+    model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=external)
+    entry = runtime.compile_engine(model, BuildConfig())
+    source = read_session_model(entry, onnxruntime, tensorrt_ep=tensorrt_ep).source
+    assert source == (model if by_path else model.read_bytes())

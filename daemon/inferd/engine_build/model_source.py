@@ -18,7 +18,9 @@ bytes: TensorRT's parser and ONNX Runtime read them by path.  They are hashed
 with the model's bytes (``read``), and once the consumer has read them they are
 checked again (``check_unchanged``): the same digest and the very files hashed
 (each file's inode, size, mtime and ctime, so a swap undone before the check is
-caught too); else ``ModelChangedError``.
+caught too); else ``ModelChangedError``.  The reading and the comparisons are
+``inferd.model_bytes``'s, shared with ``onnx_trt_ep`` serving; the words are the
+build's.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferd.digest import FileVersion, ModelDigest, model_digest, model_digest_of
+from inferd.digest import ModelDigest, model_digest
 from inferd.errors import EngineBuildError
 from inferd.external_data import model_directory
-from inferd.owned_files import open_own_file
+from inferd.model_bytes import changed_part, read_model, replaced_files
 
 
 class ModelChangedError(EngineBuildError):
@@ -62,10 +64,7 @@ class ModelSource:
         data files too), whose digest is ``sha256``; ``OSError`` when the model or
         one of its files cannot be read or names a file outside its folder
         (``inferd.external_data``), ``ModelChangedError`` when it is another model."""
-        handle, info = open_own_file(self.path, follow=True)
-        with handle:
-            data = handle.readall()
-        hashed = model_digest_of(data, self.path, info)
+        data, hashed = read_model(self.path)
         if hashed.sha256 != self.sha256:
             raise self._changed(hashed.sha256, "")
         return data, hashed
@@ -76,9 +75,8 @@ class ModelSource:
         something read them by path, for want of a way to hand it their bytes."""
         now = model_digest(self.path)
         if now.sha256 != self.sha256:
-            raise self._changed(now.sha256, _which(hashed, now))
-        was, is_ = _versions(hashed), _versions(now)
-        replaced = [file for file, version in was.items() if is_.get(file) != version]
+            raise self._changed(now.sha256, changed_part(hashed, now))
+        replaced = replaced_files(hashed, now)
         if replaced:
             raise ModelChangedError(
                 f"the model {self.path} changed during the build: {', '.join(replaced)} "
@@ -93,20 +91,3 @@ class ModelSource:
             f"now {digest[:16]}, the engine is named for {self.sha256[:16]}; nothing is "
             "built or validated from another model than the one named: build again"
         )
-
-
-def _which(hashed: ModelDigest, now: ModelDigest) -> str:
-    """`` (its external data file w.bin)`` naming what differs, or nothing when the
-    model file itself (or the list of its files) changed."""
-    was = {file.location: file.sha256 for file in hashed.external}
-    is_ = {file.location: file.sha256 for file in now.external}
-    if hashed.file_sha256 != now.file_sha256 or was.keys() != is_.keys():
-        return ""
-    changed = sorted(location for location, digest in was.items() if is_[location] != digest)
-    return f" (its external data file {', '.join(changed)})" if changed else ""
-
-
-def _versions(digest: ModelDigest) -> dict[str, FileVersion]:
-    """The version of each file ``digest`` was taken over, by what a message calls it."""
-    external = {f"its external data file {file.location}": file.version for file in digest.external}
-    return {"the model file": digest.version, **external}

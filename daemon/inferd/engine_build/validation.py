@@ -10,15 +10,15 @@ ONNX Runtime session is made from exactly those bytes, its external data found
 beside the model (``session.model_external_initializers_file_folder_path``,
 ONNX Runtime 1.21 on), which ONNX Runtime reads by path: once the session is
 made, those files are checked again.  An ONNX Runtime that cannot load them from
-memory (before 1.21, a model with external data) loads the model from its path,
-and the model's digest is checked again once it is loaded.  A model changed
+memory (before 1.21, as JetPack 6's wheels are, a model with external data) is
+given the model's path, and the files are checked again once it is loaded
+(``runtime.ort_model_source.external_data_from_memory``).  A model changed
 meanwhile fails validation, saying so; the engine is never compared with another
 model.
 """
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +30,7 @@ import numpy as np
 from inferd.digest import model_digest, sha256_file
 from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engines.sidecar import read_sidecar
+from inferd.runtime.ort_model_source import EXTERNAL_DATA_FOLDER, external_data_from_memory
 from inferd.types import BuildConfig, PrecisionMode
 
 #: (absolute, relative) tolerance per precision.
@@ -40,9 +41,6 @@ TOLERANCES: dict[PrecisionMode, tuple[float, float]] = {
     PrecisionMode.MIXED: (1e-1, 1e-1),
 }
 VALIDATION_STATUSES = ("not_applicable", "pending", "pass", "fail")
-#: ONNX Runtime's session option (1.21 on) naming the folder of a model's external
-#: data when the model is loaded from memory; earlier versions ignore the key.
-EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 _CPU = ["CPUExecutionProvider"]
 
 Arrays = dict[str, np.ndarray]
@@ -109,20 +107,20 @@ def reference_session(model: ModelSource) -> Any:
     import onnxruntime as ort
 
     data, hashed = model.read()
+    if hashed.external and not external_data_from_memory(ort):
+        # Given bytes, an ONNX Runtime before 1.21 looks for external data beside
+        # its working directory: the model is read by path, and checked after.
+        del data
+        session = ort.InferenceSession(str(model.path), providers=_CPU)
+        model.check_unchanged(hashed)
+        return session
     options = ort.SessionOptions()
     options.add_session_config_entry(EXTERNAL_DATA_FOLDER, model.directory)
-    loaded: Any = None
-    with contextlib.suppress(Exception):  # its error is the path's too, or the case below
-        loaded = ort.InferenceSession(data, options, providers=_CPU)
+    loaded = ort.InferenceSession(data, options, providers=_CPU)
     del data  # the session keeps its own reference
-    if loaded is not None:
-        if hashed.external:  # read by path
-            model.check_unchanged(hashed)
-        return loaded
-    # An ONNX Runtime before 1.21 cannot find external data for a model in memory.
-    session = ort.InferenceSession(str(model.path), providers=_CPU)
-    model.check_unchanged(hashed)
-    return session
+    if hashed.external:  # read by path
+        model.check_unchanged(hashed)
+    return loaded
 
 
 def reference_case(model: ModelSource, seed: int = 0) -> tuple[Arrays, Arrays]:

@@ -8,7 +8,8 @@ compares the providers the session really registered with the ones it wants
 (``ort_providers``): every difference is a ``provider_degraded`` record and, when ONNX
 Runtime dropped what it was asked for, one alert; it is refused when
 ``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback`` forbids it.  A
-model's staged engine is gated and served through an EP-context model (``ort_ep_context``).
+model's staged engine is gated and served through an EP-context model (``ort_ep_context``);
+otherwise the session is made from the model's bytes as hashed (``ort_model_source``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import structlog
 
 from inferd.config import RuntimeConfig
-from inferd.digest import remembered_sha256, sha256_remembered
+from inferd.digest import sha256_remembered
 from inferd.engines.build_config import workspace_cap_bytes
 from inferd.engines.host import read_host_tuple
 from inferd.errors import (
@@ -40,6 +41,7 @@ from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_opti
 from inferd.runtime.ort_binding import InPlaceRunner
 from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
 from inferd.runtime.ort_errors import is_out_of_memory, is_output_shape_error
+from inferd.runtime.ort_model_source import read_session_model
 from inferd.runtime.ort_precision import int8_refusal
 from inferd.runtime.ort_providers import (
     CPU_EP,
@@ -208,8 +210,6 @@ class OnnxTrtEpRuntime:
         cache_dir, cache_error = self._engine_cache(entry, requested)
         context, unused = self._staged_context(entry, requested, cache_dir)
         session = self._create_session(entry, requested, cache_dir, context)
-        if context is None:
-            _check_model_unchanged(entry)
         resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
         self._check_providers(entry, resolution, unused)
         inputs, outputs = session_specs(session, entry.model_path, by_input)
@@ -327,22 +327,31 @@ class OnnxTrtEpRuntime:
         options.log_severity_level = 3
         if self._config.ort_intra_op_threads:
             options.intra_op_num_threads = self._config.ort_intra_op_threads
-        path, what = entry.artifact_path, str(entry.artifact_path)
+        model = None
         if context is not None:
             # The graph is one EPContext node: nothing for ORT to optimise, and
             # ONNX Runtime's TensorRT EP asks for level 0 with context models.
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            path = context.path
-            what = f"the EP-context model {path} of staged engine {context.engine.path.name}"
-        return create_session(
+            source: Path | bytes = context.path
+            what = (
+                f"the EP-context model {context.path} of staged engine {context.engine.path.name}"
+            )
+        else:  # the very bytes the entry's digest names (ort_model_source), dropped on return
+            model = read_session_model(entry, ort, tensorrt_ep=TRT_EP in requested)
+            model.configure(options)
+            source, what = model.source, str(entry.model_path)
+        session = create_session(
             ort,
-            path,
+            source,
             options,
             requested,
             all_options,
             device_id=self._config.device_id,
             what=what,
         )
+        if model is not None:
+            model.check_read()
+        return session
 
     def _check_providers(
         self, entry: EngineCacheEntry, resolution: ProviderResolution, unused: str | None
@@ -419,21 +428,3 @@ class OnnxTrtEpRuntime:
 
     def release_engine(self, handle: EngineHandle) -> None:
         self._residents.pop(handle.handle_id, None)
-
-
-def _check_model_unchanged(entry: EngineCacheEntry) -> None:
-    """ONNX Runtime read the model (and its external data) by path after
-    ``compile_engine`` hashed it: refuse a session made from other bytes.  Stats
-    only while the files are as hashed; hashes again when one was touched since."""
-    now = remembered_sha256(entry.model_path)
-    if now is None:
-        try:
-            now = sha256_remembered(entry.model_path)
-        except OSError as exc:
-            raise EngineDeserializeError(f"cannot read model {entry.model_path}: {exc}") from None
-    if now != entry.model_sha256:
-        raise EngineDeserializeError(
-            f"model {entry.model_path} changed while ONNX Runtime loaded it (its digest is "
-            f"now {now[:16]}, not {entry.model_sha256[:16]}): nothing was loaded from it; "
-            "load it again"
-        )

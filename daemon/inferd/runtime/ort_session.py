@@ -39,7 +39,7 @@ from inferd.runtime.ort_providers import off_device, uncapped
 
 def create_session(
     ort: Any,
-    path: Path,
+    model: Path | bytes,
     sess_options: Any,
     providers: Sequence[str],
     options: Mapping[str, Mapping[str, str]],
@@ -47,14 +47,15 @@ def create_session(
     device_id: int,
     what: str,
 ) -> Any:
-    """A session of ``path`` with ``providers`` (``options`` by provider name), each
-    GPU provider it registered on ``device_id`` and with the arena options asked for;
-    ``what`` names the model in errors.  Raises ``EngineDeserializeError``."""
-    session = _session(ort, path, sess_options, providers, options, what)
+    """A session of ``model`` (its path or its bytes) with ``providers`` (``options``
+    by provider name), each GPU provider it registered on ``device_id`` and with the
+    arena options asked for; ``what`` names the model in errors.  Raises
+    ``EngineDeserializeError``."""
+    session = _session(ort, model, sess_options, providers, options, what)
     if _options_lost(session.get_provider_options(), options, device_id):
         registered = list(session.get_providers())
         del session  # its memory goes before the next session takes its own
-        session = _session(ort, path, sess_options, registered, options, what)
+        session = _session(ort, model, sess_options, registered, options, what)
     registered_options = session.get_provider_options()
     elsewhere = off_device(registered_options, device_id)
     if elsewhere:
@@ -77,6 +78,10 @@ def create_session(
         )
     # ORT's Python wrapper otherwise retries a failing run on CPU behind our back.
     session.disable_fallback()
+    # It keeps the bytes it was made from for that retry alone (``_model_bytes``,
+    # "holding the memory indefinitely"): the model is not held twice while it serves.
+    if isinstance(model, bytes) and getattr(session, "_model_bytes", None) is model:
+        session._model_bytes = None
     return session
 
 
@@ -92,7 +97,7 @@ def _options_lost(
 
 def _session(
     ort: Any,
-    path: Path,
+    model: Path | bytes,
     sess_options: Any,
     providers: Sequence[str],
     options: Mapping[str, Mapping[str, str]],
@@ -100,7 +105,7 @@ def _session(
 ) -> Any:
     try:
         return ort.InferenceSession(
-            str(path),
+            model if isinstance(model, bytes) else str(model),
             sess_options=sess_options,
             providers=list(providers),
             provider_options=[dict(options.get(name, {})) for name in providers],

@@ -244,6 +244,24 @@ def test_an_onnx_runtime_without_the_folder_option_validates_external_data_by_pa
     monkeypatch.chdir(tmp_path)
     ort = _OrtBefore121()
     monkeypatch.setattr(onnxruntime, "InferenceSession", ort)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
+    _plan, summary = build(bench, model, BuildConfig())
+    assert summary["validationStatus"] == "pass", summary["validation"]
+    assert ort.paths == [str(model)]
+
+
+def test_an_onnx_runtime_without_the_folder_option_is_never_given_bytes_with_external_data(
+    bench: Bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given bytes, ONNX Runtime before 1.21 (JetPack 6's) reads external data beside
+    its working directory: other weights of the same name there made the reference,
+    and a right engine failed validation.  Such a model is given by its path."""
+    model = write_affine(tmp_path / "models" / "big.onnx", 1.0, external=True)
+    write_affine(tmp_path / "big.onnx", 1.05, external=True)  # big.onnx.data in the cwd
+    monkeypatch.chdir(tmp_path)
+    ort = _OrtBefore121()
+    monkeypatch.setattr(onnxruntime, "InferenceSession", ort)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
     _plan, summary = build(bench, model, BuildConfig())
     assert summary["validationStatus"] == "pass", summary["validation"]
     assert ort.paths == [str(model)]
@@ -257,6 +275,7 @@ def test_a_model_replaced_while_onnx_runtime_loads_it_by_path_fails_validation(
     monkeypatch.chdir(tmp_path)
     ort = _OrtBefore121(on_path=lambda: rename_over(new, model))
     monkeypatch.setattr(onnxruntime, "InferenceSession", ort)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
     _plan, summary = build(bench, model, INT8)
     assert summary["validationStatus"] == "fail"
     assert "changed during the build" in summary["validation"]["reason"]

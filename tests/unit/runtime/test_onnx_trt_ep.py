@@ -24,7 +24,6 @@ from inferd.runtime.onnx_trt_ep import (
 from inferd.types import (
     Alert,
     BuildConfig,
-    EngineCacheEntry,
     PrecisionMode,
     RecordSink,
     ThermalState,
@@ -237,15 +236,27 @@ def test_provider_args_cap_workspace_and_follow_precision(tmp_path: Path) -> Non
     assert (fp16["trt_fp16_enable"], fp16["trt_int8_enable"]) == ("True", "False")
 
 
+def test_a_session_is_made_from_the_models_bytes_and_does_not_keep_them(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    """ONNX Runtime gets the bytes hashed for the load (``ort_model_source``); its
+    Python session keeps them only for the fallback retry ``create_session`` turns
+    off, so they are dropped: a served model is not held twice."""
+    runtime = make_runtime(tmp_path)
+    handle = load(runtime, demo_model)
+    session = runtime._residents[handle.handle_id].session
+    assert session._model_path is None  # made from bytes, not from the path
+    assert session._model_bytes is None
+    runtime.release_engine(handle)
+
+
 def test_a_corrupt_model_fails_to_deserialize(tmp_path: Path, demo_model: Path) -> None:
     runtime = make_runtime(tmp_path)
     corrupt = tmp_path / "corrupt.onnx"
     shutil.copy(demo_model, corrupt)
     corrupt.write_bytes(corrupt.read_bytes()[:1000])
     with pytest.raises(EngineDeserializeError, match="could not load"):
-        runtime.deserialize_engine(
-            EngineCacheEntry("onnx_trt_ep", corrupt, corrupt, "0" * 64, BuildConfig())
-        )
+        runtime.deserialize_engine(runtime.compile_engine(corrupt, BuildConfig()))
 
 
 def _qdq_model(path: Path) -> Path:

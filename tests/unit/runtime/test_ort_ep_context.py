@@ -231,7 +231,7 @@ def test_without_a_tensorrt_ep_in_the_build_the_onnx_serves_and_the_engine_is_re
 
     runtime = make_runtime(bench, sinks, host_tuple=no_host)
     handle = runtime.deserialize_engine(staged_entry(runtime, demo_model, engine))
-    assert ort.sessions[-1]["model"] == str(demo_model)
+    assert ort.sessions[-1]["model"] == demo_model.read_bytes()  # the .onnx's, as hashed
     assert handle.provider_degradation == "no_tensorrt_ep"
     ((kind, payload),) = sinks.records
     assert (kind, payload["staged_engine_unused"]) == ("provider_degraded", str(engine))
@@ -259,7 +259,7 @@ def test_a_cache_directory_not_the_daemons_own_is_not_used(
     handle = runtime.deserialize_engine(entry)
     infer(runtime, handle, demo_model)
     assert list(elsewhere.iterdir()) == []
-    assert Path(ort.sessions[-1]["model"]) == demo_model  # the .onnx, no context model
+    assert ort.sessions[-1]["model"] == demo_model.read_bytes()  # the .onnx, no context model
     assert handle.engine_cache_error is not None and "is a symbolic link" in (
         handle.engine_cache_error
     )
