@@ -176,6 +176,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
                 ("busy poll", _busy_poll_line(bus.get("busy_poll") or {})),
                 ("send buffer", _send_buffer_line(bus.get("send_buffer") or {})),
                 ("security", _security_line(result.get("security") or {})),
+                ("builds", _builds_line(result.get("builds") or {})),
                 (
                     "alerts",
                     f"raised {result.get('alerts', {}).get('raised', 0)}, sent "
@@ -228,6 +229,19 @@ def _security_line(security: Mapping[str, Any]) -> str:
     )
 
 
+def _builds_line(builds: Mapping[str, Any]) -> str:
+    """``build.start``'s refusals by code, and its rate per peer."""
+    refused = builds.get("start_refused") or {}
+    limit = builds.get("start_limit") or {}
+    by_code = ", ".join(f"{code} {count}" for code, count in sorted(refused.items()))
+    return (
+        f"build.start refused {sum(refused.values())}"
+        + (f" ({by_code})" if by_code else "")
+        + f", rate limited {limit.get('refused', 0)} (burst {text(limit.get('burst'))}, "
+        f"one every {text(limit.get('refill_s'))} s)"
+    )
+
+
 def _send_buffer_line(send_buffer: Mapping[str, Any]) -> str:
     """The kernel send buffer of the infer socket's connections (DESIGN.md 116):
     what is asked, how many connections got it, and a cap by the kernel."""
@@ -253,7 +267,8 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
         f"huge pages: {shm.get('huge_pages', 'unknown')}",
         f"  connections per uid (at most {shm.get('max_connections_per_uid', 0)}): "
         f"{_per_uid(shm.get('connections_by_uid') or {})}; "
-        f"{shm.get('refused_per_uid', 0)} refused over it",
+        f"{shm.get('refused_per_uid', 0)} refused over it"
+        + (f" ({_per_uid(shm['refused_by_uid'])})" if shm.get("refused_by_uid") else ""),
         f"  requests on shm.sock: {shm.get('requests', 0)}, {shm.get('in_flight', 0)} in flight, "
         f"{shm.get('refused_in_flight', 0)} refused over "
         f"{shm.get('max_requests_per_connection', 0)} per connection, "

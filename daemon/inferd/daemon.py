@@ -21,7 +21,7 @@ from inferd.bus.security import BusSecurity
 from inferd.bus.server import BusServer
 from inferd.config import Config
 from inferd.engine_build.build_record import BuildFinished
-from inferd.engine_build.supervisor import BuildManager
+from inferd.engine_build.start_refusals import CountedBuildManager
 from inferd.errors import UnsafeDirectoryError
 from inferd.fdr.writer import FlightRecorder
 from inferd.metrics import MetricsExporter
@@ -36,6 +36,7 @@ from inferd.serving.slot import ModelSlot, Sinks, engine_files
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
 from inferd.shutdown import StopSteps, answer_after_worker_death, drain, joined, terminate
+from inferd.stop_budget import stop_bounds
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.supervision.open_files import raise_open_files_limit
@@ -44,9 +45,6 @@ from inferd.thermal.monitor import ThermalMonitor
 from inferd.types import Alert, Liveness, Peer
 
 log = structlog.get_logger("inferd.daemon")
-
-#: What ``stop()`` may take beyond the drain: the threads' joins, the recorder's flush.
-_STOP_MARGIN_S = 30.0
 
 
 class Daemon(DaemonState):
@@ -57,6 +55,7 @@ class Daemon(DaemonState):
         #: worker died); the main loop then stops it and exits in failure.
         self.failed: str | None = None
         self._started_ns = time.monotonic_ns()
+        self.stop_bounds = stop_bounds(config.daemon)  # the most each step of stop() waits
         self._context: zmq.Context[Any] = zmq.Context()
         self.security = BusSecurity(self._context, config)
         admit = partial(self.security.local_refusal, "infer")  # shm.sock: infer_allow
@@ -106,7 +105,7 @@ class Daemon(DaemonState):
         self.switcher = RuntimeSwitcher(
             self.slots, self.scheduler, config.runtime, self._sinks, ready=self._models_loaded
         )
-        self.builds = BuildManager(
+        self.builds = CountedBuildManager(
             {model.name: model for model in config.models},
             build_dir=config.daemon.state_dir / "builds",
             engine_dir=config.runtime.engine_dir,
@@ -185,12 +184,12 @@ class Daemon(DaemonState):
             self._lifecycle("start")
             self._start_serving()
         except BaseException as exc:  # recorded, and all acquired so far released
-            step = StopSteps()
+            step = StopSteps(self.stop_bounds)
             step("fdr", partial(self._lifecycle, "start_failed", error=str(exc)[:512]))
             self.state = "stopping"  # a model not loading yet is not loaded now
             self.router.accepting = False
             step("scheduler.drain", drain, self.scheduler, self.router, 0.0)  # any queued: answered
-            self._close(step, None, self.config.daemon.shutdown_drain_ms / 1000 + 10)
+            self._close(step, None)
             raise
 
     def _start_serving(self) -> None:
@@ -234,40 +233,38 @@ class Daemon(DaemonState):
         log.info("daemon_stopping")
         self.state = "stopping"
         self.router.accepting = False
-        step = StopSteps()
+        step = StopSteps(self.stop_bounds)  # its deadline: stop_budget_s from now
         if on_stopping is not None:
             step("on_stopping", on_stopping)
         # Builds first: cooperative cancel (source sigterm), killed after the grace
         # period; their engine_build records reach the FDR before it closes.
         if self.rebuilder is not None:
             step("rebuilder.stop", self.rebuilder.stop)
-        step("builds.shutdown", self.builds.shutdown, "sigterm")
-        drain_s = self.config.daemon.shutdown_drain_ms / 1000
-        step("scheduler.drain", drain, self.scheduler, self.router, drain_s)
-        step("switcher.stop", self.switcher.stop)  # an operator's switch in progress is answered
-        step("failover.stop", self.failover.stop)  # a failover in progress is given up, waited for
-        self._close(step, "stop", drain_s + 10)
+        step.waiting("builds.shutdown", self.builds.shutdown, "sigterm")
+        step.waiting("scheduler.drain", drain, self.scheduler, self.router)
+        step.waiting("switcher.stop", self.switcher.stop)  # a switch in progress is answered
+        step.waiting("failover.stop", self.failover.stop)  # a failover in progress given up
+        self._close(step, "stop")
 
-    def _close(self, step: StopSteps, event: str | None, worker_s: float) -> None:
+    def _close(self, step: StopSteps, event: str | None) -> None:
         """Once the scheduler is closed: stop every thread that started, record
         ``event``, terminate the context, release the instance locks."""
-        step("worker.join", joined, self.worker, worker_s)
+        step.waiting("worker.join", joined, self.worker)
         step("bus.stop", self.bus.stop)
-        step("bus.join", joined, self.bus, 10)
+        step.waiting("bus.join", joined, self.bus)
         if self.shm is not None:  # every request is answered: release every region
-            step("shm.stop", self.shm.stop)
-        step("thermal.stop", self.thermal.stop)
-        step("metrics.stop", self.metrics.stop)
+            step.waiting("shm.stop", self.shm.stop)
+        step.waiting("thermal.stop", self.thermal.stop)
+        step.waiting("metrics.stop", self.metrics.stop)
         step("deadline_misses.flush", self.deadline_misses.flush)
         if event is not None:
             step("fdr", self._lifecycle, event)
         step("alerts.close", self.alerts.close)
         step("publisher.stop", self.publisher.stop)
-        step("publisher.join", joined, self.publisher, 10)
-        step("security.stop", self.security.stop)
-        if self.recorder is not None:
-            # What is queued written, fdatasync (5 s at most after a failed start).
-            step("recorder.stop", self.recorder.stop, 10 if event is not None else 5)
+        step.waiting("publisher.join", joined, self.publisher)
+        step.waiting("security.stop", self.security.stop)
+        if self.recorder is not None:  # what is queued written, fdatasync: its time reserved
+            step.waiting("recorder.stop", self.recorder.stop)
         alive = {"worker": self.worker.is_alive(), "bus": self.bus.is_alive()}
         alive |= {"publisher": self.publisher.is_alive(), "zap": self.security.is_alive()}
         step("context.term", terminate, self._context, alive)
@@ -276,9 +273,9 @@ class Daemon(DaemonState):
         log.info("daemon_stopped", fdr_durable_seq=durable_seq)
 
     def stop_budget_s(self) -> float:
-        """An upper bound on how long ``stop()`` takes (for ``EXTEND_TIMEOUT_USEC``)."""
-        drain_s = self.config.daemon.shutdown_drain_ms / 1000
-        return drain_s + self.config.daemon.build_cancel_grace_s + _STOP_MARGIN_S
+        """How long ``stop()`` takes at most (``EXTEND_TIMEOUT_USEC``), held to by its
+        ``StopSteps``: the sum of the bounds of its steps."""
+        return sum(self.stop_bounds.values())
 
     def housekeeping(self) -> None:
         """Periodic work of the main thread (called about twice a second)."""
@@ -428,6 +425,7 @@ class Daemon(DaemonState):
             "thermal": self.thermal.describe(),
             "security": self.security.describe(self.router.permission_denied, self.switcher.rate),
             "shm": self.shm.status() if self.shm else {"enabled": False},
+            "builds": self.builds.start_status(),
             "metrics": self.metrics.describe(),
             "bus": {
                 **self.bus.status(),

@@ -95,6 +95,18 @@ class UnsafeDirectoryError(InferdError):
     (another owner, writable by others, a symlink): ``inferd.owned_files``."""
 
 
+class OpenFilesLimitError(InferdError):
+    """The process's limit on open descriptors (``RLIMIT_NOFILE``) is below what the
+    config's bounds let clients make the daemon hold (``supervision.open_files``):
+    the daemon does not start, since clients within every bound could then make
+    libzmq abort it.  The message names the limit, the count and what to change."""
+
+    def __init__(self, message: str, *, limit: int, needed: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.needed = needed
+
+
 class InferenceError(InferdError):
     pass
 

@@ -6,11 +6,17 @@ the threads after it open (so the ZeroMQ context cannot be terminated), the
 requests still queued unanswered, the recorder's queue unwritten, the instance
 lock held.  Each step is run through ``StopSteps``, which logs an exception
 (``daemon_stop_step_failed``, with the step's name and the traceback) and goes on.
+
+A stop must also end in the time the daemon asks systemd for (``STOPPING=1`` with
+``EXTEND_TIMEOUT_USEC``), or systemd kills it, perhaps before the recorder's last
+flush.  That time is the sum of ``stop_budget.stop_bounds``, the most each step that
+waits may wait, and ``StopSteps`` gives each such step no more than that.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,10 +32,19 @@ log = structlog.get_logger("inferd.daemon")
 
 
 class StopSteps:
-    """Runs the steps of a stop; ``failed`` names those that raised."""
+    """Runs the steps of a stop; ``failed`` names those that raised.
 
-    def __init__(self) -> None:
+    ``bounds`` (``stop_budget.stop_bounds``) gives the stop one deadline, their sum from now.
+    A step that waits (``waiting``) may wait its bound, and never into the time owed
+    to the steps after it: when those before it took longer than theirs (a component
+    that overran the time it was given, a step that cannot be given one), it gets
+    what is left.  So the stop ends by the deadline whatever hangs, and each later
+    step, the recorder's flush last, still gets its whole bound."""
+
+    def __init__(self, bounds: Mapping[str, float]) -> None:
         self.failed: list[str] = []
+        self._bounds = dict(bounds)
+        self._deadline = time.monotonic() + sum(self._bounds.values())
 
     def __call__(self, name: str, step: Callable[..., object], *args: Any) -> None:
         try:
@@ -39,6 +54,18 @@ class StopSteps:
             log.exception(
                 "daemon_stop_step_failed", step=name, error=f"{type(exc).__name__}: {exc}"
             )
+
+    def waiting(self, name: str, step: Callable[..., object], *args: Any) -> None:
+        """Run ``step(*args, wait_s)``, ``wait_s`` being what it may wait now."""
+        self(name, step, *args, self.wait_s(name))
+
+    def wait_s(self, name: str) -> float:
+        """What step ``name`` may wait now: its bound, less what it would take from
+        the bounds of the steps after it."""
+        names = list(self._bounds)
+        owed_later = sum(self._bounds[later] for later in names[names.index(name) + 1 :])
+        left = self._deadline - time.monotonic() - owed_later
+        return max(0.0, min(self._bounds[name], left))
 
 
 def drain(scheduler: Scheduler, router: RequestRouter, drain_s: float) -> None:

@@ -24,12 +24,16 @@ import numpy as np
 import pytest
 
 from inferd.config import ModelConfig
+from inferd.digest import sha256_file
 from inferd.engine_build.build_record import describe, fdr_record
 from inferd.engine_build.supervisor import BuildManager
+from inferd.engines.sidecar import read_sidecar
+from inferd.fdr import kinds
 from inferd.fdr.reader import ReadReport, read_records
 from inferd.types import Peer
 from inferd_client import InferenceClient
 from tests.conftest import HANG_S, REPO, DaemonFactory, DaemonProcess, Events, wait_until
+from tests.fakes.gpu_site import fake_gpu_env
 from tests.integration.test_schemas import assert_valid, call
 
 pytestmark = pytest.mark.integration
@@ -504,3 +508,77 @@ def test_a_cancel_accepted_while_the_engine_is_validated_ends_cancelled(
     assert fdr_record(build)["outcome"] == "cancelled"
     left = [name for name in _files_left(tmp_path) if not name.endswith(".build.json")]
     assert [name for name in left if ".engine" in name] == []
+
+
+# In the child only: the build marks that it has saved its timing cache (after its
+# commit, before its summary and its report), then waits there to be killed.
+AFTER_THE_COMMIT = """
+import os, time
+from pathlib import Path
+from inferd.engine_build import timing_cache_policy as _policy
+_finish = _policy.TimingCacheManager.finish
+def _finish_then_wait(self, *args, **kwargs):
+    decision = _finish(self, *args, **kwargs)
+    Path(os.environ["INFERD_TEST_COMMITTED"]).touch()
+    time.sleep(60)
+    return decision
+_policy.TimingCacheManager.finish = _finish_then_wait
+"""
+
+
+def test_a_build_child_killed_after_its_commit_leaves_a_trusted_counted_engine(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between its commit and its report (the OOM killer, the grace's SIGKILL):
+    the build was recorded ``failed``, its validated engine left neither trusted nor
+    counted by the cap, its timing cache claimed ``discarded`` though saved.  The
+    daemon now reads the commit record the child wrote before its commit."""
+    env = fake_gpu_env(None)  # the TensorRT builder, on the fakes
+    for key in ("PYTHONPATH", "INFERD_FAKE_TRT_VIOLATIONS"):
+        monkeypatch.setenv(key, env[key])
+    _in_the_child(tmp_path, monkeypatch, AFTER_THE_COMMIT)
+    committed = tmp_path / "committed"
+    monkeypatch.setenv("INFERD_TEST_COMMITTED", str(committed))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    published: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    manager = BuildManager(
+        {"demo": ModelConfig("demo", demo_model)},
+        build_dir=state / "builds",
+        engine_dir=state / "engines",
+        publish=lambda _topic, payload: published.append(dict(payload)),
+        record=lambda kind, payload: records.append(dict(payload, kind=kind)),
+        grace_s=1.0,
+        tensorrt_available=lambda: True,
+    )
+    started = manager.start({"model": "demo"}, OPERATOR)
+    wait_until(committed.exists, timeout=60, message="the child after its commit")
+    build = manager._get(started["build_id"])
+    os.kill(build.process.pid, signal.SIGKILL)
+    assert build.done.wait(HANG_S)
+
+    engine = build.engine_path
+    digest = read_sidecar(engine)
+    assert sha256_file(engine) == digest, "the committed engine is intact"
+    assert build.state == "completed" and build.killed_after_commit is True
+    status = describe(build)
+    assert_valid("build_status_reply.json#/$defs/build", status)
+    assert (status["killed_after_commit"], status["adoptable"]) == (True, True)
+    assert status["cleanup_status"] == "cleaned"
+    manifest = json.loads((engine.parent / "manifest.json").read_text())
+    assert manifest["engines"] == {engine.name: digest}, "trusted as a reported build is"
+    (record,) = [r for r in records if r.pop("kind") == "engine_build"]
+    kinds.validate("engine_build", record)
+    assert (record["outcome"], record["killed_after_commit"]) == ("succeeded", True)
+    assert record["exit_code"] == -signal.SIGKILL
+    # Saved before the kill, so never claimed "discarded": not known to the daemon.
+    assert record["timing_cache"] == "unknown"
+    assert list(engine.parent.glob("timing_*.cache")), "the child had saved its timing cache"
+    terminal = published[-1]
+    assert terminal["type"] == "completed" and terminal["detail"]["killedAfterCommit"] is True
+    # Counted by the builds cap, and kept by it (an engine the manifest trusts).
+    (kept,) = [s for s in manager.admission.retention.scan().sets if s.build_id == build.build_id]
+    assert engine in kept.paths and kept.pinned is not None
+    left = [p.name for p in engine.parent.iterdir() if ".tmp-" in p.name or p.name == "staging"]
+    assert left == [], "partial files of the killed child"

@@ -258,14 +258,19 @@ def test_a_child_that_dies_after_its_record_is_recorded_as_what_the_daemon_saw(
     tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The FDR record was the child's (``outcome: succeeded``) while the build, its
-    status and its terminal event said ``failed``."""
+    status and its terminal event said ``failed``.  Since the commit record (DESIGN.md,
+    a build child killed after its commit) the daemon reads the summary the child
+    left: all of them say what it did, ``completed``, ``killed_after_commit``."""
     _in_the_child(tmp_path, monkeypatch, DIES_BEFORE_ITS_REPORT)
     published: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     manager = _manager(tmp_path, demo_model, published=published, records=records)
     build = _start(manager, {"step_s": 0})
     assert build.done.wait(HANG_S)
-    assert build.record is not None and build.summary is None  # the point under test
-    assert build.state == "failed" and published[-1]["type"] == "failed"
+    assert build.record is not None and not build.reported  # the point under test
+    assert build.state == "completed" and published[-1]["type"] == "completed"
+    assert published[-1]["detail"]["killedAfterCommit"] is True
     (record,) = records
-    assert record["outcome"] == "failed"
+    assert record["outcome"] == "succeeded" and record["killed_after_commit"] is True
+    assert build.summary is not None and build.summary.get("provisional") is False
+    assert record["timing_cache"] == build.summary["timingCacheMode"]

@@ -21,6 +21,7 @@ import pytest
 
 from inferd.cli.main import EXIT_USAGE
 from inferd.config.sections import DaemonConfig
+from inferd.stop_budget import stop_bounds
 from tests.conftest import REPO
 
 UNITS = ("inferd.service", "inferd@.service")
@@ -117,10 +118,10 @@ def test_unit_settings(unit: str) -> None:
     assert "Unit.StartLimitIntervalSec" in settings and "Unit.StartLimitBurst" in settings
     watchdog_s = int(settings["Service.WatchdogSec"][0])
     stop_s = int(settings["Service.TimeoutStopSec"][0])
-    # Stop must cover what the daemon asks for by default: the drain, the builds'
-    # cancel grace, and the joins and the FDR flush.
+    # Stop must cover what the daemon asks for by default: every step of its stop at
+    # its bound (the builds' cancel grace, the drain, the joins, the FDR flush last).
     defaults = DaemonConfig(state_dir=Path("/var/lib/inferd"), runtime_dir=Path("/run/inferd"))
-    asked_s = defaults.shutdown_drain_ms / 1000 + defaults.build_cancel_grace_s + 30
+    asked_s = sum(stop_bounds(defaults).values())
     assert stop_s >= asked_s and watchdog_s >= 4
     devices = " ".join(settings["Service.DeviceAllow"])
     for node in ("/dev/nvmap", "/dev/nvhost-ctrl-gpu", "/dev/nvgpu/igpu0/ctrl", "char-nvidia*"):

@@ -26,12 +26,23 @@ and a ``close``, about 1.5 us at 100 descriptors and at 20,000, where listing
 ``/proc/self/fd`` costs 70 us and 30 ms.  The period is derived from the room
 between the threshold and the limit: ``LOOKS_PER_ROOM`` looks while a flood at
 ``FLOOD_RATE`` would fill it (0.1 s at the unit's 65,536, 18 ms at 4,096).  A pass
-that ended nothing (many peers, each within the bound: what the guard cannot
-reach) is not repeated until the table has filled by another ``RESCAN_FRACTION``
-of that room, so a table that stays full costs a few passes.  An episode (passes
-that ended connections, until the table has stayed below the threshold for
-``QUIET_S``) is logged once as it starts and once as it ends, and counted in
-``status.security.descriptor_guard``.
+that ended nothing (the daemon's own descriptors, or many peers each within the
+bound) is not repeated until the table has filled by another ``RESCAN_FRACTION``
+of that room or reached ``share_level``, so a table that stays full costs a few
+passes.
+
+Many peers each within the bound (86 users at 256 on each of three sockets fill
+65,536) are held by the second stage: once the table is past ``share_level`` (a
+quarter of the limit) the pass, having counted every peer's connections, also
+holds what they keep in all to ``share_target`` (the threshold, where the guard
+starts acting): each peer keeps its oldest up to the largest share that fits
+(water-filling, ``fair_shares``), so a client holding a few keeps them while the
+peers holding most lose what they hold past the share.  While such passes end
+connections the next one shares too, whatever the lowest free descriptor (one of
+the holes the last pass made).  An episode (passes that ended connections, until
+the table has stayed below the threshold for ``QUIET_S``) is logged once as it
+starts, once as its first pass ends connections past a share, and once as it
+ends, and counted in ``status.security.descriptor_guard``.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ from typing import Any
 
 import structlog
 
-from inferd.bus.descriptor_scan import SocketPeer, end_extra_connections
+from inferd.bus.descriptor_scan import Ended, SocketPeer, end_extra_connections
 from inferd.bus.endpoint_connections import EndpointConnections
 
 log = structlog.get_logger("inferd.security")
@@ -62,6 +73,16 @@ THRESHOLD_DIVISOR = 8
 #: Connections a second the period is sized for: one Python loop opened 25,000 a
 #: second here (libzmq accepts on one I/O thread; four processes got 18,000).
 FLOOD_RATE = 50_000
+#: Past 1/SHARE_LEVEL_DIVISOR of the limit (16,384 of 65,536) a pass also holds what
+#: all peers keep to ``share_target``.  The room above it is what a flood of many
+#: users fills while the guard, short of CPU beside them, makes its pass: 20 users
+#: opening 5,120 at a limit of 4,096 on 2 vCPUs found the table at 4,036 or more in
+#: 4 of 30 tries with the level at half, and at 3,133 at most with it at a
+#: quarter (at 2,048, half let the daemon die in 2 of 30 tries; a quarter, none of
+#: 40).  Below the level many peers are tolerated (a burst of clients); past it a
+#: pass ends only what they hold past the threshold in all, which one peer's flood
+#: (``max_connections`` on each socket, 768 with the defaults) never does.
+SHARE_LEVEL_DIVISOR = 4
 #: Looks while a flood at ``FLOOD_RATE`` fills the room between threshold and limit.
 LOOKS_PER_ROOM = 4
 MIN_PERIOD_S = 0.001
@@ -84,6 +105,11 @@ class GuardLimits:
     period_s: float
     #: How much fuller the table must be before a pass that ended nothing is repeated.
     rescan_step: int
+    #: Past this lowest free descriptor a pass holds what all peers keep to ...
+    share_level: int
+    #: ... this many connections (the threshold: the table falls back to where the
+    #: guard starts acting, above what the daemon holds otherwise).
+    share_target: int
 
     @classmethod
     def of(cls, limit: int) -> GuardLimits:
@@ -95,6 +121,8 @@ class GuardLimits:
             threshold=threshold,
             period_s=min(MAX_PERIOD_S, max(MIN_PERIOD_S, period_s)),
             rescan_step=max(1, room // RESCAN_FRACTION),
+            share_level=limit // SHARE_LEVEL_DIVISOR,
+            share_target=threshold,
         )
 
 
@@ -122,10 +150,16 @@ def _peer_text(peer: SocketPeer, ended: int) -> dict[str, Any]:
     return {"socket": socket, **who, "ended": ended}
 
 
+#: The pass: the sockets, ``max_connections``, and the target all peers are held to
+#: (None: only the bound).
+Trim = Callable[[Mapping[str, EndpointConnections], int, int | None], Ended]
+
+
 class DescriptorGuard(threading.Thread):
     """Ends each peer's connections past ``max_connections`` while the descriptor
-    table is past the threshold; ``sockets`` is the live map the bus threads fill
-    as they bind (``SocketSecurity.connections``)."""
+    table is past the threshold, and past a fair share of ``share_target`` while it
+    is past ``share_level``; ``sockets`` is the live map the bus threads fill as
+    they bind (``SocketSecurity.connections``)."""
 
     def __init__(
         self,
@@ -133,9 +167,7 @@ class DescriptorGuard(threading.Thread):
         max_connections: int,
         limits: GuardLimits,
         *,
-        trim: Callable[[Mapping[str, EndpointConnections], int], Counter[SocketPeer]] = (
-            end_extra_connections
-        ),
+        trim: Trim = end_extra_connections,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name="inferd-fd-guard", daemon=True)
@@ -150,12 +182,17 @@ class DescriptorGuard(threading.Thread):
         #: The open episode's connections ended by peer, and since when the table
         #: has been below the threshold (None: above it, or no episode open).
         self._episode: Counter[SocketPeer] | None = None
+        self._episode_past_share = 0
         self._episode_started = 0.0
         self._below_since: float | None = None
         #: The last pass ended connections: look again at once, not after a period.
         self._flooded = False
+        #: The last pass ended connections past a share: the next one shares too.
+        self._sharing = False
         self.episodes = 0
         self.connections_ended = 0
+        self.share_passes = 0
+        self.connections_ended_past_share = 0
 
     def stop(self) -> None:
         self._stop_requested.set()
@@ -173,17 +210,28 @@ class DescriptorGuard(threading.Thread):
 
     def look(self, lowest_free: int) -> None:
         """One look, at the lowest free descriptor number ``lowest_free``."""
-        threshold, step = self.limits.threshold, self.limits.rescan_step
+        limits = self.limits
+        threshold, step, share_level = limits.threshold, limits.rescan_step, limits.share_level
         self._flooded = False
         if lowest_free >= self._pass_at:
-            ended = self._trim(dict(self._sockets), self._max_connections)
+            # Right after a pass the lowest free descriptor is one of the holes it
+            # made, not how full the table is: while passes end connections past a
+            # share, the flood of many peers goes on.
+            sharing = lowest_free >= share_level or self._sharing
+            target = limits.share_target if sharing else None
+            ended = self._trim(dict(self._sockets), self._max_connections, target)
             # What ended frees its descriptors as libzmq closes them: look again
             # as soon as the table is past the threshold; after a pass that ended
-            # nothing, once it has filled by another step.
-            self._pass_at = threshold if ended else lowest_free + step
-            if ended:
+            # nothing, once it has filled by another step, or reached the share level.
+            self._sharing = sharing and ended.past_share.total() > 0
+            if ended.total():
+                self._pass_at = threshold
                 self._flooded = True
                 self._ended(ended)
+            elif lowest_free < share_level:
+                self._pass_at = min(lowest_free + step, share_level)
+            else:
+                self._pass_at = lowest_free + step
         elif lowest_free < threshold:
             self._pass_at = threshold  # the table emptied: a pass at the next crossing
         if lowest_free >= threshold:
@@ -195,10 +243,12 @@ class DescriptorGuard(threading.Thread):
         if self._episode is not None and now - self._below_since >= QUIET_S:
             self._end_episode(now)
 
-    def _ended(self, ended: Counter[SocketPeer]) -> None:
+    def _ended(self, ended: Ended) -> None:
+        by_peer = ended.by_peer()
         self.connections_ended += ended.total()
         if self._episode is None:
             self._episode = Counter()
+            self._episode_past_share = 0
             self._episode_started = self._clock()
             self.episodes += 1
             log.warning(
@@ -207,19 +257,39 @@ class DescriptorGuard(threading.Thread):
                 threshold=self.limits.threshold,
                 max_connections=self._max_connections,
                 ended=ended.total(),
-                peers=[_peer_text(peer, n) for peer, n in ended.most_common(LOGGED_PEERS)],
+                peers=[_peer_text(peer, n) for peer, n in by_peer.most_common(LOGGED_PEERS)],
             )
-        self._episode.update(ended)
+        past_share = ended.past_share.total()
+        if past_share:
+            self.share_passes += 1
+            self.connections_ended_past_share += past_share
+            if not self._episode_past_share:
+                log.warning(
+                    "descriptor_flood_shared",
+                    limit=self.limits.limit,
+                    share_level=self.limits.share_level,
+                    share_target=self.limits.share_target,
+                    share=ended.share,
+                    ended=past_share,
+                    peers=[
+                        _peer_text(peer, n)
+                        for peer, n in ended.past_share.most_common(LOGGED_PEERS)
+                    ],
+                )
+            self._episode_past_share += past_share
+        self._episode.update(by_peer)
 
     def _end_episode(self, now: float) -> None:
         assert self._episode is not None
         log.info(
             "descriptor_flood_ended",
             ended=self._episode.total(),
+            past_share=self._episode_past_share,
             duration_s=round(now - self._episode_started, 1),
             peers=[_peer_text(peer, n) for peer, n in self._episode.most_common(LOGGED_PEERS)],
         )
         self._episode = None
+        self._sharing = False
 
     def describe(self) -> dict[str, Any]:
         """``status.security.descriptor_guard``."""
@@ -229,4 +299,8 @@ class DescriptorGuard(threading.Thread):
             "period_s": round(self.limits.period_s, 4),
             "episodes": self.episodes,
             "connections_ended": self.connections_ended,
+            "share_level": self.limits.share_level,
+            "share_target": self.limits.share_target,
+            "share_passes": self.share_passes,
+            "connections_ended_past_share": self.connections_ended_past_share,
         }

@@ -1,6 +1,7 @@
 """The descriptor guard's pass (DESIGN.md 128): each peer's connections to the
 daemon's bound ZeroMQ sockets past ``bus.max_connections`` shut down, in one pass
-over the process's descriptors.
+over the process's descriptors; asked to, the same pass then holds what all the
+peers keep to a target, each peer to a fair share of it (``fair_shares``).
 
 A connection of a socket is a stream socket, not listening, whose local address
 is the socket's path (``ipc://``) or port (``tcp://``), as ``EndpointConnections``
@@ -28,6 +29,7 @@ import socket
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from inferd.bus.endpoint_connections import EndpointConnections
 
@@ -111,6 +113,13 @@ class _Pass:
             return socket.inet_ntop(family, peer[4:8])
         return socket.inet_ntop(family, peer[8:24]) if family == socket.AF_INET6 else None
 
+    def holds(self, fd: int, peer: SocketPeer) -> bool:
+        """Whether ``fd`` is still a connection of ``peer`` (its number may have been
+        closed and given to another descriptor since it was counted)."""
+        name, key = peer
+        on_ipc = isinstance(key, int)
+        return self.socket_of(fd) == (name, on_ipc) and self.peer(fd, on_ipc) == key
+
     def _int_option(self, fd: int, option: int) -> int | None:
         value = self._option_bytes(fd, option, 4)
         return None if value is None else int.from_bytes(value[:4], sys.byteorder)
@@ -138,27 +147,89 @@ def _at_their_end(descriptors: list[int]) -> set[int]:
     return {fd for fd, events in poller.poll(0) if events & select.POLLHUP}
 
 
+@dataclass(frozen=True)
+class Ended:
+    """What one pass shut down, by peer: past ``bus.max_connections``, and within it
+    past the fair share the peers were held to (``share``; None: no target was
+    asked, or what they held fit it)."""
+
+    past_bound: Counter[SocketPeer]
+    past_share: Counter[SocketPeer]
+    share: int | None = None
+
+    def by_peer(self) -> Counter[SocketPeer]:
+        return self.past_bound + self.past_share
+
+    def total(self) -> int:
+        return self.past_bound.total() + self.past_share.total()
+
+
+def fair_shares(held: Mapping[SocketPeer, int], target: int) -> tuple[int, dict[SocketPeer, int]]:
+    """How many of its connections each peer keeps so that all keep at most ``target``
+    (water-filling): the largest share ``s`` with ``sum(min(held, s)) <= target``,
+    each peer keeping ``min(held, s)``, and what that leaves of ``target`` going one
+    each to the peers holding more, in the order of ``held`` (the pass's: by their
+    oldest descriptor, so that ties favour clients connected before a flood).  A
+    peer holding less than the share keeps all of it."""
+    counts = sorted(held.values())
+    left, peers = target, len(counts)
+    for count in counts:
+        if count * peers > left:
+            break  # this peer and all above it get the same share of what is left
+        left -= count
+        peers -= 1
+    if peers == 0:  # everything fits
+        return (counts[-1] if counts else 0), dict(held)
+    share = left // peers
+    extra = left - share * peers  # < peers, each of whom holds more than the share
+    keeps: dict[SocketPeer, int] = {}
+    for peer, count in held.items():
+        keeps[peer] = min(count, share)
+        if count > share and extra > 0:
+            keeps[peer] += 1
+            extra -= 1
+    return share, keeps
+
+
 def end_extra_connections(
-    sockets: Mapping[str, EndpointConnections], keep: int
-) -> Counter[SocketPeer]:
+    sockets: Mapping[str, EndpointConnections], keep: int, target: int | None = None
+) -> Ended:
     """Shut down each connection a peer holds to one of ``sockets`` past its first
-    ``keep`` (in descriptor order); how many of each peer's.  The ZAP handler
-    admits a peer only while it holds at most ``keep`` (``bus.max_connections``),
-    so a peer past it holds connections ZAP never saw: they never greeted."""
+    ``keep`` (in descriptor order).  The ZAP handler admits a peer only while it
+    holds at most ``keep`` (``bus.max_connections``), so a peer past it holds
+    connections ZAP never saw: they never greeted.  With ``target``, when what the
+    peers keep then is more than it (many peers, each within the bound), each keeps
+    only its first ``fair_shares``."""
     descriptors = [int(name) for name in os.listdir("/proc/self/fd")]
     ending = _at_their_end(descriptors)
     scan = _Pass(sockets)
-    held: Counter[SocketPeer] = Counter()
-    ended: Counter[SocketPeer] = Counter()
+    #: Each peer's connections within the bound, oldest first; peers in the order of
+    #: their oldest.
+    kept: dict[SocketPeer, list[int]] = {}
+    past_bound: Counter[SocketPeer] = Counter()
     for fd in descriptors:
         found = None if fd in ending else scan.socket_of(fd)
         if found is None:
             continue  # no connection of the sockets', or one already ending
         name, on_ipc = found
-        peer = scan.peer(fd, on_ipc)
-        if peer is None:
+        key = scan.peer(fd, on_ipc)
+        if key is None:
             continue  # closed meanwhile
-        held[name, peer] += 1
-        if held[name, peer] > keep and _shutdown(fd, socket.SHUT_RDWR) == 0:
-            ended[name, peer] += 1
-    return ended
+        held = kept.get((name, key))
+        if held is None:
+            held = kept[name, key] = []
+        if len(held) < keep:
+            held.append(fd)
+        elif _shutdown(fd, socket.SHUT_RDWR) == 0:
+            past_bound[name, key] += 1
+    past_share: Counter[SocketPeer] = Counter()
+    if target is None or sum(len(held) for held in kept.values()) <= target:
+        return Ended(past_bound, past_share)
+    share, keeps = fair_shares({peer: len(held) for peer, held in kept.items()}, target)
+    for peer, held in kept.items():
+        for fd in held[keeps[peer] :]:
+            # Counted a while ago (a pass over 16,000 descriptors took 80 ms here, a
+            # flood's longest 70 ms in the daemon): its number may be another's now.
+            if scan.holds(fd, peer) and _shutdown(fd, socket.SHUT_RDWR) == 0:
+                past_share[peer] += 1
+    return Ended(past_bound, past_share, share)

@@ -7,6 +7,7 @@ and what ``status`` reports about them.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import structlog
@@ -94,13 +95,15 @@ class BusSecurity:
         self.guard = DescriptorGuard(self.sockets.connections, max_connections, limits)
         self.guard.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the descriptor guard, then the ZAP handler; ``timeout_s`` for both."""
+        deadline = time.monotonic() + timeout_s
         if self.guard is not None:
             self.guard.stop()
-            self.guard.join(timeout=10)
+            self.guard.join(max(0.0, deadline - time.monotonic()))
         if self.zap is not None:
             self.zap.stop()
-            self.zap.join(timeout=10)
+            self.zap.join(max(0.0, deadline - time.monotonic()))
 
     def is_alive(self) -> bool:
         return self.zap is not None and self.zap.is_alive()

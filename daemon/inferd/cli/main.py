@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import faulthandler
 import os
 import signal
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 import inferd
-from inferd.errors import ConfigError, UnsafeDirectoryError
+from inferd.errors import ConfigError, OpenFilesLimitError, UnsafeDirectoryError
 from inferd.owned_files import apply_owned_umask, ensure_owned_dir
 
 if TYPE_CHECKING:
@@ -190,6 +191,7 @@ def _check_config(path: Path) -> int:
     keys that are not there), or the config resolved, as TOML (``inferd.config.render``)."""
     from inferd import config
     from inferd.config.render import config_to_toml
+    from inferd.supervision.open_files import descriptors_needed
 
     try:
         loaded = config.load(path)
@@ -213,6 +215,13 @@ def _check_config(path: Path) -> int:
         listed = "\n".join(f"  - {line}" for line in missing)
         print(f"inferd: invalid config {path}:\n{listed}", file=sys.stderr)
         return EXIT_USAGE
+    # Said, not checked: this process's RLIMIT_NOFILE is not the daemon's (its unit's).
+    needed = descriptors_needed(loaded.bus.max_connections, loaded.shm)
+    print(
+        f"inferd: {path} needs {needed} open descriptors: inferd run refuses to start "
+        "under a lower limit (the unit's LimitNOFILE=)",
+        file=sys.stderr,
+    )
     print(config_to_toml(loaded), end="")
     return EXIT_OK
 
@@ -275,6 +284,10 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
         print(f"inferd: invalid config: {exc}", file=sys.stderr)
         notifier.failed(f"invalid config: {exc}")
         return EXIT_USAGE  # RestartPreventExitStatus=2: a restart would fail the same way
+    except OpenFilesLimitError as exc:  # the unit's LimitNOFILE= or the config to change
+        print(f"inferd: cannot start: {exc}", file=sys.stderr)
+        notifier.failed(f"cannot start: {exc}", errno.EMFILE)
+        return EXIT_USAGE  # as a config error: a restart would fail the same way
     except Exception as exc:  # lock held, bind failure (zmq.ZMQError), recorder...
         print(f"inferd: cannot start: {exc}", file=sys.stderr)
         notifier.failed(

@@ -75,11 +75,14 @@ def inventory(directory: Path) -> list[dict[str, Any]]:
 LISTED_MAX = 32
 
 
-def build_files(directory: Path, names: Collection[str]) -> tuple[list[dict[str, Any]], int]:
+def build_files(
+    directory: Path, names: Collection[str], skip: Collection[str] = ()
+) -> tuple[list[dict[str, Any]], int]:
     """One build's files in ``directory`` and its ``quarantine/`` (relative path, size),
     sorted: those named after ``names`` (its engine's stem, its timing cache's name),
-    temp files too; at most ``LISTED_MAX``, and how many more there were.  What a build
-    summary lists: never the whole directory, which grows with every build."""
+    temp files too, but for the names in ``skip`` (its own summary, being replaced); at
+    most ``LISTED_MAX``, and how many more there were.  What a build summary lists:
+    never the whole directory, which grows with every build."""
     found: list[dict[str, Any]] = []
     quarantined = directory / QUARANTINE_DIR
     # A symlink there is not the daemon's quarantine: nothing it points at is listed.
@@ -89,7 +92,7 @@ def build_files(directory: Path, names: Collection[str]) -> tuple[list[dict[str,
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
-            if not entry.name.lstrip(".").startswith(tuple(names)):
+            if not entry.name.lstrip(".").startswith(tuple(names)) or entry.name in skip:
                 continue
             try:
                 info = entry.stat(follow_symlinks=False)

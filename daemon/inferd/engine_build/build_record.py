@@ -54,10 +54,14 @@ class Build:
     manifest: str | None = None
     manifest_note: str | None = None
     record: dict[str, Any] | None = None
+    #: The child's report came (else ``summary`` is what it left on disk, if anything).
+    reported: bool = False
     #: A child that exited without a report: what the daemon cleaned after it
     #: (``child_exit.clean_after``) and the timing-cache decision it records.
     cleanup: dict[str, Any] | None = None
     timing_cache: str | None = None
+    #: It exited without a report after its engine was committed (``child_exit``).
+    killed_after_commit: bool = False
     error: str | None = None
     received: int = 0
     published: int = 0
@@ -90,8 +94,9 @@ def fdr_record(build: Build) -> dict[str, Any]:
     there is none) with what only the daemon knows."""
     duration = round((build.exited_mono or time.monotonic()) - build.started_mono, 4)
     # The child's record says how its build ended only if its report came too (a
-    # child killed between the two: the build is what the daemon saw, ``failed``).
-    child = build.record if build.summary is not None else None
+    # child killed between the two: the build is what the daemon saw and read).
+    child = build.record if build.reported else None
+    summary = build.summary or {}
     base = child or {
         "model": build.model,
         "outcome": {"cancelled": "cancelled", "completed": "succeeded"}.get(build.state, "failed"),
@@ -102,6 +107,8 @@ def fdr_record(build: Build) -> dict[str, Any]:
         "cleanup_status": _cleanup_status(build),
         "cleanup": build.cleanup,
         "timing_cache": build.timing_cache,
+        "validation_status": summary.get("validationStatus"),
+        "summary": build.summary_path,
     }
     return {
         **base,
@@ -119,6 +126,7 @@ def fdr_record(build: Build) -> dict[str, Any]:
         "cancelled_by": None if build.cancel_peer is None else build.cancel_peer.as_record(),
         "manifest": build.manifest,
         "cancel_too_late": cancel_too_late(build),
+        "killed_after_commit": build.killed_after_commit,
         **{key: value for key, value in latencies(build).items() if value is not None},
     }
 
@@ -177,14 +185,17 @@ def describe(build: Build) -> dict[str, Any]:
             "cancel_reason": build.cancel_reason,
             "escalated": build.escalated,
             **latencies(build),
+            # The daemon's cleanup after a child without a report, else the child's.
             "cleanup_status": summary.get("cleanupStatus")
-            or (None if build.cleanup is None else build.cleanup["status"]),
+            if build.cleanup is None
+            else build.cleanup["status"],
             "retry_policy": summary.get("retryPolicy"),
             "validation_status": summary.get("validationStatus"),
             "summary_path": build.summary_path,
             "engine_path": str(build.engine_path) if completed else None,
             "manifest": build.manifest,
             "error": build.error,
+            "killed_after_commit": build.killed_after_commit,
             "adoptable": completed and not build.simulated and build.manifest is not None,
             "adoption": adoption,
             "events": {
@@ -234,6 +245,7 @@ def terminal_event(build: Build, state: str, code: int) -> dict[str, Any]:
             "exitCode": code,
             "summaryPath": build.summary_path,
             "error": build.error,
+            "killedAfterCommit": build.killed_after_commit,
         },
     }
 

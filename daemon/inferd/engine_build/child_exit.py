@@ -4,24 +4,37 @@ recorded (``supervisor.BuildManager._finish``).
 A child that reported: a validated TensorRT engine is trusted in
 ``<engine_dir>/manifest.json`` (``trust``).  A child that exited without a report
 (killed after the cancel grace, at shutdown, by the OOM killer, or its summary
-write failed) cleaned up nothing: ``clean_after`` removes what it wrote (its temp
+write failed) may have committed its engine first: ``after_child`` reads the
+summary it left, if any (its commit record, written just before the commit and
+marked ``provisional``, or its final summary).  An engine at the final path with
+the digest that record names and a matching sidecar was committed: the build
+ends as that summary says (``completed``, the engine trusted and counted by the
+builds cap like any), recorded ``killed_after_commit``, its timing cache
+``unknown`` (a completed child saves it after its commit).  A commit record whose
+engine is not there names a commit that never happened: it is removed.  Either
+way ``clean_after`` removes what the child wrote and did not commit (its temp
 files, its staged engine; an engine left half-committed is quarantined) and
-records the result and the timing-cache decision on the build, for its FDR
-record and ``build.status``.  ``conclude`` does either and sets the build's end
-from its report, or from how its child exited.  ``settle`` is the last word:
-whatever went wrong, a build never stays ``running``.
+records the result on the build, for its FDR record and ``build.status``.
+``conclude`` does this and sets the build's end from its summary, or from how its
+child exited.  ``settle`` is the last word: whatever went wrong, a build never
+stays ``running``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import structlog
 
+from inferd.digest import sha256_file
 from inferd.engine_build.artifacts import TimingCacheOutcome, clean_up
 from inferd.engine_build.build_record import Build
+from inferd.engine_build.engine_outputs import read_summary
 from inferd.engine_build.pipeline import record_trust
+from inferd.engine_build.session import summary_path_for
 from inferd.engines.manifest import MANIFEST_NAME
+from inferd.engines.sidecar import read_sidecar
 from inferd.errors import InferdError
 
 log = structlog.get_logger("inferd.builds")
@@ -30,12 +43,13 @@ _OUTCOME_STATE = {"completed": "completed", "cancelled": "cancelled", "failed": 
 
 
 def conclude(build: Build, engine_dir: Path, deployment_manifest: Path | None) -> str:
-    """The child has exited and is reaped: trust its validated TensorRT engine, or
-    clean after a child without a report, then set and return the build's state."""
+    """The child has exited and is reaped: trust its validated TensorRT engine (after
+    a child without a report: ``after_child`` first), then set and return the
+    build's state."""
+    if not build.reported:
+        after_child(build, build.simulated or build.engine_path != engine_dir)
     summary = build.summary
-    if summary is None:
-        clean_after(build, build.simulated or build.engine_path != engine_dir)
-    elif summary.get("outcome") == "completed" and not build.simulated:
+    if summary is not None and summary.get("outcome") == "completed" and not build.simulated:
         # Before the state turns "completed": status then shows it.
         trust(build, engine_dir / MANIFEST_NAME, deployment_manifest)
     with build.lock:
@@ -72,25 +86,72 @@ def trust(build: Build, manifest: Path, deployment_manifest: Path | None) -> Non
         build.manifest_note = decision.note
 
 
-def clean_after(build: Build, engine_path_known: bool) -> None:
-    """The child exited without a report: remove what it wrote (``clean_up`` as the
-    child would have, as that process).  ``engine_path_known``: a TensorRT child
-    names its engine only once it has located it; before that it wrote nothing."""
+def after_child(build: Build, engine_path_known: bool) -> None:
+    """The child exited without a report: whether it committed its engine (the summary
+    it left), then ``clean_after``.  ``engine_path_known``: a TensorRT child names its
+    engine only once it has located it; before that it wrote nothing."""
     if not engine_path_known:
         return
+    path = summary_path_for(build.engine_path, build.build_id)
+    summary = read_summary(path)
+    if summary is not None and summary.get("buildId") != build.build_id:
+        summary = None  # not this build's: left alone
+    stale = (
+        summary is not None
+        and summary.get("provisional") is True
+        and not _committed(build.engine_path, summary)
+    )
+    cleanup = clean_after(build, path if stale else None)
+    if stale:
+        summary = None  # a commit that never happened: nothing of it is kept
+    with build.lock:
+        build.cleanup = cleanup
+        if summary is None:  # it saves its timing cache only after its commit
+            build.timing_cache = TimingCacheOutcome.DISCARDED.value
+            return
+        build.summary, build.summary_path = summary, str(path)
+        build.killed_after_commit = summary.get("outcome") == "completed"
+        build.timing_cache = (
+            TimingCacheOutcome.UNKNOWN.value
+            if summary.get("provisional") is True
+            else summary.get("timingCacheMode")
+        )
+    if build.killed_after_commit:
+        log.warning(
+            "build_killed_after_commit",
+            build_id=build.build_id,
+            engine=str(build.engine_path),
+            summary=str(path),
+            exit_code=build.exit_code,
+            timing_cache=build.timing_cache,
+        )
+
+
+def _committed(engine: Path, record: dict[str, Any]) -> bool:
+    """Whether the engine at ``engine`` (and its sidecar) is the one ``record`` names:
+    its digest, never through a symlink; anything else is not this build's commit."""
+    digest = (record.get("baseline") or {}).get("engineSha256")
+    if not isinstance(digest, str) or record.get("outcome") != "completed":
+        return False
+    try:
+        return read_sidecar(engine) == digest.lower() == sha256_file(engine)
+    except (OSError, InferdError):
+        return False
+
+
+def clean_after(build: Build, stale_record: Path | None = None) -> dict[str, Any]:
+    """Remove what the child wrote and did not commit (``clean_up`` as the child would
+    have, as that process), and ``stale_record``: a commit record whose commit did
+    not happen.  Returns the report (``status``, ``removed``, ...) for the build."""
     try:
         report = clean_up(build.engine_path, own_pid=build.process.pid)
+        if stale_record is not None:
+            stale_record.unlink(missing_ok=True)  # the link itself, never a target
+            report.removed.append(stale_record.name)
     except (OSError, InferdError) as exc:  # the directory, or a quarantine not its own
         log.error("build_cleanup_failed", build_id=build.build_id, error=str(exc))
-        with build.lock:
-            errors = [f"{type(exc).__name__}: {exc}"]
-            build.cleanup = {"status": "failed", "removed": [], "quarantined": [], "errors": errors}
-            build.timing_cache = TimingCacheOutcome.DISCARDED.value
-        return
-    with build.lock:
-        build.cleanup = report.as_dict()
-        # The child saves a timing cache only after its commit, just before its report.
-        build.timing_cache = TimingCacheOutcome.DISCARDED.value
+        errors = [f"{type(exc).__name__}: {exc}"]
+        return {"status": "failed", "removed": [], "quarantined": [], "errors": errors}
     log.info(
         "build_cleaned_after_child",
         build_id=build.build_id,
@@ -98,6 +159,7 @@ def clean_after(build: Build, engine_path_known: bool) -> None:
         removed=report.removed,
         quarantined=[item["path"] for item in report.quarantined],
     )
+    return report.as_dict()
 
 
 def settle(build: Build) -> bool:

@@ -36,6 +36,7 @@ import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -50,7 +51,7 @@ from inferd.errors import (
     EngineSchemaMismatchError,
     EngineSidecarMissingError,
 )
-from inferd.owned_files import open_for_reading, unsafe_owned_dir_reason
+from inferd.owned_files import open_own_file, unsafe_owned_dir_reason
 
 log = structlog.get_logger("inferd.builds.retention")
 
@@ -247,17 +248,26 @@ def _engine_files(engine: Path) -> tuple[str | None, list[tuple[Path, os.stat_re
         return None, []  # not a pair a daemon build wrote
 
 
-def _completed_digest(path: Path) -> str | None:
-    """The engine digest ``path``'s build recorded, when it committed a real engine."""
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The build summary at ``path`` (the daemon's own regular file, never through a
+    symlink, at most ``SUMMARY_MAX_BYTES``), or None when there is none or it cannot
+    be read.  Trusted as a build's report (``child_exit``): ``open_own_file``."""
     try:
-        with open_for_reading(path) as handle:
+        handle, _info = open_own_file(path)
+        with handle:
             data = handle.read(SUMMARY_MAX_BYTES + 1)
         if len(data) > SUMMARY_MAX_BYTES:
             return None
         document = json.loads(data)
     except (OSError, ValueError):
         return None
-    if not isinstance(document, dict) or document.get("outcome") != "completed":
+    return document if isinstance(document, dict) else None
+
+
+def _completed_digest(path: Path) -> str | None:
+    """The engine digest ``path``'s build recorded, when it committed a real engine."""
+    document = read_summary(path)
+    if document is None or document.get("outcome") != "completed":
         return None
     if document.get("validationStatus") == "fail":
         return None  # quarantined, never committed: the engine there is not this build's

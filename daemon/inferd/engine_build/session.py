@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from inferd.digest import model_digest
 from inferd.engine_build.artifacts import (
+    CleanupReport,
     TimingCacheManager,
     TimingCacheOutcome,
     build_files,
@@ -89,6 +90,12 @@ class BuildReport:
     summary_path: Path
     events: list[BuildEvent] = field(default_factory=list)
     snapshots: list[dict[str, Any]] = field(default_factory=list)
+
+
+def summary_path_for(engine_path: Path, build_id: str) -> Path:
+    """Where the build ``build_id`` of ``engine_path`` writes its summary (and, just
+    before its commit, its commit record: the summary marked ``provisional``)."""
+    return engine_path.parent / f"{engine_path.name}.{build_id}.build.json"
 
 
 def build_config_hash(request: BuildRequest, model_sha256: str, trt_version: str) -> str:
@@ -162,6 +169,7 @@ def run_build(
     # This build's files only (its engine's stem, its timing cache): not the directory.
     own = (request.engine_path.name.removesuffix(".engine") + ".", cache.path.name)
     before, before_omitted = build_files(engine_dir, own)
+    summary_path = summary_path_for(request.engine_path, build_id)
     started_mono, started_wall = time.monotonic(), time.time()
     model_sha = request.model_sha256 or model_digest(request.model_path).sha256
     config_hash = build_config_hash(request, model_sha, builder.tensorrt_version)
@@ -215,6 +223,94 @@ def run_build(
     zone: dict[str, Any] | None = None
     validation: ValidationResult | None = None
     quarantined_to: str | None = None
+
+    def summarize(
+        outcome: str, cleanup: CleanupReport | None, cache_decision: TimingCacheOutcome
+    ) -> dict[str, Any]:
+        """The build summary; ``cleanup`` None: the commit record, written just before
+        the commit (``provisional``: its cleanup and timing cache not known yet)."""
+        cleanup_status = "unknown" if cleanup is None else cleanup.status
+        validation_status = (
+            validation.status
+            if validation is not None
+            else ("pending" if outcome == "completed" else "not_applicable")
+        )
+        stalls = watchdog.stalls if watchdog is not None else []
+        policy, policy_reason = choose_retry_policy(
+            outcome=outcome,
+            cancel_source=token.source,
+            cache_decision=cache_decision,
+            cache_loaded=cache_loaded,
+            cleanup_status=cleanup_status,
+            validation_status=validation_status,
+            stalls=len(stalls),
+        )
+        request_info = token.request
+        config = request.build_config
+        return {
+            "$schema": SUMMARY_SCHEMA_ID,
+            "schemaVersion": 1,
+            "buildId": build_id,
+            "provisional": cleanup is None,
+            "simulated": bool(builder.simulated),
+            "model": request.model_path.name,
+            "outcome": outcome,
+            "error": result.error,
+            "tensorrtVersion": builder.tensorrt_version,
+            "language": request.language,
+            "buildConfigHash": config_hash,
+            "gpuSku": request.host.gpu_sku,
+            "timingCacheMode": cache_decision.value,
+            "timingCache": {**cache.as_dict(), "decision": cache_decision.value},
+            "cancelSource": token.source,
+            "cancelReason": None if request_info is None else request_info.reason,
+            "cancelRequestedWallNs": None if request_info is None else request_info.wall_ns,
+            "cancelLatencyMs": token.cancel_latency_ms,
+            "cleanupLatencyMs": token.cleanup_latency_ms,
+            "cleanupStatus": cleanup_status,
+            "cleanup": (cleanup or CleanupReport(cleanup_status)).as_dict(),
+            "noCancelZone": zone,
+            "retryPolicy": policy,
+            "retryReason": policy_reason,
+            "validationStatus": validation_status,
+            "validation": None
+            if validation is None
+            else {**validation.as_dict(), "quarantinedTo": quarantined_to},
+            "eligibleToServe": outcome == "completed" and validation_status == "pass",
+            "baseline": {
+                "tensorrtVersion": builder.tensorrt_version,
+                "driver": evidence.driver_version,
+                "driverUnavailable": evidence.driver_unavailable,
+                "gpu": {
+                    "sku": request.host.gpu_sku,
+                    "computeCapability": request.host.compute_capability_text,
+                    "platform": request.host.platform,
+                },
+                "networkType": request.network_type,
+                "stronglyTyped": request.strongly_typed,
+                "builderConfig": {
+                    "precision": config.precision.value,
+                    "workspaceBytes": config.workspace_bytes,
+                    "profiles": len(config.profiles),
+                },
+                "optimizationLevel": config.optimization_level,
+                "inputHashes": {request.model_path.name: model_sha},
+                "outputPath": str(request.engine_path),
+                "engineSha256": engine_sha,
+                "durations": {
+                    "totalS": round(time.monotonic() - started_mono, 4),
+                    "builderS": round(builder_returned - started_mono, 4),
+                },
+                "startedWallS": round(started_wall, 3),
+            },
+            "resources": evidence.resources(),
+            "stalls": [{k: v for k, v in s.items() if k != "sinceNs"} for s in stalls],
+            "events": {"accepted": queue.accepted, "dropped": queue.dropped},
+            "builderStats": result.stats,
+            "artifacts": _artifacts(engine_dir, own, summary_path.name, before, before_omitted),
+            "phaseTree": adapter.snapshot(),
+        }
+
     if result.engine is not None and not token.is_set():
         try:
             engine_sha, staged = stage_engine(request.engine_path, result.engine)
@@ -239,6 +335,9 @@ def run_build(
             quarantined_to = _quarantine_failed(staged, request.engine_path, validation)
         else:  # a cancel, whatever validation said, ends the build cancelled
             try:
+                # The commit record: what the daemon reads when this process dies
+                # before its report (``child_exit``); the final summary replaces it.
+                write_json(summary_path, summarize("completed", None, TimingCacheOutcome.UNKNOWN))
                 zone = commit_engine(staged, request.engine_path, token, during_write=during_write)
                 if zone is None:  # a cancel came before the commit: nothing is kept
                     outcome, engine_sha = "cancelled", None
@@ -247,92 +346,8 @@ def run_build(
     cleanup = clean_up(request.engine_path)
     token.cleanup_done()
     cache_decision = cache.finish(outcome == "completed", result.timing_cache)
-
-    validation_status = (
-        validation.status
-        if validation is not None
-        else ("pending" if outcome == "completed" else "not_applicable")
-    )
-    stalls = watchdog.stalls if watchdog is not None else []
-    adapter.emit(
-        outcome,
-        detail={"error": result.error} if result.error else {},
-        progress=False,
-    )
-    policy, policy_reason = choose_retry_policy(
-        outcome=outcome,
-        cancel_source=token.source,
-        cache_decision=cache_decision,
-        cache_loaded=cache_loaded,
-        cleanup_status=cleanup.status,
-        validation_status=validation_status,
-        stalls=len(stalls),
-    )
-    request_info = token.request
-    config = request.build_config
-    summary: dict[str, Any] = {
-        "$schema": SUMMARY_SCHEMA_ID,
-        "schemaVersion": 1,
-        "buildId": build_id,
-        "simulated": bool(builder.simulated),
-        "model": request.model_path.name,
-        "outcome": outcome,
-        "error": result.error,
-        "tensorrtVersion": builder.tensorrt_version,
-        "language": request.language,
-        "buildConfigHash": config_hash,
-        "gpuSku": request.host.gpu_sku,
-        "timingCacheMode": cache_decision.value,
-        "timingCache": cache.as_dict(),
-        "cancelSource": token.source,
-        "cancelReason": None if request_info is None else request_info.reason,
-        "cancelRequestedWallNs": None if request_info is None else request_info.wall_ns,
-        "cancelLatencyMs": token.cancel_latency_ms,
-        "cleanupLatencyMs": token.cleanup_latency_ms,
-        "cleanupStatus": cleanup.status,
-        "cleanup": cleanup.as_dict(),
-        "noCancelZone": zone,
-        "retryPolicy": policy,
-        "retryReason": policy_reason,
-        "validationStatus": validation_status,
-        "validation": None
-        if validation is None
-        else {**validation.as_dict(), "quarantinedTo": quarantined_to},
-        "eligibleToServe": outcome == "completed" and validation_status == "pass",
-        "baseline": {
-            "tensorrtVersion": builder.tensorrt_version,
-            "driver": evidence.driver_version,
-            "driverUnavailable": evidence.driver_unavailable,
-            "gpu": {
-                "sku": request.host.gpu_sku,
-                "computeCapability": request.host.compute_capability_text,
-                "platform": request.host.platform,
-            },
-            "networkType": request.network_type,
-            "stronglyTyped": request.strongly_typed,
-            "builderConfig": {
-                "precision": config.precision.value,
-                "workspaceBytes": config.workspace_bytes,
-                "profiles": len(config.profiles),
-            },
-            "optimizationLevel": config.optimization_level,
-            "inputHashes": {request.model_path.name: model_sha},
-            "outputPath": str(request.engine_path),
-            "engineSha256": engine_sha,
-            "durations": {
-                "totalS": round(time.monotonic() - started_mono, 4),
-                "builderS": round(builder_returned - started_mono, 4),
-            },
-            "startedWallS": round(started_wall, 3),
-        },
-        "resources": evidence.resources(),
-        "stalls": [{k: v for k, v in s.items() if k != "sinceNs"} for s in stalls],
-        "events": {"accepted": queue.accepted, "dropped": queue.dropped},
-        "builderStats": result.stats,
-        "artifacts": _artifacts(engine_dir, own, before, before_omitted),
-        "phaseTree": adapter.snapshot(),
-    }
-    summary_path = engine_dir / f"{request.engine_path.name}.{build_id}.build.json"
+    adapter.emit(outcome, detail={"error": result.error} if result.error else {}, progress=False)
+    summary = summarize(outcome, cleanup, cache_decision)
     write_json(summary_path, summary)
     if record is not None:
         record(
@@ -348,8 +363,8 @@ def run_build(
                 "cleanup_latency_ms": token.cleanup_latency_ms,
                 "cleanup_status": cleanup.status,
                 "timing_cache": cache_decision.value,
-                "retry_policy": policy,
-                "validation_status": validation_status,
+                "retry_policy": summary["retryPolicy"],
+                "validation_status": summary["validationStatus"],
                 "summary": str(summary_path),
             },
         )
@@ -368,9 +383,15 @@ def _quarantine_failed(staged: Path, engine_path: Path, validation: ValidationRe
 
 
 def _artifacts(
-    directory: Path, own: tuple[str, ...], before: list[dict[str, Any]], before_omitted: int
+    directory: Path,
+    own: tuple[str, ...],
+    summary: str,
+    before: list[dict[str, Any]],
+    before_omitted: int,
 ) -> dict[str, Any]:
-    after, after_omitted = build_files(directory, own)
+    """``after`` lists neither this build's commit record nor its summary: the one
+    being written replaces the other."""
+    after, after_omitted = build_files(directory, own, skip=(summary,))
     return {
         "before": before,
         "after": after,

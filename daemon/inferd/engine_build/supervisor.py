@@ -233,16 +233,17 @@ class BuildManager:
         }
 
     # -- shutdown (main thread) ------------------------------------------------------
-    def shutdown(self, source: str = "sigterm") -> None:
-        """Cancel every running build with ``source``, wait up to the grace period
-        (then the children are killed), and wait for their records."""
+    def shutdown(self, source: str = "sigterm", wait_s: float | None = None) -> None:
+        """Cancel every running build with ``source`` (all killed the grace period
+        after) and wait for their records: ``wait_s`` for all (default: grace + 10 s)."""
         with self._lock:
             self._accepting = False
             running = [b for b in self._builds.values() if b.state == "running"]
         for build in running:
             self._request_cancel(build, source, "the daemon is stopping", None)
+        deadline = time.monotonic() + (self.grace_s + 10 if wait_s is None else wait_s)
         for build in running:
-            if not build.done.wait(self.grace_s + 10):
+            if not build.done.wait(max(0.0, deadline - time.monotonic())):
                 log.error("build_not_finished_at_shutdown", build_id=build.build_id)
 
     def tensorrt_available(self) -> bool:
@@ -411,7 +412,7 @@ class BuildManager:
         elif isinstance(message, RecordMessage):
             build.record = message.payload
         elif isinstance(message, ReportMessage):
-            build.summary = message.summary
+            build.summary, build.reported = message.summary, True
             build.summary_path = message.summary_path
             build.dropped_in_child = message.dropped_in_child
         elif isinstance(message, ErrorMessage):

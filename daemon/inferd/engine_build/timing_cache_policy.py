@@ -41,6 +41,10 @@ class TimingCacheOutcome(StrEnum):
     #: with a ``.reason`` file and the build went cold; a completed build saved the
     #: cache it produced (``saved``).
     QUARANTINED = "quarantined"
+    #: Not known: the build process was killed after its commit and before its
+    #: summary, and a completed build saves its cache in that window.  The stored
+    #: file is the old one or this build's (written atomically), never torn.
+    UNKNOWN = "unknown"
 
 
 class TimingCacheManager:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from inferd.serving.stats import LatencyHistogram
+from inferd.shm.server import MAX_REFUSED_UIDS, OTHER_UIDS
 from inferd_wire.protocol import Code
 
 if TYPE_CHECKING:
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
 DAEMON_STATES = ("starting", "serving", "degraded", "stopping")
 MODEL_STATES = ("loading", "serving", "failed", "released")
 RUNTIMES = ("tensorrt", "onnx_trt_ep")
-#: Every code a reply can carry: each gets a series (0 until used), so ``rate()``
-#: sees the first one.
-RESPONSE_CODES = ("OK", *(code.value for code in Code))
+#: Every error code: each gets a series (0 until used), so ``rate()`` sees the first one.
+ERROR_CODES = tuple(code.value for code in Code)
+#: Every code a reply can carry.
+RESPONSE_CODES = ("OK", *ERROR_CODES)
 
 
 def collect(status: Mapping[str, Any], histograms: Mapping[str, LatencyHistogram]) -> list[Metric]:
@@ -40,6 +42,7 @@ def collect(status: Mapping[str, Any], histograms: Mapping[str, LatencyHistogram
         *_thermal(status["thermal"]),
         *_security(status["security"]),
         *_shm(status.get("shm") or {}),
+        *_builds(status["builds"]),
     ]
 
 
@@ -219,11 +222,15 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
         "shm.max_connections_per_uid.",
         shm["max_connections_per_uid"],
     )
-    yield _counter(
+    refused_by_uid = _labelled_counter(
         "inferd_shm_connections_refused_per_uid",
-        "shm.sock connections refused because their uid held shm.max_connections_per_uid.",
-        shm["refused_per_uid"],
+        "shm.sock connections refused because their uid held shm.max_connections_per_uid, "
+        f"by uid (only uids refused; past the first {MAX_REFUSED_UIDS}, uid '{OTHER_UIDS}').",
+        ["uid"],
     )
+    for uid, refused in sorted(shm["refused_by_uid"].items()):
+        refused_by_uid.add_metric([uid], refused)
+    yield refused_by_uid
     yield _gauge(
         "inferd_shm_mapped_bytes",
         "Bytes of client regions mapped now.",
@@ -259,6 +266,22 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
         "inferd_shm_closed_for_backlog",
         "shm.sock connections closed because too many descriptors waited to be closed.",
         closing["connections_closed_for_backlog"],
+    )
+
+
+def _builds(builds: Mapping[str, Any]) -> Iterator[Metric]:
+    refused = _labelled_counter(
+        "inferd_build_start_refused",
+        "build.start requests the op refused, by error code (not the daemon's own rebuilds).",
+        ["code"],
+    )
+    for code in ERROR_CODES:
+        refused.add_metric([code], builds["start_refused"].get(code, 0))
+    yield refused
+    yield _counter(
+        "inferd_build_start_rate_limited",
+        "build.start refused RESOURCE_EXHAUSTED by builds.start_burst/start_refill_s.",
+        builds["start_limit"]["refused"],
     )
 
 

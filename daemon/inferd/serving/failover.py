@@ -67,7 +67,8 @@ ALERT_CODE = "tensorrt_execution_failover"
 
 #: How long the failover thread waits for the worker to take the swap.
 _SWAP_TIMEOUT_S = 60.0
-#: How long ``stop`` waits for the failover threads to end (``serving/handover.py``).
+#: How long ``stop`` waits for the failover threads to end (``serving/handover.py``)
+#: unless told (the daemon's stop passes its own, ``inferd.shutdown.stop_bounds``).
 _STOP_WAIT_S = 10.0
 
 log = structlog.get_logger("inferd.failover")
@@ -149,14 +150,14 @@ class ExecutionFailover:
             self._scheduler.resume(slot.name)
             self._switcher.unclaim(slot.name)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = _STOP_WAIT_S) -> None:
         """At shutdown, once the worker takes no more calls: every failover whose swap
         the worker has not taken is given up (its thread releases the prepared engine;
         nothing is quarantined, recorded or alerted), then the failover threads are
-        waited for, up to ``_STOP_WAIT_S`` in all, so that none is inside ONNX
+        waited for, up to ``wait_s`` in all, so that none is inside ONNX
         Runtime's native code when the process exits."""
-        if not self._preparers.stop(_STOP_WAIT_S, lambda _handover: None):
-            log.warning("execution_failover_still_preparing", waited_s=_STOP_WAIT_S)
+        if not self._preparers.stop(wait_s, lambda _handover: None):
+            log.warning("execution_failover_still_preparing", waited_s=wait_s)
 
     # -- the failover thread ----------------------------------------------------------------
     def _run(self, slot: ModelSlot, failure: _Failure, handover: Handover) -> None:

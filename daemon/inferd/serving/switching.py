@@ -49,7 +49,8 @@ Respond = Callable[[dict[str, Any] | ProtocolError], None]
 
 #: How long a prepared engine may wait for the worker to take it.
 _SWAP_TIMEOUT_S = 60.0
-#: How long ``stop`` waits for the switches' threads to end: a preparation still
+#: How long ``stop`` waits for the switches' threads to end unless told (the daemon's
+#: stop passes its own bound, ``inferd.shutdown.stop_bounds``): a preparation still
 #: loading an engine when the interpreter exits can crash it (SIGSEGV, SIGABRT).
 _STOP_WAIT_S = 10.0
 #: How long refusals of a model for one reason are counted, not recorded, after one
@@ -165,18 +166,18 @@ class RuntimeSwitcher:
             self._not_started(model, peer)
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = _STOP_WAIT_S) -> None:
         """At shutdown, once the worker takes no more calls: every operator's switch
         whose swap the worker has not taken is given up and told UNAVAILABLE now (a
         prepared engine is released by its switch), so no operator is left without
         a reply when the sockets close; then each switch's thread is waited for, up
-        to ``_STOP_WAIT_S`` in all, so that none is inside a runtime's native code
+        to ``wait_s`` in all, so that none is inside a runtime's native code
         when the process exits.  Last, the refusals still counted are recorded."""
         refusal = ProtocolError(
             Code.UNAVAILABLE, "the daemon is shutting down; the runtime was not switched"
         )
-        if not self._preparers.stop(_STOP_WAIT_S, lambda switch: switch.answer(refusal)):
-            log.warning("runtime_switch_still_preparing", waited_s=_STOP_WAIT_S)
+        if not self._preparers.stop(wait_s, lambda switch: switch.answer(refusal)):
+            log.warning("runtime_switch_still_preparing", waited_s=wait_s)
         self.flush_refusals(ended_only=False)  # before the recorder stops
 
     def flush_refusals(self, *, ended_only: bool = True) -> None:

@@ -50,6 +50,13 @@ _CLOSER_STOP_S = 2.0
 #: so trying again at once spins the thread.
 _ACCEPT_PAUSE_S = _POLL_S
 
+#: The uids whose refusals over ``max_connections_per_uid`` are counted each on its
+#: own (``status.shm.refused_by_uid``, the metric's ``uid`` label); those of any
+#: later uid are counted under ``OTHER_UIDS``, so that the label's values stay
+#: bounded however many users connect over a run.
+MAX_REFUSED_UIDS = 16
+OTHER_UIDS = "other"
+
 #: Why a peer (uid, gid, pid) may not use the socket (None: it may).
 AdmitPeer = Callable[[int, int, int], str | None]
 
@@ -76,8 +83,10 @@ class ShmServer(threading.Thread):
         self._stopping = threading.Event()
         #: ``time.monotonic()`` before which no connection is accepted (a failed accept).
         self._accept_paused_until = 0.0
-        #: Connections refused because their uid held ``max_connections_per_uid``.
+        #: Connections refused because their uid held ``max_connections_per_uid``: in
+        #: all, and by uid (written by this thread only).
         self.refused_per_uid = 0
+        self._refused_by_uid: dict[str, int] = {}
 
     # -- lifecycle (main thread) ----------------------------------------------------
     def bind(self) -> None:
@@ -130,6 +139,7 @@ class ShmServer(threading.Thread):
             "max_connections": config.max_connections,
             "max_connections_per_uid": config.max_connections_per_uid,
             "refused_per_uid": self.refused_per_uid,
+            "refused_by_uid": dict(self._refused_by_uid),
             "max_regions_per_connection": config.max_regions_per_connection,
             "max_bytes_per_uid": config.max_bytes_per_uid,
             "max_bytes_total": config.max_bytes_total,
@@ -202,7 +212,7 @@ class ShmServer(threading.Thread):
             )
         elif self.connections.held_by(peer.uid) >= self._config.max_connections_per_uid:
             # Before the daemon-wide bound: the uid that fills it is told it is its own.
-            self.refused_per_uid += 1
+            self._count_refused_per_uid(peer.uid)
             self._refuse(
                 sock,
                 peer,
@@ -220,6 +230,13 @@ class ShmServer(threading.Thread):
             )
         else:
             self.connections.add(sock, Connection(next(self._ids), peer))
+
+    def _count_refused_per_uid(self, uid: int) -> None:
+        key = str(uid)
+        if key not in self._refused_by_uid and len(self._refused_by_uid) >= MAX_REFUSED_UIDS:
+            key = OTHER_UIDS
+        self._refused_by_uid[key] = self._refused_by_uid.get(key, 0) + 1
+        self.refused_per_uid += 1
 
     def _refuse(self, sock: socket.socket, peer: PeerCredentials, code: Code, reason: str) -> None:
         """Answer a connection refused at accept (id null), then close it."""

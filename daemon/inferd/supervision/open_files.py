@@ -5,9 +5,10 @@ process when an ``ipc://`` accept fails for want of one (``EMFILE`` is not among
 the errors its listener tolerates).  systemd starts services with a soft limit
 of 1024 for the sake of ``select(2)``, which the daemon does not use, and
 ``systemd/inferd.service`` sets ``LimitNOFILE=65536``; the daemon raises its soft
-limit to the hard one at start, and says when that leaves too little room for
-``bus.max_connections`` on its three ZeroMQ sockets (DESIGN.md 128) and for what
-``shm.sock``'s clients can make it hold (``shm_descriptors``).
+limit to the hard one at start, and refuses to start when that leaves too little
+room for ``bus.max_connections`` on its three ZeroMQ sockets (DESIGN.md 128) and
+for what ``shm.sock``'s clients can make it hold (``shm_descriptors``): clients
+within every configured bound could then make libzmq abort it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import resource
 import structlog
 
 from inferd.config import ShmConfig
+from inferd.errors import OpenFilesLimitError
 from inferd.shm.closer import MAX_WAITING
 
 log = structlog.get_logger("inferd.supervision")
@@ -55,10 +57,17 @@ def descriptors_needed(max_connections: int, shm: ShmConfig) -> int:
     return 3 * max_connections + shm_descriptors(shm) + RESERVED_DESCRIPTORS
 
 
+#: What to change when the limit is too low, in the refusal and its log event.
+CHANGE = (
+    "raise LimitNOFILE= in the unit (the hard limit, ulimit -Hn, where inferd runs by hand), "
+    "or lower bus.max_connections, shm.max_connections or shm.max_regions_per_connection"
+)
+
+
 def raise_open_files_limit(max_connections: int, shm: ShmConfig) -> int:
-    """Raise the soft limit to the hard one; the limit now.  Logged, as a warning
-    when three sockets of ``max_connections`` each, what ``shm`` lets clients hold
-    and the reserve do not fit (``descriptors_needed``)."""
+    """Raise the soft limit to the hard one; the limit now.  ``OpenFilesLimitError``
+    (logged ``open_files_limit_low``) when three sockets of ``max_connections`` each,
+    what ``shm`` lets clients hold and the reserve do not fit (``descriptors_needed``)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         try:
@@ -67,14 +76,15 @@ def raise_open_files_limit(max_connections: int, shm: ShmConfig) -> int:
         except (ValueError, OSError) as exc:  # a container's nr_open below the hard limit
             log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=str(exc))
     needed = descriptors_needed(max_connections, shm)
-    if soft < needed:
-        log.warning(
-            "open_files_limit_low",
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.error("open_files_limit_low", limit=soft, needed=needed, hint=CHANGE)
+        raise OpenFilesLimitError(
+            f"the limit on open descriptors (RLIMIT_NOFILE) is {soft}, below the {needed} "
+            f"the config's bounds need (3 sockets x bus.max_connections {max_connections}, "
+            f"{shm_descriptors(shm)} for shm.sock's clients, a reserve of "
+            f"{RESERVED_DESCRIPTORS}): {CHANGE}",
             limit=soft,
             needed=needed,
-            hint="raise LimitNOFILE= (systemd) or lower bus.max_connections, "
-            "shm.max_connections or shm.max_regions_per_connection",
         )
-    else:
-        log.info("open_files_limit", limit=soft, needed=needed)
+    log.info("open_files_limit", limit=soft, needed=needed)
     return soft

@@ -34,6 +34,7 @@ def test_shm_connections_per_uid_carry_only_the_uids_present() -> None:
         "connections_by_uid": {"1000": 8, "1001": 1},
         "max_connections_per_uid": 8,
         "refused_per_uid": 3,
+        "refused_by_uid": {"1000": 3},
         "mapped_bytes": 0,
         "requests": 0,
         "in_flight": 0,
@@ -45,7 +46,7 @@ def test_shm_connections_per_uid_carry_only_the_uids_present() -> None:
     by_uid = {labels: value for (name, labels), value in got.items() if name.endswith("_by_uid")}
     assert by_uid == {(("uid", "1000"),): 8, (("uid", "1001"),): 1}
     assert got[("inferd_shm_max_connections_per_uid", ())] == 8
-    assert got[("inferd_shm_connections_refused_per_uid_total", ())] == 3
+    assert got[("inferd_shm_connections_refused_per_uid_total", (("uid", "1000"),))] == 3
 
 
 def test_the_recorders_queue_bytes_are_a_gauge() -> None:

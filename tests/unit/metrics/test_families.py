@@ -87,6 +87,10 @@ def status(**overrides: Any) -> dict[str, Any]:
                 "connections_ended": 0,
             },
         },
+        "builds": {
+            "start_refused": {},
+            "start_limit": {"burst": 2, "refill_s": 30.0, "refused": 0},
+        },
     }
     document.update(overrides)
     return document
@@ -168,6 +172,7 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
         "connections_by_uid": {"1000": 2},
         "max_connections_per_uid": 8,
         "refused_per_uid": 0,
+        "refused_by_uid": {},
         "mapped_bytes": 8 << 20,
         "requests": 40,
         "in_flight": 1,

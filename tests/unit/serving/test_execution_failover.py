@@ -526,13 +526,12 @@ def test_stop_waits_for_a_failover_still_preparing_and_it_never_swaps(
 def test_stop_waits_a_bounded_time_for_a_failover_still_preparing(
     rig_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(failover_module, "_STOP_WAIT_S", 0.05)  # the bound under test
     rig: Rig = rig_factory([STICKY], run_failover=True)
     ready = threading.Event()
     fallback = fallback_prepared(rig, monkeypatch, ready)
     rig.run()
     with structlog.testing.capture_logs() as logs:
-        rig.failover.stop()
+        rig.failover.stop(0.05)  # the bound under test
     (warned,) = [entry for entry in logs if entry["event"] == "execution_failover_still_preparing"]
     assert warned["waited_s"] == 0.05
     ready.set()

@@ -1,0 +1,49 @@
+"""``build.start``'s refusals by code (``status.builds``) and the ``shm.sock``
+refusals over ``shm.max_connections_per_uid`` by uid (``status.shm.refused_by_uid``)
+are exported: the first were only in ``build.status``, the second had no label."""
+
+from __future__ import annotations
+
+from inferd_wire.protocol import Code
+from tests.unit.metrics.test_families import scrape, status
+
+
+def test_build_start_refusals_are_a_counter_by_code_with_every_code_present() -> None:
+    document = status()
+    document["builds"] = {
+        "start_refused": {"RESOURCE_EXHAUSTED": 3, "NOT_FOUND": 1},
+        "start_limit": {"burst": 2, "refill_s": 30.0, "refused": 2},
+    }
+    got = scrape(document)
+    refused = {
+        dict(labels)["code"]: value
+        for (name, labels), value in got.items()
+        if name == "inferd_build_start_refused_total"
+    }
+    assert refused == {code.value: 0 for code in Code} | {"RESOURCE_EXHAUSTED": 3, "NOT_FOUND": 1}
+    assert got[("inferd_build_start_rate_limited_total", ())] == 2
+
+
+def test_shm_refusals_per_uid_carry_the_uid_or_other() -> None:
+    document = status()
+    document["shm"] = {
+        "enabled": True,
+        "connections": 2,
+        "connections_by_uid": {"1000": 2},
+        "max_connections_per_uid": 2,
+        "refused_per_uid": 6,
+        "refused_by_uid": {"1000": 4, "1001": 1, "other": 1},
+        "mapped_bytes": 0,
+        "requests": 0,
+        "in_flight": 0,
+        "unroutable_replies": 0,
+        "closed_not_reading": 0,
+        "closing": {"waiting": 0, "blocked_s": 0, "connections_closed_for_backlog": 0},
+    }
+    got = scrape(document)
+    by_uid = {
+        labels: value
+        for (name, labels), value in got.items()
+        if name == "inferd_shm_connections_refused_per_uid_total"
+    }
+    assert by_uid == {(("uid", "1000"),): 4, (("uid", "1001"),): 1, (("uid", "other"),): 1}
