@@ -35,9 +35,10 @@ Many peers each within the bound (86 users at 256 on each of three sockets fill
 65,536) are held by the second stage: once the table is past ``share_level`` (a
 quarter of the limit) the pass, having counted every peer's connections, also
 holds what they keep in all to ``share_target`` (the threshold, where the guard
-starts acting): each peer keeps its oldest up to the largest share that fits
-(water-filling, ``fair_shares``), so a client holding a few keeps them while the
-peers holding most lose what they hold past the share.  While such passes end
+starts acting, or what one peer may hold on all the sockets when more): each peer
+keeps its oldest up to the largest share that fits (water-filling,
+``fair_shares``), so a client holding a few keeps them while the peers holding
+most lose what they hold past the share.  While such passes end
 connections the next one shares too, whatever the lowest free descriptor (one of
 the holes the last pass made).  An episode (passes that ended connections, until
 the table has stayed below the threshold for ``QUIET_S``) is logged once as it
@@ -108,11 +109,18 @@ class GuardLimits:
     #: Past this lowest free descriptor a pass holds what all peers keep to ...
     share_level: int
     #: ... this many connections (the threshold: the table falls back to where the
-    #: guard starts acting, above what the daemon holds otherwise).
+    #: guard starts acting, above what the daemon holds otherwise; or ``one_peer``
+    #: when more).
     share_target: int
 
     @classmethod
-    def of(cls, limit: int) -> GuardLimits:
+    def of(cls, limit: int, one_peer: int = 0) -> GuardLimits:
+        """``one_peer``: what one peer may hold on all the sockets within the bound
+        (``bus.max_connections`` on each), which the daemon's start made sure the
+        limit fits (``open_files``).  The target is never below it, so one peer
+        within the bound never loses a connection to a share: at a limit near the
+        lowest the daemon accepts (2,450 with the defaults, whose eighth is 306) the
+        threshold is below one peer's 768."""
         threshold = limit // THRESHOLD_DIVISOR
         room = limit - threshold
         period_s = room / FLOOD_RATE / LOOKS_PER_ROOM
@@ -122,7 +130,7 @@ class GuardLimits:
             period_s=min(MAX_PERIOD_S, max(MIN_PERIOD_S, period_s)),
             rescan_step=max(1, room // RESCAN_FRACTION),
             share_level=limit // SHARE_LEVEL_DIVISOR,
-            share_target=threshold,
+            share_target=max(threshold, one_peer),
         )
 
 

@@ -89,9 +89,10 @@ class BusSecurity:
         self.zap = ZapHandler(self._context, policy, self.sockets, self._config.bus.max_connections)
         self.zap.start()
         self.zap.wait_bound(timeout=10)
-        # After the limit was raised (``open_files``): the guard's threshold derives from it.
-        limits = GuardLimits.of(soft_open_files_limit())
+        # After the limit was raised (``open_files``): the guard's threshold derives from
+        # it; one peer at the bound on every socket is never held to a share.
         max_connections = self._config.bus.max_connections
+        limits = GuardLimits.of(soft_open_files_limit(), len(SOCKETS) * max_connections)
         self.guard = DescriptorGuard(self.sockets.connections, max_connections, limits)
         self.guard.start()
 

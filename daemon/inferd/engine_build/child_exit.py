@@ -110,7 +110,7 @@ def after_child(build: Build, engine_path_known: bool) -> None:
             build.timing_cache = TimingCacheOutcome.DISCARDED.value
             return
         build.summary, build.summary_path = summary, str(path)
-        build.killed_after_commit = summary.get("outcome") == "completed"
+        build.killed_after_commit = _names_a_commit(summary)
         build.timing_cache = (
             TimingCacheOutcome.UNKNOWN.value
             if summary.get("provisional") is True
@@ -127,11 +127,18 @@ def after_child(build: Build, engine_path_known: bool) -> None:
         )
 
 
+def _names_a_commit(summary: dict[str, Any]) -> bool:
+    """Whether ``summary``'s build committed its engine: ``completed``, and not with an
+    engine that failed validation, which was quarantined instead (its summary says
+    ``completed`` all the same; as ``engine_outputs`` reads it)."""
+    return summary.get("outcome") == "completed" and summary.get("validationStatus") != "fail"
+
+
 def _committed(engine: Path, record: dict[str, Any]) -> bool:
     """Whether the engine at ``engine`` (and its sidecar) is the one ``record`` names:
     its digest, never through a symlink; anything else is not this build's commit."""
     digest = (record.get("baseline") or {}).get("engineSha256")
-    if not isinstance(digest, str) or record.get("outcome") != "completed":
+    if not isinstance(digest, str) or not _names_a_commit(record):
         return False
     try:
         return read_sidecar(engine) == digest.lower() == sha256_file(engine)

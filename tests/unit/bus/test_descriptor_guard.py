@@ -49,6 +49,9 @@ def test_the_limits_are_derived_from_the_soft_limit() -> None:
     assert GuardLimits.of(65536) == GuardLimits(65536, 8192, 0.1, 7168, 16384, 8192)
     assert GuardLimits.of(4096) == GuardLimits(4096, 512, 3584 / 50_000 / 4, 448, 1024, 512)
     assert GuardLimits.of(64).period_s == 0.001
+    # One peer's bound on every socket, when more than the threshold, is the target.
+    assert GuardLimits.of(2450, one_peer=768).share_target == 768
+    assert GuardLimits.of(65536, one_peer=768).share_target == 8192
 
 
 def test_the_lowest_free_descriptor_is_the_number_the_next_one_gets() -> None:
@@ -388,6 +391,43 @@ def test_past_the_bound_and_then_past_a_fair_share_on_real_sockets(
                 else:
                     assert _at_end(client), f"{who}'s connection {index} was not shut down"
         assert end_extra_connections(sockets, 5, target=10).total() == 0
+
+
+def test_one_peer_within_the_bound_on_every_socket_keeps_them_all_past_the_share_level(
+    listeners: dict[str, socket.socket], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the lowest limit the daemon starts under (``descriptors_needed``: 1,216 with
+    ``max_connections = 64`` and no shm), the guard ``BusSecurity`` starts holds the
+    peers to a target one peer at the bound on each socket fits: a share pass ends
+    none of what it holds (before: the target was the limit's eighth, 152, below
+    those 192, and 40 of them were ended)."""
+    from inferd.bus import security as bus_security
+    from inferd.supervision.open_files import descriptors_needed
+    from tests.unit.config.test_config import MINIMAL, load_text
+
+    bound = 64
+    text = f"[bus]\nmax_connections = {bound}\n[shm]\nenabled = false\n"
+    config = load_text(tmp_path, text + MINIMAL)
+    limit = descriptors_needed(bound, config.shm)
+    monkeypatch.setattr(bus_security, "soft_open_files_limit", lambda: limit)
+    context: zmq.Context[Any] = zmq.Context()
+    security = bus_security.BusSecurity(context, config)
+    try:
+        security.start()
+        assert security.guard is not None
+        target = security.guard.limits.share_target
+    finally:
+        security.stop(HANG_S)
+        context.destroy(linger=0)
+    sockets = {name: EndpointConnections(_endpoint(sock)) for name, sock in listeners.items()}
+    with ExitStack() as stack:
+        for listener in listeners.values():  # three sockets, each at the bound
+            for _ in range(bound):
+                client = socket.socket(listener.family, socket.SOCK_STREAM)
+                stack.callback(client.close)
+                client.connect(listener.getsockname())
+                stack.callback(listener.accept()[0].close)
+        assert end_extra_connections(sockets, bound, target).total() == 0
 
 
 def test_a_connection_is_checked_again_before_it_is_shut_down_for_a_share(

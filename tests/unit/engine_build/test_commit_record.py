@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from structlog.testing import capture_logs
 
 from inferd.engine_build import BuildRequest, run_build
 from inferd.engine_build.artifacts import write_json
@@ -113,3 +114,44 @@ def test_a_child_killed_after_its_commit_record(
         assert build.cleanup is not None
         assert report.summary_path.name in build.cleanup["removed"]
         assert engine.read_bytes() == b"an older build's engine"
+
+
+@pytest.mark.parametrize("provisional", [False, True])
+def test_a_child_whose_engine_failed_validation_is_never_reported_killed_after_commit(
+    tmp_path: Path, demo_model: Path, provisional: bool
+) -> None:
+    """An engine that failed validation is quarantined, never committed, though its
+    build's summary says ``completed`` (``validationStatus`` ``fail``).  A child killed
+    after writing that summary, before its report, committed nothing: the build is as
+    a reported one (``completed``, not trusted), never ``killed_after_commit``.  A
+    commit record saying so (written when a cancel came after the failed validation)
+    names no commit either, even with an engine of that digest at the final path (an
+    earlier identical build's): it is removed."""
+    engine = tmp_path / "demo" / f"demo.{BUILD_ID}.simulated.engine"
+    engine.parent.mkdir(mode=0o750)
+    request = BuildRequest(demo_model, engine, BuildConfig(), HOST)
+    builder = SimulatedBuilder(demo_model, request.build_config, HOST)
+
+    def failing(_path: Path, _inputs: object) -> dict[str, object]:
+        raise RuntimeError("injected: bad kernel")
+
+    builder.infer = failing
+    report = run_build(request, builder, build_id=BUILD_ID)
+    summary = report.summary
+    assert (summary["outcome"], summary["validationStatus"]) == ("completed", "fail")
+    assert not engine.exists()
+    if provisional:
+        write_json(report.summary_path, {**summary, "provisional": True})
+        engine.write_bytes(Path(summary["validation"]["quarantinedTo"]).read_bytes())
+        write_sidecar(engine)
+    build = _killed_child(engine)
+    with capture_logs() as logs:
+        state = conclude(build, tmp_path / "engines", None)
+    assert not build.killed_after_commit
+    assert "build_killed_after_commit" not in [entry["event"] for entry in logs]
+    assert fdr_record(build)["killed_after_commit"] is False
+    if provisional:
+        assert (state, build.timing_cache) == ("failed", "discarded")
+        assert not report.summary_path.exists()
+    else:
+        assert state == "completed" and build.summary == summary
