@@ -21,8 +21,10 @@ from tests.integration.test_schemas import assert_valid
 pytestmark = pytest.mark.integration
 
 REQUESTS = 32
-BURST = 5
-MAX_COUNT = 3
+#: Each build is a child process (about a second): a burst of 4 under a cap of 2
+#: prunes twice, the oldest first, and keeps the newest 2.
+BURST = 4
+MAX_COUNT = 2
 TERMINAL = ("completed", "failed", "cancelled")
 
 

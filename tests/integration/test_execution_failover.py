@@ -96,7 +96,10 @@ def test_failing_executions_fail_over_under_load_then_the_rebuilt_engine_serves(
         demo_model,
         tmp_path,
         marker,
-        {"INFERD_FAKE_TRT_BUILD_STEP_S": "0.3"},  # the marker goes before validation
+        # The marker goes before validation: the test removes it as soon as it sees
+        # the failover, the rebuild's child validates a second or more later (its
+        # start, and 10 build steps of the demo model).
+        {"INFERD_FAKE_TRT_BUILD_STEP_S": "0.1"},
     )
     events = Events(daemon.events, topics=("runtime", "alert"))
     with client_load(daemon.infer, "demo", make_inputs, finite) as load:

@@ -77,14 +77,16 @@ def test_no_socket_fails_at_once_and_says_where_it_looked(
 def test_following_ends_when_the_daemon_goes_away(
     daemon_factory: DaemonFactory, command: list[str]
 ) -> None:
-    daemon = daemon_factory()
+    # --timeout bounds the join (the first health event) and then the silence that
+    # ends the follower: 10 health intervals here, waited out once the daemon stopped.
+    daemon = daemon_factory(daemon={"health_interval_s": 0.1})
     follower = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "inferd_client.cli",
             "--timeout",
-            "3",
+            "1",
             *endpoints(daemon.workdir),
             *command,
         ],
