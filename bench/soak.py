@@ -184,7 +184,7 @@ def build_flood(endpoint: str, stop: threading.Event, source: Source) -> None:
             )
 
 
-def run(minutes: float, clients: int) -> dict[str, Any]:
+def run(minutes: float, clients: int, settle_s: float = 2.0) -> dict[str, Any]:
     from tests.conftest import render_config, start_daemon
 
     workdir = Path(tempfile.mkdtemp(prefix="ifd-s-"))  # short: ipc paths max 107 bytes
@@ -248,7 +248,7 @@ def run(minutes: float, clients: int) -> dict[str, Any]:
             status = operator.status()
             left = settled(shm_status, pid, fds_start, timeout=30)
             # The clients have gone: what the daemon keeps now is its steady state.
-            time.sleep(2.0)  # a settling period for the allocator, not a synchronisation
+            time.sleep(settle_s)  # a settling period for the allocator, not a synchronisation
         result = {
             "minutes": minutes,
             "clients": clients,
@@ -347,9 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=8, help="overload client threads")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=2.0,
+        help="wait before the final RSS, for the allocator (0: no final RSS worth reading)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = run(args.minutes, args.clients)
+    result = run(args.minutes, args.clients, args.settle_s)
     if args.json:
         print(json.dumps({**result, "failures": failures(result)}))
     else:

@@ -18,7 +18,7 @@ def test_every_client_at_once_is_answered_and_leaves_nothing_behind() -> None:
     # 2.4 s of every client at once: each assertion below needs one occurrence, and
     # such a run has dozens or more of each, bar the killed clients (3 or more, also
     # with both cores busy elsewhere); bench/soak.py's documented run is the long soak.
-    result = bench_result("soak.py", "--minutes", "0.04", "--clients", "2")
+    result = bench_result("soak.py", "--minutes", "0.04", "--clients", "2", "--settle-s", "0")
     assert result["daemon_alive"]
     sources = result["sources"]
     for name, source in sources.items():
