@@ -184,6 +184,10 @@ def _shm(shm: dict[str, Any]) -> Text:
     refused = sum(shm.get("refused", {}).values())
     if refused:
         line.append(f"  {refused} refused", style="yellow")
+    by_uid = shm.get("refused_by_uid") or {}
+    if by_uid:  # of those, the connections over shm.max_connections_per_uid
+        uids = ", ".join(f"uid {uid}: {count}" for uid, count in sorted(by_uid.items()))
+        line.append(f" ({sum(by_uid.values())} over a uid's connections: {uids})", style="yellow")
     if shm.get("unroutable_replies"):
         line.append(f"  {shm['unroutable_replies']} replies to gone clients", style="yellow")
     if not shm.get("thread_alive", True):
@@ -191,8 +195,34 @@ def _shm(shm: dict[str, Any]) -> Text:
     return line
 
 
-def _builds(builds: list[dict[str, Any]], phases: dict[str, str]) -> Table:
-    table = Table(title="builds", title_justify="left", expand=True, box=None)
+def _guard(security: dict[str, Any]) -> Text | None:
+    """One line for the descriptor guard (``status.security.descriptor_guard``):
+    the floods it ended connections of, and of those how many past a fair share."""
+    guard = security.get("descriptor_guard")
+    if guard is None:  # an older daemon, or one not started
+        return None
+    if not guard.get("episodes"):
+        return Text("descriptor guard  no floods", style="dim")
+    return Text(
+        f"descriptor guard  {guard['episodes']} floods, "
+        f"{guard.get('connections_ended', 0)} connections ended, "
+        f"{guard.get('connections_ended_past_share', 0)} past a fair share "
+        f"in {guard.get('share_passes', 0)} passes",
+        style="yellow",
+    )
+
+
+def _builds(
+    builds: list[dict[str, Any]], phases: dict[str, str], start_refused: dict[str, int]
+) -> Table:
+    """The running and latest builds; the title counts ``build.start``'s refusals."""
+    title = Text("builds")
+    if start_refused:
+        codes = ", ".join(f"{code} {n}" for code, n in sorted(start_refused.items()))
+        title.append(
+            f"  build.start refused {sum(start_refused.values())} ({codes})", style="yellow"
+        )
+    table = Table(title=title, title_justify="left", expand=True, box=None)
     for column in ("BUILD", "MODEL", "BUILDER", "STATE", "ELAPSED s", "PHASE"):
         table.add_column(column, no_wrap=True)
     running = [b for b in builds if b["state"] == "running"]
@@ -225,10 +255,14 @@ def _alerts(alerts: deque[dict[str, Any]]) -> Table:
 
 def render(state: TopState, endpoint: str, interval: float, now: float) -> RenderableType:
     parts: list[RenderableType] = [_header(state, endpoint, interval, now), Text()]
+    start_refused: dict[str, int] = {}
     if state.status is not None:
         parts += [_models(state.status, state.rates, state.error is not None), Text()]
-        parts += [_shm(state.status.get("shm") or {}), Text()]
-    parts += [_builds(state.builds, state.phases), Text(), _alerts(state.alerts)]
+        parts.append(_shm(state.status.get("shm") or {}))
+        guard = _guard(state.status.get("security") or {})
+        parts += [Text()] if guard is None else [guard, Text()]
+        start_refused = (state.status.get("builds") or {}).get("start_refused") or {}
+    parts += [_builds(state.builds, state.phases, start_refused), Text(), _alerts(state.alerts)]
     return Group(*parts)
 
 

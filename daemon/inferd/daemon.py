@@ -39,6 +39,7 @@ from inferd.shutdown import StopSteps, answer_after_worker_death, drain, joined,
 from inferd.stop_budget import stop_bounds
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
+from inferd.supervision.map_count import check_map_count
 from inferd.supervision.open_files import raise_open_files_limit
 from inferd.supervision.status_line import ModelLine, format_status_line
 from inferd.thermal.monitor import ThermalMonitor
@@ -179,6 +180,7 @@ class Daemon(DaemonState):
                 pid=os.getpid(),
                 **(supervision or {}),
             )
+            check_map_count(self.config.shm)
             raise_open_files_limit(self.config.bus.max_connections, self.config.shm)
             self._start_recorder()
             self._lifecycle("start")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 
 
@@ -95,16 +96,36 @@ class UnsafeDirectoryError(InferdError):
     (another owner, writable by others, a symlink): ``inferd.owned_files``."""
 
 
-class OpenFilesLimitError(InferdError):
-    """The process's limit on open descriptors (``RLIMIT_NOFILE``) is below what the
-    config's bounds let clients make the daemon hold (``supervision.open_files``):
-    the daemon does not start, since clients within every bound could then make
-    libzmq abort it.  The message names the limit, the count and what to change."""
+class ProcessLimitError(InferdError):
+    """A limit of the process or of the kernel is below what the config's bounds let
+    clients make the daemon hold: the daemon does not start (``inferd run`` exits 2,
+    as for a config error: a restart would meet the same limit).  The message names
+    the limit, the count and what to change; ``errno_code`` is the error the limit
+    would have made a client's connection or region meet (systemd's ``ERRNO=``)."""
+
+    errno_code = 0
 
     def __init__(self, message: str, *, limit: int, needed: int) -> None:
         super().__init__(message)
         self.limit = limit
         self.needed = needed
+
+
+class OpenFilesLimitError(ProcessLimitError):
+    """The process's limit on open descriptors (``RLIMIT_NOFILE``) is below what the
+    config's bounds let clients make the daemon hold (``supervision.open_files``):
+    clients within every bound could then make libzmq abort it."""
+
+    errno_code = errno.EMFILE
+
+
+class MapCountLimitError(ProcessLimitError):
+    """The kernel's limit on a process's mappings (``vm.max_map_count``) leaves too
+    little room for the regions the shm bounds let clients register and what the
+    daemon maps itself (``supervision.map_count``): clients within every bound could
+    then make the daemon's own ``mmap`` (a thread, malloc, CUDA) fail."""
+
+    errno_code = errno.ENOMEM
 
 
 class InferenceError(InferdError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import faulthandler
 import os
 import signal
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 import inferd
-from inferd.errors import ConfigError, OpenFilesLimitError, UnsafeDirectoryError
+from inferd.errors import ConfigError, ProcessLimitError, UnsafeDirectoryError
 from inferd.owned_files import apply_owned_umask, ensure_owned_dir
 
 if TYPE_CHECKING:
@@ -191,6 +190,7 @@ def _check_config(path: Path) -> int:
     keys that are not there), or the config resolved, as TOML (``inferd.config.render``)."""
     from inferd import config
     from inferd.config.render import config_to_toml
+    from inferd.supervision.map_count import mappings_needed
     from inferd.supervision.open_files import descriptors_needed
 
     try:
@@ -220,6 +220,12 @@ def _check_config(path: Path) -> int:
     print(
         f"inferd: {path} needs {needed} open descriptors: inferd run refuses to start "
         "under a lower limit (the unit's LimitNOFILE=)",
+        file=sys.stderr,
+    )
+    print(
+        f"inferd: {path} needs {mappings_needed(loaded.shm)} memory mappings beside those the "
+        "daemon maps at start (a few hundred): inferd run refuses to start when "
+        "vm.max_map_count cannot hold them",
         file=sys.stderr,
     )
     print(config_to_toml(loaded), end="")
@@ -284,9 +290,9 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
         print(f"inferd: invalid config: {exc}", file=sys.stderr)
         notifier.failed(f"invalid config: {exc}")
         return EXIT_USAGE  # RestartPreventExitStatus=2: a restart would fail the same way
-    except OpenFilesLimitError as exc:  # the unit's LimitNOFILE= or the config to change
+    except ProcessLimitError as exc:  # LimitNOFILE=, vm.max_map_count or the config to change
         print(f"inferd: cannot start: {exc}", file=sys.stderr)
-        notifier.failed(f"cannot start: {exc}", errno.EMFILE)
+        notifier.failed(f"cannot start: {exc}", exc.errno_code)
         return EXIT_USAGE  # as a config error: a restart would fail the same way
     except Exception as exc:  # lock held, bind failure (zmq.ZMQError), recorder...
         print(f"inferd: cannot start: {exc}", file=sys.stderr)

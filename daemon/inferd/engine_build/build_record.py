@@ -9,6 +9,7 @@ owns it and its reader thread updates it); the functions here render it: the
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import threading
 import time
@@ -39,6 +40,9 @@ class Build:
     started_mono: float
     #: Seconds after ``started_mono`` the daemon cancels it (source ``timeout``).
     deadline_s: float = DEFAULT_MAX_BUILD_DURATION_S
+    #: Random (in its child's spec): a summary on disk is this build's only with it,
+    #: as build ids restart each run (``child_exit.after_child``).
+    nonce: str = field(default_factory=lambda: secrets.token_hex(16))
     tree: PhaseTree = field(default_factory=PhaseTree)
     state: str = "running"
     cancel_source: str | None = None

@@ -6,7 +6,8 @@ A child that reported: a validated TensorRT engine is trusted in
 (killed after the cancel grace, at shutdown, by the OOM killer, or its summary
 write failed) may have committed its engine first: ``after_child`` reads the
 summary it left, if any (its commit record, written just before the commit and
-marked ``provisional``, or its final summary).  An engine at the final path with
+marked ``provisional``, or its final summary; with the nonce the daemon gave the
+child, never another run's with the same build id).  An engine at the final path with
 the digest that record names and a matching sidecar was committed: the build
 ends as that summary says (``completed``, the engine trusted and counted by the
 builds cap like any), recorded ``killed_after_commit``, its timing cache
@@ -94,8 +95,8 @@ def after_child(build: Build, engine_path_known: bool) -> None:
         return
     path = summary_path_for(build.engine_path, build.build_id)
     summary = read_summary(path)
-    if summary is not None and summary.get("buildId") != build.build_id:
-        summary = None  # not this build's: left alone
+    if summary is not None and not _this_builds(summary, build):
+        summary = None  # another build's (an earlier run's, with this id): left alone
     stale = (
         summary is not None
         and summary.get("provisional") is True
@@ -125,6 +126,13 @@ def after_child(build: Build, engine_path_known: bool) -> None:
             exit_code=build.exit_code,
             timing_cache=build.timing_cache,
         )
+
+
+def _this_builds(summary: dict[str, Any], build: Build) -> bool:
+    """Whether ``summary`` was written by ``build``'s child: its id and its nonce.  An
+    id alone restarts each run (24 random bits): another run's summary at this path
+    could have it; a nonce is never another build's."""
+    return summary.get("buildId") == build.build_id and summary.get("buildNonce") == build.nonce
 
 
 def _names_a_commit(summary: dict[str, Any]) -> bool:

@@ -157,8 +157,11 @@ def run_build(
     listener: Callable[[BuildEvent], None] | None = None,
     snapshot_every_s: float = 0.0,
     build_id: str | None = None,
+    nonce: str | None = None,
     during_write: Callable[[], None] | None = None,
 ) -> BuildReport:
+    """``nonce``: a daemon build's, written in its summary and commit record: the
+    daemon takes a record on disk as this build's only with it (``child_exit``)."""
     token = token or CancellationToken()
     build_id = build_id or secrets.token_hex(6)
     queue = EventQueue(request.queue_size)
@@ -251,6 +254,7 @@ def run_build(
             "$schema": SUMMARY_SCHEMA_ID,
             "schemaVersion": 1,
             "buildId": build_id,
+            "buildNonce": nonce,
             "provisional": cleanup is None,
             "simulated": bool(builder.simulated),
             "model": request.model_path.name,

@@ -97,8 +97,7 @@ class BuildManager:
         self._record = record
         self.grace_s = grace_s
         self._tensorrt_available = tensorrt_available
-        self._device_id = device_id
-        self._gpu_memory_budget_bytes = gpu_memory_budget_bytes
+        self._gpu = {"device_id": device_id, "gpu_memory_budget_bytes": gpu_memory_budget_bytes}
         self._on_finished = on_finished
         #: ``runtime.engine_manifest``: when set, a deployment-managed manifest that
         #: daemon builds never write (the operator adds the engine to it).
@@ -142,14 +141,14 @@ class BuildManager:
                 raise ProtocolError(Code.FAILED_PRECONDITION, str(exc)) from None
             incoming = self.admission.pending(build_id, model, builder, build_config, engine_path)
             self.admission.admit(peer, running, incoming)
-            spec = {
+            spec: dict[str, Any] = {
                 "build_id": build_id,
+                "nonce": secrets.token_hex(16),  # its records' (``Build.nonce``)
                 "builder": builder,
                 "model_path": str(args.config.path),
                 "engine_path": str(engine_path),
                 "engine_dir": str(self._engine_dir),
-                "device_id": self._device_id,
-                "gpu_memory_budget_bytes": self._gpu_memory_budget_bytes,
+                **self._gpu,
                 "simulation": args.simulation,
                 "build_config": build_config,
             }
@@ -171,6 +170,7 @@ class BuildManager:
                 started_wall_ns=time.time_ns(),
                 started_mono=time.monotonic(),
                 deadline_s=args.deadline_s,
+                nonce=spec["nonce"],
             )
             self._builds[build_id] = build
             self._forget_old()

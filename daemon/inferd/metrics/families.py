@@ -231,6 +231,15 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
     for uid, refused in sorted(shm["refused_by_uid"].items()):
         refused_by_uid.add_metric([uid], refused)
     yield refused_by_uid
+    refused_by_code = _labelled_counter(
+        "inferd_shm_refused",
+        "shm.sock connections refused at accept (PERMISSION_DENIED: security.infer_allow) "
+        "and messages refused before any model saw them, by error code.",
+        ["code"],
+    )
+    for code in ERROR_CODES:
+        refused_by_code.add_metric([code], shm["refused"].get(code, 0))
+    yield refused_by_code
     yield _gauge(
         "inferd_shm_mapped_bytes",
         "Bytes of client regions mapped now.",

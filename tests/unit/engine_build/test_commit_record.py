@@ -27,6 +27,7 @@ from tests.unit.engine_build.conftest import HOST, SUMMARY_SCHEMA
 
 FDR_SCHEMA = json.loads((REPO / "schemas" / "fdr" / "engine_build.json").read_text())
 BUILD_ID = "b1-c0ffee"
+NONCE = "5eed" * 8  # the daemon's, given to the child in its spec
 
 
 def _build(tmp_path: Path, model: Path) -> tuple[Path, dict[str, Any], bool, BuildReport]:
@@ -42,7 +43,7 @@ def _build(tmp_path: Path, model: Path) -> tuple[Path, dict[str, Any], bool, Bui
         seen["engine_there"] = engine.exists()
 
     builder = SimulatedBuilder(model, request.build_config, HOST)
-    report = run_build(request, builder, build_id=BUILD_ID, during_write=at_commit)
+    report = run_build(request, builder, build_id=BUILD_ID, nonce=NONCE, during_write=at_commit)
     return engine, seen["record"], seen["engine_there"], report
 
 
@@ -51,7 +52,7 @@ def test_the_commit_record_is_durable_before_the_commit_and_replaced_after(
 ) -> None:
     engine, record, engine_there, report = _build(tmp_path, demo_model)
     Draft202012Validator(SUMMARY_SCHEMA).validate(record)
-    assert not engine_there
+    assert not engine_there and record["buildNonce"] == NONCE
     assert (record["provisional"], record["outcome"]) == (True, "completed")
     assert (record["timingCacheMode"], record["cleanupStatus"]) == ("unknown", "unknown")
     assert record["baseline"]["engineSha256"] == read_sidecar(engine)
@@ -60,7 +61,7 @@ def test_the_commit_record_is_durable_before_the_commit_and_replaced_after(
     assert final["provisional"] is False and final["timingCacheMode"] == "cold"
 
 
-def _killed_child(engine: Path) -> Build:
+def _killed_child(engine: Path, nonce: str = NONCE) -> Build:
     process = subprocess.Popen(["true"])
     process.wait()
     build = Build(
@@ -74,6 +75,7 @@ def _killed_child(engine: Path) -> Build:
         peer=Peer("internal"),
         started_wall_ns=0,
         started_mono=time.monotonic(),
+        nonce=nonce,
     )
     build.exit_code = -9
     return build
@@ -136,7 +138,7 @@ def test_a_child_whose_engine_failed_validation_is_never_reported_killed_after_c
         raise RuntimeError("injected: bad kernel")
 
     builder.infer = failing
-    report = run_build(request, builder, build_id=BUILD_ID)
+    report = run_build(request, builder, build_id=BUILD_ID, nonce=NONCE)
     summary = report.summary
     assert (summary["outcome"], summary["validationStatus"]) == ("completed", "fail")
     assert not engine.exists()
@@ -155,3 +157,28 @@ def test_a_child_whose_engine_failed_validation_is_never_reported_killed_after_c
         assert not report.summary_path.exists()
     else:
         assert state == "completed" and build.summary == summary
+
+
+@pytest.mark.parametrize("provisional", [True, False])
+def test_a_summary_another_build_left_with_this_build_id_is_never_taken_as_its_own(
+    tmp_path: Path, demo_model: Path, provisional: bool
+) -> None:
+    """Build ids restart each daemon run (``b1-`` and 24 random bits): an earlier run's
+    build of the same engine, with the same id, left its summary (or its commit record,
+    killed after its commit) and its committed engine at this build's summary path.
+    This build's child died before writing anything: the other build's record must
+    not end it ``completed`` (trusted, ``killed_after_commit``); it is left alone."""
+    engine, record, _, report = _build(tmp_path, demo_model)  # the earlier run's
+    if provisional:
+        write_json(report.summary_path, record)
+    left = report.summary_path.read_bytes()
+    build = _killed_child(engine, nonce="7" * 32)  # this run's build, with the same id
+    state = conclude(build, tmp_path / "engines", None)
+    assert (state, build.killed_after_commit, build.timing_cache) == (
+        "failed",
+        False,
+        "discarded",
+    )
+    assert build.summary is None and build.summary_path is None
+    assert report.summary_path.read_bytes() == left, "another build's record, left alone"
+    assert read_sidecar(engine) == record["baseline"]["engineSha256"], "its engine kept"

@@ -40,6 +40,7 @@ def test_shm_connections_per_uid_carry_only_the_uids_present() -> None:
         "in_flight": 0,
         "unroutable_replies": 0,
         "closed_not_reading": 0,
+        "refused": {},
         "closing": {"waiting": 0, "blocked_s": 0, "connections_closed_for_backlog": 0},
     }
     got = scrape(document)

@@ -178,6 +178,7 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
         "in_flight": 1,
         "unroutable_replies": 3,
         "closed_not_reading": 1,
+        "refused": {},
         "closing": {
             "waiting": 5,
             "closed": 9,

@@ -1,11 +1,29 @@
-"""``build.start``'s refusals by code (``status.builds``) and the ``shm.sock``
+"""``build.start``'s refusals by code (``status.builds``), the ``shm.sock``
 refusals over ``shm.max_connections_per_uid`` by uid (``status.shm.refused_by_uid``)
-are exported: the first were only in ``build.status``, the second had no label."""
+and every ``shm.sock`` refusal by code (``status.shm.refused``) are exported: the
+first were only in ``build.status``, the second had no label, the third was only
+in ``status``."""
 
 from __future__ import annotations
 
 from inferd_wire.protocol import Code
 from tests.unit.metrics.test_families import scrape, status
+
+SHM = {
+    "enabled": True,
+    "connections": 2,
+    "connections_by_uid": {"1000": 2},
+    "max_connections_per_uid": 2,
+    "refused_per_uid": 6,
+    "refused_by_uid": {"1000": 4, "1001": 1, "other": 1},
+    "refused": {"RESOURCE_EXHAUSTED": 6},
+    "mapped_bytes": 0,
+    "requests": 0,
+    "in_flight": 0,
+    "unroutable_replies": 0,
+    "closed_not_reading": 0,
+    "closing": {"waiting": 0, "blocked_s": 0, "connections_closed_for_backlog": 0},
+}
 
 
 def test_build_start_refusals_are_a_counter_by_code_with_every_code_present() -> None:
@@ -26,20 +44,7 @@ def test_build_start_refusals_are_a_counter_by_code_with_every_code_present() ->
 
 def test_shm_refusals_per_uid_carry_the_uid_or_other() -> None:
     document = status()
-    document["shm"] = {
-        "enabled": True,
-        "connections": 2,
-        "connections_by_uid": {"1000": 2},
-        "max_connections_per_uid": 2,
-        "refused_per_uid": 6,
-        "refused_by_uid": {"1000": 4, "1001": 1, "other": 1},
-        "mapped_bytes": 0,
-        "requests": 0,
-        "in_flight": 0,
-        "unroutable_replies": 0,
-        "closed_not_reading": 0,
-        "closing": {"waiting": 0, "blocked_s": 0, "connections_closed_for_backlog": 0},
-    }
+    document["shm"] = SHM
     got = scrape(document)
     by_uid = {
         labels: value
@@ -47,3 +52,24 @@ def test_shm_refusals_per_uid_carry_the_uid_or_other() -> None:
         if name == "inferd_shm_connections_refused_per_uid_total"
     }
     assert by_uid == {(("uid", "1000"),): 4, (("uid", "1001"),): 1, (("uid", "other"),): 1}
+
+
+def test_shm_refusals_are_a_counter_by_code_with_every_code_present() -> None:
+    """``status.shm.refused``: connections refused at accept (``PERMISSION_DENIED``
+    for ``security.infer_allow``, ``RESOURCE_EXHAUSTED`` for a bound) and messages
+    refused before any model saw them, each code a series from 0 (9 in all)."""
+    document = status()
+    document["shm"] = {
+        **SHM,
+        "refused": {"PERMISSION_DENIED": 2, "RESOURCE_EXHAUSTED": 7, "INVALID_ARGUMENT": 1},
+    }
+    refused = {
+        dict(labels)["code"]: value
+        for (name, labels), value in scrape(document).items()
+        if name == "inferd_shm_refused_total"
+    }
+    assert refused == {code.value: 0 for code in Code} | {
+        "PERMISSION_DENIED": 2,
+        "RESOURCE_EXHAUSTED": 7,
+        "INVALID_ARGUMENT": 1,
+    }
