@@ -177,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             record=lambda _kind, payload: writer.send(RecordMessage(dict(payload))),
             listener=writer.event,
             build_id=spec["build_id"],
-            nonce=spec["nonce"],
+            # A daemon older than the nonce (this package upgraded under it) sends
+            # none and never reads one: its builds still run.
+            nonce=spec.get("nonce"),
         )
     except Exception as exc:  # reported to the daemon as a failed build
         writer.send(ErrorMessage(f"{type(exc).__name__}: {exc}"))

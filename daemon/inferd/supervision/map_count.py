@@ -10,7 +10,9 @@ for every process (65,530 by default), far above what the default bounds need
 (256 regions); the daemon refuses to start only when its shm bounds, what it
 maps already and a reserve cannot fit under it, as it refuses a descriptor limit
 too low for its bounds (``supervision.open_files``): clients within every bound
-could otherwise take the mappings the daemon itself needs.
+could otherwise take the mappings the daemon itself needs.  With ``[shm]`` off no
+client can make it map anything: a sysctl below what it maps and the reserve is
+then logged (``map_count_low``, WARNING) and the daemon starts.
 """
 
 from __future__ import annotations
@@ -35,10 +37,8 @@ SELF_MAPS = Path("/proc/self/maps")
 RESERVED_MAPPINGS = 16384
 
 #: What to change when the mappings do not fit, in the refusal and its log event.
-CHANGE = (
-    "raise vm.max_map_count (sysctl -w, and a file in /etc/sysctl.d/ to keep it), "
-    "or lower shm.max_connections or shm.max_regions_per_connection"
-)
+RAISE_SYSCTL = "raise vm.max_map_count (sysctl -w, and a file in /etc/sysctl.d/ to keep it)"
+CHANGE = f"{RAISE_SYSCTL}, or lower shm.max_connections or shm.max_regions_per_connection"
 
 
 def shm_mappings(shm: ShmConfig) -> int:
@@ -63,8 +63,9 @@ def check_map_count(
     """The mappings left once the bounds and the reserve are taken from
     ``max_map_count`` (the sysctl's value) and ``mapped`` (the process's mappings
     now), both read from ``/proc`` when None.  ``MapCountLimitError`` (logged
-    ``map_count_low``) when they do not fit; None (logged ``map_count_unknown``)
-    when ``/proc`` cannot tell, and the daemon starts unchecked."""
+    ``map_count_low``) when they do not fit and shm is on (off: only logged); None
+    (logged ``map_count_unknown``) when ``/proc`` cannot tell, and the daemon starts
+    unchecked."""
     try:
         if max_map_count is None:
             max_map_count = int(MAX_MAP_COUNT.read_text())
@@ -76,6 +77,12 @@ def check_map_count(
         return None
     needed = mappings_needed(shm)
     left = max_map_count - mapped - needed
+    if left < 0 and not shm.enabled:
+        # No client can make the daemon map anything: the host's setting, said, not refused.
+        log.warning(
+            "map_count_low", limit=max_map_count, mapped=mapped, needed=needed, hint=RAISE_SYSCTL
+        )
+        return left
     if left < 0:
         log.error("map_count_low", limit=max_map_count, mapped=mapped, needed=needed, hint=CHANGE)
         raise MapCountLimitError(
@@ -91,8 +98,6 @@ def check_map_count(
 
 
 def _regions(shm: ShmConfig) -> str:
-    if not shm.enabled:
-        return "no shm regions ([shm] enabled = false)"
     return (
         f"{shm_mappings(shm)} for shm.sock's regions: shm.max_connections "
         f"{shm.max_connections} x shm.max_regions_per_connection "

@@ -84,10 +84,15 @@ def test_what_the_process_maps_already_counts() -> None:
         check_map_count(bounds, DEFAULT_MAX_MAP_COUNT, exactly + 1)
 
 
-def test_a_lowered_sysctl_refuses_even_without_shm() -> None:
-    with pytest.raises(MapCountLimitError) as refused:
-        check_map_count(shm(enabled=False), RESERVED_MAPPINGS, MAPPED)
-    assert "no shm regions ([shm] enabled = false)" in str(refused.value)
+def test_without_shm_a_lowered_sysctl_is_said_not_refused() -> None:
+    """No client can make a daemon without shm map more: nothing to change in its
+    config, so it starts, and the log says what to raise."""
+    with capture_logs() as events:
+        left = check_map_count(shm(enabled=False), RESERVED_MAPPINGS, MAPPED)
+    assert left == -MAPPED
+    [event] = events
+    assert (event["event"], event["log_level"]) == ("map_count_low", "warning")
+    assert "shm." not in event["hint"] and "vm.max_map_count" in event["hint"]
 
 
 def test_without_proc_the_daemon_starts_unchecked_and_says_so(
