@@ -423,3 +423,13 @@ def _security(security: Mapping[str, Any]) -> Iterator[Metric]:
         "Connections past bus.max_connections the descriptor guard shut down.",
         guard["connections_ended"],
     )
+    yield _counter(
+        "inferd_descriptor_guard_share_passes",
+        "Guard passes past its share level, many peers flooding (DESIGN.md 209).",
+        guard["share_passes"],
+    )
+    yield _counter(
+        "inferd_descriptor_guard_connections_ended_past_share",
+        "Connections the descriptor guard shut down past a peer's fair share.",
+        guard["connections_ended_past_share"],
+    )

@@ -11,11 +11,15 @@ def test_switch_refusals_and_the_descriptor_guard_are_counters() -> None:
     document = status()
     security = document["security"]
     security["switch_limit"]["refused"] = 7
-    security["descriptor_guard"].update(episodes=2, connections_ended=4093)
+    security["descriptor_guard"].update(
+        episodes=2, connections_ended=4093, share_passes=3, connections_ended_past_share=1200
+    )
     got = scrape(document)
     assert got[("inferd_runtime_switch_rate_limited_total", ())] == 7
     assert got[("inferd_descriptor_guard_episodes_total", ())] == 2
     assert got[("inferd_descriptor_guard_connections_ended_total", ())] == 4093
+    assert got[("inferd_descriptor_guard_share_passes_total", ())] == 3
+    assert got[("inferd_descriptor_guard_connections_ended_past_share_total", ())] == 1200
 
 
 def test_no_descriptor_guard_series_before_the_daemon_started() -> None:

@@ -85,6 +85,10 @@ def status(**overrides: Any) -> dict[str, Any]:
                 "period_s": 0.1,
                 "episodes": 0,
                 "connections_ended": 0,
+                "share_level": 16384,
+                "share_target": 8192,
+                "share_passes": 0,
+                "connections_ended_past_share": 0,
             },
         },
         "builds": {
