@@ -7,10 +7,6 @@ count are given as arguments here; the real ``/proc`` is only read."""
 from __future__ import annotations
 
 import errno
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +21,8 @@ from inferd.supervision.map_count import (
     mappings_needed,
     shm_mappings,
 )
-from tests.conftest import HANG_S, REPO, render_config
+from tests.conftest import render_config
+from tests.unit.supervision.test_open_files import run_notified
 
 SOCKET = Path("/run/inferd/shm.sock")
 #: The default sysctl, and what a daemon here maps when it checks (measured: 331).
@@ -131,21 +128,7 @@ def test_inferd_run_past_the_sysctl_exits_2_and_tells_systemd_why(tmp_path: Path
     }
     models = [{"name": "m", "path": str(tmp_path / "m.onnx")}]
     config.write_text(render_config(tmp_path, models, shm=shm_section))
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "inferd.cli", "run", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=HANG_S * 4,
-            cwd=REPO,
-            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")},
-        )
-        notify.setblocking(False)
-        sent = notify.recv(65536).decode().split("\n")
-    finally:
-        notify.close()
+    done, sent = run_notified(tmp_path, ["-m", "inferd.cli", "run", "--config", str(config)])
     assert done.returncode == 2, done.stderr
     refusal = f"(vm.max_map_count) is {limit}, below the"
     assert f"inferd: cannot start: the kernel's limit on a process's memory mappings {refusal}" in (

@@ -109,6 +109,29 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+def run_notified(
+    tmp_path: Path, argv: list[str]
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``python argv`` to its end, with a ``NOTIFY_SOCKET`` of its own: how it ended,
+    and the lines of the one notification it sent (systemd's ``STATUS=``, ``ERRNO=``)."""
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    try:
+        done = subprocess.run(
+            [sys.executable, *argv],
+            capture_output=True,
+            text=True,
+            timeout=HANG_S * 4,
+            cwd=REPO,
+            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")},
+        )
+        notify.setblocking(False)
+        sent = notify.recv(65536).decode().split("\n")
+    finally:
+        notify.close()
+    return done, sent
+
+
 def test_inferd_run_under_a_low_limit_exits_2_and_tells_systemd_why(tmp_path: Path) -> None:
     """The defaults need 2,450 descriptors: under 1,500 ``inferd run`` refuses before
     binding anything, exit 2 (``RestartPreventExitStatus=2``: a restart would fail
@@ -121,21 +144,7 @@ def test_inferd_run_under_a_low_limit_exits_2_and_tells_systemd_why(tmp_path: Pa
     loaded = load(config)
     needed = descriptors_needed(loaded.bus.max_connections, loaded.shm)
     assert needed > 1500
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", LIMITED_RUN, "1500", "run", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=HANG_S * 4,
-            cwd=REPO,
-            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")},
-        )
-        notify.setblocking(False)
-        sent = notify.recv(65536).decode().split("\n")
-    finally:
-        notify.close()
+    done, sent = run_notified(tmp_path, ["-c", LIMITED_RUN, "1500", "run", "--config", str(config)])
     assert done.returncode == 2, done.stderr
     refusal = "the limit on open descriptors (RLIMIT_NOFILE) is 1500, below the"
     assert f"inferd: cannot start: {refusal} {needed} " in done.stderr
