@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("INFERD_CURVE_SERVER_KEY"),
         metavar="KEY|FILE",
         help="tcp:// with CURVE: the daemon's public key (inferd keys show) or a file with it "
-        "(default $INFERD_CURVE_SERVER_KEY)",
+        "(default $INFERD_CURVE_SERVER_KEY); a key beginning with '-' (Z85 has it) goes "
+        "attached: --curve-server-key=KEY",
     )
     parser.add_argument(
         "--curve-cert",

@@ -454,8 +454,8 @@ def test_inferctl_connects_with_curve(curve_daemon: CurveDaemon, tmp_path: Path)
         "inferd_client.cli",
         "--control-endpoint",
         curve_daemon.daemon.control,
-        "--curve-server-key",
-        curve_daemon.server_key,
+        # Attached: a Z85 key may begin with "-", which argparse takes for an option.
+        f"--curve-server-key={curve_daemon.server_key}",
         "--curve-cert",
         str(tmp_path / "viewer.key_secret"),
         "--json",
@@ -464,7 +464,7 @@ def test_inferctl_connects_with_curve(curve_daemon: CurveDaemon, tmp_path: Path)
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["state"] == "serving"
-    half = subprocess.run(command[:5] + command[7:], cwd=REPO, capture_output=True, text=True)
+    half = subprocess.run(command[:5] + command[6:], cwd=REPO, capture_output=True, text=True)
     assert half.returncode == 2 and "needs both --curve-server-key and --curve-cert" in half.stdout
 
 
