@@ -135,16 +135,18 @@ def ended_by_the_daemon(sock: socket.socket) -> bool:
     return True
 
 
+def security_of(daemon: DaemonProcess) -> dict[str, Any]:
+    """The daemon's ``status.security``, asked on a connection of its own."""
+    with OperatorClient(daemon.control, timeout=5) as operator:
+        return dict(operator.status()["security"])
+
+
 def test_a_flood_that_never_greets_is_ended_and_the_daemon_serves_on(
     limited_daemon: DaemonProcess,
 ) -> None:
     daemon = limited_daemon
     x = {"input": np.ones(IDENTITY_SHAPE, np.float32)}
     path = daemon.infer[len("ipc://") :]
-
-    def security() -> dict[str, Any]:
-        with OperatorClient(daemon.control, timeout=5) as operator:
-            return dict(operator.status()["security"])
 
     # Connected before the flood, among this user's first MAX_CONNECTIONS
     # connections to the socket (the daemon held ~40 descriptors): it keeps it.
@@ -173,7 +175,7 @@ def test_a_flood_that_never_greets_is_ended_and_the_daemon_serves_on(
             def counted() -> dict[str, Any] | None:
                 """The guard's status once it counted the ends the clients read (each
                 is the guard's, counted once its pass is over)."""
-                guard = security()["descriptor_guard"]
+                guard = security_of(daemon)["descriptor_guard"]
                 return guard if guard["connections_ended"] >= ended else None
 
             guard = wait_until(counted, message=f"{ended} ended connections counted")
@@ -182,7 +184,7 @@ def test_a_flood_that_never_greets_is_ended_and_the_daemon_serves_on(
             for sock in held:
                 sock.close()
         # Once the flood's connections are gone, a new client of the same user gets in.
-        wait_until(lambda: security()["sockets"]["infer"]["connections"] == 1)
+        wait_until(lambda: security_of(daemon)["sockets"]["infer"]["connections"] == 1)
         with InferenceClient(daemon.infer, timeout=10) as newcomer:
             assert newcomer.infer("identity", x)["output"].shape == IDENTITY_SHAPE
     log = daemon.log()
@@ -233,13 +235,9 @@ def test_a_flood_of_many_users_within_the_bound_is_held_to_fair_shares(
     x = {"input": np.ones(IDENTITY_SHAPE, np.float32)}
     path = daemon.infer[len("ipc://") :]
 
-    def security() -> dict[str, Any]:
-        with OperatorClient(daemon.control, timeout=5) as operator:
-            return dict(operator.status()["security"])
-
     with InferenceClient(daemon.infer, timeout=10) as client:
         assert client.infer("identity", x)["output"].shape == IDENTITY_SHAPE
-        accepted = security()["sockets"]["infer"]["connections_accepted"]
+        accepted = security_of(daemon)["sockets"]["infer"]["connections_accepted"]
         start_read, start_write = os.pipe()
         hold_read, hold_write = os.pipe()
         report_read, report_write = os.pipe()
@@ -264,14 +262,14 @@ def test_a_flood_of_many_users_within_the_bound_is_held_to_fair_shares(
             def guard_shared() -> dict[str, Any] | None:
                 if daemon.process.poll() is not None:
                     pytest.fail(f"the daemon exited with {daemon.process.returncode}: {opened}")
-                guard = security()["descriptor_guard"]
+                guard = security_of(daemon)["descriptor_guard"]
                 return guard if guard["connections_ended_past_share"] else None
 
             guard = wait_until(guard_shared, message="connections ended past a fair share")
             assert (guard["share_level"], guard["share_target"]) == (1024, 768)
             # The client connected before is served on the connection it had.
             assert client.infer("identity", x)["output"].shape == IDENTITY_SHAPE
-            assert security()["sockets"]["infer"]["connections_accepted"] == accepted
+            assert security_of(daemon)["sockets"]["infer"]["connections_accepted"] == accepted
             with InferenceClient(daemon.infer, timeout=10) as newcomer:
                 assert newcomer.infer("identity", x)["output"].shape == IDENTITY_SHAPE
         finally:
@@ -292,7 +290,7 @@ def test_a_flood_of_many_users_within_the_bound_is_held_to_fair_shares(
     ended = sum(result["ended"] for result in results)
     assert ended >= USERS * SHARED_MAX_CONNECTIONS - SHARED_LIMIT
     wait_until(
-        lambda: security()["descriptor_guard"]["connections_ended"] >= ended,
+        lambda: security_of(daemon)["descriptor_guard"]["connections_ended"] >= ended,
         message=f"{ended} ended connections counted",
     )
     assert daemon.process.poll() is None
