@@ -51,7 +51,8 @@ import structlog
 from inferd.config import FdrConfig
 from inferd.fdr import framing
 from inferd.fdr.reader import ReadReport, read_records
-from inferd.fdr.writer import FlightRecorder, read_boot_id
+from inferd.fdr.writer import FlightRecorder
+from inferd.process_identity import read_boot_id
 from inferd.supervision.logging import configure_logging
 
 NONCRITICAL = ("deadline_miss", {"model": "demo", "count": 3, "window_s": 1.0})

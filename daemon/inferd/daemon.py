@@ -20,6 +20,7 @@ from inferd.bus.publisher import EventPublisher
 from inferd.bus.security import BusSecurity
 from inferd.bus.server import BusServer
 from inferd.config import Config
+from inferd.engine_build.admission import DAEMON_START
 from inferd.engine_build.build_record import BuildFinished
 from inferd.engine_build.start_refusals import CountedBuildManager
 from inferd.errors import UnsafeDirectoryError
@@ -195,7 +196,7 @@ class Daemon(DaemonState):
             raise
 
     def _start_serving(self) -> None:
-        self.builds.prune("daemon_start")  # the cap holds for what an earlier run left
+        self.builds.prune(DAEMON_START)  # concludes what an earlier run left, then the caps
         self.security.start()  # ZAP before any socket binds; CURVE keys or no start
         self.publisher.start()
         self.publisher.wait_bound(timeout=10)

@@ -8,7 +8,9 @@ The daemon's own background rebuilds (``Peer.internal``) have their own back-off
 and are not rate limited; they need room like any build.  Before each count
 (at the daemon's start, each ``build.start``, after each build) the staging
 folders of build processes that died are removed (``artifacts.sweep_staging``):
-a killed build's staged engine is otherwise never counted nor removed.
+a killed build's staged engine is otherwise never counted nor removed.  At the
+daemon's start, before that, the builds an earlier daemon never concluded (it
+died first) are concluded (``commit_records.conclude_unconcluded``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import structlog
 from inferd.config import BuildsConfig, ModelConfig
 from inferd.engine_build.artifacts import sweep_staging
 from inferd.engine_build.build_record import Build
+from inferd.engine_build.commit_records import conclude_unconcluded
 from inferd.engine_build.engine_outputs import EngineOutputs
 from inferd.engine_build.retention import BuildsRetention, Pending
 from inferd.engines.build_config import parse_build_config
@@ -34,6 +37,9 @@ from inferd_wire.protocol import Code, ProtocolError
 log = structlog.get_logger("inferd.builds")
 
 Record = Callable[[str, Mapping[str, Any]], None]
+#: The prune at the daemon's start: it first concludes the builds an earlier run
+#: did not (``commit_records``).
+DAEMON_START = "daemon_start"
 
 
 class BuildAdmission:
@@ -46,6 +52,8 @@ class BuildAdmission:
     ) -> None:
         self._build_dir = build_dir
         self._engine_dir: Path | None = None
+        self._engine_manifest: Path | None = None
+        self._record = record
         self._models: dict[str, ModelConfig] = {}
         self.retention = BuildsRetention(build_dir, limits.max_count, limits.max_bytes, record)
         self.start_limit = PeerRateLimiter(
@@ -66,6 +74,7 @@ class BuildAdmission:
         """Count what TensorRT builds leave in ``engine_dir`` under the same caps
         (``engine_outputs.py``; ``engine_manifest``: ``runtime.engine_manifest``)."""
         self._engine_dir, self._models = engine_dir, dict(models)
+        self._engine_manifest = engine_manifest
         paths = [model.path for model in self._models.values()]
         self.retention.engine_outputs = EngineOutputs(engine_dir, engine_manifest, lambda: paths)
 
@@ -121,6 +130,11 @@ class BuildAdmission:
             self.start_limit.give_back(peer.key)
 
     def prune(self, running: Collection[Build], trigger: str) -> None:
+        if trigger == DAEMON_START and self._engine_dir is not None:
+            # Before the sweep and the caps: an engine trusted now is pinned by them.
+            conclude_unconcluded(
+                self._engine_dir, deployment_manifest=self._engine_manifest, record=self._record
+            )
         self.sweep_staging()
         pending = [self.pending_of(build) for build in running]
         self.retention.prune(keep=pending, serving=self._serving(), trigger=trigger)

@@ -18,7 +18,9 @@ files, its staged engine; an engine left half-committed is quarantined) and
 records the result on the build, for its FDR record and ``build.status``.
 ``conclude`` does this and sets the build's end from its summary, or from how its
 child exited.  ``settle`` is the last word: whatever went wrong, a build never
-stays ``running``.
+stays ``running``.  Once concluded, the daemon writes its conclusion on the build's
+summary (``commit_records.conclude_on_disk``): a starting daemon concludes only the
+builds an earlier run died before concluding.
 """
 
 from __future__ import annotations
@@ -28,14 +30,13 @@ from typing import Any
 
 import structlog
 
-from inferd.digest import sha256_file
 from inferd.engine_build.artifacts import TimingCacheOutcome, clean_up
 from inferd.engine_build.build_record import Build
+from inferd.engine_build.commit_records import committed, conclude_on_disk, names_a_commit
 from inferd.engine_build.engine_outputs import read_summary
 from inferd.engine_build.pipeline import record_trust
 from inferd.engine_build.session import summary_path_for
 from inferd.engines.manifest import MANIFEST_NAME
-from inferd.engines.sidecar import read_sidecar
 from inferd.errors import InferdError
 
 log = structlog.get_logger("inferd.builds")
@@ -66,7 +67,25 @@ def conclude(build: Build, engine_dir: Path, deployment_manifest: Path | None) -
         if summary is not None and summary.get("error") and state == "failed":
             build.error = str(summary["error"])
         build.state = build.tree.state = state
+    _write_conclusion(build)
     return state
+
+
+def _write_conclusion(build: Build) -> None:
+    """Say on the build's summary that this daemon concluded it (``commit_records``):
+    a starting daemon concludes only what no daemon did.  A commit record of a child
+    killed after its commit becomes its final summary, with the cleanup done after it."""
+    path = summary_path_for(build.engine_path, build.build_id)
+    with build.lock:
+        summary, named = build.summary, build.summary_path
+        trusted, note, cleanup = build.manifest is not None, build.manifest_note, build.cleanup
+    if summary is None or named != str(path):
+        return  # it left none (or named another path: never written by the daemon)
+    facts: dict[str, Any] = {"trusted": trusted, "manifestNote": note}
+    if build.killed_after_commit and summary.get("provisional") is True and cleanup is not None:
+        facts["killedAfterCommit"] = True
+        summary = {**summary, "cleanupStatus": cleanup["status"], "cleanup": cleanup}
+    conclude_on_disk(path, summary, "report" if build.reported else "after_child", **facts)
 
 
 def trust(build: Build, manifest: Path, deployment_manifest: Path | None) -> None:
@@ -100,7 +119,7 @@ def after_child(build: Build, engine_path_known: bool) -> None:
     stale = (
         summary is not None
         and summary.get("provisional") is True
-        and not _committed(build.engine_path, summary)
+        and not committed(build.engine_path, summary)
     )
     cleanup = clean_after(build, path if stale else None)
     if stale:
@@ -111,7 +130,7 @@ def after_child(build: Build, engine_path_known: bool) -> None:
             build.timing_cache = TimingCacheOutcome.DISCARDED.value
             return
         build.summary, build.summary_path = summary, str(path)
-        build.killed_after_commit = _names_a_commit(summary)
+        build.killed_after_commit = names_a_commit(summary)
         build.timing_cache = (
             TimingCacheOutcome.UNKNOWN.value
             if summary.get("provisional") is True
@@ -133,25 +152,6 @@ def _this_builds(summary: dict[str, Any], build: Build) -> bool:
     id alone restarts each run (24 random bits): another run's summary at this path
     could have it; a nonce is never another build's."""
     return summary.get("buildId") == build.build_id and summary.get("buildNonce") == build.nonce
-
-
-def _names_a_commit(summary: dict[str, Any]) -> bool:
-    """Whether ``summary``'s build committed its engine: ``completed``, and not with an
-    engine that failed validation, which was quarantined instead (its summary says
-    ``completed`` all the same; as ``engine_outputs`` reads it)."""
-    return summary.get("outcome") == "completed" and summary.get("validationStatus") != "fail"
-
-
-def _committed(engine: Path, record: dict[str, Any]) -> bool:
-    """Whether the engine at ``engine`` (and its sidecar) is the one ``record`` names:
-    its digest, never through a symlink; anything else is not this build's commit."""
-    digest = (record.get("baseline") or {}).get("engineSha256")
-    if not isinstance(digest, str) or not _names_a_commit(record):
-        return False
-    try:
-        return read_sidecar(engine) == digest.lower() == sha256_file(engine)
-    except (OSError, InferdError):
-        return False
 
 
 def clean_after(build: Build, stale_record: Path | None = None) -> dict[str, Any]:

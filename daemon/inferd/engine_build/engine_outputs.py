@@ -59,7 +59,7 @@ log = structlog.get_logger("inferd.builds.retention")
 SUMMARY_MAX_BYTES = 4 * 1024 * 1024
 #: Why an owned engine stays (None: superseded), and the manifest entry to drop with it.
 _Pin = tuple[str | None, tuple[Path, Path, str] | None]
-_SUMMARY = re.compile(rf"^(?P<engine>.+\.engine)\.(?P<build_id>{BUILD_ID})\.build\.json$")
+SUMMARY_NAME = re.compile(rf"^(?P<engine>.+\.engine)\.(?P<build_id>{BUILD_ID})\.build\.json$")
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class EngineOutputs:
             return []
         found = []
         for entry in entries:
-            match = _SUMMARY.match(entry.name)
+            match = SUMMARY_NAME.match(entry.name)
             if match is None:
                 continue
             try:

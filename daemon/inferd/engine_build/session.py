@@ -43,6 +43,7 @@ from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.validation import Infer, ValidationResult, validate_build
 from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
+from inferd.process_identity import this_process
 from inferd.types import BuildConfig, HostTuple
 
 SUMMARY_SCHEMA_ID = "https://inferd.example/schemas/build/summary.json"
@@ -174,6 +175,7 @@ def run_build(
     before, before_omitted = build_files(engine_dir, own)
     summary_path = summary_path_for(request.engine_path, build_id)
     started_mono, started_wall = time.monotonic(), time.time()
+    writer = this_process()  # a starting daemon concludes its summary once it is gone
     model_sha = request.model_sha256 or model_digest(request.model_path).sha256
     config_hash = build_config_hash(request, model_sha, builder.tensorrt_version)
 
@@ -255,6 +257,7 @@ def run_build(
             "schemaVersion": 1,
             "buildId": build_id,
             "buildNonce": nonce,
+            "writer": writer,
             "provisional": cleanup is None,
             "simulated": bool(builder.simulated),
             "model": request.model_path.name,

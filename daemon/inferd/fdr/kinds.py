@@ -137,6 +137,14 @@ KINDS: dict[str, RecordKind] = {
             "builds dir or the engine dir (builds.max_count, builds.max_bytes).",
         ),
         _kind(
+            "build_concluded_at_start",
+            {"build_id", "engine", "summary", "decision", "note", "outcome"},
+            critical=True,
+            description="The daemon, at its start, concluded a TensorRT build an earlier "
+            "run never did (it died first): trusted its committed engine, or removed a "
+            "commit record whose commit never happened.",
+        ),
+        _kind(
             "watchdog_withheld",
             {"threads", "silence_limit_s", "watchdog_s"},
             critical=True,

@@ -22,7 +22,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -31,6 +30,7 @@ from inferd.config import FdrConfig
 from inferd.fdr import framing, kinds, segments
 from inferd.fdr.queued import Marker, Pending, RecordQueue
 from inferd.owned_files import ensure_owned_dir
+from inferd.process_identity import read_boot_id
 
 log = structlog.get_logger("inferd.fdr")
 
@@ -39,13 +39,6 @@ _RETRY_AFTER_FAILURE_NS = 1_000_000_000
 _BATCH = 256
 _DROPPED = kinds.KINDS["fdr_dropped"]
 _RETENTION = kinds.KINDS["fdr_retention"]
-
-
-def read_boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
 
 
 class _BackingOff(OSError):

@@ -97,6 +97,15 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "bytes": 506102,
         "reason": "max_count",
     },
+    "build_concluded_at_start": {
+        "build_id": "b3-0a1b2c",
+        "engine": "/var/lib/inferd/engines/demo.engine",
+        "summary": "/var/lib/inferd/engines/demo.engine.b3-0a1b2c.build.json",
+        "decision": "trusted",
+        "note": "recorded in /var/lib/inferd/engines/manifest.json",
+        "outcome": "completed",
+        "cleanup_status": "cleaned",
+    },
     "watchdog_withheld": {
         "threads": {
             "engine_worker": {
