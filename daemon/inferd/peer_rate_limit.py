@@ -1,7 +1,8 @@
 """The rate of one operator op per verified peer: a token bucket per principal
-(``Peer.key``: a uid, a CURVE key), so one client cannot repeat an op that costs
-the daemon work (``build.start`` starts a build, ``runtime.switch`` prepares a
-runtime) back to back while another keeps its share.  ``burst`` at once, then one
+(``Peer.key``: a uid, a CURVE key, an anonymous tcp peer's address, an IPv6
+one's /64), so one client cannot repeat an op that costs the daemon work
+(``build.start`` starts a build, ``runtime.switch`` prepares a runtime) back to
+back while another keeps its share.  ``burst`` at once, then one
 more every ``refill_s``; the refusal is ``RESOURCE_EXHAUSTED`` saying when to
 retry.  The caller takes a token only once the op's arguments and preconditions
 passed, so a request refused for them costs the peer nothing; the daemon's own

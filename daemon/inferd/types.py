@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,6 +306,43 @@ RecordSink = Callable[[str, Mapping[str, Any]], None]
 
 PeerTransport = Literal["ipc", "tcp", "internal"]
 
+#: The prefix an IPv6 tcp peer is counted by.  A /64 is the block IPv6 gives one
+#: host's link (64-bit interface identifiers, RFC 4291 and 7421), in which the
+#: host picks its own addresses (temporary ones, RFC 8981, or any a user binds):
+#: counted by address, one host would be 2**64 peers, each within every per-peer
+#: bound.  A constant, not a config key: a longer prefix splits a host again, a
+#: shorter one (the /56 or /48 a site may get) merges separate hosts; and
+#: ``Peer.key`` is plain data, rebuilt from ZAP's User-Id wherever a limit reads
+#: it, with no config at hand.
+IPV6_PEER_PREFIX_BITS = 64
+#: ``::ffff:0:0/96``: an IPv4 peer of a dual-stack socket (``getpeername`` and
+#: libzmq's ``Peer-Address`` give ``::ffff:127.0.0.2``).
+_IPV4_MAPPED = bytes(10) + b"\xff\xff"
+
+
+def tcp_peer_key(address: str | bytes) -> str:
+    """The key a tcp peer is counted and limited by (``bus.max_connections``, the
+    descriptor guard's fair shares, the per-peer rate limits): an IPv4 address as
+    it is, an IPv4-mapped IPv6 address as that IPv4 address, any other IPv6
+    address as its /64 (``2001:db8:1:2::/64``; a zone such as ``%eth0`` dropped).
+    ``address``: as text (ZAP's, ``getpeername``'s) or packed (4 or 16 bytes, a
+    ``sockaddr``'s); text that is no IP address is its own key."""
+    if isinstance(address, str):
+        host = address.partition("%")[0]
+        try:
+            packed = socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+        except OSError:
+            return address
+    else:
+        packed = address
+    if len(packed) == 4:
+        return socket.inet_ntop(socket.AF_INET, packed)
+    if packed[:12] == _IPV4_MAPPED:
+        return socket.inet_ntop(socket.AF_INET, packed[12:])
+    kept = IPV6_PEER_PREFIX_BITS // 8  # whole bytes
+    prefix = socket.inet_ntop(socket.AF_INET6, packed[:kept] + bytes(16 - kept))
+    return f"{prefix}/{IPV6_PEER_PREFIX_BITS}"
+
 
 @dataclass(frozen=True)
 class Peer:
@@ -333,17 +371,19 @@ class Peer:
     @property
     def key(self) -> str:
         """The principal requests are counted against (rate limits): the uid, the
-        CURVE key or, for an anonymous tcp peer, its address."""
+        CURVE key or, for an anonymous tcp peer, ``tcp_peer_key`` of its address
+        (an IPv6 peer's /64)."""
         if self.transport == "internal":
             return "internal"
         if self.curve_key is not None:
             return f"key:{self.curve_key}"
         if self.uid is not None:
             return f"uid:{self.uid}"
-        return f"tcp:{self.address}"
+        return f"tcp:{self.address if self.address is None else tcp_peer_key(self.address)}"
 
     def describe(self) -> str:
-        """For messages: ``uid 1001 (alice) pid 4242``, ``CURVE key 'ground' from 10.0.0.2``."""
+        """For messages: ``uid 1001 (alice) pid 4242``, ``CURVE key 'ground' from 10.0.0.2``,
+        ``an unauthenticated tcp peer at 2001:db8::5 (counted as 2001:db8::/64)``."""
         if self.transport == "internal":
             return f"the daemon itself (pid {self.pid})"
         if self.curve_key is not None:
@@ -351,7 +391,9 @@ class Peer:
         if self.uid is not None:
             name = f" ({self.user})" if self.user else ""
             return f"uid {self.uid}{name} pid {self.pid}"
-        return f"an unauthenticated tcp peer at {self.address}"
+        counted = self.address if self.address is None else tcp_peer_key(self.address)
+        shown = "" if counted == self.address else f" (counted as {counted})"
+        return f"an unauthenticated tcp peer at {self.address}{shown}"
 
     def as_record(self) -> dict[str, Any]:
         """The verified identity as FDR records and log lines carry it."""

@@ -7,7 +7,8 @@ the connection is accepted and hands it to ZAP as the address
 groups its user belongs to in the group database (``getgrouplist``).  On
 ``tcp://`` the identity is the name of the allow-listed CURVE client key the
 handshake proved, or nothing but the address without CURVE (loopback only; such
-a peer never passes an allow-list and is never an operator).  Root and the
+a peer never passes an allow-list and is never an operator, and is counted and
+rate limited by ``Peer.key``: its address, an IPv6 one's /64).  Root and the
 daemon's own user pass every allow-list and are always operators: they can
 already signal, trace or replace the daemon (DESIGN.md 60).
 """

@@ -5,10 +5,11 @@ peers keep to a target, each peer to a fair share of it (``fair_shares``).
 
 A connection of a socket is a stream socket, not listening, whose local address
 is the socket's path (``ipc://``) or port (``tcp://``), as ``EndpointConnections``
-tells them; its peer is its user (``SO_PEERCRED``) on ``ipc://`` and its address
-on ``tcp://``.  Nothing else is touched, and a connection is ended with
-``shutdown``, never ``close``: the descriptor is libzmq's, which closes it once
-its I/O thread reads the end.
+tells them; its peer is its user (``SO_PEERCRED``) on ``ipc://`` and its address's
+``tcp_peer_key`` on ``tcp://`` (an IPv6 address's /64, so that one host is one
+peer however many of its addresses it connects from).  Nothing else is touched,
+and a connection is ended with ``shutdown``, never ``close``: the descriptor is
+libzmq's, which closes it once its I/O thread reads the end.
 
 The calls are libc's through ``ctypes.PyDLL``, which keeps the GIL through each
 one (none of them blocks), not Python's socket methods: those let the GIL go at
@@ -32,8 +33,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from inferd.bus.endpoint_connections import EndpointConnections
+from inferd.types import tcp_peer_key
 
-#: A peer of one socket: (socket name, uid on ipc:// or address on tcp://).
+#: A peer of one socket: (socket name, uid on ipc:// or ``tcp_peer_key`` on tcp://).
 SocketPeer = tuple[str, int | str]
 
 # Called with Python ints (C ints), ctypes buffers and ``byref`` lengths
@@ -101,7 +103,8 @@ class _Pass:
 
     def peer(self, fd: int, on_ipc: bool) -> int | str | None:
         """Its user on ``ipc://`` (``SO_PEERCRED``: pid, uid, gid), its peer's
-        address on ``tcp://``; None once it is closed."""
+        ``tcp_peer_key`` on ``tcp://`` (an IPv6 address's /64); None once it is
+        closed."""
         if on_ipc:
             credentials = self._option_bytes(fd, socket.SO_PEERCRED, 12)
             return None if credentials is None else int.from_bytes(credentials[4:8], sys.byteorder)
@@ -110,12 +113,13 @@ class _Pass:
             return None
         family = int.from_bytes(peer[:2], sys.byteorder)
         if family == socket.AF_INET:
-            return socket.inet_ntop(family, peer[4:8])
-        return socket.inet_ntop(family, peer[8:24]) if family == socket.AF_INET6 else None
+            return tcp_peer_key(peer[4:8])
+        return tcp_peer_key(peer[8:24]) if family == socket.AF_INET6 else None
 
     def holds(self, fd: int, peer: SocketPeer) -> bool:
         """Whether ``fd`` is still a connection of ``peer`` (its number may have been
-        closed and given to another descriptor since it was counted)."""
+        closed and given to another descriptor since it was counted): of its socket,
+        and of its user or, on ``tcp://``, from an address with its key."""
         name, key = peer
         on_ipc = isinstance(key, int)
         return self.socket_of(fd) == (name, on_ipc) and self.peer(fd, on_ipc) == key

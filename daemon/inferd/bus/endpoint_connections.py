@@ -8,9 +8,10 @@ The descriptor guard's pass over them, every peer's at once, is
 ZeroMQ gives no descriptor with a message or a handshake, so a socket's
 connections are the stream sockets accepted on its endpoint: their local address
 is the endpoint's path (``ipc://``) or port (``tcp://``), and a peer is told
-by ``SO_PEERCRED`` or its address.  A descriptor closed and its number reused
-between the look and the act is touched only if it is another connection of the
-same peer to this socket, which is closed anyway; a count is a snapshot.
+by ``SO_PEERCRED`` or its address (counted by its ``tcp_peer_key``: an IPv6
+address's /64).  A descriptor closed and its number reused between the look and
+the act is touched only if it is another connection of the same peer to this
+socket, which is closed anyway; a count is a snapshot.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 from collections.abc import Callable
 
 from inferd.shm.regions import PeerCredentials
+from inferd.types import tcp_peer_key
 
 
 def _ipc_path(endpoint: str) -> str | bytes | None:
@@ -77,7 +79,9 @@ class EndpointConnections:
         return self._port
 
     def close_from(self, peer_address: str) -> int:
-        """Shut down each connection from the peer ``peer_address`` names; how many."""
+        """Shut down each connection from the peer ``peer_address`` names; how many.
+        Narrower than ``count_from``: the process on ``ipc://``, the very address on
+        ``tcp://`` (not its /64), the closest libzmq names the sender of a message."""
         if self._path is not None:
             credentials = _credentials(peer_address)
             if credentials is None:
@@ -90,7 +94,8 @@ class EndpointConnections:
     def count_from(self, peer_address: str) -> int:
         """How many connections the peer ``peer_address`` names holds now: on
         ``ipc://`` those of its user (uid; its other processes included), on
-        ``tcp://`` those from its address."""
+        ``tcp://`` those from an address with its ``tcp_peer_key`` (its IPv6 /64,
+        an IPv4-mapped address's IPv4 one)."""
         if self._path is not None:
             credentials = _credentials(peer_address)
             if credentials is None:
@@ -98,7 +103,8 @@ class EndpointConnections:
             uid = credentials[1]
             return self._scan(lambda conn: self._ipc_user(conn, uid), shut_down=False)
         if self._port is not None and peer_address:
-            return self._scan(lambda conn: self._tcp_peer(conn, peer_address), shut_down=False)
+            key = tcp_peer_key(peer_address)
+            return self._scan(lambda conn: self._tcp_key(conn, peer_address, key), shut_down=False)
         return 0
 
     def count(self) -> int:
@@ -131,6 +137,14 @@ class EndpointConnections:
 
     def _tcp_peer(self, conn: socket.socket, address: str) -> bool:
         return self._on_tcp_port(conn) and conn.getpeername()[0] == address
+
+    def _tcp_key(self, conn: socket.socket, address: str, key: str) -> bool:
+        """From an address with ``key`` (``address`` itself needs no key: a flood's
+        connections mostly are)."""
+        if not self._on_tcp_port(conn):
+            return False
+        found = conn.getpeername()[0]
+        return bool(found == address or tcp_peer_key(found) == key)
 
     @staticmethod
     def _scan(belongs: Callable[[socket.socket], bool], *, shut_down: bool) -> int:

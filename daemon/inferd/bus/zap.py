@@ -8,10 +8,11 @@ admitted connection the reply's User-Id carries the verified ``Peer`` as JSON;
 libzmq attaches it to every message of that connection as the ``User-Id``
 property, which ``peer_of`` reads: the request never gets to say who it is.
 An admitted handshake is refused all the same while its peer (a local user, a
-remote address) holds more than ``bus.max_connections`` connections to the socket
-(``EndpointConnections.count_from``, this one included), and a connection must
-finish its handshake within ``HANDSHAKE_TIMEOUT_MS``: what one peer can make a
-socket hold is bounded (DESIGN.md 128).
+remote address: an IPv6 one's /64, ``tcp_peer_key``) holds more than
+``bus.max_connections`` connections to the socket (``EndpointConnections.count_from``,
+this one included), and a connection must finish its handshake within
+``HANDSHAKE_TIMEOUT_MS``: what one peer can make a socket hold is bounded
+(DESIGN.md 128).
 
 The handler is a thread with a REP socket on ``inproc://zeromq.zap.01`` of the
 daemon's context (only one handler can bind it).  pyzmq's ``ThreadAuthenticator``
@@ -34,7 +35,7 @@ import zmq
 from inferd.bus.access import AccessPolicy
 from inferd.bus.binding import BindOutcome
 from inferd.bus.endpoint_connections import EndpointConnections
-from inferd.types import Peer
+from inferd.types import Peer, tcp_peer_key
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 #: ``ZMQ_HANDSHAKE_IVL`` of every bound socket: a connection that has not
@@ -195,16 +196,19 @@ class ZapHandler(threading.Thread):
 
     def _over_bound(self, socket: str, address: str) -> str | None:
         """Why the peer at ``address`` may hold no more connections to ``socket``
-        (None: it may).  Counted per peer (a local user, a remote address), so one
-        peer's connections, handshaking ones included, never keep out another's."""
+        (None: it may).  Counted per peer (a local user, a remote address: an IPv6
+        one's /64, whose 2**64 addresses are one host's), so one peer's connections,
+        handshaking ones included, never keep out another's."""
         connections = self._sockets.connections.get(socket)
         if not self._max_connections or connections is None:
             return None
         held = connections.count_from(address)  # this connection's own included
         if held <= self._max_connections:
             return None
+        key = tcp_peer_key(address) if connections.tcp_port is not None else address
+        who = "this peer" if key == address else f"this peer (counted as {key})"
         return (
-            f"this peer holds {held} connections to the {socket} socket, over "
+            f"{who} holds {held} connections to the {socket} socket, over "
             f"bus.max_connections ({self._max_connections}); close one and reconnect"
         )
 
