@@ -274,6 +274,14 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
         f"{shm.get('max_requests_per_connection', 0)} per connection, "
         f"{shm.get('closed_not_reading', 0)} connections closed for not reading",
     ]
+    if shm.get("denied_by_uid"):  # security.infer_allow at accept
+        lines.append(f"  connections denied (PERMISSION_DENIED): {_per_uid(shm['denied_by_uid'])}")
+    if shm.get("releasing_regions"):  # counted against the bounds until unmapped
+        lines.append(
+            f"  released, not yet unmapped: {shm['releasing_regions']} regions, "
+            f"{size(shm.get('releasing_bytes', 0))} (still used by requests, or awaiting the "
+            "registration thread)"
+        )
     closing = shm.get("closing") or {}
     if closing.get("waiting") or closing.get("connections_closed_for_backlog"):
         lines.append(  # a client passes descriptors whose close blocks (DESIGN.md 120)

@@ -188,6 +188,12 @@ def _shm(shm: dict[str, Any]) -> Text:
     if by_uid:  # of those, the connections over shm.max_connections_per_uid
         uids = ", ".join(f"uid {uid}: {count}" for uid, count in sorted(by_uid.items()))
         line.append(f" ({sum(by_uid.values())} over a uid's connections: {uids})", style="yellow")
+    denied = shm.get("denied_by_uid") or {}
+    if denied:  # security.infer_allow at accept
+        uids = ", ".join(f"uid {uid}: {count}" for uid, count in sorted(denied.items()))
+        line.append(f"  {sum(denied.values())} denied ({uids})", style="yellow")
+    if shm.get("releasing_regions"):
+        line.append(f"  {shm['releasing_regions']} released, not yet unmapped", style="yellow")
     if shm.get("unroutable_replies"):
         line.append(f"  {shm['unroutable_replies']} replies to gone clients", style="yellow")
     if not shm.get("thread_alive", True):

@@ -224,12 +224,17 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
     )
     refused_by_uid = _labelled_counter(
         "inferd_shm_connections_refused_per_uid",
-        "shm.sock connections refused because their uid held shm.max_connections_per_uid, "
-        f"by uid (only uids refused; past the first {MAX_REFUSED_UIDS}, uid '{OTHER_UIDS}').",
-        ["uid"],
+        "shm.sock connections refused at accept, by uid (only uids refused; past the first "
+        f"{MAX_REFUSED_UIDS} of a code, uid '{OTHER_UIDS}') and code: RESOURCE_EXHAUSTED, "
+        "their uid held shm.max_connections_per_uid; PERMISSION_DENIED, security.infer_allow.",
+        ["uid", "code"],
     )
-    for uid, refused in sorted(shm["refused_by_uid"].items()):
-        refused_by_uid.add_metric([uid], refused)
+    for accept_code, counts in (
+        (Code.RESOURCE_EXHAUSTED, shm["refused_by_uid"]),
+        (Code.PERMISSION_DENIED, shm.get("denied_by_uid", {})),  # absent: none counted
+    ):
+        for uid, refused in sorted(counts.items()):
+            refused_by_uid.add_metric([uid, accept_code.value], refused)
     yield refused_by_uid
     refused_by_code = _labelled_counter(
         "inferd_shm_refused",

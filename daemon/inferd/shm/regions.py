@@ -18,11 +18,15 @@ mapping while any buffer exported from it is alive (``BufferError``), so a
 tensor view that outlived its lease can never point into unmapped memory: the
 region then stays mapped (and counted) and the close is retried.
 
-Mapped bytes are counted per uid and in total, from registration until the
-mapping is really gone, and bounded by ``[shm]`` (``RESOURCE_EXHAUSTED``); so are
-the regions held in all (each a mapping and a descriptor: ``mmap`` keeps a
-duplicate of the memfd), those of closed connections that queued requests still
-lease included, to ``max_connections`` x ``max_regions_per_connection``.
+Mapped bytes are counted per uid and in total, and regions per connection and
+in all (each a mapping and a descriptor: ``mmap`` keeps a duplicate of the
+memfd), from registration until the mapping is really gone, and bounded by
+``[shm]`` (``RESOURCE_EXHAUSTED``): a released region (unregistered, or its
+connection gone) counts while requests lease it and until the registration
+thread has unmapped it, so no churn of register, request and unregister makes
+the daemon hold more than the bounds (regions in all: ``max_connections`` x
+``max_regions_per_connection``).  A refusal says how much of the bound released
+regions hold, and whose (``Released``).
 All state is behind one lock; nothing blocking runs under it.
 """
 
@@ -30,12 +34,10 @@ from __future__ import annotations
 
 import mmap
 import secrets
-import socket
-import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +45,9 @@ import numpy as np
 import structlog
 
 from inferd.config import ShmConfig
+from inferd.shm.credentials import PeerCredentials as PeerCredentials
 from inferd.shm.memfd import map_sealed_memfd
+from inferd.shm.released import Released, connection_bound_note, released_note
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import RegionRef, shown
 
@@ -56,27 +60,6 @@ _REMEMBERED_UNREGISTERED = 64
 _MAX_VIEWS = 32
 
 
-#: struct ucred: pid_t pid; uid_t uid; gid_t gid (unsigned: a uid may be past 2**31,
-#: and libzmq, hence the infer socket, reads it so).
-_UCRED = struct.Struct("iII")
-
-
-@dataclass(frozen=True)
-class PeerCredentials:
-    """``struct ucred`` of the peer when it connected (``SO_PEERCRED``)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-    @classmethod
-    def of(cls, sock: socket.socket) -> PeerCredentials:
-        """The kernel's credentials of the peer connected to the Unix socket ``sock``."""
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-        pid, uid, gid = _UCRED.unpack(raw)
-        return cls(pid, uid, gid)
-
-
 @dataclass
 class Connection:
     """One registration connection and the regions it registered."""
@@ -84,8 +67,8 @@ class Connection:
     connection_id: int
     peer: PeerCredentials
     regions: dict[str, Region] = field(default_factory=dict)
-    #: Its regions, and those unregistered that queued requests still lease: what
-    #: ``shm.max_regions_per_connection`` bounds (``RegionTable._uncount``).
+    #: Its regions, and those it released that are still mapped (leased, or not
+    #: yet unmapped): what ``shm.max_regions_per_connection`` bounds.
     held: int = 0
     #: Gone (``RegionTable.disconnect``): it registers nothing more.
     closed: bool = False
@@ -112,8 +95,6 @@ class Region:
         self.leases = 0
         #: Unregistered, or its connection gone: no new lease; unmapped at 0 leases.
         self.closing = False
-        #: Still counted in its connection's ``held``.
-        self.counted = True
         self.unmap_failed = False
         self._mapping = mapping
         self._base: np.ndarray | None = np.frombuffer(mapping, np.uint8)
@@ -185,16 +166,25 @@ class RegionTable:
     serves the request (the engine worker, the bus thread); only the registration
     thread unmaps (``release_due``, ``close_all``): the others wake it."""
 
-    def __init__(self, config: ShmConfig, wake: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, config: ShmConfig, wake: Callable[[], None] = lambda: None, unmap_wait_s: float = 0.0
+    ) -> None:
         self._config = config
         self._wake = wake
+        #: How long a registration at a bound waits for the registration thread to
+        #: unmap released regions no request holds (``_await_unmapping``).
+        self._unmap_wait_s = unmap_wait_s
         self._lock = threading.Lock()
+        self._unmapped = threading.Condition(self._lock)
         self._regions: dict[str, Region] = {}
-        #: Closed regions still mapped: leased, or a view outlived its lease.
+        #: Closed regions still mapped: leased, awaiting this thread, or a view
+        #: outlived its lease.
         self._closing: list[Region] = []
+        #: The same, by owner uid: what of the bounds they hold, for a refusal.
+        self._released: dict[int, Released] = {}
         self._mapped_by_uid: dict[int, int] = {}
         self._mapped_total = 0
-        #: Regions counted in a connection's ``held``, closed connections' included.
+        #: Regions mapped: every connection's ``held``, closed connections' included.
         self._held = 0
         self.registered = 0
         self.unregistered = 0
@@ -207,10 +197,9 @@ class RegionTable:
         """Map ``fd`` for ``connection``; ``ProtocolError`` (nothing held) when it is
         not a sealed memfd or a limit would be exceeded."""
         limit = self._config.max_regions_per_connection
-        if connection.held >= limit:
-            held = f"this connection holds {limit} regions already, counting those unregistered"
-            held += " but still used by its queued requests (shm.max_regions_per_connection)"
-            raise ProtocolError(Code.RESOURCE_EXHAUSTED, held)
+        if connection.held >= limit and self._await_unmapping(lambda: connection.held < limit):
+            released = connection.held - len(connection.regions)
+            raise ProtocolError(Code.RESOURCE_EXHAUSTED, connection_bound_note(limit, released))
         uid = connection.peer.uid
         # The bounds are checked before the memfd is mapped, then again under the lock.
         mapping, size = map_sealed_memfd(fd, lambda size: self._check_room(uid, size))
@@ -247,8 +236,29 @@ class RegionTable:
         """RESOURCE_EXHAUSTED when a region of ``size`` bytes for ``uid`` would not fit."""
         with self._lock:
             error = self._no_room(uid, size)
-        if error is not None:
-            raise ProtocolError(Code.RESOURCE_EXHAUSTED, error)
+        if error is not None and self._await_unmapping(lambda: self._no_room(uid, size) is None):
+            with self._lock:
+                error = self._no_room(uid, size)
+            if error is not None:
+                raise ProtocolError(Code.RESOURCE_EXHAUSTED, error)
+
+    def _await_unmapping(self, room: Callable[[], bool]) -> bool:
+        """At a bound: wait (up to ``unmap_wait_s``) while released regions no request
+        holds await the registration thread and ``room`` (called with the lock held)
+        is false.  A client that unregistered an idle region to make room is then not
+        refused for the moment that thread takes to run (it is woken at once).  True
+        when there is still no room."""
+        with self._unmapped:
+            if self._unmap_wait_s and not room() and any(self._awaiting()):
+                self._wake()
+                self._unmapped.wait_for(
+                    lambda: room() or not any(self._awaiting()), self._unmap_wait_s
+                )
+            return not room()
+
+    def _awaiting(self) -> Iterator[Region]:
+        """Released regions the registration thread is about to unmap (lock held)."""
+        return (r for r in self._closing if r.leases == 0 and not r.unmap_failed)
 
     def _no_room(self, uid: int, size: int) -> str | None:
         """Why a region of ``size`` bytes for ``uid`` would exceed a bound, or None
@@ -257,14 +267,17 @@ class RegionTable:
         if self._held >= self._max_held:
             return self._held_in_all()
         if by_uid + size > self._config.max_bytes_per_uid:
+            own = self._released.get(uid)
             return (
                 f"uid {uid} has {by_uid} bytes mapped; this region's {size} would exceed "
                 f"shm.max_bytes_per_uid ({self._config.max_bytes_per_uid})"
+                + ("" if own is None else f", {own.nbytes} of them in {own.why()}")
             )
         if self._mapped_total + size > self._config.max_bytes_total:
             return (
                 f"the daemon has {self._mapped_total} bytes mapped; this region's {size} "
                 f"would exceed shm.max_bytes_total ({self._config.max_bytes_total})"
+                + released_note(self._released, nbytes=True)
             )
         return None
 
@@ -301,21 +314,15 @@ class RegionTable:
             self._wake()  # unmapped on the registration thread
 
     def _close(self, region: Region) -> None:
-        # With the lock held.
+        # With the lock held.  It stays counted (``held``, the mapped bytes) until
+        # ``release_due`` has unmapped it.
         self._regions.pop(region.region_id, None)
         region.closing = True
         self._closing.append(region)
-        if not region.leases:
-            self._uncount(region)
-
-    def _uncount(self, region: Region) -> None:
-        """A closed region no request leases leaves its connection's count and the
-        daemon's (with the lock held): its unmapping is the registration thread's,
-        and near."""
-        if region.counted:
-            region.counted = False
-            region.connection.held -= 1
-            self._held -= 1
+        released = self._released.setdefault(region.owner.uid, Released())
+        released.regions += 1
+        released.nbytes += region.size
+        released.in_use += 1 if region.leases else 0
 
     @property
     def _max_held(self) -> int:
@@ -324,9 +331,9 @@ class RegionTable:
     def _held_in_all(self) -> str:
         return (
             f"the daemon holds {self._held} regions, counting those of closed connections "
-            "that queued requests still use (shm.max_connections x "
-            f"shm.max_regions_per_connection = {self._max_held}); try again once they are "
-            "answered"
+            "and those unregistered until they are unmapped (shm.max_connections x "
+            f"shm.max_regions_per_connection = {self._max_held})"
+            + (released_note(self._released) or "; try again once some are unregistered")
         )
 
     def release_due(self) -> None:
@@ -343,7 +350,15 @@ class RegionTable:
                     if not self._mapped_by_uid[uid]:
                         del self._mapped_by_uid[uid]
                     self._mapped_total -= region.size
+                    region.connection.held -= 1
+                    self._held -= 1
+                    released = self._released[uid]
+                    released.regions -= 1
+                    released.nbytes -= region.size
+                    if not released.regions:
+                        del self._released[uid]
                     self.unmapped += 1
+                    self._unmapped.notify_all()
                 elif not region.unmap_failed:
                     region.unmap_failed = True
                     log.error("shm_region_still_viewed", region=region.shown_id)
@@ -382,7 +397,7 @@ class RegionTable:
             region.leases -= 1
             due = region.closing and region.leases == 0
             if due:
-                self._uncount(region)
+                self._released[region.owner.uid].in_use -= 1
         if due:
             self._wake()  # unmapped on the registration thread, never here
 
@@ -396,6 +411,8 @@ class RegionTable:
             return {
                 "mapped_bytes": self._mapped_total,
                 "mapped_bytes_by_uid": {str(uid): n for uid, n in self._mapped_by_uid.items()},
+                "releasing_regions": len(self._closing),
+                "releasing_bytes": sum(held.nbytes for held in self._released.values()),
                 "regions": [_describe(region) for region in regions],
                 "registered": self.registered,
                 "unregistered": self.unregistered,

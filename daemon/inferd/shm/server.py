@@ -45,15 +45,22 @@ log = structlog.get_logger("inferd.shm")
 _POLL_S = 0.5
 #: How long shutdown waits for the descriptors still to be closed.
 _CLOSER_STOP_S = 2.0
+#: How long a registration at a bound waits for this thread to unmap the released
+#: regions no request holds: woken at once, it takes microseconds; longer only while
+#: a release hook holds it up, and then the registration is refused after this
+#: (the thread that reads the connection, the bus thread, waits that long at most).
+UNMAP_WAIT_S = 0.05
 #: How long the listener is left alone after ``accept`` failed (``EMFILE``,
 #: ``ENFILE``, ``ENOMEM``): the connection stays queued and the listener readable,
 #: so trying again at once spins the thread.
 _ACCEPT_PAUSE_S = _POLL_S
 
-#: The uids whose refusals over ``max_connections_per_uid`` are counted each on its
-#: own (``status.shm.refused_by_uid``, the metric's ``uid`` label); those of any
-#: later uid are counted under ``OTHER_UIDS``, so that the label's values stay
-#: bounded however many users connect over a run.
+#: The uids whose refusals at accept are counted each on its own, those over
+#: ``max_connections_per_uid`` (``status.shm.refused_by_uid``) and those
+#: ``security.infer_allow`` refuses (``denied_by_uid``), each with its own first
+#: uids (the metric's ``uid`` label); those of any later uid are counted under
+#: ``OTHER_UIDS``, so that the label's values stay bounded however many users
+#: connect over a run.
 MAX_REFUSED_UIDS = 16
 OTHER_UIDS = "other"
 
@@ -69,7 +76,7 @@ class ShmServer(threading.Thread):
         super().__init__(name="inferd-shm", daemon=True)
         self._config = config
         self._admit = admit
-        self.table = RegionTable(config, wake=self.wake)
+        self.table = RegionTable(config, wake=self.wake, unmap_wait_s=UNMAP_WAIT_S)
         self.closer = DescriptorCloser()
         self.connections = ShmConnections(
             self.table, config.max_requests_per_connection, self.closer
@@ -84,9 +91,11 @@ class ShmServer(threading.Thread):
         #: ``time.monotonic()`` before which no connection is accepted (a failed accept).
         self._accept_paused_until = 0.0
         #: Connections refused because their uid held ``max_connections_per_uid``: in
-        #: all, and by uid (written by this thread only).
+        #: all, and by uid; and those ``security.infer_allow`` refused, by uid
+        #: (written by this thread only).
         self.refused_per_uid = 0
         self._refused_by_uid: dict[str, int] = {}
+        self._denied_by_uid: dict[str, int] = {}
 
     # -- lifecycle (main thread) ----------------------------------------------------
     def bind(self) -> None:
@@ -140,6 +149,7 @@ class ShmServer(threading.Thread):
             "max_connections_per_uid": config.max_connections_per_uid,
             "refused_per_uid": self.refused_per_uid,
             "refused_by_uid": dict(self._refused_by_uid),
+            "denied_by_uid": dict(self._denied_by_uid),
             "max_regions_per_connection": config.max_regions_per_connection,
             "max_bytes_per_uid": config.max_bytes_per_uid,
             "max_bytes_total": config.max_bytes_total,
@@ -201,6 +211,7 @@ class ShmServer(threading.Thread):
         peer = PeerCredentials.of(sock)
         refusal = self._admit(peer.uid, peer.gid, peer.pid)
         if refusal is not None:
+            _count_by_uid(self._denied_by_uid, peer.uid)
             self._refuse(sock, peer, Code.PERMISSION_DENIED, refusal)
         elif self.closer.backed_up:
             self._refuse(
@@ -212,7 +223,8 @@ class ShmServer(threading.Thread):
             )
         elif self.connections.held_by(peer.uid) >= self._config.max_connections_per_uid:
             # Before the daemon-wide bound: the uid that fills it is told it is its own.
-            self._count_refused_per_uid(peer.uid)
+            _count_by_uid(self._refused_by_uid, peer.uid)
+            self.refused_per_uid += 1
             self._refuse(
                 sock,
                 peer,
@@ -231,13 +243,6 @@ class ShmServer(threading.Thread):
         else:
             self.connections.add(sock, Connection(next(self._ids), peer))
 
-    def _count_refused_per_uid(self, uid: int) -> None:
-        key = str(uid)
-        if key not in self._refused_by_uid and len(self._refused_by_uid) >= MAX_REFUSED_UIDS:
-            key = OTHER_UIDS
-        self._refused_by_uid[key] = self._refused_by_uid.get(key, 0) + 1
-        self.refused_per_uid += 1
-
     def _refuse(self, sock: socket.socket, peer: PeerCredentials, code: Code, reason: str) -> None:
         """Answer a connection refused at accept (id null), then close it."""
         self.table.count_refusal(code)
@@ -247,3 +252,12 @@ class ShmServer(threading.Thread):
         with contextlib.suppress(OSError):
             sock.send(protocol.pack(protocol.error_header(None, code, reason)))
         hand_over(sock, self.closer)
+
+
+def _count_by_uid(counts: dict[str, int], uid: int) -> None:
+    """Count a refusal of ``uid`` in ``counts``: under its own uid if it has a count
+    already or fewer than ``MAX_REFUSED_UIDS`` uids have, else under ``OTHER_UIDS``."""
+    key = str(uid)
+    if key not in counts and len(counts) >= MAX_REFUSED_UIDS:
+        key = OTHER_UIDS
+    counts[key] = counts.get(key, 0) + 1

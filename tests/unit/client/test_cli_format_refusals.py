@@ -33,3 +33,13 @@ def test_the_shm_refusals_per_uid_are_shown_by_uid() -> None:
         "  connections per uid (at most 8): none; 4 refused over it (uid 1000: 3, uid other: 1)"
         in text
     )
+
+
+def test_the_shm_denials_by_uid_and_released_regions_are_shown() -> None:
+    shm = {"enabled": True, "regions": [], "connections_by_uid": {}, "max_connections_per_uid": 8}
+    quiet = "\n".join(cli_format.status({"models": [], "shm": shm}))
+    assert "denied" not in quiet and "released" not in quiet
+    more = {"denied_by_uid": {"1001": 2}, "releasing_regions": 2, "releasing_bytes": 8192}
+    text = "\n".join(cli_format.status({"models": [], "shm": {**shm, **more}}))
+    assert "  connections denied (PERMISSION_DENIED): uid 1001: 2" in text
+    assert "  released, not yet unmapped: 2 regions, 8.0 KiB" in text

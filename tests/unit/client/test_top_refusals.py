@@ -80,3 +80,12 @@ def test_every_count_on_an_80_column_terminal() -> None:
     assert "(5 over a uid's connections: uid 1000: 5)" in text
     assert "1 floods, 4 connections ended, 0 past a fair share in 0 passes" in text
     assert "build.start refused 2 (INVALID_ARGUMENT 2)" in text
+
+
+def test_shm_denials_by_uid_and_released_regions_are_shown() -> None:
+    line = line_of(shown(shm={**SHM, "denied_by_uid": {}, "releasing_regions": 0}), "shared memory")
+    assert "denied" not in line and "released" not in line
+    shm = {**SHM, "denied_by_uid": {"1001": 2, "other": 1}, "releasing_regions": 3}
+    line = line_of(shown(shm=shm), "shared memory")
+    assert "3 denied (uid 1001: 2, uid other: 1)" in line
+    assert "3 released, not yet unmapped" in line

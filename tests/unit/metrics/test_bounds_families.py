@@ -51,7 +51,8 @@ def test_shm_connections_per_uid_carry_only_the_uids_present() -> None:
     by_uid = {labels: value for (name, labels), value in got.items() if name.endswith("_by_uid")}
     assert by_uid == {(("uid", "1000"),): 8, (("uid", "1001"),): 1}
     assert got[("inferd_shm_max_connections_per_uid", ())] == 8
-    assert got[("inferd_shm_connections_refused_per_uid_total", (("uid", "1000"),))] == 3
+    refused = (("code", "RESOURCE_EXHAUSTED"), ("uid", "1000"))
+    assert got[("inferd_shm_connections_refused_per_uid_total", refused)] == 3
 
 
 def test_the_recorders_queue_bytes_are_a_gauge() -> None:

@@ -51,7 +51,26 @@ def test_shm_refusals_per_uid_carry_the_uid_or_other() -> None:
         for (name, labels), value in got.items()
         if name == "inferd_shm_connections_refused_per_uid_total"
     }
-    assert by_uid == {(("uid", "1000"),): 4, (("uid", "1001"),): 1, (("uid", "other"),): 1}
+    over = ("code", "RESOURCE_EXHAUSTED")
+    assert by_uid == {
+        (over, ("uid", "1000")): 4,
+        (over, ("uid", "1001")): 1,
+        (over, ("uid", "other")): 1,
+    }
+
+
+def test_shm_refusals_by_the_allow_list_carry_the_uid_and_their_code() -> None:
+    """``status.shm.denied_by_uid`` (``security.infer_allow`` at accept) is the same
+    family's ``PERMISSION_DENIED`` series, beside the per-uid bound's."""
+    document = status()
+    document["shm"] = {**SHM, "denied_by_uid": {"1000": 2, "4242": 3, "other": 1}}
+    denied = {
+        dict(labels)["uid"]: value
+        for (name, labels), value in scrape(document).items()
+        if name == "inferd_shm_connections_refused_per_uid_total"
+        and dict(labels)["code"] == "PERMISSION_DENIED"
+    }
+    assert denied == {"1000": 2, "4242": 3, "other": 1}
 
 
 def test_shm_refusals_are_a_counter_by_code_with_every_code_present() -> None:

@@ -87,14 +87,17 @@ def test_the_bound_counts_open_connections_regions_too() -> None:
         leased = next(iter(first.regions))
         request.lease("tensor 'x'", RegionRef(leased, 0, 16))
         table.table.unregister(first, leased)
-        table.table.disconnect(second)  # its idle regions make room at once
+        table.table.disconnect(second)  # its idle regions make room once unmapped
+        table.table.release_due()
         third = Connection(3, ME)
         table.register(PAGE, third)
         table.register(PAGE, third)
         with pytest.raises(ProtocolError) as caught:
             table.register(PAGE, Connection(4, ME))
         assert caught.value.code == Code.RESOURCE_EXHAUSTED
+        assert f"uid {ME.uid}: 1 regions, {PAGE} bytes, 1 in use" in caught.value.message
         request.release()
+        table.table.release_due()
         table.register(PAGE, Connection(4, ME))
     finally:
         request.release()

@@ -225,23 +225,31 @@ def test_a_region_unregistered_but_still_leased_counts_against_its_connections_l
             table.register(PAGE)
         assert caught.value.code == Code.RESOURCE_EXHAUSTED
         assert "still used by its queued requests" in caught.value.message
-        leases.release()  # no request uses them: room again, before they are unmapped
+        leases.release()  # no request uses them: room again once they are unmapped
+        assert table.connection.held == 2
+        table.table.release_due()
         assert table.connection.held == 0
         table.register(PAGE)
     finally:
         table.close()
 
 
-def test_a_region_no_request_uses_makes_room_at_once_when_unregistered() -> None:
+def test_a_region_no_request_uses_makes_room_once_unmapped() -> None:
     """A client at its limit that unregisters an idle region may register another
-    right away, before the registration thread unmaps the first."""
+    once the registration thread has unmapped the first (which it wakes at once):
+    until then the first is still a mapping and a descriptor of the daemon's."""
     table = Table(max_regions_per_connection=2)
     try:
         first = table.register(PAGE)
         table.register(PAGE)
         table.table.unregister(table.connection, first.region_id)
-        table.register(PAGE)
         assert table.table.status()["regions"][-1]["state"] == "releasing"  # not unmapped yet
+        with pytest.raises(ProtocolError) as caught:
+            table.register(PAGE)
+        assert caught.value.code == Code.RESOURCE_EXHAUSTED
+        assert "1 of them unregistered and not yet unmapped" in caught.value.message
+        table.table.release_due()
+        table.register(PAGE)
     finally:
         table.close()
 
