@@ -503,6 +503,7 @@ def test_a_cancel_accepted_while_the_engine_is_validated_ends_cancelled(
     assert build.state == "cancelled" and not build.escalated
     assert terminal["type"] == "cancelled" and terminal["cancelState"] == "cleaned_up"
     assert build.summary is not None and build.summary["outcome"] == "cancelled"
+    assert build.summary["validationStatus"] == "cancelled", "stopped before its verdict"
     assert build.summary["timingCacheMode"] == "discarded"
     assert build.summary["baseline"]["engineSha256"] is None
     assert fdr_record(build)["outcome"] == "cancelled"

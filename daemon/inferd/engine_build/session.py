@@ -337,9 +337,12 @@ def run_build(
                 ModelSource(request.model_path, model_sha),
                 request.build_config.precision,
                 builder.infer,
+                token=token,
             )
         if validation is not None and validation.status == "fail" and not token.is_set():
             quarantined_to = _quarantine_failed(staged, request.engine_path, validation)
+        elif validation is not None and validation.status == "cancelled":
+            outcome, engine_sha = "cancelled", None  # no verdict: nothing to commit
         else:  # a cancel, whatever validation said, ends the build cancelled
             try:
                 # The commit record: what the daemon reads when this process dies

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from inferd.digest import model_digest, sha256_file
+from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engines.sidecar import read_sidecar
 from inferd.runtime.ort_model_source import EXTERNAL_DATA_FOLDER, external_data_from_memory
@@ -40,7 +41,8 @@ TOLERANCES: dict[PrecisionMode, tuple[float, float]] = {
     PrecisionMode.INT8: (1e-1, 1e-1),
     PrecisionMode.MIXED: (1e-1, 1e-1),
 }
-VALIDATION_STATUSES = ("not_applicable", "pending", "pass", "fail")
+#: ``cancelled``: a cancel stopped it before its verdict (the build ends cancelled).
+VALIDATION_STATUSES = ("not_applicable", "pending", "pass", "fail", "cancelled")
 _CPU = ["CPUExecutionProvider"]
 
 Arrays = dict[str, np.ndarray]
@@ -96,9 +98,35 @@ def _smoke_inputs(session: Any, seed: int) -> Arrays:
     return inputs
 
 
-def _run(session: Any, inputs: Arrays) -> Arrays:
+def _run(session: Any, inputs: Arrays, run_options: Any = None) -> Arrays:
     names = [output.name for output in session.get_outputs()]
-    return dict(zip(names, session.run(names, inputs), strict=True))
+    return dict(zip(names, session.run(names, inputs, run_options), strict=True))
+
+
+class ValidationCancelled(Exception):
+    """A cancel came while the build's engine was validated: no verdict."""
+
+
+def _stop_if_cancelled(token: CancellationToken | None) -> None:
+    if token is not None and token.is_set():
+        raise ValidationCancelled
+
+
+def _run_cancellable(session: Any, inputs: Arrays, token: CancellationToken | None) -> Arrays:
+    """ONNX Runtime's reference run, stopped by a cancel: ``RunOptions.terminate`` set
+    from the token's listener ends the run between two nodes (ONNX Runtime raises)."""
+    if token is None:
+        return _run(session, inputs)
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    token.add_listener(lambda _request: setattr(options, "terminate", True))
+    _stop_if_cancelled(token)  # after the listener: a cancel is never missed between
+    try:
+        return _run(session, inputs, options)
+    except Exception:
+        _stop_if_cancelled(token)  # ONNX Runtime's "Exiting due to terminate flag"
+        raise
 
 
 def reference_session(model: ModelSource) -> Any:
@@ -123,12 +151,17 @@ def reference_session(model: ModelSource) -> Any:
     return loaded
 
 
-def reference_case(model: ModelSource, seed: int = 0) -> tuple[Arrays, Arrays]:
+def reference_case(
+    model: ModelSource, seed: int = 0, token: CancellationToken | None = None
+) -> tuple[Arrays, Arrays]:
     """Smoke inputs and ONNX Runtime's outputs for them, from one session of the
-    verified model (released before the engine under test runs)."""
+    verified model (released before the engine under test runs); a cancel
+    (``token``) stops it after the session is made or during the run
+    (``ValidationCancelled``)."""
     session = reference_session(model)
+    _stop_if_cancelled(token)
     inputs = _smoke_inputs(session, seed)
-    return inputs, _run(session, inputs)
+    return inputs, _run_cancellable(session, inputs, token)
 
 
 def validate_build(
@@ -139,7 +172,11 @@ def validate_build(
     *,
     gate: Callable[[Path], None] = sidecar_gate,
     seed: int = 0,
+    token: CancellationToken | None = None,
 ) -> ValidationResult:
+    """The verdict on ``engine_path``; ``token``: a cancel stops validation between its
+    steps and during ONNX Runtime's reference run (status ``cancelled``).  Making the
+    reference session and the engine's own smoke inference are not interruptible."""
     atol, rtol = TOLERANCES[precision]
     try:
         gate(engine_path)
@@ -148,8 +185,13 @@ def validate_build(
     try:
         if not isinstance(model, ModelSource):  # the model as it is now
             model = ModelSource(model, model_digest(model).sha256)
-        inputs, expected = reference_case(model, seed)
+        inputs, expected = reference_case(model, seed, token)
+        _stop_if_cancelled(token)
         actual = infer(engine_path, inputs)
+    except ValidationCancelled:
+        source = token.source if token is not None else None
+        reason = f"cancelled ({source}) before its verdict: the engine is not kept"
+        return ValidationResult("cancelled", "passed", None, atol, rtol, reason)
     except ModelChangedError as exc:
         return ValidationResult("fail", "passed", None, atol, rtol, str(exc))
     except Exception as exc:
