@@ -251,6 +251,12 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
         shm["mapped_bytes"],
         "bytes",
     )
+    yield _gauge(
+        "inferd_shm_releasing_bytes",
+        "Of those, bytes of released regions not yet unmapped (counted against the bounds).",
+        shm["releasing_bytes"],
+        "bytes",
+    )
     yield _counter("inferd_shm_requests", "Infer requests read from shm.sock.", shm["requests"])
     yield _gauge(
         "inferd_shm_requests_in_flight", "Requests on shm.sock not yet answered.", shm["in_flight"]

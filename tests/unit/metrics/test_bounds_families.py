@@ -40,6 +40,7 @@ def test_shm_connections_per_uid_carry_only_the_uids_present() -> None:
         "refused_per_uid": 3,
         "refused_by_uid": {"1000": 3},
         "mapped_bytes": 0,
+        "releasing_bytes": 0,
         "requests": 0,
         "in_flight": 0,
         "unroutable_replies": 0,

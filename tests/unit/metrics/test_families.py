@@ -178,6 +178,7 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
         "refused_per_uid": 0,
         "refused_by_uid": {},
         "mapped_bytes": 8 << 20,
+        "releasing_bytes": 1 << 20,
         "requests": 40,
         "in_flight": 1,
         "unroutable_replies": 3,
@@ -193,6 +194,7 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
     samples = scrape(status(shm=shm))
     assert samples[("inferd_shm_connections", ())] == 2
     assert samples[("inferd_shm_mapped_bytes", ())] == 8 << 20
+    assert samples[("inferd_shm_releasing_bytes", ())] == 1 << 20
     assert samples[("inferd_shm_requests_total", ())] == 40
     assert samples[("inferd_shm_requests_in_flight", ())] == 1
     assert samples[("inferd_shm_unroutable_replies_total", ())] == 3

@@ -18,6 +18,7 @@ SHM = {
     "refused_by_uid": {"1000": 4, "1001": 1, "other": 1},
     "refused": {"RESOURCE_EXHAUSTED": 6},
     "mapped_bytes": 0,
+    "releasing_bytes": 0,
     "requests": 0,
     "in_flight": 0,
     "unroutable_replies": 0,
