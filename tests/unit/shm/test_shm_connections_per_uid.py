@@ -17,24 +17,32 @@ import pytest
 from structlog.testing import capture_logs
 
 from inferd.config import ShmConfig
-from inferd.shm.server import ShmServer
+from inferd.shm.server import AdmitPeer, ShmServer
 from tests.conftest import HANG_S, wait_until
 from tests.unit.bus.test_shm_requests import refusal_at_accept
 
 OTHER_UID = os.getuid() + 1000
 
 
-@pytest.fixture
-def server(short_tmp_path: Path) -> Iterator[ShmServer]:
+def running_server(
+    directory: Path, per_uid: int, admit: AdmitPeer | None = None
+) -> Iterator[ShmServer]:
+    """A started ``ShmServer`` of four connections, ``per_uid`` a uid (``admit``:
+    ``security.infer_allow``'s check; None admits all), stopped after."""
     config = ShmConfig(
-        socket=short_tmp_path / "shm.sock", max_connections=4, max_connections_per_uid=2
+        socket=directory / "shm.sock", max_connections=4, max_connections_per_uid=per_uid
     )
-    made = ShmServer(config)
+    made = ShmServer(config) if admit is None else ShmServer(config, admit=admit)
     made.start()
     try:
         yield made
     finally:
         made.stop()
+
+
+@pytest.fixture
+def server(short_tmp_path: Path) -> Iterator[ShmServer]:
+    yield from running_server(short_tmp_path, per_uid=2)
 
 
 @pytest.fixture

@@ -13,27 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from inferd.config import ShmConfig
 from inferd.shm import server as shm_server
 from inferd.shm.server import ShmServer
 from tests.unit.bus.test_shm_requests import refusal_at_accept
 from tests.unit.shm.test_shm_connections_per_uid import (  # noqa: F401  (the fixture)
     connect,
     peer_uid,
+    running_server,
 )
 
 
 @pytest.fixture
 def server(short_tmp_path: Path) -> Iterator[ShmServer]:
-    config = ShmConfig(
-        socket=short_tmp_path / "shm.sock", max_connections=4, max_connections_per_uid=1
-    )
-    made = ShmServer(config)
-    made.start()
-    try:
-        yield made
-    finally:
-        made.stop()
+    yield from running_server(short_tmp_path, per_uid=1)
 
 
 def test_refusals_per_uid_are_counted_by_uid_and_past_the_cap_as_other(
