@@ -132,9 +132,12 @@ class BuildAdmission:
     def prune(self, running: Collection[Build], trigger: str) -> None:
         if trigger == DAEMON_START and self._engine_dir is not None:
             # Before the sweep and the caps: an engine trusted now is pinned by them.
-            conclude_unconcluded(
-                self._engine_dir, deployment_manifest=self._engine_manifest, record=self._record
-            )
+            try:
+                conclude_unconcluded(
+                    self._engine_dir, deployment_manifest=self._engine_manifest, record=self._record
+                )
+            except Exception:  # the engine dir unreadable: the sweep and the caps still run
+                log.exception("build_conclusion_failed", directory=str(self._engine_dir))
         self.sweep_staging()
         pending = [self.pending_of(build) for build in running]
         self.retention.prune(keep=pending, serving=self._serving(), trigger=trigger)

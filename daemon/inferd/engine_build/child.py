@@ -180,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A daemon older than the nonce (this package upgraded under it) sends
             # none and never reads one: its builds still run.
             nonce=spec.get("nonce"),
+            # A daemon older than its conclusions on summaries sends none: its
+            # builds' summaries are never concluded by a later daemon's start.
+            concluder=spec.get("concluder"),
         )
     except Exception as exc:  # reported to the daemon as a failed build
         writer.send(ErrorMessage(f"{type(exc).__name__}: {exc}"))

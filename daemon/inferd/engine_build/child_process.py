@@ -24,11 +24,15 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from inferd.process_identity import this_process
 from inferd.python_module import python_module
 
 
 def spawn(spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
-    """Start the build child of ``spec`` (``OSError`` if it cannot be started)."""
+    """Start the build child of ``spec`` (``OSError`` if it cannot be started).  The
+    spec names this process as the one that concludes the build (``concluder``): a
+    starting daemon concludes a summary only once both have gone (``commit_records``)."""
+    spec = {**spec, "concluder": this_process()}
     return subprocess.Popen(
         [*python_module("inferd.engine_build.child"), json.dumps(spec)],
         stdin=subprocess.PIPE,

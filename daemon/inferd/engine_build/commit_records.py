@@ -10,21 +10,27 @@ running, leaves a committed, validated engine that nothing trusts, so the next
 run serves the fallback runtime until the model is built again (minutes on a
 Jetson), and a commit record that says ``provisional`` for ever.
 
-So each summary says who wrote it (``writer``: pid, the kernel's boot id and the
-process's start time, which no later process of that boot has with that pid), and
-the daemon, when it concludes a build, writes the summary again with its
-``daemonConclusion`` (``conclude_on_disk``; one small durable write per build).
+So each summary of a daemon build says who wrote it and who concludes it
+(``writer``, the build process, and ``concluder``, the daemon that spawned it: pid,
+the kernel's boot id and the process's start time, which no later process of that
+boot has with that pid), and the daemon, when it concludes a build, writes the
+summary again with its ``daemonConclusion`` (``conclude_on_disk``; one small
+durable write per build).
 At its start, before anything is served or pruned, the daemon concludes in the
-engine dir every daemon build's summary that has a writer, no conclusion, and a
-writer no longer alive (``conclude_unconcluded``): an engine at the final path with
-the digest the summary names and a matching sidecar was committed, and is trusted
-like any (``record_trust``: only one that passed validation); a commit record
+engine dir every daemon build's summary that has a writer and a concluder, no
+conclusion, and neither of them alive (``conclude_unconcluded``): an engine at the
+final path with the digest the summary names and a matching sidecar was committed,
+and is trusted like any (``record_trust``: only one that passed validation; a
+simulated build's never, as the daemon never trusts one); a commit record
 whose engine is not there names a commit that never happened and is removed; what
 the dead child left (temp files, staging) is cleaned as the daemon would have
 (``artifacts.clean_up`` with the child's pid).  Each is logged and recorded in the
-flight data recorder (``build_concluded_at_start``).  A summary without ``writer``
-(written before this) is never touched: its conclusion is unknown, and trusting
-an engine an operator took out of the manifest would be worse than rebuilding it.
+flight data recorder (``build_concluded_at_start``); a summary that cannot be
+concluded is logged and the others still are.  A summary without a ``concluder``
+(written before this, or for a daemon older than this that spawned a newer child
+after an upgrade, which writes no conclusion) is never touched: its conclusion is
+unknown, and trusting an engine an operator took out of the manifest would be
+worse than rebuilding it.
 """
 
 from __future__ import annotations
@@ -98,7 +104,8 @@ class Concluded:
     engine: Path
     summary: Path
     #: ``trusted``, ``not_trusted`` (committed; see ``note``), ``not_committed``
-    #: (a commit record whose commit never happened: removed), ``ended`` (no commit).
+    #: (a commit record whose commit never happened: removed), ``superseded`` (it
+    #: committed an engine no longer at its path), ``ended`` (no commit).
     decision: str
     note: str
     outcome: str | None
@@ -133,12 +140,20 @@ def conclude_unconcluded(
             continue
         path = Path(entry.path)
         summary = read_summary(path)
-        writer = None if summary is None else summary.get("writer")
-        if summary is None or not isinstance(writer, dict) or "daemonConclusion" in summary:
+        if summary is None or "daemonConclusion" in summary:
             continue
-        if summary.get("buildId") != match["build_id"] or still_running(writer):
-            continue  # another file's name, or a child of an earlier daemon still running
-        concluded = _conclude(path, engine_dir / match["engine"], summary, deployment_manifest)
+        writer, concluder = summary.get("writer"), summary.get("concluder")
+        if not isinstance(writer, dict) or not isinstance(concluder, dict):
+            continue  # no daemon that writes its conclusions ran it: not known
+        if summary.get("buildId") != match["build_id"]:
+            continue  # another file's name
+        if still_running(writer) or still_running(concluder):
+            continue  # its child, or its daemon (another one's, on this dir), is there
+        try:
+            concluded = _conclude(path, engine_dir / match["engine"], summary, deployment_manifest)
+        except Exception:  # one damaged summary: the others are still concluded
+            log.exception("build_conclusion_failed", summary=str(path))
+            continue
         done.append(concluded)
         record(CONCLUDED_AT_START, concluded.as_record())
         log.warning("build_concluded_at_start", **concluded.as_record())
@@ -163,8 +178,15 @@ def _conclude(
         return Concluded(build_id, engine, path, "not_committed", note, None, report)
     if not is_committed:
         conclude_on_disk(path, summary, "daemon_start", trusted=False)
+        if names_a_commit(summary):
+            note = "its engine is no longer at its path (replaced or removed since)"
+            return Concluded(build_id, engine, path, "superseded", note, outcome, report)
         note = "no engine of this build is at its path"
         return Concluded(build_id, engine, path, "ended", note, outcome, report)
+    if summary.get("simulated") is not False:  # as a daemon concludes one: never trusted
+        note = "a simulated build: never trusted"
+        conclude_on_disk(path, summary, "daemon_start", trusted=False, manifestNote=note)
+        return Concluded(build_id, engine, path, "not_trusted", note, outcome, report)
     trust = record_trust(
         summary,
         engine,

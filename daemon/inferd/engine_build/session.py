@@ -160,9 +160,13 @@ def run_build(
     build_id: str | None = None,
     nonce: str | None = None,
     during_write: Callable[[], None] | None = None,
+    concluder: Mapping[str, Any] | None = None,
 ) -> BuildReport:
     """``nonce``: a daemon build's, written in its summary and commit record: the
-    daemon takes a record on disk as this build's only with it (``child_exit``)."""
+    daemon takes a record on disk as this build's only with it (``child_exit``).
+    ``concluder``: the daemon that concludes this build (``process_identity``), in
+    the summary with this process as its ``writer``; a starting daemon concludes a
+    summary no daemon did once both have gone (``commit_records``)."""
     token = token or CancellationToken()
     build_id = build_id or secrets.token_hex(6)
     queue = EventQueue(request.queue_size)
@@ -258,6 +262,7 @@ def run_build(
             "buildId": build_id,
             "buildNonce": nonce,
             "writer": writer,
+            "concluder": concluder,
             "provisional": cleanup is None,
             "simulated": bool(builder.simulated),
             "model": request.model_path.name,

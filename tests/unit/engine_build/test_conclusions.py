@@ -61,8 +61,10 @@ def _build(engine_dir: Path, model: Path) -> tuple[Path, dict[str, Any], BuildRe
 
 
 def _left(path: Path, summary: dict[str, Any], writer: dict[str, Any]) -> None:
-    """What a build process that died with its daemon left at ``path``."""
-    write_json(path, {**summary, "writer": writer})
+    """What a TensorRT build process that died with its daemon left at ``path`` (the
+    simulated builder stands in for TensorRT: ``simulated`` false, as a TensorRT
+    child writes; its daemon, the concluder, gone too)."""
+    write_json(path, {**summary, "simulated": False, "writer": writer, "concluder": _dead_writer()})
 
 
 def _tensorrt_child(engine: Path) -> Build:
@@ -94,7 +96,7 @@ def test_every_summary_names_its_writer(tmp_path: Path, demo_model: Path) -> Non
     _, record, report = _build(_engine_dir(tmp_path), demo_model)
     for summary in (record, report.summary):
         Draft202012Validator(SUMMARY_SCHEMA).validate(summary)
-        assert summary["writer"] == this_process()
+        assert summary["writer"] == this_process() and summary["concluder"] is None
         assert "daemonConclusion" not in summary, "a build process never concludes itself"
 
 
@@ -150,12 +152,20 @@ def test_a_summary_whose_writer_runs_or_that_names_none_is_left_alone(
     tmp_path: Path, demo_model: Path
 ) -> None:
     """A child of the dead daemon still running (outside systemd) concludes its own
-    build's files; a summary written before writers were recorded has an unknown
-    conclusion (an operator may have taken its engine out of the manifest)."""
+    build's files; a daemon still running (another one on this engine dir) concludes
+    its builds; a summary written before writers and concluders were recorded, or
+    whose daemon writes no conclusion, has an unknown conclusion (an operator may
+    have taken its engine out of the manifest)."""
     engine_dir = _engine_dir(tmp_path)
     _, record, report = _build(engine_dir, demo_model)
-    for summary in ({**record, "writer": this_process()}, report.summary | {"writer": None}):
-        write_json(report.summary_path, summary)
+    dead = _dead_writer()
+    for summary in (
+        {**record, "writer": this_process(), "concluder": dead},  # its child runs
+        {**record, "writer": dead, "concluder": this_process()},  # its daemon runs
+        report.summary | {"writer": None},
+        report.summary | {"writer": dead, "concluder": None},  # a daemon before 219
+    ):
+        write_json(report.summary_path, {**summary, "simulated": False})
         left = report.summary_path.read_bytes()
         assert _conclude(engine_dir) == []
         assert report.summary_path.read_bytes() == left and _manifest(engine_dir) == {}
