@@ -130,14 +130,18 @@ class BuildAdmission:
             self.start_limit.give_back(peer.key)
 
     def prune(self, running: Collection[Build], trigger: str) -> None:
-        if trigger == DAEMON_START and self._engine_dir is not None:
+        if trigger == DAEMON_START:
             # Before the sweep and the caps: an engine trusted now is pinned by them.
-            try:
-                conclude_unconcluded(
-                    self._engine_dir, deployment_manifest=self._engine_manifest, record=self._record
-                )
-            except Exception:  # the engine dir unreadable: the sweep and the caps still run
-                log.exception("build_conclusion_failed", directory=str(self._engine_dir))
+            for folder in self._build_folders():
+                try:  # only TensorRT builds, in the engine dir, are ever trusted
+                    conclude_unconcluded(
+                        folder,
+                        deployment_manifest=self._engine_manifest,
+                        record=self._record,
+                        may_trust=folder == self._engine_dir,
+                    )
+                except Exception:  # a folder unreadable: the sweep and the caps still run
+                    log.exception("build_conclusion_failed", directory=str(folder))
         self.sweep_staging()
         pending = [self.pending_of(build) for build in running]
         self.retention.prune(keep=pending, serving=self._serving(), trigger=trigger)
@@ -146,15 +150,20 @@ class BuildAdmission:
         """Remove dead build processes' staging in the engine dir and each model's
         builds folder (a simulated build stages beside its engine); a few listings
         and lock probes: a live build's folder is locked, and left."""
-        folders = [self._engine_dir] if self._engine_dir is not None else []
-        with contextlib.suppress(OSError):  # no builds dir yet
-            folders += [p for p in self._build_dir.iterdir() if p.is_dir() and not p.is_symlink()]
-        for folder in folders:
+        for folder in self._build_folders():
             removed, errors = sweep_staging(folder)
             if removed or errors:
                 log.warning(
                     "build_staging_swept", directory=str(folder), removed=removed, errors=errors
                 )
+
+    def _build_folders(self) -> list[Path]:
+        """Where builds write: the engine dir (TensorRT builds) and each model's
+        folder of the builds dir (simulated builds)."""
+        folders = [self._engine_dir] if self._engine_dir is not None else []
+        with contextlib.suppress(OSError):  # no builds dir yet
+            folders += [p for p in self._build_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+        return folders
 
     def describe(self) -> dict[str, Any]:
         return {"retention": self.retention.describe(), "start_limit": self.start_limit.describe()}

@@ -128,9 +128,11 @@ def conclude_unconcluded(
     *,
     deployment_manifest: Path | None,
     record: Callable[[str, Mapping[str, Any]], None],
+    may_trust: bool = True,
 ) -> list[Concluded]:
     """At the daemon's start: conclude every summary in ``engine_dir`` whose build no
-    daemon concluded and whose writer is gone (the module doc)."""
+    daemon concluded and whose writer is gone (the module doc).  ``may_trust``
+    False: a builds dir's model folder, whose simulated builds are never trusted."""
     if unsafe_owned_dir_reason(engine_dir) is not None:
         return []  # missing, or not safely the daemon's: no build wrote there
     done = []
@@ -150,7 +152,8 @@ def conclude_unconcluded(
         if still_running(writer) or still_running(concluder):
             continue  # its child, or its daemon (another one's, on this dir), is there
         try:
-            concluded = _conclude(path, engine_dir / match["engine"], summary, deployment_manifest)
+            engine = engine_dir / match["engine"]
+            concluded = _conclude(path, engine, summary, deployment_manifest, may_trust)
         except Exception:  # one damaged summary: the others are still concluded
             log.exception("build_conclusion_failed", summary=str(path))
             continue
@@ -161,7 +164,11 @@ def conclude_unconcluded(
 
 
 def _conclude(
-    path: Path, engine: Path, summary: dict[str, Any], deployment_manifest: Path | None
+    path: Path,
+    engine: Path,
+    summary: dict[str, Any],
+    deployment_manifest: Path | None,
+    may_trust: bool,
 ) -> Concluded:
     build_id, outcome = str(summary["buildId"]), summary.get("outcome")
     provisional = summary.get("provisional") is True
@@ -183,9 +190,13 @@ def _conclude(
             return Concluded(build_id, engine, path, "superseded", note, outcome, report)
         note = "no engine of this build is at its path"
         return Concluded(build_id, engine, path, "ended", note, outcome, report)
-    if summary.get("simulated") is not False:  # as a daemon concludes one: never trusted
+    facts: dict[str, Any] = {}
+    if provisional:  # killed after its commit: its cleanup and timing cache not known
+        facts["killedAfterCommit"] = True
+        summary = {**summary, "cleanupStatus": report["status"], "cleanup": report}
+    if summary.get("simulated") is not False or not may_trust:  # as a daemon concludes one
         note = "a simulated build: never trusted"
-        conclude_on_disk(path, summary, "daemon_start", trusted=False, manifestNote=note)
+        conclude_on_disk(path, summary, "daemon_start", trusted=False, manifestNote=note, **facts)
         return Concluded(build_id, engine, path, "not_trusted", note, outcome, report)
     trust = record_trust(
         summary,
@@ -193,10 +204,8 @@ def _conclude(
         manifest=engine.parent / MANIFEST_NAME,
         deployment_manifest=deployment_manifest,
     )
-    facts: dict[str, Any] = {"trusted": trust.trusted, "manifestNote": trust.note}
-    if provisional:  # killed after its commit: its cleanup and timing cache not known
-        facts["killedAfterCommit"] = True
-        summary = {**summary, "cleanupStatus": report["status"], "cleanup": report}
-    conclude_on_disk(path, summary, "daemon_start", **facts)
+    conclude_on_disk(
+        path, summary, "daemon_start", trusted=trust.trusted, manifestNote=trust.note, **facts
+    )
     decision = "trusted" if trust.trusted else "not_trusted"
     return Concluded(build_id, engine, path, decision, trust.note, outcome, report)

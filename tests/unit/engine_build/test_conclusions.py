@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from inferd.config import BuildsConfig
 from inferd.engine_build import BuildRequest, run_build
+from inferd.engine_build.admission import DAEMON_START, BuildAdmission
 from inferd.engine_build.artifacts import write_json
 from inferd.engine_build.build_record import Build
 from inferd.engine_build.child_exit import conclude
@@ -259,3 +261,41 @@ def test_a_zombie_writer_is_not_running() -> None:
         assert not still_running(identity)
     finally:
         child.wait()
+
+
+def test_a_simulated_build_a_dead_daemon_left_in_the_builds_dir_is_concluded_untrusted(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    """At its start the daemon concludes the builds dir's model folders too (simulated
+    builds stage and commit beside their engines there): a commit record left by a
+    child killed after its commit becomes the final summary, never trusted (no
+    manifest is written there); one whose commit never happened is removed."""
+    builds = tmp_path / "builds"
+    folder = builds / "demo"
+    folder.mkdir(mode=0o750, parents=True)
+    engine = folder / f"demo.{BUILD_ID}.simulated.engine"
+    request = BuildRequest(demo_model, engine, BuildConfig(), HOST)
+    seen: dict[str, Any] = {}
+
+    def at_commit() -> None:
+        seen["record"] = json.loads(summary_path_for(engine, BUILD_ID).read_text())
+
+    builder = SimulatedBuilder(demo_model, request.build_config, HOST)
+    report = run_build(request, builder, build_id=BUILD_ID, nonce=NONCE, during_write=at_commit)
+    dead = _dead_writer()
+    write_json(report.summary_path, {**seen["record"], "writer": dead, "concluder": dead})
+    never = folder / "demo.b2-0a0b0c.simulated.engine.b2-0a0b0c.build.json"
+    write_json(never, {**seen["record"], "buildId": "b2-0a0b0c", "writer": dead, "concluder": dead})
+    records: list[tuple[str, dict[str, Any]]] = []
+    admission = BuildAdmission(
+        builds, BuildsConfig(), lambda kind, payload: records.append((kind, dict(payload))), tuple
+    )
+
+    admission.prune([], DAEMON_START)
+
+    decisions = {payload["build_id"]: payload["decision"] for _, payload in records}
+    assert decisions == {BUILD_ID: "not_trusted", "b2-0a0b0c": "not_committed"}
+    summary = json.loads(report.summary_path.read_text())
+    assert summary["provisional"] is False and summary["daemonConclusion"]["trusted"] is False
+    assert summary["daemonConclusion"]["killedAfterCommit"] is True
+    assert not never.exists() and not (folder / "manifest.json").exists()
