@@ -13,12 +13,17 @@ files hashed (``replaced_files``: each file's inode, size, mtime and ctime; a wr
 a rename over it and one back all move the ctime, which no one but root can set
 back).  Each user words its own error: a build fails (``engine_build.model_source``),
 an ``onnx_trt_ep`` load is refused (``runtime.ort_model_source``).
+
+What a consumer decides from the model's graph before or beside that (its inputs,
+its Q/DQ nodes) is read from the same bytes (``parse_model``), never from the path
+again: a file replaced meanwhile would have it decide for another model.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from inferd.digest import FileVersion, ModelDigest, file_version, model_digest_of
 from inferd.external_data import model_directory, open_external_file
@@ -38,6 +43,16 @@ def read_model(path: Path) -> tuple[bytes, ModelDigest]:
     with handle:
         data = handle.readall()
     return data, model_digest_of(data, path, info)
+
+
+def parse_model(data: bytes) -> Any:
+    """``data`` (bytes ``read_model`` read) as an ``onnx.ModelProto``, without reading
+    its external data files; raises what onnx raises for bytes that are not one
+    (protobuf's ``DecodeError``, ...).  As large in memory as ``data`` when the
+    weights are inline: callers keep what they read of it, not the proto."""
+    import onnx  # heavy: only where a decision needs the graph
+
+    return onnx.load_model_from_string(data)
 
 
 def changed_part(hashed: ModelDigest, now: ModelDigest) -> str:

@@ -347,10 +347,10 @@ def test_a_session_asking_for_the_tensorrt_ep_gets_a_model_with_external_data_by
     one before ONNX Runtime 1.21; every other is made from the bytes hashed."""
     import onnxruntime
 
-    from inferd.runtime.ort_model_source import read_session_model
+    from inferd.runtime.ort_model_source import HashedModel
 
     runtime = _runtime(tmp_path)
     model = write_affine(tmp_path / "models" / "m.onnx", 1.0, external=external)
     entry = runtime.compile_engine(model, BuildConfig())
-    source = read_session_model(entry, onnxruntime, tensorrt_ep=tensorrt_ep).source
+    source = HashedModel(entry).session_model(onnxruntime, tensorrt_ep=tensorrt_ep).source
     assert source == (model if by_path else model.read_bytes())

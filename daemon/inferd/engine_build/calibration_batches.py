@@ -10,7 +10,11 @@ batch is checked here, from the ONNX model and the build config alone (no
 TensorRT, no GPU), before the builder is made: the array names are exactly the
 network's inputs, each array has its input's dtype and exactly its calibration
 shape.  The same check runs again on each batch as the calibrator loads it (a
-file changed in between is refused, never fed).
+file changed in between is refused, never fed).  The network's inputs are read
+from the model's bytes whose digest is the build's (``ModelSource.read``), the
+model the build parses, never from its path again: a model replaced meanwhile
+fails the build (``ModelChangedError``) instead of having the batches checked
+against another model's inputs.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.errors import CalibrationDataError
+from inferd.model_bytes import parse_model
 from inferd.types import OptimizationProfile
 
 #: An input as the network declares it: numpy dtype and shape (-1: a runtime dimension).
@@ -82,15 +88,20 @@ def npz_batches(dataset: Path) -> list[Path]:
     return files
 
 
-def onnx_inputs(model_path: Path) -> dict[str, InputDecl]:
+def onnx_inputs(source: ModelSource) -> dict[str, InputDecl]:
     """The network inputs TensorRT's ONNX parser makes: graph inputs that are not
-    initializers, with their dtype and shape (symbolic or unknown dims as -1)."""
-    import onnx
+    initializers, with their dtype and shape (symbolic or unknown dims as -1), as
+    the bytes with the build's digest declare them (read and parsed once, without
+    external data); ``ModelChangedError`` when the model has another digest now."""
     from onnx import helper
 
+    model_path = source.path
     try:
-        model = onnx.load(str(model_path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, OSError, ...
+        data, _hashed = source.read()
+        model = parse_model(data)
+    except ModelChangedError:
+        raise
+    except Exception as exc:  # OSError, onnx's DecodeError, ...
         raise CalibrationDataError(f"cannot read {model_path.name}: {exc}") from exc
     initializers = {tensor.name for tensor in model.graph.initializer}
     inputs: dict[str, InputDecl] = {}

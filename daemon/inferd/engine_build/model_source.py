@@ -9,7 +9,8 @@ in, a deployment tool) must never give an engine named and trusted as the old
 model but built or validated from the new one.  So every consumer in a build
 reads the model's bytes once, here, checks their digest against the one the
 engine is named by, and uses exactly those bytes (``OnnxParser.parse(bytes,
-path)``, ``InferenceSession(bytes)``); a model that changed fails with
+path)``, ``InferenceSession(bytes)``, the inputs INT8 calibration batches are
+checked against: ``calibration_batches.onnx_inputs``); a model that changed fails with
 ``ModelChangedError`` saying so.  The bytes are the caller's to drop once used:
 a model can be hundreds of MB.
 

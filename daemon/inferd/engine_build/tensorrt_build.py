@@ -25,6 +25,7 @@ from inferd.engine_build.calibration_batches import (
     check_calibration_batches,
     onnx_inputs,
 )
+from inferd.engine_build.model_source import ModelSource
 from inferd.engines.build_config import check_profiles as shared_check_profiles
 from inferd.engines.build_config import unprofiled_dynamic_inputs
 from inferd.engines.calibration import (
@@ -123,18 +124,17 @@ def add_profiles(
 
 
 def prepare_calibration(
-    model_path: Path, build_config: BuildConfig, dataset: Path
+    model: ModelSource, build_config: BuildConfig, dataset: Path
 ) -> CalibrationBatches:
-    """Check every batch of ``dataset`` against the network ``model_path`` makes and
-    the build config's profiles, before any builder or GPU work (see
-    ``inferd.engine_build.calibration_batches``).  Raises ``EngineBuildError``
-    (``CalibrationDataError`` for the data set)."""
-    declared = onnx_inputs(model_path)
+    """Check every batch of ``dataset`` against the network ``model`` makes (its bytes
+    with the build's digest) and the build config's profiles, before any builder or
+    GPU work (see ``inferd.engine_build.calibration_batches``).  Raises
+    ``EngineBuildError`` (``CalibrationDataError`` for the data set)."""
+    declared = onnx_inputs(model)
     shapes = {name: shape for name, (_dtype, shape) in declared.items()}
-    profiles = check_profiles(shapes, build_config.profiles, model_path.name)
-    return check_calibration_batches(
-        dataset, calibration_inputs(declared, profiles, model_path.name)
-    )
+    name = model.path.name
+    profiles = check_profiles(shapes, build_config.profiles, name)
+    return check_calibration_batches(dataset, calibration_inputs(declared, profiles, name))
 
 
 class CalibrationCacheSink(Protocol):

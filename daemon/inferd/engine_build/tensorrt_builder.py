@@ -118,7 +118,7 @@ class TensorRTBuilder:
             () if self.strongly_typed else PRECISION_FLAGS[build_config.precision]
         )
         self.calibration_batches = (
-            prepare_calibration(onnx_path, build_config, calibration_data)
+            prepare_calibration(self.model, build_config, calibration_data)
             if calibration_data is not None and "INT8" in self.flags
             else None
         )

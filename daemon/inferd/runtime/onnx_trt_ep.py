@@ -9,7 +9,8 @@ compares the providers the session really registered with the ones it wants
 Runtime dropped what it was asked for, one alert; it is refused when
 ``runtime.ort_require_tensorrt_ep`` or ``runtime.ort_disallow_cpu_fallback`` forbids it.  A
 model's staged engine is gated and served through an EP-context model (``ort_ep_context``);
-otherwise the session is made from the model's bytes as hashed (``ort_model_source``).
+otherwise the session is made from the model's bytes as hashed (``ort_model_source``).  What
+the load decides from the model's graph is read from those bytes, parsed once if at all.
 """
 
 from __future__ import annotations
@@ -37,12 +38,11 @@ from inferd.errors import (
     UnsafeDirectoryError,
 )
 from inferd.owned_files import ensure_owned_dir
-from inferd.runtime.onnx_trt_ep_shapes import check_model_profiles, profile_options
+from inferd.runtime.onnx_trt_ep_shapes import check_before_session, profile_options
 from inferd.runtime.ort_binding import InPlaceRunner
 from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
 from inferd.runtime.ort_errors import is_out_of_memory, is_output_shape_error
-from inferd.runtime.ort_model_source import read_session_model
-from inferd.runtime.ort_precision import int8_refusal
+from inferd.runtime.ort_model_source import HashedModel
 from inferd.runtime.ort_providers import (
     CPU_EP,
     CUDA_EP,
@@ -191,28 +191,20 @@ class OnnxTrtEpRuntime:
 
     def deserialize_engine(self, entry: EngineCacheEntry) -> EngineHandle:
         requested = self.requested_providers()
-        # A staged engine was built with its precision (the gate checks the build
-        # config): the TensorRT EP builds nothing and needs no INT8 scales.
-        refused = (
-            int8_refusal(entry.model_path, entry.build_config.precision)
-            if TRT_EP in requested and not entry.staged_engines
-            else None
-        )
-        if refused is not None:
-            raise EngineDeserializeError(refused)
-        profiles = entry.build_config.profiles
-        tensorrt_ep = TRT_EP in requested
-        by_input = (
-            check_model_profiles(entry.model_path, profiles, tensorrt_ep=tensorrt_ep)
-            if profiles or tensorrt_ep
-            else {}
-        )
-        cache_dir, cache_error = self._engine_cache(entry, requested)
-        context, unused = self._staged_context(entry, requested, cache_dir)
-        session = self._create_session(entry, requested, cache_dir, context)
-        resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
-        self._check_providers(entry, resolution, unused)
-        inputs, outputs = session_specs(session, entry.model_path, by_input)
+        # The decisions and the session read the bytes whose digest is the entry's,
+        # once, parsed once only if a decision needs the graph (ort_model_source);
+        # those bytes (hundreds of MB) are not held through the warm-up.
+        model = HashedModel(entry)
+        try:
+            by_input = check_before_session(entry, model, tensorrt_ep=TRT_EP in requested)
+            cache_dir, cache_error = self._engine_cache(entry, requested)
+            context, unused = self._staged_context(entry, requested, cache_dir)
+            session = self._create_session(entry, requested, cache_dir, context, model)
+            resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
+            self._check_providers(entry, resolution, unused)
+            inputs, outputs = session_specs(session, entry.model_path, by_input, model.graph)
+        finally:
+            model.release()
         output_names = [spec.name for spec in outputs]
         try:
             session.run(output_names, warm_up_inputs(inputs))
@@ -314,6 +306,7 @@ class OnnxTrtEpRuntime:
         requested: list[str],
         cache_dir: Path | None,
         context: EpContextModel | None,
+        model: HashedModel,
     ) -> Any:
         ort = self._ort
         all_options = _build_provider_args(
@@ -327,7 +320,7 @@ class OnnxTrtEpRuntime:
         options.log_severity_level = 3
         if self._config.ort_intra_op_threads:
             options.intra_op_num_threads = self._config.ort_intra_op_threads
-        model = None
+        read = None
         if context is not None:
             # The graph is one EPContext node: nothing for ORT to optimise, and
             # ONNX Runtime's TensorRT EP asks for level 0 with context models.
@@ -336,10 +329,11 @@ class OnnxTrtEpRuntime:
             what = (
                 f"the EP-context model {context.path} of staged engine {context.engine.path.name}"
             )
-        else:  # the very bytes the entry's digest names (ort_model_source), dropped on return
-            model = read_session_model(entry, ort, tensorrt_ep=TRT_EP in requested)
-            model.configure(options)
-            source, what = model.source, str(entry.model_path)
+            model.release()  # read for the profile check only: the session needs no bytes
+        else:  # the very bytes the entry's digest names (ort_model_source)
+            read = model.session_model(ort, tensorrt_ep=TRT_EP in requested)
+            read.configure(options)
+            source, what = read.source, str(entry.model_path)
         session = create_session(
             ort,
             source,
@@ -349,8 +343,8 @@ class OnnxTrtEpRuntime:
             device_id=self._config.device_id,
             what=what,
         )
-        if model is not None:
-            model.check_read()
+        if read is not None:
+            read.check_read()
         return session
 
     def _check_providers(

@@ -12,7 +12,8 @@ EP builds at session creation and a request within them never rebuilds.  So:
 
 * the model config's profiles (``[[models.profiles]]``) are checked against the
   model's inputs before a session exists (``check_model_profiles``), with the
-  one profile rule of ``inferd.engines.build_config``;
+  one profile rule of ``inferd.engines.build_config``, as the bytes the load hashed
+  declare them (``ort_model_source.HashedModel.graph``);
 * with the TensorRT EP requested, a dynamic input without a profile is refused
   (the first request of a new size would rebuild inside ``run``), and so is an
   input whose name the option format cannot carry: ONNX Runtime splits the
@@ -24,13 +25,14 @@ EP builds at session creation and a request within them never rebuilds.  So:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from inferd.engines.build_config import check_profiles, unprofiled_dynamic_inputs
 from inferd.errors import EngineDeserializeError
-from inferd.types import OptimizationProfile
+from inferd.runtime.ort_model_source import HashedModel, ModelGraph, ModelParseError
+from inferd.runtime.ort_precision import int8_refusal
+from inferd.types import EngineCacheEntry, OptimizationProfile
 
 #: Where an operator fixes what this module refuses.
 CONFIG_KEY = "[[models.profiles]]"
@@ -38,44 +40,53 @@ CONFIG_KEY = "[[models.profiles]]"
 _OPTION_SEPARATORS = (",", ":")
 
 
-def model_without_weights(model_path: Path) -> Any:
-    """``model_path``'s ``onnx.ModelProto`` without its external data files, to read
-    its inputs; ``EngineDeserializeError`` when it cannot be read."""
-    import onnx
+def check_before_session(
+    entry: EngineCacheEntry, model: HashedModel, *, tensorrt_ep: bool
+) -> dict[str, OptimizationProfile]:
+    """The load's decisions on ``entry``'s model before any session exists, from the
+    graph of ``model`` (read only if one needs it: not for fp32 without profiles and
+    without the TensorRT EP): for the TensorRT EP, INT8 only for a Q/DQ model
+    (``ort_precision``, first: the one parse then looks for Q/DQ nodes too), then the
+    profiles (``check_model_profiles``), returned by input name.  Raises
+    ``EngineDeserializeError``."""
+    graph = model.graph
+    # A staged engine was built with its precision (the gate checks the build
+    # config): the TensorRT EP builds nothing and needs no INT8 scales.
+    if tensorrt_ep and not entry.staged_engines:
+        refused = int8_refusal(entry.model_path, entry.build_config.precision, model.quantized)
+        if refused is not None:
+            raise EngineDeserializeError(refused)
+    profiles = entry.build_config.profiles
+    if not (profiles or tensorrt_ep):
+        return {}
+    return check_model_profiles(entry.model_path, profiles, tensorrt_ep=tensorrt_ep, graph=graph)
 
+
+def model_inputs(model_path: Path, graph: Callable[[], ModelGraph]) -> ModelGraph:
+    """``model_path``'s graph as ``graph`` reads it (from the bytes the load hashed,
+    without external data: ``ort_model_source.HashedModel.graph``);
+    ``EngineDeserializeError`` when those bytes are not an ONNX model."""
     try:
-        return onnx.load(str(model_path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, OSError, ...
+        return graph()
+    except ModelParseError as exc:
         raise EngineDeserializeError(
             f"could not load {model_path} to read its inputs: {exc}"
         ) from exc
 
 
-def graph_input_shapes(model_path: Path) -> dict[str, list[int | None]]:
-    """The model's inputs (initializers excluded, as ONNX Runtime's ``get_inputs``)
-    with ``None`` for a dynamic dimension, read without the weights."""
-    model = model_without_weights(model_path)
-    initializers = {tensor.name for tensor in model.graph.initializer}
-    shapes: dict[str, list[int | None]] = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        shapes[value.name] = [
-            dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
-            for dim in dims
-        ]
-    return shapes
-
-
 def check_model_profiles(
-    model_path: Path, profiles: Sequence[OptimizationProfile], *, tensorrt_ep: bool
+    model_path: Path,
+    profiles: Sequence[OptimizationProfile],
+    *,
+    tensorrt_ep: bool,
+    graph: Callable[[], ModelGraph],
 ) -> dict[str, OptimizationProfile]:
-    """``profiles`` by input name, checked against ``model_path``'s inputs; with
-    ``tensorrt_ep`` also that every dynamic input has one and that each name fits
-    the EP's option format.  Raises ``EngineDeserializeError`` naming the input and
-    the config key; nothing has been created yet."""
-    inputs = graph_input_shapes(model_path)
+    """``profiles`` by input name, checked against ``model_path``'s inputs (read by
+    ``graph``, ``model_inputs``); with ``tensorrt_ep`` also that every dynamic input
+    has one and that each name fits the EP's option format.  Raises
+    ``EngineDeserializeError`` naming the input and the config key; nothing has been
+    created yet."""
+    inputs = model_inputs(model_path, graph).inputs
     try:
         by_name = check_profiles(inputs, profiles)
     except ValueError as exc:

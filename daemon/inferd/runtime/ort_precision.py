@@ -2,21 +2,25 @@
 
 INT8 needs scales: a Q/DQ model carries its own; any other model would need a
 calibration table this runtime does not have, so ``int8``/``mixed`` is refused
-for it with a message saying what to do.
+for it with a message saying what to do.  Whether it has Q/DQ nodes is read from
+the bytes the load serves (``ort_model_source.HashedModel.quantized``), and only for
+those two precisions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from inferd.runtime.ort_model_source import ModelParseError
 from inferd.types import PrecisionMode
 
-#: The ops of an explicitly quantized (Q/DQ) model: it carries its own INT8 scales.
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
-
-def int8_refusal(model_path: Path, precision: PrecisionMode) -> str | None:
-    """Why the TensorRT EP must not build ``model_path`` with ``precision``, or None.
+def int8_refusal(
+    model_path: Path, precision: PrecisionMode, quantized: Callable[[], bool]
+) -> str | None:
+    """Why the TensorRT EP must not build ``model_path`` with ``precision``, or None;
+    ``quantized`` says whether its graph has Q/DQ nodes (asked only for INT8).
 
     With ``trt_int8_enable`` TensorRT needs INT8 scales.  A Q/DQ model brings
     its own (ONNX Runtime's docs: no calibration table for Q/DQ models).  For any
@@ -27,21 +31,11 @@ def int8_refusal(model_path: Path, precision: PrecisionMode) -> str | None:
     those layers in INT8 and ONNX Runtime would not say so: the model is refused."""
     if precision not in (PrecisionMode.INT8, PrecisionMode.MIXED):
         return None
-    import onnx
-
     try:
-        model = onnx.load(str(model_path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, OSError, ...
+        if quantized():
+            return None
+    except ModelParseError as exc:
         return f"cannot read {model_path} to look for Q/DQ nodes: {exc}"
-    graphs = [model.graph, *model.functions]  # a FunctionProto has nodes too
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            if node.op_type in _QDQ_OPS:
-                return None
-            for attribute in node.attribute:
-                graphs.extend([attribute.g] if attribute.HasField("g") else [])
-                graphs.extend(attribute.graphs)
     return (
         f"{model_path}: precision {precision.value!r} on onnx_trt_ep needs a model with "
         "Q/DQ (QuantizeLinear/DequantizeLinear) nodes; this one has none, and ONNX "

@@ -15,21 +15,23 @@ name (the model's ``dim_param``) or None.  Two things follow from that view:
   refused.  inferd checks each request against the model's shapes (Triton, too,
   needs each input's rank, from its model configuration) and has no
   configuration to give one, so such an input is refused at load, naming it and
-  the fix; the ``.onnx`` is read only when an input is reported as ``[]``.
+  the fix; the model's graph is read (from the bytes the load hashed,
+  ``ort_model_source.HashedModel.graph``) only when an input is reported as ``[]``.
   An output of unknown rank is served (its frames carry their shape).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from inferd.errors import EngineDeserializeError
-from inferd.runtime.onnx_trt_ep_shapes import model_without_weights
+from inferd.runtime.onnx_trt_ep_shapes import model_inputs
+from inferd.runtime.ort_model_source import ModelGraph
 from inferd.types import OptimizationProfile, TensorSpec
 
 #: ONNX type strings -> numpy dtype names (the wire's dtype vocabulary).
@@ -48,11 +50,15 @@ ONNX_TO_NUMPY: dict[str, str] = {
 
 
 def session_specs(
-    session: Any, model_path: Path, profiles: Mapping[str, OptimizationProfile]
+    session: Any,
+    model_path: Path,
+    profiles: Mapping[str, OptimizationProfile],
+    graph: Callable[[], ModelGraph],
 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """The session's input and output specs (``profiles`` by input name), each with
     the dimension names it shares; ``EngineDeserializeError`` for an input type
-    inferd cannot serve or an input of unknown rank in ``model_path``."""
+    inferd cannot serve or an input of unknown rank in ``model_path`` (whose graph
+    ``graph`` reads, called only when an input is reported as ``[]``)."""
     input_nodes, output_nodes = list(session.get_inputs()), list(session.get_outputs())
     uses = Counter(
         dim for node in (*input_nodes, *output_nodes) for dim in node.shape if isinstance(dim, str)
@@ -62,7 +68,7 @@ def session_specs(
     outputs = tuple(_spec(node, shared) for node in output_nodes)
     reported_scalar = [spec.name for spec in inputs if not spec.shape]
     if reported_scalar:
-        _refuse_unknown_rank(model_path, reported_scalar)
+        _refuse_unknown_rank(model_path, reported_scalar, graph)
     return inputs, outputs
 
 
@@ -82,15 +88,12 @@ def _spec(node: Any, shared: set[str], profile: OptimizationProfile | None = Non
     return TensorSpec(node.name, dtype, shape, profile, shared_dims)
 
 
-def _refuse_unknown_rank(model_path: Path, names: list[str]) -> None:
+def _refuse_unknown_rank(
+    model_path: Path, names: list[str], graph: Callable[[], ModelGraph]
+) -> None:
     """Refuse the inputs of ``names`` (reported as ``[]``) that ``model_path``
     declares without a shape; a real scalar (a shape of no dimension) passes."""
-    graph = model_without_weights(model_path).graph
-    unranked = [
-        value.name
-        for value in graph.input
-        if value.name in names and not value.type.tensor_type.HasField("shape")
-    ]
+    unranked = [name for name in model_inputs(model_path, graph).unranked if name in names]
     if unranked:
         raise EngineDeserializeError(
             f"{model_path}: input(s) {unranked} declare no shape (unknown rank). inferd "

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 from inferd.config import RuntimeConfig
 from inferd.errors import EngineDeserializeError
 from inferd.runtime.onnx_trt_ep import OnnxTrtEpRuntime
+from inferd.runtime.ort_model_source import ModelGraph
 from inferd.runtime.ort_specs import session_specs
 from inferd.types import BuildConfig, EngineHandle, ThermalState
 
@@ -54,6 +55,11 @@ def identity_model(path: Path, shape: list[Any] | None) -> Path:
     return path
 
 
+def unread() -> ModelGraph:
+    """The graph of a model no input of which is reported as ``[]``: never asked for."""
+    raise AssertionError("the model's graph was read although no input needed it")
+
+
 def load(tmp_path: Path, model: Path) -> EngineHandle:
     runtime = OnnxTrtEpRuntime(
         RuntimeConfig(ort_trt_cache_dir=tmp_path / "cache"),
@@ -68,7 +74,7 @@ def test_only_names_given_to_several_axes_are_kept(tmp_path: Path) -> None:
         inputs=[Node("a", ["batch", 3]), Node("b", ["batch", "n"])],
         outputs=[Node("y", ["batch", "m", "m", None])],
     )
-    inputs, outputs = session_specs(session, tmp_path / "unread.onnx", {})
+    inputs, outputs = session_specs(session, tmp_path / "unread.onnx", {}, unread)
     assert [spec.shared_dims for spec in inputs] == [((0, "batch"),), ((0, "batch"),)]
     # "n" names one axis alone: it constrains nothing.  "m" twice in one tensor does.
     assert outputs[0].shared_dims == ((0, "batch"), (1, "m"), (2, "m"))
