@@ -20,8 +20,18 @@ import os
 import socket
 from collections.abc import Callable
 
-from inferd.shm.regions import PeerCredentials
+from inferd.shm.credentials import PeerCredentials
 from inferd.types import tcp_peer_key
+
+
+def _scope_id(zone: str) -> int:
+    """An IPv6 zone's interface index (a name, or already a number); -1 if none."""
+    if zone.isdigit():
+        return int(zone)
+    try:
+        return socket.if_nametoindex(zone)
+    except OSError:
+        return -1
 
 
 def _ipc_path(endpoint: str) -> str | bytes | None:
@@ -91,7 +101,7 @@ class EndpointConnections:
             return self._scan(lambda conn: self._tcp_peer(conn, peer_address), shut_down=True)
         return 0
 
-    def count_from(self, peer_address: str) -> int:
+    def count_from(self, peer_address: str, *, exact: bool = False) -> int:
         """How many connections the peer ``peer_address`` names holds now: on
         ``ipc://`` those of its user (uid; its other processes included), on
         ``tcp://`` those from an address with its ``tcp_peer_key`` (its IPv6 /64,
@@ -102,6 +112,8 @@ class EndpointConnections:
                 return 0
             uid = credentials[1]
             return self._scan(lambda conn: self._ipc_user(conn, uid), shut_down=False)
+        if self._port is not None and peer_address and exact:
+            return self._scan(lambda conn: self._tcp_peer(conn, peer_address), shut_down=False)
         if self._port is not None and peer_address:
             key = tcp_peer_key(peer_address)
             return self._scan(lambda conn: self._tcp_key(conn, peer_address, key), shut_down=False)
@@ -136,7 +148,15 @@ class EndpointConnections:
         return PeerCredentials.of(conn).uid == uid
 
     def _tcp_peer(self, conn: socket.socket, address: str) -> bool:
-        return self._on_tcp_port(conn) and conn.getpeername()[0] == address
+        """From ``address`` as libzmq names it: a link-local peer with its zone
+        (``fe80::1%eth0``, ``getnameinfo``), which ``getpeername`` gives as a scope id."""
+        if not self._on_tcp_port(conn):
+            return False
+        found = conn.getpeername()
+        host, _, zone = address.partition("%")
+        if found[0] != host:
+            return False
+        return not zone or len(found) < 4 or found[3] == _scope_id(zone)
 
     def _tcp_key(self, conn: socket.socket, address: str, key: str) -> bool:
         """From an address with ``key`` (``address`` itself needs no key: a flood's

@@ -176,7 +176,10 @@ class ZapHandler(threading.Thread):
         if decision.peer is None:
             refusal: str | None = decision.refusal or "refused"
         else:
-            refusal = self._over_bound(socket, address.decode(errors="replace"))
+            # A CURVE key is a peer of its own: its address's other connections (an
+            # anonymous flood of its /64 included) never count against it.
+            exact = decision.peer.curve_key is not None
+            refusal = self._over_bound(socket, address.decode(errors="replace"), exact=exact)
         if refusal is not None:
             self._count(self.counters.refused, socket)
             log.warning(
@@ -194,7 +197,7 @@ class ZapHandler(threading.Thread):
         user_id = json.dumps(decision.peer.as_record(), separators=(",", ":")).encode()
         return [_VERSION, request_id, b"200", b"OK", user_id, b""]
 
-    def _over_bound(self, socket: str, address: str) -> str | None:
+    def _over_bound(self, socket: str, address: str, *, exact: bool = False) -> str | None:
         """Why the peer at ``address`` may hold no more connections to ``socket``
         (None: it may).  Counted per peer (a local user, a remote address: an IPv6
         one's /64, whose 2**64 addresses are one host's), so one peer's connections,
@@ -202,10 +205,10 @@ class ZapHandler(threading.Thread):
         connections = self._sockets.connections.get(socket)
         if not self._max_connections or connections is None:
             return None
-        held = connections.count_from(address)  # this connection's own included
+        held = connections.count_from(address, exact=exact)  # this connection's own included
         if held <= self._max_connections:
             return None
-        key = tcp_peer_key(address) if connections.tcp_port is not None else address
+        key = tcp_peer_key(address) if connections.tcp_port is not None and not exact else address
         who = "this peer" if key == address else f"this peer (counted as {key})"
         return (
             f"{who} holds {held} connections to the {socket} socket, over "

@@ -346,8 +346,8 @@ def run_build(
             )
         if validation is not None and validation.status == "fail" and not token.is_set():
             quarantined_to = _quarantine_failed(staged, request.engine_path, validation)
-        elif validation is not None and validation.status == "cancelled":
-            outcome, engine_sha = "cancelled", None  # no verdict: nothing to commit
+        elif token.is_set():  # no verdict, or one a cancel overrides: nothing to commit
+            outcome, engine_sha = "cancelled", None
         else:  # a cancel, whatever validation said, ends the build cancelled
             try:
                 # The commit record: what the daemon reads when this process dies

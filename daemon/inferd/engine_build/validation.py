@@ -20,6 +20,7 @@ model.
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ TOLERANCES: dict[PrecisionMode, tuple[float, float]] = {
 #: ``cancelled``: a cancel stopped it before its verdict (the build ends cancelled).
 VALIDATION_STATUSES = ("not_applicable", "pending", "pass", "fail", "cancelled")
 _CPU = ["CPUExecutionProvider"]
+#: How soon a signal that came just before the main thread blocked is handled.
+_SIGNAL_POLL_S = 0.05
 
 Arrays = dict[str, np.ndarray]
 Infer = Callable[[Path, Arrays], Mapping[str, np.ndarray]]
@@ -122,11 +125,26 @@ def _run_cancellable(session: Any, inputs: Arrays, token: CancellationToken | No
     options = ort.RunOptions()
     token.add_listener(lambda _request: setattr(options, "terminate", True))
     _stop_if_cancelled(token)  # after the listener: a cancel is never missed between
-    try:
-        return _run(session, inputs, options)
-    except Exception:
+    # On a thread of its own: the caller (the build's main thread) waits in ``join``,
+    # where CPython runs a signal's handler (SIGTERM, SIGINT: the token's), which it
+    # cannot do while that thread is inside ONNX Runtime's C++ ``run``.
+    ended: list[Arrays | BaseException] = []
+
+    def reference_run() -> None:
+        try:
+            ended.append(_run(session, inputs, options))
+        except BaseException as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=reference_run, name="inferd-reference-run", daemon=True)
+    thread.start()
+    while thread.is_alive():  # a signal just before a wait blocks is seen at the next
+        thread.join(_SIGNAL_POLL_S)
+    [outcome] = ended
+    if isinstance(outcome, BaseException):
         _stop_if_cancelled(token)  # ONNX Runtime's "Exiting due to terminate flag"
-        raise
+        raise outcome
+    return outcome
 
 
 def reference_session(model: ModelSource) -> Any:

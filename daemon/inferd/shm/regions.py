@@ -10,13 +10,8 @@ answered without running); a closed region keeps its mapping while any lease
 holds it, and is unmapped on the registration thread once none does: the
 memory under a running inference is never unmapped.
 
-Unmapping runs the runtimes' release hooks (TensorRT drops its CUDA
-registration), then drops the tensor views it kept for repeated requests and
-the one numpy view of the whole mapping that every tensor view is a slice of,
-then closes the mapping.  Python refuses to close a
-mapping while any buffer exported from it is alive (``BufferError``), so a
-tensor view that outlived its lease can never point into unmapped memory: the
-region then stays mapped (and counted) and the close is retried.
+How a region is unmapped, and why a view that outlived its lease keeps it
+mapped: ``region``.
 
 Mapped bytes are counted per uid and in total, and regions per connection and
 in all (each a mapping and a descriptor: ``mmap`` keeps a duplicate of the
@@ -26,138 +21,34 @@ connection gone) counts while requests lease it and until the registration
 thread has unmapped it, so no churn of register, request and unregister makes
 the daemon hold more than the bounds (regions in all: ``max_connections`` x
 ``max_regions_per_connection``).  A refusal says how much of the bound released
-regions hold, and whose (``Released``).
+regions hold, and whose (``Released``).  A registration at a bound that regions
+awaiting the registration thread would make room under (its connection's, its
+uid's, or any for the daemon-wide bounds) waits for that thread, woken at once,
+up to ``unmap_wait_s``; one wait that timed out (a release hook holds the thread
+up) makes no registration wait again until that thread has finished a pass, so
+the thread reading registrations (the bus thread) waits once per hold-up.
 All state is behind one lock; nothing blocking runs under it.
 """
 
 from __future__ import annotations
 
-import mmap
 import secrets
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import structlog
 
 from inferd.config import ShmConfig
 from inferd.shm.credentials import PeerCredentials as PeerCredentials
 from inferd.shm.memfd import map_sealed_memfd
+from inferd.shm.region import Connection as Connection
+from inferd.shm.region import Region as Region
 from inferd.shm.released import Released, connection_bound_note, released_note
 from inferd_wire.protocol import Code, ProtocolError
-from inferd_wire.regions import RegionRef, shown
+from inferd_wire.regions import shown
 
 log = structlog.get_logger("inferd.shm")
-
-#: Region ids a connection remembers having unregistered (for a clear "already
-#: unregistered" instead of "unknown").
-_REMEMBERED_UNREGISTERED = 64
-#: Tensor views a region keeps for the next request (a few per camera loop).
-_MAX_VIEWS = 32
-
-
-@dataclass
-class Connection:
-    """One registration connection and the regions it registered."""
-
-    connection_id: int
-    peer: PeerCredentials
-    regions: dict[str, Region] = field(default_factory=dict)
-    #: Its regions, and those it released that are still mapped (leased, or not
-    #: yet unmapped): what ``shm.max_regions_per_connection`` bounds.
-    held: int = 0
-    #: Gone (``RegionTable.disconnect``): it registers nothing more.
-    closed: bool = False
-    unregistered: deque[str] = field(default_factory=lambda: deque(maxlen=_REMEMBERED_UNREGISTERED))
-
-
-class Region:
-    """One mapped memfd (see the module docstring)."""
-
-    def __init__(
-        self,
-        region_id: str,
-        connection: Connection,
-        mapping: mmap.mmap,
-        size: int,
-        label: str | None,
-    ) -> None:
-        self.region_id = region_id
-        self.connection = connection
-        self.owner = connection.peer
-        self.size = size
-        self.label = label
-        self.created_unix_s = time.time()
-        self.leases = 0
-        #: Unregistered, or its connection gone: no new lease; unmapped at 0 leases.
-        self.closing = False
-        self.unmap_failed = False
-        self._mapping = mapping
-        self._base: np.ndarray | None = np.frombuffer(mapping, np.uint8)
-        #: The tensor views handed out (``view``), dropped when it is unmapped.
-        self._views: dict[tuple[Any, ...], np.ndarray] = {}
-        self._hooks: list[Callable[[], None]] = []
-
-    @property
-    def shown_id(self) -> str:
-        return shown(self.region_id)
-
-    # -- HostRegion (inferd.types) ------------------------------------------------
-    def host_array(self) -> np.ndarray:
-        if self._base is None:
-            raise RuntimeError(f"region {self.shown_id} is unmapped")
-        return self._base
-
-    def on_release(self, hook: Callable[[], None]) -> None:
-        self._hooks.append(hook)
-
-    # -- tensors ------------------------------------------------------------------
-    def check_range(self, where: str, ref: RegionRef) -> None:
-        if ref.end > self.size:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"{where}: bytes {ref.offset}..{ref.end} lie outside region {self.shown_id} "
-                f"of {self.size} bytes",
-            )
-
-    def view(
-        self, ref: RegionRef, dtype: np.dtype[Any], shape: tuple[int, ...], *, writeable: bool
-    ) -> np.ndarray:
-        """``ref``'s bytes as an array (a slice of the one view of the mapping): the
-        same array for the same bytes, dtype, shape and ``writeable`` until the
-        region is unmapped, since a camera loop's requests view the same bytes
-        every time (DESIGN.md 109)."""
-        key = (ref.offset, ref.nbytes, dtype, shape, writeable)
-        array = self._views.get(key)
-        if array is None:
-            array = self.host_array()[ref.offset : ref.end].view(dtype).reshape(shape)
-            array.flags.writeable = writeable
-            if len(self._views) >= _MAX_VIEWS:
-                self._views = {}  # rebound, not cleared: another thread may be reading it
-            self._views[key] = array
-        return array
-
-    # -- release ------------------------------------------------------------------
-    def unmap(self) -> bool:
-        """Run the release hooks (once), then unmap; False while a view is alive."""
-        hooks, self._hooks = self._hooks, []
-        for hook in hooks:
-            try:
-                hook()
-            except Exception:  # a runtime's failure must not keep the memory mapped
-                log.exception("shm_release_hook_failed", region=self.shown_id)
-        self._views = {}
-        self._base = None
-        try:
-            self._mapping.close()
-        except BufferError:
-            self._base = np.frombuffer(self._mapping, np.uint8)
-            return False
-        return True
 
 
 class RegionTable:
@@ -176,6 +67,9 @@ class RegionTable:
         self._unmap_wait_s = unmap_wait_s
         self._lock = threading.Lock()
         self._unmapped = threading.Condition(self._lock)
+        #: A wait timed out and the registration thread has not finished a pass of
+        #: ``release_due`` since (a release hook holds it up): no registration waits.
+        self._held_up = False
         self._regions: dict[str, Region] = {}
         #: Closed regions still mapped: leased, awaiting this thread, or a view
         #: outlived its lease.
@@ -197,7 +91,9 @@ class RegionTable:
         """Map ``fd`` for ``connection``; ``ProtocolError`` (nothing held) when it is
         not a sealed memfd or a limit would be exceeded."""
         limit = self._config.max_regions_per_connection
-        if connection.held >= limit and self._await_unmapping(lambda: connection.held < limit):
+        if connection.held >= limit and self._await_unmapping(
+            lambda: connection.held < limit, lambda region: region.connection is connection
+        ):
             released = connection.held - len(connection.regions)
             raise ProtocolError(Code.RESOURCE_EXHAUSTED, connection_bound_note(limit, released))
         uid = connection.peer.uid
@@ -236,24 +132,38 @@ class RegionTable:
         """RESOURCE_EXHAUSTED when a region of ``size`` bytes for ``uid`` would not fit."""
         with self._lock:
             error = self._no_room(uid, size)
-        if error is not None and self._await_unmapping(lambda: self._no_room(uid, size) is None):
+        if error is not None and self._await_unmapping(
+            lambda: self._no_room(uid, size) is None,
+            # Over its uid's bytes, only its own uid's unmapping makes room.
+            lambda region: (
+                region.owner.uid == uid
+                or self._mapped_by_uid.get(uid, 0) + size <= self._config.max_bytes_per_uid
+            ),
+        ):
             with self._lock:
                 error = self._no_room(uid, size)
             if error is not None:
                 raise ProtocolError(Code.RESOURCE_EXHAUSTED, error)
 
-    def _await_unmapping(self, room: Callable[[], bool]) -> bool:
+    def _await_unmapping(self, room: Callable[[], bool], helps: Callable[[Region], bool]) -> bool:
         """At a bound: wait (up to ``unmap_wait_s``) while released regions no request
         holds await the registration thread and ``room`` (called with the lock held)
         is false.  A client that unregistered an idle region to make room is then not
         refused for the moment that thread takes to run (it is woken at once).  True
         when there is still no room."""
         with self._unmapped:
-            if self._unmap_wait_s and not room() and any(self._awaiting()):
+            if (
+                self._unmap_wait_s
+                and not room()
+                and not self._held_up
+                and any(helps(region) for region in self._awaiting())
+            ):
                 self._wake()
-                self._unmapped.wait_for(
-                    lambda: room() or not any(self._awaiting()), self._unmap_wait_s
-                )
+                if not self._unmapped.wait_for(
+                    lambda: room() or not any(helps(region) for region in self._awaiting()),
+                    self._unmap_wait_s,
+                ):
+                    self._held_up = True
             return not room()
 
     def _awaiting(self) -> Iterator[Region]:
@@ -362,6 +272,8 @@ class RegionTable:
                 elif not region.unmap_failed:
                     region.unmap_failed = True
                     log.error("shm_region_still_viewed", region=region.shown_id)
+        with self._lock:
+            self._held_up = False  # a pass done: registrations may wait for the next
 
     def close_all(self) -> None:
         """Shutdown: close every region (requests are over) and unmap them."""

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from inferd.config import ShmConfig
-from inferd.shm import regions as regions_module
+from inferd.shm import region as region_module
 from inferd.shm.leases import RequestRegions
 from inferd.shm.regions import Connection, PeerCredentials, Region, RegionTable
 from inferd_wire.protocol import Code, ProtocolError
@@ -289,7 +289,7 @@ def test_a_region_hands_out_the_same_view_of_the_same_bytes_until_unmapped(
     assert region.view(ref, f32, (2, 2), writeable=True) is not written  # another shape
     written[:] = 3.0
     assert (view == 3.0).all()  # the same bytes
-    monkeypatch.setattr(regions_module, "_MAX_VIEWS", 3)
+    monkeypatch.setattr(region_module, "_MAX_VIEWS", 3)
     region.view(RegionRef(region.region_id, 16, 16), f32, (4,), writeable=True)  # a fourth
     assert region.view(ref, f32, (4,), writeable=False) is not view  # the kept ones went
     del view, written
