@@ -43,6 +43,7 @@ from inferd.runtime.ort_binding import InPlaceRunner
 from inferd.runtime.ort_ep_context import EpContextModel, prepare_ep_context
 from inferd.runtime.ort_errors import is_out_of_memory, is_output_shape_error
 from inferd.runtime.ort_model_source import HashedModel
+from inferd.runtime.ort_precision import int8_refusal
 from inferd.runtime.ort_providers import (
     CPU_EP,
     CUDA_EP,
@@ -198,6 +199,14 @@ class OnnxTrtEpRuntime:
         try:
             by_input = check_before_session(entry, model, tensorrt_ep=TRT_EP in requested)
             cache_dir, cache_error = self._engine_cache(entry, requested)
+            if entry.staged_engines and cache_dir is not None:
+                model.release()  # an EP-context model is built next: the session needs no bytes
+            elif entry.staged_engines and TRT_EP in requested:
+                # Its staged engine goes unused: the TensorRT EP builds from the .onnx.
+                precision = entry.build_config.precision
+                refused = int8_refusal(entry.model_path, precision, model.quantized)
+                if refused is not None:
+                    raise EngineDeserializeError(refused)
             context, unused = self._staged_context(entry, requested, cache_dir)
             session = self._create_session(entry, requested, cache_dir, context, model)
             resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
@@ -329,7 +338,6 @@ class OnnxTrtEpRuntime:
             what = (
                 f"the EP-context model {context.path} of staged engine {context.engine.path.name}"
             )
-            model.release()  # read for the profile check only: the session needs no bytes
         else:  # the very bytes the entry's digest names (ort_model_source)
             read = model.session_model(ort, tensorrt_ep=TRT_EP in requested)
             read.configure(options)
