@@ -92,8 +92,9 @@ def parse_start(
             raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.step_s' must be 0..10")
         if not isinstance(simulation.get("ignore_cancel", False), bool):
             raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.ignore_cancel' must be a bool")
-        fail = simulation.get("fail")
-        if fail is not None and not (isinstance(fail, str) and 0 < len(fail) <= _MAX_FAIL_CHARS):
+        fail = simulation.get("fail")  # absent: the build succeeds; null is not absent
+        fits = isinstance(fail, str) and 0 < len(fail) <= _MAX_FAIL_CHARS
+        if "fail" in simulation and not fits:
             raise ProtocolError(
                 Code.INVALID_ARGUMENT,
                 f"'simulation.fail' must be a string of 1..{_MAX_FAIL_CHARS} characters"
