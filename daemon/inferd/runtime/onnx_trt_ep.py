@@ -207,7 +207,7 @@ class OnnxTrtEpRuntime:
                 refused = int8_refusal(entry.model_path, precision, model.quantized)
                 if refused is not None:
                     raise EngineDeserializeError(refused)
-            context, unused = self._staged_context(entry, requested, cache_dir)
+            context, unused = self._staged_context(entry, requested, cache_dir, model)
             session = self._create_session(entry, requested, cache_dir, context, model)
             resolution = ProviderResolution(tuple(requested), tuple(session.get_providers()))
             self._check_providers(entry, resolution, unused)
@@ -282,7 +282,11 @@ class OnnxTrtEpRuntime:
         return None, reason
 
     def _staged_context(
-        self, entry: EngineCacheEntry, requested: list[str], cache_dir: Path | None
+        self,
+        entry: EngineCacheEntry,
+        requested: list[str],
+        cache_dir: Path | None,
+        model: HashedModel,
     ) -> tuple[EpContextModel | None, str | None]:
         """The EP-context model of the model's staged engine (gated), or why none:
         ``(None, engine)`` when this ONNX Runtime has no TensorRT EP to load it (the
@@ -306,6 +310,7 @@ class OnnxTrtEpRuntime:
             config=self._config,
             record=self._record,
             host_tuple=self._host_tuple,
+            interface=model.graph().interface,  # parsed for the profile check already
         )
         return context, None
 

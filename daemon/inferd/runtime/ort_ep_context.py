@@ -84,10 +84,14 @@ def context_model_path(directory: Path, engine: ValidatedEngine) -> Path:
     return directory / f"staged_{engine.sha256[:16]}{CONTEXT_SUFFIX}"
 
 
-def build_context_model(model_path: Path, engine: ValidatedEngine, host: HostTuple) -> Any:
+def build_context_model(
+    model_path: Path, interface: bytes, engine: ValidatedEngine, host: HostTuple
+) -> Any:
     """The EP-context ``ModelProto``: one ``EPContext`` node with the original
     model's graph inputs (initializers excluded) and outputs, embedding the verified
-    engine bytes."""
+    engine bytes.  ``interface``: those of the model as its digest names it, without
+    its nodes or weights (``ort_model_source.ModelGraph.interface``): the model is
+    not read again (a large inline model would be parsed whole for its inputs)."""
     import onnx
     from onnx import helper
 
@@ -96,13 +100,8 @@ def build_context_model(model_path: Path, engine: ValidatedEngine, host: HostTup
             f"staged engine {engine.path.name} is {engine.size_bytes} bytes: an EP-context model "
             f"embeds it, and protobuf limits a model to 2 GiB; serve it on the tensorrt runtime"
         )
-    try:
-        original = onnx.load(str(model_path), load_external_data=False)
-    except Exception as exc:  # DecodeError, OSError, ...
-        raise EngineDeserializeError(f"cannot read {model_path} for its inputs: {exc}") from exc
-    initializers = {tensor.name for tensor in original.graph.initializer}
-    inputs = [value for value in original.graph.input if value.name not in initializers]
-    outputs = list(original.graph.output)
+    original = onnx.load_model_from_string(interface)
+    inputs, outputs = list(original.graph.input), list(original.graph.output)
     major, minor = host.compute_capability
     node = helper.make_node(
         EP_CONTEXT_OP,
@@ -137,15 +136,17 @@ def prepare_ep_context(
     config: RuntimeConfig,
     record: RecordSink,
     host_tuple: Callable[..., HostTuple],
+    interface: bytes,
 ) -> EpContextModel:
     """Gate ``engine``, then write its EP-context model into ``directory`` (the
-    daemon's own: ``inferd.owned_files.ensure_owned_dir``)."""
+    daemon's own: ``inferd.owned_files.ensure_owned_dir``); ``interface``: the
+    model's inputs and outputs (``build_context_model``)."""
     import onnx
 
     validated, host = gate_staged_engine(
         engine, entry, config=config, record=record, host_tuple=host_tuple
     )
-    data = build_context_model(entry.model_path, validated, host).SerializeToString()
+    data = build_context_model(entry.model_path, interface, validated, host).SerializeToString()
     try:
         onnx.checker.check_model(data)
     except Exception as exc:  # onnx.checker.ValidationError

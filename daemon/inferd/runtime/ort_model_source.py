@@ -80,6 +80,10 @@ class ModelGraph:
     inputs: dict[str, list[int | None]]
     unranked: tuple[str, ...]
     quantized: bool | None
+    #: The model without nodes or weights, serialized: its IR version, opsets, graph
+    #: name, inputs (initializers excluded) and outputs: what a staged engine's
+    #: EP-context model declares (``ort_ep_context.build_context_model``).
+    interface: bytes = b""
 
     @classmethod
     def of(cls, model: Any, *, qdq: bool) -> ModelGraph:
@@ -96,7 +100,14 @@ class ModelGraph:
         unranked = tuple(
             value.name for value in graph.input if not value.type.tensor_type.HasField("shape")
         )
-        return cls(inputs, unranked, _has_qdq_nodes(model) if qdq else None)
+        skeleton = type(model)()
+        skeleton.ir_version = model.ir_version
+        skeleton.opset_import.extend(model.opset_import)
+        skeleton.graph.name = graph.name
+        skeleton.graph.input.extend(v for v in graph.input if v.name not in initializers)
+        skeleton.graph.output.extend(graph.output)
+        quantized = _has_qdq_nodes(model) if qdq else None
+        return cls(inputs, unranked, quantized, skeleton.SerializeToString())
 
 
 def _has_qdq_nodes(model: Any) -> bool:

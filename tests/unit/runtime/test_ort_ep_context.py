@@ -33,6 +33,7 @@ from inferd.errors import (
 from inferd.fdr import kinds
 from inferd.runtime.onnx_trt_ep import CPU_EP, CUDA_EP, TRT_EP, OnnxTrtEpRuntime
 from inferd.runtime.ort_ep_context import prepare_ep_context
+from inferd.runtime.ort_model_source import HashedModel
 from inferd.types import (
     Alert,
     BuildConfig,
@@ -287,6 +288,7 @@ def real_context(bench: Bench, demo_model: Path) -> Path:
         config=bench.config(),
         record=lambda _k, _p: None,
         host_tuple=host_of(bench),
+        interface=HashedModel(entry).graph().interface,
     )
     assert context.engine.sha256 == sha256_file(engine)
     assert (

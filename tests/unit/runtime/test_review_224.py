@@ -101,3 +101,42 @@ def test_int8_without_q_dq_is_refused_when_its_staged_engine_goes_unused(
         return
     options = ort.sessions[-1]["options"][TRT_EP]
     pytest.fail(f"served INT8 on the TensorRT EP without Q/DQ nodes: {options['trt_int8_enable']}")
+
+
+def test_a_staged_load_builds_its_ep_context_model_without_reading_the_model_again(
+    bench: Bench, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The EP-context model declares the inputs and outputs of the model as its digest
+    names it, from the one parse of the bytes read for the profile check
+    (``ModelGraph.interface``): ``build_context_model`` loaded the whole file again by
+    path for them (a large inline model parsed whole, and the file as it is then)."""
+    import onnx
+
+    model = bench.root / "models" / "demo.onnx"
+    model.parent.mkdir(parents=True)
+    shutil.copy(demo_model, model)
+    engine = bench.deployed(None, model).artifact_path
+    fake_onnxruntime.install(monkeypatch)
+    ort_runtime = staged_runtime(bench, Sinks())
+    entry = staged_entry(ort_runtime, model, engine)
+    loads: list[str] = []
+    load = onnx.load
+
+    def counted(source: Any, *args: Any, **kwargs: Any) -> Any:
+        loads.append(str(source))
+        return load(source, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "load", counted)
+    handle = ort_runtime.deserialize_engine(entry)
+    assert handle.active_providers[0] == TRT_EP
+    assert str(model) not in loads, f"the model was read again by path: {loads}"
+    context = onnx.load_model_from_string(
+        next((bench.root / "ort").rglob("*_ctx.onnx")).read_bytes()
+    )
+    original = onnx.load(str(model), load_external_data=False)
+    initializers = {tensor.name for tensor in original.graph.initializer}
+    assert [v.name for v in context.graph.input] == [
+        v.name for v in original.graph.input if v.name not in initializers
+    ]
+    assert list(context.graph.output) == list(original.graph.output)
+    assert context.ir_version == original.ir_version
