@@ -971,5 +971,13 @@ def test_a_registration_that_timed_out_is_unregistered_when_its_reply_comes(
             # Answered in order on the connection: the late one's release came first.
             client.unregister_region(region)
             with OperatorClient(daemon.control, timeout=5) as operator:
+                # Released regions are listed ("releasing") until the registration
+                # thread, woken by each release, has unmapped them.
+                wait_until(
+                    lambda: all(
+                        r["state"] == "registered" for r in operator.status()["shm"]["regions"]
+                    ),
+                    message="the released regions unmapped",
+                )
                 held = [r["id"] for r in operator.status()["shm"]["regions"]]
             assert len(held) == 1, held  # the first one only
