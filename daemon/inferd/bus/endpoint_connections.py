@@ -25,13 +25,14 @@ from inferd.types import tcp_peer_key
 
 
 def _scope_id(zone: str) -> int:
-    """An IPv6 zone's interface index (a name, or already a number); -1 if none."""
-    if zone.isdigit():
-        return int(zone)
+    """An IPv6 zone's interface index: an interface's name (``getnameinfo`` writes
+    the name, even one of digits), else a number; -1 if neither.  glibc's own parser
+    (``__inet6_scopeid_pton``) asks for the name first too."""
     try:
         return socket.if_nametoindex(zone)
     except OSError:
-        return -1
+        pass
+    return int(zone) if zone.isascii() and zone.isdigit() else -1
 
 
 def _ipc_path(endpoint: str) -> str | bytes | None:

@@ -176,8 +176,8 @@ class ZapHandler(threading.Thread):
         if decision.peer is None:
             refusal: str | None = decision.refusal or "refused"
         else:
-            # A CURVE key is a peer of its own: its address's other connections (an
-            # anonymous flood of its /64 included) never count against it.
+            # A CURVE peer is counted by its own address: the connections other
+            # addresses of its /64 hold (an anonymous flood) never count against it.
             exact = decision.peer.curve_key is not None
             refusal = self._over_bound(socket, address.decode(errors="replace"), exact=exact)
         if refusal is not None:

@@ -21,6 +21,8 @@ BUILDERS = ("auto", "simulated")
 CONTROL_SOURCES = ("control", "ide")
 _SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
 _MAX_FAIL_CHARS = 256
+#: ``build.start``'s optional arguments with a default when absent, never null.
+_NOT_NULL = ("build_config", "simulation", "timeout_s")
 
 
 def tensorrt_importable() -> bool:
@@ -55,6 +57,11 @@ def parse_start(
 ) -> StartArgs:
     """``build.start {model, build_config?, builder?, simulation?, requested_by?,
     timeout_s?}`` (``max_duration_s``: ``builds.max_duration_s``)."""
+    for key in _NOT_NULL:  # null is not absent: the schema types each (227)
+        if key in header and header[key] is None:
+            raise ProtocolError(
+                Code.INVALID_ARGUMENT, f"'{key}' is null: leave it out for its default"
+            )
     model = header.get("model")
     if not isinstance(model, str):
         raise ProtocolError(Code.INVALID_ARGUMENT, "'model' must be a string")

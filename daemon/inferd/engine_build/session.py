@@ -348,7 +348,7 @@ def run_build(
             quarantined_to = _quarantine_failed(staged, request.engine_path, validation)
         elif token.is_set():  # no verdict, or one a cancel overrides: nothing to commit
             outcome, engine_sha = "cancelled", None
-        else:  # a cancel, whatever validation said, ends the build cancelled
+        else:  # a verdict that is not "fail" (or none), and no cancel: commit
             try:
                 # The commit record: what the daemon reads when this process dies
                 # before its report (``child_exit``); the final summary replaces it.

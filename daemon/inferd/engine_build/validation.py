@@ -141,9 +141,16 @@ def _run_cancellable(session: Any, inputs: Arrays, token: CancellationToken | No
     while thread.is_alive():  # a signal just before a wait blocks is seen at the next
         thread.join(_SIGNAL_POLL_S)
     [outcome] = ended
+    # The exception's traceback holds the thread's frame, which holds ``ended``, and
+    # will hold this frame, which holds ``outcome``: neither may hold the exception,
+    # or the session (the model's weights) lives on until a GC pass.
+    ended.clear()
     if isinstance(outcome, BaseException):
-        _stop_if_cancelled(token)  # ONNX Runtime's "Exiting due to terminate flag"
-        raise outcome
+        try:
+            _stop_if_cancelled(token)  # ONNX Runtime's "Exiting due to terminate flag"
+            raise outcome
+        finally:
+            del outcome
     return outcome
 
 
