@@ -19,6 +19,7 @@ import subprocess
 import sys
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -60,21 +61,32 @@ context.term()
 """
 
 
-def test_close_from_ends_a_link_local_peers_connection_named_as_libzmq_names_it() -> None:
+def in_a_namespace(setup: str, code: str, unavailable: str) -> dict[str, Any]:
+    """Run ``code`` (Python printing one JSON line last) in a user and network namespace
+    of its own, after the shell commands ``setup``; skipped with ``unavailable`` when
+    the namespace cannot be set up so.  Its last line, parsed."""
     _namespace_or_skip()
-    setup = "ip link set lo up && ip -6 addr add fe80::1/64 dev lo nodad"
     script = f'{setup} || exit 77; exec "$0" -c "$1"'
     done = subprocess.run(
-        ["unshare", "-rn", "sh", "-c", script, sys.executable, _SCRIPT],
+        ["unshare", "-rn", "sh", "-c", script, sys.executable, code],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=60,
     )
     if done.returncode == 77:
-        pytest.skip(f"no IPv6 link-local address on a namespace's lo: {done.stderr.strip()}")
+        pytest.skip(f"{unavailable}: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_close_from_ends_a_link_local_peers_connection_named_as_libzmq_names_it() -> None:
+    found = in_a_namespace(
+        "ip link set lo up && ip -6 addr add fe80::1/64 dev lo nodad",
+        _SCRIPT,
+        "no IPv6 link-local address on a namespace's lo",
+    )
     assert found["address"] == "fe80::1%lo"  # libzmq's text, with the zone
     assert found["counted"] == 1  # count_from goes through tcp_peer_key: zone dropped
     assert found["closed"] == 1, "close_from ended none of the link-local peer's connections"

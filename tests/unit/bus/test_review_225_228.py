@@ -12,14 +12,9 @@ parser of zones (``__inet6_scopeid_pton``) asks for the name first, then a numbe
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.unit.bus.test_tcp_peer_keys import _namespace_or_skip
+from tests.unit.bus.test_review_220_222 import in_a_namespace
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -52,20 +47,11 @@ context.term()
 
 
 def test_a_link_local_peer_on_an_interface_named_with_digits_is_found() -> None:
-    _namespace_or_skip()
-    setup = "ip link set lo name 5 && ip link set 5 up && ip -6 addr add fe80::1/64 dev 5 nodad"
-    script = f'{setup} || exit 77; exec "$0" -c "$1"'
-    done = subprocess.run(
-        ["unshare", "-rn", "sh", "-c", script, sys.executable, _SCRIPT],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
+    found = in_a_namespace(
+        "ip link set lo name 5 && ip link set 5 up && ip -6 addr add fe80::1/64 dev 5 nodad",
+        _SCRIPT,
+        "cannot rename lo in a namespace",
     )
-    if done.returncode == 77:
-        pytest.skip(f"cannot rename lo in a namespace: {done.stderr.strip()}")
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["address"] == "fe80::1%5"  # glibc's zone: the interface's name
     assert found["exact"] == 1, "a CURVE peer's exact count missed its own connection"
     assert found["closed"] == 1, "close_from ended none of the link-local peer's connections"

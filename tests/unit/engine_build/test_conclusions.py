@@ -46,10 +46,13 @@ def _engine_dir(tmp_path: Path) -> Path:
     return directory
 
 
-def _build(engine_dir: Path, model: Path) -> tuple[Path, dict[str, Any], BuildReport]:
-    """A whole build into ``engine_dir``: its engine, its commit record as it was on
-    disk when the commit began, and its report (the final summary written)."""
-    engine = engine_dir / "demo.engine"
+def _build(
+    engine_dir: Path, model: Path, name: str = "demo.engine"
+) -> tuple[Path, dict[str, Any], BuildReport]:
+    """A whole build into ``engine_dir`` (its engine ``name``): its engine, its commit
+    record as it was on disk when the commit began, and its report (the final
+    summary written)."""
+    engine = engine_dir / name
     request = BuildRequest(model, engine, BuildConfig(), HOST)
     seen: dict[str, Any] = {}
 
@@ -273,19 +276,11 @@ def test_a_simulated_build_a_dead_daemon_left_in_the_builds_dir_is_concluded_unt
     builds = tmp_path / "builds"
     folder = builds / "demo"
     folder.mkdir(mode=0o750, parents=True)
-    engine = folder / f"demo.{BUILD_ID}.simulated.engine"
-    request = BuildRequest(demo_model, engine, BuildConfig(), HOST)
-    seen: dict[str, Any] = {}
-
-    def at_commit() -> None:
-        seen["record"] = json.loads(summary_path_for(engine, BUILD_ID).read_text())
-
-    builder = SimulatedBuilder(demo_model, request.build_config, HOST)
-    report = run_build(request, builder, build_id=BUILD_ID, nonce=NONCE, during_write=at_commit)
+    _, record, report = _build(folder, demo_model, f"demo.{BUILD_ID}.simulated.engine")
     dead = _dead_writer()
-    write_json(report.summary_path, {**seen["record"], "writer": dead, "concluder": dead})
+    write_json(report.summary_path, {**record, "writer": dead, "concluder": dead})
     never = folder / "demo.b2-0a0b0c.simulated.engine.b2-0a0b0c.build.json"
-    write_json(never, {**seen["record"], "buildId": "b2-0a0b0c", "writer": dead, "concluder": dead})
+    write_json(never, {**record, "buildId": "b2-0a0b0c", "writer": dead, "concluder": dead})
     records: list[tuple[str, dict[str, Any]]] = []
     admission = BuildAdmission(
         builds, BuildsConfig(), lambda kind, payload: records.append((kind, dict(payload))), tuple

@@ -32,10 +32,7 @@ from inferd.engine_build.simulated import SimulatedBuilder
 from inferd.types import BuildConfig, PrecisionMode
 from tests.conftest import HANG_S, write_slow_model
 from tests.unit.engine_build.conftest import HOST
-
-
-def _never(_engine: Path, _inputs: object) -> dict[str, np.ndarray]:
-    raise AssertionError("the engine under test ran after the cancel")
+from tests.unit.engine_build.test_validation_cancel import never, observed_reference_run
 
 
 def test_a_sigterm_cancel_stops_onnx_runtimes_reference_run(
@@ -48,21 +45,7 @@ def test_a_sigterm_cancel_stops_onnx_runtimes_reference_run(
         pytest.skip("signal handlers run on the main thread only")
     model = write_slow_model(tmp_path / "slow.onnx", matmuls=60)
     token = CancellationToken()
-    running = threading.Event()
-    ended: list[str] = []
-    run = validation._run
-
-    def observed(session: Any, inputs: Any, run_options: Any = None) -> Any:
-        running.set()
-        try:
-            outputs = run(session, inputs, run_options)
-        except Exception as exc:
-            ended.append(f"raised: {exc}")
-            raise
-        ended.append("ran to its end")
-        return outputs
-
-    monkeypatch.setattr(validation, "_run", observed)
+    running, ended = observed_reference_run(monkeypatch)
     main = threading.main_thread().ident
     assert main is not None
     canceller = threading.Thread(
@@ -76,7 +59,7 @@ def test_a_sigterm_cancel_stops_onnx_runtimes_reference_run(
             engine,
             ModelSource(model, model_digest(model).sha256),
             PrecisionMode.FP32,
-            _never,
+            never,
             gate=lambda _path: None,
             token=token,
         )

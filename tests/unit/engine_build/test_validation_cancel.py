@@ -23,17 +23,13 @@ from tests.conftest import HANG_S, write_slow_model
 from tests.unit.engine_build.conftest import HOST
 
 
-def _never(_engine: Path, _inputs: object) -> dict[str, np.ndarray]:
+def never(_engine: Path, _inputs: object) -> dict[str, np.ndarray]:
     raise AssertionError("the engine under test ran after the cancel")
 
 
-def test_a_cancel_stops_onnx_runtimes_reference_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The cancel comes as the reference run starts: ONNX Runtime stops between two
-    nodes (or before the first) instead of running the model to its end."""
-    model = write_slow_model(tmp_path / "slow.onnx", matmuls=60)
-    token = CancellationToken()
+def observed_reference_run(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[str]]:
+    """Set when validation's reference run starts, and how it ended: ``ran to its end``
+    or ``raised: ...`` (ONNX Runtime's terminate)."""
     running = threading.Event()
     ended: list[str] = []
     run = validation._run
@@ -49,6 +45,17 @@ def test_a_cancel_stops_onnx_runtimes_reference_run(
         return outputs
 
     monkeypatch.setattr(validation, "_run", observed)
+    return running, ended
+
+
+def test_a_cancel_stops_onnx_runtimes_reference_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel comes as the reference run starts: ONNX Runtime stops between two
+    nodes (or before the first) instead of running the model to its end."""
+    model = write_slow_model(tmp_path / "slow.onnx", matmuls=60)
+    token = CancellationToken()
+    running, ended = observed_reference_run(monkeypatch)
     canceller = threading.Thread(
         target=lambda: running.wait(HANG_S) and token.cancel("control", "operator")
     )
@@ -59,7 +66,7 @@ def test_a_cancel_stops_onnx_runtimes_reference_run(
         engine,
         ModelSource(model, model_digest(model).sha256),
         PrecisionMode.FP32,
-        _never,
+        never,
         gate=lambda _path: None,
         token=token,
     )
@@ -80,7 +87,7 @@ def test_a_build_cancelled_while_its_engine_is_validated_commits_nothing(
     engine.parent.mkdir(mode=0o750)
     request = BuildRequest(demo_model, engine, BuildConfig(), HOST)
     builder = SimulatedBuilder(demo_model, request.build_config, HOST)
-    builder.infer = _never
+    builder.infer = never
     token = CancellationToken()
     make_session = validation.reference_session
 
