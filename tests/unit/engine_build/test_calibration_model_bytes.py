@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import pytest
 
@@ -21,7 +20,12 @@ from inferd.engines import calibration as calib
 from tests.fakes import fake_tensorrt
 from tests.unit.engine_build.conftest import HOST
 from tests.unit.engine_build.test_build_model_identity import rename_over
-from tests.unit.engine_build.test_tensorrt_builder import INT8, W, scale_model
+from tests.unit.engine_build.test_tensorrt_builder import (  # noqa: F401  (the fixture)
+    INT8,
+    W,
+    calibration_set,
+    scale_model,
+)
 
 #: Every onnx function that parses a model (by path or from bytes).
 PARSERS = ("load", "load_model", "load_model_from_string", "load_from_string")
@@ -34,16 +38,6 @@ def narrow_model(path: Path) -> Path:
         value.type.tensor_type.shape.dim[1].dim_value = W // 2
     onnx.save(model, str(path))
     return path
-
-
-@pytest.fixture
-def batches(tmp_path: Path) -> Path:
-    directory = tmp_path / "calibration"
-    directory.mkdir()
-    rng = np.random.default_rng(7)
-    for index in range(3):
-        np.savez(directory / f"batch{index}.npz", x=rng.standard_normal((4, W)).astype(np.float32))
-    return directory
 
 
 def calibrating_builder(
@@ -61,7 +55,10 @@ def calibrating_builder(
 
 
 def test_batches_are_checked_against_the_hashed_model_not_one_swapped_in_before_the_check(
-    tmp_path: Path, batches: Path, gpu: fake_tensorrt.FakeGpuStack, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    calibration_set: Path,  # noqa: F811  (the fixture imported above)
+    gpu: fake_tensorrt.FakeGpuStack,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Reading the path, the batches that fit the model the engine is named by (and
     built from) were refused for the other model's inputs."""
@@ -78,7 +75,7 @@ def test_batches_are_checked_against_the_hashed_model_not_one_swapped_in_before_
 
     monkeypatch.setattr(model_source, "read_model", read_back)
     engine = tmp_path / "engines" / "scale.engine"
-    trt_builder = calibrating_builder(gpu, model, batches, sha256, engine)
+    trt_builder = calibrating_builder(gpu, model, calibration_set, sha256, engine)
     assert trt_builder.calibration_batches is not None
     assert [(spec.name, spec.shape) for spec in trt_builder.calibration_batches.inputs] == [
         ("x", (4, W))
@@ -90,7 +87,9 @@ def test_batches_are_checked_against_the_hashed_model_not_one_swapped_in_before_
 
 
 def test_batches_are_never_checked_against_a_model_changed_since_its_hash(
-    tmp_path: Path, batches: Path, gpu: fake_tensorrt.FakeGpuStack
+    tmp_path: Path,
+    calibration_set: Path,  # noqa: F811  (the fixture imported above)
+    gpu: fake_tensorrt.FakeGpuStack,
 ) -> None:
     """Reading the path, the batches were checked against another model (here one
     they fit): the build went on to fail only when it read the model to parse."""
@@ -102,11 +101,16 @@ def test_batches_are_never_checked_against_a_model_changed_since_its_hash(
     onnx.save(other, str(tmp_path / "other.onnx"))
     rename_over(tmp_path / "other.onnx", model)
     with pytest.raises(ModelChangedError, match="changed during the build"):
-        calibrating_builder(gpu, model, batches, sha256, tmp_path / "engines" / "scale.engine")
+        calibrating_builder(
+            gpu, model, calibration_set, sha256, tmp_path / "engines" / "scale.engine"
+        )
 
 
 def test_the_calibration_check_parses_the_model_once_from_its_bytes(
-    tmp_path: Path, batches: Path, gpu: fake_tensorrt.FakeGpuStack, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    calibration_set: Path,  # noqa: F811  (the fixture imported above)
+    gpu: fake_tensorrt.FakeGpuStack,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = scale_model(tmp_path / "scale.onnx")
     sha256 = model_digest(model).sha256
@@ -119,5 +123,5 @@ def test_the_calibration_check_parses_the_model_once_from_its_bytes(
             return _parse(*args, **kwargs)
 
         monkeypatch.setattr(onnx, name, counted)
-    calibrating_builder(gpu, model, batches, sha256, tmp_path / "engines" / "scale.engine")
+    calibrating_builder(gpu, model, calibration_set, sha256, tmp_path / "engines" / "scale.engine")
     assert calls == ["load_model_from_string"]

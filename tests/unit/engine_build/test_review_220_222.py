@@ -23,16 +23,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd.digest import model_digest
-from inferd.engine_build import BuildRequest, run_build, session, validation
+from inferd.engine_build import BuildRequest, run_build, session
 from inferd.engine_build.cancel import CancellationToken, cancel_on_signals
-from inferd.engine_build.model_source import ModelSource
 from inferd.engine_build.session import summary_path_for
 from inferd.engine_build.simulated import SimulatedBuilder
-from inferd.types import BuildConfig, PrecisionMode
+from inferd.types import BuildConfig
 from tests.conftest import HANG_S, write_slow_model
 from tests.unit.engine_build.conftest import HOST
-from tests.unit.engine_build.test_validation_cancel import never, observed_reference_run
+from tests.unit.engine_build.test_validation_cancel import (
+    observed_reference_run,
+    validate_slow,
+)
 
 
 def test_a_sigterm_cancel_stops_onnx_runtimes_reference_run(
@@ -51,18 +52,9 @@ def test_a_sigterm_cancel_stops_onnx_runtimes_reference_run(
     canceller = threading.Thread(
         target=lambda: running.wait(HANG_S) and signal.pthread_kill(main, signal.SIGTERM)
     )
-    engine = tmp_path / "slow.engine"
-    engine.write_bytes(b"engine")
     with cancel_on_signals(token):
         canceller.start()
-        result = validation.validate_build(
-            engine,
-            ModelSource(model, model_digest(model).sha256),
-            PrecisionMode.FP32,
-            never,
-            gate=lambda _path: None,
-            token=token,
-        )
+        result = validate_slow(tmp_path, model, token)
         canceller.join(HANG_S)  # its signal is handled here, inside the handler's scope
     assert token.source == "sigterm"
     assert result.status == "cancelled"

@@ -18,6 +18,7 @@ from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.model_source import ModelSource
 from inferd.engine_build.session import summary_path_for
 from inferd.engine_build.simulated import SimulatedBuilder
+from inferd.engine_build.validation import ValidationResult
 from inferd.types import BuildConfig, PrecisionMode
 from tests.conftest import HANG_S, write_slow_model
 from tests.unit.engine_build.conftest import HOST
@@ -25,6 +26,20 @@ from tests.unit.engine_build.conftest import HOST
 
 def never(_engine: Path, _inputs: object) -> dict[str, np.ndarray]:
     raise AssertionError("the engine under test ran after the cancel")
+
+
+def validate_slow(tmp_path: Path, model: Path, token: CancellationToken) -> ValidationResult:
+    """Validation of an engine of ``model`` (the gate passed; the engine never runs)."""
+    engine = tmp_path / "slow.engine"
+    engine.write_bytes(b"engine")
+    return validation.validate_build(
+        engine,
+        ModelSource(model, model_digest(model).sha256),
+        PrecisionMode.FP32,
+        never,
+        gate=lambda _path: None,
+        token=token,
+    )
 
 
 def observed_reference_run(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[str]]:
@@ -60,16 +75,7 @@ def test_a_cancel_stops_onnx_runtimes_reference_run(
         target=lambda: running.wait(HANG_S) and token.cancel("control", "operator")
     )
     canceller.start()
-    engine = tmp_path / "slow.engine"
-    engine.write_bytes(b"engine")
-    result = validation.validate_build(
-        engine,
-        ModelSource(model, model_digest(model).sha256),
-        PrecisionMode.FP32,
-        never,
-        gate=lambda _path: None,
-        token=token,
-    )
+    result = validate_slow(tmp_path, model, token)
     canceller.join(HANG_S)
     assert (result.status, result.max_abs_error) == ("cancelled", None)
     assert "cancelled (control) before its verdict" in result.reason

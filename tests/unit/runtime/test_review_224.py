@@ -48,19 +48,27 @@ def _kept_reads(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     return reads
 
 
-def test_a_staged_load_holds_no_model_bytes_while_it_builds_the_ep_context_model(
+def _staged_load(
     bench: Bench, demo_model: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While the EP-context model is built (the model loaded by path once more, the
-    engine read and embedded), the bytes read for the profile check must not be held:
-    with inline weights they are the model's size, on top of that second load."""
+) -> tuple[Path, Any, Any]:
+    """The demo model (copied into the bench), a runtime on the fakes and its entry
+    with a staged engine of that model: a staged load's parts."""
     model = bench.root / "models" / "demo.onnx"
     model.parent.mkdir(parents=True)
     shutil.copy(demo_model, model)
     engine = bench.deployed(None, model).artifact_path
     fake_onnxruntime.install(monkeypatch)
     ort_runtime = staged_runtime(bench, Sinks())
-    entry = staged_entry(ort_runtime, model, engine)
+    return model, ort_runtime, staged_entry(ort_runtime, model, engine)
+
+
+def test_a_staged_load_holds_no_model_bytes_while_it_builds_the_ep_context_model(
+    bench: Bench, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the EP-context model is built (the model loaded by path once more, the
+    engine read and embedded), the bytes read for the profile check must not be held:
+    with inline weights they are the model's size, on top of that second load."""
+    _, ort_runtime, entry = _staged_load(bench, demo_model, monkeypatch)
     reads = _kept_reads(monkeypatch)
     holders: list[list[str]] = []
 
@@ -112,13 +120,7 @@ def test_a_staged_load_builds_its_ep_context_model_without_reading_the_model_aga
     path for them (a large inline model parsed whole, and the file as it is then)."""
     import onnx
 
-    model = bench.root / "models" / "demo.onnx"
-    model.parent.mkdir(parents=True)
-    shutil.copy(demo_model, model)
-    engine = bench.deployed(None, model).artifact_path
-    fake_onnxruntime.install(monkeypatch)
-    ort_runtime = staged_runtime(bench, Sinks())
-    entry = staged_entry(ort_runtime, model, engine)
+    model, ort_runtime, entry = _staged_load(bench, demo_model, monkeypatch)
     loads: list[str] = []
     load = onnx.load
 
