@@ -66,12 +66,13 @@ lint: $(TEST_STAMP)
 # that import this checkout: byte-compiled once here, since an editable install
 # gets no bytecode from pip and PYTHONDONTWRITEBYTECODE (set on CI machines) keeps
 # Python from caching it (~0.2 s less per daemon start).
-# Most tests wait on a daemon subprocess, so two pytest workers (pytest-xdist) halve
-# the suite's time on two cores; PYTEST_WORKERS=0 runs it in one process.
+# Most tests wait on a daemon subprocess, so pytest workers (pytest-xdist) overlap
+# them: on two cores, three workers took 343 s where two took 402 s (they left the
+# cores a third idle); PYTEST_WORKERS=0 runs it in one process.
 # pytest rewrites the asserts of every test module it collects (10 s a process
 # here) and caches the result as bytecode only where writing it is allowed: it
 # is, for pytest alone, so that the systemd rerun (and any rerun) reads it.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 PYTEST_ENV := PYTHONDONTWRITEBYTECODE=
 PYTEST := pytest -q -n $(PYTEST_WORKERS)
 test: lint

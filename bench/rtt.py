@@ -18,9 +18,10 @@ run, interleaved in blocks so load from other processes hits every path alike:
 ``echo16``     the same echo of a 16-byte message (what any round trip costs).
 ``memcpy``     ``np.copyto`` of the input tensor into a preallocated array.
 
-``--json`` prints the rows ``{"case", "path", "median_us", "p99_us", "n"}``; the
-table adds the ratios and each target's PASS/MISS.  ``bench/breakdown.py`` shows
-where a daemon round trip's time goes.
+``--json`` prints the rows ``{"case", "path", "median_us", "p99_us", "n"}``
+(``--json-out FILE`` writes them beside the table); the table adds the ratios
+and each target's PASS/MISS.  ``bench/breakdown.py`` shows where a daemon round
+trip's time goes.
 
 Run from the repository root: ``.venv/bin/python bench/rtt.py [--iterations N] [--json]``
 (1,200 iterations by default: about a minute, and as long again for the second,
@@ -685,6 +686,12 @@ def add_run_options(parser: argparse.ArgumentParser, iterations: int = 300) -> N
         help="ORT intra_op threads, daemon and in-process alike (default 1)",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--json-out",
+        type=Path,
+        metavar="FILE",
+        help="also write the rows as JSON to FILE (the table is still printed)",
+    )
 
 
 def run_and_report(
@@ -697,6 +704,8 @@ def run_and_report(
     if args.iterations < 1 or args.block < 1 or args.warmup < 0 or args.threads < 1:
         parser.error("--iterations, --block and --threads must be >= 1, --warmup >= 0")
     result = run(args.iterations, args.block, args.warmup, args.threads)
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(result["rows"], indent=2) + "\n")
     if args.json:
         json.dump(result["rows"], sys.stdout, indent=2)
         print()

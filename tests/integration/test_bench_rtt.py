@@ -1,12 +1,15 @@
 """``bench/rtt.py`` and ``bench/breakdown.py`` run end to end, briefly: the rows a
-script checks (``--json``), the table's verdicts with their intervals, and each
-missed target followed by its round trips step by step.  Nothing here judges a
-speed: the runs are too short for that, and a timed test would be a flaky one."""
+script checks (``--json-out``, as ``--json`` prints them), the table's verdicts
+with their intervals, and each missed target followed by its round trips step by
+step.  Nothing here judges a speed: the runs are too short for that, and a timed
+test would be a flaky one."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,10 +39,22 @@ def bench(script: str, *args: str) -> str:
     return done.stdout
 
 
-def test_rtt_json_has_one_row_per_case_and_path() -> None:
-    rows: list[dict[str, Any]] = json.loads(
-        bench("rtt.py", "--iterations", "12", "--block", "4", "--warmup", "1", "--json")
+def test_rtt_table_gives_each_target_an_interval_and_its_rows_are_written_as_json(
+    tmp_path: Path,
+) -> None:
+    rows_path = tmp_path / "rows.json"
+    out = bench(
+        "rtt.py",
+        "--iterations",
+        "12",
+        "--block",
+        "4",
+        "--warmup",
+        "1",
+        "--json-out",
+        str(rows_path),
     )
+    rows: list[dict[str, Any]] = json.loads(rows_path.read_text())
     assert [(row["case"], row["path"]) for row in rows] == [
         (case, path) for case in CASES for path in PATHS
     ]
@@ -47,14 +62,13 @@ def test_rtt_json_has_one_row_per_case_and_path() -> None:
         assert set(row) == {"case", "path", "median_us", "p99_us", "n"}, row
         assert row["n"] == 10 if row["case"] in ("identity-6MB", "identity-25MB") else 12
         assert 0 < row["median_us"] <= row["p99_us"], row
-
-
-def test_rtt_table_gives_each_target_an_interval_and_breaks_down_its_misses() -> None:
-    out = bench("rtt.py", "--iterations", "10", "--block", "5", "--warmup", "1")
     served = [line.split() for line in out.splitlines()]
     served = [f for f in served if len(f) > 2 and f[0] in CASES and f[1] in ("frames", "shm")]
     assert len(served) == len(CASES) * 2, out
+    medians = {(row["case"], row["path"]): row["median_us"] for row in rows}
     for fields in served:
+        # The table and the rows are one run's.
+        assert float(fields[3]) == pytest.approx(medians[(fields[0], fields[1])], abs=0.15), fields
         # The daemon's own run of the same requests, and the rest of the round trip.
         median, run_us, around_us = float(fields[3]), float(fields[-2]), float(fields[-1])
         assert run_us > 0 and around_us == pytest.approx(median - run_us, abs=0.15), fields
@@ -112,3 +126,19 @@ def test_breakdown_json_times_every_step() -> None:
     assert result["steps_us"]["ORT run (runtime.infer)"] > 0
     assert result["round_trip_us"] > result["steps_us"]["ORT run (runtime.infer)"]
     assert (result["case"], result["path"], result["n"]) == ("identity-0.6MB", "shm", 8)
+
+
+def test_json_prints_the_rows_that_json_out_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"case": "demo", "path": "frames", "median_us": 1.5, "p99_us": 2.0, "n": 3}]
+    tables: list[dict[str, Any]] = []
+    with bench_module("rtt") as rtt:
+        parser = argparse.ArgumentParser()
+        rtt.add_run_options(parser)
+        for argv in (["--json"], ["--json-out", str(tmp_path / "rows.json")]):
+            args = parser.parse_args(["--iterations", "3", *argv])
+            assert rtt.run_and_report(parser, args, lambda *_: {"rows": rows}, tables.append) == 0
+    printed, written = capsys.readouterr().out, (tmp_path / "rows.json").read_text()
+    assert json.loads(printed) == json.loads(written) == rows
+    assert tables == [{"rows": rows}]  # the table is printed with --json-out, not with --json
