@@ -23,7 +23,7 @@ from inferd.bus.zap import ServerKeys
 from inferd.config import SecurityConfig
 from inferd.config.security import KEY_NAME
 from inferd.errors import ConfigError
-from inferd.owned_files import open_for_reading, unsafe_owned_dir_reason
+from inferd.owned_files import open_regular_file, unsafe_owned_dir_reason
 from inferd_wire.curve import CurveKeyError, parse_certificate
 
 SERVER_PUBLIC_SUFFIX = ".key"
@@ -40,9 +40,10 @@ class CurveSetup:
 
 def read_owned_file(path: Path, what: str, *, secret: bool) -> bytes:
     """A small file of the daemon's own, opened without following a symlink; a
-    ``secret`` one must be readable by its owner only."""
+    ``secret`` one must be readable by its owner only.  Opened as a regular file
+    (``open_regular_file``): a FIFO there is refused, never waited on at start."""
     try:
-        handle = open_for_reading(path)
+        handle, info = open_regular_file(path)
     except FileNotFoundError:
         raise CurveKeyError(
             f"{what} {path} does not exist: run `inferd keys init` (with the daemon's "
@@ -51,10 +52,7 @@ def read_owned_file(path: Path, what: str, *, secret: bool) -> bytes:
     except OSError as exc:
         raise CurveKeyError(f"{what} {path} cannot be opened: {exc.strerror}") from None
     with handle:
-        info = os.fstat(handle.fileno())
         mode = stat.S_IMODE(info.st_mode)
-        if not stat.S_ISREG(info.st_mode):
-            raise CurveKeyError(f"{what} {path} is not a regular file")
         if info.st_uid != os.geteuid():
             raise CurveKeyError(
                 f"{what} {path} is owned by uid {info.st_uid}, not by the daemon's uid "

@@ -29,6 +29,7 @@ import numpy as np
 from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.errors import CalibrationDataError
 from inferd.model_bytes import parse_model
+from inferd.owned_files import open_regular_file
 from inferd.types import OptimizationProfile
 
 #: An input as the network declares it: numpy dtype and shape (-1: a runtime dimension).
@@ -157,8 +158,11 @@ def check_calibration_batches(
 
 
 def _read(path: Path) -> dict[str, np.ndarray]:
+    # The operator's file (a symlink followed), opened as a regular file: a FIFO
+    # named ``*.npz`` in the data set is refused, not waited on until the deadline.
     try:
-        with np.load(path, allow_pickle=False) as data:
+        handle, _info = open_regular_file(path, follow=True)
+        with handle, np.load(handle, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
     except Exception as exc:  # zipfile.BadZipFile, ValueError (pickled objects), OSError
         raise CalibrationDataError(f"calibration batch {path}: cannot read it: {exc}") from exc

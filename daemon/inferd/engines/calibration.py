@@ -46,7 +46,7 @@ from typing import Literal
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engines.naming import ENGINE_SUFFIX
 from inferd.errors import CalibrationCacheError
-from inferd.owned_files import ensure_owned_dir, open_own_file
+from inferd.owned_files import ensure_owned_dir, open_own_file, open_regular_file
 
 CACHE_SUFFIX = ".calib_cache"
 INTEGRITY_SUFFIX = ".sha256"
@@ -106,9 +106,12 @@ def dataset_sha256(root: Path | Iterable[Path]) -> str:
     for name, path in entries:
         encoded = name.encode("utf-8", "surrogateescape")
         try:
-            size = path.stat().st_size
+            # The operator's file (a symlink followed); a FIFO swapped in after the
+            # listing is refused, not waited on, and the size is the file's read.
+            handle, info = open_regular_file(path, follow=True)
+            size = info.st_size
             digest.update(len(encoded).to_bytes(4, "big") + encoded + size.to_bytes(8, "big"))
-            with path.open("rb") as handle:
+            with handle:
                 while chunk := handle.read(_CHUNK):
                     digest.update(chunk)
         except OSError as exc:

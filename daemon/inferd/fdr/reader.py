@@ -19,6 +19,8 @@
   segment* whose reason names it; what it points at is never read.  One listed
   and then deleted before it is opened (the size cap of a recorder writing
   meanwhile) is skipped: it is not damage.
+* A segment is read only as far as the largest one the writer makes
+  (``MAX_FDR_SEGMENT_BYTES``); what lies past that is corruption, never read.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import msgpack
 
+from inferd.config.ceilings import MAX_FDR_SEGMENT_BYTES
 from inferd.fdr.framing import (
     FRAME_HEADER,
     MAX_BODY_BYTES,
@@ -188,9 +191,12 @@ def _records(
 
 def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:
     try:
-        handle, _info = open_regular_file(path)  # a symlink is refused, naming it
+        handle, info = open_regular_file(path)  # a symlink is refused, naming it
         with handle:
-            data = handle.readall()
+            # never more than the writer can have written: a file of gigabytes
+            # under a segment's name must not take that much memory (nor the
+            # daemon's start, which reads its newest segment)
+            data = handle.read(min(info.st_size, MAX_FDR_SEGMENT_BYTES))  # (a buffer that size)
     except FileNotFoundError:  # listed, then deleted (the size cap of a running recorder)
         return
     except OSError as exc:
@@ -206,7 +212,14 @@ def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:
             report.torn_tails.append(Damage(path.name, 0, len(data), str(exc)))
             return
         report.corrupt.append(Damage(path.name, 0, SEGMENT_HEADER.size, str(exc)))
+    torn_before = len(report.torn_tails)
     yield from _frames(path.name, data, SEGMENT_HEADER.size, report)
+    if info.st_size > MAX_FDR_SEGMENT_BYTES:
+        # a frame cut where the read stopped is no crash's tail: the file is damage
+        report.corrupt.extend(report.torn_tails[torn_before:])
+        del report.torn_tails[torn_before:]
+        reason = f"past {MAX_FDR_SEGMENT_BYTES} bytes, the most a segment holds: not read"
+        report.corrupt.append(Damage(path.name, len(data), info.st_size - len(data), reason))
 
 
 def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator[Record]:
@@ -252,11 +265,34 @@ def _torn_before_zeros(name: str, data: bytes, offset: int) -> bool:
     never wrote its last blocks before a power cut (delayed allocation) leaves
     them after a torn tail.  A damaged frame whose own last bytes are zeros does
     not start them on a sector but by chance (1 in 512)."""
-    written = offset + len(data[offset:].rstrip(b"\0"))
+    written = _zeros_start(data, offset)
     zeros_from = -(-written // _SECTOR_BYTES) * _SECTOR_BYTES  # before it: the frame's own
     if zeros_from >= len(data):
         return False
-    return written == offset or _frame_at(name, data[:zeros_from], offset) == "torn"
+    if written == offset:
+        return True
+    if zeros_from - offset > FRAME_HEADER.size + MAX_BODY_BYTES:
+        return False  # longer than any frame: whatever it is, it is not one cut off
+    # only the frame's bytes are copied (at most a frame), never the file up to them
+    return _frame_at(name, data[offset:zeros_from], 0) == "torn"
+
+
+#: How much of a segment's end ``_zeros_start`` copies at a time.
+_ZEROS_SCAN_BYTES = 64 * 1024
+
+
+def _zeros_start(data: bytes, offset: int) -> int:
+    """Where the zeros that end ``data`` begin (``offset`` at the earliest),
+    looked for from the end a chunk at a time: ``data[offset:].rstrip()`` would
+    copy the whole tail, the size of the file for a zero-filled one."""
+    end = len(data)
+    while end > offset:
+        start = max(offset, end - _ZEROS_SCAN_BYTES)
+        kept = len(data[start:end].rstrip(b"\0"))
+        if kept:
+            return start + kept
+        end = start
+    return offset
 
 
 def _body_length(data: bytes, offset: int) -> int:

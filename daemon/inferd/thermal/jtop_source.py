@@ -30,8 +30,8 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal.reading import GpuUsage, ThermalReading
-from inferd.thermal.sysfs_source import OFFLINE_BELOW_C, passive_trip_c
+from inferd.thermal.reading import OFFLINE_BELOW_C, GpuUsage, ThermalReading
+from inferd.thermal.sysfs_source import passive_trip_c
 
 #: jtop's update interval is shared by every client of the service; never ask
 #: it for more than this.

@@ -6,11 +6,14 @@ decides throttle transitions with hysteresis, writes each transition to the
 flight data recorder and publishes a ``thermal`` event at every poll.  Sinks
 are plain callables; a failing sink is logged and never stops the thread.
 Each read runs on a helper thread with a deadline (``bounded_read``): a hung
-sensor is lost telemetry, never a hung monitor.
+sensor is lost telemetry, never a hung monitor.  So is a reading with a NaN,
+infinite, offline (below -100 C) or non-numeric temperature: a broken source
+is never published as a fresh reading.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,7 +24,13 @@ import structlog
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
 from inferd.thermal.bounded_read import BoundedReader
-from inferd.thermal.reading import GpuUsage, ThermalReading, ThermalSource
+from inferd.thermal.reading import (
+    GpuUsage,
+    ThermalReading,
+    ThermalSource,
+    implausible,
+    is_finite_number,
+)
 from inferd.thermal.selection import SourceSelection, open_source
 from inferd.thermal.throttle import ThrottleDecision, ThrottleTracker
 from inferd.types import EventSink, RecordSink, ThermalState
@@ -252,8 +261,13 @@ class ThermalMonitor:
             return None, str(exc)
         except Exception as exc:
             return None, f"{source.name}: {type(exc).__name__}: {exc}"
+        problem = implausible(reading)
+        if problem is not None:
+            return None, f"{source.name}: {problem}"
         if reading.hottest_c is None:
             return None, f"{source.name}: reading has no temperature"
+        if reading.clock_mhz is not None and not is_finite_number(reading.clock_mhz):
+            reading = dataclasses.replace(reading, clock_mhz=None)
         return reading, ""
 
     def _ensure_source(self, now: int) -> ThermalSource | None:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
+
+#: Readings below this are a sensor reporting itself offline (jtop and some
+#: Tegra drivers report -256 C), not a temperature.
+OFFLINE_BELOW_C = -100.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,22 @@ class ThermalReading:
     def hottest_c(self) -> float | None:
         temps = [temp for temp in (self.cpu_temp_c, self.gpu_temp_c) if temp is not None]
         return max(temps) if temps else None
+
+
+def is_finite_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def implausible(reading: ThermalReading) -> str | None:
+    """Why ``reading`` is not one to publish, or None.  A NaN, an infinity, an
+    offline marker (-256) or a string is a broken source, not a temperature.
+    The whole reading is refused: the sane sensor next to it may be the cooler
+    one, and a string would crash ``hottest_c``."""
+    for field in ("cpu_temp_c", "gpu_temp_c"):
+        value = getattr(reading, field)
+        if value is not None and not (is_finite_number(value) and value >= OFFLINE_BELOW_C):
+            return f"implausible temperature {field}={value!r}"
+    return None
 
 
 class ThermalSource(Protocol):

@@ -9,7 +9,7 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal.reading import ThermalSource
+from inferd.thermal.reading import ThermalSource, implausible
 
 log = structlog.get_logger("inferd.thermal")
 
@@ -73,11 +73,15 @@ def open_source(
             skipped.append((name, f"{type(exc).__name__}: {exc}"))
             continue
         try:
-            source.read()
+            problem = implausible(source.read())
         except Exception as exc:
             source.close()
             reason = str(exc) if isinstance(exc, TelemetryUnavailableError) else repr(exc)
             skipped.append((name, f"probe read failed: {reason}"))
+            continue
+        if problem is not None:  # the monitor would refuse every read of it
+            source.close()
+            skipped.append((name, f"probe read failed: {problem}"))
             continue
         return SourceSelection(source, tuple(skipped))
     return SourceSelection(None, tuple(skipped))

@@ -14,14 +14,11 @@ from pathlib import Path
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal.reading import ThermalReading
+from inferd.thermal.reading import OFFLINE_BELOW_C, ThermalReading
 
 _ZONE_RE = re.compile(r"^thermal_zone(\d+)$")
 _TRIP_TYPE_RE = re.compile(r"^trip_point_(\d+)_type$")
 
-#: Readings below this are a sensor reporting itself offline (jtop and some
-#: Tegra drivers report -256 C), not a temperature.
-OFFLINE_BELOW_C = -100.0
 #: A passive trip point at or below this is one nobody set: ``x86_pkg_temp``
 #: reports its unset trip points as 0 on kernels before ``THERMAL_TEMP_INVALID``
 #: ("Setting 0, stops sending thermal notifications"); no board throttles there.
