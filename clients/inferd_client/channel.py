@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import select
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -52,6 +53,41 @@ def wait_ms(seconds: float) -> int:
     return min(math.ceil(seconds * 1000), MAX_WAIT_MS)
 
 
+# Plain ints, as in ``inferd_wire.multipart``: no ``enum.Flag`` per call.
+_EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+class SocketWait:
+    """Waits for a ZeroMQ socket to become readable or writable with ``poll(2)`` on
+    its ``ZMQ_FD``, never with libzmq's own blocking calls.
+
+    pyzmq retries a blocking ``recv``/``send`` (and ``zmq_poll``) that a signal
+    interrupted with the full ``RCVTIMEO``/``SNDTIMEO`` again (its ``zmq_poll``
+    subtracts whole seconds), so a periodic signal, a 50 Hz ``setitimer`` in the
+    calling program, kept a call with a 0.5 s timeout waiting for good (DESIGN.md,
+    third review of the Python client).  Python's ``poll`` retries with the time
+    left (PEP 475), and the caller measures the time left again after each wait."""
+
+    def __init__(self, sock: zmq.Socket[Any]) -> None:
+        self._socket = sock
+        self._poll = select.poll()
+        # Edge-triggered: readable when libzmq has commands to process, which asking
+        # ``ZMQ_EVENTS`` does; so the events are asked before every wait.
+        self._poll.register(int(sock.get(zmq.FD)), select.POLLIN)
+
+    def ready(self, events: int) -> bool:
+        """Whether ``events`` (``POLLIN``/``POLLOUT``) are there now (``ZMQ_EVENTS``;
+        cheaper than an operation that fails with ``zmq.Again``, an exception)."""
+        return bool(int(self._socket.get(_EVENTS)) & events)
+
+    def poll(self, timeout_ms: int) -> None:
+        """Wait at most ``timeout_ms`` for the socket's descriptor, right after
+        ``ready`` said no: any event of the socket ends it, and the caller asks
+        ``ready`` again and measures the time left."""
+        self._poll.poll(timeout_ms)
+
+
 class RequestChannel:
     """A DEALER that sends ``[header, *frames]`` and waits for the reply with the same id.
 
@@ -89,8 +125,7 @@ class RequestChannel:
         except BaseException:
             self.close()
             raise
-        #: The send and receive timeouts last set (changed only when they must).
-        self._sndtimeo = self._rcvtimeo = -1
+        self._wait = SocketWait(self._socket)
         self.endpoint = endpoint
         self.timeout = timeout
         # A random 24-bit prefix keeps ids from different client objects apart
@@ -132,43 +167,36 @@ class RequestChannel:
     def _send(self, parts: list[Any], give_up_at: float) -> bool:
         """Send one request; False when it could not leave before ``give_up_at`` (no
         connection up, or the daemon not reading)."""
-        # Rounded up, and set again only when the one set is off by more than the
-        # rounding, as the receive timeout (``_await``).
-        remaining_ms = wait_ms(give_up_at - time.monotonic())
-        if remaining_ms <= 0:
-            return False
         try:
-            if not 0 <= self._sndtimeo - remaining_ms <= 1:
-                self._socket.setsockopt(zmq.SNDTIMEO, remaining_ms)
-                self._sndtimeo = remaining_ms
-            send_frames(self._socket, parts)
-        except zmq.Again:
-            return False
+            while True:
+                try:
+                    send_frames(self._socket, parts, _NOBLOCK)
+                    return True
+                except zmq.Again:
+                    pass
+                while not self._wait.ready(_POLLOUT):
+                    # Rounded up: a wait never ends before the caller's timeout.
+                    remaining_ms = wait_ms(give_up_at - time.monotonic())
+                    if remaining_ms <= 0:
+                        return False
+                    self._wait.poll(remaining_ms)
         except zmq.ZMQError as exc:
             closed = self._socket.closed
             raise ClientError("the client is closed" if closed else str(exc)) from None
-        return True
 
     def _await(
         self, request_id: int, give_up_at: float
     ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
         while True:
-            # Rounded up: a wait never ends before the caller's timeout.
-            remaining_ms = wait_ms(give_up_at - time.monotonic())
-            if remaining_ms <= 0:
-                return None
-            # A blocking receive with a timeout rather than poll-then-receive: one
-            # call per reply.  The option is set again unless the one set waits at
-            # most a millisecond (its rounding) longer than asked, never shorter.
-            if not 0 <= self._rcvtimeo - remaining_ms <= 1:
-                self._socket.setsockopt(zmq.RCVTIMEO, remaining_ms)
-                self._rcvtimeo = remaining_ms
-            try:
-                parts = recv_frames(self._socket)
-            except zmq.Again:
-                # libzmq times the wait on a clock that may lag by a millisecond:
-                # the time left is measured again here, and waited out if any.
+            if not self._wait.ready(_POLLIN):
+                # Rounded up: a wait never ends before the caller's timeout.
+                remaining_ms = wait_ms(give_up_at - time.monotonic())
+                if remaining_ms <= 0:
+                    return None
+                self._wait.poll(remaining_ms)
                 continue
+            # A message's parts are all there once its first is (``recv_frames``).
+            parts = recv_frames(self._socket, _NOBLOCK)
             try:
                 header = protocol.unpack_header(parts[0].buffer)
             except ProtocolError as exc:

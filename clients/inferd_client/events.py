@@ -10,7 +10,7 @@ from typing import Any
 
 import zmq
 
-from inferd_client.channel import checked_timeout, wait_ms
+from inferd_client.channel import MAX_WAIT_MS, SocketWait, checked_timeout, wait_ms
 from inferd_client.endpoint_trust import (
     check_process,
     connect,
@@ -25,6 +25,7 @@ from inferd_wire.endpoints import default_endpoints
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.topics import check_topic
 
+_POLLIN, _NOBLOCK = int(zmq.POLLIN), int(zmq.NOBLOCK)
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
 #: The largest event payload taken: a reply header's bound, since the daemon's
@@ -75,6 +76,7 @@ class EventSubscriber:
         #: Joined, and still receiving health events (hidden or asked for).
         self._hearing_health = False
         self._generation = process_generation()
+        self._wait = SocketWait(self._socket)
 
     def wait_joined(self, timeout: float, *, keep_health: bool = False) -> None:
         """Block until the subscription has reached the daemon, so that nothing the
@@ -148,14 +150,18 @@ class EventSubscriber:
         check_process(self._generation, "the subscriber")
         give_up_at = None if timeout is None else time.monotonic() + checked_timeout(timeout)
         while True:
-            # Rounded up, and waited again when libzmq's clock ended it early or one
-            # wait could not take it all (``wait_ms``): never shorter than asked.
-            wait = None if give_up_at is None else max(0, wait_ms(give_up_at - time.monotonic()))
-            if self._socket.poll(wait, zmq.POLLIN):
+            # Rounded up, and waited again when the wait ended early (a signal, any
+            # event of the socket) or one wait could not take it all (``wait_ms``):
+            # never shorter than asked, nor longer (``SocketWait``).
+            if self._wait.ready(_POLLIN):
+                parts = self._socket.recv_multipart(_NOBLOCK)
                 break
-            if give_up_at is not None and time.monotonic() >= give_up_at:
-                return None
-        parts = self._socket.recv_multipart()
+            wait = MAX_WAIT_MS
+            if give_up_at is not None:
+                wait = wait_ms(give_up_at - time.monotonic())
+                if wait <= 0:
+                    return None
+            self._wait.poll(wait)
         if len(parts) != 2:
             raise MalformedReply(f"event has {len(parts)} frames; expected [topic, payload]")
         try:

@@ -258,7 +258,15 @@ def frame_to_array(
             f"tensor {name!r}: frame holds {len(buffer)} bytes but shape {list(shape)} "
             f"of {dtype.name} needs {expected}",
         )
-    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    try:
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    except ValueError:
+        # An empty tensor whose other dimensions multiply past what numpy can
+        # address (``[0, 2**31 - 1, ...]``): numpy's ValueError, not the contract's.
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"tensor {name!r}: shape {list(shape)} of {dtype.name} is too large for an array",
+        ) from None
     # Over inproc a received frame aliases the sender's memory: never let a
     # consumer write through it.
     array.flags.writeable = False

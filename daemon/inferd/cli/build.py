@@ -258,10 +258,11 @@ def run(
 
     from inferd import config as config_module
     from inferd.digest import sha256_file
+    from inferd.engines.locate import locate_engine, model_file_problem
 
     try:
-        if not onnx.is_file():
-            raise ConfigError(f"model file {onnx} does not exist")
+        if (problem := model_file_problem(onnx)) is not None:  # a FIFO: named, not read
+            raise ConfigError(f"model file {onnx} {problem}")
         for flag, seconds in (("--timeout", timeout_s), ("--stall-after", stall_after_s)):
             # NaN passed "<= 0" (a NaN timeout cancelled at once); inf or 1e300 killed the
             # timer's thread (OverflowError) and the build ran without a timeout
@@ -283,7 +284,6 @@ def run(
 
     from inferd.engine_build.pipeline import record_trust
     from inferd.engines.host import read_host_tuple
-    from inferd.engines.locate import locate_engine
     from inferd.engines.manifest import record_in_manifest
 
     missing = _missing_tensorrt()

@@ -17,6 +17,7 @@ from inferd.fdr.reader import ReadReport, Record, json_default, json_text, read_
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def parse_since(text: str, now_ns: int | None = None) -> int:
@@ -40,7 +41,12 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1e9)
+    # in integers: ``timestamp() * 1e9`` is a float, ~256 ns off for dates today,
+    # which puts a record at exactly the given microsecond on either side
+    since_epoch = moment - _EPOCH
+    return (
+        since_epoch.days * 86_400 + since_epoch.seconds
+    ) * 10**9 + since_epoch.microseconds * 1000
 
 
 def _ns(text: str, seconds: float) -> int:

@@ -8,8 +8,9 @@ finishes, then a summary; ``--json`` prints one JSON report on stdout instead
 the per-check lines on stderr.
 
 Everything is written under a temporary directory, removed at the end;
-``--work-dir DIR`` (absent or empty) writes there and keeps it (engines, build
-summaries, daemon logs).  The operator's state directory is never touched.
+``--work-dir DIR`` (absent or empty, and this user's own: no one else may write it
+or a directory above it) writes there and keeps it (engines, build summaries,
+daemon logs).  The operator's state directory is never touched.
 
 Exit status: 0 when no check failed (skipped checks are not failures), 1 when
 one did, 2 on a usage error.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,14 +59,29 @@ def _usage_problem(work_dir: Path | None, device: int) -> str | None:
 
 
 def _made(work_dir: Path | None) -> str | None:
-    """Why ``work_dir`` cannot be made (a parent is a file, no permission), or None
-    once it exists."""
+    """Why ``work_dir`` cannot be created (a parent is a file, no permission) or is
+    not this user's own (``ensure_owned_dir``), or None once it exists and is.
+    Checked before any check writes in it."""
+    from inferd.errors import UnsafeDirectoryError
+    from inferd.owned_files import ensure_owned_dir, unsafe_owned_dir_reason
+
     if work_dir is None:
         return None
     try:
-        work_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"--work-dir {work_dir} cannot be made: {exc.strerror or exc}"
+        ensure_owned_dir(work_dir, what="--work-dir")
+    except UnsafeDirectoryError as exc:
+        reason = unsafe_owned_dir_reason(work_dir) if work_dir.is_dir() else None
+        if reason is None:  # never made: "--work-dir DIR cannot be created: ..."
+            return str(exc)
+        # Another owner, writable by group or others, a symlink, or inside a directory
+        # another user may rename it out of: they could swap the subdirectories the
+        # checks write engines, builds and daemon configs into.
+        return (
+            f"--work-dir {work_dir} {reason}: another user could replace what the "
+            f"self-test writes there; give a directory only uid {os.geteuid()} may write, "
+            "inside directories only it or root may write (chown, chmod go-w), or leave "
+            "--work-dir out (a private temporary directory)"
+        )
     return None
 
 

@@ -19,6 +19,9 @@ of each dead process's staging folder (``sweep_staging``; the daemon sweeps too,
 at start and each ``build.start``), and quarantines (moves to ``quarantine/``
 with a ``.reason``) anything whose state is unclear: an engine at the final path
 without a matching sidecar, or a temp file of a process that may still be alive.
+At a daemon's start (``leave_live``) a live process's temp is another build's, left,
+and so is the final path while a live process staging that engine holds its lock:
+mid-commit (``commit_engine``) its engine is renamed before its sidecar.
 ``<dir>/staging`` is the daemon's own directory like the engine dir: a symlink there,
 or one another user owns or may write (or that lies in such a directory), is
 neither staged in nor swept, so nothing outside it is created or removed.
@@ -37,9 +40,9 @@ import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from inferd.digest import sha256_file
+from inferd.digest import file_version, sha256_and_stat
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.timing_cache_policy import TimingCacheManager as TimingCacheManager
@@ -113,12 +116,26 @@ def _pid_alive(pid: int) -> bool:
     return True  # PermissionError: alive, another user's
 
 
+#: A file's SHA-256 and the ``fstat`` of the descriptor hashed (``sha256_and_stat``).
+Hashed = tuple[str, os.stat_result]
+#: The sidecar's digest, the engine as hashed, why they do not match (None: they do).
+_Verdict = tuple[str | None, Hashed | None, str | None]
+
+
+def still(hashed: Hashed | None, path: Path) -> TypeGuard[Hashed]:
+    """Whether ``path`` still names the file hashed (a write changes its ctime)."""
+    with contextlib.suppress(OSError):
+        return hashed is not None and file_version(os.lstat(path)) == file_version(hashed[1])
+    return False
+
+
 @dataclass
 class CleanupReport:
     status: str = "cleaned"  # cleaned | quarantined | failed
     removed: list[str] = field(default_factory=list)
     quarantined: list[dict[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    left: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -126,15 +143,23 @@ class CleanupReport:
             "removed": self.removed,
             "quarantined": self.quarantined,
             "errors": self.errors,
+            "left": self.left,
         }
 
 
-def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
+def clean_up(
+    engine_path: Path,
+    *,
+    own_pid: int | None = None,
+    leave_live: bool = False,
+    hashed: Hashed | None = None,
+) -> CleanupReport:
     """Leave no partial or unvalidated engine: remove temp files of ``engine_path``
     written by this process (``own_pid``: the build process, when a supervisor cleans
     after it) or a dead one, its staged files and dead processes' staging; quarantine
     a live process's temp and an engine at the final path whose sidecar is missing or
-    does not match."""
+    does not match; or (``leave_live``, the module doc) leave them (``left``).
+    ``hashed``: the engine at the final path as the caller hashed it."""
     own_pid = os.getpid() if own_pid is None else own_pid
     report = CleanupReport()
     directory = engine_path.parent
@@ -150,6 +175,9 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
             if pid == own_pid or not _pid_alive(pid):
                 entry.unlink()
                 report.removed.append(entry.name)
+            elif leave_live:
+                why = f"temp file of live process {pid}: another build's, not the dead one's"
+                report.left.append({"path": entry.name, "reason": why})
             else:
                 why = f"temp file of live process {pid}: state unclear (a concurrent build?)"
                 moved = quarantine(entry, why)
@@ -158,17 +186,12 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
             report.errors.append(f"{entry.name}: {exc}")
     _remove_staged(engine_path, report)
     if os.path.lexists(engine_path):
-        reason: str | None = None
-        try:
-            expected = read_sidecar(engine_path)
-        except Exception as exc:
-            reason = f"engine without a valid sidecar: {exc}"
-        else:
-            try:  # not following a symlink: refused with the reason naming it
-                if expected != sha256_file(engine_path):
-                    reason = "engine does not match its sidecar digest (partial or foreign write)"
-            except OSError as exc:
-                reason = f"engine cannot be read: {exc}"
+        sidecar, known, reason = _unmatched(engine_path, hashed)
+        if reason is not None and leave_live:
+            left = _being_committed(engine_path, sidecar, known)
+            if left is not None:
+                report.left.append({"path": engine_path.name, "reason": left})
+                reason = None
         if reason is not None:
             try:
                 moved = quarantine(engine_path, reason)
@@ -184,6 +207,64 @@ def clean_up(engine_path: Path, *, own_pid: int | None = None) -> CleanupReport:
     elif report.quarantined:
         report.status = "quarantined"
     return report
+
+
+def _unmatched(engine_path: Path, hashed: Hashed | None) -> _Verdict:
+    """Whether the engine at ``engine_path`` is a committed one (``_Verdict``)."""
+    try:
+        sidecar = read_sidecar(engine_path)
+    except Exception as exc:
+        return None, None, f"engine without a valid sidecar: {exc}"
+    try:  # not following a symlink: refused with the reason naming it
+        known = hashed if still(hashed, engine_path) else sha256_and_stat(engine_path)
+    except OSError as exc:
+        return sidecar, None, f"engine cannot be read: {exc}"
+    if sidecar != known[0]:
+        return sidecar, known, "engine does not match its sidecar digest (partial or foreign write)"
+    return sidecar, known, None
+
+
+def _being_committed(engine_path: Path, sidecar: str | None, known: Hashed | None) -> str | None:
+    """Why the unmatched engine may be a live build's commit, or None.  Checked after the
+    hash, then what was judged again: a commit that ended meanwhile changed the inode or
+    the sidecar, and one that begins after the check must first stage its engine."""
+    holder = _staging_holder(engine_path)
+    if holder is not None:
+        return f"process {holder} holds the staging lock of this engine (committing it?)"
+    try:
+        sidecar_now: str | None = read_sidecar(engine_path)
+    except Exception:
+        sidecar_now = None
+    if sidecar_now != sidecar or (known is not None and not still(known, engine_path)):
+        return "the engine or its sidecar changed while it was checked (a commit meanwhile?)"
+    return None
+
+
+def _staging_holder(engine_path: Path) -> int | None:
+    """The pid of another process staging or committing ``engine_path`` now: its
+    staging folder holds that engine or its sidecar (or a temp file of one) and its
+    lock is held (``commit_engine`` gives it back after both renames), or None."""
+    staging = engine_path.parent / STAGING_DIR
+    names = {engine_path.name, sidecar_path(engine_path).name}
+    if unsafe_owned_dir_reason(staging) is not None:
+        return None  # missing, or not the daemon's own: nothing is staged there
+    for folder in sorted(staging.iterdir()) if staging.is_dir() else []:
+        try:
+            digits = folder.name.isdigit() and not folder.is_symlink()  # a staging's
+            entries = os.listdir(folder) if digits else []
+        except OSError:  # removed meanwhile, or not a folder: no one stages there
+            continue
+        if names.isdisjoint(entries + [m["name"] for m in map(_TEMP.match, entries) if m]):
+            continue
+        try:  # after the sweep, a folder left is a live process's (or one made since)
+            fd = _lock_staging(folder, wait=False)
+        except OSError:
+            return int(folder.name)  # a lock that cannot be checked: taken as held
+        if fd is not None:
+            os.close(fd)  # gives back a lock just taken: no one was staging there
+        elif folder.is_dir():
+            return int(folder.name)
+    return None
 
 
 def _remove_staged(engine_path: Path, report: CleanupReport) -> None:

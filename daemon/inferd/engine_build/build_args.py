@@ -14,6 +14,7 @@ from typing import Any
 
 from inferd.config import ModelConfig
 from inferd.engines.build_config import build_config_to_mapping, parse_build_config
+from inferd.engines.locate import model_file_problem
 from inferd.errors import ConfigError
 from inferd_wire.protocol import Code, ProtocolError
 
@@ -108,9 +109,10 @@ def parse_start(
                 " (the simulated builder's error)",
             )
     deadline_s = parse_timeout(header.get("timeout_s"), max_duration_s)
-    if not config.path.is_file():
+    problem = model_file_problem(config.path)  # a FIFO is named, never waited on
+    if problem is not None:
         raise ProtocolError(
-            Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} does not exist"
+            Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} {problem}"
         )
     return StartArgs(model, config, build_config, requested_by, builder, simulation, deadline_s)
 

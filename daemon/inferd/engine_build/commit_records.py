@@ -23,10 +23,13 @@ final path with the digest the summary names and a matching sidecar was committe
 and is trusted like any (``record_trust``: only one that passed validation; a
 simulated build's never, as the daemon never trusts one); a commit record
 whose engine is not there names a commit that never happened and is removed; what
-the dead child left (temp files, staging) is cleaned as the daemon would have
-(``artifacts.clean_up`` with the child's pid).  Each is logged and recorded in the
-flight data recorder (``build_concluded_at_start``); a summary that cannot be
-concluded is logged and the others still are.  A summary without a ``concluder``
+the dead child and other dead processes left (temp files, staging) is cleaned as the
+daemon would have (``artifacts.clean_up``), but what a live process writes (another
+daemon's or ``inferd build``'s build of that engine) is left, and so is an engine
+being committed (``leave_live``).  The engine is hashed once: the commit check's
+digest is passed on while its path names the very file hashed.  Each is logged and
+recorded in the flight data recorder (``build_concluded_at_start``); a summary that
+cannot be concluded is logged and the others still are.  A summary without a ``concluder``
 (written before this, or for a daemon older than this that spawned a newer child
 after an upgrade, which writes no conclusion) is never touched: its conclusion is
 unknown, and trusting an engine an operator took out of the manifest would be
@@ -44,8 +47,8 @@ from typing import Any
 
 import structlog
 
-from inferd.digest import sha256_file
-from inferd.engine_build.artifacts import clean_up, write_json
+from inferd.digest import sha256_and_stat
+from inferd.engine_build.artifacts import Hashed, clean_up, write_json
 from inferd.engine_build.engine_outputs import SUMMARY_NAME, read_summary
 from inferd.engine_build.pipeline import record_trust
 from inferd.engines.manifest import MANIFEST_NAME
@@ -70,13 +73,22 @@ def names_a_commit(summary: Mapping[str, Any]) -> bool:
 def committed(engine: Path, summary: Mapping[str, Any]) -> bool:
     """Whether the engine at ``engine`` (and its sidecar) is the one ``summary`` names:
     its digest, never through a symlink; anything else is not this build's commit."""
+    return committed_as(engine, summary) is not None
+
+
+def committed_as(engine: Path, summary: Mapping[str, Any]) -> Hashed | None:
+    """``committed``, with the engine as hashed (its digest and the version of the file
+    read: ``artifacts.still``), so that what follows need not hash it again."""
     digest = (summary.get("baseline") or {}).get("engineSha256")
     if not isinstance(digest, str) or not names_a_commit(summary):
-        return False
+        return None
     try:
-        return read_sidecar(engine) == digest.lower() == sha256_file(engine)
+        if read_sidecar(engine) != digest.lower():
+            return None
+        hashed = sha256_and_stat(engine)
     except (OSError, InferdError):
-        return False
+        return None
+    return hashed if hashed[0] == digest.lower() else None
 
 
 def conclude_on_disk(
@@ -120,6 +132,7 @@ class Concluded:
             "note": self.note,
             "outcome": self.outcome,
             "cleanup_status": self.cleanup.get("status"),
+            "cleanup_left": self.cleanup.get("left", []),
         }
 
 
@@ -172,13 +185,16 @@ def _conclude(
 ) -> Concluded:
     build_id, outcome = str(summary["buildId"]), summary.get("outcome")
     provisional = summary.get("provisional") is True
-    is_committed = committed(engine, summary)
-    writer_pid = summary["writer"].get("pid")
-    try:  # what the dead child wrote and did not commit, as after a child's exit
-        cleanup = clean_up(engine, own_pid=writer_pid if isinstance(writer_pid, int) else None)
-        report = cleanup.as_dict()
+    hashed = committed_as(engine, summary)
+    is_committed = hashed is not None
+    # What the dead child (its pid may name another process now) and other dead
+    # processes wrote and did not commit, as after a child's exit; a live process's
+    # files are another build's, and an engine it commits is not to be quarantined.
+    try:
+        report = clean_up(engine, leave_live=True, hashed=hashed).as_dict()
     except (OSError, InferdError) as exc:
         report = {"status": "failed", "removed": [], "quarantined": [], "errors": [str(exc)]}
+        report["left"] = []
     if provisional and not is_committed:
         path.unlink(missing_ok=True)  # the link itself, never a target
         note = "its commit record names a commit that never happened: removed"
@@ -203,6 +219,7 @@ def _conclude(
         engine,
         manifest=engine.parent / MANIFEST_NAME,
         deployment_manifest=deployment_manifest,
+        hashed=hashed,
     )
     conclude_on_disk(
         path, summary, "daemon_start", trusted=trust.trusted, manifestNote=trust.note, **facts

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferd.digest import sha256_file
+from inferd.digest import sha256_and_stat
+from inferd.engine_build.artifacts import Hashed, still
 from inferd.engine_build.session import BuildRequest
 from inferd.engine_build.tensorrt_builder import TensorRTBuilder
 from inferd.engine_build.validation import eligible_to_serve, tensorrt_smoke_infer
@@ -104,10 +105,14 @@ def record_trust(
     *,
     manifest: Path | None,
     deployment_manifest: Path | None = None,
+    hashed: Hashed | None = None,
 ) -> TrustDecision:
     """Step 4.  ``manifest``: where to record (``None``: nowhere);
     ``deployment_manifest``: a manifest the deployment owns, which a build never
-    writes (the operator adds the engine to it)."""
+    writes (the operator adds the engine to it); ``hashed``: the engine as the caller
+    hashed it (``sha256_and_stat``), its digest taken while the path names that file.
+    Either way the entry written is the digest the build validated, so a file changed
+    after the check is refused by the gate at its load, never trusted."""
     if not eligible_to_serve(summary):
         return TrustDecision(
             False,
@@ -127,7 +132,7 @@ def record_trust(
         return TrustDecision(False, "not recorded: no manifest given")
     expected = (summary.get("baseline") or {}).get("engineSha256")
     try:
-        digest = sha256_file(engine_path)
+        digest = (hashed if still(hashed, engine_path) else sha256_and_stat(engine_path))[0]
     except OSError as exc:
         return TrustDecision(False, f"not recorded in {manifest}: cannot read the engine: {exc}")
     if digest != expected:

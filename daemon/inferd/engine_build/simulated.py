@@ -12,7 +12,6 @@ at the engine's precision.  Everything it produces says ``simulated``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -23,8 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from inferd.digest import model_digest
+from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engine_build.progress import ProgressAdapter
 from inferd.engine_build.validation import Infer
+from inferd.model_bytes import parse_model
 from inferd.owned_files import open_for_reading
 from inferd.types import BuildConfig, HostTuple, PrecisionMode
 
@@ -70,20 +72,21 @@ class SimulatedBuilder:
         *,
         strongly_typed: bool = False,
         settings: SimSettings | None = None,
+        model_sha256: str | None = None,
     ) -> None:
-        import onnx
-
+        """``model_sha256``: the digest the build is named by (None: the model's digest
+        now), as ``TensorRTBuilder`` takes it; ``build`` reads the model once, checked
+        against it (``ModelSource``), and builds from exactly those bytes."""
         self.onnx_path = onnx_path
-        self.onnx_bytes = onnx_path.read_bytes()
-        self.nodes = [
-            f"{node.op_type}_{index}"
-            for index, node in enumerate(onnx.load(str(onnx_path)).graph.node)
-        ]
+        self.model = ModelSource(
+            onnx_path,
+            model_sha256 if model_sha256 is not None else model_digest(onnx_path).sha256,
+        )
+        self.model_sha = self.model.sha256
         self.config = build_config
         self.host = host
         self.strongly_typed = strongly_typed
         self.settings = settings or SimSettings()
-        self.model_sha = hashlib.sha256(self.onnx_bytes).hexdigest()
         self.infer: Infer | None = self.simulated_infer
 
     # -- timing cache -------------------------------------------------------------------
@@ -104,6 +107,23 @@ class SimulatedBuilder:
 
     # -- build ----------------------------------------------------------------------------
     def build(self, monitor: ProgressAdapter, timing_cache: bytes | None) -> BuilderOutput:
+        try:
+            # One read, of the bytes with the build's digest: the nodes timed and the
+            # model the engine carries are of the model hashed (as TensorRTBuilder).
+            onnx_bytes, _ = self.model.read()
+            # Only the names are kept: the parsed proto is as large as the model.
+            nodes = [
+                f"{node.op_type}_{index}"
+                for index, node in enumerate(parse_model(onnx_bytes).graph.node)
+            ]
+        except ModelChangedError as exc:
+            return BuilderOutput(None, None, error=str(exc))
+        except OSError as exc:
+            return BuilderOutput(None, None, error=f"cannot read {self.onnx_path.name}: {exc}")
+        except Exception as exc:  # onnx raises DecodeError, ... for bytes not a model
+            return BuilderOutput(
+                None, None, error=f"cannot parse {self.onnx_path.name}: {type(exc).__name__}: {exc}"
+            )
         s = self.settings
         entries: set[str] = set()
         if timing_cache:
@@ -173,10 +193,10 @@ class SimulatedBuilder:
             finish("Graph optimization")
             ok = ok and step(top, 0, 0)
             if ok:
-                start("Tactic selection", top, len(self.nodes))
+                start("Tactic selection", top, len(nodes))
                 done = 0
                 with ThreadPoolExecutor(s.threads, thread_name_prefix="trt-builder") as pool:
-                    futures = [pool.submit(time_node, i, n) for i, n in enumerate(self.nodes)]
+                    futures = [pool.submit(time_node, i, n) for i, n in enumerate(nodes)]
                     for future in futures:
                         future.result()
                         if not stop.is_set():
@@ -206,7 +226,7 @@ class SimulatedBuilder:
             "host": host_key(self.host),
             "corrupt": self.settings.corrupt_outputs,
         }
-        engine = ENGINE_MAGIC + json.dumps(header).encode() + b"\n" + self.onnx_bytes
+        engine = ENGINE_MAGIC + json.dumps(header).encode() + b"\n" + onnx_bytes
         cache = json.dumps(
             {"simulated": True, "host": host_key(self.host), "entries": sorted(entries)}
         ).encode()

@@ -27,7 +27,9 @@ target path is refused, naming it, and quarantined.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +50,33 @@ from inferd.types import BuildConfig, EngineCacheEntry, HostTuple
 TENSORRT_LABEL = "tensorrt"
 
 log = structlog.get_logger("inferd.engines.locate")
+
+
+#: What a model path is when it is not a regular file (``stat.S_IFMT``).
+_NOT_A_FILE = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def model_file_problem(path: Path) -> str | None:
+    """Why the operator's model at ``path`` cannot be read as a model file ("does not
+    exist", "is a FIFO, not a regular file", ...), or None when it is a regular file
+    (a symlink followed).  A ``stat``: never opens it, so a FIFO there is named, not
+    waited on.  The digest's read checks its descriptor again (``open_own_file``)."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        return f"cannot be examined ({exc.strerror})"
+    if stat.S_ISREG(info.st_mode):
+        return None
+    kind = _NOT_A_FILE.get(stat.S_IFMT(info.st_mode))
+    return "is not a regular file" if kind is None else f"is {kind}, not a regular file"
 
 
 @dataclass(frozen=True)
@@ -78,8 +107,9 @@ def locate_engine(
     """The plan for ``model_path``'s engine (``force``: always ``to_build``).  With
     ``manifest`` (the loader's, read once the engine dir is found safe), an intact
     engine it trusts is reused before others."""
-    if not model_path.is_file():
-        raise EngineBuildError(f"model file {model_path} does not exist")
+    problem = model_file_problem(model_path)
+    if problem is not None:
+        raise EngineBuildError(f"model file {model_path} {problem}")
     try:
         model_sha256 = sha256_remembered(model_path)  # an operator's, external data too
     except OSError as exc:

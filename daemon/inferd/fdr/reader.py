@@ -47,6 +47,7 @@ from inferd.fdr.framing import (
     decode_segment_header,
     segment_index,
 )
+from inferd.fdr.span_crc import SpanCrc
 from inferd.owned_files import open_regular_file
 
 _BODY_KEYS = ("kind", "schema_version", "seq", "wall_ns", "mono_ns", "boot_id", "payload")
@@ -224,6 +225,7 @@ def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:
 
 def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator[Record]:
     end = len(data)
+    spans: SpanCrc | None = None  # one per segment: its prefix CRCs are hashed once
     while offset < end:
         outcome = _frame_at(name, data, offset)
         if isinstance(outcome, Record):
@@ -231,7 +233,8 @@ def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator
             yield outcome
             offset += FRAME_HEADER.size + _body_length(data, offset)
             continue
-        resync = _next_good_frame(name, data, offset + 1)
+        spans = spans if spans is not None else SpanCrc(data, offset + 1)
+        resync = _next_good_frame(name, data, offset + 1, spans)
         if resync is not None:
             # Something valid follows, so this was damage, not the end of writing
             # (a damaged length field can also point past the end of the file).
@@ -393,11 +396,34 @@ def current_kind_name(kind: str) -> str:
     return kind.removeprefix(_OLD_KIND_PREFIX)
 
 
-def _next_good_frame(name: str, data: bytes, start: int) -> int | None:
-    """Offset of the next sync marker that starts a valid frame."""
+def _next_good_frame(name: str, data: bytes, start: int, spans: SpanCrc) -> int | None:
+    """Offset of the next sync marker that starts a valid frame (a record)."""
     position = data.find(SYNC, start)
     while position != -1:
-        if isinstance(_frame_at(name, data, position), Record):
+        if _record_at(name, data, position, spans) is not None:
             return position
         position = data.find(SYNC, position + 1)
     return None
+
+
+#: The first byte of a msgpack map of at least 7 entries (fixmap 0x87-0x8f, map 16,
+#: map 32): a body that starts otherwise holds no record's 7 keys.
+_RECORD_MAP_MARKERS = frozenset((*range(0x87, 0x90), 0xDE, 0xDF))
+
+
+def _record_at(name: str, data: bytes, position: int, spans: SpanCrc) -> Record | None:
+    """``_frame_at``'s record at a sync marker, or None, for the resynchronisation:
+    a frame running past the end is no record (torn or not), a body that is not a
+    map of 7 keys is refused from its first byte, and the CRC is the span's
+    (``SpanCrc``), not one over up to 1 MiB per marker tried."""
+    if len(data) - position < FRAME_HEADER.size:
+        return None
+    _sync, length, checksum = FRAME_HEADER.unpack_from(data, position)
+    start = position + FRAME_HEADER.size
+    end = start + length
+    if length > MAX_BODY_BYTES or end > len(data) or length == 0:
+        return None
+    if data[start] not in _RECORD_MAP_MARKERS or spans.crc(start, end) != checksum:
+        return None
+    outcome = _decode(name, position, data[start:end])
+    return outcome if isinstance(outcome, Record) else None

@@ -28,6 +28,7 @@ from inferd.config import RuntimeConfig
 from inferd.digest import sha256_remembered
 from inferd.engines.build_config import workspace_cap_bytes
 from inferd.engines.host import read_host_tuple
+from inferd.engines.locate import model_file_problem
 from inferd.errors import (
     EngineBuildError,
     EngineDeserializeError,
@@ -173,8 +174,9 @@ class OnnxTrtEpRuntime:
 
     def compile_engine(self, model_path: Path, build_config: BuildConfig) -> EngineCacheEntry:
         """No build step: ORT compiles on session creation, so the entry is the ``.onnx``."""
-        if not model_path.is_file():
-            raise EngineBuildError(f"model file {model_path} does not exist")
+        problem = model_file_problem(model_path)  # a FIFO is named, never waited on
+        if problem is not None:
+            raise EngineBuildError(f"model file {model_path} {problem}")
         try:
             model_sha256 = sha256_remembered(model_path)  # the operator's model
         except OSError as exc:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from inferd.owned_files import ensure_owned_dir
 from inferd.selftest.build_checks import BUILD_CHECKS
 from inferd.selftest.check import Check, CheckResult, run_check
 from inferd.selftest.context import SelftestContext
@@ -39,11 +40,16 @@ def run_selftest(
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``checks`` and return the report.  Without ``work_dir`` everything is
-    written to a temporary directory, removed at the end; ``work_dir`` is kept.
+    written to a temporary directory, removed at the end; ``work_dir`` (made, or
+    refused, by ``ensure_owned_dir``) is kept.
     ``demo_model`` replaces the bundled demo model (a test seam)."""
     kept = work_dir is not None
-    directory = work_dir if work_dir is not None else Path(tempfile.mkdtemp(prefix="ifd-st-"))
-    directory.mkdir(parents=True, exist_ok=True)
+    if work_dir is not None:
+        # UnsafeDirectoryError when another user may write it or swap it out: the
+        # checks write engines, builds and daemon configs in it (the CLI checks first).
+        directory = ensure_owned_dir(work_dir, what="the self-test's work directory")
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="ifd-st-"))  # 0700, this user's
     context = SelftestContext(directory.resolve(), device_id=device_id, demo_model_path=demo_model)
     started_wall, started = time.time(), time.monotonic()
     results: list[CheckResult] = []

@@ -15,5 +15,5 @@ def test_a_work_dir_that_cannot_be_made_is_a_usage_error(short_tmp_path: Path) -
     done = inferd("selftest", "--json", "--work-dir", str(parent / "w"))
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-    assert done.stderr.startswith(f"inferd selftest: --work-dir {parent / 'w'} cannot be made")
+    assert done.stderr.startswith(f"inferd selftest: --work-dir {parent / 'w'} cannot be created")
     assert done.stdout == ""

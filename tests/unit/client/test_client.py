@@ -82,9 +82,9 @@ def test_timeout_without_retries_raises(server: Callable[[Script], str]) -> None
 
 
 def test_each_call_waits_its_own_timeout_never_less(server: Callable[[Script], str]) -> None:
-    # The client waits with a blocking receive under RCVTIMEO, set again when a
-    # call's remaining time differs from the one set: a short wait after a long
-    # one, and a long one after it, each last at least what was asked.
+    # The client waits on the socket's descriptor for the time left of each call:
+    # a short wait after a long one, and a long one after it, each last at least
+    # what was asked.
     answered = threading.Event()
 
     def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
@@ -108,20 +108,20 @@ def test_each_call_waits_its_own_timeout_never_less(server: Callable[[Script], s
 def test_a_receive_timeout_that_ends_early_is_waited_out(
     server: Callable[[Script], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """libzmq times ``ZMQ_RCVTIMEO`` on a clock that may lag by a millisecond, so
-    a receive can give up before the caller's deadline: the client measures the
-    time left again and waits on, never returning early."""
-    from inferd_client import channel as channel_module
+    """A wait can end before the caller's deadline (libzmq's clock lagged by a
+    millisecond under ``ZMQ_RCVTIMEO``; now any event of the socket ends a
+    ``poll(2)``): the client measures the time left again and waits on, never
+    returning early."""
+    from inferd_client.channel import SocketWait
 
     calls: list[float] = []
 
-    def gives_up_at_once(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    def ends_at_once(self: SocketWait, timeout_ms: int) -> None:
         calls.append(time.monotonic())
-        raise zmq.Again
 
     endpoint = server(lambda sock, frames: None)
     with InferenceClient(endpoint, timeout=1) as client:
-        monkeypatch.setattr(channel_module, "recv_frames", gives_up_at_once)
+        monkeypatch.setattr(SocketWait, "poll", ends_at_once)
         started = time.monotonic()
         with pytest.raises(RequestTimeout):
             client.infer("m", {"x": np.zeros(2, np.float32)}, timeout=0.05)
