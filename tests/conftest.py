@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib
 import json
@@ -153,6 +154,33 @@ def memfds_mapped(pid: int) -> list[str]:
     (a process of the daemon's maps none of its own)."""
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
     return [line for line in maps if "/memfd:" in line]
+
+
+def raised_without_waiting(call: Callable[[], object], fifo: Path) -> BaseException | None:
+    """What ``call`` raised (None when it returned), run on a thread; fails the test
+    when it still waits after ``HANG_S`` (an open of ``fifo`` for reading waits for a
+    writer), after letting a writer come and go so that the thread ends."""
+    import threading
+
+    raised: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the test's thread
+            raised.append(exc)
+        else:
+            raised.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    if thread.is_alive():
+        with contextlib.suppress(OSError):  # a writer comes and goes: the open returns
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(HANG_S)
+        pytest.fail(f"still waiting on {fifo} after {HANG_S} s")
+    return raised[0]
 
 
 @contextmanager

@@ -7,10 +7,7 @@ the blocked open return, so no thread is left behind."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,40 +15,13 @@ import zmq
 
 from inferd.bus.curve_keys import load_clients, read_owned_file
 from inferd_wire.curve import CurveKeyError, CurveKeys, format_certificate
-
-#: Bounds a hang only: the refusal itself takes microseconds.
-HANG_S = 10.0
-
-
-def _outcome(read: Callable[[], object], fifo: Path) -> BaseException | None:
-    """What ``read`` raised (None when it returned); fails when it still waits on
-    ``fifo`` after ``HANG_S``."""
-    raised: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            read()
-        except BaseException as exc:  # handed to the test's thread
-            raised.append(exc)
-        else:
-            raised.append(None)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(HANG_S)
-    if thread.is_alive():
-        # Release the blocked open: a writer appears and goes, the reader sees EOF.
-        with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        thread.join(HANG_S)
-        pytest.fail(f"still waiting on the FIFO {fifo} after {HANG_S} s")
-    return raised[0]
+from tests.conftest import raised_without_waiting
 
 
 def test_a_fifo_as_the_secret_key_is_refused_not_waited_on(tmp_path: Path) -> None:
     fifo = tmp_path / "server.key_secret"
     os.mkfifo(fifo, 0o600)
-    outcome = _outcome(
+    outcome = raised_without_waiting(
         lambda: read_owned_file(fifo, "security.curve_secret_key", secret=True), fifo
     )
     assert isinstance(outcome, CurveKeyError), outcome
@@ -65,7 +35,7 @@ def test_a_fifo_among_the_client_keys_is_refused_not_waited_on(tmp_path: Path) -
     (clients / "air.key").write_bytes(format_certificate(CurveKeys(public.decode()), "air"))
     fifo = clients / "ground.key"
     os.mkfifo(fifo, 0o644)
-    outcome = _outcome(lambda: load_clients(clients), fifo)
+    outcome = raised_without_waiting(lambda: load_clients(clients), fifo)
     assert isinstance(outcome, CurveKeyError), outcome
     assert str(fifo) in str(outcome) and "not a regular file" in str(outcome)
 
@@ -85,7 +55,7 @@ def test_a_fifo_among_the_calibration_batches_is_refused_not_waited_on(tmp_path:
     dataset.mkdir()
     fifo = dataset / "a.npz"  # sorted first: read before any real batch
     os.mkfifo(fifo, 0o600)
-    outcome = _outcome(lambda: check_calibration_batches(dataset, ()), fifo)
+    outcome = raised_without_waiting(lambda: check_calibration_batches(dataset, ()), fifo)
     assert isinstance(outcome, CalibrationDataError), outcome
     assert str(fifo) in str(outcome) and "not a regular file" in str(outcome)
 
@@ -109,6 +79,6 @@ def test_a_fifo_in_a_calibration_data_set_is_refused_when_hashed(tmp_path: Path)
 
     fifo = tmp_path / "batch.npz"
     os.mkfifo(fifo, 0o600)
-    outcome = _outcome(lambda: dataset_sha256([fifo]), fifo)
+    outcome = raised_without_waiting(lambda: dataset_sha256([fifo]), fifo)
     assert isinstance(outcome, CalibrationCacheError), outcome
     assert str(fifo) in str(outcome) and "not a regular file" in str(outcome)

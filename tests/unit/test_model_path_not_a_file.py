@@ -12,8 +12,7 @@ import contextlib
 import io
 import os
 import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,11 +24,10 @@ from inferd.engines.locate import locate_engine, model_file_problem
 from inferd.errors import EngineBuildError
 from inferd.types import BuildConfig
 from inferd_wire.protocol import Code, ProtocolError
+from tests.conftest import raised_without_waiting
 from tests.unit.engine_build.conftest import HOST
 from tests.unit.runtime.test_onnx_trt_ep import make_runtime
 
-#: Bounds a hang only: the refusal itself is one stat.
-HANG_S = 10.0
 KINDS = {"fifo": "a FIFO", "directory": "a directory", "socket": "a socket"}
 
 
@@ -49,29 +47,6 @@ def not_a_file(request: pytest.FixtureRequest, short_tmp_path: Path) -> Iterator
         yield path, KINDS[kind]
 
 
-def _raised(call: Callable[[], object], path: Path) -> BaseException | None:
-    """What ``call`` raised (None when it returned); fails when it still waits after
-    ``HANG_S`` (an open of a FIFO for reading waits for a writer)."""
-    raised: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            call()
-        except BaseException as exc:  # handed to the test's thread
-            raised.append(exc)
-        else:
-            raised.append(None)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(HANG_S)
-    if thread.is_alive():
-        with contextlib.suppress(OSError):
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail(f"still waiting on {path} after {HANG_S} s")
-    return raised[0]
-
-
 def test_model_file_problem_names_what_it_is(
     not_a_file: tuple[Path, str], short_tmp_path: Path
 ) -> None:
@@ -86,14 +61,14 @@ def test_model_file_problem_names_what_it_is(
 def test_the_onnx_trt_ep_runtime_names_it(not_a_file: tuple[Path, str], tmp_path: Path) -> None:
     path, kind = not_a_file
     runtime = make_runtime(tmp_path)
-    raised = _raised(lambda: runtime.compile_engine(path, BuildConfig()), path)
+    raised = raised_without_waiting(lambda: runtime.compile_engine(path, BuildConfig()), path)
     assert isinstance(raised, EngineBuildError), raised
     assert str(raised) == f"model file {path} is {kind}, not a regular file"
 
 
 def test_locate_engine_names_it(not_a_file: tuple[Path, str], tmp_path: Path) -> None:
     path, kind = not_a_file
-    raised = _raised(
+    raised = raised_without_waiting(
         lambda: locate_engine(path, BuildConfig(), engine_dir=tmp_path / "engines", host=HOST),
         path,
     )
@@ -105,7 +80,7 @@ def test_build_start_names_it(not_a_file: tuple[Path, str]) -> None:
     path, kind = not_a_file
     models = {"demo": ModelConfig(name="demo", path=path)}
     header = {"v": 1, "id": 5, "op": "build.start", "model": "demo", "builder": "simulated"}
-    raised = _raised(lambda: parse_start(header, models, lambda: False, 60.0), path)
+    raised = raised_without_waiting(lambda: parse_start(header, models, lambda: False, 60.0), path)
     assert isinstance(raised, ProtocolError), raised
     assert raised.code is Code.FAILED_PRECONDITION
     assert raised.message == f"model file {path} of 'demo' is {kind}, not a regular file"
@@ -115,6 +90,6 @@ def test_inferd_build_names_it(not_a_file: tuple[Path, str]) -> None:
     path, kind = not_a_file
     err = io.StringIO()
     codes: list[int] = []
-    assert _raised(lambda: codes.append(build_cli.run(path, err=err)), path) is None
+    assert raised_without_waiting(lambda: codes.append(build_cli.run(path, err=err)), path) is None
     assert codes == [build_cli.EXIT_USAGE]
     assert err.getvalue() == f"inferd build: model file {path} is {kind}, not a regular file\n"

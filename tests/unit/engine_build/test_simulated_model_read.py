@@ -9,16 +9,11 @@ hanging); a still-blocked open is released by a writer that comes and goes."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from inferd.digest import model_digest
 from inferd.engine_build import BuildRequest, run_build
@@ -26,33 +21,8 @@ from inferd.engine_build.events import BuildEvent
 from inferd.engine_build.simulated import ENGINE_MAGIC, SimSettings, SimulatedBuilder
 from inferd.model_bytes import parse_model
 from inferd.types import BuildConfig
+from tests.conftest import raised_without_waiting
 from tests.unit.engine_build.conftest import HOST
-
-#: Bounds a hang only: the refusal itself takes microseconds.
-HANG_S = 10.0
-
-
-def _outcome(call: Callable[[], object], fifo: Path) -> BaseException | None:
-    """What ``call`` raised (None when it returned); fails when it still waits on
-    ``fifo`` after ``HANG_S``."""
-    raised: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            call()
-        except BaseException as exc:  # handed to the test's thread
-            raised.append(exc)
-        else:
-            raised.append(None)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(HANG_S)
-    if thread.is_alive():
-        with contextlib.suppress(OSError):  # a writer comes and goes: the open returns
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail(f"still waiting on the FIFO {fifo} after {HANG_S} s")
-    return raised[0]
 
 
 def _nodes(model: Path) -> list[str]:
@@ -107,7 +77,7 @@ def test_a_fifo_as_the_model_is_refused_at_once_when_the_builder_is_made(
 ) -> None:
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo, 0o600)
-    outcome = _outcome(lambda: SimulatedBuilder(fifo, BuildConfig(), HOST), fifo)
+    outcome = raised_without_waiting(lambda: SimulatedBuilder(fifo, BuildConfig(), HOST), fifo)
     assert isinstance(outcome, OSError), outcome
     assert str(fifo) in str(outcome) and "is not a regular file" in str(outcome)
 
@@ -120,7 +90,7 @@ def test_a_fifo_swapped_in_after_the_hash_fails_the_build_at_once(
     model.unlink()
     os.mkfifo(model, 0o600)
     results: list[tuple[dict[str, Any], list[BuildEvent]]] = []
-    outcome = _outcome(
+    outcome = raised_without_waiting(
         lambda: results.append(_build(model, builder, tmp_path / "out" / "m.engine")), model
     )
     assert outcome is None, outcome
