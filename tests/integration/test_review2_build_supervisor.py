@@ -91,10 +91,10 @@ def test_a_cancel_once_the_child_has_exited_is_not_accepted_and_changes_nothing(
     replies: list[dict[str, Any]] = []
     clean_up = child_exit.clean_up
 
-    def cancel_meanwhile(engine_path: Path, *, own_pid: int | None = None) -> Any:
+    def cancel_meanwhile(engine_path: Path, **kwargs: Any) -> Any:
         # The daemon cleans after the dead child: the end is being recorded.
         replies.append(manager.cancel({"build_id": build.build_id}, OPERATOR))
-        return clean_up(engine_path, own_pid=own_pid)
+        return clean_up(engine_path, **kwargs)
 
     monkeypatch.setattr(child_exit, "clean_up", cancel_meanwhile)
     build = _start(manager)

@@ -119,7 +119,7 @@ def _forced_exit(engine_path: Path, build_id: str, progress: BuildProgress, err:
     with contextlib.suppress(Exception):
         progress.display.close()
     json_log = progress.json_log
-    cleanup = clean_up(engine_path)
+    cleanup = clean_up(engine_path)  # another live build's files: its own
     if json_log is not None:
         mono, wall = now_ns()
         json_log(
@@ -143,6 +143,7 @@ def _forced_exit(engine_path: Path, build_id: str, progress: BuildProgress, err:
     err.write(
         f"inferd build: forced by a second Ctrl-C; partial files {cleanup.status}"
         + (f" (quarantined: {cleanup.quarantined})" if cleanup.quarantined else "")
+        + (f" (left to a live build: {cleanup.left})" if cleanup.left else "")
         + "\n"
     )
     err.flush()

@@ -17,11 +17,10 @@ whatever process its pid number names now.  After a cancel, a failure or a dead
 build process, ``clean_up`` removes that process's temp and staged files and all
 of each dead process's staging folder (``sweep_staging``; the daemon sweeps too,
 at start and each ``build.start``), and quarantines (moves to ``quarantine/``
-with a ``.reason``) anything whose state is unclear: an engine at the final path
-without a matching sidecar, or a temp file of a process that may still be alive.
-At a daemon's start (``leave_live``) a live process's temp is another build's, left,
-and so is the final path while a live process staging that engine holds its lock:
-mid-commit (``commit_engine``) its engine is renamed before its sidecar.
+with a ``.reason``) an engine at the final path without a matching sidecar.  A
+live process's temp is another build's, left to it (``left``), and so is the
+final path while a live process staging that engine holds its lock: mid-commit
+(``commit_engine``) its engine is renamed before its sidecar.
 ``<dir>/staging`` is the daemon's own directory like the engine dir: a symlink there,
 or one another user owns or may write (or that lies in such a directory), is
 neither staged in nor swept, so nothing outside it is created or removed.
@@ -151,14 +150,13 @@ def clean_up(
     engine_path: Path,
     *,
     own_pid: int | None = None,
-    leave_live: bool = False,
     hashed: Hashed | None = None,
 ) -> CleanupReport:
     """Leave no partial or unvalidated engine: remove temp files of ``engine_path``
     written by this process (``own_pid``: the build process, when a supervisor cleans
     after it) or a dead one, its staged files and dead processes' staging; quarantine
-    a live process's temp and an engine at the final path whose sidecar is missing or
-    does not match; or (``leave_live``, the module doc) leave them (``left``).
+    an engine at the final path whose sidecar is missing or does not match; leave a
+    live process's temp, and an engine it is committing (``left``, the module doc).
     ``hashed``: the engine at the final path as the caller hashed it."""
     own_pid = os.getpid() if own_pid is None else own_pid
     report = CleanupReport()
@@ -175,19 +173,15 @@ def clean_up(
             if pid == own_pid or not _pid_alive(pid):
                 entry.unlink()
                 report.removed.append(entry.name)
-            elif leave_live:
-                why = f"temp file of live process {pid}: another build's, not the dead one's"
-                report.left.append({"path": entry.name, "reason": why})
             else:
-                why = f"temp file of live process {pid}: state unclear (a concurrent build?)"
-                moved = quarantine(entry, why)
-                report.quarantined.append({"path": str(moved), "reason": why})
+                why = f"temp file of live process {pid}: another build's, left to it"
+                report.left.append({"path": entry.name, "reason": why})
         except OSError as exc:
             report.errors.append(f"{entry.name}: {exc}")
     _remove_staged(engine_path, report)
     if os.path.lexists(engine_path):
         sidecar, known, reason = _unmatched(engine_path, hashed)
-        if reason is not None and leave_live:
+        if reason is not None:
             left = _being_committed(engine_path, sidecar, known)
             if left is not None:
                 report.left.append({"path": engine_path.name, "reason": left})

@@ -14,7 +14,8 @@ builds cap like any), recorded ``killed_after_commit``, its timing cache
 ``unknown`` (a completed child saves it after its commit).  A commit record whose
 engine is not there names a commit that never happened: it is removed.  Either
 way ``clean_after`` removes what the child wrote and did not commit (its temp
-files, its staged engine; an engine left half-committed is quarantined) and
+files, its staged engine; an engine left half-committed is quarantined, but what
+another live build of that engine writes or commits is left to it) and
 records the result on the build, for its FDR record and ``build.status``.
 ``conclude`` does this and sets the build's end from its summary, or from how its
 child exited.  ``settle`` is the last word: whatever went wrong, a build never
@@ -159,6 +160,7 @@ def clean_after(build: Build, stale_record: Path | None = None) -> dict[str, Any
     have, as that process), and ``stale_record``: a commit record whose commit did
     not happen.  Returns the report (``status``, ``removed``, ...) for the build."""
     try:
+        # A live process's files of this engine are another build's: left to it.
         report = clean_up(build.engine_path, own_pid=build.process.pid)
         if stale_record is not None:
             stale_record.unlink(missing_ok=True)  # the link itself, never a target
@@ -166,13 +168,14 @@ def clean_after(build: Build, stale_record: Path | None = None) -> dict[str, Any
     except (OSError, InferdError) as exc:  # the directory, or a quarantine not its own
         log.error("build_cleanup_failed", build_id=build.build_id, error=str(exc))
         errors = [f"{type(exc).__name__}: {exc}"]
-        return {"status": "failed", "removed": [], "quarantined": [], "errors": errors}
+        return {"status": "failed", "removed": [], "quarantined": [], "errors": errors, "left": []}
     log.info(
         "build_cleaned_after_child",
         build_id=build.build_id,
         status=report.status,
         removed=report.removed,
         quarantined=[item["path"] for item in report.quarantined],
+        left=[item["path"] for item in report.left],
     )
     return report.as_dict()
 

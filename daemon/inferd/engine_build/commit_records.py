@@ -26,7 +26,7 @@ whose engine is not there names a commit that never happened and is removed; wha
 the dead child and other dead processes left (temp files, staging) is cleaned as the
 daemon would have (``artifacts.clean_up``), but what a live process writes (another
 daemon's or ``inferd build``'s build of that engine) is left, and so is an engine
-being committed (``leave_live``).  The engine is hashed once: the commit check's
+being committed (``clean_up``'s ``left``).  The engine is hashed once: the commit check's
 digest is passed on while its path names the very file hashed.  Each is logged and
 recorded in the flight data recorder (``build_concluded_at_start``); a summary that
 cannot be concluded is logged and the others still are.  A summary without a ``concluder``
@@ -191,7 +191,7 @@ def _conclude(
     # processes wrote and did not commit, as after a child's exit; a live process's
     # files are another build's, and an engine it commits is not to be quarantined.
     try:
-        report = clean_up(engine, leave_live=True, hashed=hashed).as_dict()
+        report = clean_up(engine, hashed=hashed).as_dict()
     except (OSError, InferdError) as exc:
         report = {"status": "failed", "removed": [], "quarantined": [], "errors": [str(exc)]}
         report["left"] = []

@@ -358,6 +358,8 @@ def run_build(
                     outcome, engine_sha = "cancelled", None
             except OSError as exc:
                 outcome, result.error = "failed", f"cannot commit engine: {exc}"
+    # Another live build of this engine (an ``inferd build`` beside the daemon's) may be
+    # writing or committing it now: its files are left to it (``left``).
     cleanup = clean_up(request.engine_path)
     token.cleanup_done()
     cache_decision = cache.finish(outcome == "completed", result.timing_cache)

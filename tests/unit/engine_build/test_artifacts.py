@@ -184,7 +184,9 @@ def test_staging_where_a_sweep_removed_the_lock_meanwhile_locks_a_new_one(
     assert not (tmp_path / STAGING_DIR).exists()
 
 
-def test_clean_up_removes_own_and_dead_temps_and_quarantines_unclear(tmp_path: Path) -> None:
+def test_clean_up_removes_own_and_dead_temps_leaves_a_live_one_and_quarantines_the_engine(
+    tmp_path: Path,
+) -> None:
     engine = tmp_path / "m.engine"
     own = tmp_path / f".m.engine.tmp-{os.getpid()}-aaaa0001"
     dead = tmp_path / f".m.engine.tmp-{dead_pid()}-aaaa0002"
@@ -196,13 +198,15 @@ def test_clean_up_removes_own_and_dead_temps_and_quarantines_unclear(tmp_path: P
     report = clean_up(engine)
     assert sorted(report.removed) == sorted([own.name, dead.name])
     assert other.exists()  # not ours
-    assert not engine.exists() and not live.exists()
-    reasons = {Path(q["path"]).name.split(".tmp-")[0]: q["reason"] for q in report.quarantined}
-    assert len(report.quarantined) == 2
-    assert any("live process" in reason for reason in reasons.values())
-    for item in report.quarantined:
-        assert Path(item["path"]).is_file()
-        assert Path(item["path"] + ".reason").read_text().strip() == item["reason"]
+    assert live.read_bytes() == b"partial"  # another live build's: left to it
+    assert [item["path"] for item in report.left] == [live.name]
+    assert "live process" in report.left[0]["reason"]
+    assert not engine.exists()  # no live build commits it: unclear, quarantined
+    (item,) = report.quarantined
+    assert Path(item["path"]).name.startswith("m.engine")
+    assert "sidecar" in item["reason"]
+    assert Path(item["path"]).is_file()
+    assert Path(item["path"] + ".reason").read_text().strip() == item["reason"]
     assert report.status == "quarantined"
 
 
