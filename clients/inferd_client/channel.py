@@ -69,12 +69,15 @@ class SocketWait:
     third review of the Python client).  Python's ``poll`` retries with the time
     left (PEP 475), and the caller measures the time left again after each wait."""
 
-    def __init__(self, sock: zmq.Socket[Any]) -> None:
+    def __init__(self, sock: zmq.Socket[Any], *also: zmq.Socket[Any]) -> None:
+        """``also``: other sockets whose activity ends a wait too (the caller reads
+        each until ``zmq.Again`` before waiting: their descriptors are edge-triggered)."""
         self._socket = sock
         self._poll = select.poll()
         # Edge-triggered: readable when libzmq has commands to process, which asking
         # ``ZMQ_EVENTS`` does; so the events are asked before every wait.
-        self._poll.register(int(sock.get(zmq.FD)), select.POLLIN)
+        for each in (sock, *also):
+            self._poll.register(int(each.get(zmq.FD)), select.POLLIN)
 
     def ready(self, events: int) -> bool:
         """Whether ``events`` (``POLLIN``/``POLLOUT``) are there now (``ZMQ_EVENTS``;

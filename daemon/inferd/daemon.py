@@ -34,6 +34,7 @@ from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Job, Scheduler
 from inferd.serving.slot import ModelSlot, Sinks, engine_files
+from inferd.serving.stop_worker import join_worker
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
 from inferd.shutdown import StopSteps, answer_after_worker_death, drain, joined, terminate
@@ -252,7 +253,7 @@ class Daemon(DaemonState):
     def _close(self, step: StopSteps, event: str | None) -> None:
         """Once the scheduler is closed: stop every thread that started, record
         ``event``, terminate the context, release the instance locks."""
-        step.waiting("worker.join", joined, self.worker)
+        step.waiting("worker.join", join_worker, self.worker, self.router)
         step("bus.stop", self.bus.stop)
         step.waiting("bus.join", joined, self.bus)
         if self.shm is not None:  # every request is answered: release every region

@@ -18,6 +18,7 @@ import structlog
 
 from inferd import config as config_module
 from inferd.daemon import Daemon
+from inferd.serving.scheduler import InHand
 from tests.conftest import HANG_S, render_config
 
 #: Each step's bound in the test, but the recorder's flush (``RECORDER_S``).
@@ -39,6 +40,7 @@ class HungThread(threading.Thread):
         super().__init__(target=hung.wait, name=f"test-hung-{name}", daemon=True)
         self.step = f"{name}.join"
         self.granted = granted
+        self.hand = InHand()  # as the engine worker's: no job in it
 
     def stop(self) -> None:
         pass  # told to stop: it does not

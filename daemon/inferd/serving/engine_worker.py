@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-import numpy as np
 import structlog
 
 from inferd.bus.codec import validate_outputs, validate_parsed
@@ -35,7 +34,8 @@ from inferd.bus.headers import InferReply, encode_infer_reply
 from inferd.bus.internal_errors import internal_message, run_failure, unavailable_message
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
-from inferd.serving.scheduler import Job, Scheduler, SchedulerClosedError
+from inferd.serving.reply_tensors import reply_tensors
+from inferd.serving.scheduler import InHand, Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
 from inferd.serving.stats import ModelStats
 from inferd.shm.connections import is_shm_route
@@ -128,10 +128,13 @@ class EngineWorker(threading.Thread):
         self._log_model: str | None = None
         #: How the request in hand was counted (``_count``), taken back if its send raises.
         self._counted: tuple[ModelStats, str, int | None, bool] | None = None
+        #: The job being run: answered by the stop instead if the run outlives it.
+        self.hand = InHand()
 
     def run(self) -> None:
         scheduler = self._scheduler
         in_hand: Job | None = None
+        claimed = False  # the worker, not the stop, answers ``in_hand``
         try:
             for slot in self._slots.values():
                 what = f"loading {slot.name} ({slot.config.runtime})"
@@ -157,14 +160,21 @@ class EngineWorker(threading.Thread):
                 # No reference to the reply outlives the send: the reply budget counts
                 # its bytes in flight until ZeroMQ and this process let go of them.
                 in_hand, self._counted = job, None
-                self._port.send_reply(self._answer(job))
-                in_hand = None
+                self.hand.hold(job)
+                parts = self._answer(job)
+                claimed = self.hand.let_go(job)
+                if claimed:
+                    self._port.send_reply(parts)
+                else:  # the run outlived the stop, which answered it UNAVAILABLE
+                    self._uncount()
+                del parts
+                in_hand, claimed = None, False
         except Exception as exc:
             log.critical("engine_worker_died", error=f"{type(exc).__name__}: {exc}", exc_info=True)
-            if in_hand is not None and self._counted is not None:
-                # Counted, never sent: ``on_died`` answers it INTERNAL, counted there.
-                stats, code, latency_us, late = self._counted
-                stats.retract(code, latency_us, late=late)
+            if in_hand is not None and not claimed and self.hand.take_back() is not in_hand:
+                in_hand = None  # the stop answered it
+            if in_hand is not None:  # counted, never sent: ``on_died`` answers and counts
+                self._uncount()
             self._on_died(exc, in_hand)
         finally:
             self._stop_listening()  # the bus thread reads for the drain, or a restart
@@ -379,7 +389,7 @@ class EngineWorker(threading.Thread):
         self._last_run_ns = finished_ns - started_ns
         if self._failover is not None:
             self._failover.succeeded(slot)
-        descriptors, frames = _reply_tensors(outputs, job)
+        descriptors, frames = reply_tensors(outputs, job)
         # Served anyway, since the work is done, but flagged: a client that set a
         # deadline learns the result is stale rather than mistaking it for a timely one.
         late = job.deadline_ns is not None and finished_ns > job.deadline_ns
@@ -415,6 +425,12 @@ class EngineWorker(threading.Thread):
         self._count(slot, str(code))
         return [*job.envelope, protocol.pack(protocol.error_header(job.request_id, code, message))]
 
+    def _uncount(self) -> None:
+        """Take back the count of the reply made for the request in hand: not sent."""
+        if self._counted is not None:
+            stats, code, latency_us, late = self._counted
+            stats.retract(code, latency_us, late=late)
+
     def _count(
         self, slot: ModelSlot, code: str, latency_us: int | None = None, late: bool = False
     ) -> None:
@@ -423,27 +439,3 @@ class EngineWorker(threading.Thread):
         the thread and ``on_died`` answers the request again, so each is counted once."""
         slot.stats.answered(code, latency_us, late=late)
         self._counted = (slot.stats, code, latency_us, late)
-
-
-def _reply_tensors(
-    outputs: dict[str, np.ndarray], job: Job
-) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
-    """The reply's output descriptors and frames: an output the request placed in a
-    region was written there and is described by its region range, with no frame."""
-    if job.regions is None or not job.regions.outputs:
-        return protocol.encode_tensors(outputs)
-    placements = {placement.name: placement for placement in job.regions.outputs}
-    descriptors: list[dict[str, Any]] = []
-    frames: list[np.ndarray] = []
-    for name, array in outputs.items():
-        placement = placements.get(name)
-        if placement is None:
-            descriptor, frame = protocol.encode_tensors({name: array})
-            descriptors += descriptor
-            frames += frame
-            continue
-        view = job.outputs[name] if job.outputs else None
-        if view is not None and array is not view:
-            np.copyto(view, array)  # a runtime that could not write in place
-        descriptors.append(placement.wire)
-    return descriptors, frames

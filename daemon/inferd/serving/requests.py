@@ -72,9 +72,11 @@ def ok_reply(request: Request, result: Mapping[str, Any]) -> Reply:
     return Reply(request.envelope, protocol.ok_header(request.request_id, result=result))
 
 
-def job_error(job: Job, code: Code, message: str) -> Reply:
-    """The reply to a job answered without running (its region leases go back)."""
-    job.finish()
+def job_error(job: Job, code: Code, message: str, finish: bool = True) -> Reply:
+    """The reply to a job answered without running (its region leases go back, unless
+    ``finish`` is False: a run still holds them, and gives them back when it ends)."""
+    if finish:
+        job.finish()
     return Reply(job.envelope, protocol.error_header(job.request_id, code, message))
 
 
@@ -435,12 +437,12 @@ class RequestRouter:
         return self._scheduler.next_deadline_ns()
 
     # -- called from other threads -------------------------------------
-    def fail(self, jobs: Iterable[Job], code: Code, message: str) -> None:
+    def fail(self, jobs: Iterable[Job], code: Code, message: str, finish: bool = True) -> None:
         """Answer jobs that will never run (e.g. at shutdown); sent by the bus thread."""
         replies = []
         for job in jobs:
             self._slots[job.model].stats.answered(str(code))
-            replies.append(job_error(job, code, message))
+            replies.append(job_error(job, code, message, finish))
         self._owe(replies)
 
     def _owe(self, replies: list[Reply]) -> None:

@@ -74,6 +74,30 @@ class Job:
         return self.envelope[0]
 
 
+class InHand:
+    """The job the engine worker runs, and who answers it: the worker once the run
+    ends (``let_go``), or the stop when the run outlives its wait for the worker
+    (``take_back``, ``serving.stop_worker``), whichever comes first, never both."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._job: Job | None = None
+
+    def hold(self, job: Job) -> None:
+        self._job = job
+
+    def let_go(self, job: Job) -> bool:
+        """The worker answers ``job``: False when the stop took it back (answered)."""
+        with self._lock:
+            mine, self._job = self._job is job, None
+            return mine
+
+    def take_back(self) -> Job | None:
+        with self._lock:
+            job, self._job = self._job, None
+            return job
+
+
 class QueueFullError(Exception):
     pass
 

@@ -107,6 +107,7 @@ class ThermalMonitor:
         self._log = structlog.get_logger("inferd.thermal")
         self._unavailable_warn = _RateLimit(int(warn_interval_s * _NS_PER_S))
         self._sink_error_log = _RateLimit(int(warn_interval_s * _NS_PER_S))
+        self._crash_log = _RateLimit(int(warn_interval_s * _NS_PER_S))
 
         self._source: ThermalSource | None = None
         self._skipped: tuple[tuple[str, str], ...] = ()
@@ -190,7 +191,7 @@ class ThermalMonitor:
             try:
                 self._poll_once()
             except Exception:  # a bug here must not end thermal monitoring
-                self._log.exception("thermal_poll_crashed")
+                self._poll_crashed()
             next_at += self._period_s
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (a slow read): do not burst to catch up
@@ -198,6 +199,19 @@ class ThermalMonitor:
                 delay = 0.0
             if self._stop.wait(delay):
                 break
+
+    def _poll_crashed(self) -> None:
+        """Log the crash being handled, with its traceback, at most once per
+        ``warn_interval_s``: a poll that crashes every time would otherwise log a
+        traceback at ``poll_hz``.  The next line counts the crashes held back."""
+        try:
+            now = self._clock()
+        except Exception:  # the crash may be the clock's own: still logged
+            now = time.monotonic_ns()
+        if self._crash_log.allow(now):
+            self._log.exception(
+                "thermal_poll_crashed", suppressed=self._crash_log.take_suppressed()
+            )
 
     def _poll_once(self) -> ThermalState:
         now = self._clock()
