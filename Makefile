@@ -2,7 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check --no-input
+# --no-compile: pip byte-compiles every module it installs (sympy, hypothesis,
+# onnx... most of them never imported here): half of a venv's install time (the
+# 3.10 venv's took 44 s, 22 s without); Python compiles what is imported, once
+# (PYTEST_ENV lets the tests cache it).
+PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check --no-input --no-compile
 # pip and setuptools talk even with --quiet: keep their output in a log, shown
 # only when an install fails.
 LOGGED = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -67,7 +71,7 @@ lint: $(TEST_STAMP)
 # gets no bytecode from pip and PYTHONDONTWRITEBYTECODE (set on CI machines) keeps
 # Python from caching it (~0.2 s less per daemon start).
 # Most tests wait on a daemon subprocess, so pytest workers (pytest-xdist) overlap
-# them: on two cores, three workers took 343 s where two took 402 s (they left the
+# them: on two cores, three workers took 334 s where two took 396 s (they left the
 # cores a third idle); PYTEST_WORKERS=0 runs it in one process.
 # pytest rewrites the asserts of every test module it collects (10 s a process
 # here) and caches the result as bytecode only where writing it is allowed: it
