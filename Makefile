@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # onnx... most of them never imported here): half of a venv's install time (the
 # 3.10 venv's took 44 s, 22 s without); Python compiles what is imported, once
 # (PYTEST_ENV lets the tests cache it).
-PIP := $(BIN)/python -m pip --quiet --disable-pip-version-check --no-input --no-compile
+PIP_INSTALL := $(BIN)/python -m pip --quiet --disable-pip-version-check --no-input install --no-compile
 # pip and setuptools talk even with --quiet: keep their output in a log, shown
 # only when an install fails.
 LOGGED = > $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
@@ -38,21 +38,21 @@ CMAKE ?= cmake
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV)
-	@$(PIP) install --upgrade pip $(LOGGED)
+	@$(PIP_INSTALL) --upgrade pip $(LOGGED)
 
 $(RUN_STAMP): $(PACKAGING) | $(BIN)/python
 	@echo "installing inferd into $(VENV) (log: $(VENV)/install.log)"
-	@$(PIP) install -e ./clients -e '.[cpu]' $(LOGGED)
+	@$(PIP_INSTALL) -e ./clients -e '.[cpu]' $(LOGGED)
 	@touch $@
 
 $(TEST_STAMP): $(PACKAGING) | $(BIN)/python
 	@echo "installing inferd and its test tools into $(VENV) (log: $(VENV)/install.log)"
-	@$(PIP) install -e ./clients -e '.[cpu,test]' $(LOGGED)
+	@$(PIP_INSTALL) -e ./clients -e '.[cpu,test]' $(LOGGED)
 	@touch $@ $(RUN_STAMP)
 
 $(SYSTEMD_STAMP): $(TEST_STAMP)
 	@echo "installing systemd-python into $(VENV) (log: $(VENV)/install.log)"
-	@$(PIP) install -e '.[cpu,test,systemd]' $(LOGGED)
+	@$(PIP_INSTALL) -e '.[cpu,test,systemd]' $(LOGGED)
 	@touch $@
 
 run: $(RUN_STAMP)
