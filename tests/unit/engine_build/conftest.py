@@ -1,11 +1,44 @@
-"""Shared by the engine_build tests: a host tuple and the build summary's schema."""
+"""Shared by the engine_build tests: a host tuple, the build summary's schema, and
+another live build (`live`)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
 
 from inferd.types import HostTuple, PrecisionMode
-from tests.conftest import REPO
+from tests.conftest import HANG_S, REPO
 
 SUMMARY_SCHEMA = json.loads((REPO / "schemas" / "build" / "summary.json").read_text())
 HOST = HostTuple((8, 7), "orin", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
+
+
+#: A live process that takes the ``flock`` of the path it reads on stdin (``-``: none)
+#: as a staging build holds its folder's lock, says so, and waits to be killed.
+_LIVE = (
+    "import fcntl, os, sys, time\n"
+    "path = sys.stdin.readline().strip()\n"
+    "if path != '-':\n"
+    "    fd = os.open(path, os.O_RDWR | os.O_CREAT)\n"
+    "    fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def live() -> Iterator[subprocess.Popen[str]]:
+    """A real live process: another build, which takes its staging lock when told
+    (``_ready`` in ``test_conclusion_leaves_live_builds``); killed after the test."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _LIVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=HANG_S)

@@ -13,8 +13,6 @@ import io
 import json
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +25,8 @@ from inferd.engine_build import session
 from inferd.engine_build.artifacts import STAGING_DIR, STAGING_LOCK, CleanupReport
 from inferd.engine_build.child_exit import clean_after
 from inferd.engines.sidecar import read_sidecar, sidecar_path
-from tests.conftest import HANG_S
 from tests.unit.engine_build.test_commit_record import _killed_child
 from tests.unit.engine_build.test_conclusion_leaves_live_builds import (
-    _LIVE,
     _mid_commit,
     _quarantined,
     _ready,
@@ -38,19 +34,6 @@ from tests.unit.engine_build.test_conclusion_leaves_live_builds import (
 from tests.unit.engine_build.test_conclusions import _build, _engine_dir
 
 _THEIRS = b"the live build's engine"
-
-
-@pytest.fixture
-def other_build() -> Iterator[subprocess.Popen[str]]:
-    """A real live process: the other build (it takes its staging lock when told)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", _LIVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        yield process
-    finally:
-        process.kill()
-        process.wait(timeout=HANG_S)
 
 
 def _meanwhile(engine: Path, process: subprocess.Popen[str]) -> tuple[Path, Path]:
@@ -83,7 +66,7 @@ def _assert_left(engine: Path, temp: Path, staged_sidecar: Path, left: list[Any]
 def test_a_build_s_own_cleanup_leaves_a_live_build_of_the_same_engine(
     tmp_path: Path,
     demo_model: Path,
-    other_build: subprocess.Popen[str],
+    live: subprocess.Popen[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """This build committed; another live build of its engine renamed its engine over
@@ -95,7 +78,7 @@ def test_a_build_s_own_cleanup_leaves_a_live_build_of_the_same_engine(
     real = session.clean_up
 
     def other_commits_first(engine_path: Path, **kwargs: Any) -> CleanupReport:
-        seen["temp"], seen["sidecar"] = _meanwhile(engine_path, other_build)
+        seen["temp"], seen["sidecar"] = _meanwhile(engine_path, live)
         return real(engine_path, **kwargs)
 
     monkeypatch.setattr(session, "clean_up", other_commits_first)
@@ -108,13 +91,13 @@ def test_a_build_s_own_cleanup_leaves_a_live_build_of_the_same_engine(
 
 
 def test_the_daemon_s_cleanup_after_a_child_leaves_a_live_build_of_the_same_engine(
-    tmp_path: Path, demo_model: Path, other_build: subprocess.Popen[str]
+    tmp_path: Path, demo_model: Path, live: subprocess.Popen[str]
 ) -> None:
     """A daemon build's child was killed; an ``inferd build`` of the same engine is
     between its two renames as the daemon cleans after the child."""
     engine_dir = _engine_dir(tmp_path)
     engine, _, _ = _build(engine_dir, demo_model)
-    temp, staged_sidecar = _meanwhile(engine, other_build)
+    temp, staged_sidecar = _meanwhile(engine, live)
 
     with structlog.testing.capture_logs() as logs:
         cleanup = clean_after(_killed_child(engine))
@@ -126,13 +109,13 @@ def test_the_daemon_s_cleanup_after_a_child_leaves_a_live_build_of_the_same_engi
 
 
 def test_inferd_build_s_forced_exit_leaves_a_live_build_of_the_same_engine(
-    tmp_path: Path, demo_model: Path, other_build: subprocess.Popen[str]
+    tmp_path: Path, demo_model: Path, live: subprocess.Popen[str]
 ) -> None:
     """A second Ctrl-C on an ``inferd build`` while the daemon's build of the same
     engine is between its two renames."""
     engine_dir = _engine_dir(tmp_path)
     engine, _, _ = _build(engine_dir, demo_model)
-    temp, staged_sidecar = _meanwhile(engine, other_build)
+    temp, staged_sidecar = _meanwhile(engine, live)
     err = io.StringIO()
     exited: list[int] = []
 

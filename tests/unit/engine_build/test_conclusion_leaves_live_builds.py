@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,6 @@ import inferd.digest
 from inferd.engine_build import artifacts, commit_records, pipeline
 from inferd.engine_build.artifacts import QUARANTINE_DIR, STAGING_DIR, STAGING_LOCK
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
-from tests.conftest import HANG_S
 from tests.unit.engine_build.test_conclusions import (
     _build,
     _conclude,
@@ -29,30 +26,6 @@ from tests.unit.engine_build.test_conclusions import (
     _left,
     _manifest,
 )
-
-#: A live process that takes the ``flock`` of the path it reads on stdin (``-``: none)
-#: as a staging build holds its folder's lock, says so, and waits to be killed.
-_LIVE = (
-    "import fcntl, os, sys, time\n"
-    "path = sys.stdin.readline().strip()\n"
-    "if path != '-':\n"
-    "    fd = os.open(path, os.O_RDWR | os.O_CREAT)\n"
-    "    fcntl.flock(fd, fcntl.LOCK_EX)\n"
-    "print('ready', flush=True)\n"
-    "time.sleep(60)\n"
-)
-
-
-@pytest.fixture
-def live() -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(
-        [sys.executable, "-c", _LIVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        yield process
-    finally:
-        process.kill()
-        process.wait(timeout=HANG_S)
 
 
 def _ready(process: subprocess.Popen[str], lock: Path | None) -> None:
