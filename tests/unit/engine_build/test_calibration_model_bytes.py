@@ -15,14 +15,13 @@ import pytest
 from inferd.digest import model_digest
 from inferd.engine_build import BuildRequest, model_source, run_build
 from inferd.engine_build.model_source import ModelChangedError
-from inferd.engine_build.tensorrt_builder import TensorRTBuilder
-from inferd.engines import calibration as calib
 from tests.fakes import fake_tensorrt
 from tests.unit.engine_build.conftest import HOST
 from tests.unit.engine_build.test_build_model_identity import rename_over
 from tests.unit.engine_build.test_tensorrt_builder import (  # noqa: F401  (the fixture)
     INT8,
     W,
+    calibrating_builder,
     calibration_set,
     scale_model,
 )
@@ -38,20 +37,6 @@ def narrow_model(path: Path) -> Path:
         value.type.tensor_type.shape.dim[1].dim_value = W // 2
     onnx.save(model, str(path))
     return path
-
-
-def calibrating_builder(
-    gpu: fake_tensorrt.FakeGpuStack, model: Path, data: Path, sha256: str, engine: Path
-) -> TensorRTBuilder:
-    return TensorRTBuilder(
-        gpu.tensorrt,
-        gpu.driver,
-        model,
-        INT8,
-        calibration_data=data,
-        calibration_cache=calib.calibration_cache_path(engine),
-        model_sha256=sha256,
-    )
 
 
 def test_batches_are_checked_against_the_hashed_model_not_one_swapped_in_before_the_check(
@@ -75,7 +60,7 @@ def test_batches_are_checked_against_the_hashed_model_not_one_swapped_in_before_
 
     monkeypatch.setattr(model_source, "read_model", read_back)
     engine = tmp_path / "engines" / "scale.engine"
-    trt_builder = calibrating_builder(gpu, model, calibration_set, sha256, engine)
+    trt_builder = calibrating_builder(gpu, model, calibration_set, engine, model_sha256=sha256)
     assert trt_builder.calibration_batches is not None
     assert [(spec.name, spec.shape) for spec in trt_builder.calibration_batches.inputs] == [
         ("x", (4, W))
@@ -102,7 +87,7 @@ def test_batches_are_never_checked_against_a_model_changed_since_its_hash(
     rename_over(tmp_path / "other.onnx", model)
     with pytest.raises(ModelChangedError, match="changed during the build"):
         calibrating_builder(
-            gpu, model, calibration_set, sha256, tmp_path / "engines" / "scale.engine"
+            gpu, model, calibration_set, tmp_path / "engines" / "scale.engine", model_sha256=sha256
         )
 
 
@@ -123,5 +108,7 @@ def test_the_calibration_check_parses_the_model_once_from_its_bytes(
             return _parse(*args, **kwargs)
 
         monkeypatch.setattr(onnx, name, counted)
-    calibrating_builder(gpu, model, calibration_set, sha256, tmp_path / "engines" / "scale.engine")
+    calibrating_builder(
+        gpu, model, calibration_set, tmp_path / "engines" / "scale.engine", model_sha256=sha256
+    )
     assert calls == ["load_model_from_string"]

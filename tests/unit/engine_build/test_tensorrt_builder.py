@@ -191,6 +191,26 @@ def calibration_set(tmp_path: Path) -> Path:
     return directory
 
 
+def calibrating_builder(
+    gpu: fake_tensorrt.FakeGpuStack,
+    model: Path,
+    data: Path,
+    engine: Path,
+    config: BuildConfig | PrecisionMode = INT8,
+    model_sha256: str | None = None,
+) -> TensorRTBuilder:
+    """A builder calibrating on ``data`` with ``engine``'s calibration cache."""
+    return TensorRTBuilder(
+        gpu.tensorrt,
+        gpu.driver,
+        model,
+        config,
+        calibration_data=data,
+        calibration_cache=calib.calibration_cache_path(engine),
+        model_sha256=model_sha256,
+    )
+
+
 def int8_run(
     gpu: fake_tensorrt.FakeGpuStack,
     engine_dir: Path,
@@ -199,14 +219,7 @@ def int8_run(
     **kw: Any,
 ) -> Any:
     engine = engine_dir / "scale.engine"
-    trt_builder = TensorRTBuilder(
-        gpu.tensorrt,
-        gpu.driver,
-        model,
-        INT8,
-        calibration_data=data,
-        calibration_cache=calib.calibration_cache_path(engine),
-    )
+    trt_builder = calibrating_builder(gpu, model, data, engine)
     return run_build(BuildRequest(model, engine, INT8, HOST), trt_builder, **kw)
 
 
@@ -318,14 +331,7 @@ def test_a_static_network_calibrates_at_its_own_shape(
     engine = tmp_path / "engines" / "static.engine"
 
     def build() -> Any:
-        trt_builder = TensorRTBuilder(
-            gpu.tensorrt,
-            gpu.driver,
-            model,
-            config,
-            calibration_data=data,
-            calibration_cache=calib.calibration_cache_path(engine),
-        )
+        trt_builder = calibrating_builder(gpu, model, data, engine, config)
         return run_build(BuildRequest(model, engine, config, HOST), trt_builder)
 
     assert build().summary["outcome"] == "completed"
@@ -346,14 +352,7 @@ def test_a_batch_changed_after_the_check_is_refused_not_fed(
     the builder was made fails the build by name, never as a read past the buffer."""
     model = scale_model(tmp_path / "scale.onnx")
     engine = tmp_path / "engines" / "scale.engine"
-    trt_builder = TensorRTBuilder(
-        gpu.tensorrt,
-        gpu.driver,
-        model,
-        INT8,
-        calibration_data=calibration_set,
-        calibration_cache=calib.calibration_cache_path(engine),
-    )
+    trt_builder = calibrating_builder(gpu, model, calibration_set, engine)
     short = calibration_set / "batch1.npz"
     np.savez(short, x=np.ones((2, W), np.float32))
     report = run_build(BuildRequest(model, engine, INT8, HOST), trt_builder)
