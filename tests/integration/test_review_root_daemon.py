@@ -21,6 +21,7 @@ from inferd import config as config_module
 from inferd.daemon import Daemon
 from inferd.fdr.reader import read_records
 from inferd.serving.slot import ModelSlot
+from inferd.supervision import journal_writer
 from inferd.supervision.instance import InstanceLock
 from tests.conftest import HANG_S, render_config, wait_until
 from tests.integration.wire import RawDealer, assert_error
@@ -39,8 +40,13 @@ def _daemon(
 
 
 def _inferd_threads() -> list[str]:
+    """The daemon's threads: not the journal writer, which is the process's (the
+    first journald log line starts it, whatever logs it) and which a unit test run
+    before in this worker may have started."""
     return sorted(
-        thread.name for thread in threading.enumerate() if thread.name.startswith("inferd-")
+        thread.name
+        for thread in threading.enumerate()
+        if thread.name.startswith("inferd-") and thread.name != journal_writer.THREAD_NAME
     )
 
 
