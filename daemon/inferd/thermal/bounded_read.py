@@ -1,89 +1,195 @@
-"""Source reads on a helper thread, so a hung sensor cannot hang the monitor.
+"""Source reads and opens on a helper thread, so a hung sensor or a hung open
+cannot hang the monitor.
 
 An I2C sensor or a jtop socket that stops answering blocks ``read`` for as
-long as it likes, and a thread cannot be interrupted.  The monitor therefore
-waits for each read only until a deadline; past it the poll counts as lost
-telemetry (which, while throttled, is a recorded transition) and the poller
-keeps its pace.  The late read is left to finish on its own thread and no new
-one starts until it has: however long the sensor hangs, at most one helper
-thread exists.
+long as it likes; ``jtop.start()`` against a service that stopped answering,
+or ``nvmlInit`` on a wedged driver, blocks an open the same way; and a thread
+cannot be interrupted.  The monitor therefore waits for each call only until
+a deadline; past it the poll counts as lost telemetry (which, while
+throttled, is a recorded transition) and the poller keeps its pace.  The late
+call is left to finish on its own thread and no new one starts until it has:
+however long the sensor hangs, at most one helper thread exists per
+``BoundedCall``.
+
+What a late call returns belongs to exactly one party: the caller, which may
+take it (``take_late``: a late open is used), or the ``discard`` callback:
+at the next ``call`` if nobody took it (a late read is old, and dropped), or
+once the caller has moved on (``abandon``), on the helper thread as the call
+ends (a late open closes what it opened: no NVML or jtop handle leaks, even
+when the monitor stopped waiting for it).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal.reading import ThermalReading, ThermalSource
 
 READ_THREAD_NAME = "inferd-thermal-read"
+OPEN_THREAD_NAME = "inferd-thermal-open"
+
+T = TypeVar("T")
 
 
-class _Read:
-    def __init__(self, source: ThermalSource) -> None:
+class DeadlinePassedError(TelemetryUnavailableError):
+    """The call did not return within the deadline, an earlier one still runs,
+    or the caller has moved on (``abandon``)."""
+
+
+def _keep(_outcome: object) -> None:
+    return None
+
+
+class _Call(Generic[T]):
+    """One call on its own thread; its fields change under its owner's lock."""
+
+    def __init__(self, owner: BoundedCall[T], fn: Callable[[], T], what: str) -> None:
         self.started_at = time.monotonic()
         self.finished = False
-        #: Stays this if ``read`` ends by a BaseException the thread cannot report.
-        self.outcome: ThermalReading | Exception = TelemetryUnavailableError(
-            f"{source.name}: the read ended without a reading"
-        )
+        #: Stays this if ``fn`` ends by a BaseException the thread cannot report.
+        self.outcome: T | Exception = TelemetryUnavailableError(f"{what} ended without a result")
+        #: Someone owns the outcome: the waiting caller, ``take_late`` or ``discard``.
+        self.claimed = False
+        #: Set last on the thread: nothing of this call (``discard`` included) runs any more.
+        self.exited = False
         self.thread = threading.Thread(
-            target=self._run, args=(source,), name=READ_THREAD_NAME, daemon=True
+            target=self._run, args=(owner, fn), name=owner.thread_name, daemon=True
         )
-        self.done = threading.Condition()
 
-    def _run(self, source: ThermalSource) -> None:
+    def _run(self, owner: BoundedCall[T], fn: Callable[[], T]) -> None:
+        outcome = self.outcome
         try:
-            self.outcome = source.read()
+            outcome = fn()
         except Exception as exc:
-            self.outcome = exc
+            outcome = exc
         finally:
-            with self.done:
-                self.finished = True
-                self.done.notify_all()
+            try:
+                owner._finished(self, outcome)
+            finally:
+                self.exited = True
 
 
-class BoundedReader:
-    """``read(source)`` returns the source's reading or raises what it raised,
-    or ``TelemetryUnavailableError`` when it took longer than ``deadline_s``
-    or an earlier read has still not returned.  Called from one thread."""
+class BoundedCall(Generic[T]):
+    """``call(fn, name)`` returns what ``fn`` returned or raises what it raised,
+    or ``DeadlinePassedError`` when it took longer than ``deadline_s``, an
+    earlier call has still not returned, or the caller has moved on.  Called
+    from one thread (the monitor's), except ``abandon`` and ``join`` (``stop``)."""
 
-    def __init__(self, deadline_s: float) -> None:
+    def __init__(
+        self,
+        deadline_s: float,
+        *,
+        what: str,
+        thread_name: str,
+        discard: Callable[[T], None] = _keep,
+    ) -> None:
         self.deadline_s = deadline_s
-        self._late: _Read | None = None
+        self.thread_name = thread_name
+        self._what = what
+        self._discard = discard
+        #: Guards every ``_Call``'s fields, ``_late`` and ``_abandoned``.
+        self._lock = threading.Condition()
+        self._late: _Call[T] | None = None
+        #: The latest call, late or not: ``join`` waits for its thread to end.
+        self._last: _Call[T] | None = None
+        self._abandoned = False
+
+    def _finished(self, attempt: _Call[T], outcome: T | Exception) -> None:
+        with self._lock:
+            attempt.outcome = outcome
+            attempt.finished = True
+            orphan = self._abandoned and not attempt.claimed
+            if orphan:
+                attempt.claimed = True
+            self._lock.notify_all()
+        if orphan:  # nobody will take it: on this thread, as the call ends
+            self._give_to_discard(outcome)
+
+    def _give_to_discard(self, outcome: T | Exception | None) -> None:
+        if outcome is not None and not isinstance(outcome, Exception):
+            self._discard(outcome)
 
     def hung_for_s(self) -> float | None:
-        """How long the read that missed its deadline has run; None if none runs."""
-        late = self._late
-        if late is None or late.finished:
-            return None
-        return time.monotonic() - late.started_at
+        """How long the call that missed its deadline has run; None if none runs."""
+        with self._lock:
+            late = self._late
+            if late is None or late.finished:
+                return None
+            return time.monotonic() - late.started_at
 
-    def read(self, source: ThermalSource) -> ThermalReading:
-        hung_for = self.hung_for_s()
-        if hung_for is not None:
-            raise TelemetryUnavailableError(
-                f"{source.name}: an earlier read has not returned for {hung_for:.1f} s"
-            )
-        attempt = _Read(source)
-        attempt.thread.start()
-        with attempt.done:
-            finished = attempt.done.wait_for(lambda: attempt.finished, self.deadline_s)
-        if not finished:
-            self._late = attempt
-            raise TelemetryUnavailableError(
-                f"{source.name}: no reading within {self.deadline_s:g} s (the read hangs)"
-            )
+    def _take_late_locked(self) -> T | Exception | None:
+        late = self._late
+        if late is None or not late.finished:
+            return None
         self._late = None
+        if late.claimed:
+            return None
+        late.claimed = True
+        return late.outcome
+
+    def take_late(self) -> T | Exception | None:
+        """What the call that missed its deadline returned (or raised), once it
+        has finished: once, and never after ``abandon``."""
+        with self._lock:
+            return self._take_late_locked()
+
+    def call(self, fn: Callable[[], T], name: str) -> T:
+        """``fn()`` on a helper thread; ``name`` (the source) prefixes the errors."""
+        with self._lock:
+            if self._abandoned:
+                raise DeadlinePassedError(f"{name}: no {self._what} starts: the caller stopped")
+            late = self._late
+            if late is not None and not late.finished:
+                raise DeadlinePassedError(
+                    f"{name}: an earlier {self._what} has not returned for "
+                    f"{time.monotonic() - late.started_at:.1f} s"
+                )
+            dropped = self._take_late_locked()  # a late result nobody took
+            attempt = _Call(self, fn, f"{name}: the {self._what}")
+            self._last = attempt
+            attempt.thread.start()
+            finished = self._lock.wait_for(lambda: attempt.finished, self.deadline_s)
+            # Claimed already: abandoned meanwhile, and given to discard.
+            claimed = finished and not attempt.claimed
+            if claimed:
+                attempt.claimed = True
+            elif not finished:
+                self._late = attempt
+        self._give_to_discard(dropped)
+        if not finished:
+            raise DeadlinePassedError(
+                f"{name}: the {self._what} did not finish within {self.deadline_s:g} s (it hangs)"
+            )
+        if not claimed:
+            raise DeadlinePassedError(f"{name}: the {self._what} ended after the caller stopped")
         if isinstance(attempt.outcome, Exception):
             raise attempt.outcome
         return attempt.outcome
 
+    def abandon(self) -> None:
+        """The caller moves on: what a call returns from now on goes to
+        ``discard`` (a finished late result now, a running call's on its thread
+        when it ends) and no call starts until ``resume``."""
+        with self._lock:
+            self._abandoned = True
+            outcome = self._take_late_locked()
+        self._give_to_discard(outcome)
+
+    def resume(self) -> None:
+        """Calls start again (the monitor restarts)."""
+        with self._lock:
+            self._abandoned = False
+
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for a late read to return; False if it still runs."""
-        late = self._late
-        if late is None:
+        """Wait up to ``timeout`` for the latest call's thread to end (one that
+        returned on time may still be exiting); False while the call, or the
+        ``discard`` of what it returned, still runs."""
+        with self._lock:
+            last = self._last
+        if last is None:
             return True
-        late.thread.join(max(timeout, 0.0))
-        return not late.thread.is_alive()
+        last.thread.join(max(timeout, 0.0))
+        return last.exited or not last.thread.is_alive()

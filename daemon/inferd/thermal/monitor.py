@@ -5,8 +5,9 @@ attribute assignment, so ``snapshot()`` needs no lock and does no I/O),
 decides throttle transitions with hysteresis, writes each transition to the
 flight data recorder and publishes a ``thermal`` event at every poll.  Sinks
 are plain callables; a failing sink is logged and never stops the thread.
-Each read runs on a helper thread with a deadline (``bounded_read``): a hung
-sensor is lost telemetry, never a hung monitor.  So is a reading with a NaN,
+Each read, and each open of a source, runs on a helper thread with a deadline
+(``bounded_read``, ``opening``): a hung sensor or a hung ``jtop.start()`` is
+lost telemetry, never a hung monitor.  So is a reading with a NaN,
 infinite, offline (below -100 C) or non-numeric temperature: a broken source
 is never published as a fresh reading.
 """
@@ -23,7 +24,8 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.thermal.bounded_read import BoundedReader
+from inferd.thermal.bounded_read import READ_THREAD_NAME, BoundedCall
+from inferd.thermal.opening import BoundedOpen, Opener
 from inferd.thermal.reading import (
     GpuUsage,
     ThermalReading,
@@ -31,7 +33,7 @@ from inferd.thermal.reading import (
     implausible,
     is_finite_number,
 )
-from inferd.thermal.selection import SourceSelection, open_source
+from inferd.thermal.selection import SourceSelection
 from inferd.thermal.throttle import ThrottleDecision, ThrottleTracker
 from inferd.types import EventSink, RecordSink, ThermalState
 
@@ -72,7 +74,8 @@ class ThermalMonitor:
 
     ``clock`` stamps ``measured_at_ns`` and drives the log rate limits, the
     re-probe interval and snapshot staleness (default ``time.monotonic_ns``).
-    ``opener`` chooses the source (default: ``open_source``, config order).
+    ``opener`` chooses the source (default: ``open_source``, config order); it
+    runs on ``inferd-thermal-open`` with the read's deadline (``opening``).
     ``_poll_once`` runs one poll synchronously; do not call it while the
     thread runs.
     """
@@ -84,7 +87,7 @@ class ThermalMonitor:
         events: EventSink = _discard,
         record: RecordSink = _discard,
         clock: Callable[[], int] = time.monotonic_ns,
-        opener: Callable[[ThermalConfig], SourceSelection] = open_source,
+        opener: Opener | None = None,
         warn_interval_s: float = 60.0,
         reprobe_interval_s: float = 60.0,
         stale_after_s: float | None = None,
@@ -93,7 +96,6 @@ class ThermalMonitor:
         self._events = events
         self._record = record
         self._clock = clock
-        self._opener = opener
         self._period_s = 1.0 / config.poll_hz
         self._reprobe_ns = int(reprobe_interval_s * _NS_PER_S)
         if stale_after_s is None:
@@ -101,8 +103,11 @@ class ThermalMonitor:
             # past this the snapshot no longer claims to be telemetry.
             stale_after_s = max(3.0 * self._period_s, 5.0)
         self._stale_ns = int(stale_after_s * _NS_PER_S)
-        # A read slower than the snapshot may be old is lost telemetry.
-        self._reader = BoundedReader(stale_after_s)
+        # A read or an open slower than the snapshot may be old is lost telemetry.
+        self._reader: BoundedCall[ThermalReading] = BoundedCall(
+            stale_after_s, what="read", thread_name=READ_THREAD_NAME
+        )
+        self._opening = BoundedOpen(config, opener, stale_after_s)
         self._tracker = ThrottleTracker(config.throttle_enter_c, config.hysteresis_c)
         self._log = structlog.get_logger("inferd.thermal")
         self._unavailable_warn = _RateLimit(int(warn_interval_s * _NS_PER_S))
@@ -157,13 +162,15 @@ class ThermalMonitor:
         if self._thread is not None:
             raise RuntimeError("thermal monitor already started")
         self._stop.clear()
+        self._opening.resume()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Stop polling, join the thread and close the source.  False if the
-        thread, or a read that missed its deadline, did not finish within
-        ``timeout`` (the source is then left open: a read may still use it)."""
+        thread, or a read or an open that missed its deadline, did not finish
+        within ``timeout`` (a source being read is then left open: the read may
+        still use it; one being opened is closed when its open returns)."""
         self._stop.set()
         give_up_at = time.monotonic() + timeout
         thread = self._thread
@@ -171,12 +178,16 @@ class ThermalMonitor:
             thread = None  # stopped from a sink: the loop ends after this poll
         if thread is not None:
             thread.join(timeout)
-        if (thread is not None and thread.is_alive()) or not self._reader.join(
-            give_up_at - time.monotonic()
+        if (
+            (thread is not None and thread.is_alive())
+            or not self._reader.join(give_up_at - time.monotonic())
+            or not self._opening.join(give_up_at - time.monotonic())
         ):
+            self._opening.abandon()  # even one the thread is still waiting for
             self._log.error("thermal_monitor_stop_timeout", timeout_s=timeout)
             return False
         self._thread = None
+        self._opening.abandon()  # an open that ended late and was never used: closed
         self._close_source()
         self._last_probe_ns = None  # a later start() probes at once
         self._failing_since_ns = None
@@ -267,10 +278,13 @@ class ThermalMonitor:
             return None, f"{self.source_name}: a read has not returned for {hung_for:.1f} s"
         source = self._ensure_source(now)
         if source is None:
+            pending = self._opening.pending()
+            if pending is not None:  # no second open starts while this one hangs
+                return None, pending
             reasons = "; ".join(f"{name}: {reason}" for name, reason in self._skipped)
             return None, f"no thermal source available ({reasons or 'none configured'})"
         try:
-            reading = self._reader.read(source)
+            reading = self._reader.call(source.read, source.name)
         except TelemetryUnavailableError as exc:
             return None, str(exc)
         except Exception as exc:
@@ -285,6 +299,11 @@ class ThermalMonitor:
         return reading, ""
 
     def _ensure_source(self, now: int) -> ThermalSource | None:
+        late = self._opening.take_late()
+        if late is not None:  # an open that missed its deadline has finished: used
+            self._selected(late)
+        elif self._opening.pending() is not None:
+            return None
         if self._source is not None:
             failing = self._failing_since_ns
             if failing is None or now - failing < self._reprobe_ns:
@@ -300,11 +319,12 @@ class ThermalMonitor:
         elif self._last_probe_ns is not None and now - self._last_probe_ns < self._reprobe_ns:
             return None
         self._last_probe_ns = now
-        try:
-            selection = self._opener(self._config)
-        except Exception as exc:  # open_source never raises; an injected opener might
-            self._log.exception("thermal_source_selection_crashed")
-            selection = SourceSelection(None, (("selection", f"{type(exc).__name__}: {exc}"),))
+        selection = self._opening.open()
+        if selection is not None:  # else it missed its deadline: see _read
+            self._selected(selection)
+        return self._source
+
+    def _selected(self, selection: SourceSelection) -> None:
         self._source = selection.source
         self._skipped = selection.skipped
         self._failing_since_ns = None
@@ -313,7 +333,6 @@ class ThermalMonitor:
             self._log.info("thermal_source_selected", source=selection.source.name, skipped=skipped)
         else:
             self._log.info("thermal_no_source", skipped=skipped)
-        return self._source
 
     def _close_source(self) -> None:
         source, self._source = self._source, None

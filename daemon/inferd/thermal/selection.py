@@ -53,16 +53,23 @@ class SourceSelection:
 
 
 def open_source(
-    config: ThermalConfig, openers: dict[str, SourceOpener] | None = None
+    config: ThermalConfig,
+    openers: dict[str, SourceOpener] | None = None,
+    *,
+    trying: Callable[[str], None] | None = None,
 ) -> SourceSelection:
     """Try ``config.sources`` in order: open, then probe with one read.
 
     Any failure (library missing, service down, NVML init error, no matching
     zone, a first read that fails) means "try the next source".  Never raises.
+    ``trying`` is told each source's name before it is opened (the monitor
+    names the one whose open hangs).
     """
     openers = OPENERS if openers is None else openers
     skipped: list[tuple[str, str]] = []
     for name in config.sources:
+        if trying is not None:
+            trying(name)
         try:
             source = openers[name](config)
         except TelemetryUnavailableError as exc:
