@@ -11,7 +11,8 @@ What subscribers send is bounded (DESIGN.md 124): a message longer than
 ``SUBSCRIBER_MAX_MESSAGE_BYTES`` ends its connection in libzmq, and each pass
 of the loop, before it publishes, applies the (un)subscriptions that can match
 a topic (``subscribers.SUBSCRIBABLE``); any other subscription, or a message
-that is no subscription, is refused, counted and ends its peer's connections.
+that is no subscription, is refused, counted and ends its peer's connections.  So
+is every message of a peer past ``SUBSCRIBER_BURST`` (un)subscriptions at once.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from inferd.bus.binding import BindOutcome
 from inferd.bus.endpoint_connections import EndpointConnections
 from inferd.bus.subscribers import SUBSCRIBE, UNSUBSCRIBE, subscribable
 from inferd.bus.zap import SocketSecurity, peer_of
+from inferd.peer_rate_limit import PeerRateLimiter
 from inferd_wire import protocol
 from inferd_wire.endpoints import wants_ipv6
 from inferd_wire.multipart import readable
@@ -57,6 +59,17 @@ SUBSCRIBER_RCVHWM = 16
 #: for it (a PUB never blocks): libzmq's default, set here so that the bound is
 #: this daemon's. Events are at most a few hundred bytes: under 1 MB a subscriber.
 SUBSCRIBER_SNDHWM = 1000
+#: (Un)subscriptions a peer (``Peer.key``: its uid, CURVE key or address; without a
+#: ZAP handler its ``Peer-Address``) may send at once, then one more every
+#: ``SUBSCRIBER_REFILL_S``; past that each of its messages is refused (counted, the
+#: sender's connections ended).  ``SUBSCRIBER_RCVHWM`` does not bound what valid
+#: ones add: libzmq moves every connection's waiting messages into one queue of the
+#: socket whenever the thread touches it, faster than the thread takes them, and
+#: drops none; 8 connections alternating ``health`` and its unsubscription grew a
+#: daemon by 792 MiB in 15 s.  An ``EventSubscriber`` sends at most 7 as it joins
+#: (its topics, ``health`` and its unsubscription): 256 is 36 of them at once.
+SUBSCRIBER_BURST = 256
+SUBSCRIBER_REFILL_S = 1 / 16
 #: Subscriber messages taken per pass, so that a flood of them cannot hold up
 #: the events queued or the liveness beat; the next pass then does not wait.
 _SUBSCRIPTIONS_PER_PASS = 1000
@@ -107,6 +120,9 @@ class EventPublisher(threading.Thread):
         #: messages that are no (un)subscription (``status.bus``).
         self.subscriptions_refused = 0
         self._refusals_logged_at: float | None = None
+        self._rate = PeerRateLimiter(
+            "events subscription", SUBSCRIBER_BURST, SUBSCRIBER_REFILL_S, "publisher.py"
+        )
         self._refused_at_last_line = 0
         self._peers = EndpointConnections("")
         #: A message that is no subscription was read and the queue has not been
@@ -224,7 +240,7 @@ class EventPublisher(threading.Thread):
         the rest and end their peers' connections.  Whether more are waiting."""
         if not readable(sock):
             return False
-        refused: dict[str, zmq.Frame] = {}
+        refused: dict[str, tuple[zmq.Frame, str]] = {}
         resubscribing: set[str] = set()
         closed = 0
         more = True
@@ -242,8 +258,15 @@ class EventPublisher(threading.Thread):
             # applied to the connection of the one queued after it: none is
             # applied, and their senders are disconnected to subscribe again.
             self._misaligned = self._misaligned or not subscription
+            address = _property(frame, "Peer-Address")
+            # libzmq's own unsubscriptions for a connection that ended have no address.
+            if address and not self._within_rate(frame, address):
+                self.subscriptions_refused += 1
+                if address not in refused:
+                    refused[address] = (frame, "more (un)subscriptions than its rate")
+                    closed += self._peers.close_from(address)
+                continue
             if self._misaligned and subscription:
-                address = _property(frame, "Peer-Address")
                 if address and address not in resubscribing:
                     resubscribing.add(address)
                     closed += self._peers.close_from(address)
@@ -253,16 +276,25 @@ class EventPublisher(threading.Thread):
                 sock.setsockopt(option, prefix)
             elif kind != UNSUBSCRIBE:  # cancelling what was never applied changes nothing
                 self.subscriptions_refused += 1
-                address = _property(frame, "Peer-Address")
                 if address not in refused:
-                    refused[address] = frame
+                    what = "a subscription no topic can match" if subscription else ""
+                    refused[address] = (frame, what or "not a subscription")
                     # At once: libzmq keeps what the connection sends until it ends.
                     closed += self._peers.close_from(address) if address else 0
         if refused:
-            self._log_refusal(next(iter(refused.values())), len(refused), closed)
+            self._log_refusal(*next(iter(refused.values())), len(refused), closed)
         return more
 
-    def _log_refusal(self, frame: zmq.Frame, peers: int, closed: int) -> None:
+    def _within_rate(self, frame: zmq.Frame, address: str) -> bool:
+        """Whether the peer that sent ``frame`` may send one more (it is counted)."""
+        peer = peer_of(frame)
+        key = peer.key if peer is not None else address  # no ZAP handler: its address
+        if self._rate.retry_after(key) is not None:
+            return False
+        self._rate.take(key)
+        return True
+
+    def _log_refusal(self, frame: zmq.Frame, what: str, peers: int, closed: int) -> None:
         """One line for a pass's refusals, at most every ``_REFUSAL_LOG_INTERVAL_S``."""
         now = time.monotonic()
         logged_at = self._refusals_logged_at
@@ -270,12 +302,12 @@ class EventPublisher(threading.Thread):
             return
         data = frame.bytes
         peer = peer_of(frame)
-        subscription = data[:1] == bytes([SUBSCRIBE])
+        subscription = data[:1] in (bytes([SUBSCRIBE]), bytes([UNSUBSCRIBE]))
         shown = data[1:] if subscription else data
         log.warning(
             "events_subscription_refused",
             peer=peer.describe() if peer is not None else _property(frame, "Peer-Address"),
-            what="a subscription no topic can match" if subscription else "not a subscription",
+            what=what,
             message=repr(shown[:_SHOWN_BYTES]) + ("..." if len(shown) > _SHOWN_BYTES else ""),
             message_bytes=len(data),
             peers=peers,

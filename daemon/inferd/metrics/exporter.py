@@ -166,10 +166,11 @@ class MetricsExporter:
             wait = _TICK_S
             if self._config.textfile is not None:
                 wait = min(wait, max(0.0, next_write - time.monotonic()))
-            if self._server is not None:
-                self._server.timeout = wait
-                self._server.handle_request()  # one connection, or none within ``wait``
-            else:
+            server = self._server
+            if server is not None and time.monotonic() >= server.paused_until:
+                server.timeout = wait
+                server.handle_request()  # one connection, or none within ``wait``
+            else:  # no endpoint, or its accept failed a moment ago (``ACCEPT_PAUSE_S``)
                 self._stop.wait(wait)
 
     def _render(self, accept: str) -> tuple[bytes, str]:

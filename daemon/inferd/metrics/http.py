@@ -7,7 +7,9 @@ no thread per connection), a listen backlog of ``BACKLOG``; a request's head
 reply must be taken within ``WRITE_TIMEOUT_S``; HTTP/1.0, so every connection
 closes after one reply.  A client can therefore hold the thread for at most
 ``READ_DEADLINE_S + WRITE_TIMEOUT_S`` and the daemon memory for one request
-head.  Nothing is logged per request: the exporter counts them.
+head.  Nothing is logged per request: the exporter counts them.  An ``accept``
+that fails (the daemon out of descriptors) leaves the listener alone for
+``ACCEPT_PAUSE_S`` (``paused_until``), logged as ``metrics_accept_failed``.
 
 The body is OpenMetrics when the scraper asks for it (Prometheus does, in its
 ``Accept`` header), else Prometheus' text format (``prometheus_client``'s
@@ -26,11 +28,19 @@ from io import BytesIO
 from typing import Any
 from urllib.parse import urlsplit
 
+import structlog
+
 MAX_REQUEST_BYTES = 8192
 READ_DEADLINE_S = 2.0
 WRITE_TIMEOUT_S = 5.0
 BACKLOG = 8
 METRICS_PATH = "/metrics"
+#: How long the listener is left alone after ``accept`` failed (``EMFILE``,
+#: ``ENFILE``, ``ENOMEM``): the connection stays queued and the listener readable,
+#: so trying again at once spins the thread (as ``shm.sock``'s, DESIGN.md 200).
+ACCEPT_PAUSE_S = 0.5
+
+log = structlog.get_logger("inferd.metrics")
 
 #: ``render(accept_header) -> (body, content_type)``.
 Render = Callable[[str], tuple[bytes, str]]
@@ -134,7 +144,19 @@ class MetricsServer(socketserver.TCPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.render = render
         self.count = count
+        #: Until when (monotonic) no connection is accepted, after an ``accept`` failed.
+        self.paused_until = 0.0
         super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return self.socket.accept()
+        except (BlockingIOError, InterruptedError):
+            raise  # nothing to accept after all: ``handle_request`` returns
+        except OSError as exc:  # out of descriptors or memory: not again at once
+            self.paused_until = time.monotonic() + ACCEPT_PAUSE_S
+            log.warning("metrics_accept_failed", error=exc.strerror, retry_s=ACCEPT_PAUSE_S)
+            raise
 
     @property
     def bound(self) -> str:
