@@ -1406,7 +1406,7 @@ TEST(hostile_counts_and_nesting_are_refused_not_allocated_or_recursed) {
     CHECK(std::chrono::steady_clock::now() - started < 1s);
     // Nesting: a 30 KB control result, or an alert's fields, of arrays inside
     // arrays overflowed the stack turning them into JSON (a segfault, also
-    // optimised); the events socket has no size bound at all.
+    // optimised); the events socket had no size bound at all then.
     auto deep = control_reply_around(repeated("", "\x91", 30000, "\xc0"));
     CHECK_THROWS(MalformedReply, wire::decode_control_reply(deep.data(), deep.size()), true);
     auto deep_value = repeated("", "\x91", 30000, "\xc0");
@@ -1542,6 +1542,13 @@ TEST(a_signal_during_a_call_neither_fails_nor_shortens_it) {
     Interrupter signals;
     events.wait_joined(5s);
     CHECK(events.receive(5s).has_value());
+    // With no publisher, its whole timeout (it waits on its monitor too).
+    SubscriberOptions nowhere;
+    nowhere.endpoint = "ipc://" + temp_dir() + "/nobody.sock";
+    EventSubscriber unheard(nowhere);
+    auto started = std::chrono::steady_clock::now();
+    CHECK(!unheard.receive(150ms).has_value());
+    CHECK(std::chrono::steady_clock::now() - started >= 150ms);
 }
 
 TEST(a_subscribers_wait_may_be_unbounded) {
@@ -1555,6 +1562,218 @@ TEST(a_subscribers_wait_may_be_unbounded) {
     events.wait_joined(std::chrono::milliseconds::max());
     auto event = events.receive(std::chrono::milliseconds::max());
     CHECK(event.has_value() && std::holds_alternative<HealthEvent>(*event));
+}
+
+namespace {
+
+// A line of /proc/self/status (VmRSS, VmHWM), in bytes.
+std::size_t status_bytes(const std::string& name) {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.rfind(name + ":", 0) == 0) return std::stoull(line.substr(name.size() + 1)) * 1024;
+    }
+    return 0;
+}
+
+// Starts the peak resident memory (VmHWM) again from what is resident now
+// (Linux 4.0); false where the kernel does not let it.
+bool reset_peak_resident() {
+    std::ofstream refs("/proc/self/clear_refs");
+    refs << "5" << std::flush;
+    return refs.good();
+}
+
+// Publishes health events numbered from `number` + 1 (their seq) on `pub` until
+// `events` receives one (it has joined, or joined again), noting each
+// MalformedReply on the way in `refused`: the number received, 0 when none came
+// within 15 s.
+std::uint64_t next_tick(zmq::socket_t& pub, EventSubscriber& events, std::uint64_t& number,
+                        std::vector<std::string>& refused) {
+    auto give_up_at = std::chrono::steady_clock::now() + 15s;
+    while (std::chrono::steady_clock::now() < give_up_at) {
+        auto payload = health_event(++number);
+        pub.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
+        pub.send(zmq::buffer(payload), zmq::send_flags::none);
+        try {
+            auto event = events.receive(50ms);
+            if (event) return std::get<HealthEvent>(*event).stamp.seq;
+        } catch (const MalformedReply& error) {
+            refused.emplace_back(error.what());
+        }
+    }
+    return 0;
+}
+
+// A PUB socket of its own context bound to `endpoint` (a CURVE server when
+// `secret_key` is given): closing the context waits until the socket and its
+// ipc file are gone, so another may bind there at once.
+struct OwnPublisher {
+    explicit OwnPublisher(const std::string& endpoint, const std::string& secret_key = "") {
+        pub.set(zmq::sockopt::linger, 0);
+        if (!secret_key.empty()) {
+            pub.set(zmq::sockopt::curve_server, true);
+            pub.set(zmq::sockopt::curve_secretkey, secret_key);
+        }
+        pub.bind(endpoint);
+    }
+    zmq::context_t context{1};
+    zmq::socket_t pub{context, zmq::socket_type::pub};
+};
+
+// Publishes a health event on `pub` every 10 ms, numbered from `first`, from its
+// own thread until destroyed (`pub` is the thread's meanwhile), calling
+// `before` with each number before it is sent.
+class Ticking {
+public:
+    Ticking(zmq::socket_t& pub, std::uint64_t first, std::function<void(std::uint64_t)> before)
+        : thread_([this, &pub, first, before = std::move(before)] {
+              for (auto seq = first; !stop_; ++seq) {
+                  before(seq);
+                  auto payload = health_event(seq);
+                  pub.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
+                  pub.send(zmq::buffer(payload), zmq::send_flags::none);
+                  std::this_thread::sleep_for(10ms);
+              }
+          }) {}
+    ~Ticking() {
+        stop_ = true;
+        thread_.join();
+    }
+
+private:
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+}  // namespace
+
+TEST(an_oversized_event_is_not_taken_into_memory_and_later_events_arrive) {
+    // Without ZMQ_MAXMSGSIZE the subscriber took an event frame of any size whole
+    // into memory (64 MiB resident here) before decoding refused it. With the
+    // bound alone, libzmq ends the connection at the frame's length and never
+    // makes it again: no event came after it.
+    // Resident before the measurement starts, sent from where it is, and freed
+    // after the publisher's context is gone (ASan's shadow of a freed 64 MiB is
+    // 8 MiB): nothing of the sender's grows.
+    constexpr std::size_t kOversized = std::size_t{64} << 20;
+    std::unique_ptr<char[]> oversized(new char[kOversized]);
+    std::memset(oversized.get(), 0, kOversized);
+    auto endpoint = "ipc://" + temp_dir() + "/events.sock";
+    OwnPublisher publisher(endpoint);
+    SubscriberOptions subscription;
+    subscription.endpoint = endpoint;
+    EventSubscriber events(subscription);
+    std::uint64_t number = 0;
+    std::vector<std::string> refused;
+    CHECK(next_tick(publisher.pub, events, number, refused) > 0);
+    zmq::message_t frame(oversized.get(), kOversized, [](void*, void*) {});
+    bool measured = reset_peak_resident();
+    auto before = status_bytes("VmRSS");
+    // Sent 10 ms after the fifth event, while the subscriber waits for the next:
+    // the monitor's news of the lost connection must end that wait, or it waits
+    // its 15 s for events of a connection that is gone.
+    auto last_before = number + 5;
+    std::vector<std::uint64_t> received;
+    {
+        Ticking ticks(publisher.pub, number + 1, [&](std::uint64_t seq) {
+            if (seq != last_before + 1) return;
+            publisher.pub.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
+            publisher.pub.send(frame, zmq::send_flags::none);
+        });
+        try {
+            while (received.empty() || received.back() <= last_before) {
+                auto event = events.receive(15s);
+                if (!event) break;
+                received.push_back(std::get<HealthEvent>(*event).stamp.seq);
+            }
+        } catch (const MalformedReply& error) {
+            refused.emplace_back(error.what());
+        }
+    }
+    CHECK(!received.empty() && received.back() > last_before);
+    // With the bound 0.6 MiB (ASan build), without it 81 MiB.
+    if (measured) CHECK(status_bytes("VmHWM") - before < (std::size_t{8} << 20));
+    CHECK(refused.empty());
+    CHECK_EQ(events.connections_lost(), 1u);
+}
+
+TEST(a_stopped_publisher_is_one_lost_connection_and_no_event_twice) {
+    // A daemon restart: libzmq connects again itself, and the subscriber's own
+    // connecting again must not make a second connection (each event would then
+    // arrive twice).
+    auto endpoint = "ipc://" + temp_dir() + "/events.sock";
+    auto publisher = std::make_unique<OwnPublisher>(endpoint);
+    SubscriberOptions subscription;
+    subscription.endpoint = endpoint;
+    EventSubscriber events(subscription);
+    std::uint64_t number = 0;
+    std::vector<std::string> refused;
+    CHECK(next_tick(publisher->pub, events, number, refused) > 0);
+    publisher.reset();
+    publisher = std::make_unique<OwnPublisher>(endpoint);
+    CHECK(next_tick(publisher->pub, events, number, refused) > 0);
+    // Each event once, over half a second: a second connection would be made
+    // within libzmq's reconnect interval (100 ms) and deliver every event twice.
+    std::vector<std::uint64_t> received;
+    {
+        Ticking ticks(publisher->pub, number + 1, [](std::uint64_t) {});
+        while (received.size() < 50) {
+            auto event = events.receive(15s);
+            if (!event) break;
+            received.push_back(std::get<HealthEvent>(*event).stamp.seq);
+        }
+    }
+    CHECK_EQ(received.size(), 50u);
+    CHECK(std::adjacent_find(received.begin(), received.end(), std::greater_equal<>()) == received.end());
+    CHECK_EQ(events.connections_lost(), 1u);
+    CHECK(refused.empty());
+}
+
+TEST(an_event_of_the_largest_size_arrives_over_curve_and_a_longer_one_is_refused) {
+    // The frame bound leaves room for CURVE's MESSAGE command around the frame;
+    // a payload over kMaxEventBytes is refused as the Python client refuses it.
+    char server_public[41], server_secret[41], client_public[41], client_secret[41];
+    zmq_curve_keypair(server_public, server_secret);
+    zmq_curve_keypair(client_public, client_secret);
+    OwnPublisher publisher("tcp://127.0.0.1:*", server_secret);
+    SubscriberOptions subscription;
+    subscription.endpoint = publisher.pub.get(zmq::sockopt::last_endpoint);
+    subscription.curve = ClientCurve{server_public, client_public, client_secret};
+    EventSubscriber events(subscription);
+    std::uint64_t number = 0;
+    std::vector<std::string> refused;
+    CHECK(next_tick(publisher.pub, events, number, refused) > 0);
+    // fields.x a str32 of the bytes left
+    auto around = alert_around("");
+    auto text = [&](std::size_t size) {
+        auto length = static_cast<std::uint32_t>(size - around.size() - 5);
+        std::string value("\xdb", 1);
+        for (int shift = 24; shift >= 0; shift -= 8) value += static_cast<char>(length >> shift);
+        return around + value + std::string(length, 'a');
+    };
+    auto largest = text(kMaxEventBytes);
+    CHECK_EQ(largest.size(), kMaxEventBytes);
+    publisher.pub.send(zmq::buffer(std::string("alert")), zmq::send_flags::sndmore);
+    publisher.pub.send(zmq::buffer(largest), zmq::send_flags::none);
+    auto event = events.receive(15s);
+    CHECK(event && std::holds_alternative<AlertEvent>(*event) &&
+          std::get<AlertEvent>(*event).fields_json.size() > kMaxEventBytes - around.size() - 5);
+    CHECK_EQ(events.connections_lost(), 0u);
+    CHECK(refused.empty());
+    // Without CURVE a longer frame still passes libzmq's bound; decoding refuses it.
+    auto endpoint = "ipc://" + temp_dir() + "/events.sock";
+    OwnPublisher plain(endpoint);
+    subscription.endpoint = endpoint;
+    subscription.curve.reset();
+    EventSubscriber plain_events(subscription);
+    CHECK(next_tick(plain.pub, plain_events, number, refused) > 0);
+    auto longer = text(kMaxEventFrameBytes);
+    plain.pub.send(zmq::buffer(std::string("alert")), zmq::send_flags::sndmore);
+    plain.pub.send(zmq::buffer(longer), zmq::send_flags::none);
+    CHECK_THROWS(MalformedReply, plain_events.receive(15s),
+                 std::string(error.what()) == "event payload frame is 65569 bytes; the limit is 65536");
+    CHECK_EQ(plain_events.connections_lost(), 0u);
 }
 
 TEST(a_described_shape_is_held_to_the_schemas_bounds) {

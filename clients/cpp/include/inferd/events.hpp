@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -117,6 +118,16 @@ std::string event_topic(const Event& event);
 // subscription (docs/PROTOCOL.md), so the client refuses it before connecting.
 const std::string& check_topic(const std::string& topic);
 
+// The largest event payload the subscriber takes: a reply header's bound, since
+// the daemon's events carry what its control replies do (health, a build's state).
+constexpr std::size_t kMaxEventBytes = wire::kMaxHeaderBytes;
+// The subscriber's ZMQ_MAXMSGSIZE: libzmq checks each frame's length as it
+// arrives, before it reads the body, and ends the connection of a longer one;
+// without it an event of any size was taken whole into memory before decoding
+// refused it. Each frame is bounded (the topic's is shorter); over CURVE a frame
+// travels in a MESSAGE command 33 bytes longer (a 64 KiB payload needs 65569).
+constexpr std::size_t kMaxEventFrameBytes = kMaxEventBytes + 33;
+
 struct SubscriberOptions {
     std::string endpoint;              // empty: default_endpoints().events
     std::vector<std::string> topics;   // empty: every topic; each one check_topic's
@@ -128,6 +139,13 @@ struct SubscriberOptions {
 // slow joiner): wait_joined() blocks until the first health event proves the
 // subscription reached the daemon, keeping events of the subscribed topics
 // that came before it.
+//
+// An event frame longer than kMaxEventFrameBytes ends the connection in libzmq
+// as its length arrives, which libzmq then never makes again: the subscriber
+// connects again itself. connections_lost() counts connections that ended once
+// up (the daemon stopped, or such a frame); what the daemon published until the
+// subscriber was back is lost, as for a late joiner. A payload longer than
+// kMaxEventBytes is a MalformedReply.
 class EventSubscriber {
 public:
     // Throws std::invalid_argument for a topic check_topic refuses.
@@ -140,6 +158,8 @@ public:
     void wait_joined(std::chrono::milliseconds timeout);
     // The next event of the subscribed topics, or nullopt after timeout.
     std::optional<Event> receive(std::chrono::milliseconds timeout);
+    // Connections to the daemon that ended once up (see the class's comment).
+    std::uint64_t connections_lost() const;
 
 private:
     struct Impl;
