@@ -42,6 +42,7 @@ from inferd.bus.heap import HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes
 from inferd.bus.shm_requests import admit_shm_message, send_shm_reply
+from inferd.bus.stop_flag import StopFlag
 from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
 from inferd.shm.connections import ShmConnections, is_shm_route
@@ -134,7 +135,7 @@ class BusServer(threading.Thread):
         weakref.finalize(self, self._cover_set.close)
         self._cover_set.register(self._requests.fileno(), select.EPOLLIN)
         self._closed = False
-        self._stop_requested = threading.Event()
+        self._stop_requested = StopFlag()
         self._bind_outcome = BindOutcome("the bus thread")
         self.counters = BusCounters()
         self._dispatch = Dispatcher(handler, self._limits, self._request_trim)
@@ -284,8 +285,9 @@ class BusServer(threading.Thread):
             size_new_connections(self.send_buffer)
             # Read the stop flag *before* polling: whatever was owed before stop()
             # (the shutdown failures) is then seen by this pass, so the loop never
-            # exits with a reply unsent.
-            stopping = self._stop_requested.is_set()
+            # exits with a reply unsent.  Requests are read for a while after it
+            # (bus.stop_flag), then only what is owed is sent.
+            stopping, reading = self._stop_requested.reads(self.last_beat_ns)
             timeout = 0 if stopping or more else self._poll_timeout_ms()
             ready = dict(poller.poll(timeout))
             if self._wake_fd in ready:
@@ -293,7 +295,7 @@ class BusServer(threading.Thread):
                     os.eventfd_read(self._wake_fd)
             if self._cover.fd in ready:
                 self._cover_tick()
-            if control in ready:
+            if control in ready and reading:
                 for _ in range(_BATCH):
                     if not self._serve_next("control", control_intake):
                         break
@@ -306,12 +308,12 @@ class BusServer(threading.Thread):
             # listens: this thread's own sends may have taken the socket's edge.
             # (The first pass of a cover reads what arrived before it.)
             served = 0
-            while served < _BATCH and self._serve_next("infer"):
+            while reading and served < _BATCH and self._serve_next("infer"):
                 served += 1
-            while served < 2 * _BATCH and self._serve_shm("bus"):
+            while reading and served < 2 * _BATCH and self._serve_shm("bus"):
                 served += 1
             more = served >= _BATCH
-            if stopping and not due and not served and control not in ready:
+            if stopping and not due and not (reading and (served or control in ready)):
                 return
 
     def _cover_tick(self) -> None:
