@@ -237,12 +237,13 @@ class EventPublisher(threading.Thread):
         """Apply the (un)subscriptions subscribers sent that can match a topic, for
         the connection each came from (``ZMQ_XPUB_MANUAL``: libzmq applies
         ``ZMQ_SUBSCRIBE`` to the connection of the message last received); refuse
-        the rest and end their peers' connections.  Whether more are waiting."""
+        the rest and end their peers' connections, every one in one look at the
+        descriptors as the pass ends.  Whether more are waiting."""
         if not readable(sock):
             return False
         refused: dict[str, tuple[zmq.Frame, str]] = {}
-        resubscribing: set[str] = set()
-        closed = 0
+        #: The peers whose connections the pass ends, the first refused first.
+        closing: dict[str, None] = {}
         more = True
         for _ in range(_SUBSCRIPTIONS_PER_PASS):
             try:
@@ -262,25 +263,30 @@ class EventPublisher(threading.Thread):
             # libzmq's own unsubscriptions for a connection that ended have no address.
             if address and not self._within_rate(frame, address):
                 self.subscriptions_refused += 1
-                if address not in refused:
-                    refused[address] = (frame, "more (un)subscriptions than its rate")
-                    closed += self._peers.close_from(address)
+                refused.setdefault(address, (frame, "more (un)subscriptions than its rate"))
+                closing[address] = None
                 continue
             if self._misaligned and subscription:
-                if address and address not in resubscribing:
-                    resubscribing.add(address)
-                    closed += self._peers.close_from(address)
+                if address:
+                    closing[address] = None
                 continue
             if subscription and prefix in SUBSCRIBABLE:
-                option = zmq.SUBSCRIBE if kind == SUBSCRIBE else zmq.UNSUBSCRIBE
-                sock.setsockopt(option, prefix)
+                # A peer refused earlier in the pass is as good as closed: nothing
+                # more it sent is applied (with one look for every peer, its
+                # connections end only as the pass does).
+                if address not in closing:
+                    option = zmq.SUBSCRIBE if kind == SUBSCRIBE else zmq.UNSUBSCRIBE
+                    sock.setsockopt(option, prefix)
             elif kind != UNSUBSCRIBE:  # cancelling what was never applied changes nothing
                 self.subscriptions_refused += 1
-                if address not in refused:
-                    what = "a subscription no topic can match" if subscription else ""
-                    refused[address] = (frame, what or "not a subscription")
-                    # At once: libzmq keeps what the connection sends until it ends.
-                    closed += self._peers.close_from(address) if address else 0
+                what = "a subscription no topic can match" if subscription else ""
+                refused.setdefault(address, (frame, what or "not a subscription"))
+                if address:
+                    closing[address] = None
+        # Before the pass sends anything, as libzmq keeps what a connection sent until
+        # it ends; every peer in one look at the descriptors (a look for each held
+        # the thread for seconds with a few hundred of them: ``close_from``).
+        closed = self._peers.close_from(*closing) if closing else 0
         if refused:
             self._log_refusal(*next(iter(refused.values())), len(refused), closed)
         return more

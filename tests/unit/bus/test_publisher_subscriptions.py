@@ -303,9 +303,9 @@ class ClosedPeers:
     def __init__(self) -> None:
         self.closed: list[str] = []
 
-    def close_from(self, address: str) -> int:
-        self.closed.append(address)
-        return 1
+    def close_from(self, *addresses: str) -> int:
+        self.closed.extend(addresses)
+        return len(addresses)
 
 
 def test_no_subscription_after_one_that_is_none_is_applied_until_the_queue_empties() -> None:
