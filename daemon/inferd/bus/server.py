@@ -60,7 +60,7 @@ class BusCounters:
     unroutable_replies: int = 0
     by_socket: dict[str, int] = field(default_factory=lambda: {"infer": 0, "control": 0})
     #: Infer requests the engine worker read itself while idle (the rest, the bus
-    #: thread), on the infer socket and the shm connections.
+    #: thread): infer socket messages, shm connections' infer requests alone.
     read_by_worker: int = 0
 
 
@@ -399,10 +399,10 @@ class BusServer(threading.Thread):
             message = entry.receive()
             if message is None:
                 return False
-            reply = admit_shm_message(
+            reply, infer_request = admit_shm_message(
                 shm, entry, message, self._handler, self._dispatch, self._limits
             )
-            if reader == "worker":
+            if reader == "worker" and infer_request:
                 self._worker_read()
         if reply is not None:
             send_shm_reply(shm, reply.parts())
@@ -442,8 +442,8 @@ class BusServer(threading.Thread):
                 if last is not None:
                     self.replies.drop(name, routing_id, nbytes, HIGH_WATER_MARK)
             except zmq.ZMQError as exc:
-                # EHOSTUNREACH: the client is gone.
-                self.counters.unroutable_replies += 1
+                # EHOSTUNREACH: the client is gone.  (A notice: its reply is counted dropped.)
+                self.counters.unroutable_replies += int(last is not None)
                 log.warning("reply_undeliverable", error=exc.strerror, errno=exc.errno)
             else:
                 self.replies.sent(name, routing_id, nbytes, last)

@@ -45,24 +45,26 @@ def admit_shm_message(
     handler: RequestHandler,
     dispatch: Dispatcher,
     limits: Limits,
-) -> Reply | None:
+) -> tuple[Reply | None, bool]:
     """Admit or answer the message read from ``entry``: the reply to send now, if
-    any.  A repeat of an infer request admitted before on this connection is
-    admitted from what that admission prepared (DESIGN.md 109)."""
+    any, and whether the message was an infer request (one ``shm.requests``
+    counts; not a registration op, a message refused as no infer request, or the
+    connection's end).  A repeat of an infer request admitted before on this
+    connection is admitted from what that admission prepared (DESIGN.md 109)."""
     try:
         read, admit = _read_message(shm, entry, message, handler, limits)
     except Exception:  # a bug, an ``OSError`` mapping a memfd: that connection alone goes
         log.exception("shm_handler_failed", pid=entry.connection.peer.pid)
         shm.close(entry)
-        return None
+        return None, False
     finally:
         shm.discard_fds(entry, message)
     if read is None:
-        return None
+        return None, False
     request, refusal = read
     if refusal is not None:
-        return error_reply(request, request.envelope, refusal)
-    return dispatch.answer(request, admit)
+        return error_reply(request, request.envelope, refusal), True
+    return dispatch.answer(request, admit), True
 
 
 def repeat_in(message: Message) -> Repeat | None:
