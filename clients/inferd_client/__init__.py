@@ -3,6 +3,7 @@
 from inferd_client.client import InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
+    ConnectionLost,
     InvalidArgument,
     MalformedReply,
     RemoteError,
@@ -20,6 +21,7 @@ __all__ = [
     "ClientCurve",
     "ClientError",
     "Code",
+    "ConnectionLost",
     "CurveKeyError",
     "Endpoints",
     "EventSubscriber",

@@ -1,6 +1,6 @@
 """``RequestChannel``: one DEALER socket's request/reply exchange with the
-daemon (ids, retries, timeouts, late replies), under ``InferenceClient`` and
-``OperatorClient``."""
+daemon (ids, retries, timeouts, late replies, the bound on a reply's frames),
+under ``InferenceClient`` and ``OperatorClient``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ from typing import Any
 
 import zmq
 
+from inferd_client.connection_watch import (
+    CURVE_FRAME_OVERHEAD,
+    MAX_FRAME_BOUND,
+    ConnectionWatch,
+)
 from inferd_client.endpoint_trust import (
     check_process,
     connect,
@@ -21,7 +26,13 @@ from inferd_client.endpoint_trust import (
     secure,
     trusted_endpoint,
 )
-from inferd_client.errors import ClientError, InvalidArgument, MalformedReply, RequestTimeout
+from inferd_client.errors import (
+    ClientError,
+    ConnectionLost,
+    InvalidArgument,
+    MalformedReply,
+    RequestTimeout,
+)
 from inferd_client.prepared import PreparedHeader
 from inferd_client.replies import check_reply_id
 from inferd_wire import protocol
@@ -73,6 +84,7 @@ class SocketWait:
         """``also``: other sockets whose activity ends a wait too (the caller reads
         each until ``zmq.Again`` before waiting: their descriptors are edge-triggered)."""
         self._socket = sock
+        self._fd = int(sock.get(zmq.FD))
         self._poll = select.poll()
         # Edge-triggered: readable when libzmq has commands to process, which asking
         # ``ZMQ_EVENTS`` does; so the events are asked before every wait.
@@ -84,11 +96,25 @@ class SocketWait:
         cheaper than an operation that fails with ``zmq.Again``, an exception)."""
         return bool(int(self._socket.get(_EVENTS)) & events)
 
-    def poll(self, timeout_ms: int) -> None:
+    def poll(self, timeout_ms: int) -> bool:
         """Wait at most ``timeout_ms`` for the socket's descriptor, right after
         ``ready`` said no: any event of the socket ends it, and the caller asks
-        ``ready`` again and measures the time left."""
-        self._poll.poll(timeout_ms)
+        ``ready`` again and measures the time left.  Whether one of the ``also``
+        sockets' descriptors ended it (that socket may have news)."""
+        return any(fd != self._fd for fd, _ in self._poll.poll(timeout_ms))
+
+
+def checked_frame_bound(nbytes: int | None, name: str) -> int | None:
+    """``nbytes``, a bound on each reply frame (None: none); ``InvalidArgument``
+    (a ``ValueError``) naming ``name`` unless it is a positive int."""
+    if nbytes is None:
+        return None
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes <= MAX_FRAME_BOUND:
+        raise InvalidArgument(
+            f"{name} must be None (no bound) or a positive int of bytes up to "
+            f"{MAX_FRAME_BOUND}, got {nbytes!r}"
+        )
+    return nbytes
 
 
 class RequestChannel:
@@ -97,6 +123,22 @@ class RequestChannel:
     Replies to ids this channel no longer waits for (late answers to a request
     that timed out and was retried) are discarded and counted, never returned
     for a newer request.
+
+    ``max_reply_frame_bytes`` bounds each frame of a reply (its header, each
+    tensor) with ``ZMQ_MAXMSGSIZE`` (plus CURVE's 33 bytes around a frame over
+    CURVE): libzmq ends the connection of a longer one as its length arrives,
+    before it reads the body, and never makes it again.  The channel's
+    ``ConnectionWatch`` sees a connection that was up end; a request waiting
+    for its reply on it then fails at once with ``ConnectionLost`` (or is sent
+    again under a fresh id while ``retries`` are left) instead of waiting out
+    its timeout.  ``connections_lost`` counts them (that, or a daemon that
+    stopped or restarted).
+
+    After such an end the socket is made anew rather than connected again: the
+    DEALER drops the old connection's pipe only once it has processed the
+    commands of its end, which come from the I/O thread after the monitor's
+    news, and a request sent meanwhile went into that pipe and was lost (the
+    next call timed out in 27 of 100 runs with ``disconnect``/``connect``).
     """
 
     def __init__(
@@ -106,37 +148,74 @@ class RequestChannel:
         timeout: float,
         curve: ClientCurve | None = None,
         send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+        max_reply_frame_bytes: int | None = None,
     ) -> None:
         timeout = checked_timeout(timeout)  # before any socket
+        bound = checked_frame_bound(max_reply_frame_bytes, "max_reply_frame_bytes")
         endpoint = trusted_endpoint(endpoint)
         #: Sizes the kernel's buffer for each connection (DESIGN.md 116); made before
         #: the socket, as it may refuse ``send_buffer_bytes``.
         self.send_buffer = SendBuffer(endpoint, send_buffer_bytes)
         self._context = context or zmq.Context.instance()
-        self._socket: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        # Queue a request only on a connection that is up: without it, requests sent
-        # while no daemon is there wait in the socket's queue past their timeout and
-        # run all at once when one appears, and a full queue blocks every send.
-        # (Making the socket again after each timeout would do the same at the cost
-        # of a reconnect, and of the daemon seeing a new peer, each time.)
-        self._socket.setsockopt(zmq.IMMEDIATE, 1)
-        try:
-            secure(self._socket, endpoint, curve)
-            self.send_buffer.watch(self._socket)
-            connect(self._socket, endpoint)
-        except BaseException:
-            self.close()
-            raise
-        self._wait = SocketWait(self._socket)
         self.endpoint = endpoint
+        self._curve = curve
+        self.max_reply_frame_bytes = bound
+        #: ``ZMQ_MAXMSGSIZE``: exact either way, a frame of ``bound`` bytes arrives
+        #: and one more does not.
+        self._max_message_size = (
+            None if bound is None else bound + (CURVE_FRAME_OVERHEAD if curve is not None else 0)
+        )
+        self._open()
         self.timeout = timeout
         # A random 24-bit prefix keeps ids from different client objects apart
         # in daemon logs; the counter makes them unique within this client.
         prefix = int.from_bytes(os.urandom(3), "little") << 40
         self._ids = itertools.count(prefix + 1)
         self.discarded_replies = 0
+        #: Connections to the daemon that ended once up (see the class's docstring).
+        self.connections_lost = 0
         self._generation = process_generation()
+
+    def _open(self) -> None:
+        """Make the DEALER, its watch and its wait, and connect."""
+        sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
+        watch: ConnectionWatch | None = None
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            # Queue a request only on a connection that is up: without it, requests
+            # sent while no daemon is there wait in the socket's queue past their
+            # timeout and run all at once when one appears, and a full queue blocks
+            # every send.  (Making the socket again after each timeout would do the
+            # same at the cost of a reconnect, and of the daemon seeing a new peer,
+            # each time.)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            if self._max_message_size is not None:
+                sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
+            secure(sock, self.endpoint, self._curve)
+            # Before it connects, to see the first handshake; it also reports the
+            # connections ``send_buffer`` sizes (one monitor per socket).
+            watch = ConnectionWatch(sock, self.endpoint, self.send_buffer, reconnect=False)
+            connect(sock, self.endpoint)
+        except BaseException:
+            if watch is not None:
+                watch.close()
+            sock.close(linger=0)
+            raise
+        self._socket = sock
+        self._watch = watch
+        self._wait = SocketWait(sock, watch.monitor)
+
+    def _lost(self) -> bool:
+        """Read the watch's news; when a connection that was up ended, make the
+        socket anew (see the class's docstring); whether one did."""
+        lost = self._watch.check()
+        if not lost:
+            return False
+        self.connections_lost += lost
+        self._watch.close()
+        self._socket.close(linger=0)
+        self._open()
+        return True
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -149,19 +228,26 @@ class RequestChannel:
         timeout: float | None = None,
         retries: int = 0,
     ) -> tuple[dict[str, Any], list[zmq.Frame]]:
-        """Send ``header`` and ``frames``, and wait; on timeout resend under a fresh
-        id up to ``retries`` times."""
+        """Send ``header`` and ``frames``, and wait; on timeout, or when the
+        connection ends before the reply came (``ConnectionLost``), resend under a
+        fresh id up to ``retries`` times."""
         check_process(self._generation, "the client")
         wait = self.timeout if timeout is None else checked_timeout(timeout)
-        for _attempt in range(retries + 1):
+        for attempt in range(retries + 1):
             request_id = self.next_id()
             give_up_at = time.monotonic() + wait
             if not self._send([header.encode(request_id), *frames], give_up_at):
                 continue
-            reply = self._await(request_id, give_up_at)
+            try:
+                reply = self._await(request_id, give_up_at)
+            except ConnectionLost:
+                if attempt == retries:
+                    raise
+                continue
             if reply is not None:
-                # A reply came on a connection: its monitor event is in by now.
-                self.send_buffer.apply()
+                # A reply came on a connection: its monitor news is in by now (the
+                # send buffer sizes it).
+                self._lost()
                 return reply
         raise RequestTimeout(
             f"no reply from {self.endpoint} within {wait:.3f}s after {retries + 1} attempt(s)"
@@ -171,6 +257,10 @@ class RequestChannel:
         """Send one request; False when it could not leave before ``give_up_at`` (no
         connection up, or the daemon not reading)."""
         try:
+            # The news since the last reply first: a connection that ended meanwhile
+            # (a daemon restart while idle) is not blamed on this request, and the
+            # socket is made anew before the send waits for a connection.
+            self._lost()
             while True:
                 try:
                     send_frames(self._socket, parts, _NOBLOCK)
@@ -178,6 +268,7 @@ class RequestChannel:
                 except zmq.Again:
                     pass
                 while not self._wait.ready(_POLLOUT):
+                    self._lost()  # nothing was sent: it goes on the new socket
                     # Rounded up: a wait never ends before the caller's timeout.
                     remaining_ms = wait_ms(give_up_at - time.monotonic())
                     if remaining_ms <= 0:
@@ -190,13 +281,19 @@ class RequestChannel:
     def _await(
         self, request_id: int, give_up_at: float
     ) -> tuple[dict[str, Any], list[zmq.Frame]] | None:
+        # The monitor's news was read just before the send (``_send``); later news
+        # makes its descriptor readable, which ends a wait and is read then: a reply
+        # already there is taken first.
+        news = False
         while True:
             if not self._wait.ready(_POLLIN):
+                if news and self._lost():
+                    raise ConnectionLost(self._lost_message(request_id))
                 # Rounded up: a wait never ends before the caller's timeout.
                 remaining_ms = wait_ms(give_up_at - time.monotonic())
                 if remaining_ms <= 0:
                     return None
-                self._wait.poll(remaining_ms)
+                news = self._wait.poll(remaining_ms)
                 continue
             # A message's parts are all there once its first is (``recv_frames``).
             parts = recv_frames(self._socket, _NOBLOCK)
@@ -210,6 +307,21 @@ class RequestChannel:
                 continue
             return header, list(parts[1:])
 
+    def _lost_message(self, request_id: int) -> str:
+        why = (
+            "the daemon closed it (it stopped or restarted, or a request frame was over "
+            "twice its bus.max_message_bytes)"
+        )
+        if self.max_reply_frame_bytes is not None:
+            why = (
+                f"a reply frame over {self.max_reply_frame_bytes} bytes (the client's "
+                f"max_reply_frame_bytes) ended it unread, or {why}"
+            )
+        return (
+            f"the connection to {self.endpoint} ended while request {request_id} waited "
+            f"for its reply: {why}; it is connected again for the next call"
+        )
+
     def close(self) -> None:
-        self.send_buffer.close()
+        self._watch.close()
         self._socket.close(linger=0)

@@ -95,6 +95,18 @@ class InferenceClient:
     connection (``SO_SNDBUF``, capped at ``net.core.wmem_max``; 0: the kernel's
     default), so that a tensor frame leaves in one write (DESIGN.md 116);
     ``send_buffer`` reports what the connection got.
+
+    ``max_reply_frame_bytes`` bounds each frame of a reply on the infer socket:
+    its header (up to 64 KiB: keep the bound above the largest header expected,
+    ``describe``'s included) and each output tensor that comes back as a frame.
+    Outputs the daemon writes into registered shared-memory regions are no
+    frames and are not bounded by it.  libzmq ends the connection of a longer
+    frame as its length arrives (``ZMQ_MAXMSGSIZE``), without taking it into
+    memory; the call waiting for that reply raises ``ConnectionLost`` at once
+    (after its ``retries``), and the client connects again for the next call.
+    None (the default): no bound, a reply of any size is taken.
+    ``connections_lost`` counts the connections that ended once up (that, or a
+    daemon that stopped or restarted).
     """
 
     def __init__(
@@ -108,11 +120,17 @@ class InferenceClient:
         shm_socket: str | None = None,
         reply_spin_us: int = DEFAULT_REPLY_SPIN_US,
         send_buffer_bytes: int = DEFAULT_SEND_BUFFER_BYTES,
+        max_reply_frame_bytes: int | None = None,
     ) -> None:
         PollWindow(reply_spin_us, "reply_spin_us")  # fails here, not at the first region
         self._reply_spin_us = reply_spin_us
         self._channel = RequestChannel(
-            endpoint or default_endpoints().infer, context, timeout, curve, send_buffer_bytes
+            endpoint or default_endpoints().infer,
+            context,
+            timeout,
+            curve,
+            send_buffer_bytes,
+            max_reply_frame_bytes,
         )
         self._retries = retries
         self.last_reply: dict[str, Any] = {}
@@ -162,6 +180,12 @@ class InferenceClient:
     def discarded_replies(self) -> int:
         shm = self._shm.discarded_replies if self._shm is not None else 0
         return self._channel.discarded_replies + self._shm_discarded + shm
+
+    @property
+    def connections_lost(self) -> int:
+        """Connections of the infer socket that ended once up: a reply frame over
+        ``max_reply_frame_bytes``, or the daemon stopped or restarted."""
+        return self._channel.connections_lost
 
     def shared_region(self, nbytes: int, *, label: str | None = None) -> SharedRegion:
         """A new region of at least ``nbytes``, registered with the daemon (and closed
@@ -440,7 +464,13 @@ class InferenceClient:
 
 
 class OperatorClient:
-    """Operator operations on the control socket (``status``, ``health``, ...)."""
+    """Operator operations on the control socket (``status``, ``health``, ...).
+
+    A control reply is one header, never tensor frames: a reply frame over a
+    header's bound (``protocol.MAX_HEADER_BYTES``, 64 KiB) ends the connection
+    as its length arrives, unread (``ZMQ_MAXMSGSIZE``), the call raises
+    ``ConnectionLost`` at once and the client connects again for the next.
+    """
 
     def __init__(
         self,
@@ -452,7 +482,12 @@ class OperatorClient:
     ) -> None:
         # Small messages: the kernel's default send buffer takes each in one write.
         self._channel = RequestChannel(
-            endpoint or default_endpoints().control, context, timeout, curve, 0
+            endpoint or default_endpoints().control,
+            context,
+            timeout,
+            curve,
+            0,
+            protocol.MAX_HEADER_BYTES,
         )
 
     def call(self, op: str, *, timeout: float | None = None, **arguments: Any) -> dict[str, Any]:
@@ -465,6 +500,12 @@ class OperatorClient:
 
     def health(self) -> dict[str, Any]:
         return self.call("health")
+
+    @property
+    def connections_lost(self) -> int:
+        """Connections of the control socket that ended once up (a reply over a
+        header's bound, or the daemon stopped or restarted)."""
+        return self._channel.connections_lost
 
     def close(self) -> None:
         self._channel.close()

@@ -25,6 +25,15 @@ class Unreachable(ClientError):
     daemon, or stayed silent (no event at all) for the timeout."""
 
 
+class ConnectionLost(Unreachable):
+    """The connection ended while a request waited for its reply: a reply frame over
+    the client's ``max_reply_frame_bytes`` (libzmq ends the connection as the
+    frame's length arrives, unread), or the daemon closed it (it stopped or
+    restarted, or a request frame was over its ``ZMQ_MAXMSGSIZE``); the client's
+    monitor cannot tell them apart.  The client connects again for the next call;
+    the request may or may not have run."""
+
+
 class InvalidArgument(ClientError, ValueError):
     """What the caller asked for cannot be sent or done (a dtype the wire has no name
     for, a malformed endpoint, an array that cannot take an output); nothing was sent.

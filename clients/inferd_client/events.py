@@ -3,17 +3,15 @@ alert and health events) as ``(topic, payload)`` pairs, for one thread."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from inferd_client.channel import MAX_WAIT_MS, SocketWait, checked_timeout, wait_ms
+from inferd_client.connection_watch import CURVE_FRAME_OVERHEAD, ConnectionWatch
 from inferd_client.endpoint_trust import (
     check_process,
     connect,
@@ -39,17 +37,8 @@ MAX_EVENT_BYTES = protocol.MAX_HEADER_BYTES
 #: without it an event of any size was taken whole into memory before
 #: ``MAX_EVENT_BYTES`` refused it.  Each frame is bounded (the topic's is
 #: shorter); over CURVE a frame travels in a MESSAGE command 33 bytes longer
-#: (measured: a 64 KiB payload needs 65569 bytes).
-MAX_EVENT_FRAME_BYTES = MAX_EVENT_BYTES + 33
-#: What the subscriber learns of its connection (``_check_connection``).
-_MONITORED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
-_UP, _DOWN, _RETRYING = (
-    int(zmq.EVENT_HANDSHAKE_SUCCEEDED),
-    int(zmq.EVENT_DISCONNECTED),
-    int(zmq.EVENT_CONNECT_RETRIED),
-)
-#: Names each subscriber's monitor endpoint (``inproc://``, one per context).
-_monitors = itertools.count()
+#: (``CURVE_FRAME_OVERHEAD``).
+MAX_EVENT_FRAME_BYTES = MAX_EVENT_BYTES + CURVE_FRAME_OVERHEAD
 
 
 class EventSubscriber:
@@ -83,13 +72,10 @@ class EventSubscriber:
         self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_EVENT_FRAME_BYTES)
-        self._monitor: zmq.Socket[Any] | None = None
+        self._watch: ConnectionWatch | None = None
         try:
             # Before it connects, to see the first handshake.
-            self._monitor = self._socket.get_monitor_socket(
-                _MONITORED, f"inproc://inferd-events-monitor-{next(_monitors)}"
-            )
-            self._monitor.setsockopt(zmq.LINGER, 0)
+            self._watch = ConnectionWatch(self._socket, self._endpoint)
             secure(self._socket, self._endpoint, curve)
             for topic in subscribed or ("",):
                 self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
@@ -108,10 +94,13 @@ class EventSubscriber:
         #: Joined, and still receiving health events (hidden or asked for).
         self._hearing_health = False
         self._generation = process_generation()
-        self._wait = SocketWait(self._socket, self._monitor)
-        #: Connections to the daemon that ended once up (see the class's docstring).
-        self.connections_lost = 0
-        self._up = False
+        self._wait = SocketWait(self._socket, self._watch.monitor)
+
+    @property
+    def connections_lost(self) -> int:
+        """Connections to the daemon that ended once up (see the class's docstring)."""
+        assert self._watch is not None
+        return self._watch.connections_lost
 
     def wait_joined(self, timeout: float, *, keep_health: bool = False) -> None:
         """Block until the subscription has reached the daemon, so that nothing the
@@ -191,7 +180,10 @@ class EventSubscriber:
             if self._wait.ready(_POLLIN):
                 parts = self._socket.recv_multipart(_NOBLOCK)
                 break
-            self._check_connection()
+            # Connects again where libzmq will not; a lost connection is not an
+            # error here (a daemon restart is one too): the wait goes on.
+            assert self._watch is not None
+            self._watch.check()
             wait = MAX_WAIT_MS
             if give_up_at is not None:
                 wait = wait_ms(give_up_at - time.monotonic())
@@ -210,35 +202,6 @@ class EventSubscriber:
             raise MalformedReply(exc.message) from None
         return topic, payload
 
-    def _check_connection(self) -> None:
-        """Read the monitor's news (all of it: its descriptor is edge-triggered)
-        and connect again when a connection that was up ended and libzmq is not
-        making it again: it does not after a protocol error, such as a frame over
-        ``ZMQ_MAXMSGSIZE``, and the subscriber would wait for good.  After a
-        disconnection libzmq retries at once (``CONNECT_RETRIED`` follows) where it
-        will; when that news is not here yet, connecting again anew does no harm:
-        ``disconnect`` ends libzmq's attempt, so there is still one connection."""
-        assert self._monitor is not None
-        lost = False
-        while True:
-            try:
-                news = parse_monitor_message(self._monitor.recv_multipart(_NOBLOCK))
-            except zmq.Again:
-                break
-            event = int(news["event"])
-            if event == _UP:
-                self._up = True
-            elif event == _DOWN and self._up:
-                self._up = False
-                self.connections_lost += 1
-                lost = True
-            elif event == _RETRYING:
-                lost = False
-        if lost:
-            with contextlib.suppress(zmq.ZMQError):  # no longer known to libzmq
-                self._socket.disconnect(self._endpoint)
-            connect(self._socket, self._endpoint)
-
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         while True:
             event = self.receive()
@@ -246,8 +209,8 @@ class EventSubscriber:
                 yield event
 
     def close(self) -> None:
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
+        if self._watch is not None:
+            self._watch.close()
         self._socket.close(linger=0)
 
     def __enter__(self) -> EventSubscriber:

@@ -31,7 +31,8 @@ from zmq.utils.monitor import parse_monitor_message
 from inferd_wire.endpoints import MAX_SEND_BUFFER_BYTES
 from inferd_wire.multipart import readable
 
-_CONNECTION_EVENTS = int(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
+#: The monitor's events that carry a connection's descriptor (``size`` takes it).
+CONNECTION_EVENTS = int(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
 
 
 def _ipc_address(endpoint: str) -> str | bytes | None:
@@ -47,10 +48,12 @@ class SendBuffer:
     """Sizes the send buffer of every ``ipc://`` connection a socket makes or accepts.
 
     ``watch`` the socket before it binds or connects; call ``apply`` often (the
-    daemon's bus thread on each pass of its loop) or after each reply (a
-    client, whose connection's event is in once a reply came through it: one
-    ``ZMQ_EVENTS`` look when nothing is new); ``close`` before the socket.
-    ``nbytes`` 0 leaves the kernel's default.
+    daemon's bus thread on each pass of its loop: one ``ZMQ_EVENTS`` look when
+    nothing is new); ``close`` before the socket.  ``nbytes`` 0 leaves the
+    kernel's default.  libzmq allows one monitor per socket: a client's request
+    socket has its ``ConnectionWatch`` (``inferd_client.connection_watch``),
+    which asks for these events too and hands each descriptor to ``size``, in
+    place of ``watch`` and ``apply``.
     """
 
     def __init__(self, endpoint: str, nbytes: int) -> None:
@@ -66,12 +69,18 @@ class SendBuffer:
         self._sock: zmq.Socket[Any] | None = None
         self.monitor: zmq.Socket[Any] | None = None
 
+    @property
+    def sizes(self) -> bool:
+        """Whether connections are sized at all (``nbytes`` set, an ``ipc://``
+        endpoint): whether a monitor must report them."""
+        return self.nbytes != 0 and self._address is not None
+
     def watch(self, sock: zmq.Socket[Any]) -> None:
         """Size ``sock``'s connections from now on (call before it binds or connects)."""
-        if self.nbytes == 0 or self._address is None:
+        if not self.sizes:
             return
         self._sock = sock
-        self.monitor = sock.get_monitor_socket(_CONNECTION_EVENTS)
+        self.monitor = sock.get_monitor_socket(CONNECTION_EVENTS)
 
     def apply(self) -> int:
         """Size the connections the monitor has reported since the last call; how
@@ -86,7 +95,7 @@ class SendBuffer:
             except zmq.Again:
                 return sized
             event = parse_monitor_message(parts)
-            if event["event"] & _CONNECTION_EVENTS and self.size(int(event["value"])):
+            if event["event"] & CONNECTION_EVENTS and self.size(int(event["value"])):
                 sized += 1
 
     def size(self, fd: int) -> bool:
