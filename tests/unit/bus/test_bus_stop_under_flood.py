@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
 from inferd.bus.codec import Request
 from inferd.bus.handler import Reply
 from inferd.bus.server import BusServer
 from inferd.bus.stop_flag import READS_AFTER_STOP_NS
-from inferd.config import BusConfig
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
 from tests.conftest import HANG_S, wait_until
 from tests.integration.wire import RawDealer
+from tests.unit.bus.conftest import bus_config, serving_bus
 
 #: A client that never stops sending (and reads what comes back, so that its
 #: replies never meet the high-water mark): a process of its own, so that the GIL
@@ -91,22 +90,9 @@ class RefusingHandler:
 
 @pytest.fixture
 def bus(short_tmp_path: Path) -> Iterator[tuple[BusServer, RefusingHandler]]:
-    context: zmq.Context[Any] = zmq.Context()
-    config = BusConfig(
-        infer_endpoint=f"ipc://{short_tmp_path}/infer.sock",
-        control_endpoint=f"ipc://{short_tmp_path}/control.sock",
-        events_endpoint=f"ipc://{short_tmp_path}/events.sock",
-    )
     handler = RefusingHandler()
-    server = BusServer(context, config, handler=handler, linger_ms=0)
-    server.start()
-    server.wait_bound(HANG_S)
-    try:
+    with serving_bus(bus_config(short_tmp_path), handler) as server:
         yield server, handler
-    finally:
-        server.stop()
-        server.join(HANG_S)
-        context.destroy(linger=0)
 
 
 def test_a_client_that_never_stops_sending_does_not_hold_the_stopped_bus(

@@ -14,41 +14,19 @@ messages with a clock the test moves.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import zmq
 
 from inferd.bus.publisher import SUBSCRIBER_BURST, SUBSCRIBER_REFILL_S, EventPublisher
 from inferd.peer_rate_limit import PeerRateLimiter
-from tests.conftest import HANG_S, wait_until
+from tests.conftest import wait_until
 from tests.events_peers import closed_by_peer, zmtp_connect
 from tests.unit.bus.test_publisher_subscriptions import (
     ClosedPeers,
     QueuedMessages,
     _topics_until,
 )
-
-
-@pytest.fixture
-def endpoint(short_tmp_path: Path) -> str:
-    return f"ipc://{short_tmp_path}/events.sock"
-
-
-@pytest.fixture
-def publisher(endpoint: str) -> Iterator[EventPublisher]:
-    context: zmq.Context[Any] = zmq.Context()
-    publisher = EventPublisher(
-        context, endpoint, health=lambda: {"state": "serving"}, health_interval_s=0.05
-    )
-    publisher.start()
-    publisher.wait_bound(HANG_S)
-    yield publisher
-    publisher.stop()
-    publisher.join(HANG_S)
-    context.destroy(linger=0)
 
 
 def _frame(message: bytes) -> bytes:

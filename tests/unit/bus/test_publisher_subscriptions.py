@@ -42,25 +42,6 @@ WAIT_MS = int(HANG_S * 1000)
 
 
 @pytest.fixture
-def endpoint(short_tmp_path: Path) -> str:
-    return f"ipc://{short_tmp_path}/events.sock"
-
-
-@pytest.fixture
-def publisher(endpoint: str) -> Iterator[EventPublisher]:
-    context: zmq.Context[Any] = zmq.Context()
-    publisher = EventPublisher(
-        context, endpoint, health=lambda: {"state": "serving"}, health_interval_s=0.05
-    )
-    publisher.start()
-    publisher.wait_bound(HANG_S)
-    yield publisher
-    publisher.stop()
-    publisher.join(HANG_S)
-    context.destroy(linger=0)
-
-
-@pytest.fixture
 def context() -> Iterator[zmq.Context[Any]]:
     context: zmq.Context[Any] = zmq.Context()
     yield context

@@ -24,10 +24,10 @@ from structlog.testing import capture_logs
 from inferd.bus import server
 from inferd.bus.reply_budget import TOTAL_BUDGET
 from inferd.bus.server import BusServer
-from inferd.config import BusConfig
 from inferd_wire import protocol
 from tests.conftest import HANG_S, wait_until
 from tests.integration.wire import infer_header
+from tests.unit.bus.conftest import bus_config, serving_bus
 from tests.unit.bus.test_shared_infer_socket import RecordingHandler
 from tests.unit.bus.test_shm_requests import (
     Setup,
@@ -52,25 +52,15 @@ GONE_REPLY_BYTES = 5 * MIB
 @pytest.fixture
 def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[BusServer, Any]]:
     monkeypatch.setattr(server, "_MAX_POLL_MS", 10_000)
-    context: zmq.Context[Any] = zmq.Context()
-    config = BusConfig(
-        infer_endpoint=f"ipc://{tmp_path}/infer.sock",
-        control_endpoint=f"ipc://{tmp_path}/control.sock",
-        events_endpoint=f"ipc://{tmp_path}/events.sock",
+    config = bus_config(
+        tmp_path,
         max_reply_bytes_per_peer=BUDGET_BYTES,
         max_reply_bytes_total=BUDGET_BYTES,
         send_buffer_bytes=0,  # the kernel's default: little of a reply leaves
     )
     handler = RecordingHandler()
-    bus = BusServer(context, config, handler=handler, linger_ms=0)
-    bus.start()
-    bus.wait_bound(HANG_S)
-    try:
+    with serving_bus(config, handler) as bus:
         yield bus, handler
-    finally:
-        bus.stop()
-        bus.join(HANG_S)
-        context.term()
 
 
 def reply(routing_id: bytes, request_id: int, nbytes: int) -> list[Any]:

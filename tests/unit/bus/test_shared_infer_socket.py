@@ -25,12 +25,12 @@ from inferd.bus import server
 from inferd.bus.codec import Request
 from inferd.bus.handler import Reply
 from inferd.bus.server import BusServer
-from inferd.config import BusConfig
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.scheduler import Scheduler
 from inferd_wire.protocol import Code, ProtocolError
 from tests.conftest import HANG_S, wait_until
 from tests.integration.wire import RawDealer
+from tests.unit.bus.conftest import bus_config, serving_bus
 
 
 class RecordingHandler:
@@ -77,22 +77,9 @@ class RecordingHandler:
 @pytest.fixture
 def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[BusServer, Any]]:
     monkeypatch.setattr(server, "_MAX_POLL_MS", 10_000)
-    context: zmq.Context[Any] = zmq.Context()
-    config = BusConfig(
-        infer_endpoint=f"ipc://{tmp_path}/infer.sock",
-        control_endpoint=f"ipc://{tmp_path}/control.sock",
-        events_endpoint=f"ipc://{tmp_path}/events.sock",
-    )
     handler = RecordingHandler(refuse=frozenset({10}))
-    bus = BusServer(context, config, handler=handler, linger_ms=0)
-    bus.start()
-    bus.wait_bound(HANG_S)
-    try:
+    with serving_bus(bus_config(tmp_path), handler) as bus:
         yield bus, handler
-    finally:
-        bus.stop()
-        bus.join(HANG_S)
-        context.term()
 
 
 def listen_poller(bus: BusServer) -> select.poll:
