@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "connection_watch.hpp"
 #include "decode.hpp"
 #include "internal.hpp"
 #include "region_channel.hpp"
@@ -79,20 +80,41 @@ void release_frame(void* /*data*/, void* hint) {
     in_flight->released.notify_all();
 }
 
+// `max_reply_frame_bytes` checked (std::invalid_argument unless 1..2^63-34, so
+// that CURVE's allowance still fits ZMQ_MAXMSGSIZE's int64), before any socket.
+std::optional<std::int64_t> checked_frame_bound(std::optional<std::int64_t> bound) {
+    constexpr auto kLargest = std::numeric_limits<std::int64_t>::max() - detail::kCurveFrameOverhead;
+    if (bound && (*bound < 1 || *bound > kLargest)) {
+        throw std::invalid_argument("max_reply_frame_bytes must be 1.." + std::to_string(kLargest) +
+                                    " (or unset: no bound), got " + std::to_string(*bound));
+    }
+    return bound;
+}
+
 }  // namespace
 
 // A DEALER that sends [header, *frames] and waits for the reply with the same id;
-// replies to ids it no longer waits for are discarded and counted.
+// replies to ids it no longer waits for are discarded and counted. Its reply
+// frames are bounded by `max_reply_frame_bytes` (ZMQ_MAXMSGSIZE; nullopt: none),
+// and a watch on its connection ends a wait whose connection ended (a frame over
+// the bound ends it unread, and libzmq never connects again after that protocol
+// error; a daemon that stopped): the call throws ConnectionLost at once, or
+// resends while retries are left, and the socket is made anew. Not
+// disconnect/connect: the DEALER drops the old connection's pipe only after the
+// I/O thread's commands that end it, which come after the monitor's news, and a
+// request sent in between went into the dead pipe (the Python client: 27 runs
+// of 100 timed out, DESIGN.md 246).
 class RequestChannel {
 public:
     RequestChannel(const ClientOptions& options, const std::string& default_endpoint,
-                   int send_buffer_bytes)
+                   int send_buffer_bytes, std::optional<std::int64_t> max_reply_frame_bytes)
         : context_(options.context ? options.context : shared_context()),
           endpoint_(check_client_endpoint(options.endpoint.empty() ? default_endpoint
                                                                    : options.endpoint)),
           timeout_(options.timeout),
           curve_(options.curve),
           on_attempt_(options.on_attempt),
+          max_reply_frame_bytes_(checked_frame_bound(max_reply_frame_bytes)),
           send_buffer_(endpoint_, send_buffer_bytes) {
         // A random 24-bit prefix keeps ids from different clients apart in the
         // daemon's logs; the counter makes them unique within this client.
@@ -102,8 +124,7 @@ public:
     }
 
     ~RequestChannel() {
-        send_buffer_.close(socket_);
-        socket_.close();
+        close();
         wait_released();
     }
 
@@ -113,7 +134,8 @@ public:
     };
 
     // Sends the header `encode(id)` gives and waits; resends under a fresh id up
-    // to `retries` times. The first message is the reply header.
+    // to `retries` times, after a timeout or a lost connection. The first
+    // message is the reply header.
     template <typename Encode>
     std::vector<zmq::message_t> request(Encode encode, const std::vector<Frame>& frames,
                                         std::optional<std::chrono::milliseconds> timeout,
@@ -130,12 +152,21 @@ public:
             if (on_attempt_) on_attempt_(request_id, attempt);
             // The attempt's timeout bounds its send and its wait together.
             auto give_up_at = detail::deadline_after(wait);
+            // News of a connection that ended while the channel was idle (a daemon
+            // restart) is read now: later, it would fail a request sent on the
+            // new connection.
+            lost();
             if (!send(encode(request_id), frames, give_up_at)) continue;
             auto reply = await(request_id, give_up_at);
-            if (!reply.empty()) {
-                // A reply came on a connection: its monitor event is in by now.
-                send_buffer_.apply();
-                return reply;
+            if (!reply) {
+                if (attempt < retries) continue;
+                throw ConnectionLost(lost_message(request_id));
+            }
+            if (!reply->empty()) {
+                // A reply came on a connection: its CONNECTED news is in by now,
+                // and sizes it (the send buffer).
+                lost();
+                return std::move(*reply);
             }
         }
         throw Timeout("no reply from " + endpoint_ + " within " + std::to_string(wait.count()) +
@@ -150,6 +181,7 @@ public:
     std::uint64_t next_id() { return next_id_++; }
     const std::function<void(std::uint64_t, int)>& on_attempt() const { return on_attempt_; }
     const SendBufferStatus& send_buffer() const { return send_buffer_.status(); }
+    std::uint64_t connections_lost() const { return connections_lost_; }
 
 private:
     void open() {
@@ -163,13 +195,53 @@ private:
         socket_.set(zmq::sockopt::immediate, true);
         sndtimeo_ = -1;
         detail::secure(socket_, endpoint_, curve_);
-        send_buffer_.watch(*context_, socket_);  // before the connection it sizes
+        if (max_reply_frame_bytes_) {
+            // Over CURVE the bound covers the MESSAGE command around the frame
+            // too: a frame of exactly the bound arrives either way.
+            socket_.set(zmq::sockopt::maxmsgsize,
+                        *max_reply_frame_bytes_ + (curve_ ? detail::kCurveFrameOverhead : 0));
+        }
+        // Before the connection it watches (and sizes: one monitor per socket).
+        std::function<void(int)> connected;
+        if (send_buffer_.wanted()) connected = [this](int fd) { send_buffer_.size(fd); };
+        watch_ = std::make_unique<detail::ConnectionWatch>(*context_, socket_, std::move(connected));
         try {
             socket_.connect(endpoint_);
         } catch (const zmq::error_t& error) {
-            send_buffer_.close(socket_);
+            watch_.reset();
             throw std::invalid_argument("cannot connect to " + endpoint_ + ": " + error.what());
         }
+    }
+
+    void close() noexcept {
+        watch_.reset();  // stops monitoring before the socket closes
+        socket_.close();
+    }
+
+    // Reads the watch's news; when a connection that was up ended, makes the
+    // socket anew (see the class's comment). Whether one did.
+    bool lost() {
+        if (!watch_) return false;
+        auto lost = watch_->check().lost;
+        if (lost == 0) return false;
+        connections_lost_ += lost;
+        close();
+        wait_released();  // what the closed socket held of the caller's frames
+        open();
+        return true;
+    }
+
+    std::string lost_message(std::uint64_t request_id) const {
+        std::string why =
+            "the daemon closed it (it stopped or restarted, or a request frame was over twice "
+            "its bus.max_message_bytes)";
+        if (max_reply_frame_bytes_) {
+            why = "a reply frame over " + std::to_string(*max_reply_frame_bytes_) +
+                  " bytes (the client's bound) ended it unread, or " + why;
+        }
+        return "the connection to " + endpoint_ + " ended while request " +
+               std::to_string(request_id) + " waited for its reply: " + why +
+               "; it is connected again for the next call";
     }
 
     // False when the request could not leave before `give_up_at` (no connection
@@ -226,20 +298,24 @@ private:
         }
     }
 
-    std::vector<zmq::message_t> await(std::uint64_t request_id,
-                                      std::chrono::steady_clock::time_point give_up_at) {
+    // The reply (its parts), an empty vector once `give_up_at` has passed, or
+    // nullopt when the connection ended while the request waited (the socket is
+    // then made anew). A reply already there is taken first.
+    std::optional<std::vector<zmq::message_t>> await(
+        std::uint64_t request_id, std::chrono::steady_clock::time_point give_up_at) {
+        bool news = false;
         while (true) {
-            // Rounded up, and measured again after a poll that found nothing:
-            // zmq_poll times its wait on a clock that may lag by a millisecond,
-            // and a wait never ends before the caller's timeout.
-            auto left = detail::milliseconds_left(give_up_at);
-            if (left <= 0) return {};
-            auto ready = detail::poll_in(socket_, left);
-            if (!ready || !*ready) continue;
             std::vector<zmq::message_t> parts;
-            if (!zmq::recv_multipart(socket_, std::back_inserter(parts),
-                                     zmq::recv_flags::dontwait)) {
-                continue;  // poll's answer was stale: wait again for the time left
+            if (!zmq::recv_multipart(socket_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+                // The news was read just before the send; later news ends a wait.
+                if (news && lost()) return std::nullopt;
+                // Rounded up, and measured again after a poll that found nothing:
+                // zmq_poll times its wait on a clock that may lag by a millisecond,
+                // and a wait never ends before the caller's timeout.
+                auto left = detail::milliseconds_left(give_up_at);
+                if (left <= 0) return std::vector<zmq::message_t>{};
+                news = detail::wait_either(socket_, watch_->monitor(), left);
+                continue;
             }
             auto id = wire::decode_reply_id(parts[0].data(), parts[0].size());
             if (id != wire::RequestId{request_id}) {
@@ -258,8 +334,7 @@ private:
             std::lock_guard<std::mutex> lock(in_flight_.mutex);
             if (in_flight_.frames == 0) return;
         }
-        send_buffer_.close(socket_);
-        socket_.close();
+        close();
         wait_released();
         try {
             open();
@@ -283,8 +358,12 @@ private:
     long long sndtimeo_ = -1;  // the send timeout last set (ms)
     std::uint64_t next_id_ = 1;
     std::uint64_t discarded_ = 0;
+    std::uint64_t connections_lost_ = 0;
+    std::optional<std::int64_t> max_reply_frame_bytes_;
     InFlight in_flight_;
     detail::SendBuffer send_buffer_;
+    // The socket's monitor (stopped before the socket closes); null while closed.
+    std::unique_ptr<detail::ConnectionWatch> watch_;
 };
 
 InferResult::InferResult() = default;
@@ -301,7 +380,8 @@ const TensorView& InferResult::output(const std::string& name) const {
 
 InferenceClient::InferenceClient(ClientOptions options)
     : channel_(std::make_unique<RequestChannel>(options, default_endpoints().infer,
-                                                options.send_buffer_bytes)),
+                                                options.send_buffer_bytes,
+                                                options.max_reply_frame_bytes)),
       options_(std::move(options)) {
     PollWindow check(options_.reply_spin_us);  // a bad width fails here, not at the first region
     if (options_.shm_socket.empty()) options_.shm_socket = shm_socket_path(channel_->endpoint());
@@ -318,6 +398,8 @@ std::uint64_t InferenceClient::discarded_replies() const {
 }
 
 SendBufferStatus InferenceClient::send_buffer() const { return channel_->send_buffer(); }
+
+std::uint64_t InferenceClient::connections_lost() const { return channel_->connections_lost(); }
 
 PollWindowStatus InferenceClient::reply_spin() const {
     return shm_ ? shm_->spin().status() : PollWindow(options_.reply_spin_us).status();
@@ -617,11 +699,29 @@ bool InferenceClient::places_every_output(
     return std::includes(names.begin(), names.end(), known->second.begin(), known->second.end());
 }
 
+namespace {
+
+// OperatorClient's bound: a control reply is one header (the daemon's control
+// replies carry no frames), whatever ClientOptions asks.
+std::int64_t control_frame_bound(const ClientOptions& options) {
+    if (options.max_reply_frame_bytes) {
+        throw std::invalid_argument(
+            "max_reply_frame_bytes is for InferenceClient; OperatorClient's replies are bounded "
+            "to a header (" + std::to_string(wire::kMaxHeaderBytes) + " bytes)");
+    }
+    return static_cast<std::int64_t>(wire::kMaxHeaderBytes);
+}
+
+}  // namespace
+
 OperatorClient::OperatorClient(ClientOptions options)
     // Small messages: the kernel's default send buffer takes each whole.
-    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().control, 0)) {}
+    : channel_(std::make_unique<RequestChannel>(options, default_endpoints().control, 0,
+                                                control_frame_bound(options))) {}
 
 OperatorClient::~OperatorClient() = default;
+
+std::uint64_t OperatorClient::connections_lost() const { return channel_->connections_lost(); }
 
 std::string OperatorClient::call_msgpack(const std::string& op,
                                          const wire::ControlArguments& arguments,

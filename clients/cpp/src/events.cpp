@@ -5,13 +5,11 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <deque>
 #include <limits>
 #include <stdexcept>
 
+#include "connection_watch.hpp"
 #include "decode.hpp"
 #include "inferd/client.hpp"
 #include "inferd/endpoints.hpp"
@@ -208,46 +206,16 @@ std::string event_topic(const Event& event) {
     }
 }
 
-namespace {
-
-// What the subscriber learns of its connection (Impl::check_connection).
-constexpr int kMonitored =
-    ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED;
-// Names each subscriber's monitor endpoint (inproc://, unique in the process).
-std::atomic<std::uint64_t> monitors{0};
-
-// Waits until `socket` or `monitor` has something, for at most `timeout_ms`;
-// ends early when a signal handler ran (zmq_poll's EINTR, as detail::poll_in),
-// and the caller looks and waits again for the time left.
-void wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeout_ms) {
-    std::array<zmq::pollitem_t, 2> items{{{socket.handle(), 0, ZMQ_POLLIN, 0},
-                                          {monitor.handle(), 0, ZMQ_POLLIN, 0}}};
-    try {
-        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::max(0LL, timeout_ms)));
-    } catch (const zmq::error_t& error) {
-        if (error.num() != EINTR) throw;
-    }
-}
-
-}  // namespace
-
 struct EventSubscriber::Impl {
     std::shared_ptr<zmq::context_t> context;
     zmq::socket_t socket;
-    // A PAIR receiving zmq_socket_monitor's news of `socket` (closed before it).
-    zmq::socket_t monitor;
+    // The monitor of `socket` (declared after it: it stops before the socket closes).
+    std::unique_ptr<detail::ConnectionWatch> watch;
     std::string endpoint;
     std::vector<std::string> topics;
     bool hide_health = false;  // subscribed to health only to detect the join
     std::deque<Event> pending;
-    bool up = false;  // a connection's handshake succeeded and it has not ended
     std::uint64_t connections_lost = 0;
-
-    ~Impl() {
-        // Monitoring stops before the PAIR closes: news libzmq sent it as it
-        // closed was never freed (LSan: 77 bytes, in 7 runs of 30).
-        if (socket) (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
-    }
 
     // One [topic, payload] message, or nullopt once `give_up_at` has passed (a
     // message already there is read even then).
@@ -260,7 +228,7 @@ struct EventSubscriber::Impl {
             // monitor's news): never shorter than asked, nor longer.
             auto left = detail::milliseconds_left(give_up_at);
             if (left <= 0) return std::nullopt;
-            wait_either(socket, monitor, left);
+            detail::wait_either(socket, watch->monitor(), left);
         }
         if (parts.size() != 2) {
             detail::malformed("event has " + std::to_string(parts.size()) +
@@ -274,34 +242,18 @@ struct EventSubscriber::Impl {
         return std::make_pair(topic, decode_event(topic, parts[1].data(), parts[1].size()));
     }
 
-    // Reads the monitor's news (all of it: its descriptor is edge-triggered) and
-    // connects again when a connection that was up ended and libzmq is not making
-    // it again: it does not after a protocol error, such as a frame over
-    // ZMQ_MAXMSGSIZE, and the subscriber would wait for good. After a
-    // disconnection libzmq retries at once (CONNECT_RETRIED follows) where it
-    // will; when that news is not here yet, connecting again anew does no harm:
-    // disconnect ends libzmq's attempt, so there is still one connection.
+    // Reads the monitor's news and connects again when a connection that was up
+    // ended and libzmq is not making it again: it does not after a protocol
+    // error, such as a frame over ZMQ_MAXMSGSIZE, and the subscriber would wait
+    // for good. After a disconnection libzmq retries at once (CONNECT_RETRIED
+    // follows) where it will; when that news is not here yet, connecting again
+    // anew does no harm: disconnect ends libzmq's attempt, so there is still one
+    // connection. (A SUB loses nothing it would have sent in the meantime, unlike
+    // the request channel, which makes its socket anew instead.)
     void check_connection() {
-        bool lost = false;
-        std::vector<zmq::message_t> news;
-        while (zmq::recv_multipart(monitor, std::back_inserter(news), zmq::recv_flags::dontwait)) {
-            // [event (16 bits) and value (32 bits), endpoint]
-            std::uint16_t event = 0;
-            if (!news.empty() && news[0].size() >= sizeof event) {
-                std::memcpy(&event, news[0].data(), sizeof event);
-            }
-            news.clear();
-            if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-                up = true;
-            } else if (event == ZMQ_EVENT_DISCONNECTED && up) {
-                up = false;
-                ++connections_lost;
-                lost = true;
-            } else if (event == ZMQ_EVENT_CONNECT_RETRIED) {
-                lost = false;
-            }
-        }
-        if (!lost) return;
+        auto news = watch->check();
+        connections_lost += news.lost;
+        if (news.lost == 0 || news.retried) return;
         try {
             socket.disconnect(endpoint);
         } catch (const zmq::error_t&) {
@@ -330,13 +282,7 @@ EventSubscriber::EventSubscriber(SubscriberOptions options) : impl_(std::make_un
     impl_->socket.set(zmq::sockopt::linger, 0);
     impl_->socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(kMaxEventFrameBytes));
     // Before it connects, to see the first handshake.
-    auto monitor = "inproc://inferd-events-monitor-" + std::to_string(monitors++);
-    if (zmq_socket_monitor(impl_->socket.handle(), monitor.c_str(), kMonitored) != 0) {
-        throw zmq::error_t();
-    }
-    impl_->monitor = zmq::socket_t(*impl_->context, zmq::socket_type::pair);
-    impl_->monitor.set(zmq::sockopt::linger, 0);
-    impl_->monitor.connect(monitor);
+    impl_->watch = std::make_unique<detail::ConnectionWatch>(*impl_->context, impl_->socket);
     detail::secure(impl_->socket, impl_->endpoint, options.curve);
     impl_->topics = options.topics;
     if (options.topics.empty()) {

@@ -3,10 +3,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include <atomic>
 #include <cstddef>
-#include <cstdint>
-#include <cstring>
 #include <stdexcept>
 
 namespace inferd::detail {
@@ -41,37 +38,6 @@ SendBuffer::SendBuffer(const std::string& endpoint, int nbytes) : address_(ipc_a
     status_.bytes = nbytes;
 }
 
-void SendBuffer::watch(zmq::context_t& context, zmq::socket_t& socket) {
-    if (status_.bytes == 0 || address_.empty()) return;
-    static std::atomic<std::uint64_t> monitors{0};
-    auto address = "inproc://inferd-send-buffer-" + std::to_string(++monitors);
-    if (zmq_socket_monitor(socket.handle(), address.c_str(), ZMQ_EVENT_CONNECTED) != 0) {
-        throw zmq::error_t();
-    }
-    monitor_ = zmq::socket_t(context, zmq::socket_type::pair);
-    monitor_.set(zmq::sockopt::linger, 0);
-    monitor_.connect(address);
-    watching_ = true;
-}
-
-void SendBuffer::apply() {
-    if (!watching_) return;
-    while (true) {
-        zmq::message_t event;
-        if (!monitor_.recv(event, zmq::recv_flags::dontwait)) return;
-        // The second part (the endpoint) comes with the first: ZeroMQ delivers a
-        // multipart message whole.
-        zmq::message_t endpoint;
-        (void)monitor_.recv(endpoint, zmq::recv_flags::dontwait);
-        if (event.size() < 6) continue;
-        std::uint16_t id = 0;
-        std::int32_t value = 0;
-        std::memcpy(&id, event.data(), sizeof id);
-        std::memcpy(&value, static_cast<const char*>(event.data()) + sizeof id, sizeof value);
-        if (id & ZMQ_EVENT_CONNECTED) size(value);
-    }
-}
-
 bool SendBuffer::size(int fd) {
     if (socket_option(fd, SO_DOMAIN) != AF_UNIX || socket_option(fd, SO_TYPE) != SOCK_STREAM) {
         return false;
@@ -94,13 +60,6 @@ bool SendBuffer::size(int fd) {
     status_.effective_bytes = effective;
     if (effective < status_.bytes) ++status_.capped;
     return true;
-}
-
-void SendBuffer::close(zmq::socket_t& socket) {
-    if (!watching_) return;
-    (void)zmq_socket_monitor(socket.handle(), nullptr, 0);
-    monitor_.close();
-    watching_ = false;
 }
 
 }  // namespace inferd::detail

@@ -2,8 +2,6 @@
 // Python client's inferd_wire/send_buffer.py, for the C++ client.
 #pragma once
 
-#include <zmq.hpp>
-
 #include <string>
 
 #include "inferd/client.hpp"
@@ -17,24 +15,19 @@ namespace inferd::detail {
 // reports (ZMQ_EVENT_CONNECTED carries its descriptor). A descriptor is touched
 // only when it is a Unix stream socket connected to the endpoint's path, so an
 // event read after its connection closed (and the number was reused) sizes
-// nothing else. tcp:// is left to the kernel's own tuning.
+// nothing else. tcp:// is left to the kernel's own tuning. The descriptors
+// come from the socket's ConnectionWatch (libzmq keeps one monitor per socket).
 class SendBuffer {
 public:
     SendBuffer(const std::string& endpoint, int nbytes);
-    // Before the socket connects.
-    void watch(zmq::context_t& context, zmq::socket_t& socket);
-    // Sizes the connections reported since the last call (after each reply).
-    void apply();
-    // Before the socket closes.
-    void close(zmq::socket_t& socket);
+    // Whether the socket's connections are to be sized (an ipc:// endpoint, a size asked).
+    bool wanted() const { return status_.bytes != 0 && !address_.empty(); }
     // Sizes `fd` if it is one of the endpoint's connections; whether it was.
     bool size(int fd);
     const SendBufferStatus& status() const { return status_; }
 
 private:
     std::string address_;  // getpeername's sun_path for the endpoint; empty: not ipc://
-    zmq::socket_t monitor_;
-    bool watching_ = false;
     SendBufferStatus status_;
 };
 

@@ -6,6 +6,7 @@
 #include <msgpack.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <limits>
@@ -2073,6 +2074,317 @@ TEST(a_daemon_restart_releases_the_regions_and_the_next_call_registers_them_agai
         CHECK_EQ(regions_sent, (std::vector<std::string>{"", region_id(3)}));
     }
     CHECK_EQ(on_shm.client.last_transport(), "infer");
+}
+
+namespace {
+
+// {"v": 1, "id": id, "ok": true, "result": {"x": <a str32 of 'a's>}} of
+// `size` bytes in all (at least 64).
+std::string control_reply_of(std::uint64_t id, std::size_t size) {
+    auto around = packed([id](Packer& packer) {
+        packer.pack_map(4);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack(id);
+        packer.pack(std::string("ok")), packer.pack(true);
+        packer.pack(std::string("result"));
+        packer.pack_map(1);
+        packer.pack(std::string("x"));
+    });
+    auto length = static_cast<std::uint32_t>(size - around.size() - 5);
+    std::string value("\xdb", 1);
+    for (int shift = 24; shift >= 0; shift -= 8) value += static_cast<char>(length >> shift);
+    return around + value + std::string(length, 'a');
+}
+
+// A daemon's request sockets, played by a ROUTER on its own thread, in
+// `incarnations` one after the other at one ipc:// endpoint: each answers with
+// `script(router, parts, incarnation)` until the script returns false, then its
+// socket and context close (the connection ends, and the next binds at once);
+// restart() ends the incarnation from outside.
+// wait_handshakes(n) waits until the incarnations have had n connections
+// (handshakes done) in all.
+class Incarnations {
+public:
+    using Script = std::function<bool(zmq::socket_t&, std::vector<zmq::message_t>&, int)>;
+
+    Incarnations(int incarnations, Script script)
+        : endpoint_("ipc://" + temp_dir() + "/daemon.sock") {
+        auto first = std::make_unique<Incarnation>(endpoint_);
+        thread_ = std::thread([this, incarnations, script, daemon = std::move(first)]() mutable {
+            for (int incarnation = 0; incarnation < incarnations && !stop_; ++incarnation) {
+                if (!daemon) daemon = std::make_unique<Incarnation>(endpoint_);
+                bool stay = true;
+                while (stay && !stop_ && !restart_.exchange(false)) {
+                    std::array<zmq::pollitem_t, 2> items{
+                        {{daemon->router.handle(), 0, ZMQ_POLLIN, 0},
+                         {daemon->monitor.handle(), 0, ZMQ_POLLIN, 0}}};
+                    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(20));
+                    std::vector<zmq::message_t> parts;
+                    while (zmq::recv_multipart(daemon->monitor, std::back_inserter(parts),
+                                               zmq::recv_flags::dontwait)) {
+                        parts.clear();
+                        std::lock_guard<std::mutex> lock(mutex_);
+                        ++handshakes_;
+                        changed_.notify_all();
+                    }
+                    if (!zmq::recv_multipart(daemon->router, std::back_inserter(parts),
+                                             zmq::recv_flags::dontwait)) {
+                        continue;
+                    }
+                    stay = script(daemon->router, parts, incarnation);
+                }
+                daemon.reset();
+            }
+        });
+    }
+    ~Incarnations() {
+        stop_ = true;
+        thread_.join();
+    }
+    const std::string& endpoint() const { return endpoint_; }
+    // The incarnation goes away at its next look (within 20 ms), unless it already has.
+    void restart() { restart_ = true; }
+    bool wait_handshakes(int count) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        return changed_.wait_for(lock, 15s, [&] { return handshakes_ >= count; });
+    }
+
+private:
+    struct Incarnation {
+        explicit Incarnation(const std::string& endpoint) {
+            static std::atomic<int> monitors{0};
+            auto address = "inproc://incarnation-" + std::to_string(++monitors);
+            router.set(zmq::sockopt::linger, 0);
+            zmq_socket_monitor(router.handle(), address.c_str(), ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+            monitor.set(zmq::sockopt::linger, 0);
+            monitor.connect(address);
+            router.bind(endpoint);
+        }
+        ~Incarnation() { zmq_socket_monitor(router.handle(), nullptr, 0); }
+        zmq::context_t context{1};
+        zmq::socket_t router{context, zmq::socket_type::router};
+        zmq::socket_t monitor{context, zmq::socket_type::pair};
+    };
+    std::string endpoint_;
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> restart_{false};
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    int handshakes_ = 0;
+    std::thread thread_;
+};
+
+constexpr std::size_t kOversizedReply = std::size_t{64} << 20;
+
+// A buffer of kOversizedReply bytes, resident before a measurement starts, sent
+// from where it is (zero-copy), and freed after the peer is gone: nothing of the
+// sender's grows while the client is measured.
+std::unique_ptr<char[]> oversized_reply() {
+    std::unique_ptr<char[]> bytes(new char[kOversizedReply]);
+    std::memset(bytes.get(), 0, kOversizedReply);
+    return bytes;
+}
+
+void send_frames(zmq::socket_t& router, const zmq::message_t& identity,
+                 std::vector<zmq::message_t> frames) {
+    router.send(zmq::buffer(identity.data(), identity.size()), zmq::send_flags::sndmore);
+    for (std::size_t i = 0; i < frames.size(); ++i) {
+        router.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+}
+
+zmq::message_t unowned(const char* data, std::size_t size) {
+    return zmq::message_t(const_cast<char*>(data), size, [](void*, void*) {});
+}
+
+}  // namespace
+
+TEST(a_control_reply_over_a_header_is_not_taken_into_memory_and_the_next_call_is_answered) {
+    // OperatorClient's socket had no ZMQ_MAXMSGSIZE: a 64 MiB reply frame was
+    // taken whole into memory before decoding refused it (a header over 64 KiB).
+    // With the bound alone, libzmq ends the connection at the frame's length and
+    // never makes it again: that call and every later one waited out its timeout.
+    auto oversized = oversized_reply();
+    std::atomic<int> requests{0};
+    {
+        Incarnations daemon(1, [&](zmq::socket_t& router, std::vector<zmq::message_t>& parts, int) {
+            auto id = request_id(parts[1]);
+            switch (requests++) {
+                case 0:  // a header of exactly the bound arrives
+                    send_frames(router, parts[0], {});
+                    router.send(zmq::buffer(control_reply_of(id, wire::kMaxHeaderBytes)));
+                    break;
+                case 1:
+                    send_frames(router, parts[0], {});
+                    router.send(unowned(oversized.get(), kOversizedReply), zmq::send_flags::none);
+                    break;
+                default:
+                    send_frames(router, parts[0], {});
+                    router.send(zmq::buffer(control_reply_of(id, 100)));
+            }
+            return true;
+        });
+        ClientOptions options;
+        options.endpoint = daemon.endpoint();
+        options.timeout = 10s;
+        OperatorClient client(options);
+        CHECK(client.call("status").size() > wire::kMaxHeaderBytes - 100);
+        bool measured = reset_peak_resident();
+        auto before = status_bytes("VmRSS");
+        auto started = std::chrono::steady_clock::now();
+        CHECK_THROWS(ConnectionLost, client.call("status"),
+                     std::string(error.what()).find("waited for its reply") != std::string::npos);
+        CHECK(std::chrono::steady_clock::now() - started < 5s);
+        if (measured) CHECK(status_bytes("VmHWM") - before < (std::size_t{8} << 20));
+        CHECK_EQ(client.connections_lost(), 1u);
+        CHECK(client.call("status").size() > 60);
+        CHECK_EQ(requests.load(), 3);
+    }
+}
+
+TEST(an_infer_reply_frame_of_the_bound_arrives_and_a_longer_one_ends_only_its_call) {
+    // InferenceClient(max_reply_frame_bytes): a frame of exactly the bound
+    // arrives; one byte more, or 64 MiB, ends the connection unread and fails
+    // the call at once; the next call is answered on a new connection, sized.
+    constexpr std::size_t kBound = std::size_t{1} << 20;
+    auto oversized = oversized_reply();
+    std::atomic<int> requests{0};
+    {
+        Incarnations daemon(1, [&](zmq::socket_t& router, std::vector<zmq::message_t>& parts, int) {
+            auto id = request_id(parts[1]);
+            std::vector<zmq::message_t> frames;
+            switch (requests++) {
+                case 0:
+                    frames.emplace_back(ok_reply(id, kBound / 4));
+                    frames.push_back(unowned(oversized.get(), kBound));
+                    break;
+                case 1:
+                    frames.emplace_back(ok_reply(id, kBound / 4));
+                    frames.push_back(unowned(oversized.get(), kBound + 1));
+                    break;
+                case 3:
+                    frames.emplace_back(ok_reply(id, kBound / 4));
+                    frames.push_back(unowned(oversized.get(), kOversizedReply));
+                    break;
+                default:
+                    frames.emplace_back(ok_reply(id, 2));
+                    frames.emplace_back(std::string(8, '\0'));
+            }
+            send_frames(router, parts[0], std::move(frames));
+            return true;
+        });
+        ClientOptions options;
+        options.endpoint = daemon.endpoint();
+        options.timeout = 10s;
+        options.max_reply_frame_bytes = kBound;
+        InferenceClient client(options);
+        float input[2] = {0, 0};
+        CHECK_EQ(client.infer("m", two_floats(input)).output("out0").nbytes, kBound);
+        auto started = std::chrono::steady_clock::now();
+        CHECK_THROWS(ConnectionLost, client.infer("m", two_floats(input)),
+                     std::string(error.what()).find("a reply frame over 1048576 bytes") !=
+                         std::string::npos);
+        CHECK(std::chrono::steady_clock::now() - started < 5s);
+        CHECK_EQ(client.infer("m", two_floats(input)).output("out0").nbytes, 8u);
+        bool measured = reset_peak_resident();
+        auto before = status_bytes("VmRSS");
+        CHECK_THROWS(ConnectionLost, client.infer("m", two_floats(input)), true);
+        if (measured) CHECK(status_bytes("VmHWM") - before < (std::size_t{8} << 20));
+        CHECK_EQ(client.infer("m", two_floats(input)).output("out0").nbytes, 8u);
+        CHECK_EQ(client.connections_lost(), 2u);
+        CHECK_EQ(requests.load(), 5);
+        // Each of the three connections sized through the one monitor.
+        CHECK_EQ(client.send_buffer().sized, 3u);
+    }
+}
+
+TEST(a_reply_frame_bound_must_be_positive_and_is_checked_before_any_socket) {
+    // A context already shut down refuses every socket (zmq::error_t): the
+    // bound is checked before one is asked for.
+    auto closed = std::make_shared<zmq::context_t>(1);
+    closed->shutdown();
+    ClientOptions options;
+    options.endpoint = "ipc://" + temp_dir() + "/infer.sock";
+    options.context = closed;
+    constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+    for (std::int64_t bound : {std::int64_t{0}, std::int64_t{-1}, kMax - 32, kMax}) {
+        options.max_reply_frame_bytes = bound;
+        CHECK_THROWS(std::invalid_argument, InferenceClient refused(options),
+                     std::string(error.what()).find("max_reply_frame_bytes must be 1..") !=
+                         std::string::npos);
+    }
+    options.max_reply_frame_bytes = kMax - 33;
+    CHECK_THROWS(zmq::error_t, InferenceClient refused(options), true);
+    options.context.reset();
+    InferenceClient largest(options);
+    // OperatorClient's bound is a header's, whatever is asked.
+    options.max_reply_frame_bytes = 1 << 20;
+    CHECK_THROWS(std::invalid_argument, OperatorClient refused(options),
+                 std::string(error.what()).find("max_reply_frame_bytes is for InferenceClient") !=
+                     std::string::npos);
+}
+
+TEST(a_daemon_that_goes_away_while_a_call_waits_fails_it_at_once_or_it_is_resent) {
+    // A daemon that stops with the request unanswered: the call waited out its
+    // timeout (10 s here). It now fails at once and the next call reaches the
+    // next daemon; with a retry left, it is resent there under a fresh id.
+    std::atomic<int> requests{0};
+    std::vector<std::uint64_t> ids;
+    std::mutex mutex;
+    {
+        Incarnations daemon(3, [&](zmq::socket_t& router, std::vector<zmq::message_t>& parts, int) {
+            {
+                std::lock_guard<std::mutex> lock(mutex);
+                ids.push_back(request_id(parts[1]));
+            }
+            auto n = ++requests;
+            if (n == 1 || n == 3) return false;  // goes away unanswered
+            send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+            return true;
+        });
+        ClientOptions options;
+        options.endpoint = daemon.endpoint();
+        options.timeout = 10s;
+        std::vector<int> attempts;
+        options.on_attempt = [&](std::uint64_t, int attempt) { attempts.push_back(attempt); };
+        InferenceClient client(options);
+        float input[2] = {0, 0};
+        auto started = std::chrono::steady_clock::now();
+        CHECK_THROWS(ConnectionLost, client.infer("m", two_floats(input)),
+                     std::string(error.what()).find("the daemon closed it") != std::string::npos);
+        CHECK(std::chrono::steady_clock::now() - started < 5s);
+        CHECK_EQ(client.infer("m", two_floats(input)).output("out0").as<float>()[1], 2.0f);
+        CHECK_EQ(client.connections_lost(), 1u);
+        InferOptions retried;
+        retried.retries = 1;
+        started = std::chrono::steady_clock::now();
+        CHECK_EQ(client.infer("m", two_floats(input), retried).output("out0").as<float>()[1], 2.0f);
+        CHECK(std::chrono::steady_clock::now() - started < 5s);
+        CHECK_EQ(attempts, (std::vector<int>{0, 0, 0, 1}));
+        CHECK_EQ(client.connections_lost(), 2u);
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    CHECK_EQ(ids.size(), 4u);
+    CHECK(ids.size() == 4 && ids[2] != ids[3]);
+}
+
+TEST(a_daemon_restart_while_the_client_is_idle_fails_no_call) {
+    // The old connection's end is read before the next send: read later, it
+    // would fail the request that waits on the new connection.
+    Incarnations daemon(2, [](zmq::socket_t& router, std::vector<zmq::message_t>& parts, int) {
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+        return true;
+    });
+    ClientOptions options;
+    options.endpoint = daemon.endpoint();
+    options.timeout = 10s;
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    client.infer("m", two_floats(input));
+    daemon.restart();
+    CHECK(daemon.wait_handshakes(2));  // libzmq connected to the new daemon by itself
+    CHECK_EQ(client.infer("m", two_floats(input)).output("out0").as<float>()[1], 2.0f);
+    CHECK_EQ(client.connections_lost(), 1u);
 }
 
 int main(int argc, char** argv) { return inferd::testing::run_all(argc, argv); }

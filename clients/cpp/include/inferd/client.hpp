@@ -48,6 +48,16 @@ struct ClientOptions {
     // it at net.core.wmem_max (DESIGN.md 116). InferenceClient::send_buffer()
     // says what the connection got.
     int send_buffer_bytes = 2 * 1024 * 1024;
+    // InferenceClient only: the largest reply frame the infer socket takes
+    // (ZMQ_MAXMSGSIZE; the reply header, describe's included, and each output
+    // sent as a frame; an output written into a registered region is not a
+    // frame). A longer frame ends the connection unread: the call throws
+    // ConnectionLost and the next one connects anew. Unset: no bound. 1..2^63-34,
+    // std::invalid_argument otherwise (and from OperatorClient, whose replies are
+    // bounded to a header, wire::kMaxHeaderBytes, whatever this says). A bound
+    // below the largest reply header (up to 64 KiB: describe with many models)
+    // fails those replies.
+    std::optional<std::int64_t> max_reply_frame_bytes;
 };
 
 // The kernel send buffer asked for the infer socket's connection and what it got.
@@ -121,7 +131,8 @@ public:
     // way, no ZeroMQ) once a reply on the infer socket or describe() has named
     // the model's outputs, unless its header is over that socket's bound
     // (wire::kMaxShmMessageBytes). Throws RemoteError with the daemon's code,
-    // Timeout, or MalformedReply.
+    // Timeout, ConnectionLost (at once, or resent while retries are left), or
+    // MalformedReply.
     InferResult infer(const std::string& model, const std::vector<NamedTensor>& inputs,
                       const InferOptions& options = {});
 
@@ -149,6 +160,9 @@ public:
     PollWindowStatus reply_spin() const;
     // The kernel send buffer of the connection to the infer socket (DESIGN.md 116).
     SendBufferStatus send_buffer() const;
+    // Connections to the infer socket that were up and ended (each makes the
+    // socket anew; a call waiting on one threw ConnectionLost or was resent).
+    std::uint64_t connections_lost() const;
 
 private:
     std::unique_ptr<RequestChannel> channel_;
@@ -205,6 +219,8 @@ struct Status {
 
 // The control socket: read-only ops for any admitted peer, operator ops
 // (runtime.switch, build.*) for operators only (PERMISSION_DENIED otherwise).
+// A reply is one header: a frame over wire::kMaxHeaderBytes ends the connection
+// unread and the call throws ConnectionLost.
 class OperatorClient {
 public:
     explicit OperatorClient(ClientOptions options = {});
@@ -219,6 +235,9 @@ public:
     // Any other op; returns its result as JSON text.
     std::string call(const std::string& op, const wire::ControlArguments& arguments = {},
                      std::optional<std::chrono::milliseconds> timeout = {});
+    // Connections to the control socket that were up and ended (see
+    // InferenceClient::connections_lost; a call is never resent).
+    std::uint64_t connections_lost() const;
 
 private:
     std::string call_msgpack(const std::string& op, const wire::ControlArguments& arguments,

@@ -48,6 +48,19 @@ public:
     using ClientError::ClientError;
 };
 
+// The connection ended while a request waited for its reply: a reply frame over
+// the client's bound (ClientOptions::max_reply_frame_bytes, or a header's for
+// OperatorClient: libzmq ends the connection as the frame's length arrives,
+// unread), or the daemon closed it (it stopped or restarted, or a request frame
+// was over its ZMQ_MAXMSGSIZE); the client's monitor cannot tell them apart.
+// Thrown at once, not after the timeout; the client makes its socket anew for
+// the next call. The request may or may not have run. The Python client's
+// ConnectionLost (there an Unreachable, which the C++ client has no equivalent of).
+class ConnectionLost : public ClientError {
+public:
+    using ClientError::ClientError;
+};
+
 // A reply or event that breaks the wire contract (a bug on one side).
 class MalformedReply : public ClientError {
 public:

@@ -1,0 +1,90 @@
+#include "connection_watch.hpp"
+
+#include <zmq_addon.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace inferd::detail {
+
+namespace {
+
+constexpr int kConnection =
+    ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED;
+// Names each monitor's endpoint (inproc://, unique in the process).
+std::atomic<std::uint64_t> monitors{0};
+
+}  // namespace
+
+ConnectionWatch::ConnectionWatch(zmq::context_t& context, zmq::socket_t& socket,
+                                 std::function<void(int)> connected)
+    : connected_(std::move(connected)) {
+    auto address = "inproc://inferd-monitor-" + std::to_string(monitors++);
+    int events = kConnection | (connected_ ? ZMQ_EVENT_CONNECTED : 0);
+    if (zmq_socket_monitor(socket.handle(), address.c_str(), events) != 0) throw zmq::error_t();
+    socket_ = socket.handle();
+    try {
+        monitor_ = zmq::socket_t(context, zmq::socket_type::pair);
+        monitor_.set(zmq::sockopt::linger, 0);
+        monitor_.connect(address);
+    } catch (...) {
+        stop();
+        throw;
+    }
+}
+
+ConnectionWatch::News ConnectionWatch::check() {
+    News news;
+    if (socket_ == nullptr) return news;
+    std::vector<zmq::message_t> parts;
+    while (zmq::recv_multipart(monitor_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+        // [event (16 bits) and value (32 bits), endpoint]
+        std::uint16_t event = 0;
+        std::int32_t value = -1;
+        if (!parts.empty() && parts[0].size() >= sizeof event + sizeof value) {
+            std::memcpy(&event, parts[0].data(), sizeof event);
+            std::memcpy(&value, static_cast<const char*>(parts[0].data()) + sizeof event,
+                        sizeof value);
+        }
+        parts.clear();
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            up_ = true;
+        } else if (event == ZMQ_EVENT_DISCONNECTED && up_) {
+            up_ = false;
+            ++news.lost;
+            news.retried = false;
+        } else if (event == ZMQ_EVENT_CONNECT_RETRIED) {
+            news.retried = true;
+        } else if (event == ZMQ_EVENT_CONNECTED && connected_) {
+            connected_(value);
+        }
+    }
+    return news;
+}
+
+void ConnectionWatch::stop() noexcept {
+    if (socket_ == nullptr) return;
+    (void)zmq_socket_monitor(socket_, nullptr, 0);
+    socket_ = nullptr;
+    monitor_.close();
+}
+
+bool wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeout_ms) {
+    std::array<zmq::pollitem_t, 2> items{{{socket.handle(), 0, ZMQ_POLLIN, 0},
+                                          {monitor.handle(), 0, ZMQ_POLLIN, 0}}};
+    try {
+        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::max(0LL, timeout_ms)));
+    } catch (const zmq::error_t& error) {
+        if (error.num() != EINTR) throw;
+        return false;
+    }
+    return (items[1].revents & ZMQ_POLLIN) != 0;
+}
+
+}  // namespace inferd::detail
