@@ -440,6 +440,14 @@ class DaemonProcess:
         return self.process.wait(timeout=timeout)
 
 
+def memory_kib(daemon: DaemonProcess, field: str = "VmRSS") -> int:
+    """A field of the daemon's ``/proc/<pid>/status`` in KiB (``VmRSS``, ``VmHWM``...)."""
+    for line in Path(f"/proc/{daemon.process.pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{daemon.process.pid}/status")
+
+
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

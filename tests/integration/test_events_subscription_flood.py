@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from inferd_client import OperatorClient
-from tests.conftest import HANG_S, REPO, DaemonFactory, Events, wait_until
+from tests.conftest import HANG_S, REPO, DaemonFactory, Events, memory_kib, wait_until
 
 #: Memory the daemon may gain meanwhile: the allocator's own growth.
 RSS_MARGIN_BYTES = 64 << 20
@@ -56,19 +55,12 @@ print(json.dumps({"closed": closed}), flush=True)
 """
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
 def test_a_flood_of_valid_subscriptions_is_refused_and_the_daemon_stays_bounded(
     daemon_factory: DaemonFactory,
 ) -> None:
     daemon = daemon_factory()
     with Events(daemon.events) as events:
-        before = _rss_bytes(daemon.process.pid)
+        before = memory_kib(daemon) * 1024
         flooder = subprocess.run(
             [sys.executable, "-c", _FLOODER, daemon.events, str(CONNECTIONS), str(FLOOD_S)],
             cwd=REPO,
@@ -77,7 +69,7 @@ def test_a_flood_of_valid_subscriptions_is_refused_and_the_daemon_stays_bounded(
             timeout=FLOOD_S + HANG_S,
             check=True,
         )
-        grown = _rss_bytes(daemon.process.pid) - before
+        grown = memory_kib(daemon) * 1024 - before
         assert json.loads(flooder.stdout)["closed"] == CONNECTIONS, (
             f"the daemon kept the flooding connections open (it grew {grown >> 20} MiB)"
         )

@@ -11,13 +11,12 @@ events connection of the refused process, and the test's subscribers are in this
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import zmq
 
 from inferd_client import EventSubscriber, OperatorClient
-from tests.conftest import HANG_S, DaemonFactory, DaemonProcess, Events, wait_until
+from tests.conftest import HANG_S, DaemonFactory, DaemonProcess, Events, memory_kib, wait_until
 from tests.events_peers import (
     ChildSubscriber,
     closed_by_peer,
@@ -31,13 +30,6 @@ from tests.events_peers import (
 RSS_MARGIN_BYTES = 64 << 20
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
 def _bus(daemon: DaemonProcess) -> dict[str, Any]:
     with OperatorClient(daemon.control, timeout=HANG_S) as operator:
         bus: dict[str, Any] = operator.status()["bus"]
@@ -49,7 +41,7 @@ def test_an_oversized_subscription_ends_its_connection_and_publishing_goes_on(
 ) -> None:
     daemon = daemon_factory()
     with Events(daemon.events) as events:
-        before = _rss_bytes(daemon.process.pid)
+        before = memory_kib(daemon) * 1024
         size = 16 << 20
         for _attempt in range(2):  # and again, as the review's subscriber reconnected
             raw = zmtp_connect(daemon.events)
@@ -58,7 +50,7 @@ def test_an_oversized_subscription_ends_its_connection_and_publishing_goes_on(
             raw.close()
             assert sent < size
         events.settle()  # two health events stamped after now: it still publishes
-        assert _rss_bytes(daemon.process.pid) - before < RSS_MARGIN_BYTES
+        assert memory_kib(daemon) * 1024 - before < RSS_MARGIN_BYTES
     bus = _bus(daemon)
     # libzmq ends the connection at the frame's header: the daemon never read it
     assert bus["events_subscriptions_refused"] == 0

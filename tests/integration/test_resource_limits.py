@@ -20,6 +20,7 @@ from tests.conftest import (
     HANG_S,
     DaemonFactory,
     DaemonProcess,
+    memory_kib,
     wait_until,
     write_slow_loading_model,
 )
@@ -56,13 +57,6 @@ def expand_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def slow_loading_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_slow_loading_model(tmp_path_factory.mktemp("slow") / "slow.onnx")
-
-
-def memory_kib(daemon: DaemonProcess, field: str = "VmRSS") -> int:
-    for line in Path(f"/proc/{daemon.process.pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{daemon.process.pid}/status")
 
 
 def reset_peak(daemon: DaemonProcess) -> None:
