@@ -59,8 +59,11 @@ def infer_request_header(
     descriptors: list[dict[str, Any]],
     placed: list[dict[str, Any]],
     deadline_ms: int | None,
+    max_reply_frame_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """An infer request header without its id (each attempt's: ``PreparedHeader``)."""
+    """An infer request header without its id (each attempt's: ``PreparedHeader``).
+    ``max_reply_frame_bytes``: the client's bound on a reply frame, told to the
+    daemon, which answers ``RESOURCE_EXHAUSTED`` rather than send a longer one."""
     header: dict[str, Any] = {
         "v": protocol.PROTOCOL_VERSION,
         "op": "infer",
@@ -71,6 +74,8 @@ def infer_request_header(
         header["outputs"] = placed
     if deadline_ms is not None:
         header["deadline_ms"] = deadline_ms
+    if max_reply_frame_bytes is not None:
+        header["max_reply_frame_bytes"] = max_reply_frame_bytes
     return header
 
 
@@ -100,11 +105,15 @@ class InferenceClient:
     its header (up to 64 KiB: keep the bound above the largest header expected,
     ``describe``'s included) and each output tensor that comes back as a frame.
     Outputs the daemon writes into registered shared-memory regions are no
-    frames and are not bounded by it.  libzmq ends the connection of a longer
-    frame as its length arrives (``ZMQ_MAXMSGSIZE``), without taking it into
-    memory; the call waiting for that reply raises ``ConnectionLost`` at once
-    (after its ``retries``), and the client connects again for the next call.
-    None (the default): no bound, a reply of any size is taken.
+    frames and are not bounded by it.  Each infer request tells the daemon the
+    bound, and the daemon answers a reply that would not fit with
+    ``RESOURCE_EXHAUSTED`` (a ``RemoteError``; the request ran once, whatever
+    ``retries`` says).  A longer frame that comes all the same (a daemon older
+    than the field) is refused by libzmq as its length arrives
+    (``ZMQ_MAXMSGSIZE``), without taking it into memory; the call waiting for
+    that reply raises ``ConnectionLost`` at once (after its ``retries``), and
+    the client connects again for the next call.  None (the default): no
+    bound, a reply of any size is taken.
     ``connections_lost`` counts the connections that ended once up (that, or a
     daemon that stopped or restarted).
     """
@@ -336,7 +345,9 @@ class InferenceClient:
             self._register_again()
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
-        header = infer_request_header(model, descriptors, placed, deadline_ms)
+        header = infer_request_header(
+            model, descriptors, placed, deadline_ms, self._channel.max_reply_frame_bytes
+        )
         if (
             self._shm is not None
             and not frames
@@ -362,7 +373,8 @@ class InferenceClient:
     def _prepare_frames(self, key: FramesKey, inputs: Mapping[str, np.ndarray]) -> FramesRequest:
         model, deadline_ms, _ = key
         descriptors, _ = encode_frames(inputs)
-        request = FramesRequest(infer_request_header(model, descriptors, [], deadline_ms))
+        bound = self._channel.max_reply_frame_bytes
+        request = FramesRequest(infer_request_header(model, descriptors, [], deadline_ms, bound))
         if len(self._frames_requests) >= _MAX_PREPARED_REQUESTS:
             self._frames_requests.clear()
         self._frames_requests[key] = request

@@ -70,34 +70,40 @@ def requests(vectors: Vectors) -> None:
     counts = np.arange(5, dtype=np.int64) - 2
     half = np.linspace(-1, 1, 6, dtype=np.float16).reshape(3, 2)
     small = np.array([250, 3], dtype=np.uint8)
-    cases: list[tuple[str, str, dict[str, np.ndarray], int | None, int]] = [
-        ("infer_request_one_input", "demo", {"image": image}, None, 1),
+    # (name, model, inputs, deadline_ms, id, max_reply_frame_bytes)
+    cases: list[tuple[str, str, dict[str, np.ndarray], int | None, int, int | None]] = [
+        ("infer_request_one_input", "demo", {"image": image}, None, 1, None),
         (
             "infer_request_many_dtypes",
             "multi",
             {"mask": mask, "counts": counts, "half": half, "small": small},
             None,
             (1 << 40) + 77,
+            None,
         ),
-        ("infer_request_deadline", "demo", {"image": image}, 50, 2**64 - 1),
-        ("infer_request_big_deadline", "demo", {"image": image[:1]}, 3_600_000, 65536),
+        ("infer_request_deadline", "demo", {"image": image}, 50, 2**64 - 1, None),
+        ("infer_request_big_deadline", "demo", {"image": image[:1]}, 3_600_000, 65536, None),
+        ("infer_request_reply_bound", "demo", {"image": image}, 50, 3, 2**63 - 1),
+        ("infer_request_small_reply_bound", "demo", {"image": image}, None, 4, 4096),
         (
             "infer_request_scalar_and_empty",
             "odd",
             {"scalar": np.array(3.5, np.float64), "empty": np.zeros((0, 4), np.int32)},
             1,
             127,
+            None,
         ),
     ]
-    for name, model, inputs, deadline_ms, request_id in cases:
+    for name, model, inputs, deadline_ms, request_id, bound in cases:
         descriptors, frames = encode_inputs(dict(inputs), {})
-        header = infer_request_header(model, descriptors, [], deadline_ms)
+        header = infer_request_header(model, descriptors, [], deadline_ms, bound)
         request = {
             "id": request_id,
             "model": model,
             "inputs": [tensor_json(d) for d in descriptors],
             "outputs": [],
             "deadline_ms": deadline_ms,
+            "max_reply_frame_bytes": bound,
         }
         parts = [PreparedHeader(header).encode(request_id), *(bytes(f.data) for f in frames)]
         vectors.add(name, "infer_request", parts, request=request)
@@ -118,6 +124,7 @@ def requests(vectors: Vectors) -> None:
             "inputs": [tensor_json(d) for d in descriptors],
             "outputs": [tensor_json(d) for d in placed],
             "deadline_ms": 20,
+            "max_reply_frame_bytes": None,
         }
         parts = [PreparedHeader(header).encode(9), *(bytes(f.data) for f in frames)]
         vectors.add("infer_request_regions", "infer_request", parts, request=request)

@@ -581,6 +581,7 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     }
     // One too long for shm.sock goes on the infer socket, regions and placed outputs as they are.
     on_shm = on_shm && fits_shm_message(request);
+    request.max_reply_frame_bytes = options_.max_reply_frame_bytes;
     auto encode = [&request](std::uint64_t id) {
         request.id = id;
         return wire::encode_infer_request(request);

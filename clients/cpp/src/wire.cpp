@@ -43,7 +43,8 @@ std::string bytes(const msgpack::sbuffer& buffer) { return std::string(buffer.da
 std::string encode_infer_request(const InferRequest& request) {
     msgpack::sbuffer buffer;
     Packer packer(buffer);
-    std::uint32_t keys = 5 + (request.outputs.empty() ? 0 : 1) + (request.deadline_ms ? 1 : 0);
+    std::uint32_t keys = 5 + (request.outputs.empty() ? 0 : 1) + (request.deadline_ms ? 1 : 0) +
+                         (request.max_reply_frame_bytes ? 1 : 0);
     packer.pack_map(keys);
     pack_text(packer, "v");
     packer.pack_int(kProtocolVersion);
@@ -62,6 +63,10 @@ std::string encode_infer_request(const InferRequest& request) {
     if (request.deadline_ms) {
         pack_text(packer, "deadline_ms");
         packer.pack_uint32(*request.deadline_ms);
+    }
+    if (request.max_reply_frame_bytes) {
+        pack_text(packer, "max_reply_frame_bytes");
+        packer.pack_uint64(static_cast<std::uint64_t>(*request.max_reply_frame_bytes));
     }
     pack_text(packer, "id");
     packer.pack_uint64(request.id);

@@ -277,9 +277,10 @@ std::string run(const std::string& kind, std::istream& in, const std::string& di
     };
     if (kind == "infer_request") {
         wire::InferRequest request;
-        std::string deadline;
-        in >> request.id >> request.model >> deadline;
+        std::string deadline, bound;
+        in >> request.id >> request.model >> deadline >> bound;
         if (deadline != "-") request.deadline_ms = static_cast<std::uint32_t>(std::stoul(deadline));
+        if (bound != "-") request.max_reply_frame_bytes = std::stoll(bound);
         request.inputs = read_descriptors(in);
         request.outputs = read_descriptors(in);
         return testing::quote(hex(wire::encode_infer_request(request)));

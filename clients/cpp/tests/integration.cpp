@@ -348,6 +348,39 @@ TEST(errors_a_request_alone_provokes) {
              ErrorCode::PermissionDenied);
 }
 
+// The client's bound on a reply frame travels in each request (DESIGN.md 248): the
+// daemon answers a reply that would not fit RESOURCE_EXHAUSTED after one run,
+// whatever the retries, and the connection stays up.
+TEST(a_reply_over_the_clients_frame_bound_is_refused_by_the_daemon_after_one_run) {
+    ClientOptions options = infer_options();
+    options.max_reply_frame_bytes = 100000;  // the demo's output is 802,816 bytes
+    options.retries = 2;
+    InferenceClient client(options);
+    OperatorClient operator_client(control_options());
+    auto runs = [&] {
+        for (const auto& model : operator_client.status().models)
+            if (model.model == "demo") return model.requests;
+        throw std::runtime_error("no demo model in status");
+    };
+    auto before = runs();
+    CHECK_THROWS(RemoteError, client.infer("demo", reference().inputs()),
+                 error.code() == ErrorCode::ResourceExhausted &&
+                     error.message() ==
+                         "output 'descriptors' is 802816 bytes, over this request's "
+                         "max_reply_frame_bytes = 100000; nothing was sent");
+    CHECK_EQ(runs() - before, std::uint64_t{1});
+    CHECK_EQ(client.connections_lost(), std::uint64_t{0});
+    // Outputs written into a region are no frames: not bounded by it.
+    auto& region = client.shared_region(4 << 20, std::string("cpp-bound"));
+    auto image = region.allocate(DType::Float32, {1, 3, 224, 224});
+    std::memcpy(image.data, reference().image.data(), image.nbytes);
+    InferOptions into;
+    into.outputs.push_back({"descriptors", region.allocate(DType::Float32, {1, 256, 28, 28})});
+    auto result = client.infer(
+        "demo", {{"image", TensorView{image.dtype, image.shape, image.data, image.nbytes}}}, into);
+    CHECK(max_difference(result.output("descriptors").as<float>(), reference().descriptors) < 1e-4f);
+}
+
 TEST(errors_a_busy_engine_worker_provokes) {
     OperatorClient operator_client(control_options());
     auto before = model_status(operator_client, "slow").requests;
@@ -380,7 +413,8 @@ TEST(errors_a_busy_engine_worker_provokes) {
     dealer.set(zmq::sockopt::linger, 0);
     dealer.connect(env("INFERD_INFER"));
     for (std::uint64_t id : {101, 102}) {
-        wire::InferRequest request{id, "slow_latest", {{"x", DType::Float32, {512, 512}, std::nullopt}}, {}, {}};
+        wire::InferRequest request{
+            id, "slow_latest", {{"x", DType::Float32, {512, 512}, std::nullopt}}, {}, {}, {}};
         auto header = wire::encode_infer_request(request);
         dealer.send(zmq::buffer(header), zmq::send_flags::sndmore);
         dealer.send(zmq::buffer(x.data(), x.size() * 4), zmq::send_flags::none);

@@ -31,7 +31,6 @@ from msgspec import UNSET
 
 from inferd.bus.headers import Header, InferHeader, decode_infer
 from inferd.bus.region_refs import check_nbytes
-from inferd.config.sections import MAX_DEADLINE_MS
 from inferd.shm.leases import RequestRegions
 from inferd.types import TensorSpec
 from inferd_wire import protocol
@@ -137,25 +136,6 @@ def model_of(header: Header) -> Any:
     if isinstance(header, InferHeader):
         return header.model
     return header.get("model")
-
-
-def deadline_ms_of(header: Header, default_ms: int) -> int:
-    """The request's deadline in ms (0 = none); ``default_ms`` when absent."""
-    if isinstance(header, InferHeader):
-        typed = header.deadline_ms
-        if typed is None or typed is UNSET:
-            return default_ms
-        return int(typed) if typed >= 1 else 1
-    value = header.get("deadline_ms")
-    if value is None:
-        return default_ms
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ProtocolError(Code.INVALID_ARGUMENT, "'deadline_ms' must be a number")
-    if not 0 < value <= MAX_DEADLINE_MS:
-        raise ProtocolError(
-            Code.INVALID_ARGUMENT, f"'deadline_ms' must be in (0, {MAX_DEADLINE_MS}], got {value}"
-        )
-    return int(value) if value >= 1 else 1
 
 
 def _descriptors(

@@ -4,9 +4,10 @@ The wire format stays MessagePack.  ``decode_infer`` reads a request header
 into an ``InferHeader`` with one ``msgspec.msgpack.Decoder`` call that also
 checks every type, length and range the wire contract states (PROTOCOL.md):
 the version, the id, the descriptors' names, dtypes and shapes, region
-references, ``deadline_ms``.  A header it accepts needs none of the Python
-checks of ``inferd_wire.protocol``; what depends on the model (its inputs,
-their dtypes and shapes) is still checked by ``codec.validate_inputs``.
+references, ``deadline_ms``, ``max_reply_frame_bytes``.  A header it accepts
+needs none of the Python checks of ``inferd_wire.protocol``; what depends on
+the model (its inputs, their dtypes and shapes) is still checked by
+``codec.validate_inputs``.
 
 A header it refuses is not refused here: it returns None and the bus reads the
 header again with the reference checks (``protocol.unpack_header`` and the
@@ -56,6 +57,9 @@ Dim = Annotated[int, Meta(ge=0, lt=_MAX_DIM)]
 RegionOffset = Annotated[int, Meta(ge=0, le=_MAX_OFFSET - 1)]
 _Deadline = Meta(gt=0, le=MAX_DEADLINE_MS)
 DeadlineMs = Annotated[int, _Deadline] | Annotated[float, _Deadline]
+#: The largest ``max_reply_frame_bytes``: ``ZMQ_MAXMSGSIZE`` is an int64.
+MAX_REPLY_FRAME_BOUND = 2**63 - 1
+ReplyFrameBound = Annotated[int, Meta(gt=0, le=MAX_REPLY_FRAME_BOUND)]
 
 
 class Descriptor(Struct, forbid_unknown_fields=True):
@@ -91,6 +95,7 @@ class InferHeader(Struct, forbid_unknown_fields=True):
     inputs: list[Descriptor] | UnsetType = UNSET
     outputs: Annotated[list[Descriptor], Meta(max_length=MAX_REGION_TENSORS)] | UnsetType = UNSET
     deadline_ms: DeadlineMs | UnsetType | None = UNSET
+    max_reply_frame_bytes: ReplyFrameBound | UnsetType | None = UNSET
 
 
 assert PROTOCOL_VERSION == 1  # InferHeader.v

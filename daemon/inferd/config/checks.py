@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 
 from inferd.config.ceilings import MAX_OP_BURST, MAX_OP_REFILL_S
 from inferd.config.refusals import refuse
@@ -13,6 +15,15 @@ from inferd_wire.endpoints import ipc_path_problem
 def one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         refuse(f"{key}: {value!r} is not one of {list(allowed)}", key)
+
+
+def distinct(key: str, values: Sequence[str]) -> None:
+    """A list of choices names each once: ``alerts.hooks = ["pub", "pub"]`` built two
+    hooks, and every alert went out twice."""
+    for index, value in enumerate(values):
+        if values.index(value) != index:
+            refuse(f"{key}: {value!r} is listed twice", key)
+            return
 
 
 def finite(key: str, value: float) -> None:
@@ -63,6 +74,14 @@ def op_rate(section: str, op: str, burst: int, refill_s: float) -> None:
             f"{section}.{op}_refill_s must be in (0, {MAX_OP_REFILL_S:g}], got {refill_s}",
             f"{section}.{op}_refill_s",
         )
+
+
+def socket_file(value: str) -> str:
+    """What an endpoint binds, to tell two apart: an ``ipc://`` path normalised
+    (``a/../b.sock`` is ``b.sock``, one file: the second bind would replace the
+    first's), anything else as written."""
+    path = value.removeprefix("ipc://")
+    return f"ipc://{os.path.normpath(path)}" if path != value and path else value
 
 
 def endpoint(key: str, value: str) -> None:

@@ -137,8 +137,8 @@ def from_mapping(data: Mapping[str, Any], *, source: str, base_dir: Path) -> Con
 
 def _daemon(table: TomlTable, base_dir: Path) -> DaemonConfig:
     default_state, default_runtime = _default_dirs()
-    state_dir = _resolve(base_dir, table.take("state_dir", str, str(default_state)))
-    runtime_dir = _resolve(base_dir, table.take("runtime_dir", str, str(default_runtime)))
+    state_dir = _resolve(base_dir, table.take_path("state_dir", str(default_state)))
+    runtime_dir = _resolve(base_dir, table.take_path("runtime_dir", str(default_runtime)))
     return table.finish_into(
         DaemonConfig,
         state_dir=state_dir,
@@ -177,14 +177,8 @@ def _bus(table: TomlTable, endpoints: Endpoints, base_dir: Path) -> BusConfig:
 
 
 def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig:
-    cache_dir = table.take("ort_trt_cache_dir", str, "ort_trt_cache")
-    if not cache_dir.strip():
-        table.errors.add("runtime.ort_trt_cache_dir must name a directory, got an empty string")
-        cache_dir = "ort_trt_cache"  # the rest of the section is still checked
-    engine_dir = table.take("engine_dir", str, "engines")
-    if not engine_dir.strip():
-        table.errors.add("runtime.engine_dir must name a directory, got an empty string")
-        engine_dir = "engines"
+    cache_dir = table.take_path("ort_trt_cache_dir", "ort_trt_cache")
+    engine_dir = table.take_path("engine_dir", "engines")
     engine_manifest = table.take_optional("engine_manifest", str)
     if engine_manifest is not None and not engine_manifest.strip():
         table.errors.add("runtime.engine_manifest must name a file, got an empty string")
@@ -214,7 +208,7 @@ def _runtime(table: TomlTable, state_dir: Path, base_dir: Path) -> RuntimeConfig
 def _fdr(table: TomlTable, state_dir: Path) -> FdrConfig:
     return table.finish_into(
         FdrConfig,
-        directory=_resolve(state_dir, table.take("directory", str, "fdr")),
+        directory=_resolve(state_dir, table.take_path("directory", "fdr")),
         enabled=table.take("enabled", bool, True),
         fsync_interval_ms=table.take("fsync_interval_ms", int, 100),
         segment_max_bytes=table.take("segment_max_bytes", int, 8 * 1024 * 1024),
@@ -277,7 +271,7 @@ def _shm(table: TomlTable, socket: Path, runtime_dir: Path) -> ShmConfig:
     defaults = ShmConfig(socket=socket)
     return table.finish_into(
         ShmConfig,
-        socket=_resolve(runtime_dir, table.take("socket", str, str(defaults.socket))),
+        socket=_resolve(runtime_dir, table.take_path("socket", str(defaults.socket), "a socket")),
         enabled=table.take("enabled", bool, defaults.enabled),
         max_connections=table.take("max_connections", int, defaults.max_connections),
         max_connections_per_uid=table.take(

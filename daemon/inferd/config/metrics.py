@@ -100,7 +100,9 @@ def parse_listen(text: str) -> tuple[str, int]:
             raise ConfigError(
                 f"{where}: the host must be an IP address or 'localhost', got {host!r}"
             ) from None
-    # ASCII only: str.isdigit() also takes '²' (which int() refuses) and other scripts' digits.
-    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
+    # ASCII only: str.isdigit() also takes '²' (which int() refuses) and other scripts'
+    # digits; at most 5 digits, or int() refuses 4,301 (ValueError, not the key).
+    digits = port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
+    if not digits or not 0 <= int(port_text) <= 65535:
         raise ConfigError(f"{where}: the port must be 0..65535 (0: any free port)")
     return host, int(port_text)

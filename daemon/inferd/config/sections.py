@@ -20,6 +20,7 @@ from inferd.config.ceilings import (
     MAX_FDR_SEGMENT_BYTES,
     MAX_FSYNC_INTERVAL_MS,
     MAX_GPU_BUDGET_BYTES,
+    MAX_HEALTH_INTERVAL_S,
     MAX_LOAD_S,
     MAX_MEMORY_BYTES,
     MAX_QUEUE_CAPACITY,
@@ -27,18 +28,21 @@ from inferd.config.ceilings import (
     MAX_SHUTDOWN_MS,
     MAX_THERMAL_POLL_HZ,
     MAX_THREADS,
+    MIN_HEALTH_INTERVAL_S,
     MIN_THERMAL_POLL_HZ,
 )
 from inferd.config.ceilings import MAX_DEADLINE_MS as MAX_DEADLINE_MS  # bus/codec.py, headers.py
 from inferd.config.ceilings import MAX_REGIONS_PER_CONNECTION as MAX_REGIONS_PER_CONNECTION
 from inferd.config.checks import (
     between,
+    distinct,
     finite,
     non_negative,
     one_of,
     one_to,
     op_rate,
     positive,
+    socket_file,
     up_to,
 )
 from inferd.config.metrics import MetricsConfig
@@ -97,6 +101,13 @@ class DaemonConfig:
         one_of("daemon.log_level", self.log_level, LOG_LEVELS)
         one_of("daemon.log_format", self.log_format, LOG_FORMATS)
         positive("daemon.health_interval_s", self.health_interval_s)
+        between(
+            "daemon.health_interval_s",
+            self.health_interval_s,
+            MIN_HEALTH_INTERVAL_S,
+            MAX_HEALTH_INTERVAL_S,
+            " s",
+        )
         up_to("daemon.shutdown_drain_ms", self.shutdown_drain_ms, MAX_SHUTDOWN_MS, " ms")
         up_to("daemon.shutdown_linger_ms", self.shutdown_linger_ms, MAX_SHUTDOWN_MS, " ms")
         positive("daemon.startup_extend_s", self.startup_extend_s)
@@ -146,6 +157,7 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         for label in self.enabled:
             one_of("runtime.enabled", label, RUNTIME_LABELS)
+        distinct("runtime.enabled", self.enabled)
         positive("runtime.gpu_memory_budget_bytes", self.gpu_memory_budget_bytes)
         for key in ("gpu_memory_budget_bytes", "ort_gpu_mem_limit_bytes"):
             up_to(f"runtime.{key}", getattr(self, key), MAX_GPU_BUDGET_BYTES)
@@ -281,11 +293,18 @@ class AlertsConfig:
     def __post_init__(self) -> None:
         for hook in self.hooks:
             one_of("alerts.hooks", hook, ALERT_HOOKS)
+        distinct("alerts.hooks", self.hooks)
         non_negative("alerts.rate_limit_s", self.rate_limit_s)
-        if not self.mavlink_endpoint.startswith(("udpout:", "udpin:", "tcp:", "udp:")):
+        # Checked here, not when the hook opens it at start: there a mistake only
+        # left the hook out (an ERROR line), and port 99999 was taken, every send failing.
+        kind, _, address = self.mavlink_endpoint.partition(":")
+        host, _, port = address.rpartition(":")
+        number = port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
+        if kind not in ("udpout", "udpin", "tcp", "udp") or not host or not number:
             refuse(
                 f"alerts.mavlink_endpoint: {self.mavlink_endpoint!r} must be a pymavlink "
-                "connection string such as 'udpout:192.168.1.10:14550'",
+                "connection string, udpout:, udpin:, udp: or tcp: then HOST:PORT (port "
+                "1..65535), such as 'udpout:192.168.1.10:14550'",
                 "alerts.mavlink_endpoint",
             )
         if not 1 <= self.mavlink_source_system <= 255:
@@ -316,6 +335,7 @@ class ThermalConfig:
     def __post_init__(self) -> None:
         for source in self.sources:
             one_of("thermal.sources", source, THERMAL_SOURCES)
+        distinct("thermal.sources", self.sources)
         between("thermal.poll_hz", self.poll_hz, MIN_THERMAL_POLL_HZ, MAX_THERMAL_POLL_HZ)
         if self.throttle_enter_c is not None:
             finite("thermal.throttle_enter_c", self.throttle_enter_c)
@@ -356,6 +376,8 @@ class Config:
                     "runtime.enabled and no fallback runtime is enabled",
                     f"models[{model.name!r}].runtime",
                 )
+        if self.shm.enabled:
+            self._shm_socket_apart()
         for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
             host = tcp_host(getattr(self.bus, key))
             if host is not None and not is_loopback(host) and not self.security.curve:
@@ -364,6 +386,19 @@ class Config:
                     "and would accept anyone: set security.curve = true (keys: inferd keys "
                     "init; clients: inferd keys client NAME) or bind 127.0.0.1 (docs/SECURITY.md)",
                     f"bus.{key}",
+                )
+
+    def _shm_socket_apart(self) -> None:
+        """The bus binds first; the shm server then takes a socket file at its path
+        for a dead daemon's and replaces it: the bus's clients would reach it."""
+        shm = socket_file(f"ipc://{self.shm.socket}")
+        for key in ("infer_endpoint", "control_endpoint", "events_endpoint"):
+            if socket_file(getattr(self.bus, key)) == shm:
+                refuse(
+                    f"shm.socket: {str(self.shm.socket)!r} is also the file of bus.{key} "
+                    f"({getattr(self.bus, key)!r}): the shm server would replace that "
+                    "socket; give it a path of its own",
+                    "shm.socket",
                 )
 
     def fingerprint(self) -> str:

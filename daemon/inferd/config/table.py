@@ -100,6 +100,9 @@ class TomlTable:
         if isinstance(value, bool) and kind is not bool:
             ok = False
         elif kind is float and isinstance(value, int):
+            # Checked as the integer it is first: past 64 bits it is refused as for
+            # an integer key, and past a float float() would raise OverflowError.
+            check_scalar(f"{self._where}.{key}", value)
             value, ok = float(value), True
         else:
             ok = isinstance(value, kind)
@@ -109,6 +112,15 @@ class TomlTable:
             )
         check_scalar(f"{self._where}.{key}", value)
         return value  # type: ignore[no-any-return]
+
+    def take_path(self, key: str, default: str, what: str = "a directory") -> str:
+        """A path as written, which must name ``what``: an empty one would resolve to
+        its base (the config file's, state or runtime dir) and be used as that."""
+        value = self.take(key, str, default)
+        if not value.strip():  # recorded; the rest of the section is still checked
+            self._errors.add(f"{self._where}.{key} must name {what}, got an empty string")
+            return default
+        return value
 
     def take_strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self.take(key, list, list(default))

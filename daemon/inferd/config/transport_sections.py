@@ -19,7 +19,7 @@ from inferd.config.ceilings import (
     MAX_REGIONS_PER_CONNECTION,
     MAX_REQUESTS_IN_FLIGHT,
 )
-from inferd.config.checks import endpoint, one_to, positive, up_to
+from inferd.config.checks import endpoint, one_to, positive, socket_file, up_to
 from inferd.config.refusals import every_rule, refuse
 from inferd_wire.endpoints import DEFAULT_SEND_BUFFER_BYTES, MAX_SEND_BUFFER_BYTES
 
@@ -56,7 +56,7 @@ class BusConfig:
         names = ("infer_endpoint", "control_endpoint", "events_endpoint")
         for name in names:
             endpoint(f"bus.{name}", getattr(self, name))
-        if len({getattr(self, name) for name in names}) != 3:
+        if len({socket_file(getattr(self, name)) for name in names}) != 3:
             keys = [f"bus.{name}" for name in names]
             refuse("bus: infer, control and events endpoints must all differ", *keys)
         positive("bus.max_message_bytes", self.max_message_bytes)

@@ -34,7 +34,7 @@ from inferd.bus.headers import InferReply, encode_infer_reply
 from inferd.bus.internal_errors import internal_message, run_failure, unavailable_message
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
-from inferd.serving.reply_tensors import reply_tensors
+from inferd.serving.reply_tensors import oversized_frame, reply_tensors
 from inferd.serving.scheduler import InHand, Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
 from inferd.serving.stats import ModelStats
@@ -410,6 +410,10 @@ class EngineWorker(threading.Thread):
                 outputs=descriptors,
             )
         )
+        bound = job.max_reply_frame_bytes
+        if bound is not None and (over := oversized_frame(header, descriptors, frames, bound)):
+            why = f"{over}, over this request's max_reply_frame_bytes = {bound}; nothing was sent"
+            return self._error(job, slot, Code.RESOURCE_EXHAUSTED, why)
         self._count(slot, "OK", (finished_ns - job.received_ns) // 1000, late)
         return [*job.envelope, header, *frames]
 

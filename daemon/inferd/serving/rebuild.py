@@ -8,7 +8,9 @@ inferd, so progress is on the ``build`` topic and ``build.cancel`` and
 SIGTERM stop it like any build).  When the build completes, passed
 validation and was recorded as trusted, the model is switched to
 ``tensorrt`` make-before-break (``RuntimeSwitcher.switch_now``: a
-``runtime_switch`` FDR record and a ``runtime`` event).  Otherwise it stays
+``runtime_switch`` FDR record and a ``runtime`` event), unless an operator
+switched the model since and it still serves what they chose (their choice
+stands: ``engine_rebuild_superseded``, no alert, no retry).  Otherwise it stays
 on the fallback and an alert says why: a deployment manifest that must list
 the new digest (what the operator has to approve), a build an operator
 cancelled (not retried: someone stopped it), or a failed one, which includes one
@@ -29,6 +31,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from inferd.serving.switching import OperatorsChoiceError
 from inferd.types import Alert, AlertLevel, AlertSink
 from inferd_wire.protocol import ProtocolError
 
@@ -250,6 +253,17 @@ class FallbackRebuilder:
             return
         try:
             self._switch(finished.model, TENSORRT, f"inferd: build {finished.build_id}"[:64])
+        except OperatorsChoiceError as exc:
+            # An operator switched the model since: their choice stands, and the build
+            # did not fail (no alert, no retry); the engine is trusted and in the engine
+            # dir, so ``runtime.switch <model> tensorrt`` adopts it.
+            log.info(
+                "engine_rebuild_superseded",
+                model=finished.model,
+                build_id=finished.build_id,
+                reason=exc.message,
+            )
+            return
         except ProtocolError as exc:
             if self._stopping():  # given up by the stop that began meanwhile (as above)
                 log.info(

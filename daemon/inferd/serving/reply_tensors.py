@@ -1,5 +1,6 @@
 """The reply's tensors: output descriptors and frames, or region ranges for the
-outputs a request placed in its regions (the engine worker's ``_run``)."""
+outputs a request placed in its regions (the engine worker's ``_run``); and
+whether a reply's frames fit the bound its request set."""
 
 from __future__ import annotations
 
@@ -33,3 +34,21 @@ def reply_tensors(
             np.copyto(view, array)  # a runtime that could not write in place
         descriptors.append(placement.wire)
     return descriptors, frames
+
+
+def oversized_frame(
+    header: bytes, descriptors: list[dict[str, Any]], frames: list[np.ndarray], bound: int
+) -> str | None:
+    """Why the reply ``header`` + ``frames`` does not fit a client that takes at most
+    ``bound`` bytes in a frame (its ``max_reply_frame_bytes``), or None when it fits.
+    Sent anyway, such a frame would end the client's connection unread (libzmq's
+    ``ZMQ_MAXMSGSIZE``), and a client with retries left would have the request run
+    again for a reply it can never take (DESIGN.md 248)."""
+    if len(header) > bound:
+        return f"the reply header is {len(header)} bytes"
+    # Frames are in the order of the descriptors that have one (those not in a region).
+    framed = (descriptor for descriptor in descriptors if "region" not in descriptor)
+    for descriptor, frame in zip(framed, frames, strict=True):
+        if frame.nbytes > bound:
+            return f"output {descriptor['name']!r} is {frame.nbytes} bytes"
+    return None

@@ -26,7 +26,6 @@ from inferd.bus.codec import (
     check_descriptors,
     check_outputs,
     checked_inputs,
-    deadline_ms_of,
     input_views,
     model_of,
     output_views,
@@ -37,6 +36,7 @@ from inferd.bus.internal_errors import unavailable_message
 from inferd.bus.plans import AdmissionPlan, AdmissionPlans, plan_key
 from inferd.bus.region_refs import NO_REFS, bind_regions, refs_of
 from inferd.bus.repeats import splits_at_id
+from inferd.bus.request_options import deadline_ms_of, reply_frame_bound_of
 from inferd.bus.zap import peer_of
 from inferd.serving.prepared import PreparedRequest, PreparedRequests
 from inferd.serving.scheduler import (
@@ -190,7 +190,7 @@ class RequestRouter:
                     slot,
                     (prepared.plan.inputs, inputs, outputs, prepared.handle),
                     regions,
-                    prepared.deadline_ms,
+                    (prepared.deadline_ms, reply_frame_bound_of(prepared.header)),
                     nbytes,
                 )
             except BaseException:
@@ -260,12 +260,13 @@ class RequestRouter:
         else:
             raise ProtocolError(Code.UNAVAILABLE, unavailable_message(slot.name, state))
         deadline_ms = deadline_ms_of(request.header, slot.config.default_deadline_ms)
+        reply_frame_bound = reply_frame_bound_of(request.header)
         nbytes = self._queued_bytes(request, slot)
         # Prepared before it is queued: from then on the worker may run it and
         # release its regions at any moment.
         prepared = self._prepare(request, slot, regions, plan, deadline_ms)
         checked = (parsed, inputs, outputs, None if inputs is None else handle)
-        self._queue(request, slot, checked, regions, deadline_ms, nbytes)
+        self._queue(request, slot, checked, regions, (deadline_ms, reply_frame_bound), nbytes)
         if prepared is not None and request.repeat is not None:
             self.prepared.remember(request.envelope[0], request.repeat, prepared)
 
@@ -309,13 +310,15 @@ class RequestRouter:
             list[Parsed], dict[str, Any] | None, dict[str, Any] | None, EngineHandle | None
         ],
         regions: RequestRegions | None,
-        deadline_ms: int,
+        options: tuple[int, int | None],
         nbytes: int,
     ) -> None:
         """Queue the admitted request as a job; a job it supersedes is answered.
         ``checked``: its parsed inputs, its input and output views and the engine
-        they were checked against (the last three None while its model loads)."""
+        they were checked against (the last three None while its model loads);
+        ``options``: its deadline in ms (0: none) and its reply frames' bound."""
         described, inputs, outputs, checked_against = checked
+        deadline_ms, reply_frame_bound = options
         now_ns = time.monotonic_ns()
         assert request.request_id is not None  # check_request guarantees it
         job = Job(
@@ -331,6 +334,7 @@ class RequestRouter:
             regions=regions,
             outputs=outputs,
             checked_against=checked_against,
+            max_reply_frame_bytes=reply_frame_bound,
         )
         try:
             superseded = self._scheduler.submit(job)
@@ -349,16 +353,8 @@ class RequestRouter:
             raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down") from None
         if superseded is not None:
             slot.stats.answered(str(Code.CANCELLED))
-            self._owe(
-                [
-                    job_error(
-                        superseded,
-                        Code.CANCELLED,
-                        "superseded: a newer request from the same client arrived "
-                        "(queue_policy=latest)",
-                    )
-                ]
-            )
+            why = "superseded: a newer request from the same client arrived (queue_policy=latest)"
+            self._owe([job_error(superseded, Code.CANCELLED, why)])
 
     def handle_control(self, request: Request) -> Reply | None:
         # The control socket's headers are always read as dicts (BusServer._serve).

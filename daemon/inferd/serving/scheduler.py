@@ -58,6 +58,9 @@ class Job:
     #: The engine whose IO spec ``inputs`` and ``outputs`` were checked against: a
     #: job that another engine (a switch, a failover) is to run is checked anew.
     checked_against: EngineHandle | None = field(default=None, repr=False)
+    #: The most bytes the client takes in one reply frame (None: no bound): a reply
+    #: with a longer frame is answered RESOURCE_EXHAUSTED instead.
+    max_reply_frame_bytes: int | None = None
 
     def finish(self) -> None:
         """The job is answered: drop its views of tensors and give its region leases

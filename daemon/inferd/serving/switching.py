@@ -59,6 +59,11 @@ REFUSAL_WINDOW_S = 10.0
 REFUSALS_KIND = "runtime_switch_refusals"
 
 
+class OperatorsChoiceError(ProtocolError):
+    """``switch_now`` refused: the model serves the engine an operator switched it to,
+    which the daemon's own switch (a rebuilt engine adopted) does not override."""
+
+
 class _Switch(Handover):
     """One operator's switch in progress: its swap's handover, and its reply, given
     once (by the switch, or by ``stop`` for it)."""
@@ -96,6 +101,9 @@ class RuntimeSwitcher:
         self._sinks = sinks
         self._lock = threading.Lock()
         self._in_progress: set[str] = set()
+        #: The engine each model was last switched to by an operator (``switch_now``
+        #: leaves a model serving it alone), set while the model is claimed.
+        self._chosen: dict[str, EngineHandle] = {}
         #: Switches preparing (``stop`` answers them and waits for them).
         self._preparers: Preparers[_Switch] = Preparers()
         self._refusals = RepeatLimiter(burst=1, window_s=REFUSAL_WINDOW_S, clock=clock)
@@ -189,7 +197,13 @@ class RuntimeSwitcher:
     def switch_now(self, model: str, label: str, requested_by: str) -> dict[str, Any]:
         """The same make-before-break switch, asked for inside the daemon (a background
         build was adopted): prepares on the calling thread and returns the reply
-        ``runtime.switch`` would give; ``ProtocolError`` when refused (nothing changes)."""
+        ``runtime.switch`` would give; ``ProtocolError`` when refused (nothing changes).
+
+        A model that serves the engine an operator switched it to (``runtime.switch``
+        since the build was asked for: ``onnx_trt_ep`` on purpose, or an engine of their
+        own) keeps it: ``OperatorsChoiceError``, checked once the model is claimed, so no
+        switch or failover changes it between the check and the swap.  A failover or
+        another switch since replaces that engine, and the rule with it."""
         slot = self._slots[model]
         if slot.state != "serving" or slot.handle is None:
             raise ProtocolError(
@@ -198,6 +212,13 @@ class RuntimeSwitcher:
         self._claim_or_refuse(model)
         switch = _Switch(lambda reply: None)
         try:
+            chosen = slot.handle
+            if chosen is not None and chosen is self._chosen.get(model):
+                raise OperatorsChoiceError(
+                    Code.FAILED_PRECONDITION,
+                    f"model {model!r} serves on {chosen.runtime_label}, where an operator "
+                    "switched it; not switched",
+                )
             # ``stop`` gives it up and waits for it like an operator's.
             if not self._preparers.enter(switch):
                 raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
@@ -252,7 +273,10 @@ class RuntimeSwitcher:
         self, slot: ModelSlot, label: str, requested_by: str, peer: Peer, switch: _Switch
     ) -> None:
         try:
-            switch.answer(self._switch(slot, label, requested_by, peer, switch))
+            reply = self._switch(slot, label, requested_by, peer, switch)
+            if slot.handle is not None:  # still claimed: the engine this switch made serve
+                self._chosen[slot.name] = slot.handle
+            switch.answer(reply)
         except ProtocolError as exc:
             switch.answer(exc)
         except Exception as exc:  # never leave the operator without an answer

@@ -8,7 +8,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from inferd.bus.codec import Limits, check_request, deadline_ms_of, decode_request, validate_inputs
+from inferd.bus.codec import Limits, check_request, decode_request, validate_inputs
+from inferd.bus.request_options import deadline_ms_of
 from inferd.types import OptimizationProfile, TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError

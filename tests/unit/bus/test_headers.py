@@ -22,16 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.bus import region_refs
-from inferd.bus.codec import (
-    Limits,
-    check_request,
-    deadline_ms_of,
-    decode_request,
-    model_of,
-    validate_inputs,
-)
+from inferd.bus.codec import Limits, check_request, decode_request, model_of, validate_inputs
 from inferd.bus.headers import InferHeader, InferReply, decode_infer, encode_infer_reply
 from inferd.bus.region_refs import bind_regions
+from inferd.bus.request_options import deadline_ms_of, reply_frame_bound_of
 from inferd.config import ShmConfig
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd.types import TensorSpec
@@ -79,6 +73,7 @@ def pipeline(header: Any, tensors: list[bytes], typed: bool) -> Any:
         regions = bind_regions(request, None)
         views = validate_inputs(request.header, request.tensors, SPECS, regions)
         deadline = deadline_ms_of(request.header, 25)
+        reply_frame_bound = reply_frame_bound_of(request.header)
     except ProtocolError as exc:
         return ("refused", exc.code, exc.message)
     return (
@@ -86,6 +81,7 @@ def pipeline(header: Any, tensors: list[bytes], typed: bool) -> Any:
         request.request_id,
         request.op,
         deadline,
+        reply_frame_bound,
         {name: (view.dtype.str, view.shape, view.tobytes()) for name, view in views.items()},
     )
 
@@ -104,6 +100,17 @@ def test_a_well_formed_header_is_typed() -> None:
     assert isinstance(typed, InferHeader)
     assert (typed.id, typed.op, typed.model, typed.deadline_ms) == (7, "infer", "m", 10)
     assert same_answer({**good(), "deadline_ms": 10}, [TENSOR])[:4] == ("ok", 7, "infer", 10)
+
+
+def test_a_reply_frame_bound_is_read_typed_and_given_to_the_job() -> None:
+    header = {**good(), "max_reply_frame_bytes": 2**63 - 1}
+    typed = decode_infer(msgpack.packb(header))
+    assert typed is not None and typed.max_reply_frame_bytes == 2**63 - 1
+    assert same_answer(header, [TENSOR])[:5] == ("ok", 7, "infer", 25, 2**63 - 1)
+    assert same_answer(good(), [TENSOR])[4] is None  # absent: no bound
+    unbound = {**good(), "max_reply_frame_bytes": None}
+    assert decode_infer(msgpack.packb(unbound)) is not None
+    assert same_answer(unbound, [TENSOR])[4] is None
     assert decode_infer(msgpack.packb({"v": 1, "id": "a" * 128, "op": "describe"})) is not None
 
 
@@ -174,6 +181,13 @@ LEFT_TO_THE_REFERENCE: dict[str, tuple[Any, str | None]] = {
     "deadline nan": (changed(deadline_ms=float("nan")), "got nan"),
     "deadline string": (changed(deadline_ms="10"), "'deadline_ms' must be a number"),
     "deadline true": (changed(deadline_ms=True), "'deadline_ms' must be a number"),
+    # max_reply_frame_bytes
+    "reply bound 0": (changed(max_reply_frame_bytes=0), "must be an integer in [1, "),
+    "reply bound -1": (changed(max_reply_frame_bytes=-1), "got -1"),
+    "reply bound 2**63": (changed(max_reply_frame_bytes=2**63), f"got {2**63}"),
+    "reply bound true": (changed(max_reply_frame_bytes=True), "got True"),
+    "reply bound float": (changed(max_reply_frame_bytes=1024.0), "got 1024.0"),
+    "reply bound string": (changed(max_reply_frame_bytes="1024"), "got '1024'"),
     # regions (this daemon has none: refused once the references are well formed)
     "region null": (changed(inputs=[descriptor(region=None)]), "'region' must be 32 lowercase"),
     "outputs null (accepted)": (changed(outputs=None), None),
@@ -283,6 +297,7 @@ HEADERS = st.fixed_dictionaries(
         "inputs": st.one_of(st.lists(DESCRIPTORS, max_size=2), VALUES),
         "outputs": st.one_of(st.lists(DESCRIPTORS, max_size=1), VALUES),
         "deadline_ms": st.one_of(st.integers(-2, 3_600_002), st.floats(), VALUES),
+        "max_reply_frame_bytes": st.one_of(st.integers(-1, 2**64 - 1), VALUES),
         "extra": VALUES,
     },
 )

@@ -181,8 +181,9 @@ def plan_line(entry: dict[str, Any]) -> str:
     kind, words = entry["kind"], [entry["kind"], entry["name"]]
     request = entry.get("request", {})
     if kind == "infer_request":
-        deadline = request["deadline_ms"]
+        deadline, bound = request["deadline_ms"], request["max_reply_frame_bytes"]
         words += [str(request["id"]), request["model"], "-" if deadline is None else str(deadline)]
+        words.append("-" if bound is None else str(bound))
         words += _descriptors(request["inputs"]) + _descriptors(request["outputs"])
     elif kind == "describe_request":
         words.append(str(request["id"]))

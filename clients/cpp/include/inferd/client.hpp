@@ -51,8 +51,11 @@ struct ClientOptions {
     // InferenceClient only: the largest reply frame the infer socket takes
     // (ZMQ_MAXMSGSIZE; the reply header, describe's included, and each output
     // sent as a frame; an output written into a registered region is not a
-    // frame). A longer frame ends the connection unread: the call throws
-    // ConnectionLost and the next one connects anew. Unset: no bound. 1..2^63-34,
+    // frame). Each infer request tells the daemon the bound, and the daemon
+    // answers a reply that would not fit with RESOURCE_EXHAUSTED (RemoteError;
+    // the request ran once, whatever the retries). A longer frame that comes all
+    // the same (a daemon older than the field) ends the connection unread: the
+    // call throws ConnectionLost and the next one connects anew. Unset: no bound. 1..2^63-34,
     // std::invalid_argument otherwise (and from OperatorClient, whose replies are
     // bounded to a header, wire::kMaxHeaderBytes, whatever this says). A bound
     // below the largest reply header (up to 64 KiB: describe with many models)

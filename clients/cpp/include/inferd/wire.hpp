@@ -47,6 +47,9 @@ struct InferRequest {
     std::vector<TensorDescriptor> inputs;
     std::vector<TensorDescriptor> outputs;  // outputs placed in regions only
     std::optional<std::uint32_t> deadline_ms;
+    // The client's bound on a reply frame (ClientOptions::max_reply_frame_bytes),
+    // told to the daemon, which answers RESOURCE_EXHAUSTED rather than send more.
+    std::optional<std::int64_t> max_reply_frame_bytes;
 };
 
 // An argument of a control op: a string, an integer or a boolean.
