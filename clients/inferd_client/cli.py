@@ -28,7 +28,7 @@ import numpy as np
 
 from inferd_client import cli_build, cli_format
 from inferd_client.cli_inputs import describe_array, in_region, load_npy, random_inputs, spec_of
-from inferd_client.cli_output import Layout, emit, emit_error, json_line
+from inferd_client.cli_output import Layout, emit, emit_error, json_line, print_lines
 from inferd_client.client import InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
@@ -414,7 +414,7 @@ def _events(args: argparse.Namespace) -> int:
             if args.json:
                 print(json_line({"topic": topic, **payload}), flush=True)
             else:
-                print(cli_format.event(topic, payload), flush=True)
+                print_lines([cli_format.event(topic, payload)])
             received += 1
             if args.count and received >= args.count:
                 return EXIT_OK

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from inferd_client import cli_format
-from inferd_client.cli_output import emit, json_line
+from inferd_client.cli_output import UNEXPECTED_SHAPE, emit, json_line, print_lines
 from inferd_client.client import OperatorClient
+from inferd_client.errors import MalformedReply
 from inferd_client.events import EventSubscriber
 
 #: The states, and the event types, of a build that has ended.
@@ -53,12 +54,7 @@ def run(
             emit(args.json, control.call("build.start", **arguments))
         elif args.build_command == "status":
             arguments = {} if args.build_id is None else {"build_id": args.build_id}
-            reply = control.call("build.status", **arguments)
-            if args.json:
-                emit(args.json, reply)
-            else:
-                for build in reply.get("builds", [reply.get("build")]):
-                    _print(cli_format.build(build))
+            emit(args.json, control.call("build.status", **arguments), _builds)
         else:
             emit(
                 args.json,
@@ -85,13 +81,15 @@ def follow(
         print("following build events", file=sys.stderr, flush=True)
         if followed is not None:
             with operator() as control:
-                build = control.call("build.status", build_id=followed)["build"]
+                build = control.call("build.status", build_id=followed).get("build")
+            if not isinstance(build, dict):
+                raise MalformedReply(f"build.status of {followed!r} has no 'build' map")
             if args.json:
                 print(json_line({"type": "status", "build": build}), flush=True)
             else:
-                _print(cli_format.build(build))
-            if build["state"] in TERMINAL:
-                return build["state"] not in UNFINISHED
+                emit(False, build, cli_format.build)
+            if build.get("state") in TERMINAL:
+                return build.get("state") not in UNFINISHED
         for _topic, event in events.follow(args.timeout):
             followed = followed or event.get("buildId")
             if event.get("buildId") != followed:
@@ -100,7 +98,7 @@ def follow(
             if args.json:
                 print(json_line(event), flush=True)
             else:
-                print(cli_format.build_event(event, depth), flush=True)
+                print_lines([_event_line(event, depth)])
             if event.get("type") in TERMINAL:
                 return event.get("type") not in UNFINISHED
             if args.count and received >= args.count:
@@ -108,7 +106,16 @@ def follow(
     return True
 
 
-def _print(lines: list[str]) -> None:
-    for line in lines:
-        print(line)
-    sys.stdout.flush()
+def _builds(reply: dict[str, Any]) -> list[str]:
+    """``build.status``'s builds (all, or the one asked for), each as ``cli_format.build``."""
+    builds = reply["builds"] if "builds" in reply else [reply["build"]]
+    return [line for build in builds for line in cli_format.build(build)]
+
+
+def _event_line(event: dict[str, Any], depth: dict[str, int]) -> str:
+    """``cli_format.build_event``'s line, or the event as it came when it has a shape
+    that line does not know (a daemon of another version)."""
+    try:
+        return cli_format.build_event(event, depth)
+    except UNEXPECTED_SHAPE:
+        return cli_format.text(event)

@@ -6,6 +6,8 @@ comma-separated; never a Python repr.  The known documents (``status``,
 ``health``, ``models``, ``thermal``, an inference's summary, events) have their
 own layout; anything else is shown as indented ``key: value`` lines
 (``generic``), tables for lists of maps.  ``--json`` bypasses all of this.
+Text the daemon sends is shown through ``printable``: a control character in it
+reaches no terminal.
 """
 
 from __future__ import annotations
@@ -36,8 +38,27 @@ def text(value: Any, key: str = "") -> str:
     if isinstance(value, list | tuple):
         return ", ".join(text(item) for item in value) if value else "-"
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}={text(v, str(k))}" for k, v in value.items()) if value else "-"
-    return str(value)
+        return ", ".join(f"{text(k)}={text(v, str(k))}" for k, v in value.items()) if value else "-"
+    return printable(str(value))
+
+
+def printable(line: str) -> str:
+    """``line`` safe to write to a terminal: a character that is not printable (C0
+    and C1 controls, DEL, line separators, bidi and other format characters) is
+    shown as its escape, ``\\x1b`` or ``\\u202e``; printable Unicode is kept.  Text
+    from the daemon (a model's load error, a client's ``requested_by``, an alert)
+    must not move the cursor, retitle the window, write the clipboard (OSC 52) or
+    begin a forged line.  The escapes are printable: a second pass changes nothing."""
+    if line.isprintable():
+        return line
+    return "".join(char if char.isprintable() else _escape(char) for char in line)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def size(nbytes: int) -> str:
@@ -67,9 +88,10 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> list[
 
 def pairs(items: Sequence[tuple[str, Any]], indent: int = 0) -> list[str]:
     """``key: value`` lines with the values aligned."""
-    width = max((len(key) for key, _ in items), default=0)
+    shown = [(text(key), value) for key, value in items]  # a reply's key may be bytes
+    width = max((len(key) for key, _ in shown), default=0)
     pad = "  " * indent
-    return [f"{pad}{key + ':':<{width + 1}} {text(value, key)}".rstrip() for key, value in items]
+    return [f"{pad}{key + ':':<{width + 1}} {text(value, key)}".rstrip() for key, value in shown]
 
 
 def generic(document: Mapping[str, Any], indent: int = 0) -> list[str]:
@@ -81,12 +103,12 @@ def generic(document: Mapping[str, Any], indent: int = 0) -> list[str]:
     for key, value in document.items():
         if not _nested(value):
             continue
-        lines.append(f"{'  ' * indent}{key}:")
+        lines.append(f"{'  ' * indent}{text(key)}:")
         if isinstance(value, Mapping):
             lines += generic(value, indent + 1)
         else:
             keys = list(dict.fromkeys(k for item in value for k in item))
-            columns = [(k, lambda row, k=k: row.get(k)) for k in keys]
+            columns = [(text(k), lambda row, k=k: row.get(k)) for k in keys]
             lines += ["  " * (indent + 1) + line for line in table(value, columns)]
     return lines
 

@@ -1,6 +1,9 @@
 """Where ``inferctl`` writes what it has to say: each result on stdout, as one line
 of JSON with ``--json`` or in its human layout (``cli_format``) without, and an
-error as a JSON document on stdout (``--json``) or one line on stderr."""
+error as a JSON document on stdout (``--json``) or one line on stderr.  Every line
+for a person passes ``cli_format.printable`` (no terminal control reaches the
+screen), and a reply a layout cannot show (a daemon of another version: a field
+missing or of another type) is shown as ``cli_format.generic`` lays it out."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from inferd_client import cli_format
 
 #: A human layout: a document as the lines a person reads.
 Layout = Callable[[dict[str, Any]], list[str]]
+#: What a layout raises on a reply of a shape it does not know.
+UNEXPECTED_SHAPE = (KeyError, IndexError, TypeError, ValueError, AttributeError)
 
 
 def emit(as_json: bool, document: dict[str, Any], layout: Layout | None = None) -> None:
@@ -22,14 +27,38 @@ def emit(as_json: bool, document: dict[str, Any], layout: Layout | None = None) 
     if as_json:
         print(json_line(document), flush=True)
     else:
-        print("\n".join((layout or cli_format.generic)(document)), flush=True)
+        print_lines(laid_out(document, layout or cli_format.generic))
+
+
+def laid_out(document: dict[str, Any], layout: Layout) -> list[str]:
+    """``layout``'s lines, or, for a reply it cannot show, a note on stderr and
+    the reply as ``generic`` lays it out: what the daemon said, never a traceback."""
+    try:
+        return layout(document)
+    except UNEXPECTED_SHAPE as exc:
+        note = f"{type(exc).__name__}: {exc}"
+        print(
+            cli_format.printable(
+                f"inferctl: the reply is not laid out as this inferctl knows ({note}); "
+                "shown as it came"
+            ),
+            file=sys.stderr,
+        )
+        return cli_format.generic(document)
+
+
+def print_lines(lines: list[str]) -> None:
+    """Lines for a person on stdout, each through ``cli_format.printable`` (none: nothing,
+    as ``build status`` with no builds)."""
+    if lines:
+        print("\n".join(cli_format.printable(line) for line in lines), flush=True)
 
 
 def emit_error(as_json: bool, code: str, message: str) -> None:
     if as_json:
         print(json_line({"ok": False, "error": {"code": code, "message": message}}))
-    else:
-        print(f"inferctl: {code}: {message}", file=sys.stderr)
+    else:  # the daemon's message, or an exception's: escaped, and one line
+        print(cli_format.printable(f"inferctl: {code}: {message}"), file=sys.stderr)
 
 
 def json_line(document: dict[str, Any]) -> str:

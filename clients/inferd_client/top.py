@@ -7,11 +7,17 @@ Request rates are the difference of two ``status`` snapshots over the time
 between them.  A daemon that does not answer is shown as unreachable and asked
 again at the next interval; ``q`` or Ctrl-C leaves (exit 0).  Only the wire
 protocol is used: nothing of the daemon is imported.
+
+What the daemon sends is shown as plain text (``rich.text.Text``, never markup)
+through ``cli_format.printable``: a model's name or an alert's message shows no
+``[style]`` and drives no terminal.  A section that a reply of another version
+cannot fill (a field missing, or of another type) says so; the others are shown.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import sys
@@ -20,16 +26,17 @@ import threading
 import time
 import tty
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from inferd_client.cli_format import printable, text
 from inferd_client.client import OperatorClient
 from inferd_client.errors import ClientError
 from inferd_client.events import EventSubscriber
@@ -39,6 +46,8 @@ RECENT_ALERTS = 5
 SHOWN_BUILDS = 6
 #: How long the screen may wait for a key before it looks at the events again.
 _EVENT_TICK_S = 0.25
+#: A section of the screen (the descriptor guard's is None when it is not started).
+_Shown = TypeVar("_Shown", bound="RenderableType | None")
 
 
 @dataclass
@@ -62,8 +71,11 @@ class TopState:
     _previous: dict[str, _Rate] = field(default_factory=dict)
 
     def on_status(self, status: dict[str, Any], builds: list[dict[str, Any]], at: float) -> None:
-        for model in status["models"]:
-            name, requests = model["model"], int(model["requests"])
+        for model in _maps(status.get("models")):
+            try:  # a model without a count (another version's status) has no rate
+                name, requests = str(model["model"]), int(model["requests"])
+            except (KeyError, TypeError, ValueError):
+                continue
             previous = self._previous.get(name)
             if previous is not None and at > previous.at:
                 self.rates[name] = max(0, requests - previous.requests) / (at - previous.at)
@@ -81,11 +93,31 @@ class TopState:
         elif topic == "build" and payload.get("buildId"):
             step = payload.get("step")
             steps = payload.get("numSteps")
-            progress = f" {int(step) + 1}/{steps}" if step is not None and steps else ""
+            progress = f" {step + 1}/{steps}" if isinstance(step, int) and steps else ""
             self.phases[str(payload["buildId"])] = f"{payload.get('name')}{progress}"
 
 
+def _maps(rows: Any) -> list[Mapping[str, Any]]:
+    """The maps of a list (a row of another shape is not shown), none for a non-list."""
+    return [row for row in rows if isinstance(row, Mapping)] if isinstance(rows, list) else []
+
+
 # -- rendering --------------------------------------------------------------------
+
+
+def _cell(value: Any) -> Text:
+    """A value as plain text: ``cli_format.text``, escaped, and never read as markup."""
+    return Text(text(value))
+
+
+def _section(title: str, draw: Callable[[], _Shown]) -> _Shown | Text:
+    """``draw()``, or a line saying why ``title`` is not shown: a status of a daemon
+    of another version must not end the view."""
+    try:
+        return draw()
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        why = printable(f"{type(exc).__name__}: {exc}")
+        return Text(f"{title}: not shown, the daemon's reply differs ({why})", style="yellow")
 
 
 def _ms(latency: dict[str, Any], key: str) -> str:
@@ -121,16 +153,16 @@ def _header(state: TopState, endpoint: str, interval: float, now: float) -> Text
     if status is not None:
         daemon = status["daemon"]
         colour = {"serving": "green", "degraded": "yellow"}.get(daemon["state"], "red")
-        line.append(f"inferd {daemon['version']}  pid {daemon['pid']}  ", style="bold")
-        line.append(daemon["state"], style=f"bold {colour}")
-        line.append(f"  up {_uptime(daemon['uptime_s'])}  {_thermal(status['thermal'])}")
+        line.append(f"inferd {text(daemon['version'])}  pid {text(daemon['pid'])}  ", style="bold")
+        line.append(text(daemon["state"]), style=f"bold {colour}")
+        line.append(f"  up {_uptime(daemon['uptime_s'])}  {printable(_thermal(status['thermal']))}")
     else:
         line.append("inferd", style="bold")
-    line.append(f"\n{endpoint}  every {interval:g} s  q: quit", style="dim")
+    line.append(f"\n{printable(endpoint)}  every {interval:g} s  q: quit", style="dim")
     if state.error is not None:
         seen = "" if state.last_seen is None else f", last answer {now - state.last_seen:.0f} s ago"
         line.append(
-            f"\ndaemon unreachable: {state.error}; retrying every {interval:g} s{seen}",
+            f"\ndaemon unreachable: {printable(state.error)}; retrying every {interval:g} s{seen}",
             style="bold red",
         )
     return line
@@ -148,24 +180,27 @@ def _models(status: dict[str, Any], rates: dict[str, float], stale: bool) -> Tab
     table.add_column("ERRORS", min_width=len("ERRORS"))
     for column in ("P50 ms", "P99 ms", "QUEUE"):
         table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
-    for model in status["models"]:
-        responses = model["responses"]
-        runtime = model["runtime"] or "-"
-        if model["fallback"]:
+    for model in _maps(status["models"]):
+        responses = model.get("responses") or {}
+        runtime = text(model.get("runtime"))
+        if model.get("fallback"):
             runtime += " (fallback)"  # from its configured tensorrt
-        errors = ", ".join(f"{code} {n}" for code, n in sorted(responses.items()) if code != "OK")
-        rate = rates.get(model["model"])
+        errors = ", ".join(
+            f"{text(code)} {text(n)}" for code, n in sorted(responses.items()) if code != "OK"
+        )
+        rate = rates.get(str(model.get("model")))
+        latency = model.get("latency_us") or {}
         table.add_row(
-            model["model"],
-            model["state"],
-            runtime,
+            _cell(model.get("model")),
+            _cell(model.get("state")),
+            Text(runtime),
             "-" if rate is None else f"{rate:.1f}",
-            str(model["requests"]),
-            str(responses.get("OK", 0)),
-            errors or "-",
-            _ms(model["latency_us"], "p50"),
-            _ms(model["latency_us"], "p99"),
-            f"{model['queue_depth']}/{model['queue_capacity']}",
+            _cell(model.get("requests")),
+            _cell(responses.get("OK", 0)),
+            Text(errors or "-"),
+            _ms(latency, "p50"),
+            _ms(latency, "p99"),
+            Text(f"{text(model.get('queue_depth'))}/{text(model.get('queue_capacity'))}"),
         )
     return table
 
@@ -176,10 +211,12 @@ def _shm(shm: dict[str, Any]) -> Text:
         return Text("shared memory off", style="dim")
     mib = 1024 * 1024
     line = Text(
-        f"shared memory  {shm['connections']}/{shm['max_connections']} connections  "
-        f"{len(shm['regions'])} regions  "
-        f"{shm['mapped_bytes'] / mib:.1f} of {shm['max_bytes_total'] / mib:.0f} MiB mapped  "
-        f"{shm['in_flight']} in flight"
+        printable(
+            f"shared memory  {shm['connections']}/{shm['max_connections']} connections  "
+            f"{len(shm['regions'])} regions  "
+            f"{shm['mapped_bytes'] / mib:.1f} of {shm['max_bytes_total'] / mib:.0f} MiB mapped  "
+            f"{shm['in_flight']} in flight"
+        )
     )
     refused = sum(shm.get("refused", {}).values())
     if refused:
@@ -187,15 +224,20 @@ def _shm(shm: dict[str, Any]) -> Text:
     by_uid = shm.get("refused_by_uid") or {}
     if by_uid:  # of those, the connections over shm.max_connections_per_uid
         uids = ", ".join(f"uid {uid}: {count}" for uid, count in sorted(by_uid.items()))
-        line.append(f" ({sum(by_uid.values())} over a uid's connections: {uids})", style="yellow")
+        line.append(
+            printable(f" ({sum(by_uid.values())} over a uid's connections: {uids})"),
+            style="yellow",
+        )
     denied = shm.get("denied_by_uid") or {}
     if denied:  # security.infer_allow at accept
         uids = ", ".join(f"uid {uid}: {count}" for uid, count in sorted(denied.items()))
-        line.append(f"  {sum(denied.values())} denied ({uids})", style="yellow")
+        line.append(printable(f"  {sum(denied.values())} denied ({uids})"), style="yellow")
     if shm.get("releasing_regions"):
-        line.append(f"  {shm['releasing_regions']} released, not yet unmapped", style="yellow")
+        line.append(
+            f"  {text(shm['releasing_regions'])} released, not yet unmapped", style="yellow"
+        )
     if shm.get("unroutable_replies"):
-        line.append(f"  {shm['unroutable_replies']} replies to gone clients", style="yellow")
+        line.append(f"  {text(shm['unroutable_replies'])} replies to gone clients", style="yellow")
     if not shm.get("thread_alive", True):
         line.append("  registration thread DOWN", style="bold red")
     return line
@@ -210,10 +252,12 @@ def _guard(security: dict[str, Any]) -> Text | None:
     if not guard.get("episodes"):
         return Text("descriptor guard  no floods", style="dim")
     return Text(
-        f"descriptor guard  {guard['episodes']} floods, "
-        f"{guard.get('connections_ended', 0)} connections ended, "
-        f"{guard.get('connections_ended_past_share', 0)} past a fair share "
-        f"in {guard.get('share_passes', 0)} passes",
+        printable(
+            f"descriptor guard  {guard['episodes']} floods, "
+            f"{guard.get('connections_ended', 0)} connections ended, "
+            f"{guard.get('connections_ended_past_share', 0)} past a fair share "
+            f"in {guard.get('share_passes', 0)} passes"
+        ),
         style="yellow",
     )
 
@@ -226,21 +270,24 @@ def _builds(
     if start_refused:
         codes = ", ".join(f"{code} {n}" for code, n in sorted(start_refused.items()))
         title.append(
-            f"  build.start refused {sum(start_refused.values())} ({codes})", style="yellow"
+            printable(f"  build.start refused {sum(start_refused.values())} ({codes})"),
+            style="yellow",
         )
     table = Table(title=title, title_justify="left", expand=True, box=None)
     for column in ("BUILD", "MODEL", "BUILDER", "STATE", "ELAPSED s", "PHASE"):
         table.add_column(column, no_wrap=True)
-    running = [b for b in builds if b["state"] == "running"]
-    shown = (running + [b for b in reversed(builds) if b["state"] != "running"])[:SHOWN_BUILDS]
+    rows = _maps(builds)
+    running = [b for b in rows if b.get("state") == "running"]
+    shown = (running + [b for b in reversed(rows) if b.get("state") != "running"])[:SHOWN_BUILDS]
     for build in shown:
+        phase = phases.get(str(build.get("build_id"))) if build.get("state") == "running" else None
         table.add_row(
-            build["build_id"],
-            build["model"],
-            build["builder"],
-            build["state"],
-            f"{build['elapsed_s']:.1f}",
-            phases.get(build["build_id"], "-") if build["state"] == "running" else "-",
+            _cell(build.get("build_id")),
+            _cell(build.get("model")),
+            _cell(build.get("builder")),
+            _cell(build.get("state")),
+            _cell(build.get("elapsed_s")),
+            _cell(phase),
         )
     if not shown:
         table.add_row("-", "no builds", "", "", "", "")
@@ -252,23 +299,37 @@ def _alerts(alerts: deque[dict[str, Any]]) -> Table:
     for column in ("TIME", "LEVEL", "CODE", "MESSAGE"):
         table.add_column(column, no_wrap=column != "MESSAGE", overflow="ellipsis")
     for alert in alerts:
-        when = datetime.fromtimestamp(int(alert.get("ts_ns", 0)) / 1e9).strftime("%H:%M:%S")
-        table.add_row(when, str(alert.get("level")), str(alert.get("code")), alert.get("message"))
+        ts_ns = alert.get("ts_ns")
+        when = (
+            datetime.fromtimestamp(ts_ns / 1e9).strftime("%H:%M:%S")
+            if isinstance(ts_ns, int)
+            else "-"
+        )
+        table.add_row(
+            when, _cell(alert.get("level")), _cell(alert.get("code")), _cell(alert.get("message"))
+        )
     if not alerts:
         table.add_row("-", "", "none since start", "")
     return table
 
 
 def render(state: TopState, endpoint: str, interval: float, now: float) -> RenderableType:
-    parts: list[RenderableType] = [_header(state, endpoint, interval, now), Text()]
+    parts: list[RenderableType] = [
+        _section("daemon", lambda: _header(state, endpoint, interval, now)),
+        Text(),
+    ]
     start_refused: dict[str, int] = {}
-    if state.status is not None:
-        parts += [_models(state.status, state.rates, state.error is not None), Text()]
-        parts.append(_shm(state.status.get("shm") or {}))
-        guard = _guard(state.status.get("security") or {})
+    status = state.status
+    if status is not None:
+        stale = state.error is not None
+        parts += [_section("models", lambda: _models(status, state.rates, stale)), Text()]
+        parts.append(_section("shared memory", lambda: _shm(status.get("shm") or {})))
+        guard = _section("descriptor guard", lambda: _guard(status.get("security") or {}))
         parts += [Text()] if guard is None else [guard, Text()]
-        start_refused = (state.status.get("builds") or {}).get("start_refused") or {}
-    parts += [_builds(state.builds, state.phases, start_refused), Text(), _alerts(state.alerts)]
+        with contextlib.suppress(AttributeError):  # a status without the map: none shown
+            start_refused = (status.get("builds") or {}).get("start_refused") or {}
+    builds = _section("builds", lambda: _builds(state.builds, state.phases, start_refused))
+    parts += [builds, Text(), _section("recent alerts", lambda: _alerts(state.alerts))]
     return Group(*parts)
 
 
@@ -345,8 +406,10 @@ def run(
     interval: float,
 ) -> int:
     """Show the view until ``q`` or Ctrl-C; returns the exit status (0)."""
-    if interval <= 0:
-        raise ValueError(f"--interval must be positive, got {interval:g}")
+    if not 0 < interval < math.inf:  # NaN too: it would never poll again, and spin
+        raise ValueError(
+            f"--interval must be a finite number of seconds more than 0, got {interval:g}"
+        )
     state = TopState()
     connection = _Connection(control, events)
     console = Console()

@@ -127,6 +127,7 @@ class Daemon(DaemonState):
             self.rebuilder = FallbackRebuilder(
                 start_build=lambda header: self.builds.start(header, self._itself),
                 switch=self.switcher.switch_now,
+                switcher=self.switcher,
                 alert=self.alerts,
                 can_build=self.builds.tensorrt_available,
                 backoff_s=config.runtime.rebuild_backoff_s,

@@ -24,7 +24,13 @@ its reference, so a client reading big replies back to back may have read the
 previous one while its view still lives.  Before a refusal the budget waits,
 up to ``RELEASE_GRACE_S`` and with the GIL released, for views to die; a peer
 whose last reply was dropped gets no such wait, so a peer that does not read
-costs the sender one grace per episode, not one per reply (DESIGN.md 117).
+costs the sender one grace per episode, not one per reply (DESIGN.md 117).  A
+peer that reads, but slower than its replies come, ends an episode with each
+reply it takes.  So when a grace runs out for a peer a second time within
+``GRACE_HOLDOFF_S``, its refusals wait none for ``GRACE_HOLDOFF_S``: one such
+peer costs the sender about two graces a second, where it cost one per reply
+it read.  A client that reads, whose releases lagged past one grace on a loaded
+machine, keeps its graces (DESIGN.md 251).
 
 Used under the bus's wire lock (the bus thread's and the engine worker's sends).
 """
@@ -62,6 +68,8 @@ HIGH_WATER_MARK = "hwm"
 #: How long a refusal waits for replies ZeroMQ may already have let go of to be
 #: released (the sender waits, under the bus's wire lock): see the module doc.
 RELEASE_GRACE_S = 0.02
+#: Two graces that ran out for a peer within this long: its refusals wait none for as long.
+GRACE_HOLDOFF_S = 1.0
 
 
 @dataclass
@@ -75,6 +83,10 @@ class _Peer:
     dropped_bytes: int = 0
     #: Whether the last reply for this peer was dropped (no grace for the next).
     dropping: bool = False
+    #: When a grace last ran out for it, and until when its refusals wait none
+    #: (``ReplyBudget.clock``).
+    grace_ran_out_at: float = -GRACE_HOLDOFF_S
+    no_grace_until: float = 0.0
 
 
 def message_bytes(parts: Sequence[Any]) -> int:
@@ -100,6 +112,8 @@ class ReplyBudget:
         self.dropped_bytes = 0
         #: Set when a watched view dies (``watched``): ``refusal``'s grace waits on it.
         self._released = threading.Event()
+        #: The clock of ``GRACE_HOLDOFF_S``.
+        self.clock = time.monotonic
 
     def watched(self, part: Any) -> tuple[zmq.Frame, weakref.ReferenceType[Any]]:
         """``part`` as a zero-copy frame, and a weak reference that dies once ZeroMQ
@@ -129,14 +143,22 @@ class ReplyBudget:
         reason = self._over(socket, routing_id, nbytes)
         key = (socket, routing_id)
         peer = self._busy.get(key) or self._listed.get(key)
-        if reason is not None and not (peer is not None and peer.dropping):
+        graced = reason is not None and (
+            peer is None or not (peer.dropping or self.clock() < peer.no_grace_until)
+        )
+        if graced:
             give_up = time.monotonic() + RELEASE_GRACE_S
             while reason is not None and self._released.wait(give_up - time.monotonic()):
                 self._released.clear()
                 self.collect()
                 reason = self._over(socket, routing_id, nbytes)
         if reason is not None:
-            self.drop(socket, routing_id, nbytes, reason)
+            dropped = self.drop(socket, routing_id, nbytes, reason)
+            if graced:
+                now = self.clock()
+                if now - dropped.grace_ran_out_at < GRACE_HOLDOFF_S:
+                    dropped.no_grace_until = now + GRACE_HOLDOFF_S
+                dropped.grace_ran_out_at = now
         return reason
 
     def notice(
@@ -206,8 +228,8 @@ class ReplyBudget:
         self.in_flight_bytes += nbytes
         self.sent_replies[socket] = self.sent_replies.get(socket, 0) + 1
 
-    def drop(self, socket: str, routing_id: bytes, nbytes: int, reason: str) -> None:
-        """Count a reply that was not sent because the peer does not read."""
+    def drop(self, socket: str, routing_id: bytes, nbytes: int, reason: str) -> _Peer:
+        """Count a reply that was not sent because the peer does not read; its peer."""
         key = (socket, routing_id)
         peer = self._busy.get(key) or self._listed.get(key) or _Peer(socket, routing_id)
         if peer.dropped == 0:
@@ -231,6 +253,7 @@ class ReplyBudget:
         self._listed.move_to_end(key)
         if len(self._listed) > MAX_LISTED_PEERS:
             self._listed.popitem(last=False)
+        return peer
 
     def collect(self) -> None:
         """Release the bytes of replies ZeroMQ has let go of (every loop pass)."""

@@ -7,7 +7,9 @@ calls, and it only queues the event on an ``EventRelay``; the relay's thread
 (``inferd-build-renderer``) writes to the terminal and the log.  ``step``
 events are dropped when the renderers fall ``_BACKLOG`` events behind
 (counted in ``dropped`` and reported); phase boundaries, cancel and the
-outcome always arrive.
+outcome always arrive.  Phase names and a cancel's source come from the build
+(TensorRT, a model's ONNX file): each line shows them through
+``inferd_client.cli_format.printable``, never a terminal control.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from inferd.engine_build.relay import EventRelay
+from inferd_client.cli_format import printable
 
 if TYPE_CHECKING:
     from inferd.engine_build.events import BuildEvent
@@ -64,7 +67,7 @@ class PlainProgress:
             elif event.type == "stalled":
                 line = f"stalled   {' > '.join(event.detail.get('path', []))}"
             if line is not None:
-                self.stream.write(line + "\n")
+                self.stream.write(printable(line) + "\n")
                 self.stream.flush()
 
     def close(self) -> None:
@@ -105,10 +108,10 @@ class LiveProgress:
 
         with self._lock:
             snapshot = self.tree.snapshot()
-        root = Tree(Text(f"{self.title}  [{snapshot['state']}]", style="bold"))
+        root = Tree(Text(printable(f"{self.title}  [{snapshot['state']}]"), style="bold"))
 
         def add(parent: Any, node: dict[str, Any]) -> None:
-            label = Text(f"{node['name']}  ", style=self._STYLE.get(node["status"], ""))
+            label = Text(printable(f"{node['name']}  "), style=self._STYLE.get(node["status"], ""))
             label.append(f"{node['completedSteps']}/{node['numSteps']}  {node['status']}")
             if node["durationMs"] is not None:
                 label.append(f"  {node['durationMs'] / 1000:.1f} s", style="dim")

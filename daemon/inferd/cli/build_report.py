@@ -1,5 +1,7 @@
 """What ``inferd build`` prints when it is done: one JSON report (``--json``) or
-a few aligned lines on stdout (progress and errors went to stderr)."""
+a few aligned lines on stdout (progress and errors went to stderr); each line
+through ``inferd_client.cli_format.printable``, as paths and warnings may hold
+any character."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from inferd.types import BuildConfig
+from inferd_client.cli_format import printable
 
 if TYPE_CHECKING:
     from inferd.engines.locate import EnginePlan
@@ -71,37 +74,41 @@ def report_outcome(
     if as_json:
         out.write(json.dumps(report, sort_keys=True) + "\n")
         return code
+
+    def line(text: str) -> None:
+        out.write(printable(text) + "\n")
+
     if not succeeded:
         if build is not None:
-            out.write(f"{status:<8}  {engine}\nsummary   {build['summary']}\n")
+            line(f"{status:<8}  {engine}")
+            line(f"summary   {build['summary']}")
         return code
-    out.write(f"{status:<8}  {engine}\n")
-    out.write(f"sha256    {digest}\n")
-    out.write(f"host      {outcome.engine_name.host.summary()}\n")
+    line(f"{status:<8}  {engine}")
+    line(f"sha256    {digest}")
+    line(f"host      {outcome.engine_name.host.summary()}")
     if outcome.quarantined:
-        out.write(f"moved     the unusable previous engine to {outcome.quarantined}\n")
+        line(f"moved     the unusable previous engine to {outcome.quarantined}")
     if build is not None:
         flags = ", ".join(build["precision_flags"]) or "none"
         typing = "strongly typed" if build["strongly_typed"] else f"precision flags {flags}"
-        out.write(
+        line(
             f"build     {build['duration_s']:.1f} s, {typing}, workspace "
             f"{build['workspace_bytes']} bytes, timing cache {build['timing_cache']}"
             + (f", calibration {build['calibration']}" if build["calibration"] else "")
-            + "\n"
         )
         for warning in build["warnings"]:
-            out.write(f"warning   {warning}\n")
+            line(f"warning   {warning}")
         if "summary" in build:
-            out.write(f"summary   {build['summary']}\n")
-            out.write(
+            line(f"summary   {build['summary']}")
+            line(
                 f"validate  {build['validation_status']} (gate sidecar check and a smoke "
-                "inference compared with ONNX Runtime)\n"
+                "inference compared with ONNX Runtime)"
             )
     if manifest is not None:
-        out.write(f"manifest  recorded in {manifest}\n")
+        line(f"manifest  recorded in {manifest}")
     else:
-        out.write(
+        line(
             "manifest  not recorded: the daemon trusts the engine once its deployment manifest "
-            f'lists it ("{engine.name}": "{digest}")\n'
+            f'lists it ("{engine.name}": "{digest}")'
         )
     return code

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from inferd.fdr.reader import ReadReport, Record, json_default, json_text, read_records
+from inferd_client.cli_format import printable
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -153,10 +154,14 @@ def export(
     except OSError as exc:  # permission, a full disk: the recorder's own reads never raise
         err.write(f"inferd: cannot write {mcap}: {exc.strerror or exc}\n")
         return 1
+    # kinds as the file says them: a recording copied from elsewhere may hold any
     channels = ", ".join(f"{kind} {count}" for kind, count in sorted(summary.channels.items()))
-    err.write(f"wrote {summary.records} record(s) to {mcap}: {channels or 'none'}\n")
+    err.write(
+        printable(f"wrote {summary.records} record(s) to {mcap}: {channels or 'none'}") + "\n"
+    )
     if summary.schemaless:
-        err.write(f"  no schema for {', '.join(summary.schemaless)}: schemaless channels\n")
+        schemaless = ", ".join(summary.schemaless)
+        err.write(printable(f"  no schema for {schemaless}: schemaless channels") + "\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
     return 0

@@ -240,14 +240,16 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     from inferd.supervision.notify import Notifier
     from inferd.supervision.watchdog import Watchdog, WatchdogSettings
 
+    # Before the config: a config refused says why to systemd too (STATUS=).
+    notifier = Notifier.from_environment()
+    source = "<embedded default>" if config_path is None else str(config_path)
     try:
         if config_path is None:
             config = config_module.embedded_default()
         else:
             config = config_module.load(config_path)
     except ConfigError as exc:
-        print(f"inferd: invalid config: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _invalid_config(notifier, source, exc)
     try:
         ensure_owned_dir(config.daemon.state_dir, what="daemon.state_dir")
         if config_path is None and not config.models[0].path.exists():
@@ -262,7 +264,6 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     # When the systemd watchdog fires it sends SIGABRT: dump every thread's stack
     # to stderr (the journal under systemd) first, so the stuck call is visible.
     faulthandler.enable(all_threads=True)
-    notifier = Notifier.from_environment()
     watchdog_settings = WatchdogSettings.from_environment()
 
     stop = threading.Event()
@@ -287,9 +288,7 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     try:
         daemon.start(supervision)
     except ConfigError as exc:  # found only at start (a key:NAME without its key file)
-        print(f"inferd: invalid config: {exc}", file=sys.stderr)
-        notifier.failed(f"invalid config: {exc}")
-        return EXIT_USAGE  # RestartPreventExitStatus=2: a restart would fail the same way
+        return _invalid_config(notifier, source, exc)
     except ProcessLimitError as exc:  # LimitNOFILE=, vm.max_map_count or the config to change
         print(f"inferd: cannot start: {exc}", file=sys.stderr)
         notifier.failed(f"cannot start: {exc}", exc.errno_code)
@@ -324,6 +323,14 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
         return EXIT_FAILURE
     notifier.status("stopped")
     return EXIT_OK
+
+
+def _invalid_config(notifier: Notifier, source: str, exc: ConfigError) -> int:
+    """The file and the key (the message names it), as ``check-config`` says them,
+    on stderr (the journal under systemd) and in ``STATUS=`` (``systemctl status``)."""
+    print(f"inferd: invalid config {source}: {exc}", file=sys.stderr)
+    notifier.failed(f"invalid config {source}: {exc}")
+    return EXIT_USAGE  # RestartPreventExitStatus=2: a restart would fail the same way
 
 
 #: The main loop's longest sleep (housekeeping, STATUS= updates).

@@ -52,6 +52,10 @@ MAX_REBUILD_ATTEMPTS = 10
 #: thousand bounds nothing, and a refill slower than a day is the op switched off.
 MAX_OP_BURST = 1000
 MAX_OP_REFILL_S = 86_400.0
+#: ... and a refill under 0.1 s (10 ops a second, each peer) bounds nothing either:
+#: a switch loads and warms an engine (hundreds of ms to seconds on a Jetson) and a
+#: build runs minutes, so at 1e-9 s only the burst was left as a bound.
+MIN_OP_REFILL_S = 0.1
 #: ``builds.max_duration_s`` (4 h by default) and ``build.start``'s ``timeout_s``:
 #: a day, as ``models.max_load_s``; ``inferd build --timeout`` and ``--stall-after``
 #: are bounded by it too.  The slowest
@@ -112,3 +116,35 @@ FDR_QUEUE_MIN_BYTES = 2 * 1024**2
 #: at most 459 bytes, a one-name ``fdr_retention`` 263).
 MAX_FDR_SEGMENT_BYTES = 256 * 1024**2
 FDR_SEGMENT_MIN_BYTES = 1024
+
+#: ``fdr.max_total_bytes`` (256 MiB by default) and ``builds.max_bytes`` (2 GiB): what
+#: the recorder and the builds keep on disk.  The daemon records a few ~300-byte
+#: records a second (~100 MB a day at most: a TiB is decades), and builds keep
+#: ``builds.max_count`` sets of one engine each (hundreds of MB to a few GB).  A cap
+#: past a TiB is past any Jetson's storage for them (eMMC 16-64 GB, an NVMe a few
+#: TB shared with everything else): the disk would fill first, the recorder then
+#: dropping its records and a build failing on ENOSPC.  Cost of a large recorder:
+#: each new segment lists and ``lstat``s every kept one (15-28 us each on a loaded
+#: 2-core VM: 32,768 segments, 256 GiB at the default size, took 0.5-0.9 s).
+MAX_DISK_BYTES = 1024**4
+
+#: ``alerts.rate_limit_s`` (10 s by default): the window per (code, model).  At 0
+#: every repeat went out: to the pub topic, as an FDR record, a journal line and a
+#: MAVLink STATUSTEXT on a telemetry radio the autopilot shares (a SiK radio's
+#: 57,600 baud carry ~5 KB/s in all).  Repeats inside the window are counted, not
+#: lost: a second's window still reports a fault within one and holds each key to
+#: one message a second; an hour is the longest wait for a persisting fault's next
+#: report (as ``daemon.health_interval_s``'s).
+MIN_ALERT_RATE_LIMIT_S = 1.0
+MAX_ALERT_RATE_LIMIT_S = 3600.0
+
+#: ``thermal.throttle_enter_c``: a temperature a Jetson's sensors can report while it
+#: runs.  Industrial modules run from -40 C; Orin's and Xavier's junctions are
+#: specified to about 105 C, where their shutdown trip points lie, and no GPU runs
+#: at 150 C: a threshold outside the range throttles always or never.
+MIN_THROTTLE_ENTER_C = -40.0
+MAX_THROTTLE_ENTER_C = 150.0
+#: ``thermal.hysteresis_c`` (5 C by default): 50 C under a ~100 C trip point is an
+#: idle board's temperature (35-50 C in a room), so a wider band in effect never
+#: leaves throttling (at 1e308 it never did).
+MAX_HYSTERESIS_C = 50.0

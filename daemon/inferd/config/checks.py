@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from inferd.config.ceilings import MAX_OP_BURST, MAX_OP_REFILL_S
+from inferd.config.ceilings import MAX_OP_BURST, MAX_OP_REFILL_S, MIN_OP_REFILL_S
 from inferd.config.refusals import refuse
 from inferd_wire.endpoints import ipc_path_problem
 
@@ -69,9 +69,10 @@ def op_rate(section: str, op: str, burst: int, refill_s: float) -> None:
         key = f"{section}.{op}_burst"
         refuse(f"{key} must be 1..{MAX_OP_BURST}, got {burst}", key)
     # NaN and inf fail the comparison too: neither is a refill
-    if not 0.0 < refill_s <= MAX_OP_REFILL_S:
+    if not MIN_OP_REFILL_S <= refill_s <= MAX_OP_REFILL_S:
         refuse(
-            f"{section}.{op}_refill_s must be in (0, {MAX_OP_REFILL_S:g}], got {refill_s}",
+            f"{section}.{op}_refill_s must be in [{MIN_OP_REFILL_S:g}, {MAX_OP_REFILL_S:g}] "
+            f"seconds, got {refill_s}",
             f"{section}.{op}_refill_s",
         )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -14,13 +15,16 @@ from typing import Literal
 from inferd.config.ceilings import (
     FDR_QUEUE_MIN_BYTES,
     FDR_SEGMENT_MIN_BYTES,
+    MAX_ALERT_RATE_LIMIT_S,
     MAX_DEVICE_INDEX,
+    MAX_DISK_BYTES,
     MAX_FDR_QUEUE_BYTES,
     MAX_FDR_QUEUE_RECORDS,
     MAX_FDR_SEGMENT_BYTES,
     MAX_FSYNC_INTERVAL_MS,
     MAX_GPU_BUDGET_BYTES,
     MAX_HEALTH_INTERVAL_S,
+    MAX_HYSTERESIS_C,
     MAX_LOAD_S,
     MAX_MEMORY_BYTES,
     MAX_QUEUE_CAPACITY,
@@ -28,15 +32,17 @@ from inferd.config.ceilings import (
     MAX_SHUTDOWN_MS,
     MAX_THERMAL_POLL_HZ,
     MAX_THREADS,
+    MAX_THROTTLE_ENTER_C,
+    MIN_ALERT_RATE_LIMIT_S,
     MIN_HEALTH_INTERVAL_S,
     MIN_THERMAL_POLL_HZ,
+    MIN_THROTTLE_ENTER_C,
 )
 from inferd.config.ceilings import MAX_DEADLINE_MS as MAX_DEADLINE_MS  # bus/codec.py, headers.py
 from inferd.config.ceilings import MAX_REGIONS_PER_CONNECTION as MAX_REGIONS_PER_CONNECTION
 from inferd.config.checks import (
     between,
     distinct,
-    finite,
     non_negative,
     one_of,
     one_to,
@@ -57,6 +63,12 @@ QUEUE_POLICIES: tuple[str, ...] = ("fifo", "latest")
 LOG_FORMATS: tuple[str, ...] = ("auto", "console", "json", "journald")
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
 DEFAULT_MODEL_NAME = "demo"
+#: A model name: it names a directory and files under ``<state_dir>/builds`` (whose
+#: retention matches ``[A-Za-z0-9_-]+`` only, and NAME_MAX is 255 bytes), and it is
+#: a metrics label, a journald field, an FDR field and terminal text: ASCII only (no
+#: control, look-alike or escape characters), never taken for an option (``-x``).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+MODEL_NAME_RULE = "1..64 ASCII letters, digits, '-' or '_', starting with a letter or digit"
 
 QueuePolicy = Literal["fifo", "latest"]
 
@@ -198,9 +210,11 @@ class ModelConfig:
 
     @every_rule
     def __post_init__(self) -> None:
-        where = f"models[{self.name!r}]"
-        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
-            refuse(f"{where}.name must be non-empty letters, digits, '-' or '_'", f"{where}.name")
+        # A name past the rule's length is cut in every message: its repr is the key
+        where = f"models[{self.name[:64]!r}{'...' if len(self.name) > 64 else ''}]"
+        if not MODEL_NAME.fullmatch(self.name):
+            given = f" (got {len(self.name)} characters)" if len(self.name) > 64 else ""
+            refuse(f"{where}.name must be {MODEL_NAME_RULE}{given}", f"{where}.name")
         one_of(f"{where}.runtime", self.runtime, RUNTIME_LABELS)
         one_of(f"{where}.queue_policy", self.queue_policy, QUEUE_POLICIES)
         one_to(f"{where}.queue_capacity", self.queue_capacity, MAX_QUEUE_CAPACITY)
@@ -267,6 +281,7 @@ class FdrConfig:
         between(
             "fdr.queue_max_bytes", self.queue_max_bytes, FDR_QUEUE_MIN_BYTES, MAX_FDR_QUEUE_BYTES
         )
+        up_to("fdr.max_total_bytes", self.max_total_bytes, MAX_DISK_BYTES)
         if self.max_total_bytes < 2 * self.segment_max_bytes:
             refuse(
                 f"fdr.max_total_bytes ({self.max_total_bytes}) must hold at least two segments "
@@ -294,7 +309,13 @@ class AlertsConfig:
         for hook in self.hooks:
             one_of("alerts.hooks", hook, ALERT_HOOKS)
         distinct("alerts.hooks", self.hooks)
-        non_negative("alerts.rate_limit_s", self.rate_limit_s)
+        between(
+            "alerts.rate_limit_s",
+            self.rate_limit_s,
+            MIN_ALERT_RATE_LIMIT_S,
+            MAX_ALERT_RATE_LIMIT_S,
+            " s",
+        )
         # Checked here, not when the hook opens it at start: there a mistake only
         # left the hook out (an ERROR line), and port 99999 was taken, every send failing.
         kind, _, address = self.mavlink_endpoint.partition(":")
@@ -338,8 +359,12 @@ class ThermalConfig:
         distinct("thermal.sources", self.sources)
         between("thermal.poll_hz", self.poll_hz, MIN_THERMAL_POLL_HZ, MAX_THERMAL_POLL_HZ)
         if self.throttle_enter_c is not None:
-            finite("thermal.throttle_enter_c", self.throttle_enter_c)
+            enter = self.throttle_enter_c
+            between(
+                "thermal.throttle_enter_c", enter, MIN_THROTTLE_ENTER_C, MAX_THROTTLE_ENTER_C, " C"
+            )
         non_negative("thermal.hysteresis_c", self.hysteresis_c)
+        up_to("thermal.hysteresis_c", self.hysteresis_c, MAX_HYSTERESIS_C, " C")
         up_to("thermal.nvml_device_index", self.nvml_device_index, MAX_DEVICE_INDEX)
 
 

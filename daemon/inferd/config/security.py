@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from inferd.config.ceilings import MAX_BUILD_DURATION_S
-from inferd.config.checks import op_rate
+from inferd.config.ceilings import MAX_BUILD_DURATION_S, MAX_DISK_BYTES
+from inferd.config.checks import op_rate, up_to
 from inferd.config.refusals import every_rule, refuse
 from inferd.errors import ConfigError
 
 PrincipalKind = Literal["user", "group", "key"]
 SOCKETS: tuple[str, ...] = ("infer", "control", "events")
-#: A CURVE client key's name: its file name in ``curve_clients_dir`` without ``.key``.
-KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: A CURVE client key's name: its file name in ``curve_clients_dir`` without ``.key``
+#: (``\Z``, not ``$``: ``$`` matches before a final newline, and ``key:ops\n`` passed).
+KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _LOOPBACK_HOSTS = ("localhost",)
 
 
@@ -127,6 +128,7 @@ class BuildsConfig:
         if self.max_bytes < 1024**2:
             key = "builds.max_bytes"
             refuse(f"{key} must be at least 1 MiB, got {self.max_bytes}", key)
+        up_to("builds.max_bytes", self.max_bytes, MAX_DISK_BYTES)
         op_rate("builds", "start", self.start_burst, self.start_refill_s)
         # NaN and inf fail the comparison too: neither could reach a wait
         if not 0.0 < self.max_duration_s <= MAX_BUILD_DURATION_S:

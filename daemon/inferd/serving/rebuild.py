@@ -10,7 +10,12 @@ validation and was recorded as trusted, the model is switched to
 ``tensorrt`` make-before-break (``RuntimeSwitcher.switch_now``: a
 ``runtime_switch`` FDR record and a ``runtime`` event), unless an operator
 switched the model since and it still serves what they chose (their choice
-stands: ``engine_rebuild_superseded``, no alert, no retry).  Otherwise it stays
+stands: ``engine_rebuild_superseded``, no alert, no retry).  An adoption refused
+because a switch or failover of the model is in progress waits for its end and is
+tried again (at most ``ADOPTION_TRIES`` times; the engine exists, so it is never
+rebuilt for that), and an operator's switch cancels a retry not yet started
+(``engine_rebuild_retry_cancelled``; a build already running finishes: it is in
+``build.status``, ``build.cancel`` stops it, and its engine is kept).  Otherwise it stays
 on the fallback and an alert says why: a deployment manifest that must list
 the new digest (what the operator has to approve), a build an operator
 cancelled (not retried: someone stopped it), or a failed one, which includes one
@@ -31,12 +36,15 @@ from typing import Any, Protocol
 
 import structlog
 
-from inferd.serving.switching import OperatorsChoiceError
+from inferd.serving.switching import ModelClaimedError, OperatorsChoiceError, RuntimeSwitcher
 from inferd.types import Alert, AlertLevel, AlertSink
 from inferd_wire.protocol import ProtocolError
 
 TENSORRT = "tensorrt"
 REQUESTED_BY = "inferd: engine missing"
+#: How many times a built engine's adoption is tried while the model is claimed by a
+#: switch or failover (each try after a release: one only races another claim).
+ADOPTION_TRIES = 3
 
 log = structlog.get_logger("inferd.rebuild")
 
@@ -79,6 +87,10 @@ class _Model:
     build_id: str | None = None
     adopted: bool = False
     timer: threading.Timer | None = None
+    #: Which retry ``timer`` starts (a cancelled timer that fires anyway does nothing).
+    retry: int = 0
+    #: A built engine waiting for the model's claim to end, and its tries so far.
+    pending: tuple[FinishedBuild, int] | None = None
 
 
 class FallbackRebuilder:
@@ -92,6 +104,7 @@ class FallbackRebuilder:
         backoff_s: float,
         max_attempts: int,
         deployment_manifest: object = None,
+        switcher: RuntimeSwitcher | None = None,
     ) -> None:
         self._start_build = start_build
         self._switch = switch
@@ -103,6 +116,12 @@ class FallbackRebuilder:
         self._lock = threading.Lock()
         self._models: dict[str, _Model] = {}
         self._stopped = False
+        # The switcher whose ``switch_now`` adopts: it tells this of claims released
+        # (a deferred adoption goes on) and of operators' switches (a retry is cancelled).
+        # Without one (tests' fake ``switch``), a claimed refusal is tried again at once.
+        self._switcher = switcher
+        if switcher is not None:
+            switcher.watch(self)
 
     # -- inputs ---------------------------------------------------------------------
     def on_fallback(self, model: str, reason: str) -> None:
@@ -117,8 +136,9 @@ class FallbackRebuilder:
             return
         with self._lock:
             state = self._models.setdefault(model, _Model())
-            if state.build_id is not None or state.timer is not None:
-                return  # already building, or waiting to retry
+            waiting = state.timer is not None or state.pending is not None
+            if state.build_id is not None or waiting:
+                return  # already building, waiting to retry, or built and waiting to adopt
             if self._stopped:  # a failover as the daemon stops: the next start decides
                 return
             state.adopted = False
@@ -147,7 +167,7 @@ class FallbackRebuilder:
                 return
             state.build_id = None
         if finished.state == "completed" and finished.trusted:
-            self._adopt(finished)
+            self._adopt(finished, 1)
         elif finished.state == "completed":
             self._raise(
                 "WARNING",
@@ -195,10 +215,49 @@ class FallbackRebuilder:
                     "attempts": state.attempts,
                     "build_id": state.build_id,
                     "retry_scheduled": state.timer is not None,
+                    "adoption_pending": state.pending is not None,
                     "adopted": state.adopted,
                 }
                 for model, state in self._models.items()
             }
+
+    # -- the switcher's news (SwitchWatcher) -------------------------------------------
+    def released(self, model: str) -> None:
+        """A switch or failover of ``model`` ended: a deferred adoption goes on, on a
+        thread of its own (the releasing one must not wait for an engine to load)."""
+        with self._lock:
+            state = self._models.get(model)
+            if state is None or state.pending is None:
+                return
+        if self._stopping():  # nothing to load: ``_adopt`` logs why it is not adopted
+            self._adopt_pending(model)
+            return
+        thread = threading.Thread(
+            target=self._adopt_pending, args=(model,), name=f"inferd-adopt-{model}", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError as exc:  # the process's thread limit
+            self._adopt_pending(model, f"its thread could not start ({exc})")
+
+    def operator_chose(self, model: str) -> None:
+        """An operator's switch made ``model`` serve their choice: a retry not yet
+        started is cancelled (its engine would not be adopted: GPU time for nothing).
+        A build already running is left to finish (see the module's docstring)."""
+        with self._lock:
+            state = self._models.get(model)
+            timer = state.timer if state is not None else None
+            if state is None or timer is None:
+                return
+            state.timer = None
+        timer.cancel()
+        log.info(
+            "engine_rebuild_retry_cancelled",
+            model=model,
+            attempts=state.attempts,
+            reason="an operator switched the model; their choice stands (a failover of it "
+            "asks for a build again)",
+        )
 
     # -- internals ----------------------------------------------------------------------
     def _stopping(self) -> bool:
@@ -206,9 +265,12 @@ class FallbackRebuilder:
         made earlier in the caller does not settle it for the type checker)."""
         return self._stopped
 
-    def _start(self, model: str, reason: str) -> None:
+    def _start(self, model: str, reason: str, retry: int | None = None) -> None:
+        """Start a build (``retry``: the one the timer that calls this was for)."""
         with self._lock:
             state = self._models[model]
+            if retry is not None and (state.timer is None or state.retry != retry):
+                return  # cancelled by an operator's switch as it fired
             state.timer = None
             if self._stopped:
                 return
@@ -240,7 +302,8 @@ class FallbackRebuilder:
             reason=reason,
         )
 
-    def _adopt(self, finished: FinishedBuild) -> None:
+    def _adopt(self, finished: FinishedBuild, tries: int) -> None:
+        """Switch to the built engine (``tries``: this one included)."""
         if self._stopped:
             # Completed as the daemon stops: loading it now would race the exit (the
             # switch's thread is waited for 10 s); trusted, it is located next start.
@@ -264,6 +327,9 @@ class FallbackRebuilder:
                 reason=exc.message,
             )
             return
+        except ModelClaimedError as exc:
+            self._defer(finished, tries, exc.message)
+            return
         except ProtocolError as exc:
             if self._stopping():  # given up by the stop that began meanwhile (as above)
                 log.info(
@@ -279,14 +345,55 @@ class FallbackRebuilder:
             self._models[finished.model].adopted = True
         log.info("engine_rebuild_adopted", model=finished.model, build_id=finished.build_id)
 
+    def _defer(self, finished: FinishedBuild, tries: int, why: str) -> None:
+        """A switch or failover of the model is in progress: try again once it ends."""
+        model = finished.model
+        if tries >= ADOPTION_TRIES:
+            self._not_adopted(finished, f"{why}, at each of {tries} tries")
+            return
+        with self._lock:
+            self._models[model].pending = (finished, tries + 1)
+        log.info(
+            "engine_rebuild_adoption_deferred",
+            model=model,
+            build_id=finished.build_id,
+            tries=tries,
+            reason=why,
+        )
+        # Released before ``pending`` was set, its notice found nothing to do (and no
+        # switcher tells this: a fake's ``switch`` in tests): go on now.
+        if self._switcher is None or not self._switcher.claimed(model):
+            self._adopt_pending(model)
+
+    def _adopt_pending(self, model: str, cannot: str | None = None) -> None:
+        """The deferred adoption of ``model``, if no other thread took it (``cannot``:
+        why it cannot be tried)."""
+        with self._lock:
+            pending, self._models[model].pending = self._models[model].pending, None
+        if pending is not None and cannot is not None:
+            self._not_adopted(pending[0], cannot)
+        elif pending is not None:
+            self._adopt(*pending)
+
+    def _not_adopted(self, finished: FinishedBuild, why: str) -> None:
+        """A trusted engine not adopted although the daemon runs: the operator's switch
+        adopts it; rebuilding it would build the same engine again."""
+        log.warning(
+            "engine_rebuild_adoption_abandoned",
+            model=finished.model,
+            build_id=finished.build_id,
+            reason=why,
+        )
+
     def _failed(self, finished: FinishedBuild, why: str) -> None:
         with self._lock:
             state = self._models[finished.model]
             retry = not self._stopped and state.attempts < self._max_attempts
             delay = self._backoff_s * 2 ** (state.attempts - 1)
             if retry:
+                state.retry += 1
                 timer = threading.Timer(
-                    delay, self._start, args=(finished.model, f"retry after: {why}")
+                    delay, self._start, args=(finished.model, f"retry after: {why}", state.retry)
                 )
                 timer.daemon = True
                 try:

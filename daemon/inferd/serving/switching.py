@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -62,6 +62,20 @@ REFUSALS_KIND = "runtime_switch_refusals"
 class OperatorsChoiceError(ProtocolError):
     """``switch_now`` refused: the model serves the engine an operator switched it to,
     which the daemon's own switch (a rebuilt engine adopted) does not override."""
+
+
+class ModelClaimedError(ProtocolError):
+    """Refused: a switch or a failover of the model is in progress (it is claimed)."""
+
+
+class SwitchWatcher(Protocol):
+    """Told of the switcher's changes to a model (``FallbackRebuilder``)."""
+
+    def released(self, model: str) -> None:
+        """``model`` is no longer claimed (the releasing thread; must not block)."""
+
+    def operator_chose(self, model: str) -> None:
+        """An operator's switch made ``model`` serve their choice (still claimed)."""
 
 
 class _Switch(Handover):
@@ -104,6 +118,7 @@ class RuntimeSwitcher:
         #: The engine each model was last switched to by an operator (``switch_now``
         #: leaves a model serving it alone), set while the model is claimed.
         self._chosen: dict[str, EngineHandle] = {}
+        self._watchers: list[SwitchWatcher] = []
         #: Switches preparing (``stop`` answers them and waits for them).
         self._preparers: Preparers[_Switch] = Preparers()
         self._refusals = RepeatLimiter(burst=1, window_s=REFUSAL_WINDOW_S, clock=clock)
@@ -197,7 +212,8 @@ class RuntimeSwitcher:
     def switch_now(self, model: str, label: str, requested_by: str) -> dict[str, Any]:
         """The same make-before-break switch, asked for inside the daemon (a background
         build was adopted): prepares on the calling thread and returns the reply
-        ``runtime.switch`` would give; ``ProtocolError`` when refused (nothing changes).
+        ``runtime.switch`` would give; ``ProtocolError`` when refused (nothing changes),
+        ``ModelClaimedError`` while a switch or failover of the model is in progress.
 
         A model that serves the engine an operator switched it to (``runtime.switch``
         since the build was asked for: ``onnx_trt_ep`` on purpose, or an engine of their
@@ -205,13 +221,15 @@ class RuntimeSwitcher:
         switch or failover changes it between the check and the swap.  A failover or
         another switch since replaces that engine, and the rule with it."""
         slot = self._slots[model]
-        if slot.state != "serving" or slot.handle is None:
-            raise ProtocolError(
-                Code.FAILED_PRECONDITION, f"model {model!r} is {slot.state}; not switched"
-            )
+        # Claimed first: a failover in progress (the model ``loading``) is then
+        # ``ModelClaimedError``, which the rebuilder retries once it is released.
         self._claim_or_refuse(model)
         switch = _Switch(lambda reply: None)
         try:
+            if slot.state != "serving" or slot.handle is None:
+                raise ProtocolError(
+                    Code.FAILED_PRECONDITION, f"model {model!r} is {slot.state}; not switched"
+                )
             chosen = slot.handle
             if chosen is not None and chosen is self._chosen.get(model):
                 raise OperatorsChoiceError(
@@ -240,6 +258,16 @@ class RuntimeSwitcher:
     def unclaim(self, model: str) -> None:
         with self._lock:
             self._in_progress.discard(model)
+        for watcher in self._watchers:
+            watcher.released(model)
+
+    def claimed(self, model: str) -> bool:
+        with self._lock:
+            return model in self._in_progress
+
+    def watch(self, watcher: SwitchWatcher) -> None:
+        """Tell ``watcher`` of every release and operator's choice from now on."""
+        self._watchers.append(watcher)
 
     def _take_from_rate(self, model: str, peer: Peer) -> None:
         """Take one of ``peer``'s switches, or RESOURCE_EXHAUSTED saying when to retry
@@ -265,7 +293,7 @@ class RuntimeSwitcher:
 
     def _claim_or_refuse(self, model: str) -> None:
         if not self.claim(model):
-            raise ProtocolError(
+            raise ModelClaimedError(
                 Code.FAILED_PRECONDITION, f"a switch of model {model!r} is already in progress"
             )
 
@@ -276,6 +304,8 @@ class RuntimeSwitcher:
             reply = self._switch(slot, label, requested_by, peer, switch)
             if slot.handle is not None:  # still claimed: the engine this switch made serve
                 self._chosen[slot.name] = slot.handle
+                for watcher in self._watchers:
+                    watcher.operator_chose(slot.name)
             switch.answer(reply)
         except ProtocolError as exc:
             switch.answer(exc)

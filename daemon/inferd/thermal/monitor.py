@@ -7,7 +7,8 @@ flight data recorder and publishes a ``thermal`` event at every poll.  Sinks
 are plain callables; a failing sink is logged and never stops the thread.
 Each read, and each open of a source, runs on a helper thread with a deadline
 (``bounded_read``, ``opening``): a hung sensor or a hung ``jtop.start()`` is
-lost telemetry, never a hung monitor.  So is a reading with a NaN,
+lost telemetry, never a hung monitor, and the sources after one whose open
+hangs are tried meanwhile (``fallthrough``).  So is a reading with a NaN,
 infinite, offline (below -100 C) or non-numeric temperature: a broken source
 is never published as a fresh reading.
 """
@@ -25,7 +26,8 @@ import structlog
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
 from inferd.thermal.bounded_read import READ_THREAD_NAME, BoundedCall
-from inferd.thermal.opening import BoundedOpen, Opener
+from inferd.thermal.fallthrough import SourceOpens
+from inferd.thermal.opening import Opener
 from inferd.thermal.reading import (
     GpuUsage,
     ThermalReading,
@@ -74,8 +76,9 @@ class ThermalMonitor:
 
     ``clock`` stamps ``measured_at_ns`` and drives the log rate limits, the
     re-probe interval and snapshot staleness (default ``time.monotonic_ns``).
-    ``opener`` chooses the source (default: ``open_source``, config order); it
-    runs on ``inferd-thermal-open`` with the read's deadline (``opening``).
+    ``opener`` chooses the source (default: each source of ``config.sources``
+    in order, past one whose open hangs); opens run on ``inferd-thermal-open``
+    with the read's deadline (``opening``, ``fallthrough``).
     ``_poll_once`` runs one poll synchronously; do not call it while the
     thread runs.
     """
@@ -107,7 +110,7 @@ class ThermalMonitor:
         self._reader: BoundedCall[ThermalReading] = BoundedCall(
             stale_after_s, what="read", thread_name=READ_THREAD_NAME
         )
-        self._opening = BoundedOpen(config, opener, stale_after_s)
+        self._opening = SourceOpens(config, opener, stale_after_s)
         self._tracker = ThrottleTracker(config.throttle_enter_c, config.hysteresis_c)
         self._log = structlog.get_logger("inferd.thermal")
         self._unavailable_warn = _RateLimit(int(warn_interval_s * _NS_PER_S))
@@ -115,7 +118,6 @@ class ThermalMonitor:
         self._crash_log = _RateLimit(int(warn_interval_s * _NS_PER_S))
 
         self._source: ThermalSource | None = None
-        self._skipped: tuple[tuple[str, str], ...] = ()
         self._last_probe_ns: int | None = None
         self._failing_since_ns: int | None = None
         self._warned_unavailable = False
@@ -170,7 +172,8 @@ class ThermalMonitor:
         """Stop polling, join the thread and close the source.  False if the
         thread, or a read or an open that missed its deadline, did not finish
         within ``timeout`` (a source being read is then left open: the read may
-        still use it; one being opened is closed when its open returns)."""
+        still use it; one being opened is closed when its open returns; the
+        source in use while another one's open hangs is closed)."""
         self._stop.set()
         give_up_at = time.monotonic() + timeout
         thread = self._thread
@@ -178,21 +181,22 @@ class ThermalMonitor:
             thread = None  # stopped from a sink: the loop ends after this poll
         if thread is not None:
             thread.join(timeout)
-        if (
-            (thread is not None and thread.is_alive())
-            or not self._reader.join(give_up_at - time.monotonic())
-            or not self._opening.join(give_up_at - time.monotonic())
-        ):
-            self._opening.abandon()  # even one the thread is still waiting for
+        reading = (thread is not None and thread.is_alive()) or not self._reader.join(
+            give_up_at - time.monotonic()
+        )
+        opening = not self._opening.join(give_up_at - time.monotonic())
+        # Even one the thread still waits for; one that ended late, never used: closed.
+        self._opening.abandon()
+        if reading or opening:
             self._log.error("thermal_monitor_stop_timeout", timeout_s=timeout)
+        if reading:
             return False
         self._thread = None
-        self._opening.abandon()  # an open that ended late and was never used: closed
         self._close_source()
         self._last_probe_ns = None  # a later start() probes at once
         self._failing_since_ns = None
         self._state = ThermalState.unavailable(self._clock())
-        return True
+        return not opening
 
     # -- the thread ---------------------------------------------------------------
 
@@ -277,12 +281,8 @@ class ThermalMonitor:
             # source under the read that still uses it.
             return None, f"{self.source_name}: a read has not returned for {hung_for:.1f} s"
         source = self._ensure_source(now)
-        if source is None:
-            pending = self._opening.pending()
-            if pending is not None:  # no second open starts while this one hangs
-                return None, pending
-            reasons = "; ".join(f"{name}: {reason}" for name, reason in self._skipped)
-            return None, f"no thermal source available ({reasons or 'none configured'})"
+        if source is None:  # names the opens that hang, else why each source failed
+            return None, self._opening.why_none()
         try:
             reading = self._reader.call(source.read, source.name)
         except TelemetryUnavailableError as exc:
@@ -300,10 +300,10 @@ class ThermalMonitor:
 
     def _ensure_source(self, now: int) -> ThermalSource | None:
         late = self._opening.take_late()
-        if late is not None:  # an open that missed its deadline has finished: used
-            self._selected(late)
-        elif self._opening.pending() is not None:
-            return None
+        if late is not None:  # a late open preferred to the source in use (or to none)
+            replaces = self.source_name
+            self._close_source()
+            self._selected(late, replaces=replaces)
         if self._source is not None:
             failing = self._failing_since_ns
             if failing is None or now - failing < self._reprobe_ns:
@@ -316,21 +316,30 @@ class ThermalMonitor:
                 failing_for_s=(now - failing) / _NS_PER_S,
             )
             self._close_source()
-        elif self._last_probe_ns is not None and now - self._last_probe_ns < self._reprobe_ns:
+        elif (
+            not self._opening.selecting()  # else a round goes on past an open that hangs
+            and self._last_probe_ns is not None
+            and now - self._last_probe_ns < self._reprobe_ns
+        ):
             return None
-        self._last_probe_ns = now
+        if not self._opening.selecting():
+            self._last_probe_ns = now
         selection = self._opening.open()
-        if selection is not None:  # else it missed its deadline: see _read
+        if selection is not None:  # else an open missed its deadline: see _read
             self._selected(selection)
         return self._source
 
-    def _selected(self, selection: SourceSelection) -> None:
+    def _selected(self, selection: SourceSelection, replaces: str | None = None) -> None:
         self._source = selection.source
-        self._skipped = selection.skipped
         self._failing_since_ns = None
         skipped = dict(selection.skipped)
         if selection.source is not None:
-            self._log.info("thermal_source_selected", source=selection.source.name, skipped=skipped)
+            self._log.info(
+                "thermal_source_selected",
+                source=selection.source.name,
+                skipped=skipped,
+                replaces=replaces,
+            )
         else:
             self._log.info("thermal_no_source", skipped=skipped)
 
@@ -418,5 +427,5 @@ class ThermalMonitor:
             "last_error": self._last_error,
             "transitions": self._transitions,
             "sink_errors": self._sink_errors,
-            "skipped_sources": dict(self._skipped),
+            "skipped_sources": self._opening.skipped(),
         }

@@ -52,43 +52,45 @@ class SourceSelection:
     skipped: tuple[tuple[str, str], ...] = ()
 
 
-def open_source(
-    config: ThermalConfig,
-    openers: dict[str, SourceOpener] | None = None,
-    *,
-    trying: Callable[[str], None] | None = None,
+def try_source(
+    config: ThermalConfig, name: str, openers: dict[str, SourceOpener] | None = None
 ) -> SourceSelection:
-    """Try ``config.sources`` in order: open, then probe with one read.
+    """Open the source ``name`` and probe it with one read: the source, or
+    (in ``skipped``) why it cannot be used.  Never raises.
 
     Any failure (library missing, service down, NVML init error, no matching
-    zone, a first read that fails) means "try the next source".  Never raises.
-    ``trying`` is told each source's name before it is opened (the monitor
-    names the one whose open hangs).
-    """
-    openers = OPENERS if openers is None else openers
+    zone, a first read that fails or that the monitor would refuse) means
+    "try the next source".  The monitor runs it on ``inferd-thermal-open``,
+    one source at a time (``opening``)."""
+    opener = (OPENERS if openers is None else openers)[name]
+    try:
+        source = opener(config)
+    except TelemetryUnavailableError as exc:
+        return SourceSelection(None, ((name, str(exc)),))
+    except Exception as exc:
+        log.warning("thermal_source_open_crashed", source=name, exc_info=True)
+        return SourceSelection(None, ((name, f"{type(exc).__name__}: {exc}"),))
+    try:
+        problem = implausible(source.read())
+    except Exception as exc:
+        source.close()
+        reason = str(exc) if isinstance(exc, TelemetryUnavailableError) else repr(exc)
+        return SourceSelection(None, ((name, f"probe read failed: {reason}"),))
+    if problem is not None:  # the monitor would refuse every read of it
+        source.close()
+        return SourceSelection(None, ((name, f"probe read failed: {problem}"),))
+    return SourceSelection(source)
+
+
+def open_source(
+    config: ThermalConfig, openers: dict[str, SourceOpener] | None = None
+) -> SourceSelection:
+    """Try ``config.sources`` in order (``try_source``): the first that opens
+    and probes well, and why each before it was skipped.  Never raises."""
     skipped: list[tuple[str, str]] = []
     for name in config.sources:
-        if trying is not None:
-            trying(name)
-        try:
-            source = openers[name](config)
-        except TelemetryUnavailableError as exc:
-            skipped.append((name, str(exc)))
-            continue
-        except Exception as exc:
-            log.warning("thermal_source_open_crashed", source=name, exc_info=True)
-            skipped.append((name, f"{type(exc).__name__}: {exc}"))
-            continue
-        try:
-            problem = implausible(source.read())
-        except Exception as exc:
-            source.close()
-            reason = str(exc) if isinstance(exc, TelemetryUnavailableError) else repr(exc)
-            skipped.append((name, f"probe read failed: {reason}"))
-            continue
-        if problem is not None:  # the monitor would refuse every read of it
-            source.close()
-            skipped.append((name, f"probe read failed: {problem}"))
-            continue
-        return SourceSelection(source, tuple(skipped))
+        chosen = try_source(config, name, openers)
+        if chosen.source is not None:
+            return SourceSelection(chosen.source, tuple(skipped))
+        skipped.extend(chosen.skipped)
     return SourceSelection(None, tuple(skipped))

@@ -73,11 +73,22 @@ def test_a_refusal_waits_for_a_reply_the_garbage_collector_has_yet_to_release(
     assert budget.in_flight_bytes == 25 * MIB
 
 
+class Clock:
+    """``ReplyBudget.clock``: the time a test says it is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_a_peer_that_does_not_read_waits_out_one_grace_per_episode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", 0.001)
     budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=100 * MIB)
+    budget.clock = clock = Clock()
     signal = WatchedWait()
     budget._released = signal
     held = send(budget, b"slow", 8 * MIB)
@@ -86,8 +97,78 @@ def test_a_peer_that_does_not_read_waits_out_one_grace_per_episode(
     del held  # it read after all: its next reply goes, and a later refusal waits again
     held = send(budget, b"slow", 8 * MIB)
     assert held is not None
+    clock.now += reply_budget.GRACE_HOLDOFF_S  # once the last grace that ran out is that old
     assert send(budget, b"slow", 8 * MIB) is None and signal.waits == 2
     assert budget.dropped == 3
+
+
+def test_a_peer_that_reads_slowly_costs_one_grace_per_holdoff_not_one_per_reply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each reply it takes ends its dropping episode, so without the holdoff each
+    refusal after one cost the sender a grace (DESIGN.md 251); a grace that ends
+    on a release is no reason to hold off."""
+    monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", 0.001)
+    budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=100 * MIB)
+    budget.clock = clock = Clock()
+    signal = WatchedWait()
+    budget._released = signal
+    held = send(budget, b"slow", 8 * MIB)
+
+    def refused_then_read() -> None:
+        nonlocal held
+        assert send(budget, b"slow", 8 * MIB) is None
+        del held
+        held = send(budget, b"slow", 8 * MIB)  # it took one reply: the next goes
+        assert held is not None
+        clock.now += 0.1
+
+    for _ in range(5):
+        refused_then_read()
+    # The first grace that ran out, and the second (within the holdoff) start it.
+    assert budget.dropped == 5 and signal.waits == 2
+    clock.now += reply_budget.GRACE_HOLDOFF_S
+    for _ in range(5):
+        refused_then_read()
+    assert budget.dropped == 10 and signal.waits == 4
+    # Another peer's refusals are not held off by this one's.
+    other = send(budget, b"other", 8 * MIB)
+    assert send(budget, b"other", 8 * MIB) is None and signal.waits == 5
+    del other
+
+
+def test_a_reading_peer_whose_grace_ran_out_once_keeps_its_graces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Releases that lagged past one grace (a loaded machine) are not a slow reader:
+    its next refusal, a second later, still waits."""
+    monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", 0.001)
+    budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=100 * MIB)
+    budget.clock = clock = Clock()
+    signal = WatchedWait()
+    budget._released = signal
+    for waits in (1, 2, 3):
+        held = send(budget, b"p", 8 * MIB)
+        assert send(budget, b"p", 8 * MIB) is None and signal.waits == waits
+        del held
+        clock.now += reply_budget.GRACE_HOLDOFF_S
+
+
+def test_a_grace_that_ends_on_a_release_holds_nothing_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", HANG_S)  # only the release ends it
+    budget = ReplyBudget(per_peer_bytes=32 * MIB, total_bytes=100 * MIB)
+    budget.clock = Clock()  # frozen: a holdoff, once set, would last the whole test
+    for _ in range(3):
+        held = [send(budget, b"p", 25 * MIB)]
+        collector = threading.Thread(target=held.clear)
+        signal = WatchedWait(on_wait=lambda c=collector: c.is_alive() or c.start())
+        budget._released = signal
+        assert send(budget, b"p", 25 * MIB) is not None and signal.waits >= 1
+        collector.join(HANG_S)
+        budget.collect()
+    assert budget.dropped == 0
 
 
 @pytest.mark.parametrize("envelope", [[b"peer"], [b"peer", b""]], ids=["dealer", "req"])

@@ -149,9 +149,8 @@ def test_a_config_error_found_only_at_start_exits_2_as_invalid_config() -> None:
             timeout=60,
             check=False,
         )
-        assert "inferd: invalid config: security.operators[0]: no client key 'ghost'" in (
-            result.stderr
-        )
+        invalid = f"inferd: invalid config {config}: security.operators[0]: no client key 'ghost'"
+        assert invalid in result.stderr
         assert result.returncode == 2, result.stderr[-500:]
     finally:
         shutil.rmtree(base, ignore_errors=True)

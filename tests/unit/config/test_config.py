@@ -294,7 +294,7 @@ def test_a_key_without_a_default_value_is_kept_whatever_it_holds(tmp_path: Path)
             "alerts.hooks includes 'fdr' but fdr.enabled is false",
         ),
         ("[alerts]\nhooks = ['pager']\n", "alerts.hooks: 'pager' is not one of"),
-        ("[alerts]\nrate_limit_s = -1\n", "alerts.rate_limit_s must be zero or positive"),
+        ("[alerts]\nrate_limit_s = -1\n", "alerts.rate_limit_s must be 1.0..3600.0 s"),
         ("[alerts]\nmavlink_endpoint = '10.0.0.1'\n", "pymavlink connection string"),
         ("[alerts]\nmavlink_source_system = 0\n", "mavlink_source_system must be 1..255"),
         ("[thermal]\nsources = ['tegrastats']\n", "thermal.sources: 'tegrastats' is not one of"),

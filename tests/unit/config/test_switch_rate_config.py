@@ -26,8 +26,11 @@ def test_the_switch_rate_has_defaults_and_is_set_in_runtime(tmp_path: Path) -> N
         ("switch_burst = 0", r"runtime\.switch_burst must be 1\.\.1000, got 0"),
         ("switch_burst = 1001", r"runtime\.switch_burst must be 1\.\.1000, got 1001"),
         ("switch_burst = 2.0", r"runtime\.switch_burst must be int, got float"),
-        ("switch_refill_s = 0", r"runtime\.switch_refill_s must be in \(0, 86400\], got 0"),
-        ("switch_refill_s = 86400.5", r"runtime\.switch_refill_s must be in \(0, 86400\]"),
+        (
+            "switch_refill_s = 0",
+            r"runtime\.switch_refill_s must be in \[0\.1, 86400\] seconds, got 0",
+        ),
+        ("switch_refill_s = 86400.5", r"runtime\.switch_refill_s must be in \[0\.1, 86400\]"),
         ("switch_refill_s = nan", r"runtime\.switch_refill_s must be a finite number"),
     ],
 )
@@ -40,7 +43,7 @@ def test_a_rate_that_bounds_nothing_is_refused_naming_the_key(
 
 @pytest.mark.parametrize("refill_s", [float("nan"), float("inf"), -1.0])
 def test_the_dataclass_refuses_what_the_loader_does(refill_s: float) -> None:
-    with pytest.raises(ConfigError, match=r"runtime\.switch_refill_s must be in \(0, 86400\]"):
+    with pytest.raises(ConfigError, match=r"runtime\.switch_refill_s must be in \[0\.1, 86400\]"):
         config.RuntimeConfig(switch_refill_s=refill_s)
-    with pytest.raises(ConfigError, match=r"builds\.start_refill_s must be in \(0, 86400\]"):
+    with pytest.raises(ConfigError, match=r"builds\.start_refill_s must be in \[0\.1, 86400\]"):
         config.BuildsConfig(start_refill_s=refill_s)  # the same check, its own key

@@ -15,6 +15,7 @@ import structlog
 from inferd.engines.quarantine import QUARANTINE_DIR
 from inferd.serving.failover import ALERT_CODE
 from inferd.serving.rebuild import FallbackRebuilder
+from inferd.serving.switching import RuntimeSwitcher
 from inferd.types import Alert
 from inferd_wire.protocol import Code, ProtocolError
 from tests.conftest import HANG_S, wait_until
@@ -37,6 +38,7 @@ def make_rebuilder(
     *,
     start_build: Callable[[dict[str, Any]], dict[str, Any]] = lambda _request: {"build_id": "b1"},
     switch: Callable[..., dict[str, Any]] = lambda *_args: {},
+    switcher: RuntimeSwitcher | None = None,
     backoff_s: float = 0.0,
     max_attempts: int = 3,
 ) -> FallbackRebuilder:
@@ -44,6 +46,7 @@ def make_rebuilder(
     return FallbackRebuilder(
         start_build=start_build,
         switch=switch,
+        switcher=switcher,
         alert=alerts.append,
         can_build=lambda: True,
         backoff_s=backoff_s,
@@ -53,7 +56,7 @@ def make_rebuilder(
 
 def rebuilder_of(rig: SwitchRig, alerts: list[Alert]) -> FallbackRebuilder:  # noqa: F811
     """The daemon's wiring: the rebuilder adopts through the real switcher."""
-    return make_rebuilder(alerts, switch=rig.switcher.switch_now)
+    return make_rebuilder(alerts, switch=rig.switcher.switch_now, switcher=rig.switcher)
 
 
 def test_an_adoption_under_way_when_the_daemon_stops_raises_no_alert(
@@ -95,20 +98,20 @@ def test_a_rebuild_refused_for_another_reason_is_still_retried(
     rig: SwitchRig,  # noqa: F811
 ) -> None:
     """The fix leaves the rest alone: an adoption refused while the daemon runs
-    (here: an operator's switch of the model in progress) is a failed build,
-    retried after the backoff, with its WARNING alert."""
+    (here: the model failed meanwhile) is a failed build, retried after the
+    backoff, with its WARNING alert.  (A switch or failover in progress is not a
+    failed build: ``test_review_rebuild_adoption.py``.)"""
     alerts: list[Alert] = []
     rebuilder = rebuilder_of(rig, alerts)
     rebuilder.on_fallback("m", "engine missing")
-    assert rig.switcher.claim("m")  # an operator's switch holds the model
+    rig.slot.state = "failed"  # what ``ModelSlot.drop`` leaves
     try:
         rebuilder.on_build_finished(Finished("b1", "m"))
     finally:
         rebuilder.stop()
-        rig.switcher.unclaim("m")
     (raised,) = alerts
     assert (raised.level, raised.code) == ("WARNING", "engine_build_failed")
-    assert "already in progress" in raised.message
+    assert "is failed; not switched" in raised.message
 
 
 def test_a_background_build_cancelled_by_the_daemons_stop_raises_no_alert() -> None:

@@ -89,6 +89,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     rebuilder = FallbackRebuilder(
         start_build=start_build,
         switch=switcher.switch_now,
+        switcher=switcher,
         alert=alerts.append,
         can_build=lambda: True,
         backoff_s=0.0,
