@@ -107,9 +107,10 @@ class InferenceClient:
     Outputs the daemon writes into registered shared-memory regions are no
     frames and are not bounded by it.  Each infer request tells the daemon the
     bound, and the daemon answers a reply that would not fit with
-    ``RESOURCE_EXHAUSTED`` (a ``RemoteError``; the request ran once, whatever
-    ``retries`` says).  A longer frame that comes all the same (a daemon older
-    than the field) is refused by libzmq as its length arrives
+    ``RESOURCE_EXHAUSTED`` (a ``RemoteError``; the request ran at most once,
+    whatever ``retries`` says: not at all when the output's shape is static).
+    A longer frame that comes all the same (a daemon older than the field) is
+    refused by libzmq as its length arrives
     (``ZMQ_MAXMSGSIZE``), without taking it into memory; the call waiting for
     that reply raises ``ConnectionLost`` at once (after its ``retries``), and
     the client connects again for the next call.  None (the default): no

@@ -71,3 +71,31 @@ def test_outputs_written_into_regions_are_not_bounded_by_it(
         result = client.infer("identity", {"input": source}, outputs={"output": target})
         assert result["output"] is target and np.array_equal(target, source)
         assert target.nbytes > _BOUND
+
+
+def test_a_static_output_over_the_bound_is_refused_before_the_run(
+    daemon_factory: DaemonFactory,
+) -> None:
+    """The demo's output has no dynamic dimension: its 802,816 bytes are known at
+    admission, so the request is refused there, not run for a reply it cannot take."""
+    daemon = daemon_factory()
+    image = np.zeros((1, 3, 224, 224), np.float32)
+    with InferenceClient(daemon.infer, timeout=10, max_reply_frame_bytes=100_000) as client:
+        with pytest.raises(RemoteError) as refused:
+            client.infer("demo", {"image": image})
+        assert refused.value.code == "RESOURCE_EXHAUSTED"
+        assert refused.value.message == (
+            "output 'descriptors' is 802816 bytes, over this request's "
+            "max_reply_frame_bytes = 100000; the request was not run"
+        )
+        region = client.shared_region(4 << 20)
+        source, target = (
+            region.array(image.shape, np.float32),
+            region.array((1, 256, 28, 28), np.float32),
+        )
+        source[...] = image
+        # Placed in a region, the same output is no frame: served.
+        assert (
+            client.infer("demo", {"image": source}, outputs={"descriptors": target})["descriptors"]
+            is target
+        )

@@ -349,9 +349,10 @@ TEST(errors_a_request_alone_provokes) {
 }
 
 // The client's bound on a reply frame travels in each request (DESIGN.md 248): the
-// daemon answers a reply that would not fit RESOURCE_EXHAUSTED after one run,
-// whatever the retries, and the connection stays up.
-TEST(a_reply_over_the_clients_frame_bound_is_refused_by_the_daemon_after_one_run) {
+// daemon answers a reply that would not fit RESOURCE_EXHAUSTED, whatever the
+// retries (the demo's output shape is static: refused before it runs), and the
+// connection stays up.
+TEST(a_reply_over_the_clients_frame_bound_is_refused_by_the_daemon_once) {
     ClientOptions options = infer_options();
     options.max_reply_frame_bytes = 100000;  // the demo's output is 802,816 bytes
     options.retries = 2;
@@ -367,7 +368,7 @@ TEST(a_reply_over_the_clients_frame_bound_is_refused_by_the_daemon_after_one_run
                  error.code() == ErrorCode::ResourceExhausted &&
                      error.message() ==
                          "output 'descriptors' is 802816 bytes, over this request's "
-                         "max_reply_frame_bytes = 100000; nothing was sent");
+                         "max_reply_frame_bytes = 100000; the request was not run");
     CHECK_EQ(runs() - before, std::uint64_t{1});
     CHECK_EQ(client.connections_lost(), std::uint64_t{0});
     // Outputs written into a region are no frames: not bounded by it.

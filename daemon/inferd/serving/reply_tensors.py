@@ -4,12 +4,16 @@ whether a reply's frames fit the bound its request set."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from inferd.serving.scheduler import Job
+from inferd.shm.leases import RequestRegions
+from inferd.types import TensorSpec
 from inferd_wire import protocol
+from inferd_wire.protocol import Code, ProtocolError
 
 
 def reply_tensors(
@@ -52,3 +56,24 @@ def oversized_frame(
         if frame.nbytes > bound:
             return f"output {descriptor['name']!r} is {frame.nbytes} bytes"
     return None
+
+
+def refuse_unfit_outputs(
+    outputs: tuple[TensorSpec, ...], regions: RequestRegions | None, bound: int
+) -> None:
+    """RESOURCE_EXHAUSTED, before the request runs, when an output it gets back as a
+    frame has a static shape (no dynamic dimension) whose bytes exceed ``bound``:
+    the run could only end in ``oversized_frame``'s refusal.  Outputs placed in
+    regions have no frame; a dynamic one is judged after the run."""
+    placed = {placement.name for placement in regions.outputs} if regions is not None else ()
+    for spec in outputs:
+        if spec.name in placed or any(dim is None for dim in spec.shape):
+            continue
+        nbytes = math.prod(dim for dim in spec.shape if dim is not None)
+        nbytes *= np.dtype(spec.dtype).itemsize
+        if nbytes > bound:
+            raise ProtocolError(
+                Code.RESOURCE_EXHAUSTED,
+                f"output {spec.name!r} is {nbytes} bytes, over this request's "
+                f"max_reply_frame_bytes = {bound}; the request was not run",
+            )

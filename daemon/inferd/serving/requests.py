@@ -39,6 +39,7 @@ from inferd.bus.repeats import splits_at_id
 from inferd.bus.request_options import deadline_ms_of, reply_frame_bound_of
 from inferd.bus.zap import peer_of
 from inferd.serving.prepared import PreparedRequest, PreparedRequests
+from inferd.serving.reply_tensors import refuse_unfit_outputs
 from inferd.serving.scheduler import (
     Job,
     QueueBytesFullError,
@@ -261,6 +262,8 @@ class RequestRouter:
             raise ProtocolError(Code.UNAVAILABLE, unavailable_message(slot.name, state))
         deadline_ms = deadline_ms_of(request.header, slot.config.default_deadline_ms)
         reply_frame_bound = reply_frame_bound_of(request.header)
+        if reply_frame_bound is not None and handle is not None and state == "serving":
+            refuse_unfit_outputs(handle.outputs, regions, reply_frame_bound)
         nbytes = self._queued_bytes(request, slot)
         # Prepared before it is queued: from then on the worker may run it and
         # release its regions at any moment.

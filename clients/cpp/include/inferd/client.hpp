@@ -53,7 +53,7 @@ struct ClientOptions {
     // sent as a frame; an output written into a registered region is not a
     // frame). Each infer request tells the daemon the bound, and the daemon
     // answers a reply that would not fit with RESOURCE_EXHAUSTED (RemoteError;
-    // the request ran once, whatever the retries). A longer frame that comes all
+    // the request ran at most once, whatever the retries). A longer frame that comes all
     // the same (a daemon older than the field) ends the connection unread: the
     // call throws ConnectionLost and the next one connects anew. Unset: no bound. 1..2^63-34,
     // std::invalid_argument otherwise (and from OperatorClient, whose replies are
