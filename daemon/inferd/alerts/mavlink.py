@@ -103,8 +103,9 @@ class MavlinkAlertHook:
     name is resolved on a thread of its own, ``UdpOut``, and a send the kernel
     refuses raises).  On a
     ``udpin:`` (``udp:``) endpoint the hook answers the peers it heard from last
-    (``UdpPeers``), reading pending datagrams before each send to learn them; an
-    alert with nobody to answer fails.  A ``tcp:``
+    (``UdpPeers``), reading its socket on a thread of its own as datagrams arrive
+    (and once more before each send) to learn them; an alert with nobody to
+    answer fails.  A ``tcp:``
     endpoint is a ``TcpLink``: connected in the background (the daemon never
     waits for its ground station) and every frame it cannot send raises, so
     the dispatcher counts the alert as a failure rather than as sent.
@@ -167,6 +168,11 @@ class MavlinkAlertHook:
         file: Any = connection
         if getattr(connection, "udp_server", False):
             file = self._peers = UdpPeers(connection.port, endpoint)
+            try:
+                self._peers.listen()
+            except Exception as exc:  # the reading thread cannot start
+                connection.close()
+                raise AlertHookUnavailableError(self.name, f"{endpoint!r}: {exc}") from None
         elif isinstance(getattr(connection, "destination_addr", None), tuple) and not getattr(
             connection, "broadcast", False
         ):
@@ -213,6 +219,8 @@ class MavlinkAlertHook:
             self._closed = True
             if self._out is not None:
                 self._out.close()
+            if self._peers is not None:  # its reading thread ends before the socket closes
+                self._peers.close()
             self._connection.close()
 
     def _next_id(self) -> int:

@@ -20,12 +20,18 @@ the thread that raised it.  Before it heard anyone it sends to nobody and says
 nothing, so the dispatcher counted those alerts sent.  ``UdpPeers`` is the
 hook's encoder file instead: it remembers the ``MAX_UDP_PEERS`` addresses heard
 from last and raises ``ConnectionError`` when it has nobody to send to
-(DESIGN.md 168).
+(DESIGN.md 168).  It reads the socket on a thread of its own
+(``inferd-mavlink-peers``, started by ``listen``) as datagrams arrive: read only
+when an alert was raised, a station's heartbeats piled up between alerts (the
+oldest read first, the newest dropped by the kernel once the buffer was full),
+so a station back on a new port was not answered.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import select
 import socket
 import threading
 from collections.abc import Callable
@@ -35,6 +41,9 @@ import structlog
 log = structlog.get_logger("inferd.alerts.mavlink")
 
 RESOLVE_THREAD_NAME = "inferd-mavlink-resolve"
+PEERS_THREAD_NAME = "inferd-mavlink-peers"
+#: Longest wait for the reading thread to end in ``UdpPeers.close`` (it is woken).
+PEERS_JOIN_S = 1.0
 #: Pause between tries while the ground station's name does not resolve.
 RETRY_INTERVAL_S = 5.0
 #: Pause before resolving a name again once it resolved: how long a ground
@@ -49,40 +58,82 @@ _READ_SIZE = 2048
 
 class UdpPeers:
     """``write`` (the encoder's, once per frame) sends to the newest peers heard
-    on ``sock``; ``learn`` reads what they sent.  Not thread-safe: the hook's
-    lock serialises both.  ``sock`` stays pymavlink's, closed with it."""
+    on ``sock``; ``learn`` reads what they sent.  ``listen`` starts a thread
+    that calls ``learn`` whenever something arrives, so nothing waits in the
+    socket between alerts; ``close`` ends it and must come before ``sock`` is
+    closed (its descriptor could be reused).  Thread-safe.  ``sock`` stays
+    pymavlink's, closed with it."""
 
     def __init__(self, sock: socket.socket, endpoint: str) -> None:
         self._sock = sock
         self._endpoint = endpoint
+        self._lock = threading.Lock()
+        #: One reader at a time (the thread, an alert): peers go in in the order read.
+        self._reading = threading.Lock()
         #: Insertion order is the order heard: the newest last.
         self._peers: dict[tuple[str, int], None] = {}
+        self._closed = threading.Event()
+        self._listener: threading.Thread | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
 
     @property
     def addresses(self) -> tuple[tuple[str, int], ...]:
-        return tuple(self._peers)
+        with self._lock:
+            return tuple(self._peers)
+
+    def listen(self) -> None:
+        """Start reading in the background; raises if the thread cannot start."""
+        wake = socket.socketpair()
+        listener = threading.Thread(
+            target=self._listen, args=(wake[0],), name=PEERS_THREAD_NAME, daemon=True
+        )
+        self._wake, self._listener = wake, listener
+        try:
+            listener.start()
+        except BaseException:
+            self._wake = self._listener = None
+            for end in wake:
+                end.close()
+            raise
+
+    def close(self) -> None:
+        """End the reading thread (at once: it is woken), before ``sock`` closes."""
+        self._closed.set()
+        if self._wake is None or self._listener is None:
+            return
+        with contextlib.suppress(OSError):  # the pair's buffer is full: it is awake anyway
+            self._wake[1].send(b"\0")
+        self._listener.join(PEERS_JOIN_S)
+        if self._listener.is_alive():  # never seen (it only polls and reads): keep the
+            return  # wake socket open, so no descriptor it polls is reused under it
+        for end in self._wake:
+            end.close()
 
     def learn(self) -> None:
-        for _ in range(MAX_PEER_READS):
-            try:
-                _data, address = self._sock.recvfrom(_READ_SIZE)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # an ICMP error left by an earlier send: read on
-                continue
-            self._peers.pop(address, None)
-            self._peers[address] = None
-            while len(self._peers) > MAX_UDP_PEERS:
-                del self._peers[next(iter(self._peers))]
+        """Read up to ``MAX_PEER_READS`` pending datagrams, learning who sent them."""
+        with self._reading:
+            for _ in range(MAX_PEER_READS):
+                try:
+                    _data, address = self._sock.recvfrom(_READ_SIZE)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:  # an ICMP error left by an earlier send: read on
+                    continue
+                with self._lock:
+                    self._peers.pop(address, None)
+                    self._peers[address] = None
+                    while len(self._peers) > MAX_UDP_PEERS:
+                        del self._peers[next(iter(self._peers))]
 
     def write(self, data: bytes) -> None:
-        if not self._peers:
+        peers = self.addresses
+        if not peers:
             raise ConnectionError(
                 f"no ground station has sent anything to {self._endpoint} yet: nobody to answer"
             )
         error: OSError | None = None
         sent = False
-        for address in self._peers:
+        for address in peers:
             try:
                 self._sock.sendto(data, address)
                 sent = True
@@ -90,6 +141,22 @@ class UdpPeers:
                 error = exc
         if not sent and error is not None:
             raise error
+
+    def _listen(self, wake: socket.socket) -> None:
+        poller = select.poll()  # not select(): the daemon's descriptors may pass 1024
+        poller.register(self._sock, select.POLLIN)
+        poller.register(wake, select.POLLIN)
+        try:
+            while not self._closed.is_set():
+                events = dict(poller.poll())
+                if self._closed.is_set() or self._sock.fileno() < 0:
+                    return
+                if events.get(self._sock.fileno(), 0) & select.POLLNVAL:
+                    return  # closed under it: a bug, but never a busy loop
+                if self._sock.fileno() in events:
+                    self.learn()
+        except Exception:  # never seen; the hook still learns before each alert
+            log.exception("mavlink_udpin_reader_failed", endpoint=self._endpoint)
 
 
 class UdpOut:
