@@ -183,13 +183,25 @@ class BoundedCall(Generic[T]):
         with self._lock:
             self._abandoned = False
 
-    def join(self, timeout: float) -> bool:
+    def join(self, timeout: float, *, running: bool = True) -> bool:
         """Wait up to ``timeout`` for the latest call's thread to end (one that
         returned on time may still be exiting); False while the call, or the
-        ``discard`` of what it returned, still runs."""
+        ``discard`` of what it returned, still runs.  ``running`` False: no wait
+        for a call that has not returned (past its deadline, since the caller
+        waits for it until then): it cannot be interrupted, and once abandoned
+        it gives what it returns to ``discard`` on its own thread."""
         with self._lock:
             last = self._last
+            returned = last is None or last.finished
         if last is None:
             return True
-        last.thread.join(max(timeout, 0.0))
+        if running or returned:
+            last.thread.join(max(timeout, 0.0))
         return last.exited or not last.thread.is_alive()
+
+    def abandoned_running(self) -> bool:
+        """The caller moved on (``abandon``) while the latest call, or the
+        ``discard`` of what it returned, still runs on its thread."""
+        with self._lock:
+            last = self._last if self._abandoned else None
+        return last is not None and not last.exited and last.thread.is_alive()

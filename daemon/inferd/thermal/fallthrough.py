@@ -34,10 +34,10 @@ from inferd.thermal.selection import SourceSelection, try_source
 
 class SourceOpens:
     """The monitor's source selection; called from its thread only, except
-    ``abandon`` and ``join`` (``stop``) and ``resume`` (``start``, before the
-    thread).  ``opener`` None: each source of ``config.sources`` is opened on
-    its own (``try_source``); an injected opener chooses among them itself, as
-    one source named ``thermal source``."""
+    ``abandon``, ``join_returned`` and ``abandoned`` (``stop``) and ``resume``
+    (``start``, before the thread).  ``opener`` None: each source of
+    ``config.sources`` is opened on its own (``try_source``); an injected
+    opener chooses among them itself, as one source named ``thermal source``."""
 
     def __init__(self, config: ThermalConfig, opener: Opener | None, deadline_s: float) -> None:
         if opener is not None:
@@ -160,7 +160,15 @@ class SourceOpens:
         for bounded in self._opens:
             bounded.resume()
 
-    def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` in all for late opens; False if one still runs."""
+    def join_returned(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` in all for the threads of opens that have
+        returned (closing what they opened); none for opens still running past
+        their deadline.  False if a thread still runs."""
         give_up_at = time.monotonic() + timeout
-        return all([bounded.join(give_up_at - time.monotonic()) for bounded in self._opens])
+        return all(
+            [bounded.join_returned(give_up_at - time.monotonic()) for bounded in self._opens]
+        )
+
+    def abandoned(self) -> tuple[str, ...]:
+        """The sources whose open (or its closing) still runs since ``abandon``."""
+        return tuple(bounded.name for bounded in self._opens if bounded.abandoned_running())

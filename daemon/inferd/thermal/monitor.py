@@ -169,13 +169,15 @@ class ThermalMonitor:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop polling, join the thread and close the source.  False if the
-        thread, or a read or an open that missed its deadline, did not finish
-        within ``timeout`` (a source being read is then left open: the read may
-        still use it; one being opened is closed when its open returns; the
-        source in use while another one's open hangs is closed)."""
+        """Stop polling, join the thread and close the source.  False if a
+        thread is left: the poll or a read that did not end within ``timeout``
+        (a source being read is then left open: the read may still use it), or
+        an open past its deadline, not waited for since nothing can interrupt
+        it: it closes what it opens when it returns (``abandoned_opens``).  The
+        source in use is closed unless a read holds it."""
         self._stop.set()
-        give_up_at = time.monotonic() + timeout
+        started = time.monotonic()
+        give_up_at = started + timeout
         thread = self._thread
         if thread is threading.current_thread():
             thread = None  # stopped from a sink: the loop ends after this poll
@@ -184,11 +186,17 @@ class ThermalMonitor:
         reading = (thread is not None and thread.is_alive()) or not self._reader.join(
             give_up_at - time.monotonic()
         )
-        opening = not self._opening.join(give_up_at - time.monotonic())
         # Even one the thread still waits for; one that ended late, never used: closed.
         self._opening.abandon()
-        if reading or opening:
-            self._log.error("thermal_monitor_stop_timeout", timeout_s=timeout)
+        self._opening.join_returned(give_up_at - time.monotonic())  # those closing
+        abandoned = self._opening.abandoned()
+        if reading or abandoned:  # a hung open alone: known (skipped_sources), not waited for
+            (self._log.error if reading else self._log.warning)(
+                "thermal_monitor_stop_timeout",
+                timeout_s=timeout,
+                abandoned=list(abandoned),
+                waited_s=round(time.monotonic() - started, 3),
+            )
         if reading:
             return False
         self._thread = None
@@ -196,7 +204,12 @@ class ThermalMonitor:
         self._last_probe_ns = None  # a later start() probes at once
         self._failing_since_ns = None
         self._state = ThermalState.unavailable(self._clock())
-        return not opening
+        return not abandoned
+
+    @property
+    def abandoned_opens(self) -> tuple[str, ...]:
+        """The sources whose open ``stop`` left running (or closing what it opened)."""
+        return self._opening.abandoned()
 
     # -- the thread ---------------------------------------------------------------
 
