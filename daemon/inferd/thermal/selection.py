@@ -66,7 +66,7 @@ def try_source(
     try:
         source = opener(config)
     except TelemetryUnavailableError as exc:
-        return SourceSelection(None, ((name, str(exc)),))
+        return SourceSelection(None, ((name, _unprefixed(name, str(exc))),))
     except Exception as exc:
         log.warning("thermal_source_open_crashed", source=name, exc_info=True)
         return SourceSelection(None, ((name, f"{type(exc).__name__}: {exc}"),))
@@ -75,11 +75,18 @@ def try_source(
     except Exception as exc:
         source.close()
         reason = str(exc) if isinstance(exc, TelemetryUnavailableError) else repr(exc)
-        return SourceSelection(None, ((name, f"probe read failed: {reason}"),))
+        return SourceSelection(None, ((name, f"probe read failed: {_unprefixed(name, reason)}"),))
     if problem is not None:  # the monitor would refuse every read of it
         source.close()
         return SourceSelection(None, ((name, f"probe read failed: {problem}"),))
     return SourceSelection(source)
+
+
+def _unprefixed(name: str, reason: str) -> str:
+    """``reason`` without the ``"<name>: "`` its source's errors start with: every
+    reason is shown after its source's name ("jtop: jtop: ..." otherwise)."""
+    prefix = f"{name}: "
+    return reason[len(prefix) :] if reason.startswith(prefix) else reason
 
 
 def open_source(

@@ -50,6 +50,10 @@ def test_nothing_available_here(no_libraries: None, tmp_path: Path) -> None:
     chosen = open_source(ThermalConfig(sysfs_root=tmp_path))
     assert chosen.source is None
     assert [name for name, _ in chosen.skipped] == ["jtop", "nvml", "sysfs"]
+    # Shown as "jtop: <reason>": a reason does not repeat its source's name.
+    for name, reason in chosen.skipped:
+        assert not reason.startswith(f"{name}:"), reason
+    assert chosen.skipped[0][1].startswith("jetson-stats is not importable")
 
 
 def test_a_crashing_opener_is_skipped(tmp_path: Path) -> None:
