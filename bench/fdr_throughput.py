@@ -26,6 +26,12 @@ Under the table: the same disk without the recorder (pre-encoded frames, and
 encode-and-write on one thread), as the ceiling the writer could reach.
 
 Run from the repository root: ``.venv/bin/python bench/fdr_throughput.py [--json]``.
+
+``--rotation`` measures instead what one rotation costs against the number of
+segments the size cap keeps (``--kept``, default 1024,4096,32768; 1 KiB segments,
+one record each): the time in ``FlightRecorder._open_segment`` (the cap's
+deletions, then the new segment's create and syncs), ``record()`` to
+``wait_durable``, and ``start()`` (the one scan of the directory).
 """
 
 from __future__ import annotations
@@ -328,6 +334,148 @@ def disk_reference(directory: Path, records: int, sync_samples: int) -> dict[str
     }
 
 
+# -- rotation cost against the number of kept segments (--rotation) -------------------
+ROTATION_KEPT = (1024, 4096, 32768)
+#: The smallest segment (``FDR_SEGMENT_MIN_BYTES``): the most segments per byte kept.
+ROTATION_SEGMENT_BYTES = 1024
+#: A ~600-byte frame: one record per 1 KiB segment, so each record opens a segment.
+ROTATION_RECORD = ("deadline_miss", {"model": "m" * 450, "count": 1, "window_s": 1.0})
+
+
+class TimedRecorder(FlightRecorder):
+    """Times each ``_open_segment``: the size cap's deletions, then the new segment's
+    create, ``fdatasync`` and directory fsync (what a rotation does on the writer thread)."""
+
+    def __init__(self, config: FdrConfig) -> None:
+        super().__init__(config)
+        self.open_ns: list[int] = []
+
+    def _open_segment(self) -> Any:
+        before = time.perf_counter_ns()
+        try:
+            return super()._open_segment()
+        finally:
+            self.open_ns.append(time.perf_counter_ns() - before)
+
+
+def fill_with_segments(directory: Path, count: int) -> None:
+    """``count`` segments: ``count - 1`` sparse files of ``ROTATION_SEGMENT_BYTES`` (the
+    cap counts their size and never reads them), then a real one holding seq 1, which
+    the recorder's start reads to resume."""
+    directory.mkdir(mode=0o750)
+    for index in range(1, count):
+        fd = os.open(directory / framing.segment_name(index), os.O_WRONLY | os.O_CREAT, 0o640)
+        try:
+            os.ftruncate(fd, ROTATION_SEGMENT_BYTES)
+        finally:
+            os.close(fd)
+    header = framing.encode_segment_header(count, time.time_ns())
+    (directory / framing.segment_name(count)).write_bytes(header + sample_frame(1))
+
+
+def measure_rotation(directory: Path, kept: int, rotations: int) -> dict[str, Any]:
+    fill_with_segments(directory, kept)
+    config = FdrConfig(
+        directory=directory,
+        segment_max_bytes=ROTATION_SEGMENT_BYTES,
+        # What the cap keeps after each rotation: ``kept`` segments of 1 KiB.
+        max_total_bytes=(kept + 1) * ROTATION_SEGMENT_BYTES,
+    )
+    recorder = TimedRecorder(config)
+    started = time.perf_counter_ns()
+    recorder.start()
+    start_ns = time.perf_counter_ns() - started
+    stalls: list[int] = []
+    failures: list[str] = []
+    try:
+        kind, payload = ROTATION_RECORD
+        for _ in range(rotations + 1):
+            before = time.perf_counter_ns()
+            recorder.record(kind, payload)
+            if not recorder.wait_durable(60.0):
+                failures.append(f"rotation/{kept}: wait_durable failed")
+            stalls.append(time.perf_counter_ns() - before)
+        status = recorder.status()
+    finally:
+        recorder.stop()
+    if status["last_error"] or status["records_dropped"]:
+        failures.append(f"rotation/{kept}: {status['last_error']}, {status['records_dropped']}")
+    left = sum(1 for name in os.listdir(directory) if framing.segment_index(name) is not None)
+    opens = sorted(recorder.open_ns[1:])  # the first opens at start, into a directory as filled
+    durable = sorted(stalls[1:])
+    return {
+        "kept": kept,
+        "segments_after": left,
+        "segments_deleted": status["segments_deleted"],
+        "rotations": len(opens),
+        "start_ms": start_ns / 1e6,
+        "rotation_p50_ms": percentile(opens, 50) / 1e6,
+        "rotation_p99_ms": percentile(opens, 99) / 1e6,
+        "rotation_max_ms": (opens[-1] / 1e6) if opens else math.nan,
+        "record_durable_p50_ms": percentile(durable, 50) / 1e6,
+        "record_durable_max_ms": (durable[-1] / 1e6) if durable else math.nan,
+        "failures": failures,
+    }
+
+
+def run_rotation(kept: list[int], rotations: int, base: Path | None) -> dict[str, Any]:
+    configure_logging("info", "json")
+    root = Path(tempfile.mkdtemp(prefix="fdr-bench-rotation-", dir=base))
+    rows = []
+    # Left open: the logging's exit hook reports the lines it held back (one
+    # ``fdr_segments_deleted`` per rotation is rate-limited) to the same file.
+    devnull = open(os.devnull, "w")  # noqa: SIM115
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=devnull))
+    try:
+        for count in kept:
+            rows.append(measure_rotation(root / f"kept-{count}", count, rotations))
+            shutil.rmtree(root / f"kept-{count}")
+        filesystem = filesystem_of(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        "params": {"rotations": rotations, "segment_max_bytes": ROTATION_SEGMENT_BYTES},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(),
+            "python": platform.python_version(),
+            "load_average_1m": os.getloadavg()[0],
+        },
+        "filesystem": filesystem,
+        "rows": rows,
+        "failures": [failure for row in rows for failure in row.pop("failures")],
+    }
+
+
+def print_rotation_table(result: dict[str, Any]) -> None:
+    header = (
+        f"{'kept':>7}{'after':>7}{'deleted':>8}{'rotations':>10}{'start_ms':>10}"
+        f"{'rot_p50_ms':>11}{'rot_p99_ms':>11}{'rot_max_ms':>11}"
+        f"{'durable_p50_ms':>15}{'durable_max_ms':>15}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in result["rows"]:
+        print(
+            f"{row['kept']:>7}{row['segments_after']:>7}{row['segments_deleted']:>8}"
+            f"{row['rotations']:>10}{row['start_ms']:>10.1f}{row['rotation_p50_ms']:>11.2f}"
+            f"{row['rotation_p99_ms']:>11.2f}{row['rotation_max_ms']:>11.2f}"
+            f"{row['record_durable_p50_ms']:>15.2f}{row['record_durable_max_ms']:>15.2f}"
+        )
+    fs, m = result["filesystem"], result["machine"]
+    print(
+        f"\n{result['params']['segment_max_bytes']}-byte segments, one record each; rot_* = "
+        "FlightRecorder._open_segment (the size cap's deletions, then the new segment's "
+        "create and syncs); durable_* = record() .. wait_durable returned; start_ms = start()."
+    )
+    print(
+        f"temp dir on {fs['device']} ({fs['type']}); {m['cpus']} CPUs ({m['cpu_model']}), "
+        f"Python {m['python']}, 1-min load average at the end {m['load_average_1m']:.2f}."
+    )
+    for failure in result["failures"]:
+        print(f"FAILURE: {failure}")
+
+
 # -- reporting -------------------------------------------------------------------------
 def percentile(sorted_values: list[int], p: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
@@ -475,9 +623,11 @@ def run(
     # The daemon's JSON logging at its default level (the recorder logs every
     # 1000th drop), written nowhere so the table stays readable.
     configure_logging("info", "json")
-    with open(os.devnull, "w") as devnull:
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=devnull))
-        return _run(seconds, rounds, rate, poll_ms, base)
+    # Left open: the logging's exit hook reports the lines it held back there
+    # (a closed file ended the run with a traceback after the table).
+    devnull = open(os.devnull, "w")  # noqa: SIM115
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=devnull))
+    return _run(seconds, rounds, rate, poll_ms, base)
 
 
 def _run(
@@ -568,7 +718,31 @@ def main(argv: list[str] | None = None) -> int:
         help="where to make the temp dir (default: $TMPDIR or /tmp)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument(
+        "--rotation",
+        action="store_true",
+        help="instead: the time of one rotation against the number of segments kept",
+    )
+    parser.add_argument(
+        "--kept",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=list(ROTATION_KEPT),
+        help="--rotation: segments kept, comma-separated (default 1024,4096,32768)",
+    )
+    parser.add_argument(
+        "--rotations", type=int, default=20, help="--rotation: rotations timed each (default 20)"
+    )
     args = parser.parse_args(argv)
+    if args.rotation:
+        if args.rotations < 1 or min(args.kept) < 2:
+            parser.error("--rotations must be >= 1 and each --kept >= 2")
+        rotation = run_rotation(args.kept, args.rotations, args.dir)
+        if args.json:
+            json.dump(json_safe(rotation), sys.stdout, indent=2)
+            print()
+        else:
+            print_rotation_table(rotation)
+        return 1 if rotation["failures"] else 0
     if args.seconds <= 0 or args.rounds < 1 or args.rate <= 0 or args.poll_ms <= 0:
         parser.error("--seconds, --rate and --poll-ms must be > 0, --rounds >= 1")
     result = run(args.seconds, args.rounds, args.rate, args.poll_ms, args.dir)

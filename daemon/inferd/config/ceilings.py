@@ -123,10 +123,19 @@ FDR_SEGMENT_MIN_BYTES = 1024
 #: ``builds.max_count`` sets of one engine each (hundreds of MB to a few GB).  A cap
 #: past a TiB is past any Jetson's storage for them (eMMC 16-64 GB, an NVMe a few
 #: TB shared with everything else): the disk would fill first, the recorder then
-#: dropping its records and a build failing on ENOSPC.  Cost of a large recorder:
-#: each new segment lists and ``lstat``s every kept one (15-28 us each on a loaded
-#: 2-core VM: 32,768 segments, 256 GiB at the default size, took 0.5-0.9 s).
+#: dropping its records and a build failing on ENOSPC.  What a large recorder costs
+#: goes by its number of segments: ``MAX_FDR_SEGMENTS``.
 MAX_DISK_BYTES = 1024**4
+#: ``fdr.max_total_bytes / fdr.segment_max_bytes`` (32 by default): the segments the
+#: size cap keeps.  A rotation no longer depends on it (the writer's inventory:
+#: ~0.8 ms with 1,024 or 32,768 kept, where listing them took 16 and 544 ms), but
+#: the recorder's start still lists and ``lstat``s each once (0.25 s for 32,768 and
+#: 0.93 s for 131,072 on a warm 2-core VM; more from a cold eMMC), the inventory
+#: holds 16 bytes each, and ``inferd fdr dump``/``verify``/``export`` open each.
+#: The ceiling is ``MAX_DISK_BYTES`` at the default 8 MiB segment, so every disk
+#: bound loads at the default size; 1 KiB segments under the default 256 MiB
+#: (262,144) do not: a larger total needs larger segments.
+MAX_FDR_SEGMENTS = 131_072
 
 #: ``alerts.rate_limit_s`` (10 s by default): the window per (code, model).  At 0
 #: every repeat went out: to the pub topic, as an FDR record, a journal line and a

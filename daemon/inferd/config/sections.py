@@ -21,6 +21,7 @@ from inferd.config.ceilings import (
     MAX_FDR_QUEUE_BYTES,
     MAX_FDR_QUEUE_RECORDS,
     MAX_FDR_SEGMENT_BYTES,
+    MAX_FDR_SEGMENTS,
     MAX_FSYNC_INTERVAL_MS,
     MAX_GPU_BUDGET_BYTES,
     MAX_HEALTH_INTERVAL_S,
@@ -286,6 +287,16 @@ class FdrConfig:
             refuse(
                 f"fdr.max_total_bytes ({self.max_total_bytes}) must hold at least two segments "
                 f"of fdr.segment_max_bytes ({self.segment_max_bytes})",
+                "fdr.max_total_bytes",
+                "fdr.segment_max_bytes",
+            )
+        segments = self.max_total_bytes // max(self.segment_max_bytes, FDR_SEGMENT_MIN_BYTES)
+        if segments > MAX_FDR_SEGMENTS:  # (a segment under the least was refused above)
+            refuse(
+                f"fdr.max_total_bytes / fdr.segment_max_bytes ({self.max_total_bytes} / "
+                f"{self.segment_max_bytes}) must be at most {MAX_FDR_SEGMENTS} segments: "
+                f"raise fdr.segment_max_bytes to at least "
+                f"{-(-self.max_total_bytes // MAX_FDR_SEGMENTS)} or lower fdr.max_total_bytes",
                 "fdr.max_total_bytes",
                 "fdr.segment_max_bytes",
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +14,8 @@ import structlog
 
 from inferd.durable import fsync_directory, write_all
 from inferd.fdr import framing
-from inferd.fdr.reader import ReadReport, list_segments, read_segment
+from inferd.fdr.inventory import Inventory
+from inferd.fdr.reader import ReadReport, read_segment
 from inferd.owned_files import open_nofollow
 
 log = structlog.get_logger("inferd.fdr")
@@ -30,12 +31,13 @@ class Segment:
     size: int
 
 
-def last_seq(directory: Path) -> int:
-    """The last seq written.  A segment that cannot be read (a symlink, which is
-    never followed) holds no seq to resume from; its index stays taken."""
+def last_seq(newest_first: Iterable[Path]) -> int:
+    """The last seq written, from the segments newest first.  A segment that cannot
+    be read (a symlink, which is never followed) holds no seq to resume from; its
+    index stays taken."""
     report = ReadReport()
     try:
-        for path in reversed(list_segments(directory)):
+        for path in newest_first:
             seqs = [record.seq for record in read_segment(path, report)]
             if seqs:
                 return max(seqs)
@@ -43,13 +45,6 @@ def last_seq(directory: Path) -> int:
     finally:
         for damage in report.unreadable_segments:
             log.warning("fdr_segment_unreadable", segment=damage.segment, reason=damage.reason)
-
-
-def highest_index(directory: Path) -> int:
-    """The highest index any entry's name takes, a directory's too: the reader
-    skips directories, but their names cannot be created, so they stay taken."""
-    names = os.listdir(directory)
-    return max((framing.segment_index(name) or 0 for name in names), default=0)
 
 
 def create(directory: Path, index: int, created_wall_ns: int) -> Segment | None:
@@ -83,29 +78,52 @@ def append(segment: Segment, data: bytes) -> None:
         view = view[written:]
 
 
-def create_next(directory: Path, index: int, wall_clock: Callable[[], int]) -> Segment:
-    """A new segment at ``index`` or, where that name is taken, the next free one."""
+def create_next(
+    directory: Path, index: int, wall_clock: Callable[[], int], inventory: Inventory
+) -> Segment:
+    """A new segment at ``index`` or, where that name is taken, the next free one,
+    added to ``inventory``; so is a name found taken (someone else's file, made
+    since the scan), as the scan would have counted it."""
     while (segment := create(directory, index, wall_clock())) is None:
+        inventory.add_found(directory, index)
         index += 1
+    inventory.append(segment.index, segment.size)
     return segment
 
 
-def delete_oldest(directory: Path, budget: int, deleted: list[tuple[str, int]]) -> None:
-    """Delete the oldest segments until what is left takes at most ``budget``
+def delete_oldest(
+    directory: Path, inventory: Inventory, budget: int, deleted: list[tuple[str, int]]
+) -> None:
+    """Delete the oldest segments until the inventory's total is at most ``budget``
     bytes, appending each (name, size) to ``deleted`` as it goes: a failure part
-    way leaves there what was deleted (it must still be reported)."""
-    segments = list_segments(directory)
-    sizes = {path: path.lstat().st_size for path in segments}  # a symlink: not followed
-    total = sum(sizes.values())
+    way leaves there what was deleted (it must still be reported).  O(segments
+    deleted), never O(segments kept): the sizes are the inventory's.
+
+    A segment found gone (someone removed it behind the writer's back) or no longer
+    a file (a directory now has its name, which the reader skips) is dropped from
+    the inventory: nothing was deleted, nothing is reported, the cap goes on.  Any
+    other failure (``EACCES``, ``EROFS``, ``EIO``) raises, the segment kept in the
+    inventory: no new segment is opened past a cap that cannot hold."""
     before = len(deleted)
-    for path in segments:
-        if total <= budget:
-            break
-        path.unlink()
-        deleted.append((path.name, sizes[path]))
-        total -= sizes[path]
-    if len(deleted) > before:
-        fresh = deleted[before:]
+    gone: list[str] = []
+    while len(inventory) and inventory.total > budget:
+        index, size = inventory.oldest()
+        name = framing.segment_name(index)
+        try:
+            (directory / name).unlink()  # a symlink: the link itself, never its target
+        except (FileNotFoundError, IsADirectoryError):
+            gone.append(name)
+        else:
+            deleted.append((name, size))
+        inventory.pop_oldest()
+    fresh = deleted[before:]
+    if fresh or gone:
         names = [name for name, _ in fresh]
-        log.info("fdr_segments_deleted", segments=names, bytes=sum(size for _, size in fresh))
+        log.info(
+            "fdr_segments_deleted",
+            segments=names,
+            bytes=sum(size for _, size in fresh),
+            **({"already_gone": gone} if gone else {}),
+        )
+    if fresh:
         fsync_directory(directory)

@@ -28,6 +28,7 @@ import structlog
 
 from inferd.config import FdrConfig
 from inferd.fdr import framing, kinds, segments
+from inferd.fdr.inventory import Inventory
 from inferd.fdr.queued import Marker, Pending, RecordQueue
 from inferd.owned_files import ensure_owned_dir
 from inferd.process_identity import read_boot_id
@@ -66,6 +67,9 @@ class FlightRecorder:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._segment: segments.Segment | None = None
+        #: The segments on disk, oldest first, with their sizes: scanned at start,
+        #: then kept here, so the size cap never lists the directory (inventory.py).
+        self._inventory = Inventory()
         self._next_index = 1
         self._next_seq = 1
         self._last_failure_mono_ns: int | None = None
@@ -94,10 +98,12 @@ class FlightRecorder:
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
-        """Find where earlier runs stopped (seq, segment index), then start writing."""
+        """Find what earlier runs left (their segments, the seq, the index to go on
+        from: one scan, O(segments), here and never again), then start writing."""
         ensure_owned_dir(self._directory, what="fdr.directory")
-        self._next_seq = segments.last_seq(self._directory) + 1
-        self._next_index = segments.highest_index(self._directory) + 1
+        self._inventory = Inventory.scan(self._directory)
+        self._next_seq = segments.last_seq(self._inventory.paths_newest_first(self._directory)) + 1
+        self._next_index = self._inventory.highest_index + 1
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -289,6 +295,7 @@ class FlightRecorder:
             while whole < len(frames) and len(frames[whole][0]) <= length:
                 length -= len(frames[whole][0])
                 whole += 1
+            self._inventory.set_newest_size(segment.size)  # the newest is the one written
             self._written(frames[:whole], segment.size - start)
             del frames[:whole]
 
@@ -380,10 +387,12 @@ class FlightRecorder:
         budget = self._config.max_total_bytes - self._config.segment_max_bytes
         before = len(self._deleted)
         try:
-            segments.delete_oldest(self._directory, budget, self._deleted)
+            segments.delete_oldest(self._directory, self._inventory, budget, self._deleted)
         finally:
             self.segments_deleted += len(self._deleted) - before
-        self._segment = segments.create_next(self._directory, self._next_index, self._wall_clock)
+        self._segment = segments.create_next(
+            self._directory, self._next_index, self._wall_clock, self._inventory
+        )
         self._next_index = self._segment.index + 1
         return self._segment
 
