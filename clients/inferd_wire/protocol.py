@@ -36,6 +36,10 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 #: Longest accepted request id string; ids are correlation tokens, not payload.
 MAX_ID_CHARS = 128
 
+#: Longest ``requested_by`` (``runtime.switch``, ``build.start``): who the client
+#: says asked, a name, not a document.
+MAX_REQUESTED_BY_CHARS = 64
+
 #: The most items one msgpack array of a message may count.  msgpack allocates an
 #: array's item pointers when it reads its count, before any item, and ``unpackb``
 #: bounds a count only by the message's length: 1,000 nested counts of 65,535 in
@@ -175,6 +179,32 @@ def require_request_id(header: Mapping[str, Any]) -> RequestId:
             f"'id' must be an unsigned 64-bit integer or a string of 1..{MAX_ID_CHARS} characters",
         )
     return request_id
+
+
+def require_text(value: object, field: str, max_chars: int) -> str:
+    """``value`` when it is a string of 1..``max_chars`` printable characters, else
+    ProtocolError INVALID_ARGUMENT naming ``field`` (and, for a character that is
+    not printable, the first one's index and code point).
+
+    Free text a client sends that the daemon keeps (``requested_by``, a cancel's
+    ``reason``, a region's ``label``) goes as sent into the FDR, journald, events,
+    ``status`` and a ground station's STATUSTEXT: a control character there could
+    forge a line or drive a terminal.  Printable is ``str.isprintable``: no C0 or
+    C1 control, DEL, line or paragraph separator, format character (bidi
+    overrides, zero-width marks), space other than ' ', surrogate, private-use or
+    unassigned code point; the rest of Unicode is kept."""
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT, f"'{field}' must be a string of 1..{max_chars} characters"
+        )
+    if not value.isprintable():
+        index = next(i for i, char in enumerate(value) if not char.isprintable())
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"'{field}' must be printable text: its character {index} (counting from 0) "
+            f"is U+{ord(value[index]):04X}, which is not printable",
+        )
+    return value
 
 
 #: Little-endian dtype objects by wire name, and the reverse, built once: numpy's

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferd_wire.protocol import Code, ProtocolError
+from inferd_wire.protocol import Code, ProtocolError, require_text
 
 #: File name of the shm socket, in the infer socket's directory.
 SHM_SOCKET_NAME = "shm.sock"
@@ -157,19 +157,11 @@ def parse_region_ref(where: str, descriptor: dict[str, Any]) -> RegionRef | None
 
 
 def parse_label(value: Any) -> str | None:
-    """A registration's optional ``label``: 1..64 printable characters."""
+    """A registration's optional ``label``: 1..64 printable characters (it is shown
+    in ``status`` and the logs)."""
     if value is None:
         return None
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= MAX_LABEL_CHARS
-        or not value.isprintable()
-    ):
-        raise ProtocolError(
-            Code.INVALID_ARGUMENT,
-            f"'label' must be 1..{MAX_LABEL_CHARS} printable characters",
-        )
-    return value
+    return require_text(value, "label", MAX_LABEL_CHARS)
 
 
 def shm_socket_path(infer_endpoint: str, runtime_dir: Path) -> Path:

@@ -17,10 +17,9 @@ JSON given with ``--build-config`` (``schemas/build/config.json``)::
 model's, as for ``build.start``, else ``inferd.types.BuildConfig``'s default;
 unknown keys are an error; parsed by ``inferd.engines.build_config``).
 The engine directory, GPU memory budget (workspace cap) and device come from
-the daemon config (``--config``, else the embedded default),
-``--engine-dir`` overrides the directory.  ``--manifest M`` also records the
-engine's digest in deployment manifest ``M`` (created if absent), the step
-that makes the daemon's gate trust it.
+the daemon config (``--config``, else the embedded default), ``--engine-dir``
+overrides the directory.  ``--manifest M`` also records the engine's digest in
+deployment manifest ``M`` (created if absent), the step that makes the daemon's gate trust it.
 
 A build runs through ``inferd.engine_build.session.run_build`` with the TensorRT
 builder: phase events, one cancellation token, the no-cancel final write,
@@ -38,16 +37,14 @@ the same way; the calibration cache next to the engine is reused only when
 trusted (``inferd.engines.calibration``) and a fresh one is written only when
 the build completes.
 
-A completed build is validated before it counts: the gate's sidecar check and
-a smoke inference compared with ONNX Runtime, on the engine staged under
-``<engine dir>/staging/``; only an engine that passed is committed to its final
-path (so a later run reuses only validated engines) and recorded in
-``--manifest``; one that failed is quarantined.
+A completed build is validated before it counts: the gate's sidecar check and a smoke
+inference compared with ONNX Runtime, on the engine staged under ``<engine dir>/staging/``;
+only an engine that passed is committed to its final path (so a later run reuses only
+validated engines) and recorded in ``--manifest``; one that failed is quarantined.
 
-Exit status: 0 built and validated, or reused; 1 the build or its validation
-failed; 2 usage or environment
-problem (bad build config, missing model, TensorRT/pycuda/GPU unavailable);
-3 cancelled (Ctrl-C, SIGTERM, ``--timeout``); 130 forced by a second Ctrl-C.
+Exit status: 0 built and validated, or reused; 1 the build or its validation failed;
+2 usage or environment problem (bad build config, missing model, TensorRT/pycuda/GPU
+unavailable); 3 cancelled (Ctrl-C, SIGTERM, ``--timeout``); 130 forced by a second Ctrl-C.
 
 Also runnable as ``python -m inferd.cli.build``.
 """
@@ -76,6 +73,7 @@ from inferd.errors import (
 )
 from inferd.owned_files import apply_owned_umask
 from inferd.types import BuildConfig
+from inferd_client.cli_format import printable
 
 if TYPE_CHECKING:
     from inferd.config import ModelConfig
@@ -92,6 +90,12 @@ _FORCED_RENDER_S = 1.0
 
 class _Forced(BaseException):
     """Raised (from the SIGINT handler) by a second Ctrl-C."""
+
+
+def _error(err: TextIO, text: str) -> None:
+    """One ``inferd build:`` line on stderr, escaped: an exception's text quotes paths,
+    TensorRT's messages and names from the ONNX file (``printable``, DESIGN.md 252)."""
+    err.write(printable(f"inferd build: {text}") + "\n")
 
 
 def _missing_tensorrt() -> str | None:
@@ -140,11 +144,11 @@ def _forced_exit(engine_path: Path, build_id: str, progress: BuildProgress, err:
             )
         )
         json_log.close()
-    err.write(
-        f"inferd build: forced by a second Ctrl-C; partial files {cleanup.status}"
+    _error(
+        err,
+        f"forced by a second Ctrl-C; partial files {cleanup.status}"
         + (f" (quarantined: {cleanup.quarantined})" if cleanup.quarantined else "")
-        + (f" (left to a live build: {cleanup.left})" if cleanup.left else "")
-        + "\n"
+        + (f" (left to a live build: {cleanup.left})" if cleanup.left else ""),
     )
     err.flush()
     with contextlib.suppress(Exception):
@@ -257,7 +261,8 @@ def run(
     err = err or sys.stderr
     from dataclasses import replace
 
-    from inferd import config as config_module
+    from inferd.config import embedded_default
+    from inferd.config import load as load_config
     from inferd.digest import sha256_file
     from inferd.engines.locate import locate_engine, model_file_problem
 
@@ -270,26 +275,21 @@ def run(
             if seconds is not None and not 0 < seconds <= MAX_BUILD_DURATION_S:
                 limit = f"at most {MAX_BUILD_DURATION_S:g} s"
                 raise ConfigError(f"{flag} must be more than 0 and {limit}, got {seconds}")
-        loaded = (
-            config_module.load(daemon_config)
-            if daemon_config is not None
-            else config_module.embedded_default()
-        )
+        loaded = load_config(daemon_config) if daemon_config is not None else embedded_default()
         wanted = _build_config_for(onnx, build_config, loaded.models)
         runtime_config = loaded.runtime
         if engine_dir is not None:
             runtime_config = replace(runtime_config, engine_dir=engine_dir)
     except ConfigError as exc:
-        err.write(f"inferd build: {exc}\n")
+        _error(err, str(exc))
         return EXIT_USAGE
 
     from inferd.engine_build.pipeline import record_trust
     from inferd.engines.host import read_host_tuple
     from inferd.engines.manifest import record_in_manifest
 
-    missing = _missing_tensorrt()
-    if missing is not None:
-        err.write(f"inferd build: cannot build here: {missing}\n")
+    if (missing := _missing_tensorrt()) is not None:
+        _error(err, f"cannot build here: {missing}")
         return EXIT_USAGE
     summary: dict[str, Any] | None = None
     not_shown = 0
@@ -322,22 +322,24 @@ def run(
         if summary is not None:
             digest = summary["baseline"]["engineSha256"]
             if summary["outcome"] == "failed":
-                err.write(f"inferd build: build failed: {summary['error']}\n")
+                _error(err, f"build failed: {summary['error']}")
                 code = EXIT_FAILED
             elif summary["outcome"] == "cancelled":
-                err.write(
-                    f"inferd build: cancelled ({summary['cancelReason']}); cleanup "
-                    f"{summary['cleanupStatus']}, cancel latency {summary['cancelLatencyMs']} "
-                    f"ms; retry: {summary['retryPolicy']} ({summary['retryReason']})\n"
+                _error(
+                    err,
+                    f"cancelled ({summary['cancelReason']}); cleanup {summary['cleanupStatus']}, "
+                    f"cancel latency {summary['cancelLatencyMs']} ms; retry: "
+                    f"{summary['retryPolicy']} ({summary['retryReason']})",
                 )
                 code = EXIT_CANCELLED
             elif summary["validationStatus"] == "fail":
                 validation = summary["validation"] or {}
                 moved = validation.get("quarantinedTo")
                 kept = f"quarantined to {moved}" if moved else "removed"
-                err.write(
-                    f"inferd build: the built engine failed validation "
-                    f"({validation.get('reason')}); it was not kept at {engine.name}: {kept}\n"
+                _error(
+                    err,
+                    f"the built engine failed validation ({validation.get('reason')}); "
+                    f"it was not kept at {engine.name}: {kept}",
                 )
                 code = EXIT_FAILED
         else:
@@ -349,15 +351,13 @@ def run(
                     raise EngineManifestError(decision.note)
             else:
                 record_in_manifest(manifest, engine.name, digest)
-    except HostTupleUnavailableError as exc:
-        err.write(f"inferd build: cannot build here: {exc}\n")
-        return EXIT_USAGE
-    except EngineManifestError as exc:
-        err.write(f"inferd build: {exc}\n")
+    except (HostTupleUnavailableError, EngineManifestError) as exc:
+        here = isinstance(exc, HostTupleUnavailableError)
+        _error(err, f"cannot build here: {exc}" if here else str(exc))
         return EXIT_USAGE
     except (InferdError, OSError) as exc:
         kind = "calibration cache" if isinstance(exc, CalibrationCacheError) else "build"
-        err.write(f"inferd build: {kind} failed: {exc}\n")
+        _error(err, f"{kind} failed: {exc}")
         return EXIT_FAILED
 
     return report_outcome(

@@ -16,7 +16,7 @@ from inferd.config import ModelConfig
 from inferd.engines.build_config import build_config_to_mapping, parse_build_config
 from inferd.engines.locate import model_file_problem
 from inferd.errors import ConfigError
-from inferd_wire.protocol import Code, ProtocolError
+from inferd_wire.protocol import MAX_REQUESTED_BY_CHARS, Code, ProtocolError, require_text
 
 BUILDERS = ("auto", "simulated")
 CONTROL_SOURCES = ("control", "ide")
@@ -72,11 +72,10 @@ def parse_start(
             Code.NOT_FOUND, f"no model named {model!r}; configured: {sorted(models)}"
         )
     build_config = parse_build_config_arg(header.get("build_config"), config)
-    requested_by = header.get("requested_by", "operator")
-    if not isinstance(requested_by, str) or not 0 < len(requested_by) <= 64:
-        raise ProtocolError(
-            Code.INVALID_ARGUMENT, "'requested_by' must be a string of 1..64 characters"
-        )
+    # Free text recorded as sent (FDR, journal, build.status): printable only.
+    requested_by = require_text(
+        header.get("requested_by", "operator"), "requested_by", MAX_REQUESTED_BY_CHARS
+    )
     choice = header.get("builder", "auto")
     if choice not in BUILDERS:
         raise ProtocolError(Code.INVALID_ARGUMENT, f"'builder' must be one of {BUILDERS}")
@@ -100,14 +99,9 @@ def parse_start(
             raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.step_s' must be 0..10")
         if not isinstance(simulation.get("ignore_cancel", False), bool):
             raise ProtocolError(Code.INVALID_ARGUMENT, "'simulation.ignore_cancel' must be a bool")
-        fail = simulation.get("fail")  # absent: the build succeeds; null is not absent
-        fits = isinstance(fail, str) and 0 < len(fail) <= _MAX_FAIL_CHARS
-        if "fail" in simulation and not fits:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT,
-                f"'simulation.fail' must be a string of 1..{_MAX_FAIL_CHARS} characters"
-                " (the simulated builder's error)",
-            )
+        if "fail" in simulation:  # absent: the build succeeds; null is not absent
+            # The simulated builder's error: build.status, the build event, the FDR.
+            require_text(simulation["fail"], "simulation.fail", _MAX_FAIL_CHARS)
     deadline_s = parse_timeout(header.get("timeout_s"), max_duration_s)
     problem = model_file_problem(config.path)  # a FIFO is named, never waited on
     if problem is not None:
@@ -165,11 +159,9 @@ def parse_cancel(header: Mapping[str, Any]) -> tuple[str, str]:
     source = header.get("source", "control")
     if source not in CONTROL_SOURCES:
         raise ProtocolError(Code.INVALID_ARGUMENT, f"'source' must be one of {CONTROL_SOURCES}")
-    reason = header.get("reason", f"build.cancel from {source}")
-    # Recorded in the FDR and written to the child's pipe on the bus thread.
-    if not isinstance(reason, str) or not 0 < len(reason) <= MAX_CANCEL_REASON_CHARS:
-        raise ProtocolError(
-            Code.INVALID_ARGUMENT,
-            f"'reason' must be a string of 1..{MAX_CANCEL_REASON_CHARS} characters",
-        )
+    # Recorded in the FDR, the build event and build.status, and written to the
+    # child's pipe on the bus thread: printable only.
+    reason = require_text(
+        header.get("reason", f"build.cancel from {source}"), "reason", MAX_CANCEL_REASON_CHARS
+    )
     return str(source), reason

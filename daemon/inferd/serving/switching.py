@@ -41,7 +41,7 @@ from inferd.serving.handover import Handover, Preparers
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import EngineHandle, Peer
-from inferd_wire.protocol import Code, ProtocolError
+from inferd_wire.protocol import MAX_REQUESTED_BY_CHARS, Code, ProtocolError, require_text
 
 log = structlog.get_logger("inferd.switch")
 
@@ -142,10 +142,8 @@ class RuntimeSwitcher:
         requested_by = header.get("requested_by", "operator")
         if not isinstance(model, str) or not isinstance(label, str):
             raise ProtocolError(Code.INVALID_ARGUMENT, "'model' and 'runtime' must be strings")
-        if not isinstance(requested_by, str) or not 0 < len(requested_by) <= 64:
-            raise ProtocolError(
-                Code.INVALID_ARGUMENT, "'requested_by' must be a string of 1..64 characters"
-            )
+        # Recorded as sent (FDR, journal): printable only, before anything is taken.
+        requested_by = require_text(requested_by, "requested_by", MAX_REQUESTED_BY_CHARS)
         slot = self._slots.get(model)
         if slot is None:
             raise ProtocolError(
