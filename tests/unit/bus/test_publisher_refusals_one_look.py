@@ -117,6 +117,11 @@ def test_a_pass_ends_the_peers_it_refused_for_every_reason_in_one_look(
             name = {pid: f"localhost:{uid}:{gid}:{pid}" for pid in accepted}
             kept, flooder, unmatchable, xsub, late, later = name.values()
             publisher = _publisher()
+            # A frozen clock: on a loaded machine a pass slower than one refill
+            # (1/16 s) gave the flooder a token back, and it was not refused.
+            publisher._rate = PeerRateLimiter(
+                "events subscription", SUBSCRIBER_BURST, SUBSCRIBER_REFILL_S, "", clock=lambda: 0.0
+            )
             publisher._peers = EndpointConnections(f"ipc://{listener.getsockname()}")
             queued = QueuedMessages(
                 [(b"\x01health", kept)]
