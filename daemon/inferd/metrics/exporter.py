@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
 THREAD_NAME = "inferd-metrics"
+#: The one OpenMetrics version the encoder writes (``prometheus_client`` 0.2x).
+_OPENMETRICS = "application/openmetrics-text"
+_OPENMETRICS_1 = f"{_OPENMETRICS}; version=1.0.0;"
 #: How long the thread waits at most between two looks at its stop flag.
 _TICK_S = 0.5
 
@@ -82,7 +85,8 @@ class MetricsExporter:
         self._requests: Counter[str] = Counter()
         self._textfile_writes = 0
         self._last_collect_s: float | None = None
-        self._error: str | None = None
+        self._error: str | None = None  # why it could not start
+        self._collect_error: str | None = None  # the last scrape's, until one succeeds
         self._textfile_error: str | None = None
 
     def collect(self) -> Iterator[Metric]:
@@ -144,7 +148,7 @@ class MetricsExporter:
             "requests": dict(self._requests),
             "textfile_writes": self._textfile_writes,
             "last_collect_s": self._last_collect_s,
-            "last_error": self._error or self._textfile_error,
+            "last_error": self._error or self._collect_error or self._textfile_error,
         }
 
     def _where(self) -> dict[str, str | None]:
@@ -180,15 +184,29 @@ class MetricsExporter:
             encoder, content_type = choose_encoder(accept)
         except Exception:  # a version it cannot parse: the format of no preference
             encoder, content_type = choose_encoder("")
+        if content_type.startswith(_OPENMETRICS) and not content_type.startswith(_OPENMETRICS_1):
+            # choose_encoder copies any version the scraper names ("2.x", a folded
+            # header's next line) into Content-Type; the body is 1.0.0 whatever it says.
+            encoder, content_type = choose_encoder(_OPENMETRICS_1)
         assert self._registry is not None
         try:
-            return encoder(self._registry), content_type
+            body = encoder(self._registry)
         except Exception as exc:
-            self._error = f"collecting the metrics failed: {type(exc).__name__}: {exc}"
-            log.exception("metrics_collect_failed")
+            error = f"collecting the metrics failed: {type(exc).__name__}: {exc}"
+            if error != self._collect_error:  # once per kind of failure, not per scrape
+                log.exception("metrics_collect_failed")
+            self._collect_error = error
             raise
+        if self._collect_error is not None:
+            log.info("metrics_collect_restored")
+            self._collect_error = None
+        return body, content_type
 
-    def _count(self, outcome: str) -> None:
+    def _count(self, outcome: str, instead_of: str | None = None) -> None:
+        if instead_of is not None and self._requests[instead_of] > 0:
+            self._requests[instead_of] -= 1  # the request's outcome changed
+            if not self._requests[instead_of]:
+                del self._requests[instead_of]  # an outcome never seen is absent
         self._requests[outcome] += 1
 
     def _write_textfile(self) -> None:

@@ -22,10 +22,10 @@ import contextlib
 import socket
 import socketserver
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from io import BytesIO
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import structlog
@@ -44,14 +44,22 @@ log = structlog.get_logger("inferd.metrics")
 
 #: ``render(accept_header) -> (body, content_type)``.
 Render = Callable[[str], tuple[bytes, str]]
-#: ``count(outcome)``: ``scrape``, ``not_found``, ``bad_method``, ``too_large``,
-#: ``bad_request``, ``timeout``, ``error``.
-Count = Callable[[str], None]
+
+
+class Count(Protocol):
+    """``count(outcome)``: ``scrape``, ``not_found``, ``bad_method``, ``too_large``,
+    ``bad_request``, ``timeout`` (the head not received or the reply not taken in
+    time), ``error``; ``instead_of``: the outcome counted for that request before."""
+
+    def __call__(self, outcome: str, instead_of: str | None = None) -> None: ...
+
+
 #: The outcome of each error ``BaseHTTPRequestHandler`` answers itself while parsing
 #: a request (501: a method other than GET; 431: over 100 headers); any other
 #: (400: a malformed request line or header, 505: an HTTP version it does not speak)
 #: is ``bad_request``.
 _PARSE_ERRORS = {501: "bad_method", 431: "too_large"}
+_PLAIN = "text/plain; charset=utf-8"
 
 
 class _TooLarge(Exception):
@@ -106,29 +114,49 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(reply)
 
     def do_GET(self) -> None:
-        if urlsplit(self.path).path != METRICS_PATH:
-            self.server.count("not_found")
-            self._reply(404, b"only /metrics is served here\n", "text/plain; charset=utf-8")
+        try:
+            path = urlsplit(self.path).path
+        except ValueError:  # "http://[/metrics": urlsplit refuses the authority
+            self.send_error(400, "Bad request target")
+            return
+        if path != METRICS_PATH:
+            self._reply(404, b"only /metrics is served here\n", _PLAIN, "not_found")
             return
         try:
             body, content_type = self.server.render(self.headers.get("Accept", ""))
         except Exception:  # the exporter logged it and keeps it as its last error
-            self.server.count("error")
-            self._reply(500, b"collecting the metrics failed\n", "text/plain; charset=utf-8")
+            self._reply(500, b"collecting the metrics failed\n", _PLAIN, "error")
             return
-        self.server.count("scrape")
-        self._reply(200, body, content_type)
+        self._reply(200, body, content_type, "scrape")
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        self.server.count(_PARSE_ERRORS.get(code, "bad_request"))
-        super().send_error(code, message, explain)
+        with self._answering(_PARSE_ERRORS.get(code, "bad_request")):
+            super().send_error(code, message, explain)
 
-    def _reply(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def _reply(self, code: int, body: bytes, content_type: str, outcome: str) -> None:
+        with self._answering(outcome):
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    @contextlib.contextmanager
+    def _answering(self, outcome: str) -> Iterator[None]:
+        """Counts ``outcome`` before the reply (a client that read it sees it
+        counted); a reply not taken within ``WRITE_TIMEOUT_S`` becomes a
+        ``timeout`` (``handle_one_request`` would swallow it, the request left
+        counted as answered), one whose peer left an ``error`` (not counted twice
+        by ``handle_error``)."""
+        self.server.count(outcome)
+        try:
+            yield
+        except TimeoutError:
+            self.server.count("timeout", instead_of=outcome)
+            self.close_connection = True
+        except OSError:
+            self.server.count("error", instead_of=outcome)
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         return None  # nothing per request: the exporter counts outcomes
