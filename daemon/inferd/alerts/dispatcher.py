@@ -8,6 +8,9 @@ and counted; the first one after the window goes out carrying the count
 passed, so a burst that stops is still reported; ``close()`` does so for every
 key.  Every raised alert is thus either delivered or counted in one that is:
 ``raised == sent + suppressed + dropped_after_close`` in ``status()``.
+``close()`` waits (``close_wait_s`` at most) for the deliveries in progress on
+other threads before it closes the hooks, so an alert counted as sent is not
+handed to a closed hook (DESIGN.md 261).
 
 Logging: each delivered alert is logged once at its level (EMERGENCY, ALERT,
 CRITICAL -> critical; ERROR -> error; WARNING -> warning; NOTICE, INFO ->
@@ -41,6 +44,10 @@ log = structlog.get_logger("inferd.alerts")
 
 _Key = tuple[str, Hashable]
 
+#: Longest wait in ``close()`` for deliveries in progress (a hook must not block:
+#: each takes microseconds; one past this is handed to a closed hook, which fails it).
+CLOSE_WAIT_S = 1.0
+
 
 @dataclasses.dataclass
 class _Window:
@@ -71,12 +78,17 @@ class AlertDispatcher:
         *,
         rate_limit_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        close_wait_s: float = CLOSE_WAIT_S,
     ) -> None:
         if rate_limit_s < 0:
             raise ValueError(f"rate_limit_s must be zero or positive, got {rate_limit_s}")
         self.rate_limit_s = rate_limit_s
+        self.close_wait_s = close_wait_s
         self._clock = clock
         self._lock = threading.Lock()
+        #: Notified when the last delivery in progress ends (``_in_flight`` falls to 0).
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
         self._windows: dict[_Key, _Window] = {}
         self._hooks: list[_HookState] = []
         names: set[str] = set()
@@ -125,9 +137,13 @@ class AlertDispatcher:
                     suppressed = window.pending if window is not None else 0
                     self._windows[key] = _Window(opened_at=now)
                     self._sent += 1
+                    self._in_flight += 1  # in the same section: close() waits for it
                     deliver = True
         if deliver:
-            self._deliver(alert, suppressed)
+            try:
+                self._deliver(alert, suppressed)
+            finally:
+                self._delivered()
         elif closed:
             _log_alert(alert, dict(alert.fields), delivered=False)
         else:
@@ -147,8 +163,9 @@ class AlertDispatcher:
         return self._flush(force=False)
 
     def close(self) -> None:
-        """Flush every held-back repeat regardless of its window, then close
-        the hooks.  Later alerts, and those raised while the flush is being
+        """Flush every held-back repeat regardless of its window, wait for the
+        deliveries in progress on other threads (``close_wait_s`` at most), then
+        close the hooks.  Later alerts, and those raised while the flush is being
         delivered, are logged but not delivered (``dropped_after_close``)."""
         with self._lock:
             if self._closed:
@@ -160,6 +177,13 @@ class AlertDispatcher:
             self._closed = True
         for alert, suppressed in due:
             self._deliver(alert, suppressed)
+        with self._lock:
+            self._idle.wait_for(lambda: self._in_flight == 0, self.close_wait_s)
+            in_flight = self._in_flight
+        if in_flight:  # a hook that blocks; what it then hands a closed hook fails there
+            log.warning(
+                "alert_close_wait_exceeded", in_flight=in_flight, close_wait_s=self.close_wait_s
+            )
         for state in self._hooks:
             try:
                 state.hook.close()
@@ -172,9 +196,20 @@ class AlertDispatcher:
             if self._closed:
                 return 0
             due = self._take_due(now, force=force)
-        for alert, suppressed in due:
-            self._deliver(alert, suppressed)
+            self._in_flight += 1
+        try:
+            for alert, suppressed in due:
+                self._deliver(alert, suppressed)
+        finally:
+            self._delivered()
         return len(due)
+
+    def _delivered(self) -> None:
+        """One delivery (or flush) counted in ``_in_flight`` has ended."""
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.notify_all()
 
     def _take_due(self, now: float, *, force: bool) -> list[tuple[Alert, int]]:
         """The held-back repeats to send now, counted as sent; call with the lock held."""

@@ -27,7 +27,8 @@ def build_alert_hooks(
     """One hook per name in ``config.hooks``.
 
     A hook that cannot be built (``fdr`` without a ``record`` sink, ``mavlink``
-    without pymavlink or with an endpoint that cannot be opened) is refused:
+    without pymavlink, with an endpoint that cannot be opened or with arguments
+    it refuses) is refused:
     logged at ERROR as ``alert_hook_refused``, reported to ``on_refused(hook,
     reason)`` and left out; the others are still returned.
     """
@@ -54,9 +55,12 @@ def _build(
     if name == "mavlink":
         from inferd.alerts.mavlink import MavlinkAlertHook
 
-        return MavlinkAlertHook(
-            config.mavlink_endpoint,
-            config.mavlink_source_system,
-            config.mavlink_source_component,
-        )
+        try:
+            return MavlinkAlertHook(
+                config.mavlink_endpoint,
+                config.mavlink_source_system,
+                config.mavlink_source_component,
+            )
+        except ValueError as exc:  # ids AlertsConfig refuses first; never a crash at start
+            raise AlertHookUnavailableError("mavlink", str(exc)) from None
     raise AlertHookUnavailableError(name, "unknown hook")

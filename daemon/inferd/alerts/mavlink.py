@@ -27,16 +27,12 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
-
 from inferd.alerts.hooks import SUPPRESSED_FIELD
 from inferd.alerts.interface import AlertHookUnavailableError
 from inferd.alerts.levels import mav_severity
 from inferd.alerts.tcp_link import TcpLink
 from inferd.alerts.udp_link import UdpOut, UdpPeers
 from inferd.types import AlertLevel
-
-log = structlog.get_logger("inferd.alerts.mavlink")
 
 #: Length of STATUSTEXT's ``text`` field (``char[50]``).
 STATUSTEXT_LEN = 50
@@ -112,10 +108,13 @@ class MavlinkAlertHook:
 
     Ground stations file STATUSTEXT under the vehicle with the same system
     id, so ``source_system`` should be the autopilot's; ``source_component``
-    defaults to ``MAV_COMP_ID_ONBOARD_COMPUTER`` (191).
+    defaults to ``MAV_COMP_ID_ONBOARD_COMPUTER`` (191), and is never 0
+    (``MAV_COMP_ID_ALL``: a broadcast target, not a valid sender).
 
     Raises ``AlertHookUnavailableError`` when pymavlink is missing or the
-    endpoint cannot be opened.  Thread-safe; ``alert`` after ``close`` is a no-op.
+    endpoint cannot be opened, ``ValueError`` for ids or a chunk budget out of
+    range.  Thread-safe; ``alert`` after ``close`` sends nothing and raises, so
+    the dispatcher counts it as this hook's failure rather than as sent.
     """
 
     name = "mavlink"
@@ -131,8 +130,8 @@ class MavlinkAlertHook:
     ) -> None:
         if not 1 <= source_system <= 255:
             raise ValueError(f"source_system must be 1..255, got {source_system}")
-        if not 0 <= source_component <= 255:
-            raise ValueError(f"source_component must be 0..255, got {source_component}")
+        if not 1 <= source_component <= 255:  # 0 is MAV_COMP_ID_ALL, a target only
+            raise ValueError(f"source_component must be 1..255, got {source_component}")
         if not 1 <= max_chunks <= MAX_CHUNKS_LIMIT:
             raise ValueError(f"max_chunks must be 1..{MAX_CHUNKS_LIMIT}, got {max_chunks}")
         try:
@@ -200,9 +199,8 @@ class MavlinkAlertHook:
             max_chunks=self.max_chunks,
         )
         with self._lock:
-            if self._closed:
-                log.debug("mavlink_alert_after_close", alert_code=code)
-                return
+            if self._closed:  # a delivery that outlived the dispatcher's wait in close()
+                raise ConnectionError(f"the MAVLink hook is closed: {code} was not sent")
             if self._peers is not None:
                 self._peers.learn()
             if len(chunks) == 1:

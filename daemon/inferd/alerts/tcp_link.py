@@ -5,15 +5,24 @@ constructor with retries and no timeout (minutes of start-up against an
 unreachable ground station), its ``write`` swallows ``EPIPE`` and
 ``ECONNRESET`` (with ``autoreconnect=False`` every later frame silently goes
 nowhere) and it prints to stdout.  This link never waits on the network in the
-caller: connecting happens on a background thread with a bounded timeout,
-sends are non-blocking, and every frame that cannot be handed to the kernel
-raises ``OSError`` so the dispatcher counts it as a failure.
+caller: one thread of its own (``inferd-mavlink-tcp``) connects with a bounded
+timeout and then watches the connection, sends are non-blocking, and every
+frame that cannot be handed to the kernel raises ``OSError`` so the dispatcher
+counts it as a failure.
+
+The thread watches so that a ground station that closed the connection between
+alerts (a restart) is reconnected to at once: noticed only by the next alert,
+that alert failed, and so did the first alert after the station came back
+(DESIGN.md 261).
 """
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
 import threading
+import time
 
 import structlog
 
@@ -21,10 +30,12 @@ log = structlog.get_logger("inferd.alerts.mavlink")
 
 #: Bound on one connection attempt (a blackholed ground station never answers).
 CONNECT_TIMEOUT_S = 2.0
-#: Pause between attempts while the ground station cannot be reached.
+#: Pause between attempts while the ground station cannot be reached, and the
+#: least time between two reconnections after drops (a peer that accepts and
+#: closes at once is not a busy loop).
 RETRY_INTERVAL_S = 5.0
-CONNECT_THREAD_NAME = "inferd-mavlink-connect"
-#: Reads per send to discard what the ground station sends us (heartbeats).
+LINK_THREAD_NAME = "inferd-mavlink-tcp"
+#: Reads per wake-up or send to discard what the ground station sends us (heartbeats).
 _MAX_DRAIN_READS = 64
 _READ_SIZE = 4096
 
@@ -34,9 +45,13 @@ class TcpLink:
 
     ``write`` (pymavlink's encoder calls it once per frame) sends the whole
     frame or raises ``OSError``: while disconnected, when the peer has closed
-    the connection, or when the kernel cannot take the frame at once.  A failed
-    send drops the connection (a frame may be torn) and starts reconnecting;
-    at most one connecting thread runs at a time.  Thread-safe.
+    the connection, or when the kernel cannot take the frame at once.  One
+    thread connects, then reads (and discards) what the peer sends as it
+    arrives; when the peer closes the connection or a send fails (a frame may
+    be torn), it closes the socket and connects again: at once after a drop,
+    every ``retry_interval_s`` while that fails.  Only that thread closes a
+    socket it polls, so no descriptor is reused under it; ``write`` and
+    ``close`` wake it with ``shutdown``.  Thread-safe.
     """
 
     def __init__(
@@ -53,11 +68,14 @@ class TcpLink:
         self._retry_interval_s = retry_interval_s
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        #: The connection writes use; None while down.
         self._sock: socket.socket | None = None
-        self._connector: threading.Thread | None = None
+        #: The connection the thread polls and alone closes (still set once dropped).
+        self._watched: socket.socket | None = None
+        self._thread: threading.Thread | None = None
         self._last_error = "not connected yet"
         with self._lock:
-            self._start_connector()
+            self._start_thread()
 
     @property
     def connected(self) -> bool:
@@ -67,60 +85,87 @@ class TcpLink:
         with self._lock:
             sock = self._sock
             if sock is None:
-                self._start_connector()
+                self._start_thread()  # only if it died (a bug): it reconnects on its own
                 raise ConnectionError(f"not connected to {self.endpoint} ({self._last_error})")
             try:
-                _discard_received(sock)
+                _discard_received(sock)  # a close the thread has not seen yet
                 sock.sendall(data)
             except OSError as exc:
-                self._sock = None
-                sock.close()
-                self._last_error = repr(exc)
-                self._start_connector()
+                self._drop(sock, repr(exc))
                 raise
 
     def close(self) -> None:
-        """Close the connection and wait (one connect timeout at most) for a connecting
-        thread: nothing of the link outlives its hook."""
+        """End the thread, which closes the connection: at once while connected or
+        waiting to retry, one connect timeout at most while connecting."""
         self._closed.set()
         with self._lock:
-            sock, self._sock = self._sock, None
-            connector = self._connector
-        if sock is not None:
-            sock.close()
-        if connector is not None and connector is not threading.current_thread():
-            connector.join(self._connect_timeout_s + 1.0)
+            self._sock = None
+            thread, watched = self._thread, self._watched
+            if watched is not None:
+                _wake(watched)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._connect_timeout_s + 1.0)
 
-    def _start_connector(self) -> None:
-        """Call with the lock held."""
-        if self._connector is not None or self._closed.is_set():
+    def _drop(self, sock: socket.socket, error: str) -> None:
+        """Take ``sock`` from the writers and wake the thread, which closes it and
+        reconnects.  Call with the lock held."""
+        if self._sock is sock:
+            self._sock = None
+        self._last_error = error
+        _wake(sock)
+
+    def _start_thread(self) -> None:
+        """Call with the lock held; raises if the thread cannot start."""
+        if self._thread is not None or self._closed.is_set():
             return
-        self._connector = threading.Thread(
-            target=self._connect_until_up, name=CONNECT_THREAD_NAME, daemon=True
-        )
-        self._connector.start()
-
-    def _connect_until_up(self) -> None:
+        thread = threading.Thread(target=self._run, name=LINK_THREAD_NAME, daemon=True)
+        self._thread = thread
         try:
-            self._connect_loop()
-        finally:  # however it ended, a later write may start another
-            with self._lock:
-                if self._connector is threading.current_thread():
-                    self._connector = None
+            thread.start()
+        except BaseException:
+            self._thread = None
+            raise
 
-    def _connect_loop(self) -> None:
+    def _run(self) -> None:
+        try:
+            dropped_at: float | None = None
+            while (sock := self._connect()) is not None:
+                error = self._watch(sock)
+                with self._lock:
+                    if self._sock is sock:
+                        self._sock = None
+                    self._watched = None
+                sock.close()
+                if self._closed.is_set():
+                    return
+                log.warning("mavlink_tcp_disconnected", endpoint=self.endpoint, error=error)
+                now = time.monotonic()
+                pause = 0.0 if dropped_at is None else dropped_at + self._retry_interval_s - now
+                if pause > 0 and self._closed.wait(pause):  # not twice within a retry interval
+                    return
+                dropped_at = now
+        finally:  # however it ended, nothing it owned outlives it, and a write may start another
+            with self._lock:
+                watched, self._watched = self._watched, None
+                if self._sock is watched:
+                    self._sock = None
+                if self._thread is threading.current_thread():
+                    self._thread = None
+            if watched is not None:
+                watched.close()
+
+    def _connect(self) -> socket.socket | None:
+        """Connect, trying again every retry interval; None once the link is closed."""
         attempts = 0
         while not self._closed.is_set():
             attempts += 1
             try:
-                sock = socket.create_connection(self.address, timeout=self._connect_timeout_s)
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = _open(self.address, self._connect_timeout_s)
             except Exception as exc:  # OSError, and a host getaddrinfo cannot encode
                 with self._lock:
                     self._last_error = repr(exc)
                 if self._closed.is_set():
-                    return  # closed while connecting: nothing to report
+                    return None  # closed while connecting: nothing to report
                 if attempts == 1:  # once per outage: the dispatcher reports each lost alert
                     log.warning(
                         "mavlink_tcp_connect_failed",
@@ -131,13 +176,50 @@ class TcpLink:
                 self._closed.wait(self._retry_interval_s)
                 continue
             with self._lock:
-                self._connector = None  # with the socket: a failing write starts the next
                 if self._closed.is_set():
                     sock.close()
-                    return
-                self._sock = sock
+                    return None
+                self._sock = self._watched = sock
             log.info("mavlink_tcp_connected", endpoint=self.endpoint, attempts=attempts)
-            return
+            return sock
+        return None
+
+    def _watch(self, sock: socket.socket) -> str:
+        """Read what the peer sends until the connection drops; returns why."""
+        poller = select.poll()  # not select(): the daemon's descriptors may pass 1024
+        poller.register(sock, select.POLLIN)  # POLLHUP and POLLERR come unasked
+        while True:
+            events = poller.poll()
+            with self._lock:
+                if self._closed.is_set():
+                    return "closed"
+                if self._sock is not sock:  # a send failed and woke us
+                    return self._last_error
+                if any(event & select.POLLNVAL for _, event in events):
+                    self._sock = None  # closed under it: a bug, but never a busy loop
+                    return "the socket was closed under its watcher"
+                try:
+                    _discard_received(sock)
+                except OSError as exc:
+                    self._drop(sock, repr(exc))
+                    return self._last_error
+
+
+def _open(address: tuple[str, int], timeout_s: float) -> socket.socket:
+    sock = socket.create_connection(address, timeout=timeout_s)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _wake(sock: socket.socket) -> None:
+    """Wake the thread polling ``sock``: a shut-down socket stays readable (EOF)."""
+    with contextlib.suppress(OSError):  # already reset by the peer: readable already
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _discard_received(sock: socket.socket) -> None:

@@ -342,9 +342,9 @@ class AlertsConfig:
         if not 1 <= self.mavlink_source_system <= 255:
             key = "alerts.mavlink_source_system"
             refuse(f"{key} must be 1..255", key)
-        if not 0 <= self.mavlink_source_component <= 255:
+        if not 1 <= self.mavlink_source_component <= 255:  # 0: MAV_COMP_ID_ALL, a target
             key = "alerts.mavlink_source_component"
-            refuse(f"{key} must be 0..255", key)
+            refuse(f"{key} must be 1..255 (0 is MAV_COMP_ID_ALL, not a sender's id)", key)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from inferd.alerts import AlertDispatcher, log_method
 from inferd.types import Alert, AlertLevel
+from tests.conftest import HANG_S
 from tests.unit.alerts.conftest import ALL_LEVELS, FailingHook, FakeClock, RecordingHook, alert
 
 
@@ -225,3 +226,68 @@ def test_concurrent_alerts_are_each_delivered_or_counted() -> None:
     reported = len(hook.calls) + sum(call[3].get("suppressed", 0) for call in hook.calls)
     assert reported == raised
     assert status["hooks"]["recording"]["sent"] == 2 * len(models)
+
+
+class _Gate(RecordingHook):
+    """Holds each alert until ``release``: a delivery in progress on another thread."""
+
+    def __init__(self) -> None:
+        super().__init__("gate")
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def alert(self, level: AlertLevel, code: str, message: str, fields: Mapping[str, Any]) -> None:
+        super().alert(level, code, message, fields)
+        self.entered.set()
+        assert self.release.wait(HANG_S), "the test never released the delivery"
+
+
+class _ClosedAtCall(RecordingHook):
+    """Records, with each alert, whether the hook was already closed."""
+
+    def __init__(self, gate: _Gate) -> None:
+        super().__init__("after_gate")
+        self.gate = gate
+        self.closed_at_call: list[bool] = []
+
+    def alert(self, level: AlertLevel, code: str, message: str, fields: Mapping[str, Any]) -> None:
+        self.closed_at_call.append(self.closed)
+        super().alert(level, code, message, fields)
+
+    def close(self) -> None:
+        super().close()
+        self.gate.release.set()  # the code before the fix closed the hooks at once
+
+
+class _SignalsWait(threading.Condition):
+    """The dispatcher's condition, releasing the gate once ``close()`` waits on it."""
+
+    def __init__(self, lock: Any, gate: _Gate) -> None:
+        super().__init__(lock)
+        self.gate = gate
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.gate.release.set()
+        return super().wait(timeout)
+
+
+def test_close_waits_for_a_delivery_in_progress_before_closing_the_hooks() -> None:
+    gate = _Gate()
+    after = _ClosedAtCall(gate)
+    dispatcher = AlertDispatcher([gate, after], rate_limit_s=0.0)
+    # Released when close() waits for the delivery (the fix), or when it closes
+    # the hook behind the gate without waiting (before it): no timing involved.
+    dispatcher._idle = _SignalsWait(dispatcher._lock, gate)
+    raiser = threading.Thread(target=dispatcher, args=(alert(level="CRITICAL"),))
+    raiser.start()
+    assert gate.entered.wait(HANG_S)
+    dispatcher.close()
+    raiser.join(HANG_S)
+    assert not raiser.is_alive()
+    assert after.closed_at_call == [False], "the alert in flight reached a closed hook"
+    assert gate.closed and after.closed
+    dispatcher(alert(model="late"))  # after close: dropped, and counted so
+    status = dispatcher.status()
+    assert (status["raised"], status["sent"], status["dropped_after_close"]) == (2, 1, 1)
+    assert status["raised"] == status["sent"] + status["suppressed"] + 1
+    assert status["hooks"]["after_gate"] == {"sent": 1, "failures": 0, "last_error": None}
