@@ -35,6 +35,16 @@ CONNECT_TIMEOUT_S = 2.0
 #: closes at once is not a busy loop).
 RETRY_INTERVAL_S = 5.0
 LINK_THREAD_NAME = "inferd-mavlink-tcp"
+#: A ground station that vanishes without closing (power lost, out of radio range)
+#: sends no FIN: kernel keepalives probe an idle connection after this long, every
+#: ``KEEPALIVE_INTERVAL_S``, and end it after ``KEEPALIVE_PROBES`` unanswered (11 s),
+#: and frames the station has not acknowledged end it after ``USER_TIMEOUT_S``.  The
+#: watcher then sees the error and connects again; Linux's defaults took 2 h idle and
+#: about 15 min with frames unacknowledged, all of them counted as sent.
+KEEPALIVE_IDLE_S = 5
+KEEPALIVE_INTERVAL_S = 2
+KEEPALIVE_PROBES = 3
+USER_TIMEOUT_S = 10
 #: Reads per wake-up or send to discard what the ground station sends us (heartbeats).
 _MAX_DRAIN_READS = 64
 _READ_SIZE = 4096
@@ -210,6 +220,11 @@ def _open(address: tuple[str, int], timeout_s: float) -> socket.socket:
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_S * 1000)
     except BaseException:
         sock.close()
         raise

@@ -139,3 +139,28 @@ def test_a_send_that_fails_drops_the_connection_and_the_thread_reconnects(
         second.close()
     finally:
         link.close()
+
+
+def test_a_station_that_vanishes_without_closing_is_found_by_the_kernel() -> None:
+    """No FIN comes from a station that lost power: the link's connection carries
+    keepalives and a user timeout, read back from the kernel (Linux's defaults:
+    2 h idle before a probe, about 15 min with frames unacknowledged)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sock = tcp_link._open(server.getsockname(), HANG_S)
+        try:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            options = {
+                name: sock.getsockopt(socket.IPPROTO_TCP, option)
+                for name, option in (
+                    ("idle", socket.TCP_KEEPIDLE),
+                    ("interval", socket.TCP_KEEPINTVL),
+                    ("probes", socket.TCP_KEEPCNT),
+                    ("user_timeout_ms", socket.TCP_USER_TIMEOUT),
+                )
+            }
+        finally:
+            sock.close()
+    assert options == {"idle": 5, "interval": 2, "probes": 3, "user_timeout_ms": 10_000}
+    # A dead station is given up within the idle time and the probes (11 s).
+    idle_s = tcp_link.KEEPALIVE_IDLE_S + tcp_link.KEEPALIVE_INTERVAL_S * tcp_link.KEEPALIVE_PROBES
+    assert idle_s <= 11
