@@ -7,7 +7,8 @@ comma-separated; never a Python repr.  The known documents (``status``,
 own layout; anything else is shown as indented ``key: value`` lines
 (``generic``), tables for lists of maps.  ``--json`` bypasses all of this.
 Text the daemon sends is shown through ``printable``: a control character in it
-reaches no terminal.
+reaches no terminal.  ``printable`` is ``inferd_wire.printable``'s, re-exported here
+(the daemon's log lines use it too, without importing the client library).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import datetime
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from inferd_wire.printable import printable
+
+__all__ = ["Column", "generic", "pairs", "printable", "size", "table", "text", "timestamp"]
 
 Column = tuple[str, Callable[[Mapping[str, Any]], Any]]
 
@@ -40,25 +45,6 @@ def text(value: Any, key: str = "") -> str:
     if isinstance(value, Mapping):
         return ", ".join(f"{text(k)}={text(v, str(k))}" for k, v in value.items()) if value else "-"
     return printable(str(value))
-
-
-def printable(line: str) -> str:
-    """``line`` safe to write to a terminal: a character that is not printable (C0
-    and C1 controls, DEL, line separators, bidi and other format characters) is
-    shown as its escape, ``\\x1b`` or ``\\u202e``; printable Unicode is kept.  Text
-    from the daemon (a model's load error, a client's ``requested_by``, an alert)
-    must not move the cursor, retitle the window, write the clipboard (OSC 52) or
-    begin a forged line.  The escapes are printable: a second pass changes nothing."""
-    if line.isprintable():
-        return line
-    return "".join(char if char.isprintable() else _escape(char) for char in line)
-
-
-def _escape(char: str) -> str:
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def size(nbytes: int) -> str:
@@ -336,9 +322,16 @@ def _thermal_line(thermal: Mapping[str, Any]) -> str:
 def _fdr_line(fdr: Mapping[str, Any]) -> str:
     if not fdr.get("enabled"):
         return "off" + (f" ({fdr['error']})" if fdr.get("error") else "")
+    kept = fdr.get("segments_kept")  # None from a daemon that does not send it
     return (
         f"{fdr.get('records_written', 0)} records ({size(fdr.get('bytes_written', 0))}), "
         f"{fdr.get('records_dropped', 0)} dropped, durable to #{fdr.get('durable_seq', 0)}"
+        + (
+            f", {text(kept)} segment{'' if kept == 1 else 's'} "
+            f"{size(fdr.get('bytes_kept', 0))} of {size(fdr.get('max_total_bytes', 0))} kept"
+            if kept is not None
+            else ""
+        )
         + (f"; last error: {fdr['last_error']}" if fdr.get("last_error") else "")
     )
 

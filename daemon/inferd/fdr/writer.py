@@ -142,7 +142,10 @@ class FlightRecorder:
         return marker.wait(timeout) and marker.durable
 
     def status(self) -> dict[str, Any]:
+        """Counters, and what the inventory keeps on disk (one read of ``kept``: no
+        listing, no lock, whatever the number of segments)."""
         segment = self._segment
+        kept, kept_bytes, oldest = self._inventory.kept
         return {
             "directory": str(self._directory),
             "records_written": self.records_written,
@@ -154,6 +157,10 @@ class FlightRecorder:
             "queue_bytes": self._queue.bytes,
             "segment": segment.path.name if segment else None,
             "segments_deleted": self.segments_deleted,
+            "segments_kept": kept,
+            "bytes_kept": kept_bytes,
+            "max_total_bytes": self._config.max_total_bytes,
+            "oldest_segment": None if oldest is None else framing.segment_name(oldest),
             "last_error": self.last_error,
         }
 

@@ -151,16 +151,12 @@ def _models(
         histogram = histograms.get(name)
         if histogram is not None:
             buckets = [
-                (_seconds(bound), count)
+                (repr(bound / 1e6), count)  # microseconds to seconds
                 for bound, count in zip(histogram.bounds_us, histogram.cumulative, strict=False)
             ]
             buckets.append(("+Inf", histogram.count))
             latency.add_metric([name], buckets, histogram.sum_us / 1e6)
     yield from (state, runtime, fallback, requests, responses, late, latency, *queue.values())
-
-
-def _seconds(microseconds: int) -> str:
-    return repr(microseconds / 1e6)
 
 
 def _bus(bus: Mapping[str, Any]) -> Iterator[Metric]:
@@ -332,6 +328,13 @@ def _fdr(fdr: Mapping[str, Any]) -> Iterator[Metric]:
         "FDR segments deleted to stay under fdr.max_total_bytes.",
         fdr["segments_deleted"],
     )
+    for key, name, doc, unit in (  # the recorder's inventory: nothing is listed per scrape
+        ("segments_kept", "inferd_fdr_segments_kept", "FDR segments kept, the open one too.", ""),
+        ("bytes_kept", "inferd_fdr_kept_bytes", "Bytes of the FDR segments kept.", "bytes"),
+        ("max_total_bytes", "inferd_fdr_max_total_bytes", "fdr.max_total_bytes.", "bytes"),
+    ):
+        if key in fdr:  # absent, never 0, in a status without them
+            yield _gauge(name, doc, fdr[key], unit)
 
 
 def _alerts(alerts: Mapping[str, Any]) -> Iterator[Metric]:

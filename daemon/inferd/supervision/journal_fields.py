@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
+from inferd_wire.printable import printable, printable_lines
+
 SYSLOG_IDENTIFIER = "inferd"
 #: MESSAGE_ID = uuid5(this namespace, INFERD_EVENT): stable per event type across
 #: releases and hosts, so ``journalctl MESSAGE_ID=...`` finds one kind of event.
@@ -79,17 +81,22 @@ def field_value(value: Any) -> bytes | None:
 
 
 def _message_value(value: Any) -> str:
+    # A word as it is; anything else (a space, any character that is not printable:
+    # every other whitespace is one) quoted by ``repr``, which escapes them.
     if isinstance(value, str):
-        return value if value and not any(ch.isspace() for ch in value) else repr(value)
+        return value if value and value.isprintable() and " " not in value else repr(value)
     rendered = field_value(value)
-    return rendered.decode("utf-8", "replace") if rendered is not None else "None"
+    return printable(rendered.decode("utf-8", "replace")) if rendered is not None else "None"
 
 
 def render_message(event_dict: Mapping[str, Any]) -> str:
-    """MESSAGE: the event name, then ``key=value`` pairs, then any traceback."""
-    event = str(event_dict.get("event", ""))
+    """MESSAGE: the event name, then ``key=value`` pairs, then any traceback.  The
+    human line, so nothing in it is a terminal control: ``journalctl -a`` and
+    ``-o cat`` write it as it is (``journalctl`` alone shows a message holding one
+    as ``[N blob data]``).  The fields keep each value as it was: they are data."""
+    event = printable(str(event_dict.get("event", "")))
     pairs = [
-        f"{key}={_message_value(value)}"
+        f"{printable(key)}={_message_value(value)}"
         for key, value in event_dict.items()
         if key not in _CONSUMED and key != "thread_name"
     ]
@@ -97,7 +104,7 @@ def render_message(event_dict: Mapping[str, Any]) -> str:
     for key in ("stack", "exception"):
         text = event_dict.get(key)
         if text:
-            message += "\n" + str(text).rstrip("\n")
+            message += "\n" + printable_lines(str(text).rstrip("\n"))
     return message
 
 

@@ -15,12 +15,17 @@ If the journal cannot be reached the event is written to stderr as a console
 line instead: logs are never silently lost.  Every format goes through one
 process-wide ``RepeatLimiter`` (``repeat_limiter``) that bounds log volume in
 lines, and ``cut_long_values``, which bounds each line: a refusal quotes what a
-client sent (up to ``bus.max_header_bytes``, escaped).
+client sent (up to ``bus.max_header_bytes``, escaped).  A console line shows every
+value through ``inferd_wire.printable`` (``escape_for_console``): a string request
+id, a file's path or a TensorRT message naming an ONNX node drives no terminal and
+forges no line.  JSON escapes by itself; journald keeps each field's value as it
+was and escapes ``MESSAGE`` (``journal_fields.render_message``).
 """
 
 from __future__ import annotations
 
 import atexit
+import io
 import logging
 import os
 import sys
@@ -30,6 +35,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
+from structlog.typing import ExcInfo
 
 from inferd.repeat_limiter import RepeatLimiter
 from inferd.supervision.journal_fields import journal_fields
@@ -40,6 +46,7 @@ from inferd.supervision.journal_writer import (
     Entry,
     JournalWriter,
 )
+from inferd_wire.printable import printable, printable_lines
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -64,6 +71,52 @@ def cut_long_values(
         if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
             event_dict[key] = f"{value[:MAX_FIELD_CHARS]} [cut: {len(value)} characters]"
     return event_dict
+
+
+#: Values that are lines of text (a traceback, a stack): escaped line by line.
+_TEXT_BLOCKS = frozenset({"exception", "stack"})
+
+
+def escape_for_console(
+    _logger: Any, _method_name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """A structlog processor, the console renderer's last step before it: each
+    string value and key that is not printable is shown through ``printable``, so
+    that what a client or a file put in a line (a string request id, a path, a
+    TensorRT message) writes no escape sequence to the operator's terminal and
+    begins no forged line.  structlog's console renderer writes a string as it is
+    unless it holds a space, a quote, ``=`` or a line break (then ``repr``): ESC,
+    OSC 52 and a bidi override went through.  Other values it shows with ``repr``,
+    which escapes.  A clean line costs one ``isprintable`` per string value and one
+    for the keys."""
+    for key, value in event_dict.items():
+        if isinstance(value, str) and not value.isprintable():
+            event_dict[key] = printable_lines(value) if key in _TEXT_BLOCKS else printable(value)
+    if not "".join(event_dict).isprintable():
+        escaped = {printable(key): value for key, value in event_dict.items()}
+        event_dict.clear()
+        event_dict.update(escaped)
+    return event_dict
+
+
+#: The traceback structlog's console renderer writes without colours (rich's when
+#: installed); an older structlog without a monochrome one: its plain traceback.
+_MONOCHROME_TRACEBACK: structlog.typing.ExceptionRenderer = getattr(
+    structlog.dev, "default_monochrome_exception_formatter", structlog.dev.plain_traceback
+)
+
+
+def escaped_traceback(sio: TextIO, exc_info: ExcInfo) -> None:
+    """structlog's console traceback, each line through ``printable``: an
+    exception's text may quote a client's id or a file."""
+    buffer = io.StringIO()
+    _MONOCHROME_TRACEBACK(buffer, exc_info)
+    sio.write(printable_lines(buffer.getvalue()))
+
+
+def console_renderer() -> structlog.dev.ConsoleRenderer:
+    """The console line of an event that went through ``escape_for_console``."""
+    return structlog.dev.ConsoleRenderer(colors=False, exception_formatter=escaped_traceback)
 
 
 def journal_stream_matches(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
@@ -111,7 +164,7 @@ class JournaldRenderer:
         capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         self._fallback = fallback
-        self._console = structlog.dev.ConsoleRenderer(colors=False)
+        self._console = console_renderer()
         self._lock = threading.Lock()
         self._last_notice: float | None = None
         self.failures = 0
@@ -136,7 +189,8 @@ class JournaldRenderer:
                 self._last_notice = now
         for key in ("pathname", "lineno", "func_name", "thread_name"):
             event_dict.pop(key, None)
-        line = str(self._console(None, method_name, dict(event_dict))) + "\n"
+        shown = escape_for_console(None, method_name, dict(event_dict))
+        line = str(self._console(None, method_name, shown)) + "\n"
         try:
             with _STDERR_LOCK:
                 if notice:
@@ -230,10 +284,11 @@ def configure_logging(
             structlog.processors.JSONRenderer(),
         ]
     else:
-        # ConsoleRenderer formats exceptions itself.
+        # ConsoleRenderer formats exceptions itself (escaped_traceback).
         processors += [
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.dev.ConsoleRenderer(colors=False),
+            escape_for_console,
+            console_renderer(),
         ]
     structlog.configure(
         processors=processors,
