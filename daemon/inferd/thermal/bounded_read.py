@@ -16,7 +16,10 @@ take it (``take_late``: a late open is used), or the ``discard`` callback:
 at the next ``call`` if nobody took it (a late read is old, and dropped), or
 once the caller has moved on (``abandon``), on the helper thread as the call
 ends (a late open closes what it opened: no NVML or jtop handle leaks, even
-when the monitor stopped waiting for it).
+when the monitor stopped waiting for it).  ``abandon`` also wakes a caller
+waiting within the deadline: the monitor's stop waits for no call.  What a
+running call uses (the source a read holds) can be given to its thread to
+close as the call ends (``hand_over``).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class _Call(Generic[T]):
         self.claimed = False
         #: Set last on the thread: nothing of this call (``discard`` included) runs any more.
         self.exited = False
+        #: Run on this thread as the call ends (``hand_over``): what the call used is closed.
+        self.then: Callable[[], None] | None = None
         self.thread = threading.Thread(
             target=self._run, args=(owner, fn), name=owner.thread_name, daemon=True
         )
@@ -76,7 +81,8 @@ class BoundedCall(Generic[T]):
     """``call(fn, name)`` returns what ``fn`` returned or raises what it raised,
     or ``DeadlinePassedError`` when it took longer than ``deadline_s``, an
     earlier call has still not returned, or the caller has moved on.  Called
-    from one thread (the monitor's), except ``abandon`` and ``join`` (``stop``)."""
+    from one thread (the monitor's), except ``abandon``, ``hand_over``,
+    ``join_returned`` and ``abandoned_running`` (``stop``)."""
 
     def __init__(
         self,
@@ -104,9 +110,14 @@ class BoundedCall(Generic[T]):
             orphan = self._abandoned and not attempt.claimed
             if orphan:
                 attempt.claimed = True
+            then, attempt.then = attempt.then, None
             self._lock.notify_all()
-        if orphan:  # nobody will take it: on this thread, as the call ends
-            self._give_to_discard(outcome)
+        try:
+            if orphan:  # nobody will take it: on this thread, as the call ends
+                self._give_to_discard(outcome)
+        finally:
+            if then is not None:
+                then()
 
     def _give_to_discard(self, outcome: T | Exception | None) -> None:
         if outcome is not None and not isinstance(outcome, Exception):
@@ -151,14 +162,19 @@ class BoundedCall(Generic[T]):
             attempt = _Call(self, fn, f"{name}: the {self._what}")
             self._last = attempt
             attempt.thread.start()
-            finished = self._lock.wait_for(lambda: attempt.finished, self.deadline_s)
+            # ``abandon`` wakes this wait: the stop need not wait out the deadline.
+            self._lock.wait_for(lambda: attempt.finished or self._abandoned, self.deadline_s)
+            finished = attempt.finished
             # Claimed already: abandoned meanwhile, and given to discard.
             claimed = finished and not attempt.claimed
             if claimed:
                 attempt.claimed = True
-            elif not finished:
+            elif not finished:  # no second call starts while it runs, abandoned or not
                 self._late = attempt
+            stopped = self._abandoned
         self._give_to_discard(dropped)
+        if not finished and stopped:
+            raise DeadlinePassedError(f"{name}: the caller stopped waiting for the {self._what}")
         if not finished:
             raise DeadlinePassedError(
                 f"{name}: the {self._what} did not finish within {self.deadline_s:g} s (it hangs)"
@@ -172,30 +188,43 @@ class BoundedCall(Generic[T]):
     def abandon(self) -> None:
         """The caller moves on: what a call returns from now on goes to
         ``discard`` (a finished late result now, a running call's on its thread
-        when it ends) and no call starts until ``resume``."""
+        when it ends), a caller waiting for a call within its deadline stops
+        waiting at once, and no call starts until ``resume``."""
         with self._lock:
             self._abandoned = True
             outcome = self._take_late_locked()
+            self._lock.notify_all()
         self._give_to_discard(outcome)
+
+    def hand_over(self, then: Callable[[], None]) -> bool:
+        """Run ``then`` on the latest call's thread as the call ends, if it has
+        not returned (``then`` closes what the call still uses); False if it
+        has, or none ran: the caller runs ``then`` itself.  One of the two, so
+        ``then`` runs once."""
+        with self._lock:
+            last = self._last
+            if last is None or last.finished:
+                return False
+            last.then = then
+            return True
 
     def resume(self) -> None:
         """Calls start again (the monitor restarts)."""
         with self._lock:
             self._abandoned = False
 
-    def join(self, timeout: float, *, running: bool = True) -> bool:
-        """Wait up to ``timeout`` for the latest call's thread to end (one that
-        returned on time may still be exiting); False while the call, or the
-        ``discard`` of what it returned, still runs.  ``running`` False: no wait
-        for a call that has not returned (past its deadline, since the caller
-        waits for it until then): it cannot be interrupted, and once abandoned
-        it gives what it returns to ``discard`` on its own thread."""
+    def join_returned(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the latest call's thread to end if the
+        call has returned (its thread may still be exiting, or running
+        ``discard`` or what was handed over to it); none for a call that has
+        not returned: it cannot be interrupted, and once abandoned it does all
+        that on its own thread when it returns.  False while its thread runs."""
         with self._lock:
             last = self._last
             returned = last is None or last.finished
         if last is None:
             return True
-        if running or returned:
+        if returned:
             last.thread.join(max(timeout, 0.0))
         return last.exited or not last.thread.is_alive()
 

@@ -27,7 +27,9 @@ from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
 from inferd.thermal.bounded_read import READ_THREAD_NAME, BoundedCall
 from inferd.thermal.fallthrough import SourceOpens
+from inferd.thermal.leaving import close_source, leave_to_read
 from inferd.thermal.opening import Opener
+from inferd.thermal.rate_limit import RateLimit
 from inferd.thermal.reading import (
     GpuUsage,
     ThermalReading,
@@ -49,26 +51,6 @@ _NS_PER_S = 1_000_000_000
 
 def _discard(_name: str, _payload: Mapping[str, Any]) -> None:
     return None
-
-
-class _RateLimit:
-    """Allows one event per ``interval_ns`` and counts what it held back."""
-
-    def __init__(self, interval_ns: int) -> None:
-        self._interval_ns = interval_ns
-        self._last_ns: int | None = None
-        self.suppressed = 0
-
-    def allow(self, now_ns: int) -> bool:
-        if self._last_ns is not None and now_ns - self._last_ns < self._interval_ns:
-            self.suppressed += 1
-            return False
-        self._last_ns = now_ns
-        return True
-
-    def take_suppressed(self) -> int:
-        count, self.suppressed = self.suppressed, 0
-        return count
 
 
 class ThermalMonitor:
@@ -113,11 +95,13 @@ class ThermalMonitor:
         self._opening = SourceOpens(config, opener, stale_after_s)
         self._tracker = ThrottleTracker(config.throttle_enter_c, config.hysteresis_c)
         self._log = structlog.get_logger("inferd.thermal")
-        self._unavailable_warn = _RateLimit(int(warn_interval_s * _NS_PER_S))
-        self._sink_error_log = _RateLimit(int(warn_interval_s * _NS_PER_S))
-        self._crash_log = _RateLimit(int(warn_interval_s * _NS_PER_S))
+        self._unavailable_warn = RateLimit(int(warn_interval_s * _NS_PER_S))
+        self._sink_error_log = RateLimit(int(warn_interval_s * _NS_PER_S))
+        self._crash_log = RateLimit(int(warn_interval_s * _NS_PER_S))
 
         self._source: ThermalSource | None = None
+        #: The source ``stop`` left to a read still running (``abandoned_read``).
+        self._left_to_read: str | None = None
         self._last_probe_ns: int | None = None
         self._failing_since_ns: int | None = None
         self._warned_unavailable = False
@@ -164,52 +148,64 @@ class ThermalMonitor:
         if self._thread is not None:
             raise RuntimeError("thermal monitor already started")
         self._stop.clear()
+        self._reader.resume()
         self._opening.resume()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop polling, join the thread and close the source.  False if a
-        thread is left: the poll or a read that did not end within ``timeout``
-        (a source being read is then left open: the read may still use it), or
-        an open past its deadline, not waited for since nothing can interrupt
-        it: it closes what it opens when it returns (``abandoned_opens``).  The
-        source in use is closed unless a read holds it."""
+        """Stop polling, join the thread and close the source.  No read or open
+        is waited for (nothing can interrupt one; a poll waiting for one stops
+        waiting at once): a read still running is left the source it reads and
+        closes it when it returns (``abandoned_read``), an open closes what it
+        opens (``abandoned_opens``).  False if a thread is left: one of those,
+        or the poll if it did not end within ``timeout`` (the source is then
+        left open: the poll may still use it)."""
         self._stop.set()
         started = time.monotonic()
         give_up_at = started + timeout
+        # Even a read or an open the poll waits for within its deadline; an open
+        # that ended late and was never used: closed.
+        self._reader.abandon()
+        self._opening.abandon()
         thread = self._thread
         if thread is threading.current_thread():
             thread = None  # stopped from a sink: the loop ends after this poll
         if thread is not None:
             thread.join(timeout)
-        reading = (thread is not None and thread.is_alive()) or not self._reader.join(
-            give_up_at - time.monotonic()
-        )
-        # Even one the thread still waits for; one that ended late, never used: closed.
-        self._opening.abandon()
+        polling = thread is not None and thread.is_alive()
+        source = self._source
+        if not polling and source is not None and leave_to_read(self._reader, source):
+            self._source, self._left_to_read = None, source.name
+            self._reader.join_returned(give_up_at - time.monotonic())  # closing it
         self._opening.join_returned(give_up_at - time.monotonic())  # those closing
-        abandoned = self._opening.abandoned()
-        if reading or abandoned:  # a hung open alone: known (skipped_sources), not waited for
-            (self._log.error if reading else self._log.warning)(
+        abandoned, read = self._opening.abandoned(), self.abandoned_read
+        if polling or abandoned or read:  # a hung open or read: known (last_error), not waited for
+            getattr(self._log, "error" if polling else "warning")(
                 "thermal_monitor_stop_timeout",
                 timeout_s=timeout,
                 abandoned=list(abandoned),
+                left_to_read=read,
                 waited_s=round(time.monotonic() - started, 3),
             )
-        if reading:
+        if polling:
             return False
         self._thread = None
         self._close_source()
         self._last_probe_ns = None  # a later start() probes at once
         self._failing_since_ns = None
         self._state = ThermalState.unavailable(self._clock())
-        return not abandoned
+        return not abandoned and read is None
 
     @property
     def abandoned_opens(self) -> tuple[str, ...]:
         """The sources whose open ``stop`` left running (or closing what it opened)."""
         return self._opening.abandoned()
+
+    @property
+    def abandoned_read(self) -> str | None:
+        """The source ``stop`` left to a read still running, which closes it."""
+        return self._left_to_read if self._reader.abandoned_running() else None
 
     # -- the thread ---------------------------------------------------------------
 
@@ -245,6 +241,8 @@ class ThermalMonitor:
         now = self._clock()
         self._polls += 1
         reading, error = self._read(now)
+        if reading is None and self._stop.is_set():
+            return self._state  # cut short by stop(): no lost telemetry to warn of or record
         if reading is not None:
             decision = self._tracker.update(reading)
             state = ThermalState(
@@ -292,7 +290,8 @@ class ThermalMonitor:
         if hung_for is not None:
             # Checked before _ensure_source: a re-probe must not close the
             # source under the read that still uses it.
-            return None, f"{self.source_name}: a read has not returned for {hung_for:.1f} s"
+            held = self.source_name or self._left_to_read  # one a stop left: restarted
+            return None, f"{held}: a read has not returned for {hung_for:.1f} s"
         source = self._ensure_source(now)
         if source is None:  # names the opens that hang, else why each source failed
             return None, self._opening.why_none()
@@ -358,12 +357,8 @@ class ThermalMonitor:
 
     def _close_source(self) -> None:
         source, self._source = self._source, None
-        if source is None:
-            return
-        try:
-            source.close()
-        except Exception:
-            self._log.exception("thermal_source_close_failed", source=source.name)
+        if source is not None:
+            close_source(source)
 
     # -- outputs ---------------------------------------------------------------------
 

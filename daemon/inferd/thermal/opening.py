@@ -9,9 +9,9 @@ there is at most one open thread per source however long it hangs
 (``fallthrough`` meanwhile tries the sources after it).  What an open that
 finished late opened is used or closed (``close_unwanted``) by the monitor's
 next poll; if the monitor has stopped by then, it is closed on the open's own
-thread.  So the monitor's stop does not wait for an open past its deadline
-(nothing can interrupt it): it abandons it and says which are left
-(``abandoned_running``).
+thread.  So the monitor's stop waits for no open, within its deadline or past
+it (nothing can interrupt one): it abandons them (a poll waiting for one stops
+waiting) and says which are left (``abandoned_running``).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class BoundedOpen:
         """Wait up to ``timeout`` for an open that has returned to end its
         thread (closing what it opened, once abandoned); none for one still
         running past its deadline.  False if its thread still runs."""
-        return self._call.join(timeout, running=False)
+        return self._call.join_returned(timeout)
 
     def abandoned_running(self) -> bool:
         """Abandoned (``stop``) while the open, or its closing, still runs."""

@@ -23,9 +23,10 @@ from inferd.thermal import (
     ThermalMonitor,
     ThermalReading,
 )
+from inferd.thermal.bounded_read import READ_THREAD_NAME
 from inferd.thermal.throttle import REASON_ENTER, REASON_UNAVAILABLE
 from inferd.types import ThermalState
-from tests.conftest import wait_until
+from tests.conftest import HANG_S, wait_until
 from tests.unit.thermal.conftest import (
     FakeClock,
     HangingSource,
@@ -199,6 +200,8 @@ def test_stop_leaves_the_source_open_while_a_read_past_its_deadline_runs() -> No
         assert [entry["event"] for entry in logs] == ["thermal_monitor_stop_timeout"]
     finally:
         source.release.set()
+    for thread in source.readers:  # the stop left the source to it: closed as it returns
+        thread.join(HANG_S)
     assert monitor.stop(timeout=2.0) is True
     assert source.closed == 1 and not any(thread.is_alive() for thread in source.readers)
 
@@ -400,7 +403,7 @@ def test_thread_polls_at_poll_hz_and_stop_joins() -> None:
     assert not monitor.snapshot().is_telemetry_available
 
 
-def test_stop_waits_for_a_poll_in_progress() -> None:
+def test_stop_leaves_a_read_in_progress_the_source() -> None:
     release = threading.Event()
     entered = threading.Event()
 
@@ -420,7 +423,9 @@ def test_stop_waits_for_a_poll_in_progress() -> None:
         assert monitor.stop(timeout=0.05) is False  # stuck in read: source stays open
     assert source.closed == 0
     assert [e["event"] for e in logs] == ["thermal_monitor_stop_timeout"]
+    (reader,) = [t for t in threading.enumerate() if t.name == READ_THREAD_NAME]
     release.set()
+    reader.join(HANG_S)  # the read returns, and its thread closes the source
     assert monitor.stop(timeout=2.0) is True
     assert source.closed == 1
 

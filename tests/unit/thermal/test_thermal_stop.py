@@ -7,7 +7,8 @@ budget.  Now an open past its deadline is abandoned without a wait: it closes
 what it opens when it returns (DESIGN.md 240), and the stop says so: it
 returns False, ``abandoned_opens`` names the source, and
 ``thermal_monitor_stop_timeout`` (at warning level) lists it in ``abandoned``.
-A read past its deadline is still waited for: it holds the source in use.
+A read, and an open within its deadline, are no longer waited for either:
+``test_thermal_stop_prompt.py``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from structlog.testing import capture_logs
 from inferd.config import ThermalConfig
 from inferd.stop_budget import THERMAL_S
 from inferd.thermal import OPENERS, ThermalMonitor
-from inferd.thermal.bounded_read import OPEN_THREAD_NAME, READ_THREAD_NAME
+from inferd.thermal.bounded_read import OPEN_THREAD_NAME
 from tests.conftest import HANG_S, wait_until
-from tests.unit.thermal.conftest import HangingSource, ScriptedSource, reading
+from tests.unit.thermal.conftest import ScriptedSource, reading
 from tests.unit.thermal.test_monitor_open_deadline import HangingOpen
 from tests.unit.thermal.test_thermal_fallthrough import Jetson, hung_opens, monitor_for
 
@@ -112,37 +113,13 @@ def test_every_hung_open_is_named_and_none_is_waited_for(
     assert not monitor.abandoned_opens and monitor.stop() is True
 
 
-def test_a_read_past_its_deadline_is_still_waited_for_and_is_an_error(
+def test_an_open_that_returns_as_the_stop_begins_is_closed_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A hung read holds the source in use, which is closed only once it ends:
-    the stop waits its timeout for it, as before, and it is an error."""
-    source = HangingSource(reading(cpu=47.0), hang_from=2)  # the probe read, then a hang
-    monkeypatch.setitem(OPENERS, "sysfs", lambda _config: source)
-    monitor, _, _ = monitor_for(("sysfs",), poll_hz=20.0)
-    monitor.start()
-    try:
-        wait_until(lambda: source.reads >= 2, message="the read that hangs")
-        with capture_logs() as logs:
-            started = time.monotonic()
-            assert monitor.stop(0.3) is False
-            assert time.monotonic() - started >= 0.3  # waited: the read may still end
-        assert source.closed == 0  # the read may still use it
-        assert monitor.abandoned_opens == ()
-        (line,) = [e for e in logs if e["event"] == STOP_EVENT]  # beside the poll's warning
-        assert (line["log_level"], line["abandoned"]) == ("error", [])
-    finally:
-        source.release.set()
-    for reader in [t for t in threading.enumerate() if t.name == READ_THREAD_NAME]:
-        reader.join(HANG_S)
-    assert monitor.stop(2.0) is True and source.closed == 1
-
-
-def test_an_open_within_its_deadline_is_still_waited_for(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An open the poll still waits for (within its deadline) that returns
-    during the stop: its source is closed by the stop, nothing is left."""
+    """An open the poll waits for (within its deadline) returns as the stop
+    begins, racing the stop's ``abandon``: the poll took it (the stop closes
+    it) or it was abandoned (its thread closes it).  Either way it is closed
+    once, and the stop's result says whether the open's thread was left."""
     opener = HangingOpen(ScriptedSource(reading(cpu=61.0), name="jtop"))
     monkeypatch.setitem(OPENERS, "jtop", opener)
     config = ThermalConfig(sources=("jtop",), throttle_enter_c=80.0, poll_hz=20.0)
@@ -152,9 +129,12 @@ def test_an_open_within_its_deadline_is_still_waited_for(
     try:
         assert opener.entered.wait(HANG_S)
         with capture_logs() as logs:
-            assert monitor.stop(HANG_S) is True
+            stopped = monitor.stop(HANG_S)
     finally:
         opener.release.set()
+    said = [e["abandoned"] for e in logs if e["event"] == STOP_EVENT]
+    assert said == ([] if stopped else [["jtop"]])
+    opener.join()
     assert opener.source.closed == 1 and monitor.abandoned_opens == ()
-    assert [e["event"] for e in logs if e["event"] == STOP_EVENT] == []
     assert [t for t in threading.enumerate() if t.name == OPEN_THREAD_NAME] == []
+    assert monitor.stop() is True and opener.source.closed == 1
