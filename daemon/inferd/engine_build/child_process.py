@@ -26,6 +26,7 @@ from typing import Any
 
 from inferd.process_identity import this_process
 from inferd.python_module import python_module
+from inferd.supervision.child_env import child_environment
 
 
 def spawn(spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
@@ -39,7 +40,8 @@ def spawn(spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         close_fds=True,  # no ZeroMQ socket (or any other fd) leaks into the child
         start_new_session=True,  # a terminal's Ctrl-C is the daemon's, not the build's
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Without $NOTIFY_SOCKET and $WATCHDOG_*: only the daemon speaks to systemd.
+        env=child_environment({"PYTHONUNBUFFERED": "1"}),
     )
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
+from inferd_wire.printable import printable
+
 NOTIFY_SOCKET_ENV = "NOTIFY_SOCKET"
 #: ``STATUS=`` is one line; longer texts are cut here (``systemctl status`` shows one line).
 MAX_STATUS_CHARS = 400
@@ -29,6 +31,12 @@ MAX_STATUS_CHARS = 400
 #: watchdog withholds the pings, or what it waits for; kept whole when a line is cut.
 STATUS_NOTE_SEPARATOR = " | "
 _ERROR_LOG_INTERVAL_S = 60.0
+#: What a stop needs beyond its budget, which ends with the FDR's flush: the
+#: process's exit after it (the journal's queue flushed at exit for up to
+#: ``journal_writer.EXIT_FLUSH_S``, 2 s; the interpreter's teardown).  The units'
+#: ``TimeoutStopSec=`` is the default budget plus this margin; ``STOPPING=1`` asks
+#: for it beyond a longer configured budget too (``Notifier.stopping``).
+STOP_EXIT_MARGIN_S = 5.0
 
 log = structlog.get_logger("inferd.notify")
 
@@ -68,8 +76,16 @@ def _libsystemd_backend() -> Backend | None:
 def one_line(text: str, limit: int = MAX_STATUS_CHARS) -> str:
     """``STATUS=`` must be a single line of UTF-8.  A text too long is cut before
     its note (after the last ``STATUS_NOTE_SEPARATOR``), which stays whole when it
-    fits in half the limit: the model list is what gives way."""
-    flat = " ".join(text.split())
+    fits in half the limit: the model list is what gives way.
+
+    Whitespace runs become one space; every other character that is not printable
+    is written as its escape (``inferd_wire.printable``, the project's one rule):
+    systemd ignores a whole datagram with a NUL in it (``notify_recv``: "embedded
+    NUL"), ``READY=1`` or ``STOPPING=1`` beside the text included; a lone surrogate
+    (a path's undecodable byte) cannot be encoded, so nothing was sent; and
+    ``systemctl status`` prints the text to a terminal as it is.  The text can
+    hold an exception's message (``failed: the engine worker stopped on ...``)."""
+    flat = printable(" ".join(text.split()))
     if len(flat) <= limit:
         return flat
     line, separator, note = flat.rpartition(STATUS_NOTE_SEPARATOR)
@@ -173,14 +189,15 @@ class Notifier:
         return self.send("READY=1", f"STATUS={line}")
 
     def stopping(self, status: str, *, extend_s: float | None = None) -> bool:
-        """``STOPPING=1``; ``extend_s`` also asks for at least that long to stop
+        """``STOPPING=1``; ``extend_s``, the stop's budget (``Daemon.stop_budget_s``),
+        also asks for that long plus ``STOP_EXIT_MARGIN_S`` to stop
         (``EXTEND_TIMEOUT_USEC``, only effective beyond ``TimeoutStopSec=``)."""
         line = one_line(status)
         with self._lock:
             self._last_status = line
         assignments = ["STOPPING=1", f"STATUS={line}"]
         if extend_s is not None:
-            assignments.append(f"EXTEND_TIMEOUT_USEC={_usec(extend_s)}")
+            assignments.append(f"EXTEND_TIMEOUT_USEC={_usec(extend_s + STOP_EXIT_MARGIN_S)}")
         return self.send(*assignments)
 
     def extend_timeout(self, seconds: float) -> bool:

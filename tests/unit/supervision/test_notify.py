@@ -94,7 +94,8 @@ def test_assignments_in_one_datagram_each(abstract_socket: tuple[socket.socket, 
         b"EXTEND_TIMEOUT_USEC=2500000",
         b"READY=1\nSTATUS=serving: demo=onnx_trt_ep",
         b"WATCHDOG=1",
-        b"STOPPING=1\nSTATUS=stopping: demo=onnx_trt_ep\nEXTEND_TIMEOUT_USEC=32000000",
+        # The stop's budget (32 s) and STOP_EXIT_MARGIN_S (5 s) for the exit after it.
+        b"STOPPING=1\nSTATUS=stopping: demo=onnx_trt_ep\nEXTEND_TIMEOUT_USEC=37000000",
         b"STATUS=cannot start: bind failed\nERRNO=98",
     ]
     assert notifier.sent == 5
