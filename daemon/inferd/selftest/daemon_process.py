@@ -5,7 +5,6 @@ ready, a clean stop, and what its log says (warnings, CUDA errors)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -15,14 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.python_module import python_module
+from inferd.supervision.child_env import child_environment
 from inferd_client import ClientError, OperatorClient
 
 #: How long one readiness probe waits for an answer (also the probing pace).
 READY_PROBE_S = 0.5
 #: SIGTERM to exit: the default drain plus shutdown; then the daemon is killed.
 STOP_TIMEOUT_S = 30.0
-#: Variables that would make the daemon talk to this shell's service manager.
-_SUPERVISOR_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM")
 #: Warnings the self-test's own setup causes, not a fault of what is tested: a host
 #: without a thermal source warns by design (``thermal.nvml`` checks thermal).
 EXPECTED_WARNINGS = frozenset({"thermal_telemetry_unavailable"})
@@ -137,8 +135,10 @@ def start_daemon(directory: Path, config_text: str, *, ready_timeout_s: float) -
     config = directory / "inferd.toml"
     config.write_text(config_text)
     log_path = directory / "inferd.log"
-    env = {key: value for key, value in os.environ.items() if key not in _SUPERVISOR_VARIABLES}
-    env["PYTHONUNBUFFERED"] = "1"
+    # Not this shell's service manager's: no sd_notify, no watchdog (child_environment),
+    # and its own log on stderr rather than the journal stream the shell may have.
+    env = child_environment({"PYTHONUNBUFFERED": "1"})
+    env.pop("JOURNAL_STREAM", None)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [*python_module("inferd.cli"), "run", "--config", str(config)],
