@@ -83,11 +83,20 @@ option: ", key)``) and its EP-context loading
   than this GPU's logs the EP's warning.  The "engine" then computes its ONNX
   model with the real ONNX Runtime on the CPU.  Without the TensorRT EP, the
   real ONNX Runtime gets the context model and refuses the node itself.
+* ``Session.run``'s own silent fallback (``onnxruntime_inference_collection.py``,
+  ``Session.run``, the same from 1.18 to 1.32, read in 1.32 here): a run that
+  raises ``EPFail`` (``FakeOrt.run_ep_failure``: the TensorRT EP fails every run
+  while it is set), with fallback enabled, prints "EP Error: <e> using
+  <providers>" and "Falling back to <fallback> and retrying.", re-creates the
+  session with the fallback providers and no options (``set_providers``, which
+  re-creates it as ``_reset_session`` does), disables fallback and runs again:
+  the run succeeds on the CUDA EP or the CPU and ``get_providers()`` changes
+  under a caller that read it at load.  With fallback disabled the ``EPFail`` is
+  raised.  ``FakeOrt.run_fallbacks`` counts those re-creations.
 * Everything else (``SessionOptions``, ``GraphOptimizationLevel``, ...) is the
   real module's.
 
-Not modelled: ``Session.run``'s own fallback on ``EPFail`` (the runtime disables
-it), the CUDA EP's checks of option values other than those above, the arena in
+Not modelled: the CUDA EP's checks of option values other than those above, the arena in
 ``run_with_iobinding`` and the arena's bins and fragmentation, and real GPU
 placement: ``run`` is CPU inference.
 """
@@ -257,6 +266,11 @@ class FakeOrt:
     sessions: list[dict[str, Any]] = field(default_factory=list)
     #: What the C++ side logged (warnings), in order.
     log: list[str] = field(default_factory=list)
+    #: When set, every run of a session with the TensorRT EP registered raises
+    #: ``EPFail`` with this text (``Session.run`` then falls back if enabled).
+    run_ep_failure: str | None = None
+    #: Sessions ``Session.run``'s fallback re-created on other providers.
+    run_fallbacks: int = 0
 
 
 def _warn_cpp(state: FakeOrt, message: str) -> None:
@@ -573,7 +587,30 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
         def get_outputs(self) -> Any:
             return self._inner.get_outputs()
 
+        def set_providers(
+            self, providers: Sequence[Any] | None = None, provider_options: Any = None
+        ) -> None:
+            """Re-create the session with ``providers`` (``_reset_session``)."""
+            self._create(providers, provider_options)
+
         def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> Any:
+            try:
+                return self._run(output_names, input_feed, run_options)
+            except real.capi.onnxruntime_pybind11_state.EPFail as err:
+                if self._enable_fallback:  # Session.run's fallback, as the real one
+                    print(f"EP Error: {err!s} using {self._providers}")
+                    print(f"Falling back to {self._fallback_providers} and retrying.")
+                    state.run_fallbacks += 1
+                    self.set_providers(self._fallback_providers)
+                    self.disable_fallback()
+                    return self._run(output_names, input_feed, run_options)
+                raise
+
+        def _run(self, output_names: Any, input_feed: Any, run_options: Any) -> Any:
+            if state.run_ep_failure is not None and TRT_EP in self._providers:
+                raise real.capi.onnxruntime_pybind11_state.EPFail(
+                    f"[ONNXRuntimeError] : 11 : EP_FAIL : {state.run_ep_failure}"
+                )
             outputs = self._inner.run(output_names, input_feed, run_options)
             tensors = [*input_feed.values(), *outputs]
             self.arena.allocate_run(tensors, real, self._first_node)
@@ -583,6 +620,11 @@ def make_module(state: FakeOrt, real: Any) -> types.ModuleType:
             return self._inner.io_binding()
 
         def run_with_iobinding(self, iobinding: Any, run_options: Any = None) -> None:
+            # No fallback here: the real one calls the C++ session and lets EPFail go.
+            if state.run_ep_failure is not None and TRT_EP in self._providers:
+                raise real.capi.onnxruntime_pybind11_state.EPFail(
+                    f"[ONNXRuntimeError] : 11 : EP_FAIL : {state.run_ep_failure}"
+                )
             self._inner.run_with_iobinding(iobinding, run_options)
 
     module.get_available_providers = get_available_providers  # type: ignore[attr-defined]

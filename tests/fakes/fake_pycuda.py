@@ -28,7 +28,18 @@ Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp`` and ``src/cpp/cuda.hp
   ``Context.synchronize()`` (static) completes the current context's streams;
   ``detach()`` really detaches only if the context is current on this thread
   (it is then popped) or this is its creating thread; otherwise the real
-  pycuda leaks it silently (``FakeCuda.leaked_contexts`` counts that).
+  pycuda leaks it silently (``context::detach``: "In all likelihood, this
+  context's managing thread has exited ... No need to harp on the fact",
+  its warning commented out): the context and all its memory stay for the
+  process's life.  ``FakeCuda.leaked_contexts`` counts that, and it is a
+  violation.
+* pycuda's context stack is per thread (``boost::thread_specific_ptr<context_stack>``)
+  and ``context_stack::~context_stack()`` aborts the process ("PyCUDA ERROR: The
+  context stack was not empty upon module cleanup. ... The program will be
+  aborted now. Use Context.pop() to avoid this problem.") when a thread ends with
+  a context still pushed: a thread other than the main one that ends so is a
+  violation here (the main thread's stack goes at interpreter exit, which the
+  fake does not watch).
 * Calls that need a context (``mem_alloc``, ``pagelocked_empty``, ``Stream``,
   copies) raise ``LogicError("... failed: invalid device context")`` when none
   is current on the calling thread, and when the memory or stream belongs to
@@ -203,11 +214,19 @@ class FakeCuda:
     #: Frees pycuda could not do (out-of-thread): the memory stays allocated.
     leaked_frees: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
+    #: Per thread, what tells the fake that the thread ended (``_ThreadEnd``).
+    thread_ends: threading.local = field(default_factory=threading.local, repr=False)
 
     # -- helpers for tests and for the fake TensorRT (not part of pycuda) -------------
 
     def stack(self) -> list[Any]:
-        return self.stacks.setdefault(threading.get_ident(), [])
+        ident = threading.get_ident()
+        stack = self.stacks.get(ident)
+        if stack is None:
+            stack = self.stacks[ident] = []
+            if threading.current_thread() is not threading.main_thread():
+                self.thread_ends.watch = _ThreadEnd(self, ident, stack)
+        return stack
 
     def current_context(self) -> Any:
         stack = self.stack()
@@ -344,6 +363,25 @@ class FakeCuda:
         stream._pending.append(operation)
 
 
+class _ThreadEnd:
+    """Kept in a ``threading.local``: CPython drops it when its thread ends, as boost
+    deletes the thread's pycuda ``context_stack`` (which aborts when not empty)."""
+
+    def __init__(self, state: FakeCuda, ident: int, stack: list[Any]) -> None:
+        self.state, self.ident, self.stack = state, ident, stack
+
+    def __del__(self) -> None:
+        state = self.state
+        if state.stacks.get(self.ident) is self.stack:
+            del state.stacks[self.ident]  # the identifier may serve a later thread
+        if any(context._valid for context in self.stack):
+            state.violation(
+                "a thread ended with a CUDA context still pushed on pycuda's context "
+                'stack: pycuda aborts the process ("The context stack was not empty upon '
+                'module cleanup"); pop every context a thread pushed or made'
+            )
+
+
 def _is_pinned(array: Any, state: FakeCuda | None = None) -> bool:
     if (
         state is not None
@@ -441,6 +479,10 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
                 state.contexts_detached += 1
             else:
                 state.leaked_contexts += 1  # pycuda: "leaked out-of-thread context"
+                state.violation(
+                    "a CUDA context detached on a thread where it is not current and that "
+                    "did not create it: pycuda leaks it, with all its memory"
+                )
             self._valid = False
             # CUDA drops the context's host registrations with it.
             for host, entry in list(state.registrations.items()):

@@ -377,21 +377,25 @@ class TensorRTRuntime:
                 regions,
             )
         except cuda.MemoryError as exc:
-            self._drain()
+            self._after_failure(resident)
             raise OutOfMemoryError(f"CUDA out of memory during inference: {exc}") from exc
         except cuda.Error as exc:
-            self._drain()
+            self._after_failure(resident)
             raise ExecutionFailedError(
                 f"CUDA error during inference: {exc}", sticky=is_sticky_cuda_error(str(exc))
             ) from exc
         except InferdError:
-            self._drain()
+            self._after_failure(resident)
             raise
 
-    def _drain(self) -> None:
+    def _after_failure(self, resident: Resident) -> None:
         # Never leave queued copies behind that point into buffers about to change.
         with contextlib.suppress(Exception):
             self._cuda.stream.synchronize()
+        # Buffers are charged before they grow: a growth that failed (CUDA out of
+        # memory) must not leave the budget charged for memory this engine lacks.
+        held = resident.base_charge + resident.buffers.device_bytes
+        self._state.ledger.settle(resident.key, held)
 
     def _charge_buffers(self, resident: Resident, required: dict[str, int]) -> None:
         """Charge the IO buffers ``required`` (tensor -> bytes) grows to, or raise."""

@@ -34,6 +34,14 @@ class GpuMemoryLedger:
             self._charges[key] = nbytes
             return True, others
 
+    def settle(self, key: object, nbytes: int) -> None:
+        """Set ``key``'s charge to what it really holds, ``nbytes``, without a budget
+        check: after a growth charged in advance failed.  A key not charged (released)
+        stays so."""
+        with self._lock:
+            if key in self._charges:
+                self._charges[key] = nbytes
+
     def release(self, key: object) -> None:
         with self._lock:
             self._charges.pop(key, None)
