@@ -14,16 +14,17 @@ file at the final path with a matching sidecar is always a committed build's
 folder's ``.lock`` until its engine is committed, quarantined or cleaned up (its
 exit releases it), so a staging folder is live exactly while that lock is held,
 whatever process its pid number names now.  After a cancel, a failure or a dead
-build process, ``clean_up`` removes that process's temp and staged files and all
-of each dead process's staging folder (``sweep_staging``; the daemon sweeps too,
-at start and each ``build.start``), and quarantines (moves to ``quarantine/``
-with a ``.reason``) an engine at the final path without a matching sidecar.  A
-live process's temp is another build's, left to it (``left``), and so is the
-final path while a live process staging that engine holds its lock: mid-commit
-(``commit_engine``) its engine is renamed before its sidecar.
-``<dir>/staging`` is the daemon's own directory like the engine dir: a symlink there,
-or one another user owns or may write (or that lies in such a directory), is
-neither staged in nor swept, so nothing outside it is created or removed.
+build process, ``clean_up`` removes that process's temp files (of its engine,
+sidecar, summaries, calibration and timing caches) and staged files and all of
+each dead process's staging folder (``sweep_staging``; the daemon sweeps too, at
+start and each ``build.start``), and quarantines (moves to ``quarantine/`` with a
+``.reason``) an engine at the final path without a matching sidecar.  A live
+process's temp is another build's, left to it (``left``), and so is the final
+path while a live process staging that engine holds its lock: mid-commit
+(``commit_engine``) its engine is renamed before its sidecar.  ``<dir>/staging``
+is the daemon's own directory like the engine dir: a symlink there, or one
+another user owns or may write (or that lies in such a directory), is neither
+staged in nor swept, so nothing outside it is created or removed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import re
 import stat
 import threading
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -48,6 +49,7 @@ from inferd.engine_build.timing_cache_policy import TimingCacheManager as Timing
 from inferd.engine_build.timing_cache_policy import TimingCacheOutcome as TimingCacheOutcome
 from inferd.engines.quarantine import QUARANTINE_DIR, quarantine
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
+from inferd.engines.timing_cache import TIMING_CACHE_SUFFIX
 from inferd.owned_files import ensure_owned_dir, open_nofollow, unsafe_owned_dir_reason
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
@@ -60,9 +62,7 @@ STAGING_LOCK = ".lock"
 def inventory(directory: Path) -> list[dict[str, Any]]:
     """Every regular file under ``directory`` (relative path, size), sorted.  Symlinks
     are neither followed nor listed (``lstat``): the engine dir is the daemon's own."""
-    if not directory.exists():
-        return []
-    files = []
+    files: list[dict[str, Any]] = []
     for path in sorted(directory.rglob("*")):
         try:
             info = path.lstat()
@@ -137,13 +137,7 @@ class CleanupReport:
     left: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "removed": self.removed,
-            "quarantined": self.quarantined,
-            "errors": self.errors,
-            "left": self.left,
-        }
+        return asdict(self)  # status, removed, quarantined, errors, left (copies)
 
 
 def clean_up(
@@ -152,21 +146,20 @@ def clean_up(
     own_pid: int | None = None,
     hashed: Hashed | None = None,
 ) -> CleanupReport:
-    """Leave no partial or unvalidated engine: remove temp files of ``engine_path``
-    written by this process (``own_pid``: the build process, when a supervisor cleans
-    after it) or a dead one, its staged files and dead processes' staging; quarantine
-    an engine at the final path whose sidecar is missing or does not match; leave a
-    live process's temp, and an engine it is committing (``left``, the module doc).
-    ``hashed``: the engine at the final path as the caller hashed it."""
+    """Leave no partial or unvalidated file: remove the temp files of a build of
+    ``engine_path`` (``_a_builds_file``) written by this process (``own_pid``: the build
+    process, when a supervisor cleans after it) or a dead one, its staged files and
+    dead processes' staging; quarantine an engine at the final path whose sidecar is
+    missing or does not match; leave a live process's temp, and an engine it is
+    committing (``left``, the module doc).  ``hashed``: the engine as the caller hashed it."""
     own_pid = os.getpid() if own_pid is None else own_pid
     report = CleanupReport()
     directory = engine_path.parent
     if not directory.is_dir():
         return report
-    names = {engine_path.name, sidecar_path(engine_path).name}
     for entry in sorted(directory.iterdir()):
         match = _TEMP.match(entry.name)
-        if match is None or match["name"] not in names:
+        if match is None or not _a_builds_file(match["name"], engine_path):
             continue
         pid = int(match["pid"])
         try:
@@ -201,6 +194,14 @@ def clean_up(
     elif report.quarantined:
         report.status = "quarantined"
     return report
+
+
+def _a_builds_file(name: str, engine_path: Path) -> bool:
+    """Whether ``name`` is a file a build of ``engine_path`` writes: its engine, or one
+    named after its stem (sidecar, summaries, calibration cache), or a timing cache."""
+    stem = engine_path.name.removesuffix(".engine") + "."
+    timing = name.startswith("timing_") and name.endswith(TIMING_CACHE_SUFFIX)
+    return name == engine_path.name or name.startswith(stem) or timing
 
 
 def _unmatched(engine_path: Path, hashed: Hashed | None) -> _Verdict:

@@ -26,6 +26,7 @@ builds an earlier run died before concluding.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,8 @@ def conclude(build: Build, engine_dir: Path, deployment_manifest: Path | None) -
             build.error = build.error or f"build process exited with code {build.exit_code}"
         if summary is not None and summary.get("error") and state == "failed":
             build.error = str(summary["error"])
-        build.state = build.tree.state = state
+        build.state = state
+        build.tree.end(state, time.monotonic_ns())  # a killed child's open phases too
     _write_conclusion(build)
     return state
 
@@ -187,7 +189,8 @@ def settle(build: Build) -> bool:
     with build.lock:
         ended = build.state == "running"
         if ended:
-            build.state = build.tree.state = "failed"
+            build.state = "failed"
+            build.tree.end("failed", time.monotonic_ns())
             build.error = build.error or "the daemon failed to record the build's end"
     build.done.set()
     return ended

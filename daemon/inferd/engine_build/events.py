@@ -163,9 +163,18 @@ class PhaseTree:
         elif event.type == "stalled":
             self.stalls += 1
         elif event.type in TERMINAL_EVENTS:
-            self.state = event.type
+            self.end(event.type, event.mono_ns)
         elif event.type == "cancel_requested" and self.state == "running":
             self.state = "cancel_requested"
+
+    def end(self, state: str, mono_ns: int) -> None:
+        """The build ended (``state``): a phase still running was cut short by it (a
+        crashed builder never finishes its phases; a killed build process sends
+        nothing more), ``finished_early`` at ``mono_ns``; none stays ``running``."""
+        self.state = state
+        for node in self.nodes.values():
+            if node.status == "running":
+                node.finished_ns, node.status = max(mono_ns, node.started_ns), "finished_early"
 
     def active_path(self) -> list[str]:
         """Names from the root to the deepest running phase (most recent branch)."""

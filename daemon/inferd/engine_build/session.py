@@ -41,7 +41,7 @@ from inferd.engine_build.model_source import ModelSource
 from inferd.engine_build.progress import ProgressAdapter, StallWatchdog
 from inferd.engine_build.simulated import BuilderOutput
 from inferd.engine_build.validation import Infer, ValidationResult, validate_build
-from inferd.errors import UnsafeDirectoryError
+from inferd.errors import CalibrationCacheError, UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.process_identity import this_process
 from inferd.types import BuildConfig, HostTuple
@@ -353,10 +353,12 @@ def run_build(
                 # The commit record: what the daemon reads when this process dies
                 # before its report (``child_exit``); the final summary replaces it.
                 write_json(summary_path, summarize("completed", None, TimingCacheOutcome.UNKNOWN))
-                zone = commit_engine(staged, request.engine_path, token, during_write=during_write)
+                zone = commit_engine(
+                    staged, request.engine_path, token, during_write=_in_zone(result, during_write)
+                )
                 if zone is None:  # a cancel came before the commit: nothing is kept
                     outcome, engine_sha = "cancelled", None
-            except OSError as exc:
+            except (OSError, CalibrationCacheError) as exc:
                 outcome, result.error = "failed", f"cannot commit engine: {exc}"
     # Another live build of this engine (an ``inferd build`` beside the daemon's) may be
     # writing or committing it now: its files are left to it (``left``).
@@ -386,6 +388,20 @@ def run_build(
             },
         )
     return BuildReport(summary, summary_path, queue.drain(), snapshots)
+
+
+def _in_zone(result: BuilderOutput, hook: Callable[[], None] | None) -> Callable[[], None]:
+    """What the commit's no-cancel zone does before its renames: what the builder keeps
+    only with the engine (``BuilderOutput.keep``: a failure there commits nothing), then
+    the caller's ``during_write``."""
+
+    def before_renames() -> None:
+        if result.keep is not None:
+            result.keep()
+        if hook is not None:
+            hook()
+
+    return before_renames
 
 
 def _quarantine_failed(staged: Path, engine_path: Path, validation: ValidationResult) -> str | None:

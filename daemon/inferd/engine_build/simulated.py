@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,10 @@ class BuilderOutput:
     timing_cache: bytes | None
     error: str | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    #: What is kept only with the engine (a fresh INT8 calibration cache): written by
+    #: ``run_build`` in the commit's no-cancel zone, before the engine's renames; a
+    #: build cancelled, failed or not validated never writes it.
+    keep: Callable[[], None] | None = None
 
 
 def host_key(host: HostTuple) -> str:

@@ -13,6 +13,7 @@ model's own types.  Which one applies is decided by capability
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -157,9 +158,9 @@ class Calibration:
     """INT8 calibration attached to one builder config (``attach_calibration``).
 
     ``status``: ``calibrated`` or ``reused`` (a trusted cache).  With
-    ``defer_store`` the fresh cache is only kept in memory until ``commit()``:
-    a cancelled or failed build leaves the stored cache and its sidecars as they
-    were."""
+    ``defer_store`` the fresh cache is only kept in memory until ``deferred()``'s
+    write runs in the engine's commit: a cancelled or failed build, or one whose
+    engine failed validation, leaves the stored cache and its sidecars as they were."""
 
     calibrator: Any
     status: str
@@ -180,11 +181,15 @@ class Calibration:
             raise error
         raise EngineBuildError(f"{model}: INT8 calibration failed: {error}") from error
 
-    def commit(self) -> None:
-        """Write a deferred fresh cache (and its sidecars) through the trust store."""
-        if self.pending is not None and self.pending.data is not None:
-            self.store.store(self.pending.data)
-            self.pending.data = None
+    def deferred(self) -> Callable[[], None] | None:
+        """The write of a deferred fresh cache, for when the engine is committed
+        (``BuilderOutput.keep``); None when there is none.  It holds the store and the
+        bytes only, never the calibrator (a TensorRT object of the build's context)."""
+        data = None if self.pending is None else self.pending.data
+        if data is None:
+            return None
+        store = self.store
+        return lambda: store.store(data)
 
 
 def attach_calibration(

@@ -30,8 +30,9 @@ work (``prepare_calibration``: a ``CalibrationDataError`` naming the file, the
 input, the expected and the actual dtype/shape); the build then fails before
 it starts and leaves nothing behind.  The calibrator and the cache-trust
 rules are ``attach_calibration``'s; a fresh cache is written (with its
-sidecars) only when the build completes uncancelled, so a cancelled or failed
-build leaves the stored cache as it was.
+sidecars) only when the engine is committed (``BuilderOutput.keep``, in the
+commit's no-cancel zone), so a cancelled or failed build, or one whose engine
+failed validation, leaves the stored cache as it was.
 
 The output's ``stats`` (the summary's ``builderStats``): ``workspaceBytes``,
 the workspace the build was given (the one rule,
@@ -244,15 +245,13 @@ class TensorRTBuilder:
             return BuilderOutput(
                 None, None, error=explain_failure(said, action="build the engine"), stats=stats
             )
-        if calibration is not None and not monitor.token.is_set():
-            try:
-                calibration.commit()
-            except CalibrationCacheError as exc:
-                return BuilderOutput(None, None, error=str(exc), stats=stats)
         engine = bytes(memoryview(serialized))
         final_cache = held.hold(config.get_timing_cache())
         data = None if final_cache is None else bytes(memoryview(final_cache.serialize()))
-        return BuilderOutput(engine, data, stats=stats)
+        # A fresh calibration cache is kept only with the engine: written in the commit's
+        # no-cancel zone, never for a build cancelled or failed (validation included).
+        keep = None if calibration is None else calibration.deferred()
+        return BuilderOutput(engine, data, stats=stats, keep=keep)
 
     def _calibration(
         self, builder: Any, config: Any, inputs: dict[str, tuple[int, ...]], warnings: list[str]
