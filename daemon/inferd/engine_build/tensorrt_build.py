@@ -26,6 +26,7 @@ from inferd.engine_build.calibration_batches import (
     check_calibration_batches,
     onnx_inputs,
 )
+from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.model_source import ModelSource
 from inferd.engines.build_config import check_profiles as shared_check_profiles
 from inferd.engines.build_config import unprofiled_dynamic_inputs
@@ -202,6 +203,7 @@ def attach_calibration(
     network: dict[str, tuple[int, ...]],
     cache_path: Path,
     defer_store: bool = False,
+    token: CancellationToken | None = None,
 ) -> Calibration:
     """Set ``config.int8_calibrator`` over ``batches`` (checked by
     ``prepare_calibration``) for a build with the INT8 flag; the cache at
@@ -210,7 +212,8 @@ def attach_calibration(
     (TensorRT 10: "Calibration optimization profile must be set if int8
     calibration is used to set scales for a network with runtime dimensions"):
     min = opt = max = the opt shapes the batches were checked against, which is
-    what TensorRT reads from each ``get_batch`` pointer.  Raises
+    what TensorRT reads from each ``get_batch`` pointer.  A cancel (``token``) is
+    a cancel point between batches: ``get_batch`` gives no more.  Raises
     ``CalibrationCacheError`` (malformed sidecars, corrupt cache) or
     ``EngineBuildError``."""
     if not hasattr(trt, "IInt8EntropyCalibrator2"):
@@ -237,7 +240,7 @@ def attach_calibration(
     log.info("calibration_cache", status=lookup.status, reason=lookup.reason)
     pending = _PendingCalibrationCache() if defer_store else None
     sink: CalibrationCacheSink = pending if pending is not None else store
-    calibrator = _make_calibrator(trt, cuda, batches, lookup, sink)
+    calibrator = _make_calibrator(trt, cuda, batches, lookup, sink, token)
     config.int8_calibrator = calibrator
     status = "reused" if lookup.data is not None else "calibrated"
     return Calibration(calibrator, status, store, pending)
@@ -249,6 +252,7 @@ def _make_calibrator(
     batches: CalibrationBatches,
     lookup: CalibrationLookup,
     store: CalibrationCacheSink,
+    token: CancellationToken | None = None,
 ) -> Any:
     """An ``IInt8EntropyCalibrator2`` over checked ``.npz`` batches that reads the
     trusted cache (or None, to calibrate) and writes a fresh one through ``store``.
@@ -275,6 +279,8 @@ def _make_calibrator(
                         f"TensorRT asked for a batch of {list(names)}, the calibration data "
                         f"was checked for {list(batches.names)}"
                     )
+                if token is not None and token.is_set():
+                    return None  # cancelled: TensorRT ends calibration with what it has
                 path = next(self._files, None)
                 if path is None:
                     return None

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 from inferd.config import RuntimeConfig
 from inferd.digest import model_digest
+from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.model_source import ModelChangedError, ModelSource
 from inferd.engine_build.progress import ProgressAdapter, make_trt_progress_monitor
 from inferd.engine_build.simulated import BuilderOutput
@@ -221,7 +222,7 @@ class TensorRTBuilder:
             return BuilderOutput(None, None, error=REFUSED)
         config.progress_monitor = make_trt_progress_monitor(monitor, trt)
         try:
-            calibration = self._calibration(builder, config, inputs, warnings)
+            calibration = self._calibration(builder, config, inputs, warnings, monitor.token)
         except (CalibrationCacheError, EngineBuildError) as exc:
             return BuilderOutput(None, None, error=f"calibration cache: {exc}")
         stats: dict[str, Any] = {"workspaceBytes": self.workspace_bytes}
@@ -254,7 +255,12 @@ class TensorRTBuilder:
         return BuilderOutput(engine, data, stats=stats, keep=keep)
 
     def _calibration(
-        self, builder: Any, config: Any, inputs: dict[str, tuple[int, ...]], warnings: list[str]
+        self,
+        builder: Any,
+        config: Any,
+        inputs: dict[str, tuple[int, ...]],
+        warnings: list[str],
+        token: CancellationToken,
     ) -> Calibration | None:
         if "INT8" not in self.flags:
             if self.calibration_data is not None:
@@ -276,4 +282,5 @@ class TensorRTBuilder:
             network=inputs,
             cache_path=self.calibration_cache,
             defer_store=True,
+            token=token,  # a cancel point between calibration batches
         )

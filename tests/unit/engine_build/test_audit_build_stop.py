@@ -26,6 +26,7 @@ import pytest
 
 from inferd.engine_build import BuildRequest, CancellationToken, run_build
 from inferd.engine_build.artifacts import clean_up
+from inferd.engine_build.calibration_batches import CalibrationBatches
 from inferd.engine_build.events import BuildEvent, PhaseTree
 from inferd.engine_build.progress import ProgressAdapter
 from inferd.engine_build.simulated import BuilderOutput
@@ -132,6 +133,30 @@ class _CrashingBuilder:
         monitor.phase_start("Tactic selection", "Building engine", 4)
         monitor.step_complete("Tactic selection", 0)
         raise RuntimeError("the builder crashed inside its tactic selection")
+
+
+def test_a_cancel_during_calibration_stops_it_at_the_next_batch(
+    tmp_path: Path,
+    batches: Path,
+    gpu: fake_tensorrt.FakeGpuStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calibration runs inside ``build_serialized_network`` with no progress callback of
+    its own: a cancel there waited for every batch (a large data set: minutes)."""
+    token = CancellationToken()
+    load = CalibrationBatches.load
+
+    def cancelled_while_loading(self: CalibrationBatches, path: Path) -> Any:
+        token.cancel("control", "the operator stops the build while it calibrates")
+        return load(self, path)
+
+    monkeypatch.setattr(CalibrationBatches, "load", cancelled_while_loading)
+    s = _int8_build(gpu, tmp_path, batches, lambda _e, i: {"y": 2 * i["x"]}, token)
+    assert s["outcome"] == "cancelled" and s["cancelSource"] == "control"
+    assert gpu.trt.calibration_batches == 1, "calibration went on after the cancel"
+    assert s["cleanupStatus"] == "cleaned" and s["timingCacheMode"] == "discarded"
+    assert _calibration_files(tmp_path / "engines") == []
+    assert not (tmp_path / "engines" / "scale.engine").exists()
 
 
 def test_a_builder_crash_leaves_no_phase_running_in_the_summary(
