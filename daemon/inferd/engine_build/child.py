@@ -14,6 +14,7 @@ systemd stopping the unit's whole cgroup) cancels with source ``sigterm``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -146,12 +147,26 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, BuildR
     return builder, request
 
 
+#: The child's ``oom_score_adj`` (-1000..1000, the kernel's): a TensorRT build is the
+#: unit's largest allocation, and when memory runs out the kernel should end it, which
+#: the daemon records as a failed build and serves on, rather than the serving daemon.
+BUILD_OOM_SCORE_ADJ = 500
+
+
+def _first_to_go_when_memory_runs_out() -> None:
+    """Raise this process's ``oom_score_adj`` (raising needs no privilege; a value the
+    kernel refuses, or no /proc, leaves it as inherited)."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
+        adj.write(str(BUILD_OOM_SCORE_ADJ))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: python -m inferd.engine_build.child SPEC_JSON", file=sys.stderr)
         return 2
     spec = json.loads(args[0])
+    _first_to_go_when_memory_runs_out()
     # Keep the event stream on a private descriptor; fd 1 now writes to stderr.
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
