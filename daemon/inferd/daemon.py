@@ -273,7 +273,7 @@ class Daemon(DaemonState):
         alive = {"worker": self.worker.is_alive(), "bus": self.bus.is_alive()}
         alive |= {"publisher": self.publisher.is_alive(), "zap": self.security.is_alive()}
         step("context.term", terminate, self._context, alive)
-        self._instance_lock.release()
+        self._instance_lock.release(remove_sockets=True)
         durable_seq = self.recorder.durable_seq if self.recorder is not None else None
         log.info("daemon_stopped", fdr_durable_seq=durable_seq)
 

@@ -64,6 +64,7 @@ class InstanceLock:
         self.path = runtime_dir / LOCK_NAME
         directories = [runtime_dir, *(path.parent for path in _ipc_paths(endpoints))]
         self._directories = list(dict.fromkeys(directories))
+        self._sockets = _ipc_paths(endpoints)
         self._fds: list[int] = []
 
     def acquire(self) -> None:
@@ -91,9 +92,29 @@ class InstanceLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd
 
-    def release(self) -> None:
+    def release(self, *, remove_sockets: bool = False) -> None:
+        """Let go of the locks.  ``remove_sockets`` (the end of a daemon's stop): first
+        remove the ipc:// socket files, which libzmq leaves behind: a client would
+        then wait out its whole timeout on a file nobody listens on, where a missing
+        one fails at once ("is inferd running?").  Only with every lock held, so
+        each file is this daemon's (no other could bind in these directories), and
+        only a socket of this user's (``lstat``: a symlink is never followed)."""
+        if remove_sockets and self._fds and len(self._fds) == len(self._directories):
+            for path in self._sockets:
+                _remove_socket_file(path)
         while self._fds:
             os.close(self._fds.pop())
+
+
+def _remove_socket_file(path: Path) -> None:
+    try:
+        info = os.lstat(path)
+        if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid():
+            os.unlink(path)
+    except FileNotFoundError:
+        pass  # removed already (shm.sock by its server)
+    except OSError as exc:
+        log.warning("ipc_socket_remove_failed", path=str(path), error=str(exc))
 
 
 def open_ipc_sockets_to_group(sockets: Iterable[tuple[str, str, int | None]]) -> None:
