@@ -18,9 +18,11 @@ step  name                 refuses with
 
 ``validate`` stops at the first failing step (so an engine failing several
 refuses at the lowest), logs ``engine_refused`` (step, reason) and writes a
-``engine_refused`` FDR record, then raises.  ``steps`` / ``explain`` run
-every step that can run and return each verdict (``pass``, ``fail``,
-``skipped`` with a message) without logging or recording: that is what
+``engine_refused`` FDR record, then raises.  The load's one read of a validated
+engine (``ValidatedEngine.read_verified``, ``inferd.engines.validated``) is the
+last check, ``reread``: the bytes handed on hashed again, refused the same way.
+``steps`` / ``explain`` run every step that can run and return each verdict
+(``pass``, ``fail``, ``skipped`` with a message) without logging or recording: that is what
 ``inferd verify`` prints.  The first ``fail`` of ``steps`` is always the step
 ``validate`` refuses at.
 
@@ -30,7 +32,6 @@ The gate never writes: it opens files read-only, never through a symlink unless
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -43,13 +44,14 @@ from inferd.digest import sha256_and_stat
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, build_config_hash, parse_engine_name
 from inferd.engines.sidecar import read_sidecar, sidecar_path
+from inferd.engines.validated import STEP_REREAD, RefusalHook
+from inferd.engines.validated import ValidatedEngine as ValidatedEngine  # re-exported
 from inferd.errors import (
     EngineHashMismatchError,
     EngineSchemaMismatchError,
     EngineSidecarMissingError,
     InferdError,
 )
-from inferd.owned_files import open_own_file
 from inferd.types import BuildConfig, HostTuple, RecordSink
 
 STEP_SCHEMA_PARSE = "schema_parse"
@@ -65,7 +67,6 @@ STEPS: tuple[str, ...] = (
     STEP_MANIFEST_DIGEST,
 )
 RECORD_KIND = "engine_refused"
-_READ_CHUNK = 1024 * 1024
 _NOT_FOLLOWED = "is a symbolic link, which inferd does not follow in its own directories"
 
 Verdict = Literal["pass", "fail", "skipped"]
@@ -100,69 +101,6 @@ class StepVerdict:
 
 def first_failure(verdicts: list[StepVerdict]) -> StepVerdict | None:
     return next((verdict for verdict in verdicts if verdict.verdict == "fail"), None)
-
-
-@dataclass(frozen=True)
-class ValidatedEngine:
-    """An engine the gate passed: what it is, its digest and the file identity it had.
-
-    ``read_verified`` reads it for deserialization and re-checks the digest on
-    the very bytes it returns, so a file swapped after the gate is refused."""
-
-    path: Path
-    name: EngineName
-    sha256: str
-    size_bytes: int
-    mtime_ns: int
-    inode: int
-    device: int
-    manifest_source: str
-    follow: bool = False  # a staged engine: symlinks followed, as at the gate
-
-    def unchanged(self) -> bool:
-        """True while the file still has the size, mtime and inode it was validated with."""
-        try:
-            now = os.stat(self.path, follow_symlinks=self.follow)
-        except OSError:
-            return False
-        return (now.st_size, now.st_mtime_ns, now.st_ino, now.st_dev) == (
-            self.size_bytes,
-            self.mtime_ns,
-            self.inode,
-            self.device,
-        )
-
-    def read_verified(self) -> bytearray:
-        """The engine's bytes (one buffer, no extra copy), hashed as they are read;
-        ``EngineHashMismatchError(stage="reread")`` if they are not the validated ones."""
-        digest = hashlib.sha256()
-        try:
-            handle, info = open_own_file(self.path, follow=self.follow)
-            with handle:
-                size = info.st_size
-                buffer = bytearray(size)
-                view = memoryview(buffer)
-                offset = 0
-                while offset < size:
-                    count = handle.readinto(view[offset : offset + _READ_CHUNK])
-                    if not count:
-                        break
-                    digest.update(view[offset : offset + count])
-                    offset += count
-                grew = bool(handle.read(1))
-                view.release()
-        except OSError as exc:
-            raise EngineHashMismatchError(
-                f"engine {self.path.name!r} cannot be re-read after validation: {exc}",
-                stage="reread",
-            ) from exc
-        if grew or offset != size or digest.hexdigest() != self.sha256:
-            raise EngineHashMismatchError(
-                f"engine {self.path.name!r} changed after the gate validated it "
-                f"(validated sha256 {self.sha256})",
-                stage="reread",
-            )
-        return buffer
 
 
 class _Skip(Exception):
@@ -323,7 +261,7 @@ class _Evaluation:
             verdicts.append(StepVerdict(number, step, "pass", message))
         return verdicts
 
-    def validated(self) -> ValidatedEngine:
+    def validated(self, refused: RefusalHook) -> ValidatedEngine:
         assert self.name is not None and self._digest is not None and self._stat is not None
         return ValidatedEngine(
             path=self.path,
@@ -335,6 +273,7 @@ class _Evaluation:
             device=self._stat.st_dev,
             manifest_source=self.manifest.source,
             follow=self.follow,
+            refused=refused,
         )
 
 
@@ -401,9 +340,14 @@ class EngineGate:
         refusal = first_failure(verdicts)
         if refusal is not None:
             assert refusal.error is not None
-            self._refused(Path(path), refusal)
+            self._refused(Path(path), refusal.number, refusal.step, refusal.message, refusal.error)
             raise refusal.error
-        validated = evaluation.validated()
+
+        def reread_refused(step: str, reason: str) -> None:  # ``read_verified``'s refusal
+            error = EngineHashMismatchError(reason, stage=STEP_REREAD)
+            self._refused(Path(path), len(STEPS) + 1, step, reason, error)
+
+        validated = evaluation.validated(reread_refused)
         self._log.info(
             "engine_validated",
             engine=str(path),
@@ -430,21 +374,18 @@ class EngineGate:
 
     explain = steps
 
-    def _refused(self, path: Path, refusal: StepVerdict) -> None:
+    def _refused(self, path: Path, number: int, step: str, reason: str, error: Exception) -> None:
         self._log.warning(
             "engine_refused",
             engine=str(path),
-            step=refusal.step,
-            step_number=refusal.number,
-            reason=refusal.message,
-            error=type(refusal.error).__name__,
+            step=step,
+            step_number=number,
+            reason=reason,
+            error=type(error).__name__,
         )
         if self._record is None:
             return
         try:
-            self._record(
-                RECORD_KIND,
-                {"engine": str(path), "step": refusal.step, "reason": refusal.message},
-            )
+            self._record(RECORD_KIND, {"engine": str(path), "step": step, "reason": reason})
         except Exception as exc:  # the refusal must surface even if recording fails
             self._log.error("engine_refused_record_failed", engine=str(path), error=str(exc))

@@ -1,7 +1,8 @@
 """Read this host's ``HostTuple``: GPU, platform release and TensorRT version.
 
 * GPU: NVML first (opened through ``inferd.nvml``; ``nvmlDeviceGetName``,
-  ``nvmlDeviceGetCudaComputeCapability``), then the CUDA driver through pycuda
+  ``nvmlDeviceGetCudaComputeCapability``; only when it sees one GPU, since its
+  numbering is not CUDA's), then the CUDA driver through pycuda
   (``pycuda.driver.init()``, ``Device(i).name()``, ``.compute_capability()``;
   no context is created).  Jetson's integrated GPU usually has no NVML, so it is
   read through pycuda there.  The probe order is fixed, so one host always
@@ -71,12 +72,25 @@ def _capability(raw: Any) -> tuple[int, int]:
 
 
 def probe_gpu_nvml(device_index: int = 0) -> GpuInfo:
-    """GPU name and compute capability through NVML (``inferd.nvml``)."""
+    """GPU name and compute capability through NVML (``inferd.nvml``), on a host with
+    one GPU only: NVML numbers GPUs by PCI bus and ignores ``CUDA_VISIBLE_DEVICES``,
+    CUDA fastest first, so with several NVML's index need not be the CUDA device
+    TensorRT runs on ("The NVML index may not correlate with ... the CUDA device
+    index", NVML's reference); then the next probe (CUDA's own view) answers."""
     try:
         device = open_device(device_index)
     except NvmlUnavailableError as exc:
         raise HostTupleUnavailableError(str(exc)) from exc
     with device:  # gives back this probe's nvmlInit; other NVML users are unaffected
+        try:
+            count = int(device.nvml.nvmlDeviceGetCount())
+        except Exception as exc:
+            raise HostTupleUnavailableError(f"nvml: cannot count GPUs: {exc}") from exc
+        if count > 1:
+            raise HostTupleUnavailableError(
+                f"nvml: {count} GPUs, and NVML's device {device_index} need not be CUDA's "
+                f"device {device_index}"
+            )
         try:
             name = _name_text(device.nvml.nvmlDeviceGetName(device.handle))
             capability = _capability(device.nvml.nvmlDeviceGetCudaComputeCapability(device.handle))

@@ -46,9 +46,22 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def _spellable(key: str) -> bool:
+    """Whether ``key`` names a file at all: a JSON escape can give a lone surrogate,
+    which no path has (``os.fsencode`` refuses it with ``UnicodeEncodeError``)."""
+    try:
+        os.fsencode(key)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _absolute(path: Path) -> Path:
-    # Lexical normalisation plus symlink resolution of what exists; never raises.
-    return Path(os.path.normpath(path.expanduser().resolve(strict=False)))
+    # Lexical normalisation plus symlink resolution of what exists; never raises:
+    # ``realpath`` leaves a symlink loop unresolved, where ``Path.resolve`` raises
+    # RuntimeError before Python 3.13 (a looping link named like an engine broke
+    # ``locate_engine`` and ``explain`` instead of being refused at step 4).
+    return Path(os.path.realpath(os.path.expanduser(path)))
 
 
 class Manifest:
@@ -72,7 +85,7 @@ class Manifest:
         return EngineManifestError(f"deployment manifest {self.source} is malformed: {reason}")
 
     def _add(self, key: str, digest: Any) -> None:
-        if not isinstance(key, str) or not key.strip() or "\x00" in key:
+        if not isinstance(key, str) or not key.strip() or "\x00" in key or not _spellable(key):
             raise self._fail(f"engine key {key!r} must be a non-empty path or file name")
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
             raise self._fail(f"digest for {key!r} must be 64 hex digits, got {digest!r}")
@@ -101,6 +114,10 @@ class Manifest:
             document = json.loads(text, object_pairs_hook=_no_duplicates)
         except EngineManifestError as exc:
             raise EngineManifestError(f"deployment manifest {source} is malformed: {exc}") from None
+        except RecursionError:  # the decoder's, on arrays or objects nested thousands deep
+            raise EngineManifestError(
+                f"deployment manifest {source} is malformed: it is nested too deeply"
+            ) from None
         except ValueError as exc:  # JSONDecodeError
             raise EngineManifestError(
                 f"deployment manifest {source} is not valid JSON: {exc}"
