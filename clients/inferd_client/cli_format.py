@@ -485,7 +485,9 @@ def build(build: Mapping[str, Any]) -> list[str]:
             f" ack->cleanup {ms('cleanup_latency_ms')},"
             f" request->exit {ms('cancel_to_exit_ms')}"
         )
-    for key in ("cleanup_status", "retry_policy", "summary_path", "error", "adoption"):
+    # timing_cache_mode: null until the child's report, absent from an older daemon.
+    keys = ("cleanup_status", "timing_cache_mode", "retry_policy", "summary_path", "error")
+    for key in (*keys, "adoption"):
         if build.get(key):
             lines.append(f"  {key}: {text(build[key], key)}")
 
@@ -514,5 +516,12 @@ def build_event(event: Mapping[str, Any], depth: dict[str, int]) -> str:
         return f"{pad}  . {event.get('name')} step {(event.get('step') or 0) + 1}"
     if kind == "phase_finish":
         return f"{pad}- {event.get('name')} done"
-    detail = event.get("detail") or {}
-    return f"{str(kind).upper()} build {event.get('buildId')}{label} {json.dumps(detail)}"
+    detail = dict(event.get("detail") or {})
+    # The timing-cache decision named in words (a daemon before it sends none);
+    # the rest of the outcome's facts as they came.
+    cache = (
+        f" timing cache: {text(detail.pop('timingCacheMode'))}"
+        if "timingCacheMode" in detail
+        else ""
+    )
+    return f"{str(kind).upper()} build {event.get('buildId')}{label}{cache} {json.dumps(detail)}"

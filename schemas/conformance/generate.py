@@ -445,7 +445,17 @@ def replies(vectors: Vectors) -> None:
         "wallNs": 1_764_000_000_000_000_000,
         "thread": "MainThread",
         "cancelState": "none",
-        "detail": {"exitCode": 0, "summaryPath": "/var/lib/inferd/builds/b1/summary.json"},
+        # The daemon's terminal event: the outcome's facts (event_build.json).
+        "detail": {
+            "cancelSource": None,
+            "cancelReason": None,
+            "escalated": False,
+            "exitCode": 0,
+            "summaryPath": "/var/lib/inferd/builds/b1/summary.json",
+            "error": None,
+            "killedAfterCommit": False,
+            "timingCacheMode": "updated",
+        },
         "model": "demo",
         "builder": "simulated",
         "simulated": True,

@@ -19,7 +19,20 @@ Real behaviour kept (from ``src/wrapper/wrap_cudadrv.cpp`` and ``src/cpp/cuda.hp
   failed: invalid device ordinal").
 * ``Device.count()`` (static), ``Device.name() -> str``,
   ``Device.compute_capability() -> (major, minor)``,
-  ``Device.total_memory() -> int``, ``Device.make_context(flags=0)``.
+  ``Device.total_memory() -> int``, ``Device.make_context(flags=0)``,
+  ``Device.pci_bus_id() -> str`` (``cuDeviceGetPCIBusId`` into a 1024-byte
+  buffer, pycuda's ``device::pci_bus_id``: ``[domain]:[bus]:[device].[function]``
+  in hex with a 4-digit domain, ``0000:3B:00.0``; a Jetson's iGPU, on no PCI
+  bus, reports ``0000:00:00.0``).
+* Which devices CUDA numbers, and how: with ``FakeCuda.environ`` set (pass
+  ``os.environ`` after ``monkeypatch.setenv``), ``init`` reads
+  ``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` from it as ``cuInit``
+  does: ``devices`` is then the host's GPUs in the driver's fastest-first
+  order, ``PCI_BUS_ID`` sorts them by PCI bus id, and ``CUDA_VISIBLE_DEVICES``
+  (GPU numbers in that order) keeps the listed ones, in the listed order, up to
+  the first entry that is not one (CUDA's documented rule; UUIDs are not
+  modelled).  With ``environ`` None (the default) ``devices`` is what CUDA
+  numbers, whatever the test process's environment holds.
 * Contexts live on a per-thread stack (pycuda's ``context_stack`` is
   thread-specific): ``make_context`` pushes the new context on the calling
   thread; ``Context.push()`` (method) pushes on the calling thread;
@@ -115,7 +128,7 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,6 +171,8 @@ class FakeGpu:
     total_memory: int = 62 * 1024**3
     #: A Jetson's GPU shares the host's memory (device_attribute.INTEGRATED).
     integrated: bool = True
+    #: What cuDeviceGetPCIBusId reports (a Jetson's iGPU: all zeros).
+    pci_bus_id: str = "0000:00:00.0"
 
 
 @dataclass
@@ -177,6 +192,10 @@ class FakeCuda:
     """What the fake driver reports and holds; ``calls`` records every driver call by name."""
 
     devices: list[FakeGpu] = field(default_factory=lambda: [FakeGpu()])
+    #: Where ``init`` reads CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER; None: not read.
+    environ: Mapping[str, str] | None = None
+    #: What CUDA numbers after ``init`` (``devices`` filtered by ``environ``).
+    visible: list[FakeGpu] = field(default_factory=list)
     initialized: bool = False
     calls: list[str] = field(default_factory=list)
     #: Device memory the fake lets ``mem_alloc`` (and fake TensorRT) hand out;
@@ -218,6 +237,28 @@ class FakeCuda:
     thread_ends: threading.local = field(default_factory=threading.local, repr=False)
 
     # -- helpers for tests and for the fake TensorRT (not part of pycuda) -------------
+
+    def enumerate_devices(self) -> list[FakeGpu]:
+        """The devices ``cuInit`` numbers, in CUDA's order (see the module docstring)."""
+        if self.environ is None:
+            return list(self.devices)
+        ordered = list(self.devices)
+        if self.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+            ordered.sort(
+                key=lambda gpu: [
+                    int(part, 16) for part in gpu.pci_bus_id.replace(".", ":").split(":")
+                ]
+            )
+        listed = self.environ.get("CUDA_VISIBLE_DEVICES")
+        if listed is None:
+            return ordered
+        visible: list[FakeGpu] = []
+        for entry in listed.split(","):
+            entry = entry.strip()
+            if not (entry.isascii() and entry.isdigit()) or int(entry) >= len(ordered):
+                break
+            visible.append(ordered[int(entry)])
+        return visible
 
     def stack(self) -> list[Any]:
         ident = threading.get_ident()
@@ -425,7 +466,8 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
         state.calls.append("init")
         if flags != 0:
             raise LogicError("cuInit failed: invalid value")
-        if not state.devices:
+        state.visible = state.enumerate_devices()
+        if not state.visible:
             raise _DriverRuntimeError("cuInit failed: no CUDA-capable device is detected")
         state.initialized = True
 
@@ -522,9 +564,9 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             state.calls.append("Device")
             if not state.initialized:
                 raise LogicError("cuDeviceGet failed: initialization error")
-            if not 0 <= ordinal < len(state.devices):
+            if not 0 <= ordinal < len(state.visible):
                 raise LogicError("cuDeviceGet failed: invalid device ordinal")
-            self._gpu = state.devices[ordinal]
+            self._gpu = state.visible[ordinal]
             self._ordinal = ordinal
 
         @staticmethod
@@ -532,11 +574,15 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             state.calls.append("Device.count")
             if not state.initialized:
                 raise LogicError("cuDeviceGetCount failed: initialization error")
-            return len(state.devices)
+            return len(state.visible)
 
         def name(self) -> str:
             state.calls.append("Device.name")
             return self._gpu.name
+
+        def pci_bus_id(self) -> str:
+            state.calls.append("Device.pci_bus_id")
+            return self._gpu.pci_bus_id
 
         def compute_capability(self) -> tuple[int, int]:
             state.calls.append("Device.compute_capability")

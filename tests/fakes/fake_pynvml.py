@@ -35,6 +35,23 @@ Usage (metrics): ``nvmlDeviceGetUtilizationRates(handle)`` an object with
 ``gpu`` and ``memory`` percentages, ``nvmlDeviceGetPowerUsage(handle)`` the
 draw in milliwatts; either raises ``NVMLError_NotSupported`` when its
 ``FakeNvml`` field is None (as an iGPU or a MIG slice does).
+
+Several GPUs (``FakeNvml.gpus``, in NVML's index order; NVML ignores
+``CUDA_VISIBLE_DEVICES``, so the fake never reads it): each has its own name,
+compute capability, temperature and PCI bus id.  As in nvidia-ml-py 12.x/13.x
+(checked against 13.615.71): ``nvmlDeviceGetHandleByPciBusId(pciBusId)`` is
+wrapped in ``@convertStrBytes`` (a ``str`` is encoded, ``bytes`` pass through)
+and hands a ``c_char_p`` to ``nvmlDeviceGetHandleByPciBusId_v2``, so anything
+else raises ``TypeError``; NVML parses the id as hex numbers in the three forms
+its reference accepts (``domain:bus:device.function``, ``domain:bus:device``,
+``bus:device.function``; any number of digits, either case), answers
+``NVML_ERROR_INVALID_ARGUMENT`` for anything else and ``NVML_ERROR_NOT_FOUND``
+when no GPU has that id (a Jetson iGPU's "Bus-Id N/A": ``pci_bus_id=None``).
+``nvmlDeviceGetPciInfo(handle)`` (``_v3`` underneath) returns an object with
+the ints ``domain``, ``bus``, ``device`` and the ``bytes`` ``busId``
+(``00000000:3B:00.0``, 8-digit domain) and ``busIdLegacy`` (4-digit domain),
+as ctypes returns ``c_char`` arrays.  Without ``gpus``, ``device_count`` GPUs
+share the scalar fields and GPU ``i`` sits at ``00000000:{i+1:02X}:00.0``.
 """
 
 from __future__ import annotations
@@ -48,6 +65,7 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
@@ -59,6 +77,7 @@ _ERROR_STRINGS = {
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
     NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
@@ -127,6 +146,7 @@ NVMLError_Uninitialized = _error_class("Uninitialized", NVML_ERROR_UNINITIALIZED
 NVMLError_InvalidArgument = _error_class("InvalidArgument", NVML_ERROR_INVALID_ARGUMENT)
 NVMLError_NotSupported = _error_class("NotSupported", NVML_ERROR_NOT_SUPPORTED)
 NVMLError_NoPermission = _error_class("NoPermission", NVML_ERROR_NO_PERMISSION)
+NVMLError_NotFound = _error_class("NotFound", NVML_ERROR_NOT_FOUND)
 NVMLError_DriverNotLoaded = _error_class("DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
 NVMLError_LibraryNotFound = _error_class("LibraryNotFound", NVML_ERROR_LIBRARY_NOT_FOUND)
 NVMLError_FunctionNotFound = _error_class("FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -139,6 +159,32 @@ class _Device:
 
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+@dataclass
+class FakeNvmlGpu:
+    """One GPU of a several-GPU fake host (``FakeNvml.gpus``)."""
+
+    name: str
+    compute_capability: tuple[int, int]
+    #: NVML's ``busId`` (``00000000:3B:00.0``); None: NVML has none (a Jetson iGPU).
+    pci_bus_id: str | None
+    temperature_c: int = 50
+
+
+def parse_pci_bus_id(text: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) from the forms NVML's reference accepts, else None."""
+    head, dot, function = text.rpartition(".") if "." in text else (text, "", "0")
+    parts = head.split(":")
+    if len(parts) == 2 and dot:
+        parts = ["0", *parts]
+    if len(parts) != 3:
+        return None
+    try:
+        domain, bus, device, fn = (int(part, 16) for part in (*parts, function))
+    except ValueError:
+        return None
+    return domain, bus, device, fn
 
 
 @dataclass
@@ -169,6 +215,8 @@ class FakeNvml:
     #: nvmlDeviceGetUtilizationRates().gpu and nvmlDeviceGetPowerUsage() (mW); None: not supported.
     utilization_pct: int | None = 37
     power_mw: int | None = 61_250
+    #: Several GPUs, in NVML's index order; empty: ``device_count`` alike GPUs.
+    gpus: list[FakeNvmlGpu] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     init_count: int = 0
     shutdown_calls: int = 0
@@ -202,25 +250,71 @@ def make_module(state: FakeNvml) -> types.ModuleType:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         state.init_count -= 1
 
+    def count() -> int:
+        return len(state.gpus) if state.gpus else state.device_count
+
+    def gpu(handle: _Device) -> FakeNvmlGpu | None:
+        return state.gpus[handle.index] if state.gpus else None
+
+    def bus_id(index: int) -> str | None:
+        return state.gpus[index].pci_bus_id if state.gpus else f"00000000:{index + 1:02X}:00.0"
+
     def nvmlDeviceGetCount() -> int:
         enter("nvmlDeviceGetCount")
         if state.init_count <= 0:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
-        return state.device_count
+        return count()
 
     def nvmlDeviceGetHandleByIndex(index: int) -> _Device:
         enter("nvmlDeviceGetHandleByIndex")
         if state.init_count <= 0:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
-        if not 0 <= index < state.device_count:
+        if not 0 <= index < count():
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return _Device(index)
+
+    def nvmlDeviceGetHandleByPciBusId(pciBusId: Any) -> _Device:
+        enter("nvmlDeviceGetHandleByPciBusId")
+        if isinstance(pciBusId, str):  # @convertStrBytes
+            pciBusId = pciBusId.encode()
+        if not isinstance(pciBusId, bytes):  # c_char_p(...)
+            raise TypeError(
+                f"bytes or integer address expected instead of {type(pciBusId).__name__} instance"
+            )
+        if state.init_count <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        wanted = parse_pci_bus_id(pciBusId.decode("ascii", "replace"))
+        if wanted is None:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        for index in range(count()):
+            known = bus_id(index)
+            if known is not None and parse_pci_bus_id(known) == wanted:
+                return _Device(index)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetPciInfo(handle: Any) -> Any:
+        device("nvmlDeviceGetPciInfo", handle)
+        known = bus_id(handle.index)
+        parsed = parse_pci_bus_id(known) if known is not None else None
+        if known is None or parsed is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        domain, bus, dev, function = parsed
+        return types.SimpleNamespace(
+            busIdLegacy=f"{domain:04X}:{bus:02X}:{dev:02X}.{function:X}".encode(),
+            domain=domain,
+            bus=bus,
+            device=dev,
+            pciDeviceId=0x10DE,
+            pciSubSystemId=0,
+            busId=f"{domain:08X}:{bus:02X}:{dev:02X}.{function:X}".encode(),
+        )
 
     def nvmlDeviceGetTemperature(handle: Any, sensor: int) -> int:
         device("nvmlDeviceGetTemperature", handle)
         if sensor != NVML_TEMPERATURE_GPU:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return state.temperature_c
+        one = gpu(handle)
+        return state.temperature_c if one is None else one.temperature_c
 
     def nvmlDeviceGetTemperatureThreshold(handle: Any, threshold: int) -> int:
         device("nvmlDeviceGetTemperatureThreshold", handle)
@@ -244,11 +338,14 @@ def make_module(state: FakeNvml) -> types.ModuleType:
 
     def nvmlDeviceGetName(handle: Any) -> str | bytes:
         device("nvmlDeviceGetName", handle)
-        return state.device_name.encode() if state.name_as_bytes else state.device_name
+        one = gpu(handle)
+        name = state.device_name if one is None else one.name
+        return name.encode() if state.name_as_bytes else name
 
     def nvmlDeviceGetCudaComputeCapability(handle: Any) -> tuple[int, int]:
         device("nvmlDeviceGetCudaComputeCapability", handle)
-        major, minor = state.compute_capability
+        one = gpu(handle)
+        major, minor = state.compute_capability if one is None else one.compute_capability
         return (major, minor)
 
     def nvmlSystemGetDriverVersion() -> str:
@@ -288,6 +385,8 @@ def make_module(state: FakeNvml) -> types.ModuleType:
         nvmlShutdown,
         nvmlDeviceGetCount,
         nvmlDeviceGetHandleByIndex,
+        nvmlDeviceGetHandleByPciBusId,
+        nvmlDeviceGetPciInfo,
         nvmlDeviceGetTemperature,
         nvmlDeviceGetTemperatureThreshold,
         nvmlDeviceGetCurrentClocksThrottleReasons,

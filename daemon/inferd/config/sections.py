@@ -361,6 +361,7 @@ class ThermalConfig:
     #: the zone's lowest ``passive`` trip point.
     throttle_enter_c: float | None = None
     hysteresis_c: float = 5.0
+    #: A CUDA device number (as ``runtime.device_id``): NVML reads that GPU, by PCI bus id.
     nvml_device_index: int = 0
 
     @every_rule

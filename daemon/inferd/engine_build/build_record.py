@@ -135,6 +135,16 @@ def fdr_record(build: Build) -> dict[str, Any]:
     }
 
 
+def timing_cache_mode(build: Build) -> str | None:
+    """The build's timing-cache decision (the summary's ``timingCacheMode``) once
+    known: the daemon's own for a child that exited without a report
+    (``child_exit.after_child``), else its summary's; None while it runs."""
+    if build.timing_cache is not None:
+        return build.timing_cache
+    mode = (build.summary or {}).get("timingCacheMode")
+    return None if mode is None else str(mode)
+
+
 def _cleanup_status(build: Build) -> str:
     if build.cleanup is not None:
         return str(build.cleanup["status"])
@@ -195,6 +205,7 @@ def describe(build: Build) -> dict[str, Any]:
             else build.cleanup["status"],
             "retry_policy": summary.get("retryPolicy"),
             "validation_status": summary.get("validationStatus"),
+            "timing_cache_mode": timing_cache_mode(build),
             "summary_path": build.summary_path,
             "engine_path": str(build.engine_path) if completed else None,
             "manifest": build.manifest,
@@ -250,6 +261,7 @@ def terminal_event(build: Build, state: str, code: int) -> dict[str, Any]:
             "summaryPath": build.summary_path,
             "error": build.error,
             "killedAfterCommit": build.killed_after_commit,
+            "timingCacheMode": timing_cache_mode(build),
         },
     }
 

@@ -14,7 +14,7 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
-from inferd.nvml import NvmlDevice, NvmlUnavailableError, open_device
+from inferd.nvml import NvmlDevice, NvmlUnavailableError, handle_for_cuda_device
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def peak_rss_bytes() -> int:
 def read_host_evidence(device_index: int = 0) -> HostEvidence:
     rss = peak_rss_bytes()
     try:
-        device = open_device(device_index)
+        device = handle_for_cuda_device(device_index)  # CUDA's numbering, as the build's
     except NvmlUnavailableError as exc:
         return HostEvidence(None, str(exc), rss, None, None, str(exc))
     with device:

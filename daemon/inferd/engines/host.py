@@ -1,8 +1,8 @@
 """Read this host's ``HostTuple``: GPU, platform release and TensorRT version.
 
-* GPU: NVML first (opened through ``inferd.nvml``; ``nvmlDeviceGetName``,
-  ``nvmlDeviceGetCudaComputeCapability``; only when it sees one GPU, since its
-  numbering is not CUDA's), then the CUDA driver through pycuda
+* GPU: NVML first (``inferd.nvml.handle_for_cuda_device``: the GPU CUDA numbers
+  ``device_index``, by PCI bus id when NVML sees several; ``nvmlDeviceGetName``,
+  ``nvmlDeviceGetCudaComputeCapability``), then the CUDA driver through pycuda
   (``pycuda.driver.init()``, ``Device(i).name()``, ``.compute_capability()``;
   no context is created).  Jetson's integrated GPU usually has no NVML, so it is
   read through pycuda there.  The probe order is fixed, so one host always
@@ -31,7 +31,7 @@ import structlog
 
 from inferd.engines.naming import sanitize_sku
 from inferd.errors import HostTupleUnavailableError
-from inferd.nvml import NvmlUnavailableError, open_device
+from inferd.nvml import NvmlUnavailableError, handle_for_cuda_device
 from inferd.types import HostTuple, PrecisionMode
 
 NV_TEGRA_RELEASE = Path("/etc/nv_tegra_release")
@@ -72,30 +72,22 @@ def _capability(raw: Any) -> tuple[int, int]:
 
 
 def probe_gpu_nvml(device_index: int = 0) -> GpuInfo:
-    """GPU name and compute capability through NVML (``inferd.nvml``), on a host with
-    one GPU only: NVML numbers GPUs by PCI bus and ignores ``CUDA_VISIBLE_DEVICES``,
-    CUDA fastest first, so with several NVML's index need not be the CUDA device
-    TensorRT runs on ("The NVML index may not correlate with ... the CUDA device
-    index", NVML's reference); then the next probe (CUDA's own view) answers."""
+    """GPU name and compute capability through NVML, of the GPU CUDA numbers
+    ``device_index`` (``inferd.nvml.handle_for_cuda_device``): NVML's numbering is not
+    CUDA's, so with several GPUs the device is found by its PCI bus id, and where it
+    cannot be told this probe fails and the next one (CUDA's own view) answers."""
     try:
-        device = open_device(device_index)
+        device = handle_for_cuda_device(device_index)
     except NvmlUnavailableError as exc:
         raise HostTupleUnavailableError(str(exc)) from exc
     with device:  # gives back this probe's nvmlInit; other NVML users are unaffected
         try:
-            count = int(device.nvml.nvmlDeviceGetCount())
-        except Exception as exc:
-            raise HostTupleUnavailableError(f"nvml: cannot count GPUs: {exc}") from exc
-        if count > 1:
-            raise HostTupleUnavailableError(
-                f"nvml: {count} GPUs, and NVML's device {device_index} need not be CUDA's "
-                f"device {device_index}"
-            )
-        try:
             name = _name_text(device.nvml.nvmlDeviceGetName(device.handle))
             capability = _capability(device.nvml.nvmlDeviceGetCudaComputeCapability(device.handle))
         except Exception as exc:
-            raise HostTupleUnavailableError(f"nvml: device {device_index}: {exc}") from exc
+            raise HostTupleUnavailableError(
+                f"nvml: device {device_index} ({device.matched_by}): {exc}"
+            ) from exc
     return GpuInfo(name=name, compute_capability=capability, source="nvml")
 
 

@@ -3,7 +3,10 @@ reasons with the SW/HW thermal slowdown bits, the SM clock, and the GPU's
 utilisation, memory and power draw (each absent where the driver does not
 report it).
 
-NVML is opened through ``inferd.nvml`` (which imports ``pynvml`` lazily).
+NVML is opened through ``inferd.nvml`` (which imports ``pynvml`` lazily), on the
+GPU CUDA numbers ``thermal.nvml_device_index`` (default ``runtime.device_id``):
+NVML's own numbering ignores ``CUDA_VISIBLE_DEVICES`` and need not be CUDA's, so
+``handle_for_cuda_device`` finds it by PCI bus id, or refuses when it cannot tell.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import structlog
 
 from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
-from inferd.nvml import NvmlDevice, NvmlUnavailableError, open_device
+from inferd.nvml import NvmlDevice, NvmlUnavailableError, handle_for_cuda_device
 from inferd.thermal.reading import GpuUsage, ThermalReading
 
 #: nvmlClocksEventReasonSwThermalSlowdown / HwThermalSlowdown (same values under
@@ -160,7 +163,7 @@ class NvmlSource:
 
 def open_nvml(config: ThermalConfig) -> NvmlSource:
     try:
-        device = open_device(config.nvml_device_index)
+        device = handle_for_cuda_device(config.nvml_device_index)
     except NvmlUnavailableError as exc:
         raise TelemetryUnavailableError(str(exc)) from exc
     nvml = device.nvml
