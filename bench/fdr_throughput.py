@@ -737,20 +737,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.rotations < 1 or min(args.kept) < 2:
             parser.error("--rotations must be >= 1 and each --kept >= 2")
         rotation = run_rotation(args.kept, args.rotations, args.dir)
-        if args.json:
-            json.dump(json_safe(rotation), sys.stdout, indent=2)
-            print()
-        else:
-            print_rotation_table(rotation)
-        return 1 if rotation["failures"] else 0
+        return report(rotation, args.json, print_rotation_table)
     if args.seconds <= 0 or args.rounds < 1 or args.rate <= 0 or args.poll_ms <= 0:
         parser.error("--seconds, --rate and --poll-ms must be > 0, --rounds >= 1")
     result = run(args.seconds, args.rounds, args.rate, args.poll_ms, args.dir)
-    if args.json:
+    return report(result, args.json, print_table)
+
+
+def report(result: dict[str, Any], as_json: bool, table: Callable[[dict[str, Any]], None]) -> int:
+    """Print ``result`` as JSON or as its ``table``: exit 1 if any of its runs failed."""
+    if as_json:
         json.dump(json_safe(result), sys.stdout, indent=2)
         print()
     else:
-        print_table(result)
+        table(result)
     return 1 if result["failures"] else 0
 
 

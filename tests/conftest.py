@@ -440,6 +440,45 @@ class DaemonProcess:
         return self.process.wait(timeout=timeout)
 
 
+#: The endpoints ``inferctl`` is given by default: all of the daemon's.
+ALL_ENDPOINTS = ("infer", "control", "events")
+
+
+def run_inferctl(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``inferctl *args`` in a subprocess of this interpreter, from the repository, its
+    output as text; ``timeout`` bounds a hang of the whole command."""
+    return subprocess.run(
+        [sys.executable, "-m", "inferd_client.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+        check=check,
+    )
+
+
+def inferctl(
+    daemon: DaemonProcess,
+    *args: str,
+    cli_timeout: float | None = None,
+    endpoints: Sequence[str] = ALL_ENDPOINTS,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """``inferctl *args`` on ``daemon``'s sockets (``endpoints``: of infer, control,
+    events), each reply awaited ``cli_timeout`` s (inferctl's ``--timeout``; its own
+    default when None); ``timeout`` bounds a hang of the whole command."""
+    given = [] if cli_timeout is None else ["--timeout", f"{cli_timeout:g}"]
+    for name in endpoints:
+        given += [f"--{name}-endpoint", getattr(daemon, name)]
+    return run_inferctl(*given, *args, timeout=timeout)
+
+
 def memory_kib(daemon: DaemonProcess, field: str = "VmRSS") -> int:
     """A field of the daemon's ``/proc/<pid>/status`` in KiB (``VmRSS``, ``VmHWM``...)."""
     for line in Path(f"/proc/{daemon.process.pid}/status").read_text().splitlines():
@@ -666,3 +705,9 @@ def module_daemon_factory(demo_model: Path) -> Iterator[DaemonFactory]:
 @pytest.fixture
 def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
     return daemon_factory()
+
+
+@pytest.fixture
+def identity_daemon(daemon_factory: DaemonFactory, identity_model: Path) -> DaemonProcess:
+    """A daemon serving the identity model, named ``identity``, alone."""
+    return daemon_factory(models=[{"name": "identity", "path": str(identity_model)}])

@@ -18,18 +18,13 @@ import onnxruntime as ort
 import pytest
 
 from inferd_client.cli_inputs import random_inputs
-from tests.conftest import REPO, DaemonProcess, wait_until
+from tests.conftest import REPO, DaemonProcess, run_inferctl, wait_until
+from tests.conftest import inferctl as shared_inferctl
 
 
 def inferctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "inferd_client.cli", "--timeout", "5", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    """``inferctl`` finding the daemon's sockets in ``env``, each reply awaited 5 s."""
+    return run_inferctl("--timeout", "5", *args, env=env)
 
 
 @pytest.fixture
@@ -157,24 +152,16 @@ def test_inferctl_reports_an_unreachable_daemon(tmp_path: Path) -> None:
 
 
 def test_inferctl_events_prints_health(daemon: DaemonProcess) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inferd_client.cli",
-            "--events-endpoint",
-            daemon.events,
-            "--json",
-            "events",
-            "--topic",
-            "health",
-            "--count",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
+    result = shared_inferctl(
+        daemon,
+        "--json",
+        "events",
+        "--topic",
+        "health",
+        "--count",
+        "2",
+        endpoints=("events",),
         timeout=30,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]

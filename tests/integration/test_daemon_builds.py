@@ -8,6 +8,7 @@ exercise the escalation to killing it after ``daemon.build_cancel_grace_s``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from inferd.fdr.reader import ReadReport, read_records
 from inferd.types import Peer
 from inferd_client import InferenceClient
 from tests.conftest import HANG_S, REPO, DaemonFactory, DaemonProcess, Events, wait_until
+from tests.conftest import inferctl as shared_inferctl
 from tests.fakes.gpu_site import fake_gpu_env
 from tests.integration.test_schemas import assert_valid, call
 
@@ -206,14 +208,8 @@ def test_a_child_ignoring_cancel_is_killed_after_the_grace_period(
     assert record["cancel_source"] == "ide"
 
 
-def inferctl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "inferd_client.cli", *endpoints(daemon), *args],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        cwd=REPO,
-    )
+#: ``inferctl(daemon, *args)`` on all the daemon's sockets, the whole command 20 s.
+inferctl = functools.partial(shared_inferctl, timeout=20)
 
 
 def endpoints(daemon: DaemonProcess) -> list[str]:

@@ -6,8 +6,6 @@ disk and the cap (``segments_kept``, ``bytes_kept``, ``max_total_bytes``,
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,7 +17,7 @@ from inferd.fdr import framing
 from inferd.fdr.reader import list_segments
 from inferd_client import OperatorClient
 from inferd_client.cli_format import size
-from tests.conftest import DaemonFactory, wait_until
+from tests.conftest import DaemonFactory, run_inferctl, wait_until
 from tests.integration.test_schemas import assert_invalid, assert_valid
 
 pytestmark = pytest.mark.integration
@@ -56,13 +54,7 @@ def scrape(listen: str) -> dict[str, float]:
 
 
 def inferctl_fdr_line(control: str) -> str:
-    shown = subprocess.run(
-        [sys.executable, "-m", "inferd_client.cli", "--control-endpoint", control, "status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    shown = run_inferctl("--control-endpoint", control, "status", check=True).stdout
     (line,) = [line for line in shown.splitlines() if line.startswith("fdr:")]
     return line
 

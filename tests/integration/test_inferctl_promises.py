@@ -15,23 +15,9 @@ from pathlib import Path
 import pytest
 
 import inferd_wire
-from tests.conftest import REPO, DaemonFactory
+from tests.conftest import REPO, DaemonFactory, run_inferctl
 
 pytestmark = pytest.mark.integration
-
-
-def inferctl(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "inferd_client.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def endpoints(daemon_workdir: Path) -> list[str]:
@@ -47,7 +33,7 @@ def endpoints(daemon_workdir: Path) -> list[str]:
 
 
 def test_version_is_the_one_version() -> None:
-    result = inferctl("--version")
+    result = run_inferctl("--version")
     assert (result.returncode, result.stdout.strip()) == (0, f"inferctl {inferd_wire.__version__}")
 
 
@@ -66,7 +52,7 @@ def test_no_socket_fails_at_once_and_says_where_it_looked(
 ) -> None:
     env = {**os.environ, "INFERD_RUNTIME_DIR": str(tmp_path / "nowhere")}
     started = time.monotonic()
-    result = inferctl("--timeout", "30", *command, env=env)
+    result = run_inferctl("--timeout", "30", *command, env=env)
     assert time.monotonic() - started < 15  # well under --timeout: it never waited
     assert result.returncode == 3, result.stdout + result.stderr
     assert f"no daemon socket at {tmp_path / 'nowhere'}/" in result.stderr
@@ -117,18 +103,18 @@ def test_events_on_a_prefix_of_health_prints_health_and_ends(
     used only to join (hidden, they kept ``--count 2`` from ever being reached)."""
     daemon = daemon_factory()
     command = ["--timeout", "5", "events", "--topic", "he", "--count", "2"]
-    result = inferctl(*endpoints(daemon.workdir), *command, timeout=30)
+    result = run_inferctl(*endpoints(daemon.workdir), *command, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("health") == 2, result.stdout
 
 
 def test_health_is_a_probe(daemon_factory: DaemonFactory, demo_model: Path) -> None:
     serving = daemon_factory()
-    assert inferctl(*endpoints(serving.workdir), "health").returncode == 0
+    assert run_inferctl(*endpoints(serving.workdir), "health").returncode == 0
     degraded = daemon_factory(
         models=[{"name": "demo", "path": str(demo_model), "runtime": "tensorrt"}]
     )  # no TensorRT here: it serves on the fallback, degraded
-    result = inferctl(*endpoints(degraded.workdir), "health")
+    result = run_inferctl(*endpoints(degraded.workdir), "health")
     assert result.returncode == 4, result.stdout + result.stderr
     assert "degraded" in result.stdout
 

@@ -6,6 +6,7 @@ recorder read back with ``inferd fdr dump|verify`` after the daemon stopped."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import random
@@ -22,7 +23,8 @@ import numpy as np
 import pytest
 
 from inferd_client import InferenceClient, OperatorClient
-from tests.conftest import REPO, DaemonFactory, DaemonProcess, Events, wait_until
+from tests.conftest import REPO, DaemonFactory, Events, wait_until
+from tests.conftest import inferctl as shared_inferctl
 from tests.integration.wire import IDENTITY_SHAPE
 
 pytestmark = pytest.mark.integration
@@ -67,20 +69,9 @@ def fdr_verify(directory: Path) -> subprocess.CompletedProcess[str]:
     return run_tool("-m", "inferd.cli", "fdr", "verify", "--dir", str(directory))
 
 
-def inferctl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_tool(
-        "-m",
-        "inferd_client.cli",
-        "--timeout",
-        "5",
-        "--infer-endpoint",
-        daemon.infer,
-        "--control-endpoint",
-        daemon.control,
-        "--events-endpoint",
-        daemon.events,
-        *args,
-    )
+#: ``inferctl(daemon, *args)`` on all the daemon's sockets, each reply awaited 5 s, the
+#: whole command 30 s (as ``run_tool``).
+inferctl = functools.partial(shared_inferctl, cli_timeout=5, timeout=30)
 
 
 def identity_model_config(identity_model: Path, **extra: object) -> list[dict[str, object]]:

@@ -29,11 +29,6 @@ def _model_counts(daemon: DaemonProcess) -> dict[str, Any]:
     return {"requests": entry["requests"], **entry["responses"]}
 
 
-@pytest.fixture
-def identity_daemon(daemon_factory: DaemonFactory, identity_model: Any) -> DaemonProcess:
-    return daemon_factory(models=[{"name": "identity", "path": str(identity_model)}])
-
-
 def test_a_reply_over_the_clients_bound_is_refused_by_name_after_one_run(
     identity_daemon: DaemonProcess,
 ) -> None:

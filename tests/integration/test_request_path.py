@@ -32,11 +32,6 @@ def _answered(status: dict[str, Any], model: str) -> int:
     return int(entry["requests"])
 
 
-@pytest.fixture
-def identity_daemon(daemon_factory: DaemonFactory, identity_model: Any) -> DaemonProcess:
-    return daemon_factory(models=[{"name": "identity", "path": str(identity_model)}])
-
-
 def test_an_idle_daemon_reads_each_request_on_the_engine_worker(
     identity_daemon: DaemonProcess,
 ) -> None:

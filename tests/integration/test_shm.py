@@ -7,6 +7,7 @@ clear code while the daemon keeps serving and frees what the client held."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import mmap
 import os
@@ -50,6 +51,7 @@ from tests.conftest import (
     wait_until,
     write_slow_model,
 )
+from tests.conftest import inferctl as shared_inferctl
 from tests.integration.test_schemas import assert_valid
 from tests.integration.wire import RawDealer, RawShm, assert_error, pack
 
@@ -913,26 +915,9 @@ def test_large_tensors_in_a_region_cost_the_daemon_no_memory_of_their_size(
 # -- inferctl -------------------------------------------------------------------------
 
 
-def inferctl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "inferd_client.cli",
-            "--timeout",
-            "10",
-            "--infer-endpoint",
-            daemon.infer,
-            "--control-endpoint",
-            daemon.control,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
+#: ``inferctl(daemon, *args)`` on the daemon's infer and control sockets, each reply
+#: awaited 10 s.
+inferctl = functools.partial(shared_inferctl, cli_timeout=10, endpoints=("infer", "control"))
 
 
 def test_inferctl_infer_shm_and_status_show_it(daemon: DaemonProcess) -> None:

@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -176,15 +177,24 @@ def test_mavlink_hook_validates_its_arguments(kwargs: dict[str, Any], message: s
         MavlinkAlertHook("udpout:127.0.0.1:14550", **kwargs)
 
 
-@pytest.fixture
-def tcp_ground() -> Iterator[socket.socket]:
-    """A ground station (or MAVLink router) listening for the hook's ``tcp:`` link."""
+@contextmanager
+def tcp_station(backlog: int) -> Iterator[socket.socket]:
+    """A ground station (or MAVLink router) listening for the hook's ``tcp:`` link,
+    ``backlog`` connections waiting at most."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(1)
+    server.listen(backlog)
     server.settimeout(HANG_S)
-    yield server
-    server.close()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def tcp_ground() -> Iterator[socket.socket]:
+    with tcp_station(backlog=1) as server:
+        yield server
 
 
 def _accept_hook(server: socket.socket, hook: MavlinkAlertHook) -> socket.socket:
@@ -205,8 +215,10 @@ def test_tcp_alerts_after_the_ground_station_left_are_failures_not_deliveries(
             connection = _accept_hook(tcp_ground, hook)
             dispatcher(Alert("ERROR", "first", "delivered"))
             assert _parse(connection.recv(512)).text == "first: delivered"
-            connection.close()  # the ground station drops the link and is gone
+            # The ground station is gone: its listener first, so the hook, which
+            # connects again as soon as the link drops (DESIGN.md 261), finds nobody.
             tcp_ground.close()
+            connection.close()
             for index in range(5):
                 dispatcher(Alert("CRITICAL", f"lost{index}", "nobody receives this"))
             status = dispatcher.status()["hooks"]["mavlink"]

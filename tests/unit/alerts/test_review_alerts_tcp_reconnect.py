@@ -21,27 +21,17 @@ from inferd.alerts import AlertDispatcher, tcp_link
 from inferd.alerts.mavlink import MavlinkAlertHook
 from inferd.types import Alert
 from tests.conftest import HANG_S, wait_until
+from tests.unit.alerts.test_mavlink import tcp_station
+from tests.unit.alerts.test_mavlink_udpin import _text
 
 #: ``tcp_link.LINK_THREAD_NAME``, spelt out: the tests also run against the code before it.
 LINK_THREAD_NAME = "inferd-mavlink-tcp"
 
 
-def _text(frame: bytes) -> str:
-    from pymavlink.dialects.v20 import common
-
-    (message,) = common.MAVLink(None).parse_buffer(frame) or []
-    return str(message.text)
-
-
 @pytest.fixture
 def station() -> Iterator[socket.socket]:
-    """A ground station (or MAVLink router) listening for the hook's ``tcp:`` link."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    server.settimeout(HANG_S)
-    yield server
-    server.close()
+    with tcp_station(backlog=4) as server:
+        yield server
 
 
 def _accept(server: socket.socket, what: str) -> socket.socket:

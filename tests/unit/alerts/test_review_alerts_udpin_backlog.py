@@ -13,14 +13,13 @@ fix, with 100 queued heartbeats the first alert missed it; with 300, none of
 
 from __future__ import annotations
 
-import socket
 import threading
-from collections.abc import Iterator
 
 import pytest
 
 from inferd.alerts.mavlink import MavlinkAlertHook
-from tests.conftest import HANG_S, wait_until
+from tests.conftest import wait_until
+from tests.unit.alerts.test_mavlink_udpin import _ground_station, _heartbeat, _text, udpin_hook
 
 #: ``udp_link.PEERS_THREAD_NAME``, spelt out: the tests also run against the code before it.
 PEERS_THREAD_NAME = "inferd-mavlink-peers"
@@ -28,33 +27,7 @@ PEERS_THREAD_NAME = "inferd-mavlink-peers"
 QUIET_HEARTBEATS = 300
 
 
-def _heartbeat() -> bytes:
-    from pymavlink.dialects.v20 import common
-
-    mav = common.MAVLink(None, srcSystem=255, srcComponent=190)
-    message = mav.heartbeat_encode(common.MAV_TYPE_GCS, common.MAV_AUTOPILOT_INVALID, 0, 0, 0)
-    return bytes(message.pack(mav))
-
-
-def _text(datagram: bytes) -> str:
-    from pymavlink.dialects.v20 import common
-
-    (message,) = common.MAVLink(None).parse_buffer(datagram) or []
-    return str(message.text)
-
-
-def _ground_station() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(HANG_S)
-    return sock
-
-
-@pytest.fixture
-def udpin_hook() -> Iterator[MavlinkAlertHook]:
-    hook = MavlinkAlertHook("udpin:127.0.0.1:0")
-    yield hook
-    hook.close()
+__all__ = ["udpin_hook"]  # the fixture: a hook on a port the kernel picked, closed after
 
 
 def test_a_station_back_on_a_new_port_after_a_quiet_spell_gets_the_next_alert(

@@ -83,14 +83,20 @@ class Clock:
         return self.now
 
 
-def test_a_peer_that_does_not_read_waits_out_one_grace_per_episode(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def clocked_budget(monkeypatch: pytest.MonkeyPatch) -> tuple[ReplyBudget, Clock, WatchedWait]:
+    """A 10 MiB a peer budget on the test's clock, its grace 1 ms, its waits counted."""
     monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", 0.001)
     budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=100 * MIB)
     budget.clock = clock = Clock()
     signal = WatchedWait()
     budget._released = signal
+    return budget, clock, signal
+
+
+def test_a_peer_that_does_not_read_waits_out_one_grace_per_episode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    budget, clock, signal = clocked_budget(monkeypatch)
     held = send(budget, b"slow", 8 * MIB)
     assert send(budget, b"slow", 8 * MIB) is None and signal.waits == 1
     assert send(budget, b"slow", 8 * MIB) is None and signal.waits == 1  # dropping: no wait
@@ -108,11 +114,7 @@ def test_a_peer_that_reads_slowly_costs_one_grace_per_holdoff_not_one_per_reply(
     """Each reply it takes ends its dropping episode, so without the holdoff each
     refusal after one cost the sender a grace (DESIGN.md 251); a grace that ends
     on a release is no reason to hold off."""
-    monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", 0.001)
-    budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=100 * MIB)
-    budget.clock = clock = Clock()
-    signal = WatchedWait()
-    budget._released = signal
+    budget, clock, signal = clocked_budget(monkeypatch)
     held = send(budget, b"slow", 8 * MIB)
 
     def refused_then_read() -> None:
@@ -142,11 +144,7 @@ def test_a_reading_peer_whose_grace_ran_out_once_keeps_its_graces(
 ) -> None:
     """Releases that lagged past one grace (a loaded machine) are not a slow reader:
     its next refusal, a second later, still waits."""
-    monkeypatch.setattr(reply_budget, "RELEASE_GRACE_S", 0.001)
-    budget = ReplyBudget(per_peer_bytes=10 * MIB, total_bytes=100 * MIB)
-    budget.clock = clock = Clock()
-    signal = WatchedWait()
-    budget._released = signal
+    budget, clock, signal = clocked_budget(monkeypatch)
     for waits in (1, 2, 3):
         held = send(budget, b"p", 8 * MIB)
         assert send(budget, b"p", 8 * MIB) is None and signal.waits == waits

@@ -28,7 +28,7 @@ from inferd_client.client import infer_request_header
 from inferd_client.errors import ClientError, InvalidArgument, MalformedReply, Unreachable
 from inferd_client.outputs import decode_outputs
 from inferd_wire import protocol
-from tests.unit.client.scripted import Script
+from tests.unit.client.scripted import Loop, Script, socket_threads
 
 
 def reply_to(frames: list[bytes], request_id: Any, *tensors: np.ndarray) -> list[bytes]:
@@ -158,33 +158,20 @@ def test_reply_frames_must_match_descriptors() -> None:
 def publisher(tmp_path: Any) -> Iterator[Callable[[bool], str]]:
     """A PUB socket in a thread: ``build`` events numbered 0, 1, 2, ... and, when asked,
     a ``health`` event after each, until the test ends."""
-    context = zmq.Context.instance()
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
 
-    def start(with_health: bool) -> str:
-        endpoint = f"ipc://{tmp_path}/events.sock"
-        sock = context.socket(zmq.PUB)
-        sock.bind(endpoint)
-
-        def loop() -> None:
+    def publishing(with_health: bool) -> Loop:
+        def loop(sock: zmq.Socket[Any], stop: threading.Event) -> None:
             seq = 0
             while not stop.wait(0.002):  # the publishing pace, not a synchronisation
                 sock.send_multipart([b"build", msgpack.packb({"seq": seq})])
                 if with_health:
                     sock.send_multipart([b"health", msgpack.packb({"ok": True})])
                 seq += 1
-            sock.close(linger=0)
 
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        threads.append(thread)
-        return endpoint
+        return loop
 
-    yield start
-    stop.set()
-    for thread in threads:
-        thread.join(5)
+    with socket_threads(tmp_path, zmq.PUB, "events", join_s=5) as start:
+        yield lambda with_health: start(publishing(with_health))
 
 
 def test_a_joined_subscriber_misses_nothing_and_hides_the_health_it_used(

@@ -7,7 +7,6 @@ line, a C1 CSI and a right-to-left override."""
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -17,11 +16,10 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from rich.console import Console
 
 from inferd_client import cli, cli_format
-from inferd_client.top import TopState, render
-from tests.unit.client.scripted import Script
+from inferd_client.top import TopState
+from tests.unit.client.scripted import Loop, Script, answering, socket_threads, top_screen
 
 HOSTILE = "x\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\r\nforged line\x9b1m\u202eé"
 
@@ -29,15 +27,6 @@ HOSTILE = "x\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\r\nforged line\x9b1m\u202eé"
 def raw_controls(shown: str) -> list[str]:
     """The characters of ``shown`` a terminal would act on (newlines between lines aside)."""
     return [char for char in shown if not char.isprintable() and char != "\n"]
-
-
-def answering(result: dict[str, Any]) -> Script:
-    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
-        request = msgpack.unpackb(frames[1])
-        reply = {"v": 1, "id": request["id"], "ok": True, "result": result}
-        sock.send_multipart([frames[0], msgpack.packb(reply)])
-
-    return script
 
 
 def status_result() -> dict[str, Any]:
@@ -137,30 +126,17 @@ def events(tmp_path: Path) -> Iterator[Callable[[bytes, dict[str, Any]], str]]:
     """``events(topic, payload)``: the endpoint of a PUB socket that publishes that
     event and a ``health`` event (inferctl joins on it) again and again until the
     test ends."""
-    context = zmq.Context.instance()
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
 
-    def start(topic: bytes, payload: dict[str, Any]) -> str:
-        endpoint = f"ipc://{tmp_path}/events{len(threads)}.sock"
-        sock = context.socket(zmq.PUB)
-        sock.bind(endpoint)
-
-        def loop() -> None:
+    def publishing(topic: bytes, payload: dict[str, Any]) -> Loop:
+        def loop(sock: zmq.Socket[Any], stop: threading.Event) -> None:
             while not stop.wait(0.005):  # the publishing pace, not a synchronisation
                 sock.send_multipart([b"health", msgpack.packb({"state": "serving"})])
                 sock.send_multipart([topic, msgpack.packb(payload)])
-            sock.close(linger=0)
 
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        threads.append(thread)
-        return endpoint
+        return loop
 
-    yield start
-    stop.set()
-    for thread in threads:
-        thread.join(5)
+    with socket_threads(tmp_path, zmq.PUB, "events", join_s=5) as start:
+        yield lambda topic, payload: start(publishing(topic, payload))
 
 
 def test_events_show_an_alerts_message_escaped(
@@ -195,12 +171,6 @@ def test_the_layouts_escape_every_value_they_are_given() -> None:
     assert [raw_controls(cli_format.printable(line)) for line in lines] == [[]] * len(lines)
     assert cli_format.printable(cli_format.printable(HOSTILE)) == cli_format.printable(HOSTILE)
     assert cli_format.printable("détecteur 日本 ✓") == "détecteur 日本 ✓"
-
-
-def top_screen(state: TopState) -> str:
-    console = Console(file=io.StringIO(), width=160, color_system=None)
-    console.print(render(state, "ipc:///run/inferd/control.sock", 1.0, now=100.0))
-    return console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def test_top_shows_names_and_alerts_escaped_and_never_as_markup() -> None:

@@ -9,32 +9,18 @@ spinning)."""
 from __future__ import annotations
 
 import argparse
-import io
 import math
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
 import pytest
-import zmq
-from rich.console import Console
 
 from inferd_client import cli, cli_build, top
 from inferd_client.client import OperatorClient
 from inferd_client.errors import MalformedReply
 from inferd_client.events import EventSubscriber
-from inferd_client.top import TopState, render
-from tests.unit.client.scripted import Script
-
-
-def answering(result: dict[str, Any]) -> Script:
-    def script(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
-        request = msgpack.unpackb(frames[1])
-        reply = {"v": 1, "id": request["id"], "ok": True, "result": result}
-        sock.send_multipart([frames[0], msgpack.packb(reply)])
-
-    return script
-
+from inferd_client.top import TopState
+from tests.unit.client.scripted import Script, answering, top_screen
 
 ODD_STATUS = {
     "daemon": {"version": "9.0.0", "pid": 7, "state": "serving", "uptime_s": 3.5},
@@ -93,12 +79,6 @@ def test_build_follow_of_a_build_status_without_its_build_is_a_malformed_reply(
         )
 
 
-def screen(state: TopState) -> str:
-    console = Console(file=io.StringIO(), width=160, color_system=None)
-    console.print(render(state, "ipc:///run/inferd/control.sock", 1.0, now=100.0))
-    return console.file.getvalue()  # type: ignore[attr-defined]
-
-
 def test_top_shows_what_a_status_of_another_version_allows() -> None:
     state = TopState()
     status = {
@@ -112,7 +92,7 @@ def test_top_shows_what_a_status_of_another_version_allows() -> None:
     state.on_status(status, [], at=2.0)
     state.on_event("build", {"buildId": "b1", "name": "parse", "step": "two", "numSteps": 2})
     state.on_event("alert", {"ts_ns": None, "level": "ERROR", "code": "c", "message": 42})
-    shown = screen(state)
+    shown = top_screen(state)
     assert "daemon: not shown, the daemon's reply differs (KeyError: 'thermal')" in shown
     assert "shared memory: not shown" in shown
     model_row = next(line for line in shown.splitlines() if line.lstrip().startswith("detector"))

@@ -13,15 +13,9 @@ from inferd import config
 from inferd.config.security import parse_principal
 from inferd.engine_build.retention import _ARTIFACT
 from inferd.errors import ConfigError
+from tests.unit.config.test_review2_config import load_text
 
-MODEL = '\n[[models]]\nname = "demo"\npath = "demo.onnx"\n'
 TIB = 1024**4
-
-
-def load_text(tmp_path: Path, text: str) -> config.Config:
-    path = tmp_path / "inferd.toml"
-    path.write_text(text + MODEL, encoding="utf-8")
-    return config.load(path)
 
 
 # -- ranges ---------------------------------------------------------------------------------------

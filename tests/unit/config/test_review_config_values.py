@@ -7,19 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from inferd import config
 from inferd.cli.main import main
 from inferd.errors import ConfigError
+from tests.unit.config.test_review2_config import MODEL, load_text
 
-MODEL = '\n[[models]]\nname = "demo"\npath = "demo.onnx"\n'
 #: An integer TOML allows and Python reads, past the largest float (1.8e308).
 HUGE = "1" + "0" * 400
-
-
-def load_text(tmp_path: Path, text: str) -> config.Config:
-    path = tmp_path / "inferd.toml"
-    path.write_text(text + MODEL, encoding="utf-8")
-    return config.load(path)
 
 
 # -- integers given for float keys ---------------------------------------------------------------

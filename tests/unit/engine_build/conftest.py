@@ -1,5 +1,5 @@
-"""Shared by the engine_build tests: a host tuple, the build summary's schema, and
-another live build (`live`)."""
+"""Shared by the engine_build tests: a host tuple, the build summary's schema, a
+simulated build child's spec, and another live build (`live`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,24 @@ from tests.conftest import HANG_S, REPO
 
 SUMMARY_SCHEMA = json.loads((REPO / "schemas" / "build" / "summary.json").read_text())
 HOST = HostTuple((8, 7), "orin", "r36.4.0", "10.3.0.30", PrecisionMode.FP32)
+
+
+def simulated_spec(tmp_path: Path, model: Path, step_s: float) -> dict[str, Any]:
+    """The spec ``BuildManager.start`` gives a simulated build child of ``model`` (build
+    ``b1-c0ffee``, no nonce), each phase step taking ``step_s``; its engine's folder made."""
+    engine = tmp_path / "demo" / "demo.b1-c0ffee.simulated.engine"
+    engine.parent.mkdir(mode=0o750)
+    return {
+        "build_id": "b1-c0ffee",
+        "builder": "simulated",
+        "model_path": str(model),
+        "engine_path": str(engine),
+        "engine_dir": str(tmp_path / "engines"),
+        "device_id": 0,
+        "gpu_memory_budget_bytes": 0,
+        "simulation": {"step_s": step_s},
+        "build_config": {},
+    }
 
 
 #: A live process that takes the ``flock`` of the path it reads on stdin (``-``: none)

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from inferd.engine_build import BuildRequest, CancellationToken, run_build
@@ -35,18 +34,14 @@ from inferd.engines.timing_cache import timing_cache_path
 from inferd.types import BuildConfig
 from tests.fakes import fake_tensorrt
 from tests.unit.engine_build.conftest import HOST
-from tests.unit.engine_build.test_tensorrt_builder import INT8, W, calibrating_builder, scale_model
+from tests.unit.engine_build.test_tensorrt_builder import (
+    INT8,
+    calibrating_builder,
+    calibration_set,
+    scale_model,
+)
 
-
-@pytest.fixture
-def batches(tmp_path: Path) -> Path:
-    """Three calibration batches of ``scale_model``'s input."""
-    directory = tmp_path / "calibration"
-    directory.mkdir()
-    rng = np.random.default_rng(7)
-    for index in range(3):
-        np.savez(directory / f"batch{index}.npz", x=rng.standard_normal((4, W)).astype(np.float32))
-    return directory
+__all__ = ["calibration_set"]  # the fixture: three calibration batches of ``scale_model``'s input
 
 
 def _calibration_files(engines: Path) -> list[str]:
@@ -69,7 +64,7 @@ def _int8_build(
 
 def test_a_build_cancelled_while_it_validates_keeps_no_fresh_calibration_cache(
     tmp_path: Path,
-    batches: Path,
+    calibration_set: Path,
     gpu: fake_tensorrt.FakeGpuStack,
 ) -> None:
     token = CancellationToken()
@@ -78,7 +73,7 @@ def test_a_build_cancelled_while_it_validates_keeps_no_fresh_calibration_cache(
         token.cancel("control", "the operator stops the build while it validates")
         return {"y": 2 * inputs["x"]}
 
-    s = _int8_build(gpu, tmp_path, batches, cancelled_during_the_smoke_inference, token)
+    s = _int8_build(gpu, tmp_path, calibration_set, cancelled_during_the_smoke_inference, token)
     assert s["outcome"] == "cancelled" and s["builderStats"]["calibration"] == "calibrated"
     assert gpu.trt.calibration_batches == 3  # it did calibrate
     assert not (tmp_path / "engines" / "scale.engine").exists()
@@ -87,13 +82,13 @@ def test_a_build_cancelled_while_it_validates_keeps_no_fresh_calibration_cache(
 
 def test_a_build_whose_engine_failed_validation_keeps_no_fresh_calibration_cache(
     tmp_path: Path,
-    batches: Path,
+    calibration_set: Path,
     gpu: fake_tensorrt.FakeGpuStack,
 ) -> None:
     def wrong(_engine: Path, inputs: Any) -> Any:
         return {"y": 2 * inputs["x"] + 1.0}
 
-    s = _int8_build(gpu, tmp_path, batches, wrong)
+    s = _int8_build(gpu, tmp_path, calibration_set, wrong)
     assert s["outcome"] == "completed" and s["validationStatus"] == "fail"
     assert s["validation"]["quarantinedTo"] is not None
     assert _calibration_files(tmp_path / "engines") == [], "a failed engine's cache was kept"
@@ -101,11 +96,11 @@ def test_a_build_whose_engine_failed_validation_keeps_no_fresh_calibration_cache
 
 def test_a_validated_int8_build_keeps_its_calibration_cache_with_its_engine(
     tmp_path: Path,
-    batches: Path,
+    calibration_set: Path,
     gpu: fake_tensorrt.FakeGpuStack,
 ) -> None:
     """The control: the cache is still written when the engine is committed."""
-    s = _int8_build(gpu, tmp_path, batches, lambda _e, i: {"y": 2 * i["x"]})
+    s = _int8_build(gpu, tmp_path, calibration_set, lambda _e, i: {"y": 2 * i["x"]})
     assert s["outcome"] == "completed" and s["validationStatus"] == "pass"
     engines = tmp_path / "engines"
     assert (engines / "scale.engine").is_file()
@@ -115,7 +110,9 @@ def test_a_validated_int8_build_keeps_its_calibration_cache_with_its_engine(
         "scale.calib_cache.sha256",
     ]
     cache = calib.calibration_cache_path(engines / "scale.engine")
-    assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(batches)
+    assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(
+        calibration_set
+    )
 
 
 class _CrashingBuilder:
@@ -137,7 +134,7 @@ class _CrashingBuilder:
 
 def test_a_cancel_during_calibration_stops_it_at_the_next_batch(
     tmp_path: Path,
-    batches: Path,
+    calibration_set: Path,
     gpu: fake_tensorrt.FakeGpuStack,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -151,7 +148,7 @@ def test_a_cancel_during_calibration_stops_it_at_the_next_batch(
         return load(self, path)
 
     monkeypatch.setattr(CalibrationBatches, "load", cancelled_while_loading)
-    s = _int8_build(gpu, tmp_path, batches, lambda _e, i: {"y": 2 * i["x"]}, token)
+    s = _int8_build(gpu, tmp_path, calibration_set, lambda _e, i: {"y": 2 * i["x"]}, token)
     assert s["outcome"] == "cancelled" and s["cancelSource"] == "control"
     assert gpu.trt.calibration_batches == 1, "calibration went on after the cancel"
     assert s["cleanupStatus"] == "cleaned" and s["timingCacheMode"] == "discarded"

@@ -9,6 +9,7 @@ from pathlib import Path
 from inferd.engine_build import child_process
 from inferd.engine_build.child import BUILD_OOM_SCORE_ADJ
 from tests.conftest import HANG_S, wait_until
+from tests.unit.engine_build.conftest import simulated_spec
 
 
 def _oom_score_adj(pid: int | str) -> int:
@@ -18,19 +19,7 @@ def _oom_score_adj(pid: int | str) -> int:
 def test_a_build_child_raises_its_oom_score_above_the_daemons(
     tmp_path: Path, demo_model: Path
 ) -> None:
-    engine = tmp_path / "demo" / "demo.b1-c0ffee.simulated.engine"
-    engine.parent.mkdir(mode=0o750)
-    spec = {
-        "build_id": "b1-c0ffee",
-        "builder": "simulated",
-        "model_path": str(demo_model),
-        "engine_path": str(engine),
-        "engine_dir": str(tmp_path / "engines"),
-        "device_id": 0,
-        "gpu_memory_budget_bytes": 0,
-        "simulation": {"step_s": 30},  # still building while it is looked at
-        "build_config": {},
-    }
+    spec = simulated_spec(tmp_path, demo_model, step_s=30)  # still building while looked at
     ours = _oom_score_adj("self")
     assert ours < BUILD_OOM_SCORE_ADJ
     process = child_process.spawn(spec)

@@ -16,24 +16,13 @@ from inferd.engine_build.pipe import (
     child_message_decoder,
 )
 from tests.conftest import HANG_S
+from tests.unit.engine_build.conftest import simulated_spec
 
 
 def test_a_spec_without_a_nonce_builds_and_its_summary_has_none(
     tmp_path: Path, demo_model: Path
 ) -> None:
-    engine = tmp_path / "demo" / "demo.b1-c0ffee.simulated.engine"
-    engine.parent.mkdir(mode=0o750)
-    spec = {  # BuildManager.start's spec before the nonce
-        "build_id": "b1-c0ffee",
-        "builder": "simulated",
-        "model_path": str(demo_model),
-        "engine_path": str(engine),
-        "engine_dir": str(tmp_path / "engines"),
-        "device_id": 0,
-        "gpu_memory_budget_bytes": 0,
-        "simulation": {"step_s": 0},
-        "build_config": {},
-    }
+    spec = simulated_spec(tmp_path, demo_model, step_s=0)  # BuildManager.start's, no nonce
     process = child_process.spawn(spec)
     decoder = child_message_decoder()
     messages: list[ChildMessage] = []

@@ -22,6 +22,9 @@ from inferd.errors import EngineHashMismatchError, EngineManifestError
 from inferd.types import BuildConfig, PrecisionMode
 from tests.fakes import fake_pycuda, fake_pynvml
 from tests.unit.engines.conftest import CONTENT, HOST, VALID, Deployment, Recorder
+from tests.unit.engines.test_host import tensorrt
+
+__all__ = ["tensorrt"]  # the fixture: a tensorrt module that only has its version
 
 CONFIG = BuildConfig(precision=PrecisionMode.FP16)  # what VALID was named for
 DIGEST = hashlib.sha256(CONTENT).hexdigest()
@@ -173,14 +176,6 @@ def test_an_intact_reread_records_nothing(deployment: Deployment) -> None:
 
 
 # -- the host tuple names the GPU CUDA (and so TensorRT) runs on -------------------------------
-
-
-@pytest.fixture
-def tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    module = types.ModuleType("tensorrt")
-    module.__version__ = "10.3.0.30"  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tensorrt", module)
-    return module
 
 
 def test_with_several_gpus_the_host_tuple_is_cudas_device_not_nvmls_index(

@@ -17,10 +17,11 @@ import pytest
 from inferd.config import RuntimeConfig
 from inferd.errors import EngineDeserializeError, InferenceError, OutOfMemoryError
 from inferd.runtime.onnx_trt_ep import CPU_EP, CUDA_EP, TRT_EP, OnnxTrtEpRuntime
-from inferd.types import Alert, BuildConfig, EngineHandle, ThermalState
+from inferd.types import BuildConfig, EngineHandle, ThermalState
 from tests.fakes import fake_onnxruntime, fake_tensorrt
 from tests.fakes.fake_onnxruntime import FakeOrt
 from tests.tensorrt_bench import SCALE_PROFILE, Bench, W
+from tests.unit.runtime.test_ort_providers import Sinks
 
 EP_FAILURE = "TensorRT EP execution context enqueue failed."
 
@@ -141,18 +142,6 @@ def test_runtimes_made_used_and_dropped_on_threads_that_end_leave_their_stacks_e
 
 
 # -- ONNX Runtime: Session.run's silent fallback ---------------------------------------------
-
-
-class Sinks:
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-        self.records: list[tuple[str, dict[str, Any]]] = []
-
-    def alert(self, alert: Alert) -> None:
-        self.alerts.append(alert)
-
-    def record(self, kind: str, payload: Any) -> None:
-        self.records.append((kind, dict(payload)))
 
 
 def ort_runtime(tmp_path: Path, sinks: Sinks) -> OnnxTrtEpRuntime:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +22,11 @@ from inferd.serving.rebuild import FallbackRebuilder
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.serving.switching import RuntimeSwitcher
-from inferd.types import Alert, EngineHandle, Peer, TensorSpec, ThermalState
+from inferd.types import Alert, EngineHandle, Peer, ThermalState
 from inferd_wire.protocol import ProtocolError
 from tests.conftest import HANG_S
 from tests.unit.serving.test_execution_failover import Finished
-
-SPEC = (TensorSpec("x", "float32", (1,)),)
-
-
-@dataclass
-class Released:
-    handles: list[int] = field(default_factory=list)
-
-    def release_engine(self, handle: EngineHandle) -> None:
-        self.handles.append(handle.handle_id)
+from tests.unit.serving.test_switching import SPEC, Released
 
 
 @dataclass

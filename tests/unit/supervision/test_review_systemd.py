@@ -17,6 +17,7 @@ from inferd.stop_budget import stop_bounds
 from inferd.supervision.journal_writer import EXIT_FLUSH_S
 from inferd.supervision.notify import STOP_EXIT_MARGIN_S, Notifier
 from tests.conftest import HANG_S, REPO
+from tests.unit.engine_build.conftest import simulated_spec
 
 UNITS = ("inferd.service", "inferd@.service")
 
@@ -46,19 +47,8 @@ def test_a_build_child_inherits_no_notify_socket_nor_watchdog(
     monkeypatch.setenv("WATCHDOG_USEC", "10000000")
     monkeypatch.setenv("WATCHDOG_PID", "1")
     monkeypatch.setenv("INFERD_REVIEW_KEPT", "yes")
-    engine = tmp_path / "demo" / "demo.b1-c0ffee.simulated.engine"
-    engine.parent.mkdir(mode=0o750)
-    spec = {
-        "build_id": "b1-c0ffee",
-        "builder": "simulated",
-        "model_path": str(demo_model),
-        "engine_path": str(engine),
-        "engine_dir": str(tmp_path / "engines"),
-        "device_id": 0,
-        "gpu_memory_budget_bytes": 0,
-        "simulation": {"step_s": 30},  # still building when its environment is read
-        "build_config": {},
-    }
+    # Still building when its environment is read.
+    spec = simulated_spec(tmp_path, demo_model, step_s=30)
     process = child_process.spawn(spec)  # returns once the child exec'd
     try:
         raw = Path(f"/proc/{process.pid}/environ").read_bytes()

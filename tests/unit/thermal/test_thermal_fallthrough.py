@@ -198,16 +198,29 @@ def test_every_source_hanging_holds_one_open_thread_each_and_late_ones_are_close
     assert all(payload["source"] in (None, "jtop") for _, payload in sinks.events)
 
 
+def hanging_jtop_and_nvml(
+    monkeypatch: pytest.MonkeyPatch,
+    state: fake_jtop.FakeJtop,
+    nvml: fake_pynvml.FakeNvml,
+    jtop_release: threading.Event,
+    nvml_release: threading.Event,
+) -> ScriptedSource:
+    """Installs jtop and NVML whose opens hang until their release, and a sysfs source
+    that opens at once (the CPU at 47 C): that source."""
+    sysfs = ScriptedSource(reading(cpu=47.0), name="sysfs")
+    monkeypatch.setitem(sys.modules, "jtop", hanging_jtop(state, jtop_release))
+    monkeypatch.setitem(sys.modules, "pynvml", hanging_nvml(nvml, nvml_release))
+    monkeypatch.setitem(OPENERS, "sysfs", lambda _config: sysfs)
+    return sysfs
+
+
 def test_late_opens_switch_up_the_order_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """sysfs opens while jtop and NVML hang; NVML's late open replaces sysfs, then
     jtop's replaces NVML: never down the order, each switch logged once."""
     state = fake_jtop.FakeJtop()
     jtop_release, nvml_release = threading.Event(), threading.Event()
     nvml = fake_pynvml.FakeNvml(temperature_c=52)
-    sysfs = ScriptedSource(reading(cpu=47.0), name="sysfs")
-    monkeypatch.setitem(sys.modules, "jtop", hanging_jtop(state, jtop_release))
-    monkeypatch.setitem(sys.modules, "pynvml", hanging_nvml(nvml, nvml_release))
-    monkeypatch.setitem(OPENERS, "sysfs", lambda _config: sysfs)
+    sysfs = hanging_jtop_and_nvml(monkeypatch, state, nvml, jtop_release, nvml_release)
     monitor, _, clock = monitor_for(("jtop", "nvml", "sysfs"))
     try:
         with capture_logs() as logs:
@@ -296,10 +309,7 @@ def test_stop_closes_every_source_whose_open_ends_after_it(
 ) -> None:
     state, nvml = fake_jtop.FakeJtop(), fake_pynvml.FakeNvml()
     release = threading.Event()
-    sysfs = ScriptedSource(reading(cpu=47.0), name="sysfs")
-    monkeypatch.setitem(sys.modules, "jtop", hanging_jtop(state, release))
-    monkeypatch.setitem(sys.modules, "pynvml", hanging_nvml(nvml, release))
-    monkeypatch.setitem(OPENERS, "sysfs", lambda _config: sysfs)
+    sysfs = hanging_jtop_and_nvml(monkeypatch, state, nvml, release, release)
     monitor, _, clock = monitor_for(("jtop", "nvml", "sysfs"))
     try:
         for _ in range(3):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from structlog.typing import EventDict
 
 from inferd import config as config_module
 from inferd import daemon as daemon_module
@@ -67,30 +68,62 @@ class TimedStop:
         return stopped
 
 
+def started_daemon(
+    monkeypatch: pytest.MonkeyPatch, directory: Path, demo_model: Path, stale_after_s: float
+) -> Daemon:
+    """A ready daemon in this process whose thermal monitor tries jtop, then NVML, with
+    the thermal deadline ``stale_after_s``."""
+    monkeypatch.setattr(
+        daemon_module,
+        "ThermalMonitor",
+        functools.partial(ThermalMonitor, stale_after_s=stale_after_s),
+    )
+    text = render_config(
+        directory,
+        [{"name": "demo", "path": str(demo_model)}],
+        thermal={"sources": ["jtop", "nvml"], "poll_hz": 20.0},
+    )
+    (directory / "inferd.toml").write_text(text)
+    daemon = Daemon(config_module.load(directory / "inferd.toml"))
+    daemon.start()
+    assert daemon.wait_ready(HANG_S)
+    return daemon
+
+
+def timed_stop(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[EventDict], tuple[float, float, bool]]:
+    """Stop ``daemon``: what it logged, and its one ``thermal.stop`` (the timeout it was
+    given, how long it took, what it returned)."""
+    timed = TimedStop(daemon.thermal.stop)
+    monkeypatch.setattr(daemon.thermal, "stop", timed)
+    with structlog.testing.capture_logs() as logs:
+        daemon.stop()
+    (call,) = timed.calls
+    return logs, call
+
+
+def assert_the_open_ends_once_released(jetson: Jetson, daemon: Daemon) -> None:
+    """The jtop service answers after the daemon stopped: the open's thread ends, says
+    it was abandoned, and closes the client it opened."""
+    with structlog.testing.capture_logs() as late:
+        jetson.release.set()  # the service answers after the daemon stopped
+        wait_until(lambda: inferd_threads() == [], message="the open's thread ending")
+    assert [(line["event"], line["source"]) for line in late] == [
+        ("thermal_source_open_abandoned", "jtop")
+    ]
+    assert jetson.jtop.clients[0].closed and not daemon.thermal.abandoned_opens
+
+
 def test_a_daemon_stop_with_jtop_hung_leaves_the_open_and_says_which(
     jetson: Jetson,
     short_tmp_path: Path,
     demo_model: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(
-        daemon_module, "ThermalMonitor", functools.partial(ThermalMonitor, stale_after_s=DEADLINE_S)
-    )
-    text = render_config(
-        short_tmp_path,
-        [{"name": "demo", "path": str(demo_model)}],
-        thermal={"sources": ["jtop", "nvml"], "poll_hz": 20.0},
-    )
-    (short_tmp_path / "inferd.toml").write_text(text)
-    daemon = Daemon(config_module.load(short_tmp_path / "inferd.toml"))
-    daemon.start()
-    assert daemon.wait_ready(HANG_S)
+    daemon = started_daemon(monkeypatch, short_tmp_path, demo_model, stale_after_s=DEADLINE_S)
     wait_until(lambda: daemon.thermal.describe()["source"] == "nvml", message="NVML in use")
-    timed = TimedStop(daemon.thermal.stop)
-    monkeypatch.setattr(daemon.thermal, "stop", timed)
-    with structlog.testing.capture_logs() as logs:
-        daemon.stop()
-    ((given, took, stopped),) = timed.calls
+    logs, (given, took, stopped) = timed_stop(daemon, monkeypatch)
     assert given == pytest.approx(THERMAL_S, abs=1.0)  # its whole bound was left to it
     assert took < given / 2, took  # loose: a loaded runner; it took all of it (5.0 s)
     assert stopped is False
@@ -107,10 +140,4 @@ def test_a_daemon_stop_with_jtop_hung_leaves_the_open_and_says_which(
     again.acquire()  # raises DaemonAlreadyRunningError while the daemon holds it
     again.release()
     assert jetson.nvml.init_count == 0 and jetson.nvml.shutdown_calls == 1
-    with structlog.testing.capture_logs() as late:
-        jetson.release.set()  # the service answers after the daemon stopped
-        wait_until(lambda: inferd_threads() == [], message="the open's thread ending")
-    assert [(line["event"], line["source"]) for line in late] == [
-        ("thermal_source_open_abandoned", "jtop")
-    ]
-    assert jetson.jtop.clients[0].closed and not daemon.thermal.abandoned_opens
+    assert_the_open_ends_once_released(jetson, daemon)

@@ -10,21 +10,21 @@ however slowly a loaded runner starts the daemon.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
-import structlog
 
-from inferd import config as config_module
-from inferd import daemon as daemon_module
-from inferd.daemon import Daemon
 from inferd.stop_budget import THERMAL_S
-from inferd.thermal import ThermalMonitor
 from inferd.thermal.bounded_read import OPEN_THREAD_NAME
-from tests.conftest import HANG_S, render_config, wait_until
+from tests.conftest import HANG_S, wait_until
 from tests.unit.thermal.test_thermal_fallthrough import Jetson
-from tests.unit.thermal.test_thermal_stop_daemon import TimedStop, inferd_threads, jetson
+from tests.unit.thermal.test_thermal_stop_daemon import (
+    assert_the_open_ends_once_released,
+    inferd_threads,
+    jetson,
+    started_daemon,
+    timed_stop,
+)
 
 __all__ = ["jetson"]  # the fixture: no daemon thread before, the open joined after
 
@@ -35,25 +35,10 @@ def test_a_daemon_stop_during_jtops_first_open_does_not_wait_for_it(
     demo_model: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(
-        daemon_module, "ThermalMonitor", functools.partial(ThermalMonitor, stale_after_s=HANG_S)
-    )
-    text = render_config(
-        short_tmp_path,
-        [{"name": "demo", "path": str(demo_model)}],
-        thermal={"sources": ["jtop", "nvml"], "poll_hz": 20.0},
-    )
-    (short_tmp_path / "inferd.toml").write_text(text)
-    daemon = Daemon(config_module.load(short_tmp_path / "inferd.toml"))
-    daemon.start()
-    assert daemon.wait_ready(HANG_S)
+    daemon = started_daemon(monkeypatch, short_tmp_path, demo_model, stale_after_s=HANG_S)
     wait_until(lambda: len(jetson.jtop.clients) == 1, message="jtop's start() entered")
     assert daemon.thermal.describe()["polls"] == 0  # the first poll still waits for it
-    timed = TimedStop(daemon.thermal.stop)
-    monkeypatch.setattr(daemon.thermal, "stop", timed)
-    with structlog.testing.capture_logs() as logs:
-        daemon.stop()
-    ((given, took, stopped),) = timed.calls
+    logs, (given, took, stopped) = timed_stop(daemon, monkeypatch)
     assert given == pytest.approx(THERMAL_S, abs=1.0)
     assert took < given / 2, took  # loose: a loaded runner; it took all of it (5.0 s)
     assert stopped is False and list(daemon.thermal.abandoned_opens) == ["jtop"]
@@ -65,10 +50,4 @@ def test_a_daemon_stop_during_jtops_first_open_does_not_wait_for_it(
     assert "thermal_telemetry_unavailable" not in events  # the poll cut short: not a loss
     assert "daemon_stopped" in events and daemon._context.closed
     assert jetson.nvml.init_count == 0 and jetson.nvml.shutdown_calls == 0  # never reached
-    with structlog.testing.capture_logs() as late:
-        jetson.release.set()  # the service answers after the daemon stopped
-        wait_until(lambda: inferd_threads() == [], message="the open's thread ending")
-    assert [(line["event"], line["source"]) for line in late] == [
-        ("thermal_source_open_abandoned", "jtop")
-    ]
-    assert jetson.jtop.clients[0].closed and not daemon.thermal.abandoned_opens
+    assert_the_open_ends_once_released(jetson, daemon)
