@@ -39,7 +39,11 @@ def test_build_follow_exits_1_for_a_failed_build_seen_live_and_ended(
         watchdog.cancel()
         if follow.poll() is None:
             follow.kill()
-    assert lines and lines[-1].startswith(f"FAILED build {build_id} [simulated]"), lines[-1:]
+    # With the build's timing-cache decision, named once (DESIGN.md 274).
+    assert lines and lines[-1].startswith(
+        f"FAILED build {build_id} [simulated] timing cache: discarded {{"
+    ), lines[-1:]
+    assert "timingCacheMode" not in lines[-1]
     assert follow.returncode == 1, "a follow that saw its build fail exited 0"
 
     wait_until(lambda: build_status(daemon, build_id)["state"] == "failed", message="failed")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ from tests.integration.test_daemon_builds import (
     build_status,
     control,
     events_until,
-    follow_builds,
     inferctl,
     start_build,
     subscribe,
@@ -133,38 +131,6 @@ def test_a_child_killed_without_its_report_reports_the_daemons_decision(
     status = build_status(daemon, build_id)
     assert status["escalated"] is True and status["timing_cache_mode"] == "discarded"
     assert status["summary_path"] is None  # the daemon's word, from no summary
-
-
-def test_build_follow_ends_with_the_decision_of_a_failed_build(
-    daemon_factory: DaemonFactory,
-) -> None:
-    daemon = daemon_factory()
-    follow = follow_builds(daemon)
-    watchdog = threading.Timer(HANG_S, follow.kill)  # a follower that hangs fails
-    watchdog.start()
-    try:
-        assert follow.stdout is not None and follow.stderr is not None
-        assert follow.stderr.readline() == "following build events\n"  # subscribed
-        reply = control(
-            daemon,
-            "build.start",
-            model="demo",
-            builder="simulated",
-            simulation={"fail": "the simulated builder fails (test)"},
-        )
-        build_id = str(reply["result"]["build_id"])
-        lines = follow.stdout.read().splitlines()
-        follow.wait(timeout=HANG_S)
-    finally:
-        watchdog.cancel()
-        if follow.poll() is None:
-            follow.kill()
-    assert follow.returncode == 1
-    assert lines and lines[-1].startswith(
-        f"FAILED build {build_id} [simulated] timing cache: discarded {{"
-    ), lines[-1:]
-    # The word is named once, not again in the facts that follow it.
-    assert "timingCacheMode" not in lines[-1]
 
 
 def test_a_child_killed_after_its_commit_reports_unknown(
