@@ -1,5 +1,6 @@
 """A daemon build's timing-cache decision in ``build.status`` and its terminal
-``build`` event, and in ``inferctl build status`` / ``build follow``.
+``build`` event, and in ``inferctl build status`` (``build follow``'s last line:
+``test_build_follow_failed.py``).
 
 The decision (``timingCacheMode``: cold, reused, updated, discarded, quarantined,
 unknown) was in the build's summary and its FDR ``engine_build`` record only
