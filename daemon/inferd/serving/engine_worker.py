@@ -34,7 +34,7 @@ from inferd.bus.headers import InferReply, encode_infer_reply
 from inferd.bus.internal_errors import internal_message, run_failure, unavailable_message
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
-from inferd.serving.reply_tensors import oversized_frame, reply_tensors
+from inferd.serving.reply_tensors import oversized_frame, refuse_unfit_outputs, reply_tensors
 from inferd.serving.scheduler import InHand, Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
 from inferd.serving.stats import ModelStats
@@ -361,6 +361,8 @@ class EngineWorker(threading.Thread):
                     every=is_shm_route(job.client),
                     inputs=(job.described, handle.inputs),
                 )
+                if job.max_reply_frame_bytes is not None:  # as admission does while serving
+                    refuse_unfit_outputs(handle.outputs, job.regions, job.max_reply_frame_bytes)
             except ProtocolError as exc:
                 return self._error(job, slot, exc.code, exc.message)
         try:
