@@ -16,6 +16,8 @@ change behind the writer's back leaves the inventory stale, on the safe side:
   then the recorder keeps less than ``max_total_bytes`` on disk, never more.
 - a segment added is counted from the next start (its scan finds it), or at once
   if the writer tries to create that name (``add_found``).
+- a file named for an index in another spelling (``seg-1.fdr``, which
+  ``list_segments`` lists too) is counted with that index and deleted with it.
 
 Indices and sizes are kept in two arrays of 8-byte integers (16 bytes a segment:
 2 MiB at ``MAX_FDR_SEGMENTS``, where tuples of ints took about 120 bytes each),
@@ -57,6 +59,11 @@ class Inventory:
         self.highest_index = 0
         #: Count, total and oldest index, replaced whole after each change (above).
         self.kept: Kept = (0, 0, None)
+        #: The files the scan found for an index under another spelling of its name
+        #: (``seg-1.fdr``, someone's copy: ``segment_index`` reads it as 1), each with
+        #: its size, the writer's own name too if found: counted and deleted together.
+        #: Empty but for such hand-made names, so nothing is kept per segment.
+        self._spelled: dict[int, tuple[tuple[str, int], ...]] = {}
 
     def __len__(self) -> int:
         return len(self._indices) - self._head
@@ -67,7 +74,7 @@ class Inventory:
         directory (symlinks included, never followed), as ``list_segments``; and
         the highest index taken by any name (a directory's name cannot be created,
         so it stays taken).  One listing and one ``lstat`` per segment."""
-        found: list[tuple[int, int]] = []
+        found: list[tuple[int, str, int]] = []
         highest = 0
         with os.scandir(directory) as entries:
             for entry in entries:
@@ -80,10 +87,21 @@ class Inventory:
                 except FileNotFoundError:  # deleted meanwhile
                     continue
                 if not stat.S_ISDIR(info.st_mode):
-                    found.append((index, info.st_size))
+                    found.append((index, entry.name, info.st_size))
         inventory = cls()
-        for index, size in sorted(found):
+        found.sort()
+        previous = None
+        for index, name, size in found:
+            if index == previous:  # another name of it: one entry, its files listed
+                files = (*inventory.files(index, inventory._sizes[-1]), (name, size))
+                inventory._sizes[-1] += size
+                inventory.total += size
+                inventory._spelled[index] = files
+                continue
             inventory._add(index, size)
+            if name != framing.segment_name(index):
+                inventory._spelled[index] = ((name, size),)
+            previous = index
         inventory.highest_index = highest
         inventory._publish()
         return inventory
@@ -129,9 +147,16 @@ class Inventory:
             raise IndexError("no segment")
         return self._indices[self._head], self._sizes[self._head]
 
+    def files(self, index: int, size: int) -> tuple[tuple[str, int], ...]:
+        """The files of segment ``index`` (``size`` bytes in all) with their sizes:
+        its name, or those the scan found for it (``_spelled``)."""
+        return self._spelled.get(index) or ((framing.segment_name(index), size),)
+
     def pop_oldest(self) -> None:
-        _index, size = self.oldest()
+        index, size = self.oldest()
         self.total -= size
+        if self._spelled:
+            self._spelled.pop(index, None)
         self._head += 1
         if self._head >= _COMPACT_AFTER and self._head * 2 >= len(self._indices):
             # Amortised: each entry moves at most once per entry popped before it.
@@ -142,4 +167,5 @@ class Inventory:
 
     def paths_newest_first(self, directory: Path) -> Iterator[Path]:
         for position in range(len(self._indices) - 1, self._head - 1, -1):
-            yield directory / framing.segment_name(self._indices[position])
+            for name, _size in reversed(self.files(self._indices[position], 0)):
+                yield directory / name

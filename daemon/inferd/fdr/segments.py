@@ -108,13 +108,13 @@ def delete_oldest(
     gone: list[str] = []
     while len(inventory) and inventory.total > budget:
         index, size = inventory.oldest()
-        name = framing.segment_name(index)
-        try:
-            (directory / name).unlink()  # a symlink: the link itself, never its target
-        except (FileNotFoundError, IsADirectoryError):
-            gone.append(name)
-        else:
-            deleted.append((name, size))
+        for name, part in inventory.files(index, size):  # one, but for names made by hand
+            try:
+                (directory / name).unlink()  # a symlink: the link itself, never its target
+            except (FileNotFoundError, IsADirectoryError):
+                gone.append(name)
+            else:
+                deleted.append((name, part))
         inventory.pop_oldest()
     fresh = deleted[before:]
     if fresh or gone:
