@@ -24,6 +24,14 @@ RTX_4090 = ("NVIDIA GeForce RTX 4090", (8, 9))
 RTX_A2000 = ("NVIDIA RTX A2000 12GB", (8, 6))
 
 
+def two_gpus() -> list[FakeNvmlGpu]:
+    """NVML's view of a host with a 4090 on bus 01 and an A2000 on bus 3B."""
+    return [
+        FakeNvmlGpu(*RTX_4090, pci_bus_id="00000000:01:00.0"),
+        FakeNvmlGpu(*RTX_A2000, pci_bus_id="00000000:3B:00.0"),
+    ]
+
+
 def _nvml_host(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeNvmlGpu]) -> fake_pynvml.FakeNvml:
     state = fake_pynvml.FakeNvml(gpus=gpus)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.make_module(state))
@@ -91,10 +99,7 @@ def test_the_host_tuple_probe_names_cudas_gpu_through_nvml(
     (and the same NVML string) as on a one-GPU host."""
     _nvml_host(
         monkeypatch,
-        [
-            FakeNvmlGpu(*RTX_4090, pci_bus_id="00000000:01:00.0"),
-            FakeNvmlGpu(*RTX_A2000, pci_bus_id="00000000:3B:00.0"),
-        ],
+        two_gpus(),
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     _cuda_host(monkeypatch, [(RTX_4090, "0000:01:00.0"), (RTX_A2000, "0000:3b:00.0")])
@@ -107,10 +112,7 @@ def test_without_pycuda_and_fastest_first_order_the_device_is_refused(
 ) -> None:
     nvml = _nvml_host(
         monkeypatch,
-        [
-            FakeNvmlGpu(*RTX_4090, pci_bus_id="00000000:01:00.0"),
-            FakeNvmlGpu(*RTX_A2000, pci_bus_id="00000000:3B:00.0"),
-        ],
+        two_gpus(),
     )
     monkeypatch.setitem(sys.modules, "pycuda", None)
     monkeypatch.setitem(sys.modules, "pycuda.driver", None)
@@ -131,10 +133,7 @@ def test_without_pycuda_a_visible_list_that_is_not_gpu_numbers_is_refused(
 ) -> None:
     nvml = _nvml_host(
         monkeypatch,
-        [
-            FakeNvmlGpu(*RTX_4090, pci_bus_id="00000000:01:00.0"),
-            FakeNvmlGpu(*RTX_A2000, pci_bus_id="00000000:3B:00.0"),
-        ],
+        two_gpus(),
     )
     monkeypatch.setitem(sys.modules, "pycuda.driver", None)
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -173,10 +172,7 @@ def test_a_cuda_device_nvml_does_not_know_is_refused_with_its_bus_id(
 ) -> None:
     nvml = _nvml_host(
         monkeypatch,
-        [
-            FakeNvmlGpu(*RTX_4090, pci_bus_id="00000000:01:00.0"),
-            FakeNvmlGpu(*RTX_A2000, pci_bus_id="00000000:3B:00.0"),
-        ],
+        two_gpus(),
     )
     _cuda_host(monkeypatch, [(RTX_4090, "0000:01:00.0"), (RTX_A2000, "0000:5E:00.0")])
     with pytest.raises(
