@@ -1,6 +1,7 @@
 """A daemon build's timing-cache decision in ``build.status`` and its terminal
 ``build`` event, and in ``inferctl build status`` (``build follow``'s last line:
-``test_build_follow_failed.py``).
+``test_build_follow_failed.py``; a child killed after its commit, ``unknown``:
+``test_daemon_builds.py``).
 
 The decision (``timingCacheMode``: cold, reused, updated, discarded, quarantined,
 unknown) was in the build's summary and its FDR ``engine_build`` record only
@@ -13,25 +14,16 @@ first build is ``cold`` and a second of the same config ``reused``.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from inferd.config import ModelConfig
-from inferd.engine_build.build_record import describe
-from inferd.engine_build.supervisor import BuildManager
 from inferd_client import cli_format
-from tests.conftest import HANG_S, DaemonFactory, DaemonProcess, wait_until
-from tests.fakes.gpu_site import fake_gpu_env
+from tests.conftest import DaemonFactory, DaemonProcess
 from tests.integration.test_daemon_builds import (
-    AFTER_THE_COMMIT,
     GRACE_S,
-    OPERATOR,
     TERMINAL,
-    _in_the_child,
     build_records,
     build_status,
     control,
@@ -40,7 +32,6 @@ from tests.integration.test_daemon_builds import (
     start_build,
     subscribe,
 )
-from tests.integration.test_schemas import assert_valid
 
 pytestmark = pytest.mark.integration
 
@@ -132,43 +123,3 @@ def test_a_child_killed_without_its_report_reports_the_daemons_decision(
     status = build_status(daemon, build_id)
     assert status["escalated"] is True and status["timing_cache_mode"] == "discarded"
     assert status["summary_path"] is None  # the daemon's word, from no summary
-
-
-def test_a_child_killed_after_its_commit_reports_unknown(
-    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Killed after its commit and its timing cache's save, before its report: the
-    daemon cannot know whether the cache was saved (``unknown``, as its FDR record
-    says), and the status and terminal event say so rather than nothing."""
-    env = fake_gpu_env(None)  # the TensorRT builder, on the fakes
-    for key in ("PYTHONPATH", "INFERD_FAKE_TRT_VIOLATIONS"):
-        monkeypatch.setenv(key, env[key])
-    _in_the_child(tmp_path, monkeypatch, AFTER_THE_COMMIT)
-    committed = tmp_path / "committed"
-    monkeypatch.setenv("INFERD_TEST_COMMITTED", str(committed))
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    published: list[dict[str, Any]] = []
-    manager = BuildManager(
-        {"demo": ModelConfig("demo", demo_model)},
-        build_dir=state / "builds",
-        engine_dir=state / "engines",
-        publish=lambda _topic, payload: published.append(dict(payload)),
-        record=lambda _kind, _payload: None,
-        grace_s=1.0,
-        tensorrt_available=lambda: True,
-    )
-    started = manager.start({"model": "demo"}, OPERATOR)
-    wait_until(committed.exists, timeout=60, message="the child after its commit")
-    build = manager._get(started["build_id"])
-    assert describe(build)["timing_cache_mode"] is None  # no report yet: not known
-    os.kill(build.process.pid, signal.SIGKILL)
-    assert build.done.wait(HANG_S)
-
-    status = describe(build)
-    assert_valid("build_status_reply.json#/$defs/build", status)
-    assert status["killed_after_commit"] is True and status["timing_cache_mode"] == "unknown"
-    terminal = published[-1]
-    assert_valid("event_build.json", {**terminal, "ts_ns": 1, "seq": 1})
-    assert terminal["type"] == "completed"
-    assert terminal["detail"]["timingCacheMode"] == "unknown"

@@ -552,6 +552,7 @@ def test_a_build_child_killed_after_its_commit_leaves_a_trusted_counted_engine(
     started = manager.start({"model": "demo"}, OPERATOR)
     wait_until(committed.exists, timeout=60, message="the child after its commit")
     build = manager._get(started["build_id"])
+    assert describe(build)["timing_cache_mode"] is None  # no report yet: not known
     os.kill(build.process.pid, signal.SIGKILL)
     assert build.done.wait(HANG_S)
 
@@ -562,6 +563,8 @@ def test_a_build_child_killed_after_its_commit_leaves_a_trusted_counted_engine(
     status = describe(build)
     assert_valid("build_status_reply.json#/$defs/build", status)
     assert (status["killed_after_commit"], status["adoptable"]) == (True, True)
+    # The daemon cannot know whether the cache was saved: it says so (DESIGN.md 274).
+    assert status["timing_cache_mode"] == "unknown"
     assert status["cleanup_status"] == "cleaned"
     manifest = json.loads((engine.parent / "manifest.json").read_text())
     assert manifest["engines"] == {engine.name: digest}, "trusted as a reported build is"
@@ -574,6 +577,8 @@ def test_a_build_child_killed_after_its_commit_leaves_a_trusted_counted_engine(
     assert list(engine.parent.glob("timing_*.cache")), "the child had saved its timing cache"
     terminal = published[-1]
     assert terminal["type"] == "completed" and terminal["detail"]["killedAfterCommit"] is True
+    assert terminal["detail"]["timingCacheMode"] == "unknown"
+    assert_valid("event_build.json", {**terminal, "ts_ns": 1, "seq": 1})
     # Counted by the builds cap, and kept by it (an engine the manifest trusts).
     (kept,) = [s for s in manager.admission.retention.scan().sets if s.build_id == build.build_id]
     assert engine in kept.paths and kept.pinned is not None

@@ -54,8 +54,14 @@ def engine(engine_id: int, x_shape: tuple[int | None, ...]) -> EngineHandle:
     )
 
 
-def job_checked_against(handle: EngineHandle, request_id: int, x: np.ndarray) -> Job:
-    """A frames request as admission queues it: viewed and checked against ``handle``."""
+def job_checked_against(
+    handle: EngineHandle | None,
+    request_id: int,
+    x: np.ndarray,
+    max_reply_frame_bytes: int | None = None,
+) -> Job:
+    """A frames request as admission queues it: viewed and checked against ``handle``,
+    or (None) as while its model loads: described, not viewed, checked against none."""
     header = {
         "v": 1,
         "id": request_id,
@@ -65,7 +71,7 @@ def job_checked_against(handle: EngineHandle, request_id: int, x: np.ndarray) ->
     }
     frames = [memoryview(x.tobytes())]
     described = check_descriptors(header, frames)
-    inputs = validate_inputs(header, frames, handle.inputs)
+    inputs = None if handle is None else validate_inputs(header, frames, handle.inputs)
     return Job(
         [str(request_id).encode()],
         request_id,
@@ -77,6 +83,7 @@ def job_checked_against(handle: EngineHandle, request_id: int, x: np.ndarray) ->
         described,
         nbytes=x.nbytes,
         checked_against=handle,
+        max_reply_frame_bytes=max_reply_frame_bytes,
     )
 
 

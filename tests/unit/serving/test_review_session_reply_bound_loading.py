@@ -7,12 +7,10 @@ the model serves, instead of running it for a reply it then cannot send."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import numpy as np
 
-from inferd.bus.codec import check_descriptors
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.scheduler import Job, Scheduler
 from inferd.types import EngineHandle
@@ -29,26 +27,7 @@ from tests.unit.serving.test_job_checked_engine import (
 def job_admitted_while_loading(request_id: int, x: np.ndarray, bound: int) -> Job:
     """A frames request as admission queues it while its model loads: described,
     not viewed, checked against no engine."""
-    header = {
-        "v": 1,
-        "id": request_id,
-        "op": "infer",
-        "model": "m",
-        "inputs": [{"name": "x", "dtype": "float32", "shape": list(x.shape)}],
-    }
-    frames = [memoryview(x.tobytes())]
-    return Job(
-        [str(request_id).encode()],
-        request_id,
-        "m",
-        None,
-        time.monotonic_ns(),
-        None,
-        frames,
-        check_descriptors(header, frames),
-        nbytes=x.nbytes,
-        max_reply_frame_bytes=bound,
-    )
+    return job_checked_against(None, request_id, x, max_reply_frame_bytes=bound)
 
 
 def run_jobs(handle: EngineHandle, jobs: list[Job]) -> tuple[list[dict[str, Any]], Any, Any]:
