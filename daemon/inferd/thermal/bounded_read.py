@@ -213,6 +213,13 @@ class BoundedCall(Generic[T]):
         with self._lock:
             self._abandoned = False
 
+    def wait_returned(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the latest call to return; True if it has
+        (or none ran)."""
+        with self._lock:
+            last = self._last
+            return last is None or self._lock.wait_for(lambda: last.finished, max(timeout, 0.0))
+
     def join_returned(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for the latest call's thread to end if the
         call has returned (its thread may still be exiting, or running

@@ -27,7 +27,7 @@ from inferd.config import ThermalConfig
 from inferd.errors import TelemetryUnavailableError
 from inferd.thermal.bounded_read import READ_THREAD_NAME, BoundedCall
 from inferd.thermal.fallthrough import SourceOpens
-from inferd.thermal.leaving import close_source, leave_to_read
+from inferd.thermal.leaving import READ_SETTLE_S, close_source, leave_to_read
 from inferd.thermal.opening import Opener
 from inferd.thermal.rate_limit import RateLimit
 from inferd.thermal.reading import (
@@ -154,10 +154,11 @@ class ThermalMonitor:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop polling, join the thread and close the source.  No read or open
-        is waited for (nothing can interrupt one; a poll waiting for one stops
-        waiting at once): a read still running is left the source it reads and
-        closes it when it returns (``abandoned_read``), an open closes what it
+        """Stop polling, join the thread and close the source.  No hung read or
+        open is waited for (nothing can interrupt one; a poll waiting for one
+        stops waiting at once): a read still running after ``READ_SETTLE_S`` is
+        left the source it reads and closes it when it returns
+        (``abandoned_read``), an open closes what it
         opens (``abandoned_opens``).  False if a thread is left: one of those,
         or the poll if it did not end within ``timeout`` (the source is then
         left open: the poll may still use it)."""
@@ -175,7 +176,8 @@ class ThermalMonitor:
             thread.join(timeout)
         polling = thread is not None and thread.is_alive()
         source = self._source
-        if not polling and source is not None and leave_to_read(self._reader, source):
+        settle_s = min(READ_SETTLE_S, give_up_at - time.monotonic())
+        if not polling and source is not None and leave_to_read(self._reader, source, settle_s):
             self._source, self._left_to_read = None, source.name
             self._reader.join_returned(give_up_at - time.monotonic())  # closing it
         self._opening.join_returned(give_up_at - time.monotonic())  # those closing

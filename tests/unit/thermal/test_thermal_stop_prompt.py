@@ -30,9 +30,10 @@ from inferd.config import ThermalConfig
 from inferd.stop_budget import THERMAL_S
 from inferd.thermal import OPENERS, THREAD_NAME, ThermalMonitor
 from inferd.thermal.bounded_read import OPEN_THREAD_NAME, READ_THREAD_NAME
+from inferd.thermal.reading import ThermalReading
 from tests.conftest import HANG_S, wait_until
 from tests.fakes import fake_jtop, fake_pynvml
-from tests.unit.thermal.conftest import HangingSource, Sinks, reading
+from tests.unit.thermal.conftest import HangingSource, ScriptedSource, Sinks, make_monitor, reading
 from tests.unit.thermal.test_monitor_open_deadline import hanging_jtop, hanging_nvml
 from tests.unit.thermal.test_thermal_fallthrough import Jetson, monitor_for
 
@@ -312,3 +313,38 @@ def test_a_restart_after_a_stop_during_an_open_starts_no_second_open(board: Jets
         board.release.set()
     assert len(board.jtop.clients) == 1 and board.nvml.shutdown_calls == 1
     assert monitor.stop() is True and board.jtop.clients[0].closed
+
+
+class SlowSource(ScriptedSource):
+    """A healthy sensor whose read takes ``SLOW_READ_S`` (an I2C transfer);
+    ``reading`` says one has begun."""
+
+    def __init__(self) -> None:
+        super().__init__(reading(cpu=48.0), name="slow")
+        self.reading = threading.Event()
+
+    def read(self) -> ThermalReading:
+        self.reading.set()
+        time.sleep(SLOW_READ_S)  # the sensor's own time, not a synchronisation
+        return super().read()
+
+
+#: Well under ``READ_SETTLE_S``: a read a stop meets mid-way.
+SLOW_READ_S = 0.03
+
+
+def test_a_stop_in_the_middle_of_a_healthy_read_lets_it_return() -> None:
+    """A stop that met a read in progress left it behind even when it returned
+    a few milliseconds later: the stop returned False and warned
+    ``left_to_read`` (a CI run of ``test_restart_after_stop_probes_again`` failed
+    so).  A read in progress now has ``READ_SETTLE_S`` to return; the stop then
+    closes the source itself and reports nothing left."""
+    source = SlowSource()
+    monitor, _, _ = make_monitor(source, ThermalConfig(poll_hz=1.0))
+    monitor.start()
+    assert source.reading.wait(HANG_S), "no read began"
+    stopped, took, logs = stop_timed(monitor)
+    assert stopped is True, logs
+    assert [e for e in logs if e["event"] == STOP_EVENT] == []
+    assert monitor.abandoned_read is None and source.closed == 1
+    assert threads(READ_THREAD_NAME) == [] and took < PROMPT_S
