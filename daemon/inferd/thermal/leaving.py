@@ -2,8 +2,9 @@
 
 A read of a hung sensor and an open of a hung service cannot be interrupted,
 so the stop waits for neither (a poll waiting for one stops waiting at once:
-``BoundedCall.abandon``), past the short settle a healthy read needs.  Nothing is left open for that: an open closes what
-it opens when it returns (``opening.close_unwanted``), and a read still running
+``BoundedCall.abandon``), past the short settle a healthy read needs
+(``READ_SETTLE_S``).  Nothing is left open for that: an open closes what it
+opens when it returns (``opening.close_unwanted``), and a read still running
 is handed the source it reads, which its thread closes when the read returns
 (``leave_to_read``): the stop cannot close a source while a thread reads it.
 """
