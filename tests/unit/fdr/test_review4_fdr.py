@@ -125,7 +125,8 @@ def test_fuzz_truncations_and_byte_flips_of_a_real_segment(
     flips = data.draw(st.lists(st.integers(0, len(original) - 1), max_size=4), label="flips")
     for position in flips:
         damaged[position] ^= data.draw(st.integers(1, 255), label="xor")
-    damaged_from = min([cut, *flips])
+    # Two flips of one byte may cancel out: only a byte that differs is damaged.
+    damaged_from = min([cut, *(p for p in flips if damaged[p] != original[p])])
     del damaged[cut:]
     ends = [r.offset for r in records[1:]] + [len(original)]
     intact = [r.seq for r, end in zip(records, ends, strict=True) if end <= damaged_from]
