@@ -384,6 +384,16 @@ class FallbackRebuilder:
             build_id=finished.build_id,
             reason=why,
         )
+        self._alert(
+            Alert(
+                "WARNING",
+                "engine_build_not_adopted",
+                f"background engine build {finished.build_id} of {finished.model!r} made a "
+                f"validated, trusted engine that was not adopted: {why}; it is not rebuilt: "
+                "runtime.switch to tensorrt adopts it",
+                fields={"model": finished.model, "build_id": finished.build_id},
+            )
+        )
 
     def _failed(self, finished: FinishedBuild, why: str) -> None:
         with self._lock:

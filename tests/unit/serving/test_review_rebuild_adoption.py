@@ -8,6 +8,7 @@ ordered with events; ``wait_until`` only bounds a hang."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -21,7 +22,7 @@ from inferd.serving.rebuild import ADOPTION_TRIES, FallbackRebuilder
 from inferd.serving.switching import ModelClaimedError
 from inferd.types import Alert, EngineHandle, Peer
 from inferd_wire.protocol import Code, ProtocolError
-from tests.conftest import HANG_S, wait_until
+from tests.conftest import HANG_S, REPO, wait_until
 from tests.unit.serving.test_execution_failover import Finished
 from tests.unit.serving.test_review_switch_rebuild import (  # noqa: F401  (the fixture)
     SPEC,
@@ -31,6 +32,12 @@ from tests.unit.serving.test_review_switch_rebuild import (  # noqa: F401  (the 
 )
 
 Reply = dict[str, Any] | ProtocolError
+
+
+def pinned_alert_codes() -> set[str]:
+    """The codes ``schemas/bus/event_alert.json`` pins the level and fields of."""
+    schema = json.loads((REPO / "schemas" / "bus" / "event_alert.json").read_text())
+    return {entry["properties"]["code"]["const"] for entry in schema["oneOf"][:-1]}
 
 
 class Gate:
@@ -173,8 +180,10 @@ def test_an_adoption_met_by_a_failover_in_progress_is_adopted_once_it_ends(
 @pytest.mark.parametrize("claimed_tries", [ADOPTION_TRIES - 1, ADOPTION_TRIES])
 def test_adoption_tries_are_bounded_and_never_rebuild(claimed_tries: int) -> None:
     """Each try refused as claimed is tried again, at most ``ADOPTION_TRIES`` in all: then
-    it is logged as abandoned (WARNING), with no alert and no build (the engine exists:
-    ``runtime.switch`` adopts it).  A switch with no switcher behind it to say when the
+    it is logged as abandoned (WARNING) and raised to the ground as
+    ``engine_build_not_adopted`` (before: no alert, so a model left degraded said
+    nothing past the journal), with no build (the engine exists: ``runtime.switch``
+    adopts it).  A switch with no switcher behind it to say when the
     claim ends (a fake) is tried again at once."""
     tried: list[str] = []
     alerts: list[Alert] = []
@@ -198,10 +207,21 @@ def test_adoption_tries_are_bounded_and_never_rebuild(claimed_tries: int) -> Non
     with structlog.testing.capture_logs() as logs:
         rebuilder.on_build_finished(Finished("b1"))
     rebuilder.stop()
-    assert alerts == [] and len(builds) == 1
+    assert len(builds) == 1
     assert len(tried) == min(claimed_tries + 1, ADOPTION_TRIES)
     abandoned = logged(logs, "engine_rebuild_adoption_abandoned")
     adopted = claimed_tries < ADOPTION_TRIES
+    if adopted:
+        assert alerts == []
+    else:
+        (alert,) = alerts
+        assert (alert.level, alert.code, alert.fields) == (
+            "WARNING",
+            "engine_build_not_adopted",
+            {"model": "demo", "build_id": "b1"},
+        )
+        assert "a switch is in progress" in alert.message and "runtime.switch" in alert.message
+        assert alert.code in pinned_alert_codes()
     assert rebuilder.describe()["demo"]["adopted"] is adopted
     assert len(abandoned) == (0 if adopted else 1)
     assert len(logged(logs, "engine_rebuild_adoption_deferred")) == min(
