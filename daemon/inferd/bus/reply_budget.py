@@ -30,7 +30,10 @@ reply it takes.  So when a grace runs out for a peer a second time within
 ``GRACE_HOLDOFF_S``, its refusals wait none for ``GRACE_HOLDOFF_S``: one such
 peer costs the sender about two graces a second, where it cost one per reply
 it read.  A client that reads, whose releases lagged past one grace on a loaded
-machine, keeps its graces (DESIGN.md 251).
+machine, keeps its graces (DESIGN.md 251).  A refusal for the total budget
+counts against graces of all peers together: the peer refused may be reading,
+its reply refused for others' backlogs, and is not held off for them; the
+sender still waits out about two such graces a second at most (DESIGN.md 280).
 
 Used under the bus's wire lock (the bus thread's and the engine worker's sends).
 """
@@ -73,6 +76,24 @@ GRACE_HOLDOFF_S = 1.0
 
 
 @dataclass
+class _Graces:
+    """When a grace last ran out, and until when refusals wait none
+    (``ReplyBudget.clock``): two that ran out within ``GRACE_HOLDOFF_S`` start
+    a holdoff of as long."""
+
+    ran_out_at: float = -GRACE_HOLDOFF_S
+    none_until: float = 0.0
+
+    def held_off(self, now: float) -> bool:
+        return now < self.none_until
+
+    def ran_out(self, now: float) -> None:
+        if now - self.ran_out_at < GRACE_HOLDOFF_S:
+            self.none_until = now + GRACE_HOLDOFF_S
+        self.ran_out_at = now
+
+
+@dataclass
 class _Peer:
     socket: str
     routing_id: bytes
@@ -83,10 +104,8 @@ class _Peer:
     dropped_bytes: int = 0
     #: Whether the last reply for this peer was dropped (no grace for the next).
     dropping: bool = False
-    #: When a grace last ran out for it, and until when its refusals wait none
-    #: (``ReplyBudget.clock``).
-    grace_ran_out_at: float = -GRACE_HOLDOFF_S
-    no_grace_until: float = 0.0
+    #: Its graces for its own backlog (``PEER_BUDGET``).
+    graces: _Graces = field(default_factory=_Graces)
 
 
 def message_bytes(parts: Sequence[Any]) -> int:
@@ -114,6 +133,8 @@ class ReplyBudget:
         self._released = threading.Event()
         #: The clock of ``GRACE_HOLDOFF_S``.
         self.clock = time.monotonic
+        #: Graces for the total budget, whoever's reply was refused.
+        self._total_graces = _Graces()
 
     def watched(self, part: Any) -> tuple[zmq.Frame, weakref.ReferenceType[Any]]:
         """``part`` as a zero-copy frame, and a weak reference that dies once ZeroMQ
@@ -143,8 +164,10 @@ class ReplyBudget:
         reason = self._over(socket, routing_id, nbytes)
         key = (socket, routing_id)
         peer = self._busy.get(key) or self._listed.get(key)
-        graced = reason is not None and (
-            peer is None or not (peer.dropping or self.clock() < peer.no_grace_until)
+        graced = (
+            reason is not None
+            and not (peer is not None and peer.dropping)
+            and not self._graces(reason, peer).held_off(self.clock())
         )
         if graced:
             give_up = time.monotonic() + RELEASE_GRACE_S
@@ -155,11 +178,16 @@ class ReplyBudget:
         if reason is not None:
             dropped = self.drop(socket, routing_id, nbytes, reason)
             if graced:
-                now = self.clock()
-                if now - dropped.grace_ran_out_at < GRACE_HOLDOFF_S:
-                    dropped.no_grace_until = now + GRACE_HOLDOFF_S
-                dropped.grace_ran_out_at = now
+                self._graces(reason, dropped).ran_out(self.clock())
         return reason
+
+    def _graces(self, reason: str, peer: _Peer | None) -> _Graces:
+        """The graces a refusal for ``reason`` counts against: the peer's own for
+        its backlog, everyone's for the total, which other peers' backlogs fill (a
+        peer that reads is not held off for them)."""
+        if reason == PEER_BUDGET and peer is not None:
+            return peer.graces
+        return self._total_graces
 
     def notice(
         self, socket: str, routing_id: bytes, parts: Sequence[Any], nbytes: int, reason: str

@@ -152,6 +152,30 @@ def test_a_reading_peer_whose_grace_ran_out_once_keeps_its_graces(
         clock.now += reply_budget.GRACE_HOLDOFF_S
 
 
+def test_a_peer_refused_for_others_backlogs_is_not_held_off_for_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Total-budget graces that ran out count against all peers together, not the
+    peer refused: it may read every reply, its refusals due to others' backlogs.
+    Before, two of them within the holdoff held that peer off, so its next refusal
+    for its own backlog waited no grace (DESIGN.md 251's "Left")."""
+    budget, clock, signal = clocked_budget(monkeypatch)
+    budget.total_bytes = 20 * MIB
+    hogs = [send(budget, b"hog1", 8 * MIB), send(budget, b"hog2", 8 * MIB)]
+    for waits in (1, 2):  # two total-budget graces run out within the holdoff
+        assert send(budget, b"victim", 8 * MIB) is None and signal.waits == waits
+        clock.now += 0.1
+        assert send(budget, b"victim", 1 * MIB) is not None  # it reads: its episode ends
+    # A third peer's total-budget refusal is held off: the sender's cost stays bounded.
+    assert send(budget, b"third", 8 * MIB) is None and signal.waits == 2
+    del hogs
+    budget.collect()
+    # The victim, refused for its own backlog now, still waits its grace.
+    kept = [send(budget, b"victim", 8 * MIB)]
+    assert kept[0] is not None
+    assert budget.refusal("infer", b"victim", 8 * MIB) == PEER_BUDGET and signal.waits == 3
+
+
 def test_a_grace_that_ends_on_a_release_holds_nothing_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
