@@ -87,17 +87,53 @@ class MetricsExporter:
         self._last_collect_s: float | None = None
         self._error: str | None = None  # why it could not start
         self._collect_error: str | None = None  # the last scrape's, until one succeeds
+        self._left_out: dict[str, str] = {}  # section -> why the last collection left it out
+        self._collection_errors: Counter[str] = Counter()  # collections that left each out
         self._textfile_error: str | None = None
 
     def collect(self) -> Iterator[Metric]:
-        """What one scrape or textfile write exposes: the daemon now."""
+        """What one scrape or textfile write exposes: the daemon now.  Each section of
+        ``status`` is built on its own (``families.SECTIONS``): one that fails (a
+        piece missing or malformed: a bug) is left out whole, counted in
+        ``inferd_metrics_collection_errors_total`` and logged once per kind of
+        failure; the other sections are served."""
         started = time.perf_counter()
         status = self._source.status({})
         histograms = {
             name: slot.stats.latency_histogram() for name, slot in self._source.slots.items()
         }
-        yield from families.collect(status, histograms)
+        metrics: list[Metric] = []
+        left_out: dict[str, str] = {}
+        for section, build in families.SECTIONS.items():
+            try:
+                built = list(build(status, histograms))  # never half a section
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if error != self._left_out.get(section):  # once per kind, not per scrape
+                    log.exception("metrics_section_left_out", section=section, error=error)
+                left_out[section] = error
+                self._collection_errors[section] += 1
+                continue
+            metrics.extend(built)
+        for section in self._left_out.keys() - left_out.keys():
+            log.info("metrics_section_restored", section=section)
+        self._left_out = left_out  # replaced, never changed: ``describe`` reads it
+        yield from metrics
+        yield self._collection_errors_family()
         self._last_collect_s = time.perf_counter() - started
+
+    def _collection_errors_family(self) -> Metric:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "inferd_metrics_collection_errors",
+            "Scrapes and textfile writes that left this status section's families out: "
+            "building them failed (metrics_section_left_out).",
+            labels=["section"],
+        )
+        for section in families.SECTIONS:  # each from 0, so increase() sees the first
+            family.add_metric([section], self._collection_errors[section])
+        return family
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -140,6 +176,7 @@ class MetricsExporter:
     def describe(self) -> dict[str, Any]:
         """``status.metrics``."""
         thread = self._thread
+        error = self._error or self._collect_error or self._left_out_error()
         return {
             "enabled": self._config.enabled,
             **self._where(),
@@ -148,8 +185,16 @@ class MetricsExporter:
             "requests": dict(self._requests),
             "textfile_writes": self._textfile_writes,
             "last_collect_s": self._last_collect_s,
-            "last_error": self._error or self._collect_error or self._textfile_error,
+            "last_error": error or self._textfile_error,
         }
+
+    def _left_out_error(self) -> str | None:
+        """The sections the last collection left out, and why."""
+        left_out = self._left_out
+        if not left_out:
+            return None
+        why = "; ".join(f"{section}: {error}" for section, error in left_out.items())
+        return f"status sections left out of the metrics: {why}"
 
     def _where(self) -> dict[str, str | None]:
         textfile = self._config.textfile

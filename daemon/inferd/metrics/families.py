@@ -12,7 +12,7 @@ scrape or a textfile write builds the families.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from inferd.serving.stats import LatencyHistogram
@@ -20,7 +20,10 @@ from inferd.shm.server import MAX_REFUSED_UIDS, OTHER_UIDS
 from inferd_wire.protocol import Code
 
 if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
+
+    Section = Callable[[Mapping[str, Any], Mapping[str, LatencyHistogram]], Iterator[Metric]]
 
 DAEMON_STATES = ("starting", "serving", "degraded", "stopping")
 MODEL_STATES = ("loading", "serving", "failed", "released")
@@ -31,53 +34,52 @@ ERROR_CODES = tuple(code.value for code in Code)
 RESPONSE_CODES = ("OK", *ERROR_CODES)
 
 
+#: Each section of ``status`` and its families, in the order served.  The exporter
+#: builds them one by one: a section that fails (a bug) is left out, not the scrape.
+SECTIONS: dict[str, Section] = {
+    "daemon": lambda status, _: _daemon(status["daemon"]),
+    "models": lambda status, histograms: _models(status["models"], histograms),
+    "bus": lambda status, _: _bus(status["bus"]),
+    "fdr": lambda status, _: _fdr(status["fdr"]),
+    "alerts": lambda status, _: _alerts(status["alerts"]),
+    "thermal": lambda status, _: _thermal(status["thermal"]),
+    "security": lambda status, _: _security(status["security"]),
+    "shm": lambda status, _: _shm(status.get("shm") or {}),
+    "builds": lambda status, _: _builds(status["builds"]),
+}
+
+
 def collect(status: Mapping[str, Any], histograms: Mapping[str, LatencyHistogram]) -> list[Metric]:
-    """The metric families of one ``status`` document and the models' histograms."""
-    return [
-        *_daemon(status["daemon"]),
-        *_models(status["models"], histograms),
-        *_bus(status["bus"]),
-        *_fdr(status["fdr"]),
-        *_alerts(status["alerts"]),
-        *_thermal(status["thermal"]),
-        *_security(status["security"]),
-        *_shm(status.get("shm") or {}),
-        *_builds(status["builds"]),
-    ]
+    """Every section's families, all or nothing (the exporter isolates sections)."""
+    return [metric for build in SECTIONS.values() for metric in build(status, histograms)]
 
 
-def _gauge(name: str, doc: str, value: float | None = None, unit: str = "") -> Metric:
+def _gauge(
+    name: str, doc: str, value: float | None = None, unit: str = "", labels: list[str] | None = None
+) -> GaugeMetricFamily:
     from prometheus_client.core import GaugeMetricFamily
 
-    return GaugeMetricFamily(name, doc, value=value, unit=unit)
+    return GaugeMetricFamily(name, doc, value=value, labels=labels, unit=unit)
 
 
-def _labelled_gauge(name: str, doc: str, labels: list[str], unit: str = "") -> Any:
-    from prometheus_client.core import GaugeMetricFamily
-
-    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
-
-
-def _counter(name: str, doc: str, value: float | None = None, unit: str = "") -> Metric:
+def _counter(
+    name: str, doc: str, value: float | None = None, unit: str = "", labels: list[str] | None = None
+) -> CounterMetricFamily:
     from prometheus_client.core import CounterMetricFamily
 
-    return CounterMetricFamily(name, doc, value=value, unit=unit)
-
-
-def _labelled_counter(name: str, doc: str, labels: list[str], unit: str = "") -> Any:
-    from prometheus_client.core import CounterMetricFamily
-
-    return CounterMetricFamily(name, doc, labels=labels, unit=unit)
+    return CounterMetricFamily(name, doc, value=value, labels=labels, unit=unit)
 
 
 def _daemon(daemon: Mapping[str, Any]) -> Iterator[Metric]:
-    info = _labelled_gauge(
-        "inferd_daemon_info", "The daemon's version and config fingerprint.", ["version", "config"]
+    info = _gauge(
+        "inferd_daemon_info",
+        "The daemon's version and config fingerprint.",
+        labels=["version", "config"],
     )
     info.add_metric([daemon["version"], daemon["config_fingerprint"]], 1)
     yield info
-    state = _labelled_gauge(
-        "inferd_daemon_state", "1 for the daemon's state (status.daemon.state).", ["state"]
+    state = _gauge(
+        "inferd_daemon_state", "1 for the daemon's state (status.daemon.state).", labels=["state"]
     )
     for name in DAEMON_STATES:
         state.add_metric([name], 1 if daemon["state"] == name else 0)
@@ -92,25 +94,25 @@ def _models(
 ) -> Iterator[Metric]:
     from prometheus_client.core import HistogramMetricFamily
 
-    state = _labelled_gauge("inferd_model_state", "1 for the model's state.", ["model", "state"])
-    runtime = _labelled_gauge(
+    state = _gauge("inferd_model_state", "1 for the model's state.", labels=["model", "state"])
+    runtime = _gauge(
         "inferd_model_runtime",
         "1 for the runtime serving the model (all 0 while none is loaded).",
-        ["model", "runtime", "configured_runtime"],
+        labels=["model", "runtime", "configured_runtime"],
     )
-    fallback = _labelled_gauge(
+    fallback = _gauge(
         "inferd_model_fallback",
         "1 while the model serves on the fallback (onnx_trt_ep instead of tensorrt).",
-        ["model"],
+        labels=["model"],
     )
-    requests = _labelled_counter(
-        "inferd_requests", "Infer requests addressed to the model.", ["model"]
+    requests = _counter(
+        "inferd_requests", "Infer requests addressed to the model.", labels=["model"]
     )
-    responses = _labelled_counter(
-        "inferd_responses", "Replies sent, by 'OK' or error code.", ["model", "code"]
+    responses = _counter(
+        "inferd_responses", "Replies sent, by 'OK' or error code.", labels=["model", "code"]
     )
-    late = _labelled_counter(
-        "inferd_late_results", "OK replies that finished after their deadline.", ["model"]
+    late = _counter(
+        "inferd_late_results", "OK replies that finished after their deadline.", labels=["model"]
     )
     latency = HistogramMetricFamily(
         "inferd_request_duration_seconds",
@@ -119,7 +121,7 @@ def _models(
         unit="seconds",
     )
     queue = {
-        key: _labelled_gauge(name, doc, ["model"], unit)
+        key: _gauge(name, doc, unit=unit, labels=["model"])
         for key, name, doc, unit in (
             ("queue_depth", "inferd_queue_depth", "Requests waiting (not the one running).", ""),
             ("queue_capacity", "inferd_queue_capacity", "The model's queue_capacity.", ""),
@@ -205,10 +207,10 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
     if not shm.get("enabled"):
         return
     yield _gauge("inferd_shm_connections", "Connections to shm.sock open now.", shm["connections"])
-    by_uid = _labelled_gauge(
+    by_uid = _gauge(
         "inferd_shm_connections_by_uid",
         "Connections to shm.sock open now, by peer uid (only uids holding one).",
-        ["uid"],
+        labels=["uid"],
     )
     for uid, held in sorted(shm["connections_by_uid"].items()):
         by_uid.add_metric([str(uid)], held)
@@ -218,12 +220,12 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
         "shm.max_connections_per_uid.",
         shm["max_connections_per_uid"],
     )
-    refused_by_uid = _labelled_counter(
+    refused_by_uid = _counter(
         "inferd_shm_connections_refused_per_uid",
         "shm.sock connections refused at accept, by uid (only uids refused; past the first "
         f"{MAX_REFUSED_UIDS} of a code, uid '{OTHER_UIDS}') and code: RESOURCE_EXHAUSTED, "
         "their uid held shm.max_connections_per_uid; PERMISSION_DENIED, security.infer_allow.",
-        ["uid", "code"],
+        labels=["uid", "code"],
     )
     for accept_code, counts in (
         (Code.RESOURCE_EXHAUSTED, shm["refused_by_uid"]),
@@ -232,11 +234,11 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
         for uid, refused in sorted(counts.items()):
             refused_by_uid.add_metric([uid, accept_code.value], refused)
     yield refused_by_uid
-    refused_by_code = _labelled_counter(
+    refused_by_code = _counter(
         "inferd_shm_refused",
         "shm.sock connections refused at accept (PERMISSION_DENIED: security.infer_allow) "
         "and messages refused before any model saw them, by error code.",
-        ["code"],
+        labels=["code"],
     )
     for code in ERROR_CODES:
         refused_by_code.add_metric([code], shm["refused"].get(code, 0))
@@ -286,10 +288,10 @@ def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _builds(builds: Mapping[str, Any]) -> Iterator[Metric]:
-    refused = _labelled_counter(
+    refused = _counter(
         "inferd_build_start_refused",
         "build.start requests the op refused, by error code (not the daemon's own rebuilds).",
-        ["code"],
+        labels=["code"],
     )
     for code in ERROR_CODES:
         refused.add_metric([code], builds["start_refused"].get(code, 0))
@@ -333,8 +335,7 @@ def _fdr(fdr: Mapping[str, Any]) -> Iterator[Metric]:
         ("bytes_kept", "inferd_fdr_kept_bytes", "Bytes of the FDR segments kept.", "bytes"),
         ("max_total_bytes", "inferd_fdr_max_total_bytes", "fdr.max_total_bytes.", "bytes"),
     ):
-        if key in fdr:  # absent, never 0, in a status without them
-            yield _gauge(name, doc, fdr[key], unit)
+        yield _gauge(name, doc, fdr[key], unit)
 
 
 def _alerts(alerts: Mapping[str, Any]) -> Iterator[Metric]:
@@ -383,7 +384,7 @@ def _thermal(thermal: Mapping[str, Any]) -> Iterator[Metric]:
         value = reading.get(key)
         if value is None:
             continue
-        family = _labelled_gauge(name, doc, ["source"], unit)
+        family = _gauge(name, doc, unit=unit, labels=["source"])
         family.add_metric(source, value * scale)
         yield family
     threshold = thermal["threshold_c"]
@@ -397,16 +398,16 @@ def _thermal(thermal: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _security(security: Mapping[str, Any]) -> Iterator[Metric]:
-    refused = _labelled_counter(
+    refused = _counter(
         "inferd_connections_refused",
         "Handshakes the daemon refused (allow-lists, unknown CURVE keys, over "
         "bus.max_connections), by socket.",
-        ["socket"],
+        labels=["socket"],
     )
-    held = _labelled_gauge(
+    held = _gauge(
         "inferd_connections",
         "Connections each socket holds (bus.max_connections bounds them), by socket.",
-        ["socket"],
+        labels=["socket"],
     )
     for name, socket in security["sockets"].items():
         refused.add_metric([name], socket["connections_refused"])

@@ -35,6 +35,8 @@ READ_DEADLINE_S = 2.0
 WRITE_TIMEOUT_S = 5.0
 BACKLOG = 8
 METRICS_PATH = "/metrics"
+#: Every reply's ``Server`` header: no version of the daemon or the interpreter.
+SERVER = "inferd"
 #: How long the listener is left alone after ``accept`` failed (``EMFILE``,
 #: ``ENFILE``, ``ENOMEM``): the connection stays queued and the listener readable,
 #: so trying again at once spins the thread (as ``shm.sock``'s, DESIGN.md 200).
@@ -157,6 +159,11 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self.server.count("error", instead_of=outcome)
             self.close_connection = True
+
+    def version_string(self) -> str:
+        """The ``Server`` header: the stdlib's names the Python version
+        (``BaseHTTP/0.6 Python/3.11.7``), which a scraper has no use for."""
+        return SERVER
 
     def log_message(self, format: str, *args: Any) -> None:
         return None  # nothing per request: the exporter counts outcomes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,6 +54,10 @@ def status(**overrides: Any) -> dict[str, Any]:
             "queue_depth": 0,
             "queue_bytes": 0,
             "segments_deleted": 0,
+            "segments_kept": 2,
+            "bytes_kept": 6144,
+            "max_total_bytes": 8192,
+            "oldest_segment": "seg-0000000004.fdr",
         },
         "alerts": {"raised": 5, "sent": 3, "suppressed": 2},
         "thermal": {
@@ -98,6 +103,30 @@ def status(**overrides: Any) -> dict[str, Any]:
     }
     document.update(overrides)
     return document
+
+
+#: ``status.shm`` with shared memory enabled.
+SHM: dict[str, Any] = {
+    "enabled": True,
+    "connections": 2,
+    "connections_by_uid": {"1000": 2},
+    "max_connections_per_uid": 8,
+    "refused_per_uid": 0,
+    "refused_by_uid": {},
+    "mapped_bytes": 8 << 20,
+    "releasing_bytes": 1 << 20,
+    "requests": 40,
+    "in_flight": 1,
+    "unroutable_replies": 3,
+    "closed_not_reading": 1,
+    "refused": {},
+    "closing": {
+        "waiting": 5,
+        "closed": 9,
+        "blocked_s": 2.5,
+        "connections_closed_for_backlog": 1,
+    },
+}
 
 
 def scrape(document: dict[str, Any], stats: ModelStats | None = None) -> dict[Any, float]:
@@ -169,29 +198,21 @@ def test_no_telemetry_and_no_recorder_leave_only_their_flags() -> None:
     assert not {n for n in names if n.startswith(("inferd_gpu_", "inferd_fdr_records"))}
 
 
+def test_what_the_recorder_keeps_is_required_while_it_runs() -> None:
+    got = scrape(status())
+    assert got[("inferd_fdr_segments_kept", ())] == 2
+    assert got[("inferd_fdr_kept_bytes", ())] == 6144
+    assert got[("inferd_fdr_max_total_bytes", ())] == 8192
+    # Required, as the schema requires them: a status without one is a bug, and the
+    # exporter leaves the fdr section out and counts it rather than serve it in part.
+    for key in ("segments_kept", "bytes_kept", "max_total_bytes"):
+        fdr = {name: value for name, value in status()["fdr"].items() if name != key}
+        with pytest.raises(KeyError, match=key):
+            families.collect(status(fdr=fdr), {})
+
+
 def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
-    shm = {
-        "enabled": True,
-        "connections": 2,
-        "connections_by_uid": {"1000": 2},
-        "max_connections_per_uid": 8,
-        "refused_per_uid": 0,
-        "refused_by_uid": {},
-        "mapped_bytes": 8 << 20,
-        "releasing_bytes": 1 << 20,
-        "requests": 40,
-        "in_flight": 1,
-        "unroutable_replies": 3,
-        "closed_not_reading": 1,
-        "refused": {},
-        "closing": {
-            "waiting": 5,
-            "closed": 9,
-            "blocked_s": 2.5,
-            "connections_closed_for_backlog": 1,
-        },
-    }
-    samples = scrape(status(shm=shm))
+    samples = scrape(status(shm=SHM))
     assert samples[("inferd_shm_connections", ())] == 2
     assert samples[("inferd_shm_mapped_bytes", ())] == 8 << 20
     assert samples[("inferd_shm_releasing_bytes", ())] == 1 << 20
