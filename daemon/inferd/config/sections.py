@@ -361,7 +361,8 @@ class ThermalConfig:
     #: the zone's lowest ``passive`` trip point.
     throttle_enter_c: float | None = None
     hysteresis_c: float = 5.0
-    #: A CUDA device number (as ``runtime.device_id``): NVML reads that GPU, by PCI bus id.
+    #: A CUDA device number (as ``runtime.device_id``), not an NVML index: NVML reads
+    #: that GPU, found by its PCI bus id.  The key keeps its name for compatibility.
     nvml_device_index: int = 0
 
     @every_rule

@@ -15,7 +15,10 @@ passes the manifest it will load with gets an engine that manifest trusts when
 there is one: an intact engine awaiting approval (a ``build.start`` under the
 ONNX stem) must not hide a trusted one under another label.  A file at the
 target path that fails steps 1-4 is quarantined (``inferd.engines.quarantine``)
-so a build can take its place.
+so a build can take its place: that file and no other.  Its entry is held open
+(``O_PATH``) from before the judgement until the move, and only a file with its
+identity is moved; one that took the path meanwhile (an engine a build of the
+daemon's own committed there) is left and judged in turn.
 
 Nothing is trusted, and nothing moved, in an engine dir that is not safely the
 daemon's own (``inferd.engines.engine_dir``): the plan is then ``to_build`` with
@@ -30,7 +33,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -42,12 +45,15 @@ from inferd.engines.engine_dir import untrusted_engine_dir
 from inferd.engines.gate import STEP_MANIFEST_DIGEST, explain
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, engine_name_for
-from inferd.engines.quarantine import quarantine
+from inferd.engines.quarantine import NotTheJudgedFileError, quarantine
 from inferd.errors import EngineBuildError, EngineHashMismatchError
 from inferd.types import BuildConfig, EngineCacheEntry, HostTuple
 
 #: The runtime label of entries for TensorRT engine files.
 TENSORRT_LABEL = "tensorrt"
+#: Judgements of the target path per location: each after the file judged before was
+#: replaced before it could be moved (a build committing there); then it is left.
+_JUDGEMENTS = 3
 
 log = structlog.get_logger("inferd.engines.locate")
 
@@ -134,13 +140,37 @@ def locate_engine(
         return EnginePlan(entry, name, "to_build", host, untrusted=untrusted)
     if not force:
         trusted = manifest() if manifest is not None else Manifest.empty()
-        found, refusal = _find_intact(path, host, model_sha256, build_config, trusted)
-        if found is not None:
-            log.info("engine_reused", engine=str(found), model=str(model_path))
-            return EnginePlan(replace(entry, artifact_path=found), name, "reused", host)
-        if refusal is not None:
-            quarantined = _move_aside(path, refusal)
+        for _ in range(_JUDGEMENTS):
+            with _held(path) as judged:
+                found, refusal = _find_intact(path, host, model_sha256, build_config, trusted)
+                if found is not None:
+                    log.info("engine_reused", engine=str(found), model=str(model_path))
+                    return EnginePlan(replace(entry, artifact_path=found), name, "reused", host)
+                if refusal is None:
+                    break
+                quarantined = _move_aside(path, refusal, judged)
+            if quarantined is not None:
+                break
     return EnginePlan(entry, name, "to_build", host, quarantined)
+
+
+@contextlib.contextmanager
+def _held(path: Path) -> Iterator[os.stat_result | None]:
+    """The identity of the entry at ``path`` (a symlink itself), held open (``O_PATH``:
+    nothing read, a FIFO not waited on) until the block ends, so that its inode cannot
+    be freed and reused by another file meanwhile; None when nothing can be opened
+    there (then nothing judged there is moved)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    if fd is None:
+        yield None
+        return
+    try:
+        yield os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def _find_intact(
@@ -184,9 +214,16 @@ def _listed(manifest: Manifest, engine: Path) -> bool:
         return True
 
 
-def _move_aside(path: Path, reason: str) -> Path:
+def _move_aside(path: Path, reason: str, judged: os.stat_result | None) -> Path | None:
+    """The refused file at ``path`` moved to quarantine, if it still is the one
+    ``judged``; None when another file took its place (left, to be judged)."""
     try:
-        target = quarantine(path, f"engine refused by the gate: {reason}")
+        if judged is None:  # nothing was held before the judgement: one came since
+            raise NotTheJudgedFileError(f"{path} was not there before it was judged")
+        target = quarantine(path, f"engine refused by the gate: {reason}", judged=judged)
+    except NotTheJudgedFileError as exc:
+        log.info("engine_replaced_while_judged", engine=str(path), reason=reason, detail=str(exc))
+        return None
     except OSError as exc:
         raise EngineBuildError(
             f"engine {path.name} is unusable ({reason}) and cannot be moved aside: {exc}"

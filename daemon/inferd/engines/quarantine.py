@@ -24,7 +24,13 @@ stays open until the move is done, so the inode cannot be freed and reused
 meanwhile; the move is a ``rename`` onto a name reserved in the quarantine, and
 what it moved is checked again: a file swapped in at the path between the last
 check and the ``rename`` (a few microseconds) is put back, never lost
-(DESIGN.md, "A failover quarantines the engine it loaded").
+(DESIGN.md, "A failover quarantines the engine it loaded").  ``quarantine``
+given ``judged`` (the identity of the file a caller judged, e.g. engine location
+refusing it at the gate) moves that file alone in the same way: an engine a build
+committed at the path since is left there with its sidecar.
+
+The ``.reason`` is written once the file is moved: a failure to write it (a full
+disk) is logged (``quarantine_reason_not_written``), and the file is reported moved.
 """
 
 from __future__ import annotations
@@ -55,19 +61,39 @@ _COMPANIONS = (".sha256", ".reason")
 log = structlog.get_logger("inferd.engines")
 
 
-def quarantine(path: Path, reason: str, *, directory: Path | None = None) -> Path:
+def quarantine(
+    path: Path,
+    reason: str,
+    *,
+    directory: Path | None = None,
+    judged: os.stat_result | None = None,
+) -> Path:
     """Move ``path`` (and its sidecar) into ``<directory>/quarantine/`` (default: its
-    own directory's; a staged engine goes to its engine dir's); returns the new path."""
+    own directory's; a staged engine goes to its engine dir's); returns the new path.
+
+    ``judged``: the ``stat`` of the file the caller judged (its entry, a symlink not
+    followed; a descriptor the caller holds open, so that the inode cannot be reused
+    meanwhile): only that file is moved, with the sidecar beside it as it is moved.
+    Another file at ``path`` now (an engine committed there since the judgement) is
+    left there with its sidecar: ``NotTheJudgedFileError``, nothing moved."""
     target_dir = (path.parent if directory is None else directory) / QUARANTINE_DIR
     ensure_owned_dir(target_dir, what="the quarantine directory")
-    target = _move_exclusively(path, target_dir)
-    sidecar = sidecar_path(path)
-    if sidecar.exists():
-        os.replace(sidecar, sidecar_path(target))
-    atomic_write_text(target.with_name(target.name + ".reason"), reason.rstrip() + "\n")
+    if judged is not None:
+        target = _move_judged(path, target_dir, judged)
+    else:
+        target = _move_exclusively(path, target_dir)
+        sidecar = sidecar_path(path)
+        if sidecar.exists():
+            os.replace(sidecar, sidecar_path(target))
+    _write_reason(path, target, reason)
     fsync_directory(path.parent)
     _prune(target_dir, keep=target)
     return target
+
+
+class NotTheJudgedFileError(Exception):
+    """The path names another file than the one judged: left where it is, with its
+    sidecar (the message says what became of it)."""
 
 
 class NotTheLoadedEngineError(Exception):
@@ -107,10 +133,49 @@ def quarantine_loaded(path: Path, loaded: EngineFile, reason: str) -> Path:
                 f"{path} was replaced by another file while it was being moved: {not_moved}"
             )
     _move_sidecar(path, target, loaded.sha256)
-    atomic_write_text(target.with_name(target.name + ".reason"), reason.rstrip() + "\n")
+    _write_reason(path, target, reason)
     fsync_directory(path.parent)
     _prune(target_dir, keep=target)
     return target
+
+
+def _move_judged(path: Path, target_dir: Path, judged: os.stat_result) -> Path:
+    """``quarantine``'s move of the file ``judged`` describes, and of the sidecar that
+    was beside it.  The sidecar is looked at before the engine is moved: a build's
+    commit renames its engine before its sidecar, so a sidecar that is still the one
+    seen then after the engine moved belongs to the engine moved, and one renamed in
+    since (the sidecar of the engine committed in its place) stays."""
+    sidecar = sidecar_path(path)
+    try:
+        beside: os.stat_result | None = os.lstat(sidecar)
+    except FileNotFoundError:
+        beside = None
+    target = _reserve_name(path, target_dir)
+    try:
+        not_moved = _move_if_same(path, target, judged)
+    except FileNotFoundError:
+        not_moved = "nothing is there now"
+    if not_moved is not None:
+        raise NotTheJudgedFileError(f"{path} is not the file judged any more: {not_moved}")
+    if beside is not None:
+        with contextlib.suppress(FileNotFoundError):  # removed since: nothing to move
+            _move_if_same(sidecar, sidecar_path(target), beside)
+    return target
+
+
+def _write_reason(path: Path, target: Path, reason: str) -> None:
+    """``<target>.reason``, beside a file already moved: when it cannot be written
+    (ENOSPC), the move still stands and is reported as done, the reason logged."""
+    try:
+        atomic_write_text(target.with_name(target.name + ".reason"), reason.rstrip() + "\n")
+    except OSError as exc:
+        log.warning(
+            "quarantine_reason_not_written",
+            path=str(path),
+            moved_to=str(target),
+            reason=reason,
+            error=str(exc),
+        )
 
 
 def _reserve_name(path: Path, target_dir: Path) -> Path:

@@ -353,6 +353,7 @@ class ThermalMonitor:
                 source=selection.source.name,
                 skipped=skipped,
                 replaces=replaces,
+                gpu=getattr(selection.source, "gpu", None),  # NVML's: the GPU it reads
             )
         else:
             self._log.info("thermal_no_source", skipped=skipped)

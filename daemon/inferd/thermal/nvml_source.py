@@ -55,6 +55,8 @@ class NvmlSource:
     def __init__(self, device: NvmlDevice, *, slowdown_c: float | None) -> None:
         nvml = device.nvml
         self._device = device
+        #: Which GPU is read: for the monitor's ``thermal_source_selected`` (``gpu``).
+        self.gpu = f"CUDA device {device.index}, {device.matched_by}"
         self._nvml = nvml
         self._handle = device.handle
         self.slowdown_c = slowdown_c
