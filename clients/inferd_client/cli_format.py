@@ -485,8 +485,16 @@ def build(build: Mapping[str, Any]) -> list[str]:
             f" ack->cleanup {ms('cleanup_latency_ms')},"
             f" request->exit {ms('cancel_to_exit_ms')}"
         )
-    # timing_cache_mode: null until the child's report, absent from an older daemon.
-    keys = ("cleanup_status", "timing_cache_mode", "retry_policy", "summary_path", "error")
+    # timing_cache_start: null until the build's first event; timing_cache_mode: null
+    # until the child's report; either absent from an older daemon.
+    keys = (
+        "cleanup_status",
+        "timing_cache_start",
+        "timing_cache_mode",
+        "retry_policy",
+        "summary_path",
+        "error",
+    )
     for key in (*keys, "adoption"):
         if build.get(key):
             lines.append(f"  {key}: {text(build[key], key)}")
@@ -510,18 +518,18 @@ def build_event(event: Mapping[str, Any], depth: dict[str, int]) -> str:
         depth[phase] = depth.get(event.get("parentId") or "", -1) + 1
     pad = "  " * depth.get(phase or "", 0)
     label = " [simulated]" if event.get("simulated") else ""
+    detail = dict(event.get("detail") or {})
+    # Named in words: on a build's first event the timing-cache decision it starts
+    # with, on its terminal event the outcome's (a daemon or child before them sends
+    # none); the rest of the event's facts as they came.
+    cache = ""
+    if "timingCacheMode" in detail:
+        when = "" if kind in ("cancelled", "completed", "failed") else " at start"
+        cache = f" timing cache{when}: {text(detail.pop('timingCacheMode'))}"
     if kind == "phase_start":
-        return f"{pad}+ {event.get('name')} ({event.get('numSteps')} steps)"
+        return f"{pad}+ {event.get('name')} ({event.get('numSteps')} steps){cache}"
     if kind == "step":
         return f"{pad}  . {event.get('name')} step {(event.get('step') or 0) + 1}"
     if kind == "phase_finish":
         return f"{pad}- {event.get('name')} done"
-    detail = dict(event.get("detail") or {})
-    # The timing-cache decision named in words (a daemon before it sends none);
-    # the rest of the outcome's facts as they came.
-    cache = (
-        f" timing cache: {text(detail.pop('timingCacheMode'))}"
-        if "timingCacheMode" in detail
-        else ""
-    )
     return f"{str(kind).upper()} build {event.get('buildId')}{label}{cache} {json.dumps(detail)}"

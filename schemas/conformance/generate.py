@@ -493,6 +493,35 @@ def replies(vectors: Vectors) -> None:
         topic="thermal",
         expected=unavailable,
     )
+    # The build's first event from its child: the timing-cache decision it started
+    # with (detail.timingCacheMode, as build.status's timing_cache_start).
+    build_start = {
+        **build,
+        "eventSeq": 1,
+        "type": "phase_start",
+        "phaseId": "p1",
+        "name": "Building engine",
+        "step": 0,
+        "numSteps": 4,
+        "thread": "inferd-build-b1-000001",
+        "detail": {"timingCacheMode": "reused"},
+        "coalescedSteps": 0,
+    }
+    vectors.add(
+        "event_build_phase_start",
+        "event",
+        [b"build", pack(build_start)],
+        topic="build",
+        expected=build_start,
+    )
+    vectors.add(
+        "event_build_unknown_timing_cache_mode",
+        "event",
+        [b"build", pack({**build_start, "detail": {"timingCacheMode": "warm"}})],
+        topic="build",
+        expected=MALFORMED,
+        why="detail.timingCacheMode is one of the schema's words (or null)",
+    )
     vectors.add(
         "event_payload_not_a_map",
         "event",

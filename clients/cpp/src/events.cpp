@@ -168,7 +168,12 @@ BuildEvent read_build(const Fields& payload) {
     event.cancel_state =
         one_of(payload, "cancelState", {"none", "requested", "acknowledged", "cleaned_up", "too_late"});
     if (payload.find("detail") != nullptr) {
-        payload.map("detail");
+        auto detail = payload.map("detail");  // its other keys are free (event_build.json)
+        if (detail.find("timingCacheMode") != nullptr) {
+            event.timing_cache_mode =
+                nullable_one_of(detail, "timingCacheMode",
+                                {"cold", "reused", "updated", "discarded", "quarantined", "unknown"});
+        }
         event.detail_json = payload.json("detail");
     }
     event.model = payload.string("model");

@@ -1426,6 +1426,70 @@ TEST(hostile_counts_and_nesting_are_refused_not_allocated_or_recursed) {
 
 namespace {
 
+// A build event (event_build.json, a phase_start) with `detail` packed by its body
+// (none: no detail key).
+std::string build_event(const std::function<void(Packer&)>& detail) {
+    return packed([&](Packer& packer) {
+        packer.pack_map(detail ? 19 : 18);
+        auto text = [&](const char* key, const char* value) {
+            packer.pack(std::string(key)), packer.pack(std::string(value));
+        };
+        auto number = [&](const char* key, std::uint64_t value) {
+            packer.pack(std::string(key)), packer.pack(value);
+        };
+        number("ts_ns", 1), number("seq", 1), text("buildId", "b1-000001");
+        number("eventSeq", 1), text("type", "phase_start"), text("phaseId", "p1");
+        packer.pack(std::string("parentId")), packer.pack_nil();
+        text("name", "Building engine"), number("step", 0), number("numSteps", 4);
+        number("monotonicNs", 5), number("wallNs", 6), text("thread", "inferd-build");
+        text("cancelState", "none"), text("model", "demo"), text("builder", "simulated");
+        packer.pack(std::string("simulated")), packer.pack(true);
+        number("coalescedSteps", 0);
+        if (detail) packer.pack(std::string("detail")), detail(packer);
+    });
+}
+
+BuildEvent decoded_build(const std::string& payload) {
+    return std::get<BuildEvent>(decode_event("build", payload.data(), payload.size()));
+}
+
+}  // namespace
+
+TEST(a_build_events_timing_cache_mode_is_typed_and_one_of_the_schemas_words) {
+    auto mode = [](auto value) {
+        return build_event([value](Packer& packer) {
+            packer.pack_map(2);
+            packer.pack(std::string("timingCacheMode")), packer.pack(value);
+            packer.pack(std::string("free")), packer.pack_array(0);  // other keys are free
+        });
+    };
+    for (const char* word : {"cold", "reused", "updated", "discarded", "quarantined", "unknown"}) {
+        auto event = decoded_build(mode(std::string(word)));
+        CHECK(event.timing_cache_mode == std::optional<std::string>(word));
+        CHECK_EQ(event.detail_json, "{\"timingCacheMode\":\"" + std::string(word) + "\",\"free\":[]}");
+    }
+    auto null_mode = decoded_build(build_event([](Packer& packer) {
+        packer.pack_map(1);
+        packer.pack(std::string("timingCacheMode")), packer.pack_nil();
+    }));
+    CHECK(!null_mode.timing_cache_mode && null_mode.detail_json == "{\"timingCacheMode\":null}");
+    auto without = decoded_build(build_event([](Packer& packer) {
+        packer.pack_map(1);
+        packer.pack(std::string("error")), packer.pack(std::string("x"));
+    }));
+    CHECK(!without.timing_cache_mode);
+    CHECK(!decoded_build(build_event(nullptr)).timing_cache_mode);
+    // A word the schema does not have, or not a string: the event breaks its schema.
+    auto warm = mode(std::string("warm"));
+    CHECK_THROWS(MalformedReply, decode_event("build", warm.data(), warm.size()),
+                 std::string(error.what()).find("timingCacheMode has an unknown value 'warm'") !=
+                     std::string::npos);
+    auto number = mode(std::uint64_t{3});
+    CHECK_THROWS(MalformedReply, decode_event("build", number.data(), number.size()), true);
+}
+
+namespace {
+
 // SIGUSR1 with a handler that does nothing (no SA_RESTART, as many programs
 // install theirs), sent to the calling thread every 5 ms while it lives (for at
 // most `for_at_most`: what a wait that never ends waits for).

@@ -20,6 +20,7 @@ from typing import Any
 
 from inferd.config.security import DEFAULT_MAX_BUILD_DURATION_S
 from inferd.engine_build.events import PhaseTree
+from inferd.engine_build.timing_cache_policy import TimingCacheOutcome
 from inferd.types import Peer
 
 
@@ -145,6 +146,21 @@ def timing_cache_mode(build: Build) -> str | None:
     return None if mode is None else str(mode)
 
 
+#: What a build can start from (``TimingCacheManager.load``, then the builder's look).
+START_MODES = frozenset(
+    mode.value
+    for mode in (TimingCacheOutcome.COLD, TimingCacheOutcome.REUSED, TimingCacheOutcome.QUARANTINED)
+)
+
+
+def timing_cache_start(build: Build) -> str | None:
+    """The timing-cache decision the build started with, from its child's first
+    event that names one (``PhaseTree.timing_cache_start``); None until then, or from
+    a child that names none (an older one) or a word a build cannot start with."""
+    mode = build.tree.timing_cache_start
+    return mode if mode in START_MODES else None
+
+
 def _cleanup_status(build: Build) -> str:
     if build.cleanup is not None:
         return str(build.cleanup["status"])
@@ -205,6 +221,7 @@ def describe(build: Build) -> dict[str, Any]:
             else build.cleanup["status"],
             "retry_policy": summary.get("retryPolicy"),
             "validation_status": summary.get("validationStatus"),
+            "timing_cache_start": timing_cache_start(build),
             "timing_cache_mode": timing_cache_mode(build),
             "summary_path": build.summary_path,
             "engine_path": str(build.engine_path) if completed else None,

@@ -129,6 +129,10 @@ class PhaseTree:
         self.state = "running"
         self.stalls = 0
         self.last_event: str | None = None
+        #: The timing-cache decision the build started with (``cold``, ``reused``,
+        #: ``quarantined``): the first event that names one carries it (the child's
+        #: ``ProgressAdapter.attach_to_next``); None until then.
+        self.timing_cache_start: str | None = None
 
     @classmethod
     def from_events(cls, events: Iterable[BuildEvent]) -> PhaseTree:
@@ -139,6 +143,9 @@ class PhaseTree:
 
     def apply(self, event: BuildEvent) -> None:
         self.last_event = event.type
+        if self.timing_cache_start is None and event.detail:
+            mode = event.detail.get("timingCacheMode")
+            self.timing_cache_start = mode if isinstance(mode, str) else None
         if event.type == "phase_start" and event.phase_id is not None:
             node = PhaseNode(
                 phase_id=event.phase_id,

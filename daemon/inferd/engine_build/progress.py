@@ -46,6 +46,7 @@ class ProgressAdapter:
         self._seq = itertools.count(1)  # one step even for an emit a signal handler nests
         self._next_phase = 0
         self._active: dict[str, str] = {}  # phase name -> phase id (names are unique while active)
+        self._for_next: dict[str, Any] | None = None  # ``attach_to_next``'s facts
         self.last_event_mono_ns = time.monotonic_ns()
         token.add_listener(self._on_cancel)
 
@@ -64,6 +65,8 @@ class ProgressAdapter:
     ) -> BuildEvent:
         mono, wall = now_ns()
         with self._lock:
+            if self._for_next is not None:  # the event's own facts win
+                detail, self._for_next = {**self._for_next, **(detail or {})}, None
             event = BuildEvent(
                 build_id=self.build_id,
                 seq=next(self._seq),
@@ -89,6 +92,13 @@ class ProgressAdapter:
             except Exception:
                 self.callback_errors += 1
         return event
+
+    def attach_to_next(self, detail: dict[str, Any]) -> None:
+        """Facts the build knows before its builder reports anything (the timing-cache
+        decision it starts with): carried by its next event, whatever its type (as a
+        rule the first phase's start), so a follower sees them while the build runs."""
+        with self._lock:
+            self._for_next = dict(detail)
 
     def _on_cancel(self, request: CancelRequest) -> None:
         self.emit(

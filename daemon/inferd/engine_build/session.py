@@ -190,6 +190,9 @@ def run_build(
         if refused is not None:
             cache.quarantine(refused)
             cache_data = None
+    # What the build starts from (cold, reused, quarantined), on its next event (its
+    # first phase's start): build.status and a follower see it while it runs.
+    adapter.attach_to_next({"timingCacheMode": cache.decision.value})
 
     watchdog = (
         StallWatchdog(

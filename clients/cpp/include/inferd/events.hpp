@@ -98,6 +98,12 @@ struct BuildEvent {
     std::string thread;
     std::string cancel_state;
     std::string detail_json;
+    // detail.timingCacheMode, one of the schema's words: on the terminal event what
+    // the build did with its host's timing cache (cold, reused, updated, discarded,
+    // quarantined, unknown); on the build's first event (as a rule its first
+    // phase_start) the decision it started with (cold, reused, quarantined).
+    // nullopt when the event has none, or null (not known).
+    std::optional<std::string> timing_cache_mode;
     std::string model;
     std::string builder;
     bool simulated = false;
