@@ -290,7 +290,10 @@ TEST(replies_polled_for_in_their_window_are_the_daemons_and_the_window_is_accoun
     // through a window: caught in it, there before it, or not in it.
     CHECK(spin.caught >= 1);
     CHECK_EQ(spin.caught + spin.early + spin.missed, std::uint64_t{requests - 1});
-    CHECK(spin.us == 10000 && spin.spent_us <= std::uint64_t{(requests - 1) * 10000});
+    // Each window ends at its close, but a loaded machine may preempt the thread in
+    // its last poll past it (a CI run of ctest -j2 beside the consumer builds did):
+    // 0.2 s in all for that, still far below a window that never closes.
+    CHECK(spin.us == 10000 && spin.spent_us <= std::uint64_t{(requests - 1) * 10000 + 200000});
 }
 
 TEST(describe_names_the_outputs_for_the_shm_socket) {
