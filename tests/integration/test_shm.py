@@ -266,7 +266,9 @@ def test_replies_polled_for_in_their_window_are_the_daemons_and_the_window_is_ac
     # went through a window: caught in it, there before it, or not in it.
     assert spin["caught"] >= 1
     assert spin["caught"] + spin["early"] + spin["missed"] == requests - 1
-    assert spin["spent_us"] <= (requests - 1) * 10_000
+    # Each window ends at its close, but a loaded machine may preempt the thread in
+    # its last poll past it: 0.2 s in all for that, far below a window never closed.
+    assert spin["spent_us"] <= (requests - 1) * 10_000 + 200_000
     with InferenceClient(daemon.infer, reply_spin_us=0) as off:
         assert off.reply_spin == {"us": 0, "caught": 0, "early": 0, "missed": 0, "spent_us": 0}
 
