@@ -66,6 +66,9 @@ class PlainProgress:
                 line = f"cancel    requested by {event.detail.get('source')}"
             elif event.type == "stalled":
                 line = f"stalled   {' > '.join(event.detail.get('path', []))}"
+            start = event.detail.get("timingCacheMode") if event.detail else None
+            if line is not None and start is not None:  # the build's first event carries it
+                line += f"  (timing cache at start: {start})"
             if line is not None:
                 self.stream.write(printable(line) + "\n")
                 self.stream.flush()
@@ -108,7 +111,9 @@ class LiveProgress:
 
         with self._lock:
             snapshot = self.tree.snapshot()
-        root = Tree(Text(printable(f"{self.title}  [{snapshot['state']}]"), style="bold"))
+            start = self.tree.timing_cache_start
+        cache = "" if start is None else f"  timing cache at start: {start}"
+        root = Tree(Text(printable(f"{self.title}  [{snapshot['state']}]{cache}"), style="bold"))
 
         def add(parent: Any, node: dict[str, Any]) -> None:
             label = Text(printable(f"{node['name']}  "), style=self._STYLE.get(node["status"], ""))
