@@ -186,7 +186,7 @@ def test_a_listening_worker_answers_a_refusal_and_reads_the_next_request_at_once
             refusal, _ = dealer.recv()
         assert refusal["error"]["code"] == "INVALID_ARGUMENT" and refusal["id"] == 10
         assert handler.read_by == ["inferd-engine-worker"] * 2
-        assert took_s < 0.25, took_s
+        assert took_s < 0.45, took_s  # within the beat, with room for a loaded CI machine
     finally:
         scheduler.close()
         worker.join(HANG_S)

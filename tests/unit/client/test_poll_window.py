@@ -98,7 +98,7 @@ def test_a_reply_in_the_window_is_caught_and_opens_the_next_one_later(
     assert client.recv(64) == b"reply"
     assert counting.polls == 3 and counting.timed == []  # no sleep before an open window
     assert spin.caught == 1 and spin.early == 0 and spin.missed == 0
-    assert 0 < spin.spent_ns < 10 * MS
+    assert 0 < spin.spent_ns < 100 * MS  # 3 polls (a preempted one may take a while)
     assert learned.opens_ns == 1 + 10 * MS // 4  # a quarter of a window later
 
 
