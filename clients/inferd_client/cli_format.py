@@ -181,6 +181,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
                     f"{bus.get('events_published', 0)} (dropped {bus.get('events_dropped', 0)}), "
                     f"subscriptions refused {bus.get('events_subscriptions_refused', 0)}",
                 ),
+                ("reply grace", _graces_line(replies.get("graces"))),
                 ("busy poll", _busy_poll_line(bus.get("busy_poll") or {})),
                 ("send buffer", _send_buffer_line(bus.get("send_buffer") or {})),
                 ("security", _security_line(result.get("security") or {})),
@@ -216,6 +217,22 @@ def _busy_poll_line(busy_poll: Mapping[str, Any]) -> str:
     return (
         f"{busy_poll['us']} us after each reply: caught {busy_poll.get('caught', 0)}, "
         f"missed {busy_poll.get('missed', 0)}, {spent} spent"
+    )
+
+
+def _graces_line(graces: Mapping[str, Any] | None) -> str:
+    """The release graces refused replies waited, under the bus's wire lock
+    (DESIGN.md 251, 280): how many, how many ran out, the time, and the ones a
+    holdoff skipped (for a client's own backlog, for the total)."""
+    if graces is None:
+        return "not reported"  # a daemon from before they were counted
+    waited_s = graces.get("waited_s", 0.0)
+    spent = f"{waited_s:.2f} s" if waited_s >= 1 else f"{waited_s * 1000:.1f} ms"
+    held_off = graces.get("held_off") or {}
+    return (
+        f"waited {graces.get('waited', 0)} ({graces.get('ran_out', 0)} ran out), {spent}; "
+        f"held off {held_off.get('peer_budget', 0)} per client, "
+        f"{held_off.get('total_budget', 0)} for the total"
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 import zmq
 from onnx import TensorProto, helper, numpy_helper
 
+from inferd.bus.reply_budget import RELEASE_GRACE_S
 from inferd_client import InferenceClient, OperatorClient, RequestTimeout
 from inferd_wire.protocol import unpack_header
 from tests.conftest import (
@@ -166,6 +167,11 @@ def test_a_client_that_never_reads_holds_at_most_its_budget_and_gives_it_back(
             )
         replies = status(daemon)["bus"]["replies"]
         assert replies["dropped"] == sum(peer["dropped"] for peer in replies["dropping_peers"])
+        # Each client's first refusal waited a release grace that ran out; the
+        # refusals after it, in the same episode, waited none (DESIGN.md 284).
+        graces = replies["graces"]
+        assert 2 <= graces["ran_out"] <= graces["waited"], graces
+        assert graces["waited_s"] >= graces["ran_out"] * RELEASE_GRACE_S, graces
         # The requests were answered (and counted); only their delivery was dropped.
         model = next(m for m in status(daemon)["models"] if m["model"] == "expand")
         assert model["responses"] == {"OK": handled}

@@ -34,6 +34,8 @@ machine, keeps its graces (DESIGN.md 251).  A refusal for the total budget
 counts against graces of all peers together: the peer refused may be reading,
 its reply refused for others' backlogs, and is not held off for them; the
 sender still waits out about two such graces a second at most (DESIGN.md 280).
+``status`` counts the graces waited, those that ran out, the refusals a holdoff
+kept from waiting one (by reason), and the seconds waited (DESIGN.md 284).
 
 Used under the bus's wire lock (the bus thread's and the engine worker's sends).
 """
@@ -135,6 +137,13 @@ class ReplyBudget:
         self.clock = time.monotonic
         #: Graces for the total budget, whoever's reply was refused.
         self._total_graces = _Graces()
+        #: Refusals that waited a grace, and of those the ones that ran out (the
+        #: reply dropped); refusals a holdoff kept from one, by reason; seconds
+        #: waited.  Only refusals count them: a reply that fits costs nothing.
+        self.graces_waited = 0
+        self.graces_ran_out = 0
+        self.graces_held_off: dict[str, int] = {PEER_BUDGET: 0, TOTAL_BUDGET: 0}
+        self.grace_waited_s = 0.0
 
     def watched(self, part: Any) -> tuple[zmq.Frame, weakref.ReferenceType[Any]]:
         """``part`` as a zero-copy frame, and a weak reference that dies once ZeroMQ
@@ -164,20 +173,25 @@ class ReplyBudget:
         reason = self._over(socket, routing_id, nbytes)
         key = (socket, routing_id)
         peer = self._busy.get(key) or self._listed.get(key)
-        graced = (
-            reason is not None
-            and not (peer is not None and peer.dropping)
-            and not self._graces(reason, peer).held_off(self.clock())
-        )
+        graced = False
+        if reason is not None and not (peer is not None and peer.dropping):
+            if self._graces(reason, peer).held_off(self.clock()):
+                self.graces_held_off[reason] += 1
+            else:
+                graced = True
         if graced:
-            give_up = time.monotonic() + RELEASE_GRACE_S
+            self.graces_waited += 1
+            started = time.monotonic()
+            give_up = started + RELEASE_GRACE_S
             while reason is not None and self._released.wait(give_up - time.monotonic()):
                 self._released.clear()
                 self.collect()
                 reason = self._over(socket, routing_id, nbytes)
+            self.grace_waited_s += time.monotonic() - started
         if reason is not None:
             dropped = self.drop(socket, routing_id, nbytes, reason)
             if graced:
+                self.graces_ran_out += 1
                 self._graces(reason, dropped).ran_out(self.clock())
         return reason
 
@@ -311,6 +325,12 @@ class ReplyBudget:
             "sent": dict(self.sent_replies),
             "dropped": self.dropped,
             "dropped_bytes": self.dropped_bytes,
+            "graces": {
+                "waited": self.graces_waited,
+                "ran_out": self.graces_ran_out,
+                "held_off": dict(self.graces_held_off),
+                "waited_s": self.grace_waited_s,
+            },
             "dropping_peers": [
                 {
                     "socket": peer.socket,

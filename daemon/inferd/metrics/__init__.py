@@ -2,7 +2,8 @@
 Prometheus text exposition, on a loopback HTTP endpoint and/or in a
 node_exporter textfile (``[metrics]``, off by default).
 
-``families``: status -> metric families; ``http``: the bounded ``GET /metrics``
+``families``: status -> metric families (``client_families``: those of
+``security`` and ``shm``); ``http``: the bounded ``GET /metrics``
 server; ``exporter``: the ``inferd-metrics`` thread that owns both.
 ``prometheus_client`` (the ``ops`` extra) is imported only when they run.
 """

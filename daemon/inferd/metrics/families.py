@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from inferd.metrics import client_families
 from inferd.serving.stats import LatencyHistogram
-from inferd.shm.server import MAX_REFUSED_UIDS, OTHER_UIDS
 from inferd_wire.protocol import Code
 
 if TYPE_CHECKING:
@@ -43,8 +43,8 @@ SECTIONS: dict[str, Section] = {
     "fdr": lambda status, _: _fdr(status["fdr"]),
     "alerts": lambda status, _: _alerts(status["alerts"]),
     "thermal": lambda status, _: _thermal(status["thermal"]),
-    "security": lambda status, _: _security(status["security"]),
-    "shm": lambda status, _: _shm(status.get("shm") or {}),
+    "security": lambda status, _: client_families.security(status["security"]),
+    "shm": lambda status, _: client_families.shm(status.get("shm") or {}),
     "builds": lambda status, _: _builds(status["builds"]),
 }
 
@@ -178,6 +178,32 @@ def _bus(bus: Mapping[str, Any]) -> Iterator[Metric]:
         "Replies dropped: their peer did not read (bus.max_reply_bytes_*).",
         replies["dropped"],
     )
+    graces = replies["graces"]
+    yield _counter(
+        "inferd_bus_reply_graces",
+        "Refused replies whose sender waited a release grace (bus.replies.graces.waited).",
+        graces["waited"],
+    )
+    yield _counter(
+        "inferd_bus_reply_graces_ran_out",
+        "Release graces that ran out: the reply was dropped after the wait.",
+        graces["ran_out"],
+    )
+    held_off = _counter(
+        "inferd_bus_reply_graces_held_off",
+        "Refused replies that waited no grace because a holdoff held, by the budget refused.",
+        labels=["reason"],
+    )
+    for reason, skipped in sorted(graces["held_off"].items()):
+        held_off.add_metric([reason], skipped)
+    yield held_off
+    yield _counter(
+        "inferd_bus_reply_grace_wait",
+        "Time senders (the engine worker, the bus thread) waited in release graces, "
+        "under the bus's wire lock.",
+        graces["waited_s"],
+        "seconds",
+    )
     yield _counter(
         "inferd_bus_busy_poll",
         "Time the engine worker spent polling for the next request without sleeping "
@@ -199,91 +225,6 @@ def _bus(bus: Mapping[str, Any]) -> Iterator[Metric]:
         "inferd_events_subscriptions_refused",
         "Subscriber messages refused: subscriptions no topic can match, or no subscription.",
         bus.get("events_subscriptions_refused", 0),
-    )
-
-
-def _shm(shm: Mapping[str, Any]) -> Iterator[Metric]:
-    """Shared-memory regions and the requests on ``shm.sock`` (absent when off)."""
-    if not shm.get("enabled"):
-        return
-    yield _gauge("inferd_shm_connections", "Connections to shm.sock open now.", shm["connections"])
-    by_uid = _gauge(
-        "inferd_shm_connections_by_uid",
-        "Connections to shm.sock open now, by peer uid (only uids holding one).",
-        labels=["uid"],
-    )
-    for uid, held in sorted(shm["connections_by_uid"].items()):
-        by_uid.add_metric([str(uid)], held)
-    yield by_uid
-    yield _gauge(
-        "inferd_shm_max_connections_per_uid",
-        "shm.max_connections_per_uid.",
-        shm["max_connections_per_uid"],
-    )
-    refused_by_uid = _counter(
-        "inferd_shm_connections_refused_per_uid",
-        "shm.sock connections refused at accept, by uid (only uids refused; past the first "
-        f"{MAX_REFUSED_UIDS} of a code, uid '{OTHER_UIDS}') and code: RESOURCE_EXHAUSTED, "
-        "their uid held shm.max_connections_per_uid; PERMISSION_DENIED, security.infer_allow.",
-        labels=["uid", "code"],
-    )
-    for accept_code, counts in (
-        (Code.RESOURCE_EXHAUSTED, shm["refused_by_uid"]),
-        (Code.PERMISSION_DENIED, shm.get("denied_by_uid", {})),  # absent: none counted
-    ):
-        for uid, refused in sorted(counts.items()):
-            refused_by_uid.add_metric([uid, accept_code.value], refused)
-    yield refused_by_uid
-    refused_by_code = _counter(
-        "inferd_shm_refused",
-        "shm.sock connections refused at accept (PERMISSION_DENIED: security.infer_allow) "
-        "and messages refused before any model saw them, by error code.",
-        labels=["code"],
-    )
-    for code in ERROR_CODES:
-        refused_by_code.add_metric([code], shm["refused"].get(code, 0))
-    yield refused_by_code
-    yield _gauge(
-        "inferd_shm_mapped_bytes",
-        "Bytes of client regions mapped now.",
-        shm["mapped_bytes"],
-        "bytes",
-    )
-    yield _gauge(
-        "inferd_shm_releasing_bytes",
-        "Of those, bytes of released regions not yet unmapped (counted against the bounds).",
-        shm["releasing_bytes"],
-        "bytes",
-    )
-    yield _counter("inferd_shm_requests", "Infer requests read from shm.sock.", shm["requests"])
-    yield _gauge(
-        "inferd_shm_requests_in_flight", "Requests on shm.sock not yet answered.", shm["in_flight"]
-    )
-    yield _counter(
-        "inferd_shm_unroutable_replies",
-        "Replies whose shm.sock connection had closed.",
-        shm["unroutable_replies"],
-    )
-    yield _counter(
-        "inferd_shm_closed_not_reading",
-        "shm.sock connections closed because their client did not read its replies.",
-        shm["closed_not_reading"],
-    )
-    closing = shm["closing"]
-    yield _gauge(
-        "inferd_shm_descriptors_closing",
-        "Descriptors clients passed (and connection sockets) waiting to be closed.",
-        closing["waiting"],
-    )
-    yield _gauge(
-        "inferd_shm_close_blocked_seconds",
-        "How long the close in progress of a client's descriptor has taken (0: none).",
-        closing["blocked_s"],
-    )
-    yield _counter(
-        "inferd_shm_closed_for_backlog",
-        "shm.sock connections closed because too many descriptors waited to be closed.",
-        closing["connections_closed_for_backlog"],
     )
 
 
@@ -395,56 +336,3 @@ def _thermal(thermal: Mapping[str, Any]) -> Iterator[Metric]:
             threshold,
             "celsius",
         )
-
-
-def _security(security: Mapping[str, Any]) -> Iterator[Metric]:
-    refused = _counter(
-        "inferd_connections_refused",
-        "Handshakes the daemon refused (allow-lists, unknown CURVE keys, over "
-        "bus.max_connections), by socket.",
-        labels=["socket"],
-    )
-    held = _gauge(
-        "inferd_connections",
-        "Connections each socket holds (bus.max_connections bounds them), by socket.",
-        labels=["socket"],
-    )
-    for name, socket in security["sockets"].items():
-        refused.add_metric([name], socket["connections_refused"])
-        held.add_metric([name], socket["connections"])
-    yield refused
-    yield held
-    yield _gauge("inferd_max_connections", "bus.max_connections.", security["max_connections"])
-    yield _counter(
-        "inferd_permission_denied",
-        "Operator ops refused PERMISSION_DENIED.",
-        security["permission_denied"],
-    )
-    yield _counter(
-        "inferd_runtime_switch_rate_limited",
-        "runtime.switch refused RESOURCE_EXHAUSTED by runtime.switch_burst/switch_refill_s.",
-        security["switch_limit"]["refused"],
-    )
-    guard = security["descriptor_guard"]
-    if guard is None:
-        return  # before the daemon started: no guard yet, so no series (never 0)
-    yield _counter(
-        "inferd_descriptor_guard_episodes",
-        "Descriptor floods the guard ended connections of (DESIGN.md 202).",
-        guard["episodes"],
-    )
-    yield _counter(
-        "inferd_descriptor_guard_connections_ended",
-        "Connections past bus.max_connections the descriptor guard shut down.",
-        guard["connections_ended"],
-    )
-    yield _counter(
-        "inferd_descriptor_guard_share_passes",
-        "Guard passes past its share level, many peers flooding (DESIGN.md 209).",
-        guard["share_passes"],
-    )
-    yield _counter(
-        "inferd_descriptor_guard_connections_ended_past_share",
-        "Connections the descriptor guard shut down past a peer's fair share.",
-        guard["connections_ended_past_share"],
-    )

@@ -93,6 +93,14 @@ def clocked_budget(monkeypatch: pytest.MonkeyPatch) -> tuple[ReplyBudget, Clock,
     return budget, clock, signal
 
 
+def graces(budget: ReplyBudget) -> tuple[int, int, int, int]:
+    """``status``'s grace counters: (waited, ran out, held off for the peer's own
+    backlog, held off for the total)."""
+    counted = budget.status()["graces"]
+    held_off = counted["held_off"]
+    return counted["waited"], counted["ran_out"], held_off[PEER_BUDGET], held_off[TOTAL_BUDGET]
+
+
 def test_a_peer_that_does_not_read_waits_out_one_grace_per_episode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -191,6 +199,47 @@ def test_a_grace_that_ends_on_a_release_holds_nothing_off(
         collector.join(HANG_S)
         budget.collect()
     assert budget.dropped == 0
+    # Three graces waited, each ended by a release: none ran out, none was skipped.
+    assert graces(budget) == (3, 0, 0, 0)
+    assert 0.0 < budget.status()["graces"]["waited_s"] < 3 * HANG_S
+
+
+def test_status_counts_the_graces_a_slow_reader_waited_and_those_its_holdoff_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cost entry 251 bounds, seen in ``status`` and not only by a bench."""
+    budget, clock, signal = clocked_budget(monkeypatch)
+    held = send(budget, b"slow", 8 * MIB)
+    assert graces(budget) == (0, 0, 0, 0)  # a reply that fits counts nothing
+    assert budget.status()["graces"]["waited_s"] == 0.0
+    for _ in range(5):  # refused, then it takes one reply: five times in 0.5 s
+        assert send(budget, b"slow", 8 * MIB) is None
+        del held
+        held = send(budget, b"slow", 8 * MIB)
+        clock.now += 0.1
+    # Two graces ran out, the second started the holdoff, which skipped three.
+    assert graces(budget) == (2, 2, 3, 0) and signal.waits == 2
+    assert send(budget, b"slow", 8 * MIB) is None  # held off once more
+    assert send(budget, b"slow", 8 * MIB) is None  # dropping: its episode, no holdoff's doing
+    assert graces(budget) == (2, 2, 4, 0)
+    waited_s = budget.status()["graces"]["waited_s"]
+    assert 2 * reply_budget.RELEASE_GRACE_S <= waited_s < HANG_S
+    del held
+
+
+def test_status_counts_total_budget_graces_apart_from_a_peers_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    budget, clock, signal = clocked_budget(monkeypatch)
+    budget.total_bytes = 20 * MIB
+    hogs = [send(budget, b"hog1", 8 * MIB), send(budget, b"hog2", 8 * MIB)]
+    for _ in range(2):  # two total-budget graces run out within the holdoff
+        assert send(budget, b"victim", 8 * MIB) is None
+        clock.now += 0.1
+        assert send(budget, b"victim", 1 * MIB) is not None  # it reads: its episode ends
+    assert send(budget, b"third", 8 * MIB) is None  # the total's holdoff skips its grace
+    assert graces(budget) == (2, 2, 0, 1) and signal.waits == 2
+    del hogs
 
 
 @pytest.mark.parametrize("envelope", [[b"peer"], [b"peer", b""]], ids=["dealer", "req"])

@@ -43,7 +43,16 @@ def status(**overrides: Any) -> dict[str, Any]:
             "oversized_messages": 1,
             "events_published": 100,
             "events_dropped": 0,
-            "replies": {"dropped": 2, "in_flight_bytes": 512},
+            "replies": {
+                "dropped": 2,
+                "in_flight_bytes": 512,
+                "graces": {
+                    "waited": 7,
+                    "ran_out": 5,
+                    "held_off": {"peer_budget": 3, "total_budget": 1},
+                    "waited_s": 0.105,
+                },
+            },
             "busy_poll": {"us": 50, "caught": 90, "missed": 10, "spent_us": 2_500_000},
         },
         "fdr": {
@@ -174,6 +183,17 @@ def test_models_state_and_counters() -> None:
     assert got[("inferd_connections_refused_total", (("socket", "control"),))] == 2
     assert got[("inferd_connections", (("socket", "infer"),))] == 3
     assert got[("inferd_max_connections", ())] == 256
+
+
+def test_the_reply_budgets_release_graces_are_counted_by_kind() -> None:
+    """What the sender's graces cost (DESIGN.md 251, 280), from ``bus.replies.graces``."""
+    got = scrape(status())
+    assert got[("inferd_bus_reply_graces_total", ())] == 7
+    assert got[("inferd_bus_reply_graces_ran_out_total", ())] == 5
+    held_off = "inferd_bus_reply_graces_held_off_total"
+    assert got[(held_off, (("reason", "peer_budget"),))] == 3
+    assert got[(held_off, (("reason", "total_budget"),))] == 1
+    assert got[("inferd_bus_reply_grace_wait_seconds_total", ())] == 0.105
 
 
 def test_gpu_readings_in_base_units_and_absent_when_not_reported() -> None:
