@@ -175,7 +175,12 @@ class ReplyBudget:
         peer = self._busy.get(key) or self._listed.get(key)
         graced = False
         if reason is not None and not (peer is not None and peer.dropping):
-            if self._graces(reason, peer).held_off(self.clock()):
+            # The graces asked are the ones struck if it runs out, whatever the reason
+            # then: a release of the peer's own reply during the wait may leave it
+            # refused for the total, and striking the total then let a slow reader
+            # escape its own holdoff.
+            graces = self._graces(reason, peer)
+            if graces.held_off(self.clock()):
                 self.graces_held_off[reason] += 1
             else:
                 graced = True
@@ -189,10 +194,12 @@ class ReplyBudget:
                 reason = self._over(socket, routing_id, nbytes)
             self.grace_waited_s += time.monotonic() - started
         if reason is not None:
-            dropped = self.drop(socket, routing_id, nbytes, reason)
+            # The peer looked at, even if a release during the grace emptied it: the
+            # graces struck below are its own, and listed with it they last.
+            self.drop(socket, routing_id, nbytes, reason, peer)
             if graced:
                 self.graces_ran_out += 1
-                self._graces(reason, dropped).ran_out(self.clock())
+                graces.ran_out(self.clock())
         return reason
 
     def _graces(self, reason: str, peer: _Peer | None) -> _Graces:
@@ -270,10 +277,13 @@ class ReplyBudget:
         self.in_flight_bytes += nbytes
         self.sent_replies[socket] = self.sent_replies.get(socket, 0) + 1
 
-    def drop(self, socket: str, routing_id: bytes, nbytes: int, reason: str) -> _Peer:
-        """Count a reply that was not sent because the peer does not read; its peer."""
+    def drop(
+        self, socket: str, routing_id: bytes, nbytes: int, reason: str, peer: _Peer | None = None
+    ) -> _Peer:
+        """Count a reply that was not sent because the peer does not read; its peer
+        (``peer``: the one the refusal looked at, kept even if a release emptied it)."""
         key = (socket, routing_id)
-        peer = self._busy.get(key) or self._listed.get(key) or _Peer(socket, routing_id)
+        peer = peer or self._busy.get(key) or self._listed.get(key) or _Peer(socket, routing_id)
         if peer.dropped == 0:
             log.warning(
                 "replies_dropped_peer_not_reading",

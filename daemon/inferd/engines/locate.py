@@ -158,12 +158,14 @@ def locate_engine(
 def _held(path: Path) -> Iterator[os.stat_result | None]:
     """The identity of the entry at ``path`` (a symlink itself), held open (``O_PATH``:
     nothing read, a FIFO not waited on) until the block ends, so that its inode cannot
-    be freed and reused by another file meanwhile; None when nothing can be opened
-    there (then nothing judged there is moved)."""
+    be freed and reused by another file meanwhile; None when nothing is there (then
+    nothing judged there is moved).  ``EngineBuildError`` when it cannot be opened."""
     try:
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    except FileNotFoundError:
         fd = None
+    except OSError as exc:  # no descriptor left (EMFILE): no judgement to stand by
+        raise EngineBuildError(f"engine {path.name} cannot be looked at: {exc}") from exc
     if fd is None:
         yield None
         return

@@ -184,6 +184,33 @@ def test_a_peer_refused_for_others_backlogs_is_not_held_off_for_its_own(
     assert budget.refusal("infer", b"victim", 8 * MIB) == PEER_BUDGET and signal.waits == 3
 
 
+def test_a_slow_reader_refused_for_the_total_after_its_grace_is_still_held_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its refusal starts over its own budget and is graced on its own graces; it reads
+    its earlier reply during the grace, so the refusal ends over the total, which
+    others fill.  The strike still goes to the graces that were asked: before, it
+    went to the total's, and the slow reader, never struck, cost a grace per reply
+    (entry 251's bound lost; a review of DESIGN.md 280)."""
+    budget, clock, signal = clocked_budget(monkeypatch)
+    budget.total_bytes = 20 * MIB
+    hogs = [send(budget, b"hog1", 6 * MIB), send(budget, b"hog2", 6 * MIB)]
+    graced: list[tuple[bool, str | None]] = []
+    for _ in range(6):  # six replies within 0.6 s
+        own = [send(budget, b"slow", 6 * MIB)]  # it read its previous one
+        assert own[0] is not None
+        signal.on_wait = own.clear  # and reads this one during the grace
+        waits = signal.waits
+        reason = budget.refusal("infer", b"slow", 9 * MIB)
+        graced.append((signal.waits > waits, reason))
+        signal.on_wait = lambda: None
+        own.clear()
+        clock.now += 0.1
+    # Two graces ran out (each ending over the total), then none is waited.
+    assert graced == [(True, TOTAL_BUDGET)] * 2 + [(False, PEER_BUDGET)] * 4
+    del hogs
+
+
 def test_a_grace_that_ends_on_a_release_holds_nothing_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

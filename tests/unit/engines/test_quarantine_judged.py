@@ -19,6 +19,7 @@ from inferd.engines import locate as locate_module
 from inferd.engines import quarantine as quarantine_module
 from inferd.engines.locate import locate_engine
 from inferd.engines.quarantine import QUARANTINE_DIR
+from inferd.errors import EngineBuildError
 from inferd.types import BuildConfig, PrecisionMode
 from tests.unit.engines.conftest import HOST, Deployment
 
@@ -154,3 +155,23 @@ def test_a_reason_that_cannot_be_written_still_reports_the_move(
     assert unwritten["reason"].startswith("engine refused by the gate: step 4 (sidecar_digest)")
     quarantined = next(e for e in logs if e["event"] == "engine_quarantined")
     assert quarantined["moved_to"] == str(moved)
+
+
+def test_an_engine_that_cannot_be_opened_to_be_judged_is_a_build_error_not_a_swap(
+    deployment: Deployment, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No descriptor left (EMFILE) is not "replaced while judged": that reported the
+    stale engine as swapped, judged it three times and left it (a review of 282)."""
+    path = deployment.engine(sidecar="wrong")
+    real_open = os.open
+
+    def no_descriptors(name: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(name) == path and flags & os.O_PATH:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(name, flags, *args, **kwargs)
+
+    monkeypatch.setattr(locate_module.os, "open", no_descriptors)
+    with capture_logs() as logs, pytest.raises(EngineBuildError, match="cannot be looked at"):
+        _locate(deployment, model)
+    assert [e for e in logs if e["event"] == "engine_replaced_while_judged"] == []
+    assert path.exists() and _quarantined(deployment) == []

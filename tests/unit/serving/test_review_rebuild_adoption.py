@@ -8,7 +8,6 @@ ordered with events; ``wait_until`` only bounds a hang."""
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +21,8 @@ from inferd.serving.rebuild import ADOPTION_TRIES, FallbackRebuilder
 from inferd.serving.switching import ModelClaimedError
 from inferd.types import Alert, EngineHandle, Peer
 from inferd_wire.protocol import Code, ProtocolError
-from tests.conftest import HANG_S, REPO, wait_until
+from tests.conftest import HANG_S, wait_until
+from tests.integration.test_review_schemas import pinned_alert_codes
 from tests.unit.serving.test_execution_failover import Finished
 from tests.unit.serving.test_review_switch_rebuild import (  # noqa: F401  (the fixture)
     SPEC,
@@ -32,12 +32,6 @@ from tests.unit.serving.test_review_switch_rebuild import (  # noqa: F401  (the 
 )
 
 Reply = dict[str, Any] | ProtocolError
-
-
-def pinned_alert_codes() -> set[str]:
-    """The codes ``schemas/bus/event_alert.json`` pins the level and fields of."""
-    schema = json.loads((REPO / "schemas" / "bus" / "event_alert.json").read_text())
-    return {entry["properties"]["code"]["const"] for entry in schema["oneOf"][:-1]}
 
 
 class Gate:
