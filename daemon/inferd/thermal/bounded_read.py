@@ -60,6 +60,8 @@ class _Call(Generic[T]):
         self.exited = False
         #: Run on this thread as the call ends (``hand_over``): what the call used is closed.
         self.then: Callable[[], None] | None = None
+        #: Started by ``start``: nobody waits for it, so it hangs only past the deadline.
+        self.detached = False
         self.thread = threading.Thread(
             target=self._run, args=(owner, fn), name=owner.thread_name, daemon=True
         )
@@ -124,12 +126,19 @@ class BoundedCall(Generic[T]):
             self._discard(outcome)
 
     def hung_for_s(self) -> float | None:
-        """How long the call that missed its deadline has run; None if none runs."""
+        """How long the call that missed its deadline has run; None if none runs
+        (a ``start``ed call still within the deadline has missed nothing)."""
         with self._lock:
             late = self._late
             if late is None or late.finished:
                 return None
-            return time.monotonic() - late.started_at
+            running_s = time.monotonic() - late.started_at
+            return None if late.detached and running_s < self.deadline_s else running_s
+
+    def running(self) -> bool:
+        """A call nobody waits for (one past its deadline, or ``start``ed) has not returned."""
+        with self._lock:
+            return self._late is not None and not self._late.finished
 
     def _take_late_locked(self) -> T | Exception | None:
         late = self._late
@@ -184,6 +193,25 @@ class BoundedCall(Generic[T]):
         if isinstance(attempt.outcome, Exception):
             raise attempt.outcome
         return attempt.outcome
+
+    def start(self, fn: Callable[[], T], name: str) -> bool:
+        """``fn()`` on a helper thread that the caller does not wait for: a late
+        call from the start.  Its outcome is ``take_late``'s once it has
+        finished, no call starts while it runs, and ``hung_for_s`` counts it
+        once it runs past the deadline.  False, and nothing started, once
+        abandoned or while a late call's outcome is not taken (it may still
+        run): never dropped here, as ``call`` drops one, since it may be wanted."""
+        with self._lock:
+            if self._abandoned or self._late is not None:
+                return False
+            attempt = _Call(self, fn, f"{name}: the {self._what}")
+            attempt.detached = True
+            try:
+                attempt.thread.start()  # it reports under this lock: after the next line
+            except RuntimeError:  # no thread to be had (the process's limit)
+                return False
+            self._late = self._last = attempt
+            return True
 
     def abandon(self) -> None:
         """The caller moves on: what a call returns from now on goes to

@@ -20,15 +20,24 @@ monitor goes down the order only by a re-probe, after the source in use failed
 for a re-probe interval.  A switch is logged (``thermal_source_selected`` with
 ``replaces``) and shows in ``status.thermal.source`` and every ``thermal``
 event's ``source``.
+
+A preferred source whose open *failed* (jtop's service not started yet at
+boot) is opened again in the background while a later one is in use
+(``retry``, on the backoff of ``retrying``), and taken over like a late open
+when it works: a switch up the order.  No poll waits for a retry, and a retry
+that fails only renews its reason in ``skipped_sources``.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 from inferd.config import ThermalConfig
+from inferd.thermal.leaving import READ_SETTLE_S
 from inferd.thermal.opening import BoundedOpen, Opener, close_unwanted
+from inferd.thermal.retrying import RetryBackoff
 from inferd.thermal.selection import SourceSelection, try_source
 
 
@@ -37,9 +46,18 @@ class SourceOpens:
     ``abandon``, ``join_returned`` and ``abandoned`` (``stop``) and ``resume``
     (``start``, before the thread).  ``opener`` None: each source of
     ``config.sources`` is opened on its own (``try_source``); an injected
-    opener chooses among them itself, as one source named ``thermal source``."""
+    opener chooses among them itself, as one source named ``thermal source``.
+    ``clock`` (ns, the monitor's) times the retries, at most ``retry_cap_s`` apart."""
 
-    def __init__(self, config: ThermalConfig, opener: Opener | None, deadline_s: float) -> None:
+    def __init__(
+        self,
+        config: ThermalConfig,
+        opener: Opener | None,
+        deadline_s: float,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        retry_cap_s: float = 60.0,
+    ) -> None:
         if opener is not None:
             injected = functools.partial(opener, config)
             self._opens = [BoundedOpen("thermal source", injected, deadline_s)]
@@ -56,6 +74,10 @@ class SourceOpens:
         self._in_use_name: str | None = None
         #: The next open a round in progress tries; None: no round in progress.
         self._next: int | None = None
+        self._clock = clock
+        #: Per open, when to retry it after it failed; ``_failed``: those whose latest did.
+        self._backoffs = [RetryBackoff(retry_cap_s) for _ in self._opens]
+        self._failed: set[int] = set()
 
     def selecting(self) -> bool:
         """A round is in progress: an open missed its deadline with sources after it."""
@@ -72,11 +94,12 @@ class SourceOpens:
             index = self._next
             self._next += 1
             bounded = self._opens[index]
-            if bounded.hung() is not None:  # no second open of it: the next source
+            if bounded.running():  # hung, or a retry: no second open of it, the next source
                 continue
             # One that finished since this poll's take_late: used, not opened again.
             outcome = bounded.take_late()
             if outcome is None:
+                self._backoffs[index].tried(self._clock())
                 outcome = bounded.open()
             if outcome is None:
                 return None  # missed its deadline: this poll waited enough
@@ -112,13 +135,31 @@ class SourceOpens:
             return SourceSelection(None, tuple(self.skipped().items()))
         return None
 
+    def retry(self) -> None:
+        """Open again, in the background, each source preferred to the one in
+        use whose latest open failed, once its backoff says so.  The poll waits
+        for none: ``take_late`` switches to one that opened at a later poll."""
+        if self._in_use is None or self._next is not None:
+            return
+        now = self._clock()
+        for index in range(self._in_use):
+            backoff = self._backoffs[index]
+            if index in self._failed and backoff.due(now) and self._opens[index].retry():
+                backoff.tried(now)
+
     def _hanging(self) -> bool:
-        return any(bounded.hung() is not None for bounded in self._opens)
+        """An open runs that no poll waits for (hung past its deadline, or a retry)."""
+        return any(bounded.running() for bounded in self._opens)
 
     def _noted(self, index: int, outcome: SourceSelection) -> bool:
         """Keep why ``outcome`` gave no source; True if it opened one."""
         self._reasons[index] = outcome.skipped
-        return outcome.source is not None
+        if outcome.source is None:
+            self._failed.add(index)
+            return False
+        self._failed.discard(index)
+        self._backoffs[index].opened()
+        return True
 
     def _chosen(self, index: int, outcome: SourceSelection) -> SourceSelection:
         self._in_use, self._next = index, None
@@ -157,14 +198,24 @@ class SourceOpens:
         """The monitor starts (again), with no source: the next poll starts a
         round.  Reset here, not in ``abandon``: its thread may still be polling."""
         self._in_use = self._in_use_name = self._next = None
+        self._failed.clear()
+        for backoff in self._backoffs:
+            backoff.opened()
         for bounded in self._opens:
             bounded.resume()
 
     def join_returned(self, timeout: float) -> bool:
         """Wait up to ``timeout`` in all for the threads of opens that have
-        returned (closing what they opened); none for opens still running past
-        their deadline.  False if a thread still runs."""
+        returned (closing what they opened), after letting retries in progress
+        return for up to ``READ_SETTLE_S`` in all (one failing a few ms into the
+        stop is no open left behind); none for opens that go on running, nor
+        for one that hangs (past its deadline, or one a poll waited for): the
+        stop stays as prompt as before retries.  False if a thread still runs."""
         give_up_at = time.monotonic() + timeout
+        settled_at = time.monotonic() + min(READ_SETTLE_S, timeout)
+        for bounded in self._opens:
+            if bounded.hung() is None:  # a retry within its deadline; else nothing runs
+                bounded.wait_returned(settled_at - time.monotonic())
         return all(
             [bounded.join_returned(give_up_at - time.monotonic()) for bounded in self._opens]
         )

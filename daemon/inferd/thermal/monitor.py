@@ -10,7 +10,8 @@ Each read, and each open of a source, runs on a helper thread with a deadline
 lost telemetry, never a hung monitor, and the sources after one whose open
 hangs are tried meanwhile (``fallthrough``).  So is a reading with a NaN,
 infinite, offline (below -100 C) or non-numeric temperature: a broken source
-is never published as a fresh reading.
+is never published as a fresh reading.  A preferred source whose open failed
+is opened again in the background, and takes over once it opens (``retrying``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ class ThermalMonitor:
         self._reader: BoundedCall[ThermalReading] = BoundedCall(
             stale_after_s, what="read", thread_name=READ_THREAD_NAME
         )
-        self._opening = SourceOpens(config, opener, stale_after_s)
+        self._opening = SourceOpens(
+            config, opener, stale_after_s, clock=clock, retry_cap_s=reprobe_interval_s
+        )
         self._tracker = ThrottleTracker(config.throttle_enter_c, config.hysteresis_c)
         self._log = structlog.get_logger("inferd.thermal")
         self._unavailable_warn = RateLimit(int(warn_interval_s * _NS_PER_S))
@@ -318,6 +321,7 @@ class ThermalMonitor:
             replaces = self.source_name
             self._close_source()
             self._selected(late, replaces=replaces)
+        self._opening.retry()  # preferred sources whose open failed, in the background
         if self._source is not None:
             failing = self._failing_since_ns
             if failing is None or now - failing < self._reprobe_ns:

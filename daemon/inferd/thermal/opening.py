@@ -11,7 +11,9 @@ finished late opened is used or closed (``close_unwanted``) by the monitor's
 next poll; if the monitor has stopped by then, it is closed on the open's own
 thread.  So the monitor's stop waits for no open, within its deadline or past
 it (nothing can interrupt one): it abandons them (a poll waiting for one stops
-waiting) and says which are left (``abandoned_running``).
+waiting) and says which are left (``abandoned_running``).  A retry of a
+failed open (``retry``) is the same open that no poll waits for: a late open
+from its start, under the same one-thread bound.
 """
 
 from __future__ import annotations
@@ -74,6 +76,16 @@ class BoundedOpen:
             f"(running for {hung_for:.1f} s)"
         )
 
+    def running(self) -> bool:
+        """An open runs that no poll waits for: one past its deadline, or a retry."""
+        return self._call.running()
+
+    def retry(self) -> bool:
+        """Open again in the background (a preferred source whose open failed):
+        nobody waits for it, ``take_late`` gets its outcome.  False if it did
+        not start (one still runs, the monitor stopped, no thread to be had)."""
+        return self._call.start(self._open_fn, self.name)
+
     def open(self) -> SourceSelection | None:
         """The outcome, or None when it missed its deadline (see ``hung``) or
         the monitor stopped."""
@@ -97,6 +109,10 @@ class BoundedOpen:
 
     def resume(self) -> None:
         self._call.resume()
+
+    def wait_returned(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the latest open to return; True if it has."""
+        return self._call.wait_returned(timeout)
 
     def join_returned(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for an open that has returned to end its
