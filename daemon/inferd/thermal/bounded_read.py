@@ -84,7 +84,7 @@ class BoundedCall(Generic[T]):
     or ``DeadlinePassedError`` when it took longer than ``deadline_s``, an
     earlier call has still not returned, or the caller has moved on.  Called
     from one thread (the monitor's), except ``abandon``, ``hand_over``,
-    ``join_returned`` and ``abandoned_running`` (``stop``)."""
+    ``wait_returned``, ``join_returned`` and ``abandoned_running`` (``stop``)."""
 
     def __init__(
         self,

@@ -182,7 +182,8 @@ class ThermalMonitor:
         settle_s = min(READ_SETTLE_S, give_up_at - time.monotonic())
         if not polling and source is not None and leave_to_read(self._reader, source, settle_s):
             self._source, self._left_to_read = None, source.name
-            self._reader.join_returned(give_up_at - time.monotonic())  # closing it
+        if not polling:  # a read that returned: its thread ends (closing what it was left)
+            self._reader.join_returned(give_up_at - time.monotonic())
         self._opening.join_returned(give_up_at - time.monotonic())  # those closing
         abandoned, read = self._opening.abandoned(), self.abandoned_read
         if polling or abandoned or read:  # a hung open or read: known (last_error), not waited for
