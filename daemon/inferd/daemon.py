@@ -23,7 +23,6 @@ from inferd.config import Config
 from inferd.engine_build.admission import DAEMON_START
 from inferd.engine_build.build_record import BuildFinished
 from inferd.engine_build.start_refusals import CountedBuildManager
-from inferd.errors import UnsafeDirectoryError
 from inferd.fdr.writer import FlightRecorder
 from inferd.metrics import MetricsExporter
 from inferd.serving.deadline_misses import DeadlineMissReporter
@@ -38,6 +37,7 @@ from inferd.serving.stop_worker import join_worker
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
 from inferd.shutdown import StopSteps, answer_after_worker_death, drain, joined, terminate
+from inferd.startup import StartSteps, log_start_failed, log_starting, start_recorder
 from inferd.stop_budget import stop_bounds
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
@@ -172,44 +172,42 @@ class Daemon(DaemonState):
     # -- lifecycle --------------------------------------------------------
     def start(self, supervision: Mapping[str, Any] | None = None) -> None:
         """Bind the sockets and start every thread; models load on the worker.
-        ``supervision`` (log format, notify backend, watchdog) goes into the start line."""
-        self._instance_lock.acquire()
+        ``supervision`` (log format, notify backend, watchdog) goes into the start line.
+        A step that raises is logged once and recorded (``startup.py``), and what the
+        steps before it acquired is released as a stop would, builds included."""
+        steps = StartSteps()
         try:
-            log.info(
-                "daemon_starting",
-                version=inferd.__version__,
-                config=self.config.source,
-                config_fingerprint=self.config.fingerprint(),
-                pid=os.getpid(),
-                **(supervision or {}),
-            )
-            check_map_count(self.config.shm)
-            raise_open_files_limit(self.config.bus.max_connections, self.config.shm)
-            self._start_recorder()
-            self._lifecycle("start")
-            self._start_serving()
-        except BaseException as exc:  # recorded, and all acquired so far released
+            steps("instance_lock", self._instance_lock.acquire)
+            log_starting(self.config, supervision or {})
+            steps("map_count", check_map_count, self.config.shm)
+            limits = (self.config.bus.max_connections, self.config.shm)
+            steps("open_files", raise_open_files_limit, *limits)
+            steps("fdr", self._start_recorder)
+            steps("fdr", self._lifecycle, "start")
+            self._start_serving(steps)
+        except BaseException as exc:
+            log_start_failed(steps.step, exc)
             step = StopSteps(self.stop_bounds)
-            step("fdr", partial(self._lifecycle, "start_failed", error=str(exc)[:512]))
-            self.state = "stopping"  # a model not loading yet is not loaded now
-            self.router.accepting = False
-            step("scheduler.drain", drain, self.scheduler, self.router, 0.0)  # any queued: answered
+            failed = {"error": str(exc)[:512], "step": steps.step}
+            step("fdr", partial(self._lifecycle, "start_failed", **failed))
+            self._halt(step, None, drain_s=0.0)  # any queued: answered at once
             self._close(step, None)
             raise
 
-    def _start_serving(self) -> None:
-        self.builds.prune(DAEMON_START)  # concludes what an earlier run left, then the caps
-        self.security.start()  # ZAP before any socket binds; CURVE keys or no start
-        self.publisher.start()
-        self.publisher.wait_bound(timeout=10)
-        self.bus.start()
-        self.bus.wait_bound(timeout=10)
+    def _start_serving(self, steps: StartSteps) -> None:
+        steps("builds.prune", self.builds.prune, DAEMON_START)  # what an earlier run left
+        steps("security.start", self.security.start)  # ZAP before any bind; CURVE keys or no start
+        steps("publisher.start", self.publisher.start)
+        steps("publisher.bind", self.publisher.wait_bound, 10)
+        steps("bus.start", self.bus.start)
+        steps("bus.bind", self.bus.wait_bound, 10)
         if self.shm is not None:
-            self.shm.start()
-        open_ipc_sockets_to_group(self.security.socket_groups())
-        self.thermal.start()
-        self.worker.start()
-        self.metrics.start()
+            steps("shm.start", self.shm.start)
+        groups = self.security.socket_groups
+        steps("ipc_socket_groups", lambda: open_ipc_sockets_to_group(groups()))
+        steps("thermal.start", self.thermal.start)
+        steps("worker.start", self.worker.start)
+        steps("metrics.start", self.metrics.start)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """True once every model serves or has failed over (or failed for good)."""
@@ -236,9 +234,18 @@ class Daemon(DaemonState):
         ``on_stopping`` runs once new requests are refused, before the drain
         (the CLI sends systemd ``STOPPING=1`` there)."""
         log.info("daemon_stopping")
-        self.state = "stopping"
-        self.router.accepting = False
         step = StopSteps(self.stop_bounds)  # its deadline: stop_budget_s from now
+        self._halt(step, on_stopping, drain_s=None)
+        self._close(step, "stop")
+
+    def _halt(
+        self, step: StopSteps, on_stopping: Callable[[], None] | None, drain_s: float | None
+    ) -> None:
+        """Refuse new requests, end the builds, drain the queues (``drain_s``, else
+        the step's bound) and end the switches and failovers: a stop's first steps,
+        and a failed start's (a build.start or a rebuild may have come before)."""
+        self.state = "stopping"  # a model not loading yet is not loaded now
+        self.router.accepting = False
         if on_stopping is not None:
             step("on_stopping", on_stopping)
         # Builds first: cooperative cancel (source sigterm), killed after the grace
@@ -246,10 +253,12 @@ class Daemon(DaemonState):
         if self.rebuilder is not None:
             step("rebuilder.stop", self.rebuilder.stop)
         step.waiting("builds.shutdown", self.builds.shutdown, "sigterm")
-        step.waiting("scheduler.drain", drain, self.scheduler, self.router)
+        if drain_s is None:
+            step.waiting("scheduler.drain", drain, self.scheduler, self.router)
+        else:
+            step("scheduler.drain", drain, self.scheduler, self.router, drain_s)
         step.waiting("switcher.stop", self.switcher.stop)  # a switch in progress is answered
         step.waiting("failover.stop", self.failover.stop)  # a failover in progress given up
-        self._close(step, "stop")
 
     def _close(self, step: StopSteps, event: str | None) -> None:
         """Once the scheduler is closed: stop every thread that started, record
@@ -274,8 +283,9 @@ class Daemon(DaemonState):
         alive |= {"publisher": self.publisher.is_alive(), "zap": self.security.is_alive()}
         step("context.term", terminate, self._context, alive)
         self._instance_lock.release(remove_sockets=True)
-        durable_seq = self.recorder.durable_seq if self.recorder is not None else None
-        log.info("daemon_stopped", fdr_durable_seq=durable_seq)
+        if event is not None:  # after a failed start, daemon_start_failed said it all
+            durable_seq = self.recorder.durable_seq if self.recorder is not None else None
+            log.info("daemon_stopped", fdr_durable_seq=durable_seq)
 
     def stop_budget_s(self) -> float:
         """How long ``stop()`` takes at most (``EXTEND_TIMEOUT_USEC``), held to by its
@@ -330,22 +340,14 @@ class Daemon(DaemonState):
     def _start_recorder(self) -> None:
         if self.recorder is None:
             return
-        try:
-            self.recorder.start()
-        except (OSError, UnsafeDirectoryError) as exc:
+        directory = self.config.fdr.directory
+        self._recorder_error = start_recorder(self.recorder, directory)
+        if self._recorder_error is not None:
             # Losing the recorder must not ground the vehicle's perception: serve
             # without it and say so in status, the log and an alert.
-            self._recorder_error = f"cannot start the flight data recorder: {exc}"
-            log.error("fdr_unavailable", error=str(exc), directory=str(self.config.fdr.directory))
             self.recorder = None
-            self.alerts(
-                Alert(
-                    "ERROR",
-                    "fdr_unavailable",
-                    self._recorder_error,
-                    {"directory": str(self.config.fdr.directory)},
-                )
-            )
+            where = {"directory": str(directory)}
+            self.alerts(Alert("ERROR", "fdr_unavailable", self._recorder_error, where))
 
     def _worker_died(self, exc: BaseException, in_hand: Job | None) -> None:
         """An exception ended the engine worker (``in_hand``: the request it was
