@@ -201,9 +201,6 @@ def run_build(
         if request.stall_after_s
         else None
     )
-    if request.timeout_s is not None:
-        token.cancel_after(request.timeout_s)
-
     output: list[BuilderOutput] = []
     crash: list[BaseException] = []
 
@@ -215,7 +212,15 @@ def run_build(
 
     snapshots: list[dict[str, Any]] = []
     worker = threading.Thread(target=work, name=f"inferd-build-{build_id}", daemon=True)
-    worker.start()
+    try:
+        if request.timeout_s is not None:
+            token.cancel_after(request.timeout_s)
+        worker.start()
+    except BaseException:  # a thread that cannot start (DESIGN.md 166): none left running
+        token.stop_timer()
+        if watchdog is not None:
+            watchdog.stop()
+        raise
     next_snapshot = time.monotonic() + snapshot_every_s
     while worker.is_alive():
         worker.join(0.02)  # the main thread stays free for signal handlers

@@ -162,7 +162,7 @@ class MetricsExporter:
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         thread = self._thread
-        if thread is not None:
+        if thread is not None and thread.ident is not None:  # else its start failed
             thread.join(timeout)
         if self._server is not None:
             self._server.server_close()

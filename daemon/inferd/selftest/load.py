@@ -78,11 +78,12 @@ def client_load(
         threading.Thread(target=loop, args=(seed,), name=f"inferd-load-{model}-{seed}")
         for seed in range(clients)
     ]
-    for thread in threads:
-        thread.start()
     try:
+        for thread in threads:  # one that cannot start (the thread limit) ends those before
+            thread.start()
         yield load
     finally:
         stop.set()
         for thread in threads:
-            thread.join(REQUEST_TIMEOUT_S)
+            if thread.ident is not None:  # never started: nothing to join
+                thread.join(REQUEST_TIMEOUT_S)

@@ -128,10 +128,14 @@ class ShmServer(threading.Thread):
         super().start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Close every connection, release every region, remove the socket."""
+        """Close every connection, release every region, remove the socket: the
+        thread does as it ends, or this call when it never started (``start``
+        failed: the bind, or a thread at the process's limit, DESIGN.md 166)."""
         self._stopping.set()
         self.wake()
-        if self.is_alive():
+        if self.ident is None:
+            self._release()
+        elif self.is_alive():
             self.join(timeout)
 
     def wake(self) -> None:
@@ -188,15 +192,21 @@ class ShmServer(threading.Thread):
                         log.exception("shm_handler_failed")
                 self.table.release_due()
         finally:
-            self.connections.close_all()
-            self.table.close_all()
-            self.closer.stop(_CLOSER_STOP_S)
-            self._selector.close()
-            listener.close()
+            self._release()
+
+    def _release(self) -> None:
+        """Release it all: as the thread ends, or in ``stop`` when it never started
+        (a second ``stop`` runs this again: every close here may run twice)."""
+        self.connections.close_all()
+        self.table.close_all()
+        self.closer.stop(_CLOSER_STOP_S)  # never started: nothing to join
+        self._selector.close()
+        if self._listener is not None:  # bound: the socket file is ours
+            self._listener.close()
             with contextlib.suppress(OSError):
                 os.unlink(self._config.socket)
-            self._waker.close()
-            self._wakee.close()
+        self._waker.close()
+        self._wakee.close()
 
     def _accept(self, listener: socket.socket) -> None:
         try:

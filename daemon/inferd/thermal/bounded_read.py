@@ -167,10 +167,12 @@ class BoundedCall(Generic[T]):
                     f"{name}: an earlier {self._what} has not returned for "
                     f"{time.monotonic() - late.started_at:.1f} s"
                 )
-            dropped = self._take_late_locked()  # a late result nobody took
             attempt = _Call(self, fn, f"{name}: the {self._what}")
-            self._last = attempt
+            # First: a thread that cannot start (the process's limit) changes nothing
+            # here; as the latest call, the stop would hand it the source to close.
             attempt.thread.start()
+            dropped = self._take_late_locked()  # a late result nobody took
+            self._last = attempt
             # ``abandon`` wakes this wait: the stop need not wait out the deadline.
             self._lock.wait_for(lambda: attempt.finished or self._abandoned, self.deadline_s)
             finished = attempt.finished

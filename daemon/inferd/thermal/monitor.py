@@ -173,8 +173,8 @@ class ThermalMonitor:
         self._reader.abandon()
         self._opening.abandon()
         thread = self._thread
-        if thread is threading.current_thread():
-            thread = None  # stopped from a sink: the loop ends after this poll
+        if thread is threading.current_thread() or (thread and thread.ident is None):
+            thread = None  # stopped from a sink (the loop ends after this poll), or never started
         if thread is not None:
             thread.join(timeout)
         polling = thread is not None and thread.is_alive()
