@@ -125,7 +125,7 @@ def test_a_build_completes_with_events_summary_and_plain_progress(
 
     # stderr is no terminal: one plain line per phase start and finish
     lines = stderr.splitlines()
-    assert "start     Building engine (2 steps)" in lines
+    assert "start     Building engine (2 steps)  (timing cache at start: cold)" in lines
     assert "start       Timing graph nodes (8 steps)" in lines
     assert "finish      Timing graph nodes [finished 8/8]" in lines
     assert "finish    Building engine [finished 2/2]" in lines

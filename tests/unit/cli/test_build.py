@@ -154,7 +154,8 @@ def test_inferd_build_with_calibration_data_is_an_observed_build(
     assert Path(build["summary"]).is_file() and build["outcome"] == "completed"
     types = {json.loads(line)["type"] for line in events.read_text().splitlines()}
     assert {"phase_start", "phase_finish", "completed"} <= types
-    assert "start     Building engine (2 steps)" in err.getvalue().splitlines()
+    start = "start     Building engine (2 steps)  (timing cache at start: cold)"
+    assert start in err.getvalue().splitlines()
     cache = calib.calibration_cache_path(Path(report["engine"]))
     assert calib.dataset_sidecar_path(cache).read_text().strip() == calib.dataset_sha256(dataset)
     assert bench.gpu.trt.calibration_batches == 3
