@@ -37,7 +37,7 @@ from inferd.serving.stop_worker import join_worker
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.shm.server import ShmServer
 from inferd.shutdown import StopSteps, answer_after_worker_death, drain, joined, terminate
-from inferd.startup import StartSteps, log_start_failed, log_starting, start_recorder
+from inferd.startup import StartSteps, log_start_failed, log_starting, start_error, start_recorder
 from inferd.stop_budget import stop_bounds
 from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
@@ -188,7 +188,7 @@ class Daemon(DaemonState):
         except BaseException as exc:
             log_start_failed(steps.step, exc)
             step = StopSteps(self.stop_bounds)
-            failed = {"error": str(exc)[:512], "step": steps.step}
+            failed = {"error": start_error(exc)[:512], "step": steps.step}
             step("fdr", partial(self._lifecycle, "start_failed", **failed))
             self._halt(step, None, drain_s=0.0)  # any queued: answered at once
             self._close(step, None)

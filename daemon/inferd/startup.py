@@ -72,12 +72,19 @@ def log_start_failed(step: str, exc: BaseException) -> None:
     ``map_count_low``): not again."""
     if isinstance(exc, ProcessLimitError):
         return
-    log.error(
-        "daemon_start_failed",
-        step=step,
-        error=f"{type(exc).__name__}: {exc}",
-        exc_info=not isinstance(exc, EXPECTED),
-    )
+    expected = isinstance(exc, EXPECTED)
+    log.error("daemon_start_failed", step=step, error=_typed(exc), exc_info=not expected)
+
+
+def start_error(exc: BaseException) -> str:
+    """Why the start failed, in one line (``inferd run``'s ``cannot start:``, systemd's
+    ``STATUS=``): an ``EXPECTED`` error's message, which says in full what to fix, and
+    a bug's with its type (``KeyError: 'x'``), as ``log_start_failed`` tells them apart."""
+    return str(exc) if isinstance(exc, EXPECTED) and str(exc) else _typed(exc)
+
+
+def _typed(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def start_recorder(recorder: FlightRecorder, directory: Path) -> str | None:

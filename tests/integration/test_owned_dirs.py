@@ -23,8 +23,9 @@ from tests.conftest import REPO, DaemonFactory, OtherUser, render_config, wait_u
 pytestmark = pytest.mark.integration
 
 
-def run_daemon_expecting_refusal(config_text: str, workdir: Path) -> str:
-    """Start ``inferd run`` that must refuse to start; its stderr."""
+def run_daemon_expecting_refusal(config_text: str, workdir: Path, exit_status: int) -> str:
+    """Start ``inferd run`` that must refuse to start with ``exit_status`` (2: an unsafe
+    directory, which a restart would meet again; 1: what a restart may not); its stderr."""
     config = workdir / "inferd.toml"
     config.write_text(config_text)
     done = subprocess.run(
@@ -34,7 +35,7 @@ def run_daemon_expecting_refusal(config_text: str, workdir: Path) -> str:
         cwd=REPO,
         timeout=60,
     )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == exit_status, done.stderr
     assert "cannot start" in done.stderr
     return done.stderr
 
@@ -50,7 +51,7 @@ def test_a_runtime_dir_another_user_owns_is_refused_and_nothing_is_written_throu
     os.lchown(run_dir / "inferd.lock", other_user.uid, other_user.gid)
     os.chown(run_dir, other_user.uid, other_user.gid)
     stderr = run_daemon_expecting_refusal(
-        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path
+        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path, 2
     )
     assert f"daemon.runtime_dir {run_dir} is owned by uid {other_user.uid}" in stderr
     assert victim.read_text() == "root's file\n"
@@ -64,8 +65,9 @@ def test_a_lock_file_planted_as_a_symlink_in_its_own_dir_is_not_followed(
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     (run_dir / "inferd.lock").symlink_to(victim)
+    # An OSError (ELOOP) in a directory that is safely the daemon's: exit 1, as before.
     stderr = run_daemon_expecting_refusal(
-        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path
+        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path, 1
     )
     assert "is a symbolic link" in stderr
     assert victim.read_text() == "keep\n"
@@ -76,7 +78,7 @@ def test_a_state_dir_others_may_write_is_refused(tmp_path: Path, demo_model: Pat
     state.mkdir()
     os.chmod(state, 0o777)
     stderr = run_daemon_expecting_refusal(
-        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path
+        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path, 2
     )
     assert f"daemon.state_dir {state} is writable by its group and others" in stderr
 
@@ -123,7 +125,7 @@ def test_a_second_daemon_cannot_take_over_another_daemons_socket_dir(
         [{"name": "demo", "path": str(demo_model)}],
         bus={"control_endpoint": first.control},
     )
-    stderr = run_daemon_expecting_refusal(second, tmp_path)
+    stderr = run_daemon_expecting_refusal(second, tmp_path, 1)  # the lock: it may be let go
     assert f"another inferd holds {first.workdir / 'run' / 'inferd.lock'}" in stderr
     with OperatorClient(first.control) as operator:  # still the first daemon's socket
         assert operator.status()["daemon"]["pid"] == first.process.pid

@@ -151,6 +151,8 @@ def test_a_start_failing_at_any_step_says_which_once_records_it_and_releases_all
             ("start", None),
             ("start_failed", step),
         ]
+        # A bug's error with its type, as the log line and ``inferd run`` say it.
+        assert records[1]["error"] == f"Injected: injected by the test: {step} failed"
     else:  # before the recorder: nothing to record in
         assert records == []
 

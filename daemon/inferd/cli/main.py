@@ -236,6 +236,7 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     from inferd import config as config_module
     from inferd.daemon import Daemon
     from inferd.demo_model import write_demo_model
+    from inferd.startup import log_start_failed
     from inferd.supervision.logging import configure_logging
     from inferd.supervision.notify import Notifier
     from inferd.supervision.watchdog import Watchdog, WatchdogSettings
@@ -250,6 +251,7 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
             config = config_module.load(config_path)
     except ConfigError as exc:
         return _invalid_config(notifier, source, exc)
+    log_format = configure_logging(config.daemon.log_level, log_format or config.daemon.log_format)
     try:
         ensure_owned_dir(config.daemon.state_dir, what="daemon.state_dir")
         if config_path is None and not config.models[0].path.exists():
@@ -258,9 +260,8 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
                 ensure_owned_dir(demo_path.parent, what="the models dir") / demo_path.name
             )
     except UnsafeDirectoryError as exc:
-        print(f"inferd: cannot start: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    log_format = configure_logging(config.daemon.log_level, log_format or config.daemon.log_format)
+        log_start_failed("state_dir", exc)
+        return _cannot_start(notifier, source, exc)
     # When the systemd watchdog fires it sends SIGABRT: dump every thread's stack
     # to stderr (the journal under systemd) first, so the stuck call is visible.
     faulthandler.enable(all_threads=True)
@@ -279,7 +280,11 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGHUP, hangup)
 
-    daemon = Daemon(config)
+    try:  # EMFILE making the context or the shm socketpair; a bug: as a failed start
+        daemon = Daemon(config)
+    except Exception as exc:
+        log_start_failed("daemon.init", exc)
+        return _cannot_start(notifier, source, exc)
     supervision = {
         "log_format": log_format,
         "notify": notifier.backend_name if notifier.enabled else None,
@@ -287,19 +292,8 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     }
     try:
         daemon.start(supervision)
-    except ConfigError as exc:  # found only at start (a key:NAME without its key file)
-        return _invalid_config(notifier, source, exc)
-    except ProcessLimitError as exc:  # LimitNOFILE=, vm.max_map_count or the config to change
-        print(f"inferd: cannot start: {exc}", file=sys.stderr)
-        notifier.failed(f"cannot start: {exc}", exc.errno_code)
-        return EXIT_USAGE  # as a config error: a restart would fail the same way
-    except Exception as exc:  # lock held, bind failure (zmq.ZMQError), recorder...
-        print(f"inferd: cannot start: {exc}", file=sys.stderr)
-        notifier.failed(
-            f"cannot start: {exc}",
-            exc.errno if isinstance(exc, OSError) and exc.errno else None,
-        )
-        return EXIT_FAILURE
+    except Exception as exc:  # logged by the daemon (daemon_start_failed), then released
+        return _cannot_start(notifier, source, exc)
 
     def stopping() -> None:
         notifier.stopping(daemon.status_line(), extend_s=daemon.stop_budget_s())
@@ -331,6 +325,31 @@ def _invalid_config(notifier: Notifier, source: str, exc: ConfigError) -> int:
     print(f"inferd: invalid config {source}: {exc}", file=sys.stderr)
     notifier.failed(f"invalid config {source}: {exc}")
     return EXIT_USAGE  # RestartPreventExitStatus=2: a restart would fail the same way
+
+
+#: What a restart would meet again, as a config error: exit 2 (the units'
+#: ``RestartPreventExitStatus=2``).  A limit (``LimitNOFILE=``, ``vm.max_map_count``),
+#: or a directory another user owns or may write: systemd re-applied its own
+#: directories' owner and mode (``RuntimeDirectory=``, ``StateDirectory=``) just
+#: before the start that refused it, so what is still wrong is the operator's to
+#: fix; the units' few quick retries would only end in ``start-limit-hit``.
+_NOT_RESTARTED = (ProcessLimitError, UnsafeDirectoryError)
+
+
+def _cannot_start(notifier: Notifier, source: str, exc: Exception) -> int:
+    """Why the start failed, on stderr (the journal under systemd) and in ``STATUS=``,
+    with ``ERRNO=`` when the error has one (a taken port: ``EADDRINUSE``); a bug's
+    with its type (``startup.start_error``).  Exit 2 for a config error and what
+    ``_NOT_RESTARTED`` holds, 1 for what a restart may find gone (the lock held)."""
+    from inferd.startup import start_error
+    from inferd.supervision.notify import errno_of
+
+    if isinstance(exc, ConfigError):  # found only at start (a key:NAME without its key file)
+        return _invalid_config(notifier, source, exc)
+    said = f"cannot start: {start_error(exc)}"
+    print(f"inferd: {said}", file=sys.stderr)
+    notifier.failed(said, errno_of(exc))
+    return EXIT_USAGE if isinstance(exc, _NOT_RESTARTED) else EXIT_FAILURE
 
 
 #: The main loop's longest sleep (housekeeping, STATUS= updates).

@@ -13,6 +13,7 @@ most once a minute) and the daemon carries on.
 
 from __future__ import annotations
 
+import errno as errno_names
 import importlib
 import os
 import socket
@@ -21,7 +22,9 @@ import time
 from collections.abc import Callable, Mapping
 
 import structlog
+import zmq
 
+from inferd.errors import ProcessLimitError
 from inferd_wire.printable import printable
 
 NOTIFY_SOCKET_ENV = "NOTIFY_SOCKET"
@@ -209,11 +212,27 @@ class Notifier:
         return self.send("WATCHDOG=1")
 
     def failed(self, status: str, errno: int | None = None) -> bool:
-        """Start-up failed: say why before exiting non-zero."""
+        """Start-up failed: say why before exiting non-zero.  ``ERRNO=`` (``systemctl
+        status``'s ``Error:``) only for an error number the OS names (``errno_of``)."""
         assignments = [f"STATUS={one_line(status)}"]
-        if errno is not None:
+        if errno is not None and errno in errno_names.errorcode:
             assignments.append(f"ERRNO={errno}")
         return self.send(*assignments)
+
+
+def errno_of(error: BaseException) -> int | None:
+    """The OS error number ``error`` carries, for ``ERRNO=``: an ``OSError``'s, a
+    ``zmq.ZMQError``'s (a bind's ``EADDRINUSE``: it is no ``OSError``), a
+    ``ProcessLimitError``'s ``errno_code`` (what its limit would make a client meet).
+    None for anything else, and for libzmq's own numbers (``ETERM``, ``EFSM``: above
+    ``ZMQ_HAUSNUMERO``), which systemd could only call "Unknown error"."""
+    if isinstance(error, ProcessLimitError):
+        code: int | None = error.errno_code
+    elif isinstance(error, OSError | zmq.ZMQError):
+        code = error.errno
+    else:
+        return None
+    return code if code in errno_names.errorcode else None
 
 
 def _usec(seconds: float) -> int:

@@ -121,6 +121,21 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: Payloads with the optional fields EXAMPLES leaves out (validated the same way).
+MORE_EXAMPLES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "daemon_lifecycle",
+        {
+            "event": "start_failed",
+            "version": "0.1.0",
+            "config_fingerprint": "abc",
+            "pid": 42,
+            "error": "Address already in use",
+            "step": "publisher.bind",
+        },
+    ),
+]
+
 
 def config(directory: Path, **overrides: Any) -> FdrConfig:
     values: dict[str, Any] = {"directory": directory, "fsync_interval_ms": 50}
@@ -149,6 +164,15 @@ def test_every_kind_has_an_example_and_a_matching_schema() -> None:
         jsonschema.Draft202012Validator.check_schema(schema)
         assert sorted(schema["required"]) == sorted(kind.required), name
         jsonschema.validate(EXAMPLES[name], schema)
+
+
+@pytest.mark.parametrize(("kind", "payload"), [*EXAMPLES.items(), *MORE_EXAMPLES])
+def test_every_field_of_an_example_is_described(kind: str, payload: dict[str, Any]) -> None:
+    """Extra fields are allowed (``additionalProperties``), so a field the daemon
+    writes and its schema does not describe would pass validation unseen."""
+    schema = json.loads((SCHEMAS / f"{kind}.json").read_text())
+    jsonschema.validate(payload, schema)
+    assert sorted(set(payload) - set(schema["properties"])) == []
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
