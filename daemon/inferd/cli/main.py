@@ -259,7 +259,7 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
             write_demo_model(
                 ensure_owned_dir(demo_path.parent, what="the models dir") / demo_path.name
             )
-    except UnsafeDirectoryError as exc:
+    except (OSError, UnsafeDirectoryError) as exc:  # a directory, or the demo model (ENOSPC)
         log_start_failed("state_dir", exc)
         return _cannot_start(notifier, source, exc)
     # When the systemd watchdog fires it sends SIGABRT: dump every thread's stack
@@ -329,10 +329,10 @@ def _invalid_config(notifier: Notifier, source: str, exc: ConfigError) -> int:
 
 #: What a restart would meet again, as a config error: exit 2 (the units'
 #: ``RestartPreventExitStatus=2``).  A limit (``LimitNOFILE=``, ``vm.max_map_count``),
-#: or a directory another user owns or may write: systemd re-applied its own
-#: directories' owner and mode (``RuntimeDirectory=``, ``StateDirectory=``) just
-#: before the start that refused it, so what is still wrong is the operator's to
-#: fix; the units' few quick retries would only end in ``start-limit-hit``.
+#: or a directory another user owns or may write: systemd re-applies its own
+#: directories' owner at each start (``RuntimeDirectory=``, ``StateDirectory=``)
+#: but leaves a mode changed since, so what is wrong is the operator's to fix;
+#: the units' few quick retries would only end in ``start-limit-hit``.
 _NOT_RESTARTED = (ProcessLimitError, UnsafeDirectoryError)
 
 

@@ -206,16 +206,16 @@ class SourceOpens:
 
     def join_returned(self, timeout: float) -> bool:
         """Wait up to ``timeout`` in all for the threads of opens that have
-        returned (closing what they opened), after letting retries in progress
-        return for up to ``READ_SETTLE_S`` in all (one failing a few ms into the
-        stop is no open left behind); none for opens that go on running, nor
-        for one that hangs (past its deadline, or one a poll waited for): the
-        stop stays as prompt as before retries.  False if a thread still runs."""
+        returned (closing what they opened), after letting opens in progress (a
+        poll's, or a retry's) return for up to ``READ_SETTLE_S`` in all: one
+        ending a few ms into the stop (the first poll's, when the daemon stops
+        or fails just after ``thermal.start``) is no open left behind.  None for
+        opens that go on running: one that hangs costs the stop that 0.1 s at
+        most.  False if a thread still runs."""
         give_up_at = time.monotonic() + timeout
         settled_at = time.monotonic() + min(READ_SETTLE_S, timeout)
         for bounded in self._opens:
-            if bounded.hung() is None:  # a retry within its deadline; else nothing runs
-                bounded.wait_returned(settled_at - time.monotonic())
+            bounded.wait_returned(settled_at - time.monotonic())
         return all(
             [bounded.join_returned(give_up_at - time.monotonic()) for bounded in self._opens]
         )

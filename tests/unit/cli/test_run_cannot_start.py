@@ -196,6 +196,33 @@ def test_an_unsafe_state_dir_tells_systemd_and_is_not_restarted(
     assert [entry["step"] for entry in failed] == ["state_dir"]
 
 
+def test_a_demo_model_that_cannot_be_written_takes_the_failed_start_path(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    notify: socket.socket,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``inferd run`` without ``--config`` writes the bundled demo model first: a full
+    disk there escaped ``main`` with a traceback and no ``STATUS=`` (a review of 289)."""
+    import inferd.demo_model
+
+    monkeypatch.setenv("INFERD_STATE_DIR", str(tmp_path / "state"))
+
+    def full_disk(path: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(inferd.demo_model, "write_demo_model", full_disk)
+    monkeypatch.setattr(inferd.daemon, "Daemon", Refused(AssertionError("never"), at="construct"))
+    with capture_logs() as logs:
+        code = main(["run"])
+    assert code == 1  # a disk may be freed: restarted
+    assert "inferd: cannot start: [Errno 28] No space left on device" in capsys.readouterr().err
+    [status, errno_line] = sent(notify)
+    assert status.startswith("STATUS=cannot start: [Errno 28]") and errno_line == "ERRNO=28"
+    failed = [entry for entry in logs if entry["event"] == "daemon_start_failed"]
+    assert [entry["step"] for entry in failed] == ["state_dir"]
+
+
 def catalog_entry(event: str) -> str:
     """The text of ``event``'s entry in the journal's message catalog."""
     text = (REPO / "systemd" / "inferd.catalog").read_text()
@@ -211,7 +238,7 @@ def test_the_texts_name_every_exit_status_a_start_or_stop_may_end_with() -> None
     assert "exits: 0 after SIGTERM or SIGINT; 1 when" in stopped
     assert "engine_worker_died" in stopped
     start_failed = catalog_entry("daemon_start_failed")
-    assert "exits: 2 for a config error or a directory another user" in start_failed
+    assert "exits: 2 for a config error or a directory of its own that another user" in start_failed
     schema = json.loads((REPO / "schemas" / "fdr" / "daemon_lifecycle.json").read_text())
     event = schema["properties"]["event"]["description"]
     assert "exits 1 next" not in event

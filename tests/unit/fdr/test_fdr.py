@@ -130,6 +130,7 @@ MORE_EXAMPLES: list[tuple[str, dict[str, Any]]] = [
             "version": "0.1.0",
             "config_fingerprint": "abc",
             "pid": 42,
+            "state": "starting",  # as the daemon writes every lifecycle record
             "error": "Address already in use",
             "step": "publisher.bind",
         },

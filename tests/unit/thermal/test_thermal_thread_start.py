@@ -17,7 +17,7 @@ import pytest
 
 from inferd.thermal import THREAD_NAME
 from inferd.thermal.bounded_read import READ_THREAD_NAME, BoundedCall, DeadlinePassedError
-from tests.conftest import HANG_S
+from tests.conftest import HANG_S, wait_until
 from tests.thread_limit import REFUSAL, refuse_start
 from tests.unit.thermal.conftest import ScriptedSource, make_monitor, reading
 
@@ -36,6 +36,9 @@ def test_a_poll_thread_that_cannot_start_is_not_joined_by_the_stop(
     monitor.start()  # it starts again once stopped
     try:
         assert monitor.describe()["running"] is True
+        # Its first poll's open done: a stop before it would leave the open (on a
+        # loaded machine, an open may outlast the stop's 0.1 s settle).
+        wait_until(lambda: monitor.describe()["polls"] >= 1, message="the first poll")
     finally:
         assert monitor.stop(HANG_S) is True
 
