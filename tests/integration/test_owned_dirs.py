@@ -65,11 +65,12 @@ def test_a_lock_file_planted_as_a_symlink_in_its_own_dir_is_not_followed(
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     (run_dir / "inferd.lock").symlink_to(victim)
-    # An OSError (ELOOP) in a directory that is safely the daemon's: exit 1, as before.
+    # In a directory that is safely the daemon's: refused by name, exit 2 (a restart
+    # meets the same symlink), as for an unsafe directory.
     stderr = run_daemon_expecting_refusal(
-        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path, 1
+        render_config(tmp_path, [{"name": "demo", "path": str(demo_model)}]), tmp_path, 2
     )
-    assert "is a symbolic link" in stderr
+    assert f"{run_dir / 'inferd.lock'} is a symbolic link, not a regular file" in stderr
     assert victim.read_text() == "keep\n"
 
 

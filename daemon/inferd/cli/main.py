@@ -332,7 +332,8 @@ def _invalid_config(notifier: Notifier, source: str, exc: ConfigError) -> int:
 #: or a directory another user owns or may write: systemd re-applies its own
 #: directories' owner at each start (``RuntimeDirectory=``, ``StateDirectory=``)
 #: but leaves a mode changed since, so what is wrong is the operator's to fix;
-#: the units' few quick retries would only end in ``start-limit-hit``.
+#: the units' few quick retries would only end in ``start-limit-hit``.  Also what
+#: is planted at ``inferd.lock`` in such a directory (``UnsafeLockFileError``).
 _NOT_RESTARTED = (ProcessLimitError, UnsafeDirectoryError)
 
 
