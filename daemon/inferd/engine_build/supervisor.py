@@ -8,11 +8,12 @@ into a ``PhaseTree`` (``build.status``) and publishes them on the ``build``
 topic, coalescing ``step`` events (at most one per build every
 ``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling sends a message
 to the child, which sets its ``CancellationToken``; a child still alive
-``build_cancel_grace_s`` later is killed with its process group, and the build
-is recorded as cancelled with ``escalated: true`` (status, ``build`` event, FDR
-record; rendered by ``build_record.py``).  At its deadline (``builds.max_duration_s``,
-or a shorter ``timeout_s``) its reader thread cancels it so, source ``timeout``.  A
-cancel that comes once the child has exited is not accepted: its end is its own.
+``build_cancel_grace_s`` later is killed by the reader thread with its process
+group, and the build is recorded as cancelled with ``escalated: true`` (status,
+``build`` event, FDR record; rendered by ``build_record.py``).  At its deadline
+(``builds.max_duration_s``, or a shorter ``timeout_s``) its reader thread cancels
+it so, source ``timeout`` (both deadlines: ``reader_deadlines.py``).  A cancel
+that comes once the child has exited is not accepted: its end is its own.
 ``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is
 recorded); ``build.start`` is rate limited per peer (``admission.py``) and what
 builds leave is kept within the caps (``retention.py``).
@@ -56,6 +57,7 @@ from inferd.engine_build.pipe import (
     child_message_decoder,
     encode,
 )
+from inferd.engine_build.reader_deadlines import BuildDeadlines
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
@@ -321,23 +323,7 @@ class BuildManager:
                 stdin.flush()
         except (OSError, ValueError) as exc:
             log.warning("build_cancel_pipe_failed", build_id=build.build_id, error=str(exc))
-        timer = threading.Timer(self.grace_s, self._escalate, args=(build,))
-        timer.daemon = True
-        timer.start()
-        return True
-
-    def _escalate(self, build: Build) -> None:
-        with build.lock:  # the reader reaps under it: the group is still the child's
-            if build.exit_code is not None:
-                return
-            build.escalated = True
-            child_process.kill(build.process)
-        log.warning(
-            "build_cancel_escalated",
-            build_id=build.build_id,
-            grace_s=self.grace_s,
-            pid=build.process.pid,
-        )
+        return True  # its reader kills it after the grace (``BuildDeadlines``)
 
     def _deadline_passed(self, build: Build) -> None:
         """Cancelled as by an operator, source ``timeout`` (killed after the grace)."""
@@ -353,19 +339,16 @@ class BuildManager:
             )
 
     def _follow(self, build: Build) -> None:
-        """Reader thread: the child's messages until EOF (cancelling the build at its
-        deadline meanwhile), then the final record."""
+        """Reader thread: the child's messages until EOF, then its exit (keeping the
+        build's deadlines meanwhile: ``BuildDeadlines``), then the final record."""
         stdout = build.process.stdout
         assert stdout is not None
         decoder = child_message_decoder(build_id=build.build_id)
-        deadline: float | None = build.started_mono + build.deadline_s
+        deadlines = BuildDeadlines(build, self.grace_s, self._deadline_passed)
         try:
             while True:
-                if deadline is not None and not child_process.readable(
-                    build.process, deadline - time.monotonic()
-                ):
-                    deadline = None  # from here on the cancel's grace bounds the build
-                    self._deadline_passed(build)
+                deadlines.act()  # each turn: a child always with something to say too
+                if not child_process.readable(build.process, deadlines.wait_s()):
                     continue
                 chunk = os.read(stdout.fileno(), 65536)
                 if not chunk:
@@ -377,7 +360,7 @@ class BuildManager:
         finally:
             if decoder.broken is not None:
                 build.error = f"the build process's messages could not be read: {decoder.broken}"
-            child_process.wait_exited(build.process)
+            deadlines.await_exit()
             with build.lock:  # no escalation between the reap and the exit code
                 build.exit_code = code = child_process.reap(build.process)
                 build.exited_mono = time.monotonic()
