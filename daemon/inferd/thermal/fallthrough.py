@@ -25,7 +25,12 @@ A preferred source whose open *failed* (jtop's service not started yet at
 boot) is opened again in the background while a later one is in use
 (``retry``, on the backoff of ``retrying``), and taken over like a late open
 when it works: a switch up the order.  No poll waits for a retry, and a retry
-that fails only renews its reason in ``skipped_sources``.
+that fails only renews its reason in ``skipped_sources`` and is counted in
+``status.thermal.retries`` (``retries``), with when the next one is due.  An
+open that crashes logs its traceback once per streak of the same failure: its
+first, one whose reason differs from the failure before it, or the first after
+the source opened; a retry that repeats it logs nothing, as one that fails as
+expected ("the jtop.service is not active") never did.
 """
 
 from __future__ import annotations
@@ -33,21 +38,29 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from typing import Any
+
+import structlog
 
 from inferd.config import ThermalConfig
 from inferd.thermal.leaving import READ_SETTLE_S
-from inferd.thermal.opening import BoundedOpen, Opener, close_unwanted
+from inferd.thermal.opening import BoundedOpen, CrashedOpen, Opener, close_unwanted, try_opening
 from inferd.thermal.retrying import RetryBackoff
-from inferd.thermal.selection import SourceSelection, try_source
+from inferd.thermal.selection import SourceSelection
+
+log = structlog.get_logger("inferd.thermal")
+
+_NS_PER_S = 1_000_000_000
 
 
 class SourceOpens:
     """The monitor's source selection; called from its thread only, except
     ``abandon``, ``join_returned`` and ``abandoned`` (``stop``) and ``resume``
     (``start``, before the thread).  ``opener`` None: each source of
-    ``config.sources`` is opened on its own (``try_source``); an injected
+    ``config.sources`` is opened on its own (``try_opening``); an injected
     opener chooses among them itself, as one source named ``thermal source``.
-    ``clock`` (ns, the monitor's) times the retries, at most ``retry_cap_s`` apart."""
+    ``clock`` (ns, the monitor's) times the retries, at most ``retry_cap_s`` (the
+    monitor's re-probe interval, which also parts its selections) apart."""
 
     def __init__(
         self,
@@ -64,7 +77,7 @@ class SourceOpens:
         else:
             names = dict.fromkeys(config.sources)  # in order, each once
             self._opens = [
-                BoundedOpen(name, functools.partial(try_source, config, name), deadline_s)
+                BoundedOpen(name, functools.partial(try_opening, config, name), deadline_s)
                 for name in names
             ]
         #: Per open, why its latest outcome gave no source (``SourceSelection.skipped``).
@@ -75,9 +88,12 @@ class SourceOpens:
         #: The next open a round in progress tries; None: no round in progress.
         self._next: int | None = None
         self._clock = clock
-        #: Per open, when to retry it after it failed; ``_failed``: those whose latest did.
+        #: Per open, its failures since it opened and when to retry it.
         self._backoffs = [RetryBackoff(retry_cap_s) for _ in self._opens]
-        self._failed: set[int] = set()
+        #: When the latest round started; with no source in use the next starts
+        #: a re-probe interval later (the monitor's ``_last_probe_ns``).
+        self._round_at: int | None = None
+        self._reprobe_ns = int(retry_cap_s * _NS_PER_S)
 
     def selecting(self) -> bool:
         """A round is in progress: an open missed its deadline with sources after it."""
@@ -88,7 +104,7 @@ class SourceOpens:
         no source (every open tried failed); or None, when an open missed its
         deadline (the next poll goes on), or every open left hangs (nothing new)."""
         if self._next is None:
-            self._next, self._in_use = 0, None
+            self._next, self._in_use, self._round_at = 0, None, self._clock()
         tried = False
         while self._next < len(self._opens):
             index = self._next
@@ -144,7 +160,7 @@ class SourceOpens:
         now = self._clock()
         for index in range(self._in_use):
             backoff = self._backoffs[index]
-            if index in self._failed and backoff.due(now) and self._opens[index].retry():
+            if backoff.failures and backoff.due(now) and self._opens[index].retry():
                 backoff.tried(now)
 
     def _hanging(self) -> bool:
@@ -152,14 +168,29 @@ class SourceOpens:
         return any(bounded.running() for bounded in self._opens)
 
     def _noted(self, index: int, outcome: SourceSelection) -> bool:
-        """Keep why ``outcome`` gave no source; True if it opened one."""
+        """Keep why ``outcome`` gave no source, and count it; True if it opened one."""
         self._reasons[index] = outcome.skipped
-        if outcome.source is None:
-            self._failed.add(index)
-            return False
-        self._failed.discard(index)
-        self._backoffs[index].opened()
-        return True
+        backoff = self._backoffs[index]
+        if outcome.source is not None:
+            backoff.opened()
+            return True
+        if backoff.failed(outcome.skipped) and isinstance(outcome, CrashedOpen):
+            # A bug's traceback once a streak, not at each retry (6 in the first
+            # minute, then one a minute): the repeats are counted in ``retries``.
+            log.warning(
+                "thermal_source_open_crashed",
+                source=self._opens[index].name,
+                error=self._reason(index),
+                failed_opens=backoff.failures,
+                exc_info=outcome.crash,
+            )
+        return False
+
+    def _reason(self, index: int) -> str:
+        """Why the latest open of ``index`` gave no source (no name repeated)."""
+        name = self._opens[index].name
+        reasons = self._reasons.get(index, ())
+        return "; ".join(why if of == name else f"{of}: {why}" for of, why in reasons)
 
     def _chosen(self, index: int, outcome: SourceSelection) -> SourceSelection:
         self._in_use, self._next = index, None
@@ -180,12 +211,53 @@ class SourceOpens:
         return skipped
 
     def why_none(self) -> str:
-        """``last_error`` while no source is in use."""
+        """``last_error`` while no source is in use: each source's reason, a
+        retry of it in progress said as such (its reason is the try before)."""
         skipped = self.skipped()
+        now = self._clock()
+        for index, bounded in enumerate(self._opens):
+            started = self._backoffs[index].tried_at_ns
+            if started is None or bounded.name not in skipped or bounded.hung() is not None:
+                continue
+            if bounded.running():  # a retry, within its deadline
+                skipped[bounded.name] += (
+                    f" (a retry has run for {(now - started) / _NS_PER_S:.1f} s)"
+                )
         reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
-        if self._hanging():
+        if any(bounded.hung() is not None for bounded in self._opens):
             return reasons  # names the opens that hang, first in order
         return f"no thermal source available ({reasons or 'none configured'})"
+
+    def retries(self) -> dict[str, dict[str, Any]]:
+        """``status.thermal.retries``: each source preferred to the one in use
+        (all, with none in use) whose latest open failed: the failed opens since
+        it last opened, the latest's reason, how long an open of it in progress
+        has run, and in how long it is opened again: its background retry while
+        a later source is in use, the next selection while none is (None while
+        an open of it runs)."""
+        now = self._clock()
+        retries: dict[str, dict[str, Any]] = {}
+        for index, bounded in enumerate(self._opens[: self._in_use]):
+            backoff = self._backoffs[index]
+            if not backoff.failures:
+                continue
+            started, running = backoff.tried_at_ns, bounded.running()
+            next_in_ns: int | None = None
+            if running:
+                pass  # no second open of it until this one has returned
+            elif self._in_use is not None:
+                next_in_ns = backoff.due_in_ns(now)
+            elif self._next is not None and index >= self._next:
+                next_in_ns = 0  # the round in progress goes on at the next poll
+            elif self._round_at is not None:
+                next_in_ns = self._round_at + self._reprobe_ns - now
+            retries[bounded.name] = {
+                "failed_opens": backoff.failures,
+                "last_error": self._reason(index),
+                "running_s": _seconds(now - started) if running and started is not None else None,
+                "next_try_in_s": None if next_in_ns is None else _seconds(next_in_ns),
+            }
+        return retries
 
     def abandon(self) -> None:
         """The monitor stops: every open still running closes what it opens
@@ -197,8 +269,7 @@ class SourceOpens:
     def resume(self) -> None:
         """The monitor starts (again), with no source: the next poll starts a
         round.  Reset here, not in ``abandon``: its thread may still be polling."""
-        self._in_use = self._in_use_name = self._next = None
-        self._failed.clear()
+        self._in_use = self._in_use_name = self._next = self._round_at = None
         for backoff in self._backoffs:
             backoff.opened()
         for bounded in self._opens:
@@ -223,3 +294,7 @@ class SourceOpens:
     def abandoned(self) -> tuple[str, ...]:
         """The sources whose open (or its closing) still runs since ``abandon``."""
         return tuple(bounded.name for bounded in self._opens if bounded.abandoned_running())
+
+
+def _seconds(ns: int) -> float:
+    return round(max(ns, 0) / _NS_PER_S, 3)

@@ -444,4 +444,5 @@ class ThermalMonitor:
             "transitions": self._transitions,
             "sink_errors": self._sink_errors,
             "skipped_sources": self._opening.skipped(),
+            "retries": self._opening.retries(),
         }

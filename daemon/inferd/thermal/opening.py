@@ -13,18 +13,24 @@ thread.  So the monitor's stop waits for no open, within its deadline or past
 it (nothing can interrupt one): it abandons them (a poll waiting for one stops
 waiting) and says which are left (``abandoned_running``).  A retry of a
 failed open (``retry``) is the same open that no poll waits for: a late open
-from its start, under the same one-thread bound.
+from its start, under the same one-thread bound.  An open that crashes (an
+opener's unexpected exception) is returned as such (``CrashedOpen``), not logged
+on its thread: the monitor logs its traceback once per streak of the same
+failure (``fallthrough``), where a retry repeats it every minute.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 
 from inferd.config import ThermalConfig
+from inferd.errors import TelemetryUnavailableError
 from inferd.thermal.bounded_read import OPEN_THREAD_NAME, BoundedCall, DeadlinePassedError
-from inferd.thermal.selection import SourceSelection
+from inferd.thermal.reading import ThermalSource
+from inferd.thermal.selection import OPENERS, SourceSelection, try_source
 
 log = structlog.get_logger("inferd.thermal")
 
@@ -36,6 +42,35 @@ def _crashed(exc: Exception) -> SourceSelection:
     """``try_source`` never raises; an injected opener might."""
     log.error("thermal_source_selection_crashed", exc_info=exc)
     return SourceSelection(None, (("selection", f"{type(exc).__name__}: {exc}"),))
+
+
+@dataclass(frozen=True)
+class CrashedOpen(SourceSelection):
+    """No source: its opener raised an exception other than the source's
+    expected ``TelemetryUnavailableError`` (a bug), kept for its traceback."""
+
+    crash: Exception | None = None
+
+
+def try_opening(config: ThermalConfig, name: str) -> SourceSelection:
+    """``try_source(config, name)``, with an opener's crash returned
+    (``CrashedOpen``, the same reason ``try_source`` gives it) rather than logged
+    here, on the open's thread, at every open."""
+    crashes: list[Exception] = []
+
+    def opener(opened_config: ThermalConfig) -> ThermalSource:
+        try:
+            return OPENERS[name](opened_config)
+        except TelemetryUnavailableError:
+            raise
+        except Exception as exc:
+            crashes.append(exc)
+            raise TelemetryUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+
+    outcome = try_source(config, name, {name: opener})
+    if not crashes:
+        return outcome
+    return CrashedOpen(outcome.source, outcome.skipped, crash=crashes[0])
 
 
 def close_unwanted(selection: SourceSelection, in_use: str | None = None) -> None:

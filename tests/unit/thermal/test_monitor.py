@@ -363,6 +363,7 @@ def test_describe() -> None:
         "transitions": 1,
         "sink_errors": 0,
         "skipped_sources": {"jtop": "no service"},
+        "retries": {},  # the selection is the only (injected) open, and it opened
         "running": False,
     }
     msgpack.packb(described)
