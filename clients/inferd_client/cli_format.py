@@ -412,8 +412,27 @@ def thermal(result: Mapping[str, Any]) -> list[str]:
             ("hysteresis_c", result.get("hysteresis_c")),
             ("poll_hz", result.get("poll_hz")),
             ("transitions", result.get("transitions")),
+            *[(f"retry {source}", _retry(retry)) for source, retry in _retries(result)],
         ]
     )
+
+
+def _retries(result: Mapping[str, Any]) -> list[tuple[Any, Mapping[str, Any]]]:
+    retries = result.get("retries")  # None from a daemon that does not send it
+    if not isinstance(retries, Mapping):
+        return []
+    return [(source, retry) for source, retry in retries.items() if isinstance(retry, Mapping)]
+
+
+def _retry(retry: Mapping[str, Any]) -> str:
+    """A preferred source whose opens fail: how often, why, and what comes next."""
+    if retry.get("running_s") is not None:
+        then = f"an open running {retry['running_s']:.1f} s"
+    elif retry.get("next_try_in_s") is not None:
+        then = f"next try in {retry['next_try_in_s']:.1f} s"
+    else:
+        then = "no try due"
+    return f"{retry.get('failed_opens')} failed opens, {then}: {retry.get('last_error')}"
 
 
 def inference(summary: Mapping[str, Any]) -> list[str]:
