@@ -94,12 +94,13 @@ test-systemd: $(SYSTEMD_STAMP)
 # The same tests ran under 3.11 with pytest's assert rewriting, which here costs
 # 14 s of the 3.10 run: plain asserts there (a failure says only where it failed;
 # PY310_ASSERT= brings the detail back).
+# Its property tests draw a fifth of their examples (tests/conftest.py `examples`).
 PY310_ASSERT ?= --assert=plain
 test-py310:
 	@test -n "$(PY310)" || { echo "make test-py310: set PY310=/path/to/python3.10" >&2; exit 2; }
 	$(MAKE) VENV=.venv310 PYTHON=$(PY310) .venv310/.installed-test
 	.venv310/bin/python -c 'import sys; assert sys.version_info[:2] == (3, 10), sys.version'
-	$(PYTEST_ENV) .venv310/bin/$(PYTEST) $(PY310_ASSERT) tests/unit tests/integration/test_smoke.py tests/integration/test_cli.py
+	$(PYTEST_ENV) HYPOTHESIS_EXAMPLES_SCALE=0.2 .venv310/bin/$(PYTEST) $(PY310_ASSERT) tests/unit tests/integration/test_smoke.py tests/integration/test_cli.py
 
 test-cpp: $(TEST_STAMP)
 	$(CMAKE) -S clients/cpp -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Debug -DINFERD_CLIENT_WERROR=ON \

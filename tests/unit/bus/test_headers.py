@@ -31,6 +31,7 @@ from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd.types import TensorSpec
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
+from tests.conftest import examples
 
 LIMITS = Limits(max_message_bytes=10_000_000, max_header_bytes=4096, max_frames=4)
 SPECS = (TensorSpec("x", "float32", (None, 4)),)
@@ -303,7 +304,7 @@ HEADERS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(HEADERS, st.integers(min_value=0, max_value=2))
 def test_generated_headers_get_the_same_answer_on_both_paths(
     header: dict[str, Any], frames: int
@@ -311,7 +312,7 @@ def test_generated_headers_get_the_same_answer_on_both_paths(
     same_answer(header, [TENSOR] * frames)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=64))
 def test_random_bytes_get_the_same_answer_on_both_paths(data: bytes) -> None:
     same_answer(data, [TENSOR])

@@ -21,6 +21,7 @@ from inferd.engines import (
 )
 from inferd.errors import EngineSchemaMismatchError
 from inferd.types import BuildConfig, HostTuple, OptimizationProfile, PrecisionMode
+from tests.conftest import examples
 from tests.unit.engines.conftest import HOST, MODEL_SHA, VALID, name_for
 
 # The strings of the regexes the schema's fields follow, drawn piece by piece: the same
@@ -55,7 +56,7 @@ engine_names = st.builds(
 
 
 @given(engine_names)
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_format_and_parse_round_trip_exactly(name: EngineName) -> None:
     text = format_engine_name(name)
     assert parse_engine_name(text) == name
@@ -76,7 +77,7 @@ def test_format_and_parse_round_trip_exactly(name: EngineName) -> None:
         max_size=3,
     ),
 )
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 def test_any_string_either_parses_to_itself_or_refuses_cleanly(
     name: EngineName, edits: list[tuple[str, int, str]]
 ) -> None:
@@ -98,7 +99,7 @@ def test_any_string_either_parses_to_itself_or_refuses_cleanly(
 
 
 @given(engine_names)
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 def test_leading_zeros_never_alias_another_name(name: EngineName) -> None:
     text = format_engine_name(name)
     starts = [

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from inferd.cli.fdr import dump, parse_since
 from inferd.fdr import framing, reader, span_crc
 from inferd.fdr.reader import ReadReport, read_records
+from tests.conftest import examples
 
 
 def _body(seq: int, wall_ns: int = 1) -> bytes:
@@ -148,7 +149,9 @@ def _damaged_segments(draw: st.DrawFn) -> bytes:
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(frames=_damaged_segments())
 def test_every_frame_after_a_hostile_span_is_found_as_by_trying_every_marker(

@@ -20,6 +20,7 @@ from inferd.config import FdrConfig
 from inferd.fdr import framing, reader
 from inferd.fdr.reader import ReadReport, Record, list_segments, read_records
 from inferd.fdr.writer import FlightRecorder
+from tests.conftest import examples
 
 
 def _record_to(directory: Path, first: int, count: int) -> None:
@@ -110,7 +111,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, list[Reco
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
 def test_fuzz_truncations_and_byte_flips_of_a_real_segment(
