@@ -15,7 +15,8 @@ handed to a closed hook (DESIGN.md 261).
 Logging: each delivered alert is logged once at its level (EMERGENCY, ALERT,
 CRITICAL -> critical; ERROR -> error; WARNING -> warning; NOTICE, INFO ->
 info; DEBUG -> debug) as ``alert`` with ``alert_level``, ``alert_code``,
-``alert_message``, ``alert_fields``; a held-back repeat is logged at debug as
+``alert_message``, ``alert_fields`` (and ``model``, the alert's own, when it
+names one); a held-back repeat is logged at debug as
 ``alert_suppressed`` (a repeating fault must not flood the journal either);
 an alert raised after ``close()`` is logged at its level with ``delivered=False``.
 
@@ -293,7 +294,12 @@ class AlertDispatcher:
 
 
 def _log_alert(alert: Alert, fields: dict[str, Any], *, delivered: bool) -> None:
-    extra = {} if delivered else {"delivered": False}
+    extra: dict[str, Any] = {} if delivered else {"delivered": False}
+    if "model" in fields:
+        # Top level, over a model bound in the thread's contextvars: the log's
+        # repeat limiter keys on it, so one code's alerts for many models are
+        # each logged (they are rate-limited per (code, model) here already).
+        extra["model"] = fields["model"]
     getattr(log, log_method(alert.level))(
         "alert",
         alert_level=alert.level,

@@ -138,21 +138,28 @@ class EventPublisher(threading.Thread):
             raise ValueError(f"unknown event topic {topic!r}; known: {sorted(TOPICS)}")
         with self._lock:
             if self._stopping:
-                self._drop(topic, "the publisher has stopped")
-                return
-            try:
-                self._queue.put_nowait((topic, dict(payload)))
-            except queue.Full:
-                self._drop(topic, "queue full")
+                reason = "the publisher has stopped"
+            else:
+                try:
+                    self._queue.put_nowait((topic, dict(payload)))
+                    return
+                except queue.Full:
+                    reason = "queue full"
+        self._drop(topic, reason)
 
     def _drop(self, topic: str, reason: str, count: int = 1, error: str | None = None) -> None:
-        """Count ``count`` events not sent; logged the first time and every 1000th."""
-        before, self.dropped = self.dropped, self.dropped + count
-        if before == 0 or before // 1000 != self.dropped // 1000:
+        """Count ``count`` events not sent; logged the first time and every 1000th.
+        Any thread: producers (queue full, stopped) and the publisher thread (a
+        payload it cannot encode, what is left at its end) count at once, so the
+        count is updated under ``_lock`` (unlocked, an increment could be lost)."""
+        with self._lock:
+            before = self.dropped
+            self.dropped = total = before + count
+        if before == 0 or before // 1000 != total // 1000:
             log.error(
                 "events_dropped",
                 topic=topic,
-                dropped_total=self.dropped,
+                dropped_total=total,
                 reason=reason,
                 error=error,
             )
