@@ -280,13 +280,15 @@ def _send_buffer_line(send_buffer: Mapping[str, Any]) -> str:
 
 
 def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
-    """Shared-memory regions: a summary line, then one row per region."""
+    """Shared-memory regions: a summary line, then one row per region listed (the
+    largest; a daemon lists a bounded number and counts the rest)."""
     if not shm.get("enabled"):
-        return ["", "shm: off"]
+        return ["", "shm: off" + (f" ({text(shm['reason'])})" if shm.get("reason") else "")]
     regions = shm.get("regions") or []
     lines = [
         "",
-        f"shm: {len(regions)} regions, {size(shm.get('mapped_bytes', 0))} mapped of "
+        f"shm: {shm.get('regions_mapped', len(regions))} regions, "
+        f"{size(shm.get('mapped_bytes', 0))} mapped of "
         f"{size(shm.get('max_bytes_total', 0))} (per uid {size(shm.get('max_bytes_per_uid', 0))}), "
         f"{shm.get('connections', 0)}/{shm.get('max_connections', 0)} connections, "
         f"huge pages: {shm.get('huge_pages', 'unknown')}",
@@ -316,6 +318,8 @@ def _shm_lines(shm: Mapping[str, Any]) -> list[str]:
         )
     if regions:
         lines += ["  " + line for line in table(regions, REGION_COLUMNS)]
+    if shm.get("regions_omitted"):
+        lines.append(f"  ... and {shm['regions_omitted']} smaller regions not listed")
     return lines
 
 

@@ -208,12 +208,14 @@ def _models(status: dict[str, Any], rates: dict[str, float], stale: bool) -> Tab
 def _shm(shm: dict[str, Any]) -> Text:
     """One line for the shared-memory regions (``status.shm``)."""
     if not shm.get("enabled"):
+        if shm.get("reason"):  # [shm] asked for, refused by the host (strict overcommit)
+            return Text(printable(f"shared memory off: {shm['reason']}"), style="yellow")
         return Text("shared memory off", style="dim")
     mib = 1024 * 1024
     line = Text(
         printable(
             f"shared memory  {shm['connections']}/{shm['max_connections']} connections  "
-            f"{len(shm['regions'])} regions  "
+            f"{shm.get('regions_mapped', len(shm['regions']))} regions  "
             f"{shm['mapped_bytes'] / mib:.1f} of {shm['max_bytes_total'] / mib:.0f} MiB mapped  "
             f"{shm['in_flight']} in flight"
         )

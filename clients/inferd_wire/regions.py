@@ -80,8 +80,11 @@ def shmem_huge_pages() -> str:
 
 #: Hex digits of a region id (128 bits).
 REGION_ID_HEX = 32
-#: Longest ``label`` a client may give a region (shown in ``status``).
+#: Longest ``label`` a client may give a region (shown in ``status``), in
+#: characters and in bytes of UTF-8: characters alone let a label take 256 bytes,
+#: four times what ``status`` budgets for it (DESIGN.md 295).
 MAX_LABEL_CHARS = 64
+MAX_LABEL_BYTES = 64
 #: How much of a region id ``status`` and the logs show: enough to tell regions
 #: apart, far too little to use one (the id is the capability).
 REGION_ID_SHOWN = 8
@@ -157,11 +160,17 @@ def parse_region_ref(where: str, descriptor: dict[str, Any]) -> RegionRef | None
 
 
 def parse_label(value: Any) -> str | None:
-    """A registration's optional ``label``: 1..64 printable characters (it is shown
-    in ``status`` and the logs)."""
+    """A registration's optional ``label``: 1..64 printable characters, at most 64
+    bytes of UTF-8 (it is shown in ``status`` and the logs)."""
     if value is None:
         return None
-    return require_text(value, "label", MAX_LABEL_CHARS)
+    label = require_text(value, "label", MAX_LABEL_CHARS)
+    if (size := len(label.encode())) > MAX_LABEL_BYTES:
+        raise ProtocolError(
+            Code.INVALID_ARGUMENT,
+            f"'label' must be at most {MAX_LABEL_BYTES} bytes of UTF-8; this one is {size}",
+        )
+    return label
 
 
 def shm_socket_path(infer_endpoint: str, runtime_dir: Path) -> Path:

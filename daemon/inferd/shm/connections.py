@@ -40,7 +40,7 @@ import structlog
 
 from inferd.shm.closer import DescriptorCloser
 from inferd.shm.messages import Message, fitted, hung_up, read_message
-from inferd.shm.regions import Connection, RegionTable
+from inferd.shm.regions import Connection, RegionTable, listed_by_uid
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError, RequestId
 from inferd_wire.regions import (
@@ -356,7 +356,7 @@ class ShmConnections:
         with self._lock:
             return {
                 "connections": len(self._by_fd),
-                "connections_by_uid": {str(uid): held for uid, held in self._by_uid.items()},
+                "connections_by_uid": listed_by_uid(self._by_uid),
                 "requests": self.requests,
                 "replies": self.replies,
                 "in_flight": sum(entry.in_flight for entry in self._by_fd.values()),

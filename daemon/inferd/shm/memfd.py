@@ -12,6 +12,20 @@ The seals are read *before* the size, so no truncation can slip in between.
 What the client may still do: write the memory at any time (torn tensors are
 the client's concern, never a fault of the daemon's), unmap its own mapping or
 close its descriptor (the daemon's mapping keeps the pages).
+
+Nor may the kernel's accounting fault it.  A memfd is ``VM_NORESERVE``: its
+pages are charged to the system's commit only as they are first touched
+(``mm/shmem.c`` ``shmem_acct_blocks``), and a charge refused there is reported
+as ``-ENOSPC``, which a page fault turns into SIGBUS ("so that a failure on a
+sparse tmpfs mapping will give SIGBUS not OOM").  Under the default heuristic
+overcommit (``vm.overcommit_memory`` 0) and under 1, a page's charge is never
+refused; under strict overcommit (2) it is refused once the system's commit is
+at ``CommitLimit``, which any process can bring about, and a client's sparse
+(ftruncated, never written) or hole-punched page is then a SIGBUS in whichever
+daemon thread reads an input or writes an output there.  Pre-faulting at
+registration would not help (the client may punch the hole later; sealing
+against it needs ``F_SEAL_WRITE``, which forbids outputs), so ``shm.sock`` is
+not served at all under strict overcommit (``strict_overcommit``).
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ import mmap
 import os
 import stat
 from collections.abc import Callable
+from pathlib import Path
 
 from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import advise_huge_pages, region_size_problem
@@ -31,6 +46,9 @@ from inferd_wire.regions import advise_huge_pages, region_size_problem
 #: ``include/uapi/linux/fcntl.h``: F_LINUX_SPECIFIC_BASE (1024) + 10, and 0x0002.
 F_GET_SEALS: int = getattr(fcntl, "F_GET_SEALS", 1034)
 F_SEAL_SHRINK: int = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
+#: The kernel's overcommit policy: 0 heuristic, 1 always, 2 strict (``OVERCOMMIT_NEVER``).
+OVERCOMMIT_MEMORY = Path("/proc/sys/vm/overcommit_memory")
+OVERCOMMIT_NEVER = 2
 
 
 def refused(message: str) -> ProtocolError:
@@ -120,3 +138,19 @@ def map_sealed_memfd(
         raise refused(f"the memfd cannot be mapped: {exc.strerror}") from None
     advise_huge_pages(mapping)  # the daemon may touch an output's pages first
     return mapping, size
+
+
+def strict_overcommit(path: Path = OVERCOMMIT_MEMORY) -> str | None:
+    """Why clients' memfds may not be mapped on this host (the module docstring):
+    the policy read from ``path`` is strict overcommit; else None.  ``OSError`` or
+    ``ValueError`` when it cannot be read (no ``/proc/sys`` in a sandbox)."""
+    policy = int(path.read_text())
+    if policy != OVERCOMMIT_NEVER:
+        return None
+    return (
+        f"the kernel's overcommit policy is strict (vm.overcommit_memory = {policy}): a "
+        "page of a client's memfd is charged to the system's commit when the daemon first "
+        "touches it, and a refused charge is a SIGBUS that would end the daemon, so shm.sock "
+        "is not served (tensors go as frames on the infer socket); set vm.overcommit_memory "
+        "to 0 or 1 and restart inferd to use shared memory"
+    )

@@ -28,13 +28,21 @@ up to ``unmap_wait_s``; one wait that timed out (a release hook holds the thread
 up) makes no registration wait again until that thread has finished a pass, so
 the thread reading registrations (the bus thread) waits once per hold-up.
 All state is behind one lock; nothing blocking runs under it.
+
+``status`` is read by operators through a reply of at most 64 KiB
+(``protocol.MAX_HEADER_BYTES``, ``OperatorClient``), whatever clients register:
+it lists the ``STATUS_REGIONS`` largest regions, each label at most
+``MAX_LABEL_BYTES`` of UTF-8, with the count of those it leaves out, and the
+bytes of the ``LISTED_UIDS`` uids that map the most, the others summed under
+``OTHER_UIDS``.
 """
 
 from __future__ import annotations
 
+import heapq
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import structlog
@@ -49,6 +57,28 @@ from inferd_wire.protocol import Code, ProtocolError
 from inferd_wire.regions import shown
 
 log = structlog.get_logger("inferd.shm")
+
+#: Regions ``status`` lists (the largest; ``regions_omitted`` counts the rest).  A
+#: listed region takes at most 192 bytes of the reply (a 64-byte label, every
+#: number at msgpack's widest), so 32 take 6 KiB, and ``status.shm`` at most 8.2
+#: KiB, of the 64 KiB every operator client accepts, however many regions the
+#: bounds allow (up to 16,384 x 1,024); ``inferctl status`` stays one screen.
+STATUS_REGIONS = 32
+#: Uids ``status`` names one by one in a count by uid (those that hold the most);
+#: the rest are summed under ``OTHER_UIDS``, so a map by uid takes at most 338
+#: bytes, and a metric labelled by uid at most 17 series, however many users connect.
+LISTED_UIDS = 16
+OTHER_UIDS = "other"
+
+
+def listed_by_uid(counts: Mapping[int, int]) -> dict[str, int]:
+    """``counts`` as ``status`` shows them: the ``LISTED_UIDS`` largest by uid, and
+    the rest summed under ``OTHER_UIDS`` (absent when there is none)."""
+    listed = heapq.nlargest(LISTED_UIDS, counts.items(), key=lambda item: item[1])
+    shown_uids = {str(uid): count for uid, count in listed}
+    if len(counts) > len(listed):
+        shown_uids[OTHER_UIDS] = sum(counts.values()) - sum(shown_uids.values())
+    return shown_uids
 
 
 class RegionTable:
@@ -320,12 +350,15 @@ class RegionTable:
     def status(self) -> dict[str, Any]:
         with self._lock:
             regions = [*self._regions.values(), *self._closing]
+            listed = _largest(regions)
             return {
                 "mapped_bytes": self._mapped_total,
-                "mapped_bytes_by_uid": {str(uid): n for uid, n in self._mapped_by_uid.items()},
+                "mapped_bytes_by_uid": listed_by_uid(self._mapped_by_uid),
                 "releasing_regions": len(self._closing),
                 "releasing_bytes": sum(held.nbytes for held in self._released.values()),
-                "regions": [_describe(region) for region in regions],
+                "regions": [_describe(region) for region in listed],
+                "regions_mapped": len(regions),
+                "regions_omitted": len(regions) - len(listed),
                 "registered": self.registered,
                 "unregistered": self.unregistered,
                 "released_on_disconnect": self.released_on_disconnect,
@@ -336,6 +369,15 @@ class RegionTable:
     def count_refusal(self, code: Code) -> None:
         with self._lock:
             self.refused[str(code)] = self.refused.get(str(code), 0) + 1
+
+
+def _largest(regions: list[Region]) -> list[Region]:
+    """The ``STATUS_REGIONS`` largest of ``regions`` (the earlier of equal sizes),
+    in their order: registered as registered, then releasing."""
+    if len(regions) <= STATUS_REGIONS:
+        return regions
+    kept = heapq.nlargest(STATUS_REGIONS, range(len(regions)), key=lambda i: regions[i].size)
+    return [regions[i] for i in sorted(kept)]
 
 
 def _describe(region: Region) -> dict[str, Any]:

@@ -13,6 +13,11 @@ pid/uid/gid read once (``SO_PEERCRED``) and checked against
 also unmaps the regions whose last lease was given back or whose connection
 went (``RegionTable.release_due``), so no other thread ever unmaps, and at
 ``stop`` closes every connection and releases every region.
+
+Under the kernel's strict overcommit a client could end the daemon with a
+SIGBUS through any region (``memfd``): ``start`` then binds nothing and starts
+no thread, logs ``shm_refused_strict_overcommit`` (ERROR), and ``status`` says
+shm is off and why; the daemon serves on without it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -34,6 +40,8 @@ from inferd.config import ShmConfig
 from inferd.owned_files import ensure_owned_dir
 from inferd.shm.closer import DescriptorCloser
 from inferd.shm.connections import ShmConnections, hand_over
+from inferd.shm.memfd import OVERCOMMIT_MEMORY, strict_overcommit
+from inferd.shm.regions import OTHER_UIDS as OTHER_UIDS
 from inferd.shm.regions import Connection, PeerCredentials, RegionTable
 from inferd_wire import protocol
 from inferd_wire.protocol import Code
@@ -62,7 +70,6 @@ _ACCEPT_PAUSE_S = _POLL_S
 #: ``OTHER_UIDS``, so that the label's values stay bounded however many users
 #: connect over a run.
 MAX_REFUSED_UIDS = 16
-OTHER_UIDS = "other"
 
 #: Why a peer (uid, gid, pid) may not use the socket (None: it may).
 AdmitPeer = Callable[[int, int, int], str | None]
@@ -72,10 +79,18 @@ class ShmServer(threading.Thread):
     """The ``shm.sock`` listener's thread, the daemon's ``RegionTable`` and its
     ``ShmConnections``."""
 
-    def __init__(self, config: ShmConfig, admit: AdmitPeer = lambda _uid, _gid, _pid: None) -> None:
+    def __init__(
+        self,
+        config: ShmConfig,
+        admit: AdmitPeer = lambda _uid, _gid, _pid: None,
+        overcommit_memory: Path = OVERCOMMIT_MEMORY,
+    ) -> None:
         super().__init__(name="inferd-shm", daemon=True)
         self._config = config
         self._admit = admit
+        self._overcommit_memory = overcommit_memory
+        #: Why ``start`` served nothing (strict overcommit), or None.
+        self.refused: str | None = None
         self.table = RegionTable(config, wake=self.wake, unmap_wait_s=UNMAP_WAIT_S)
         self.closer = DescriptorCloser()
         self.connections = ShmConnections(
@@ -123,9 +138,20 @@ class ShmServer(threading.Thread):
         self._listener = listener
 
     def start(self) -> None:
+        self.refused = self._overcommit_refusal()
+        if self.refused is not None:
+            log.error("shm_refused_strict_overcommit", reason=self.refused)
+            return  # ``stop`` releases what ``__init__`` made (``ident`` is None)
         self.bind()
         self.closer.start()
         super().start()
+
+    def _overcommit_refusal(self) -> str | None:
+        try:
+            return strict_overcommit(self._overcommit_memory)
+        except (OSError, ValueError) as exc:  # no /proc/sys in a sandbox: served unchecked
+            log.warning("shm_overcommit_unknown", path=str(self._overcommit_memory), error=str(exc))
+            return None
 
     def stop(self, timeout: float = 10.0) -> None:
         """Close every connection, release every region, remove the socket: the
@@ -144,6 +170,8 @@ class ShmServer(threading.Thread):
             self._waker.send(b"\0")
 
     def status(self) -> dict[str, Any]:
+        if self.refused is not None:
+            return {"enabled": False, "reason": self.refused}
         config = self._config
         return {
             "enabled": True,
