@@ -64,6 +64,10 @@ PeerKey = tuple[str, bytes]
 
 #: How many peers that lost replies ``status`` lists (the most recent).
 MAX_LISTED_PEERS = 64
+#: How much of a routing id ``status`` and the log show.  ZeroMQ's own are 5
+#: bytes; a DEALER may pick one of up to 255 (``ZMQ_ROUTING_ID``), and 64 listed
+#: peers with those took 38 KB of the 64 KiB reply an operator's client reads.
+SHOWN_ROUTING_ID_BYTES = 16
 
 #: Why a reply was dropped.
 PEER_BUDGET = "peer_budget"
@@ -288,7 +292,7 @@ class ReplyBudget:
             log.warning(
                 "replies_dropped_peer_not_reading",
                 socket=socket,
-                peer=routing_id.hex(),
+                peer=shown_routing_id(routing_id),
                 reason=reason,
                 reply_bytes=nbytes,
                 peer_in_flight_bytes=peer.nbytes,
@@ -344,7 +348,7 @@ class ReplyBudget:
             "dropping_peers": [
                 {
                     "socket": peer.socket,
-                    "peer": peer.routing_id.hex(),
+                    "peer": shown_routing_id(peer.routing_id),
                     "dropped": peer.dropped,
                     "dropped_bytes": peer.dropped_bytes,
                     "in_flight_bytes": peer.nbytes,
@@ -353,3 +357,11 @@ class ReplyBudget:
                 for peer in reversed(list(self._listed.values()))
             ],
         }
+
+
+def shown_routing_id(routing_id: bytes) -> str:
+    """``routing_id`` in hex, its first ``SHOWN_ROUTING_ID_BYTES`` only, with how many
+    bytes were left out (``+239B``)."""
+    left_out = len(routing_id) - SHOWN_ROUTING_ID_BYTES
+    shown = routing_id[:SHOWN_ROUTING_ID_BYTES].hex()
+    return shown if left_out <= 0 else f"{shown}+{left_out}B"

@@ -4,6 +4,8 @@ frame that tells when ZeroMQ has let go of it."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from inferd.bus.reply_budget import (
     message_bytes,
 )
 from inferd_wire.protocol import ok_header, pack, unpack_header
-from tests.conftest import HANG_S, wait_until
+from tests.conftest import HANG_S, REPO, wait_until
 
 MIB = 1024 * 1024
 
@@ -451,3 +453,22 @@ def test_the_watch_follows_zeromq_holding_a_reply_until_the_peer_reads_or_leaves
         return all(w() is None for w in watches)
 
     wait_until(freed, message="the pipe freed")
+
+
+def test_a_long_routing_id_is_shown_by_its_first_16_bytes_and_how_many_were_left_out() -> None:
+    """A DEALER picks its routing id, up to 255 bytes: 64 listed peers with those
+    took 38 KB of the 64 KiB status reply an operator's client reads (DESIGN.md 296)."""
+    budget = ReplyBudget(per_peer_bytes=1, total_bytes=10)
+    long_id, zmq_id = bytes(range(255)), b"\x00\x80\x00\x00\x29"
+    budget.drop("infer", long_id, 5, PEER_BUDGET)
+    budget.drop("infer", zmq_id, 5, PEER_BUDGET)
+    shown = [peer["peer"] for peer in budget.status()["dropping_peers"]]
+    assert shown == [zmq_id.hex(), bytes(range(16)).hex() + "+239B"]
+    assert_valid_peer_ids(shown)
+
+
+def assert_valid_peer_ids(shown: list[str]) -> None:
+    schema = json.loads((REPO / "schemas/bus/status_reply.json").read_text())
+    listed = schema["$defs"]["replies"]["properties"]["dropping_peers"]["items"]
+    for peer in shown:
+        assert re.fullmatch(listed["properties"]["peer"]["pattern"], peer), peer

@@ -338,8 +338,10 @@ def test_the_whole_status_at_the_largest_bounds_fits_what_an_operator_reads(
         assert shm["regions_omitted"] == 7 * STATUS_REGIONS
         assert all(shown["nbytes"] > 2**32 for shown in shm["regions"])  # the largest
         assert len(shm["mapped_bytes_by_uid"]) == len(shm["connections_by_uid"]) == 17
-        # The shm section's share: a quarter of the reply, with room to spare.
+        # The shm section's share: a quarter of the reply, with room to spare; the
+        # bus's too, its dropping peers' routing ids shown by their first 16 bytes.
         assert sections["shm"] <= protocol.MAX_HEADER_BYTES // 4, sections
+        assert sections["bus"] <= protocol.MAX_HEADER_BYTES // 4, sections
         assert_valid("status_reply.json#/$defs/ok", protocol.ok_header(1, result=status))
     finally:
         assert daemon.shm is not None
