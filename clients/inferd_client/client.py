@@ -19,12 +19,14 @@ import zmq
 
 from inferd_client.channel import RequestChannel
 from inferd_client.errors import (
+    ClientError,
     InvalidArgument,
     MalformedReply,
     RemoteError,
     Unreachable,
 )
 from inferd_client.outputs import check_output_arrays, decode_outputs
+from inferd_client.pending_regions import PendingRegions
 from inferd_client.poll_window import PollWindow
 from inferd_client.prepared import (
     FramesKey,
@@ -144,7 +146,11 @@ class InferenceClient:
         )
         self._retries = retries
         self.last_reply: dict[str, Any] = {}
-        #: Which socket carried the last infer request: ``"infer"`` or ``"shm"``.
+        #: Which socket the last infer call sent its request on, ``"infer"`` or
+        #: ``"shm"``, set just before it is sent: also for a call that then raised
+        #: (a timeout, a lost connection, an error reply), so it names where a
+        #: late reply would come; a call refused before that leaves it ("" before
+        #: any).  ``last_reply`` is the last reply that came.
         self.last_transport = ""
         self._shm_socket = shm_socket or str(
             shm_socket_path(self._channel.endpoint, default_runtime_dir())
@@ -154,8 +160,9 @@ class InferenceClient:
         self._regions: dict[str, SharedRegion] = {}
         self._owned: list[SharedRegion] = []
         #: Regions that were registered on a shm connection the daemon closed (it
-        #: restarted, say: it released them all): the next call registers them again.
-        self._released: list[SharedRegion] = []
+        #: restarted, say: it released them all): a call naming one of their arrays
+        #: registers it again, and sends its arrays as frames while it cannot.
+        self._released = PendingRegions()
         #: Replies discarded by shm connections that are gone.
         self._shm_discarded = 0
         #: Each model's output names, as its last reply on the infer socket listed
@@ -197,6 +204,19 @@ class InferenceClient:
         ``max_reply_frame_bytes``, or the daemon stopped or restarted."""
         return self._channel.connections_lost
 
+    @property
+    def shm_regions(self) -> dict[str, Any]:
+        """The regions this client registered: ``registered`` (how many the daemon
+        holds for it now), ``pending`` (each one the daemon let go, a restart say,
+        and not registered again yet: ``label``, ``nbytes``, ``failures`` in a row,
+        the last ``error``, ``retry_in_s``), ``failed_registrations`` (tries to
+        register one again that failed, in all)."""
+        return {
+            "registered": len(self._regions),
+            "pending": self._released.status(),
+            "failed_registrations": self._released.failed,
+        }
+
     def shared_region(self, nbytes: int, *, label: str | None = None) -> SharedRegion:
         """A new region of at least ``nbytes``, registered with the daemon (and closed
         with this client)."""
@@ -212,13 +232,25 @@ class InferenceClient:
     def register_region(self, region: SharedRegion) -> str:
         """Register ``region`` (once per client); returns its id.  The daemon keeps it
         until ``unregister_region`` or until this client closes.  Should the daemon
-        close the connection (a restart releases every region), the call that finds
-        it closed raises ``Unreachable`` and the next registers them again."""
-        if self._released:
-            self._register_again()
-        return self._register(region)
+        close the connection (a restart releases every region), the regions become
+        pending: a call naming one's arrays registers it again, and sends them as
+        frames while it cannot (``shm_regions``).  Only ``region`` is registered
+        here, on a new connection if the daemon closed the old one: a pending
+        region (``region`` itself aside, tried at once) never makes it fail."""
+        if self._shm is not None and self._shm.hung_up():
+            self._shm_closed()
+        entry = self._released.find(region)
+        if entry is None:
+            return self._register(region)
+        try:
+            region_id = self._register(region)
+        except ClientError as exc:
+            self._released.failed_again(entry, exc)
+            raise
+        self._released.registered(entry)
+        return region_id
 
-    def _register(self, region: SharedRegion) -> str:
+    def _register(self, region: SharedRegion, timeout: float | None = None) -> str:
         for region_id, known in self._regions.items():
             if known is region:
                 return region_id
@@ -232,7 +264,7 @@ class InferenceClient:
                 next_id=self._channel.next_id,
             )
         try:
-            region_id = self._shm.register(region)
+            region_id = self._shm.register(region, timeout=timeout)
         except Unreachable:
             self._shm_closed()
             raise
@@ -246,12 +278,11 @@ class InferenceClient:
 
     def _shm_closed(self) -> None:
         """The shm connection failed or the daemon closed it, releasing every region
-        registered on it: they are registered again, on a new one, by the next call.
-        Region ids are never reused, so a request naming the old ones would only be
-        refused (``NOT_FOUND``) by a daemon that restarted."""
+        registered on it: pending, each registered again, on a new one, by a call
+        naming it.  Region ids are never reused, so a request naming the old ones
+        would only be refused (``NOT_FOUND``) by a daemon that restarted."""
         for region in self._regions.values():
-            if region.is_open and all(region is not known for known in self._released):
-                self._released.append(region)
+            self._released.add(region)
         self._regions.clear()
         self._forget_shm_requests()
         if self._shm is not None:
@@ -259,19 +290,29 @@ class InferenceClient:
             self._shm.close()
             self._shm = None
 
-    def _register_again(self) -> None:
-        """Register the regions of a closed shm connection on a new one; any that
-        fails stays to be tried by the next call (``Unreachable`` while the daemon
-        is not there)."""
-        while self._released:
-            region = self._released[0]
-            if region.is_open:
-                self._register(region)
-            self._released.pop(0)
+    def _register_named(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Mapping[str, Any] | None,
+        timeout: float | None,
+    ) -> None:
+        """Register again the pending regions this call names whose delay has passed
+        (``shm_regions``), each waited for at most the call's timeout.  One
+        that fails stays pending, its arrays sent as frames by this call: the
+        daemon may refuse it for good (shm disabled, a smaller byte bound), and
+        that is no reason to refuse a request it can serve."""
+        arrays = [*inputs.values(), *(outputs or {}).values()]
+        for entry in self._released.due(arrays):
+            try:
+                self._register(entry.region, timeout)
+            except ClientError as exc:
+                self._released.failed_again(entry, exc)
+            else:
+                self._released.registered(entry)
 
     def unregister_region(self, region: SharedRegion) -> None:
         """Tell the daemon to let ``region`` go (once no request in flight uses it)."""
-        self._released = [known for known in self._released if known is not region]
+        self._released.remove(region)
         for region_id, known in list(self._regions.items()):
             if known is region and self._shm is not None:
                 del self._regions[region_id]
@@ -311,12 +352,33 @@ class InferenceClient:
         with the daemon's code, or ``RequestTimeout``.  The reply header (runtime
         label, fallback flag, latency, and ``late``: true when the result was
         finished after ``deadline_ms``) is kept in ``last_reply``.
+
+        Memory in regions belongs to the daemon from the send until the reply:
+        it reads the inputs and writes the placed outputs there whenever the
+        request runs, and so also after this call raised ``RequestTimeout`` or
+        ``ConnectionLost``, for every attempt ``retries`` sent (each may be
+        queued, or running, when the call gives up).  ``unregister_region``,
+        closing the region or the client stop none of it: the daemon keeps a
+        region mapped while a request uses it, and the bytes are seen by
+        whatever still maps them (arrays of it alive here, a camera service
+        sharing an adopted memfd).  So after a timeout, do not reuse those
+        arrays for anything that must not be overwritten until that request's
+        late reply has come (it is discarded and counted in
+        ``discarded_replies`` by a later call on the same socket), or use other
+        arrays.  ``deadline_ms`` at or below the timeout makes the daemon answer
+        ``DEADLINE_EXCEEDED`` without running a request that has not started
+        by then, but it counts from the daemon's receipt (a request the daemon
+        had not read yet can still start later) and never stops a run already
+        started.
+
+        A region the daemon let go (a restart) and that cannot be registered again
+        (``shm_regions``) does not fail the call: its arrays travel as frames.
         """
         attempts = self._retries if retries is None else retries
         if outputs:
             check_output_arrays(outputs)  # before anything is sent, wherever they live
-        if self._released:
-            self._register_again()
+        if self._released.entries:
+            self._register_named(inputs, outputs, timeout)
         key = None
         if self._shm is not None and outputs:
             last = self._last_shm_call
@@ -343,7 +405,7 @@ class InferenceClient:
             # Not used since the daemon closed it (requests naming regions went on the
             # infer socket): their ids died with it.
             self._shm_closed()
-            self._register_again()
+            self._register_named(inputs, outputs, timeout)
         descriptors, frames = encode_inputs(dict(inputs), self._regions)
         placed = placed_outputs(dict(outputs), self._regions) if outputs else []
         header = infer_request_header(
@@ -394,10 +456,11 @@ class InferenceClient:
     ) -> dict[str, np.ndarray]:
         """A request on the infer socket; ``prepared``: the kept request it is, whose
         last reply's outputs may be reused (a one-off call parses its reply's)."""
+        self.last_transport = "infer"
         reply, reply_frames = self._channel.request(
             header, frames, timeout=timeout, retries=retries
         )
-        self.last_reply, self.last_transport = reply, "infer"
+        self.last_reply = reply
         raise_if_error(reply)
         check_infer_reply(reply)
         parsed = prepared.outputs_of(reply) if prepared is not None else None
@@ -414,14 +477,16 @@ class InferenceClient:
         retries: int,
     ) -> dict[str, np.ndarray]:
         assert self._shm is not None
+        self.last_transport = "shm"
         try:
             reply = self._shm.request(request, timeout=timeout, retries=retries)
         except Unreachable as exc:
             self._shm_closed()
             raise Unreachable(
-                f"{exc}: it released this client's regions, which the next call registers again"
+                f"{exc}: it released this client's regions, which the next call naming "
+                "them registers again"
             ) from None
-        self.last_reply, self.last_transport = reply, "shm"
+        self.last_reply = reply
         if reply.get("ok") is False:
             self._output_names.pop(model, None)  # learn them again (a reloaded model)
             self._forget_shm_requests()

@@ -98,12 +98,13 @@ class RegionChannel:
         self.spin = spin
         self._generation = process_generation()
 
-    def register(self, region: SharedRegion) -> str:
-        """Hand ``region``'s memfd to the daemon; returns the region id."""
+    def register(self, region: SharedRegion, *, timeout: float | None = None) -> str:
+        """Hand ``region``'s memfd to the daemon; returns the region id.  ``timeout``:
+        the most seconds to wait for the answer (None: the channel's)."""
         header: dict[str, Any] = {"op": "register"}
         if region.label is not None:
             header["label"] = region.label
-        result = self._call(header, [region.fd])
+        result = self._call(header, [region.fd], timeout)
         region_id = result.get("region")
         if not isinstance(region_id, str):
             raise MalformedReply(f"register reply has no region id: {result!r}")
@@ -132,10 +133,13 @@ class RegionChannel:
             f"no reply from {self.path} within {wait:.3f}s after {retries + 1} attempt(s)"
         )
 
-    def _call(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    def _call(
+        self, header: dict[str, Any], fds: list[int], timeout: float | None = None
+    ) -> dict[str, Any]:
         """A registration op: its result, or RemoteError."""
         request_id, message = self._message(header)
-        reply = self._exchange(message, fds, request_id, self._timeout)
+        wait = self._timeout if timeout is None else checked_timeout(timeout)
+        reply = self._exchange(message, fds, request_id, wait)
         if reply is None:
             if header["op"] == "register":
                 self._unanswered_registrations.add(request_id)

@@ -407,6 +407,40 @@ PollWindowStatus InferenceClient::reply_spin() const {
 
 const std::string& InferenceClient::endpoint() const { return channel_->endpoint(); }
 
+namespace {
+
+// The delay before a region that failed to register again is tried again,
+// doubling with each failure in a row up to kRetryMax (the Python client's
+// inferd_client.pending_regions): a daemon that refuses it (shm disabled, a byte
+// bound below its size, bounds other clients fill) keeps refusing until someone
+// changes something, and a camera loop would otherwise hand it the memfd at
+// every frame, each try a round trip (or a timeout) added to the call.
+constexpr std::chrono::milliseconds kRetryFirst{1000};
+constexpr std::chrono::milliseconds kRetryMax{60000};
+
+}  // namespace
+
+ShmRegions InferenceClient::shm_regions() const {
+    ShmRegions status;
+    status.registered = static_cast<std::size_t>(std::count_if(
+        regions_.begin(), regions_.end(), [](const auto& entry) { return entry.second->base != nullptr; }));
+    status.failed_registrations = failed_registrations_;
+    auto now = std::chrono::steady_clock::now();
+    for (const auto& entry : released_) {
+        if (entry.mapping->base == nullptr) continue;
+        PendingRegion pending;
+        pending.label = entry.mapping->label;
+        pending.nbytes = entry.mapping->size;
+        pending.failures = entry.failures;
+        pending.error = entry.error;
+        if (entry.retry_at > now) {
+            pending.retry_in = std::chrono::ceil<std::chrono::milliseconds>(entry.retry_at - now);
+        }
+        status.pending.push_back(std::move(pending));
+    }
+    return status;
+}
+
 SharedRegion& InferenceClient::shared_region(std::size_t nbytes, std::optional<std::string> label) {
     auto region = std::make_unique<SharedRegion>(nbytes, std::move(label));
     register_region(*region);
@@ -424,13 +458,16 @@ void InferenceClient::release_ended_regions() {
         it = regions_.erase(it);
     }
     released_.erase(std::remove_if(released_.begin(), released_.end(),
-                                   [](const auto& mapping) { return mapping->base == nullptr; }),
+                                   [](const Released& entry) { return entry.mapping->base == nullptr; }),
                     released_.end());
 }
 
 void InferenceClient::shm_closed() {
     for (const auto& [id, mapping] : regions_) {
-        if (mapping->base != nullptr) released_.push_back(mapping);
+        if (mapping->base == nullptr) continue;
+        Released entry;
+        entry.mapping = mapping;
+        released_.push_back(std::move(entry));
     }
     regions_.clear();
     closed_shm_discarded_ += shm_->discarded_replies();
@@ -438,7 +475,8 @@ void InferenceClient::shm_closed() {
 }
 
 std::string InferenceClient::register_mapping(
-    const std::shared_ptr<const detail::RegionMapping>& mapping) {
+    const std::shared_ptr<const detail::RegionMapping>& mapping,
+    std::optional<std::chrono::milliseconds> timeout) {
     if (!shm_) {
         shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout,
                                                options_.reply_spin_us,
@@ -446,7 +484,7 @@ std::string InferenceClient::register_mapping(
     }
     std::string id;
     try {
-        id = shm_->register_region(*mapping);
+        id = shm_->register_region(*mapping, timeout);
     } catch (const ClientError&) {
         if (shm_->hung_up()) shm_closed();  // its next registration is on a new connection
         throw;
@@ -455,27 +493,83 @@ std::string InferenceClient::register_mapping(
     return id;
 }
 
-void InferenceClient::register_again() {
-    // One at a time: one that fails (the daemon not back yet) stays for the next call.
-    while (!released_.empty()) {
-        register_mapping(released_.front());
-        released_.erase(released_.begin());
+std::string InferenceClient::register_released(
+    const std::shared_ptr<const detail::RegionMapping>& mapping,
+    std::optional<std::chrono::milliseconds> timeout) {
+    // Found again after the registration: a connection that failed moved the
+    // registered regions to released_ meanwhile (shm_closed).
+    auto pending = [this, &mapping] {
+        return std::find_if(released_.begin(), released_.end(),
+                            [&mapping](const Released& entry) { return entry.mapping == mapping; });
+    };
+    std::string id;
+    try {
+        id = register_mapping(mapping, timeout);
+    } catch (const ClientError& error) {
+        auto entry = pending();
+        if (entry != released_.end()) {
+            ++failed_registrations_;
+            ++entry->failures;
+            entry->error = error.what();
+            auto doublings = std::min<std::uint64_t>(entry->failures - 1, 6);
+            entry->retry_at = std::chrono::steady_clock::now() +
+                              std::min(kRetryFirst * (std::int64_t{1} << doublings), kRetryMax);
+        }
+        throw;
+    }
+    auto entry = pending();
+    if (entry != released_.end()) released_.erase(entry);
+    return id;
+}
+
+void InferenceClient::register_named(const std::vector<NamedTensor>& inputs,
+                                     const InferOptions& options,
+                                     std::chrono::milliseconds timeout) {
+    auto now = std::chrono::steady_clock::now();
+    auto named = [&inputs, &options](const detail::RegionMapping& mapping) {
+        for (const auto& input : inputs) {
+            if (mapping.locate(input.tensor.data, input.tensor.nbytes)) return true;
+        }
+        for (const auto& output : options.outputs) {
+            if (mapping.locate(output.buffer.data, output.buffer.nbytes)) return true;
+        }
+        return false;
+    };
+    std::vector<std::shared_ptr<const detail::RegionMapping>> due;
+    for (const auto& entry : released_) {
+        if (entry.retry_at <= now && entry.mapping->base != nullptr && named(*entry.mapping)) {
+            due.push_back(entry.mapping);
+        }
+    }
+    for (const auto& mapping : due) {
+        try {
+            register_released(mapping, timeout);
+        } catch (const ClientError&) {
+            // Pending still (shm_regions() says why): its tensors go as frames.
+        }
     }
 }
 
 std::string InferenceClient::register_region(SharedRegion& region) {
     release_ended_regions();
     if (!region.mapping_) throw ClientError("the shared region is closed");
-    register_again();
+    // Closed by the daemon (a restart): this region goes on a new connection, and
+    // the others stay pending for the calls naming them.
+    if (shm_ && shm_->hung_up()) shm_closed();
     for (const auto& [id, known] : regions_) {
         if (known == region.mapping_) return id;
+    }
+    for (const auto& entry : released_) {
+        if (entry.mapping == region.mapping_) return register_released(region.mapping_);
     }
     return register_mapping(region.mapping_);
 }
 
 void InferenceClient::unregister_region(SharedRegion& region) {
     release_ended_regions();
-    released_.erase(std::remove(released_.begin(), released_.end(), region.mapping_), released_.end());
+    released_.erase(std::remove_if(released_.begin(), released_.end(),
+                                   [&region](const Released& entry) { return entry.mapping == region.mapping_; }),
+                    released_.end());
     for (auto it = regions_.begin(); it != regions_.end(); ++it) {
         if (it->second == region.mapping_ && region.mapping_) {
             auto id = it->first;
@@ -567,7 +661,8 @@ bool names_a_region(const wire::InferRequest& request) {
 InferResult InferenceClient::infer(const std::string& model, const std::vector<NamedTensor>& inputs,
                                    const InferOptions& options) {
     release_ended_regions();
-    register_again();
+    auto timeout = options.timeout.value_or(options_.timeout);
+    if (!released_.empty()) register_named(inputs, options, timeout);
     wire::InferRequest request;
     std::vector<RequestChannel::Frame> frames;
     prepare_request(regions_, model, inputs, options, request, frames);
@@ -575,7 +670,7 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     if (!on_shm && shm_ && names_a_region(request) && shm_->hung_up()) {
         // Closed while nothing used it (a restart): the ids it named died with it.
         shm_closed();
-        register_again();
+        register_named(inputs, options, timeout);
         prepare_request(regions_, model, inputs, options, request, frames);
         on_shm = shm_ && frames.empty() && places_every_output(model, request.outputs);
     }
@@ -589,14 +684,13 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     auto retries = options.retries.value_or(options_.retries);
     if (on_shm) {
         std::string header;
+        last_transport_ = "shm";  // as it is sent: a call that throws names it too
         try {
-            header = shm_->request(model, encode, channel_->on_attempt(),
-                                   options.timeout.value_or(options_.timeout), retries);
+            header = shm_->request(model, encode, channel_->on_attempt(), timeout, retries);
         } catch (const ClientError&) {
-            if (shm_->hung_up()) shm_closed();  // the next call registers its regions again
+            if (shm_->hung_up()) shm_closed();  // a call naming its regions registers them again
             throw;
         }
-        last_transport_ = "shm";
         InferResult result;
         result.reply = wire::decode_infer_reply(header.data(), header.size());
         if (!result.reply.ok) {
@@ -606,8 +700,8 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
         result.outputs = wire::decode_outputs(result.reply, {}, request.outputs, options.outputs);
         return result;
     }
-    auto parts = channel_->request(encode, frames, options.timeout, retries);
     last_transport_ = "infer";
+    auto parts = channel_->request(encode, frames, options.timeout, retries);
 
     InferResult result;
     result.reply = wire::decode_infer_reply(parts[0].data(), parts[0].size());

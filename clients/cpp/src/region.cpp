@@ -247,10 +247,11 @@ RegionChannel::~RegionChannel() {
     if (fd_ >= 0) close(fd_);
 }
 
-std::string RegionChannel::register_region(const detail::RegionMapping& region) {
+std::string RegionChannel::register_region(const detail::RegionMapping& region,
+                                           std::optional<std::chrono::milliseconds> timeout) {
     wire::ControlArguments arguments;
     if (region.label) arguments.emplace_back("label", *region.label);
-    auto result = call("register", arguments, region.fd);
+    auto result = call("register", arguments, region.fd, timeout);
     auto handle = detail::unpack(result.data(), result.size(), wire::kMaxShmMessageBytes);
     detail::Fields fields(handle.get(), "register result");
     return fields.string("region");
@@ -271,9 +272,9 @@ void RegionChannel::release(const std::string& region_id) {
 // {v, op, ...arguments, id} as the control requests (the Python client sends
 // {v, id, op, ...}; the daemon reads keys, not their order).
 std::string RegionChannel::call(const std::string& op, const wire::ControlArguments& arguments,
-                                int fd) {
+                                int fd, std::optional<std::chrono::milliseconds> timeout) {
     auto request_id = next_id_();
-    auto give_up_at = detail::deadline_after(timeout_);
+    auto give_up_at = detail::deadline_after(timeout.value_or(timeout_));
     if (!send_message(wire::encode_control_request(request_id, op, arguments), fd, give_up_at)) {
         throw Timeout("the daemon does not read the shm socket " + path_);
     }
@@ -308,8 +309,8 @@ bool RegionChannel::hung_up() const {
 
 std::string RegionChannel::failed(const std::string& what) {
     failed_ = true;
-    return what + " (the regions registered there are released; the client's next call registers "
-                  "them again)";
+    return what + " (the regions registered there are released; the client's next call naming "
+                  "them registers them again)";
 }
 
 std::string RegionChannel::request(const std::string& model,

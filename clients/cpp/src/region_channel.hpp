@@ -29,7 +29,9 @@ public:
     RegionChannel(const RegionChannel&) = delete;
     RegionChannel& operator=(const RegionChannel&) = delete;
 
-    std::string register_region(const detail::RegionMapping& region);
+    // `timeout`: the most the registration waits (unset: the channel's).
+    std::string register_region(const detail::RegionMapping& region,
+                                std::optional<std::chrono::milliseconds> timeout = {});
     void unregister_region(const std::string& region_id);
     // Unregisters without waiting for the answer (discarded when it comes): for a
     // region destroyed while registered, and one a late registration reply names.
@@ -56,7 +58,8 @@ public:
 
 private:
     using Clock = std::chrono::steady_clock;
-    std::string call(const std::string& op, const wire::ControlArguments& arguments, int fd);
+    std::string call(const std::string& op, const wire::ControlArguments& arguments, int fd,
+                     std::optional<std::chrono::milliseconds> timeout = {});
     // Sends one message, waiting for room until `give_up_at` at most; false when
     // the daemon did not take it by then (it does not read: a seqpacket message
     // goes whole or not at all). ClientError, and nothing sent, for one over

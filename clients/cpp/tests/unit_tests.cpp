@@ -1068,7 +1068,7 @@ TEST(a_calls_timeout_bounds_its_send_on_the_shm_socket) {
         CHECK_THROWS(Timeout, on_shm.client.infer("m", on_shm.inputs(), on_shm.infer), true);
         CHECK(std::chrono::steady_clock::now() - started < 1s);
     }
-    CHECK_EQ(on_shm.client.last_transport(), "infer");  // set by the last call that succeeded
+    CHECK_EQ(on_shm.client.last_transport(), "shm");  // where the calls that timed out went
     // The socket is full: the calls above met a daemon that takes nothing.
     CHECK(send(connections[0], "x", 1, MSG_DONTWAIT) < 0 && errno == EAGAIN);
 }
@@ -2137,6 +2137,158 @@ TEST(a_daemon_restart_releases_the_regions_and_the_next_call_registers_them_agai
         std::lock_guard<std::mutex> lock(mutex);
         CHECK_EQ(regions_sent, (std::vector<std::string>{"", region_id(3)}));
     }
+    CHECK_EQ(on_shm.client.last_transport(), "infer");
+}
+
+namespace {
+
+// {v, id, ok: false, error: {code, message}} under `id`.
+std::string error_reply(std::uint64_t id, const std::string& code, const std::string& message) {
+    return packed([&](Packer& packer) {
+        packer.pack_map(4);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack(id);
+        packer.pack(std::string("ok")), packer.pack(false);
+        packer.pack(std::string("error"));
+        packer.pack(std::map<std::string, std::string>{{"code", code}, {"message", message}});
+    });
+}
+
+// The infer socket of model m (input x, output out0): out0 placed where asked,
+// else {7, 7} as a frame; model "slow" is never answered. `sent` notes how each
+// request sent x and out0 ("region"/"frame", "placed"/"frame").
+struct InferSocket {
+    std::mutex mutex;
+    std::vector<std::pair<std::string, std::string>> sent;
+    ScriptedPeer peer{[this](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        auto handle = msgpack::unpack(static_cast<const char*>(parts[1].data()), parts[1].size());
+        auto header = handle.get().as<std::map<std::string, msgpack::object>>();
+        if (header.at("model").as<std::string>() == "slow") return;
+        auto input = header.at("inputs").via.array.ptr[0].as<std::map<std::string, msgpack::object>>();
+        bool placed = header.count("outputs") != 0;
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            sent.emplace_back(input.count("region") ? "region" : "frame", placed ? "placed" : "frame");
+        }
+        if (placed) {
+            auto reply = placed_reply(header);
+            router.send(zmq::buffer(parts[0].data(), parts[0].size()), zmq::send_flags::sndmore);
+            router.send(zmq::buffer(reply), zmq::send_flags::none);
+            return;
+        }
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {7, 7});
+    }};
+    std::pair<std::string, std::string> last() {
+        std::lock_guard<std::mutex> lock(mutex);
+        return sent.empty() ? std::pair<std::string, std::string>{} : sent.back();
+    }
+};
+
+// A shm.sock that registers regions as registrar() does, refuses a region
+// without a label while `refuse_unlabelled` (RESOURCE_EXHAUSTED, as a byte bound
+// would; noted "refused"), and answers infer requests with their placed outputs.
+ScriptedShm::Script refusing_registrar(std::shared_ptr<std::atomic<bool>> refuse_unlabelled) {
+    auto registered = std::make_shared<int>(0);
+    return [registered, refuse_unlabelled](ScriptedShm& shm, const ScriptedShm::Header& header) {
+        auto op = op_of(header);
+        if (op == "register" && *refuse_unlabelled && header.count("label") == 0) {
+            shm.note("refused");
+            shm.send(error_reply(id_of(header), "RESOURCE_EXHAUSTED",
+                                 "this region's 4096 would exceed shm.max_bytes_per_uid"));
+        } else if (op == "register") {
+            auto id = region_id(++*registered);
+            shm.note("register " + id);
+            shm.send(op_reply(id_of(header), id));
+        } else if (op == "unregister") {
+            shm.send(op_reply(id_of(header), std::nullopt));
+        } else {
+            shm.send(placed_reply(header));
+        }
+    };
+}
+
+// A daemon that restarted and will not take the OnShm client's region back:
+// refusing it (`without_shm` false) or with no shm.sock at all.
+void region_refused_after_a_restart(bool without_shm) {
+    InferSocket infer_socket;
+    auto refuse = std::make_shared<std::atomic<bool>>(false);
+    ScriptedShm shm(refusing_registrar(refuse));
+    OnShm on_shm(infer_socket.peer, shm);
+    auto& client = on_shm.client;
+    client.infer("m", on_shm.inputs(), on_shm.infer);
+    CHECK_EQ(client.last_transport(), "shm");
+    shm.hang_up();
+    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "hung up"); }));
+    *refuse = true;
+    if (without_shm) CHECK_EQ(unlink(shm.path().c_str()), 0);
+
+    // A call naming the region with its output as a frame goes on the infer socket:
+    // it finds the connection closed, the region cannot be registered again, and
+    // x travels as a frame (before: it threw the refusal, and so did every call).
+    float out[2] = {0, 0};
+    InferOptions as_frame;
+    as_frame.outputs.push_back({"out0", mutable_view(DType::Float32, {2}, out, sizeof out)});
+    client.infer("m", on_shm.inputs(), as_frame);
+    CHECK(infer_socket.last() == std::make_pair(std::string("frame"), std::string("frame")));
+    CHECK_EQ(out[1], 7.0f);
+    // Every call is served: one naming no region, and one placing out0 in the region.
+    float plain[2] = {1, 1};
+    CHECK_EQ(client.infer("m", two_floats(plain)).output("out0").as<float>()[1], 7.0f);
+    auto placed = client.infer("m", on_shm.inputs(), on_shm.infer);
+    CHECK(placed.output("out0").data == on_shm.out0.data);
+    CHECK_EQ(static_cast<const float*>(on_shm.out0.data)[0], 7.0f);
+    CHECK_EQ(client.last_transport(), "infer");
+    CHECK(infer_socket.last() == std::make_pair(std::string("frame"), std::string("frame")));
+    // Tried once, not at every call: its delay has not passed.
+    auto notes = shm.notes();
+    CHECK_EQ(std::count(notes.begin(), notes.end(), "refused"), without_shm ? 0 : 1);
+    auto regions = client.shm_regions();
+    CHECK_EQ(regions.registered, 0u);
+    CHECK_EQ(regions.failed_registrations, 1u);
+    CHECK_EQ(regions.pending.size(), 1u);
+    if (regions.pending.size() == 1) {
+        const auto& pending = regions.pending[0];
+        CHECK_EQ(pending.nbytes, 4096u);
+        CHECK_EQ(pending.failures, 1u);
+        CHECK(pending.retry_in > std::chrono::milliseconds(0) && pending.retry_in <= std::chrono::seconds(1));
+        auto expected = without_shm ? "cannot connect to the shm socket" : "would exceed shm.max_bytes_per_uid";
+        CHECK(pending.error.find(expected) != std::string::npos);
+    }
+    if (without_shm) return;
+    // A new region is registered: the pending one does not make it fail.
+    client.shared_region(4096, std::string("small"));
+    CHECK_EQ(client.shm_regions().registered, 1u);
+    // Asked for by name, the pending region is tried at once, whatever its delay.
+    CHECK_THROWS(RemoteError, client.register_region(on_shm.region),
+                 error.code() == ErrorCode::ResourceExhausted);
+    CHECK_EQ(client.shm_regions().pending.at(0).failures, 2u);
+    *refuse = false;
+    client.register_region(on_shm.region);
+    regions = client.shm_regions();
+    CHECK(regions.pending.empty() && regions.registered == 2 && regions.failed_registrations == 2);
+    client.infer("m", on_shm.inputs(), on_shm.infer);
+    CHECK_EQ(client.last_transport(), "shm");
+}
+
+}  // namespace
+
+TEST(a_region_a_restarted_daemon_refuses_fails_no_call) { region_refused_after_a_restart(false); }
+
+TEST(a_region_a_restarted_daemon_without_shm_fails_no_call) { region_refused_after_a_restart(true); }
+
+TEST(last_transport_names_the_socket_a_call_that_timed_out_was_sent_on) {
+    // It was set once a reply came: after a timeout it named the call before's socket.
+    InferSocket infer_socket;
+    ScriptedShm shm(registrar([](ScriptedShm& self, const ScriptedShm::Header& header) {
+        self.send(placed_reply(header));
+    }));
+    OnShm on_shm(infer_socket.peer, shm);
+    on_shm.client.infer("m", on_shm.inputs(), on_shm.infer);
+    CHECK_EQ(on_shm.client.last_transport(), "shm");
+    InferOptions quick;
+    quick.timeout = std::chrono::milliseconds(100);
+    float input[2] = {0, 0};
+    CHECK_THROWS(Timeout, on_shm.client.infer("slow", two_floats(input), quick), true);
     CHECK_EQ(on_shm.client.last_transport(), "infer");
 }
 

@@ -116,6 +116,23 @@ struct ModelDescription {
     std::vector<TensorSpec> outputs;
 };
 
+// A region this client registered that the daemon let go (it closed the shm
+// connection: a restart) and that is not registered again yet.
+struct PendingRegion {
+    std::optional<std::string> label;
+    std::size_t nbytes = 0;
+    std::uint64_t failures = 0;  // failed tries to register it again, in a row
+    std::string error;  // the last one's what() ("" before any)
+    std::chrono::milliseconds retry_in{0};  // until a call naming it may try again
+};
+
+// The regions this client registered (InferenceClient::shm_regions()).
+struct ShmRegions {
+    std::size_t registered = 0;  // held by the daemon for this client now
+    std::vector<PendingRegion> pending;
+    std::uint64_t failed_registrations = 0;  // failed tries to register one again, in all
+};
+
 class RequestChannel;
 class RegionChannel;
 
@@ -136,6 +153,23 @@ public:
     // (wire::kMaxShmMessageBytes). Throws RemoteError with the daemon's code,
     // Timeout, ConnectionLost (at once, or resent while retries are left), or
     // MalformedReply.
+    //
+    // Memory in regions is the daemon's from the send until the reply: it reads
+    // the inputs and writes the placed outputs there whenever the request runs,
+    // and so also after infer threw Timeout or ConnectionLost, for every attempt
+    // the retries sent. unregister_region, or destroying the region or the
+    // client, stops none of it (the daemon keeps a region mapped while a request
+    // uses it; whatever still maps the memfd sees the writes). After a timeout,
+    // do not reuse those buffers for anything that must not be overwritten until
+    // that request's late reply has come (discarded and counted in
+    // discarded_replies() by a later call on the same socket), or use others.
+    // InferOptions::deadline_ms at or below the timeout makes the daemon answer
+    // DEADLINE_EXCEEDED without running a request not started by then, but it
+    // counts from the daemon's receipt (a request not read yet can still start
+    // later) and never stops a run already started.
+    //
+    // A region the daemon let go and that cannot be registered again
+    // (shm_regions()) fails no call: its tensors travel as frames.
     InferResult infer(const std::string& model, const std::vector<NamedTensor>& inputs,
                       const InferOptions& options = {});
 
@@ -149,16 +183,28 @@ public:
     // while registered is no longer used from that moment and is unregistered at
     // this client's next call. It must not end while a call that uses it runs.
     // Should the daemon close the shm connection (a restart releases every region),
-    // the call that finds it closed throws ClientError and the next call (infer or
-    // register_region) registers the regions again, under new ids.
+    // the call on the shm socket that finds it closed throws ClientError, and the
+    // regions are pending: a call naming one's tensors registers it again (under a
+    // new id), at most once per delay (1 s, doubling with each failure in a row,
+    // up to 60 s), each try waiting at most that call's timeout; while it cannot,
+    // its tensors travel as frames (shm_regions() says why). register_region
+    // registers only `region`, on a new connection if the old one closed, so a
+    // pending region never makes it fail; a pending `region` is tried at once and
+    // its failure thrown.
     std::string register_region(SharedRegion& region);
     void unregister_region(SharedRegion& region);
 
     // Replies to ids no longer waited for (answers to attempts that timed out).
     std::uint64_t discarded_replies() const;
     const std::string& endpoint() const;
-    // Which socket carried the last infer request: "infer" or "shm" ("" before any).
+    // Which socket the last infer call sent its request on, "infer" or "shm", set
+    // just before it is sent: also for a call that then threw (a timeout, a lost
+    // connection, an error reply), so it names where a late reply would come; a
+    // call refused before that leaves it ("" before any).
     const std::string& last_transport() const { return last_transport_; }
+    // The regions registered now, those pending (the daemon let them go and they
+    // are not registered again yet) and why, and the failed tries in all.
+    ShmRegions shm_regions() const;
     // The shm replies' polling window: its width and what it caught and cost.
     PollWindowStatus reply_spin() const;
     // The kernel send buffer of the connection to the infer socket (DESIGN.md 116).
@@ -174,8 +220,16 @@ private:
     // Registered regions by id: their mappings, not the objects, which the caller
     // may move or destroy (an emptied mapping is unregistered at the next call).
     std::vector<std::pair<std::string, std::shared_ptr<const detail::RegionMapping>>> regions_;
-    // Regions a closed shm connection released, to register again at the next call.
-    std::vector<std::shared_ptr<const detail::RegionMapping>> released_;
+    // Regions a closed shm connection released, to register again by a call
+    // naming them (register_named), each with its failed tries in a row.
+    struct Released {
+        std::shared_ptr<const detail::RegionMapping> mapping;
+        std::uint64_t failures = 0;
+        std::string error;
+        std::chrono::steady_clock::time_point retry_at{};  // epoch: the first call naming it
+    };
+    std::vector<Released> released_;
+    std::uint64_t failed_registrations_ = 0;
     std::uint64_t closed_shm_discarded_ = 0;  // discarded_replies() of closed shm connections
     std::vector<std::unique_ptr<SharedRegion>> owned_;
     // Each model's output names, as the last reply on the infer socket (or
@@ -185,11 +239,19 @@ private:
 
     // Unregisters the regions destroyed since the last call (without waiting).
     void release_ended_regions();
-    std::string register_mapping(const std::shared_ptr<const detail::RegionMapping>& mapping);
+    std::string register_mapping(const std::shared_ptr<const detail::RegionMapping>& mapping,
+                                 std::optional<std::chrono::milliseconds> timeout = {});
     // The shm connection is closed (the daemon's restart released its regions):
-    // dropped, and its regions kept for register_again.
+    // dropped, and its regions pending (released_).
     void shm_closed();
-    void register_again();
+    // Registers again the pending regions one of these tensors lies in whose
+    // delay has passed; one that fails stays pending (its tensors go as frames).
+    void register_named(const std::vector<NamedTensor>& inputs, const InferOptions& options,
+                        std::chrono::milliseconds timeout);
+    // Registers the pending region of `mapping` again, now; one that fails stays
+    // pending, its failure counted and its next try put off, and is rethrown.
+    std::string register_released(const std::shared_ptr<const detail::RegionMapping>& mapping,
+                                  std::optional<std::chrono::milliseconds> timeout = {});
     bool places_every_output(const std::string& model,
                              const std::vector<wire::TensorDescriptor>& placed) const;
 };
