@@ -13,7 +13,10 @@ counts it as a failure.
 The thread watches so that a ground station that closed the connection between
 alerts (a restart) is reconnected to at once: noticed only by the next alert,
 that alert failed, and so did the first alert after the station came back
-(DESIGN.md 261).
+(DESIGN.md 261).  While it is not connected, ``write`` raises
+``NoDestinationError`` (the hook holds the alert) and ``on_connected`` tells the
+hook when to send what it holds (``link_backlog``).  An IPv6 ``host`` is given
+without brackets.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import structlog
+
+from inferd.alerts.link_backlog import NoDestinationError
 
 log = structlog.get_logger("inferd.alerts.mavlink")
 
@@ -61,7 +67,8 @@ class TcpLink:
     be torn), it closes the socket and connects again: at once after a drop,
     every ``retry_interval_s`` while that fails.  Only that thread closes a
     socket it polls, so no descriptor is reused under it; ``write`` and
-    ``close`` wake it with ``shutdown``.  Thread-safe.
+    ``close`` wake it with ``shutdown``.  Thread-safe.  ``on_connected`` is
+    called on that thread after each connection, with no lock of this class held.
     """
 
     def __init__(
@@ -71,9 +78,11 @@ class TcpLink:
         *,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         retry_interval_s: float = RETRY_INTERVAL_S,
+        on_connected: Callable[[], None] | None = None,
     ) -> None:
         self.address = (host, port)
-        self.endpoint = f"tcp:{host}:{port}"
+        self.endpoint = f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
+        self._on_connected = on_connected
         self._connect_timeout_s = connect_timeout_s
         self._retry_interval_s = retry_interval_s
         self._lock = threading.Lock()
@@ -91,14 +100,24 @@ class TcpLink:
     def connected(self) -> bool:
         return self._sock is not None
 
+    @property
+    def last_error(self) -> str | None:
+        """Why the link is down; None while it is up."""
+        with self._lock:
+            return None if self._sock is not None else self._last_error
+
     def write(self, data: bytes) -> None:
         with self._lock:
             sock = self._sock
             if sock is None:
                 self._start_thread()  # only if it died (a bug): it reconnects on its own
-                raise ConnectionError(f"not connected to {self.endpoint} ({self._last_error})")
+                raise NoDestinationError(f"not connected to {self.endpoint} ({self._last_error})")
             try:
                 _discard_received(sock)  # a close the thread has not seen yet
+            except OSError as exc:  # nothing of this frame was sent: the link is down
+                self._drop(sock, repr(exc))
+                raise NoDestinationError(f"{self.endpoint}: {exc}") from exc
+            try:
                 sock.sendall(data)
             except OSError as exc:
                 self._drop(sock, repr(exc))
@@ -191,6 +210,8 @@ class TcpLink:
                     return None
                 self._sock = self._watched = sock
             log.info("mavlink_tcp_connected", endpoint=self.endpoint, attempts=attempts)
+            if self._on_connected is not None:
+                self._on_connected()
             return sock
         return None
 

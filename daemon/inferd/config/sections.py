@@ -6,6 +6,7 @@ of a section's rules and raises the values they refused together).  ``[bus]`` an
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -332,16 +333,20 @@ class AlertsConfig:
         kind, _, address = self.mavlink_endpoint.partition(":")
         host, _, port = address.rpartition(":")
         number = port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
-        if kind not in ("udpout", "udpin", "tcp", "udp") or not host or not number:
+        bare = host.removeprefix("[").removesuffix("]")
+        try:  # an IPv6 address goes in brackets ("::1:14550" is ambiguous), nothing else does
+            expected = f"[{bare}]" if ipaddress.ip_address(bare).version == 6 else bare
+        except ValueError:  # a host name: not empty, no colon (else 3 longer than any host)
+            expected = bare if bare and ":" not in bare else f"[{bare}]:"
+        if kind not in ("udpout", "udpin", "tcp", "udp") or not number or host != expected:
             refuse(
                 f"alerts.mavlink_endpoint: {self.mavlink_endpoint!r} must be a pymavlink "
                 "connection string, udpout:, udpin:, udp: or tcp: then HOST:PORT (port "
-                "1..65535), such as 'udpout:192.168.1.10:14550'",
+                "1..65535, an IPv6 HOST in brackets), such as 'udpout:192.168.1.10:14550'",
                 "alerts.mavlink_endpoint",
             )
         if not 1 <= self.mavlink_source_system <= 255:
-            key = "alerts.mavlink_source_system"
-            refuse(f"{key} must be 1..255", key)
+            refuse("alerts.mavlink_source_system must be 1..255", "alerts.mavlink_source_system")
         if not 1 <= self.mavlink_source_component <= 255:  # 0: MAV_COMP_ID_ALL, a target
             key = "alerts.mavlink_source_component"
             refuse(f"{key} must be 1..255 (0 is MAV_COMP_ID_ALL, not a sender's id)", key)

@@ -72,6 +72,10 @@ def test_udpin_alerts_before_a_ground_station_was_heard_are_failures_not_sent(
     try:
         ground.sendto(_heartbeat(), udpin_hook._connection.port.getsockname())
         wait_until(lambda: _sends(udpin_hook), message="the hook learning the ground station")
+        # The alert that failed was held: it reaches the station first, late (link_backlog).
+        late = _text(ground.recv(512)) + _text(ground.recv(512))
+        assert late.startswith("engine_worker_died: nobody is listening yet ("), late
+        assert late.endswith(" s late)"), late
         assert _text(ground.recv(512)) == "probe: is anyone there"
     finally:
         ground.close()

@@ -71,7 +71,11 @@ def test_udpout_never_resolves_its_host_on_the_thread_raising_the_alert(
             return True
 
         wait_until(sends, message="the hook sending once the name resolved")
-        assert _text(udp_listener.recv(512)) == "resolved: ground station found"
+        # The alerts that failed were held: they reach the station first, late (link_backlog).
+        texts = [_text(udp_listener.recv(512))]
+        while texts[-1] != "resolved: ground station found":
+            texts.append(_text(udp_listener.recv(512)))
+        assert texts[0].startswith("first: while resolving (") and texts[0].endswith(" s late)")
         assert callers == [callers[0]] and callers[0] != RAISER  # resolved once
     finally:
         release.set()

@@ -15,6 +15,7 @@ import pytest
 
 from inferd.alerts.udp_link import MAX_UDP_PEERS, UdpOut, UdpPeers
 from tests.conftest import HANG_S
+from tests.unit.alerts.test_mavlink_udpin import _heartbeat
 
 #: Over the 65,507 bytes a UDP datagram over IPv4 can carry.
 TOO_LARGE = b"x" * 70_000
@@ -36,7 +37,7 @@ def hook_socket() -> Iterator[socket.socket]:
 
 def _heard(peers: UdpPeers, peer: socket.socket, hook_socket: socket.socket) -> None:
     """``peer`` sends to the hook's socket, and ``peers`` reads it once it is there."""
-    peer.sendto(b"heartbeat", hook_socket.getsockname())
+    peer.sendto(_heartbeat(), hook_socket.getsockname())  # only MAVLink teaches a peer
     readable, _, _ = select.select([hook_socket], [], [], HANG_S)
     assert readable, "the datagram never reached the hook's socket"
     peers.learn()
