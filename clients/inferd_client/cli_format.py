@@ -430,10 +430,11 @@ def _retries(result: Mapping[str, Any]) -> list[tuple[Any, Mapping[str, Any]]]:
 
 def _retry(retry: Mapping[str, Any]) -> str:
     """A preferred source whose opens fail: how often, why, and what comes next."""
-    if retry.get("running_s") is not None:
-        then = f"an open running {retry['running_s']:.1f} s"
-    elif retry.get("next_try_in_s") is not None:
-        then = f"next try in {retry['next_try_in_s']:.1f} s"
+    running, next_try = retry.get("running_s"), retry.get("next_try_in_s")
+    if isinstance(running, int | float):
+        then = f"an open running {running:.1f} s"
+    elif isinstance(next_try, int | float):
+        then = f"next try in {next_try:.1f} s"
     else:
         then = "no try due"
     return f"{retry.get('failed_opens')} failed opens, {then}: {retry.get('last_error')}"

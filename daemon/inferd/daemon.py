@@ -203,8 +203,8 @@ class Daemon(DaemonState):
         steps("bus.bind", self.bus.wait_bound, 10)
         if self.shm is not None:
             steps("shm.start", self.shm.start)
-        groups = self.security.socket_groups
-        steps("ipc_socket_groups", lambda: open_ipc_sockets_to_group(groups()))
+        groups = self.security.socket_groups(self.shm is not None and self.shm.refused is None)
+        steps("ipc_socket_groups", open_ipc_sockets_to_group, groups)
         steps("thermal.start", self.thermal.start)
         steps("worker.start", self.worker.start)
         steps("metrics.start", self.metrics.start)

@@ -115,12 +115,13 @@ class BusSecurity:
     def endpoints(self) -> list[str]:
         return list(self._endpoints.values())
 
-    def socket_groups(self) -> list[tuple[str, str, int | None]]:
+    def socket_groups(self, shm_served: bool) -> list[tuple[str, str, int | None]]:
         """``(socket, endpoint, gid)``: the group each ipc:// socket file gets;
-        ``shm.sock`` serves infer requests, so it gets the infer socket's."""
+        ``shm.sock`` serves infer requests, so it gets the infer socket's (when it was
+        bound: not under strict overcommit, DESIGN.md 295)."""
         security = self._config.security
         groups = [(name, self._endpoints[name], security.access(name).group) for name in SOCKETS]
-        if self._config.shm.enabled:
+        if shm_served:
             shm = f"ipc://{self._config.shm.socket}"
             groups.append(("infer", shm, security.access("infer").group))
         return groups

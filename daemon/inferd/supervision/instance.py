@@ -6,7 +6,7 @@ ipc:// socket's directory, taken before any socket is bound, turns a second
 instance into a clear error (DESIGN.md 5).  Each of those directories must be
 the daemon's own (``inferd.owned_files``), and so must its lock file: anything
 else planted there (a symlink, a FIFO, another user's file) is refused as an
-unsafe directory is, exit 2 (DESIGN.md 289).
+unsafe directory is, exit 2 (DESIGN.md 289, 291).
 Socket files get ``IPC_SOCKET_MODE`` once bound, so the daemon's group may
 connect while the runtime dir's own mode guards the rest; a socket with its own
 group (``security.<socket>_group``) is given that group first, and the daemon
@@ -64,7 +64,7 @@ class DaemonAlreadyRunningError(RuntimeError):
 class UnsafeLockFileError(UnsafeDirectoryError):
     """What is at ``inferd.lock`` in a directory ``ensure_owned_dir`` accepted is not
     the daemon's own regular file.  Only this uid or root could have put it there,
-    and a restart meets it again: exit 2, as for an unsafe directory (DESIGN.md 289)."""
+    and a restart meets it again: exit 2, as for an unsafe directory (DESIGN.md 289, 291)."""
 
 
 class SocketGroupError(RuntimeError):

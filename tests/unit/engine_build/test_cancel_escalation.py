@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,47 @@ def test_a_child_that_exits_after_closing_its_stdout_ends_as_its_own(
     assert build.done.wait(HANG_S)
     assert build.state == "failed" and build.exit_code == 3
     assert build.cancel_source is None and build.escalated is False
+
+
+def test_a_child_that_ended_while_its_reader_was_busy_is_not_cancelled_at_the_deadline(
+    manager: BuildManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader acts on a passed deadline before it reads what is waiting: a child
+    that reported and exited while the reader was busy past the deadline ends as
+    its own (``completed``), not ``cancelled`` by a timeout (review of entry 292)."""
+    from inferd.engine_build.pipe import ReportMessage
+
+    on_message = BuildManager._on_message
+    exited: list[bool] = []
+
+    def busy(self: BuildManager, build: Build, message: object) -> None:
+        on_message(self, build, message)  # type: ignore[arg-type]
+        if isinstance(message, ReportMessage):  # the child exits on its own meanwhile
+            info = os.waitid(os.P_PID, build.process.pid, os.WEXITED | os.WNOWAIT)
+            exited.append(info is not None and info.si_status == 0)  # a zombie, unreaped
+            # ... and the reader, busy until now, finds its deadline passed.
+            build.deadline_s = time.monotonic() - build.started_mono - 0.01
+
+    monkeypatch.setattr(BuildManager, "_on_message", busy)
+    build = _start(manager, simulation={"step_s": 0.01})
+    assert build.done.wait(HANG_S)
+    status = describe(build)
+    assert exited == [True]  # the case itself
+    assert (status["state"], build.exit_code, status["cancel_source"]) == ("completed", 0, None)
+
+
+def test_a_grace_shorter_than_the_readers_shortest_wait_does_not_spin_it() -> None:
+    from types import SimpleNamespace
+
+    from inferd.engine_build.reader_deadlines import MIN_WAKE_S, BuildDeadlines
+
+    silent = SimpleNamespace(
+        cancel_requested_mono=None,
+        started_mono=time.monotonic(),
+        deadline_s=3600.0,
+        escalated=False,
+    )
+    deadlines = BuildDeadlines(silent, 0.001, lambda _build: None)  # type: ignore[arg-type]
+    assert deadlines.wait_s() == MIN_WAKE_S
+    silent.cancel_requested_mono = time.monotonic()  # a cancel: its grace is due at once
+    assert deadlines.wait_s() <= 0.001
