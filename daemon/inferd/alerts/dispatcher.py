@@ -12,6 +12,15 @@ key.  Every raised alert is thus either delivered or counted in one that is:
 other threads before it closes the hooks, so an alert counted as sent is not
 handed to a closed hook (DESIGN.md 261).
 
+Sanitising: every hook and the ``alert`` log line get the same alert, one that
+each can send whole: ``_sanitised`` escapes what UTF-8 cannot hold, cuts long
+strings (the message to 4096 characters), bounds ``fields`` and turns what
+msgpack cannot pack into its ``repr`` (``alerts.sanitise``), once per delivery
+(not for a repeat held back: a storm of them pays only the rate limit), and adds
+``fields["sanitised"]`` (``{reason, changed}``) when it changed anything; the
+FDR record keeps that marker, the PUB event leaves it out.  An alert that needs
+no change is not copied.
+
 Logging: each delivered alert is logged once at its level (EMERGENCY, ALERT,
 CRITICAL -> critical; ERROR -> error; WARNING -> warning; NOTICE, INFO ->
 info; DEBUG -> debug) as ``alert`` with ``alert_level``, ``alert_code``,
@@ -36,14 +45,16 @@ from typing import Any
 
 import structlog
 
-from inferd.alerts.hooks import SUPPRESSED_FIELD
+from inferd.alerts.hooks import SANITISED_FIELD, SUPPRESSED_FIELD
 from inferd.alerts.interface import AlertHook
 from inferd.alerts.levels import LEVELS, log_method
+from inferd.alerts.sanitise import bounded_repr, sanitised
 from inferd.types import Alert
 
 log = structlog.get_logger("inferd.alerts")
 
 _Key = tuple[str, Hashable]
+_RESERVED = frozenset((SUPPRESSED_FIELD, SANITISED_FIELD))
 
 #: Longest wait in ``close()`` for deliveries in progress (a hook must not block:
 #: each takes microseconds; one past this is handed to a closed hook, which fails it).
@@ -146,6 +157,7 @@ class AlertDispatcher:
             finally:
                 self._delivered()
         elif closed:
+            alert = _sanitised(alert)
             _log_alert(alert, dict(alert.fields), delivered=False)
         else:
             log.debug(
@@ -254,6 +266,7 @@ class AlertDispatcher:
 
     # -- delivery -----------------------------------------------------------
     def _deliver(self, alert: Alert, suppressed: int) -> None:
+        alert = _sanitised(alert)
         fields: dict[str, Any] = dict(alert.fields)
         if suppressed > 0:
             fields[SUPPRESSED_FIELD] = suppressed
@@ -315,17 +328,31 @@ def _key(alert: Alert) -> _Key:
     try:
         hash(model)
     except TypeError:
-        model = repr(model)
+        model = bounded_repr(model)
     return (alert.code, model)
 
 
 def _normalised(alert: Alert) -> Alert:
     """Unknown levels become ERROR (the alert is not lost); a raiser's own
-    ``suppressed`` field is dropped (the key is the dispatcher's)."""
+    ``suppressed`` and ``sanitised`` fields are dropped (the keys are the
+    dispatcher's)."""
     changes: dict[str, Any] = {}
     if alert.level not in LEVELS:
         log.error("alert_invalid_level", alert_code=alert.code, alert_level=alert.level)
         changes["level"] = "ERROR"
-    if SUPPRESSED_FIELD in alert.fields:
-        changes["fields"] = {k: v for k, v in alert.fields.items() if k != SUPPRESSED_FIELD}
+    if SUPPRESSED_FIELD in alert.fields or SANITISED_FIELD in alert.fields:
+        changes["fields"] = {k: v for k, v in alert.fields.items() if k not in _RESERVED}
     return dataclasses.replace(alert, **changes) if changes else alert
+
+
+def _sanitised(alert: Alert) -> Alert:
+    """The alert every hook and the log line get (``sanitise.sanitised``), with
+    ``fields["sanitised"]`` saying what changed and why; the alert itself, not
+    copied, when it needs no change."""
+    clean = sanitised(alert.code, alert.message, alert.fields)
+    if clean is None:
+        return alert
+    fields = clean.fields
+    if clean.changed:  # not when only a mapping that is no dict was copied
+        fields = {**fields, SANITISED_FIELD: {"reason": clean.reason, "changed": clean.changed}}
+    return dataclasses.replace(alert, code=clean.code, message=clean.message, fields=fields)

@@ -1,10 +1,13 @@
-"""The fdr alert hook when the recorder refuses an alert's payload, and when
+"""The fdr alert hook when the recorder would refuse an alert's payload, and when
 there is no recorder (``inferd.alerts.hooks.FdrAlertHook``).
 
-Before: an alert whose text held a lone surrogate (``os.fsdecode`` of a
-non-UTF-8 file name) or whose body was over 1 MiB left no FDR record, only a
-hook failure logged once per window; and with the recorder lost at start every
-alert counted as ``sent`` by the ``fdr`` hook."""
+Before DESIGN.md 294: an alert whose text held a lone surrogate (``os.fsdecode``
+of a non-UTF-8 file name) or whose body was over 1 MiB left no FDR record, only
+a hook failure logged once per window; and with the recorder lost at start every
+alert counted as ``sent`` by the ``fdr`` hook.  Now the dispatcher sanitises
+such an alert (``alerts.sanitise``) for every hook and the record carries its
+``sanitised`` marker; the hook itself only cuts a record a segment cannot hold
+to its smallest copy."""
 
 from __future__ import annotations
 
@@ -76,15 +79,19 @@ def test_an_alert_the_recorder_cannot_encode_is_recorded_sanitised(
     surrogate, field, long, plain = records
     escaped = "/var/lib/inferd/engines/det\\udce9ctor.engine"
     assert surrogate["message"] == f"cannot open {escaped}"
-    assert surrogate["sanitised"]["changed"] == ["message"]
-    assert "surrogates not allowed" in surrogate["sanitised"]["reason"]
+    assert surrogate["sanitised"] == {
+        "reason": "a lone surrogate (not UTF-8)",
+        "changed": ["message"],
+    }
     assert field["fields"] == {**failover, "engine": escaped}
-    assert field["sanitised"]["changed"] == ["fields.engine"]
+    assert field["sanitised"] == {
+        "reason": "a lone surrogate (not UTF-8)",
+        "changed": ["fields.engine"],
+    }
     assert long["message"].startswith("cannot serve: yyy")
     assert long["message"].endswith(f" [cut: {14 + (1 << 20)} characters]")
     assert len(long["message"]) < 4200
-    assert long["sanitised"]["changed"] == ["message"]
-    assert "the limit is 1048576" in long["sanitised"]["reason"]
+    assert long["sanitised"] == {"reason": "a string over its limit", "changed": ["message"]}
     assert "sanitised" not in plain
     hook = dispatcher.status()["hooks"]["fdr"]
     assert (hook["sent"], hook["failures"]) == (4, 0)  # before: (1, 3)
@@ -104,7 +111,9 @@ def test_values_msgpack_cannot_pack_are_recorded_as_their_repr(recorder: FlightR
         "nested": nested,
         "blob": b"\x00\xff",
     }
-    FdrAlertHook(recorder.record).alert("WARNING", "provider_degraded", "degraded", fields)
+    AlertDispatcher([FdrAlertHook(recorder.record)])(
+        Alert("WARNING", "provider_degraded", "degraded", fields)
+    )
 
     (record,) = _alert_records(recorder)
     assert record["fields"]["model"] == "demo"
@@ -124,20 +133,59 @@ def test_values_msgpack_cannot_pack_are_recorded_as_their_repr(recorder: FlightR
         "fields.nested",
         "fields.path",
     ]
+    assert record["sanitised"]["reason"] == (
+        "a value msgpack cannot pack; a map key that is not a string; nested deeper than 3 levels"
+    )
+
+
+def test_a_payload_refused_without_the_dispatcher_is_recorded_as_the_smallest_copy(
+    recorder: FlightRecorder,
+) -> None:
+    """The hook sanitises nothing itself (the dispatcher does, for every hook): what
+    the recorder refuses is recorded as level, code and the start of the message."""
+    fields = {"model": "demo", "path": Path("/models/demo.onnx")}
+    FdrAlertHook(recorder.record).alert("WARNING", "provider_degraded", "degraded", fields)
+    (record,) = _alert_records(recorder)
+    assert (record["message"], record["fields"]) == ("degraded", {})
+    assert record["sanitised"]["changed"] == ["fields"]
+    assert "PosixPath" in record["sanitised"]["reason"]  # the recorder's own refusal
 
 
 def test_a_segment_too_small_for_the_sanitised_copy_gets_the_smallest(tmp_path: Path) -> None:
     recorder = _recorder(tmp_path / "fdr", segment_max_bytes=4096, max_total_bytes=8192)
     try:
         fields = {f"k{index}": "v" * 900 for index in range(300)}
-        FdrAlertHook(recorder.record).alert("CRITICAL", "big", "m" * 5000, fields)
+        AlertDispatcher([FdrAlertHook(recorder.record)])(
+            Alert("CRITICAL", "big", "m" * 5000, fields)
+        )
         (record,) = _alert_records(recorder)
     finally:
         recorder.stop(5)
     assert record["fields"] == {}
-    assert record["message"] == "m" * 200 + " [cut: 5000 characters]"
+    assert record["message"] == "m" * 200 + " [cut: 5000 characters]"  # the length as raised
     assert (record["level"], record["code"]) == ("CRITICAL", "big")
     assert record["sanitised"]["changed"] == ["message", "fields"]
+    reason = record["sanitised"]["reason"]  # the dispatcher's, then the recorder's
+    assert reason.startswith("a string over its limit; over 256 values; alert: record is ")
+    assert reason.endswith("a segment (fdr.segment_max_bytes 4096) holds 4068 after its header")
+
+
+def test_the_smallest_copy_names_fields_once_for_all_it_left_out(tmp_path: Path) -> None:
+    """The dispatcher names each field it changed (100 here, 1.3 KB of names);
+    the smallest copy, which leaves them all out, says ``fields`` once, so it still
+    fits the smallest segment allowed."""
+    recorder = _recorder(tmp_path / "fdr", segment_max_bytes=1024, max_total_bytes=8192)
+    try:
+        fields = {f"engine{index}": f"{ENGINE}.{index}" for index in range(100)}
+        dispatcher = AlertDispatcher([FdrAlertHook(recorder.record)])
+        dispatcher(Alert("ERROR", "engines_unreadable", "many", fields))
+        (record,) = _alert_records(recorder)
+    finally:
+        recorder.stop(5)
+    assert (record["message"], record["fields"]) == ("many", {})
+    assert record["sanitised"]["changed"] == ["fields"]  # before: the 100 names, refused
+    assert record["sanitised"]["reason"].startswith("a lone surrogate (not UTF-8); alert: ")
+    assert dispatcher.status()["hooks"]["fdr"]["failures"] == 0
 
 
 def test_an_alert_no_copy_of_which_can_be_recorded_fails_the_hook() -> None:
