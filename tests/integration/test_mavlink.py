@@ -130,7 +130,13 @@ def test_dispatcher_reports_suppressed_repeats_to_the_ground(ground: Any) -> Non
         dispatcher.close()
     assert first.text == "thermal: gpu hot"
     assert second.text == "thermal: gpu hot (+2 repeats)"
-    assert dispatcher.status()["hooks"]["mavlink"] == {"sent": 2, "failures": 0, "last_error": None}
+    hook = dispatcher.status()["hooks"]["mavlink"]
+    assert {key: hook[key] for key in ("sent", "failures", "last_error")} == {
+        "sent": 2,
+        "failures": 0,
+        "last_error": None,
+    }
+    assert hook["link"]["state"] == "closed"  # the link's own state, closed with the hook
 
 
 def test_udpin_hook_answers_a_ground_station_that_connected_to_it() -> None:

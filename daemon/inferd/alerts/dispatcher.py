@@ -245,6 +245,13 @@ class AlertDispatcher:
         return due
 
     def status(self) -> dict[str, Any]:
+        # A hook's own link state (the MAVLink hook's ``status()``), read outside the
+        # dispatcher's lock: the hook takes its own, held briefly.
+        links = {
+            state.name: {"link": link()}
+            for state in self._hooks
+            if callable(link := getattr(state.hook, "status", None))
+        }
         with self._lock:
             return {
                 "raised": self._raised,
@@ -259,6 +266,7 @@ class AlertDispatcher:
                         "sent": state.sent,
                         "failures": state.failures,
                         "last_error": state.last_error,
+                        **links.get(state.name, {}),
                     }
                     for state in self._hooks
                 },

@@ -69,7 +69,9 @@ def test_an_alert_raised_after_the_station_restarted_is_delivered_with_none_lost
     finally:
         dispatcher.close()
     assert (status["raised"], status["sent"]) == (2, 2)
-    assert status["hooks"]["mavlink"] == {"sent": 2, "failures": 0, "last_error": None}
+    hook = status["hooks"]["mavlink"]
+    assert (hook["sent"], hook["failures"], hook["last_error"]) == (2, 0, None)
+    assert (hook["link"]["state"], hook["link"]["held"]) == ("up", 0)
 
 
 def test_one_link_thread_per_tcp_hook_watches_the_connection_until_close(
