@@ -27,10 +27,12 @@ from typing import Any
 #: the log line, and the FDR refused it (over the 1 MiB record limit).
 MESSAGE_CHARS = 4096
 #: Characters of each string in ``fields``.
-VALUE_CHARS = 1024
+VALUE_CHARS = 512
 #: Values in ``fields``, at every depth together (a map or list counts as one):
-#: with the message, about 300 KiB of msgpack at most, within a record (1 MiB).
-MAX_VALUES = 256
+#: with the message, about 45 KiB of msgpack at most.  A sanitised alert goes on
+#: the PUB socket too, whose queue for a slow subscriber is counted in events,
+#: not bytes (1000 of 300 KiB, the bound before, was 300 MB held for one reader).
+MAX_VALUES = 64
 #: A map or list at this depth (a field's own value is at 1) becomes its ``repr``.
 MAX_DEPTH = 4
 #: Characters of the code and of a map key.

@@ -233,7 +233,7 @@ def test_a_sanitised_alert_stays_within_its_bounds() -> None:
     assert clean.changed[-1] == "fields"
     assert _values(clean.fields) == sanitise.MAX_VALUES
     assert clean.fields["k0"][1]["deep"]["deeper"] == repr({"deepest": [0]})  # a 4th level
-    assert clean.reason == "a string over its limit; over 256 values; nested deeper than 3 levels"
+    assert clean.reason == "a string over its limit; over 64 values; nested deeper than 3 levels"
 
 
 def _values(node: Any) -> int:

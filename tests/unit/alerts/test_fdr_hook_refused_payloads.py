@@ -166,7 +166,7 @@ def test_a_segment_too_small_for_the_sanitised_copy_gets_the_smallest(tmp_path: 
     assert (record["level"], record["code"]) == ("CRITICAL", "big")
     assert record["sanitised"]["changed"] == ["message", "fields"]
     reason = record["sanitised"]["reason"]  # the dispatcher's, then the recorder's
-    assert reason.startswith("a string over its limit; over 256 values; alert: record is ")
+    assert reason.startswith("a string over its limit; over 64 values; alert: record is ")
     assert reason.endswith("a segment (fdr.segment_max_bytes 4096) holds 4068 after its header")
 
 
@@ -176,14 +176,14 @@ def test_the_smallest_copy_names_fields_once_for_all_it_left_out(tmp_path: Path)
     fits the smallest segment allowed."""
     recorder = _recorder(tmp_path / "fdr", segment_max_bytes=1024, max_total_bytes=8192)
     try:
-        fields = {f"engine{index}": f"{ENGINE}.{index}" for index in range(100)}
+        fields = {f"engine{index}": f"{ENGINE}.{index}" for index in range(60)}
         dispatcher = AlertDispatcher([FdrAlertHook(recorder.record)])
         dispatcher(Alert("ERROR", "engines_unreadable", "many", fields))
         (record,) = _alert_records(recorder)
     finally:
         recorder.stop(5)
     assert (record["message"], record["fields"]) == ("many", {})
-    assert record["sanitised"]["changed"] == ["fields"]  # before: the 100 names, refused
+    assert record["sanitised"]["changed"] == ["fields"]  # before: the 60 names, refused
     assert record["sanitised"]["reason"].startswith("a lone surrogate (not UTF-8); alert: ")
     assert dispatcher.status()["hooks"]["fdr"]["failures"] == 0
 
