@@ -12,12 +12,13 @@ A ``tcp://`` endpoint of a daemon with ``security.curve`` needs ``curve=``: a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from time import monotonic
 from typing import Any
 
 import numpy as np
 import zmq
 
-from inferd_client.channel import RequestChannel
+from inferd_client.channel import RequestChannel, checked_timeout
 from inferd_client.errors import (
     ClientError,
     InvalidArgument,
@@ -210,7 +211,10 @@ class InferenceClient:
         holds for it now), ``pending`` (each one the daemon let go, a restart say,
         and not registered again yet: ``label``, ``nbytes``, ``failures`` in a row,
         the last ``error``, ``retry_in_s``), ``failed_registrations`` (tries to
-        register one again that failed, in all)."""
+        register one again that failed, in all).  A call tries the due pending
+        regions it names within its one timeout; after a try that got no
+        connection or no answer, the others wait as long as that one without a
+        try, so their ``failures`` and ``error`` stay as they were."""
         return {
             "registered": len(self._regions),
             "pending": self._released.status(),
@@ -297,16 +301,37 @@ class InferenceClient:
         timeout: float | None,
     ) -> None:
         """Register again the pending regions this call names whose delay has passed
-        (``shm_regions``), each waited for at most the call's timeout.  One
-        that fails stays pending, its arrays sent as frames by this call: the
-        daemon may refuse it for good (shm disabled, a smaller byte bound), and
-        that is no reason to refuse a request it can serve."""
+        (``shm_regions``), all within the call's timeout.  One that fails stays
+        pending, its arrays sent as frames by this call: the daemon may refuse it
+        for good (shm disabled, a smaller byte bound), and that is no reason to
+        refuse a request it can serve.  A refusal of one region (a byte bound)
+        lets the next be tried; a try that got no connection or no answer ends
+        the call's tries, since the others would only wait as long again: they
+        wait as long as that one (``PendingRegions.put_off``).  Those the timeout
+        leaves no time for stay due, for the next call naming them."""
         arrays = [*inputs.values(), *(outputs or {}).values()]
-        for entry in self._released.due(arrays):
+        due = self._released.due(arrays)
+        if not due:
+            return
+        if self._shm is not None and self._shm.hung_up():
+            # The daemon closed it (a restart) while another region was registered
+            # there: a try sent on it would fail, be counted, and be put off for
+            # nothing.  Its regions are pending now too.
+            self._shm_closed()
+            due = self._released.due(arrays)
+        wait = self._channel.timeout if timeout is None else checked_timeout(timeout)
+        give_up_at = monotonic() + wait
+        for tried, entry in enumerate(due):
+            left = give_up_at - monotonic()
+            if tried and left <= 0:
+                return
             try:
-                self._register(entry.region, timeout)
+                self._register(entry.region, max(left, 0.0))
             except ClientError as exc:
                 self._released.failed_again(entry, exc)
+                if not (isinstance(exc, RemoteError) and self._shm is not None):
+                    self._released.put_off(due[tried + 1 :], entry)
+                    return
             else:
                 self._released.registered(entry)
 
@@ -373,6 +398,8 @@ class InferenceClient:
 
         A region the daemon let go (a restart) and that cannot be registered again
         (``shm_regions``) does not fail the call: its arrays travel as frames.
+        The call's tries to register such regions again take at most its timeout
+        in all, before the request's own wait.
         """
         attempts = self._retries if retries is None else retries
         if outputs:

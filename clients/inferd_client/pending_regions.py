@@ -116,6 +116,14 @@ class PendingRegions:
                 RETRY_MAX_S,
             )
 
+    def put_off(self, entries: Iterable[Pending], like: Pending) -> None:
+        """``entries`` were not tried because ``like``'s try, just failed, found no
+        connection or no answer, which theirs would have found too: they wait as
+        long as it does.  Not counted, and their last error stays theirs: no try
+        of theirs was made."""
+        for entry in entries:
+            entry.retry_at = max(entry.retry_at, like.retry_at)
+
     def status(self) -> list[dict[str, Any]]:
         """Each pending region: its label and size, the failures in a row, the last
         one's text, and the seconds until a call naming it may try again."""

@@ -70,7 +70,14 @@ class RegionChannel:
         spin = PollWindow(reply_spin_us, "reply_spin_us")  # fails before any connection
         timeout = checked_timeout(timeout)
         trusted_endpoint(f"ipc://{path}")  # the same rules as for the ipc sockets
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            self._socket = socket.socket(
+                socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
+            )
+        except OSError as exc:  # EMFILE, ENOBUFS, a policy denying it: as a refused connect
+            raise Unreachable(f"cannot make a socket for the shm socket {path}: {exc}") from None
+        # Bounds connect(2) only; on a Unix socket whose listener's backlog is full
+        # Python's timed connect fails EAGAIN at once, so it never waits.
         self._socket.settimeout(timeout)
         try:
             self._socket.connect(path)

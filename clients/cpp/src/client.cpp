@@ -476,15 +476,21 @@ void InferenceClient::shm_closed() {
 
 std::string InferenceClient::register_mapping(
     const std::shared_ptr<const detail::RegionMapping>& mapping,
-    std::optional<std::chrono::milliseconds> timeout) {
+    std::optional<std::chrono::steady_clock::time_point> give_up_at) {
+    // What is left of the call's time, for the connect and then the registration
+    // (unset: the client's timeout, each).
+    auto left = [&give_up_at]() -> std::optional<std::chrono::milliseconds> {
+        if (!give_up_at) return std::nullopt;
+        return std::chrono::milliseconds(std::max(detail::milliseconds_left(*give_up_at), 0LL));
+    };
     if (!shm_) {
         shm_ = std::make_unique<RegionChannel>(options_.shm_socket, options_.timeout,
                                                options_.reply_spin_us,
-                                               [this] { return channel_->next_id(); });
+                                               [this] { return channel_->next_id(); }, left());
     }
     std::string id;
     try {
-        id = shm_->register_region(*mapping, timeout);
+        id = shm_->register_region(*mapping, left());
     } catch (const ClientError&) {
         if (shm_->hung_up()) shm_closed();  // its next registration is on a new connection
         throw;
@@ -495,7 +501,7 @@ std::string InferenceClient::register_mapping(
 
 std::string InferenceClient::register_released(
     const std::shared_ptr<const detail::RegionMapping>& mapping,
-    std::optional<std::chrono::milliseconds> timeout) {
+    std::optional<std::chrono::steady_clock::time_point> give_up_at) {
     // Found again after the registration: a connection that failed moved the
     // registered regions to released_ meanwhile (shm_closed).
     auto pending = [this, &mapping] {
@@ -504,7 +510,7 @@ std::string InferenceClient::register_released(
     };
     std::string id;
     try {
-        id = register_mapping(mapping, timeout);
+        id = register_mapping(mapping, give_up_at);
     } catch (const ClientError& error) {
         auto entry = pending();
         if (entry != released_.end()) {
@@ -525,7 +531,6 @@ std::string InferenceClient::register_released(
 void InferenceClient::register_named(const std::vector<NamedTensor>& inputs,
                                      const InferOptions& options,
                                      std::chrono::milliseconds timeout) {
-    auto now = std::chrono::steady_clock::now();
     auto named = [&inputs, &options](const detail::RegionMapping& mapping) {
         for (const auto& input : inputs) {
             if (mapping.locate(input.tensor.data, input.tensor.nbytes)) return true;
@@ -535,18 +540,59 @@ void InferenceClient::register_named(const std::vector<NamedTensor>& inputs,
         }
         return false;
     };
-    std::vector<std::shared_ptr<const detail::RegionMapping>> due;
-    for (const auto& entry : released_) {
-        if (entry.retry_at <= now && entry.mapping->base != nullptr && named(*entry.mapping)) {
-            due.push_back(entry.mapping);
+    auto due_now = [this, &named] {
+        auto now = std::chrono::steady_clock::now();
+        std::vector<std::shared_ptr<const detail::RegionMapping>> due;
+        for (const auto& entry : released_) {
+            if (entry.retry_at <= now && entry.mapping->base != nullptr && named(*entry.mapping)) {
+                due.push_back(entry.mapping);
+            }
         }
+        return due;
+    };
+    auto due = due_now();
+    if (due.empty()) return;
+    if (shm_ && shm_->hung_up()) {
+        // The daemon closed it (a restart) while another region was registered
+        // there: a try sent on it would fail, be counted and be put off for
+        // nothing. Its regions are pending now too.
+        shm_closed();
+        due = due_now();
     }
-    for (const auto& mapping : due) {
+    // One deadline for all the call's tries, connects included.
+    auto give_up_at = detail::deadline_after(timeout);
+    for (std::size_t tried = 0; tried < due.size(); ++tried) {
+        // Those the call has no time left for stay due, for the next call naming them.
+        if (tried > 0 && detail::milliseconds_left(give_up_at) <= 0) return;
         try {
-            register_released(mapping, timeout);
+            register_released(due[tried], give_up_at);
+            continue;
+        } catch (const RemoteError&) {
+            // Pending still, its tensors go as frames (shm_regions() says why). A
+            // refusal of this region (a byte bound) on a connection still open
+            // says nothing of the others: the next is tried.
+            if (shm_) continue;
         } catch (const ClientError&) {
-            // Pending still (shm_regions() says why): its tensors go as frames.
         }
+        // No connection, a connection refused, or no answer: the others would
+        // find the same, each waiting as long again. They wait as long as this one.
+        put_off(due, tried);
+        return;
+    }
+}
+
+void InferenceClient::put_off(const std::vector<std::shared_ptr<const detail::RegionMapping>>& due,
+                              std::size_t failed) {
+    auto find = [this](const std::shared_ptr<const detail::RegionMapping>& mapping) {
+        return std::find_if(released_.begin(), released_.end(),
+                            [&mapping](const Released& entry) { return entry.mapping == mapping; });
+    };
+    auto leader = find(due[failed]);
+    if (leader == released_.end()) return;
+    auto retry_at = leader->retry_at;
+    for (auto i = failed + 1; i < due.size(); ++i) {
+        auto entry = find(due[i]);
+        if (entry != released_.end()) entry->retry_at = std::max(entry->retry_at, retry_at);
     }
 }
 

@@ -220,7 +220,8 @@ Envelope read_envelope(const std::string& reply) {
 }  // namespace
 
 RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds timeout,
-                             int reply_spin_us, std::function<std::uint64_t()> next_id)
+                             int reply_spin_us, std::function<std::uint64_t()> next_id,
+                             std::optional<std::chrono::milliseconds> connect_timeout)
     : path_(path), timeout_(timeout), next_id_(std::move(next_id)), spin_(reply_spin_us) {
     check_client_endpoint("ipc://" + path);  // the same trust rule as for the ipc sockets
     fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -228,7 +229,7 @@ RegionChannel::RegionChannel(const std::string& path, std::chrono::milliseconds 
     // SO_SNDTIMEO bounds connect(2) (a listener whose backlog is full); 0 would be
     // no bound at all, so a timeout of 0 waits a millisecond. Sends are
     // non-blocking and waited for against each call's own deadline (send_message).
-    auto bound = std::max(timeout, std::chrono::milliseconds(1));
+    auto bound = std::max(connect_timeout.value_or(timeout), std::chrono::milliseconds(1));
     timeval wait{};
     wait.tv_sec = static_cast<time_t>(bound.count() / 1000);
     wait.tv_usec = static_cast<suseconds_t>((bound.count() % 1000) * 1000);

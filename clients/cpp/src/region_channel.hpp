@@ -22,9 +22,12 @@ namespace inferd {
 class RegionChannel {
 public:
     // `next_id` numbers every message sent here: the client's one counter, so no
-    // id is ever both a registration's and an infer request's.
+    // id is ever both a registration's and an infer request's. `connect_timeout`:
+    // the most connect(2) waits for a listener whose backlog is full (unset:
+    // `timeout`, the default of every call on the channel).
     RegionChannel(const std::string& path, std::chrono::milliseconds timeout, int reply_spin_us,
-                  std::function<std::uint64_t()> next_id);
+                  std::function<std::uint64_t()> next_id,
+                  std::optional<std::chrono::milliseconds> connect_timeout = {});
     ~RegionChannel();
     RegionChannel(const RegionChannel&) = delete;
     RegionChannel& operator=(const RegionChannel&) = delete;

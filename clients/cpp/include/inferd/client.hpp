@@ -186,8 +186,11 @@ public:
     // the call on the shm socket that finds it closed throws ClientError, and the
     // regions are pending: a call naming one's tensors registers it again (under a
     // new id), at most once per delay (1 s, doubling with each failure in a row,
-    // up to 60 s), each try waiting at most that call's timeout; while it cannot,
-    // its tensors travel as frames (shm_regions() says why). register_region
+    // up to 60 s), a call's tries (connects included) waiting at most its timeout
+    // in all, on a new connection if the old one closed; after a try that gets no
+    // connection or no answer, the call's other pending regions wait as long as
+    // that one, untried. While it cannot, a region's tensors travel as frames
+    // (shm_regions() says why). register_region
     // registers only `region`, on a new connection if the old one closed, so a
     // pending region never makes it fail; a pending `region` is tried at once and
     // its failure thrown.
@@ -239,19 +242,28 @@ private:
 
     // Unregisters the regions destroyed since the last call (without waiting).
     void release_ended_regions();
+    // `give_up_at`: when the connect (if one is needed) and the registration stop
+    // waiting (unset: each waits the client's timeout).
     std::string register_mapping(const std::shared_ptr<const detail::RegionMapping>& mapping,
-                                 std::optional<std::chrono::milliseconds> timeout = {});
+                                 std::optional<std::chrono::steady_clock::time_point> give_up_at = {});
     // The shm connection is closed (the daemon's restart released its regions):
     // dropped, and its regions pending (released_).
     void shm_closed();
     // Registers again the pending regions one of these tensors lies in whose
-    // delay has passed; one that fails stays pending (its tensors go as frames).
+    // delay has passed, all within `timeout` (the call's); one that fails stays
+    // pending (its tensors go as frames). A refusal of one lets the next be
+    // tried; no connection or no answer ends the tries (put_off).
     void register_named(const std::vector<NamedTensor>& inputs, const InferOptions& options,
                         std::chrono::milliseconds timeout);
     // Registers the pending region of `mapping` again, now; one that fails stays
     // pending, its failure counted and its next try put off, and is rethrown.
     std::string register_released(const std::shared_ptr<const detail::RegionMapping>& mapping,
-                                  std::optional<std::chrono::milliseconds> timeout = {});
+                                  std::optional<std::chrono::steady_clock::time_point> give_up_at = {});
+    // The regions of `due` after `failed`, not tried because its try found no
+    // connection or no answer, wait as long as it does (not counted: no try of
+    // theirs was made).
+    void put_off(const std::vector<std::shared_ptr<const detail::RegionMapping>>& due,
+                 std::size_t failed);
     bool places_every_output(const std::string& model,
                              const std::vector<wire::TensorDescriptor>& placed) const;
 };
