@@ -223,6 +223,29 @@ def test_a_demo_model_that_cannot_be_written_takes_the_failed_start_path(
     assert [entry["step"] for entry in failed] == ["state_dir"]
 
 
+def test_a_fifo_planted_as_the_lock_file_is_a_named_start_refused_with_exit_2(
+    tmp_path: Path, notify: socket.socket, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the real ``Daemon``, whose first start step takes the lock (DESIGN.md 291).
+    Before: ``cannot start: [Errno 22] Invalid argument`` (the FIFO's truncation),
+    naming no file, exit 1, and systemd restarted it into the same FIFO."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    os.mkfifo(run_dir / "inferd.lock")
+    config = tmp_path / "inferd.toml"
+    config.write_text(render_config(tmp_path, [{"name": "m", "path": str(tmp_path / "m.onnx")}]))
+    with capture_logs() as logs:
+        code = main(["run", "--config", str(config)])
+    assert code == 2
+    said = f"cannot start: {run_dir / 'inferd.lock'} is a FIFO, not a regular file: "
+    assert f"inferd: {said}" in capsys.readouterr().err
+    [status] = [line for line in sent(notify) if line]  # no ERRNO=: no OS error
+    assert status.startswith(f"STATUS={said}")
+    failed = [entry for entry in logs if entry["event"] == "daemon_start_failed"]
+    assert [(entry["step"], entry["exc_info"]) for entry in failed] == [("instance_lock", False)]
+    assert failed[0]["error"].startswith("UnsafeLockFileError: ")
+
+
 def catalog_entry(event: str) -> str:
     """The text of ``event``'s entry in the journal's message catalog."""
     text = (REPO / "systemd" / "inferd.catalog").read_text()

@@ -91,6 +91,9 @@ class ShmDaemon:
                     self._peers.remove(peer)
             peer.close()
             return
+        self._answer(peer, data)
+
+    def _answer(self, peer: socket.socket, data: bytes) -> None:
         header = protocol.unpack_header(data)
         if header["op"] == "register":
             label = header.get("label")

@@ -22,7 +22,6 @@ regions' clock (and the call's deadline) moved by the test."""
 
 from __future__ import annotations
 
-import array
 import errno
 import os
 import socket
@@ -38,7 +37,6 @@ from inferd_client import InferenceClient, Unreachable
 from inferd_client import client as client_module
 from inferd_client import pending_regions as pending_module
 from inferd_client import shm as shm_module
-from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
 from tests.conftest import HANG_S
 from tests.unit.client.scripted import Script
 from tests.unit.client.test_pending_regions import (
@@ -58,21 +56,9 @@ class MutableShmDaemon(ShmDaemon):
         self.mute = False
         super().__init__(path)
 
-    def _read(self, peer: socket.socket) -> None:
+    def _answer(self, peer: socket.socket, data: bytes) -> None:
         if not self.mute:
-            super()._read(peer)
-            return
-        data, ancillary, _, _ = peer.recvmsg(
-            MAX_SHM_MESSAGE_BYTES, socket.CMSG_SPACE(array.array("i").itemsize)
-        )
-        for _level, _type, fds in ancillary:
-            for fd in array.array("i", fds):
-                os.close(fd)
-        if not data:  # the client (or ``restart``) ended it
-            with self._lock:
-                if peer in self._peers:
-                    self._peers.remove(peer)
-            peer.close()
+            super()._answer(peer, data)
 
 
 @pytest.fixture
