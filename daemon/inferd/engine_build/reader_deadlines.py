@@ -8,9 +8,12 @@ the child is killed with its process group), then none.  The reader thread, the
 one that reaps the child, acts on both, so no other thread is needed: a cancel
 cannot fail to arrange its kill at the thread limit (DESIGN.md 166, 288).  A
 cancel from another thread does not wake the reader: the reader never waits
-longer than the grace, so it sees any cancel before that cancel's grace has passed
-and kills on time.  The cost is one wake-up per grace (10 s by default) of a build
-whose child is silent.
+longer than the grace (nor, until a deadline is due, shorter than ``MIN_WAKE_S``),
+so it sees any cancel before that cancel's grace has passed and kills on time.
+The cost is one wake-up per grace (10 s by default) of a build whose child is
+silent.  A child that exited on its own by its deadline is not cancelled (its end
+is its own), but what it left holding its stdout (a process it started) is killed
+with its group a grace later, so the reader still reaches its end (DESIGN.md 299).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class BuildDeadlines:
         self.grace_s = grace_s
         self._deadline_passed = deadline_passed
         self._deadline_acted = False
+        #: When a child that exited by its deadline must have let go of its stdout.
+        self._left_holding_by: float | None = None
 
     def due(self) -> float | None:
         """The monotonic time of the pending deadline (None: the child was killed, or
@@ -55,7 +60,9 @@ class BuildDeadlines:
         build = self.build
         if build.cancel_requested_mono is None:
             # A deadline whose cancel was not taken is not acted on again (no spin).
-            return None if self._deadline_acted else build.started_mono + build.deadline_s
+            if self._deadline_acted:
+                return self._left_holding_by
+            return build.started_mono + build.deadline_s
         if build.escalated:
             return None
         return build.cancel_requested_mono + self.grace_s
@@ -76,10 +83,16 @@ class BuildDeadlines:
         if due is None or time.monotonic() < due:
             return
         if self.build.cancel_requested_mono is None:
+            if self._deadline_acted:  # the exited child's group still holds its stdout
+                self._left_holding_by = None
+                self._kill_left_holding()
+                return
             self._deadline_acted = True
             # A child that has exited already ends as its own (completed, failed),
             # not cancelled: its last output may still be unread.
-            if not exited(self.build.process, 0):
+            if exited(self.build.process, 0):
+                self._left_holding_by = time.monotonic() + self.grace_s
+            else:
                 self._deadline_passed(self.build)
         else:
             self.escalate()
@@ -93,6 +106,19 @@ class BuildDeadlines:
             child_process.kill(build.process)
         log.warning(
             "build_cancel_escalated",
+            build_id=build.build_id,
+            grace_s=self.grace_s,
+            pid=build.process.pid,
+        )
+
+    def _kill_left_holding(self) -> None:
+        build = self.build
+        with build.lock:  # unreaped: the group is still the child's
+            if build.exit_code is not None:
+                return
+            child_process.kill(build.process)
+        log.warning(
+            "build_descendants_killed",
             build_id=build.build_id,
             grace_s=self.grace_s,
             pid=build.process.pid,

@@ -271,3 +271,48 @@ def test_a_grace_shorter_than_the_readers_shortest_wait_does_not_spin_it() -> No
     assert deadlines.wait_s() == MIN_WAKE_S
     silent.cancel_requested_mono = time.monotonic()  # a cancel: its grace is due at once
     assert deadlines.wait_s() <= 0.001
+
+
+def test_what_an_exited_child_left_holding_its_stdout_is_killed_a_grace_after_its_deadline() -> (
+    None
+):
+    """The child exits by its deadline but a process it started keeps its stdout:
+    no EOF would come, and with the deadline's cancel skipped for an exited child
+    (it ends as its own), the build would read forever (review of entry 299)."""
+    from types import SimpleNamespace
+
+    from inferd.engine_build.reader_deadlines import BuildDeadlines
+
+    started = (
+        "import subprocess, sys; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", started], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert process.stdout is not None
+    build = SimpleNamespace(
+        process=process,
+        started_mono=time.monotonic(),
+        deadline_s=0.3,
+        cancel_requested_mono=None,
+        escalated=False,
+        exit_code=None,
+        lock=threading.Lock(),
+        build_id="b-left",
+    )
+    cancelled: list[object] = []
+    deadlines = BuildDeadlines(build, 0.2, cancelled.append)  # type: ignore[arg-type]
+    try:
+        while True:  # supervisor._follow's loop
+            assert time.monotonic() - build.started_mono < HANG_S, "no EOF: read forever"
+            deadlines.act()
+            readable = child_process.readable(process, deadlines.wait_s())
+            if readable and not os.read(process.stdout.fileno(), 65536):
+                break
+        took = time.monotonic() - build.started_mono
+        assert cancelled == [] and build.escalated is False  # its end is its own
+        assert took >= 0.3 + 0.2  # the deadline, then a grace for the pipe to close
+    finally:
+        child_process.kill(process)
+        process.wait()
