@@ -98,31 +98,28 @@ class BuildDeadlines:
             self.escalate()
 
     def escalate(self) -> None:
+        """The cancel's grace has passed: the child killed with its group."""
+        if self._kill_group(escalated=True):
+            log.warning("build_cancel_escalated", **self._killed())
+
+    def _kill_left_holding(self) -> None:
+        """What an exited child left holding its stdout, killed (the build is not
+        cancelled: it ends as its child did)."""
+        if self._kill_group(escalated=False):
+            log.warning("build_descendants_killed", **self._killed())
+
+    def _kill_group(self, *, escalated: bool) -> bool:
         build = self.build
         with build.lock:  # the reader reaps under it: the group is still the child's
             if build.exit_code is not None:
-                return
-            build.escalated = True
+                return False
+            build.escalated = build.escalated or escalated
             child_process.kill(build.process)
-        log.warning(
-            "build_cancel_escalated",
-            build_id=build.build_id,
-            grace_s=self.grace_s,
-            pid=build.process.pid,
-        )
+        return True
 
-    def _kill_left_holding(self) -> None:
+    def _killed(self) -> dict[str, object]:
         build = self.build
-        with build.lock:  # unreaped: the group is still the child's
-            if build.exit_code is not None:
-                return
-            child_process.kill(build.process)
-        log.warning(
-            "build_descendants_killed",
-            build_id=build.build_id,
-            grace_s=self.grace_s,
-            pid=build.process.pid,
-        )
+        return {"build_id": build.build_id, "grace_s": self.grace_s, "pid": build.process.pid}
 
     def await_exit(self) -> None:
         """Until the child has exited, left unreaped: one that closed its stdout but
