@@ -10,10 +10,11 @@ from typing import Any
 
 import zmq
 
-from inferd_client.errors import ClientError, InvalidArgument, UnsafeEndpoint
+from inferd_client.errors import ClientError, InvalidArgument, Unreachable, UnsafeEndpoint
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import (
     EndpointError,
+    UncheckedEndpointError,
     UnsafeEndpointError,
     check_client_endpoint,
     wants_ipv6,
@@ -53,11 +54,15 @@ def check_process(generation: int, what: str) -> None:
 
 def trusted_endpoint(endpoint: str) -> str:
     """``endpoint``; ``UnsafeEndpoint`` when it is a socket in a directory another
-    user could write, ``InvalidArgument`` when no socket can have its address."""
+    user could write, ``Unreachable`` when that directory could not be checked (at
+    the descriptor limit: a call may succeed once descriptors are free again),
+    ``InvalidArgument`` when no socket can have its address."""
     try:
         return check_client_endpoint(endpoint)
     except UnsafeEndpointError as exc:
         raise UnsafeEndpoint(str(exc)) from None
+    except UncheckedEndpointError as exc:
+        raise Unreachable(str(exc)) from None
     except EndpointError as exc:
         raise InvalidArgument(str(exc)) from None
 

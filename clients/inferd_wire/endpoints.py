@@ -78,6 +78,19 @@ class UnsafeEndpointError(EndpointError):
     """An ipc:// endpoint lives in a directory that others could have tampered with."""
 
 
+class UncheckedEndpointError(EndpointError):
+    """An ipc:// endpoint whose directory could not be checked, for a reason that says
+    nothing about who may write it (``EMFILE``, ``ENFILE``, ``ENOMEM``, ``EINTR``,
+    ``EIO``...): a state of this process or system, not a sign of another user's
+    socket.  Not connected to, as an unsafe one is not."""
+
+
+#: The ``open(2)`` failures that say something about the directory itself: what is
+#: at its path (a symlink, not a directory) or that this user may not enter it (a
+#: directory someone else keeps closed).  Any other errno is reported as what it is.
+_DIRECTORY_ERRNOS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EACCES, errno.EPERM})
+
+
 def ipc_path_problem(path: str) -> str | None:
     """Why ``path`` cannot be a Unix socket's address (it is too long), or None."""
     size = len(path.encode())
@@ -86,10 +99,15 @@ def ipc_path_problem(path: str) -> str | None:
     return None
 
 
-def unsafe_directory_reason(path: Path, owner_uid: int | None) -> str | None:
+def unsafe_directory_reason(
+    path: Path, owner_uid: int | None, *, raise_unchecked: bool = False
+) -> str | None:
     """Why ``path`` is not a directory to trust, or None: it must be a real directory
     (a symlink is not followed), owned by ``owner_uid`` (None: any owner) and
-    writable by neither its group nor others."""
+    writable by neither its group nor others.  An ``open`` that fails for a reason
+    not about the directory (``EMFILE``...) is "cannot be opened" too, so the
+    daemon refuses what it could not check; ``raise_unchecked`` raises that
+    ``OSError`` instead, for a caller that says what it is (a client)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -98,6 +116,8 @@ def unsafe_directory_reason(path: Path, owner_uid: int | None) -> str | None:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             kind = "a symbolic link" if os.path.islink(path) else "not a directory"
             return f"is {kind}"
+        if raise_unchecked and exc.errno not in _DIRECTORY_ERRNOS:
+            raise
         return f"cannot be opened ({exc.strerror})"
     try:
         info = os.fstat(fd)
@@ -138,7 +158,9 @@ def unsafe_ancestor_reason(path: Path) -> str | None:
 def check_client_endpoint(endpoint: str) -> str:
     """``endpoint``, when a client may connect to it; ``UnsafeEndpointError`` when it
     is an ipc:// socket in a directory another user could have replaced it in,
-    ``EndpointError`` when its path is longer than a socket address holds."""
+    ``UncheckedEndpointError`` when that directory could not be checked (a
+    descriptor limit), ``EndpointError`` when its path is longer than a socket
+    address holds."""
     if not endpoint.startswith("ipc://"):
         return endpoint
     path = endpoint.removeprefix("ipc://")
@@ -147,7 +169,17 @@ def check_client_endpoint(endpoint: str) -> str:
         raise EndpointError(f"cannot connect to {endpoint}: {problem}")
     directory = Path(path).parent
     owner = os.getuid() if directory == fallback_runtime_dir() else None
-    reason = unsafe_directory_reason(directory, owner)
+    try:
+        reason = unsafe_directory_reason(directory, owner, raise_unchecked=True)
+    except OSError as exc:  # the open's EMFILE..., or the fstat's EIO...
+        # Telling an operator at the descriptor limit that another user could have
+        # put a socket there would send them hunting for an attacker.
+        name = errno.errorcode.get(exc.errno, f"errno {exc.errno}") if exc.errno else "OSError"
+        raise UncheckedEndpointError(
+            f"not connecting to {endpoint}: its directory {directory} could not be checked "
+            f"({name}: {exc.strerror}), a limit or failure of this process or system, not "
+            "a sign of another user's socket"
+        ) from None
     if reason is not None and reason != "does not exist":
         raise UnsafeEndpointError(
             f"not connecting to {endpoint}: its directory {directory} {reason}, so another "

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -48,18 +49,27 @@ std::string fallback_runtime_dir() {
 }
 
 // Why `path` is not a directory to trust (endpoints.unsafe_directory_reason), or nullopt.
+// `unchecked` is set to the errno when it could not be checked for a reason that
+// says nothing about the directory (EMFILE, ENFILE, ENOMEM, EIO...): only a
+// symlink or non-directory there, or one this user may not enter, is about it.
 std::optional<std::string> unsafe_directory_reason(const std::string& path,
-                                                   std::optional<uid_t> owner) {
+                                                   std::optional<uid_t> owner, int& unchecked) {
     int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT) return std::string("does not exist");
         if (errno == ELOOP || errno == ENOTDIR) return std::string("is not a directory or a symbolic link");
-        return std::string("cannot be opened");
+        if (errno == EACCES || errno == EPERM) return std::string("cannot be opened");
+        unchecked = errno;
+        return std::nullopt;
     }
     struct stat info {};
     int rc = fstat(fd, &info);
+    int fstat_errno = errno;
     close(fd);
-    if (rc != 0) return std::string("cannot be examined");
+    if (rc != 0) {
+        unchecked = fstat_errno;
+        return std::nullopt;
+    }
     if (owner && info.st_uid != *owner) {
         return "is owned by uid " + std::to_string(info.st_uid) + ", not by uid " +
                std::to_string(*owner);
@@ -187,7 +197,17 @@ std::string check_client_endpoint(const std::string& endpoint) {
     // Compared as paths: "/tmp//inferd-1000" skipped the rule. (The directory
     // examined stays the one written: ".." through a symlink leads elsewhere.)
     if (lexical(directory) == fallback_runtime_dir()) owner = getuid();
-    auto reason = unsafe_directory_reason(directory, owner);
+    int unchecked = 0;
+    auto reason = unsafe_directory_reason(directory, owner, unchecked);
+    if (unchecked != 0) {
+        // Not UnsafeEndpoint: "another user could have put their own socket there"
+        // at the descriptor limit would send an operator hunting for an attacker.
+        throw ClientError("not connecting to " + endpoint + ": its directory " + directory +
+                          " could not be checked (errno " + std::to_string(unchecked) + ": " +
+                          std::strerror(unchecked) +
+                          "), a limit or failure of this process or system, not a sign of "
+                          "another user's socket");
+    }
     if (reason && *reason != "does not exist") {
         throw UnsafeEndpoint("not connecting to " + endpoint + ": its directory " + directory +
                              " " + *reason +

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <stdexcept>
@@ -27,9 +28,11 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../src/send_buffer.hpp"
@@ -411,6 +414,59 @@ TEST(an_ipc_socket_in_a_directory_others_may_write_is_refused) {
     CHECK_THROWS(UnsafeEndpoint, InferenceClient{options}, true);
     CHECK_EQ(check_client_endpoint("tcp://127.0.0.1:1"), "tcp://127.0.0.1:1");
     CHECK_EQ(check_client_endpoint("ipc:///nonexistent-dir/x.sock"), "ipc:///nonexistent-dir/x.sock");
+}
+
+TEST(an_ipc_directory_that_cannot_be_checked_is_not_called_unsafe) {
+    // At the descriptor limit the open of the socket's directory fails EMFILE, which
+    // says nothing about who may write it: a ClientError naming the errno, not
+    // UnsafeEndpoint's "another user could have put their own socket there". In a
+    // child: a lowered RLIMIT_NOFILE here would fail the shared context's I/O thread.
+    auto directory = temp_dir();
+    auto endpoint = "ipc://" + directory + "/infer.sock";
+    int out[2];
+    CHECK_EQ(pipe(out), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        close(out[0]);
+        int lowest_free = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        close(lowest_free);
+        struct rlimit kept {};
+        getrlimit(RLIMIT_NOFILE, &kept);
+        auto limit = kept;
+        limit.rlim_cur = static_cast<rlim_t>(lowest_free);  // the next open fails EMFILE
+        std::string said = setrlimit(RLIMIT_NOFILE, &limit) == 0 ? "no error" : "no limit";
+        std::exception_ptr thrown;
+        try {
+            check_client_endpoint(endpoint);
+        } catch (...) {
+            thrown = std::current_exception();
+        }
+        // The limit back before what(): UBSan's vptr check opens a pipe to probe memory.
+        setrlimit(RLIMIT_NOFILE, &kept);
+        try {
+            if (thrown) std::rethrow_exception(thrown);
+        } catch (const UnsafeEndpoint& error) {
+            said = std::string("UnsafeEndpoint: ") + error.what();
+        } catch (const ClientError& error) {
+            said = std::string("ClientError: ") + error.what();
+        }
+        (void)!write(out[1], said.data(), said.size());
+        _exit(0);
+    }
+    close(out[1]);
+    std::string said;
+    char buffer[512];
+    for (ssize_t got; (got = read(out[0], buffer, sizeof buffer)) > 0;) said.append(buffer, got);
+    close(out[0]);
+    int status = -1;
+    CHECK_EQ(waitpid(child, &status, 0), child);
+    CHECK_EQ(status, 0);
+    auto expected = "ClientError: not connecting to " + endpoint + ": its directory " + directory +
+                    " could not be checked (errno 24: Too many open files), a limit or failure "
+                    "of this process or system, not a sign of another user's socket";
+    if (said != expected) std::cerr << "said: " << said << "\n";
+    CHECK_EQ(said, expected);
+    rmdir(directory.c_str());
 }
 
 TEST(an_ipc_path_longer_than_a_socket_address_is_refused_by_name) {

@@ -39,7 +39,8 @@ inline constexpr std::size_t kMaxIpcPathBytes = 107;
 
 // `endpoint` unchanged when a client may connect to it; UnsafeEndpoint when it is
 // an ipc:// socket in a directory another user could have replaced it in,
-// ClientError when its path is longer than a socket address holds.
+// ClientError when its path is longer than a socket address holds or when its
+// directory could not be checked (EMFILE...: named with its errno, not unsafe).
 std::string check_client_endpoint(const std::string& endpoint);
 
 }  // namespace inferd
