@@ -20,6 +20,7 @@ from inferd.bus.publisher import EventPublisher
 from inferd.bus.security import BusSecurity
 from inferd.bus.server import BusServer
 from inferd.config import Config
+from inferd.daemon_reports import DaemonReports
 from inferd.engine_build.admission import DAEMON_START
 from inferd.engine_build.build_record import BuildFinished
 from inferd.engine_build.start_refusals import CountedBuildManager
@@ -28,7 +29,7 @@ from inferd.metrics import MetricsExporter
 from inferd.serving.deadline_misses import DeadlineMissReporter
 from inferd.serving.engine_worker import EngineWorker
 from inferd.serving.failover import ExecutionFailover
-from inferd.serving.model_report import READY, DaemonState, model_health, model_status
+from inferd.serving.model_report import READY
 from inferd.serving.rebuild import TENSORRT, FallbackRebuilder
 from inferd.serving.requests import RequestRouter
 from inferd.serving.scheduler import Job, Scheduler
@@ -43,14 +44,13 @@ from inferd.supervision.instance import InstanceLock, open_ipc_sockets_to_group
 from inferd.supervision.logging import flush_suppressed
 from inferd.supervision.map_count import check_map_count
 from inferd.supervision.open_files import raise_open_files_limit
-from inferd.supervision.status_line import ModelLine, format_status_line
 from inferd.thermal.monitor import ThermalMonitor
-from inferd.types import Alert, Liveness, Peer
+from inferd.types import Alert, Peer
 
 log = structlog.get_logger("inferd.daemon")
 
 
-class Daemon(DaemonState):
+class Daemon(DaemonReports):
     def __init__(self, config: Config) -> None:
         self.config = config
         self.state = "starting"
@@ -203,6 +203,12 @@ class Daemon(DaemonState):
         steps("bus.bind", self.bus.wait_bound, 10)
         if self.shm is not None:
             steps("shm.start", self.shm.start)
+            if self.shm.refused is not None:
+                # Served on, tensors as frames (a copy more each way): the ground is
+                # told, as of a lost recorder (``_start_recorder``); WARNING, as
+                # nothing is lost but time.
+                where = {"socket": str(self.config.shm.socket)}
+                self.alerts(Alert("WARNING", "shm_unavailable", self.shm.refused, where))
         groups = self.security.socket_groups(self.shm is not None and self.shm.refused is None)
         steps("ipc_socket_groups", open_ipc_sockets_to_group, groups)
         steps("thermal.start", self.thermal.start)
@@ -299,42 +305,10 @@ class Daemon(DaemonState):
         flush_suppressed()  # the same for log lines held back by the repeat limiter
         self.switcher.flush_refusals()  # and for refused runtime switches' FDR records
 
-    # -- supervision (systemd) ------------------------------------------------
-    def liveness(self) -> dict[str, Liveness]:
-        """What each thread the watchdog vouches for last said: its beat (monotonic
-        ns; None when it is not running) and, for the engine worker, the long
-        operation it declared (a model loading)."""
-        return {
-            "engine_worker": self.worker.liveness(),
-            "bus": Liveness(self.bus.last_beat_ns if self.bus.is_alive() else None),
-            "publisher": Liveness(
-                self.publisher.last_beat_ns if self.publisher.is_alive() else None
-            ),
-        }
-
     def record(self, kind: str, payload: Mapping[str, Any]) -> None:
         """Write a flight-data-recorder record (nothing when the recorder is off)."""
         if self.recorder is not None:
             self.recorder.record(kind, payload)
-
-    def startup_progress(self) -> tuple[tuple[str, ...], int | None]:
-        """Changes whenever start-up makes progress: a model started or finished
-        loading (serving or failed)."""
-        busy = self.worker.liveness().busy
-        started = busy.started_ns if busy is not None else None
-        return tuple(slot.state for slot in self.slots.values()), started
-
-    def status_line(self) -> str:
-        """The one-line ``STATUS=`` (``inferd.supervision.status_line``)."""
-        return format_status_line(
-            self.state,
-            {
-                name: ModelLine(slot.state, slot.handle, slot.config.runtime)
-                for name, slot in self.slots.items()
-            },
-            queued=sum(self.scheduler.depth(name) for name in self.slots),
-            throttling=self._thermal_summary() == "throttling",
-        )
 
     # -- wiring -------------------------------------------------------------
     def _start_recorder(self) -> None:
@@ -387,64 +361,5 @@ class Daemon(DaemonState):
         if self.rebuilder is not None:
             self.rebuilder.on_build_finished(finished)
 
-    def _thermal_summary(self) -> str:
-        state = self.thermal.snapshot()
-        if not state.is_telemetry_available:
-            return "unknown"
-        return "throttling" if state.thermal_throttle_active else "nominal"
-
     def _models_loaded(self) -> bool:
         return self.worker.activated.is_set()
-
-    # -- control ops --------------------------------------------------------
-    def uptime_s(self) -> float:
-        return round((time.monotonic_ns() - self._started_ns) / 1e9, 3)
-
-    def health(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "uptime_s": self.uptime_s(),
-            "thermal": self._thermal_summary(),
-            "threads": {
-                "engine_worker": self.worker.is_alive(),
-                "bus": self.bus.is_alive(),
-                "publisher": self.publisher.is_alive(),
-            },
-            "models": {
-                name: model_health(slot, self.scheduler) for name, slot in self.slots.items()
-            },
-        }
-
-    def status(self, _header: dict[str, Any]) -> dict[str, Any]:
-        models = [model_status(slot, self.scheduler) for slot in self.slots.values()]
-        return {
-            "daemon": {
-                "version": inferd.__version__,
-                "pid": os.getpid(),
-                "state": self.state,
-                "uptime_s": self.uptime_s(),
-                "config_source": self.config.source,
-                "config_fingerprint": self.config.fingerprint(),
-            },
-            "models": models,
-            "fdr": self._recorder_status(),
-            "alerts": {**self.alerts.status(), "refused_hooks": dict(self._refused_hooks)},
-            "thermal": self.thermal.describe(),
-            "security": self.security.describe(self.router.permission_denied, self.switcher.rate),
-            "shm": self.shm.status() if self.shm else {"enabled": False},
-            "builds": self.builds.start_status(),
-            "metrics": self.metrics.describe(),
-            "bus": {
-                **self.bus.status(),
-                **self.router.admission_status(),
-                "busy_poll": self.worker.busy_poll_status(),
-                "events_published": self.publisher.published,
-                "events_dropped": self.publisher.dropped,
-                "events_subscriptions_refused": self.publisher.subscriptions_refused,
-            },
-        }
-
-    def _recorder_status(self) -> dict[str, Any]:
-        if self.recorder is not None:
-            return {"enabled": True, **self.recorder.status()}
-        return {"enabled": False, "error": self._recorder_error}

@@ -289,6 +289,55 @@ def _alerts(alerts: Mapping[str, Any]) -> Iterator[Metric]:
         "or counted in a delivered repeat's suppressed field.",
         alerts["suppressed"],
     )
+    yield from _alert_links(alerts["hooks"])
+
+
+#: Each held-alert count of a hook's link (``LinkBacklog.status``) as a counter.
+LINK_COUNTERS = (
+    ("held", "Alerts held because the link had nowhere to send them."),
+    ("replayed", "Held alerts sent once the link had a destination, late."),
+    ("expired", "Held alerts dropped unsent at 60 s old."),
+    ("overflowed", "Held alerts dropped unsent for a newer one (16 are held)."),
+    ("dropped_at_close", "Held alerts dropped unsent at shutdown."),
+)
+
+
+def _alert_links(hooks: Mapping[str, Any]) -> Iterator[Metric]:
+    """The ground link of each hook that has one (``mavlink``: ``hooks.*.link``);
+    nothing when none has."""
+    links = {name: hook["link"] for name, hook in sorted(hooks.items()) if "link" in hook}
+    if not links:
+        return
+    up = _gauge(
+        "inferd_alerts_link_up",
+        "1 while the hook's link has a destination (state up).",
+        labels=["hook"],
+    )
+    destinations = _gauge(
+        "inferd_alerts_link_destinations",
+        "The ground stations the link sends to (udpin: those heard, at most 8).",
+        labels=["hook"],
+    )
+    ignored = _counter(
+        "inferd_alerts_link_ignored",
+        "udpin: datagrams that were not MAVLink frames (they teach no ground station).",
+        labels=["hook"],
+    )
+    waiting = _gauge(
+        "inferd_alerts_link_waiting", "Alerts held now for the link (16 at most).", labels=["hook"]
+    )
+    counters = {
+        key: _counter(f"inferd_alerts_link_{key}", doc, labels=["hook"])
+        for key, doc in LINK_COUNTERS
+    }
+    for name, link in links.items():
+        up.add_metric([name], 1 if link["state"] == "up" else 0)
+        destinations.add_metric([name], link["destinations"])
+        ignored.add_metric([name], link["ignored"])
+        waiting.add_metric([name], link["waiting"])
+        for key, family in counters.items():
+            family.add_metric([name], link[key])
+    yield from (up, destinations, ignored, waiting, *counters.values())
 
 
 def _thermal(thermal: Mapping[str, Any]) -> Iterator[Metric]:

@@ -68,7 +68,12 @@ def status(**overrides: Any) -> dict[str, Any]:
             "max_total_bytes": 8192,
             "oldest_segment": "seg-0000000004.fdr",
         },
-        "alerts": {"raised": 5, "sent": 3, "suppressed": 2},
+        "alerts": {
+            "raised": 5,
+            "sent": 3,
+            "suppressed": 2,
+            "hooks": {"pub": {"sent": 3, "failures": 0, "last_error": None}},
+        },
         "thermal": {
             "source": "nvml",
             "available": True,
