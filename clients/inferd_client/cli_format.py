@@ -186,11 +186,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
                 ("send buffer", _send_buffer_line(bus.get("send_buffer") or {})),
                 ("security", _security_line(result.get("security") or {})),
                 ("builds", _builds_line(result.get("builds") or {})),
-                (
-                    "alerts",
-                    f"raised {result.get('alerts', {}).get('raised', 0)}, sent "
-                    f"{result.get('alerts', {}).get('sent', 0)}",
-                ),
+                ("alerts", _alerts_line(result.get("alerts") or {})),
             ]
         ),
     ]
@@ -205,6 +201,23 @@ REGION_COLUMNS: list[Column] = [
     ("IN USE", lambda r: r.get("in_use")),
     ("STATE", lambda r: r.get("state")),
 ]
+
+
+def _alerts_line(alerts: Mapping[str, Any]) -> str:
+    """What was raised and sent, then each hook's link (the MAVLink ground link:
+    ``no_peer`` before a ground station is heard), the alerts it holds for want
+    of a destination, and why it is down."""
+    line = f"raised {text(alerts.get('raised', 0))}, sent {text(alerts.get('sent', 0))}"
+    for name, hook in (alerts.get("hooks") or {}).items():
+        link = hook.get("link") if isinstance(hook, Mapping) else None
+        if not isinstance(link, Mapping):
+            continue
+        line += f"; {text(name)}: {text(link.get('state'))}"
+        if link.get("waiting"):
+            line += f", {text(link['waiting'])} waiting"
+        if link.get("error") is not None:
+            line += f" ({text(link['error'])})"
+    return line
 
 
 def _busy_poll_line(busy_poll: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ handed to a closed hook (DESIGN.md 261).
 
 Sanitising: every hook and the ``alert`` log line get the same alert, one that
 each can send whole: ``_sanitised`` escapes what UTF-8 cannot hold, cuts long
-strings (the message to 4096 characters), bounds ``fields`` and turns what
+strings (the message to 4096 bytes of UTF-8), bounds ``fields`` and turns what
 msgpack cannot pack into its ``repr`` (``alerts.sanitise``), once per delivery
 (not for a repeat held back: a storm of them pays only the rate limit), and adds
 ``fields["sanitised"]`` (``{reason, changed}``) when it changed anything; the
@@ -31,7 +31,13 @@ an alert raised after ``close()`` is logged at its level with ``delivered=False`
 
 Isolation: a hook that raises is counted and logged at ERROR at most once per
 window per hook; the caller and the other hooks never notice.  No lock is held
-while hooks run, so a hook may itself raise an alert.
+while hooks run, so a hook may itself raise an alert.  A hook's own ``status()``
+(the MAVLink link's), read for every ``status`` request and metrics scrape, is
+isolated too: one that raises is shown as its link's ``state: unknown`` with the
+error (the counts as last read) and logged once (``alert_hook_status_failed``),
+never failing the reply or the scrape.  It must not block, as ``alert()`` must
+not: it is not bounded here (a thread per read would cost more than the hooks'
+own reads, which take their lock only around non-blocking sends).
 """
 
 from __future__ import annotations
@@ -56,6 +62,21 @@ log = structlog.get_logger("inferd.alerts")
 _Key = tuple[str, Hashable]
 _RESERVED = frozenset((SUPPRESSED_FIELD, SANITISED_FIELD))
 
+#: A hook's ``link`` (``status_reply.json``) when its ``status()`` raised before
+#: any read succeeded: nothing known, the error in ``error``.
+_LINK_UNREAD: dict[str, Any] = {
+    "state": "unknown",
+    "destinations": 0,
+    "error": None,
+    "ignored": 0,
+    "waiting": 0,
+    "held": 0,
+    "replayed": 0,
+    "expired": 0,
+    "overflowed": 0,
+    "dropped_at_close": 0,
+}
+
 #: Longest wait in ``close()`` for deliveries in progress (a hook must not block:
 #: each takes microseconds; one past this is handed to a closed hook, which fails it).
 CLOSE_WAIT_S = 1.0
@@ -79,6 +100,9 @@ class _HookState:
     last_error: str | None = None
     error_logged_at: float | None = None
     failures_since_log: int = 0
+    #: The hook's ``status()`` as last read, and why the last read failed (logged once).
+    link: dict[str, Any] | None = None
+    status_error: str | None = None
 
 
 class AlertDispatcher:
@@ -188,8 +212,7 @@ class AlertDispatcher:
             # raised while these are delivered is dropped and counted, not held
             # back in a window that nothing will ever flush.
             self._closed = True
-        for alert, suppressed in due:
-            self._deliver(alert, suppressed)
+        self._deliver_each(due)
         with self._lock:
             self._idle.wait_for(lambda: self._in_flight == 0, self.close_wait_s)
             in_flight = self._in_flight
@@ -211,11 +234,20 @@ class AlertDispatcher:
             due = self._take_due(now, force=force)
             self._in_flight += 1
         try:
-            for alert, suppressed in due:
-                self._deliver(alert, suppressed)
+            self._deliver_each(due)
         finally:
             self._delivered()
         return len(due)
+
+    def _deliver_each(self, due: list[tuple[Alert, int]]) -> None:
+        """Deliver held-back repeats, each on its own: one that fails (a bug) is
+        logged, and neither the others nor what follows (``close()`` closing the
+        hooks) is lost with it."""
+        for alert, suppressed in due:
+            try:
+                self._deliver(alert, suppressed)
+            except Exception:
+                log.exception("alert_dispatch_failed", alert_code=getattr(alert, "code", None))
 
     def _delivered(self) -> None:
         """One delivery (or flush) counted in ``_in_flight`` has ended."""
@@ -248,9 +280,9 @@ class AlertDispatcher:
         # A hook's own link state (the MAVLink hook's ``status()``), read outside the
         # dispatcher's lock: the hook takes its own, held briefly.
         links = {
-            state.name: {"link": link()}
+            state.name: {"link": self._link(state, read)}
             for state in self._hooks
-            if callable(link := getattr(state.hook, "status", None))
+            if callable(read := getattr(state.hook, "status", None))
         }
         with self._lock:
             return {
@@ -271,6 +303,23 @@ class AlertDispatcher:
                     for state in self._hooks
                 },
             }
+
+    def _link(self, state: _HookState, read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``read()`` (a hook's ``status()``); when it raises, the last read (or
+        nothing read yet) with ``state: unknown`` and the error, logged once."""
+        try:
+            link = read()
+        except Exception as exc:
+            error = f"its status cannot be read: {bounded_repr(exc)}"
+            with self._lock:
+                first, state.status_error = state.status_error != error, error
+                last = state.link if state.link is not None else _LINK_UNREAD
+            if first:
+                log.error("alert_hook_status_failed", hook=state.name, error=error, exc_info=exc)
+            return {**last, "state": "unknown", "error": error}
+        with self._lock:
+            state.link, state.status_error = link, None
+        return link
 
     # -- delivery -----------------------------------------------------------
     def _deliver(self, alert: Alert, suppressed: int) -> None:
@@ -332,7 +381,10 @@ def _log_alert(alert: Alert, fields: dict[str, Any], *, delivered: bool) -> None
 
 
 def _key(alert: Alert) -> _Key:
-    model: Hashable = alert.fields.get("model")
+    try:
+        model: Hashable = alert.fields.get("model")
+    except Exception:  # fields that cannot be read: sanitising says so
+        model = None
     try:
         hash(model)
     except TypeError:
@@ -348,8 +400,11 @@ def _normalised(alert: Alert) -> Alert:
     if alert.level not in LEVELS:
         log.error("alert_invalid_level", alert_code=alert.code, alert_level=alert.level)
         changes["level"] = "ERROR"
-    if SUPPRESSED_FIELD in alert.fields or SANITISED_FIELD in alert.fields:
-        changes["fields"] = {k: v for k, v in alert.fields.items() if k not in _RESERVED}
+    try:
+        if SUPPRESSED_FIELD in alert.fields or SANITISED_FIELD in alert.fields:
+            changes["fields"] = {k: v for k, v in alert.fields.items() if k not in _RESERVED}
+    except Exception:  # fields that cannot be read: sanitising leaves them empty
+        pass
     return dataclasses.replace(alert, **changes) if changes else alert
 
 
@@ -360,7 +415,13 @@ def _sanitised(alert: Alert) -> Alert:
     clean = sanitised(alert.code, alert.message, alert.fields)
     if clean is None:
         return alert
-    fields = clean.fields
-    if clean.changed:  # not when only a mapping that is no dict was copied
-        fields = {**fields, SANITISED_FIELD: {"reason": clean.reason, "changed": clean.changed}}
+    fields, changed = clean.fields, clean.changed
+    # A key that was no string and reads as a reserved one once sanitised (its
+    # ``repr``): left out, as a raiser's own ``suppressed`` is (``_normalised``).
+    if reserved := _RESERVED.intersection(fields):
+        fields = {key: value for key, value in fields.items() if key not in reserved}
+        changed = [name for name in changed if name.removeprefix("fields.") not in reserved]
+        changed += [] if "fields" in changed else ["fields"]  # values left out
+    if changed:  # not when only a mapping that is no dict was copied
+        fields = {**fields, SANITISED_FIELD: {"reason": clean.reason, "changed": changed}}
     return dataclasses.replace(alert, code=clean.code, message=clean.message, fields=fields)

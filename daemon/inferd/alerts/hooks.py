@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inferd.alerts.sanitise import KEY_CHARS, escaped, recut
+from inferd.alerts.sanitise import KEY_BYTES, escaped, recut
 from inferd.fdr.kinds import RecordPayloadError
 from inferd.types import AlertLevel, EventSink, RecordSink
 
@@ -61,7 +61,7 @@ class FdrAlertHook:
     ``alerts.sanitise``).  An alert the recorder still refuses (``RecordPayloadError``:
     its sanitised form over ``fdr.segment_max_bytes``, or a hook called without
     the dispatcher) is recorded as the smallest copy (level, code, the message
-    cut to 200 characters, ``fields`` empty; it fits a segment of 1024 bytes); one
+    cut to 200 bytes of UTF-8, ``fields`` empty; it fits a segment of 1024 bytes); one
     refused too fails the hook (the dispatcher counts and logs it), as does every
     alert once the daemon said it serves without its recorder (``fdr_unavailable``).
     """
@@ -75,7 +75,7 @@ class FdrAlertHook:
 
     def alert(self, level: AlertLevel, code: str, message: str, fields: Mapping[str, Any]) -> None:
         if code == RECORDER_LOST_CODE:  # set once, never cleared: the recorder never restarts
-            self._recorder_lost = escaped(message, _REASON_CHARS)
+            self._recorder_lost = escaped(message, _REASON_BYTES)
         if self._recorder_lost is not None:
             raise ConnectionError(f"the flight data recorder is not running: {self._recorder_lost}")
         details = dict(fields)
@@ -99,10 +99,10 @@ class FdrAlertHook:
         """Level, code and the start of the message, with ``sanitised`` saying so
         (after what the dispatcher changed, if it did); else raise."""
         earlier = payload.get(SANITISED_FIELD) or {"reason": "", "changed": []}
-        code = recut(str(payload["code"]), KEY_CHARS)
-        message = recut(str(payload["message"]), _SMALLEST_MESSAGE_CHARS)
-        # "fields" stands for every "fields.<key>" (up to 256 of them, more than a
-        # small segment holds): none is left.
+        code = recut(str(payload["code"]), KEY_BYTES)
+        message = recut(str(payload["message"]), _SMALLEST_MESSAGE_BYTES)
+        # "fields" stands for every "fields.<key>" (up to 64, ``MAX_VALUES``, more
+        # than a small segment holds): none is left.
         before = {str(name).partition(".")[0] for name in earlier["changed"]}
         differs = {
             "code": "code" in before or code != payload["code"],
@@ -110,7 +110,7 @@ class FdrAlertHook:
             "fields": "fields" in before or bool(payload["fields"]),
         }
         changed = [name for name, differ in differs.items() if differ]
-        refusal = escaped(str(refused), _REASON_CHARS)
+        refusal = escaped(str(refused), _REASON_BYTES)
         reason = f"{earlier['reason']}; {refusal}" if earlier["reason"] else refusal
         smallest = {
             "level": payload["level"],
@@ -131,5 +131,5 @@ class FdrAlertHook:
         """Nothing to release: the service owns the recorder."""
 
 
-_SMALLEST_MESSAGE_CHARS = 200
-_REASON_CHARS = 300
+_SMALLEST_MESSAGE_BYTES = 200
+_REASON_BYTES = 300

@@ -57,7 +57,9 @@ SUBSCRIBER_MAX_MESSAGE_BYTES = 512
 SUBSCRIBER_RCVHWM = 16
 #: Events queued for one subscriber that does not read before the next are dropped
 #: for it (a PUB never blocks): libzmq's default, set here so that the bound is
-#: this daemon's. Events are at most a few hundred bytes: under 1 MB a subscriber.
+#: this daemon's. Most events are a few hundred bytes; an alert is under 50 KiB
+#: (``alerts.sanitise.MAX_PACKED_BYTES`` less the marker the event leaves out),
+#: so 1000 of those would hold under 50 MB for one slow subscriber.
 SUBSCRIBER_SNDHWM = 1000
 #: (Un)subscriptions a peer (``Peer.key``: its uid, CURVE key or address; without a
 #: ZAP handler its ``Peer-Address``) may send at once, then one more every

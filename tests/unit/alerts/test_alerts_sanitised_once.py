@@ -121,7 +121,7 @@ def test_a_megabyte_message_reaches_every_hook_and_the_log_line_bounded() -> Non
     with capture_logs() as logs:
         dispatcher(Alert("CRITICAL", "engine_worker_died", MEGABYTE, {"queued": 0}))
     ((_level, _code, message, fields),) = mavlink.got
-    assert message == MEGABYTE[: sanitise.MESSAGE_CHARS] + CUT  # before: all 1,048,590
+    assert message == MEGABYTE[: sanitise.MESSAGE_BYTES] + CUT  # before: all 1,048,590
     assert [payload["message"] for payload in published + records] == [message, message]
     (line,) = [entry for entry in logs if entry["event"] == "alert"]
     assert line["alert_message"] == message
@@ -194,7 +194,7 @@ def test_repeats_held_back_are_not_sanitised(monkeypatch: pytest.MonkeyPatch) ->
     assert len(calls) == 2  # the first and the flushed repeat, not the 98 held back
     assert [fields.get("suppressed") for *_rest, fields in mavlink.got] == [None, 98]
     assert {message for _level, _code, message, _fields in mavlink.got} == {
-        MEGABYTE[: sanitise.MESSAGE_CHARS] + CUT
+        MEGABYTE[: sanitise.MESSAGE_BYTES] + CUT
     }
 
 
@@ -247,7 +247,7 @@ def _long(limit: int) -> st.SearchStrategy[str]:
     return st.builds(
         lambda length, tail: "a" * length + tail,
         st.integers(limit - 3, limit + 2),
-        st.sampled_from(["", "\udce9", "é"]),
+        st.sampled_from(["", "\udce9", "é", "\U0001f600"]),
     )
 
 
@@ -257,11 +257,11 @@ _SCALARS = (
     | st.integers(min_value=-(1 << 70), max_value=1 << 70)
     | st.floats(allow_nan=False)
     | st.text(max_size=20)  # lone surrogates among them
-    | _long(sanitise.VALUE_CHARS)
+    | _long(sanitise.VALUE_BYTES)
     | st.binary(max_size=4)
     | st.builds(Path, st.text(alphabet="ab/", max_size=5))
 )
-_KEYS = st.text(max_size=8) | st.integers(0, 3) | _long(sanitise.KEY_CHARS)
+_KEYS = st.text(max_size=8) | st.integers(0, 3) | _long(sanitise.KEY_BYTES)
 _VALUES = st.recursive(
     _SCALARS,
     lambda children: (
@@ -276,8 +276,8 @@ _VALUES = st.recursive(
 
 @settings(max_examples=examples(200), deadline=None)
 @given(
-    code=st.text(max_size=10) | _long(sanitise.KEY_CHARS),
-    message=st.text(max_size=30) | _long(sanitise.MESSAGE_CHARS),
+    code=st.text(max_size=10) | _long(sanitise.KEY_BYTES),
+    message=st.text(max_size=30) | _long(sanitise.MESSAGE_BYTES),
     fields=st.dictionaries(_KEYS, _VALUES, max_size=6)
     | st.integers(250, 260).map(lambda count: {f"k{index}": index for index in range(count)}),
 )
@@ -295,8 +295,9 @@ def test_what_hooks_get_can_be_sent_by_each(
     packed = msgpack.packb(payload, use_bin_type=True)  # the publisher's and recorder's packer
     assert msgpack.unpackb(packed, raw=False, strict_map_key=True)["code"] == code_out
     json.dumps(payload)  # what every consumer of a record does with it
-    assert len(code_out) <= sanitise.KEY_CHARS + len(" [cut: 999 characters]")
-    assert len(message_out) <= sanitise.MESSAGE_CHARS + len(" [cut: 9999 characters]")
+    # The limits are bytes of UTF-8 (before the cut's note).
+    assert len(code_out.encode()) <= sanitise.KEY_BYTES + len(" [cut: 999 characters]")
+    assert len(message_out.encode()) <= sanitise.MESSAGE_BYTES + len(" [cut: 9999 characters]")
     assert _values(json.loads(json.dumps(fields_out))) <= sanitise.MAX_VALUES
 
 
