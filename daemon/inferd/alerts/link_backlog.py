@@ -1,17 +1,19 @@
 """Alerts a MAVLink link could not send for want of a destination, held to be sent late.
 
 A link has nowhere to send while no ground station has been heard yet
-(``udpin:``), while it is not connected (``tcp:``) or while its host name is
-not resolved yet (``udpout:``): exactly when the daemon starts and raises the
-alerts the ground most needs before take-off (``fdr_unavailable``,
-``model_unavailable``).  Such an alert still fails (the dispatcher counts it a
+(``udpin:``), while it is not connected (``tcp:``), while its host name is
+not resolved yet (``udpout:``) or while there is no route to the address or
+the stations (``udp*:``, the interface not up yet): exactly when the daemon
+starts and raises the alerts the ground most needs before take-off
+(``fdr_unavailable``, ``model_unavailable``).  Such an alert still fails (the dispatcher counts it a
 failure of the hook: it was not delivered when raised), and is also held here;
 when the link finds a destination the hook sends what is held, oldest first,
 each text saying how late it is.  Held alerts are bounded in number and age;
 every one held ends counted once: ``replayed``, ``expired``, ``overflowed``
 (the oldest, pushed out by a newer one) or ``dropped_at_close``, or is still
-``waiting``.  A send the kernel refuses (a full buffer, an unreachable host) is
-not held: the link had a destination.
+``waiting``.  A send the kernel refuses (a full buffer, a firewall) is not held:
+the link had a destination.  While any is held, a new alert is held behind it,
+so that they go out in the order raised.
 """
 
 from __future__ import annotations

@@ -19,9 +19,11 @@ Only as much of a text as the budget takes is transliterated: a 1 MB message
 cost the raising thread over 100 ms when the whole of it was.
 
 An alert the link had nowhere to send (no ground station heard yet, not
-connected, the name not resolved) is a failure, and is also held: when the
-link finds a destination it is sent, ending ``" (N s late)"``
-(``link_backlog``).  ``status()`` says whether the link has a destination now.
+connected, the name not resolved, no route to the address) is a failure, and is
+also held: when the link finds a destination it is sent, ending
+``" (N s late)"`` (``link_backlog``).  While any is held, a new alert goes behind
+them: held alerts always go out first.  ``status()`` says whether the link has
+a destination now.
 
 pymavlink is imported when a hook is built, never at module import, so the
 daemon runs without it unless the ``mavlink`` hook is configured.
@@ -242,9 +244,14 @@ class MavlinkAlertHook:
                 raise ConnectionError(f"the MAVLink hook is closed: {code} was not sent")
             if self._peers is not None:
                 self._peers.learn()
-            if self._backlog.waiting and self._link_state()[0] == "up":  # the older ones first
-                self._replay()
             try:
+                # The older ones first, whatever the state said a moment ago: a link
+                # that got its destination since is tried, and while any is still
+                # held the new one goes behind it (the link's thread, or the next
+                # alert, sends them in order once the link takes them).
+                refused = self._replay() if self._backlog.waiting else None
+                if self._backlog.waiting:
+                    raise NoDestinationError(f"{self._backlog.waiting} older ones held: {refused}")
                 self._send(severity, chunks)
             except NoDestinationError as exc:
                 self._backlog.hold(severity, text, suffix)
@@ -272,9 +279,10 @@ class MavlinkAlertHook:
         """The link now and the alerts held for it.  ``state``: ``up`` (it has a
         destination), ``connecting`` (``tcp:``), ``no_peer`` (``udpin:``: no
         ground station heard yet), ``unresolved`` (``udpout:``: the name),
+        ``unreachable`` (``udp*:``: no route to the address or the stations),
         ``closed``, or ``unknown`` (an endpoint pymavlink keeps); ``destinations``
         (the stations a ``udpin:`` answers, else 0 or 1); ``error`` (why it is
-        down, where known); ``ignored`` (datagrams that were not MAVLink); the
+        down, where known); ``ignored`` (datagrams that taught no station); the
         held alerts' counts (``LinkBacklog.status``)."""
         with self._lock:
             state, destinations, error = self._link_state()
@@ -290,18 +298,21 @@ class MavlinkAlertHook:
     @property
     def connected(self) -> bool:
         """Whether the link has a destination now: a ``tcp:`` link is up, a
-        ``udpin:`` one heard a ground station, a ``udpout:`` name resolved."""
+        ``udpin:`` one heard a ground station, a ``udpout:`` name resolved, and
+        a route to them."""
         return self._link_state()[0] == "up"
 
     def _link_state(self) -> tuple[str, int, str | None]:
         if self._closed:
             return "closed", 0, None
         if self._peers is not None:
-            heard = len(self._peers.addresses)
+            heard, no_route = len(self._peers.addresses), self._peers.no_route
+            if heard and no_route is not None:
+                return "unreachable", heard, no_route
             return ("up" if heard else "no_peer"), heard, None
         if self._out is not None:
-            up = self._out.resolved
-            return ("up", 1, None) if up else ("unresolved", 0, self._out.last_error)
+            state, error = self._out.state
+            return state, int(state == "up"), error
         if isinstance(self._connection, TcpLink):
             error = self._connection.last_error
             return ("up", 1, None) if error is None else ("connecting", 0, error)
@@ -316,11 +327,13 @@ class MavlinkAlertHook:
         for chunk_seq, chunk in enumerate(chunks):
             self._mav.statustext_send(severity, chunk, id=message_id, chunk_seq=chunk_seq)
 
-    def _replay(self) -> None:
+    def _replay(self) -> str | None:
         """Send the held alerts, oldest first, while the link takes them; call
         with the lock held.  One it refuses stays held (until it expires): the
-        next alert or the link coming up again tries again."""
-        replayed, error = 0, None
+        next alert or the link coming up again tries again.  Returns why it was
+        refused; logs unless nothing went and the link still has no destination
+        (each alert raised while it is down tries)."""
+        replayed, error, down = 0, None, False
         while (held := self._backlog.oldest()) is not None:
             late = max(1, round(self._backlog.clock() - held.raised_at))
             suffix = f"{held.suffix} ({late} s late)"
@@ -330,11 +343,11 @@ class MavlinkAlertHook:
                     statustext_chunks(held.text, suffix=suffix, max_chunks=self.max_chunks),
                 )
             except Exception as exc:  # OSError, NoDestinationError: the link's refusal
-                error = repr(exc)
+                error, down = repr(exc), isinstance(exc, NoDestinationError)
                 break
             self._backlog.replayed_oldest()
             replayed += 1
-        if replayed or error is not None:
+        if replayed or (error is not None and not down):
             log.info(
                 "mavlink_alerts_replayed",
                 endpoint=self.endpoint,
@@ -344,6 +357,7 @@ class MavlinkAlertHook:
                 expired=self._backlog.expired,
                 overflowed=self._backlog.overflowed,
             )
+        return error
 
     def _link_up(self) -> None:
         """A link's thread found a destination (a first ground station heard, a

@@ -1,53 +1,59 @@
 """Where a ``udp*:`` MAVLink hook sends, decided here rather than by pymavlink.
 
-``udpout:host:port``: pymavlink's ``mavudp.write`` resolves a host name with
-``socket.gethostbyname`` in the first send, on the thread that raised the alert,
-swallows the failure, and then hands the name to ``sendto``, which resolves it
-again in every send: with no route to a DNS server (the ground link down) each
-alert waited out the resolver and counted as sent.  ``UdpOut`` resolves the name
-on a thread of its own (``inferd-mavlink-resolve``: again every 5 s until it
-resolves) and raises until then; a send the kernel refuses raises too.  A ground
-station's address can change (DHCP, a spare station taking over its name), so
-the thread resolves the name again every ``REFRESH_INTERVAL_S`` and at once
-after a send the kernel refused; meanwhile alerts go to the last address it
-resolved to.  The thread raising an alert never waits for any of it.
+``udpout:host:port``: pymavlink resolved a host name in the first send, on the
+thread raising the alert, and handed it to ``sendto``, which resolved it again
+in every send (each alert waited out the resolver while the ground link was
+down, and counted as sent).  ``UdpOut`` resolves the name on a thread of its own
+(``inferd-mavlink-resolve``): every 5 s until it resolves, then every
+``REFRESH_INTERVAL_S`` and at once after a send the kernel refused (a station's
+address can change: DHCP, a spare taking over its name), alerts going to the
+last address meanwhile.  The thread raising an alert never waits for any of it.
 
-``udpin:`` / ``udp:``: on such an endpoint pymavlink's ``mavudp`` answers every
-address it ever heard a datagram from (``clients``, never forgotten with
-``udp_timeout`` 0): each ground-station restart on a new port, and anyone who
-can reach the port, adds one for good, and every alert is sent to all of them on
-the thread that raised it.  Before it heard anyone it sends to nobody and says
-nothing, so the dispatcher counted those alerts sent.  ``UdpPeers`` is the
-hook's encoder file instead: it remembers the ``MAX_UDP_PEERS`` addresses heard
-from last and raises ``ConnectionError`` when it has nobody to send to
-(DESIGN.md 168).  It reads the socket on a thread of its own
-(``inferd-mavlink-peers``, started by ``listen``) as datagrams arrive: read only
-when an alert was raised, a station's heartbeats piled up between alerts (the
-oldest read first, the newest dropped by the kernel once the buffer was full),
-so a station back on a new port was not answered.  Only a datagram made of
-whole MAVLink frames (``is_mavlink``) teaches a peer: any sender did before,
-and 8 junk datagrams from 8 ports pushed the real station out.
+No route to the address (``NO_ROUTE_ERRNOS``; a zone id naming no interface) is
+no destination either: at boot the radio's interface or its route often comes up
+after the daemon, and the start-time alerts it refused were lost.  The link says
+``unreachable`` (an address is looked at when the hook opens, before any alert
+fails), the hook holds the alert, and the same thread looks for the route every
+``NO_ROUTE_RETRY_S`` (a UDP ``connect``: a route lookup, no datagram) and tells
+the hook when it is back; the next alert tries at once.  A zone id is passed as
+its interface's index, looked up each time: Python ignores the ``%eth0`` of a
+2-tuple, and the datagram left by whichever interface the kernel picked.
+
+``udpin:`` / ``udp:``: pymavlink answered every address it ever heard from, for
+good, and sent to nobody, silently, before it heard anyone.  ``UdpPeers`` (the
+hook's encoder file) answers the ``MAX_UDP_PEERS`` heard from last and raises
+when it has nobody to send to (DESIGN.md 168); it reads the socket as datagrams
+arrive, on a thread of its own (``inferd-mavlink-peers``), so a station back on
+a new port is answered from its first heartbeat.  Only a datagram of whole
+MAVLink frames with a HEARTBEAT whose checksum is right teaches a peer
+(``mavlink_frames``).  With no route to any peer, an alert is held as above, and
+the next heartbeat heard (or alert) sends what is held.
 
 The socket is opened here too (``UdpSocket``), not by pymavlink, whose
 ``mavudp`` is IPv4 only: ``[::1]:14550`` and ``[::]:14550`` get an IPv6 socket.
 While a link has nowhere to send, ``write`` raises ``NoDestinationError`` and
-the hook holds the alert; ``on_heard`` (the first peer) and ``on_resolved``
-(the name) tell it when to send what it holds (``link_backlog``).
+the hook holds the alert; ``on_heard`` and ``on_resolved`` tell it when the link
+has a destination, to send what it holds (``link_backlog``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from inferd.alerts.link_backlog import NoDestinationError
+from inferd.alerts.mavlink_frames import has_heartbeat
+from inferd.alerts.mavlink_frames import is_mavlink as is_mavlink
+from inferd.config.mavlink_endpoint import split_host_port as split_host_port
 
 log = structlog.get_logger("inferd.alerts.mavlink")
 
@@ -60,28 +66,46 @@ RETRY_INTERVAL_S = 5.0
 #: Pause before resolving a name again once it resolved: how long a ground
 #: station whose address changed may go without alerts when no send is refused.
 REFRESH_INTERVAL_S = 60.0
+#: Pause between looks for a missing route: how long after the route comes back
+#: held alerts may wait when no alert comes first.  A look costs a route lookup.
+NO_ROUTE_RETRY_S = 1.0
+#: What ``sendto`` fails with while there is no route or interface to the address.
+NO_ROUTE_ERRNOS = frozenset(
+    (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.ENODEV)
+)
 #: Ground stations answered at once (a GCS, a MAVLink router, a spare).
 MAX_UDP_PEERS = 8
 #: Datagrams read per alert to learn ground stations (heartbeats, 1 Hz each).
 MAX_PEER_READS = 64
 _READ_SIZE = 2048
-_V1_MAGIC, _V2_MAGIC = 0xFE, 0xFD
-#: MAVLink 2's incompat flag for a signed frame, which carries 13 more bytes.
-_V2_SIGNED = 0x01
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[ipv6]:port`` as ``(host, port)``, brackets stripped;
-    ``ValueError`` for anything else (the config refuses those first)."""
-    host, _, port = address.rpartition(":")
-    bare = host.removeprefix("[").removesuffix("]")
-    if host == f"[{bare}]":
-        ipaddress.IPv6Address(bare)  # only an IPv6 address goes in brackets
-    elif any(char in host for char in ":[]"):
-        raise ValueError(f"{address!r}: an IPv6 address goes in brackets, as [::1]:14550")
-    if not bare or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
-        raise ValueError(f"{address!r} is not host:port")
-    return bare, int(port)
+def no_route(exc: OSError) -> bool:
+    """Whether a send failed for want of a route or an interface (a zone id's
+    ``gaierror``), not because the kernel refused the datagram."""
+    return isinstance(exc, socket.gaierror) or exc.errno in NO_ROUTE_ERRNOS
+
+
+def sockaddr(host: str, port: int) -> tuple[Any, ...]:
+    """The address to hand ``sendto``/``bind``: an IPv6 one with its zone id as
+    the interface's index (``gaierror`` while no interface has that name)."""
+    if ":" not in host:
+        return (host, port)
+    flags = socket.AI_NUMERICHOST
+    return socket.getaddrinfo(host, port, socket.AF_INET6, socket.SOCK_DGRAM, 0, flags)[0][4]
+
+
+def _probe_route(family: int, address: tuple[Any, ...]) -> None:
+    """Raises what the kernel says of a route to ``address``: a UDP ``connect``
+    looks it up and sends nothing (looked up at each call, as tests replace it)."""
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(address)
+
+
+def _log_no_route(endpoint: str, error: str) -> None:
+    log.warning(
+        "mavlink_udp_no_route", endpoint=endpoint, error=error, retry_interval_s=NO_ROUTE_RETRY_S
+    )
 
 
 class UdpSocket:
@@ -101,7 +125,7 @@ class UdpSocket:
             self.port.setblocking(False)
             if self.udp_server:  # as pymavlink did: a restarted daemon binds again at once
                 self.port.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                self.port.bind((self.host, port))
+                self.port.bind(sockaddr(self.host, port))
         except BaseException:
             self.port.close()
             raise
@@ -113,23 +137,6 @@ class UdpSocket:
         self.port.close()
 
 
-def is_mavlink(data: bytes) -> bool:
-    """Whether ``data`` is one or more whole MAVLink frames, back to back: each
-    starts with v1's or v2's magic byte and the lengths in their headers end
-    exactly where the datagram does."""
-    offset = 0
-    while offset < len(data):
-        left, magic = len(data) - offset, data[offset]
-        if magic == _V2_MAGIC and left >= 12:
-            signed = data[offset + 2] & _V2_SIGNED
-            offset += 12 + data[offset + 1] + (13 if signed else 0)
-        elif magic == _V1_MAGIC and left >= 8:
-            offset += 8 + data[offset + 1]
-        else:
-            return False
-    return offset == len(data) > 0
-
-
 class UdpPeers:
     """``write`` (the encoder's, once per frame) sends to the newest peers heard
     on ``sock``; ``learn`` reads what they sent.  ``listen`` starts a thread
@@ -137,7 +144,8 @@ class UdpPeers:
     socket between alerts; ``close`` ends it and must come before ``sock`` is
     closed (its descriptor could be reused).  Thread-safe.  ``sock`` stays
     its opener's, closed by it.  ``on_heard`` is called on the thread when it
-    learns the first peer, never with a lock of this class held."""
+    learns the first peer, or one after sends found no route to any peer
+    (``no_route``), never with a lock of this class held."""
 
     def __init__(
         self,
@@ -149,8 +157,10 @@ class UdpPeers:
         self._sock = sock
         self._endpoint = endpoint
         self._on_heard = on_heard
-        #: Datagrams not made of MAVLink frames, which teach no peer.
+        #: Datagrams that teach no peer: not MAVLink frames, or no HEARTBEAT in them.
         self.ignored = 0
+        #: Why the last send reached no peer for want of a route; None once one did.
+        self.no_route: str | None = None
         self._lock = threading.Lock()
         #: One reader at a time (the thread, an alert): peers go in in the order read.
         self._reading = threading.Lock()
@@ -195,10 +205,11 @@ class UdpPeers:
 
     def learn(self) -> bool:
         """Read up to ``MAX_PEER_READS`` pending datagrams, learning who sent the
-        MAVLink ones; returns whether the first peer was learned."""
+        heartbeats; returns whether a peer was heard that the link could not send
+        to: the first one, or one heard while no route reached any."""
         with self._reading:
             with self._lock:
-                had_peers = bool(self._peers)
+                had_peers, heard = bool(self._peers), False
             for _ in range(MAX_PEER_READS):
                 try:
                     data, address = self._sock.recvfrom(_READ_SIZE)
@@ -206,16 +217,17 @@ class UdpPeers:
                     break
                 except OSError:  # an ICMP error left by an earlier send: read on
                     continue
+                learned = has_heartbeat(data)  # not a port scan, another protocol, junk
                 with self._lock:
-                    if not is_mavlink(data):  # a port scan, another protocol: no station
+                    if not learned:
                         self.ignored += 1
                         continue
+                    heard = True
                     self._peers.pop(address, None)
                     self._peers[address] = None
                     while len(self._peers) > MAX_UDP_PEERS:
                         del self._peers[next(iter(self._peers))]
-            with self._lock:
-                return not had_peers and bool(self._peers)
+            return heard and (not had_peers or self.no_route is not None)
 
     def write(self, data: bytes) -> None:
         peers = self.addresses
@@ -223,16 +235,23 @@ class UdpPeers:
             raise NoDestinationError(
                 f"no ground station has sent anything to {self._endpoint} yet: nobody to answer"
             )
-        error: OSError | None = None
-        sent = False
+        errors: list[OSError] = []
         for address in peers:
             try:
                 self._sock.sendto(data, address)
-                sent = True
             except OSError as exc:
-                error = exc
-        if not sent and error is not None:
-            raise error
+                errors.append(exc)
+        if len(errors) < len(peers):
+            self.no_route = None
+            return
+        if not all(no_route(exc) for exc in errors):
+            raise errors[-1]
+        if self.no_route is None:  # once per outage
+            _log_no_route(self._endpoint, repr(errors[-1]))
+        self.no_route = repr(errors[-1])
+        raise NoDestinationError(
+            f"{self._endpoint}: no route to any ground station heard ({self.no_route})"
+        )
 
     def _listen(self, wake: socket.socket) -> None:
         poller = select.poll()  # not select(): the daemon's descriptors may pass 1024
@@ -253,12 +272,14 @@ class UdpPeers:
 
 class UdpOut:
     """``write`` sends to ``host:port`` on ``sock`` (pymavlink's, closed with it),
-    or raises ``OSError``: while the host name is not resolved yet, or when the
-    kernel refuses the datagram (which asks for the name to be resolved again).
-    Never resolves a name on the caller's thread.  ``resolve``: the name's IPv4
+    or raises ``OSError``: ``NoDestinationError`` while the host name is not
+    resolved yet or there is no route to its address, the kernel's error when it
+    refuses the datagram (which asks for the name to be resolved again).  Never
+    resolves a name on the caller's thread.  ``resolve``: the name's IPv4
     address (``socket.gethostbyname``, looked up at each call); an IP address
-    (IPv6 too, on an IPv6 ``sock``) is not resolved.  ``on_resolved`` is called
-    on the resolving thread when the name first resolves."""
+    (IPv6 too, on an IPv6 ``sock``) is not resolved.  ``on_resolved`` is called on
+    the link's thread when the link gets a destination: the name first resolves,
+    or the route comes back."""
 
     def __init__(
         self,
@@ -279,75 +300,146 @@ class UdpOut:
         self._lookup = resolve if resolve is not None else _gethostbyname
         self._refresh_interval_s = refresh_interval_s
         self._closed = threading.Event()
-        #: Set to end the resolving thread's pause: by a refused send, by ``close``.
+        #: Set to end the thread's pause: by a refused send, by ``close``.
         self._wake = threading.Event()
+        #: A refused send asked for the name to be resolved again.
+        self._asked = False
         self._last_error = "not tried yet"
-        self._address: tuple[str, int] | None = None
-        self._resolver: threading.Thread | None = None
+        #: Why the last send or look found no route to the address; None while one did.
+        self._no_route: str | None = None
+        self._address: tuple[Any, ...] | None = None
+        self._starting = threading.Lock()
+        self._thread: threading.Thread | None = None
         try:
-            self._address = (str(ipaddress.ip_address(host)), port)
+            ipaddress.ip_address(host)
         except ValueError:  # a name, resolved to IPv4: the socket is IPv4
-            self._resolver = threading.Thread(
-                target=self._resolve, name=RESOLVE_THREAD_NAME, daemon=True
-            )
-            self._resolver.start()
+            self._name = True
+            self._start_thread()
+            return
+        self._name = False
+        if not self._look():  # no route yet (at boot): said now, looked for on the thread
+            self._ask()
 
     def write(self, data: bytes) -> None:
         address = self._address
         if address is None:
-            raise NoDestinationError(
-                f"{self._endpoint}: {self._host!r} is not resolved yet ({self._last_error})"
-            )
+            why = self._no_route or f"{self._host!r} is not resolved yet ({self._last_error})"
+            raise NoDestinationError(f"{self._endpoint}: {why}")
         try:
             self._sock.sendto(data, address)
         except BlockingIOError:  # a full send buffer: nothing to say about the address
             raise
-        except OSError:  # unreachable, refused: the station may have moved, ask again now
-            if self._resolver is not None:
-                self._wake.set()
+        except OSError as exc:  # unreachable, refused: the station may have moved, ask again now
+            if no_route(exc):
+                self._lost(repr(exc))
+                self._ask()
+                raise NoDestinationError(f"{self._endpoint}: no route yet ({exc!r})") from exc
+            if self._name:
+                self._ask()
             raise
+        self._no_route = None
 
     @property
-    def resolved(self) -> bool:
-        return self._address is not None
-
-    @property
-    def last_error(self) -> str | None:
-        """Why the name does not resolve; None once it did."""
-        return None if self._address is not None else self._last_error
+    def state(self) -> tuple[str, str | None]:
+        """``up``, ``unresolved`` (the name) or ``unreachable`` (no route to its
+        address), and why it is not up."""
+        no_route = self._no_route
+        if no_route is not None:
+            return "unreachable", no_route
+        if self._address is None:
+            return "unresolved", self._last_error
+        return "up", None
 
     def close(self) -> None:
-        """Ends the resolving thread at once, or after the try it is in; one that
+        """Ends the link's thread at once, or after the try it is in; one that
         waits on the resolver is left to it (a daemon thread holding no socket)."""
         self._closed.set()
         self._wake.set()
 
-    def _resolve(self) -> None:
+    def _ask(self) -> None:
+        """Wake the thread (started now for an address that had a route), which
+        resolves the name again and looks for the route."""
+        self._asked = True
+        self._wake.set()
+        with contextlib.suppress(RuntimeError):  # no thread: the next alert tries
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        with self._starting:
+            if self._thread is None and not self._closed.is_set():
+                thread = threading.Thread(target=self._run, name=RESOLVE_THREAD_NAME, daemon=True)
+                thread.start()
+                self._thread = thread
+
+    def _lost(self, error: str) -> None:
+        if self._no_route is None:  # once per outage
+            _log_no_route(self._endpoint, error)
+        self._no_route = error
+
+    def _look(self) -> bool:
+        """Whether there is a route to the address now (an address's zone id looked
+        up again: an interface made again has a new index); records why not."""
+        try:
+            if not self._name:  # sent to even with no route seen: the send may find one
+                self._address = sockaddr(self._host, self._port)
+            if self._address is None:
+                return False
+            _probe_route(self._sock.family, self._address)
+        except socket.gaierror as exc:
+            zone = self._host.partition("%")[2]
+            self._lost(f"no network interface named {zone!r} ({exc!r})" if zone else repr(exc))
+            return False
+        except OSError as exc:
+            # connect says EINVAL for a link-local address on an interface that is
+            # down, where sendto says EADDRNOTAVAIL; any other refusal is the send's
+            if no_route(exc) or exc.errno == errno.EINVAL:
+                self._lost(repr(exc))
+                return False
+        self._no_route = None
+        return True
+
+    def _run(self) -> None:
         """Resolve the name: again every ``RETRY_INTERVAL_S`` while it fails, every
         ``refresh_interval_s`` once it resolved, and at once after a refused send
-        (one asked for during a try makes one more after it)."""
+        (one asked for during a try makes one more after it).  While there is no
+        route, look for it every ``NO_ROUTE_RETRY_S``.  Call ``on_resolved`` when
+        the link gets a destination."""
+        resolve_at = 0.0
         while True:
             self._wake.clear()  # before the look at ``_closed``: a close after it wakes
             if self._closed.is_set():
                 return
-            try:
-                ip = self._lookup(self._host)
-            except Exception as exc:  # OSError (gaierror), UnicodeError
-                self._last_error = repr(exc)  # alerts go where it last resolved to
-                pause = RETRY_INTERVAL_S
-            else:
-                previous, self._address = self._address, (ip, self._port)
-                if previous is None and self._on_resolved is not None:
-                    self._on_resolved()
-                elif previous is not None and previous[0] != ip:
-                    log.info(
-                        "mavlink_udpout_readdressed",
-                        endpoint=self._endpoint,
-                        address=ip,
-                        previous=previous[0],
-                    )
-                pause = self._refresh_interval_s
+            had = self.state[0] == "up"
+            if self._name and (self._asked or time.monotonic() >= resolve_at):
+                self._asked = False
+                resolve_at = time.monotonic() + self._resolve()
+                if self._address is not None:
+                    self._look()
+            elif self._no_route is not None:
+                self._look()
+            if not had and self.state[0] == "up" and self._on_resolved is not None:
+                self._on_resolved()
+            pause = max(0.0, resolve_at - time.monotonic()) if self._name else None
+            if self._no_route is not None:
+                pause = min(pause, NO_ROUTE_RETRY_S) if pause is not None else NO_ROUTE_RETRY_S
             self._wake.wait(pause)
+
+    def _resolve(self) -> float:
+        """Resolve the name once; returns the pause before the next time."""
+        try:
+            ip = self._lookup(self._host)
+        except Exception as exc:  # OSError (gaierror), UnicodeError
+            self._last_error = repr(exc)  # alerts go where it last resolved to
+            return RETRY_INTERVAL_S
+        previous, self._address = self._address, (ip, self._port)
+        if previous is not None and previous[0] != ip:
+            log.info(
+                "mavlink_udpout_readdressed",
+                endpoint=self._endpoint,
+                address=ip,
+                previous=previous[0],
+            )
+        return self._refresh_interval_s
 
 
 def _gethostbyname(host: str) -> str:

@@ -6,7 +6,6 @@ of a section's rules and raises the values they refused together).  ``[bus]`` an
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from inferd.config.checks import (
     socket_file,
     up_to,
 )
+from inferd.config.mavlink_endpoint import endpoint_problem
 from inferd.config.metrics import MetricsConfig
 from inferd.config.refusals import every_rule, refuse
 from inferd.config.security import BuildsConfig, SecurityConfig, is_loopback, tcp_host
@@ -330,19 +330,13 @@ class AlertsConfig:
         )
         # Checked here, not when the hook opens it at start: there a mistake only
         # left the hook out (an ERROR line), and port 99999 was taken, every send failing.
-        kind, _, address = self.mavlink_endpoint.partition(":")
-        host, _, port = address.rpartition(":")
-        number = port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
-        bare = host.removeprefix("[").removesuffix("]")
-        try:  # an IPv6 address goes in brackets ("::1:14550" is ambiguous), nothing else does
-            expected = f"[{bare}]" if ipaddress.ip_address(bare).version == 6 else bare
-        except ValueError:  # a host name: not empty, no colon (else 3 longer than any host)
-            expected = bare if bare and ":" not in bare else f"[{bare}]:"
-        if kind not in ("udpout", "udpin", "tcp", "udp") or not number or host != expected:
+        # The hook's own rule (split_host_port), so nothing passes here that it refuses.
+        if (problem := endpoint_problem(self.mavlink_endpoint)) is not None:
             refuse(
                 f"alerts.mavlink_endpoint: {self.mavlink_endpoint!r} must be a pymavlink "
                 "connection string, udpout:, udpin:, udp: or tcp: then HOST:PORT (port "
-                "1..65535, an IPv6 HOST in brackets), such as 'udpout:192.168.1.10:14550'",
+                "1..65535, an IPv6 HOST in brackets), such as 'udpout:192.168.1.10:14550' "
+                f"({problem})",
                 "alerts.mavlink_endpoint",
             )
         if not 1 <= self.mavlink_source_system <= 255:
