@@ -1,39 +1,27 @@
 """Where a ``udp*:`` MAVLink hook sends, decided here rather than by pymavlink.
 
-``udpout:host:port``: pymavlink resolved a host name in the first send, on the
-thread raising the alert, and handed it to ``sendto``, which resolved it again
-in every send (each alert waited out the resolver while the ground link was
-down, and counted as sent).  ``UdpOut`` resolves the name on a thread of its own
+``udpout:host:port``: pymavlink resolved a host name on the alert's thread, in
+every send.  ``UdpOut`` resolves it on a thread of its own
 (``inferd-mavlink-resolve``): every 5 s until it resolves, then every
-``REFRESH_INTERVAL_S`` and at once after a send the kernel refused (a station's
-address can change: DHCP, a spare taking over its name), alerts going to the
-last address meanwhile.  The thread raising an alert never waits for any of it.
+``REFRESH_INTERVAL_S`` and at once after a refused send (a station's address can
+change), alerts going to the last address meanwhile.  No route to the address
+(``NO_ROUTE_ERRNOS``; a zone id naming no interface) is no destination either (at
+boot the radio's interface often comes up after the daemon): the link says
+``unreachable``, the hook holds the alert, and the thread looks for the route
+every ``NO_ROUTE_RETRY_S`` (a UDP ``connect``: no datagram), never sooner, and
+tells the hook when it is back.  A zone id is passed as its interface's index,
+looked up each time (Python ignores the ``%eth0`` of a 2-tuple).
 
-No route to the address (``NO_ROUTE_ERRNOS``; a zone id naming no interface) is
-no destination either: at boot the radio's interface or its route often comes up
-after the daemon, and the start-time alerts it refused were lost.  The link says
-``unreachable`` (an address is looked at when the hook opens, before any alert
-fails), the hook holds the alert, and the same thread looks for the route every
-``NO_ROUTE_RETRY_S`` (a UDP ``connect``: a route lookup, no datagram) and tells
-the hook when it is back; the next alert tries at once.  A zone id is passed as
-its interface's index, looked up each time: Python ignores the ``%eth0`` of a
-2-tuple, and the datagram left by whichever interface the kernel picked.
+``udpin:`` / ``udp:``: ``UdpPeers`` answers the ``MAX_UDP_PEERS`` heard from last
+(pymavlink answered all, for good) and raises when it has nobody (DESIGN.md 168);
+a thread of its own (``inferd-mavlink-peers``) reads the socket as datagrams
+arrive.  Only whole MAVLink frames with a HEARTBEAT whose checksum is right teach
+a peer (``mavlink_frames``).  With no route to any peer an alert is held as above;
+the next heartbeat looks for the route and sends what is held.
 
-``udpin:`` / ``udp:``: pymavlink answered every address it ever heard from, for
-good, and sent to nobody, silently, before it heard anyone.  ``UdpPeers`` (the
-hook's encoder file) answers the ``MAX_UDP_PEERS`` heard from last and raises
-when it has nobody to send to (DESIGN.md 168); it reads the socket as datagrams
-arrive, on a thread of its own (``inferd-mavlink-peers``), so a station back on
-a new port is answered from its first heartbeat.  Only a datagram of whole
-MAVLink frames with a HEARTBEAT whose checksum is right teaches a peer
-(``mavlink_frames``).  With no route to any peer, an alert is held as above, and
-the next heartbeat heard (or alert) sends what is held.
-
-The socket is opened here too (``UdpSocket``), not by pymavlink, whose
-``mavudp`` is IPv4 only: ``[::1]:14550`` and ``[::]:14550`` get an IPv6 socket.
-While a link has nowhere to send, ``write`` raises ``NoDestinationError`` and
-the hook holds the alert; ``on_heard`` and ``on_resolved`` tell it when the link
-has a destination, to send what it holds (``link_backlog``).
+``UdpSocket`` opens the socket (pymavlink's ``mavudp`` is IPv4 only).  While a
+link has nowhere to send, ``write`` raises ``NoDestinationError`` and the hook
+holds the alert; ``on_heard`` and ``on_resolved`` say when it has a destination.
 """
 
 from __future__ import annotations
@@ -102,6 +90,18 @@ def _probe_route(family: int, address: tuple[Any, ...]) -> None:
         probe.connect(address)
 
 
+def _no_route_to(family: int, address: tuple[Any, ...]) -> OSError | None:
+    """Why the kernel has no route to ``address`` (``_probe_route``), or None."""
+    try:
+        _probe_route(family, address)
+    except OSError as exc:
+        # connect says EINVAL for a link-local address on an interface that is
+        # down, where sendto says EADDRNOTAVAIL; any other refusal is the send's
+        if no_route(exc) or exc.errno == errno.EINVAL:
+            return exc
+    return None
+
+
 def _log_no_route(endpoint: str, error: str) -> None:
     log.warning(
         "mavlink_udp_no_route", endpoint=endpoint, error=error, retry_interval_s=NO_ROUTE_RETRY_S
@@ -109,9 +109,8 @@ def _log_no_route(endpoint: str, error: str) -> None:
 
 
 class UdpSocket:
-    """The socket of a ``udpin:``/``udp:`` (bound to the endpoint) or
-    ``udpout:`` endpoint: non-blocking, IPv6 for a bracketed address.  ``port``
-    is the socket, as pymavlink's ``mavudp`` names it."""
+    """The socket (``port``, as pymavlink's ``mavudp`` names it) of a ``udpin:``/``udp:``
+    (bound) or ``udpout:`` endpoint: non-blocking, IPv6 for a bracketed address."""
 
     def __init__(self, endpoint: str) -> None:
         kind, _, address = endpoint.partition(":")
@@ -129,9 +128,7 @@ class UdpSocket:
         except BaseException:
             self.port.close()
             raise
-        self.destination_addr: tuple[str, int] | None = (
-            None if self.udp_server else (self.host, port)
-        )
+        self.destination_addr = None if self.udp_server else (self.host, port)
 
     def close(self) -> None:
         self.port.close()
@@ -142,10 +139,9 @@ class UdpPeers:
     on ``sock``; ``learn`` reads what they sent.  ``listen`` starts a thread
     that calls ``learn`` whenever something arrives, so nothing waits in the
     socket between alerts; ``close`` ends it and must come before ``sock`` is
-    closed (its descriptor could be reused).  Thread-safe.  ``sock`` stays
-    its opener's, closed by it.  ``on_heard`` is called on the thread when it
-    learns the first peer, or one after sends found no route to any peer
-    (``no_route``), never with a lock of this class held."""
+    closed (its descriptor could be reused).  Thread-safe.  ``sock`` stays its
+    opener's.  ``on_heard`` is called on the thread, with no lock of this class
+    held, when it learns the first peer or one while ``no_route`` is set."""
 
     def __init__(
         self,
@@ -159,8 +155,10 @@ class UdpPeers:
         self._on_heard = on_heard
         #: Datagrams that teach no peer: not MAVLink frames, or no HEARTBEAT in them.
         self.ignored = 0
-        #: Why the last send reached no peer for want of a route; None once one did.
+        #: Why the last send reached no peer (no route); None once one did or is routed.
         self.no_route: str | None = None
+        #: ``mavlink_udp_no_route`` said for this outage: until a send gets through.
+        self._outage_logged = False
         self._lock = threading.Lock()
         #: One reader at a time (the thread, an alert): peers go in in the order read.
         self._reading = threading.Lock()
@@ -205,8 +203,7 @@ class UdpPeers:
 
     def learn(self) -> bool:
         """Read up to ``MAX_PEER_READS`` pending datagrams, learning who sent the
-        heartbeats; returns whether a peer was heard that the link could not send
-        to: the first one, or one heard while no route reached any."""
+        heartbeats; whether one was heard: the first, or one while ``no_route``."""
         with self._reading:
             with self._lock:
                 had_peers, heard = bool(self._peers), False
@@ -227,7 +224,13 @@ class UdpPeers:
                     self._peers[address] = None
                     while len(self._peers) > MAX_UDP_PEERS:
                         del self._peers[next(iter(self._peers))]
-            return heard and (not had_peers or self.no_route is not None)
+            peers, lost = self.addresses, self.no_route
+            # Not only a send clears it: with no alert held none may come for hours.
+            routed = (_no_route_to(self._sock.family, peer) is None for peer in peers)
+            if heard and lost is not None and any(routed):
+                with self._lock:  # unless a send found no route since
+                    self.no_route = None if self.no_route is lost else self.no_route
+            return heard and (not had_peers or lost is not None)
 
     def write(self, data: bytes) -> None:
         peers = self.addresses
@@ -242,13 +245,15 @@ class UdpPeers:
             except OSError as exc:
                 errors.append(exc)
         if len(errors) < len(peers):
-            self.no_route = None
+            self.no_route, self._outage_logged = None, False
             return
         if not all(no_route(exc) for exc in errors):
             raise errors[-1]
-        if self.no_route is None:  # once per outage
+        if not self._outage_logged:  # once per outage: a route seen back is not its end
             _log_no_route(self._endpoint, repr(errors[-1]))
-        self.no_route = repr(errors[-1])
+            self._outage_logged = True
+        with self._lock:  # ``learn`` clears it under the lock
+            self.no_route = repr(errors[-1])
         raise NoDestinationError(
             f"{self._endpoint}: no route to any ground station heard ({self.no_route})"
         )
@@ -265,21 +270,20 @@ class UdpPeers:
                 if events.get(self._sock.fileno(), 0) & select.POLLNVAL:
                     return  # closed under it: a bug, but never a busy loop
                 if self._sock.fileno() in events and self.learn() and self._on_heard:
-                    self._on_heard()
+                    self._on_heard()  # sends what is held: the outage ended unless it met none
+                    self._outage_logged &= self.no_route is not None
         except Exception:  # never seen; the hook still learns before each alert
             log.exception("mavlink_udpin_reader_failed", endpoint=self._endpoint)
 
 
 class UdpOut:
     """``write`` sends to ``host:port`` on ``sock`` (pymavlink's, closed with it),
-    or raises ``OSError``: ``NoDestinationError`` while the host name is not
-    resolved yet or there is no route to its address, the kernel's error when it
-    refuses the datagram (which asks for the name to be resolved again).  Never
-    resolves a name on the caller's thread.  ``resolve``: the name's IPv4
-    address (``socket.gethostbyname``, looked up at each call); an IP address
-    (IPv6 too, on an IPv6 ``sock``) is not resolved.  ``on_resolved`` is called on
-    the link's thread when the link gets a destination: the name first resolves,
-    or the route comes back."""
+    or raises ``OSError``: ``NoDestinationError`` while the name is not resolved
+    or there is no route to its address, the kernel's error when it refuses the
+    datagram (the name is then resolved again, never on the caller's thread).
+    ``resolve``: the name's IPv4 address (``socket.gethostbyname``); an IP
+    address (IPv6 too) is not resolved.  ``on_resolved`` is called on the link's
+    thread when it gets a destination: the name resolves, the route comes back."""
 
     def __init__(
         self,
@@ -307,6 +311,8 @@ class UdpOut:
         self._last_error = "not tried yet"
         #: Why the last send or look found no route to the address; None while one did.
         self._no_route: str | None = None
+        #: ``mavlink_udp_no_route`` said for this outage: until a send gets through.
+        self._outage_logged = False
         self._address: tuple[Any, ...] | None = None
         self._starting = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -337,7 +343,7 @@ class UdpOut:
             if self._name:
                 self._ask()
             raise
-        self._no_route = None
+        self._no_route, self._outage_logged = None, False
 
     @property
     def state(self) -> tuple[str, str | None]:
@@ -351,14 +357,12 @@ class UdpOut:
         return "up", None
 
     def close(self) -> None:
-        """Ends the link's thread at once, or after the try it is in; one that
-        waits on the resolver is left to it (a daemon thread holding no socket)."""
+        """Ends the link's thread at once, or after its try (a resolver's is left to it)."""
         self._closed.set()
         self._wake.set()
 
     def _ask(self) -> None:
-        """Wake the thread (started now for an address that had a route), which
-        resolves the name again and looks for the route."""
+        """Wake the thread (started now if need be): resolve the name, look for the route."""
         self._asked = True
         self._wake.set()
         with contextlib.suppress(RuntimeError):  # no thread: the next alert tries
@@ -372,8 +376,9 @@ class UdpOut:
                 self._thread = thread
 
     def _lost(self, error: str) -> None:
-        if self._no_route is None:  # once per outage
+        if not self._outage_logged:  # once per outage: a route seen back is not its end
             _log_no_route(self._endpoint, error)
+            self._outage_logged = True
         self._no_route = error
 
     def _look(self) -> bool:
@@ -382,19 +387,15 @@ class UdpOut:
         try:
             if not self._name:  # sent to even with no route seen: the send may find one
                 self._address = sockaddr(self._host, self._port)
-            if self._address is None:
-                return False
-            _probe_route(self._sock.family, self._address)
         except socket.gaierror as exc:
             zone = self._host.partition("%")[2]
             self._lost(f"no network interface named {zone!r} ({exc!r})" if zone else repr(exc))
             return False
-        except OSError as exc:
-            # connect says EINVAL for a link-local address on an interface that is
-            # down, where sendto says EADDRNOTAVAIL; any other refusal is the send's
-            if no_route(exc) or exc.errno == errno.EINVAL:
-                self._lost(repr(exc))
-                return False
+        if self._address is None:
+            return False
+        if (missing := _no_route_to(self._sock.family, self._address)) is not None:
+            self._lost(repr(missing))
+            return False
         self._no_route = None
         return True
 
@@ -402,14 +403,14 @@ class UdpOut:
         """Resolve the name: again every ``RETRY_INTERVAL_S`` while it fails, every
         ``refresh_interval_s`` once it resolved, and at once after a refused send
         (one asked for during a try makes one more after it).  While there is no
-        route, look for it every ``NO_ROUTE_RETRY_S``.  Call ``on_resolved`` when
-        the link gets a destination."""
+        route, look for it every ``NO_ROUTE_RETRY_S``; never sooner after a try,
+        even when asked.  Call ``on_resolved`` when the link gets a destination."""
         resolve_at = 0.0
         while True:
             self._wake.clear()  # before the look at ``_closed``: a close after it wakes
             if self._closed.is_set():
                 return
-            had = self.state[0] == "up"
+            had, tried_at = self.state[0] == "up", time.monotonic()
             if self._name and (self._asked or time.monotonic() >= resolve_at):
                 self._asked = False
                 resolve_at = time.monotonic() + self._resolve()
@@ -418,11 +419,14 @@ class UdpOut:
             elif self._no_route is not None:
                 self._look()
             if not had and self.state[0] == "up" and self._on_resolved is not None:
-                self._on_resolved()
+                self._on_resolved()  # sends what is held: the outage ended unless it met none
+                self._outage_logged &= self._no_route is not None
             pause = max(0.0, resolve_at - time.monotonic()) if self._name else None
             if self._no_route is not None:
                 pause = min(pause, NO_ROUTE_RETRY_S) if pause is not None else NO_ROUTE_RETRY_S
             self._wake.wait(pause)
+            # Woken by a refused send: a look finding a route sends find not would spin.
+            self._closed.wait(max(0.0, tried_at + NO_ROUTE_RETRY_S - time.monotonic()))
 
     def _resolve(self) -> float:
         """Resolve the name once; returns the pause before the next time."""

@@ -5,10 +5,13 @@ config, then the hook refused it at start and was left out (an ERROR line).
 
 An IPv6 address goes in brackets (``[::1]:14550``: out of them, which colon
 starts the port?) and nothing else does.  Its zone id (``[fe80::1%eth0]``) must
-be a name an interface can have (or an interface index): whether that interface
-exists is the hook's to say (``link.state`` ``unreachable`` until it does), not
-the config's, as a USB radio's interface may appear after the daemon starts and
-``inferd check-config`` may run on another host.
+be a name an interface can have (or an interface index), and a link-local one
+(``fe80::/10``) must have one: without it the datagrams left by whichever
+interface the kernel picked, the link reading ``unreachable`` (its route lookup
+says ``EINVAL``) while they went.  Whether that interface exists is the hook's
+to say (``link.state`` ``unreachable`` until it does), not the config's, as a
+USB radio's interface may appear after the daemon starts and ``inferd
+check-config`` may run on another host.
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ def split_host_port(address: str) -> tuple[str, int]:
     bare = host.removeprefix("[").removesuffix("]")
     if host == f"[{bare}]":
         try:  # only an IPv6 address goes in brackets
-            zone = ipaddress.IPv6Address(bare).scope_id
+            ip = ipaddress.IPv6Address(bare)
         except ValueError as exc:
             raise ValueError(f"{address!r}: {exc}") from None
-        if zone is not None and (problem := zone_problem(zone)) is not None:
+        if ip.scope_id is not None and (problem := zone_problem(ip.scope_id)) is not None:
             raise ValueError(f"{address!r}: {problem}")
+        if ip.scope_id is None and ip.is_link_local:  # sent by whichever interface
+            raise ValueError(
+                f"{address!r}: a link-local address needs %<interface>, as [fe80::1%eth0]:14550"
+            )
     elif any(char in host for char in ":[]"):
         raise ValueError(f"{address!r}: an IPv6 address goes in brackets, as [::1]:14550")
     if not bare or not (port.isascii() and port.isdigit() and len(port) <= 5):

@@ -320,7 +320,7 @@ def _alert_links(hooks: Mapping[str, Any]) -> Iterator[Metric]:
     )
     ignored = _counter(
         "inferd_alerts_link_ignored",
-        "udpin: datagrams that were not MAVLink frames (they teach no ground station).",
+        "udpin: datagrams that taught no ground station (no HEARTBEAT with a valid checksum).",
         labels=["hook"],
     )
     waiting = _gauge(
