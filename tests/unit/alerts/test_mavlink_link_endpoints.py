@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from inferd import config
 from inferd.alerts.mavlink import MavlinkAlertHook
 from inferd.alerts.udp_link import MAX_UDP_PEERS
 from inferd.errors import ConfigError
 from tests.conftest import HANG_S, wait_until
 from tests.unit.alerts.test_mavlink_udpin import _ground_station, _heartbeat, _text
+from tests.unit.config.test_mavlink_endpoint_config import load_with_endpoint
 
 
 def _heartbeat_v1() -> bytes:
@@ -170,24 +170,12 @@ def test_tcp_to_an_ipv6_address_connects_and_sends() -> None:
             hook.close()
 
 
-def _load(tmp_path: Path, endpoint: str) -> config.Config:
-    return config.from_mapping(
-        {
-            "daemon": {"state_dir": str(tmp_path)},
-            "models": [{"name": "m", "path": "m.onnx"}],
-            "alerts": {"mavlink_endpoint": endpoint},
-        },
-        source="test",
-        base_dir=tmp_path,
-    )
-
-
 @pytest.mark.parametrize(
     "endpoint",
     ["udpout:[::1]:14550", "udpin:[::]:14550", "udp:[::]:14550", "tcp:[::1]:5760"],
 )
 def test_a_bracketed_ipv6_endpoint_loads(tmp_path: Path, endpoint: str) -> None:
-    assert _load(tmp_path, endpoint).alerts.mavlink_endpoint == endpoint
+    assert load_with_endpoint(tmp_path, endpoint).alerts.mavlink_endpoint == endpoint
 
 
 @pytest.mark.parametrize(
@@ -206,4 +194,4 @@ def test_an_ipv6_endpoint_out_of_brackets_or_else_in_them_is_refused_at_load(
     tmp_path: Path, endpoint: str
 ) -> None:
     with pytest.raises(ConfigError, match=r"alerts\.mavlink_endpoint: .*IPv6 HOST in brackets"):
-        _load(tmp_path, endpoint)
+        load_with_endpoint(tmp_path, endpoint)

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from inferd import config
 from inferd.alerts.interface import AlertHookUnavailableError
 from inferd.alerts.mavlink import MavlinkAlertHook
+from inferd.config.mavlink_endpoint import endpoint_problem, split_host_port
 from inferd.errors import ConfigError
 
 
@@ -31,7 +32,8 @@ def _ipv6() -> bool:
     return True
 
 
-def _load(tmp_path: Path, endpoint: str) -> config.Config:
+def load_with_endpoint(tmp_path: Path, endpoint: str) -> config.Config:
+    """A config whose only alert hook endpoint is ``endpoint`` (``ConfigError`` if refused)."""
     return config.from_mapping(
         {
             "daemon": {"state_dir": str(tmp_path)},
@@ -60,7 +62,7 @@ def test_an_endpoint_the_hook_cannot_use_is_refused_at_load_saying_why(
     tmp_path: Path, endpoint: str, why: str
 ) -> None:
     with pytest.raises(ConfigError, match=rf"alerts\.mavlink_endpoint: .*\(port 1\.\.65535.*{why}"):
-        _load(tmp_path, endpoint)
+        load_with_endpoint(tmp_path, endpoint)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +77,7 @@ def test_an_endpoint_the_hook_cannot_use_is_refused_at_load_saying_why(
     ],
 )
 def test_a_zone_id_that_can_name_an_interface_loads(tmp_path: Path, endpoint: str) -> None:
-    assert _load(tmp_path, endpoint).alerts.mavlink_endpoint == endpoint
+    assert load_with_endpoint(tmp_path, endpoint).alerts.mavlink_endpoint == endpoint
 
 
 @pytest.mark.parametrize(
@@ -103,7 +105,7 @@ def test_the_config_loads_exactly_the_udpout_endpoints_the_hook_opens(
     if "[" in endpoint and not _ipv6():
         pytest.skip("no IPv6 sockets here")
     try:
-        _load(tmp_path, endpoint)
+        load_with_endpoint(tmp_path, endpoint)
     except ConfigError:
         loads = False
     else:
@@ -118,3 +120,32 @@ def test_the_config_loads_exactly_the_udpout_endpoints_the_hook_opens(
         with capture_logs():
             hook.close()
     assert loads == opens, (endpoint, loads, opens)
+
+
+# A link-local IPv6 ground station (fe80::/10) without its interface (%eth0) is
+# refused at load, saying what to write: ``udpout:[fe80::1]:14550`` loaded, the
+# link's route lookup failed EINVAL for it, so it read ``unreachable`` forever
+# while every send went out of whichever interface the kernel picked (DESIGN 308).
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["udpout:[fe80::1]:14550", "udpin:[fe80::10]:14550", "tcp:[fe80::1]:5760", "udp:[febf::1]:1"],
+)
+def test_a_link_local_address_without_its_interface_is_refused_at_load(
+    tmp_path: Path, endpoint: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"link-local address needs %<interface>"):
+        load_with_endpoint(tmp_path, endpoint)
+    assert "[fe80::1%eth0]:14550" in str(endpoint_problem(endpoint))  # what to write instead
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["[fe80::1%eth0]:14550", "[fe80::1%2]:14550", "[fec0::1]:14550", "[fd00::1]:14550", "[::]:1"],
+)
+def test_a_link_local_address_with_its_interface_and_any_other_address_still_load(
+    address: str,
+) -> None:
+    assert split_host_port(address)[1] == int(address.rpartition(":")[2])
+    assert endpoint_problem(f"udpout:{address}") is None
