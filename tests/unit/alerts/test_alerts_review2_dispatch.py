@@ -22,22 +22,10 @@ from inferd.metrics.exporter import MetricsExporter
 from inferd.types import Alert
 from tests.integration.test_schemas import assert_valid
 from tests.unit.alerts.conftest import FakeClock, RecordingHook
+from tests.unit.alerts.test_alerts_sanitised_once import Unreadable
 from tests.unit.alerts.test_mavlink_held_alerts import HOOK_STATUS
 
 UNREADABLE_REASON = "fields cannot be read: RuntimeError('cannot be read')"
-
-
-class Unreadable(Mapping[str, Any]):
-    """A ``fields`` that cannot be read (a raiser's bug)."""
-
-    def __getitem__(self, key: str) -> Any:
-        raise KeyError(key)
-
-    def __iter__(self) -> Iterator[str]:
-        raise RuntimeError("cannot be read")
-
-    def __len__(self) -> int:
-        return 1
 
 
 class ReadOnce(Mapping[str, Any]):
