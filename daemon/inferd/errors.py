@@ -96,6 +96,20 @@ class UnsafeDirectoryError(InferdError):
     (another owner, writable by others, a symlink): ``inferd.owned_files``."""
 
 
+class UncheckedDirectoryError(UnsafeDirectoryError):
+    """A directory the daemon would create files or sockets in could not be made or
+    checked for a reason of this process or system, not of the directory: out of
+    descriptors (``EMFILE``, ``ENFILE``), memory or space, an I/O error.  It is not
+    used, as an unsafe one is not (so every caller that handles an unsafe directory
+    handles this), but the message names the errno and not the directory's owner
+    or mode, and ``inferd run`` exits 1, so systemd restarts it: what made the
+    failure may be gone by then.  ``errno`` is the OS error number."""
+
+    def __init__(self, message: str, *, errno_code: int) -> None:
+        super().__init__(message)
+        self.errno = errno_code
+
+
 class ProcessLimitError(InferdError):
     """A limit of the process or of the kernel is below what the config's bounds let
     clients make the daemon hold: the daemon does not start (``inferd run`` exits 2,

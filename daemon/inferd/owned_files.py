@@ -31,7 +31,7 @@ import stat
 from pathlib import Path
 
 from inferd.durable import fsync_directory
-from inferd.errors import UnsafeDirectoryError
+from inferd.errors import UncheckedDirectoryError, UnsafeDirectoryError
 from inferd_wire.endpoints import unsafe_ancestor_reason, unsafe_directory_reason
 
 #: The systemd unit's ``UMask=``: group may read, others nothing.
@@ -45,23 +45,51 @@ def apply_owned_umask() -> None:
     os.umask(OWNED_UMASK)
 
 
-def unsafe_owned_dir_reason(path: Path) -> str | None:
+def unsafe_owned_dir_reason(path: Path, *, raise_unchecked: bool = False) -> str | None:
     """Why ``path`` is not safely this process's own directory (``unsafe_directory_reason``
     for this uid, then ``unsafe_ancestor_reason``), or None.  "does not exist" when
     it is missing.  For a directory the daemon reads its own files from without
-    creating it (``ensure_owned_dir`` is the check where it writes)."""
-    return unsafe_directory_reason(path, os.geteuid()) or unsafe_ancestor_reason(path)
+    creating it (``ensure_owned_dir`` is the check where it writes).
+    ``raise_unchecked``: the ``OSError`` of an open that failed for a reason not
+    about the directory (``EMFILE``...) is raised, not given as a reason."""
+    return unsafe_directory_reason(
+        path, os.geteuid(), raise_unchecked=raise_unchecked
+    ) or unsafe_ancestor_reason(path)
+
+
+#: What a failed ``mkdir`` says about the directory or where it would be (its
+#: owner, its mode, the file system's); any other errno (``EMFILE``, ``ENOSPC``,
+#: ``EIO``, ``ENOMEM``...) is this process's or the system's state at the time.
+_ABOUT_THE_DIRECTORY = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EEXIST,  # a file, or a dangling symlink, where a directory is to be made
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.ELOOP,
+        errno.EROFS,
+        errno.ENAMETOOLONG,
+    }
+)
 
 
 def ensure_owned_dir(path: Path, *, what: str) -> Path:
     """``path`` as a directory this process owns and only it may write; created
     (with missing parents) when absent.  ``UnsafeDirectoryError`` names ``what``
-    (e.g. ``daemon.state_dir``), the reason and the fix."""
+    (e.g. ``daemon.state_dir``), the reason and the fix; ``UncheckedDirectoryError``
+    (a kind of it) when it could not be made or checked for a reason that is not
+    the directory's, naming the errno."""
     try:
         _make_durably(path)
     except OSError as exc:
-        raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
-    reason = unsafe_owned_dir_reason(path)
+        if exc.errno in _ABOUT_THE_DIRECTORY or exc.errno is None:
+            raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
+        raise _unchecked(what, path, "created", exc) from None
+    try:
+        reason = unsafe_owned_dir_reason(path, raise_unchecked=True)
+    except OSError as exc:  # the open's EMFILE..., the fstat's EIO...
+        raise _unchecked(what, path, "checked", exc) from None
     if reason is not None:
         raise UnsafeDirectoryError(
             f"{what} {path} {reason}: inferd creates files and sockets only in a directory "
@@ -69,6 +97,16 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
             "and mode (chown, chmod go-w) or point the key at another directory"
         )
     return path
+
+
+def _unchecked(what: str, path: Path, done: str, exc: OSError) -> UncheckedDirectoryError:
+    code = exc.errno or 0
+    name = errno.errorcode.get(code, f"errno {code}")
+    return UncheckedDirectoryError(
+        f"{what} {path} could not be {done} ({name}: {exc.strerror}), a limit or failure "
+        "of this process or system at the time, not a fault of the directory",
+        errno_code=code,
+    )
 
 
 def _make_durably(path: Path) -> None:

@@ -5,13 +5,16 @@ following symlinks; the umask is the systemd unit's."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from inferd.errors import UnsafeDirectoryError
+from inferd.errors import UncheckedDirectoryError, UnsafeDirectoryError
 from inferd.owned_files import (
     OWNED_UMASK,
     apply_owned_umask,
@@ -83,3 +86,57 @@ def test_the_umask_is_the_units(tmp_path: Path) -> None:
         assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o640
     finally:
         os.umask(previous)
+
+
+def test_a_path_through_a_file_is_unsafe_not_unchecked(tmp_path: Path) -> None:
+    """A file where a directory is to be made is the directory's fault (exit 2)."""
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(UnsafeDirectoryError, match="cannot be created") as raised:
+        ensure_owned_dir(tmp_path / "file" / "sub", what="daemon.state_dir")
+    assert not isinstance(raised.value, UncheckedDirectoryError)
+
+
+#: Run at the descriptor limit: every free descriptor taken, then the directory
+#: made or checked.  Prints what was raised, its class and errno.
+_AT_THE_LIMIT = """
+import os, resource, sys
+from pathlib import Path
+from inferd.owned_files import ensure_owned_dir
+taken = []
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+while True:
+    try:
+        taken.append(os.dup(0))
+    except OSError:
+        break
+try:
+    ensure_owned_dir(Path(sys.argv[1]), what="daemon.runtime_dir")
+except Exception as exc:
+    print(type(exc).__name__, getattr(exc, "errno", None), exc, sep="|")
+else:
+    print("made")
+"""
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_directory_met_at_the_descriptor_limit_is_unchecked_not_unsafe(
+    tmp_path: Path, exists: bool
+) -> None:
+    """``EMFILE`` is this process's state, not the directory's: the error says so and
+    names the errno (``inferd run`` then exits 1 and is restarted), where it used to
+    say the directory "cannot be opened" or "cannot be created" and to fix its owner."""
+    directory = tmp_path / "run"
+    if exists:
+        directory.mkdir(mode=0o750)
+    done = subprocess.run(
+        [sys.executable, "-c", _AT_THE_LIMIT, str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    kind, code, message = done.stdout.strip().split("|")
+    assert (kind, int(code)) == ("UncheckedDirectoryError", errno.EMFILE)
+    verb = "checked" if exists else "created"
+    assert message.startswith(f"daemon.runtime_dir {directory} could not be {verb} (EMFILE: ")
+    assert "owner" not in message

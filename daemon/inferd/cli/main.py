@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 import structlog
 
 import inferd
-from inferd.errors import ConfigError, ProcessLimitError, UnsafeDirectoryError
+from inferd.errors import (
+    ConfigError,
+    ProcessLimitError,
+    UncheckedDirectoryError,
+    UnsafeDirectoryError,
+)
 from inferd.owned_files import apply_owned_umask, ensure_owned_dir
 
 if TYPE_CHECKING:
@@ -334,6 +339,8 @@ def _invalid_config(notifier: Notifier, source: str, exc: ConfigError) -> int:
 #: but leaves a mode changed since, so what is wrong is the operator's to fix;
 #: the units' few quick retries would only end in ``start-limit-hit``.  Also what
 #: is planted at ``inferd.lock`` in such a directory (``UnsafeLockFileError``).
+#: Not a directory that could not be made or checked for want of descriptors,
+#: memory or space (``UncheckedDirectoryError``): a restart may find them back.
 _NOT_RESTARTED = (ProcessLimitError, UnsafeDirectoryError)
 
 
@@ -350,7 +357,8 @@ def _cannot_start(notifier: Notifier, source: str, exc: Exception) -> int:
     said = f"cannot start: {start_error(exc)}"
     print(f"inferd: {said}", file=sys.stderr)
     notifier.failed(said, errno_of(exc))
-    return EXIT_USAGE if isinstance(exc, _NOT_RESTARTED) else EXIT_FAILURE
+    restarted = not isinstance(exc, _NOT_RESTARTED) or isinstance(exc, UncheckedDirectoryError)
+    return EXIT_FAILURE if restarted else EXIT_USAGE
 
 
 #: The main loop's longest sleep (housekeeping, STATUS= updates).

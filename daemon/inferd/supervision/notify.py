@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 import structlog
 import zmq
 
-from inferd.errors import ProcessLimitError
+from inferd.errors import ProcessLimitError, UncheckedDirectoryError
 from inferd_wire.printable import printable
 
 NOTIFY_SOCKET_ENV = "NOTIFY_SOCKET"
@@ -228,7 +228,7 @@ def errno_of(error: BaseException) -> int | None:
     ``ZMQ_HAUSNUMERO``), which systemd could only call "Unknown error"."""
     if isinstance(error, ProcessLimitError):
         code: int | None = error.errno_code
-    elif isinstance(error, OSError | zmq.ZMQError):
+    elif isinstance(error, OSError | zmq.ZMQError | UncheckedDirectoryError):
         code = error.errno
     else:
         return None

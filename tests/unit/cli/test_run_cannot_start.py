@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 import inferd.daemon
 import inferd.supervision.logging
 from inferd.cli.main import main
-from inferd.errors import UnsafeDirectoryError
+from inferd.errors import UncheckedDirectoryError, UnsafeDirectoryError
 from tests.conftest import REPO, render_config
 
 
@@ -174,6 +174,24 @@ def test_an_unsafe_directory_at_start_is_not_restarted(
     assert code == 2
     assert f"inferd: cannot start: {error}\n" in capsys.readouterr().err
     assert sent(notify) == [f"STATUS=cannot start: {error}"]
+
+
+def test_a_directory_that_could_not_be_checked_is_restarted_with_its_errno(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    notify: socket.socket,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Out of descriptors while checking a directory is no fault of the directory:
+    exit 1 (systemd restarts it) and ``ERRNO=`` names the limit met."""
+    error = UncheckedDirectoryError(
+        "daemon.runtime_dir /run/inferd could not be checked (EMFILE: Too many open files)",
+        errno_code=errno.EMFILE,
+    )
+    code, _ = run(tmp_path, monkeypatch, error, at="start")
+    assert code == 1
+    assert f"inferd: cannot start: {error}\n" in capsys.readouterr().err
+    assert sent(notify) == [f"STATUS=cannot start: {error}", f"ERRNO={errno.EMFILE}"]
 
 
 def test_an_unsafe_state_dir_tells_systemd_and_is_not_restarted(
