@@ -53,7 +53,6 @@ class CancellationToken:
         self.zone: str | None = None
         self.zone_log: list[dict[str, Any]] = []
         self._listeners: list[Callable[[CancelRequest], None]] = []
-        self._timer: threading.Timer | None = None
 
     # -- requesting -------------------------------------------------------------------
     def cancel(self, source: str, reason: str = "") -> bool:
@@ -80,23 +79,6 @@ class CancellationToken:
             with contextlib.suppress(Exception):
                 listener(request)
         return True
-
-    def cancel_after(self, seconds: float) -> None:
-        """A CI/CLI ``--timeout``: cancel with source ``timeout`` after ``seconds``.
-
-        A second call replaces the first deadline: the earlier timer is stopped, so
-        at most one timer thread is alive per token."""
-        timer = threading.Timer(seconds, self.cancel, args=("timeout", f"timeout {seconds}s"))
-        timer.daemon = True
-        with self._lock:
-            previous, self._timer = self._timer, timer
-        if previous is not None:
-            previous.cancel()
-        timer.start()
-
-    def stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
 
     def add_listener(self, listener: Callable[[CancelRequest], None]) -> None:
         with self._lock:

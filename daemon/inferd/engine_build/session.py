@@ -213,24 +213,28 @@ def run_build(
     snapshots: list[dict[str, Any]] = []
     worker = threading.Thread(target=work, name=f"inferd-build-{build_id}", daemon=True)
     try:
-        if request.timeout_s is not None:
-            token.cancel_after(request.timeout_s)
         worker.start()
     except BaseException:  # a thread that cannot start (DESIGN.md 166): none left running
-        token.stop_timer()
         if watchdog is not None:
             watchdog.stop()
         raise
-    next_snapshot = time.monotonic() + snapshot_every_s
+    started = time.monotonic()
+    # The --timeout is kept by this loop, not by a timer thread of its own, which
+    # the thread limit could refuse (DESIGN.md 310).
+    deadline = None if request.timeout_s is None else started + request.timeout_s
+    next_snapshot = started + snapshot_every_s
     while worker.is_alive():
         worker.join(0.02)  # the main thread stays free for signal handlers
-        if snapshot_every_s and time.monotonic() >= next_snapshot:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            token.cancel("timeout", f"timeout {request.timeout_s}s")
+            deadline = None
+        if snapshot_every_s and now >= next_snapshot:
             snapshots.append(adapter.snapshot())
             next_snapshot += snapshot_every_s
     builder_returned = time.monotonic()
     # sampled while the builder's process still holds what the build took
     evidence = read_host_evidence(request.device_index)
-    token.stop_timer()
     token.acknowledge()
     if watchdog is not None:
         watchdog.stop()

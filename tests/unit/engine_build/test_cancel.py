@@ -17,7 +17,7 @@ from inferd.engine_build import (
     cancel_on_signals,
     run_build_async,
 )
-from tests.conftest import HANG_S, wait_until
+from tests.conftest import wait_until
 
 
 def test_first_source_wins_and_is_recorded() -> None:
@@ -79,37 +79,6 @@ def test_no_cancel_zone_is_not_entered_after_a_cancel() -> None:
     with token.no_cancel_zone("final engine commit") as entered:
         assert not entered and token.zone is None
     assert [entry["zone"] for entry in token.zone_log] == ["first"]
-
-
-def test_timeout_source() -> None:
-    token = CancellationToken()
-    token.cancel_after(0.02)
-    wait_until(token.is_set, message="the timeout cancelling")
-    assert token.source == "timeout"
-
-
-def test_timeout_timer_can_be_stopped() -> None:
-    token = CancellationToken()
-    token.cancel_after(0.05)
-    token.stop_timer()
-    # The timer thread ends without firing: past this join it can no longer cancel.
-    timer = token._timer
-    assert timer is not None
-    timer.join(HANG_S)
-    assert not timer.is_alive()
-    assert not token.is_set()
-
-
-def test_a_second_timeout_replaces_the_first_and_stops_its_timer() -> None:
-    token = CancellationToken()
-    token.cancel_after(HANG_S)
-    first = token._timer
-    token.cancel_after(HANG_S * 2)
-    assert first is not None and token._timer is not first
-    first.join(HANG_S)  # stopped, not left running until its deadline
-    assert not first.is_alive()
-    token.stop_timer()
-    assert not token.is_set()
 
 
 @pytest.mark.parametrize(

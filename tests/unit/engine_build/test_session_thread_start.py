@@ -6,6 +6,7 @@ self-test's build checks, which run in process)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,14 @@ from inferd.engine_build import BuildRequest, run_build
 from inferd.engine_build import session as session_module
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.progress import StallWatchdog
-from inferd.engine_build.simulated import SimulatedBuilder
+from inferd.engine_build.simulated import SimSettings, SimulatedBuilder
 from inferd.types import BuildConfig
 from tests.conftest import HANG_S
 from tests.thread_limit import REFUSAL, refuse_start
 from tests.unit.engine_build.conftest import HOST
 
 
-def test_a_builder_thread_that_cannot_start_leaves_no_watchdog_or_timer(
+def test_a_builder_thread_that_cannot_start_leaves_no_watchdog(
     tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     watchdogs: list[StallWatchdog] = []
@@ -50,5 +51,32 @@ def test_a_builder_thread_that_cannot_start_leaves_no_watchdog_or_timer(
     assert watchdog._stop.is_set()  # it polled on
     watchdog._thread.join(HANG_S)
     assert not watchdog._thread.is_alive()
-    assert token._timer is not None and token._timer.finished.is_set()  # still armed
     assert not token.is_set()
+
+
+def test_a_timeout_needs_no_thread_of_its_own(tmp_path: Path, demo_model: Path) -> None:
+    """The ``--timeout`` is kept by ``run_build``'s own loop: with every thread
+    start but the builder's refused (the thread limit reached after it), the build
+    is still cancelled by its deadline, from the caller's thread.  Before, the
+    timer's start raised and the build was refused (DESIGN.md 310)."""
+    request = BuildRequest(
+        demo_model, tmp_path / "demo.engine", BuildConfig(), HOST, timeout_s=0.05
+    )
+    builder = SimulatedBuilder(
+        demo_model, request.build_config, HOST, settings=SimSettings(step_s=0.02)
+    )
+    token = CancellationToken()
+    real_start = threading.Thread.start
+
+    def only_the_builder(thread: threading.Thread) -> None:
+        if thread.name != "inferd-build-b2":
+            raise RuntimeError(REFUSAL)
+        real_start(thread)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threading.Thread, "start", only_the_builder)
+        report = run_build(request, builder, token=token, build_id="b2")
+    assert report.summary["outcome"] == "cancelled"
+    assert token.request is not None
+    assert (token.request.source, token.request.reason) == ("timeout", "timeout 0.05s")
+    assert token.request.thread == threading.current_thread().name
