@@ -516,6 +516,14 @@ def _toml_value(value: object) -> str:
     return str(value)
 
 
+def free_port() -> int:
+    """A loopback TCP port no socket holds now (for a daemon's ``tcp://`` endpoint)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 def render_config(
     workdir: Path, models: list[dict[str, object]], **sections: dict[str, object]
 ) -> str:

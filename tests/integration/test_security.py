@@ -42,7 +42,15 @@ from inferd_client import (
     RequestTimeout,
 )
 from inferd_wire.regions import shm_socket_path
-from tests.conftest import HANG_S, REPO, DaemonProcess, render_config, start_daemon, wait_until
+from tests.conftest import (
+    HANG_S,
+    REPO,
+    DaemonProcess,
+    free_port,
+    render_config,
+    start_daemon,
+    wait_until,
+)
 from tests.integration.test_schemas import assert_valid
 
 pytestmark = pytest.mark.integration
@@ -316,13 +324,6 @@ def test_a_user_outside_the_sockets_group_cannot_connect(
 
 
 # -- tcp ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_a_non_loopback_tcp_endpoint_without_curve_does_not_start(
