@@ -4,10 +4,23 @@ outcome, handed to the thread that started it.
 The daemon reports ready only once every socket is bound, and a bind failure
 (address in use, a bad endpoint, a refused security option) must surface in the
 starting thread as the exception itself, not end quietly with the socket thread.
+
+A ROUTER gives a peer that sets no routing id one it generates: 0x00 and a 32-bit
+counter, started at libzmq's ``generate_random()`` (two libc ``rand()`` calls) when
+the socket is made.  libzmq never seeds ``rand()`` (its ``seed_random`` has no
+caller in the build pyzmq bundles), so every daemon handed out the same ids
+(``00e43c9869``, ``00e43c986a``... on the infer socket), and it does not check
+that a peer has not claimed the id it generates with ``ZMQ_ROUTING_ID``:
+``add_out_pipe`` asserts and the process aborts.  A local client that claimed the
+next ids aborted the daemon at the next ordinary connection, after every restart.
+So the ROUTERs are made just after ``rand()`` is seeded from the kernel
+(``seed_generated_routing_ids``; SECURITY.md, "What is not protected").
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -29,6 +42,18 @@ log = structlog.get_logger("inferd.bus")
 #: bounds the count of small ones (libzmq's default).
 ROUTER_SNDHWM = 1000
 ROUTER_RCVHWM = 10_000
+
+
+def seed_generated_routing_ids() -> None:
+    """Seed libc's ``rand()``, the one libzmq's ``generate_random()`` calls
+    (``rand@GLIBC_2.2.5``, resolved in the process's global scope, as ``CDLL(None)``
+    resolves ``srand``), from the kernel: a ROUTER made next starts the routing ids
+    it generates at an unpredictable point, instead of ``00e43c9869`` in every
+    daemon (see the module doc)."""
+    srand = ctypes.CDLL(None).srand
+    srand.argtypes = [ctypes.c_uint]
+    srand.restype = None
+    srand(int.from_bytes(os.urandom(4), "little"))
 
 
 def bound_router(
@@ -81,6 +106,8 @@ def bind_infer_and_control(
 ) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
     """The bus's infer and control ROUTERs, bound, ``send_buffer`` watching the
     infer socket's connections; on a failure neither stays open."""
+    # Just before the sockets are made: each ROUTER draws its counter's start then.
+    seed_generated_routing_ids()
     bound: list[zmq.Socket[Any]] = []
     try:
         for name in ("infer", "control"):
