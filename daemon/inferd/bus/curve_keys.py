@@ -6,8 +6,9 @@ client keys are the public certificates ``NAME.key`` in
 ``security.curve_clients_dir`` (a directory of the daemon's own that others
 cannot write), each a file of the daemon's own that others cannot write either:
 each allow-lists one client, named NAME in the FDR and the logs.
-Any problem stops the daemon at start, naming the file; nothing falls back to
-accepting everyone.
+Any problem stops the daemon at start, naming the file, as a config error
+(``CurveKeyConfigError``: exit 2, not restarted, as the files would be the same);
+nothing falls back to accepting everyone.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from inferd_wire.curve import CurveKeyError, parse_certificate
 SERVER_PUBLIC_SUFFIX = ".key"
 #: A public certificate is small; anything larger is not one.
 _MAX_CERT_BYTES = 64 * 1024
+#: What a missing secret key is missing (``inferd check-config`` says it too).
+NO_SECRET_KEY = (
+    "does not exist: run `inferd keys init` (with the daemon's --config) as the daemon's user"
+)
+
+
+class CurveKeyConfigError(ConfigError, CurveKeyError):
+    """A CURVE key file the daemon refuses at start: a config error, as a ``key:NAME``
+    without its file is (``inferd run`` exits 2 and says "invalid config"; a restart
+    would meet the same files), and still a ``CurveKeyError`` for ``inferd keys``."""
 
 
 @dataclass(frozen=True)
@@ -45,41 +56,54 @@ def read_owned_file(path: Path, what: str, *, secret: bool) -> bytes:
     try:
         handle, info = open_regular_file(path)
     except FileNotFoundError:
-        raise CurveKeyError(
-            f"{what} {path} does not exist: run `inferd keys init` (with the daemon's "
-            "--config) as the daemon's user"
-        ) from None
+        raise CurveKeyError(f"{what} {path} {NO_SECRET_KEY}") from None
     except OSError as exc:
         raise CurveKeyError(f"{what} {path} cannot be opened: {exc.strerror}") from None
     with handle:
-        mode = stat.S_IMODE(info.st_mode)
         if info.st_uid != os.geteuid():
             raise CurveKeyError(
                 f"{what} {path} is owned by uid {info.st_uid}, not by the daemon's uid "
                 f"{os.geteuid()}"
             )
-        if secret and mode & 0o077:
-            raise CurveKeyError(
-                f"{what} {path} has mode {mode:04o}: others may read the daemon's secret key; "
-                f"chmod 600 {path} (and replace the key: inferd keys init --force)"
-            )
-        # Whoever may write a key file may put their own key in it (an allow-listed
-        # client's, with its operator rights).
-        writable = [who for who, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit]
-        if writable:
-            raise CurveKeyError(
-                f"{what} {path} is writable by {' and '.join(writable)} (mode {mode:04o}): "
-                f"they could replace the key with their own; chmod go-w {path}"
-            )
+        problem = mode_problem(path, stat.S_IMODE(info.st_mode), secret=secret)
+        if problem is not None:
+            raise CurveKeyError(f"{what} {path} {problem}")
         data = handle.read(_MAX_CERT_BYTES + 1)
     if len(data) > _MAX_CERT_BYTES:
         raise CurveKeyError(f"{what} {path} is larger than a certificate")
     return data
 
 
+def mode_problem(path: Path, mode: int, *, secret: bool) -> str | None:
+    """Why a key file of ``mode`` is refused (what follows its name), or None: a
+    ``secret`` one that its group or others may read, any that they may write."""
+    if secret and mode & 0o077:
+        return (
+            f"has mode {mode:04o}: others may read the daemon's secret key; "
+            f"chmod 600 {path} (and replace the key: inferd keys init --force)"
+        )
+    # Whoever may write a key file may put their own key in it (an allow-listed
+    # client's, with its operator rights).
+    writable = [who for who, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit]
+    if writable:
+        return (
+            f"is writable by {' and '.join(writable)} (mode {mode:04o}): "
+            f"they could replace the key with their own; chmod go-w {path}"
+        )
+    return None
+
+
 def load_curve(security: SecurityConfig) -> CurveSetup:
-    """The server keypair and the allow-listed client keys; ``CurveKeyError`` or
-    ``ConfigError`` (a ``key:NAME`` principal without its key file) otherwise."""
+    """The server keypair and the allow-listed client keys; ``ConfigError`` otherwise:
+    ``CurveKeyConfigError`` for a key file refused, or a ``key:NAME`` principal
+    without its key file."""
+    try:
+        return _load_curve(security)
+    except CurveKeyError as exc:
+        raise CurveKeyConfigError(str(exc)) from None
+
+
+def _load_curve(security: SecurityConfig) -> CurveSetup:
     path = security.curve_secret_key
     keys = parse_certificate(
         read_owned_file(path, "security.curve_secret_key", secret=True), str(path)

@@ -147,7 +147,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo-model":
         return _demo_model(args.path, args.kind)
     if args.command == "check-config":
-        return _check_config(args.config)
+        from inferd.cli.check_config import check_config
+
+        return check_config(args.config)
     return _run(args.config, args.log_format)
 
 
@@ -188,53 +190,6 @@ def _fdr(args: argparse.Namespace) -> int:
     except OSError as exc:  # a recorder directory this user may not list
         print(f"inferd: cannot read the recorder directory: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-
-
-def _check_config(path: Path) -> int:
-    """Every mistake at once (the loader's, and model files or ``key:NAME`` client
-    keys that are not there), or the config resolved, as TOML (``inferd.config.render``)."""
-    from inferd import config
-    from inferd.config.render import config_to_toml
-    from inferd.supervision.map_count import mappings_needed
-    from inferd.supervision.open_files import descriptors_needed
-
-    try:
-        loaded = config.load(path)
-    except ConfigError as exc:
-        print(f"inferd: invalid config {path}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    missing = [
-        f"models[{model.name!r}].{key}: {file} is not a file"
-        for model in loaded.models
-        for key, files in (("path", (model.path,)), ("staged_engines", model.staged_engines))
-        for file in files
-        if not file.is_file()
-    ]
-    clients = loaded.security.curve_clients_dir
-    missing += [
-        f"{key}: no client key {name!r} ({clients / name}.key is not a file)"
-        for key, name in loaded.security.key_names()
-        if not (clients / f"{name}.key").is_file()
-    ]
-    if missing:
-        listed = "\n".join(f"  - {line}" for line in missing)
-        print(f"inferd: invalid config {path}:\n{listed}", file=sys.stderr)
-        return EXIT_USAGE
-    # Said, not checked: this process's RLIMIT_NOFILE is not the daemon's (its unit's).
-    needed = descriptors_needed(loaded.bus.max_connections, loaded.shm)
-    print(
-        f"inferd: {path} needs {needed} open descriptors: inferd run refuses to start "
-        "under a lower limit (the unit's LimitNOFILE=)",
-        file=sys.stderr,
-    )
-    print(
-        f"inferd: {path} needs {mappings_needed(loaded.shm)} memory mappings beside those the "
-        "daemon maps at start (a few hundred): inferd run refuses to start when "
-        "vm.max_map_count cannot hold them",
-        file=sys.stderr,
-    )
-    print(config_to_toml(loaded), end="")
-    return EXIT_OK
 
 
 def _run(config_path: Path | None, log_format: str | None = None) -> int:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from inferd.config.ceilings import MAX_DEVICE_INDEX
+
 if TYPE_CHECKING:
     from inferd.selftest.check import Check, CheckResult
 
@@ -41,20 +43,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="write everything here and keep it (absent or empty; default: a removed temp dir)",
     )
-    parser.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    parser.add_argument(
+        "--device", type=int, default=0, help=f"GPU index, 0..{MAX_DEVICE_INDEX} (default 0)"
+    )
 
 
 def _usage_problem(work_dir: Path | None, device: int) -> str | None:
-    if device < 0:
-        return f"--device must be 0 or more, got {device}"
+    # The checks put it in a config (runtime.device_id, thermal.nvml_device_index),
+    # which refuses what is past its range: every such check would FAIL.
+    if not 0 <= device <= MAX_DEVICE_INDEX:
+        return f"--device must be 0 or more and at most {MAX_DEVICE_INDEX}, got {device}"
     if work_dir is None:
         return None
-    if not work_dir.exists():
-        return _socket_problem(work_dir)
-    if not work_dir.is_dir():
-        return f"--work-dir {work_dir} is not a directory"
-    if any(work_dir.iterdir()):
-        return f"--work-dir {work_dir} is not empty (the self-test writes a fresh tree)"
+    try:  # pathlib swallows ENOENT, not EACCES or ENAMETOOLONG
+        if not work_dir.exists():
+            return _socket_problem(work_dir)
+        if not work_dir.is_dir():
+            return f"--work-dir {work_dir} is not a directory"
+        if any(work_dir.iterdir()):
+            return f"--work-dir {work_dir} is not empty (the self-test writes a fresh tree)"
+    except OSError as exc:
+        return f"--work-dir {work_dir} cannot be examined ({exc.strerror})"
     return _socket_problem(work_dir)
 
 

@@ -2,10 +2,10 @@
 
 Exit status: 0 when all five steps pass (the daemon would load the engine on
 this host), 1 when a step fails (the first failure is where the daemon
-refuses), 2 on a usage problem (no such engine file, unreadable or malformed
-manifest) or when this host's tuple cannot be read; in that last case the
-steps that do not need it still run and print, so a ground station without a
-GPU can check names, sidecars and manifests.
+refuses), 2 on a usage problem (no such engine file, or one whose path cannot
+be examined; unreadable or malformed manifest) or when this host's tuple cannot
+be read; in that last case the steps that do not need it still run and print,
+so a ground station without a GPU can check names, sidecars and manifests.
 
 Without ``--manifest`` step 5 fails: the daemon trusts only engines that its
 deployment manifest lists.
@@ -94,7 +94,12 @@ def run(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     engine = Path(engine)
-    if not engine.exists():
+    try:
+        exists = engine.exists()
+    except OSError as exc:  # pathlib swallows ENOENT, not EACCES or ENAMETOOLONG
+        err.write(f"inferd verify: {engine}: cannot be examined ({exc.strerror})\n")
+        return EXIT_USAGE
+    if not exists:
         err.write(f"inferd verify: {engine}: no such engine file\n")
         return EXIT_USAGE
     try:

@@ -86,8 +86,11 @@ def socket_file(value: str) -> str:
 
 
 def endpoint(key: str, value: str) -> None:
-    """An ``ipc://`` path a socket can have, or a ``tcp://`` address whose port
-    libzmq binds as written."""
+    """An ``ipc://`` path a socket can have, or a ``tcp://`` address libzmq binds as
+    written: ``HOST:PORT``, an IPv6 host in brackets (``ZMQ_IPV6`` is set for
+    ``tcp://[`` alone, ``inferd_wire.endpoints.wants_ipv6``: ``tcp://::1:5555`` failed
+    to bind with ENODEV), and no ``source;`` part, which libzmq takes on a connect
+    only (every endpoint here is bound: EINVAL)."""
     if value.startswith("ipc://"):
         path = value.removeprefix("ipc://")
         if not path or path.startswith("@"):
@@ -99,12 +102,23 @@ def endpoint(key: str, value: str) -> None:
         elif (problem := ipc_path_problem(path)) is not None:
             refuse(f"{key}: {problem}", key)
     elif value.startswith("tcp://"):
-        # libzmq binds what follows a ';' (a connect's source address comes before it)
-        host, colon, port = value.removeprefix("tcp://").split(";")[-1].rpartition(":")
+        host, colon, port = value.removeprefix("tcp://").rpartition(":")
         # libzmq takes a port past 65535 modulo 65536 (99999 binds 34463): no client
         # would find the daemon there; 0 and '*' are any free port, as libzmq says
         number = port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536
-        if not (host and colon and (number or port == "*")):
+        bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+        if ";" in value:
+            refuse(
+                f"{key}: {value!r}: a bound endpoint takes no 'source;' part (libzmq reads "
+                "one on a connect only)",
+                key,
+            )
+        elif not bracketed and any(char in host for char in ":[]"):
+            refuse(
+                f"{key}: {value!r}: an IPv6 address goes in brackets, as tcp://[::1]:5555",
+                key,
+            )
+        elif not (host and colon and (number or port == "*")):
             refuse(
                 f"{key}: {value!r} must name a host and a port 0..65535 (0 or '*': any "
                 "free one), as in tcp://127.0.0.1:5555",

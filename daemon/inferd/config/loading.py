@@ -43,6 +43,7 @@ from inferd.config.security import (
 )
 from inferd.config.table import ConfigErrors, TomlTable
 from inferd.errors import ConfigError
+from inferd.owned_files import open_regular_file
 from inferd.types import OptimizationProfile, PrecisionMode
 from inferd_wire.endpoints import (
     DEFAULT_SEND_BUFFER_BYTES,
@@ -246,7 +247,7 @@ def _thermal(table: TomlTable, runtime: RuntimeConfig, base_dir: Path) -> Therma
         ThermalConfig,
         sources=table.take_strings("sources", defaults.sources),
         poll_hz=table.take("poll_hz", float, defaults.poll_hz),
-        sysfs_root=_resolve(base_dir, table.take("sysfs_root", str, str(defaults.sysfs_root))),
+        sysfs_root=_resolve(base_dir, table.take_path("sysfs_root", str(defaults.sysfs_root))),
         cpu_zones=table.take_strings("cpu_zones", defaults.cpu_zones),
         gpu_zones=table.take_strings("gpu_zones", defaults.gpu_zones),
         throttle_enter_c=table.take_optional("throttle_enter_c", float),
@@ -349,19 +350,27 @@ def _model(table: TomlTable, base_dir: Path) -> ModelConfig:
             f"{[mode.value for mode in PrecisionMode]}"
         )
         precision_mode = PrecisionMode.FP32
+    # A path written empty would name the config file's directory: refused, as for
+    # every path key (recorded; the rest of the entry is still checked).
+    path = table.take_required("path", str)
+    if not path.strip():
+        table.refuse("path", f"models[{name!r}].path must name a file, got an empty string")
+    staged = table.take_strings("staged_engines", ())
+    for index, item in enumerate(staged):
+        if not item.strip():
+            key = f"staged_engines[{index}]"
+            table.refuse(key, f"models[{name!r}].{key} must name a file, got an empty string")
     return table.finish_into(
         ModelConfig,
         name=name,
-        path=_resolve(base_dir, table.take_required("path", str)),
+        path=_resolve(base_dir, path),
         runtime=table.take("runtime", str, "onnx_trt_ep"),
         precision=precision_mode,
         queue_capacity=table.take("queue_capacity", int, 64),
         queue_max_bytes=table.take("queue_max_bytes", int, 256 * 1024**2),
         queue_policy=table.take("queue_policy", str, "fifo"),  # type: ignore[arg-type]
         default_deadline_ms=table.take("default_deadline_ms", int, 0),
-        staged_engines=tuple(
-            _resolve(base_dir, item) for item in table.take_strings("staged_engines", ())
-        ),
+        staged_engines=tuple(_resolve(base_dir, item) for item in staged),
         profiles=tuple(
             _profile(TomlTable(item, f"models[{name!r}].profiles[{index}]", table.errors))
             for index, item in enumerate(table.tables("profiles"))
@@ -384,10 +393,26 @@ def _profile(table: TomlTable) -> OptimizationProfile:
         raise ConfigError(f"{table.where}: {exc}") from None
 
 
+#: The largest config file read: a full config with every key and a few hundred
+#: models is tens of KiB; past this it is no config (``/dev/zero`` was read until
+#: memory ran out before a file had to be regular).
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
 def load(path: Path) -> Config:
+    """The config at ``path``: a regular file of at most ``MAX_CONFIG_BYTES``, opened
+    as an operator's file (a symlink followed, DESIGN.md 250) and refused at once when
+    it is a FIFO or a device (``open_regular_file``), never waited on."""
     try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
+        handle, _info = open_regular_file(path, follow=True)
+        with handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"cannot read config {path}: it is larger than {MAX_CONFIG_BYTES} bytes, "
+                "which no config is"
+            )
+        data = tomllib.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:

@@ -7,7 +7,10 @@ check called on its own) ``refuse`` raises at once.
 A value refused once is not judged again (``one_to``'s "must be positive" is not
 followed by its "must be 1..N", and a rule between two values is left out when
 either was refused on its own), so each mistake reads as one message, as the
-first did when a section stopped at it.
+first did when a section stopped at it.  That holds for a value refused before
+the section's rules run too (a wrong TOML type, a path written empty: the
+section gets its default, ``refused_before``): no rule judges that default, which
+the user never wrote.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ def messages_of(error: ConfigError) -> tuple[str, ...]:
 
 
 class _Refusals:
-    def __init__(self) -> None:
+    def __init__(self, refused: frozenset[str]) -> None:
         self.messages: list[str] = []
-        self._keys: set[str] = set()
+        self._keys: set[str] = set(refused)
 
     def add(self, message: str, keys: tuple[str, ...]) -> None:
         if self._keys.isdisjoint(keys):
@@ -54,6 +57,21 @@ class _Refusals:
 
 #: The refusals of the section whose rules are running on this thread, if any.
 _running: ContextVar[_Refusals | None] = ContextVar("inferd_config_refusals", default=None)
+#: The keys of the section about to be made that were refused as they were read.
+_refused_before: ContextVar[frozenset[str]] = ContextVar(
+    "inferd_config_refused_before", default=frozenset()
+)
+
+
+def refused_before(keys: frozenset[str], make: Callable[[], S]) -> S:
+    """``make()``, a section whose rules leave out every rule naming one of ``keys``
+    (``"bus.max_frames"``): their values were refused as they were read, and the
+    section holds their defaults instead."""
+    token = _refused_before.set(keys)
+    try:
+        return make()
+    finally:
+        _refused_before.reset(token)
 
 
 def refuse(message: str, *keys: str) -> None:
@@ -73,13 +91,15 @@ def every_rule(post_init: Callable[[S], None]) -> Callable[[S], None]:
 
     @functools.wraps(post_init)
     def checked(section: S) -> None:
-        refusals = _Refusals()
+        refusals = _Refusals(_refused_before.get())
         token = _running.set(refusals)
+        inner = _refused_before.set(frozenset())  # not for a section its rules make
         try:
             post_init(section)
         except ConfigError as exc:
             refusals.messages.extend(messages_of(exc))
         finally:
+            _refused_before.reset(inner)
             _running.reset(token)
         if refusals.messages:
             raise ConfigErrorList(refusals.messages)

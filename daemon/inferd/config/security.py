@@ -199,8 +199,8 @@ def tcp_host(endpoint: str) -> str | None:
         return None
     address = endpoint.removeprefix("tcp://")
     host = address.rsplit(":", 1)[0] if ":" in address else address
-    # ZeroMQ takes ``source;destination`` for connects and [::1] for IPv6.
-    return host.split(";")[-1].strip("[]")
+    # [::1] for IPv6; a bound endpoint has no ``source;`` part (``checks.endpoint``)
+    return host.strip("[]")
 
 
 def is_loopback(host: str) -> bool:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from inferd.config.refusals import ConfigErrorList, messages_of
+from inferd.config.refusals import ConfigErrorList, messages_of, refused_before
 from inferd.errors import ConfigError
 
 T = TypeVar("T")
@@ -53,12 +53,15 @@ class SectionAbandoned(Exception):
 class TomlTable:
     """Reads one TOML table, type-checks each key and rejects unknown ones.  A wrong
     value is recorded in ``errors`` and read as its default, so that the rest of
-    the config is still checked."""
+    the config is still checked; the section's rules then leave that key out
+    (``finish_into``), as they never judge a value twice."""
 
     def __init__(self, data: Any, where: str, errors: ConfigErrors) -> None:
         self._where = where
         self._errors = errors
         self._known: list[str] = []
+        #: ``where.key`` of each value refused as it was read.
+        self._refused: set[str] = set()
         if not isinstance(data, dict):
             errors.add(f"{where} must be a table")
             data = {}
@@ -77,8 +80,14 @@ class TomlTable:
         try:
             return self._convert(key, self._data.pop(key), kind)
         except ConfigError as exc:
-            self._errors.add(str(exc))
+            self.refuse(key, str(exc))
             return None
+
+    def refuse(self, key: str, message: str) -> None:
+        """``key``'s value is refused, as ``message`` says: recorded, and left out of
+        the section's rules (its default, which they get instead, is not the user's)."""
+        self._errors.add(message)
+        self._refused.add(f"{self._where}.{key}")
 
     def take_required(self, key: str, kind: type[T]) -> T:
         self._known.append(key)
@@ -118,7 +127,7 @@ class TomlTable:
         its base (the config file's, state or runtime dir) and be used as that."""
         value = self.take(key, str, default)
         if not value.strip():  # recorded; the rest of the section is still checked
-            self._errors.add(f"{self._where}.{key} must name {what}, got an empty string")
+            self.refuse(key, f"{self._where}.{key} must name {what}, got an empty string")
             return default
         return value
 
@@ -130,7 +139,7 @@ class TomlTable:
             for index, item in enumerate(value):
                 check_scalar(f"{self._where}.{key}[{index}]", item)
         except ConfigError as exc:
-            self._errors.add(str(exc))
+            self.refuse(key, str(exc))
             return default
         return tuple(value)
 
@@ -167,9 +176,10 @@ class TomlTable:
     def finish_into(self, factory: Callable[P, T], *args: P.args, **values: P.kwargs) -> T:
         """``factory(**values)`` once the table is finished: every value is taken
         (the arguments are evaluated first), so a value that the factory's own
-        rules refuse never hides an unknown key of the same table."""
+        rules refuse never hides an unknown key of the same table.  The factory's
+        rules leave out the keys refused as they were read (``refused_before``)."""
         self.finish()
-        return factory(*args, **values)
+        return refused_before(frozenset(self._refused), lambda: factory(*args, **values))
 
     def finish(self) -> None:
         for key in sorted(self._data):

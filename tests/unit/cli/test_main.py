@@ -63,7 +63,7 @@ def test_check_config_refuses_a_missing_model_file(
         f"[daemon]\nstate_dir = '{tmp_path}'\n[[models]]\nname = 'a'\npath = 'a.onnx'\n"
     )
     assert main(["check-config", str(config)]) == 2
-    assert f"models['a'].path: {tmp_path / 'a.onnx'} is not a file" in capsys.readouterr().err
+    assert f"models['a'].path: {tmp_path / 'a.onnx'} does not exist" in capsys.readouterr().err
 
 
 def test_check_config_prints_the_resolved_config_as_toml_that_loads_back(
@@ -110,11 +110,13 @@ def test_check_config_refuses_a_key_principal_without_its_key_file(
     assert main(["check-config", str(config)]) == 2
     clients = tmp_path / "state" / "keys" / "clients"
     assert (
-        f"security.operators[0]: no client key 'ghost' ({clients / 'ghost'}.key is not a file)"
+        f"security.operators[0]: no client key 'ghost' ({clients / 'ghost'}.key does not exist)"
         in capsys.readouterr().err
     )
     clients.mkdir(parents=True)
     (clients / "ghost.key").write_text("")  # what check-config looks at: the file is there
+    # and the server's secret key, which check-config looks for too with curve on
+    assert main(["keys", "init", "--config", str(config)]) == 0
     assert main(["check-config", str(config)]) == 0
 
 
