@@ -129,12 +129,20 @@ class Daemon(DaemonReports):
                 switch=self.switcher.switch_now,
                 switcher=self.switcher,
                 alert=self.alerts,
-                can_build=self.builds.tensorrt_available,
+                # Never loaded where runtime.enabled leaves TensorRT out: not built either.
+                can_build=lambda: (
+                    TENSORRT in config.runtime.enabled and self.builds.tensorrt_available()
+                ),
                 backoff_s=config.runtime.rebuild_backoff_s,
                 max_attempts=config.runtime.rebuild_max_attempts,
             )
         self.failover = ExecutionFailover(
-            self.scheduler, self.switcher, config.runtime, self._sinks, self._rebuild_if_fallback
+            self.scheduler,
+            self.switcher,
+            config.runtime,
+            self._sinks,
+            self._rebuild_if_fallback,
+            not_rebuilt=partial(self._rebuild_if_fallback, ask=False),
         )
         self.router = RequestRouter(
             self.slots,
@@ -347,15 +355,18 @@ class Daemon(DaemonReports):
             slot.activate(self.config.runtime, self._sinks)
         self._rebuild_if_fallback(slot)
 
-    def _rebuild_if_fallback(self, slot: ModelSlot) -> None:
-        """Activation, or a failover while serving, left ``slot`` on the fallback."""
-        if (
-            self.rebuilder is not None
-            and slot.config.runtime == TENSORRT
-            and slot.state == "serving"
-            and slot.is_fallback
-        ):
-            self.rebuilder.on_fallback(slot.name, slot.last_error or "failed over")
+    def _rebuild_if_fallback(self, slot: ModelSlot, ask: bool = True) -> str | None:
+        """Activation, or a failover while serving, left ``slot`` on the fallback: ask
+        for a build of its engine if one fixes why.  None when one is asked for (or
+        under way), else why not (``ask=False``: only that, for a failover's alert)."""
+        if slot.config.runtime != TENSORRT:
+            return f"{slot.config.runtime} is its configured runtime"
+        if slot.state != "serving" or not slot.is_fallback:
+            return "it does not serve on the fallback"
+        if self.rebuilder is None:
+            return "runtime.rebuild_on_fallback is false"
+        reason = slot.last_error or "failed over"
+        return self.rebuilder.on_fallback(slot.name, reason, slot.fallback_cause, ask=ask)
 
     def _on_build_finished(self, finished: BuildFinished) -> None:
         if self.rebuilder is not None:

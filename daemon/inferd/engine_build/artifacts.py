@@ -47,6 +47,7 @@ from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_director
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.timing_cache_policy import TimingCacheManager as TimingCacheManager
 from inferd.engine_build.timing_cache_policy import TimingCacheOutcome as TimingCacheOutcome
+from inferd.engines.engine_dir import engine_dir_lock
 from inferd.engines.quarantine import QUARANTINE_DIR, quarantine
 from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
 from inferd.engines.timing_cache import TIMING_CACHE_SUFFIX
@@ -434,8 +435,9 @@ def commit_engine(
             return None
         if during_write is not None:
             during_write()
-        os.replace(staged, engine_path)
-        os.replace(sidecar_path(staged), sidecar_path(engine_path))
+        with engine_dir_lock(engine_path.parent):  # no location moves it aside in between
+            os.replace(staged, engine_path)
+            os.replace(sidecar_path(staged), sidecar_path(engine_path))
         fsync_directory(engine_path.parent)
     _release_staging(staged)
     return token.zone_log[-1]

@@ -9,11 +9,19 @@ that manifest) the directory must be safely the daemon's own
 uid, writable by neither group nor others, in no directory another user could
 swap it out of).  When it is not, nothing in it is trusted: the model behaves
 as when no trusted engine exists (DESIGN.md entry 125).
+
+``engine_dir_lock``: a build's commit (its engine renamed to its path, then its
+sidecar) and engine location's move of a refused engine to quarantine exclude each
+other, across processes (the daemon, its build child, ``inferd build``): a location
+never judges a fresh engine by the sidecar it replaces and moves it aside.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
@@ -37,3 +45,19 @@ def untrusted_engine_dir(engine_dir: Path) -> str | None:
         "neither group nor others); fix its owner and mode (chown, chmod go-w) or point "
         "runtime.engine_dir at another directory"
     )
+
+
+@contextlib.contextmanager
+def engine_dir_lock(engine_dir: Path) -> Iterator[None]:
+    """Held around a commit's two renames and around a location's last look at a
+    refused engine and its move (the module doc): an ``flock`` on the directory itself,
+    as the manifest's writers take (``manifest._one_writer``), so no lock file lies
+    beside the engines for anything that lists them to trip over.  A manifest write
+    waits for it too, for milliseconds; none of the three takes another lock inside.
+    An ``OSError`` when the directory cannot be opened (no descriptor left)."""
+    fd = os.open(engine_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a process's exit gives it back
+        yield
+    finally:
+        os.close(fd)

@@ -18,7 +18,10 @@ target path that fails steps 1-4 is quarantined (``inferd.engines.quarantine``)
 so a build can take its place: that file and no other.  Its entry is held open
 (``O_PATH``) from before the judgement until the move, and only a file with its
 identity is moved; one that took the path meanwhile (an engine a build of the
-daemon's own committed there) is left and judged in turn.
+daemon's own committed there) is left and judged in turn.  A build's commit renames
+its engine, then its sidecar, under ``engine_dir_lock``; the move takes that lock and
+looks at the sidecar again first: one renamed in since the judgement (the file judged
+was a fresh engine, judged by the sidecar it replaces) has it judged again, not moved.
 
 Nothing is trusted, and nothing moved, in an engine dir that is not safely the
 daemon's own (``inferd.engines.engine_dir``): the plan is then ``to_build`` with
@@ -40,12 +43,13 @@ from typing import Literal
 
 import structlog
 
-from inferd.digest import sha256_remembered
-from inferd.engines.engine_dir import untrusted_engine_dir
+from inferd.digest import FileVersion, file_version, sha256_remembered
+from inferd.engines.engine_dir import engine_dir_lock, untrusted_engine_dir
 from inferd.engines.gate import STEP_MANIFEST_DIGEST, explain
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, engine_name_for
 from inferd.engines.quarantine import NotTheJudgedFileError, quarantine
+from inferd.engines.sidecar import sidecar_path
 from inferd.errors import EngineBuildError, EngineHashMismatchError
 from inferd.types import BuildConfig, EngineCacheEntry, HostTuple
 
@@ -142,13 +146,14 @@ def locate_engine(
         trusted = manifest() if manifest is not None else Manifest.empty()
         for _ in range(_JUDGEMENTS):
             with _held(path) as judged:
+                seen = _sidecar_version(path)  # before the judgement reads it
                 found, refusal = _find_intact(path, host, model_sha256, build_config, trusted)
                 if found is not None:
                     log.info("engine_reused", engine=str(found), model=str(model_path))
                     return EnginePlan(replace(entry, artifact_path=found), name, "reused", host)
                 if refusal is None:
                     break
-                quarantined = _move_aside(path, refusal, judged)
+                quarantined = _move_aside(path, refusal, judged, seen)
             if quarantined is not None:
                 break
     return EnginePlan(entry, name, "to_build", host, quarantined)
@@ -173,6 +178,26 @@ def _held(path: Path) -> Iterator[os.stat_result | None]:
         yield os.fstat(fd)
     finally:
         os.close(fd)
+
+
+def _sidecar_version(path: Path) -> FileVersion | None:
+    """The version of ``path``'s sidecar (None: none there); ``EngineBuildError`` when
+    it cannot be looked at."""
+    try:
+        return file_version(os.lstat(sidecar_path(path)))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise EngineBuildError(f"sidecar of engine {path.name} cannot be looked at: {exc}") from exc
+
+
+def _still_there(path: Path, judged: os.stat_result) -> bool:
+    """Whether ``path`` names the file ``judged`` (else ``quarantine`` says what it is)."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (judged.st_dev, judged.st_ino)
 
 
 def _find_intact(
@@ -216,13 +241,22 @@ def _listed(manifest: Manifest, engine: Path) -> bool:
         return True
 
 
-def _move_aside(path: Path, reason: str, judged: os.stat_result | None) -> Path | None:
+def _move_aside(
+    path: Path, reason: str, judged: os.stat_result | None, seen: FileVersion | None
+) -> Path | None:
     """The refused file at ``path`` moved to quarantine, if it still is the one
-    ``judged``; None when another file took its place (left, to be judged)."""
+    ``judged`` and its sidecar the one ``seen`` before the judgement; None when another
+    file took its place, or another sidecar (a build's commit: judged again)."""
     try:
         if judged is None:  # nothing was held before the judgement: one came since
             raise NotTheJudgedFileError(f"{path} was not there before it was judged")
-        target = quarantine(path, f"engine refused by the gate: {reason}", judged=judged)
+        with engine_dir_lock(path.parent):  # no commit between its two renames now
+            if _still_there(path, judged) and _sidecar_version(path) != seen:
+                raise NotTheJudgedFileError(
+                    f"the sidecar of {path} changed since the file was judged "
+                    "(a build committed an engine there?)"
+                )
+            target = quarantine(path, f"engine refused by the gate: {reason}", judged=judged)
     except NotTheJudgedFileError as exc:
         log.info("engine_replaced_while_judged", engine=str(path), reason=reason, detail=str(exc))
         return None

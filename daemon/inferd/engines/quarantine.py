@@ -29,8 +29,12 @@ given ``judged`` (the identity of the file a caller judged, e.g. engine location
 refusing it at the gate) moves that file alone in the same way: an engine a build
 committed at the path since is left there with its sidecar.
 
-The ``.reason`` is written once the file is moved: a failure to write it (a full
-disk) is logged (``quarantine_reason_not_written``), and the file is reported moved.
+Once the file itself is moved, the rest is best effort: the move stands and the
+file is reported moved (the new path returned), whatever fails after it.  A ``.reason``
+that cannot be written (a full disk) is logged (``quarantine_reason_not_written``);
+the sidecar's move, the directory's fsync and the pruning failing (no descriptor left,
+EIO) are logged in one ``quarantine_cleanup_failed`` line (the sidecar then stays at the
+old path, beside no engine, and the quarantine is pruned at its next move).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -79,16 +84,10 @@ def quarantine(
     target_dir = (path.parent if directory is None else directory) / QUARANTINE_DIR
     ensure_owned_dir(target_dir, what="the quarantine directory")
     if judged is not None:
-        target = _move_judged(path, target_dir, judged)
-    else:
-        target = _move_exclusively(path, target_dir)
-        sidecar = sidecar_path(path)
-        if sidecar.exists():
-            os.replace(sidecar, sidecar_path(target))
-    _write_reason(path, target, reason)
-    fsync_directory(path.parent)
-    _prune(target_dir, keep=target)
-    return target
+        target, move_sidecar = _move_judged(path, target_dir, judged)
+        return _finish(path, target, reason, move_sidecar)
+    target = _move_exclusively(path, target_dir)
+    return _finish(path, target, reason, lambda: _move_sidecar_along(path, target))
 
 
 class NotTheJudgedFileError(Exception):
@@ -132,19 +131,46 @@ def quarantine_loaded(path: Path, loaded: EngineFile, reason: str) -> Path:
             raise NotTheLoadedEngineError(
                 f"{path} was replaced by another file while it was being moved: {not_moved}"
             )
-    _move_sidecar(path, target, loaded.sha256)
-    _write_reason(path, target, reason)
-    fsync_directory(path.parent)
-    _prune(target_dir, keep=target)
+    return _finish(path, target, reason, lambda: _move_sidecar(path, target, loaded.sha256))
+
+
+def _finish(path: Path, target: Path, reason: str, move_sidecar: Callable[[], None]) -> Path:
+    """What follows the move of ``path`` to ``target``, best effort (the module doc): its
+    sidecar's move, the ``.reason``, the fsync of the directory it left, the pruning.
+    An ``OSError`` there is logged (one line for all) and ``target`` still returned:
+    raised, it made the callers report as not moved a file that is in the quarantine."""
+    failed: dict[str, str] = {}
+    steps: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("sidecar", move_sidecar),
+        ("reason", lambda: _write_reason(path, target, reason)),  # logs its own failure
+        ("fsync", lambda: fsync_directory(path.parent)),
+        ("prune", lambda: _prune(target.parent, keep=target)),
+    )
+    for step, action in steps:
+        try:
+            action()
+        except OSError as exc:
+            failed[step] = str(exc)
+    if failed:
+        log.warning(
+            "quarantine_cleanup_failed",
+            path=str(path),
+            moved_to=str(target),
+            step=", ".join(failed),
+            error="; ".join(f"{step}: {error}" for step, error in failed.items()),
+        )
     return target
 
 
-def _move_judged(path: Path, target_dir: Path, judged: os.stat_result) -> Path:
-    """``quarantine``'s move of the file ``judged`` describes, and of the sidecar that
-    was beside it.  The sidecar is looked at before the engine is moved: a build's
-    commit renames its engine before its sidecar, so a sidecar that is still the one
-    seen then after the engine moved belongs to the engine moved, and one renamed in
-    since (the sidecar of the engine committed in its place) stays."""
+def _move_judged(
+    path: Path, target_dir: Path, judged: os.stat_result
+) -> tuple[Path, Callable[[], None]]:
+    """``quarantine``'s move of the file ``judged`` describes: where it went, and the
+    move of the sidecar that was beside it (run once the engine moved).  The sidecar is
+    looked at before the engine is moved: a build's commit renames its engine before
+    its sidecar, so a sidecar that is still the one seen then after the engine moved
+    belongs to the engine moved, and one renamed in since (the sidecar of the engine
+    committed in its place) stays."""
     sidecar = sidecar_path(path)
     try:
         beside: os.stat_result | None = os.lstat(sidecar)
@@ -157,10 +183,21 @@ def _move_judged(path: Path, target_dir: Path, judged: os.stat_result) -> Path:
         not_moved = "nothing is there now"
     if not_moved is not None:
         raise NotTheJudgedFileError(f"{path} is not the file judged any more: {not_moved}")
-    if beside is not None:
-        with contextlib.suppress(FileNotFoundError):  # removed since: nothing to move
-            _move_if_same(sidecar, sidecar_path(target), beside)
-    return target
+
+    def move_sidecar() -> None:
+        if beside is not None:
+            with contextlib.suppress(FileNotFoundError):  # removed since: nothing to move
+                _move_if_same(sidecar, sidecar_path(target), beside)
+
+    return target, move_sidecar
+
+
+def _move_sidecar_along(path: Path, moved: Path) -> None:
+    """``path``'s sidecar, if any, moved beside ``moved`` (``quarantine`` not given
+    the file judged: a build's own file, or a cleanup's)."""
+    sidecar = sidecar_path(path)
+    if sidecar.exists():
+        os.replace(sidecar, sidecar_path(moved))
 
 
 def _write_reason(path: Path, target: Path, reason: str) -> None:

@@ -27,7 +27,9 @@ model over:
    ERROR alert ``tensorrt_execution_failover`` and a ``runtime`` event say
    so, and the background rebuild (``serving/rebuild.py``) decides when
    TensorRT serves again: a rebuilt, validated, trusted engine, adopted
-   make-before-break.
+   make-before-break.  The alert's last words say whether a build was asked for
+   (not for a model configured ``onnx_trt_ep`` that an operator had switched to
+   ``tensorrt``: it is back on its configured runtime, with the reason kept).
 
 A failover takes the model as a switch does (``RuntimeSwitcher.claim``): while
 a switch of the model is in progress it is not started, and the next failure
@@ -58,7 +60,7 @@ from inferd.errors import (
 from inferd.runtime import InferenceRuntime
 from inferd.serving.handover import Handover, Preparers
 from inferd.serving.scheduler import Scheduler, SchedulerClosedError
-from inferd.serving.slot import FALLBACK_LABEL, ModelSlot, Sinks
+from inferd.serving.slot import EXECUTION, FALLBACK_LABEL, ModelSlot, Sinks
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.types import Alert, EngineHandle
 
@@ -89,8 +91,12 @@ class ExecutionFailover:
         switcher: RuntimeSwitcher,
         runtime_config: RuntimeConfig,
         sinks: Sinks,
-        on_fallback: Callable[[ModelSlot], None],
+        on_fallback: Callable[[ModelSlot], object],
+        not_rebuilt: Callable[[ModelSlot], str | None] = lambda _slot: None,
     ) -> None:
+        """``on_fallback`` asks for a build of the model's engine, last (the alert is
+        raised by then); ``not_rebuilt`` says, before, why it will not (None: it will)."""
+        self._not_rebuilt = not_rebuilt
         self._scheduler = scheduler
         self._switcher = switcher
         self._runtime_config = runtime_config
@@ -195,7 +201,7 @@ class ExecutionFailover:
             prepared = slot.prepare(FALLBACK_LABEL, self._runtime_config, sinks, is_fallback)
         except (RuntimeNotAvailableError, InferdError) as exc:
             reason = f"{reason}; fallback failed: {exc}"
-        if not self._swap(slot, prepared, reason if is_fallback else None, reason, handover):
+        if not self._swap(slot, prepared, reason, handover):
             return False
         quarantined, not_quarantined = self._quarantine(failure.handle, reason)
         if prepared is None:
@@ -221,12 +227,18 @@ class ExecutionFailover:
         kept = (
             f"the engine was moved to {quarantined}" if quarantined is not None else not_quarantined
         )
+        not_rebuilt = self._not_rebuilt(slot)
+        then = (
+            "a background build is asked for: a rebuilt, validated engine may serve again"
+            if not_rebuilt is None
+            else f"no engine is rebuilt in the background: {not_rebuilt}"
+        )
         sinks.alert(
             Alert(
                 "ERROR",
                 ALERT_CODE,
                 f"model {slot.name!r} failed over from tensorrt to onnx_trt_ep while serving "
-                f"({what}): {failure.error}; {kept}; a rebuilt, validated engine may serve again",
+                f"({what}): {failure.error}; {kept}; {then}",
                 details,
             )
         )
@@ -238,7 +250,6 @@ class ExecutionFailover:
         self,
         slot: ModelSlot,
         prepared: tuple[InferenceRuntime, EngineHandle] | None,
-        shown_reason: str | None,
         reason: str,
         handover: Handover,
     ) -> bool:
@@ -253,7 +264,9 @@ class ExecutionFailover:
                 return  # given up: the failover thread released the engine
             try:
                 if prepared is not None:
-                    old_runtime, old_handle = slot.swap(*prepared, shown_reason)
+                    # The reason is kept on the configured runtime too (``onnx_trt_ep``,
+                    # which an operator had switched to ``tensorrt``): status says why.
+                    old_runtime, old_handle = slot.swap(*prepared, reason, EXECUTION)
                 else:
                     old_runtime, old_handle = slot.drop(reason, self._sinks)
                 made.append(True)

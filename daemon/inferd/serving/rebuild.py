@@ -1,30 +1,31 @@
 """Serve while the engine is built: the background half of the engine pipeline.
 
-A model configured for ``tensorrt`` that starts (or fails over) on
-``onnx_trt_ep`` because its engine is missing, refused by the gate or failed
-at load serves on the fallback at once; this module then asks for a build of
-its engine in a build child (``build.start`` with ``requested_by`` naming
-inferd, so progress is on the ``build`` topic and ``build.cancel`` and
-SIGTERM stop it like any build).  When the build completes, passed
-validation and was recorded as trusted, the model is switched to
-``tensorrt`` make-before-break (``RuntimeSwitcher.switch_now``: a
-``runtime_switch`` FDR record and a ``runtime`` event), unless an operator
-switched the model since and it still serves what they chose (their choice
-stands: ``engine_rebuild_superseded``, no alert, no retry).  An adoption refused
-because a switch or failover of the model is in progress waits for its end and is
-tried again (at most ``ADOPTION_TRIES`` times; the engine exists, so it is never
-rebuilt for that), and an operator's switch cancels a retry not yet started
-(``engine_rebuild_retry_cancelled``; a build already running finishes: it is in
-``build.status``, ``build.cancel`` stops it, and its engine is kept).  Otherwise it stays
-on the fallback and an alert says why: a deployment manifest that must list
-the new digest (what the operator has to approve), a build an operator
-cancelled (not retried: someone stopped it), or a failed one, which includes one
-the daemon stopped at its deadline, ``builds.max_duration_s`` (retried after
+A model configured for ``tensorrt`` that starts (or fails over) on ``onnx_trt_ep``
+because its engine is missing, refused by the gate, failed at load or while serving
+serves on the fallback at once; this module then asks for a build of its engine in a
+build child (``build.start`` with ``requested_by`` naming inferd, so progress is on the
+``build`` topic and ``build.cancel`` and SIGTERM stop it like any build).  For a cause
+no build fixes (TensorRT unavailable, the GPU memory budget: ``slot.BUILD_FIXES``) none
+is asked for (``engine_rebuild_skipped``).  When the build completes, passed
+validation and was recorded as trusted, the model is switched to ``tensorrt``
+make-before-break (``RuntimeSwitcher.switch_now``: a ``runtime_switch`` FDR record and
+a ``runtime`` event), unless an operator switched the model since and it still serves
+what they chose (their choice stands: ``engine_rebuild_superseded``, no alert, no
+retry).  An adoption refused because a switch or failover of the model is in progress
+waits for its end and is tried again (at most ``ADOPTION_TRIES`` times; the engine
+exists, so it is never rebuilt for that), and an operator's switch cancels a retry not
+yet started (``engine_rebuild_retry_cancelled``; a build already running finishes: it
+is in ``build.status``, ``build.cancel`` stops it, and its engine is kept).  Otherwise
+it stays on the fallback and an alert says why: a deployment manifest that must list
+the new digest (what the operator has to approve), a build an operator cancelled (not
+retried: someone stopped it), an engine its runtime refused for a cause no build fixes
+(``engine_build_not_adopted``, not retried), or a failed one, which includes one the
+daemon stopped at its deadline, ``builds.max_duration_s`` (retried after
 ``runtime.rebuild_backoff_s``, doubling, at most ``runtime.rebuild_max_attempts``
-builds, then ``engine_build_gave_up``; never a loop).  A model whose adopted
-engine later fails while serving (``serving/failover.py``) comes back here; the
-attempts count over the daemon's run, so an engine that keeps failing is not
-rebuilt, adopted and failed over forever.
+builds, then ``engine_build_gave_up``; never a loop).  A model whose adopted engine
+later fails while serving (``serving/failover.py``) comes back here; the attempts
+count over the daemon's run, so an engine that keeps failing is not rebuilt, adopted
+and failed over forever.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from typing import Any, Protocol
 
 import structlog
 
-from inferd.serving.switching import ModelClaimedError, OperatorsChoiceError, RuntimeSwitcher
+from inferd.serving.slot import BUILD_FIXES
+from inferd.serving.switching import (
+    ModelClaimedError,
+    NotPreparedError,
+    OperatorsChoiceError,
+    RuntimeSwitcher,
+)
 from inferd.types import Alert, AlertLevel, AlertSink
 from inferd_wire.protocol import ProtocolError
 
@@ -116,51 +123,57 @@ class FallbackRebuilder:
         self._lock = threading.Lock()
         self._models: dict[str, _Model] = {}
         self._stopped = False
-        # The switcher whose ``switch_now`` adopts: it tells this of claims released
-        # (a deferred adoption goes on) and of operators' switches (a retry is cancelled).
-        # Without one (tests' fake ``switch``), a claimed refusal is tried again at once.
+        # The switcher whose ``switch_now`` adopts tells this of claims released and of
+        # operators' switches; without one (a fake ``switch``) a claimed refusal is retried.
         self._switcher = switcher
         if switcher is not None:
             switcher.watch(self)
 
     # -- inputs ---------------------------------------------------------------------
-    def on_fallback(self, model: str, reason: str) -> None:
-        """A ``tensorrt`` model now serves on the fallback (any thread; never blocks
-        for a build)."""
-        if not self._can_build():
-            log.info(
-                "engine_rebuild_skipped",
-                model=model,
-                reason=f"no TensorRT builder here; the model stays on the fallback ({reason})",
-            )
-            return
+    def on_fallback(
+        self, model: str, reason: str, cause: str | None = None, *, ask: bool = True
+    ) -> str | None:
+        """A ``tensorrt`` model now serves on the fallback because of ``cause``
+        (``ModelSlot.fallback_cause``; None: not known, built); any thread, never blocks
+        for a build.  None when a build is asked for or under way, else why none is
+        (``ask=False``: only that answer, for a failover's alert; nothing is done)."""
+        why = None
+        if cause is not None and cause not in BUILD_FIXES:
+            why = f"no build fixes why it fell back ({cause}: {reason})"
+        elif not self._can_build():
+            why = f"TensorRT cannot build here: not importable or not in runtime.enabled ({reason})"
+        if why is not None:
+            if ask:
+                log.warning("engine_rebuild_skipped", model=model, cause=cause, reason=why)
+            return why
         with self._lock:
             state = self._models.setdefault(model, _Model())
             waiting = state.timer is not None or state.pending is not None
             if state.build_id is not None or waiting:
-                return  # already building, waiting to retry, or built and waiting to adopt
+                return None  # already building, waiting to retry, or built, to adopt
             if self._stopped:  # a failover as the daemon stops: the next start decides
-                return
-            state.adopted = False
+                return "the daemon is stopping"
+            state.adopted = state.adopted and not ask  # asked for: none adopted yet
             attempts = state.attempts
-        if attempts >= self._max_attempts:
+        if attempts < self._max_attempts:
+            return self._start(model, reason) if ask else None
+        why = f"{attempts} background build(s) in this run (runtime.rebuild_max_attempts)"
+        if ask:
             log.warning("engine_build_gave_up", model=model, attempts=attempts, reason=reason)
             self._alert(
                 Alert(
                     "ERROR",
                     "engine_build_gave_up",
-                    f"model {model!r} is back on onnx_trt_ep ({reason}) after {attempts} "
-                    f"background build(s) in this run (runtime.rebuild_max_attempts); it is "
+                    f"model {model!r} is back on onnx_trt_ep ({reason}) after {why}; it is "
                     "not rebuilt again: it stays on onnx_trt_ep until an operator starts a build",
                     fields={"model": model, "build_id": None},
                 )
             )
-            return
-        self._start(model, reason)
+        return why
 
     def on_build_finished(self, finished: FinishedBuild) -> None:
-        """A build child is done (its reader thread).  Only builds this module
-        asked for are acted on: an operator's build is adopted with runtime.switch."""
+        """A build child is done (its reader thread); only builds asked for here are acted on
+        (an operator's build is adopted with runtime.switch)."""
         with self._lock:
             state = self._models.get(finished.model)
             if state is None or state.build_id != finished.build_id:
@@ -200,8 +213,7 @@ class FallbackRebuilder:
             self._failed(finished, f"build failed: {finished.error}")
 
     def stop(self) -> None:
-        """No more builds or retries (daemon shutdown; running builds are cancelled by
-        the build manager)."""
+        """No more builds or retries (at shutdown; the build manager cancels the builds)."""
         with self._lock:
             self._stopped = True
             timers = [state.timer for state in self._models.values() if state.timer is not None]
@@ -241,9 +253,8 @@ class FallbackRebuilder:
             self._adopt_pending(model, f"its thread could not start ({exc})")
 
     def operator_chose(self, model: str) -> None:
-        """An operator's switch made ``model`` serve their choice: a retry not yet
-        started is cancelled (its engine would not be adopted: GPU time for nothing).
-        A build already running is left to finish (see the module's docstring)."""
+        """An operator's switch made ``model`` serve their choice: a retry not yet started
+        is cancelled (its engine would not be adopted); a running build finishes."""
         with self._lock:
             state = self._models.get(model)
             timer = state.timer if state is not None else None
@@ -261,19 +272,18 @@ class FallbackRebuilder:
 
     # -- internals ----------------------------------------------------------------------
     def _stopping(self) -> bool:
-        """Whether ``stop`` has run by now, on any thread (a method, so that a check
-        made earlier in the caller does not settle it for the type checker)."""
+        """Whether ``stop`` has run by now, on any thread (a method: for the type checker)."""
         return self._stopped
 
-    def _start(self, model: str, reason: str, retry: int | None = None) -> None:
-        """Start a build (``retry``: the one the timer that calls this was for)."""
+    def _start(self, model: str, reason: str, retry: int | None = None) -> str | None:
+        """Start a build (``retry``: the one its timer was for); None if started, else why not."""
         with self._lock:
             state = self._models[model]
             if retry is not None and (state.timer is None or state.retry != retry):
-                return  # cancelled by an operator's switch as it fired
+                return "cancelled"  # by an operator's switch as it fired
             state.timer = None
             if self._stopped:
-                return
+                return "the daemon is stopping"
             state.attempts += 1
             attempt = state.attempts
         try:
@@ -281,7 +291,7 @@ class FallbackRebuilder:
         except ProtocolError as exc:
             log.warning("engine_rebuild_not_started", model=model, error=exc.message)
             if self._stopping():  # refused because the daemon stops: nothing to report
-                return
+                return "the daemon is stopping"
             self._alert(
                 Alert(
                     "WARNING",
@@ -291,7 +301,7 @@ class FallbackRebuilder:
                     fields={"model": model, "build_id": None},
                 )
             )
-            return
+            return f"its build could not start: {exc.message}"
         with self._lock:
             state.build_id = str(reply["build_id"])
         log.info(
@@ -301,6 +311,7 @@ class FallbackRebuilder:
             attempt=attempt,
             reason=reason,
         )
+        return None
 
     def _adopt(self, finished: FinishedBuild, tries: int) -> None:
         """Switch to the built engine (``tries``: this one included)."""
@@ -339,7 +350,11 @@ class FallbackRebuilder:
                     reason=f"the daemon stopped while it was adopted: {exc.message}",
                 )
                 return
-            self._failed(finished, f"the built engine could not be adopted: {exc.message}")
+            if isinstance(exc, NotPreparedError) and exc.cause not in BUILD_FIXES:
+                # TensorRT unavailable, the memory budget: a rebuilt engine meets it again
+                self._not_adopted(finished, f"{exc.message} ({exc.cause}; not a build's fault)")
+            else:
+                self._failed(finished, f"the built engine could not be adopted: {exc.message}")
             return
         with self._lock:
             self._models[finished.model].adopted = True
@@ -366,8 +381,7 @@ class FallbackRebuilder:
             self._adopt_pending(model)
 
     def _adopt_pending(self, model: str, cannot: str | None = None) -> None:
-        """The deferred adoption of ``model``, if no other thread took it (``cannot``:
-        why it cannot be tried)."""
+        """The deferred adoption of ``model``, unless taken (``cannot``: why not tried)."""
         with self._lock:
             pending, self._models[model].pending = self._models[model].pending, None
         if pending is not None and cannot is not None:
@@ -376,8 +390,7 @@ class FallbackRebuilder:
             self._adopt(*pending)
 
     def _not_adopted(self, finished: FinishedBuild, why: str) -> None:
-        """A trusted engine not adopted although the daemon runs: the operator's switch
-        adopts it; rebuilding it would build the same engine again."""
+        """A trusted engine not adopted while the daemon runs: not rebuilt (the same engine)."""
         log.warning(
             "engine_rebuild_adoption_abandoned",
             model=finished.model,

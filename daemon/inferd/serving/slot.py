@@ -15,7 +15,15 @@ from typing import Any
 import structlog
 
 from inferd.config import ModelConfig, RuntimeConfig
-from inferd.errors import InferdError, RuntimeNotAvailableError
+from inferd.errors import (
+    EngineDeserializeError,
+    EngineHashMismatchError,
+    EngineMissingError,
+    EngineSchemaMismatchError,
+    EngineSidecarMissingError,
+    InferdError,
+    RuntimeNotAvailableError,
+)
 from inferd.runtime import InferenceRuntime, build_inference_runtime
 from inferd.serving.stats import ModelStats
 from inferd.types import (
@@ -28,6 +36,30 @@ from inferd.types import (
 )
 
 FALLBACK_LABEL = "onnx_trt_ep"
+#: ``ModelSlot.fallback_cause`` after a failover while serving (``serving/failover.py``).
+EXECUTION = "execution"
+#: The causes of a fallback that a build of the engine fixes, so the background rebuild
+#: (``serving/rebuild.py``) asks for one: no engine for this host (or one ``locate``
+#: moved aside), one the gate refused, one TensorRT could not deserialise, warm up or
+#: run.  Any other (TensorRT disabled by ``runtime.enabled`` or not importable, pycuda
+#: missing, a CUDA device that cannot open, ``runtime.gpu_memory_budget_bytes``, an
+#: unreadable host tuple or manifest, an unsafe directory) refuses a rebuilt engine the
+#: same way: building it would spend minutes of the GPU the models share for nothing.
+BUILD_FIXES = frozenset(
+    {
+        *(
+            kind.__name__
+            for kind in (
+                EngineMissingError,
+                EngineHashMismatchError,
+                EngineSchemaMismatchError,
+                EngineSidecarMissingError,
+                EngineDeserializeError,
+            )
+        ),
+        EXECUTION,
+    }
+)
 
 log = structlog.get_logger("inferd.slot")
 
@@ -50,6 +82,10 @@ class ModelSlot:
         self.runtime: InferenceRuntime | None = None
         self.handle: EngineHandle | None = None
         self.last_error: str | None = None
+        #: Why the model last fell back or failed over (``BUILD_FIXES``): the type name of
+        #: what its configured runtime's preparation raised, or ``EXECUTION``; None after
+        #: an operator's switch.
+        self.fallback_cause: str | None = None
         self.stats = ModelStats()
         #: Consecutive execution failures on ``tensorrt`` (engine worker only;
         #: ``serving/failover.py``).
@@ -78,7 +114,7 @@ class ModelSlot:
             except (RuntimeNotAvailableError, InferdError) as fallback_exc:
                 self._fail(f"{reason}; fallback failed: {fallback_exc}", sinks)
                 return
-            self.last_error = reason
+            self.last_error, self.fallback_cause = reason, type(exc).__name__
             assert self.handle is not None
             sinks.record(
                 "fallback_to_onnx_trt_ep",
@@ -143,14 +179,18 @@ class ModelSlot:
             raise InferdError(f"preparing {label} failed unexpectedly: {exc!r}") from exc
 
     def swap(
-        self, runtime: InferenceRuntime, handle: EngineHandle, reason: str | None = None
+        self,
+        runtime: InferenceRuntime,
+        handle: EngineHandle,
+        reason: str | None = None,
+        cause: str | None = None,
     ) -> tuple[InferenceRuntime | None, EngineHandle | None]:
-        """Serve from ``runtime``/``handle`` from the next request on (``reason``: why
-        not on the configured runtime, for a failover); returns the previous pair for
+        """Serve from ``runtime``/``handle`` from the next request on (``reason``,
+        ``cause``: why it failed over, for a failover); returns the previous pair for
         the caller to release.  Call on the engine worker only."""
         previous = self.runtime, self.handle
         self.runtime, self.handle = runtime, handle
-        self.last_error = reason
+        self.last_error, self.fallback_cause = reason, cause
         self.execution_failures = 0
         self.state = "serving"
         return previous

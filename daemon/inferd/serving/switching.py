@@ -68,6 +68,15 @@ class ModelClaimedError(ProtocolError):
     """Refused: a switch or a failover of the model is in progress (it is claimed)."""
 
 
+class NotPreparedError(ProtocolError):
+    """Refused: the runtime could not be prepared; ``cause`` is the type name of what
+    ``ModelSlot.prepare`` raised (as ``ModelSlot.fallback_cause``: ``BUILD_FIXES``)."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(Code.FAILED_PRECONDITION, message)
+        self.cause = cause
+
+
 class SwitchWatcher(Protocol):
     """Told of the switcher's changes to a model (``FallbackRebuilder``)."""
 
@@ -334,7 +343,7 @@ class RuntimeSwitcher:
         except (RuntimeNotAvailableError, InferdError) as exc:
             reason = f"cannot prepare {label}: {exc}; {from_label} keeps serving"
             self._report(slot, from_label, label, who, "refused", reason, started)
-            raise ProtocolError(Code.FAILED_PRECONDITION, reason) from None
+            raise NotPreparedError(reason, type(exc).__name__) from None
         prepared = time.monotonic()
         swap_s: list[float] = []
 
