@@ -270,9 +270,11 @@ def parse_descriptor(index: int, descriptor: Any) -> tuple[str, np.dtype[Any], t
         raise ProtocolError(
             Code.INVALID_ARGUMENT, f"{where}: 'shape' must be a list of at most 16 dimensions"
         )
-    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape):
+    most = 2**31 - 1  # a dimension's bound: schemas/bus/common.json's "maximum"
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= most for d in shape):
         raise ProtocolError(
-            Code.INVALID_ARGUMENT, f"{where}: shape {shape!r} must hold non-negative integers"
+            Code.INVALID_ARGUMENT,
+            f"{where}: shape {shape!r} must hold non-negative integers up to {most}",
         )
     return name, WIRE_DTYPES[dtype_name], tuple(shape)
 

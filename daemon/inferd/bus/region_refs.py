@@ -41,6 +41,12 @@ def peer_uid_of(frame: Any) -> int | None:
     return peer.uid if peer is not None else None
 
 
+def uid_of(request: Request) -> int | None:
+    """The uid a request's regions are leased for: its ``shm.sock`` peer's
+    (``SO_PEERCRED``), else the one ZAP verified for its connection."""
+    return request.local_uid if request.local_uid is not None else peer_uid_of(request.header_frame)
+
+
 def bind_regions(
     request: Request, table: RegionTable | None, refs: Refs | None = None
 ) -> RequestRegions | None:
@@ -59,8 +65,7 @@ def bind_regions(
             Code.NOT_FOUND, "this daemon serves no shared-memory regions ([shm] enabled = false)"
         )
     placed, placements = refs
-    uid = request.local_uid if request.local_uid is not None else peer_uid_of(request.header_frame)
-    regions = RequestRegions(table, uid)
+    regions = RequestRegions(table, uid_of(request))
     # Not a context manager: this runs for every request, and a generator-based
     # one costs ten Python calls (bench/README.md, "fewer Python calls").
     try:
@@ -94,7 +99,8 @@ def _refs_of(request: Request) -> Refs | None:
     header = request.header
     if isinstance(header, InferHeader):
         inputs, outputs = header.inputs or [], header.outputs
-        if outputs is UNSET and not any(descriptor.in_region for descriptor in inputs):
+        # An empty 'outputs' places nothing: as if absent (UNSET is false too).
+        if not outputs and not any(descriptor.in_region for descriptor in inputs):
             return None
         refs = _typed_refs(header)
         if refs is None:
@@ -142,7 +148,7 @@ def _dict_refs(header: dict[str, Any]) -> tuple[_Placed, _Placements] | None:
                 ref = parse_region_ref(f"tensor {name!r}", descriptor)
                 assert ref is not None  # a stray offset/nbytes raised
                 placed.append((index, f"tensor {name!r}", ref))
-    if outputs is None and not placed:
+    if not placed and (outputs is None or outputs == []):  # an empty list places nothing
         return None
     return placed, _parse_outputs(outputs) if outputs is not None else []
 

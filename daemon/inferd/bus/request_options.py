@@ -9,6 +9,8 @@ before the request is queued and changes nothing.
 
 from __future__ import annotations
 
+import math
+
 from msgspec import UNSET
 
 from inferd.bus.headers import MAX_REPLY_FRAME_BOUND, Header, InferHeader
@@ -17,12 +19,13 @@ from inferd_wire.protocol import Code, ProtocolError
 
 
 def deadline_ms_of(header: Header, default_ms: int) -> int:
-    """The request's deadline in ms (0 = none); ``default_ms`` when absent."""
+    """The request's deadline in ms (0 = none); ``default_ms`` when absent.  A
+    fraction is rounded up (1.9 is 2 ms): never shorter than the client asked."""
     if isinstance(header, InferHeader):
         typed = header.deadline_ms
         if typed is None or typed is UNSET:
             return default_ms
-        return int(typed) if typed >= 1 else 1
+        return math.ceil(typed)  # > 0 (bus.headers): at least 1
     value = header.get("deadline_ms")
     if value is None:
         return default_ms
@@ -32,7 +35,7 @@ def deadline_ms_of(header: Header, default_ms: int) -> int:
         raise ProtocolError(
             Code.INVALID_ARGUMENT, f"'deadline_ms' must be in (0, {MAX_DEADLINE_MS}], got {value}"
         )
-    return int(value) if value >= 1 else 1
+    return math.ceil(value)
 
 
 def reply_frame_bound_of(header: Header) -> int | None:

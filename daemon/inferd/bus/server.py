@@ -41,11 +41,11 @@ from inferd.bus.handler import Reply, RequestHandler
 from inferd.bus.heap import HeapTrimmer
 from inferd.bus.intake import Intake, Oversized
 from inferd.bus.reply_budget import HIGH_WATER_MARK, ReplyBudget, message_bytes
-from inferd.bus.shm_requests import admit_shm_message, send_shm_reply
+from inferd.bus.shm_requests import ShmRoute, admit_shm_message, send_shm_reply
 from inferd.bus.stop_flag import StopFlag
 from inferd.bus.zap import SocketSecurity
 from inferd.config import BusConfig
-from inferd.shm.connections import ShmConnections, is_shm_route
+from inferd.shm.connections import ShmConnections
 from inferd_wire.multipart import readable, send_frames
 from inferd_wire.send_buffer import SendBuffer
 
@@ -419,10 +419,10 @@ class BusServer(threading.Thread):
         """Send a reply within the reply budget; never block for one peer, never
         lose a reply silently (every drop is counted; one the budget refused is
         sent as a notice, one ZeroMQ's full queue refused cannot be).  Whether
-        ``sock`` was used (not for a reply to a shm connection, or by a closed bus)."""
+        ``sock`` was used (not for a reply to a ``ShmRoute``, or by a closed bus)."""
         first = parts[0]
         routing_id = first if isinstance(first, bytes) else first.bytes
-        if self._shm is not None and is_shm_route(routing_id):
+        if self._shm is not None and isinstance(routing_id, ShmRoute):
             send_shm_reply(self._shm, parts)
             return False
         nbytes = message_bytes(parts)

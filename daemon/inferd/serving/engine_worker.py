@@ -32,13 +32,13 @@ import structlog
 from inferd.bus.codec import validate_outputs, validate_parsed
 from inferd.bus.headers import InferReply, encode_infer_reply
 from inferd.bus.internal_errors import internal_message, run_failure, unavailable_message
+from inferd.bus.shm_requests import ShmRoute
 from inferd.errors import ExecutionFailedError, InferdError, OutOfMemoryError, OutputShapeError
 from inferd.serving.failover import ExecutionFailover
 from inferd.serving.reply_tensors import oversized_frame, refuse_unfit_outputs, reply_tensors
 from inferd.serving.scheduler import InHand, Job, Scheduler, SchedulerClosedError
 from inferd.serving.slot import ModelSlot
 from inferd.serving.stats import ModelStats
-from inferd.shm.connections import is_shm_route
 from inferd.types import DeclaredOperation, Liveness
 from inferd_wire import protocol
 from inferd_wire.protocol import Code, ProtocolError
@@ -358,7 +358,7 @@ class EngineWorker(threading.Thread):
                 placed = job.outputs = validate_outputs(
                     job.regions,
                     handle.outputs,
-                    every=is_shm_route(job.client),
+                    every=isinstance(job.client, ShmRoute),  # read on shm.sock
                     inputs=(job.described, handle.inputs),
                 )
                 if job.max_reply_frame_bytes is not None:  # as admission does while serving

@@ -17,10 +17,12 @@ the views, the deadline, the queue).
 At most ``MAX_PREPARED`` are kept, ``MAX_PREPARED_PER_CONNECTION`` of them one
 connection's, the oldest dropped; a closed connection's route is never used
 again, so its entries only wait to be dropped.  A ZeroMQ peer chooses its own
-routing id, so another peer may take over a routing id used before: what is
-kept under one depends on nothing of the peer (frames alone), and a request
-with regions is kept only under a shm connection's route, whose uid is fixed
-(its placement is leased for that uid).
+routing id, so another peer may take over a routing id used before, or choose
+one with a shm route's bytes: what is kept under one depends on nothing of the
+peer (frames alone), and a request with regions is kept only when it was read
+on ``shm.sock`` (its ``local_uid`` set; never told by its route's bytes), under
+its connection's route, whose uid is fixed (its placement is leased for that
+uid).
 Nothing here holds a view or a lease: the regions are leased per request by
 id, and the tensors placed as the last time when the regions leased are the
 same objects.
@@ -33,7 +35,6 @@ from dataclasses import dataclass
 from inferd.bus.headers import InferHeader
 from inferd.bus.plans import AdmissionPlan
 from inferd.serving.slot import ModelSlot
-from inferd.shm.connections import is_shm_route
 from inferd.shm.leases import Placement
 from inferd.types import EngineHandle
 
@@ -76,11 +77,16 @@ class PreparedRequests:
     def get(self, route: bytes, prefix: bytes) -> PreparedRequest | None:
         return self._prepared.get((route, prefix))
 
-    def remember(self, route: bytes, prefix: bytes, prepared: PreparedRequest) -> None:
-        if prepared.placement is not None and not is_shm_route(route):
+    def remember(
+        self, route: bytes, prefix: bytes, prepared: PreparedRequest, local_uid: int | None
+    ) -> None:
+        """Keep ``prepared`` for the repeats of ``route`` with the bytes ``prefix``;
+        ``local_uid``: the request's (set when it was read on ``shm.sock``)."""
+        if prepared.placement is not None and local_uid is None:
             # On the infer socket the uid is the header frame's, per message, and a
-            # routing id may pass to a peer of another uid: leasing the placement
-            # for a repeat would skip the regions' owner check (a review found it).
+            # routing id may pass to a peer of another uid, whatever its bytes (one
+            # shaped like a shm route too): leasing the placement for a repeat
+            # would skip the regions' owner check (two reviews found it).
             return
         key = (route, prefix)
         if key not in self._prepared:

@@ -34,7 +34,7 @@ from inferd.bus.handler import Prepared, Reply
 from inferd.bus.headers import InferHeader
 from inferd.bus.internal_errors import unavailable_message
 from inferd.bus.plans import AdmissionPlan, AdmissionPlans, plan_key
-from inferd.bus.region_refs import NO_REFS, bind_regions, refs_of
+from inferd.bus.region_refs import NO_REFS, bind_regions, refs_of, uid_of
 from inferd.bus.repeats import splits_at_id
 from inferd.bus.request_options import deadline_ms_of, reply_frame_bound_of
 from inferd.bus.zap import peer_of
@@ -48,7 +48,6 @@ from inferd.serving.scheduler import (
     SchedulerClosedError,
 )
 from inferd.serving.slot import ModelSlot
-from inferd.shm.connections import is_shm_route
 from inferd.shm.leases import RequestRegions
 from inferd.shm.regions import RegionTable
 from inferd.types import EngineHandle, Peer
@@ -134,7 +133,7 @@ class RequestRouter:
         try:
             if not self.accepting:
                 raise ProtocolError(Code.UNAVAILABLE, "the daemon is shutting down")
-            every = is_shm_route(request.envelope[0])
+            every = request.local_uid is not None  # read on shm.sock (never by its route)
             key = plan_key(request, every) if self._regions is not None else None
             handle = slot.handle if slot.state == "serving" else None
             plan = self.plans.get(slot.name, key, handle)
@@ -209,7 +208,8 @@ class RequestRouter:
     def _lease_prepared(self, prepared: PreparedRequest, request: Request) -> RequestRegions:
         """The regions of a repeat, leased, with its tensors placed as the last time."""
         assert self._regions is not None and prepared.placement is not None  # it names regions
-        regions = RequestRegions(self._regions, request.local_uid)
+        # For the uid the full path checks, whatever the route kept it (bind_regions).
+        regions = RequestRegions(self._regions, uid_of(request))
         if regions.lease_placement(prepared.placement):
             return regions
         # Another region under an id it leased: leased and range checked anew.
@@ -247,7 +247,7 @@ class RequestRouter:
             else:
                 parsed = checked_inputs(request.header, request.tensors, handle.inputs, regions)
                 inputs = input_views(parsed, request.tensors, regions)
-                every = is_shm_route(request.envelope[0])
+                every = request.local_uid is not None  # read on shm.sock
                 check_outputs(regions, handle.outputs, every=every, inputs=(parsed, handle.inputs))
                 if key is not None and regions is not None:
                     names = [name for name, _, _, _ in parsed]
@@ -271,7 +271,7 @@ class RequestRouter:
         checked = (parsed, inputs, outputs, None if inputs is None else handle)
         self._queue(request, slot, checked, regions, (deadline_ms, reply_frame_bound), nbytes)
         if prepared is not None and request.repeat is not None:
-            self.prepared.remember(request.envelope[0], request.repeat, prepared)
+            self.prepared.remember(request.envelope[0], request.repeat, prepared, request.local_uid)
 
     @staticmethod
     def _queued_bytes(request: Request, slot: ModelSlot) -> int:

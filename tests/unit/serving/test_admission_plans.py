@@ -82,8 +82,8 @@ class Admission:
         request = decode_header(packed, LIMITS, typed=True)
         check_request(request, LIMITS)
         request.envelope = [SHM_ROUTE if on_shm else b"client"]
-        request.local_uid = ME.uid
-        if on_shm:
+        if on_shm:  # only the shm.sock reader sets it (SO_PEERCRED)
+            request.local_uid = ME.uid
             repeat = repeat_of(packed)
             assert repeat is not None and repeat.request_id == request_id
             request.repeat = repeat.prefix
