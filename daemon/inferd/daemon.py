@@ -90,7 +90,7 @@ class Daemon(DaemonReports):
             build_alert_hooks(
                 config.alerts,
                 events=self.publisher.publish,
-                record=self.record if self.recorder else None,
+                record=self.recorder.record_alert if self.recorder else None,  # drops fail it
                 on_refused=self._refused_hooks.__setitem__,
             ),
             rate_limit_s=config.alerts.rate_limit_s,
@@ -323,7 +323,7 @@ class Daemon(DaemonReports):
         if self.recorder is None:
             return
         directory = self.config.fdr.directory
-        self._recorder_error = start_recorder(self.recorder, directory)
+        self._recorder_error = start_recorder(self.recorder, directory, self.alerts)
         if self._recorder_error is not None:
             # Losing the recorder must not ground the vehicle's perception: serve
             # without it and say so in status, the log and an alert.

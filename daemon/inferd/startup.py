@@ -18,11 +18,13 @@ import zmq
 
 import inferd
 from inferd.errors import ConfigError, InferdError, ProcessLimitError, UnsafeDirectoryError
+from inferd.fdr.segments import CannotResumeError
 from inferd.supervision.instance import DaemonAlreadyRunningError, SocketGroupError
 
 if TYPE_CHECKING:
     from inferd.config import Config
     from inferd.fdr.writer import FlightRecorder
+    from inferd.types import AlertSink
 
 log = structlog.get_logger("inferd.daemon")
 
@@ -87,15 +89,19 @@ def _typed(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def start_recorder(recorder: FlightRecorder, directory: Path) -> str | None:
-    """Start ``recorder``: None, or why it cannot run (the daemon then serves
-    without it).  Whatever its start raises, not only a directory it cannot use: a
-    segment its scan cannot place (DESIGN.md 276), a thread that cannot start
-    (DESIGN.md 166); the traceback is logged for what is not the directory's."""
+def start_recorder(
+    recorder: FlightRecorder, directory: Path, alert: AlertSink | None = None
+) -> str | None:
+    """Start ``recorder`` (``alert``: where it says that its writes fail): None, or
+    why it cannot run (the daemon then serves without it).  Whatever its start
+    raises, not only a directory it cannot use: a segment its scan cannot place
+    (DESIGN.md 276), a segment name or record it cannot go on from
+    (``CannotResumeError``), a thread that cannot start (DESIGN.md 166); the
+    traceback is logged for what is neither the directory's nor its files'."""
     try:
-        recorder.start()
+        recorder.start(alert)
     except Exception as exc:
-        expected = isinstance(exc, OSError | UnsafeDirectoryError)
+        expected = isinstance(exc, OSError | UnsafeDirectoryError | CannotResumeError)
         error = str(exc) if expected else f"{type(exc).__name__}: {exc}"
         log.error("fdr_unavailable", error=error, directory=str(directory), exc_info=not expected)
         return f"cannot start the flight data recorder: {error}"

@@ -63,7 +63,11 @@ class FdrAlertHook:
     the dispatcher) is recorded as the smallest copy (level, code, the message
     cut to 200 bytes of UTF-8, ``fields`` empty; it fits a segment of 1024 bytes); one
     refused too fails the hook (the dispatcher counts and logs it), as does every
-    alert once the daemon said it serves without its recorder (``fdr_unavailable``).
+    alert once the daemon said it serves without its recorder (``fdr_unavailable``),
+    and one whose record the sink says it dropped: the daemon's sink is the
+    recorder's ``record_alert``, which raises ``RecordDroppedError`` (a
+    ``ConnectionError``) for a record it drops at once, as while its writer backs
+    off after a failure (``fdr_write_outage``, which this hook thus never delivers).
     """
 
     name = "fdr"

@@ -31,6 +31,9 @@ MAX_BODY_BYTES = 1024 * 1024
 SEGMENT_SUFFIX = ".fdr"
 #: The header's u64: a name with a larger index is not a segment the writer made.
 MAX_SEGMENT_INDEX = 2**64 - 1
+#: The largest seq a record holds (``record.json``: 1 up to this, msgpack's int64):
+#: the reader calls a body with another one undecodable, so none is ever resumed from.
+MAX_SEQ = 2**63 - 1
 
 
 def crc32c(data: bytes) -> int:
@@ -55,6 +58,8 @@ def segment_index(name: str) -> int | None:
 
 
 def encode_segment_header(index: int, created_wall_ns: int) -> bytes:
+    if index > MAX_SEGMENT_INDEX:  # a name made by hand, past every one the writer makes
+        raise ValueError(f"segment index {index} is past {MAX_SEGMENT_INDEX}, the header's largest")
     partial = SEGMENT_MAGIC + struct.pack("<QQ", index, created_wall_ns)
     return partial + struct.pack("<I", crc32c(partial))
 

@@ -34,6 +34,31 @@ class Pending:
         self.frame_bytes = _FRAME_OVERHEAD + len(self.head) + len(self.tail)
 
 
+def encoded(
+    kind: kinds.RecordKind,
+    payload: Any,
+    wall_ns: int,
+    mono_ns: int,
+    boot_id: str,
+    segment_max_bytes: int,
+) -> Pending:
+    """A record encoded once, in the caller (``FlightRecorder.record``): the writer
+    thread only adds the seq and the frame.  RecordPayloadError if it cannot be."""
+    try:
+        head, tail = framing.encode_record_parts(
+            kind.name,
+            kind.schema_version,
+            wall_ns,
+            mono_ns,
+            boot_id,
+            payload,
+            segment_max_bytes=segment_max_bytes,
+        )
+    except ValueError as exc:
+        raise kinds.RecordPayloadError(f"{kind.name}: {exc}") from exc
+    return Pending(kind, head, tail)
+
+
 class Marker(threading.Event):
     """Queued by ``wait_durable``; set once everything before it was processed."""
 

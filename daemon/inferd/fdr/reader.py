@@ -12,7 +12,8 @@
   which is corruption, not a torn tail.  A CRC-valid body that is not a record
   (a field of the wrong type, a map key that is not a string, a payload nested
   deeper than the recorder writes, which ``json.dumps`` could not write) is
-  corruption too: every record the reader hands on has a JSON form.
+  corruption too: every record the reader hands on has a JSON form, and a seq in
+  1..2**63-1.  Such a frame was written whole: the search goes on from its end.
 * A segment is opened without following a symlink (the FDR directory is the
   daemon's own): a symlink, or anything but a regular file, under a segment's
   name is listed, so its index is never reused, and read as an *unreadable
@@ -40,6 +41,7 @@ from inferd.fdr.framing import (
     FRAME_HEADER,
     MAX_BODY_BYTES,
     MAX_PAYLOAD_DEPTH,
+    MAX_SEQ,
     SEGMENT_HEADER,
     SYNC,
     TOO_DEEP,
@@ -234,7 +236,7 @@ def _frames(name: str, data: bytes, offset: int, report: ReadReport) -> Iterator
             offset += FRAME_HEADER.size + _body_length(data, offset)
             continue
         spans = spans if spans is not None else SpanCrc(data, offset + 1)
-        resync = _next_good_frame(name, data, offset + 1, spans)
+        resync = _next_good_frame(name, data, _search_from(data, offset, outcome), spans)
         if resync is not None:
             # Something valid follows, so this was damage, not the end of writing
             # (a damaged length field can also point past the end of the file).
@@ -260,6 +262,15 @@ _WRITTEN_WHOLE = (_UNDECODABLE, "damaged length")
 #: The smallest unit a file system writes: the zeros a power cut leaves in a file
 #: that grew begin at a multiple of it.
 _SECTOR_BYTES = 512
+
+
+def _search_from(data: bytes, offset: int, outcome: str) -> int:
+    """Where the search for the next frame starts after the one at ``offset``: past
+    its end when its CRC matched a body that is no record (written whole, so no
+    frame starts inside it, and its body is decoded once), else the next byte."""
+    if outcome.startswith(_UNDECODABLE):
+        return offset + FRAME_HEADER.size + _body_length(data, offset)
+    return offset + 1
 
 
 def _torn_before_zeros(name: str, data: bytes, offset: int) -> bool:
@@ -351,6 +362,8 @@ def _decode(name: str, offset: int, body: bytes) -> Record | str:
         return _UNDECODABLE
     if not all(type(fields[key]) is int for key in _INT_KEYS):
         return _UNDECODABLE
+    if not 1 <= fields["seq"] <= MAX_SEQ:  # record.json; none is resumed from (start)
+        return f"{_UNDECODABLE}: seq out of range"
     if not all(isinstance(fields[key], str) for key in _STR_KEYS):
         return _UNDECODABLE
     if not isinstance(fields["payload"], dict):
@@ -397,12 +410,16 @@ def current_kind_name(kind: str) -> str:
 
 
 def _next_good_frame(name: str, data: bytes, start: int, spans: SpanCrc) -> int | None:
-    """Offset of the next sync marker that starts a valid frame (a record)."""
+    """Offset of the next sync marker that starts a valid frame (a record).  A frame
+    whose CRC matches but that holds no record was written whole: no frame starts
+    inside it, so the search goes on from its end: a body is decoded at most once
+    (frames nested inside each other, each CRC-valid, would cost one per marker)."""
     position = data.find(SYNC, start)
     while position != -1:
-        if _record_at(name, data, position, spans) is not None:
+        outcome = _record_at(name, data, position, spans)
+        if isinstance(outcome, Record):
             return position
-        position = data.find(SYNC, position + 1)
+        position = data.find(SYNC, position + 1 if outcome is None else outcome)
     return None
 
 
@@ -411,11 +428,12 @@ def _next_good_frame(name: str, data: bytes, start: int, spans: SpanCrc) -> int 
 _RECORD_MAP_MARKERS = frozenset((*range(0x87, 0x90), 0xDE, 0xDF))
 
 
-def _record_at(name: str, data: bytes, position: int, spans: SpanCrc) -> Record | None:
-    """``_frame_at``'s record at a sync marker, or None, for the resynchronisation:
-    a frame running past the end is no record (torn or not), a body that is not a
-    map of 7 keys is refused from its first byte, and the CRC is the span's
-    (``SpanCrc``), not one over up to 1 MiB per marker tried."""
+def _record_at(name: str, data: bytes, position: int, spans: SpanCrc) -> Record | int | None:
+    """``_frame_at``'s record at a sync marker, the end of a frame whose CRC matches a
+    body that is no record, or None, for the resynchronisation: a frame running past
+    the end is no record (torn or not), a body that is not a map of 7 keys is
+    refused from its first byte, and the CRC is the span's (``SpanCrc``), not one
+    over up to 1 MiB per marker tried."""
     if len(data) - position < FRAME_HEADER.size:
         return None
     _sync, length, checksum = FRAME_HEADER.unpack_from(data, position)
@@ -426,4 +444,4 @@ def _record_at(name: str, data: bytes, position: int, spans: SpanCrc) -> Record 
     if data[start] not in _RECORD_MAP_MARKERS or spans.crc(start, end) != checksum:
         return None
     outcome = _decode(name, position, data[start:end])
-    return outcome if isinstance(outcome, Record) else None
+    return outcome if isinstance(outcome, Record) else end

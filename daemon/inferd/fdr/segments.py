@@ -13,6 +13,7 @@ from pathlib import Path
 import structlog
 
 from inferd.durable import fsync_directory, write_all
+from inferd.errors import InferdError
 from inferd.fdr import framing
 from inferd.fdr.inventory import Inventory
 from inferd.fdr.reader import ReadReport, read_segment
@@ -21,6 +22,14 @@ from inferd.owned_files import open_nofollow
 log = structlog.get_logger("inferd.fdr")
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+
+
+class CannotResumeError(InferdError):
+    """What earlier runs left leaves the recorder nothing to go on from: a segment
+    named for the largest index a header holds, or a record with the largest seq
+    (made by hand, or crafted: a recorder would need over 2**63 records).  Going
+    on would fail every write, for good; the daemon serves without its recorder
+    and says why (``fdr_unavailable``)."""
 
 
 @dataclass
@@ -47,16 +56,37 @@ def last_seq(newest_first: Iterable[Path]) -> int:
             log.warning("fdr_segment_unreadable", segment=damage.segment, reason=damage.reason)
 
 
+def resume_point(directory: Path, inventory: Inventory) -> tuple[int, int]:
+    """(next seq, next index) after the segments of ``inventory``, which the scan of
+    ``directory`` found; CannotResumeError when either is past what a record or a
+    segment header holds."""
+    highest = inventory.highest_index
+    if highest >= framing.MAX_SEGMENT_INDEX:
+        name = framing.segment_name(highest)
+        raise CannotResumeError(
+            f"{directory / name}: a segment named for index {highest}, the largest a segment "
+            "header holds, leaves the recorder no index to go on from; move that file away"
+        )
+    seq = last_seq(inventory.paths_newest_first(directory))
+    if seq >= framing.MAX_SEQ:
+        raise CannotResumeError(
+            f"{directory}: its newest record has seq {seq}, the largest a record holds, which "
+            "leaves the recorder no seq to go on from; move the newest segment away"
+        )
+    return seq + 1, highest + 1
+
+
 def create(directory: Path, index: int, created_wall_ns: int) -> Segment | None:
     """A new, synced segment at ``index``; None when the name is taken (never
-    overwritten: it is not ours, or an earlier run's)."""
+    overwritten: it is not ours, or an earlier run's).  The header is encoded
+    first: an index no header holds (ValueError) costs no descriptor and no file."""
+    header = framing.encode_segment_header(index, created_wall_ns)
     path = directory / framing.segment_name(index)
     try:
         fd = open_nofollow(path, _CREATE)
     except FileExistsError:
         return None
     try:
-        header = framing.encode_segment_header(index, created_wall_ns)
         write_all(fd, header)
         os.fdatasync(fd)
         fsync_directory(directory)

@@ -4,7 +4,8 @@
 raises there) and enqueues without ever blocking: a full queue (in records,
 ``queue_capacity``, or in bytes, ``queue_max_bytes``: ``queued.RecordQueue``)
 or a failing disk drops records, counts them, logs at ERROR and says so in
-``status()`` and an ``fdr_dropped`` record; serving goes on.  The writer
+``status()``, an ``fdr_dropped`` record and, once per outage, an alert
+(``outage.py``); serving goes on.  The writer
 thread appends frames to the current segment and makes them durable
 (``fdatasync``) at most every ``fsync_interval_ms``, or at once when a critical
 kind was written.  After a failed write or sync it never appends to that
@@ -27,24 +28,29 @@ from typing import Any
 import structlog
 
 from inferd.config import FdrConfig
-from inferd.fdr import framing, kinds, segments
+from inferd.fdr import framing, kinds, reports, segments
 from inferd.fdr.inventory import Inventory
-from inferd.fdr.queued import Marker, Pending, RecordQueue
+from inferd.fdr.outage import Outage
+from inferd.fdr.queued import Marker, Pending, RecordQueue, encoded
 from inferd.owned_files import ensure_owned_dir
 from inferd.process_identity import read_boot_id
+from inferd.types import AlertSink
 
 log = structlog.get_logger("inferd.fdr")
 
 _STOP = object()
 _RETRY_AFTER_FAILURE_NS = 1_000_000_000
+_BACKING_OFF = "recorder is backing off after a failure"
 _BATCH = 256
-_DROPPED = kinds.KINDS["fdr_dropped"]
-_RETENTION = kinds.KINDS["fdr_retention"]
 
 
 class _BackingOff(OSError):
     """No segment is opened for a second after a failure: records are dropped (and counted)
     without touching the disk or extending the pause; ``last_error`` keeps its cause."""
+
+
+class RecordDroppedError(ConnectionError):
+    """``record_alert``: the record was dropped, not queued (counted in ``records_dropped``)."""
 
 
 class FlightRecorder:
@@ -73,6 +79,7 @@ class FlightRecorder:
         self._next_index = 1
         self._next_seq = 1
         self._last_failure_mono_ns: int | None = None
+        self._outage = Outage(self._directory)  # fdr_write_outage, once per outage
         #: Highest seq written to the current segment's file (not merely framed):
         #: what a successful fdatasync makes durable.
         self._written_seq = 0
@@ -97,14 +104,21 @@ class FlightRecorder:
         self._drop_reasons: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self) -> None:
+    def start(self, alert: AlertSink | None = None) -> None:
         """Find what earlier runs left (their segments, the seq, the index to go on
-        from: one scan, O(segments), here and never again), then start writing."""
-        ensure_owned_dir(self._directory, what="fdr.directory")
-        self._inventory = Inventory.scan(self._directory)
-        self._next_seq = segments.last_seq(self._inventory.paths_newest_first(self._directory)) + 1
-        self._next_index = self._inventory.highest_index + 1
-        self._thread.start()
+        from: one scan, O(segments), here and never again), then start writing;
+        ``alert`` is told once per outage that writes fail (``fdr_write_outage``).
+        A recorder that could not start is stopped: what it is handed is dropped."""
+        self._outage.alert = alert
+        try:
+            ensure_owned_dir(self._directory, what="fdr.directory")
+            self._inventory = Inventory.scan(self._directory)
+            resumed = segments.resume_point(self._directory, self._inventory)
+            self._next_seq, self._next_index = resumed
+            self._thread.start()
+        except BaseException:
+            self._stopped.set()
+            raise
 
     def stop(self, timeout: float = 10.0) -> None:
         """Write and sync everything queued, close the segment, join the thread;
@@ -123,13 +137,27 @@ class FlightRecorder:
     def record(self, kind: str, payload: Mapping[str, Any]) -> None:
         """Queue a record; raises RecordPayloadError for an unknown kind, missing
         keys, a payload msgpack cannot encode, or a record too large to write."""
+        self._offer(kind, payload, refuse_backing_off=False)
+
+    def record_alert(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """``record`` for the ``fdr`` alert hook, which must not count as sent an alert
+        that is lost: RecordDroppedError where the record is dropped here (the recorder
+        stopped, its queue full) or would be by the writer, backing off after a failure."""
+        dropped = self._offer(kind, payload, refuse_backing_off=True)
+        if dropped is not None:
+            raise RecordDroppedError(f"the flight data recorder dropped the record: {dropped}")
+
+    def _offer(self, kind: str, payload: Mapping[str, Any], refuse_backing_off: bool) -> str | None:
+        """Queue a record; why it was dropped (counted) instead, or None."""
         pending = self._encode(kinds.validate(kind, payload), payload)
-        if self._stopped.is_set():
-            self._drop(1, "recorder stopped")
-            return
-        refused = self._queue.offer(pending)  # full, in records or in bytes
-        if refused is not None:
-            self._drop(1, refused)
+        dropped = "recorder stopped" if self._stopped.is_set() else None
+        if dropped is None and refuse_backing_off and self._backing_off():
+            dropped = f"write failed: {_BACKING_OFF}"
+        # a queue full, in records or in bytes, refuses it
+        dropped = dropped if dropped is not None else self._queue.offer(pending)
+        if dropped is not None:
+            self._drop(1, dropped)
+        return dropped
 
     def wait_durable(self, timeout: float) -> bool:
         """Block until every record queued before this call is on disk and synced;
@@ -165,20 +193,8 @@ class FlightRecorder:
         }
 
     def _encode(self, kind: kinds.RecordKind, payload: Mapping[str, Any]) -> Pending:
-        """Encode once, here: the writer thread only adds the seq and the frame."""
         clocks = (self._wall_clock(), self._mono_clock())
-        try:
-            head, tail = framing.encode_record_parts(
-                kind.name,
-                kind.schema_version,
-                *clocks,
-                self._boot_id,
-                payload,
-                segment_max_bytes=self._config.segment_max_bytes,
-            )
-        except ValueError as exc:
-            raise kinds.RecordPayloadError(f"{kind.name}: {exc}") from exc
-        return Pending(kind, head, tail)
+        return encoded(kind, payload, *clocks, self._boot_id, self._config.segment_max_bytes)
 
     def _drop(self, count: int, reason: str) -> None:
         if count <= 0:
@@ -210,6 +226,8 @@ class FlightRecorder:
                 failed, dirty_since = True, None
             # Durable: written and synced, and any loss before it durably reported.
             durable = not failed and dirty_since is None
+            if durable:
+                self._outage.durable(self.durable_seq)
             self._queue.release(batch)  # written or dropped: their bytes are free
             self._set_markers(batch, durable and self._reported_drops == self.records_dropped)
         self._close_segment()
@@ -223,14 +241,15 @@ class FlightRecorder:
     ) -> tuple[bool, float | None]:
         """Write a batch and sync when due; returns (failed, dirty since)."""
         records = [item for item in batch if isinstance(item, Pending)]
+        markers = any(isinstance(item, Marker) for item in batch)
         failed = False
-        if records:
-            if self._write(records):
+        # A loss is reported (``_write``) by the stop, or when a marker asks, records or not
+        if records or (self._unreported_drops and (markers or stopping)):
+            if self._write(records, last_try=stopping):
                 dirty_since = dirty_since if dirty_since is not None else time.monotonic()
             else:
                 failed, dirty_since = True, None  # the abandoned segment cannot be synced
         due = dirty_since is not None and time.monotonic() - dirty_since >= self._interval_s
-        markers = any(isinstance(item, Marker) for item in batch)
         if dirty_since is not None and (self._unsynced_critical or due or markers or stopping):
             if self._sync():
                 dirty_since = None
@@ -245,7 +264,7 @@ class FlightRecorder:
                 marker.durable = durable
                 marker.set()
 
-    def _write(self, records: list[Pending]) -> bool:
+    def _write(self, records: list[Pending], last_try: bool = False) -> bool:
         """Append records; on failure drop the rest (counted) and abandon the segment.
 
         A batch goes to the file in one ``write`` per segment: a write releases
@@ -253,13 +272,14 @@ class FlightRecorder:
         every frame behind a busy Python thread (bench/fdr_throughput.py).  No
         frame goes past ``segment_max_bytes`` (``_encode`` refused any record an
         empty segment cannot hold), so the size cap holds (``_open_segment``).
+        ``last_try`` (the stop's): a segment is opened even while backing off.
         """
         work: deque[Pending] = deque(records)
         frames: list[tuple[bytes, Pending, int]] = []  # framed, not yet written
         try:
             if self._unreported_drops:
                 work.appendleft(self._drop_report())
-            segment = self._segment_for_writing()
+            segment = self._segment_for_writing(last_try)
             size = segment.size
             while work:
                 pending = work[0]
@@ -323,31 +343,10 @@ class FlightRecorder:
         with self._lock:
             count, self._unreported_drops = self._unreported_drops, 0
             reasons, self._drop_reasons = sorted(self._drop_reasons), set()
-        reason = "; ".join(reasons)[:256]  # bounded: the report must fit any segment
-        pending = self._encode(_DROPPED, {"dropped": count, "reason": reason})
-        pending.dropped = (count, reasons)
-        return pending
+        return reports.drop_report(count, reasons, self._encode)
 
     def _retention_report(self) -> Pending:
-        """An fdr_retention record naming as many deleted segments as a segment holds."""
-        count = len(self._deleted)
-        while True:
-            deleted = self._deleted[:count]
-            payload = {
-                "deleted_segments": [name for name, _ in deleted],
-                "deleted_bytes": sum(size for _, size in deleted),
-                "max_total_bytes": self._config.max_total_bytes,
-            }
-            try:
-                pending = self._encode(_RETENTION, payload)
-                break
-            except kinds.RecordPayloadError:
-                if count == 1:
-                    raise
-                count //= 2
-        del self._deleted[:count]
-        pending.deleted = deleted
-        return pending
+        return reports.retention_report(self._deleted, self._config.max_total_bytes, self._encode)
 
     def _give_back(self, pending: Pending) -> None:
         """What a lost fdr_dropped or fdr_retention record said is reported again."""
@@ -379,13 +378,18 @@ class FlightRecorder:
         self._reported_drops += sum(p.dropped[0] for p in self._unsynced_reports if p.dropped)
         self._unsynced_records, self._unsynced_reports, self._unsynced_critical = 0, [], False
 
-    def _segment_for_writing(self) -> segments.Segment:
+    def _segment_for_writing(self, last_try: bool) -> segments.Segment:
         if self._segment is not None:
             return self._segment
-        failed_at = self._last_failure_mono_ns
-        if failed_at is not None and self._mono_clock() - failed_at < _RETRY_AFTER_FAILURE_NS:
-            raise _BackingOff(errno.EAGAIN, "recorder is backing off after a failure")
+        if not last_try and self._backing_off():
+            raise _BackingOff(errno.EAGAIN, _BACKING_OFF)
         return self._open_segment()
+
+    def _backing_off(self) -> bool:
+        """Within a second of a failure, no segment open: records are dropped."""
+        failed_at = self._last_failure_mono_ns
+        recent = failed_at is not None and self._mono_clock() - failed_at < _RETRY_AFTER_FAILURE_NS
+        return self._segment is None and recent
 
     def _open_segment(self) -> segments.Segment:
         """Apply the size cap, then create the next segment.  Every segment is at
@@ -418,7 +422,7 @@ class FlightRecorder:
     def _fail(self, exc: Exception, operation: str) -> None:
         """Abandon the current segment: what was written there since its last sync
         may not be on disk, so it is counted as dropped (and reported again)."""
-        self.last_error = f"{operation}: {_describe(exc)}"
+        self.last_error = error = f"{operation}: {_describe(exc)}"
         self._last_failure_mono_ns = self._mono_clock()
         log.error(
             "fdr_write_failed",
@@ -435,6 +439,7 @@ class FlightRecorder:
         if segment is not None:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)
+        self._outage.failed(error, self._next_seq)
 
 
 def _describe(exc: Exception) -> str:
