@@ -38,7 +38,7 @@ from inferd_client.replies import check_reply_id
 from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import DEFAULT_SEND_BUFFER_BYTES
-from inferd_wire.multipart import recv_frames, send_frames
+from inferd_wire.multipart import ReadState, recv_frames, send_frames
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.send_buffer import SendBuffer
 
@@ -139,6 +139,12 @@ class RequestChannel:
     commands of its end, which come from the I/O thread after the monitor's
     news, and a request sent meanwhile went into that pipe and was lost (the
     next call timed out in 27 of 100 runs with ``disconnect``/``connect``).
+
+    A call an exception cut short between the parts of a message (one a signal
+    handler raised: ``KeyboardInterrupt``, a watchdog's) leaves the channel in
+    step: the rest of a reply read half way is discarded before the next read
+    (``recv_frames``), and a request sent half way is dropped with its socket,
+    made anew before the next send.
     """
 
     def __init__(
@@ -204,6 +210,10 @@ class RequestChannel:
         self._socket = sock
         self._watch = watch
         self._wait = SocketWait(sock, watch.monitor)
+        #: A read of this socket cut short between a reply's parts (``recv_frames``).
+        self._read = ReadState()
+        #: A request's send began and has not returned (see ``_send``).
+        self._sending = False
 
     def _lost(self) -> bool:
         """Read the watch's news; when a connection that was up ended, make the
@@ -212,10 +222,14 @@ class RequestChannel:
         if not lost:
             return False
         self.connections_lost += lost
+        self._renew()
+        return True
+
+    def _renew(self) -> None:
+        """Close the socket (dropping whatever it still queues) and make it anew."""
         self._watch.close()
         self._socket.close(linger=0)
         self._open()
-        return True
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -257,16 +271,25 @@ class RequestChannel:
         """Send one request; False when it could not leave before ``give_up_at`` (no
         connection up, or the daemon not reading)."""
         try:
+            if self._sending and not self._socket.closed:
+                # A send cut short between a request's parts (an exception a signal
+                # handler raised, as ``recv_frames`` says) left its first parts
+                # queued: this request would go out as their rest, the daemon would
+                # answer the old id, and this call time out.  Only a new socket
+                # drops them.
+                self._renew()
             # The news since the last reply first: a connection that ended meanwhile
             # (a daemon restart while idle) is not blamed on this request, and the
             # socket is made anew before the send waits for a connection.
             self._lost()
             while True:
+                self._sending = True
                 try:
                     send_frames(self._socket, parts, _NOBLOCK)
+                    self._sending = False
                     return True
                 except zmq.Again:
-                    pass
+                    self._sending = False  # refused at its first part: nothing queued
                 while not self._wait.ready(_POLLOUT):
                     self._lost()  # nothing was sent: it goes on the new socket
                     # Rounded up: a wait never ends before the caller's timeout.
@@ -295,8 +318,13 @@ class RequestChannel:
                     return None
                 news = self._wait.poll(remaining_ms)
                 continue
-            # A message's parts are all there once its first is (``recv_frames``).
-            parts = recv_frames(self._socket, _NOBLOCK)
+            # A message's parts are all there once its first is; the rest of one a
+            # signal handler's exception cut short is discarded first (``recv_frames``),
+            # and when that rest was all there was, the wait goes on.
+            try:
+                parts = recv_frames(self._socket, _NOBLOCK, state=self._read)
+            except zmq.Again:
+                continue
             try:
                 header = protocol.unpack_header(parts[0].buffer)
             except ProtocolError as exc:

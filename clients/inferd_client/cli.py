@@ -18,9 +18,13 @@ which Ctrl-C ends, exit 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import secrets
 import sys
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -380,9 +384,7 @@ def _infer(args: argparse.Namespace) -> int:
         )
         reply = client.last_reply
         if args.save:
-            # Into the file named: given a path, savez would add ".npz" to it.
-            with args.save.open("wb") as saved:
-                np.savez(saved, **outputs)  # type: ignore[arg-type]
+            _save_npz(args.save, outputs)
         summary: dict[str, Any] = {
             "model": args.model,
             "runtime": reply.get("runtime"),
@@ -404,13 +406,38 @@ def _infer(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """``arrays`` as an .npz archive at exactly ``path`` (``np.load`` reads it: one
+    ``NAME.npy`` member per output, stored, as ``np.savez`` writes them), each under
+    its output's name, whatever the name: ``np.savez(file, **arrays)`` took an output
+    named ``allow_pickle`` for its argument (not saved) and failed on one named
+    ``file``.  Written to a new file beside ``path`` and renamed over it once whole:
+    a failure leaves whatever was at ``path``."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    # As open() makes a file (0666 less the umask), but never over one already there.
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with (
+            os.fdopen(fd, "wb") as stream,
+            zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive,
+        ):
+            for name, array in arrays.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise
+
+
 def _events(args: argparse.Namespace) -> int:
     received = 0
     with _subscriber(args, args.topic) as subscriber:
         subscriber.wait_joined(args.timeout, keep_health=True)
         topics = ", ".join(args.topic) if args.topic else "all"
         print(f"following events ({topics})", file=sys.stderr, flush=True)
-        for topic, payload in subscriber.follow(args.timeout):
+        for topic, payload in subscriber.follow(args.timeout, on_rejoined=cli_build.say_rejoined):
             if args.json:
                 print(json_line({"topic": topic, **payload}), flush=True)
             else:

@@ -373,12 +373,19 @@ def _fdr_line(fdr: Mapping[str, Any]) -> str:
 def health(result: Mapping[str, Any]) -> list[str]:
     threads = result.get("threads", {})
     down = [name for name, alive in threads.items() if not alive]
+    # A reply without a threads map (or with an empty one) says nothing of them:
+    # "-" (None), never "all alive" (one that is no map is not laid out: ``laid_out``).
+    threads_shown: str | None = None
+    if down:
+        threads_shown = "NOT RUNNING: " + text(down)
+    elif threads:
+        threads_shown = "all alive"
     lines = pairs(
         [
             ("state", result.get("state")),
             ("uptime_s", result.get("uptime_s")),
             ("thermal", result.get("thermal")),
-            ("threads", "all alive" if not down else "NOT RUNNING: " + ", ".join(down)),
+            ("threads", threads_shown),
         ]
     )
     models = [{"model": name, **model} for name, model in result.get("models", {}).items()]

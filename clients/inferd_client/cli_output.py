@@ -64,15 +64,24 @@ def emit_error(as_json: bool, code: str, message: str) -> None:
 def json_line(document: dict[str, Any]) -> str:
     """``document`` as one line of JSON (RFC 8259): a float that is no number (a
     tensor's NaN or infinity) is ``null``, as JavaScript's ``JSON.stringify`` writes
-    it, since ``NaN`` and ``Infinity`` are not JSON and strict parsers refuse them."""
-    return json.dumps(_finite(document), sort_keys=True, allow_nan=False)
+    it, since ``NaN`` and ``Infinity`` are not JSON and strict parsers refuse them.
+    A msgpack ``bin`` value or map key (the schemas have none; a daemon of another
+    version, or a bug, may send one) is the string of its bytes in lowercase hex:
+    it ended ``--json`` in a ``TypeError`` traceback, with nothing on stdout.  Any
+    other value JSON has no type for (a msgpack ext value) is its ``repr``."""
+    return json.dumps(_json_safe(document), sort_keys=True, allow_nan=False, default=repr)
 
 
-def _finite(value: Any) -> Any:
+def _json_safe(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, bytes):
+        return value.hex()
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {
+            key.hex() if isinstance(key, bytes) else key: _json_safe(item)
+            for key, item in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
+        return [_json_safe(item) for item in value]
     return value

@@ -489,7 +489,7 @@ class InferenceClient:
         )
         self.last_reply = reply
         raise_if_error(reply)
-        check_infer_reply(reply)
+        check_infer_reply(reply, model)
         parsed = prepared.outputs_of(reply) if prepared is not None else None
         result = decode_outputs(reply, reply_frames, outputs, placed, parsed)
         self._output_names[model] = frozenset(result)
@@ -518,7 +518,7 @@ class InferenceClient:
             self._output_names.pop(model, None)  # learn them again (a reloaded model)
             self._forget_shm_requests()
         raise_if_error(reply)
-        check_infer_reply(reply)
+        check_infer_reply(reply, model)
         if request.written_as_placed(reply["outputs"]):  # written where asked, every one
             return {placed["name"]: outputs[placed["name"]] for placed in request.placed}
         return decode_outputs(reply, [], outputs, request.placed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -23,6 +23,7 @@ from inferd_client.errors import MalformedReply, Unreachable
 from inferd_wire import protocol
 from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints
+from inferd_wire.multipart import ReadState, recv_parts
 from inferd_wire.protocol import ProtocolError
 from inferd_wire.topics import check_topic
 
@@ -57,6 +58,7 @@ class EventSubscriber:
     subscriber connects again itself.  ``connections_lost`` counts connections
     that ended once up (the daemon stopped, or such a frame); what the daemon
     published until the subscriber was back is lost, as for a late joiner.
+    ``follow(..., on_rejoined=...)`` tells its caller when that happened.
     """
 
     def __init__(
@@ -95,6 +97,11 @@ class EventSubscriber:
         self._hearing_health = False
         self._generation = process_generation()
         self._wait = SocketWait(self._socket, self._watch.monitor)
+        #: A read cut short between an event's two parts (``recv_parts``).
+        self._read = ReadState()
+        #: ``connections_lost`` when a health event last proved the subscription
+        #: live: more since means events were missed (``follow``'s ``on_rejoined``).
+        self._lost_known = 0
 
     @property
     def connections_lost(self) -> int:
@@ -134,13 +141,27 @@ class EventSubscriber:
         if self._hidden is not None and not keep_health:
             self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
         self._hearing_health = keep_health or self._hidden is None
+        self._lost_known = self.connections_lost
 
-    def follow(self, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
+    def follow(
+        self, timeout: float, *, on_rejoined: Callable[[int], None] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Join, then every event of the subscribed topics for as long as the daemon
         is there: it publishes ``health`` every ``daemon.health_interval_s``, so
         ``Unreachable`` when nothing at all arrives for ``timeout`` seconds (the
         daemon stopped, or the socket is another's) instead of waiting forever.
-        Joins first unless ``wait_joined(..., keep_health=True)`` already did."""
+        Joins first unless ``wait_joined(..., keep_health=True)`` already did.
+
+        A connection that ends (the daemon restarted, or sent a frame over
+        ``MAX_EVENT_FRAME_BYTES``) is made again, and the daemon's health events
+        go on: what it published until the subscription reached it again is
+        missed.  ``on_rejoined(lost)`` is called then, once the first health
+        event after the loss proves the subscription live again, before any later
+        event is handed out; ``lost`` is how many connections ended since the
+        last such proof.  A caller that must not miss a transition reads the
+        state again there (``inferctl build follow`` asks ``build.status``); what
+        it raises ends the follow.  Without it, the loss is only counted
+        (``connections_lost``)."""
         timeout = checked_timeout(timeout)
         if not self._hearing_health:
             self.wait_joined(timeout, keep_health=True)
@@ -154,6 +175,13 @@ class EventSubscriber:
                     f"nothing from {self._endpoint} for {timeout:g} s (not even its health "
                     "events): the daemon stopped or is unreachable"
                 )
+            if event[0] == _HEALTH and self.connections_lost > self._lost_known:
+                # A loss is counted only when nothing was left to read (``_receive_frames``):
+                # this health event came on a connection made since.
+                lost = self.connections_lost - self._lost_known
+                self._lost_known = self.connections_lost
+                if on_rejoined is not None:
+                    on_rejoined(lost)
             if event[0] != self._hidden:
                 yield event
 
@@ -178,7 +206,13 @@ class EventSubscriber:
             # event of the socket) or one wait could not take it all (``wait_ms``):
             # never shorter than asked, nor longer (``SocketWait``).
             if self._wait.ready(_POLLIN):
-                parts = self._socket.recv_multipart(_NOBLOCK)
+                # The rest of an event a signal handler's exception cut short (between
+                # topic and payload) is discarded first, never read as a topic; when
+                # that rest was all there was, the wait goes on (asked again first).
+                try:
+                    parts = recv_parts(self._socket, _NOBLOCK, state=self._read)
+                except zmq.Again:
+                    continue
                 break
             # Connects again where libzmq will not; a lost connection is not an
             # error here (a daemon restart is one too): the wait goes on.

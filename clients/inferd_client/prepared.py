@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from inferd_client.errors import MalformedReply
+from inferd_client.errors import InvalidArgument, MalformedReply
 from inferd_wire import protocol
 from inferd_wire.protocol import ProtocolError
 
@@ -53,6 +53,12 @@ class PreparedHeader:
     ``encode(request_id)`` is exactly ``protocol.pack`` of the header with ``id``
     set last: the bytes the C++ client sends for it (schemas/conformance), and a
     header frame the daemon can split at its id (bus/repeats.py).
+
+    ``InvalidArgument`` for a header over ``protocol.MAX_HEADER_FRAME_BYTES`` with
+    the longest id (a client's ids are that long but in one client of 2^24:
+    ``RequestChannel``), before anything is sent: no daemon reads it, and its
+    refusal, without the id, would leave the call to wait out its timeout (and
+    each retry's).
     """
 
     def __init__(self, header: Mapping[str, Any]) -> None:
@@ -60,6 +66,12 @@ class PreparedHeader:
             raise ValueError("a header without its id: each attempt sets its own")
         body = protocol.pack(header)[len(_map_header(len(header))) :]
         self._prefix = _map_header(len(header) + 1) + body + _pack("id")
+        if self.max_bytes > protocol.MAX_HEADER_FRAME_BYTES:
+            raise InvalidArgument(
+                f"the request header is {self.max_bytes} bytes; the limit is "
+                f"{protocol.MAX_HEADER_FRAME_BYTES}, whatever the daemon's "
+                "bus.max_header_bytes (a header describes tensors, it never holds them)"
+            )
 
     def encode(self, request_id: int) -> bytes:
         return self._prefix + _pack(request_id)
@@ -70,17 +82,40 @@ class PreparedHeader:
         return len(self._prefix) + _MAX_ID_BYTES
 
 
+#: The keys of a reply's output descriptor (common.json ``tensor_descriptor``), and
+#: of one written into a region (``region_tensor_descriptor``): both schemas, and
+#: the C++ client, refuse any other.
+_FRAMED_KEYS = frozenset({"name", "dtype", "shape"})
+_PLACED_KEYS = _FRAMED_KEYS | {"region", "offset", "nbytes"}
+
+
 def parse_outputs(descriptors: Any) -> list[ParsedOutput]:
-    """A reply's ``outputs`` list, each entry checked (``protocol.parse_descriptor``)."""
+    """A reply's ``outputs`` list, each entry checked (``protocol.parse_descriptor``),
+    with no key the schemas do not have and no name listed twice: results are by
+    name, and a second output of one name would replace the first (or be copied
+    into the same ``outputs=`` array), an output lost without an error."""
     if not isinstance(descriptors, list):
         raise MalformedReply("reply has no 'outputs' list")
+    parsed: list[ParsedOutput] = []
+    names: set[str] = set()
     try:
-        return [
-            (*protocol.parse_descriptor(index, descriptor), descriptor)
-            for index, descriptor in enumerate(descriptors)
-        ]
+        for index, descriptor in enumerate(descriptors):
+            name, dtype, shape = protocol.parse_descriptor(index, descriptor)
+            # parse_descriptor found name, dtype and shape: three keys are those.
+            if len(descriptor) > 3:
+                allowed = _PLACED_KEYS if "region" in descriptor else _FRAMED_KEYS
+                if not descriptor.keys() <= allowed:
+                    unknown = sorted(descriptor.keys() - allowed, key=repr)
+                    raise MalformedReply(
+                        f"output {name!r}: keys the protocol does not have: {unknown}"
+                    )
+            if name in names:
+                raise MalformedReply(f"output {name!r} is listed twice in the reply")
+            names.add(name)
+            parsed.append((name, dtype, shape, descriptor))
     except ProtocolError as exc:
         raise MalformedReply(str(exc)) from None
+    return parsed
 
 
 def frames_key(model: str, deadline_ms: int | None, inputs: Mapping[str, Any]) -> FramesKey | None:

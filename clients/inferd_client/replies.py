@@ -81,9 +81,10 @@ def result_of(reply: Mapping[str, Any]) -> dict[str, Any]:
     return dict(result)
 
 
-def check_infer_reply(header: Mapping[str, Any]) -> None:
+def check_infer_reply(header: Mapping[str, Any], model: str | None = None) -> None:
     """A successful infer reply carries exactly ``INFER_REPLY_FIELDS``, typed as
-    infer_reply.json says (the outputs are checked by ``decode_outputs``)."""
+    infer_reply.json says (the outputs are checked by ``decode_outputs``), and, given
+    ``model``, the model the request named: another's answer is no answer to it."""
     keys = header.keys()
     if keys != _INFER_REPLY_KEYS:
         missing = sorted(_INFER_REPLY_KEYS - keys)
@@ -92,3 +93,7 @@ def check_infer_reply(header: Mapping[str, Any]) -> None:
     wrong = [key for key, check in _INFER_REPLY_CHECKS.items() if not check(header[key])]
     if wrong:
         raise MalformedReply(f"infer reply: {wrong} do not have the protocol's types: {header!r}")
+    if model is not None and header["model"] != model:
+        raise MalformedReply(
+            f"infer reply names the model {header['model']!r:.80}; the request named {model!r:.80}"
+        )

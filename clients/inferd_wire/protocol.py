@@ -26,6 +26,13 @@ PROTOCOL_VERSION = 1
 
 #: Upper bound for a header frame; a header describes tensors, it never holds them.
 MAX_HEADER_BYTES = 64 * 1024
+#: The longest request header any daemon reads: ``bus.max_header_bytes``' ceiling
+#: (``MAX_HEADER_BYTES`` by default).  A header of at most this many bytes over the
+#: daemon's bound is refused ``INVALID_ARGUMENT`` under its id; of one longer the
+#: daemon reads not even the id, and its refusal carries ``id: null``, which a
+#: client cannot tell from another call's (DESIGN.md 205): the call would wait out
+#: its timeout.  So the clients refuse such a header before sending it.
+MAX_HEADER_FRAME_BYTES = 256 * 1024
 
 #: numpy dtype names accepted on the wire.  Anything else (object, void,
 #: datetime, big-endian, complex) is refused before a buffer is interpreted.

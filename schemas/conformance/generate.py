@@ -281,6 +281,27 @@ def replies(vectors: Vectors) -> None:
     infer_bad(
         "infer_reply_negative_dim", [pack(bad_shape), two_frames[0]], "dimensions are non-negative"
     )
+    infer_bad(
+        "infer_reply_unknown_descriptor_key",
+        [pack(ok_infer(17, [{**d_out, "scale": 1000}])), two_frames[0]],
+        "an output descriptor has name, dtype and shape only (tensor_descriptor)",
+    )
+    infer_bad(
+        "infer_reply_range_without_region",
+        [pack(ok_infer(17, [{**d_out, "offset": 0, "nbytes": 24}])), two_frames[0]],
+        "offset and nbytes belong to a region descriptor, which names its region",
+    )
+    infer_bad(
+        "infer_reply_placed_unknown_key",
+        [pack(ok_infer(9, [{**placed, "scale": 1000}, d_flags])), two_frames[1]],
+        "a region descriptor has its range and no other key (region_tensor_descriptor)",
+        [placed],
+    )
+    infer_bad(
+        "infer_reply_output_twice",
+        [pack(ok_infer(17, [d_out, dict(d_out)])), two_frames[0], two_frames[0]],
+        "two outputs of one name: one would hide the other",
+    )
     unasked = ok_infer(9, [placed])
     infer_bad(
         "infer_reply_unasked_region",

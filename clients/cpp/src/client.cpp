@@ -149,6 +149,16 @@ public:
         } forget{*this};
         for (int attempt = 0; attempt <= retries; ++attempt) {
             auto request_id = next_id();
+            auto header = encode(request_id);
+            if (header.size() > wire::kMaxHeaderFrameBytes) {
+                // No daemon reads it: its refusal, with id null, would be no call's
+                // answer, and the call would wait out its timeout (each attempt's).
+                throw ClientError("the request header is " + std::to_string(header.size()) +
+                                  " bytes; the limit is " +
+                                  std::to_string(wire::kMaxHeaderFrameBytes) +
+                                  ", whatever the daemon's bus.max_header_bytes (a header "
+                                  "describes tensors, it never holds them)");
+            }
             if (on_attempt_) on_attempt_(request_id, attempt);
             // The attempt's timeout bounds its send and its wait together.
             auto give_up_at = detail::deadline_after(wait);
@@ -156,7 +166,7 @@ public:
             // restart) is read now: later, it would fail a request sent on the
             // new connection.
             lost();
-            if (!send(encode(request_id), frames, give_up_at)) continue;
+            if (!send(header, frames, give_up_at)) continue;
             auto reply = await(request_id, give_up_at);
             if (!reply) {
                 if (attempt < retries) continue;
@@ -647,6 +657,15 @@ std::optional<wire::RegionRef> locate(const Regions& regions, const void* data, 
     throw RemoteError(error.code, error.message);
 }
 
+// An ok infer reply names the model the request did: another's answer is no
+// answer to it (the Python client's check_infer_reply too).
+void check_model(const wire::InferReply& reply, const std::string& model) {
+    if (reply.model != model) {
+        throw MalformedReply("infer reply names the model '" + reply.model.substr(0, 80) +
+                             "'; the request named '" + model.substr(0, 80) + "'");
+    }
+}
+
 template <typename Named>
 std::set<std::string> names_of(const std::vector<Named>& items) {
     std::set<std::string> names;
@@ -743,6 +762,7 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
             output_names_.erase(model);  // learn them again (a reloaded model)
             raise_error(*result.reply.error);
         }
+        check_model(result.reply, model);
         result.outputs = wire::decode_outputs(result.reply, {}, request.outputs, options.outputs);
         return result;
     }
@@ -752,6 +772,7 @@ InferResult InferenceClient::infer(const std::string& model, const std::vector<N
     InferResult result;
     result.reply = wire::decode_infer_reply(parts[0].data(), parts[0].size());
     if (!result.reply.ok) raise_error(*result.reply.error);
+    check_model(result.reply, model);
     output_names_[model] = names_of(result.reply.outputs);
     std::vector<wire::FrameBytes> frames_received;
     for (std::size_t i = 1; i < parts.size(); ++i) {

@@ -1,7 +1,9 @@
 #include "inferd/wire.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 #include "decode.hpp"
 
@@ -143,6 +145,19 @@ InferReply decode_infer_reply(const void* data, std::size_t size) {
     if (outputs.type != msgpack::type::ARRAY) detail::malformed("reply has no 'outputs' list");
     for (std::uint32_t i = 0; i < outputs.via.array.size; ++i) {
         reply.outputs.push_back(detail::read_descriptor(i, outputs.via.array.ptr[i]));
+    }
+    // Outputs are found by name (decode_outputs, InferResult::output): of two of one
+    // name, one would be hidden, or both written into one buffer. Sorted (a model's
+    // outputs may be a few hundred), not compared pair by pair.
+    if (reply.outputs.size() > 1) {
+        std::vector<std::string_view> names;
+        names.reserve(reply.outputs.size());
+        for (const auto& descriptor : reply.outputs) names.emplace_back(descriptor.name);
+        std::sort(names.begin(), names.end());
+        auto twice = std::adjacent_find(names.begin(), names.end());
+        if (twice != names.end()) {
+            detail::malformed("output '" + std::string(*twice) + "' is listed twice in the reply");
+        }
     }
     return reply;
 }

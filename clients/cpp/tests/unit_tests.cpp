@@ -339,17 +339,20 @@ TEST(outputs_are_written_into_caller_buffers) {
 TEST(output_views_are_aligned_for_their_dtype) {
     // ZeroMQ hands small and mid-sized frames at any offset of its receive buffer;
     // header lengths that differ by one byte shift the next frame by one.
+    // The reply names the model the request did (else it is malformed): models of
+    // 1 to 8 characters shift the frame.
     ScriptedPeer peer([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
-        auto id = request_id(parts[1]);
-        std::string model(static_cast<std::size_t>(id % 8) + 1, 'm');
-        send_reply(router, parts[0], ok_reply(id, 100, false, model), std::vector<float>(100, 3.0f));
+        auto handle = msgpack::unpack(static_cast<const char*>(parts[1].data()), parts[1].size());
+        auto model = handle.get().as<std::map<std::string, msgpack::object>>().at("model");
+        auto reply = ok_reply(request_id(parts[1]), 100, false, model.as<std::string>());
+        send_reply(router, parts[0], reply, std::vector<float>(100, 3.0f));
     });
     ClientOptions options;
     options.endpoint = peer.endpoint();
     InferenceClient client(options);
     float input[2] = {0, 0};
     for (int i = 0; i < 16; ++i) {
-        auto result = client.infer("m", two_floats(input));
+        auto result = client.infer(std::string(static_cast<std::size_t>(i % 8) + 1, 'm'), two_floats(input));
         const auto& output = result.output("out0");
         CHECK_EQ(reinterpret_cast<std::uintptr_t>(output.data) % alignof(float), 0u);
         CHECK_EQ(output.as<float>()[99], 3.0f);
@@ -1356,6 +1359,66 @@ TEST(outputs_are_checked_before_any_is_written) {
     infer.outputs.push_back({"out0", MutableTensorView{DType::Float32, {4}, small.get(), 8}});
     CHECK_THROWS(ClientError, client.infer("m", two_floats(input), infer), true);
     CHECK(seen.empty());
+}
+
+TEST(a_reply_listing_an_output_twice_is_malformed) {
+    // Outputs are found by name: one "y" would hide the other.
+    auto twice = infer_reply(7, {{"y", "float32", {2}, std::nullopt}, {"z", "float32", {2}, std::nullopt},
+                                 {"y", "float32", {2}, std::nullopt}});
+    CHECK_THROWS(MalformedReply, wire::decode_infer_reply(twice.data(), twice.size()),
+                 std::string(error.what()).find("output 'y' is listed twice") != std::string::npos);
+    auto apart = infer_reply(7, {{"y", "float32", {2}, std::nullopt}, {"z", "float32", {2}, std::nullopt}});
+    CHECK_EQ(wire::decode_infer_reply(apart.data(), apart.size()).outputs.size(), 2u);
+}
+
+TEST(a_reply_naming_another_model_is_malformed) {
+    ScriptedPeer peer([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2, false, "other"), {1, 2});
+    });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    InferenceClient client(options);
+    float input[2] = {0, 0};
+    CHECK_THROWS(MalformedReply, client.infer("m", two_floats(input)),
+                 std::string(error.what()).find("names the model 'other'; the request named 'm'") !=
+                     std::string::npos);
+}
+
+TEST(a_request_header_no_daemon_reads_is_refused_before_it_is_sent) {
+    // Over wire::kMaxHeaderFrameBytes the daemon refuses with id null: the call
+    // would wait out its timeout, each attempt's, and throw Timeout.
+    std::atomic<int> received{0};
+    ScriptedPeer peer([&](zmq::socket_t&, std::vector<zmq::message_t>&) { ++received; });
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    options.timeout = std::chrono::seconds(5);
+    options.retries = 1;
+    float input[2] = {0, 0};
+    std::vector<NamedTensor> inputs{
+        {std::string(300000, 'x'), view(DType::Float32, {2}, input, sizeof input)}};
+    auto refused = [](const ClientError& error) {
+        return dynamic_cast<const Timeout*>(&error) == nullptr &&
+               std::string(error.what()).find("; the limit is 262144") != std::string::npos;
+    };
+    auto started = std::chrono::steady_clock::now();
+    {
+        InferenceClient client(options);
+        CHECK_THROWS(ClientError, client.infer("m", inputs), refused(error));
+        OperatorClient operator_client(options);
+        wire::ControlArguments arguments{{"model", std::string(300000, 'm')},
+                                         {"runtime", std::string("tensorrt")}};
+        CHECK_THROWS(ClientError, operator_client.call("runtime.switch", arguments), refused(error));
+    }
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(1));
+    CHECK_EQ(received.load(), 0);
+    // One within the bound is sent (the daemon refuses it under its id if over its own).
+    ScriptedPeer answering([](zmq::socket_t& router, std::vector<zmq::message_t>& parts) {
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+    });
+    options.endpoint = answering.endpoint();
+    InferenceClient client(options);
+    inputs[0].name = std::string(200000, 'x');
+    CHECK_EQ(client.infer("m", inputs).output("out0").as<float>()[1], 2.0f);
 }
 
 TEST(a_registered_region_moved_or_destroyed_is_followed_or_let_go) {

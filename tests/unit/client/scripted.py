@@ -81,14 +81,15 @@ def ok_reply(
     request: dict[str, Any], outputs: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The ok reply to ``request``: an infer reply (``outputs``, none by default),
-    or a control op's with a small result."""
+    naming the model the request did (as the daemon's does: the client refuses
+    another model's), or a control op's with a small result."""
     if request["op"] != "infer":
         return {"v": 1, "id": request["id"], "ok": True, "result": {"done": True}}
     return {
         "v": 1,
         "id": request["id"],
         "ok": True,
-        "model": "m",
+        "model": request.get("model", "m"),
         "runtime": "onnx_trt_ep",
         "fallback": False,
         "latency_us": 1,

@@ -20,6 +20,11 @@ namespace inferd::wire {
 
 constexpr int kProtocolVersion = 1;
 constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
+// The longest request header any daemon reads (bus.max_header_bytes' ceiling;
+// inferd_wire.protocol.MAX_HEADER_FRAME_BYTES): the daemon refuses a longer one
+// with id null, which no call can tell for its own, so the client refuses it
+// before sending (ClientError) rather than wait out the timeout.
+constexpr std::size_t kMaxHeaderFrameBytes = 256 * 1024;
 constexpr std::size_t kMaxIdChars = 128;
 constexpr std::size_t kMaxDimensions = 16;
 constexpr std::size_t kRegionAlignment = 256;
