@@ -9,6 +9,10 @@ The memory figures were measured on CPython 3.11 with tracemalloc.
 
 from __future__ import annotations
 
+# ``bus.max_header_bytes``' ceiling, shared with the clients, which refuse a longer
+# request header before sending it (the daemon would answer it ``id: null``).
+from inferd_wire.protocol import MAX_HEADER_FRAME_BYTES as MAX_HEADER_FRAME_BYTES
+
 #: ``[[models]] max_load_s``: a day.
 MAX_LOAD_S = 86_400.0
 #: ZeroMQ stores heartbeat times as int milliseconds; an hour is plenty.
@@ -80,10 +84,10 @@ MAX_QUEUE_CAPACITY = 4096
 #: caches have a few hundred inputs (two per layer: 80 layers, 163).  Up to
 #: ~0.6 MiB per message being read.
 MAX_FRAMES = 1024
-#: ``bus.max_header_bytes`` (64 KiB, the wire's default): a header describes
-#: tensors (~100 bytes each: ``MAX_FRAMES`` of them fit in 100 KiB) and never holds
-#: them.  Decoded, a header can hold ~72x its bytes (18 MiB at this ceiling).
-MAX_HEADER_FRAME_BYTES = 256 * 1024
+# ``bus.max_header_bytes`` (64 KiB, the wire's default): ``MAX_HEADER_FRAME_BYTES``,
+# 256 KiB, imported above from ``inferd_wire.protocol``.  A header describes tensors
+# (~100 bytes each: ``MAX_FRAMES`` of them fit in 100 KiB) and never holds them.
+# Decoded, a header can hold ~72x its bytes (18 MiB at this ceiling).
 #: ``shm.max_requests_per_connection`` (64 by default): a connection's requests in
 #: flight are queued or running (one past a full queue is answered at once), so
 #: the models' queues, not this, bound what they hold; sixteen models' queues at
