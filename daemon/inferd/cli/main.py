@@ -7,13 +7,10 @@ import faulthandler
 import os
 import signal
 import sys
-import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING
-
-import structlog
+from typing import TYPE_CHECKING, Protocol
 
 import inferd
 from inferd.errors import (
@@ -25,6 +22,8 @@ from inferd.errors import (
 from inferd.owned_files import apply_owned_umask, ensure_owned_dir
 
 if TYPE_CHECKING:
+    from inferd.cli.run_signals import RunSignals
+    from inferd.config import Config
     from inferd.daemon import Daemon
     from inferd.supervision.notify import Notifier
     from inferd.supervision.watchdog import Watchdog
@@ -35,6 +34,11 @@ EXIT_USAGE = 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    if _command_of(sys.argv[1:] if argv is None else argv) == "run":
+        # SIGHUP is logged and ignored once the daemon's handler is in (_run), and
+        # before it too: by default it ends the process, which systemd counts as
+        # a clean exit (no restart).  First, before the parser's imports.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="inferd", description="onboard inference daemon")
     parser.add_argument("--version", action="version", version=f"inferd {inferd.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -115,10 +119,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except BrokenPipeError:
+        if args.command == "run":
+            # Not a result's reader gone: the daemon says its failures through
+            # _say, so this is a bug; exit 1, never 0 (systemd would not restart).
+            raise
         # `inferd fdr dump | head`: the reader left; end quietly, and let the
         # interpreter's last flush of stdout fail quietly too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand, before the parser exists: the first word that is no option
+    (the only options before it, ``--help`` and ``--version``, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -194,12 +208,11 @@ def _fdr(args: argparse.Namespace) -> int:
 
 def _run(config_path: Path | None, log_format: str | None = None) -> int:
     from inferd import config as config_module
-    from inferd.daemon import Daemon
+    from inferd.cli.run_signals import RunSignals
     from inferd.demo_model import write_demo_model
     from inferd.startup import log_start_failed
     from inferd.supervision.logging import configure_logging
     from inferd.supervision.notify import Notifier
-    from inferd.supervision.watchdog import Watchdog, WatchdogSettings
 
     # Before the config: a config refused says why to systemd too (STATUS=).
     notifier = Notifier.from_environment()
@@ -225,21 +238,18 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
     # When the systemd watchdog fires it sends SIGABRT: dump every thread's stack
     # to stderr (the journal under systemd) first, so the stuck call is visible.
     faulthandler.enable(all_threads=True)
+    with RunSignals() as signals:  # handlers that take no lock (run_signals.py)
+        return _run_daemon(config, notifier, source, log_format, signals)
+
+
+def _run_daemon(
+    config: Config, notifier: Notifier, source: str, log_format: str, signals: RunSignals
+) -> int:
+    from inferd.daemon import Daemon
+    from inferd.startup import log_start_failed
+    from inferd.supervision.watchdog import Watchdog, WatchdogSettings
+
     watchdog_settings = WatchdogSettings.from_environment()
-
-    stop = threading.Event()
-    hangups: list[int] = []
-
-    def request_stop(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    def hangup(signum: int, _frame: FrameType | None) -> None:
-        hangups.append(signum)  # logged by the main loop; reload is not supported
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGHUP, hangup)
-
     try:  # EMFILE making the context or the shm socketpair; a bug: as a failed start
         daemon = Daemon(config)
     except Exception as exc:
@@ -264,16 +274,16 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
             if watchdog_settings
             else None
         )
-        _start_up(daemon, notifier, watchdog, stop, hangups)
-        if not stop.is_set() and daemon.failed is None:
+        _start_up(daemon, notifier, watchdog, signals, signals.hangups)
+        if not signals.is_set() and daemon.failed is None:
             notifier.ready(daemon.status_line())
-            _serve(daemon, notifier, watchdog, stop, hangups)
+            _serve(daemon, notifier, watchdog, signals, signals.hangups)
     finally:  # also after a bug in the loop (it then goes on, with its traceback, exit 1)
         daemon.stop(on_stopping=stopping)
     if daemon.failed is not None:
         # Exit in failure: systemd's Restart=on-failure brings a fresh process.
-        print(f"inferd: {daemon.failed}", file=sys.stderr)
         notifier.status(f"failed: {daemon.failed}")
+        _say(f"inferd: {daemon.failed}")
         return EXIT_FAILURE
     notifier.status("stopped")
     return EXIT_OK
@@ -282,8 +292,8 @@ def _run(config_path: Path | None, log_format: str | None = None) -> int:
 def _invalid_config(notifier: Notifier, source: str, exc: ConfigError) -> int:
     """The file and the key (the message names it), as ``check-config`` says them,
     on stderr (the journal under systemd) and in ``STATUS=`` (``systemctl status``)."""
-    print(f"inferd: invalid config {source}: {exc}", file=sys.stderr)
     notifier.failed(f"invalid config {source}: {exc}")
+    _say(f"inferd: invalid config {source}: {exc}")
     return EXIT_USAGE  # RestartPreventExitStatus=2: a restart would fail the same way
 
 
@@ -310,10 +320,27 @@ def _cannot_start(notifier: Notifier, source: str, exc: Exception) -> int:
     if isinstance(exc, ConfigError):  # found only at start (a key:NAME without its key file)
         return _invalid_config(notifier, source, exc)
     said = f"cannot start: {start_error(exc)}"
-    print(f"inferd: {said}", file=sys.stderr)
     notifier.failed(said, errno_of(exc))
+    _say(f"inferd: {said}")
     restarted = not isinstance(exc, _NOT_RESTARTED) or isinstance(exc, UncheckedDirectoryError)
     return EXIT_FAILURE if restarted else EXIT_USAGE
+
+
+def _say(line: str) -> None:
+    """``inferd run``'s own line on stderr, after ``STATUS=``: a stderr whose reader
+    has gone (a log collector that died) loses the line, never the exit status
+    (``CurrentStderrLogger`` counts it, as it does the log's lines)."""
+    from inferd.supervision.logging import CurrentStderrLogger
+
+    CurrentStderrLogger().msg(line)
+
+
+class StopRequest(Protocol):
+    """What the loops read of the stop (``RunSignals``; a ``threading.Event`` too)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float) -> bool: ...
 
 
 #: The main loop's longest sleep (housekeeping, STATUS= updates).
@@ -324,7 +351,7 @@ def _start_up(
     daemon: Daemon,
     notifier: Notifier,
     watchdog: Watchdog | None,
-    stop: threading.Event,
+    stop: StopRequest,
     hangups: list[int],
 ) -> None:
     """Wait for every model to serve or fail over.  Each step of progress (a model
@@ -355,7 +382,7 @@ def _serve(
     daemon: Daemon,
     notifier: Notifier,
     watchdog: Watchdog | None,
-    stop: threading.Event,
+    stop: StopRequest,
     hangups: list[int],
 ) -> None:
     while daemon.failed is None:
@@ -384,6 +411,8 @@ def _status(daemon: Daemon, notifier: Notifier, watchdog: Watchdog | None) -> No
 
 def _log_hangups(hangups: list[int]) -> None:
     if hangups:
+        import structlog  # not at the top: the command's imports are SIGHUP's window
+
         hangups.clear()
         structlog.get_logger("inferd.cli").warning(
             "sighup_ignored", reason="reload is not supported; restart inferd to apply a config"

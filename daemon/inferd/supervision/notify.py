@@ -36,7 +36,9 @@ STATUS_NOTE_SEPARATOR = " | "
 _ERROR_LOG_INTERVAL_S = 60.0
 #: What a stop needs beyond its budget, which ends with the FDR's flush: the
 #: process's exit after it (the journal's queue flushed at exit for up to
-#: ``journal_writer.EXIT_FLUSH_S``, 2 s; the interpreter's teardown).  The units'
+#: ``journal_writer.EXIT_FLUSH_S``, 2 s, and once more when the repeat limiter held
+#: lines back, ``logging._report_held_back_at_exit``: 4 s against a stalled
+#: journald, measured 4.05 s; the interpreter's teardown, 0.03-0.13 s).  The units'
 #: ``TimeoutStopSec=`` is the default budget plus this margin; ``STOPPING=1`` asks
 #: for it beyond a longer configured budget too (``Notifier.stopping``).
 STOP_EXIT_MARGIN_S = 5.0
