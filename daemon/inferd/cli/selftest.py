@@ -13,17 +13,23 @@ or a directory above it) writes there and keeps it (engines, build summaries,
 daemon logs).  The operator's state directory is never touched.
 
 Exit status: 0 when no check failed (skipped checks are not failures), 1 when
-one did, 2 on a usage error.
+one did, 2 on a usage error, 128 + the signal's number (129, 143) when SIGHUP or
+SIGTERM stopped it: the check's daemon is stopped and the temporary directory
+removed first (``_signals_raise``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 from inferd.config.ceilings import MAX_DEVICE_INDEX
@@ -34,6 +40,48 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: Turned into ``Stopped`` while the checks run: a lost terminal (SIGHUP to the
+#: foreground job) or a supervisor's stop (``timeout``, ``systemd-run``, a CI job).
+#: SIGINT needs nothing: Python raises ``KeyboardInterrupt`` already.
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+
+
+class Stopped(BaseException):
+    """SIGHUP or SIGTERM arrived while the checks ran.  A ``BaseException``, as
+    ``KeyboardInterrupt`` is: ``run_check`` turns an ``Exception`` into a failed
+    check and goes on to the next one; this ends the run, through the checks'
+    ``finally`` (their daemon stopped) and the runner's (its directory removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """``STOP_SIGNALS`` raise ``Stopped`` inside; the handlers before are put back
+    after.  By default either signal ends the process where it stands: no
+    ``finally`` runs, so the check's ``inferd run`` (which ignores SIGHUP) went
+    on under init, and the work directory stayed.  A signal ignored already stays
+    ignored (``nohup inferd selftest``).  Only on the main thread, the one Python
+    runs handlers on (a test calling ``run`` from another changes none)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        number: signal.signal(number, _raise_stopped)
+        for number in STOP_SIGNALS
+        if signal.getsignal(number) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,13 +188,21 @@ def run(
         progress.write(render_result(result) + "\n")
         progress.flush()
 
-    report = run_selftest(
-        work_dir=work_dir,
-        device_id=device,
-        checks=DEFAULT_CHECKS if checks is None else checks,
-        demo_model=demo_model,
-        on_result=show,
-    )
+    try:
+        with _signals_raise():
+            report = run_selftest(
+                work_dir=work_dir,
+                device_id=device,
+                checks=DEFAULT_CHECKS if checks is None else checks,
+                demo_model=demo_model,
+                on_result=show,
+            )
+    except Stopped as stopped:
+        name = signal.Signals(stopped.signum).name
+        with contextlib.suppress(OSError):  # after a hangup, the terminal is gone
+            err.write(f"inferd selftest: stopped by {name}\n")
+            err.flush()
+        return 128 + stopped.signum
     if as_json:
         out.write(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     else:

@@ -5,6 +5,7 @@ ready, a clean stop, and what its log says (warnings, CUDA errors)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -115,7 +116,10 @@ class DaemonRun:
         return "\n".join(self.log_lines()[-lines:])
 
     def stop(self) -> int | None:
-        """SIGTERM and wait; the exit status, or None when it had to be killed."""
+        """SIGTERM and wait; the exit status, or None when it had to be killed.
+        Interrupted while it waits (a second signal to the self-test, a second
+        Ctrl-C): killed, and the interruption goes on, so the daemon never
+        outlives the self-test that is being stopped."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -124,14 +128,32 @@ class DaemonRun:
                 self.process.kill()
                 self.process.wait()
                 self.exit_code = None
+            except BaseException:
+                self.process.kill()
+                self.process.wait()
+                raise
         elif self.exit_code is None:
             self.exit_code = self.process.returncode
         return self.exit_code
 
 
+def daemon_command(config: Path) -> list[str]:
+    """``inferd run --config config``, through ``daemon_child``: the daemon gets
+    SIGTERM if the self-test ends without stopping it (a SIGKILL)."""
+    return [
+        *python_module("inferd.selftest.daemon_child"),
+        str(os.getpid()),
+        "run",
+        "--config",
+        str(config),
+    ]
+
+
 def start_daemon(directory: Path, config_text: str, *, ready_timeout_s: float) -> DaemonRun:
     """``inferd run`` with ``config_text``; returns once every model serves or
-    failed over (``health`` no longer ``starting``), else ``DaemonStartError``."""
+    failed over (``health`` no longer ``starting``), else ``DaemonStartError``.
+    Call it on a thread that outlives the daemon (the self-test's main thread):
+    the daemon dies with that thread (``daemon_child``)."""
     config = directory / "inferd.toml"
     config.write_text(config_text)
     log_path = directory / "inferd.log"
@@ -141,14 +163,34 @@ def start_daemon(directory: Path, config_text: str, *, ready_timeout_s: float) -
     env.pop("JOURNAL_STREAM", None)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [*python_module("inferd.cli"), "run", "--config", str(config)],
+            daemon_command(config),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
         )
     daemon = DaemonRun(process, directory, log_path)
-    give_up_at = time.monotonic() + ready_timeout_s
+    # The wait for readiness lasts minutes where ONNX Runtime's TensorRT EP builds
+    # its engine, and the check's own try/finally is not entered yet: whatever
+    # ends it (a KeyboardInterrupt, the SIGTERM or SIGHUP ``cli.selftest`` turns
+    # into an exception) stops the daemon before the runner removes its directory.
+    try:
+        if _ready(daemon, ready_timeout_s):
+            return daemon
+    except BaseException:
+        daemon.stop()
+        raise
+    daemon.stop()
+    raise DaemonStartError(
+        f"inferd run was not ready within {ready_timeout_s:.0f} s:\n" + daemon.log_tail()
+    )
+
+
+def _ready(daemon: DaemonRun, timeout_s: float) -> bool:
+    """Whether every model serves or failed over within ``timeout_s``;
+    ``DaemonStartError`` when the daemon exits first."""
+    process = daemon.process
+    give_up_at = time.monotonic() + timeout_s
     with OperatorClient(daemon.control, timeout=READY_PROBE_S) as operator:
         while time.monotonic() < give_up_at:
             if process.poll() is not None:
@@ -158,14 +200,11 @@ def start_daemon(directory: Path, config_text: str, *, ready_timeout_s: float) -
                 )
             try:
                 if operator.health()["state"] != "starting":
-                    return daemon
+                    return True
             except ClientError:
                 continue  # not listening yet: the probe's own timeout paces the loop
             time.sleep(READY_PROBE_S / 5)  # listening, models still loading
-    daemon.stop()
-    raise DaemonStartError(
-        f"inferd run was not ready within {ready_timeout_s:.0f} s:\n" + daemon.log_tail()
-    )
+    return False
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, pace_s: float = 0.01) -> bool:

@@ -30,6 +30,7 @@ from inferd.thermal.bounded_read import READ_THREAD_NAME, BoundedCall
 from inferd.thermal.fallthrough import SourceOpens
 from inferd.thermal.leaving import READ_SETTLE_S, close_source, leave_to_read
 from inferd.thermal.opening import Opener
+from inferd.thermal.payloads import event_payload, transition_fields
 from inferd.thermal.rate_limit import RateLimit
 from inferd.thermal.reading import (
     GpuUsage,
@@ -127,9 +128,13 @@ class ThermalMonitor:
     def snapshot(self) -> ThermalState:
         """The latest state; unavailable when no poll succeeded recently."""
         state = self._state
-        if state.is_telemetry_available and self._clock() - state.measured_at_ns > self._stale_ns:
+        if state.is_telemetry_available and self._stale(state, self._clock()):
             return ThermalState.unavailable(state.measured_at_ns)
         return state
+
+    def _stale(self, state: ThermalState, now: int) -> bool:
+        """Measured more than ``stale_after_s`` before ``now``: no longer telemetry."""
+        return now - state.measured_at_ns > self._stale_ns
 
     def describe(self) -> dict[str, Any]:
         """Status for ``inferd status``: source, availability, throttle, last reading, counters."""
@@ -274,8 +279,17 @@ class ThermalMonitor:
                 self._warned_unavailable = False
                 self._log.info("thermal_telemetry_restored", source=self.source_name)
         else:
-            decision = self._tracker.lost()
-            state = ThermalState.unavailable(now)
+            # While throttling, the last reading stands for a failed read as for a
+            # slow one: until snapshot() no longer returns it, and a read past its
+            # deadline has been lost that long.  Flaky reads neither flap nor write
+            # a record each; the band keeps its state across a loss (throttle.py).
+            held = self._state
+            decision = self._tracker.lost(
+                lasting=not held.thermal_throttle_active
+                or self._stale(held, now)
+                or self._reader.hung_for_s() is not None
+            )
+            state = held if decision.active else ThermalState.unavailable(now)
             self._errors += 1
             self._consecutive_errors += 1
             self._last_error = error
@@ -382,14 +396,7 @@ class ThermalMonitor:
         )
 
     def _on_transition(self, decision: ThrottleDecision, state: ThermalState) -> None:
-        source = self.source_name or "none"
-        fields: dict[str, Any] = {
-            "source": source,
-            "cpu_temp_c": state.cpu_temp_c,
-            "gpu_temp_c": state.gpu_temp_c,
-            "threshold_c": decision.threshold_c,
-            "reason": decision.reason,
-        }
+        fields = transition_fields(self.source_name, decision, state)
         if decision.active:
             self._log.warning("thermal_throttle_entered", **fields)
         else:
@@ -401,18 +408,10 @@ class ThermalMonitor:
             self._sink_failed("record", exc)
 
     def _publish(self, state: ThermalState, *, transition: bool) -> None:
-        payload = {
-            "source": self.source_name,
-            "available": state.is_telemetry_available,
-            "throttle_active": state.thermal_throttle_active,
-            "cpu_temp_c": state.cpu_temp_c,
-            "gpu_temp_c": state.gpu_temp_c,
-            "clock_mhz": state.measured_clock_mhz,
-            "measured_at_ns": state.measured_at_ns,
-            "transition": transition,
-        }
         try:
-            self._events(THERMAL_TOPIC, payload)
+            self._events(
+                THERMAL_TOPIC, event_payload(self.source_name, state, transition=transition)
+            )
         except Exception as exc:
             self._sink_failed("events", exc)
 

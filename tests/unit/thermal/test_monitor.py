@@ -262,7 +262,7 @@ def test_losing_telemetry_while_throttled_is_a_transition() -> None:
     monitor, sinks, clock = make_monitor(source)
     assert monitor._poll_once().thermal_throttle_active
     source.step = TelemetryUnavailableError("gone")
-    clock.advance(1)
+    clock.advance(6)  # lost longer than stale_after_s (5 s): the loss counts
     state = monitor._poll_once()
     assert not state.thermal_throttle_active and not state.is_telemetry_available
     source.step = reading(cpu=90.0)

@@ -121,12 +121,14 @@ def test_a_hung_reprobe_after_throttling_keeps_polling_and_recovers(
     hanging: HangingOpen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Throttled, then the source fails: the transition is written at the first
-    failed read; the re-probe a minute later hangs however long, and polls go on."""
+    failed read past stale_after_s; the re-probe a minute later hangs however
+    long, and polls go on."""
     throttled = ScriptedSource(reading(cpu=90.0), name="jtop")
     monkeypatch.setitem(OPENERS, "jtop", lambda _config: throttled)
     monitor, sinks, clock = monitor_for()
     assert monitor._poll_once().thermal_throttle_active
     throttled.step = OSError("I2C read failed")
+    clock.advance(1)  # past stale_after_s (DEADLINE_S): the loss counts
     monitor._poll_once()
     assert transitions(sinks) == [(True, REASON_ENTER), (False, REASON_UNAVAILABLE)]
     assert sinks.records[1][1]["previous"] is True
