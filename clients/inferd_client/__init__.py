@@ -4,6 +4,7 @@ from inferd_client.client import InferenceClient, OperatorClient
 from inferd_client.errors import (
     ClientError,
     ConnectionLost,
+    ConnectionRefused,
     InvalidArgument,
     MalformedReply,
     RemoteError,
@@ -22,6 +23,7 @@ __all__ = [
     "ClientError",
     "Code",
     "ConnectionLost",
+    "ConnectionRefused",
     "CurveKeyError",
     "Endpoints",
     "EventSubscriber",

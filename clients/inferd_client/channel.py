@@ -4,13 +4,15 @@ under ``InferenceClient`` and ``OperatorClient``."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
+import secrets
 import select
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -29,6 +31,7 @@ from inferd_client.endpoint_trust import (
 from inferd_client.errors import (
     ClientError,
     ConnectionLost,
+    ConnectionRefused,
     InvalidArgument,
     MalformedReply,
     RequestTimeout,
@@ -48,6 +51,22 @@ MAX_WAIT_MS = 2**31 - 1
 #: What a longer timeout (``math.inf`` included) waits: a century, without end in
 #: practice, but a deadline that is still a number.
 MAX_TIMEOUT_S = 100 * 365 * 86400.0
+#: The length of the routing id each socket of the channel sets (``new_routing_id``).
+ROUTING_ID_BYTES = 16
+
+
+def new_routing_id() -> bytes:
+    """A routing id for a new DEALER: 16 bytes from the OS, the first never 0.
+
+    A ROUTER gives a peer that sets none an id it generates, ``0x00`` and a 32-bit
+    counter, and never checks it against the ids peers claimed: a client on that
+    path could be handed an id another peer claimed, and libzmq aborts the daemon
+    (DESIGN.md 312).  An id set here never takes that path, and a leading byte
+    other than 0 never has the shape libzmq reserves for its own.  A new one for
+    each socket: a socket made anew while the daemon's ROUTER still holds the old
+    connection's pipe would, with the same id, be ignored as a duplicate (libzmq
+    reads no message of it, and ``ZMQ_ROUTER_HANDOVER`` is off)."""
+    return bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(ROUTING_ID_BYTES - 1)
 
 
 def checked_timeout(seconds: float) -> float:
@@ -195,6 +214,7 @@ class RequestChannel:
             # same at the cost of a reconnect, and of the daemon seeing a new peer,
             # each time.)
             sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.ROUTING_ID, new_routing_id())  # before the connect
             if self._max_message_size is not None:
                 sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_size)
             secure(sock, self.endpoint, self._curve)
@@ -214,16 +234,40 @@ class RequestChannel:
         self._read = ReadState()
         #: A request's send began and has not returned (see ``_send``).
         self._sending = False
+        #: The daemon refused this socket's connection (see ``_lost``): made anew
+        #: before the next send.
+        self._refused = False
 
-    def _lost(self) -> bool:
+    def _lost(self, *, refusal: bool = True) -> bool:
         """Read the watch's news; when a connection that was up ended, make the
-        socket anew (see the class's docstring); whether one did."""
+        socket anew (see the class's docstring); whether one did.  With
+        ``refusal``, ``ConnectionRefused`` when the daemon refused the connection
+        at its handshake (else that news waits for the next call)."""
         lost = self._watch.check()
-        if not lost:
-            return False
-        self.connections_lost += lost
-        self._renew()
-        return True
+        if lost:
+            self.connections_lost += lost
+            self._renew()
+        if refusal and self._watch.refused is not None:
+            self._refuse(self._watch.refused)
+        return bool(lost)
+
+    def _refuse(self, status: int) -> NoReturn:
+        """Raise ``ConnectionRefused``: libzmq tries a refused connection once more
+        and then never again, so the socket would wait out every timeout.  It is
+        disconnected now (no more tries while the caller makes room) and made anew
+        before the next send (``_send``), which connects again."""
+        with contextlib.suppress(zmq.ZMQError):  # no longer known to libzmq
+            self._socket.disconnect(self.endpoint)
+        self._refused = True
+        raise ConnectionRefused(
+            f"the daemon at {self.endpoint} refused this client's connection at its "
+            f"handshake (ZAP status {status}): its access policy does not admit this "
+            "client, or this peer (a local user, a remote host) already holds "
+            "bus.max_connections connections to that socket; the daemon's log says why "
+            "(peer_refused), status counts it (security.sockets.<socket>."
+            "connections_refused); the next call connects anew",
+            status,
+        )
 
     def _renew(self) -> None:
         """Close the socket (dropping whatever it still queues) and make it anew."""
@@ -260,8 +304,9 @@ class RequestChannel:
                 continue
             if reply is not None:
                 # A reply came on a connection: its monitor news is in by now (the
-                # send buffer sizes it).
-                self._lost()
+                # send buffer sizes it).  A refusal (of a later connection) is for
+                # the next call: this one has its reply.
+                self._lost(refusal=False)
                 return reply
         raise RequestTimeout(
             f"no reply from {self.endpoint} within {wait:.3f}s after {retries + 1} attempt(s)"
@@ -271,12 +316,12 @@ class RequestChannel:
         """Send one request; False when it could not leave before ``give_up_at`` (no
         connection up, or the daemon not reading)."""
         try:
-            if self._sending and not self._socket.closed:
+            if (self._sending or self._refused) and not self._socket.closed:
                 # A send cut short between a request's parts (an exception a signal
                 # handler raised, as ``recv_frames`` says) left its first parts
                 # queued: this request would go out as their rest, the daemon would
                 # answer the old id, and this call time out.  Only a new socket
-                # drops them.
+                # drops them.  A refused socket (``_refuse``) connects no more.
                 self._renew()
             # The news since the last reply first: a connection that ended meanwhile
             # (a daemon restart while idle) is not blamed on this request, and the

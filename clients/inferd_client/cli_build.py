@@ -170,9 +170,16 @@ def _show_state(args: argparse.Namespace, build: dict[str, Any]) -> None:
 
 
 def _builds(reply: dict[str, Any]) -> list[str]:
-    """``build.status``'s builds (all, or the one asked for), each as ``cli_format.build``."""
+    """``build.status``'s builds (all, or the one asked for), each as ``cli_format.build``;
+    then the count of those the listing left out to fit its reply."""
     builds = reply["builds"] if "builds" in reply else [reply["build"]]
-    return [line for build in builds for line in cli_format.build(build)]
+    lines = [line for build in builds for line in cli_format.build(build)]
+    if reply.get("builds_omitted"):
+        lines.append(
+            f"{reply['builds_omitted']} older builds not listed (the reply's bound); "
+            "inferctl build status ID shows one"
+        )
+    return lines
 
 
 def _event_line(event: dict[str, Any], depth: dict[str, int]) -> str:

@@ -526,7 +526,8 @@ def event(topic: str, payload: Mapping[str, Any]) -> str:
 
 def build(build: Mapping[str, Any]) -> list[str]:
     """One build of ``build.status``: its state, a cancel's latencies, its outcome,
-    then its phase tree indented by depth."""
+    its phase counts and active path, then (``build.status ID`` only: the listing
+    has none) its phase tree indented by depth and the phases it left out."""
     label = " (SIMULATED)" if build["simulated"] else ""
     lines = [
         f"build {build['build_id']} model={build['model']} builder={build['builder']}{label}",
@@ -566,8 +567,19 @@ def build(build: Mapping[str, Any]) -> list[str]:
         for child in node["children"]:
             walk(child, depth + 1)
 
-    for root in build["phase_tree"]["roots"]:
+    tree = build["phase_tree"]
+    if "phases" in tree:  # a daemon before the listing's brief trees: roots only
+        active = " > ".join(str(name) for name in tree.get("activePath") or [])
+        lines.append(
+            f"  phases: {tree['phases']}  stalls: {tree.get('stalls', 0)}"
+            + (f"  active: {active}" if active else "")
+        )
+    for root in tree.get("roots", []):
         walk(root, 0)
+    if tree.get("omittedPhases"):
+        lines.append(
+            f"  ... {tree['omittedPhases']} more phases not shown (running and newest first)"
+        )
     return lines
 
 

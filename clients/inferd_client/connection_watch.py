@@ -9,7 +9,10 @@ nor counts it.  A subscriber would then wait for good, and a DEALER with
 ``ZMQ_IMMEDIATE`` has no connection left to send on: every later request times
 out.  The watch reads the monitor's news (``HANDSHAKE_SUCCEEDED``,
 ``DISCONNECTED``, ``CONNECT_RETRIED``), counts each connection that ended once
-up, and connects again when libzmq is not retrying.
+up, and connects again when libzmq is not retrying.  It also keeps the status
+of a handshake the daemon's ZAP handler refused (``HANDSHAKE_FAILED_AUTH``):
+libzmq gives such a connection one more try and then none, so a caller that
+waited for it would wait out its whole timeout.
 
 libzmq allows one monitor per socket, so a socket whose ``ipc://`` connections
 ``SendBuffer`` sizes shares this one: the watch also asks for its events
@@ -37,12 +40,13 @@ CURVE_FRAME_OVERHEAD = 33
 MAX_FRAME_BOUND = 2**63 - 1 - CURVE_FRAME_OVERHEAD
 
 _NOBLOCK = int(zmq.NOBLOCK)
-_UP, _DOWN, _RETRYING = (
+_UP, _DOWN, _RETRYING, _REFUSED = (
     int(zmq.EVENT_HANDSHAKE_SUCCEEDED),
     int(zmq.EVENT_DISCONNECTED),
     int(zmq.EVENT_CONNECT_RETRIED),
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH),
 )
-_MONITORED = _UP | _DOWN | _RETRYING
+_MONITORED = _UP | _DOWN | _RETRYING | _REFUSED
 #: Names each monitor's endpoint (``inproc://``, one per context): never a
 #: descriptor's number, which a closed socket's successor may reuse.
 _monitors = itertools.count()
@@ -84,6 +88,11 @@ class ConnectionWatch:
         #: or sent a frame over the socket's ``ZMQ_MAXMSGSIZE`` (indistinguishable).
         self.connections_lost = 0
         self._up = False
+        #: The ZAP status code of the last handshake the daemon refused (400: its
+        #: policy or ``bus.max_connections``; 500: its handler failed), None while
+        #: none was; the caller reads it after ``check`` (the request channel raises
+        #: ``ConnectionRefused``; the events subscriber leaves it to its timeout).
+        self.refused: int | None = None
 
     def check(self) -> int:
         """Read the monitor's news (all of it, until ``zmq.Again``: its descriptor
@@ -116,6 +125,10 @@ class ConnectionWatch:
                     again = True
             elif event == _RETRYING:
                 again = False
+            elif event == _REFUSED:
+                # libzmq tries such a connection once more, then never again: left
+                # to the caller (the request channel raises ``ConnectionRefused``).
+                self.refused = int(news["value"])
             elif self._send_buffer is not None and event & CONNECTION_EVENTS:
                 self._send_buffer.size(int(news["value"]))
         self.connections_lost += lost

@@ -34,6 +34,22 @@ class ConnectionLost(Unreachable):
     the request may or may not have run."""
 
 
+class ConnectionRefused(Unreachable):
+    """The daemon refused this client's connection at its handshake (its ZAP handler,
+    ``ZMQ_EVENT_HANDSHAKE_FAILED_AUTH``): its access policy does not admit this
+    client (its user, group, host or CURVE key), or this peer (a local user, a
+    remote host) holds more than ``bus.max_connections`` connections to that
+    socket.  Raised at once, not after the timeout; nothing was sent.  The daemon's
+    log says why (``peer_refused``), and ``status`` counts it
+    (``security.sockets.<socket>.connections_refused``).  The next call connects
+    anew.  ``status`` is the ZAP status code (400: refused; 500: the daemon's
+    handler failed)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class InvalidArgument(ClientError, ValueError):
     """What the caller asked for cannot be sent or done (a dtype the wire has no name
     for, a malformed endpoint, an array that cannot take an output); nothing was sent.

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include <sys/random.h>
+
 #include "connection_watch.hpp"
 #include "decode.hpp"
 #include "internal.hpp"
@@ -50,6 +52,27 @@ std::optional<bool> poll_in(zmq::socket_t& socket, long long timeout_ms) {
         if (error.num() != EINTR) throw;
         return std::nullopt;
     }
+}
+
+// The routing id each request socket sets: 16 bytes from the OS, the first
+// never 0 (the shape libzmq reserves for the ids it generates, DESIGN.md 312).
+constexpr std::size_t kRoutingIdBytes = 16;
+
+std::string new_routing_id() {
+    std::string id(kRoutingIdBytes, '\0');
+    std::size_t filled = 0;
+    while (filled < id.size()) {
+        auto got = getrandom(id.data() + filled, id.size() - filled, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            throw ClientError(std::string("cannot draw a routing id from the OS (getrandom): ") +
+                              std::strerror(errno));
+        }
+        filled += static_cast<std::size_t>(got);
+    }
+    // 1..255: a leading 0 is the shape libzmq reserves for the ids it generates.
+    id[0] = static_cast<char>(1 + static_cast<unsigned char>(id[0]) % 255);
+    return id;
 }
 
 }  // namespace detail
@@ -103,7 +126,10 @@ std::optional<std::int64_t> checked_frame_bound(std::optional<std::int64_t> boun
 // disconnect/connect: the DEALER drops the old connection's pipe only after the
 // I/O thread's commands that end it, which come after the monitor's news, and a
 // request sent in between went into the dead pipe (the Python client: 27 runs
-// of 100 timed out, DESIGN.md 246).
+// of 100 timed out, DESIGN.md 246). Each socket sets a routing id of its own
+// (detail::new_routing_id), and a connection the daemon refuses at its handshake
+// throws ConnectionRefused at once (the monitor's HANDSHAKE_FAILED_AUTH); the
+// next call makes the socket anew.
 class RequestChannel {
 public:
     RequestChannel(const ClientOptions& options, const std::string& default_endpoint,
@@ -162,9 +188,12 @@ public:
             if (on_attempt_) on_attempt_(request_id, attempt);
             // The attempt's timeout bounds its send and its wait together.
             auto give_up_at = detail::deadline_after(wait);
+            // A socket whose connection the daemon refused connects no more:
+            // made anew, it connects again.
+            if (refused_) reopen();
             // News of a connection that ended while the channel was idle (a daemon
             // restart) is read now: later, it would fail a request sent on the
-            // new connection.
+            // new connection. A refusal since the last call throws now.
             lost();
             if (!send(header, frames, give_up_at)) continue;
             auto reply = await(request_id, give_up_at);
@@ -174,8 +203,9 @@ public:
             }
             if (!reply->empty()) {
                 // A reply came on a connection: its CONNECTED news is in by now,
-                // and sizes it (the send buffer).
-                lost();
+                // and sizes it (the send buffer). A refusal (of a later
+                // connection) is for the next call: this one has its reply.
+                lost(false);
                 return std::move(*reply);
             }
         }
@@ -203,7 +233,13 @@ private:
         // (Making the socket again after each timeout would do the same at the
         // cost of a reconnect, and of the daemon seeing a new peer, each time.)
         socket_.set(zmq::sockopt::immediate, true);
-        sndtimeo_ = -1;
+        // Before the connect: a ROUTER generates an id (0x00 and a counter) for a
+        // peer that sets none, unchecked against the ids other peers claimed
+        // (DESIGN.md 312); and a new one per socket, since one made anew with the
+        // old id while the daemon still held the old connection would be ignored
+        // as a duplicate.
+        socket_.set(zmq::sockopt::routing_id, zmq::buffer(detail::new_routing_id()));
+        refused_ = false;
         detail::secure(socket_, endpoint_, curve_);
         if (max_reply_frame_bytes_) {
             // Over CURVE the bound covers the MESSAGE command around the frame
@@ -229,16 +265,43 @@ private:
     }
 
     // Reads the watch's news; when a connection that was up ended, makes the
-    // socket anew (see the class's comment). Whether one did.
-    bool lost() {
+    // socket anew (see the class's comment). Whether one did. With `refusal`,
+    // throws ConnectionRefused when the daemon refused the connection at its
+    // handshake (else that news waits for the next call).
+    bool lost(bool refusal = true) {
         if (!watch_) return false;
-        auto lost = watch_->check().lost;
-        if (lost == 0) return false;
-        connections_lost_ += lost;
+        auto news = watch_->check();
+        if (news.lost != 0) {
+            connections_lost_ += news.lost;
+            reopen();  // a refusal the old socket met is the new one's to meet again
+        } else if (news.refused) {
+            refusal_status_ = *news.refused;
+            refused_ = true;
+            // libzmq tries a refused connection once more, then never again: no
+            // more tries while the caller makes room; the next call reopens.
+            try {
+                socket_.disconnect(endpoint_);
+            } catch (const zmq::error_t&) {
+                // no longer known to libzmq
+            }
+        }
+        if (refusal && refused_) {
+            throw ConnectionRefused(
+                "the daemon at " + endpoint_ + " refused this client's connection at its "
+                "handshake (ZAP status " + std::to_string(refusal_status_) + "): its access "
+                "policy does not admit this client, or this peer (a local user, a remote host) "
+                "already holds bus.max_connections connections to that socket; the daemon's "
+                "log says why (peer_refused), status counts it "
+                "(security.sockets.<socket>.connections_refused); the next call connects anew",
+                refusal_status_);
+        }
+        return news.lost != 0;
+    }
+
+    void reopen() {
         close();
         wait_released();  // what the closed socket held of the caller's frames
         open();
-        return true;
     }
 
     std::string lost_message(std::uint64_t request_id) const {
@@ -255,26 +318,27 @@ private:
     }
 
     // False when the request could not leave before `give_up_at` (no connection
-    // up, or the daemon not reading).
+    // up, or the daemon not reading). Throws ConnectionRefused when the daemon
+    // refuses the connection it waits for.
     bool send(const std::string& header, const std::vector<Frame>& frames,
               std::chrono::steady_clock::time_point give_up_at) {
         zmq::message_t head(header.data(), header.size());
-        auto more = frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
+        auto more = frames.empty() ? zmq::send_flags::dontwait
+                                   : zmq::send_flags::sndmore | zmq::send_flags::dontwait;
         // ZeroMQ queues a multipart message atomically: only the first part can be
-        // refused, or interrupted while it waits for a connection.
+        // refused. It waits for room (a connection up: ZMQ_IMMEDIATE) on the socket
+        // and the monitor together, not in a blocking send: the monitor's news of
+        // a refused handshake ends the wait at once.
         while (true) {
+            auto sent = interrupted_or([&] { return socket_.send(head, more); });
+            if (!sent) continue;  // a signal handler ran: look again
+            if (*sent) break;
+            // Nothing was sent: a lost connection makes the socket anew (the
+            // request goes on the new one), a refused one throws.
+            lost();
             auto left = detail::milliseconds_left(give_up_at);
             if (left <= 0) return false;
-            // The time left, set again only when the one set is off by more than its
-            // rounding (a send never gives up before the caller's timeout).
-            if (!(sndtimeo_ >= left && sndtimeo_ - left <= 1)) {
-                socket_.set(zmq::sockopt::sndtimeo, static_cast<int>(left));
-                sndtimeo_ = left;
-            }
-            auto sent = interrupted_or([&] { return socket_.send(head, more); });
-            if (!sent) continue;  // a signal handler ran: wait for the time left
-            if (!*sent) return false;
-            break;
+            detail::wait_either(socket_, watch_->monitor(), left, ZMQ_POLLOUT);
         }
         for (std::size_t i = 0; i < frames.size(); ++i) {
             auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
@@ -314,9 +378,9 @@ private:
     std::optional<std::vector<zmq::message_t>> await(
         std::uint64_t request_id, std::chrono::steady_clock::time_point give_up_at) {
         bool news = false;
+        std::vector<zmq::message_t> parts;
         while (true) {
-            std::vector<zmq::message_t> parts;
-            if (!zmq::recv_multipart(socket_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+            if (!detail::recv_message(socket_, parts)) {
                 // The news was read just before the send; later news ends a wait.
                 if (news && lost()) return std::nullopt;
                 // Rounded up, and measured again after a poll that found nothing:
@@ -365,7 +429,10 @@ private:
     std::optional<ClientCurve> curve_;
     std::function<void(std::uint64_t, int)> on_attempt_;
     zmq::socket_t socket_;
-    long long sndtimeo_ = -1;  // the send timeout last set (ms)
+    // The daemon refused this socket's connection at its handshake (its ZAP
+    // status): made anew before the next send.
+    bool refused_ = false;
+    int refusal_status_ = 0;
     std::uint64_t next_id_ = 1;
     std::uint64_t discarded_ = 0;
     std::uint64_t connections_lost_ = 0;

@@ -15,8 +15,8 @@ namespace inferd::detail {
 
 namespace {
 
-constexpr int kConnection =
-    ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED;
+constexpr int kConnection = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                            ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
 // Names each monitor's endpoint (inproc://, unique in the process).
 std::atomic<std::uint64_t> monitors{0};
 
@@ -43,7 +43,7 @@ ConnectionWatch::News ConnectionWatch::check() {
     News news;
     if (socket_ == nullptr) return news;
     std::vector<zmq::message_t> parts;
-    while (zmq::recv_multipart(monitor_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+    while (recv_message(monitor_, parts)) {
         // [event (16 bits) and value (32 bits), endpoint]
         std::uint16_t event = 0;
         std::int32_t value = -1;
@@ -52,7 +52,6 @@ ConnectionWatch::News ConnectionWatch::check() {
             std::memcpy(&value, static_cast<const char*>(parts[0].data()) + sizeof event,
                         sizeof value);
         }
-        parts.clear();
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             up_ = true;
         } else if (event == ZMQ_EVENT_DISCONNECTED && up_) {
@@ -61,6 +60,8 @@ ConnectionWatch::News ConnectionWatch::check() {
             news.retried = false;
         } else if (event == ZMQ_EVENT_CONNECT_RETRIED) {
             news.retried = true;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+            news.refused = value;
         } else if (event == ZMQ_EVENT_CONNECTED && connected_) {
             connected_(value);
         }
@@ -75,8 +76,9 @@ void ConnectionWatch::stop() noexcept {
     monitor_.close();
 }
 
-bool wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeout_ms) {
-    std::array<zmq::pollitem_t, 2> items{{{socket.handle(), 0, ZMQ_POLLIN, 0},
+bool wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeout_ms,
+                 short events) {
+    std::array<zmq::pollitem_t, 2> items{{{socket.handle(), 0, events, 0},
                                           {monitor.handle(), 0, ZMQ_POLLIN, 0}}};
     try {
         zmq::poll(items.data(), items.size(), std::chrono::milliseconds(std::max(0LL, timeout_ms)));
@@ -85,6 +87,26 @@ bool wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeou
         return false;
     }
     return (items[1].revents & ZMQ_POLLIN) != 0;
+}
+
+bool recv_message(zmq::socket_t& socket, std::vector<zmq::message_t>& parts) {
+    parts.clear();
+    while (true) {
+        zmq::message_t part;
+        try {
+            if (!socket.recv(part, zmq::recv_flags::dontwait)) {
+                if (parts.empty()) return false;
+                continue;  // not expected: the rest of a message is there with its first part
+            }
+        } catch (const zmq::error_t& error) {
+            if (error.num() != EINTR) throw;
+            if (parts.empty()) return false;
+            continue;
+        }
+        const bool more = part.more();
+        parts.push_back(std::move(part));
+        if (!more) return true;
+    }
 }
 
 }  // namespace inferd::detail

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 namespace inferd::detail {
 
@@ -22,6 +24,11 @@ public:
     struct News {
         std::uint64_t lost = 0;  // connections that were up (handshake done) and ended
         bool retried = false;    // libzmq is connecting again itself (CONNECT_RETRIED after the last loss)
+        // The ZAP status code of a handshake the daemon refused (HANDSHAKE_FAILED_AUTH:
+        // 400, or 500 when its handler failed). libzmq tries such a connection once
+        // more, then never again: the caller decides (the request channel throws
+        // ConnectionRefused).
+        std::optional<int> refused;
     };
 
     ConnectionWatch() = default;
@@ -48,9 +55,22 @@ private:
     bool up_ = false;  // a connection's handshake succeeded and it has not ended
 };
 
-// Waits until `socket` or `monitor` has something, for at most `timeout_ms`;
-// ends early when a signal handler ran (zmq_poll's EINTR, as poll_in), and the
-// caller looks and waits again for the time left. Whether `monitor` had news.
-bool wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeout_ms);
+// Waits until `socket` has `events` (ZMQ_POLLIN: a message; ZMQ_POLLOUT: room to
+// send) or `monitor` has news, for at most `timeout_ms`; ends early when a signal
+// handler ran (zmq_poll's EINTR, as poll_in), and the caller looks and waits again
+// for the time left. Whether `monitor` had news.
+bool wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeout_ms,
+                 short events = ZMQ_POLLIN);
+
+// Reads one message's parts into `parts` (cleared first) without waiting; false
+// when none is there. zmq_msg_recv fails EINTR when a signal handler ran while
+// libzmq looked at its mailbox (on an empty socket, and at every 100th part read:
+// inbound_poll_rate); cppzmq throws that as zmq::error_t, which recv_multipart let
+// through, losing the parts read so far: the next read took the rest of the
+// message for a message. Such a failure took no part, so the first part's is
+// "none yet" (the caller waits, and a message there ends the wait at once) and a
+// later part's is asked again (a message is delivered whole, so it is there). A
+// signal handler cannot throw in C++, so the retry is exact.
+bool recv_message(zmq::socket_t& socket, std::vector<zmq::message_t>& parts);
 
 }  // namespace inferd::detail

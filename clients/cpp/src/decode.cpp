@@ -319,7 +319,9 @@ wire::TensorDescriptor read_descriptor(std::size_t index, const msgpack::object&
     for (std::uint32_t i = 0; i < shape.via.array.size; ++i) {
         const auto& dimension = shape.via.array.ptr[i];
         if (!is_uint(dimension) || dimension.via.u64 >= (1ULL << 31)) {
-            malformed(fields.where() + ": shape must hold non-negative integers");
+            // The bound named, as the Python client's message does.
+            malformed(fields.where() + ": shape must hold non-negative integers up to " +
+                      std::to_string((1ULL << 31) - 1));
         }
         descriptor.shape.push_back(static_cast<std::int64_t>(dimension.via.u64));
     }

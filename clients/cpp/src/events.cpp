@@ -227,7 +227,9 @@ struct EventSubscriber::Impl {
     std::optional<std::pair<std::string, Event>> read(
         std::chrono::steady_clock::time_point give_up_at) {
         std::vector<zmq::message_t> parts;
-        while (!zmq::recv_multipart(socket, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+        // Part by part: a signal handler's EINTR between the parts of an event
+        // lost the parts read, and the next read took the payload for an event.
+        while (!detail::recv_message(socket, parts)) {
             check_connection();
             // Rounded up, and measured again after each wait (a signal, the
             // monitor's news): never shorter than asked, nor longer.

@@ -61,6 +61,23 @@ public:
     using ClientError::ClientError;
 };
 
+// The daemon refused the connection at its handshake (its ZAP handler;
+// ZMQ_EVENT_HANDSHAKE_FAILED_AUTH): its access policy does not admit this client
+// (its user, group, host or CURVE key), or this peer (a local user, a remote
+// host) holds more than bus.max_connections connections to that socket. Thrown
+// at once, not after the timeout; nothing was sent. The daemon's log says why
+// (peer_refused), and status counts it (security.sockets.<socket>.connections_refused).
+// The next call connects anew. status() is the ZAP status code (400: refused;
+// 500: the daemon's handler failed). The Python client's ConnectionRefused.
+class ConnectionRefused : public ClientError {
+public:
+    ConnectionRefused(const std::string& what, int status) : ClientError(what), status_(status) {}
+    int status() const noexcept { return status_; }
+
+private:
+    int status_;
+};
+
 // A reply or event that breaks the wire contract (a bug on one side).
 class MalformedReply : public ClientError {
 public:
