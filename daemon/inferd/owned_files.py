@@ -60,7 +60,8 @@ def unsafe_owned_dir_reason(path: Path, *, raise_unchecked: bool = False) -> str
 #: What a failed ``mkdir`` says about the directory or where it would be (its
 #: owner, its mode, the file system's); any other errno (``EMFILE``, ``ENOSPC``,
 #: ``EIO``, ``ENOMEM``...) is this process's or the system's state at the time.
-_ABOUT_THE_DIRECTORY = frozenset(
+#: Also how ``bus.curve_keys`` sorts a failed open of a key file or its directory.
+ABOUT_THE_DIRECTORY = frozenset(
     {
         errno.EACCES,
         errno.EPERM,
@@ -83,7 +84,7 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
     try:
         _make_durably(path)
     except OSError as exc:
-        if exc.errno in _ABOUT_THE_DIRECTORY or exc.errno is None:
+        if exc.errno in ABOUT_THE_DIRECTORY or exc.errno is None:
             raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
         raise _unchecked(what, path, "created", exc) from None
     try:

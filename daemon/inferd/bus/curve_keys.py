@@ -8,11 +8,15 @@ cannot write), each a file of the daemon's own that others cannot write either:
 each allow-lists one client, named NAME in the FDR and the logs.
 Any problem stops the daemon at start, naming the file, as a config error
 (``CurveKeyConfigError``: exit 2, not restarted, as the files would be the same);
-nothing falls back to accepting everyone.
+nothing falls back to accepting everyone.  A file or directory that could not be
+read for a reason not about it (``EMFILE``, ``EIO``: this process's or the system's
+state at the time) stops it as an ``OSError`` naming the errno instead: exit 1,
+restarted, with ``ERRNO=`` (the rule ``ensure_owned_dir`` applies, DESIGN.md 309).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -24,7 +28,7 @@ from inferd.bus.zap import ServerKeys
 from inferd.config import SecurityConfig
 from inferd.config.security import KEY_NAME
 from inferd.errors import ConfigError
-from inferd.owned_files import open_regular_file, unsafe_owned_dir_reason
+from inferd.owned_files import ABOUT_THE_DIRECTORY, open_regular_file, unsafe_owned_dir_reason
 from inferd_wire.curve import CurveKeyError, parse_certificate
 
 SERVER_PUBLIC_SUFFIX = ".key"
@@ -34,12 +38,26 @@ _MAX_CERT_BYTES = 64 * 1024
 NO_SECRET_KEY = (
     "does not exist: run `inferd keys init` (with the daemon's --config) as the daemon's user"
 )
+#: A failed open that is about the file or directory (``ensure_owned_dir``'s rule),
+#: or what ``open_regular_file`` and ``open(2)`` say of what is not a regular file
+#: (``EINVAL`` its own "is not a regular file", ``ENXIO`` a socket, ``ENODEV`` a
+#: device without its driver): the same at the next start, so a config error.
+_ABOUT_THE_FILE = ABOUT_THE_DIRECTORY | {errno.EINVAL, errno.ENXIO, errno.ENODEV}
 
 
 class CurveKeyConfigError(ConfigError, CurveKeyError):
     """A CURVE key file the daemon refuses at start: a config error, as a ``key:NAME``
     without its file is (``inferd run`` exits 2 and says "invalid config"; a restart
     would meet the same files), and still a ``CurveKeyError`` for ``inferd keys``."""
+
+
+class UncheckedKeyFileError(OSError):
+    """A key file or the clients directory that could not be read for a reason not
+    about it (``EMFILE``, ``EIO``): an ``OSError``, so ``inferd run`` exits 1 (restarted)
+    with ``ERRNO=``; its message names the file and the errno once."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,8 @@ def read_owned_file(path: Path, what: str, *, secret: bool) -> bytes:
     except FileNotFoundError:
         raise CurveKeyError(f"{what} {path} {NO_SECRET_KEY}") from None
     except OSError as exc:
+        if not _about_the_file(exc):
+            raise _unchecked(what, path, "opened", exc) from None
         raise CurveKeyError(f"{what} {path} cannot be opened: {exc.strerror}") from None
     with handle:
         if info.st_uid != os.geteuid():
@@ -68,10 +88,29 @@ def read_owned_file(path: Path, what: str, *, secret: bool) -> bytes:
         problem = mode_problem(path, stat.S_IMODE(info.st_mode), secret=secret)
         if problem is not None:
             raise CurveKeyError(f"{what} {path} {problem}")
-        data = handle.read(_MAX_CERT_BYTES + 1)
+        try:
+            data = handle.read(_MAX_CERT_BYTES + 1)
+        except OSError as exc:  # a regular file's read: EIO, ENOMEM, never its config
+            raise _unchecked(what, path, "read", exc) from None
     if len(data) > _MAX_CERT_BYTES:
         raise CurveKeyError(f"{what} {path} is larger than a certificate")
     return data
+
+
+def _about_the_file(exc: OSError) -> bool:
+    return exc.errno is None or exc.errno in _ABOUT_THE_FILE
+
+
+def _unchecked(what: str, path: Path, done: str, exc: OSError) -> UncheckedKeyFileError:
+    """``exc`` with its errno kept (``ERRNO=``), saying which key file or directory and
+    that nothing is wrong with it (``owned_files._unchecked``'s words for a directory)."""
+    code = exc.errno or 0
+    name = errno.errorcode.get(code, f"errno {code}")
+    return UncheckedKeyFileError(
+        code,
+        f"{what} {path} could not be {done} ({name}: {exc.strerror}), a limit or failure "
+        "of this process or system at the time, not a fault of the file",
+    )
 
 
 def mode_problem(path: Path, mode: int, *, secret: bool) -> str | None:
@@ -96,7 +135,8 @@ def mode_problem(path: Path, mode: int, *, secret: bool) -> str | None:
 def load_curve(security: SecurityConfig) -> CurveSetup:
     """The server keypair and the allow-listed client keys; ``ConfigError`` otherwise:
     ``CurveKeyConfigError`` for a key file refused, or a ``key:NAME`` principal
-    without its key file."""
+    without its key file.  ``UncheckedKeyFileError`` (an ``OSError``, not a config
+    error) for one that could not be read for a reason not about it."""
     try:
         return _load_curve(security)
     except CurveKeyError as exc:
@@ -124,7 +164,12 @@ def _load_curve(security: SecurityConfig) -> CurveSetup:
 def load_clients(directory: Path) -> dict[bytes, str]:
     """``NAME.key`` public certificates of ``directory``; none when it does not exist."""
     # A directory above it that another user may write could swap in their keys.
-    reason = unsafe_owned_dir_reason(directory)
+    try:
+        reason = unsafe_owned_dir_reason(directory, raise_unchecked=True)
+    except OSError as exc:  # the open's EMFILE..., the fstat's EIO...
+        if not _about_the_file(exc):
+            raise _unchecked("security.curve_clients_dir", directory, "checked", exc) from None
+        reason = f"cannot be opened ({exc.strerror})"  # ENAMETOOLONG, as without raise_unchecked
     if reason == "does not exist":
         return {}
     if reason is not None:

@@ -87,10 +87,10 @@ def socket_file(value: str) -> str:
 
 def endpoint(key: str, value: str) -> None:
     """An ``ipc://`` path a socket can have, or a ``tcp://`` address libzmq binds as
-    written: ``HOST:PORT``, an IPv6 host in brackets (``ZMQ_IPV6`` is set for
-    ``tcp://[`` alone, ``inferd_wire.endpoints.wants_ipv6``: ``tcp://::1:5555`` failed
-    to bind with ENODEV), and no ``source;`` part, which libzmq takes on a connect
-    only (every endpoint here is bound: EINVAL)."""
+    written: ``HOST:PORT``, an IPv6 host in one pair of brackets (``ZMQ_IPV6`` is set
+    for ``tcp://[`` alone, ``inferd_wire.endpoints.wants_ipv6``: ``tcp://::1:5555``
+    failed to bind with ENODEV, and so did ``tcp://[[::1]]:0``), and no ``source;``
+    part, which libzmq takes on a connect only (every endpoint here is bound: EINVAL)."""
     if value.startswith("ipc://"):
         path = value.removeprefix("ipc://")
         if not path or path.startswith("@"):
@@ -103,25 +103,31 @@ def endpoint(key: str, value: str) -> None:
             refuse(f"{key}: {problem}", key)
     elif value.startswith("tcp://"):
         host, colon, port = value.removeprefix("tcp://").rpartition(":")
-        # libzmq takes a port past 65535 modulo 65536 (99999 binds 34463): no client
-        # would find the daemon there; 0 and '*' are any free port, as libzmq says
-        number = port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536
+        # libzmq 4.3 reads a port with atoi: "0" and "*" as written are any free port,
+        # another port that reads 0 ("00") is EINVAL, leading zeros are read away
+        # ("05555" binds 5555), and a port past 65535 is taken modulo 65536 (99999 binds
+        # 34463, where no client would find the daemon).
+        digits = port.lstrip("0")
+        number = port.isascii() and port.isdigit() and 0 < len(digits) <= 5 and int(digits) < 65536
         bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+        bracketed = bracketed and host.count("[") == host.count("]") == 1  # "[[::1]]": ENODEV
         if ";" in value:
             refuse(
                 f"{key}: {value!r}: a bound endpoint takes no 'source;' part (libzmq reads "
                 "one on a connect only)",
                 key,
             )
+        elif any(char.isspace() for char in host):  # no interface, no address: ENODEV
+            refuse(f"{key}: {value!r}: a host has no spaces", key)
         elif not bracketed and any(char in host for char in ":[]"):
             refuse(
                 f"{key}: {value!r}: an IPv6 address goes in brackets, as tcp://[::1]:5555",
                 key,
             )
-        elif not (host and colon and (number or port == "*")):
+        elif not (host and colon and (number or port in ("0", "*"))):
             refuse(
-                f"{key}: {value!r} must name a host and a port 0..65535 (0 or '*': any "
-                "free one), as in tcp://127.0.0.1:5555",
+                f"{key}: {value!r} must name a host and a port 1..65535, or 0 or '*' for "
+                "any free one (written so: libzmq refuses '00'), as in tcp://127.0.0.1:5555",
                 key,
             )
     else:

@@ -20,6 +20,12 @@ _RETENTION = kinds.KINDS["fdr_retention"]
 _REASON_CHARS = 256
 
 
+def describe(exc: Exception) -> str:
+    """An error as a drop's reason and ``last_error`` say it: its ``strerror``, else its text."""
+    strerror = exc.strerror if isinstance(exc, OSError) else None
+    return strerror or str(exc) or type(exc).__name__
+
+
 def drop_report(count: int, reasons: list[str], encode: Encode) -> Pending:
     """An fdr_dropped record: ``count`` records lost, for ``reasons``."""
     reason = "; ".join(reasons)[:_REASON_CHARS]

@@ -24,6 +24,20 @@ log = structlog.get_logger("inferd.fdr")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
 
 
+#: Why the writer drops every record once it assigned seq ``framing.MAX_SEQ``: the
+#: reader calls any later seq corrupt, so no record is written with one.
+SEQS_SPENT = (
+    f"no seq is left: {framing.MAX_SEQ}, the largest a record holds, is taken; move the "
+    "segments away and restart the daemon"
+)
+
+
+class SeqsSpentError(OSError):
+    """The writer's next seq is past ``framing.MAX_SEQ`` (a newest record just below
+    it, crafted or made by hand, resumed from): a write failure, so the records are
+    dropped and counted, and the outage raised once (``SEQS_SPENT``)."""
+
+
 class CannotResumeError(InferdError):
     """What earlier runs left leaves the recorder nothing to go on from: a segment
     named for the largest index a header holds, or a record with the largest seq

@@ -284,6 +284,9 @@ class FlightRecorder:
             while work:
                 pending = work[0]
                 seq = self._next_seq
+                if seq > framing.MAX_SEQ:  # a seq the reader calls corrupt: none is written
+                    self._flush(segment, frames)  # those before it are the reader's
+                    raise segments.SeqsSpentError(errno.EOVERFLOW, segments.SEQS_SPENT)
                 frame = framing.encode_frame(framing.join_body(pending.head, seq, pending.tail))
                 if size + len(frame) > self._config.segment_max_bytes:
                     self._flush(segment, frames)
@@ -307,7 +310,7 @@ class FlightRecorder:
             for pending in lost:
                 self._give_back(pending)
             count = sum(p.dropped is None and p.deleted is None for p in lost)  # records
-            self._drop(count, f"write failed: {_describe(exc)}")
+            self._drop(count, f"write failed: {reports.describe(exc)}")
             return False
         return True
 
@@ -381,15 +384,17 @@ class FlightRecorder:
     def _segment_for_writing(self, last_try: bool) -> segments.Segment:
         if self._segment is not None:
             return self._segment
+        if self._next_seq > framing.MAX_SEQ:  # said once (SeqsSpentError), dropped since
+            raise _BackingOff(errno.EOVERFLOW, segments.SEQS_SPENT)
         if not last_try and self._backing_off():
             raise _BackingOff(errno.EAGAIN, _BACKING_OFF)
         return self._open_segment()
 
     def _backing_off(self) -> bool:
-        """Within a second of a failure, no segment open: records are dropped."""
+        """No segment open within a second of a failure, or no seq left: records are dropped."""
         failed_at = self._last_failure_mono_ns
         recent = failed_at is not None and self._mono_clock() - failed_at < _RETRY_AFTER_FAILURE_NS
-        return self._segment is None and recent
+        return self._segment is None and (recent or self._next_seq > framing.MAX_SEQ)
 
     def _open_segment(self) -> segments.Segment:
         """Apply the size cap, then create the next segment.  Every segment is at
@@ -422,7 +427,7 @@ class FlightRecorder:
     def _fail(self, exc: Exception, operation: str) -> None:
         """Abandon the current segment: what was written there since its last sync
         may not be on disk, so it is counted as dropped (and reported again)."""
-        self.last_error = error = f"{operation}: {_describe(exc)}"
+        self.last_error = error = f"{operation}: {reports.describe(exc)}"
         self._last_failure_mono_ns = self._mono_clock()
         log.error(
             "fdr_write_failed",
@@ -434,14 +439,9 @@ class FlightRecorder:
             self._give_back(pending)
         lost = self._unsynced_records
         self._unsynced_records, self._unsynced_reports, self._unsynced_critical = 0, [], False
-        self._drop(lost, f"{operation} failed before they were synced: {_describe(exc)}")
+        self._drop(lost, f"{operation} failed before they were synced: {reports.describe(exc)}")
         segment, self._segment = self._segment, None
         if segment is not None:
             with contextlib.suppress(OSError):
                 os.close(segment.fd)
         self._outage.failed(error, self._next_seq)
-
-
-def _describe(exc: Exception) -> str:
-    strerror = exc.strerror if isinstance(exc, OSError) else None
-    return strerror or str(exc) or type(exc).__name__

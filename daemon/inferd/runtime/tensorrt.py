@@ -6,7 +6,8 @@
   ``EngineMissingError``, the model serves on the fallback and the daemon
   builds the engine in a build child (``inferd.serving.rebuild``).
   Nothing in an engine dir that is not safely the daemon's own is trusted
-  (``inferd.engines.engine_dir``): ``EngineMissingError`` names why.
+  (``inferd.engines.engine_dir``): ``UnsafeDirectoryError`` names why, and no
+  build is asked for, since a build refuses that dir too (``BUILD_FIXES``).
 * ``deserialize_engine``: the ``EngineGate`` first (its refusals propagate:
   they are ``InferdError`` and make the service fail over, and the gate logs
   and records ``engine_refused``); then the GPU memory budget, *before* any
@@ -171,7 +172,9 @@ class TensorRTRuntime:
     def compile_engine(self, model_path: Path, build_config: BuildConfig) -> EngineCacheEntry:
         """Locate this model's engine; this runtime never builds (DESIGN.md, "One engine
         pipeline"): a missing engine raises ``EngineMissingError``, the model serves on
-        the fallback and the daemon builds the engine in a child process."""
+        the fallback and the daemon builds the engine in a child process.  An engine dir
+        not safely the daemon's own raises ``UnsafeDirectoryError``, as at load: a build
+        would refuse it too (``ensure_owned_dir``), so none is asked for."""
         host = self._host_tuple(
             precision=build_config.precision, device_index=self._config.device_id
         )
@@ -183,10 +186,7 @@ class TensorRTRuntime:
             manifest=self._manifest_for_locate,
         )
         if plan.untrusted is not None:
-            raise EngineMissingError(
-                f"no trusted engine for this host: {plan.untrusted}",
-                engine_path=plan.entry.artifact_path,
-            )
+            raise UnsafeDirectoryError(f"no trusted engine for this host: {plan.untrusted}")
         if plan.status == "to_build":
             moved = (
                 f"; the unusable file was moved to {plan.quarantined}" if plan.quarantined else ""

@@ -20,6 +20,7 @@ from inferd.cli.main import main
 from inferd.config.refusals import messages_of
 from inferd.errors import ConfigError
 from inferd_wire.endpoints import wants_ipv6
+from tests.conftest import free_port
 from tests.unit.config.test_review2_config import MODEL, load_text
 
 # -- tcp:// endpoints libzmq cannot bind -------------------------------------------------------
@@ -41,6 +42,13 @@ def _bus(endpoint: str, tmp_path: Path) -> str:
         ("tcp://0000::1:0", r"an IPv6 address goes in brackets"),
         ("tcp://a[b:5555", r"an IPv6 address goes in brackets"),
         ("tcp://[::1:5555", r"an IPv6 address goes in brackets"),
+        # review R1, F4: libzmq's any port is "0" or "*" as written ("00": EINVAL), and
+        # a host in two pairs of brackets, or with a space, is no host (ENODEV)
+        ("tcp://127.0.0.1:00", r"a port 1\.\.65535, or 0 or '\*' for any free one"),
+        ("tcp://[::1]:00000", r"a port 1\.\.65535, or 0 or '\*' for any free one"),
+        ("tcp://[[::1]]:0", r"an IPv6 address goes in brackets"),
+        ("tcp://[::1]]:0", r"an IPv6 address goes in brackets"),
+        ("tcp://[ ::1]:0", r"a host has no spaces"),
     ],
 )
 def test_a_tcp_endpoint_libzmq_cannot_bind_is_refused_naming_its_key(
@@ -59,13 +67,33 @@ def test_a_tcp_endpoint_libzmq_cannot_bind_is_refused_naming_its_key(
         ("tcp://::1:0", False),
         ("tcp://127.0.0.1:0", True),
         ("tcp://[::1]:0", True),
+        # review R1, F4 (before: each False one loaded, then `inferd run` exited 1)
+        ("tcp://127.0.0.1:*", True),
+        ("tcp://[::1]:*", True),
+        ("tcp://127.0.0.1:00", False),  # EINVAL: only "0" as written is any port
+        ("tcp://127.0.0.1:00000", False),
+        ("tcp://[::1]:00", False),
+        ("tcp://127.0.0.1:0{port}", True),  # leading zeros read away: binds {port}
+        ("tcp://127.0.0.1:000{port}", True),
+        ("tcp://127.0.0.1:65536", False),
+        ("tcp://[[::1]]:0", False),  # ENODEV
+        ("tcp://[[::1]:0", False),
+        ("tcp://[::1]]:0", False),
+        ("tcp://[]:0", False),
+        ("tcp://[ ::1]:0", False),
+        ("tcp://127.0.0.1 :0", False),
+        ("tcp://[::1%lo]:0", True),
+        ("tcp://[127.0.0.1]:0", True),
     ],
 )
 def test_the_config_accepts_a_tcp_endpoint_exactly_when_libzmq_binds_it(
     tmp_path: Path, endpoint: str, binds: bool
 ) -> None:
-    """What the rule stands on: libzmq takes ``source;`` on a connect only, and an
-    unbracketed IPv6 literal is no host (``ZMQ_IPV6`` is set only for ``tcp://[``)."""
+    """What the rule stands on: libzmq takes ``source;`` on a connect only, an
+    unbracketed IPv6 literal is no host (``ZMQ_IPV6`` is set only for ``tcp://[``),
+    and it reads a port with ``atoi``, taking "0" and "*" alone as any port.  Only
+    loopback hosts here: the config refuses others without CURVE, as it should."""
+    endpoint = endpoint.format(port=free_port())
     context: zmq.Context[Any] = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     try:

@@ -6,7 +6,9 @@ A review served an engine from an engine dir owned by ``nobody`` with mode 0777
 (engine, sidecar and ``manifest.json`` in it): ``runtime=tensorrt, fallback=False``.
 Now such a model serves on ``onnx_trt_ep``, as when no trusted engine exists, with the
 reason in the failover record; once the dir is the daemon's own again it serves on
-``tensorrt``."""
+``tensorrt``.  The cause is ``UnsafeDirectoryError``, which no build fixes (a build
+refuses that dir too), so none is asked for (review R1, F3: it was
+``EngineMissingError``, and a build was asked for and refused at once)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ from structlog.testing import capture_logs
 
 from inferd.config import ModelConfig
 from inferd.errors import EngineHashMismatchError, EngineMissingError, UnsafeDirectoryError
-from inferd.serving.slot import ModelSlot, Sinks
-from inferd.types import BuildConfig, ThermalState
+from inferd.serving.rebuild import FallbackRebuilder
+from inferd.serving.slot import BUILD_FIXES, ModelSlot, Sinks
+from inferd.types import Alert, BuildConfig, ThermalState
 from tests.tensorrt_bench import Bench
 
 NOBODY = 65534
@@ -46,7 +49,7 @@ def test_an_engine_dir_not_the_daemons_own_is_not_trusted_at_load(
     entry = bench.deployed(runtime, demo_model)  # engine + sidecar + manifest.json
     reason = _spoil(bench.engine_dir, how)
     calls_before = len(bench.gpu.trt.calls)
-    with capture_logs() as logs, pytest.raises(EngineMissingError) as caught:
+    with capture_logs() as logs, pytest.raises(UnsafeDirectoryError) as caught:
         runtime.compile_engine(demo_model, BuildConfig())
     message = str(caught.value)
     assert message.startswith(
@@ -88,6 +91,31 @@ def test_a_model_whose_engine_dir_others_may_write_serves_on_the_fallback(
         "its group and others (mode 0777)"
     )
     assert slot.last_error == fallback["reason"]
+    # No build fixes it: a build's ensure_owned_dir refuses the same dir.
+    assert slot.fallback_cause == "UnsafeDirectoryError"
+    assert slot.fallback_cause not in BUILD_FIXES
+    builds: list[dict[str, Any]] = []
+    alerts: list[Alert] = []
+
+    def start_build(request: dict[str, Any]) -> dict[str, Any]:
+        builds.append(request)
+        return {"build_id": "b1"}
+
+    rebuilder = FallbackRebuilder(
+        start_build=start_build,
+        switch=lambda *_args: {},
+        alert=alerts.append,
+        can_build=lambda: True,
+        backoff_s=0.0,
+        max_attempts=3,
+    )
+    with capture_logs() as logs:
+        why = rebuilder.on_fallback("demo", fallback["reason"], slot.fallback_cause)
+    assert (builds, alerts) == ([], [])  # before: a build asked, then engine_build_failed
+    (skipped,) = [line for line in logs if line["event"] == "engine_rebuild_skipped"]
+    assert skipped["cause"] == "UnsafeDirectoryError"
+    assert f"the engine dir {bench.engine_dir} is writable by its group" in skipped["reason"]
+    assert why == skipped["reason"]
     slot.release()
 
     os.chmod(bench.engine_dir, 0o750)  # the daemon's own again: trusted

@@ -11,6 +11,7 @@ memory budget) was counted as a failed build and built again: 3 builds, two
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -19,7 +20,7 @@ import pytest
 import structlog
 
 from inferd import config as config_module
-from inferd.config import RuntimeConfig
+from inferd.config import ModelConfig, RuntimeConfig
 from inferd.daemon import Daemon
 from inferd.engine_build.supervisor import BuildManager
 from inferd.errors import (
@@ -31,9 +32,10 @@ from inferd.errors import (
     RuntimeNotAvailableError,
 )
 from inferd.serving.rebuild import FallbackRebuilder
-from inferd.serving.slot import ModelSlot
-from inferd.types import EngineHandle, Peer
+from inferd.serving.slot import BUILD_FIXES, ModelSlot, Sinks
+from inferd.types import EngineHandle, Peer, ThermalState
 from tests.conftest import HANG_S, render_config
+from tests.tensorrt_bench import Bench
 from tests.unit.serving.test_execution_failover import Finished
 from tests.unit.serving.test_review_switch_rebuild import (  # noqa: F401  (the fixture)
     SPEC,
@@ -219,3 +221,110 @@ def test_every_cause_the_tensorrt_runtime_raises_is_sorted() -> None:
     )
     assert not_fixed.isdisjoint(BUILD_FIXES)
     assert InferdError.__name__ not in BUILD_FIXES  # a strategy's bug, wrapped by prepare
+
+
+# -- the causes the real runtime gives, sorted by what a build would do ----------------------
+
+
+def _deployed(bench: Bench, model: Path) -> None:
+    bench.deployed(bench.runtime(), model)
+
+
+def _no_engine(bench: Bench, model: Path) -> dict[str, Any]:
+    return {}
+
+
+def _damaged_engine(bench: Bench, model: Path) -> dict[str, Any]:
+    entry = bench.deployed(bench.runtime(), model)
+    with entry.artifact_path.open("ab") as engine:
+        engine.write(b"x")  # the gate refuses it; locate moves it aside
+    return {}
+
+
+def _failing_warm_up(bench: Bench, model: Path) -> dict[str, Any]:
+    _deployed(bench, model)
+    flag = bench.root / "executions-fail"
+    flag.write_text("")
+    bench.gpu.trt.execute_fail_while = str(flag)
+    return {}
+
+
+def _engine_dir_others_may_write(bench: Bench, model: Path) -> dict[str, Any]:
+    _deployed(bench, model)
+    os.chmod(bench.engine_dir, 0o777)  # a build's ensure_owned_dir refuses it too
+    return {}
+
+
+def _engine_dir_of_another_user(bench: Bench, model: Path) -> dict[str, Any]:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    _deployed(bench, model)
+    os.chown(bench.engine_dir, 65534, 65534)
+    return {}
+
+
+def _tensorrt_disabled(bench: Bench, model: Path) -> dict[str, Any]:
+    _deployed(bench, model)
+    return {"enabled": ("onnx_trt_ep",)}
+
+
+def _over_the_budget(bench: Bench, model: Path) -> dict[str, Any]:
+    _deployed(bench, model)
+    return {"gpu_memory_budget_bytes": 1}
+
+
+def _no_such_device(bench: Bench, model: Path) -> dict[str, Any]:
+    _deployed(bench, model)
+    return {"device_id": 3}
+
+
+def _unreadable_manifest(bench: Bench, model: Path) -> dict[str, Any]:
+    _deployed(bench, model)
+    manifest = bench.root / "deployment.json"
+    manifest.write_text("{not json")
+    return {"engine_manifest": manifest}
+
+
+#: Each state the ``tensorrt`` runtime meets at activation, and whether a background
+#: build (which needs the engine dir safely its own, as the runtime does) would leave
+#: an engine that runtime then serves.
+STATES: dict[str, tuple[Any, bool]] = {
+    "no engine": (_no_engine, True),
+    "engine damaged": (_damaged_engine, True),
+    "warm-up fails": (_failing_warm_up, True),
+    "engine dir others may write": (_engine_dir_others_may_write, False),
+    "engine dir of another user": (_engine_dir_of_another_user, False),
+    "tensorrt disabled": (_tensorrt_disabled, False),
+    "over the gpu memory budget": (_over_the_budget, False),
+    "no such cuda device": (_no_such_device, False),
+    "deployment manifest unreadable": (_unreadable_manifest, False),
+}
+
+
+@pytest.mark.parametrize("state", sorted(STATES))
+def test_the_cause_the_real_runtime_gives_is_sorted_by_what_a_build_would_do(
+    bench: Bench, demo_model: Path, state: str
+) -> None:
+    """The check above sorts the test's own exception types; this one sorts what the
+    ``tensorrt`` runtime (on the fakes) really raises through ``ModelSlot.activate``, so a
+    state whose cause hides under a type a build fixes elsewhere fails here.  Before
+    (review R1, F3): "engine dir others may write" gave ``EngineMissingError``, so a
+    build was asked for and its start refused at once (``engine_build_failed``)."""
+    make, a_build_fixes_it = STATES[state]
+    overrides = make(bench, demo_model)
+    slot = ModelSlot(ModelConfig(name="demo", path=demo_model, runtime="tensorrt"))
+    sinks = Sinks(
+        alert=lambda _alert: None,
+        events=lambda _topic, _payload: None,
+        record=bench.record,
+        thermal=ThermalState.unavailable,
+    )
+    slot.activate(bench.config(**overrides), sinks)
+    try:
+        assert slot.state == "serving" and slot.is_fallback, slot.last_error
+        assert (slot.fallback_cause in BUILD_FIXES) is a_build_fixes_it, (
+            slot.fallback_cause,
+            slot.last_error,
+        )
+    finally:
+        slot.release()
