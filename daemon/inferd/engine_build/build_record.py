@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferd.alerts.sanitise import escaped
 from inferd.config.security import DEFAULT_MAX_BUILD_DURATION_S
 from inferd.engine_build.events import PhaseTree
+from inferd.engine_build.status_view import brief, one_build
 from inferd.engine_build.timing_cache_policy import TimingCacheOutcome
 from inferd.types import Peer
 
@@ -68,6 +70,9 @@ class Build:
     #: It exited without a report after its engine was committed (``child_exit``).
     killed_after_commit: bool = False
     error: str | None = None
+    #: Why the engine path its child named was not believed (``engine_path_claim``):
+    #: the build ends ``failed`` with it as its error.
+    engine_path_refused: str | None = None
     received: int = 0
     published: int = 0
     coalesced_steps: int = 0
@@ -173,10 +178,20 @@ def cancel_too_late(build: Build) -> bool:
     return build.state == "completed" and build.cancel_source is not None
 
 
-def describe(build: Build) -> dict[str, Any]:
-    """One build as ``build.status`` reports it."""
+#: Bytes of UTF-8 ``build.status`` shows of each string a build child sent (its
+#: error, summary path, and its summary's words), as ``status_view`` bounds its tree.
+CHILD_TEXT_BYTES = 2048
+
+
+def _said(value: object) -> str | None:
+    return None if value is None else escaped(str(value), CHILD_TEXT_BYTES)
+
+
+def describe(build: Build, *, listed: bool = False) -> dict[str, Any]:
+    """One build as ``build.status`` reports it: in the listing (``listed``) its
+    phase tree's brief, else as many of its phases as the reply takes
+    (``status_view``)."""
     with build.lock:
-        tree = build.tree.snapshot()
         summary = build.summary or {}
         completed = build.state == "completed"
         if build.simulated:
@@ -197,7 +212,7 @@ def describe(build: Build) -> dict[str, Any]:
             )
         else:
             adoption = "nothing to adopt: the build did not complete"
-        return {
+        entry: dict[str, Any] = {
             "build_id": build.build_id,
             "model": build.model,
             "builder": build.builder,
@@ -216,17 +231,17 @@ def describe(build: Build) -> dict[str, Any]:
             "escalated": build.escalated,
             **latencies(build),
             # The daemon's cleanup after a child without a report, else the child's.
-            "cleanup_status": summary.get("cleanupStatus")
+            "cleanup_status": _said(summary.get("cleanupStatus"))
             if build.cleanup is None
             else build.cleanup["status"],
-            "retry_policy": summary.get("retryPolicy"),
-            "validation_status": summary.get("validationStatus"),
+            "retry_policy": _said(summary.get("retryPolicy")),
+            "validation_status": _said(summary.get("validationStatus")),
             "timing_cache_start": timing_cache_start(build),
             "timing_cache_mode": timing_cache_mode(build),
-            "summary_path": build.summary_path,
+            "summary_path": _said(build.summary_path),
             "engine_path": str(build.engine_path) if completed else None,
             "manifest": build.manifest,
-            "error": build.error,
+            "error": _said(build.error),
             "killed_after_commit": build.killed_after_commit,
             "adoptable": completed and not build.simulated and build.manifest is not None,
             "adoption": adoption,
@@ -235,9 +250,11 @@ def describe(build: Build) -> dict[str, Any]:
                 "published": build.published,
                 "coalesced_steps": build.coalesced_steps,
                 "dropped_in_child": build.dropped_in_child,
+                "refused": build.tree.refused,
             },
-            "phase_tree": tree,
+            "phase_tree": brief(build.tree),
         }
+        return entry if listed else one_build(entry, build.tree)
 
 
 def event_payload(build: Build, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ op, ``ide``, ``timeout``, ``asyncio``, ``stall`` when configured) calls
 recorded cause.  ``step_complete`` returns False once it is set.  The token
 also measures request -> acknowledgement (the builder returned) and
 acknowledgement -> cleanup done, and holds the no-cancel zone around the final
-write: a cancel arriving inside it is recorded as deferred.
+write: a cancel arriving inside it is recorded as deferred, and a forced exit
+(a second Ctrl-C) is carried out when it exits (``after_zone``).
 
 ``cancel`` runs in signal handlers, on the main thread, which may itself be
 inside a section holding the token's lock (the zone's entry) or, through the
@@ -52,6 +53,8 @@ class CancellationToken:
         self.cleanup_done_ns: int | None = None
         self.zone: str | None = None
         self.zone_log: list[dict[str, Any]] = []
+        #: What ``after_zone`` put off until the zone exits (a forced exit).
+        self._after_zone: list[Callable[[], None]] = []
         self._listeners: list[Callable[[CancelRequest], None]] = []
 
     # -- requesting -------------------------------------------------------------------
@@ -145,6 +148,7 @@ class CancellationToken:
             with self._lock:
                 self.zone = None
                 arrived = self.request
+                deferred, self._after_zone = self._after_zone, []
             self.zone_log.append(
                 {
                     "zone": what,
@@ -153,6 +157,20 @@ class CancellationToken:
                     "deferredCancel": None if arrived is None else arrived.source,
                 }
             )
+            for call in deferred:  # a forced exit: raises, as it would have
+                call()
+
+    def after_zone(self, call: Callable[[], None]) -> bool:
+        """Put ``call`` off until the no-cancel zone exits (True); False when no zone
+        is active (the caller calls it now).  For a forced exit (``cancel_on_signals``):
+        one between the commit's two renames lost the committed engine (review G, F4).
+        The deferred call runs on the thread that exits the zone: ``run_build``'s
+        caller, which for ``cancel_on_signals`` is the main thread."""
+        with self._lock:
+            if self.zone is None:
+                return False
+            self._after_zone.append(call)
+            return True
 
 
 @contextlib.contextmanager
@@ -160,15 +178,21 @@ def cancel_on_signals(
     token: CancellationToken, *, force: Callable[[], None] | None = None
 ) -> Iterator[None]:
     """SIGINT -> ``sigint`` and SIGTERM -> ``sigterm`` on ``token`` while inside
-    (main thread only).  A second SIGINT calls ``force`` (default: KeyboardInterrupt)."""
+    (main thread only).  A second SIGINT calls ``force`` (default: KeyboardInterrupt);
+    inside the no-cancel zone, once the zone exits (``after_zone``): the commit's
+    renames complete first, so the engine committed is never half replaced."""
+
+    def forced() -> None:
+        if force is not None:
+            force()
+        else:
+            raise KeyboardInterrupt
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         source = "sigint" if signum == signal.SIGINT else "sigterm"
-        if not token.cancel(source) and signum == signal.SIGINT:
-            if force is not None:
-                force()
-            else:
-                raise KeyboardInterrupt
+        # A second SIGINT forces; inside the zone, once it exits.
+        if not token.cancel(source) and signum == signal.SIGINT and not token.after_zone(forced):
+            forced()
 
     previous = {
         signal.SIGINT: signal.signal(signal.SIGINT, on_signal),

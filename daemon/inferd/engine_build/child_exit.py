@@ -53,7 +53,9 @@ def conclude(build: Build, engine_dir: Path, deployment_manifest: Path | None) -
     if not build.reported:
         after_child(build, build.simulated or build.engine_path != engine_dir)
     summary = build.summary
-    if summary is not None and summary.get("outcome") == "completed" and not build.simulated:
+    refused = build.engine_path_refused  # its child named another engine: never trusted
+    completed = summary is not None and summary.get("outcome") == "completed"
+    if completed and not build.simulated and refused is None:
         # Before the state turns "completed": status then shows it.
         trust(build, engine_dir / MANIFEST_NAME, deployment_manifest)
     with build.lock:
@@ -68,6 +70,8 @@ def conclude(build: Build, engine_dir: Path, deployment_manifest: Path | None) -
             build.error = build.error or f"build process exited with code {build.exit_code}"
         if summary is not None and summary.get("error") and state == "failed":
             build.error = str(summary["error"])
+        if refused is not None:
+            state, build.error = "failed", refused
         build.state = state
         build.tree.end(state, time.monotonic_ns())  # a killed child's open phases too
     _write_conclusion(build)

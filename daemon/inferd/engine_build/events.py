@@ -128,6 +128,8 @@ class PhaseTree:
         self.roots: list[str] = []
         self.state = "running"
         self.stalls = 0
+        #: ``phase_start`` events refused (``apply``): a child's stream gone wrong.
+        self.refused = 0
         self.last_event: str | None = None
         #: The timing-cache decision the build started with (``cold``, ``reused``,
         #: ``quarantined``): the first event that names one carries it (the child's
@@ -141,13 +143,23 @@ class PhaseTree:
             tree.apply(event)
         return tree
 
-    def apply(self, event: BuildEvent) -> None:
+    def apply(self, event: BuildEvent) -> bool:
+        """Fold ``event`` in; False when refused (counted in ``refused``): a
+        ``phase_start`` of an id the tree has, or naming itself as its parent.  Its
+        parent is looked up before the node is added, and only a new node is ever
+        added as a child, so the tree stays a forest whatever the child sends (a
+        cycle made ``active_path`` loop for ever, under ``build.lock``)."""
+        start = event.type == "phase_start" and event.phase_id is not None
+        if start and (event.phase_id in self.nodes or event.parent_id == event.phase_id):
+            self.refused += 1
+            return False
         self.last_event = event.type
         if self.timing_cache_start is None and event.detail:
             mode = event.detail.get("timingCacheMode")
             self.timing_cache_start = mode if isinstance(mode, str) else None
         if event.type == "phase_start" and event.phase_id is not None:
-            node = PhaseNode(
+            parent = self.nodes.get(event.parent_id) if event.parent_id else None
+            self.nodes[event.phase_id] = PhaseNode(
                 phase_id=event.phase_id,
                 name=event.name or "?",
                 parent_id=event.parent_id,
@@ -155,8 +167,6 @@ class PhaseTree:
                 started_ns=event.mono_ns,
                 thread=event.thread,
             )
-            self.nodes[event.phase_id] = node
-            parent = self.nodes.get(event.parent_id) if event.parent_id else None
             if parent is not None:
                 parent.children.append(event.phase_id)
             else:
@@ -173,6 +183,7 @@ class PhaseTree:
             self.end(event.type, event.mono_ns)
         elif event.type == "cancel_requested" and self.state == "running":
             self.state = "cancel_requested"
+        return True
 
     def end(self, state: str, mono_ns: int) -> None:
         """The build ended (``state``): a phase still running was cut short by it (a
@@ -186,15 +197,23 @@ class PhaseTree:
     def active_path(self) -> list[str]:
         """Names from the root to the deepest running phase (most recent branch)."""
         path: list[str] = []
-        candidates = [self.nodes[i] for i in self.roots if self.nodes[i].status == "running"]
-        while candidates:
-            node = max(candidates, key=lambda n: n.started_ns)
+        seen: set[str] = set()  # no node twice, whatever the nodes say
+        candidates = self.roots
+        while True:
+            running = [
+                self.nodes[i]
+                for i in candidates
+                if i not in seen and self.nodes[i].status == "running"
+            ]
+            if not running:
+                return path
+            node = max(running, key=lambda n: n.started_ns)
+            seen.add(node.phase_id)
             path.append(node.name)
-            candidates = [self.nodes[i] for i in node.children if self.nodes[i].status == "running"]
-        return path
+            candidates = node.children
 
-    def _node(self, phase_id: str) -> dict[str, Any]:
-        node = self.nodes[phase_id]
+    def fields(self, node: PhaseNode) -> dict[str, Any]:
+        """One phase as a snapshot shows it, without its children."""
         return {
             "id": node.phase_id,
             "name": node.name,
@@ -206,31 +225,43 @@ class PhaseTree:
             "durationMs": None
             if node.finished_ns is None
             else round((node.finished_ns - node.started_ns) / 1e6, 3),
-            "children": [self._node(child) for child in node.children],
         }
 
+    def _node(self, phase_id: str, seen: set[str]) -> dict[str, Any]:
+        seen.add(phase_id)
+        node = self.nodes[phase_id]
+        children = [self._node(child, seen) for child in node.children if child not in seen]
+        return {**self.fields(node), "children": children}
+
     def snapshot(self) -> dict[str, Any]:
+        """The whole tree (a build's summary; ``build.status`` shows a bounded
+        view of it: ``status_view``)."""
+        seen: set[str] = set()
         return {
             "state": self.state,
             "activePath": self.active_path(),
             "phases": len(self.nodes),
             "stalls": self.stalls,
-            "roots": [self._node(root) for root in self.roots],
+            "roots": [self._node(root, seen) for root in self.roots if root not in seen],
         }
 
     def render(self) -> str:
         """Indented text view (for reports and terminals)."""
         lines: list[str] = []
+        seen: set[str] = set()
 
         def walk(phase_id: str, depth: int) -> None:
+            seen.add(phase_id)
             node = self.nodes[phase_id]
             step = f"{node.completed}/{node.num_steps}"
             lines.append(f"{'  ' * depth}- {node.name} [{node.status} {step}]")
             for child in node.children:
-                walk(child, depth + 1)
+                if child not in seen:
+                    walk(child, depth + 1)
 
         for root in self.roots:
-            walk(root, 0)
+            if root not in seen:
+                walk(root, 0)
         return "\n".join(lines)
 
 

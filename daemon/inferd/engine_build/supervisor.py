@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from inferd.config import BuildsConfig, ModelConfig
-from inferd.engine_build import child_process
+from inferd.engine_build import child_process, engine_path_claim
 from inferd.engine_build.admission import BuildAdmission
 from inferd.engine_build.build_args import parse_cancel, parse_start, tensorrt_importable
 from inferd.engine_build.build_record import (
@@ -59,6 +59,7 @@ from inferd.engine_build.pipe import (
 )
 from inferd.engine_build.reader_deadlines import BuildDeadlines
 from inferd.engine_build.session import BUILD_RECORD
+from inferd.engine_build.status_view import listing_reply
 from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
@@ -206,18 +207,20 @@ class BuildManager:
         }
 
     def status(self, header: dict[str, Any]) -> dict[str, Any]:
-        """``build.status {build_id?}``: one build, or all known builds."""
+        """``build.status {build_id?}``: one build (with its phases), or all known
+        builds (each with its tree's brief); within the reply a client reads
+        (``status_view``)."""
         build_id = header.get("build_id")
         if build_id is None:
             with self._lock:
                 builds = list(self._builds.values())
-            return {
-                "builds": [describe(b) for b in builds],
+            rest = {
                 "tensorrt_available": self._tensorrt_available(),
                 "cancel_grace_s": self.grace_s,
                 "max_duration_s": self.max_duration_s,
                 **self.admission.describe(),
             }
+            return listing_reply([describe(b, listed=True) for b in builds], rest)
         return {"build": describe(self._get(build_id))}
 
     def cancel(self, header: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -379,7 +382,14 @@ class BuildManager:
             event = message.event
             with build.lock:
                 build.received += 1
-                build.tree.apply(event)
+                if not build.tree.apply(event):  # it would make the tree a cycle
+                    if build.tree.refused == 1:  # a stream gone wrong says it again
+                        log.warning(
+                            "build_phase_event_refused",
+                            build_id=build.build_id,
+                            phase_id=event.phase_id,
+                        )
+                    return  # not published either
                 now = time.monotonic()
                 if event.type == "step":
                     if now - build.last_step_publish < STEP_PUBLISH_INTERVAL_S:
@@ -390,8 +400,7 @@ class BuildManager:
                 return  # published by _finish with the outcome's details
             self._publish_event(build, event.as_dict())
         elif isinstance(message, EnginePathMessage):
-            with build.lock:
-                build.engine_path = Path(message.path)
+            engine_path_claim.accept(build, message.path, self._engine_dir)
         elif isinstance(message, RecordMessage):
             build.record = message.payload
         elif isinstance(message, ReportMessage):
