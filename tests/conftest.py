@@ -61,6 +61,21 @@ HANG_S = 15.0
 T = TypeVar("T")
 
 
+#: The signals ``inferd run``'s ``main`` handles or ignores in process.
+_RUN_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_per_test() -> Iterator[None]:
+    """Each test leaves the signal handlers as it found them: ``main(["run", ...])``
+    in process ignores SIGHUP from its first step (DESIGN.md 320), and every
+    process a later test started would inherit that."""
+    handlers = {number: signal.getsignal(number) for number in _RUN_SIGNALS}
+    yield
+    for number, handler in handlers.items():
+        signal.signal(number, handler)
+
+
 @pytest.fixture(autouse=True)
 def structlog_per_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts from structlog's defaults, whatever an earlier one configured:

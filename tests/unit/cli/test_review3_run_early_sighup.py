@@ -77,6 +77,7 @@ def test_other_commands_keep_sighups_default(tmp_path: Path) -> None:
     """Only ``run`` ignores it: ``check-config`` is no daemon (the shell's hangup ends it)."""
     script = (
         "import signal, sys\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_DFL)  # whatever the test runner left\n"
         "from inferd.cli.main import main\n"
         "code = main(['check-config', sys.argv[1]])\n"
         "print(signal.getsignal(signal.SIGHUP) is signal.SIG_DFL)\n"
