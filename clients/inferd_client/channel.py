@@ -163,7 +163,10 @@ class RequestChannel:
     handler raised: ``KeyboardInterrupt``, a watchdog's) leaves the channel in
     step: the rest of a reply read half way is discarded before the next read
     (``recv_frames``), and a request sent half way is dropped with its socket,
-    made anew before the next send.
+    made anew before the next send.  An exception that lands while the socket is
+    made anew (``_renew``) leaves it owed: the next send makes it, unless the
+    caller closed the client (``close``), which is kept apart from the socket's
+    state.
     """
 
     def __init__(
@@ -190,6 +193,8 @@ class RequestChannel:
         self._max_message_size = (
             None if bound is None else bound + (CURVE_FRAME_OVERHEAD if curve is not None else 0)
         )
+        #: The caller closed the client (``close``): no socket is made again.
+        self._closed = False
         self._open()
         self.timeout = timeout
         # A random 24-bit prefix keeps ids from different client objects apart
@@ -202,7 +207,11 @@ class RequestChannel:
         self._generation = process_generation()
 
     def _open(self) -> None:
-        """Make the DEALER, its watch and its wait, and connect."""
+        """Make the DEALER, its watch and its wait, and connect.  The channel takes
+        them in plain assignments at the end, no call of ours between them (CPython
+        runs a signal handler where a function begins or a loop jumps back): an
+        exception before them leaves the channel's state as it was, ``_whole``
+        included."""
         sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
         watch: ConnectionWatch | None = None
         try:
@@ -222,6 +231,8 @@ class RequestChannel:
             # connections ``send_buffer`` sizes (one monitor per socket).
             watch = ConnectionWatch(sock, self.endpoint, self.send_buffer, reconnect=False)
             connect(sock, self.endpoint)
+            wait = SocketWait(sock, watch.monitor)
+            read = ReadState()
         except BaseException:
             if watch is not None:
                 watch.close()
@@ -229,20 +240,25 @@ class RequestChannel:
             raise
         self._socket = sock
         self._watch = watch
-        self._wait = SocketWait(sock, watch.monitor)
+        self._wait = wait
         #: A read of this socket cut short between a reply's parts (``recv_frames``).
-        self._read = ReadState()
+        self._read = read
         #: A request's send began and has not returned (see ``_send``).
         self._sending = False
         #: The daemon refused this socket's connection (see ``_lost``): made anew
         #: before the next send.
         self._refused = False
+        #: False from the start of a ``_renew`` until its socket is made: an
+        #: exception between (a signal handler's) leaves the socket closed or
+        #: unwatched, and the next send makes it (``_send``).
+        self._whole = True
 
     def _lost(self, *, refusal: bool = True) -> bool:
         """Read the watch's news; when a connection that was up ended, make the
         socket anew (see the class's docstring); whether one did.  With
         ``refusal``, ``ConnectionRefused`` when the daemon refused the connection
-        at its handshake (else that news waits for the next call)."""
+        at its handshake (else that news waits for the next send, which makes the
+        socket anew for it)."""
         lost = self._watch.check()
         if lost:
             self.connections_lost += lost
@@ -270,7 +286,12 @@ class RequestChannel:
         )
 
     def _renew(self) -> None:
-        """Close the socket (dropping whatever it still queues) and make it anew."""
+        """Close the socket (dropping whatever it still queues) and make it anew.
+        Owed until it is made (``_whole``): a signal handler's exception in between
+        (a watchdog's, Ctrl-C: it may fire again while a call it cut short renews)
+        left the channel on its closed socket, and every later call said "the
+        client is closed" (review R2, F1).  Closing twice does no harm."""
+        self._whole = False
         self._watch.close()
         self._socket.close(linger=0)
         self._open()
@@ -314,19 +335,28 @@ class RequestChannel:
 
     def _send(self, parts: list[Any], give_up_at: float) -> bool:
         """Send one request; False when it could not leave before ``give_up_at`` (no
-        connection up, or the daemon not reading)."""
+        connection up, or the daemon not reading).  ``ConnectionRefused`` when the
+        daemon refuses the connection this send waits for."""
+        if self._closed:
+            raise ClientError("the client is closed")
         try:
-            if (self._sending or self._refused) and not self._socket.closed:
+            if self._sending or self._refused or not self._whole:
                 # A send cut short between a request's parts (an exception a signal
                 # handler raised, as ``recv_frames`` says) left its first parts
                 # queued: this request would go out as their rest, the daemon would
                 # answer the old id, and this call time out.  Only a new socket
-                # drops them.  A refused socket (``_refuse``) connects no more.
+                # drops them.  A refused socket (``_refuse``) connects no more, and
+                # one an exception cut short in the making (``_renew``) is owed.
                 self._renew()
             # The news since the last reply first: a connection that ended meanwhile
             # (a daemon restart while idle) is not blamed on this request, and the
-            # socket is made anew before the send waits for a connection.
-            self._lost()
+            # socket is made anew before the send waits for a connection.  So is a
+            # refusal met while no call waited (at construction, while idle): it
+            # fails no call that never tried (review R2, F2); only a refusal of the
+            # connection this send waits for raises, in the wait below.
+            self._lost(refusal=False)
+            if self._watch.refused is not None:
+                self._renew()
             while True:
                 self._sending = True
                 try:
@@ -343,8 +373,7 @@ class RequestChannel:
                         return False
                     self._wait.poll(remaining_ms)
         except zmq.ZMQError as exc:
-            closed = self._socket.closed
-            raise ClientError("the client is closed" if closed else str(exc)) from None
+            raise ClientError("the client is closed" if self._closed else str(exc)) from None
 
     def _await(
         self, request_id: int, give_up_at: float
@@ -396,5 +425,6 @@ class RequestChannel:
         )
 
     def close(self) -> None:
+        self._closed = True
         self._watch.close()
         self._socket.close(linger=0)

@@ -22,6 +22,7 @@ import contextlib
 import math
 import os
 import secrets
+import stat
 import sys
 import zipfile
 from collections.abc import Mapping
@@ -411,24 +412,66 @@ def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     ``NAME.npy`` member per output, stored, as ``np.savez`` writes them), each under
     its output's name, whatever the name: ``np.savez(file, **arrays)`` took an output
     named ``allow_pickle`` for its argument (not saved) and failed on one named
-    ``file``.  Written to a new file beside ``path`` and renamed over it once whole:
-    a failure leaves whatever was at ``path``."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    # As open() makes a file (0666 less the umask), but never over one already there.
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    ``file``.  Written to a new file beside the file and renamed over it once whole:
+    a failure leaves whatever was there.
+
+    Otherwise as ``open(path, "wb")`` writes (review R2, F3): through a symlink to
+    the file it names (the link kept; made when missing); a file already there
+    keeps its mode, and its owner and group where the caller may set them, and
+    one the caller may not write is refused; what is not a regular file (a
+    terminal, a pipe, ``/dev/stdout``) is written into, since nothing can be
+    renamed over it.  An error names ``path``, never the file beside it."""
+    temporary: Path | None = None
     try:
-        with (
-            os.fdopen(fd, "wb") as stream,
-            zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive,
-        ):
-            for name, array in arrays.items():
-                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
-        raise
+        try:
+            existing: os.stat_result | None = os.stat(path)
+        except FileNotFoundError:
+            existing = None
+        if existing is not None and not stat.S_ISREG(existing.st_mode):
+            with open(path, "wb") as stream:
+                _write_npz(stream, arrays)
+            return
+        target = Path(os.path.realpath(path))
+        if existing is not None:
+            # May it be written, as open() asks (EACCES, EROFS): never truncated here.
+            os.close(os.open(target, os.O_WRONLY | os.O_CLOEXEC))
+        beside = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            # As open() makes a file (0666 less the umask), never over one already there.
+            fd = os.open(beside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            if existing is None:
+                raise  # as open() would have failed: the directory is the path's
+            why = exc.strerror or str(exc)
+            raise OSError(
+                exc.errno, f"no new file can be made in {target.parent} ({why})"
+            ) from None
+        temporary = beside
+        with os.fdopen(fd, "wb") as stream:
+            if existing is not None:
+                if (existing.st_uid, existing.st_gid) != (os.geteuid(), os.getegid()):
+                    # Before the mode: a change of owner clears set-id bits.
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(fd, existing.st_uid, existing.st_gid)
+                os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+            _write_npz(stream, arrays)
+        os.replace(temporary, target)
+        temporary = None
+    except OSError as exc:
+        raise ClientError(f"cannot save the outputs to {path}: {exc.strerror or exc}") from None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+
+
+def _write_npz(stream: Any, arrays: Mapping[str, np.ndarray]) -> None:
+    """``arrays`` as an .npz archive on ``stream`` (one that cannot seek too: zipfile
+    then writes each member's sizes after it)."""
+    with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
 
 def _events(args: argparse.Namespace) -> int:

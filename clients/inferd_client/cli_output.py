@@ -14,6 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from inferd_client import cli_format
+from inferd_client.errors import MalformedReply
+
+#: What marks a msgpack ``bin`` in ``--json``, a map key or a value: then its bytes
+#: in lowercase hex.  Unmarked, a bin key and a str key spelling its hex were one
+#: key, and one entry was lost without a word (review R2, F4).
+BIN_MARK = "hex:"
 
 #: A human layout: a document as the lines a person reads.
 Layout = Callable[[dict[str, Any]], list[str]]
@@ -66,9 +72,11 @@ def json_line(document: dict[str, Any]) -> str:
     tensor's NaN or infinity) is ``null``, as JavaScript's ``JSON.stringify`` writes
     it, since ``NaN`` and ``Infinity`` are not JSON and strict parsers refuse them.
     A msgpack ``bin`` value or map key (the schemas have none; a daemon of another
-    version, or a bug, may send one) is the string of its bytes in lowercase hex:
-    it ended ``--json`` in a ``TypeError`` traceback, with nothing on stdout.  Any
-    other value JSON has no type for (a msgpack ext value) is its ``repr``."""
+    version, or a bug, may send one) is ``BIN_MARK`` and its bytes in lowercase hex
+    (``"hex:01ff"``): it ended ``--json`` in a ``TypeError`` traceback, with nothing
+    on stdout.  A map holding a bin key and a str key that reads as it (``"hex:…"``)
+    is ``MalformedReply``: one JSON key cannot show both.  Any other value JSON has
+    no type for (a msgpack ext value) is its ``repr``."""
     return json.dumps(_json_safe(document), sort_keys=True, allow_nan=False, default=repr)
 
 
@@ -76,12 +84,19 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, bytes):
-        return value.hex()
+        return BIN_MARK + value.hex()
     if isinstance(value, dict):
-        return {
-            key.hex() if isinstance(key, bytes) else key: _json_safe(item)
-            for key, item in value.items()
-        }
+        shown: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(key, bytes):
+                key = BIN_MARK + key.hex()
+                if key in value:  # a str key spelt the same: never one of them lost
+                    raise MalformedReply(
+                        f"the reply holds a map with the bin key {key[len(BIN_MARK) :]} "
+                        f"and the str key {key!r}: --json cannot show both"
+                    )
+            shown[key] = _json_safe(item)
+        return shown
     if isinstance(value, list | tuple):
         return [_json_safe(item) for item in value]
     return value

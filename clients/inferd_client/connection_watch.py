@@ -90,8 +90,10 @@ class ConnectionWatch:
         self._up = False
         #: The ZAP status code of the last handshake the daemon refused (400: its
         #: policy or ``bus.max_connections``; 500: its handler failed), None while
-        #: none was; the caller reads it after ``check`` (the request channel raises
-        #: ``ConnectionRefused``; the events subscriber leaves it to its timeout).
+        #: none was or once a later handshake succeeded; the caller reads it after
+        #: ``check`` (the request channel raises ``ConnectionRefused`` for the
+        #: connection a call waits for, and makes the socket anew for one refused
+        #: before; the events subscriber leaves it to its timeout).
         self.refused: int | None = None
 
     def check(self) -> int:
@@ -118,6 +120,9 @@ class ConnectionWatch:
             event = int(news["event"])
             if event == _UP:
                 self._up = True
+                # libzmq's one more try of a refused connection was admitted: the
+                # refusal is stale, and a live connection is not made anew for it.
+                self.refused = None
             elif event == _DOWN:
                 if self._up:  # a handshake that failed is left to libzmq
                     self._up = False

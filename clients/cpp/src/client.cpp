@@ -128,8 +128,9 @@ std::optional<std::int64_t> checked_frame_bound(std::optional<std::int64_t> boun
 // request sent in between went into the dead pipe (the Python client: 27 runs
 // of 100 timed out, DESIGN.md 246). Each socket sets a routing id of its own
 // (detail::new_routing_id), and a connection the daemon refuses at its handshake
-// throws ConnectionRefused at once (the monitor's HANDSHAKE_FAILED_AUTH); the
-// next call makes the socket anew.
+// throws ConnectionRefused at once (the monitor's HANDSHAKE_FAILED_AUTH) when a
+// call waits for it; the next call makes the socket anew, as does a call after a
+// refusal met while none waited.
 class RequestChannel {
 public:
     RequestChannel(const ClientOptions& options, const std::string& default_endpoint,
@@ -193,8 +194,12 @@ public:
             if (refused_) reopen();
             // News of a connection that ended while the channel was idle (a daemon
             // restart) is read now: later, it would fail a request sent on the
-            // new connection. A refusal since the last call throws now.
-            lost();
+            // new connection. A refusal met while no call waited (at construction,
+            // while idle) fails no call that never tried: the socket is made anew
+            // for it too (review R2, F2). Only a refusal of the connection this
+            // call waits for throws (send).
+            lost(false);
+            if (refused_) reopen();
             if (!send(header, frames, give_up_at)) continue;
             auto reply = await(request_id, give_up_at);
             if (!reply) {
@@ -267,7 +272,8 @@ private:
     // Reads the watch's news; when a connection that was up ended, makes the
     // socket anew (see the class's comment). Whether one did. With `refusal`,
     // throws ConnectionRefused when the daemon refused the connection at its
-    // handshake (else that news waits for the next call).
+    // handshake (else the socket is marked refused, and the next call's start
+    // makes it anew).
     bool lost(bool refusal = true) {
         if (!watch_) return false;
         auto news = watch_->check();

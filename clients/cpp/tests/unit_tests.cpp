@@ -22,6 +22,7 @@
 #include <functional>
 #include <stdexcept>
 #include <thread>
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -3057,6 +3058,79 @@ TEST(a_connection_the_daemon_refuses_at_its_handshake_fails_the_call_at_once) {
     peer.admit();
     CHECK_EQ(client.infer("m", two_floats(input)).output("out0").as<float>()[1], 2.0f);
     CHECK_EQ(operating.call("status"), "{}");
+}
+
+namespace {
+
+// Connected ipc:// sockets of this process whose peer is `path`: the clients'
+// ends of their connections (unnamed themselves; the peer's accepted ends are
+// named `path`).
+int client_connections_to(const std::string& path) {
+    DIR* fds = opendir("/proc/self/fd");
+    if (fds == nullptr) return -1;
+    int count = 0;
+    while (const dirent* entry = readdir(fds)) {
+        if (entry->d_name[0] == '.') continue;
+        int fd = std::atoi(entry->d_name);
+        if (fd == dirfd(fds)) continue;
+        int domain = 0;
+        int type = 0;
+        socklen_t size = sizeof domain;
+        if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) != 0 || domain != AF_UNIX) continue;
+        size = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0 || type != SOCK_STREAM) continue;
+        sockaddr_un self{};
+        sockaddr_un peer{};
+        socklen_t self_size = sizeof self;
+        socklen_t peer_size = sizeof peer;
+        if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_size) != 0 ||
+            self_size > sizeof(sa_family_t)) {
+            continue;  // named: a listening or accepted end
+        }
+        if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0) continue;
+        if (peer_size > sizeof(sa_family_t) &&
+            std::string(peer.sun_path, strnlen(peer.sun_path, sizeof peer.sun_path)) == path) {
+            ++count;
+        }
+    }
+    closedir(fds);
+    return count;
+}
+
+// Whether `done()` held within `bound` (looked at every 5 ms: the bound ends a
+// hang, it decides nothing).
+bool within(std::chrono::milliseconds bound, const std::function<bool()>& done) {
+    auto give_up_at = std::chrono::steady_clock::now() + bound;
+    while (!done()) {
+        if (std::chrono::steady_clock::now() > give_up_at) return false;
+        std::this_thread::sleep_for(5ms);
+    }
+    return true;
+}
+
+}  // namespace
+
+TEST(a_refusal_met_while_no_call_waited_fails_no_call) {
+    // Each client connects as it is made; the daemon refuses those connections
+    // while no call waits, then has room. The first calls threw ConnectionRefused
+    // at once, without trying (review R2, F2).
+    GuardedPeer peer;
+    ClientOptions options;
+    options.endpoint = peer.endpoint();
+    options.timeout = 10s;
+    InferenceClient client(options);
+    OperatorClient operating(options);
+    auto path = peer.endpoint().substr(std::string("ipc://").size());
+    // Both refused, and both clients' ends of those connections closed: libzmq puts
+    // a refusal on the socket's monitor before it closes the connection, so each
+    // client's news of it is in before its call.
+    CHECK(within(15s, [&] { return peer.refused() >= 2 && client_connections_to(path) == 0; }));
+    CHECK_EQ(peer.refused(), 2);
+    peer.admit();
+    float input[2] = {0, 0};
+    CHECK_EQ(client.infer("m", two_floats(input)).output("out0").as<float>()[1], 2.0f);
+    CHECK_EQ(operating.call("status"), "{}");
+    CHECK_EQ(peer.refused(), 2);  // the calls were admitted, never refused
 }
 
 namespace {

@@ -66,15 +66,12 @@ PeerKey = tuple[str, bytes]
 
 #: How many peers that lost replies ``status`` lists (the most recent).
 MAX_LISTED_PEERS = 64
-#: How much of a routing id ``status`` and the log show.  ZeroMQ's own are 5
-#: bytes; a DEALER may pick one of up to 255 (``ZMQ_ROUTING_ID``), and 64 listed
-#: peers with those took 38 KB of the 64 KiB reply an operator's client reads.
-SHOWN_ROUTING_ID_BYTES = 16
-#: A routing id libzmq's ROUTER generates for a peer that set none: 0x00 and a
-#: 32-bit counter.  Shown raw, it told a client the next ids to claim, and a claimed
-#: id the ROUTER then generates aborts the daemon (``bus/binding.py``).
-GENERATED_ROUTING_ID_BYTES = 5
-#: What marks the digest shown in place of such an id.
+#: What marks the digest ``status`` and the log show in place of a routing id.
+#: Never the id: one libzmq's ROUTER generated (0x00 and a 32-bit counter) told a
+#: client the next ids to claim, and a claimed id the ROUTER then generates aborts
+#: the daemon (``bus/binding.py``); one a client chose (inferd's clients choose 16
+#: random bytes) could be claimed by whoever reads ``status`` once that client
+#: had gone, and the replies still routed to it would go to the claimer.
 DIGEST_MARK = "digest:"
 #: The key of those digests, drawn at start: they tell peers apart, and match the
 #: log's, within one run only, and without the key no id can be tested against one.
@@ -371,12 +368,8 @@ class ReplyBudget:
 
 
 def shown_routing_id(routing_id: bytes) -> str:
-    """``routing_id`` in hex, its first ``SHOWN_ROUTING_ID_BYTES`` only, with how many
-    bytes were left out (``+239B``); one libzmq may have generated, never: a keyed
-    digest of it (``digest:`` and 16 hex digits) in its place."""
-    if len(routing_id) == GENERATED_ROUTING_ID_BYTES and routing_id[0] == 0:
-        digest = hashlib.blake2b(routing_id, key=_DIGEST_KEY, digest_size=8)
-        return DIGEST_MARK + digest.hexdigest()
-    left_out = len(routing_id) - SHOWN_ROUTING_ID_BYTES
-    shown = routing_id[:SHOWN_ROUTING_ID_BYTES].hex()
-    return shown if left_out <= 0 else f"{shown}+{left_out}B"
+    """``routing_id`` as ``status`` and the log show it: ``digest:`` and 16 hex digits
+    of a digest of all its bytes keyed per run (``DIGEST_MARK``), whatever its
+    length (1 to 255 bytes: 23 characters each in a 64-peer list)."""
+    digest = hashlib.blake2b(routing_id, key=_DIGEST_KEY, digest_size=8)
+    return DIGEST_MARK + digest.hexdigest()

@@ -24,6 +24,7 @@ from inferd.bus.reply_budget import (
     TOTAL_BUDGET,
     ReplyBudget,
     message_bytes,
+    shown_routing_id,
 )
 from inferd_wire.protocol import ok_header, pack, unpack_header
 from tests.conftest import HANG_S, REPO, wait_until
@@ -308,13 +309,13 @@ def test_a_peer_over_its_budget_loses_replies_others_do_not() -> None:
         assert send(budget, b"fast", 4 * MIB) is not None
     dropped = [line for line in logs if line["event"] == "replies_dropped_peer_not_reading"]
     assert len(dropped) == 1, logs  # once per peer, not per reply
-    assert dropped[0]["peer"] == b"slow".hex() and dropped[0]["reason"] == PEER_BUDGET
+    assert dropped[0]["peer"] == shown_routing_id(b"slow") and dropped[0]["reason"] == PEER_BUDGET
     status = budget.status()
     assert (status["dropped"], status["dropped_bytes"]) == (2, 8 * MIB)
     assert status["dropping_peers"] == [
         {
             "socket": "infer",
-            "peer": b"slow".hex(),
+            "peer": shown_routing_id(b"slow"),
             "dropped": 2,
             "dropped_bytes": 8 * MIB,
             "in_flight_bytes": 8 * MIB,
@@ -368,7 +369,7 @@ def test_the_total_budget_bounds_all_peers_together() -> None:
     with capture_logs() as logs:
         assert send(budget, b"third", 5 * MIB) is None
     assert logs[0]["reason"] == TOTAL_BUDGET
-    assert budget.status()["dropping_peers"][0]["peer"] == b"third".hex()
+    assert budget.status()["dropping_peers"][0]["peer"] == shown_routing_id(b"third")
 
 
 def test_the_same_routing_id_on_the_two_sockets_is_two_peers() -> None:
@@ -384,7 +385,7 @@ def test_status_lists_the_most_recent_dropping_peers_only() -> None:
         assert send(budget, peer.to_bytes(4, "big"), 1) is None
     listed = budget.status()["dropping_peers"]
     assert len(listed) == MAX_LISTED_PEERS
-    assert listed[0]["peer"] == (MAX_LISTED_PEERS + 9).to_bytes(4, "big").hex()
+    assert listed[0]["peer"] == shown_routing_id((MAX_LISTED_PEERS + 9).to_bytes(4, "big"))
     assert budget.dropped == MAX_LISTED_PEERS + 10
     del keep
 
@@ -455,17 +456,20 @@ def test_the_watch_follows_zeromq_holding_a_reply_until_the_peer_reads_or_leaves
     wait_until(freed, message="the pipe freed")
 
 
-def test_a_long_routing_id_is_shown_by_its_first_16_bytes_and_how_many_were_left_out() -> None:
+def test_a_routing_id_of_any_length_is_shown_as_a_digest_of_all_its_bytes() -> None:
     """A DEALER picks its routing id, up to 255 bytes: 64 listed peers with those
-    took 38 KB of the 64 KiB status reply an operator's client reads (DESIGN.md 296)."""
+    took 38 KB of the 64 KiB status reply an operator's client reads (DESIGN.md 296).
+    Each is a digest now (review R2), 23 characters whatever its length, and two
+    ids that share their first 16 bytes (shown alike when the first 16 were shown)
+    are two."""
     budget = ReplyBudget(per_peer_bytes=1, total_bytes=10)
-    # A short id is shown whole (one libzmq generated, 5 bytes from 0x00, only as
-    # a digest: test_review3_routing_ids.py).
-    long_id, short_id = bytes(range(255)), b"\x01\x80\x00\x00\x29"
-    budget.drop("infer", long_id, 5, PEER_BUDGET)
-    budget.drop("infer", short_id, 5, PEER_BUDGET)
-    shown = [peer["peer"] for peer in budget.status()["dropping_peers"]]
-    assert shown == [short_id.hex(), bytes(range(16)).hex() + "+239B"]
+    ids = [bytes(range(255)), bytes(range(16)) + b"\xff", b"\x01\x80\x00\x00\x29"]
+    for routing_id in ids:
+        budget.drop("infer", routing_id, 5, PEER_BUDGET)
+    shown = [peer["peer"] for peer in reversed(budget.status()["dropping_peers"])]
+    assert shown == [shown_routing_id(routing_id) for routing_id in ids]
+    assert all(len(peer) == len("digest:") + 16 for peer in shown), shown
+    assert len(set(shown)) == 3, shown
     assert_valid_peer_ids(shown)
 
 

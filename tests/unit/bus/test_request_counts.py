@@ -22,7 +22,7 @@ import zmq
 from structlog.testing import capture_logs
 
 from inferd.bus import server
-from inferd.bus.reply_budget import TOTAL_BUDGET
+from inferd.bus.reply_budget import TOTAL_BUDGET, shown_routing_id
 from inferd.bus.server import BusServer
 from inferd_wire import protocol
 from tests.conftest import HANG_S, wait_until
@@ -110,13 +110,13 @@ def test_a_refused_reply_whose_notice_finds_its_client_gone_is_counted_once(
         slow.close(linger=0)
         context.term()
     [dropped] = [line for line in logs if line["event"] == "replies_dropped_peer_not_reading"]
-    assert (dropped["peer"], dropped["reason"]) == (gone.hex(), TOTAL_BUDGET)
+    assert (dropped["peer"], dropped["reason"]) == (shown_routing_id(gone), TOTAL_BUDGET)
     status = server_.status()
     # One reply, one count: dropped (its notice went nowhere either).
     assert status["replies"]["dropped"] == 1
     assert status["unroutable_replies"] == 1, status  # the first reply's alone
     assert [(p["peer"], p["dropped"]) for p in status["replies"]["dropping_peers"]] == [
-        (gone.hex(), 1)
+        (shown_routing_id(gone), 1)
     ]
 
 

@@ -9,7 +9,10 @@ log) showed them, telling a client the ids to claim.  Now:
 - ``bind_infer_and_control`` seeds ``rand()`` from the kernel before it makes the
   ROUTERs: two fresh processes' first generated ids differ (they were equal);
 - ``status``'s ``bus.replies.dropping_peers`` and ``replies_dropped_peer_not_reading``
-  show an id of that shape as a keyed digest, never raw.
+  show an id of that shape as a keyed digest, never raw; since review R2, every id:
+  the clients choose 16 random bytes, and one shown raw could be claimed by
+  whoever read ``status`` once its client had gone, with the replies still routed
+  to it.
 """
 
 from __future__ import annotations
@@ -104,18 +107,30 @@ def test_status_and_the_log_show_a_generated_routing_id_as_a_keyed_digest() -> N
     assert_valid_peer_ids(shown)
 
 
-def test_ids_a_client_chose_are_shown_as_before() -> None:
-    """Only the shape libzmq generates (5 bytes, the first 0) is hidden: an id a
-    client chose is how its operator finds it."""
+def test_ids_a_client_chose_are_shown_as_keyed_digests_too() -> None:
+    """Shown raw (review R2), an id a client chose (inferd's clients choose 16
+    random bytes) told whoever may read ``status`` the id to claim once that client
+    had disconnected, and replies still routed to it would then go to the claimer."""
     budget = ReplyBudget(per_peer_bytes=1, total_bytes=10)
-    chosen = [b"slow", b"\x01\xe4\x3c\x98\x69", b"\x00\xe4\x3c\x98", b"\x00" * 6, bytes(range(255))]
-    for routing_id in chosen:
-        budget.drop("infer", routing_id, 5, PEER_BUDGET)
-    shown = [peer["peer"] for peer in reversed(budget.status()["dropping_peers"])]
-    assert shown == [
-        *(routing_id.hex() for routing_id in chosen[:-1]),
-        bytes(range(16)).hex() + "+239B",
+    chosen = [
+        b"slow",
+        b"\x01\xe4\x3c\x98\x69",
+        b"\x00\xe4\x3c\x98",
+        b"\x00" * 6,
+        bytes(range(1, 17)),  # as inferd's clients choose: 16 bytes, the first not 0
+        bytes(range(255)),
     ]
+    with capture_logs() as logs:
+        for routing_id in chosen:
+            budget.drop("infer", routing_id, 5, PEER_BUDGET)
+    shown = [peer["peer"] for peer in reversed(budget.status()["dropping_peers"])]
+    assert all(peer.startswith(DIGEST_MARK) for peer in shown), shown
+    assert all(routing_id.hex()[:8] not in peer for peer in shown for routing_id in chosen)
+    assert len(set(shown)) == len(chosen)  # each peer still its own
+    logged = [line["peer"] for line in logs if line["event"] == "replies_dropped_peer_not_reading"]
+    assert logged == shown
+    unkeyed = {DIGEST_MARK + hashlib.blake2b(r, digest_size=8).hexdigest() for r in chosen}
+    assert not unkeyed & set(shown)
     assert_valid_peer_ids(shown)
 
 

@@ -96,12 +96,13 @@ def test_json_shows_a_bin_value_as_hex(
     endpoint = server(answering(result))
     assert cli.main(["--control-endpoint", endpoint, "health", "--json"]) == cli.EXIT_OK
     out, err = capsys.readouterr()
-    assert json.loads(out) == {"state": "serving", "note": "01ff", "threads": {"bus": True}}
+    assert json.loads(out) == {"state": "serving", "note": "hex:01ff", "threads": {"bus": True}}
     assert "Traceback" not in err
 
 
 def test_json_shows_a_bin_key_as_hex_too() -> None:
-    assert json.loads(cli.json_line({"a": {b"\x00k": [b"", 1.5]}})) == {"a": {"006b": ["", 1.5]}}
+    shown = json.loads(cli.json_line({"a": {b"\x00k": [b"", 1.5]}}))
+    assert shown == {"a": {"hex:006b": ["hex:", 1.5]}}  # marked (review R2, F4)
 
 
 @pytest.mark.parametrize(
