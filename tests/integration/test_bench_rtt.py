@@ -96,13 +96,14 @@ def test_rtt_table_gives_each_target_an_interval_and_its_rows_are_written_as_jso
     # case's requests would be off by far more than the bound (the columns' runs
     # differ 40-fold); the bound leaves room for the worker being preempted between
     # its reply clock and its stamp while pytest's other worker loads both cores
-    # (a median of ten 0.6 MB requests once read 53 against 128 us there).
+    # (a median of ten 0.6 MB requests once read 53 against 128 us there, and
+    # 151 against 253 us in a CI run beside another job).
     stamped = next(line for line in out.splitlines() if "ORT run (runtime.infer)" in line)
     reported = next(line for line in out.splitlines() if "reply latency_us (median)" in line)
     for run_us, latency_us in zip(
         map(float, stamped.split()[3:]), map(float, reported.split()[3:]), strict=True
     ):
-        assert abs(run_us - latency_us) <= max(100.0, 0.25 * latency_us), (stamped, reported)
+        assert abs(run_us - latency_us) <= max(200.0, 0.5 * latency_us), (stamped, reported)
 
 
 def test_breakdown_json_times_every_step() -> None:
