@@ -15,15 +15,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import structlog
+import zmq
 from hypothesis import settings
 
 from inferd.config import FdrConfig
@@ -33,6 +34,9 @@ from inferd.fdr.writer import FlightRecorder
 from inferd_client import ClientCurve, EventSubscriber, OperatorClient
 from inferd_client.errors import ClientError
 from tests.fakes import gpu_site
+
+if TYPE_CHECKING:
+    from inferd.daemon import Daemon
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,6 +61,20 @@ def examples(count: int) -> int:
 #: How long a wait for something that must happen may take before the test
 #: fails: it only bounds a hang, it never decides an outcome on a healthy machine.
 HANG_S = 15.0
+
+#: Python source for a child interpreter (``python -c``), after its imports: a soft
+#: ``RLIMIT_NOFILE`` of 64 and every free descriptor taken into ``taken``, so that its
+#: next open fails with ``EMFILE`` (``os.close`` each of ``taken`` gives them back).
+TAKE_EVERY_DESCRIPTOR = """
+import os, resource
+taken = []
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+while True:
+    try:
+        taken.append(os.dup(0))
+    except OSError:
+        break
+"""
 
 T = TypeVar("T")
 
@@ -474,6 +492,18 @@ class DaemonProcess:
         return self.process.wait(timeout=timeout)
 
 
+def stop_daemons(daemons: Iterable[DaemonProcess]) -> None:
+    """Each of ``daemons`` still running stopped (SIGTERM), or killed when it has not
+    stopped within 20 s: a test's daemons, after it."""
+    for daemon in daemons:
+        if daemon.process.poll() is None:
+            try:
+                daemon.stop(timeout=20)
+            except subprocess.TimeoutExpired:
+                daemon.process.kill()
+                daemon.process.wait()
+
+
 #: The endpoints ``inferctl`` is given by default: all of the daemon's.
 ALL_ENDPOINTS = ("infer", "control", "events")
 
@@ -570,6 +600,18 @@ def render_config(
         lines.append("[[models]]")
         lines += [f"{key} = {_toml_value(value)}" for key, value in model.items()]
     return "\n".join(lines) + "\n"
+
+
+def in_process_daemon(
+    workdir: Path, models: list[dict[str, object]], **sections: dict[str, object]
+) -> Daemon:
+    """A ``Daemon`` in this process (not started) on ``render_config``'s config, which
+    is written to ``workdir/inferd.toml`` and loaded from there as ``inferd run`` does."""
+    from inferd import config as config_module
+    from inferd.daemon import Daemon
+
+    (workdir / "inferd.toml").write_text(render_config(workdir, models, **sections))
+    return Daemon(config_module.load(workdir / "inferd.toml"))
 
 
 def start_daemon(
@@ -694,6 +736,14 @@ def short_tmp_path() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def context() -> Iterator[zmq.Context[Any]]:
+    """A ZeroMQ context of the test's own, destroyed (linger 0) after it."""
+    context: zmq.Context[Any] = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
 @contextmanager
 def _daemons(demo_model: Path) -> Iterator[DaemonFactory]:
     """A factory of daemons, each stopped and its directory removed on exit."""
@@ -717,13 +767,7 @@ def _daemons(demo_model: Path) -> Iterator[DaemonFactory]:
         return daemon
 
     yield factory
-    for daemon in started:
-        if daemon.process.poll() is None:
-            try:
-                daemon.stop(timeout=20)
-            except subprocess.TimeoutExpired:
-                daemon.process.kill()
-                daemon.process.wait()
+    stop_daemons(started)
     for workdir in workdirs:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from inferd_client import OperatorClient
-from tests.conftest import REPO, DaemonProcess, render_config, start_daemon
+from tests.conftest import REPO, DaemonProcess, render_config, start_daemon, stop_daemons
 
 pytestmark = pytest.mark.integration
 
@@ -47,13 +47,7 @@ def restartable(demo_model: Path) -> Iterator[tuple[DaemonProcess, Callable[[], 
         daemons.append(start_daemon(text, workdir))
 
     yield daemons[0], restart
-    for daemon in daemons:
-        if daemon.process.poll() is None:
-            try:
-                daemon.stop(timeout=20)
-            except subprocess.TimeoutExpired:
-                daemon.process.kill()
-                daemon.process.wait()
+    stop_daemons(daemons)
     shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.integration
 BOUND = 2
 #: The timeout of the refused clients: what a refused call waited before.
 TIMEOUT_S = 10.0
+#: The identity model's input, which it serves back.
+X = np.ones(IDENTITY_SHAPE, np.float32)
 
 
 def socket_counts(daemon: DaemonProcess, name: str) -> dict[str, Any]:
@@ -49,48 +51,61 @@ def held(context: zmq.Context[Any], endpoint: str, op: str) -> zmq.Socket[Any]:
     return sock
 
 
-def test_a_refused_connection_fails_the_call_at_once_and_the_next_call_connects_anew(
-    daemon_factory: DaemonFactory, identity_model: Any
-) -> None:
-    daemon = daemon_factory(
+def bounded_daemon(daemon_factory: DaemonFactory, identity_model: Any) -> DaemonProcess:
+    """A daemon serving ``identity`` that admits ``BOUND`` connections of a peer to
+    each of its sockets."""
+    return daemon_factory(
         models=[{"name": "identity", "path": str(identity_model)}],
         bus={"max_connections": BOUND},
     )
-    x = np.ones(IDENTITY_SHAPE, np.float32)
-    context: zmq.Context[Any] = zmq.Context()
-    try:
-        # This uid holds the bound on the infer socket: a client of it is refused.
-        holders = [held(context, daemon.infer, "describe") for _ in range(BOUND)]
-        refused_before = socket_counts(daemon, "infer")["connections_refused"]
-        with InferenceClient(daemon.infer, timeout=TIMEOUT_S) as client:
-            started = time.monotonic()
-            with pytest.raises(ConnectionRefused) as refused:
-                client.infer("identity", {"input": x})
-            waited = time.monotonic() - started
-            assert waited < TIMEOUT_S / 2, f"refused after {waited:.3f} s"
-            message = str(refused.value)
-            assert daemon.infer in message and "refused" in message, message
-            assert "bus.max_connections" in message and "connections_refused" in message
-            assert refused.value.status == 400
-            counts = socket_counts(daemon, "infer")
-            assert counts["connections_refused"] > refused_before
-            # One held connection leaves: the same client's next call connects anew.
-            holders.pop().close(linger=0)
-            wait_until(
-                lambda: socket_counts(daemon, "infer")["connections"] < BOUND,
-                message="the closed connection let go",
-            )
-            assert (client.infer("identity", {"input": x})["output"] == x).all()
-        # The control socket likewise, for an operator's client (inferctl).
-        controllers = [held(context, daemon.control, "health") for _ in range(BOUND)]
-        with OperatorClient(daemon.control, timeout=TIMEOUT_S) as operator:
-            started = time.monotonic()
-            with pytest.raises(ConnectionRefused, match="refused this client's connection"):
-                operator.health()
-            waited = time.monotonic() - started
-            assert waited < TIMEOUT_S / 2, f"refused after {waited:.3f} s"
-        for sock in holders + controllers:
-            sock.close(linger=0)
-    finally:
-        context.destroy(linger=0)
+
+
+def holding_the_bound(
+    context: zmq.Context[Any], endpoint: str, op: str = "describe"
+) -> list[zmq.Socket[Any]]:
+    """``BOUND`` connections of this uid to ``endpoint``, held: a client of it is refused."""
+    return [held(context, endpoint, op) for _ in range(BOUND)]
+
+
+def let_one_go(daemon: DaemonProcess, holders: list[zmq.Socket[Any]]) -> None:
+    """One held connection to the infer socket closes; returns once the daemon has
+    let it go (this uid is under the bound again)."""
+    holders.pop().close(linger=0)
+    wait_until(
+        lambda: socket_counts(daemon, "infer")["connections"] < BOUND,
+        message="the closed connection let go",
+    )
+
+
+def test_a_refused_connection_fails_the_call_at_once_and_the_next_call_connects_anew(
+    daemon_factory: DaemonFactory, identity_model: Any, context: zmq.Context[Any]
+) -> None:
+    daemon = bounded_daemon(daemon_factory, identity_model)
+    holders = holding_the_bound(context, daemon.infer)
+    refused_before = socket_counts(daemon, "infer")["connections_refused"]
+    with InferenceClient(daemon.infer, timeout=TIMEOUT_S) as client:
+        started = time.monotonic()
+        with pytest.raises(ConnectionRefused) as refused:
+            client.infer("identity", {"input": X})
+        waited = time.monotonic() - started
+        assert waited < TIMEOUT_S / 2, f"refused after {waited:.3f} s"
+        message = str(refused.value)
+        assert daemon.infer in message and "refused" in message, message
+        assert "bus.max_connections" in message and "connections_refused" in message
+        assert refused.value.status == 400
+        counts = socket_counts(daemon, "infer")
+        assert counts["connections_refused"] > refused_before
+        # One held connection leaves: the same client's next call connects anew.
+        let_one_go(daemon, holders)
+        assert (client.infer("identity", {"input": X})["output"] == X).all()
+    # The control socket likewise, for an operator's client (inferctl).
+    controllers = holding_the_bound(context, daemon.control, "health")
+    with OperatorClient(daemon.control, timeout=TIMEOUT_S) as operator:
+        started = time.monotonic()
+        with pytest.raises(ConnectionRefused, match="refused this client's connection"):
+            operator.health()
+        waited = time.monotonic() - started
+        assert waited < TIMEOUT_S / 2, f"refused after {waited:.3f} s"
+    for sock in holders + controllers:
+        sock.close(linger=0)
     assert "over bus.max_connections (2)" in daemon.log()

@@ -16,7 +16,6 @@ client may: inferd's own clients set one of their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -35,13 +34,6 @@ pytestmark = pytest.mark.integration
 #: the peers that connected before (the readiness check, on control).
 UNSEEDED_FIRST_IDS = {"infer": 0xE43C9869, "control": 0xF4B0DC51}
 CLAIMED = 20
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    context: zmq.Context[Any] = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def dealer(

@@ -12,14 +12,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import pytest
 import zmq
 
 from inferd_client import ConnectionRefused, InferenceClient
 from tests.conftest import DaemonFactory, wait_until
-from tests.integration.test_review3_client_refused import BOUND, TIMEOUT_S, held, socket_counts
-from tests.integration.wire import IDENTITY_SHAPE
+from tests.integration.test_review3_client_refused import (
+    TIMEOUT_S,
+    X,
+    bounded_daemon,
+    holding_the_bound,
+    let_one_go,
+    socket_counts,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,35 +38,23 @@ def refusal_read(client: InferenceClient) -> int | None:
 
 
 def test_a_refusal_met_while_idle_fails_no_call(
-    daemon_factory: DaemonFactory, identity_model: Any
+    daemon_factory: DaemonFactory, identity_model: Any, context: zmq.Context[Any]
 ) -> None:
-    daemon = daemon_factory(
-        models=[{"name": "identity", "path": str(identity_model)}],
-        bus={"max_connections": BOUND},
-    )
-    x = np.ones(IDENTITY_SHAPE, np.float32)
-    context: zmq.Context[Any] = zmq.Context()
-    try:
-        holders = [held(context, daemon.infer, "describe") for _ in range(BOUND)]
-        with InferenceClient(daemon.infer, timeout=TIMEOUT_S) as client:
-            # Refused as it was made, no call waiting.
-            assert wait_until(lambda: refusal_read(client), message="the refusal read") == 400
-            holders.pop().close(linger=0)
-            wait_until(
-                lambda: socket_counts(daemon, "infer")["connections"] < BOUND,
-                message="the closed connection let go",
-            )
-            refused = socket_counts(daemon, "infer")["connections_refused"]
-            started = time.monotonic()
-            try:
-                output = client.infer("identity", {"input": x})["output"]
-            except ConnectionRefused as exc:
-                waited = time.monotonic() - started
-                pytest.fail(f"a call that never tried was refused after {waited:.3f} s: {exc}")
-            assert (output == x).all()
-            assert socket_counts(daemon, "infer")["connections_refused"] == refused
-            assert (client.infer("identity", {"input": x})["output"] == x).all()
-        for sock in holders:
-            sock.close(linger=0)
-    finally:
-        context.destroy(linger=0)
+    daemon = bounded_daemon(daemon_factory, identity_model)
+    holders = holding_the_bound(context, daemon.infer)
+    with InferenceClient(daemon.infer, timeout=TIMEOUT_S) as client:
+        # Refused as it was made, no call waiting.
+        assert wait_until(lambda: refusal_read(client), message="the refusal read") == 400
+        let_one_go(daemon, holders)
+        refused = socket_counts(daemon, "infer")["connections_refused"]
+        started = time.monotonic()
+        try:
+            output = client.infer("identity", {"input": X})["output"]
+        except ConnectionRefused as exc:
+            waited = time.monotonic() - started
+            pytest.fail(f"a call that never tried was refused after {waited:.3f} s: {exc}")
+        assert (output == X).all()
+        assert socket_counts(daemon, "infer")["connections_refused"] == refused
+        assert (client.infer("identity", {"input": X})["output"] == X).all()
+    for sock in holders:
+        sock.close(linger=0)

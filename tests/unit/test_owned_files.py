@@ -23,6 +23,7 @@ from inferd.owned_files import (
     open_nofollow,
 )
 from inferd_wire.endpoints import unsafe_directory_reason
+from tests.conftest import TAKE_EVERY_DESCRIPTOR
 
 
 def test_a_missing_directory_is_created_private(tmp_path: Path) -> None:
@@ -98,17 +99,14 @@ def test_a_path_through_a_file_is_unsafe_not_unchecked(tmp_path: Path) -> None:
 
 #: Run at the descriptor limit: every free descriptor taken, then the directory
 #: made or checked.  Prints what was raised, its class and errno.
-_AT_THE_LIMIT = """
-import os, resource, sys
+_AT_THE_LIMIT = (
+    """
+import sys
 from pathlib import Path
 from inferd.owned_files import ensure_owned_dir
-taken = []
-resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-while True:
-    try:
-        taken.append(os.dup(0))
-    except OSError:
-        break
+"""
+    + TAKE_EVERY_DESCRIPTOR
+    + """
 try:
     ensure_owned_dir(Path(sys.argv[1]), what="daemon.runtime_dir")
 except Exception as exc:
@@ -116,6 +114,7 @@ except Exception as exc:
 else:
     print("made")
 """
+)
 
 
 @pytest.mark.parametrize("exists", [True, False])

@@ -1661,18 +1661,21 @@ std::string health_event(std::uint64_t seq) {
     });
 }
 
-// A PUB socket publishing a health event every 10 ms from its own thread.
+// A PUB socket publishing a health event every `pace` (10 ms unless told) from its
+// own thread. The pace is not a synchronisation: at 100 us a subscriber finds its
+// socket empty between events, and now and then holds several.
 class Publisher {
 public:
-    Publisher() : endpoint_("ipc://" + temp_dir() + "/events.sock"), pub_(*shared_context(), zmq::socket_type::pub) {
+    explicit Publisher(std::chrono::microseconds pace = 10ms)
+        : endpoint_("ipc://" + temp_dir() + "/events.sock"), pub_(*shared_context(), zmq::socket_type::pub) {
         pub_.set(zmq::sockopt::linger, 0);
         pub_.bind(endpoint_);
-        thread_ = std::thread([this] {
+        thread_ = std::thread([this, pace] {
             for (std::uint64_t seq = 1; !stop_; ++seq) {
                 auto payload = health_event(seq);
                 pub_.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
                 pub_.send(zmq::buffer(payload), zmq::send_flags::none);
-                std::this_thread::sleep_for(10ms);
+                std::this_thread::sleep_for(pace);
             }
         });
     }
@@ -2705,13 +2708,12 @@ TEST(a_daemon_that_goes_away_while_a_call_waits_fails_it_at_once_or_it_is_resent
     CHECK(ids.size() == 4 && ids[2] != ids[3]);
 }
 
-TEST(a_daemon_restart_while_the_client_is_idle_fails_no_call) {
-    // The old connection's end is read before the next send: read later, it
-    // would fail the request that waits on the new connection.
-    Incarnations daemon(2, [](zmq::socket_t& router, std::vector<zmq::message_t>& parts, int) {
-        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
-        return true;
-    });
+namespace {
+
+// A client (10 s timeout) calls `daemon` once; the daemon restarts; the client calls
+// again once libzmq has connected to the new daemon by itself (the old socket
+// again), and that second call makes its socket anew. Returns its out0[1].
+float second_call_across_a_restart(Incarnations& daemon) {
     ClientOptions options;
     options.endpoint = daemon.endpoint();
     options.timeout = 10s;
@@ -2719,9 +2721,22 @@ TEST(a_daemon_restart_while_the_client_is_idle_fails_no_call) {
     float input[2] = {0, 0};
     client.infer("m", two_floats(input));
     daemon.restart();
-    CHECK(daemon.wait_handshakes(2));  // libzmq connected to the new daemon by itself
-    CHECK_EQ(client.infer("m", two_floats(input)).output("out0").as<float>()[1], 2.0f);
+    CHECK(daemon.wait_handshakes(2));
+    float second = client.infer("m", two_floats(input)).output("out0").as<float>()[1];
     CHECK_EQ(client.connections_lost(), 1u);
+    return second;
+}
+
+}  // namespace
+
+TEST(a_daemon_restart_while_the_client_is_idle_fails_no_call) {
+    // The old connection's end is read before the next send: read later, it
+    // would fail the request that waits on the new connection.
+    Incarnations daemon(2, [](zmq::socket_t& router, std::vector<zmq::message_t>& parts, int) {
+        send_reply(router, parts[0], ok_reply(request_id(parts[1]), 2), {1, 2});
+        return true;
+    });
+    CHECK_EQ(second_call_across_a_restart(daemon), 2.0f);
 }
 
 // -- the review of DESIGN.md 297: how a call's tries to register pending regions
@@ -2956,16 +2971,7 @@ TEST(a_socket_made_anew_after_a_restart_sets_a_new_routing_id) {
         answer_any(router, parts);
         return true;
     });
-    ClientOptions options;
-    options.endpoint = daemon.endpoint();
-    options.timeout = 10s;
-    InferenceClient client(options);
-    float input[2] = {0, 0};
-    client.infer("m", two_floats(input));
-    daemon.restart();
-    CHECK(daemon.wait_handshakes(2));  // libzmq connected the old socket again by itself
-    client.infer("m", two_floats(input));
-    CHECK_EQ(client.connections_lost(), 1u);  // so the second call made its socket anew
+    second_call_across_a_restart(daemon);  // its socket made anew
     std::lock_guard<std::mutex> lock(mutex);
     CHECK_EQ(seen.size(), 2u);
     if (seen.size() != 2u) return;
@@ -3015,6 +3021,14 @@ public:
         thread_.join();
     }
     const std::string& endpoint() const { return endpoint_; }
+    // A client of this peer: its endpoint, a 10 s timeout (what a refused call
+    // waited out before).
+    ClientOptions client_options() const {
+        ClientOptions options;
+        options.endpoint = endpoint_;
+        options.timeout = 10s;
+        return options;
+    }
     void admit() { admitted_ = true; }
     int refused() const { return refused_; }
 
@@ -3035,11 +3049,8 @@ TEST(a_connection_the_daemon_refuses_at_its_handshake_fails_the_call_at_once) {
     // libzmq tries a refused connection once more, then never again: the call
     // waited out its whole timeout (10 s here) and threw a bare Timeout.
     GuardedPeer peer;
-    ClientOptions options;
-    options.endpoint = peer.endpoint();
-    options.timeout = 10s;
-    InferenceClient client(options);
-    OperatorClient operating(options);
+    InferenceClient client(peer.client_options());
+    OperatorClient operating(peer.client_options());
     float input[2] = {0, 0};
     auto refused = [&](const ConnectionRefused& error) {
         std::string what = error.what();
@@ -3115,11 +3126,8 @@ TEST(a_refusal_met_while_no_call_waited_fails_no_call) {
     // while no call waits, then has room. The first calls threw ConnectionRefused
     // at once, without trying (review R2, F2).
     GuardedPeer peer;
-    ClientOptions options;
-    options.endpoint = peer.endpoint();
-    options.timeout = 10s;
-    InferenceClient client(options);
-    OperatorClient operating(options);
+    InferenceClient client(peer.client_options());
+    OperatorClient operating(peer.client_options());
     auto path = peer.endpoint().substr(std::string("ipc://").size());
     // Both refused, and both clients' ends of those connections closed: libzmq puts
     // a refusal on the socket's monitor before it closes the connection, so each
@@ -3173,34 +3181,37 @@ private:
     struct sigaction previous_ {};
 };
 
-// Publishes a health event every 100 us from its own thread: the subscriber
-// finds its socket empty between them, and now and then holds several.
-class PacedPublisher {
-public:
-    PacedPublisher() : endpoint_("ipc://" + temp_dir() + "/events.sock"), pub_(*shared_context(), zmq::socket_type::pub) {
-        pub_.set(zmq::sockopt::linger, 0);
-        pub_.bind(endpoint_);
-        thread_ = std::thread([this] {
-            for (std::uint64_t seq = 1; !stop_; ++seq) {
-                auto payload = health_event(seq);
-                pub_.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
-                pub_.send(zmq::buffer(payload), zmq::send_flags::none);
-                std::this_thread::sleep_for(100us);  // the pace, not a synchronisation
-            }
-        });
-    }
-    ~PacedPublisher() {
-        stop_ = true;
-        thread_.join();
-    }
-    const std::string& endpoint() const { return endpoint_; }
-
-private:
-    std::string endpoint_;
-    zmq::socket_t pub_;
-    std::atomic<bool> stop_{false};
-    std::thread thread_;
+// What `attempt` came to, tried again and again for 1.5 s under a 10 kHz
+// ThreadTimer: how often it succeeded (returned true), threw zmq::error_t (an EINTR
+// let through) or threw anything else, and how many signals the timer sent.
+struct UnderTimer {
+    long succeeded = 0;
+    long interrupted = 0;
+    long other = 0;
+    long signals = 0;
 };
+
+UnderTimer under_a_10khz_timer(const std::string& what, const std::function<bool()>& attempt) {
+    UnderTimer tally;
+    auto ticks_before = timer_ticks.load();
+    {
+        ThreadTimer timer(100us);
+        auto end = std::chrono::steady_clock::now() + 1500ms;
+        while (std::chrono::steady_clock::now() < end) {
+            try {
+                if (attempt()) ++tally.succeeded;
+            } catch (const zmq::error_t&) {
+                ++tally.interrupted;
+            } catch (const std::exception& error) {
+                if (tally.other++ == 0) std::cerr << what << ": one failed: " << error.what() << "\n";
+            }
+        }
+    }
+    tally.signals = timer_ticks - ticks_before;
+    std::cerr << what << " under a 10 kHz timer: " << tally.succeeded << " succeeded, " << tally.interrupted
+              << " zmq::error_t, " << tally.other << " other; " << tally.signals << " signals\n";
+    return tally;
+}
 
 }  // namespace
 
@@ -3215,57 +3226,25 @@ TEST(a_timer_signal_never_fails_a_call_nor_splits_an_event) {
     options.endpoint = peer.endpoint();
     options.timeout = 5s;
     OperatorClient operating(options);
-    long calls = 0, interrupted = 0, other = 0;
-    auto ticks_before = timer_ticks.load();
-    {
-        ThreadTimer timer(100us);
-        auto end = std::chrono::steady_clock::now() + 1500ms;
-        while (std::chrono::steady_clock::now() < end) {
-            try {
-                operating.call("status");
-                ++calls;
-            } catch (const zmq::error_t&) {
-                ++interrupted;
-            } catch (const std::exception& error) {
-                if (other++ == 0) std::cerr << "a call failed: " << error.what() << "\n";
-            }
-        }
-    }
-    std::cerr << "calls under a 10 kHz timer: " << calls << " answered, " << interrupted
-              << " zmq::error_t, " << other << " other; " << timer_ticks - ticks_before << " signals\n";
-    CHECK_EQ(interrupted, 0);
-    CHECK_EQ(other, 0);
-    CHECK(calls > 100);
-    CHECK(timer_ticks - ticks_before > 1000);  // the timer did interrupt
+    auto calls = under_a_10khz_timer("calls", [&] {
+        operating.call("status");
+        return true;
+    });
+    CHECK_EQ(calls.interrupted, 0);
+    CHECK_EQ(calls.other, 0);
+    CHECK(calls.succeeded > 100);
+    CHECK(calls.signals > 1000);  // the timer did interrupt
 
-    PacedPublisher publisher;
+    Publisher publisher(100us);
     SubscriberOptions subscription;
     subscription.endpoint = publisher.endpoint();
     EventSubscriber events(subscription);
     events.wait_joined(5s);
-    long received = 0;
-    interrupted = 0;
-    other = 0;
-    ticks_before = timer_ticks.load();
-    {
-        ThreadTimer timer(100us);
-        auto end = std::chrono::steady_clock::now() + 1500ms;
-        while (std::chrono::steady_clock::now() < end) {
-            try {
-                if (events.receive(1s)) ++received;
-            } catch (const zmq::error_t&) {
-                ++interrupted;
-            } catch (const std::exception& error) {
-                if (other++ == 0) std::cerr << "a read failed: " << error.what() << "\n";
-            }
-        }
-    }
-    std::cerr << "events under a 10 kHz timer: " << received << " read, " << interrupted
-              << " zmq::error_t, " << other << " other; " << timer_ticks - ticks_before << " signals\n";
-    CHECK_EQ(interrupted, 0);
-    CHECK_EQ(other, 0);
-    CHECK(received > 1000);
-    CHECK(timer_ticks - ticks_before > 1000);
+    auto reads = under_a_10khz_timer("event reads", [&] { return static_cast<bool>(events.receive(1s)); });
+    CHECK_EQ(reads.interrupted, 0);
+    CHECK_EQ(reads.other, 0);
+    CHECK(reads.succeeded > 1000);
+    CHECK(reads.signals > 1000);
 }
 
 TEST(a_reply_shape_over_the_bound_is_malformed_and_names_the_bound) {

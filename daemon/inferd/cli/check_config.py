@@ -14,7 +14,6 @@ at start, where it is a config error too (exit 2).
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from inferd.bus.curve_keys import NO_SECRET_KEY, SERVER_PUBLIC_SUFFIX, mode_problem
 from inferd.config import Config, SecurityConfig
 from inferd.config.security import KEY_NAME
-from inferd.engines.locate import model_file_problem
+from inferd.engines.locate import examined, model_file_problem
 from inferd.errors import ConfigError
 from inferd_wire.endpoints import unsafe_directory_reason
 
@@ -132,12 +131,9 @@ def key_file_problem(path: Path, *, secret: bool = False, mode: bool = True) -> 
     """Why the daemon would refuse the key file at ``path`` as far as ``lstat`` shows
     ("does not exist", "is a symbolic link", its ``mode`` unless told not to look at
     it), or None."""
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return "does not exist"
-        return f"cannot be examined ({exc.strerror})"
+    info = examined(path, follow=False)
+    if isinstance(info, str):
+        return info
     if stat.S_ISLNK(info.st_mode):
         return "is a symbolic link: the daemon opens key files without following one"
     if not stat.S_ISREG(info.st_mode):

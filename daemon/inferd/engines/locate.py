@@ -72,17 +72,26 @@ _NOT_A_FILE = {
 }
 
 
+def examined(path: Path, *, follow: bool = True) -> os.stat_result | str:
+    """``path``'s ``stat`` (``lstat`` unless ``follow``), or why there is none in the
+    words the daemon and ``check-config`` say it: "does not exist" (``ENOENT``,
+    ``ENOTDIR``) or "cannot be examined (<strerror>)" (``EACCES``, ``ENAMETOOLONG``...)."""
+    try:
+        return os.stat(path) if follow else os.lstat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "does not exist"
+        return f"cannot be examined ({exc.strerror})"
+
+
 def model_file_problem(path: Path) -> str | None:
     """Why the operator's model at ``path`` cannot be read as a model file ("does not
     exist", "is a FIFO, not a regular file", ...), or None when it is a regular file
     (a symlink followed).  A ``stat``: never opens it, so a FIFO there is named, not
     waited on.  The digest's read checks its descriptor again (``open_own_file``)."""
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return "does not exist"
-        return f"cannot be examined ({exc.strerror})"
+    info = examined(path)
+    if isinstance(info, str):
+        return info
     if stat.S_ISREG(info.st_mode):
         return None
     kind = _NOT_A_FILE.get(stat.S_IFMT(info.st_mode))

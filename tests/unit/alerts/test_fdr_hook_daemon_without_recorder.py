@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from inferd import config as config_module
-from inferd.daemon import Daemon
 from inferd.fdr.inventory import Inventory
 from inferd.types import Alert
-from tests.conftest import HANG_S, render_config
+from tests.conftest import HANG_S, in_process_daemon
 
 
 def test_the_fdr_hook_fails_alerts_once_the_recorder_could_not_start(
@@ -22,10 +20,8 @@ def test_the_fdr_hook_fails_alerts_once_the_recorder_could_not_start(
         raise ValueError("segment 1 is not newer than 1")
 
     monkeypatch.setattr(Inventory, "scan", staticmethod(scan))
-    models = [{"name": "demo", "path": str(demo_model)}]
-    config = render_config(short_tmp_path, models, alerts={"hooks": ["pub", "fdr"]})
-    (short_tmp_path / "inferd.toml").write_text(config)
-    daemon = Daemon(config_module.load(short_tmp_path / "inferd.toml"))
+    models: list[dict[str, object]] = [{"name": "demo", "path": str(demo_model)}]
+    daemon = in_process_daemon(short_tmp_path, models, alerts={"hooks": ["pub", "fdr"]})
     daemon.start()
     try:
         assert daemon.wait_ready(HANG_S)

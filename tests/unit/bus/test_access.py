@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,13 +139,6 @@ def test_the_handler_answers_rfc27_and_carries_the_peer_in_user_id() -> None:
     assert refused[:3] == [b"1.0", b"8", b"400"] and refused[4] == b""
     assert handler.answer([b"2.0", b"9"])[2] == b"500"
     assert handler.describe() == {"accepted": {"control": 1}, "refused": {"nope": 1}}
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +38,6 @@ from tests.events_peers import (
 )
 
 WAIT_MS = int(HANG_S * 1000)
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    context: zmq.Context[Any] = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def _xsub(context: zmq.Context[Any], endpoint: str, *prefixes: bytes) -> zmq.Socket[Any]:

@@ -5,7 +5,6 @@ it.  Every event is sent or counted in ``dropped``; nothing blocks the caller.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,6 @@ from inferd_wire.protocol import unpack_header
 from tests.conftest import HANG_S
 
 WAIT_MS = int(HANG_S * 1000)
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    context: zmq.Context[Any] = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def _publisher(context: zmq.Context[Any], directory: Path, **options: Any) -> EventPublisher:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +56,6 @@ def _sized(send_buffer: SendBuffer, count: int) -> None:
     while send_buffer.sized < count:
         assert send_buffer.monitor.poll(WAIT_MS), "no connection event"
         send_buffer.apply()
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,16 +30,6 @@ from tests.conftest import REPO
 LONG = "m" * 300  # one path component past NAME_MAX (255): stat() says ENAMETOOLONG
 #: The console log format, which draws a traceback in a box ("│"), as seen before.
 CONSOLE = ("--log-format", "console")
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A short private directory (ipc socket paths, ``inferd run``)."""
-    path = Path(tempfile.mkdtemp(prefix="rv3-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def curve_config(base: Path, extra: str = "") -> Path:

@@ -8,13 +8,10 @@ of the third round, F2).  Now ``STATUS=`` goes first and the line cannot raise."
 from __future__ import annotations
 
 import errno
-import faulthandler
 import os
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,22 +19,13 @@ import zmq
 from structlog.testing import capture_logs
 
 import inferd.daemon
-import inferd.supervision.logging
 from inferd.cli.main import main
 from inferd.config import Config
 from inferd.supervision.logging import CurrentStderrLogger
 from tests.conftest import REPO, render_config
+from tests.unit.cli.conftest import sent
 
 WORKER_DIED = "the engine worker stopped on RuntimeError: injected"
-
-
-def sent(sock: socket.socket) -> list[str]:
-    lines: list[str] = []
-    while True:
-        try:
-            lines += sock.recv(65536).decode().split("\n")
-        except BlockingIOError:
-            return lines
 
 
 class BrokenStderr:
@@ -62,24 +50,10 @@ class BrokenStderr:
 
 
 @pytest.fixture
-def broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BrokenStderr]:
-    """systemd's end of ``$NOTIFY_SOCKET`` and a broken ``sys.stderr``; ``main``'s
-    process-wide settings (signal handlers, fault handler, structlog) left as found."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify.sock"))
-    sock.setblocking(False)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
-    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
-    monkeypatch.setattr(faulthandler, "enable", lambda **_: None)
-    monkeypatch.setattr(inferd.supervision.logging, "configure_logging", lambda *_: "console")
-    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    handlers = {number: signal.getsignal(number) for number in numbers}
-    try:
-        yield BrokenStderr(sock)
-    finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-        sock.close()
+def broken(notify: socket.socket) -> BrokenStderr:
+    """A broken ``sys.stderr`` (``run`` sets it) beside systemd's end of
+    ``$NOTIFY_SOCKET``; ``main``'s process-wide settings left as found (``notify``)."""
+    return BrokenStderr(notify)
 
 
 def run(broken: BrokenStderr, monkeypatch: pytest.MonkeyPatch, config: Path) -> int:

@@ -10,13 +10,11 @@ point (before the fix it died of it)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.unit.cli.conftest import python_c
 
 SIGHUP_AT = """
 import argparse, os, signal, sys
@@ -43,13 +41,7 @@ sys.exit(main(["run", "--config", sys.argv[2]]))
 def test_a_sighup_before_the_handler_is_ignored(tmp_path: Path, point: str) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[daemon]\nno_such_key = 1\n")  # the run ends there: exit 2
-    ran = subprocess.run(
-        [sys.executable, "-c", SIGHUP_AT, point, str(bad)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    ran = python_c(SIGHUP_AT, point, str(bad))
     assert ran.returncode == 2, ran.stderr  # before: -1 (SIGHUP)
     assert "invalid config" in ran.stderr
 
@@ -57,17 +49,8 @@ def test_a_sighup_before_the_handler_is_ignored(tmp_path: Path, point: str) -> N
 def test_the_command_module_imports_no_logging_library() -> None:
     """structlog (and rich, through it) took 0.24 s to import warm, 0.5 s cold,
     before ``main`` could ignore SIGHUP; the daemon's ``_run`` imports it later."""
-    ran = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, inferd.cli.main\n"
-            "print([m for m in ('structlog', 'rich') if m in sys.modules])",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
+    ran = python_c(
+        "import sys, inferd.cli.main\nprint([m for m in ('structlog', 'rich') if m in sys.modules])"
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "[]"
@@ -84,11 +67,5 @@ def test_other_commands_keep_sighups_default(tmp_path: Path) -> None:
     )
     bad = tmp_path / "bad.toml"
     bad.write_text("[daemon]\nno_such_key = 1\n")
-    ran = subprocess.run(
-        [sys.executable, "-c", script, str(bad)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    ran = python_c(script, str(bad))
     assert ran.stdout.strip() == "True", ran.stderr

@@ -11,11 +11,10 @@ bounded there (``faulthandler.dump_traceback_later`` prints the stacks, exit 1).
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import REPO, DaemonFactory, wait_until
+from tests.conftest import DaemonFactory, wait_until
+from tests.unit.cli.conftest import python_c
 
 #: The review's scenario on ``cli.main._serve`` itself: the loop's tick narrowed to
 #: 0 (and to 1 ms), so the main thread is entering or leaving its wait primitive
@@ -51,19 +50,9 @@ print("stopped", trials)
 """
 
 
-def child(script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-
-
 def test_a_sigterm_landing_in_the_wait_always_stops_the_loop() -> None:
     trials = 400
-    ran = child(SERVE_UNDER_SIGTERM, str(trials))
+    ran = python_c(SERVE_UNDER_SIGTERM, str(trials), timeout=120)
     assert ran.returncode == 0, ran.stderr[-4000:]  # before: the stacks of a hang, exit 1
     assert ran.stdout.split() == ["stopped", str(trials)]
 
@@ -86,7 +75,7 @@ with RunSignals() as signals:
 
 
 def test_sighup_is_recorded_and_sigterm_ends_a_long_wait_at_once() -> None:
-    ran = child(WAITS)
+    ran = python_c(WAITS, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines() == [
         f"hangup False True [{int(signal.SIGHUP)}]",

@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import socket
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,18 +20,9 @@ from inferd.bus.curve_keys import load_curve
 from inferd.cli.main import main
 from inferd.errors import ConfigError
 from inferd.owned_files import open_regular_file
-from tests.conftest import REPO
+from tests.conftest import TAKE_EVERY_DESCRIPTOR
+from tests.unit.cli.conftest import python_c, sent
 from tests.unit.cli.test_review3_cli import _write_public_certificate, curve_config
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A short private directory (ipc socket paths, ``inferd run``)."""
-    path = Path(tempfile.mkdtemp(prefix="rv4-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _keys(base: Path) -> Path:
@@ -72,21 +58,13 @@ def test_inferd_run_exits_1_with_errno_when_a_key_cannot_be_opened_for_a_reason_
     notify.bind(str(base / "notify.sock"))
     notify.setblocking(False)
     try:
-        result = subprocess.run(
-            [sys.executable, "-c", _RUN_WITH_OPEN_FAILING, name, str(path)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=60,
-            check=False,
+        result = python_c(
+            _RUN_WITH_OPEN_FAILING,
+            name,
+            str(path),
             env={**os.environ, "NOTIFY_SOCKET": str(base / "notify.sock")},
         )
-        sent = []
-        while True:
-            try:
-                sent += notify.recv(65536).decode().split("\n")
-            except BlockingIOError:
-                break
+        lines = sent(notify)
     finally:
         notify.close()
     said = result.stdout + result.stderr
@@ -99,14 +77,15 @@ def test_inferd_run_exits_1_with_errno_when_a_key_cannot_be_opened_for_a_reason_
     )
     assert line in result.stderr, said[-2000:]
     assert "invalid config" not in said and "Traceback" not in said
-    assert f"ERRNO={getattr(errno, name)}" in sent, sent
+    assert f"ERRNO={getattr(errno, name)}" in lines, lines
 
 
 #: ``load_curve`` with every free descriptor taken under a soft limit of 64; prints
 #: what it raised (class, errno, whether a ConfigError, message), then ``inferd run``'s
 #: exit for it, with the descriptors given back.
-_AT_THE_LIMIT = """
-import os, resource, sys
+_AT_THE_LIMIT = (
+    """
+import sys
 from pathlib import Path
 from inferd import config
 from inferd.bus.curve_keys import load_curve
@@ -114,13 +93,9 @@ from inferd.cli.main import _cannot_start
 from inferd.errors import ConfigError
 from inferd.supervision.notify import Notifier
 security = config.load(Path(sys.argv[1])).security
-taken = []
-resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-while True:
-    try:
-        taken.append(os.dup(0))
-    except OSError:
-        break
+"""
+    + TAKE_EVERY_DESCRIPTOR
+    + """
 try:
     load_curve(security)
 except Exception as exc:
@@ -136,18 +111,12 @@ else:
     print(type(error).__name__, getattr(error, "errno", None), isinstance(error, ConfigError),
           code, error, sep="|")
 """
+)
 
 
 def test_keys_met_at_the_descriptor_limit_are_not_a_config_error(base: Path) -> None:
     path = _keys(base)
-    done = subprocess.run(
-        [sys.executable, "-c", _AT_THE_LIMIT, str(path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        check=True,
-    )
+    done = python_c(_AT_THE_LIMIT, str(path), check=True)
     kind, code, config_error, exit_code, message = done.stdout.strip().split("|")
     assert (kind, code, config_error, exit_code) == (
         "UncheckedKeyFileError",

@@ -8,12 +8,10 @@ in process, with a stand-in ``Daemon`` whose construction or start raises."""
 from __future__ import annotations
 
 import errno
-import faulthandler
 import json
 import os
-import signal
 import socket
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +20,10 @@ import zmq
 from structlog.testing import capture_logs
 
 import inferd.daemon
-import inferd.supervision.logging
 from inferd.cli.main import main
 from inferd.errors import UncheckedDirectoryError, UnsafeDirectoryError
 from tests.conftest import REPO, render_config
+from tests.unit.cli.conftest import sent
 
 
 class Refused:
@@ -41,37 +39,6 @@ class Refused:
 
     def start(self, supervision: object = None) -> None:
         raise self.error
-
-
-@pytest.fixture
-def notify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """systemd's end of ``$NOTIFY_SOCKET``; ``main``'s process-wide settings (the
-    signal handlers, the fault handler, structlog) left as the test found them."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify.sock"))
-    sock.setblocking(False)  # all is sent before main() returns
-    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
-    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
-    monkeypatch.setattr(faulthandler, "enable", lambda **_: None)
-    # Logging left unconfigured: capture_logs sees the events.
-    monkeypatch.setattr(inferd.supervision.logging, "configure_logging", lambda *_: "console")
-    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    handlers = {number: signal.getsignal(number) for number in numbers}
-    try:
-        yield sock
-    finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-        sock.close()
-
-
-def sent(sock: socket.socket) -> list[str]:
-    lines: list[str] = []
-    while True:
-        try:
-            lines += sock.recv(65536).decode().split("\n")
-        except BlockingIOError:
-            return lines
 
 
 def run(

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import zmq
 
 from inferd_client import EventSubscriber
@@ -22,13 +20,6 @@ from inferd_wire.curve import ClientCurve
 from tests.conftest import HANG_S
 
 _OVERSIZED_BYTES = 64 << 20
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[Any]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
 
 
 def _next_tick(

@@ -40,6 +40,20 @@ def saved(path: Path) -> dict[str, list[float]]:
         return {name: archive[name].tolist() for name in archive.files}
 
 
+def refuse_opens(monkeypatch: pytest.MonkeyPatch, refused: Callable[[Path, int], object]) -> None:
+    """``os.open`` fails with ``EACCES`` where ``refused(path, flags)`` is true, as the
+    kernel answers another user for a file or directory it may not write (the tests
+    may run as root, whom no mode stops)."""
+    real_open = os.open
+
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if refused(Path(path), flags):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+
+
 @pytest.mark.parametrize("mode", [0o600, 0o640, 0o604])
 def test_save_over_a_file_keeps_its_mode(tmp_path: Path, mode: int) -> None:
     target = tmp_path / "out.npz"
@@ -119,14 +133,10 @@ def test_save_refuses_a_file_the_kernel_will_not_open_for_writing(
     # file (EACCES) is given here by os.open, which the rename never asked.
     target = tmp_path / "out.npz"
     target.write_bytes(b"what was there")
-    real_open = os.open
-
-    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if Path(path) == target and flags & os.O_WRONLY and not flags & os.O_CREAT:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", refusing)
+    refuse_opens(
+        monkeypatch,
+        lambda path, flags: path == target and flags & os.O_WRONLY and not flags & os.O_CREAT,
+    )
     with pytest.raises(ClientError) as refused:
         cli._save_npz(target, OUTPUTS)
     assert str(refused.value) == f"cannot save the outputs to {target}: Permission denied"
@@ -140,14 +150,7 @@ def test_save_over_a_file_in_a_directory_it_may_not_write_says_so(
     # open("wb") would have written the file; the rename needs a new file beside it.
     target = tmp_path / "out.npz"
     target.write_bytes(b"what was there")
-    real_open = os.open
-
-    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if Path(path).parent == tmp_path and flags & os.O_CREAT:
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", refusing)
+    refuse_opens(monkeypatch, lambda path, flags: path.parent == tmp_path and flags & os.O_CREAT)
     with pytest.raises(ClientError) as refused:
         cli._save_npz(target, OUTPUTS)
     assert str(refused.value) == (

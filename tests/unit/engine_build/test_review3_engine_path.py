@@ -9,24 +9,19 @@ started as ``child_process.spawn`` starts one, that name a path and exit 1."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from inferd.config import BuildsConfig, ModelConfig
+from inferd.config import BuildsConfig
 from inferd.demo_model import write_demo_model
-from inferd.engine_build import child_process
 from inferd.engine_build.build_record import Build, describe
-from inferd.engine_build.supervisor import BuildManager
 from inferd.engines.naming import engine_name_for
 from inferd.types import BuildConfig, Peer
 from tests.conftest import HANG_S
-from tests.unit.engine_build.conftest import HOST
+from tests.unit.engine_build.conftest import HOST, build_manager, stand_in_children
 
 OPERATOR = Peer("ipc", uid=os.getuid(), pid=os.getpid(), operator=True)
 
@@ -39,19 +34,15 @@ class Builds:
         self.models = tmp_path / "models"
         self.models.mkdir(mode=0o700)
         self.model = write_demo_model(self.models / "demo.onnx")
-        state = tmp_path / "state"
-        state.mkdir(mode=0o700)
-        self.engine_dir = state / "engines"
+        self.engine_dir = tmp_path / "state" / "engines"
         self.records: list[dict[str, Any]] = []
-        self.manager = BuildManager(
-            {"demo": ModelConfig("demo", self.model)},
-            build_dir=state / "builds",
-            engine_dir=self.engine_dir,
-            publish=lambda _topic, _payload: None,
-            record=lambda _kind, payload: self.records.append(dict(payload)),
+        self.manager = build_manager(
+            tmp_path,
+            {"demo": self.model},
             grace_s=0.5,
-            tensorrt_available=lambda: tensorrt,
+            tensorrt=tensorrt,
             limits=BuildsConfig(start_burst=10),
+            record=lambda _kind, payload: self.records.append(dict(payload)),
         )
         self.monkeypatch = monkeypatch
 
@@ -65,17 +56,7 @@ class Builds:
             "sys.stdout.flush()\n"
             "sys.exit(1)\n"
         )
-
-        def spawn(_spec: dict[str, Any]) -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                [sys.executable, "-c", child],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                close_fds=True,
-                start_new_session=True,
-            )
-
-        self.monkeypatch.setattr(child_process, "spawn", spawn)
+        stand_in_children(self.monkeypatch, child)
         build_id = self.manager.start({"model": "demo"}, OPERATOR)["build_id"]
         build = self.manager._get(build_id)
         assert build.done.wait(HANG_S)
@@ -144,17 +125,7 @@ def test_a_simulated_childs_own_path_is_taken(
         "sys.stdout.flush()\n"
         "sys.exit(1)\n"
     )
-
-    def spawn(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-c", child, json.dumps(spec)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,
-        )
-
-    monkeypatch.setattr(child_process, "spawn", spawn)
+    stand_in_children(monkeypatch, child, spec=True)
     reply = builds.manager.start({"model": "demo"}, OPERATOR)
     build = builds.manager._get(reply["build_id"])
     assert build.done.wait(HANG_S)

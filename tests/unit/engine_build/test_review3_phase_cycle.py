@@ -10,8 +10,6 @@ The decoder passes both events (they are well formed)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,13 +18,12 @@ from typing import Any
 
 import pytest
 
-from inferd.config import BuildsConfig, ModelConfig
-from inferd.engine_build import child_process
+from inferd.config import BuildsConfig
 from inferd.engine_build.events import BuildEvent, PhaseTree
 from inferd.engine_build.pipe import EventMessage, child_message_decoder, encode
-from inferd.engine_build.supervisor import BuildManager
 from inferd.types import Peer
 from tests.conftest import HANG_S, wait_until
+from tests.unit.engine_build.conftest import build_manager, stand_in_children
 
 OPERATOR = Peer("ipc", uid=os.getuid(), pid=os.getpid(), operator=True)
 
@@ -99,28 +96,9 @@ def test_build_status_returns_and_the_build_ends_after_such_events(
         "sys.stdout.flush()\n"
         "time.sleep(60)\n"
     )
-
-    def spawn(_spec: dict[str, Any]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-c", child],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,
-        )
-
-    monkeypatch.setattr(child_process, "spawn", spawn)
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    manager = BuildManager(
-        {"demo": ModelConfig("demo", demo_model)},
-        build_dir=state / "builds",
-        engine_dir=state / "engines",
-        publish=lambda _topic, _payload: None,
-        record=lambda _kind, _payload: None,
-        grace_s=0.3,
-        tensorrt_available=lambda: False,
-        limits=BuildsConfig(start_burst=10),
+    stand_in_children(monkeypatch, child)
+    manager = build_manager(
+        tmp_path, {"demo": demo_model}, grace_s=0.3, limits=BuildsConfig(start_burst=10)
     )
     build_id = manager.start({"model": "demo", "builder": "simulated"}, OPERATOR)["build_id"]
     build = manager._get(build_id)

@@ -13,8 +13,6 @@ the report or the error given, and one real simulated build."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from inferd.config import BuildsConfig, ModelConfig
-from inferd.engine_build import child_process
+from inferd.config import BuildsConfig
 from inferd.engine_build.status_view import REPLY_BYTES, STATUS_DEPTH, STATUS_PHASES
 from inferd.engine_build.supervisor import KEEP_FINISHED, BuildManager
 from inferd.types import Peer
@@ -31,6 +28,7 @@ from inferd_client import cli_format
 from inferd_wire.protocol import MAX_HEADER_BYTES, MAX_ID_CHARS, pack
 from tests.conftest import HANG_S, wait_until
 from tests.integration.test_schemas import assert_valid
+from tests.unit.engine_build.conftest import build_manager, stand_in_children
 
 OPERATOR = Peer("ipc", uid=os.getuid(), pid=os.getpid(), operator=True)
 MODELS = [f"m{i}" for i in range(4)]
@@ -68,31 +66,16 @@ if end == "linger":
 
 
 def _manager(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch) -> BuildManager:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    return BuildManager(
-        {name: ModelConfig(name, demo_model) for name in MODELS},
-        build_dir=state / "builds",
-        engine_dir=state / "engines",
-        publish=lambda _topic, _payload: None,
-        record=lambda _kind, _payload: None,
+    return build_manager(
+        tmp_path,
+        dict.fromkeys(MODELS, demo_model),
         grace_s=0.3,
-        tensorrt_available=lambda: False,
         limits=BuildsConfig(start_burst=1000, max_count=10_000, max_bytes=2**40),
     )
 
 
 def _stand_in(monkeypatch: pytest.MonkeyPatch, *args: object) -> None:
-    def spawn(_spec: dict[str, Any]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, "-c", _CHILD, *map(str, args)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,
-        )
-
-    monkeypatch.setattr(child_process, "spawn", spawn)
+    stand_in_children(monkeypatch, _CHILD, *args)
 
 
 def _wave(manager: BuildManager, wait: bool = True) -> list[str]:
@@ -209,17 +192,7 @@ def _chain_model(path: Path, nodes: int) -> Path:
 def test_a_simulated_build_of_a_600_node_model_answers_its_status(tmp_path: Path) -> None:
     """The review's case, a real simulated build: 604 phases were 81,880 bytes."""
     model = _chain_model(tmp_path / "chain.onnx", 600)
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    manager = BuildManager(
-        {"chain": ModelConfig("chain", model)},
-        build_dir=state / "builds",
-        engine_dir=state / "engines",
-        publish=lambda _topic, _payload: None,
-        record=lambda _kind, _payload: None,
-        grace_s=5,
-        tensorrt_available=lambda: False,
-    )
+    manager = build_manager(tmp_path, {"chain": model}, grace_s=5)
     reply = manager.start(
         {"model": "chain", "builder": "simulated", "simulation": {"step_s": 0}}, OPERATOR
     )

@@ -7,12 +7,10 @@ Now a record past it is a write failure: dropped and counted, never written,
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from inferd.alerts.dispatcher import AlertDispatcher
 from inferd.alerts.hooks import FdrAlertHook
@@ -21,37 +19,17 @@ from inferd.fdr import framing
 from inferd.fdr.reader import ReadReport, read_records
 from inferd.fdr.writer import FlightRecorder
 from inferd.startup import start_recorder
-from inferd.types import Alert, AlertLevel
+from tests.unit.fdr.conftest import KeptAlerts, segment_with_seqs
 from tests.unit.fdr.test_fdr import SteppedClock, config, miss
-from tests.unit.fdr.test_review5_fdr_resume import _segment_of
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 MAX_SEQ = framing.MAX_SEQ
 
 
-class _Ground:
-    """An alert hook that keeps what it is given (the PUB and MAVLink hooks' place)."""
-
-    name = "ground"
-
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    def alert(self, level: AlertLevel, code: str, message: str, fields: Mapping[str, Any]) -> None:
-        self.alerts.append(Alert(level, code, message, dict(fields)))
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    with structlog.testing.capture_logs():
-        yield
-
-
-def _started(directory: Path, clock: SteppedClock) -> tuple[FlightRecorder, _Ground, Any]:
+def _started(directory: Path, clock: SteppedClock) -> tuple[FlightRecorder, KeptAlerts, Any]:
     fdr = FlightRecorder(config(directory), mono_clock=clock, boot_id="b")
-    ground = _Ground()
+    ground = KeptAlerts()
     dispatcher = AlertDispatcher([ground, FdrAlertHook(fdr.record_alert)], rate_limit_s=0)
     assert start_recorder(fdr, directory, dispatcher) is None  # MAX_SEQ - 1: it starts
     return fdr, ground, dispatcher
@@ -71,7 +49,7 @@ def test_no_record_is_written_past_the_largest_seq(tmp_path: Path) -> None:
     ``wait_durable`` True, 3 written, none dropped, and two read back as corrupt
     ("seq out of range"), ``verify`` 1."""
     directory = tmp_path / "fdr"
-    _segment_of(directory, 5, MAX_SEQ - 1)
+    segment_with_seqs(directory, 5, MAX_SEQ - 1)
     clock = SteppedClock()
     fdr, ground, _ = _started(directory, clock)
     try:
@@ -95,7 +73,7 @@ def test_once_the_seqs_are_spent_every_record_is_dropped_without_a_file_or_a_sec
     apart (past the back-off), is dropped and counted: no segment opened for it (a
     file a try), no second alert, and the ``fdr`` hook fails the alert it cannot keep."""
     directory = tmp_path / "fdr"
-    _segment_of(directory, 5, MAX_SEQ - 1)
+    segment_with_seqs(directory, 5, MAX_SEQ - 1)
     clock = SteppedClock()
     fdr, ground, dispatcher = _started(directory, clock)
     try:

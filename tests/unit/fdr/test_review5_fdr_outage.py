@@ -6,24 +6,23 @@ alert whose record the failing writer dropped."""
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import structlog
 
-from inferd import config as config_module
 from inferd.alerts.dispatcher import AlertDispatcher
 from inferd.alerts.hooks import FdrAlertHook
-from inferd.daemon import Daemon
 from inferd.fdr import segments
 from inferd.fdr.reader import read_records
 from inferd.fdr.writer import FlightRecorder
-from inferd.types import Alert, AlertLevel
-from tests.conftest import HANG_S, render_config, wait_until
+from inferd.types import Alert
+from tests.conftest import HANG_S, in_process_daemon, wait_until
 from tests.integration.test_schemas import assert_valid
+from tests.unit.fdr.conftest import KeptAlerts
 from tests.unit.fdr.test_fdr import SteppedClock, config, miss
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 class _Disk:
@@ -39,27 +38,6 @@ class _Disk:
             real(segment, data)
 
         monkeypatch.setattr(segments, "append", append)
-
-
-class _Hook:
-    """An alert hook that keeps what it is given (the PUB and MAVLink hooks' place)."""
-
-    name = "ground"
-
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    def alert(self, level: AlertLevel, code: str, message: str, fields: Mapping[str, Any]) -> None:
-        self.alerts.append(Alert(level, code, message, dict(fields)))
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    with structlog.testing.capture_logs():
-        yield
 
 
 @pytest.fixture
@@ -120,7 +98,7 @@ def test_a_write_failure_alerts_the_ground_once_per_outage(
     """Before: no alert.  One ``fdr_write_outage`` at the first failure, none for
     the retries that fail too, one more once a record was durable and writes fail
     again; the fdr hook's own record of it is dropped (a failure), never looping."""
-    ground = _Hook()
+    ground = KeptAlerts()
     dispatcher = AlertDispatcher([ground, FdrAlertHook(recorder.record_alert)], rate_limit_s=0)
     recorder.start(dispatcher)
     _lose_one_record(recorder, disk)
@@ -182,9 +160,7 @@ def test_the_daemon_tells_the_ground_and_its_fdr_hook_fails_the_alert(
     the recorder's ``record_alert``: before, no alert, and every alert the failing
     recorder dropped counted sent."""
     models: list[dict[str, object]] = [{"name": "demo", "path": str(demo_model)}]
-    config = render_config(short_tmp_path, models, alerts={"hooks": ["pub", "fdr"]})
-    (short_tmp_path / "inferd.toml").write_text(config)
-    daemon = Daemon(config_module.load(short_tmp_path / "inferd.toml"))
+    daemon = in_process_daemon(short_tmp_path, models, alerts={"hooks": ["pub", "fdr"]})
     daemon.start()
     try:
         assert daemon.wait_ready(HANG_S)

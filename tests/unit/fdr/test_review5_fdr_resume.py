@@ -19,32 +19,12 @@ from inferd.fdr import framing, segments
 from inferd.fdr.reader import ReadReport, read_records
 from inferd.fdr.writer import FlightRecorder
 from inferd.startup import start_recorder
+from tests.unit.fdr.conftest import segment_with_seqs
 from tests.unit.fdr.test_fdr import config, miss
 
 
 def _open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-def _record_frame(seq: int) -> bytes:
-    body = framing.encode_body(
-        {
-            "kind": "deadline_miss",
-            "schema_version": 1,
-            "seq": seq,
-            "wall_ns": 1,
-            "mono_ns": 1,
-            "boot_id": "x",
-            "payload": miss(1),
-        }
-    )
-    return framing.encode_frame(body)
-
-
-def _segment_of(directory: Path, *seqs: int) -> None:
-    directory.mkdir(mode=0o750, exist_ok=True)
-    frames = b"".join(_record_frame(seq) for seq in seqs)
-    (directory / framing.segment_name(1)).write_bytes(framing.encode_segment_header(1, 0) + frames)
 
 
 def test_a_segment_named_for_the_largest_index_refuses_the_start(tmp_path: Path) -> None:
@@ -78,7 +58,7 @@ def test_an_index_no_header_holds_costs_no_descriptor_and_no_file(tmp_path: Path
 @pytest.mark.parametrize("seq", [0, -7, 2**63, 2**64 - 1])
 def test_a_seq_outside_the_record_range_is_corruption(tmp_path: Path, seq: int) -> None:
     """record.json says 1..2**63-1; before, the reader took any and verify said OK."""
-    _segment_of(tmp_path, 5, seq, 6)
+    segment_with_seqs(tmp_path, 5, seq, 6)
     report = ReadReport()
     assert [record.seq for record in read_records(tmp_path, report)] == [5, 6]
     assert [d.reason for d in report.corrupt] == ["undecodable body: seq out of range"]
@@ -89,7 +69,7 @@ def test_the_recorder_resumes_after_the_last_sane_record(tmp_path: Path) -> None
     """A newest record with seq 2**64-1: before, the next seq (2**64) could not be
     packed, and every record was dropped (wait_durable False, dropped 1)."""
     directory = tmp_path / "fdr"
-    _segment_of(directory, 5, 2**64 - 1)
+    segment_with_seqs(directory, 5, 2**64 - 1)
     fdr = FlightRecorder(config(directory), boot_id="b")
     fdr.start()
     try:
@@ -104,7 +84,7 @@ def test_the_recorder_resumes_after_the_last_sane_record(tmp_path: Path) -> None
 def test_a_newest_record_with_the_largest_seq_refuses_the_start(tmp_path: Path) -> None:
     """Nothing is numbered past 2**63-1, which the reader would call corrupt."""
     directory = tmp_path / "fdr"
-    _segment_of(directory, 2**63 - 1)
+    segment_with_seqs(directory, 2**63 - 1)
     fdr = FlightRecorder(config(directory), boot_id="b")
     error = start_recorder(fdr, directory)
     assert error is not None and "has seq 9223372036854775807" in error, error

@@ -13,6 +13,7 @@ import pytest
 
 from inferd.fdr import framing, segments
 from inferd.fdr.reader import ReadReport, read_records
+from tests.unit.fdr.conftest import record_frame
 
 #: Nested candidates: 13 bytes each, the first claiming a body of ~39 KB.
 _NESTED = 3000
@@ -27,21 +28,6 @@ def _nested_candidates(count: int) -> bytes:
         header = framing.FRAME_HEADER.pack(framing.SYNC, len(body), framing.crc32c(body))
         body = b"\x87" + header + body
     return framing.FRAME_HEADER.pack(framing.SYNC, len(body), framing.crc32c(body)) + body
-
-
-def _good_record(seq: int) -> bytes:
-    body = framing.encode_body(
-        {
-            "kind": "deadline_miss",
-            "schema_version": 1,
-            "seq": seq,
-            "wall_ns": 1,
-            "mono_ns": 1,
-            "boot_id": "b",
-            "payload": {"model": "m", "count": 1, "window_s": 10.0},
-        }
-    )
-    return framing.encode_frame(body)
 
 
 @pytest.fixture
@@ -64,7 +50,7 @@ def test_nested_crc_valid_candidates_are_each_decoded_at_most_once(
     """Before: 1,500x the file's bytes handed to msgpack here (~10,000x for the
     review's 20,000 candidates); now at most 2x, and the record after them is read."""
     chain = _nested_candidates(_NESTED)
-    data = framing.encode_segment_header(1, 0) + chain + _good_record(9)
+    data = framing.encode_segment_header(1, 0) + chain + record_frame(9)
     # every candidate's CRC matches (the outermost one covers all the others)
     _sync, length, checksum = framing.FRAME_HEADER.unpack_from(chain)
     assert framing.crc32c(chain[framing.FRAME_HEADER.size :][:length]) == checksum
@@ -80,7 +66,7 @@ def test_nested_crc_valid_candidates_are_each_decoded_at_most_once(
 def test_the_recorder_start_reads_past_them_once(tmp_path: Path, decoded: list[int]) -> None:
     """``segments.last_seq`` (the start's read of the newest segment) resumes after
     the record behind them, at the same cost."""
-    data = framing.encode_segment_header(2, 0) + _nested_candidates(_NESTED) + _good_record(77)
+    data = framing.encode_segment_header(2, 0) + _nested_candidates(_NESTED) + record_frame(77)
     path = tmp_path / framing.segment_name(2)
     path.write_bytes(data)
     assert segments.last_seq([path]) == 77
@@ -92,10 +78,10 @@ def test_a_record_behind_a_crc_valid_undecodable_frame_is_still_found(tmp_path: 
     junk = b"\x87\x00\x01"
     data = (
         framing.encode_segment_header(1, 0)
-        + _good_record(1)
+        + record_frame(1)
         + framing.FRAME_HEADER.pack(framing.SYNC, len(junk), framing.crc32c(junk))
         + junk
-        + _good_record(2)
+        + record_frame(2)
     )
     (tmp_path / framing.segment_name(1)).write_bytes(data)
     report = ReadReport()

@@ -12,7 +12,6 @@ slot's preparations are fakes, and a thread stands in for the engine worker."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,13 @@ from inferd.daemon import Daemon
 from inferd.errors import ExecutionFailedError
 from inferd.serving.failover import ALERT_CODE, ExecutionFailover
 from inferd.serving.rebuild import FallbackRebuilder
-from inferd.serving.scheduler import Scheduler, SchedulerClosedError
+from inferd.serving.scheduler import Scheduler
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.serving.switching import RuntimeSwitcher
 from inferd.types import Alert, EngineHandle, ThermalState
 from tests.conftest import HANG_S, wait_until
 from tests.unit.serving.test_execution_failover import Finished
+from tests.unit.serving.test_review_switch_rebuild import rebuilder_of, swap_worker
 from tests.unit.serving.test_switching import SPEC, Released
 
 ERROR = "execute_async_v3 returned False"
@@ -94,20 +94,7 @@ def rig_for(tmp_path: Path) -> Iterator[Any]:
         )
         switcher = RuntimeSwitcher({"demo": slot}, scheduler, config, sinks)
         builds: list[dict[str, Any]] = []
-
-        def start_build(request: dict[str, Any]) -> dict[str, Any]:
-            builds.append(request)
-            return {"build_id": f"b{len(builds)}"}
-
-        rebuilder = FallbackRebuilder(
-            start_build=start_build,
-            switch=switcher.switch_now,
-            switcher=switcher,
-            alert=alerts.append,
-            can_build=lambda: True,
-            backoff_s=0.0,
-            max_attempts=max_attempts,
-        )
+        rebuilder = rebuilder_of(switcher, alerts, builds, max_attempts=max_attempts)
         for spent in range(1, attempts_spent + 1):  # builds made earlier in this run: failed
             rebuilder.on_fallback("demo", "no engine", "EngineMissingError")
             rebuilder.on_build_finished(Finished(f"b{spent}", state="failed", error="x"))
@@ -122,18 +109,7 @@ def rig_for(tmp_path: Path) -> Iterator[Any]:
             lambda slot: Daemon._rebuild_if_fallback(daemon, slot),
             not_rebuilt=lambda slot: Daemon._rebuild_if_fallback(daemon, slot, ask=False),
         )
-
-        def worker() -> None:  # runs the swaps, as the engine worker does between requests
-            while True:
-                try:
-                    call = scheduler.take(timeout=None)
-                except SchedulerClosedError:
-                    return
-                assert callable(call)
-                call()
-
-        thread = threading.Thread(target=worker, daemon=True)
-        thread.start()
+        thread = swap_worker(scheduler)
         stops.append((rebuilder, failover, switcher, scheduler, thread))
         return Rig(slot, failover, switcher, rebuilder, alerts, events, builds)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -28,7 +28,9 @@ from tests.unit.serving.test_review_switch_rebuild import (  # noqa: F401  (the 
     SPEC,
     Released,
     Rig,
+    rebuilder_of,
     rig,
+    starting,
 )
 
 Reply = dict[str, Any] | ProtocolError
@@ -70,16 +72,6 @@ def switch_records(rig: Rig) -> list[tuple[str, str]]:  # noqa: F811
 
 def logged(logs: Iterable[Mapping[str, Any]], event: str) -> list[Mapping[str, Any]]:
     return [line for line in logs if line["event"] == event]
-
-
-def starting(builds: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """A ``start_build`` that counts the builds asked for into ``builds``."""
-
-    def start_build(request: dict[str, Any]) -> dict[str, Any]:
-        builds.append(request)
-        return {"build_id": f"b{len(builds)}"}
-
-    return start_build
 
 
 # -- 1. an adoption refused because the model is claimed --------------------------------
@@ -237,15 +229,8 @@ def test_an_operators_switch_cancels_a_retry_not_yet_started(
     model.  The retry is cancelled and logged, and a timer that fires as it is cancelled
     starts nothing.  A later failover asks for a build again.  Before: the retry stayed
     scheduled and started a build whose engine would not be adopted (GPU time spent)."""
-    rebuilder = FallbackRebuilder(
-        start_build=starting(rig.builds),
-        switch=rig.switcher.switch_now,
-        switcher=rig.switcher,
-        alert=rig.alerts.append,
-        can_build=lambda: True,
-        backoff_s=HANG_S * 10,  # never fires by itself in this test
-        max_attempts=3,
-    )
+    # A retry's backoff that never fires by itself in this test.
+    rebuilder = rebuilder_of(rig.switcher, rig.alerts, rig.builds, backoff_s=HANG_S * 10)
     try:
         rebuilder.on_fallback("m", "engine missing")
         rebuilder.on_build_finished(Finished("b1", model="m", state="failed", error="boom"))

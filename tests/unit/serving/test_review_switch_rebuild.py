@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,55 @@ class Rig:
         return replies.get(timeout=HANG_S)
 
 
+def starting(builds: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A ``start_build`` that counts the builds asked for into ``builds``."""
+
+    def start_build(request: dict[str, Any]) -> dict[str, Any]:
+        builds.append(request)
+        return {"build_id": f"b{len(builds)}"}
+
+    return start_build
+
+
+def rebuilder_of(
+    switcher: RuntimeSwitcher,
+    alerts: list[Alert],
+    builds: list[dict[str, Any]],
+    *,
+    backoff_s: float = 0.0,
+    max_attempts: int = 3,
+) -> FallbackRebuilder:
+    """The real rebuilder over ``switcher``, as the daemon makes it: the builds it asks
+    for counted into ``builds`` (``starting``), its alerts into ``alerts``."""
+    return FallbackRebuilder(
+        start_build=starting(builds),
+        switch=switcher.switch_now,
+        switcher=switcher,
+        alert=alerts.append,
+        can_build=lambda: True,
+        backoff_s=backoff_s,
+        max_attempts=max_attempts,
+    )
+
+
+def swap_worker(scheduler: Scheduler) -> threading.Thread:
+    """A started thread standing in for the engine worker: it runs the swaps queued
+    for it between requests, until ``scheduler`` is closed."""
+
+    def worker() -> None:
+        while True:
+            try:
+                call = scheduler.take(timeout=None)
+            except SchedulerClosedError:
+                return
+            assert callable(call)
+            call()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     slot = ModelSlot(ModelConfig(name="m", path=tmp_path / "m.onnx", runtime="tensorrt"))
@@ -72,32 +121,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     config = RuntimeConfig(ort_trt_cache_dir=tmp_path / "ort", engine_dir=tmp_path / "engines")
     switcher = RuntimeSwitcher({"m": slot}, scheduler, config, sinks)
     builds: list[dict[str, Any]] = []
-
-    def start_build(request: dict[str, Any]) -> dict[str, Any]:
-        builds.append(request)
-        return {"build_id": f"b{len(builds)}"}
-
-    rebuilder = FallbackRebuilder(
-        start_build=start_build,
-        switch=switcher.switch_now,
-        switcher=switcher,
-        alert=alerts.append,
-        can_build=lambda: True,
-        backoff_s=0.0,
-        max_attempts=3,
-    )
-
-    def worker() -> None:  # runs the swaps, as the engine worker does between requests
-        while True:
-            try:
-                call = scheduler.take(timeout=None)
-            except SchedulerClosedError:
-                return
-            assert callable(call)
-            call()
-
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
+    rebuilder = rebuilder_of(switcher, alerts, builds)
+    thread = swap_worker(scheduler)
     yield Rig(slot, switcher, rebuilder, alerts, records, builds)
     rebuilder.stop()
     switcher.stop(HANG_S)
