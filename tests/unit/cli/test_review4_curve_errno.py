@@ -139,10 +139,12 @@ def test_a_clients_dir_that_cannot_be_opened_for_want_of_descriptors_is_not_a_co
     clients = security.curve_clients_dir
     real_open = os.open
 
-    def emfile_for_the_clients_dir(path: str | Path, flags: int, mode: int = 0o777) -> int:
+    def emfile_for_the_clients_dir(
+        path: str | Path, flags: int, mode: int = 0o777, *, dir_fd: int | None = None
+    ) -> int:
         if os.fspath(path) == os.fspath(clients):
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), os.fspath(clients))
-        return real_open(path, flags, mode)
+        return real_open(path, flags, mode, dir_fd=dir_fd)  # rmtree's too, at teardown
 
     monkeypatch.setattr(os, "open", emfile_for_the_clients_dir)
     with pytest.raises(OSError) as raised:
