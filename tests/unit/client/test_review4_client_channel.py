@@ -74,10 +74,12 @@ class Guarded:
                 # [version, request id, domain, address, identity, mechanism]
                 request = self._zap.recv_multipart()
                 status = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
-                self._zap.send_multipart([b"1.0", request[1], status.encode(), b"", b"", b""])
+                # Recorded before it is sent: a refused client may raise (and its test
+                # look at ``answered``) before this thread runs again.
                 with self._changed:
                     self.answered.append(status)
                     self._changed.notify_all()
+                self._zap.send_multipart([b"1.0", request[1], status.encode(), b"", b"", b""])
             if self._router in ready:
                 answer_ok(self._router, self._router.recv_multipart())
         self._zap.close(linger=0)
