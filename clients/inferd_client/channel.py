@@ -4,7 +4,6 @@ under ``InferenceClient`` and ``OperatorClient``."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import os
@@ -31,7 +30,6 @@ from inferd_client.endpoint_trust import (
 from inferd_client.errors import (
     ClientError,
     ConnectionLost,
-    ConnectionRefused,
     InvalidArgument,
     MalformedReply,
     RequestTimeout,
@@ -264,26 +262,16 @@ class RequestChannel:
             self.connections_lost += lost
             self._renew()
         if refusal and self._watch.refused is not None:
-            self._refuse(self._watch.refused)
+            self._refuse()
         return bool(lost)
 
-    def _refuse(self, status: int) -> NoReturn:
-        """Raise ``ConnectionRefused``: libzmq tries a refused connection once more
-        and then never again, so the socket would wait out every timeout.  It is
+    def _refuse(self) -> NoReturn:
+        """Raise ``ConnectionRefused`` (``ConnectionWatch.refuse``): libzmq never
+        connects a refused socket again, so it would wait out every timeout.  It is
         disconnected now (no more tries while the caller makes room) and made anew
         before the next send (``_send``), which connects again."""
-        with contextlib.suppress(zmq.ZMQError):  # no longer known to libzmq
-            self._socket.disconnect(self.endpoint)
         self._refused = True
-        raise ConnectionRefused(
-            f"the daemon at {self.endpoint} refused this client's connection at its "
-            f"handshake (ZAP status {status}): its access policy does not admit this "
-            "client, or this peer (a local user, a remote host) already holds "
-            "bus.max_connections connections to that socket; the daemon's log says why "
-            "(peer_refused), status counts it (security.sockets.<socket>."
-            "connections_refused); the next call connects anew",
-            status,
-        )
+        self._watch.refuse("the next call connects anew")
 
     def _renew(self) -> None:
         """Close the socket (dropping whatever it still queues) and make it anew.

@@ -11,8 +11,10 @@ out.  The watch reads the monitor's news (``HANDSHAKE_SUCCEEDED``,
 ``DISCONNECTED``, ``CONNECT_RETRIED``), counts each connection that ended once
 up, and connects again when libzmq is not retrying.  It also keeps the status
 of a handshake the daemon's ZAP handler refused (``HANDSHAKE_FAILED_AUTH``):
-libzmq gives such a connection one more try and then none, so a caller that
-waited for it would wait out its whole timeout.
+libzmq does not connect such a socket again (libzmq 4.3.5, a SUB and a DEALER:
+one ZAP request, none more in 2.5 s), so a caller that waited for it would wait
+out its whole timeout; ``refuse`` raises ``ConnectionRefused`` for it, the one
+way of the request channel and the event subscriber (DESIGN.md 322, 325).
 
 libzmq allows one monitor per socket, so a socket whose ``ipc://`` connections
 ``SendBuffer`` sizes shares this one: the watch also asks for its events
@@ -24,12 +26,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import select
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from inferd_client.endpoint_trust import connect
+from inferd_client.errors import ConnectionRefused
 from inferd_wire.send_buffer import CONNECTION_EVENTS, SendBuffer
 
 #: What CURVE adds around a frame: it travels in a MESSAGE command 33 bytes
@@ -50,6 +53,22 @@ _MONITORED = _UP | _DOWN | _RETRYING | _REFUSED
 #: Names each monitor's endpoint (``inproc://``, one per context): never a
 #: descriptor's number, which a closed socket's successor may reuse.
 _monitors = itertools.count()
+
+
+def refused_error(endpoint: str, status: int, anew: str) -> ConnectionRefused:
+    """The ``ConnectionRefused`` for a connection to ``endpoint`` the daemon refused at
+    its handshake with ZAP ``status``; ``anew`` says what connects again (the next
+    call, the next receive).  The handshake carries the status alone: the daemon's
+    reason (its ZAP reply's status text) is only in its log."""
+    return ConnectionRefused(
+        f"the daemon at {endpoint} refused this client's connection at its "
+        f"handshake (ZAP status {status}): its access policy does not admit this "
+        "client, or this peer (a local user, a remote host) already holds "
+        "bus.max_connections connections to that socket; the daemon's log says why "
+        "(peer_refused), status counts it (security.sockets.<socket>."
+        f"connections_refused); {anew}",
+        status,
+    )
 
 
 class ConnectionWatch:
@@ -93,7 +112,7 @@ class ConnectionWatch:
         #: none was or once a later handshake succeeded; the caller reads it after
         #: ``check`` (the request channel raises ``ConnectionRefused`` for the
         #: connection a call waits for, and makes the socket anew for one refused
-        #: before; the events subscriber leaves it to its timeout).
+        #: before; the events subscriber raises it from its next receive, ``refuse``).
         self.refused: int | None = None
 
     def check(self) -> int:
@@ -131,17 +150,34 @@ class ConnectionWatch:
             elif event == _RETRYING:
                 again = False
             elif event == _REFUSED:
-                # libzmq tries such a connection once more, then never again: left
-                # to the caller (the request channel raises ``ConnectionRefused``).
+                # libzmq never connects such a socket again: left to the caller
+                # (``refuse``; the request channel makes its socket anew).
                 self.refused = int(news["value"])
             elif self._send_buffer is not None and event & CONNECTION_EVENTS:
                 self._send_buffer.size(int(news["value"]))
         self.connections_lost += lost
         if again and self._reconnect:
-            with contextlib.suppress(zmq.ZMQError):  # no longer known to libzmq
-                self._socket.disconnect(self._endpoint)
-            connect(self._socket, self._endpoint)
+            self.connect_anew()
         return lost
+
+    def connect_anew(self) -> None:
+        """Connect the socket to the endpoint again: ``disconnect`` first ends any
+        attempt libzmq still makes, so there is one connection at most."""
+        with contextlib.suppress(zmq.ZMQError):  # no longer known to libzmq
+            self._socket.disconnect(self._endpoint)
+        connect(self._socket, self._endpoint)
+
+    def refuse(self, anew: str) -> NoReturn:
+        """Raise ``ConnectionRefused`` for the refusal ``check`` read (``refused``, then
+        forgotten), the socket disconnected first: no try of libzmq's goes on while
+        the caller makes room, and the caller connects again (``connect_anew``) when
+        it next waits.  ``anew`` is for ``refused_error``."""
+        status = self.refused
+        assert status is not None, "refuse() without a refusal read"
+        self.refused = None
+        with contextlib.suppress(zmq.ZMQError):  # no longer known to libzmq
+            self._socket.disconnect(self._endpoint)
+        raise refused_error(self._endpoint, status, anew)
 
     def close(self) -> None:
         """Stop monitoring (before the socket closes)."""

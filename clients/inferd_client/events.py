@@ -59,6 +59,14 @@ class EventSubscriber:
     that ended once up (the daemon stopped, or such a frame); what the daemon
     published until the subscriber was back is lost, as for a late joiner.
     ``follow(..., on_rejoined=...)`` tells its caller when that happened.
+
+    A connection the daemon refuses at its handshake (its access policy, or
+    ``bus.max_connections``), which libzmq never makes again, fails the receive
+    that waits (``receive``, ``wait_joined``, ``follow``) at once with
+    ``ConnectionRefused`` (its ``status`` the ZAP code) instead of a wait for good
+    or for the timeout; one met while no receive waited fails the next receive,
+    unless a later handshake of the socket succeeded.  The next receive connects
+    anew.
     """
 
     def __init__(
@@ -97,6 +105,9 @@ class EventSubscriber:
         self._hearing_health = False
         self._generation = process_generation()
         self._wait = SocketWait(self._socket, self._watch.monitor)
+        #: The daemon refused the connection and a receive raised it: the socket is
+        #: disconnected until the next receive connects it anew.
+        self._refused = False
         #: A read cut short between an event's two parts (``recv_parts``).
         self._read = ReadState()
         #: ``connections_lost`` when a health event last proved the subscription
@@ -117,7 +128,8 @@ class EventSubscriber:
         the first one received proves the subscription is live. Events of the
         subscribed topics that arrive first are kept and returned by ``receive``
         in order; ``health`` events are hidden unless they were asked for.
-        Raises ``Unreachable`` when no health event arrives within ``timeout``.
+        Raises ``Unreachable`` when no health event arrives within ``timeout``, and
+        its ``ConnectionRefused`` at once when the daemon refuses the connection.
         ``keep_health`` stays subscribed to (hidden) health events after the join,
         as proof that the daemon is still there (``follow``).
         """
@@ -186,7 +198,9 @@ class EventSubscriber:
                 yield event
 
     def receive(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
-        """Next event, or None after ``timeout`` seconds (None waits forever)."""
+        """Next event, or None after ``timeout`` seconds (None waits forever);
+        ``ConnectionRefused`` when the daemon refused the connection (see the
+        class's docstring)."""
         timeout = None if timeout is None else checked_timeout(timeout)
         if self._pending:
             return self._pending.popleft()
@@ -201,6 +215,12 @@ class EventSubscriber:
     def _receive_frames(self, timeout: float | None) -> tuple[str, dict[str, Any]] | None:
         check_process(self._generation, "the subscriber")
         give_up_at = None if timeout is None else time.monotonic() + checked_timeout(timeout)
+        assert self._watch is not None
+        if self._refused:
+            # A receive raised the refusal and the socket was disconnected: this one
+            # connects anew, and waits for that connection.
+            self._watch.connect_anew()
+            self._refused = False
         while True:
             # Rounded up, and waited again when the wait ended early (a signal, any
             # event of the socket) or one wait could not take it all (``wait_ms``):
@@ -216,8 +236,13 @@ class EventSubscriber:
                 break
             # Connects again where libzmq will not; a lost connection is not an
             # error here (a daemon restart is one too): the wait goes on.
-            assert self._watch is not None
             self._watch.check()
+            if self._watch.refused is not None:
+                # libzmq never connects a refused socket again: this wait would last
+                # until its timeout, or for good.  A refusal met while no receive
+                # waited is in the news too, unless a later handshake succeeded.
+                self._refused = True
+                self._watch.refuse("the next receive connects anew")
             wait = MAX_WAIT_MS
             if give_up_at is not None:
                 wait = wait_ms(give_up_at - time.monotonic())

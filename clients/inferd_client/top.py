@@ -5,7 +5,9 @@ Every ``--interval`` seconds it asks the control socket for ``status`` and
 ``build``, ``runtime``), so alerts and build progress show as they happen.
 Request rates are the difference of two ``status`` snapshots over the time
 between them.  A daemon that does not answer is shown as unreachable and asked
-again at the next interval; ``q`` or Ctrl-C leaves (exit 0).  Only the wire
+again at the next interval; ``q`` or Ctrl-C leaves (exit 0).  An events
+connection the daemon refuses at its handshake ends the view: ``inferctl`` says
+so and exits 3, as for any ``ConnectionRefused``.  Only the wire
 protocol is used: nothing of the daemon is imported.
 
 What the daemon sends is shown as plain text (``rich.text.Text``, never markup)
@@ -38,7 +40,7 @@ from rich.text import Text
 
 from inferd_client.cli_format import printable, text
 from inferd_client.client import OperatorClient
-from inferd_client.errors import ClientError
+from inferd_client.errors import ClientError, ConnectionRefused
 from inferd_client.events import EventSubscriber
 
 EVENT_TOPICS = ("alert", "build", "runtime")
@@ -390,9 +392,16 @@ class _Connection:
         state.on_status(status, builds, time.monotonic())
 
     def drain(self, state: TopState) -> None:
-        with contextlib.suppress(ClientError):
+        """The events that came since; a subscriber the daemon refused ends the view
+        (``inferctl`` says why and exits as for any refused connection): its alerts
+        and builds would stay empty without a word."""
+        try:
             while (event := self.events.receive(timeout=0)) is not None:
                 state.on_event(*event)
+        except ConnectionRefused:
+            raise
+        except ClientError:
+            pass
 
     def close(self) -> None:
         if self._control is not None:

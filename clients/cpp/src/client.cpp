@@ -283,23 +283,12 @@ private:
         } else if (news.refused) {
             refusal_status_ = *news.refused;
             refused_ = true;
-            // libzmq tries a refused connection once more, then never again: no
-            // more tries while the caller makes room; the next call reopens.
-            try {
-                socket_.disconnect(endpoint_);
-            } catch (const zmq::error_t&) {
-                // no longer known to libzmq
-            }
+            // libzmq never connects a refused socket again: no tries of its own
+            // while the caller makes room; the next call reopens.
+            detail::disconnect_from(socket_, endpoint_);
         }
         if (refusal && refused_) {
-            throw ConnectionRefused(
-                "the daemon at " + endpoint_ + " refused this client's connection at its "
-                "handshake (ZAP status " + std::to_string(refusal_status_) + "): its access "
-                "policy does not admit this client, or this peer (a local user, a remote host) "
-                "already holds bus.max_connections connections to that socket; the daemon's "
-                "log says why (peer_refused), status counts it "
-                "(security.sockets.<socket>.connections_refused); the next call connects anew",
-                refusal_status_);
+            throw detail::refused_error(endpoint_, refusal_status_, "the next call connects anew");
         }
         return news.lost != 0;
     }

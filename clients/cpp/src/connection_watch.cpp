@@ -54,6 +54,9 @@ ConnectionWatch::News ConnectionWatch::check() {
         }
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             up_ = true;
+            // A refusal read before it is stale: this socket's connection is up,
+            // and is not made anew for it (as the Python watch, DESIGN.md 325).
+            news.refused.reset();
         } else if (event == ZMQ_EVENT_DISCONNECTED && up_) {
             up_ = false;
             ++news.lost;
@@ -107,6 +110,24 @@ bool recv_message(zmq::socket_t& socket, std::vector<zmq::message_t>& parts) {
         parts.push_back(std::move(part));
         if (!more) return true;
     }
+}
+
+void disconnect_from(zmq::socket_t& socket, const std::string& endpoint) {
+    try {
+        socket.disconnect(endpoint);
+    } catch (const zmq::error_t&) {
+        // no longer known to libzmq
+    }
+}
+
+ConnectionRefused refused_error(const std::string& endpoint, int status, const std::string& anew) {
+    return ConnectionRefused(
+        "the daemon at " + endpoint + " refused this client's connection at its handshake (ZAP "
+        "status " + std::to_string(status) + "): its access policy does not admit this client, "
+        "or this peer (a local user, a remote host) already holds bus.max_connections "
+        "connections to that socket; the daemon's log says why (peer_refused), status counts "
+        "it (security.sockets.<socket>.connections_refused); " + anew,
+        status);
 }
 
 }  // namespace inferd::detail

@@ -10,7 +10,10 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
+
+#include "inferd/errors.hpp"
 
 namespace inferd::detail {
 
@@ -25,9 +28,10 @@ public:
         std::uint64_t lost = 0;  // connections that were up (handshake done) and ended
         bool retried = false;    // libzmq is connecting again itself (CONNECT_RETRIED after the last loss)
         // The ZAP status code of a handshake the daemon refused (HANDSHAKE_FAILED_AUTH:
-        // 400, or 500 when its handler failed). libzmq tries such a connection once
-        // more, then never again: the caller decides (the request channel throws
-        // ConnectionRefused).
+        // 400, or 500 when its handler failed), unless a later handshake read in the
+        // same check succeeded (the refusal is stale then). libzmq never connects
+        // such a socket again: the caller decides (the request channel and the
+        // events subscriber throw refused_error).
         std::optional<int> refused;
     };
 
@@ -72,5 +76,16 @@ bool wait_either(zmq::socket_t& socket, zmq::socket_t& monitor, long long timeou
 // later part's is asked again (a message is delivered whole, so it is there). A
 // signal handler cannot throw in C++, so the retry is exact.
 bool recv_message(zmq::socket_t& socket, std::vector<zmq::message_t>& parts);
+
+// Disconnects `socket` from `endpoint`: ends libzmq's connection or its attempt
+// (after a refusal: no more tries while the caller makes room). One libzmq no
+// longer knows is left as it is.
+void disconnect_from(zmq::socket_t& socket, const std::string& endpoint);
+
+// The ConnectionRefused for a connection to `endpoint` the daemon refused at its
+// handshake with ZAP `status`; `anew` says what connects again (the next call,
+// the next receive). The handshake carries the status alone: the daemon's reason
+// (its ZAP reply's status text) is only in its log.
+ConnectionRefused refused_error(const std::string& endpoint, int status, const std::string& anew);
 
 }  // namespace inferd::detail

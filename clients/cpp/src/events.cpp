@@ -221,11 +221,21 @@ struct EventSubscriber::Impl {
     bool hide_health = false;  // subscribed to health only to detect the join
     std::deque<Event> pending;
     std::uint64_t connections_lost = 0;
+    // The daemon refused the connection and a read threw it: the socket is
+    // disconnected until the next read connects it anew.
+    bool refused = false;
 
     // One [topic, payload] message, or nullopt once `give_up_at` has passed (a
-    // message already there is read even then).
+    // message already there is read even then). ConnectionRefused when the daemon
+    // refused the connection (see check_connection).
     std::optional<std::pair<std::string, Event>> read(
         std::chrono::steady_clock::time_point give_up_at) {
+        if (refused) {
+            // A read threw the refusal and the socket was disconnected: this one
+            // connects anew, and waits for that connection.
+            connect_anew();
+            refused = false;
+        }
         std::vector<zmq::message_t> parts;
         // Part by part: a signal handler's EINTR between the parts of an event
         // lost the parts read, and the next read took the payload for an event.
@@ -257,15 +267,30 @@ struct EventSubscriber::Impl {
     // anew does no harm: disconnect ends libzmq's attempt, so there is still one
     // connection. (A SUB loses nothing it would have sent in the meantime, unlike
     // the request channel, which makes its socket anew instead.)
+    //
+    // A handshake the daemon refused (its access policy, bus.max_connections),
+    // read in this check and not outlived by a later one that succeeded, throws
+    // ConnectionRefused: libzmq never connects a refused socket again, and the
+    // read would wait until its timeout, or for good. The socket is disconnected
+    // first (no tries of libzmq's while the caller makes room); the next read
+    // connects anew. A refusal met while no read waited is in the news the next
+    // read checks.
     void check_connection() {
         auto news = watch->check();
         connections_lost += news.lost;
-        if (news.lost == 0 || news.retried) return;
-        try {
-            socket.disconnect(endpoint);
-        } catch (const zmq::error_t&) {
-            // no longer known to libzmq
+        if (news.refused) {
+            detail::disconnect_from(socket, endpoint);
+            refused = true;
+            throw detail::refused_error(endpoint, *news.refused, "the next receive connects anew");
         }
+        if (news.lost == 0 || news.retried) return;
+        connect_anew();
+    }
+
+    // Connects again: disconnect first ends any attempt libzmq still makes, so
+    // there is one connection at most.
+    void connect_anew() {
+        detail::disconnect_from(socket, endpoint);
         socket.connect(endpoint);
     }
 };

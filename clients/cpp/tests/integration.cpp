@@ -634,6 +634,13 @@ TEST_ON_DEMAND(curve_on_tcp_admits_the_allow_listed_key_and_its_operator_rights)
     auto started = std::chrono::steady_clock::now();
     CHECK_THROWS(ConnectionRefused, unknown.status(), error.status() == 400);
     CHECK(std::chrono::steady_clock::now() - started < 5s);
+    // Its events subscriber likewise (before: "no health event" after the 10 s).
+    SubscriberOptions unheard = subscription;
+    unheard.curve = stranger;
+    EventSubscriber strange_events(unheard);
+    started = std::chrono::steady_clock::now();
+    CHECK_THROWS(ConnectionRefused, strange_events.wait_joined(10s), error.status() == 400);
+    CHECK(std::chrono::steady_clock::now() - started < 5s);
     // CURVE is for tcp:// only.
     ClientOptions local = control_options();
     local.endpoint = "ipc:///nonexistent-dir/control.sock";

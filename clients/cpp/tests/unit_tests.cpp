@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../src/connection_watch.hpp"
 #include "../src/send_buffer.hpp"
 #include "check.hpp"
 #include "inferd/inferd.hpp"
@@ -2982,20 +2983,29 @@ TEST(a_socket_made_anew_after_a_restart_sets_a_new_routing_id) {
 namespace {
 
 // A ROUTER whose ZAP handler (in the peer's own context, as the daemon's) refuses
-// every handshake with 400 until admit(); it answers what it admitted.
+// every handshake with 400 until admit(); it answers what it admitted. As a PUB
+// (`type`: the events socket) it publishes a health event every 5 ms instead.
+// `name` names its ipc:// socket file, for two at once.
 class GuardedPeer {
 public:
-    GuardedPeer() : endpoint_("ipc://" + temp_dir() + "/guarded.sock") {
+    explicit GuardedPeer(zmq::socket_type type = zmq::socket_type::router,
+                         const std::string& name = "guarded")
+        : endpoint_("ipc://" + temp_dir() + "/" + name + ".sock"),
+          publishing_(type == zmq::socket_type::pub),
+          router_(context_, type) {
         zap_.set(zmq::sockopt::linger, 0);
         zap_.bind("inproc://zeromq.zap.01");
         router_.set(zmq::sockopt::linger, 0);
-        router_.set(zmq::sockopt::zap_domain, "infer");
+        router_.set(zmq::sockopt::zap_domain, publishing_ ? "events" : "infer");
         router_.bind(endpoint_);
         thread_ = std::thread([this] {
+            std::uint64_t seq = 0;
             while (!stop_) {
+                // A PUB is never readable: only the ZAP socket is waited on then.
                 std::array<zmq::pollitem_t, 2> items{{{zap_.handle(), 0, ZMQ_POLLIN, 0},
                                                       {router_.handle(), 0, ZMQ_POLLIN, 0}}};
-                zmq::poll(items.data(), items.size(), std::chrono::milliseconds(20));
+                zmq::poll(items.data(), publishing_ ? 1 : items.size(),
+                          std::chrono::milliseconds(publishing_ ? 5 : 20));
                 std::vector<zmq::message_t> parts;
                 // [version, request id, domain, address, identity, mechanism]
                 if (zmq::recv_multipart(zap_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
@@ -3010,7 +3020,12 @@ public:
                     zap_.send(zmq::str_buffer(""), zmq::send_flags::none);
                 }
                 parts.clear();
-                if (zmq::recv_multipart(router_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+                if (publishing_) {
+                    auto payload = health_event(++seq);
+                    router_.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
+                    router_.send(zmq::buffer(payload), zmq::send_flags::none);
+                } else if (zmq::recv_multipart(router_, std::back_inserter(parts),
+                                               zmq::recv_flags::dontwait)) {
                     answer_any(router_, parts);
                 }
             }
@@ -3034,9 +3049,10 @@ public:
 
 private:
     std::string endpoint_;
+    bool publishing_;
     zmq::context_t context_{1};
     zmq::socket_t zap_{context_, zmq::socket_type::rep};
-    zmq::socket_t router_{context_, zmq::socket_type::router};
+    zmq::socket_t router_;  // a PUB when publishing_
     std::atomic<bool> admitted_{false};
     std::atomic<int> refused_{0};
     std::atomic<bool> stop_{false};
@@ -3139,6 +3155,76 @@ TEST(a_refusal_met_while_no_call_waited_fails_no_call) {
     CHECK_EQ(client.infer("m", two_floats(input)).output("out0").as<float>()[1], 2.0f);
     CHECK_EQ(operating.call("status"), "{}");
     CHECK_EQ(peer.refused(), 2);  // the calls were admitted, never refused
+}
+
+TEST(an_events_subscriber_the_daemon_refuses_throws_at_once_and_connects_anew) {
+    // libzmq never connects a refused socket again: wait_joined waited out its
+    // timeout (10 s here) and threw "no health event", and receive() waited for
+    // its timeout too, or for good.
+    GuardedPeer peer(zmq::socket_type::pub);
+    SubscriberOptions subscription;
+    subscription.endpoint = peer.endpoint();
+    EventSubscriber events(subscription);
+    auto path = peer.endpoint().substr(std::string("ipc://").size());
+    auto refused = [&](const ConnectionRefused& error) {
+        std::string what = error.what();
+        return error.status() == 400 && what.find(peer.endpoint()) != std::string::npos &&
+               what.find("refused this client's connection at its handshake") != std::string::npos &&
+               what.find("the next receive connects anew") != std::string::npos;
+    };
+    // Refused while no receive waited (the refusal is on the monitor once the
+    // subscriber's end of the connection is closed): the next receive throws.
+    CHECK(within(15s, [&] { return peer.refused() == 1 && client_connections_to(path) == 0; }));
+    auto started = std::chrono::steady_clock::now();
+    CHECK_THROWS(ConnectionRefused, events.wait_joined(10s), refused(error));
+    CHECK(std::chrono::steady_clock::now() - started < 5s);
+    // The next one connects anew and waits for that connection: refused too.
+    started = std::chrono::steady_clock::now();
+    CHECK_THROWS(ConnectionRefused, events.receive(10s), refused(error));
+    CHECK(std::chrono::steady_clock::now() - started < 5s);
+    CHECK_EQ(peer.refused(), 2);
+    // Admitted now: the next receive connects anew, and events flow.
+    peer.admit();
+    events.wait_joined(10s);
+    auto event = events.receive(10s);
+    CHECK(event.has_value() && std::holds_alternative<HealthEvent>(*event));
+    CHECK_EQ(peer.refused(), 2);
+    CHECK_EQ(events.connections_lost(), 0u);  // a refusal is no lost connection
+}
+
+TEST(a_refusal_a_later_handshake_of_the_socket_outlived_is_forgotten) {
+    // The watch's check read [HANDSHAKE_FAILED_AUTH 400, HANDSHAKE_SUCCEEDED] as a
+    // refusal: the request channel made a live connection anew for it, and an
+    // events subscriber would throw on one that is up. One socket connects to a
+    // refusing peer and an admitting one, in either order, then checks once.
+    for (bool refused_first : {true, false}) {
+        GuardedPeer refusing(zmq::socket_type::pub, "refusing");
+        GuardedPeer admitting(zmq::socket_type::pub, "admitting");
+        admitting.admit();
+        zmq::context_t context{1};
+        zmq::socket_t sub(context, zmq::socket_type::sub);
+        sub.set(zmq::sockopt::linger, 0);
+        sub.set(zmq::sockopt::subscribe, "");
+        detail::ConnectionWatch watch(context, sub);
+        auto refused_path = refusing.endpoint().substr(std::string("ipc://").size());
+        // Refused, and the socket's end of that connection closed: its news is in.
+        auto refuse = [&] {
+            sub.connect(refusing.endpoint());
+            return within(15s, [&] {
+                return refusing.refused() == 1 && client_connections_to(refused_path) == 0;
+            });
+        };
+        // An event came: the handshake succeeded, and its news is in.
+        auto admit = [&] {
+            sub.connect(admitting.endpoint());
+            std::vector<zmq::message_t> parts;
+            return within(15s, [&] { return detail::recv_message(sub, parts); });
+        };
+        CHECK(refused_first ? refuse() && admit() : admit() && refuse());
+        auto news = watch.check();
+        CHECK_EQ(news.refused, refused_first ? std::nullopt : std::optional<int>(400));
+        watch.stop();
+    }
 }
 
 namespace {

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import select
 import struct
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from inferd_client import ClientError, ConnectionRefused, OperatorClient
 from inferd_client.channel import RequestChannel
 from inferd_client.connection_watch import ConnectionWatch
 from tests.conftest import HANG_S, wait_until
+from tests.unit.client.guarded import Guarded, guarded_peers
 from tests.unit.client.scripted import Script, answer_ok
 
 #: What ``answer_ok`` answers.
@@ -41,78 +41,10 @@ class Interrupted(BaseException):
     """What a signal handler raised inside the channel's renewal."""
 
 
-class Guarded:
-    """A ROUTER that answers every request ok, in its own context with its own ZAP
-    handler (as the daemon's): each handshake gets the next of ``answers`` (ZAP
-    status codes), the last one for every later handshake.  ``answered`` lists the
-    codes given so far."""
-
-    def __init__(self, endpoint: str, answers: list[str]) -> None:
-        self.endpoint = endpoint
-        self._answers = list(answers)
-        self.answered: list[str] = []
-        self._changed = threading.Condition()
-        self._stop = threading.Event()
-        self._context: zmq.Context[Any] = zmq.Context()
-        self._zap = self._context.socket(zmq.REP)
-        self._zap.setsockopt(zmq.LINGER, 0)
-        self._zap.bind("inproc://zeromq.zap.01")
-        self._router = self._context.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router.zap_domain = b"control"
-        self._router.bind(endpoint)
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._zap, zmq.POLLIN)
-        poller.register(self._router, zmq.POLLIN)
-        while not self._stop.is_set():
-            ready = dict(poller.poll(20))
-            if self._zap in ready:
-                # [version, request id, domain, address, identity, mechanism]
-                request = self._zap.recv_multipart()
-                status = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
-                # Recorded before it is sent: a refused client may raise (and its test
-                # look at ``answered``) before this thread runs again.
-                with self._changed:
-                    self.answered.append(status)
-                    self._changed.notify_all()
-                self._zap.send_multipart([b"1.0", request[1], status.encode(), b"", b"", b""])
-            if self._router in ready:
-                answer_ok(self._router, self._router.recv_multipart())
-        self._zap.close(linger=0)
-        self._router.close(linger=0)
-
-    def wait_answered(self, count: int) -> list[str]:
-        """The codes given once ``count`` handshakes were answered (``HANG_S`` bounds it)."""
-        with self._changed:
-            assert self._changed.wait_for(lambda: len(self.answered) >= count, HANG_S), (
-                f"{count} handshakes not answered: {self.answered}"
-            )
-            return list(self.answered)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(HANG_S)
-        self._context.term()  # the socket's file is gone before a successor binds
-
-
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[Callable[[list[str]], Guarded]]:
-    """``guarded(answers)``: a new ``Guarded`` on the test's endpoint (one at a time:
-    close the last before making the next, a daemon that restarted)."""
-    made: list[Guarded] = []
-
-    def make(answers: list[str]) -> Guarded:
-        made.append(Guarded(f"ipc://{tmp_path}/control.sock", answers))
-        return made[-1]
-
-    yield make
-    for peer in made:
-        if not peer._stop.is_set():
-            peer.close()
+    """``guarded(answers)``: a new ``Guarded`` ROUTER on the test's endpoint."""
+    yield from guarded_peers(f"ipc://{tmp_path}/control.sock")
 
 
 def channel_of(client: OperatorClient) -> RequestChannel:

@@ -67,7 +67,8 @@ public:
 // host) holds more than bus.max_connections connections to that socket. Thrown
 // at once, not after the timeout; nothing was sent. The daemon's log says why
 // (peer_refused), and status counts it (security.sockets.<socket>.connections_refused).
-// The next call connects anew. status() is the ZAP status code (400: refused;
+// The next call (an EventSubscriber's next receive) connects anew. status() is
+// the ZAP status code (400: refused;
 // 500: the daemon's handler failed). The Python client's ConnectionRefused.
 class ConnectionRefused : public ClientError {
 public:

@@ -152,6 +152,13 @@ struct SubscriberOptions {
 // up (the daemon stopped, or such a frame); what the daemon published until the
 // subscriber was back is lost, as for a late joiner. A payload longer than
 // kMaxEventBytes is a MalformedReply.
+//
+// A connection the daemon refuses at its handshake (its access policy, or
+// bus.max_connections), which libzmq never makes again, fails the wait_joined()
+// or receive() that waits at once with ConnectionRefused (status(): the ZAP
+// code) instead of a wait until the timeout; one met while no receive waited
+// fails the next one, unless a later handshake of the socket succeeded. The
+// next wait_joined() or receive() connects anew.
 class EventSubscriber {
 public:
     // Throws std::invalid_argument for a topic check_topic refuses.
@@ -160,9 +167,11 @@ public:
     EventSubscriber(const EventSubscriber&) = delete;
     EventSubscriber& operator=(const EventSubscriber&) = delete;
 
-    // Throws ClientError when no health event arrives within timeout.
+    // Throws ClientError when no health event arrives within timeout, and
+    // ConnectionRefused at once when the daemon refuses the connection.
     void wait_joined(std::chrono::milliseconds timeout);
-    // The next event of the subscribed topics, or nullopt after timeout.
+    // The next event of the subscribed topics, or nullopt after timeout;
+    // ConnectionRefused when the daemon refused the connection (see above).
     std::optional<Event> receive(std::chrono::milliseconds timeout);
     // Connections to the daemon that ended once up (see the class's comment).
     std::uint64_t connections_lost() const;
