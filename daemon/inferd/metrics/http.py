@@ -7,9 +7,15 @@ no thread per connection), a listen backlog of ``BACKLOG``; a request's head
 reply must be taken within ``WRITE_TIMEOUT_S``; HTTP/1.0, so every connection
 closes after one reply.  A client can therefore hold the thread for at most
 ``READ_DEADLINE_S + WRITE_TIMEOUT_S`` and the daemon memory for one request
-head.  Nothing is logged per request: the exporter counts them.  An ``accept``
-that fails (the daemon out of descriptors) leaves the listener alone for
-``ACCEPT_PAUSE_S`` (``paused_until``), logged as ``metrics_accept_failed``.
+head.  After each connection the listener is left alone for
+``MIN_REQUEST_GAP_S`` (``paused_until``): a flood of connections waits in the
+listen backlog (past it the kernel drops their SYNs and the clients retry)
+instead of taking the GIL from the engine workers.  Nothing is logged per
+request: the exporter counts them.  An ``accept`` that fails (the daemon out of
+descriptors) leaves the listener alone for ``ACCEPT_PAUSE_S``, logged as
+``metrics_accept_failed``.  A request line other than ``METHOD TARGET HTTP/1.x``
+(HTTP/0.9's two words, garbage, an empty line) is answered 400 with a status
+line and headers (``default_request_version``).
 
 The body is OpenMetrics when the scraper asks for it (Prometheus does, in its
 ``Accept`` header), else Prometheus' text format (``prometheus_client``'s
@@ -23,6 +29,7 @@ import socket
 import socketserver
 import time
 from collections.abc import Callable, Iterator
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from io import BytesIO
 from typing import Any, Protocol
@@ -41,11 +48,19 @@ SERVER = "inferd"
 #: ``ENFILE``, ``ENOMEM``): the connection stays queued and the listener readable,
 #: so trying again at once spins the thread (as ``shm.sock``'s, DESIGN.md 200).
 ACCEPT_PAUSE_S = 0.5
+#: How long the listener is left alone after each connection, whatever it asked:
+#: at most 50 connections a second, so serving them (about 0.3 ms each once the
+#: body is cached, ``exporter.SCRAPE_CACHE_S``) costs at most a few percent of a
+#: core and of the GIL; a scraper waits at most this long per connection queued
+#: before it (``BACKLOG``).
+MIN_REQUEST_GAP_S = 0.02
 
 log = structlog.get_logger("inferd.metrics")
 
 #: ``render(accept_header) -> (body, content_type)``.
 Render = Callable[[str], tuple[bytes, str]]
+#: A monotonic clock, seconds (``time.monotonic``; a test's own).
+Clock = Callable[[], float]
 
 
 class Count(Protocol):
@@ -92,6 +107,10 @@ def read_head(connection: socket.socket, deadline: float, limit: int) -> bytes:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
+    #: The version of a reply to a request line that names none, or none the stdlib
+    #: could parse: its own default, HTTP/0.9, sends an error as a bare HTML body
+    #: with no status line, which no HTTP client reads as an error.
+    default_request_version = "HTTP/1.0"
     timeout = WRITE_TIMEOUT_S  # StreamRequestHandler sets it on the socket
     server: MetricsServer
 
@@ -114,6 +133,23 @@ class _Handler(BaseHTTPRequestHandler):
         reply = b"HTTP/1.0 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         with contextlib.suppress(OSError):  # the peer left: nothing more to tell it
             self.wfile.write(reply)
+
+    def parse_request(self) -> bool:
+        """The stdlib's parse, less what it takes for HTTP/0.9 (``GET /metrics``, no
+        version: served as a bare body) or ignores (a blank request line: no reply
+        at all); both are ``bad_request``, as an HTTP version other than 1.x is."""
+        parsed = super().parse_request()
+        words = self.requestline.split()  # set first thing, whatever it refuses
+        if not parsed:
+            if not words:  # the one refusal the stdlib does not answer
+                self.send_error(HTTPStatus.BAD_REQUEST, "Empty request line")
+            return False
+        if len(words) == 2:
+            self.send_error(
+                HTTPStatus.BAD_REQUEST, "HTTP/0.9 is not served: send GET /metrics HTTP/1.0"
+            )
+            return False
+        return True
 
     def do_GET(self) -> None:
         try:
@@ -175,11 +211,15 @@ class MetricsServer(socketserver.TCPServer):
     allow_reuse_address = True
     request_queue_size = BACKLOG
 
-    def __init__(self, address: tuple[str, int], render: Render, count: Count) -> None:
+    def __init__(
+        self, address: tuple[str, int], render: Render, count: Count, clock: Clock = time.monotonic
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.render = render
         self.count = count
-        #: Until when (monotonic) no connection is accepted, after an ``accept`` failed.
+        self.clock = clock
+        #: Until when (``clock``) no connection is accepted: ``MIN_REQUEST_GAP_S``
+        #: after the last one, ``ACCEPT_PAUSE_S`` after an ``accept`` failed.
         self.paused_until = 0.0
         super().__init__(address, _Handler)
 
@@ -189,9 +229,16 @@ class MetricsServer(socketserver.TCPServer):
         except (BlockingIOError, InterruptedError):
             raise  # nothing to accept after all: ``handle_request`` returns
         except OSError as exc:  # out of descriptors or memory: not again at once
-            self.paused_until = time.monotonic() + ACCEPT_PAUSE_S
+            self.paused_until = self.clock() + ACCEPT_PAUSE_S
             log.warning("metrics_accept_failed", error=exc.strerror, retry_s=ACCEPT_PAUSE_S)
             raise
+
+    def shutdown_request(self, request: Any) -> None:
+        """After every connection accepted, whatever became of it (``socketserver``
+        calls this last): the rest is set before the close, which is where a client
+        sees the end of its reply."""
+        self.paused_until = max(self.paused_until, self.clock() + MIN_REQUEST_GAP_S)
+        super().shutdown_request(request)
 
     @property
     def bound(self) -> str:

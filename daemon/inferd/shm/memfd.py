@@ -46,6 +46,12 @@ from inferd_wire.regions import advise_huge_pages, region_size_problem
 #: ``include/uapi/linux/fcntl.h``: F_LINUX_SPECIFIC_BASE (1024) + 10, and 0x0002.
 F_GET_SEALS: int = getattr(fcntl, "F_GET_SEALS", 1034)
 F_SEAL_SHRINK: int = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
+#: No seal can be added any more: set by ``memfd_create`` without
+#: ``MFD_ALLOW_SEALING``, and on every other tmpfs file (``/dev/shm``).
+F_SEAL_SEAL: int = getattr(fcntl, "F_SEAL_SEAL", 0x0001)
+#: What ``memfd_create`` names every file it makes (``mm/memfd.c``
+#: ``MFD_NAME_PREFIX``), as ``/proc/self/fd`` shows it: ``/memfd:NAME (deleted)``.
+MEMFD_PATH_PREFIX = "/memfd:"
 #: The kernel's overcommit policy: 0 heuristic, 1 always, 2 strict (``OVERCOMMIT_NEVER``).
 OVERCOMMIT_MEMORY = Path("/proc/sys/vm/overcommit_memory")
 OVERCOMMIT_NEVER = 2
@@ -56,7 +62,8 @@ def refused(message: str) -> ProtocolError:
 
 
 def seal_state(fd: int) -> int:
-    """The file's seals; INVALID_ARGUMENT when it cannot carry any (not a memfd)."""
+    """The file's seals; INVALID_ARGUMENT when it cannot carry any (not a memfd) or
+    the descriptor cannot be used for them (``O_PATH``)."""
     try:
         return fcntl.fcntl(fd, F_GET_SEALS)
     except OSError as exc:
@@ -64,6 +71,12 @@ def seal_state(fd: int) -> int:
             raise refused(
                 "the descriptor is not a memfd (F_GET_SEALS: EINVAL): create the region "
                 "with memfd_create(MFD_ALLOW_SEALING)"
+            ) from None
+        if exc.errno == errno.EBADF:  # the daemon holds it open: only O_PATH is left
+            raise refused(
+                "the descriptor cannot be used for its file's seals or memory (F_GET_SEALS: "
+                "EBADF; opened with O_PATH?): pass the memfd itself, as memfd_create "
+                "returned it or reopened read-write"
             ) from None
         raise refused(f"the descriptor's seals cannot be read: {exc.strerror}") from None
 
@@ -75,6 +88,15 @@ def is_memfd(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def made_by_memfd_create(fd: int) -> bool:
+    """Whether ``fd``'s file came from ``memfd_create`` (by the name the kernel gave
+    it); True when ``/proc`` cannot say."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(MEMFD_PATH_PREFIX)
+    except OSError:
+        return True
 
 
 @functools.cache
@@ -100,23 +122,37 @@ def map_sealed_memfd(
     ``admit_size`` may refuse the size (its ``ProtocolError``) before anything is
     mapped: a sparse memfd of 64 TiB costs its client nothing, and mapped even for
     a moment it would take half the daemon's address space from its other threads.
-    The caller keeps ownership of ``fd``."""
+    The caller keeps ownership of ``fd``.  What kind of file it is is checked before
+    its seals, so that the advice on the seals is advice for a memfd."""
     seals = seal_state(fd)
-    if not seals & F_SEAL_SHRINK:
-        raise refused(
-            f"the memfd is not sealed against shrinking (seals {seals:#x}, F_SEAL_SHRINK "
-            f"{F_SEAL_SHRINK:#x} missing): add it with fcntl(F_ADD_SEALS) before registering, "
-            "so that truncating it can never fault the daemon"
-        )
-    info = os.fstat(fd)
+    info = os.fstat(fd)  # after the seals: the size below is one F_SEAL_SHRINK keeps
     if not stat.S_ISREG(info.st_mode):
         raise refused("the descriptor is not a regular memfd")
     if info.st_dev != shmem_device():
+        if not made_by_memfd_create(fd):  # a file of a tmpfs mount: /dev/shm, shm_open
+            raise refused(
+                "the descriptor is a file of a tmpfs mount (/dev/shm, shm_open), not a memfd: "
+                "its seals are locked, so it can never be sealed against shrinking; create "
+                "the region with memfd_create(MFD_ALLOW_SEALING)"
+            )
         # hugetlbfs (MFD_HUGETLB): a page its client punches out comes back from a
         # pool that may be empty, and the daemon's touch would be a SIGBUS.
         raise refused(
             "the memfd is not ordinary shared memory (made with MFD_HUGETLB?): a region "
             "must be (it may still use transparent huge pages)"
+        )
+    if not seals & F_SEAL_SHRINK:
+        if seals & F_SEAL_SEAL:  # F_ADD_SEALS fails with EPERM: no advice to add one
+            raise refused(
+                f"the memfd is not sealed against shrinking and can no longer be (seals "
+                f"{seals:#x}: F_SEAL_SEAL {F_SEAL_SEAL:#x} set, F_SEAL_SHRINK {F_SEAL_SHRINK:#x} "
+                "missing; made without MFD_ALLOW_SEALING?): create the region with "
+                "memfd_create(MFD_ALLOW_SEALING), add F_SEAL_SHRINK, then register it"
+            )
+        raise refused(
+            f"the memfd is not sealed against shrinking (seals {seals:#x}, F_SEAL_SHRINK "
+            f"{F_SEAL_SHRINK:#x} missing): add it with fcntl(F_ADD_SEALS) before registering, "
+            "so that truncating it can never fault the daemon"
         )
     size = info.st_size
     problem = region_size_problem(size)

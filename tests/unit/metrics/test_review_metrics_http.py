@@ -13,6 +13,11 @@ beyond its own request, nor flood the journal.
 - A collection that fails logged a traceback at ERROR for every scrape (2,016 in
   1 s from one local client), and ``status.metrics.last_error`` kept it after
   collections succeeded again, where the schema says it is null once one does.
+- A request line the stdlib could not parse (garbage, HTTP/2.0) was answered with
+  the bare HTML of an error, no status line and no headers (its default version,
+  HTTP/0.9); a two-word ``GET /metrics`` was served as an HTTP/0.9 scrape (the body
+  alone) and counted ``scrape``; a blank request line got nothing and was not
+  counted.
 """
 
 from __future__ import annotations
@@ -186,3 +191,27 @@ def test_a_failing_collection_is_logged_once_and_forgotten_once_one_succeeds(
     assert events["metrics_collect_failed"] == 1, events
     assert events["metrics_collect_restored"] == 1, events
     assert metrics.describe()["last_error"] is None
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        (b"GET /metrics", b"400"),  # HTTP/0.9
+        (b"GARBAGE", b"400"),
+        (b"GET /metrics HTTP/1.0 extra", b"400"),
+        (b"GET /metrics HTTP/2.0", b"505"),
+        (b"", b"400"),
+    ],
+    ids=["http-0.9", "one-word", "four-words", "http-2", "blank"],
+)
+def test_a_request_line_that_is_not_http_1_gets_a_status_line_and_is_a_bad_request(
+    exporter: tuple[MetricsExporter, _Source, int], request_line: bytes, status: bytes
+) -> None:
+    metrics, _source, port = exporter
+    answer = _exchange(port, request_line + b"\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 " + status + b" "), answer[:200]
+    headers = head.split(b"\r\n")[1:]
+    assert b"Server: inferd" in headers and b"Connection: close" in headers, head
+    assert b"# HELP" not in body  # never served
+    assert metrics.describe()["requests"] == {"bad_request": 1}

@@ -145,3 +145,55 @@ print(mapping[7 * mmap.PAGESIZE])
 """
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=30)
     assert child.returncode == -signal.SIGBUS
+
+
+def test_a_memfd_whose_seals_are_locked_gets_advice_it_can_follow(fds: list[int]) -> None:
+    """Made without ``MFD_ALLOW_SEALING``, a memfd carries ``F_SEAL_SEAL``: the
+    ``F_ADD_SEALS`` the refusal used to advise fails with ``EPERM`` there."""
+    fd = os.memfd_create("inferd-test", os.MFD_CLOEXEC)
+    fds.append(fd)
+    os.ftruncate(fd, PAGE_SIZE)
+    with pytest.raises(ProtocolError) as caught:
+        map_sealed_memfd(fd)
+    message = caught.value.message
+    assert caught.value.code == Code.INVALID_ARGUMENT
+    assert "can no longer be" in message and "F_SEAL_SEAL" in message, message
+    assert "memfd_create(MFD_ALLOW_SEALING), add F_SEAL_SHRINK, then register" in message
+    assert "F_ADD_SEALS" not in message
+    with pytest.raises(PermissionError):  # why: the old advice, followed
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    # What it says to do instead is what the daemon takes.
+    remade = make_memfd(PAGE_SIZE, fcntl.F_SEAL_SHRINK)
+    fds.append(remade)
+    mapping, size = map_sealed_memfd(remade)
+    mapping.close()
+    assert size == PAGE_SIZE
+
+
+def test_a_dev_shm_file_is_refused_as_a_tmpfs_file_not_as_a_memfd() -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this host")
+    with tempfile.TemporaryFile(dir=shm) as tmpfs_file:
+        fd = tmpfs_file.fileno()
+        os.ftruncate(fd, PAGE_SIZE)
+        try:
+            seals = fcntl.fcntl(fd, F_GET_SEALS)
+        except OSError:
+            pytest.skip("/dev/shm is not a tmpfs mount here")
+        assert seals & fcntl.F_SEAL_SEAL  # every tmpfs file's seals are locked
+        with pytest.raises(ProtocolError) as caught:
+            map_sealed_memfd(fd)
+    message = caught.value.message
+    assert caught.value.code == Code.INVALID_ARGUMENT
+    assert message.startswith("the descriptor is a file of a tmpfs mount"), message
+    assert "not a memfd" in message and "memfd_create(MFD_ALLOW_SEALING)" in message
+    assert "the memfd" not in message and "F_ADD_SEALS" not in message
+
+
+def test_an_o_path_descriptor_is_told_to_pass_the_memfd_itself(fds: list[int]) -> None:
+    fd = memfd()
+    fds.append(fd)
+    path_only = os.open(f"/proc/self/fd/{fd}", os.O_PATH | os.O_CLOEXEC)
+    fds.append(path_only)
+    refused(path_only, "opened with O_PATH?): pass the memfd itself")
