@@ -89,7 +89,7 @@ class Daemon(DaemonReports):
         self.alerts = AlertDispatcher(
             build_alert_hooks(
                 config.alerts,
-                events=self.publisher.publish,
+                events=self.publisher.publish_alert,  # drops fail it
                 record=self.recorder.record_alert if self.recorder else None,  # drops fail it
                 on_refused=self._refused_hooks.__setitem__,
             ),

@@ -33,7 +33,10 @@ class PubAlertHook:
     only when > 0, so the payload keeps exactly the four keys of
     ``schemas/bus/event_alert.json``.  The dispatcher's ``sanitised`` marker is
     left out: no code's fields in that schema allow it; the text says what was
-    done (``\\udce9``, ``[cut: N characters]``).
+    done (``\\udce9``, ``[cut: N characters]``).  The daemon's sink is the
+    publisher's ``publish_alert``, which raises ``EventDroppedError`` (a
+    ``ConnectionError``) for an event it drops (its queue full, the publisher
+    stopped), so the dispatcher counts that alert a failure, not sent.
     """
 
     name = "pub"

@@ -139,7 +139,9 @@ class MavlinkAlertHook:
     ``udpin:`` (``udp:``) endpoint the hook answers the peers it heard from last
     (``UdpPeers``), reading its socket on a thread of its own as datagrams arrive
     (and once more before each send) to learn them; an alert with nobody to
-    answer fails.  A ``tcp:``
+    answer fails.  Its address or interface not there yet (a zone id naming no
+    interface), the hook opens all the same, ``unreachable``, and binds once it
+    is there (``UdpSocket.bind``, tried every second).  A ``tcp:``
     endpoint is a ``TcpLink``: connected in the background (the daemon never
     waits for its ground station) and every frame it cannot send raises, so
     the dispatcher counts the alert as a failure rather than as sent.  A host
@@ -216,7 +218,11 @@ class MavlinkAlertHook:
         file: Any = connection
         try:
             if isinstance(connection, UdpSocket) and connection.udp_server:
-                file = self._peers = UdpPeers(connection.port, endpoint, on_heard=self._link_up)
+                # An address or interface not there yet: bound later, alerts held meanwhile.
+                bind = connection.bind if connection.bind_error is not None else None
+                file = self._peers = UdpPeers(
+                    connection.port, endpoint, on_heard=self._link_up, bind=bind
+                )
                 self._peers.listen()
             elif isinstance(connection, UdpSocket) and connection.destination_addr is not None:
                 host, port = connection.destination_addr
@@ -279,11 +285,12 @@ class MavlinkAlertHook:
         """The link now and the alerts held for it.  ``state``: ``up`` (it has a
         destination), ``connecting`` (``tcp:``), ``no_peer`` (``udpin:``: no
         ground station heard yet), ``unresolved`` (``udpout:``: the name),
-        ``unreachable`` (``udp*:``: no route to the address or the stations),
-        ``closed``, or ``unknown`` (an endpoint pymavlink keeps); ``destinations``
-        (the stations a ``udpin:`` answers, else 0 or 1); ``error`` (why it is
-        down, where known); ``ignored`` (datagrams that taught no station); the
-        held alerts' counts (``LinkBacklog.status``)."""
+        ``unreachable`` (``udp*:``: no route to the address or the stations; the
+        ``udpin:`` address or its interface not there yet), ``closed``, or
+        ``unknown`` (an endpoint pymavlink keeps); ``destinations`` (the stations
+        a ``udpin:`` answers, else 0 or 1); ``error`` (why it is down, where
+        known); ``ignored`` (datagrams that taught no station); the held alerts'
+        counts (``LinkBacklog.status``)."""
         with self._lock:
             state, destinations, error = self._link_state()
             ignored = self._peers.ignored if self._peers is not None else 0
@@ -306,6 +313,8 @@ class MavlinkAlertHook:
         if self._closed:
             return "closed", 0, None
         if self._peers is not None:
+            if self._peers.unbound is not None:
+                return "unreachable", 0, self._peers.unbound
             heard, no_route = len(self._peers.addresses), self._peers.no_route
             if heard and no_route is not None:
                 return "unreachable", heard, no_route

@@ -17,11 +17,13 @@ looked up each time (Python ignores the ``%eth0`` of a 2-tuple).
 a thread of its own (``inferd-mavlink-peers``) reads the socket as datagrams
 arrive.  Only whole MAVLink frames with a HEARTBEAT whose checksum is right teach
 a peer (``mavlink_frames``).  With no route to any peer an alert is held as above;
-the next heartbeat looks for the route and sends what is held.
+the next heartbeat looks for the route and sends what is held.  A socket whose
+address or interface is not there yet (``UdpSocket.bind_error``) is ``unbound``:
+the thread tries to bind it every ``NO_ROUTE_RETRY_S``, then reads it.
 
-``UdpSocket`` opens the socket (pymavlink's ``mavudp`` is IPv4 only).  While a
-link has nowhere to send, ``write`` raises ``NoDestinationError`` and the hook
-holds the alert; ``on_heard`` and ``on_resolved`` say when it has a destination.
+``UdpSocket`` (``udp_socket``) opens the socket.  While a link has nowhere to
+send, ``write`` raises ``NoDestinationError`` and the hook holds the alert;
+``on_heard`` and ``on_resolved`` say when it has a destination.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ import structlog
 from inferd.alerts.link_backlog import NoDestinationError
 from inferd.alerts.mavlink_frames import has_heartbeat
 from inferd.alerts.mavlink_frames import is_mavlink as is_mavlink
+from inferd.alerts.udp_socket import NO_ROUTE_ERRNOS as NO_ROUTE_ERRNOS
+from inferd.alerts.udp_socket import UdpSocket as UdpSocket
+from inferd.alerts.udp_socket import no_route, sockaddr, why_missing
 from inferd.config.mavlink_endpoint import split_host_port as split_host_port
 
 log = structlog.get_logger("inferd.alerts.mavlink")
@@ -57,10 +62,6 @@ REFRESH_INTERVAL_S = 60.0
 #: Pause between looks for a missing route: how long after the route comes back
 #: held alerts may wait when no alert comes first.  A look costs a route lookup.
 NO_ROUTE_RETRY_S = 1.0
-#: What ``sendto`` fails with while there is no route or interface to the address.
-NO_ROUTE_ERRNOS = frozenset(
-    (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.ENODEV)
-)
 #: Ground stations answered at once (a GCS, a MAVLink router, a spare).
 MAX_UDP_PEERS = 8
 #: Datagrams read per alert to learn ground stations (heartbeats, 1 Hz each).
@@ -68,25 +69,12 @@ MAX_PEER_READS = 64
 _READ_SIZE = 2048
 
 
-def no_route(exc: OSError) -> bool:
-    """Whether a send failed for want of a route or an interface (a zone id's
-    ``gaierror``), not because the kernel refused the datagram."""
-    return isinstance(exc, socket.gaierror) or exc.errno in NO_ROUTE_ERRNOS
-
-
-def sockaddr(host: str, port: int) -> tuple[Any, ...]:
-    """The address to hand ``sendto``/``bind``: an IPv6 one with its zone id as
-    the interface's index (``gaierror`` while no interface has that name)."""
-    if ":" not in host:
-        return (host, port)
-    flags = socket.AI_NUMERICHOST
-    return socket.getaddrinfo(host, port, socket.AF_INET6, socket.SOCK_DGRAM, 0, flags)[0][4]
-
-
 def _probe_route(family: int, address: tuple[Any, ...]) -> None:
     """Raises what the kernel says of a route to ``address``: a UDP ``connect``
-    looks it up and sends nothing (looked up at each call, as tests replace it)."""
+    looks it up and sends nothing (looked up at each call, as tests replace it).
+    ``SO_BROADCAST`` as on the link's socket: a broadcast address is routed."""
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
         probe.connect(address)
 
 
@@ -96,8 +84,10 @@ def _no_route_to(family: int, address: tuple[Any, ...]) -> OSError | None:
         _probe_route(family, address)
     except OSError as exc:
         # connect says EINVAL for a link-local address on an interface that is
-        # down, where sendto says EADDRNOTAVAIL; any other refusal is the send's
-        if no_route(exc) or exc.errno == errno.EINVAL:
+        # down, where sendto says EADDRNOTAVAIL; EACCES where it would refuse every
+        # datagram to the address (a security module; a broadcast address without
+        # SO_BROADCAST read ``up`` so); any other refusal is the send's
+        if no_route(exc) or exc.errno in (errno.EINVAL, errno.EACCES):
             return exc
     return None
 
@@ -108,32 +98,6 @@ def _log_no_route(endpoint: str, error: str) -> None:
     )
 
 
-class UdpSocket:
-    """The socket (``port``, as pymavlink's ``mavudp`` names it) of a ``udpin:``/``udp:``
-    (bound) or ``udpout:`` endpoint: non-blocking, IPv6 for a bracketed address."""
-
-    def __init__(self, endpoint: str) -> None:
-        kind, _, address = endpoint.partition(":")
-        if kind not in ("udpin", "udp", "udpout"):
-            raise ValueError(f"{endpoint!r} is not a udpin:, udp: or udpout: endpoint")
-        self.host, port = split_host_port(address)
-        self.udp_server = kind != "udpout"
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        self.port = socket.socket(family, socket.SOCK_DGRAM)
-        try:
-            self.port.setblocking(False)
-            if self.udp_server:  # as pymavlink did: a restarted daemon binds again at once
-                self.port.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                self.port.bind(sockaddr(self.host, port))
-        except BaseException:
-            self.port.close()
-            raise
-        self.destination_addr = None if self.udp_server else (self.host, port)
-
-    def close(self) -> None:
-        self.port.close()
-
-
 class UdpPeers:
     """``write`` (the encoder's, once per frame) sends to the newest peers heard
     on ``sock``; ``learn`` reads what they sent.  ``listen`` starts a thread
@@ -141,7 +105,9 @@ class UdpPeers:
     socket between alerts; ``close`` ends it and must come before ``sock`` is
     closed (its descriptor could be reused).  Thread-safe.  ``sock`` stays its
     opener's.  ``on_heard`` is called on the thread, with no lock of this class
-    held, when it learns the first peer or one while ``no_route`` is set."""
+    held, when it learns the first peer or one while ``no_route`` is set.  ``bind``,
+    for a ``sock`` not bound yet (``UdpSocket.bind``): tried now, then by the
+    thread every ``NO_ROUTE_RETRY_S`` until it returns None (bound)."""
 
     def __init__(
         self,
@@ -149,10 +115,21 @@ class UdpPeers:
         endpoint: str,
         *,
         on_heard: Callable[[], None] | None = None,
+        bind: Callable[[], str | None] | None = None,
     ) -> None:
         self._sock = sock
         self._endpoint = endpoint
         self._on_heard = on_heard
+        self._bind = bind
+        #: Why ``sock`` is not bound yet (its address or interface is not there).
+        self.unbound = bind() if bind is not None else None
+        if self.unbound is not None:
+            log.warning(
+                "mavlink_udpin_not_bound",
+                endpoint=endpoint,
+                error=self.unbound,
+                retry_interval_s=NO_ROUTE_RETRY_S,
+            )
         #: Datagrams that teach no peer: not MAVLink frames, or no HEARTBEAT in them.
         self.ignored = 0
         #: Why the last send reached no peer (no route); None once one did or is routed.
@@ -204,6 +181,8 @@ class UdpPeers:
     def learn(self) -> bool:
         """Read up to ``MAX_PEER_READS`` pending datagrams, learning who sent the
         heartbeats; whether one was heard: the first, or one while ``no_route``."""
+        if self.unbound is not None:  # nothing can have come
+            return False
         with self._reading:
             with self._lock:
                 had_peers, heard = bool(self._peers), False
@@ -235,9 +214,8 @@ class UdpPeers:
     def write(self, data: bytes) -> None:
         peers = self.addresses
         if not peers:
-            raise NoDestinationError(
-                f"no ground station has sent anything to {self._endpoint} yet: nobody to answer"
-            )
+            why = self.unbound or "no ground station has sent anything to it yet: nobody to answer"
+            raise NoDestinationError(f"{self._endpoint}: {why}")
         errors: list[OSError] = []
         for address in peers:
             try:
@@ -260,9 +238,20 @@ class UdpPeers:
 
     def _listen(self, wake: socket.socket) -> None:
         poller = select.poll()  # not select(): the daemon's descriptors may pass 1024
-        poller.register(self._sock, select.POLLIN)
         poller.register(wake, select.POLLIN)
         try:
+            while self.unbound is not None and self._bind is not None:
+                poller.poll(NO_ROUTE_RETRY_S * 1000)  # woken by ``close``
+                if self._closed.is_set():
+                    return
+                try:
+                    unbound = self._bind()
+                except OSError as exc:  # the port taken meanwhile: said, and tried again
+                    unbound = f"cannot bind it: {exc!r}"
+                if unbound is None:
+                    log.info("mavlink_udpin_bound", endpoint=self._endpoint, after=self.unbound)
+                self.unbound = unbound
+            poller.register(self._sock, select.POLLIN)
             while not self._closed.is_set():
                 events = dict(poller.poll())
                 if self._closed.is_set() or self._sock.fileno() < 0:
@@ -388,8 +377,7 @@ class UdpOut:
             if not self._name:  # sent to even with no route seen: the send may find one
                 self._address = sockaddr(self._host, self._port)
         except socket.gaierror as exc:
-            zone = self._host.partition("%")[2]
-            self._lost(f"no network interface named {zone!r} ({exc!r})" if zone else repr(exc))
+            self._lost(why_missing(self._host, exc))
             return False
         if self._address is None:
             return False

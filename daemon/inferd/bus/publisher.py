@@ -91,6 +91,10 @@ if len(_SUBSCRIBE_COMMAND) + max(map(len, TOPICS)) > SUBSCRIBER_MAX_MESSAGE_BYTE
 log = structlog.get_logger("inferd.publisher")
 
 
+class EventDroppedError(ConnectionError):
+    """``publish_alert``: the event was dropped, not queued (counted in ``dropped``)."""
+
+
 class EventPublisher(threading.Thread):
     def __init__(
         self,
@@ -136,6 +140,18 @@ class EventPublisher(threading.Thread):
 
     def publish(self, topic: str, payload: Mapping[str, Any]) -> None:
         """Queue an event; safe from any thread, never blocks."""
+        self._offer(topic, payload)
+
+    def publish_alert(self, topic: str, payload: Mapping[str, Any]) -> None:
+        """``publish`` for the ``pub`` alert hook, which must not count as sent an
+        alert that is lost: ``EventDroppedError`` where the event is dropped here
+        (the queue full, the publisher stopped or its thread ended)."""
+        dropped = self._offer(topic, payload)
+        if dropped is not None:
+            raise EventDroppedError(f"the publisher dropped the event: {dropped}")
+
+    def _offer(self, topic: str, payload: Mapping[str, Any]) -> str | None:
+        """Queue an event; why it was dropped (counted) instead, or None."""
         if topic not in TOPICS:
             raise ValueError(f"unknown event topic {topic!r}; known: {sorted(TOPICS)}")
         with self._lock:
@@ -144,10 +160,11 @@ class EventPublisher(threading.Thread):
             else:
                 try:
                     self._queue.put_nowait((topic, dict(payload)))
-                    return
+                    return None
                 except queue.Full:
                     reason = "queue full"
         self._drop(topic, reason)
+        return reason
 
     def _drop(self, topic: str, reason: str, count: int = 1, error: str | None = None) -> None:
         """Count ``count`` events not sent; logged the first time and every 1000th.

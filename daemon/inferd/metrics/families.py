@@ -289,7 +289,7 @@ def _alerts(alerts: Mapping[str, Any]) -> Iterator[Metric]:
         "or counted in a delivered repeat's suppressed field.",
         alerts["suppressed"],
     )
-    yield from _alert_links(alerts["hooks"])
+    yield from _alert_links(alerts["hooks"], alerts.get("refused_hooks") or {})
 
 
 #: Each held-alert count of a hook's link (``LinkBacklog.status``) as a counter.
@@ -302,11 +302,18 @@ LINK_COUNTERS = (
 )
 
 
-def _alert_links(hooks: Mapping[str, Any]) -> Iterator[Metric]:
+#: The hooks that have a ground link (``hooks.<hook>.link``).
+LINK_HOOKS = frozenset(("mavlink",))
+
+
+def _alert_links(hooks: Mapping[str, Any], refused: Mapping[str, str]) -> Iterator[Metric]:
     """The ground link of each hook that has one (``mavlink``: ``hooks.*.link``);
-    nothing when none has."""
+    nothing when none has.  A link hook refused at start (``refused_hooks``:
+    pymavlink missing, an endpoint that cannot be opened) has ``up`` 0 alone, so
+    a rule on ``inferd_alerts_link_up == 0`` fires for a ground link not there."""
     links = {name: hook["link"] for name, hook in sorted(hooks.items()) if "link" in hook}
-    if not links:
+    missing = sorted(name for name in refused if name in LINK_HOOKS and name not in links)
+    if not links and not missing:
         return
     up = _gauge(
         "inferd_alerts_link_up",
@@ -330,6 +337,8 @@ def _alert_links(hooks: Mapping[str, Any]) -> Iterator[Metric]:
         key: _counter(f"inferd_alerts_link_{key}", doc, labels=["hook"])
         for key, doc in LINK_COUNTERS
     }
+    for name in missing:
+        up.add_metric([name], 0)
     for name, link in links.items():
         up.add_metric([name], 1 if link["state"] == "up" else 0)
         destinations.add_metric([name], link["destinations"])
