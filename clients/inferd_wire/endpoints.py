@@ -85,10 +85,14 @@ class UncheckedEndpointError(EndpointError):
     socket.  Not connected to, as an unsafe one is not."""
 
 
-#: The ``open(2)`` failures that say something about the directory itself: what is
-#: at its path (a symlink, not a directory) or that this user may not enter it (a
-#: directory someone else keeps closed).  Any other errno is reported as what it is.
-_DIRECTORY_ERRNOS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EACCES, errno.EPERM})
+#: The ``open(2)`` or ``stat(2)`` failures that say something about a directory or
+#: the path to it: what is there (a symlink, not a directory, nothing: an ancestor
+#: removed meanwhile), that this user may not enter it (a directory someone else
+#: keeps closed), a path too long.  Any other errno (``EMFILE``, ``ENOMEM``, ``EIO``...)
+#: is this process's or system's state at the time, reported as what it is.
+_DIRECTORY_ERRNOS = frozenset(
+    {errno.ELOOP, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENAMETOOLONG}
+)
 
 
 def ipc_path_problem(path: str) -> str | None:
@@ -105,9 +109,10 @@ def unsafe_directory_reason(
     """Why ``path`` is not a directory to trust, or None: it must be a real directory
     (a symlink is not followed), owned by ``owner_uid`` (None: any owner) and
     writable by neither its group nor others.  An ``open`` that fails for a reason
-    not about the directory (``EMFILE``...) is "cannot be opened" too, so the
-    daemon refuses what it could not check; ``raise_unchecked`` raises that
-    ``OSError`` instead, for a caller that says what it is (a client)."""
+    not about the directory (``EMFILE``...) is "cannot be opened" too, so a caller
+    that asks no more refuses what it could not check; ``raise_unchecked`` raises
+    that ``OSError`` instead, for a caller that says what it is (a client, and the
+    daemon through ``owned_files.checked_owned_dir_reason``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -135,15 +140,20 @@ def unsafe_directory_reason(
     return None
 
 
-def unsafe_ancestor_reason(path: Path) -> str | None:
+def unsafe_ancestor_reason(path: Path, *, raise_unchecked: bool = False) -> str | None:
     """Why a directory above ``path`` (after resolving symlinks) would let another
     user swap ``path`` for their own, or None: each must be owned by root or by this
     uid, and writable by others only with the sticky bit (``/tmp``), which keeps
-    them from renaming what is not theirs."""
+    them from renaming what is not theirs.  An ancestor whose ``stat`` fails "cannot
+    be examined"; ``raise_unchecked``: unless the errno is about that ancestor
+    (``EACCES``, ``ENOENT``...), the ``OSError`` (its ``filename`` the ancestor) is
+    raised instead, as ``unsafe_directory_reason`` raises its open's."""
     for ancestor in Path(os.path.realpath(path)).parents:
         try:
             info = os.stat(ancestor)
         except OSError as exc:
+            if raise_unchecked and exc.errno not in _DIRECTORY_ERRNOS:
+                raise
             return f"has an ancestor {ancestor} that cannot be examined ({exc.strerror})"
         if info.st_uid not in (0, os.geteuid()):
             return f"is inside {ancestor}, which uid {info.st_uid} owns"

@@ -97,13 +97,15 @@ class UnsafeDirectoryError(InferdError):
 
 
 class UncheckedDirectoryError(UnsafeDirectoryError):
-    """A directory the daemon would create files or sockets in could not be made or
-    checked for a reason of this process or system, not of the directory: out of
-    descriptors (``EMFILE``, ``ENFILE``), memory or space, an I/O error.  It is not
+    """A directory the daemon would create files or sockets in, or read its own files
+    from (the engine dir), could not be made or checked for a reason of this process
+    or system, not of the directory: out of descriptors (``EMFILE``, ``ENFILE``),
+    memory or space, an I/O error (its own, or a directory's above it).  It is not
     used, as an unsafe one is not (so every caller that handles an unsafe directory
     handles this), but the message names the errno and not the directory's owner
     or mode, and ``inferd run`` exits 1, so systemd restarts it: what made the
-    failure may be gone by then.  ``errno`` is the OS error number."""
+    failure may be gone by then; the engine dir is checked again at the model's
+    next location.  ``errno`` is the OS error number."""
 
     def __init__(self, message: str, *, errno_code: int) -> None:
         super().__init__(message)

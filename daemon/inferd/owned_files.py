@@ -18,7 +18,9 @@ operators point the daemon at (models, configs, calibration data, staged
 engines, a deployment manifest, system files) are theirs, and symlinks there are
 followed: ``open_for_reading(path, follow=True)`` (DESIGN.md entries 54, 125).
 A directory the daemon only reads its own files from (the engine dir at load)
-is trusted only when ``unsafe_owned_dir_reason`` finds nothing wrong.
+is trusted only when ``unsafe_owned_dir_reason`` finds nothing wrong; one it could
+not check (``checked_owned_dir_reason``: no descriptor left, an I/O error) is
+``UncheckedDirectoryError``, no verdict: not used this time, checked again the next.
 """
 
 from __future__ import annotations
@@ -50,11 +52,24 @@ def unsafe_owned_dir_reason(path: Path, *, raise_unchecked: bool = False) -> str
     for this uid, then ``unsafe_ancestor_reason``), or None.  "does not exist" when
     it is missing.  For a directory the daemon reads its own files from without
     creating it (``ensure_owned_dir`` is the check where it writes).
-    ``raise_unchecked``: the ``OSError`` of an open that failed for a reason not
-    about the directory (``EMFILE``...) is raised, not given as a reason."""
+    ``raise_unchecked``: the ``OSError`` of an open, ``fstat`` or an ancestor's
+    ``stat`` that failed for a reason not about the directory (``EMFILE``, ``EIO``...)
+    is raised, not given as a reason (``checked_owned_dir_reason`` says what it is)."""
     return unsafe_directory_reason(
         path, os.geteuid(), raise_unchecked=raise_unchecked
-    ) or unsafe_ancestor_reason(path)
+    ) or unsafe_ancestor_reason(path, raise_unchecked=raise_unchecked)
+
+
+def checked_owned_dir_reason(path: Path, *, what: str) -> str | None:
+    """``unsafe_owned_dir_reason``, with a check that could not be made for a reason
+    not about the directory or its ancestors (no descriptor left, an I/O error) raised
+    as ``UncheckedDirectoryError`` naming ``what``: no verdict on the directory, so
+    its caller does not use it this time, and says why, without sending an operator
+    to fix an owner or a mode (DESIGN.md entry 309)."""
+    try:
+        return unsafe_owned_dir_reason(path, raise_unchecked=True)
+    except OSError as exc:  # the open's EMFILE..., the fstat's or an ancestor's EIO...
+        raise _unchecked(what, path, "checked", exc) from None
 
 
 #: What a failed ``mkdir`` says about the directory or where it would be (its
@@ -87,10 +102,7 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
         if exc.errno in ABOUT_THE_DIRECTORY or exc.errno is None:
             raise UnsafeDirectoryError(f"{what} {path} cannot be created: {exc.strerror}") from None
         raise _unchecked(what, path, "created", exc) from None
-    try:
-        reason = unsafe_owned_dir_reason(path, raise_unchecked=True)
-    except OSError as exc:  # the open's EMFILE..., the fstat's EIO...
-        raise _unchecked(what, path, "checked", exc) from None
+    reason = checked_owned_dir_reason(path, what=what)
     if reason is not None:
         raise UnsafeDirectoryError(
             f"{what} {path} {reason}: inferd creates files and sockets only in a directory "
@@ -103,8 +115,12 @@ def ensure_owned_dir(path: Path, *, what: str) -> Path:
 def _unchecked(what: str, path: Path, done: str, exc: OSError) -> UncheckedDirectoryError:
     code = exc.errno or 0
     name = errno.errorcode.get(code, f"errno {code}")
+    # The ancestor whose stat failed, the parent a mkdir -p was making: named.
+    where = exc.filename
+    elsewhere = isinstance(where, str | os.PathLike) and os.fspath(where) != os.fspath(path)
+    at = f", at {os.fspath(where)}" if elsewhere else ""
     return UncheckedDirectoryError(
-        f"{what} {path} could not be {done} ({name}: {exc.strerror}), a limit or failure "
+        f"{what} {path} could not be {done} ({name}: {exc.strerror}{at}), a limit or failure "
         "of this process or system at the time, not a fault of the directory",
         errno_code=code,
     )

@@ -8,7 +8,9 @@ that manifest) the directory must be safely the daemon's own
 (``inferd.owned_files.unsafe_owned_dir_reason``: a real directory owned by this
 uid, writable by neither group nor others, in no directory another user could
 swap it out of).  When it is not, nothing in it is trusted: the model behaves
-as when no trusted engine exists (DESIGN.md entry 125).
+as when no trusted engine exists (DESIGN.md entry 125).  When that could not be
+checked (no descriptor left, an I/O error: ``UncheckedDirectoryError``), there is
+no verdict: nothing in it is used this time, and the next look checks it again.
 
 ``engine_dir_lock``: a build's commit (its engine renamed to its path, then its
 sidecar) and engine location's move of a refused engine to quarantine exclude each
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import structlog
 
-from inferd.owned_files import unsafe_owned_dir_reason
+from inferd.owned_files import checked_owned_dir_reason
 
 log = structlog.get_logger("inferd.engines.engine_dir")
 
@@ -34,8 +36,11 @@ log = structlog.get_logger("inferd.engines.engine_dir")
 def untrusted_engine_dir(engine_dir: Path) -> str | None:
     """Why nothing in ``engine_dir`` may be trusted (a sentence naming the directory,
     the reason and the fix; also logged as ``engine_dir_untrusted``), or None when it
-    is safely this process's own.  A missing directory holds nothing to trust: None."""
-    reason = unsafe_owned_dir_reason(engine_dir)
+    is safely this process's own.  A missing directory holds nothing to trust: None.
+    ``UncheckedDirectoryError`` (an ``UnsafeDirectoryError``, so refused wherever an
+    untrusted dir is, but no verdict of untrust and no ``engine_dir_untrusted``) when
+    it could not be checked for want of descriptors or memory, or an I/O error."""
+    reason = checked_owned_dir_reason(engine_dir, what="the engine dir")
     if reason is None or reason == "does not exist":
         return None
     log.warning("engine_dir_untrusted", engine_dir=str(engine_dir), reason=reason)

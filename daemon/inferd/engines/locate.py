@@ -25,7 +25,9 @@ was a fresh engine, judged by the sidecar it replaces) has it judged again, not 
 
 Nothing is trusted, and nothing moved, in an engine dir that is not safely the
 daemon's own (``inferd.engines.engine_dir``): the plan is then ``to_build`` with
-``untrusted`` saying why, as when no intact engine exists.  Engines there are
+``untrusted`` saying why, as when no intact engine exists; one that could not be
+checked (no descriptor left, an I/O error) raises ``UncheckedDirectoryError``: no
+verdict, so no plan (a build would rebuild an engine that may be there).  Engines there are
 examined without following a symlink (the gate's default): a symlink at the
 target path is refused, naming it, and quarantined.
 """

@@ -222,7 +222,9 @@ def deployment_manifest(configured: Path | None, engine_dir: Path) -> Manifest:
     operator's file: a symlink is followed), else ``<engine_dir>/manifest.json`` if it
     exists (the daemon's own: not followed) and the engine dir is safely the daemon's
     own (``untrusted_engine_dir``), else an empty manifest (which refuses every engine
-    at the gate's step 5, its source saying why)."""
+    at the gate's step 5, its source saying why).  ``UncheckedDirectoryError`` when the
+    engine dir could not be checked: an empty manifest would refuse an engine it lists
+    as unlisted, a verdict on the engine for a state of this process."""
     if configured is not None:
         return Manifest.load(configured, follow=True)
     default = engine_dir / MANIFEST_NAME

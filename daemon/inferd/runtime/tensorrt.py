@@ -7,7 +7,9 @@
   builds the engine in a build child (``inferd.serving.rebuild``).
   Nothing in an engine dir that is not safely the daemon's own is trusted
   (``inferd.engines.engine_dir``): ``UnsafeDirectoryError`` names why, and no
-  build is asked for, since a build refuses that dir too (``BUILD_FIXES``).
+  build is asked for, since a build refuses that dir too (``BUILD_FIXES``); one
+  that could not be checked (``EMFILE``, ``EIO``) is ``UncheckedDirectoryError``,
+  no build either (the engine may be there): the next location checks again.
 * ``deserialize_engine``: the ``EngineGate`` first (its refusals propagate:
   they are ``InferdError`` and make the service fail over, and the gate logs
   and records ``engine_refused``); then the GPU memory budget, *before* any
@@ -174,7 +176,8 @@ class TensorRTRuntime:
         pipeline"): a missing engine raises ``EngineMissingError``, the model serves on
         the fallback and the daemon builds the engine in a child process.  An engine dir
         not safely the daemon's own raises ``UnsafeDirectoryError``, as at load: a build
-        would refuse it too (``ensure_owned_dir``), so none is asked for."""
+        would refuse it too (``ensure_owned_dir``), so none is asked for; one that could
+        not be checked, ``UncheckedDirectoryError`` (from ``locate_engine``), as at load."""
         host = self._host_tuple(
             precision=build_config.precision, device_index=self._config.device_id
         )

@@ -1,0 +1,170 @@
+"""An engine dir that could not be checked is no verdict of untrust (DESIGN.md 309, 323).
+
+``untrusted_engine_dir`` checked the engine dir without ``raise_unchecked``: an
+``open`` of it that failed for want of descriptors read "the engine dir X cannot be
+opened (Too many open files): inferd trusts no engine ...; fix its owner and mode",
+logged ``engine_dir_untrusted``, and the model's intact, trusted engine was refused
+as ``UnsafeDirectoryError``.  Now it raises ``UncheckedDirectoryError``: still a
+kind of ``UnsafeDirectoryError`` (the engine is not used this time, no build is
+asked for: one would rebuild an engine that may be there), but saying the errno
+and that it is the process's or system's state, nothing logged as untrusted; the
+next location, once the descriptors are back, serves the engine.  ``os.open`` of the
+engine dir alone fails, in this process, on the fake TensorRT of ``tests/fakes``."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from inferd.config import ModelConfig
+from inferd.engines.engine_dir import untrusted_engine_dir
+from inferd.engines.manifest import deployment_manifest
+from inferd.errors import UncheckedDirectoryError
+from inferd.serving.rebuild import FallbackRebuilder
+from inferd.serving.slot import BUILD_FIXES, ModelSlot, Sinks
+from inferd.types import BuildConfig, ThermalState
+from tests.tensorrt_bench import Bench
+
+
+@contextlib.contextmanager
+def _open_failing(directory: Path, code: int) -> Iterator[list[str]]:
+    """Within the block, ``os.open`` of ``directory`` fails with ``code``; any other
+    open is the real one.  Yields the paths it failed.  Its own ``MonkeyPatch``: the
+    test's also holds the fake TensorRT, which must outlive the fault."""
+    real_open = os.open
+    failed: list[str] = []
+
+    def open_failing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path) == str(directory):
+            failed.append(str(path))
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "open", open_failing)
+        yield failed
+
+
+def _unchecked_words(engine_dir: Path, code: int) -> str:
+    return (
+        f"the engine dir {engine_dir} could not be checked ({errno.errorcode[code]}: "
+        f"{os.strerror(code)}), a limit or failure of this process or system at the time, "
+        "not a fault of the directory"
+    )
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO])
+def test_an_engine_dir_that_could_not_be_opened_is_unchecked_not_untrusted(
+    tmp_path: Path, code: int
+) -> None:
+    """Before: returned "... cannot be opened (Too many open files): inferd trusts no
+    engine ..." and logged ``engine_dir_untrusted``."""
+    engine_dir = tmp_path / "engines"
+    engine_dir.mkdir(mode=0o750)
+    with _open_failing(engine_dir, code) as failed, capture_logs() as logs:
+        with pytest.raises(UncheckedDirectoryError) as raised:
+            untrusted_engine_dir(engine_dir)
+        assert failed == [str(engine_dir)]
+        # The daemon's own manifest is not read as "not trusted" either (an empty
+        # manifest would refuse the engines it lists): the same error.
+        with pytest.raises(UncheckedDirectoryError):
+            deployment_manifest(None, engine_dir)
+    assert raised.value.errno == code
+    assert str(raised.value) == _unchecked_words(engine_dir, code)
+    assert [line for line in logs if line["event"] == "engine_dir_untrusted"] == []
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.ELOOP])
+def test_an_engine_dir_refused_for_a_reason_of_its_own_is_still_untrusted(
+    tmp_path: Path, code: int
+) -> None:
+    """Passes before and after: what is about the directory stays a verdict."""
+    engine_dir = tmp_path / "engines"
+    engine_dir.mkdir(mode=0o750)
+    with _open_failing(engine_dir, code), capture_logs() as logs:
+        reason = untrusted_engine_dir(engine_dir)
+    assert reason is not None and reason.startswith(f"the engine dir {engine_dir} ")
+    assert "inferd trusts no engine" in reason
+    assert [line["event"] for line in logs] == ["engine_dir_untrusted"]
+
+
+def test_the_runtime_uses_no_engine_this_time_and_the_next_location_serves_it(
+    bench: Bench, demo_model: Path
+) -> None:
+    """Before: ``UnsafeDirectoryError`` "no trusted engine for this host: the engine
+    dir ... cannot be opened (Too many open files) ... fix its owner and mode"."""
+    runtime = bench.runtime()
+    entry = bench.deployed(runtime, demo_model)  # engine + sidecar + manifest.json
+    calls_before = len(bench.gpu.trt.calls)
+    with _open_failing(bench.engine_dir, errno.EMFILE):
+        with pytest.raises(UncheckedDirectoryError) as located:
+            runtime.compile_engine(demo_model, BuildConfig())
+        with pytest.raises(UncheckedDirectoryError) as loaded:
+            runtime.deserialize_engine(entry)
+    assert str(located.value) == _unchecked_words(bench.engine_dir, errno.EMFILE)
+    assert loaded.value.errno == errno.EMFILE
+    assert "Runtime" not in bench.gpu.trt.calls[calls_before:]
+    assert runtime.resident_count == 0
+    # Nothing was judged, so nothing moved aside.
+    assert entry.artifact_path.is_file() and not (bench.engine_dir / "quarantine").exists()
+    # The descriptors are back: the next location finds the engine.
+    assert runtime.compile_engine(demo_model, BuildConfig()) == entry
+
+
+def _sinks(bench: Bench) -> Sinks:
+    return Sinks(
+        alert=lambda _alert: None,
+        events=lambda _topic, _payload: None,
+        record=bench.record,
+        thermal=lambda: ThermalState.unavailable(),
+    )
+
+
+def test_a_model_whose_engine_dir_could_not_be_checked_serves_on_the_fallback_unbuilt(
+    bench: Bench, demo_model: Path
+) -> None:
+    bench.deployed(bench.runtime(), demo_model)
+    model = ModelConfig(name="demo", path=demo_model, runtime="tensorrt")
+    slot = ModelSlot(model)
+    with _open_failing(bench.engine_dir, errno.EMFILE):
+        slot.activate(bench.config(), _sinks(bench))
+    assert slot.state == "serving" and slot.is_fallback
+    assert slot.last_error == _unchecked_words(bench.engine_dir, errno.EMFILE)
+    assert slot.fallback_cause == "UncheckedDirectoryError"
+    # A build would rebuild (force) an engine that is there, for minutes of the GPU.
+    assert slot.fallback_cause not in BUILD_FIXES
+    builds: list[dict[str, Any]] = []
+
+    def start_build(request: dict[str, Any]) -> dict[str, Any]:
+        builds.append(request)
+        return {"build_id": "b1"}
+
+    rebuilder = FallbackRebuilder(
+        start_build=start_build,
+        switch=lambda *_args: {},
+        alert=lambda _alert: None,
+        can_build=lambda: True,
+        backoff_s=0.0,
+        max_attempts=3,
+    )
+    with capture_logs() as logs:
+        why = rebuilder.on_fallback("demo", slot.last_error, slot.fallback_cause)
+    assert builds == []
+    (skipped,) = [line for line in logs if line["event"] == "engine_rebuild_skipped"]
+    assert skipped["cause"] == "UncheckedDirectoryError" and why == skipped["reason"]
+    assert "(EMFILE: Too many open files)" in skipped["reason"]
+    slot.release()
+
+    # The descriptors are back: the next location (an operator's switch, a restart)
+    # serves the engine on tensorrt.
+    again = ModelSlot(model)
+    again.activate(bench.config(), _sinks(bench))
+    assert again.handle is not None and again.handle.runtime_label == "tensorrt"
+    again.release()
