@@ -265,6 +265,7 @@ def _builds(table: TomlTable) -> BuildsConfig:
         start_burst=table.take("start_burst", int, defaults.start_burst),
         start_refill_s=table.take("start_refill_s", float, defaults.start_refill_s),
         max_duration_s=table.take("max_duration_s", float, defaults.max_duration_s),
+        max_running=table.take("max_running", int, defaults.max_running),
     )
 
 

@@ -100,13 +100,26 @@ class SecurityConfig:
 #: cold timing cache); a build still running after 4 h is taken as stuck (a
 #: deployment with slower builds raises it; not measured on a Jetson here).
 DEFAULT_MAX_BUILD_DURATION_S = 4 * 3600.0
+#: ``builds.max_running``'s default: one operator's build beside one background
+#: rebuild, so that neither holds the other up for a build's minutes.  Each build is
+#: a child process with its own memory and, with TensorRT, its own builder and a
+#: workspace of at most a quarter of ``runtime.gpu_memory_budget_bytes``; on a
+#: Jetson, whose GPU shares the board's memory, two are what 8 GB holds beside the
+#: resident engines (a deployment short of memory, or wanting tactics timed on an
+#: otherwise idle GPU, sets 1: builds, the daemon's own rebuilds included, then run
+#: one after another).
+DEFAULT_MAX_RUNNING_BUILDS = 2
+#: ``builds.max_running``'s ceiling: one build per model runs at most anyway, and no
+#: board runs more than a few builders at once.
+MAX_RUNNING_BUILDS = 64
 
 
 @dataclass(frozen=True)
 class BuildsConfig:
     """Daemon builds (``[builds]``): the cap on what they leave (``<state_dir>/builds``
     and TensorRT builds' outputs in the engine dir, counted together), the
-    per-peer rate of ``build.start`` and how long one build may run."""
+    per-peer rate of ``build.start``, how long one build may run and how many run at
+    once."""
 
     #: Build artifact sets (engine, sidecar, summary) kept in both directories.
     max_count: int = 8
@@ -119,6 +132,9 @@ class BuildsConfig:
     #: A build still running this long after its start is cancelled (source
     #: ``timeout``), and killed if it has not stopped ``build_cancel_grace_s`` later.
     max_duration_s: float = DEFAULT_MAX_BUILD_DURATION_S
+    #: Builds running at once, the daemon's own rebuilds included: a ``build.start``
+    #: past it is refused ``RESOURCE_EXHAUSTED``; a rebuild waits for a build to end.
+    max_running: int = DEFAULT_MAX_RUNNING_BUILDS
 
     @every_rule
     def __post_init__(self) -> None:
@@ -137,6 +153,9 @@ class BuildsConfig:
                 f"got {self.max_duration_s}",
                 "builds.max_duration_s",
             )
+        if not 1 <= self.max_running <= MAX_RUNNING_BUILDS:
+            key = "builds.max_running"
+            refuse(f"{key} must be 1..{MAX_RUNNING_BUILDS}, got {self.max_running}", key)
 
 
 #: The largest uid or gid: ``uid_t`` and ``gid_t`` are 32 bits, and their -1 tells

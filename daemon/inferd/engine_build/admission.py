@@ -1,11 +1,15 @@
-"""Whether a ``build.start`` may start a build now: room under the builds cap
-(``retention.py``: the builds dir and the engine dir's daemon-build outputs,
-``engine_outputs.py``) and in the peer's rate (``inferd.peer_rate_limit``).
+"""Whether a ``build.start`` may start a build now: fewer builds running than
+``builds.max_running`` (``room``), room under the builds cap (``retention.py``: the
+builds dir and the engine dir's daemon-build outputs, ``engine_outputs.py``) and in
+the peer's rate (``inferd.peer_rate_limit``).
 
-The checks run in that order, after the op's arguments and preconditions, so a
-request refused for either changes nothing and does not use up the peer's rate.
-The daemon's own background rebuilds (``Peer.internal``) have their own back-off
-and are not rate limited; they need room like any build.  Before each count
+``room`` runs first, before the build gets an id or a folder; the other two after
+the op's arguments and preconditions; so a request refused for any changes nothing
+and does not use up the peer's rate.  The daemon's own background rebuilds
+(``Peer.internal``) have their own back-off and are not rate limited; they need
+room on disk like any build (over the cap, only logged), and are held to
+``max_running`` like any: refused ``RESOURCE_EXHAUSTED``, the only refusal of that
+code they can meet, on which the rebuilder waits for a build to end.  Before each count
 (at the daemon's start, each ``build.start``, after each build) the staging
 folders of build processes that died are removed (``artifacts.sweep_staging``):
 a killed build's staged engine is otherwise never counted nor removed.  At the
@@ -56,6 +60,9 @@ class BuildAdmission:
         self._record = record
         self._models: dict[str, ModelConfig] = {}
         self.retention = BuildsRetention(build_dir, limits.max_count, limits.max_bytes, record)
+        self.max_running = limits.max_running
+        #: ``build.start``s refused by ``max_running`` (the daemon's own included).
+        self.running_refused = 0
         self.start_limit = PeerRateLimiter(
             "build.start",
             limits.start_burst,
@@ -98,6 +105,35 @@ class BuildAdmission:
         with build.lock:
             engine = build.engine_path
         return self.pending(build.build_id, build.model, build.builder, build.build_config, engine)
+
+    def room(self, peer: Peer, running: Collection[Build]) -> None:
+        """``RESOURCE_EXHAUSTED`` when ``running`` (the builds running now) already
+        holds ``builds.max_running`` builds, naming them; changes nothing else."""
+        if len(running) < self.max_running:
+            return
+        self.running_refused += 1
+        names = ", ".join(f"{build.build_id} (model {build.model!r})" for build in running)
+        log.warning(
+            "build_start_over_max_running",
+            peer=peer.as_record(),
+            max_running=self.max_running,
+            running=[build.build_id for build in running],
+        )
+        raise ProtocolError(
+            Code.RESOURCE_EXHAUSTED,
+            f"builds.max_running is {self.max_running} and {len(running)} builds are "
+            f"running: {names}; wait for one to end (build.status, build.follow), cancel "
+            "one (build.cancel), or raise builds.max_running",
+        )
+
+    def running_limit(self, running: int) -> dict[str, int]:
+        """``build.status``'s ``running_limit``: the cap, the builds running, and the
+        starts it refused over this run."""
+        return {
+            "max_running": self.max_running,
+            "running": running,
+            "refused": self.running_refused,
+        }
 
     def admit(
         self, peer: Peer, running: Collection[Build], incoming: Pending | None = None

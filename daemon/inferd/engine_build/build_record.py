@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from inferd.alerts.sanitise import escaped
 from inferd.config.security import DEFAULT_MAX_BUILD_DURATION_S
-from inferd.engine_build.events import PhaseTree
+from inferd.engine_build.events import MAX_PHASE_TEXT, MAX_PHASES, BuildEvent, PhaseTree
 from inferd.engine_build.status_view import brief, one_build
 from inferd.engine_build.timing_cache_policy import TimingCacheOutcome
 from inferd.types import Peer
+
+log = structlog.get_logger("inferd.builds")
 
 
 @dataclass
@@ -46,7 +50,9 @@ class Build:
     #: Random (in its child's spec): a summary on disk is this build's only with it,
     #: as build ids restart each run (``child_exit.after_child``).
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
-    tree: PhaseTree = field(default_factory=PhaseTree)
+    #: Folded from its child's events, bounded and cut: what a child sends is not the
+    #: daemon's (once it ended, only what ``build.status`` shows: ``status_view.keep_shown``).
+    tree: PhaseTree = field(default_factory=lambda: PhaseTree(MAX_PHASES, MAX_PHASE_TEXT, cut=True))
     state: str = "running"
     cancel_source: str | None = None
     cancel_reason: str | None = None
@@ -251,10 +257,33 @@ def describe(build: Build, *, listed: bool = False) -> dict[str, Any]:
                 "coalesced_steps": build.coalesced_steps,
                 "dropped_in_child": build.dropped_in_child,
                 "refused": build.tree.refused,
+                # Only when some were: every listed build's entry is counted in bytes.
+                **({"phases_dropped": build.tree.dropped} if build.tree.dropped else {}),
             },
             "phase_tree": brief(build.tree),
         }
         return entry if listed else one_build(entry, build.tree)
+
+
+def said_refused(build: Build, event: BuildEvent) -> None:
+    """Log the event ``build.tree.apply`` just refused, if it is the build's first of
+    its cause (a stream gone wrong says it again, maybe millions of times): a cycle
+    (``build_phase_event_refused``) or a phase past the tree's bounds
+    (``build_phases_dropped``); the rest are counted in ``build.status``."""
+    tree = build.tree
+    if tree.refusal == "cycle" and tree.refused == 1:
+        log.warning("build_phase_event_refused", build_id=build.build_id, phase_id=event.phase_id)
+    elif tree.refusal in ("phases", "text") and tree.dropped == 1:
+        log.warning(
+            "build_phases_dropped",
+            build_id=build.build_id,
+            model=build.model,
+            bound=tree.refusal,
+            phases=len(tree.nodes),
+            max_phases=tree.max_phases,
+            text=tree.text,
+            max_text=tree.max_text,
+        )
 
 
 def event_payload(build: Build, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,12 +9,15 @@ threads to consumers (a full queue drops the event and counts it).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
+
+from inferd.alerts.sanitise import escaped
 
 EventType = Literal[
     "phase_start",
@@ -101,7 +104,7 @@ class EventQueue:
             return len(self._items)
 
 
-@dataclass
+@dataclass(slots=True)  # 48 bytes a phase less: the daemon keeps up to MAX_PHASES of each
 class PhaseNode:
     phase_id: str
     name: str
@@ -120,16 +123,58 @@ class PhaseNode:
         return 0 if self.step is None else self.step + 1
 
 
-class PhaseTree:
-    """Phase tree folded from events; ``snapshot()`` is a JSON-able nested view."""
+#: Phases the daemon keeps of one running build (``build_record.Build.tree``; a child
+#: can send any number; a finished build's tree keeps only what ``build.status`` shows:
+#: ``status_view.keep_shown``).  The simulated builder makes one per ONNX node (a
+#: detection model a few hundred, a large transformer about ten thousand), a TensorRT
+#: build of a large model a few thousand (not measured on a Jetson here).  Measured
+#: at 16,384 with names of 90 characters like TensorRT's: 8.8 MB (539 bytes a phase),
+#: and ``build.status ID`` (``status_view.with_phases``, which sorts them all under
+#: the build's lock) 18 to 40 ms.
+MAX_PHASES = 16_384
+#: Characters of every kept phase's ``id``, ``name`` and ``thread`` together, each cut
+#: first (``PHASE_TEXT_BYTES``, ``PHASE_ID_CHARS``): 128 a phase at ``MAX_PHASES``
+#: (TensorRT's layer names run to about a hundred).  A tree filled to both bounds with
+#: 4-byte characters (4 bytes each as Python holds them) measured 16.5 MB.
+MAX_PHASE_TEXT = 2 * 1024 * 1024
+#: Bytes of UTF-8 of a phase's ``name`` and ``thread`` the daemon keeps, cut as
+#: ``build.status`` shows them (``alerts.sanitise.escaped``, with its note): a string
+#: a child sends may be 16 MiB (``pipe.MAX_MESSAGE_BYTES``).
+PHASE_TEXT_BYTES = 128
+#: Characters of a phase id (and parent id) the daemon keeps whole: a longer one is
+#: cut to this many, ending in a digest of the whole (``PhaseTree.kept_id``).
+PHASE_ID_CHARS = 64
 
-    def __init__(self) -> None:
+
+class PhaseTree:
+    """Phase tree folded from events; ``snapshot()`` is a JSON-able nested view.
+
+    ``max_phases``, ``max_text`` and ``cut`` (None, None, False: unbounded, the child's
+    own tree of its builder, ``inferd build``'s) bound what a tree of another
+    process's events holds: with ``cut`` each string of a phase is cut as it comes
+    (``kept_id``, ``PHASE_TEXT_BYTES``); a ``phase_start`` past either bound is
+    dropped and counted (``dropped``), and the events of a dropped phase, which names
+    no node, change nothing."""
+
+    def __init__(
+        self, max_phases: int | None = None, max_text: int | None = None, *, cut: bool = False
+    ) -> None:
         self.nodes: dict[str, PhaseNode] = {}
         self.roots: list[str] = []
         self.state = "running"
         self.stalls = 0
+        self.max_phases, self.max_text, self.cut = max_phases, max_text, cut
+        #: Characters of the kept phases' ``id``, ``name`` and ``thread`` (``max_text``),
+        #: as cut, while the build ran.
+        self.text = 0
+        #: Phases forgotten once the build ended (``keep_only``), still counted in ``phases``.
+        self.forgotten = 0
         #: ``phase_start`` events refused (``apply``): a child's stream gone wrong.
         self.refused = 0
+        #: ``phase_start`` events dropped past ``max_phases`` or ``max_text``.
+        self.dropped = 0
+        #: Why the last event ``apply`` refused was: ``cycle``, ``phases`` or ``text``.
+        self.refusal: str | None = None
         self.last_event: str | None = None
         #: The timing-cache decision the build started with (``cold``, ``reused``,
         #: ``quarantined``): the first event that names one carries it (the child's
@@ -143,38 +188,53 @@ class PhaseTree:
             tree.apply(event)
         return tree
 
+    @property
+    def phases(self) -> int:
+        """Phases the tree took (``forgotten`` ones included)."""
+        return len(self.nodes) + self.forgotten
+
     def apply(self, event: BuildEvent) -> bool:
         """Fold ``event`` in; False when refused (counted in ``refused``): a
-        ``phase_start`` of an id the tree has, or naming itself as its parent.  Its
-        parent is looked up before the node is added, and only a new node is ever
-        added as a child, so the tree stays a forest whatever the child sends (a
-        cycle made ``active_path`` loop for ever, under ``build.lock``)."""
-        start = event.type == "phase_start" and event.phase_id is not None
-        if start and (event.phase_id in self.nodes or event.parent_id == event.phase_id):
-            self.refused += 1
-            return False
+        ``phase_start`` of an id the tree has, or naming itself as its parent (ids as
+        kept: ``kept_id``).  Its parent is looked up before the node is added, and only
+        a new node is ever added as a child, so the tree stays a forest whatever the
+        child sends (a cycle made ``active_path`` loop for ever, under ``build.lock``)."""
+        phase_id = self.kept_id(event.phase_id)
+        node: PhaseNode | None = None
+        if event.type == "phase_start" and phase_id is not None:
+            parent_id = self.kept_id(event.parent_id)
+            if phase_id in self.nodes or parent_id == phase_id:
+                self.refused, self.refusal = self.refused + 1, "cycle"
+                return False
+            full = self.max_phases is not None and len(self.nodes) >= self.max_phases
+            if not full:  # a full tree's drops cost no cut
+                node = PhaseNode(
+                    phase_id=phase_id,
+                    name=self._kept(event.name or "?"),
+                    parent_id=parent_id,
+                    num_steps=event.num_steps or 0,
+                    started_ns=event.mono_ns,
+                    thread=self._kept(event.thread),
+                )
+            if node is None or not self._fits(node):
+                self.dropped, self.refusal = self.dropped + 1, "phases" if full else "text"
+                return False
         self.last_event = event.type
         if self.timing_cache_start is None and event.detail:
             mode = event.detail.get("timingCacheMode")
-            self.timing_cache_start = mode if isinstance(mode, str) else None
-        if event.type == "phase_start" and event.phase_id is not None:
-            parent = self.nodes.get(event.parent_id) if event.parent_id else None
-            self.nodes[event.phase_id] = PhaseNode(
-                phase_id=event.phase_id,
-                name=event.name or "?",
-                parent_id=event.parent_id,
-                num_steps=event.num_steps or 0,
-                started_ns=event.mono_ns,
-                thread=event.thread,
-            )
+            self.timing_cache_start = self._kept(mode) if isinstance(mode, str) else None
+        if node is not None:
+            parent = self.nodes.get(node.parent_id) if node.parent_id else None
+            self.nodes[node.phase_id] = node
             if parent is not None:
-                parent.children.append(event.phase_id)
+                node.parent_id = parent.phase_id  # one string for both
+                parent.children.append(node.phase_id)
             else:
-                self.roots.append(event.phase_id)
-        elif event.type == "step" and event.phase_id in self.nodes:
-            self.nodes[event.phase_id].step = event.step
-        elif event.type == "phase_finish" and event.phase_id in self.nodes:
-            node = self.nodes[event.phase_id]
+                self.roots.append(node.phase_id)
+        elif event.type == "step" and phase_id in self.nodes:
+            self.nodes[phase_id].step = event.step
+        elif event.type == "phase_finish" and phase_id in self.nodes:
+            node = self.nodes[phase_id]
             node.finished_ns = event.mono_ns
             node.status = "finished" if node.completed >= node.num_steps else "finished_early"
         elif event.type == "stalled":
@@ -184,6 +244,41 @@ class PhaseTree:
         elif event.type == "cancel_requested" and self.state == "running":
             self.state = "cancel_requested"
         return True
+
+    def kept_id(self, phase_id: str | None) -> str | None:
+        """``phase_id`` as the tree keys it: whole, or (``cut``) past ``PHASE_ID_CHARS``
+        its start and a digest of the whole, ``PHASE_ID_CHARS`` in all, the same for an
+        id and a parent id naming it.  Distinct ids stay distinct: a collision (2**-64
+        for two ids) or an id sent as another's cut form is an id the tree has, refused
+        as a cycle would be, never merged."""
+        if phase_id is None or not self.cut or len(phase_id) <= PHASE_ID_CHARS:
+            return phase_id
+        whole = phase_id.encode("utf-8", "surrogatepass")
+        digest = hashlib.blake2b(whole, digest_size=8).hexdigest()
+        return f"{phase_id[: PHASE_ID_CHARS - len(digest) - 1]}~{digest}"
+
+    def _kept(self, text: str) -> str:
+        """``text`` as the tree keeps it: whole, or (``cut``) as ``build.status`` shows it."""
+        if not self.cut or (len(text) <= PHASE_TEXT_BYTES and text.isascii()):
+            return text
+        return escaped(text, PHASE_TEXT_BYTES)
+
+    def _fits(self, node: PhaseNode) -> bool:
+        """Whether the new ``node``'s text fits ``max_text`` (then it is counted)."""
+        text = len(node.phase_id) + len(node.name) + len(node.thread)
+        if self.max_text is not None and self.text + text > self.max_text:
+            return False
+        self.text += text
+        return True
+
+    def keep_only(self, kept: Collection[str]) -> None:
+        """Forget every phase but ``kept`` (each with its parent kept too: a finished
+        build's, ``status_view.keep_shown``), still counted in ``phases``."""
+        nodes = {phase_id: node for phase_id, node in self.nodes.items() if phase_id in kept}
+        for node in nodes.values():
+            node.children = [child for child in node.children if child in kept]
+        self.forgotten += len(self.nodes) - len(nodes)
+        self.nodes, self.roots = nodes, [root for root in self.roots if root in kept]
 
     def end(self, state: str, mono_ns: int) -> None:
         """The build ended (``state``): a phase still running was cut short by it (a

@@ -15,7 +15,12 @@ model, and one build of a 470-node model did alone (review G, F1).  So:
   ``STATUS_DEPTH``, within what is left of ``REPLY_BYTES`` after the rest of the
   build's entry, and ``omittedPhases``;
 * a phase's ``id``, ``name`` and ``thread`` are cut to ``PHASE_TEXT_BYTES`` of UTF-8
-  and ``activePath`` to ``ACTIVE_PATH_NAMES`` names (``alerts.sanitise.escaped``).
+  and ``activePath`` to ``ACTIVE_PATH_NAMES`` names (``alerts.sanitise.escaped``; the
+  daemon's tree keeps names and threads so cut already, and ids of at most
+  ``events.PHASE_ID_CHARS`` characters);
+* a finished build's tree keeps only the phases ``with_phases`` can show
+  (``keep_shown``; measured 0.27 MB at most, where the 32 finished builds kept
+  with every phase held 8.8 MB each with TensorRT-like names at ``MAX_PHASES``).
 
 Sizes are counted as the bus packs the reply (``protocol.pack``), so a result
 is at most ``REPLY_BYTES`` however large the tree or the strings a child sent;
@@ -32,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inferd.alerts.sanitise import escaped
-from inferd.engine_build.events import PhaseNode, PhaseTree
+from inferd.alerts.sanitise import recut
+from inferd.engine_build.events import PHASE_TEXT_BYTES, PhaseNode, PhaseTree
 from inferd_wire.protocol import pack
 
 #: The most a ``build.status`` result takes, packed (of the 64 KiB a client reads).
@@ -42,8 +47,8 @@ REPLY_BYTES = 56 * 1024
 STATUS_PHASES = 256
 #: Levels of phases listed (two msgpack levels each: a map and its children).
 STATUS_DEPTH = 16
-#: Bytes of UTF-8 of a phase's ``id``, ``name`` and ``thread`` shown.
-PHASE_TEXT_BYTES = 128
+# Bytes of UTF-8 of a phase's ``id``, ``name`` and ``thread`` shown: ``PHASE_TEXT_BYTES``
+# (imported from ``events``, where the daemon's tree cuts names and threads to it).
 #: Names ``activePath`` shows, from the root.
 ACTIVE_PATH_NAMES = 16
 #: What a node's ``children`` array header grows by past 15 children (fixarray to
@@ -59,7 +64,9 @@ def packed_size(value: Any) -> int:
 
 
 def _text(value: str) -> str:
-    return escaped(value, PHASE_TEXT_BYTES)
+    """``value`` as shown: ``escaped`` already (the daemon's tree cut it as it came,
+    note and all: ``recut`` keeps its note and so its length as sent) or not yet."""
+    return recut(value, PHASE_TEXT_BYTES)
 
 
 def brief(tree: PhaseTree) -> dict[str, Any]:
@@ -68,7 +75,7 @@ def brief(tree: PhaseTree) -> dict[str, Any]:
     return {
         "state": tree.state,
         "activePath": [_text(name) for name in path],
-        "phases": len(tree.nodes),
+        "phases": tree.phases,
         "stalls": tree.stalls,
     }
 
@@ -102,7 +109,16 @@ def with_phases(tree: PhaseTree, room: int) -> dict[str, Any]:
         return {**_fields(tree, tree.nodes[phase_id]), "children": children}
 
     roots = [node(root) for root in tree.roots if root in shown]
-    return {**head, "roots": roots, "omittedPhases": len(tree.nodes) - len(shown)}
+    return {**head, "roots": roots, "omittedPhases": tree.phases - len(shown)}
+
+
+def keep_shown(tree: PhaseTree) -> None:
+    """A finished build's ``tree`` (no phase running) keeps only the phases
+    ``with_phases`` can show of it: those ``_chosen`` picks with the most room a reply
+    has.  Any later reply, with less room, shows the same: ``_chosen`` walks the same
+    phases in the same order with the same costs (every phase it passes before it
+    stops is kept, with its ancestors), and so stops at the same one."""
+    tree.keep_only(_chosen(tree, REPLY_BYTES))
 
 
 def _fields(tree: PhaseTree, node: PhaseNode) -> dict[str, Any]:

@@ -15,8 +15,9 @@ group, and the build is recorded as cancelled with ``escalated: true`` (status,
 it so, source ``timeout`` (both deadlines: ``reader_deadlines.py``).  A cancel
 that comes once the child has exited is not accepted: its end is its own.
 ``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is
-recorded); ``build.start`` is rate limited per peer (``admission.py``) and what
-builds leave is kept within the caps (``retention.py``).
+recorded); ``build.start`` is rate limited per peer, at most ``builds.max_running``
+builds run at once (``admission.py``), and what builds leave is kept within the
+caps (``retention.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from inferd.engine_build.build_record import (
     describe,
     event_payload,
     fdr_record,
+    said_refused,
     terminal_event,
 )
 from inferd.engine_build.child_exit import conclude, settle
@@ -59,7 +61,7 @@ from inferd.engine_build.pipe import (
 )
 from inferd.engine_build.reader_deadlines import BuildDeadlines
 from inferd.engine_build.session import BUILD_RECORD
-from inferd.engine_build.status_view import listing_reply
+from inferd.engine_build.status_view import keep_shown, listing_reply
 from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
@@ -131,6 +133,7 @@ class BuildManager:
                         f"build {other.build_id} of model {model!r} is still running; "
                         "cancel it or wait for it to finish",
                     )
+            self.admission.room(peer, running)  # builds.max_running, before any change
             build_id = f"b{next(self._counter)}-{secrets.token_hex(3)}"
             engine_path = self._engine_path(model, builder, build_id)
             try:
@@ -219,6 +222,9 @@ class BuildManager:
                 "cancel_grace_s": self.grace_s,
                 "max_duration_s": self.max_duration_s,
                 **self.admission.describe(),
+                "running_limit": self.admission.running_limit(
+                    sum(1 for b in builds if b.state == "running")
+                ),
             }
             return listing_reply([describe(b, listed=True) for b in builds], rest)
         return {"build": describe(self._get(build_id))}
@@ -303,6 +309,7 @@ class BuildManager:
             self._builds.pop(build.build_id, None)
         self.admission.not_started(build.peer)
         build.done.set()
+        self._ended(build)
 
     def _request_cancel(self, build: Build, source: str, reason: str, peer: Peer | None) -> bool:
         with build.lock:
@@ -376,19 +383,15 @@ class BuildManager:
                     self._publish_event(build, terminal_event(build, build.state, code))
             finally:
                 settle(build)
+                self._ended(build)
 
     def _on_message(self, build: Build, message: ChildMessage) -> None:
         if isinstance(message, EventMessage):
             event = message.event
             with build.lock:
                 build.received += 1
-                if not build.tree.apply(event):  # it would make the tree a cycle
-                    if build.tree.refused == 1:  # a stream gone wrong says it again
-                        log.warning(
-                            "build_phase_event_refused",
-                            build_id=build.build_id,
-                            phase_id=event.phase_id,
-                        )
+                if not build.tree.apply(event):  # a cycle, or past the tree's bounds
+                    said_refused(build, event)  # logged once a build for each cause
                     return  # not published either
                 now = time.monotonic()
                 if event.type == "step":
@@ -434,6 +437,12 @@ class BuildManager:
             summary=build.summary_path,
         )
         build.done.set()
+
+    def _ended(self, build: Build) -> None:
+        """``build`` left the running set, however (``_finish``, ``settle``, ``_abandon``):
+        its tree keeps what ``build.status`` shows; ``on_finished`` is told (a rebuild's room)."""
+        with build.lock:
+            keep_shown(build.tree)
         if self._on_finished is not None:
             try:
                 self._on_finished(BuildFinished.of(build))

@@ -25,18 +25,21 @@ daemon stopped at its deadline, ``builds.max_duration_s`` (retried after
 builds, then ``engine_build_gave_up``; never a loop).  A model whose adopted engine
 later fails while serving (``serving/failover.py``) comes back here; the attempts
 count over the daemon's run, so an engine that keeps failing is not rebuilt, adopted
-and failed over forever.
+and failed over forever.  A build refused because ``builds.max_running`` builds run
+(``RESOURCE_EXHAUSTED``: the only refusal of that code the daemon's own builds meet)
+is no attempt and no fault: it waits (``engine_rebuild_waiting``) and is asked for
+again when a build, any build, ends; an operator's switch cancels it as it does a retry.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
+from inferd.serving.rebuild_state import FinishedBuild, RebuiltModel, StartBuild, Switch
 from inferd.serving.slot import BUILD_FIXES
 from inferd.serving.switching import (
     ModelClaimedError,
@@ -45,7 +48,7 @@ from inferd.serving.switching import (
     RuntimeSwitcher,
 )
 from inferd.types import Alert, AlertLevel, AlertSink
-from inferd_wire.protocol import ProtocolError
+from inferd_wire.protocol import Code, ProtocolError
 
 TENSORRT = "tensorrt"
 REQUESTED_BY = "inferd: engine missing"
@@ -54,50 +57,6 @@ REQUESTED_BY = "inferd: engine missing"
 ADOPTION_TRIES = 3
 
 log = structlog.get_logger("inferd.rebuild")
-
-
-class FinishedBuild(Protocol):
-    """What a finished build reports (``inferd.engine_build.build_record.BuildFinished``)."""
-
-    @property
-    def build_id(self) -> str: ...
-
-    @property
-    def model(self) -> str: ...
-
-    @property
-    def state(self) -> str: ...
-
-    @property
-    def trusted(self) -> bool: ...
-
-    @property
-    def note(self) -> str | None: ...
-
-    @property
-    def requested_by(self) -> str: ...
-
-    @property
-    def error(self) -> str | None: ...
-
-    @property
-    def cancel_source(self) -> str | None: ...
-
-
-StartBuild = Callable[[dict[str, Any]], Mapping[str, Any]]
-Switch = Callable[[str, str, str], Mapping[str, Any]]
-
-
-@dataclass
-class _Model:
-    attempts: int = 0
-    build_id: str | None = None
-    adopted: bool = False
-    timer: threading.Timer | None = None
-    #: Which retry ``timer`` starts (a cancelled timer that fires anyway does nothing).
-    retry: int = 0
-    #: A built engine waiting for the model's claim to end, and its tries so far.
-    pending: tuple[FinishedBuild, int] | None = None
 
 
 class FallbackRebuilder:
@@ -121,8 +80,10 @@ class FallbackRebuilder:
         self._max_attempts = max_attempts
         self._deployment_manifest = deployment_manifest
         self._lock = threading.Lock()
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, RebuiltModel] = {}
         self._stopped = False
+        #: Builds ended so far (any): a refusal for room that one outdates is tried again.
+        self._ends = 0
         # The switcher whose ``switch_now`` adopts tells this of claims released and of
         # operators' switches; without one (a fake ``switch``) a claimed refusal is retried.
         self._switcher = switcher
@@ -147,10 +108,10 @@ class FallbackRebuilder:
                 log.warning("engine_rebuild_skipped", model=model, cause=cause, reason=why)
             return why
         with self._lock:
-            state = self._models.setdefault(model, _Model())
-            waiting = state.timer is not None or state.pending is not None
+            state = self._models.setdefault(model, RebuiltModel())
+            waiting = state.timer is not None or state.pending is not None or state.waiting
             if state.build_id is not None or waiting:
-                return None  # already building, waiting to retry, or built, to adopt
+                return None  # building, waiting to retry or for room, or built, to adopt
             if self._stopped:  # a failover as the daemon stops: the next start decides
                 return "the daemon is stopping"
             state.adopted = state.adopted and not ask  # asked for: none adopted yet
@@ -172,8 +133,10 @@ class FallbackRebuilder:
         return why
 
     def on_build_finished(self, finished: FinishedBuild) -> None:
-        """A build child is done (its reader thread); only builds asked for here are acted on
-        (an operator's build is adopted with runtime.switch)."""
+        """A build left the running set, any way (``BuildManager._ended``); only builds asked
+        for here are acted on (an operator's is adopted with runtime.switch).  Its end made
+        room: the rebuilds that wait for it are asked for first."""
+        self._start_waiting()
         with self._lock:
             state = self._models.get(finished.model)
             if state is None or state.build_id != finished.build_id:
@@ -217,6 +180,8 @@ class FallbackRebuilder:
         with self._lock:
             self._stopped = True
             timers = [state.timer for state in self._models.values() if state.timer is not None]
+            for state in self._models.values():
+                state.waiting = None
         for timer in timers:
             timer.cancel()
 
@@ -257,11 +222,11 @@ class FallbackRebuilder:
         is cancelled (its engine would not be adopted); a running build finishes."""
         with self._lock:
             state = self._models.get(model)
-            timer = state.timer if state is not None else None
-            if state is None or timer is None:
+            if state is None or (state.timer is None and state.waiting is None):
                 return
-            state.timer = None
-        timer.cancel()
+            timer, state.timer, state.waiting = state.timer, None, None
+        if timer is not None:
+            timer.cancel()
         log.info(
             "engine_rebuild_retry_cancelled",
             model=model,
@@ -275,33 +240,33 @@ class FallbackRebuilder:
         """Whether ``stop`` has run by now, on any thread (a method: for the type checker)."""
         return self._stopped
 
-    def _start(self, model: str, reason: str, retry: int | None = None) -> str | None:
-        """Start a build (``retry``: the one its timer was for); None if started, else why not."""
+    def _start(
+        self, model: str, reason: str, retry: int | None = None, waited: bool = False
+    ) -> str | None:
+        """Start a build (``retry``: the one its timer was for; ``waited``: it waited for
+        room); None if started or waiting for room, else why not."""
         with self._lock:
             state = self._models[model]
             if retry is not None and (state.timer is None or state.retry != retry):
                 return "cancelled"  # by an operator's switch as it fired
-            state.timer = None
+            if waited and state.waiting is None:
+                return "cancelled"  # by an operator's switch, or started at another end
+            state.timer = state.waiting = None
             if self._stopped:
                 return "the daemon is stopping"
             state.attempts += 1
-            attempt = state.attempts
-        try:
-            reply = self._start_build({"model": model, "requested_by": REQUESTED_BY})
-        except ProtocolError as exc:
-            log.warning("engine_rebuild_not_started", model=model, error=exc.message)
-            if self._stopping():  # refused because the daemon stops: nothing to report
-                return "the daemon is stopping"
-            self._alert(
-                Alert(
-                    "WARNING",
-                    "engine_build_failed",
-                    f"background engine build of {model!r} could not start: {exc.message}; "
-                    "it stays on onnx_trt_ep",
-                    fields={"model": model, "build_id": None},
-                )
-            )
-            return f"its build could not start: {exc.message}"
+            attempt, ends = state.attempts, self._ends
+        reply = None
+        while reply is None:
+            try:
+                reply = self._start_build({"model": model, "requested_by": REQUESTED_BY})
+            except ProtocolError as exc:
+                if exc.code != Code.RESOURCE_EXHAUSTED or self._stopping():
+                    return self._not_started(model, exc)
+                outdated = self._wait_for_room(model, reason, ends, exc.message)
+                if outdated is None:
+                    return None  # asked for again when a build ends
+                ends = outdated  # a build ended since it was asked for: room, maybe
         with self._lock:
             state.build_id = str(reply["build_id"])
         log.info(
@@ -312,6 +277,41 @@ class FallbackRebuilder:
             reason=reason,
         )
         return None
+
+    def _wait_for_room(self, model: str, reason: str, ends: int, refusal: str) -> int | None:
+        """Refused for ``builds.max_running``: it waits for a build to end (None), its
+        attempt taken back; or ends now, when one ended since ``ends``: ask again."""
+        with self._lock:
+            if self._ends != ends:
+                return self._ends
+            self._models[model].attempts -= 1  # nothing built: no rebuild_max_attempts' attempt
+            self._models[model].waiting = reason
+        log.info("engine_rebuild_waiting", model=model, reason=reason, refusal=refusal)
+        return None
+
+    def _start_waiting(self) -> None:
+        """A build ended: ask again for each rebuild waiting for room (each may wait again)."""
+        with self._lock:
+            self._ends += 1
+            waiting = [(m, s.waiting) for m, s in self._models.items() if s.waiting is not None]
+        for model, reason in waiting:
+            self._start(model, reason, waited=True)
+
+    def _not_started(self, model: str, exc: ProtocolError) -> str:
+        """Its build was refused for another cause than room: said, not retried."""
+        log.warning("engine_rebuild_not_started", model=model, error=exc.message)
+        if self._stopping():  # refused because the daemon stops: nothing to report
+            return "the daemon is stopping"
+        self._alert(
+            Alert(
+                "WARNING",
+                "engine_build_failed",
+                f"background engine build of {model!r} could not start: {exc.message}; "
+                "it stays on onnx_trt_ep",
+                fields={"model": model, "build_id": None},
+            )
+        )
+        return f"its build could not start: {exc.message}"
 
     def _adopt(self, finished: FinishedBuild, tries: int) -> None:
         """Switch to the built engine (``tries``: this one included)."""

@@ -70,7 +70,9 @@ def _manager(tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch) 
         tmp_path,
         dict.fromkeys(MODELS, demo_model),
         grace_s=0.3,
-        limits=BuildsConfig(start_burst=1000, max_count=10_000, max_bytes=2**40),
+        limits=BuildsConfig(
+            start_burst=1000, max_count=10_000, max_bytes=2**40, max_running=len(MODELS)
+        ),
     )
 
 
@@ -154,11 +156,15 @@ def test_the_listing_of_every_kept_build_as_they_are_is_whole(
 def test_one_builds_reply_fits_however_large_its_tree(
     tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """2,000 phases, a chain 40 deep, every id, name and thread a thousand characters."""
+    """2,000 phases, a chain 40 deep, every id, name and thread a thousand characters
+    (the daemon keeps ids cut with a digest, names and threads cut as shown)."""
     manager = _manager(tmp_path, demo_model, monkeypatch)
     _stand_in(monkeypatch, 2000, 40, 1000, "error")
     build_id = manager.start({"model": "m0", "builder": "simulated"}, OPERATOR)["build_id"]
-    assert manager._get(build_id).done.wait(HANG_S)
+    build = manager._get(build_id)
+    assert build.done.wait(HANG_S)
+    # Once ended its tree keeps only what a reply shows (``status_view.keep_shown``).
+    wait_until(lambda: len(build.tree.nodes) <= STATUS_PHASES, message="its tree kept as shown")
     result = manager.status({"build_id": build_id})
     size = _reply_bytes(result)
     assert size <= REPLY_BYTES + 600 < MAX_HEADER_BYTES, f"one build's reply is {size} bytes"
@@ -175,6 +181,7 @@ def test_one_builds_reply_fits_however_large_its_tree(
     for root in tree["roots"]:
         walk(root, 1)
     assert 0 < len(shown) <= STATUS_PHASES
+    assert max(shown) == STATUS_DEPTH  # the chain's links resolved through the cut ids
     assert tree["phases"] == 2000 and tree["omittedPhases"] == 2000 - len(shown)
 
 
