@@ -34,7 +34,7 @@ CPP_BUILD := build/cpp
 CPP_BENCH_BUILD := build/cpp-release
 CMAKE ?= cmake
 
-.PHONY: run demo test test-systemd test-py310 test-cpp cpp-build lint bench bench-cpp clean
+.PHONY: run demo test test-collect test-systemd test-py310 test-cpp cpp-build lint bench bench-cpp clean
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV)
@@ -83,9 +83,17 @@ lint: $(TEST_STAMP)
 PYTEST_WORKERS ?= 3
 PYTEST_ENV := PYTHONDONTWRITEBYTECODE=
 PYTEST := pytest -q -n $(PYTEST_WORKERS) --dist worksteal
-test: lint
-	@$(BIN)/python -m compileall -q daemon clients tests
+# test-collect, beside the lint (one core each): on a fresh clone each pytest-xdist
+# worker rewrote the asserts of every test module it imported, three times the
+# same 11 s of CPU; one process collecting first leaves them cached.
+test: $(TEST_STAMP)
+	@$(MAKE) --no-print-directory -j2 lint test-collect
 	$(PYTEST_ENV) $(BIN)/$(PYTEST)
+
+test-collect: $(TEST_STAMP)
+	@$(BIN)/python -m compileall -q daemon clients tests
+	@$(PYTEST_ENV) $(BIN)/pytest -q --collect-only -p no:cacheprovider > $(VENV)/collect.log 2>&1 \
+		|| { cat $(VENV)/collect.log; exit 1; }
 
 test-systemd: $(SYSTEMD_STAMP)
 	$(BIN)/python -c 'import systemd.daemon, systemd.journal'
@@ -95,12 +103,17 @@ test-systemd: $(SYSTEMD_STAMP)
 # 14 s of the 3.10 run: plain asserts there (a failure says only where it failed;
 # PY310_ASSERT= brings the detail back).
 # Its property tests draw a fifth of their examples (tests/conftest.py `examples`).
+# The command-line tests run in process there (tests/unit/cli, tests/unit/client);
+# tests/integration/test_cli.py, the same commands as 52 processes (13 s of the
+# 3.10 run), runs under 3.11 only, for CI's ten minutes. Bytecode is compiled
+# once first: the three workers and the daemons they start each compiled it.
 PY310_ASSERT ?= --assert=plain
 test-py310:
 	@test -n "$(PY310)" || { echo "make test-py310: set PY310=/path/to/python3.10" >&2; exit 2; }
 	$(MAKE) VENV=.venv310 PYTHON=$(PY310) .venv310/.installed-test
 	.venv310/bin/python -c 'import sys; assert sys.version_info[:2] == (3, 10), sys.version'
-	$(PYTEST_ENV) HYPOTHESIS_EXAMPLES_SCALE=0.2 .venv310/bin/$(PYTEST) $(PY310_ASSERT) tests/unit tests/integration/test_smoke.py tests/integration/test_cli.py
+	@.venv310/bin/python -m compileall -q daemon clients tests
+	$(PYTEST_ENV) HYPOTHESIS_EXAMPLES_SCALE=0.2 .venv310/bin/$(PYTEST) $(PY310_ASSERT) tests/unit tests/integration/test_smoke.py
 
 # cpp-build needs no virtual environment (ctest's integration tests do): .ci/run
 # compiles while `make test` installs and lints.
