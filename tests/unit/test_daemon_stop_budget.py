@@ -141,5 +141,10 @@ def test_a_stop_where_everything_hangs_ends_within_its_budget_and_the_recorder_f
     assert {step for step, wait_s in granted.items() if wait_s > BOUND_S} == {"recorder.stop"}
     # The alerts' overrun was taken from the steps after it, not from the recorder.
     assert granted["publisher.join"] < BOUND_S and granted["security.stop"] < BOUND_S
-    assert granted["recorder.stop"] == pytest.approx(RECORDER_S, abs=0.02)
+    # What the steps before could not absorb comes out of the recorder's time: the
+    # deadline is hard.  Unloaded that is nothing (0.2 s given); under a loaded CI
+    # run the threads' wake-ups overran by a few ms each (0.174 s seen).  Had the
+    # steps after the alerts not paid, the recorder would have paid the alerts'
+    # overrun (ALERTS_CLOSE_S - BOUND_S = 0.125 s) itself: 0.075 s left.
+    assert RECORDER_S / 2 < granted["recorder.stop"] <= RECORDER_S
     assert "threads_did_not_stop" in [line["event"] for line in logs]
