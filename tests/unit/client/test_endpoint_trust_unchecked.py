@@ -36,7 +36,7 @@ def private_dir(tmp_path: Path) -> Path:
     return directory
 
 
-def _fail_open_of(monkeypatch: pytest.MonkeyPatch, directory: Path, code: int) -> list[str]:
+def fail_open_of(monkeypatch: pytest.MonkeyPatch, directory: Path, code: int) -> list[str]:
     """``os.open`` of ``directory`` fails with ``code``; any other open is the real
     one.  Returns the paths it failed, so a test sees the check was made."""
     real_open = os.open
@@ -57,7 +57,7 @@ def test_a_client_at_its_descriptor_limit_is_told_so(
     private_dir: Path, connector: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     endpoint = f"ipc://{private_dir}/infer.sock"
-    failed = _fail_open_of(monkeypatch, private_dir, errno.EMFILE)
+    failed = fail_open_of(monkeypatch, private_dir, errno.EMFILE)
     with pytest.raises(ClientError) as raised:
         CONNECTORS[connector](endpoint)
     assert failed == [str(private_dir)]
@@ -75,7 +75,7 @@ def test_a_client_at_its_descriptor_limit_is_told_so(
 def test_other_failures_not_about_the_directory_are_unreachable_too(
     private_dir: Path, code: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _fail_open_of(monkeypatch, private_dir, code)
+    fail_open_of(monkeypatch, private_dir, code)
     with pytest.raises(Unreachable, match=f"could not be checked \\({errno.errorcode[code]}: "):
         trusted_endpoint(f"ipc://{private_dir}/infer.sock")
 
@@ -102,7 +102,7 @@ def test_a_directory_that_cannot_be_examined_after_its_open_is_unreachable(
 def test_a_directory_this_user_may_not_enter_is_still_unsafe(
     private_dir: Path, code: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _fail_open_of(monkeypatch, private_dir, code)
+    fail_open_of(monkeypatch, private_dir, code)
     with pytest.raises(UnsafeEndpoint, match=f"cannot be opened \\({os.strerror(code)}\\)"):
         trusted_endpoint(f"ipc://{private_dir}/infer.sock")
 
@@ -127,6 +127,6 @@ def test_the_daemons_check_still_refuses_what_it_could_not_check(
 ) -> None:
     """``owned_files.ensure_owned_dir`` and its neighbours read a reason, never an
     exception, from the open: unchanged."""
-    _fail_open_of(monkeypatch, private_dir, errno.EMFILE)
+    fail_open_of(monkeypatch, private_dir, errno.EMFILE)
     reason = unsafe_directory_reason(private_dir, os.geteuid())
     assert reason == "cannot be opened (Too many open files)"

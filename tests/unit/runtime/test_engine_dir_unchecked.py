@@ -31,25 +31,16 @@ from inferd.serving.rebuild import FallbackRebuilder
 from inferd.serving.slot import BUILD_FIXES, ModelSlot, Sinks
 from inferd.types import BuildConfig, ThermalState
 from tests.tensorrt_bench import Bench
+from tests.unit.client.test_endpoint_trust_unchecked import fail_open_of
 
 
 @contextlib.contextmanager
 def _open_failing(directory: Path, code: int) -> Iterator[list[str]]:
-    """Within the block, ``os.open`` of ``directory`` fails with ``code``; any other
-    open is the real one.  Yields the paths it failed.  Its own ``MonkeyPatch``: the
-    test's also holds the fake TensorRT, which must outlive the fault."""
-    real_open = os.open
-    failed: list[str] = []
-
-    def open_failing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if os.fspath(path) == str(directory):
-            failed.append(str(path))
-            raise OSError(code, os.strerror(code), str(path))
-        return real_open(path, flags, *args, **kwargs)
-
+    """Within the block, ``os.open`` of ``directory`` fails with ``code`` (as the
+    client's trust tests fail it).  Its own ``MonkeyPatch``: the test's also holds
+    the fake TensorRT, which must outlive the fault."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "open", open_failing)
-        yield failed
+        yield fail_open_of(patch, directory, code)
 
 
 def _unchecked_words(engine_dir: Path, code: int) -> str:
