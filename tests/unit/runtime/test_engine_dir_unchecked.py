@@ -28,10 +28,11 @@ from inferd.engines.engine_dir import untrusted_engine_dir
 from inferd.engines.manifest import deployment_manifest
 from inferd.errors import UncheckedDirectoryError
 from inferd.serving.rebuild import FallbackRebuilder
-from inferd.serving.slot import BUILD_FIXES, ModelSlot, Sinks
-from inferd.types import BuildConfig, ThermalState
+from inferd.serving.slot import BUILD_FIXES, ModelSlot
+from inferd.types import BuildConfig
 from tests.tensorrt_bench import Bench
 from tests.unit.client.test_endpoint_trust_unchecked import fail_open_of
+from tests.unit.runtime.test_tensorrt_engine_dir import _sinks
 
 
 @contextlib.contextmanager
@@ -109,15 +110,6 @@ def test_the_runtime_uses_no_engine_this_time_and_the_next_location_serves_it(
     assert runtime.compile_engine(demo_model, BuildConfig()) == entry
 
 
-def _sinks(bench: Bench) -> Sinks:
-    return Sinks(
-        alert=lambda _alert: None,
-        events=lambda _topic, _payload: None,
-        record=bench.record,
-        thermal=lambda: ThermalState.unavailable(),
-    )
-
-
 def test_a_model_whose_engine_dir_could_not_be_checked_serves_on_the_fallback_unbuilt(
     bench: Bench, demo_model: Path
 ) -> None:
@@ -125,7 +117,7 @@ def test_a_model_whose_engine_dir_could_not_be_checked_serves_on_the_fallback_un
     model = ModelConfig(name="demo", path=demo_model, runtime="tensorrt")
     slot = ModelSlot(model)
     with _open_failing(bench.engine_dir, errno.EMFILE):
-        slot.activate(bench.config(), _sinks(bench))
+        slot.activate(bench.config(), _sinks(bench, []))
     assert slot.state == "serving" and slot.is_fallback
     assert slot.last_error == _unchecked_words(bench.engine_dir, errno.EMFILE)
     assert slot.fallback_cause == "UncheckedDirectoryError"
@@ -156,6 +148,6 @@ def test_a_model_whose_engine_dir_could_not_be_checked_serves_on_the_fallback_un
     # The descriptors are back: the next location (an operator's switch, a restart)
     # serves the engine on tensorrt.
     again = ModelSlot(model)
-    again.activate(bench.config(), _sinks(bench))
+    again.activate(bench.config(), _sinks(bench, []))
     assert again.handle is not None and again.handle.runtime_label == "tensorrt"
     again.release()
