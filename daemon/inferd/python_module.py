@@ -5,7 +5,8 @@ without the working directory on ``sys.path``.
 package planted there (wherever the daemon, a build or ``inferd selftest`` was
 started) would run instead of the installed one, as the daemon's user.  The
 bootstrap takes that entry off before importing anything (``-P`` would, from
-Python 3.11 only; JetPack 6 ships 3.10).
+Python 3.11 only; JetPack 6 ships 3.10), then does what every inferd process does
+first (``process_start``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ _BOOTSTRAP = (
     "import runpy, sys\n"
     "if not getattr(sys.flags, 'safe_path', False):\n"
     "    del sys.path[0]\n"
+    "from inferd.process_start import prepare_process\n"
+    "prepare_process()\n"
     "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
 )
 

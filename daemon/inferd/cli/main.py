@@ -20,6 +20,7 @@ from inferd.errors import (
     UnsafeDirectoryError,
 )
 from inferd.owned_files import apply_owned_umask, ensure_owned_dir
+from inferd.process_start import prepare_process
 
 if TYPE_CHECKING:
     from inferd.cli.run_signals import RunSignals
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         # before it too: by default it ends the process, which systemd counts as
         # a clean exit (no restart).  First, before the parser's imports.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    prepare_process()
     parser = argparse.ArgumentParser(prog="inferd", description="onboard inference daemon")
     parser.add_argument("--version", action="version", version=f"inferd {inferd.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -99,18 +99,12 @@ def escape_for_console(
     return event_dict
 
 
-#: The traceback structlog's console renderer writes without colours (rich's when
-#: installed); an older structlog without a monochrome one: its plain traceback.
-_MONOCHROME_TRACEBACK: structlog.typing.ExceptionRenderer = getattr(
-    structlog.dev, "default_monochrome_exception_formatter", structlog.dev.plain_traceback
-)
-
-
 def escaped_traceback(sio: TextIO, exc_info: ExcInfo) -> None:
-    """structlog's console traceback, each line through ``printable``: an
-    exception's text may quote a client's id or a file."""
+    """Python's own traceback (structlog's ``plain_traceback``: the lines the
+    journal and JSON carry, never rich's boxes), each line through ``printable``:
+    an exception's text may quote a client's id or a file."""
     buffer = io.StringIO()
-    _MONOCHROME_TRACEBACK(buffer, exc_info)
+    structlog.dev.plain_traceback(buffer, exc_info)
     sio.write(printable_lines(buffer.getvalue()))
 
 

@@ -1,0 +1,100 @@
+"""``inferd.process_start``: what every inferd process does before its heavy
+imports, checked in fresh interpreters (the state it sets is process-wide)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from inferd.python_module import python_module
+from inferd.supervision.logging import escaped_traceback
+
+#: A fresh interpreter's report, as JSON: its threads after numpy's import, what
+#: structlog found of rich, whether rich was imported, and whether it still can be.
+PROBE = """
+import json, os, sys
+{prepare}
+import numpy
+import inferd.daemon, structlog.dev
+from inferd.supervision.logging import configure_logging
+configure_logging("info", "console")
+report = {{
+    "threads": len(os.listdir("/proc/self/task")),
+    "blas_env": os.environ.get("OPENBLAS_NUM_THREADS"),
+    "structlog_rich": structlog.dev.rich is not None,
+    "rich_imported": "rich" in sys.modules,
+}}
+import rich.console
+report["rich_importable"] = "rich.console" in sys.modules
+print(json.dumps(report))
+"""
+PREPARE = "from inferd.process_start import prepare_process\nprepare_process()"
+
+
+def probe(prepare: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(prepare=prepare)],
+        env={**environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, object] = json.loads(done.stdout)
+    return report
+
+
+def test_a_prepared_process_starts_no_blas_threads_and_structlog_never_sees_rich() -> None:
+    prepared = probe(PREPARE)
+    assert prepared == {
+        "threads": 1,
+        "blas_env": "1",
+        "structlog_rich": False,
+        "rich_imported": False,
+        "rich_importable": True,  # inferd build's live tree still has it
+    }
+    # The same imports unprepared: OpenBLAS's pool (one thread per core past the
+    # first) and structlog's rich, which this test would miss if they never happened.
+    unprepared = probe("")
+    assert unprepared["structlog_rich"] is True and unprepared["rich_imported"] is True
+    assert unprepared["threads"] > 1 or len(os.sched_getaffinity(0)) == 1
+
+
+def test_an_operators_blas_setting_is_kept() -> None:
+    assert probe(PREPARE, env={"OPENBLAS_NUM_THREADS": "2"})["blas_env"] == "2"
+
+
+def test_every_child_inferd_starts_is_prepared_by_its_bootstrap(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE.format(prepare=""))
+    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run(
+        python_module("probe"),
+        env={**environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["threads"] == 1 and report["blas_env"] == "1"
+    assert report["structlog_rich"] is False and report["rich_imported"] is False
+
+
+def test_the_console_traceback_is_pythons_own_whether_or_not_structlog_has_rich() -> None:
+    try:
+        raise ValueError("the client sent \x1b[2J")
+    except ValueError:
+        exc_info = sys.exc_info()
+    out = io.StringIO()
+    escaped_traceback(out, exc_info)  # type: ignore[arg-type]
+    lines = out.getvalue().strip().splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: the client sent \\x1b[2J"
+    assert not any(box in out.getvalue() for box in "╭│╰")
