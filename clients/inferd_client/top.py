@@ -5,9 +5,9 @@ Every ``--interval`` seconds it asks the control socket for ``status`` and
 ``build``, ``runtime``), so alerts and build progress show as they happen.
 Request rates are the difference of two ``status`` snapshots over the time
 between them.  A daemon that does not answer is shown as unreachable and asked
-again at the next interval; ``q`` or Ctrl-C leaves (exit 0).  An events
-connection the daemon refuses at its handshake ends the view: ``inferctl`` says
-so and exits 3, as for any ``ConnectionRefused``.  Only the wire
+again at the next interval; ``q`` or Ctrl-C leaves (exit 0).  A control or
+events connection the daemon refuses at its handshake ends the view: ``inferctl``
+says so and exits 3, as for any ``ConnectionRefused``.  Only the wire
 protocol is used: nothing of the daemon is imported.
 
 What the daemon sends is shown as plain text (``rich.text.Text``, never markup)
@@ -383,13 +383,21 @@ class _Connection:
                 self._control = self._make()
             status = self._control.call("status", timeout=timeout)
             builds = self._control.call("build.status", timeout=timeout).get("builds", [])
+        except ConnectionRefused:
+            # Refused at the handshake: asking again every interval would be refused
+            # again, and the view would read "unreachable" as if the daemon were down.
+            self.close_control()
+            raise
         except ClientError as exc:
             state.on_unreachable(str(exc))
-            if self._control is not None:
-                self._control.close()
-                self._control = None
+            self.close_control()
             return
         state.on_status(status, builds, time.monotonic())
+
+    def close_control(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
 
     def drain(self, state: TopState) -> None:
         """The events that came since; a subscriber the daemon refused ends the view
@@ -404,8 +412,7 @@ class _Connection:
             pass
 
     def close(self) -> None:
-        if self._control is not None:
-            self._control.close()
+        self.close_control()
         self.events.close()
 
 

@@ -116,3 +116,23 @@ def test_inferctl_top_exits_unreachable_when_its_events_are_refused(
     assert f"inferctl: UNREACHABLE: the daemon at {events.endpoint} refused" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.timeout(2 * HANG_S)  # before the fix the view never ended: fail, not hang
+def test_inferctl_top_exits_unreachable_when_its_control_connection_is_refused(
+    publisher: Callable[[list[str]], Guarded],
+    control: Callable[[list[str]], Guarded],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: the view said "unreachable" and asked again at every interval, each
+    # time refused, until the operator left it.
+    events, operator = publisher(["200"]), control(["400"])
+    argv = ["--events-endpoint", events.endpoint, "--control-endpoint", operator.endpoint]
+    started = time.monotonic()
+    assert cli.main([*argv, "top", "--interval", "1"]) == cli.EXIT_UNREACHABLE
+    assert time.monotonic() - started < AT_ONCE_S
+    # libzmq may have tried its handshake again before the client closed the socket.
+    assert operator.answered and set(operator.answered) == {"400"}
+    assert f"inferctl: UNREACHABLE: the daemon at {operator.endpoint} refused" in (
+        capsys.readouterr().err
+    )
