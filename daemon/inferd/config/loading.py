@@ -266,6 +266,8 @@ def _builds(table: TomlTable) -> BuildsConfig:
         start_refill_s=table.take("start_refill_s", float, defaults.start_refill_s),
         max_duration_s=table.take("max_duration_s", float, defaults.max_duration_s),
         max_running=table.take("max_running", int, defaults.max_running),
+        stall_after_s=table.take("stall_after_s", float, defaults.stall_after_s),
+        stall_cancels_after=table.take("stall_cancels_after", int, defaults.stall_cancels_after),
     )
 
 

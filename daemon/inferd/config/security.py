@@ -112,6 +112,28 @@ DEFAULT_MAX_RUNNING_BUILDS = 2
 #: ``builds.max_running``'s ceiling: one build per model runs at most anyway, and no
 #: board runs more than a few builders at once.
 MAX_RUNNING_BUILDS = 64
+#: ``builds.stall_after_s``'s default: TensorRT 10's progress monitor reports a step
+#: every few milliseconds to seconds, but timing the tactics of one large layer can
+#: take tens of seconds without one (not measured on a Jetson here), so two minutes
+#: of silence is a stall worth a line in the log, not a slow layer.
+DEFAULT_STALL_AFTER_S = 120.0
+#: ``builds.stall_after_s``'s floor (0 aside, which turns the watchdog off): the
+#: build child's watchdog wakes four times per period (at most every 50 ms), so a
+#: nanosecond spun a CPU beside the builder.
+MIN_STALL_AFTER_S = 0.1
+#: ``builds.stall_cancels_after``'s ceiling: at the watchdog's largest back-off (300 s
+#: between reports) a thousand stalls in a row are more than three days of silence.
+MAX_STALL_CANCELS_AFTER = 1000
+#: What ``builds.stall_after_s`` and ``build.start``'s ``stall_after_s`` may be.
+STALL_AFTER_RULE = (
+    f"0 (no stall watchdog) or {MIN_STALL_AFTER_S:g}..{MAX_BUILD_DURATION_S:g} seconds"
+)
+
+
+def stall_after_ok(seconds: float) -> bool:
+    """Whether ``seconds`` is a stall watchdog's period (``STALL_AFTER_RULE``); NaN and
+    inf fail every comparison: neither could reach the watchdog's waits."""
+    return seconds == 0 or MIN_STALL_AFTER_S <= seconds <= MAX_BUILD_DURATION_S
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,13 @@ class BuildsConfig:
     #: Builds running at once, the daemon's own rebuilds included: a ``build.start``
     #: past it is refused ``RESOURCE_EXHAUSTED``; a rebuild waits for a build to end.
     max_running: int = DEFAULT_MAX_RUNNING_BUILDS
+    #: A build child that reports no progress for this long reports a stall (a
+    #: ``stalled`` event, ``engine_build_stalled`` in the log), again with back-off;
+    #: 0: no watchdog.  ``build.start``'s ``stall_after_s`` sets it for one build.
+    stall_after_s: float = DEFAULT_STALL_AFTER_S
+    #: This many stalls in a row (no progress between) cancel the build, source
+    #: ``stall``; 0: stalls are only reported.
+    stall_cancels_after: int = 0
 
     @every_rule
     def __post_init__(self) -> None:
@@ -156,6 +185,13 @@ class BuildsConfig:
         if not 1 <= self.max_running <= MAX_RUNNING_BUILDS:
             key = "builds.max_running"
             refuse(f"{key} must be 1..{MAX_RUNNING_BUILDS}, got {self.max_running}", key)
+        if not stall_after_ok(self.stall_after_s):
+            key = "builds.stall_after_s"
+            refuse(f"{key} must be {STALL_AFTER_RULE}, got {self.stall_after_s}", key)
+        if not 0 <= self.stall_cancels_after <= MAX_STALL_CANCELS_AFTER:
+            key = "builds.stall_cancels_after"
+            limit = MAX_STALL_CANCELS_AFTER
+            refuse(f"{key} must be 0..{limit} (0: never), got {self.stall_cancels_after}", key)
 
 
 #: The largest uid or gid: ``uid_t`` and ``gid_t`` are 32 bits, and their -1 tells

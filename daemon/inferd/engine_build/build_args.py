@@ -7,12 +7,15 @@ order a client meets them; nothing here starts, finds or changes a build.
 from __future__ import annotations
 
 import importlib.util
+import secrets
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from inferd.config import ModelConfig
+from inferd.config import BuildsConfig, ModelConfig
+from inferd.config.security import STALL_AFTER_RULE, stall_after_ok
 from inferd.engines.build_config import build_config_to_mapping, parse_build_config
 from inferd.engines.locate import model_file_problem
 from inferd.errors import ConfigError
@@ -23,7 +26,7 @@ CONTROL_SOURCES = ("control", "ide")
 _SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
 _MAX_FAIL_CHARS = 256
 #: ``build.start``'s optional arguments with a default when absent, never null.
-_NOT_NULL = ("build_config", "simulation", "timeout_s")
+_NOT_NULL = ("build_config", "simulation", "timeout_s", "stall_after_s")
 
 
 def tensorrt_importable() -> bool:
@@ -48,6 +51,9 @@ class StartArgs:
     simulation: dict[str, Any] | None
     #: Seconds the build may run: ``timeout_s``, else ``builds.max_duration_s``.
     deadline_s: float
+    #: Its child's stall watchdog: ``stall_after_s``, else ``builds.stall_after_s``
+    #: (0: none).
+    stall_after_s: float
 
 
 def parse_start(
@@ -55,9 +61,11 @@ def parse_start(
     models: Mapping[str, ModelConfig],
     tensorrt_available: Callable[[], bool],
     max_duration_s: float,
+    stall_after_s: float = 0.0,
 ) -> StartArgs:
     """``build.start {model, build_config?, builder?, simulation?, requested_by?,
-    timeout_s?}`` (``max_duration_s``: ``builds.max_duration_s``)."""
+    timeout_s?, stall_after_s?}`` (``max_duration_s``, ``stall_after_s``: the
+    ``[builds]`` keys, which apply when the header has none)."""
     for key in _NOT_NULL:  # null is not absent: the schema types each (227)
         if key in header and header[key] is None:
             raise ProtocolError(
@@ -103,12 +111,15 @@ def parse_start(
             # The simulated builder's error: build.status, the build event, the FDR.
             require_text(simulation["fail"], "simulation.fail", _MAX_FAIL_CHARS)
     deadline_s = parse_timeout(header.get("timeout_s"), max_duration_s)
+    stall_after_s = parse_stall_after(header.get("stall_after_s"), stall_after_s)
     problem = model_file_problem(config.path)  # a FIFO is named, never waited on
     if problem is not None:
         raise ProtocolError(
             Code.FAILED_PRECONDITION, f"model file {config.path} of {model!r} {problem}"
         )
-    return StartArgs(model, config, build_config, requested_by, builder, simulation, deadline_s)
+    return StartArgs(
+        model, config, build_config, requested_by, builder, simulation, deadline_s, stall_after_s
+    )
 
 
 def parse_timeout(raw: object, max_duration_s: float) -> float:
@@ -127,6 +138,49 @@ def parse_timeout(raw: object, max_duration_s: float) -> float:
         f"'timeout_s' must be a number of seconds more than 0 and at most {max_duration_s:g} "
         f"(builds.max_duration_s, which it may only shorten), got {got}",
     )
+
+
+def parse_stall_after(raw: object, configured: float) -> float:
+    """``build.start``'s ``stall_after_s``: this build's stall watchdog, by the rule of
+    ``builds.stall_after_s`` (``configured``, which applies when it is absent)."""
+    if raw is None:
+        return configured
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        if stall_after_ok(raw):
+            return float(raw)
+        got = repr(raw)
+    else:  # not echoed: it may be any msgpack value, of any size
+        got = f"a {type(raw).__name__}"
+    raise ProtocolError(
+        Code.INVALID_ARGUMENT,
+        f"'stall_after_s' must be {STALL_AFTER_RULE} (as builds.stall_after_s), got {got}",
+    )
+
+
+def child_spec(
+    build_id: str,
+    args: StartArgs,
+    engine_path: Path,
+    engine_dir: Path,
+    gpu: Mapping[str, int],
+    limits: BuildsConfig,
+) -> dict[str, Any]:
+    """What the build child ``build_id`` of ``args`` is started with
+    (``inferd.engine_build.child``), its stall watchdog included: a child reads a spec
+    without ``stall_after_s`` (an older daemon's) as no watchdog."""
+    return {
+        "build_id": build_id,
+        "nonce": secrets.token_hex(16),  # its records' (``Build.nonce``)
+        "builder": args.builder,
+        "model_path": str(args.config.path),
+        "engine_path": str(engine_path),
+        "engine_dir": str(engine_dir),
+        **gpu,
+        "simulation": args.simulation,
+        "build_config": args.build_config,
+        "stall_after_s": args.stall_after_s,
+        "stall_cancels_after": limits.stall_cancels_after,
+    }
 
 
 def parse_build_config_arg(raw: object, model: ModelConfig) -> dict[str, Any]:

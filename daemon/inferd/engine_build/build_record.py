@@ -9,6 +9,7 @@ owns it and its reader thread updates it); the functions here render it: the
 
 from __future__ import annotations
 
+import math
 import secrets
 import subprocess
 import threading
@@ -47,6 +48,13 @@ class Build:
     started_mono: float
     #: Seconds after ``started_mono`` the daemon cancels it (source ``timeout``).
     deadline_s: float = DEFAULT_MAX_BUILD_DURATION_S
+    #: Its child's stall watchdog (``builds.stall_after_s`` or its build.start's; 0:
+    #: none) and the stalls in a row that cancel it (0: never).
+    stall_after_s: float = 0.0
+    stall_cancels_after: int = 0
+    #: The last ``stalled`` event its child sent, as ``build.status`` shows it
+    #: (``said_stalled``); None: none yet.
+    last_stall: dict[str, Any] | None = None
     #: Random (in its child's spec): a summary on disk is this build's only with it,
     #: as build ids restart each run (``child_exit.after_child``).
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
@@ -262,7 +270,12 @@ def describe(build: Build, *, listed: bool = False) -> dict[str, Any]:
             },
             "phase_tree": brief(build.tree),
         }
-        return entry if listed else one_build(entry, build.tree)
+        if listed:  # its stalls counted in phase_tree (a listing keeps every byte)
+            return entry
+        entry["stall_after_s"] = build.stall_after_s
+        entry["stall_cancels_after"] = build.stall_cancels_after
+        entry["last_stall"] = None if build.last_stall is None else dict(build.last_stall)
+        return one_build(entry, build.tree)
 
 
 def said_refused(build: Build, event: BuildEvent) -> None:
@@ -283,6 +296,43 @@ def said_refused(build: Build, event: BuildEvent) -> None:
             max_phases=tree.max_phases,
             text=tree.text,
             max_text=tree.max_text,
+        )
+
+
+#: Stalls of one build the log says (``engine_build_stalled``); the rest are counted
+#: (``phase_tree.stalls``) and published.  The watchdog backs off to one report per
+#: 300 s, so a day of silence is 288 of them: more is a child's stream gone wrong.
+LOGGED_STALLS = 1024
+
+
+def said_stalled(build: Build, event: BuildEvent) -> None:
+    """A ``stalled`` event ``build.tree`` took (the caller holds ``build.lock``): kept
+    as ``build.status``'s ``last_stall`` and logged.  Its path is the daemon's tree's
+    (bounded and cut as ``activePath``); of the child's detail only its numbers."""
+    idle, row = event.detail.get("idleS"), event.detail.get("inARow")
+    # The pipe is msgpack: an int is at most 64 bits, a float may be NaN or inf.
+    silent_s = None
+    if isinstance(idle, int | float) and not isinstance(idle, bool) and math.isfinite(idle):
+        silent_s = round(float(idle), 3) if idle >= 0 else None
+    in_a_row = row if isinstance(row, int) and not isinstance(row, bool) and row > 0 else None
+    build.last_stall = {
+        "path": brief(build.tree)["activePath"],
+        "silent_s": silent_s,
+        "in_a_row": in_a_row,
+        "wall_ns": time.time_ns(),
+    }
+    count = build.tree.stalls
+    if count <= LOGGED_STALLS:
+        log.warning(
+            "engine_build_stalled",
+            build_id=build.build_id,
+            model=build.model,
+            path=build.last_stall["path"],
+            silent_s=silent_s,
+            stalls=count,
+            in_a_row=in_a_row,
+            cancels_after=build.stall_cancels_after or None,
+            last_logged=count == LOGGED_STALLS,
         )
 
 

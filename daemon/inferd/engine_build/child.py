@@ -104,6 +104,18 @@ def _read_commands(token: CancellationToken, ignore_cancel: bool) -> None:
             token.cancel(command.source, command.reason)
 
 
+def stall_watchdog(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``BuildRequest`` keys of the spec's stall watchdog: none for a spec without
+    ``stall_after_s`` (an older daemon's) or with 0; ``stall_cancels_after`` 0 (or
+    none): stalls are only reported (the watchdog's None: its 0 cancelled at once)."""
+    after = float(spec.get("stall_after_s") or 0.0)
+    cancels = int(spec.get("stall_cancels_after") or 0)
+    return {
+        "stall_after_s": after if after > 0 else None,
+        "stall_cancels_after": cancels if after > 0 and cancels > 0 else None,
+    }
+
+
 def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, BuildRequest]:
     model_path = Path(spec["model_path"])
     if spec["builder"] == "tensorrt":
@@ -122,6 +134,7 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, BuildR
             config,
             gpu_memory_budget_bytes=int(spec["gpu_memory_budget_bytes"]),
             device_id=device_id,
+            **stall_watchdog(spec),
         )
     sim = spec.get("simulation") or {}
     settings = SimSettings(
@@ -143,6 +156,7 @@ def _builder(spec: dict[str, Any], config: BuildConfig) -> tuple[Builder, BuildR
         build_config=config,
         host=host,
         model_sha256=builder.model_sha,  # of the bytes it builds from (read once)
+        **stall_watchdog(spec),
     )
     return builder, request
 

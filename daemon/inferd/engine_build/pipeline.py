@@ -52,9 +52,12 @@ def compose_tensorrt_build(
     calibration_data: Path | None = None,
     timeout_s: float | None = None,
     stall_after_s: float | None = None,
+    stall_cancels_after: int | None = None,
 ) -> tuple[TensorRTBuilder, BuildRequest]:
     """The TensorRT builder (with its validation inference) and the session request
-    for ``plan``; TensorRT and pycuda are imported here, at the point of use."""
+    for ``plan``; TensorRT and pycuda are imported here, at the point of use.
+    ``stall_after_s``: the stall watchdog's period (None: none); ``stall_cancels_after``:
+    the stalls in a row that cancel the build (None: never)."""
     import pycuda.driver as cuda
     import tensorrt as trt
 
@@ -84,6 +87,7 @@ def compose_tensorrt_build(
         device_index=device_id,
         timeout_s=timeout_s,
         stall_after_s=stall_after_s,
+        stall_cancels_after=stall_cancels_after,
         model_sha256=model_sha256,
     )
     return builder, request

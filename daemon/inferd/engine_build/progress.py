@@ -188,7 +188,10 @@ def make_trt_progress_monitor(adapter: ProgressAdapter, trt: Any) -> Any:
 class StallWatchdog:
     """No progress event for ``stall_after_s`` -> a ``stalled`` event naming the
     current phase path and depth; repeated with back-off (x``backoff``, capped at
-    ``max_interval_s``).  Cancels (source ``stall``) only if ``cancel_after_stalls``."""
+    ``max_interval_s``).  Cancels (source ``stall``) only if ``cancel_after_stalls``,
+    once that many stalls came in a row (``inARow``: no progress event between): a
+    build whose slow tactics each end before the next stall is not cancelled for
+    the stalls it had over hours."""
 
     def __init__(
         self,
@@ -229,9 +232,11 @@ class StallWatchdog:
                 seen, interval = last, self.stall_after_s
                 continue
             idle_s = (time.monotonic_ns() - last) / 1e9
+            # This silence's stalls, this one included
+            in_a_row = sum(1 for s in self.stalls if s["sinceNs"] == last) + 1
             threshold = sum(
                 min(self.stall_after_s * self.backoff**i, self.max_interval_s)
-                for i in range(len([s for s in self.stalls if s["sinceNs"] == last]) + 1)
+                for i in range(in_a_row)
             )
             if idle_s < threshold:
                 continue
@@ -241,6 +246,7 @@ class StallWatchdog:
                 "depth": len(path),
                 "idleS": round(idle_s, 3),
                 "nextAfterS": round(min(interval * self.backoff, self.max_interval_s), 3),
+                "inARow": in_a_row,
                 "sinceNs": last,
             }
             self.stalls.append(record)
@@ -251,7 +257,5 @@ class StallWatchdog:
                 detail={k: v for k, v in record.items() if k != "sinceNs"},
                 progress=False,
             )
-            if self.cancel_after_stalls is not None and (
-                len(self.stalls) >= self.cancel_after_stalls
-            ):
+            if self.cancel_after_stalls is not None and in_a_row >= self.cancel_after_stalls:
                 self.adapter.token.cancel("stall", f"no progress for {idle_s:.1f}s at {path}")

@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from inferd.config import BuildsConfig, ModelConfig
-from inferd.engine_build import child_process, engine_path_claim
+from inferd.engine_build import build_args, child_process, engine_path_claim
 from inferd.engine_build.admission import BuildAdmission
 from inferd.engine_build.build_args import parse_cancel, parse_start, tensorrt_importable
 from inferd.engine_build.build_record import (
@@ -44,6 +44,7 @@ from inferd.engine_build.build_record import (
     event_payload,
     fdr_record,
     said_refused,
+    said_stalled,
     terminal_event,
 )
 from inferd.engine_build.child_exit import conclude, settle
@@ -111,16 +112,17 @@ class BuildManager:
         self._lock = threading.Lock()
         self._accepting = True
         self._counter = itertools.count(1)
-        limits = limits or BuildsConfig()
+        self._limits = limits = limits or BuildsConfig()
         self.max_duration_s = limits.max_duration_s
         self.admission = BuildAdmission(build_dir, limits, record, serving)
         self.admission.cover_engine_dir(engine_dir, engine_manifest, models)
 
     # -- control ops (bus thread) -------------------------------------------------
     def start(self, header: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        """``build.start {model, build_config?, builder?, simulation?, timeout_s?}`` of
-        ``peer``: returns at once."""
-        args = parse_start(header, self._models, self._tensorrt_available, self.max_duration_s)
+        """``build.start {model, build_config?, builder?, simulation?, timeout_s?,
+        stall_after_s?}`` of ``peer``: returns at once."""
+        limits, models, available = self._limits, self._models, self._tensorrt_available
+        args = parse_start(header, models, available, limits.max_duration_s, limits.stall_after_s)
         model, builder, build_config = args.model, args.builder, args.build_config
         with self._lock:
             if not self._accepting:
@@ -147,17 +149,9 @@ class BuildManager:
                 raise ProtocolError(Code.FAILED_PRECONDITION, str(exc)) from None
             incoming = self.admission.pending(build_id, model, builder, build_config, engine_path)
             self.admission.admit(peer, running, incoming)
-            spec: dict[str, Any] = {
-                "build_id": build_id,
-                "nonce": secrets.token_hex(16),  # its records' (``Build.nonce``)
-                "builder": builder,
-                "model_path": str(args.config.path),
-                "engine_path": str(engine_path),
-                "engine_dir": str(self._engine_dir),
-                **self._gpu,
-                "simulation": args.simulation,
-                "build_config": build_config,
-            }
+            spec = build_args.child_spec(
+                build_id, args, engine_path, self._engine_dir, self._gpu, limits
+            )
             try:
                 process = child_process.spawn(spec)
             except OSError as exc:
@@ -177,6 +171,8 @@ class BuildManager:
                 started_mono=time.monotonic(),
                 deadline_s=args.deadline_s,
                 nonce=spec["nonce"],
+                stall_after_s=args.stall_after_s,
+                stall_cancels_after=limits.stall_cancels_after,
             )
             self._builds[build_id] = build
             self._forget_old()
@@ -196,6 +192,7 @@ class BuildManager:
             requested_by=args.requested_by,
             peer=peer.as_record(),
             deadline_s=args.deadline_s,
+            stall_after_s=args.stall_after_s,
             **build_config,
         )
         return {
@@ -393,6 +390,8 @@ class BuildManager:
                 if not build.tree.apply(event):  # a cycle, or past the tree's bounds
                     said_refused(build, event)  # logged once a build for each cause
                     return  # not published either
+                if event.type == "stalled":
+                    said_stalled(build, event)  # logged; build.status's last_stall
                 now = time.monotonic()
                 if event.type == "step":
                     if now - build.last_step_publish < STEP_PUBLISH_INTERVAL_S:

@@ -20,8 +20,8 @@ it stays on the fallback and an alert says why: a deployment manifest that must 
 the new digest (what the operator has to approve), a build an operator cancelled (not
 retried: someone stopped it), an engine its runtime refused for a cause no build fixes
 (``engine_build_not_adopted``, not retried), or a failed one, which includes one the
-daemon stopped at its deadline, ``builds.max_duration_s`` (retried after
-``runtime.rebuild_backoff_s``, doubling, at most ``runtime.rebuild_max_attempts``
+daemon stopped, at its deadline or for its stalls (``rebuild_state.RETRIED``; retried
+after ``runtime.rebuild_backoff_s``, doubling, at most ``runtime.rebuild_max_attempts``
 builds, then ``engine_build_gave_up``; never a loop).  A model whose adopted engine
 later fails while serving (``serving/failover.py``) comes back here; the attempts
 count over the daemon's run, so an engine that keeps failing is not rebuilt, adopted
@@ -39,7 +39,7 @@ from typing import Any
 
 import structlog
 
-from inferd.serving.rebuild_state import FinishedBuild, RebuiltModel, StartBuild, Switch
+from inferd.serving.rebuild_state import RETRIED, FinishedBuild, RebuiltModel, StartBuild, Switch
 from inferd.serving.slot import BUILD_FIXES
 from inferd.serving.switching import (
     ModelClaimedError,
@@ -161,8 +161,8 @@ class FallbackRebuilder:
                 build_id=finished.build_id,
                 reason="cancelled as the daemon stops; the next start builds it again",
             )
-        elif finished.state == "cancelled" and finished.cancel_source == "timeout":
-            self._failed(finished, "it ran past its deadline (builds.max_duration_s)")
+        elif finished.state == "cancelled" and finished.cancel_source in RETRIED:
+            self._failed(finished, RETRIED[str(finished.cancel_source)])
         elif finished.state == "cancelled":
             self._raise(
                 "WARNING",

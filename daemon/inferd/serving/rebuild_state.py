@@ -37,6 +37,15 @@ class FinishedBuild(Protocol):
     def cancel_source(self) -> str | None: ...
 
 
+#: The cancels a rebuild retries, by ``cancel_source``, and why its build did not complete:
+#: the daemon's own, no one's decision, so a failed attempt, retried with back-off
+#: (one an operator cancelled is not retried).
+RETRIED = {
+    "timeout": "it ran past its deadline (builds.max_duration_s)",
+    "stall": "it made no progress for builds.stall_cancels_after stalls in a row "
+    "(builds.stall_after_s)",
+}
+
 StartBuild = Callable[[dict[str, Any]], Mapping[str, Any]]
 Switch = Callable[[str, str, str], Mapping[str, Any]]
 
