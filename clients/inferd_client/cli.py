@@ -152,6 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the build's deadline: cancelled (source timeout) S seconds after it starts; "
         "at most builds.max_duration_s, the default (not the reply's wait: inferctl --timeout)",
     )
+    build_start.add_argument(
+        "--stall-after",
+        dest="stall_after_s",
+        type=float,
+        metavar="S",
+        help="report a stall when the build made no progress for S seconds (0: never; "
+        "default builds.stall_after_s); builds.stall_cancels_after decides a cancel",
+    )
     build_status = build_commands.add_parser(
         "status", parents=[json_option], help="phase tree and outcome of one build, or all"
     )
@@ -250,6 +258,12 @@ def _check_values(args: argparse.Namespace) -> None:
         raise ValueError(
             "build start --timeout must be a finite number of seconds more than 0, "
             f"got {build_timeout_s:g}"
+        )
+    stall_after_s = getattr(args, "stall_after_s", None)
+    if stall_after_s is not None and not 0 <= stall_after_s < math.inf:  # NaN too
+        raise ValueError(
+            "build start --stall-after must be 0 (no stall watchdog) or a finite number of "
+            f"seconds, got {stall_after_s:g}"
         )
     count = getattr(args, "count", 0)
     if count < 0:

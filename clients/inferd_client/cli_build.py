@@ -54,6 +54,8 @@ def run(
                 arguments["builder"] = "simulated"
             if args.build_timeout_s is not None:
                 arguments["timeout_s"] = args.build_timeout_s
+            if args.stall_after_s is not None:
+                arguments["stall_after_s"] = args.stall_after_s
             emit(args.json, control.call("build.start", **arguments))
         elif args.build_command == "status":
             arguments = {} if args.build_id is None else {"build_id": args.build_id}

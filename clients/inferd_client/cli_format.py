@@ -560,6 +560,15 @@ def build(build: Mapping[str, Any]) -> list[str]:
     for key in (*keys, "adoption"):
         if build.get(key):
             lines.append(f"  {key}: {text(build[key], key)}")
+    stall = build.get("last_stall")  # build.status ID only, from a daemon with stalls
+    if isinstance(stall, Mapping):
+        silent = stall.get("silent_s")
+        where = " > ".join(text(name) for name in stall.get("path") or []) or "(before a phase)"
+        lines.append(
+            f"  last stall: {'?' if silent is None else text(silent)} s without progress"
+            f" at {where}"
+            + ("" if stall.get("in_a_row") is None else f" ({text(stall['in_a_row'])} in a row)")
+        )
 
     def walk(node: Mapping[str, Any], depth: int) -> None:
         done = f"{node['completedSteps']}/{node['numSteps']}"

@@ -14,6 +14,7 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -22,7 +23,7 @@ import structlog
 from inferd.config import BuildsConfig, ModelConfig
 from inferd.engine_build import child, child_process
 from inferd.engine_build.build_args import parse_start
-from inferd.engine_build.build_record import Build, said_stalled
+from inferd.engine_build.build_record import Build, describe, said_stalled
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.events import BuildEvent
 from inferd.engine_build.progress import ProgressAdapter, StallWatchdog
@@ -30,6 +31,7 @@ from inferd.engine_build.supervisor import BuildManager
 from inferd.errors import ConfigError
 from inferd.serving.rebuild import REQUESTED_BY, FallbackRebuilder
 from inferd.types import Alert, BuildConfig, Peer
+from inferd_client import cli_format
 from inferd_wire.protocol import Code, ProtocolError
 from tests.conftest import HANG_S, wait_until
 from tests.integration.test_schemas import assert_invalid, assert_valid
@@ -305,7 +307,7 @@ def test_a_stalled_events_numbers_are_shown_only_when_they_are_numbers(tmp_path:
         builder="simulated",
         build_config={},
         engine_path=tmp_path / "m.engine",
-        process=cast(Any, None),  # never read here
+        process=cast(Any, SimpleNamespace(pid=4242)),  # describe shows its pid
         requested_by="operator",
         peer=OPERATOR,
         started_wall_ns=0,
@@ -341,3 +343,7 @@ def test_a_stalled_events_numbers_are_shown_only_when_they_are_numbers(tmp_path:
         "wall_ns": build.last_stall["wall_ns"],
     }
     assert said["stalls"] == 4
+    # inferctl build status ID shows it (the listing has no last_stall: no line)
+    shown = cli_format.build(describe(build))
+    assert "  last stall: 12.3 s without progress at (before a phase) (2 in a row)" in shown
+    assert "last stall" not in "\n".join(cli_format.build(describe(build, listed=True)))
