@@ -239,6 +239,7 @@ class UdpPeers:
     def _listen(self, wake: socket.socket) -> None:
         poller = select.poll()  # not select(): the daemon's descriptors may pass 1024
         poller.register(wake, select.POLLIN)
+        said = {self.unbound}  # each reason logged once while unbound: no log per retry
         try:
             while self.unbound is not None and self._bind is not None:
                 poller.poll(NO_ROUTE_RETRY_S * 1000)  # woken by ``close``
@@ -250,6 +251,15 @@ class UdpPeers:
                     unbound = f"cannot bind it: {exc!r}"
                 if unbound is None:
                     log.info("mavlink_udpin_bound", endpoint=self._endpoint, after=self.unbound)
+                elif unbound not in said:  # EADDRINUSE after ENODEV: not in the log before
+                    said.add(unbound)
+                    log.warning(
+                        "mavlink_udpin_bind_error_changed",
+                        endpoint=self._endpoint,
+                        error=unbound,
+                        previous=self.unbound,
+                        retry_interval_s=NO_ROUTE_RETRY_S,
+                    )
                 self.unbound = unbound
             poller.register(self._sock, select.POLLIN)
             while not self._closed.is_set():

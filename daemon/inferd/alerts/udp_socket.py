@@ -51,10 +51,14 @@ def sockaddr(host: str, port: int) -> tuple[Any, ...]:
 
 def why_missing(host: str, exc: OSError) -> str:
     """What ``exc``, a ``no_route`` error about ``host``, says: for a zone id
-    (``fe80::1%radio0``) that no interface of that name is there."""
+    (``fe80::1%radio0``) that no interface of that name is there; for a zone index
+    (``fe80::1%7``, passed to the kernel as it is) that no interface has it."""
     zone = host.partition("%")[2]
-    gone = isinstance(exc, socket.gaierror) and zone
-    return f"no network interface named {zone!r} ({exc!r})" if gone else repr(exc)
+    if zone and isinstance(exc, socket.gaierror):
+        return f"no network interface named {zone!r} ({exc!r})"
+    if zone.isdigit() and exc.errno == errno.ENODEV:  # the bind's, for the index
+        return f"no network interface with index {zone} ({exc!r})"
+    return repr(exc)
 
 
 class UdpSocket:

@@ -26,6 +26,12 @@ last check, ``reread``: the bytes handed on hashed again, refused the same way.
 ``inferd verify`` prints.  The first ``fail`` of ``steps`` is always the step
 ``validate`` refuses at.
 
+A file the gate could not read or examine for a reason not about it (``EMFILE``,
+``ENOMEM``, ``EIO``: ``sidecar.ABOUT_THE_FILE`` sorts the errno) gets no verdict:
+``validate`` and ``explain(raise_unchecked=True)`` (location) raise
+``UncheckedEngineError`` from the step that met it, logging and recording nothing;
+``steps`` / ``explain`` show it as that step's ``fail``, naming the errno.
+
 The gate never writes: it opens files read-only, never through a symlink unless
 ``follow=True`` (a staged engine, an operator's file: DESIGN.md 125), and creates nothing.
 """
@@ -43,7 +49,7 @@ import structlog
 from inferd.digest import sha256_and_stat
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, build_config_hash, parse_engine_name
-from inferd.engines.sidecar import read_sidecar, sidecar_path
+from inferd.engines.sidecar import about_the_file, read_sidecar, sidecar_path, unchecked_engine
 from inferd.engines.validated import STEP_REREAD, RefusalHook
 from inferd.engines.validated import ValidatedEngine as ValidatedEngine  # re-exported
 from inferd.errors import (
@@ -51,6 +57,7 @@ from inferd.errors import (
     EngineSchemaMismatchError,
     EngineSidecarMissingError,
     InferdError,
+    UncheckedEngineError,
 )
 from inferd.types import BuildConfig, HostTuple, RecordSink
 
@@ -133,16 +140,23 @@ class _Evaluation:
         self._digest: str | None = None
         self._stat: os.stat_result | None = None
         self._read_error: str | None = None
+        self._unchecked: UncheckedEngineError | None = None
 
     # -- inputs -------------------------------------------------------------------------
 
     def file_digest(self) -> str | None:
         """The engine's SHA-256 (streamed) and, from the same descriptor, its ``fstat``;
-        None with ``read_error`` set when the file cannot be read."""
+        None with ``read_error`` set when the file cannot be read; ``UncheckedEngineError``
+        (again at each call) when that is not about the file."""
+        if self._unchecked is not None:
+            raise self._unchecked
         if self._digest is None and self._read_error is None:
             try:
                 self._digest, self._stat = sha256_and_stat(self.path, follow=self.follow)
             except OSError as exc:
+                if not about_the_file(exc):
+                    self._unchecked = unchecked_engine(f"engine {self.path}", "read", exc)
+                    raise self._unchecked from exc
                 self._read_error = str(exc) or type(exc).__name__
         return self._digest
 
@@ -187,6 +201,8 @@ class _Evaluation:
                 "trusts only engines with one"
             ) from None
         except OSError as exc:
+            if not about_the_file(exc):  # ENOMEM, EIO: no verdict
+                raise unchecked_engine(f"digest sidecar {sidecar}", "examined", exc) from exc
             raise EngineSidecarMissingError(
                 f"digest sidecar {sidecar} cannot be examined: {exc}"
             ) from exc
@@ -201,7 +217,7 @@ class _Evaluation:
         if not self.has_sidecar:
             raise _Skip("needs the digest sidecar (step 3)")
         try:
-            expected = read_sidecar(self.path, follow=self.follow)
+            expected = read_sidecar(self.path, follow=self.follow, raise_unchecked=True)
         except EngineSidecarMissingError as exc:  # removed since step 3
             raise EngineHashMismatchError(str(exc), stage="sidecar") from exc
         actual = self.file_digest()
@@ -238,7 +254,9 @@ class _Evaluation:
 
     # -- running ------------------------------------------------------------------------
 
-    def run(self, *, stop_at_first_failure: bool) -> list[StepVerdict]:
+    def run(self, *, stop_at_first_failure: bool, raise_unchecked: bool) -> list[StepVerdict]:
+        """Each step's verdict; ``raise_unchecked``: a step that could not read its file
+        raises ``UncheckedEngineError`` (no verdict), else it is that step's ``fail``."""
         checks = {
             STEP_SCHEMA_PARSE: self.schema_parse,
             STEP_HOST_MATCH: self.host_match,
@@ -254,6 +272,8 @@ class _Evaluation:
                 verdicts.append(StepVerdict(number, step, "skipped", str(skip)))
                 continue
             except InferdError as exc:
+                if raise_unchecked and isinstance(exc, UncheckedEngineError):
+                    raise
                 verdicts.append(StepVerdict(number, step, "fail", str(exc), exc))
                 if stop_at_first_failure:
                     break
@@ -285,9 +305,12 @@ def explain(
     host_error: str | None = None,
     model_sha256: str | None = None,
     build_config: BuildConfig | None = None,
+    raise_unchecked: bool = False,
 ) -> list[StepVerdict]:
     """Every step's verdict for ``path``.  With ``host=None`` (no GPU or TensorRT
-    here, e.g. a ground station) step 2 is ``skipped`` with ``host_error``."""
+    here, e.g. a ground station) step 2 is ``skipped`` with ``host_error``.
+    ``raise_unchecked`` (location): a file that could not be read for a reason not
+    about it raises ``UncheckedEngineError`` instead of failing its step."""
     evaluation = _Evaluation(
         Path(path),
         host=host,
@@ -296,7 +319,7 @@ def explain(
         model_sha256=model_sha256,
         build_config=build_config,
     )
-    return evaluation.run(stop_at_first_failure=False)
+    return evaluation.run(stop_at_first_failure=False, raise_unchecked=raise_unchecked)
 
 
 class EngineGate:
@@ -323,7 +346,9 @@ class EngineGate:
         build_config: BuildConfig | None = None,
         follow: bool = False,
     ) -> ValidatedEngine:
-        """The validated engine, or the first step's refusal (logged and recorded).
+        """The validated engine, or the first step's refusal (logged and recorded);
+        ``UncheckedEngineError`` (neither) when a file could not be read for a reason
+        not about it.
 
         ``model_sha256`` / ``build_config``, when given, are checked in step 2
         against the model hash and build-config hash the name encodes."""
@@ -336,7 +361,7 @@ class EngineGate:
             build_config=build_config,
             follow=follow,
         )
-        verdicts = evaluation.run(stop_at_first_failure=True)
+        verdicts = evaluation.run(stop_at_first_failure=True, raise_unchecked=True)
         refusal = first_failure(verdicts)
         if refusal is not None:
             assert refusal.error is not None

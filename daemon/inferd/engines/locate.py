@@ -29,7 +29,10 @@ daemon's own (``inferd.engines.engine_dir``): the plan is then ``to_build`` with
 checked (no descriptor left, an I/O error) raises ``UncheckedDirectoryError``: no
 verdict, so no plan (a build would rebuild an engine that may be there).  Engines there are
 examined without following a symlink (the gate's default): a symlink at the
-target path is refused, naming it, and quarantined.
+target path is refused, naming it, and quarantined.  An engine or sidecar the gate could
+not read for a reason not about the file (``EMFILE``, ``ENOMEM``, ``EIO``), or an engine
+dir that could not be listed so when the target path holds no intact engine, raises
+``UncheckedEngineError`` in the same way: no verdict, nothing moved aside, no plan.
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ from inferd.engines.gate import STEP_MANIFEST_DIGEST, explain
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, engine_name_for
 from inferd.engines.quarantine import NotTheJudgedFileError, quarantine
-from inferd.engines.sidecar import sidecar_path
-from inferd.errors import EngineBuildError, EngineHashMismatchError
+from inferd.engines.sidecar import about_the_file, sidecar_path, unchecked_engine
+from inferd.errors import EngineBuildError, EngineHashMismatchError, UncheckedEngineError
 from inferd.types import BuildConfig, EngineCacheEntry, HostTuple
 
 #: The runtime label of entries for TensorRT engine files.
@@ -127,7 +130,9 @@ def locate_engine(
 ) -> EnginePlan:
     """The plan for ``model_path``'s engine (``force``: always ``to_build``).  With
     ``manifest`` (the loader's, read once the engine dir is found safe), an intact
-    engine it trusts is reused before others."""
+    engine it trusts is reused before others.  ``UncheckedDirectoryError`` (an
+    ``UncheckedEngineError`` too) when the engine dir or an engine's files could not
+    be checked: nothing is moved aside and no plan made."""
     problem = model_file_problem(model_path)
     if problem is not None:
         raise EngineBuildError(f"model file {model_path} {problem}")
@@ -217,11 +222,14 @@ def _find_intact(
     """An intact engine for this model/host/config (any label; one ``manifest`` trusts
     first), and why the file at ``path`` itself was unusable (None if it was usable or
     absent).  Only engines the manifest lists are looked at before the first intact one
-    is taken, so no more engines are hashed than before when it lists none."""
-    rest = path.name.split("_", 1)[1]
-    candidates = [path] if os.path.lexists(path) else []
-    with contextlib.suppress(OSError):
-        candidates += sorted(other for other in path.parent.glob(f"*_{rest}") if other != path)
+    is taken, so no more engines are hashed than before when it lists none.  A file the
+    gate could not read (``EMFILE``) raises ``UncheckedEngineError``: no verdict; so does
+    a directory that could not be listed, unless the engine at ``path`` is intact."""
+    names, unlisted = _names_beside(path)
+    rest = "_" + path.name.split("_", 1)[1]  # the same model, host and config
+    candidates = [path] if path.name in names else []
+    others = (name for name in names if name.endswith(rest) and name != path.name)
+    candidates += sorted(path.parent / name for name in others)
     listed = [candidate for candidate in candidates if _listed(manifest, candidate)]
     refusal: str | None = None
     intact: Path | None = None
@@ -234,6 +242,7 @@ def _find_intact(
             manifest=manifest,
             model_sha256=model_sha256,
             build_config=build_config,
+            raise_unchecked=True,  # a passing EMFILE is no refusal: nothing moved
         )
         failed = [v for v in verdicts if v.step != STEP_MANIFEST_DIGEST and not v.passed]
         if not failed and all(v.passed for v in verdicts):
@@ -242,7 +251,25 @@ def _find_intact(
             intact = intact or candidate
         elif candidate == path:
             refusal = f"step {failed[0].number} ({failed[0].step}): {failed[0].message}"
+    if intact is None and unlisted is not None:
+        raise unlisted  # an intact engine under another label may be there: no plan
     return intact, None if intact is not None else refusal
+
+
+def _names_beside(path: Path) -> tuple[set[str], UncheckedEngineError | None]:
+    """The names in ``path``'s directory; when it cannot be listed, ``path``'s alone if
+    it is there, as before, and, when that was not about the directory (``EMFILE``),
+    the ``UncheckedEngineError`` to raise if ``path`` holds no intact engine: one under
+    another label may be there, and a build would then be asked for nothing."""
+    try:
+        return set(os.listdir(path.parent)), None
+    except OSError as exc:
+        unlisted = None
+        if not about_the_file(exc):
+            what = f"the engines in {path.parent}"
+            unlisted = unchecked_engine(what, "listed", exc, fault="the directory")
+            unlisted.__cause__ = exc
+    return {path.name} if os.path.lexists(path) else set(), unlisted
 
 
 def _listed(manifest: Manifest, engine: Path) -> bool:

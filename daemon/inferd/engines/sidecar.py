@@ -14,12 +14,25 @@ from pathlib import Path
 
 from inferd.digest import sha256_file
 from inferd.durable import atomic_write_text
-from inferd.errors import EngineHashMismatchError, EngineSidecarMissingError
-from inferd.owned_files import open_own_file
+from inferd.errors import (
+    EngineHashMismatchError,
+    EngineSidecarMissingError,
+    UncheckedEngineError,
+)
+from inferd.owned_files import ABOUT_THE_DIRECTORY, open_own_file
 
 SIDECAR_SUFFIX = ".sha256"
 #: A sidecar is one short line; a larger file is malformed, not read whole.
 SIDECAR_MAX_BYTES = 4096
+#: A failed ``open``, ``stat`` or read of an engine or its sidecar that says something
+#: about the file, the same at the next look: ``ABOUT_THE_DIRECTORY``'s rule (a symlink,
+#: nothing there, no permission, ``EPERM``: ``open_own_file``'s "others could rewrite
+#: it"), and what ``open_regular_file`` and ``open(2)`` say of what is not a regular
+#: file (``EINVAL``, ``EISDIR``, ``ENXIO`` a socket, ``ENODEV`` a device without its
+#: driver): a verdict, the gate refuses it.  Any other errno (``EMFILE``, ``ENFILE``,
+#: ``ENOMEM``, ``EIO``, ``ESTALE``...) is this process's or system's state at the
+#: time: ``UncheckedEngineError``, no verdict (the directory's rule, DESIGN.md 329).
+ABOUT_THE_FILE = ABOUT_THE_DIRECTORY | {errno.EINVAL, errno.EISDIR, errno.ENXIO, errno.ENODEV}
 
 _LINE = re.compile(r"([0-9a-fA-F]{64})(?:[ \t]+\*?(\S.*))?")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -62,11 +75,33 @@ def parse_sidecar(text: str, *, engine_name: str, source: str = "sidecar") -> st
     return match.group(1).lower()
 
 
-def read_sidecar(engine: Path, *, follow: bool = False) -> str:
+def about_the_file(exc: OSError) -> bool:
+    """Whether ``exc`` (an engine's or a sidecar's) is a verdict on the file."""
+    return exc.errno is None or exc.errno in ABOUT_THE_FILE
+
+
+def unchecked_engine(
+    what: str, done: str, exc: OSError, *, fault: str = "the file"
+) -> UncheckedEngineError:
+    """``exc``, not about the file, as what it is: ``what`` (an engine, its sidecar)
+    could not be ``done``, naming the errno (``owned_files._unchecked``'s words)."""
+    code = exc.errno or 0
+    name = errno.errorcode.get(code, f"errno {code}")
+    return UncheckedEngineError(
+        f"{what} could not be {done} ({name}: {exc.strerror}), a limit or failure of this "
+        f"process or system at the time, not a fault of {fault}: the engine is not used "
+        "this time, and nothing is moved aside or rebuilt for it",
+        errno_code=code,
+    )
+
+
+def read_sidecar(engine: Path, *, follow: bool = False, raise_unchecked: bool = False) -> str:
     """The digest in ``engine``'s sidecar.  ``EngineSidecarMissingError`` when there is
     none (or not a regular file); ``EngineHashMismatchError(stage="sidecar")`` when it is
     unreadable or malformed (a symlink too, or a file others could rewrite, unless
-    ``follow``: for a staged engine, an operator's file)."""
+    ``follow``: for a staged engine, an operator's file).  ``raise_unchecked`` (the
+    gate): a read that failed for a reason not about the file (``ABOUT_THE_FILE``)
+    raises ``UncheckedEngineError`` instead of that refusal."""
     path = sidecar_path(engine)
     try:
         with open_own_file(path, follow=follow)[0] as handle:
@@ -81,6 +116,8 @@ def read_sidecar(engine: Path, *, follow: bool = False) -> str:
             raise EngineSidecarMissingError(
                 f"digest sidecar {path} is not a regular file"
             ) from None
+        if raise_unchecked and not about_the_file(exc):
+            raise unchecked_engine(f"digest sidecar {path}", "read", exc) from exc
         raise EngineHashMismatchError(
             f"digest sidecar {path} cannot be read: {exc}", stage="sidecar"
         ) from exc

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.engines.naming import EngineName
+from inferd.engines.sidecar import about_the_file, unchecked_engine
 from inferd.errors import EngineHashMismatchError
 from inferd.owned_files import open_own_file
 
@@ -63,7 +64,8 @@ class ValidatedEngine:
     def read_verified(self) -> bytearray:
         """The engine's bytes (one buffer, no extra copy), hashed as they are read;
         ``EngineHashMismatchError(stage="reread")`` if they are not the validated ones
-        (a file of another size is refused unread)."""
+        (a file of another size is refused unread); ``UncheckedEngineError`` if they
+        could not be read for a reason that is not the file's (``sidecar.about_the_file``)."""
         digest = hashlib.sha256()
         changed = f"engine {self.path.name!r} changed after the gate validated it"
         try:
@@ -86,6 +88,8 @@ class ValidatedEngine:
                 grew = bool(handle.read(1))
                 view.release()
         except OSError as exc:
+            if not about_the_file(exc):  # EMFILE, ENOMEM, EIO: no verdict, nothing recorded
+                raise unchecked_engine(f"engine {self.path.name!r}", "re-read", exc) from exc
             raise self._refusal(
                 f"engine {self.path.name!r} cannot be re-read after validation: {exc}"
             ) from exc
