@@ -112,7 +112,8 @@ class ConnectionWatch:
         #: none was or once a later handshake succeeded; the caller reads it after
         #: ``check`` (the request channel raises ``ConnectionRefused`` for the
         #: connection a call waits for, and makes the socket anew for one refused
-        #: before; the events subscriber raises it from its next receive, ``refuse``).
+        #: before; the events subscriber raises it from the receive that reads it,
+        #: ``refuse``, but forgets one read before its first receive and connects anew).
         self.refused: int | None = None
 
     def check(self) -> int:

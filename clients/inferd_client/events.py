@@ -64,9 +64,13 @@ class EventSubscriber:
     ``bus.max_connections``), which libzmq never makes again, fails the receive
     that waits (``receive``, ``wait_joined``, ``follow``) at once with
     ``ConnectionRefused`` (its ``status`` the ZAP code) instead of a wait for good
-    or for the timeout; one met while no receive waited fails the next receive,
-    unless a later handshake of the socket succeeded.  The next receive connects
-    anew.
+    or for the timeout.  A refusal of the connection made as the subscriber was
+    created, met before its first receive, which no receive waited on (the daemon
+    was full then, and may have room since), fails no receive, as for a call on
+    the request channel: the first receive connects anew and waits for that
+    connection within its timeout.  A refusal that came after a receive returned
+    (one with ``timeout=0``, say) fails the next receive, unless a later
+    handshake of the socket succeeded.  The receive after a raise connects anew.
     """
 
     def __init__(
@@ -105,9 +109,17 @@ class EventSubscriber:
         self._hearing_health = False
         self._generation = process_generation()
         self._wait = SocketWait(self._socket, self._watch.monitor)
-        #: The daemon refused the connection and a receive raised it: the socket is
-        #: disconnected until the next receive connects it anew.
+        #: The socket is to be connected anew by the next receive: a receive raised
+        #: the daemon's refusal (and disconnected it), or the first receive found a
+        #: refusal of the connection made here, before it (which it does not raise).
         self._refused = False
+        #: A receive has begun: news read from then on concerns a connection that a
+        #: receive made or waited on (``_receive_frames``).
+        self._receive_began = False
+        #: ``health`` is subscribed here to detect the join (``wait_joined``): once
+        #: however often a join is tried, since libzmq counts each ``SUBSCRIBE`` and
+        #: a single ``UNSUBSCRIBE`` after a join would leave one in place.
+        self._health_subscribed = False
         #: A read cut short between an event's two parts (``recv_parts``).
         self._read = ReadState()
         #: ``connections_lost`` when a health event last proved the subscription
@@ -136,7 +148,9 @@ class EventSubscriber:
         timeout = checked_timeout(timeout)
         if not self._health_asked:
             self._hidden = _HEALTH
-            self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
+            if not self._health_subscribed:  # a join that raised left it subscribed
+                self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
+                self._health_subscribed = True
         give_up_at = time.monotonic() + timeout
         while True:
             left = give_up_at - time.monotonic()
@@ -150,8 +164,9 @@ class EventSubscriber:
                 self._pending.append(event)
             if event[0] == _HEALTH:
                 break
-        if self._hidden is not None and not keep_health:
+        if self._health_subscribed and not keep_health:
             self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
+            self._health_subscribed = False
         self._hearing_health = keep_health or self._hidden is None
         self._lost_known = self.connections_lost
 
@@ -216,9 +231,21 @@ class EventSubscriber:
         check_process(self._generation, "the subscriber")
         give_up_at = None if timeout is None else time.monotonic() + checked_timeout(timeout)
         assert self._watch is not None
+        if not self._receive_began:
+            # News already here came before any receive: a refusal in it is of the
+            # connection made as the subscriber was created, which no receive waited
+            # on; the daemon may have room by now, and its reason may be false.  As
+            # the request channel does for a call (DESIGN.md 325), it is forgotten
+            # and this receive connects anew, then waits for that connection.
+            self._watch.check()
+            if self._watch.refused is not None:
+                self._refused = True  # first: an exception between leaves it to retry
+                self._watch.refused = None
+            self._receive_began = True
         if self._refused:
-            # A receive raised the refusal and the socket was disconnected: this one
-            # connects anew, and waits for that connection.
+            # A receive raised the refusal and the socket was disconnected, or the
+            # first receive forgot one from before it: this one connects anew, and
+            # waits for that connection.
             self._watch.connect_anew()
             self._refused = False
         while True:
@@ -239,8 +266,9 @@ class EventSubscriber:
             self._watch.check()
             if self._watch.refused is not None:
                 # libzmq never connects a refused socket again: this wait would last
-                # until its timeout, or for good.  A refusal met while no receive
-                # waited is in the news too, unless a later handshake succeeded.
+                # until its timeout, or for good.  One that came after the last
+                # receive returned is in the news too (that receive's connection),
+                # unless a later handshake succeeded.
                 self._refused = True
                 self._watch.refuse("the next receive connects anew")
             wait = MAX_WAIT_MS

@@ -219,20 +219,38 @@ struct EventSubscriber::Impl {
     std::string endpoint;
     std::vector<std::string> topics;
     bool hide_health = false;  // subscribed to health only to detect the join
+    // health is subscribed here to detect the join: once however often a join is
+    // tried, since libzmq counts each subscription and the one unsubscription after
+    // a join would leave the others in place (a join that threw had its own).
+    bool health_subscribed = false;
     std::deque<Event> pending;
     std::uint64_t connections_lost = 0;
-    // The daemon refused the connection and a read threw it: the socket is
-    // disconnected until the next read connects it anew.
+    // The socket is to be connected anew by the next read: a read threw the
+    // daemon's refusal (and disconnected it), or the first read found a refusal of
+    // the connection the constructor made, before it (which it does not throw).
     bool refused = false;
+    // A read has begun: news read from then on concerns a connection that a read
+    // made or waited on.
+    bool read_began = false;
 
     // One [topic, payload] message, or nullopt once `give_up_at` has passed (a
     // message already there is read even then). ConnectionRefused when the daemon
     // refused the connection (see check_connection).
     std::optional<std::pair<std::string, Event>> read(
         std::chrono::steady_clock::time_point give_up_at) {
+        if (!read_began) {
+            // News already here came before any read: a refusal in it is of the
+            // connection the constructor made, which no read waited on; the daemon
+            // may have room by now, and its reason may be false. As the request
+            // channel does for a call (DESIGN.md 325), it is forgotten and this read
+            // connects anew, then waits for that connection.
+            check_connection(false);
+            read_began = true;
+        }
         if (refused) {
-            // A read threw the refusal and the socket was disconnected: this one
-            // connects anew, and waits for that connection.
+            // A read threw the refusal and the socket was disconnected, or the first
+            // read forgot one from before it: this one connects anew, and waits for
+            // that connection.
             connect_anew();
             refused = false;
         }
@@ -273,11 +291,16 @@ struct EventSubscriber::Impl {
     // ConnectionRefused: libzmq never connects a refused socket again, and the
     // read would wait until its timeout, or for good. The socket is disconnected
     // first (no tries of libzmq's while the caller makes room); the next read
-    // connects anew. A refusal met while no read waited is in the news the next
-    // read checks.
-    void check_connection() {
+    // connects anew. One that came after the last read returned (its connection)
+    // is in the news the next read checks. With `waited` false (the first read's
+    // look, before it waits) a refusal throws nothing: the read connects anew.
+    void check_connection(bool waited = true) {
         auto news = watch->check();
         connections_lost += news.lost;
+        if (news.refused && !waited) {
+            refused = true;  // read() connects anew
+            return;
+        }
         if (news.refused) {
             detail::disconnect_from(socket, endpoint);
             refused = true;
@@ -339,7 +362,10 @@ void EventSubscriber::wait_joined(std::chrono::milliseconds timeout) {
     }
     if (!health_asked) {
         self.hide_health = true;
-        self.socket.set(zmq::sockopt::subscribe, std::string(kHealth));
+        if (!self.health_subscribed) {  // a join that threw left it subscribed
+            self.socket.set(zmq::sockopt::subscribe, std::string(kHealth));
+            self.health_subscribed = true;
+        }
     }
     // Saturated: milliseconds::max() waits for ever, without overflowing.
     auto give_up_at = detail::deadline_after(timeout);
@@ -354,7 +380,10 @@ void EventSubscriber::wait_joined(std::chrono::milliseconds timeout) {
         if (!(is_health && self.hide_health)) self.pending.push_back(std::move(event->second));
         if (is_health) break;
     }
-    if (self.hide_health) self.socket.set(zmq::sockopt::unsubscribe, std::string(kHealth));
+    if (self.health_subscribed) {
+        self.socket.set(zmq::sockopt::unsubscribe, std::string(kHealth));
+        self.health_subscribed = false;
+    }
 }
 
 std::optional<Event> EventSubscriber::receive(std::chrono::milliseconds timeout) {

@@ -2984,14 +2984,17 @@ namespace {
 
 // A ROUTER whose ZAP handler (in the peer's own context, as the daemon's) refuses
 // every handshake with 400 until admit(); it answers what it admitted. As a PUB
-// (`type`: the events socket) it publishes a health event every 5 ms instead.
-// `name` names its ipc:// socket file, for two at once.
+// (`type`: the events socket) it publishes a health event every 5 ms instead; as
+// an XPUB it also keeps the (un)subscriptions its subscriber sends (heard()).
+// hold() leaves each handshake unanswered (its ZAP request waits) until
+// release(). `name` names its ipc:// socket file, for two at once.
 class GuardedPeer {
 public:
     explicit GuardedPeer(zmq::socket_type type = zmq::socket_type::router,
                          const std::string& name = "guarded")
         : endpoint_("ipc://" + temp_dir() + "/" + name + ".sock"),
-          publishing_(type == zmq::socket_type::pub),
+          publishing_(type == zmq::socket_type::pub || type == zmq::socket_type::xpub),
+          subscribed_(type == zmq::socket_type::xpub),
           router_(context_, type) {
         zap_.set(zmq::sockopt::linger, 0);
         zap_.bind("inproc://zeromq.zap.01");
@@ -3001,14 +3004,19 @@ public:
         thread_ = std::thread([this] {
             std::uint64_t seq = 0;
             while (!stop_) {
-                // A PUB is never readable: only the ZAP socket is waited on then.
-                std::array<zmq::pollitem_t, 2> items{{{zap_.handle(), 0, ZMQ_POLLIN, 0},
-                                                      {router_.handle(), 0, ZMQ_POLLIN, 0}}};
-                zmq::poll(items.data(), publishing_ ? 1 : items.size(),
+                // A PUB is never readable: only the ZAP socket is waited on then (none
+                // while held: its requests wait).
+                bool held = held_;
+                std::array<zmq::pollitem_t, 2> items{{{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                                      {zap_.handle(), 0, ZMQ_POLLIN, 0}}};
+                bool router = !publishing_ || subscribed_;
+                zmq::poll(items.data() + (router ? 0 : 1), (router ? 1 : 0) + (held ? 0 : 1),
                           std::chrono::milliseconds(publishing_ ? 5 : 20));
                 std::vector<zmq::message_t> parts;
                 // [version, request id, domain, address, identity, mechanism]
-                if (zmq::recv_multipart(zap_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+                // held_ read again: a poll begun before hold() may have seen a request.
+                if (!held_ &&
+                    zmq::recv_multipart(zap_, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
                     bool yes = admitted_;
                     if (!yes) ++refused_;
                     zap_.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
@@ -3020,6 +3028,11 @@ public:
                     zap_.send(zmq::str_buffer(""), zmq::send_flags::none);
                 }
                 parts.clear();
+                zmq::message_t subscription;
+                if (subscribed_ && router_.recv(subscription, zmq::recv_flags::dontwait)) {
+                    std::lock_guard<std::mutex> lock(heard_mutex_);
+                    heard_.push_back(subscription.to_string());
+                }
                 if (publishing_) {
                     auto payload = health_event(++seq);
                     router_.send(zmq::buffer(std::string("health")), zmq::send_flags::sndmore);
@@ -3046,10 +3059,22 @@ public:
     }
     void admit() { admitted_ = true; }
     int refused() const { return refused_; }
+    void hold() { held_ = true; }
+    void release() { held_ = false; }
+    // How many times an XPUB received `message` from its subscribers ("\x01" and
+    // the topic subscribes, "\x00" and the topic ends it).
+    long heard(const std::string& message) {
+        std::lock_guard<std::mutex> lock(heard_mutex_);
+        return std::count(heard_.begin(), heard_.end(), message);
+    }
 
 private:
     std::string endpoint_;
     bool publishing_;
+    bool subscribed_;  // an XPUB: its subscribers' messages are read
+    std::mutex heard_mutex_;
+    std::vector<std::string> heard_;
+    std::atomic<bool> held_{false};
     zmq::context_t context_{1};
     zmq::socket_t zap_{context_, zmq::socket_type::rep};
     zmq::socket_t router_;  // a PUB when publishing_
@@ -3172,24 +3197,88 @@ TEST(an_events_subscriber_the_daemon_refuses_throws_at_once_and_connects_anew) {
                what.find("refused this client's connection at its handshake") != std::string::npos &&
                what.find("the next receive connects anew") != std::string::npos;
     };
-    // Refused while no receive waited (the refusal is on the monitor once the
-    // subscriber's end of the connection is closed): the next receive throws.
+    // Refused before any receive (the refusal is on the monitor once the
+    // subscriber's end of the connection is closed): the first receive connects
+    // anew, and throws the refusal of that connection, which it waits for.
     CHECK(within(15s, [&] { return peer.refused() == 1 && client_connections_to(path) == 0; }));
     auto started = std::chrono::steady_clock::now();
     CHECK_THROWS(ConnectionRefused, events.wait_joined(10s), refused(error));
     CHECK(std::chrono::steady_clock::now() - started < 5s);
+    CHECK_EQ(peer.refused(), 2);
     // The next one connects anew and waits for that connection: refused too.
     started = std::chrono::steady_clock::now();
     CHECK_THROWS(ConnectionRefused, events.receive(10s), refused(error));
     CHECK(std::chrono::steady_clock::now() - started < 5s);
-    CHECK_EQ(peer.refused(), 2);
+    CHECK_EQ(peer.refused(), 3);
     // Admitted now: the next receive connects anew, and events flow.
     peer.admit();
     events.wait_joined(10s);
     auto event = events.receive(10s);
     CHECK(event.has_value() && std::holds_alternative<HealthEvent>(*event));
-    CHECK_EQ(peer.refused(), 2);
+    CHECK_EQ(peer.refused(), 3);
     CHECK_EQ(events.connections_lost(), 0u);  // a refusal is no lost connection
+}
+
+TEST(a_refusal_met_before_any_receive_fails_no_receive) {
+    // Refused as it was made (the daemon full then), with room by the first
+    // receive: wait_joined threw the stale refusal at once, without a try, where
+    // the request channel's call connects anew (review RA, finding 1).
+    GuardedPeer peer(zmq::socket_type::pub);
+    SubscriberOptions subscription;
+    subscription.endpoint = peer.endpoint();
+    subscription.topics = {"alert"};
+    EventSubscriber events(subscription);
+    auto path = peer.endpoint().substr(std::string("ipc://").size());
+    CHECK(within(15s, [&] { return peer.refused() == 1 && client_connections_to(path) == 0; }));
+    peer.admit();
+    events.wait_joined(10s);  // before: ConnectionRefused, nothing tried
+    CHECK_EQ(peer.refused(), 1);
+    CHECK_EQ(events.connections_lost(), 0u);
+}
+
+TEST(a_refusal_after_its_receive_returned_fails_the_next_receive) {
+    // A receive with no time to wait connects anew (the refusal before it is
+    // forgotten); the refusal of that connection, which comes after it returned,
+    // fails the next receive (a receive that forgot it would connect anew for good).
+    GuardedPeer peer(zmq::socket_type::pub);
+    SubscriberOptions subscription;
+    subscription.endpoint = peer.endpoint();
+    subscription.topics = {"alert"};
+    EventSubscriber events(subscription);
+    auto path = peer.endpoint().substr(std::string("ipc://").size());
+    CHECK(within(15s, [&] { return peer.refused() == 1 && client_connections_to(path) == 0; }));
+    peer.hold();  // that connection's refusal comes after the receive returned
+    CHECK(!events.receive(0ms).has_value());  // before: ConnectionRefused
+    peer.release();
+    CHECK(within(15s, [&] { return peer.refused() == 2; }));
+    auto started = std::chrono::steady_clock::now();
+    CHECK_THROWS(ConnectionRefused, events.receive(10s), error.status() == 400);
+    CHECK(std::chrono::steady_clock::now() - started < 5s);
+    CHECK_EQ(peer.refused(), 2);  // that connection's refusal, no other
+}
+
+TEST(a_join_that_threw_leaves_the_hidden_health_subscription_once) {
+    // wait_joined subscribed health at each call and unsubscribed once after the
+    // join: libzmq counts subscriptions, so after a join that threw, health events
+    // kept coming (and were decoded and dropped) for the subscriber's life
+    // (review RA, finding 2).
+    GuardedPeer peer(zmq::socket_type::xpub);
+    SubscriberOptions subscription;
+    subscription.endpoint = peer.endpoint();
+    subscription.topics = {"alert"};
+    EventSubscriber events(subscription);
+    CHECK_THROWS(ConnectionRefused, events.wait_joined(10s), error.status() == 400);
+    peer.admit();
+    events.wait_joined(10s);
+    // libzmq's (un)subscription message: 1 (subscribe) or 0, then the topic.
+    auto message = [](char subscribe, const std::string& topic) {
+        return std::string(1, subscribe) + topic;
+    };
+    // Before: the unsubscription never reached the publisher.
+    CHECK(within(10s, [&] { return peer.heard(message(0, "health")) == 1; }));
+    CHECK_EQ(peer.heard(message(1, "health")), 1);
+    CHECK_EQ(peer.heard(message(1, "alert")), 1);
+    CHECK_EQ(peer.heard(message(0, "alert")), 0);
 }
 
 TEST(a_refusal_a_later_handshake_of_the_socket_outlived_is_forgotten) {

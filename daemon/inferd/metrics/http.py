@@ -13,9 +13,11 @@ listen backlog (past it the kernel drops their SYNs and the clients retry)
 instead of taking the GIL from the engine workers.  Nothing is logged per
 request: the exporter counts them.  An ``accept`` that fails (the daemon out of
 descriptors) leaves the listener alone for ``ACCEPT_PAUSE_S``, logged as
-``metrics_accept_failed``.  A request line other than ``METHOD TARGET HTTP/1.x``
-(HTTP/0.9's two words, garbage, an empty line) is answered 400 with a status
-line and headers (``default_request_version``).
+``metrics_accept_failed``.  Empty lines before the request line are ignored
+(RFC 9112 section 2.2), counted in ``MAX_REQUEST_BYTES`` with the head.  A
+request line other than ``METHOD TARGET HTTP/1.x`` (HTTP/0.9's two words,
+garbage, an empty line before the peer closed its side) is answered 400 with a
+status line and headers (``default_request_version``).
 
 The body is OpenMetrics when the scraper asks for it (Prometheus does, in its
 ``Accept`` header), else Prometheus' text format (``prometheus_client``'s
@@ -51,8 +53,9 @@ ACCEPT_PAUSE_S = 0.5
 #: How long the listener is left alone after each connection, whatever it asked:
 #: at most 50 connections a second, so serving them (about 0.3 ms each once the
 #: body is cached, ``exporter.SCRAPE_CACHE_S``) costs at most a few percent of a
-#: core and of the GIL; a scraper waits at most this long per connection queued
-#: before it (``BACKLOG``).
+#: core and of the GIL.  A scraper queued behind others (``BACKLOG``) waits this
+#: long per connection ahead of it, on top of each one's own service time (up to
+#: ``READ_DEADLINE_S + WRITE_TIMEOUT_S``, 7 s, for a client that sends nothing).
 MIN_REQUEST_GAP_S = 0.02
 
 log = structlog.get_logger("inferd.metrics")
@@ -83,24 +86,46 @@ class _TooLarge(Exception):
     pass
 
 
+def _request_line_at(head: bytes) -> int:
+    """Where the request line begins in ``head``: after the empty lines (CRLF, or a
+    bare LF) before it, which RFC 9112 section 2.2 says a server SHOULD ignore (old
+    clients send one after a POST's body)."""
+    start = 0
+    while True:
+        if head.startswith(b"\r\n", start):
+            start += 2
+        elif head.startswith(b"\n", start):
+            start += 1
+        else:
+            return start
+
+
 def read_head(connection: socket.socket, deadline: float, limit: int) -> bytes:
-    """The bytes of a request up to and including the blank line after its headers.
+    """The bytes of a request from its request line up to and including the blank
+    line after its headers; the empty lines before the request line are dropped,
+    and count against ``limit`` (so a peer that sends only those is bounded too).
 
     ``TimeoutError`` when ``deadline`` (monotonic) passes first, ``_TooLarge``
-    past ``limit`` bytes; what the peer sent before closing otherwise."""
+    past ``limit`` bytes; what the peer sent before closing otherwise (one empty
+    line when it sent empty lines alone: a blank request line, answered 400)."""
     head = b""
+    skipped = 0  # the empty lines before the request line, in bytes
     while b"\r\n\r\n" not in head and b"\n\n" not in head:
-        if len(head) > limit:
+        if skipped + len(head) > limit:
             raise _TooLarge
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("request head not received in time")
         connection.settimeout(remaining)
-        chunk = connection.recv(min(4096, limit + 1 - len(head)))
+        chunk = connection.recv(min(4096, limit + 1 - skipped - len(head)))
         if not chunk:
-            return head
+            return head if head or not skipped else b"\r\n"
         head += chunk
-    if len(head) > limit:
+        start = _request_line_at(head)  # 0 at once once the request line began
+        if start:
+            skipped += start
+            head = head[start:]
+    if skipped + len(head) > limit:
         raise _TooLarge
     return head
 

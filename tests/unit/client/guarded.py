@@ -1,8 +1,9 @@
 """A daemon's socket behind its own ZAP handler, for the client's unit tests of a
 connection the daemon refuses at its handshake (DESIGN.md 322, 325): a ROUTER
 that answers every request ok, or a PUB that publishes health events (the
-events socket), in a context of its own (as the daemon's), each handshake
-answered with the next of a list of ZAP status codes."""
+events socket; an XPUB also records the subscriptions its subscriber sends), in
+a context of its own (as the daemon's), each handshake answered with the next
+of a list of ZAP status codes."""
 
 from __future__ import annotations
 
@@ -22,23 +23,27 @@ _HEALTH_EVERY_MS = 2
 
 
 class Guarded:
-    """A ROUTER answering every request ok, or a PUB (``kind``) publishing a
-    ``health`` event every 2 ms, in its own context with its own ZAP handler (as
+    """A ROUTER answering every request ok, or a PUB or XPUB (``kind``) publishing
+    a ``health`` event every 2 ms, in its own context with its own ZAP handler (as
     the daemon's): each handshake gets the next of ``answers`` (ZAP status codes),
     the last one for every later handshake.  ``answered`` lists the codes given
-    so far."""
+    so far; an XPUB's ``subscriptions`` the (un)subscriptions it received, as
+    libzmq's messages (``b"\\x01health"`` subscribes, ``b"\\x00health"`` ends it)."""
 
     def __init__(self, endpoint: str, answers: list[str], kind: int = zmq.ROUTER) -> None:
         self.endpoint = endpoint
         self._answers = list(answers)
         self.answered: list[str] = []
+        self.subscriptions: list[bytes] = []
         self._changed = threading.Condition()
         self._stop = threading.Event()
+        self._holding = threading.Event()
         self._context: zmq.Context[Any] = zmq.Context()
         self._zap = self._context.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind("inproc://zeromq.zap.01")
-        self._publishing = kind == zmq.PUB
+        self._publishing = kind in (zmq.PUB, zmq.XPUB)
+        self._subscribed = kind == zmq.XPUB  # readable: its subscribers' messages
         self._peer = self._context.socket(kind)
         self._peer.setsockopt(zmq.LINGER, 0)
         self._peer.zap_domain = b"events" if self._publishing else b"control"
@@ -47,14 +52,17 @@ class Guarded:
         self._thread.start()
 
     def _loop(self) -> None:
-        poller = zmq.Poller()
+        poller, holding = zmq.Poller(), zmq.Poller()  # holding: no ZAP request read
         poller.register(self._zap, zmq.POLLIN)
-        if not self._publishing:
+        if not self._publishing or self._subscribed:
             poller.register(self._peer, zmq.POLLIN)
+            holding.register(self._peer, zmq.POLLIN)
         seq = 0
         while not self._stop.is_set():
-            ready = dict(poller.poll(_HEALTH_EVERY_MS if self._publishing else 20))
-            if self._zap in ready:
+            waiting = holding if self._holding.is_set() else poller
+            ready = dict(waiting.poll(_HEALTH_EVERY_MS if self._publishing else 20))
+            # Looked at again: a wait begun before ``hold`` may have seen a request.
+            if self._zap in ready and not self._holding.is_set():
                 # [version, request id, domain, address, identity, mechanism]
                 request = self._zap.recv_multipart()
                 status = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
@@ -64,6 +72,10 @@ class Guarded:
                     self.answered.append(status)
                     self._changed.notify_all()
                 self._zap.send_multipart([b"1.0", request[1], status.encode(), b"", b"", b""])
+            if self._subscribed and self._peer in ready:
+                with self._changed:
+                    self.subscriptions.append(self._peer.recv())
+                    self._changed.notify_all()
             if self._publishing:
                 seq += 1
                 health = {"state": "serving", "seq": seq}
@@ -80,6 +92,24 @@ class Guarded:
                 f"{count} handshakes not answered: {self.answered}"
             )
             return list(self.answered)
+
+    def hold(self) -> None:
+        """Leave each handshake from now on unanswered (its ZAP request waits) until
+        ``release``: a client's connection stays pending meanwhile."""
+        self._holding.set()
+
+    def release(self) -> None:
+        """Answer the handshakes ``hold`` left waiting, and every later one."""
+        self._holding.clear()
+
+    def wait_subscription(self, message: bytes) -> list[bytes]:
+        """An XPUB's ``subscriptions`` once ``message`` is among them (``HANG_S``
+        bounds it)."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: message in self.subscriptions, HANG_S), (
+                f"{message!r} not received: {self.subscriptions}"
+            )
+            return list(self.subscriptions)
 
     @property
     def closed(self) -> bool:

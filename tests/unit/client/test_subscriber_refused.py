@@ -5,8 +5,12 @@ and the next receive connects anew (DESIGN.md 322 and 325's "Left").
 libzmq never connects a refused socket again: the subscriber waited for its
 timeout (``wait_joined``, ``follow``: "no health event … is the daemon
 running?"), or for good (``receive()``, ``inferctl top``'s events), and a
-caller could not tell a refused subscription from a quiet daemon.  A ``Guarded``
-PUB with its own ZAP handler stands for the daemon's events socket."""
+caller could not tell a refused subscription from a quiet daemon.  Only a
+refusal of a connection a receive made or waited on is raised: one met before
+the first receive, of the connection made as the subscriber was created, is
+forgotten and that receive connects anew (review RA, as the request channel's
+calls, DESIGN.md 325).  A ``Guarded`` PUB with its own ZAP handler stands for
+the daemon's events socket."""
 
 from __future__ import annotations
 
@@ -29,6 +33,13 @@ AT_ONCE_S = HANG_S / 5
 def publisher(tmp_path: Path) -> Iterator[Callable[[list[str]], Guarded]]:
     """``publisher(answers)``: a ``Guarded`` PUB on the test's events endpoint."""
     yield from guarded_peers(f"ipc://{tmp_path}/events.sock", zmq.PUB)
+
+
+@pytest.fixture
+def xpublisher(tmp_path: Path) -> Iterator[Callable[[list[str]], Guarded]]:
+    """``xpublisher(answers)``: a ``Guarded`` XPUB (the subscriptions it received in
+    its ``subscriptions``) on the test's events endpoint."""
+    yield from guarded_peers(f"ipc://{tmp_path}/events.sock", zmq.XPUB)
 
 
 @pytest.fixture
@@ -70,22 +81,78 @@ def test_a_refused_subscriber_fails_at_once_and_each_receive_connects_anew(
         assert subscriber.connections_lost == 0  # a refusal is no lost connection
 
 
-def test_a_refusal_met_while_no_receive_waited_fails_the_next_receive(
+def refused_before_any_receive(subscriber: EventSubscriber, daemon: Guarded) -> None:
+    """Wait until the daemon's refusal of the connection the subscriber made as it
+    was created is on its monitor, before any receive."""
+    # The watch asks for nothing before it (no CONNECTED), and has never read the
+    # monitor, so this look through libzmq takes no edge the subscriber waits on.
+    assert subscriber._watch is not None
+    assert subscriber._watch.monitor.poll(int(HANG_S * 1000))
+    assert daemon.answered == ["400"]
+
+
+def test_a_refusal_met_before_any_receive_fails_no_receive(
+    publisher: Callable[[list[str]], Guarded],
+) -> None:
+    # Refused as it was made (the daemon full then), with room by the first receive:
+    # that receive raised the stale refusal at once, without a try, where the request
+    # channel's call connects anew (DESIGN.md 325, review RA finding 1).
+    daemon = publisher(["400", "200"])
+    with EventSubscriber(daemon.endpoint, topics=["alert"]) as subscriber:
+        refused_before_any_receive(subscriber, daemon)
+        subscriber.wait_joined(HANG_S)  # before: ConnectionRefused, nothing tried
+        assert daemon.answered == ["400", "200"]  # connected anew, once
+        assert subscriber.connections_lost == 0
+
+
+def test_a_refusal_before_any_receive_and_again_fails_the_first_receive(
     publisher: Callable[[list[str]], Guarded],
 ) -> None:
     daemon = publisher(["400"])
     with EventSubscriber(daemon.endpoint, topics=["alert"]) as subscriber:
-        # The refusal's news is on the monitor before any receive: the watch asks for
-        # nothing before it (no CONNECTED), and has never read the monitor, so this
-        # look through libzmq takes no edge the subscriber waits on.
-        assert subscriber._watch is not None
-        assert subscriber._watch.monitor.poll(int(HANG_S * 1000))
-        assert daemon.answered == ["400"]
-        # Before: the receive waited for good (no timeout given).
+        refused_before_any_receive(subscriber, daemon)
+        # The first receive connects anew and waits for that connection, refused too:
+        # raised at once (before 326 the receive waited for good, no timeout given).
         refused_at_once(subscriber.receive, daemon.endpoint)
+        assert daemon.answered == ["400", "400"]
         # ``follow`` raises it too, not its "nothing … for 15 s".
         refused_at_once(lambda: next(subscriber.follow(HANG_S)), daemon.endpoint)
-        assert daemon.answered == ["400", "400"]
+        assert daemon.answered == ["400", "400", "400"]
+
+
+def test_a_refusal_after_its_receive_returned_fails_the_next_receive(
+    publisher: Callable[[list[str]], Guarded],
+) -> None:
+    # ``inferctl top`` drains with ``receive(timeout=0)``: the first drain connects
+    # anew, and the refusal of that connection, which comes after it returned, ends
+    # the next drain (a drain that forgot it would connect anew for good).
+    daemon = publisher(["400"])
+    with EventSubscriber(daemon.endpoint, topics=["alert"]) as subscriber:
+        refused_before_any_receive(subscriber, daemon)
+        daemon.hold()  # that connection's refusal comes after the receive returned
+        assert subscriber.receive(timeout=0) is None  # before: ConnectionRefused
+        daemon.release()
+        assert daemon.wait_answered(2) == ["400", "400"]
+        refused_at_once(lambda: subscriber.receive(timeout=HANG_S), daemon.endpoint)
+        assert daemon.answered == ["400", "400"]  # that connection's refusal, no other
+
+
+def test_a_join_that_raised_leaves_the_hidden_health_subscription_once(
+    xpublisher: Callable[[list[str]], Guarded],
+) -> None:
+    # ``wait_joined`` subscribed ``health`` at each call and unsubscribed once after
+    # the join: libzmq counts subscriptions, so after a join that raised health
+    # events kept coming for the subscriber's life (review RA finding 2).
+    daemon = xpublisher(["400", "400", "200"])
+    with EventSubscriber(daemon.endpoint, topics=["alert"]) as subscriber:
+        refused_before_any_receive(subscriber, daemon)
+        refused_at_once(lambda: subscriber.wait_joined(HANG_S), daemon.endpoint)
+        subscriber.wait_joined(HANG_S)
+        assert daemon.answered == ["400", "400", "200"]
+        # Before: the unsubscription never reached the publisher (HANG_S passed).
+        subscriptions = daemon.wait_subscription(b"\x00health")
+        assert subscriptions.count(b"\x01health") == 1
+        assert b"\x01alert" in subscriptions and b"\x00alert" not in subscriptions
 
 
 def test_inferctl_events_exits_unreachable_with_the_refusal(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -81,11 +82,14 @@ def exporter() -> Iterator[tuple[MetricsExporter, _Source, int]]:
         exporter.stop()
 
 
-def _exchange(port: int, request: bytes) -> bytes:
+def _exchange(port: int, request: bytes, *, half_close: bool = False) -> bytes:
     """All the endpoint answered ``request`` until it closed the connection (so
-    the request is counted by then)."""
+    the request is counted by then); ``half_close``: the client's side is shut
+    after the request (nothing more will come)."""
     with socket.create_connection(("127.0.0.1", port), timeout=HANG_S) as connection:
         connection.sendall(request)
+        if half_close:
+            connection.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := connection.recv(65536):
             answer += chunk
@@ -208,10 +212,57 @@ def test_a_request_line_that_is_not_http_1_gets_a_status_line_and_is_a_bad_reque
     exporter: tuple[MetricsExporter, _Source, int], request_line: bytes, status: bytes
 ) -> None:
     metrics, _source, port = exporter
-    answer = _exchange(port, request_line + b"\r\n\r\n")
+    # Empty lines before a request line are ignored while one may still come: a
+    # blank request line is what came when the peer closed its side.
+    answer = _exchange(port, request_line + b"\r\n\r\n", half_close=not request_line)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 " + status + b" "), answer[:200]
     headers = head.split(b"\r\n")[1:]
     assert b"Server: inferd" in headers and b"Connection: close" in headers, head
     assert b"# HELP" not in body  # never served
     assert metrics.describe()["requests"] == {"bad_request": 1}
+
+
+@pytest.mark.parametrize(
+    "before",
+    [b"\r\n", b"\r\n\n\r\n\r\n"],
+    ids=["one-crlf", "several-and-a-bare-lf"],
+)
+def test_empty_lines_before_the_request_line_are_ignored(
+    exporter: tuple[MetricsExporter, _Source, int], before: bytes
+) -> None:
+    # RFC 9112 section 2.2: a server SHOULD ignore at least one empty line before
+    # the request line.  Before: "400 Empty request line", counted bad_request.
+    metrics, _source, port = exporter
+    answer = _exchange(port, before + b"GET /metrics HTTP/1.0\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200 "), answer[:200]
+    assert b"# HELP inferd_uptime_seconds" in body
+    assert metrics.describe()["requests"] == {"scrape": 1}
+
+
+def test_an_empty_line_split_between_two_reads_is_ignored_whole() -> None:
+    # 4,095 LFs and a CR fill the first read (4,096 bytes): the CR's LF comes in the
+    # next, and the two are one empty line, not a request line "\r".
+    server, client = socket.socketpair()
+    with server, client:
+        request = b"GET /metrics HTTP/1.0\r\n\r\n"
+        client.sendall(b"\n" * 4095 + b"\r\n" + request)
+        head = metrics_http.read_head(server, time.monotonic() + HANG_S, 8192)
+    assert head == request
+
+
+def test_empty_lines_alone_are_bounded_by_the_head_limit_and_the_read_deadline(
+    exporter: tuple[MetricsExporter, _Source, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics, _source, port = exporter
+    # More empty lines than a head may hold: 431, as an overlong head (before: 400).
+    # One byte over, all of it read, so the endpoint's close is no reset.
+    flood = b"\r\n" * (metrics_http.MAX_REQUEST_BYTES // 2) + b"\n"
+    assert _exchange(port, flood).startswith(b"HTTP/1.0 431 ")
+    assert metrics.describe()["requests"] == {"too_large": 1}
+    # Empty lines and no request line while the peer stays: the read deadline ends
+    # it, no reply, as for a peer that sends nothing (before: 400 at once).
+    monkeypatch.setattr(metrics_http, "READ_DEADLINE_S", 0.2)  # the bound, not a wait
+    assert _exchange(port, b"\r\n\r\n") == b""
+    assert metrics.describe()["requests"] == {"too_large": 1, "timeout": 1}

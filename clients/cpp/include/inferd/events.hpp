@@ -156,9 +156,14 @@ struct SubscriberOptions {
 // A connection the daemon refuses at its handshake (its access policy, or
 // bus.max_connections), which libzmq never makes again, fails the wait_joined()
 // or receive() that waits at once with ConnectionRefused (status(): the ZAP
-// code) instead of a wait until the timeout; one met while no receive waited
-// fails the next one, unless a later handshake of the socket succeeded. The
-// next wait_joined() or receive() connects anew.
+// code) instead of a wait until the timeout. A refusal of the connection the
+// constructor made, met before the first wait_joined() or receive(), which no
+// receive waited on (the daemon was full then, and may have room since), throws
+// nothing, as for a call on the request channel: that one connects anew and
+// waits for that connection within its timeout. A refusal that came after a
+// receive returned (one with a timeout of 0, say) fails the next one, unless a
+// later handshake of the socket succeeded. The wait_joined() or receive() after
+// a throw connects anew.
 class EventSubscriber {
 public:
     // Throws std::invalid_argument for a topic check_topic refuses.
