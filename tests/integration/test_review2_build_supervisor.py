@@ -10,6 +10,7 @@ terminal event; a start that failed took one of the peer's starts.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from inferd.config import BuildsConfig, ModelConfig
 from inferd.engine_build import child_exit, supervisor
 from inferd.engine_build.build_record import Build, BuildFinished, describe
+from inferd.engine_build.pipe import ChildMessage
 from inferd.engine_build.supervisor import BuildManager
 from inferd_wire.protocol import Code, ProtocolError
 from tests.conftest import HANG_S, wait_until
@@ -265,12 +267,22 @@ def test_a_child_that_dies_after_its_record_is_recorded_as_what_the_daemon_saw(
     published: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     manager = _manager(tmp_path, demo_model, published=published, records=records)
+    kinds: list[str] = []
+    on_message = manager._on_message
+
+    def seen(build: Build, message: ChildMessage) -> None:
+        kinds.append(type(message).__name__)
+        on_message(build, message)
+
+    monkeypatch.setattr(manager, "_on_message", seen)
     build = _start(manager, {"step_s": 0})
     assert build.done.wait(HANG_S)
-    assert build.record is not None and not build.reported  # the point under test
+    assert "RecordMessage" in kinds and not build.reported  # the point under test
     assert build.state == "completed" and published[-1]["type"] == "completed"
     assert published[-1]["detail"]["killedAfterCommit"] is True
     (record,) = records
     assert record["outcome"] == "succeeded" and record["killed_after_commit"] is True
-    assert build.summary is not None and build.summary.get("provisional") is False
-    assert record["timing_cache"] == build.summary["timingCacheMode"]
+    assert build.summary_path is not None  # the summary it left, as the daemon concluded it
+    summary = json.loads(Path(build.summary_path).read_text())
+    assert summary.get("provisional") is False
+    assert record["timing_cache"] == summary["timingCacheMode"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from inferd.alerts.sanitise import escaped
+from inferd.alerts.sanitise import recut
 from inferd.config.security import DEFAULT_MAX_BUILD_DURATION_S
 from inferd.engine_build.events import MAX_PHASE_TEXT, MAX_PHASES, BuildEvent, PhaseTree
 from inferd.engine_build.status_view import brief, one_build
@@ -70,10 +70,13 @@ class Build:
     escalated: bool = False
     exited_mono: float | None = None
     exit_code: int | None = None
+    #: Its child's summary (its report's, or what it left on disk); once the build
+    #: ended, only what ``build.status`` reads of it (``child_exit.keep_ended``).
     summary: dict[str, Any] | None = None
     summary_path: str | None = None
     manifest: str | None = None
     manifest_note: str | None = None
+    #: Its child's FDR record, until the daemon's is made of it (``fdr_record``).
     record: dict[str, Any] | None = None
     #: The child's report came (else ``summary`` is what it left on disk, if anything).
     reported: bool = False
@@ -83,6 +86,7 @@ class Build:
     timing_cache: str | None = None
     #: It exited without a report after its engine was committed (``child_exit``).
     killed_after_commit: bool = False
+    #: Why it failed; its child's words cut as ``build.status`` shows them (``said``).
     error: str | None = None
     #: Why the engine path its child named was not believed (``engine_path_claim``):
     #: the build ends ``failed`` with it as its error.
@@ -193,12 +197,15 @@ def cancel_too_late(build: Build) -> bool:
 
 
 #: Bytes of UTF-8 ``build.status`` shows of each string a build child sent (its
-#: error, summary path, and its summary's words), as ``status_view`` bounds its tree.
+#: error, summary path, and its summary's words), as ``status_view`` bounds its tree;
+#: its error and, once it ended, its summary's words are kept so cut (``said``).
 CHILD_TEXT_BYTES = 2048
 
 
-def _said(value: object) -> str | None:
-    return None if value is None else escaped(str(value), CHILD_TEXT_BYTES)
+def said(value: object) -> str | None:
+    """``value`` as ``build.status`` shows it: cut, or as cut already (``recut`` keeps
+    the note, and so the length as the child sent it)."""
+    return None if value is None else recut(str(value), CHILD_TEXT_BYTES)
 
 
 def describe(build: Build, *, listed: bool = False) -> dict[str, Any]:
@@ -245,17 +252,17 @@ def describe(build: Build, *, listed: bool = False) -> dict[str, Any]:
             "escalated": build.escalated,
             **latencies(build),
             # The daemon's cleanup after a child without a report, else the child's.
-            "cleanup_status": _said(summary.get("cleanupStatus"))
+            "cleanup_status": said(summary.get("cleanupStatus"))
             if build.cleanup is None
             else build.cleanup["status"],
-            "retry_policy": _said(summary.get("retryPolicy")),
-            "validation_status": _said(summary.get("validationStatus")),
+            "retry_policy": said(summary.get("retryPolicy")),
+            "validation_status": said(summary.get("validationStatus")),
             "timing_cache_start": timing_cache_start(build),
             "timing_cache_mode": timing_cache_mode(build),
-            "summary_path": _said(build.summary_path),
+            "summary_path": said(build.summary_path),
             "engine_path": str(build.engine_path) if completed else None,
             "manifest": build.manifest,
-            "error": _said(build.error),
+            "error": said(build.error),
             "killed_after_commit": build.killed_after_commit,
             "adoptable": completed and not build.simulated and build.manifest is not None,
             "adoption": adoption,

@@ -230,6 +230,9 @@ class PhaseTree:
                 node.parent_id = parent.phase_id  # one string for both
                 parent.children.append(node.phase_id)
             else:
+                # A root: an id naming no phase here is not counted in ``text`` (the
+                # daemon's tree links by ``children``; a child's own keeps it).
+                node.parent_id = None if self.cut else node.parent_id
                 self.roots.append(node.phase_id)
         elif event.type == "step" and phase_id in self.nodes:
             self.nodes[phase_id].step = event.step

@@ -18,7 +18,8 @@ msgpack maps (``use_bin_type``; decoded with ``raw=False``) in both directions:
 
 ``encode`` turns a message into bytes; ``Decoder`` is incremental (a message may
 arrive split across reads, several in one read) and refuses a malformed one
-(not a map, an unknown kind or op, a missing or mistyped field, undecodable
+(not a map, an unknown kind or op, a missing or mistyped field, an event of a
+type not in ``events.EVENT_TYPES`` or a step outside 0..``MAX_STEP``, undecodable
 bytes): it is logged, counted in ``Decoder.malformed`` and skipped, never raised.
 It holds at most ``MAX_MESSAGE_BYTES`` of one unfinished message: a longer one is
 refused and, its end being unknown, so is the rest of the stream (``broken``).
@@ -33,7 +34,7 @@ from typing import Any, Generic, TypeVar
 import msgpack
 import structlog
 
-from inferd.engine_build.events import BuildEvent
+from inferd.engine_build.events import EVENT_TYPES, BuildEvent
 
 log = structlog.get_logger("inferd.builds.pipe")
 
@@ -135,20 +136,40 @@ def _optional(data: Mapping[str, Any], key: str, kind: type) -> Any:
     return value
 
 
+#: The largest ``step`` and ``numSteps`` taken (int64): a uint64 past it made the
+#: daemon's view of the phase (``completedSteps``, ``step + 1``) unpackable.
+MAX_STEP = 2**63 - 1
+
+
+def _count(data: Mapping[str, Any], key: str) -> int | None:
+    value: int | None = _optional(data, key, int)
+    if value is not None and not 0 <= value <= MAX_STEP:
+        raise MalformedMessage(f"{key!r} is outside 0..{MAX_STEP}")
+    return value
+
+
+def _event_type(data: Mapping[str, Any]) -> str:
+    value: str = _field(data, "type", str)
+    if value not in EVENT_TYPES:  # any string was kept (``PhaseTree.last_event``)
+        raise MalformedMessage(f"'type' is not one of {', '.join(EVENT_TYPES)}")
+    return value
+
+
 def event_from_dict(data: Mapping[str, Any]) -> BuildEvent:
-    """The inverse of ``BuildEvent.as_dict``; ``MalformedMessage`` if it is not one."""
+    """The inverse of ``BuildEvent.as_dict``; ``MalformedMessage`` if it is not one
+    (a ``type`` not in ``EVENT_TYPES``, a ``step`` or ``numSteps`` outside 0..``MAX_STEP``)."""
     detail = data.get("detail") or {}
     if not isinstance(detail, dict):
         raise MalformedMessage("'detail' is not a map")
     return BuildEvent(
         build_id=_field(data, "buildId", str),
         seq=_field(data, "seq", int),
-        type=_field(data, "type", str),
+        type=_event_type(data),
         phase_id=_optional(data, "phaseId", str),
         parent_id=_optional(data, "parentId", str),
         name=_optional(data, "name", str),
-        step=_optional(data, "step", int),
-        num_steps=_optional(data, "numSteps", int),
+        step=_count(data, "step"),
+        num_steps=_count(data, "numSteps"),
         mono_ns=_field(data, "monotonicNs", int),
         wall_ns=_field(data, "wallNs", int),
         thread=_field(data, "thread", str),

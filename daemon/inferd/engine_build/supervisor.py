@@ -43,11 +43,12 @@ from inferd.engine_build.build_record import (
     describe,
     event_payload,
     fdr_record,
+    said,
     said_refused,
     said_stalled,
     terminal_event,
 )
-from inferd.engine_build.child_exit import conclude, settle
+from inferd.engine_build.child_exit import conclude, keep_ended, settle
 from inferd.engine_build.events import TERMINAL_EVENTS
 from inferd.engine_build.pipe import (
     CancelCommand,
@@ -62,7 +63,7 @@ from inferd.engine_build.pipe import (
 )
 from inferd.engine_build.reader_deadlines import BuildDeadlines
 from inferd.engine_build.session import BUILD_RECORD
-from inferd.engine_build.status_view import keep_shown, listing_reply
+from inferd.engine_build.status_view import listing_reply
 from inferd.errors import UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
@@ -410,7 +411,7 @@ class BuildManager:
             build.summary_path = message.summary_path
             build.dropped_in_child = message.dropped_in_child
         elif isinstance(message, ErrorMessage):
-            build.error = message.error
+            build.error = said(message.error)  # kept as build.status shows it
 
     def _publish_event(self, build: Build, data: Mapping[str, Any]) -> None:
         payload = event_payload(build, data)
@@ -439,9 +440,8 @@ class BuildManager:
 
     def _ended(self, build: Build) -> None:
         """``build`` left the running set, however (``_finish``, ``settle``, ``_abandon``):
-        its tree keeps what ``build.status`` shows; ``on_finished`` is told (a rebuild's room)."""
-        with build.lock:
-            keep_shown(build.tree)
+        it keeps what ``build.status`` shows; ``on_finished`` is told (a rebuild's room)."""
+        keep_ended(build)  # never raises: on_finished is told whatever happens
         if self._on_finished is not None:
             try:
                 self._on_finished(BuildFinished.of(build))

@@ -39,7 +39,17 @@ from typing import Any
 
 import structlog
 
-from inferd.serving.rebuild_state import RETRIED, FinishedBuild, RebuiltModel, StartBuild, Switch
+from inferd.serving.rebuild_state import (
+    RETRIED,
+    FinishedBuild,
+    RebuiltModel,
+    StartBuild,
+    Switch,
+    alert_fields,
+    gave_up,
+    not_adopted,
+    not_started,
+)
 from inferd.serving.slot import BUILD_FIXES
 from inferd.serving.switching import (
     ModelClaimedError,
@@ -121,22 +131,20 @@ class FallbackRebuilder:
         why = f"{attempts} background build(s) in this run (runtime.rebuild_max_attempts)"
         if ask:
             log.warning("engine_build_gave_up", model=model, attempts=attempts, reason=reason)
-            self._alert(
-                Alert(
-                    "ERROR",
-                    "engine_build_gave_up",
-                    f"model {model!r} is back on onnx_trt_ep ({reason}) after {why}; it is "
-                    "not rebuilt again: it stays on onnx_trt_ep until an operator starts a build",
-                    fields={"model": model, "build_id": None},
-                )
-            )
+            self._alert(gave_up(model, reason, why))
         return why
 
     def on_build_finished(self, finished: FinishedBuild) -> None:
         """A build left the running set, any way (``BuildManager._ended``); only builds asked
         for here are acted on (an operator's is adopted with runtime.switch).  Its end made
-        room: the rebuilds that wait for it are asked for first."""
-        self._start_waiting()
+        room: the rebuilds that wait for it are asked for first, and whatever happens to
+        them, the ended build is handled."""
+        try:
+            self._start_waiting()
+        finally:
+            self._handle_ended(finished)
+
+    def _handle_ended(self, finished: FinishedBuild) -> None:
         with self._lock:
             state = self._models.get(finished.model)
             if state is None or state.build_id != finished.build_id:
@@ -187,16 +195,7 @@ class FallbackRebuilder:
 
     def describe(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return {
-                model: {
-                    "attempts": state.attempts,
-                    "build_id": state.build_id,
-                    "retry_scheduled": state.timer is not None,
-                    "adoption_pending": state.pending is not None,
-                    "adopted": state.adopted,
-                }
-                for model, state in self._models.items()
-            }
+            return {model: state.described() for model, state in self._models.items()}
 
     # -- the switcher's news (SwitchWatcher) -------------------------------------------
     def released(self, model: str) -> None:
@@ -222,7 +221,10 @@ class FallbackRebuilder:
         is cancelled (its engine would not be adopted); a running build finishes."""
         with self._lock:
             state = self._models.get(model)
-            if state is None or (state.timer is None and state.waiting is None):
+            if state is None:
+                return
+            state.chosen += 1  # a start refused for room meanwhile does not wait (_wait_for_room)
+            if state.timer is None and state.waiting is None:
                 return
             timer, state.timer, state.waiting = state.timer, None, None
         if timer is not None:
@@ -255,18 +257,21 @@ class FallbackRebuilder:
             if self._stopped:
                 return "the daemon is stopping"
             state.attempts += 1
-            attempt, ends = state.attempts, self._ends
+            attempt, ends, chosen = state.attempts, self._ends, state.chosen
         reply = None
         while reply is None:
             try:
                 reply = self._start_build({"model": model, "requested_by": REQUESTED_BY})
             except ProtocolError as exc:
                 if exc.code != Code.RESOURCE_EXHAUSTED or self._stopping():
-                    return self._not_started(model, exc)
-                outdated = self._wait_for_room(model, reason, ends, exc.message)
-                if outdated is None:
-                    return None  # asked for again when a build ends
+                    return self._not_started(model, exc.message)
+                outdated = self._wait_for_room(model, reason, (ends, chosen), exc.message)
+                if not isinstance(outdated, int):
+                    return outdated  # None: asked for again when a build ends
                 ends = outdated  # a build ended since it was asked for: room, maybe
+            except Exception as exc:  # the daemon's own fault (prune's unlink, memory):
+                # an attempt, as a refusal: a fault that stays ends in engine_build_gave_up
+                return self._not_started(model, f"{type(exc).__name__}: {exc}", exc_info=True)
         with self._lock:
             state.build_id = str(reply["build_id"])
         log.info(
@@ -278,14 +283,26 @@ class FallbackRebuilder:
         )
         return None
 
-    def _wait_for_room(self, model: str, reason: str, ends: int, refusal: str) -> int | None:
-        """Refused for ``builds.max_running``: it waits for a build to end (None), its
-        attempt taken back; or ends now, when one ended since ``ends``: ask again."""
+    def _wait_for_room(
+        self, model: str, reason: str, asked: tuple[int, int], refusal: str
+    ) -> int | str | None:
+        """Refused for ``builds.max_running``: its attempt taken back, it waits for a build
+        to end (None); or, when one ended since it was asked for (``asked``: the ends and
+        the model's operator's switches then), ask again now (the ends); or an operator's
+        switch of the model came meanwhile: it does not wait (why not)."""
+        ends, chosen = asked
         with self._lock:
-            if self._ends != ends:
+            state = self._models[model]
+            cancelled = state.chosen != chosen  # its switch found nothing waiting yet
+            if not cancelled and self._ends != ends:
                 return self._ends
-            self._models[model].attempts -= 1  # nothing built: no rebuild_max_attempts' attempt
-            self._models[model].waiting = reason
+            state.attempts -= 1  # nothing built: no rebuild_max_attempts' attempt
+            state.waiting = None if cancelled else reason
+            attempts = state.attempts
+        if cancelled:
+            why = "an operator switched the model while its build was refused for room"
+            log.info("engine_rebuild_retry_cancelled", model=model, attempts=attempts, reason=why)
+            return "cancelled"
         log.info("engine_rebuild_waiting", model=model, reason=reason, refusal=refusal)
         return None
 
@@ -297,21 +314,14 @@ class FallbackRebuilder:
         for model, reason in waiting:
             self._start(model, reason, waited=True)
 
-    def _not_started(self, model: str, exc: ProtocolError) -> str:
-        """Its build was refused for another cause than room: said, not retried."""
-        log.warning("engine_rebuild_not_started", model=model, error=exc.message)
+    def _not_started(self, model: str, why: str, exc_info: bool = False) -> str:
+        """Its build was refused for another cause than room, or could not start (with
+        its traceback: ``exc_info``): said, not retried."""
+        log.warning("engine_rebuild_not_started", model=model, error=why, exc_info=exc_info)
         if self._stopping():  # refused because the daemon stops: nothing to report
             return "the daemon is stopping"
-        self._alert(
-            Alert(
-                "WARNING",
-                "engine_build_failed",
-                f"background engine build of {model!r} could not start: {exc.message}; "
-                "it stays on onnx_trt_ep",
-                fields={"model": model, "build_id": None},
-            )
-        )
-        return f"its build could not start: {exc.message}"
+        self._alert(not_started(model, why))
+        return f"its build could not start: {why}"
 
     def _adopt(self, finished: FinishedBuild, tries: int) -> None:
         """Switch to the built engine (``tries``: this one included)."""
@@ -397,16 +407,7 @@ class FallbackRebuilder:
             build_id=finished.build_id,
             reason=why,
         )
-        self._alert(
-            Alert(
-                "WARNING",
-                "engine_build_not_adopted",
-                f"background engine build {finished.build_id} of {finished.model!r} made a "
-                f"validated, trusted engine that was not adopted: {why}; it is not rebuilt: "
-                "runtime.switch to tensorrt adopts it",
-                fields={"model": finished.model, "build_id": finished.build_id},
-            )
-        )
+        self._alert(not_adopted(finished, why))
 
     def _failed(self, finished: FinishedBuild, why: str) -> None:
         with self._lock:
@@ -440,11 +441,4 @@ class FallbackRebuilder:
 
     def _raise(self, level: AlertLevel, code: str, finished: FinishedBuild, message: str) -> None:
         log.warning(code, model=finished.model, build_id=finished.build_id)
-        self._alert(
-            Alert(
-                level,
-                code,
-                message,
-                fields={"model": finished.model, "build_id": finished.build_id},
-            )
-        )
+        self._alert(Alert(level, code, message, fields=alert_fields(finished)))

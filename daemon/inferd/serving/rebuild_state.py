@@ -1,5 +1,6 @@
 """What the background rebuilder (``rebuild.py``) is told of a finished build, the
-calls it makes, and what it keeps of each model it rebuilds."""
+calls it makes, what it keeps of each model it rebuilds, and the alerts it raises
+without a build to blame, or for a trusted engine it could not adopt."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from inferd.types import Alert
 
 
 class FinishedBuild(Protocol):
@@ -65,3 +68,54 @@ class RebuiltModel:
     #: Why its build is asked for, while it waits for room (``builds.max_running``
     #: builds were running): started when a build ends.
     waiting: str | None = None
+    #: Operators' switches of the model so far: a start refused for room while one
+    #: came does not wait (the switch found nothing waiting to cancel yet).
+    chosen: int = 0
+
+    def described(self) -> dict[str, Any]:
+        """As ``FallbackRebuilder.describe`` shows it."""
+        return {
+            "attempts": self.attempts,
+            "build_id": self.build_id,
+            "retry_scheduled": self.timer is not None,
+            "adoption_pending": self.pending is not None,
+            "adopted": self.adopted,
+        }
+
+
+def alert_fields(finished: FinishedBuild) -> dict[str, Any]:
+    """An alert's ``fields`` about ``finished``: its model and build."""
+    return {"model": finished.model, "build_id": finished.build_id}
+
+
+def gave_up(model: str, reason: str, why: str) -> Alert:
+    """``model`` fell back (``reason``) after ``why``: its rebuilds used up."""
+    return Alert(
+        "ERROR",
+        "engine_build_gave_up",
+        f"model {model!r} is back on onnx_trt_ep ({reason}) after {why}; it is "
+        "not rebuilt again: it stays on onnx_trt_ep until an operator starts a build",
+        fields={"model": model, "build_id": None},
+    )
+
+
+def not_started(model: str, why: str) -> Alert:
+    """``model``'s build was refused, or could not start, for ``why`` (not for room)."""
+    return Alert(
+        "WARNING",
+        "engine_build_failed",
+        f"background engine build of {model!r} could not start: {why}; it stays on onnx_trt_ep",
+        fields={"model": model, "build_id": None},
+    )
+
+
+def not_adopted(finished: FinishedBuild, why: str) -> Alert:
+    """A validated, trusted engine ``finished`` made was not adopted, for ``why``."""
+    return Alert(
+        "WARNING",
+        "engine_build_not_adopted",
+        f"background engine build {finished.build_id} of {finished.model!r} made a "
+        f"validated, trusted engine that was not adopted: {why}; it is not rebuilt: "
+        "runtime.switch to tensorrt adopts it",
+        fields=alert_fields(finished),
+    )
