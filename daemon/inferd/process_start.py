@@ -5,6 +5,14 @@
   algebra inferd never does (ONNX Runtime, TensorRT and the request path do not
   use it): ``OPENBLAS_NUM_THREADS=1`` unless the environment says otherwise.
   The children inherit it.
+* ONNX Runtime's wheels from PyPI (1.32 here) log telemetry: at the first session
+  a ``ProcessInfo`` event (the OS, the executable's path, a device id, the network
+  type) goes to a SQLite store under ``$HOME/.cache/Microsoft`` (for the unit's user,
+  inside ``/var/lib/inferd``, a file the daemon never checks) queued for Microsoft's
+  collector.  A flight computer's daemon sends nothing anywhere it was not told to:
+  ``ORT_DISABLE_TELEMETRY=1`` (read when ONNX Runtime makes its environment; the
+  Python ``disable_telemetry_events()`` comes after that first event) unless the
+  environment says otherwise.  The units set it too.
 * structlog imports rich when it is installed (inferd installs it for
   ``inferd build``'s live tree), for pretty tracebacks inferd's logs never use:
   the console renderer is given ``structlog.dev.plain_traceback``
@@ -12,8 +20,8 @@
   structlog is imported while rich reads as not installed; rich itself stays
   importable afterwards.
 
-Together they were 0.18 s of the 0.6 s a daemon spent importing on a 2-vCPU VM
-(DESIGN.md 332): a restart serves that much sooner, and the test suite starts
+The first and the last were 0.18 s of the 0.6 s a daemon spent importing on a 2-vCPU VM
+(DESIGN.md 332; the telemetry: 339): a restart serves that much sooner, and the test suite starts
 some 300 such processes.
 """
 
@@ -27,8 +35,10 @@ BLAS_THREADS = "1"
 
 
 def prepare_process() -> None:
-    """Set up this process before it imports numpy or structlog.  Idempotent."""
+    """Set up this process before it imports numpy, ONNX Runtime or structlog.
+    Idempotent."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import_structlog_without_rich()
 
 

@@ -66,6 +66,43 @@ def test_a_prepared_process_starts_no_blas_threads_and_structlog_never_sees_rich
     assert unprepared["threads"] > 1 or len(os.sched_getaffinity(0)) == 1
 
 
+ORT_SESSION = """
+import os, sys
+{prepare}
+import onnxruntime
+from inferd.demo_model import write_demo_model
+from pathlib import Path
+write_demo_model(Path(sys.argv[1]))
+onnxruntime.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+"""
+
+
+def written_under_home(tmp_path: Path, prepare: str) -> list[str]:
+    """The files an ONNX Runtime session made under ``$HOME`` in a fresh interpreter."""
+    home = tmp_path / f"home{len(prepare)}"
+    home.mkdir()
+    environ = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    done = subprocess.run(
+        [sys.executable, "-c", ORT_SESSION.format(prepare=prepare), str(tmp_path / "m.onnx")],
+        env={**environ, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return sorted(str(path.relative_to(home)) for path in home.rglob("*") if path.is_file())
+
+
+def test_a_prepared_process_leaves_no_onnx_runtime_telemetry_under_home(tmp_path: Path) -> None:
+    """ONNX Runtime 1.32's wheel queues a ``ProcessInfo`` event for Microsoft in
+    ``$HOME/.cache/Microsoft/DeveloperTools/.onnxruntime/`` at the first session."""
+    assert written_under_home(tmp_path, PREPARE) == []
+    # The same session unprepared, on a wheel that has the telemetry: its store.
+    unprepared = written_under_home(tmp_path, "")
+    assert unprepared == [] or any("onnxruntime" in path for path in unprepared), unprepared
+
+
 def test_an_operators_blas_setting_is_kept() -> None:
     assert probe(PREPARE, env={"OPENBLAS_NUM_THREADS": "2"})["blas_env"] == "2"
 
