@@ -14,10 +14,9 @@ group, and the build is recorded as cancelled with ``escalated: true`` (status,
 (``builds.max_duration_s``, or a shorter ``timeout_s``) its reader thread cancels
 it so, source ``timeout`` (both deadlines: ``reader_deadlines.py``).  A cancel
 that comes once the child has exited is not accepted: its end is its own.
-``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is
-recorded); ``build.start`` is rate limited per peer, at most ``builds.max_running``
-builds run at once (``admission.py``), and what builds leave is kept within the
-caps (``retention.py``).
+``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is recorded);
+``build.start`` is rate limited per peer, at most ``builds.max_running`` builds run at
+once (``admission.py``), and what builds leave is kept within the caps (``retention.py``).
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ from inferd.engine_build.pipe import (
 from inferd.engine_build.reader_deadlines import BuildDeadlines
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.engine_build.status_view import listing_reply
-from inferd.errors import UnsafeDirectoryError
+from inferd.errors import UncheckedDirectoryError, UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
@@ -145,9 +144,11 @@ class BuildManager:
                     what="the build's directory",
                 )
             except UnsafeDirectoryError as exc:
-                # An operator's to fix, not a daemon bug; checked before the
-                # admission takes one of the peer's starts.
-                raise ProtocolError(Code.FAILED_PRECONDITION, str(exc)) from None
+                # An operator's to fix (checked before the admission takes one of the
+                # peer's starts); one that could not be checked (EMFILE) is transient.
+                unchecked = isinstance(exc, UncheckedDirectoryError)
+                code = Code.UNAVAILABLE if unchecked else Code.FAILED_PRECONDITION
+                raise ProtocolError(code, str(exc)) from None
             incoming = self.admission.pending(build_id, model, builder, build_config, engine_path)
             self.admission.admit(peer, running, incoming)
             spec = build_args.child_spec(
