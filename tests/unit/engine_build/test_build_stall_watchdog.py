@@ -285,6 +285,7 @@ def test_a_rebuild_cancelled_for_its_stalls_ends_cancelled_leaves_nothing_and_is
         builds.manager.shutdown(wait_s=HANG_S)
     assert status["requested_by"] == REQUESTED_BY
     assert status["state"] == "cancelled" and status["cancel_source"] == "stall"
+    assert status["cancel_reason"].startswith("no progress for ")  # the child's words
     assert status["phase_tree"]["stalls"] >= 1 and status["last_stall"]["in_a_row"] == 1
     assert status["cleanup_status"] == "cleaned" and status["engine_path"] is None
     [record] = [payload for kind, payload in builds.records if kind == "engine_build"]
