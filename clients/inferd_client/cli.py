@@ -100,14 +100,23 @@ def main(argv: list[str] | None = None) -> int:
     infer = commands.add_parser("infer", parents=[json_option], help="run one inference")
     infer.add_argument("--model", required=True)
     source = infer.add_mutually_exclusive_group(required=True)
-    source.add_argument("--random", action="store_true", help="random inputs from the model spec")
+    source.add_argument(
+        "--random",
+        action="store_true",
+        help="random inputs from the model spec, the same on every call for one --seed",
+    )
     source.add_argument(
         "--npy",
         action="append",
         metavar="NAME=FILE.npy",
         help="an input from a .npy file; repeat for each input",
     )
-    infer.add_argument("--seed", type=int, default=0, help="seed for --random")
+    infer.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed for --random (default 0: the same inputs each call)",
+    )
     infer.add_argument("--deadline-ms", type=int)
     infer.add_argument("--save", type=Path, help="write outputs to this .npz file")
     infer.add_argument(

@@ -46,16 +46,17 @@ def check_config(path: Path) -> int:
         listed = "\n".join(f"  - {line}" for line in problems)
         print(f"inferd: invalid config {path}:\n{listed}", file=sys.stderr)
         return EXIT_USAGE
-    # Said, not checked: this process's RLIMIT_NOFILE is not the daemon's (its unit's).
+    # Said, not checked: this process's RLIMIT_NOFILE is not the daemon's (its unit's),
+    # so both lines are printed whatever the limits here: "note:", not a warning.
     needed = descriptors_needed(loaded.bus.max_connections, loaded.shm)
     print(
-        f"inferd: {path} needs {needed} open descriptors: inferd run refuses to start "
+        f"inferd: note: {path} needs {needed} open descriptors: inferd run refuses to start "
         "under a lower limit (the unit's LimitNOFILE=)",
         file=sys.stderr,
     )
     print(
-        f"inferd: {path} needs {mappings_needed(loaded.shm)} memory mappings beside those the "
-        "daemon maps at start (a few hundred): inferd run refuses to start when "
+        f"inferd: note: {path} needs {mappings_needed(loaded.shm)} memory mappings beside those "
+        "the daemon maps at start (a few hundred): inferd run refuses to start when "
         "vm.max_map_count cannot hold them",
         file=sys.stderr,
     )

@@ -152,4 +152,4 @@ def test_check_config_says_how_many_mappings_the_config_needs(
     config.write_text(render_config(tmp_path, models, shm={"max_regions_per_connection": 100}))
     assert main(["check-config", str(config)]) == 0
     needed = 16 * 100 + 1 + RESERVED_MAPPINGS
-    assert f"needs {needed} memory mappings" in capsys.readouterr().err
+    assert f"inferd: note: {config} needs {needed} memory mappings" in capsys.readouterr().err
