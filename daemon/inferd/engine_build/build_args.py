@@ -127,17 +127,11 @@ def parse_timeout(raw: object, max_duration_s: float) -> float:
     (the operator's bound on every build), which applies when it is absent."""
     if raw is None:
         return max_duration_s
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        if 0 < raw <= max_duration_s:  # NaN and inf fail it too
-            return float(raw)
-        got = repr(raw)
-    else:  # not echoed: it may be any msgpack value, of any size
-        got = f"a {type(raw).__name__}"
-    raise ProtocolError(
-        Code.INVALID_ARGUMENT,
-        f"'timeout_s' must be a number of seconds more than 0 and at most {max_duration_s:g} "
-        f"(builds.max_duration_s, which it may only shorten), got {got}",
+    rule = (
+        f"a number of seconds more than 0 and at most {max_duration_s:g} "
+        "(builds.max_duration_s, which it may only shorten)"
     )
+    return _seconds(raw, "timeout_s", lambda s: 0 < s <= max_duration_s, rule)
 
 
 def parse_stall_after(raw: object, configured: float) -> float:
@@ -145,16 +139,20 @@ def parse_stall_after(raw: object, configured: float) -> float:
     ``builds.stall_after_s`` (``configured``, which applies when it is absent)."""
     if raw is None:
         return configured
+    rule = f"{STALL_AFTER_RULE} (as builds.stall_after_s)"
+    return _seconds(raw, "stall_after_s", stall_after_ok, rule)
+
+
+def _seconds(raw: object, key: str, ok: Callable[[float], bool], rule: str) -> float:
+    """``raw`` as seconds when it is a number ``ok`` takes (NaN and inf fail any
+    comparison), else ``INVALID_ARGUMENT`` naming ``key`` and ``rule``."""
     if isinstance(raw, int | float) and not isinstance(raw, bool):
-        if stall_after_ok(raw):
+        if ok(raw):
             return float(raw)
         got = repr(raw)
     else:  # not echoed: it may be any msgpack value, of any size
         got = f"a {type(raw).__name__}"
-    raise ProtocolError(
-        Code.INVALID_ARGUMENT,
-        f"'stall_after_s' must be {STALL_AFTER_RULE} (as builds.stall_after_s), got {got}",
-    )
+    raise ProtocolError(Code.INVALID_ARGUMENT, f"'{key}' must be {rule}, got {got}")
 
 
 def child_spec(
