@@ -33,12 +33,12 @@ from inferd.engines.gate import explain, first_failure
 from inferd.engines.locate import EnginePlan, locate_engine
 from inferd.engines.quarantine import QUARANTINE_DIR
 from inferd.errors import EngineHashMismatchError, UncheckedDirectoryError, UncheckedEngineError
-from inferd.serving.rebuild import FallbackRebuilder
 from inferd.serving.slot import BUILD_FIXES, ModelSlot
 from inferd.types import BuildConfig, PrecisionMode
 from tests.tensorrt_bench import Bench
 from tests.unit.cli.test_build import off_jetson
 from tests.unit.engines.conftest import HOST, Deployment, Recorder
+from tests.unit.runtime.test_engine_dir_unchecked import rebuild_asked
 from tests.unit.runtime.test_tensorrt_engine_dir import _sinks
 
 CONFIG = BuildConfig(precision=PrecisionMode.FP16)  # what the conftest's VALID is named for
@@ -280,22 +280,7 @@ def test_a_model_whose_engine_could_not_be_read_falls_back_and_asks_no_build(
     assert slot.last_error is not None and "(EMFILE: Too many open files)" in slot.last_error
     assert _judged(logs) == [] and "engine_refused" not in bench.record.kinds()
     assert engine.is_file() and _quarantined(bench.engine_dir) == []
-    builds: list[dict[str, Any]] = []
-
-    def start_build(request: dict[str, Any]) -> dict[str, Any]:
-        builds.append(request)
-        return {"build_id": "b1"}
-
-    rebuilder = FallbackRebuilder(
-        start_build=start_build,
-        switch=lambda *_args: {},
-        alert=lambda _alert: None,
-        can_build=lambda: True,
-        backoff_s=0.0,
-        max_attempts=3,
-    )
-    with capture_logs() as logs:
-        rebuilder.on_fallback("demo", slot.last_error, slot.fallback_cause)
+    builds, logs, _why = rebuild_asked(slot)
     assert builds == []
     assert [line["cause"] for line in logs if line["event"] == "engine_rebuild_skipped"] == [
         "UncheckedEngineError"

@@ -52,6 +52,28 @@ def _unchecked_words(engine_dir: Path, code: int) -> str:
     )
 
 
+def rebuild_asked(slot: ModelSlot) -> tuple[list[dict[str, Any]], list[Any], str | None]:
+    """What a real ``FallbackRebuilder`` does with ``slot``'s fallback: the builds it
+    asked for, its log lines and ``on_fallback``'s answer."""
+    builds: list[dict[str, Any]] = []
+
+    def start_build(request: dict[str, Any]) -> dict[str, Any]:
+        builds.append(request)
+        return {"build_id": "b1"}
+
+    rebuilder = FallbackRebuilder(
+        start_build=start_build,
+        switch=lambda *_args: {},
+        alert=lambda _alert: None,
+        can_build=lambda: True,
+        backoff_s=0.0,
+        max_attempts=3,
+    )
+    with capture_logs() as logs:
+        why = rebuilder.on_fallback(slot.config.name, slot.last_error, slot.fallback_cause)
+    return builds, list(logs), why
+
+
 @pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO])
 def test_an_engine_dir_that_could_not_be_opened_is_unchecked_not_untrusted(
     tmp_path: Path, code: int
@@ -123,22 +145,7 @@ def test_a_model_whose_engine_dir_could_not_be_checked_serves_on_the_fallback_un
     assert slot.fallback_cause == "UncheckedDirectoryError"
     # A build would rebuild (force) an engine that is there, for minutes of the GPU.
     assert slot.fallback_cause not in BUILD_FIXES
-    builds: list[dict[str, Any]] = []
-
-    def start_build(request: dict[str, Any]) -> dict[str, Any]:
-        builds.append(request)
-        return {"build_id": "b1"}
-
-    rebuilder = FallbackRebuilder(
-        start_build=start_build,
-        switch=lambda *_args: {},
-        alert=lambda _alert: None,
-        can_build=lambda: True,
-        backoff_s=0.0,
-        max_attempts=3,
-    )
-    with capture_logs() as logs:
-        why = rebuilder.on_fallback("demo", slot.last_error, slot.fallback_cause)
+    builds, logs, why = rebuild_asked(slot)
     assert builds == []
     (skipped,) = [line for line in logs if line["event"] == "engine_rebuild_skipped"]
     assert skipped["cause"] == "UncheckedDirectoryError" and why == skipped["reason"]
