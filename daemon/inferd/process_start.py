@@ -1,6 +1,14 @@
 """What every inferd process does first, before its heavy imports: ``inferd``'s
 ``main`` and the bootstrap of each Python child it starts (``python_module``).
 
+* Descriptors 0, 1 and 2 are open: one closed when the process started
+  (``inferd run 2>&-``, a supervisor that closes it) is opened on ``/dev/null``,
+  and the ``sys`` stream Python left ``None`` for it is bound to it.  Otherwise
+  ``faulthandler.enable`` refuses a ``None`` ``sys.stderr`` (the daemon exited 1 at
+  start, saying nothing), a line said to it raised (an invalid config exited 1,
+  not 2), and the next file opened took the number: what native code writes to
+  fd 2 (ONNX Runtime, libzmq's assertions, faulthandler's dumps) would have gone
+  into it (an FDR segment, a socket).
 * numpy's OpenBLAS starts a thread per core when numpy is imported, for linear
   algebra inferd never does (ONNX Runtime, TensorRT and the request path do not
   use it): ``OPENBLAS_NUM_THREADS=1`` unless the environment says otherwise.
@@ -27,6 +35,7 @@ some 300 such processes.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -37,9 +46,36 @@ BLAS_THREADS = "1"
 def prepare_process() -> None:
     """Set up this process before it imports numpy, ONNX Runtime or structlog.
     Idempotent."""
+    open_standard_descriptors()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import_structlog_without_rich()
+
+
+def open_standard_descriptors() -> None:
+    """Open each of descriptors 0, 1 and 2 that is closed on ``/dev/null``, as that
+    number and inheritable (as the standard descriptors are), and bind the ``sys``
+    stream that is ``None`` for it to it, as Python would have (stderr flushed at
+    each line, escaping what it cannot encode)."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError as exc:
+            if exc.errno != errno.EBADF:  # open, whatever it is: left as it is
+                continue
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd
+            if opened != fd:
+                os.dup2(opened, fd)  # inheritable
+                os.close(opened)
+            os.set_inheritable(fd, True)  # os.open's descriptors are not
+        if getattr(sys, name) is None:
+            mode = "r" if fd == 0 else "w"
+            stream = open(  # noqa: SIM115  # the process's, for its whole life
+                fd, mode, buffering=1 if fd == 2 else -1, errors="backslashreplace", closefd=False
+            )
+            setattr(sys, name, stream)
+            if getattr(sys, f"__{name}__") is None:
+                setattr(sys, f"__{name}__", stream)
 
 
 def import_structlog_without_rich() -> None:

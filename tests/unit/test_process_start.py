@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from inferd.python_module import python_module
 from inferd.supervision.logging import escaped_traceback
@@ -135,3 +136,64 @@ def test_the_console_traceback_is_pythons_own_whether_or_not_structlog_has_rich(
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[-1] == "ValueError: the client sent \\x1b[2J"
     assert not any(box in out.getvalue() for box in "╭│╰")
+
+
+#: A fresh interpreter's report on its standard descriptors, as JSON.
+STANDARD_FDS = """
+import faulthandler, json, os, sys
+{prepare}
+def where(fd):
+    try:
+        return [os.readlink(f"/proc/self/fd/{{fd}}"), os.get_inheritable(fd)]
+    except OSError:
+        return None
+report = {{"fds": [where(fd) for fd in (0, 1, 2)]}}
+report["streams"] = [
+    getattr(getattr(sys, name), "fileno", lambda: None)() for name in ("stdin", "stdout", "stderr")
+]
+try:
+    faulthandler.enable(all_threads=True)
+    report["faulthandler"] = faulthandler.is_enabled()
+except RuntimeError as exc:
+    report["faulthandler"] = str(exc)
+report["next_fd"] = os.open(os.devnull, os.O_RDONLY)
+print(json.dumps(report))
+"""
+
+
+def standard_fds(prepare: str) -> dict[str, Any]:
+    """The report of a fresh interpreter started with descriptors 0 and 2 closed."""
+
+    def close_0_and_2() -> None:  # after the redirections, before exec
+        os.close(0)
+        os.close(2)
+
+    done = subprocess.run(
+        [sys.executable, "-c", STANDARD_FDS.format(prepare=prepare)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=close_0_and_2,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_a_process_started_with_closed_standard_descriptors_has_them_on_dev_null() -> None:
+    """``inferd run 2>&-``: Python left ``sys.stderr`` None, ``faulthandler.enable``
+    refused it (the daemon exited 1 at start, saying nothing), and the next file
+    opened took fd 2, where native code writes its errors (review RE, finding 2)."""
+    prepared = standard_fds(PREPARE)
+    fd0, fd1, fd2 = prepared["fds"]
+    assert fd0 == fd2 == [os.devnull, True]  # open, and inherited by children as fd 0/2
+    assert fd1 is not None and fd1[0] != os.devnull  # an open one left as it was
+    assert prepared["streams"] == [0, 1, 2]
+    assert prepared["faulthandler"] is True
+    assert prepared["next_fd"] == 3
+    # The same interpreter unprepared: what the test would miss if it never happened.
+    unprepared = standard_fds("")
+    assert unprepared["fds"][0] is None
+    assert unprepared["faulthandler"] == "sys.stderr is None"
+    assert unprepared["next_fd"] == 0

@@ -219,19 +219,23 @@ def run_build(
             watchdog.stop()
         raise
     started = time.monotonic()
-    # The --timeout is kept by this loop, not by a timer thread of its own, which
-    # the thread limit could refuse (DESIGN.md 310).
+    # The --timeout is kept by this thread (no timer thread for the thread limit to
+    # refuse, DESIGN.md 310): past it, the build is cancelled and commits nothing.
     deadline = None if request.timeout_s is None else started + request.timeout_s
+
+    def past_deadline() -> None:  # in the builder's wait, validation's, and after both
+        if deadline is not None and not token.is_set() and time.monotonic() >= deadline:
+            token.cancel("timeout", f"timeout {request.timeout_s}s")
+
     next_snapshot = started + snapshot_every_s
     while worker.is_alive():
         worker.join(0.02)  # the main thread stays free for signal handlers
         now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            token.cancel("timeout", f"timeout {request.timeout_s}s")
-            deadline = None
+        past_deadline()
         if snapshot_every_s and now >= next_snapshot:
             snapshots.append(adapter.snapshot())
             next_snapshot += snapshot_every_s
+    past_deadline()  # also for a builder that was done before the loop's first look
     builder_returned = time.monotonic()
     # sampled while the builder's process still holds what the build took
     evidence = read_host_evidence(request.device_index)
@@ -355,7 +359,9 @@ def run_build(
                 request.build_config.precision,
                 builder.infer,
                 token=token,
+                check_deadline=past_deadline,
             )
+        past_deadline()  # session creation and the smoke inference do not look
         if validation is not None and validation.status == "fail" and not token.is_set():
             quarantined_to = _quarantine_failed(staged, request.engine_path, validation)
         elif token.is_set():  # no verdict, or one a cancel overrides: nothing to commit

@@ -50,6 +50,8 @@ _SIGNAL_POLL_S = 0.05
 
 Arrays = dict[str, np.ndarray]
 Infer = Callable[[Path, Arrays], Mapping[str, np.ndarray]]
+#: ``run_build``'s deadline: cancels the token (source ``timeout``) once it has passed.
+CheckDeadline = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -110,21 +112,33 @@ class ValidationCancelled(Exception):
     """A cancel came while the build's engine was validated: no verdict."""
 
 
-def _stop_if_cancelled(token: CancellationToken | None) -> None:
+def _stop_if_cancelled(
+    token: CancellationToken | None, check_deadline: CheckDeadline | None = None
+) -> None:
+    if check_deadline is not None:
+        check_deadline()
     if token is not None and token.is_set():
         raise ValidationCancelled
 
 
-def _run_cancellable(session: Any, inputs: Arrays, token: CancellationToken | None) -> Arrays:
+def _run_cancellable(
+    session: Any,
+    inputs: Arrays,
+    token: CancellationToken | None,
+    check_deadline: CheckDeadline | None = None,
+) -> Arrays:
     """ONNX Runtime's reference run, stopped by a cancel: ``RunOptions.terminate`` set
-    from the token's listener ends the run between two nodes (ONNX Runtime raises)."""
+    from the token's listener ends the run between two nodes (ONNX Runtime raises).
+    ``check_deadline`` is called at each wait: a deadline that passes during the run
+    cancels the token, which stops it."""
     if token is None:
         return _run(session, inputs)
     import onnxruntime as ort
 
     options = ort.RunOptions()
     token.add_listener(lambda _request: setattr(options, "terminate", True))
-    _stop_if_cancelled(token)  # after the listener: a cancel is never missed between
+    # after the listener: a cancel is never missed between
+    _stop_if_cancelled(token, check_deadline)
     # On a thread of its own: the caller (the build's main thread) waits in ``join``,
     # where CPython runs a signal's handler (SIGTERM, SIGINT: the token's), which it
     # cannot do while that thread is inside ONNX Runtime's C++ ``run``.
@@ -140,6 +154,8 @@ def _run_cancellable(session: Any, inputs: Arrays, token: CancellationToken | No
     thread.start()
     while thread.is_alive():  # a signal just before a wait blocks is seen at the next
         thread.join(_SIGNAL_POLL_S)
+        if check_deadline is not None:
+            check_deadline()
     [outcome] = ended
     # The exception's traceback holds the thread's frame, which holds ``ended``, and
     # will hold this frame, which holds ``outcome``: neither may hold the exception,
@@ -177,16 +193,19 @@ def reference_session(model: ModelSource) -> Any:
 
 
 def reference_case(
-    model: ModelSource, seed: int = 0, token: CancellationToken | None = None
+    model: ModelSource,
+    seed: int = 0,
+    token: CancellationToken | None = None,
+    check_deadline: CheckDeadline | None = None,
 ) -> tuple[Arrays, Arrays]:
     """Smoke inputs and ONNX Runtime's outputs for them, from one session of the
     verified model (released before the engine under test runs); a cancel
-    (``token``) stops it after the session is made or during the run
-    (``ValidationCancelled``)."""
+    (``token``, or the deadline ``check_deadline`` keeps) stops it after the session
+    is made or during the run (``ValidationCancelled``)."""
     session = reference_session(model)
-    _stop_if_cancelled(token)
+    _stop_if_cancelled(token, check_deadline)
     inputs = _smoke_inputs(session, seed)
-    return inputs, _run_cancellable(session, inputs, token)
+    return inputs, _run_cancellable(session, inputs, token, check_deadline)
 
 
 def validate_build(
@@ -198,10 +217,13 @@ def validate_build(
     gate: Callable[[Path], None] = sidecar_gate,
     seed: int = 0,
     token: CancellationToken | None = None,
+    check_deadline: CheckDeadline | None = None,
 ) -> ValidationResult:
     """The verdict on ``engine_path``; ``token``: a cancel stops validation between its
-    steps and during ONNX Runtime's reference run (status ``cancelled``).  Making the
-    reference session and the engine's own smoke inference are not interruptible."""
+    steps and during ONNX Runtime's reference run (status ``cancelled``), and so does
+    a deadline there (``check_deadline``, called at those points, cancels the token).
+    Making the reference session and the engine's own smoke inference are not
+    interruptible."""
     atol, rtol = TOLERANCES[precision]
     try:
         gate(engine_path)
@@ -210,8 +232,8 @@ def validate_build(
     try:
         if not isinstance(model, ModelSource):  # the model as it is now
             model = ModelSource(model, model_digest(model).sha256)
-        inputs, expected = reference_case(model, seed, token)
-        _stop_if_cancelled(token)
+        inputs, expected = reference_case(model, seed, token, check_deadline)
+        _stop_if_cancelled(token, check_deadline)
         actual = infer(engine_path, inputs)
     except ValidationCancelled:
         source = token.source if token is not None else None

@@ -120,20 +120,21 @@ class DaemonRun:
         Interrupted while it waits (a second signal to the self-test, a second
         Ctrl-C): killed, and the interruption goes on, so the daemon never
         outlives the self-test that is being stopped."""
-        if self.process.poll() is None:
+        try:  # all of it: an interruption anywhere here still stops the daemon
+            if self.process.poll() is not None:  # ended, or stopped before
+                if self.exit_code is None:
+                    self.exit_code = self.process.returncode
+                return self.exit_code
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.exit_code = self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                self.exit_code = None
-            except BaseException:
-                self.process.kill()
-                self.process.wait()
-                raise
-        elif self.exit_code is None:
-            self.exit_code = self.process.returncode
+            self.exit_code = self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            self.exit_code = None
+        except BaseException:
+            self.process.kill()
+            self.process.wait()
+            raise
         return self.exit_code
 
 

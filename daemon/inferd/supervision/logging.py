@@ -306,8 +306,10 @@ class CurrentStderrLogger:
 
     def msg(self, message: str) -> None:
         with _STDERR_LOCK:
-            stream = sys.stderr
+            stream: TextIO | None = sys.stderr  # None: fd 2 was closed when Python started
             try:
+                if stream is None:
+                    raise ValueError("no stderr")
                 stream.write(message + "\n")
                 stream.flush()
             except (OSError, ValueError):  # ENOSPC, EPIPE, a closed file

@@ -177,3 +177,40 @@ def test_a_real_broken_pipe_on_stderr_keeps_exit_2(tmp_path: Path) -> None:
     finally:
         os.close(write_end)
     assert process.returncode == 2  # was 0
+
+
+def test_a_closed_stderr_keeps_exit_2_and_tells_systemd(tmp_path: Path) -> None:
+    """``inferd run 2>&-`` (a supervisor that starts it with fd 2 closed): Python
+    sets ``sys.stderr`` to None, and the line said after ``STATUS=`` raised
+    ``AttributeError``: exit 1, not 2 (review RE, finding 2).  Now fd 2 is opened
+    on /dev/null first thing (``process_start``)."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nno_such_key = 1\n")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.setblocking(False)  # all is sent before the process ends
+    environ = {k: v for k, v in os.environ.items() if k != "WATCHDOG_USEC"}
+    try:
+        process = subprocess.run(
+            [sys.executable, "-m", "inferd.cli", "run", "--config", str(bad)],
+            stdout=subprocess.PIPE,
+            env={**environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")},
+            cwd=REPO,
+            preexec_fn=lambda: os.close(2),  # after the redirections, before exec
+            timeout=60,
+        )
+        datagrams = sent(notify)
+    finally:
+        notify.close()
+    assert process.returncode == 2  # was 1
+    assert datagrams == [f"STATUS=invalid config {bad}: daemon: unknown key 'no_such_key'"]
+    assert process.stdout == b""  # the line went to /dev/null, not to another file
+
+
+def test_a_line_said_with_no_stderr_is_counted_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sys.stderr`` None (fd 2 closed when Python started, in a process that never
+    ran ``prepare_process``): the line is lost and counted, never raised."""
+    lost = CurrentStderrLogger.lines_lost
+    monkeypatch.setattr(sys, "stderr", None)
+    CurrentStderrLogger().msg("inferd: nobody hears this")
+    assert CurrentStderrLogger.lines_lost == lost + 1

@@ -76,8 +76,10 @@ def test_a_model_replaced_after_the_reference_was_read_does_not_fail_the_gate(
     model, new = two_models
     reference_case = validation.reference_case
 
-    def then_replaced(source: Any, seed: int = 0, token: Any = None) -> Any:
-        case = reference_case(source, seed, token)
+    def then_replaced(
+        source: Any, seed: int = 0, token: Any = None, check_deadline: Any = None
+    ) -> Any:
+        case = reference_case(source, seed, token, check_deadline)
         rename_over(new, model)
         return case
 
