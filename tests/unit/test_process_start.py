@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,35 @@ print(json.dumps(report))
 PREPARE = "from inferd.process_start import prepare_process\nprepare_process()"
 
 
-def probe(prepare: str, env: dict[str, str] | None = None) -> dict[str, object]:
-    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+def fresh_python(
+    argv: list[str],
+    *,
+    unset: str = "",
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> str:
+    """The standard output of ``argv`` (``python -c`` or ``python_module``), a fresh
+    interpreter: this process's environment less ``unset`` (what ``prepare_process``
+    set here), plus ``env``."""
+    environ = {k: v for k, v in os.environ.items() if k != unset}
     done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(prepare=prepare)],
+        argv,
         env={**environ, **(env or {})},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=None if preexec_fn is not None else subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
         timeout=60,
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    report: dict[str, object] = json.loads(done.stdout)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return done.stdout
+
+
+def probe(prepare: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    script = PROBE.format(prepare=prepare)
+    stdout = fresh_python([sys.executable, "-c", script], unset="OPENBLAS_NUM_THREADS", env=env)
+    report: dict[str, object] = json.loads(stdout)
     return report
 
 
@@ -82,16 +100,8 @@ def written_under_home(tmp_path: Path, prepare: str) -> list[str]:
     """The files an ONNX Runtime session made under ``$HOME`` in a fresh interpreter."""
     home = tmp_path / f"home{len(prepare)}"
     home.mkdir()
-    environ = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
-    done = subprocess.run(
-        [sys.executable, "-c", ORT_SESSION.format(prepare=prepare), str(tmp_path / "m.onnx")],
-        env={**environ, "HOME": str(home)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    argv = [sys.executable, "-c", ORT_SESSION.format(prepare=prepare), str(tmp_path / "m.onnx")]
+    fresh_python(argv, unset="ORT_DISABLE_TELEMETRY", env={"HOME": str(home)})
     return sorted(str(path.relative_to(home)) for path in home.rglob("*") if path.is_file())
 
 
@@ -110,17 +120,10 @@ def test_an_operators_blas_setting_is_kept() -> None:
 
 def test_every_child_inferd_starts_is_prepared_by_its_bootstrap(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE.format(prepare=""))
-    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    done = subprocess.run(
-        python_module("probe"),
-        env={**environ, "PYTHONPATH": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    stdout = fresh_python(
+        python_module("probe"), unset="OPENBLAS_NUM_THREADS", env={"PYTHONPATH": str(tmp_path)}
     )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = json.loads(stdout)
     assert report["threads"] == 1 and report["blas_env"] == "1"
     assert report["structlog_rich"] is False and report["rich_imported"] is False
 
@@ -168,16 +171,8 @@ def standard_fds(prepare: str) -> dict[str, Any]:
         os.close(0)
         os.close(2)
 
-    done = subprocess.run(
-        [sys.executable, "-c", STANDARD_FDS.format(prepare=prepare)],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=close_0_and_2,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout
-    report: dict[str, Any] = json.loads(done.stdout)
+    argv = [sys.executable, "-c", STANDARD_FDS.format(prepare=prepare)]
+    report: dict[str, Any] = json.loads(fresh_python(argv, preexec_fn=close_0_and_2))
     return report
 
 
