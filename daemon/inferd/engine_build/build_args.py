@@ -7,6 +7,7 @@ order a client meets them; nothing here starts, finds or changes a build.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import secrets
 import sys
 from collections.abc import Callable, Mapping
@@ -16,6 +17,7 @@ from typing import Any
 
 from inferd.config import BuildsConfig, ModelConfig
 from inferd.config.security import STALL_AFTER_RULE, stall_after_ok
+from inferd.engine_build.retention import next_build_number
 from inferd.engines.build_config import build_config_to_mapping, parse_build_config
 from inferd.engines.locate import model_file_problem
 from inferd.errors import ConfigError
@@ -27,6 +29,14 @@ _SIM_KEYS = {"step_s", "ignore_cancel", "fail"}
 _MAX_FAIL_CHARS = 256
 #: ``build.start``'s optional arguments with a default when absent, never null.
 _NOT_NULL = ("build_config", "simulation", "timeout_s", "stall_after_s")
+
+
+def build_counter(build_dir: Path, engine_dir: Path) -> itertools.count[int]:
+    """The numbers of the daemon's build ids (``b<N>-<6 hex>``), from 1 + the highest
+    on disk (``retention.next_build_number``): a later build has a higher number
+    across restarts, which orders builds where file times cannot (a wall clock at
+    1970 or set back)."""
+    return itertools.count(next_build_number(build_dir, engine_dir))
 
 
 def tensorrt_importable() -> bool:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -41,7 +40,8 @@ from typing import Any
 import structlog
 
 from inferd.digest import remembered_sha256
-from inferd.engine_build.retention import BUILD_ID, ArtifactSet
+from inferd.engine_build.retention import SUMMARY_NAME as SUMMARY_NAME  # commit_records'
+from inferd.engine_build.retention import ArtifactSet, build_order
 from inferd.engines.manifest import MANIFEST_NAME, Manifest
 from inferd.engines.naming import MODEL_HASH_CHARS, EngineName, parse_engine_name
 from inferd.engines.sidecar import read_sidecar, sidecar_path
@@ -59,7 +59,6 @@ log = structlog.get_logger("inferd.builds.retention")
 SUMMARY_MAX_BYTES = 4 * 1024 * 1024
 #: Why an owned engine stays (None: superseded), and the manifest entry to drop with it.
 _Pin = tuple[str | None, tuple[Path, Path, str] | None]
-SUMMARY_NAME = re.compile(rf"^(?P<engine>.+\.engine)\.(?P<build_id>{BUILD_ID})\.build\.json$")
 
 
 @dataclass(frozen=True)
@@ -74,8 +73,10 @@ class _Summary:
     digest: str | None
 
     @property
-    def order(self) -> tuple[int, str]:
-        return self.mtime_ns, self.build_id
+    def order(self) -> tuple[int, int, str]:
+        """Which build is newer (``retention.build_order``): by build number, never
+        by the summary's mtime first (the wall clock may be 1970 or set back)."""
+        return build_order(self.build_id, self.mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class _Owned:
     summary: _Summary
     digest: str
     mtime_ns: int
+
+    @property
+    def order(self) -> tuple[int, int, str]:
+        return build_order(self.summary.build_id, self.mtime_ns)
 
 
 class EngineOutputs:
@@ -204,8 +209,8 @@ class EngineOutputs:
         name = item.summary.name
         for newer in trusted:
             other = newer.summary.name
-            if (newer.mtime_ns, newer.summary.build_id) <= (item.mtime_ns, item.summary.build_id):
-                continue
+            if newer.order <= item.order:
+                continue  # built before it, by build number: the older one
             if (other.host, other.build_config_hash) != (name.host, name.build_config_hash):
                 continue
             if other.model_sha256_prefix == name.model_sha256_prefix:

@@ -13,12 +13,18 @@ A set stays while it belongs to a running build, its engine serves, it is pinned
 (an engine the manifest trusts and no newer trusted one supersedes), or it is its
 model's newest engine in its directory; every other set is removable (superseded,
 or a failed or cancelled build's summary).  Removal goes oldest first until both
-caps hold; each removed set is a ``build_artifact_removed`` FDR record.  The
-daemon prunes at start, before a build starts and after each build ends.  A
-build starts only when what must stay, with this build's set and one per running
-build on top (less the sets they will supersede), fits ``max_count`` and what is
-left fits ``max_bytes`` (``over_caps``): between builds both dirs stay within the
-caps, and a build's own set is the most a running build adds.
+caps hold.  Oldest and newest are by build number (``b<N>-``, numerically), never
+by the files' times first: the wall clock that stamps them may read 1970 at boot
+or be set back mid-run.  The daemon's counter starts past the highest number on
+disk (``next_build_number``), so a later build has a higher number across
+restarts; equal numbers (left by daemons that restarted at ``b1`` each run) fall
+back to the newest mtime, then the id.  Each removed set is a
+``build_artifact_removed`` FDR record.  The daemon prunes at start, before a
+build starts and after each build ends.  A build starts only when what must
+stay, with this build's set and one per running build on top (less the sets they
+will supersede), fits ``max_count`` and what is left fits ``max_bytes``
+(``over_caps``): between builds both dirs stay within the caps, and a build's own
+set is the most a running build adds.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ REMOVED_RECORD = "build_artifact_removed"
 #: The daemon's build ids: ``b<counter>-<6 hex>`` (``BuildManager``).
 BUILD_ID = r"b[0-9]+-[0-9a-f]{6}"
 _ARTIFACT = re.compile(rf"^(?P<model>[A-Za-z0-9_-]+)\.(?P<build_id>{BUILD_ID})\.")
+#: A TensorRT daemon build's summary in the engine dir (``engine_outputs.py``).
+SUMMARY_NAME = re.compile(rf"^(?P<engine>.+\.engine)\.(?P<build_id>{BUILD_ID})\.build\.json$")
+_NUMBER = re.compile(r"^b([0-9]+)-")
 
 RUNNING, SERVING, NEWEST = "running", "serving", "its model's newest engine"
 
@@ -71,10 +80,43 @@ class ArtifactSet:
     def has_engine(self) -> bool:
         return any(path.name.endswith(".engine") for path in self.paths)
 
+    @property
+    def order(self) -> tuple[int, int, str]:
+        """Oldest to newest: ``build_order``."""
+        return build_order(self.build_id, self.mtime_ns)
+
+
+def build_number(build_id: str) -> int:
+    """The number of a daemon build id (``b10-…``: 10; none: 0)."""
+    match = _NUMBER.match(build_id)
+    return int(match[1]) if match else 0
+
+
+def build_order(build_id: str, mtime_ns: int) -> tuple[int, int, str]:
+    """Which build is newer: the build number (numerically, ``b10`` after ``b9``),
+    then, for equal numbers (sets of daemons whose counter restarted at 1 each run),
+    the files' newest mtime, then the id."""
+    return build_number(build_id), mtime_ns, build_id
+
+
+def next_build_number(build_dir: Path, engine_dir: Path | None) -> int:
+    """Where the daemon's build counter starts: 1 + the highest build number among
+    the sets on disk (the builds dir's, and the engine dir's summaries), so that a
+    later build has a higher number than every set an earlier run left, whatever
+    the wall clock says.  What cannot be listed counts for nothing."""
+    ids = [artifact.build_id for artifact in scan(build_dir).sets]
+    if engine_dir is not None:
+        try:
+            names = os.listdir(engine_dir)
+        except OSError:
+            names = []  # missing (no TensorRT build yet) or unreadable: nothing to count
+        ids += [match["build_id"] for name in names if (match := SUMMARY_NAME.match(name))]
+    return 1 + max(map(build_number, ids), default=0)
+
 
 @dataclass(frozen=True)
 class Inventory:
-    #: Oldest first.
+    #: Oldest first (``build_order``).
     sets: tuple[ArtifactSet, ...]
     #: Every file under the builds dir (shared timing caches too) and the engine
     #: dir's daemon-build sets.
@@ -136,7 +178,7 @@ def scan(build_dir: Path) -> Inventory:
 
 
 def _inventory(sets: list[ArtifactSet], total: int) -> Inventory:
-    sets.sort(key=lambda s: (s.mtime_ns, s.build_id))
+    sets.sort(key=lambda s: s.order)
     return Inventory(tuple(sets), total)
 
 

@@ -21,7 +21,6 @@ once (``admission.py``), and what builds leave is kept within the caps (``retent
 
 from __future__ import annotations
 
-import itertools
 import os
 import secrets
 import threading
@@ -111,7 +110,7 @@ class BuildManager:
         self._builds: dict[str, Build] = {}
         self._lock = threading.Lock()
         self._accepting = True
-        self._counter = itertools.count(1)
+        self._counter = build_args.build_counter(build_dir, engine_dir)
         self._limits = limits = limits or BuildsConfig()
         self.max_duration_s = limits.max_duration_s
         self.admission = BuildAdmission(build_dir, limits, record, serving)

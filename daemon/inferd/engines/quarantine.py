@@ -1,15 +1,20 @@
 """The one quarantine convention for engine-dir files whose state is unclear.
 
-A file is moved to ``<dir>/quarantine/<name>.<timestamp>-<pid>-<random>`` with
-``<same>.reason`` beside it (one line: why): an operator can inspect what was
-refused.  Its ``.sha256`` sidecar, if any, moves with it.  The name is taken
-exclusively (a hard link that fails if it exists), so a second quarantine of the
-same name in the same second never replaces the first (a build's failed engine,
-then its final path's mismatched one).  A quarantine keeps the newest files while
-there are at most ``QUARANTINE_MAX_ITEMS`` of them totalling at most
-``QUARANTINE_MAX_BYTES`` (each may be a whole engine, and builds that fail
-validation add one each; the builds caps do not count this directory); older
-ones go, with their sidecar and reason, logged (DESIGN.md entry 138).
+A file is moved to ``<dir>/quarantine/<name>.<seq>.<timestamp>-<pid>-<random>``
+with ``<same>.reason`` beside it (one line: why): an operator can inspect what was
+refused.  Its ``.sha256`` sidecar, if any, moves with it.  ``seq`` (eight digits
+or more) is 1 + the highest in that quarantine: it orders what was moved there,
+where the timestamp (for people) and the files' ctime come from the wall clock,
+which may read 1970 at boot or be set back.  The name is taken exclusively (a
+hard link that fails if it exists), so a second quarantine of the same name in
+the same second never replaces the first (a build's failed engine, then its
+final path's mismatched one).  A quarantine keeps the newest files (the highest
+``seq``; a name without one, moved by an older daemon, is older than every one
+with, and those go by ctime) while there are at most ``QUARANTINE_MAX_ITEMS`` of
+them totalling at most ``QUARANTINE_MAX_BYTES`` (each may be a whole engine, and
+builds that fail validation add one each; the builds caps do not count this
+directory); older ones go, with their sidecar and reason, logged (DESIGN.md
+entry 138).
 Used by engine location (an engine file that fails the gate's steps 1-4), by
 build cleanup (a temp file or an engine whose write was interrupted, an engine
 that failed validation) and by the timing-cache policy (an unreadable cache).
@@ -41,8 +46,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,11 +64,17 @@ from inferd.owned_files import ensure_owned_dir, open_nofollow, open_regular_fil
 from inferd.types import EngineFile
 
 QUARANTINE_DIR = "quarantine"
-#: Files a quarantine keeps (with their ``.sha256`` and ``.reason``), newest first.
+#: Files a quarantine keeps (with their ``.sha256`` and ``.reason``), newest first
+#: (by the ``seq`` in their names).
 QUARANTINE_MAX_ITEMS = 16
 #: Bytes those files may total (the one just moved is kept whatever its size).
 QUARANTINE_MAX_BYTES = 1024**3
 _COMPANIONS = (".sha256", ".reason")
+#: ``<name>.<seq>.<timestamp>-<pid>-<6 hex>``: the ``seq`` of a quarantined name.
+_SEQUENCED = re.compile(r"\.(?P<seq>[0-9]{8,})\.[^./]*-[0-9]+-[0-9a-f]{6}$")
+#: Held from reading the highest ``seq`` to taking the name: no two of this process's
+#: quarantines take the same (another process's may; then ctime, then the name order).
+_NAMING = threading.Lock()
 
 log = structlog.get_logger("inferd.engines")
 
@@ -215,17 +228,31 @@ def _write_reason(path: Path, target: Path, reason: str) -> None:
         )
 
 
+def _sequence(name: str) -> int:
+    """The ``seq`` of a quarantined file's name; 0 for one without (an older daemon's)."""
+    match = _SEQUENCED.search(name)
+    return int(match["seq"]) if match else 0
+
+
+def _stem(path: Path, target_dir: Path) -> str:
+    """``<name>.<seq>.<timestamp>-<pid>`` for ``path`` moved into ``target_dir`` now:
+    ``seq`` is 1 + the highest there (called under ``_NAMING``)."""
+    highest = max(map(_sequence, os.listdir(target_dir)), default=0)
+    return f"{path.name}.{highest + 1:08d}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+
+
 def _reserve_name(path: Path, target_dir: Path) -> Path:
     """A new name in ``target_dir`` for ``path``, taken by an empty file made there
     exclusively: a ``rename`` onto it then replaces nothing but that placeholder."""
-    stamp = f"{path.name}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    while True:
-        target = target_dir / f"{stamp}-{secrets.token_hex(3)}"
-        try:
-            os.close(open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            continue
-        return target
+    with _NAMING:
+        stem = _stem(path, target_dir)
+        while True:
+            target = target_dir / f"{stem}-{secrets.token_hex(3)}"
+            try:
+                os.close(open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            return target
 
 
 def _move_if_same(source: Path, target: Path, info: os.stat_result) -> str | None:
@@ -282,36 +309,39 @@ def _move_exclusively(path: Path, target_dir: Path) -> Path:
     """Move ``path`` into ``target_dir`` under a new name, never over an existing entry:
     linked there (``EEXIST`` when taken: another name is drawn), then unlinked here.
     A symlink is moved as itself, not followed."""
-    stamp = f"{path.name}.{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    while True:
-        target = target_dir / f"{stamp}-{secrets.token_hex(3)}"
-        try:
-            os.link(path, target, follow_symlinks=False)
-        except FileExistsError:
-            continue
-        os.unlink(path)
-        return target
+    with _NAMING:
+        stem = _stem(path, target_dir)
+        while True:
+            target = target_dir / f"{stem}-{secrets.token_hex(3)}"
+            try:
+                os.link(path, target, follow_symlinks=False)
+            except FileExistsError:
+                continue
+            break
+    os.unlink(path)
+    return target
 
 
 def _prune(directory: Path, keep: Path) -> None:
-    """Keep the newest files (by the ctime their move set) while there are at most
+    """Keep the newest files (the highest ``seq`` in their names; for names without
+    one, older than all with, the ctime their move set) while there are at most
     ``QUARANTINE_MAX_ITEMS`` totalling at most ``QUARANTINE_MAX_BYTES``; remove the
     older ones, each with its companions.  ``keep`` (just moved) always stays and
-    counts first."""
-    items: list[tuple[int, int, str]] = []
+    counts first.  Never by ctime first: the wall clock stamps it."""
+    items: list[tuple[int, int, int, str]] = []
     for entry in os.scandir(directory):
         if entry.name.endswith(_COMPANIONS):
             continue
         with contextlib.suppress(FileNotFoundError):
             info = entry.stat(follow_symlinks=False)
             if not stat.S_ISDIR(info.st_mode):
-                items.append((info.st_ctime_ns, info.st_size, entry.name))
+                items.append((_sequence(entry.name), info.st_ctime_ns, info.st_size, entry.name))
     items.sort(reverse=True)
-    kept = [(size, name) for _, size, name in items if name == keep.name]
+    kept = [(size, name) for _, _, size, name in items if name == keep.name]
     count, total = len(kept), sum(size for size, _ in kept)
     removed = []
     full = False
-    for _, size, name in items:
+    for _, _, size, name in items:
         if name == keep.name:
             continue
         full = full or count >= QUARANTINE_MAX_ITEMS or total + size > QUARANTINE_MAX_BYTES
