@@ -19,6 +19,7 @@ from inferd_client.connection_watch import (
     CURVE_FRAME_OVERHEAD,
     MAX_FRAME_BOUND,
     ConnectionWatch,
+    make_socket,
 )
 from inferd_client.endpoint_trust import (
     check_process,
@@ -210,7 +211,9 @@ class RequestChannel:
         runs a signal handler where a function begins or a loop jumps back): an
         exception before them leaves the channel's state as it was, ``_whole``
         included."""
-        sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
+        # ``Unreachable`` naming the endpoint and the errno when the socket or its
+        # monitor cannot be made (``EMFILE``), here or when made anew (``_renew``).
+        sock = make_socket(self._context, zmq.DEALER, self.endpoint)
         watch: ConnectionWatch | None = None
         try:
             sock.setsockopt(zmq.LINGER, 0)

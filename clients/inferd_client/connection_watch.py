@@ -24,6 +24,7 @@ libzmq allows one monitor per socket, so a socket whose ``ipc://`` connections
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import select
 from typing import Any, NoReturn
@@ -32,7 +33,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from inferd_client.endpoint_trust import connect
-from inferd_client.errors import ConnectionRefused
+from inferd_client.errors import ConnectionRefused, Unreachable
 from inferd_wire.send_buffer import CONNECTION_EVENTS, SendBuffer
 
 #: What CURVE adds around a frame: it travels in a MESSAGE command 33 bytes
@@ -53,6 +54,25 @@ _MONITORED = _UP | _DOWN | _RETRYING | _REFUSED
 #: Names each monitor's endpoint (``inproc://``, one per context): never a
 #: descriptor's number, which a closed socket's successor may reuse.
 _monitors = itertools.count()
+
+
+def socket_error(endpoint: str, exc: zmq.ZMQError) -> Unreachable:
+    """A socket for ``endpoint``, or its monitor, that ZeroMQ could not make
+    (``EMFILE`` at the descriptor limit, a terminated context): ``Unreachable``
+    naming the endpoint and the errno, as ``RegionChannel`` says of its own
+    (DESIGN.md 302), not a bare ``zmq.ZMQError`` out of a client."""
+    code = exc.errno if exc.errno is not None else 0
+    name = errno.errorcode.get(code, f"errno {code}")
+    return Unreachable(f"cannot make a socket for {endpoint}: {name}: {exc.strerror}")
+
+
+def make_socket(context: zmq.Context[Any], kind: int, endpoint: str) -> zmq.Socket[Any]:
+    """``context.socket(kind)``, for ``endpoint``; ``socket_error`` when it cannot be made."""
+    try:
+        sock: zmq.Socket[Any] = context.socket(kind)
+    except zmq.ZMQError as exc:
+        raise socket_error(endpoint, exc) from None
+    return sock
 
 
 def refused_error(endpoint: str, status: int, anew: str) -> ConnectionRefused:
@@ -92,9 +112,12 @@ class ConnectionWatch:
         self._reconnect = reconnect
         self._send_buffer = send_buffer if send_buffer is not None and send_buffer.sizes else None
         events = _MONITORED | (CONNECTION_EVENTS if self._send_buffer is not None else 0)
-        self.monitor: zmq.Socket[Any] = sock.get_monitor_socket(
-            events, f"inproc://inferd-monitor-{next(_monitors)}"
-        )
+        try:
+            self.monitor: zmq.Socket[Any] = sock.get_monitor_socket(
+                events, f"inproc://inferd-monitor-{next(_monitors)}"
+            )
+        except zmq.ZMQError as exc:  # the caller closes ``sock``, its monitoring with it
+            raise socket_error(endpoint, exc) from None
         self.monitor.setsockopt(zmq.LINGER, 0)
         #: The monitor's descriptor: readable once news came after ``check`` last
         #: read all there was (a look at it costs ~1 us, ``ZMQ_EVENTS`` ~2.2 us).

@@ -11,7 +11,7 @@ from typing import Any
 import zmq
 
 from inferd_client.channel import MAX_WAIT_MS, SocketWait, checked_timeout, wait_ms
-from inferd_client.connection_watch import CURVE_FRAME_OVERHEAD, ConnectionWatch
+from inferd_client.connection_watch import CURVE_FRAME_OVERHEAD, ConnectionWatch, make_socket
 from inferd_client.endpoint_trust import (
     check_process,
     connect,
@@ -83,7 +83,7 @@ class EventSubscriber:
     ) -> None:
         subscribed = tuple(check_topic(topic) for topic in topics)  # before any socket
         self._endpoint = trusted_endpoint(endpoint or default_endpoints().events)
-        self._socket: zmq.Socket[Any] = (context or zmq.Context.instance()).socket(zmq.SUB)
+        self._socket = make_socket(context or zmq.Context.instance(), zmq.SUB, self._endpoint)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_EVENT_FRAME_BYTES)
         self._watch: ConnectionWatch | None = None

@@ -28,6 +28,7 @@ import numpy as np
 from inferd_client.channel import checked_timeout, wait_ms
 from inferd_client.endpoint_trust import check_process, process_generation, trusted_endpoint
 from inferd_client.errors import (
+    ClientError,
     InvalidArgument,
     MalformedReply,
     RequestTimeout,
@@ -98,24 +99,57 @@ class RegionChannel:
         self._timeout = timeout
         self._next_id = next_id or itertools.count(1).__next__
         self.discarded_replies = 0
-        #: Ids of registrations that timed out: the daemon may still register the
-        #: region, under an id we would never learn; its late reply unregisters it.
-        self._unanswered_registrations: set[int] = set()
+        #: Registrations that timed out, by id, with the region each was for: the
+        #: daemon may still make one, under an id only its late reply names.  That
+        #: reply is adopted as the registration of the region ``register`` makes
+        #: now, and unregisters any other (``_late``).
+        self._unanswered_registrations: dict[int, weakref.ref[SharedRegion]] = {}
+        #: The region ``register`` registers now, and the id of a late registration
+        #: of it read meanwhile (``_late``).
+        self._registering: SharedRegion | None = None
+        self._adopted: str | None = None
         #: The polling window before an infer reply is due (``reply_spin``).
         self.spin = spin
         self._generation = process_generation()
 
     def register(self, region: SharedRegion, *, timeout: float | None = None) -> str:
         """Hand ``region``'s memfd to the daemon; returns the region id.  ``timeout``:
-        the most seconds to wait for the answer (None: the channel's)."""
-        header: dict[str, Any] = {"op": "register"}
-        if region.label is not None:
-            header["label"] = region.label
-        result = self._call(header, [region.fd], timeout)
-        region_id = result.get("region")
-        if not isinstance(region_id, str):
-            raise MalformedReply(f"register reply has no region id: {result!r}")
-        return region_id
+        the most seconds to wait for the answer (None: the channel's).
+
+        A registration of ``region`` that timed out on this connection and that
+        the daemon made late is this one: its late reply, read first without
+        waiting, names the id, and nothing is sent.  Sent again, the region
+        would be held twice, its second copy counted against the daemon's bounds
+        and refused for the first's bytes.  One that comes while this waits is
+        taken too: over this one's refusal or timeout, or in place of a copy."""
+        wait = self._timeout if timeout is None else checked_timeout(timeout)
+        self._registering = region  # ``_adopted`` is None outside ``register``
+        try:
+            if self._unanswered_registrations:
+                self._read_queued(time.monotonic() + wait)
+                if self._adopted is not None:
+                    return self._adopted
+            header: dict[str, Any] = {"op": "register"}
+            if region.label is not None:
+                header["label"] = region.label
+            try:
+                result = self._call(header, [region.fd], wait, region)
+            except Unreachable:
+                raise  # the connection is gone, and all it registered
+            except ClientError:
+                # The late one came while this waited: the region is registered.
+                if self._adopted is None or self.hung_up():
+                    raise
+                return self._adopted
+            region_id = result.get("region")
+            if not isinstance(region_id, str):
+                raise MalformedReply(f"register reply has no region id: {result!r}")
+            if self._adopted is not None:  # made twice after all: one copy goes
+                self._release(region_id, time.monotonic() + wait)
+                return self._adopted
+            return region_id
+        finally:
+            self._registering, self._adopted = None, None
 
     def unregister(self, region_id: str) -> None:
         self._call({"op": "unregister", "region": region_id}, [])
@@ -141,15 +175,27 @@ class RegionChannel:
         )
 
     def _call(
-        self, header: dict[str, Any], fds: list[int], timeout: float | None = None
+        self,
+        header: dict[str, Any],
+        fds: list[int],
+        timeout: float | None = None,
+        region: SharedRegion | None = None,
     ) -> dict[str, Any]:
-        """A registration op: its result, or RemoteError."""
+        """A registration op (``region``'s, for a ``register``): its result, or
+        RemoteError."""
         request_id, message = self._message(header)
         wait = self._timeout if timeout is None else checked_timeout(timeout)
-        reply = self._exchange(message, fds, request_id, wait)
+        try:
+            reply = self._exchange(message, fds, request_id, wait)
+        except BaseException:
+            # A wait that failed on another message (MalformedReply), or that a
+            # signal handler's exception cut short: the daemon may still make it.
+            if region is not None:
+                self._unanswered_registrations[request_id] = weakref.ref(region)
+            raise
         if reply is None:
-            if header["op"] == "register":
-                self._unanswered_registrations.add(request_id)
+            if region is not None:
+                self._unanswered_registrations[request_id] = weakref.ref(region)
             raise RequestTimeout(f"no reply from {self.path}")
         if reply.get("id") is None:
             # Our registration messages are always readable: this is the refusal of
@@ -199,11 +245,7 @@ class RegionChannel:
                     return None
                 if not data:
                     raise Unreachable(f"the daemon closed the shm socket {self.path}")
-                try:
-                    reply = protocol.unpack_header(data, MAX_SHM_MESSAGE_BYTES)
-                except ProtocolError as exc:
-                    raise MalformedReply(str(exc)) from None
-                check_reply_id(reply)  # ``True == 1``, and a list is no set member
+                reply = _reply_of(data)
                 reply_id = reply.get("id")
                 if reply_id == request_id:
                     if timing is not None:
@@ -211,12 +253,48 @@ class RegionChannel:
                     return reply
                 if reply_id is None:  # an error (``check_reply_id``): see the class
                     return reply
-                self.discarded_replies += 1
-                if reply_id in self._unanswered_registrations:
-                    self._unanswered_registrations.discard(reply_id)
-                    self._release(reply, give_up_at)
+                self._late(reply_id, reply, give_up_at)
         except OSError as exc:
             raise Unreachable(f"the shm socket {self.path} failed: {exc}") from None
+
+    def _read_queued(self, give_up_at: float) -> None:
+        """Read the replies already here, without waiting (``register``): a late
+        registration's is adopted or its region unregistered (``_late``) before
+        anything else is sent, so the daemon never holds a region twice."""
+        try:
+            while self._readable.poll(0):
+                data = self._receive(0.0, ready=True)  # 0.0: long past, so never waits
+                if data is None:
+                    return
+                if not data:
+                    raise Unreachable(f"the daemon closed the shm socket {self.path}")
+                reply = _reply_of(data)
+                reply_id = reply.get("id")
+                if reply_id is None:  # an error of a message given up on: nobody waits
+                    self.discarded_replies += 1
+                    continue
+                self._late(reply_id, reply, give_up_at)
+        except OSError as exc:
+            raise Unreachable(f"the shm socket {self.path} failed: {exc}") from None
+
+    def _late(self, reply_id: int, reply: dict[str, Any], give_up_at: float) -> None:
+        """A reply to an id no longer waited for.  A late registration (the daemon
+        made one the caller was told had timed out) of the region ``register``
+        registers now is adopted as its registration; any other's region is
+        unregistered, since nobody knows its id but this reply.  Other replies are
+        discarded and counted."""
+        made_for = self._unanswered_registrations.pop(reply_id, None)
+        result = reply.get("result")
+        region_id = result.get("region") if isinstance(result, dict) else None
+        if made_for is None or reply.get("ok") is not True or not isinstance(region_id, str):
+            self.discarded_replies += 1
+            return
+        registering = self._registering
+        if registering is not None and made_for() is registering and self._adopted is None:
+            self._adopted = region_id
+            return
+        self.discarded_replies += 1
+        self._release(region_id, give_up_at)
 
     def _message(self, header: dict[str, Any]) -> tuple[int, bytes]:
         """A registration op's id and message."""
@@ -225,18 +303,15 @@ class RegionChannel:
             {"v": protocol.PROTOCOL_VERSION, "id": request_id, **header}
         )
 
-    def _release(self, late: dict[str, Any], give_up_at: float) -> None:
-        """Unregister the region a late registration reply names, without waiting for
-        the answer (discarded as any reply to an id no longer waited for): a reply
-        awaited here could be the one the current exchange waits for."""
-        result = late.get("result")
-        region_id = result.get("region") if isinstance(result, dict) else None
-        if late.get("ok") is True and isinstance(region_id, str):
-            _, message = self._message({"op": "unregister", "region": region_id})
-            # Not sent (the daemon not reading, or gone): the connection's close
-            # releases it, and the exchange sees a closed connection for itself.
-            with contextlib.suppress(OSError):
-                self._send(message, [], give_up_at)
+    def _release(self, region_id: str, give_up_at: float) -> None:
+        """Unregister ``region_id`` (a registration nobody else knows of), without
+        waiting for the answer (discarded as any reply to an id no longer waited
+        for): a reply awaited here could be the one the current exchange waits for."""
+        _, message = self._message({"op": "unregister", "region": region_id})
+        # Not sent (the daemon not reading, or gone): the connection's close
+        # releases it, and the exchange sees a closed connection for itself.
+        with contextlib.suppress(OSError):
+            self._send(message, [], give_up_at)
 
     def _send(self, message: bytes, fds: list[int], give_up_at: float) -> bool:
         """Send one message; False when it could not go before ``give_up_at`` (the
@@ -445,6 +520,16 @@ class ShmRequest:
 
     def encode(self, request_id: int) -> bytes:
         return self._header.encode(request_id)
+
+
+def _reply_of(data: bytes) -> dict[str, Any]:
+    """A message of the shm socket, as a reply header with a checked id."""
+    try:
+        reply = protocol.unpack_header(data, MAX_SHM_MESSAGE_BYTES)
+    except ProtocolError as exc:
+        raise MalformedReply(str(exc)) from None
+    check_reply_id(reply)  # ``True == 1``, and a list is no set member
+    return reply
 
 
 def _wait(poller: select.poll, give_up_at: float) -> bool:

@@ -37,7 +37,7 @@ from inferd_client import (
 )
 from inferd_client.shm import RegionChannel
 from inferd_wire import protocol
-from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES
+from inferd_wire.regions import MAX_SHM_MESSAGE_BYTES, shown
 from tests.conftest import (
     HANG_S,
     REPO,
@@ -943,28 +943,42 @@ def test_inferctl_infer_shm_and_status_show_it(daemon: DaemonProcess) -> None:
         assert f"uid {os.getuid()} pid {os.getpid()}" in row and "registered" in row
 
 
-def test_a_registration_that_timed_out_is_unregistered_when_its_reply_comes(
+def test_a_registration_that_timed_out_and_was_made_late_is_the_retrys(
     daemon: DaemonProcess,
 ) -> None:
     """The daemon, stopped, registers the region late, under an id the client never
-    learnt; that late reply makes the client unregister it, so a retry leaves the
-    region registered once."""
-    with InferenceClient(daemon.infer, timeout=0.5) as client:
+    learnt.  The retry reads that late reply before it sends anything and takes it
+    as the region's registration: the region is held once.  It is 5/8 of
+    ``shm.max_bytes_per_uid``, so two copies do not fit (review RD: the retry was
+    sent first and refused RESOURCE_EXHAUSTED for the bytes of its own late copy)."""
+    nbytes = LIMIT_BYTES * 5 // 8
+
+    def late(operator: OperatorClient) -> list[dict[str, Any]]:
+        regions: list[dict[str, Any]] = operator.status()["shm"]["regions"]
+        return [r for r in regions if r["label"] == "late" and r["state"] == "registered"]
+
+    with (
+        InferenceClient(daemon.infer, timeout=0.5) as client,
+        OperatorClient(daemon.control, timeout=5) as operator,
+    ):
         client.shared_region(4096)  # the registration connection is open
-        with SharedRegion(4096) as region:
+        with SharedRegion(nbytes, label="late") as region:
             with stopped(daemon.process.pid), pytest.raises(RequestTimeout):
                 client.register_region(region)
-            client.register_region(region)  # reads the late reply before its own
-            # Answered in order on the connection: the late one's release came first.
+            # The daemon goes on and makes it: its reply waits for the client.
+            (made,) = wait_until(lambda: late(operator), message="the late registration")
+            region_id = client.register_region(region)
+            assert shown(region_id) == made["id"] and made["nbytes"] == nbytes
+            assert [r["id"] for r in late(operator)] == [made["id"]]  # held once
+            assert client.shm_regions["registered"] == 2
             client.unregister_region(region)
-            with OperatorClient(daemon.control, timeout=5) as operator:
-                # Released regions are listed ("releasing") until the registration
-                # thread, woken by each release, has unmapped them.
-                wait_until(
-                    lambda: all(
-                        r["state"] == "registered" for r in operator.status()["shm"]["regions"]
-                    ),
-                    message="the released regions unmapped",
-                )
-                held = [r["id"] for r in operator.status()["shm"]["regions"]]
-            assert len(held) == 1, held  # the first one only
+            # Released regions are listed ("releasing") until the registration
+            # thread, woken by each release, has unmapped them.
+            wait_until(
+                lambda: all(
+                    r["state"] == "registered" for r in operator.status()["shm"]["regions"]
+                ),
+                message="the released region unmapped",
+            )
+            held = [r["label"] for r in operator.status()["shm"]["regions"]]
+            assert held == [None], held  # the first region only

@@ -190,8 +190,9 @@ public:
             // The attempt's timeout bounds its send and its wait together.
             auto give_up_at = detail::deadline_after(wait);
             // A socket whose connection the daemon refused connects no more:
-            // made anew, it connects again.
-            if (refused_) reopen();
+            // made anew, it connects again; so is one that could not be made
+            // (open, forget_unsent).
+            if (refused_ || !socket_) reopen();
             // News of a connection that ended while the channel was idle (a daemon
             // restart) is read now: later, it would fail a request sent on the
             // new connection. A refusal met while no call waited (at construction,
@@ -229,8 +230,14 @@ public:
     std::uint64_t connections_lost() const { return connections_lost_; }
 
 private:
+    // ClientError (socket_error) when ZeroMQ cannot make the socket or its
+    // monitor, the socket left closed: the next call makes it (request).
     void open() {
-        socket_ = zmq::socket_t(*context_, zmq::socket_type::dealer);
+        try {
+            socket_ = zmq::socket_t(*context_, zmq::socket_type::dealer);
+        } catch (const zmq::error_t& error) {
+            throw detail::socket_error(endpoint_, error);
+        }
         socket_.set(zmq::sockopt::linger, 0);
         // Queue a request only on a connection that is up: without it, requests
         // sent while no daemon is there wait in the socket's queue past their
@@ -255,7 +262,12 @@ private:
         // Before the connection it watches (and sizes: one monitor per socket).
         std::function<void(int)> connected;
         if (send_buffer_.wanted()) connected = [this](int fd) { send_buffer_.size(fd); };
-        watch_ = std::make_unique<detail::ConnectionWatch>(*context_, socket_, std::move(connected));
+        try {
+            watch_ = std::make_unique<detail::ConnectionWatch>(*context_, socket_, std::move(connected));
+        } catch (const zmq::error_t& error) {
+            socket_.close();
+            throw detail::socket_error(endpoint_, error);
+        }
         try {
             socket_.connect(endpoint_);
         } catch (const zmq::error_t& error) {
@@ -408,8 +420,8 @@ private:
         try {
             open();
         } catch (const std::exception&) {
-            // Out of file descriptors or a terminated context: the next call
-            // on this channel fails on the closed socket and says so.
+            // Out of file descriptors or a terminated context: the socket stays
+            // closed, and the next call makes it (or says why it cannot).
         }
     }
 
@@ -562,7 +574,7 @@ std::string InferenceClient::register_mapping(
     }
     std::string id;
     try {
-        id = shm_->register_region(*mapping, left());
+        id = shm_->register_region(mapping, left());
     } catch (const ClientError&) {
         if (shm_->hung_up()) shm_closed();  // its next registration is on a new connection
         throw;

@@ -39,6 +39,11 @@ ConnectionWatch::ConnectionWatch(zmq::context_t& context, zmq::socket_t& socket,
     }
 }
 
+ClientError socket_error(const std::string& endpoint, const zmq::error_t& error) {
+    return ClientError("cannot make a socket for " + endpoint + ": errno " + std::to_string(error.num()) +
+                       ": " + error.what());
+}
+
 ConnectionWatch::News ConnectionWatch::check() {
     News news;
     if (socket_ == nullptr) return news;

@@ -88,4 +88,9 @@ void disconnect_from(zmq::socket_t& socket, const std::string& endpoint);
 // (its ZAP reply's status text) is only in its log.
 ConnectionRefused refused_error(const std::string& endpoint, int status, const std::string& anew);
 
+// The ClientError for a socket to `endpoint`, or its monitor, that ZeroMQ could
+// not make (EMFILE at the descriptor limit, a terminated context): "cannot make a
+// socket for <endpoint>: errno N: <text>", as RegionChannel says of its own.
+ClientError socket_error(const std::string& endpoint, const zmq::error_t& error);
+
 }  // namespace inferd::detail

@@ -333,11 +333,15 @@ EventSubscriber::EventSubscriber(SubscriberOptions options) : impl_(std::make_un
     impl_->context = options.context ? options.context : shared_context();
     impl_->endpoint = check_client_endpoint(options.endpoint.empty() ? default_endpoints().events
                                                                      : options.endpoint);
-    impl_->socket = zmq::socket_t(*impl_->context, zmq::socket_type::sub);
-    impl_->socket.set(zmq::sockopt::linger, 0);
-    impl_->socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(kMaxEventFrameBytes));
-    // Before it connects, to see the first handshake.
-    impl_->watch = std::make_unique<detail::ConnectionWatch>(*impl_->context, impl_->socket);
+    try {
+        impl_->socket = zmq::socket_t(*impl_->context, zmq::socket_type::sub);
+        impl_->socket.set(zmq::sockopt::linger, 0);
+        impl_->socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(kMaxEventFrameBytes));
+        // Before it connects, to see the first handshake.
+        impl_->watch = std::make_unique<detail::ConnectionWatch>(*impl_->context, impl_->socket);
+    } catch (const zmq::error_t& error) {  // EMFILE at the descriptor limit, say
+        throw detail::socket_error(impl_->endpoint, error);
+    }
     detail::secure(impl_->socket, impl_->endpoint, options.curve);
     impl_->topics = options.topics;
     if (options.topics.empty()) {

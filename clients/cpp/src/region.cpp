@@ -248,14 +248,35 @@ RegionChannel::~RegionChannel() {
     if (fd_ >= 0) close(fd_);
 }
 
-std::string RegionChannel::register_region(const detail::RegionMapping& region,
+std::string RegionChannel::register_region(const std::shared_ptr<const detail::RegionMapping>& region,
                                            std::optional<std::chrono::milliseconds> timeout) {
+    registering_ = region.get();
+    adopted_.reset();
+    struct Registered {  // however it ends
+        RegionChannel& channel;
+        ~Registered() { channel.registering_ = nullptr; }
+    } registered{*this};
+    if (!late_registrations_.empty()) {
+        read_queued();
+        if (adopted_) return *adopted_;
+    }
     wire::ControlArguments arguments;
-    if (region.label) arguments.emplace_back("label", *region.label);
-    auto result = call("register", arguments, region.fd, timeout);
+    if (region->label) arguments.emplace_back("label", *region->label);
+    std::string result;
+    try {
+        result = call("register", arguments, region->fd, timeout, region);
+    } catch (const ClientError&) {
+        // The late one came while this waited: the region is registered, unless
+        // the connection, and all it registered, is gone.
+        if (!adopted_ || hung_up()) throw;
+        return *adopted_;
+    }
     auto handle = detail::unpack(result.data(), result.size(), wire::kMaxShmMessageBytes);
     detail::Fields fields(handle.get(), "register result");
-    return fields.string("region");
+    auto id = fields.string("region");
+    if (!adopted_) return id;
+    release(id);  // made twice after all: one copy goes
+    return *adopted_;
 }
 
 void RegionChannel::unregister_region(const std::string& region_id) {
@@ -273,7 +294,8 @@ void RegionChannel::release(const std::string& region_id) {
 // {v, op, ...arguments, id} as the control requests (the Python client sends
 // {v, id, op, ...}; the daemon reads keys, not their order).
 std::string RegionChannel::call(const std::string& op, const wire::ControlArguments& arguments,
-                                int fd, std::optional<std::chrono::milliseconds> timeout) {
+                                int fd, std::optional<std::chrono::milliseconds> timeout,
+                                std::weak_ptr<const detail::RegionMapping> region) {
     auto request_id = next_id_();
     auto give_up_at = detail::deadline_after(timeout.value_or(timeout_));
     if (!send_message(wire::encode_control_request(request_id, op, arguments), fd, give_up_at)) {
@@ -285,11 +307,11 @@ std::string RegionChannel::call(const std::string& op, const wire::ControlArgume
     try {
         reply = await(request_id, give_up_at);
     } catch (...) {
-        if (op == "register") late_registrations_.insert(request_id);
+        if (op == "register") late_registrations_.emplace(request_id, region);
         throw;
     }
     if (!reply) {
-        if (op == "register") late_registrations_.insert(request_id);
+        if (op == "register") late_registrations_.emplace(request_id, std::move(region));
         throw Timeout("no reply from " + path_);
     }
     auto decoded = wire::decode_control_reply(reply->data(), reply->size());
@@ -378,17 +400,59 @@ bool RegionChannel::send_message(const std::string& message, int fd, Clock::time
 
 void RegionChannel::discard(const wire::RequestId& id, bool ok,
                             const std::optional<std::string>& region) {
-    ++discarded_;
     const auto* number = std::get_if<std::uint64_t>(&id);
-    if (number == nullptr || late_registrations_.erase(*number) == 0) return;
+    auto late = number == nullptr ? late_registrations_.end() : late_registrations_.find(*number);
+    if (late == late_registrations_.end()) {
+        ++discarded_;
+        return;
+    }
+    auto made_for = late->second.lock();
+    late_registrations_.erase(late);
+    if (ok && region && made_for && made_for.get() == registering_ && !adopted_) {
+        adopted_ = *region;  // the registration register_region makes now
+        return;
+    }
+    ++discarded_;
     // The daemon made a registration the caller was told had timed out: nobody
     // knows its id but this reply, so it is let go here. Its answer is not waited
     // for (a reply awaited here could be the one the current call waits for).
     if (ok && region) release(*region);
 }
 
+void RegionChannel::read_queued() {
+    pollfd readable{fd_, POLLIN, 0};
+    while (poll(&readable, 1, 0) > 0) {  // a closed connection is ready too: next_message throws
+        auto message = next_message(Clock::now(), true);  // a deadline now: never waits
+        if (!message) return;
+        auto envelope = read_envelope(*message);
+        if (std::holds_alternative<std::monostate>(envelope.id)) {
+            ++discarded_;  // an error of a message given up on: nobody waits for it
+            continue;
+        }
+        discard(envelope.id, envelope.ok, envelope.region);
+    }
+}
+
 std::optional<std::string> RegionChannel::await(std::uint64_t request_id, Clock::time_point give_up_at,
                                                 bool ready_now) {
+    while (true) {
+        auto reply = next_message(give_up_at, ready_now);
+        ready_now = false;
+        if (!reply) return std::nullopt;
+        auto envelope = read_envelope(*reply);
+        if (std::holds_alternative<std::monostate>(envelope.id) && !envelope.ok) {
+            // Every message sent here is one the daemon reads whole (send_message)
+            // and answers under its id: an error without one is the connection's
+            // refusal at connect, the answer of the call that waits now. (Taken for
+            // the late answer of one that timed out, it left this call to time out.)
+            return reply;
+        }
+        if (envelope.id == wire::RequestId{request_id}) return reply;
+        discard(envelope.id, envelope.ok, envelope.region);
+    }
+}
+
+std::optional<std::string> RegionChannel::next_message(Clock::time_point give_up_at, bool ready_now) {
     while (true) {
         if (!ready_now) {
             auto left = detail::milliseconds_left(give_up_at);
@@ -412,16 +476,7 @@ std::optional<std::string> RegionChannel::await(std::uint64_t request_id, Clock:
         if (received < 0) throw ClientError(failed(system_error("the shm socket " + path_ + " failed")));
         if (received == 0) throw ClientError(failed("the daemon closed the shm socket " + path_));
         reply.resize(static_cast<std::size_t>(received));
-        auto envelope = read_envelope(reply);
-        if (std::holds_alternative<std::monostate>(envelope.id) && !envelope.ok) {
-            // Every message sent here is one the daemon reads whole (send_message)
-            // and answers under its id: an error without one is the connection's
-            // refusal at connect, the answer of the call that waits now. (Taken for
-            // the late answer of one that timed out, it left this call to time out.)
-            return reply;
-        }
-        if (envelope.id == wire::RequestId{request_id}) return reply;
-        discard(envelope.id, envelope.ok, envelope.region);
+        return reply;
     }
 }
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "inferd/client.hpp"
@@ -32,8 +32,14 @@ public:
     RegionChannel(const RegionChannel&) = delete;
     RegionChannel& operator=(const RegionChannel&) = delete;
 
-    // `timeout`: the most the registration waits (unset: the channel's).
-    std::string register_region(const detail::RegionMapping& region,
+    // `timeout`: the most the registration waits (unset: the channel's). A
+    // registration of `region` that timed out here and that the daemon made late
+    // is this one: its late reply, read first without waiting, names the id and
+    // nothing is sent (sent again, the region would be held twice, the second
+    // copy counted against the daemon's bounds and refused for the first's
+    // bytes). One that comes while this waits is taken too: over this one's
+    // refusal or timeout, or in place of a second copy.
+    std::string register_region(const std::shared_ptr<const detail::RegionMapping>& region,
                                 std::optional<std::chrono::milliseconds> timeout = {});
     void unregister_region(const std::string& region_id);
     // Unregisters without waiting for the answer (discarded when it comes): for a
@@ -61,8 +67,10 @@ public:
 
 private:
     using Clock = std::chrono::steady_clock;
+    // A registration op; `region`: the region a "register" is for.
     std::string call(const std::string& op, const wire::ControlArguments& arguments, int fd,
-                     std::optional<std::chrono::milliseconds> timeout = {});
+                     std::optional<std::chrono::milliseconds> timeout = {},
+                     std::weak_ptr<const detail::RegionMapping> region = {});
     // Sends one message, waiting for room until `give_up_at` at most; false when
     // the daemon did not take it by then (it does not read: a seqpacket message
     // goes whole or not at all). ClientError, and nothing sent, for one over
@@ -73,8 +81,17 @@ private:
     // none by `give_up_at`; replies to other ids are discarded and counted.
     std::optional<std::string> await(std::uint64_t request_id, Clock::time_point give_up_at,
                                      bool ready = false);
-    // A reply to an id no longer waited for: counted, and when it is the late
-    // success of a registration that timed out, the region it names is released.
+    // The next message (`ready`: a poll just saw one), or none by `give_up_at`;
+    // ClientError when the connection closed or failed.
+    std::optional<std::string> next_message(Clock::time_point give_up_at, bool ready);
+    // Reads the replies already here, without waiting (register_region): a late
+    // registration's is adopted or its region released (discard) before
+    // anything else is sent, so the daemon never holds a region twice.
+    void read_queued();
+    // A reply to an id no longer waited for. The late success of a registration
+    // that timed out is adopted when it is of the region register_region
+    // registers now (adopted_), else the region it names is released (nobody
+    // knows its id but this reply); any other is counted.
     void discard(const wire::RequestId& id, bool ok, const std::optional<std::string>& region);
     // Notes that the connection is done for; `what`, saying what follows.
     std::string failed(const std::string& what);
@@ -87,9 +104,13 @@ private:
     std::uint64_t discarded_ = 0;
     PollWindow spin_;
     std::map<std::string, Arrivals> arrivals_;  // by model: when its replies arrive
-    // Registrations that timed out: the daemon may still make them, under a region
-    // id only their late reply names.
-    std::set<std::uint64_t> late_registrations_;
+    // Registrations that timed out, with the region each was for: the daemon may
+    // still make them, under a region id only their late reply names.
+    std::map<std::uint64_t, std::weak_ptr<const detail::RegionMapping>> late_registrations_;
+    // The region register_region registers now, and the id of a late
+    // registration of it read meanwhile (discard).
+    const detail::RegionMapping* registering_ = nullptr;
+    std::optional<std::string> adopted_;
 };
 
 }  // namespace inferd

@@ -475,6 +475,68 @@ TEST(an_ipc_directory_that_cannot_be_checked_is_not_called_unsafe) {
     rmdir(directory.c_str());
 }
 
+namespace {
+
+// What `make(context)` throws ("made" if nothing) with a context that makes
+// `sockets` sockets at most (ZMQ_MAX_SOCKETS), `taken` of them taken already:
+// its next socket fails EMFILE, as at the descriptor limit (one free: the
+// socket's mailbox took it, its monitor's found none), deterministically and
+// without lowering RLIMIT_NOFILE, which would fail the shared context's thread
+// too (and UBSan's vptr check, which probes memory through a pipe).
+std::string thrown_at_the_socket_limit(
+    int sockets, int taken, const std::function<void(const std::shared_ptr<zmq::context_t>&)>& make) {
+    auto context = std::make_shared<zmq::context_t>(1);
+    context->set(zmq::ctxopt::max_sockets, sockets);
+    std::vector<zmq::socket_t> held;
+    for (int i = 0; i < taken; ++i) held.emplace_back(*context, zmq::socket_type::pair);
+    try {
+        make(context);
+    } catch (const ClientError& error) {
+        return std::string("ClientError: ") + error.what();
+    } catch (const zmq::error_t& error) {
+        return std::string("zmq::error_t: ") + error.what();
+    }
+    return "made";
+}
+
+}  // namespace
+
+TEST(a_socket_that_cannot_be_made_is_a_client_error_naming_the_endpoint_and_errno) {
+    // Review RD, finding 2: with one or two descriptors free the directory check
+    // passed, and making the socket or its monitor threw zmq::error_t "Too many
+    // open files" out of every constructor, against "all derive from
+    // inferd::ClientError".
+    auto endpoint = "ipc://" + temp_dir() + "/daemon.sock";
+    auto expected = "ClientError: cannot make a socket for " + endpoint + ": errno 24: Too many open files";
+    auto inference = [&](const std::shared_ptr<zmq::context_t>& context) {
+        ClientOptions options;
+        options.endpoint = endpoint;
+        options.context = context;
+        InferenceClient client(options);
+    };
+    auto control = [&](const std::shared_ptr<zmq::context_t>& context) {
+        ClientOptions options;
+        options.endpoint = endpoint;
+        options.context = context;
+        OperatorClient client(options);
+    };
+    auto events = [&](const std::shared_ptr<zmq::context_t>& context) {
+        SubscriberOptions options;
+        options.endpoint = endpoint;
+        options.context = context;
+        EventSubscriber subscriber(options);
+    };
+    for (const auto& make : {std::function<void(const std::shared_ptr<zmq::context_t>&)>(inference),
+                             std::function<void(const std::shared_ptr<zmq::context_t>&)>(control),
+                             std::function<void(const std::shared_ptr<zmq::context_t>&)>(events)}) {
+        CHECK_EQ(thrown_at_the_socket_limit(1, 1, make), expected);  // the socket
+        // Its monitor: the PAIR libzmq binds for the news, then the one reading it.
+        CHECK_EQ(thrown_at_the_socket_limit(1, 0, make), expected);
+        CHECK_EQ(thrown_at_the_socket_limit(2, 0, make), expected);
+        CHECK_EQ(thrown_at_the_socket_limit(3, 0, make), std::string("made"));
+    }
+}
+
 TEST(an_ipc_path_longer_than_a_socket_address_is_refused_by_name) {
     auto directory = temp_dir();
     auto fits = "ipc://" + directory + "/" + std::string(kMaxIpcPathBytes - directory.size() - 1, 'a');
@@ -943,6 +1005,18 @@ std::string op_reply(std::uint64_t id, const std::optional<std::string>& region)
     });
 }
 
+// {v, id, ok: false, error: {code, message}} under `id`.
+std::string error_reply(std::uint64_t id, const std::string& code, const std::string& message) {
+    return packed([&](Packer& packer) {
+        packer.pack_map(4);
+        packer.pack(std::string("v")), packer.pack(1);
+        packer.pack(std::string("id")), packer.pack(id);
+        packer.pack(std::string("ok")), packer.pack(false);
+        packer.pack(std::string("error"));
+        packer.pack(std::map<std::string, std::string>{{"code", code}, {"message", message}});
+    });
+}
+
 struct ReplyOutput {
     std::string name, dtype;
     std::vector<std::uint64_t> shape;
@@ -1135,15 +1209,23 @@ TEST(a_calls_timeout_bounds_its_send_on_the_shm_socket) {
     CHECK(send(connections[0], "x", 1, MSG_DONTWAIT) < 0 && errno == EAGAIN);
 }
 
-TEST(a_registration_that_timed_out_is_released_when_its_late_reply_comes) {
+namespace {
+
+// A registration times out (the daemon stalled) and is retried before the daemon
+// made it: both are answered in order while the retry waits, the late one first.
+// `room_for_two`: the retry is made too (else refused, as a bound that holds one
+// copy, shm.max_bytes_per_uid at 1.5x the region, refuses it).
+void late_registration_while_the_retry_waits(bool room_for_two) {
     auto first = std::make_shared<std::uint64_t>(0);
-    ScriptedShm shm([first](ScriptedShm& self, const ScriptedShm::Header& header) {
+    ScriptedShm shm([first, room_for_two](ScriptedShm& self, const ScriptedShm::Header& header) {
         auto op = op_of(header);
         if (op == "register" && *first == 0) {
             *first = id_of(header);  // unanswered until the client tries again
         } else if (op == "register") {
             self.send(op_reply(*first, region_id(1)));  // the late reply: registered after all
-            self.send(op_reply(id_of(header), region_id(2)));
+            self.send(room_for_two ? op_reply(id_of(header), region_id(2))
+                                   : error_reply(id_of(header), "RESOURCE_EXHAUSTED",
+                                                 "this region would exceed shm.max_bytes_per_uid"));
         } else if (op == "unregister") {
             self.note("unregister " + header.at("region").as<std::string>());
             self.send(op_reply(id_of(header), std::nullopt));
@@ -1156,12 +1238,27 @@ TEST(a_registration_that_timed_out_is_released_when_its_late_reply_comes) {
     InferenceClient client(options);
     SharedRegion region(4096);
     CHECK_THROWS(Timeout, client.register_region(region), true);
-    CHECK_EQ(client.register_region(region), region_id(2));
-    // The region the late reply named is let go: registered once, not twice.
-    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(1)); }));
+    // The late registration is the region's (before: let go, and the retry's
+    // refusal thrown, or its copy kept). With room for two, the retry's copy goes.
+    CHECK_EQ(client.register_region(region), region_id(1));
+    if (room_for_two) {
+        CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(2)); }));
+    }
     client.unregister_region(region);  // its answer comes after the release's, which is discarded
-    CHECK_EQ(shm.notes(), (std::vector<std::string>{"unregister " + region_id(1), "unregister " + region_id(2)}));
-    CHECK_EQ(client.discarded_replies(), 2u);
+    std::vector<std::string> released{"unregister " + region_id(1)};
+    if (room_for_two) released.insert(released.begin(), "unregister " + region_id(2));
+    CHECK_EQ(shm.notes(), released);
+    CHECK_EQ(client.discarded_replies(), room_for_two ? 1u : 0u);
+}
+
+}  // namespace
+
+TEST(a_late_registration_that_comes_while_the_retry_waits_is_taken_over_its_refusal) {
+    late_registration_while_the_retry_waits(false);
+}
+
+TEST(a_late_registration_that_comes_while_the_retry_waits_is_taken_and_the_retrys_copy_released) {
+    late_registration_while_the_retry_waits(true);
 }
 
 namespace {
@@ -1998,14 +2095,16 @@ TEST(a_described_shape_is_held_to_the_schemas_bounds) {
     CHECK_THROWS(MalformedReply, described(std::vector<std::optional<std::uint64_t>>(17, 1)), true);
 }
 
-TEST(a_registration_whose_wait_failed_is_released_when_its_reply_comes) {
+TEST(a_registration_whose_wait_failed_is_taken_when_its_reply_comes) {
     // A malformed message ahead of a registration's answer ended the wait with
     // MalformedReply; the answer then came to a channel that no longer knew whose
     // it was, and the region stayed registered on the daemon with no id to free it.
+    // Now that answer, queued, is the retry's registration: nothing is sent again.
     auto registered = std::make_shared<int>(0);
     ScriptedShm shm([registered](ScriptedShm& self, const ScriptedShm::Header& header) {
         auto op = op_of(header);
         if (op == "register") {
+            self.note("register");
             if (++*registered == 1) self.send(std::string("\xc1", 1));  // not msgpack
             self.send(op_reply(id_of(header), region_id(*registered)));
         } else if (op == "unregister") {
@@ -2019,8 +2118,9 @@ TEST(a_registration_whose_wait_failed_is_released_when_its_reply_comes) {
     InferenceClient client(options);
     SharedRegion region(4096);
     CHECK_THROWS(MalformedReply, client.register_region(region), true);
-    CHECK_EQ(client.register_region(region), region_id(2));
-    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "unregister " + region_id(1)); }));
+    CHECK_EQ(client.register_region(region), region_id(1));
+    client.unregister_region(region);  // answered: the daemon read all before it
+    CHECK_EQ(shm.notes(), (std::vector<std::string>{"register", "unregister " + region_id(1)}));
 }
 
 TEST(every_id_on_the_shm_socket_comes_from_the_clients_one_counter) {
@@ -2266,18 +2366,6 @@ TEST(a_daemon_restart_releases_the_regions_and_the_next_call_registers_them_agai
 }
 
 namespace {
-
-// {v, id, ok: false, error: {code, message}} under `id`.
-std::string error_reply(std::uint64_t id, const std::string& code, const std::string& message) {
-    return packed([&](Packer& packer) {
-        packer.pack_map(4);
-        packer.pack(std::string("v")), packer.pack(1);
-        packer.pack(std::string("id")), packer.pack(id);
-        packer.pack(std::string("ok")), packer.pack(false);
-        packer.pack(std::string("error"));
-        packer.pack(std::map<std::string, std::string>{{"code", code}, {"message", message}});
-    });
-}
 
 // The infer socket of model m (input x, output out0): out0 placed where asked,
 // else {7, 7} as a frame; model "slow" is never answered. `sent` notes how each
@@ -2655,7 +2743,8 @@ TEST(a_reply_frame_bound_must_be_positive_and_is_checked_before_any_socket) {
                          std::string::npos);
     }
     options.max_reply_frame_bytes = kMax - 33;
-    CHECK_THROWS(zmq::error_t, InferenceClient refused(options), true);
+    CHECK_THROWS(ClientError, InferenceClient refused(options),
+                 std::string(error.what()).find("cannot make a socket for ipc://") == 0);
     options.context.reset();
     InferenceClient largest(options);
     // OperatorClient's bound is a header's, whatever is asked.
@@ -2808,6 +2897,52 @@ TEST(a_pending_regions_try_is_not_made_on_the_connection_the_daemon_closed) {
     CHECK_EQ(regions.registered, 1u);
     CHECK(regions.pending.size() == 1 && regions.pending[0].label == std::optional<std::string>("a"));
     CHECK(infer_socket.last() == std::make_pair(std::string("region"), std::string("frame")));
+}
+
+TEST(a_pending_regions_late_registration_is_adopted_not_refused_by_its_own_copy) {
+    // Review RD, finding 1: a pending region's try times out (the daemon stalled)
+    // and the daemon makes it anyway; its reply is queued when the next try comes.
+    // Before, that try's registration was sent first, and a bound that holds one
+    // copy (shm.max_bytes_per_uid at 1.5x the region) refused it for the late
+    // copy's bytes: counted, put off 2 s, and the late copy released.
+    auto registrations = std::make_shared<int>(0);
+    auto held = std::make_shared<std::uint64_t>(0);
+    ScriptedShm shm([registrations, held](ScriptedShm& self, const ScriptedShm::Header& header) {
+        if (op_of(header) != "register") {
+            self.note("unregister " + header.at("region").as<std::string>());
+            self.send(op_reply(id_of(header), std::nullopt));
+            return;
+        }
+        ++*registrations;
+        if (*registrations == 1) {
+            self.send(op_reply(id_of(header), region_id(1)));
+        } else if (*registrations == 2) {
+            *held = id_of(header);  // the daemon stalls: made late, below
+            self.note("held");
+        } else {
+            self.note("registered again");  // one copy is held: the bound refuses
+            self.send(error_reply(id_of(header), "RESOURCE_EXHAUSTED",
+                                  "this region would exceed shm.max_bytes_per_uid"));
+        }
+    });
+    ClientOptions options;
+    options.endpoint = "ipc://" + temp_dir() + "/infer.sock";
+    options.shm_socket = shm.path();
+    options.timeout = 200ms;
+    InferenceClient client(options);
+    auto& region = client.shared_region(4096, std::string("cam"));
+    shm.hang_up();  // a restart: the region is released
+    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "hung up"); }));
+    CHECK_THROWS(Timeout, client.register_region(region), true);  // on a new connection
+    CHECK(shm.wait_for([](const auto& notes) { return has(notes, "held"); }));
+    shm.send(op_reply(*held, region_id(2)));  // the daemon goes on: registered late
+    CHECK_EQ(client.register_region(region), region_id(2));
+    auto regions = client.shm_regions();
+    CHECK_EQ(regions.registered, 1u);
+    CHECK(regions.pending.empty());
+    CHECK_EQ(regions.failed_registrations, 1u);  // the try that timed out, no other
+    client.unregister_region(region);  // answered: the daemon read all before it
+    CHECK_EQ(shm.notes(), (std::vector<std::string>{"hung up", "held", "unregister " + region_id(2)}));
 }
 
 TEST(a_calls_tries_to_register_pending_regions_share_its_timeout) {
