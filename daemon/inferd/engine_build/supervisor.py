@@ -208,9 +208,8 @@ class BuildManager:
         }
 
     def status(self, header: dict[str, Any]) -> dict[str, Any]:
-        """``build.status {build_id?}``: one build (with its phases), or all known
-        builds (each with its tree's brief); within the reply a client reads
-        (``status_view``)."""
+        """``build.status {build_id?}``: one build (with its phases), or all known builds
+        (each with its tree's brief); within the reply a client reads (``status_view``)."""
         build_id = header.get("build_id")
         if build_id is None:
             with self._lock:
@@ -228,8 +227,7 @@ class BuildManager:
         return {"build": describe(self._get(build_id))}
 
     def cancel(self, header: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        """``build.cancel {build_id, source?}`` of ``peer``: cooperative, then killed
-        after the grace."""
+        """``build.cancel {build_id, source?}`` of ``peer``: cooperative, killed after the grace."""
         build = self._get(header.get("build_id"))
         source, reason = parse_cancel(header)
         first = self._request_cancel(build, source, reason, peer)
@@ -401,6 +399,9 @@ class BuildManager:
                     build.last_step_publish = now
             if event.type in TERMINAL_EVENTS:
                 return  # published by _finish with the outcome's details
+            if event.type == "cancel_requested" and event.detail.get("source") == "stall":
+                # The child's watchdog cancelled it: killed after the grace, as at a deadline
+                self._request_cancel(build, "stall", str(said(event.detail.get("reason"))), None)
             self._publish_event(build, event.as_dict())
         elif isinstance(message, EnginePathMessage):
             engine_path_claim.accept(build, message.path, self._engine_dir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -160,7 +161,9 @@ class Builds:
     """A real ``BuildManager`` of model ``m`` (the identity model) that keeps what it
     publishes and records."""
 
-    def __init__(self, tmp_path: Path, model: Path, limits: BuildsConfig, **kwargs: Any) -> None:
+    def __init__(
+        self, tmp_path: Path, model: Path, limits: BuildsConfig, grace_s: float = 5.0, **kwargs: Any
+    ) -> None:
         state = tmp_path / "state"
         state.mkdir(mode=0o700)
         self.build_dir = state / "builds"
@@ -172,7 +175,7 @@ class Builds:
             engine_dir=state / "engines",
             publish=lambda _topic, payload: self.published.append(payload),
             record=lambda kind, payload: self.records.append((kind, payload)),
-            grace_s=5.0,
+            grace_s=grace_s,
             tensorrt_available=lambda: False,
             limits=limits,
             **kwargs,
@@ -226,6 +229,32 @@ def test_a_silent_daemon_build_reports_its_stalls_and_completes_when_they_only_r
     assert last["silent_s"] == stalled[-1]["detail"]["idleS"] and last["in_a_row"] >= 1
     [started] = [e for e in logs if e["event"] == "build_started"]
     assert started["stall_after_s"] == STALL_AFTER_S
+
+
+def test_a_build_its_child_cancelled_for_stalls_is_killed_after_the_grace_if_it_never_stops(
+    tmp_path: Path, identity_model: Path
+) -> None:
+    """A builder wedged in a phase never looks at its token again.  Before (review RG):
+    the daemon never took the child's own stall cancel as a cancel, so no grace ran and
+    the wedged child kept its slot until its step ended (or ``builds.max_duration_s``,
+    4 h); ``build.status`` said running, ``cancel_source`` null."""
+    wedged_s = 10.0  # one step (the most a simulation takes): the builder does not look
+    limits = BuildsConfig(stall_after_s=STALL_AFTER_S, stall_cancels_after=1)
+    builds = Builds(tmp_path, identity_model, limits, grace_s=0.5)
+    try:
+        header = {"simulation": {"step_s": wedged_s}, "build_config": QUICK}
+        build_id = builds.manager.start({"model": "m", "builder": "simulated", **header}, OPERATOR)[
+            "build_id"
+        ]
+        started = time.monotonic()
+        status = builds.ended(build_id)
+        took_s = time.monotonic() - started
+    finally:
+        builds.manager.shutdown(wait_s=HANG_S)
+    assert status["state"] == "cancelled" and status["cancel_source"] == "stall"
+    assert status["escalated"] is True  # killed after the grace, as at a deadline
+    assert status["cancel_reason"].startswith("no progress for ")
+    assert took_s < wedged_s  # before: it ended only when its step did
 
 
 def test_build_start_gives_its_child_the_watchdog_of_the_config_or_its_own(
