@@ -3,6 +3,7 @@ alert and health events) as ``(topic, payload)`` pairs, for one thread."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -152,23 +153,35 @@ class EventSubscriber:
                 self._socket.setsockopt(zmq.SUBSCRIBE, _HEALTH.encode())
                 self._health_subscribed = True
         give_up_at = time.monotonic() + timeout
-        while True:
-            left = give_up_at - time.monotonic()
-            event = self._receive_frames(left) if left > 0 else None
-            if event is None:
-                raise Unreachable(
-                    f"no health event from {self._endpoint} within {timeout:g} s:"
-                    " is the daemon running and publishing there?"
-                )
-            if event[0] != self._hidden:
-                self._pending.append(event)
-            if event[0] == _HEALTH:
-                break
-        if self._health_subscribed and not keep_health:
-            self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
-            self._health_subscribed = False
+        try:
+            while True:
+                left = give_up_at - time.monotonic()
+                event = self._receive_frames(left) if left > 0 else None
+                if event is None:
+                    raise Unreachable(
+                        f"no health event from {self._endpoint} within {timeout:g} s:"
+                        " is the daemon running and publishing there?"
+                    )
+                if event[0] != self._hidden:
+                    self._pending.append(event)
+                if event[0] == _HEALTH:
+                    break
+        except BaseException:
+            # Not joined: the next connection would carry the hidden subscription,
+            # and receive() would read and drop each health event for nothing.
+            self._unsubscribe_health()
+            raise
+        if not keep_health:
+            self._unsubscribe_health()
         self._hearing_health = keep_health or self._hidden is None
         self._lost_known = self.connections_lost
+
+    def _unsubscribe_health(self) -> None:
+        """Drop the ``health`` subscription ``wait_joined`` made, if it made one."""
+        if self._health_subscribed:
+            with contextlib.suppress(zmq.ZMQError):  # a socket closed under it: none left
+                self._socket.setsockopt(zmq.UNSUBSCRIBE, _HEALTH.encode())
+            self._health_subscribed = False
 
     def follow(
         self, timeout: float, *, on_rejoined: Callable[[int], None] | None = None

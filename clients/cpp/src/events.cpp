@@ -373,21 +373,33 @@ void EventSubscriber::wait_joined(std::chrono::milliseconds timeout) {
     }
     // Saturated: milliseconds::max() waits for ever, without overflowing.
     auto give_up_at = detail::deadline_after(timeout);
-    while (true) {
-        auto event = self.read(give_up_at);
-        if (!event) {
-            throw ClientError("no health event from " + self.endpoint + " within " +
-                              std::to_string(timeout.count()) +
-                              " ms: is the daemon running and publishing there?");
+    // Not joined: the next connection would carry the hidden subscription, and each
+    // read would take and drop a health event for nothing.
+    auto unsubscribe_health = [&self]() noexcept {
+        if (!self.health_subscribed) return;
+        try {
+            self.socket.set(zmq::sockopt::unsubscribe, std::string(kHealth));
+        } catch (const zmq::error_t&) {  // a socket closed under it: nothing left to drop
         }
-        bool is_health = event->first == kHealth;
-        if (!(is_health && self.hide_health)) self.pending.push_back(std::move(event->second));
-        if (is_health) break;
-    }
-    if (self.health_subscribed) {
-        self.socket.set(zmq::sockopt::unsubscribe, std::string(kHealth));
         self.health_subscribed = false;
+    };
+    try {
+        while (true) {
+            auto event = self.read(give_up_at);
+            if (!event) {
+                throw ClientError("no health event from " + self.endpoint + " within " +
+                                  std::to_string(timeout.count()) +
+                                  " ms: is the daemon running and publishing there?");
+            }
+            bool is_health = event->first == kHealth;
+            if (!(is_health && self.hide_health)) self.pending.push_back(std::move(event->second));
+            if (is_health) break;
+        }
+    } catch (...) {
+        unsubscribe_health();
+        throw;
     }
+    unsubscribe_health();
 }
 
 std::optional<Event> EventSubscriber::receive(std::chrono::milliseconds timeout) {

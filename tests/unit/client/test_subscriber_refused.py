@@ -155,6 +155,22 @@ def test_a_join_that_raised_leaves_the_hidden_health_subscription_once(
         assert b"\x01alert" in subscriptions and b"\x00alert" not in subscriptions
 
 
+def test_a_join_that_raised_leaves_no_hidden_health_subscription_behind(
+    xpublisher: Callable[[list[str]], Guarded],
+) -> None:
+    # Before (review RH F4): after a join that raised, the next connection carried
+    # health until a later join succeeded: receive() read and dropped each event.
+    daemon = xpublisher(["400", "400", "200"])
+    with EventSubscriber(daemon.endpoint, topics=["alert"]) as subscriber:
+        refused_before_any_receive(subscriber, daemon)
+        refused_at_once(lambda: subscriber.wait_joined(HANG_S), daemon.endpoint)
+        assert subscriber.receive(timeout=0) is None  # connects anew: admitted
+        daemon.wait_subscription(b"\x01alert")
+        assert daemon.answered == ["400", "400", "200"]
+        # The stand-in publishes only health, every 2 ms: nothing may reach the socket.
+        assert not subscriber._socket.poll(300), "health still subscribed"
+
+
 def test_inferctl_events_exits_unreachable_with_the_refusal(
     publisher: Callable[[list[str]], Guarded], capsys: pytest.CaptureFixture[str]
 ) -> None:
