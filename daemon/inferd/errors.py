@@ -115,13 +115,14 @@ class UncheckedDirectoryError(UnsafeDirectoryError):
 class UncheckedEngineError(UncheckedDirectoryError):
     """An engine file, its digest sidecar, or the engine dir's listing of engines that
     could not be read or examined for a reason of this process or system, not of the
-    file: out of descriptors or memory, an I/O error (``EMFILE``, ``ENFILE``,
-    ``ENOMEM``, ``EIO``, ``ESTALE``...; ``engines.sidecar.ABOUT_THE_FILE`` sorts).  No
-    verdict: the gate neither passes nor refuses it (no ``engine_refused``), location
-    moves nothing aside and plans no build (the engine may be intact), and no build is
-    asked for (its name is not in ``serving.slot.BUILD_FIXES``); the next location
-    reads it again.  A kind of ``UncheckedDirectoryError``, so that every caller that
-    handles one (not used this time, ``ERRNO=``, exit 1) handles this the same way."""
+    file: out of descriptors or memory, a stale handle (``EMFILE``, ``ENFILE``,
+    ``ENOMEM``, ``ESTALE``...; ``engines.sidecar.ABOUT_THE_FILE`` sorts: an ``EIO``
+    is the file's).  No verdict: the gate neither passes nor refuses it (no
+    ``engine_refused``), location moves nothing aside and plans no build (the engine
+    may be intact), and no build is asked for (its name is not in
+    ``serving.slot.BUILD_FIXES``); the next location reads it again.  A kind of
+    ``UncheckedDirectoryError``, so that every caller that handles one (not used this
+    time, ``ERRNO=``, exit 1) handles this the same way."""
 
 
 class ProcessLimitError(InferdError):

@@ -30,27 +30,38 @@ staged in nor swept, so nothing outside it is created or removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
-import stat
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from inferd.digest import file_version, sha256_and_stat
 from inferd.durable import atomic_write_bytes, atomic_write_text, fsync_directory
+from inferd.engine_build.build_listing import LISTED_MAX as LISTED_MAX
+from inferd.engine_build.build_listing import build_files as build_files
+from inferd.engine_build.build_listing import inventory as inventory
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.timing_cache_policy import TimingCacheManager as TimingCacheManager
 from inferd.engine_build.timing_cache_policy import TimingCacheOutcome as TimingCacheOutcome
 from inferd.engines.engine_dir import engine_dir_lock
-from inferd.engines.quarantine import QUARANTINE_DIR, quarantine
-from inferd.engines.sidecar import read_sidecar, sidecar_path, write_sidecar
+from inferd.engines.quarantine import QUARANTINE_DIR as QUARANTINE_DIR
+from inferd.engines.quarantine import quarantine
+from inferd.engines.sidecar import (
+    about_the_file,
+    read_sidecar,
+    sidecar_path,
+    unchecked_engine,
+    write_sidecar,
+)
 from inferd.engines.timing_cache import TIMING_CACHE_SUFFIX
+from inferd.errors import UncheckedEngineError
 from inferd.owned_files import ensure_owned_dir, open_nofollow, unsafe_owned_dir_reason
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
@@ -58,54 +69,6 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
 STAGING_DIR = "staging"
 #: In each staging folder: locked by the process staging there (see the module doc).
 STAGING_LOCK = ".lock"
-
-
-def inventory(directory: Path) -> list[dict[str, Any]]:
-    """Every regular file under ``directory`` (relative path, size), sorted.  Symlinks
-    are neither followed nor listed (``lstat``): the engine dir is the daemon's own."""
-    files: list[dict[str, Any]] = []
-    for path in sorted(directory.rglob("*")):
-        try:
-            info = path.lstat()
-        except FileNotFoundError:  # removed meanwhile
-            continue
-        if stat.S_ISREG(info.st_mode):
-            files.append({"path": str(path.relative_to(directory)), "bytes": info.st_size})
-    return files
-
-
-#: Files a build summary lists in ``artifacts.before`` and ``after``, each at most.
-LISTED_MAX = 32
-
-
-def build_files(
-    directory: Path, names: Collection[str], skip: Collection[str] = ()
-) -> tuple[list[dict[str, Any]], int]:
-    """One build's files in ``directory`` and its ``quarantine/`` (relative path, size),
-    sorted: those named after ``names`` (its engine's stem, its timing cache's name),
-    temp files too, but for the names in ``skip`` (its own summary, being replaced); at
-    most ``LISTED_MAX``, and how many more there were.  What a build summary lists:
-    never the whole directory, which grows with every build."""
-    found: list[dict[str, Any]] = []
-    quarantined = directory / QUARANTINE_DIR
-    # A symlink there is not the daemon's quarantine: nothing it points at is listed.
-    for folder in (directory,) if quarantined.is_symlink() else (directory, quarantined):
-        try:
-            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            if not entry.name.lstrip(".").startswith(tuple(names)) or entry.name in skip:
-                continue
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:  # removed meanwhile
-                continue
-            if stat.S_ISREG(info.st_mode):
-                path = str(Path(entry.path).relative_to(directory))
-                found.append({"path": path, "bytes": info.st_size})
-    found.sort(key=lambda item: item["path"])
-    return found[:LISTED_MAX], max(0, len(found) - LISTED_MAX)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -152,8 +115,14 @@ def clean_up(
     process, when a supervisor cleans after it) or a dead one, its staged files and
     dead processes' staging; quarantine an engine at the final path whose sidecar is
     missing or does not match; leave a live process's temp, and an engine it is
-    committing (``left``, the module doc).  ``hashed``: the engine as the caller hashed it."""
+    committing (``left``, the module doc), and one that could not be read for a reason
+    not about the file (``EMFILE``: ``left``, naming the errno; never a verdict).
+    ``hashed``: the engine as the caller hashed it; by default, as this process
+    committed it (``commit_engine``), so a completed build's is not read whole again."""
     own_pid = os.getpid() if own_pid is None else own_pid
+    with _held_lock:
+        committed = _committed.pop(engine_path, None)
+    hashed = committed if hashed is None else hashed
     report = CleanupReport()
     directory = engine_path.parent
     if not directory.is_dir():
@@ -174,12 +143,15 @@ def clean_up(
             report.errors.append(f"{entry.name}: {exc}")
     _remove_staged(engine_path, report)
     if os.path.lexists(engine_path):
-        sidecar, known, reason = _unmatched(engine_path, hashed)
-        if reason is not None:
-            left = _being_committed(engine_path, sidecar, known)
-            if left is not None:
-                report.left.append({"path": engine_path.name, "reason": left})
-                reason = None
+        try:
+            sidecar, known, reason = _unmatched(engine_path, hashed)
+            left = None if reason is None else _being_committed(engine_path, sidecar, known)
+        except UncheckedEngineError as exc:  # no verdict: the engine may well be intact
+            name = errno.errorcode.get(exc.errno, f"errno {exc.errno}")
+            left = f"could not be checked ({name}: {os.strerror(exc.errno)}): left in place"
+        if left is not None:
+            report.left.append({"path": engine_path.name, "reason": left})
+            reason = None
         if reason is not None:
             try:
                 moved = quarantine(engine_path, reason)
@@ -206,14 +178,20 @@ def _a_builds_file(name: str, engine_path: Path) -> bool:
 
 
 def _unmatched(engine_path: Path, hashed: Hashed | None) -> _Verdict:
-    """Whether the engine at ``engine_path`` is a committed one (``_Verdict``)."""
+    """Whether the engine at ``engine_path`` is a committed one (``_Verdict``);
+    ``UncheckedEngineError`` when it or its sidecar could not be read for a reason that
+    is not the file's (``sidecar.about_the_file``: the gate's rule, DESIGN.md 336)."""
     try:
-        sidecar = read_sidecar(engine_path)
+        sidecar = read_sidecar(engine_path, raise_unchecked=True)
+    except UncheckedEngineError:
+        raise
     except Exception as exc:
         return None, None, f"engine without a valid sidecar: {exc}"
     try:  # not following a symlink: refused with the reason naming it
         known = hashed if still(hashed, engine_path) else sha256_and_stat(engine_path)
     except OSError as exc:
+        if not about_the_file(exc):
+            raise unchecked_engine(f"engine {engine_path}", "read", exc) from exc
         return sidecar, None, f"engine cannot be read: {exc}"
     if sidecar != known[0]:
         return sidecar, known, "engine does not match its sidecar digest (partial or foreign write)"
@@ -228,7 +206,9 @@ def _being_committed(engine_path: Path, sidecar: str | None, known: Hashed | Non
     if holder is not None:
         return f"process {holder} holds the staging lock of this engine (committing it?)"
     try:
-        sidecar_now: str | None = read_sidecar(engine_path)
+        sidecar_now: str | None = read_sidecar(engine_path, raise_unchecked=True)
+    except UncheckedEngineError:
+        raise  # no second look: no verdict either
     except Exception:
         sidecar_now = None
     if sidecar_now != sidecar or (known is not None and not still(known, engine_path)):
@@ -362,6 +342,11 @@ def _lock_staging(folder: Path, *, wait: bool) -> int | None:
 #: engines staged there (the lock goes with the last of them).
 _held: dict[Path, tuple[int, set[str]]] = {}
 _held_lock = threading.Lock()
+#: The digest of each engine this process staged, then (``commit_engine``) each it
+#: committed as ``Hashed``, its ``lstat`` taken under the engine dir's lock: what
+#: ``clean_up`` trusts while the path still names that version (``still``).
+_staged: dict[Path, str] = {}
+_committed: dict[Path, Hashed] = {}
 
 
 def _hold_staging(staged: Path) -> None:
@@ -382,6 +367,7 @@ def _release_staging(staged: Path) -> None:
     its folder, remove the lock and the folder (and ``staging/`` when empty)."""
     folder = staged.parent
     with _held_lock:
+        _staged.pop(staged, None)
         fd, names = _held.get(folder, (None, set()))
         names.discard(staged.name)
         if fd is None or names:  # not this process's folder, or still in use
@@ -408,6 +394,8 @@ def stage_engine(engine_path: Path, data: bytes) -> tuple[str, Path]:
     atomic_write_bytes(staged, data)
     digest = hashlib.sha256(data).hexdigest()
     write_sidecar(staged, digest)
+    with _held_lock:
+        _staged[staged] = digest
     return digest, staged
 
 
@@ -438,6 +426,10 @@ def commit_engine(
         with engine_dir_lock(engine_path.parent):  # no location moves it aside in between
             os.replace(staged, engine_path)
             os.replace(sidecar_path(staged), sidecar_path(engine_path))
+            with _held_lock, contextlib.suppress(OSError):  # no record: clean_up reads it
+                digest = _staged.pop(staged, None)
+                if digest is not None:  # its version now: a rename changes the ctime
+                    _committed[engine_path] = (digest, os.lstat(engine_path))
         fsync_directory(engine_path.parent)
     _release_staging(staged)
     return token.zone_log[-1]

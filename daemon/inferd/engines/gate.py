@@ -27,7 +27,8 @@ last check, ``reread``: the bytes handed on hashed again, refused the same way.
 ``validate`` refuses at.
 
 A file the gate could not read or examine for a reason not about it (``EMFILE``,
-``ENOMEM``, ``EIO``: ``sidecar.ABOUT_THE_FILE`` sorts the errno) gets no verdict:
+``ENOMEM``: ``sidecar.ABOUT_THE_FILE`` sorts the errno; an ``EIO`` is the file's) gets
+no verdict:
 ``validate`` and ``explain(raise_unchecked=True)`` (location) raise
 ``UncheckedEngineError`` from the step that met it, logging and recording nothing;
 ``steps`` / ``explain`` show it as that step's ``fail``, naming the errno.
@@ -201,7 +202,7 @@ class _Evaluation:
                 "trusts only engines with one"
             ) from None
         except OSError as exc:
-            if not about_the_file(exc):  # ENOMEM, EIO: no verdict
+            if not about_the_file(exc):  # EMFILE, ENOMEM: no verdict
                 raise unchecked_engine(f"digest sidecar {sidecar}", "examined", exc) from exc
             raise EngineSidecarMissingError(
                 f"digest sidecar {sidecar} cannot be examined: {exc}"

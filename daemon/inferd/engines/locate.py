@@ -30,7 +30,7 @@ checked (no descriptor left, an I/O error) raises ``UncheckedDirectoryError``: n
 verdict, so no plan (a build would rebuild an engine that may be there).  Engines there are
 examined without following a symlink (the gate's default): a symlink at the
 target path is refused, naming it, and quarantined.  An engine or sidecar the gate could
-not read for a reason not about the file (``EMFILE``, ``ENOMEM``, ``EIO``), or an engine
+not read for a reason not about the file (``EMFILE``, ``ENOMEM``), or an engine
 dir that could not be listed so when the target path holds no intact engine, raises
 ``UncheckedEngineError`` in the same way: no verdict, nothing moved aside, no plan.
 """
@@ -54,8 +54,9 @@ from inferd.engines.gate import STEP_MANIFEST_DIGEST, explain
 from inferd.engines.manifest import Manifest
 from inferd.engines.naming import EngineName, engine_name_for
 from inferd.engines.quarantine import NotTheJudgedFileError, quarantine
-from inferd.engines.sidecar import about_the_file, sidecar_path, unchecked_engine
+from inferd.engines.sidecar import sidecar_path, unchecked_engine
 from inferd.errors import EngineBuildError, EngineHashMismatchError, UncheckedEngineError
+from inferd.owned_files import ABOUT_THE_DIRECTORY
 from inferd.types import BuildConfig, EngineCacheEntry, HostTuple
 
 #: The runtime label of entries for TensorRT engine files.
@@ -265,7 +266,7 @@ def _names_beside(path: Path) -> tuple[set[str], UncheckedEngineError | None]:
         return set(os.listdir(path.parent)), None
     except OSError as exc:
         unlisted = None
-        if not about_the_file(exc):
+        if exc.errno not in ABOUT_THE_DIRECTORY:  # a directory's rule: its EIO is no verdict
             what = f"the engines in {path.parent}"
             unlisted = unchecked_engine(what, "listed", exc, fault="the directory")
             unlisted.__cause__ = exc

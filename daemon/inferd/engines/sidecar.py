@@ -29,10 +29,18 @@ SIDECAR_MAX_BYTES = 4096
 #: nothing there, no permission, ``EPERM``: ``open_own_file``'s "others could rewrite
 #: it"), and what ``open_regular_file`` and ``open(2)`` say of what is not a regular
 #: file (``EINVAL``, ``EISDIR``, ``ENXIO`` a socket, ``ENODEV`` a device without its
-#: driver): a verdict, the gate refuses it.  Any other errno (``EMFILE``, ``ENFILE``,
-#: ``ENOMEM``, ``EIO``, ``ESTALE``...) is this process's or system's state at the
-#: time: ``UncheckedEngineError``, no verdict (the directory's rule, DESIGN.md 329).
-ABOUT_THE_FILE = ABOUT_THE_DIRECTORY | {errno.EINVAL, errno.EISDIR, errno.ENXIO, errno.ENODEV}
+#: driver), and ``EIO``: a media error in the file's blocks, met again at every read
+#: until the file is written anew, which a rebuild does (to fresh blocks): a verdict,
+#: the gate refuses it.  Any other errno (``EMFILE``, ``ENFILE``, ``ENOMEM``,
+#: ``ESTALE``...) is this process's or system's state at the time:
+#: ``UncheckedEngineError``, no verdict (the directory's rule, DESIGN.md 329).
+ABOUT_THE_FILE = ABOUT_THE_DIRECTORY | {
+    errno.EINVAL,
+    errno.EISDIR,
+    errno.ENXIO,
+    errno.ENODEV,
+    errno.EIO,
+}
 
 _LINE = re.compile(r"([0-9a-fA-F]{64})(?:[ \t]+\*?(\S.*))?")
 _HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -88,7 +88,7 @@ class ValidatedEngine:
                 grew = bool(handle.read(1))
                 view.release()
         except OSError as exc:
-            if not about_the_file(exc):  # EMFILE, ENOMEM, EIO: no verdict, nothing recorded
+            if not about_the_file(exc):  # EMFILE, ENOMEM: no verdict, nothing recorded
                 raise unchecked_engine(f"engine {self.path.name!r}", "re-read", exc) from exc
             raise self._refusal(
                 f"engine {self.path.name!r} cannot be re-read after validation: {exc}"

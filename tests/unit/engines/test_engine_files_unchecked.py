@@ -1,5 +1,7 @@
-"""An engine or sidecar the gate could not read for want of descriptors or memory, or
-for an I/O error, is no verdict (review RB F1; the directory's rule of DESIGN.md 329).
+"""An engine or sidecar the gate could not read for want of descriptors or memory is no
+verdict (review RB F1; the directory's rule of DESIGN.md 329); an I/O error reading it
+is one (review RH F3: a media error in the file, met at every read, which only a
+rebuild to fresh blocks heals).
 
 Before, ``_Evaluation.sidecar_present`` / ``file_digest`` and ``read_sidecar`` turned
 any ``OSError`` into a refusal: one ``EMFILE`` on the sidecar's open while an intact,
@@ -10,7 +12,7 @@ and a forced rebuild was asked for; at the load's gate the same read was
 ``EngineHashMismatchError``, logged and recorded as ``engine_refused``.  Now it is
 ``UncheckedEngineError`` naming the errno: nothing is moved, refused or rebuilt, and
 the next location, without the fault, serves the engine.  What is about the file
-(``ELOOP``, ``EACCES``, ``ENOENT``) is still refused and quarantined.  Faults are
+(``ELOOP``, ``EACCES``, ``ENOENT``, ``EIO``) is still refused and quarantined.  Faults are
 injected in this process, once each, through ``os.open`` / ``os.stat`` /
 ``os.listdir``, as the review's repros did."""
 
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+import inferd.digest as digest
 from inferd.cli import build as tensorrt_cli
 from inferd.config import ModelConfig
 from inferd.engines import Manifest
@@ -121,8 +124,8 @@ UNCHECKED = [
     pytest.param(sidecar_open, errno.EMFILE, "read", id="sidecar-open-EMFILE"),
     pytest.param(sidecar_open, errno.ENOMEM, "read", id="sidecar-open-ENOMEM"),
     pytest.param(engine_read, errno.EMFILE, "read", id="engine-read-EMFILE"),
-    pytest.param(engine_read, errno.EIO, "read", id="engine-read-EIO"),
-    pytest.param(sidecar_stat, errno.EIO, "examined", id="sidecar-stat-EIO"),
+    pytest.param(engine_read, errno.ENFILE, "read", id="engine-read-ENFILE"),
+    pytest.param(sidecar_stat, errno.ENOMEM, "examined", id="sidecar-stat-ENOMEM"),
     pytest.param(sidecar_stat, errno.ESTALE, "examined", id="sidecar-stat-ESTALE"),
 ]
 
@@ -159,12 +162,16 @@ def test_a_trusted_engine_that_could_not_be_read_at_location_is_left_where_it_is
         pytest.param(engine_read, errno.EACCES, id="engine-read-EACCES"),
         pytest.param(engine_read, errno.ELOOP, id="engine-read-ELOOP"),
         pytest.param(sidecar_stat, errno.EACCES, id="sidecar-stat-EACCES"),
+        pytest.param(engine_read, errno.EIO, id="engine-read-EIO"),
+        pytest.param(sidecar_open, errno.EIO, id="sidecar-open-EIO"),
+        pytest.param(sidecar_stat, errno.EIO, id="sidecar-stat-EIO"),
     ],
 )
 def test_a_read_refused_for_a_reason_of_the_file_is_still_refused_and_quarantined(
     deployment: Deployment, model: Path, fault: Fault, code: int
 ) -> None:
-    """Passes before and after: what is about the file stays a verdict."""
+    """What is about the file stays a verdict.  The ``EIO`` cases failed before
+    (review RH F3): ``UncheckedEngineError``, nothing moved, no build planned."""
     path = deployment.engine()
     with pytest.MonkeyPatch.context() as patch, capture_logs() as logs:
         fault(patch, code)
@@ -227,7 +234,7 @@ def test_the_load_gate_neither_refuses_nor_records_and_verify_names_the_errno(
 
 
 @pytest.mark.parametrize(
-    ("code", "unchecked"), [(errno.EMFILE, True), (errno.EIO, True), (errno.EACCES, False)]
+    ("code", "unchecked"), [(errno.EMFILE, True), (errno.EIO, False), (errno.EACCES, False)]
 )
 def test_the_loads_re_read_of_a_validated_engine_refuses_only_for_the_files_fault(
     deployment: Deployment, code: int, unchecked: bool
@@ -316,3 +323,34 @@ def test_inferd_build_without_force_builds_nothing_for_an_engine_it_could_not_re
     code = tensorrt_cli.run(demo_model, None, engine_dir=bench.engine_dir, out=out, as_json=True)
     assert code == 0 and '"status": "reused"' in out.getvalue()
     assert bench.gpu.trt.builds == 1
+
+
+def test_an_engine_whose_blocks_fail_to_read_is_quarantined_and_rebuilt(
+    bench: Bench, demo_model: Path
+) -> None:
+    """Every read of the engine's content fails ``EIO`` (a bad block; its open works).
+    Before (review RH F3): ``UncheckedEngineError`` at every activation, nothing moved,
+    ``engine_rebuild_skipped``: the model stayed on the fallback for good.  Now the gate
+    refuses it, it is quarantined and a build is asked for (written to fresh blocks)."""
+    engine = bench.deployed(bench.runtime(), demo_model).artifact_path
+    model = ModelConfig(name="demo", path=demo_model, runtime="tensorrt")
+    real = digest.sha256_handle
+    hits: list[str] = []
+
+    def bad_block(handle: Any) -> str:
+        if os.readlink(f"/proc/self/fd/{handle.fileno()}") == str(engine):
+            hits.append(str(engine))
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(handle)
+
+    slot = ModelSlot(model)
+    with pytest.MonkeyPatch.context() as patch, capture_logs() as logs:
+        patch.setattr(digest, "sha256_handle", bad_block)
+        slot.activate(bench.config(), _sinks(bench, []))
+    assert hits and slot.state == "serving" and slot.is_fallback
+    assert slot.fallback_cause in BUILD_FIXES
+    assert _judged(logs) == ["engine_quarantined"] and not engine.exists()
+    assert any(name.startswith(engine.name) for name in _quarantined(bench.engine_dir))
+    builds, _logs, _why = rebuild_asked(slot)
+    assert len(builds) == 1
+    slot.release()
