@@ -20,7 +20,9 @@
   collector.  A flight computer's daemon sends nothing anywhere it was not told to:
   ``ORT_DISABLE_TELEMETRY=1`` (read when ONNX Runtime makes its environment; the
   Python ``disable_telemetry_events()`` comes after that first event) unless the
-  environment says otherwise.  The units set it too.
+  environment says otherwise, set by ``inferd/__init__.py`` (importing this module
+  imports it), so that no module of inferd can import ONNX Runtime first.  The
+  units set it too.
 * structlog imports rich when it is installed (inferd installs it for
   ``inferd build``'s live tree), for pretty tracebacks inferd's logs never use:
   the console renderer is given ``structlog.dev.plain_traceback``
@@ -44,11 +46,9 @@ BLAS_THREADS = "1"
 
 
 def prepare_process() -> None:
-    """Set up this process before it imports numpy, ONNX Runtime or structlog.
-    Idempotent."""
+    """Set up this process before it imports numpy or structlog.  Idempotent."""
     open_standard_descriptors()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
-    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import_structlog_without_rich()
 
 
