@@ -72,7 +72,8 @@ lint: $(TEST_STAMP)
 # Python from caching it (~0.2 s less per daemon start).
 # Most tests wait on a daemon subprocess, so pytest workers (pytest-xdist) overlap
 # them: on two cores, three workers took 334 s where two took 396 s (they left the
-# cores a third idle); PYTEST_WORKERS=0 runs it in one process. Work stealing, not
+# cores a third idle), and with 3,900 tests four took 303 s where three took 317 s
+# (the cores idle 8 s against 33 s); PYTEST_WORKERS=0 runs it in one process. Work stealing, not
 # xdist's default `load`: that hands each worker a quarter of the suite's first
 # tests up front, so two workers ran the integration tests (daemon starts) while
 # the third ran every unit test and sat idle for the last 170 s: 355 s against
@@ -80,7 +81,7 @@ lint: $(TEST_STAMP)
 # pytest rewrites the asserts of every test module it collects (10 s a process
 # here) and caches the result as bytecode only where writing it is allowed: it
 # is, for pytest alone, so that the systemd rerun (and any rerun) reads it.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 PYTEST_ENV := PYTHONDONTWRITEBYTECODE=
 PYTEST := pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 # test-collect, beside the lint (one core each): on a fresh clone each pytest-xdist
