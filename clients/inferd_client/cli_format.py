@@ -186,6 +186,7 @@ def status(result: Mapping[str, Any]) -> list[str]:
                 ("send buffer", _send_buffer_line(bus.get("send_buffer") or {})),
                 ("security", _security_line(result.get("security") or {})),
                 ("builds", _builds_line(result.get("builds") or {})),
+                ("rebuilds", _rebuilds_line((result.get("builds") or {}).get("rebuilds") or {})),
                 ("alerts", _alerts_line(result.get("alerts") or {})),
             ]
         ),
@@ -272,12 +273,46 @@ def _builds_line(builds: Mapping[str, Any]) -> str:
     refused = builds.get("start_refused") or {}
     limit = builds.get("start_limit") or {}
     by_code = ", ".join(f"{code} {count}" for code, count in sorted(refused.items()))
+    running = builds.get("running_limit")
     return (
         f"build.start refused {sum(refused.values())}"
         + (f" ({by_code})" if by_code else "")
         + f", rate limited {limit.get('refused', 0)} (burst {text(limit.get('burst'))}, "
         f"one every {text(limit.get('refill_s'))} s)"
+        + (
+            f"; running {running.get('running', 0)} of {text(running.get('max_running'))} "
+            f"(builds.max_running refused {running.get('refused', 0)})"
+            if running
+            else ""
+        )
     )
+
+
+def _rebuilds_line(rebuilds: Mapping[str, Any]) -> str:
+    """The background rebuilder: what it does about each model that fell back."""
+    if not rebuilds:  # a daemon before DESIGN.md 350
+        return "-"
+    if not rebuilds.get("enabled"):
+        return "off (runtime.rebuild_on_fallback is false)"
+    models = rebuilds.get("models") or {}
+    if not models:
+        return "none (no model fell back since start)"
+    return "; ".join(
+        f"{model}: {_rebuild(rebuild, rebuilds.get('max_attempts'))}"
+        for model, rebuild in sorted(models.items())
+    )
+
+
+def _rebuild(rebuild: Mapping[str, Any], max_attempts: object) -> str:
+    state = str(rebuild.get("state"))
+    attempts = f"{rebuild.get('attempts', 0)} of {text(max_attempts)} attempts"
+    if state == "building":
+        return f"building {rebuild.get('build_id')} ({attempts})"
+    if state == "retry_scheduled":
+        return f"retry in {text(rebuild.get('retry_in_s'))} s ({attempts})"
+    if state == "waiting_for_room":
+        return f"waiting for builds.max_running ({rebuild.get('waiting_for_room')}; {attempts})"
+    return f"{state.replace('_', ' ')} ({attempts})"
 
 
 def _send_buffer_line(send_buffer: Mapping[str, Any]) -> str:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from inferd.fdr.writer import FlightRecorder
     from inferd.metrics import MetricsExporter
     from inferd.serving.engine_worker import EngineWorker
+    from inferd.serving.rebuild import FallbackRebuilder
     from inferd.serving.requests import RequestRouter
     from inferd.serving.scheduler import Scheduler
     from inferd.serving.slot import ModelSlot
@@ -49,6 +50,8 @@ class DaemonReports(DaemonState):
     security: BusSecurity
     switcher: RuntimeSwitcher
     builds: CountedBuildManager
+    #: The background rebuilder; None when ``runtime.rebuild_on_fallback`` is false.
+    rebuilder: FallbackRebuilder | None
     thermal: ThermalMonitor
     alerts: AlertDispatcher
     metrics: MetricsExporter
@@ -135,7 +138,7 @@ class DaemonReports(DaemonState):
             "thermal": self.thermal.describe(),
             "security": self.security.describe(self.router.permission_denied, self.switcher.rate),
             "shm": self.shm.status() if self.shm else {"enabled": False},
-            "builds": self.builds.start_status(),
+            "builds": {**self.builds.start_status(), "rebuilds": self._rebuilds_status()},
             "metrics": self.metrics.describe(),
             "bus": {
                 **self.bus.status(),
@@ -145,6 +148,18 @@ class DaemonReports(DaemonState):
                 "events_dropped": self.publisher.dropped,
                 "events_subscriptions_refused": self.publisher.subscriptions_refused,
             },
+        }
+
+    def _rebuilds_status(self) -> dict[str, Any]:
+        """``status.builds.rebuilds``: the background rebuilder's bounds and models."""
+        if self.rebuilder is None:  # runtime.rebuild_on_fallback is false
+            return {"enabled": False, "models": {}}
+        runtime = self.config.runtime
+        return {
+            "enabled": True,
+            "max_attempts": runtime.rebuild_max_attempts,
+            "backoff_s": runtime.rebuild_backoff_s,
+            "models": self.rebuilder.describe(),
         }
 
     def _recorder_status(self) -> dict[str, Any]:

@@ -61,6 +61,15 @@ def model_status(daemon: DaemonProcess) -> dict[str, Any]:
     return dict(model)
 
 
+def rebuild_status(daemon: DaemonProcess) -> dict[str, Any]:
+    """``status.builds.rebuilds`` (the reply checked against its schema)."""
+    reply = control(daemon, "status")
+    assert_valid("status_reply.json", reply)
+    rebuilds = reply["result"]["builds"]["rebuilds"]
+    assert rebuilds["enabled"] is True
+    return dict(rebuilds)
+
+
 def alert(events: Events, code: str) -> dict[str, Any]:
     return events.next(
         lambda topic, payload: topic == "alert" and payload.get("code") == code, code
@@ -74,7 +83,10 @@ def test_serves_on_the_fallback_at_once_then_adopts_the_built_engine_under_load(
     daemon = start(daemon_factory, demo_model, engine_dir, SLOW_BUILD)
     events = Events(daemon.events, topics=("build", "runtime"))
     # Ready (the factory waited for it) while the build runs: start-up never waits.
-    assert the_build(daemon)["state"] == "running"
+    running = the_build(daemon)
+    assert running["state"] == "running"
+    rebuild = rebuild_status(daemon)["models"]["demo"]
+    assert (rebuild["state"], rebuild["build_id"]) == ("building", running["build_id"])
     model = model_status(daemon)
     assert (model["runtime"], model["fallback"]) == ("onnx_trt_ep", True)
     assert "no engine for this host" in model["reason"]
@@ -95,6 +107,10 @@ def test_serves_on_the_fallback_at_once_then_adopts_the_built_engine_under_load(
             lambda topic, p: topic == "runtime" and p["runtime"] == "tensorrt", "the switch"
         )
         assert switched["fallback"] is False and switched["reason"] is None
+        wait_until(
+            lambda: rebuild_status(daemon)["models"]["demo"]["state"] == "adopted",
+            message="the rebuild shown adopted in status",
+        )
         wait_until(lambda: load.served["tensorrt"] >= 5, message="requests served on tensorrt")
     assert load.failures == []
     assert load.served["onnx_trt_ep"] > 0 and load.served["tensorrt"] >= 5
@@ -153,6 +169,12 @@ def test_a_failed_build_backs_off_then_gives_up_with_an_alert(
     assert "out of memory" in second["message"]
     builds = control(daemon, "build.status")["result"]["builds"]
     assert [b["state"] for b in builds] == ["failed", "failed"]
+    rebuilds = rebuild_status(daemon)
+    assert (rebuilds["max_attempts"], rebuilds["backoff_s"]) == (2, 0.2)
+    rebuild = rebuilds["models"]["demo"]
+    assert (rebuild["state"], rebuild["attempts"], rebuild["build_id"]) == ("gave_up", 2, None)
+    running_limit = control(daemon, "status")["result"]["builds"]["running_limit"]
+    assert running_limit == {"max_running": 2, "running": 0, "refused": 0}
     model = model_status(daemon)
     assert (model["runtime"], model["fallback"], model["state"]) == ("onnx_trt_ep", True, "serving")
 

@@ -34,6 +34,7 @@ from inferd.bus.publisher import TOPICS, EventPublisher
 from inferd.config import QUEUE_POLICIES, RUNTIME_LABELS, ModelConfig, RuntimeConfig
 from inferd.config.sections import MAX_DEADLINE_MS
 from inferd.runtime.ort_providers import Degradation
+from inferd.serving.rebuild_state import REBUILD_STATES
 from inferd.serving.slot import ModelSlot, Sinks
 from inferd.types import AlertLevel, ThermalState
 from inferd_client import EventSubscriber, InferenceClient, OperatorClient, RequestTimeout
@@ -299,6 +300,13 @@ def test_schema_vocabularies_match_the_code() -> None:
     region = defs["region_tensor_descriptor"]["properties"]
     assert region["offset"]["multipleOf"] == regions.REGION_ALIGNMENT
     assert defs["region_id"]["pattern"] == f"^[0-9a-f]{{{regions.REGION_ID_HEX}}}$"
+    rebuilds = schemas()["status_reply.json"]["$defs"]["builds"]["properties"]["rebuilds"]
+    assert (
+        tuple(
+            rebuilds["properties"]["models"]["additionalProperties"]["properties"]["state"]["enum"]
+        )
+        == REBUILD_STATES
+    )
     ops = [entry["properties"]["op"]["const"] for entry in schemas()["shm_request.json"]["oneOf"]]
     assert tuple(ops) == (*regions.SHM_OPS, "infer")  # registration ops, then requests
     assert {name.removeprefix("event_") for name in EVENT_SCHEMAS.values()} <= {

@@ -39,8 +39,13 @@ class CountedBuildManager(BuildManager):
             raise
 
     def start_status(self) -> dict[str, Any]:
-        """``status.builds``: ``build.start``'s refusals by code, and the per-peer rate
-        (``builds.start_burst``, ``start_refill_s``) with the refusals it made."""
+        """``status.builds``: ``build.start``'s refusals by code, the per-peer rate
+        (``builds.start_burst``, ``start_refill_s``) with the refusals it made, and
+        ``builds.max_running`` with the builds running and the starts it refused."""
         with self._refused_lock:
             refused = dict(self._refused)
-        return {"start_refused": refused, "start_limit": self.admission.start_limit.describe()}
+        return {
+            "start_refused": refused,
+            "start_limit": self.admission.start_limit.describe(),
+            "running_limit": self.admission.running_limit(self.running()),
+        }

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from inferd.metrics import client_families
+from inferd.serving.rebuild_state import REBUILD_STATES
 from inferd.serving.stats import LatencyHistogram
 from inferd_wire.protocol import Code
 
@@ -242,6 +243,38 @@ def _builds(builds: Mapping[str, Any]) -> Iterator[Metric]:
         "build.start refused RESOURCE_EXHAUSTED by builds.start_burst/start_refill_s.",
         builds["start_limit"]["refused"],
     )
+    running = builds["running_limit"]
+    yield _gauge("inferd_builds_running", "Builds running now.", running["running"])
+    yield _gauge(
+        "inferd_builds_max_running", "builds.max_running: builds at once.", running["max_running"]
+    )
+    yield _counter(
+        "inferd_build_running_limit_refused",
+        "build.start refused RESOURCE_EXHAUSTED by builds.max_running, the daemon's own "
+        "rebuilds included (each then waits for a build to end).",
+        running["refused"],
+    )
+    yield from _rebuilds(builds["rebuilds"])
+
+
+def _rebuilds(rebuilds: Mapping[str, Any]) -> Iterator[Metric]:
+    state = _gauge(
+        "inferd_rebuild_state",
+        "1 for what the background rebuilder does about a model that fell back "
+        "(status.builds.rebuilds; only models that fell back since start).",
+        labels=["model", "state"],
+    )
+    attempts = _gauge(
+        "inferd_rebuild_attempts",
+        "Background builds of the model started over this run (runtime.rebuild_max_attempts).",
+        labels=["model"],
+    )
+    for model, rebuild in sorted(rebuilds["models"].items()):
+        for value in REBUILD_STATES:
+            state.add_metric([model, value], 1 if rebuild["state"] == value else 0)
+        attempts.add_metric([model], rebuild["attempts"])
+    yield state
+    yield attempts
 
 
 def _fdr(fdr: Mapping[str, Any]) -> Iterator[Metric]:

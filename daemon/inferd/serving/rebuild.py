@@ -34,6 +34,7 @@ again when a build, any build, ends; an operator's switch cancels it as it does 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -194,8 +195,10 @@ class FallbackRebuilder:
             timer.cancel()
 
     def describe(self) -> dict[str, dict[str, Any]]:
+        """Each model that fell back since start (``status.builds.rebuilds.models``)."""
+        now = time.monotonic()
         with self._lock:
-            return {model: state.described() for model, state in self._models.items()}
+            return {m: s.described(self._max_attempts, now) for m, s in self._models.items()}
 
     # -- the switcher's news (SwitchWatcher) -------------------------------------------
     def released(self, model: str) -> None:
@@ -425,7 +428,7 @@ class FallbackRebuilder:
                 except RuntimeError as exc:  # the process's thread limit: no retry waits
                     retry, why = False, f"{why}; its retry could not be scheduled ({exc})"
                 else:
-                    state.timer = timer
+                    state.timer, state.retry_due = timer, time.monotonic() + delay
         then = (
             f"retry {state.attempts + 1} of {self._max_attempts} in {delay:.0f} s"
             if retry

@@ -53,6 +53,18 @@ StartBuild = Callable[[dict[str, Any]], Mapping[str, Any]]
 Switch = Callable[[str, str, str], Mapping[str, Any]]
 
 
+#: ``RebuiltModel.state``'s words, the first that holds (``status.builds.rebuilds``).
+REBUILD_STATES = (
+    "building",  # its build runs (build_id)
+    "adoption_pending",  # built and trusted, waiting for a switch or failover to end
+    "waiting_for_room",  # refused for builds.max_running: asked for again at a build's end
+    "retry_scheduled",  # its build failed: retried after the backoff (retry_in_s)
+    "adopted",  # its engine serves (until the model falls back again)
+    "gave_up",  # runtime.rebuild_max_attempts builds used: no more in this run
+    "idle",  # nothing asked for: cancelled, superseded or not adopted (the log says why)
+)
+
+
 @dataclass
 class RebuiltModel:
     """One model's rebuilds over the daemon's run."""
@@ -63,6 +75,8 @@ class RebuiltModel:
     timer: threading.Timer | None = None
     #: Which retry ``timer`` starts (a cancelled timer that fires anyway does nothing).
     retry: int = 0
+    #: When ``timer`` fires (``time.monotonic``).
+    retry_due: float = 0.0
     #: A built engine waiting for the model's claim to end, and its tries so far.
     pending: tuple[FinishedBuild, int] | None = None
     #: Why its build is asked for, while it waits for room (``builds.max_running``
@@ -72,12 +86,29 @@ class RebuiltModel:
     #: came does not wait (the switch found nothing waiting to cancel yet).
     chosen: int = 0
 
-    def described(self) -> dict[str, Any]:
-        """As ``FallbackRebuilder.describe`` shows it."""
+    def state(self, max_attempts: int) -> str:
+        """Which of ``REBUILD_STATES`` it is in (``max_attempts``: the builds a run allows)."""
+        if self.build_id is not None:
+            return "building"
+        if self.pending is not None:
+            return "adoption_pending"
+        if self.waiting is not None:
+            return "waiting_for_room"
+        if self.timer is not None:
+            return "retry_scheduled"
+        if self.adopted:
+            return "adopted"
+        return "gave_up" if self.attempts >= max_attempts else "idle"
+
+    def described(self, max_attempts: int, now: float) -> dict[str, Any]:
+        """As ``FallbackRebuilder.describe`` shows it (``now``: ``time.monotonic()``)."""
         return {
+            "state": self.state(max_attempts),
             "attempts": self.attempts,
             "build_id": self.build_id,
             "retry_scheduled": self.timer is not None,
+            "retry_in_s": round(max(0.0, self.retry_due - now), 3) if self.timer else None,
+            "waiting_for_room": self.waiting,
             "adoption_pending": self.pending is not None,
             "adopted": self.adopted,
         }

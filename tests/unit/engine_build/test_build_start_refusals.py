@@ -77,4 +77,5 @@ def test_each_refusal_is_counted_under_its_code(
             "RESOURCE_EXHAUSTED": 1,
         },
         "start_limit": {"burst": limit.burst, "refill_s": limit.refill_s, "refused": 1},
+        "running_limit": {"max_running": builds.admission.max_running, "running": 0, "refused": 0},
     }

@@ -3,6 +3,8 @@ back with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,6 +115,8 @@ def status(**overrides: Any) -> dict[str, Any]:
         "builds": {
             "start_refused": {},
             "start_limit": {"burst": 2, "refill_s": 30.0, "refused": 0},
+            "running_limit": {"max_running": 2, "running": 1, "refused": 0},
+            "rebuilds": {"enabled": False, "models": {}},
         },
     }
     document.update(overrides)
@@ -250,3 +254,20 @@ def test_shared_memory_when_enabled_and_nothing_when_off() -> None:
     assert samples[("inferd_shm_closed_for_backlog_total", ())] == 1
     off = scrape(status(shm={"enabled": False}))
     assert not any(name.startswith("inferd_shm_") for name, _ in off)
+
+
+def test_every_family_is_in_the_operations_guides_metrics_table() -> None:
+    """An operator finds each family the exporter serves in docs/OPERATIONS.md."""
+    document = status()
+    document["builds"]["rebuilds"] = {
+        "enabled": True,
+        "max_attempts": 3,
+        "backoff_s": 60.0,
+        "models": {"det": {"state": "building", "attempts": 1}},
+    }
+    names = {metric.name for metric in families.collect(document, {})}
+    guide = (Path(__file__).parents[3] / "docs" / "OPERATIONS.md").read_text()
+    table = [line.split("|")[1] for line in guide.splitlines() if line.startswith("| `inferd_")]
+    rows = {name for cell in table for name in re.findall(r"`(inferd_[a-z_]+)`", cell)}
+    undocumented = {n for n in names if n not in rows and f"{n}_total" not in rows}
+    assert len(names) > 60 and undocumented == set()

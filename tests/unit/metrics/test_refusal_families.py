@@ -29,7 +29,7 @@ SHM = {
 
 def test_build_start_refusals_are_a_counter_by_code_with_every_code_present() -> None:
     document = status()
-    document["builds"] = {
+    document["builds"] |= {
         "start_refused": {"RESOURCE_EXHAUSTED": 3, "NOT_FOUND": 1},
         "start_limit": {"burst": 2, "refill_s": 30.0, "refused": 2},
     }

@@ -122,9 +122,12 @@ def test_an_operators_switch_while_a_start_is_refused_for_room_cancels_it() -> N
         rebuilder.on_build_finished(_failed("b1", "other"))  # another build's end: room
     assert calls == ["m"] and rebuilder._models["m"].waiting is None
     assert rebuilder.describe()["m"] == {
+        "state": "idle",
         "attempts": 0,
         "build_id": None,
         "retry_scheduled": False,
+        "retry_in_s": None,
+        "waiting_for_room": None,
         "adoption_pending": False,
         "adopted": False,
     }

@@ -106,9 +106,12 @@ def test_an_adoption_met_by_an_operators_switch_in_progress_ends_as_their_choice
     (deferred,) = logged(logs, "engine_rebuild_adoption_deferred")
     assert deferred["build_id"] == "b1" and "already in progress" in deferred["reason"]
     assert rig.rebuilder.describe()["m"] == {
+        "state": "idle",
         "attempts": 1,
         "build_id": None,
         "retry_scheduled": False,
+        "retry_in_s": None,
+        "waiting_for_room": None,
         "adoption_pending": False,
         "adopted": False,
     }
