@@ -45,9 +45,7 @@ validated engines) and recorded in ``--manifest``; one that failed is quarantine
 Exit status: 0 built and validated, or reused; 1 the build or its validation failed;
 2 usage or environment problem (bad build config, missing model, TensorRT/pycuda/GPU
 unavailable); 3 cancelled (Ctrl-C, SIGTERM, ``--timeout``); 130 forced by a second Ctrl-C.
-
-Also runnable as ``python -m inferd.cli.build``.
-"""
+Also runnable as ``python -m inferd.cli.build``."""
 
 from __future__ import annotations
 
@@ -72,6 +70,7 @@ from inferd.errors import (
     InferdError,
 )
 from inferd.owned_files import apply_owned_umask
+from inferd.process_start import prepare_process
 from inferd.types import BuildConfig
 from inferd_client.cli_format import printable
 
@@ -434,6 +433,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prepare_process()  # as `inferd build` (inferd.cli.main): a closed fd 0-2 on /dev/null
     parser = argparse.ArgumentParser(
         prog="inferd build", description="build a TensorRT engine pre-flight"
     )

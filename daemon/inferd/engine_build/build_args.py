@@ -7,13 +7,14 @@ order a client meets them; nothing here starts, finds or changes a build.
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import secrets
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from inferd.config import BuildsConfig, ModelConfig
 from inferd.config.security import STALL_AFTER_RULE, stall_after_ok
@@ -30,13 +31,43 @@ _MAX_FAIL_CHARS = 256
 #: ``build.start``'s optional arguments with a default when absent, never null.
 _NOT_NULL = ("build_config", "simulation", "timeout_s", "stall_after_s")
 
+log = structlog.get_logger("inferd.builds")
 
-def build_counter(build_dir: Path, engine_dir: Path) -> itertools.count[int]:
+
+class BuildCounter:
     """The numbers of the daemon's build ids (``b<N>-<6 hex>``), from 1 + the highest
     on disk (``retention.next_build_number``): a later build has a higher number
     across restarts, which orders builds where file times cannot (a wall clock at
-    1970 or set back)."""
-    return itertools.count(next_build_number(build_dir, engine_dir))
+    1970 or set back).  A count that could not list a directory (``EMFILE`` at
+    start) is taken again at each next build until one succeeds, never trusted:
+    a count from 1 would have made the newest build the oldest, the first the caps
+    remove.  Called under the build manager's lock."""
+
+    def __init__(self, build_dir: Path, engine_dir: Path) -> None:
+        self._directories = (build_dir, engine_dir)
+        self._next = 1
+        self._counted = False
+        self._count()
+
+    def __next__(self) -> int:
+        if not self._counted:
+            self._count()
+        number, self._next = self._next, self._next + 1
+        return number
+
+    def _count(self) -> None:
+        try:
+            found = next_build_number(*self._directories)
+        except OSError as exc:
+            log.warning(
+                "build_counter_unchecked",
+                error=f"{type(exc).__name__}: {exc}",
+                next_number=self._next,
+                reason="a builds or engine directory could not be listed; counted again "
+                "at the next build, which is numbered after this run's builds only",
+            )
+            return
+        self._next, self._counted = max(self._next, found), True
 
 
 def tensorrt_importable() -> bool:

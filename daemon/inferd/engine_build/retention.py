@@ -45,12 +45,14 @@ from inferd.engines.quarantine import QUARANTINE_DIR
 log = structlog.get_logger("inferd.builds.retention")
 
 REMOVED_RECORD = "build_artifact_removed"
-#: The daemon's build ids: ``b<counter>-<6 hex>`` (``BuildManager``).
-BUILD_ID = r"b[0-9]+-[0-9a-f]{6}"
+#: The daemon's build ids: ``b<counter>-<6 hex>`` (``BuildManager``).  Twelve digits
+#: at most: a stray name with more (a file an operator made) is not a build's, so it
+#: never pushes the counter past what the wire's ids and NAME_MAX hold.
+BUILD_ID = r"b[0-9]{1,12}-[0-9a-f]{6}"
 _ARTIFACT = re.compile(rf"^(?P<model>[A-Za-z0-9_-]+)\.(?P<build_id>{BUILD_ID})\.")
 #: A TensorRT daemon build's summary in the engine dir (``engine_outputs.py``).
 SUMMARY_NAME = re.compile(rf"^(?P<engine>.+\.engine)\.(?P<build_id>{BUILD_ID})\.build\.json$")
-_NUMBER = re.compile(r"^b([0-9]+)-")
+_NUMBER = re.compile(r"^b([0-9]{1,12})-")
 
 RUNNING, SERVING, NEWEST = "running", "serving", "its model's newest engine"
 
@@ -103,13 +105,15 @@ def next_build_number(build_dir: Path, engine_dir: Path | None) -> int:
     """Where the daemon's build counter starts: 1 + the highest build number among
     the sets on disk (the builds dir's, and the engine dir's summaries), so that a
     later build has a higher number than every set an earlier run left, whatever
-    the wall clock says.  What cannot be listed counts for nothing."""
-    ids = [artifact.build_id for artifact in scan(build_dir).sets]
+    the wall clock says.  A directory that does not exist holds none; one that
+    could not be listed (``EMFILE``, ``EACCES``) raises its ``OSError``: a count
+    without it could restart below the sets it holds."""
+    ids = [artifact.build_id for artifact in scan(build_dir, strict=True).sets]
     if engine_dir is not None:
         try:
             names = os.listdir(engine_dir)
-        except OSError:
-            names = []  # missing (no TensorRT build yet) or unreadable: nothing to count
+        except FileNotFoundError:
+            names = []  # no TensorRT build yet
         ids += [match["build_id"] for name in names if (match := SUMMARY_NAME.match(name))]
     return 1 + max(map(build_number, ids), default=0)
 
@@ -144,11 +148,12 @@ class EngineDirOutputs(Protocol):
     def scan(self) -> tuple[ArtifactSet, ...]: ...
 
 
-def scan(build_dir: Path) -> Inventory:
-    """What the builds dir holds now."""
+def scan(build_dir: Path, strict: bool = False) -> Inventory:
+    """What the builds dir holds now (``strict``: a directory in it that could not be
+    listed raises, where the caps' prune goes on with the rest)."""
     files: dict[tuple[str, str], list[tuple[Path, os.stat_result]]] = {}
     total = 0
-    for root, _dirs, names in os.walk(build_dir):
+    for root, _dirs, names in os.walk(build_dir, onerror=_unlisted if strict else None):
         for name in names:
             path = Path(root) / name
             try:
@@ -175,6 +180,12 @@ def scan(build_dir: Path) -> Inventory:
         for (model, build_id), entries in files.items()
     ]
     return _inventory(sets, total)
+
+
+def _unlisted(exc: OSError) -> None:
+    """``os.walk``'s error: raised, but for a directory removed meanwhile, or absent."""
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
 
 
 def _inventory(sets: list[ArtifactSet], total: int) -> Inventory:

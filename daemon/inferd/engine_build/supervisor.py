@@ -110,7 +110,7 @@ class BuildManager:
         self._builds: dict[str, Build] = {}
         self._lock = threading.Lock()
         self._accepting = True
-        self._counter = build_args.build_counter(build_dir, engine_dir)
+        self._counter = build_args.BuildCounter(build_dir, engine_dir)
         self._limits = limits = limits or BuildsConfig()
         self.max_duration_s = limits.max_duration_s
         self.admission = BuildAdmission(build_dir, limits, record, serving)

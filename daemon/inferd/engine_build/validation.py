@@ -121,6 +121,14 @@ def _stop_if_cancelled(
         raise ValidationCancelled
 
 
+def _cancelled(
+    token: CancellationToken | None, gate: str, atol: float, rtol: float
+) -> ValidationResult:
+    source = token.source if token is not None else None
+    reason = f"cancelled ({source}) before its verdict: the engine is not kept"
+    return ValidationResult("cancelled", gate, None, atol, rtol, reason)
+
+
 def _run_cancellable(
     session: Any,
     inputs: Arrays,
@@ -225,6 +233,10 @@ def validate_build(
     Making the reference session and the engine's own smoke inference are not
     interruptible."""
     atol, rtol = TOLERANCES[precision]
+    try:  # a deadline met while the engine was staged: neither its hash nor a session
+        _stop_if_cancelled(token, check_deadline)
+    except ValidationCancelled:
+        return _cancelled(token, "not_run", atol, rtol)
     try:
         gate(engine_path)
     except Exception as exc:
@@ -236,9 +248,7 @@ def validate_build(
         _stop_if_cancelled(token, check_deadline)
         actual = infer(engine_path, inputs)
     except ValidationCancelled:
-        source = token.source if token is not None else None
-        reason = f"cancelled ({source}) before its verdict: the engine is not kept"
-        return ValidationResult("cancelled", "passed", None, atol, rtol, reason)
+        return _cancelled(token, "passed", atol, rtol)
     except ModelChangedError as exc:
         return ValidationResult("fail", "passed", None, atol, rtol, str(exc))
     except Exception as exc:

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from inferd.config import ModelConfig
 from inferd.engine_build import child_process
-from inferd.engine_build.retention import BuildsRetention
+from inferd.engine_build.retention import BuildsRetention, next_build_number
 from inferd.engine_build.supervisor import BuildManager
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
@@ -180,3 +181,47 @@ def test_the_same_onnx_relabelled_at_a_1970_clock_keeps_the_new_engine(tmp_path:
     assert [(p["model"], p["build_id"]) for _, p in records] == [("demo", "b1-aaaaaa")]
     assert new["engine"].exists() and not old["engine"].exists()
     assert sorted(json.loads(manifest.read_text())["engines"]) == [new["engine"].name]
+
+
+def test_a_count_that_could_not_list_the_builds_dir_is_taken_again_at_the_next_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ``EMFILE`` listing the builds dir as the daemon started made the counter
+    start at 1, silently: the build that then completed was ``b1``, the oldest, and
+    the caps removed it for the previous flight's ``b7`` (review R1 of entry 343,
+    finding 1).  Now the count is said (``build_counter_unchecked``) and taken again
+    at the next build."""
+    started = _build_ids(monkeypatch)
+    model = tmp_path / "demo.onnx"
+    model.write_bytes(b"")
+    state = tmp_path / "state"
+    for folder in (state, state / "builds", state / "builds" / "demo", state / "engines"):
+        folder.mkdir(mode=0o700)
+    artifact(state / "builds", "demo", "b7-000007", NOW_S)
+    real_scandir = os.scandir
+    failures = [OSError(24, "Too many open files", str(state / "builds"))]
+
+    def scandir(path: Any = ".") -> Any:
+        if failures and Path(path) == state / "builds":
+            raise failures.pop()
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with structlog.testing.capture_logs() as logs:
+        builds = _manager(state, model)
+    (said,) = [e for e in logs if e["event"] == "build_counter_unchecked"]
+    assert "Too many open files" in said["error"] and said["log_level"] == "warning"
+    _start(builds)
+    assert [build_id.split("-")[0] for build_id in started] == ["b8"]  # not b1
+
+
+def test_a_stray_name_with_an_overlong_number_is_not_a_build(tmp_path: Path) -> None:
+    """``b<200 digits>-…`` (a stray file) pushed the counter to ids the wire refuses
+    (64 characters) and names NAME_MAX refuses (review R1 of entry 343, finding 4)."""
+    for folder in (tmp_path / "builds", tmp_path / "builds" / "demo"):
+        folder.mkdir(mode=0o700)
+    artifact(tmp_path / "builds", "demo", "b7-000007", NOW_S)
+    stray = tmp_path / "builds" / "demo" / f"demo.b{'9' * 200}-000009.engine"
+    stray.write_bytes(b"")
+    assert next_build_number(tmp_path / "builds", tmp_path / "none") == 8
+    assert ids(tmp_path / "builds") == ["b7-000007"]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd.engine_build import BuildRequest, run_build, validation
+from inferd.engine_build import BuildRequest, run_build, session, validation
 from inferd.engine_build.cancel import CancellationToken
 from inferd.engine_build.progress import ProgressAdapter
 from inferd.engine_build.simulated import BuilderOutput, SimSettings, SimulatedBuilder
@@ -136,3 +136,31 @@ def test_a_build_and_validation_within_the_deadline_are_committed(
     assert (summary["outcome"], summary["validationStatus"]) == ("completed", "pass")
     assert summary["cancelSource"] is None and not token.is_set()
     assert engine.exists()
+
+
+def test_a_deadline_met_while_the_engine_is_staged_skips_the_gate_and_the_reference(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging (writing and syncing a Jetson's multi-GB engine) past the deadline: the
+    build ends there, before the gate hashes the engine and before the reference
+    session loads the model, neither of which a deadline can interrupt (review R1 of
+    entry 342, finding 2: both ran, 0.8 s each past a 0.5 s timeout)."""
+    stage = session.stage_engine
+    sessions: list[str] = []
+
+    def prepare(_builder: SimulatedBuilder, builder_started: list[float]) -> None:
+        def slow_stage(engine_path: Path, engine: bytes) -> tuple[str, Path]:
+            time.sleep(max(0.0, builder_started[0] + TIMEOUT_S + PAST_S - time.monotonic()))
+            return stage(engine_path, engine)
+
+        def reference_session(model: Any) -> Any:
+            sessions.append(str(model))
+            raise AssertionError("made past the deadline")
+
+        monkeypatch.setattr(session, "stage_engine", slow_stage)
+        monkeypatch.setattr(validation, "reference_session", reference_session)
+
+    summary, engine, token = timed_build(tmp_path, demo_model, prepare)
+    assert_cancelled_by_the_deadline(summary, engine, token)
+    assert summary["validationStatus"] == "cancelled" and sessions == []
+    assert summary["validation"]["gate"] == "not_run"

@@ -116,3 +116,23 @@ def test_a_quarantined_name_carries_its_sequence_and_stays_readable(tmp_path: Pa
     (folder / "b.engine.000000009.20260101T000000-1-abcdef").write_bytes(b"b")
     second = quarantine(engine(tmp_path, "a.engine"), "r")
     assert second.name.startswith("a.engine.00000010."), second.name
+
+
+def test_a_stray_name_with_an_overlong_sequence_neither_blocks_nor_outlives_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name with a 200-digit ``seq`` (a stray file) made every later name too long
+    to create: each quarantine failed with ``ENAMETOOLONG``, its engine left in
+    place, and the stray, highest, was never pruned (review R1 of entry 343,
+    finding 4).  It now reads as unsequenced: quarantines go on and it goes first."""
+    monkeypatch.setattr(quarantine_module, "QUARANTINE_MAX_ITEMS", 2)
+    folder = tmp_path / QUARANTINE_DIR
+    folder.mkdir(mode=0o700)
+    stray = "stray.engine." + "9" * 200 + ".20260101T000000-42-abcdef"
+    (folder / stray).write_bytes(b"s")
+    for i in range(2):
+        moved = engine(tmp_path, f"boot{i}.engine")
+        quarantine(moved, "failed validation")
+        assert not moved.exists()
+    assert kept(tmp_path) == ["boot0", "boot1"]
+    assert all(".00000001." in n or ".00000002." in n for n in os.listdir(folder))

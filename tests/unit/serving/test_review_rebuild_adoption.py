@@ -17,7 +17,8 @@ import pytest
 import structlog
 
 from inferd.errors import RuntimeNotAvailableError
-from inferd.serving.rebuild import ADOPTION_TRIES, FallbackRebuilder
+from inferd.serving.rebuild import FallbackRebuilder
+from inferd.serving.rebuild_adoption import ADOPTION_TRIES
 from inferd.serving.switching import ModelClaimedError
 from inferd.types import Alert, EngineHandle, Peer
 from inferd_wire.protocol import Code, ProtocolError

@@ -4,7 +4,10 @@
 import contextlib
 import sys
 
-from inferd.engine_build.acceptance.runner import main
+from inferd.process_start import prepare_process
+
+prepare_process()  # as `inferd acceptance` does (inferd.cli.main): fds 0-2 first
+from inferd.engine_build.acceptance.runner import main  # noqa: E402
 
 with contextlib.suppress(KeyboardInterrupt):
     sys.exit(main())
