@@ -312,6 +312,8 @@ def _rebuild(rebuild: Mapping[str, Any], max_attempts: object) -> str:
         return f"retry in {text(rebuild.get('retry_in_s'))} s ({attempts})"
     if state == "waiting_for_room":
         return f"waiting for builds.max_running ({rebuild.get('waiting_for_room')}; {attempts})"
+    if state == "waiting_for_build":
+        return f"waiting for build {rebuild.get('waiting_on_build')} of it ({attempts})"
     return f"{state.replace('_', ' ')} ({attempts})"
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 from collections.abc import Mapping
 
+from inferd_wire.protocol import Code, ProtocolError
+
 
 class InferdError(Exception):
     """Root of every error a component raises while serving."""
@@ -200,3 +202,16 @@ class RuntimeNotAvailableError(Exception):
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and the rule."""
+
+
+class ModelBuildRunningError(ProtocolError):
+    """``build.start`` refused ``FAILED_PRECONDITION``: build ``build_id`` of the model
+    runs (one build per model at once).  A background rebuild waits for its end."""
+
+    def __init__(self, build_id: str, model: str) -> None:
+        super().__init__(
+            Code.FAILED_PRECONDITION,
+            f"build {build_id} of model {model!r} is still running; "
+            "cancel it or wait for it to finish",
+        )
+        self.build_id = build_id

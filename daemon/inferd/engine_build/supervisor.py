@@ -62,7 +62,11 @@ from inferd.engine_build.pipe import (
 from inferd.engine_build.reader_deadlines import BuildDeadlines
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.engine_build.status_view import listing_reply
-from inferd.errors import UncheckedDirectoryError, UnsafeDirectoryError
+from inferd.errors import (
+    ModelBuildRunningError,
+    UncheckedDirectoryError,
+    UnsafeDirectoryError,
+)
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
@@ -129,11 +133,7 @@ class BuildManager:
             running = [b for b in self._builds.values() if b.state == "running"]
             for other in running:
                 if other.model == model:
-                    raise ProtocolError(
-                        Code.FAILED_PRECONDITION,
-                        f"build {other.build_id} of model {model!r} is still running; "
-                        "cancel it or wait for it to finish",
-                    )
+                    raise ModelBuildRunningError(other.build_id, model)
             self.admission.room(peer, running)  # builds.max_running, before any change
             build_id = f"b{next(self._counter)}-{secrets.token_hex(3)}"
             engine_path = self._engine_path(model, builder, build_id)

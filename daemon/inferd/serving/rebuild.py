@@ -40,6 +40,7 @@ from typing import Any
 
 import structlog
 
+from inferd.errors import ModelBuildRunningError
 from inferd.serving.rebuild_adoption import TENSORRT, EngineAdoption
 from inferd.serving.rebuild_state import (
     RETRIED,
@@ -134,7 +135,7 @@ class FallbackRebuilder(EngineAdoption):
         room: the rebuilds that wait for it are asked for first, and whatever happens to
         them, the ended build is handled."""
         try:
-            self._start_waiting()
+            self._start_waiting(finished)
         finally:
             self._handle_ended(finished)
 
@@ -204,7 +205,7 @@ class FallbackRebuilder(EngineAdoption):
             state.chosen += 1  # a start refused for room meanwhile does not wait (_wait_for_room)
             if state.timer is None and state.waiting is None:
                 return
-            timer, state.timer, state.waiting = state.timer, None, None
+            timer, state.timer, state.waiting, state.waiting_on = state.timer, None, None, None
         if timer is not None:
             timer.cancel()
         log.info(
@@ -227,7 +228,7 @@ class FallbackRebuilder(EngineAdoption):
                 return "cancelled"  # by an operator's switch as it fired
             if waited and state.waiting is None:
                 return "cancelled"  # by an operator's switch, or started at another end
-            state.timer = state.waiting = None
+            state.timer = state.waiting = state.waiting_on = None
             if self._stopped:
                 return "the daemon is stopping"
             state.attempts += 1
@@ -237,9 +238,11 @@ class FallbackRebuilder(EngineAdoption):
             try:
                 reply = self._start_build({"model": model, "requested_by": REQUESTED_BY})
             except ProtocolError as exc:
-                if exc.code != Code.RESOURCE_EXHAUSTED or self._stopping():
+                running = exc.build_id if isinstance(exc, ModelBuildRunningError) else None
+                if (exc.code != Code.RESOURCE_EXHAUSTED and not running) or self._stopping():
                     return self._not_started(model, exc.message)
-                outdated = self._wait_for_room(model, reason, (ends, chosen), exc.message)
+                asked = (ends, chosen)
+                outdated = self._wait_for_room(model, reason, asked, exc.message, running)
                 if not isinstance(outdated, int):
                     return outdated  # None: asked for again when a build ends
                 ends = outdated  # a build ended since it was asked for: room, maybe
@@ -258,12 +261,13 @@ class FallbackRebuilder(EngineAdoption):
         return None
 
     def _wait_for_room(
-        self, model: str, reason: str, asked: tuple[int, int], refusal: str
+        self, model: str, reason: str, asked: tuple[int, int], refusal: str, on: str | None
     ) -> int | str | None:
-        """Refused for ``builds.max_running``: its attempt taken back, it waits for a build
-        to end (None); or, when one ended since it was asked for (``asked``: the ends and
-        the model's operator's switches then), ask again now (the ends); or an operator's
-        switch of the model came meanwhile: it does not wait (why not)."""
+        """Refused for ``builds.max_running``, or because build ``on`` of the model runs:
+        its attempt taken back, it waits for a build (``on``) to end (None); or, when one
+        ended since it was asked for (``asked``: the ends and the model's operator's
+        switches then), ask again now (the ends); or an operator's switch of the model
+        came meanwhile: it does not wait (why not)."""
         ends, chosen = asked
         with self._lock:
             state = self._models[model]
@@ -271,20 +275,33 @@ class FallbackRebuilder(EngineAdoption):
             if not cancelled and self._ends != ends:
                 return self._ends
             state.attempts -= 1  # nothing built: no rebuild_max_attempts' attempt
-            state.waiting = None if cancelled else reason
+            state.waiting, state.waiting_on = (None, None) if cancelled else (reason, on)
             attempts = state.attempts
         if cancelled:
             why = "an operator switched the model while its build was refused for room"
             log.info("engine_rebuild_retry_cancelled", model=model, attempts=attempts, reason=why)
             return "cancelled"
-        log.info("engine_rebuild_waiting", model=model, reason=reason, refusal=refusal)
+        log.info("engine_rebuild_waiting", model=model, reason=reason, refusal=refusal, on=on)
         return None
 
-    def _start_waiting(self) -> None:
-        """A build ended: ask again for each rebuild waiting for room (each may wait again)."""
+    def _start_waiting(self, ended: FinishedBuild) -> None:
+        """``ended`` ended: ask again for each rebuild waiting for room, or for ``ended``
+        (each may wait again); one waiting for ``ended`` that made a trusted engine takes
+        it as its own build (``_handle_ended`` adopts it), an attempt, not a new build."""
         with self._lock:
             self._ends += 1
-            waiting = [(m, s.waiting) for m, s in self._models.items() if s.waiting is not None]
+            waiting, takes = [], []
+            for model, state in self._models.items():
+                if state.waiting is None or state.waiting_on not in (None, ended.build_id):
+                    continue
+                if state.waiting_on and ended.state == "completed" and ended.trusted:
+                    state.waiting = state.waiting_on = None
+                    state.build_id, state.attempts = ended.build_id, state.attempts + 1
+                    takes.append(model)
+                else:
+                    waiting.append((model, state.waiting))
+        for model in takes:
+            log.info("engine_rebuild_takes_build", model=model, build_id=ended.build_id)
         for model, reason in waiting:
             self._start(model, reason, waited=True)
 

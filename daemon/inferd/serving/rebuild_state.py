@@ -57,6 +57,7 @@ Switch = Callable[[str, str, str], Mapping[str, Any]]
 REBUILD_STATES = (
     "building",  # its build runs (build_id)
     "adoption_pending",  # built and trusted, waiting for a switch or failover to end
+    "waiting_for_build",  # an operator's build of the model runs: its end decides
     "waiting_for_room",  # refused for builds.max_running: asked for again at a build's end
     "retry_scheduled",  # its build failed: retried after the backoff (retry_in_s)
     "adopted",  # its engine serves (until the model falls back again)
@@ -82,6 +83,9 @@ class RebuiltModel:
     #: Why its build is asked for, while it waits for room (``builds.max_running``
     #: builds were running): started when a build ends.
     waiting: str | None = None
+    #: The build of the model that runs while ``waiting`` (one per model at once):
+    #: its engine is adopted if it completes trusted, else this asks for its own.
+    waiting_on: str | None = None
     #: Operators' switches of the model so far: a start refused for room while one
     #: came does not wait (the switch found nothing waiting to cancel yet).
     chosen: int = 0
@@ -93,7 +97,7 @@ class RebuiltModel:
         if self.pending is not None:
             return "adoption_pending"
         if self.waiting is not None:
-            return "waiting_for_room"
+            return "waiting_for_room" if self.waiting_on is None else "waiting_for_build"
         if self.timer is not None:
             return "retry_scheduled"
         if self.adopted:
@@ -108,7 +112,8 @@ class RebuiltModel:
             "build_id": self.build_id,
             "retry_scheduled": self.timer is not None,
             "retry_in_s": round(max(0.0, self.retry_due - now), 3) if self.timer else None,
-            "waiting_for_room": self.waiting,
+            "waiting_for_room": self.waiting if self.waiting_on is None else None,
+            "waiting_on_build": self.waiting_on if self.waiting is not None else None,
             "adoption_pending": self.pending is not None,
             "adopted": self.adopted,
         }

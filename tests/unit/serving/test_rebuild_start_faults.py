@@ -128,6 +128,7 @@ def test_an_operators_switch_while_a_start_is_refused_for_room_cancels_it() -> N
         "retry_scheduled": False,
         "retry_in_s": None,
         "waiting_for_room": None,
+        "waiting_on_build": None,
         "adoption_pending": False,
         "adopted": False,
     }

@@ -113,6 +113,7 @@ def test_an_adoption_met_by_an_operators_switch_in_progress_ends_as_their_choice
         "retry_scheduled": False,
         "retry_in_s": None,
         "waiting_for_room": None,
+        "waiting_on_build": None,
         "adoption_pending": False,
         "adopted": False,
     }
