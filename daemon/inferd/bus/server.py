@@ -13,11 +13,10 @@ stopped: a switch in an epoll set of its own (``_cover_set``) that wakes nobody.
 
 ZeroMQ sockets are not thread-safe but may move between threads across a full
 memory barrier: every use of the infer socket, its intake and the reply budget
-is under ``_wire_lock``, and both threads wait on the socket's ``ZMQ_FD``,
-never inside ``zmq_poll`` on the socket itself.  ``ZMQ_FD`` is
-edge-triggered: any operation on the socket may consume its signal, so each
-pass of this thread ends by reading what ``ZMQ_EVENTS`` says is waiting.
-"""
+is under ``_wire_lock``, and both threads wait on the socket's ``ZMQ_FD``, never
+inside ``zmq_poll`` on the socket itself.  ``ZMQ_FD`` is edge-triggered: any
+operation on the socket may consume its signal, so each pass of this thread ends
+by reading what ``ZMQ_EVENTS`` says is waiting, and so does a wait's start."""
 
 from __future__ import annotations
 
@@ -175,12 +174,10 @@ class BusServer(threading.Thread):
         return (self._infer_fd,) if self._shm is None else (self._infer_fd, self._shm.fd)
 
     def worker_listening(self, listening: bool, last_run_ns: int = 0) -> None:
-        """The worker now waits on ``listen_fds`` (True), or goes to run and does
-        not (False; ``last_run_ns``: how long its last run took).  This thread then
-        looks at the sources every ``COVER_AFTER_NS`` and waits on them once the run
-        has lasted ``COVER_TICKS`` of those; after a run as long as the cover delay
-        it waits on them from the start (the next is likely as long, and a timer
-        that fires mid-run costs the run more than the wait; DESIGN.md 111)."""
+        """The worker now waits on ``listen_fds`` (True), or goes to run and does not
+        (False; ``last_run_ns``: its last run's).  This thread then looks at the sources
+        every ``COVER_AFTER_NS`` and waits on them once the run lasted ``COVER_TICKS``
+        of those, or from the start after a run that long (DESIGN.md 111, 353)."""
         with self._cover_lock:
             self._worker_listens = listening
             if listening:
@@ -188,10 +185,12 @@ class BusServer(threading.Thread):
                 self._set_covering(False)  # the wait stops without a wake-up
                 return
             self._cover_ticks = 0
-            if last_run_ns >= COVER_AFTER_NS:
-                self._set_covering(True)
-            else:
-                self._cover.arm(COVER_AFTER_NS)
+            if last_run_ns < COVER_AFTER_NS:
+                self._cover.arm(COVER_AFTER_NS)  # its first tick reads what waits
+                return
+            self._set_covering(True)
+        if self._infer_waiting():  # sent with the one the worker read: no edge since
+            self._poke()
 
     def _set_covering(self, covering: bool) -> None:
         """Have this thread wait on the sources or not (cover lock held)."""

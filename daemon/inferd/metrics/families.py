@@ -110,7 +110,9 @@ def _models(
         "inferd_requests", "Infer requests addressed to the model.", labels=["model"]
     )
     responses = _counter(
-        "inferd_responses", "Replies sent, by 'OK' or error code.", labels=["model", "code"]
+        "inferd_responses",
+        "Requests answered, by 'OK' or error code (whether or not the reply was delivered).",
+        labels=["model", "code"],
     )
     late = _counter(
         "inferd_late_results", "OK replies that finished after their deadline.", labels=["model"]

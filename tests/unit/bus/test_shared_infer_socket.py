@@ -323,3 +323,30 @@ def test_after_a_run_as_long_as_the_cover_delay_the_bus_waits_from_the_next_runs
     server_.worker_listening(True)
     assert pokes == [] and not server_._covering
     _bus_no_longer_waits(server_, handler, 8)
+
+
+def test_a_request_queued_behind_the_one_the_worker_read_is_read_when_the_bus_covers(
+    bus: tuple[BusServer, RecordingHandler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client pipelining on one connection: the worker reads its first request and
+    goes to run it with the second already queued, which raises no new edge of
+    ``ZMQ_FD``.  The bus thread, waiting on it from the run's start (a run as long as
+    the cover delay), slept until its poll's timeout (50 ms in the daemon: a 30 ms
+    deadline answered after 63; review R2, F1).  Now the start of that wait reads
+    ``ZMQ_EVENTS`` and wakes the bus thread for what waits."""
+    server_, handler = bus
+    monkeypatch.setattr(server, "_MAX_POLL_MS", int(10 * HANG_S * 1000))  # only a poke
+    monkeypatch.setattr(server, "COVER_AFTER_NS", int(10 * HANG_S * 1e9))  # no tick either
+    _worker_has_listened(server_, handler)
+    waiting = listen_poller(server_)
+    with RawDealer(server_._endpoints["infer"]) as dealer:
+        _request(dealer, 21)
+        _request(dealer, 22)  # pipelined behind it, on the same connection
+        give_up = time.monotonic() + HANG_S
+        while not handler.read_by and time.monotonic() < give_up:
+            server_.serve_one([fd for fd, _ in waiting.poll(100)])
+        assert len(handler.read_by) == 1  # the worker read one and goes to run it
+        server_.worker_listening(False, last_run_ns=server.COVER_AFTER_NS)
+        wait_until(lambda: len(handler.read_by) == 2, HANG_S, message="the second read")
+    assert handler.read_by == [threading.current_thread().name, "inferd-bus"]
+    server_.worker_listening(True)
