@@ -26,9 +26,13 @@ builds, then ``engine_build_gave_up``; never a loop).  A model whose adopted eng
 later fails while serving (``serving/failover.py``) comes back here; the attempts
 count over the daemon's run, so an engine that keeps failing is not rebuilt, adopted
 and failed over forever.  A build refused because ``builds.max_running`` builds run
-(``RESOURCE_EXHAUSTED``: the only refusal of that code the daemon's own builds meet)
-is no attempt and no fault: it waits (``engine_rebuild_waiting``) and is asked for
-again when a build, any build, ends; an operator's switch cancels it as it does a retry.
+(``RESOURCE_EXHAUSTED``: the only refusal of that code the daemon's own builds meet),
+or because a build of the model runs (an operator's: its trusted engine is adopted
+instead), is no attempt and no fault: it waits (``engine_rebuild_waiting``) and is
+asked for again when a build, any build, ends; an operator's switch cancels it as it
+does a retry.  One refused for a cause that may pass (``TRANSIENT``, or an error of the
+daemon's own) is an attempt retried as a failed build is; one refused for good (an
+unsafe build directory) is alerted and not retried.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ from inferd_wire.protocol import Code, ProtocolError
 __all__ = ["REQUESTED_BY", "TENSORRT", "FallbackRebuilder"]
 
 REQUESTED_BY = "inferd: engine missing"
+#: The refusals of a rebuild's ``build.start`` that may pass (a build directory that
+#: could not be checked, a child that could not be spawned): retried after the backoff.
+TRANSIENT = (Code.UNAVAILABLE, Code.INTERNAL)
 
 log = structlog.get_logger("inferd.rebuild")
 
@@ -240,7 +247,7 @@ class FallbackRebuilder(EngineAdoption):
             except ProtocolError as exc:
                 running = exc.build_id if isinstance(exc, ModelBuildRunningError) else None
                 if (exc.code != Code.RESOURCE_EXHAUSTED and not running) or self._stopping():
-                    return self._not_started(model, exc.message)
+                    return self._not_started(model, exc.message, exc.code in TRANSIENT)
                 asked = (ends, chosen)
                 outdated = self._wait_for_room(model, reason, asked, exc.message, running)
                 if not isinstance(outdated, int):
@@ -305,37 +312,44 @@ class FallbackRebuilder(EngineAdoption):
         for model, reason in waiting:
             self._start(model, reason, waited=True)
 
-    def _not_started(self, model: str, why: str, exc_info: bool = False) -> str:
-        """Its build was refused for another cause than room, or could not start (with
-        its traceback: ``exc_info``): said, not retried."""
+    def _not_started(
+        self, model: str, why: str, transient: bool = True, exc_info: bool = False
+    ) -> str:
+        """Its build was refused for another cause than room or a build of the model, or
+        could not start (with its traceback: ``exc_info``): an attempt, retried after
+        the backoff as a failed build is when the cause may pass (``transient``: not an
+        operator's to fix, such as an unsafe directory)."""
         log.warning("engine_rebuild_not_started", model=model, error=why, exc_info=exc_info)
         if self._stopping():  # refused because the daemon stops: nothing to report
             return "the daemon is stopping"
-        self._alert(not_started(model, why))
+        retry, then = self._retry_later(model, why) if transient else (False, "not retried")
+        self._alert(not_started(model, why, then, gave_up=transient and not retry))
         return f"its build could not start: {why}"
 
-    def _failed(self, finished: FinishedBuild, why: str) -> None:
+    def _retry_later(self, model: str, why: str) -> tuple[bool, str]:
+        """Retry ``model``'s build after the backoff, if attempts are left: whether it
+        will be, and the words for its alert."""
         with self._lock:
-            state = self._models[finished.model]
+            state = self._models[model]
             retry = not self._stopped and state.attempts < self._max_attempts
             delay = self._backoff_s * 2 ** (state.attempts - 1)
             if retry:
                 state.retry += 1
                 timer = threading.Timer(
-                    delay, self._start, args=(finished.model, f"retry after: {why}", state.retry)
+                    delay, self._start, args=(model, f"retry after: {why}", state.retry)
                 )
                 timer.daemon = True
                 try:
                     timer.start()
                 except RuntimeError as exc:  # the process's thread limit: no retry waits
-                    retry, why = False, f"{why}; its retry could not be scheduled ({exc})"
-                else:
-                    state.timer, state.retry_due = timer, time.monotonic() + delay
-        then = (
-            f"retry {state.attempts + 1} of {self._max_attempts} in {delay:.0f} s"
-            if retry
-            else f"giving up after {state.attempts} build(s)"
-        )
+                    return False, f"its retry could not be scheduled ({exc})"
+                state.timer, state.retry_due = timer, time.monotonic() + delay
+        if retry:
+            return True, f"retry {state.attempts + 1} of {self._max_attempts} in {delay:.0f} s"
+        return False, f"giving up after {state.attempts} build(s)"
+
+    def _failed(self, finished: FinishedBuild, why: str) -> None:
+        retry, then = self._retry_later(finished.model, why)
         self._raise(
             "WARNING" if retry else "ERROR",
             "engine_build_failed" if retry else "engine_build_gave_up",

@@ -135,12 +135,14 @@ def gave_up(model: str, reason: str, why: str) -> Alert:
     )
 
 
-def not_started(model: str, why: str) -> Alert:
-    """``model``'s build was refused, or could not start, for ``why`` (not for room)."""
+def not_started(model: str, why: str, then: str, gave_up: bool) -> Alert:
+    """``model``'s build was refused, or could not start, for ``why`` (not for room);
+    ``then``: its retry, or why there is none (``gave_up``: its attempts are used)."""
     return Alert(
-        "WARNING",
-        "engine_build_failed",
-        f"background engine build of {model!r} could not start: {why}; it stays on onnx_trt_ep",
+        "ERROR" if gave_up else "WARNING",
+        "engine_build_gave_up" if gave_up else "engine_build_failed",
+        f"background engine build of {model!r} could not start: {why}; it stays on "
+        f"onnx_trt_ep; {then}",
         fields={"model": model, "build_id": None},
     )
 

@@ -141,13 +141,16 @@ def test_a_waiting_rebuild_whose_start_raises_leaves_the_ended_build_handled(
             message="the retry of 'a' started",
         )
     alerts = [(a.code, a.fields["model"], a.message) for a in daemon.alerts]
-    assert [alert[:2] for alert in alerts] == [
-        ("engine_build_failed", "b"),  # could not start
-        ("engine_build_failed", "a"),  # failed, retried
-    ]
-    assert "could not start: PermissionError: [Errno 1]" in alerts[0][2]
-    assert "retry 2 of 3" in alerts[1][2]
-    (not_started,) = [e for e in logs if e["event"] == "engine_rebuild_not_started"]
+    # 'b' could not start, an attempt retried after the backoff (0 s here: its retry
+    # may meet the same fault, or wait for the room 'a''s retry holds; DESIGN.md 354).
+    b_alerts = [alert for alert in alerts if alert[1] == "b"]
+    assert b_alerts[0][0] == "engine_build_failed"
+    assert "could not start: PermissionError: [Errno 1]" in b_alerts[0][2]
+    assert b_alerts[0][2].endswith("retry 2 of 3 in 0 s")
+    a_alerts = [alert for alert in alerts if alert[1] == "a"]  # failed, retried
+    assert [code for code, *_ in a_alerts] == ["engine_build_failed"]
+    assert "retry 2 of 3" in a_alerts[0][2]
+    not_started = next(e for e in logs if e["event"] == "engine_rebuild_not_started")
     assert not_started["model"] == "b" and not_started["exc_info"] is True
     assert daemon.manager._get(retry).model == "a"
     assert daemon.rebuilder.describe()["b"]["build_id"] is None

@@ -24,6 +24,7 @@ from inferd.engine_build.build_record import BuildFinished
 from inferd.serving.rebuild import FallbackRebuilder
 from inferd.types import Alert
 from inferd_wire.protocol import Code, ProtocolError
+from tests.conftest import wait_until
 
 
 def _room() -> ProtocolError:
@@ -151,3 +152,63 @@ def test_an_operators_earlier_switch_does_not_cancel_a_later_wait() -> None:
     assert rebuilder._models["m"].waiting is None
     assert rebuilder.on_fallback("m", "engine missing") is None  # the next one waits
     assert rebuilder._models["m"].waiting == "engine missing"
+
+
+def test_a_start_refused_for_a_cause_that_may_pass_is_retried_after_the_backoff() -> None:
+    """``UNAVAILABLE`` (a build directory that could not be checked: ``EMFILE``) and
+    ``INTERNAL`` (a child that could not be spawned) were alerted and dropped: the
+    model stayed on the fallback until it fell back again (entry 340's "Left").  Now
+    each is an attempt retried as a failed build is, until the attempts are used."""
+    refusals = [
+        ProtocolError(Code.UNAVAILABLE, "build dir unchecked: [Errno 24] Too many open files"),
+        ProtocolError(Code.INTERNAL, "could not start the build process: [Errno 11]"),
+    ]
+    calls: list[str] = []
+
+    def start_build(header: dict[str, Any]) -> Mapping[str, Any]:
+        calls.append(header["model"])
+        if refusals:
+            raise refusals.pop(0)
+        return {"build_id": "b3"}
+
+    alerts: list[Alert] = []
+    rebuilder = _rebuilder(start_build, alerts.append, backoff_s=0.01)
+    why = rebuilder.on_fallback("m", "engine missing")
+    assert why is not None and "Too many open files" in why
+    wait_until(lambda: rebuilder.describe()["m"]["build_id"] == "b3", message="retried")
+    assert calls == ["m", "m", "m"] and rebuilder.describe()["m"]["attempts"] == 3
+    assert [(a.level, a.code) for a in alerts] == [("WARNING", "engine_build_failed")] * 2
+    assert alerts[0].message.endswith("; it stays on onnx_trt_ep; retry 2 of 3 in 0 s")
+    assert alerts[1].message.endswith("retry 3 of 3 in 0 s")
+    rebuilder.stop()
+
+
+def test_a_start_refused_for_good_is_not_retried_and_used_attempts_give_up() -> None:
+    """An unsafe build directory (``FAILED_PRECONDITION``) is an operator's to fix: said,
+    not retried.  A transient refusal with the attempts used gives up (ERROR)."""
+    alerts: list[Alert] = []
+
+    def unsafe(_header: dict[str, Any]) -> Mapping[str, Any]:
+        raise ProtocolError(Code.FAILED_PRECONDITION, "builds/m is a symlink")
+
+    rebuilder = _rebuilder(unsafe, alerts.append, backoff_s=0.01)
+    rebuilder.on_fallback("m", "engine missing")
+    assert (alerts[0].level, alerts[0].code) == ("WARNING", "engine_build_failed")
+    assert alerts[0].message.endswith("; it stays on onnx_trt_ep; not retried")
+    assert rebuilder.describe()["m"]["state"] == "idle"  # a later fallback asks again
+
+    def unavailable(_header: dict[str, Any]) -> Mapping[str, Any]:
+        raise ProtocolError(Code.UNAVAILABLE, "build dir unchecked: [Errno 24]")
+
+    alerts.clear()
+    rebuilder = _rebuilder(unavailable, alerts.append, backoff_s=0.01)
+    rebuilder.on_fallback("m", "engine missing")
+    wait_until(lambda: len(alerts) == 3, message="three attempts")
+    assert [(a.level, a.code) for a in alerts] == [
+        ("WARNING", "engine_build_failed"),
+        ("WARNING", "engine_build_failed"),
+        ("ERROR", "engine_build_gave_up"),
+    ]
+    assert alerts[2].message.endswith("giving up after 3 build(s)")
+    wait_until(lambda: rebuilder.describe()["m"]["state"] == "gave_up", message="gave up")
+    rebuilder.stop()
