@@ -32,7 +32,9 @@ instead), is no attempt and no fault: it waits (``engine_rebuild_waiting``) and 
 asked for again when a build, any build, ends; an operator's switch cancels it as it
 does a retry.  One refused for a cause that may pass (``TRANSIENT``, or an error of the
 daemon's own) is an attempt retried as a failed build is; one refused for good (an
-unsafe build directory) is alerted and not retried.
+unsafe build directory) is alerted and not retried.  A model on the fallback because
+its engine could not be checked (``RECHECKED``: no verdict on it) is switched to its
+engine again after the backoff, never built for that.
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ from typing import Any
 
 import structlog
 
-from inferd.errors import ModelBuildRunningError
+from inferd.errors import (
+    ModelBuildRunningError,
+    UncheckedDirectoryError,
+    UncheckedEngineError,
+)
 from inferd.serving.rebuild_adoption import TENSORRT, EngineAdoption
 from inferd.serving.rebuild_state import (
     RETRIED,
@@ -57,13 +63,17 @@ from inferd.serving.rebuild_state import (
     not_started,
 )
 from inferd.serving.slot import BUILD_FIXES
-from inferd.serving.switching import RuntimeSwitcher
+from inferd.serving.switching import ModelClaimedError, NotPreparedError, RuntimeSwitcher
 from inferd.types import Alert, AlertLevel, AlertSink
 from inferd_wire.protocol import Code, ProtocolError
 
 __all__ = ["REQUESTED_BY", "TENSORRT", "FallbackRebuilder"]
 
 REQUESTED_BY = "inferd: engine missing"
+#: Why a model fell back that no build fixes but a later look may not meet: its engine
+#: dir or files could not be checked (``EMFILE``, ``ENOMEM``): located again after the
+#: backoff, doubling, at most ``runtime.rebuild_max_attempts`` times.
+RECHECKED = frozenset({UncheckedDirectoryError.__name__, UncheckedEngineError.__name__})
 #: The refusals of a rebuild's ``build.start`` that may pass (a build directory that
 #: could not be checked, a child that could not be spawned): retried after the backoff.
 TRANSIENT = (Code.UNAVAILABLE, Code.INTERNAL)
@@ -110,6 +120,8 @@ class FallbackRebuilder(EngineAdoption):
         (``ModelSlot.fallback_cause``; None: not known, built); any thread, never blocks
         for a build.  None when a build is asked for or under way, else why none is
         (``ask=False``: only that answer, for a failover's alert; nothing is done)."""
+        if cause in RECHECKED:  # no verdict on the engine: located again later, not built
+            return self._recheck_later(model, reason, ask)
         why = None
         if cause is not None and cause not in BUILD_FIXES:
             why = f"no build fixes why it fell back ({cause}: {reason})"
@@ -224,6 +236,56 @@ class FallbackRebuilder(EngineAdoption):
         )
 
     # -- internals ----------------------------------------------------------------------
+    def _recheck_later(self, model: str, reason: str, ask: bool = True) -> str:
+        """``model``'s engine could not be checked: switch to it again after the backoff
+        (``ask``: schedule it; else only the words).  Why no build is asked for."""
+        why = f"its engine could not be checked ({reason}); it is located again later"
+        if not ask:
+            return why
+        with self._lock:
+            state = self._models.setdefault(model, RebuiltModel())
+            busy = state.build_id or state.timer or state.pending or state.waiting
+            if busy or self._stopped:
+                return why
+            if state.rechecks >= self._max_attempts:
+                why = f"its engine could not be checked, {state.rechecks} times ({reason})"
+                log.warning("engine_rebuild_skipped", model=model, cause="rechecks", reason=why)
+                return why
+            state.rechecks += 1
+            state.retry += 1
+            delay = self._backoff_s * 2 ** (state.rechecks - 1)
+            timer = threading.Timer(delay, self._recheck, args=(model, state.retry))
+            timer.daemon = True
+            try:
+                timer.start()
+            except RuntimeError as exc:  # the process's thread limit
+                return f"{why}: not scheduled ({exc})"
+            state.timer, state.retry_due = timer, time.monotonic() + delay
+        log.info("engine_recheck_scheduled", model=model, in_s=delay, reason=reason)
+        return f"{why} in {delay:.0f} s"
+
+    def _recheck(self, model: str, retry: int) -> None:
+        """The switch to ``model``'s engine again (its timer, ``retry``, fired)."""
+        with self._lock:
+            state = self._models[model]
+            if state.timer is None or state.retry != retry or self._stopped:
+                return  # cancelled by an operator's switch, or the stop
+            state.timer = None
+        try:
+            self._switch(model, TENSORRT, "inferd: engine checked again")
+        except NotPreparedError as exc:  # unchecked again: later; missing: a build; ...
+            log.warning("engine_recheck_failed", model=model, cause=exc.cause, error=exc.message)
+            self.on_fallback(model, exc.message, exc.cause)
+            return
+        except ProtocolError as exc:  # an operator's choice, a claimed model, the stop
+            log.warning("engine_recheck_failed", model=model, cause=None, error=exc.message)
+            if isinstance(exc, ModelClaimedError):
+                self._recheck_later(model, exc.message)
+            return
+        with self._lock:
+            state.adopted = True
+        log.info("engine_rechecked", model=model)
+
     def _start(
         self, model: str, reason: str, retry: int | None = None, waited: bool = False
     ) -> str | None:

@@ -59,7 +59,7 @@ REBUILD_STATES = (
     "adoption_pending",  # built and trusted, waiting for a switch or failover to end
     "waiting_for_build",  # an operator's build of the model runs: its end decides
     "waiting_for_room",  # refused for builds.max_running: asked for again at a build's end
-    "retry_scheduled",  # its build failed: retried after the backoff (retry_in_s)
+    "retry_scheduled",  # its build failed, or its engine was unchecked: again in retry_in_s
     "adopted",  # its engine serves (until the model falls back again)
     "gave_up",  # runtime.rebuild_max_attempts builds used: no more in this run
     "idle",  # nothing asked for: cancelled, superseded or not adopted (the log says why)
@@ -86,6 +86,8 @@ class RebuiltModel:
     #: The build of the model that runs while ``waiting`` (one per model at once):
     #: its engine is adopted if it completes trusted, else this asks for its own.
     waiting_on: str | None = None
+    #: Its locations again after its engine could not be checked (``rebuild.RECHECKED``).
+    rechecks: int = 0
     #: Operators' switches of the model so far: a start refused for room while one
     #: came does not wait (the switch found nothing waiting to cancel yet).
     chosen: int = 0

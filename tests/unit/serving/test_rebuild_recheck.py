@@ -1,0 +1,94 @@
+"""A model that fell back because its engine dir or files could not be checked
+(``EMFILE``, ``ENOMEM``: ``UncheckedDirectoryError``, ``UncheckedEngineError``, no
+verdict on the engine) is switched to its engine again after the backoff, no build;
+before, nothing tried again: one ``EMFILE`` at start or at a failover left TensorRT
+off until an operator's switch or a restart (entry 329's "Left").  The real
+``FallbackRebuilder``, a scripted switch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from inferd.serving.rebuild import FallbackRebuilder
+from inferd.serving.switching import NotPreparedError
+from inferd.types import Alert
+from tests.conftest import wait_until
+
+UNCHECKED = "UncheckedDirectoryError"
+REASON = "engine dir /var/lib/inferd/engines could not be checked: [Errno 24] Too many open files"
+
+
+class _Rig:
+    def __init__(self, *outcomes: str | None, max_attempts: int = 3) -> None:
+        #: What each switch meets: a ``NotPreparedError`` cause, or None (switched).
+        self.outcomes = list(outcomes)
+        self.switched: list[str] = []
+        self.started: list[str] = []
+        self.alerts: list[Alert] = []
+        self.rebuilder = FallbackRebuilder(
+            start_build=self._start_build,
+            switch=self._switch,
+            alert=self.alerts.append,
+            can_build=lambda: True,
+            backoff_s=0.01,
+            max_attempts=max_attempts,
+        )
+
+    def _switch(self, model: str, runtime: str, requested_by: str) -> Mapping[str, Any]:
+        self.switched.append(f"{model} {runtime} {requested_by}")
+        cause = self.outcomes.pop(0) if self.outcomes else UNCHECKED
+        if cause is not None:
+            raise NotPreparedError(f"{cause}: not prepared", cause)
+        return {}
+
+    def _start_build(self, header: dict[str, Any]) -> Mapping[str, Any]:
+        self.started.append(header["model"])
+        return {"build_id": "b1"}
+
+
+def test_an_engine_that_could_not_be_checked_is_located_again_until_it_serves() -> None:
+    rig = _Rig(UNCHECKED, None)
+    with structlog.testing.capture_logs() as logs:
+        why = rig.rebuilder.on_fallback("m", REASON, UNCHECKED)
+        assert why is not None and "located again" in why and "Too many open files" in why
+        wait_until(lambda: rig.rebuilder.describe()["m"]["adopted"], message="switched back")
+    assert rig.switched == ["m tensorrt inferd: engine checked again"] * 2
+    assert rig.started == [] and rig.alerts == []  # no build: nothing was wrong with it
+    events = [e["event"] for e in logs]
+    assert events.count("engine_recheck_scheduled") == 2 and "engine_rechecked" in events
+    assert "engine_rebuild_skipped" not in events
+    assert rig.rebuilder.describe()["m"]["attempts"] == 0  # no build's attempt
+
+
+def test_a_recheck_that_finds_the_engine_missing_asks_for_a_build() -> None:
+    rig = _Rig("EngineMissingError")
+    rig.rebuilder.on_fallback("m", REASON, UNCHECKED)
+    wait_until(lambda: rig.started == ["m"], message="the build asked for")
+    assert rig.rebuilder.describe()["m"]["state"] == "building"
+    rig.rebuilder.stop()
+
+
+def test_rechecks_are_bounded_and_an_operators_switch_cancels_one() -> None:
+    rig = _Rig(max_attempts=2)  # never checked
+    with structlog.testing.capture_logs() as logs:
+        rig.rebuilder.on_fallback("m", REASON, UNCHECKED)
+        wait_until(
+            lambda: any(e["event"] == "engine_rebuild_skipped" for e in logs),
+            message="given up",
+        )
+    assert len(rig.switched) == 2 and rig.started == []
+    assert rig.rebuilder.describe()["m"]["state"] == "idle"
+    # A failover's alert words only (ask=False) schedule nothing.
+    assert "could not be checked" in str(
+        rig.rebuilder.on_fallback("n", REASON, UNCHECKED, ask=False)
+    )
+    assert "n" not in rig.rebuilder.describe()
+    cancelled = _Rig()
+    cancelled.rebuilder._backoff_s = 3600.0
+    cancelled.rebuilder.on_fallback("m", REASON, UNCHECKED)
+    assert cancelled.rebuilder.describe()["m"]["state"] == "retry_scheduled"
+    cancelled.rebuilder.operator_chose("m")
+    assert cancelled.rebuilder.describe()["m"]["state"] == "idle" and cancelled.switched == []
