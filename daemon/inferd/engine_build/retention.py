@@ -45,14 +45,15 @@ from inferd.engines.quarantine import QUARANTINE_DIR
 log = structlog.get_logger("inferd.builds.retention")
 
 REMOVED_RECORD = "build_artifact_removed"
-#: The daemon's build ids: ``b<counter>-<6 hex>`` (``BuildManager``).  Twelve digits
-#: at most: a stray name with more (a file an operator made) is not a build's, so it
-#: never pushes the counter past what the wire's ids and NAME_MAX hold.
-BUILD_ID = r"b[0-9]{1,12}-[0-9a-f]{6}"
+#: The daemon's build ids: ``b<counter>-<6 hex>`` (``BuildManager``).
+BUILD_ID = r"b[0-9]+-[0-9a-f]{6}"
 _ARTIFACT = re.compile(rf"^(?P<model>[A-Za-z0-9_-]+)\.(?P<build_id>{BUILD_ID})\.")
 #: A TensorRT daemon build's summary in the engine dir (``engine_outputs.py``).
 SUMMARY_NAME = re.compile(rf"^(?P<engine>.+\.engine)\.(?P<build_id>{BUILD_ID})\.build\.json$")
-_NUMBER = re.compile(r"^b([0-9]{1,12})-")
+#: A build number: eleven digits at most.  A stray set with more (files an operator
+#: made) orders as the oldest and never moves the counter, whose numbers then stay
+#: within what the wire's ids and NAME_MAX hold (10^11 builds is past any vehicle's life).
+_NUMBER = re.compile(r"^b([0-9]{1,11})-")
 
 RUNNING, SERVING, NEWEST = "running", "serving", "its model's newest engine"
 

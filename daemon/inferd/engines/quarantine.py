@@ -70,10 +70,10 @@ QUARANTINE_MAX_ITEMS = 16
 #: Bytes those files may total (the one just moved is kept whatever its size).
 QUARANTINE_MAX_BYTES = 1024**3
 _COMPANIONS = (".sha256", ".reason")
-#: ``<name>.<seq>.<timestamp>-<pid>-<6 hex>``: the ``seq`` of a quarantined name.  Twelve
+#: ``<name>.<seq>.<timestamp>-<pid>-<6 hex>``: the ``seq`` of a quarantined name.  Eleven
 #: digits at most: a stray name with more reads as unsequenced (pruned first), never
 #: as a ``seq`` whose successor makes every later name too long to create.
-_SEQUENCED = re.compile(r"\.(?P<seq>[0-9]{8,12})\.[^./]*-[0-9]+-[0-9a-f]{6}$")
+_SEQUENCED = re.compile(r"\.(?P<seq>[0-9]{8,11})\.[^./]*-[0-9]+-[0-9a-f]{6}$")
 #: Held from reading the highest ``seq`` to taking the name: no two of this process's
 #: quarantines take the same (another process's may; then ctime, then the name order).
 _NAMING = threading.Lock()

@@ -164,7 +164,8 @@ class FallbackRebuilder(EngineAdoption):
             if state is None or state.build_id != finished.build_id:
                 return
             state.build_id = None
-        if finished.state == "completed" and finished.trusted:
+            state.adopting = finished.state == "completed" and finished.trusted
+        if state.adopting:
             self._adopt(finished, 1)
         elif finished.state == "completed":
             self._raise(
@@ -203,7 +204,7 @@ class FallbackRebuilder(EngineAdoption):
             self._stopped = True
             timers = [state.timer for state in self._models.values() if state.timer is not None]
             for state in self._models.values():
-                state.waiting = None
+                state.waiting = state.timer = None  # no retry runs: none is shown
         for timer in timers:
             timer.cancel()
 
@@ -297,11 +298,20 @@ class FallbackRebuilder(EngineAdoption):
                 return "cancelled"  # by an operator's switch as it fired
             if waited and state.waiting is None:
                 return "cancelled"  # by an operator's switch, or started at another end
-            state.timer = state.waiting = state.waiting_on = None
+            state.timer = state.waiting = state.waiting_on = state.taken = None
             if self._stopped:
                 return "the daemon is stopping"
             state.attempts += 1
+            state.starting = True  # shown building until it builds, waits or is refused
             attempt, ends, chosen = state.attempts, self._ends, state.chosen
+        try:
+            return self._started(model, reason, attempt, ends, chosen)
+        finally:
+            with self._lock:
+                state.starting = False
+
+    def _started(self, model: str, reason: str, attempt: int, ends: int, chosen: int) -> str | None:
+        """``_start``'s ``build.start`` and what its answer means."""
         reply = None
         while reply is None:
             try:
@@ -318,12 +328,13 @@ class FallbackRebuilder(EngineAdoption):
             except Exception as exc:  # the daemon's own fault (prune's unlink, memory):
                 # an attempt, as a refusal: a fault that stays ends in engine_build_gave_up
                 return self._not_started(model, f"{type(exc).__name__}: {exc}", exc_info=True)
+        build_id = str(reply["build_id"])
         with self._lock:
-            state.build_id = str(reply["build_id"])
+            self._models[model].build_id = build_id
         log.info(
             "engine_rebuild_started",
             model=model,
-            build_id=state.build_id,
+            build_id=build_id,
             attempt=attempt,
             reason=reason,
         )
@@ -366,6 +377,7 @@ class FallbackRebuilder(EngineAdoption):
                 if state.waiting_on and ended.state == "completed" and ended.trusted:
                     state.waiting = state.waiting_on = None
                     state.build_id, state.attempts = ended.build_id, state.attempts + 1
+                    state.taken = ended.build_id  # not ours: its engine may not be ours
                     takes.append(model)
                 else:
                     waiting.append((model, state.waiting))
@@ -411,6 +423,15 @@ class FallbackRebuilder(EngineAdoption):
         return False, f"giving up after {state.attempts} build(s)"
 
     def _failed(self, finished: FinishedBuild, why: str) -> None:
+        with self._lock:
+            state = self._models[finished.model]
+            taken = state.taken == finished.build_id
+            if taken:  # an operator's build (another build config?): no attempt of ours
+                state.taken, state.attempts = None, state.attempts - 1
+        if taken:
+            log.info("engine_rebuild_take_failed", model=finished.model, reason=why)
+            self._start(finished.model, f"build {finished.build_id} was not adopted: {why}")
+            return
         retry, then = self._retry_later(finished.model, why)
         self._raise(
             "WARNING" if retry else "ERROR",

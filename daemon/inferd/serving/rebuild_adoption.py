@@ -65,7 +65,15 @@ class EngineAdoption:
             self._adopt_pending(model, f"its thread could not start ({exc})")
 
     def _adopt(self, finished: FinishedBuild, tries: int) -> None:
-        """Switch to the built engine (``tries``: this one included)."""
+        """Switch to the built engine (``tries``: this one included); its model is shown
+        ``adoption_pending`` until this returns (``RebuiltModel.adopting``)."""
+        try:
+            self._switch_to(finished, tries)
+        finally:
+            with self._lock:
+                self._models[finished.model].adopting = False
+
+    def _switch_to(self, finished: FinishedBuild, tries: int) -> None:
         if self._stopped:
             # Completed as the daemon stops: loading it now would race the exit (the
             # switch's thread is waited for 10 s); trusted, it is located next start.
@@ -134,7 +142,9 @@ class EngineAdoption:
     def _adopt_pending(self, model: str, cannot: str | None = None) -> None:
         """The deferred adoption of ``model``, unless taken (``cannot``: why not tried)."""
         with self._lock:
-            pending, self._models[model].pending = self._models[model].pending, None
+            state = self._models[model]
+            pending, state.pending = state.pending, None
+            state.adopting = pending is not None and cannot is None
         if pending is not None and cannot is not None:
             self._not_adopted(pending[0], cannot)
         elif pending is not None:

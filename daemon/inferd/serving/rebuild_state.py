@@ -88,15 +88,22 @@ class RebuiltModel:
     waiting_on: str | None = None
     #: Its locations again after its engine could not be checked (``rebuild.RECHECKED``).
     rechecks: int = 0
+    #: Its ``build.start`` is on its way (``build_id`` not known yet): shown building.
+    starting: bool = False
+    #: Its built engine is being switched to (outside the lock): shown adoption_pending.
+    adopting: bool = False
+    #: The build of another (an operator's) it took as its own (``waiting_on``'s, which
+    #: completed trusted): not adopted, it builds its own at once, no attempt used.
+    taken: str | None = None
     #: Operators' switches of the model so far: a start refused for room while one
     #: came does not wait (the switch found nothing waiting to cancel yet).
     chosen: int = 0
 
     def state(self, max_attempts: int) -> str:
         """Which of ``REBUILD_STATES`` it is in (``max_attempts``: the builds a run allows)."""
-        if self.build_id is not None:
+        if self.build_id is not None or self.starting:
             return "building"
-        if self.pending is not None:
+        if self.pending is not None or self.adopting:
             return "adoption_pending"
         if self.waiting is not None:
             return "waiting_for_room" if self.waiting_on is None else "waiting_for_build"

@@ -215,13 +215,21 @@ def test_a_count_that_could_not_list_the_builds_dir_is_taken_again_at_the_next_b
     assert [build_id.split("-")[0] for build_id in started] == ["b8"]  # not b1
 
 
-def test_a_stray_name_with_an_overlong_number_is_not_a_build(tmp_path: Path) -> None:
+def test_a_stray_set_with_an_overlong_number_is_the_oldest_and_moves_no_counter(
+    tmp_path: Path,
+) -> None:
     """``b<200 digits>-…`` (a stray file) pushed the counter to ids the wire refuses
-    (64 characters) and names NAME_MAX refuses (review R1 of entry 343, finding 4)."""
+    (64 characters) and names NAME_MAX refuses (review R1 of entry 343, finding 4); a
+    12-digit one made the daemon's own numbers 13 digits, which its own patterns did
+    not read (review R3, F4).  Past eleven digits a number is a stray's: the set orders
+    as the oldest (pruned first) and the counter never sees it."""
     for folder in (tmp_path / "builds", tmp_path / "builds" / "demo"):
         folder.mkdir(mode=0o700)
     artifact(tmp_path / "builds", "demo", "b7-000007", NOW_S)
-    stray = tmp_path / "builds" / "demo" / f"demo.b{'9' * 200}-000009.engine"
-    stray.write_bytes(b"")
+    for digits in (12, 200):
+        stray = tmp_path / "builds" / "demo" / f"demo.b{'9' * digits}-00000{digits % 10}.engine"
+        stray.write_bytes(b"")
     assert next_build_number(tmp_path / "builds", tmp_path / "none") == 8
-    assert ids(tmp_path / "builds") == ["b7-000007"]
+    assert ids(tmp_path / "builds")[-1] == "b7-000007"  # the newest
+    assert len(ids(tmp_path / "builds")) == 3
+    assert pruned(tmp_path / "builds", 1)[1] == ["b7-000007"]

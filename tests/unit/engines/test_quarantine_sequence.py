@@ -128,8 +128,9 @@ def test_a_stray_name_with_an_overlong_sequence_neither_blocks_nor_outlives_the_
     monkeypatch.setattr(quarantine_module, "QUARANTINE_MAX_ITEMS", 2)
     folder = tmp_path / QUARANTINE_DIR
     folder.mkdir(mode=0o700)
-    stray = "stray.engine." + "9" * 200 + ".20260101T000000-42-abcdef"
-    (folder / stray).write_bytes(b"s")
+    for digits in (12, 200):  # review R3, F4: 12 digits made every seq after it 13
+        stray = f"stray{digits}.engine." + "9" * digits + ".20260101T000000-42-abcdef"
+        (folder / stray).write_bytes(b"s")
     for i in range(2):
         moved = engine(tmp_path, f"boot{i}.engine")
         quarantine(moved, "failed validation")

@@ -17,6 +17,7 @@ from inferd.serving.rebuild import FallbackRebuilder
 from inferd.serving.rebuild_state import REBUILD_STATES, RebuiltModel
 from inferd.types import Alert
 from inferd_client import cli_format
+from tests.integration.test_schemas import assert_valid
 from tests.unit.metrics.test_families import scrape, status
 from tests.unit.serving.test_rebuild_start_faults import _failed, _room
 
@@ -178,3 +179,61 @@ def test_inferctl_status_shows_the_running_builds_and_each_rebuild() -> None:
     assert "none (no model fell back since start)" in "\n".join(
         cli_format.status({"models": [], "builds": none})
     )
+
+
+def test_a_start_and_an_adoption_on_their_way_are_shown_as_such() -> None:
+    """Between its ``build.start`` and the build id, and while its engine is switched to
+    (seconds of TensorRT on a Jetson), a model read ``idle`` or, on its last attempt,
+    ``gave_up`` (review R3, F3): a ground rule on ``gave_up`` fired falsely."""
+    in_start, go_on = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def start_build(_header: dict[str, Any]) -> Mapping[str, Any]:
+        in_start.set()
+        assert go_on.wait(10)
+        return {"build_id": "b1"}
+
+    def switch(*_args: Any) -> Mapping[str, Any]:
+        seen.append(rebuilder.describe()["m"]["state"])
+        return {}
+
+    rebuilder = FallbackRebuilder(
+        start_build=start_build,
+        switch=switch,
+        alert=lambda _alert: None,
+        can_build=lambda: True,
+        backoff_s=BACKOFF_S,
+        max_attempts=1,
+    )
+    asking = threading.Thread(target=rebuilder.on_fallback, args=("m", "engine missing"))
+    asking.start()
+    assert in_start.wait(10)
+    assert rebuilder.describe()["m"]["state"] == "building"  # not gave_up (1 of 1)
+    go_on.set()
+    asking.join(10)
+    rebuilder.on_build_finished(_completed("b1", "m"))
+    assert seen == ["adoption_pending"]  # not gave_up while switched to
+    assert rebuilder.describe()["m"]["state"] == "adopted"
+
+
+def test_a_stopped_rebuilder_shows_no_retry_and_a_zero_backoff_is_valid() -> None:
+    """``stop`` cancelled the retry timers but left them set: status showed a retry
+    that would never run while the daemon stopped (review R3, F5).  And a
+    ``rebuild_backoff_s`` of 0, a valid config, made every status reply invalid
+    against its schema (F2)."""
+    rebuilder = FallbackRebuilder(
+        start_build=lambda _header: {"build_id": "b1"},
+        switch=lambda *_args: {},
+        alert=lambda _alert: None,
+        can_build=lambda: True,
+        backoff_s=BACKOFF_S,
+        max_attempts=3,
+    )
+    rebuilder.on_fallback("m", "engine missing")
+    rebuilder.on_build_finished(_failed("b1", "m"))
+    assert rebuilder.describe()["m"]["state"] == "retry_scheduled"
+    rebuilder.stop()
+    shown = rebuilder.describe()["m"]
+    assert (shown["state"], shown["retry_scheduled"], shown["retry_in_s"]) == ("idle", False, None)
+    section = {"enabled": True, "max_attempts": 3, "backoff_s": 0.0, "models": {"m": shown}}
+    assert_valid("status_reply.json#/$defs/builds/properties/rebuilds", section)

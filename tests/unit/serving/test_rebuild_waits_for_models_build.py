@@ -16,6 +16,7 @@ import structlog
 from inferd.engine_build.build_record import BuildFinished
 from inferd.errors import ModelBuildRunningError
 from inferd.serving.rebuild import REQUESTED_BY, FallbackRebuilder
+from inferd.serving.switching import NotPreparedError
 from inferd.types import Alert
 from inferd_wire.protocol import Code
 from tests.conftest import wait_until
@@ -26,6 +27,9 @@ from tests.unit.engine_build.test_builds_max_running import (  # noqa: F401  # f
     children,
     daemon,
 )
+
+#: What the switch raises for an engine it does not find (in ``BUILD_FIXES``).
+MISSING = "EngineMissingError"
 
 
 def test_a_rebuild_waits_for_the_models_running_build_then_builds_its_own(
@@ -134,3 +138,28 @@ def test_an_operators_switch_cancels_a_rebuild_waiting_for_the_models_build() ->
     assert rig.rebuilder.describe()["m"]["state"] == "idle"
     rig.end("completed", True)
     assert rig.started == [] and rig.switched == []  # their choice stands
+
+
+def test_a_taken_build_whose_engine_is_not_the_models_is_followed_by_the_rebuilds_own() -> None:
+    """The operator built with another build config (fp16 for an fp32 model): the switch
+    locates the model's own engine and finds none.  Before, the adoption's failure was a
+    "background engine build" failed, an attempt used and a retry after the backoff (with
+    one attempt: given up, never built; review R3, F1).  Now the rebuild's own build
+    starts at once, no alert, the operator's build no attempt."""
+    rig = _Rig()
+    refused: list[str] = []
+
+    def engine_missing(model: str, runtime: str, requested_by: str) -> Mapping[str, Any]:
+        refused.append(requested_by)
+        raise NotPreparedError("no engine for this host (expected demo_fp32.engine)", MISSING)
+
+    rig.rebuilder._switch = engine_missing
+    rig.rebuilder.on_fallback("m", "no engine for this host")
+    with structlog.testing.capture_logs() as logs:
+        rig.end("completed", True)
+    assert refused == ["inferd: build b1-op"]
+    assert [e["model"] for e in logs if e["event"] == "engine_rebuild_take_failed"] == ["m"]
+    assert rig.started == ["m"] and rig.alerts == []
+    shown = rig.rebuilder.describe()["m"]
+    assert (shown["state"], shown["build_id"], shown["attempts"]) == ("building", "b2-own", 1)
+    rig.rebuilder.stop()
