@@ -96,6 +96,17 @@ def _build_ids(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return started
 
 
+def _state_dir(tmp_path: Path) -> tuple[Path, Path]:
+    """A model ``demo`` (an empty file) and a daemon state dir with its builds and
+    engine dirs, as the daemon makes them."""
+    model = tmp_path / "demo.onnx"
+    model.write_bytes(b"")
+    state = tmp_path / "state"
+    for folder in (state, state / "builds", state / "builds" / "demo", state / "engines"):
+        folder.mkdir(mode=0o700)
+    return model, state
+
+
 def _manager(state: Path, model: Path) -> BuildManager:
     return BuildManager(
         {"demo": ModelConfig("demo", model)},
@@ -120,11 +131,7 @@ def test_a_restarted_daemon_continues_the_build_counter_past_what_is_on_disk(
     """The counter starts at 1 + the highest build number of the builds dir's sets and
     the engine dir's summaries (before: at 1 on every run)."""
     started = _build_ids(monkeypatch)
-    model = tmp_path / "demo.onnx"
-    model.write_bytes(b"")
-    state = tmp_path / "state"
-    for folder in (state, state / "builds", state / "builds" / "demo", state / "engines"):
-        folder.mkdir(mode=0o700)
+    model, state = _state_dir(tmp_path)
     artifact(state / "builds", "demo", "b9-000009", NOW_S)
     summary = f"{engine_name(onnx(tmp_path))}.b12-00000c.build.json"
     (state / "engines" / summary).write_text(json.dumps({"outcome": "failed"}))
@@ -192,11 +199,7 @@ def test_a_count_that_could_not_list_the_builds_dir_is_taken_again_at_the_next_b
     finding 1).  Now the count is said (``build_counter_unchecked``) and taken again
     at the next build."""
     started = _build_ids(monkeypatch)
-    model = tmp_path / "demo.onnx"
-    model.write_bytes(b"")
-    state = tmp_path / "state"
-    for folder in (state, state / "builds", state / "builds" / "demo", state / "engines"):
-        folder.mkdir(mode=0o700)
+    model, state = _state_dir(tmp_path)
     artifact(state / "builds", "demo", "b7-000007", NOW_S)
     real_scandir = os.scandir
     failures = [OSError(24, "Too many open files", str(state / "builds"))]

@@ -7,15 +7,14 @@ off until an operator's switch or a restart (entry 329's "Left").  The real
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
-from inferd.serving.rebuild import FallbackRebuilder
 from inferd.serving.switching import NotPreparedError
 from inferd.types import Alert
 from tests.conftest import wait_until
+from tests.unit.serving.test_review2_serving import make_rebuilder
 
 UNCHECKED = "UncheckedDirectoryError"
 REASON = "engine dir /var/lib/inferd/engines could not be checked: [Errno 24] Too many open files"
@@ -28,23 +27,22 @@ class _Rig:
         self.switched: list[str] = []
         self.started: list[str] = []
         self.alerts: list[Alert] = []
-        self.rebuilder = FallbackRebuilder(
+        self.rebuilder = make_rebuilder(
+            self.alerts,
             start_build=self._start_build,
             switch=self._switch,
-            alert=self.alerts.append,
-            can_build=lambda: True,
             backoff_s=0.01,
             max_attempts=max_attempts,
         )
 
-    def _switch(self, model: str, runtime: str, requested_by: str) -> Mapping[str, Any]:
+    def _switch(self, model: str, runtime: str, requested_by: str) -> dict[str, Any]:
         self.switched.append(f"{model} {runtime} {requested_by}")
         cause = self.outcomes.pop(0) if self.outcomes else UNCHECKED
         if cause is not None:
             raise NotPreparedError(f"{cause}: not prepared", cause)
         return {}
 
-    def _start_build(self, header: dict[str, Any]) -> Mapping[str, Any]:
+    def _start_build(self, header: dict[str, Any]) -> dict[str, Any]:
         self.started.append(header["model"])
         return {"build_id": "b1"}
 

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from inferd.engine_build.build_record import BuildFinished
-from inferd.serving.rebuild import FallbackRebuilder
 from inferd.serving.rebuild_state import REBUILD_STATES, RebuiltModel
 from inferd.types import Alert
 from inferd_client import cli_format
 from tests.integration.test_schemas import assert_valid
 from tests.unit.metrics.test_families import scrape, status
 from tests.unit.serving.test_rebuild_start_faults import _failed, _room
+from tests.unit.serving.test_review2_serving import make_rebuilder
 
 BACKOFF_S = 100.0
 
@@ -33,21 +33,14 @@ def _completed(build_id: str, model: str) -> BuildFinished:
 def test_a_model_is_shown_through_each_state_of_its_rebuilds() -> None:
     replies: list[Mapping[str, Any] | Exception] = [_room(), {"build_id": "b1"}, {"build_id": "b2"}]
 
-    def start_build(_header: dict[str, Any]) -> Mapping[str, Any]:
+    def start_build(_header: dict[str, Any]) -> dict[str, Any]:
         reply = replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
         return reply
 
     alerts: list[Alert] = []
-    rebuilder = FallbackRebuilder(
-        start_build=start_build,
-        switch=lambda *_args: {},
-        alert=alerts.append,
-        can_build=lambda: True,
-        backoff_s=BACKOFF_S,
-        max_attempts=2,
-    )
+    rebuilder = make_rebuilder(alerts, start_build=start_build, backoff_s=BACKOFF_S, max_attempts=2)
 
     def shown() -> dict[str, Any]:
         return rebuilder.describe()["m"]
@@ -188,22 +181,17 @@ def test_a_start_and_an_adoption_on_their_way_are_shown_as_such() -> None:
     in_start, go_on = threading.Event(), threading.Event()
     seen: list[str] = []
 
-    def start_build(_header: dict[str, Any]) -> Mapping[str, Any]:
+    def start_build(_header: dict[str, Any]) -> dict[str, Any]:
         in_start.set()
         assert go_on.wait(10)
         return {"build_id": "b1"}
 
-    def switch(*_args: Any) -> Mapping[str, Any]:
+    def switch(*_args: Any) -> dict[str, Any]:
         seen.append(rebuilder.describe()["m"]["state"])
         return {}
 
-    rebuilder = FallbackRebuilder(
-        start_build=start_build,
-        switch=switch,
-        alert=lambda _alert: None,
-        can_build=lambda: True,
-        backoff_s=BACKOFF_S,
-        max_attempts=1,
+    rebuilder = make_rebuilder(
+        [], start_build=start_build, switch=switch, backoff_s=BACKOFF_S, max_attempts=1
     )
     asking = threading.Thread(target=rebuilder.on_fallback, args=("m", "engine missing"))
     asking.start()
@@ -221,14 +209,7 @@ def test_a_stopped_rebuilder_shows_no_retry_and_a_zero_backoff_is_valid() -> Non
     that would never run while the daemon stopped (review R3, F5).  And a
     ``rebuild_backoff_s`` of 0, a valid config, made every status reply invalid
     against its schema (F2)."""
-    rebuilder = FallbackRebuilder(
-        start_build=lambda _header: {"build_id": "b1"},
-        switch=lambda *_args: {},
-        alert=lambda _alert: None,
-        can_build=lambda: True,
-        backoff_s=BACKOFF_S,
-        max_attempts=3,
-    )
+    rebuilder = make_rebuilder([], backoff_s=BACKOFF_S)
     rebuilder.on_fallback("m", "engine missing")
     rebuilder.on_build_finished(_failed("b1", "m"))
     assert rebuilder.describe()["m"]["state"] == "retry_scheduled"

@@ -7,7 +7,6 @@ operator switched it (entry 330's "Left")."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import structlog
 
 from inferd.engine_build.build_record import BuildFinished
 from inferd.errors import ModelBuildRunningError
-from inferd.serving.rebuild import REQUESTED_BY, FallbackRebuilder
+from inferd.serving.rebuild import REQUESTED_BY
 from inferd.serving.switching import NotPreparedError
 from inferd.types import Alert
 from inferd_wire.protocol import Code
@@ -27,6 +26,7 @@ from tests.unit.engine_build.test_builds_max_running import (  # noqa: F401  # f
     children,
     daemon,
 )
+from tests.unit.serving.test_review2_serving import make_rebuilder
 
 #: What the switch raises for an engine it does not find (in ``BUILD_FIXES``).
 MISSING = "EngineMissingError"
@@ -74,22 +74,17 @@ class _Rig:
         self.started: list[str] = []
         self.switched: list[tuple[str, str, str]] = []
         self.alerts: list[Alert] = []
-        self.rebuilder = FallbackRebuilder(
-            start_build=self._start_build,
-            switch=self._switch,
-            alert=self.alerts.append,
-            can_build=lambda: True,
-            backoff_s=3600.0,
-            max_attempts=3,
+        self.rebuilder = make_rebuilder(
+            self.alerts, start_build=self._start_build, switch=self._switch, backoff_s=3600.0
         )
 
-    def _start_build(self, header: dict[str, Any]) -> Mapping[str, Any]:
+    def _start_build(self, header: dict[str, Any]) -> dict[str, Any]:
         if self.running is not None:
             raise ModelBuildRunningError(self.running, header["model"])
         self.started.append(header["model"])
         return {"build_id": f"b{len(self.started) + 1}-own"}
 
-    def _switch(self, model: str, runtime: str, requested_by: str) -> Mapping[str, Any]:
+    def _switch(self, model: str, runtime: str, requested_by: str) -> dict[str, Any]:
         self.switched.append((model, runtime, requested_by))
         return {}
 
@@ -149,7 +144,7 @@ def test_a_taken_build_whose_engine_is_not_the_models_is_followed_by_the_rebuild
     rig = _Rig()
     refused: list[str] = []
 
-    def engine_missing(model: str, runtime: str, requested_by: str) -> Mapping[str, Any]:
+    def engine_missing(model: str, runtime: str, requested_by: str) -> dict[str, Any]:
         refused.append(requested_by)
         raise NotPreparedError("no engine for this host (expected demo_fp32.engine)", MISSING)
 
