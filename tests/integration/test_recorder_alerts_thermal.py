@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inferd.lock_files import LOCK_NAME
 from inferd_client import InferenceClient, OperatorClient
 from tests.conftest import REPO, DaemonFactory, Events, wait_until
 from tests.conftest import inferctl as shared_inferctl
@@ -425,7 +426,7 @@ def test_full_disk_drops_records_but_serving_goes_on(
             assert full["enabled"] is True and full["records_dropped"] > 1, full
             assert "No space left" in (full["last_error"] or ""), full
             assert health["state"] == "serving" and health["threads"]["engine_worker"] is True
-            assert [p.name for p in fdr_dir.iterdir()] == ["seg-0000000001.fdr"], (
+            assert sorted(p.name for p in fdr_dir.iterdir()) == [LOCK_NAME, "seg-0000000001.fdr"], (
                 "a segment that could not be opened on a full disk is not left behind"
             )
             # 3. Space comes back: the recorder resumes by itself, records keep coming.

@@ -17,6 +17,7 @@ from inferd.errors import InferdError
 from inferd.fdr import framing
 from inferd.fdr.inventory import Inventory
 from inferd.fdr.reader import ReadReport, read_segment
+from inferd.lock_files import LOCK_NAME, lock_owned_file
 from inferd.owned_files import open_nofollow
 
 log = structlog.get_logger("inferd.fdr")
@@ -68,6 +69,24 @@ def last_seq(newest_first: Iterable[Path]) -> int:
     finally:
         for damage in report.unreadable_segments:
             log.warning("fdr_segment_unreadable", segment=damage.segment, reason=damage.reason)
+
+
+class RecorderInUseError(CannotResumeError):
+    """Another process records into the directory (its ``inferd.lock`` is locked): two
+    recorders there would prune each other's segments, the other's records lost
+    while it counts them durable, and repeat each other's seqs."""
+
+
+def lock_directory(directory: Path) -> int:
+    """The recorder's lock on ``directory`` (a descriptor, held until closed), taken
+    before its scan; ``RecorderInUseError`` when another process holds it."""
+    fd = lock_owned_file(directory / LOCK_NAME, note_pid=False)  # a full disk: still
+    if fd is None:
+        raise RecorderInUseError(
+            f"another inferd records into {directory} (it holds {LOCK_NAME} there): two "
+            "daemons must not share a flight data recorder directory (fdr.directory)"
+        )
+    return fd
 
 
 def resume_point(directory: Path, inventory: Inventory) -> tuple[int, int]:

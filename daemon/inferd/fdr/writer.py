@@ -1,17 +1,16 @@
 """The recorder's writer: a thread with a bounded queue and group commit.
 
-``record()`` validates and encodes in the caller (a bad payload is a bug and
-raises there) and enqueues without ever blocking: a full queue (in records,
-``queue_capacity``, or in bytes, ``queue_max_bytes``: ``queued.RecordQueue``)
-or a failing disk drops records, counts them, logs at ERROR and says so in
-``status()``, an ``fdr_dropped`` record and, once per outage, an alert
-(``outage.py``); serving goes on.  The writer
-thread appends frames to the current segment and makes them durable
-(``fdatasync``) at most every ``fsync_interval_ms``, or at once when a critical
-kind was written.  After a failed write or sync it never appends to that
+``record()`` validates and encodes in the caller (a bad payload is a bug and raises
+there) and enqueues without ever blocking: a full queue (in records,
+``queue_capacity``, or in bytes, ``queue_max_bytes``: ``queued.RecordQueue``) or a
+failing disk drops records, counts them, logs at ERROR and says so in ``status()``,
+an ``fdr_dropped`` record and, once per outage, an alert (``outage.py``); serving
+goes on.  The writer thread appends frames to the current segment and makes them
+durable (``fdatasync``) at most every ``fsync_interval_ms``, or at once when a
+critical kind was written.  After a failed write or sync it never appends to that
 segment again: it syncs what earlier writes, and the frames a failed write wrote
-whole, left there, counts what was written but could not be synced as dropped,
-and opens a new one."""
+whole, left there, counts what was written but could not be synced as dropped, and
+opens a new one.  One recorder a directory (``segments.lock_directory``)."""
 
 from __future__ import annotations
 
@@ -70,6 +69,7 @@ class FlightRecorder:
         self._interval_s = config.fsync_interval_ms / 1000
         self._queue = RecordQueue(config.queue_capacity, config.queue_max_bytes)
         self._thread = threading.Thread(target=self._run, name="inferd-fdr", daemon=True)
+        self._lock_fd: int | None = None  # the directory's lock, from start to _run's end
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._segment: segments.Segment | None = None
@@ -105,19 +105,21 @@ class FlightRecorder:
 
     # -- lifecycle ---------------------------------------------------------
     def start(self, alert: AlertSink | None = None) -> None:
-        """Find what earlier runs left (their segments, the seq, the index to go on
-        from: one scan, O(segments), here and never again), then start writing;
-        ``alert`` is told once per outage that writes fail (``fdr_write_outage``).
-        A recorder that could not start is stopped: what it is handed is dropped."""
+        """Lock the directory, find what earlier runs left (segments, the seq and index to
+        go on from: one scan, here and never again), then write; ``alert`` is told once per
+        outage (``fdr_write_outage``).  Could not start: stopped, what it is handed dropped."""
         self._outage.alert = alert
         try:
             ensure_owned_dir(self._directory, what="fdr.directory")
+            self._lock_fd = segments.lock_directory(self._directory)  # until _run ends
             self._inventory = Inventory.scan(self._directory)
             resumed = segments.resume_point(self._directory, self._inventory)
             self._next_seq, self._next_index = resumed
             self._thread.start()
         except BaseException:
             self._stopped.set()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
             raise
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -231,6 +233,8 @@ class FlightRecorder:
             self._queue.release(batch)  # written or dropped: their bytes are free
             self._set_markers(batch, durable and self._reported_drops == self.records_dropped)
         self._close_segment()
+        if self._lock_fd is not None:  # taken before the thread started (tests run it bare)
+            os.close(self._lock_fd)
         while leftover := self._queue.take_batch(0.0, _BATCH):  # never written
             self._drop(sum(isinstance(item, Pending) for item in leftover), "recorder stopped")
             self._queue.release(leftover)

@@ -18,6 +18,7 @@ from inferd.cli.fdr import verify
 from inferd.fdr import framing, segments
 from inferd.fdr.reader import ReadReport, read_records
 from inferd.fdr.writer import FlightRecorder
+from inferd.lock_files import LOCK_NAME
 from inferd.startup import start_recorder
 from tests.unit.fdr.conftest import segment_with_seqs
 from tests.unit.fdr.test_fdr import config, miss
@@ -40,7 +41,7 @@ def test_a_segment_named_for_the_largest_index_refuses_the_start(tmp_path: Path)
     assert error is not None and name in error and "no index to go on from" in error, error
     (said,) = [line for line in logs if line["event"] == "fdr_unavailable"]
     assert said["exc_info"] is False  # what is wrong is named: no traceback
-    assert sorted(p.name for p in directory.iterdir()) == [name]
+    assert sorted(p.name for p in directory.iterdir()) == [LOCK_NAME, name]  # nothing else
     fdr.record("deadline_miss", miss(1))  # a recorder that did not start drops, counted
     assert fdr.status()["records_dropped"] == 1
 
@@ -88,4 +89,4 @@ def test_a_newest_record_with_the_largest_seq_refuses_the_start(tmp_path: Path) 
     fdr = FlightRecorder(config(directory), boot_id="b")
     error = start_recorder(fdr, directory)
     assert error is not None and "has seq 9223372036854775807" in error, error
-    assert sorted(p.name for p in directory.iterdir()) == [framing.segment_name(1)]
+    assert sorted(p.name for p in directory.iterdir()) == [LOCK_NAME, framing.segment_name(1)]
