@@ -135,6 +135,11 @@ class Inventory:
         if not stat.S_ISDIR(info.st_mode):
             self.append(index, info.st_size)
 
+    @property
+    def newest_size(self) -> int:
+        """The newest segment's bytes (0 when there is none)."""
+        return self._sizes[-1] if len(self) else 0
+
     def set_newest_size(self, size: int) -> None:
         """The newest segment (the one being written) is now ``size`` bytes."""
         self.total += size - self._sizes[-1]

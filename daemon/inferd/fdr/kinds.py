@@ -127,7 +127,8 @@ KINDS: dict[str, RecordKind] = {
             "fdr_retention",
             {"deleted_segments", "deleted_bytes", "max_total_bytes"},
             critical=False,
-            description="The recorder deleted its oldest segments to stay under its size cap.",
+            description="The recorder deleted its oldest segments to stay under its size cap, "
+            "or to make room on a disk that filled up below it.",
         ),
         _kind(
             "build_artifact_removed",

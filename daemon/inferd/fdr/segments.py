@@ -12,6 +12,7 @@ from pathlib import Path
 
 import structlog
 
+from inferd.config import FdrConfig
 from inferd.durable import fsync_directory, write_all
 from inferd.errors import InferdError
 from inferd.fdr import framing
@@ -152,6 +153,26 @@ def create_next(
         index += 1
     inventory.append(segment.index, segment.size)
     return segment
+
+
+def make_room(
+    directory: Path,
+    inventory: Inventory,
+    deleted: list[tuple[str, int]],
+    config: FdrConfig,
+    disk_full: bool,
+) -> None:
+    """Before a new segment: delete the oldest until the closed ones and it fit
+    ``max_total_bytes`` (each segment is at most ``segment_max_bytes``); after the
+    disk filled up below the cap (``disk_full``: ``ENOSPC``, ``EDQUOT``), until a
+    segment's worth more is gone, for the newest records matter most, but never the
+    newest closed segment (what led to now).  One such round a failure, which the
+    writer's backoff spaces a second apart."""
+    budget = config.max_total_bytes - config.segment_max_bytes
+    if disk_full:
+        room = inventory.total - config.segment_max_bytes
+        budget = max(inventory.newest_size, min(budget, room))
+    delete_oldest(directory, inventory, budget, deleted)
 
 
 def delete_oldest(

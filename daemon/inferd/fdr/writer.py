@@ -70,18 +70,16 @@ class FlightRecorder:
         self._queue = RecordQueue(config.queue_capacity, config.queue_max_bytes)
         self._thread = threading.Thread(target=self._run, name="inferd-fdr", daemon=True)
         self._lock_fd: int | None = None  # the directory's lock, from start to _run's end
+        self._disk_full = False  # the last failure's: the next segment makes room for itself
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._segment: segments.Segment | None = None
-        #: The segments on disk, oldest first, with their sizes: scanned at start,
-        #: then kept here, so the size cap never lists the directory (inventory.py).
-        self._inventory = Inventory()
+        self._inventory = Inventory()  # the segments on disk, scanned at start, then kept
         self._next_index = 1
         self._next_seq = 1
         self._last_failure_mono_ns: int | None = None
         self._outage = Outage(self._directory)  # fdr_write_outage, once per outage
-        #: Highest seq written to the current segment's file (not merely framed):
-        #: what a successful fdatasync makes durable.
+        #: Highest seq written to the current segment's file: what an fdatasync makes durable.
         self._written_seq = 0
         # Written to the current segment since its last fdatasync: lost with it
         # if a write or sync fails (DESIGN.md entry 13).
@@ -401,13 +399,12 @@ class FlightRecorder:
         return self._segment is None and (recent or self._next_seq > framing.MAX_SEQ)
 
     def _open_segment(self) -> segments.Segment:
-        """Apply the size cap, then create the next segment.  Every segment is at
-        most segment_max_bytes, so closed ones within max_total_bytes minus one
-        segment keep the directory within max_total_bytes."""
-        budget = self._config.max_total_bytes - self._config.segment_max_bytes
-        before = len(self._deleted)
+        """Make room (the size cap; a full disk: ``segments.make_room``), then create one."""
+        before, disk_full, self._disk_full = len(self._deleted), self._disk_full, False
         try:
-            segments.delete_oldest(self._directory, self._inventory, budget, self._deleted)
+            segments.make_room(
+                self._directory, self._inventory, self._deleted, self._config, disk_full
+            )
         finally:
             self.segments_deleted += len(self._deleted) - before
         self._segment = segments.create_next(
@@ -433,6 +430,7 @@ class FlightRecorder:
         may not be on disk, so it is counted as dropped (and reported again)."""
         self.last_error = error = f"{operation}: {reports.describe(exc)}"
         self._last_failure_mono_ns = self._mono_clock()
+        self._disk_full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
         log.error(
             "fdr_write_failed",
             operation=operation,

@@ -1,0 +1,64 @@
+"""A disk that fills below the recorder's own cap (the engines and builds share
+``state_dir``): the recorder deletes its oldest segments to make room for the newest
+records.  Before, only the cap deleted: the old history stayed and every new record,
+critical ones included, was dropped for as long as the disk stayed full (review R4,
+F2: a 2 MiB tmpfs, 17,248 records dropped, no segment deleted).
+
+The disk here: ``os.write`` fails ``ENOSPC`` until a segment is unlinked, as a full
+filesystem would until something frees blocks."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferd.fdr.reader import read_records
+from inferd.fdr.writer import FlightRecorder
+from tests.conftest import wait_until
+from tests.unit.fdr.test_fdr import SteppedClock, config, miss
+
+
+def test_a_full_disk_gives_the_oldest_segments_to_the_newest_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock()
+    fdr = FlightRecorder(
+        config(tmp_path, segment_max_bytes=4096, max_total_bytes=1024 * 1024), mono_clock=clock
+    )
+    fdr.start()
+    seq = 0
+    while fdr.status()["segments_kept"] < 4:  # history: closed segments under the cap
+        seq += 1
+        fdr.record("deadline_miss", miss(seq))
+        assert fdr.wait_durable(5)
+    oldest = fdr.status()["oldest_segment"]
+    full = [True]
+    real_write, real_unlink = os.write, Path.unlink
+
+    def write(fd: int, data: Any) -> int:
+        if full[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    def unlink(path: Path, missing_ok: bool = False) -> None:
+        real_unlink(path, missing_ok)
+        full[0] = False  # blocks freed
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    fdr.record("deadline_miss", miss(seq + 1))  # meets the full disk: dropped, counted
+    wait_until(lambda: fdr.status()["records_dropped"] == 1, message="the first drop")
+    clock.advance(1.1)  # past the writer's backoff after a failure
+    critical = {"model": "m", "configured_runtime": "tensorrt", "reason": "engine missing"}
+    fdr.record("fallback_to_onnx_trt_ep", {**critical, "active_providers": ["CPU"]})
+    assert fdr.wait_durable(5), fdr.status()  # before: dropped, the disk still full
+    status = fdr.status()
+    assert status["segments_deleted"] >= 1 and status["oldest_segment"] != oldest
+    fdr.stop()
+    kinds = [record.kind for record in read_records(tmp_path)]
+    # The loss and the deletion are said in the kept recording, beside the new record.
+    assert {"fdr_dropped", "fallback_to_onnx_trt_ep", "fdr_retention"} <= set(kinds[-4:]), kinds
