@@ -1,7 +1,8 @@
 """The recorder's write outages: the ``fdr_write_outage`` alert, once per outage.
 
-An outage begins at a failure to write or sync (``FlightRecorder._fail``) and is
-over once a record assigned after that failure is durable.  The log says every
+An outage begins at a failure to write or sync (``FlightRecorder._fail``), or at
+records dropped for a full queue (a disk slower than they come, said by the
+writer's thread), and is over once a record assigned after it is durable.  The log says every
 failure (``fdr_write_failed``, ERROR) and ``status`` counts the records dropped,
 both on board only; the alert tells the ground, through the daemon's dispatcher:
 its PUB and MAVLink hooks.  The ``fdr`` hook cannot deliver it: the writer backs

@@ -14,6 +14,14 @@ from inferd.fdr import framing, kinds
 #: Why a record was not queued (the ``fdr_dropped`` reasons of a full queue).
 QUEUE_FULL = "queue full"
 QUEUE_BYTES_FULL = "queue bytes full"
+#: Why a record found no room in the queue.
+QUEUE_OVERFLOWS = (QUEUE_FULL, QUEUE_BYTES_FULL)
+
+
+class RecordDroppedError(ConnectionError):
+    """``record_alert``: the record was dropped, not queued (counted in ``records_dropped``)."""
+
+
 _FRAME_OVERHEAD = framing.FRAME_HEADER.size + framing.MAX_SEQ_BYTES
 
 

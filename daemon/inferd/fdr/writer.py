@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from inferd.config import FdrConfig
-from inferd.fdr import framing, kinds, reports, segments
+from inferd.fdr import framing, kinds, queued, reports, segments
 from inferd.fdr.inventory import Inventory
 from inferd.fdr.outage import Outage
 from inferd.fdr.queued import Marker, Pending, RecordQueue, encoded
@@ -44,12 +44,7 @@ _BATCH = 256
 
 
 class _BackingOff(OSError):
-    """No segment is opened for a second after a failure: records are dropped (and counted)
-    without touching the disk or extending the pause; ``last_error`` keeps its cause."""
-
-
-class RecordDroppedError(ConnectionError):
-    """``record_alert``: the record was dropped, not queued (counted in ``records_dropped``)."""
+    """No segment for a second after a failure: records dropped, counted; no disk touched."""
 
 
 class FlightRecorder:
@@ -71,6 +66,7 @@ class FlightRecorder:
         self._thread = threading.Thread(target=self._run, name="inferd-fdr", daemon=True)
         self._lock_fd: int | None = None  # the directory's lock, from start to _run's end
         self._disk_full = False  # the last failure's: the next segment makes room for itself
+        self._overflow: str | None = None  # a queue full since the writer last looked
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._segment: segments.Segment | None = None
@@ -121,8 +117,7 @@ class FlightRecorder:
             raise
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Write and sync everything queued, close the segment, join the thread;
-        give up after ``timeout`` s (a hung disk must not hang the daemon's stop)."""
+        """Write and sync what is queued, close, join; at most ``timeout`` s (a hung disk)."""
         self._stopped.set()  # later records are dropped; the writer leaves once drained
         if not self._thread.is_alive():
             return
@@ -145,7 +140,7 @@ class FlightRecorder:
         stopped, its queue full) or would be by the writer, backing off after a failure."""
         dropped = self._offer(kind, payload, refuse_backing_off=True)
         if dropped is not None:
-            raise RecordDroppedError(f"the flight data recorder dropped the record: {dropped}")
+            raise queued.RecordDroppedError(f"the recorder dropped the record: {dropped}")
 
     def _offer(self, kind: str, payload: Mapping[str, Any], refuse_backing_off: bool) -> str | None:
         """Queue a record; why it was dropped (counted) instead, or None."""
@@ -157,6 +152,8 @@ class FlightRecorder:
         dropped = dropped if dropped is not None else self._queue.offer(pending)
         if dropped is not None:
             self._drop(1, dropped)
+            if dropped in queued.QUEUE_OVERFLOWS:  # said by the writer's thread (_run)
+                self._overflow = dropped
         return dropped
 
     def wait_durable(self, timeout: float) -> bool:
@@ -224,6 +221,10 @@ class FlightRecorder:
             except Exception as exc:  # a recorder thread must never die
                 self._fail(exc, "writer")
                 failed, dirty_since = True, None
+            overflow, self._overflow = self._overflow, None
+            if overflow is not None:  # the disk slower than records come: as a failure is
+                self.last_error = f"{overflow}: the disk is slower than the records come"
+                self._outage.failed(self.last_error, self._next_seq)
             # Durable: written and synced, and any loss before it durably reported.
             durable = not failed and dirty_since is None
             if durable:
