@@ -169,15 +169,18 @@ def export(
 
 def verify(directory: Path, *, as_json: bool, out: TextIO | None = None) -> int:
     """Exit 1 on corruption other than torn tails (a payload nested deeper than
-    the recorder writes included: the reader calls it so), with a summary."""
+    the recorder writes included: the reader calls it so), and on damage the seqs
+    show (``sequence_damage``), with a summary."""
     out = sys.stdout if out is None else out
     report = ReadReport()
-    seqs = [record.seq for record in read_records(directory, report)]
-    gaps = sum(1 for a, b in itertools.pairwise(seqs) if b != a + 1)
+    records = list(read_records(directory, report))
+    gaps = sum(1 for a, b in itertools.pairwise(records) if b.seq != a.seq + 1)
+    damage = sequence_damage(records)
     result = {
         **report.as_dict(),
         "seq_gaps": gaps,
-        "ok": not report.is_corrupt,
+        "sequence_damage": damage,
+        "ok": not report.is_corrupt and not damage,
         "directory": str(directory),
     }
     if as_json:
@@ -185,14 +188,49 @@ def verify(directory: Path, *, as_json: bool, out: TextIO | None = None) -> int:
     else:
         verdict = "OK" if result["ok"] else "CORRUPT"
         out.write(f"{verdict}: {directory}\n{_summary(report)}; seq gaps: {gaps}\n")
-        for damage in report.corrupt + report.unreadable_segments:
+        for damage_found in report.corrupt + report.unreadable_segments:
             out.write(
-                f"  corrupt {damage.segment} @{damage.offset} "
-                f"({damage.length} bytes): {damage.reason}\n"
+                f"  corrupt {damage_found.segment} @{damage_found.offset} "
+                f"({damage_found.length} bytes): {damage_found.reason}\n"
             )
-        for damage in report.torn_tails:
-            out.write(f"  torn tail {damage.segment} @{damage.offset} ({damage.length} bytes)\n")
+        for damage_found in report.torn_tails:
+            out.write(
+                f"  torn tail {damage_found.segment} @{damage_found.offset} "
+                f"({damage_found.length} bytes)\n"
+            )
+        for said in damage:
+            out.write(printable(f"  {said}") + "\n")
     return 0 if result["ok"] else 1
+
+
+def sequence_damage(records: list[Record]) -> list[str]:
+    """What the seqs of whole, intact frames show of damage the frames cannot: the
+    recorder numbers every record it writes one more than the last, across segments
+    and restarts, and reports what it lost (numbered but not durable: a failed write
+    or sync) in the ``fdr_dropped`` records after the gap.  So a seq that does not
+    grow (a segment moved, renamed, or another's appended) and missing seqs that no
+    later ``fdr_dropped`` counts (a segment cut at a frame's end, or removed: whole
+    records gone) are damage.  Gaps are matched with the drops counted after them,
+    oldest first; a recording that begins past seq 1 (its oldest segments deleted by
+    the size cap) is not."""
+    damage: list[str] = []
+    missing: list[list[int | str]] = []  # [count still unaccounted, where]
+    for before, record in itertools.pairwise(records):
+        if record.seq <= before.seq:
+            damage.append(
+                f"seq {record.seq} in {record.segment} after seq {before.seq} in "
+                f"{before.segment}: records out of order"
+            )
+        elif record.seq > before.seq + 1:
+            where = f"seq {before.seq + 1}..{record.seq - 1} missing after {before.segment}"
+            missing.append([record.seq - before.seq - 1, where])
+        if record.kind == "fdr_dropped":
+            accounted = int(record.payload.get("dropped", 0))
+            for gap in missing:
+                taken = min(int(gap[0]), accounted)
+                gap[0], accounted = int(gap[0]) - taken, accounted - taken
+    damage += [f"{gap[1]}: no fdr_dropped counts them" for gap in missing if int(gap[0]) > 0]
+    return damage
 
 
 def _summary(report: ReadReport) -> str:
