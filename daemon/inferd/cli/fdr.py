@@ -120,7 +120,19 @@ def dump(
         out.write((json_text(record.as_dict()) if as_json else _human(record)) + "\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
+    _said_before_clock_set(report, err)
     return 0
+
+
+def _said_before_clock_set(report: ReadReport, err: TextIO) -> None:
+    """``--since`` compares wall clocks: a record written before the clock was set (1970
+    at boot without an RTC) is older than any ``--since``, though it may be this flight's."""
+    if report.before_clock_set:
+        err.write(
+            f"inferd: --since left out {report.before_clock_set} record(s) stamped before "
+            "2020, written before the clock was set (this flight's, maybe): read them "
+            "without --since\n"
+        )
 
 
 def export(
@@ -164,6 +176,7 @@ def export(
         err.write(printable(f"  no schema for {schemaless}: schemaless channels") + "\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
+    _said_before_clock_set(report, err)
     return 0
 
 

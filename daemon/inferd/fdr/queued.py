@@ -16,6 +16,8 @@ QUEUE_FULL = "queue full"
 QUEUE_BYTES_FULL = "queue bytes full"
 #: Why a record found no room in the queue.
 QUEUE_OVERFLOWS = (QUEUE_FULL, QUEUE_BYTES_FULL)
+#: Why a record offered once the writer stopped (or as it stops) was not queued.
+RECORDER_STOPPED = "recorder stopped"
 
 
 class RecordDroppedError(ConnectionError):
@@ -86,20 +88,30 @@ class RecordQueue:
         self._lock = threading.Lock()
         #: Bytes of the records offered and not yet released.
         self.bytes = 0
+        #: Set by the writer once it stopped (``close``): no record is queued after it.
+        self._closed = False
 
     def offer(self, pending: Pending) -> str | None:
-        """Queue ``pending`` without blocking: None, or why it was not (nothing held)."""
+        """Queue ``pending`` without blocking: None, or why it was not (nothing held).
+        Under the lock ``close`` takes: a record is queued before it or refused."""
         size = pending.frame_bytes
         with self._lock:
+            if self._closed:
+                return RECORDER_STOPPED
             if self.bytes + size > self._max_bytes:
                 return QUEUE_BYTES_FULL
+            try:
+                self._items.put_nowait(pending)
+            except queue.Full:
+                return QUEUE_FULL
             self.bytes += size
-        try:
-            self._items.put_nowait(pending)
-        except queue.Full:
-            self.release([pending])
-            return QUEUE_FULL
         return None
+
+    def close(self) -> None:
+        """The writer stopped: every later ``offer`` is refused (``RECORDER_STOPPED``),
+        so none waits in a queue no one reads, uncounted (review R4, F6)."""
+        with self._lock:
+            self._closed = True
 
     def put(self, item: Any, timeout: float) -> None:
         """Queue a marker (not a record); raises ``queue.Full`` after ``timeout`` s."""

@@ -1,9 +1,8 @@
 """Read recorder segments back, in order, surviving crashes and corruption.
 
-* A frame cut off by the end of its file (the writer died mid-write) is a
-  *torn tail*: reading that segment stops there cleanly.
-  So is one followed only by zeros to the end (the blocks a power cut left
-  unwritten after the file grew): a crash's leftovers, not damage.
+* A frame cut off by the end of its file (the writer died mid-write) is a *torn
+  tail*: reading that segment stops there cleanly.  So is one followed only by zeros
+  to the end (blocks a power cut left unwritten): a crash's leftovers, not damage.
 * A frame whose sync marker, length, CRC or body is wrong is *corruption*:
   the reader scans forward for the next sync marker whose frame checks out,
   and reports the bytes it skipped.  Only the damaged records are lost.  A frame
@@ -21,8 +20,7 @@
   and then deleted before it is opened (the size cap of a recorder writing
   meanwhile) is skipped: it is not damage.
 * A segment is read only as far as the largest one the writer makes
-  (``MAX_FDR_SEGMENT_BYTES``); what lies past that is corruption, never read.
-"""
+  (``MAX_FDR_SEGMENT_BYTES``); what lies past that is corruption, never read."""
 
 from __future__ import annotations
 
@@ -53,6 +51,9 @@ from inferd.fdr.span_crc import SpanCrc
 from inferd.owned_files import open_regular_file
 
 _BODY_KEYS = ("kind", "schema_version", "seq", "wall_ns", "mono_ns", "boot_id", "payload")
+
+#: 2020-01-01: a record stamped before was written before its clock was set (1970 at boot).
+CLOCK_SET_NS = 1_577_836_800 * 10**9
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class ReadReport:
     torn_tails: list[Damage] = field(default_factory=list)
     corrupt: list[Damage] = field(default_factory=list)
     unreadable_segments: list[Damage] = field(default_factory=list)
+    before_clock_set: int = 0  # records ``since_wall_ns`` left out, before CLOCK_SET_NS
 
     @property
     def skipped_bytes(self) -> int:
@@ -188,6 +190,7 @@ def _records(
             if wanted and record.kind not in wanted:
                 continue
             if since_wall_ns is not None and record.wall_ns < since_wall_ns:
+                report.before_clock_set += record.wall_ns < CLOCK_SET_NS
                 continue
             yield record
 

@@ -145,7 +145,7 @@ class FlightRecorder:
     def _offer(self, kind: str, payload: Mapping[str, Any], refuse_backing_off: bool) -> str | None:
         """Queue a record; why it was dropped (counted) instead, or None."""
         pending = self._encode(kinds.validate(kind, payload), payload)
-        dropped = "recorder stopped" if self._stopped.is_set() else None
+        dropped = queued.RECORDER_STOPPED if self._stopped.is_set() else None
         if dropped is None and refuse_backing_off and self._backing_off():
             dropped = f"write failed: {_BACKING_OFF}"
         # a queue full, in records or in bytes, refuses it
@@ -157,8 +157,7 @@ class FlightRecorder:
         return dropped
 
     def wait_durable(self, timeout: float) -> bool:
-        """Block until every record queued before this call is on disk and synced;
-        False if one was lost (unless an fdr_dropped record saying so is durable)."""
+        """Until all queued before is synced; False if one was lost (unless reported)."""
         marker = Marker()
         try:
             self._queue.put(marker, timeout)
@@ -190,8 +189,8 @@ class FlightRecorder:
         }
 
     def _encode(self, kind: kinds.RecordKind, payload: Mapping[str, Any]) -> Pending:
-        clocks = (self._wall_clock(), self._mono_clock())
-        return encoded(kind, payload, *clocks, self._boot_id, self._config.segment_max_bytes)
+        clocks, limit = (self._wall_clock(), self._mono_clock()), self._config.segment_max_bytes
+        return encoded(kind, payload, *clocks, self._boot_id, limit)
 
     def _drop(self, count: int, reason: str) -> None:
         if count <= 0:
@@ -234,8 +233,9 @@ class FlightRecorder:
         self._close_segment()
         if self._lock_fd is not None:  # taken before the thread started (tests run it bare)
             os.close(self._lock_fd)
+        self._queue.close()  # a record offered from now on is refused there, counted
         while leftover := self._queue.take_batch(0.0, _BATCH):  # never written
-            self._drop(sum(isinstance(item, Pending) for item in leftover), "recorder stopped")
+            self._drop(sum(isinstance(i, Pending) for i in leftover), queued.RECORDER_STOPPED)
             self._queue.release(leftover)
             self._set_markers(leftover, False)
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import structlog
 
+from inferd.fdr.queued import RecordDroppedError
 from inferd.fdr.reader import read_records
 from inferd.fdr.writer import FlightRecorder
 from inferd.startup import start_recorder
@@ -39,3 +41,20 @@ def test_a_second_recorder_in_one_directory_does_not_start(tmp_path: Path) -> No
     assert third.wait_durable(5)
     third.stop()
     assert [r.seq for r in read_records(tmp_path)] == [1, 2]
+
+
+def test_a_record_offered_as_the_recorder_stops_is_refused_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer that checked ``_stopped`` just before the stop, then queued after the
+    writer's last drain, left its record in a queue no one reads: not written, not
+    counted, and the ``fdr`` alert hook counted the alert sent (review R4, F6).  The
+    writer now closes the queue after its last drain: the record is refused there."""
+    fdr = FlightRecorder(config(tmp_path), boot_id="a")
+    fdr.start()
+    fdr.stop()
+    monkeypatch.setattr(fdr._stopped, "is_set", lambda: False)  # its check came first
+    with pytest.raises(RecordDroppedError, match="recorder stopped"):
+        fdr.record_alert("deadline_miss", miss(1))
+    status = fdr.status()
+    assert (status["records_dropped"], status["queue_depth"]) == (1, 0)
