@@ -1,9 +1,10 @@
-"""A lock file in a directory of the daemon's own: an ``flock``-ed ``inferd.lock``,
-opened without following a symlink, checked on its descriptor to be this user's
-regular file with one name before it is locked, never truncated before the lock is
-held, then holding the holder's pid.  One daemon per runtime dir and socket
-directory (``supervision/instance.py``, DESIGN.md 5, 289, 291) and one recorder per
-flight data recorder directory (``fdr/writer.py``, DESIGN.md 357) take it."""
+"""A lock file in a directory of the daemon's own, ``flock``-ed: opened without following
+a symlink, checked on its descriptor to be this user's regular file with one name
+before it is locked, never truncated before the lock is held, then holding the
+holder's pid (or empty).  One daemon per runtime dir and socket directory
+(``inferd.lock``: ``supervision/instance.py``, DESIGN.md 5, 289, 291) and one recorder
+per flight data recorder directory (``fdr.lock``: ``fdr/segments.py``, DESIGN.md 357,
+362) take one."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd.lock_files import LOCK_NAME
+from inferd.fdr.segments import LOCK_NAME
 from inferd_client import InferenceClient, OperatorClient
 from tests.conftest import REPO, DaemonFactory, Events, wait_until
 from tests.conftest import inferctl as shared_inferctl

@@ -120,18 +120,19 @@ def dump(
         out.write((json_text(record.as_dict()) if as_json else _human(record)) + "\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
-    _said_before_clock_set(report, err)
+    _said_left_out(report, err)
     return 0
 
 
-def _said_before_clock_set(report: ReadReport, err: TextIO) -> None:
-    """``--since`` compares wall clocks: a record written before the clock was set (1970
-    at boot without an RTC) is older than any ``--since``, though it may be this flight's."""
-    if report.before_clock_set:
+def _said_left_out(report: ReadReport, err: TextIO) -> None:
+    """``--since`` compares wall clocks, which a boot may set after its first records (no
+    RTC: 1970, or a saved time; then NTP or GPS): earlier records of a boot it shows are
+    said, not silently left out (they may be this flight's first)."""
+    if report.left_out_of_shown_boots:
         err.write(
-            f"inferd: --since left out {report.before_clock_set} record(s) stamped before "
-            "2020, written before the clock was set (this flight's, maybe): read them "
-            "without --since\n"
+            f"inferd: --since left out {report.left_out_of_shown_boots} earlier record(s) "
+            "of the boot(s) it shows (stamped before the window, maybe before the clock "
+            "was set): read them without --since\n"
         )
 
 
@@ -176,7 +177,7 @@ def export(
         err.write(printable(f"  no schema for {schemaless}: schemaless channels") + "\n")
     if report.skipped_bytes:
         err.write(_summary(report) + "\n")
-    _said_before_clock_set(report, err)
+    _said_left_out(report, err)
     return 0
 
 

@@ -52,9 +52,6 @@ from inferd.owned_files import open_regular_file
 
 _BODY_KEYS = ("kind", "schema_version", "seq", "wall_ns", "mono_ns", "boot_id", "payload")
 
-#: 2020-01-01: a record stamped before was written before its clock was set (1970 at boot).
-CLOCK_SET_NS = 1_577_836_800 * 10**9
-
 
 @dataclass(frozen=True)
 class Record:
@@ -89,7 +86,7 @@ class ReadReport:
     torn_tails: list[Damage] = field(default_factory=list)
     corrupt: list[Damage] = field(default_factory=list)
     unreadable_segments: list[Damage] = field(default_factory=list)
-    before_clock_set: int = 0  # records ``since_wall_ns`` left out, before CLOCK_SET_NS
+    left_out_of_shown_boots: int = 0  # left out by ``since_wall_ns``, of a boot shown
 
     @property
     def skipped_bytes(self) -> int:
@@ -131,8 +128,7 @@ def json_text(value: Any) -> str:
 
 
 def _finite(value: Any) -> Any:
-    """A copy of ``value`` with every NaN and infinity as None.  A loop, not
-    recursion, as the reader's checks."""
+    """A copy of ``value`` with every NaN and infinity as None (a loop, not recursion)."""
     root = [value]
     pending: list[tuple[Any, Any]] = [(root, 0)]
     while pending:
@@ -185,14 +181,18 @@ def read_records(
 def _records(
     paths: list[Path], report: ReadReport, wanted: set[str], since_wall_ns: int | None
 ) -> Iterator[Record]:
+    left_out: dict[str, int] = {}  # by boot: a boot's clock may be set during it
+    shown: set[str] = set()
     for path in paths:
         for record in read_segment(path, report):
             if wanted and record.kind not in wanted:
                 continue
             if since_wall_ns is not None and record.wall_ns < since_wall_ns:
-                report.before_clock_set += record.wall_ns < CLOCK_SET_NS
+                left_out[record.boot_id] = left_out.get(record.boot_id, 0) + 1
                 continue
+            shown.add(record.boot_id)
             yield record
+    report.left_out_of_shown_boots = sum(left_out.get(boot, 0) for boot in shown)
 
 
 def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:

@@ -18,7 +18,7 @@ from inferd.errors import InferdError
 from inferd.fdr import framing
 from inferd.fdr.inventory import Inventory
 from inferd.fdr.reader import ReadReport, read_segment
-from inferd.lock_files import LOCK_NAME, lock_owned_file
+from inferd.lock_files import lock_owned_file
 from inferd.owned_files import open_nofollow
 
 log = structlog.get_logger("inferd.fdr")
@@ -70,6 +70,11 @@ def last_seq(newest_first: Iterable[Path]) -> int:
     finally:
         for damage in report.unreadable_segments:
             log.warning("fdr_segment_unreadable", segment=damage.segment, reason=damage.reason)
+
+
+#: The recorder's lock file: not the instance lock's ``inferd.lock``, so that an
+#: ``fdr.directory`` that is also the runtime dir does not lock out its own daemon.
+LOCK_NAME = "fdr.lock"
 
 
 class RecorderInUseError(CannotResumeError):
@@ -163,16 +168,25 @@ def make_room(
     disk_full: bool,
 ) -> None:
     """Before a new segment: delete the oldest until the closed ones and it fit
-    ``max_total_bytes`` (each segment is at most ``segment_max_bytes``); after the
-    disk filled up below the cap (``disk_full``: ``ENOSPC``, ``EDQUOT``), until a
-    segment's worth more is gone, for the newest records matter most, but never the
-    newest closed segment (what led to now).  One such round a failure, which the
-    writer's backoff spaces a second apart."""
+    ``max_total_bytes`` (each segment is at most ``segment_max_bytes``).  After the disk
+    filled up below the cap (``disk_full``: ``ENOSPC``, ``EDQUOT``), and while it still
+    has less free than a segment, the oldest segment goes too, one, never the newest
+    (what led to now): the newest records matter most, as in any loop recorder.  One
+    such round a failure, which the writer's backoff spaces a second apart, so a disk
+    another component keeps filling costs one segment a second, never all at once."""
     budget = config.max_total_bytes - config.segment_max_bytes
-    if disk_full:
-        room = inventory.total - config.segment_max_bytes
-        budget = max(inventory.newest_size, min(budget, room))
+    if disk_full and len(inventory) > 1 and _free_bytes(directory) < config.segment_max_bytes:
+        budget = min(budget, inventory.total - inventory.oldest()[1])
     delete_oldest(directory, inventory, budget, deleted)
+
+
+def _free_bytes(directory: Path) -> int:
+    """What the file system under ``directory`` has free for this user (0 unknown)."""
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return 0
+    return info.f_bavail * info.f_frsize
 
 
 def delete_oldest(

@@ -29,7 +29,7 @@ import structlog
 from inferd.config import FdrConfig
 from inferd.fdr import framing, kinds, queued, reports, segments
 from inferd.fdr.inventory import Inventory
-from inferd.fdr.outage import Outage
+from inferd.fdr.outage import Outage, Overflow
 from inferd.fdr.queued import Marker, Pending, RecordQueue, encoded
 from inferd.owned_files import ensure_owned_dir
 from inferd.process_identity import read_boot_id
@@ -66,7 +66,6 @@ class FlightRecorder:
         self._thread = threading.Thread(target=self._run, name="inferd-fdr", daemon=True)
         self._lock_fd: int | None = None  # the directory's lock, from start to _run's end
         self._disk_full = False  # the last failure's: the next segment makes room for itself
-        self._overflow: str | None = None  # a queue full since the writer last looked
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._segment: segments.Segment | None = None
@@ -75,6 +74,7 @@ class FlightRecorder:
         self._next_seq = 1
         self._last_failure_mono_ns: int | None = None
         self._outage = Outage(self._directory)  # fdr_write_outage, once per outage
+        self._overflow = Overflow(self._outage)  # records a full queue refused
         #: Highest seq written to the current segment's file: what an fdatasync makes durable.
         self._written_seq = 0
         # Written to the current segment since its last fdatasync: lost with it
@@ -119,6 +119,7 @@ class FlightRecorder:
     def stop(self, timeout: float = 10.0) -> None:
         """Write and sync what is queued, close, join; at most ``timeout`` s (a hung disk)."""
         self._stopped.set()  # later records are dropped; the writer leaves once drained
+        self._queue.close()  # refused from now on, counted: each queued before is written
         if not self._thread.is_alive():
             return
         deadline = time.monotonic() + timeout
@@ -152,8 +153,8 @@ class FlightRecorder:
         dropped = dropped if dropped is not None else self._queue.offer(pending)
         if dropped is not None:
             self._drop(1, dropped)
-            if dropped in queued.QUEUE_OVERFLOWS:  # said by the writer's thread (_run)
-                self._overflow = dropped
+            if dropped in queued.QUEUE_OVERFLOWS:  # said at once: the disk may be stuck
+                self.last_error = self._overflow.dropped(dropped)
         return dropped
 
     def wait_durable(self, timeout: float) -> bool:
@@ -220,10 +221,7 @@ class FlightRecorder:
             except Exception as exc:  # a recorder thread must never die
                 self._fail(exc, "writer")
                 failed, dirty_since = True, None
-            overflow, self._overflow = self._overflow, None
-            if overflow is not None:  # the disk slower than records come: as a failure is
-                self.last_error = f"{overflow}: the disk is slower than the records come"
-                self._outage.failed(self.last_error, self._next_seq)
+            self._overflow.batch_done()
             # Durable: written and synced, and any loss before it durably reported.
             durable = not failed and dirty_since is None
             if durable:
@@ -233,7 +231,6 @@ class FlightRecorder:
         self._close_segment()
         if self._lock_fd is not None:  # taken before the thread started (tests run it bare)
             os.close(self._lock_fd)
-        self._queue.close()  # a record offered from now on is refused there, counted
         while leftover := self._queue.take_batch(0.0, _BATCH):  # never written
             self._drop(sum(isinstance(i, Pending) for i in leftover), queued.RECORDER_STOPPED)
             self._queue.release(leftover)
@@ -306,6 +303,7 @@ class FlightRecorder:
                     work.appendleft(self._retention_report())
             self._flush(segment, frames)
         except Exception as exc:
+            self._next_seq = frames[0][2] if frames else self._next_seq  # none of them on disk
             if not isinstance(exc, _BackingOff):
                 self._sync()  # what earlier writes left there is kept if it still syncs
                 self._fail(exc, "write")

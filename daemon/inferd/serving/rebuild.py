@@ -48,11 +48,11 @@ import structlog
 
 from inferd.errors import (
     ModelBuildRunningError,
-    UncheckedDirectoryError,
-    UncheckedEngineError,
 )
-from inferd.serving.rebuild_adoption import TENSORRT, EngineAdoption
+from inferd.serving.rebuild_adoption import TENSORRT
+from inferd.serving.rebuild_recheck import EngineRecheck
 from inferd.serving.rebuild_state import (
+    RECHECKED,
     RETRIED,
     FinishedBuild,
     RebuiltModel,
@@ -63,17 +63,13 @@ from inferd.serving.rebuild_state import (
     not_started,
 )
 from inferd.serving.slot import BUILD_FIXES
-from inferd.serving.switching import ModelClaimedError, NotPreparedError, RuntimeSwitcher
+from inferd.serving.switching import RuntimeSwitcher
 from inferd.types import Alert, AlertLevel, AlertSink
 from inferd_wire.protocol import Code, ProtocolError
 
 __all__ = ["REQUESTED_BY", "TENSORRT", "FallbackRebuilder"]
 
 REQUESTED_BY = "inferd: engine missing"
-#: Why a model fell back that no build fixes but a later look may not meet: its engine
-#: dir or files could not be checked (``EMFILE``, ``ENOMEM``): located again after the
-#: backoff, doubling, at most ``runtime.rebuild_max_attempts`` times.
-RECHECKED = frozenset({UncheckedDirectoryError.__name__, UncheckedEngineError.__name__})
 #: The refusals of a rebuild's ``build.start`` that may pass (a build directory that
 #: could not be checked, a child that could not be spawned): retried after the backoff.
 TRANSIENT = (Code.UNAVAILABLE, Code.INTERNAL)
@@ -81,7 +77,7 @@ TRANSIENT = (Code.UNAVAILABLE, Code.INTERNAL)
 log = structlog.get_logger("inferd.rebuild")
 
 
-class FallbackRebuilder(EngineAdoption):
+class FallbackRebuilder(EngineRecheck):
     def __init__(
         self,
         *,
@@ -120,7 +116,7 @@ class FallbackRebuilder(EngineAdoption):
         (``ModelSlot.fallback_cause``; None: not known, built); any thread, never blocks
         for a build.  None when a build is asked for or under way, else why none is
         (``ask=False``: only that answer, for a failover's alert; nothing is done)."""
-        if cause in RECHECKED:  # no verdict on the engine: located again later, not built
+        if cause in RECHECKED:  # no verdict on the engine: located again later (rebuild_recheck)
             return self._recheck_later(model, reason, ask)
         why = None
         if cause is not None and cause not in BUILD_FIXES:
@@ -237,56 +233,6 @@ class FallbackRebuilder(EngineAdoption):
         )
 
     # -- internals ----------------------------------------------------------------------
-    def _recheck_later(self, model: str, reason: str, ask: bool = True) -> str:
-        """``model``'s engine could not be checked: switch to it again after the backoff
-        (``ask``: schedule it; else only the words).  Why no build is asked for."""
-        why = f"its engine could not be checked ({reason}); it is located again later"
-        if not ask:
-            return why
-        with self._lock:
-            state = self._models.setdefault(model, RebuiltModel())
-            busy = state.build_id or state.timer or state.pending or state.waiting
-            if busy or self._stopped:
-                return why
-            if state.rechecks >= self._max_attempts:
-                why = f"its engine could not be checked, {state.rechecks} times ({reason})"
-                log.warning("engine_rebuild_skipped", model=model, cause="rechecks", reason=why)
-                return why
-            state.rechecks += 1
-            state.retry += 1
-            delay = self._backoff_s * 2 ** (state.rechecks - 1)
-            timer = threading.Timer(delay, self._recheck, args=(model, state.retry))
-            timer.daemon = True
-            try:
-                timer.start()
-            except RuntimeError as exc:  # the process's thread limit
-                return f"{why}: not scheduled ({exc})"
-            state.timer, state.retry_due = timer, time.monotonic() + delay
-        log.info("engine_recheck_scheduled", model=model, in_s=delay, reason=reason)
-        return f"{why} in {delay:.0f} s"
-
-    def _recheck(self, model: str, retry: int) -> None:
-        """The switch to ``model``'s engine again (its timer, ``retry``, fired)."""
-        with self._lock:
-            state = self._models[model]
-            if state.timer is None or state.retry != retry or self._stopped:
-                return  # cancelled by an operator's switch, or the stop
-            state.timer = None
-        try:
-            self._switch(model, TENSORRT, "inferd: engine checked again")
-        except NotPreparedError as exc:  # unchecked again: later; missing: a build; ...
-            log.warning("engine_recheck_failed", model=model, cause=exc.cause, error=exc.message)
-            self.on_fallback(model, exc.message, exc.cause)
-            return
-        except ProtocolError as exc:  # an operator's choice, a claimed model, the stop
-            log.warning("engine_recheck_failed", model=model, cause=None, error=exc.message)
-            if isinstance(exc, ModelClaimedError):
-                self._recheck_later(model, exc.message)
-            return
-        with self._lock:
-            state.adopted = True
-        log.info("engine_rechecked", model=model)
-
     def _start(
         self, model: str, reason: str, retry: int | None = None, waited: bool = False
     ) -> str | None:
@@ -319,7 +265,8 @@ class FallbackRebuilder(EngineAdoption):
             except ProtocolError as exc:
                 running = exc.build_id if isinstance(exc, ModelBuildRunningError) else None
                 if (exc.code != Code.RESOURCE_EXHAUSTED and not running) or self._stopping():
-                    return self._not_started(model, exc.message, exc.code in TRANSIENT)
+                    transient = exc.code in TRANSIENT
+                    return self._not_started(model, exc.message, transient, chosen=chosen)
                 asked = (ends, chosen)
                 outdated = self._wait_for_room(model, reason, asked, exc.message, running)
                 if not isinstance(outdated, int):
@@ -327,7 +274,8 @@ class FallbackRebuilder(EngineAdoption):
                 ends = outdated  # a build ended since it was asked for: room, maybe
             except Exception as exc:  # the daemon's own fault (prune's unlink, memory):
                 # an attempt, as a refusal: a fault that stays ends in engine_build_gave_up
-                return self._not_started(model, f"{type(exc).__name__}: {exc}", exc_info=True)
+                why = f"{type(exc).__name__}: {exc}"
+                return self._not_started(model, why, exc_info=True, chosen=chosen)
         build_id = str(reply["build_id"])
         with self._lock:
             self._models[model].build_id = build_id
@@ -387,16 +335,26 @@ class FallbackRebuilder(EngineAdoption):
             self._start(model, reason, waited=True)
 
     def _not_started(
-        self, model: str, why: str, transient: bool = True, exc_info: bool = False
+        self,
+        model: str,
+        why: str,
+        transient: bool = True,
+        exc_info: bool = False,
+        chosen: int | None = None,
     ) -> str:
         """Its build was refused for another cause than room or a build of the model, or
         could not start (with its traceback: ``exc_info``): an attempt, retried after
         the backoff as a failed build is when the cause may pass (``transient``: not an
-        operator's to fix, such as an unsafe directory)."""
+        operator's to fix, such as an unsafe directory) and no operator switched the
+        model since it was asked for (``chosen``: their switches then)."""
         log.warning("engine_rebuild_not_started", model=model, error=why, exc_info=exc_info)
         if self._stopping():  # refused because the daemon stops: nothing to report
             return "the daemon is stopping"
-        retry, then = self._retry_later(model, why) if transient else (False, "not retried")
+        then = "not retried"
+        with self._lock:
+            if chosen is not None and self._models[model].chosen != chosen:
+                transient, then = False, "not retried: an operator switched the model since"
+        retry, then = self._retry_later(model, why) if transient else (False, then)
         self._alert(not_started(model, why, then, gave_up=transient and not retry))
         return f"its build could not start: {why}"
 

@@ -10,7 +10,13 @@ from collections.abc import Callable
 
 import structlog
 
-from inferd.serving.rebuild_state import FinishedBuild, RebuiltModel, Switch, not_adopted
+from inferd.serving.rebuild_state import (
+    RECHECKED,
+    FinishedBuild,
+    RebuiltModel,
+    Switch,
+    not_adopted,
+)
 from inferd.serving.slot import BUILD_FIXES
 from inferd.serving.switching import (
     ModelClaimedError,
@@ -40,6 +46,8 @@ class EngineAdoption:
     _stopped: bool
     #: A build that failed, or whose engine could not be adopted: retried or given up.
     _failed: Callable[[FinishedBuild, str], None]
+    #: ``EngineRecheck._recheck_later``: its engine switched to again later (``RECHECKED``).
+    _recheck_later: Callable[[str, str], str]
 
     def _stopping(self) -> bool:
         """Whether ``stop`` has run by now, on any thread (a method: for the type checker)."""
@@ -109,7 +117,10 @@ class EngineAdoption:
                     reason=f"the daemon stopped while it was adopted: {exc.message}",
                 )
                 return
-            if isinstance(exc, NotPreparedError) and exc.cause not in BUILD_FIXES:
+            if isinstance(exc, NotPreparedError) and exc.cause in RECHECKED:
+                # no verdict on the engine (EMFILE): switched to again later, not rebuilt
+                self._recheck_later(finished.model, exc.message)
+            elif isinstance(exc, NotPreparedError) and exc.cause not in BUILD_FIXES:
                 # TensorRT unavailable, the memory budget: a rebuilt engine meets it again
                 self._not_adopted(finished, f"{exc.message} ({exc.cause}; not a build's fault)")
             else:

@@ -9,7 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from inferd.errors import UncheckedDirectoryError, UncheckedEngineError
 from inferd.types import Alert
+
+#: Why a model fell back that no build fixes but a later look may not meet: its engine
+#: dir or files could not be checked (``EMFILE``, ``ENOMEM``): located again after the
+#: backoff, doubling, at most ``runtime.rebuild_max_attempts`` times.
+RECHECKED = frozenset({UncheckedDirectoryError.__name__, UncheckedEngineError.__name__})
 
 
 class FinishedBuild(Protocol):

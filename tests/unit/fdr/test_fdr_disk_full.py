@@ -48,7 +48,14 @@ def test_a_full_disk_gives_the_oldest_segments_to_the_newest_records(
         real_unlink(path, missing_ok)
         full[0] = False  # blocks freed
 
+    real_statvfs = os.statvfs
+
+    def statvfs(path: Any) -> Any:  # a full file system has nothing free
+        info = real_statvfs(path)
+        return type("Full", (), {"f_bavail": 0 if full[0] else info.f_bavail, "f_frsize": 4096})
+
     monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "statvfs", statvfs)
     monkeypatch.setattr(Path, "unlink", unlink)
     fdr.record("deadline_miss", miss(seq + 1))  # meets the full disk: dropped, counted
     wait_until(lambda: fdr.status()["records_dropped"] == 1, message="the first drop")
@@ -57,8 +64,47 @@ def test_a_full_disk_gives_the_oldest_segments_to_the_newest_records(
     fdr.record("fallback_to_onnx_trt_ep", {**critical, "active_providers": ["CPU"]})
     assert fdr.wait_durable(5), fdr.status()  # before: dropped, the disk still full
     status = fdr.status()
-    assert status["segments_deleted"] >= 1 and status["oldest_segment"] != oldest
+    assert status["segments_deleted"] == 1 and status["oldest_segment"] != oldest  # one
     fdr.stop()
     kinds = [record.kind for record in read_records(tmp_path)]
     # The loss and the deletion are said in the kept recording, beside the new record.
     assert {"fdr_dropped", "fallback_to_onnx_trt_ep", "fdr_retention"} <= set(kinds[-4:]), kinds
+
+
+def test_a_full_disk_with_small_segments_costs_one_segment_not_every_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten boots left one small segment each: one ``ENOSPC`` deleted all ten (the room
+    asked for was a whole ``segment_max_bytes``; review R5, F1).  Now one round deletes
+    the oldest segment alone, and none while the file system has room for a segment."""
+    for boot in range(10):
+        fdr = FlightRecorder(config(tmp_path), boot_id=f"boot{boot}")
+        fdr.start()
+        fdr.record("deadline_miss", miss(boot + 1))
+        assert fdr.wait_durable(5)
+        fdr.stop()
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(tmp_path), mono_clock=clock, boot_id="now")
+    fdr.start()
+    real_write = os.write
+    full = [True]
+
+    def write(fd: int, data: Any) -> int:
+        if full[0]:
+            full[0] = False  # one failure; the disk has room again after it
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(
+        os, "statvfs", lambda path: type("Full", (), {"f_bavail": 0, "f_frsize": 4096})
+    )
+    fdr.record("deadline_miss", miss(11))
+    assert not fdr.wait_durable(5)
+    clock.advance(1.1)
+    fdr.record("deadline_miss", miss(12))
+    assert fdr.wait_durable(5)
+    assert fdr.status()["segments_deleted"] == 1
+    fdr.stop()
+    boots = sorted({record.boot_id for record in read_records(tmp_path)})
+    assert boots == [*(f"boot{boot}" for boot in range(1, 10)), "now"]

@@ -7,6 +7,7 @@ disk: []")."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from inferd.fdr.queued import RecordDroppedError
 from inferd.fdr.reader import read_records
 from inferd.fdr.writer import FlightRecorder
 from inferd.startup import start_recorder
+from inferd.supervision.instance import InstanceLock
+from tests.conftest import HANG_S
 from tests.unit.fdr.test_fdr import config, miss
 
 
@@ -58,3 +61,47 @@ def test_a_record_offered_as_the_recorder_stops_is_refused_and_counted(
         fdr.record_alert("deadline_miss", miss(1))
     status = fdr.status()
     assert (status["records_dropped"], status["queue_depth"]) == (1, 0)
+
+
+def test_a_record_offered_while_the_writer_closes_its_segment_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue was closed only after the writer's last drain and its segment's last
+    ``fdatasync``: a record offered meanwhile was accepted, then dropped, and the hook
+    counted its alert sent (review R5, F9).  ``stop`` now closes the queue first."""
+    fdr = FlightRecorder(config(tmp_path), boot_id="a")
+    fdr.start()
+    inside, go = threading.Event(), threading.Event()
+    close_segment = fdr._close_segment
+
+    def slow_close() -> None:  # the last fdatasync of a slow card
+        inside.set()
+        go.wait(HANG_S)
+        close_segment()
+
+    monkeypatch.setattr(fdr, "_close_segment", slow_close)
+    stopper = threading.Thread(target=fdr.stop)
+    stopper.start()
+    assert inside.wait(HANG_S)
+    monkeypatch.setattr(fdr._stopped, "is_set", lambda: False)  # its check came first
+    with pytest.raises(RecordDroppedError, match="recorder stopped"):
+        fdr.record_alert("deadline_miss", miss(1))
+    go.set()
+    stopper.join(HANG_S)
+    assert fdr.status()["records_dropped"] == 1
+
+
+def test_a_recorder_in_the_runtime_dir_is_not_locked_out_by_its_own_daemon(
+    tmp_path: Path,
+) -> None:
+    """``fdr.directory`` = the runtime dir: the instance lock and the recorder's were one
+    file, and ``flock`` refused the recorder its own daemon's lock ("another inferd
+    records into ..."; review R5, F6).  The recorder's is ``fdr.lock``."""
+    lock = InstanceLock(tmp_path, [])
+    lock.acquire()
+    try:
+        fdr = FlightRecorder(config(tmp_path), boot_id="a")
+        assert start_recorder(fdr, tmp_path) is None
+        fdr.stop()
+    finally:
+        lock.release()

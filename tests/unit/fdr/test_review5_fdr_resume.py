@@ -17,8 +17,8 @@ import structlog
 from inferd.cli.fdr import verify
 from inferd.fdr import framing, segments
 from inferd.fdr.reader import ReadReport, read_records
+from inferd.fdr.segments import LOCK_NAME
 from inferd.fdr.writer import FlightRecorder
-from inferd.lock_files import LOCK_NAME
 from inferd.startup import start_recorder
 from tests.unit.fdr.conftest import segment_with_seqs
 from tests.unit.fdr.test_fdr import config, miss

@@ -7,10 +7,12 @@ off until an operator's switch or a restart (entry 329's "Left").  The real
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import structlog
 
+from inferd.engine_build.build_record import BuildFinished
 from inferd.serving.switching import NotPreparedError
 from inferd.types import Alert
 from tests.conftest import wait_until
@@ -90,3 +92,30 @@ def test_rechecks_are_bounded_and_an_operators_switch_cancels_one() -> None:
     assert cancelled.rebuilder.describe()["m"]["state"] == "retry_scheduled"
     cancelled.rebuilder.operator_chose("m")
     assert cancelled.rebuilder.describe()["m"]["state"] == "idle" and cancelled.switched == []
+
+
+def test_an_adoption_that_meets_an_unchecked_engine_dir_is_rechecked_not_abandoned() -> None:
+    """A failover's cause is the execution: ``EMFILE`` meets the model at the rebuilt
+    engine's adoption, which abandoned it ("engine_build_not_adopted ... not rebuilt";
+    review R5, F4).  Now that switch is tried again after the backoff; while it runs,
+    ``status`` shows ``adoption_pending``, not ``idle`` (F8)."""
+    rig = _Rig(UNCHECKED, None)
+    seen: list[str] = []
+    switch = rig._switch
+
+    def switch_seen(model: str, runtime: str, requested_by: str) -> dict[str, Any]:
+        seen.append(rig.rebuilder.describe()[model]["state"])
+        return switch(model, runtime, requested_by)
+
+    rig.rebuilder._switch = switch_seen
+    assert rig.rebuilder.on_fallback("m", "tensorrt failed while serving", "execution") is None
+    rig.rebuilder.on_build_finished(
+        BuildFinished("b1", "m", "completed", "tensorrt", True, None, Path("x"), "inferd", None)
+    )
+    wait_until(lambda: rig.rebuilder.describe()["m"]["adopted"], message="adopted on recheck")
+    assert rig.switched == [
+        "m tensorrt inferd: build b1",
+        "m tensorrt inferd: engine checked again",
+    ]
+    assert seen == ["adoption_pending", "adoption_pending"]
+    assert rig.alerts == [] and rig.started == ["m"]

@@ -212,3 +212,21 @@ def test_a_start_refused_for_good_is_not_retried_and_used_attempts_give_up() -> 
     assert alerts[2].message.endswith("giving up after 3 build(s)")
     wait_until(lambda: rebuilder.describe()["m"]["state"] == "gave_up", message="gave up")
     rebuilder.stop()
+
+
+def test_an_operators_switch_as_a_start_is_refused_for_a_cause_that_may_pass_is_kept() -> None:
+    """The switch came while ``build.start`` was on its way and was refused
+    ``UNAVAILABLE``: the retry built against the operator's choice (review R5, F7)."""
+    calls: list[str] = []
+    rebuilder: FallbackRebuilder
+
+    def start_build(_header: dict[str, Any]) -> Mapping[str, Any]:
+        calls.append("start")
+        rebuilder.operator_chose("m")  # as the start is on its way
+        raise ProtocolError(Code.UNAVAILABLE, "build dir unchecked: [Errno 24]")
+
+    alerts: list[Alert] = []
+    rebuilder = _rebuilder(start_build, alerts.append, backoff_s=0.01)
+    rebuilder.on_fallback("m", "engine missing")
+    assert rebuilder.describe()["m"]["state"] == "idle" and calls == ["start"]
+    assert alerts[0].message.endswith("not retried: an operator switched the model since")

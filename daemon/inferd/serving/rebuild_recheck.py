@@ -1,0 +1,86 @@
+"""Switching a model back to its engine when why it fell back was no verdict on it: its
+engine dir or files could not be checked (``EMFILE``, ``ENOMEM``: ``RECHECKED``), at a
+fallback or at a rebuilt engine's adoption.  No build is asked for (the engine may be
+intact); after ``runtime.rebuild_backoff_s``, doubling, at most
+``runtime.rebuild_max_attempts`` times, the switch is tried again (DESIGN.md 355, 362).
+``FallbackRebuilder`` is the one class made of this; it owns the state and the lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+
+from inferd.serving.rebuild_adoption import TENSORRT, EngineAdoption
+from inferd.serving.rebuild_state import RebuiltModel
+from inferd.serving.switching import ModelClaimedError, NotPreparedError
+from inferd_wire.protocol import ProtocolError
+
+log = structlog.get_logger("inferd.rebuild")
+
+
+class EngineRecheck(EngineAdoption):
+    """The recheck half of ``FallbackRebuilder`` (which sets these)."""
+
+    _backoff_s: float
+    _max_attempts: int
+    #: ``FallbackRebuilder.on_fallback``: where a recheck's refusal goes on.
+    on_fallback: Callable[..., str | None]
+
+    def _recheck_later(self, model: str, reason: str, ask: bool = True) -> str:
+        """``model``'s engine could not be checked: switch to it again after the backoff
+        (``ask``: schedule it; else only the words).  Why no build is asked for."""
+        why = f"its engine could not be checked ({reason}); it is located again later"
+        if not ask:
+            return why
+        with self._lock:
+            state = self._models.setdefault(model, RebuiltModel())
+            busy = state.build_id or state.timer or state.pending or state.waiting
+            if busy or self._stopped:
+                return why
+            if state.rechecks >= self._max_attempts:
+                why = f"its engine could not be checked, {state.rechecks} times ({reason})"
+                log.warning("engine_rebuild_skipped", model=model, cause="rechecks", reason=why)
+                return why
+            state.rechecks += 1
+            state.retry += 1
+            delay = self._backoff_s * 2 ** (state.rechecks - 1)
+            timer = threading.Timer(delay, self._recheck, args=(model, state.retry))
+            timer.daemon = True
+            try:
+                timer.start()
+            except RuntimeError as exc:  # the process's thread limit
+                return f"{why}: not scheduled ({exc})"
+            state.timer, state.retry_due = timer, time.monotonic() + delay
+        log.info("engine_recheck_scheduled", model=model, in_s=delay, reason=reason)
+        return f"{why} in {delay:.0f} s"
+
+    def _recheck(self, model: str, retry: int) -> None:
+        """The switch to ``model``'s engine again (its timer, ``retry``, fired)."""
+        with self._lock:
+            state = self._models[model]
+            if state.timer is None or state.retry != retry or self._stopped:
+                return  # cancelled by an operator's switch, or the stop
+            state.timer, state.adopting = None, True  # shown adoption_pending meanwhile
+        try:
+            self._switch(model, TENSORRT, "inferd: engine checked again")
+        except NotPreparedError as exc:  # unchecked again: later; missing: a build; ...
+            log.warning("engine_recheck_failed", model=model, cause=exc.cause, error=exc.message)
+            self._not_adopting(state)
+            self.on_fallback(model, exc.message, exc.cause)
+            return
+        except ProtocolError as exc:  # an operator's choice, a claimed model, the stop
+            log.warning("engine_recheck_failed", model=model, cause=None, error=exc.message)
+            self._not_adopting(state)
+            if isinstance(exc, ModelClaimedError):
+                self._recheck_later(model, exc.message)
+            return
+        with self._lock:
+            state.adopted, state.adopting = True, False
+        log.info("engine_rechecked", model=model)
+
+    def _not_adopting(self, state: RebuiltModel) -> None:
+        with self._lock:
+            state.adopting = False
