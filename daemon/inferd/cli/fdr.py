@@ -131,8 +131,8 @@ def _said_left_out(report: ReadReport, err: TextIO) -> None:
     if report.left_out_of_shown_boots:
         err.write(
             f"inferd: --since left out {report.left_out_of_shown_boots} earlier record(s) "
-            "of the boot(s) it shows (stamped before the window, maybe before the clock "
-            "was set): read them without --since\n"
+            "of the boot(s) it shows or the last one recorded (stamped before the window, "
+            "maybe before the clock was set): read them without --since\n"
         )
 
 

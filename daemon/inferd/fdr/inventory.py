@@ -135,10 +135,16 @@ class Inventory:
         if not stat.S_ISDIR(info.st_mode):
             self.append(index, info.st_size)
 
-    @property
-    def newest_size(self) -> int:
-        """The newest segment's bytes (0 when there is none)."""
-        return self._sizes[-1] if len(self) else 0
+    def first_held(self) -> int:
+        """The bytes of the oldest segments up to the first that holds any (the empty
+        ones a crash between a segment's creation and its header left, then it), the
+        newest left out: what deleting the oldest that holds bytes frees."""
+        freed = 0
+        for size in self._sizes[self._head : len(self._sizes) - 1]:
+            freed += size
+            if size:
+                break
+        return freed
 
     def set_newest_size(self, size: int) -> None:
         """The newest segment (the one being written) is now ``size`` bytes."""

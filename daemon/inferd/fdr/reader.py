@@ -86,7 +86,7 @@ class ReadReport:
     torn_tails: list[Damage] = field(default_factory=list)
     corrupt: list[Damage] = field(default_factory=list)
     unreadable_segments: list[Damage] = field(default_factory=list)
-    left_out_of_shown_boots: int = 0  # left out by ``since_wall_ns``, of a boot shown
+    left_out_of_shown_boots: int = 0  # left out by ``since_wall_ns``: shown or last boot
 
     @property
     def skipped_bytes(self) -> int:
@@ -109,8 +109,7 @@ class ReadReport:
 
 
 def json_default(value: Any) -> Any:
-    """``json.dumps(..., default=json_default)`` for payloads: bytes as hex (msgpack
-    ``bin`` has no JSON form); anything else is an error."""
+    """``json.dumps``'s ``default`` for payloads: bytes as hex; anything else an error."""
     if isinstance(value, bytes):
         return value.hex()
     raise TypeError(f"cannot encode {type(value).__name__}")
@@ -182,17 +181,18 @@ def _records(
     paths: list[Path], report: ReadReport, wanted: set[str], since_wall_ns: int | None
 ) -> Iterator[Record]:
     left_out: dict[str, int] = {}  # by boot: a boot's clock may be set during it
-    shown: set[str] = set()
+    shown, last = set[str](), ""
     for path in paths:
         for record in read_segment(path, report):
             if wanted and record.kind not in wanted:
                 continue
             if since_wall_ns is not None and record.wall_ns < since_wall_ns:
-                left_out[record.boot_id] = left_out.get(record.boot_id, 0) + 1
+                left_out[last := record.boot_id] = left_out.get(record.boot_id, 0) + 1
                 continue
-            shown.add(record.boot_id)
+            shown.add(last := record.boot_id)
             yield record
-    report.left_out_of_shown_boots = sum(left_out.get(boot, 0) for boot in shown)
+    # The boots shown, and the last one (a flight stamped 1970 throughout shows none).
+    report.left_out_of_shown_boots = sum(left_out.get(boot, 0) for boot in shown | {last})
 
 
 def read_segment(path: Path, report: ReadReport) -> Iterator[Record]:

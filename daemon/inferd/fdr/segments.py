@@ -5,6 +5,7 @@ Everything here runs on the writer's thread (or before it starts)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ LOCK_NAME = "fdr.lock"
 
 
 class RecorderInUseError(CannotResumeError):
-    """Another process records into the directory (its ``inferd.lock`` is locked): two
+    """Another process records into the directory (its ``fdr.lock`` is locked): two
     recorders there would prune each other's segments, the other's records lost
     while it counts them durable, and repeat each other's seqs."""
 
@@ -165,28 +166,33 @@ def make_room(
     inventory: Inventory,
     deleted: list[tuple[str, int]],
     config: FdrConfig,
-    disk_full: bool,
+    full: int | None,
 ) -> None:
     """Before a new segment: delete the oldest until the closed ones and it fit
     ``max_total_bytes`` (each segment is at most ``segment_max_bytes``).  After the disk
-    filled up below the cap (``disk_full``: ``ENOSPC``, ``EDQUOT``), and while it still
-    has less free than a segment, the oldest segment goes too, one, never the newest
-    (what led to now): the newest records matter most, as in any loop recorder.  One
-    such round a failure, which the writer's backoff spaces a second apart, so a disk
-    another component keeps filling costs one segment a second, never all at once."""
+    filled up below the cap (``full``: the last failure's errno, ``ENOSPC`` or
+    ``EDQUOT``), and while there is still no room (``_no_room``), the oldest segment goes
+    too, one holding any bytes (with the empty ones before it), never the newest (what
+    led to now): the newest records matter most, as in any loop recorder.  One such
+    round a failure, which the writer's backoff spaces a second apart, so a disk another
+    component keeps filling costs one segment a second, never all at once."""
     budget = config.max_total_bytes - config.segment_max_bytes
-    if disk_full and len(inventory) > 1 and _free_bytes(directory) < config.segment_max_bytes:
-        budget = min(budget, inventory.total - inventory.oldest()[1])
+    if full is not None and len(inventory) > 1 and _no_room(directory, config, full):
+        budget = min(budget, inventory.total - inventory.first_held())
     delete_oldest(directory, inventory, budget, deleted)
 
 
-def _free_bytes(directory: Path) -> int:
-    """What the file system under ``directory`` has free for this user (0 unknown)."""
+def _no_room(directory: Path, config: FdrConfig, full: int) -> bool:
+    """Whether the file system still has no room for a segment after ``full``: a quota
+    (``EDQUOT``) does not show in ``statvfs``, so it is taken as still there; ``ENOSPC``
+    is no inode left or less free than a segment (``statvfs`` failing: no room)."""
+    if full == errno.EDQUOT:
+        return True
     try:
         info = os.statvfs(directory)
     except OSError:
-        return 0
-    return info.f_bavail * info.f_frsize
+        return True
+    return info.f_favail == 0 or info.f_bavail * info.f_frsize < config.segment_max_bytes
 
 
 def delete_oldest(

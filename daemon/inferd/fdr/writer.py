@@ -65,7 +65,7 @@ class FlightRecorder:
         self._queue = RecordQueue(config.queue_capacity, config.queue_max_bytes)
         self._thread = threading.Thread(target=self._run, name="inferd-fdr", daemon=True)
         self._lock_fd: int | None = None  # the directory's lock, from start to _run's end
-        self._disk_full = False  # the last failure's: the next segment makes room for itself
+        self._disk_full: int | None = None  # ENOSPC, EDQUOT: the next segment makes room
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._segment: segments.Segment | None = None
@@ -399,7 +399,7 @@ class FlightRecorder:
 
     def _open_segment(self) -> segments.Segment:
         """Make room (the size cap; a full disk: ``segments.make_room``), then create one."""
-        before, disk_full, self._disk_full = len(self._deleted), self._disk_full, False
+        before, disk_full, self._disk_full = len(self._deleted), self._disk_full, None
         try:
             segments.make_room(
                 self._directory, self._inventory, self._deleted, self._config, disk_full
@@ -429,7 +429,8 @@ class FlightRecorder:
         may not be on disk, so it is counted as dropped (and reported again)."""
         self.last_error = error = f"{operation}: {reports.describe(exc)}"
         self._last_failure_mono_ns = self._mono_clock()
-        self._disk_full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        full = getattr(exc, "errno", None)
+        self._disk_full = full if full in (errno.ENOSPC, errno.EDQUOT) else None
         log.error(
             "fdr_write_failed",
             operation=operation,

@@ -160,8 +160,9 @@ class FallbackRebuilder(EngineRecheck):
             if state is None or state.build_id != finished.build_id:
                 return
             state.build_id = None
-            state.adopting = finished.state == "completed" and finished.trusted
-        if state.adopting:
+            adopt = finished.state == "completed" and finished.trusted
+            state.adopting += adopt  # until _adopt returns
+        if adopt:
             self._adopt(finished, 1)
         elif finished.state == "completed":
             self._raise(

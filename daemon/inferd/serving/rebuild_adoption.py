@@ -79,7 +79,7 @@ class EngineAdoption:
             self._switch_to(finished, tries)
         finally:
             with self._lock:
-                self._models[finished.model].adopting = False
+                self._models[finished.model].adopting -= 1
 
     def _switch_to(self, finished: FinishedBuild, tries: int) -> None:
         if self._stopped:
@@ -119,7 +119,11 @@ class EngineAdoption:
                 return
             if isinstance(exc, NotPreparedError) and exc.cause in RECHECKED:
                 # no verdict on the engine (EMFILE): switched to again later, not rebuilt
-                self._recheck_later(finished.model, exc.message)
+                why = self._recheck_later(finished.model, exc.message)
+                with self._lock:
+                    scheduled = self._models[finished.model].timer is not None
+                if not scheduled:  # its rechecks used, the thread limit: said, as before
+                    self._not_adopted(finished, why)
             elif isinstance(exc, NotPreparedError) and exc.cause not in BUILD_FIXES:
                 # TensorRT unavailable, the memory budget: a rebuilt engine meets it again
                 self._not_adopted(finished, f"{exc.message} ({exc.cause}; not a build's fault)")
@@ -128,6 +132,7 @@ class EngineAdoption:
             return
         with self._lock:
             self._models[finished.model].adopted = True
+            self._models[finished.model].rechecks = 0  # its next fault gets its rechecks
         log.info("engine_rebuild_adopted", model=finished.model, build_id=finished.build_id)
 
     def _defer(self, finished: FinishedBuild, tries: int, why: str) -> None:
@@ -155,7 +160,7 @@ class EngineAdoption:
         with self._lock:
             state = self._models[model]
             pending, state.pending = state.pending, None
-            state.adopting = pending is not None and cannot is None
+            state.adopting += pending is not None and cannot is None  # until _adopt returns
         if pending is not None and cannot is not None:
             self._not_adopted(pending[0], cannot)
         elif pending is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import structlog
 
@@ -58,29 +59,34 @@ class EngineRecheck(EngineAdoption):
         return f"{why} in {delay:.0f} s"
 
     def _recheck(self, model: str, retry: int) -> None:
-        """The switch to ``model``'s engine again (its timer, ``retry``, fired)."""
+        """The switch to ``model``'s engine again (its timer, ``retry``, fired); shown
+        ``adoption_pending`` while it runs, whatever it raises."""
         with self._lock:
             state = self._models[model]
             if state.timer is None or state.retry != retry or self._stopped:
                 return  # cancelled by an operator's switch, or the stop
-            state.timer, state.adopting = None, True  # shown adoption_pending meanwhile
+            state.timer = None
+            state.adopting += 1
+        then: Callable[[], object] | None = None
         try:
             self._switch(model, TENSORRT, "inferd: engine checked again")
         except NotPreparedError as exc:  # unchecked again: later; missing: a build; ...
             log.warning("engine_recheck_failed", model=model, cause=exc.cause, error=exc.message)
-            self._not_adopting(state)
-            self.on_fallback(model, exc.message, exc.cause)
-            return
+            then = partial(self.on_fallback, model, exc.message, exc.cause)
         except ProtocolError as exc:  # an operator's choice, a claimed model, the stop
             log.warning("engine_recheck_failed", model=model, cause=None, error=exc.message)
-            self._not_adopting(state)
             if isinstance(exc, ModelClaimedError):
-                self._recheck_later(model, exc.message)
-            return
-        with self._lock:
-            state.adopted, state.adopting = True, False
-        log.info("engine_rechecked", model=model)
-
-    def _not_adopting(self, state: RebuiltModel) -> None:
-        with self._lock:
-            state.adopting = False
+                then = partial(self._recheck_later, model, exc.message)
+        except Exception as exc:  # a bug: said with its traceback, the thread ends well
+            log.error(
+                "engine_recheck_failed", model=model, cause=None, error=repr(exc), exc_info=True
+            )
+        else:
+            with self._lock:
+                state.adopted, state.rechecks = True, 0  # its next fault gets its rechecks
+            log.info("engine_rechecked", model=model)
+        finally:
+            with self._lock:
+                state.adopting -= 1
+        if then is not None:
+            then()

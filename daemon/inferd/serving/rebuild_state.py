@@ -96,8 +96,9 @@ class RebuiltModel:
     rechecks: int = 0
     #: Its ``build.start`` is on its way (``build_id`` not known yet): shown building.
     starting: bool = False
-    #: Its built engine is being switched to (outside the lock): shown adoption_pending.
-    adopting: bool = False
+    #: Switches to its engine under way (outside the lock: an adoption, a recheck; they
+    #: may overlap): shown adoption_pending while any runs.
+    adopting: int = 0
     #: The build of another (an operator's) it took as its own (``waiting_on``'s, which
     #: completed trusted): not adopted, it builds its own at once, no attempt used.
     taken: str | None = None
@@ -109,7 +110,7 @@ class RebuiltModel:
         """Which of ``REBUILD_STATES`` it is in (``max_attempts``: the builds a run allows)."""
         if self.build_id is not None or self.starting:
             return "building"
-        if self.pending is not None or self.adopting:
+        if self.pending is not None or self.adopting > 0:
             return "adoption_pending"
         if self.waiting is not None:
             return "waiting_for_room" if self.waiting_on is None else "waiting_for_build"

@@ -43,3 +43,16 @@ def test_since_says_what_it_left_out_of_the_boots_it_shows(tmp_path: Path) -> No
     assert shown == 1
     assert "--since left out 2 earlier record(s) of the boot(s) it shows" in said
     assert _dumped(tmp_path, None) == (4, "")  # without --since: all, nothing to say
+
+
+def test_since_speaks_of_a_last_flight_stamped_before_its_clock_was_ever_set(
+    tmp_path: Path,
+) -> None:
+    """A flight with no RTC, GPS time or network: every record stamped 1970, so
+    ``--since`` shows none of its boot; it is the recording's last boot, said (review
+    R6, F3: the per-boot rule of its first fix was silent)."""
+    _recorded(tmp_path, time.time_ns() - 30 * 24 * HOUR_NS, 1, "last-month")
+    _recorded(tmp_path, 95 * 10**9, 2, "this-flight")
+    _recorded(tmp_path, 96 * 10**9, 3, "this-flight")
+    shown, said = _dumped(tmp_path, "2h")
+    assert shown == 0 and "--since left out 2 earlier record(s)" in said

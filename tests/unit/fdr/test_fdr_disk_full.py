@@ -52,7 +52,8 @@ def test_a_full_disk_gives_the_oldest_segments_to_the_newest_records(
 
     def statvfs(path: Any) -> Any:  # a full file system has nothing free
         info = real_statvfs(path)
-        return type("Full", (), {"f_bavail": 0 if full[0] else info.f_bavail, "f_frsize": 4096})
+        free = {"f_bavail": 0 if full[0] else info.f_bavail, "f_frsize": 4096, "f_favail": 9}
+        return type("Full", (), free)
 
     monkeypatch.setattr(os, "write", write)
     monkeypatch.setattr(os, "statvfs", statvfs)
@@ -97,7 +98,9 @@ def test_a_full_disk_with_small_segments_costs_one_segment_not_every_flight(
 
     monkeypatch.setattr(os, "write", write)
     monkeypatch.setattr(
-        os, "statvfs", lambda path: type("Full", (), {"f_bavail": 0, "f_frsize": 4096})
+        os,
+        "statvfs",
+        lambda path: type("Full", (), {"f_bavail": 0, "f_frsize": 4096, "f_favail": 9}),
     )
     fdr.record("deadline_miss", miss(11))
     assert not fdr.wait_durable(5)
@@ -108,3 +111,55 @@ def test_a_full_disk_with_small_segments_costs_one_segment_not_every_flight(
     fdr.stop()
     boots = sorted({record.boot_id for record in read_records(tmp_path)})
     assert boots == [*(f"boot{boot}" for boot in range(1, 10)), "now"]
+
+
+@pytest.mark.parametrize(
+    ("error", "free"),
+    [
+        (errno.EDQUOT, {"f_bavail": 10**9, "f_favail": 10**6}),  # a quota: statvfs roomy
+        (errno.ENOSPC, {"f_bavail": 10**9, "f_favail": 0}),  # no inode left, bytes free
+    ],
+    ids=["quota", "inodes"],
+)
+def test_a_quota_or_inodes_run_out_with_bytes_free_still_make_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int, free: dict[str, int]
+) -> None:
+    """``statvfs`` showed bytes free, so the room check found room and deleted nothing,
+    every round: every record dropped while the quota or the inodes lasted (review R6,
+    F1).  A quota is taken as still there; ``ENOSPC`` with no inode free is full."""
+    # An empty oldest segment, as a crash between a segment's creation and its header
+    # leaves: it frees nothing, so the one after it goes too (F2).
+    (tmp_path / "seg-0000000001.fdr").write_bytes(b"")
+    for boot in range(3):
+        fdr = FlightRecorder(config(tmp_path), boot_id=f"boot{boot}")
+        fdr.start()
+        fdr.record("deadline_miss", miss(boot + 1))
+        assert fdr.wait_durable(5)
+        fdr.stop()
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(tmp_path), mono_clock=clock, boot_id="now")
+    fdr.start()
+    real_write, real_unlink = os.write, Path.unlink
+    full = [True]
+
+    def write(fd: int, data: Any) -> int:
+        if full[0]:
+            raise OSError(error, os.strerror(error))
+        return real_write(fd, data)
+
+    def unlink(path: Path, missing_ok: bool = False) -> None:
+        real_unlink(path, missing_ok)
+        if path.name == "seg-0000000002.fdr":  # boot0's, the oldest holding bytes: room
+            full[0] = False
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(os, "statvfs", lambda path: type("Free", (), {"f_frsize": 1, **free}))
+    fdr.record("deadline_miss", miss(4))
+    assert not fdr.wait_durable(5)
+    clock.advance(1.1)
+    fdr.record("deadline_miss", miss(5))
+    assert fdr.wait_durable(5), fdr.status()  # before: dropped for as long as it lasted
+    assert fdr.status()["segments_deleted"] == 2  # the empty one, then the oldest held
+    fdr.stop()
+    assert sorted({r.boot_id for r in read_records(tmp_path)}) == ["boot1", "boot2", "now"]

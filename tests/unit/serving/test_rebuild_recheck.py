@@ -119,3 +119,57 @@ def test_an_adoption_that_meets_an_unchecked_engine_dir_is_rechecked_not_abandon
     ]
     assert seen == ["adoption_pending", "adoption_pending"]
     assert rig.alerts == [] and rig.started == ["m"]
+
+
+def _built(build_id: str) -> BuildFinished:
+    return BuildFinished(
+        build_id, "m", "completed", "tensorrt", True, None, Path("x"), "inferd", None
+    )
+
+
+def test_an_adoption_left_unchecked_with_its_rechecks_used_is_said() -> None:
+    """Three ``EMFILE`` episodes, each healed by a recheck, used the run's rechecks; a
+    rebuilt engine's adoption then meeting ``EMFILE`` was dropped with no alert, the
+    model ``idle`` on the fallback (review R6, F4).  A recheck that succeeds now gives
+    the model its rechecks back, and one that cannot be scheduled is said."""
+    rig = _Rig(*[UNCHECKED, None] * 3, UNCHECKED, max_attempts=2)
+    for _ in range(3):  # each healed at its second recheck: its rechecks given back
+        rig.rebuilder.on_fallback("m", REASON, UNCHECKED)
+        wait_until(lambda: rig.rebuilder.describe()["m"]["state"] == "adopted", message="ok")
+    assert rig.rebuilder._models["m"].rechecks == 0
+    rig.rebuilder._models["m"].rechecks = 2  # used, as by an episode not healed
+    assert rig.rebuilder.on_fallback("m", "tensorrt failed while serving", "execution") is None
+    rig.rebuilder.on_build_finished(_built("b1"))
+    assert [a.code for a in rig.alerts] == ["engine_build_not_adopted"]
+    assert "could not be checked" in rig.alerts[0].message
+
+
+def test_a_recheck_with_no_backoff_and_one_that_raises_show_their_state() -> None:
+    """With ``rebuild_backoff_s`` 0 the recheck an adoption schedules fires at once: the
+    adoption's end cleared the shared marker while the recheck's switch loaded (shown
+    ``idle``); a recheck's switch raising other than ``ProtocolError`` left the marker
+    set for good (review R6, F5).  The marker counts the switches under way."""
+    rig = _Rig(UNCHECKED, None)
+    rig.rebuilder._backoff_s = 0.0
+    seen: list[str] = []
+    switch = rig._switch
+
+    def switch_seen(model: str, runtime: str, requested_by: str) -> dict[str, Any]:
+        seen.append(rig.rebuilder.describe()[model]["state"])
+        return switch(model, runtime, requested_by)
+
+    rig.rebuilder._switch = switch_seen
+    rig.rebuilder.on_fallback("m", "tensorrt failed while serving", "execution")
+    rig.rebuilder.on_build_finished(_built("b1"))
+    wait_until(lambda: rig.rebuilder.describe()["m"]["adopted"], message="adopted")
+    assert seen == ["adoption_pending", "adoption_pending"]
+    broken = _Rig()
+
+    def raises(*_args: Any) -> dict[str, Any]:
+        raise RuntimeError("a bug in the switch")
+
+    broken.rebuilder._switch = raises
+    broken.rebuilder.on_fallback("m", REASON, UNCHECKED)
+    wait_until(lambda: broken.rebuilder._models["m"].timer is None, message="fired")
+    wait_until(lambda: broken.rebuilder._models["m"].adopting == 0, message="marker cleared")
+    assert broken.rebuilder.describe()["m"]["state"] == "idle"
