@@ -117,7 +117,7 @@ class FallbackRebuilder(EngineRecheck):
         for a build.  None when a build is asked for or under way, else why none is
         (``ask=False``: only that answer, for a failover's alert; nothing is done)."""
         if cause in RECHECKED:  # no verdict on the engine: located again later (rebuild_recheck)
-            return self._recheck_later(model, reason, ask)
+            return self._recheck_later(model, reason, ask)[1]
         why = None
         if cause is not None and cause not in BUILD_FIXES:
             why = f"no build fixes why it fell back ({cause}: {reason})"

@@ -47,7 +47,7 @@ class EngineAdoption:
     #: A build that failed, or whose engine could not be adopted: retried or given up.
     _failed: Callable[[FinishedBuild, str], None]
     #: ``EngineRecheck._recheck_later``: its engine switched to again later (``RECHECKED``).
-    _recheck_later: Callable[[str, str], str]
+    _recheck_later: Callable[[str, str], tuple[bool, str]]
 
     def _stopping(self) -> bool:
         """Whether ``stop`` has run by now, on any thread (a method: for the type checker)."""
@@ -119,9 +119,7 @@ class EngineAdoption:
                 return
             if isinstance(exc, NotPreparedError) and exc.cause in RECHECKED:
                 # no verdict on the engine (EMFILE): switched to again later, not rebuilt
-                why = self._recheck_later(finished.model, exc.message)
-                with self._lock:
-                    scheduled = self._models[finished.model].timer is not None
+                scheduled, why = self._recheck_later(finished.model, exc.message)
                 if not scheduled:  # its rechecks used, the thread limit: said, as before
                     self._not_adopted(finished, why)
             elif isinstance(exc, NotPreparedError) and exc.cause not in BUILD_FIXES:

@@ -30,21 +30,23 @@ class EngineRecheck(EngineAdoption):
     #: ``FallbackRebuilder.on_fallback``: where a recheck's refusal goes on.
     on_fallback: Callable[..., str | None]
 
-    def _recheck_later(self, model: str, reason: str, ask: bool = True) -> str:
+    def _recheck_later(self, model: str, reason: str, ask: bool = True) -> tuple[bool, str]:
         """``model``'s engine could not be checked: switch to it again after the backoff
-        (``ask``: schedule it; else only the words).  Why no build is asked for."""
+        (``ask``: schedule it; else only the words).  Whether something is to come (this
+        recheck, or a build, a timer or an adoption already there; the stop), and why no
+        build is asked for; False once the rechecks are used or no thread could start."""
         why = f"its engine could not be checked ({reason}); it is located again later"
         if not ask:
-            return why
+            return True, why
         with self._lock:
             state = self._models.setdefault(model, RebuiltModel())
             busy = state.build_id or state.timer or state.pending or state.waiting
             if busy or self._stopped:
-                return why
+                return True, why
             if state.rechecks >= self._max_attempts:
                 why = f"its engine could not be checked, {state.rechecks} times ({reason})"
                 log.warning("engine_rebuild_skipped", model=model, cause="rechecks", reason=why)
-                return why
+                return False, why
             state.rechecks += 1
             state.retry += 1
             delay = self._backoff_s * 2 ** (state.rechecks - 1)
@@ -53,10 +55,10 @@ class EngineRecheck(EngineAdoption):
             try:
                 timer.start()
             except RuntimeError as exc:  # the process's thread limit
-                return f"{why}: not scheduled ({exc})"
+                return False, f"{why}: not scheduled ({exc})"
             state.timer, state.retry_due = timer, time.monotonic() + delay
         log.info("engine_recheck_scheduled", model=model, in_s=delay, reason=reason)
-        return f"{why} in {delay:.0f} s"
+        return True, f"{why} in {delay:.0f} s"
 
     def _recheck(self, model: str, retry: int) -> None:
         """The switch to ``model``'s engine again (its timer, ``retry``, fired); shown
