@@ -184,14 +184,14 @@ def _records(
     shown, last = set[str](), ""
     for path in paths:
         for record in read_segment(path, report):
+            last = record.boot_id  # the last boot recorded (a flight stamped 1970 shows none)
             if wanted and record.kind not in wanted:
                 continue
             if since_wall_ns is not None and record.wall_ns < since_wall_ns:
-                left_out[last := record.boot_id] = left_out.get(record.boot_id, 0) + 1
+                left_out[last] = left_out.get(last, 0) + 1
                 continue
-            shown.add(last := record.boot_id)
+            shown.add(last)
             yield record
-    # The boots shown, and the last one (a flight stamped 1970 throughout shows none).
     report.left_out_of_shown_boots = sum(left_out.get(boot, 0) for boot in shown | {last})
 
 

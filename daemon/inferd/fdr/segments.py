@@ -185,14 +185,16 @@ def make_room(
 def _no_room(directory: Path, config: FdrConfig, full: int) -> bool:
     """Whether the file system still has no room for a segment after ``full``: a quota
     (``EDQUOT``) does not show in ``statvfs``, so it is taken as still there; ``ENOSPC``
-    is no inode left or less free than a segment (``statvfs`` failing: no room)."""
+    is no inode left (where inodes are counted) or less free than a segment
+    (``statvfs`` failing: no room)."""
     if full == errno.EDQUOT:
         return True
     try:
         info = os.statvfs(directory)
     except OSError:
         return True
-    return info.f_favail == 0 or info.f_bavail * info.f_frsize < config.segment_max_bytes
+    no_inode = info.f_files > 0 and info.f_favail == 0  # 0 files: not counted (vfat, btrfs)
+    return no_inode or info.f_bavail * info.f_frsize < config.segment_max_bytes
 
 
 def delete_oldest(

@@ -15,8 +15,9 @@ from functools import partial
 import structlog
 
 from inferd.serving.rebuild_adoption import TENSORRT, EngineAdoption
-from inferd.serving.rebuild_state import RebuiltModel
+from inferd.serving.rebuild_state import RECHECKED, RebuiltModel
 from inferd.serving.switching import ModelClaimedError, NotPreparedError
+from inferd.types import Alert
 from inferd_wire.protocol import ProtocolError
 
 log = structlog.get_logger("inferd.rebuild")
@@ -75,10 +76,12 @@ class EngineRecheck(EngineAdoption):
         except NotPreparedError as exc:  # unchecked again: later; missing: a build; ...
             log.warning("engine_recheck_failed", model=model, cause=exc.cause, error=exc.message)
             then = partial(self.on_fallback, model, exc.message, exc.cause)
+            if exc.cause in RECHECKED:
+                then = partial(self._recheck_or_say, model, exc.message)
         except ProtocolError as exc:  # an operator's choice, a claimed model, the stop
             log.warning("engine_recheck_failed", model=model, cause=None, error=exc.message)
             if isinstance(exc, ModelClaimedError):
-                then = partial(self._recheck_later, model, exc.message)
+                then = partial(self._recheck_or_say, model, exc.message)
         except Exception as exc:  # a bug: said with its traceback, the thread ends well
             log.error(
                 "engine_recheck_failed", model=model, cause=None, error=repr(exc), exc_info=True
@@ -92,3 +95,18 @@ class EngineRecheck(EngineAdoption):
                 state.adopting -= 1
         if then is not None:
             then()
+
+    def _recheck_or_say(self, model: str, reason: str) -> None:
+        """Recheck ``model`` later, or, its rechecks used (or no thread to wait on), say
+        that it stays on the fallback: no other alert would tell the ground."""
+        scheduled, why = self._recheck_later(model, reason)
+        if not scheduled and not self._stopping():
+            self._alert(
+                Alert(
+                    "WARNING",
+                    "engine_recheck_gave_up",
+                    f"model {model!r} stays on onnx_trt_ep: {why}; runtime.switch to "
+                    "tensorrt serves its engine once the cause (descriptors, memory) is gone",
+                    fields={"model": model, "build_id": None},
+                )
+            )

@@ -56,3 +56,19 @@ def test_since_speaks_of_a_last_flight_stamped_before_its_clock_was_ever_set(
     _recorded(tmp_path, 96 * 10**9, 3, "this-flight")
     shown, said = _dumped(tmp_path, "2h")
     assert shown == 0 and "--since left out 2 earlier record(s)" in said
+
+
+def test_since_with_kinds_speaks_only_of_the_last_boot_recorded(tmp_path: Path) -> None:
+    """``--kind``: the last boot is the recording's, not the last with a record of that
+    kind: a month-old boot's record, rightly outside the window, is not said (R7, F2)."""
+    _recorded(tmp_path, time.time_ns() - 30 * 24 * HOUR_NS, 1, "last-month")
+    fdr = FlightRecorder(config(tmp_path), boot_id="now")
+    fdr.start()
+    fallback = {"model": "m", "configured_runtime": "tensorrt", "reason": "missing"}
+    fdr.record("fallback_to_onnx_trt_ep", {**fallback, "active_providers": ["CPU"]})
+    assert fdr.wait_durable(5)
+    fdr.stop()
+    out, err = io.StringIO(), io.StringIO()
+    since = parse_since("2h")
+    dump(tmp_path, kinds=["deadline_miss"], since_wall_ns=since, as_json=True, out=out, err=err)
+    assert (out.getvalue(), err.getvalue()) == ("", "")

@@ -16,10 +16,14 @@ from typing import Any
 
 import pytest
 
+from inferd.fdr import segments
 from inferd.fdr.reader import read_records
 from inferd.fdr.writer import FlightRecorder
 from tests.conftest import wait_until
 from tests.unit.fdr.test_fdr import SteppedClock, config, miss
+
+#: Inodes counted, some free: the file system's bytes decide.
+INODES = {"f_favail": 9, "f_files": 99}
 
 
 def test_a_full_disk_gives_the_oldest_segments_to_the_newest_records(
@@ -52,7 +56,12 @@ def test_a_full_disk_gives_the_oldest_segments_to_the_newest_records(
 
     def statvfs(path: Any) -> Any:  # a full file system has nothing free
         info = real_statvfs(path)
-        free = {"f_bavail": 0 if full[0] else info.f_bavail, "f_frsize": 4096, "f_favail": 9}
+        free = {
+            "f_bavail": 0 if full[0] else info.f_bavail,
+            "f_frsize": 4096,
+            "f_favail": 9,
+            "f_files": 99,
+        }
         return type("Full", (), free)
 
     monkeypatch.setattr(os, "write", write)
@@ -100,7 +109,9 @@ def test_a_full_disk_with_small_segments_costs_one_segment_not_every_flight(
     monkeypatch.setattr(
         os,
         "statvfs",
-        lambda path: type("Full", (), {"f_bavail": 0, "f_frsize": 4096, "f_favail": 9}),
+        lambda path: type(
+            "Full", (), {"f_bavail": 0, "f_frsize": 4096, "f_favail": 9, "f_files": 99}
+        ),
     )
     fdr.record("deadline_miss", miss(11))
     assert not fdr.wait_durable(5)
@@ -116,8 +127,14 @@ def test_a_full_disk_with_small_segments_costs_one_segment_not_every_flight(
 @pytest.mark.parametrize(
     ("error", "free"),
     [
-        (errno.EDQUOT, {"f_bavail": 10**9, "f_favail": 10**6}),  # a quota: statvfs roomy
-        (errno.ENOSPC, {"f_bavail": 10**9, "f_favail": 0}),  # no inode left, bytes free
+        (
+            errno.EDQUOT,
+            {"f_bavail": 10**9, "f_favail": 10**6, "f_files": 10**7},
+        ),  # a quota: statvfs roomy
+        (
+            errno.ENOSPC,
+            {"f_bavail": 10**9, "f_favail": 0, "f_files": 10**7},
+        ),  # no inode left, bytes free
     ],
     ids=["quota", "inodes"],
 )
@@ -163,3 +180,16 @@ def test_a_quota_or_inodes_run_out_with_bytes_free_still_make_room(
     assert fdr.status()["segments_deleted"] == 2  # the empty one, then the oldest held
     fdr.stop()
     assert sorted({r.boot_id for r in read_records(tmp_path)}) == ["boot1", "boot2", "now"]
+
+
+def test_a_file_system_that_counts_no_inodes_is_not_taken_as_out_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vfat, exFAT (SD cards), btrfs report ``f_files = f_favail = 0``: "not counted",
+    which was read as no inode left, a segment deleted with room to spare (R7, F3)."""
+    uncounted = {"f_files": 0, "f_favail": 0, "f_bavail": 10**9, "f_frsize": 1}
+    monkeypatch.setattr(os, "statvfs", lambda path: type("Vfat", (), uncounted))
+    assert not segments._no_room(tmp_path, config(tmp_path), errno.ENOSPC)
+    spent = {**uncounted, "f_files": 100}
+    monkeypatch.setattr(os, "statvfs", lambda path: type("Spent", (), spent))
+    assert segments._no_room(tmp_path, config(tmp_path), errno.ENOSPC)

@@ -173,3 +173,17 @@ def test_a_recheck_with_no_backoff_and_one_that_raises_show_their_state() -> Non
     wait_until(lambda: broken.rebuilder._models["m"].timer is None, message="fired")
     wait_until(lambda: broken.rebuilder._models["m"].adopting == 0, message="marker cleared")
     assert broken.rebuilder.describe()["m"]["state"] == "idle"
+
+
+def test_rechecks_that_end_unchecked_after_an_adoption_are_said_once() -> None:
+    """The adoption met ``EMFILE``, and so did each recheck: when the last failed, only
+    the log said so, the trusted engine unused and the model ``idle`` (review R7, F1)."""
+    rig = _Rig(max_attempts=2)  # every switch meets UncheckedDirectoryError
+    assert rig.rebuilder.on_fallback("m", "tensorrt failed while serving", "execution") is None
+    rig.rebuilder.on_build_finished(_built("b1"))
+    wait_until(lambda: len(rig.alerts) == 1, message="the alert")
+    wait_until(lambda: rig.rebuilder.describe()["m"]["state"] == "idle", message="idle")
+    assert len(rig.switched) == 3  # the adoption and two rechecks
+    ((level, code, message),) = [(a.level, a.code, a.message) for a in rig.alerts]
+    assert (level, code) == ("WARNING", "engine_recheck_gave_up")
+    assert "could not be checked, 2 times" in message
