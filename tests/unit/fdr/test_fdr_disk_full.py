@@ -81,21 +81,27 @@ def test_a_full_disk_gives_the_oldest_segments_to_the_newest_records(
     assert {"fdr_dropped", "fallback_to_onnx_trt_ep", "fdr_retention"} <= set(kinds[-4:]), kinds
 
 
+def _after_boots(directory: Path, boots: int) -> tuple[FlightRecorder, SteppedClock]:
+    """``boots`` earlier boots' one-record segments, then this boot's recorder, started."""
+    for boot in range(boots):
+        fdr = FlightRecorder(config(directory), boot_id=f"boot{boot}")
+        fdr.start()
+        fdr.record("deadline_miss", miss(boot + 1))
+        assert fdr.wait_durable(5)
+        fdr.stop()
+    clock = SteppedClock()
+    fdr = FlightRecorder(config(directory), mono_clock=clock, boot_id="now")
+    fdr.start()
+    return fdr, clock
+
+
 def test_a_full_disk_with_small_segments_costs_one_segment_not_every_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ten boots left one small segment each: one ``ENOSPC`` deleted all ten (the room
     asked for was a whole ``segment_max_bytes``; review R5, F1).  Now one round deletes
     the oldest segment alone, and none while the file system has room for a segment."""
-    for boot in range(10):
-        fdr = FlightRecorder(config(tmp_path), boot_id=f"boot{boot}")
-        fdr.start()
-        fdr.record("deadline_miss", miss(boot + 1))
-        assert fdr.wait_durable(5)
-        fdr.stop()
-    clock = SteppedClock()
-    fdr = FlightRecorder(config(tmp_path), mono_clock=clock, boot_id="now")
-    fdr.start()
+    fdr, clock = _after_boots(tmp_path, 10)
     real_write = os.write
     full = [True]
 
@@ -147,15 +153,7 @@ def test_a_quota_or_inodes_run_out_with_bytes_free_still_make_room(
     # An empty oldest segment, as a crash between a segment's creation and its header
     # leaves: it frees nothing, so the one after it goes too (F2).
     (tmp_path / "seg-0000000001.fdr").write_bytes(b"")
-    for boot in range(3):
-        fdr = FlightRecorder(config(tmp_path), boot_id=f"boot{boot}")
-        fdr.start()
-        fdr.record("deadline_miss", miss(boot + 1))
-        assert fdr.wait_durable(5)
-        fdr.stop()
-    clock = SteppedClock()
-    fdr = FlightRecorder(config(tmp_path), mono_clock=clock, boot_id="now")
-    fdr.start()
+    fdr, clock = _after_boots(tmp_path, 3)
     real_write, real_unlink = os.write, Path.unlink
     full = [True]
 
