@@ -41,6 +41,7 @@ class EngineRecheck(EngineAdoption):
             return True, why
         with self._lock:
             state = self._models.setdefault(model, RebuiltModel())
+            state.adopted = False  # it fell back: what was adopted serves no more
             busy = state.build_id or state.timer or state.pending or state.waiting
             if busy or self._stopped:
                 return True, why
