@@ -83,6 +83,19 @@ T = TypeVar("T")
 _RUN_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process the tests start gets the default dispositions of the signals
+    they send it, whatever started the run ignored: a shell without job control
+    starts a background job (``make test &`` in a script) with SIGINT and SIGQUIT
+    ignored, ``nohup`` with SIGHUP, and an ignored signal stays ignored across
+    ``exec``; an ``inferctl events`` sent SIGINT then never ended."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in (signal.SIGQUIT, signal.SIGHUP):
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True)
 def signal_handlers_per_test() -> Iterator[None]:
     """Each test leaves the signal handlers as it found them: ``main(["run", ...])``
@@ -262,7 +275,9 @@ def bench_result(script: str, *args: str) -> dict[str, Any]:
     """The document ``bench/<script> --json`` printed last, once its list of
     failures is empty and it exited 0."""
     done = run_bench(script, *args, "--json")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing (exit {done.returncode}): {done.stderr[-4000:]}"
+    result: dict[str, Any] = json.loads(lines[-1])
     assert result["failures"] == [], result
     assert done.returncode == 0, done.stderr[-2000:]
     return result
