@@ -26,14 +26,11 @@ from inferd_wire.curve import ClientCurve
 from inferd_wire.endpoints import default_endpoints
 from inferd_wire.multipart import ReadState, recv_parts
 from inferd_wire.protocol import ProtocolError
-from inferd_wire.topics import check_topic
+from inferd_wire.topics import MAX_EVENT_BYTES, check_topic
 
 _POLLIN, _NOBLOCK = int(zmq.POLLIN), int(zmq.NOBLOCK)
 #: The topic the daemon publishes on every ``daemon.health_interval_s``.
 _HEALTH = "health"
-#: The largest event payload taken: a reply header's bound, since the daemon's
-#: events carry what its control replies do (``health``, a build's state).
-MAX_EVENT_BYTES = protocol.MAX_HEADER_BYTES
 #: ``ZMQ_MAXMSGSIZE`` of the socket: libzmq checks each frame's length as it
 #: arrives, before it reads the body, and ends the connection of a longer one;
 #: without it an event of any size was taken whole into memory before

@@ -10,7 +10,13 @@ client refuses such a topic before it connects.
 
 from __future__ import annotations
 
+from inferd_wire.protocol import MAX_HEADER_BYTES
+
 TOPICS: frozenset[str] = frozenset({"thermal", "runtime", "build", "alert", "health"})
+#: The largest event payload a client takes, and the daemon publishes: a reply
+#: header's bound, since the daemon's events carry what its control replies do
+#: (``health``, a build's state).
+MAX_EVENT_BYTES = MAX_HEADER_BYTES
 
 
 def check_topic(topic: str) -> str:

@@ -36,7 +36,7 @@ from inferd.peer_rate_limit import PeerRateLimiter
 from inferd_wire import protocol
 from inferd_wire.endpoints import wants_ipv6
 from inferd_wire.multipart import readable
-from inferd_wire.topics import TOPICS
+from inferd_wire.topics import MAX_EVENT_BYTES, TOPICS
 
 #: The subscriptions applied: those that can match a topic's frame (``_send``).
 SUBSCRIBABLE: frozenset[bytes] = subscribable(TOPICS)
@@ -59,7 +59,8 @@ SUBSCRIBER_RCVHWM = 16
 #: for it (a PUB never blocks): libzmq's default, set here so that the bound is
 #: this daemon's. Most events are a few hundred bytes; an alert is under 50 KiB
 #: (``alerts.sanitise.MAX_PACKED_BYTES`` less the marker the event leaves out),
-#: so 1000 of those would hold under 50 MB for one slow subscriber.
+#: and none is sent over ``MAX_EVENT_BYTES`` (``_send``), so 1000 of them hold at
+#: most 64 MiB for one slow subscriber.
 SUBSCRIBER_SNDHWM = 1000
 #: (Un)subscriptions a peer (``Peer.key``: its uid, CURVE key or address; without a
 #: ZAP handler its ``Peer-Address``) may send at once, then one more every
@@ -360,6 +361,11 @@ class EventPublisher(threading.Thread):
             # One producer's bad payload must not end the thread (every event after
             # it, and the liveness beat): dropped and counted; its seq is a gap.
             self._drop(topic, "its payload cannot be encoded", error=repr(exc)[:200])
+            return
+        if len(packed) > MAX_EVENT_BYTES:
+            # Every client ends its connection at such an event, and ``SUBSCRIBER_SNDHWM``
+            # of them queued for one slow subscriber would hold gigabytes.
+            self._drop(topic, "its payload is over MAX_EVENT_BYTES", error=f"{len(packed)} bytes")
             return
         sock.send_multipart([topic.encode(), packed])
         self.published += 1

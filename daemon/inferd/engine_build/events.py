@@ -210,11 +210,11 @@ class PhaseTree:
             if not full:  # a full tree's drops cost no cut
                 node = PhaseNode(
                     phase_id=phase_id,
-                    name=self._kept(event.name or "?"),
+                    name=self.kept_text(event.name or "?"),
                     parent_id=parent_id,
                     num_steps=event.num_steps or 0,
                     started_ns=event.mono_ns,
-                    thread=self._kept(event.thread),
+                    thread=self.kept_text(event.thread),
                 )
             if node is None or not self._fits(node):
                 self.dropped, self.refusal = self.dropped + 1, "phases" if full else "text"
@@ -222,7 +222,7 @@ class PhaseTree:
         self.last_event = event.type
         if self.timing_cache_start is None and event.detail:
             mode = event.detail.get("timingCacheMode")
-            self.timing_cache_start = self._kept(mode) if isinstance(mode, str) else None
+            self.timing_cache_start = self.kept_text(mode) if isinstance(mode, str) else None
         if node is not None:
             parent = self.nodes.get(node.parent_id) if node.parent_id else None
             self.nodes[node.phase_id] = node
@@ -260,7 +260,7 @@ class PhaseTree:
         digest = hashlib.blake2b(whole, digest_size=8).hexdigest()
         return f"{phase_id[: PHASE_ID_CHARS - len(digest) - 1]}~{digest}"
 
-    def _kept(self, text: str) -> str:
+    def kept_text(self, text: str) -> str:
         """``text`` as the tree keeps it: whole, or (``cut``) as ``build.status`` shows it."""
         if not self.cut or (len(text) <= PHASE_TEXT_BYTES and text.isascii()):
             return text

@@ -4,19 +4,19 @@ Each build runs in a child process (``inferd.engine_build.child`` in a fresh
 interpreter, started, killed and reaped by ``child_process.py``: it inherits no
 ZeroMQ socket) while the resident engine keeps serving.  The child streams
 ``BuildEvent``s over a pipe (``pipe.py``); a reader thread per build folds them
-into a ``PhaseTree`` (``build.status``) and publishes them on the ``build``
-topic, coalescing ``step`` events (at most one per build every
-``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling sends a message
-to the child, which sets its ``CancellationToken``; a child still alive
-``build_cancel_grace_s`` later is killed by the reader thread with its process
+into a ``PhaseTree`` (``build.status``) and publishes them on the ``build`` topic
+as it kept them (``published_event.py``), coalescing ``step`` events (at most one
+per build every ``STEP_PUBLISH_INTERVAL_S``; the rest are counted).  Cancelling
+sends a message to the child, which sets its ``CancellationToken``; a child still
+alive ``build_cancel_grace_s`` later is killed by the reader thread with its process
 group, and the build is recorded as cancelled with ``escalated: true`` (status,
 ``build`` event, FDR record; rendered by ``build_record.py``).  At its deadline
 (``builds.max_duration_s``, or a shorter ``timeout_s``) its reader thread cancels
 it so, source ``timeout`` (both deadlines: ``reader_deadlines.py``).  A cancel
 that comes once the child has exited is not accepted: its end is its own.
-``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is recorded);
-``build.start`` is rate limited per peer, at most ``builds.max_running`` builds run at
-once (``admission.py``), and what builds leave is kept within the caps (``retention.py``).
+``build.start`` and ``build.cancel`` are operator ops (the verified ``Peer`` is recorded),
+rate limited per peer; at most ``builds.max_running`` builds run at once
+(``admission.py``); what builds leave is kept within the caps (``retention.py``).
 """
 
 from __future__ import annotations
@@ -59,14 +59,11 @@ from inferd.engine_build.pipe import (
     child_message_decoder,
     encode,
 )
+from inferd.engine_build.published_event import published
 from inferd.engine_build.reader_deadlines import BuildDeadlines
 from inferd.engine_build.session import BUILD_RECORD
 from inferd.engine_build.status_view import listing_reply
-from inferd.errors import (
-    ModelBuildRunningError,
-    UncheckedDirectoryError,
-    UnsafeDirectoryError,
-)
+from inferd.errors import ModelBuildRunningError, UncheckedDirectoryError, UnsafeDirectoryError
 from inferd.owned_files import ensure_owned_dir
 from inferd.types import Peer
 from inferd_wire.protocol import Code, ProtocolError
@@ -391,18 +388,18 @@ class BuildManager:
                     return  # not published either
                 if event.type == "stalled":
                     said_stalled(build, event)  # logged; build.status's last_stall
-                now = time.monotonic()
-                if event.type == "step":
+                data = published(build, event)  # as kept: the child's strings cut
+                if data is not None and event.type == "step":
+                    now = time.monotonic()
                     if now - build.last_step_publish < STEP_PUBLISH_INTERVAL_S:
                         build.coalesced_steps += 1
                         return
                     build.last_step_publish = now
-            if event.type in TERMINAL_EVENTS:
-                return  # published by _finish with the outcome's details
             if event.type == "cancel_requested" and event.detail.get("source") == "stall":
                 # The child's watchdog cancelled it: killed after the grace, as at a deadline
                 self._request_cancel(build, "stall", str(said(event.detail.get("reason"))), None)
-            self._publish_event(build, event.as_dict())
+            if data is not None and event.type not in TERMINAL_EVENTS:  # those: _finish's
+                self._publish_event(build, data)
         elif isinstance(message, EnginePathMessage):
             engine_path_claim.accept(build, message.path, self._engine_dir)
         elif isinstance(message, RecordMessage):
