@@ -373,15 +373,16 @@ def terminal_event(build: Build, state: str, code: int) -> dict[str, Any]:
         "cancelState": "too_late"
         if cancel_too_late(build)
         else ("cleaned_up" if build.cancel_source else "none"),
+        # The child's words as ``build.status`` shows them (its summary's may be 16 MiB).
         "detail": {
-            "cancelSource": build.cancel_source,
-            "cancelReason": build.cancel_reason,
+            "cancelSource": said(build.cancel_source),
+            "cancelReason": said(build.cancel_reason),
             "escalated": build.escalated,
             "exitCode": code,
-            "summaryPath": build.summary_path,
-            "error": build.error,
+            "summaryPath": said(build.summary_path),
+            "error": said(build.error),
             "killedAfterCommit": build.killed_after_commit,
-            "timingCacheMode": timing_cache_mode(build),
+            "timingCacheMode": said(timing_cache_mode(build)),
         },
     }
 

@@ -65,7 +65,7 @@ def conclude(build: Build, engine_dir: Path, deployment_manifest: Path | None) -
             state = _OUTCOME_STATE.get(summary.get("outcome", ""), "failed")
             if summary.get("cancelSource") and build.cancel_source is None:
                 # The child's own cancel (``stall``): its source and why, as cut
-                build.cancel_source = summary["cancelSource"]
+                build.cancel_source = said(summary["cancelSource"])
                 build.cancel_reason = said(summary.get("cancelReason"))
         elif build.cancel_source is not None:  # accepted before the child exited
             state = "cancelled"

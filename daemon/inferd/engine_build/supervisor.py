@@ -406,7 +406,7 @@ class BuildManager:
             build.record = message.payload
         elif isinstance(message, ReportMessage):
             build.summary, build.reported = message.summary, True
-            build.summary_path = message.summary_path
+            build.summary_path = said(message.summary_path)  # as build.status shows it
             build.dropped_in_child = message.dropped_in_child
         elif isinstance(message, ErrorMessage):
             build.error = said(message.error)  # kept as build.status shows it

@@ -20,7 +20,7 @@ import pytest
 
 from inferd.engine_build.build_record import CHILD_TEXT_BYTES
 from inferd.engine_build.events import PHASE_ID_CHARS, PHASE_TEXT_BYTES, BuildEvent
-from inferd.engine_build.pipe import EventMessage, encode
+from inferd.engine_build.pipe import EventMessage, ReportMessage, encode
 from inferd.types import Peer
 from inferd_wire import protocol
 from tests.conftest import HANG_S
@@ -124,3 +124,37 @@ def test_a_childs_megabytes_are_published_as_the_daemon_kept_them(
     for key, letter in (("source", "s"), ("reason", "r")):
         assert cancel[key].startswith(letter) and cancel[key].endswith(f" [cut: {MIB} characters]")
         assert len(cancel[key].encode()) <= CHILD_TEXT_BYTES + 32
+
+
+def test_the_terminal_event_and_record_carry_the_childs_summary_words_cut(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's own terminal event, built from the child's report: its summary's
+    cancel source, timing-cache word and path were published (and recorded) whole."""
+    summary = {
+        "outcome": "cancelled",
+        "cancelSource": "c" * MIB,
+        "cancelReason": "r" * MIB,
+        "timingCacheMode": "t" * MIB,
+        "error": "e" * MIB,
+    }
+    stream = tmp_path / "stream"
+    stream.write_bytes(encode(ReportMessage(summary, "/" + "s" * MIB)))
+    stand_in_children(monkeypatch, _REPLAY, stream)
+    records: list[dict[str, Any]] = []
+    manager = build_manager(
+        tmp_path, {"demo": demo_model}, grace_s=1.0, record=lambda _k, p: records.append(dict(p))
+    )
+    published: list[dict[str, Any]] = []
+    manager._publish = lambda _topic, payload: published.append(dict(payload))
+    try:
+        build_id = manager.start({"model": "demo", "builder": "simulated"}, OPERATOR)["build_id"]
+        assert manager._get(build_id).done.wait(HANG_S)
+    finally:
+        manager.shutdown(wait_s=HANG_S)
+    (terminal,) = published
+    assert terminal["type"] == "cancelled"
+    assert len(protocol.pack(terminal)) < 6 * CHILD_TEXT_BYTES  # before: 5 MiB
+    for key in ("cancelSource", "cancelReason", "summaryPath", "timingCacheMode"):
+        assert terminal["detail"][key].endswith(" characters]"), key
+    assert len(protocol.pack(records[-1])) < 6 * CHILD_TEXT_BYTES  # the FDR's build record
