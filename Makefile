@@ -107,7 +107,7 @@ test-systemd: $(SYSTEMD_STAMP)
 # The command-line tests run in process there (tests/unit/cli, tests/unit/client);
 # tests/integration/test_cli.py, the same commands as 52 processes (13 s of the
 # 3.10 run), runs under 3.11 only, for CI's ten minutes. Bytecode is compiled
-# once first: the three workers and the daemons they start each compiled it.
+# once first: the four workers and the daemons they start each compiled it.
 PY310_ASSERT ?= --assert=plain
 test-py310:
 	@test -n "$(PY310)" || { echo "make test-py310: set PY310=/path/to/python3.10" >&2; exit 2; }

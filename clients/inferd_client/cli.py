@@ -368,6 +368,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise InvalidArgument(
                 f"inferctl top needs rich: pip install 'inferd-client[cli]' ({exc})"
             ) from None
+        if not sys.stdout.isatty():  # else it shows nothing, for ever
+            raise InvalidArgument(
+                "inferctl top needs a terminal: its output is piped or redirected "
+                "(a script reads `inferctl --json status`)"
+            )
         subscriber = _subscriber(args, list(top.EVENT_TOPICS))
         return top.run(
             lambda: _operator(args),

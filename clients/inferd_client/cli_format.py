@@ -314,6 +314,8 @@ def _rebuild(rebuild: Mapping[str, Any], max_attempts: object) -> str:
         return f"waiting for builds.max_running ({rebuild.get('waiting_for_room')}; {attempts})"
     if state == "waiting_for_build":
         return f"waiting for build {rebuild.get('waiting_on_build')} of it ({attempts})"
+    if state == "skipped":
+        return f"no build asked for: {text(rebuild.get('skipped'))}"
     return f"{state.replace('_', ' ')} ({attempts})"
 
 

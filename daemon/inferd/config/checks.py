@@ -56,6 +56,13 @@ def up_to(key: str, value: float, most: float, unit: str = "") -> None:
     between(key, value, 0, most, unit)
 
 
+def positive_up_to(key: str, value: float, most: float, unit: str = "") -> None:
+    """A duration that must pass: more than 0, at most ``most``, the range named so."""
+    positive(key, value)
+    if value > most:
+        refuse(f"{key} must be more than 0 and at most {most:g}{unit}, got {value}", key)
+
+
 def between(key: str, value: float, least: float, most: float, unit: str = "") -> None:
     finite(key, value)
     if not least <= value <= most:

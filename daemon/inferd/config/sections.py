@@ -49,6 +49,7 @@ from inferd.config.checks import (
     one_to,
     op_rate,
     positive,
+    positive_up_to,
     socket_file,
     up_to,
 )
@@ -184,8 +185,7 @@ class RuntimeConfig:
         up_to("runtime.ort_intra_op_threads", self.ort_intra_op_threads, MAX_THREADS)
         up_to("runtime.device_id", self.device_id, MAX_DEVICE_INDEX)
         up_to("runtime.rebuild_backoff_s", self.rebuild_backoff_s, 86_400)  # and finite
-        positive("runtime.rebuild_max_attempts", self.rebuild_max_attempts)
-        up_to("runtime.rebuild_max_attempts", self.rebuild_max_attempts, MAX_REBUILD_ATTEMPTS)
+        one_to("runtime.rebuild_max_attempts", self.rebuild_max_attempts, MAX_REBUILD_ATTEMPTS)
         up_to("runtime.tensorrt_failover_after_errors", self.tensorrt_failover_after_errors, 1000)
         op_rate("runtime", "switch", self.switch_burst, self.switch_refill_s)
 
@@ -229,8 +229,7 @@ class ModelConfig:
                 f"{len(self.staged_engines)}: {[str(path) for path in self.staged_engines]}",
                 f"{where}.staged_engines",
             )
-        positive(f"{where}.max_load_s", self.max_load_s)
-        up_to(f"{where}.max_load_s", self.max_load_s, MAX_LOAD_S, " s")
+        positive_up_to(f"{where}.max_load_s", self.max_load_s, MAX_LOAD_S, " s")
         names = [profile.input_name for profile in self.profiles]
         for index, name in enumerate(names):
             if names.index(name) != index:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from inferd.config.ceilings import MAX_BUILD_DURATION_S, MAX_DISK_BYTES
-from inferd.config.checks import op_rate, up_to
+from inferd.config.checks import between, op_rate
 from inferd.config.refusals import every_rule, refuse
 from inferd.errors import ConfigError
 
@@ -170,10 +170,7 @@ class BuildsConfig:
         if not 1 <= self.max_count <= 10_000:
             key = "builds.max_count"
             refuse(f"{key} must be 1..10000, got {self.max_count}", key)
-        if self.max_bytes < 1024**2:
-            key = "builds.max_bytes"
-            refuse(f"{key} must be at least 1 MiB, got {self.max_bytes}", key)
-        up_to("builds.max_bytes", self.max_bytes, MAX_DISK_BYTES)
+        between("builds.max_bytes", self.max_bytes, 1024**2, MAX_DISK_BYTES)  # 1 MiB at least
         op_rate("builds", "start", self.start_burst, self.start_refill_s)
         # NaN and inf fail the comparison too: neither could reach a wait
         if not 0.0 < self.max_duration_s <= MAX_BUILD_DURATION_S:

@@ -59,8 +59,7 @@ class BusConfig:
         if len({socket_file(getattr(self, name)) for name in names}) != 3:
             keys = [f"bus.{name}" for name in names]
             refuse("bus: infer, control and events endpoints must all differ", *keys)
-        positive("bus.max_message_bytes", self.max_message_bytes)
-        up_to("bus.max_message_bytes", self.max_message_bytes, MAX_MESSAGE_BYTES)
+        one_to("bus.max_message_bytes", self.max_message_bytes, MAX_MESSAGE_BYTES)
         one_to("bus.max_header_bytes", self.max_header_bytes, MAX_HEADER_FRAME_BYTES)
         one_to("bus.max_frames", self.max_frames, MAX_FRAMES)
         positive("bus.max_reply_bytes_per_peer", self.max_reply_bytes_per_peer)
@@ -76,8 +75,7 @@ class BusConfig:
             up_to(f"bus.{key}", getattr(self, key), MAX_HEARTBEAT_MS, " ms")
         up_to("bus.busy_poll_us", self.busy_poll_us, MAX_BUSY_POLL_US)
         up_to("bus.send_buffer_bytes", self.send_buffer_bytes, MAX_SEND_BUFFER_BYTES)
-        positive("bus.max_connections", self.max_connections)
-        up_to("bus.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
+        one_to("bus.max_connections", self.max_connections, MAX_CONNECTIONS_PER_SOCKET)
         if self.heartbeat_interval_ms and self.heartbeat_timeout_ms < self.heartbeat_interval_ms:
             refuse(
                 f"bus.heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be at least "
@@ -112,16 +110,14 @@ class ShmConfig:
     @every_rule
     def __post_init__(self) -> None:
         endpoint("shm.socket", f"ipc://{self.socket}")
-        for key in ("max_connections", "max_connections_per_uid", "max_regions_per_connection"):
-            positive(f"shm.{key}", getattr(self, key))
+        for key in ("max_connections", "max_connections_per_uid"):
+            one_to(f"shm.{key}", getattr(self, key), MAX_CONNECTIONS_PER_SOCKET)
+        regions = self.max_regions_per_connection
+        one_to("shm.max_regions_per_connection", regions, MAX_REGIONS_PER_CONNECTION)
         requests = self.max_requests_per_connection
         one_to("shm.max_requests_per_connection", requests, MAX_REQUESTS_IN_FLIGHT)
         positive("shm.max_bytes_per_uid", self.max_bytes_per_uid)
         one_to("shm.max_bytes_total", self.max_bytes_total, MAX_MEMORY_BYTES)
-        for key in ("max_connections", "max_connections_per_uid"):
-            up_to(f"shm.{key}", getattr(self, key), MAX_CONNECTIONS_PER_SOCKET)
-        regions = self.max_regions_per_connection
-        up_to("shm.max_regions_per_connection", regions, MAX_REGIONS_PER_CONNECTION)
         if self.max_bytes_total < self.max_bytes_per_uid:
             refuse(
                 f"shm.max_bytes_total ({self.max_bytes_total}) must be at least "

@@ -126,9 +126,13 @@ class FallbackRebuilder(EngineRecheck):
         if why is not None:
             if ask:
                 log.warning("engine_rebuild_skipped", model=model, cause=cause, reason=why)
+                with self._lock:  # shown in status, as every model that fell back
+                    state = self._models.setdefault(model, RebuiltModel())
+                    state.skipped, state.adopted = why, False
             return why
         with self._lock:
             state = self._models.setdefault(model, RebuiltModel())
+            state.skipped = None if ask else state.skipped
             waiting = state.timer is not None or state.pending is not None or state.waiting
             if state.build_id is not None or waiting:
                 return None  # building, waiting to retry or for room, or built, to adopt
@@ -206,7 +210,8 @@ class FallbackRebuilder(EngineRecheck):
             timer.cancel()
 
     def describe(self) -> dict[str, dict[str, Any]]:
-        """Each model that fell back since start (``status.builds.rebuilds.models``)."""
+        """Each model that fell back since start (``status.builds.rebuilds.models``),
+        a build asked for it or not (``skipped``)."""
         now = time.monotonic()
         with self._lock:
             return {m: s.described(self._max_attempts, now) for m, s in self._models.items()}
@@ -220,6 +225,7 @@ class FallbackRebuilder(EngineRecheck):
             if state is None:
                 return
             state.chosen += 1  # a start refused for room meanwhile does not wait (_wait_for_room)
+            state.skipped = None  # their choice serves now
             if state.timer is None and state.waiting is None:
                 return
             timer, state.timer, state.waiting, state.waiting_on = state.timer, None, None, None

@@ -68,6 +68,7 @@ REBUILD_STATES = (
     "retry_scheduled",  # its build failed, or its engine was unchecked: again in retry_in_s
     "adopted",  # its engine serves (until the model falls back again)
     "gave_up",  # runtime.rebuild_max_attempts builds used: no more in this run
+    "skipped",  # on the fallback for a cause no build fixes, or no build possible here
     "idle",  # nothing asked for: cancelled, superseded or not adopted (the log says why)
 )
 
@@ -105,6 +106,9 @@ class RebuiltModel:
     #: Operators' switches of the model so far: a start refused for room while one
     #: came does not wait (the switch found nothing waiting to cancel yet).
     chosen: int = 0
+    #: Why no build is asked for its last fallback (a cause no build fixes, or TensorRT
+    #: cannot build here); None once one is.
+    skipped: str | None = None
 
     def state(self, max_attempts: int) -> str:
         """Which of ``REBUILD_STATES`` it is in (``max_attempts``: the builds a run allows)."""
@@ -118,6 +122,8 @@ class RebuiltModel:
             return "retry_scheduled"
         if self.adopted:
             return "adopted"
+        if self.skipped is not None:
+            return "skipped"
         return "gave_up" if self.attempts >= max_attempts else "idle"
 
     def described(self, max_attempts: int, now: float) -> dict[str, Any]:
@@ -132,6 +138,7 @@ class RebuiltModel:
             "waiting_on_build": self.waiting_on if self.waiting is not None else None,
             "adoption_pending": self.pending is not None,
             "adopted": self.adopted,
+            "skipped": self.skipped,
         }
 
 

@@ -29,3 +29,15 @@ def test_top_without_rich_is_a_usage_error_naming_the_extra(
     assert code == cli.EXIT_USAGE, err
     assert "inferctl top needs rich" in err and "inferd-client[cli]" in err
     assert "Traceback" not in err
+
+
+def test_top_with_its_output_redirected_is_a_usage_error_not_a_silent_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    """Review R1 of session 15, finding 4: ``inferctl top > file`` wrote nothing and ran
+    until killed (no terminal: no keys, no screen).  Now it exits 2 at once, before
+    any socket, naming what a script reads instead."""
+    code = cli.main(["--events-endpoint", f"ipc://{tmp_path}/none.sock", "top"])  # capsys: no tty
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE, err
+    assert "inferctl top needs a terminal" in err and "inferctl --json status" in err

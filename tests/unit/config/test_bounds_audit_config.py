@@ -19,5 +19,5 @@ def test_regions_per_connection_has_a_ceiling_and_the_ceiling_is_accepted(tmp_pa
     text = f"[shm]\nmax_regions_per_connection = {MAX_REGIONS_PER_CONNECTION}\n" + MINIMAL
     assert load_text(tmp_path, text).shm.max_regions_per_connection == MAX_REGIONS_PER_CONNECTION
     for value in (MAX_REGIONS_PER_CONNECTION + 1, 2**62):
-        with pytest.raises(ConfigError, match=r"shm\.max_regions_per_connection must be 0\.\.1024"):
+        with pytest.raises(ConfigError, match=r"shm\.max_regions_per_connection must be 1\.\.1024"):
             load_text(tmp_path, f"[shm]\nmax_regions_per_connection = {value}\n" + MINIMAL)

@@ -16,6 +16,7 @@ from inferd.errors import ConfigError
 from tests.unit.config.test_review2_config import load_text
 
 TIB = 1024**4
+MIB = 1024**2
 
 
 # -- ranges ---------------------------------------------------------------------------------------
@@ -27,8 +28,8 @@ TIB = 1024**4
         # disk bounds: 2**63 - 1 bytes bounded nothing
         (f"[fdr]\nmax_total_bytes = {2**63 - 1}", rf"fdr\.max_total_bytes must be 0\.\.{TIB},"),
         (f"[fdr]\nmax_total_bytes = {TIB + 1}", rf"fdr\.max_total_bytes must be 0\.\.{TIB},"),
-        (f"[builds]\nmax_bytes = {2**63 - 1}", rf"builds\.max_bytes must be 0\.\.{TIB},"),
-        (f"[builds]\nmax_bytes = {TIB + 1}", rf"builds\.max_bytes must be 0\.\.{TIB},"),
+        (f"[builds]\nmax_bytes = {2**63 - 1}", rf"builds\.max_bytes must be {MIB}\.\.{TIB},"),
+        (f"[builds]\nmax_bytes = {TIB + 1}", rf"builds\.max_bytes must be {MIB}\.\.{TIB},"),
         # 0 was no rate limit at all; a day's window held a fault's repeats back a day
         ("[alerts]\nrate_limit_s = 0", r"alerts\.rate_limit_s must be 1\.0\.\.3600\.0 s, got 0"),
         ("[alerts]\nrate_limit_s = 0.5", r"alerts\.rate_limit_s must be 1\.0\.\.3600\.0 s"),

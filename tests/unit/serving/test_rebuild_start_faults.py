@@ -132,6 +132,7 @@ def test_an_operators_switch_while_a_start_is_refused_for_room_cancels_it() -> N
         "waiting_on_build": None,
         "adoption_pending": False,
         "adopted": False,
+        "skipped": None,
     }
     events = [e["event"] for e in logs]
     assert "engine_rebuild_retry_cancelled" in events and "engine_rebuild_waiting" not in events

@@ -112,6 +112,8 @@ def test_a_fallback_no_build_fixes_asks_for_no_build_and_says_why_once(
     assert str(refusal) in line["reason"]
     assert why == line["reason"]  # what a failover's alert would say
     assert rig.slot.last_error == str(refusal)  # status still says why it fell back
+    shown = rig.rebuilder.describe()["m"]  # before: absent, "no model fell back"
+    assert (shown["state"], shown["skipped"], shown["attempts"]) == ("skipped", why, 0)
 
 
 @pytest.mark.parametrize("cause", sorted(FIXED_BY_A_BUILD))

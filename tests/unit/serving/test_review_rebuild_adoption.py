@@ -116,6 +116,7 @@ def test_an_adoption_met_by_an_operators_switch_in_progress_ends_as_their_choice
         "waiting_on_build": None,
         "adoption_pending": False,
         "adopted": False,
+        "skipped": None,
     }
 
 
