@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK if _follows(args) else EXIT_INTERRUPTED
 
 
+def _output_is_a_terminal() -> bool:
+    """Whether stdout is a terminal, which ``inferctl top`` draws on."""
+    return sys.stdout.isatty()
+
+
 def _follows(args: argparse.Namespace) -> bool:
     """Whether the command runs until it is stopped (unless given a ``--count``)."""
     return (
@@ -368,7 +373,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise InvalidArgument(
                 f"inferctl top needs rich: pip install 'inferd-client[cli]' ({exc})"
             ) from None
-        if not sys.stdout.isatty():  # else it shows nothing, for ever
+        if not _output_is_a_terminal():  # else it shows nothing, for ever
             raise InvalidArgument(
                 "inferctl top needs a terminal: its output is piped or redirected "
                 "(a script reads `inferctl --json status`)"

@@ -188,8 +188,10 @@ def test_inferctl_events_exits_unreachable_with_the_refusal(
     assert "(ZAP status 400)" in err
 
 
-def top_ends_refused(events: Guarded, operator: Guarded) -> None:
-    """``inferctl top`` against the two stand-ins exits 3 (unreachable) at once."""
+def top_ends_refused(events: Guarded, operator: Guarded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``inferctl top`` against the two stand-ins exits 3 (unreachable) at once (its
+    output taken for a terminal: captured, it would be refused as redirected)."""
+    monkeypatch.setattr(cli, "_output_is_a_terminal", lambda: True)
     argv = ["--events-endpoint", events.endpoint, "--control-endpoint", operator.endpoint]
     started = time.monotonic()
     assert cli.main([*argv, "top", "--interval", "1"]) == cli.EXIT_UNREACHABLE
@@ -200,11 +202,12 @@ def test_inferctl_top_exits_unreachable_when_its_events_are_refused(
     publisher: Callable[[list[str]], Guarded],
     control: Callable[[list[str]], Guarded],
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The control socket admits top; only its events connection is refused, which
     # left its alerts and builds empty without a word.
     events, operator = publisher(["400"]), control(["200"])
-    top_ends_refused(events, operator)
+    top_ends_refused(events, operator, monkeypatch)
     assert f"inferctl: UNREACHABLE: the daemon at {events.endpoint} refused" in (
         capsys.readouterr().err
     )
@@ -215,11 +218,12 @@ def test_inferctl_top_exits_unreachable_when_its_control_connection_is_refused(
     publisher: Callable[[list[str]], Guarded],
     control: Callable[[list[str]], Guarded],
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Before: the view said "unreachable" and asked again at every interval, each
     # time refused, until the operator left it.
     events, operator = publisher(["200"]), control(["400"])
-    top_ends_refused(events, operator)
+    top_ends_refused(events, operator, monkeypatch)
     # libzmq may have tried its handshake again before the client closed the socket.
     assert operator.answered and set(operator.answered) == {"400"}
     assert f"inferctl: UNREACHABLE: the daemon at {operator.endpoint} refused" in (
