@@ -121,7 +121,6 @@ fake TensorRT (``tests/fakes/fake_tensorrt.py``) reads and writes through
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import sys
 import threading
@@ -135,7 +134,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-MIMICS = "pycuda 2024.1 (pycuda.driver)"
+MIMICS = "pycuda 2024.1 (pycuda.driver); FakeCuda.version picks a later release's rules"
 
 
 class Error(Exception):
@@ -154,7 +153,7 @@ class _DriverRuntimeError(Error):
     pass
 
 
-class _DriverMemoryError(Error, builtins.MemoryError):
+class _DriverMemoryError(Error):  # DECLARE_EXC(MemoryError, CudaError): not builtins'
     pass
 
 
@@ -192,6 +191,11 @@ class FakeCuda:
     """What the fake driver reports and holds; ``calls`` records every driver call by name."""
 
     devices: list[FakeGpu] = field(default_factory=lambda: [FakeGpu()])
+    #: ``pycuda.VERSION``.  From (2024, 1, 1) on (to 2026.1, the latest) the real
+    #: ``register_host_memory`` sets its result's base twice: the registration it made
+    #: is freed (so unregistered) and the call raises ``SystemError`` from a
+    #: ``ValueError`` (src/wrapper/wrap_cudadrv.cpp; inducer/pycuda#459).
+    version: tuple[int, ...] = (2024, 1)
     #: Where ``init`` reads CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER; None: not read.
     environ: Mapping[str, str] | None = None
     #: What CUDA numbers after ``init`` (``devices`` filtered by ``environ``).
@@ -442,6 +446,7 @@ def _is_pinned(array: Any, state: FakeCuda | None = None) -> bool:
 def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
     package = types.ModuleType("pycuda", f"fake {MIMICS} (tests/fakes/fake_pycuda.py)")
     package.__path__ = []  # a package, as the real one
+    package.VERSION = state.version  # type: ignore[attr-defined]
     driver = types.ModuleType("pycuda.driver", f"fake {MIMICS}")
 
     class ctx_flags:  # CUctx_flags
@@ -781,6 +786,12 @@ def make_modules(state: FakeCuda) -> dict[str, types.ModuleType]:
             raise LogicError("cuMemHostRegister failed: invalid argument")
         view = memoryview(ary).cast("B")
         device = state.register_host(host, view, context, bool(context._device._gpu.integrated))
+        if package.VERSION >= (2024, 1, 1):  # type: ignore[attr-defined]  # tests may set it
+            state.unregister_host(host, device)  # the registration freed with its object
+            raise SystemError(
+                "<Boost.Python.function object at 0x7f0000000000> returned a result with an "
+                "exception set"
+            ) from ValueError("Cannot set the NumPy array 'base' dependency more than once")
         registration = object.__new__(RegisteredHostMemory)
         registration._ary = ary
         registration._context = context

@@ -22,10 +22,17 @@ context is detached), whichever comes first.  Dropping the registered array
 then lets the region's memory be unmapped.  Registrations are keyed by the
 region object; the hook holds the runtime's registrations weakly, so a region
 never keeps a replaced runtime alive.
+
+pycuda from 2024.1.1 on (to 2026.1, the latest) cannot register: see
+``REGISTRATION_BROKEN_SINCE``.  With such a pycuda, or any ``register_host_memory``
+that fails other than with ``cuda.Error``, a region's tensors go through the
+runtime's own buffers, as a tensor in no region does (a copy each way), and
+``shm_cuda_registration_unavailable`` says so once a runtime.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +48,21 @@ if TYPE_CHECKING:
     from inferd.runtime.tensorrt_cuda import CudaContext
 
 log = structlog.get_logger("inferd.runtime.tensorrt")
+
+#: ``pycuda.VERSION`` from which ``register_host_memory`` fails every call: it builds
+#: the returned array with ``PyArray_FromInterface``, which has set its base already,
+#: then sets the base again, which fails; numpy frees the registration it was handed,
+#: and pycuda then touches it and frees it once more before raising ``SystemError``
+#: (``src/wrapper/wrap_cudadrv.cpp``; inducer/pycuda#459; its own test of the call is
+#: an expected failure since 2024-07).  The daemon never calls it on those releases.
+REGISTRATION_BROKEN_SINCE = (2024, 1, 1)
+
+
+def registration_works(version: object) -> bool:
+    """Whether a pycuda of ``version`` (``pycuda.VERSION``; anything else: not known)
+    registers host memory."""
+    known = isinstance(version, tuple) and all(isinstance(part, int) for part in version)
+    return known and version < REGISTRATION_BROKEN_SINCE  # type: ignore[operator]
 
 
 @dataclass
@@ -58,6 +80,15 @@ class HostRegistrations:
     def __init__(self, cuda: CudaContext) -> None:
         self._cuda = cuda
         self._by_region: dict[int, tuple[HostRegion, _Registration]] = {}
+        #: The pycuda in use, and why no region is registered (None: they are).
+        self._version = getattr(sys.modules.get("pycuda"), "VERSION", None)
+        self.unavailable: str | None = None
+        if not registration_works(self._version):
+            self.unavailable = (
+                f"pycuda {self._version} cannot register host memory "
+                f"(releases from {REGISTRATION_BROKEN_SINCE} fail every call; inducer/pycuda#459)"
+            )
+        self._said = False
 
     def __len__(self) -> int:
         return len(self._by_region)
@@ -67,16 +98,33 @@ class HostRegistrations:
         is registered on first use), else None.  Inside the runtime's CUDA section."""
         if not regions or not array.size or not array.flags.c_contiguous:
             return None  # a strided view's bytes are not the nbytes from its address
+        if self.unavailable is not None:
+            self._say_unavailable()
+            return None  # through the runtime's buffers
         start = int(array.ctypes.data)
         end = start + array.nbytes
         for region in regions:
             registration = self._registration(region)
+            if registration is None:
+                return None
             base = registration.host_address
             if base <= start and end <= base + registration.nbytes:
                 return registration.device_address + (start - base)
         return None
 
-    def _registration(self, region: HostRegion) -> _Registration:
+    def _say_unavailable(self) -> None:
+        if not self._said:
+            self._said = True
+            log.warning(
+                "shm_cuda_registration_unavailable",
+                pycuda_version=str(self._version),
+                reason=self.unavailable,
+                integrated=self._cuda.integrated,
+            )
+
+    def _registration(self, region: HostRegion) -> _Registration | None:
+        """The region's registration, made now if it has none; None when pycuda
+        cannot register (``unavailable`` says why from then on)."""
         entry = self._by_region.get(id(region))
         if entry is not None:
             return entry[1]
@@ -86,6 +134,10 @@ class HostRegistrations:
             registered = cuda.register_host_memory(host, cuda.mem_host_register_flags.DEVICEMAP)
         except cuda.Error as exc:
             raise InferenceError(f"cannot register a shared region with CUDA: {exc}") from exc
+        except Exception as exc:  # the library's fault, not the region's: never again here
+            self.unavailable = f"register_host_memory failed: {type(exc).__name__}: {exc}"
+            self._say_unavailable()
+            return None
         try:
             device = int(registered.base.get_device_pointer())
         except cuda.Error as exc:
