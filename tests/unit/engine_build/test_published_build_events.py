@@ -21,6 +21,7 @@ import pytest
 from inferd.engine_build.build_record import CHILD_TEXT_BYTES
 from inferd.engine_build.events import PHASE_ID_CHARS, PHASE_TEXT_BYTES, BuildEvent
 from inferd.engine_build.pipe import EventMessage, ReportMessage, encode
+from inferd.engine_build.supervisor import BuildManager
 from inferd.types import Peer
 from inferd_wire import protocol
 from tests.conftest import HANG_S
@@ -78,13 +79,18 @@ def _stream() -> bytes:
     )  # fmt: skip
 
 
-def test_a_childs_megabytes_are_published_as_the_daemon_kept_them(
-    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _replayed(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch, sent: bytes
+) -> tuple[BuildManager, str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """A real ``BuildManager``'s build whose child sends ``sent`` and exits: the manager,
+    the build's id, what it published and what it recorded, once it ended."""
     stream = tmp_path / "stream"
-    stream.write_bytes(_stream())
+    stream.write_bytes(sent)
     stand_in_children(monkeypatch, _REPLAY, stream)
-    manager = build_manager(tmp_path, {"demo": demo_model}, grace_s=1.0)
+    records: list[dict[str, Any]] = []
+    manager = build_manager(
+        tmp_path, {"demo": demo_model}, grace_s=1.0, record=lambda _k, p: records.append(dict(p))
+    )
     published: list[dict[str, Any]] = []
     manager._publish = lambda _topic, payload: published.append(dict(payload))
     try:
@@ -92,6 +98,13 @@ def test_a_childs_megabytes_are_published_as_the_daemon_kept_them(
         assert manager._get(build_id).done.wait(HANG_S)
     finally:
         manager.shutdown(wait_s=HANG_S)
+    return manager, build_id, published, records
+
+
+def test_a_childs_megabytes_are_published_as_the_daemon_kept_them(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager, build_id, published, _records = _replayed(tmp_path, demo_model, monkeypatch, _stream())
     sizes = [len(protocol.pack(payload)) for payload in published]
     assert max(sizes) < 3 * CHILD_TEXT_BYTES, sizes  # before: 4 MiB and more each
     by_type = {(p["type"], p["eventSeq"]): p for p in published}
@@ -138,20 +151,8 @@ def test_the_terminal_event_and_record_carry_the_childs_summary_words_cut(
         "timingCacheMode": "t" * MIB,
         "error": "e" * MIB,
     }
-    stream = tmp_path / "stream"
-    stream.write_bytes(encode(ReportMessage(summary, "/" + "s" * MIB)))
-    stand_in_children(monkeypatch, _REPLAY, stream)
-    records: list[dict[str, Any]] = []
-    manager = build_manager(
-        tmp_path, {"demo": demo_model}, grace_s=1.0, record=lambda _k, p: records.append(dict(p))
-    )
-    published: list[dict[str, Any]] = []
-    manager._publish = lambda _topic, payload: published.append(dict(payload))
-    try:
-        build_id = manager.start({"model": "demo", "builder": "simulated"}, OPERATOR)["build_id"]
-        assert manager._get(build_id).done.wait(HANG_S)
-    finally:
-        manager.shutdown(wait_s=HANG_S)
+    report = encode(ReportMessage(summary, "/" + "s" * MIB))
+    _manager, _id, published, records = _replayed(tmp_path, demo_model, monkeypatch, report)
     (terminal,) = published
     assert terminal["type"] == "cancelled"
     assert len(protocol.pack(terminal)) < 6 * CHILD_TEXT_BYTES  # before: 5 MiB
