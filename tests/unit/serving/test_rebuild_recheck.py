@@ -49,6 +49,20 @@ class _Rig:
         return {"build_id": "b1"}
 
 
+def _states_at_each_switch(rig: _Rig) -> list[str]:
+    """The model's ``status`` state as each switch of the rebuilder's begins (filled as
+    they run)."""
+    seen: list[str] = []
+    switch = rig._switch
+
+    def switch_seen(model: str, runtime: str, requested_by: str) -> dict[str, Any]:
+        seen.append(rig.rebuilder.describe()[model]["state"])
+        return switch(model, runtime, requested_by)
+
+    rig.rebuilder._switch = switch_seen
+    return seen
+
+
 def test_an_engine_that_could_not_be_checked_is_located_again_until_it_serves() -> None:
     rig = _Rig(UNCHECKED, None)
     with structlog.testing.capture_logs() as logs:
@@ -100,14 +114,7 @@ def test_an_adoption_that_meets_an_unchecked_engine_dir_is_rechecked_not_abandon
     review R5, F4).  Now that switch is tried again after the backoff; while it runs,
     ``status`` shows ``adoption_pending``, not ``idle`` (F8)."""
     rig = _Rig(UNCHECKED, None)
-    seen: list[str] = []
-    switch = rig._switch
-
-    def switch_seen(model: str, runtime: str, requested_by: str) -> dict[str, Any]:
-        seen.append(rig.rebuilder.describe()[model]["state"])
-        return switch(model, runtime, requested_by)
-
-    rig.rebuilder._switch = switch_seen
+    seen = _states_at_each_switch(rig)
     assert rig.rebuilder.on_fallback("m", "tensorrt failed while serving", "execution") is None
     rig.rebuilder.on_build_finished(
         BuildFinished("b1", "m", "completed", "tensorrt", True, None, Path("x"), "inferd", None)
@@ -151,14 +158,7 @@ def test_a_recheck_with_no_backoff_and_one_that_raises_show_their_state() -> Non
     set for good (review R6, F5).  The marker counts the switches under way."""
     rig = _Rig(UNCHECKED, None)
     rig.rebuilder._backoff_s = 0.0
-    seen: list[str] = []
-    switch = rig._switch
-
-    def switch_seen(model: str, runtime: str, requested_by: str) -> dict[str, Any]:
-        seen.append(rig.rebuilder.describe()[model]["state"])
-        return switch(model, runtime, requested_by)
-
-    rig.rebuilder._switch = switch_seen
+    seen = _states_at_each_switch(rig)
     rig.rebuilder.on_fallback("m", "tensorrt failed while serving", "execution")
     rig.rebuilder.on_build_finished(_built("b1"))
     wait_until(lambda: rig.rebuilder.describe()["m"]["adopted"], message="adopted")
